@@ -1,0 +1,67 @@
+# kvgate: KV-cache event sync and KV-cache-aware routing for vLLM fleets.
+
+SHELL := /usr/bin/env bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := help
+
+GO        ?= go
+BIN_DIR   ?= bin
+PKGS      ?= ./...
+# How long `make fuzz` runs each fuzz target.
+FUZZTIME  ?= 15s
+# Benchmark selection and repetitions for `make bench`.
+BENCH     ?= .
+BENCHTIME ?= 1s
+COUNT     ?= 1
+
+export CGO_ENABLED := 1
+
+##@ General
+
+.PHONY: help
+help: ## Show this help.
+	@awk 'BEGIN {FS = ":.*##"; printf "Usage: make <target>\n"} /^[a-zA-Z_0-9-]+:.*?##/ { printf "  %-16s %s\n", $$1, $$2 } /^##@/ { printf "\n%s\n", substr($$0, 5) }' $(MAKEFILE_LIST)
+
+##@ Setup
+
+.PHONY: deps
+deps: ## Install system packages (libzmq, pkg-config, redis-server, etcd); quick when present.
+	@hack/install-deps.sh
+
+.PHONY: envtest
+envtest: deps ## Build (once) and cache kube-apiserver for envtest; prints its directory.
+	@hack/setup-envtest.sh
+
+##@ Development
+
+.PHONY: fmt
+fmt: ## Format the Go code.
+	$(GO) fmt $(PKGS)
+
+.PHONY: vet
+vet: deps ## Run go vet.
+	$(GO) vet $(PKGS)
+
+.PHONY: lint
+lint: vet ## Check formatting and run go vet.
+	@unformatted="$$(gofmt -l $$(git ls-files '*.go'))"; \
+	if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
+
+.PHONY: build
+build: deps ## Build the binaries into bin/.
+	$(GO) build -o $(BIN_DIR)/ ./cmd/...
+
+.PHONY: test
+test: deps ## Install what the tests need, then vet, run every test with -race, and fuzz briefly.
+	@assets="$$(hack/setup-envtest.sh)"; \
+	$(GO) vet $(PKGS); \
+	KUBEBUILDER_ASSETS="$$assets" $(GO) test -race -timeout 20m $(PKGS)
+	@$(MAKE) --no-print-directory fuzz
+
+.PHONY: fuzz
+fuzz: deps ## Run each fuzz target for FUZZTIME.
+	@hack/fuzz.sh "$(FUZZTIME)"
+
+.PHONY: bench
+bench: deps ## Run the Go benchmarks of the hot paths with -benchmem.
+	$(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -benchtime $(BENCHTIME) -count $(COUNT) $(PKGS)
