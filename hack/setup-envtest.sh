@@ -42,7 +42,9 @@ if [ ! -x "$apiserver" ]; then
     sed -n 's#^[[:space:]]*\(k8s.io/[a-z0-9-]*\) => ./staging/.*#\t\1 => \1 '"$staging_version"'#p' "$gomod"
     echo ")"
   } > go.mod
-  CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -ldflags=-s -o "$apiserver.tmp" k8s.io/kubernetes/cmd/kube-apiserver
+  minor="${K8S_VERSION#1.}"; minor="${minor%%.*}"
+  ldflags="-s -X k8s.io/component-base/version.gitVersion=v$K8S_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor"
+  CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -ldflags="$ldflags" -o "$apiserver.tmp" k8s.io/kubernetes/cmd/kube-apiserver
   mv "$apiserver.tmp" "$apiserver"
 fi
 
