@@ -38,6 +38,9 @@ type clientLoop struct {
 	replay      replayTimer
 	reopenAt    time.Time
 	reopenDelay time.Duration
+	connected   bool
+	probeAt     time.Time // when to probe while the subscription is unconfirmed
+	probeDelay  time.Duration
 }
 
 // replayTimer follows the timing of replay requests.
@@ -100,6 +103,9 @@ func (l *clientLoop) poll() {
 	if l.replay.active {
 		timeout = min(timeout, max(time.Until(l.replay.deadline), 0))
 	}
+	if l.connected && l.seq.needsProbe() {
+		timeout = min(timeout, max(time.Until(l.probeAt), 0))
+	}
 	ready, err := l.poller.Poll(timeout)
 	if err != nil {
 		if zmq.AsErrno(err) != zmq.Errno(syscall.EINTR) {
@@ -124,8 +130,14 @@ func (l *clientLoop) poll() {
 	if subReady && l.sub != nil {
 		l.drainLive()
 	}
-	if l.replay.active && !time.Now().Before(l.replay.deadline) {
+	now := time.Now()
+	if l.replay.active && !now.Before(l.replay.deadline) {
 		l.failReplay("", fmt.Errorf("no reply within %v", l.c.cfg.ReplayTimeout))
+	}
+	if l.connected && l.seq.needsProbe() && !now.Before(l.probeAt) {
+		l.seq.probe()
+		l.probeDelay = min(time.Duration(float64(l.probeDelay)*ReconnectBackoffFactor), l.c.cfg.MaxReconnectDelay)
+		l.probeAt = now.Add(l.probeDelay)
 	}
 }
 
@@ -255,6 +267,7 @@ func (l *clientLoop) close() {
 	}
 	l.mon, l.dealer, l.sub, l.poller = nil, nil, nil, nil
 	l.replay.active = false
+	l.connected = false
 	l.seq.detach()
 	l.c.setConnected(false, false)
 }
@@ -288,9 +301,13 @@ func (l *clientLoop) drainMonitor() {
 		}
 		switch ev {
 		case zmq.EVENT_HANDSHAKE_SUCCEEDED:
+			l.connected = true
+			l.probeDelay = c.cfg.ReconnectDelay
+			l.probeAt = time.Now().Add(l.probeDelay)
 			c.setConnected(true, true)
 			l.seq.onConnected()
 		case zmq.EVENT_DISCONNECTED:
+			l.connected = false
 			c.setConnected(false, true)
 		case zmq.EVENT_CONNECT_RETRIED:
 			c.counters.reconnectAttempts.Add(1)

@@ -43,7 +43,8 @@ func (r *recordingSink) abortReplay() { r.log = append(r.log, "abort") }
 
 // runSequencer feeds steps to a fresh sequencer and returns the sink's log.
 // Steps: "connect", "live <seq> [publisher]", "reply <seq> [publisher]",
-// "end", "fail", "rewind <seq>", "refuse" (replay unavailable from now on).
+// "end", "fail", "rewind <seq>", "probe", "refuse" (replay unavailable from
+// now on).
 // A batch's payload is "<publisher><seq>", publisher "a" unless given.
 func runSequencer(t *testing.T, maxPending int, steps []string) []string {
 	t.Helper()
@@ -75,6 +76,8 @@ func runSequencer(t *testing.T, maxPending int, steps []string) []string {
 			s.onReplayFailed()
 		case "rewind":
 			s.rewind(seq)
+		case "probe":
+			s.probe()
 		case "refuse":
 			sink.unavailable = true
 		default:
@@ -171,6 +174,14 @@ func TestSequencer(t *testing.T) {
 		name:  "live batches a replay already delivered are dropped",
 		steps: []string{"connect", "live 1", "reply 0", "reply 1", "reply 2", "end", "live 2", "live 3"},
 		want:  []string{"replay 0", "deliver a0 replay", "deliver a1 live", "deliver a2 replay", "deliver a3 live"},
+	}, {
+		name:  "probes replay until a live batch confirms the subscription",
+		steps: []string{"connect", "end", "probe", "reply 0", "end", "probe", "reply 0", "end", "live 1", "probe", "live 2"},
+		want:  []string{"replay 0", "replay 0", "deliver a0 replay", "replay 0", "deliver a1 live", "deliver a2 live"},
+	}, {
+		name:  "a probe while a replay runs does nothing",
+		steps: []string{"connect", "probe", "reply 0", "end"},
+		want:  []string{"replay 0", "deliver a0 replay"},
 	}, {
 		name:  "replies with no replay in flight are ignored",
 		steps: []string{"connect", "end", "reply 0", "end", "live 0"},
