@@ -52,7 +52,7 @@ func TestClientStopAndCloseLeakNoGoroutinesOrSockets(t *testing.T) {
 		}
 	}()
 	goleak.VerifyNone(t)
-	if after := openFDs(t); after != before {
+	if after := openFDs(t); after > before {
 		t.Errorf("%d file descriptors open after Close, %d before", after, before)
 	}
 }

@@ -184,8 +184,11 @@ func TestClientReconnectsAfterPublisherDiesAndResumes(t *testing.T) {
 func TestClientWithoutReplayDeliversLiveBatchesAndReportsTheGap(t *testing.T) {
 	t.Parallel()
 	ports := newTestPorts(t)
-	pub := newTestPublisher(t, ports, func(c *PublisherConfig) { c.ReplayEndpoint = "" })
-	publish(t, pub, 1, 0, 5) // lost: nobody subscribed, and no replay
+	pub := newTestPublisher(t, ports, func(c *PublisherConfig) {
+		c.ReplayEndpoint = ""
+		c.DropLive = func(seq uint64) bool { return seq < 5 }
+	})
+	publish(t, pub, 1, 0, 5) // lost for good: withheld, and no replay
 
 	rec := &recorder{}
 	cfg := testClientConfig(ports) // dials a replay port nobody listens on

@@ -21,8 +21,8 @@ type handWrittenEngine struct {
 	topic     string
 	withTopic bool // vLLM >= v0.26 reply layout
 	dropOnce  int  // seq whose reply the first replay leaves out; -1 for none
-	pub       *zmq.Socket
-	router    *zmq.Socket
+	pub       *testSocket
+	router    *testSocket
 	stop      chan struct{}
 	done      chan struct{}
 
@@ -34,15 +34,7 @@ type handWrittenEngine struct {
 func startHandWrittenEngine(t *testing.T, ports testPorts, topic string, withTopic bool, dropOnce int) *handWrittenEngine {
 	e := &handWrittenEngine{t: t, topic: topic, withTopic: withTopic, dropOnce: dropOnce,
 		stop: make(chan struct{}), done: make(chan struct{})}
-	var err error
-	if e.pub, err = zmq.NewSocket(zmq.PUB); err != nil {
-		t.Fatal(err)
-	}
-	if e.router, err = zmq.NewSocket(zmq.ROUTER); err != nil {
-		t.Fatal(err)
-	}
-	e.pub.SetLinger(0)
-	e.router.SetLinger(0)
+	e.pub, e.router = rawSocket(t, zmq.PUB), rawSocket(t, zmq.ROUTER)
 	if err := e.pub.Bind(fmt.Sprintf("tcp://127.0.0.1:%d", ports.pub)); err != nil {
 		t.Fatal(err)
 	}
@@ -53,7 +45,6 @@ func startHandWrittenEngine(t *testing.T, ports testPorts, topic string, withTop
 	t.Cleanup(func() {
 		close(e.stop)
 		<-e.done
-		e.pub.Close()
 	})
 	return e
 }
@@ -72,9 +63,8 @@ func (e *handWrittenEngine) publish(payload []byte) {
 
 func (e *handWrittenEngine) serveReplay() {
 	defer close(e.done)
-	defer e.router.Close()
 	poller := zmq.NewPoller()
-	poller.Add(e.router, zmq.POLLIN)
+	poller.Add(e.router.Socket, zmq.POLLIN)
 	for {
 		select {
 		case <-e.stop:

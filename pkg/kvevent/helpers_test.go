@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"sync"
 	"testing"
 	"time"
 
@@ -153,13 +154,8 @@ func (r *recorder) count() int {
 // client.
 func awaitBuffered(t testing.TB, ports testPorts, seq uint64) {
 	t.Helper()
-	d, err := zmq.NewSocket(zmq.DEALER)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
-	d.SetLinger(0)
-	d.SetRcvtimeo(waitTimeout)
+	d := rawSocket(t, zmq.DEALER)
+	defer d.close()
 	if err := d.Connect(fmt.Sprintf("tcp://127.0.0.1:%d", ports.router)); err != nil {
 		t.Fatal(err)
 	}
@@ -185,4 +181,37 @@ func awaitBuffered(t testing.TB, ports testPorts, seq uint64) {
 		}
 	}
 	t.Fatalf("publisher never buffered seq %d", seq)
+}
+
+// testSocket is a raw ZeroMQ socket in a context of its own, so that closing
+// it frees its descriptors before close returns.
+type testSocket struct {
+	*zmq.Socket
+	ctx  *zmq.Context
+	once sync.Once
+}
+
+// rawSocket opens a socket of type ty, closed at cleanup if not before.
+func rawSocket(t testing.TB, ty zmq.Type) *testSocket {
+	t.Helper()
+	ctx, err := zmq.NewContext()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := ctx.NewSocket(ty)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.SetLinger(0)
+	s.SetRcvtimeo(waitTimeout)
+	ts := &testSocket{Socket: s, ctx: ctx}
+	t.Cleanup(ts.close)
+	return ts
+}
+
+func (s *testSocket) close() {
+	s.once.Do(func() {
+		s.Socket.Close()
+		s.ctx.Term()
+	})
 }
