@@ -1,6 +1,7 @@
 package kvevent
 
 import (
+	"encoding/binary"
 	"fmt"
 	"math"
 	"slices"
@@ -496,24 +497,42 @@ func (d *decoder) tokenList() (span, error) {
 	lo, dst := extend(&d.tokens, n)
 	buf := d.r.buf
 	for i := range dst {
-		// Most token ids of small vocabularies and all positive fixints
-		// take one byte; the rest go through the general integer reader.
-		if off := d.r.off; off < len(buf) && buf[off] <= 0x7f {
-			dst[i] = uint32(buf[off])
-			d.r.off++
+		off := d.r.off
+		if v, size := unsignedUint32(buf, off); size > 0 {
+			dst[i] = v
+			d.r.off += size
 			continue
 		}
-		start := d.r.off
 		u, neg, err := d.r.integer()
 		if err != nil {
 			return span{}, err
 		}
 		if neg || u > math.MaxUint32 {
-			return span{}, d.r.failf(start, "token id %s does not fit uint32", formatInt(u, neg))
+			return span{}, d.r.failf(off, "token id %s does not fit uint32", formatInt(u, neg))
 		}
 		dst[i] = uint32(u)
 	}
 	return span{lo, lo + n}, nil
+}
+
+// unsignedUint32 reads a positive fixint, uint8, uint16 or uint32 at off,
+// the encodings of token ids, and returns it and its size, or size 0 for
+// anything else.
+func unsignedUint32(buf []byte, off int) (uint32, int) {
+	if off >= len(buf) {
+		return 0, 0
+	}
+	switch c := buf[off]; {
+	case c <= 0x7f:
+		return uint32(c), 1
+	case c == 0xcc && off+2 <= len(buf):
+		return uint32(buf[off+1]), 2
+	case c == 0xcd && off+3 <= len(buf):
+		return uint32(binary.BigEndian.Uint16(buf[off+1:])), 3
+	case c == 0xce && off+5 <= len(buf):
+		return binary.BigEndian.Uint32(buf[off+1:]), 5
+	}
+	return 0, 0
 }
 
 // extraKeys reads extra_keys: nil, or an array holding per block nil or any

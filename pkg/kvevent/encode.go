@@ -18,7 +18,9 @@ const (
 	LayoutCurrent Layout = iota
 	// LayoutPositional is what vLLM v0.10 to v0.23 send: the same envelope,
 	// and each event an array of the tag and every field through group_idx
-	// (BlockStored: 9 fields, BlockRemoved: 3), nil when unset.
+	// (BlockStored: 9 fields, BlockRemoved: 3), nil when unset. A
+	// BlockStored with a KVCacheSpecKind or KVCacheSpecSlidingWindow gets
+	// both as two more elements, as the last positional releases sent them.
 	LayoutPositional
 	// LayoutV09 is what vLLM v0.9 sent: the envelope [ts, events] without a
 	// rank, BlockStored as its tag and 5 fields (block_hashes,
@@ -58,7 +60,7 @@ func EncodeEventBatch(b *EventBatch) ([]byte, error) {
 // into a reused buffer does not allocate.
 //
 // It returns an error, and dst unchanged in length, when the batch holds
-// something the layout cannot carry (for example a KVCacheSpecKind in
+// something the layout cannot carry (for example a Locality in
 // LayoutPositional, or a data-parallel rank, medium or group in LayoutV09),
 // a value no vLLM sends (a negative BlockSize or KVCacheSpecSlidingWindow,
 // a GroupIdx below NoGroup, a DataParallelRank below NoRank), an ExtraKeys
@@ -105,8 +107,9 @@ type shape struct {
 	// known holds the fields the type declares, required those without a
 	// default, which tagged maps always carry.
 	known, required fieldSet
-	// positional is the field order of positional events; LayoutPositional
-	// writes legacyLen of them and LayoutV09 v09Len.
+	// positional is the field order of positional events. LayoutPositional
+	// writes legacyLen of them, or all when any of the rest is set;
+	// LayoutV09 writes v09Len.
 	positional        []field
 	legacyLen, v09Len int
 }
@@ -182,14 +185,14 @@ func appendShaped(dst []byte, e *BlockStoredEvent, s *shape, layout Layout) ([]b
 		}
 		return dst, nil
 	}
-	n := s.legacyLen
-	if layout == LayoutV09 {
-		n = s.v09Len
+	n := s.v09Len
+	if layout == LayoutPositional {
+		n = s.legacyLen
+		if set&fieldsOf(s.positional[n:]) != 0 {
+			n = len(s.positional)
+		}
 	}
-	var carried fieldSet
-	for _, f := range s.positional[:n] {
-		carried |= 1 << f
-	}
+	carried := fieldsOf(s.positional[:n])
 	if lost := set &^ carried; lost != 0 {
 		f := bits.TrailingZeros16(uint16(lost))
 		return dst, fmt.Errorf("%s field %s cannot be carried by this layout", s.tag, fieldNames[f])
@@ -200,6 +203,14 @@ func appendShaped(dst []byte, e *BlockStoredEvent, s *shape, layout Layout) ([]b
 		dst = appendField(dst, e, f, signed)
 	}
 	return dst, nil
+}
+
+func fieldsOf(fields []field) fieldSet {
+	var s fieldSet
+	for _, f := range fields {
+		s |= 1 << f
+	}
+	return s
 }
 
 // check rejects values that no vLLM sends and that the decoder would refuse.
