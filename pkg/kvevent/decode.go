@@ -348,9 +348,11 @@ func (d *decoder) mapEntry(rec *eventRec, m *mapState) error {
 	if !ok || !m.fields.has(f) {
 		d.stats.UnknownKeys++
 		d.key = key
-		err := d.r.skip()
+		if err := d.r.skip(); err != nil {
+			return err
+		}
 		d.key = nil
-		return err
+		return nil
 	}
 	if m.seen.has(f) {
 		return d.r.failf(start, "duplicate key %q", key)

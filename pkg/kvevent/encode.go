@@ -352,8 +352,8 @@ func appendOptStr(dst []byte, s string) []byte {
 	return appendStr(dst, s)
 }
 
-// encodedSizeHint returns a size that the current-layout encoding of b
-// rarely exceeds: the largest encoding of every value plus the keys.
+// encodedSizeHint returns an upper bound of the size of the current-layout
+// encoding of b: the largest encoding of every value plus every key.
 func encodedSizeHint(b *EventBatch) int {
 	const (
 		envelope   = 1 + 9 + 5 + 9
