@@ -173,7 +173,7 @@ func appendShaped(dst []byte, e *BlockStoredEvent, s *shape, layout Layout) ([]b
 	set := presentFields(e)
 	signed := layout == LayoutV09
 	if layout == LayoutCurrent {
-		keys := set&s.known | s.required
+		keys := set | s.required
 		dst = appendMapLen(dst, 1+bits.OnesCount16(uint16(keys)))
 		dst = appendStr(dst, tagKey)
 		dst = appendStr(dst, s.tag)
