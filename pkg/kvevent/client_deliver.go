@@ -27,7 +27,7 @@ func (c *ZMQClient) deliver(seq uint64, payload []byte, replayed bool) {
 			"Dropping undecodable KV event batch", "seq", seq, "bytes", len(payload))
 		return
 	}
-	c.metrics.recordSkips(stats.UnknownEvents, stats.UnknownKeys)
+	c.metrics.recordSkips(stats)
 	for _, ev := range batch.Events {
 		if i := eventTypeIndex(ev.GetType()); i >= 0 {
 			received[i]++

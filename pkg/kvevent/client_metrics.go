@@ -29,6 +29,7 @@ type ZMQClientMetrics struct {
 	resets            [len(resetReasons)]prometheus.Counter
 	skipUnknownEvent  prometheus.Counter
 	skipUnknownKey    prometheus.Counter
+	skipUnknownField  prometheus.Counter
 	errors            map[string]prometheus.Counter // read-only after construction
 	status            prometheus.Gauge
 	lastSeq           prometheus.Gauge
@@ -191,14 +192,17 @@ func (m *ZMQClientMetrics) recordBatch(seq uint64, replayed bool, received, proc
 }
 
 // recordSkips counts what the decoder skipped.
-func (m *ZMQClientMetrics) recordSkips(unknownEvents, unknownKeys int) {
+func (m *ZMQClientMetrics) recordSkips(st DecodeStats) {
 	if m == nil {
 		return
 	}
-	if unknownEvents > 0 {
-		m.skipUnknownEvent.Add(float64(unknownEvents))
+	if st.UnknownEvents > 0 {
+		m.skipUnknownEvent.Add(float64(st.UnknownEvents))
 	}
-	if unknownKeys > 0 {
-		m.skipUnknownKey.Add(float64(unknownKeys))
+	if st.UnknownKeys > 0 {
+		m.skipUnknownKey.Add(float64(st.UnknownKeys))
+	}
+	if st.UnknownFields > 0 {
+		m.skipUnknownField.Add(float64(st.UnknownFields))
 	}
 }

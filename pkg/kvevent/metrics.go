@@ -31,6 +31,7 @@ const (
 const (
 	SkipKindUnknownEvent = "unknown_event"
 	SkipKindUnknownKey   = "unknown_key"
+	SkipKindUnknownField = "unknown_field"
 )
 
 var eventTypes = [...]EventType{EventTypeBlockStored, EventTypeBlockRemoved, EventTypeAllCleared}
@@ -109,7 +110,7 @@ func NewKVCacheMetrics(reg prometheus.Registerer) (*KVCacheMetrics, error) {
 		replayedBatches:  counter("replayed_batches_total", "Batches delivered from replay replies rather than the live stream.", stream),
 		batchesReceived:  counter("batches_received_total", "Batches delivered in seq order, including ones that failed to decode.", stream),
 		streamResets:     counter("stream_resets_total", "Times a stream's handler state stopped being exact, by reason.", with(LabelReason)),
-		decodeSkips:      counter("decode_skips_total", "Unknown events and map keys the decoder skipped, by kind.", with(LabelKind)),
+		decodeSkips:      counter("decode_skips_total", "Unknown events, map keys and trailing positional fields the decoder skipped, by kind.", with(LabelKind)),
 		errors:           counter("errors_total", "Errors, by type.", with(LabelErrorType)),
 		connectionStatus: gauge("connection_status", "1 while the client is connected to the engine's publisher, else 0."),
 		lastSequenceID:   gauge("last_sequence_id", "Seq of the last batch delivered."),
@@ -169,6 +170,7 @@ func (m *KVCacheMetrics) NewZMQClientMetrics(podKey string, dpRank int) *ZMQClie
 		batches:           m.batchesReceived.WithLabelValues(podKey, rank),
 		skipUnknownEvent:  m.decodeSkips.WithLabelValues(podKey, rank, SkipKindUnknownEvent),
 		skipUnknownKey:    m.decodeSkips.WithLabelValues(podKey, rank, SkipKindUnknownKey),
+		skipUnknownField:  m.decodeSkips.WithLabelValues(podKey, rank, SkipKindUnknownField),
 		status:            m.connectionStatus.WithLabelValues(podKey, rank),
 		lastSeq:           m.lastSequenceID.WithLabelValues(podKey, rank),
 		errors:            make(map[string]prometheus.Counter),

@@ -96,6 +96,7 @@ func TestZMQClientMetricsRecordAndDelete(t *testing.T) {
 	a.UpdateLastSequenceID(42)
 	a.SetConnected(true)
 	a.RecordEventProcessingLatency(time.Millisecond)
+	a.recordSkips(DecodeStats{UnknownKeys: 2})
 	b.IncrementReplayCount()
 
 	checks := []struct {
@@ -112,6 +113,8 @@ func TestZMQClientMetricsRecordAndDelete(t *testing.T) {
 		{"connection_status", "dp_rank=1,pod_key=ns/a", 1},
 		{"event_processing_duration_seconds", "dp_rank=1,pod_key=ns/a", 1},
 		{"replay_requests_total", "dp_rank=0,pod_key=ns/b", 1},
+		{"decode_skips_total", "dp_rank=1,kind=unknown_key,pod_key=ns/a", 2},
+		{"decode_skips_total", "dp_rank=1,kind=unknown_event,pod_key=ns/a", 0},
 	}
 	for _, c := range checks {
 		if got := series(t, reg, c.name)[c.labels]; got != c.want {
@@ -154,6 +157,6 @@ func TestNilZMQClientMetricsRecordNothing(t *testing.T) {
 	m.SetConnected(true)
 	m.recordReset(StreamReset{Reason: ResetRewind})
 	m.recordBatch(1, true, &[len(eventTypes)]int{}, &[len(eventTypes)]int{})
-	m.recordSkips(1, 1)
+	m.recordSkips(DecodeStats{UnknownEvents: 1, UnknownKeys: 1, UnknownFields: 1})
 	m.Delete()
 }
