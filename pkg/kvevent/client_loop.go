@@ -39,7 +39,7 @@ type clientLoop struct {
 	reopenAt    time.Time
 	reopenDelay time.Duration
 	connected   bool
-	probeAt     time.Time // when to probe while the subscription is unconfirmed
+	probeAt     time.Time // when to probe the stream if it stays quiet
 	probeDelay  time.Duration
 }
 
@@ -103,7 +103,7 @@ func (l *clientLoop) poll() {
 	if l.replay.active {
 		timeout = min(timeout, max(time.Until(l.replay.deadline), 0))
 	}
-	if l.connected && l.seq.needsProbe() {
+	if l.connected {
 		timeout = min(timeout, max(time.Until(l.probeAt), 0))
 	}
 	ready, err := l.poller.Poll(timeout)
@@ -134,11 +134,17 @@ func (l *clientLoop) poll() {
 	if l.replay.active && !now.Before(l.replay.deadline) {
 		l.failReplay("", fmt.Errorf("no reply within %v", l.c.cfg.ReplayTimeout))
 	}
-	if l.connected && l.seq.needsProbe() && !now.Before(l.probeAt) {
+	if l.connected && !now.Before(l.probeAt) {
 		l.seq.probe()
 		l.probeDelay = min(time.Duration(float64(l.probeDelay)*ReconnectBackoffFactor), l.c.cfg.MaxReconnectDelay)
 		l.probeAt = now.Add(l.probeDelay)
 	}
+}
+
+// quietFrom restarts the quiet-stream probe schedule at now.
+func (l *clientLoop) quietFrom(now time.Time) {
+	l.probeDelay = l.c.cfg.ReconnectDelay
+	l.probeAt = now.Add(l.probeDelay)
 }
 
 // open creates and connects the sockets.
@@ -302,8 +308,7 @@ func (l *clientLoop) drainMonitor() {
 		switch ev {
 		case zmq.EVENT_HANDSHAKE_SUCCEEDED:
 			l.connected = true
-			l.probeDelay = c.cfg.ReconnectDelay
-			l.probeAt = time.Now().Add(l.probeDelay)
+			l.quietFrom(time.Now())
 			c.setConnected(true, true)
 			l.seq.onConnected()
 		case zmq.EVENT_DISCONNECTED:
@@ -325,7 +330,7 @@ func (l *clientLoop) drainMonitor() {
 // drainLive reads live messages and feeds them to the sequencer.
 func (l *clientLoop) drainLive() {
 	c := l.c
-	for range maxBurst {
+	for i := range maxBurst {
 		frames, err := recvFrames(l.sub, zmq.DONTWAIT, l.frames)
 		l.frames = frames
 		if err != nil {
@@ -333,6 +338,9 @@ func (l *clientLoop) drainLive() {
 				l.socketFailed(fmt.Errorf("receive from %s: %w", c.pubEndpoint, err))
 			}
 			return
+		}
+		if i == 0 {
+			l.quietFrom(time.Now())
 		}
 		var seq uint64
 		ok := len(frames) == 3

@@ -53,6 +53,25 @@ func TestClientRecoversBatchesDroppedFromTheLiveStream(t *testing.T) {
 	}
 }
 
+func TestClientRecoversBatchesLostJustBeforeTheEngineWentQuiet(t *testing.T) {
+	t.Parallel()
+	ports := newTestPorts(t)
+	// Everything after seq 4 is lost live, and nothing follows to reveal it.
+	pub := newTestPublisher(t, ports, func(c *PublisherConfig) {
+		c.DropLive = func(seq uint64) bool { return seq > 4 }
+	})
+	rec := &recorder{}
+	c := startClient(t, testClientConfig(ports), rec)
+	eventually(t, "the connection's replay to end", func() bool { return c.Stats().ReplaySuccesses >= 1 })
+	publish(t, pub, 1, 0, 12)
+	eventually(t, "the lost tail", func() bool { return rec.count() >= 12 })
+	got, resets := rec.snapshot()
+	checkSequence(t, got, 1, 0, 12)
+	if len(resets) != 0 {
+		t.Errorf("resets %v, want none", resets)
+	}
+}
+
 func TestClientReportsUnrecoverableGapWhenReplayBufferIsExhausted(t *testing.T) {
 	t.Parallel()
 	ports := newTestPorts(t)

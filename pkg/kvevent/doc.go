@@ -24,11 +24,12 @@
 //     delivered seq (from 0 the first time), because the PUB dropped what it
 //     sent before the subscription arrived and an idle engine would not
 //     reveal the gap. Live batches received meanwhile wait in a bounded
-//     buffer and are applied after the replay, without duplicates. Until a
-//     live batch shows that the subscription has reached the engine, the
-//     client replays again now and then (1 s doubling to 30 s by default):
-//     what the engine sent between serving the first replay and receiving
-//     the subscription would otherwise go unnoticed while it stays idle.
+//     buffer and are applied after the replay, without duplicates.
+//   - A gap shows only when a later batch arrives, so the client also
+//     replays whenever the live stream has been quiet for a while (1 s
+//     doubling to 30 s while it stays quiet, by default). This recovers
+//     batches lost just before the engine went idle: dropped at a
+//     high-water mark, or sent before the subscription reached the engine.
 //   - A live seq above the expected one is a gap: the live batches wait while
 //     the missing range is replayed, then everything is applied in order. A
 //     replay whose replies leave a hole is followed up a few times.

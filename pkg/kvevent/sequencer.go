@@ -57,8 +57,7 @@ type replayState struct {
 //   - after every (re)connection the stream is replayed from the last
 //     delivered seq (from 0 at first), because a PUB drops what it sent
 //     before the subscription arrived and an idle engine sends nothing;
-//     until a live batch shows the subscription active, the transport
-//     probes with further replays;
+//     the transport probes a quiet stream the same way;
 //   - a live seq above the expected one buffers live batches (bounded by
 //     maxPending) while the missing range is replayed, then applies them;
 //   - a replay that starts later than asked, an unavailable replay and an
@@ -77,9 +76,6 @@ type sequencer struct {
 
 	liveHigh uint64 // highest live seq seen, valid when hasLive
 	hasLive  bool
-	// liveConfirmed is set by the first live batch after a connection,
-	// which proves the subscription reached the publisher.
-	liveConfirmed bool
 
 	replay    replayState
 	followUps int
@@ -97,20 +93,16 @@ func (s *sequencer) onConnected() {
 	s.abortReplay()
 	s.clearPending()
 	s.followUps = 0
-	s.liveConfirmed = false
 	s.requestReplay(true)
 }
 
-// needsProbe reports whether the transport should call probe: no live
-// batch has arrived since the connection and no replay is in flight.
-// Until a live batch arrives the subscription may not have reached the
-// publisher, and what it sent meanwhile (after serving the connection's
-// replay) reveals no gap if the engine then goes idle.
-func (s *sequencer) needsProbe() bool { return !s.liveConfirmed && !s.replay.active }
-
-// probe replays once more from the last delivered batch.
+// probe checks a quiet stream with a replay from the last delivered batch,
+// unless a replay is in flight. A gap shows only when a later batch
+// arrives, so batches lost just before the engine went idle (dropped at a
+// high-water mark, or sent before the subscription reached the publisher)
+// would otherwise stay missing for as long as the engine stays idle.
 func (s *sequencer) probe() {
-	if s.needsProbe() {
+	if !s.replay.active {
 		s.requestReplay(false)
 	}
 }
@@ -141,7 +133,7 @@ func (s *sequencer) onLive(seq uint64, payload []byte) {
 		s.restart(seq, payload)
 		return
 	}
-	s.liveHigh, s.hasLive, s.liveConfirmed = seq, true, true
+	s.liveHigh, s.hasLive = seq, true
 	switch {
 	case seq < s.next:
 		// Already delivered by a replay that overtook the live stream.
@@ -257,7 +249,7 @@ func (s *sequencer) restart(seq uint64, payload []byte) {
 	s.clearPending()
 	s.followUps = 0
 	s.next, s.hasLast, s.last = 0, false, nil
-	s.liveHigh, s.liveConfirmed = seq, true
+	s.liveHigh = seq
 	s.sink.reset(StreamReset{Reason: ResetPublisherRestart})
 	if seq == 0 {
 		s.apply(seq, payload, false)

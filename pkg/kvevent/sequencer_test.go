@@ -175,9 +175,9 @@ func TestSequencer(t *testing.T) {
 		steps: []string{"connect", "live 1", "reply 0", "reply 1", "reply 2", "end", "live 2", "live 3"},
 		want:  []string{"replay 0", "deliver a0 replay", "deliver a1 live", "deliver a2 replay", "deliver a3 live"},
 	}, {
-		name:  "probes replay until a live batch confirms the subscription",
-		steps: []string{"connect", "end", "probe", "reply 0", "end", "probe", "reply 0", "end", "live 1", "probe", "live 2"},
-		want:  []string{"replay 0", "replay 0", "deliver a0 replay", "replay 0", "deliver a1 live", "deliver a2 live"},
+		name:  "a probe replays from the last delivered batch and finds what the live stream lost",
+		steps: []string{"connect", "end", "probe", "reply 0", "end", "probe", "reply 0", "reply 1", "end", "live 2"},
+		want:  []string{"replay 0", "replay 0", "deliver a0 replay", "replay 0", "deliver a1 replay", "deliver a2 live"},
 	}, {
 		name:  "a probe while a replay runs does nothing",
 		steps: []string{"connect", "probe", "reply 0", "end"},
