@@ -292,6 +292,20 @@ func parseLogLevel(s string) (logLevel, error) {
 
 func (c *ZMQClient) logs(l logLevel) bool { return logLevel(c.level.Load()) >= l }
 
+// logInfo logs msg when the client's level is info or more verbose.
+func (c *ZMQClient) logInfo(msg string, keysAndValues ...any) {
+	if c.logs(levelInfo) {
+		c.logger.Info(msg, keysAndValues...)
+	}
+}
+
+// logDebug logs msg when the client's level is debug or more verbose.
+func (c *ZMQClient) logDebug(msg string, keysAndValues ...any) {
+	if c.logs(levelDebug) {
+		c.logger.Info(msg, keysAndValues...)
+	}
+}
+
 // connState tracks whether the SUB socket is connected and lets callers wait
 // for it.
 type connState struct {

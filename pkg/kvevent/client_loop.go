@@ -167,9 +167,7 @@ func (l *clientLoop) open() error {
 	}
 	l.rebuildPoller()
 	l.reopenDelay = c.cfg.ReconnectDelay
-	if c.logs(levelDebug) {
-		c.logger.Info("Dialling KV event publisher", "endpoint", c.pubEndpoint, "replayEndpoint", c.replayEndpoint)
-	}
+	c.logDebug("Dialling KV event publisher", "endpoint", c.pubEndpoint, "replayEndpoint", c.replayEndpoint)
 	return nil
 }
 
@@ -317,12 +315,10 @@ func (l *clientLoop) drainMonitor() {
 		case zmq.EVENT_CONNECT_RETRIED:
 			c.counters.reconnectAttempts.Add(1)
 			c.metrics.IncrementReconnectAttempts()
-			if c.logs(levelDebug) {
-				c.logger.Info("Reconnecting to KV event publisher", "endpoint", addr, "inMillis", value)
-			}
+			c.logDebug("Reconnecting to KV event publisher", "endpoint", addr, "inMillis", value)
 		default:
 			c.metrics.IncrementErrorCount(ErrorTypeSocket)
-			c.logger.Info("Handshake with KV event publisher failed", "endpoint", addr, "event", ev.String(), "errno", value)
+			c.logInfo("Handshake with KV event publisher failed", "endpoint", addr, "event", ev.String(), "errno", value)
 		}
 	}
 }

@@ -29,9 +29,7 @@ func (l *clientLoop) startReplay(from uint64, force bool) bool {
 	}
 	l.replay.active = true
 	l.replay.deadline = now.Add(c.cfg.ReplayTimeout)
-	if c.logs(levelDebug) {
-		c.logger.Info("Requested replay", "fromSeq", from, "endpoint", c.replayEndpoint)
-	}
+	c.logDebug("Requested replay", "fromSeq", from, "endpoint", c.replayEndpoint)
 	return true
 }
 
@@ -50,9 +48,9 @@ func (l *clientLoop) reset(r StreamReset) {
 	c.counters.countReset(r)
 	c.metrics.recordReset(r)
 	if r.Reason == ResetRewind {
-		c.logger.Info("Rewinding KV event stream", "nextSeq", r.NextSeq)
+		c.logInfo("Rewinding KV event stream", "nextSeq", r.NextSeq)
 	} else {
-		c.logger.Info("KV event stream reset: state derived from it is incomplete",
+		c.logInfo("KV event stream reset: state derived from it is incomplete",
 			"reason", r.Reason, "nextSeq", r.NextSeq, "firstMissing", r.FirstMissing, "lastMissing", r.LastMissing)
 	}
 	if h := c.handler.Load(); h.reset != nil {
@@ -152,10 +150,10 @@ func (c *ZMQClient) setConnected(connected, counted bool) {
 	if connected {
 		c.counters.connections.Add(1)
 		c.metrics.IncrementConnectionCount()
-		c.logger.Info("Connected to KV event publisher", "endpoint", c.pubEndpoint)
+		c.logInfo("Connected to KV event publisher", "endpoint", c.pubEndpoint)
 		return
 	}
 	c.counters.disconnections.Add(1)
 	c.metrics.IncrementDisconnectionCount()
-	c.logger.Info("Disconnected from KV event publisher", "endpoint", c.pubEndpoint)
+	c.logInfo("Disconnected from KV event publisher", "endpoint", c.pubEndpoint)
 }
