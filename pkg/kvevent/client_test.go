@@ -1,6 +1,7 @@
 package kvevent
 
 import (
+	"fmt"
 	"testing"
 	"time"
 )
@@ -260,6 +261,52 @@ func TestClientFollowsEachDataParallelRankOnItsOwnPorts(t *testing.T) {
 			if d.rank != rank {
 				t.Fatalf("rank %d client got a batch stamped rank %d", rank, d.rank)
 			}
+		}
+	}
+}
+
+func TestClientFollowsAnEngineOnIPv6(t *testing.T) {
+	t.Parallel()
+	ports := newTestPorts(t)
+	pub := newTestPublisher(t, ports, func(c *PublisherConfig) {
+		c.Endpoint = fmt.Sprintf("tcp://[::1]:%d", ports.pub)
+		c.ReplayEndpoint = fmt.Sprintf("tcp://[::1]:%d", ports.router)
+	})
+	publish(t, pub, 1, 0, 3)
+	cfg := testClientConfig(ports)
+	cfg.PodIP = "::1"
+	rec := &recorder{}
+	startClient(t, cfg, rec)
+	eventually(t, "the batches", func() bool { return rec.count() >= 3 })
+	got, _ := rec.snapshot()
+	checkSequence(t, got, 1, 0, 3)
+}
+
+func TestParseReplayReply(t *testing.T) {
+	t.Parallel()
+	seq7, end := seqFrame(7), seqFrame(endOfReplay)
+	tests := []struct {
+		name    string
+		frames  [][]byte
+		seq     uint64
+		payload string
+		end     bool
+		err     bool
+	}{
+		{"v0.26 batch", [][]byte{{}, []byte("kv"), seq7, []byte("p")}, 7, "p", false, false},
+		{"v0.26 end", [][]byte{{}, {}, end, {}}, endOfReplay, "", true, false},
+		{"v0.25 batch", [][]byte{{}, seq7, []byte("p")}, 7, "p", false, false},
+		{"v0.25 end", [][]byte{{}, end, {}}, endOfReplay, "", true, false},
+		{"empty payload ends", [][]byte{{}, seq7, {}}, 7, "", true, false},
+		{"no delimiter", [][]byte{seq7, []byte("p"), []byte("x")}, 0, "", false, true},
+		{"too few frames", [][]byte{{}, seq7}, 0, "", false, true},
+		{"too many frames", [][]byte{{}, {}, {}, seq7, []byte("p")}, 0, "", false, true},
+		{"short seq", [][]byte{{}, []byte{1, 2}, []byte("p")}, 0, "", false, true},
+	}
+	for _, tt := range tests {
+		seq, payload, end, err := parseReplayReply(tt.frames)
+		if (err != nil) != tt.err || seq != tt.seq || string(payload) != tt.payload || end != tt.end {
+			t.Errorf("%s: got %d %q %v %v", tt.name, seq, payload, end, err)
 		}
 	}
 }
