@@ -30,6 +30,31 @@
 // AllBlocksCleared when the prefix cache is reset, which is refused while
 // any request holds blocks.
 //
+// # Engine
+//
+// Engine adds vLLM's v1 scheduler and a latency model (see LatencyModel) to
+// the KV cache: continuous batching of running requests, chunked prefill
+// within a token budget, first-come first-served admission bounded by
+// MaxNumSeqs and free blocks, prefix-cache hits taken at admission, and
+// preemption by recomputation of the newest running request when a running
+// request cannot get a block. Each step publishes one event batch with the
+// events of that step, or nothing when it produced none.
+//
+// Simplified, relative to vLLM:
+//   - one full-attention KV-cache group: no sliding window, hybrid models,
+//     speculative decoding, KV connectors or multimodal inputs;
+//   - first-come first-served only (no priority policy), no max_loras limit,
+//     no async scheduling: a step's tokens are known when it ends;
+//   - the simulated model generates a pseudo-random function of the prompt,
+//     the request's seed and the engine's output seed, ignoring EOS when the
+//     request sets MaxTokens and ending with EOS after DefaultOutputTokens
+//     otherwise;
+//   - prefix-cache queries and hits are counted once per request, when it is
+//     admitted; vLLM counts a lookup every time it tries to admit a waiting
+//     request, so a request held back for KV space counts once per step;
+//   - a reset of the prefix cache is published at once, not with the next
+//     step's batch.
+//
 // # Block hashes
 //
 // digest(i) = sha256(digest(i-1) || tokens of block i as 4-byte big-endian
