@@ -1,0 +1,100 @@
+// Command vllm-sim simulates a vLLM OpenAI-compatible server without GPUs,
+// for demos and tests of KV-cache aware routing: a paged KV cache with
+// prefix caching, vLLM's scheduler, a latency model, and vLLM's HTTP API
+// and Prometheus metrics. Run vllm-sim -help for its flags.
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strconv"
+	"syscall"
+	"time"
+
+	"k8s.io/klog/v2"
+
+	"github.com/kvgate/kvgate/pkg/sim/simserver"
+)
+
+// shutdownGrace bounds how long in-flight requests may take to finish on
+// SIGINT or SIGTERM.
+const shutdownGrace = 10 * time.Second
+
+func main() {
+	fs := flag.NewFlagSet("vllm-sim", flag.ContinueOnError)
+	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
+	klog.InitFlags(klogFlags)
+	fs.Var(klogFlags.Lookup("v").Value, "v", "log verbosity")
+	o, err := parseOptions(fs, os.Args[1:])
+	if errors.Is(err, flag.ErrHelp) {
+		return
+	}
+	if err != nil {
+		fmt.Fprintln(fs.Output(), "vllm-sim:", err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	ln, err := net.Listen("tcp", net.JoinHostPort(o.host, strconv.Itoa(o.port)))
+	if err == nil {
+		err = serve(ctx, o, ln)
+	}
+	if err != nil {
+		klog.ErrorS(err, "vllm-sim failed")
+		klog.Flush()
+		os.Exit(1)
+	}
+	klog.Flush()
+}
+
+// serve runs the simulated server on ln until ctx ends, then stops taking
+// requests, lets in-flight ones finish for up to shutdownGrace, and stops
+// the engines.
+func serve(ctx context.Context, o options, ln net.Listener) error {
+	cfg, err := o.serverConfig(rand.Reader)
+	if err != nil {
+		return err
+	}
+	cfg.Logger = klog.Background()
+	s, err := simserver.New(cfg)
+	if err != nil {
+		return err
+	}
+	engineCtx, stopEngines := context.WithCancel(context.Background())
+	enginesDone := make(chan struct{})
+	go func() {
+		defer close(enginesDone)
+		s.Run(engineCtx)
+	}()
+	defer func() {
+		stopEngines()
+		<-enginesDone
+	}()
+
+	hs := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	served := make(chan error, 1)
+	go func() { served <- hs.Serve(ln) }()
+	klog.InfoS("Serving the simulated vLLM API", "address", ln.Addr().String(), "model", o.model,
+		"ranks", o.dpSize, "blockSize", o.engine.BlockSize, "numGPUBlocks", o.engine.NumGPUBlocks)
+
+	select {
+	case err := <-served:
+		return fmt.Errorf("serve http on %s: %w", ln.Addr(), err)
+	case <-ctx.Done():
+	}
+	klog.InfoS("Shutting down", "grace", shutdownGrace)
+	sctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
+	defer cancel()
+	if err := hs.Shutdown(sctx); err != nil {
+		hs.Close()
+		return fmt.Errorf("shut down http: %w", err)
+	}
+	return nil
+}
