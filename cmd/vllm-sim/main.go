@@ -23,10 +23,6 @@ import (
 	"github.com/kvgate/kvgate/pkg/sim/simserver"
 )
 
-// shutdownGrace bounds how long in-flight requests may take to finish on
-// SIGINT or SIGTERM.
-const shutdownGrace = 10 * time.Second
-
 func main() {
 	fs := flag.NewFlagSet("vllm-sim", flag.ContinueOnError)
 	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
@@ -55,8 +51,8 @@ func main() {
 }
 
 // serve runs the simulated server on ln until ctx ends, then stops taking
-// requests, lets in-flight ones finish for up to shutdownGrace, and stops
-// the engines.
+// requests, lets in-flight ones finish for up to -shutdown-grace, fails those
+// still running, and stops the engines.
 func serve(ctx context.Context, o options, ln net.Listener) error {
 	cfg, err := o.serverConfig(rand.Reader)
 	if err != nil {
@@ -89,12 +85,19 @@ func serve(ctx context.Context, o options, ln net.Listener) error {
 		return fmt.Errorf("serve http on %s: %w", ln.Addr(), err)
 	case <-ctx.Done():
 	}
-	klog.InfoS("Shutting down", "grace", shutdownGrace)
-	sctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
+	klog.InfoS("Shutting down", "grace", o.shutdownGrace)
+	sctx, cancel := context.WithTimeout(context.Background(), o.shutdownGrace)
 	defer cancel()
 	if err := hs.Shutdown(sctx); err != nil {
-		hs.Close()
-		return fmt.Errorf("shut down http: %w", err)
+		// Requests still running after the grace period are failed by
+		// stopping the engines; their handlers then answer at once.
+		klog.InfoS("Failing the requests still running", "grace", o.shutdownGrace)
+		stopEngines()
+		fctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		if err := hs.Shutdown(fctx); err != nil {
+			hs.Close()
+		}
 	}
 	return nil
 }

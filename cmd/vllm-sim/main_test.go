@@ -103,3 +103,46 @@ func TestServeAnswersUntilCancelled(t *testing.T) {
 		t.Error("still serving after shutdown")
 	}
 }
+
+func TestShutdownFailsRequestsThatOutliveTheGrace(t *testing.T) {
+	o, err := parse(t, "--num-gpu-blocks", "64", "--step-overhead", "20ms", "--shutdown-grace", "100ms")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- serve(ctx, o, ln) }()
+
+	// 200 tokens at 20 ms a step take 4 s, far beyond the grace.
+	resp, err := http.Post("http://"+ln.Addr().String()+"/v1/completions", "application/json",
+		strings.NewReader(`{"prompt":"a long answer","max_tokens":200,"stream":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	first := make([]byte, 6)
+	if _, err := io.ReadFull(resp.Body, first); err != nil || string(first) != "data: " {
+		t.Fatalf("stream opened with %q: %v", first, err)
+	}
+	start := time.Now()
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("serve: %v", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("serve did not return")
+	}
+	if took := time.Since(start); took > 3*time.Second {
+		t.Errorf("shutdown took %v with a 100ms grace", took)
+	}
+	rest, _ := io.ReadAll(resp.Body)
+	if !strings.Contains(string(rest), "engine stopped") || !strings.HasSuffix(string(rest), "data: [DONE]\n\n") {
+		t.Errorf("stream ended with %q, want an error event and [DONE]", rest[max(0, len(rest)-300):])
+	}
+}

@@ -21,6 +21,9 @@ type options struct {
 	dpSize   int
 	hashSeed string
 	engine   sim.EngineConfig
+	// shutdownGrace bounds how long in-flight requests may take to finish
+	// on SIGINT or SIGTERM.
+	shutdownGrace time.Duration
 }
 
 const usageHeader = `vllm-sim simulates a vLLM OpenAI-compatible server without GPUs: a paged KV
@@ -60,6 +63,8 @@ func parseOptions(fs *flag.FlagSet, args []string) (options, error) {
 	fs.StringVar(&o.hashSeed, "hash-seed", "",
 		"seed of the block hashes, shared by all ranks (vLLM's PYTHONHASHSEED); empty: a random seed per rank, so no two engines share hashes")
 	fs.Uint64Var(&e.OutputSeed, "seed", 0, "seed of the generated tokens")
+	fs.DurationVar(&o.shutdownGrace, "shutdown-grace", 10*time.Second,
+		"on SIGINT or SIGTERM, how long running requests may take to finish before they are failed")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), usageHeader)
 		fs.PrintDefaults()

@@ -137,6 +137,7 @@ func (e *Engine) scheduleWaiting(budget int, now time.Time) {
 		if !e.kv.AllocateSlots(r.seq, 0, hit, n) {
 			return
 		}
+		e.waiting[0] = nil
 		e.waiting = e.waiting[1:]
 		e.running = append(e.running, r)
 		r.status = statusRunning
