@@ -67,8 +67,11 @@ func TestOptionsRejectBadValues(t *testing.T) {
 	}
 }
 
-func TestServeAnswersUntilCancelled(t *testing.T) {
-	o, err := parse(t, "--num-gpu-blocks", "64", "--step-overhead", "1ms")
+// startServe runs serve with args on a loopback port and returns its URL
+// and a stop func that cancels it and returns serve's result.
+func startServe(t *testing.T, args ...string) (url string, stop func() error) {
+	t.Helper()
+	o, err := parse(t, args...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,8 +82,21 @@ func TestServeAnswersUntilCancelled(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- serve(ctx, o, ln) }()
+	stop = func() error {
+		cancel()
+		select {
+		case err := <-done:
+			return err
+		case <-time.After(15 * time.Second):
+			t.Fatal("serve did not return after cancel")
+			return nil
+		}
+	}
+	return "http://" + ln.Addr().String(), stop
+}
 
-	url := "http://" + ln.Addr().String()
+func TestServeAnswersUntilCancelled(t *testing.T) {
+	url, stop := startServe(t, "--num-gpu-blocks", "64", "--step-overhead", "1ms")
 	resp, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(`{"prompt":"hi","max_tokens":2}`))
 	if err != nil {
 		t.Fatal(err)
@@ -90,14 +106,8 @@ func TestServeAnswersUntilCancelled(t *testing.T) {
 	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), `"completion_tokens":2`) {
 		t.Fatalf("completion: %d %s", resp.StatusCode, body)
 	}
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("serve after cancel: %v", err)
-		}
-	case <-time.After(15 * time.Second):
-		t.Fatal("serve did not return after cancel")
+	if err := stop(); err != nil {
+		t.Fatalf("serve after cancel: %v", err)
 	}
 	if _, err := http.Get(url + "/health"); err == nil {
 		t.Error("still serving after shutdown")
@@ -105,20 +115,9 @@ func TestServeAnswersUntilCancelled(t *testing.T) {
 }
 
 func TestShutdownFailsRequestsThatOutliveTheGrace(t *testing.T) {
-	o, err := parse(t, "--num-gpu-blocks", "64", "--step-overhead", "20ms", "--shutdown-grace", "100ms")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- serve(ctx, o, ln) }()
-
+	url, stop := startServe(t, "--num-gpu-blocks", "64", "--step-overhead", "20ms", "--shutdown-grace", "100ms")
 	// 200 tokens at 20 ms a step take 4 s, far beyond the grace.
-	resp, err := http.Post("http://"+ln.Addr().String()+"/v1/completions", "application/json",
+	resp, err := http.Post(url+"/v1/completions", "application/json",
 		strings.NewReader(`{"prompt":"a long answer","max_tokens":200,"stream":true}`))
 	if err != nil {
 		t.Fatal(err)
@@ -129,14 +128,8 @@ func TestShutdownFailsRequestsThatOutliveTheGrace(t *testing.T) {
 		t.Fatalf("stream opened with %q: %v", first, err)
 	}
 	start := time.Now()
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("serve: %v", err)
-		}
-	case <-time.After(15 * time.Second):
-		t.Fatal("serve did not return")
+	if err := stop(); err != nil {
+		t.Fatalf("serve: %v", err)
 	}
 	if took := time.Since(start); took > 3*time.Second {
 		t.Errorf("shutdown took %v with a 100ms grace", took)
