@@ -5,6 +5,17 @@
 // package sim, stepped in wall time by its own loop and publishing its
 // KV-cache events to its own EventSink; requests are spread over the ranks
 // as vLLM's data-parallel load balancer does.
+//
+// Where the API differs from vLLM's:
+//   - usage always carries prompt_tokens_details.cached_tokens, which vLLM
+//     sends only with --enable-prompt-tokens-details;
+//   - sampling parameters (temperature, stop, logprobs, ...) are accepted and
+//     ignored, and content parts other than text are refused;
+//   - POST /reset_prefix_cache answers 409 when an engine refuses because
+//     requests hold blocks, where vLLM answers 200 either way;
+//   - a request without max_tokens generates the engine's
+//     DefaultOutputTokens (ending with EOS) rather than vLLM's 16 for
+//     completions; one with max_tokens generates exactly that many.
 package simserver
 
 import (
