@@ -54,8 +54,8 @@ type KVEvent interface {
 // possibly negative int64 (v0.9 to v0.10.1, Python's hash()), or the 32 raw
 // digest bytes (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0). Integers are kept as
 // their 64-bit two's-complement pattern and byte strings become their last 8
-// bytes read big-endian, which is exactly how vLLM derives its integer form
-// from a digest. So one engine names a block by the same BlockHash whichever
+// bytes read big-endian (BlockHashFromDigest), which is exactly how vLLM
+// derives its integer form from a digest. So one engine names a block by the same BlockHash whichever
 // form it is configured to send, and a parent hash always compares equal to
 // the hash its parent block was stored under.
 type BlockHash = uint64

@@ -1,0 +1,140 @@
+// Package config reads kvgate's settings from environment variables at the
+// edge of the program and hands typed values to the packages that use them.
+//
+// Every variable the gateway reads is declared once, as a Var in Vars, with
+// its default and a sentence of documentation; docs/configuration.md is
+// generated from those declarations and a test keeps the two equal. Values are
+// read only through an Env, which records every malformed value so that a
+// misconfigured gateway fails at start with one error listing all of them.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Var declares one environment variable.
+type Var struct {
+	// Name is the variable's name, e.g. AIBRIX_SYNC_MAX_CONTEXTS.
+	Name string
+	// Aliases are older names read when Name is unset, in order.
+	Aliases []string
+	// Default is the value used when neither Name nor an alias is set, in
+	// the variable's own syntax ("" means empty).
+	Default string
+	// Doc says what the variable controls, in one or two sentences.
+	Doc string
+	// Section groups the variable in the configuration reference.
+	Section string
+}
+
+// LookupFunc reports the value of an environment variable and whether it is
+// set; os.LookupEnv is one.
+type LookupFunc func(name string) (string, bool)
+
+// Env reads declared variables from a LookupFunc and collects the errors of
+// malformed values. The zero value is not usable; call NewEnv.
+type Env struct {
+	lookup LookupFunc
+	errs   []error
+}
+
+// NewEnv returns an Env reading from lookup.
+func NewEnv(lookup LookupFunc) *Env {
+	return &Env{lookup: lookup}
+}
+
+// Err returns every error recorded so far joined into one, or nil.
+func (e *Env) Err() error {
+	return errors.Join(e.errs...)
+}
+
+// Errorf records a validation error found by the caller, for example a
+// combination of settings that cannot work together.
+func (e *Env) Errorf(format string, args ...any) {
+	e.errs = append(e.errs, fmt.Errorf(format, args...))
+}
+
+// raw returns the value of v, the name it was read from, and whether it was
+// set at all. Surrounding white space is ignored.
+func (e *Env) raw(v Var) (value, name string, set bool) {
+	for _, n := range append([]string{v.Name}, v.Aliases...) {
+		if s, ok := e.lookup(n); ok {
+			return strings.TrimSpace(s), n, true
+		}
+	}
+	return v.Default, v.Name, false
+}
+
+func (e *Env) fail(name, value, want string) {
+	e.errs = append(e.errs, fmt.Errorf("%s=%q: want %s", name, value, want))
+}
+
+// String returns the value of v, or its default.
+func (e *Env) String(v Var) string {
+	s, _, _ := e.raw(v)
+	return s
+}
+
+// Bool returns the value of v parsed by strconv.ParseBool.
+func (e *Env) Bool(v Var) bool {
+	s, name, _ := e.raw(v)
+	b, err := strconv.ParseBool(s)
+	if err != nil {
+		e.fail(name, s, "true or false")
+	}
+	return b
+}
+
+// Int returns the value of v, which must be an integer of at least min.
+func (e *Env) Int(v Var, min int) int {
+	s, name, _ := e.raw(v)
+	n, err := strconv.Atoi(s)
+	if err != nil || n < min {
+		e.fail(name, s, fmt.Sprintf("an integer >= %d", min))
+		return max(n, min)
+	}
+	return n
+}
+
+// Float returns the value of v, which must be a number of at least min.
+func (e *Env) Float(v Var, min float64) float64 {
+	s, name, _ := e.raw(v)
+	f, err := strconv.ParseFloat(s, 64)
+	if err != nil || f < min {
+		e.fail(name, s, fmt.Sprintf("a number >= %g", min))
+		return max(f, min)
+	}
+	return f
+}
+
+// Duration returns the value of v as a positive duration. A bare integer is
+// read in unit (AIBrix variables carry their unit in their name, e.g. _MS or
+// _SECONDS); a value with a unit suffix ("1.5s", "200ms") is read as such.
+func (e *Env) Duration(v Var, unit time.Duration) time.Duration {
+	s, name, _ := e.raw(v)
+	if n, err := strconv.ParseInt(s, 10, 64); err == nil && n > 0 {
+		return time.Duration(n) * unit
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d <= 0 {
+		e.fail(name, s, "a positive duration (an integer in "+unitName(unit)+", or e.g. \"1.5s\")")
+		return 0
+	}
+	return d
+}
+
+func unitName(unit time.Duration) string {
+	switch unit {
+	case time.Millisecond:
+		return "milliseconds"
+	case time.Second:
+		return "seconds"
+	case time.Minute:
+		return "minutes"
+	}
+	return unit.String() + " units"
+}

@@ -1,0 +1,118 @@
+package config
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func lookupFrom(m map[string]string) LookupFunc {
+	return func(name string) (string, bool) {
+		v, ok := m[name]
+		return v, ok
+	}
+}
+
+func TestEnvReadsValuesAliasesAndDefaults(t *testing.T) {
+	v := Var{Name: "NEW", Aliases: []string{"OLD"}, Default: "7"}
+	tests := []struct {
+		name string
+		env  map[string]string
+		want int
+	}{
+		{"default when unset", nil, 7},
+		{"alias when only the alias is set", map[string]string{"OLD": "3"}, 3},
+		{"name wins over alias", map[string]string{"NEW": "5", "OLD": "3"}, 5},
+		{"white space ignored", map[string]string{"NEW": " 9 "}, 9},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := NewEnv(lookupFrom(tt.env))
+			if got := e.Int(v, 0); got != tt.want || e.Err() != nil {
+				t.Fatalf("Int = %d, err %v; want %d, nil", got, e.Err(), tt.want)
+			}
+		})
+	}
+}
+
+func TestEnvDurationUnits(t *testing.T) {
+	v := Var{Name: "D", Default: "5"}
+	tests := []struct {
+		value string
+		unit  time.Duration
+		want  time.Duration
+	}{
+		{"5", time.Second, 5 * time.Second},
+		{"50", time.Millisecond, 50 * time.Millisecond},
+		{"20", time.Minute, 20 * time.Minute},
+		{"1.5s", time.Second, 1500 * time.Millisecond},
+		{"200ms", time.Minute, 200 * time.Millisecond},
+	}
+	for _, tt := range tests {
+		e := NewEnv(lookupFrom(map[string]string{"D": tt.value}))
+		if got := e.Duration(v, tt.unit); got != tt.want || e.Err() != nil {
+			t.Errorf("Duration(%q, %v) = %v, err %v; want %v", tt.value, tt.unit, got, e.Err(), tt.want)
+		}
+	}
+}
+
+func TestEnvCollectsEveryMalformedValue(t *testing.T) {
+	e := NewEnv(lookupFrom(map[string]string{
+		"B": "yes please", "I": "-3", "F": "abc", "D": "0", "OLD": "x",
+	}))
+	e.Bool(Var{Name: "B", Default: "false"})
+	e.Int(Var{Name: "I", Default: "1"}, 0)
+	e.Float(Var{Name: "F", Default: "1"}, 0)
+	e.Duration(Var{Name: "D", Default: "1"}, time.Second)
+	e.Int(Var{Name: "NEW", Aliases: []string{"OLD"}, Default: "1"}, 0)
+	e.Errorf("combination: %s", "cannot work")
+
+	err := e.Err()
+	if err == nil {
+		t.Fatal("Err() = nil, want every malformed value reported")
+	}
+	for _, want := range []string{`B="yes please"`, `I="-3"`, `F="abc"`, `D="0"`, `OLD="x"`, "combination: cannot work"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not mention %s", err, want)
+		}
+	}
+}
+
+func TestDeclaredVarsAreWellFormed(t *testing.T) {
+	sections := map[string]bool{}
+	for _, s := range Sections {
+		sections[s] = true
+	}
+	seen := map[string]bool{}
+	for _, v := range Vars {
+		for _, n := range append([]string{v.Name}, v.Aliases...) {
+			if seen[n] {
+				t.Errorf("%s declared twice", n)
+			}
+			seen[n] = true
+		}
+		if !sections[v.Section] {
+			t.Errorf("%s: section %q is not in Sections", v.Name, v.Section)
+		}
+		if strings.TrimSpace(v.Doc) == "" {
+			t.Errorf("%s has no documentation", v.Name)
+		}
+	}
+}
+
+func TestMarkdownListsEveryVariableWithItsDefault(t *testing.T) {
+	md := Markdown(Vars)
+	for _, v := range Vars {
+		if !strings.Contains(md, "`"+v.Name+"`") {
+			t.Errorf("reference lacks %s", v.Name)
+		}
+		for _, a := range v.Aliases {
+			if !strings.Contains(md, "`"+a+"`") {
+				t.Errorf("reference lacks alias %s of %s", a, v.Name)
+			}
+		}
+	}
+	if !strings.Contains(md, "| `AIBRIX_SYNC_MAX_CONTEXTS` | `1000` |") {
+		t.Errorf("reference does not show defaults:\n%s", md)
+	}
+}

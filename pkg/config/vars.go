@@ -1,0 +1,129 @@
+package config
+
+// Sections of the configuration reference, in the order they are rendered.
+const (
+	SectionKVSync    = "KV event sync"
+	SectionIndex     = "Prefix index"
+	SectionTokenizer = "Tokenizer"
+	SectionRouting   = "Routing"
+	SectionMetrics   = "Pod metrics"
+)
+
+// Sections lists the configuration reference's sections in order.
+var Sections = []string{SectionKVSync, SectionIndex, SectionTokenizer, SectionRouting, SectionMetrics}
+
+// KV event sync.
+var (
+	KVEventSyncEnabled = Var{
+		Name:    "AIBRIX_PREFIX_CACHE_KV_EVENT_SYNC_ENABLED",
+		Aliases: []string{"AIBRIX_KV_EVENT_SYNC_ENABLED"},
+		Default: "true",
+		Section: SectionKVSync,
+		Doc: "Subscribe to the KV-cache events of every eligible vLLM pod and keep the prefix index. " +
+			"Needs the remote tokenizer: the gateway refuses to start when this is true and " +
+			"AIBRIX_PREFIX_CACHE_USE_REMOTE_TOKENIZER is false.",
+	}
+	UseRemoteTokenizer = Var{
+		Name:    "AIBRIX_PREFIX_CACHE_USE_REMOTE_TOKENIZER",
+		Aliases: []string{"AIBRIX_USE_REMOTE_TOKENIZER"},
+		Default: "true",
+		Section: SectionTokenizer,
+		Doc: "Tokenize prompts with the engine's own tokenizer (vLLM's POST /tokenize on a ready pod of the model). " +
+			"When false, requests carry no token ids and every algorithm routes on load alone.",
+	}
+)
+
+// Prefix index (pkg/indexer).
+var (
+	SyncMaxContexts = Var{
+		Name:    "AIBRIX_SYNC_MAX_CONTEXTS",
+		Default: "1000",
+		Section: SectionIndex,
+		Doc:     "Most (model, LoRA adapter) contexts the prefix index keeps; the least recently used context is dropped beyond it.",
+	}
+	SyncMaxPrefixesPerContext = Var{
+		Name:    "AIBRIX_SYNC_MAX_PREFIXES_PER_CONTEXT",
+		Default: "1000000",
+		Section: SectionIndex,
+		Doc: "Most block keys the prefix index keeps per context; the least recently stored or matched keys are evicted beyond it. " +
+			"AIBrix's default of 10000 covers a fraction of one GPU's cache, hence the larger default.",
+	}
+	SyncMaxEntries = Var{
+		Name:    "KVGATE_SYNC_MAX_ENTRIES",
+		Default: "4000000",
+		Section: SectionIndex,
+		Doc:     "Most (block, pod) residencies the prefix index keeps over all contexts; bounds its memory (under 48 bytes each).",
+	}
+	SyncEvictionInterval = Var{
+		Name:    "AIBRIX_SYNC_EVICTION_INTERVAL_SECONDS",
+		Default: "60",
+		Section: SectionIndex,
+		Doc:     "How often the prefix index sweeps for idle pods.",
+	}
+	SyncEvictionDuration = Var{
+		Name:    "AIBRIX_SYNC_EVICTION_DURATION_MINUTES",
+		Default: "20",
+		Section: SectionIndex,
+		Doc:     "A pod that has sent no KV event and matched no request for this long is purged from the prefix index.",
+	}
+)
+
+// Tokenizer.
+var (
+	TokenizerEndpointTemplate = Var{
+		Name:    "AIBRIX_VLLM_TOKENIZER_ENDPOINT_TEMPLATE",
+		Default: "http://%s:8000",
+		Section: SectionTokenizer,
+		Doc:     "URL of a pod's vLLM HTTP server; %s is replaced by the pod's IP.",
+	}
+	TokenizerRequestTimeout = Var{
+		Name:    "AIBRIX_TOKENIZER_REQUEST_TIMEOUT",
+		Default: "5",
+		Section: SectionTokenizer,
+		Doc:     "Timeout of one /tokenize call, in seconds or with a unit (\"500ms\"). On timeout the request is routed on load alone.",
+	}
+)
+
+// Routing.
+var (
+	PrefixCacheImbalanceAbsCount = Var{
+		Name:    "AIBRIX_PREFIX_CACHE_POD_RUNNING_REQUEST_IMBALANCE_ABS_COUNT",
+		Default: "8",
+		Section: SectionRouting,
+		Doc: "prefix-cache algorithm: when the most and least loaded candidate pods differ by more than this many running requests, " +
+			"the request goes to the least loaded pod regardless of prefix matches.",
+	}
+	PrefixCacheStdDevFactor = Var{
+		Name:    "AIBRIX_PREFIX_CACHE_STANDARD_DEVIATION_FACTOR",
+		Default: "1",
+		Section: SectionRouting,
+		Doc: "prefix-cache algorithm: a pod with more running requests than mean + factor x standard deviation is not chosen " +
+			"for its prefix match.",
+	}
+)
+
+// Pod metrics.
+var (
+	PodMetricRefreshInterval = Var{
+		Name:    "AIBRIX_POD_METRIC_REFRESH_INTERVAL_MS",
+		Default: "50",
+		Section: SectionMetrics,
+		Doc:     "How often each ready pod's /metrics is scraped, in milliseconds.",
+	}
+)
+
+// Vars lists every environment variable kvgate reads.
+var Vars = []Var{
+	KVEventSyncEnabled,
+	UseRemoteTokenizer,
+	SyncMaxContexts,
+	SyncMaxPrefixesPerContext,
+	SyncMaxEntries,
+	SyncEvictionInterval,
+	SyncEvictionDuration,
+	TokenizerEndpointTemplate,
+	TokenizerRequestTimeout,
+	PrefixCacheImbalanceAbsCount,
+	PrefixCacheStdDevFactor,
+	PodMetricRefreshInterval,
+}

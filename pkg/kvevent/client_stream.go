@@ -1,0 +1,159 @@
+package kvevent
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	zmq "github.com/pebbe/zmq4"
+)
+
+// The client's goroutine is the sequencer's streamSink.
+var _ streamSink = (*clientLoop)(nil)
+
+// startReplay sends a replay request ["", from] on the DEALER.
+func (l *clientLoop) startReplay(from uint64, force bool) bool {
+	c := l.c
+	if l.dealer == nil {
+		return false
+	}
+	now := time.Now()
+	if !force && now.Before(l.replay.retryAt) {
+		return false
+	}
+	c.counters.replayRequests.Add(1)
+	c.metrics.IncrementReplayCount()
+	if err := sendFrames(l.dealer, zmq.DONTWAIT, nil, seqFrame(from)); err != nil {
+		l.replayFailed(ErrorTypeSocket, fmt.Errorf("send replay request from seq %d: %w", from, err))
+		return false
+	}
+	l.replay.active = true
+	l.replay.deadline = now.Add(c.cfg.ReplayTimeout)
+	c.logDebug("Requested replay", "fromSeq", from, "endpoint", c.replayEndpoint)
+	return true
+}
+
+// abortReplay abandons the replay in flight.
+func (l *clientLoop) abortReplay() { l.resetDealer() }
+
+// deliver decodes a batch and hands it to the handler.
+func (l *clientLoop) deliver(seq uint64, payload []byte, replayed bool) {
+	l.c.deliver(seq, payload, replayed)
+}
+
+// reset tells the handler its view of the stream is no longer exact.
+func (l *clientLoop) reset(r StreamReset) {
+	c := l.c
+	r.PodKey, r.DPRank = c.cfg.PodKey, c.cfg.DPRank
+	c.counters.countReset(r)
+	c.metrics.recordReset(r)
+	if r.Reason == ResetRewind {
+		c.logInfo("Rewinding KV event stream", "nextSeq", r.NextSeq)
+	} else {
+		c.logInfo("KV event stream reset: state derived from it is incomplete",
+			"reason", r.Reason, "nextSeq", r.NextSeq, "firstMissing", r.FirstMissing, "lastMissing", r.LastMissing)
+	}
+	if h := c.handler.Load(); h.reset != nil {
+		h.reset.HandleReset(r)
+	}
+}
+
+// drainReplies reads the replies waiting on the DEALER and feeds them to the
+// sequencer.
+func (l *clientLoop) drainReplies() {
+	c := l.c
+	for l.dealer != nil {
+		frames, err := recvFrames(l.dealer, zmq.DONTWAIT, l.replyFrames)
+		l.replyFrames = frames
+		if err != nil {
+			if !isAgain(err) {
+				l.failReplay(ErrorTypeSocket, fmt.Errorf("receive replay reply: %w", err))
+			}
+			return
+		}
+		if !l.replay.active {
+			// A reply after the end marker: not part of any request.
+			c.metrics.IncrementErrorCount(ErrorTypeReplayProtocol)
+			continue
+		}
+		seq, payload, end, err := parseReplayReply(frames)
+		if err != nil {
+			l.failReplay(ErrorTypeReplayProtocol, err)
+			return
+		}
+		l.replay.deadline = time.Now().Add(c.cfg.ReplayTimeout)
+		if !end {
+			l.seq.onReplayBatch(seq, payload)
+			continue
+		}
+		l.replay = replayTimer{backoff: c.cfg.ReconnectDelay}
+		c.counters.replaySuccesses.Add(1)
+		c.metrics.IncrementReplaySuccess()
+		l.seq.onReplayEnd()
+	}
+}
+
+// failReplay gives up on the replay in flight.
+func (l *clientLoop) failReplay(errorType string, err error) {
+	l.replayFailed(errorType, err)
+	l.seq.onReplayFailed()
+}
+
+// replayFailed counts and logs a failed replay, backs further gap replays
+// off and replaces the DEALER.
+func (l *clientLoop) replayFailed(errorType string, err error) {
+	c := l.c
+	c.counters.replayFailures.Add(1)
+	c.metrics.IncrementReplayFailure()
+	if errorType != "" {
+		c.metrics.IncrementErrorCount(errorType)
+	}
+	c.logger.Error(err, "Replay failed", "endpoint", c.replayEndpoint, "retryIn", l.replay.backoff)
+	l.replay.retryAt = time.Now().Add(l.replay.backoff)
+	l.replay.backoff = min(time.Duration(float64(l.replay.backoff)*ReconnectBackoffFactor), c.cfg.MaxReconnectDelay)
+	l.resetDealer()
+}
+
+// parseReplayReply reads one reply of vLLM's replay ROUTER as a DEALER sees
+// it: ["", topic, seq, payload] since vLLM v0.26, ["", seq, payload] before.
+// end reports the end marker: seq 0xffffffffffffffff or an empty payload.
+func parseReplayReply(frames [][]byte) (seq uint64, payload []byte, end bool, err error) {
+	if len(frames) == 0 || len(frames[0]) != 0 {
+		return 0, nil, false, errors.New("replay reply does not start with an empty delimiter frame")
+	}
+	var seqFrame []byte
+	switch len(frames) {
+	case 4:
+		seqFrame, payload = frames[2], frames[3]
+	case 3:
+		seqFrame, payload = frames[1], frames[2]
+	default:
+		return 0, nil, false, fmt.Errorf("replay reply has %d frames, want 3 or 4", len(frames))
+	}
+	seq, ok := parseSeqFrame(seqFrame)
+	if !ok {
+		return 0, nil, false, fmt.Errorf("replay reply seq frame has %d bytes, want 8", len(seqFrame))
+	}
+	return seq, payload, seq == endOfReplay || len(payload) == 0, nil
+}
+
+// setConnected records a connection change; counted changes are ones the
+// monitor reported (closing the sockets is not a disconnection).
+func (c *ZMQClient) setConnected(connected, counted bool) {
+	if !c.conn.set(connected) {
+		return
+	}
+	c.metrics.SetConnected(connected)
+	if !counted {
+		return
+	}
+	if connected {
+		c.counters.connections.Add(1)
+		c.metrics.IncrementConnectionCount()
+		c.logInfo("Connected to KV event publisher", "endpoint", c.pubEndpoint)
+		return
+	}
+	c.counters.disconnections.Add(1)
+	c.metrics.IncrementDisconnectionCount()
+	c.logInfo("Disconnected from KV event publisher", "endpoint", c.pubEndpoint)
+}
