@@ -13,10 +13,9 @@ import (
 type digest [sha256.Size]byte
 
 // blockHash returns the block hash an engine sends on the wire for d: its low
-// 64 bits (the last 8 bytes, big-endian), as vLLM derives its default integer
-// form from a digest.
+// 64 bits, as vLLM derives its default integer form from a digest.
 func (d digest) blockHash() kvevent.BlockHash {
-	return binary.BigEndian.Uint64(d[sha256.Size-8:])
+	return kvevent.BlockHashFromDigest(d[:])
 }
 
 // blockHasher computes the chained block digests of token sequences for one
