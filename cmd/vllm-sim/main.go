@@ -20,6 +20,7 @@ import (
 
 	"k8s.io/klog/v2"
 
+	"github.com/kvgate/kvgate/pkg/kvevent"
 	"github.com/kvgate/kvgate/pkg/sim/simserver"
 )
 
@@ -59,6 +60,16 @@ func serve(ctx context.Context, o options, ln net.Listener) error {
 		return err
 	}
 	cfg.Logger = klog.Background()
+	if o.eventsOn {
+		pubs, err := o.publishers()
+		if err != nil {
+			return err
+		}
+		defer closePublishers(pubs)
+		for i, p := range pubs {
+			cfg.Ranks[i].Sink = p
+		}
+	}
 	s, err := simserver.New(cfg)
 	if err != nil {
 		return err
@@ -100,4 +111,28 @@ func serve(ctx context.Context, o options, ln net.Listener) error {
 		}
 	}
 	return nil
+}
+
+// publishers starts one KV-event publisher per data-parallel rank.
+func (o *options) publishers() ([]*kvevent.Publisher, error) {
+	var pubs []*kvevent.Publisher
+	for rank := range o.dpSize {
+		p, err := o.events.publisher(rank, o.wire, klog.Background().WithValues("model", o.model))
+		if err != nil {
+			closePublishers(pubs)
+			return nil, fmt.Errorf("rank %d: %w", rank, err)
+		}
+		klog.InfoS("Publishing KV events", "rank", rank, "endpoint", p.Endpoint(), "replayEndpoint", p.ReplayEndpoint())
+		pubs = append(pubs, p)
+	}
+	return pubs, nil
+}
+
+// closePublishers sends what the publishers have queued and closes them.
+func closePublishers(pubs []*kvevent.Publisher) {
+	for _, p := range pubs {
+		if err := p.Close(); err != nil {
+			klog.ErrorS(err, "Closing a KV-event publisher failed", "endpoint", p.Endpoint())
+		}
+	}
 }

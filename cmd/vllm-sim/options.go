@@ -21,6 +21,11 @@ type options struct {
 	dpSize   int
 	hashSeed string
 	engine   sim.EngineConfig
+	// events configures the KV-event publishers when eventsOn; wire is
+	// their wire format.
+	events   kvEventsConfig
+	eventsOn bool
+	wire     wireFormat
 	// shutdownGrace bounds how long in-flight requests may take to finish
 	// on SIGINT or SIGTERM.
 	shutdownGrace time.Duration
@@ -63,6 +68,14 @@ func parseOptions(fs *flag.FlagSet, args []string) (options, error) {
 	fs.StringVar(&o.hashSeed, "hash-seed", "",
 		"seed of the block hashes, shared by all ranks (vLLM's PYTHONHASHSEED); empty: a random seed per rank, so no two engines share hashes")
 	fs.Uint64Var(&e.OutputSeed, "seed", 0, "seed of the generated tokens")
+	eventsJSON := fs.String("kv-events-config", "",
+		`KV-cache events, as vLLM's --kv-events-config JSON: {"enable_kv_cache_events": true, "publisher": "zmq", `+
+			`"endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558", "topic": "", "buffer_steps": 10000, `+
+			`"hwm": 100000, "max_queue_size": 100000}; each data-parallel rank adds its rank to both ports. Empty: no events`)
+	wire := fs.String("kv-events-wire", "v0.26",
+		"wire format of the KV events, as the vLLM releases named send it: v0.26 (and later: events as maps, "+
+			"replay replies with the topic), v0.24 (v0.24 and v0.25: replay replies without the topic), "+
+			"v0.10 (v0.10 to v0.23: events as arrays)")
 	fs.DurationVar(&o.shutdownGrace, "shutdown-grace", 10*time.Second,
 		"on SIGINT or SIGTERM, how long running requests may take to finish before they are failed")
 	fs.Usage = func() {
@@ -81,7 +94,13 @@ func parseOptions(fs *flag.FlagSet, args []string) (options, error) {
 	if o.port < 0 || o.port > 65535 {
 		return o, fmt.Errorf("-port %d is not a port", o.port)
 	}
-	return o, nil
+	var ok bool
+	if o.wire, ok = wireFormats[*wire]; !ok {
+		return o, fmt.Errorf("-kv-events-wire %q: want v0.26, v0.24 or v0.10", *wire)
+	}
+	var err error
+	o.events, o.eventsOn, err = parseKVEventsConfig(*eventsJSON)
+	return o, err
 }
 
 // adapters returns the adapter names of -lora-modules.
