@@ -90,8 +90,8 @@ func (g *generation) abort() {
 
 // next waits for the next outputs and applies them to their choices. It
 // aborts the generation when ctx ends or an engine stops.
-func (g *generation) next(ctx context.Context, buf []sim.RequestOutput) ([]sim.RequestOutput, error) {
-	outs, err := g.box.take(ctx, buf)
+func (g *generation) next(ctx context.Context) ([]sim.RequestOutput, error) {
+	outs, err := g.box.take(ctx)
 	if err != nil {
 		g.abort()
 		return nil, err

@@ -84,9 +84,8 @@ func (s *Server) serveGeneration(w http.ResponseWriter, r *http.Request, p gener
 		s.stream(w, r, g, f, p.StreamOptions != nil && p.StreamOptions.IncludeUsage)
 		return
 	}
-	var buf []sim.RequestOutput
 	for g.pending > 0 {
-		if buf, err = g.next(r.Context(), buf); err != nil {
+		if _, err := g.next(r.Context()); err != nil {
 			if r.Context().Err() == nil {
 				s.writeError(w, err)
 			}

@@ -44,14 +44,14 @@ func (m *mailbox) signal() {
 	}
 }
 
-// take waits until outputs are available and returns them all, with the
-// error recorded by fail once every output before it was taken. It returns
-// ctx's error when ctx ends first.
-func (m *mailbox) take(ctx context.Context, buf []sim.RequestOutput) ([]sim.RequestOutput, error) {
+// take waits until outputs are available and returns them all, handing
+// them to the caller, or the error recorded by fail once every output before
+// it was taken. It returns ctx's error when ctx ends first.
+func (m *mailbox) take(ctx context.Context) ([]sim.RequestOutput, error) {
 	for {
 		m.mu.Lock()
 		outs, err := m.outs, m.err
-		m.outs = buf[:0]
+		m.outs = nil
 		m.mu.Unlock()
 		if len(outs) > 0 {
 			return outs, nil

@@ -63,9 +63,8 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, g *generation, f
 			sse.send(chunk([]any{f.firstChunk(i)}, nil))
 		}
 	}
-	var buf []sim.RequestOutput
 	for g.pending > 0 && sse.err == nil {
-		outs, err := g.next(r.Context(), buf)
+		outs, err := g.next(r.Context())
 		if err != nil {
 			if r.Context().Err() == nil {
 				sse.send(apiError{Error: apiErrorBody{Message: err.Error(), Type: "ServiceUnavailableError", Code: http.StatusServiceUnavailable}})
@@ -77,7 +76,6 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, g *generation, f
 			text := sim.Tokenizer{}.Decode([]uint32{out.Token})
 			sse.send(chunk([]any{f.chunkChoice(g.choiceOf(out), text, finishReason(out.FinishReason))}, nil))
 		}
-		buf = outs
 	}
 	if sse.err != nil {
 		g.abort()
