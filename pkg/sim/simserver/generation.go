@@ -2,7 +2,7 @@ package simserver
 
 import (
 	"context"
-	"encoding/hex"
+	"fmt"
 	"math/rand/v2"
 	"strconv"
 	"time"
@@ -128,13 +128,4 @@ func (g *generation) usage() *usage {
 }
 
 // randomHex returns 32 random hex digits for a response id.
-func randomHex() string {
-	var b [16]byte
-	for i := 0; i < len(b); i += 8 {
-		v := rand.Uint64()
-		for j := range 8 {
-			b[i+j] = byte(v >> (8 * j))
-		}
-	}
-	return hex.EncodeToString(b[:])
-}
+func randomHex() string { return fmt.Sprintf("%016x%016x", rand.Uint64(), rand.Uint64()) }

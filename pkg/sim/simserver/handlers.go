@@ -84,6 +84,11 @@ func (s *Server) serveGeneration(w http.ResponseWriter, r *http.Request, p gener
 		s.stream(w, r, g, f, p.StreamOptions != nil && p.StreamOptions.IncludeUsage)
 		return
 	}
+	s.answer(w, r, g, f)
+}
+
+// answer waits for every choice of g and answers with the whole response.
+func (s *Server) answer(w http.ResponseWriter, r *http.Request, g *generation, f *format) {
 	for g.pending > 0 {
 		if _, err := g.next(r.Context()); err != nil {
 			if r.Context().Err() == nil {

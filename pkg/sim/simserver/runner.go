@@ -167,7 +167,7 @@ func (r *runner) publish(batch *kvevent.EventBatch) {
 		return
 	}
 	if err := r.sink.Publish(batch); err != nil {
-		r.log.Error(err, "Publishing KV events failed", "rank", r.rank, "events", len(batch.Events))
+		r.log.Error(err, "Publishing KV events failed", "events", len(batch.Events))
 	}
 }
 

@@ -86,7 +86,7 @@ func New(cfg Config) (*Server, error) {
 		adapters: cfg.LoRAAdapters,
 		loras:    make(map[string]*sim.LoRA, len(cfg.LoRAAdapters)),
 		registry: cfg.Registry,
-		log:      cfg.Logger,
+		log:      cfg.Logger.WithValues("model", cfg.Model),
 		created:  time.Now().Unix(),
 	}
 	if s.registry == nil {
@@ -110,8 +110,7 @@ func New(cfg Config) (*Server, error) {
 		if err != nil {
 			return nil, fmt.Errorf("simserver: rank %d: %w", i, err)
 		}
-		s.runners = append(s.runners, newRunner(i, engine, rank.Sink, m.forRank(i, engine.Config()),
-			s.log.WithValues("model", cfg.Model, "rank", i)))
+		s.runners = append(s.runners, newRunner(i, engine, rank.Sink, m.forRank(i, engine.Config()), s.log.WithValues("rank", i)))
 	}
 	s.maxModelLen = s.runners[0].engine.Config().MaxModelLen
 	s.handler = s.routes()
@@ -125,7 +124,7 @@ func (s *Server) Run(ctx context.Context) {
 	for _, r := range s.runners {
 		wg.Go(func() { r.run(ctx) })
 	}
-	s.log.Info("Simulated engines running", "model", s.model, "ranks", len(s.runners))
+	s.log.Info("Simulated engines running", "ranks", len(s.runners))
 	wg.Wait()
 }
 
