@@ -121,8 +121,14 @@ func matchSpecial(text string) (uint32, int) {
 // joinsSpace reports whether a space before text belongs to text's first
 // piece.
 func joinsSpace(text string) bool {
-	r, _ := utf8.DecodeRuneInString(text)
-	if unicode.IsSpace(r) {
+	if c := text[0]; c < utf8.RuneSelf {
+		if c == ' ' || '\t' <= c && c <= '\r' {
+			return false
+		}
+		if c != '<' {
+			return true
+		}
+	} else if r, _ := utf8.DecodeRuneInString(text); unicode.IsSpace(r) {
 		return false
 	}
 	_, n := matchSpecial(text)
@@ -131,27 +137,26 @@ func joinsSpace(text string) bool {
 
 // pieceLen returns the length in bytes of the piece text starts with.
 func pieceLen(text string) int {
-	r, size := utf8.DecodeRuneInString(text)
-	if !isWordRune(r) {
-		return size
-	}
-	n, runes := size, 1
+	n, runes := 0, 0
 	for n < len(text) && runes < maxPieceRunes {
-		r, size = utf8.DecodeRuneInString(text[n:])
-		if !isWordRune(r) {
-			break
+		if c := text[n]; c < utf8.RuneSelf {
+			if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z') {
+				break
+			}
+			n++
+		} else {
+			r, size := utf8.DecodeRuneInString(text[n:])
+			if !unicode.IsLetter(r) && !unicode.IsMark(r) {
+				break
+			}
+			n += size
 		}
-		n += size
 		runes++
 	}
-	return n
-}
-
-func isWordRune(r rune) bool {
-	if r < utf8.RuneSelf {
-		return 'a' <= r && r <= 'z' || 'A' <= r && r <= 'Z'
+	if n == 0 { // not a letter: a piece of its own
+		_, n = utf8.DecodeRuneInString(text)
 	}
-	return unicode.IsLetter(r) || unicode.IsMark(r)
+	return n
 }
 
 // pieceID hashes a piece into the ordinary part of the vocabulary.
