@@ -3,6 +3,7 @@ package cache
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -119,7 +120,8 @@ func (s *Store) runProfileRefresher(ctx context.Context) {
 func (s *Store) refreshProfiles(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, profileRefreshTimeout)
 	defer cancel()
-	pattern := fmt.Sprintf(ModelGPUNameTemplate, "*", "")
+	prefix, _, _ := strings.Cut(ModelGPUNameTemplate, "%s")
+	pattern := prefix + "*"
 	seen := map[string]bool{}
 	var cursor uint64
 	for {
