@@ -80,8 +80,8 @@ func (l *scrapeLoop) scrapeOnce(ctx context.Context) {
 		if !l.failing {
 			l.failing = true
 			l.log.Info("Pod metrics scrape failed; keeping its last values as stale", "pod", l.pod, "url", l.url, "err", err)
-		} else {
-			l.log.V(4).Info("Pod metrics scrape failed again", "pod", l.pod, "err", err)
+		} else if v := l.log.V(4); v.Enabled() {
+			v.Info("Pod metrics scrape failed again", "pod", l.pod, "err", err)
 		}
 		return
 	}

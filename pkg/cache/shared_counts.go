@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -73,29 +74,41 @@ func (c *sharedCounts) remote(podKey, model string) int64 {
 	return (*c.others.Load())[field]
 }
 
-// run publishes and reads every interval until ctx is cancelled. When reads
-// keep failing for longer than the TTL, the other replicas' counts are
-// dropped rather than trusted.
+// run publishes and reads every interval until ctx is cancelled. Failures
+// are counted each time and logged when they start and end. When reads keep
+// failing for longer than the TTL, the other replicas' counts are dropped
+// rather than trusted.
 func (c *sharedCounts) run(ctx context.Context) {
 	interval, ttl := c.s.cfg.SharedCountsInterval, c.s.cfg.SharedCountsTTL
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	lastRead := time.Now()
+	var failing bool
 	for {
-		if err := c.publish(ctx); err != nil && ctx.Err() == nil {
+		err := c.publish(ctx)
+		if err != nil {
 			c.s.metrics.redisErrors.WithLabelValues(redisOpSharedPublish).Inc()
-			c.s.log.V(2).Info("Running-request counts not published", "gateway", c.id, "err", err)
 		}
-		if err := c.read(ctx); err == nil {
+		if readErr := c.read(ctx); readErr == nil {
 			lastRead = time.Now()
-		} else if ctx.Err() == nil {
+		} else {
 			c.s.metrics.redisErrors.WithLabelValues(redisOpSharedRead).Inc()
-			c.s.log.V(2).Info("Other gateways' running-request counts not read", "gateway", c.id, "err", err)
+			err = errors.Join(err, readErr)
 			if time.Since(lastRead) > ttl && len(*c.others.Load()) > 0 {
 				c.others.Store(&remoteCounts{})
-				c.s.log.Info("Dropped other gateways' running-request counts: Redis unreadable", "for", time.Since(lastRead))
+				c.s.log.Info("Dropped other gateways' running-request counts: Redis unreadable", "gateway", c.id, "for", time.Since(lastRead))
 			}
 		}
+		if ctx.Err() != nil {
+			return
+		}
+		switch {
+		case err != nil && !failing:
+			c.s.log.Error(err, "Sharing running-request counts through Redis failed", "gateway", c.id)
+		case err == nil && failing:
+			c.s.log.Info("Sharing running-request counts through Redis recovered", "gateway", c.id)
+		}
+		failing = err != nil
 		select {
 		case <-ctx.Done():
 			return

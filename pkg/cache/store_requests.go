@@ -26,7 +26,9 @@ func (s *Store) AddRequestCount(ctx *types.RoutingContext, requestID, modelName 
 			r.pod = e.state
 			r.pending = s.requestLoad(ctx, e)
 		} else {
-			s.logger(ctx).V(2).Info("Request routed to an unregistered pod; not counted on it", "requestID", requestID, "pod", klog.KObj(pod))
+			if l := s.logger(ctx).V(2); l.Enabled() {
+				l.Info("Request routed to an unregistered pod; not counted on it", "requestID", requestID, "pod", klog.KObj(pod))
+			}
 		}
 	}
 	term, isNew := s.requests.add(requestID, modelName, time.Now(), r)
@@ -41,8 +43,8 @@ func (s *Store) AddRequestCount(ctx *types.RoutingContext, requestID, modelName 
 func (s *Store) requestLoad(ctx *types.RoutingContext, e *podEntry) float64 {
 	load, err := s.pendingLoad.GetConsumption(ctx, e.pod)
 	if err != nil {
-		if !errors.Is(err, ErrMissingProfile) {
-			s.logger(ctx).V(2).Info("No pending load for request", "requestID", ctx.RequestID, "pod", klog.KObj(e.pod), "err", err)
+		if l := s.logger(ctx).V(2); l.Enabled() && !errors.Is(err, ErrMissingProfile) {
+			l.Info("No pending load for request", "requestID", ctx.RequestID, "pod", klog.KObj(e.pod), "err", err)
 		}
 		return 0
 	}
@@ -81,11 +83,15 @@ func (s *Store) done(ctx *types.RoutingContext, requestID string, term int64) (s
 	switch outcome {
 	case doneUnknown:
 		s.metrics.doneIgnored.WithLabelValues("unknown").Inc()
-		s.logger(ctx).V(4).Info("Ignoring completion of an untracked request", "requestID", requestID, "term", term)
+		if l := s.logger(ctx).V(4); l.Enabled() {
+			l.Info("Ignoring completion of an untracked request", "requestID", requestID, "term", term)
+		}
 		return "", false
 	case doneStaleTerm:
 		s.metrics.doneIgnored.WithLabelValues("stale_term").Inc()
-		s.logger(ctx).V(2).Info("Ignoring completion from an older term", "requestID", requestID, "term", term)
+		if l := s.logger(ctx).V(2); l.Enabled() {
+			l.Info("Ignoring completion from an older term", "requestID", requestID, "term", term)
+		}
 		return "", false
 	}
 	return model, true
