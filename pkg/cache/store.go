@@ -126,12 +126,16 @@ func (s *Store) goRun(f func(context.Context)) {
 }
 
 // Close stops the Store's background work, the pod source and the KV event
-// manager, and returns once all of it has ended. It is safe to call more
-// than once and after the stop channel given to InitWithOptions closed.
+// manager, and returns once all of it has ended. With request traces on, it
+// first writes the traces of the window in progress. It is safe to call
+// more than once and after the stop channel given to InitWithOptions closed.
 func (s *Store) Close() {
 	s.closeOnce.Do(func() {
 		s.cancel()
 		s.wg.Wait()
+		if s.tracer != nil {
+			s.flushPartialTraces()
+		}
 		if s.kvManager != nil {
 			s.kvManager.Stop()
 		}

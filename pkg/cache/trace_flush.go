@@ -41,9 +41,8 @@ return 1
 // runTraceFlusher writes the request traces at every multiple of the trace
 // interval (in Unix time) until ctx is cancelled.
 func (s *Store) runTraceFlusher(ctx context.Context) {
-	step := int64(s.cfg.RequestTraceInterval / time.Second)
 	for {
-		next := time.Unix((time.Now().Unix()/step+1)*step, 0)
+		next := s.nextTraceWindowEnd(time.Now())
 		t := time.NewTimer(time.Until(next))
 		select {
 		case <-ctx.Done():
@@ -53,6 +52,20 @@ func (s *Store) runTraceFlusher(ctx context.Context) {
 		}
 		s.flushTraces(ctx, next)
 	}
+}
+
+// nextTraceWindowEnd returns the first multiple of the trace interval after
+// now.
+func (s *Store) nextTraceWindowEnd(now time.Time) time.Time {
+	step := int64(s.cfg.RequestTraceInterval / time.Second)
+	return time.Unix((now.Unix()/step+1)*step, 0)
+}
+
+// flushPartialTraces writes the traces of the window in progress when the
+// Store closes, under the key of the window's end, where they merge with
+// the other replicas' traces of that window.
+func (s *Store) flushPartialTraces() {
+	s.writeTraces(context.Background(), s.nextTraceWindowEnd(time.Now()), s.tracer.swap())
 }
 
 // flushTraces ends the current trace window, which closed at windowEnd, and
@@ -65,7 +78,12 @@ func (s *Store) flushTraces(ctx context.Context, windowEnd time.Time) {
 	if delay > MaxRequestTraceIntervalOffset {
 		s.log.Info("Request trace flush started late", "windowEnd", windowEnd, "delay", delay, "maxDelay", MaxRequestTraceIntervalOffset)
 	}
-	window := s.tracer.swap()
+	s.writeTraces(ctx, windowEnd, s.tracer.swap())
+}
+
+// writeTraces merges the traces of the window ending at windowEnd into
+// Redis, adding one for every model with requests in flight.
+func (s *Store) writeTraces(ctx context.Context, windowEnd time.Time, window map[string]*RequestTrace) {
 	inFlight := s.requests.modelsWithPending()
 	for model := range inFlight {
 		if window[model] == nil {

@@ -139,6 +139,25 @@ func TestTracesOfTwoGatewaysMerge(t *testing.T) {
 	}
 }
 
+func TestCloseWritesTheWindowInProgress(t *testing.T) {
+	rc := testredis.Start(t).NewClient(t)
+	cfg := noScrape()
+	cfg.EnableRequestTrace = true
+	cfg.RequestTraceInterval = time.Hour
+	s, err := New(rc, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	term := s.AddRequestCount(nil, "done", "m")
+	s.DoneRequestTrace(nil, "done", "m", 4, 4, term)
+	before := time.Now()
+	s.Close()
+	key := RequestTraceKey("m", s.nextTraceWindowEnd(before).Unix())
+	if got := readTrace(t, rc, key); got["meta_total_reqs"] != 1 || got["20:20"] != 1 {
+		t.Fatalf("trace written on Close = %v", got)
+	}
+}
+
 func TestFlusherWritesAtIntervalBoundaries(t *testing.T) {
 	rc := testredis.Start(t).NewClient(t)
 	reg := prometheus.NewRegistry()
