@@ -122,6 +122,11 @@ func (p *PendingLoadProvider) GetConsumption(ctx *types.RoutingContext, pod *v1.
 	if err != nil {
 		return 0, err
 	}
+	return pendingLoad(profile, ctx, pod)
+}
+
+// pendingLoad is the share of a pod the request takes by profile.
+func pendingLoad(profile *ModelGPUProfile, ctx *types.RoutingContext, pod *v1.Pod) (float64, error) {
 	sig, err := profile.GetSignature(float64(ctx.PredictedOutputTokens), float64(ctx.InputTokens()))
 	if err != nil {
 		return 0, err

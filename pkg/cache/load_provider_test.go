@@ -95,3 +95,19 @@ func TestPendingLoadFollowsLittlesLaw(t *testing.T) {
 		t.Fatalf("consumption at zero throughput: %v", err)
 	}
 }
+
+func BenchmarkPendingLoadConsumption(b *testing.B) {
+	s := newTestStore(b, nil, noScrape())
+	pod := testPod("ns", "a", "llama", "10.0.0.1", withLabel(DefaultDeploymentLabel, "llama-a100"))
+	s.AddOrUpdatePod(pod)
+	s.UpdateModelProfile(ModelGPUProfileKey("llama", "llama-a100"), loadTestProfile(b), false)
+	p := NewPendingLoadProvider(s, s)
+	ctx := routed("r", "llama", pod)
+	ctx.PromptTokenCount, ctx.PredictedOutputTokens = 700, 90
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := p.GetConsumption(ctx, pod); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

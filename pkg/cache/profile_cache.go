@@ -49,12 +49,19 @@ func (c *profileCache) update(key string, profile *ModelGPUProfile, force, fromR
 }
 
 func (c *profileCache) get(key string) (*ModelGPUProfile, error) {
+	if p := c.lookup(key); p != nil {
+		return p, nil
+	}
+	return nil, &MissingProfileError{ProfileKey: key}
+}
+
+func (c *profileCache) lookup(key string) *ModelGPUProfile {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	if p, ok := c.profiles[key]; ok {
-		return p.profile, nil
+		return p.profile
 	}
-	return nil, &MissingProfileError{ProfileKey: key}
+	return nil
 }
 
 func (c *profileCache) size() int {

@@ -265,3 +265,18 @@ func TestRegistryStaysConsistentUnderConcurrentChanges(t *testing.T) {
 		}
 	}
 }
+
+func BenchmarkListPodsByModel(b *testing.B) {
+	s := newTestStore(b, nil, noScrape())
+	for i := range 64 {
+		s.AddOrUpdatePod(testPod("ns", fmt.Sprint("p", i), fmt.Sprint("m", i%4), "10.0.0.1"))
+	}
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if pods, err := s.ListPodsByModel("m1"); err != nil || len(pods) != 16 {
+				b.Fatal(len(pods), err)
+			}
+		}
+	})
+}

@@ -2,6 +2,7 @@ package cache
 
 import (
 	"hash/maphash"
+	"maps"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -84,7 +85,7 @@ type requestTracker struct {
 	shards   [trackerShards]trackerShard
 
 	modelsMu sync.Mutex
-	models   map[string]*modelLoad
+	models   map[string]modelLoad
 }
 
 type trackerShard struct {
@@ -93,7 +94,7 @@ type trackerShard struct {
 }
 
 func newRequestTracker() *requestTracker {
-	t := &requestTracker{seed: maphash.MakeSeed(), models: map[string]*modelLoad{}}
+	t := &requestTracker{seed: maphash.MakeSeed(), models: map[string]modelLoad{}}
 	for i := range t.shards {
 		t.shards[i].m = map[string]*inflight{}
 	}
@@ -199,36 +200,27 @@ func (t *requestTracker) adjustModel(model string, pending, routed int64) {
 	t.modelsMu.Lock()
 	defer t.modelsMu.Unlock()
 	m := t.models[model]
-	if m == nil {
-		m = &modelLoad{}
-		t.models[model] = m
-	}
 	m.pending += pending
 	m.routed += routed
 	if m.pending <= 0 {
 		delete(t.models, model)
+		return
 	}
+	t.models[model] = m
 }
 
 // model returns the counts of model.
 func (t *requestTracker) model(model string) modelLoad {
 	t.modelsMu.Lock()
 	defer t.modelsMu.Unlock()
-	if m := t.models[model]; m != nil {
-		return *m
-	}
-	return modelLoad{}
+	return t.models[model]
 }
 
 // modelsWithPending returns the counts of every model with tracked requests.
 func (t *requestTracker) modelsWithPending() map[string]modelLoad {
 	t.modelsMu.Lock()
 	defer t.modelsMu.Unlock()
-	out := make(map[string]modelLoad, len(t.models))
-	for name, m := range t.models {
-		out[name] = *m
-	}
-	return out
+	return maps.Clone(t.models)
 }
 
 func boolInt(b bool) int64 {

@@ -1,7 +1,6 @@
 package cache
 
 import (
-	"errors"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -39,11 +38,23 @@ func (s *Store) AddRequestCount(ctx *types.RoutingContext, requestID, modelName 
 }
 
 // requestLoad is the pending load the request adds to the pod, 0 when the
-// pod's deployment has no GPU profile for the model.
+// pod's deployment has no GPU profile for the model. It runs for every
+// routed request, so the common case of no profile costs no error value.
 func (s *Store) requestLoad(ctx *types.RoutingContext, e *podEntry) float64 {
-	load, err := s.pendingLoad.GetConsumption(ctx, e.pod)
+	if s.profiles.size() == 0 {
+		return 0
+	}
+	dep := DeploymentName(e.pod, s.cfg.DeploymentLabel)
+	if dep == "" {
+		return 0
+	}
+	profile := s.profiles.lookup(ModelGPUProfileKey(ctx.Model, dep))
+	if profile == nil {
+		return 0
+	}
+	load, err := pendingLoad(profile, ctx, e.pod)
 	if err != nil {
-		if l := s.logger(ctx).V(2); l.Enabled() && !errors.Is(err, ErrMissingProfile) {
+		if l := s.logger(ctx).V(2); l.Enabled() {
 			l.Info("No pending load for request", "requestID", ctx.RequestID, "pod", klog.KObj(e.pod), "err", err)
 		}
 		return 0

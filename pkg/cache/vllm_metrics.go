@@ -108,9 +108,7 @@ func (p *projector) project(now time.Time, families map[string]*dto.MetricFamily
 	}
 	gather(families, visit)
 	for name := range subscribed {
-		if families[name] != nil && !isBuiltinMetric(name) {
-			visit(name, func(a *groupAcc, m *dto.Metric) { a.addRaw(name, m) })
-		}
+		visit(name, func(a *groupAcc, m *dto.Metric) { a.addRaw(name, m) })
 	}
 
 	out := &podMetrics{at: now, pod: p.finish("", pod, now), models: make(map[string]map[string]MetricValue, len(models))}
