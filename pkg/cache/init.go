@@ -90,6 +90,11 @@ func (s *Store) runPodSource(config *rest.Config, source PodSource) error {
 	case <-synced:
 		return nil
 	case err := <-failed:
+		select {
+		case <-synced: // synced, then stopped: the pods were delivered
+			return nil
+		default:
+		}
 		if err == nil {
 			err = errors.New("stopped before syncing")
 		}
