@@ -143,7 +143,7 @@ func pendingLoad(profile *ModelGPUProfile, ctx *types.RoutingContext, pod *v1.Po
 		return 0, ErrSLOFailureRequest
 	}
 	if latency <= 0 {
-		return 0, fmt.Errorf("profile of %q on pod %s/%s has latency %v at %v", ctx.Model, pod.Namespace, pod.Name, latency, sig)
+		return 0, fmt.Errorf("GPU profile of pod %s/%s has latency %v at signature %v", pod.Namespace, pod.Name, latency, sig)
 	}
 	return 1 / (rps * latency), nil
 }

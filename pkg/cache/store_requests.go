@@ -23,11 +23,9 @@ func (s *Store) AddRequestCount(ctx *types.RoutingContext, requestID, modelName 
 		pod := ctx.TargetPod()
 		if e := s.reg.entry(pod.Namespace, pod.Name); e != nil {
 			r.pod = e.state
-			r.pending = s.requestLoad(ctx, e)
-		} else {
-			if l := s.logger(ctx).V(2); l.Enabled() {
-				l.Info("Request routed to an unregistered pod; not counted on it", "requestID", requestID, "pod", klog.KObj(pod))
-			}
+			r.pending = s.requestLoad(ctx, e, modelName)
+		} else if l := s.logger(ctx).V(2); l.Enabled() {
+			l.Info("Request routed to an unregistered pod; not counted on it", "requestID", requestID, "pod", klog.KObj(pod))
 		}
 	}
 	term, isNew := s.requests.add(requestID, modelName, time.Now(), r)
@@ -37,10 +35,11 @@ func (s *Store) AddRequestCount(ctx *types.RoutingContext, requestID, modelName 
 	return term
 }
 
-// requestLoad is the pending load the request adds to the pod, 0 when the
-// pod's deployment has no GPU profile for the model. It runs for every
-// routed request, so the common case of no profile costs no error value.
-func (s *Store) requestLoad(ctx *types.RoutingContext, e *podEntry) float64 {
+// requestLoad is the pending load the request for model adds to the pod, 0
+// when the pod's deployment has no GPU profile for the model. It runs for
+// every routed request, so the common case of no profile costs no error
+// value.
+func (s *Store) requestLoad(ctx *types.RoutingContext, e *podEntry, model string) float64 {
 	if s.profiles.size() == 0 {
 		return 0
 	}
@@ -48,7 +47,7 @@ func (s *Store) requestLoad(ctx *types.RoutingContext, e *podEntry) float64 {
 	if dep == "" {
 		return 0
 	}
-	profile := s.profiles.lookup(ModelGPUProfileKey(ctx.Model, dep))
+	profile := s.profiles.lookup(ModelGPUProfileKey(model, dep))
 	if profile == nil {
 		return 0
 	}
