@@ -48,15 +48,15 @@ func (s *listSource) Run(ctx context.Context, config *rest.Config, sink PodSink,
 	}
 }
 
-// managerStub is a KVEventManager recording its calls.
-type managerStub struct {
+// recordingManager is a KVEventManager recording its calls.
+type recordingManager struct {
 	recorder
 	startErr error
 	started  bool
 	stopped  bool
 }
 
-func (m *managerStub) Start() error {
+func (m *recordingManager) Start() error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.started = true
@@ -64,7 +64,7 @@ func (m *managerStub) Start() error {
 	return m.startErr
 }
 
-func (m *managerStub) Stop() {
+func (m *recordingManager) Stop() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.stopped = true
@@ -77,7 +77,7 @@ func TestInitWithOptionsWiresThePodSourceAndTheKVEventManager(t *testing.T) {
 		more:    make(chan *v1.Pod),
 		stopped: make(chan struct{}),
 	}
-	mgr := &managerStub{}
+	mgr := &recordingManager{}
 	cfg := &rest.Config{Host: "https://apiserver.test"}
 	s, err := InitWithOptions(cfg, nil, InitOptions{Config: noScrape(), PodSource: src, EnableKVSync: true, KVEventManager: mgr})
 	if err != nil {
@@ -116,7 +116,7 @@ func TestInitWithOptionsFailsCleanly(t *testing.T) {
 		want   string
 	}{
 		{"kv sync without a manager", nil, InitOptions{EnableKVSync: true}, "needs a KVEventManager"},
-		{"manager fails to start", nil, InitOptions{EnableKVSync: true, KVEventManager: &managerStub{startErr: errors.New("boom")}}, "boom"},
+		{"manager fails to start", nil, InitOptions{EnableKVSync: true, KVEventManager: &recordingManager{startErr: errors.New("boom")}}, "boom"},
 		{"source fails", nil, InitOptions{PodSource: &listSource{failNow: sourceErr, stopped: make(chan struct{})}}, "no API server"},
 		{"stopped before sync", closed, InitOptions{PodSource: &neverSyncs{}}, "stopped before syncing"},
 		{"bad config", nil, InitOptions{Config: Config{EnableRequestTrace: true}}, "needs a Redis client"},
