@@ -227,7 +227,7 @@ func messageText(raw json.RawMessage) (string, error) {
 
 // fakeEncode tokenizes text with the fake vocabulary.
 func fakeEncode(text string, addSpecial bool) []uint32 {
-	var ids []uint32
+	ids := []uint32{}
 	if addSpecial {
 		ids = append(ids, bosID)
 	}
