@@ -45,12 +45,12 @@ func (t *Tokenizer) call(req *http.Request, model string) (result, error) {
 	elapsed := time.Since(start)
 	if err != nil {
 		err.Model, err.Endpoint = model, req.URL.String()
-		t.m.observeCall(elapsed.Seconds(), err)
+		t.m.observeCall(elapsed.Seconds(), string(err.Reason))
 		t.log.V(2).Info("vLLM /tokenize call failed", "model", model, "endpoint", err.Endpoint,
 			"reason", err.Reason, "duration", elapsed, "err", err.Err)
 		return result{}, err
 	}
-	t.m.observeCall(elapsed.Seconds(), nil)
+	t.m.observeCall(elapsed.Seconds(), resultOK)
 	t.log.V(5).Info("vLLM /tokenize call", "model", model, "endpoint", req.URL.String(),
 		"tokens", len(res.tokens), "duration", elapsed)
 	return res, nil

@@ -1,7 +1,6 @@
 package tokenizer
 
 import (
-	"errors"
 	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -62,13 +61,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	return m, nil
 }
 
-// observeCall records a finished call; err is nil or an *Error.
-func (m *metrics) observeCall(seconds float64, err error) {
+// observeCall records a finished call; result is resultOK or a Reason.
+func (m *metrics) observeCall(seconds float64, result string) {
 	m.callDuration.Observe(seconds)
-	label := resultOK
-	var e *Error
-	if errors.As(err, &e) {
-		label = string(e.Reason)
-	}
-	m.calls[label].Inc()
+	m.calls[result].Inc()
 }

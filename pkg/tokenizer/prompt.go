@@ -40,13 +40,21 @@ func (r *CompletionRequest) prompt() (text json.RawMessage, ids []uint32, err er
 	case first != '-' && (first < '0' || first > '9'):
 		return nil, nil, errors.New("prompt list holds neither strings, token ids nor lists of token ids")
 	}
+	ids, err = decodeTokenIDs(raw)
+	return nil, ids, err
+}
+
+// decodeTokenIDs decodes a prompt given as a JSON list of token ids. It is
+// apart from prompt so that a text prompt does not pay for ids escaping.
+func decodeTokenIDs(raw json.RawMessage) ([]uint32, error) {
+	var ids []uint32
 	if err := json.Unmarshal(raw, &ids); err != nil {
-		return nil, nil, fmt.Errorf("decode prompt token ids: %w", err)
+		return nil, fmt.Errorf("decode prompt token ids: %w", err)
 	}
 	if len(ids) == 0 {
-		return nil, nil, errors.New("prompt is an empty list of token ids")
+		return nil, errors.New("prompt is an empty list of token ids")
 	}
-	return nil, ids, nil
+	return ids, nil
 }
 
 // truncate applies r's truncation to res; see Truncation in the package
