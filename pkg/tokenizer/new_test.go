@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvgate/kvgate/pkg/config"
 )
 
 func TestNewRejectsNegativeConfigValues(t *testing.T) {
@@ -98,5 +100,20 @@ func TestMetricsAreRegisteredAndUpdated(t *testing.T) {
 	if len(extra) > 0 {
 		slices.Sort(extra)
 		t.Errorf("unexpected metrics %v", extra)
+	}
+}
+
+// TestDefaultsMatchTheEnvironmentVariables keeps the zero Config equal to
+// the gateway started without the tokenizer's variables set.
+func TestDefaultsMatchTheEnvironmentVariables(t *testing.T) {
+	env := config.NewEnv(func(string) (string, bool) { return "", false })
+	if got := env.Duration(config.TokenizerRequestTimeout, time.Second); got != DefaultTimeout {
+		t.Errorf("%s defaults to %v, DefaultTimeout is %v", config.TokenizerRequestTimeout.Name, got, DefaultTimeout)
+	}
+	if got := env.Int(config.TokenizerCacheMaxTokens, 1); got != DefaultCacheMaxTokens {
+		t.Errorf("%s defaults to %d, DefaultCacheMaxTokens is %d", config.TokenizerCacheMaxTokens.Name, got, DefaultCacheMaxTokens)
+	}
+	if err := env.Err(); err != nil {
+		t.Fatal(err)
 	}
 }
