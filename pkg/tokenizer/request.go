@@ -23,7 +23,7 @@ type CompletionRequest struct {
 	// default for completions.
 	AddSpecialTokens *bool `json:"add_special_tokens,omitempty"`
 	// TruncatePromptTokens, TruncationSide and MaxTokens are vLLM's
-	// truncation fields; see Truncation.
+	// truncation fields; see Truncation in the package documentation.
 	TruncatePromptTokens *int   `json:"truncate_prompt_tokens,omitempty"`
 	TruncationSide       string `json:"truncation_side,omitempty"`
 	MaxTokens            *int   `json:"max_tokens,omitempty"`
@@ -39,8 +39,10 @@ type CompletionRequest struct {
 // are passed the way vLLM's chat endpoint passes them to the chat template:
 // as chat_template_kwargs entries that override the request's own, with
 // enable_thinking set to reasoning_effort != "none" unless
-// chat_template_kwargs already sets it. tool_choice and response_format
-// cannot be forwarded; templates that render them see them unset.
+// chat_template_kwargs already sets it. tool_choice and response_format,
+// which a few of vLLM's model-specific renderers read, have no /tokenize
+// field and are not forwarded. Multimodal content is expanded into
+// placeholder tokens by the pod as for generation, which loads the media.
 type ChatRequest struct {
 	// Model names the served model or LoRA adapter.
 	Model string `json:"model"`
@@ -67,7 +69,8 @@ type ChatRequest struct {
 	MMProcessorKwargs json.RawMessage `json:"mm_processor_kwargs,omitempty"`
 	MediaIOKwargs     json.RawMessage `json:"media_io_kwargs,omitempty"`
 	// TruncatePromptTokens, TruncationSide, MaxTokens and
-	// MaxCompletionTokens are vLLM's truncation fields; see Truncation.
+	// MaxCompletionTokens are vLLM's truncation fields; see Truncation in
+	// the package documentation.
 	TruncatePromptTokens *int   `json:"truncate_prompt_tokens,omitempty"`
 	TruncationSide       string `json:"truncation_side,omitempty"`
 	MaxTokens            *int   `json:"max_tokens,omitempty"`
