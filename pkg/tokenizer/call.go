@@ -46,13 +46,17 @@ func (t *Tokenizer) call(req *http.Request, model string) (result, error) {
 	if err != nil {
 		err.Model, err.Endpoint = model, req.URL.String()
 		t.m.observeCall(elapsed.Seconds(), string(err.Reason))
-		t.log.V(2).Info("vLLM /tokenize call failed", "model", model, "endpoint", err.Endpoint,
-			"reason", err.Reason, "duration", elapsed, "err", err.Err)
+		if log := t.log.V(2); log.Enabled() {
+			log.Info("vLLM /tokenize call failed", "model", model, "endpoint", err.Endpoint,
+				"reason", err.Reason, "duration", elapsed, "err", err.Err)
+		}
 		return result{}, err
 	}
 	t.m.observeCall(elapsed.Seconds(), resultOK)
-	t.log.V(5).Info("vLLM /tokenize call", "model", model, "endpoint", req.URL.String(),
-		"tokens", len(res.tokens), "duration", elapsed)
+	if log := t.log.V(5); log.Enabled() {
+		log.Info("vLLM /tokenize call", "model", model, "endpoint", req.URL.String(),
+			"tokens", len(res.tokens), "duration", elapsed)
+	}
 	return res, nil
 }
 

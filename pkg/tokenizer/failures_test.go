@@ -4,8 +4,11 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/go-logr/logr/funcr"
 )
 
 const chatHi = `{"model":"m","messages":[{"role":"user","content":"hi"}]}`
@@ -236,5 +239,31 @@ func TestCloseCancelsCallsInFlightAndKeepsTheCache(t *testing.T) {
 	wantTokens(t, mustTokenize(t, tk, stuck.URL, cached), want)
 	if n := stuck.calls.Load(); n != 1 {
 		t.Fatalf("server received %d requests, want only the one before Close", n)
+	}
+}
+
+func TestFailedCallsAreLoggedWithModelEndpointAndReason(t *testing.T) {
+	f := newFakeVLLM(t, "m")
+	f.handle = reply(http.StatusServiceUnavailable, `{"error":{"message":"overloaded"}}`)
+	var mu sync.Mutex
+	var lines []string
+	logger := funcr.New(func(prefix, args string) {
+		mu.Lock()
+		defer mu.Unlock()
+		lines = append(lines, prefix+" "+args)
+	}, funcr.Options{Verbosity: 2})
+	tk, _ := newTestTokenizer(t, Config{Logger: logger})
+	if _, err := tokenize(t, tk, f.URL, chatHi); err == nil {
+		t.Fatal("tokenize succeeded against a failing server")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(lines) != 1 {
+		t.Fatalf("logged %d lines, want 1: %q", len(lines), lines)
+	}
+	for _, want := range []string{`tokenizer`, `"model"="m"`, `"endpoint"="` + f.URL + `/tokenize"`, `"reason"="status"`, `overloaded`} {
+		if !strings.Contains(lines[0], want) {
+			t.Errorf("log line %q lacks %s", lines[0], want)
+		}
 	}
 }
