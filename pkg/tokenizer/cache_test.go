@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 )
@@ -236,4 +237,14 @@ func TestReturnedSlicesCannotGrowIntoTheCache(t *testing.T) {
 		_ = append(ids, 0, 0, 0)
 	}
 	wantTokens(t, mustTokenize(t, tk, f.URL, whole), want)
+}
+
+func TestCachedIDsHoldNoSpareCapacity(t *testing.T) {
+	f := newFakeVLLM(t, "m")
+	tk, _ := newTestTokenizer(t, Config{})
+	mustTokenize(t, tk, f.URL, `{"model":"m","prompt":"`+strings.Repeat("x", 1000)+`"}`)
+	e := tk.cache.root.next
+	if len(e.res.tokens) != 1001 || cap(e.res.tokens) != len(e.res.tokens) {
+		t.Fatalf("cached %d ids with capacity %d, want 1001 with no spare capacity", len(e.res.tokens), cap(e.res.tokens))
+	}
 }

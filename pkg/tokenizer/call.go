@@ -130,7 +130,13 @@ func decodeResponse(body []byte) (result, error) {
 	case *r.Count != len(*r.Tokens):
 		return result{}, fmt.Errorf("TokenizeResponse count %d does not match its %d tokens", *r.Count, len(*r.Tokens))
 	}
-	return result{tokens: *r.Tokens, maxModelLen: *r.MaxModelLen}, nil
+	tokens := *r.Tokens
+	if cap(tokens) > len(tokens) {
+		// The decoder grows the slice as it goes; the cache's budget counts
+		// len, so keep no spare capacity behind it.
+		tokens = append(make([]uint32, 0, len(tokens)), tokens...)
+	}
+	return result{tokens: tokens, maxModelLen: *r.MaxModelLen}, nil
 }
 
 // maxErrorMessage bounds the server message quoted in an error.
