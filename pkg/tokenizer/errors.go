@@ -12,9 +12,10 @@ import (
 type Reason string
 
 const (
-	// ReasonInput means the request cannot be tokenized as given (for
-	// example several prompts, or messages that are not valid JSON); no call
-	// was made.
+	// ReasonInput means the request cannot be tokenized as vLLM would
+	// tokenize it: for example it carries several prompts, messages that are
+	// not valid JSON, truncation fields vLLM rejects, or the base URL is
+	// malformed.
 	ReasonInput Reason = "input"
 	// ReasonTimeout means the call did not complete within Config.Timeout.
 	ReasonTimeout Reason = "timeout"
@@ -47,7 +48,8 @@ type Error struct {
 	Reason Reason
 	// Model is the model named in the request.
 	Model string
-	// Endpoint is the URL called, empty for ReasonInput.
+	// Endpoint is the URL of the call that failed; empty when the failure
+	// is not a call's (ReasonInput, or a caller that stopped waiting).
 	Endpoint string
 	// StatusCode is the HTTP status for ReasonStatus, otherwise 0.
 	StatusCode int
