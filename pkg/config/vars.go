@@ -82,6 +82,13 @@ var (
 		Section: SectionTokenizer,
 		Doc:     "Timeout of one /tokenize call, in seconds or with a unit (\"500ms\"). On timeout the request is routed on load alone.",
 	}
+	TokenizerCacheMaxTokens = Var{
+		Name:    "KVGATE_TOKENIZER_CACHE_MAX_TOKENS",
+		Default: "8388608",
+		Section: SectionTokenizer,
+		Doc: "Most token ids the cache of recent tokenizations holds (4 bytes each); the least recently used " +
+			"tokenizations are evicted beyond it. A repeated prompt found in the cache costs no /tokenize call.",
+	}
 )
 
 // Routing.
@@ -132,6 +139,7 @@ var Vars = []Var{
 	SyncEvictionDuration,
 	TokenizerEndpointTemplate,
 	TokenizerRequestTimeout,
+	TokenizerCacheMaxTokens,
 	PrefixCacheImbalanceAbsCount,
 	PrefixCacheStdDevFactor,
 	PodMetricRefreshInterval,

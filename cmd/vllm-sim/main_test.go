@@ -1,0 +1,141 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"flag"
+	"io"
+	"net"
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+func parse(t *testing.T, args ...string) (options, error) {
+	t.Helper()
+	fs := flag.NewFlagSet("vllm-sim", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	return parseOptions(fs, args)
+}
+
+func TestOptionsBuildOneEnginePerRank(t *testing.T) {
+	o, err := parse(t, "--model", "m", "--data-parallel-size", "3", "--block-size", "32",
+		"--lora-modules", "sql=/adapters/sql, chat", "--step-overhead", "2ms")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := o.serverConfig(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Model != "m" || len(cfg.Ranks) != 3 || !slices.Equal(cfg.LoRAAdapters, []string{"sql", "chat"}) {
+		t.Fatalf("config %+v: want model m, 3 ranks, adapters sql and chat", cfg)
+	}
+	seeds := map[string]bool{}
+	for _, r := range cfg.Ranks {
+		if r.Engine.BlockSize != 32 || r.Engine.Latency.StepOverhead != 2*time.Millisecond {
+			t.Errorf("rank engine %+v: flags not applied", r.Engine)
+		}
+		seeds[r.Engine.HashSeed] = true
+	}
+	if len(seeds) != 3 {
+		t.Errorf("ranks share hash seeds %v; without -hash-seed each draws its own", seeds)
+	}
+
+	o, err = parse(t, "--data-parallel-size", "2", "--hash-seed", "fleet")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, _ = o.serverConfig(rand.Reader)
+	if cfg.Ranks[0].Engine.HashSeed != "fleet" || cfg.Ranks[1].Engine.HashSeed != "fleet" {
+		t.Errorf("-hash-seed not shared by the ranks: %q %q", cfg.Ranks[0].Engine.HashSeed, cfg.Ranks[1].Engine.HashSeed)
+	}
+}
+
+func TestOptionsRejectBadValues(t *testing.T) {
+	for _, args := range [][]string{
+		{"--data-parallel-size", "0"},
+		{"--port", "70000"},
+		{"--block-size", "x"},
+		{"positional"},
+	} {
+		if _, err := parse(t, args...); err == nil {
+			t.Errorf("%q accepted", args)
+		}
+	}
+}
+
+// startServe runs serve with args on a loopback port and returns its URL
+// and a stop func that cancels it and returns serve's result.
+func startServe(t *testing.T, args ...string) (url string, stop func() error) {
+	t.Helper()
+	o, err := parse(t, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- serve(ctx, o, ln) }()
+	stop = func() error {
+		cancel()
+		select {
+		case err := <-done:
+			return err
+		case <-time.After(15 * time.Second):
+			t.Fatal("serve did not return after cancel")
+			return nil
+		}
+	}
+	return "http://" + ln.Addr().String(), stop
+}
+
+func TestServeAnswersUntilCancelled(t *testing.T) {
+	url, stop := startServe(t, "--num-gpu-blocks", "64", "--step-overhead", "1ms")
+	resp, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(`{"prompt":"hi","max_tokens":2}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), `"completion_tokens":2`) {
+		t.Fatalf("completion: %d %s", resp.StatusCode, body)
+	}
+	if err := stop(); err != nil {
+		t.Fatalf("serve after cancel: %v", err)
+	}
+	if _, err := http.Get(url + "/health"); err == nil {
+		t.Error("still serving after shutdown")
+	}
+}
+
+func TestShutdownFailsRequestsThatOutliveTheGrace(t *testing.T) {
+	url, stop := startServe(t, "--num-gpu-blocks", "64", "--step-overhead", "20ms", "--shutdown-grace", "100ms")
+	// 200 tokens at 20 ms a step take 4 s, far beyond the grace.
+	resp, err := http.Post(url+"/v1/completions", "application/json",
+		strings.NewReader(`{"prompt":"a long answer","max_tokens":200,"stream":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	first := make([]byte, 6)
+	if _, err := io.ReadFull(resp.Body, first); err != nil || string(first) != "data: " {
+		t.Fatalf("stream opened with %q: %v", first, err)
+	}
+	start := time.Now()
+	if err := stop(); err != nil {
+		t.Fatalf("serve: %v", err)
+	}
+	if took := time.Since(start); took > 3*time.Second {
+		t.Errorf("shutdown took %v with a 100ms grace", took)
+	}
+	rest, _ := io.ReadAll(resp.Body)
+	if !strings.Contains(string(rest), "engine stopped") || !strings.HasSuffix(string(rest), "data: [DONE]\n\n") {
+		t.Errorf("stream ended with %q, want an error event and [DONE]", rest[max(0, len(rest)-300):])
+	}
+}

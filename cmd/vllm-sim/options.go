@@ -1,0 +1,134 @@
+package main
+
+import (
+	"encoding/hex"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/kvgate/kvgate/pkg/sim"
+	"github.com/kvgate/kvgate/pkg/sim/simserver"
+)
+
+// options are the command-line settings of vllm-sim.
+type options struct {
+	model    string
+	host     string
+	port     int
+	loras    string
+	dpSize   int
+	hashSeed string
+	engine   sim.EngineConfig
+	// events configures the KV-event publishers when eventsOn; wire is
+	// their wire format.
+	events   kvEventsConfig
+	eventsOn bool
+	wire     wireFormat
+	// shutdownGrace bounds how long in-flight requests may take to finish
+	// on SIGINT or SIGTERM.
+	shutdownGrace time.Duration
+}
+
+const usageHeader = `vllm-sim simulates a vLLM OpenAI-compatible server without GPUs: a paged KV
+cache with prefix caching, vLLM's scheduler, a latency model, and vLLM's HTTP
+API and metrics.
+
+Usage: vllm-sim [flags]
+
+Flags:
+`
+
+// parseOptions parses args (without the program name). Parse errors and
+// -help are reported through fs's output.
+func parseOptions(fs *flag.FlagSet, args []string) (options, error) {
+	var o options
+	e := &o.engine
+	fs.StringVar(&o.model, "model", "sim-model", "served model name")
+	fs.StringVar(&o.host, "host", "0.0.0.0", "address to listen on")
+	fs.IntVar(&o.port, "port", 8000, "port to serve the HTTP API on")
+	fs.StringVar(&o.loras, "lora-modules", "",
+		"comma-separated LoRA adapters served on top of the model, as name or name=path (the path is ignored)")
+	fs.IntVar(&e.BlockSize, "block-size", 16, "tokens per KV-cache block")
+	fs.IntVar(&e.NumGPUBlocks, "num-gpu-blocks", 4096, "KV-cache blocks per data-parallel rank (vLLM's --num-gpu-blocks-override)")
+	fs.IntVar(&e.MaxNumSeqs, "max-num-seqs", 256, "most requests running at once per rank")
+	fs.IntVar(&e.MaxNumBatchedTokens, "max-num-batched-tokens", 8192, "most tokens computed per scheduler step")
+	fs.IntVar(&e.MaxModelLen, "max-model-len", 0,
+		"most prompt plus output tokens per request (0: the smaller of 8192 and what the KV cache holds)")
+	fs.DurationVar(&e.Latency.PrefillPerToken, "prefill-time-per-token", 50*time.Microsecond,
+		"simulated compute time of one uncached prompt token")
+	fs.DurationVar(&e.Latency.DecodePerToken, "decode-time-per-token", 100*time.Microsecond,
+		"simulated compute time of one decoding sequence in a step")
+	fs.DurationVar(&e.Latency.StepOverhead, "step-overhead", 5*time.Millisecond,
+		"simulated fixed time of every scheduler step")
+	fs.IntVar(&e.DefaultOutputTokens, "default-output-tokens", 128,
+		"tokens generated, the last one EOS, for a request without max_tokens (a request with max_tokens gets exactly that many)")
+	fs.IntVar(&o.dpSize, "data-parallel-size", 1, "data-parallel ranks, each an engine with its own KV cache and event stream")
+	fs.StringVar(&o.hashSeed, "hash-seed", "",
+		"seed of the block hashes, shared by all ranks (vLLM's PYTHONHASHSEED); empty: a random seed per rank, so no two engines share hashes")
+	fs.Uint64Var(&e.OutputSeed, "seed", 0, "seed of the generated tokens")
+	eventsJSON := fs.String("kv-events-config", "",
+		`KV-cache events, as vLLM's --kv-events-config JSON: {"enable_kv_cache_events": true, "publisher": "zmq", `+
+			`"endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558", "topic": "", "buffer_steps": 10000, `+
+			`"hwm": 100000, "max_queue_size": 100000}; each data-parallel rank adds its rank to both ports. Empty: no events`)
+	wire := fs.String("kv-events-wire", "v0.26",
+		"wire format of the KV events, as the vLLM releases named send it: v0.26 (and later: events as maps, "+
+			"replay replies with the topic), v0.24 (v0.24 and v0.25: replay replies without the topic), "+
+			"v0.10 (v0.10 to v0.23: events as arrays)")
+	fs.DurationVar(&o.shutdownGrace, "shutdown-grace", 10*time.Second,
+		"on SIGINT or SIGTERM, how long running requests may take to finish before they are failed")
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), usageHeader)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	if fs.NArg() > 0 {
+		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if o.dpSize < 1 {
+		return o, fmt.Errorf("-data-parallel-size must be at least 1, got %d", o.dpSize)
+	}
+	if o.port < 0 || o.port > 65535 {
+		return o, fmt.Errorf("-port %d is not a port", o.port)
+	}
+	var ok bool
+	if o.wire, ok = wireFormats[*wire]; !ok {
+		return o, fmt.Errorf("-kv-events-wire %q: want v0.26, v0.24 or v0.10", *wire)
+	}
+	var err error
+	o.events, o.eventsOn, err = parseKVEventsConfig(*eventsJSON)
+	return o, err
+}
+
+// adapters returns the adapter names of -lora-modules.
+func (o *options) adapters() []string {
+	var names []string
+	for _, m := range strings.Split(o.loras, ",") {
+		if name, _, _ := strings.Cut(strings.TrimSpace(m), "="); name != "" {
+			names = append(names, name)
+		}
+	}
+	return names
+}
+
+// serverConfig builds the simulated server's configuration, drawing random
+// hash seeds from random when -hash-seed is empty.
+func (o *options) serverConfig(random io.Reader) (simserver.Config, error) {
+	cfg := simserver.Config{Model: o.model, LoRAAdapters: o.adapters()}
+	for range o.dpSize {
+		ec := o.engine
+		ec.HashSeed = o.hashSeed
+		if ec.HashSeed == "" {
+			var b [16]byte
+			if _, err := io.ReadFull(random, b[:]); err != nil {
+				return cfg, fmt.Errorf("draw a hash seed: %w", err)
+			}
+			ec.HashSeed = hex.EncodeToString(b[:])
+		}
+		cfg.Ranks = append(cfg.Ranks, simserver.Rank{Engine: ec})
+	}
+	return cfg, nil
+}

@@ -1,0 +1,83 @@
+package cache
+
+import (
+	"fmt"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8stypes "k8s.io/apimachinery/pkg/types"
+)
+
+// podOpt adjusts a test pod.
+type podOpt func(*v1.Pod)
+
+// testPod returns a Running, Ready pod serving model at ip.
+func testPod(namespace, name, model, ip string, opts ...podOpt) *v1.Pod {
+	p := &v1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			Namespace: namespace, Name: name, UID: k8stypes.UID(namespace + "-" + name + "-uid"),
+			Labels: map[string]string{},
+		},
+		Status: v1.PodStatus{
+			Phase: v1.PodRunning, PodIP: ip,
+			Conditions: []v1.PodCondition{{Type: v1.PodReady, Status: v1.ConditionTrue}},
+		},
+	}
+	if model != "" {
+		p.Labels[ModelNameLabel] = model
+	}
+	for _, o := range opts {
+		o(p)
+	}
+	return p
+}
+
+func withLabel(k, v string) podOpt { return func(p *v1.Pod) { p.Labels[k] = v } }
+
+func withPort(port int) podOpt { return withLabel(ModelPortLabel, strconv.Itoa(port)) }
+
+func withUID(uid string) podOpt { return func(p *v1.Pod) { p.UID = k8stypes.UID(uid) } }
+
+func notReady(p *v1.Pod) { p.Status.Conditions[0].Status = v1.ConditionFalse }
+
+// newTestStore returns a Store closed when the test ends.
+func newTestStore(t testing.TB, rc *redis.Client, cfg Config) *Store {
+	t.Helper()
+	s, err := New(rc, cfg)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	t.Cleanup(s.Close)
+	return s
+}
+
+// noScrape is a Config without metric scraping.
+func noScrape() Config { return Config{PodMetricRefreshInterval: -1} }
+
+// eventually polls cond until it holds or timeout passes; cond explains
+// what it saw when it does not hold.
+func eventually(t testing.TB, timeout time.Duration, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		ok, why := cond()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("condition not met within %v: %s", timeout, why)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func describe(v MetricValue, err error) string {
+	if err != nil {
+		return err.Error()
+	}
+	return fmt.Sprintf("value %v stale %v", v.Value, v.Stale)
+}

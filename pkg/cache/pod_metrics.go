@@ -1,0 +1,126 @@
+package cache
+
+import (
+	"slices"
+	"time"
+)
+
+// podMetrics is what one scrape of a pod produced. It is immutable once
+// published; a failed scrape publishes a copy marked stale.
+type podMetrics struct {
+	at     time.Time
+	stale  bool
+	pod    map[string]MetricValue
+	models map[string]map[string]MetricValue // by model_name label
+}
+
+// markStale republishes the pod's latest metrics marked stale.
+func (st *podState) markStale() {
+	for {
+		cur := st.metrics.Load()
+		if cur == nil || cur.stale {
+			return
+		}
+		stale := *cur
+		stale.stale = true
+		if st.metrics.CompareAndSwap(cur, &stale) {
+			return
+		}
+	}
+}
+
+// GetMetricValueByPod returns metricName (one of the names of this package,
+// or a subscribed family) for the pod. It fails with a *PodNotFoundError for
+// an unknown pod and a *MetricNotFoundError when no value has been measured.
+// Realtime metrics exist for every registered pod.
+func (s *Store) GetMetricValueByPod(podName, podNamespace, metricName string) (MetricValue, error) {
+	e := s.reg.entry(podNamespace, podName)
+	if e == nil {
+		return MetricValue{}, &PodNotFoundError{Namespace: podNamespace, Name: podName}
+	}
+	switch metricName {
+	case RealtimeNumRequestsRunning:
+		running, _, _ := e.state.load.snapshot("")
+		return s.realtime(float64(running + s.remoteRunning(e.key, ""))), nil
+	case RealtimeNormalizedPendings:
+		_, pending, _ := e.state.load.snapshot("")
+		return s.realtime(pending), nil
+	}
+	if m := e.state.metrics.Load(); m != nil {
+		if v, ok := m.pod[metricName]; ok {
+			v.Stale = m.stale
+			return v, nil
+		}
+	}
+	return MetricValue{}, &MetricNotFoundError{Pod: e.key, Metric: metricName}
+}
+
+// GetMetricValueByPodModel returns metricName for modelName on the pod:
+// scraped metrics from the series whose model_name label is modelName, and
+// the realtime request count of the requests for modelName. When the pod's
+// /metrics does not break metrics down by several models (one engine
+// serving a base model and its adapters), the pod's values stand for every
+// model it serves. It fails with a *PodNotFoundError for an unknown pod and a
+// *MetricNotFoundError when the pod does not serve the model or no value has
+// been measured.
+func (s *Store) GetMetricValueByPodModel(podName, podNamespace, modelName, metricName string) (MetricValue, error) {
+	e := s.reg.entry(podNamespace, podName)
+	if e == nil {
+		return MetricValue{}, &PodNotFoundError{Namespace: podNamespace, Name: podName}
+	}
+	notFound := &MetricNotFoundError{Pod: e.key, Model: modelName, Metric: metricName}
+	if !slices.Contains(e.models, modelName) {
+		return MetricValue{}, notFound
+	}
+	switch metricName {
+	case RealtimeNumRequestsRunning:
+		_, _, running := e.state.load.snapshot(modelName)
+		return s.realtime(float64(running + s.remoteRunning(e.key, modelName))), nil
+	case RealtimeNormalizedPendings:
+		return MetricValue{}, notFound
+	}
+	m := e.state.metrics.Load()
+	if m == nil {
+		return MetricValue{}, notFound
+	}
+	v, ok := m.models[modelName][metricName]
+	if !ok && len(m.models) <= 1 {
+		v, ok = m.pod[metricName]
+	}
+	if !ok {
+		return MetricValue{}, notFound
+	}
+	v.Stale = m.stale
+	return v, nil
+}
+
+func (s *Store) realtime(v float64) MetricValue {
+	return MetricValue{Value: v, UpdatedAt: time.Now()}
+}
+
+// remoteRunning returns the running requests other gateway replicas
+// published for the pod (and model when not ""), 0 unless counts are shared.
+func (s *Store) remoteRunning(podKey, model string) int64 {
+	if s.shared == nil {
+		return 0
+	}
+	return s.shared.remote(podKey, model)
+}
+
+// AddSubscriber makes the Store keep the metrics subscriber names from the
+// next scrape of each pod on (see MetricSubscriber).
+func (s *Store) AddSubscriber(subscriber MetricSubscriber) {
+	s.subMu.Lock()
+	defer s.subMu.Unlock()
+	cur := s.selection.Load().subscribed
+	next := make(map[string]struct{}, len(cur))
+	for name := range cur {
+		next[name] = struct{}{}
+	}
+	for _, name := range subscriber.SubscribedMetrics() {
+		if !isBuiltinMetric(name) {
+			next[name] = struct{}{}
+		}
+	}
+	s.selection.Store(newMetricSelection(next))
+}

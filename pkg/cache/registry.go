@@ -1,0 +1,217 @@
+package cache
+
+import (
+	"slices"
+	"sort"
+	"sync"
+
+	v1 "k8s.io/api/core/v1"
+)
+
+// PodListener is told about every change of the Store's pod registry.
+//
+// Calls are made one at a time, in the order the changes happened, from the
+// goroutine that made the change. A listener must return quickly (queue the
+// work, as an informer handler does) and must not call the Store's
+// registry-changing methods (AddOrUpdatePod, DeletePod, SetPodAdapters,
+// AddPodListener); it may read the Store. Pods passed in are shared:
+// treat them as read-only.
+type PodListener interface {
+	// OnPodAdd reports a pod that joined the registry.
+	OnPodAdd(pod *v1.Pod)
+	// OnPodUpdate reports a new version of a registered pod (same
+	// namespace, name and UID).
+	OnPodUpdate(oldPod, newPod *v1.Pod)
+	// OnPodDelete reports a pod that left the registry. A pod replaced by
+	// one of the same name but another UID is reported as a delete followed
+	// by an add.
+	OnPodDelete(pod *v1.Pod)
+}
+
+// podEntry is one version of a registered pod. Entries are immutable: a
+// change replaces the entry, carrying state over while the pod keeps its UID.
+type podEntry struct {
+	key      string
+	pod      *v1.Pod
+	adapters []string
+	// models is the base model (when the pod names one) followed by the
+	// adapters, without duplicates.
+	models   []string
+	routable bool
+	state    *podState
+}
+
+// modelEntry indexes the pods serving one model.
+type modelEntry struct {
+	pods map[string]*podEntry
+	// routable is rebuilt on every change of the model's pods and never
+	// modified after, so readers may keep it.
+	routable []*v1.Pod
+}
+
+// registry holds the pods known to the Store and the models they serve.
+type registry struct {
+	// notifyMu serializes changes and their delivery to listeners, so that
+	// listeners see changes in order without holding mu, and may read.
+	notifyMu  sync.Mutex
+	listeners []PodListener
+
+	mu         sync.RWMutex
+	pods       map[string]*podEntry
+	models     map[string]*modelEntry
+	modelNames []string // sorted, rebuilt when the model set changes
+}
+
+func newRegistry() *registry {
+	return &registry{pods: map[string]*podEntry{}, models: map[string]*modelEntry{}}
+}
+
+func newPodEntry(pod *v1.Pod, adapters []string, state *podState) *podEntry {
+	e := &podEntry{key: podKey(pod.Namespace, pod.Name), pod: pod, adapters: adapters, routable: IsPodRoutable(pod), state: state}
+	if base := ModelName(pod); base != "" {
+		e.models = append(e.models, base)
+	}
+	for _, a := range adapters {
+		if a != "" && !slices.Contains(e.models, a) {
+			e.models = append(e.models, a)
+		}
+	}
+	return e
+}
+
+// upsert registers pod and returns the entry it replaced (nil when new) and
+// the new entry. A pod of another UID than the registered one starts with
+// fresh state and no adapters.
+func (r *registry) upsert(pod *v1.Pod) (old, cur *podEntry) {
+	key := podKey(pod.Namespace, pod.Name)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	old = r.pods[key]
+	if old != nil && old.pod.UID == pod.UID {
+		cur = newPodEntry(pod, old.adapters, old.state)
+	} else {
+		cur = newPodEntry(pod, nil, newPodState())
+	}
+	r.replaceLocked(old, cur)
+	return old, cur
+}
+
+// remove unregisters the pod and returns its entry, nil when unknown.
+func (r *registry) remove(namespace, name string) *podEntry {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	old := r.pods[podKey(namespace, name)]
+	if old != nil {
+		r.replaceLocked(old, nil)
+	}
+	return old
+}
+
+// setAdapters replaces the pod's adapters and reports whether it is known.
+func (r *registry) setAdapters(namespace, name string, adapters []string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	old := r.pods[podKey(namespace, name)]
+	if old == nil {
+		return false
+	}
+	r.replaceLocked(old, newPodEntry(old.pod, slices.Clone(adapters), old.state))
+	return true
+}
+
+// replaceLocked swaps old for cur (either may be nil) in the pod map and in
+// the index of every model either serves.
+func (r *registry) replaceLocked(old, cur *podEntry) {
+	var affected []string
+	if old != nil {
+		delete(r.pods, old.key)
+		affected = append(affected, old.models...)
+	}
+	if cur != nil {
+		r.pods[cur.key] = cur
+		affected = append(affected, cur.models...)
+	}
+	slices.Sort(affected)
+	affected = slices.Compact(affected)
+	modelSetChanged := false
+	for _, name := range affected {
+		m := r.models[name]
+		if m == nil {
+			m = &modelEntry{pods: map[string]*podEntry{}}
+			r.models[name] = m
+			modelSetChanged = true
+		}
+		if old != nil {
+			delete(m.pods, old.key)
+		}
+		if cur != nil && slices.Contains(cur.models, name) {
+			m.pods[cur.key] = cur
+		}
+		if len(m.pods) == 0 {
+			delete(r.models, name)
+			modelSetChanged = true
+			continue
+		}
+		m.routable = routablePods(m.pods)
+	}
+	if modelSetChanged {
+		r.modelNames = make([]string, 0, len(r.models))
+		for name := range r.models {
+			r.modelNames = append(r.modelNames, name)
+		}
+		sort.Strings(r.modelNames)
+	}
+}
+
+func routablePods(entries map[string]*podEntry) []*v1.Pod {
+	keys := make([]string, 0, len(entries))
+	for k, e := range entries {
+		if e.routable {
+			keys = append(keys, k)
+		}
+	}
+	sort.Strings(keys)
+	pods := make([]*v1.Pod, len(keys))
+	for i, k := range keys {
+		pods[i] = entries[k].pod
+	}
+	return pods
+}
+
+func (r *registry) entry(namespace, name string) *podEntry {
+	return r.byKey(podKey(namespace, name))
+}
+
+func (r *registry) byKey(key string) *podEntry {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return r.pods[key]
+}
+
+func (r *registry) entries() []*podEntry {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	out := make([]*podEntry, 0, len(r.pods))
+	for _, e := range r.pods {
+		out = append(out, e)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].key < out[j].key })
+	return out
+}
+
+// model returns the model's routable pods and whether any pod serves it.
+func (r *registry) model(name string) ([]*v1.Pod, bool) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	m := r.models[name]
+	if m == nil {
+		return nil, false
+	}
+	return m.routable, true
+}
+
+func (r *registry) modelList() []string {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return r.modelNames
+}

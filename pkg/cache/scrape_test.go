@@ -1,0 +1,315 @@
+package cache
+
+import (
+	"errors"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	v1 "k8s.io/api/core/v1"
+)
+
+// Modes of a fakeEngine's /metrics.
+const (
+	serveOK = iota
+	serveError
+	serveHang
+)
+
+// fakeEngine serves a vLLM exposition from testdata on /metrics of its own
+// 127.0.0.1 port.
+type fakeEngine struct {
+	srv  *httptest.Server
+	port int
+	body atomic.Pointer[[]byte]
+	mode atomic.Int32
+	hits atomic.Int64
+}
+
+func newEngine(t *testing.T, file string) *fakeEngine {
+	t.Helper()
+	e := &fakeEngine{}
+	e.serve(t, file)
+	e.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/metrics" {
+			http.NotFound(w, r)
+			return
+		}
+		e.hits.Add(1)
+		switch e.mode.Load() {
+		case serveError:
+			http.Error(w, "engine overloaded", http.StatusServiceUnavailable)
+		case serveHang:
+			<-r.Context().Done()
+		default:
+			w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+			_, _ = w.Write(*e.body.Load())
+		}
+	}))
+	t.Cleanup(e.srv.Close)
+	_, port, _ := net.SplitHostPort(e.srv.Listener.Addr().String())
+	e.port, _ = strconv.Atoi(port)
+	return e
+}
+
+func (e *fakeEngine) serve(t *testing.T, file string) {
+	b := readExposition(t, file)
+	e.body.Store(&b)
+}
+
+// pod returns a routable pod whose engine is e.
+func (e *fakeEngine) pod(name, model string, opts ...podOpt) *v1.Pod {
+	return testPod("ns", name, model, "127.0.0.1", append([]podOpt{withPort(e.port)}, opts...)...)
+}
+
+// scrapeConfig scrapes fast and gives up quickly, with a per-scrape window.
+func scrapeConfig(reg prometheus.Registerer) Config {
+	return Config{
+		PodMetricRefreshInterval: 20 * time.Millisecond,
+		PodMetricScrapeTimeout:   300 * time.Millisecond,
+		RecentMetricsWindow:      time.Nanosecond,
+		Registerer:               reg,
+	}
+}
+
+// waitMetric waits until the pod's metric satisfies ok.
+func waitMetric(t *testing.T, s *Store, pod, metric string, ok func(MetricValue) bool) MetricValue {
+	t.Helper()
+	var v MetricValue
+	eventually(t, 10*time.Second, func() (bool, string) {
+		var err error
+		v, err = s.GetMetricValueByPod(pod, "ns", metric)
+		return err == nil && ok(v), pod + " " + metric + ": " + describe(v, err)
+	})
+	return v
+}
+
+func equals(want float64) func(MetricValue) bool {
+	return func(v MetricValue) bool { return v.Value == want && !v.Stale }
+}
+
+// gathered returns the value of a metric of reg with the given labels.
+func gathered(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+	metrics:
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if labels[l.GetName()] != l.GetValue() {
+					continue metrics
+				}
+			}
+			switch {
+			case m.GetCounter() != nil:
+				return m.GetCounter().GetValue()
+			case m.GetGauge() != nil:
+				return m.GetGauge().GetValue()
+			}
+		}
+	}
+	return -1
+}
+
+func TestStoreScrapesEachRoutablePodOnItsOwnPort(t *testing.T) {
+	current, old, idle := newEngine(t, "vllm_v1_t0.txt"), newEngine(t, "vllm_v0_gpu_cache.txt"), newEngine(t, "vllm_v1_t0.txt")
+	s := newTestStore(t, nil, scrapeConfig(nil))
+	s.AddOrUpdatePod(current.pod("current", llama))
+	s.AddOrUpdatePod(old.pod("old", llama))
+	s.AddOrUpdatePod(idle.pod("unready", llama, notReady))
+
+	waitMetric(t, s, "current", KVCacheUsagePerc, equals(0.42))
+	waitMetric(t, s, "old", KVCacheUsagePerc, equals(0.31))
+	waitMetric(t, s, "old", NumRequestsWaiting, equals(5))
+	if _, err := s.GetMetricValueByPod("old", "ns", PrefixCacheHitRate); !errors.Is(err, ErrMetricNotFound) {
+		t.Fatalf("hit rate of an engine without prefix-cache counters: %v", err)
+	}
+	if n := idle.hits.Load(); n != 0 {
+		t.Fatalf("unready pod scraped %d times", n)
+	}
+	if _, err := s.GetMetricValueByPod("unready", "ns", NumRequestsRunning); !errors.Is(err, ErrMetricNotFound) {
+		t.Fatalf("metric of a never-scraped pod: %v", err)
+	}
+}
+
+func TestFailingScrapeKeepsLastValuesMarkedStale(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	e := newEngine(t, "vllm_v1_t0.txt")
+	s := newTestStore(t, nil, scrapeConfig(reg))
+	s.AddOrUpdatePod(e.pod("p", llama))
+	first := waitMetric(t, s, "p", NumRequestsRunning, equals(4))
+
+	e.mode.Store(serveError)
+	v := waitMetric(t, s, "p", NumRequestsRunning, func(v MetricValue) bool { return v.Stale })
+	if v.Value != 4 || !v.UpdatedAt.Equal(first.UpdatedAt) {
+		t.Fatalf("stale value %v measured at %v, want the last good 4 at %v", v.Value, v.UpdatedAt, first.UpdatedAt)
+	}
+	if n := gathered(t, reg, "kvgate_cache_pod_scrape_failures_total", map[string]string{"pod": "ns/p"}); n < 1 {
+		t.Fatalf("scrape failures = %v, want at least 1", n)
+	}
+	if n := gathered(t, reg, "kvgate_cache_stale_pods", nil); n != 1 {
+		t.Fatalf("stale pods = %v, want 1", n)
+	}
+
+	e.serve(t, "vllm_v1_t1.txt")
+	e.mode.Store(serveOK)
+	waitMetric(t, s, "p", NumRequestsRunning, equals(6))
+	if n := gathered(t, reg, "kvgate_cache_stale_pods", nil); n != 0 {
+		t.Fatalf("stale pods after recovery = %v, want 0", n)
+	}
+}
+
+func TestHangingPodTimesOutWithoutDelayingOthers(t *testing.T) {
+	hanging, healthy := newEngine(t, "vllm_v1_t0.txt"), newEngine(t, "vllm_v1_t0.txt")
+	cfg := scrapeConfig(nil)
+	cfg.PodMetricScrapeTimeout = 2 * time.Second
+	s := newTestStore(t, nil, cfg)
+	s.AddOrUpdatePod(hanging.pod("hanging", llama))
+	s.AddOrUpdatePod(healthy.pod("healthy", llama))
+	waitMetric(t, s, "hanging", NumRequestsRunning, equals(4))
+	waitMetric(t, s, "healthy", NumRequestsRunning, equals(4))
+
+	hanging.mode.Store(serveHang)
+	healthy.serve(t, "vllm_v1_t1.txt")
+	start := time.Now()
+	waitMetric(t, s, "healthy", NumRequestsRunning, equals(6))
+	if d := time.Since(start); d >= cfg.PodMetricScrapeTimeout {
+		t.Fatalf("healthy pod refreshed after %v, not before the hanging pod's %v timeout", d, cfg.PodMetricScrapeTimeout)
+	}
+	v := waitMetric(t, s, "hanging", NumRequestsRunning, func(v MetricValue) bool { return v.Stale })
+	if time.Since(start) < cfg.PodMetricScrapeTimeout-100*time.Millisecond {
+		t.Fatalf("hanging pod marked stale after %v, before its timeout", time.Since(start))
+	}
+	if v.Value != 4 {
+		t.Fatalf("hanging pod's stale value = %v, want 4", v.Value)
+	}
+}
+
+func TestScrapesFollowAnEngineRestart(t *testing.T) {
+	e := newEngine(t, "vllm_v1_t1.txt")
+	cfg := scrapeConfig(nil)
+	cfg.RecentMetricsWindow = time.Minute // deltas against the oldest scrape in the last minute
+	s := newTestStore(t, nil, cfg)
+	s.AddOrUpdatePod(e.pod("p", llama))
+	waitMetric(t, s, "p", NumRequestsRunning, equals(6))
+
+	e.serve(t, "vllm_v1_t2_restarted.txt")
+	waitMetric(t, s, "p", NumRequestsRunning, equals(1))
+	if v, _ := s.GetMetricValueByPod("p", "ns", PrefixCacheHitRate); v.Value != 0 {
+		t.Fatalf("hit rate right after the restart = %v, want 0", v.Value)
+	}
+
+	e.serve(t, "vllm_v1_t3.txt")
+	waitMetric(t, s, "p", NumRequestsRunning, equals(2))
+	if v, _ := s.GetMetricValueByPod("p", "ns", PrefixCacheHitRate); v.Value != 0.5 {
+		t.Fatalf("hit rate since the restart = %v, want (600-100)/(1300-300) = 0.5", v.Value)
+	}
+	if v, _ := s.GetMetricValueByPod("p", "ns", AvgTTFTSeconds); v.Value != 0.4 {
+		t.Fatalf("TTFT since the restart = %v, want (4.5-0.5)/(12-2) = 0.4", v.Value)
+	}
+}
+
+func TestMetricPortLabelChoosesTheScrapedPort(t *testing.T) {
+	e := newEngine(t, "vllm_v1_t0.txt")
+	s := newTestStore(t, nil, scrapeConfig(nil))
+	// The serving port is closed; /metrics lives on the metric port.
+	s.AddOrUpdatePod(testPod("ns", "p", llama, "127.0.0.1", withPort(1), withLabel(MetricPortLabel, strconv.Itoa(e.port))))
+	waitMetric(t, s, "p", NumRequestsRunning, equals(4))
+}
+
+func TestUnreadyOrDeletedPodIsNoLongerScraped(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	e := newEngine(t, "vllm_v1_t0.txt")
+	s := newTestStore(t, nil, scrapeConfig(reg))
+	s.AddOrUpdatePod(e.pod("p", llama))
+	waitMetric(t, s, "p", NumRequestsRunning, equals(4))
+
+	s.AddOrUpdatePod(e.pod("p", llama, notReady))
+	waitMetric(t, s, "p", NumRequestsRunning, func(v MetricValue) bool { return v.Stale && v.Value == 4 })
+	eventually(t, 5*time.Second, func() (bool, string) {
+		n := gathered(t, reg, "kvgate_cache_pod_scrape_targets", nil)
+		return n == 0, "scrape targets " + strconv.FormatFloat(n, 'g', -1, 64)
+	})
+
+	s.AddOrUpdatePod(e.pod("p", llama))
+	waitMetric(t, s, "p", NumRequestsRunning, equals(4))
+	s.DeletePod("ns", "p")
+	if _, err := s.GetMetricValueByPod("p", "ns", NumRequestsRunning); !errors.Is(err, ErrPodNotFound) {
+		t.Fatalf("metric of a deleted pod: %v", err)
+	}
+}
+
+type subscriber []string
+
+func (s subscriber) SubscribedMetrics() []string { return s }
+
+func TestSubscribedFamiliesAreKept(t *testing.T) {
+	e := newEngine(t, "vllm_v1_two_models.txt")
+	s := newTestStore(t, nil, scrapeConfig(nil))
+	s.AddOrUpdatePod(e.pod("p", "qwen2.5-7b"))
+	waitMetric(t, s, "p", NumRequestsRunning, equals(8))
+	if _, err := s.GetMetricValueByPod("p", "ns", "vllm:generation_tokens_total"); !errors.Is(err, ErrMetricNotFound) {
+		t.Fatalf("unsubscribed family: %v", err)
+	}
+	s.AddSubscriber(subscriber{"vllm:generation_tokens_total", NumRequestsRunning})
+	waitMetric(t, s, "p", "vllm:generation_tokens_total", equals(1000))
+	v, err := s.GetMetricValueByPodModel("p", "ns", "qwen2.5-7b", "vllm:generation_tokens_total")
+	if err != nil || v.Value != 500 {
+		t.Fatalf("subscribed family for one model = %s, want 500", describe(v, err))
+	}
+}
+
+func TestPodModelMetricsFollowModelNameLabel(t *testing.T) {
+	multi, single := newEngine(t, "vllm_v1_two_models.txt"), newEngine(t, "vllm_v1_t0.txt")
+	s := newTestStore(t, nil, scrapeConfig(nil))
+	s.AddOrUpdatePod(multi.pod("multi", "qwen2.5-7b"))
+	if err := s.SetPodAdapters("ns", "multi", []string{"llama-3-8b"}); err != nil {
+		t.Fatal(err)
+	}
+	s.AddOrUpdatePod(single.pod("single", llama))
+	if err := s.SetPodAdapters("ns", "single", []string{"sql-lora"}); err != nil {
+		t.Fatal(err)
+	}
+	waitMetric(t, s, "multi", NumRequestsRunning, equals(8))
+	waitMetric(t, s, "single", NumRequestsRunning, equals(4))
+
+	tests := []struct {
+		pod, model string
+		want       float64
+		wantErr    error
+	}{
+		{"multi", "qwen2.5-7b", 7, nil},
+		{"multi", "llama-3-8b", 1, nil},
+		{"multi", "unserved", 0, ErrMetricNotFound},
+		{"single", llama, 4, nil},
+		// vLLM counts an adapter's requests under the base model: with one
+		// model in the exposition, the pod's values stand for its adapters.
+		{"single", "sql-lora", 4, nil},
+		{"missing", llama, 0, ErrPodNotFound},
+	}
+	for _, tt := range tests {
+		t.Run(tt.pod+"/"+tt.model, func(t *testing.T) {
+			v, err := s.GetMetricValueByPodModel(tt.pod, "ns", tt.model, NumRequestsRunning)
+			if tt.wantErr != nil {
+				if !errors.Is(err, tt.wantErr) {
+					t.Fatalf("error = %v, want %v", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil || v.Value != tt.want {
+				t.Fatalf("got %s, want %v", describe(v, err), tt.want)
+			}
+		})
+	}
+}

@@ -1,0 +1,134 @@
+package cache
+
+import (
+	"slices"
+
+	v1 "k8s.io/api/core/v1"
+)
+
+// AddOrUpdatePod registers pod, or replaces the registered pod of the same
+// namespace and name, and tells the listeners. A pod with another UID than
+// the registered one replaces it as a new pod: listeners see a delete and an
+// add, and its metrics, load and adapters start afresh. The Store keeps pod:
+// do not modify it afterwards.
+func (s *Store) AddOrUpdatePod(pod *v1.Pod) {
+	s.reg.notifyMu.Lock()
+	defer s.reg.notifyMu.Unlock()
+	old, cur := s.reg.upsert(pod)
+	switch {
+	case old == nil:
+		s.eachListener(func(l PodListener) { l.OnPodAdd(cur.pod) })
+	case old.state == cur.state:
+		s.eachListener(func(l PodListener) { l.OnPodUpdate(old.pod, cur.pod) })
+	default:
+		s.eachListener(func(l PodListener) { l.OnPodDelete(old.pod) })
+		s.eachListener(func(l PodListener) { l.OnPodAdd(cur.pod) })
+	}
+	s.podsChanged()
+}
+
+// DeletePod unregisters the pod and tells the listeners; an unknown pod is
+// ignored.
+func (s *Store) DeletePod(namespace, name string) {
+	s.reg.notifyMu.Lock()
+	defer s.reg.notifyMu.Unlock()
+	if old := s.reg.remove(namespace, name); old != nil {
+		s.eachListener(func(l PodListener) { l.OnPodDelete(old.pod) })
+		s.podsChanged()
+	}
+}
+
+// SetPodAdapters sets the LoRA adapters a registered pod serves besides its
+// base model, replacing the previous set; listeners are not told. The
+// adapters last until changed or until the pod is replaced by one with
+// another UID. It fails with a *PodNotFoundError for an unknown pod.
+func (s *Store) SetPodAdapters(namespace, name string, adapters []string) error {
+	s.reg.notifyMu.Lock()
+	defer s.reg.notifyMu.Unlock()
+	if !s.reg.setAdapters(namespace, name, adapters) {
+		return &PodNotFoundError{Namespace: namespace, Name: name}
+	}
+	return nil
+}
+
+// AddPodListener subscribes l to pod changes (see PodListener). l is first
+// told about every registered pod with OnPodAdd, so that it misses none.
+func (s *Store) AddPodListener(l PodListener) {
+	s.reg.notifyMu.Lock()
+	defer s.reg.notifyMu.Unlock()
+	for _, e := range s.reg.entries() {
+		l.OnPodAdd(e.pod)
+	}
+	s.reg.listeners = append(s.reg.listeners, l)
+}
+
+// eachListener calls f for every listener; the caller holds notifyMu.
+func (s *Store) eachListener(f func(PodListener)) {
+	for _, l := range s.reg.listeners {
+		f(l)
+	}
+}
+
+// podsChanged lets the scrape pool catch up with the registry.
+func (s *Store) podsChanged() {
+	if s.scraper != nil {
+		s.scraper.notify()
+	}
+}
+
+// GetPod returns the registered pod, ready or not, or a *PodNotFoundError.
+// The pod is shared: treat it as read-only.
+func (s *Store) GetPod(podName, podNamespace string) (*v1.Pod, error) {
+	e := s.reg.entry(podNamespace, podName)
+	if e == nil {
+		return nil, &PodNotFoundError{Namespace: podNamespace, Name: podName}
+	}
+	return e.pod, nil
+}
+
+// ListPods returns every registered pod, routable or not, ordered by
+// namespace and name. It is meant for debugging: routing should use
+// ListPodsByModel. The pods are shared: treat them as read-only.
+func (s *Store) ListPods() []*v1.Pod {
+	entries := s.reg.entries()
+	pods := make([]*v1.Pod, len(entries))
+	for i, e := range entries {
+		pods[i] = e.pod
+	}
+	return pods
+}
+
+// ListPodsByModel returns the routable pods (see IsPodRoutable) serving
+// modelName as base model or adapter, ordered by namespace and name; the
+// list is empty when all of them are unready. It fails with a
+// *ModelNotFoundError when no registered pod serves the model. The slice and
+// the pods are shared and never modified by the Store: treat them as
+// read-only.
+func (s *Store) ListPodsByModel(modelName string) ([]*v1.Pod, error) {
+	pods, ok := s.reg.model(modelName)
+	if !ok {
+		return nil, &ModelNotFoundError{Model: modelName}
+	}
+	return pods, nil
+}
+
+// ListModels returns the models served by registered pods, sorted.
+func (s *Store) ListModels() []string {
+	return slices.Clone(s.reg.modelList())
+}
+
+// ListModelsByPod returns the models the pod serves: its base model first,
+// then its adapters. It fails with a *PodNotFoundError for an unknown pod.
+func (s *Store) ListModelsByPod(podName, podNamespace string) ([]string, error) {
+	e := s.reg.entry(podNamespace, podName)
+	if e == nil {
+		return nil, &PodNotFoundError{Namespace: podNamespace, Name: podName}
+	}
+	return slices.Clone(e.models), nil
+}
+
+// HasModel reports whether a registered pod, ready or not, serves modelName.
+func (s *Store) HasModel(modelName string) bool {
+	_, ok := s.reg.model(modelName)
+	return ok
+}

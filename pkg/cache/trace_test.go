@@ -1,0 +1,234 @@
+package cache
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"reflect"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/kvgate/kvgate/pkg/internal/testredis"
+)
+
+func TestRequestTraceRendersBucketsAndMetaKeys(t *testing.T) {
+	tr := NewRequestTrace(10 * time.Second)
+	for range 3 {
+		tr.AddRequest()
+	}
+	tr.AddRequestTrace(1000, 100) // log2: 9.97 and 6.64, in tenths: 100 and 66
+	tr.AddRequestTrace(1024, 100) // log2: 10 and 6.64: same buckets
+	tr.AddRequestTrace(990, 98)   // log2: 9.95 and 6.61: same buckets as the first
+	tr.AddRequestTrace(0, 1)      // no tokens and one token: bucket 0
+	want := map[string]int{
+		"100:66": 3, "0:0": 1,
+		"meta_v": 4, "meta_interval_sec": 10, "meta_precision": 10,
+		"meta_total_reqs": 3, "meta_pending_reqs": 5, "meta_queueing_reqs": 2,
+	}
+	got := tr.ToMap(5, 2)
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("ToMap = %v\nwant    %v", got, want)
+	}
+	if RequestTraceKey("llama", 1700000010) != "aibrix:llama_request_trace_1700000010" {
+		t.Fatalf("key = %s", RequestTraceKey("llama", 1700000010))
+	}
+	if MetaKeyQueueingRequests.String() != "meta_queueing_reqs" || RequestTraceMetaKey(42).String() != "" {
+		t.Fatal("meta key names")
+	}
+}
+
+// traceStore returns a Store tracing into r whose own flusher stays idle
+// for the test, so that the test decides when windows end.
+func traceStore(t *testing.T, rc *redis.Client, reg prometheus.Registerer) *Store {
+	cfg := noScrape()
+	cfg.EnableRequestTrace = true
+	cfg.RequestTraceInterval = time.Hour
+	cfg.Registerer = reg
+	return newTestStore(t, rc, cfg)
+}
+
+func readTrace(t *testing.T, rc *redis.Client, key string) map[string]int {
+	t.Helper()
+	raw, err := rc.Get(context.Background(), key).Bytes()
+	if err != nil {
+		t.Fatalf("GET %s: %v", key, err)
+	}
+	var m map[string]int
+	if err := json.Unmarshal(raw, &m); err != nil {
+		t.Fatalf("trace %s is not a JSON object of integers: %v: %s", key, err, raw)
+	}
+	return m
+}
+
+func TestFlushWritesEveryModelsTraceToRedis(t *testing.T) {
+	rc := testredis.Start(t).NewClient(t)
+	s := traceStore(t, rc, nil)
+	pod := testPod("ns", "p", "m1", "10.0.0.1")
+	s.AddOrUpdatePod(pod)
+	for i := range 3 {
+		id := fmt.Sprint("m1-", i)
+		term := s.AddRequestCount(routed(id, "m1", pod), id, "m1")
+		if i < 2 {
+			s.DoneRequestTrace(nil, id, "m1", 1024, 128, term)
+		}
+	}
+	s.AddRequestCount(routed("m2-0", "m2", nil), "m2-0", "m2") // not routed yet
+	if got := s.DumpRequestTrace("m1"); got["100:70"] != 2 || got["meta_pending_reqs"] != 1 {
+		t.Fatalf("DumpRequestTrace(m1) = %v", got)
+	}
+
+	end := time.Unix(1_700_000_010, 0)
+	s.flushTraces(context.Background(), end)
+
+	m1 := readTrace(t, rc, "aibrix:m1_request_trace_1700000010")
+	want := map[string]int{"100:70": 2, "meta_v": 4, "meta_interval_sec": 3600, "meta_precision": 10,
+		"meta_total_reqs": 3, "meta_pending_reqs": 1, "meta_queueing_reqs": 0}
+	if !reflect.DeepEqual(m1, want) {
+		t.Fatalf("m1 trace = %v\nwant       %v", m1, want)
+	}
+	m2 := readTrace(t, rc, "aibrix:m2_request_trace_1700000010")
+	if m2["meta_total_reqs"] != 1 || m2["meta_pending_reqs"] != 1 || m2["meta_queueing_reqs"] != 1 {
+		t.Fatalf("m2 trace = %v, want one request pending and queueing", m2)
+	}
+	ttl, err := rc.TTL(context.Background(), "aibrix:m1_request_trace_1700000010").Result()
+	if err != nil || ttl <= RequestTraceTTL-time.Minute || ttl > RequestTraceTTL {
+		t.Fatalf("TTL = %v, %v; want about %v", ttl, err, RequestTraceTTL)
+	}
+	if got := s.DumpRequestTrace("m1"); got != nil {
+		t.Fatalf("the flushed window is still current: %v", got)
+	}
+
+	// The next window has no new requests, but m1 still has one in flight.
+	s.flushTraces(context.Background(), end.Add(time.Hour))
+	next := readTrace(t, rc, "aibrix:m1_request_trace_1700003610")
+	if next["meta_total_reqs"] != 0 || next["meta_pending_reqs"] != 1 {
+		t.Fatalf("trace of a window with only a pending request = %v", next)
+	}
+}
+
+func TestTracesOfTwoGatewaysMerge(t *testing.T) {
+	rc := testredis.Start(t).NewClient(t)
+	key := "aibrix:m_request_trace_1700000010"
+	// A value that is not a trace is replaced.
+	if err := rc.Set(context.Background(), key, "not json", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for g, requests := range []int{2, 3} {
+		s := traceStore(t, rc, nil)
+		pod := testPod("ns", "p", "m", "10.0.0.1")
+		s.AddOrUpdatePod(pod)
+		for i := range requests {
+			id := fmt.Sprint(g, "-", i)
+			term := s.AddRequestCount(routed(id, "m", pod), id, "m")
+			s.DoneRequestTrace(nil, id, "m", 100, int64(10*(g+1)), term)
+		}
+		s.AddRequestCount(routed("pending", "m", nil), "pending", "m")
+		s.flushTraces(context.Background(), time.Unix(1_700_000_010, 0))
+	}
+	got := readTrace(t, rc, key)
+	want := map[string]int{"66:33": 2, "66:43": 3, "meta_v": 4, "meta_interval_sec": 3600, "meta_precision": 10,
+		"meta_total_reqs": 2 + 1 + 3 + 1, "meta_pending_reqs": 2, "meta_queueing_reqs": 2}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("merged trace = %v\nwant           %v", got, want)
+	}
+}
+
+func TestCloseWritesTheWindowInProgress(t *testing.T) {
+	rc := testredis.Start(t).NewClient(t)
+	cfg := noScrape()
+	cfg.EnableRequestTrace = true
+	cfg.RequestTraceInterval = time.Hour
+	s, err := New(rc, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	term := s.AddRequestCount(nil, "done", "m")
+	s.DoneRequestTrace(nil, "done", "m", 4, 4, term)
+	s.Close()
+
+	// The window in progress is the one that ends at the next hour boundary
+	// after Close; should an hour boundary pass during the test, the request
+	// lands in whichever window was in progress, so read every window.
+	keys, err := rc.Keys(context.Background(), "aibrix:m_request_trace_*").Result()
+	if err != nil || len(keys) == 0 {
+		t.Fatalf("no trace written on Close: keys %v, err %v", keys, err)
+	}
+	total, bucket := 0, 0
+	for _, key := range keys {
+		got := readTrace(t, rc, key)
+		total += got["meta_total_reqs"]
+		bucket += got["20:20"]
+	}
+	if total != 1 || bucket != 1 {
+		t.Fatalf("traces written on Close (%v) hold %d requests, %d in bucket 20:20; want 1 and 1", keys, total, bucket)
+	}
+}
+
+func TestFlusherWritesAtIntervalBoundaries(t *testing.T) {
+	rc := testredis.Start(t).NewClient(t)
+	reg := prometheus.NewRegistry()
+	cfg := noScrape()
+	cfg.EnableRequestTrace = true
+	cfg.RequestTraceInterval = 2 * time.Second
+	cfg.Registerer = reg
+	s := newTestStore(t, rc, cfg)
+	s.AddRequestCount(nil, "r", "m")
+
+	var key string
+	eventually(t, 15*time.Second, func() (bool, string) {
+		keys, err := rc.Keys(context.Background(), "aibrix:m_request_trace_*").Result()
+		if err != nil || len(keys) == 0 {
+			return false, fmt.Sprint("no trace key yet: ", err)
+		}
+		key = keys[0]
+		return true, ""
+	})
+	end, err := strconv.ParseInt(strings.TrimPrefix(key, "aibrix:m_request_trace_"), 10, 64)
+	if err != nil || end%2 != 0 {
+		t.Fatalf("trace key %s does not end at a multiple of the 2s interval", key)
+	}
+	if got := readTrace(t, rc, key); got["meta_interval_sec"] != 2 || got["meta_pending_reqs"] != 1 {
+		t.Fatalf("trace = %v", got)
+	}
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() == "kvgate_cache_request_trace_flush_delay_seconds" {
+			h := f.GetMetric()[0].GetHistogram()
+			if h.GetSampleCount() == 0 || h.GetSampleSum()/float64(h.GetSampleCount()) > MaxRequestTraceIntervalOffset.Seconds() {
+				t.Fatalf("flushes started %v s late on average over %d, want within %v", h.GetSampleSum()/float64(h.GetSampleCount()), h.GetSampleCount(), MaxRequestTraceIntervalOffset)
+			}
+			return
+		}
+	}
+	t.Fatal("no flush delay metric")
+}
+
+func TestFlushToUnreachableRedisIsCountedNotFatal(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close() // nothing listens there any more
+	rc := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
+	t.Cleanup(func() { rc.Close() })
+	reg := prometheus.NewRegistry()
+	s := traceStore(t, rc, reg)
+	s.AddRequestCount(nil, "r", "m")
+	s.flushTraces(context.Background(), time.Unix(1_700_000_010, 0))
+	if n := gathered(t, reg, "kvgate_cache_request_trace_flushes_total", map[string]string{"result": "error"}); n != 1 {
+		t.Fatalf("failed flushes = %v, want 1", n)
+	}
+	if n := gathered(t, reg, "kvgate_cache_redis_errors_total", map[string]string{"operation": "trace_flush"}); n != 1 {
+		t.Fatalf("redis errors = %v, want 1", n)
+	}
+}

@@ -1,0 +1,358 @@
+package cache
+
+import (
+	"math"
+	"strconv"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+)
+
+// Metric families of vLLM's /metrics that the Store reads.
+const (
+	vllmRunning          = "vllm:num_requests_running"
+	vllmWaiting          = "vllm:num_requests_waiting"
+	vllmKVCacheUsage     = "vllm:kv_cache_usage_perc"
+	vllmGPUCacheUsage    = "vllm:gpu_cache_usage_perc"
+	vllmCPUCacheUsage    = "vllm:cpu_cache_usage_perc"
+	vllmPrefixHits       = "vllm:prefix_cache_hits_total"
+	vllmPrefixQueries    = "vllm:prefix_cache_queries_total"
+	vllmPromptTokens     = "vllm:prompt_tokens_total"
+	vllmTTFT             = "vllm:time_to_first_token_seconds"
+	vllmInterTokenLat    = "vllm:inter_token_latency_seconds"
+	vllmTimePerOutputTok = "vllm:time_per_output_token_seconds"
+	vllmE2ELatency       = "vllm:e2e_request_latency_seconds"
+	vllmPrefillTime      = "vllm:request_prefill_time_seconds"
+	vllmCacheConfigInfo  = "vllm:cache_config_info"
+
+	// modelNameLabel is the label vLLM puts the served model name in.
+	modelNameLabel = "model_name"
+)
+
+// usageTiers lists the KV-cache usage gauges in order of preference.
+var usageTiers = [...]string{vllmKVCacheUsage, vllmGPUCacheUsage, vllmCPUCacheUsage}
+
+// acc accumulates the samples of one metric over several series.
+type acc struct {
+	sum float64
+	n   int
+}
+
+func (a *acc) add(v float64) { a.sum += v; a.n++ }
+
+// groupAcc gathers one scrape's samples of a pod (or of one model_name on
+// the pod).
+type groupAcc struct {
+	running, waiting acc
+	usage            [len(usageTiers)]acc
+	blockSize        acc
+	numBlocks        acc
+	c                counters
+	raw              map[string]*rawAcc
+}
+
+// rawAcc gathers a subscribed metric family.
+type rawAcc struct {
+	value acc
+	hist  *HistogramValue
+}
+
+// Derived values that carry over between scrapes, see groupState.ratio.
+const (
+	slotTTFT = iota
+	slotTPOT
+	slotE2E
+	slotPrefill
+	numSlots
+)
+
+// groupState is what a pod (or model on a pod) remembers between scrapes.
+type groupState struct {
+	window  recentWindow
+	last    [numSlots]float64
+	hasLast [numSlots]bool
+}
+
+// projector turns successive scrapes of one pod into podMetrics. It is owned
+// by the pod's scrape loop and not safe for concurrent use.
+type projector struct {
+	window time.Duration
+	groups map[string]*groupState // "" is the pod as a whole
+}
+
+func newProjector(window time.Duration) *projector {
+	return &projector{window: window, groups: map[string]*groupState{}}
+}
+
+// project derives the pod's metrics from one scrape taken at now. subscribed
+// names extra families to keep as they are.
+func (p *projector) project(now time.Time, families map[string]*dto.MetricFamily, subscribed map[string]struct{}) *podMetrics {
+	pod := &groupAcc{}
+	models := map[string]*groupAcc{}
+	visit := func(family string, fn func(a *groupAcc, m *dto.Metric)) {
+		mf := families[family]
+		if mf == nil {
+			return
+		}
+		for _, m := range mf.Metric {
+			fn(pod, m)
+			if name := labelValue(m, modelNameLabel); name != "" {
+				a := models[name]
+				if a == nil {
+					a = &groupAcc{}
+					models[name] = a
+				}
+				fn(a, m)
+			}
+		}
+	}
+	gather(families, visit)
+	for name := range subscribed {
+		visit(name, func(a *groupAcc, m *dto.Metric) { a.addRaw(name, m) })
+	}
+
+	out := &podMetrics{at: now, pod: p.finish("", pod, now), models: make(map[string]map[string]MetricValue, len(models))}
+	for name, a := range models {
+		mv := p.finish(name, a, now)
+		// vLLM labels its cache config by engine, not by model: it
+		// describes the cache every model of the pod shares.
+		for _, k := range [...]string{CacheBlockSize, CacheNumGPUBlocks} {
+			if v, ok := out.pod[k]; ok {
+				if _, has := mv[k]; !has {
+					mv[k] = v
+				}
+			}
+		}
+		out.models[name] = mv
+	}
+	for name := range p.groups {
+		if _, seen := models[name]; !seen && name != "" {
+			delete(p.groups, name)
+		}
+	}
+	return out
+}
+
+// gather feeds every built-in family to visit.
+func gather(families map[string]*dto.MetricFamily, visit func(string, func(*groupAcc, *dto.Metric))) {
+	visit(vllmRunning, func(a *groupAcc, m *dto.Metric) { a.running.add(sampleValue(m)) })
+	visit(vllmWaiting, func(a *groupAcc, m *dto.Metric) { a.waiting.add(sampleValue(m)) })
+	for i, tier := range usageTiers {
+		visit(tier, func(a *groupAcc, m *dto.Metric) { a.usage[i].add(sampleValue(m)) })
+	}
+	visit(vllmCacheConfigInfo, func(a *groupAcc, m *dto.Metric) {
+		if v, err := strconv.ParseFloat(labelValue(m, "block_size"), 64); err == nil {
+			a.blockSize.add(v)
+		}
+		if v, err := strconv.ParseFloat(labelValue(m, "num_gpu_blocks"), 64); err == nil {
+			a.numBlocks.add(v)
+		}
+	})
+	addCounter := func(family string, k counter) {
+		visit(family, func(a *groupAcc, m *dto.Metric) { a.c.add(k, sampleValue(m)) })
+	}
+	addCounter(vllmPromptTokens, cPromptTokens)
+	addCounter(vllmPrefixHits, cPrefixHits)
+	addCounter(vllmPrefixQueries, cPrefixQueries)
+	addHistogram := func(family string, sum, count counter) {
+		visit(family, func(a *groupAcc, m *dto.Metric) {
+			if h := m.GetHistogram(); h != nil {
+				a.c.add(sum, h.GetSampleSum())
+				a.c.add(count, float64(h.GetSampleCount()))
+			}
+		})
+	}
+	addHistogram(vllmTTFT, cTTFTSum, cTTFTCount)
+	if families[vllmInterTokenLat] != nil {
+		addHistogram(vllmInterTokenLat, cTPOTSum, cTPOTCount)
+	} else {
+		addHistogram(vllmTimePerOutputTok, cTPOTSum, cTPOTCount)
+	}
+	addHistogram(vllmE2ELatency, cE2ESum, cE2ECount)
+	addHistogram(vllmPrefillTime, cPrefillSum, cPrefillCount)
+}
+
+// finish turns one group's samples into metric values, updating the group's
+// memory.
+func (p *projector) finish(group string, a *groupAcc, now time.Time) map[string]MetricValue {
+	g := p.groups[group]
+	if g == nil {
+		g = &groupState{window: recentWindow{length: p.window}}
+		p.groups[group] = g
+	}
+	out := make(map[string]MetricValue, 12+len(a.raw))
+	set := func(name string, v float64) { out[name] = MetricValue{Value: v, UpdatedAt: now} }
+	if a.running.n > 0 {
+		set(NumRequestsRunning, a.running.sum)
+	}
+	if a.waiting.n > 0 {
+		set(NumRequestsWaiting, a.waiting.sum)
+	}
+	for _, u := range a.usage {
+		if u.n > 0 {
+			set(KVCacheUsagePerc, u.sum/float64(u.n))
+			break
+		}
+	}
+	if a.blockSize.n > 0 {
+		set(CacheBlockSize, a.blockSize.sum/float64(a.blockSize.n))
+	}
+	if a.numBlocks.n > 0 {
+		set(CacheNumGPUBlocks, a.numBlocks.sum)
+	}
+
+	d := g.window.observe(now, a.c)
+	hits, okHits := d.get(cPrefixHits)
+	if queries, ok := d.get(cPrefixQueries); ok && okHits {
+		rate := 0.0
+		if queries > 0 {
+			rate = hits / queries
+		}
+		set(PrefixCacheHitRate, rate)
+	}
+	mean := func(name string, slot int, sum, count counter) {
+		ds, okd := d.get(sum)
+		dc, _ := d.get(count)
+		ls, okl := a.c.get(sum)
+		lc, _ := a.c.get(count)
+		if v, ok := g.ratio(slot, ds, dc, okd, ls, lc, okl); ok {
+			set(name, v)
+		}
+	}
+	mean(AvgTTFTSeconds, slotTTFT, cTTFTSum, cTTFTCount)
+	mean(AvgTPOTSeconds, slotTPOT, cTPOTSum, cTPOTCount)
+	mean(AvgE2ELatencySeconds, slotE2E, cE2ESum, cE2ECount)
+	if v, ok := g.prefillSpeed(d, a.c); ok {
+		set(PrefillTokensPerSecond, v)
+	}
+	for name, r := range a.raw {
+		out[name] = r.metricValue(now)
+	}
+	return out
+}
+
+// ratio returns the windowed ratio dn/dd when the window saw new
+// observations, else the previous windowed ratio, else the lifetime ratio
+// ln/ld.
+func (g *groupState) ratio(slot int, dn, dd float64, okd bool, ln, ld float64, okl bool) (float64, bool) {
+	if okd && dd > 0 && dn > 0 {
+		g.last[slot], g.hasLast[slot] = dn/dd, true
+	}
+	if g.hasLast[slot] {
+		return g.last[slot], true
+	}
+	if okl && ld > 0 && ln > 0 {
+		return ln / ld, true
+	}
+	return 0, false
+}
+
+// prefillSpeed computes PrefillTokensPerSecond from the window's delta d
+// and the lifetime counters cur.
+func (g *groupState) prefillSpeed(d, cur counters) (float64, bool) {
+	tokensTime := func(c counters) (tokens, seconds float64, ok bool) {
+		tokens, ok = c.get(cPromptTokens)
+		if hits, okh := c.get(cPrefixHits); okh {
+			tokens -= hits
+		}
+		seconds, okt := c.get(cPrefillSum)
+		if !okt {
+			seconds, okt = c.get(cTTFTSum)
+		}
+		return tokens, seconds, ok && okt
+	}
+	dn, dd, okd := tokensTime(d)
+	ln, ld, okl := tokensTime(cur)
+	return g.ratio(slotPrefill, dn, dd, okd, ln, ld, okl)
+}
+
+func (a *groupAcc) addRaw(name string, m *dto.Metric) {
+	if a.raw == nil {
+		a.raw = map[string]*rawAcc{}
+	}
+	r := a.raw[name]
+	if r == nil {
+		r = &rawAcc{}
+		a.raw[name] = r
+	}
+	switch {
+	case m.GetHistogram() != nil:
+		r.addHistogram(m.GetHistogram())
+	case m.GetSummary() != nil:
+		r.addCountSum(float64(m.GetSummary().GetSampleCount()), m.GetSummary().GetSampleSum())
+	default:
+		r.value.add(sampleValue(m))
+	}
+}
+
+func (r *rawAcc) addCountSum(count, sum float64) {
+	if r.hist == nil {
+		r.hist = &HistogramValue{}
+	}
+	r.hist.Count += count
+	r.hist.Sum += sum
+}
+
+// addHistogram adds h's buckets to the ones with the same upper bound;
+// series of one family share their bucket layout.
+func (r *rawAcc) addHistogram(h *dto.Histogram) {
+	r.addCountSum(float64(h.GetSampleCount()), h.GetSampleSum())
+	for _, b := range h.GetBucket() {
+		ub := b.GetUpperBound()
+		if math.IsInf(ub, +1) {
+			continue
+		}
+		i := 0
+		for i < len(r.hist.Buckets) && r.hist.Buckets[i].UpperBound < ub {
+			i++
+		}
+		if i == len(r.hist.Buckets) || r.hist.Buckets[i].UpperBound != ub {
+			r.hist.Buckets = append(r.hist.Buckets, Bucket{})
+			copy(r.hist.Buckets[i+1:], r.hist.Buckets[i:])
+			r.hist.Buckets[i] = Bucket{UpperBound: ub}
+		}
+		r.hist.Buckets[i].CumulativeCount += float64(b.GetCumulativeCount())
+	}
+}
+
+func (r *rawAcc) metricValue(now time.Time) MetricValue {
+	if r.hist == nil {
+		return MetricValue{Value: r.value.sum, UpdatedAt: now}
+	}
+	v := MetricValue{Histogram: r.hist, UpdatedAt: now}
+	if r.hist.Count > 0 {
+		v.Value = r.hist.Sum / r.hist.Count
+	}
+	return v
+}
+
+// sampleValue returns the value of a gauge, counter or untyped sample.
+func sampleValue(m *dto.Metric) float64 {
+	switch {
+	case m.Gauge != nil:
+		return m.Gauge.GetValue()
+	case m.Counter != nil:
+		return m.Counter.GetValue()
+	default:
+		return m.GetUntyped().GetValue()
+	}
+}
+
+func labelValue(m *dto.Metric, name string) string {
+	for _, l := range m.Label {
+		if l.GetName() == name {
+			return l.GetValue()
+		}
+	}
+	return ""
+}
+
+func isBuiltinMetric(name string) bool {
+	switch name {
+	case NumRequestsRunning, NumRequestsWaiting, KVCacheUsagePerc, PrefixCacheHitRate,
+		AvgTTFTSeconds, AvgTPOTSeconds, AvgE2ELatencySeconds, PrefillTokensPerSecond,
+		CacheBlockSize, CacheNumGPUBlocks, RealtimeNumRequestsRunning, RealtimeNormalizedPendings:
+		return true
+	}
+	return false
+}

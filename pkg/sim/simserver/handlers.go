@@ -1,0 +1,224 @@
+package simserver
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+
+	"github.com/kvgate/kvgate/pkg/sim"
+)
+
+// maxBodyBytes bounds a request body.
+const maxBodyBytes = 64 << 20
+
+// maxChoices bounds n, the choices per prompt.
+const maxChoices = 128
+
+func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
+	var req completionRequest
+	lora, ok := s.readRequest(w, r, &req, &req.Model)
+	if !ok {
+		return
+	}
+	prompts, err := parsePrompts(req.Prompt, boolOr(req.AddSpecialTokens, true))
+	if err != nil {
+		s.writeError(w, err)
+		return
+	}
+	s.serveGeneration(w, r, req.generationParams, "cmpl-", lora, prompts, req.MaxTokens, completionFormat)
+}
+
+func (s *Server) handleChatCompletions(w http.ResponseWriter, r *http.Request) {
+	var req chatRequest
+	lora, ok := s.readRequest(w, r, &req, &req.Model)
+	if !ok {
+		return
+	}
+	msgs, err := toSimMessages(req.Messages)
+	if err != nil {
+		s.writeError(w, err)
+		return
+	}
+	prompt := sim.Tokenizer{}.EncodeChat(msgs, boolOr(req.AddGenerationPrompt, true))
+	maxTokens := req.MaxCompletionTokens
+	if maxTokens == nil {
+		maxTokens = req.MaxTokens
+	}
+	s.serveGeneration(w, r, req.generationParams, "chatcmpl-", lora, [][]uint32{prompt}, maxTokens, chatFormat)
+}
+
+// serveGeneration runs the engine requests of a completions or chat request
+// and answers with the whole result or, for stream, with server-sent events.
+func (s *Server) serveGeneration(w http.ResponseWriter, r *http.Request, p generationParams, idPrefix string,
+	lora *sim.LoRA, prompts [][]uint32, maxTokens *int, f *format) {
+	spec := generationSpec{idPrefix: idPrefix, model: p.Model, lora: lora, prompts: prompts, n: 1}
+	if spec.model == "" {
+		spec.model = s.model
+	}
+	if p.N != nil {
+		if *p.N < 1 || *p.N > maxChoices {
+			s.writeError(w, badRequestf("n must be between 1 and %d, got %d", maxChoices, *p.N))
+			return
+		}
+		spec.n = *p.N
+	}
+	if maxTokens != nil {
+		if *maxTokens < 1 {
+			s.writeError(w, badRequestf("max_tokens must be at least 1, got %d", *maxTokens))
+			return
+		}
+		spec.maxTokens = *maxTokens
+	}
+	if p.Seed != nil {
+		spec.seed = uint64(*p.Seed)
+	}
+	g, err := s.startGeneration(spec)
+	if err != nil {
+		s.writeError(w, err)
+		return
+	}
+	if p.Stream {
+		s.stream(w, r, g, f, p.StreamOptions != nil && p.StreamOptions.IncludeUsage)
+		return
+	}
+	s.answer(w, r, g, f)
+}
+
+// answer waits for every choice of g and answers with the whole response.
+func (s *Server) answer(w http.ResponseWriter, r *http.Request, g *generation, f *format) {
+	for g.pending > 0 {
+		if _, err := g.next(r.Context()); err != nil {
+			if r.Context().Err() == nil {
+				s.writeError(w, err)
+			}
+			return
+		}
+	}
+	choices := make([]any, len(g.choices))
+	for i, c := range g.choices {
+		choices[i] = f.fullChoice(i, sim.Tokenizer{}.Decode(c.tokens), finishReason(c.finish))
+	}
+	writeJSON(w, http.StatusOK, response{ID: g.id, Object: f.object, Created: g.created, Model: g.model,
+		Choices: choices, Usage: g.usage()})
+}
+
+func (s *Server) handleModels(w http.ResponseWriter, _ *http.Request) {
+	maxLen := s.maxModelLen
+	cards := []modelCard{{ID: s.model, Object: "model", Created: s.created, OwnedBy: "vllm", Root: s.model, MaxModelLen: &maxLen}}
+	for _, name := range s.adapters {
+		cards = append(cards, modelCard{ID: name, Object: "model", Created: s.created, OwnedBy: "vllm", Root: name, Parent: &s.model})
+	}
+	writeJSON(w, http.StatusOK, struct {
+		Object string      `json:"object"`
+		Data   []modelCard `json:"data"`
+	}{"list", cards})
+}
+
+func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) {
+	var req tokenizeRequest
+	if _, ok := s.readRequest(w, r, &req, &req.Model); !ok {
+		return
+	}
+	var tokens []uint32
+	switch {
+	case req.Prompt != nil && req.Messages == nil:
+		tokens = sim.Tokenizer{}.Encode(*req.Prompt, boolOr(req.AddSpecialTokens, true))
+	case req.Messages != nil && req.Prompt == nil:
+		msgs, err := toSimMessages(req.Messages)
+		if err != nil {
+			s.writeError(w, err)
+			return
+		}
+		text := sim.RenderChat(msgs, boolOr(req.AddGenerationPrompt, true))
+		tokens = sim.Tokenizer{}.Encode(text, boolOr(req.AddSpecialTokens, false))
+	default:
+		s.writeError(w, badRequestf("give either prompt or messages"))
+		return
+	}
+	writeJSON(w, http.StatusOK, tokenizeResponse{Count: len(tokens), MaxModelLen: s.maxModelLen, Tokens: tokens})
+}
+
+// handleResetPrefixCache resets every rank's prefix cache. Unlike vLLM,
+// which answers 200 whether or not the reset happened, it answers 409 when a
+// rank refused because requests hold blocks.
+func (s *Server) handleResetPrefixCache(w http.ResponseWriter, _ *http.Request) {
+	var failed []string
+	for _, r := range s.runners {
+		if err := r.resetPrefixCache(); err != nil {
+			failed = append(failed, fmt.Sprintf("rank %d: %v", r.rank, err))
+		}
+	}
+	if len(failed) > 0 {
+		s.log.Info("Prefix cache reset refused", "reasons", failed)
+		writeJSON(w, http.StatusConflict, apiError{Error: apiErrorBody{
+			Message: "reset prefix cache: " + strings.Join(failed, "; "), Type: "ConflictError", Code: http.StatusConflict,
+		}})
+		return
+	}
+	s.log.Info("Prefix cache reset", "ranks", len(s.runners))
+	w.WriteHeader(http.StatusOK)
+}
+
+// readRequest decodes the request body into req and resolves *model, a
+// field of req, to the LoRA adapter it names (nil for the base model). When
+// either fails it answers with the error and returns false.
+func (s *Server) readRequest(w http.ResponseWriter, r *http.Request, req any, model *string) (*sim.LoRA, bool) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
+	if err != nil {
+		s.writeError(w, badRequestf("read body: %v", err))
+		return nil, false
+	}
+	if err := decodeBody(body, req); err != nil {
+		s.writeError(w, err)
+		return nil, false
+	}
+	lora, err := s.lora(*model)
+	if err != nil {
+		s.writeError(w, err)
+		return nil, false
+	}
+	return lora, true
+}
+
+// writeError answers with the status and OpenAI error body err calls for.
+func (s *Server) writeError(w http.ResponseWriter, err error) {
+	status, kind := http.StatusInternalServerError, "InternalServerError"
+	var br *badRequest
+	var nf *notFound
+	switch {
+	case errors.As(err, &nf):
+		status, kind = http.StatusNotFound, "NotFoundError"
+	case errors.As(err, &br), errors.Is(err, sim.ErrTooLong), errors.Is(err, sim.ErrInvalidPrompt):
+		status, kind = http.StatusBadRequest, "BadRequestError"
+	case errors.Is(err, errStopped):
+		status, kind = http.StatusServiceUnavailable, "ServiceUnavailableError"
+	}
+	if status == http.StatusInternalServerError {
+		s.log.Error(err, "Request failed")
+	}
+	writeJSON(w, status, apiError{Error: apiErrorBody{Message: err.Error(), Type: kind, Code: status}})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func boolOr(b *bool, def bool) bool {
+	if b == nil {
+		return def
+	}
+	return *b
+}
+
+func finishReason(r sim.FinishReason) *string {
+	if r == "" {
+		return nil
+	}
+	s := string(r)
+	return &s
+}

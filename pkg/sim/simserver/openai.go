@@ -1,0 +1,261 @@
+package simserver
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+
+	"github.com/kvgate/kvgate/pkg/sim"
+)
+
+// streamOptions is OpenAI's stream_options.
+type streamOptions struct {
+	IncludeUsage bool `json:"include_usage"`
+}
+
+// generationParams are the fields completions and chat requests share.
+type generationParams struct {
+	Model         string         `json:"model"`
+	MaxTokens     *int           `json:"max_tokens"`
+	N             *int           `json:"n"`
+	Seed          *int64         `json:"seed"`
+	Stream        bool           `json:"stream"`
+	StreamOptions *streamOptions `json:"stream_options"`
+}
+
+// completionRequest is the body of POST /v1/completions. Sampling fields
+// the simulated model has no use for (temperature, stop, ...) are accepted
+// and ignored.
+type completionRequest struct {
+	generationParams
+	Prompt           json.RawMessage `json:"prompt"`
+	AddSpecialTokens *bool           `json:"add_special_tokens"`
+}
+
+// chatRequest is the body of POST /v1/chat/completions.
+type chatRequest struct {
+	generationParams
+	Messages            []chatMessage `json:"messages"`
+	MaxCompletionTokens *int          `json:"max_completion_tokens"`
+	AddGenerationPrompt *bool         `json:"add_generation_prompt"`
+}
+
+// tokenizeRequest is the body of POST /tokenize: a prompt or messages.
+type tokenizeRequest struct {
+	Model               string        `json:"model"`
+	Prompt              *string       `json:"prompt"`
+	Messages            []chatMessage `json:"messages"`
+	AddSpecialTokens    *bool         `json:"add_special_tokens"`
+	AddGenerationPrompt *bool         `json:"add_generation_prompt"`
+}
+
+// chatMessage is an OpenAI chat message; content is a string, an array of
+// content parts, or null.
+type chatMessage struct {
+	Role    string          `json:"role"`
+	Content json.RawMessage `json:"content"`
+}
+
+// contentPart is one part of a message's content array.
+type contentPart struct {
+	Type string `json:"type"`
+	Text string `json:"text"`
+}
+
+// badRequest marks errors the client caused.
+type badRequest struct{ msg string }
+
+func (e *badRequest) Error() string { return e.msg }
+
+func badRequestf(format string, args ...any) error {
+	return &badRequest{msg: fmt.Sprintf(format, args...)}
+}
+
+// decodeBody parses a JSON request body into v.
+func decodeBody(body []byte, v any) error {
+	if err := json.Unmarshal(body, v); err != nil {
+		return badRequestf("invalid JSON body: %v", err)
+	}
+	return nil
+}
+
+// messages converts chat messages to the template's form. Text parts of a
+// content array are joined with newlines, as vLLM does for templates that
+// take string content.
+func toSimMessages(msgs []chatMessage) ([]sim.ChatMessage, error) {
+	if len(msgs) == 0 {
+		return nil, badRequestf("messages must not be empty")
+	}
+	out := make([]sim.ChatMessage, len(msgs))
+	for i, m := range msgs {
+		content, err := messageText(m.Content)
+		if err != nil {
+			return nil, badRequestf("messages[%d].content: %v", i, err)
+		}
+		out[i] = sim.ChatMessage{Role: m.Role, Content: content}
+	}
+	return out, nil
+}
+
+func messageText(raw json.RawMessage) (string, error) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
+		return "", nil
+	}
+	if raw[0] == '"' {
+		var s string
+		err := json.Unmarshal(raw, &s)
+		return s, err
+	}
+	var parts []contentPart
+	if err := json.Unmarshal(raw, &parts); err != nil {
+		return "", errors.New("want a string or an array of content parts")
+	}
+	texts := make([]string, 0, len(parts))
+	for _, p := range parts {
+		if p.Type != "text" {
+			return "", fmt.Errorf("content part type %q: the simulated model reads text only", p.Type)
+		}
+		texts = append(texts, p.Text)
+	}
+	return strings.Join(texts, "\n"), nil
+}
+
+// parsePrompts turns a completions prompt (a string, an array of strings,
+// an array of token ids, or an array of arrays of token ids) into token id
+// lists, tokenizing text with a BOS token when addSpecial is set.
+func parsePrompts(raw json.RawMessage, addSpecial bool) ([][]uint32, error) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
+		return nil, badRequestf("prompt is required")
+	}
+	var text string
+	if json.Unmarshal(raw, &text) == nil {
+		return [][]uint32{sim.Tokenizer{}.Encode(text, addSpecial)}, nil
+	}
+	var items []json.RawMessage
+	if err := json.Unmarshal(raw, &items); err != nil || len(items) == 0 {
+		return nil, badRequestf("prompt must be a string, token ids, or a non-empty array of either")
+	}
+	if ids, err := tokenIDs(raw); err == nil {
+		return [][]uint32{ids}, nil
+	}
+	prompts := make([][]uint32, len(items))
+	for i, item := range items {
+		if json.Unmarshal(item, &text) == nil {
+			prompts[i] = sim.Tokenizer{}.Encode(text, addSpecial)
+			continue
+		}
+		ids, err := tokenIDs(item)
+		if err != nil {
+			return nil, badRequestf("prompt[%d]: %v", i, err)
+		}
+		prompts[i] = ids
+	}
+	return prompts, nil
+}
+
+// tokenIDs parses a JSON array of token ids.
+func tokenIDs(raw json.RawMessage) ([]uint32, error) {
+	var nums []int64
+	if err := json.Unmarshal(raw, &nums); err != nil {
+		return nil, errors.New("want a string or an array of token ids")
+	}
+	ids := make([]uint32, len(nums))
+	for i, v := range nums {
+		if v < 0 || v > math.MaxUint32 {
+			return nil, fmt.Errorf("token id %d is not a valid id", v)
+		}
+		ids[i] = uint32(v)
+	}
+	return ids, nil
+}
+
+// usage is OpenAI's usage object with vLLM's prompt_tokens_details.
+type usage struct {
+	PromptTokens        int                 `json:"prompt_tokens"`
+	TotalTokens         int                 `json:"total_tokens"`
+	CompletionTokens    int                 `json:"completion_tokens"`
+	PromptTokensDetails promptTokensDetails `json:"prompt_tokens_details"`
+}
+
+type promptTokensDetails struct {
+	CachedTokens int `json:"cached_tokens"`
+}
+
+// completionChoice is a choice of a text_completion object, whole or as a
+// stream chunk.
+type completionChoice struct {
+	Index        int     `json:"index"`
+	Text         string  `json:"text"`
+	Logprobs     any     `json:"logprobs"`
+	FinishReason *string `json:"finish_reason"`
+	StopReason   any     `json:"stop_reason"`
+}
+
+// chatChoice is a choice of a chat.completion object.
+type chatChoice struct {
+	Index        int          `json:"index"`
+	Message      assistantMsg `json:"message"`
+	Logprobs     any          `json:"logprobs"`
+	FinishReason *string      `json:"finish_reason"`
+	StopReason   any          `json:"stop_reason"`
+}
+
+// chatChunkChoice is a choice of a chat.completion.chunk object.
+type chatChunkChoice struct {
+	Index        int          `json:"index"`
+	Delta        assistantMsg `json:"delta"`
+	Logprobs     any          `json:"logprobs"`
+	FinishReason *string      `json:"finish_reason"`
+	StopReason   any          `json:"stop_reason"`
+}
+
+type assistantMsg struct {
+	Role    string `json:"role,omitempty"`
+	Content string `json:"content"`
+}
+
+// response is the envelope of every completion object and chunk.
+type response struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Created int64  `json:"created"`
+	Model   string `json:"model"`
+	Choices any    `json:"choices"`
+	Usage   *usage `json:"usage,omitempty"`
+}
+
+// tokenizeResponse is vLLM's /tokenize answer.
+type tokenizeResponse struct {
+	Count       int      `json:"count"`
+	MaxModelLen int      `json:"max_model_len"`
+	Tokens      []uint32 `json:"tokens"`
+	TokenStrs   []string `json:"token_strs"`
+}
+
+// modelCard is an entry of /v1/models.
+type modelCard struct {
+	ID          string  `json:"id"`
+	Object      string  `json:"object"`
+	Created     int64   `json:"created"`
+	OwnedBy     string  `json:"owned_by"`
+	Root        string  `json:"root"`
+	Parent      *string `json:"parent"`
+	MaxModelLen *int    `json:"max_model_len"`
+}
+
+// apiError is the body of an error response.
+type apiError struct {
+	Error apiErrorBody `json:"error"`
+}
+
+type apiErrorBody struct {
+	Message string `json:"message"`
+	Type    string `json:"type"`
+	Param   any    `json:"param"`
+	Code    int    `json:"code"`
+}

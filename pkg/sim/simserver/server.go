@@ -1,0 +1,172 @@
+// Package simserver serves simulated vLLM engines over vLLM's HTTP API: the
+// OpenAI-compatible completions, chat completions and models endpoints,
+// /tokenize, /metrics with vLLM's metric names, /health and
+// /reset_prefix_cache. Each data-parallel rank is an engine core from
+// package sim, stepped in wall time by its own loop and publishing its
+// KV-cache events to its own EventSink; requests are spread over the ranks
+// as vLLM's data-parallel load balancer does.
+//
+// Where the API differs from vLLM's:
+//   - usage always carries prompt_tokens_details.cached_tokens, which vLLM
+//     sends only with --enable-prompt-tokens-details;
+//   - sampling parameters (temperature, stop, logprobs, ...) are accepted and
+//     ignored, and content parts other than text are refused;
+//   - POST /reset_prefix_cache answers 409 when an engine refuses because
+//     requests hold blocks, where vLLM answers 200 either way;
+//   - a request without max_tokens generates the engine's
+//     DefaultOutputTokens (ending with EOS) rather than vLLM's 16 for
+//     completions; one with max_tokens generates exactly that many.
+package simserver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"k8s.io/klog/v2"
+
+	"github.com/kvgate/kvgate/pkg/sim"
+)
+
+// Rank configures one data-parallel rank.
+type Rank struct {
+	// Engine configures the rank's engine core. Its DataParallelRank is set
+	// to the rank's index, and its Events to whether Sink is set.
+	Engine sim.EngineConfig
+	// Sink receives the rank's KV-event batches; nil for an engine that
+	// publishes none (vLLM without --kv-events-config).
+	Sink EventSink
+}
+
+// Config configures a Server.
+type Config struct {
+	// Model is the served model name, which requests must name (or omit).
+	Model string
+	// LoRAAdapters names the LoRA adapters served on top of Model. A request
+	// naming adapter i runs with it (engine adapter id i+1): its blocks are
+	// hashed apart from the base model's and its events carry the adapter.
+	LoRAAdapters []string
+	// Ranks configures the data-parallel ranks; at least one.
+	Ranks []Rank
+	// Registry receives the server's metrics and is served at /metrics; nil
+	// for a new registry of its own.
+	Registry *prometheus.Registry
+	// Logger receives the server's logs; the zero value discards them.
+	Logger klog.Logger
+}
+
+// Server is a simulated vLLM API server.
+type Server struct {
+	model       string
+	adapters    []string
+	loras       map[string]*sim.LoRA
+	maxModelLen int
+	runners     []*runner
+	registry    *prometheus.Registry
+	log         klog.Logger
+	created     int64
+	handler     http.Handler
+}
+
+// New returns a server whose engines are idle until Run.
+func New(cfg Config) (*Server, error) {
+	if cfg.Model == "" {
+		return nil, errors.New("simserver: a model name is required")
+	}
+	if len(cfg.Ranks) == 0 {
+		return nil, errors.New("simserver: at least one rank is required")
+	}
+	s := &Server{
+		model:    cfg.Model,
+		adapters: cfg.LoRAAdapters,
+		loras:    make(map[string]*sim.LoRA, len(cfg.LoRAAdapters)),
+		registry: cfg.Registry,
+		log:      cfg.Logger.WithValues("model", cfg.Model),
+		created:  time.Now().Unix(),
+	}
+	if s.registry == nil {
+		s.registry = prometheus.NewRegistry()
+	}
+	for i, name := range cfg.LoRAAdapters {
+		if _, dup := s.loras[name]; dup || name == cfg.Model || name == "" {
+			return nil, fmt.Errorf("simserver: LoRA adapter name %q is empty or not unique", name)
+		}
+		s.loras[name] = &sim.LoRA{Name: name, ID: i + 1}
+	}
+	m, err := newMetrics(s.registry, cfg.Model)
+	if err != nil {
+		return nil, err
+	}
+	for i, rank := range cfg.Ranks {
+		ec := rank.Engine
+		ec.DataParallelRank = i
+		ec.Events = rank.Sink != nil
+		engine, err := sim.NewEngine(ec)
+		if err != nil {
+			return nil, fmt.Errorf("simserver: rank %d: %w", i, err)
+		}
+		s.runners = append(s.runners, newRunner(i, engine, rank.Sink, m.forRank(i, engine.Config()), s.log.WithValues("rank", i)))
+	}
+	s.maxModelLen = s.runners[0].engine.Config().MaxModelLen
+	s.handler = s.routes()
+	return s, nil
+}
+
+// Run steps every rank's engine in wall time until ctx ends, then fails the
+// requests still open and returns.
+func (s *Server) Run(ctx context.Context) {
+	var wg sync.WaitGroup
+	for _, r := range s.runners {
+		wg.Go(func() { r.run(ctx) })
+	}
+	s.log.Info("Simulated engines running", "ranks", len(s.runners))
+	wg.Wait()
+}
+
+// Handler returns the server's HTTP API.
+func (s *Server) Handler() http.Handler { return s.handler }
+
+func (s *Server) routes() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/completions", s.handleCompletions)
+	mux.HandleFunc("POST /v1/chat/completions", s.handleChatCompletions)
+	mux.HandleFunc("GET /v1/models", s.handleModels)
+	mux.HandleFunc("POST /tokenize", s.handleTokenize)
+	mux.HandleFunc("POST /reset_prefix_cache", s.handleResetPrefixCache)
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
+	mux.Handle("GET /metrics", promhttp.HandlerFor(s.registry, promhttp.HandlerOpts{}))
+	return mux
+}
+
+// lora resolves the model a request names: "" or the served model give
+// the base model (nil), an adapter name its adapter.
+func (s *Server) lora(model string) (*sim.LoRA, error) {
+	if model == "" || model == s.model {
+		return nil, nil
+	}
+	if l, ok := s.loras[model]; ok {
+		return l, nil
+	}
+	return nil, &notFound{model: model}
+}
+
+// notFound reports a request for a model the server does not serve.
+type notFound struct{ model string }
+
+func (e *notFound) Error() string { return fmt.Sprintf("The model `%s` does not exist.", e.model) }
+
+// pickRunner returns the least loaded rank, the lowest on ties.
+func (s *Server) pickRunner() *runner {
+	best, bestLoad := s.runners[0], s.runners[0].load()
+	for _, r := range s.runners[1:] {
+		if l := r.load(); l < bestLoad {
+			best, bestLoad = r, l
+		}
+	}
+	return best
+}

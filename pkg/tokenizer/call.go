@@ -1,0 +1,177 @@
+package tokenizer
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+)
+
+// tokenizePath is vLLM's tokenization endpoint, relative to a pod's base URL.
+const tokenizePath = "/tokenize"
+
+// maxErrorBody is how much of an error response is read for its message.
+const maxErrorBody = 4 << 10
+
+// newCallRequest returns the POST of body to baseURL's /tokenize.
+func newCallRequest(baseURL string, body []byte) (*http.Request, error) {
+	endpoint := strings.TrimRight(baseURL, "/") + tokenizePath
+	req, err := http.NewRequest(http.MethodPost, endpoint, bytes.NewReader(body))
+	if err != nil {
+		return nil, fmt.Errorf("base URL %q: %w", baseURL, err)
+	}
+	if req.URL.Scheme != "http" && req.URL.Scheme != "https" || req.URL.Host == "" {
+		return nil, fmt.Errorf("base URL %q: want http://host[:port] or https://host[:port]", baseURL)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json")
+	return req, nil
+}
+
+// call sends req under the Tokenizer's timeout and decodes vLLM's answer.
+// Every error it returns is an *Error.
+func (t *Tokenizer) call(req *http.Request, model string) (result, error) {
+	ctx, cancel := context.WithTimeout(t.ctx, t.timeout)
+	defer cancel()
+	start := time.Now()
+	res, err := t.exchange(ctx, req.WithContext(ctx))
+	elapsed := time.Since(start)
+	if err != nil {
+		err.Model, err.Endpoint = model, req.URL.String()
+		t.m.observeCall(elapsed.Seconds(), string(err.Reason))
+		if log := t.log.V(2); log.Enabled() {
+			log.Info("vLLM /tokenize call failed", "model", model, "endpoint", err.Endpoint,
+				"reason", err.Reason, "duration", elapsed, "err", err.Err)
+		}
+		return result{}, err
+	}
+	t.m.observeCall(elapsed.Seconds(), resultOK)
+	if log := t.log.V(5); log.Enabled() {
+		log.Info("vLLM /tokenize call", "model", model, "endpoint", req.URL.String(),
+			"tokens", len(res.tokens), "duration", elapsed)
+	}
+	return res, nil
+}
+
+// exchange performs one HTTP exchange. It never retries: a retry could
+// double the latency of the request waiting for it.
+func (t *Tokenizer) exchange(ctx context.Context, req *http.Request) (result, *Error) {
+	resp, err := t.client.Do(req)
+	if err != nil {
+		return result{}, &Error{Reason: transportReason(ctx, err), Err: err}
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+		return result{}, &Error{
+			Reason:     ReasonStatus,
+			StatusCode: resp.StatusCode,
+			Err:        fmt.Errorf("HTTP %d: %s", resp.StatusCode, errorMessage(msg)),
+		}
+	}
+	buf := bodyBuffers.Get().(*bytes.Buffer)
+	defer putBodyBuffer(buf)
+	buf.Reset()
+	n, err := buf.ReadFrom(io.LimitReader(resp.Body, t.maxResponseBytes+1))
+	if err != nil {
+		return result{}, &Error{Reason: transportReason(ctx, err), Err: fmt.Errorf("read response: %w", err)}
+	}
+	if n > t.maxResponseBytes {
+		return result{}, &Error{Reason: ReasonBadBody, Err: fmt.Errorf("response larger than %d bytes", t.maxResponseBytes)}
+	}
+	res, err := decodeResponse(buf.Bytes())
+	if err != nil {
+		return result{}, &Error{Reason: ReasonBadBody, Err: err}
+	}
+	return res, nil
+}
+
+// bodyBuffers recycles the buffers responses are read into; the decoded
+// token ids never alias them.
+var bodyBuffers = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+// maxPooledBuffer keeps the pool from holding on to the buffers of rare,
+// very long prompts.
+const maxPooledBuffer = 1 << 20
+
+func putBodyBuffer(b *bytes.Buffer) {
+	if b.Cap() <= maxPooledBuffer {
+		bodyBuffers.Put(b)
+	}
+}
+
+// tokenizeResponse is vLLM's TokenizeResponse; token_strs is not requested.
+type tokenizeResponse struct {
+	Count       *int      `json:"count"`
+	MaxModelLen *int      `json:"max_model_len"`
+	Tokens      *[]uint32 `json:"tokens"`
+}
+
+// decodeResponse decodes and checks a TokenizeResponse body.
+func decodeResponse(body []byte) (result, error) {
+	var r tokenizeResponse
+	if err := json.Unmarshal(body, &r); err != nil {
+		return result{}, fmt.Errorf("decode TokenizeResponse: %w", err)
+	}
+	switch {
+	case r.Tokens == nil:
+		return result{}, errors.New("TokenizeResponse has no tokens")
+	case r.Count == nil:
+		return result{}, errors.New("TokenizeResponse has no count")
+	case r.MaxModelLen == nil || *r.MaxModelLen <= 0:
+		return result{}, errors.New("TokenizeResponse has no positive max_model_len")
+	case *r.Count != len(*r.Tokens):
+		return result{}, fmt.Errorf("TokenizeResponse count %d does not match its %d tokens", *r.Count, len(*r.Tokens))
+	}
+	tokens := *r.Tokens
+	if cap(tokens) > len(tokens) {
+		// The decoder grows the slice as it goes; the cache's budget counts
+		// len, so keep no spare capacity behind it.
+		tokens = append(make([]uint32, 0, len(tokens)), tokens...)
+	}
+	return result{tokens: tokens, maxModelLen: *r.MaxModelLen}, nil
+}
+
+// maxErrorMessage bounds the server message quoted in an error.
+const maxErrorMessage = 512
+
+// errorMessage extracts the message of a vLLM ErrorResponse, in its current
+// ({"error": {"message": ...}}) or older ({"message": ...}) shape, falling
+// back to the body's text.
+func errorMessage(body []byte) string {
+	var e struct {
+		Message string `json:"message"`
+		Error   struct {
+			Message string `json:"message"`
+		} `json:"error"`
+	}
+	msg := ""
+	if json.Unmarshal(body, &e) == nil {
+		msg = e.Error.Message
+		if msg == "" {
+			msg = e.Message
+		}
+	}
+	if msg == "" {
+		msg = string(body)
+	}
+	msg = strings.TrimSpace(strings.ToValidUTF8(msg, "\uFFFD"))
+	if len(msg) > maxErrorMessage {
+		cut := maxErrorMessage
+		for cut > 0 && !utf8.RuneStart(msg[cut]) {
+			cut--
+		}
+		msg = msg[:cut] + "…"
+	}
+	if msg == "" {
+		return "empty body"
+	}
+	return msg
+}

@@ -1,0 +1,92 @@
+package tokenizer
+
+import (
+	"encoding/json"
+	"slices"
+	"testing"
+	"unicode/utf8"
+)
+
+// FuzzDecodeResponse checks that no body makes the response decoder panic,
+// and that whatever it accepts is consistent and survives a round trip.
+func FuzzDecodeResponse(f *testing.F) {
+	for _, seed := range []string{
+		`{"count":3,"max_model_len":4096,"tokens":[1,2,3],"token_strs":null}`,
+		`{"count":0,"max_model_len":1,"tokens":[]}`,
+		`{"count":2,"max_model_len":4096,"tokens":[1,2,3]}`,
+		`{"count":1,"max_model_len":4096,"tokens":[-1]}`,
+		`{"count":1,"max_model_len":4096,"tokens":[4294967296]}`,
+		`{"count":1,"max_model_len":0,"tokens":[7]}`,
+		`{"tokens":null}`,
+		`[1,2,3]`,
+		`null`,
+	} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		res, err := decodeResponse(body)
+		if err != nil {
+			return
+		}
+		if res.maxModelLen <= 0 || res.tokens == nil {
+			t.Fatalf("accepted %q as %+v", body, res)
+		}
+		again, err := json.Marshal(map[string]any{"count": len(res.tokens), "max_model_len": res.maxModelLen, "tokens": res.tokens})
+		if err != nil {
+			t.Fatal(err)
+		}
+		back, err := decodeResponse(again)
+		if err != nil || back.maxModelLen != res.maxModelLen || !slices.Equal(back.tokens, res.tokens) {
+			t.Fatalf("round trip of %q: %+v, %v; want %+v", body, back, err, res)
+		}
+	})
+}
+
+// FuzzCompletionPrompt checks that every valid JSON prompt is either
+// refused or resolved to exactly one of a JSON string and token ids.
+func FuzzCompletionPrompt(f *testing.F) {
+	for _, seed := range []string{
+		`"hello"`, `["hello"]`, `["a","b"]`, `[1,2,3]`, `[[1,2,3]]`, `[[1],[2]]`, `[]`, `[[]]`,
+		`null`, `5`, `{"a":1}`, `[-1]`, `[1.5]`, `[1,"a"]`, `[["a"]]`, ` "x" `,
+	} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		r := CompletionRequest{Model: "m", Prompt: raw}
+		text, ids, err := r.prompt()
+		if err != nil {
+			if text != nil || ids != nil {
+				t.Fatalf("prompt(%q) returned a result with error %v", raw, err)
+			}
+			return
+		}
+		if (text == nil) == (ids == nil) {
+			t.Fatalf("prompt(%q) = text %q, ids %v; want exactly one", raw, text, ids)
+		}
+		if ids != nil && len(ids) == 0 {
+			t.Fatalf("prompt(%q) accepted an empty list of token ids", raw)
+		}
+		var s string
+		if text != nil && json.Valid(raw) && json.Unmarshal(text, &s) != nil {
+			t.Fatalf("prompt(%q) = text %q, not a JSON string", raw, text)
+		}
+	})
+}
+
+// FuzzErrorMessage checks that whatever an error response holds, the
+// message quoted from it is valid UTF-8, bounded and not empty.
+func FuzzErrorMessage(f *testing.F) {
+	for _, seed := range []string{
+		`{"error":{"message":"The model ` + "`x`" + ` does not exist.","type":"NotFoundError","param":null,"code":404}}`,
+		`{"object":"error","message":"bad","type":"BadRequestError","param":null,"code":400}`,
+		`{"error":"plain"}`, `upstream connect error`, "\xff\xfe", ``,
+	} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		msg := errorMessage(body)
+		if msg == "" || !utf8.ValidString(msg) || len(msg) > maxErrorMessage+len("…") {
+			t.Fatalf("errorMessage(%q) = %q", body, msg)
+		}
+	})
+}

@@ -1,0 +1,223 @@
+package tokenizer
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+)
+
+// CompletionRequest holds the fields of an OpenAI /v1/completions body that
+// decide the prompt's token ids. The JSON tags are the body's, so a gateway
+// can decode the body straight into it, or into a struct that embeds it.
+type CompletionRequest struct {
+	// Model names the served model or LoRA adapter; vLLM tokenizes with the
+	// adapter's own tokenizer when it has one.
+	Model string `json:"model"`
+	// Prompt is the "prompt" value as sent: a string, a list holding one
+	// string, a list of token ids, or a list holding one list of token ids.
+	// Token ids are returned as they are, without a call. A list of several
+	// prompts is refused with ErrMultiplePrompts.
+	Prompt json.RawMessage `json:"prompt"`
+	// AddSpecialTokens is vLLM's add_special_tokens; nil means true, vLLM's
+	// default for completions.
+	AddSpecialTokens *bool `json:"add_special_tokens,omitempty"`
+	// TruncatePromptTokens, TruncationSide and MaxTokens are vLLM's
+	// truncation fields; see Truncation in the package documentation.
+	TruncatePromptTokens *int   `json:"truncate_prompt_tokens,omitempty"`
+	TruncationSide       string `json:"truncation_side,omitempty"`
+	MaxTokens            *int   `json:"max_tokens,omitempty"`
+}
+
+// ChatRequest holds the fields of an OpenAI /v1/chat/completions body that
+// change the prompt vLLM renders from the messages, or its token ids. The
+// JSON tags are the body's, so a gateway can decode the body straight into
+// it, or into a struct that embeds it. JSON values are forwarded to vLLM as
+// they are; a field that is absent or null takes vLLM's default.
+//
+// vLLM's /tokenize takes no documents or reasoning_effort fields, so they
+// are passed the way vLLM's chat endpoint passes them to the chat template:
+// as chat_template_kwargs entries that override the request's own, with
+// enable_thinking set to reasoning_effort != "none" unless
+// chat_template_kwargs already sets it. tool_choice and response_format,
+// which a few of vLLM's model-specific renderers read, have no /tokenize
+// field and are not forwarded. Multimodal content is expanded into
+// placeholder tokens by the pod as for generation, which loads the media.
+type ChatRequest struct {
+	// Model names the served model or LoRA adapter.
+	Model string `json:"model"`
+	// Messages is the conversation, a JSON array.
+	Messages json.RawMessage `json:"messages"`
+	// Tools is the JSON array of tools the template may render.
+	Tools json.RawMessage `json:"tools,omitempty"`
+	// Documents is the JSON array of documents for retrieval-augmented
+	// templates.
+	Documents json.RawMessage `json:"documents,omitempty"`
+	// ChatTemplate replaces the server's chat template when not empty.
+	ChatTemplate string `json:"chat_template,omitempty"`
+	// ChatTemplateKwargs is the JSON object of extra template variables.
+	ChatTemplateKwargs json.RawMessage `json:"chat_template_kwargs,omitempty"`
+	// ReasoningEffort is passed to the template when not empty.
+	ReasoningEffort string `json:"reasoning_effort,omitempty"`
+	// AddGenerationPrompt defaults to true, ContinueFinalMessage and
+	// AddSpecialTokens to false, as in vLLM.
+	AddGenerationPrompt  *bool `json:"add_generation_prompt,omitempty"`
+	ContinueFinalMessage *bool `json:"continue_final_message,omitempty"`
+	AddSpecialTokens     *bool `json:"add_special_tokens,omitempty"`
+	// MMProcessorKwargs and MediaIOKwargs change how multimodal content
+	// expands into placeholder tokens.
+	MMProcessorKwargs json.RawMessage `json:"mm_processor_kwargs,omitempty"`
+	MediaIOKwargs     json.RawMessage `json:"media_io_kwargs,omitempty"`
+	// TruncatePromptTokens, TruncationSide, MaxTokens and
+	// MaxCompletionTokens are vLLM's truncation fields; see Truncation in
+	// the package documentation.
+	TruncatePromptTokens *int   `json:"truncate_prompt_tokens,omitempty"`
+	TruncationSide       string `json:"truncation_side,omitempty"`
+	MaxTokens            *int   `json:"max_tokens,omitempty"`
+	MaxCompletionTokens  *int   `json:"max_completion_tokens,omitempty"`
+}
+
+// Key forms: the same fields mean different things in the two forms.
+const (
+	formCompletion byte = 'p'
+	formChat       byte = 'c'
+)
+
+// completionWire is vLLM's TokenizeCompletionRequest.
+type completionWire struct {
+	Model            string          `json:"model,omitempty"`
+	Prompt           json.RawMessage `json:"prompt"`
+	AddSpecialTokens bool            `json:"add_special_tokens"`
+}
+
+// chatWire is vLLM's TokenizeChatRequest.
+type chatWire struct {
+	Model                string          `json:"model,omitempty"`
+	Messages             json.RawMessage `json:"messages"`
+	AddGenerationPrompt  bool            `json:"add_generation_prompt"`
+	ContinueFinalMessage bool            `json:"continue_final_message"`
+	AddSpecialTokens     bool            `json:"add_special_tokens"`
+	ChatTemplate         string          `json:"chat_template,omitempty"`
+	ChatTemplateKwargs   json.RawMessage `json:"chat_template_kwargs,omitempty"`
+	Tools                json.RawMessage `json:"tools,omitempty"`
+	MMProcessorKwargs    json.RawMessage `json:"mm_processor_kwargs,omitempty"`
+	MediaIOKwargs        json.RawMessage `json:"media_io_kwargs,omitempty"`
+}
+
+var jsonNull = []byte("null")
+
+// present reports whether raw holds a JSON value other than null.
+func present(raw json.RawMessage) bool {
+	return len(raw) > 0 && !bytes.Equal(raw, jsonNull)
+}
+
+// value returns raw, or nil when it is absent or null.
+func value(raw json.RawMessage) json.RawMessage {
+	if present(raw) {
+		return raw
+	}
+	return nil
+}
+
+func boolOr(b *bool, def bool) bool {
+	if b == nil {
+		return def
+	}
+	return *b
+}
+
+// key returns the cache key of r's text prompt.
+func (r *CompletionRequest) key(seed uint64, text json.RawMessage) digest {
+	k := keyBuilder{seed: seed}
+	k.flags(formCompletion, boolOr(r.AddSpecialTokens, true))
+	k.str(r.Model)
+	k.raw(text)
+	return k.sum()
+}
+
+// body returns the /tokenize body for r's text prompt.
+func (r *CompletionRequest) body(text json.RawMessage) ([]byte, error) {
+	return json.Marshal(completionWire{
+		Model:            r.Model,
+		Prompt:           text,
+		AddSpecialTokens: boolOr(r.AddSpecialTokens, true),
+	})
+}
+
+// key returns the cache key of r: a digest of every field that reaches
+// vLLM, with defaults applied, so that requests vLLM renders alike share it.
+func (r *ChatRequest) key(seed uint64) digest {
+	k := keyBuilder{seed: seed}
+	k.flags(formChat,
+		boolOr(r.AddGenerationPrompt, true),
+		boolOr(r.ContinueFinalMessage, false),
+		boolOr(r.AddSpecialTokens, false))
+	k.str(r.Model)
+	k.raw(value(r.Messages))
+	k.raw(value(r.Tools))
+	k.raw(value(r.Documents))
+	k.str(r.ChatTemplate)
+	k.raw(value(r.ChatTemplateKwargs))
+	k.str(r.ReasoningEffort)
+	k.raw(value(r.MMProcessorKwargs))
+	k.raw(value(r.MediaIOKwargs))
+	return k.sum()
+}
+
+// body returns the /tokenize body for r.
+func (r *ChatRequest) body() ([]byte, error) {
+	if !present(r.Messages) {
+		return nil, errors.New("chat request has no messages")
+	}
+	kwargs, err := r.templateKwargs()
+	if err != nil {
+		return nil, err
+	}
+	b, err := json.Marshal(chatWire{
+		Model:                r.Model,
+		Messages:             r.Messages,
+		AddGenerationPrompt:  boolOr(r.AddGenerationPrompt, true),
+		ContinueFinalMessage: boolOr(r.ContinueFinalMessage, false),
+		AddSpecialTokens:     boolOr(r.AddSpecialTokens, false),
+		ChatTemplate:         r.ChatTemplate,
+		ChatTemplateKwargs:   kwargs,
+		Tools:                value(r.Tools),
+		MMProcessorKwargs:    value(r.MMProcessorKwargs),
+		MediaIOKwargs:        value(r.MediaIOKwargs),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("encode chat request: %w", err)
+	}
+	return b, nil
+}
+
+// templateKwargs returns the chat_template_kwargs to send: the request's,
+// with documents, reasoning_effort and enable_thinking merged in as vLLM's
+// chat endpoint merges them.
+func (r *ChatRequest) templateKwargs() (json.RawMessage, error) {
+	own := value(r.ChatTemplateKwargs)
+	if !present(r.Documents) && r.ReasoningEffort == "" {
+		return own, nil
+	}
+	kwargs := map[string]json.RawMessage{}
+	if own != nil {
+		if err := json.Unmarshal(own, &kwargs); err != nil {
+			return nil, fmt.Errorf("chat_template_kwargs is not a JSON object: %w", err)
+		}
+	}
+	_, userSetThinking := kwargs["enable_thinking"]
+	if present(r.Documents) {
+		kwargs["documents"] = r.Documents
+	}
+	if r.ReasoningEffort != "" {
+		effort, err := json.Marshal(r.ReasoningEffort)
+		if err != nil {
+			return nil, err
+		}
+		kwargs["reasoning_effort"] = effort
+		if !userSetThinking {
+			kwargs["enable_thinking"] = json.RawMessage(fmt.Sprint(r.ReasoningEffort != "none"))
+		}
+	}
+	return json.Marshal(kwargs)
+}

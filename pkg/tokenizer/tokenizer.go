@@ -1,0 +1,244 @@
+package tokenizer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/klog/v2"
+)
+
+// Defaults used for the zero fields of a Config.
+const (
+	DefaultTimeout          = 5 * time.Second
+	DefaultCacheMaxTokens   = 1 << 23 // 32 MiB of token ids
+	DefaultMaxResponseBytes = 16 << 20
+)
+
+// Config configures a Tokenizer. The zero value is usable: every zero field
+// takes its default.
+type Config struct {
+	// Timeout bounds one /tokenize call, from dialling to the last byte of
+	// the response (AIBRIX_TOKENIZER_REQUEST_TIMEOUT). Zero means
+	// DefaultTimeout.
+	Timeout time.Duration
+	// CacheMaxTokens bounds the token ids the cache of recent tokenizations
+	// holds, 4 bytes each; the least recently used are evicted beyond it.
+	// Zero means DefaultCacheMaxTokens.
+	CacheMaxTokens int
+	// MaxResponseBytes bounds the body of a /tokenize response; a larger one
+	// fails with ReasonBadBody. Zero means DefaultMaxResponseBytes, room for
+	// well over a million token ids.
+	MaxResponseBytes int64
+	// Transport sends the calls. Nil means a transport meant for pods
+	// reached directly: no proxy, HTTP/1.1 keep-alive, up to 64 idle
+	// connections per pod.
+	Transport http.RoundTripper
+	// Logger receives the Tokenizer's logs. The zero value means klog's
+	// global logger.
+	Logger klog.Logger
+}
+
+// Tokenizer computes prompts' token ids with vLLM's own tokenizer, through
+// POST /tokenize on a pod of the model, and caches recent results. It is
+// safe for concurrent use. Create one with New and release it with Close.
+//
+// The ids are those the engine computes for the same request, so that the
+// prefix index, which keys KV blocks by the engine's ids, can be queried
+// with them. Results are cached by a digest of the model, the request form
+// and every field that changes the result, never by the pod asked: all pods
+// of a model are assumed to serve the same tokenizer and chat template.
+//
+// A slice returned by a Tokenizer is shared with its cache and with other
+// callers: it must not be modified.
+type Tokenizer struct {
+	client           *http.Client
+	timeout          time.Duration
+	maxResponseBytes int64
+	seed             uint64
+	cache            *cache
+	m                *metrics
+	log              klog.Logger
+
+	ctx    context.Context // ends on Close; parent of every call
+	cancel context.CancelFunc
+	mu     sync.Mutex // guards closed and calls.Add against Close
+	closed bool
+	calls  sync.WaitGroup
+}
+
+// New returns a Tokenizer configured by cfg whose metrics are registered
+// on reg. It fails if cfg holds a negative value or if the metrics cannot
+// be registered, for example because reg already holds another
+// Tokenizer's.
+func New(cfg Config, reg prometheus.Registerer) (*Tokenizer, error) {
+	if cfg.Timeout < 0 || cfg.CacheMaxTokens < 0 || cfg.MaxResponseBytes < 0 {
+		return nil, fmt.Errorf("tokenizer config: negative value in %+v", cfg)
+	}
+	if reg == nil {
+		return nil, errors.New("tokenizer: nil prometheus.Registerer")
+	}
+	cfg = cfg.withDefaults()
+	m, err := newMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Tokenizer{
+		client:           &http.Client{Transport: cfg.Transport, Timeout: cfg.Timeout},
+		timeout:          cfg.Timeout,
+		maxResponseBytes: cfg.MaxResponseBytes,
+		seed:             rand.Uint64(),
+		cache:            newCache(cfg.CacheMaxTokens, m),
+		m:                m,
+		log:              cfg.Logger.WithName("tokenizer"),
+		ctx:              ctx,
+		cancel:           cancel,
+	}, nil
+}
+
+func (cfg Config) withDefaults() Config {
+	if cfg.Timeout == 0 {
+		cfg.Timeout = DefaultTimeout
+	}
+	if cfg.CacheMaxTokens == 0 {
+		cfg.CacheMaxTokens = DefaultCacheMaxTokens
+	}
+	if cfg.MaxResponseBytes == 0 {
+		cfg.MaxResponseBytes = DefaultMaxResponseBytes
+	}
+	if cfg.Transport == nil {
+		cfg.Transport = podTransport()
+	}
+	if cfg.Logger.GetSink() == nil {
+		cfg.Logger = klog.Background()
+	}
+	return cfg
+}
+
+// podTransport returns the default transport: pods are dialled directly by
+// IP, so environment proxies do not apply, and a busy gateway keeps enough
+// idle connections per pod to avoid a handshake per call.
+func podTransport() *http.Transport {
+	return &http.Transport{
+		DialContext:         (&net.Dialer{KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConnsPerHost: 64,
+		IdleConnTimeout:     90 * time.Second,
+	}
+}
+
+// Close cancels the calls in flight, waits for them to end and closes idle
+// connections. Cached results are still served after Close; misses fail
+// with ReasonCanceled.
+func (t *Tokenizer) Close() {
+	t.mu.Lock()
+	t.closed = true
+	t.mu.Unlock()
+	t.cancel()
+	t.calls.Wait()
+	t.client.CloseIdleConnections()
+}
+
+// TokenizeCompletion returns the token ids vLLM computes for req's prompt,
+// asking the vLLM server at baseURL (e.g. "http://10.0.3.7:8000") when they
+// are not cached. A prompt of token ids is returned as it is, without a
+// call. The returned slice must not be modified.
+//
+// At most one call is made, bounded by Config.Timeout; concurrent identical
+// requests share it. If ctx ends first, TokenizeCompletion returns at once
+// and the call completes in the background, still filling the cache. Every
+// error is an *Error.
+func (t *Tokenizer) TokenizeCompletion(ctx context.Context, baseURL string, req *CompletionRequest) ([]uint32, error) {
+	if err := checkTruncation(req.Model, req.TruncatePromptTokens, req.TruncationSide); err != nil {
+		return nil, err
+	}
+	text, ids, err := req.prompt()
+	if err != nil {
+		return nil, inputError(req.Model, err)
+	}
+	if text == nil {
+		return req.truncate(result{tokens: ids})
+	}
+	key := req.key(t.seed, text)
+	res, cl, leader, hit := t.cache.acquire(key)
+	if hit {
+		return req.truncate(res)
+	}
+	if leader {
+		body, err := req.body(text)
+		t.start(key, cl, baseURL, req.Model, body, err)
+	}
+	if res, err = t.wait(ctx, cl, req.Model); err != nil {
+		return nil, err
+	}
+	return req.truncate(res)
+}
+
+// TokenizeChat returns the token ids vLLM computes for req's conversation
+// rendered by the model's chat template, asking the vLLM server at baseURL
+// when they are not cached. It makes calls, shares them and returns like
+// TokenizeCompletion.
+func (t *Tokenizer) TokenizeChat(ctx context.Context, baseURL string, req *ChatRequest) ([]uint32, error) {
+	if err := checkTruncation(req.Model, req.TruncatePromptTokens, req.TruncationSide); err != nil {
+		return nil, err
+	}
+	key := req.key(t.seed)
+	res, cl, leader, hit := t.cache.acquire(key)
+	if hit {
+		return req.truncate(res)
+	}
+	if leader {
+		body, err := req.body()
+		t.start(key, cl, baseURL, req.Model, body, err)
+	}
+	res, err := t.wait(ctx, cl, req.Model)
+	if err != nil {
+		return nil, err
+	}
+	return req.truncate(res)
+}
+
+// start completes cl: at once with an input error when the request could
+// not be encoded, otherwise with the result of a call made in the
+// background, so that the leader's caller can stop waiting without failing
+// the callers that share the call.
+func (t *Tokenizer) start(key digest, cl *call, baseURL, model string, body []byte, err error) {
+	var req *http.Request
+	if err == nil {
+		req, err = newCallRequest(baseURL, body)
+	}
+	if err != nil {
+		t.cache.complete(key, cl, result{}, inputError(model, err))
+		return
+	}
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		t.cache.complete(key, cl, result{}, &Error{Reason: ReasonCanceled, Model: model,
+			Endpoint: req.URL.String(), Err: errors.New("tokenizer closed")})
+		return
+	}
+	t.calls.Add(1)
+	t.mu.Unlock()
+	go func() {
+		defer t.calls.Done()
+		res, err := t.call(req, model)
+		t.cache.complete(key, cl, res, err)
+	}()
+}
+
+// wait returns cl's outcome, or a ReasonCanceled error when ctx ends first.
+func (t *Tokenizer) wait(ctx context.Context, cl *call, model string) (result, error) {
+	select {
+	case <-cl.done:
+		return cl.res, cl.err
+	case <-ctx.Done():
+		return result{}, &Error{Reason: ReasonCanceled, Model: model, Err: ctx.Err()}
+	}
+}

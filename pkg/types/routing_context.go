@@ -1,0 +1,100 @@
+// Package types holds the small request types shared by the cache Store, the
+// routing algorithms and the gateway.
+package types
+
+import (
+	"context"
+	"sync/atomic"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+)
+
+// RoutingContext carries one inference request from the gateway through
+// routing and request tracking.
+//
+// The gateway fills the exported fields before routing; routing reads them and
+// records its decision with SetTargetPod. The exported fields are not
+// synchronized: write them before the context is shared with other
+// goroutines. The target pod may be set and read concurrently.
+type RoutingContext struct {
+	// Context carries the request's deadline, cancellation and logger.
+	context.Context
+
+	// RequestID identifies the request uniquely among the requests in
+	// flight through this gateway.
+	RequestID string
+	// Model is the model name the client asked for: a base model or a LoRA
+	// adapter.
+	Model string
+	// LoraAdapter is the adapter Model resolved to, "" when Model names a
+	// base model.
+	LoraAdapter string
+	// Algorithm names the routing algorithm chosen for the request.
+	Algorithm string
+	// PromptTokenIDs holds the tokenized prompt when the gateway tokenized
+	// it; nil otherwise.
+	PromptTokenIDs []uint32
+	// PromptTokenCount is the number of prompt tokens when they were counted
+	// without keeping the ids. InputTokens prefers len(PromptTokenIDs).
+	PromptTokenCount int
+	// PredictedOutputTokens is the number of tokens the request is expected
+	// to generate, 0 when unknown.
+	PredictedOutputTokens int
+	// ReceivedAt is when the gateway received the request.
+	ReceivedAt time.Time
+
+	target atomic.Pointer[routingTarget]
+}
+
+type routingTarget struct {
+	pod *v1.Pod
+	at  time.Time
+}
+
+// NewRoutingContext returns a RoutingContext for the request requestID asking
+// for model, received now. A nil ctx stands for context.Background().
+func NewRoutingContext(ctx context.Context, requestID, model string) *RoutingContext {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	return &RoutingContext{Context: ctx, RequestID: requestID, Model: model, ReceivedAt: time.Now()}
+}
+
+// InputTokens reports the number of prompt tokens: len(PromptTokenIDs) when
+// the prompt was tokenized, PromptTokenCount otherwise.
+func (r *RoutingContext) InputTokens() int {
+	if r.PromptTokenIDs != nil {
+		return len(r.PromptTokenIDs)
+	}
+	return r.PromptTokenCount
+}
+
+// SetTargetPod records pod as the routing decision, stamped with the current
+// time. Setting it again (a retry on another pod) replaces the decision.
+func (r *RoutingContext) SetTargetPod(pod *v1.Pod) {
+	r.target.Store(&routingTarget{pod: pod, at: time.Now()})
+}
+
+// TargetPod returns the pod the request was routed to, nil before routing.
+// The pod is shared: treat it as read-only.
+func (r *RoutingContext) TargetPod() *v1.Pod {
+	if t := r.target.Load(); t != nil {
+		return t.pod
+	}
+	return nil
+}
+
+// HasRouted reports whether a target pod has been set.
+func (r *RoutingContext) HasRouted() bool {
+	t := r.target.Load()
+	return t != nil && t.pod != nil
+}
+
+// RoutedAt returns when the target pod was set, the zero time before routing.
+func (r *RoutingContext) RoutedAt() time.Time {
+	if t := r.target.Load(); t != nil {
+		return t.at
+	}
+	return time.Time{}
+}

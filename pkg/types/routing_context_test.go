@@ -1,0 +1,67 @@
+package types
+
+import (
+	"context"
+	"sync"
+	"testing"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+func TestInputTokensPrefersTokenIDs(t *testing.T) {
+	tests := []struct {
+		name  string
+		ids   []uint32
+		count int
+		want  int
+	}{
+		{"count only", nil, 7, 7},
+		{"ids win over count", []uint32{1, 2, 3}, 7, 3},
+		{"empty tokenized prompt", []uint32{}, 7, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := NewRoutingContext(context.Background(), "r1", "m")
+			r.PromptTokenIDs, r.PromptTokenCount = tt.ids, tt.count
+			if got := r.InputTokens(); got != tt.want {
+				t.Fatalf("InputTokens() = %d, want %d", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestTargetPodIsUnsetUntilRouted(t *testing.T) {
+	r := NewRoutingContext(nil, "r1", "m")
+	if r.Context == nil {
+		t.Fatal("nil ctx was not replaced")
+	}
+	if r.HasRouted() || r.TargetPod() != nil || !r.RoutedAt().IsZero() {
+		t.Fatal("context reports a target before routing")
+	}
+	pod := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p"}}
+	r.SetTargetPod(pod)
+	if !r.HasRouted() || r.TargetPod() != pod || r.RoutedAt().Before(r.ReceivedAt) {
+		t.Fatalf("after SetTargetPod: routed=%v pod=%v at=%v", r.HasRouted(), r.TargetPod(), r.RoutedAt())
+	}
+}
+
+func TestSetTargetPodIsSafeWithConcurrentReaders(t *testing.T) {
+	r := NewRoutingContext(context.Background(), "r1", "m")
+	pods := []*v1.Pod{{ObjectMeta: metav1.ObjectMeta{Name: "a"}}, {ObjectMeta: metav1.ObjectMeta{Name: "b"}}}
+	var wg sync.WaitGroup
+	for i := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := range 1000 {
+				if i%2 == 0 {
+					r.SetTargetPod(pods[j%2])
+				} else if p := r.TargetPod(); p != nil && p != pods[0] && p != pods[1] {
+					t.Errorf("torn read: %v", p)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+}
