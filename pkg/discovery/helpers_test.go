@@ -80,6 +80,8 @@ func (s *recordingSink) DeletePod(namespace, name string) {
 	}
 }
 
+func (s *recordingSink) SetPodAdapters(string, string, []string) error { return nil }
+
 // summary lists "key=ip" of every pod, sorted.
 func (s *recordingSink) summary() string {
 	s.mu.Lock()

@@ -1,5 +1,6 @@
 // Package discovery finds the inference pods a gateway routes to and whose
-// KV events it follows, and hands them to a PodSink (the cache Store):
+// KV events it follows, and hands them to the cache Store: its sources are
+// cache.PodSource implementations for cache.InitWithOptions.
 //
 //   - KubernetesSource watches pods through a client-go shared informer,
 //     scoped by namespace and label selector. It is the mode for gateways
@@ -29,19 +30,11 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/cache"
+	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
-)
 
-// PodSink receives the pods a source discovers. The cache Store implements
-// it. Calls come from one goroutine at a time.
-type PodSink interface {
-	// AddOrUpdatePod registers pod or replaces the registered pod of the
-	// same namespace and name. The sink keeps pod.
-	AddOrUpdatePod(pod *v1.Pod)
-	// DeletePod unregisters a pod.
-	DeletePod(namespace, name string)
-}
+	"github.com/kvgate/kvgate/pkg/cache"
+)
 
 // KubernetesSource discovers pods with a shared informer.
 type KubernetesSource struct {
@@ -57,12 +50,14 @@ type KubernetesSource struct {
 	Logger klog.Logger
 }
 
+var _ cache.PodSource = (*KubernetesSource)(nil)
+
 // Run watches pods until ctx is cancelled, delivering every add, update and
 // delete to sink, and calls synced once the pods that existed at start have
 // been delivered. It fails when config is nil, the selector is invalid, or
 // ctx ends before the informer synced; otherwise it returns nil after ctx
 // is cancelled and the informer has stopped.
-func (s *KubernetesSource) Run(ctx context.Context, config *rest.Config, sink PodSink, synced func()) error {
+func (s *KubernetesSource) Run(ctx context.Context, config *rest.Config, sink cache.PodSink, synced func()) error {
 	if config == nil {
 		return errors.New("kubernetes pod source needs a Kubernetes client configuration")
 	}
@@ -91,7 +86,7 @@ func (s *KubernetesSource) Run(ctx context.Context, config *rest.Config, sink Po
 	defer factory.Shutdown()
 	defer cancel()
 	factory.Start(informerCtx.Done())
-	if !cache.WaitForCacheSync(informerCtx.Done(), informer.HasSynced) {
+	if !toolscache.WaitForCacheSync(informerCtx.Done(), informer.HasSynced) {
 		return fmt.Errorf("kubernetes pod source: stopped before the pod informer synced: %w", context.Cause(ctx))
 	}
 	log.Info("Pod informer synced", "namespace", s.Namespace, "selector", s.LabelSelector, "pods", len(informer.GetStore().ListKeys()))
@@ -101,8 +96,8 @@ func (s *KubernetesSource) Run(ctx context.Context, config *rest.Config, sink Po
 }
 
 // podHandler forwards the informer's notifications to sink.
-func podHandler(sink PodSink, log klog.Logger) cache.ResourceEventHandlerFuncs {
-	return cache.ResourceEventHandlerFuncs{
+func podHandler(sink cache.PodSink, log klog.Logger) toolscache.ResourceEventHandlerFuncs {
+	return toolscache.ResourceEventHandlerFuncs{
 		AddFunc: func(obj any) {
 			if pod, ok := obj.(*v1.Pod); ok {
 				sink.AddOrUpdatePod(pod)
@@ -114,7 +109,7 @@ func podHandler(sink PodSink, log klog.Logger) cache.ResourceEventHandlerFuncs {
 			}
 		},
 		DeleteFunc: func(obj any) {
-			if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+			if tomb, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
 				obj = tomb.Obj
 			}
 			pod, ok := obj.(*v1.Pod)

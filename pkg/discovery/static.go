@@ -21,15 +21,12 @@ import (
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/yaml"
 
+	"github.com/kvgate/kvgate/pkg/cache"
 	"github.com/kvgate/kvgate/pkg/kvevent"
 )
 
 // StaticNamespace is the namespace of the pods StaticSource synthesizes.
 const StaticNamespace = "static"
-
-// ModelPortLabel is the label holding the engine's HTTP port, which the
-// cache Store scrapes and routes to (AIBrix's label).
-const ModelPortLabel = "model.aibrix.ai/port"
 
 // DefaultStaticPollInterval is how often StaticSource checks its file.
 const DefaultStaticPollInterval = time.Second
@@ -128,7 +125,7 @@ func (e *StaticEndpoint) Pod() *v1.Pod {
 	if port == 0 {
 		port = 8000
 	}
-	labels := map[string]string{kvevent.ModelNameLabel: e.Model, ModelPortLabel: strconv.Itoa(port)}
+	labels := map[string]string{kvevent.ModelNameLabel: e.Model, cache.ModelPortLabel: strconv.Itoa(port)}
 	if e.KVEvents == nil || *e.KVEvents {
 		labels[kvevent.KVEventsEnabledLabel] = "true"
 	}
@@ -170,13 +167,15 @@ type StaticSource struct {
 	Logger klog.Logger
 }
 
+var _ cache.PodSource = (*StaticSource)(nil)
+
 // Run delivers the file's endpoints to sink as pods, calls synced, then
 // rereads the file every PollInterval until ctx is cancelled: endpoints
 // added or changed are added or updated, endpoints removed are deleted. A
 // version of the file that cannot be read or is invalid is logged as an
 // error and ignored, keeping the last valid set. Run fails only when the
 // first read fails; config is not used.
-func (s *StaticSource) Run(ctx context.Context, _ *rest.Config, sink PodSink, synced func()) error {
+func (s *StaticSource) Run(ctx context.Context, _ *rest.Config, sink cache.PodSink, synced func()) error {
 	log := s.Logger
 	if log.GetSink() == nil {
 		log = klog.Background()
@@ -229,7 +228,7 @@ func (s *StaticSource) Run(ctx context.Context, _ *rest.Config, sink PodSink, sy
 }
 
 // apply makes sink's static pods those of f, updating current.
-func apply(f *StaticFile, current map[string]StaticEndpoint, sink PodSink) (added, changed, removed int) {
+func apply(f *StaticFile, current map[string]StaticEndpoint, sink cache.PodSink) (added, changed, removed int) {
 	next := make(map[string]bool, len(f.Endpoints))
 	for _, e := range f.Endpoints {
 		next[e.Name] = true

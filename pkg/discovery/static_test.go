@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvgate/kvgate/pkg/cache"
 	"github.com/kvgate/kvgate/pkg/kvevent"
 )
 
@@ -43,7 +44,7 @@ func TestStaticEndpointsBecomePodsTheManagerFollows(t *testing.T) {
 		if got != want[i].target {
 			t.Errorf("%s: target %+v, want %+v", e.Name, got, want[i].target)
 		}
-		if pod.Labels[ModelPortLabel] != want[i].port || pod.Namespace != StaticNamespace || pod.UID == "" {
+		if pod.Labels[cache.ModelPortLabel] != want[i].port || pod.Namespace != StaticNamespace || pod.UID == "" {
 			t.Errorf("%s: pod %+v", e.Name, pod.ObjectMeta)
 		}
 		if again := e.Pod(); again.UID != pod.UID {
