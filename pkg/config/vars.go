@@ -10,7 +10,7 @@ const (
 )
 
 // Sections lists the configuration reference's sections in order.
-var Sections = []string{SectionKVSync, SectionIndex, SectionTokenizer, SectionRouting, SectionMetrics}
+var Sections = []string{SectionKVSync, SectionDiscovery, SectionIndex, SectionTokenizer, SectionRouting, SectionMetrics}
 
 // KV event sync.
 var (
@@ -123,6 +123,15 @@ var (
 var Vars = []Var{
 	KVEventSyncEnabled,
 	UseRemoteTokenizer,
+	KVEventsPubPort,
+	KVEventsReplayPort,
+	KVEventsTopic,
+	KVEventsBindEndpoint,
+	KVEventsBindRanks,
+	PodDiscovery,
+	StaticEndpointsFile,
+	PodNamespace,
+	PodLabelSelector,
 	SyncMaxContexts,
 	SyncMaxPrefixesPerContext,
 	SyncMaxEntries,

@@ -99,14 +99,7 @@ func (l *clientLoop) run(rs *runState) {
 // first (a connection is known before its messages), then replay replies,
 // then live messages.
 func (l *clientLoop) poll() {
-	timeout := l.c.cfg.PollTimeout
-	if l.replay.active {
-		timeout = min(timeout, max(time.Until(l.replay.deadline), 0))
-	}
-	if l.connected {
-		timeout = min(timeout, max(time.Until(l.probeAt), 0))
-	}
-	ready, err := l.poller.Poll(timeout)
+	ready, err := l.poller.Poll(l.timerWait(l.c.cfg.PollTimeout))
 	if err != nil {
 		if zmq.AsErrno(err) != zmq.Errno(syscall.EINTR) {
 			l.socketFailed(fmt.Errorf("poll: %w", err))
@@ -130,7 +123,12 @@ func (l *clientLoop) poll() {
 	if subReady && l.sub != nil {
 		l.drainLive()
 	}
-	now := time.Now()
+	l.runTimers(time.Now())
+}
+
+// runTimers fails a replay that stayed silent past its deadline and probes
+// a stream that stayed quiet past its probe time.
+func (l *clientLoop) runTimers(now time.Time) {
 	if l.replay.active && !now.Before(l.replay.deadline) {
 		l.failReplay("", fmt.Errorf("no reply within %v", l.c.cfg.ReplayTimeout))
 	}
@@ -139,6 +137,18 @@ func (l *clientLoop) poll() {
 		l.probeDelay = min(time.Duration(float64(l.probeDelay)*ReconnectBackoffFactor), l.c.cfg.MaxReconnectDelay)
 		l.probeAt = now.Add(l.probeDelay)
 	}
+}
+
+// timerWait returns how long a poll may wait before runTimers has work,
+// capped at limit.
+func (l *clientLoop) timerWait(limit time.Duration) time.Duration {
+	if l.replay.active {
+		limit = min(limit, max(time.Until(l.replay.deadline), 0))
+	}
+	if l.connected {
+		limit = min(limit, max(time.Until(l.probeAt), 0))
+	}
+	return limit
 }
 
 // quietFrom restarts the quiet-stream probe schedule at now.

@@ -1,0 +1,191 @@
+package config
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/labels"
+)
+
+// SectionDiscovery is the configuration reference's section on how the
+// gateway finds inference pods.
+const SectionDiscovery = "Pod discovery"
+
+// KV event streams.
+var (
+	KVEventsPubPort = Var{
+		Name:    "KVGATE_KV_EVENTS_PUB_PORT",
+		Default: "5557",
+		Section: SectionKVSync,
+		Doc: "Port of rank 0's KV-event PUB socket on pods without the kvgate.io/kv-events-pub-port annotation; " +
+			"rank r uses port+r.",
+	}
+	KVEventsReplayPort = Var{
+		Name:    "KVGATE_KV_EVENTS_REPLAY_PORT",
+		Default: "5558",
+		Section: SectionKVSync,
+		Doc: "Port of rank 0's replay ROUTER on pods without the kvgate.io/kv-events-replay-port annotation; rank r uses port+r; " +
+			"0 disables replay (vLLM's default when replay_endpoint is unset).",
+	}
+	KVEventsTopic = Var{
+		Name:    "KVGATE_KV_EVENTS_TOPIC",
+		Default: "",
+		Section: SectionKVSync,
+		Doc:     "Topic prefix subscribed to on pods without the kvgate.io/kv-events-topic annotation; empty matches every topic (vLLM's default topic is empty).",
+	}
+	KVEventsBindEndpoint = Var{
+		Name:    "KVGATE_KV_EVENTS_BIND_ENDPOINT",
+		Default: "",
+		Section: SectionKVSync,
+		Doc: "When set (e.g. tcp://*:5557), the gateway binds this endpoint for rank 0 (port+r for rank r) and engines dial in, " +
+			"publishing with topic kv@<pod-ip>:<port>@<model>; when empty, the gateway dials every pod.",
+	}
+	KVEventsBindRanks = Var{
+		Name:    "KVGATE_KV_EVENTS_BIND_RANKS",
+		Default: "1",
+		Section: SectionKVSync,
+		Doc:     "In bind mode, how many data-parallel ranks get a bound endpoint: the largest kvgate.io/dp-size of the fleet.",
+	}
+)
+
+// Pod discovery.
+var (
+	PodDiscovery = Var{
+		Name:    "KVGATE_POD_DISCOVERY",
+		Default: "kubernetes",
+		Section: SectionDiscovery,
+		Doc: "Where inference pods come from: kubernetes (a pod informer) or static (the endpoints file " +
+			"KVGATE_STATIC_ENDPOINTS_FILE, for running without Kubernetes).",
+	}
+	StaticEndpointsFile = Var{
+		Name:    "KVGATE_STATIC_ENDPOINTS_FILE",
+		Default: "",
+		Section: SectionDiscovery,
+		Doc:     "YAML file listing the endpoints of static discovery; it is watched and reloaded, and an invalid version keeps the last valid one.",
+	}
+	PodNamespace = Var{
+		Name:    "KVGATE_POD_NAMESPACE",
+		Default: "",
+		Section: SectionDiscovery,
+		Doc:     "Namespace whose pods the informer watches; empty watches every namespace.",
+	}
+	PodLabelSelector = Var{
+		Name:    "KVGATE_POD_LABEL_SELECTOR",
+		Default: "model.aibrix.ai/name",
+		Section: SectionDiscovery,
+		Doc:     "Label selector of the pods the informer watches (Kubernetes syntax); the default selects every pod that names its model.",
+	}
+)
+
+// Discovery modes of PodDiscovery.
+const (
+	DiscoveryKubernetes = "kubernetes"
+	DiscoveryStatic     = "static"
+)
+
+// KVSync is the configuration of KV event sync and of the prefix index it
+// feeds.
+type KVSync struct {
+	// Enabled turns KV event sync on (KVEventSyncEnabled).
+	Enabled bool
+	// PubPort, ReplayPort and Topic are the stream settings of pods that
+	// do not override them.
+	PubPort    int
+	ReplayPort int
+	Topic      string
+	// BindEndpoint, when set, selects bind mode with BindRanks ranks.
+	BindEndpoint string
+	BindRanks    int
+	// Index settings (AIBRIX_SYNC_*, KVGATE_SYNC_MAX_ENTRIES).
+	MaxContexts           int
+	MaxPrefixesPerContext int
+	MaxEntries            int
+	EvictionInterval      time.Duration
+	EvictionDuration      time.Duration
+}
+
+// LoadKVSync reads the KV event sync settings from e, recording malformed
+// values and impossible combinations in e: KV sync without the remote
+// tokenizer (the index is keyed by the engine's tokens, so routing could
+// never match it), or a bind endpoint that is not a ZeroMQ tcp endpoint.
+func LoadKVSync(e *Env) KVSync {
+	k := KVSync{
+		Enabled:               e.Bool(KVEventSyncEnabled),
+		PubPort:               e.Int(KVEventsPubPort, 1),
+		ReplayPort:            e.Int(KVEventsReplayPort, 0),
+		Topic:                 e.String(KVEventsTopic),
+		BindEndpoint:          e.String(KVEventsBindEndpoint),
+		BindRanks:             e.Int(KVEventsBindRanks, 1),
+		MaxContexts:           e.Int(SyncMaxContexts, 1),
+		MaxPrefixesPerContext: e.Int(SyncMaxPrefixesPerContext, 1),
+		MaxEntries:            e.Int(SyncMaxEntries, 1),
+		EvictionInterval:      e.Duration(SyncEvictionInterval, time.Second),
+		EvictionDuration:      e.Duration(SyncEvictionDuration, time.Minute),
+	}
+	remote := e.Bool(UseRemoteTokenizer)
+	if k.Enabled && !remote {
+		e.Errorf("%s is true but %s is false: the prefix index holds the engines' token ids, so KV event sync "+
+			"needs the engines' own tokenizer; enable the remote tokenizer or disable KV event sync",
+			KVEventSyncEnabled.Name, UseRemoteTokenizer.Name)
+	}
+	for _, p := range []struct {
+		v    Var
+		port int
+	}{{KVEventsPubPort, k.PubPort}, {KVEventsReplayPort, k.ReplayPort}} {
+		if p.port > 65535 {
+			e.Errorf("%s=%d: want a port up to 65535", p.v.Name, p.port)
+		}
+	}
+	if k.BindEndpoint != "" && !strings.HasPrefix(k.BindEndpoint, "tcp://") {
+		e.Errorf("%s=%q: want a tcp:// endpoint such as tcp://*:5557", KVEventsBindEndpoint.Name, k.BindEndpoint)
+	}
+	return k
+}
+
+// Discovery is where the gateway finds inference pods.
+type Discovery struct {
+	// Mode is DiscoveryKubernetes or DiscoveryStatic.
+	Mode string
+	// StaticFile is the endpoints file of static discovery.
+	StaticFile string
+	// Namespace and LabelSelector scope the Kubernetes informer.
+	Namespace     string
+	LabelSelector string
+}
+
+// LoadDiscovery reads the discovery settings from e, recording an unknown
+// mode, or static discovery without a file, in e.
+func LoadDiscovery(e *Env) Discovery {
+	d := Discovery{
+		Mode:          strings.ToLower(e.String(PodDiscovery)),
+		StaticFile:    e.String(StaticEndpointsFile),
+		Namespace:     e.String(PodNamespace),
+		LabelSelector: e.String(PodLabelSelector),
+	}
+	switch d.Mode {
+	case DiscoveryKubernetes:
+		if _, err := labels.Parse(d.LabelSelector); err != nil {
+			e.Errorf("%s=%q: %v", PodLabelSelector.Name, d.LabelSelector, err)
+		}
+	case DiscoveryStatic:
+		if d.StaticFile == "" {
+			e.Errorf("%s=%s needs %s", PodDiscovery.Name, DiscoveryStatic, StaticEndpointsFile.Name)
+		}
+	default:
+		e.Errorf("%s=%q: want %s or %s", PodDiscovery.Name, d.Mode, DiscoveryKubernetes, DiscoveryStatic)
+	}
+	return d
+}
+
+// String describes the discovery for logs.
+func (d Discovery) String() string {
+	if d.Mode == DiscoveryStatic {
+		return fmt.Sprintf("static endpoints file %s", d.StaticFile)
+	}
+	ns := d.Namespace
+	if ns == "" {
+		ns = "all namespaces"
+	}
+	return fmt.Sprintf("kubernetes pods in %s matching %q", ns, d.LabelSelector)
+}

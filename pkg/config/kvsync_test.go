@@ -1,0 +1,90 @@
+package config
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestLoadKVSyncDefaults(t *testing.T) {
+	e := NewEnv(lookupFrom(nil))
+	k := LoadKVSync(e)
+	want := KVSync{Enabled: true, PubPort: 5557, ReplayPort: 5558, BindRanks: 1, MaxContexts: 1000,
+		MaxPrefixesPerContext: 1000000, MaxEntries: 4000000, EvictionInterval: time.Minute, EvictionDuration: 20 * time.Minute}
+	if e.Err() != nil || k != want {
+		t.Fatalf("LoadKVSync = %+v, %v; want %+v", k, e.Err(), want)
+	}
+}
+
+func TestLoadKVSyncReadsAliasesAndOverrides(t *testing.T) {
+	e := NewEnv(lookupFrom(map[string]string{
+		"AIBRIX_KV_EVENT_SYNC_ENABLED": "true", "AIBRIX_USE_REMOTE_TOKENIZER": "true",
+		"KVGATE_KV_EVENTS_PUB_PORT": "6000", "KVGATE_KV_EVENTS_REPLAY_PORT": "0", "KVGATE_KV_EVENTS_TOPIC": "kv",
+		"KVGATE_KV_EVENTS_BIND_ENDPOINT": "tcp://*:7000", "KVGATE_KV_EVENTS_BIND_RANKS": "4",
+	}))
+	k := LoadKVSync(e)
+	if e.Err() != nil || !k.Enabled || k.PubPort != 6000 || k.ReplayPort != 0 || k.Topic != "kv" ||
+		k.BindEndpoint != "tcp://*:7000" || k.BindRanks != 4 {
+		t.Fatalf("LoadKVSync = %+v, %v", k, e.Err())
+	}
+}
+
+func TestLoadKVSyncRejectsWhatCannotWork(t *testing.T) {
+	tests := []struct {
+		name string
+		env  map[string]string
+		want []string
+	}{
+		{"sync without remote tokenizer", map[string]string{"AIBRIX_USE_REMOTE_TOKENIZER": "false"},
+			[]string{"AIBRIX_PREFIX_CACHE_KV_EVENT_SYNC_ENABLED", "AIBRIX_PREFIX_CACHE_USE_REMOTE_TOKENIZER"}},
+		{"short alias names", map[string]string{"AIBRIX_KV_EVENT_SYNC_ENABLED": "true", "AIBRIX_USE_REMOTE_TOKENIZER": "false"},
+			[]string{"AIBRIX_PREFIX_CACHE_USE_REMOTE_TOKENIZER is false"}},
+		{"bad ports", map[string]string{"KVGATE_KV_EVENTS_PUB_PORT": "70000", "KVGATE_KV_EVENTS_REPLAY_PORT": "-1"},
+			[]string{"KVGATE_KV_EVENTS_PUB_PORT=70000", `KVGATE_KV_EVENTS_REPLAY_PORT="-1"`}},
+		{"bad bind endpoint", map[string]string{"KVGATE_KV_EVENTS_BIND_ENDPOINT": "*:5557"}, []string{"KVGATE_KV_EVENTS_BIND_ENDPOINT"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := NewEnv(lookupFrom(tt.env))
+			LoadKVSync(e)
+			err := e.Err()
+			for _, w := range tt.want {
+				if err == nil || !strings.Contains(err.Error(), w) {
+					t.Errorf("error %v does not mention %s", err, w)
+				}
+			}
+		})
+	}
+	e := NewEnv(lookupFrom(map[string]string{"AIBRIX_PREFIX_CACHE_KV_EVENT_SYNC_ENABLED": "false", "AIBRIX_USE_REMOTE_TOKENIZER": "false"}))
+	if LoadKVSync(e); e.Err() != nil {
+		t.Fatalf("disabled sync without remote tokenizer: %v", e.Err())
+	}
+}
+
+func TestLoadDiscovery(t *testing.T) {
+	tests := []struct {
+		env     map[string]string
+		want    Discovery
+		errWant string
+	}{
+		{nil, Discovery{Mode: "kubernetes", LabelSelector: "model.aibrix.ai/name"}, ""},
+		{map[string]string{"KVGATE_POD_DISCOVERY": "Static", "KVGATE_STATIC_ENDPOINTS_FILE": "/etc/kvgate/endpoints.yaml"},
+			Discovery{Mode: "static", StaticFile: "/etc/kvgate/endpoints.yaml", LabelSelector: "model.aibrix.ai/name"}, ""},
+		{map[string]string{"KVGATE_POD_DISCOVERY": "static"}, Discovery{}, "needs KVGATE_STATIC_ENDPOINTS_FILE"},
+		{map[string]string{"KVGATE_POD_DISCOVERY": "consul"}, Discovery{}, `KVGATE_POD_DISCOVERY="consul"`},
+		{map[string]string{"KVGATE_POD_LABEL_SELECTOR": "a in (b"}, Discovery{}, "KVGATE_POD_LABEL_SELECTOR"},
+	}
+	for _, tt := range tests {
+		e := NewEnv(lookupFrom(tt.env))
+		got := LoadDiscovery(e)
+		if tt.errWant != "" {
+			if e.Err() == nil || !strings.Contains(e.Err().Error(), tt.errWant) {
+				t.Errorf("%v: error %v, want one mentioning %s", tt.env, e.Err(), tt.errWant)
+			}
+			continue
+		}
+		if e.Err() != nil || got != tt.want {
+			t.Errorf("%v: LoadDiscovery = %+v, %v; want %+v", tt.env, got, e.Err(), tt.want)
+		}
+	}
+}

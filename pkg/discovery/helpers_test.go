@@ -1,0 +1,107 @@
+package discovery
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+)
+
+const millisecond = time.Millisecond
+
+// waitTimeout is how long tests wait for anything that should happen: far
+// beyond what a loaded two-core machine needs.
+const waitTimeout = 30 * time.Second
+
+// eventually polls cond until it holds, failing the test after waitTimeout.
+func eventually(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(waitTimeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", waitTimeout, what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// podListener is told about pod changes, as a Store's listeners are.
+type podListener interface {
+	OnPodAdd(*v1.Pod)
+	OnPodUpdate(old, new *v1.Pod)
+	OnPodDelete(*v1.Pod)
+}
+
+// recordingSink is a PodSink that keeps the pods and tells a listener, the
+// way the cache Store does.
+type recordingSink struct {
+	mu       sync.Mutex
+	pods     map[string]*v1.Pod
+	calls    int
+	listener podListener
+}
+
+func newRecordingSink() *recordingSink { return &recordingSink{pods: map[string]*v1.Pod{}} }
+
+func (s *recordingSink) AddOrUpdatePod(pod *v1.Pod) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	key := pod.Namespace + "/" + pod.Name
+	old := s.pods[key]
+	s.pods[key] = pod
+	s.calls++
+	if s.listener == nil {
+		return
+	}
+	switch {
+	case old == nil:
+		s.listener.OnPodAdd(pod)
+	case old.UID != pod.UID:
+		s.listener.OnPodDelete(old)
+		s.listener.OnPodAdd(pod)
+	default:
+		s.listener.OnPodUpdate(old, pod)
+	}
+}
+
+func (s *recordingSink) DeletePod(namespace, name string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	key := namespace + "/" + name
+	old := s.pods[key]
+	delete(s.pods, key)
+	s.calls++
+	if old != nil && s.listener != nil {
+		s.listener.OnPodDelete(old)
+	}
+}
+
+func (s *recordingSink) SetPodAdapters(string, string, []string) error { return nil }
+
+// summary lists "key=ip" of every pod, sorted.
+func (s *recordingSink) summary() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	for k, p := range s.pods {
+		out = append(out, fmt.Sprintf("%s=%s", k, p.Status.PodIP))
+	}
+	slices.Sort(out)
+	return strings.Join(out, " ")
+}
+
+func (s *recordingSink) count() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.calls
+}
+
+func (s *recordingSink) pod(key string) *v1.Pod {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.pods[key]
+}

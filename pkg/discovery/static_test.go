@@ -1,0 +1,128 @@
+package discovery
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/kvgate/kvgate/pkg/cache"
+	"github.com/kvgate/kvgate/pkg/kvevent"
+)
+
+func TestStaticEndpointsBecomePodsTheManagerFollows(t *testing.T) {
+	data, err := os.ReadFile("testdata/endpoints.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := ParseStaticFile(data)
+	if err != nil {
+		t.Fatalf("ParseStaticFile: %v", err)
+	}
+	defaults := kvevent.DefaultStreamDefaults()
+	want := []struct {
+		target kvevent.PodTarget
+		reason kvevent.IneligibleReason
+		port   string
+	}{
+		{kvevent.PodTarget{PodKey: "static/vllm-0", IP: "127.0.0.1", Model: "llama-3-8b", PubPort: 5557, ReplayPort: 5558, DPSize: 1}, "", "8000"},
+		{kvevent.PodTarget{PodKey: "static/vllm-dp", IP: "10.0.0.7", Model: "llama-3-8b", LoraID: "7", PubPort: 5600, ReplayPort: 5700,
+			Topic: "kv-events", DPSize: 2}, "", "8100"},
+		{kvevent.PodTarget{}, kvevent.ReasonKVEventsDisabled, "8000"},
+	}
+	if len(f.Endpoints) != len(want) {
+		t.Fatalf("%d endpoints, want %d", len(f.Endpoints), len(want))
+	}
+	for i, e := range f.Endpoints {
+		pod := e.Pod()
+		got, reason, err := kvevent.TargetForPod(pod, defaults)
+		if err != nil || reason != want[i].reason {
+			t.Fatalf("%s: reason %q, %v; want %q", e.Name, reason, err, want[i].reason)
+		}
+		got.UID = ""
+		if got != want[i].target {
+			t.Errorf("%s: target %+v, want %+v", e.Name, got, want[i].target)
+		}
+		if pod.Labels[cache.ModelPortLabel] != want[i].port || pod.Namespace != StaticNamespace || pod.UID == "" {
+			t.Errorf("%s: pod %+v", e.Name, pod.ObjectMeta)
+		}
+		if again := e.Pod(); again.UID != pod.UID {
+			t.Errorf("%s: UID changes between calls", e.Name)
+		}
+	}
+}
+
+func TestParseStaticFileNamesEveryProblem(t *testing.T) {
+	data, err := os.ReadFile("testdata/invalid.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = ParseStaticFile(data)
+	if err == nil || !strings.Contains(err.Error(), "pub_port") {
+		t.Fatalf("unknown field not reported: %v", err)
+	}
+	fixed := strings.Replace(string(data), "  pub_port: 5600\n", "", 1)
+	_, err = ParseStaticFile([]byte(fixed))
+	for _, want := range []string{"used twice", "not an address", "model is empty", "port 70000", "dpSize 1000"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("error %v does not mention %q", err, want)
+		}
+	}
+}
+
+func TestStaticSourceReloadsAndKeepsTheLastValidSet(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "endpoints.yaml")
+	write := func(s string) {
+		t.Helper()
+		tmp := path + ".tmp"
+		if err := os.WriteFile(tmp, []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, path); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("endpoints:\n- {name: a, address: 10.0.0.1, model: m}\n- {name: b, address: 10.0.0.2, model: m}\n")
+	sink := newRecordingSink()
+	src := &StaticSource{Path: path, PollInterval: 5 * millisecond}
+	ctx, cancel := context.WithCancel(context.Background())
+	synced := make(chan struct{})
+	done := make(chan error, 1)
+	go func() { done <- src.Run(ctx, nil, sink, func() { close(synced) }) }()
+	<-synced
+	if got := sink.summary(); got != "static/a=10.0.0.1 static/b=10.0.0.2" {
+		t.Fatalf("after load: %s", got)
+	}
+
+	write("endpoints:\n- {name: a, address: 10.0.0.9, model: m}\n- {name: c, address: 10.0.0.3, model: m}\n")
+	eventually(t, "reload", func() bool { return sink.summary() == "static/a=10.0.0.9 static/c=10.0.0.3" })
+	updates := sink.count()
+
+	write("endpoints:\n- {name: a, address: 10.0.0.9, model: m, bogus: 1}\n")
+	write("endpoints:\n- {name: a, address: 10.0.0.9, model: m}\n- {name: c, address: 10.0.0.3, model: m}\n- {name: d, address: 10.0.0.4, model: m}\n")
+	eventually(t, "valid version after an invalid one", func() bool { return strings.Contains(sink.summary(), "static/d=") })
+	if got := sink.summary(); got != "static/a=10.0.0.9 static/c=10.0.0.3 static/d=10.0.0.4" {
+		t.Fatalf("after recovery: %s", got)
+	}
+	if n := sink.count(); n != updates+1 {
+		t.Fatalf("%d calls for one added endpoint: unchanged endpoints were re-announced", n-updates)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+}
+
+func TestStaticSourceFailsWhenTheFirstReadFails(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "endpoints.yaml")
+	src := &StaticSource{Path: path}
+	if err := src.Run(context.Background(), nil, newRecordingSink(), func() { t.Fatal("synced") }); err == nil {
+		t.Fatal("missing file accepted")
+	}
+	os.WriteFile(path, []byte("endpoints: [{name: a}]"), 0o644)
+	if err := src.Run(context.Background(), nil, newRecordingSink(), func() { t.Fatal("synced") }); err == nil ||
+		!strings.Contains(err.Error(), "address") {
+		t.Fatalf("invalid file: %v", err)
+	}
+}

@@ -1,0 +1,127 @@
+package kvevent
+
+import (
+	"fmt"
+	"testing"
+	"time"
+)
+
+func TestParseBindTopic(t *testing.T) {
+	tests := []struct {
+		topic, ip, model string
+		port             int
+		ok               bool
+	}{
+		{"kv@10.0.0.1:8000@llama", "10.0.0.1", "llama", 8000, true},
+		{"kv@[fd00::1]:8000@org/model@v2", "fd00::1", "org/model@v2", 8000, true},
+		{"kv@::ffff:10.0.0.1:8000@m", "", "", 0, false},
+		{"kv@10.0.0.1@llama", "", "", 0, false},
+		{"kv@10.0.0.1:0@llama", "", "", 0, false},
+		{"kv@host:8000@llama", "", "", 0, false},
+		{"kv@10.0.0.1:8000@", "", "", 0, false},
+		{"kv-events", "", "", 0, false},
+	}
+	for _, tt := range tests {
+		ip, port, model, err := ParseBindTopic(tt.topic)
+		if (err == nil) != tt.ok || ip != tt.ip || port != tt.port || model != tt.model {
+			t.Errorf("ParseBindTopic(%q) = %q, %d, %q, %v", tt.topic, ip, port, model, err)
+		}
+	}
+}
+
+// dialingPublisher starts a publisher for the pod at ip that connects to the
+// gateway's bound endpoint and binds its replay ROUTER at ip.
+func dialingPublisher(t testing.TB, ip string, bindPort, routerPort, rank int) *Publisher {
+	return newTestPublisher(t, testPorts{router: routerPort}, func(c *PublisherConfig) {
+		c.Endpoint = fmt.Sprintf("tcp://127.0.0.1:%d", bindPort)
+		c.ReplayEndpoint = fmt.Sprintf("tcp://%s:%d", ip, routerPort)
+		c.Topic = fmt.Sprintf("kv@%s:8000@llama", ip)
+		c.DataParallelRank = rank
+	})
+}
+
+func TestBindModeReceivesEnginesThatDialIn(t *testing.T) {
+	bind := freePorts(t, 2)
+	routers := freePorts(t, 2)
+	idx := newMemIndex()
+	m, reg := newTestManager(t, idx, func(c *ManagerConfig) {
+		c.Bind = &BindConfig{Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", bind[0]), Ranks: 2}
+	})
+
+	single := dialingPublisher(t, "127.0.0.1", bind[0], routers[0], 0)
+	dp0 := dialingPublisher(t, "127.0.0.2", bind[0], routers[0], 0)
+	dp1 := dialingPublisher(t, "127.0.0.2", bind[0], routers[0], 1)
+	stranger := dialingPublisher(t, "127.0.0.3", bind[0], routers[0], 0)
+	publish(t, single, 1, 0, 3)
+	publish(t, dp0, 2, 0, 2)
+	publish(t, dp1, 3, 0, 4)
+
+	m.OnPodAdd(makePod(podSpec{name: "single", ip: "127.0.0.1", ports: testPorts{pub: 1, router: routers[0]}}))
+	m.OnPodAdd(makePod(podSpec{name: "dp", ip: "127.0.0.2", ports: testPorts{pub: 1, router: routers[0]}, dpSize: 2}))
+	eventually(t, "both pods followed", func() bool {
+		return podState(m, "default/single").State == PodStateFollowed && podState(m, "default/dp").State == PodStateFollowed
+	})
+
+	// A stream attaches to its engine on the engine's first message after
+	// the pod is followed, and replays what was published before.
+	streams := []struct {
+		id   StreamID
+		pub  *Publisher
+		tag  int
+		next int
+	}{
+		{StreamID{PodKey: "default/single", Model: "llama"}, single, 1, 3},
+		{StreamID{PodKey: "default/dp", Model: "llama"}, dp0, 2, 2},
+		{StreamID{PodKey: "default/dp", DPRank: 1, Model: "llama"}, dp1, 3, 4},
+	}
+	repeatUntil(t, "every stream attached and replayed", func() {
+		for i := range streams {
+			s := &streams[i]
+			publish(t, s.pub, s.tag, s.next, s.next+1)
+			s.next++
+		}
+		publish(t, stranger, 4, 0, 1)
+	}, func() bool {
+		for _, s := range streams {
+			if !idx.holdsExactly(s.id, s.tag, 0, s.next) {
+				return false
+			}
+		}
+		return true
+	})
+	eventually(t, "the stranger counted", func() bool {
+		return gaugeValue(t, reg, "kvgate_kv_event_bind_ignored_messages_total", "reason", IgnoredUnknownPod) > 0
+	})
+	st := podState(m, "default/dp")
+	if len(st.Streams) != 2 || !st.Streams[1].Stats.Connected || st.Streams[1].PubEndpoint != fmt.Sprintf("tcp://127.0.0.1:%d", bind[1]) {
+		t.Fatalf("snapshot: %+v", st)
+	}
+
+	m.OnPodDelete(makePod(podSpec{name: "single"}))
+	eventually(t, "deleted pod purged", func() bool { return idx.purgeCount("default/single") == 1 })
+	publish(t, single, 1, streams[0].next, streams[0].next+2)
+	eventually(t, "the deleted pod's engine is now unknown", func() bool {
+		return gaugeValue(t, reg, "kvgate_kv_event_bind_ignored_messages_total", "reason", IgnoredUnknownPod) >= 2
+	})
+	if held := idx.held(streams[0].id); len(held) != 0 {
+		t.Fatalf("deleted pod still indexed: %v", held)
+	}
+}
+
+// repeatUntil repeats act until cond holds, giving each round a moment to
+// take effect, and fails after waitTimeout.
+func repeatUntil(t testing.TB, what string, act func(), cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(waitTimeout)
+	for time.Now().Before(deadline) {
+		act()
+		round := time.Now().Add(200 * time.Millisecond)
+		for time.Now().Before(round) {
+			if cond() {
+				return
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+	}
+	t.Fatalf("timed out after %v waiting for %s", waitTimeout, what)
+}
