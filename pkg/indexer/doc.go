@@ -1,0 +1,64 @@
+// Package indexer keeps the sync prefix hash table: the in-process index of
+// which pods hold the KV cache of which prompt prefixes, fed by the KV events
+// of vLLM engines and queried by routers on every request.
+//
+// # What counts as a match
+//
+// A prompt is cut into whole blocks of the engine's block size (in tokens,
+// learned from the model's events; a trailing partial block never counts).
+// Block i of a prompt matches a pod when the pod holds the KV cache of
+// exactly the tokens of blocks 0 to i, computed for the same model and LoRA
+// adapter and with no extra inputs (images, cache salts, prompt embeddings)
+// that the prompt does not have. A pod is credited with the number of leading
+// blocks it holds without a gap, on one data-parallel rank: a prefix split
+// across ranks is usable by neither. Blocks in any medium count (GPU, CPU,
+// storage tiers); the GPU-resident run is reported beside it. For hybrid
+// models only KV-cache group 0 (the group of events without a group) counts.
+// The index knows a block from the moment the engine's BlockStored event is
+// applied until its BlockRemoved, an AllBlocksCleared, a purge of the pod, or
+// eviction by the index's own bounds.
+//
+// # Keys
+//
+// The index names blocks by its own chained hash of their tokens (see
+// blockKey), rooted in the model and adapter, so routers compute the same
+// keys from a prompt without knowing the engine's hash function or seed.
+// Per stream (pod and rank), a lane for each medium and group maps the
+// engine's block hashes to these keys, so that events naming engine hashes
+// (parents, removals) find their blocks.
+//
+// # Unknown parents
+//
+// A BlockStored event whose parent hash the stream never stored (the parent
+// was stored before the index started, evicted by the index, or lost in a
+// gap) is skipped whole and counted in kvgate_indexer_parent_misses_total:
+// indexing its blocks from the root would credit pods with prefixes they do
+// not hold. The chain heals when the engine stores the prefix again from its
+// first block, which vLLM does whenever a request recomputes it.
+//
+// # Bounds and eviction
+//
+// The number of keys per model (MaxPrefixesPerContext), of all models
+// (MaxPrefixes) and of models (MaxContexts) are hard bounds. Each key carries
+// a coarse clock, in seconds, refreshed when a block is stored (re-announced
+// blocks included) or matched. When a model is full, the index evicts a batch
+// of about 1/32 of its keys whose clock is at or below a quantile estimated
+// from 256 sampled clocks: an approximate LRU, exact in what it removes,
+// since every evicted key leaves every holder and every lane map in the same
+// step. When all models together are full, the batch comes from the least
+// recently used model. A pod that sent no event and was credited by no match
+// for EvictionDuration is purged by the sweep that Run performs every
+// EvictionInterval.
+//
+// # Concurrency
+//
+// Matches take no lock and write no shared memory per block. Each model's key
+// table is split into shards, each an open-addressing table whose slots are
+// read and written with sync/atomic and guarded by a sequence counter
+// (a seqlock): the single writer makes it odd while it changes a slot, and a
+// reader retries a lookup that saw it change. Resizes publish new arrays with
+// one atomic store. Writers of one model (event batches, purges, evictions)
+// serialise on the model's mutex; different models are independent. A pod
+// purge takes time proportional to the pod's blocks and only delays the
+// writers of the pod's models.
+package indexer
