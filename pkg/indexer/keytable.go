@@ -138,6 +138,19 @@ func (t *keyTable) lookup(key uint64, now uint32, dst []uint64) bool {
 	}
 }
 
+// prefetch loads the first slot of each key's probe sequence, so that the
+// cache misses of a run of lookups overlap instead of following each other.
+// The returned value is meaningless.
+func (t *keyTable) prefetch(keys []uint64) uint64 {
+	var sum uint64
+	for _, k := range keys {
+		a := t.shards[shardOf(k)].arr.Load()
+		i := slotHome(k, len(a.keys))
+		sum += atomic.LoadUint64(&a.keys[i]) + atomic.LoadUint64(&a.holders[0][i]) + uint64(atomic.LoadUint32(&a.clock[i]))
+	}
+	return sum
+}
+
 // find returns the slot of key, reading keys atomically.
 func (a *keySlots) find(key uint64) (int, bool) {
 	c := len(a.keys)
@@ -214,14 +227,73 @@ func (t *keyTable) drop(r slotRef, id int) bool {
 	r.sh.seq.Add(1)
 	defer r.sh.seq.Add(1)
 	atomic.AndUint64(&r.a.holders[id>>6][r.i], ^uint64(1<<(id&63)))
-	for w := range r.a.holders {
-		if atomic.LoadUint64(&r.a.holders[w][r.i]) != 0 {
-			return false
-		}
+	if !r.a.unheld(r.i) {
+		return false
 	}
 	r.a.remove(r.i)
 	r.sh.n--
 	t.counted(-1)
+	return true
+}
+
+// dropChunk bounds the updates a writer makes under one odd sequence value,
+// and so how long a reader of the shard may wait.
+const dropChunk = 64
+
+// dropHolder takes holder id out of the holder sets of keys, deleting the
+// keys left without holders. It works shard by shard, so that each shard's
+// arrays stay in cache, and changes a shard's sequence once per chunk of
+// updates instead of once per key.
+func (t *keyTable) dropHolder(keys []uint64, id int) {
+	var start [numShards + 1]int
+	for _, k := range keys {
+		start[shardOf(k)+1]++
+	}
+	for s := 1; s <= numShards; s++ {
+		start[s] += start[s-1]
+	}
+	byShard := make([]uint64, len(keys))
+	next := start
+	for _, k := range keys {
+		s := shardOf(k)
+		byShard[next[s]] = k
+		next[s]++
+	}
+	w, bit := id>>6, uint64(1)<<(id&63)
+	deleted := 0
+	for s := range numShards {
+		sh := &t.shards[s]
+		a := sh.arr.Load()
+		for batch := byShard[start[s]:start[s+1]]; len(batch) > 0; {
+			chunk := batch[:min(len(batch), dropChunk)]
+			batch = batch[len(chunk):]
+			sh.seq.Add(1)
+			for _, k := range chunk {
+				i, ok := a.find(k)
+				if !ok {
+					continue
+				}
+				h := a.holders[w][i] &^ bit
+				atomic.StoreUint64(&a.holders[w][i], h)
+				if h == 0 && a.unheld(i) {
+					a.remove(i)
+					sh.n--
+					deleted++
+				}
+			}
+			sh.seq.Add(1)
+		}
+	}
+	t.counted(-deleted)
+}
+
+// unheld reports whether slot i has no holder; writer only.
+func (a *keySlots) unheld(i int) bool {
+	for w := range a.holders {
+		if a.holders[w][i] != 0 {
+			return false
+		}
+	}
 	return true
 }
 

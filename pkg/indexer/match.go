@@ -15,6 +15,8 @@ type MatchResult struct {
 	units   []matchUnit
 	masks   []uint64
 	holders []uint64
+	// sink keeps the loads of prefetching from being optimised away.
+	sink uint64
 }
 
 // PodMatch is how much of a prompt's prefix one candidate pod holds.
@@ -116,35 +118,36 @@ func (out *MatchResult) collectUnits(idx *podIndex, pods []string) bool {
 	return len(out.units) > 0
 }
 
+// walkBatch is how many blocks walk keys ahead, so that their lookups' cache
+// misses overlap. The first block is looked up alone: a miss there costs one
+// block's keying.
+const walkBatch = 16
+
 // walk keys the prompt block by block and follows each unit's runs until no
 // unit is left.
 func (out *MatchResult) walk(m *modelTable, seed uint64, lora string, tokens []uint32, now uint32) {
-	bs, n, w := out.BlockSize, out.PromptBlocks, len(out.holders)
-	h := out.holders
+	bs, n := out.BlockSize, out.PromptBlocks
 	alive := len(out.units)
+	var keys [walkBatch]uint64
 	key := rootKey(seed, m.name, lora, 0)
 	i := 0
-	for ; i < n && alive > 0; i++ {
-		key = blockKey(key, tokens[i*bs:(i+1)*bs], 0)
-		if !m.keys.lookup(key, now, h) {
-			break
+walk:
+	for batch := 1; i < n && alive > 0; batch = walkBatch {
+		b := min(batch, n-i)
+		for j := range b {
+			key = blockKey(key, tokens[(i+j)*bs:(i+j+1)*bs], 0)
+			keys[j] = key
 		}
-		for u := range out.units {
-			un := &out.units[u]
-			if un.anyDone {
-				continue
+		out.sink += m.keys.prefetch(keys[:b])
+		for j := range b {
+			if !m.keys.lookup(keys[j], now, out.holders) {
+				break walk
 			}
-			if !intersects(h, out.masks[un.off:un.off+w]) {
-				un.anyDone, un.anyLen = true, i
-				if !un.gpuDone {
-					un.gpuDone, un.gpuLen = true, i
-				}
-				alive--
-				continue
+			if alive = out.step(i); alive == 0 {
+				i++
+				break walk
 			}
-			if !un.gpuDone && !intersects(h, out.masks[un.off+w:un.off+2*w]) {
-				un.gpuDone, un.gpuLen = true, i
-			}
+			i++
 		}
 	}
 	for u := range out.units {
@@ -156,6 +159,31 @@ func (out *MatchResult) walk(m *modelTable, seed uint64, lora string, tokens []u
 			un.gpuLen = i
 		}
 	}
+}
+
+// step ends the runs of the units that do not hold block i, whose holder set
+// is in out.holders, and returns how many units still run.
+func (out *MatchResult) step(i int) int {
+	h, w := out.holders, len(out.holders)
+	alive := 0
+	for u := range out.units {
+		un := &out.units[u]
+		if un.anyDone {
+			continue
+		}
+		if !intersects(h, out.masks[un.off:un.off+w]) {
+			un.anyDone, un.anyLen = true, i
+			if !un.gpuDone {
+				un.gpuDone, un.gpuLen = true, i
+			}
+			continue
+		}
+		alive++
+		if !un.gpuDone && !intersects(h, out.masks[un.off+w:un.off+2*w]) {
+			un.gpuDone, un.gpuLen = true, i
+		}
+	}
+	return alive
 }
 
 // credit turns unit runs into per-pod results, keeping each pod's best rank,

@@ -171,14 +171,13 @@ func (ph *podHolders) rank(rank, width int) *rankHolders {
 // m.mu is held.
 func (m *modelTable) clearLane(ln *lane) int {
 	n := ln.m.n
+	keys := make([]uint64, 0, n)
 	for _, k := range ln.m.keys {
-		if k == 0 {
-			continue
-		}
-		if r, ok := m.keys.find(k); ok {
-			m.keys.drop(r, ln.id)
+		if k != 0 {
+			keys = append(keys, k)
 		}
 	}
+	m.keys.dropHolder(keys, ln.id)
 	ln.m.reset()
 	m.keys.shrink()
 	return n
