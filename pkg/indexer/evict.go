@@ -5,7 +5,6 @@ import (
 	"math/rand/v2"
 	"runtime"
 	"slices"
-	"sync/atomic"
 	"time"
 
 	"k8s.io/klog/v2"
@@ -50,7 +49,7 @@ func (m *modelTable) evictLRU(need int, reason string) {
 	for _, k := range victims {
 		r, _ := m.keys.find(k)
 		for w := range lanes {
-			lanes[w] |= r.a.holders[w][r.i]
+			lanes[w] |= *r.a.word(w, r.i)
 		}
 		m.keys.evict(r)
 		set.add(k)
@@ -70,9 +69,9 @@ func (t *keyTable) clockQuantile(want int) uint32 {
 	clocks := make([]uint32, 0, evictSample)
 	for tries := 0; tries < 4*evictSample && len(clocks) < evictSample; tries++ {
 		a := t.shards[rand.IntN(numShards)].arr.Load()
-		i := rand.IntN(len(a.keys))
-		if a.keys[i] != 0 {
-			clocks = append(clocks, atomic.LoadUint32(&a.clock[i]))
+		i := rand.IntN(a.cap())
+		if a.slots[i].key != 0 {
+			clocks = append(clocks, a.clock(i))
 		}
 	}
 	if len(clocks) == 0 {
@@ -88,8 +87,8 @@ func (t *keyTable) collect(limit uint32, want int, from *int) []uint64 {
 	keys := make([]uint64, 0, want)
 	for s := 0; s < numShards && len(keys) < want; s++ {
 		a := t.shards[(*from+s)%numShards].arr.Load()
-		for i, k := range a.keys {
-			if k != 0 && atomic.LoadUint32(&a.clock[i]) <= limit {
+		for i := range a.slots {
+			if k := a.slots[i].key; k != 0 && a.clock(i) <= limit {
 				keys = append(keys, k)
 				if len(keys) == want {
 					break

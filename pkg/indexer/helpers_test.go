@@ -166,7 +166,8 @@ func (m *modelTable) checkInvariants() error {
 		sh := &m.keys.shards[s]
 		a := sh.arr.Load()
 		n := 0
-		for i, k := range a.keys {
+		for i := range a.slots {
+			k := a.slots[i].key
 			if k == 0 {
 				continue
 			}
@@ -178,10 +179,10 @@ func (m *modelTable) checkInvariants() error {
 			if len(want) == 0 {
 				return fmt.Errorf("key %x has no lane", k)
 			}
-			for w := range a.holders {
+			for w := range a.width() {
 				for b := 0; b < 64; b++ {
 					id := w*64 + b
-					if got := a.holders[w][i]&(1<<b) != 0; got != want[id] {
+					if got := *a.word(w, i)&(1<<b) != 0; got != want[id] {
 						return fmt.Errorf("key %x: holder %d is %v, lanes say %v", k, id, got, want[id])
 					}
 				}

@@ -11,8 +11,7 @@ import (
 //
 // It is split into shards by the top bits of the key. Each shard is an
 // open-addressing table with linear probing and backward-shift deletion, laid
-// out as parallel arrays (keys, clocks, one holder-bitset column per 64
-// holders) so a lookup touches one key cache line and one bitset cache line.
+// out so that a lookup touches one cache line (see keySlots).
 //
 // One writer at a time (the model's mutex) mutates a shard; readers never
 // lock. Every slot word is read and written with sync/atomic, and each shard
@@ -29,11 +28,12 @@ const (
 	minSlots = 8
 )
 
-// A table grows by half when an insert would take it past 4/5 full, and is
+// A table grows by a quarter when an insert would take it past 4/5 full, so
+// that it stays between 64% and 80% full as it grows, and is
 // rebuilt at half full when removals take it under 1/5.
 func overFull(n, capacity int) bool  { return n*5 > capacity*4 }
 func underFull(n, capacity int) bool { return capacity > minSlots && n*5 < capacity }
-func grownCap(capacity int) int      { return capacity + capacity/2 }
+func grownCap(capacity int) int      { return capacity + capacity/4 }
 func rebuiltCap(n int) int           { return max(minSlots, 2*n) }
 
 // home is the first slot probed for a well-mixed hash h in a table of
@@ -69,26 +69,44 @@ type keyShard struct {
 	_   [40]byte // keep shards on separate cache lines
 }
 
-// keySlots are the arrays of one shard; holders[w][i] is word w of the holder
-// set of slot i. A key of 0 marks an empty slot. Only the writer stores keys
-// and holders; readers also store clocks, so every clock access is atomic.
+// keySlots are the arrays of one shard. A slot keeps its key, the first
+// word of its holder set (holders 0 to 63) and its clock together, so that a
+// lookup touches one cache line; more[w-1][i] is word w of slot i's holder
+// set when the table has more than 64 holders. A key of 0 marks an empty
+// slot. Only the writer stores keys and holders; readers also store clocks,
+// so every clock access is atomic.
 type keySlots struct {
-	keys    []uint64
-	clock   []uint32
-	holders [][]uint64
+	slots []keySlot
+	more  [][]uint64
+}
+
+type keySlot struct {
+	key     uint64
+	holders uint64
+	clock   uint32
+	_       uint32
 }
 
 func newKeySlots(capacity, width int) *keySlots {
-	a := &keySlots{
-		keys:    make([]uint64, capacity),
-		clock:   make([]uint32, capacity),
-		holders: make([][]uint64, width),
-	}
-	for w := range a.holders {
-		a.holders[w] = make([]uint64, capacity)
+	a := &keySlots{slots: make([]keySlot, capacity), more: make([][]uint64, width-1)}
+	for w := range a.more {
+		a.more[w] = make([]uint64, capacity)
 	}
 	return a
 }
+
+func (a *keySlots) cap() int   { return len(a.slots) }
+func (a *keySlots) width() int { return 1 + len(a.more) }
+
+// word is word w of slot i's holder set.
+func (a *keySlots) word(w, i int) *uint64 {
+	if w == 0 {
+		return &a.slots[i].holders
+	}
+	return &a.more[w-1][i]
+}
+
+func (a *keySlots) clock(i int) uint32 { return atomic.LoadUint32(&a.slots[i].clock) }
 
 func (t *keyTable) init(total *atomic.Int64) {
 	t.width, t.total = 1, total
@@ -119,20 +137,22 @@ func (t *keyTable) lookup(key uint64, now uint32, dst []uint64) bool {
 		}
 		a := sh.arr.Load()
 		i, ok := a.find(key)
+		var c uint32
 		if ok {
 			for w := range dst {
-				if w < len(a.holders) {
-					dst[w] = atomic.LoadUint64(&a.holders[w][i])
+				if w < a.width() {
+					dst[w] = atomic.LoadUint64(a.word(w, i))
 				} else {
 					dst[w] = 0
 				}
 			}
+			c = a.clock(i)
 		}
 		if sh.seq.Load() != s1 {
 			continue
 		}
-		if ok && atomic.LoadUint32(&a.clock[i]) < now {
-			atomic.StoreUint32(&a.clock[i], now)
+		if ok && c < now {
+			atomic.StoreUint32(&a.slots[i].clock, now)
 		}
 		return ok
 	}
@@ -145,17 +165,16 @@ func (t *keyTable) prefetch(keys []uint64) uint64 {
 	var sum uint64
 	for _, k := range keys {
 		a := t.shards[shardOf(k)].arr.Load()
-		i := slotHome(k, len(a.keys))
-		sum += atomic.LoadUint64(&a.keys[i]) + atomic.LoadUint64(&a.holders[0][i]) + uint64(atomic.LoadUint32(&a.clock[i]))
+		sum += atomic.LoadUint64(&a.slots[slotHome(k, a.cap())].key)
 	}
 	return sum
 }
 
 // find returns the slot of key, reading keys atomically.
 func (a *keySlots) find(key uint64) (int, bool) {
-	c := len(a.keys)
+	c := a.cap()
 	for i := slotHome(key, c); ; {
-		k := atomic.LoadUint64(&a.keys[i])
+		k := atomic.LoadUint64(&a.slots[i].key)
 		if k == key {
 			return i, true
 		}
@@ -187,13 +206,13 @@ func (t *keyTable) find(key uint64) (slotRef, bool) {
 func (t *keyTable) insert(key uint64, now uint32) slotRef {
 	sh := &t.shards[shardOf(key)]
 	a := sh.arr.Load()
-	if overFull(sh.n+1, len(a.keys)) {
-		a = sh.rebuild(grownCap(len(a.keys)), t.width)
+	if overFull(sh.n+1, a.cap()) {
+		a = sh.rebuild(grownCap(a.cap()), t.width)
 	}
 	i, _ := a.find(key)
 	sh.seq.Add(1)
-	atomic.StoreUint32(&a.clock[i], now)
-	atomic.StoreUint64(&a.keys[i], key)
+	atomic.StoreUint32(&a.slots[i].clock, now)
+	atomic.StoreUint64(&a.slots[i].key, key)
 	sh.seq.Add(1)
 	sh.n++
 	t.counted(1)
@@ -203,21 +222,21 @@ func (t *keyTable) insert(key uint64, now uint32) slotRef {
 // has reports whether holder id is in the slot's holder set.
 func (r slotRef) has(id int) bool {
 	w, bit := id>>6, uint64(1)<<(id&63)
-	return w < len(r.a.holders) && atomic.LoadUint64(&r.a.holders[w][r.i])&bit != 0
+	return w < r.a.width() && atomic.LoadUint64(r.a.word(w, r.i))&bit != 0
 }
 
 // add puts holder id into the slot's holder set; the table must be wide
 // enough for id.
 func (r slotRef) add(id int) {
 	r.sh.seq.Add(1)
-	atomic.OrUint64(&r.a.holders[id>>6][r.i], 1<<(id&63))
+	atomic.OrUint64(r.a.word(id>>6, r.i), 1<<(id&63))
 	r.sh.seq.Add(1)
 }
 
 // touch sets the slot's clock to now.
 func (r slotRef) touch(now uint32) {
-	if atomic.LoadUint32(&r.a.clock[r.i]) < now {
-		atomic.StoreUint32(&r.a.clock[r.i], now)
+	if r.a.clock(r.i) < now {
+		atomic.StoreUint32(&r.a.slots[r.i].clock, now)
 	}
 }
 
@@ -226,7 +245,7 @@ func (r slotRef) touch(now uint32) {
 func (t *keyTable) drop(r slotRef, id int) bool {
 	r.sh.seq.Add(1)
 	defer r.sh.seq.Add(1)
-	atomic.AndUint64(&r.a.holders[id>>6][r.i], ^uint64(1<<(id&63)))
+	atomic.AndUint64(r.a.word(id>>6, r.i), ^uint64(1<<(id&63)))
 	if !r.a.unheld(r.i) {
 		return false
 	}
@@ -273,8 +292,9 @@ func (t *keyTable) dropHolder(keys []uint64, id int) {
 				if !ok {
 					continue
 				}
-				h := a.holders[w][i] &^ bit
-				atomic.StoreUint64(&a.holders[w][i], h)
+				p := a.word(w, i)
+				h := *p &^ bit
+				atomic.StoreUint64(p, h)
 				if h == 0 && a.unheld(i) {
 					a.remove(i)
 					sh.n--
@@ -289,8 +309,8 @@ func (t *keyTable) dropHolder(keys []uint64, id int) {
 
 // unheld reports whether slot i has no holder; writer only.
 func (a *keySlots) unheld(i int) bool {
-	for w := range a.holders {
-		if a.holders[w][i] != 0 {
+	for w := range a.width() {
+		if *a.word(w, i) != 0 {
 			return false
 		}
 	}
@@ -316,29 +336,35 @@ func (t *keyTable) counted(d int) {
 // remove empties slot i by backward-shift deletion. The caller holds the
 // shard's sequence odd.
 func (a *keySlots) remove(i int) {
-	c := len(a.keys)
+	c := a.cap()
 	for j := i; ; {
 		if j++; j == c {
 			j = 0
 		}
-		k := a.keys[j]
+		k := a.slots[j].key
 		if k == 0 {
 			break
 		}
 		if between(i, slotHome(k, c), j) {
 			continue
 		}
-		atomic.StoreUint64(&a.keys[i], k)
-		atomic.StoreUint32(&a.clock[i], atomic.LoadUint32(&a.clock[j]))
-		for w := range a.holders {
-			atomic.StoreUint64(&a.holders[w][i], a.holders[w][j])
-		}
+		a.store(i, k, a.clock(j), j)
 		i = j
 	}
-	atomic.StoreUint64(&a.keys[i], 0)
-	atomic.StoreUint32(&a.clock[i], 0)
-	for w := range a.holders {
-		atomic.StoreUint64(&a.holders[w][i], 0)
+	a.store(i, 0, 0, -1)
+}
+
+// store writes key and clock into slot i with the holder set of slot from,
+// or an empty one when from is -1.
+func (a *keySlots) store(i int, key uint64, clock uint32, from int) {
+	atomic.StoreUint64(&a.slots[i].key, key)
+	atomic.StoreUint32(&a.slots[i].clock, clock)
+	for w := range a.width() {
+		var h uint64
+		if from >= 0 {
+			h = *a.word(w, from)
+		}
+		atomic.StoreUint64(a.word(w, i), h)
 	}
 }
 
@@ -347,19 +373,20 @@ func (a *keySlots) remove(i int) {
 func (sh *keyShard) rebuild(capacity, width int) *keySlots {
 	old := sh.arr.Load()
 	a := newKeySlots(capacity, width)
-	for j, k := range old.keys {
+	for j := range old.slots {
+		k := old.slots[j].key
 		if k == 0 {
 			continue
 		}
 		i := slotHome(k, capacity)
-		for a.keys[i] != 0 {
+		for a.slots[i].key != 0 {
 			if i++; i == capacity {
 				i = 0
 			}
 		}
-		a.keys[i], a.clock[i] = k, atomic.LoadUint32(&old.clock[j])
-		for w := range old.holders {
-			a.holders[w][i] = old.holders[w][j]
+		a.slots[i] = keySlot{key: k, holders: old.slots[j].holders, clock: old.clock(j)}
+		for w := range old.more {
+			a.more[w][i] = old.more[w][j]
 		}
 	}
 	sh.seq.Add(1)
@@ -372,7 +399,7 @@ func (sh *keyShard) rebuild(capacity, width int) *keySlots {
 func (t *keyTable) shrink() {
 	for i := range t.shards {
 		sh := &t.shards[i]
-		if c := len(sh.arr.Load().keys); underFull(sh.n, c) {
+		if c := sh.arr.Load().cap(); underFull(sh.n, c) {
 			sh.rebuild(rebuiltCap(sh.n), t.width)
 		}
 	}
@@ -386,6 +413,6 @@ func (t *keyTable) widen(width int) {
 	t.width = width
 	for i := range t.shards {
 		sh := &t.shards[i]
-		sh.rebuild(len(sh.arr.Load().keys), width)
+		sh.rebuild(sh.arr.Load().cap(), width)
 	}
 }
