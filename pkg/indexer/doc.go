@@ -40,14 +40,17 @@
 //
 // The number of keys per model (MaxPrefixesPerContext), of all models
 // (MaxPrefixes) and of models (MaxContexts) are hard bounds. Each key carries
-// a coarse clock, in seconds, refreshed when a block is stored (re-announced
-// blocks included) or matched. When a model is full, the index evicts a batch
-// of about 1/32 of its keys whose clock is at or below a quantile estimated
-// from 256 sampled clocks: an approximate LRU, exact in what it removes,
-// since every evicted key leaves every holder and every lane map in the same
-// step. When all models together are full, the batch comes from the least
-// recently used model. A pod that sent no event and was credited by no match
-// for EvictionDuration is purged by the sweep that Run performs every
+// a coarse clock, in whole seconds, refreshed when a block is stored
+// (re-announced blocks included) or matched. When a model is full, the index
+// evicts, in one batch, the 1/32 of its keys with the oldest clocks: an LRU
+// approximated only by the clock's resolution and by evicting in batches,
+// which a scan of the key table and of the lanes holding the victims pays
+// for once per batch. Eviction is exact in what it removes: every evicted key
+// leaves every holder and every lane map in the same step, so nothing
+// dangles and later events naming an evicted block treat it as unknown. When
+// all models together are full, the batch comes from the least recently used
+// model. A pod that sent no event and was credited by no match for
+// EvictionDuration is purged by the sweep that Run performs every
 // EvictionInterval.
 //
 // # Concurrency

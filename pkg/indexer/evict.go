@@ -40,10 +40,7 @@ func (m *modelTable) evictLRU(need int, reason string) {
 	if target <= 0 {
 		return
 	}
-	victims := m.keys.collect(m.keys.clockQuantile(target), target, &m.evictFrom)
-	if len(victims) < need {
-		victims = m.keys.collect(^uint32(0), target, &m.evictFrom)
-	}
+	victims := m.keys.oldest(target, &m.evictFrom)
 	set := newKeySet(len(victims))
 	lanes := make([]uint64, m.keys.width)
 	for _, k := range victims {
@@ -81,23 +78,48 @@ func (t *keyTable) clockQuantile(want int) uint32 {
 	return clocks[min(len(clocks)-1, len(clocks)*want/max(1, t.n))]
 }
 
-// collect returns up to want keys whose clock is at most limit, scanning the
-// shards round-robin from *from.
-func (t *keyTable) collect(limit uint32, want int, from *int) []uint64 {
-	keys := make([]uint64, 0, want)
-	for s := 0; s < numShards && len(keys) < want; s++ {
-		a := t.shards[(*from+s)%numShards].arr.Load()
-		for i := range a.slots {
-			if k := a.slots[i].key; k != 0 && a.clock(i) <= limit {
-				keys = append(keys, k)
-				if len(keys) == want {
-					break
+// oldest returns the want least recently stored or matched keys (fewer
+// only if the table has fewer), ties broken by position. It scans the whole
+// table once, keeping candidates at or under a clock limit: the limit starts
+// at a quantile estimated from a sample, and whenever 4*want candidates pile
+// up it drops to the clock of the 2*want-th oldest, so the candidates stay
+// few whatever the sample said.
+func (t *keyTable) oldest(want int, from *int) []uint64 {
+	limit := t.clockQuantile(want)
+	cands := make([]candidate, 0, 4*want)
+	byClock := func(a, b candidate) int { return int(a.clock) - int(b.clock) }
+	for pass := 0; pass < 2 && len(cands) < want; pass++ {
+		if pass == 1 {
+			limit, cands = ^uint32(0), cands[:0]
+		}
+		for s := range numShards {
+			a := t.shards[(*from+s)%numShards].arr.Load()
+			for i := range a.slots {
+				k, c := a.slots[i].key, a.clock(i)
+				if k == 0 || c > limit {
+					continue
+				}
+				cands = append(cands, candidate{k, c})
+				if len(cands) == cap(cands) {
+					slices.SortFunc(cands, byClock)
+					cands = cands[:2*want]
+					limit = cands[len(cands)-1].clock
 				}
 			}
 		}
 	}
 	*from = (*from + 1) % numShards
+	slices.SortFunc(cands, byClock)
+	keys := make([]uint64, 0, want)
+	for _, c := range cands[:min(want, len(cands))] {
+		keys = append(keys, c.key)
+	}
 	return keys
+}
+
+type candidate struct {
+	key   uint64
+	clock uint32
 }
 
 // evictForTotal evicts a batch of keys from the least recently used model

@@ -262,8 +262,8 @@ const dropChunk = 64
 // dropHolder takes holder id out of the holder sets of keys, deleting the
 // keys left without holders. It works shard by shard, so that each shard's
 // arrays stay in cache, and changes a shard's sequence once per chunk of
-// updates instead of once per key.
-func (t *keyTable) dropHolder(keys []uint64, id int) {
+// updates instead of once per key. scratch, as long as keys, is overwritten.
+func (t *keyTable) dropHolder(keys []uint64, id int, scratch []uint64) {
 	var start [numShards + 1]int
 	for _, k := range keys {
 		start[shardOf(k)+1]++
@@ -271,7 +271,7 @@ func (t *keyTable) dropHolder(keys []uint64, id int) {
 	for s := 1; s <= numShards; s++ {
 		start[s] += start[s-1]
 	}
-	byShard := make([]uint64, len(keys))
+	byShard := scratch
 	next := start
 	for _, k := range keys {
 		s := shardOf(k)

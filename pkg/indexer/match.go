@@ -143,7 +143,7 @@ walk:
 			if !m.keys.lookup(keys[j], now, out.holders) {
 				break walk
 			}
-			if alive = out.step(i); alive == 0 {
+			if alive = out.step(i, alive); alive == 0 {
 				i++
 				break walk
 			}
@@ -161,27 +161,26 @@ walk:
 	}
 }
 
-// step ends the runs of the units that do not hold block i, whose holder set
-// is in out.holders, and returns how many units still run.
-func (out *MatchResult) step(i int) int {
+// step ends the runs of the running units, out.units[:alive], that do not
+// hold block i, whose holder set is in out.holders. It moves the units it
+// ends behind the running ones and returns how many still run.
+func (out *MatchResult) step(i, alive int) int {
 	h, w := out.holders, len(out.holders)
-	alive := 0
-	for u := range out.units {
+	for u := 0; u < alive; {
 		un := &out.units[u]
-		if un.anyDone {
-			continue
-		}
 		if !intersects(h, out.masks[un.off:un.off+w]) {
 			un.anyDone, un.anyLen = true, i
 			if !un.gpuDone {
 				un.gpuDone, un.gpuLen = true, i
 			}
+			alive--
+			out.units[u], out.units[alive] = out.units[alive], out.units[u]
 			continue
 		}
-		alive++
 		if !un.gpuDone && !intersects(h, out.masks[un.off+w:un.off+2*w]) {
 			un.gpuDone, un.gpuLen = true, i
 		}
+		u++
 	}
 	return alive
 }
@@ -204,6 +203,9 @@ func (out *MatchResult) credit(bs int, nowNanos int64) {
 }
 
 func intersects(a, b []uint64) bool {
+	if len(a) == 1 {
+		return a[0]&b[0] != 0
+	}
 	for i, x := range a {
 		if x&b[i] != 0 {
 			return true

@@ -171,13 +171,15 @@ func (ph *podHolders) rank(rank, width int) *rankHolders {
 // m.mu is held.
 func (m *modelTable) clearLane(ln *lane) int {
 	n := ln.m.n
-	keys := make([]uint64, 0, n)
+	// The lane's arrays are dropped after this: compact its keys in place
+	// and lend its hash array to dropHolder.
+	keys := ln.m.keys[:0]
 	for _, k := range ln.m.keys {
 		if k != 0 {
 			keys = append(keys, k)
 		}
 	}
-	m.keys.dropHolder(keys, ln.id)
+	m.keys.dropHolder(keys, ln.id, ln.m.hashes[:len(keys)])
 	ln.m.reset()
 	m.keys.shrink()
 	return n
