@@ -55,13 +55,15 @@
 //
 // # Concurrency
 //
-// Matches take no lock and write no shared memory per block. Each model's key
-// table is split into shards, each an open-addressing table whose slots are
-// read and written with sync/atomic and guarded by a sequence counter
-// (a seqlock): the single writer makes it odd while it changes a slot, and a
-// reader retries a lookup that saw it change. Resizes publish new arrays with
-// one atomic store. Writers of one model (event batches, purges, evictions)
-// serialise on the model's mutex; different models are independent. A pod
-// purge takes time proportional to the pod's blocks and only delays the
-// writers of the pod's models.
+// Matches take no lock, never wait for a writer and write no shared memory
+// per block (a key's clock at most once a second). Each model's key table is
+// split into shards, each an open-addressing table whose slots are read and
+// written with sync/atomic. Within one set of a shard's arrays a slot goes
+// from empty to one key to a tombstone and entries never move, so a lookup
+// always reads the holders of the key it found, and never misses a key that
+// was present throughout; growing, shrinking and dropping tombstones build
+// new arrays aside and publish them with one atomic store. Writers of one
+// model (event batches, purges, evictions) serialise on the model's mutex;
+// different models are independent. A pod purge takes time proportional to
+// the pod's blocks and delays only the writers of the pod's models.
 package indexer

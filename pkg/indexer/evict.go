@@ -67,7 +67,7 @@ func (t *keyTable) clockQuantile(want int) uint32 {
 	for tries := 0; tries < 4*evictSample && len(clocks) < evictSample; tries++ {
 		a := t.shards[rand.IntN(numShards)].arr.Load()
 		i := rand.IntN(a.cap())
-		if a.slots[i].key != 0 {
+		if k := a.slots[i].key; k != emptyKey && k != deadKey {
 			clocks = append(clocks, a.clock(i))
 		}
 	}
@@ -96,7 +96,7 @@ func (t *keyTable) oldest(want int, from *int) []uint64 {
 			a := t.shards[(*from+s)%numShards].arr.Load()
 			for i := range a.slots {
 				k, c := a.slots[i].key, a.clock(i)
-				if k == 0 || c > limit {
+				if k == emptyKey || k == deadKey || c > limit {
 					continue
 				}
 				cands = append(cands, candidate{k, c})

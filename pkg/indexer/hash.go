@@ -48,9 +48,14 @@ func blockKey(parent uint64, toks []uint32, extra uint64) uint64 {
 	for _, v := range toks {
 		h = mum(h^uint64(v)^mixC, mixB)
 	}
-	h = mum(h^mixC, uint64(n)^extra^mixD)
-	if h == 0 {
-		return mixA
+	return usable(mum(h^mixC, uint64(n)^extra^mixD))
+}
+
+// usable maps the two hash values that mark empty slots and tombstones to
+// other values.
+func usable(h uint64) uint64 {
+	if h <= deadKey {
+		return mixA + h
 	}
 	return h
 }
@@ -67,7 +72,7 @@ func rootKey(seed uint64, model, lora string, loraID int) uint64 {
 	case loraID > 0:
 		h = hashString(mum(h^mixB, 2), strconv.Itoa(loraID))
 	}
-	return mum(h^mixC, mixD)
+	return usable(mum(h^mixC, mixD))
 }
 
 // hashString mixes s into h, length included.

@@ -165,10 +165,16 @@ func (m *modelTable) checkInvariants() error {
 	for s := range m.keys.shards {
 		sh := &m.keys.shards[s]
 		a := sh.arr.Load()
-		n := 0
+		n, dead := 0, 0
 		for i := range a.slots {
 			k := a.slots[i].key
-			if k == 0 {
+			if k == deadKey {
+				dead++
+				if !a.unheld(i) {
+					return fmt.Errorf("tombstone with holders")
+				}
+			}
+			if k == emptyKey || k == deadKey {
 				continue
 			}
 			n++
@@ -189,8 +195,8 @@ func (m *modelTable) checkInvariants() error {
 			}
 			delete(holders, k)
 		}
-		if n != sh.n {
-			return fmt.Errorf("shard %d counts %d keys, has %d", s, sh.n, n)
+		if n != sh.n || dead != sh.dead {
+			return fmt.Errorf("shard %d counts %d keys and %d tombstones, has %d and %d", s, sh.n, sh.dead, n, dead)
 		}
 		keys += n
 	}

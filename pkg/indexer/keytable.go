@@ -2,7 +2,6 @@ package indexer
 
 import (
 	"math/bits"
-	"runtime"
 	"sync/atomic"
 )
 
@@ -10,16 +9,19 @@ import (
 // that hold its block, and to the coarse time it was last stored or matched.
 //
 // It is split into shards by the top bits of the key. Each shard is an
-// open-addressing table with linear probing and backward-shift deletion, laid
-// out so that a lookup touches one cache line (see keySlots).
+// open-addressing table with linear probing, laid out so that a lookup
+// touches one cache line (see keySlots).
 //
-// One writer at a time (the model's mutex) mutates a shard; readers never
-// lock. Every slot word is read and written with sync/atomic, and each shard
-// has a sequence counter that the writer makes odd while it changes slots and
-// even again after: a reader that sees the same even value before and after a
-// lookup read a consistent slot. Growing builds new arrays aside and
-// publishes them with one atomic pointer store, so readers are never blocked
-// by a resize.
+// One writer at a time (the model's mutex) mutates a shard; readers take no
+// lock and never wait. Every slot word is read and written with sync/atomic,
+// and a slot's life within one set of arrays is monotonic: empty, then one
+// key, then a tombstone. Entries never move and a slot never holds a second
+// key, so a reader that finds its key reads that key's holder set (or the
+// zero set of a key being deleted), and a reader never misses a key that was
+// present for its whole lookup. Tombstones are never reused; they are
+// dropped, and the table grows or shrinks, by building new arrays aside and
+// publishing them with one atomic pointer store. A reader still on the old
+// arrays sees the table as it was just before.
 
 const (
 	shardBits = 5
@@ -28,27 +30,26 @@ const (
 	minSlots = 8
 )
 
-// A table grows by a quarter when an insert would take it past 4/5 full, so
-// that it stays between 64% and 80% full as it grows, and is
-// rebuilt at half full when removals take it under 1/5.
+// Keys 0 and 1 mark empty slots and tombstones; blockKey and rootKey never
+// return them.
+const (
+	emptyKey = 0
+	deadKey  = 1
+)
+
+// A table is rebuilt when an insert would take its used slots (keys and
+// tombstones) past 4/5 of its capacity, or removals leave it under 1/5 full.
+// A rebuild sizes it 64% full of keys, so that growing proceeds by a quarter
+// and the table stays between 64% and 80% used.
 func overFull(n, capacity int) bool  { return n*5 > capacity*4 }
 func underFull(n, capacity int) bool { return capacity > minSlots && n*5 < capacity }
-func grownCap(capacity int) int      { return capacity + capacity/4 }
-func rebuiltCap(n int) int           { return max(minSlots, 2*n) }
+func capFor(n int) int               { return max(minSlots, n*25/16) }
 
 // home is the first slot probed for a well-mixed hash h in a table of
 // capacity slots.
 func home(h uint64, capacity int) int {
 	hi, _ := bits.Mul64(h, uint64(capacity))
 	return int(hi)
-}
-
-// between reports whether h lies cyclically in (i, j].
-func between(i, h, j int) bool {
-	if i <= j {
-		return i < h && h <= j
-	}
-	return i < h || h <= j
 }
 
 type keyTable struct {
@@ -63,18 +64,17 @@ type keyTable struct {
 }
 
 type keyShard struct {
-	seq atomic.Uint64
 	arr atomic.Pointer[keySlots]
-	n   int
-	_   [40]byte // keep shards on separate cache lines
+	// n counts the shard's keys and dead its tombstones. Writer only.
+	n, dead int
+	_       [40]byte // keep shards on separate cache lines
 }
 
 // keySlots are the arrays of one shard. A slot keeps its key, the first
 // word of its holder set (holders 0 to 63) and its clock together, so that a
 // lookup touches one cache line; more[w-1][i] is word w of slot i's holder
-// set when the table has more than 64 holders. A key of 0 marks an empty
-// slot. Only the writer stores keys and holders; readers also store clocks,
-// so every clock access is atomic.
+// set when the table has more than 64 holders. Only the writer stores keys
+// and holders; readers also store clocks, so every clock access is atomic.
 type keySlots struct {
 	slots []keySlot
 	more  [][]uint64
@@ -108,6 +108,16 @@ func (a *keySlots) word(w, i int) *uint64 {
 
 func (a *keySlots) clock(i int) uint32 { return atomic.LoadUint32(&a.slots[i].clock) }
 
+// unheld reports whether slot i has no holder; writer only.
+func (a *keySlots) unheld(i int) bool {
+	for w := range a.width() {
+		if *a.word(w, i) != 0 {
+			return false
+		}
+	}
+	return true
+}
+
 func (t *keyTable) init(total *atomic.Int64) {
 	t.width, t.total = 1, total
 	for i := range t.shards {
@@ -121,41 +131,44 @@ func shardOf(key uint64) int { return int(key >> (64 - shardBits)) }
 // out so that every shard spreads its keys over all its slots.
 func slotHome(key uint64, capacity int) int { return home(key<<shardBits, capacity) }
 
+// find returns the slot of key, or the empty slot that ends its probe
+// sequence, reading keys atomically.
+func (a *keySlots) find(key uint64) (int, bool) {
+	c := a.cap()
+	for i := slotHome(key, c); ; {
+		k := atomic.LoadUint64(&a.slots[i].key)
+		if k == key {
+			return i, true
+		}
+		if k == emptyKey {
+			return i, false
+		}
+		if i++; i == c {
+			i = 0
+		}
+	}
+}
+
 // lookup copies the holder set of key into dst (len(dst) words; words the
 // table does not have read as 0) and reports whether key is present. It
-// refreshes the key's clock to now when it is older. It never blocks on a
-// writer beyond the few stores of one slot update.
+// refreshes the key's clock to now when it is older.
 func (t *keyTable) lookup(key uint64, now uint32, dst []uint64) bool {
-	sh := &t.shards[shardOf(key)]
-	for spins := 0; ; spins++ {
-		s1 := sh.seq.Load()
-		if s1&1 != 0 {
-			if spins&63 == 63 {
-				runtime.Gosched()
-			}
-			continue
-		}
-		a := sh.arr.Load()
-		i, ok := a.find(key)
-		var c uint32
-		if ok {
-			for w := range dst {
-				if w < a.width() {
-					dst[w] = atomic.LoadUint64(a.word(w, i))
-				} else {
-					dst[w] = 0
-				}
-			}
-			c = a.clock(i)
-		}
-		if sh.seq.Load() != s1 {
-			continue
-		}
-		if ok && c < now {
-			atomic.StoreUint32(&a.slots[i].clock, now)
-		}
-		return ok
+	a := t.shards[shardOf(key)].arr.Load()
+	i, ok := a.find(key)
+	if !ok {
+		return false
 	}
+	for w := range dst {
+		if w < a.width() {
+			dst[w] = atomic.LoadUint64(a.word(w, i))
+		} else {
+			dst[w] = 0
+		}
+	}
+	if a.clock(i) < now {
+		atomic.StoreUint32(&a.slots[i].clock, now)
+	}
+	return true
 }
 
 // prefetch loads the first slot of each key's probe sequence, so that the
@@ -168,23 +181,6 @@ func (t *keyTable) prefetch(keys []uint64) uint64 {
 		sum += atomic.LoadUint64(&a.slots[slotHome(k, a.cap())].key)
 	}
 	return sum
-}
-
-// find returns the slot of key, reading keys atomically.
-func (a *keySlots) find(key uint64) (int, bool) {
-	c := a.cap()
-	for i := slotHome(key, c); ; {
-		k := atomic.LoadUint64(&a.slots[i].key)
-		if k == key {
-			return i, true
-		}
-		if k == 0 {
-			return i, false
-		}
-		if i++; i == c {
-			i = 0
-		}
-	}
 }
 
 // slotRef names one slot of a shard for the writer.
@@ -206,14 +202,12 @@ func (t *keyTable) find(key uint64) (slotRef, bool) {
 func (t *keyTable) insert(key uint64, now uint32) slotRef {
 	sh := &t.shards[shardOf(key)]
 	a := sh.arr.Load()
-	if overFull(sh.n+1, a.cap()) {
-		a = sh.rebuild(grownCap(a.cap()), t.width)
+	if overFull(sh.n+sh.dead+1, a.cap()) {
+		a = sh.rebuild(capFor(sh.n+1), t.width)
 	}
 	i, _ := a.find(key)
-	sh.seq.Add(1)
 	atomic.StoreUint32(&a.slots[i].clock, now)
 	atomic.StoreUint64(&a.slots[i].key, key)
-	sh.seq.Add(1)
 	sh.n++
 	t.counted(1)
 	return slotRef{sh, a, i}
@@ -228,9 +222,7 @@ func (r slotRef) has(id int) bool {
 // add puts holder id into the slot's holder set; the table must be wide
 // enough for id.
 func (r slotRef) add(id int) {
-	r.sh.seq.Add(1)
 	atomic.OrUint64(r.a.word(id>>6, r.i), 1<<(id&63))
-	r.sh.seq.Add(1)
 }
 
 // touch sets the slot's clock to now.
@@ -243,26 +235,33 @@ func (r slotRef) touch(now uint32) {
 // drop takes holder id out of the slot's holder set and deletes the key when
 // no holder is left; it reports whether the key was deleted.
 func (t *keyTable) drop(r slotRef, id int) bool {
-	r.sh.seq.Add(1)
-	defer r.sh.seq.Add(1)
 	atomic.AndUint64(r.a.word(id>>6, r.i), ^uint64(1<<(id&63)))
 	if !r.a.unheld(r.i) {
 		return false
 	}
-	r.a.remove(r.i)
-	r.sh.n--
-	t.counted(-1)
+	t.bury(r)
 	return true
 }
 
-// dropChunk bounds the updates a writer makes under one odd sequence value,
-// and so how long a reader of the shard may wait.
-const dropChunk = 64
+// evict deletes the key in slot r whatever its holders.
+func (t *keyTable) evict(r slotRef) {
+	for w := range r.a.width() {
+		atomic.StoreUint64(r.a.word(w, r.i), 0)
+	}
+	t.bury(r)
+}
+
+// bury turns the slot of a key without holders into a tombstone.
+func (t *keyTable) bury(r slotRef) {
+	atomic.StoreUint64(&r.a.slots[r.i].key, deadKey)
+	r.sh.n--
+	r.sh.dead++
+	t.counted(-1)
+}
 
 // dropHolder takes holder id out of the holder sets of keys, deleting the
 // keys left without holders. It works shard by shard, so that each shard's
-// arrays stay in cache, and changes a shard's sequence once per chunk of
-// updates instead of once per key. scratch, as long as keys, is overwritten.
+// arrays stay in cache. scratch, as long as keys, is overwritten.
 func (t *keyTable) dropHolder(keys []uint64, id int, scratch []uint64) {
 	var start [numShards + 1]int
 	for _, k := range keys {
@@ -278,52 +277,11 @@ func (t *keyTable) dropHolder(keys []uint64, id int, scratch []uint64) {
 		byShard[next[s]] = k
 		next[s]++
 	}
-	w, bit := id>>6, uint64(1)<<(id&63)
-	deleted := 0
-	for s := range numShards {
-		sh := &t.shards[s]
-		a := sh.arr.Load()
-		for batch := byShard[start[s]:start[s+1]]; len(batch) > 0; {
-			chunk := batch[:min(len(batch), dropChunk)]
-			batch = batch[len(chunk):]
-			sh.seq.Add(1)
-			for _, k := range chunk {
-				i, ok := a.find(k)
-				if !ok {
-					continue
-				}
-				p := a.word(w, i)
-				h := *p &^ bit
-				atomic.StoreUint64(p, h)
-				if h == 0 && a.unheld(i) {
-					a.remove(i)
-					sh.n--
-					deleted++
-				}
-			}
-			sh.seq.Add(1)
+	for _, k := range byShard {
+		if r, ok := t.find(k); ok {
+			t.drop(r, id)
 		}
 	}
-	t.counted(-deleted)
-}
-
-// unheld reports whether slot i has no holder; writer only.
-func (a *keySlots) unheld(i int) bool {
-	for w := range a.width() {
-		if *a.word(w, i) != 0 {
-			return false
-		}
-	}
-	return true
-}
-
-// evict deletes the key in slot r whatever its holders.
-func (t *keyTable) evict(r slotRef) {
-	r.sh.seq.Add(1)
-	r.a.remove(r.i)
-	r.sh.seq.Add(1)
-	r.sh.n--
-	t.counted(-1)
 }
 
 // counted adds d to the key counts.
@@ -333,53 +291,18 @@ func (t *keyTable) counted(d int) {
 	t.total.Add(int64(d))
 }
 
-// remove empties slot i by backward-shift deletion. The caller holds the
-// shard's sequence odd.
-func (a *keySlots) remove(i int) {
-	c := a.cap()
-	for j := i; ; {
-		if j++; j == c {
-			j = 0
-		}
-		k := a.slots[j].key
-		if k == 0 {
-			break
-		}
-		if between(i, slotHome(k, c), j) {
-			continue
-		}
-		a.store(i, k, a.clock(j), j)
-		i = j
-	}
-	a.store(i, 0, 0, -1)
-}
-
-// store writes key and clock into slot i with the holder set of slot from,
-// or an empty one when from is -1.
-func (a *keySlots) store(i int, key uint64, clock uint32, from int) {
-	atomic.StoreUint64(&a.slots[i].key, key)
-	atomic.StoreUint32(&a.slots[i].clock, clock)
-	for w := range a.width() {
-		var h uint64
-		if from >= 0 {
-			h = *a.word(w, from)
-		}
-		atomic.StoreUint64(a.word(w, i), h)
-	}
-}
-
-// rebuild moves the shard into new arrays of the given capacity and width
-// and publishes them.
+// rebuild moves the shard's keys, without its tombstones, into new arrays of
+// the given capacity and width and publishes them.
 func (sh *keyShard) rebuild(capacity, width int) *keySlots {
 	old := sh.arr.Load()
 	a := newKeySlots(capacity, width)
 	for j := range old.slots {
 		k := old.slots[j].key
-		if k == 0 {
+		if k == emptyKey || k == deadKey {
 			continue
 		}
 		i := slotHome(k, capacity)
-		for a.slots[i].key != 0 {
+		for a.slots[i].key != emptyKey {
 			if i++; i == capacity {
 				i = 0
 			}
@@ -389,9 +312,8 @@ func (sh *keyShard) rebuild(capacity, width int) *keySlots {
 			a.more[w][i] = old.more[w][j]
 		}
 	}
-	sh.seq.Add(1)
 	sh.arr.Store(a)
-	sh.seq.Add(1)
+	sh.dead = 0
 	return a
 }
 
@@ -399,8 +321,8 @@ func (sh *keyShard) rebuild(capacity, width int) *keySlots {
 func (t *keyTable) shrink() {
 	for i := range t.shards {
 		sh := &t.shards[i]
-		if c := sh.arr.Load().cap(); underFull(sh.n, c) {
-			sh.rebuild(rebuiltCap(sh.n), t.width)
+		if underFull(sh.n, sh.arr.Load().cap()) {
+			sh.rebuild(capFor(sh.n), t.width)
 		}
 	}
 }

@@ -24,6 +24,14 @@ type laneMap struct {
 	n      int
 }
 
+// between reports whether h lies cyclically in (i, j].
+func between(i, h, j int) bool {
+	if i <= j {
+		return i < h && h <= j
+	}
+	return i < h || h <= j
+}
+
 // laneHome spreads engine hashes, which old engines draw from small integers,
 // over the table.
 func laneHome(hash uint64, capacity int) int { return home(hash*mixA, capacity) }
@@ -62,7 +70,7 @@ func (m *laneMap) put(hash, key uint64) {
 		return
 	}
 	if len(m.keys) == 0 || overFull(m.n+1, len(m.keys)) {
-		m.rebuild(max(minSlots, grownCap(len(m.keys))))
+		m.rebuild(capFor(m.n + 1))
 	}
 	i, _ := m.slot(hash)
 	m.hashes[i], m.keys[i] = hash, key
@@ -93,7 +101,7 @@ func (m *laneMap) del(hash uint64) (uint64, bool) {
 	m.hashes[i], m.keys[i] = 0, 0
 	m.n--
 	if underFull(m.n, c) {
-		m.rebuild(rebuiltCap(m.n))
+		m.rebuild(capFor(m.n))
 	}
 	return key, true
 }
@@ -107,7 +115,7 @@ func (m *laneMap) removeKeys(s *keySet) int {
 		}
 	}
 	if n > 0 {
-		m.rebuildWithout(max(minSlots, 2*(m.n-n)), s)
+		m.rebuildWithout(capFor(m.n-n), s)
 	}
 	return n
 }
