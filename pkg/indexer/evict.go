@@ -58,6 +58,8 @@ func (m *modelTable) evictLRU(need int, reason string) {
 		}
 	}
 	m.t.metrics.evicted(reason, removed)
+	klog.V(3).InfoS("Evicted the least recently used blocks of a model from the KV-cache index",
+		"model", m.name, "reason", reason, "keys", len(victims), "residencies", removed)
 }
 
 // clockQuantile estimates, from a sample, the clock at or under which about
@@ -224,10 +226,7 @@ func (t *SyncPrefixHashTable) sweep(now time.Time) {
 	}
 	t.mu.Unlock()
 	for _, pod := range idle {
-		if n, ok := t.purgePodIf(pod, reasonIdle, func(ps *podState) bool { return ps.lastActive() < cutoff }); ok {
-			klog.V(2).InfoS("Purged idle pod from the KV-cache index", "pod", pod, "blocks", n,
-				"idleFor", t.cfg.EvictionDuration)
-		}
+		t.purgePodIf(pod, reasonIdle, func(ps *podState) bool { return ps.lastActive() < cutoff })
 	}
 	t.forgetEmptyModels()
 }

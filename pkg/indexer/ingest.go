@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/pkg/kvevent"
+	"k8s.io/klog/v2"
 )
 
 // ApplyBatch applies the events of one batch of stream s, in order, holding
@@ -13,7 +14,8 @@ import (
 // the blocks of an event appear in chain order, so they never credit a block
 // without the ones before it. Batches of one stream must be applied in
 // sequence order by one goroutine; different streams may be applied
-// concurrently.
+// concurrently. The stream's Rank, not the batch's DataParallelRank, names
+// the publisher.
 //
 // Malformed events (tokens that do not align to blocks, a per-block list of
 // extra keys of the wrong length, an unknown event type) are skipped and
@@ -137,6 +139,10 @@ func (m *modelTable) store(st *stream, e *kvevent.BlockStoredEvent, now uint32) 
 		k, ok := translate(st, ln, e.ParentBlockHash)
 		if !ok {
 			m.t.metrics.parentMissed(n)
+			if v := klog.V(4); v.Enabled() {
+				v.InfoS("Skipped stored blocks whose parent the KV-cache index never saw",
+					"pod", st.id.pod, "rank", st.id.rank, "model", m.name, "blocks", n)
+			}
 			return nil
 		}
 		parent = k
@@ -145,7 +151,10 @@ func (m *modelTable) store(st *stream, e *kvevent.BlockStoredEvent, now uint32) 
 		ln = m.laneOf(st, medium, group, true)
 	}
 	if group == 0 {
-		m.blockSize.Store(int64(bs))
+		if old := m.blockSize.Swap(int64(bs)); old != int64(bs) {
+			klog.V(2).InfoS("Learned the engine block size of a model", "model", m.name,
+				"pod", st.id.pod, "rank", st.id.rank, "blockSize", bs, "previous", old)
+		}
 	}
 	for i, h := range e.BlockHashes {
 		var extra uint64

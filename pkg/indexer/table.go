@@ -1,6 +1,7 @@
 package indexer
 
 import (
+	"cmp"
 	"fmt"
 	"math/rand/v2"
 	"sync"
@@ -8,6 +9,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/klog/v2"
 )
 
 // Stream names one engine publisher: a pod's engine for one data-parallel
@@ -197,6 +199,8 @@ func (t *SyncPrefixHashTable) dropModelLocked(m *modelTable) {
 	t.metrics.evicted(reasonContext, blocks)
 	t.total.Add(-int64(m.keys.n))
 	m.dropped.Store(true)
+	klog.InfoS("Dropped the least recently used model from the KV-cache index",
+		"model", m.name, "blocks", blocks, "maxContexts", t.cfg.MaxContexts)
 }
 
 // ResetStream forgets everything the index holds for one publisher: call it
@@ -214,7 +218,9 @@ func (t *SyncPrefixHashTable) ResetStream(s Stream) {
 	}
 	t.mu.Unlock()
 	if st != nil {
-		st.model.releaseStream(st)
+		n := st.model.releaseStream(st)
+		klog.V(2).InfoS("Reset a stream in the KV-cache index", "pod", s.Pod, "rank", s.Rank,
+			"model", st.model.name, "blocks", n)
 	}
 }
 
@@ -226,15 +232,15 @@ func (t *SyncPrefixHashTable) PurgePod(pod string) {
 	t.purgePodIf(pod, "", nil)
 }
 
-// purgePodIf purges a pod if keep is nil or approves it under the registry
-// lock, counting its blocks as evicted for reason unless reason is "". It
-// returns the number of residencies removed and whether the pod was purged.
-func (t *SyncPrefixHashTable) purgePodIf(pod, reason string, keep func(*podState) bool) (int, bool) {
+// purgePodIf purges a pod if approve is nil or approves it under the
+// registry lock, counting its blocks as evicted for reason unless reason is
+// "".
+func (t *SyncPrefixHashTable) purgePodIf(pod, reason string, approve func(*podState) bool) {
 	t.mu.Lock()
 	ps := t.pods[pod]
-	if ps == nil || (keep != nil && !keep(ps)) {
+	if ps == nil || (approve != nil && !approve(ps)) {
 		t.mu.Unlock()
-		return 0, false
+		return
 	}
 	streams := make([]*stream, 0, len(ps.streams))
 	for _, st := range ps.streams {
@@ -251,5 +257,6 @@ func (t *SyncPrefixHashTable) purgePodIf(pod, reason string, keep func(*podState
 	if reason != "" {
 		t.metrics.evicted(reason, n)
 	}
-	return n, true
+	klog.V(2).InfoS("Purged a pod from the KV-cache index", "pod", pod, "streams", len(streams),
+		"blocks", n, "reason", cmp.Or(reason, "requested"))
 }
