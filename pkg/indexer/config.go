@@ -14,8 +14,9 @@ const (
 	// AIBRIX_SYNC_MAX_PREFIXES_PER_CONTEXT (10,000) holds less than one
 	// pod's GPU cache and would keep the index evicting.
 	DefaultMaxPrefixesPerContext = 4 << 20
-	// DefaultMaxPrefixes bounds the blocks of all contexts together.
-	DefaultMaxPrefixes = 16 << 20
+	// DefaultMaxPrefixes bounds the blocks of all contexts together: some
+	// 300 to 500 MB of index with one or two holders per block.
+	DefaultMaxPrefixes = 8 << 20
 	// DefaultEvictionInterval matches AIBrix's default for
 	// AIBRIX_SYNC_EVICTION_INTERVAL_SECONDS.
 	DefaultEvictionInterval = 60 * time.Second

@@ -20,18 +20,19 @@
 //
 // # Keys
 //
-// The index names blocks by its own chained hash of their tokens (see
-// blockKey), rooted in the model and adapter, so routers compute the same
-// keys from a prompt without knowing the engine's hash function or seed.
+// The index names blocks by its own chained 64-bit hash of their tokens,
+// seeded at random per process and rooted in the model and adapter, so
+// routers compute the same keys from a prompt without knowing the engine's
+// hash function or seed.
 // Per stream (pod and rank), a lane for each medium and group maps the
 // engine's block hashes to these keys, so that events naming engine hashes
 // (parents, removals) find their blocks.
 //
 // # Unknown parents
 //
-// A BlockStored event whose parent hash the stream never stored (the parent
-// was stored before the index started, evicted by the index, or lost in a
-// gap) is skipped whole and counted in kvgate_indexer_parent_misses_total:
+// A BlockStored event whose parent hash the stream does not hold (the parent
+// was stored before the index started, before the stream was reset or
+// cleared, evicted by the index, or lost in a gap) is skipped whole and counted in kvgate_indexer_parent_misses_total:
 // indexing its blocks from the root would credit pods with prefixes they do
 // not hold. The chain heals when the engine stores the prefix again from its
 // first block, which vLLM does whenever a request recomputes it.
@@ -52,6 +53,10 @@
 // model. A pod that sent no event and was credited by no match for
 // EvictionDuration is purged by the sweep that Run performs every
 // EvictionInterval.
+//
+// Memory follows the residencies: a key costs about 38 bytes in its model's
+// table and each (block, holder) pair about 25 bytes in its lane, some 41
+// bytes per residency when blocks have two holders.
 //
 // # Concurrency
 //
