@@ -191,7 +191,8 @@ func (m *modelTable) releaseStream(st *stream) int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	st.gone = true
-	if len(st.lanes) == 0 {
+	if len(st.lanes) == 0 || m.isDropped() {
+		// A dropped model's table is discarded whole, its counts with it.
 		return 0
 	}
 	// Unpublish first, so that matches stop crediting the lanes at once.
