@@ -110,6 +110,12 @@ func TestMaxContextsDropsTheLeastRecentlyUsedModel(t *testing.T) {
 	if got := counterValue(t, reg, "kvgate_indexer_evicted_blocks_total", map[string]string{"reason": reasonContext}); got != 4 {
 		t.Errorf("context_capacity evictions = %v, want 4", got)
 	}
+	// Resetting or purging the dropped model's pod changes no count.
+	idx.ResetStream(streams[0])
+	idx.PurgePod(streams[0].Pod)
+	if err := checkInvariants(idx); err != nil {
+		t.Fatal(err)
+	}
 	// The dropped model's pod comes back on its next batch.
 	clock.Advance(time.Second)
 	storePrompt(t, idx, streams[0], 0, 4)
