@@ -1,6 +1,7 @@
 package indexer
 
 import (
+	"cmp"
 	"fmt"
 	"time"
 )
@@ -59,38 +60,23 @@ type Config struct {
 // withDefaults returns c with every zero field set to its default, or an
 // error naming the first negative field.
 func (c Config) withDefaults() (Config, error) {
-	ints := []struct {
-		name string
-		v    *int
-		def  int
-	}{
-		{"MaxContexts", &c.MaxContexts, DefaultMaxContexts},
-		{"MaxPrefixesPerContext", &c.MaxPrefixesPerContext, DefaultMaxPrefixesPerContext},
-		{"MaxPrefixes", &c.MaxPrefixes, DefaultMaxPrefixes},
+	err := cmp.Or(
+		defaulted("MaxContexts", &c.MaxContexts, DefaultMaxContexts),
+		defaulted("MaxPrefixesPerContext", &c.MaxPrefixesPerContext, DefaultMaxPrefixesPerContext),
+		defaulted("MaxPrefixes", &c.MaxPrefixes, DefaultMaxPrefixes),
+		defaulted("EvictionInterval", &c.EvictionInterval, DefaultEvictionInterval),
+		defaulted("EvictionDuration", &c.EvictionDuration, DefaultEvictionDuration),
+	)
+	return c, err
+}
+
+// defaulted sets *v to def when it is zero and rejects a negative *v.
+func defaulted[T int | time.Duration](name string, v *T, def T) error {
+	if *v < 0 {
+		return fmt.Errorf("indexer config: %s is %v, want >= 0", name, *v)
 	}
-	for _, f := range ints {
-		if *f.v < 0 {
-			return c, fmt.Errorf("indexer config: %s is %d, want >= 0", f.name, *f.v)
-		}
-		if *f.v == 0 {
-			*f.v = f.def
-		}
+	if *v == 0 {
+		*v = def
 	}
-	durs := []struct {
-		name string
-		v    *time.Duration
-		def  time.Duration
-	}{
-		{"EvictionInterval", &c.EvictionInterval, DefaultEvictionInterval},
-		{"EvictionDuration", &c.EvictionDuration, DefaultEvictionDuration},
-	}
-	for _, f := range durs {
-		if *f.v < 0 {
-			return c, fmt.Errorf("indexer config: %s is %v, want >= 0", f.name, *f.v)
-		}
-		if *f.v == 0 {
-			*f.v = f.def
-		}
-	}
-	return c, nil
+	return nil
 }
