@@ -75,11 +75,13 @@ type Config struct {
 	DefaultPrefillTokensPerSecond float64
 	// TieTolerance is the relative margin within which kv-aware treats
 	// predicted times to first token as equal and chooses among the pods
-	// by load (default 0.05: within 5% of the fastest).
+	// by load (KVGATE_ROUTING_TTFT_TIE_TOLERANCE, default 0.05: within 5%
+	// of the fastest).
 	TieTolerance float64
 	// InFlightPrefillTTL is how long a prefill the gateway started stays
-	// counted without a FirstToken or Done (KVGATE_ROUTING_INFLIGHT_PREFILL_TTL,
-	// default 5 min); it bounds what lost completions cost.
+	// counted without a FirstToken or Done
+	// (KVGATE_ROUTING_INFLIGHT_PREFILL_TTL_SECONDS, default 5 min); it
+	// bounds what lost completions cost.
 	InFlightPrefillTTL time.Duration
 
 	// Rand is the source of random choices (the random algorithm and
