@@ -12,8 +12,9 @@ func choose(in input, eligible func(*Candidate) bool, key func(*Candidate) float
 	ok := func(i int) bool { return eligible == nil || eligible(&cs[i]) }
 	lo := math.Inf(1)
 	for i := range cs {
-		if ok(i) {
-			lo = min(lo, key(&cs[i]))
+		// A comparison, unlike min, never lets a NaN key win.
+		if k := key(&cs[i]); ok(i) && k < lo {
+			lo = k
 		}
 	}
 	if math.IsInf(lo, 1) {
@@ -23,8 +24,8 @@ func choose(in input, eligible func(*Candidate) bool, key func(*Candidate) float
 	tied := func(i int) bool { return ok(i) && key(&cs[i]) <= limit }
 	fewest := math.Inf(1)
 	for i := range cs {
-		if tied(i) {
-			fewest = min(fewest, cs[i].Running)
+		if tied(i) && cs[i].Running < fewest {
+			fewest = cs[i].Running
 		}
 	}
 	chosen, n := -1, 0

@@ -192,3 +192,18 @@ func TestKVAwareBreaksTiesByRunningRequests(t *testing.T) {
 }
 
 func near(a, b float64) bool { return math.Abs(a-b) < 1e-9 }
+
+func TestKVAwareReadsNonFiniteMetricsAsUnmeasured(t *testing.T) {
+	m := uniformFleet(3).
+		set("p0", cache.PrefillTokensPerSecond, math.NaN()).
+		set("p1", cache.PrefillTokensPerSecond, math.Inf(1)).
+		set("p1", cache.NumRequestsWaiting, math.Inf(1))
+	r, _ := newTestRouter(t, m, nil)
+
+	d := route(t, r, request("r", KVAware, prompt(0, 1000)), testPods(3))
+	for _, name := range []string{"p0", "p1"} {
+		if c := candidate(t, d, name); c.SpeedSource != SpeedModelMedian || c.PrefillTokensPerSecond != 10000 || math.IsNaN(c.Score) || math.IsInf(c.Score, 0) {
+			t.Fatalf("%s: %+v, want the median speed and a finite prediction", name, c)
+		}
+	}
+}

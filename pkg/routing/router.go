@@ -127,7 +127,7 @@ func (r *Router) Route(ctx *types.RoutingContext, pods []*v1.Pod, d *Decision) e
 	am := r.metrics.byAlg[name]
 	am.duration.Observe(time.Since(start).Seconds())
 	r.metrics.decided(name, d.Outcome)
-	if in.hasTokens && d.PromptTokens > 0 {
+	if in.hasTokens && r.cfg.Index != nil {
 		am.matchedFraction.Observe(float64(d.Chosen().MatchedTokens) / float64(d.PromptTokens))
 	}
 	r.logDecision(ctx, d)
