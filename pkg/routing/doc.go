@@ -9,8 +9,13 @@
 //   - random: a pod drawn uniformly.
 //   - least-request: the fewest requests in flight from the gateway.
 //   - least-kv-cache: the lowest KV-cache usage.
-//   - least-latency: the lowest mean TTFT plus mean inter-token latency
-//     times the predicted output tokens.
+//   - least-latency: the lowest expected latency of the request, the pod's
+//     mean TTFT plus its mean inter-token latency times the predicted output
+//     tokens. These means follow the pod's current queue and batch, where a
+//     mean end-to-end latency follows the mix of output lengths it happened
+//     to serve. A pod's means move only when it serves requests, so one
+//     that was slow keeps its mean until traffic from other algorithms
+//     measures it again.
 //   - prefix-cache: AIBrix's prefix-cache routing on the sync prefix index,
 //     with its load-imbalance guard and standard-deviation bound.
 //   - kv-aware: the lowest predicted time to first token (below).
@@ -56,8 +61,8 @@
 //	Q(p) = max(A(p), W(p) x T / S(p))
 //
 // A(p) is the work left in the prefills this gateway started on p (see
-// In-flight prefills below), exact for this gateway's requests and current
-// to the moment. W(p) is the engine's number of waiting requests at the last
+// In-flight prefills below), which counts this gateway's requests from the
+// moment they are sent. W(p) is the engine's number of waiting requests at the last
 // scrape, T the running mean of the uncached tokens of the requests this
 // gateway sent: the scrape lags, but counts every gateway's requests. A
 // request of this gateway that waits in the engine appears in both, hence
