@@ -205,32 +205,34 @@ func (c *manualClock) advance(d time.Duration) {
 	c.t = c.t.Add(d)
 }
 
-// metricValue returns the value of the counter, gauge or histogram count
-// name whose labels include labels, 0 when absent.
+// metricValue sums the values of the counters and gauges, or the sample
+// counts of the histograms, named name whose labels include labels.
 func metricValue(t testing.TB, reg *prometheus.Registry, name string, labels map[string]string) float64 {
 	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatalf("Gather: %v", err)
 	}
+	sum := 0.0
 	for _, mf := range mfs {
 		if mf.GetName() != name {
 			continue
 		}
 		for _, m := range mf.GetMetric() {
-			if matchLabels(m, labels) {
-				switch {
-				case m.Counter != nil:
-					return m.Counter.GetValue()
-				case m.Gauge != nil:
-					return m.Gauge.GetValue()
-				case m.Histogram != nil:
-					return float64(m.Histogram.GetSampleCount())
-				}
+			if !matchLabels(m, labels) {
+				continue
+			}
+			switch {
+			case m.Counter != nil:
+				sum += m.Counter.GetValue()
+			case m.Gauge != nil:
+				sum += m.Gauge.GetValue()
+			case m.Histogram != nil:
+				sum += float64(m.Histogram.GetSampleCount())
 			}
 		}
 	}
-	return 0
+	return sum
 }
 
 func matchLabels(m *dto.Metric, labels map[string]string) bool {

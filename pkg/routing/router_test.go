@@ -2,7 +2,9 @@ package routing
 
 import (
 	"errors"
+	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -185,5 +187,49 @@ func TestRouteDoesNotAllocateWithAReusedDecision(t *testing.T) {
 		if allocs > 1 {
 			t.Errorf("%s: Route allocates %v times per decision, want at most 1", alg, allocs)
 		}
+	}
+}
+
+func TestRouterIsSafeForConcurrentUse(t *testing.T) {
+	pods := testPods(8)
+	idx := newTestIndex(t)
+	r, reg := newTestRouter(t, uniformFleet(8), idx)
+	algs := Algorithms()
+	var wg sync.WaitGroup
+	wg.Go(func() { // the KV event stream keeps writing
+		for i := range 200 {
+			holds(t, idx, fmt.Sprint("p", i%8), prompt(i*64, 512), kvevent.MediumGPU)
+		}
+	})
+	for g := range 6 {
+		wg.Go(func() {
+			var d Decision
+			for i := range 300 {
+				ctx := request("r", algs[(g+i)%len(algs)], prompt((i%50)*64, 1024))
+				if err := r.Route(ctx, pods, &d); err != nil {
+					t.Error(err)
+					return
+				}
+				p := r.StartPrefill(&d)
+				if i%3 == 0 {
+					p.FirstToken()
+				}
+				p.Done()
+			}
+		})
+	}
+	wg.Go(func() {
+		for range 50 {
+			if _, err := r.Explain(request("x", "", prompt(0, 1024)), pods); err != nil {
+				t.Error(err)
+			}
+		}
+	})
+	wg.Wait()
+	if n := metricValue(t, reg, "kvgate_routing_decisions_total", nil); n != 6*300 {
+		t.Fatalf("%v decisions counted, want %d", n, 6*300)
+	}
+	if r.book.count.Load() != 0 {
+		t.Fatalf("%d prefills left in flight, want 0", r.book.count.Load())
 	}
 }
