@@ -110,8 +110,11 @@ type Candidate struct {
 	InFlightPrefillTokens int     `json:"inFlightPrefillTokens"`
 	QueueSeconds          float64 `json:"queueSeconds"`
 
-	// MatchedTokens is the length of the prompt's prefix the pod holds in
-	// any medium, MatchedGPUTokens the part of it in GPU memory.
+	// MatchedBlocks is the number of the prompt's leading blocks the pod
+	// holds in any medium, MatchedGPUBlocks the part of them in GPU memory;
+	// MatchedTokens and MatchedGPUTokens are the same in tokens.
+	MatchedBlocks    int `json:"matchedBlocks"`
+	MatchedGPUBlocks int `json:"matchedGPUBlocks"`
 	MatchedTokens    int `json:"matchedTokens"`
 	MatchedGPUTokens int `json:"matchedGPUTokens"`
 	// UncachedTokens is the prefill work predicted for the prompt on the

@@ -35,7 +35,7 @@ func TestExplainShowsEveryAlgorithmsDecisionWithoutRouting(t *testing.T) {
 			t.Errorf("%s would choose %s, want %s", d.Algorithm, d.PodKey, w)
 		}
 		// Every decision carries every input.
-		if c := candidate(t, &d, "p1"); c.MatchedTokens != 800 || c.UncachedTokens != 200 || c.KVCacheUsage != 0.5 || c.PrefillTokensPerSecond != 10000 {
+		if c := candidate(t, &d, "p1"); c.MatchedBlocks != 50 || c.MatchedTokens != 800 || c.UncachedTokens != 200 || c.KVCacheUsage != 0.5 || c.PrefillTokensPerSecond != 10000 {
 			t.Errorf("%s: p1 %+v, want its match, usage and speed", d.Algorithm, c)
 		}
 	}
@@ -47,7 +47,7 @@ func TestExplainShowsEveryAlgorithmsDecisionWithoutRouting(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, field := range []string{`"algorithm":"kv-aware"`, `"pod":"ns/p1"`, `"matchedGPUTokens":800`, `"predictedTTFTSeconds":`} {
+	for _, field := range []string{`"algorithm":"kv-aware"`, `"pod":"ns/p1"`, `"matchedGPUTokens":800`, `"matchedGPUBlocks":50`, `"predictedTTFTSeconds":`} {
 		if !strings.Contains(string(body), field) {
 			t.Errorf("JSON lacks %s: %s", field, body)
 		}

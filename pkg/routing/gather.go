@@ -147,6 +147,7 @@ func (r *Router) match(ctx *types.RoutingContext, d *Decision, cs []Candidate, s
 		for i, pm := range s.match.Pods {
 			c := &cs[i]
 			if pm.Tokens > c.MatchedTokens || (pm.Tokens == c.MatchedTokens && pm.GPUTokens > c.MatchedGPUTokens) {
+				c.MatchedBlocks, c.MatchedGPUBlocks = pm.Blocks, pm.GPUBlocks
 				c.MatchedTokens, c.MatchedGPUTokens = pm.Tokens, pm.GPUTokens
 			}
 		}
