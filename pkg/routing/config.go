@@ -55,12 +55,15 @@ type Config struct {
 	// running requests of the most and least loaded pods differ by more,
 	// the request goes to the least loaded pod
 	// (AIBRIX_PREFIX_CACHE_POD_RUNNING_REQUEST_IMBALANCE_ABS_COUNT, default
-	// 8). Zero means the default; negative is invalid.
+	// 8). Zero means the default (a count of zero would take the choice
+	// from the prefix match whenever two loads differ); negative is
+	// invalid.
 	ImbalanceAbsCount int
 	// StdDevFactor bounds the load of a pod prefix-cache chooses for its
 	// match: running <= mean + StdDevFactor x standard deviation
 	// (AIBRIX_PREFIX_CACHE_STANDARD_DEVIATION_FACTOR, default 1). Zero means
-	// the default; negative is invalid.
+	// the default, so a bound at the mean itself takes a small positive
+	// factor; negative is invalid.
 	StdDevFactor float64
 	// CPUCacheWeight is the share of a token's prefill time saved when its
 	// KV cache is held only outside GPU memory (CPU or storage tiers) and

@@ -73,8 +73,9 @@ func (d *Decision) Chosen() *Candidate {
 }
 
 // Candidate holds what a decision knew about one candidate pod. Inputs an
-// algorithm does not read are left zero, except that Explain gathers them
-// all.
+// algorithm does not read are left zero, except that the chosen pod's match
+// and uncached tokens are always filled in (StartPrefill needs them) and
+// Explain gathers every input.
 type Candidate struct {
 	// Pod is the pod's "namespace/name".
 	Pod string `json:"pod"`
