@@ -93,6 +93,42 @@ var (
 
 // Routing.
 var (
+	RoutingAlgorithm = Var{
+		Name:    "KVGATE_ROUTING_ALGORITHM",
+		Aliases: []string{"ROUTING_ALGORITHM"},
+		Default: "kv-aware",
+		Section: SectionRouting,
+		Doc: "Routing algorithm of requests without a routing-strategy header: random, least-request, least-kv-cache, " +
+			"least-latency, prefix-cache or kv-aware (the lowest predicted time to first token).",
+	}
+	RoutingCPUCacheWeight = Var{
+		Name:    "KVGATE_ROUTING_CPU_CACHE_WEIGHT",
+		Default: "0.8",
+		Section: SectionRouting,
+		Doc: "prefix-cache and kv-aware: share of a prompt token's prefill time saved when its KV cache is held only in CPU memory " +
+			"or storage (GPU-resident tokens save all of it). A number in (0, 1].",
+	}
+	RoutingDefaultPrefillSpeed = Var{
+		Name:    "KVGATE_ROUTING_DEFAULT_PREFILL_TOKENS_PER_SECOND",
+		Default: "10000",
+		Section: SectionRouting,
+		Doc: "kv-aware: prefill speed assumed for the pods of a model until one of them has a measured speed " +
+			"(pods not yet measured otherwise take the median of the measured ones).",
+	}
+	RoutingTieTolerance = Var{
+		Name:    "KVGATE_ROUTING_TTFT_TIE_TOLERANCE",
+		Default: "0.05",
+		Section: SectionRouting,
+		Doc: "kv-aware: predicted times to first token within this fraction of the lowest count as equal, " +
+			"and the request goes to the one of those pods with the fewest requests in flight.",
+	}
+	RoutingInFlightPrefillTTL = Var{
+		Name:    "KVGATE_ROUTING_INFLIGHT_PREFILL_TTL_SECONDS",
+		Default: "300",
+		Section: SectionRouting,
+		Doc: "kv-aware: a request sent to a pod stops counting as queued prefill work after this long " +
+			"if the gateway never saw its first token or its end.",
+	}
 	PrefixCacheImbalanceAbsCount = Var{
 		Name:    "AIBRIX_PREFIX_CACHE_POD_RUNNING_REQUEST_IMBALANCE_ABS_COUNT",
 		Default: "8",
@@ -140,6 +176,11 @@ var Vars = []Var{
 	TokenizerEndpointTemplate,
 	TokenizerRequestTimeout,
 	TokenizerCacheMaxTokens,
+	RoutingAlgorithm,
+	RoutingCPUCacheWeight,
+	RoutingDefaultPrefillSpeed,
+	RoutingTieTolerance,
+	RoutingInFlightPrefillTTL,
 	PrefixCacheImbalanceAbsCount,
 	PrefixCacheStdDevFactor,
 	PodMetricRefreshInterval,

@@ -1,0 +1,74 @@
+// Package indexer keeps the sync prefix hash table: the in-process index of
+// which pods hold the KV cache of which prompt prefixes, fed by the KV events
+// of vLLM engines and queried by routers on every request.
+//
+// # What counts as a match
+//
+// A prompt is cut into whole blocks of the engine's block size (in tokens,
+// learned from the model's events; a trailing partial block never counts).
+// Block i of a prompt matches a pod when the pod holds the KV cache of
+// exactly the tokens of blocks 0 to i, computed for the same model and LoRA
+// adapter and with no extra inputs (images, cache salts, prompt embeddings)
+// that the prompt does not have. A pod is credited with the number of leading
+// blocks it holds without a gap, on one data-parallel rank: a prefix split
+// across ranks is usable by neither. Blocks in any medium count (GPU, CPU,
+// storage tiers); the GPU-resident run is reported beside it. For hybrid
+// models only KV-cache group 0 (the group of events without a group) counts.
+// The index knows a block from the moment the engine's BlockStored event is
+// applied until its BlockRemoved, an AllBlocksCleared, a purge of the pod, or
+// eviction by the index's own bounds.
+//
+// # Keys
+//
+// The index names blocks by its own chained 64-bit hash of their tokens,
+// seeded at random per process and rooted in the model and adapter, so
+// routers compute the same keys from a prompt without knowing the engine's
+// hash function or seed.
+// Per stream (pod and rank), a lane for each medium and group maps the
+// engine's block hashes to these keys, so that events naming engine hashes
+// (parents, removals) find their blocks.
+//
+// # Unknown parents
+//
+// A BlockStored event whose parent hash the stream does not hold (the parent
+// was stored before the index started, before the stream was reset or
+// cleared, evicted by the index, or lost in a gap) is skipped whole and counted in kvgate_indexer_parent_misses_total:
+// indexing its blocks from the root would credit pods with prefixes they do
+// not hold. The chain heals when the engine stores the prefix again from its
+// first block, which vLLM does whenever a request recomputes it.
+//
+// # Bounds and eviction
+//
+// The number of keys per model (MaxPrefixesPerContext), of all models
+// (MaxPrefixes) and of models (MaxContexts) are hard bounds. Each key carries
+// a coarse clock, in whole seconds, refreshed when a block is stored
+// (re-announced blocks included) or matched. When a model is full, the index
+// evicts, in one batch, the 1/32 of its keys with the oldest clocks: an LRU
+// approximated only by the clock's resolution and by evicting in batches,
+// which a scan of the key table and of the lanes holding the victims pays
+// for once per batch. Eviction is exact in what it removes: every evicted key
+// leaves every holder and every lane map in the same step, so nothing
+// dangles and later events naming an evicted block treat it as unknown. When
+// all models together are full, the batch comes from the least recently used
+// model. A pod that sent no event and was credited by no match for
+// EvictionDuration is purged by the sweep that Run performs every
+// EvictionInterval.
+//
+// Memory follows the residencies: a key costs about 38 bytes in its model's
+// table and each (block, holder) pair about 25 bytes in its lane, some 41
+// bytes per residency when blocks have two holders.
+//
+// # Concurrency
+//
+// Matches take no lock, never wait for a writer and write no shared memory
+// per block (a key's clock at most once a second). Each model's key table is
+// split into shards, each an open-addressing table whose slots are read and
+// written with sync/atomic. Within one set of a shard's arrays a slot goes
+// from empty to one key to a tombstone and entries never move, so a lookup
+// always reads the holders of the key it found, and never misses a key that
+// was present throughout; growing, shrinking and dropping tombstones build
+// new arrays aside and publish them with one atomic store. Writers of one
+// model (event batches, purges, evictions) serialise on the model's mutex;
+// different models are independent. A pod purge takes time proportional to
+// the pod's blocks and delays only the writers of the pod's models.
+package indexer

@@ -1,0 +1,263 @@
+package indexer
+
+import (
+	"fmt"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/pkg/kvevent"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// newTestTable returns a table with its metrics on a fresh registry.
+func newTestTable(tb testing.TB, cfg Config) (*SyncPrefixHashTable, *prometheus.Registry) {
+	tb.Helper()
+	reg := prometheus.NewRegistry()
+	t, err := NewSyncPrefixHashTable(cfg, reg)
+	if err != nil {
+		tb.Fatalf("NewSyncPrefixHashTable: %v", err)
+	}
+	return t, reg
+}
+
+// tokenRange returns n consecutive token ids starting at from.
+func tokenRange(from, n int) []uint32 {
+	toks := make([]uint32, n)
+	for i := range toks {
+		toks[i] = uint32(from + i)
+	}
+	return toks
+}
+
+// stored builds a BlockStored event of GPU blocks in group 0 for the given
+// engine hashes, chained from parent when parent is not nil.
+func stored(hashes []uint64, parent *uint64, tokens []uint32, blockSize int) *kvevent.BlockStoredEvent {
+	e := &kvevent.BlockStoredEvent{
+		BlockHashes: hashes,
+		TokenIDs:    tokens,
+		BlockSize:   blockSize,
+		Medium:      kvevent.MediumGPU,
+		GroupIdx:    kvevent.NoGroup,
+	}
+	if parent != nil {
+		e.ParentBlockHash, e.HasParent = *parent, true
+	}
+	return e
+}
+
+func removed(medium string, group int, hashes ...uint64) *kvevent.BlockRemovedEvent {
+	return &kvevent.BlockRemovedEvent{BlockHashes: hashes, Medium: medium, GroupIdx: group}
+}
+
+func hashSeq(from uint64, n int) []uint64 {
+	hs := make([]uint64, n)
+	for i := range hs {
+		hs[i] = from + uint64(i)
+	}
+	return hs
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// mustApply applies events as one batch of s and fails the test on error.
+func mustApply(tb testing.TB, t *SyncPrefixHashTable, s Stream, events ...kvevent.KVEvent) {
+	tb.Helper()
+	if err := t.ApplyBatch(s, &kvevent.EventBatch{Events: events}); err != nil {
+		tb.Fatalf("ApplyBatch(%v): %v", s, err)
+	}
+}
+
+// match runs MatchPrefix and returns the any-medium and GPU blocks per pod.
+func match(t *SyncPrefixHashTable, model, lora string, tokens []uint32, pods ...string) (blocks, gpu map[string]int) {
+	var res MatchResult
+	t.MatchPrefix(model, lora, tokens, pods, &res)
+	blocks, gpu = map[string]int{}, map[string]int{}
+	for _, p := range res.Pods {
+		blocks[p.Pod], gpu[p.Pod] = p.Blocks, p.GPUBlocks
+		if p.Tokens != p.Blocks*res.BlockSize || p.GPUTokens != p.GPUBlocks*res.BlockSize {
+			panic(fmt.Sprintf("tokens of %+v do not follow block size %d", p, res.BlockSize))
+		}
+	}
+	return blocks, gpu
+}
+
+func counterValue(tb testing.TB, reg *prometheus.Registry, name string, labels map[string]string) float64 {
+	tb.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		tb.Fatalf("Gather: %v", err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	metric:
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if v, ok := labels[lp.GetName()]; ok && v != lp.GetValue() {
+					continue metric
+				}
+			}
+			switch {
+			case m.Counter != nil:
+				return m.Counter.GetValue()
+			case m.Gauge != nil:
+				return m.Gauge.GetValue()
+			}
+		}
+	}
+	return 0
+}
+
+// checkInvariants verifies, white-box, that the key tables, holder sets and
+// lane maps of t agree exactly, and that every count matches what it counts.
+func checkInvariants(t *SyncPrefixHashTable) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var total int64
+	for name, m := range *t.models.Load() {
+		if err := m.checkInvariants(); err != nil {
+			return fmt.Errorf("model %s: %w", name, err)
+		}
+		total += int64(m.keys.n)
+	}
+	if got := t.total.Load(); got != total {
+		return fmt.Errorf("total count %d, want %d", got, total)
+	}
+	return nil
+}
+
+func (m *modelTable) checkInvariants() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	holders := map[uint64]map[int]bool{}
+	for id, ln := range m.lanes {
+		if ln == nil {
+			continue
+		}
+		if ln.id != id {
+			return fmt.Errorf("lane at %d has id %d", id, ln.id)
+		}
+		n := 0
+		for i, k := range ln.m.keys {
+			if k == 0 {
+				continue
+			}
+			n++
+			if got, ok := ln.m.get(ln.m.hashes[i]); !ok || got != k {
+				return fmt.Errorf("lane %d: hash %d unreachable", id, ln.m.hashes[i])
+			}
+			if holders[k] == nil {
+				holders[k] = map[int]bool{}
+			}
+			if holders[k][id] {
+				return fmt.Errorf("lane %d holds key %x twice", id, k)
+			}
+			holders[k][id] = true
+		}
+		if n != ln.m.n {
+			return fmt.Errorf("lane %d counts %d entries, has %d", id, ln.m.n, n)
+		}
+	}
+	keys := 0
+	for s := range m.keys.shards {
+		sh := &m.keys.shards[s]
+		a := sh.arr.Load()
+		n, dead := 0, 0
+		for i := range a.slots {
+			k := a.slots[i].key
+			if k == deadKey {
+				dead++
+				if !a.unheld(i) {
+					return fmt.Errorf("tombstone with holders")
+				}
+			}
+			if k == emptyKey || k == deadKey {
+				continue
+			}
+			n++
+			if j, ok := a.find(k); !ok || j != i {
+				return fmt.Errorf("key %x unreachable", k)
+			}
+			want := holders[k]
+			if len(want) == 0 {
+				return fmt.Errorf("key %x has no lane", k)
+			}
+			for w := range a.width() {
+				for b := 0; b < 64; b++ {
+					id := w*64 + b
+					if got := *a.word(w, i)&(1<<b) != 0; got != want[id] {
+						return fmt.Errorf("key %x: holder %d is %v, lanes say %v", k, id, got, want[id])
+					}
+				}
+			}
+			delete(holders, k)
+		}
+		if n != sh.n || dead != sh.dead {
+			return fmt.Errorf("shard %d counts %d keys and %d tombstones, has %d and %d", s, sh.n, sh.dead, n, dead)
+		}
+		keys += n
+	}
+	if len(holders) != 0 {
+		return fmt.Errorf("%d keys held by lanes are missing from the key table", len(holders))
+	}
+	if keys != m.keys.n || int64(keys) != m.keys.count.Load() {
+		return fmt.Errorf("key table counts %d (%d), has %d", m.keys.n, m.keys.count.Load(), keys)
+	}
+	if keys > m.t.cfg.MaxPrefixesPerContext {
+		return fmt.Errorf("%d keys exceed MaxPrefixesPerContext %d", keys, m.t.cfg.MaxPrefixesPerContext)
+	}
+	return nil
+}
+
+// msgpackExtras encodes one block's extra keys as vLLM does: the adapter name
+// when there is one, then a multimodal item [identifier, offset] when img is
+// set; nil when there is neither.
+func msgpackExtras(lora, img string) []byte {
+	var elems [][]byte
+	if lora != "" {
+		elems = append(elems, msgpackStr(lora))
+	}
+	if img != "" {
+		elems = append(elems, append(append([]byte{0x92}, msgpackStr(img)...), 0x00))
+	}
+	if len(elems) == 0 {
+		return nil
+	}
+	out := []byte{0x90 | byte(len(elems))}
+	for _, e := range elems {
+		out = append(out, e...)
+	}
+	return out
+}
+
+func msgpackStr(s string) []byte {
+	if len(s) > 31 {
+		panic("msgpackStr: long strings are not needed by the tests")
+	}
+	return append([]byte{0xa0 | byte(len(s))}, s...)
+}
+
+func itoa(i int) string { return strconv.Itoa(i) }
+
+// fakeClock is a manual clock for the sweep tests.
+type fakeClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func newFakeClock() *fakeClock { return &fakeClock{now: time.Now()} }
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}

@@ -1,0 +1,242 @@
+package indexer
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/kvgate/kvgate/pkg/kvevent"
+	"k8s.io/klog/v2"
+)
+
+// ApplyBatch applies the events of one batch of stream s, in order, holding
+// the model's writer lock once for the whole batch. Concurrent matches see
+// the blocks of an event appear in chain order, so they never credit a block
+// without the ones before it. Batches of one stream must be applied in
+// sequence order by one goroutine; different streams may be applied
+// concurrently. The stream's Rank, not the batch's DataParallelRank, names
+// the publisher.
+//
+// Malformed events (tokens that do not align to blocks, a per-block list of
+// extra keys of the wrong length, an unknown event type) are skipped and
+// counted, every other event is applied, and the returned error describes the
+// skipped ones; it is for logging, the stream needs no recovery. Blocks whose
+// parent the index never saw are skipped and counted without an error (see
+// the package documentation).
+func (t *SyncPrefixHashTable) ApplyBatch(s Stream, batch *kvevent.EventBatch) error {
+	if batch == nil {
+		return fmt.Errorf("apply batch from %s rank %d: nil batch", s.Pod, s.Rank)
+	}
+	st, m := t.lockStream(s)
+	defer m.mu.Unlock()
+	now := t.now()
+	tick := t.tick(now)
+	var errs []error
+	for i, ev := range batch.Events {
+		if err := m.apply(st, ev, tick); err != nil {
+			errs = append(errs, fmt.Errorf("event %d: %w", i, err))
+		}
+	}
+	t.applied(st, m, now)
+	if len(errs) > 0 {
+		return fmt.Errorf("apply batch from %s rank %d: %w", s.Pod, s.Rank, errors.Join(errs...))
+	}
+	return nil
+}
+
+// ProcessBlockStored applies one BlockStored event of stream s, as ApplyBatch
+// would.
+func (t *SyncPrefixHashTable) ProcessBlockStored(s Stream, e *kvevent.BlockStoredEvent) error {
+	return t.applyOne(s, e)
+}
+
+// ProcessBlockRemoved applies one BlockRemoved event of stream s, as
+// ApplyBatch would.
+func (t *SyncPrefixHashTable) ProcessBlockRemoved(s Stream, e *kvevent.BlockRemovedEvent) error {
+	return t.applyOne(s, e)
+}
+
+// ProcessAllBlocksCleared applies one AllBlocksCleared event of stream s, as
+// ApplyBatch would.
+func (t *SyncPrefixHashTable) ProcessAllBlocksCleared(s Stream, e *kvevent.AllBlocksClearedEvent) error {
+	return t.applyOne(s, e)
+}
+
+func (t *SyncPrefixHashTable) applyOne(s Stream, ev kvevent.KVEvent) error {
+	st, m := t.lockStream(s)
+	defer m.mu.Unlock()
+	now := t.now()
+	err := m.apply(st, ev, t.tick(now))
+	t.applied(st, m, now)
+	if err != nil {
+		return fmt.Errorf("apply event from %s rank %d: %w", s.Pod, s.Rank, err)
+	}
+	return nil
+}
+
+// lockStream returns the live state of s with its model's mutex held.
+func (t *SyncPrefixHashTable) lockStream(s Stream) (*stream, *modelTable) {
+	for {
+		st := t.streamFor(s)
+		m := st.model
+		m.mu.Lock()
+		if !st.gone {
+			return st, m
+		}
+		m.mu.Unlock()
+	}
+}
+
+// applied records the activity of a stream.
+func (t *SyncPrefixHashTable) applied(st *stream, m *modelTable, now time.Time) {
+	m.use(t.tick(now))
+	st.lastEvent.Store(now.UnixNano())
+}
+
+// apply applies one event; m.mu is held.
+func (m *modelTable) apply(st *stream, ev kvevent.KVEvent, now uint32) error {
+	switch e := ev.(type) {
+	case *kvevent.BlockStoredEvent:
+		if e != nil {
+			return m.store(st, e, now)
+		}
+	case *kvevent.BlockRemovedEvent:
+		if e != nil {
+			m.remove(st, e)
+			return nil
+		}
+	case *kvevent.AllBlocksClearedEvent:
+		if e != nil {
+			for _, ln := range st.lanes {
+				m.clearLane(ln)
+			}
+			return nil
+		}
+	}
+	return fmt.Errorf("unsupported event %T", ev)
+}
+
+// store indexes the blocks of a BlockStored event for st.
+func (m *modelTable) store(st *stream, e *kvevent.BlockStoredEvent, now uint32) error {
+	n, bs := len(e.BlockHashes), e.BlockSize
+	if n == 0 {
+		return nil
+	}
+	if bs <= 0 || len(e.TokenIDs) != n*bs {
+		m.t.metrics.skipped(reasonTokens, n)
+		return fmt.Errorf("BlockStored has %d block hashes, block size %d and %d tokens, which do not align: %d blocks skipped",
+			n, bs, len(e.TokenIDs), n)
+	}
+	if e.ExtraKeys != nil && len(e.ExtraKeys) != n {
+		m.t.metrics.skipped(reasonExtraKeys, n)
+		return fmt.Errorf("BlockStored has %d block hashes and %d extra-key lists: %d blocks skipped",
+			n, len(e.ExtraKeys), n)
+	}
+	medium, group := normMedium(e.Medium), normGroup(e.GroupIdx)
+	ln := m.laneOf(st, medium, group, false)
+	parent := rootKey(m.t.seed, m.name, e.LoraName, e.LoraID)
+	if e.HasParent {
+		k, ok := translate(st, ln, e.ParentBlockHash)
+		if !ok {
+			m.t.metrics.parentMissed(n)
+			if v := klog.V(4); v.Enabled() {
+				v.InfoS("Skipped stored blocks whose parent the KV-cache index never saw",
+					"pod", st.id.pod, "rank", st.id.rank, "model", m.name, "blocks", n)
+			}
+			return nil
+		}
+		parent = k
+	}
+	if ln == nil {
+		ln = m.laneOf(st, medium, group, true)
+	}
+	if group == 0 {
+		if old := m.blockSize.Swap(int64(bs)); old != int64(bs) {
+			klog.V(2).InfoS("Learned the engine block size of a model", "model", m.name,
+				"pod", st.id.pod, "rank", st.id.rank, "blockSize", bs, "previous", old)
+		}
+	}
+	for i, h := range e.BlockHashes {
+		var extra uint64
+		if e.ExtraKeys != nil {
+			extra = extraDigest(e.ExtraKeys[i], e.LoraName)
+		}
+		key := blockKey(parent, e.TokenIDs[i*bs:(i+1)*bs], extra)
+		m.addResidency(ln, h, key, now)
+		parent = key
+	}
+	return nil
+}
+
+// translate finds the key of an engine hash of st: in lane ln first, then in
+// st's other lanes (an engine names a block by the same hash in every medium
+// and group that holds it).
+func translate(st *stream, ln *lane, hash uint64) (uint64, bool) {
+	if ln != nil {
+		if k, ok := ln.m.get(hash); ok {
+			return k, true
+		}
+	}
+	for _, o := range st.lanes {
+		if o != ln {
+			if k, ok := o.m.get(hash); ok {
+				return k, true
+			}
+		}
+	}
+	return 0, false
+}
+
+// addResidency records that ln holds the block named hash by its engine and
+// key by the index. Storing a block again refreshes it.
+func (m *modelTable) addResidency(ln *lane, hash, key uint64, now uint32) {
+	if old, ok := ln.m.get(hash); ok {
+		if old == key {
+			if r, ok := m.keys.find(key); ok {
+				r.touch(now)
+			}
+			return
+		}
+		// The engine names other content by this hash now.
+		m.dropResidency(ln, hash)
+	}
+	r, ok := m.keys.find(key)
+	switch {
+	case !ok:
+		m.makeRoom()
+		r = m.keys.insert(key, now)
+	case r.has(ln.id):
+		// A second engine hash for content the lane already holds: only a
+		// 64-bit collision does this. Keeping one residency per key and lane
+		// keeps removals exact.
+		m.t.metrics.skipped(reasonDuplicate, 1)
+		return
+	default:
+		r.touch(now)
+	}
+	r.add(ln.id)
+	ln.m.put(hash, key)
+}
+
+// dropResidency removes ln's residency of the block its engine names hash.
+func (m *modelTable) dropResidency(ln *lane, hash uint64) {
+	key, ok := ln.m.del(hash)
+	if !ok {
+		return
+	}
+	if r, ok := m.keys.find(key); ok {
+		m.keys.drop(r, ln.id)
+	}
+}
+
+// remove applies a BlockRemoved event: only st's residencies in the event's
+// medium and group go.
+func (m *modelTable) remove(st *stream, e *kvevent.BlockRemovedEvent) {
+	ln := m.laneOf(st, normMedium(e.Medium), normGroup(e.GroupIdx), false)
+	if ln == nil {
+		return
+	}
+	for _, h := range e.BlockHashes {
+		m.dropResidency(ln, h)
+	}
+}

@@ -1,0 +1,342 @@
+package indexer
+
+import (
+	"math/bits"
+	"sync/atomic"
+)
+
+// The key table of a model maps each indexed key to the set of holders (lanes)
+// that hold its block, and to the coarse time it was last stored or matched.
+//
+// It is split into shards by the top bits of the key. Each shard is an
+// open-addressing table with linear probing, laid out so that a lookup
+// touches one cache line (see keySlots).
+//
+// One writer at a time (the model's mutex) mutates a shard; readers take no
+// lock and never wait. Every slot word is read and written with sync/atomic,
+// and a slot's life within one set of arrays is monotonic: empty, then one
+// key, then a tombstone. Entries never move and a slot never holds a second
+// key, so a reader that finds its key reads that key's holder set (or the
+// zero set of a key being deleted), and a reader never misses a key that was
+// present for its whole lookup. Tombstones are never reused; they are
+// dropped, and the table grows or shrinks, by building new arrays aside and
+// publishing them with one atomic pointer store. A reader still on the old
+// arrays sees the table as it was just before.
+
+const (
+	shardBits = 5
+	numShards = 1 << shardBits
+	// minSlots is the capacity of an empty shard or lane.
+	minSlots = 8
+)
+
+// Keys 0 and 1 mark empty slots and tombstones; blockKey and rootKey never
+// return them.
+const (
+	emptyKey = 0
+	deadKey  = 1
+)
+
+// A table is rebuilt when an insert would take its used slots (keys and
+// tombstones) past 4/5 of its capacity, or removals leave it under 1/5 full.
+// A rebuild sizes it 64% full of keys, so that growing proceeds by a quarter
+// and the table stays between 64% and 80% used.
+func overFull(n, capacity int) bool  { return n*5 > capacity*4 }
+func underFull(n, capacity int) bool { return capacity > minSlots && n*5 < capacity }
+func capFor(n int) int               { return max(minSlots, n*25/16) }
+
+// home is the first slot probed for a well-mixed hash h in a table of
+// capacity slots.
+func home(h uint64, capacity int) int {
+	hi, _ := bits.Mul64(h, uint64(capacity))
+	return int(hi)
+}
+
+type keyTable struct {
+	shards [numShards]keyShard
+	// width is the number of holder-bitset words per slot. Writer only.
+	width int
+	// n is the number of keys. Writer only; readers use count.
+	n     int
+	count atomic.Int64
+	// total counts the keys of every table of the index.
+	total *atomic.Int64
+}
+
+type keyShard struct {
+	arr atomic.Pointer[keySlots]
+	// n counts the shard's keys and dead its tombstones. Writer only.
+	n, dead int
+	_       [40]byte // keep shards on separate cache lines
+}
+
+// keySlots are the arrays of one shard. A slot keeps its key, the first
+// word of its holder set (holders 0 to 63) and its clock together, so that a
+// lookup touches one cache line; more[w-1][i] is word w of slot i's holder
+// set when the table has more than 64 holders. Only the writer stores keys
+// and holders; readers also store clocks, so every clock access is atomic.
+type keySlots struct {
+	slots []keySlot
+	more  [][]uint64
+}
+
+type keySlot struct {
+	key     uint64
+	holders uint64
+	clock   uint32
+	_       uint32
+}
+
+func newKeySlots(capacity, width int) *keySlots {
+	a := &keySlots{slots: make([]keySlot, capacity), more: make([][]uint64, width-1)}
+	for w := range a.more {
+		a.more[w] = make([]uint64, capacity)
+	}
+	return a
+}
+
+func (a *keySlots) cap() int   { return len(a.slots) }
+func (a *keySlots) width() int { return 1 + len(a.more) }
+
+// word is word w of slot i's holder set.
+func (a *keySlots) word(w, i int) *uint64 {
+	if w == 0 {
+		return &a.slots[i].holders
+	}
+	return &a.more[w-1][i]
+}
+
+func (a *keySlots) clock(i int) uint32 { return atomic.LoadUint32(&a.slots[i].clock) }
+
+// unheld reports whether slot i has no holder; writer only.
+func (a *keySlots) unheld(i int) bool {
+	for w := range a.width() {
+		if *a.word(w, i) != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+func (t *keyTable) init(total *atomic.Int64) {
+	t.width, t.total = 1, total
+	for i := range t.shards {
+		t.shards[i].arr.Store(newKeySlots(minSlots, 1))
+	}
+}
+
+func shardOf(key uint64) int { return int(key >> (64 - shardBits)) }
+
+// slotHome is where key's probe sequence starts; the shard bits are shifted
+// out so that every shard spreads its keys over all its slots.
+func slotHome(key uint64, capacity int) int { return home(key<<shardBits, capacity) }
+
+// find returns the slot of key, or the empty slot that ends its probe
+// sequence, reading keys atomically.
+func (a *keySlots) find(key uint64) (int, bool) {
+	c := a.cap()
+	for i := slotHome(key, c); ; {
+		k := atomic.LoadUint64(&a.slots[i].key)
+		if k == key {
+			return i, true
+		}
+		if k == emptyKey {
+			return i, false
+		}
+		if i++; i == c {
+			i = 0
+		}
+	}
+}
+
+// lookup copies the holder set of key into dst (len(dst) words; words the
+// table does not have read as 0) and reports whether key is present. It
+// refreshes the key's clock to now when it is older.
+func (t *keyTable) lookup(key uint64, now uint32, dst []uint64) bool {
+	a := t.shards[shardOf(key)].arr.Load()
+	i, ok := a.find(key)
+	if !ok {
+		return false
+	}
+	for w := range dst {
+		if w < a.width() {
+			dst[w] = atomic.LoadUint64(a.word(w, i))
+		} else {
+			dst[w] = 0
+		}
+	}
+	if a.clock(i) < now {
+		atomic.StoreUint32(&a.slots[i].clock, now)
+	}
+	return true
+}
+
+// prefetch loads the first slot of each key's probe sequence, so that the
+// cache misses of a run of lookups overlap instead of following each other.
+// The returned value is meaningless.
+func (t *keyTable) prefetch(keys []uint64) uint64 {
+	var sum uint64
+	for _, k := range keys {
+		a := t.shards[shardOf(k)].arr.Load()
+		sum += atomic.LoadUint64(&a.slots[slotHome(k, a.cap())].key)
+	}
+	return sum
+}
+
+// slotRef names one slot of a shard for the writer.
+type slotRef struct {
+	sh *keyShard
+	a  *keySlots
+	i  int
+}
+
+// find returns the slot of key for the writer.
+func (t *keyTable) find(key uint64) (slotRef, bool) {
+	sh := &t.shards[shardOf(key)]
+	a := sh.arr.Load()
+	i, ok := a.find(key)
+	return slotRef{sh, a, i}, ok
+}
+
+// insert adds key, which must be absent, with an empty holder set.
+func (t *keyTable) insert(key uint64, now uint32) slotRef {
+	sh := &t.shards[shardOf(key)]
+	a := sh.arr.Load()
+	if overFull(sh.n+sh.dead+1, a.cap()) {
+		a = sh.rebuild(capFor(sh.n+1), t.width)
+	}
+	i, _ := a.find(key)
+	atomic.StoreUint32(&a.slots[i].clock, now)
+	atomic.StoreUint64(&a.slots[i].key, key)
+	sh.n++
+	t.counted(1)
+	return slotRef{sh, a, i}
+}
+
+// has reports whether holder id is in the slot's holder set.
+func (r slotRef) has(id int) bool {
+	w, bit := id>>6, uint64(1)<<(id&63)
+	return w < r.a.width() && atomic.LoadUint64(r.a.word(w, r.i))&bit != 0
+}
+
+// add puts holder id into the slot's holder set; the table must be wide
+// enough for id.
+func (r slotRef) add(id int) {
+	atomic.OrUint64(r.a.word(id>>6, r.i), 1<<(id&63))
+}
+
+// touch sets the slot's clock to now.
+func (r slotRef) touch(now uint32) {
+	if r.a.clock(r.i) < now {
+		atomic.StoreUint32(&r.a.slots[r.i].clock, now)
+	}
+}
+
+// drop takes holder id out of the slot's holder set and deletes the key when
+// no holder is left; it reports whether the key was deleted.
+func (t *keyTable) drop(r slotRef, id int) bool {
+	atomic.AndUint64(r.a.word(id>>6, r.i), ^uint64(1<<(id&63)))
+	if !r.a.unheld(r.i) {
+		return false
+	}
+	t.bury(r)
+	return true
+}
+
+// evict deletes the key in slot r whatever its holders.
+func (t *keyTable) evict(r slotRef) {
+	for w := range r.a.width() {
+		atomic.StoreUint64(r.a.word(w, r.i), 0)
+	}
+	t.bury(r)
+}
+
+// bury turns the slot of a key without holders into a tombstone.
+func (t *keyTable) bury(r slotRef) {
+	atomic.StoreUint64(&r.a.slots[r.i].key, deadKey)
+	r.sh.n--
+	r.sh.dead++
+	t.counted(-1)
+}
+
+// dropHolder takes holder id out of the holder sets of keys, deleting the
+// keys left without holders. It visits the keys in the order of their slots
+// (a key's shard and home slot both grow with its value), which keeps the
+// accesses to each shard's arrays nearly sequential for the hardware
+// prefetcher; a counting sort on the top bits of the keys puts them in that
+// order. scratch, as long as keys, is overwritten.
+func (t *keyTable) dropHolder(keys []uint64, id int, scratch []uint64) {
+	shift := 64 - min(16, max(shardBits, bits.Len(uint(len(keys)))))
+	start := make([]int32, 1<<(64-shift)+1)
+	for _, k := range keys {
+		start[k>>shift+1]++
+	}
+	for b := 1; b < len(start); b++ {
+		start[b] += start[b-1]
+	}
+	for _, k := range keys {
+		b := k >> shift
+		scratch[start[b]] = k
+		start[b]++
+	}
+	for _, k := range scratch {
+		if r, ok := t.find(k); ok {
+			t.drop(r, id)
+		}
+	}
+}
+
+// counted adds d to the key counts.
+func (t *keyTable) counted(d int) {
+	t.n += d
+	t.count.Store(int64(t.n))
+	t.total.Add(int64(d))
+}
+
+// rebuild moves the shard's keys, without its tombstones, into new arrays of
+// the given capacity and width and publishes them.
+func (sh *keyShard) rebuild(capacity, width int) *keySlots {
+	old := sh.arr.Load()
+	a := newKeySlots(capacity, width)
+	for j := range old.slots {
+		k := old.slots[j].key
+		if k == emptyKey || k == deadKey {
+			continue
+		}
+		i := slotHome(k, capacity)
+		for a.slots[i].key != emptyKey {
+			if i++; i == capacity {
+				i = 0
+			}
+		}
+		a.slots[i] = keySlot{key: k, holders: old.slots[j].holders, clock: old.clock(j)}
+		for w := range old.more {
+			a.more[w][i] = old.more[w][j]
+		}
+	}
+	sh.arr.Store(a)
+	sh.dead = 0
+	return a
+}
+
+// shrink rebuilds shards that removals left mostly empty.
+func (t *keyTable) shrink() {
+	for i := range t.shards {
+		sh := &t.shards[i]
+		if underFull(sh.n, sh.arr.Load().cap()) {
+			sh.rebuild(capFor(sh.n), t.width)
+		}
+	}
+}
+
+// widen makes room for holder ids below 64*width.
+func (t *keyTable) widen(width int) {
+	if width <= t.width {
+		return
+	}
+	t.width = width
+	for i := range t.shards {
+		sh := &t.shards[i]
+		sh.rebuild(sh.arr.Load().cap(), width)
+	}
+}

@@ -1,0 +1,148 @@
+package indexer
+
+// A lane is what one engine publisher holds in one medium and one KV-cache
+// group: (pod, DP rank, medium, group). It is a holder of the model's key
+// table, with a dense holder id, and it owns the map from the engine's block
+// hashes to kvgate keys for the blocks it holds. That map is both how events
+// naming engine hashes (a parent, a removal) find their keys and the record
+// of the lane's residencies: every entry has the lane's bit set in its key's
+// holder set, and nothing else does.
+type lane struct {
+	id     int
+	stream *stream
+	medium string
+	group  int
+	m      laneMap
+}
+
+// laneMap maps engine block hashes to kvgate keys: an open-addressing table
+// with linear probing and backward-shift deletion, used by the model's writer
+// only. A key of 0 marks an empty slot, so any engine hash can be stored.
+type laneMap struct {
+	hashes []uint64
+	keys   []uint64
+	n      int
+}
+
+// between reports whether h lies cyclically in (i, j].
+func between(i, h, j int) bool {
+	if i <= j {
+		return i < h && h <= j
+	}
+	return i < h || h <= j
+}
+
+// laneHome spreads engine hashes, which old engines draw from small integers,
+// over the table.
+func laneHome(hash uint64, capacity int) int { return home(hash*mixA, capacity) }
+
+func (m *laneMap) slot(hash uint64) (int, bool) {
+	c := len(m.keys)
+	if c == 0 {
+		return 0, false
+	}
+	for i := laneHome(hash, c); ; {
+		if m.keys[i] == 0 {
+			return i, false
+		}
+		if m.hashes[i] == hash {
+			return i, true
+		}
+		if i++; i == c {
+			i = 0
+		}
+	}
+}
+
+// get returns the key stored for hash.
+func (m *laneMap) get(hash uint64) (uint64, bool) {
+	i, ok := m.slot(hash)
+	if !ok {
+		return 0, false
+	}
+	return m.keys[i], true
+}
+
+// put maps hash to key, replacing any previous key.
+func (m *laneMap) put(hash, key uint64) {
+	if i, ok := m.slot(hash); ok {
+		m.keys[i] = key
+		return
+	}
+	if len(m.keys) == 0 || overFull(m.n+1, len(m.keys)) {
+		m.rebuild(capFor(m.n + 1))
+	}
+	i, _ := m.slot(hash)
+	m.hashes[i], m.keys[i] = hash, key
+	m.n++
+}
+
+// del removes hash and returns the key it mapped to.
+func (m *laneMap) del(hash uint64) (uint64, bool) {
+	i, ok := m.slot(hash)
+	if !ok {
+		return 0, false
+	}
+	key := m.keys[i]
+	c := len(m.keys)
+	for j := i; ; {
+		if j++; j == c {
+			j = 0
+		}
+		if m.keys[j] == 0 {
+			break
+		}
+		if between(i, laneHome(m.hashes[j], c), j) {
+			continue
+		}
+		m.hashes[i], m.keys[i] = m.hashes[j], m.keys[j]
+		i = j
+	}
+	m.hashes[i], m.keys[i] = 0, 0
+	m.n--
+	if underFull(m.n, c) {
+		m.rebuild(capFor(m.n))
+	}
+	return key, true
+}
+
+// removeKeys removes the entries whose key is in s and returns how many.
+func (m *laneMap) removeKeys(s *keySet) int {
+	n := 0
+	for _, k := range m.keys {
+		if k != 0 && s.has(k) {
+			n++
+		}
+	}
+	if n > 0 {
+		m.rebuildWithout(capFor(m.n-n), s)
+	}
+	return n
+}
+
+func (m *laneMap) rebuild(capacity int) { m.rebuildWithout(capacity, nil) }
+
+// rebuildWithout moves the entries whose key is not in s (nil: every entry)
+// into new arrays of the given capacity.
+func (m *laneMap) rebuildWithout(capacity int, s *keySet) {
+	old := *m
+	m.hashes = make([]uint64, capacity)
+	m.keys = make([]uint64, capacity)
+	m.n = 0
+	for j, k := range old.keys {
+		if k == 0 || (s != nil && s.has(k)) {
+			continue
+		}
+		m.n++
+		i := laneHome(old.hashes[j], capacity)
+		for m.keys[i] != 0 {
+			if i++; i == capacity {
+				i = 0
+			}
+		}
+		m.hashes[i], m.keys[i] = old.hashes[j], k
+	}
+}
+
+// reset drops every entry and the arrays.
+func (m *laneMap) reset() { *m = laneMap{} }

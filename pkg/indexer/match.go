@@ -1,0 +1,215 @@
+package indexer
+
+// MatchResult is the answer of MatchPrefix. MatchPrefix overwrites every
+// field; a caller that reuses one MatchResult per goroutine lets MatchPrefix
+// run without allocating once its slices have grown.
+type MatchResult struct {
+	// BlockSize is the engine block size, in tokens, the prompt was chunked
+	// by; 0 when the index has no block of the model yet.
+	BlockSize int
+	// PromptBlocks is the number of whole blocks in the prompt.
+	PromptBlocks int
+	// Pods has one entry per candidate pod, in the order of the candidates.
+	Pods []PodMatch
+
+	units   []matchUnit
+	masks   []uint64
+	holders []uint64
+	// sink keeps the loads of prefetching from being optimised away.
+	sink uint64
+}
+
+// PodMatch is how much of a prompt's prefix one candidate pod holds.
+type PodMatch struct {
+	// Pod is the candidate's pod key.
+	Pod string
+	// Blocks is the number of leading blocks of the prompt the pod holds,
+	// each in some medium (GPU, CPU, storage), on one DP rank: the rank
+	// with the longest run. Tokens is Blocks times the block size.
+	Blocks int
+	Tokens int
+	// GPUBlocks is the number of leading blocks the pod holds in GPU memory
+	// on one rank, the rank with the longest GPU run. GPUTokens is
+	// GPUBlocks times the block size.
+	GPUBlocks int
+	GPUTokens int
+}
+
+// matchUnit is one rank of one candidate pod during a match; its holder sets
+// are masks[off:off+width] (any medium) and masks[off+width:off+2*width]
+// (GPU).
+type matchUnit struct {
+	state            *podState
+	pod              int
+	off              int
+	anyLen, gpuLen   int
+	anyDone, gpuDone bool
+}
+
+// BlockSize reports the engine block size, in tokens, of a model's primary
+// KV-cache group, as learned from its BlockStored events; false when no
+// event of the model has been applied.
+func (t *SyncPrefixHashTable) BlockSize(model string) (int, bool) {
+	m := t.model(model)
+	if m == nil {
+		return 0, false
+	}
+	bs := int(m.blockSize.Load())
+	return bs, bs > 0
+}
+
+// MatchPrefix reports, for each candidate pod, how many leading blocks of a
+// prompt it holds: the prompt's tokens are chunked into whole blocks of the
+// model's block size and keyed as the events were, under the root of model
+// and lora (the adapter name, "" for the base model). A pod is credited with
+// block i only if the same rank of the pod holds blocks 0 to i. The walk
+// stops at the first block no remaining candidate holds. Unknown models and
+// pods get zero matches. out is overwritten; see MatchResult.
+func (t *SyncPrefixHashTable) MatchPrefix(model, lora string, tokens []uint32, pods []string, out *MatchResult) {
+	out.reset(pods)
+	m := t.model(model)
+	if m == nil {
+		return
+	}
+	bs := int(m.blockSize.Load())
+	if bs <= 0 {
+		return
+	}
+	out.BlockSize, out.PromptBlocks = bs, len(tokens)/bs
+	start := t.now()
+	idx := m.pods.Load()
+	if out.collectUnits(idx, pods) {
+		now := t.tick(start)
+		m.use(now)
+		out.walk(m, t.seed, lora, tokens, now)
+		out.credit(bs, start.UnixNano())
+	}
+	t.metrics.matchSeconds.Observe(t.now().Sub(start).Seconds())
+}
+
+func (out *MatchResult) reset(pods []string) {
+	out.BlockSize, out.PromptBlocks = 0, 0
+	out.Pods = out.Pods[:0]
+	for _, p := range pods {
+		out.Pods = append(out.Pods, PodMatch{Pod: p})
+	}
+	out.units, out.masks = out.units[:0], out.masks[:0]
+}
+
+// collectUnits gathers the ranks of the candidates that hold anything; it
+// reports whether there is one.
+func (out *MatchResult) collectUnits(idx *podIndex, pods []string) bool {
+	w := idx.width
+	for i, p := range pods {
+		ph := idx.pods[p]
+		if ph == nil {
+			continue
+		}
+		for _, r := range ph.ranks {
+			out.units = append(out.units, matchUnit{state: ph.state, pod: i, off: len(out.masks)})
+			out.masks = append(out.masks, r.any...)
+			out.masks = append(out.masks, r.gpu...)
+		}
+	}
+	if cap(out.holders) < w {
+		out.holders = make([]uint64, w)
+	}
+	out.holders = out.holders[:w]
+	return len(out.units) > 0
+}
+
+// walkBatch is how many blocks walk keys ahead, so that their lookups' cache
+// misses overlap. The first block is looked up alone: a miss there costs one
+// block's keying.
+const walkBatch = 16
+
+// walk keys the prompt block by block and follows each unit's runs until no
+// unit is left.
+func (out *MatchResult) walk(m *modelTable, seed uint64, lora string, tokens []uint32, now uint32) {
+	bs, n := out.BlockSize, out.PromptBlocks
+	alive := len(out.units)
+	var keys [walkBatch]uint64
+	key := rootKey(seed, m.name, lora, 0)
+	i := 0
+walk:
+	for batch := 1; i < n && alive > 0; batch = walkBatch {
+		b := min(batch, n-i)
+		for j := range b {
+			key = blockKey(key, tokens[(i+j)*bs:(i+j+1)*bs], 0)
+			keys[j] = key
+		}
+		out.sink += m.keys.prefetch(keys[:b])
+		for j := range b {
+			if !m.keys.lookup(keys[j], now, out.holders) {
+				break walk
+			}
+			if alive = out.step(i, alive); alive == 0 {
+				i++
+				break walk
+			}
+			i++
+		}
+	}
+	for u := range out.units {
+		un := &out.units[u]
+		if !un.anyDone {
+			un.anyLen = i
+		}
+		if !un.gpuDone {
+			un.gpuLen = i
+		}
+	}
+}
+
+// step ends the runs of the running units, out.units[:alive], that do not
+// hold block i, whose holder set is in out.holders. It moves the units it
+// ends behind the running ones and returns how many still run.
+func (out *MatchResult) step(i, alive int) int {
+	h, w := out.holders, len(out.holders)
+	for u := 0; u < alive; {
+		un := &out.units[u]
+		if !intersects(h, out.masks[un.off:un.off+w]) {
+			un.anyDone, un.anyLen = true, i
+			if !un.gpuDone {
+				un.gpuDone, un.gpuLen = true, i
+			}
+			alive--
+			out.units[u], out.units[alive] = out.units[alive], out.units[u]
+			continue
+		}
+		if !un.gpuDone && !intersects(h, out.masks[un.off+w:un.off+2*w]) {
+			un.gpuDone, un.gpuLen = true, i
+		}
+		u++
+	}
+	return alive
+}
+
+// credit turns unit runs into per-pod results, keeping each pod's best rank,
+// and records the match as activity of the credited pods.
+func (out *MatchResult) credit(bs int, nowNanos int64) {
+	for _, un := range out.units {
+		p := &out.Pods[un.pod]
+		p.Blocks = max(p.Blocks, un.anyLen)
+		p.GPUBlocks = max(p.GPUBlocks, un.gpuLen)
+		if un.anyLen > 0 {
+			un.state.matched(nowNanos)
+		}
+	}
+	for i := range out.Pods {
+		p := &out.Pods[i]
+		p.Tokens, p.GPUTokens = p.Blocks*bs, p.GPUBlocks*bs
+	}
+}
+
+func intersects(a, b []uint64) bool {
+	if len(a) == 1 {
+		return a[0]&b[0] != 0
+	}
+	for i, x := range a {
+		if x&b[i] != 0 {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,125 @@
+package indexer
+
+import (
+	"errors"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Reasons of the evicted and skipped block counters.
+const (
+	// reasonCapacity: the model reached MaxPrefixesPerContext.
+	reasonCapacity = "capacity"
+	// reasonTotal: the index reached MaxPrefixes.
+	reasonTotal = "total_capacity"
+	// reasonContext: the model was dropped to respect MaxContexts.
+	reasonContext = "context_capacity"
+	// reasonIdle: the pod sent nothing and matched nothing for
+	// EvictionDuration.
+	reasonIdle = "idle_pod"
+
+	// reasonParent: the event's parent block was never indexed.
+	reasonParent = "unknown_parent"
+	// reasonTokens: the event's tokens do not align to its blocks.
+	reasonTokens = "token_mismatch"
+	// reasonExtraKeys: the event's extra keys are not one list per block.
+	reasonExtraKeys = "extra_keys_mismatch"
+	// reasonDuplicate: a second engine hash for a block the lane holds.
+	reasonDuplicate = "duplicate_key"
+)
+
+// metrics are the index's Prometheus metrics. Counters and the match
+// histogram are updated where things happen; the gauges are read from the
+// index when scraped, so they cost nothing on hot paths and vanish with the
+// pods and models they describe.
+type metrics struct {
+	t            *SyncPrefixHashTable
+	evictedVec   *prometheus.CounterVec
+	skippedVec   *prometheus.CounterVec
+	parentMisses prometheus.Counter
+	matchSeconds prometheus.Histogram
+
+	entriesDesc  *prometheus.Desc
+	podsDesc     *prometheus.Desc
+	residentDesc *prometheus.Desc
+}
+
+func newMetrics(t *SyncPrefixHashTable) *metrics {
+	return &metrics{
+		t: t,
+		evictedVec: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "kvgate", Subsystem: "indexer", Name: "evicted_blocks_total",
+			Help: "Residencies (block, holder) the index removed on its own, by reason: capacity, total_capacity, context_capacity, idle_pod.",
+		}, []string{"reason"}),
+		skippedVec: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "kvgate", Subsystem: "indexer", Name: "skipped_blocks_total",
+			Help: "Stored blocks not indexed, by reason: unknown_parent, token_mismatch, extra_keys_mismatch, duplicate_key.",
+		}, []string{"reason"}),
+		parentMisses: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "kvgate", Subsystem: "indexer", Name: "parent_misses_total",
+			Help: "BlockStored events skipped because the index never saw their parent block.",
+		}),
+		matchSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: "kvgate", Subsystem: "indexer", Name: "match_duration_seconds",
+			Help:    "Time MatchPrefix took, keying the prompt included.",
+			Buckets: prometheus.ExponentialBuckets(1e-6, 2, 16),
+		}),
+		entriesDesc: prometheus.NewDesc("kvgate_indexer_entries",
+			"Distinct blocks (prefix keys) indexed for a model.", []string{"model"}, nil),
+		podsDesc: prometheus.NewDesc("kvgate_indexer_pods",
+			"Pods with event streams for a model.", []string{"model"}, nil),
+		residentDesc: prometheus.NewDesc("kvgate_indexer_resident_blocks",
+			"Blocks a pod holds in a medium, all ranks and KV-cache groups together.", []string{"model", "pod", "medium"}, nil),
+	}
+}
+
+func (m *metrics) register(reg prometheus.Registerer) error {
+	return errors.Join(
+		reg.Register(m.evictedVec),
+		reg.Register(m.skippedVec),
+		reg.Register(m.parentMisses),
+		reg.Register(m.matchSeconds),
+		reg.Register(m),
+	)
+}
+
+func (m *metrics) evicted(reason string, blocks int) {
+	if blocks > 0 {
+		m.evictedVec.WithLabelValues(reason).Add(float64(blocks))
+	}
+}
+
+func (m *metrics) skipped(reason string, blocks int) {
+	m.skippedVec.WithLabelValues(reason).Add(float64(blocks))
+}
+
+func (m *metrics) parentMissed(blocks int) {
+	m.parentMisses.Inc()
+	m.skipped(reasonParent, blocks)
+}
+
+// Describe implements prometheus.Collector for the gauges.
+func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
+	ch <- m.entriesDesc
+	ch <- m.podsDesc
+	ch <- m.residentDesc
+}
+
+// Collect implements prometheus.Collector for the gauges.
+func (m *metrics) Collect(ch chan<- prometheus.Metric) {
+	for _, ms := range m.t.Stats() {
+		ch <- prometheus.MustNewConstMetric(m.entriesDesc, prometheus.GaugeValue, float64(ms.Entries), ms.Model)
+		ch <- prometheus.MustNewConstMetric(m.podsDesc, prometheus.GaugeValue, float64(len(ms.Pods)), ms.Model)
+		for _, ps := range ms.Pods {
+			media := map[string]int{}
+			for _, ss := range ps.Streams {
+				for _, ls := range ss.Lanes {
+					media[ls.Medium] += ls.Blocks
+				}
+			}
+			for medium, n := range media {
+				ch <- prometheus.MustNewConstMetric(m.residentDesc, prometheus.GaugeValue, float64(n), ms.Model, ps.Pod, medium)
+			}
+		}
+	}
+}

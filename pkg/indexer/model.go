@@ -1,0 +1,211 @@
+package indexer
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvgate/kvgate/pkg/kvevent"
+)
+
+// holderReuseDelay is how long a released holder id stays unused, so that a
+// match still running with the released lane in its snapshot of the pod index
+// cannot credit the released lane's pod with a new lane's blocks.
+const holderReuseDelay = 10 * time.Second
+
+// modelTable is the index of one model (a context): its key table, its lanes
+// and the index of its pods that matches read.
+type modelTable struct {
+	name string
+	t    *SyncPrefixHashTable
+
+	// mu serialises the writers of this model: event application, purges,
+	// evictions. Matches never take it.
+	mu   sync.Mutex
+	keys keyTable
+	// lanes is indexed by holder id; nil marks a free id.
+	lanes []*lane
+	free  []freeHolder
+	// streams is guarded by SyncPrefixHashTable.mu.
+	streams map[*stream]struct{}
+
+	pods      atomic.Pointer[podIndex]
+	blockSize atomic.Int64
+	lastUse   atomic.Uint32
+	dropped   atomic.Bool
+	// evictFrom is where the next eviction scan starts (a shard number).
+	evictFrom int
+}
+
+type freeHolder struct {
+	id       int
+	released time.Time
+}
+
+// podIndex is an immutable snapshot, published on every change of lanes, of
+// which holder ids belong to which pod, rank and medium in the primary group.
+type podIndex struct {
+	width int
+	pods  map[string]*podHolders
+}
+
+type podHolders struct {
+	state *podState
+	ranks []rankHolders
+}
+
+// rankHolders are the holder sets, width words each, of one rank's lanes in
+// any medium and on GPU.
+type rankHolders struct {
+	rank     int
+	any, gpu []uint64
+}
+
+func newModelTable(t *SyncPrefixHashTable, name string) *modelTable {
+	m := &modelTable{name: name, t: t, streams: make(map[*stream]struct{})}
+	m.keys.init(&t.total)
+	m.pods.Store(&podIndex{width: 1})
+	m.lastUse.Store(t.tick(t.now()))
+	return m
+}
+
+func (m *modelTable) isDropped() bool { return m.dropped.Load() }
+
+// use records that the model was stored into or matched at tick now.
+func (m *modelTable) use(now uint32) {
+	if m.lastUse.Load() < now {
+		m.lastUse.Store(now)
+	}
+}
+
+// normMedium names the medium of an event; events without one describe the
+// GPU cache.
+func normMedium(medium string) string {
+	if medium == "" {
+		return kvevent.MediumGPU
+	}
+	return medium
+}
+
+// normGroup names the group of an event; an event without one belongs to
+// the engine's only group, 0.
+func normGroup(group int) int {
+	if group == kvevent.NoGroup {
+		return 0
+	}
+	return group
+}
+
+// laneOf returns st's lane for a medium and group, creating it when create
+// is set; m.mu is held.
+func (m *modelTable) laneOf(st *stream, medium string, group int, create bool) *lane {
+	for _, ln := range st.lanes {
+		if ln.medium == medium && ln.group == group {
+			return ln
+		}
+	}
+	if !create {
+		return nil
+	}
+	ln := &lane{id: m.allocHolder(), stream: st, medium: medium, group: group}
+	m.lanes[ln.id] = ln
+	st.lanes = append(st.lanes, ln)
+	m.publishPods()
+	return ln
+}
+
+// allocHolder returns the lowest holder id free for reuse, widening the key
+// table when the id needs another bitset word.
+func (m *modelTable) allocHolder() int {
+	now := m.t.now()
+	id, at := len(m.lanes), -1
+	for i, f := range m.free {
+		if now.Sub(f.released) >= holderReuseDelay && f.id < id {
+			id, at = f.id, i
+		}
+	}
+	if at >= 0 {
+		m.free = append(m.free[:at], m.free[at+1:]...)
+	} else {
+		m.lanes = append(m.lanes, nil)
+	}
+	m.keys.widen(id>>6 + 1)
+	return id
+}
+
+// publishPods rebuilds the pod index from the lanes of the primary group
+// (group 0), the one whose block size routers chunk prompts by.
+func (m *modelTable) publishPods() {
+	idx := &podIndex{width: m.keys.width, pods: make(map[string]*podHolders)}
+	for _, ln := range m.lanes {
+		if ln == nil || ln.group != 0 {
+			continue
+		}
+		st := ln.stream
+		ph := idx.pods[st.id.pod]
+		if ph == nil {
+			ph = &podHolders{state: st.pod}
+			idx.pods[st.id.pod] = ph
+		}
+		r := ph.rank(st.id.rank, idx.width)
+		w, bit := ln.id>>6, uint64(1)<<(ln.id&63)
+		r.any[w] |= bit
+		if ln.medium == kvevent.MediumGPU {
+			r.gpu[w] |= bit
+		}
+	}
+	m.pods.Store(idx)
+}
+
+func (ph *podHolders) rank(rank, width int) *rankHolders {
+	for i := range ph.ranks {
+		if ph.ranks[i].rank == rank {
+			return &ph.ranks[i]
+		}
+	}
+	ph.ranks = append(ph.ranks, rankHolders{rank: rank, any: make([]uint64, width), gpu: make([]uint64, width)})
+	return &ph.ranks[len(ph.ranks)-1]
+}
+
+// clearLane removes every residency of ln and returns how many there were;
+// m.mu is held.
+func (m *modelTable) clearLane(ln *lane) int {
+	n := ln.m.n
+	// The lane's arrays are dropped after this: compact its keys in place
+	// and lend its hash array to dropHolder.
+	keys := ln.m.keys[:0]
+	for _, k := range ln.m.keys {
+		if k != 0 {
+			keys = append(keys, k)
+		}
+	}
+	m.keys.dropHolder(keys, ln.id, ln.m.hashes[:len(keys)])
+	ln.m.reset()
+	m.keys.shrink()
+	return n
+}
+
+// releaseStream clears and forgets every lane of st and marks it gone; it
+// returns the number of residencies removed.
+func (m *modelTable) releaseStream(st *stream) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	st.gone = true
+	if len(st.lanes) == 0 || m.isDropped() {
+		// A dropped model's table is discarded whole, its counts with it.
+		return 0
+	}
+	// Unpublish first, so that matches stop crediting the lanes at once.
+	for _, ln := range st.lanes {
+		m.lanes[ln.id] = nil
+	}
+	m.publishPods()
+	n := 0
+	now := m.t.now()
+	for _, ln := range st.lanes {
+		n += m.clearLane(ln)
+		m.free = append(m.free, freeHolder{ln.id, now})
+	}
+	st.lanes = nil
+	return n
+}

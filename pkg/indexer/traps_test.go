@@ -1,0 +1,340 @@
+package indexer
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/kvgate/kvgate/pkg/kvevent"
+)
+
+// Each test here replays a scenario that a prefix index of another project
+// gets wrong, and asserts the answer a router needs.
+
+var (
+	podA = Stream{Pod: "ns/a", Model: "llama"}
+	podB = Stream{Pod: "ns/b", Model: "llama"}
+)
+
+func TestMultiBlockEventChainsEveryBlockFromThePreviousOne(t *testing.T) {
+	idx, _ := newTestTable(t, Config{})
+	// vLLM sends a whole prefill as one event: 4 blocks of 16 tokens.
+	mustApply(t, idx, podA, stored(hashSeq(100, 4), nil, tokenRange(0, 64), 16))
+	blocks, gpu := match(idx, "llama", "", tokenRange(0, 64), "ns/a")
+	if blocks["ns/a"] != 4 || gpu["ns/a"] != 4 {
+		t.Fatalf("4-block event matched %d blocks (%d on GPU), want 4", blocks["ns/a"], gpu["ns/a"])
+	}
+	// A continuation event chains from its parent's key.
+	mustApply(t, idx, podA, stored(hashSeq(104, 2), ptr[uint64](103), tokenRange(64, 32), 16))
+	if blocks, _ := match(idx, "llama", "", tokenRange(0, 96), "ns/a"); blocks["ns/a"] != 6 {
+		t.Fatalf("after continuation matched %d blocks, want 6", blocks["ns/a"])
+	}
+}
+
+func TestUnknownParentIsSkippedNotRootedAtTheStart(t *testing.T) {
+	idx, reg := newTestTable(t, Config{})
+	// Pod A announces blocks 2..3 of a prompt whose first blocks it stored
+	// before the index started: their tokens are those of the prompt's
+	// blocks 2..3, which happen to equal another prompt's blocks 0..1.
+	mustApply(t, idx, podA, stored(hashSeq(10, 2), ptr[uint64](9), tokenRange(0, 32), 16))
+	blocks, _ := match(idx, "llama", "", tokenRange(0, 32), "ns/a")
+	if blocks["ns/a"] != 0 {
+		t.Fatalf("blocks with an unknown parent matched %d blocks from the root, want 0", blocks["ns/a"])
+	}
+	if got := counterValue(t, reg, "kvgate_indexer_parent_misses_total", nil); got != 1 {
+		t.Errorf("parent misses = %v, want 1", got)
+	}
+	if got := counterValue(t, reg, "kvgate_indexer_skipped_blocks_total", map[string]string{"reason": reasonParent}); got != 2 {
+		t.Errorf("skipped unknown_parent blocks = %v, want 2", got)
+	}
+	// Children of a skipped block are unknown too.
+	mustApply(t, idx, podA, stored(hashSeq(12, 1), ptr[uint64](11), tokenRange(32, 16), 16))
+	if got := counterValue(t, reg, "kvgate_indexer_parent_misses_total", nil); got != 2 {
+		t.Errorf("parent misses after a child of a skipped block = %v, want 2", got)
+	}
+	if err := checkInvariants(idx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestRemovalFromOnePodLeavesTheOthers(t *testing.T) {
+	idx, _ := newTestTable(t, Config{})
+	toks := tokenRange(0, 48)
+	// Pods that share the engine seed name blocks by the same hashes.
+	mustApply(t, idx, podA, stored(hashSeq(1, 3), nil, toks, 16))
+	mustApply(t, idx, podB, stored(hashSeq(1, 3), nil, toks, 16))
+	mustApply(t, idx, podA, removed("GPU", 0, 2))
+	blocks, _ := match(idx, "llama", "", toks, "ns/a", "ns/b")
+	if blocks["ns/a"] != 1 || blocks["ns/b"] != 3 {
+		t.Fatalf("after pod A removed block 1: a=%d b=%d, want a=1 (no credit past the gap) b=3", blocks["ns/a"], blocks["ns/b"])
+	}
+	// The last holder going removes the key; entries never go negative.
+	mustApply(t, idx, podB, removed("GPU", 0, 1, 2, 3))
+	mustApply(t, idx, podA, removed("GPU", 0, 1, 3), removed("GPU", 0, 3))
+	if st := idx.Stats(); st[0].Entries != 0 {
+		t.Fatalf("entries after every holder removed every block = %d, want 0", st[0].Entries)
+	}
+	if err := checkInvariants(idx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestLoRAAdaptersNeverShareEntries(t *testing.T) {
+	idx, _ := newTestTable(t, Config{})
+	toks := tokenRange(0, 32)
+	ev := stored(hashSeq(1, 2), nil, toks, 16)
+	ev.LoraName, ev.LoraID = "sql", 3
+	// vLLM puts the adapter name first in every block's extra keys.
+	ev.ExtraKeys = [][]byte{msgpackExtras("sql", ""), msgpackExtras("sql", "")}
+	mustApply(t, idx, podA, ev)
+	idOnly := stored(hashSeq(11, 2), nil, toks, 16)
+	idOnly.LoraID = 7
+	mustApply(t, idx, podB, idOnly)
+
+	for _, tc := range []struct {
+		lora   string
+		a, b   int
+		reason string
+	}{
+		{"sql", 2, 0, "the adapter's own prompt matches its blocks"},
+		{"", 0, 0, "a base-model prompt never matches adapter blocks"},
+		{"chat", 0, 0, "another adapter never matches"},
+		{"7", 0, 0, "an adapter known by id only is isolated from names"},
+	} {
+		blocks, _ := match(idx, "llama", tc.lora, toks, "ns/a", "ns/b")
+		if blocks["ns/a"] != tc.a || blocks["ns/b"] != tc.b {
+			t.Errorf("lora %q: a=%d b=%d, want a=%d b=%d: %s", tc.lora, blocks["ns/a"], blocks["ns/b"], tc.a, tc.b, tc.reason)
+		}
+	}
+}
+
+func TestRouterChunksByTheEngineBlockSizeInTokens(t *testing.T) {
+	idx, _ := newTestTable(t, Config{})
+	if _, ok := idx.BlockSize("llama"); ok {
+		t.Fatal("block size known before any event")
+	}
+	// The engine runs with 32-token blocks; the router must not assume 16
+	// nor count bytes.
+	mustApply(t, idx, podA, stored(hashSeq(1, 2), nil, tokenRange(1000, 64), 32))
+	if bs, ok := idx.BlockSize("llama"); !ok || bs != 32 {
+		t.Fatalf("BlockSize = %d, %v; want 32, true", bs, ok)
+	}
+	var res MatchResult
+	// 64 tokens and a partial third block: only whole blocks count.
+	idx.MatchPrefix("llama", "", tokenRange(1000, 80), []string{"ns/a"}, &res)
+	if res.BlockSize != 32 || res.PromptBlocks != 2 || res.Pods[0].Blocks != 2 || res.Pods[0].Tokens != 64 {
+		t.Fatalf("MatchPrefix = %+v, want block size 32, 2 prompt blocks, pod credited 2 blocks / 64 tokens", res)
+	}
+	// A group-1 event of another block size does not change the router's.
+	g1 := stored(hashSeq(50, 1), nil, tokenRange(1000, 48), 48)
+	g1.GroupIdx = 1
+	mustApply(t, idx, podA, g1)
+	if bs, _ := idx.BlockSize("llama"); bs != 32 {
+		t.Fatalf("BlockSize after a group-1 event = %d, want 32", bs)
+	}
+}
+
+func TestEventsKeepAPodAliveAndIdlePodsArePurged(t *testing.T) {
+	idx, reg := newTestTable(t, Config{EvictionDuration: 20 * 60e9})
+	clock := newFakeClock()
+	idx.now = clock.Now
+	mustApply(t, idx, podA, stored(hashSeq(1, 2), nil, tokenRange(0, 32), 16))
+	mustApply(t, idx, podB, stored(hashSeq(1, 2), nil, tokenRange(0, 32), 16))
+	// Pod A keeps sending events and is never matched; pod B goes quiet.
+	for i := 0; i < 30; i++ {
+		clock.Advance(60e9)
+		mustApply(t, idx, podA, stored(hashSeq(uint64(100+i), 1), nil, tokenRange(100*i, 16), 16))
+		idx.sweep(clock.Now())
+	}
+	blocks, _ := match(idx, "llama", "", tokenRange(0, 32), "ns/a", "ns/b")
+	if blocks["ns/a"] != 2 {
+		t.Errorf("pod A, active only through events, matched %d blocks after 30 minutes, want 2", blocks["ns/a"])
+	}
+	if blocks["ns/b"] != 0 {
+		t.Errorf("pod B, idle for 30 minutes, matched %d blocks, want 0 (purged)", blocks["ns/b"])
+	}
+	if got := counterValue(t, reg, "kvgate_indexer_evicted_blocks_total", map[string]string{"reason": reasonIdle}); got != 2 {
+		t.Errorf("idle evictions = %v, want 2", got)
+	}
+	if err := checkInvariants(idx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestMatchesKeepAPodAlive(t *testing.T) {
+	idx, _ := newTestTable(t, Config{EvictionDuration: 10 * 60e9})
+	clock := newFakeClock()
+	idx.now = clock.Now
+	mustApply(t, idx, podA, stored(hashSeq(1, 2), nil, tokenRange(0, 32), 16))
+	for i := 0; i < 20; i++ {
+		clock.Advance(60e9)
+		match(idx, "llama", "", tokenRange(0, 32), "ns/a")
+		idx.sweep(clock.Now())
+	}
+	if blocks, _ := match(idx, "llama", "", tokenRange(0, 32), "ns/a"); blocks["ns/a"] != 2 {
+		t.Fatalf("pod matched every minute was purged: %d blocks, want 2", blocks["ns/a"])
+	}
+}
+
+func TestHybridGroupsDoNotEvictEachOther(t *testing.T) {
+	idx, _ := newTestTable(t, Config{})
+	toks := tokenRange(0, 32)
+	mustApply(t, idx, podA, stored(hashSeq(1, 2), nil, toks, 16))
+	g1 := stored(hashSeq(1, 2), nil, toks, 16)
+	g1.GroupIdx, g1.KVCacheSpecKind, g1.KVCacheSpecSlidingWindow = 1, "sliding_window", 64
+	mustApply(t, idx, podA, g1)
+	// The sliding-window group drops its copy of the same hashes.
+	mustApply(t, idx, podA, removed("GPU", 1, 1, 2))
+	if blocks, _ := match(idx, "llama", "", toks, "ns/a"); blocks["ns/a"] != 2 {
+		t.Fatalf("removal in group 1 evicted group 0: %d blocks, want 2", blocks["ns/a"])
+	}
+	// Group 1 alone is not credited: group 0 decides reuse.
+	mustApply(t, idx, podA, g1, removed("GPU", 0, 1, 2))
+	if blocks, _ := match(idx, "llama", "", toks, "ns/a"); blocks["ns/a"] != 0 {
+		t.Fatalf("only group 1 holds the blocks: %d blocks credited, want 0", blocks["ns/a"])
+	}
+	if err := checkInvariants(idx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestMediaAreTrackedPerResidency(t *testing.T) {
+	idx, _ := newTestTable(t, Config{})
+	toks := tokenRange(0, 48)
+	mustApply(t, idx, podA, stored(hashSeq(1, 3), nil, toks, 16))
+	cpu := stored(hashSeq(1, 3), nil, toks, 16)
+	cpu.Medium = kvevent.MediumCPU
+	mustApply(t, idx, podA, cpu)
+	// The GPU evicts block 2 (offloaded to CPU); the prefix stays usable.
+	mustApply(t, idx, podA, removed("", kvevent.NoGroup, 3))
+	blocks, gpu := match(idx, "llama", "", toks, "ns/a")
+	if blocks["ns/a"] != 3 || gpu["ns/a"] != 2 {
+		t.Fatalf("any=%d gpu=%d, want any=3 gpu=2", blocks["ns/a"], gpu["ns/a"])
+	}
+	// The CPU tier dropping block 0 leaves the GPU copy.
+	mustApply(t, idx, podA, removed(kvevent.MediumCPU, kvevent.NoGroup, 1))
+	blocks, gpu = match(idx, "llama", "", toks, "ns/a")
+	if blocks["ns/a"] != 3 || gpu["ns/a"] != 2 {
+		t.Fatalf("after CPU removal of block 0: any=%d gpu=%d, want any=3 gpu=2", blocks["ns/a"], gpu["ns/a"])
+	}
+}
+
+func TestAPrefixSplitAcrossRanksIsCreditedToNeither(t *testing.T) {
+	idx, _ := newTestTable(t, Config{})
+	r0, r1 := podA, podA
+	r1.Rank = 1
+	toks := tokenRange(0, 64)
+	mustApply(t, idx, r0, stored(hashSeq(1, 2), nil, toks[:32], 16))
+	mustApply(t, idx, r1, stored(hashSeq(1, 4), nil, toks, 16))
+	mustApply(t, idx, r1, removed("GPU", 0, 2))
+	// Rank 0 holds blocks 0-1, rank 1 holds 0 and 2-3: best single rank is 2.
+	if blocks, _ := match(idx, "llama", "", toks, "ns/a"); blocks["ns/a"] != 2 {
+		t.Fatalf("pod credited %d blocks, want 2 (its best rank)", blocks["ns/a"])
+	}
+}
+
+func TestExtraKeysKeepMultimodalBlocksFromPlainPrompts(t *testing.T) {
+	idx, _ := newTestTable(t, Config{})
+	toks := tokenRange(0, 48)
+	ev := stored(hashSeq(1, 3), nil, toks, 16)
+	// An image starts in block 1; cache_salt-like extras behave the same.
+	ev.ExtraKeys = [][]byte{nil, msgpackExtras("", "img-1"), nil}
+	mustApply(t, idx, podA, ev)
+	if blocks, _ := match(idx, "llama", "", toks, "ns/a"); blocks["ns/a"] != 1 {
+		t.Fatalf("plain prompt matched %d blocks of a prompt with an image in block 1, want 1", blocks["ns/a"])
+	}
+}
+
+func TestMisalignedTokensAreSkippedWithAnError(t *testing.T) {
+	idx, reg := newTestTable(t, Config{})
+	// A sparse model sent more tokens than hashes: keys cannot be aligned.
+	bad := stored(hashSeq(1, 2), nil, tokenRange(0, 40), 16)
+	good := stored(hashSeq(7, 1), nil, tokenRange(500, 16), 16)
+	err := idx.ApplyBatch(podA, &kvevent.EventBatch{Events: []kvevent.KVEvent{bad, good}})
+	if err == nil || !strings.Contains(err.Error(), "event 0") || !strings.Contains(err.Error(), "40 tokens") {
+		t.Fatalf("ApplyBatch error = %v, want one naming event 0 and its 40 tokens", err)
+	}
+	if got := counterValue(t, reg, "kvgate_indexer_skipped_blocks_total", map[string]string{"reason": reasonTokens}); got != 2 {
+		t.Errorf("skipped token_mismatch blocks = %v, want 2", got)
+	}
+	if blocks, _ := match(idx, "llama", "", tokenRange(500, 16), "ns/a"); blocks["ns/a"] != 1 {
+		t.Fatalf("the good event after a bad one was lost: %d blocks, want 1", blocks["ns/a"])
+	}
+}
+
+func TestReannouncedBlocksAreIdempotent(t *testing.T) {
+	idx, _ := newTestTable(t, Config{})
+	toks := tokenRange(0, 64)
+	mustApply(t, idx, podA, stored(hashSeq(1, 2), nil, toks[:32], 16))
+	// kv_cache_report_mode="full": reused blocks come again from block 0.
+	mustApply(t, idx, podA, stored(hashSeq(1, 4), nil, toks, 16))
+	mustApply(t, idx, podA, stored(hashSeq(1, 4), nil, toks, 16))
+	st := idx.Stats()
+	if st[0].Entries != 4 || st[0].Pods[0].Streams[0].Lanes[0].Blocks != 4 {
+		t.Fatalf("after re-announcements: %+v, want 4 entries and 4 resident blocks", st)
+	}
+	mustApply(t, idx, podA, removed("GPU", 0, 1, 2, 3, 4))
+	if st := idx.Stats(); st[0].Entries != 0 {
+		t.Fatalf("entries after removing each block once = %d, want 0", st[0].Entries)
+	}
+}
+
+func TestAllBlocksClearedAndPurgeRemoveOnlyThatPod(t *testing.T) {
+	idx, _ := newTestTable(t, Config{})
+	toks := tokenRange(0, 32)
+	podC := Stream{Pod: "ns/c", Model: "llama"}
+	for _, s := range []Stream{podA, podB, podC} {
+		mustApply(t, idx, s, stored(hashSeq(1, 2), nil, toks, 16))
+	}
+	mustApply(t, idx, podA, &kvevent.AllBlocksClearedEvent{})
+	idx.PurgePod("ns/b")
+	blocks, _ := match(idx, "llama", "", toks, "ns/a", "ns/b", "ns/c")
+	if blocks["ns/a"] != 0 || blocks["ns/b"] != 0 || blocks["ns/c"] != 2 {
+		t.Fatalf("a=%d b=%d c=%d, want 0 0 2", blocks["ns/a"], blocks["ns/b"], blocks["ns/c"])
+	}
+	// A cleared stream keeps its chain knowledge of nothing: a child of a
+	// cleared block is an unknown parent.
+	mustApply(t, idx, podA, stored(hashSeq(3, 1), ptr[uint64](2), tokenRange(32, 16), 16))
+	if blocks, _ := match(idx, "llama", "", tokenRange(0, 48), "ns/a"); blocks["ns/a"] != 0 {
+		t.Fatalf("child of a cleared block credited %d blocks, want 0", blocks["ns/a"])
+	}
+	if err := checkInvariants(idx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestMoreThan64PodsPerModel(t *testing.T) {
+	idx, _ := newTestTable(t, Config{})
+	const pods = 150
+	names := make([]string, pods)
+	for i := range pods {
+		s := Stream{Pod: "ns/p" + itoa(i), Model: "llama"}
+		names[i] = s.Pod
+		// Pod i holds the first i%7+1 blocks of the shared prompt.
+		n := i%7 + 1
+		mustApply(t, idx, s, stored(hashSeq(1, n), nil, tokenRange(0, 16*n), 16))
+	}
+	var res MatchResult
+	idx.MatchPrefix("llama", "", tokenRange(0, 16*8), names, &res)
+	for i, p := range res.Pods {
+		if want := i%7 + 1; p.Blocks != want {
+			t.Fatalf("pod %s credited %d blocks, want %d", p.Pod, p.Blocks, want)
+		}
+	}
+	// Purge the low half; the high ids keep working, then ids are reused.
+	for i := range pods / 2 {
+		idx.PurgePod(names[i])
+	}
+	if err := checkInvariants(idx); err != nil {
+		t.Fatal(err)
+	}
+	idx.MatchPrefix("llama", "", tokenRange(0, 16*8), names, &res)
+	for i, p := range res.Pods {
+		want := i%7 + 1
+		if i < pods/2 {
+			want = 0
+		}
+		if p.Blocks != want {
+			t.Fatalf("after purge: pod %s credited %d blocks, want %d", p.Pod, p.Blocks, want)
+		}
+	}
+}

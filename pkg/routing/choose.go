@@ -1,0 +1,51 @@
+package routing
+
+import "math"
+
+// choose returns the index of the candidate with the lowest key among those
+// eligible admits (every candidate when eligible is nil), or -1 when none
+// is. Candidates whose key is within tolerance (relative to the lowest key)
+// of the lowest are tied; ties go to the pod with the fewest running
+// requests, then to one drawn at random.
+func choose(in input, eligible func(*Candidate) bool, key func(*Candidate) float64, tolerance float64) int {
+	cs := in.d.Candidates
+	ok := func(i int) bool { return eligible == nil || eligible(&cs[i]) }
+	lo := math.Inf(1)
+	for i := range cs {
+		// A comparison, unlike min, never lets a NaN key win.
+		if k := key(&cs[i]); ok(i) && k < lo {
+			lo = k
+		}
+	}
+	if math.IsInf(lo, 1) {
+		return -1
+	}
+	limit := lo + tolerance*math.Abs(lo)
+	tied := func(i int) bool { return ok(i) && key(&cs[i]) <= limit }
+	fewest := math.Inf(1)
+	for i := range cs {
+		if tied(i) && cs[i].Running < fewest {
+			fewest = cs[i].Running
+		}
+	}
+	chosen, n := -1, 0
+	for i := range cs {
+		if !tied(i) || cs[i].Running != fewest {
+			continue
+		}
+		// Reservoir sampling: the n-th tie replaces the choice with
+		// probability 1/n, so that every tie is equally likely.
+		if n++; n == 1 || in.rng.IntN(n) == 0 {
+			chosen = i
+		}
+	}
+	return chosen
+}
+
+func byScore(c *Candidate) float64   { return c.Score }
+func byRunning(c *Candidate) float64 { return c.Running }
+
+// leastRunning chooses the candidate with the fewest running requests,
+// ties at random: least-request's rule, which the prefix algorithms fall
+// back to.
+func leastRunning(in input) int { return choose(in, nil, byRunning, 0) }

@@ -1,0 +1,166 @@
+package routing
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/klog/v2"
+
+	"github.com/kvgate/kvgate/pkg/cache"
+	"github.com/kvgate/kvgate/pkg/indexer"
+)
+
+// Defaults of Config's zero fields.
+const (
+	DefaultAlgorithm              = KVAware
+	DefaultImbalanceAbsCount      = 8
+	DefaultStdDevFactor           = 1.0
+	DefaultCPUCacheWeight         = 0.8
+	DefaultPrefillTokensPerSecond = 10000.0
+	DefaultTieTolerance           = 0.05
+	DefaultInFlightPrefillTTL     = 5 * time.Minute
+)
+
+// MetricSource reads the metrics of a pod. *cache.Store implements it; a
+// simulation supplies its own. A missing value is reported as an error
+// (the Store's *cache.MetricNotFoundError) and read as "not measured".
+type MetricSource interface {
+	GetMetricValueByPod(podName, podNamespace, metricName string) (cache.MetricValue, error)
+}
+
+// PrefixIndex reports how much of a prompt each pod holds in its KV cache.
+// *indexer.SyncPrefixHashTable implements it; see its MatchPrefix for the
+// contract.
+type PrefixIndex interface {
+	MatchPrefix(model, lora string, tokens []uint32, pods []string, out *indexer.MatchResult)
+}
+
+// Config configures a Router. Fields name the environment variable that sets
+// them; the variables are parsed by the gateway's configuration, not here.
+type Config struct {
+	// Metrics is where the Router reads pod load, speed and latency. It is
+	// required.
+	Metrics MetricSource
+	// Index is the prefix index. Without one, prefix-cache and kv-aware
+	// route on load alone, as they do for a request without tokens.
+	Index PrefixIndex
+
+	// DefaultAlgorithm serves requests that name none
+	// (KVGATE_ROUTING_ALGORITHM or ROUTING_ALGORITHM; default kv-aware).
+	DefaultAlgorithm string
+	// ImbalanceAbsCount is prefix-cache's load-imbalance guard: when the
+	// running requests of the most and least loaded pods differ by more,
+	// the request goes to the least loaded pod
+	// (AIBRIX_PREFIX_CACHE_POD_RUNNING_REQUEST_IMBALANCE_ABS_COUNT, default
+	// 8). Zero means the default (a count of zero would take the choice
+	// from the prefix match whenever two loads differ); negative is
+	// invalid.
+	ImbalanceAbsCount int
+	// StdDevFactor bounds the load of a pod prefix-cache chooses for its
+	// match: running <= mean + StdDevFactor x standard deviation
+	// (AIBRIX_PREFIX_CACHE_STANDARD_DEVIATION_FACTOR, default 1). Zero means
+	// the default, so a bound at the mean itself takes a small positive
+	// factor; negative is invalid.
+	StdDevFactor float64
+	// CPUCacheWeight is the share of a token's prefill time saved when its
+	// KV cache is held only outside GPU memory (CPU or storage tiers) and
+	// must be loaded back: 1 counts such tokens as fully cached, a small
+	// value as nearly uncached (KVGATE_ROUTING_CPU_CACHE_WEIGHT, default
+	// 0.8). GPU-resident tokens always count fully. Zero means the
+	// default; valid weights are in (0, 1].
+	CPUCacheWeight float64
+	// DefaultPrefillTokensPerSecond is the prefill speed assumed for a pod
+	// when no candidate pod of the request has a measured speed
+	// (KVGATE_ROUTING_DEFAULT_PREFILL_TOKENS_PER_SECOND, default 10000).
+	DefaultPrefillTokensPerSecond float64
+	// TieTolerance is the relative margin within which kv-aware treats
+	// predicted times to first token as equal and chooses among the pods
+	// by load (KVGATE_ROUTING_TTFT_TIE_TOLERANCE, default 0.05: within 5%
+	// of the fastest).
+	TieTolerance float64
+	// InFlightPrefillTTL is how long a prefill the gateway started stays
+	// counted without a FirstToken or Done
+	// (KVGATE_ROUTING_INFLIGHT_PREFILL_TTL_SECONDS, default 5 min); it
+	// bounds what lost completions cost.
+	InFlightPrefillTTL time.Duration
+
+	// Rand is the source of random choices (the random algorithm and
+	// ties). Nil means a source seeded at random; a seeded source makes
+	// decisions reproducible for the same inputs and order of calls. The
+	// Router serializes its use.
+	Rand rand.Source
+	// Now is the clock of in-flight prefill accounting (default
+	// time.Now); a simulation passes its virtual clock. Decision latency
+	// is always measured on the wall clock.
+	Now func() time.Time
+	// Registerer receives the Router's metrics; nil registers none.
+	Registerer prometheus.Registerer
+	// Logger receives the Router's logs (default klog.Background()); a
+	// request whose context carries a logger logs there.
+	Logger klog.Logger
+}
+
+// withDefaults returns c with its zero fields defaulted.
+func (c Config) withDefaults() Config {
+	orDefault(&c.DefaultAlgorithm, DefaultAlgorithm)
+	orDefault(&c.ImbalanceAbsCount, DefaultImbalanceAbsCount)
+	orDefault(&c.StdDevFactor, DefaultStdDevFactor)
+	orDefault(&c.CPUCacheWeight, DefaultCPUCacheWeight)
+	orDefault(&c.DefaultPrefillTokensPerSecond, DefaultPrefillTokensPerSecond)
+	orDefault(&c.TieTolerance, DefaultTieTolerance)
+	orDefault(&c.InFlightPrefillTTL, DefaultInFlightPrefillTTL)
+	if c.Rand == nil {
+		c.Rand = rand.NewPCG(rand.Uint64(), rand.Uint64())
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.Logger.GetSink() == nil {
+		c.Logger = klog.Background()
+	}
+	return c
+}
+
+// orDefault sets *v to def when it is the zero value.
+func orDefault[T comparable](v *T, def T) {
+	var zero T
+	if *v == zero {
+		*v = def
+	}
+}
+
+// validate checks a defaulted Config.
+func (c Config) validate() error {
+	var errs []error
+	if c.Metrics == nil {
+		errs = append(errs, errors.New("Metrics is required"))
+	}
+	if !isAlgorithm(c.DefaultAlgorithm) {
+		errs = append(errs, fmt.Errorf("DefaultAlgorithm: %w", &UnknownAlgorithmError{Name: c.DefaultAlgorithm}))
+	}
+	if c.ImbalanceAbsCount < 0 {
+		errs = append(errs, fmt.Errorf("ImbalanceAbsCount %d is negative", c.ImbalanceAbsCount))
+	}
+	if c.StdDevFactor < 0 {
+		errs = append(errs, fmt.Errorf("StdDevFactor %v is negative", c.StdDevFactor))
+	}
+	if c.CPUCacheWeight < 0 || c.CPUCacheWeight > 1 {
+		errs = append(errs, fmt.Errorf("CPUCacheWeight %v is not within [0, 1]", c.CPUCacheWeight))
+	}
+	if c.DefaultPrefillTokensPerSecond < 0 {
+		errs = append(errs, fmt.Errorf("DefaultPrefillTokensPerSecond %v is negative", c.DefaultPrefillTokensPerSecond))
+	}
+	if c.TieTolerance < 0 {
+		errs = append(errs, fmt.Errorf("TieTolerance %v is negative", c.TieTolerance))
+	}
+	if c.InFlightPrefillTTL < 0 {
+		errs = append(errs, fmt.Errorf("InFlightPrefillTTL %v is negative", c.InFlightPrefillTTL))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("invalid routing config: %w", err)
+	}
+	return nil
+}

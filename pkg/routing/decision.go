@@ -1,0 +1,145 @@
+package routing
+
+import (
+	v1 "k8s.io/api/core/v1"
+)
+
+// Outcome says what decided a routing decision. It labels
+// kvgate_routing_decisions_total.
+type Outcome string
+
+// Outcomes of a decision.
+const (
+	// OutcomeRandom: the random algorithm drew the pod.
+	OutcomeRandom Outcome = "random"
+	// OutcomeLoad: a load algorithm (least-request, least-kv-cache,
+	// least-latency) chose the pod by its metric.
+	OutcomeLoad Outcome = "load"
+	// OutcomePrefixHit: the chosen pod holds the longest cached prefix of
+	// the prompt among the candidates.
+	OutcomePrefixHit Outcome = "prefix_hit"
+	// OutcomeLoadOverPrefix: a pod holding more of the prompt was passed
+	// over for its load (prefix-cache's load bound, or kv-aware predicting
+	// it slower).
+	OutcomeLoadOverPrefix Outcome = "load_over_prefix"
+	// OutcomeLoadFallback: the prompt was tokenized but no candidate holds
+	// any of it (or there is no index), so the pod was chosen on load.
+	OutcomeLoadFallback Outcome = "load_fallback"
+	// OutcomeImbalanceGuard: prefix-cache found the candidates' loads too
+	// far apart and sent the request to the least loaded pod.
+	OutcomeImbalanceGuard Outcome = "imbalance_guard"
+	// OutcomeNoTokens: the request carries no token ids (tokenization
+	// failed or is off), so a prefix algorithm chose on load.
+	OutcomeNoTokens Outcome = "no_tokens"
+)
+
+// Decision is a routing decision and the inputs that justified it. Route
+// overwrites every field; a caller that reuses one Decision lets Route run
+// without allocating once its slices have grown. The JSON form is the one
+// the gateway's debug API serves.
+type Decision struct {
+	// Algorithm is the algorithm that decided.
+	Algorithm string `json:"algorithm"`
+	// Outcome says what decided.
+	Outcome Outcome `json:"outcome"`
+	// Pod is the chosen pod, shared with the caller's pod list: treat it
+	// as read-only.
+	Pod *v1.Pod `json:"-"`
+	// PodKey is the chosen pod's "namespace/name".
+	PodKey string `json:"pod"`
+	// PromptTokens is the number of prompt tokens routed on: the token
+	// ids' count, or the request's token count when it has no ids.
+	PromptTokens int `json:"promptTokens"`
+	// BlockSize and PromptBlocks describe how the prompt was matched
+	// against the prefix index; both are 0 when it was not.
+	BlockSize    int `json:"blockSize"`
+	PromptBlocks int `json:"promptBlocks"`
+	// LoadLimit is prefix-cache's bound on the running requests of a pod
+	// chosen for its match (mean + factor x standard deviation), 0 for
+	// other algorithms.
+	LoadLimit float64 `json:"loadLimit,omitempty"`
+	// Candidates has one entry per candidate pod, in the order given.
+	Candidates []Candidate `json:"candidates"`
+
+	chosen int
+}
+
+// Chosen returns the chosen pod's candidate entry, nil before a decision.
+func (d *Decision) Chosen() *Candidate {
+	if d.Pod == nil || d.chosen >= len(d.Candidates) {
+		return nil
+	}
+	return &d.Candidates[d.chosen]
+}
+
+// Candidate holds what a decision knew about one candidate pod. Inputs an
+// algorithm does not read are left zero, except that the chosen pod's match
+// and uncached tokens are always filled in (StartPrefill needs them) and
+// Explain gathers every input.
+type Candidate struct {
+	// Pod is the pod's "namespace/name".
+	Pod string `json:"pod"`
+	// Score is the value the algorithm ranked the pod by: running
+	// requests (least-request), KV-cache usage (least-kv-cache), expected
+	// latency in seconds (least-latency), weighted matched share of the
+	// prompt (prefix-cache), predicted time to first token in seconds
+	// (kv-aware); 0 for random.
+	Score float64 `json:"score"`
+
+	// Running is the number of requests this gateway (or, with shared
+	// counts, the fleet of gateways) has sent to the pod and not seen
+	// complete.
+	Running float64 `json:"running"`
+	// Waiting is the engine's queue of requests not yet scheduled, as
+	// last scraped.
+	Waiting float64 `json:"waiting"`
+	// KVCacheUsage is the engine's KV-cache usage (0..1), as last scraped.
+	KVCacheUsage float64 `json:"kvCacheUsage"`
+	// AvgTTFTSeconds and AvgTPOTSeconds are the engine's recent mean time
+	// to first token and inter-token latency; 0 when not measured.
+	AvgTTFTSeconds float64 `json:"avgTTFTSeconds"`
+	AvgTPOTSeconds float64 `json:"avgTPOTSeconds"`
+	// PrefillTokensPerSecond is the prefill speed the prediction used;
+	// SpeedSource says where it came from.
+	PrefillTokensPerSecond float64     `json:"prefillTokensPerSecond"`
+	SpeedSource            SpeedSource `json:"speedSource,omitempty"`
+
+	// InFlightPrefills and InFlightPrefillTokens count the prefills this
+	// gateway started on the pod that have not produced a first token;
+	// QueueSeconds is the prefill work predicted ahead of a new request.
+	InFlightPrefills      int     `json:"inFlightPrefills"`
+	InFlightPrefillTokens int     `json:"inFlightPrefillTokens"`
+	QueueSeconds          float64 `json:"queueSeconds"`
+
+	// MatchedBlocks is the number of the prompt's leading blocks the pod
+	// holds in any medium, MatchedGPUBlocks the part of them in GPU memory;
+	// MatchedTokens and MatchedGPUTokens are the same in tokens.
+	MatchedBlocks    int `json:"matchedBlocks"`
+	MatchedGPUBlocks int `json:"matchedGPUBlocks"`
+	MatchedTokens    int `json:"matchedTokens"`
+	MatchedGPUTokens int `json:"matchedGPUTokens"`
+	// UncachedTokens is the prefill work predicted for the prompt on the
+	// pod, in tokens: the prompt less its cached prefix, CPU-only tokens
+	// discounted by the CPU cache weight.
+	UncachedTokens int `json:"uncachedTokens"`
+	// PredictedTTFTSeconds is kv-aware's predicted time to first token.
+	PredictedTTFTSeconds float64 `json:"predictedTTFTSeconds,omitempty"`
+
+	pod      *v1.Pod
+	uncached float64 // UncachedTokens before rounding
+	measured uint8   // has* bits
+}
+
+// SpeedSource says where a pod's prefill speed came from.
+type SpeedSource string
+
+// Sources of a prefill speed.
+const (
+	// SpeedMeasured: the pod's own cache.PrefillTokensPerSecond.
+	SpeedMeasured SpeedSource = "measured"
+	// SpeedModelMedian: the median measured speed of the other candidates.
+	SpeedModelMedian SpeedSource = "model_median"
+	// SpeedDefault: Config.DefaultPrefillTokensPerSecond, no candidate
+	// being measured.
+	SpeedDefault SpeedSource = "default"
+)

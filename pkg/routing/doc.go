@@ -1,0 +1,129 @@
+// Package routing chooses the pod that serves each inference request.
+//
+// A Router holds six algorithms. A request names one in the routing-strategy
+// header (HeaderRoutingStrategy), as with AIBrix; a request naming none gets
+// Config.DefaultAlgorithm (KVGATE_ROUTING_ALGORITHM, or AIBrix's
+// ROUTING_ALGORITHM; kv-aware unless set); an unknown name is an
+// *UnknownAlgorithmError, which the gateway answers with 400:
+//
+//   - random: a pod drawn uniformly.
+//   - least-request: the fewest requests in flight from the gateway.
+//   - least-kv-cache: the lowest KV-cache usage.
+//   - least-latency: the lowest expected latency of the request, the pod's
+//     mean TTFT plus its mean inter-token latency times the predicted output
+//     tokens. These means follow the pod's current queue and batch, where a
+//     mean end-to-end latency follows the mix of output lengths it happened
+//     to serve. A pod's means move only when it serves requests, so one
+//     that was slow keeps its mean until traffic from other algorithms
+//     measures it again.
+//   - prefix-cache: AIBrix's prefix-cache routing on the sync prefix index,
+//     with its load-imbalance guard and standard-deviation bound.
+//   - kv-aware: the lowest predicted time to first token (below).
+//
+// Ties go to the pod with the fewest requests in flight, then to one drawn
+// from Config.Rand, so a seeded source makes decisions reproducible.
+//
+// A decision reads only memory: the prefix index (PrefixIndex, the
+// indexer's SyncPrefixHashTable), pod metrics (MetricSource, the cache
+// Store) and the gateway's in-flight prefills. Each input is an interface or
+// a Config field (including the clock), so that a simulation can drive the
+// same code in virtual time. Route returns the chosen pod and, per
+// candidate, the inputs that justified it (Decision); Explain runs every
+// algorithm on one snapshot for the gateway's debug API.
+//
+// # kv-aware: the time-to-first-token model
+//
+// kv-aware sends a request to the candidate pod p with the lowest predicted
+// time to first token
+//
+//	TTFT(p) = Q(p) + U(p)/S(p) + D(p)
+//
+// S(p) is how fast p prefills, in tokens per second: the Store's
+// PrefillTokensPerSecond, prompt tokens the engine computed per second of
+// prefill over its recent window. A pod not measured yet is given the median
+// speed of the measured candidates, which serve the same model; with none
+// measured, Config.DefaultPrefillTokensPerSecond.
+//
+// U(p) is the prompt's prefill work on p, in tokens:
+//
+//	U(p) = P - G(p) - w x (M(p) - G(p))
+//
+// P is the prompt's length, M(p) the length of its prefix that p holds in any
+// medium and G(p) the part of it in GPU memory (both from the index, in whole
+// blocks, so a trailing partial block always counts as work, as vLLM
+// recomputes it). GPU-resident tokens cost nothing to reuse. Tokens held only
+// in CPU memory or storage must be copied back, which is cheaper than
+// computing them but not free; w, Config.CPUCacheWeight, is the share of
+// their prefill time the copy saves.
+//
+// Q(p) is the prefill work queued ahead of the request on p, in seconds:
+//
+//	Q(p) = max(A(p), W(p) x T / S(p))
+//
+// A(p) is the work left in the prefills this gateway started on p (see
+// In-flight prefills below), which counts this gateway's requests from the
+// moment they are sent. W(p) is the engine's number of waiting requests at the last
+// scrape, T the running mean of the uncached tokens of the requests this
+// gateway sent: the scrape lags, but counts every gateway's requests. A
+// request of this gateway that waits in the engine appears in both, hence
+// the larger of the two rather than their sum.
+//
+// D(p) is p's recent mean inter-token latency (the Store's AvgTPOTSeconds),
+// the decode interference: the first token comes out of an engine step that
+// also advances every request p is decoding, and such a step lasts about one
+// inter-token interval, longer the larger p's batch. It is what separates a
+// pod decoding a large batch from an idle one when the cache makes the
+// prefill itself cheap. It overstates every prediction by about one step
+// (the prefill time behind S(p) includes the last step), alike on pods with
+// alike batches, which leaves their order unchanged.
+//
+// Every term is a time, so the model trades cache hits against load with no
+// weight to tune: a cached prefix is worth the prefill time it saves, and a
+// queue costs the time it takes to drain. A pod holding the prompt's prefix
+// keeps its requests until the work queued on it outweighs what its cache
+// saves; then the request goes to a pod that computes the prefix, and holds
+// it from then on, so that a hot prefix is replicated as far as its load
+// needs and no further. Predictions within Config.TieTolerance of the lowest
+// are ties, broken by running requests then at random, so that prompts no
+// pod holds spread over the idle pods (whose caches then hold different
+// prefixes) instead of all going to the pod measured marginally faster.
+//
+// # In-flight prefills
+//
+// The gateway calls Router.StartPrefill when it sends a request to a pod,
+// with the decision that chose the pod, and Prefill.FirstToken when the first
+// token comes back (Prefill.Done when the request ends without one being
+// seen). Per pod, the prefills started form a first-come first-served queue,
+// the order in which vLLM admits and prefills requests. Each adds U/S seconds
+// of work: a prefill started at time t is predicted done at
+// F = max(F', t) + U/S, F' being the prediction for the one started before
+// it, and A(p) = max(0, F - now) for the last one. The queue drains with time
+// even when no first token is reported, as for a response that is not
+// streamed. A FirstToken proves that its prefill and every prefill started on
+// the pod before it are done: they leave the queue, and the rest of the queue
+// is predicted from that moment, F = now + the rest's U/S. A Done proves
+// less, that the prefill ended some time before: it and the ones before it
+// leave the queue, and F only moves earlier, to now + the rest's U/S if that
+// is earlier. A prefill neither ended nor proven done within
+// Config.InFlightPrefillTTL is dropped and counted.
+//
+// # Outcomes and metrics
+//
+// Each decision has an Outcome: random, load (a load algorithm's metric),
+// prefix_hit (the chosen pod holds the longest cached prefix), load_over_prefix
+// (a pod holding more of the prompt was passed over for its load),
+// load_fallback (no candidate holds any of a tokenized prompt, or there is no
+// index), imbalance_guard (prefix-cache's guard) or no_tokens (no token ids:
+// a prefix algorithm routed on load). New registers on Config.Registerer:
+//
+//	kvgate_routing_decisions_total{algorithm,outcome}   decisions
+//	kvgate_routing_matched_fraction{algorithm}          share of a tokenized prompt the chosen pod holds
+//	kvgate_routing_decision_duration_seconds{algorithm} time to decide, after tokenization
+//	kvgate_routing_ttft_prediction_ratio                TTFT seen at FirstToken / kv-aware's prediction
+//	kvgate_routing_inflight_prefills                    prefills started and not ended
+//	kvgate_routing_inflight_prefill_tokens              their predicted uncached tokens
+//	kvgate_routing_inflight_prefills_expired_total      prefills dropped after the TTL
+//
+// Each decision is logged at verbosity 4 with the chosen pod's inputs, and
+// with every candidate's at verbosity 5.
+package routing

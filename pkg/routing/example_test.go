@@ -1,0 +1,83 @@
+package routing_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kvgate/kvgate/pkg/cache"
+	"github.com/kvgate/kvgate/pkg/indexer"
+	"github.com/kvgate/kvgate/pkg/kvevent"
+	"github.com/kvgate/kvgate/pkg/routing"
+	"github.com/kvgate/kvgate/pkg/types"
+)
+
+// The gateway's use of a Router: resolve the routing-strategy header before
+// tokenizing, route, count the request, and account for its prefill until
+// the first token comes back.
+func Example() {
+	store, err := cache.New(nil, cache.Config{PodMetricRefreshInterval: -1})
+	if err != nil {
+		panic(err)
+	}
+	defer store.Close()
+	for i, name := range []string{"vllm-0", "vllm-1"} {
+		store.AddOrUpdatePod(&v1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name, Labels: map[string]string{cache.ModelNameLabel: "llama"}},
+			Status: v1.PodStatus{Phase: v1.PodRunning, PodIP: fmt.Sprint("10.0.0.", i+1),
+				Conditions: []v1.PodCondition{{Type: v1.PodReady, Status: v1.ConditionTrue}}},
+		})
+	}
+	index, err := indexer.NewSyncPrefixHashTable(indexer.Config{}, nil)
+	if err != nil {
+		panic(err)
+	}
+	// vllm-1's engine computed the first two 16-token blocks of the prompt.
+	prompt := make([]uint32, 40)
+	for i := range prompt {
+		prompt[i] = uint32(1000 + i)
+	}
+	stored := &kvevent.BlockStoredEvent{BlockHashes: []uint64{11, 12}, TokenIDs: prompt[:32], BlockSize: 16,
+		Medium: kvevent.MediumGPU, GroupIdx: kvevent.NoGroup}
+	if err := index.ApplyBatch(indexer.Stream{Pod: "default/vllm-1", Model: "llama"},
+		&kvevent.EventBatch{Events: []kvevent.KVEvent{stored}}); err != nil {
+		panic(err)
+	}
+	router, err := routing.New(routing.Config{Metrics: store, Index: index, Rand: rand.NewPCG(1, 1)})
+	if err != nil {
+		panic(err)
+	}
+
+	// Per request.
+	algorithm, err := router.Resolve("" /* the routing-strategy header */)
+	if err != nil {
+		panic(err) // 400 Bad Request
+	}
+	ctx := types.NewRoutingContext(context.Background(), "req-1", "llama")
+	ctx.Algorithm = algorithm
+	ctx.PromptTokenIDs = prompt // nil when tokenization failed
+	pods, err := store.ListPodsByModel(ctx.Model)
+	if err != nil {
+		panic(err) // 404: no pod serves the model
+	}
+	var d routing.Decision
+	if err := router.Route(ctx, pods, &d); err != nil {
+		panic(err) // 503 when no pod is ready
+	}
+	term := store.AddRequestCount(ctx, ctx.RequestID, ctx.Model)
+	prefill := router.StartPrefill(&d)
+	defer prefill.Done()
+	// ... proxy the request to d.Pod; when the first streamed token arrives:
+	prefill.FirstToken()
+	store.DoneRequestCount(ctx, ctx.RequestID, ctx.Model, term)
+
+	c := d.Chosen()
+	fmt.Println(d.Algorithm, d.PodKey, d.Outcome)
+	fmt.Printf("%d of %d tokens cached, %d to prefill\n", c.MatchedTokens, d.PromptTokens, c.UncachedTokens)
+	// Output:
+	// kv-aware default/vllm-1 prefix_hit
+	// 32 of 40 tokens cached, 8 to prefill
+}

@@ -1,0 +1,174 @@
+package routing
+
+import (
+	"math"
+	"slices"
+
+	v1 "k8s.io/api/core/v1"
+
+	"github.com/kvgate/kvgate/pkg/cache"
+	"github.com/kvgate/kvgate/pkg/indexer"
+	"github.com/kvgate/kvgate/pkg/types"
+)
+
+// scratch is the per-decision working memory, pooled so that decisions do
+// not allocate once it has grown.
+type scratch struct {
+	match  indexer.MatchResult
+	keys   []string
+	speeds []float64
+	scores []float64
+	models []string
+}
+
+// Candidate.measured bits: which of the pod's metrics had a value.
+const (
+	hasKVCache uint8 = 1 << iota
+	hasTTFT
+)
+
+// gather resets d for the request and fills its candidates with the inputs
+// nd names.
+func (r *Router) gather(ctx *types.RoutingContext, pods []*v1.Pod, nd needs, d *Decision, s *scratch) input {
+	d.reset()
+	d.PromptTokens = ctx.InputTokens()
+	in := input{
+		d:            d,
+		s:            s,
+		rng:          r.rng,
+		hasTokens:    len(ctx.PromptTokenIDs) > 0,
+		meanUncached: math.Float64frombits(r.meanUncached.Load()),
+		outputTokens: ctx.PredictedOutputTokens,
+	}
+	now := r.cfg.Now()
+	for _, p := range pods {
+		c := Candidate{Pod: r.keys.key(p), pod: p}
+		r.readMetrics(&c, nd)
+		if nd&needQueue != 0 {
+			q := r.book.queue(c.Pod, now)
+			c.InFlightPrefills, c.InFlightPrefillTokens, c.QueueSeconds = q.prefills, q.tokens, q.seconds
+		}
+		d.Candidates = append(d.Candidates, c)
+	}
+	r.fillSpeeds(d.Candidates, s)
+	if nd&needMatch != 0 && in.hasTokens && r.cfg.Index != nil {
+		r.match(ctx, d, d.Candidates, s)
+		in.matched = true
+	}
+	for i := range d.Candidates {
+		d.Candidates[i].setUncached(d.PromptTokens, r.cfg.CPUCacheWeight)
+	}
+	return in
+}
+
+// readMetrics reads the pod metrics nd names into c; a metric without a
+// value reads as 0.
+func (r *Router) readMetrics(c *Candidate, nd needs) {
+	p := c.pod
+	read := func(name string) (float64, bool) {
+		v, err := r.cfg.Metrics.GetMetricValueByPod(p.Name, p.Namespace, name)
+		if err != nil || math.IsNaN(v.Value) || math.IsInf(v.Value, 0) {
+			return 0, false
+		}
+		return v.Value, true
+	}
+	c.PrefillTokensPerSecond, _ = read(cache.PrefillTokensPerSecond)
+	if nd&needRunning != 0 {
+		c.Running, _ = read(cache.RealtimeNumRequestsRunning)
+	}
+	if nd&needQueue != 0 {
+		c.Waiting, _ = read(cache.NumRequestsWaiting)
+	}
+	if nd&(needQueue|needLatency) != 0 {
+		c.AvgTPOTSeconds, _ = read(cache.AvgTPOTSeconds)
+	}
+	if nd&needLatency != 0 {
+		var ok bool
+		if c.AvgTTFTSeconds, ok = read(cache.AvgTTFTSeconds); ok {
+			c.measured |= hasTTFT
+		}
+	}
+	if nd&needKVCache != 0 {
+		var ok bool
+		if c.KVCacheUsage, ok = read(cache.KVCacheUsagePerc); ok {
+			c.measured |= hasKVCache
+		}
+	}
+}
+
+// fillSpeeds gives every candidate without a measured prefill speed the
+// median of the measured ones, or the configured default when none is.
+func (r *Router) fillSpeeds(cs []Candidate, s *scratch) {
+	s.speeds = s.speeds[:0]
+	for i := range cs {
+		if cs[i].PrefillTokensPerSecond > 0 {
+			cs[i].SpeedSource = SpeedMeasured
+			s.speeds = append(s.speeds, cs[i].PrefillTokensPerSecond)
+		}
+	}
+	fallback, source := r.cfg.DefaultPrefillTokensPerSecond, SpeedDefault
+	if len(s.speeds) > 0 {
+		fallback, source = median(s.speeds), SpeedModelMedian
+	}
+	for i := range cs {
+		if cs[i].SpeedSource == "" {
+			cs[i].PrefillTokensPerSecond, cs[i].SpeedSource = fallback, source
+		}
+	}
+}
+
+// median returns the median of v, reordering it.
+func median(v []float64) float64 {
+	slices.Sort(v)
+	n := len(v)
+	if n%2 == 1 {
+		return v[n/2]
+	}
+	return (v[n/2-1] + v[n/2]) / 2
+}
+
+// match queries the index for the candidates cs (all of d's, or the chosen
+// one) under each one's base model. Candidates normally share one base
+// model and need one query; candidates of another base model than a query's
+// hold none of its keys, so each candidate keeps its best result.
+func (r *Router) match(ctx *types.RoutingContext, d *Decision, cs []Candidate, s *scratch) {
+	s.keys, s.models = s.keys[:0], s.models[:0]
+	for i := range cs {
+		s.keys = append(s.keys, cs[i].Pod)
+		if m := baseModel(cs[i].pod, ctx.Model); !slices.Contains(s.models, m) {
+			s.models = append(s.models, m)
+		}
+	}
+	for _, model := range s.models {
+		r.cfg.Index.MatchPrefix(model, ctx.LoraAdapter, ctx.PromptTokenIDs, s.keys, &s.match)
+		if s.match.BlockSize > 0 {
+			d.BlockSize, d.PromptBlocks = s.match.BlockSize, s.match.PromptBlocks
+		}
+		for i, pm := range s.match.Pods {
+			c := &cs[i]
+			if pm.Tokens > c.MatchedTokens || (pm.Tokens == c.MatchedTokens && pm.GPUTokens > c.MatchedGPUTokens) {
+				c.MatchedBlocks, c.MatchedGPUBlocks = pm.Blocks, pm.GPUBlocks
+				c.MatchedTokens, c.MatchedGPUTokens = pm.Tokens, pm.GPUTokens
+			}
+		}
+	}
+}
+
+// baseModel is the model the index knows the pod's blocks under: the pod's
+// base model label, else the requested model.
+func baseModel(p *v1.Pod, requested string) string {
+	if m := cache.ModelName(p); m != "" {
+		return m
+	}
+	return requested
+}
+
+// setUncached sets the prefill work of a prompt of promptTokens on the pod:
+// the tokens past the cached prefix, plus the share cpuWeight leaves of the
+// tokens cached only outside GPU memory.
+func (c *Candidate) setUncached(promptTokens int, cpuWeight float64) {
+	offGPU := float64(c.MatchedTokens - c.MatchedGPUTokens)
+	u := float64(promptTokens-c.MatchedTokens) + (1-cpuWeight)*offGPU
+	c.uncached = max(u, 0)
+	c.UncachedTokens = int(math.Round(c.uncached))
+}

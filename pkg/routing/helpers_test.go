@@ -1,0 +1,249 @@
+package routing
+
+import (
+	"context"
+	"fmt"
+	"hash/fnv"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8stypes "k8s.io/apimachinery/pkg/types"
+
+	"github.com/kvgate/kvgate/pkg/cache"
+	"github.com/kvgate/kvgate/pkg/indexer"
+	"github.com/kvgate/kvgate/pkg/kvevent"
+	"github.com/kvgate/kvgate/pkg/types"
+)
+
+const (
+	testModel     = "m"
+	testNamespace = "ns"
+	testBlockSize = 16
+)
+
+// fakeMetrics is a MetricSource holding values set by the test.
+type fakeMetrics struct {
+	mu sync.Mutex
+	v  map[string]map[string]float64 // pod name -> metric -> value
+}
+
+func newFakeMetrics() *fakeMetrics { return &fakeMetrics{v: map[string]map[string]float64{}} }
+
+func (f *fakeMetrics) set(pod, metric string, v float64) *fakeMetrics {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.v[pod] == nil {
+		f.v[pod] = map[string]float64{}
+	}
+	f.v[pod][metric] = v
+	return f
+}
+
+func (f *fakeMetrics) GetMetricValueByPod(podName, podNamespace, metricName string) (cache.MetricValue, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	v, ok := f.v[podName][metricName]
+	if !ok {
+		return cache.MetricValue{}, &cache.MetricNotFoundError{Pod: podNamespace + "/" + podName, Metric: metricName}
+	}
+	return cache.MetricValue{Value: v}, nil
+}
+
+// testPods returns Running, Ready pods p0..p<n-1> serving testModel.
+func testPods(n int) []*v1.Pod {
+	pods := make([]*v1.Pod, n)
+	for i := range pods {
+		pods[i] = testPod(fmt.Sprintf("p%d", i), fmt.Sprintf("10.0.0.%d", i+1), 0)
+	}
+	return pods
+}
+
+// testPod returns a Running, Ready pod serving testModel at ip, whose
+// engine listens on port (the Store's default when 0).
+func testPod(name, ip string, port int) *v1.Pod {
+	p := &v1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			Namespace: testNamespace, Name: name, UID: k8stypes.UID("uid-" + name),
+			Labels: map[string]string{cache.ModelNameLabel: testModel},
+		},
+		Status: v1.PodStatus{
+			Phase: v1.PodRunning, PodIP: ip,
+			Conditions: []v1.PodCondition{{Type: v1.PodReady, Status: v1.ConditionTrue}},
+		},
+	}
+	if port != 0 {
+		p.Labels[cache.ModelPortLabel] = fmt.Sprint(port)
+	}
+	return p
+}
+
+func key(name string) string { return testNamespace + "/" + name }
+
+// newTestIndex returns an empty prefix index.
+func newTestIndex(t testing.TB) *indexer.SyncPrefixHashTable {
+	t.Helper()
+	idx, err := indexer.NewSyncPrefixHashTable(indexer.Config{}, nil)
+	if err != nil {
+		t.Fatalf("NewSyncPrefixHashTable: %v", err)
+	}
+	return idx
+}
+
+// holds makes pod hold the KV cache of tokens (whole blocks) of testModel
+// in medium, as one BlockStored event of a request computed from the first
+// token.
+func holds(t testing.TB, idx *indexer.SyncPrefixHashTable, pod string, tokens []uint32, medium string) {
+	t.Helper()
+	holdsAs(t, idx, indexer.Stream{Pod: key(pod), Model: testModel}, "", tokens, medium)
+}
+
+// holdsAs stores tokens as blocks computed with adapter lora on stream s.
+func holdsAs(t testing.TB, idx *indexer.SyncPrefixHashTable, s indexer.Stream, lora string, tokens []uint32, medium string) {
+	t.Helper()
+	n := len(tokens) / testBlockSize
+	h := fnv.New64a()
+	fmt.Fprintf(h, "%s/%s/%s/%d/%d", s.Pod, lora, medium, len(tokens), tokens[0])
+	base := h.Sum64()
+	hashes := make([]uint64, n)
+	for i := range hashes {
+		hashes[i] = base + uint64(i)
+	}
+	ev := &kvevent.BlockStoredEvent{
+		BlockHashes: hashes,
+		TokenIDs:    tokens[:n*testBlockSize],
+		BlockSize:   testBlockSize,
+		LoraName:    lora,
+		Medium:      medium,
+		GroupIdx:    kvevent.NoGroup,
+	}
+	if err := idx.ApplyBatch(s, &kvevent.EventBatch{Events: []kvevent.KVEvent{ev}}); err != nil {
+		t.Fatalf("ApplyBatch: %v", err)
+	}
+}
+
+// prompt returns n token ids starting at from.
+func prompt(from, n int) []uint32 {
+	toks := make([]uint32, n)
+	for i := range toks {
+		toks[i] = uint32(from + i)
+	}
+	return toks
+}
+
+// request returns a routing context for tokens, asking for algorithm.
+func request(id, algorithm string, tokens []uint32) *types.RoutingContext {
+	ctx := types.NewRoutingContext(context.Background(), id, testModel)
+	ctx.Algorithm = algorithm
+	ctx.PromptTokenIDs = tokens
+	return ctx
+}
+
+// newTestRouter returns a Router over metrics and idx (which may be nil)
+// with a seeded random source, its metrics on a fresh registry.
+func newTestRouter(t testing.TB, metrics MetricSource, idx PrefixIndex, adjust ...func(*Config)) (*Router, *prometheus.Registry) {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	cfg := Config{Metrics: metrics, Rand: rand.NewPCG(1, 2), Registerer: reg}
+	if idx != nil {
+		cfg.Index = idx
+	}
+	for _, a := range adjust {
+		a(&cfg)
+	}
+	r, err := New(cfg)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	return r, reg
+}
+
+// route routes ctx among pods and fails the test on error.
+func route(t testing.TB, r *Router, ctx *types.RoutingContext, pods []*v1.Pod) *Decision {
+	t.Helper()
+	var d Decision
+	if err := r.Route(ctx, pods, &d); err != nil {
+		t.Fatalf("Route(%s): %v", ctx.Algorithm, err)
+	}
+	return &d
+}
+
+// candidate returns the candidate entry of pod name.
+func candidate(t testing.TB, d *Decision, name string) *Candidate {
+	t.Helper()
+	for i := range d.Candidates {
+		if d.Candidates[i].Pod == key(name) {
+			return &d.Candidates[i]
+		}
+	}
+	t.Fatalf("no candidate %s in %+v", name, d.Candidates)
+	return nil
+}
+
+// manualClock is a clock the test moves.
+type manualClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func newManualClock() *manualClock { return &manualClock{t: time.Unix(1_800_000_000, 0)} }
+
+func (c *manualClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *manualClock) advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+}
+
+// metricValue sums the values of the counters and gauges, or the sample
+// counts of the histograms, named name whose labels include labels.
+func metricValue(t testing.TB, reg *prometheus.Registry, name string, labels map[string]string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatalf("Gather: %v", err)
+	}
+	sum := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if !matchLabels(m, labels) {
+				continue
+			}
+			switch {
+			case m.Counter != nil:
+				sum += m.Counter.GetValue()
+			case m.Gauge != nil:
+				sum += m.Gauge.GetValue()
+			case m.Histogram != nil:
+				sum += float64(m.Histogram.GetSampleCount())
+			}
+		}
+	}
+	return sum
+}
+
+func matchLabels(m *dto.Metric, labels map[string]string) bool {
+	n := 0
+	for _, lp := range m.GetLabel() {
+		if v, ok := labels[lp.GetName()]; ok {
+			if v != lp.GetValue() {
+				return false
+			}
+			n++
+		}
+	}
+	return n == len(labels)
+}

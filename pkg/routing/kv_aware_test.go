@@ -1,0 +1,209 @@
+package routing
+
+import (
+	"math"
+	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/pkg/cache"
+	"github.com/kvgate/kvgate/pkg/kvevent"
+)
+
+// uniformFleet returns metrics for pods p0..p<n-1> all prefilling 10,000
+// tokens per second with a 20 ms inter-token latency.
+func uniformFleet(n int) *fakeMetrics {
+	f := newFakeMetrics()
+	for _, p := range testPods(n) {
+		f.set(p.Name, cache.PrefillTokensPerSecond, 10000).set(p.Name, cache.AvgTPOTSeconds, 0.02)
+	}
+	return f
+}
+
+func TestKVAwarePrefersThePodHoldingThePrefixUntilItsQueueIsSlower(t *testing.T) {
+	// p2 holds 1,536 of the 2,048 prompt tokens: it saves 0.1536 s of
+	// prefill, so it wins until queued work ahead of the request exceeds
+	// that. A waiting request counts as the prompt's 2,048 tokens (no
+	// prefill has been started yet to learn the mean from), 0.2048 s.
+	tests := []struct {
+		name    string
+		waiting float64
+		want    string
+		outcome Outcome
+	}{
+		{"idle holder", 0, "p2", OutcomePrefixHit},
+		{"one waiting request costs more than the cache saves", 1, "", OutcomeLoadOverPrefix},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			pods := testPods(4)
+			idx := newTestIndex(t)
+			p := prompt(0, 2048)
+			holds(t, idx, "p2", p[:1536], kvevent.MediumGPU)
+			m := uniformFleet(4).set("p2", cache.NumRequestsWaiting, tt.waiting)
+			r, _ := newTestRouter(t, m, idx)
+
+			d := route(t, r, request("r", KVAware, p), pods)
+			if d.Outcome != tt.outcome || (tt.want != "" && d.PodKey != key(tt.want)) || (tt.want == "" && d.PodKey == key("p2")) {
+				t.Fatalf("chose %s (%s), want %q (%s); candidates %+v", d.PodKey, d.Outcome, tt.want, tt.outcome, d.Candidates)
+			}
+			holder := candidate(t, d, "p2")
+			wantTTFT := tt.waiting*0.2048 + 512.0/10000 + 0.02
+			if holder.UncachedTokens != 512 || holder.MatchedGPUTokens != 1536 || !near(holder.PredictedTTFTSeconds, wantTTFT) {
+				t.Fatalf("holder %+v, want 512 uncached, 1536 GPU tokens, TTFT %v", holder, wantTTFT)
+			}
+		})
+	}
+}
+
+func TestKVAwareWeighsInFlightPrefillsUntilTheirFirstToken(t *testing.T) {
+	pods := testPods(4)
+	idx := newTestIndex(t)
+	p := prompt(0, 2000)
+	holds(t, idx, "p2", p[:1536], kvevent.MediumGPU)
+	clock := newManualClock()
+	r, _ := newTestRouter(t, uniformFleet(4), idx, func(c *Config) { c.Now = clock.Now })
+
+	// Each request sent to p2 queues its 464 uncached tokens (0.0464 s)
+	// there: p2 (0.0664 s plus its queue) stays ahead of a cold pod
+	// (0.22 s) with three prefills queued, not with four.
+	var started []*Prefill
+	for i := range 4 {
+		d := route(t, r, request("r", KVAware, p), pods)
+		if d.PodKey != key("p2") || d.Outcome != OutcomePrefixHit {
+			t.Fatalf("request %d went to %s (%s), want p2 with %d prefills queued; %+v", i, d.PodKey, d.Outcome, i, candidate(t, d, "p2"))
+		}
+		started = append(started, r.StartPrefill(d))
+	}
+	d := route(t, r, request("r", KVAware, p), pods)
+	if d.PodKey == key("p2") || d.Outcome != OutcomeLoadOverPrefix {
+		t.Fatalf("with four prefills queued on p2 the request went to %s (%s); %+v", d.PodKey, d.Outcome, candidate(t, d, "p2"))
+	}
+	if c := candidate(t, d, "p2"); c.InFlightPrefills != 4 || c.InFlightPrefillTokens != 4*464 || !near(c.QueueSeconds, 4*0.0464) {
+		t.Fatalf("p2's queue %+v, want 4 prefills of 464 tokens, 0.1856 s", c)
+	}
+
+	// The queue drains with time...
+	clock.advance(100 * time.Millisecond)
+	if c := candidate(t, route(t, r, request("r", KVAware, p), pods), "p2"); !near(c.QueueSeconds, 4*0.0464-0.1) || c.InFlightPrefills != 4 {
+		t.Fatalf("100 ms later p2's queue is %+v, want 0.0856 s left of 4 prefills", c)
+	}
+	// ...and the last prefill's first token proves all four done.
+	started[3].FirstToken()
+	if c := candidate(t, route(t, r, request("r", KVAware, p), pods), "p2"); c.QueueSeconds != 0 || c.InFlightPrefills != 0 {
+		t.Fatalf("after the first token of the last prefill p2's queue is %+v, want empty", c)
+	}
+}
+
+func TestKVAwareDiscountsBlocksHeldOnlyOnCPU(t *testing.T) {
+	// p1 holds the whole 2,048-token prompt in CPU memory, p2 half of it
+	// in GPU memory. At the default weight of 0.8 copying back saves most
+	// of p1's prefill (410 tokens left against p2's 1,024); at 0.3 it
+	// saves too little (1,434 tokens left).
+	tests := []struct {
+		weight       float64
+		want         string
+		wantUncached int
+	}{
+		{0.8, "p1", 410},
+		{0.3, "p2", 1434},
+	}
+	for _, tt := range tests {
+		pods := testPods(3)
+		idx := newTestIndex(t)
+		p := prompt(0, 2048)
+		holds(t, idx, "p1", p, kvevent.MediumCPU)
+		holds(t, idx, "p2", p[:1024], kvevent.MediumGPU)
+		r, _ := newTestRouter(t, uniformFleet(3), idx, func(c *Config) { c.CPUCacheWeight = tt.weight })
+
+		d := route(t, r, request("r", KVAware, p), pods)
+		cpu := candidate(t, d, "p1")
+		if d.PodKey != key(tt.want) || cpu.MatchedTokens != 2048 || cpu.MatchedGPUTokens != 0 || cpu.UncachedTokens != tt.wantUncached {
+			t.Errorf("weight %v: chose %s; CPU holder %+v; want %s and %d uncached tokens on p1", tt.weight, d.PodKey, cpu, tt.want, tt.wantUncached)
+		}
+	}
+}
+
+func TestKVAwareUsesMeasuredSpeedsAndFillsUnmeasuredPods(t *testing.T) {
+	pods := testPods(4)
+	m := newFakeMetrics().
+		set("p0", cache.PrefillTokensPerSecond, 30000).
+		set("p1", cache.PrefillTokensPerSecond, 20000).
+		set("p3", cache.PrefillTokensPerSecond, 10000)
+	r, _ := newTestRouter(t, m, newTestIndex(t))
+
+	d := route(t, r, request("r", KVAware, prompt(0, 3000)), pods)
+	if d.PodKey != key("p0") || d.Outcome != OutcomeLoadFallback {
+		t.Fatalf("a cold prompt went to %s (%s), want the fastest pod p0 (load_fallback)", d.PodKey, d.Outcome)
+	}
+	if c := candidate(t, d, "p2"); c.PrefillTokensPerSecond != 20000 || c.SpeedSource != SpeedModelMedian {
+		t.Fatalf("unmeasured p2 %+v, want the median 20000 tokens/s", c)
+	}
+	if c := candidate(t, d, "p0"); c.SpeedSource != SpeedMeasured || !near(c.PredictedTTFTSeconds, 0.1) {
+		t.Fatalf("p0 %+v, want a measured speed and 0.1 s", c)
+	}
+
+	r, _ = newTestRouter(t, newFakeMetrics(), nil)
+	d = route(t, r, request("r", KVAware, prompt(0, 3000)), pods)
+	if c := d.Chosen(); c.SpeedSource != SpeedDefault || c.PrefillTokensPerSecond != DefaultPrefillTokensPerSecond {
+		t.Fatalf("with no pod measured the chosen pod has %+v, want the default speed", c)
+	}
+}
+
+func TestKVAwareCountsDecodeInterference(t *testing.T) {
+	pods := testPods(2)
+	idx := newTestIndex(t)
+	p := prompt(0, 1024)
+	holds(t, idx, "p0", p, kvevent.MediumGPU)
+	holds(t, idx, "p1", p, kvevent.MediumGPU)
+	m := uniformFleet(2).set("p0", cache.AvgTPOTSeconds, 0.08)
+	r, _ := newTestRouter(t, m, idx)
+
+	d := route(t, r, request("r", KVAware, p), pods)
+	if d.PodKey != key("p1") || d.Outcome != OutcomePrefixHit {
+		t.Fatalf("fully cached prompt went to %s (%s), want p1 whose decode steps are shorter", d.PodKey, d.Outcome)
+	}
+}
+
+func TestKVAwareWithoutTokensRoutesOnQueuedWork(t *testing.T) {
+	pods := testPods(3)
+	m := uniformFleet(3).set("p0", cache.NumRequestsWaiting, 2).set("p2", cache.NumRequestsWaiting, 1)
+	r, _ := newTestRouter(t, m, newTestIndex(t))
+	ctx := request("r", KVAware, nil)
+	ctx.PromptTokenCount = 500
+
+	d := route(t, r, ctx, pods)
+	if d.PodKey != key("p1") || d.Outcome != OutcomeNoTokens || d.Chosen().UncachedTokens != 500 {
+		t.Fatalf("chose %s (%s) with %+v, want p1 (no_tokens) and all 500 tokens uncached", d.PodKey, d.Outcome, d.Chosen())
+	}
+}
+
+func TestKVAwareBreaksTiesByRunningRequests(t *testing.T) {
+	pods := testPods(3)
+	// p1 is 1% slower, within the 5% tolerance, and runs fewer requests.
+	m := uniformFleet(3).set("p1", cache.PrefillTokensPerSecond, 9900).
+		set("p0", cache.RealtimeNumRequestsRunning, 2).
+		set("p1", cache.RealtimeNumRequestsRunning, 1).
+		set("p2", cache.RealtimeNumRequestsRunning, 2)
+	r, _ := newTestRouter(t, m, newTestIndex(t))
+
+	if d := route(t, r, request("r", KVAware, prompt(0, 1000)), pods); d.PodKey != key("p1") {
+		t.Fatalf("chose %s, want p1: tied on TTFT with the fewest running requests; %+v", d.PodKey, d.Candidates)
+	}
+}
+
+func near(a, b float64) bool { return math.Abs(a-b) < 1e-9 }
+
+func TestKVAwareReadsNonFiniteMetricsAsUnmeasured(t *testing.T) {
+	m := uniformFleet(3).
+		set("p0", cache.PrefillTokensPerSecond, math.NaN()).
+		set("p1", cache.PrefillTokensPerSecond, math.Inf(1)).
+		set("p1", cache.NumRequestsWaiting, math.Inf(1))
+	r, _ := newTestRouter(t, m, nil)
+
+	d := route(t, r, request("r", KVAware, prompt(0, 1000)), testPods(3))
+	for _, name := range []string{"p0", "p1"} {
+		if c := candidate(t, d, name); c.SpeedSource != SpeedModelMedian || c.PrefillTokensPerSecond != 10000 || math.IsNaN(c.Score) || math.IsInf(c.Score, 0) {
+			t.Fatalf("%s: %+v, want the median speed and a finite prediction", name, c)
+		}
+	}
+}

@@ -1,0 +1,82 @@
+package routing
+
+// randomChoice draws a candidate uniformly at random.
+type randomChoice struct{}
+
+func (randomChoice) needs() needs { return 0 }
+
+func (randomChoice) pick(in input) {
+	in.d.chosen = in.rng.IntN(len(in.d.Candidates))
+	in.d.Outcome = OutcomeRandom
+}
+
+// leastRequest chooses the pod with the fewest requests in flight from the
+// gateway (cache.RealtimeNumRequestsRunning), ties at random. The gateway's
+// own count moves the moment a request is routed, where the engine's scraped
+// count lags by a scrape.
+type leastRequest struct{}
+
+func (leastRequest) needs() needs { return needRunning }
+
+func (leastRequest) pick(in input) {
+	for i := range in.d.Candidates {
+		in.d.Candidates[i].Score = in.d.Candidates[i].Running
+	}
+	in.d.chosen = leastRunning(in)
+	in.d.Outcome = OutcomeLoad
+}
+
+// leastKVCache chooses the pod with the lowest KV-cache usage
+// (cache.KVCacheUsagePerc), ties by running requests. Pods whose usage has
+// not been scraped yet are chosen only when no pod's has.
+type leastKVCache struct{}
+
+func (leastKVCache) needs() needs { return needRunning | needKVCache }
+
+func (leastKVCache) pick(in input) {
+	cs := in.d.Candidates
+	for i := range cs {
+		cs[i].Score = cs[i].KVCacheUsage
+	}
+	in.d.chosen = choose(in, func(c *Candidate) bool { return c.measured&hasKVCache != 0 }, byScore, 0)
+	if in.d.chosen < 0 {
+		in.d.chosen = choose(in, nil, byScore, 0)
+	}
+	in.d.Outcome = OutcomeLoad
+}
+
+// leastLatency chooses the pod with the lowest expected latency for the
+// request: the pod's recent mean time to first token plus its mean
+// inter-token latency times the predicted output tokens (one token when
+// none is predicted). Both means come from the engine's own histograms over
+// the Store's recent window, so they reflect the pod's current batch rather
+// than the mix of request lengths that skews a mean end-to-end latency. A pod
+// without a measured TTFT is scored at the median of the measured ones, so
+// that a new pod is neither flooded nor starved. Ties go by running requests.
+type leastLatency struct{}
+
+func (leastLatency) needs() needs { return needRunning | needLatency }
+
+func (leastLatency) pick(in input) {
+	cs := in.d.Candidates
+	tokens := float64(max(in.outputTokens, 1))
+	measured := in.s.scores[:0]
+	for i := range cs {
+		c := &cs[i]
+		c.Score = c.AvgTTFTSeconds + c.AvgTPOTSeconds*tokens
+		if c.measured&hasTTFT != 0 {
+			measured = append(measured, c.Score)
+		}
+	}
+	in.s.scores = measured
+	if len(measured) > 0 && len(measured) < len(cs) {
+		m := median(measured)
+		for i := range cs {
+			if cs[i].measured&hasTTFT == 0 {
+				cs[i].Score = m
+			}
+		}
+	}
+	in.d.chosen = choose(in, nil, byScore, 0)
+	in.d.Outcome = OutcomeLoad
+}

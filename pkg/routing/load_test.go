@@ -1,0 +1,116 @@
+package routing
+
+import (
+	"testing"
+
+	"github.com/kvgate/kvgate/pkg/cache"
+)
+
+func TestLoadAlgorithmsChooseByTheirMetric(t *testing.T) {
+	type metrics map[string]map[string]float64
+	tests := []struct {
+		name      string
+		algorithm string
+		metrics   metrics
+		output    int
+		want      string
+	}{
+		{
+			name: "least-request: fewest requests in flight", algorithm: LeastRequest,
+			metrics: metrics{cache.RealtimeNumRequestsRunning: {"p0": 3, "p1": 1, "p2": 2}},
+			want:    "p1",
+		},
+		{
+			name: "least-kv-cache: lowest usage", algorithm: LeastKVCache,
+			metrics: metrics{cache.KVCacheUsagePerc: {"p0": 0.5, "p1": 0.2, "p2": 0.3}},
+			want:    "p1",
+		},
+		{
+			name: "least-kv-cache: an unscraped pod only when no pod is scraped", algorithm: LeastKVCache,
+			metrics: metrics{cache.KVCacheUsagePerc: {"p0": 0.5, "p1": 0.9}},
+			want:    "p0",
+		},
+		{
+			name: "least-kv-cache: equal usage goes to the fewest requests", algorithm: LeastKVCache,
+			metrics: metrics{
+				cache.KVCacheUsagePerc:           {"p0": 0.4, "p1": 0.4, "p2": 0.4},
+				cache.RealtimeNumRequestsRunning: {"p0": 2, "p1": 3, "p2": 1},
+			},
+			want: "p2",
+		},
+		{
+			name: "least-latency: TTFT dominates a request without an output prediction", algorithm: LeastLatency,
+			metrics: metrics{
+				cache.AvgTTFTSeconds: {"p0": 0.1, "p1": 0.3, "p2": 0.4},
+				cache.AvgTPOTSeconds: {"p0": 0.05, "p1": 0.01, "p2": 0.01},
+			},
+			want: "p0",
+		},
+		{
+			name: "least-latency: a long predicted output favours the faster decoder", algorithm: LeastLatency,
+			metrics: metrics{
+				cache.AvgTTFTSeconds: {"p0": 0.1, "p1": 0.3, "p2": 0.4},
+				cache.AvgTPOTSeconds: {"p0": 0.05, "p1": 0.01, "p2": 0.01},
+			},
+			output: 100,
+			want:   "p1",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m := newFakeMetrics()
+			for metric, byPod := range tt.metrics {
+				for pod, v := range byPod {
+					m.set(pod, metric, v)
+				}
+			}
+			r, _ := newTestRouter(t, m, nil)
+			ctx := request("r", tt.algorithm, nil)
+			ctx.PredictedOutputTokens = tt.output
+
+			d := route(t, r, ctx, testPods(3))
+			if d.PodKey != key(tt.want) || d.Outcome != OutcomeLoad {
+				t.Fatalf("chose %s (%s), want %s (load); candidates %+v", d.PodKey, d.Outcome, tt.want, d.Candidates)
+			}
+		})
+	}
+}
+
+func TestLeastLatencyScoresUnmeasuredPodsAtTheMedian(t *testing.T) {
+	m := newFakeMetrics().
+		set("p0", cache.AvgTTFTSeconds, 0.1).set("p0", cache.AvgTPOTSeconds, 0.05).
+		set("p1", cache.AvgTTFTSeconds, 0.3).set("p1", cache.AvgTPOTSeconds, 0.01)
+	r, _ := newTestRouter(t, m, nil)
+	ctx := request("r", LeastLatency, nil)
+	ctx.PredictedOutputTokens = 100
+
+	d := route(t, r, ctx, testPods(3))
+	if got := candidate(t, d, "p2").Score; !near(got, (5.1+1.3)/2) {
+		t.Fatalf("unmeasured p2 scored %v, want the median 3.2", got)
+	}
+}
+
+func TestRandomDrawsEveryPodAndRepeatsWithTheSameSeed(t *testing.T) {
+	pods := testPods(4)
+	draw := func() []string {
+		r, _ := newTestRouter(t, newFakeMetrics(), nil)
+		var got []string
+		for range 200 {
+			got = append(got, route(t, r, request("r", Random, nil), pods).PodKey)
+		}
+		return got
+	}
+	a, b := draw(), draw()
+	seen := map[string]int{}
+	for i := range a {
+		if a[i] != b[i] {
+			t.Fatalf("draw %d differs between routers with the same seed: %s vs %s", i, a[i], b[i])
+		}
+		seen[a[i]]++
+	}
+	for _, p := range pods {
+		if n := seen[key(p.Name)]; n < 20 {
+			t.Fatalf("%s drawn %d times in 200 (%v), want about 50", p.Name, n, seen)
+		}
+	}
+}

@@ -1,0 +1,116 @@
+package routing
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// outcomesOf lists the outcomes each algorithm can reach; their series are
+// created up front so that dashboards see zeros.
+var outcomesOf = map[string][]Outcome{
+	Random:       {OutcomeRandom},
+	LeastRequest: {OutcomeLoad},
+	LeastKVCache: {OutcomeLoad},
+	LeastLatency: {OutcomeLoad},
+	PrefixCache:  {OutcomePrefixHit, OutcomeLoadOverPrefix, OutcomeLoadFallback, OutcomeImbalanceGuard, OutcomeNoTokens},
+	KVAware:      {OutcomePrefixHit, OutcomeLoadOverPrefix, OutcomeLoadFallback, OutcomeNoTokens},
+}
+
+// routerMetrics are the Prometheus metrics of a Router.
+type routerMetrics struct {
+	decisions       *prometheus.CounterVec
+	matchedFraction *prometheus.HistogramVec
+	duration        *prometheus.HistogramVec
+	ttftRatio       prometheus.Histogram
+	expired         prometheus.Counter
+
+	// per algorithm, resolved once
+	byAlg map[string]*algMetrics
+}
+
+type algMetrics struct {
+	outcomes        map[Outcome]prometheus.Counter
+	matchedFraction prometheus.Observer
+	duration        prometheus.Observer
+}
+
+func newRouterMetrics(reg prometheus.Registerer, in *inflight) (*routerMetrics, error) {
+	const ns, sub = "kvgate", "routing"
+	m := &routerMetrics{
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "decisions_total",
+			Help: "Routing decisions by algorithm and by what decided them (outcome).",
+		}, []string{"algorithm", "outcome"}),
+		matchedFraction: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: ns, Subsystem: sub, Name: "matched_fraction",
+			Help:    "Share of the prompt's tokens the chosen pod holds in its KV cache (any medium), for tokenized requests.",
+			Buckets: []float64{0, .1, .2, .3, .4, .5, .6, .7, .8, .9, .95, 1},
+		}, []string{"algorithm"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: ns, Subsystem: sub, Name: "decision_duration_seconds",
+			Help:    "Time to take a routing decision, after tokenization (prefix index match included).",
+			Buckets: prometheus.ExponentialBuckets(1e-6, 2, 16),
+		}, []string{"algorithm"}),
+		ttftRatio: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: ns, Subsystem: sub, Name: "ttft_prediction_ratio",
+			Help:    "Time to first token seen by the gateway divided by kv-aware's prediction, for prefills ended by FirstToken.",
+			Buckets: []float64{.125, .25, .5, .67, .8, .9, 1, 1.1, 1.25, 1.5, 2, 4, 8},
+		}),
+		expired: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "inflight_prefills_expired_total",
+			Help: "In-flight prefills dropped because neither FirstToken nor Done came within the TTL.",
+		}),
+		byAlg: map[string]*algMetrics{},
+	}
+	for alg, outcomes := range outcomesOf {
+		am := &algMetrics{
+			outcomes:        map[Outcome]prometheus.Counter{},
+			matchedFraction: m.matchedFraction.WithLabelValues(alg),
+			duration:        m.duration.WithLabelValues(alg),
+		}
+		for _, o := range outcomes {
+			am.outcomes[o] = m.decisions.WithLabelValues(alg, string(o))
+		}
+		m.byAlg[alg] = am
+	}
+	if reg == nil {
+		return m, nil
+	}
+	gauge := func(name, help string, f func() float64) prometheus.Collector {
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: name, Help: help}, f)
+	}
+	collectors := []prometheus.Collector{
+		m.decisions, m.matchedFraction, m.duration, m.ttftRatio, m.expired,
+		gauge("inflight_prefills", "Prefills started through StartPrefill that have not produced a first token.",
+			func() float64 { return float64(in.count.Load()) }),
+		gauge("inflight_prefill_tokens", "Predicted uncached prompt tokens of the in-flight prefills.",
+			func() float64 { return float64(in.tokens.Load()) }),
+	}
+	var errs []error
+	var registered []prometheus.Collector
+	for _, c := range collectors {
+		if err := reg.Register(c); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		registered = append(registered, c)
+	}
+	if err := errors.Join(errs...); err != nil {
+		for _, c := range registered {
+			reg.Unregister(c)
+		}
+		return nil, fmt.Errorf("register routing metrics: %w", err)
+	}
+	return m, nil
+}
+
+// decided counts a decision of alg.
+func (m *routerMetrics) decided(alg string, o Outcome) {
+	if c, ok := m.byAlg[alg].outcomes[o]; ok {
+		c.Inc()
+		return
+	}
+	m.decisions.WithLabelValues(alg, string(o)).Inc()
+}

@@ -1,0 +1,215 @@
+package routing
+
+import (
+	"fmt"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-logr/logr"
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/klog/v2"
+
+	"github.com/kvgate/kvgate/pkg/types"
+)
+
+// uncachedEWMAWeight is the weight of the newest prefill in the running
+// mean of uncached tokens per request.
+const uncachedEWMAWeight = 0.1
+
+// Router routes requests to pods with the algorithm each request names, and
+// accounts for the prefills the gateway started. All its methods are safe for
+// concurrent use; none waits for I/O.
+type Router struct {
+	cfg     Config
+	algs    map[string]algorithm
+	rng     *lockedRand
+	book    *inflight
+	keys    podKeys
+	scratch sync.Pool // *scratch
+	metrics *routerMetrics
+	log     klog.Logger
+	// meanUncached holds the float64 bits of a running mean of the
+	// uncached tokens of started prefills, 0 before the first.
+	meanUncached atomic.Uint64
+}
+
+// input is what an algorithm's pick reads: the decision with its gathered
+// candidates and the request's facts.
+type input struct {
+	d   *Decision
+	s   *scratch
+	rng *lockedRand
+	// hasTokens reports token ids; matched reports that every candidate
+	// was matched against the index.
+	hasTokens, matched bool
+	// meanUncached estimates the prefill tokens of one queued request.
+	meanUncached float64
+	// outputTokens is the request's predicted output length, 0 if unknown.
+	outputTokens int
+}
+
+// New returns a Router configured by cfg, with its metrics registered on
+// cfg.Registerer. It fails when cfg is invalid or the metrics cannot be
+// registered.
+func New(cfg Config) (*Router, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	cfg.DefaultAlgorithm, _ = canonicalName(cfg.DefaultAlgorithm)
+	r := &Router{
+		cfg:  cfg,
+		algs: newAlgorithms(&cfg),
+		rng:  newLockedRand(cfg.Rand),
+		book: &inflight{now: cfg.Now, ttl: cfg.InFlightPrefillTTL},
+		log:  cfg.Logger.WithName("routing"),
+	}
+	m, err := newRouterMetrics(cfg.Registerer, r.book)
+	if err != nil {
+		return nil, err
+	}
+	r.metrics = m
+	r.book.observeTTFT = m.ttftRatio.Observe
+	r.book.onExpire = func(n int) { m.expired.Add(float64(n)) }
+	r.scratch.New = func() any { return new(scratch) }
+	return r, nil
+}
+
+// DefaultAlgorithm returns the algorithm of requests that name none.
+func (r *Router) DefaultAlgorithm() string { return r.cfg.DefaultAlgorithm }
+
+// Resolve returns the algorithm a request naming name is routed with: the
+// default for "", else the algorithm of that name, matched regardless of
+// case and surrounding white space. It fails with an *UnknownAlgorithmError
+// otherwise. The gateway calls it on the routing-strategy header before
+// tokenizing, so that a bad name costs nothing.
+func (r *Router) Resolve(name string) (string, error) {
+	if name == "" {
+		return r.cfg.DefaultAlgorithm, nil
+	}
+	if n, ok := canonicalName(name); ok {
+		return n, nil
+	}
+	return "", &UnknownAlgorithmError{Name: name}
+}
+
+// Route chooses one of pods for the request with the algorithm
+// ctx.Algorithm names (see Resolve), records the choice with
+// ctx.SetTargetPod, and describes it in d, which it overwrites. pods are the
+// routable pods serving ctx.Model; the Router reads but never modifies them.
+// Prefix algorithms match ctx.PromptTokenIDs under each pod's base model
+// (cache.ModelName) and ctx.LoraAdapter; without token ids they route on load.
+// Route fails with an *UnknownAlgorithmError, or with an error wrapping
+// ErrNoPods when pods is empty; d is then left describing no pod.
+func (r *Router) Route(ctx *types.RoutingContext, pods []*v1.Pod, d *Decision) error {
+	start := time.Now()
+	name, err := r.Resolve(ctx.Algorithm)
+	if err != nil {
+		d.reset()
+		return err
+	}
+	if len(pods) == 0 {
+		d.reset()
+		return fmt.Errorf("route request %s for model %q: %w", ctx.RequestID, ctx.Model, ErrNoPods)
+	}
+	alg := r.algs[name]
+	s := r.scratch.Get().(*scratch)
+	defer r.scratch.Put(s)
+
+	in := r.gather(ctx, pods, alg.needs(), d, s)
+	d.Algorithm = name
+	alg.pick(in)
+	r.settle(ctx, &in, s)
+	ctx.SetTargetPod(d.Pod)
+
+	am := r.metrics.byAlg[name]
+	am.duration.Observe(time.Since(start).Seconds())
+	r.metrics.decided(name, d.Outcome)
+	if in.hasTokens && r.cfg.Index != nil {
+		am.matchedFraction.Observe(float64(d.Chosen().MatchedTokens) / float64(d.PromptTokens))
+	}
+	r.logDecision(ctx, d)
+	return nil
+}
+
+// settle fills in what the chosen candidate needs for in-flight accounting
+// and the decision's summary: its match, when the algorithm did not match
+// every candidate, and its uncached tokens.
+func (r *Router) settle(ctx *types.RoutingContext, in *input, s *scratch) {
+	d := in.d
+	c := &d.Candidates[d.chosen]
+	if in.hasTokens && !in.matched && r.cfg.Index != nil {
+		r.match(ctx, d, d.Candidates[d.chosen:d.chosen+1], s)
+	}
+	c.setUncached(d.PromptTokens, r.cfg.CPUCacheWeight)
+	d.Pod, d.PodKey = c.pod, c.Pod
+}
+
+// StartPrefill records that the gateway sent the request d decided to d's
+// pod: until the returned Prefill's FirstToken or Done, the request's
+// predicted uncached tokens count as prefill work queued on the pod, which
+// kv-aware weighs for the requests that follow. Call it when the request is
+// sent, once per attempt: a retry on another pod is a new decision and a new
+// Prefill, and the failed attempt's Prefill is Done. It returns nil (whose
+// methods do nothing) when d chose no pod.
+func (r *Router) StartPrefill(d *Decision) *Prefill {
+	c := d.Chosen()
+	if c == nil {
+		return nil
+	}
+	work := 0.0
+	if c.PrefillTokensPerSecond > 0 {
+		work = c.uncached / c.PrefillTokensPerSecond
+	}
+	r.noteUncached(c.uncached)
+	return r.book.start(c.Pod, c.UncachedTokens, work, c.PredictedTTFTSeconds)
+}
+
+// noteUncached folds a started prefill's uncached tokens into the running
+// mean. Concurrent updates may lose one another's sample, which a running
+// mean tolerates.
+func (r *Router) noteUncached(tokens float64) {
+	old := r.meanUncached.Load()
+	mean := math.Float64frombits(old)
+	if mean == 0 {
+		mean = tokens
+	} else {
+		mean += uncachedEWMAWeight * (tokens - mean)
+	}
+	r.meanUncached.CompareAndSwap(old, math.Float64bits(mean))
+}
+
+// logDecision logs the decision at verbosity 4 and its candidates at 5.
+func (r *Router) logDecision(ctx *types.RoutingContext, d *Decision) {
+	l := r.logger(ctx)
+	if v := l.V(4); v.Enabled() {
+		c := d.Chosen()
+		v.Info("Routed request", "requestID", ctx.RequestID, "model", ctx.Model, "lora", ctx.LoraAdapter,
+			"algorithm", d.Algorithm, "outcome", d.Outcome, "pod", d.PodKey,
+			"promptTokens", d.PromptTokens, "matchedTokens", c.MatchedTokens, "matchedGPUTokens", c.MatchedGPUTokens,
+			"uncachedTokens", c.UncachedTokens, "running", c.Running, "waiting", c.Waiting,
+			"queueSeconds", c.QueueSeconds, "prefillTokensPerSecond", c.PrefillTokensPerSecond,
+			"predictedTTFTSeconds", c.PredictedTTFTSeconds, "score", c.Score)
+	}
+	if v := l.V(5); v.Enabled() {
+		v.Info("Routing candidates", "requestID", ctx.RequestID, "algorithm", d.Algorithm, "candidates", d.Candidates)
+	}
+}
+
+// logger returns the request's logger when its context carries one, else
+// the Router's.
+func (r *Router) logger(ctx *types.RoutingContext) klog.Logger {
+	if ctx.Context != nil {
+		if l, err := logr.FromContext(ctx.Context); err == nil {
+			return l
+		}
+	}
+	return r.log
+}
+
+// reset makes d describe no decision, keeping its candidate slice.
+func (d *Decision) reset() {
+	*d = Decision{Candidates: d.Candidates[:0]}
+}

@@ -1,0 +1,235 @@
+package routing
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+
+	"github.com/kvgate/kvgate/pkg/cache"
+	"github.com/kvgate/kvgate/pkg/indexer"
+	"github.com/kvgate/kvgate/pkg/kvevent"
+)
+
+func TestResolveNamesTheAlgorithmOfARequest(t *testing.T) {
+	r, _ := newTestRouter(t, newFakeMetrics(), nil, func(c *Config) { c.DefaultAlgorithm = "Least-Request" })
+	tests := []struct{ header, want string }{
+		{"", LeastRequest},
+		{"prefix-cache", PrefixCache},
+		{" KV-Aware ", KVAware},
+		{"least-kv-cache", LeastKVCache},
+	}
+	for _, tt := range tests {
+		if got, err := r.Resolve(tt.header); got != tt.want || err != nil {
+			t.Errorf("Resolve(%q) = %q, %v; want %q", tt.header, got, err, tt.want)
+		}
+	}
+
+	_, err := r.Resolve("throughput")
+	var unknown *UnknownAlgorithmError
+	if !errors.As(err, &unknown) || unknown.Name != "throughput" || !errors.Is(err, ErrUnknownAlgorithm) {
+		t.Fatalf("Resolve(throughput) = %v, want an *UnknownAlgorithmError wrapping ErrUnknownAlgorithm", err)
+	}
+	if !strings.Contains(err.Error(), "kv-aware") {
+		t.Fatalf("error %q does not list the known algorithms", err)
+	}
+}
+
+func TestNewRejectsInvalidConfig(t *testing.T) {
+	m := newFakeMetrics()
+	tests := []struct {
+		name string
+		cfg  Config
+		want string
+	}{
+		{"no metrics", Config{}, "Metrics is required"},
+		{"unknown default", Config{Metrics: m, DefaultAlgorithm: "round-robin"}, `"round-robin"`},
+		{"CPU weight above 1", Config{Metrics: m, CPUCacheWeight: 1.5}, "CPUCacheWeight"},
+		{"negative imbalance count", Config{Metrics: m, ImbalanceAbsCount: -1}, "ImbalanceAbsCount"},
+		{"negative stddev factor", Config{Metrics: m, StdDevFactor: -1}, "StdDevFactor"},
+		{"negative prefill speed", Config{Metrics: m, DefaultPrefillTokensPerSecond: -1}, "DefaultPrefillTokensPerSecond"},
+		{"negative tolerance", Config{Metrics: m, TieTolerance: -0.1}, "TieTolerance"},
+		{"negative TTL", Config{Metrics: m, InFlightPrefillTTL: -1}, "InFlightPrefillTTL"},
+	}
+	for _, tt := range tests {
+		if _, err := New(tt.cfg); err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%s: New = %v, want an error mentioning %s", tt.name, err, tt.want)
+		}
+	}
+}
+
+func TestRouteFailsWithoutPodsOrForAnUnknownAlgorithm(t *testing.T) {
+	r, reg := newTestRouter(t, newFakeMetrics(), nil)
+	d := Decision{Candidates: make([]Candidate, 3)}
+	if err := r.Route(request("r", KVAware, nil), nil, &d); !errors.Is(err, ErrNoPods) || d.Pod != nil || len(d.Candidates) != 0 {
+		t.Fatalf("Route with no pods = %v, decision %+v; want ErrNoPods and an empty decision", err, d)
+	}
+	if err := r.Route(request("r", "bogus", nil), testPods(2), &d); !errors.Is(err, ErrUnknownAlgorithm) {
+		t.Fatalf("Route with an unknown algorithm = %v, want ErrUnknownAlgorithm", err)
+	}
+	if n := metricValue(t, reg, "kvgate_routing_decisions_total", nil); n != 0 {
+		t.Fatalf("failed routes counted %v decisions", n)
+	}
+}
+
+func TestRouteRecordsTheTargetAndCountsTheDecision(t *testing.T) {
+	pods := testPods(3)
+	idx := newTestIndex(t)
+	p := prompt(0, 1000)
+	holds(t, idx, "p1", p[:800], kvevent.MediumGPU)
+	r, reg := newTestRouter(t, uniformFleet(3), idx)
+	ctx := request("r", "", p)
+
+	d := route(t, r, ctx, pods)
+	if d.Algorithm != KVAware || d.Pod != pods[1] || ctx.TargetPod() != pods[1] || d.Chosen().Pod != key("p1") {
+		t.Fatalf("decision %s -> %s, target %v; want kv-aware (the default) -> p1 recorded on the context", d.Algorithm, d.PodKey, ctx.TargetPod())
+	}
+	if d.BlockSize != testBlockSize || d.PromptBlocks != 1000/testBlockSize || d.PromptTokens != 1000 {
+		t.Fatalf("decision blocks %d x %d tokens of %d, want %d x %d of 1000", d.PromptBlocks, d.BlockSize, d.PromptTokens, 1000/testBlockSize, testBlockSize)
+	}
+	labels := map[string]string{"algorithm": KVAware}
+	if n := metricValue(t, reg, "kvgate_routing_decisions_total", map[string]string{"algorithm": KVAware, "outcome": "prefix_hit"}); n != 1 {
+		t.Fatalf("decisions_total{kv-aware,prefix_hit} = %v, want 1", n)
+	}
+	for _, h := range []string{"kvgate_routing_matched_fraction", "kvgate_routing_decision_duration_seconds"} {
+		if n := metricValue(t, reg, h, labels); n != 1 {
+			t.Fatalf("%s observed %v times, want 1", h, n)
+		}
+	}
+}
+
+func TestLoadAlgorithmsReportTheChosenPodsMatch(t *testing.T) {
+	pods := testPods(3)
+	idx := newTestIndex(t)
+	p := prompt(0, 1000)
+	holds(t, idx, "p1", p[:800], kvevent.MediumGPU)
+	m := uniformFleet(3).set("p0", cache.RealtimeNumRequestsRunning, 1).set("p2", cache.RealtimeNumRequestsRunning, 1)
+	r, _ := newTestRouter(t, m, idx)
+
+	d := route(t, r, request("r", LeastRequest, p), pods)
+	if c := d.Chosen(); d.PodKey != key("p1") || c.MatchedTokens != 800 || c.UncachedTokens != 200 {
+		t.Fatalf("least-request chose %s with %+v, want p1 with its 800 matched tokens known", d.PodKey, c)
+	}
+}
+
+func TestPrefixAlgorithmsMatchTheAdapterUnderEachPodsBaseModel(t *testing.T) {
+	// p0 serves base model m, q0 base model m2; both load adapter "sql".
+	pods := []*v1.Pod{testPod("p0", "10.0.0.1", 0), testPod("q0", "10.0.0.2", 0)}
+	pods[1].Labels[cache.ModelNameLabel] = "m2"
+	idx := newTestIndex(t)
+	p := prompt(0, 1024)
+	holdsAs(t, idx, indexer.Stream{Pod: key("q0"), Model: "m2"}, "sql", p, kvevent.MediumGPU)
+	holdsAs(t, idx, indexer.Stream{Pod: key("p0"), Model: testModel}, "", p, kvevent.MediumGPU)
+	r, _ := newTestRouter(t, uniformFleet(1).set("q0", cache.PrefillTokensPerSecond, 10000), idx)
+
+	ctx := request("r", KVAware, p)
+	ctx.Model, ctx.LoraAdapter = "sql", "sql"
+	d := route(t, r, ctx, pods)
+	if d.PodKey != key("q0") || candidate(t, d, "q0").MatchedTokens != 1024 || candidate(t, d, "p0").MatchedTokens != 0 {
+		t.Fatalf("adapter request chose %s with %+v; want q0, the only pod holding the adapter's blocks", d.PodKey, d.Candidates)
+	}
+}
+
+func TestKVAwareDecisionsRepeatWithTheSameSeed(t *testing.T) {
+	pods := testPods(8)
+	run := func() []string {
+		clock := newManualClock()
+		r, _ := newTestRouter(t, uniformFleet(8), newTestIndex(t), func(c *Config) { c.Now = clock.Now })
+		var got []string
+		for i := range 100 {
+			d := route(t, r, request("r", KVAware, prompt(i*1000, 1000)), pods)
+			r.StartPrefill(d)
+			clock.advance(7 * time.Millisecond) // prefills overlap, so queues vary
+			got = append(got, d.PodKey)
+		}
+		return got
+	}
+	a, b := run(), run()
+	spread := map[string]bool{}
+	for i := range a {
+		if a[i] != b[i] {
+			t.Fatalf("decision %d differs: %s vs %s", i, a[i], b[i])
+		}
+		spread[a[i]] = true
+	}
+	if len(spread) != len(pods) {
+		t.Fatalf("cold prompts went to %d of %d idle pods, want them spread", len(spread), len(pods))
+	}
+}
+
+func TestRouteDoesNotAllocateWithAReusedDecision(t *testing.T) {
+	if raceEnabled {
+		t.Skip("allocation counts are meaningless under the race detector")
+	}
+	pods := testPods(16)
+	idx := newTestIndex(t)
+	p := prompt(0, 4096)
+	m := uniformFleet(16)
+	for i, pod := range pods {
+		holds(t, idx, pod.Name, p[:256*(i+1)], kvevent.MediumGPU)
+		m.set(pod.Name, cache.RealtimeNumRequestsRunning, float64(i%3)).set(pod.Name, cache.NumRequestsWaiting, 0)
+	}
+	r, _ := newTestRouter(t, m, idx)
+	ctx := request("r", KVAware, p)
+	var d Decision
+	// SetTargetPod stores a new target, the one allocation Route makes.
+	for _, alg := range []string{KVAware, PrefixCache, LeastRequest} {
+		ctx.Algorithm = alg
+		allocs := testing.AllocsPerRun(100, func() {
+			if err := r.Route(ctx, pods, &d); err != nil {
+				t.Fatal(err)
+			}
+		})
+		if allocs > 1 {
+			t.Errorf("%s: Route allocates %v times per decision, want at most 1", alg, allocs)
+		}
+	}
+}
+
+func TestRouterIsSafeForConcurrentUse(t *testing.T) {
+	pods := testPods(8)
+	idx := newTestIndex(t)
+	r, reg := newTestRouter(t, uniformFleet(8), idx)
+	algs := Algorithms()
+	var wg sync.WaitGroup
+	wg.Go(func() { // the KV event stream keeps writing
+		for i := range 200 {
+			holds(t, idx, fmt.Sprint("p", i%8), prompt(i*64, 512), kvevent.MediumGPU)
+		}
+	})
+	for g := range 6 {
+		wg.Go(func() {
+			var d Decision
+			for i := range 300 {
+				ctx := request("r", algs[(g+i)%len(algs)], prompt((i%50)*64, 1024))
+				if err := r.Route(ctx, pods, &d); err != nil {
+					t.Error(err)
+					return
+				}
+				p := r.StartPrefill(&d)
+				if i%3 == 0 {
+					p.FirstToken()
+				}
+				p.Done()
+			}
+		})
+	}
+	wg.Go(func() {
+		for range 50 {
+			if _, err := r.Explain(request("x", "", prompt(0, 1024)), pods); err != nil {
+				t.Error(err)
+			}
+		}
+	})
+	wg.Wait()
+	if n := metricValue(t, reg, "kvgate_routing_decisions_total", nil); n != 6*300 {
+		t.Fatalf("%v decisions counted, want %d", n, 6*300)
+	}
+	if r.book.count.Load() != 0 {
+		t.Fatalf("%d prefills left in flight, want 0", r.book.count.Load())
+	}
+}
