@@ -13,6 +13,16 @@ FUZZTIME  ?= 15s
 BENCH     ?= .
 BENCHTIME ?= 1s
 COUNT     ?= 1
+# Image of kvgate (the gateway and vllm-sim) that deploy, deploy-sample and
+# build-installer install.
+IMG            ?= kvgate:dev
+KUBECTL        ?= kubectl
+# Kustomization of config/ that deploy, undeploy and build-installer render:
+# default (every namespace, ClusterRole) or namespaced (one namespace, Role).
+OVERLAY        ?= default
+# Kustomization of config/samples/ that deploy-sample and undeploy-sample
+# render: simulator, vllm or vllm-dp.
+SAMPLE         ?= simulator
 
 export CGO_ENABLED := 1
 
@@ -65,3 +75,34 @@ fuzz: deps ## Run each fuzz target for FUZZTIME.
 .PHONY: bench
 bench: deps ## Run the Go benchmarks of the hot paths with -benchmem.
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -benchtime $(BENCHTIME) -count $(COUNT) $(PKGS)
+
+##@ Deployment
+
+.PHONY: build-installer
+build-installer: ## Render config/OVERLAY with image IMG into one file, dist/install.yaml.
+	@mkdir -p dist
+	hack/kustomize-build.sh config/$(OVERLAY) $(IMG) > dist/install.yaml
+
+.PHONY: deploy
+deploy: ## Install config/OVERLAY with image IMG into the cluster of kubectl's current context.
+	@$(call need,$(KUBECTL),KUBECTL,deploy)
+	hack/kustomize-build.sh config/$(OVERLAY) $(IMG) | $(KUBECTL) apply -f -
+
+.PHONY: undeploy
+undeploy: ## Remove what deploy installed (same OVERLAY), namespace included.
+	@$(call need,$(KUBECTL),KUBECTL,undeploy)
+	hack/kustomize-build.sh config/$(OVERLAY) $(IMG) | $(KUBECTL) delete --ignore-not-found -f -
+
+.PHONY: deploy-sample
+deploy-sample: ## Install config/samples/SAMPLE with image IMG into kubectl's current namespace.
+	@$(call need,$(KUBECTL),KUBECTL,deploy-sample)
+	hack/kustomize-build.sh config/samples/$(SAMPLE) $(IMG) | $(KUBECTL) apply -f -
+
+.PHONY: undeploy-sample
+undeploy-sample: ## Remove what deploy-sample installed (same SAMPLE).
+	@$(call need,$(KUBECTL),KUBECTL,undeploy-sample)
+	hack/kustomize-build.sh config/samples/$(SAMPLE) $(IMG) | $(KUBECTL) delete --ignore-not-found -f -
+
+# need fails target $(3) with a clear message when command $(1), the value of
+# variable $(2), is not installed.
+need = command -v $(1) >/dev/null 2>&1 || { echo "$(3): $(1) not found: install it, or set $(2) to the command to use" >&2; exit 1; }
