@@ -13,9 +13,11 @@ FUZZTIME  ?= 15s
 BENCH     ?= .
 BENCHTIME ?= 1s
 COUNT     ?= 1
-# Image of kvgate (the gateway and vllm-sim) that deploy, deploy-sample and
-# build-installer install.
+# Image of kvgate (the gateway and vllm-sim) that docker-build builds and
+# deploy, deploy-sample and build-installer install.
 IMG            ?= kvgate:dev
+# Container tool of docker-build and docker-push: docker or podman.
+CONTAINER_TOOL ?= docker
 KUBECTL        ?= kubectl
 # Kustomization of config/ that deploy, undeploy and build-installer render:
 # default (every namespace, ClusterRole) or namespaced (one namespace, Role).
@@ -58,8 +60,8 @@ lint: vet ## Check formatting and run go vet.
 	if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
 
 .PHONY: build
-build: deps ## Build the binaries into bin/.
-	$(GO) build -o $(BIN_DIR)/ ./cmd/...
+build: deps ## Build the binaries into bin/ as the image does (hack/build.sh).
+	GO=$(GO) hack/build.sh $(BIN_DIR)
 
 .PHONY: test
 test: deps ## Install what the tests need, then vet, run every test with -race, and fuzz briefly.
@@ -76,12 +78,24 @@ fuzz: deps ## Run each fuzz target for FUZZTIME.
 bench: deps ## Run the Go benchmarks of the hot paths with -benchmem.
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -benchtime $(BENCHTIME) -count $(COUNT) $(PKGS)
 
-##@ Deployment
+##@ Build
+
+.PHONY: docker-build
+docker-build: ## Build the image IMG with CONTAINER_TOOL.
+	@$(call need,$(CONTAINER_TOOL),CONTAINER_TOOL,docker-build)
+	$(CONTAINER_TOOL) build -t $(IMG) .
+
+.PHONY: docker-push
+docker-push: ## Push the image IMG with CONTAINER_TOOL.
+	@$(call need,$(CONTAINER_TOOL),CONTAINER_TOOL,docker-push)
+	$(CONTAINER_TOOL) push $(IMG)
 
 .PHONY: build-installer
 build-installer: ## Render config/OVERLAY with image IMG into one file, dist/install.yaml.
 	@mkdir -p dist
 	hack/kustomize-build.sh config/$(OVERLAY) $(IMG) > dist/install.yaml
+
+##@ Deployment
 
 .PHONY: deploy
 deploy: ## Install config/OVERLAY with image IMG into the cluster of kubectl's current context.
