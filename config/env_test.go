@@ -26,10 +26,12 @@ const envFileHeader = `# Settings of the kvgate gateway. The gateway-env ConfigM
 #
 # Every variable the gateway reads is listed, with its meaning, commented out
 # at its default: a variable that is not set takes its default. To set one,
-# uncomment it here, or merge it into gateway-env from an overlay:
+# uncomment it here, or merge it into gateway-env from your own overlay of
+# config/default, naming the namespace that overlay installs into:
 #
 #   configMapGenerator:
 #   - name: gateway-env
+#     namespace: kvgate-system
 #     behavior: merge
 #     literals:
 #     - KVGATE_ROUTING_ALGORITHM=prefix-cache
@@ -191,6 +193,22 @@ func TestGatewaySetsOnlyDeclaredVariables(t *testing.T) {
 				t.Errorf("the gateway container does not read the gateway-env ConfigMap through envFrom")
 			}
 		})
+	}
+}
+
+// TestOverlaySetsAGatewayVariable applies the way gateway.env tells an
+// operator to set a variable: a merge into gateway-env from an overlay of
+// config/default. The gateway must get the value, and the Deployment must
+// name the merged ConfigMap, whose new hash rolls the pods.
+func TestOverlaySetsAGatewayVariable(t *testing.T) {
+	base := findGateway(t, render(t, "default"))
+	g := findGateway(t, render(t, "testdata/settings-overlay"))
+	env, _ := gatewayEnvironment(t, g)
+	if got := env[config.RoutingAlgorithm.Name]; got.value != "prefix-cache" {
+		t.Errorf("%s = %q from %s, want prefix-cache from the overlay", config.RoutingAlgorithm.Name, got.value, got.from)
+	}
+	if before, after := base.container.EnvFrom[0].ConfigMapRef.Name, g.container.EnvFrom[0].ConfigMapRef.Name; before == after {
+		t.Errorf("the ConfigMap keeps its name %s: changing a setting would not roll the gateway", after)
 	}
 }
 
