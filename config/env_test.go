@@ -7,6 +7,7 @@ import (
 	"maps"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -65,7 +66,7 @@ func envFile(vars []config.Var, values map[string]string, inDeployment map[strin
 			}
 			switch value, set := values[v.Name]; {
 			case inDeployment[v.Name]:
-				writeComment(&b, v.Name+" is set by the gateway's Deployment (gateway.yaml), not here.")
+				writeComment(&b, v.Name+" (default "+strconv.Quote(v.Default)+") is set by the gateway's Deployment (gateway.yaml), not here.")
 			case set:
 				fmt.Fprintf(&b, "%s=%s\n", v.Name, value)
 			default:
@@ -214,7 +215,7 @@ func TestOverlaySetsAGatewayVariable(t *testing.T) {
 
 // readsEnvFile reports whether the gateway's container reads a ConfigMap
 // generated from gateway.env: one named <prefix>gateway-env-<hash>.
-func readsEnvFile(g gateway) bool {
+func readsEnvFile(g gatewayManifest) bool {
 	for _, from := range g.container.EnvFrom {
 		if ref := from.ConfigMapRef; ref != nil && strings.Contains(ref.Name, "gateway-env-") && g.configMaps[ref.Name] != nil {
 			return true
@@ -244,7 +245,7 @@ type setting struct {
 // ConfigMaps of envFrom first, then env, which wins. An optional secret key
 // is left unset, as it is when the Secret does not exist; it is returned in
 // secrets.
-func gatewayEnvironment(t *testing.T, g gateway) (env map[string]setting, secrets []string) {
+func gatewayEnvironment(t *testing.T, g gatewayManifest) (env map[string]setting, secrets []string) {
 	t.Helper()
 	env = map[string]setting{}
 	for _, from := range g.container.EnvFrom {

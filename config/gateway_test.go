@@ -12,8 +12,8 @@ import (
 // gatewayContainer is the name of the gateway's container in its Deployment.
 const gatewayContainer = "gateway"
 
-// gateway is the gateway's part of a rendered kustomization.
-type gateway struct {
+// gatewayManifest is the gateway's part of a rendered kustomization.
+type gatewayManifest struct {
 	deployment *appsv1.Deployment
 	container  *corev1.Container
 	// configMaps are the rendered ConfigMaps by name.
@@ -23,9 +23,9 @@ type gateway struct {
 // findGateway returns the gateway of objs: the one Deployment labelled
 // app.kubernetes.io/component: gateway and its container named
 // gatewayContainer.
-func findGateway(t *testing.T, objs []*unstructured.Unstructured) gateway {
+func findGateway(t *testing.T, objs []*unstructured.Unstructured) gatewayManifest {
 	t.Helper()
-	g := gateway{configMaps: map[string]*corev1.ConfigMap{}}
+	g := gatewayManifest{configMaps: map[string]*corev1.ConfigMap{}}
 	for _, u := range only(objs, "ConfigMap") {
 		cm := &corev1.ConfigMap{}
 		fromUnstructured(t, u, cm)

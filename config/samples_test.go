@@ -129,7 +129,8 @@ func TestSamplesRunEnginesTheGatewayFollows(t *testing.T) {
 }
 
 // checkEngine checks the engine container c of pod against the gateway's
-// target for the pod and the engine port of its tokenizer.
+// target for the pod and the port of its tokenizer's endpoint template,
+// which a pod's model.aibrix.ai/port overrides.
 func checkEngine(t *testing.T, c *corev1.Container, pod *corev1.Pod, target kvevent.PodTarget, tokenizerPort int) {
 	t.Helper()
 	e, err := parseEngineArgs(c.Args)
@@ -140,9 +141,11 @@ func checkEngine(t *testing.T, c *corev1.Container, pod *corev1.Pod, target kvev
 		t.Errorf("pods are labelled with model %q, the engine serves %q", got, e.model)
 	}
 	http := int(port(t, c, "http"))
-	if serving := cache.ServingPort(pod, cache.DefaultEnginePort); serving != e.port || http != e.port || tokenizerPort != e.port {
+	serving := cache.ServingPort(pod, cache.DefaultEnginePort)
+	tokenizing := cache.ServingPort(pod, tokenizerPort)
+	if http != e.port || serving != e.port || tokenizing != e.port {
 		t.Errorf("engine port %d; container port http %d, gateway routes and scrapes on %d, tokenizes on %d",
-			e.port, http, serving, tokenizerPort)
+			e.port, http, serving, tokenizing)
 	}
 	ev := e.events
 	if !ev.Enable || ev.Publisher != "zmq" || ev.ReplayEndpoint == nil {

@@ -12,7 +12,7 @@ import (
 // settings are the gateway's settings in one installation, as the gateway
 // loads them from its environment.
 type settings struct {
-	gateway   gateway
+	manifest  gatewayManifest
 	kvSync    config.KVSync
 	discovery config.Discovery
 	// enginePort is the port of the engines' HTTP server the tokenizer
@@ -25,8 +25,8 @@ type settings struct {
 // setting the gateway would refuse.
 func loadSettings(t *testing.T, dir string) settings {
 	t.Helper()
-	s := settings{gateway: findGateway(t, render(t, dir))}
-	env, _ := gatewayEnvironment(t, s.gateway)
+	s := settings{manifest: findGateway(t, render(t, dir))}
+	env, _ := gatewayEnvironment(t, s.manifest)
 	e := config.NewEnv(func(name string) (string, bool) {
 		v, ok := env[name]
 		return v.value, ok
@@ -75,7 +75,7 @@ func TestGatewayDiscoversWhatItsRBACGrants(t *testing.T) {
 			s := loadSettings(t, tt.dir)
 			want := ""
 			if tt.ownNamespace {
-				want = s.gateway.deployment.Namespace
+				want = s.manifest.deployment.Namespace
 			}
 			if s.discovery.Mode != config.DiscoveryKubernetes || s.discovery.Namespace != want {
 				t.Errorf("the gateway discovers %s; want kubernetes pods in namespace %q", s.discovery, want)
