@@ -198,14 +198,18 @@ func (t *keyTable) find(key uint64) (slotRef, bool) {
 	return slotRef{sh, a, i}, ok
 }
 
-// insert adds key, which must be absent, with an empty holder set.
-func (t *keyTable) insert(key uint64, now uint32) slotRef {
+// insert adds key, which must be absent, with an empty holder set. at is
+// where find said the key's probe sequence ends; it is used when the shard
+// still has those arrays and room.
+func (t *keyTable) insert(key uint64, now uint32, at slotRef) slotRef {
 	sh := &t.shards[shardOf(key)]
-	a := sh.arr.Load()
+	a, i := sh.arr.Load(), at.i
 	if overFull(sh.n+sh.dead+1, a.cap()) {
 		a = sh.rebuild(capFor(sh.n+1), t.width)
 	}
-	i, _ := a.find(key)
+	if a != at.a {
+		i, _ = a.find(key)
+	}
 	atomic.StoreUint32(&a.slots[i].clock, now)
 	atomic.StoreUint64(&a.slots[i].key, key)
 	sh.n++
