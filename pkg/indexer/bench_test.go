@@ -214,17 +214,20 @@ func BenchmarkProcessBlockStored(b *testing.B) {
 }
 
 // BenchmarkMemoryPerResidency loads 1,000,000 (block, pod) residencies and
-// reports the heap they take, measured after garbage collection.
+// reports the heap they take, measured after garbage collection; "churned"
+// then replaces a third of the prompts, as engines evicting and storing do,
+// so that the tables carry tombstones.
 func BenchmarkMemoryPerResidency(b *testing.B) {
 	for _, tc := range []struct {
-		name    string
-		prompts int
-	}{{"262144", 256}, {"1000448", 977}} {
+		name           string
+		prompts, churn int
+	}{{"262144", 256, 0}, {"1000448", 977, 0}, {"1000448-churned", 977, 326}} {
 		b.Run(tc.name, func(b *testing.B) {
 			for i := 0; i < b.N; i++ {
 				before := heapInUse()
 				idx, _ := newTestTable(b, Config{})
 				loadWorkloadKeyed(b, idx, tc.prompts)
+				churnWorkload(b, idx, tc.prompts, tc.churn)
 				after := heapInUse()
 				residencies := tc.prompts * 512 * 2
 				b.ReportMetric(float64(after-before)/float64(residencies), "B/residency")
@@ -238,6 +241,34 @@ func BenchmarkMemoryPerResidency(b *testing.B) {
 // so that only the index is on the heap.
 func loadWorkloadKeyed(tb testing.TB, idx *SyncPrefixHashTable, prompts int) {
 	for p := 0; p < prompts; p++ {
+		toks := benchPrompt(p)
+		for _, pod := range []int{p % benchPods, (p + 1) % benchPods} {
+			for _, e := range benchEvents(p, toks) {
+				if err := idx.ProcessBlockStored(benchStream(pod), e); err != nil {
+					tb.Fatal(err)
+				}
+			}
+		}
+	}
+}
+
+// churnWorkload removes prompts [0, n) from their pods and stores prompts
+// [loaded, loaded+n) in their place.
+func churnWorkload(tb testing.TB, idx *SyncPrefixHashTable, loaded, n int) {
+	for p := 0; p < n; p++ {
+		for _, pod := range []int{p % benchPods, (p + 1) % benchPods} {
+			for b := 0; b < benchPromptToks/benchBlockSize; b += benchEventBlocks {
+				r := removed("GPU", 0)
+				for i := b; i < b+benchEventBlocks; i++ {
+					r.BlockHashes = append(r.BlockHashes, benchHash(p, i))
+				}
+				if err := idx.ProcessBlockRemoved(benchStream(pod), r); err != nil {
+					tb.Fatal(err)
+				}
+			}
+		}
+	}
+	for p := loaded; p < loaded+n; p++ {
 		toks := benchPrompt(p)
 		for _, pod := range []int{p % benchPods, (p + 1) % benchPods} {
 			for _, e := range benchEvents(p, toks) {
