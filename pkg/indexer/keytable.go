@@ -61,6 +61,8 @@ type keyTable struct {
 	count atomic.Int64
 	// total counts the keys of every table of the index.
 	total *atomic.Int64
+	// buckets is dropHolder's scratch, kept between purges.
+	buckets []int32
 }
 
 type keyShard struct {
@@ -271,7 +273,11 @@ func (t *keyTable) bury(r slotRef) {
 // order. scratch, as long as keys, is overwritten.
 func (t *keyTable) dropHolder(keys []uint64, id int, scratch []uint64) {
 	shift := 64 - min(16, max(shardBits, bits.Len(uint(len(keys)))))
-	start := make([]int32, 1<<(64-shift)+1)
+	if n := 1<<(64-shift) + 1; cap(t.buckets) < n {
+		t.buckets = make([]int32, n)
+	}
+	start := t.buckets[:1<<(64-shift)+1]
+	clear(start)
 	for _, k := range keys {
 		start[k>>shift+1]++
 	}
