@@ -3,10 +3,7 @@ package indexer
 import (
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"runtime"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -160,30 +157,6 @@ func cpuTime() time.Duration {
 		return 0
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
-// threadCPUTime is the CPU time the calling thread has used.
-func threadCPUTime() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(1 /* RUSAGE_THREAD */, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
-// threadRunqueueWait is how long the calling thread has waited for a CPU
-// while runnable, from Linux's schedstat; 0 where that is not available.
-func threadRunqueueWait() time.Duration {
-	b, err := os.ReadFile("/proc/thread-self/schedstat")
-	if err != nil {
-		return 0
-	}
-	f := strings.Fields(string(b))
-	if len(f) < 2 {
-		return 0
-	}
-	ns, _ := strconv.ParseInt(f[1], 10, 64)
-	return time.Duration(ns)
 }
 
 // reportCPU reports the CPU time per operation since start.
@@ -344,11 +317,7 @@ func BenchmarkPurgePod100kWhileMatching(b *testing.B) {
 			}
 		}
 	}()
-	// The purging goroutine keeps its thread, so that the thread's CPU time
-	// is the purges' alone.
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	var purge, purgeCPU, purgeWait time.Duration
+	var purge time.Duration
 	var during int64
 	for i := 0; i < b.N; i++ {
 		load(0)
@@ -356,11 +325,9 @@ func BenchmarkPurgePod100kWhileMatching(b *testing.B) {
 		// triggers does not pause the matcher during the purge.
 		runtime.GC()
 		slowest.Store(0)
-		t0, c0, w0 := time.Now(), threadCPUTime(), threadRunqueueWait()
+		t0 := time.Now()
 		idx.PurgePod(benchPodNames[0])
 		purge += time.Since(t0)
-		purgeCPU += threadCPUTime() - c0
-		purgeWait += threadRunqueueWait() - w0
 		during = max(during, slowest.Load())
 	}
 	slowest.Store(0)
@@ -369,8 +336,6 @@ func BenchmarkPurgePod100kWhileMatching(b *testing.B) {
 	stop.Store(true)
 	<-done
 	b.ReportMetric(float64(purge.Nanoseconds())/float64(b.N)/1e6, "ms/purge")
-	b.ReportMetric(float64(purgeCPU.Nanoseconds())/float64(b.N)/1e6, "cpu-ms/purge")
-	b.ReportMetric(float64(purgeWait.Nanoseconds())/float64(b.N)/1e6, "runqueue-ms/purge")
 	b.ReportMetric(float64(during)/1e3, "us-slowest-match-purging")
 	b.ReportMetric(float64(baseline)/1e3, "us-slowest-match-idle")
 }
