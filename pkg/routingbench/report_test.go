@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/csv"
 	"encoding/json"
+	"image/png"
 	"io"
 	"strings"
 	"testing"
@@ -63,7 +64,7 @@ func TestTargetsCompareKVAwareWithTheOracleAndLeastRequest(t *testing.T) {
 
 func closeTo(a, b float64) bool { return a-b < 1e-9 && b-a < 1e-9 }
 
-func TestReportWritesATableCSVAndJSON(t *testing.T) {
+func TestReportWritesATableCSVJSONAndAPlot(t *testing.T) {
 	r := sampleReport()
 	var table bytes.Buffer
 	if err := r.WriteTable(&table); err != nil {
@@ -97,4 +98,15 @@ func TestReportWritesATableCSVAndJSON(t *testing.T) {
 		t.Errorf("JSON read back as %+v (%v)", back, err)
 	}
 
+	var p bytes.Buffer
+	if err := r.WritePNG(&p); err != nil {
+		t.Fatal(err)
+	}
+	img, err := png.Decode(&p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := img.Bounds(); b.Dx() < 1000 || b.Dy() < 300 {
+		t.Errorf("plot of %v, want three panels side by side", b)
+	}
 }
