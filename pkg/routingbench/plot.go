@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"image/color"
 	"io"
+	"math"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
@@ -25,9 +26,10 @@ type series struct {
 	value func(*PolicyResult) float64
 }
 
-// WritePNG draws the report as a PNG of three panels with one group of
-// bars per policy: the token prefix-hit ratio, the time to first token at
-// p50, p90 and p99, and the load imbalance (coefficients of variation of
+// WritePNG draws the report as a PNG of three panels with one column per
+// policy: bars of the token prefix-hit ratio, the time to first token at
+// p50, p90 and p99 as marks on a log scale (policies differ by orders of
+// magnitude), and bars of the load imbalance (coefficients of variation of
 // requests and prefill tokens across engines).
 func (r *Report) WritePNG(w io.Writer) error {
 	names := make([]string, len(r.Results))
@@ -37,23 +39,24 @@ func (r *Report) WritePNG(w io.Writer) error {
 	panels := []struct {
 		title, y string
 		series   []series
+		draw     func(title, yLabel string, names []string, results []*PolicyResult, ss []series) (*plot.Plot, error)
 	}{
 		{"Token prefix-hit ratio", "cached / prompt tokens", []series{
 			{"hit ratio", func(p *PolicyResult) float64 { return p.HitRatio }},
-		}},
-		{"Time to first token", "seconds", []series{
+		}, barPanel},
+		{"Time to first token", "seconds (log scale)", []series{
 			{"p50", func(p *PolicyResult) float64 { return p.TTFT.P50 }},
 			{"p90", func(p *PolicyResult) float64 { return p.TTFT.P90 }},
 			{"p99", func(p *PolicyResult) float64 { return p.TTFT.P99 }},
-		}},
+		}, logDotPanel},
 		{"Load imbalance across engines", "coefficient of variation", []series{
 			{"requests", func(p *PolicyResult) float64 { return p.RequestsCV }},
 			{"prefill tokens", func(p *PolicyResult) float64 { return p.PrefillCV }},
-		}},
+		}, barPanel},
 	}
 	row := make([]*plot.Plot, len(panels))
 	for i, pn := range panels {
-		p, err := barPanel(pn.title, pn.y, names, r.Results, pn.series)
+		p, err := pn.draw(pn.title, pn.y, names, r.Results, pn.series)
 		if err != nil {
 			return fmt.Errorf("plot %s: %w", pn.title, err)
 		}
@@ -137,4 +140,51 @@ func valueLabels(vals plotter.Values) (*plotter.Labels, error) {
 		labels.Offset.Y = vg.Points(3)
 	}
 	return labels, nil
+}
+
+// glyphs shape the marks of a dot panel's series.
+var glyphs = []draw.GlyphDrawer{draw.CircleGlyph{}, draw.PyramidGlyph{}, draw.BoxGlyph{}}
+
+// logDotPanel marks each series' value per policy on a log scale, the
+// marks of a policy side by side. Values of 0 (a policy without results)
+// are left out, which a log scale cannot show.
+func logDotPanel(title, yLabel string, names []string, results []*PolicyResult, ss []series) (*plot.Plot, error) {
+	p := plot.New()
+	p.Title.Text = title
+	p.Y.Label.Text = yLabel
+	p.Y.Scale = plot.LogScale{}
+	p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
+	p.NominalX(names...)
+	p.X.Min, p.X.Max = -0.5, float64(len(names))-0.5
+	p.X.Tick.Label.Rotation = 0.35
+	p.X.Tick.Label.XAlign = draw.XRight
+	p.Add(plotter.NewGrid())
+	lo, hi := math.Inf(1), 0.0
+	for i, s := range ss {
+		var xys plotter.XYs
+		for j, res := range results {
+			if v := s.value(res); v > 0 {
+				xys = append(xys, plotter.XY{X: float64(j) + 0.15*(float64(i)-float64(len(ss)-1)/2), Y: v})
+				lo, hi = min(lo, v), max(hi, v)
+			}
+		}
+		if len(xys) == 0 {
+			continue
+		}
+		marks, err := plotter.NewScatter(xys)
+		if err != nil {
+			return nil, err
+		}
+		marks.GlyphStyle = draw.GlyphStyle{Color: palette[i%len(palette)], Radius: vg.Points(4), Shape: glyphs[i%len(glyphs)]}
+		p.Add(marks)
+		p.Legend.Add(s.name, marks)
+	}
+	if hi > 0 {
+		// Whole decades, so that ticks fall on the axis, and one more above
+		// the marks for the legend.
+		p.Y.Min = math.Pow(10, math.Floor(math.Log10(lo/1.5)))
+		p.Y.Max = math.Pow(10, math.Ceil(math.Log10(hi))+1)
+	}
+	p.Legend.Top = true
+	return p, nil
 }
