@@ -183,3 +183,23 @@ func TestRunStopsWhenTheContextEnds(t *testing.T) {
 		t.Fatalf("error %v, want context.Canceled", err)
 	}
 }
+
+// BenchmarkSimulate plays 300 requests on documents of 2,048 tokens on 4
+// engines under kv-aware and under the oracle: the cost of the simulation
+// per policy and request.
+func BenchmarkSimulate(b *testing.B) {
+	w := docsWorkload(300, 16, 2048, 64, 15, 5)
+	for _, policy := range []string{routing.KVAware, Oracle} {
+		b.Run(policy, func(b *testing.B) {
+			cfg := smallFleet()
+			cfg.Policies = []string{policy}
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := Run(context.Background(), cfg, w); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(len(w.Requests)), "ns/request")
+		})
+	}
+}
