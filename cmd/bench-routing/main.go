@@ -151,14 +151,17 @@ func (o options) workload(name string) (routingbench.Workload, error) {
 // writeReports writes the report's table, CSV, JSON and PNG under dir,
 // named after its workload.
 func writeReports(dir string, rep *routingbench.Report) error {
-	for ext, write := range map[string]func(io.Writer) error{
-		".txt":  rep.WriteTable,
-		".csv":  rep.WriteCSV,
-		".json": rep.WriteJSON,
-		".png":  rep.WritePNG,
+	for _, f := range []struct {
+		ext   string
+		write func(io.Writer) error
+	}{
+		{".txt", rep.WriteTable},
+		{".csv", rep.WriteCSV},
+		{".json", rep.WriteJSON},
+		{".png", rep.WritePNG},
 	} {
-		path := filepath.Join(dir, rep.Workload+ext)
-		if err := writeFile(path, write); err != nil {
+		path := filepath.Join(dir, rep.Workload+f.ext)
+		if err := writeFile(path, f.write); err != nil {
 			return fmt.Errorf("write %s: %w", path, err)
 		}
 	}

@@ -12,8 +12,6 @@ import (
 
 // requestState is what a simulation records of one request.
 type requestState struct {
-	engine   int
-	sent     bool
 	rejected bool
 	finished bool
 	// lastToken is when the request's latest token came out.
@@ -102,18 +100,15 @@ func (s *simulation) arrive(i int) error {
 		return err
 	}
 	e := s.engines[idx]
-	st := &s.reqs[i]
-	st.engine = idx
 	err = e.eng.Add(sim.RequestSpec{ID: r.ID, Prompt: r.Prompt, MaxTokens: r.OutputTokens}, s.clock())
 	switch {
 	case errors.Is(err, sim.ErrTooLong):
-		st.rejected = true
+		s.reqs[i].rejected = true
 		s.policy.ended(i)
 		return nil
 	case err != nil:
 		return err
 	}
-	st.sent = true
 	e.inFlight++
 	e.routed++
 	e.promptTokens += int64(len(r.Prompt))
