@@ -2,8 +2,9 @@
 // edge of the program and hands typed values to the packages that use them.
 //
 // Every variable the gateway reads is declared once, as a Var in Vars, with
-// its default and a sentence of documentation; docs/configuration.md is
-// generated from those declarations and a test keeps the two equal. Values are
+// its default and a sentence of documentation; the configuration reference in
+// README.md is generated from those declarations and a test keeps the two
+// equal. Values are
 // read only through an Env, which records every malformed value so that a
 // misconfigured gateway fails at start with one error listing all of them.
 package config
@@ -29,6 +30,9 @@ type Var struct {
 	Doc string
 	// Section groups the variable in the configuration reference.
 	Section string
+	// Flag is the name, without dashes, of the gateway's command-line flag
+	// that overrides the variable; "" when it has none.
+	Flag string
 }
 
 // LookupFunc reports the value of an environment variable and whether it is
@@ -55,7 +59,7 @@ func (e *Env) Err() error {
 // Errorf records a validation error found by the caller, for example a
 // combination of settings that cannot work together.
 func (e *Env) Errorf(format string, args ...any) {
-	e.errs = append(e.errs, fmt.Errorf(format, args...))
+	e.record(fmt.Errorf(format, args...))
 }
 
 // raw returns the value of v, the name it was read from, and whether it was
@@ -70,7 +74,25 @@ func (e *Env) raw(v Var) (value, name string, set bool) {
 }
 
 func (e *Env) fail(name, value, want string) {
-	e.errs = append(e.errs, fmt.Errorf("%s=%q: want %s", name, value, want))
+	e.record(fmt.Errorf("%s=%q: want %s", name, value, want))
+}
+
+// record adds err unless an error with the same message was recorded
+// already, as when two settings read the same malformed variable.
+func (e *Env) record(err error) {
+	for _, old := range e.errs {
+		if old.Error() == err.Error() {
+			return
+		}
+	}
+	e.errs = append(e.errs, err)
+}
+
+// IsSet reports whether v or one of its aliases is set, so that a caller
+// can tell a value chosen by the operator from a default.
+func (e *Env) IsSet(v Var) bool {
+	_, _, set := e.raw(v)
+	return set
 }
 
 // String returns the value of v, or its default.
