@@ -137,13 +137,27 @@ func (e *Env) Float(v Var, min float64) float64 {
 // read in unit (AIBrix variables carry their unit in their name, e.g. _MS or
 // _SECONDS); a value with a unit suffix ("1.5s", "200ms") is read as such.
 func (e *Env) Duration(v Var, unit time.Duration) time.Duration {
+	return e.duration(v, unit, false)
+}
+
+// DurationOrZero is Duration for settings that zero turns off: it also
+// accepts 0.
+func (e *Env) DurationOrZero(v Var, unit time.Duration) time.Duration {
+	return e.duration(v, unit, true)
+}
+
+func (e *Env) duration(v Var, unit time.Duration, zeroOK bool) time.Duration {
 	s, name, _ := e.raw(v)
-	if n, err := strconv.ParseInt(s, 10, 64); err == nil && n > 0 {
+	if n, err := strconv.ParseInt(s, 10, 64); err == nil && (n > 0 || (n == 0 && zeroOK)) {
 		return time.Duration(n) * unit
 	}
 	d, err := time.ParseDuration(s)
-	if err != nil || d <= 0 {
-		e.fail(name, s, "a positive duration (an integer in "+unitName(unit)+", or e.g. \"1.5s\")")
+	if err != nil || d < 0 || (d == 0 && !zeroOK) {
+		want := "a positive duration"
+		if zeroOK {
+			want = "a duration of 0 or more"
+		}
+		e.fail(name, s, want+" (an integer in "+unitName(unit)+", or e.g. \"1.5s\")")
 		return 0
 	}
 	return d

@@ -56,6 +56,25 @@ func TestEnvDurationUnits(t *testing.T) {
 	}
 }
 
+func TestEnvDurationOrZeroAcceptsZero(t *testing.T) {
+	v := Var{Name: "D", Default: "0"}
+	for value, want := range map[string]time.Duration{"0": 0, "0s": 0, "3": 3 * time.Second, "250ms": 250 * time.Millisecond} {
+		e := NewEnv(lookupFrom(map[string]string{"D": value}))
+		if got := e.DurationOrZero(v, time.Second); got != want || e.Err() != nil {
+			t.Errorf("DurationOrZero(%q) = %v, err %v; want %v", value, got, e.Err(), want)
+		}
+	}
+	for _, value := range []string{"-1", "-2s", "soon"} {
+		e := NewEnv(lookupFrom(map[string]string{"D": value}))
+		if e.DurationOrZero(v, time.Second); e.Err() == nil {
+			t.Errorf("DurationOrZero(%q) accepted", value)
+		}
+	}
+	if e := NewEnv(lookupFrom(map[string]string{"D": "0"})); e.Duration(v, time.Second) != 0 || e.Err() == nil {
+		t.Error("Duration accepted 0")
+	}
+}
+
 func TestEnvCollectsEveryMalformedValue(t *testing.T) {
 	e := NewEnv(lookupFrom(map[string]string{
 		"B": "yes please", "I": "-3", "F": "abc", "D": "0", "OLD": "x",

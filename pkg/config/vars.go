@@ -35,9 +35,17 @@ var (
 		Name:    "KVGATE_SHUTDOWN_TIMEOUT",
 		Default: "30",
 		Section: SectionGateway,
-		Doc: "On SIGINT or SIGTERM, how long requests in flight (streams included) may take to finish before they are cut, " +
-			"in seconds or with a unit (\"1m\").",
+		Doc: "Once the gateway stops accepting connections on SIGINT or SIGTERM, how long requests in flight (streams included) " +
+			"may take to finish before they are cut, in seconds or with a unit (\"1m\").",
 		Flag: "shutdown-timeout",
+	}
+	ShutdownDelay = Var{
+		Name:    "KVGATE_SHUTDOWN_DELAY",
+		Default: "0",
+		Section: SectionGateway,
+		Doc: "On SIGINT or SIGTERM, how long the gateway keeps serving with /readyz failing before it stops accepting " +
+			"connections, so that load balancers (Kubernetes endpoints) stop sending it requests first; 0 stops at once.",
+		Flag: "shutdown-delay",
 	}
 	Kubeconfig = Var{
 		Name:    "KUBECONFIG",
@@ -241,6 +249,7 @@ var Vars = []Var{
 	ListenAddress,
 	MaxRequestBodyBytes,
 	ShutdownTimeout,
+	ShutdownDelay,
 	Kubeconfig,
 	KVEventSyncEnabled,
 	UseRemoteTokenizer,
