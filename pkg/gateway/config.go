@@ -41,8 +41,13 @@ type Config struct {
 	// MaxRequestBodyBytes bounds a request body; a larger one is answered
 	// with 413 (KVGATE_MAX_REQUEST_BODY_BYTES, default 16 MiB).
 	MaxRequestBodyBytes int64
-	// ShutdownTimeout bounds how long Serve waits for requests in flight
-	// once its context ends (KVGATE_SHUTDOWN_TIMEOUT, default 30 s).
+	// ShutdownDelay is how long Serve goes on serving, with /readyz
+	// failing, once its context ends, so that load balancers stop sending
+	// requests before the listener closes (KVGATE_SHUTDOWN_DELAY, 0 by
+	// default).
+	ShutdownDelay time.Duration
+	// ShutdownTimeout bounds how long Serve then waits for requests in
+	// flight (KVGATE_SHUTDOWN_TIMEOUT, default 30 s).
 	ShutdownTimeout time.Duration
 	// DialTimeout bounds connecting to a pod (DefaultDialTimeout when 0).
 	DialTimeout time.Duration
@@ -104,6 +109,7 @@ func LoadConfig(e *config.Env) Config {
 	cfg := Config{
 		ListenAddress:             e.String(config.ListenAddress),
 		MaxRequestBodyBytes:       int64(e.Int(config.MaxRequestBodyBytes, 1)),
+		ShutdownDelay:             e.DurationOrZero(config.ShutdownDelay, time.Second),
 		ShutdownTimeout:           e.Duration(config.ShutdownTimeout, time.Second),
 		Discovery:                 config.LoadDiscovery(e),
 		Kubeconfig:                e.String(config.Kubeconfig),

@@ -206,10 +206,16 @@ func (g *Gateway) sourceName() string {
 	return g.cfg.Discovery.String()
 }
 
-// Shutdown helpers for Serve: the server drains within the timeout, then
-// what the gateway holds is released in dependency order.
+// shutdown fails readiness, keeps serving for the shutdown delay (when the
+// gateway got to serve at all), lets the requests in flight finish within
+// the shutdown timeout, then releases what the gateway holds in dependency
+// order.
 func (g *Gateway) shutdown(srv *http.Server, store *cache.Store, stopIndex context.CancelFunc) {
 	g.draining.Store(true)
+	if store != nil && g.cfg.ShutdownDelay > 0 {
+		g.log.Info("Failing readiness before closing the listener", "delay", g.cfg.ShutdownDelay)
+		time.Sleep(g.cfg.ShutdownDelay)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.ShutdownTimeout)
 	defer cancel()
 	if err := srv.Shutdown(ctx); err != nil {

@@ -69,10 +69,7 @@ func startFleet(t testing.TB, names []string, o fleetOptions) *testFleet {
 		f.engines = append(f.engines, e)
 		yaml += e.endpointYAML()
 	}
-	f.file = filepath.Join(t.TempDir(), "endpoints.yaml")
-	if err := os.WriteFile(f.file, []byte(yaml), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	f.file = writeEndpoints(t, yaml)
 	env := map[string]string{
 		"KVGATE_POD_DISCOVERY":                  "static",
 		"KVGATE_STATIC_ENDPOINTS_FILE":          f.file,
@@ -97,6 +94,16 @@ func startFleet(t testing.TB, names []string, o fleetOptions) *testFleet {
 		}
 	}
 	return f
+}
+
+// writeEndpoints writes a static endpoints file and returns its path.
+func writeEndpoints(t testing.TB, yaml string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "endpoints.yaml")
+	if err := os.WriteFile(path, []byte(yaml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }
 
 // loadTestConfig loads a Config from env, failing on any error.

@@ -72,9 +72,10 @@ func (g *Gateway) Run(ctx context.Context) error {
 // /healthz at once, then starts the Store: with KV event sync, the KV event
 // manager (binding its endpoint in bind mode) and the prefix index's sweep,
 // and the pod source, whose first delivery of pods makes the gateway ready.
-// When ctx ends it fails /readyz, stops accepting connections, waits up to
-// ShutdownTimeout for requests in flight, then stops the Store, the KV
-// event manager, the tokenizer and the Redis client, and returns nil.
+// When ctx ends it fails /readyz, goes on serving for ShutdownDelay, stops
+// accepting connections, waits up to ShutdownTimeout for requests in
+// flight, then stops the Store, the KV event manager, the tokenizer and the
+// Redis client, and returns nil.
 //
 // Serve fails, having released everything, when the Store cannot start: the
 // KV event manager cannot start (a bind endpoint in use), the pod source
