@@ -62,6 +62,8 @@ type testEngine struct {
 	answer func(w http.ResponseWriter, r *http.Request, body []byte)
 	// tokenizeStatus, when not 0, is the status /tokenize fails with.
 	tokenizeStatus int
+	// forget skips recording requests, for benchmarks.
+	forget bool
 	nextHash       uint64
 }
 
@@ -172,7 +174,9 @@ func (e *testEngine) serve(w http.ResponseWriter, r *http.Request) {
 		e.serveTokenize(w, body)
 	case "/v1/completions", "/v1/chat/completions":
 		e.mu.Lock()
-		e.requests = append(e.requests, recorded{path: r.URL.Path, header: r.Header.Clone(), body: body})
+		if !e.forget {
+			e.requests = append(e.requests, recorded{path: r.URL.Path, header: r.Header.Clone(), body: body})
+		}
 		answer := e.answer
 		e.mu.Unlock()
 		if answer == nil {

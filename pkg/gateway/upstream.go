@@ -35,13 +35,15 @@ var hopHeaders = []string{
 	"Te", "Trailer", "Transfer-Encoding", "Upgrade",
 }
 
-// copyHeader adds the end-to-end headers of src to dst.
+// copyHeader sets the end-to-end headers of src in dst. The value slices
+// are shared, not copied: neither header may modify them afterwards (Set
+// and Del replace a slice, which is fine).
 func copyHeader(dst, src http.Header) {
 	for k, vs := range src {
 		if isHopHeader(k, src) {
 			continue
 		}
-		dst[k] = append(dst[k], vs...)
+		dst[k] = vs
 	}
 }
 
