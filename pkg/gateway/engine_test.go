@@ -63,8 +63,8 @@ type testEngine struct {
 	// tokenizeStatus, when not 0, is the status /tokenize fails with.
 	tokenizeStatus int
 	// forget skips recording requests, for benchmarks.
-	forget bool
-	nextHash       uint64
+	forget   bool
+	nextHash uint64
 }
 
 // newTestEngine starts an engine named name.
