@@ -108,3 +108,16 @@ func TestTokenizerURLReplacesTheTemplatesPortWithThePodsServingPort(t *testing.T
 		}
 	}
 }
+
+func TestAdapterOfTellsBaseModelsFromAdapters(t *testing.T) {
+	pod := func(base string) *v1.Pod {
+		return &v1.Pod{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"model.aibrix.ai/name": base}}}
+	}
+	pods := []*v1.Pod{pod("llama"), pod("llama")}
+	if got := adapterOf("llama", pods); got != "" {
+		t.Errorf("adapterOf(base model) = %q, want \"\"", got)
+	}
+	if got := adapterOf("sql-lora", pods); got != "sql-lora" {
+		t.Errorf("adapterOf(adapter) = %q, want sql-lora", got)
+	}
+}

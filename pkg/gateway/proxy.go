@@ -287,13 +287,14 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, b *backend, rc
 			return g.relay(w, resp, rc, x, c, prefill, dropUsage, addr)
 		}
 		prefill.Done()
+		if r.Context().Err() != nil {
+			c.status = statusClientClosed
+			return usage{}, false
+		}
 		reason := failureReason(err)
 		g.metrics.upstreamFails.WithLabelValues(reason).Inc()
 		tried = append(tried, x.d.PodKey+" ("+addr+")")
 		switch {
-		case r.Context().Err() != nil:
-			c.status = statusClientClosed
-			return usage{}, false
 		case reason == failSend:
 			c.fail(w, http.StatusBadGateway, typeUpstream, codeUpstreamFailed, "",
 				fmt.Sprintf("pod %s failed before answering: %v", tried[len(tried)-1], err))

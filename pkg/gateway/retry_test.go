@@ -87,3 +87,21 @@ func TestPodFailingAfterTheRequestWasSentIs502WithoutRetry(t *testing.T) {
 		t.Errorf("send failures = %v, want 1", n)
 	}
 }
+
+func TestForwardedRequestsKeepEndToEndHeadersAndCarryARequestID(t *testing.T) {
+	f := startFleet(t, []string{"a"}, fleetOptions{})
+	headers := map[string]string{"Authorization": "Bearer sk-1", "Connection": "X-Hop", "X-Hop": "1",
+		"Accept-Encoding": "gzip", "OpenAI-Organization": "org"}
+	post(t, f.url+"/v1/completions", completion("hi", ""), headers)
+	headers["X-Request-Id"] = "client-42"
+	post(t, f.url+"/v1/completions", completion("hi", ""), headers)
+	got := f.engine("a").received()
+	for i, want := range []string{"kvgate-", "client-42"} {
+		h := got[i].header
+		if h.Get("Authorization") != "Bearer sk-1" || h.Get("Openai-Organization") != "org" ||
+			h.Get("X-Hop") != "" || h.Get("Accept-Encoding") != "" || !strings.HasPrefix(h.Get("X-Request-Id"), want) {
+			t.Errorf("request %d reached the engine with headers %v; want end-to-end headers, no hop-by-hop ones, "+
+				"no Accept-Encoding, X-Request-Id %s...", i, h, want)
+		}
+	}
+}
