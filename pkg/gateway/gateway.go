@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -104,7 +105,7 @@ func New(cfg Config) (*Gateway, error) {
 		g.redis = redis.NewClient(&redis.Options{Addr: cfg.Redis.Address, Password: cfg.Redis.Password})
 	}
 	g.transport = newTransport(cfg.DialTimeout, cfg.MaxIdleConnsPerPod)
-	g.enginePort = cmpOr(cfg.Cache.DefaultEnginePort, cache.DefaultEnginePort)
+	g.enginePort = cmp.Or(cfg.Cache.DefaultEnginePort, cache.DefaultEnginePort)
 	var id [4]byte
 	_, _ = rand.Read(id[:])
 	g.idPrefix = "kvgate-" + hex.EncodeToString(id[:]) + "-"
@@ -130,13 +131,6 @@ func (c Config) withDefaults() Config {
 		c.Logger = klog.Background()
 	}
 	return c
-}
-
-func cmpOr(v, def int) int {
-	if v == 0 {
-		return def
-	}
-	return v
 }
 
 // newKVSync builds the prefix index and the KV event manager feeding it.

@@ -43,6 +43,10 @@ func TestReadinessFollowsStartAndShutdownAndRequestsDrain(t *testing.T) {
 	// A stream in flight when shutdown begins finishes.
 	proceed := make(chan struct{})
 	e.setAnswer(func(w http.ResponseWriter, r *http.Request, body []byte) {
+		if !strings.Contains(string(body), `"stream":true`) {
+			defaultAnswer(w, r, body)
+			return
+		}
 		writeSSE(w, []string{"data: {\"choices\":[{\"index\":0,\"text\":\"a\"}]}\n\n"})
 		<-proceed
 		writeSSE(w, []string{"data: [DONE]\n\n"})
@@ -59,6 +63,10 @@ func TestReadinessFollowsStartAndShutdownAndRequestsDrain(t *testing.T) {
 		status, body := get(t, url+"/readyz")
 		return body, status == http.StatusServiceUnavailable && strings.HasPrefix(body, "shutting down")
 	})
+	// Until the delay is over, requests that still arrive are served.
+	if resp, body := post(t, url+"/v1/completions", completion("late", ""), nil); resp.StatusCode != http.StatusOK {
+		t.Errorf("request during the shutdown delay: %d %s", resp.StatusCode, body)
+	}
 	close(proceed)
 	rest, err := io.ReadAll(stream.Body)
 	if err != nil || !strings.HasSuffix(string(rest), "data: [DONE]\n\n") {

@@ -131,7 +131,18 @@ func (g *Gateway) startStore(ctx context.Context) (*cache.Store, error) {
 	if g.manager != nil {
 		opts.EnableKVSync, opts.KVEventManager = true, g.manager
 	}
-	store, err := cache.InitWithOptions(g.restConfig, ctx.Done(), opts)
+	// ctx ending aborts the start; once started, the Store runs until the
+	// shutdown has drained the requests in flight and closes it.
+	abort, started := make(chan struct{}), make(chan struct{})
+	defer close(started)
+	go func() {
+		select {
+		case <-ctx.Done():
+			close(abort)
+		case <-started:
+		}
+	}()
+	store, err := cache.InitWithOptions(g.restConfig, abort, opts)
 	if err != nil {
 		return nil, fmt.Errorf("gateway: start: %w", err)
 	}
