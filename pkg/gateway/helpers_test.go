@@ -90,7 +90,7 @@ func startFleet(t testing.TB, names []string, o fleetOptions) *testFleet {
 	f.waitReady()
 	if cfg.KVSync.Enabled {
 		for _, e := range f.engines {
-			f.waitFollowed(e.name)
+			f.waitFollowed("static/" + e.name)
 		}
 	}
 	return f
@@ -176,15 +176,15 @@ func (f *testFleet) waitReady() {
 	})
 }
 
-// waitFollowed waits until the gateway's KV event client of engine name is
-// connected.
-func (f *testFleet) waitFollowed(name string) {
+// waitFollowed waits until the gateway's KV event client of pod (its
+// namespace/name) is connected.
+func (f *testFleet) waitFollowed(pod string) {
 	f.t.Helper()
-	eventually(f.t, "the KV events of "+name+" to be followed", func() (string, bool) {
+	eventually(f.t, "the KV events of "+pod+" to be followed", func() (string, bool) {
 		v := f.kvcache()
 		for _, m := range v.Models {
 			for _, p := range m.Pods {
-				if p.Pod == "static/"+name && len(p.Ranks) > 0 && p.Ranks[0].Client != nil && p.Ranks[0].Client.Connected {
+				if p.Pod == pod && len(p.Ranks) > 0 && p.Ranks[0].Client != nil && p.Ranks[0].Client.Connected {
 					return "", true
 				}
 			}
