@@ -107,68 +107,88 @@ func (g *Gateway) serveInference(k kind) http.HandlerFunc {
 	}
 }
 
-// proxy serves one inference request: decode, resolve the algorithm and
-// the model's pods, tokenize, track, route and forward.
+// admitted is a request that passed the gateway's checks.
+type admitted struct {
+	b    *backend
+	pods []*v1.Pod
+	// body is what is forwarded: the client's, or the one asking for the
+	// usage chunk when dropUsage is set.
+	body      []byte
+	dropUsage bool
+}
+
+// proxy serves one inference request: admit, tokenize, track, route and
+// forward.
 func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, k kind, x *exchange, c *call) {
-	b := g.ready()
-	if b == nil {
-		c.fail(w, http.StatusServiceUnavailable, typeServiceUnavailable, codeNotReady, "", errNotReady.Error())
-		return
-	}
-	body, ok := g.readBody(w, r, x, c)
+	a, ok := g.admit(w, r, k, x, c)
 	if !ok {
 		return
 	}
+	rc := types.NewRoutingContext(r.Context(), g.requestID(), c.model)
+	rc.ReceivedAt = c.start
+	rc.Algorithm = c.algorithm
+	rc.LoraAdapter = adapterOf(c.model, a.pods)
+	if g.tokenizer != nil && readsPrompt(c.algorithm) {
+		rc.PromptTokenIDs = g.tokenize(rc, &x.in, a.pods)
+	}
+	g.predictOutput(a.b.store, rc, x.in.maxTokens())
+	term := a.b.store.AddRequestCount(rc, rc.RequestID, rc.Model)
+	u, ok := g.forward(w, r, a, rc, x, c)
+	if ok {
+		a.b.store.DoneRequestTrace(rc, rc.RequestID, rc.Model, u.PromptTokens, u.CompletionTokens, term)
+	} else {
+		a.b.store.DoneRequestCount(rc, rc.RequestID, rc.Model, term)
+	}
+}
+
+// admit reads and checks a request, answering the client when it fails a
+// check: the gateway is ready, the body is within the limit and decodes,
+// the routing algorithm is known, and a ready pod serves the model. It sets
+// c's model and algorithm as they become known.
+func (g *Gateway) admit(w http.ResponseWriter, r *http.Request, k kind, x *exchange, c *call) (admitted, bool) {
+	a := admitted{b: g.ready()}
+	if a.b == nil {
+		c.fail(w, http.StatusServiceUnavailable, typeServiceUnavailable, codeNotReady, "", errNotReady.Error())
+		return a, false
+	}
+	body, ok := g.readBody(w, r, x, c)
+	if !ok {
+		return a, false
+	}
 	if err := x.in.decode(k, body); err != nil {
 		c.fail(w, http.StatusBadRequest, typeInvalidRequest, codeInvalidJSON, "", jsonError(err))
-		return
+		return a, false
 	}
 	model := x.in.model()
 	if model == "" {
 		c.fail(w, http.StatusBadRequest, typeInvalidRequest, codeMissingField, "model", "the request names no model")
-		return
+		return a, false
 	}
-	alg, err := b.router.Resolve(r.Header.Get(routing.HeaderRoutingStrategy))
+	alg, err := a.b.router.Resolve(r.Header.Get(routing.HeaderRoutingStrategy))
 	if err != nil {
 		c.fail(w, http.StatusBadRequest, typeInvalidRequest, codeUnknownStrategy, "", "header "+routing.HeaderRoutingStrategy+": "+err.Error())
-		return
+		return a, false
 	}
 	c.algorithm = alg
-	pods, err := b.store.ListPodsByModel(model)
-	if err != nil {
+	if a.pods, err = a.b.store.ListPodsByModel(model); err != nil {
 		c.fail(w, http.StatusNotFound, typeInvalidRequest, codeModelNotFound, "model", fmt.Sprintf("the model `%s` does not exist", model))
-		return
+		return a, false
 	}
 	c.model = model
-	if len(pods) == 0 {
+	if len(a.pods) == 0 {
 		c.fail(w, http.StatusServiceUnavailable, typeServiceUnavailable, codeNoReadyPod, "model",
 			fmt.Sprintf("no pod serving the model `%s` is ready", model))
-		return
+		return a, false
 	}
-	sf := x.in.stream()
-	dropUsage := sf.Stream && !sf.clientWantsUsage()
-	if dropUsage {
-		if body, err = withStreamUsage(&x.sent, body, sf.StreamOptions); err != nil {
+	a.body = body
+	if sf := x.in.stream(); sf.Stream && !sf.clientWantsUsage() {
+		a.dropUsage = true
+		if a.body, err = withStreamUsage(&x.sent, body, sf.StreamOptions); err != nil {
 			c.fail(w, http.StatusBadRequest, typeInvalidRequest, codeInvalidField, "stream_options", "stream_options: "+err.Error())
-			return
+			return a, false
 		}
 	}
-
-	rc := types.NewRoutingContext(r.Context(), g.requestID(), model)
-	rc.ReceivedAt = c.start
-	rc.Algorithm = alg
-	rc.LoraAdapter = adapterOf(model, pods)
-	if g.tokenizer != nil && readsPrompt(alg) {
-		rc.PromptTokenIDs = g.tokenize(rc, &x.in, pods)
-	}
-	g.predictOutput(b.store, rc, x.in.maxTokens())
-	term := b.store.AddRequestCount(rc, rc.RequestID, model)
-	u, ok := g.forward(w, r, b, rc, pods, body, x, c, dropUsage)
-	if ok {
-		b.store.DoneRequestTrace(rc, rc.RequestID, model, u.PromptTokens, u.CompletionTokens, term)
-	} else {
-		b.store.DoneRequestCount(rc, rc.RequestID, model, term)
-	}
+	return a, true
 }
 
 // readBody reads the request body into x, answering 413 when it exceeds
@@ -266,9 +286,8 @@ func (g *Gateway) predictOutput(store *cache.Store, rc *types.RoutingContext, ma
 // response; when the pod cannot be reached, it routes the request once
 // more among the other pods. It returns the response's usage when it was
 // a success that reported one.
-func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, b *backend, rc *types.RoutingContext, pods []*v1.Pod,
-	body []byte, x *exchange, c *call, dropUsage bool) (usage, bool) {
-	candidates := pods
+func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, a admitted, rc *types.RoutingContext, x *exchange, c *call) (usage, bool) {
+	b, candidates := a.b, a.pods
 	var tried []string
 	for attempt := 0; ; attempt++ {
 		if err := b.router.Route(rc, candidates, &x.d); err != nil {
@@ -281,10 +300,10 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, b *backend, rc
 			g.metrics.overhead.Observe(time.Since(c.start).Seconds())
 		}
 		pod, addr := x.d.Pod, podAddress(x.d.Pod, g.enginePort)
-		resp, err := g.transport.RoundTrip(newUpstreamRequest(r.Context(), r, addr, body, rc.RequestID))
+		resp, err := g.transport.RoundTrip(newUpstreamRequest(r.Context(), r, addr, a.body, rc.RequestID))
 		if err == nil {
 			defer prefill.Done()
-			return g.relay(w, resp, rc, x, c, prefill, dropUsage, addr)
+			return g.relay(w, resp, rc, x, c, prefill, a.dropUsage, addr)
 		}
 		prefill.Done()
 		if r.Context().Err() != nil {
