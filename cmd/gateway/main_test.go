@@ -5,6 +5,7 @@ import (
 	"context"
 	"flag"
 	"io"
+	"os"
 	"strings"
 	"testing"
 
@@ -66,5 +67,16 @@ func TestInvalidConfigurationIsRefusedWithEveryProblem(t *testing.T) {
 		if !strings.Contains(stderr.String(), want) {
 			t.Errorf("stderr does not mention %s:\n%s", want, stderr.String())
 		}
+	}
+}
+
+func TestKubernetesDiscoveryOutsideAClusterNeedsAKubeconfig(t *testing.T) {
+	if _, ok := os.LookupEnv("KUBERNETES_SERVICE_HOST"); ok {
+		t.Skip("running in a cluster: the in-cluster configuration would be found")
+	}
+	var stderr bytes.Buffer
+	if code := run(context.Background(), nil, lookupFrom(nil), &stderr); code != 1 ||
+		!strings.Contains(stderr.String(), "needs a kubeconfig") {
+		t.Errorf("exit %d, stderr %q; want 1 asking for a kubeconfig", code, stderr.String())
 	}
 }
