@@ -25,6 +25,10 @@ OVERLAY        ?= default
 # Kustomization of config/samples/ that deploy-sample and undeploy-sample
 # render: simulator, vllm or vllm-dp.
 SAMPLE         ?= simulator
+# Where `make bench-routing` writes its reports, and extra flags for it
+# (see `go run ./cmd/bench-routing -h`).
+BENCH_ROUTING_OUT   ?= out/bench-routing
+BENCH_ROUTING_FLAGS ?=
 
 export CGO_ENABLED := 1
 
@@ -68,6 +72,9 @@ test: deps ## Install what the tests need, then vet, run every test with -race, 
 	@assets="$$(hack/setup-envtest.sh)"; \
 	$(GO) vet $(PKGS); \
 	KUBEBUILDER_ASSETS="$$assets" $(GO) test -race -timeout 20m $(PKGS)
+	@# The routing-quality targets replay a trace on one goroutine per policy,
+	@# which the race detector only slows down; they run without it.
+	$(GO) test -run 'TestKVAwareMeetsItsTargets' -timeout 10m ./pkg/routingbench/
 	@$(MAKE) --no-print-directory fuzz
 
 .PHONY: fuzz
@@ -77,6 +84,10 @@ fuzz: deps ## Run each fuzz target for FUZZTIME.
 .PHONY: bench
 bench: deps ## Run the Go benchmarks of the hot paths with -benchmem.
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -benchtime $(BENCHTIME) -count $(COUNT) $(PKGS)
+
+.PHONY: bench-routing
+bench-routing: deps ## Compare routing policies on simulated engines (Mooncake trace, shared-prefix chat); reports in BENCH_ROUTING_OUT.
+	$(GO) run ./cmd/bench-routing -out '$(BENCH_ROUTING_OUT)' $(BENCH_ROUTING_FLAGS)
 
 ##@ Build
 

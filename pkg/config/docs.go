@@ -6,7 +6,8 @@ import (
 )
 
 // Markdown renders the environment variables in vars as the tables of the
-// configuration reference, one table per section in Sections order.
+// configuration reference, one table per section in Sections order, with
+// the gateway flag that overrides each variable.
 func Markdown(vars []Var) string {
 	var b strings.Builder
 	for _, section := range Sections {
@@ -19,7 +20,7 @@ func Markdown(vars []Var) string {
 		if len(rows) == 0 {
 			continue
 		}
-		fmt.Fprintf(&b, "### %s\n\n| Variable | Default | Meaning |\n|---|---|---|\n", section)
+		fmt.Fprintf(&b, "### %s\n\n| Variable | Flag | Default | Meaning |\n|---|---|---|---|\n", section)
 		for _, v := range rows {
 			name := "`" + v.Name + "`"
 			for _, a := range v.Aliases {
@@ -29,7 +30,11 @@ func Markdown(vars []Var) string {
 			if v.Default == "" {
 				def = "(empty)"
 			}
-			fmt.Fprintf(&b, "| %s | %s | %s |\n", name, def, strings.ReplaceAll(v.Doc, "|", "\\|"))
+			flag := ""
+			if v.Flag != "" {
+				flag = "`--" + v.Flag + "`"
+			}
+			fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", name, flag, def, strings.ReplaceAll(v.Doc, "|", "\\|"))
 		}
 		b.WriteString("\n")
 	}

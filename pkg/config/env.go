@@ -2,8 +2,9 @@
 // edge of the program and hands typed values to the packages that use them.
 //
 // Every variable the gateway reads is declared once, as a Var in Vars, with
-// its default and a sentence of documentation; docs/configuration.md is
-// generated from those declarations and a test keeps the two equal. Values are
+// its default and a sentence of documentation; the configuration reference in
+// README.md is generated from those declarations and a test keeps the two
+// equal. Values are
 // read only through an Env, which records every malformed value so that a
 // misconfigured gateway fails at start with one error listing all of them.
 package config
@@ -29,6 +30,9 @@ type Var struct {
 	Doc string
 	// Section groups the variable in the configuration reference.
 	Section string
+	// Flag is the name, without dashes, of the gateway's command-line flag
+	// that overrides the variable; "" when it has none.
+	Flag string
 }
 
 // LookupFunc reports the value of an environment variable and whether it is
@@ -55,7 +59,7 @@ func (e *Env) Err() error {
 // Errorf records a validation error found by the caller, for example a
 // combination of settings that cannot work together.
 func (e *Env) Errorf(format string, args ...any) {
-	e.errs = append(e.errs, fmt.Errorf(format, args...))
+	e.record(fmt.Errorf(format, args...))
 }
 
 // raw returns the value of v, the name it was read from, and whether it was
@@ -70,7 +74,25 @@ func (e *Env) raw(v Var) (value, name string, set bool) {
 }
 
 func (e *Env) fail(name, value, want string) {
-	e.errs = append(e.errs, fmt.Errorf("%s=%q: want %s", name, value, want))
+	e.record(fmt.Errorf("%s=%q: want %s", name, value, want))
+}
+
+// record adds err unless an error with the same message was recorded
+// already, as when two settings read the same malformed variable.
+func (e *Env) record(err error) {
+	for _, old := range e.errs {
+		if old.Error() == err.Error() {
+			return
+		}
+	}
+	e.errs = append(e.errs, err)
+}
+
+// IsSet reports whether v or one of its aliases is set, so that a caller
+// can tell a value chosen by the operator from a default.
+func (e *Env) IsSet(v Var) bool {
+	_, _, set := e.raw(v)
+	return set
 }
 
 // String returns the value of v, or its default.
@@ -115,13 +137,27 @@ func (e *Env) Float(v Var, min float64) float64 {
 // read in unit (AIBrix variables carry their unit in their name, e.g. _MS or
 // _SECONDS); a value with a unit suffix ("1.5s", "200ms") is read as such.
 func (e *Env) Duration(v Var, unit time.Duration) time.Duration {
+	return e.duration(v, unit, false)
+}
+
+// DurationOrZero is Duration for settings that zero turns off: it also
+// accepts 0.
+func (e *Env) DurationOrZero(v Var, unit time.Duration) time.Duration {
+	return e.duration(v, unit, true)
+}
+
+func (e *Env) duration(v Var, unit time.Duration, zeroOK bool) time.Duration {
 	s, name, _ := e.raw(v)
-	if n, err := strconv.ParseInt(s, 10, 64); err == nil && n > 0 {
+	if n, err := strconv.ParseInt(s, 10, 64); err == nil && (n > 0 || (n == 0 && zeroOK)) {
 		return time.Duration(n) * unit
 	}
 	d, err := time.ParseDuration(s)
-	if err != nil || d <= 0 {
-		e.fail(name, s, "a positive duration (an integer in "+unitName(unit)+", or e.g. \"1.5s\")")
+	if err != nil || d < 0 || (d == 0 && !zeroOK) {
+		want := "a positive duration"
+		if zeroOK {
+			want = "a duration of 0 or more"
+		}
+		e.fail(name, s, want+" (an integer in "+unitName(unit)+", or e.g. \"1.5s\")")
 		return 0
 	}
 	return d

@@ -56,6 +56,25 @@ func TestEnvDurationUnits(t *testing.T) {
 	}
 }
 
+func TestEnvDurationOrZeroAcceptsZero(t *testing.T) {
+	v := Var{Name: "D", Default: "0"}
+	for value, want := range map[string]time.Duration{"0": 0, "0s": 0, "3": 3 * time.Second, "250ms": 250 * time.Millisecond} {
+		e := NewEnv(lookupFrom(map[string]string{"D": value}))
+		if got := e.DurationOrZero(v, time.Second); got != want || e.Err() != nil {
+			t.Errorf("DurationOrZero(%q) = %v, err %v; want %v", value, got, e.Err(), want)
+		}
+	}
+	for _, value := range []string{"-1", "-2s", "soon"} {
+		e := NewEnv(lookupFrom(map[string]string{"D": value}))
+		if e.DurationOrZero(v, time.Second); e.Err() == nil {
+			t.Errorf("DurationOrZero(%q) accepted", value)
+		}
+	}
+	if e := NewEnv(lookupFrom(map[string]string{"D": "0"})); e.Duration(v, time.Second) != 0 || e.Err() == nil {
+		t.Error("Duration accepted 0")
+	}
+}
+
 func TestEnvCollectsEveryMalformedValue(t *testing.T) {
 	e := NewEnv(lookupFrom(map[string]string{
 		"B": "yes please", "I": "-3", "F": "abc", "D": "0", "OLD": "x",
@@ -78,13 +97,42 @@ func TestEnvCollectsEveryMalformedValue(t *testing.T) {
 	}
 }
 
+func TestEnvIsSetTellsChoicesFromDefaults(t *testing.T) {
+	v := Var{Name: "NEW", Aliases: []string{"OLD"}, Default: "true"}
+	for env, want := range map[string]bool{"": false, "NEW": true, "OLD": true} {
+		m := map[string]string{}
+		if env != "" {
+			m[env] = "true"
+		}
+		if got := NewEnv(lookupFrom(m)).IsSet(v); got != want {
+			t.Errorf("IsSet with %v = %v, want %v", m, got, want)
+		}
+	}
+}
+
+func TestEnvReportsAMalformedVariableOnce(t *testing.T) {
+	e := NewEnv(lookupFrom(map[string]string{"B": "maybe"}))
+	v := Var{Name: "B", Default: "false"}
+	e.Bool(v)
+	e.Bool(v)
+	if err := e.Err(); err == nil || strings.Count(err.Error(), `B="maybe"`) != 1 {
+		t.Fatalf("Err() = %v, want B reported once", err)
+	}
+}
+
 func TestDeclaredVarsAreWellFormed(t *testing.T) {
 	sections := map[string]bool{}
 	for _, s := range Sections {
 		sections[s] = true
 	}
-	seen := map[string]bool{}
+	seen, flags := map[string]bool{}, map[string]bool{}
 	for _, v := range Vars {
+		if v.Flag != "" {
+			if flags[v.Flag] {
+				t.Errorf("flag --%s declared twice", v.Flag)
+			}
+			flags[v.Flag] = true
+		}
 		for _, n := range append([]string{v.Name}, v.Aliases...) {
 			if seen[n] {
 				t.Errorf("%s declared twice", n)
@@ -112,7 +160,8 @@ func TestMarkdownListsEveryVariableWithItsDefault(t *testing.T) {
 			}
 		}
 	}
-	if !strings.Contains(md, "| `AIBRIX_SYNC_MAX_CONTEXTS` | `1000` |") {
-		t.Errorf("reference does not show defaults:\n%s", md)
+	if !strings.Contains(md, "| `AIBRIX_SYNC_MAX_CONTEXTS` |  | `1000` |") ||
+		!strings.Contains(md, "| `KVGATE_POD_DISCOVERY` | `--discovery` | `kubernetes` |") {
+		t.Errorf("reference does not show flags and defaults:\n%s", md)
 	}
 }

@@ -40,6 +40,7 @@ var (
 		Section: SectionKVSync,
 		Doc: "When set (e.g. tcp://*:5557), the gateway binds this endpoint for rank 0 (port+r for rank r) and engines dial in, " +
 			"publishing with topic kv@<pod-ip>:<port>@<model>; when empty, the gateway dials every pod.",
+		Flag: "kv-events-bind-endpoint",
 	}
 	KVEventsBindRanks = Var{
 		Name:    "KVGATE_KV_EVENTS_BIND_RANKS",
@@ -57,24 +58,28 @@ var (
 		Section: SectionDiscovery,
 		Doc: "Where inference pods come from: kubernetes (a pod informer) or static (the endpoints file " +
 			"KVGATE_STATIC_ENDPOINTS_FILE, for running without Kubernetes).",
+		Flag: "discovery",
 	}
 	StaticEndpointsFile = Var{
 		Name:    "KVGATE_STATIC_ENDPOINTS_FILE",
 		Default: "",
 		Section: SectionDiscovery,
 		Doc:     "YAML file listing the endpoints of static discovery; it is watched and reloaded, and an invalid version keeps the last valid one.",
+		Flag:    "static-endpoints-file",
 	}
 	PodNamespace = Var{
 		Name:    "KVGATE_POD_NAMESPACE",
 		Default: "",
 		Section: SectionDiscovery,
 		Doc:     "Namespace whose pods the informer watches; empty watches every namespace.",
+		Flag:    "namespace",
 	}
 	PodLabelSelector = Var{
 		Name:    "KVGATE_POD_LABEL_SELECTOR",
 		Default: "model.aibrix.ai/name",
 		Section: SectionDiscovery,
 		Doc:     "Label selector of the pods the informer watches (Kubernetes syntax); the default selects every pod that names its model.",
+		Flag:    "label-selector",
 	}
 )
 

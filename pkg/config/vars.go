@@ -2,15 +2,59 @@ package config
 
 // Sections of the configuration reference, in the order they are rendered.
 const (
+	SectionGateway   = "Gateway"
 	SectionKVSync    = "KV event sync"
 	SectionIndex     = "Prefix index"
 	SectionTokenizer = "Tokenizer"
 	SectionRouting   = "Routing"
 	SectionMetrics   = "Pod metrics"
+	SectionRedis     = "Redis: request traces, shared counts, GPU profiles"
 )
 
 // Sections lists the configuration reference's sections in order.
-var Sections = []string{SectionKVSync, SectionDiscovery, SectionIndex, SectionTokenizer, SectionRouting, SectionMetrics}
+var Sections = []string{SectionGateway, SectionDiscovery, SectionKVSync, SectionIndex, SectionTokenizer, SectionRouting,
+	SectionMetrics, SectionRedis}
+
+// Gateway.
+var (
+	ListenAddress = Var{
+		Name:    "KVGATE_LISTEN_ADDRESS",
+		Default: ":8080",
+		Section: SectionGateway,
+		Doc:     "Address the gateway serves the OpenAI API, /metrics, /healthz, /readyz and /debug on, as host:port.",
+		Flag:    "listen-address",
+	}
+	MaxRequestBodyBytes = Var{
+		Name:    "KVGATE_MAX_REQUEST_BODY_BYTES",
+		Default: "16777216",
+		Section: SectionGateway,
+		Doc:     "Largest request body accepted, in bytes; a larger one is refused with 413.",
+		Flag:    "max-request-body-bytes",
+	}
+	ShutdownTimeout = Var{
+		Name:    "KVGATE_SHUTDOWN_TIMEOUT",
+		Default: "30",
+		Section: SectionGateway,
+		Doc: "Once the gateway stops accepting connections on SIGINT or SIGTERM, how long requests in flight (streams included) " +
+			"may take to finish before they are cut, in seconds or with a unit (\"1m\").",
+		Flag: "shutdown-timeout",
+	}
+	ShutdownDelay = Var{
+		Name:    "KVGATE_SHUTDOWN_DELAY",
+		Default: "0",
+		Section: SectionGateway,
+		Doc: "On SIGINT or SIGTERM, how long the gateway keeps serving with /readyz failing before it stops accepting " +
+			"connections, so that load balancers (Kubernetes endpoints) stop sending it requests first; 0 stops at once.",
+		Flag: "shutdown-delay",
+	}
+	Kubeconfig = Var{
+		Name:    "KUBECONFIG",
+		Default: "",
+		Section: SectionDiscovery,
+		Doc:     "Kubeconfig file of kubernetes discovery; empty uses the in-cluster service account.",
+		Flag:    "kubeconfig",
+	}
+)
 
 // KV event sync.
 var (
@@ -100,6 +144,7 @@ var (
 		Section: SectionRouting,
 		Doc: "Routing algorithm of requests without a routing-strategy header: random, least-request, least-kv-cache, " +
 			"least-latency, prefix-cache or kv-aware (the lowest predicted time to first token).",
+		Flag: "routing-algorithm",
 	}
 	RoutingCPUCacheWeight = Var{
 		Name:    "KVGATE_ROUTING_CPU_CACHE_WEIGHT",
@@ -155,8 +200,57 @@ var (
 	}
 )
 
+// Redis and the features that need it.
+var (
+	RedisAddress = Var{
+		Name:    "KVGATE_REDIS_ADDRESS",
+		Default: "",
+		Section: SectionRedis,
+		Doc: "Redis server as host:port. Empty runs without Redis: request traces, shared request counts and " +
+			"GPU profiles are off.",
+		Flag: "redis-address",
+	}
+	RedisPassword = Var{
+		Name:    "KVGATE_REDIS_PASSWORD",
+		Default: "",
+		Section: SectionRedis,
+		Doc:     "Password of the Redis server; empty for none.",
+	}
+	RequestTracing = Var{
+		Name:    "AIBRIX_GPU_OPTIMIZER_TRACING_FLAG",
+		Default: "false",
+		Section: SectionRedis,
+		Doc: "Write per-model request traces (request counts by input and output token sizes) to Redis every 10 s " +
+			"for the GPU optimizer. Needs Redis.",
+	}
+	ProfileCaching = Var{
+		Name:    "AIBRIX_MODEL_GPU_PROFILE_CACHING_FLAG",
+		Default: "true",
+		Section: SectionRedis,
+		Doc:     "Load the GPU profiles of deployments from Redis and refresh them every 10 s. Off without Redis unless set explicitly.",
+	}
+	SharedRequestCounts = Var{
+		Name:    "KVGATE_SHARED_REQUEST_COUNTS",
+		Default: "true",
+		Section: SectionRedis,
+		Doc: "Share each pod's running-request count with the other gateway replicas through Redis, so that " +
+			"load-aware routing sees the requests of the whole fleet. Off without Redis unless set explicitly.",
+	}
+	PodDeploymentLabel = Var{
+		Name:    "AIBRIX_POD_DEPLOYMENT_LABEL",
+		Default: "app.kubernetes.io/name",
+		Section: SectionRedis,
+		Doc:     "Pod label naming the deployment whose GPU profile applies to the pod; without it, the owning ReplicaSet's deployment.",
+	}
+)
+
 // Vars lists every environment variable kvgate reads.
 var Vars = []Var{
+	ListenAddress,
+	MaxRequestBodyBytes,
+	ShutdownTimeout,
+	ShutdownDelay,
+	Kubeconfig,
 	KVEventSyncEnabled,
 	UseRemoteTokenizer,
 	KVEventsPubPort,
@@ -184,4 +278,10 @@ var Vars = []Var{
 	PrefixCacheImbalanceAbsCount,
 	PrefixCacheStdDevFactor,
 	PodMetricRefreshInterval,
+	RedisAddress,
+	RedisPassword,
+	RequestTracing,
+	ProfileCaching,
+	SharedRequestCounts,
+	PodDeploymentLabel,
 }

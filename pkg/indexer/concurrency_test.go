@@ -56,6 +56,14 @@ func TestMatchesStayExactWhileEventsAndPurgesRun(t *testing.T) {
 			}
 		}
 	}()
+	// A failing writer must not leave the readers running.
+	stopped := false
+	defer func() {
+		if !stopped {
+			stop.Store(true)
+			wg.Wait()
+		}
+	}()
 	for round := 0; round < 300; round++ {
 		mustApply(t, idx, podA, stored(hashSeq(1, 32), nil, toks, 16))
 		// Unrelated blocks make the key table grow and shrink.
@@ -73,6 +81,7 @@ func TestMatchesStayExactWhileEventsAndPurgesRun(t *testing.T) {
 	}
 	stop.Store(true)
 	wg.Wait()
+	stopped = true
 	close(errs)
 	for e := range errs {
 		t.Error(e)

@@ -69,6 +69,9 @@
 // was present throughout; growing, shrinking and dropping tombstones build
 // new arrays aside and publish them with one atomic store. Writers of one
 // model (event batches, purges, evictions) serialise on the model's mutex;
-// different models are independent. A pod purge takes time proportional to
-// the pod's blocks and delays only the writers of the pod's models.
+// different models are independent. A pod purge reads each of the pod's
+// keys once, in slot order, and writes none: its lanes' holder ids stop
+// being live, keys left with no live holder stop being counted, and their
+// slots and the ids' bits are reclaimed when the shard is next rebuilt. It
+// delays only the writers of the pod's models.
 package indexer

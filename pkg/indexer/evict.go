@@ -33,12 +33,12 @@ func (m *modelTable) makeRoom() {
 }
 
 // evictLRU evicts at least need keys of the model, and up to a batch, least
-// recently stored or matched first, for every holder, lane maps included;
-// m.mu is held.
-func (m *modelTable) evictLRU(need int, reason string) {
+// recently stored or matched first, for every holder, lane maps included,
+// and returns how many it evicted; m.mu is held.
+func (m *modelTable) evictLRU(need int, reason string) int {
 	target := min(m.keys.n, max(need, m.keys.n/evictBatchDiv))
 	if target <= 0 {
-		return
+		return 0
 	}
 	victims := m.keys.oldest(target, &m.evictFrom)
 	set := newKeySet(len(victims))
@@ -60,6 +60,7 @@ func (m *modelTable) evictLRU(need int, reason string) {
 	m.t.metrics.evicted(reason, removed)
 	klog.V(3).InfoS("Evicted the least recently used blocks of a model from the KV-cache index",
 		"model", m.name, "reason", reason, "keys", len(victims), "residencies", removed)
+	return len(victims)
 }
 
 // clockQuantile estimates, from a sample, the clock at or under which about
@@ -69,7 +70,7 @@ func (t *keyTable) clockQuantile(want int) uint32 {
 	for tries := 0; tries < 4*evictSample && len(clocks) < evictSample; tries++ {
 		a := t.shards[rand.IntN(numShards)].arr.Load()
 		i := rand.IntN(a.cap())
-		if k := a.slots[i].key; k != emptyKey && k != deadKey {
+		if k := a.slots[i].key; k != emptyKey && k != deadKey && t.held(a, i) {
 			clocks = append(clocks, a.clock(i))
 		}
 	}
@@ -98,7 +99,7 @@ func (t *keyTable) oldest(want int, from *int) []uint64 {
 			a := t.shards[(*from+s)%numShards].arr.Load()
 			for i := range a.slots {
 				k, c := a.slots[i].key, a.clock(i)
-				if k == emptyKey || k == deadKey || c > limit {
+				if k == emptyKey || k == deadKey || c > limit || !t.held(a, i) {
 					continue
 				}
 				cands = append(cands, candidate{k, c})
@@ -134,34 +135,43 @@ func (t *SyncPrefixHashTable) evictForTotal(self *modelTable) {
 			models = append(models, m)
 		}
 		slices.SortFunc(models, func(a, b *modelTable) int { return int(a.lastUse.Load()) - int(b.lastUse.Load()) })
-		if !t.evictOldest(self, models) {
+		evicted, busy := t.evictOldest(self, models)
+		switch {
+		case evicted:
+		case busy:
 			runtime.Gosched()
+		default:
+			// No model has a key to evict: the other writers freed them.
+			return
 		}
 	}
 }
 
-func (t *SyncPrefixHashTable) evictOldest(self *modelTable, models []*modelTable) bool {
+// evictOldest evicts a batch from the first model of models, oldest first,
+// that has keys and can be locked without waiting. busy reports that a model
+// with keys was locked by another writer.
+func (t *SyncPrefixHashTable) evictOldest(self *modelTable, models []*modelTable) (evicted, busy bool) {
 	for _, m := range models {
 		if m == self {
-			if m.keys.n > 0 {
-				m.evictLRU(1, reasonTotal)
-				return true
+			if m.evictLRU(1, reasonTotal) > 0 {
+				return true, false
 			}
 			continue
 		}
-		if m.keys.count.Load() == 0 || !m.mu.TryLock() {
+		if m.keys.count.Load() == 0 {
 			continue
 		}
-		done := !m.isDropped() && m.keys.n > 0
-		if done {
-			m.evictLRU(1, reasonTotal)
+		if !m.mu.TryLock() {
+			busy = true
+			continue
 		}
+		evicted = !m.isDropped() && m.evictLRU(1, reasonTotal) > 0
 		m.mu.Unlock()
-		if done {
-			return true
+		if evicted {
+			return true, false
 		}
 	}
-	return false
+	return false, busy
 }
 
 // keySet is a set of nonzero keys, sized once.

@@ -161,6 +161,13 @@ func (m *modelTable) checkInvariants() error {
 			return fmt.Errorf("lane %d counts %d entries, has %d", id, ln.m.n, n)
 		}
 	}
+	isLive := func(id int) bool { return m.lanes[id] != nil }
+	for id := range len(m.lanes) {
+		w, b := id>>6, uint64(1)<<(id&63)
+		if inMask := w < len(m.keys.live) && m.keys.live[w]&b != 0; inMask != isLive(id) {
+			return fmt.Errorf("holder %d live in the mask: %v, has a lane: %v", id, inMask, isLive(id))
+		}
+	}
 	keys := 0
 	for s := range m.keys.shards {
 		sh := &m.keys.shards[s]
@@ -168,35 +175,45 @@ func (m *modelTable) checkInvariants() error {
 		n, dead := 0, 0
 		for i := range a.slots {
 			k := a.slots[i].key
-			if k == deadKey {
-				dead++
-				if !a.unheld(i) {
-					return fmt.Errorf("tombstone with holders")
-				}
-			}
-			if k == emptyKey || k == deadKey {
+			if k == emptyKey {
 				continue
 			}
-			n++
-			if j, ok := a.find(k); !ok || j != i {
-				return fmt.Errorf("key %x unreachable", k)
+			if k == deadKey || !m.keys.held(a, i) {
+				// A tombstone, or a key whose holders were all released.
+				dead++
+				if k != deadKey && len(holders[k]) != 0 {
+					return fmt.Errorf("key %x has no live holder, lanes hold it", k)
+				}
+			} else {
+				n++
+				if j, ok := a.find(k); !ok || j != i {
+					return fmt.Errorf("key %x unreachable", k)
+				}
 			}
 			want := holders[k]
-			if len(want) == 0 {
-				return fmt.Errorf("key %x has no lane", k)
-			}
 			for w := range a.width() {
 				for b := 0; b < 64; b++ {
 					id := w*64 + b
-					if got := *a.word(w, i)&(1<<b) != 0; got != want[id] {
-						return fmt.Errorf("key %x: holder %d is %v, lanes say %v", k, id, got, want[id])
+					got := *a.word(w, i)&(1<<b) != 0
+					switch {
+					case id < len(m.lanes) && isLive(id):
+						if k != deadKey && got != want[id] {
+							return fmt.Errorf("key %x: holder %d is %v, lanes say %v", k, id, got, want[id])
+						}
+						if k == deadKey && got {
+							return fmt.Errorf("tombstone with live holder %d", id)
+						}
+					case got && m.keys.stale[id]&(1<<s) == 0:
+						return fmt.Errorf("key %x has a bit of holder %d, which is neither live nor stale in shard %d", k, id, s)
 					}
 				}
 			}
-			delete(holders, k)
+			if k != deadKey {
+				delete(holders, k)
+			}
 		}
 		if n != sh.n || dead != sh.dead {
-			return fmt.Errorf("shard %d counts %d keys and %d tombstones, has %d and %d", s, sh.n, sh.dead, n, dead)
+			return fmt.Errorf("shard %d counts %d keys and %d dead slots, has %d and %d", s, sh.n, sh.dead, n, dead)
 		}
 		keys += n
 	}

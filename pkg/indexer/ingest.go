@@ -204,7 +204,11 @@ func (m *modelTable) addResidency(ln *lane, hash, key uint64, now uint32) {
 	switch {
 	case !ok:
 		m.makeRoom()
-		r = m.keys.insert(key, now)
+		r = m.keys.insert(key, now, r)
+	case !m.keys.held(r.a, r.i):
+		// Every holder of the key was released: it is stored anew.
+		m.makeRoom()
+		m.keys.revive(r, now)
 	case r.has(ln.id):
 		// A second engine hash for content the lane already holds: only a
 		// 64-bit collision does this. Keeping one residency per key and lane

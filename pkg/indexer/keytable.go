@@ -61,11 +61,21 @@ type keyTable struct {
 	count atomic.Int64
 	// total counts the keys of every table of the index.
 	total *atomic.Int64
+	// buckets is dropHolder's scratch, kept between purges.
+	buckets []int32
+	// live has the bits of the holder ids of existing lanes. A released
+	// lane's bits may stay in slots (see release): they mean nothing, and
+	// stale maps such an id to the shards that may still have them, which a
+	// rebuild cleans. Writer only.
+	live  []uint64
+	stale map[int]uint32
 }
 
 type keyShard struct {
 	arr atomic.Pointer[keySlots]
-	// n counts the shard's keys and dead its tombstones. Writer only.
+	// n counts the shard's keys; dead counts its slots that are used but
+	// hold no key: tombstones, and keys whose every holder was released.
+	// Writer only.
 	n, dead int
 	_       [40]byte // keep shards on separate cache lines
 }
@@ -108,18 +118,19 @@ func (a *keySlots) word(w, i int) *uint64 {
 
 func (a *keySlots) clock(i int) uint32 { return atomic.LoadUint32(&a.slots[i].clock) }
 
-// unheld reports whether slot i has no holder; writer only.
-func (a *keySlots) unheld(i int) bool {
-	for w := range a.width() {
-		if *a.word(w, i) != 0 {
-			return false
+// held reports whether slot i of a has a live holder; writer only.
+func (t *keyTable) held(a *keySlots, i int) bool {
+	for w := range min(a.width(), len(t.live)) {
+		if *a.word(w, i)&t.live[w] != 0 {
+			return true
 		}
 	}
-	return true
+	return false
 }
 
 func (t *keyTable) init(total *atomic.Int64) {
 	t.width, t.total = 1, total
+	t.stale = make(map[int]uint32)
 	for i := range t.shards {
 		t.shards[i].arr.Store(newKeySlots(minSlots, 1))
 	}
@@ -132,10 +143,13 @@ func shardOf(key uint64) int { return int(key >> (64 - shardBits)) }
 func slotHome(key uint64, capacity int) int { return home(key<<shardBits, capacity) }
 
 // find returns the slot of key, or the empty slot that ends its probe
-// sequence, reading keys atomically.
+// sequence, reading keys atomically. The table always keeps a fifth of its
+// slots empty; the probe count bound only keeps a broken count from turning
+// into an endless loop.
 func (a *keySlots) find(key uint64) (int, bool) {
 	c := a.cap()
-	for i := slotHome(key, c); ; {
+	i := slotHome(key, c)
+	for range c {
 		k := atomic.LoadUint64(&a.slots[i].key)
 		if k == key {
 			return i, true
@@ -147,6 +161,7 @@ func (a *keySlots) find(key uint64) (int, bool) {
 			i = 0
 		}
 	}
+	return i, false
 }
 
 // lookup copies the holder set of key into dst (len(dst) words; words the
@@ -198,14 +213,27 @@ func (t *keyTable) find(key uint64) (slotRef, bool) {
 	return slotRef{sh, a, i}, ok
 }
 
-// insert adds key, which must be absent, with an empty holder set.
-func (t *keyTable) insert(key uint64, now uint32) slotRef {
+// revive makes a key whose holders were all released, found at r, a key of
+// the table again; its holder set has no live holder.
+func (t *keyTable) revive(r slotRef, now uint32) {
+	r.sh.n++
+	r.sh.dead--
+	t.counted(1)
+	atomic.StoreUint32(&r.a.slots[r.i].clock, now)
+}
+
+// insert adds key, which must be absent, with an empty holder set. at is
+// where find said the key's probe sequence ends; it is used when the shard
+// still has those arrays and room.
+func (t *keyTable) insert(key uint64, now uint32, at slotRef) slotRef {
 	sh := &t.shards[shardOf(key)]
-	a := sh.arr.Load()
+	a, i := sh.arr.Load(), at.i
 	if overFull(sh.n+sh.dead+1, a.cap()) {
-		a = sh.rebuild(capFor(sh.n+1), t.width)
+		a = t.rebuild(shardOf(key), capFor(sh.n+1))
 	}
-	i, _ := a.find(key)
+	if a != at.a {
+		i, _ = a.find(key)
+	}
 	atomic.StoreUint32(&a.slots[i].clock, now)
 	atomic.StoreUint64(&a.slots[i].key, key)
 	sh.n++
@@ -236,7 +264,7 @@ func (r slotRef) touch(now uint32) {
 // no holder is left; it reports whether the key was deleted.
 func (t *keyTable) drop(r slotRef, id int) bool {
 	atomic.AndUint64(r.a.word(id>>6, r.i), ^uint64(1<<(id&63)))
-	if !r.a.unheld(r.i) {
+	if t.held(r.a, r.i) {
 		return false
 	}
 	t.bury(r)
@@ -259,29 +287,89 @@ func (t *keyTable) bury(r slotRef) {
 	t.counted(-1)
 }
 
-// dropHolder takes holder id out of the holder sets of keys, deleting the
-// keys left without holders. It visits the keys in the order of their slots
-// (a key's shard and home slot both grow with its value), which keeps the
-// accesses to each shard's arrays nearly sequential for the hardware
-// prefetcher; a counting sort on the top bits of the keys puts them in that
-// order. scratch, as long as keys, is overwritten.
+// dropHolder takes holder id, which stays live, out of the holder sets of
+// keys, deleting the keys left without holders, in slot order (see
+// slotOrder). keys may hold zeros, which are skipped; scratch, with room for
+// the other keys, is overwritten.
 func (t *keyTable) dropHolder(keys []uint64, id int, scratch []uint64) {
-	shift := 64 - min(16, max(shardBits, bits.Len(uint(len(keys)))))
-	start := make([]int32, 1<<(64-shift)+1)
+	for _, k := range t.slotOrder(keys, scratch) {
+		if r, ok := t.find(k); ok {
+			t.drop(r, id)
+		}
+	}
+}
+
+// slotOrder copies the nonzero keys into scratch in the order of their slots
+// (a key's shard and home slot both grow with its value), with a counting
+// sort on their top bits, and returns them: visiting keys in that order keeps
+// the accesses to each shard's arrays nearly sequential for the hardware
+// prefetcher. scratch must have room for the nonzero keys.
+func (t *keyTable) slotOrder(keys, scratch []uint64) []uint64 {
+	shift := 64 - min(16, max(shardBits, bits.Len(uint(len(scratch)))))
+	if n := 1<<(64-shift) + 1; cap(t.buckets) < n {
+		t.buckets = make([]int32, n)
+	}
+	start := t.buckets[:1<<(64-shift)+1]
+	clear(start)
 	for _, k := range keys {
-		start[k>>shift+1]++
+		if k != emptyKey {
+			start[k>>shift+1]++
+		}
 	}
 	for b := 1; b < len(start); b++ {
 		start[b] += start[b-1]
 	}
+	n := int(start[len(start)-1])
 	for _, k := range keys {
-		b := k >> shift
-		scratch[start[b]] = k
-		start[b]++
+		if k != emptyKey {
+			b := k >> shift
+			scratch[start[b]] = k
+			start[b]++
+		}
 	}
-	for _, k := range scratch {
-		if r, ok := t.find(k); ok {
-			t.drop(r, id)
+	return scratch[:n]
+}
+
+// release forgets holder id, whose lane held keys, without writing to the
+// slots: the id's bits stay in them, meaningless, until each shard is
+// rebuilt, and the keys left with no live holder stay in their slots, counted
+// as dead, unfound by readers' holder masks and revived if stored again. A
+// released id is reused only once every shard has been rebuilt (see
+// clean). keys may hold zeros, which are skipped; scratch, with room for the
+// other keys, is overwritten.
+func (t *keyTable) release(keys []uint64, id int, scratch []uint64) {
+	t.live[id>>6] &^= 1 << (id & 63)
+	t.stale[id] = 1<<numShards - 1
+	orphaned := 0
+	for _, k := range t.slotOrder(keys, scratch) {
+		if r, ok := t.find(k); ok && !t.held(r.a, r.i) {
+			r.sh.n--
+			r.sh.dead++
+			orphaned++
+		}
+	}
+	t.counted(-orphaned)
+}
+
+// setLive marks a holder id as belonging to a lane; the id must be clean.
+func (t *keyTable) setLive(id int) {
+	for len(t.live) <= id>>6 {
+		t.live = append(t.live, 0)
+	}
+	t.live[id>>6] |= 1 << (id & 63)
+}
+
+// clean reports whether no slot has a bit of a released holder id.
+func (t *keyTable) clean(id int) bool {
+	_, stale := t.stale[id]
+	return !stale
+}
+
+// scrub rebuilds the shards that may still have bits of a released id.
+func (t *keyTable) scrub(id int) {
+	for s := range numShards {
+		if t.stale[id]&(1<<s) != 0 {
+			t.rebuild(s, t.shards[s].arr.Load().cap())
 		}
 	}
 }
@@ -293,14 +381,16 @@ func (t *keyTable) counted(d int) {
 	t.total.Add(int64(d))
 }
 
-// rebuild moves the shard's keys, without its tombstones, into new arrays of
-// the given capacity and width and publishes them.
-func (sh *keyShard) rebuild(capacity, width int) *keySlots {
+// rebuild moves shard s's keys that have a live holder, with only their
+// live holders, into new arrays of the given capacity and the table's width,
+// publishes them, and notes that the shard has no released holder's bits.
+func (t *keyTable) rebuild(s, capacity int) *keySlots {
+	sh := &t.shards[s]
 	old := sh.arr.Load()
-	a := newKeySlots(capacity, width)
+	a := newKeySlots(capacity, t.width)
 	for j := range old.slots {
 		k := old.slots[j].key
-		if k == emptyKey || k == deadKey {
+		if k == emptyKey || k == deadKey || !t.held(old, j) {
 			continue
 		}
 		i := slotHome(k, capacity)
@@ -309,13 +399,22 @@ func (sh *keyShard) rebuild(capacity, width int) *keySlots {
 				i = 0
 			}
 		}
-		a.slots[i] = keySlot{key: k, holders: old.slots[j].holders, clock: old.clock(j)}
+		a.slots[i] = keySlot{key: k, holders: old.slots[j].holders & t.live[0], clock: old.clock(j)}
 		for w := range old.more {
-			a.more[w][i] = old.more[w][j]
+			if w+1 < len(t.live) {
+				a.more[w][i] = old.more[w][j] & t.live[w+1]
+			}
 		}
 	}
 	sh.arr.Store(a)
 	sh.dead = 0
+	for id, shards := range t.stale {
+		if shards &^= 1 << s; shards == 0 {
+			delete(t.stale, id)
+		} else {
+			t.stale[id] = shards
+		}
+	}
 	return a
 }
 
@@ -324,7 +423,7 @@ func (t *keyTable) shrink() {
 	for i := range t.shards {
 		sh := &t.shards[i]
 		if underFull(sh.n, sh.arr.Load().cap()) {
-			sh.rebuild(capFor(sh.n), t.width)
+			t.rebuild(i, capFor(sh.n))
 		}
 	}
 }
@@ -336,7 +435,6 @@ func (t *keyTable) widen(width int) {
 	}
 	t.width = width
 	for i := range t.shards {
-		sh := &t.shards[i]
-		sh.rebuild(sh.arr.Load().cap(), width)
+		t.rebuild(i, t.shards[i].arr.Load().cap())
 	}
 }

@@ -114,22 +114,32 @@ func (m *modelTable) laneOf(st *stream, medium string, group int, create bool) *
 	return ln
 }
 
-// allocHolder returns the lowest holder id free for reuse, widening the key
-// table when the id needs another bitset word.
+// allocHolder returns a holder id for a new lane: the lowest released id
+// whose grace period is over and whose bits no slot still has, else a new
+// id, unless that would widen the key table while a released id could be
+// scrubbed instead.
 func (m *modelTable) allocHolder() int {
 	now := m.t.now()
-	id, at := len(m.lanes), -1
+	best, at := -1, -1
 	for i, f := range m.free {
-		if now.Sub(f.released) >= holderReuseDelay && f.id < id {
-			id, at = f.id, i
+		if now.Sub(f.released) < holderReuseDelay {
+			continue
+		}
+		if better := best < 0 || (m.keys.clean(f.id) && !m.keys.clean(best)) ||
+			(m.keys.clean(f.id) == m.keys.clean(best) && f.id < best); better {
+			best, at = f.id, i
 		}
 	}
-	if at >= 0 {
+	id := len(m.lanes)
+	if at >= 0 && (m.keys.clean(best) || id >= 64*m.keys.width) {
+		m.keys.scrub(best)
+		id = best
 		m.free = append(m.free[:at], m.free[at+1:]...)
 	} else {
 		m.lanes = append(m.lanes, nil)
 	}
 	m.keys.widen(id>>6 + 1)
+	m.keys.setLive(id)
 	return id
 }
 
@@ -171,22 +181,17 @@ func (ph *podHolders) rank(rank, width int) *rankHolders {
 // m.mu is held.
 func (m *modelTable) clearLane(ln *lane) int {
 	n := ln.m.n
-	// The lane's arrays are dropped after this: compact its keys in place
-	// and lend its hash array to dropHolder.
-	keys := ln.m.keys[:0]
-	for _, k := range ln.m.keys {
-		if k != 0 {
-			keys = append(keys, k)
-		}
-	}
-	m.keys.dropHolder(keys, ln.id, ln.m.hashes[:len(keys)])
+	// The lane's arrays are dropped after this: its hash array is
+	// dropHolder's scratch.
+	m.keys.dropHolder(ln.m.keys, ln.id, ln.m.hashes)
 	ln.m.reset()
 	m.keys.shrink()
 	return n
 }
 
-// releaseStream clears and forgets every lane of st and marks it gone; it
-// returns the number of residencies removed.
+// releaseStream forgets every lane of st and marks it gone; it returns the
+// number of residencies removed. It reads each of the lanes' keys once and
+// writes none of them (see keyTable.release).
 func (m *modelTable) releaseStream(st *stream) int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -203,9 +208,12 @@ func (m *modelTable) releaseStream(st *stream) int {
 	n := 0
 	now := m.t.now()
 	for _, ln := range st.lanes {
-		n += m.clearLane(ln)
+		n += ln.m.n
+		m.keys.release(ln.m.keys, ln.id, ln.m.hashes)
+		ln.m.reset()
 		m.free = append(m.free, freeHolder{ln.id, now})
 	}
+	m.keys.shrink()
 	st.lanes = nil
 	return n
 }

@@ -304,6 +304,8 @@ func TestAllBlocksClearedAndPurgeRemoveOnlyThatPod(t *testing.T) {
 
 func TestMoreThan64PodsPerModel(t *testing.T) {
 	idx, _ := newTestTable(t, Config{})
+	clock := newFakeClock()
+	idx.now = clock.Now
 	const pods = 150
 	names := make([]string, pods)
 	for i := range pods {
@@ -335,6 +337,28 @@ func TestMoreThan64PodsPerModel(t *testing.T) {
 		}
 		if p.Blocks != want {
 			t.Fatalf("after purge: pod %s credited %d blocks, want %d", p.Pod, p.Blocks, want)
+		}
+	}
+	// New pods take fresh holder ids up to the key table's width (3 words),
+	// then reuse released ones once their grace period is over, whether or
+	// not the key table still has their bits.
+	clock.Advance(holderReuseDelay)
+	for i := range pods / 2 {
+		s := Stream{Pod: "ns/q" + itoa(i), Model: "llama"}
+		names[i] = s.Pod
+		n := i%7 + 1
+		mustApply(t, idx, s, stored(hashSeq(1, n), nil, tokenRange(0, 16*n), 16))
+		if err := checkInvariants(idx); err != nil {
+			t.Fatalf("new pod %d: %v", i, err)
+		}
+	}
+	if m := idx.model("llama"); len(m.lanes) != 192 || m.keys.width != 3 {
+		t.Errorf("%d holder ids in %d words for %d pods, want 192 in 3: released ids reused", len(m.lanes), m.keys.width, pods)
+	}
+	idx.MatchPrefix("llama", "", tokenRange(0, 16*8), names, &res)
+	for i, p := range res.Pods {
+		if want := i%7 + 1; p.Blocks != want {
+			t.Fatalf("after reuse: pod %s credited %d blocks, want %d", p.Pod, p.Blocks, want)
 		}
 	}
 }

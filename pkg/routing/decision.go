@@ -137,7 +137,8 @@ type SpeedSource string
 const (
 	// SpeedMeasured: the pod's own cache.PrefillTokensPerSecond.
 	SpeedMeasured SpeedSource = "measured"
-	// SpeedModelMedian: the median measured speed of the other candidates.
+	// SpeedModelMedian: the median measured speed of the candidates, for
+	// a pod not measured or measured slower.
 	SpeedModelMedian SpeedSource = "model_median"
 	// SpeedDefault: Config.DefaultPrefillTokensPerSecond, no candidate
 	// being measured.

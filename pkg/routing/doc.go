@@ -42,7 +42,15 @@
 // PrefillTokensPerSecond, prompt tokens the engine computed per second of
 // prefill over its recent window. A pod not measured yet is given the median
 // speed of the measured candidates, which serve the same model; with none
-// measured, Config.DefaultPrefillTokensPerSecond.
+// measured, Config.DefaultPrefillTokensPerSecond. A pod measured below that
+// median is given the median too. The measure divides a prefill's tokens by
+// the whole steps it took, fixed costs included, so it is lower the shorter
+// the prefills a pod happened to run: a pod serving mostly cache hits
+// measures slow because of what it caches, not how fast it computes.
+// Believed, such a pod would be sent only requests it holds nearly all of,
+// whose short prefills would keep its measure low: it would drop out of the
+// fleet's prefill work and its cache would stop taking in new prefixes. A pod
+// measured faster than the median keeps its speed.
 //
 // U(p) is the prompt's prefill work on p, in tokens:
 //

@@ -96,8 +96,10 @@ func (r *Router) readMetrics(c *Candidate, nd needs) {
 	}
 }
 
-// fillSpeeds gives every candidate without a measured prefill speed the
-// median of the measured ones, or the configured default when none is.
+// fillSpeeds gives every candidate without a measured prefill speed, or
+// measured below the median of the measured ones, that median; with none
+// measured, the configured default. The package documentation says why a
+// slow measurement is not believed.
 func (r *Router) fillSpeeds(cs []Candidate, s *scratch) {
 	s.speeds = s.speeds[:0]
 	for i := range cs {
@@ -106,13 +108,13 @@ func (r *Router) fillSpeeds(cs []Candidate, s *scratch) {
 			s.speeds = append(s.speeds, cs[i].PrefillTokensPerSecond)
 		}
 	}
-	fallback, source := r.cfg.DefaultPrefillTokensPerSecond, SpeedDefault
+	floor, source := r.cfg.DefaultPrefillTokensPerSecond, SpeedDefault
 	if len(s.speeds) > 0 {
-		fallback, source = median(s.speeds), SpeedModelMedian
+		floor, source = median(s.speeds), SpeedModelMedian
 	}
 	for i := range cs {
-		if cs[i].SpeedSource == "" {
-			cs[i].PrefillTokensPerSecond, cs[i].SpeedSource = fallback, source
+		if c := &cs[i]; c.SpeedSource == "" || c.PrefillTokensPerSecond < floor {
+			c.PrefillTokensPerSecond, c.SpeedSource = floor, source
 		}
 	}
 }

@@ -149,6 +149,34 @@ func TestKVAwareUsesMeasuredSpeedsAndFillsUnmeasuredPods(t *testing.T) {
 	}
 }
 
+func TestKVAwareTakesPodsMeasuredBelowTheMedianAtTheMedian(t *testing.T) {
+	// p2 ran only short prefills lately (cache hits), each priced a whole
+	// step, and measured 1,000 tokens/s. It holds a third of the prompt;
+	// taken at its measure it would lose the request to the idle pods
+	// (1.976 s against 0.25 s on p3), at the median it wins it (0.1976 s).
+	pods := testPods(4)
+	idx := newTestIndex(t)
+	p := prompt(0, 3000)
+	holds(t, idx, "p2", p[:1024], kvevent.MediumGPU)
+	m := newFakeMetrics().
+		set("p0", cache.PrefillTokensPerSecond, 10000).
+		set("p1", cache.PrefillTokensPerSecond, 10000).
+		set("p2", cache.PrefillTokensPerSecond, 1000).
+		set("p3", cache.PrefillTokensPerSecond, 12000)
+	r, _ := newTestRouter(t, m, idx)
+
+	d := route(t, r, request("r", KVAware, p), pods)
+	if d.PodKey != key("p2") || d.Outcome != OutcomePrefixHit {
+		t.Fatalf("chose %s (%s), want p2 holding the prefix; candidates %+v", d.PodKey, d.Outcome, d.Candidates)
+	}
+	if c := candidate(t, d, "p2"); c.PrefillTokensPerSecond != 10000 || c.SpeedSource != SpeedModelMedian {
+		t.Fatalf("p2 %+v, want the median 10000 tokens/s", c)
+	}
+	if c := candidate(t, d, "p3"); c.PrefillTokensPerSecond != 12000 || c.SpeedSource != SpeedMeasured {
+		t.Fatalf("p3 %+v, want its own faster measure", c)
+	}
+}
+
 func TestKVAwareCountsDecodeInterference(t *testing.T) {
 	pods := testPods(2)
 	idx := newTestIndex(t)

@@ -48,17 +48,28 @@ func newBlockHasher(seed string, blockSize int) *blockHasher {
 // is not hashed. extra is mixed into every block (vLLM mixes in the LoRA
 // adapter's name); nil for none.
 func (h *blockHasher) appendDigests(digests []digest, tokens []uint32, extra []byte) []digest {
-	bs := h.blockSize
-	full := len(tokens) / bs
-	if len(digests) >= full {
-		return digests
-	}
-	buf := make([]byte, sha256.Size+4*bs+len(extra))
 	parent := h.root
 	if len(digests) > 0 {
 		parent = digests[len(digests)-1]
 	}
-	for i := len(digests); i < full; i++ {
+	h.chain(parent, len(digests), tokens, extra, func(d digest) bool {
+		digests = append(digests, d)
+		return true
+	})
+	return digests
+}
+
+// chain passes yield the digests of the full blocks of tokens from block
+// from on, in order, until yield returns false; parent is the digest of
+// block from-1 (the root for block 0). extra is as for appendDigests.
+func (h *blockHasher) chain(parent digest, from int, tokens []uint32, extra []byte, yield func(digest) bool) {
+	bs := h.blockSize
+	full := len(tokens) / bs
+	if from >= full {
+		return
+	}
+	buf := make([]byte, sha256.Size+4*bs+len(extra))
+	for i := from; i < full; i++ {
 		copy(buf, parent[:])
 		b := buf[sha256.Size:]
 		for _, t := range tokens[i*bs : (i+1)*bs] {
@@ -67,7 +78,8 @@ func (h *blockHasher) appendDigests(digests []digest, tokens []uint32, extra []b
 		}
 		copy(b, extra)
 		parent = sha256.Sum256(buf)
-		digests = append(digests, parent)
+		if !yield(parent) {
+			return
+		}
 	}
-	return digests
 }

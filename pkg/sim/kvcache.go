@@ -110,13 +110,22 @@ func (c *KVCache) ComputedBlocks(s *Sequence) int {
 }
 
 // CachedPrefixBlocks returns how many leading full blocks of tokens, run with
-// adapter lora, the cache holds right now. It changes nothing.
+// adapter lora, the cache holds right now. It changes nothing, and hashes
+// no block past the first one the cache lacks.
 func (c *KVCache) CachedPrefixBlocks(tokens []uint32, lora *LoRA) int {
 	var extra []byte
 	if lora != nil {
 		extra = []byte(lora.Name)
 	}
-	return c.leadingCached(c.hasher.appendDigests(nil, tokens, extra))
+	n := 0
+	c.hasher.chain(c.hasher.root, 0, tokens, extra, func(d digest) bool {
+		if c.pool.lookup(d) == noBlock {
+			return false
+		}
+		n++
+		return true
+	})
+	return n
 }
 
 func (c *KVCache) leadingCached(ds []digest) int {

@@ -426,3 +426,22 @@ func BenchmarkSequenceHash(b *testing.B) {
 		c.NewSequence(prompt, nil)
 	}
 }
+
+// BenchmarkCachedPrefixBlocks looks up an 8,192-token prompt whose first
+// quarter is cached, as a router's oracle does for every engine.
+func BenchmarkCachedPrefixBlocks(b *testing.B) {
+	c, err := NewKVCache(KVCacheConfig{NumBlocks: 1024, BlockSize: 16, HashSeed: "bench"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	prompt := seqTokens(7, 8192)
+	if s := c.NewSequence(prompt[:2048], nil); !c.AllocateSlots(s, 0, 0, s.Len()) {
+		b.Fatal("AllocateSlots failed")
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if n := c.CachedPrefixBlocks(prompt, nil); n != 128 {
+			b.Fatalf("%d blocks cached, want 128", n)
+		}
+	}
+}

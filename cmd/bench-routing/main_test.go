@@ -1,0 +1,70 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestBenchRoutingPrintsAndWritesAReportPerWorkload(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "reports")
+	var stdout, stderr bytes.Buffer
+	err := run(context.Background(), []string{
+		"-trace", "testdata/tiny_trace.jsonl", "-engines", "2", "-cache-blocks", "1024", "-seed", "3",
+		"-sp-groups", "2", "-sp-system-tokens", "256", "-sp-conversations", "6", "-sp-turns", "2",
+		"-out", out,
+	}, &stdout, &stderr)
+	if err != nil {
+		t.Fatalf("run: %v\n%s", err, stderr.String())
+	}
+	for _, workload := range []string{"mooncake", "shared-prefix"} {
+		table, err := os.ReadFile(filepath.Join(out, workload+".txt"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.HasPrefix(string(table), "workload "+workload+":") || !strings.Contains(stdout.String(), string(table)) {
+			t.Errorf("%s: table file and standard output disagree:\n%s\nprinted:\n%s", workload, table, stdout.String())
+		}
+		for _, ext := range []string{".csv", ".json", ".png"} {
+			if fi, err := os.Stat(filepath.Join(out, workload+ext)); err != nil || fi.Size() == 0 {
+				t.Errorf("%s%s: %v", workload, ext, err)
+			}
+		}
+	}
+	if !strings.Contains(stdout.String(), "oracle") || !strings.Contains(stderr.String(), "reports written to "+out) {
+		t.Errorf("output lacks the policies or where the reports went:\n%s\n%s", stdout.String(), stderr.String())
+	}
+}
+
+func TestBenchRoutingRejectsBadFlags(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"unknown workload", []string{"-workload", "chat"}, `unknown workload "chat"`},
+		{"unknown policy", []string{"-workload", "shared-prefix", "-policies", "oracle,fastest"}, `unknown policy "fastest"`},
+		{"missing trace", []string{"-workload", "mooncake", "-trace", "no-such-file"}, "no-such-file"},
+		{"stray argument", []string{"mooncake"}, "unexpected arguments"},
+		{"bad number", []string{"-engines", "many"}, "invalid value"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			args := append([]string{"-out", t.TempDir(), "-sp-conversations", "2"}, tt.args...)
+			err := run(context.Background(), args, &stdout, &stderr)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("error %v, want one about %q", err, tt.want)
+			}
+		})
+	}
+	var stderr bytes.Buffer
+	if err := run(context.Background(), []string{"-h"}, &bytes.Buffer{}, &stderr); !errors.Is(err, flag.ErrHelp) || !strings.Contains(stderr.String(), "-cache-blocks") {
+		t.Errorf("-h: error %v and usage %q, want flag.ErrHelp and the flags", err, stderr.String())
+	}
+}

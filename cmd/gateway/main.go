@@ -1,0 +1,64 @@
+// Command gateway runs kvgate's inference gateway: an OpenAI-compatible
+// proxy that routes each request to the vLLM pod that can serve it fastest,
+// using the KV-cache events of every pod. Its settings come from flags and
+// environment variables (gateway -help lists the flags; README.md documents
+// every variable); a flag given on the command line overrides its variable.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"k8s.io/klog/v2"
+
+	"github.com/kvgate/kvgate/pkg/config"
+	"github.com/kvgate/kvgate/pkg/gateway"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.LookupEnv, os.Stderr)
+	stop()
+	klog.Flush()
+	os.Exit(code)
+}
+
+// run runs the gateway until ctx ends and returns the process's exit code:
+// 0 after a clean shutdown, 1 when the configuration is invalid or the
+// gateway cannot start or fails, 2 for bad command-line arguments.
+func run(ctx context.Context, args []string, env config.LookupFunc, stderr io.Writer) int {
+	fs := flag.NewFlagSet("gateway", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	lookup, err := parseArgs(fs, args, env)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "gateway:", err)
+		return 2
+	}
+	e := config.NewEnv(lookup)
+	cfg := gateway.LoadConfig(e)
+	if err := e.Err(); err != nil {
+		fmt.Fprintf(stderr, "gateway: refusing to start, the configuration has these problems:\n%v\n", err)
+		return 1
+	}
+	g, err := gateway.New(cfg)
+	if err != nil {
+		fmt.Fprintln(stderr, "gateway: refusing to start:", err)
+		return 1
+	}
+	if err := g.Run(ctx); err != nil {
+		klog.ErrorS(err, "Gateway failed")
+		fmt.Fprintln(stderr, "gateway: failed:", err)
+		return 1
+	}
+	klog.InfoS("Gateway stopped")
+	return 0
+}

@@ -1,0 +1,208 @@
+package gateway
+
+import (
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"k8s.io/client-go/rest"
+	"k8s.io/klog/v2"
+
+	"github.com/kvgate/kvgate/pkg/cache"
+	"github.com/kvgate/kvgate/pkg/config"
+	"github.com/kvgate/kvgate/pkg/discovery"
+	"github.com/kvgate/kvgate/pkg/routing"
+	"github.com/kvgate/kvgate/pkg/tokenizer"
+)
+
+// Defaults of Config's zero fields.
+const (
+	DefaultMaxRequestBodyBytes = 16 << 20
+	DefaultShutdownTimeout     = 30 * time.Second
+	// DefaultDialTimeout bounds connecting to a pod; a pod that does not
+	// accept within it is treated as unreachable and the request is
+	// retried on another pod.
+	DefaultDialTimeout = 5 * time.Second
+	// DefaultMaxIdleConnsPerPod is how many keep-alive connections to each
+	// pod are kept open between requests.
+	DefaultMaxIdleConnsPerPod = 256
+)
+
+// Config configures a Gateway: every setting typed, read from kvgate's
+// environment variables and flags by LoadConfig. The library configurations
+// it holds (Tokenizer, Routing, Cache) are completed by New with what the
+// gateway owns: metrics registry, logger, Store and index.
+type Config struct {
+	// ListenAddress is where Run serves, host:port (KVGATE_LISTEN_ADDRESS).
+	ListenAddress string
+	// MaxRequestBodyBytes bounds a request body; a larger one is answered
+	// with 413 (KVGATE_MAX_REQUEST_BODY_BYTES, default 16 MiB).
+	MaxRequestBodyBytes int64
+	// ShutdownDelay is how long Serve goes on serving, with /readyz
+	// failing, once its context ends, so that load balancers stop sending
+	// requests before the listener closes (KVGATE_SHUTDOWN_DELAY, 0 by
+	// default).
+	ShutdownDelay time.Duration
+	// ShutdownTimeout bounds how long Serve then waits for requests in
+	// flight (KVGATE_SHUTDOWN_TIMEOUT, default 30 s).
+	ShutdownTimeout time.Duration
+	// DialTimeout bounds connecting to a pod (DefaultDialTimeout when 0).
+	DialTimeout time.Duration
+	// MaxIdleConnsPerPod bounds the keep-alive connections kept to each
+	// pod (DefaultMaxIdleConnsPerPod when 0).
+	MaxIdleConnsPerPod int
+
+	// Discovery says where pods come from, and Kubeconfig (KUBECONFIG, a
+	// list of files) how to reach Kubernetes; empty means in-cluster.
+	Discovery  config.Discovery
+	Kubeconfig string
+	// PodSource, when set, replaces the source Discovery describes, for a
+	// program with discovery of its own; RestConfig is then handed to it.
+	PodSource  cache.PodSource
+	RestConfig *rest.Config
+
+	// KVSync configures KV event sync and the prefix index.
+	KVSync config.KVSync
+
+	// RemoteTokenizer tokenizes prompts with the engines' /tokenize
+	// (AIBRIX_PREFIX_CACHE_USE_REMOTE_TOKENIZER); TokenizerEndpointTemplate
+	// is a pod's vLLM server URL with %s for its IP
+	// (AIBRIX_VLLM_TOKENIZER_ENDPOINT_TEMPLATE, see TokenizerURL).
+	RemoteTokenizer           bool
+	TokenizerEndpointTemplate string
+	// Tokenizer configures the tokenizer; its Logger is set by New.
+	Tokenizer tokenizer.Config
+
+	// Routing configures the router; Metrics, Index, Registerer and Logger
+	// are set by New.
+	Routing routing.Config
+	// Cache configures the Store; Registerer and Logger are set by New.
+	// The Redis features it enables need Redis.Address.
+	Cache cache.Config
+	// Redis is the Redis server of the Cache features that need one.
+	Redis RedisConfig
+
+	// Logger receives the gateway's logs (klog's global logger when zero).
+	Logger klog.Logger
+}
+
+// RedisConfig locates the Redis server.
+type RedisConfig struct {
+	// Address is host:port; empty runs without Redis
+	// (KVGATE_REDIS_ADDRESS).
+	Address string
+	// Password authenticates, empty for none (KVGATE_REDIS_PASSWORD).
+	Password string
+}
+
+// LoadConfig reads a Config from e, recording in e every malformed value
+// and every combination that cannot work: an unknown routing algorithm, a
+// tokenizer template that is not a URL, KV event sync without the remote
+// tokenizer, a static endpoints file or kubeconfig that cannot be read, or
+// a Redis feature enabled explicitly without a Redis address. A Redis
+// feature on by default is turned off without Redis. Check e.Err() before
+// using the result.
+func LoadConfig(e *config.Env) Config {
+	cfg := Config{
+		ListenAddress:             e.String(config.ListenAddress),
+		MaxRequestBodyBytes:       int64(e.Int(config.MaxRequestBodyBytes, 1)),
+		ShutdownDelay:             e.DurationOrZero(config.ShutdownDelay, time.Second),
+		ShutdownTimeout:           e.Duration(config.ShutdownTimeout, time.Second),
+		Discovery:                 config.LoadDiscovery(e),
+		Kubeconfig:                e.String(config.Kubeconfig),
+		KVSync:                    config.LoadKVSync(e),
+		RemoteTokenizer:           e.Bool(config.UseRemoteTokenizer),
+		TokenizerEndpointTemplate: e.String(config.TokenizerEndpointTemplate),
+		Tokenizer: tokenizer.Config{
+			Timeout:        e.Duration(config.TokenizerRequestTimeout, time.Second),
+			CacheMaxTokens: e.Int(config.TokenizerCacheMaxTokens, 1),
+		},
+		Routing: loadRouting(e),
+		Redis:   RedisConfig{Address: e.String(config.RedisAddress), Password: e.String(config.RedisPassword)},
+	}
+	cfg.Cache = loadCache(e, cfg.Redis.Address != "")
+	if _, _, err := net.SplitHostPort(cfg.ListenAddress); err != nil {
+		e.Errorf("%s=%q: want host:port, e.g. :8080: %v", config.ListenAddress.Name, cfg.ListenAddress, err)
+	}
+	if _, err := parseTokenizerTemplate(cfg.TokenizerEndpointTemplate); err != nil {
+		e.Errorf("%s=%q: %v", config.TokenizerEndpointTemplate.Name, cfg.TokenizerEndpointTemplate, err)
+	}
+	checkFiles(e, cfg)
+	return cfg
+}
+
+// loadRouting reads the router's settings.
+func loadRouting(e *config.Env) routing.Config {
+	r := routing.Config{
+		DefaultAlgorithm:              e.String(config.RoutingAlgorithm),
+		CPUCacheWeight:                e.Float(config.RoutingCPUCacheWeight, 0),
+		DefaultPrefillTokensPerSecond: e.Float(config.RoutingDefaultPrefillSpeed, 0),
+		TieTolerance:                  e.Float(config.RoutingTieTolerance, 0),
+		InFlightPrefillTTL:            e.Duration(config.RoutingInFlightPrefillTTL, time.Second),
+		ImbalanceAbsCount:             e.Int(config.PrefixCacheImbalanceAbsCount, 1),
+		StdDevFactor:                  e.Float(config.PrefixCacheStdDevFactor, 0),
+	}
+	if !slices.ContainsFunc(routing.Algorithms(), func(a string) bool {
+		return strings.EqualFold(a, strings.TrimSpace(r.DefaultAlgorithm))
+	}) {
+		e.Errorf("%s=%q: want one of %s", config.RoutingAlgorithm.Name, r.DefaultAlgorithm,
+			strings.Join(routing.Algorithms(), ", "))
+	}
+	if r.CPUCacheWeight <= 0 || r.CPUCacheWeight > 1 {
+		e.Errorf("%s=%v: want a number in (0, 1]", config.RoutingCPUCacheWeight.Name, r.CPUCacheWeight)
+	}
+	if r.DefaultPrefillTokensPerSecond <= 0 {
+		e.Errorf("%s=%v: want a positive number", config.RoutingDefaultPrefillSpeed.Name, r.DefaultPrefillTokensPerSecond)
+	}
+	return r
+}
+
+// loadCache reads the Store's settings. Redis features on by default are
+// off without Redis; one enabled explicitly without Redis is an error.
+func loadCache(e *config.Env, hasRedis bool) cache.Config {
+	redisFeature := func(v config.Var) bool {
+		on := e.Bool(v)
+		if on && !hasRedis {
+			if e.IsSet(v) {
+				e.Errorf("%s is true but needs Redis: set %s", v.Name, config.RedisAddress.Name)
+			}
+			return false
+		}
+		return on
+	}
+	return cache.Config{
+		PodMetricRefreshInterval: e.Duration(config.PodMetricRefreshInterval, time.Millisecond),
+		DeploymentLabel:          e.String(config.PodDeploymentLabel),
+		EnableRequestTrace:       redisFeature(config.RequestTracing),
+		EnableProfileCache:       redisFeature(config.ProfileCaching),
+		SharedRequestCounts:      redisFeature(config.SharedRequestCounts),
+	}
+}
+
+// checkFiles records the files cfg names that cannot be used: a static
+// endpoints file that cannot be read or parsed, a kubeconfig that does not
+// exist.
+func checkFiles(e *config.Env, cfg Config) {
+	switch cfg.Discovery.Mode {
+	case config.DiscoveryStatic:
+		if cfg.Discovery.StaticFile == "" {
+			return
+		}
+		data, err := os.ReadFile(cfg.Discovery.StaticFile)
+		if err == nil {
+			_, err = discovery.ParseStaticFile(data)
+		}
+		if err != nil {
+			e.Errorf("%s=%q: %v", config.StaticEndpointsFile.Name, cfg.Discovery.StaticFile, err)
+		}
+	case config.DiscoveryKubernetes:
+		for _, path := range filepath.SplitList(cfg.Kubeconfig) {
+			if _, err := os.Stat(path); err != nil {
+				e.Errorf("%s=%q: %v", config.Kubeconfig.Name, cfg.Kubeconfig, err)
+			}
+		}
+	}
+}

@@ -1,0 +1,123 @@
+package gateway
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kvgate/kvgate/pkg/config"
+)
+
+func envOf(m map[string]string) *config.Env {
+	return config.NewEnv(func(name string) (string, bool) {
+		v, ok := m[name]
+		return v, ok
+	})
+}
+
+func TestLoadConfigDefaults(t *testing.T) {
+	e := envOf(nil)
+	cfg := LoadConfig(e)
+	if err := e.Err(); err != nil {
+		t.Fatalf("defaults rejected: %v", err)
+	}
+	if cfg.ListenAddress != ":8080" || cfg.MaxRequestBodyBytes != 16<<20 || cfg.ShutdownTimeout != 30*time.Second ||
+		cfg.ShutdownDelay != 0 || cfg.Discovery.Mode != config.DiscoveryKubernetes || !cfg.KVSync.Enabled ||
+		!cfg.RemoteTokenizer || cfg.TokenizerEndpointTemplate != "http://%s:8000" || cfg.Tokenizer.Timeout != 5*time.Second ||
+		cfg.Routing.DefaultAlgorithm != "kv-aware" || cfg.Routing.InFlightPrefillTTL != 5*time.Minute ||
+		cfg.Cache.PodMetricRefreshInterval != 50*time.Millisecond {
+		t.Errorf("defaults: %+v", cfg)
+	}
+	if cfg.Cache.EnableRequestTrace || cfg.Cache.EnableProfileCache || cfg.Cache.SharedRequestCounts {
+		t.Errorf("Redis features on without Redis: %+v", cfg.Cache)
+	}
+	e = envOf(map[string]string{"KVGATE_REDIS_ADDRESS": "redis:6379"})
+	cfg = LoadConfig(e)
+	if e.Err() != nil || cfg.Cache.EnableRequestTrace || !cfg.Cache.EnableProfileCache || !cfg.Cache.SharedRequestCounts {
+		t.Errorf("with Redis: %+v, %v; want profiles and shared counts on, traces off", cfg.Cache, e.Err())
+	}
+}
+
+func TestLoadConfigListsEveryProblem(t *testing.T) {
+	e := envOf(map[string]string{
+		"KVGATE_LISTEN_ADDRESS":                    "8080",
+		"KVGATE_ROUTING_ALGORITHM":                 "fastest",
+		"AIBRIX_VLLM_TOKENIZER_ENDPOINT_TEMPLATE":  "http://pods:8000",
+		"AIBRIX_GPU_OPTIMIZER_TRACING_FLAG":        "true",
+		"KVGATE_ROUTING_CPU_CACHE_WEIGHT":          "1.5",
+		"KVGATE_POD_DISCOVERY":                     "static",
+		"KVGATE_STATIC_ENDPOINTS_FILE":             "/does/not/exist.yaml",
+		"AIBRIX_PREFIX_CACHE_USE_REMOTE_TOKENIZER": "false",
+		"KVGATE_SHUTDOWN_DELAY":                    "-1",
+	})
+	LoadConfig(e)
+	err := e.Err()
+	for _, want := range []string{"KVGATE_LISTEN_ADDRESS", `KVGATE_ROUTING_ALGORITHM="fastest"`,
+		"AIBRIX_VLLM_TOKENIZER_ENDPOINT_TEMPLATE", "AIBRIX_GPU_OPTIMIZER_TRACING_FLAG is true but needs Redis",
+		"KVGATE_ROUTING_CPU_CACHE_WEIGHT", "/does/not/exist.yaml", "AIBRIX_PREFIX_CACHE_USE_REMOTE_TOKENIZER is false",
+		"KVGATE_SHUTDOWN_DELAY"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("error %v does not mention %s", err, want)
+		}
+	}
+
+	e = envOf(map[string]string{"KVGATE_POD_DISCOVERY": "static", "KVGATE_STATIC_ENDPOINTS_FILE": writeEndpoints(t, "endpoints: [{}]\n")})
+	if LoadConfig(e); e.Err() == nil || !strings.Contains(e.Err().Error(), "model is empty") {
+		t.Errorf("invalid endpoints file: %v", e.Err())
+	}
+	e = envOf(map[string]string{"KUBECONFIG": "/no/kubeconfig"})
+	if LoadConfig(e); e.Err() == nil || !strings.Contains(e.Err().Error(), "/no/kubeconfig") {
+		t.Errorf("missing kubeconfig: %v", e.Err())
+	}
+}
+
+func TestTokenizerURLReplacesTheTemplatesPortWithThePodsServingPort(t *testing.T) {
+	pod := func(ip, port string) *v1.Pod {
+		p := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{}}, Status: v1.PodStatus{PodIP: ip}}
+		if port != "" {
+			p.Labels["model.aibrix.ai/port"] = port
+		}
+		return p
+	}
+	tests := []struct {
+		template string
+		pod      *v1.Pod
+		want     string
+	}{
+		{"http://%s:8000", pod("10.0.0.5", ""), "http://10.0.0.5:8000"},
+		{"http://%s:8000", pod("10.0.0.5", "8100"), "http://10.0.0.5:8100"},
+		{"http://%s:8000/", pod("127.0.0.1", "31001"), "http://127.0.0.1:31001"},
+		{"https://%s/vllm", pod("10.0.0.5", ""), "https://10.0.0.5:443/vllm"},
+		{"http://%s", pod("fd00::5", "9000"), "http://[fd00::5]:9000"},
+	}
+	for _, tt := range tests {
+		tmpl, err := parseTokenizerTemplate(tt.template)
+		if err != nil {
+			t.Fatalf("%s: %v", tt.template, err)
+		}
+		if got := tmpl.forPod(tt.pod); got != tt.want {
+			t.Errorf("%s for %s:%s = %s, want %s", tt.template, tt.pod.Status.PodIP, tt.pod.Labels["model.aibrix.ai/port"], got, tt.want)
+		}
+	}
+	for _, bad := range []string{"http://pods:8000", "http://%s:%s", "ftp://%s:21", "http://%s:99999", "http://%s:8000?x=1", "http://a%s:8000"} {
+		if _, err := parseTokenizerTemplate(bad); err == nil {
+			t.Errorf("%s accepted", bad)
+		}
+	}
+}
+
+func TestAdapterOfTellsBaseModelsFromAdapters(t *testing.T) {
+	pod := func(base string) *v1.Pod {
+		return &v1.Pod{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"model.aibrix.ai/name": base}}}
+	}
+	pods := []*v1.Pod{pod("llama"), pod("llama")}
+	if got := adapterOf("llama", pods); got != "" {
+		t.Errorf("adapterOf(base model) = %q, want \"\"", got)
+	}
+	if got := adapterOf("sql-lora", pods); got != "sql-lora" {
+		t.Errorf("adapterOf(adapter) = %q, want sql-lora", got)
+	}
+}

@@ -1,0 +1,193 @@
+package gateway
+
+import (
+	"cmp"
+	"net/http"
+	"slices"
+	"time"
+
+	"github.com/kvgate/kvgate/pkg/indexer"
+	"github.com/kvgate/kvgate/pkg/kvevent"
+)
+
+// kvCacheView is the answer of GET /debug/kvcache: what the prefix index
+// holds and how the KV event streams feeding it are doing, per model.
+type kvCacheView struct {
+	KVEventSync bool        `json:"kvEventSync"`
+	Models      []modelView `json:"models"`
+}
+
+// modelView is one model's share of the index and its pods.
+type modelView struct {
+	Model string `json:"model"`
+	// BlockSize is the engines' block size in tokens, 0 before the
+	// model's first event; Entries the distinct blocks indexed.
+	BlockSize int       `json:"blockSize"`
+	Entries   int       `json:"entries"`
+	Pods      []podView `json:"pods"`
+}
+
+// podView is one pod: what the KV event manager does with it and the
+// blocks the index holds for it.
+type podView struct {
+	Pod string `json:"pod"`
+	// State is the manager's (followed, ineligible, failed), with the
+	// reason a pod is ineligible and the error a failed one met; "" when
+	// the manager no longer knows the pod while the index still holds
+	// blocks of it.
+	State  string `json:"state"`
+	Reason string `json:"reason,omitempty"`
+	Error  string `json:"error,omitempty"`
+	// Blocks counts the pod's resident blocks by medium (GPU, CPU, ...),
+	// over its ranks, in KV-cache group 0, the group prefixes are matched
+	// in.
+	Blocks map[string]int `json:"blocks"`
+	// LastMatch is when a routing match last credited the pod.
+	LastMatch *time.Time `json:"lastMatch,omitempty"`
+	Ranks     []rankView `json:"ranks"`
+}
+
+// rankView is one data-parallel rank's stream.
+type rankView struct {
+	Rank int `json:"rank"`
+	// Lanes are the blocks the rank holds per medium and group.
+	Lanes []indexer.LaneStats `json:"lanes"`
+	// LastEventAgeSeconds is the time since the index applied the
+	// stream's last batch (or first saw the stream); absent when the index
+	// holds nothing of it.
+	LastEventAgeSeconds *float64 `json:"lastEventAgeSeconds,omitempty"`
+	// Client is the state of the stream's subscription, absent when the
+	// manager does not follow it.
+	Client *clientView `json:"client,omitempty"`
+}
+
+// clientView is what an operator reads of a stream's ZMQ client.
+type clientView struct {
+	PubEndpoint    string    `json:"pubEndpoint"`
+	ReplayEndpoint string    `json:"replayEndpoint,omitempty"`
+	Since          time.Time `json:"since"`
+	Connected      bool      `json:"connected"`
+	// LastSeq is the seq of the last batch delivered, absent before the
+	// first.
+	LastSeq           *uint64 `json:"lastSeq,omitempty"`
+	Batches           uint64  `json:"batches"`
+	ReplayedBatches   uint64  `json:"replayedBatches"`
+	ReplayFailures    uint64  `json:"replayFailures"`
+	UnrecoverableGaps uint64  `json:"unrecoverableGaps"`
+	MissedBatches     uint64  `json:"missedBatches"`
+	PublisherRestarts uint64  `json:"publisherRestarts"`
+	DecodeErrors      uint64  `json:"decodeErrors"`
+}
+
+// serveKVCache answers GET /debug/kvcache.
+func (g *Gateway) serveKVCache(w http.ResponseWriter, r *http.Request) {
+	if !allowMethod(w, r, http.MethodGet) || g.readyOr503(w) == nil {
+		return
+	}
+	v := kvCacheView{KVEventSync: g.manager != nil, Models: []modelView{}}
+	if g.manager != nil {
+		v.Models = buildKVCacheView(g.index.Stats(), g.manager.Snapshot(), time.Now())
+	}
+	writeJSON(w, v)
+}
+
+// buildKVCacheView merges the index's statistics with the manager's pods,
+// by model and pod, sorted by name.
+func buildKVCacheView(stats []indexer.ModelStats, pods []kvevent.PodStatus, now time.Time) []modelView {
+	b := viewBuilder{models: map[string]*modelView{}, pods: map[[2]string]*podView{}, order: map[string][]*podView{}}
+	for _, ms := range stats {
+		m := b.model(ms.Model)
+		m.BlockSize, m.Entries = ms.BlockSize, ms.Entries
+		for _, ps := range ms.Pods {
+			p := b.pod(ms.Model, ps.Pod)
+			if !ps.LastMatch.IsZero() {
+				p.LastMatch = &ps.LastMatch
+			}
+			for _, ss := range ps.Streams {
+				rk := p.rank(ss.Rank)
+				rk.Lanes = ss.Lanes
+				age := now.Sub(ss.LastEvent).Seconds()
+				rk.LastEventAgeSeconds = &age
+				for _, l := range ss.Lanes {
+					if l.Group == 0 {
+						p.Blocks[l.Medium] += l.Blocks
+					}
+				}
+			}
+		}
+	}
+	for _, ps := range pods {
+		p := b.pod(ps.Model, ps.Pod)
+		p.State, p.Reason, p.Error = ps.State, string(ps.Reason), ps.Error
+		for _, st := range ps.Streams {
+			p.rank(st.Stream.DPRank).Client = newClientView(st)
+		}
+	}
+	return b.sorted()
+}
+
+func newClientView(st kvevent.StreamStatus) *clientView {
+	s := st.Stats
+	c := &clientView{PubEndpoint: st.PubEndpoint, ReplayEndpoint: st.ReplayEndpoint, Since: st.Since,
+		Connected: s.Connected, Batches: s.BatchesReceived, ReplayedBatches: s.ReplayedBatches,
+		ReplayFailures: s.ReplayFailures, UnrecoverableGaps: s.UnrecoverableGaps, MissedBatches: s.MissedBatches,
+		PublisherRestarts: s.PublisherRestarts, DecodeErrors: s.DecodeErrors}
+	if s.BatchesReceived > 0 {
+		seq := s.LastSeq
+		c.LastSeq = &seq
+	}
+	return c
+}
+
+// viewBuilder collects models and pods by name.
+type viewBuilder struct {
+	models map[string]*modelView
+	pods   map[[2]string]*podView
+	// order keeps the pods of each model.
+	order map[string][]*podView
+}
+
+func (b *viewBuilder) model(name string) *modelView {
+	m, ok := b.models[name]
+	if !ok {
+		m = &modelView{Model: name, Pods: []podView{}}
+		b.models[name] = m
+	}
+	return m
+}
+
+func (b *viewBuilder) pod(model, key string) *podView {
+	b.model(model)
+	p, ok := b.pods[[2]string{model, key}]
+	if !ok {
+		p = &podView{Pod: key, Blocks: map[string]int{}, Ranks: []rankView{}}
+		b.pods[[2]string{model, key}] = p
+		b.order[model] = append(b.order[model], p)
+	}
+	return p
+}
+
+func (p *podView) rank(r int) *rankView {
+	for i := range p.Ranks {
+		if p.Ranks[i].Rank == r {
+			return &p.Ranks[i]
+		}
+	}
+	p.Ranks = append(p.Ranks, rankView{Rank: r, Lanes: []indexer.LaneStats{}})
+	return &p.Ranks[len(p.Ranks)-1]
+}
+
+// sorted returns the models, their pods and ranks in name order.
+func (b *viewBuilder) sorted() []modelView {
+	out := make([]modelView, 0, len(b.models))
+	for name, m := range b.models {
+		for _, p := range b.order[name] {
+			slices.SortFunc(p.Ranks, func(a, b rankView) int { return cmp.Compare(a.Rank, b.Rank) })
+			m.Pods = append(m.Pods, *p)
+		}
+		slices.SortFunc(m.Pods, func(a, b podView) int { return cmp.Compare(a.Pod, b.Pod) })
+		out = append(out, *m)
+	}
+	slices.SortFunc(out, func(a, b modelView) int { return cmp.Compare(a.Model, b.Model) })
+	return out
+}

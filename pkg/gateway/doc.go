@@ -1,0 +1,150 @@
+// Package gateway is kvgate's inference gateway: an OpenAI-compatible HTTP
+// proxy in front of a fleet of vLLM pods that sends each request to the pod
+// that can serve it fastest, using the prefix index kept by KV event sync.
+//
+// New builds a Gateway from a Config (LoadConfig reads one from kvgate's
+// environment variables, see the configuration reference in README.md) and
+// Serve runs it: the pod source (Kubernetes or a static endpoints file), the
+// cache Store scraping every pod's metrics, the KV event manager following
+// every eligible pod's KV-cache events into the prefix index, the remote
+// tokenizer and the router. cmd/gateway is a thin main around them.
+//
+// # Inference
+//
+// POST /v1/completions and POST /v1/chat/completions take OpenAI bodies.
+// For each request the gateway:
+//
+//  1. reads the body (413 beyond Config.MaxRequestBodyBytes) and decodes
+//     the fields it needs (400 for a body that is not a JSON object);
+//  2. resolves the routing algorithm from the routing-strategy header (400
+//     for an unknown name) and the model's pods from the Store (404 for a
+//     model no pod serves, 503 when none of its pods is ready);
+//  3. tokenizes the prompt with the engines' own tokenizer (vLLM's
+//     /tokenize on a ready pod of the model, the pods taking turns) when
+//     the algorithm reads it: prefix-cache and kv-aware match it against
+//     the prefix index, least-latency predicts the output length from its
+//     length. A failed tokenization is counted by reason and the request
+//     is routed on load alone; it never waits longer than the tokenizer's
+//     timeout;
+//  4. counts the request in the Store, routes it, counts it on the chosen
+//     pod and records its prefill as in flight on that pod (released at
+//     the first generated token, or when the request ends, fails or the
+//     client goes away);
+//  5. forwards the body as received to http://<pod-ip>:<serving port>
+//     over keep-alive connections. When the pod refuses the connection (or
+//     cannot be dialled), nothing was sent: the request is routed once more
+//     among the model's other pods, and fails with 503 when that pod cannot
+//     be reached either. A pod that fails after the request was sent is a
+//     502;
+//  6. relays the response with the pod's status and headers, adding
+//     target-pod (the pod's ip:port, as in AIBrix), target-pod-name
+//     (namespace/name) and routing-strategy (the algorithm used);
+//  7. ends the request's tracking with the token usage of the response
+//     (request traces and output predictor), or without when the response
+//     reports none.
+//
+// Streams are relayed as server-sent events, event by event as the pod
+// sends them, flushed whenever the gateway has relayed all it received, and
+// byte for byte. To learn a stream's usage, the gateway asks the pod for the
+// usage chunk (stream_options.include_usage) when the client did not, and
+// withholds that chunk (the chunk with an empty choices list and a usage
+// object) from the client, which receives exactly what it would have
+// received from the pod directly. The body of such a request is forwarded
+// with "stream_options":{"include_usage":true} inserted as its first member;
+// a body that has stream_options is re-encoded with include_usage set (and
+// continuous_usage_stats off). A stream's first token is the first event
+// with generated output (text, a chat delta other than the opening role, or
+// a finish reason): it ends the request's prefill for routing and is the
+// time to first token the gateway observes.
+//
+// GET /v1/models lists the models with at least one ready pod, in OpenAI's
+// format ({"object":"list","data":[{"id","object":"model","created","owned_by":"kvgate"}]}).
+//
+// Errors the gateway answers itself are OpenAI-style JSON:
+//
+//	{"error": {"message": "...", "type": "...", "param": "model" or null, "code": "..."}}
+//
+// with these types and codes:
+//
+//	400 invalid_request_error     invalid_json, unreadable_body, missing_field, invalid_field, unknown_routing_strategy, tokenizer_disabled
+//	404 invalid_request_error     model_not_found
+//	404 not_found_error           not_found (no such endpoint)
+//	405 invalid_request_error     method_not_allowed
+//	413 invalid_request_error     request_too_large
+//	502 upstream_error            upstream_failed (the pod failed after the request was sent)
+//	503 service_unavailable_error no_ready_pod, pods_unreachable, gateway_not_ready (the pods are not known yet)
+//
+// Errors a pod answers with are relayed as the pod sent them.
+//
+// # Health
+//
+// GET /healthz answers 200 while the process runs. GET /readyz answers 200
+// once the pod source has delivered the pods (and, with KV event sync, the
+// KV event manager has started), and 503 before and once shutdown has
+// begun; the body says why in one line. GET /metrics serves every metric of
+// the process from one registry: the gateway's, the Store's, the index's,
+// the KV event manager's and its clients', the tokenizer's, the router's,
+// Go's and the process's.
+//
+// # Debug API
+//
+// GET /debug/kvcache shows, per model, what the prefix index holds and how
+// the KV event streams feeding it are doing:
+//
+//	{
+//	  "kvEventSync": true,
+//	  "models": [{
+//	    "model": "llama", "blockSize": 16, "entries": 5120,
+//	    "pods": [{
+//	      "pod": "static/vllm-0",
+//	      "state": "followed",            // followed, ineligible or failed; "" once the manager forgot the pod
+//	      "reason": "...", "error": "...", // why a pod is ineligible or failed
+//	      "blocks": {"GPU": 4096, "CPU": 1024},  // resident blocks of group 0, all ranks
+//	      "lastMatch": "2026-11-02T10:04:05Z",   // last time routing credited the pod
+//	      "ranks": [{
+//	        "rank": 0,
+//	        "lanes": [{"medium": "GPU", "group": 0, "blocks": 4096}],
+//	        "lastEventAgeSeconds": 0.8,          // since the index applied the stream's last batch
+//	        "client": {
+//	          "pubEndpoint": "tcp://10.0.0.5:5557", "replayEndpoint": "tcp://10.0.0.5:5558",
+//	          "since": "2026-11-02T10:00:00Z", "connected": true, "lastSeq": 1234,
+//	          "batches": 1235, "replayedBatches": 12, "replayFailures": 0,
+//	          "unrecoverableGaps": 0, "missedBatches": 0, "publisherRestarts": 0, "decodeErrors": 0
+//	        }
+//	      }]
+//	    }]
+//	  }]
+//	}
+//
+// POST /debug/match takes {"model", "lora" (optional adapter), and one of
+// "prompt" (a string or token ids, tokenized as a completion), "messages"
+// (tokenized as a chat) or "tokens" (token ids)} and shows how each ready
+// pod matches the prompt and what every algorithm would decide now, without
+// routing anything:
+//
+//	{
+//	  "model": "llama", "lora": "",
+//	  "promptTokens": 352, "tokenSource": "tokenizer",  // tokens, tokenizer, or none with tokenizeError
+//	  "blockSize": 16, "promptBlocks": 22,
+//	  "pods": [{"pod": "static/vllm-0", "matchedBlocks": 22, "matchedGPUBlocks": 22,
+//	            "matchedTokens": 352, "matchedGPUTokens": 352}],
+//	  "defaultAlgorithm": "kv-aware",
+//	  "decisions": [routing.Decision, ...]  // one per algorithm, see routing.Explanation
+//	}
+//
+// # Metrics
+//
+//	kvgate_gateway_requests_total{model,code,algorithm}   inference requests answered
+//	kvgate_gateway_request_duration_seconds{model}        receipt to last byte
+//	kvgate_gateway_overhead_seconds                       receipt to sending to a pod (decode, tokenize, route)
+//	kvgate_gateway_time_to_first_token_seconds{model}     receipt to the first token relayed, streams
+//	kvgate_gateway_requests_in_flight                     requests being served
+//	kvgate_gateway_retries_total{reason}                  requests sent to another pod: connection_refused, dial
+//	kvgate_gateway_upstream_failures_total{reason}        connection_refused, dial, send, body
+//	kvgate_gateway_tokenization_failures_total{reason}    requests routed without tokens, by tokenizer.Reason
+//	kvgate_gateway_responses_without_usage_total          successes whose usage could not be read
+//
+// The model label is empty for requests rejected before their model was
+// found, and the algorithm label for requests rejected before it was
+// resolved, so that clients cannot grow the label sets.
+package gateway

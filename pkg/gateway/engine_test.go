@@ -1,0 +1,316 @@
+package gateway
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"k8s.io/klog/v2"
+
+	"github.com/kvgate/kvgate/pkg/kvevent"
+)
+
+// testBlockSize is the block size of the test engines, in tokens.
+const testBlockSize = 16
+
+// toyTokens is the test engines' tokenizer: one token per byte.
+func toyTokens(text string) []uint32 {
+	ids := make([]uint32, len(text))
+	for i := range len(text) {
+		ids[i] = 1000 + uint32(text[i])
+	}
+	return ids
+}
+
+// engineLoad is what a test engine reports on /metrics.
+type engineLoad struct {
+	running, waiting, kvUsage float64
+	tpotSeconds               float64
+}
+
+// recorded is a request a test engine received.
+type recorded struct {
+	path   string
+	header http.Header
+	body   []byte
+}
+
+// testEngine is a vLLM engine for the gateway's tests: an httptest server
+// answering /v1/completions, /v1/chat/completions, /tokenize and /metrics,
+// and a kvevent.Publisher on loopback whose events the test publishes.
+type testEngine struct {
+	t    testing.TB
+	name string
+	srv  *httptest.Server
+	port int
+	pub  *kvevent.Publisher
+	// pubPort and replayPort are the publisher's ports.
+	pubPort, replayPort int
+
+	mu       sync.Mutex
+	load     engineLoad
+	requests []recorded
+	// answer, when set, replaces the default answer to inference requests.
+	answer func(w http.ResponseWriter, r *http.Request, body []byte)
+	// tokenizeStatus, when not 0, is the status /tokenize fails with.
+	tokenizeStatus int
+	// forget skips recording requests, for benchmarks.
+	forget   bool
+	nextHash uint64
+}
+
+// newTestEngine starts an engine named name.
+func newTestEngine(t testing.TB, name string) *testEngine {
+	t.Helper()
+	e := &testEngine{t: t, name: name, load: engineLoad{tpotSeconds: 0.01}, nextHash: 1}
+	e.srv = httptest.NewServer(http.HandlerFunc(e.serve))
+	t.Cleanup(e.srv.Close)
+	e.port = e.srv.Listener.Addr().(*net.TCPAddr).Port
+	ports := freePorts(t, 2)
+	e.pubPort, e.replayPort = ports[0], ports[1]
+	cfg := kvevent.DefaultPublisherConfig()
+	cfg.Endpoint = fmt.Sprintf("tcp://[::ffff:127.0.0.1]:%d", e.pubPort)
+	cfg.ReplayEndpoint = fmt.Sprintf("tcp://127.0.0.1:%d", e.replayPort)
+	cfg.ReplayPollInterval = 5 * time.Millisecond
+	cfg.Logger = klog.Background().V(4)
+	var err error
+	if e.pub, err = kvevent.NewPublisher(cfg); err != nil {
+		t.Fatalf("engine %s: NewPublisher: %v", name, err)
+	}
+	t.Cleanup(func() { _ = e.pub.Close() })
+	return e
+}
+
+// freePorts returns n TCP ports free on 127.0.0.1 when it was called.
+func freePorts(t testing.TB, n int) []int {
+	t.Helper()
+	var lns []net.Listener
+	var ports []int
+	for range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatalf("find a free port: %v", err)
+		}
+		lns = append(lns, ln)
+		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
+	}
+	for _, ln := range lns {
+		ln.Close()
+	}
+	return ports
+}
+
+// setLoad changes what the engine reports on /metrics.
+func (e *testEngine) setLoad(f func(*engineLoad)) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	f(&e.load)
+}
+
+// setAnswer replaces the engine's answer to inference requests.
+func (e *testEngine) setAnswer(f func(w http.ResponseWriter, r *http.Request, body []byte)) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.answer = f
+}
+
+// received returns the inference requests the engine received.
+func (e *testEngine) received() []recorded {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return append([]recorded(nil), e.requests...)
+}
+
+// storePrompt publishes that the engine stored the whole blocks of tokens,
+// and returns their engine hashes.
+func (e *testEngine) storePrompt(tokens []uint32) []kvevent.BlockHash {
+	e.t.Helper()
+	n := len(tokens) / testBlockSize
+	e.mu.Lock()
+	hashes := make([]kvevent.BlockHash, n)
+	for i := range hashes {
+		hashes[i] = e.nextHash
+		e.nextHash++
+	}
+	e.mu.Unlock()
+	e.publish(&kvevent.BlockStoredEvent{BlockHashes: hashes, TokenIDs: tokens[:n*testBlockSize],
+		BlockSize: testBlockSize, Medium: kvevent.MediumGPU, GroupIdx: kvevent.NoGroup})
+	return hashes
+}
+
+// removeBlocks publishes that the engine evicted blocks, one event each as
+// vLLM's GPU block pool sends them.
+func (e *testEngine) removeBlocks(hashes []kvevent.BlockHash) {
+	e.t.Helper()
+	for _, h := range hashes {
+		e.publish(&kvevent.BlockRemovedEvent{BlockHashes: []kvevent.BlockHash{h}, Medium: kvevent.MediumGPU,
+			GroupIdx: kvevent.NoGroup})
+	}
+}
+
+func (e *testEngine) publish(ev kvevent.KVEvent) {
+	e.t.Helper()
+	err := e.pub.Publish(&kvevent.EventBatch{TS: float64(time.Now().UnixMicro()) / 1e6, DataParallelRank: kvevent.NoRank,
+		Events: []kvevent.KVEvent{ev}})
+	if err != nil {
+		e.t.Fatalf("engine %s: publish: %v", e.name, err)
+	}
+}
+
+func (e *testEngine) serve(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	switch r.URL.Path {
+	case "/metrics":
+		e.serveMetrics(w)
+	case "/tokenize":
+		e.serveTokenize(w, body)
+	case "/v1/completions", "/v1/chat/completions":
+		e.mu.Lock()
+		if !e.forget {
+			e.requests = append(e.requests, recorded{path: r.URL.Path, header: r.Header.Clone(), body: body})
+		}
+		answer := e.answer
+		e.mu.Unlock()
+		if answer == nil {
+			answer = defaultAnswer
+		}
+		answer(w, r, body)
+	default:
+		http.NotFound(w, r)
+	}
+}
+
+// serveMetrics reports the engine's load with vLLM's metric names.
+func (e *testEngine) serveMetrics(w http.ResponseWriter) {
+	e.mu.Lock()
+	l := e.load
+	e.mu.Unlock()
+	labels := `engine="0",model_name="llama"`
+	fmt.Fprintf(w, "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{%s} %v\n", labels, l.running)
+	fmt.Fprintf(w, "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{%s} %v\n", labels, l.waiting)
+	fmt.Fprintf(w, "# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{%s} %v\n", labels, l.kvUsage)
+	fmt.Fprintf(w, "# TYPE vllm:inter_token_latency_seconds histogram\n"+
+		"vllm:inter_token_latency_seconds_bucket{%s,le=\"+Inf\"} 100\n"+
+		"vllm:inter_token_latency_seconds_sum{%s} %v\nvllm:inter_token_latency_seconds_count{%s} 100\n",
+		labels, labels, l.tpotSeconds*100, labels)
+}
+
+// serveTokenize answers vLLM's POST /tokenize with toyTokens of the prompt,
+// or of the chat messages' contents joined by newlines.
+func (e *testEngine) serveTokenize(w http.ResponseWriter, body []byte) {
+	e.mu.Lock()
+	status := e.tokenizeStatus
+	e.mu.Unlock()
+	if status != 0 {
+		http.Error(w, `{"error":"tokenizer failed"}`, status)
+		return
+	}
+	var req struct {
+		Prompt   string `json:"prompt"`
+		Messages []struct {
+			Content string `json:"content"`
+		} `json:"messages"`
+	}
+	if err := json.Unmarshal(body, &req); err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	text := req.Prompt
+	for _, m := range req.Messages {
+		text += m.Content + "\n"
+	}
+	ids := toyTokens(text)
+	out, _ := json.Marshal(map[string]any{"count": len(ids), "max_model_len": 8192, "tokens": ids, "token_strs": nil})
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(out)
+}
+
+// engineRequest is what the default answer reads of an inference request.
+type engineRequest struct {
+	Model         string `json:"model"`
+	Prompt        any    `json:"prompt"`
+	Stream        bool   `json:"stream"`
+	StreamOptions *struct {
+		IncludeUsage bool `json:"include_usage"`
+	} `json:"stream_options"`
+}
+
+// defaultAnswer generates three tokens, as vLLM would answer: a whole
+// response with usage, or a stream of chunks, with the usage chunk when
+// asked for.
+func defaultAnswer(w http.ResponseWriter, r *http.Request, body []byte) {
+	var req engineRequest
+	if err := json.Unmarshal(body, &req); err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	prompt, _ := req.Prompt.(string)
+	promptTokens := len(prompt)
+	if !req.Stream {
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"id":"cmpl-1","object":"text_completion","created":1,"model":%q,`+
+			`"choices":[{"index":0,"text":" a b c","logprobs":null,"finish_reason":"length"}],`+
+			`"usage":{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":3}}`, req.Model, promptTokens, promptTokens+3)
+		return
+	}
+	usage := req.StreamOptions != nil && req.StreamOptions.IncludeUsage
+	writeSSE(w, streamEvents(req.Model, strings.HasSuffix(r.URL.Path, "/chat/completions"), promptTokens, usage))
+}
+
+// streamEvents returns the events of a three-token stream as vLLM sends
+// them.
+func streamEvents(model string, chat bool, promptTokens int, usage bool) []string {
+	var events []string
+	chunk := func(choice string) string {
+		object := "text_completion"
+		if chat {
+			object = "chat.completion.chunk"
+		}
+		return fmt.Sprintf(`data: {"id":"cmpl-1","object":%q,"created":1,"model":%q,"choices":[%s]}`+"\n\n", object, model, choice)
+	}
+	if chat {
+		events = append(events, chunk(`{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}`))
+	}
+	for i, tok := range []string{" a", " b", " c"} {
+		finish := "null"
+		if i == 2 {
+			finish = `"length"`
+		}
+		if chat {
+			events = append(events, chunk(fmt.Sprintf(`{"index":0,"delta":{"content":%q},"logprobs":null,"finish_reason":%s}`, tok, finish)))
+		} else {
+			events = append(events, chunk(fmt.Sprintf(`{"index":0,"text":%q,"logprobs":null,"finish_reason":%s}`, tok, finish)))
+		}
+	}
+	if usage {
+		events = append(events, fmt.Sprintf(`data: {"id":"cmpl-1","object":"x","created":1,"model":%q,"choices":[],`+
+			`"usage":{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":3}}`+"\n\n", model, promptTokens, promptTokens+3))
+	}
+	return append(events, "data: [DONE]\n\n")
+}
+
+// writeSSE answers with events, flushing each.
+func writeSSE(w http.ResponseWriter, events []string) {
+	w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
+	w.WriteHeader(http.StatusOK)
+	for _, ev := range events {
+		if _, err := io.WriteString(w, ev); err != nil {
+			return
+		}
+		w.(http.Flusher).Flush()
+	}
+}
+
+// endpointYAML is the engine's entry in a static endpoints file.
+func (e *testEngine) endpointYAML() string {
+	return "- name: " + e.name + "\n  address: 127.0.0.1\n  model: llama\n  port: " + strconv.Itoa(e.port) +
+		"\n  pubPort: " + strconv.Itoa(e.pubPort) + "\n  replayPort: " + strconv.Itoa(e.replayPort) + "\n"
+}

@@ -1,0 +1,66 @@
+package gateway
+
+import (
+	"encoding/json"
+	"net/http"
+)
+
+// Error types of the JSON errors the gateway answers with, OpenAI's where
+// OpenAI has one.
+const (
+	typeInvalidRequest     = "invalid_request_error"
+	typeNotFound           = "not_found_error"
+	typeServiceUnavailable = "service_unavailable_error"
+	typeUpstream           = "upstream_error"
+)
+
+// Error codes of the gateway's own errors. Errors an engine answers with
+// are passed through as the engine sent them.
+const (
+	codeInvalidJSON       = "invalid_json"
+	codeUnreadableBody    = "unreadable_body"
+	codeMissingField      = "missing_field"
+	codeInvalidField      = "invalid_field"
+	codeUnknownStrategy   = "unknown_routing_strategy"
+	codeModelNotFound     = "model_not_found"
+	codeNoReadyPod        = "no_ready_pod"
+	codeRequestTooLarge   = "request_too_large"
+	codeMethodNotAllowed  = "method_not_allowed"
+	codeNotFound          = "not_found"
+	codeNotReady          = "gateway_not_ready"
+	codePodsUnreachable   = "pods_unreachable"
+	codeUpstreamFailed    = "upstream_failed"
+	codeTokenizerDisabled = "tokenizer_disabled"
+	codeKVSyncDisabled    = "kv_event_sync_disabled"
+)
+
+// apiError is an OpenAI-style error body: {"error": {...}}.
+type apiError struct {
+	Error apiErrorBody `json:"error"`
+}
+
+type apiErrorBody struct {
+	Message string  `json:"message"`
+	Type    string  `json:"type"`
+	Param   *string `json:"param"`
+	Code    string  `json:"code"`
+}
+
+// writeError answers with status and an OpenAI-style JSON error. param
+// names the request field at fault, "" for none.
+func writeError(w http.ResponseWriter, status int, typ, code, param, message string) {
+	body := apiError{Error: apiErrorBody{Message: message, Type: typ, Code: code}}
+	if param != "" {
+		body.Error.Param = &param
+	}
+	data, err := json.Marshal(body)
+	if err != nil {
+		// A struct of strings always encodes.
+		panic(err)
+	}
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Del("Content-Length")
+	w.WriteHeader(status)
+	_, _ = w.Write(append(data, '\n'))
+}

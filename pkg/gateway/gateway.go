@@ -1,0 +1,232 @@
+package gateway
+
+import (
+	"cmp"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/redis/go-redis/v9"
+	"k8s.io/client-go/rest"
+	"k8s.io/klog/v2"
+
+	"github.com/kvgate/kvgate/pkg/cache"
+	"github.com/kvgate/kvgate/pkg/indexer"
+	"github.com/kvgate/kvgate/pkg/kvevent"
+	"github.com/kvgate/kvgate/pkg/routing"
+	"github.com/kvgate/kvgate/pkg/tokenizer"
+)
+
+// Gateway is kvgate's inference gateway: an OpenAI-compatible proxy that
+// routes each request to a vLLM pod with the routing algorithm it names,
+// over the pods its discovery finds, the metrics the Store scrapes and the
+// prefix index its KV event sync keeps. See the package documentation for
+// its HTTP API.
+//
+// A Gateway serves once: New builds it, Serve (or Run) runs it until its
+// context ends and releases everything it holds when it returns.
+type Gateway struct {
+	cfg        Config
+	log        klog.Logger
+	registry   *prometheus.Registry
+	metrics    *metrics
+	index      *indexer.SyncPrefixHashTable // nil without KV event sync
+	manager    *kvevent.KVEventManager      // nil without KV event sync
+	tokenizer  *tokenizer.Tokenizer         // nil without the remote tokenizer
+	tokenURL   urlTemplate
+	redis      *redis.Client // nil without Redis
+	restConfig *rest.Config
+	source     cache.PodSource
+	transport  *http.Transport
+	enginePort int
+	handler    http.Handler
+	started    time.Time
+
+	// backend is set once the Store has synced; until then the inference
+	// and debug endpoints answer 503.
+	backend atomic.Pointer[backend]
+	// draining is set when shutdown begins.
+	draining atomic.Bool
+
+	idPrefix     string
+	nextID       atomic.Uint64
+	nextTokenize atomic.Uint64
+}
+
+// backend is what serving requests needs once the pods are known.
+type backend struct {
+	store  *cache.Store
+	router *routing.Router
+}
+
+// New builds a gateway from cfg without starting anything: its metrics
+// registry, prefix index and KV event manager (with KV sync), tokenizer
+// (with the remote tokenizer), pod source, Redis client and the transport
+// to pods. It fails when cfg is invalid, the Kubernetes client
+// configuration cannot be loaded, or a component refuses its settings.
+func New(cfg Config) (*Gateway, error) {
+	cfg = cfg.withDefaults()
+	g := &Gateway{cfg: cfg, log: cfg.Logger.WithName("gateway"), registry: prometheus.NewRegistry(), started: time.Now()}
+	g.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	var err error
+	if g.tokenURL, err = parseTokenizerTemplate(cfg.TokenizerEndpointTemplate); err != nil {
+		return nil, fmt.Errorf("gateway: tokenizer endpoint template %q: %w", cfg.TokenizerEndpointTemplate, err)
+	}
+	if cfg.KVSync.Enabled && !cfg.RemoteTokenizer {
+		return nil, errors.New("gateway: KV event sync needs the remote tokenizer: the prefix index holds the engines' token ids")
+	}
+	if g.metrics, err = newMetrics(g.registry); err != nil {
+		return nil, err
+	}
+	if cfg.KVSync.Enabled {
+		if err := g.newKVSync(); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.RemoteTokenizer {
+		tc := cfg.Tokenizer
+		tc.Logger = cfg.Logger
+		if g.tokenizer, err = tokenizer.New(tc, g.registry); err != nil {
+			return nil, fmt.Errorf("gateway: %w", err)
+		}
+	}
+	if g.source, g.restConfig, err = newPodSource(cfg); err != nil {
+		return nil, fmt.Errorf("gateway: %w", err)
+	}
+	if cfg.Redis.Address != "" {
+		g.redis = redis.NewClient(&redis.Options{Addr: cfg.Redis.Address, Password: cfg.Redis.Password})
+	}
+	g.transport = newTransport(cfg.DialTimeout, cfg.MaxIdleConnsPerPod)
+	g.enginePort = cmp.Or(cfg.Cache.DefaultEnginePort, cache.DefaultEnginePort)
+	var id [4]byte
+	_, _ = rand.Read(id[:])
+	g.idPrefix = "kvgate-" + hex.EncodeToString(id[:]) + "-"
+	g.handler = g.routes()
+	return g, nil
+}
+
+// withDefaults returns c with its zero fields defaulted.
+func (c Config) withDefaults() Config {
+	if c.MaxRequestBodyBytes == 0 {
+		c.MaxRequestBodyBytes = DefaultMaxRequestBodyBytes
+	}
+	if c.ShutdownTimeout == 0 {
+		c.ShutdownTimeout = DefaultShutdownTimeout
+	}
+	if c.DialTimeout == 0 {
+		c.DialTimeout = DefaultDialTimeout
+	}
+	if c.MaxIdleConnsPerPod == 0 {
+		c.MaxIdleConnsPerPod = DefaultMaxIdleConnsPerPod
+	}
+	if c.Logger.GetSink() == nil {
+		c.Logger = klog.Background()
+	}
+	return c
+}
+
+// newKVSync builds the prefix index and the KV event manager feeding it.
+func (g *Gateway) newKVSync() error {
+	k := g.cfg.KVSync
+	var err error
+	g.index, err = indexer.NewSyncPrefixHashTable(indexer.Config{
+		MaxContexts:           k.MaxContexts,
+		MaxPrefixesPerContext: k.MaxPrefixesPerContext,
+		MaxPrefixes:           k.MaxEntries,
+		EvictionInterval:      k.EvictionInterval,
+		EvictionDuration:      k.EvictionDuration,
+	}, g.registry)
+	if err != nil {
+		return fmt.Errorf("gateway: prefix index: %w", err)
+	}
+	mc := kvevent.ManagerConfig{
+		Index:      cache.NewKVIndex(g.index),
+		Streams:    kvevent.StreamDefaults{PubPort: k.PubPort, ReplayPort: k.ReplayPort, Topic: k.Topic},
+		Registerer: g.registry,
+		Logger:     g.cfg.Logger,
+	}
+	if k.BindEndpoint != "" {
+		mc.Bind = &kvevent.BindConfig{Endpoint: k.BindEndpoint, Ranks: k.BindRanks}
+	}
+	if g.manager, err = kvevent.NewKVEventManager(mc); err != nil {
+		return fmt.Errorf("gateway: %w", err)
+	}
+	return nil
+}
+
+// Handler returns the gateway's HTTP API. Until Serve has synced the pods,
+// the inference and debug endpoints answer 503.
+func (g *Gateway) Handler() http.Handler { return g.handler }
+
+// requestID returns a new id, unique among this process's requests, under
+// which the Store tracks a request.
+func (g *Gateway) requestID() string {
+	var buf [40]byte
+	b := append(buf[:0], g.idPrefix...)
+	return string(strconv.AppendUint(b, g.nextID.Add(1), 10))
+}
+
+// ready returns the backend, nil before the Store synced.
+func (g *Gateway) ready() *backend { return g.backend.Load() }
+
+// readiness says whether the gateway should receive traffic, and why not.
+func (g *Gateway) readiness() (bool, string) {
+	switch {
+	case g.draining.Load():
+		return false, "shutting down: requests in flight are draining"
+	case g.ready() == nil:
+		return false, "starting: waiting for the pod source (" + g.sourceName() + ") to deliver the pods"
+	}
+	msg := "ready: pods synced from " + g.sourceName()
+	if g.manager != nil {
+		msg += "; KV event sync running"
+	}
+	return true, msg
+}
+
+// sourceName describes where pods come from, for readiness and logs.
+func (g *Gateway) sourceName() string {
+	if g.cfg.PodSource != nil {
+		return fmt.Sprintf("%T", g.cfg.PodSource)
+	}
+	return g.cfg.Discovery.String()
+}
+
+// shutdown fails readiness, keeps serving for the shutdown delay (when the
+// gateway got to serve at all), lets the requests in flight finish within
+// the shutdown timeout, then releases what the gateway holds in dependency
+// order.
+func (g *Gateway) shutdown(srv *http.Server, store *cache.Store, stopIndex context.CancelFunc) {
+	g.draining.Store(true)
+	if store != nil && g.cfg.ShutdownDelay > 0 {
+		g.log.Info("Failing readiness before closing the listener", "delay", g.cfg.ShutdownDelay)
+		time.Sleep(g.cfg.ShutdownDelay)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.ShutdownTimeout)
+	defer cancel()
+	if err := srv.Shutdown(ctx); err != nil {
+		g.log.Info("Requests still in flight after the shutdown timeout are cut", "timeout", g.cfg.ShutdownTimeout)
+		_ = srv.Close()
+	}
+	if store != nil {
+		store.Close()
+	}
+	stopIndex()
+	if g.tokenizer != nil {
+		g.tokenizer.Close()
+	}
+	g.transport.CloseIdleConnections()
+	if g.redis != nil {
+		if err := g.redis.Close(); err != nil {
+			g.log.Error(err, "Closing the Redis client failed")
+		}
+	}
+}

@@ -1,0 +1,166 @@
+package gateway
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+
+	"github.com/kvgate/kvgate/pkg/routing"
+	"github.com/kvgate/kvgate/pkg/tokenizer"
+	"github.com/kvgate/kvgate/pkg/types"
+)
+
+// matchRequest is the body of POST /debug/match: a model and exactly one of
+// a prompt (a string or token ids, tokenized as /v1/completions does),
+// chat messages (rendered and tokenized as /v1/chat/completions does) or
+// token ids.
+type matchRequest struct {
+	Model string `json:"model"`
+	// Lora names a LoRA adapter of Model; the request is then matched as
+	// one for the adapter.
+	Lora     string          `json:"lora"`
+	Prompt   json.RawMessage `json:"prompt"`
+	Messages json.RawMessage `json:"messages"`
+	Tokens   []uint32        `json:"tokens"`
+}
+
+// matchResponse is the answer of POST /debug/match.
+type matchResponse struct {
+	Model string `json:"model"`
+	Lora  string `json:"lora,omitempty"`
+	// PromptTokens is the prompt's length in tokens; TokenSource says
+	// where they came from: "tokens" (the request), "tokenizer" (the
+	// engines' /tokenize), or "none" when tokenization failed, with
+	// TokenizeError saying why; the decisions are then on load alone.
+	PromptTokens  int    `json:"promptTokens"`
+	TokenSource   string `json:"tokenSource"`
+	TokenizeError string `json:"tokenizeError,omitempty"`
+	// BlockSize and PromptBlocks describe how the prompt was matched; 0
+	// when the index knows no block of the model.
+	BlockSize    int `json:"blockSize"`
+	PromptBlocks int `json:"promptBlocks"`
+	// Pods is how much of the prompt's prefix each ready pod holds.
+	Pods []podMatchView `json:"pods"`
+	// DefaultAlgorithm serves requests without a routing-strategy header;
+	// Decisions holds the decision each algorithm would take now.
+	DefaultAlgorithm string             `json:"defaultAlgorithm"`
+	Decisions        []routing.Decision `json:"decisions"`
+}
+
+// podMatchView is one pod's match.
+type podMatchView struct {
+	Pod              string `json:"pod"`
+	MatchedBlocks    int    `json:"matchedBlocks"`
+	MatchedGPUBlocks int    `json:"matchedGPUBlocks"`
+	MatchedTokens    int    `json:"matchedTokens"`
+	MatchedGPUTokens int    `json:"matchedGPUTokens"`
+}
+
+// maxMatchBodyBytes bounds the body of a /debug/match request.
+const maxMatchBodyBytes = 16 << 20
+
+// serveMatch answers POST /debug/match: how each pod matches a prompt and
+// what every routing algorithm would decide, without routing anything.
+func (g *Gateway) serveMatch(w http.ResponseWriter, r *http.Request) {
+	if !allowMethod(w, r, http.MethodPost) {
+		return
+	}
+	b := g.readyOr503(w)
+	if b == nil {
+		return
+	}
+	req, status, code, msg := decodeMatch(w, r, min(g.cfg.MaxRequestBodyBytes, maxMatchBodyBytes))
+	if status != 0 {
+		writeError(w, status, typeInvalidRequest, code, "", msg)
+		return
+	}
+	target := req.Model
+	if req.Lora != "" {
+		target = req.Lora
+	}
+	pods, err := b.store.ListPodsByModel(target)
+	if err != nil {
+		writeError(w, http.StatusNotFound, typeInvalidRequest, codeModelNotFound, "model", fmt.Sprintf("the model `%s` does not exist", target))
+		return
+	}
+	if len(pods) == 0 {
+		writeError(w, http.StatusServiceUnavailable, typeServiceUnavailable, codeNoReadyPod, "model",
+			fmt.Sprintf("no pod serving the model `%s` is ready", target))
+		return
+	}
+	rc := types.NewRoutingContext(r.Context(), g.requestID(), target)
+	rc.LoraAdapter = req.Lora
+	if req.Lora == "" {
+		rc.LoraAdapter = adapterOf(target, pods)
+	}
+	resp := matchResponse{Model: req.Model, Lora: rc.LoraAdapter, TokenSource: "tokens"}
+	if req.Tokens != nil {
+		rc.PromptTokenIDs = req.Tokens
+	} else {
+		if g.tokenizer == nil {
+			writeError(w, http.StatusBadRequest, typeInvalidRequest, codeTokenizerDisabled, "",
+				"the remote tokenizer is disabled: send token ids in \"tokens\"")
+			return
+		}
+		resp.TokenSource = "tokenizer"
+		in := inference{kind: kindCompletion, comp: completionBody{CompletionRequest: tokenizer.CompletionRequest{Model: target, Prompt: req.Prompt}}}
+		if req.Messages != nil {
+			in = inference{kind: kindChat, chat: chatBody{ChatRequest: tokenizer.ChatRequest{Model: target, Messages: req.Messages}}}
+		}
+		pod := pods[g.nextTokenize.Add(1)%uint64(len(pods))]
+		if rc.PromptTokenIDs, err = in.tokenize(r.Context(), g.tokenizer, g.tokenURL.forPod(pod)); err != nil {
+			resp.TokenSource, resp.TokenizeError = "none", err.Error()
+		}
+	}
+	e, err := b.router.Explain(rc, pods)
+	if err != nil {
+		writeError(w, http.StatusServiceUnavailable, typeServiceUnavailable, codeNoReadyPod, "", err.Error())
+		return
+	}
+	resp.PromptTokens = len(rc.PromptTokenIDs)
+	resp.DefaultAlgorithm, resp.Decisions = e.DefaultAlgorithm, e.Decisions
+	resp.Pods = []podMatchView{}
+	if len(e.Decisions) > 0 {
+		d := e.Decisions[0]
+		resp.BlockSize, resp.PromptBlocks = d.BlockSize, d.PromptBlocks
+		for _, c := range d.Candidates {
+			resp.Pods = append(resp.Pods, podMatchView{Pod: c.Pod, MatchedBlocks: c.MatchedBlocks,
+				MatchedGPUBlocks: c.MatchedGPUBlocks, MatchedTokens: c.MatchedTokens, MatchedGPUTokens: c.MatchedGPUTokens})
+		}
+	}
+	writeJSON(w, resp)
+}
+
+// decodeMatch reads and checks a /debug/match body; a non-zero status
+// describes what is wrong with it.
+func decodeMatch(w http.ResponseWriter, r *http.Request, limit int64) (req matchRequest, status int, code, msg string) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return req, http.StatusRequestEntityTooLarge, codeRequestTooLarge, fmt.Sprintf("the request body exceeds %d bytes", limit)
+		}
+		return req, http.StatusBadRequest, codeUnreadableBody, "reading the request body failed: " + err.Error()
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		return req, http.StatusBadRequest, codeInvalidJSON, jsonError(err)
+	}
+	if req.Model == "" {
+		return req, http.StatusBadRequest, codeMissingField, "the request names no model"
+	}
+	given := 0
+	for _, set := range []bool{len(req.Prompt) > 0, len(req.Messages) > 0, req.Tokens != nil} {
+		if set {
+			given++
+		}
+	}
+	if given != 1 {
+		return req, http.StatusBadRequest, codeInvalidField, `give exactly one of "prompt", "messages" and "tokens"`
+	}
+	return req, 0, "", ""
+}

@@ -1,0 +1,401 @@
+package gateway
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/klog/v2"
+
+	"github.com/kvgate/kvgate/pkg/cache"
+	"github.com/kvgate/kvgate/pkg/routing"
+	"github.com/kvgate/kvgate/pkg/tokenizer"
+	"github.com/kvgate/kvgate/pkg/types"
+)
+
+// Response headers the gateway adds.
+const (
+	// HeaderTargetPod is the address (ip:port) of the pod that served the
+	// request, as AIBrix names it.
+	HeaderTargetPod = "target-pod"
+	// HeaderTargetPodName is that pod's namespace/name.
+	HeaderTargetPodName = "target-pod-name"
+)
+
+// statusClientClosed labels requests whose client went away before the
+// response began (nginx's convention); it is never sent.
+const statusClientClosed = 499
+
+// maxUsageScanBytes bounds how much of a response that is not streamed is
+// kept to read its usage; the usage of a longer response is not recorded.
+const maxUsageScanBytes = 4 << 20
+
+// exchange is the working memory of one proxied request, pooled.
+type exchange struct {
+	body   bytes.Buffer // the client's body
+	sent   bytes.Buffer // the body with stream_options added
+	resp   bytes.Buffer // a whole response, kept to read its usage
+	in     inference
+	d      routing.Decision
+	buf    []byte
+	reader *bufio.Reader
+	relay  sseRelay
+}
+
+var exchanges = sync.Pool{New: func() any {
+	return &exchange{buf: make([]byte, 32<<10), reader: bufio.NewReaderSize(nil, 64<<10)}
+}}
+
+// maxPooledBuffer is the largest buffer an exchange keeps when returned to
+// the pool, so that one huge request does not pin its memory.
+const maxPooledBuffer = 1 << 20
+
+func putExchange(x *exchange) {
+	for _, b := range []*bytes.Buffer{&x.body, &x.sent, &x.resp} {
+		if b.Cap() > maxPooledBuffer {
+			*b = bytes.Buffer{}
+		}
+		b.Reset()
+	}
+	x.in = inference{}
+	x.reader.Reset(nil)
+	x.relay = sseRelay{event: x.relay.event[:0]}
+	if cap(x.relay.event) > maxPooledBuffer {
+		x.relay.event = nil
+	}
+	exchanges.Put(x)
+}
+
+// call is what the metrics record of one inference request.
+type call struct {
+	start     time.Time
+	model     string // "" until the model is known to serve
+	algorithm string // "" until resolved
+	status    int
+}
+
+// fail answers with a JSON error and records its status.
+func (c *call) fail(w http.ResponseWriter, status int, typ, code, param, message string) {
+	c.status = status
+	writeError(w, status, typ, code, param, message)
+}
+
+// serveInference returns the handler of an OpenAI inference endpoint.
+func (g *Gateway) serveInference(k kind) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		c := call{start: time.Now(), status: http.StatusOK}
+		g.metrics.inFlight.Inc()
+		x := exchanges.Get().(*exchange)
+		defer func() {
+			putExchange(x)
+			g.metrics.inFlight.Dec()
+			g.metrics.requests.WithLabelValues(c.model, g.metrics.status(c.status), c.algorithm).Inc()
+			g.metrics.duration.WithLabelValues(c.model).Observe(time.Since(c.start).Seconds())
+		}()
+		if r.Method != http.MethodPost {
+			w.Header().Set("Allow", http.MethodPost)
+			c.fail(w, http.StatusMethodNotAllowed, typeInvalidRequest, codeMethodNotAllowed, "", r.Method+" is not allowed; use POST")
+			return
+		}
+		g.proxy(w, r, k, x, &c)
+	}
+}
+
+// admitted is a request that passed the gateway's checks.
+type admitted struct {
+	b    *backend
+	pods []*v1.Pod
+	// body is what is forwarded: the client's, or the one asking for the
+	// usage chunk when dropUsage is set.
+	body      []byte
+	dropUsage bool
+}
+
+// proxy serves one inference request: admit, tokenize, track, route and
+// forward.
+func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, k kind, x *exchange, c *call) {
+	a, ok := g.admit(w, r, k, x, c)
+	if !ok {
+		return
+	}
+	rc := types.NewRoutingContext(r.Context(), g.requestID(), c.model)
+	rc.ReceivedAt = c.start
+	rc.Algorithm = c.algorithm
+	rc.LoraAdapter = adapterOf(c.model, a.pods)
+	if g.tokenizer != nil && readsPrompt(c.algorithm) {
+		rc.PromptTokenIDs = g.tokenize(rc, &x.in, a.pods)
+	}
+	g.predictOutput(a.b.store, rc, x.in.maxTokens())
+	term := a.b.store.AddRequestCount(rc, rc.RequestID, rc.Model)
+	u, ok := g.forward(w, r, a, rc, x, c)
+	if ok {
+		a.b.store.DoneRequestTrace(rc, rc.RequestID, rc.Model, u.PromptTokens, u.CompletionTokens, term)
+	} else {
+		a.b.store.DoneRequestCount(rc, rc.RequestID, rc.Model, term)
+	}
+}
+
+// admit reads and checks a request, answering the client when it fails a
+// check: the gateway is ready, the body is within the limit and decodes,
+// the routing algorithm is known, and a ready pod serves the model. It sets
+// c's model and algorithm as they become known.
+func (g *Gateway) admit(w http.ResponseWriter, r *http.Request, k kind, x *exchange, c *call) (admitted, bool) {
+	a := admitted{b: g.ready()}
+	if a.b == nil {
+		c.fail(w, http.StatusServiceUnavailable, typeServiceUnavailable, codeNotReady, "", errNotReady.Error())
+		return a, false
+	}
+	body, ok := g.readBody(w, r, x, c)
+	if !ok {
+		return a, false
+	}
+	if err := x.in.decode(k, body); err != nil {
+		c.fail(w, http.StatusBadRequest, typeInvalidRequest, codeInvalidJSON, "", jsonError(err))
+		return a, false
+	}
+	model := x.in.model()
+	if model == "" {
+		c.fail(w, http.StatusBadRequest, typeInvalidRequest, codeMissingField, "model", "the request names no model")
+		return a, false
+	}
+	alg, err := a.b.router.Resolve(r.Header.Get(routing.HeaderRoutingStrategy))
+	if err != nil {
+		c.fail(w, http.StatusBadRequest, typeInvalidRequest, codeUnknownStrategy, "", "header "+routing.HeaderRoutingStrategy+": "+err.Error())
+		return a, false
+	}
+	c.algorithm = alg
+	if a.pods, err = a.b.store.ListPodsByModel(model); err != nil {
+		c.fail(w, http.StatusNotFound, typeInvalidRequest, codeModelNotFound, "model", fmt.Sprintf("the model `%s` does not exist", model))
+		return a, false
+	}
+	c.model = model
+	if len(a.pods) == 0 {
+		c.fail(w, http.StatusServiceUnavailable, typeServiceUnavailable, codeNoReadyPod, "model",
+			fmt.Sprintf("no pod serving the model `%s` is ready", model))
+		return a, false
+	}
+	a.body = body
+	if sf := x.in.stream(); sf.Stream && !sf.clientWantsUsage() {
+		a.dropUsage = true
+		if a.body, err = withStreamUsage(&x.sent, body, sf.StreamOptions); err != nil {
+			c.fail(w, http.StatusBadRequest, typeInvalidRequest, codeInvalidField, "stream_options", "stream_options: "+err.Error())
+			return a, false
+		}
+	}
+	return a, true
+}
+
+// readBody reads the request body into x, answering 413 when it exceeds
+// the limit and 400 when it cannot be read.
+func (g *Gateway) readBody(w http.ResponseWriter, r *http.Request, x *exchange, c *call) ([]byte, bool) {
+	limit := g.cfg.MaxRequestBodyBytes
+	tooLarge := func() {
+		c.fail(w, http.StatusRequestEntityTooLarge, typeInvalidRequest, codeRequestTooLarge, "",
+			fmt.Sprintf("the request body exceeds %d bytes", limit))
+	}
+	if r.ContentLength > limit {
+		tooLarge()
+		return nil, false
+	}
+	if r.ContentLength > 0 {
+		x.body.Grow(int(r.ContentLength))
+	}
+	if _, err := x.body.ReadFrom(http.MaxBytesReader(w, r.Body, limit)); err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			tooLarge()
+		} else {
+			c.fail(w, http.StatusBadRequest, typeInvalidRequest, codeUnreadableBody, "", "reading the request body failed: "+err.Error())
+		}
+		return nil, false
+	}
+	return x.body.Bytes(), true
+}
+
+// readsPrompt reports whether an algorithm reads the prompt's tokens: the
+// prefix algorithms match them, least-latency predicts the output length
+// from their count. The others route without tokenizing.
+func readsPrompt(alg string) bool {
+	switch alg {
+	case routing.PrefixCache, routing.KVAware, routing.LeastLatency:
+		return true
+	}
+	return false
+}
+
+// adapterOf returns the LoRA adapter model resolves to among pods: "" when
+// a pod serves it as its base model.
+func adapterOf(model string, pods []*v1.Pod) string {
+	for _, p := range pods {
+		if cache.ModelName(p) == model {
+			return ""
+		}
+	}
+	return model
+}
+
+// tokenize returns the prompt's token ids from the engines' tokenizer, or
+// nil when tokenization fails: the request is then routed on load alone,
+// and the failure counted by reason. The pods take the /tokenize calls in
+// turn.
+func (g *Gateway) tokenize(rc *types.RoutingContext, in *inference, pods []*v1.Pod) []uint32 {
+	pod := pods[g.nextTokenize.Add(1)%uint64(len(pods))]
+	ids, err := in.tokenize(rc.Context, g.tokenizer, g.tokenURL.forPod(pod))
+	if err == nil {
+		return ids
+	}
+	reason := "other"
+	var te *tokenizer.Error
+	if errors.As(err, &te) {
+		reason = string(te.Reason)
+	}
+	g.metrics.tokenizeFails.WithLabelValues(reason).Inc()
+	if l := g.log.V(2); l.Enabled() {
+		l.Info("Routing without prefix information: tokenization failed", "requestID", rc.RequestID,
+			"model", rc.Model, "pod", klog.KObj(pod), "reason", reason, "err", err)
+	}
+	return nil
+}
+
+// predictOutput sets the request's predicted output length from the
+// model's recent requests of a similar prompt length, capped by the
+// request's own limit; it needs the prompt's length.
+func (g *Gateway) predictOutput(store *cache.Store, rc *types.RoutingContext, maxTokens int) {
+	n := rc.InputTokens()
+	if n == 0 {
+		return
+	}
+	p, err := store.GetOutputPredictor(rc.Model)
+	if err != nil {
+		return
+	}
+	out := p.Predict(n)
+	if maxTokens > 0 && out > maxTokens {
+		out = maxTokens
+	}
+	rc.PredictedOutputTokens = out
+}
+
+// forward routes the request, sends it to the chosen pod and relays the
+// response; when the pod cannot be reached, it routes the request once
+// more among the other pods. It returns the response's usage when it was
+// a success that reported one.
+func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, a admitted, rc *types.RoutingContext, x *exchange, c *call) (usage, bool) {
+	b, candidates := a.b, a.pods
+	var tried []string
+	for attempt := 0; ; attempt++ {
+		if err := b.router.Route(rc, candidates, &x.d); err != nil {
+			c.fail(w, http.StatusServiceUnavailable, typeServiceUnavailable, codeNoReadyPod, "", err.Error())
+			return usage{}, false
+		}
+		b.store.AddRequestCount(rc, rc.RequestID, rc.Model)
+		prefill := b.router.StartPrefill(&x.d)
+		if attempt == 0 {
+			g.metrics.overhead.Observe(time.Since(c.start).Seconds())
+		}
+		pod, addr := x.d.Pod, podAddress(x.d.Pod, g.enginePort)
+		resp, err := g.transport.RoundTrip(newUpstreamRequest(r.Context(), r, addr, a.body, rc.RequestID))
+		if err == nil {
+			defer prefill.Done()
+			return g.relay(w, resp, rc, x, c, prefill, a.dropUsage, addr)
+		}
+		prefill.Done()
+		if r.Context().Err() != nil {
+			c.status = statusClientClosed
+			return usage{}, false
+		}
+		reason := failureReason(err)
+		g.metrics.upstreamFails.WithLabelValues(reason).Inc()
+		tried = append(tried, x.d.PodKey+" ("+addr+")")
+		switch {
+		case reason == failSend:
+			c.fail(w, http.StatusBadGateway, typeUpstream, codeUpstreamFailed, "",
+				fmt.Sprintf("pod %s failed before answering: %v", tried[len(tried)-1], err))
+			return usage{}, false
+		case attempt > 0 || len(candidates) < 2:
+			c.fail(w, http.StatusServiceUnavailable, typeServiceUnavailable, codePodsUnreachable, "",
+				fmt.Sprintf("no pod of the model could be reached: %s: %v", strings.Join(tried, ", "), err))
+			return usage{}, false
+		}
+		g.metrics.retries.WithLabelValues(reason).Inc()
+		if l := g.log.V(2); l.Enabled() {
+			l.Info("Pod unreachable; routing the request to another pod", "requestID", rc.RequestID,
+				"model", rc.Model, "pod", klog.KObj(pod), "err", err)
+		}
+		candidates = without(candidates, pod)
+	}
+}
+
+// relay writes the pod's response to the client: its status and headers
+// with the gateway's, then its body, as server-sent events relayed as they
+// come when the request streams, or copied whole otherwise.
+func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, rc *types.RoutingContext, x *exchange, c *call,
+	prefill *routing.Prefill, dropUsage bool, addr string) (usage, bool) {
+	defer resp.Body.Close()
+	h := w.Header()
+	copyHeader(h, resp.Header)
+	h.Set(HeaderTargetPod, addr)
+	h.Set(HeaderTargetPodName, x.d.PodKey)
+	h.Set(routing.HeaderRoutingStrategy, x.d.Algorithm)
+	sse := x.in.stream().Stream && resp.StatusCode == http.StatusOK &&
+		strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
+	if sse {
+		h.Del("Content-Length")
+	}
+	c.status = resp.StatusCode
+	w.WriteHeader(resp.StatusCode)
+	var u usage
+	var ok bool
+	var err error
+	if sse {
+		u, ok, err = g.relayStream(w, resp, rc, x, c, prefill, dropUsage)
+	} else {
+		var over bool
+		over, err = relayWhole(w, resp.Body, x.buf, &x.resp, maxUsageScanBytes)
+		if err == nil && !over {
+			u, ok = responseUsage(x.resp.Bytes())
+		}
+	}
+	switch {
+	case errors.Is(err, errClientGone):
+		return usage{}, false
+	case err != nil:
+		g.metrics.upstreamFails.WithLabelValues(failBody).Inc()
+		if l := g.log.V(2); l.Enabled() {
+			l.Info("Response broke off", "requestID", rc.RequestID, "model", rc.Model, "pod", x.d.PodKey, "err", err)
+		}
+		return usage{}, false
+	}
+	if resp.StatusCode != http.StatusOK {
+		return usage{}, false
+	}
+	if !ok {
+		g.metrics.usageMissing.Inc()
+	}
+	return u, ok
+}
+
+// relayStream relays a server-sent event stream, reporting the first token
+// to routing and to the TTFT metric.
+func (g *Gateway) relayStream(w http.ResponseWriter, resp *http.Response, rc *types.RoutingContext, x *exchange, c *call,
+	prefill *routing.Prefill, dropUsage bool) (usage, bool, error) {
+	rcw := http.NewResponseController(w)
+	if err := rcw.Flush(); err != nil {
+		return usage{}, false, errClientGone
+	}
+	x.reader.Reset(resp.Body)
+	s := &x.relay
+	*s = sseRelay{dst: w, flush: rcw.Flush, src: x.reader, dropUsage: dropUsage, event: s.event[:0],
+		firstToken: func() {
+			prefill.FirstToken()
+			g.metrics.ttft.WithLabelValues(rc.Model).Observe(time.Since(c.start).Seconds())
+		}}
+	err := s.run()
+	return s.usage, s.hasUsage, err
+}

@@ -1,0 +1,168 @@
+package gateway
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"strings"
+	"testing"
+	"testing/iotest"
+)
+
+// relayAll runs an sseRelay over input read in pieces by wrap, and returns
+// what the client received, the usage found and the number of first-token
+// calls.
+func relayAll(t testing.TB, input string, dropUsage bool, wrap func(io.Reader) io.Reader) (string, *sseRelay, int) {
+	var out bytes.Buffer
+	firsts := 0
+	s := &sseRelay{dst: &out, flush: func() error { return nil }, src: bufio.NewReaderSize(wrap(strings.NewReader(input)), 16),
+		dropUsage: dropUsage, firstToken: func() { firsts++ }}
+	if err := s.run(); err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	return out.String(), s, firsts
+}
+
+func TestSSERelayFindsTheFirstTokenAndTheUsageChunk(t *testing.T) {
+	role := `data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}` + "\n\n"
+	token := `data: {"choices":[{"index":0,"delta":{"content":"Hi"},"finish_reason":null}]}` + "\r\n\r\n"
+	usageEvent := `data: {"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":2}}` + "\n\n"
+	done := "data: [DONE]\n\n"
+	input := role + ": ping\n\n" + token + usageEvent + done
+	for name, wrap := range map[string]func(io.Reader) io.Reader{
+		"whole": func(r io.Reader) io.Reader { return r }, "byte by byte": iotest.OneByteReader, "halves": iotest.HalfReader,
+	} {
+		for _, drop := range []bool{false, true} {
+			out, s, firsts := relayAll(t, input, drop, wrap)
+			want := input
+			if drop {
+				want = role + ": ping\n\n" + token + done
+			}
+			if out != want || !s.hasUsage || s.usage != (usage{PromptTokens: 7, CompletionTokens: 2}) || firsts != 1 {
+				t.Errorf("%s, drop %v: out %q, usage %+v %v, first tokens %d", name, drop, out, s.usage, s.hasUsage, firsts)
+			}
+		}
+	}
+}
+
+func TestSSERelayReportsAStreamThatBreaksOff(t *testing.T) {
+	var out bytes.Buffer
+	broken := errors.New("connection reset")
+	src := io.MultiReader(strings.NewReader("data: {\"choices\":[]}\n\ndata: {\"cho"), iotest.ErrReader(broken))
+	s := &sseRelay{dst: &out, flush: func() error { return nil }, src: bufio.NewReader(src), firstToken: func() {}}
+	if err := s.run(); !errors.Is(err, broken) {
+		t.Fatalf("run = %v, want the read error", err)
+	}
+	if out.String() != "data: {\"choices\":[]}\n\ndata: {\"cho" {
+		t.Errorf("relayed %q, want everything read", out.String())
+	}
+}
+
+func TestSSERelayStopsWhenTheClientLeaves(t *testing.T) {
+	s := &sseRelay{dst: failingWriter{}, flush: func() error { return nil },
+		src: bufio.NewReader(strings.NewReader("data: x\n\n")), firstToken: func() {}}
+	if err := s.run(); !errors.Is(err, errClientGone) {
+		t.Fatalf("run = %v, want errClientGone", err)
+	}
+}
+
+type failingWriter struct{}
+
+func (failingWriter) Write([]byte) (int, error) { return 0, errors.New("broken pipe") }
+
+func TestDataPayload(t *testing.T) {
+	tests := []struct {
+		event, payload string
+		ok             bool
+	}{
+		{"data: {}\n\n", "{}", true},
+		{"data:{}\r\n\r\n", "{}", true},
+		{"id: 1\nevent: x\ndata: [DONE]\n\n", "[DONE]", true},
+		{": comment\n\n", "", false},
+		{"data: a\ndata: b\n\n", "", false},
+	}
+	for _, tt := range tests {
+		p, ok := dataPayload([]byte(tt.event))
+		if string(p) != tt.payload || ok != tt.ok {
+			t.Errorf("dataPayload(%q) = %q, %v; want %q, %v", tt.event, p, ok, tt.payload, tt.ok)
+		}
+	}
+}
+
+func FuzzSSERelayPassesEveryByteThrough(f *testing.F) {
+	f.Add("data: {\"choices\":[{\"text\":\"a\"}]}\n\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":1}}\n\ndata: [DONE]\n\n")
+	f.Add(": c\r\n\r\nid: 1\ndata: {\"x\":1}\n\n\n\ndata: {")
+	f.Fuzz(func(t *testing.T, input string) {
+		out, s, firsts := relayAll(t, input, false, iotest.HalfReader)
+		if out != input {
+			t.Fatalf("relayed %q, want %q", out, input)
+		}
+		if firsts > 1 {
+			t.Fatalf("first token reported %d times", firsts)
+		}
+		dropped, ds, _ := relayAll(t, input, true, iotest.OneByteReader)
+		if ds.hasUsage != s.hasUsage || (!s.hasUsage && dropped != input) || len(dropped) > len(input) {
+			t.Fatalf("withholding usage relayed %q of %q", dropped, input)
+		}
+	})
+}
+
+func TestWithStreamUsage(t *testing.T) {
+	tests := []struct{ body, opts, want string }{
+		{`{"model":"m","stream":true}`, ``, `{` + usageOption + `,"model":"m","stream":true}`},
+		{` {}`, ``, ` {` + usageOption + `}`},
+		{`{"stream":true,"stream_options":null}`, `null`, `{"stream":true,"stream_options":{"include_usage":true}}`},
+		{`{"stream":true,"stream_options":{"include_usage":false,"continuous_usage_stats":true}}`, `{"include_usage":false,"continuous_usage_stats":true}`,
+			`{"stream":true,"stream_options":{"continuous_usage_stats":false,"include_usage":true}}`},
+	}
+	for _, tt := range tests {
+		var buf bytes.Buffer
+		got, err := withStreamUsage(&buf, []byte(tt.body), json.RawMessage(tt.opts))
+		if err != nil || string(got) != tt.want {
+			t.Errorf("withStreamUsage(%s) = %s, %v; want %s", tt.body, got, err, tt.want)
+		}
+	}
+}
+
+func FuzzWithStreamUsageChangesOnlyStreamOptions(f *testing.F) {
+	f.Add(`{"model":"m","prompt":"hi","stream":true}`)
+	f.Add(`{"stream":true,"stream_options":{"x":1}, "n":2}`)
+	f.Add(` { "a" : [1, {"b":null}] } `)
+	f.Fuzz(func(t *testing.T, body string) {
+		var in inference
+		if in.decode(kindCompletion, []byte(body)) != nil {
+			return
+		}
+		var buf bytes.Buffer
+		out, err := withStreamUsage(&buf, []byte(body), in.comp.StreamOptions)
+		if err != nil {
+			return
+		}
+		var before, after map[string]json.RawMessage
+		if err := json.Unmarshal([]byte(body), &before); err != nil {
+			t.Fatalf("decoded body does not decode as an object: %v", err)
+		}
+		if err := json.Unmarshal(out, &after); err != nil {
+			t.Fatalf("result %q is not a JSON object: %v", out, err)
+		}
+		var opts struct {
+			IncludeUsage bool `json:"include_usage"`
+		}
+		if json.Unmarshal(after["stream_options"], &opts) != nil || !opts.IncludeUsage {
+			t.Fatalf("result %q does not ask for usage", out)
+		}
+		delete(before, "stream_options")
+		delete(after, "stream_options")
+		if len(before) != len(after) {
+			t.Fatalf("members changed: %q -> %q", body, out)
+		}
+		for k, v := range before {
+			var a, b bytes.Buffer
+			if json.Compact(&a, v) != nil || json.Compact(&b, after[k]) != nil || a.String() != b.String() {
+				t.Fatalf("member %q changed: %q -> %q", k, body, out)
+			}
+		}
+	})
+}

@@ -1,0 +1,106 @@
+package gateway
+
+import (
+	"encoding/json"
+	"net/http"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// routes returns the gateway's HTTP API.
+func (g *Gateway) routes() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/v1/completions", g.serveInference(kindCompletion))
+	mux.Handle("/v1/chat/completions", g.serveInference(kindChat))
+	mux.HandleFunc("/v1/models", g.serveModels)
+	mux.Handle("/metrics", promhttp.HandlerFor(g.registry, promhttp.HandlerOpts{Registry: g.registry}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		writeText(w, http.StatusOK, "ok: the gateway process is alive")
+	})
+	mux.HandleFunc("/readyz", g.serveReadyz)
+	mux.HandleFunc("/debug/kvcache", g.serveKVCache)
+	mux.HandleFunc("/debug/match", g.serveMatch)
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, typeNotFound, codeNotFound, "", "no endpoint at "+r.URL.Path)
+	})
+	return mux
+}
+
+// serveReadyz answers 200 when the gateway should receive traffic, else
+// 503, with the reason in the body either way.
+func (g *Gateway) serveReadyz(w http.ResponseWriter, _ *http.Request) {
+	ok, reason := g.readiness()
+	status := http.StatusOK
+	if !ok {
+		status = http.StatusServiceUnavailable
+	}
+	writeText(w, status, reason)
+}
+
+func writeText(w http.ResponseWriter, status int, text string) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.WriteHeader(status)
+	_, _ = w.Write([]byte(text + "\n"))
+}
+
+// allowMethod answers 405 unless r uses method.
+func allowMethod(w http.ResponseWriter, r *http.Request, method string) bool {
+	if r.Method == method || (method == http.MethodGet && r.Method == http.MethodHead) {
+		return true
+	}
+	w.Header().Set("Allow", method)
+	writeError(w, http.StatusMethodNotAllowed, typeInvalidRequest, codeMethodNotAllowed, "", r.Method+" is not allowed; use "+method)
+	return false
+}
+
+// readyOr503 returns the backend, answering 503 when the gateway does not
+// know the pods yet.
+func (g *Gateway) readyOr503(w http.ResponseWriter) *backend {
+	b := g.ready()
+	if b == nil {
+		writeError(w, http.StatusServiceUnavailable, typeServiceUnavailable, codeNotReady, "", errNotReady.Error())
+	}
+	return b
+}
+
+// writeJSON answers 200 with v as JSON.
+func writeJSON(w http.ResponseWriter, v any) {
+	data, err := json.Marshal(v)
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, "server_error", "encoding_failed", "", err.Error())
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(append(data, '\n'))
+}
+
+// modelList is the answer of GET /v1/models.
+type modelList struct {
+	Object string      `json:"object"`
+	Data   []modelCard `json:"data"`
+}
+
+type modelCard struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Created int64  `json:"created"`
+	OwnedBy string `json:"owned_by"`
+}
+
+// serveModels lists the models served by at least one ready pod.
+func (g *Gateway) serveModels(w http.ResponseWriter, r *http.Request) {
+	if !allowMethod(w, r, http.MethodGet) {
+		return
+	}
+	b := g.readyOr503(w)
+	if b == nil {
+		return
+	}
+	list := modelList{Object: "list", Data: []modelCard{}}
+	for _, m := range b.store.ListModels() {
+		if pods, err := b.store.ListPodsByModel(m); err == nil && len(pods) > 0 {
+			list.Data = append(list.Data, modelCard{ID: m, Object: "model", Created: g.started.Unix(), OwnedBy: "kvgate"})
+		}
+	}
+	writeJSON(w, list)
+}

@@ -1,0 +1,144 @@
+package gateway
+
+import (
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// sharedPrompt is 22 whole blocks of the test engines' tokenizer.
+var sharedPrompt = strings.Repeat("the quick brown fox jumps over the lazy dog ", 8)
+
+// send posts a completion of prompt with the routing strategy and returns
+// the pod that served it.
+func (f *testFleet) send(prompt, strategy string) string {
+	f.t.Helper()
+	resp, body := post(f.t, f.url+"/v1/completions", completion(prompt, ""), map[string]string{"routing-strategy": strategy})
+	if resp.StatusCode != http.StatusOK {
+		f.t.Fatalf("completion with %s: %d %s", strategy, resp.StatusCode, body)
+	}
+	return resp.Header.Get(HeaderTargetPodName)
+}
+
+func TestRequestGoesToThePodHoldingItsPrefixUntilItsBlocksAreRemoved(t *testing.T) {
+	f := startFleet(t, []string{"a", "b"}, fleetOptions{})
+	tokens := toyTokens(sharedPrompt)
+	b := f.engine("b")
+	hashes := b.storePrompt(tokens)
+	f.waitMatched(tokens, "b", len(hashes))
+
+	for _, strategy := range []string{"kv-aware", "prefix-cache"} {
+		for range 3 {
+			if pod := f.send(sharedPrompt, strategy); pod != "static/b" {
+				t.Fatalf("%s sent a request whose whole prompt b holds to %q", strategy, pod)
+			}
+		}
+	}
+	if hits := f.metric(`kvgate_routing_decisions_total{algorithm="kv-aware",outcome="prefix_hit"}`); hits != 3 {
+		t.Errorf("kv-aware prefix hits = %v, want 3", hits)
+	}
+	if got := len(b.received()); got != 6 {
+		t.Errorf("b received %d requests, want 6", got)
+	}
+
+	b.removeBlocks(hashes)
+	f.waitMatched(tokens, "b", 0)
+	served := map[string]int{}
+	for range 20 {
+		served[f.send(sharedPrompt, "kv-aware")]++
+	}
+	if served["static/a"] == 0 || served["static/b"] == 0 {
+		t.Errorf("after b evicted the prompt, 20 requests went to %v; want both idle pods used", served)
+	}
+	if n := f.metric(`kvgate_routing_decisions_total{algorithm="kv-aware",outcome="load_fallback"}`); n != 20 {
+		t.Errorf("kv-aware load fallbacks = %v, want 20", n)
+	}
+}
+
+func TestKVAwareLeavesThePrefixHolderWhenItIsOverloaded(t *testing.T) {
+	f := startFleet(t, []string{"a", "b"}, fleetOptions{})
+	tokens := toyTokens(sharedPrompt)
+	b := f.engine("b")
+	f.waitMatched(tokens, "b", len(b.storePrompt(tokens)))
+	if pod := f.send(sharedPrompt, "kv-aware"); pod != "static/b" {
+		t.Fatalf("before b is loaded the request went to %q, want b", pod)
+	}
+
+	// b's engine now decodes a large batch: half a second per step, well
+	// above the time a to computes the whole prompt.
+	b.setLoad(func(l *engineLoad) { l.running, l.waiting, l.tpotSeconds = 200, 30, 0.5 })
+	eventually(t, "the Store to scrape b's load", func() (string, bool) {
+		m := f.match(tokens)
+		for _, c := range m.Decisions[0].Candidates {
+			if c.Pod == "static/b" {
+				return mustJSON(c), c.AvgTPOTSeconds == 0.5
+			}
+		}
+		return mustJSON(m), false
+	})
+	if pod := f.send(sharedPrompt, "kv-aware"); pod != "static/a" {
+		t.Fatalf("with b overloaded the request went to %q, want a", pod)
+	}
+	if n := f.metric(`kvgate_routing_decisions_total{algorithm="kv-aware",outcome="load_over_prefix"}`); n != 1 {
+		t.Errorf("kv-aware load_over_prefix decisions = %v, want 1", n)
+	}
+}
+
+func TestPrefixCacheImbalanceGuardCountsTheGatewaysRequestsInFlight(t *testing.T) {
+	f := startFleet(t, []string{"a", "b"}, fleetOptions{})
+	tokens := toyTokens(sharedPrompt)
+	b := f.engine("b")
+	f.waitMatched(tokens, "b", len(b.storePrompt(tokens)))
+	release := make(chan struct{})
+	b.setAnswer(func(w http.ResponseWriter, r *http.Request, body []byte) {
+		<-release
+		defaultAnswer(w, r, body)
+	})
+
+	// Nine requests held by b: AIBrix's guard trips when the running
+	// requests of two pods differ by more than eight.
+	var wg sync.WaitGroup
+	pods := make(chan string, 9)
+	for i := range 9 {
+		wg.Go(func() { pods <- f.send(sharedPrompt, "prefix-cache") })
+		eventually(t, "b to hold the requests", func() (string, bool) {
+			n := len(b.received())
+			return "", n == i+1
+		})
+	}
+	if pod := f.send(sharedPrompt, "prefix-cache"); pod != "static/a" {
+		t.Errorf("with nine requests in flight on b, the tenth went to %q, want a", pod)
+	}
+	close(release)
+	wg.Wait()
+	close(pods)
+	for p := range pods {
+		if p != "static/b" {
+			t.Errorf("one of the first nine requests went to %q, want b", p)
+		}
+	}
+	if n := f.metric(`kvgate_routing_decisions_total{algorithm="prefix-cache",outcome="imbalance_guard"}`); n != 1 {
+		t.Errorf("imbalance_guard decisions = %v, want 1", n)
+	}
+}
+
+func TestTokenizationFailureRoutesOnLoadAndIsCounted(t *testing.T) {
+	f := startFleet(t, []string{"a", "b"}, fleetOptions{})
+	tokens := toyTokens(sharedPrompt)
+	f.waitMatched(tokens, "b", len(f.engine("b").storePrompt(tokens)))
+	for _, e := range f.engines {
+		e.mu.Lock()
+		e.tokenizeStatus = http.StatusInternalServerError
+		e.mu.Unlock()
+	}
+	for range 4 {
+		f.send(sharedPrompt+" once more", "kv-aware")
+	}
+	if n := f.metric(`kvgate_gateway_tokenization_failures_total{reason="status"}`); n != 4 {
+		t.Errorf("tokenization failures = %v, want 4", n)
+	}
+	if n := f.metric(`kvgate_routing_decisions_total{algorithm="kv-aware",outcome="no_tokens"}`); n != 4 {
+		t.Errorf("kv-aware no_tokens decisions = %v, want 4", n)
+	}
+}

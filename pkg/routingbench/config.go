@@ -1,0 +1,143 @@
+package routingbench
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/kvgate/kvgate/pkg/cache"
+	"github.com/kvgate/kvgate/pkg/routing"
+	"github.com/kvgate/kvgate/pkg/sim"
+)
+
+// Oracle names the policy that sees the engines (see the package
+// documentation); the other policies are the routing package's algorithms
+// of the same names.
+const Oracle = "oracle"
+
+// Policies returns the names of the policies a benchmark compares by
+// default, in report order.
+func Policies() []string {
+	return []string{routing.Random, routing.LeastRequest, routing.PrefixCache, routing.KVAware, Oracle}
+}
+
+// Defaults of Config's zero fields.
+const (
+	DefaultEngines        = 8
+	DefaultScrapeInterval = 50 * time.Millisecond
+	DefaultEventDelay     = 5 * time.Millisecond
+	DefaultMetricsWindow  = cache.DefaultRecentMetricsWindow
+)
+
+// DefaultLatency prices the steps of an 8B-class model (Llama 3.1 8B:
+// 16 GFLOP and 128 KiB of KV cache per token, 16 GB of weights) on one
+// A100-80GB-class GPU: 10,000 prefill tokens per second, decode steps of
+// 10 ms plus 0.5 ms per running request. The package documentation derives
+// the numbers.
+var DefaultLatency = sim.LatencyModel{
+	StepOverhead:    10 * time.Millisecond,
+	PrefillPerToken: 100 * time.Microsecond,
+	DecodePerToken:  500 * time.Microsecond,
+}
+
+// DefaultEngine is the shape of each engine: vLLM's defaults (block size
+// 16, 256 sequences, chunked prefill in steps of 8192 tokens) with the KV
+// cache an 80 GB GPU has left for an 8B-class model, 25,000 blocks of 16
+// tokens (400,000 tokens), and a maximum model length of all of it, so
+// that the longest requests of a trace are served rather than refused.
+var DefaultEngine = sim.EngineConfig{
+	BlockSize:           16,
+	NumGPUBlocks:        25_000,
+	MaxNumSeqs:          256,
+	MaxNumBatchedTokens: 8192,
+	Latency:             DefaultLatency,
+}
+
+// Config configures a benchmark. A zero field takes the default its
+// documentation names.
+type Config struct {
+	// Engines is the number of engines, one pod each; default 8.
+	Engines int
+	// Engine is the shape of every engine; zero means DefaultEngine. Its
+	// zero fields take sim's defaults, but a zero MaxModelLen means all
+	// the KV cache holds. HashSeed, DataParallelRank and Events are set
+	// per engine.
+	Engine sim.EngineConfig
+	// ScrapeInterval is how often the gateway's Store scrapes each
+	// engine's metrics (AIBrix's AIBRIX_POD_METRIC_REFRESH_INTERVAL_MS);
+	// default 50 ms.
+	ScrapeInterval time.Duration
+	// MetricsWindow is the Store's window for recent means and rates
+	// (cache.Config.RecentMetricsWindow); default 10 s.
+	MetricsWindow time.Duration
+	// EventDelay is how long an engine's KV event batch takes from the end
+	// of the step that produced it to the index; default 5 ms.
+	EventDelay time.Duration
+	// Policies names the policies to compare, in report order; default
+	// Policies().
+	Policies []string
+	// Seed seeds every random choice; the same workload, configuration and
+	// seed give the same results.
+	Seed uint64
+	// Parallel bounds the policies simulated at once; default 1. Results
+	// do not depend on it.
+	Parallel int
+}
+
+func (c Config) withDefaults() Config {
+	orDefault(&c.Engines, DefaultEngines)
+	if c.Engine == (sim.EngineConfig{}) {
+		c.Engine = DefaultEngine
+	}
+	orDefault(&c.Engine.BlockSize, 16)
+	orDefault(&c.Engine.NumGPUBlocks, 4096)
+	orDefault(&c.Engine.MaxModelLen, (c.Engine.NumGPUBlocks-1)*c.Engine.BlockSize)
+	orDefault(&c.ScrapeInterval, DefaultScrapeInterval)
+	orDefault(&c.MetricsWindow, DefaultMetricsWindow)
+	orDefault(&c.EventDelay, DefaultEventDelay)
+	if len(c.Policies) == 0 {
+		c.Policies = Policies()
+	}
+	orDefault(&c.Parallel, 1)
+	return c
+}
+
+func (c Config) validate() error {
+	var errs []error
+	if c.Engines < 1 {
+		errs = append(errs, fmt.Errorf("%d engines, want at least 1", c.Engines))
+	}
+	if c.ScrapeInterval < 0 || c.MetricsWindow < 0 || c.EventDelay < 0 {
+		errs = append(errs, errors.New("scrape interval, metrics window and event delay must not be negative"))
+	}
+	if c.Parallel < 1 {
+		errs = append(errs, fmt.Errorf("parallel %d, want at least 1", c.Parallel))
+	}
+	known := append(Policies(), routing.LeastKVCache, routing.LeastLatency)
+	for i, p := range c.Policies {
+		if !slices.Contains(known, p) {
+			errs = append(errs, fmt.Errorf("unknown policy %q (known: %s)", p, strings.Join(known, ", ")))
+		}
+		if slices.Contains(c.Policies[:i], p) {
+			errs = append(errs, fmt.Errorf("policy %q named twice", p))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("invalid benchmark config: %w", err)
+	}
+	return nil
+}
+
+// normalize returns c defaulted, with the engine shape as sim fills it in,
+// or an error saying what is invalid.
+func (c Config) normalize() (Config, error) {
+	c = c.withDefaults()
+	eng, err := sim.NewEngine(c.Engine)
+	if err != nil {
+		return c, fmt.Errorf("invalid benchmark config: engine: %w", err)
+	}
+	c.Engine = eng.Config()
+	return c, c.validate()
+}

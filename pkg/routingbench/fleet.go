@@ -1,0 +1,101 @@
+package routingbench
+
+import (
+	"fmt"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8stypes "k8s.io/apimachinery/pkg/types"
+
+	"github.com/kvgate/kvgate/pkg/cache"
+	"github.com/kvgate/kvgate/pkg/indexer"
+	"github.com/kvgate/kvgate/pkg/sim"
+)
+
+// The pods' namespace and the model they serve.
+const (
+	benchNamespace = "bench"
+	benchModel     = "bench-model"
+)
+
+// simEpoch is virtual time zero: a fixed instant, so that event batches
+// carry the same timestamps in every run.
+var simEpoch = time.Unix(1_800_000_000, 0)
+
+// engine is one simulated engine, its pod, and what the gateway knows and
+// the benchmark tallies of it.
+type engine struct {
+	index   int
+	eng     *sim.Engine
+	pod     *v1.Pod
+	key     string // the pod key, "namespace/name"
+	stream  indexer.Stream
+	busy    bool
+	stepEnd time.Duration
+	// inFlight counts the requests the gateway sent and has not seen
+	// finish (the Store's realtime running requests).
+	inFlight int
+	counters counters
+	metrics  scraped
+
+	routed                      int
+	promptTokens, prefillTokens int64
+	busyTime                    time.Duration
+	preemptions                 int
+}
+
+// fleet is the engines, their pods and the index, on one virtual clock.
+type fleet struct {
+	now     time.Duration
+	engines []*engine
+	byName  map[string]*engine
+	pods    []*v1.Pod
+	index   *indexer.SyncPrefixHashTable
+}
+
+// clock returns the virtual time as a time.Time.
+func (f *fleet) clock() time.Time { return simEpoch.Add(f.now) }
+
+// newFleet builds cfg.Engines idle engines with empty caches and an empty
+// index; cfg is defaulted and valid.
+func newFleet(cfg Config) (*fleet, error) {
+	index, err := indexer.NewSyncPrefixHashTable(indexer.Config{}, nil)
+	if err != nil {
+		return nil, err
+	}
+	f := &fleet{byName: make(map[string]*engine, cfg.Engines), index: index}
+	for i := range cfg.Engines {
+		ec := cfg.Engine
+		ec.HashSeed = fmt.Sprint("engine-", i)
+		ec.DataParallelRank = 0
+		ec.Events = true
+		eng, err := sim.NewEngine(ec)
+		if err != nil {
+			return nil, fmt.Errorf("engine %d: %w", i, err)
+		}
+		pod := benchPod(i)
+		key := pod.Namespace + "/" + pod.Name
+		e := &engine{index: i, eng: eng, pod: pod, key: key, stream: indexer.Stream{Pod: key, Model: benchModel}}
+		e.metrics.window = cfg.MetricsWindow
+		f.engines = append(f.engines, e)
+		f.byName[pod.Name] = e
+		f.pods = append(f.pods, pod)
+	}
+	return f, nil
+}
+
+// benchPod returns the Running, Ready pod of engine i.
+func benchPod(i int) *v1.Pod {
+	name := fmt.Sprint("engine-", i)
+	return &v1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			Namespace: benchNamespace, Name: name, UID: k8stypes.UID("uid-" + name),
+			Labels: map[string]string{cache.ModelNameLabel: benchModel},
+		},
+		Status: v1.PodStatus{
+			Phase: v1.PodRunning, PodIP: fmt.Sprintf("10.0.%d.%d", i/250, i%250+1),
+			Conditions: []v1.PodCondition{{Type: v1.PodReady, Status: v1.ConditionTrue}},
+		},
+	}
+}

@@ -1,0 +1,5 @@
+//go:build !race
+
+package routingbench
+
+const raceEnabled = false

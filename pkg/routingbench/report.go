@@ -1,0 +1,157 @@
+package routingbench
+
+import (
+	"encoding/csv"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strconv"
+	"text/tabwriter"
+
+	"github.com/kvgate/kvgate/pkg/routing"
+)
+
+// Target is one of the routing-quality targets kv-aware is held to, as
+// measured in a report.
+type Target struct {
+	// Name states the target.
+	Name string `json:"name"`
+	// Value is kv-aware's measure; Bound the value the target allows (the
+	// least for a hit ratio, the most for a latency).
+	Value float64 `json:"value"`
+	Bound float64 `json:"bound"`
+	// Ratio is Value over the reference measure the bound derives from, 0
+	// when that measure is 0.
+	Ratio float64 `json:"ratio"`
+	Met   bool    `json:"met"`
+}
+
+// Targets checks kv-aware against the oracle and least-request: a token
+// hit ratio at least 95% of the oracle's and at least twice
+// least-request's, and a p90 time to first token at most half
+// least-request's. A target whose policies the report lacks is left out.
+func (r *Report) Targets() []Target {
+	kv, lr, or := r.Result(routing.KVAware), r.Result(routing.LeastRequest), r.Result(Oracle)
+	if kv == nil {
+		return nil
+	}
+	var ts []Target
+	add := func(name string, value, ref, factor float64, atLeast bool) {
+		t := Target{Name: name, Value: value, Bound: factor * ref, Met: value <= factor*ref}
+		if atLeast {
+			t.Met = value >= t.Bound
+		}
+		if ref != 0 {
+			t.Ratio = value / ref
+		}
+		ts = append(ts, t)
+	}
+	if or != nil {
+		add("kv-aware hit ratio >= 0.95 x oracle's", kv.HitRatio, or.HitRatio, 0.95, true)
+	}
+	if lr != nil {
+		add("kv-aware hit ratio >= 2 x least-request's", kv.HitRatio, lr.HitRatio, 2, true)
+		add("kv-aware p90 TTFT <= 0.5 x least-request's", kv.TTFT.P90, lr.TTFT.P90, 0.5, false)
+	}
+	return ts
+}
+
+// columns of the table and the CSV: a header and how to print a result.
+var columns = []struct {
+	head, csvHead string
+	cell          func(*PolicyResult) string
+}{
+	{"policy", "policy", func(r *PolicyResult) string { return r.Policy }},
+	{"hit ratio", "hit_ratio", func(r *PolicyResult) string { return ratio(r.HitRatio) }},
+	{"TTFT p50", "ttft_p50_s", func(r *PolicyResult) string { return seconds(r.TTFT.P50) }},
+	{"TTFT p90", "ttft_p90_s", func(r *PolicyResult) string { return seconds(r.TTFT.P90) }},
+	{"TTFT p99", "ttft_p99_s", func(r *PolicyResult) string { return seconds(r.TTFT.P99) }},
+	{"TTFT mean", "ttft_mean_s", func(r *PolicyResult) string { return seconds(r.TTFT.Mean) }},
+	{"queue mean", "queue_mean_s", func(r *PolicyResult) string { return seconds(r.Queue.Mean) }},
+	{"queue p90", "queue_p90_s", func(r *PolicyResult) string { return seconds(r.Queue.P90) }},
+	{"E2E p90", "e2e_p90_s", func(r *PolicyResult) string { return seconds(r.E2E.P90) }},
+	{"req CV", "requests_cv", func(r *PolicyResult) string { return ratio(r.RequestsCV) }},
+	{"prefill CV", "prefill_cv", func(r *PolicyResult) string { return ratio(r.PrefillCV) }},
+	{"req/s", "requests_per_s", func(r *PolicyResult) string { return strconv.FormatFloat(r.RequestsPerSecond, 'f', 2, 64) }},
+	{"out tok/s", "output_tokens_per_s", func(r *PolicyResult) string { return strconv.FormatFloat(r.OutputTokensPerSecond, 'f', 0, 64) }},
+	{"preempted", "preemptions", func(r *PolicyResult) string { return strconv.Itoa(r.Preemptions) }},
+	{"rejected", "rejected", func(r *PolicyResult) string { return strconv.Itoa(r.Rejected) }},
+}
+
+func ratio(v float64) string   { return strconv.FormatFloat(v, 'f', 3, 64) }
+func seconds(v float64) string { return strconv.FormatFloat(v, 'f', 3, 64) }
+
+// WriteTable writes the report as text: the workload and setup, a table
+// with one row per policy (latencies in seconds), and the targets.
+func (r *Report) WriteTable(w io.Writer) error {
+	s, st := r.Setup, r.Stats
+	fmt.Fprintf(w, "workload %s: %d requests, %d prompt tokens, %d output tokens, %.0f s\n",
+		r.Workload, st.Requests, st.PromptTokens, st.OutputTokens, st.Duration.Seconds())
+	fmt.Fprintf(w, "fleet: %d engines x %d KV blocks of %d tokens (%d tokens each), batches of %d tokens; "+
+		"step %.1f ms + %.0f us/prefill token + %.0f us/decode token; scrape every %.0f ms, events after %.0f ms; seed %d\n",
+		s.Engines, s.NumGPUBlocks, s.BlockSize, (s.NumGPUBlocks-1)*s.BlockSize, s.MaxNumBatchedTokens,
+		s.StepOverhead*1e3, s.PrefillPerToken*1e6, s.DecodePerToken*1e6, s.ScrapeInterval*1e3, s.EventDelay*1e3, s.Seed)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	for i, c := range columns {
+		fmt.Fprint(tw, c.head, sep(i))
+	}
+	for _, res := range r.Results {
+		for i, c := range columns {
+			fmt.Fprint(tw, c.cell(res), sep(i))
+		}
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, t := range r.Targets() {
+		verdict := "MISSED"
+		if t.Met {
+			verdict = "met"
+		}
+		fmt.Fprintf(w, "target %-44s %s: %.3f against a bound of %.3f (ratio %.3f)\n", t.Name, verdict, t.Value, t.Bound, t.Ratio)
+	}
+	return nil
+}
+
+// sep ends cell i of a table row.
+func sep(i int) string {
+	if i == len(columns)-1 {
+		return "\t\n"
+	}
+	return "\t"
+}
+
+// WriteCSV writes one row per policy, latencies in seconds, after a header
+// row.
+func (r *Report) WriteCSV(w io.Writer) error {
+	cw := csv.NewWriter(w)
+	row := make([]string, len(columns)+1)
+	row[0] = "workload"
+	for i, c := range columns {
+		row[i+1] = c.csvHead
+	}
+	if err := cw.Write(row); err != nil {
+		return err
+	}
+	for _, res := range r.Results {
+		row[0] = r.Workload
+		for i, c := range columns {
+			row[i+1] = c.cell(res)
+		}
+		if err := cw.Write(row); err != nil {
+			return err
+		}
+	}
+	cw.Flush()
+	return cw.Error()
+}
+
+// WriteJSON writes the report, its targets included, as indented JSON.
+func (r *Report) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(struct {
+		*Report
+		Targets []Target `json:"targets"`
+	}{r, r.Targets()})
+}

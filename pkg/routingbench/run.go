@@ -1,0 +1,91 @@
+package routingbench
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+)
+
+// Setup records the configuration a report was produced with.
+type Setup struct {
+	Engines             int     `json:"engines"`
+	BlockSize           int     `json:"blockSize"`
+	NumGPUBlocks        int     `json:"numGPUBlocks"`
+	MaxNumSeqs          int     `json:"maxNumSeqs"`
+	MaxNumBatchedTokens int     `json:"maxNumBatchedTokens"`
+	MaxModelLen         int     `json:"maxModelLen"`
+	StepOverhead        float64 `json:"stepOverheadSeconds"`
+	PrefillPerToken     float64 `json:"prefillPerTokenSeconds"`
+	DecodePerToken      float64 `json:"decodePerTokenSeconds"`
+	ScrapeInterval      float64 `json:"scrapeIntervalSeconds"`
+	MetricsWindow       float64 `json:"metricsWindowSeconds"`
+	EventDelay          float64 `json:"eventDelaySeconds"`
+	Seed                uint64  `json:"seed"`
+}
+
+// Report is the outcome of a benchmark: one result per policy, in the
+// order the configuration names them.
+type Report struct {
+	Workload string          `json:"workload"`
+	Stats    WorkloadStats   `json:"workloadStats"`
+	Setup    Setup           `json:"setup"`
+	Results  []*PolicyResult `json:"results"`
+}
+
+// Result returns the result of the named policy, or nil.
+func (r *Report) Result(policy string) *PolicyResult {
+	for _, res := range r.Results {
+		if res.Policy == policy {
+			return res
+		}
+	}
+	return nil
+}
+
+// Run plays w under each policy of cfg, each on its own fleet of fresh
+// engines and its own index, and reports how each did. The same workload,
+// configuration and seed give the same report, whatever cfg.Parallel. It
+// fails on an invalid configuration or workload, or when ctx ends.
+func Run(ctx context.Context, cfg Config, w Workload) (*Report, error) {
+	cfg, err := cfg.normalize()
+	if err != nil {
+		return nil, err
+	}
+	if err := w.validate(); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	results := make([]*PolicyResult, len(cfg.Policies))
+	errs := make([]error, len(cfg.Policies))
+	slots := make(chan struct{}, cfg.Parallel)
+	var wg sync.WaitGroup
+	for i, name := range cfg.Policies {
+		wg.Go(func() {
+			slots <- struct{}{}
+			defer func() { <-slots }()
+			results[i], errs[i] = simulate(ctx, cfg, &w, name)
+			if errs[i] != nil {
+				cancel()
+			}
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return &Report{Workload: w.Name, Stats: w.Stats(), Setup: setupOf(cfg), Results: results}, nil
+}
+
+func setupOf(cfg Config) Setup {
+	e := cfg.Engine
+	sec := time.Duration.Seconds
+	return Setup{
+		Engines: cfg.Engines, BlockSize: e.BlockSize, NumGPUBlocks: e.NumGPUBlocks,
+		MaxNumSeqs: e.MaxNumSeqs, MaxNumBatchedTokens: e.MaxNumBatchedTokens, MaxModelLen: e.MaxModelLen,
+		StepOverhead: sec(e.Latency.StepOverhead), PrefillPerToken: sec(e.Latency.PrefillPerToken),
+		DecodePerToken: sec(e.Latency.DecodePerToken), ScrapeInterval: sec(cfg.ScrapeInterval),
+		MetricsWindow: sec(cfg.MetricsWindow), EventDelay: sec(cfg.EventDelay), Seed: cfg.Seed,
+	}
+}

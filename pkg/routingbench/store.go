@@ -1,0 +1,149 @@
+package routingbench
+
+import (
+	"time"
+
+	"github.com/kvgate/kvgate/pkg/cache"
+	"github.com/kvgate/kvgate/pkg/sim"
+)
+
+// counters are the cumulative vLLM metrics of one engine that the Store
+// turns into recent means and rates.
+type counters struct {
+	promptTokens float64 // vllm:prompt_tokens_total
+	prefixHits   float64 // vllm:prefix_cache_hits_total
+	ttftSum      float64 // vllm:time_to_first_token_seconds
+	ttftCount    float64
+	itlSum       float64 // vllm:inter_token_latency_seconds
+	itlCount     float64
+	prefillSum   float64 // vllm:request_prefill_time_seconds
+}
+
+func (c counters) sub(b counters) counters {
+	return counters{
+		promptTokens: c.promptTokens - b.promptTokens, prefixHits: c.prefixHits - b.prefixHits,
+		ttftSum: c.ttftSum - b.ttftSum, ttftCount: c.ttftCount - b.ttftCount,
+		itlSum: c.itlSum - b.itlSum, itlCount: c.itlCount - b.itlCount,
+		prefillSum: c.prefillSum - b.prefillSum,
+	}
+}
+
+// The recent means and rates the Store derives, by slot.
+const (
+	slotTTFT = iota
+	slotTPOT
+	slotPrefillSpeed
+	numSlots
+)
+
+type counterSample struct {
+	at time.Duration
+	c  counters
+}
+
+// scraped is what the Store knows of one engine from its scrapes, derived
+// as cache.Store derives it from vLLM's /metrics: gauges as of the last
+// scrape, and means and rates over a window of about MetricsWindow that
+// slides by an eighth of it, each keeping its last value through windows
+// without observations and falling back to the lifetime ratio before the
+// first.
+type scraped struct {
+	ok                       bool
+	at                       time.Duration // of the last scrape
+	waiting, running, kvUsed float64
+	window                   time.Duration
+	samples                  []counterSample
+	recent                   [numSlots]float64
+	hasRecent                [numSlots]bool
+	lifetime                 counters
+}
+
+// windowSteps is how many samples the window keeps per window length, as
+// the Store does.
+const windowSteps = 8
+
+// scrape records an engine's gauges q and counters c, read at now.
+func (s *scraped) scrape(now time.Duration, q sim.QueueState, c counters) {
+	s.ok, s.at = true, now
+	s.waiting, s.running, s.kvUsed = float64(q.Waiting), float64(q.Running), q.KVCacheUsage
+	s.lifetime = c
+	if len(s.samples) == 0 {
+		s.samples = append(s.samples, counterSample{now, c})
+		return
+	}
+	d := c.sub(s.samples[0].c)
+	if now-s.samples[len(s.samples)-1].at >= s.window/windowSteps {
+		s.samples = append(s.samples, counterSample{now, c})
+	}
+	drop := 0
+	for len(s.samples)-drop > 1 && now-s.samples[drop+1].at >= s.window {
+		drop++
+	}
+	s.samples = append(s.samples[:0], s.samples[drop:]...)
+	s.observe(slotTTFT, d.ttftSum, d.ttftCount)
+	s.observe(slotTPOT, d.itlSum, d.itlCount)
+	s.observe(slotPrefillSpeed, d.promptTokens-d.prefixHits, d.prefillSum)
+}
+
+// observe keeps the window's ratio num/den of slot when the window saw
+// observations.
+func (s *scraped) observe(slot int, num, den float64) {
+	if num > 0 && den > 0 {
+		s.recent[slot], s.hasRecent[slot] = num/den, true
+	}
+}
+
+// ratio returns slot's recent value, else its lifetime ratio num/den.
+func (s *scraped) ratio(slot int, num, den float64) (float64, bool) {
+	if s.hasRecent[slot] {
+		return s.recent[slot], true
+	}
+	return num / den, num > 0 && den > 0
+}
+
+// value returns the scraped metric of the given name (a cache constant).
+func (s *scraped) value(metric string) (float64, bool) {
+	if !s.ok {
+		return 0, false
+	}
+	l := s.lifetime
+	switch metric {
+	case cache.NumRequestsWaiting:
+		return s.waiting, true
+	case cache.NumRequestsRunning:
+		return s.running, true
+	case cache.KVCacheUsagePerc:
+		return s.kvUsed, true
+	case cache.AvgTTFTSeconds:
+		return s.ratio(slotTTFT, l.ttftSum, l.ttftCount)
+	case cache.AvgTPOTSeconds:
+		return s.ratio(slotTPOT, l.itlSum, l.itlCount)
+	case cache.PrefillTokensPerSecond:
+		return s.ratio(slotPrefillSpeed, l.promptTokens-l.prefixHits, l.prefillSum)
+	}
+	return 0, false
+}
+
+// storeView serves the routing algorithms what the gateway's cache.Store
+// would know of the engines: the scraped metrics, and the requests the
+// gateway has sent to each engine and not seen complete, which the Store
+// tracks itself and so knows at once.
+type storeView struct {
+	f *fleet
+}
+
+// GetMetricValueByPod implements routing.MetricSource.
+func (v storeView) GetMetricValueByPod(podName, podNamespace, metric string) (cache.MetricValue, error) {
+	e, ok := v.f.byName[podName]
+	if !ok || podNamespace != benchNamespace {
+		return cache.MetricValue{}, &cache.MetricNotFoundError{Pod: podNamespace + "/" + podName, Metric: metric}
+	}
+	if metric == cache.RealtimeNumRequestsRunning {
+		return cache.MetricValue{Value: float64(e.inFlight), UpdatedAt: v.f.clock()}, nil
+	}
+	val, ok := e.metrics.value(metric)
+	if !ok {
+		return cache.MetricValue{}, &cache.MetricNotFoundError{Pod: e.key, Metric: metric}
+	}
+	return cache.MetricValue{Value: val, UpdatedAt: simEpoch.Add(e.metrics.at)}, nil
+}

@@ -1,0 +1,77 @@
+package routingbench
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/pkg/cache"
+	"github.com/kvgate/kvgate/pkg/sim"
+)
+
+func TestScrapedMeansFollowTheRecentWindowAsTheStoreDoes(t *testing.T) {
+	s := scraped{window: 10 * time.Second}
+	if _, ok := s.value(cache.AvgTTFTSeconds); ok {
+		t.Fatal("a mean before the first scrape")
+	}
+	var c counters
+	at := func(sec int) time.Duration { return time.Duration(sec) * time.Second }
+	check := func(when string, want float64) {
+		t.Helper()
+		if got, ok := s.value(cache.AvgTTFTSeconds); !ok || got != want {
+			t.Errorf("%s: mean TTFT %v (%v), want %v", when, got, ok, want)
+		}
+	}
+	// The engine had served 2 requests at 3 s each before the first
+	// scrape: the lifetime mean stands in until a window sees one.
+	c.ttftSum, c.ttftCount = 6, 2
+	s.scrape(0, sim.QueueState{Waiting: 3, Running: 2, KVCacheUsage: 0.5}, c)
+	check("first scrape", 3)
+	if v, _ := s.value(cache.NumRequestsWaiting); v != 3 {
+		t.Errorf("waiting %v, want 3", v)
+	}
+	for sec := 1; sec <= 30; sec++ {
+		switch sec {
+		case 1: // 4 requests of 0.5 s
+			c.ttftSum, c.ttftCount = c.ttftSum+2, c.ttftCount+4
+		case 16: // 2 requests of 2 s
+			c.ttftSum, c.ttftCount = c.ttftSum+4, c.ttftCount+2
+		}
+		s.scrape(at(sec), sim.QueueState{}, c)
+		switch sec {
+		case 1:
+			check("after the first window's requests", 0.5)
+		case 16:
+			check("once the window slid past them", 2)
+		case 30:
+			check("through windows without requests", 2)
+		}
+	}
+}
+
+func TestStoreViewServesTheGatewaysCountsAtOnceAndScrapesOnceScraped(t *testing.T) {
+	f, err := newFleet(smallFleet().withDefaults())
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := storeView{f}
+	e := f.engines[1]
+	e.inFlight = 3
+	if got, err := v.GetMetricValueByPod(e.pod.Name, benchNamespace, cache.RealtimeNumRequestsRunning); err != nil || got.Value != 3 {
+		t.Errorf("running %v (%v), want the gateway's 3 before any scrape", got.Value, err)
+	}
+	var missing *cache.MetricNotFoundError
+	if _, err := v.GetMetricValueByPod(e.pod.Name, benchNamespace, cache.NumRequestsWaiting); !errors.As(err, &missing) {
+		t.Errorf("waiting before a scrape: error %v, want a MetricNotFoundError", err)
+	}
+	if _, err := v.GetMetricValueByPod("engine-9", benchNamespace, cache.RealtimeNumRequestsRunning); !errors.As(err, &missing) {
+		t.Errorf("unknown pod: error %v, want a MetricNotFoundError", err)
+	}
+	f.now = 50 * time.Millisecond
+	e.metrics.scrape(f.now, sim.QueueState{Waiting: 2}, counters{})
+	f.now = 80 * time.Millisecond
+	got, err := v.GetMetricValueByPod(e.pod.Name, benchNamespace, cache.NumRequestsWaiting)
+	if err != nil || got.Value != 2 || !got.UpdatedAt.Equal(simEpoch.Add(50*time.Millisecond)) {
+		t.Errorf("waiting %+v (%v), want 2 as scraped at 50ms", got, err)
+	}
+}
