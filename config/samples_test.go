@@ -97,8 +97,9 @@ func endpointPort(endpoint string) (int, error) {
 // the gateway routes to, tokenizes on and scrapes.
 func TestSamplesRunEnginesTheGatewayFollows(t *testing.T) {
 	shipped := loadSettings(t, "default")
-	defaults := kvevent.StreamDefaults{PubPort: shipped.kvSync.PubPort, ReplayPort: shipped.kvSync.ReplayPort, Topic: shipped.kvSync.Topic}
-	selector, err := labels.Parse(shipped.discovery.LabelSelector)
+	kv := shipped.config.KVSync
+	defaults := kvevent.StreamDefaults{PubPort: kv.PubPort, ReplayPort: kv.ReplayPort, Topic: kv.Topic}
+	selector, err := labels.Parse(shipped.config.Discovery.LabelSelector)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,7 +122,7 @@ func TestSamplesRunEnginesTheGatewayFollows(t *testing.T) {
 					t.Fatalf("the gateway does not follow the pods: %s %v", reason, err)
 				}
 				for i := range pod.Spec.Containers {
-					checkEngine(t, &pod.Spec.Containers[i], pod, target, shipped.enginePort)
+					checkEngine(t, &pod.Spec.Containers[i], pod, target, shipped.tokenizerPort)
 				}
 			})
 		}

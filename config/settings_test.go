@@ -1,28 +1,32 @@
 package manifests
 
 import (
-	"fmt"
+	"net"
 	"net/url"
 	"strconv"
+	"strings"
 	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/kvgate/kvgate/pkg/config"
+	"github.com/kvgate/kvgate/pkg/gateway"
 )
 
 // settings are the gateway's settings in one installation, as the gateway
 // loads them from its environment.
 type settings struct {
-	manifest  gatewayManifest
-	kvSync    config.KVSync
-	discovery config.Discovery
-	// enginePort is the port of the engines' HTTP server the tokenizer
-	// calls (AIBRIX_VLLM_TOKENIZER_ENDPOINT_TEMPLATE).
-	enginePort int
+	manifest gatewayManifest
+	config   gateway.Config
+	// tokenizerPort is the port of AIBRIX_VLLM_TOKENIZER_ENDPOINT_TEMPLATE,
+	// which a pod's model.aibrix.ai/port overrides.
+	tokenizerPort int
 }
 
 // loadSettings renders the kustomization in dir and loads the gateway's
-// settings from the environment its container gets, failing t on any
-// setting the gateway would refuse.
+// configuration from the environment its container gets, as the gateway
+// does at start, failing t on any setting the gateway would refuse.
 func loadSettings(t *testing.T, dir string) settings {
 	t.Helper()
 	s := settings{manifest: findGateway(t, render(t, dir))}
@@ -31,28 +35,63 @@ func loadSettings(t *testing.T, dir string) settings {
 		v, ok := env[name]
 		return v.value, ok
 	})
-	s.kvSync = config.LoadKVSync(e)
-	s.discovery = config.LoadDiscovery(e)
-	s.enginePort = templatePort(e, config.TokenizerEndpointTemplate)
+	s.config = gateway.LoadConfig(e)
+	s.tokenizerPort = urlPort(e, config.TokenizerEndpointTemplate)
 	if err := e.Err(); err != nil {
 		t.Fatalf("config/%s: the gateway would refuse its settings: %v", dir, err)
 	}
 	return s
 }
 
-// templatePort returns the port of the URL template v (with one %s for a
-// host), recording a template without one in e.
-func templatePort(e *config.Env, v config.Var) int {
+// urlPort returns the port of the URL template v (with one %s for a host,
+// and the scheme's port when it names none), recording a template that is
+// not a URL in e.
+func urlPort(e *config.Env, v config.Var) int {
 	tmpl := e.String(v)
-	u, err := url.Parse(fmt.Sprintf(tmpl, "10.0.0.1"))
-	port := 0
-	if err == nil {
-		port, err = strconv.Atoi(u.Port())
-	}
+	u, err := url.Parse(strings.Replace(tmpl, "%s", "192.0.2.1", 1))
 	if err != nil {
-		e.Errorf("%s=%q: want a URL with a port", v.Name, tmpl)
+		e.Errorf("%s=%q: %v", v.Name, tmpl, err)
+		return 0
 	}
-	return port
+	if p, err := strconv.Atoi(u.Port()); err == nil {
+		return p
+	}
+	if u.Scheme == "https" {
+		return 443
+	}
+	return 80
+}
+
+// TestGatewayLifecycleFitsItsDeployment checks the Deployment against the
+// gateway's own settings: the container port named http, which the
+// Service and the probes use, is the port the gateway listens on, and the
+// pod's grace period outlasts the gateway's shutdown (the delay with
+// /readyz failing, then the drain of requests in flight).
+func TestGatewayLifecycleFitsItsDeployment(t *testing.T) {
+	for _, dir := range []string{"default", "namespaced"} {
+		t.Run(dir, func(t *testing.T) {
+			s := loadSettings(t, dir)
+			c, spec := s.manifest.container, s.manifest.deployment.Spec.Template.Spec
+			_, listen, err := net.SplitHostPort(s.config.ListenAddress)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if http := port(t, c, "http"); strconv.Itoa(int(http)) != listen {
+				t.Errorf("container port http is %d, the gateway listens on %s", http, s.config.ListenAddress)
+			}
+			for probe, path := range map[*corev1.Probe]string{c.ReadinessProbe: "/readyz", c.LivenessProbe: "/healthz"} {
+				if probe == nil || probe.HTTPGet == nil || probe.HTTPGet.Path != path || probe.HTTPGet.Port.StrVal != "http" {
+					t.Errorf("want a probe of %s on port http, got %+v", path, probe)
+				}
+			}
+			shutdown := s.config.ShutdownDelay + s.config.ShutdownTimeout
+			if s.config.ShutdownDelay <= 0 || spec.TerminationGracePeriodSeconds == nil ||
+				time.Duration(*spec.TerminationGracePeriodSeconds)*time.Second <= shutdown {
+				t.Errorf("grace period %v s, shutdown delay %v then timeout %v: want a delay, and a grace period beyond both",
+					spec.TerminationGracePeriodSeconds, s.config.ShutdownDelay, s.config.ShutdownTimeout)
+			}
+		})
+	}
 }
 
 // TestGatewayDiscoversWhatItsRBACGrants checks that each installation
@@ -77,8 +116,8 @@ func TestGatewayDiscoversWhatItsRBACGrants(t *testing.T) {
 			if tt.ownNamespace {
 				want = s.manifest.deployment.Namespace
 			}
-			if s.discovery.Mode != config.DiscoveryKubernetes || s.discovery.Namespace != want {
-				t.Errorf("the gateway discovers %s; want kubernetes pods in namespace %q", s.discovery, want)
+			if d := s.config.Discovery; d.Mode != config.DiscoveryKubernetes || d.Namespace != want {
+				t.Errorf("the gateway discovers %s; want kubernetes pods in namespace %q", d, want)
 			}
 			roles := only(render(t, tt.dir), tt.roleKind)
 			if len(roles) != 1 {
