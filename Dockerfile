@@ -24,7 +24,7 @@ COPY pkg/ pkg/
 COPY hack/build.sh hack/
 # The caches keep downloaded modules and compiled packages between builds.
 RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
-    hack/build.sh /out
+    hack/build.sh /out ./cmd/gateway ./cmd/vllm-sim
 
 FROM debian:${DEBIAN_RELEASE}-slim
 RUN apt-get update \

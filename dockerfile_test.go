@@ -1,13 +1,16 @@
 // Package kvgate_test checks the image build without a container engine:
-// the Dockerfile's stages, base images, user and packages, and the one build
-// line (hack/build.sh) it shares with make build.
+// the Dockerfile's stages, base images, user and packages, the one build
+// line (hack/build.sh) it shares with make build, and, by running that line,
+// that the binaries the image ships need only the libraries it installs.
 package kvgate_test
 
 import (
 	"bufio"
+	"debug/elf"
 	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -205,8 +208,8 @@ func TestDockerfileRuntimeStage(t *testing.T) {
 	if _, err := entrypoint(runtime); err != nil {
 		t.Error(err)
 	}
-	if runs := build.all("RUN"); len(runs) == 0 || !strings.Contains(runs[len(runs)-1], "hack/build.sh /out") {
-		t.Errorf("the builder's last RUN is %q; want the shared build line, hack/build.sh /out", runs)
+	if _, err := imagePackages(build); err != nil {
+		t.Error(err)
 	}
 	if copies := runtime.all("COPY"); len(copies) != 1 || copies[0] != "--from="+build.name+" /out/ /usr/local/bin/" {
 		t.Errorf("runtime COPY %q; want the builder's /out/ into /usr/local/bin/", copies)
@@ -258,4 +261,80 @@ func TestDockerignoreAdmitsWhatTheDockerfileCopies(t *testing.T) {
 			t.Errorf(".dockerignore admits %s, which the Dockerfile does not copy", a)
 		}
 	}
+}
+
+// runtimeLibraries maps each shared library the binaries may need to the
+// Debian package that provides it; "" is glibc, part of every Debian image.
+var runtimeLibraries = map[string]string{
+	"libzmq.so.5":     "libzmq5",
+	"libc.so.6":       "",
+	"libm.so.6":       "",
+	"libpthread.so.0": "",
+	"libdl.so.2":      "",
+	"libresolv.so.2":  "",
+}
+
+// TestImageBinariesBuildAndFindTheirLibraries runs the image's build line
+// (hack/build.sh with the Dockerfile's packages) outside a container, and
+// checks that it builds the entrypoint and the simulator the samples run
+// from the image, and that each binary needs only shared libraries the
+// runtime stage installs (or glibc), and starts with them.
+func TestImageBinariesBuildAndFindTheirLibraries(t *testing.T) {
+	df := readDockerfile(t)
+	runtime := df.stages[1]
+	pkgs, err := imagePackages(df.stages[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := t.TempDir()
+	buildImageBinaries(t, out, pkgs)
+
+	ep, err := entrypoint(runtime)
+	if err != nil {
+		t.Fatal(err)
+	}
+	built := map[string]bool{}
+	for _, p := range pkgs {
+		built[filepath.Base(p)] = true
+	}
+	for _, want := range []string{ep, simulatorCommand(t)} {
+		if filepath.Dir(want) != "/usr/local/bin" || !built[filepath.Base(want)] {
+			t.Errorf("the image runs %s, but builds %q into /usr/local/bin", want, pkgs)
+		}
+	}
+	installed := runtime.aptInstalls(t)
+	for name := range built {
+		bin := filepath.Join(out, name)
+		f, err := elf.Open(bin)
+		if err != nil {
+			t.Fatal(err)
+		}
+		libs, err := f.ImportedLibraries()
+		f.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, lib := range libs {
+			pkg, known := runtimeLibraries[lib]
+			switch {
+			case !known:
+				t.Errorf("%s needs %s: add the Debian package providing it to the runtime stage and to runtimeLibraries", name, lib)
+			case pkg != "" && !installed[pkg]:
+				t.Errorf("%s needs %s from %s, which the runtime stage does not install", name, lib, pkg)
+			}
+		}
+		startsWithItsLibraries(t, bin)
+	}
+}
+
+// imagePackages returns the packages the builder stage's last RUN builds:
+// hack/build.sh /out PACKAGE...
+func imagePackages(build stage) ([]string, error) {
+	runs := build.all("RUN")
+	if len(runs) > 0 {
+		if _, after, ok := strings.Cut(runs[len(runs)-1], "hack/build.sh /out "); ok && len(strings.Fields(after)) > 0 {
+			return strings.Fields(after), nil
+		}
+	}
+	return nil, fmt.Errorf("the builder's last RUN is %q; want the shared build line, hack/build.sh /out PACKAGE", runs)
 }
