@@ -13,6 +13,18 @@ FUZZTIME  ?= 15s
 BENCH     ?= .
 BENCHTIME ?= 1s
 COUNT     ?= 1
+# Image of kvgate (the gateway and vllm-sim) that docker-build builds and
+# deploy, deploy-sample and build-installer install.
+IMG            ?= kvgate:dev
+# Container tool of docker-build and docker-push: docker or podman.
+CONTAINER_TOOL ?= docker
+KUBECTL        ?= kubectl
+# Kustomization of config/ that deploy, undeploy and build-installer render:
+# default (every namespace, ClusterRole) or namespaced (one namespace, Role).
+OVERLAY        ?= default
+# Kustomization of config/samples/ that deploy-sample and undeploy-sample
+# render: simulator, vllm or vllm-dp.
+SAMPLE         ?= simulator
 # Where `make bench-routing` writes its reports, and extra flags for it
 # (see `go run ./cmd/bench-routing -h`).
 BENCH_ROUTING_OUT   ?= out/bench-routing
@@ -52,8 +64,8 @@ lint: vet ## Check formatting and run go vet.
 	if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
 
 .PHONY: build
-build: deps ## Build the binaries into bin/.
-	$(GO) build -o $(BIN_DIR)/ ./cmd/...
+build: deps ## Build the binaries into bin/ as the image does (hack/build.sh).
+	GO=$(GO) hack/build.sh $(BIN_DIR)
 
 .PHONY: test
 test: deps ## Install what the tests need, then vet, run every test with -race, and fuzz briefly.
@@ -76,3 +88,46 @@ bench: deps ## Run the Go benchmarks of the hot paths with -benchmem.
 .PHONY: bench-routing
 bench-routing: deps ## Compare routing policies on simulated engines (Mooncake trace, shared-prefix chat); reports in BENCH_ROUTING_OUT.
 	$(GO) run ./cmd/bench-routing -out '$(BENCH_ROUTING_OUT)' $(BENCH_ROUTING_FLAGS)
+
+##@ Build
+
+.PHONY: docker-build
+docker-build: ## Build the image IMG with CONTAINER_TOOL.
+	@$(call need,$(CONTAINER_TOOL),CONTAINER_TOOL,docker-build)
+	$(CONTAINER_TOOL) build -t $(IMG) .
+
+.PHONY: docker-push
+docker-push: ## Push the image IMG with CONTAINER_TOOL.
+	@$(call need,$(CONTAINER_TOOL),CONTAINER_TOOL,docker-push)
+	$(CONTAINER_TOOL) push $(IMG)
+
+.PHONY: build-installer
+build-installer: ## Render config/OVERLAY with image IMG into one file, dist/install.yaml.
+	@mkdir -p dist
+	hack/kustomize-build.sh config/$(OVERLAY) $(IMG) > dist/install.yaml
+
+##@ Deployment
+
+.PHONY: deploy
+deploy: ## Install config/OVERLAY with image IMG into the cluster of kubectl's current context.
+	@$(call need,$(KUBECTL),KUBECTL,deploy)
+	hack/kustomize-build.sh config/$(OVERLAY) $(IMG) | $(KUBECTL) apply -f -
+
+.PHONY: undeploy
+undeploy: ## Remove what deploy installed (same OVERLAY), namespace included.
+	@$(call need,$(KUBECTL),KUBECTL,undeploy)
+	hack/kustomize-build.sh config/$(OVERLAY) $(IMG) | $(KUBECTL) delete --ignore-not-found -f -
+
+.PHONY: deploy-sample
+deploy-sample: ## Install config/samples/SAMPLE with image IMG into kubectl's current namespace.
+	@$(call need,$(KUBECTL),KUBECTL,deploy-sample)
+	hack/kustomize-build.sh config/samples/$(SAMPLE) $(IMG) | $(KUBECTL) apply -f -
+
+.PHONY: undeploy-sample
+undeploy-sample: ## Remove what deploy-sample installed (same SAMPLE).
+	@$(call need,$(KUBECTL),KUBECTL,undeploy-sample)
+	hack/kustomize-build.sh config/samples/$(SAMPLE) $(IMG) | $(KUBECTL) delete --ignore-not-found -f -
+
+# need fails target $(3) with a clear message when command $(1), the value of
+# variable $(2), is not installed.
+need = command -v $(1) >/dev/null 2>&1 || { echo "$(3): $(1) not found: install it, or set $(2) to the command to use" >&2; exit 1; }

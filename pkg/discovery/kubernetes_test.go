@@ -4,11 +4,12 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/kvgate/kvgate/internal/testapiserver"
 	"github.com/kvgate/kvgate/pkg/kvevent"
 )
 
 func TestKubernetesPodsDriveTheKVEventManagerThroughTheStore(t *testing.T) {
-	cfg := needAPIServer(t)
+	cfg := testapiserver.Config(t)
 	port := freePortPair(t)
 	pubA := enginePublisher(t, "127.0.0.1", port)
 	pubB := enginePublisher(t, "127.0.0.2", port)
