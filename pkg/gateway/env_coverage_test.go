@@ -19,13 +19,7 @@ import (
 // declared in config.Vars (and so documented in the README and in
 // config/manager/gateway.env), and every declared variable is looked up.
 func TestLoadConfigReadsExactlyTheDeclaredVariables(t *testing.T) {
-	declared := map[string]bool{}
-	for _, v := range config.Vars {
-		declared[v.Name] = true
-		for _, a := range v.Aliases {
-			declared[a] = true
-		}
-	}
+	declared := declaredVariables()
 	read := map[string]bool{}
 	e := config.NewEnv(func(name string) (string, bool) {
 		read[name] = true
