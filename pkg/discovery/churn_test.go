@@ -96,7 +96,7 @@ func TestChurnLeavesNoClientsSocketsOrIndexEntries(t *testing.T) {
 	index := newTestIndex(t)
 	manager := index.newManager(t)
 	store, err := cache.InitWithOptions(nil, nil, cache.InitOptions{
-		Config:       cache.Config{PodMetricRefreshInterval: -1, Logger: klog.Background().V(4)},
+		Config:       cache.Config{PodMetricRefreshInterval: -1, AdapterRefreshInterval: -1, Logger: klog.Background().V(4)},
 		EnableKVSync: true, KVEventManager: manager,
 	})
 	if err != nil {

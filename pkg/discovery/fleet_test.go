@@ -41,7 +41,7 @@ func newFleet(t testing.TB, cfg *rest.Config) *fleet {
 	}
 	f.manager = f.index.newManager(t)
 	f.store, err = cache.InitWithOptions(cfg, nil, cache.InitOptions{
-		Config:       cache.Config{PodMetricRefreshInterval: -1, Logger: klog.Background().V(4)},
+		Config:       cache.Config{PodMetricRefreshInterval: -1, AdapterRefreshInterval: -1, Logger: klog.Background().V(4)},
 		PodSource:    &KubernetesSource{Namespace: f.ns, LabelSelector: kvevent.ModelNameLabel, Logger: klog.Background().V(4)},
 		EnableKVSync: true, KVEventManager: f.manager,
 	})

@@ -31,7 +31,7 @@ func newStaticFleet(t *testing.T, endpoints string) *staticFleet {
 	f.manager = f.index.newManager(t)
 	var err error
 	f.store, err = cache.InitWithOptions(nil, nil, cache.InitOptions{
-		Config:       cache.Config{PodMetricRefreshInterval: -1, Logger: klog.Background().V(4)},
+		Config:       cache.Config{PodMetricRefreshInterval: -1, AdapterRefreshInterval: -1, Logger: klog.Background().V(4)},
 		PodSource:    &StaticSource{Path: f.file, PollInterval: 5 * time.Millisecond, Logger: klog.Background().V(4)},
 		EnableKVSync: true, KVEventManager: f.manager,
 	})
