@@ -262,6 +262,7 @@ var Vars = []Var{
 	StaticEndpointsFile,
 	PodNamespace,
 	PodLabelSelector,
+	AdapterRefreshInterval,
 	SyncMaxContexts,
 	SyncMaxPrefixesPerContext,
 	SyncMaxEntries,

@@ -173,8 +173,13 @@ func loadCache(e *config.Env, hasRedis bool) cache.Config {
 		}
 		return on
 	}
+	adapters := e.DurationOrZero(config.AdapterRefreshInterval, time.Second)
+	if adapters == 0 {
+		adapters = -1 // the Store's way of saying off
+	}
 	return cache.Config{
 		PodMetricRefreshInterval: e.Duration(config.PodMetricRefreshInterval, time.Millisecond),
+		AdapterRefreshInterval:   adapters,
 		DeploymentLabel:          e.String(config.PodDeploymentLabel),
 		EnableRequestTrace:       redisFeature(config.RequestTracing),
 		EnableProfileCache:       redisFeature(config.ProfileCaching),

@@ -28,11 +28,15 @@ func TestLoadConfigDefaults(t *testing.T) {
 		cfg.ShutdownDelay != 0 || cfg.Discovery.Mode != config.DiscoveryKubernetes || !cfg.KVSync.Enabled ||
 		!cfg.RemoteTokenizer || cfg.TokenizerEndpointTemplate != "http://%s:8000" || cfg.Tokenizer.Timeout != 5*time.Second ||
 		cfg.Routing.DefaultAlgorithm != "kv-aware" || cfg.Routing.InFlightPrefillTTL != 5*time.Minute ||
-		cfg.Cache.PodMetricRefreshInterval != 50*time.Millisecond {
+		cfg.Cache.PodMetricRefreshInterval != 50*time.Millisecond || cfg.Cache.AdapterRefreshInterval != 10*time.Second {
 		t.Errorf("defaults: %+v", cfg)
 	}
 	if cfg.Cache.EnableRequestTrace || cfg.Cache.EnableProfileCache || cfg.Cache.SharedRequestCounts {
 		t.Errorf("Redis features on without Redis: %+v", cfg.Cache)
+	}
+	e = envOf(map[string]string{"KVGATE_ADAPTER_REFRESH_INTERVAL": "0"})
+	if cfg = LoadConfig(e); e.Err() != nil || cfg.Cache.AdapterRefreshInterval >= 0 {
+		t.Errorf("adapter listing set to 0: interval %v, %v; want it off", cfg.Cache.AdapterRefreshInterval, e.Err())
 	}
 	e = envOf(map[string]string{"KVGATE_REDIS_ADDRESS": "redis:6379"})
 	cfg = LoadConfig(e)
