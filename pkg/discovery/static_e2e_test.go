@@ -98,7 +98,15 @@ func twoPortPairs(t *testing.T) (int, int) {
 func TestStaticEndpointsFeedTheIndexThroughTheManager(t *testing.T) {
 	a, moved := freePortPair(t), freePortPair(t)
 	dpPub, dpReplay := twoPortPairs(t)
-	publishBatches(t, enginePublisher(t, "127.0.0.1", a), 1, 0, 3)
+	// Engine a serves adapter sql-lora besides the base model: it publishes
+	// chain 1 for the base model, then chain 5 computed with the adapter.
+	pubA := enginePublisher(t, "127.0.0.1", a)
+	publishBatches(t, pubA, 1, 0, 3)
+	for i := range 2 {
+		if err := pubA.Publish(chainBatch(5, i, "sql-lora")); err != nil {
+			t.Fatal(err)
+		}
+	}
 	publishBatches(t, enginePublisher(t, "127.0.0.1", moved), 2, 0, 4)
 	// The data-parallel engine publishes one chain per rank, each on its
 	// rank's ports.
@@ -109,11 +117,22 @@ func TestStaticEndpointsFeedTheIndexThroughTheManager(t *testing.T) {
 		return fmt.Sprintf("- {name: %s, address: 127.0.0.1, model: %s, pubPort: %d, replayPort: %d%s}\n",
 			name, testModel, pub, replay, extra)
 	}
-	f := newStaticFleet(t, endpoint("a", a, a+1, "")+
+	f := newStaticFleet(t, endpoint("a", a, a+1, ", loraAdapters: [sql-lora]")+
 		endpoint("dp", dpPub, dpReplay, ", dpSize: 2")+
 		endpoint("off", moved, moved+1, ", kvEvents: false"))
 	f.step(t, "loaded", fmt.Sprintf("static/a:%d", a), fmt.Sprintf("static/dp:%d", dpPub))
-	eventually(t, "static/a to hold chain 1", func() bool { return f.index.holds("static/a", 1, 3) })
+	// Requests for the adapter match its blocks, requests for the base
+	// model the base model's, and neither the other's.
+	eventually(t, "static/a to hold chain 1 and the adapter's chain 5", func() bool {
+		x := f.index
+		return x.blocks()["static/a"] == 5 && x.matched("static/a", "", 1, 4) == 3 && x.matched("static/a", "sql-lora", 5, 3) == 2
+	})
+	if n, m := f.index.matched("static/a", "", 5, 3), f.index.matched("static/a", "sql-lora", 1, 4); n != 0 || m != 0 {
+		t.Fatalf("the base model matches %d blocks of the adapter's chain, the adapter %d of the base model's", n, m)
+	}
+	if pods, err := f.store.ListPodsByModel("sql-lora"); err != nil || len(pods) != 1 || pods[0].Name != "a" {
+		t.Fatalf("pods serving sql-lora: %v, %v; want static/a", pods, err)
+	}
 	eventually(t, "static/dp to hold one chain per rank", func() bool {
 		return f.index.blocks()["static/dp"] == 7 && slices.Equal(f.index.ranks("static/dp"), []int{0, 1}) &&
 			f.index.matched("static/dp", "", 3, 3) == 2 && f.index.matched("static/dp", "", 4, 6) == 5
@@ -127,6 +146,9 @@ func TestStaticEndpointsFeedTheIndexThroughTheManager(t *testing.T) {
 	f.write(t, endpoint("a", moved, moved+1, "")+endpoint("dp", dpPub, dpReplay, ", dpSize: 2"))
 	f.step(t, "a moved", fmt.Sprintf("static/a:%d", moved), fmt.Sprintf("static/dp:%d", dpPub))
 	eventually(t, "static/a to hold chain 2 only", func() bool { return f.index.holds("static/a", 2, 4) })
+	if f.store.HasModel("sql-lora") {
+		t.Fatal("sql-lora is still served once no endpoint lists it")
+	}
 	if _, err := f.store.GetPod("off", StaticNamespace); err == nil {
 		t.Fatal("the endpoint removed from the file is still registered")
 	}
