@@ -55,6 +55,9 @@ type fleetOptions struct {
 	configure func(*Config)
 	// notReady skips waiting for /readyz.
 	notReady bool
+	// declare lists, per engine name, the LoRA adapters its entry in the
+	// endpoints file declares.
+	declare map[string][]string
 }
 
 // startFleet starts the engines named names and a gateway in front of
@@ -67,7 +70,7 @@ func startFleet(t testing.TB, names []string, o fleetOptions) *testFleet {
 	for _, n := range names {
 		e := newTestEngine(t, n)
 		f.engines = append(f.engines, e)
-		yaml += e.endpointYAML()
+		yaml += e.endpointYAML(o.declare[n])
 	}
 	f.file = writeEndpoints(t, yaml)
 	env := map[string]string{
@@ -207,7 +210,14 @@ func (f *testFleet) kvcache() kvCacheView {
 // match asks /debug/match about a prompt given as token ids.
 func (f *testFleet) match(tokens []uint32) matchResponse {
 	f.t.Helper()
-	body, _ := json.Marshal(map[string]any{"model": "llama", "tokens": tokens})
+	return f.matchAdapter("", tokens)
+}
+
+// matchAdapter asks /debug/match about a prompt given as token ids, for
+// LoRA adapter lora of llama ("" for llama itself).
+func (f *testFleet) matchAdapter(lora string, tokens []uint32) matchResponse {
+	f.t.Helper()
+	body, _ := json.Marshal(map[string]any{"model": "llama", "lora": lora, "tokens": tokens})
 	resp, data := post(f.t, f.url+"/debug/match", string(body), nil)
 	var m matchResponse
 	if resp.StatusCode != http.StatusOK || json.Unmarshal(data, &m) != nil {
