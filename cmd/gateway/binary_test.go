@@ -377,7 +377,7 @@ func adapterMatch(t *testing.T, url, lora, messages string) map[string]int {
 
 func TestBinaryRoutesAdapterRequestsByTheAdaptersBlocks(t *testing.T) {
 	dir := binaries(t)
-	ports := freePorts(t, 7)
+	ports := freePorts(t, 8)
 	// The endpoints file declares no adapter: the gateway learns them from
 	// the engines' /v1/models.
 	file, sims := startSims(t, dir, ports, 2, func(i int) []string {
@@ -386,14 +386,18 @@ func TestBinaryRoutesAdapterRequestsByTheAdaptersBlocks(t *testing.T) {
 		}
 		return []string{"--allow-runtime-lora-updating"}
 	})
-	url := fmt.Sprintf("http://127.0.0.1:%d", ports[6])
+	// The admin endpoints (/debug, /metrics) have a listener of their own.
+	url, admin := fmt.Sprintf("http://127.0.0.1:%d", ports[6]), fmt.Sprintf("http://127.0.0.1:%d", ports[7])
 	gw := start(t, []string{"KVGATE_ADAPTER_REFRESH_INTERVAL=100ms"}, filepath.Join(dir, "gateway"), "--discovery", "static",
-		"--static-endpoints-file", file, "--listen-address", url[len("http://"):])
+		"--static-endpoints-file", file, "--listen-address", url[len("http://"):], "--admin-listen-address", admin[len("http://"):])
 	waitFor(t, gw, "sql-lora to be served by vllm-0 alone", func() bool {
-		status, _, body, err := tryPost(url+"/debug/match", `{"model":"sim","lora":"sql-lora","tokens":[1]}`)
+		status, _, body, err := tryPost(admin+"/debug/match", `{"model":"sim","lora":"sql-lora","tokens":[1]}`)
 		return err == nil && status == http.StatusOK && strings.Contains(body, `"pod":"static/vllm-0"`) && !strings.Contains(body, "vllm-1")
 	})
-	waitFollowed(t, gw, url, 2)
+	waitFollowed(t, gw, admin, 2)
+	if status, _, _ := postJSON(t, url+"/debug/match", `{"model":"sim","tokens":[1]}`); status != http.StatusNotFound {
+		t.Fatalf("/debug/match on the API listener: %d, want 404 with an admin listener", status)
+	}
 
 	// A chat request for the adapter goes to the only engine serving it,
 	// which indexes the prompt's blocks under the adapter: they match
@@ -405,9 +409,9 @@ func TestBinaryRoutesAdapterRequestsByTheAdaptersBlocks(t *testing.T) {
 		t.Fatalf("adapter chat: %d from %q: %s", status, pod, body)
 	}
 	waitFor(t, gw, "the adapter's blocks to be indexed", func() bool {
-		return adapterMatch(t, url, "sql-lora", string(messages))["static/vllm-0"] > 10
+		return adapterMatch(t, admin, "sql-lora", string(messages))["static/vllm-0"] > 10
 	})
-	if base := adapterMatch(t, url, "", string(messages)); base["static/vllm-0"] != 0 {
+	if base := adapterMatch(t, admin, "", string(messages)); base["static/vllm-0"] != 0 {
 		t.Fatalf("the adapter's blocks match a request for the base model: %v", base)
 	}
 
@@ -423,12 +427,18 @@ func TestBinaryRoutesAdapterRequestsByTheAdaptersBlocks(t *testing.T) {
 		t.Fatalf("adapter chat sent to vllm-1: %d %s", status, body)
 	}
 	waitFor(t, gw, "vllm-1's adapter blocks to be indexed", func() bool {
-		m := adapterMatch(t, url, "sql-lora", string(other))
+		m := adapterMatch(t, admin, "sql-lora", string(other))
 		return m["static/vllm-1"] > 10 && m["static/vllm-0"] == 0
 	})
 	for range 3 {
 		if status, pod, body := postJSON(t, url+"/v1/chat/completions", otherChat, "routing-strategy", "prefix-cache"); status != http.StatusOK || pod != "static/vllm-1" {
 			t.Fatalf("adapter chat whose prompt vllm-1 holds: %d from %q: %s", status, pod, body)
 		}
+	}
+	if err := gw.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code := gw.exited(t); code != 0 {
+		t.Fatalf("gateway exited with %d after SIGTERM; output:\n%s", code, gw.output)
 	}
 }

@@ -89,6 +89,16 @@
 //
 // Errors a pod answers with are relayed as the pod sent them.
 //
+// # Listeners
+//
+// Everything is served on Config.ListenAddress unless Config.AdminListenAddress
+// (KVGATE_ADMIN_LISTEN_ADDRESS, --admin-listen-address) is set: /metrics and
+// /debug/* are then served on the admin address only, where the API's
+// clients need no access (none of the endpoints authenticate), and answer
+// 404 on the API's listener; /healthz and /readyz answer on both. On
+// shutdown both fail /readyz, and the admin listener closes after the
+// API's requests have drained, so that metrics can be read meanwhile.
+//
 // # Health
 //
 // GET /healthz answers 200 while the process runs. GET /readyz answers 200
