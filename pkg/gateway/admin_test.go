@@ -14,7 +14,7 @@ func TestAdminListenerAloneServesMetricsAndDebugAndShutsDownGracefully(t *testin
 		admin bool
 	}{{"one listener", false}, {"admin listener", true}} {
 		t.Run(mode.name, func(t *testing.T) {
-			env := map[string]string{"KVGATE_SHUTDOWN_DELAY": "2s"}
+			env := map[string]string{"KVGATE_SHUTDOWN_DELAY": "3s"}
 			if mode.admin {
 				env["KVGATE_ADMIN_LISTEN_ADDRESS"] = fmt.Sprintf("127.0.0.1:%d", freePorts(t, 1)[0])
 			}
@@ -58,7 +58,8 @@ func TestAdminListenerAloneServesMetricsAndDebugAndShutsDownGracefully(t *testin
 			}
 
 			// A stream in flight when shutdown begins finishes; meanwhile
-			// readiness fails on every listener and metrics are served.
+			// readiness fails on every listener, and an admin listener
+			// serves metrics until the stream has drained.
 			stream := holdStream(t, f.engine("a"), f.url)
 			stopped := make(chan error, 1)
 			go func() { stopped <- f.stop() }()
@@ -75,9 +76,9 @@ func TestAdminListenerAloneServesMetricsAndDebugAndShutsDownGracefully(t *testin
 					_, err := http.Get(f.url + "/healthz")
 					return fmt.Sprint(err), err != nil
 				})
-			}
-			if status, _ := get(t, f.adminURL+"/metrics"); status != http.StatusOK {
-				t.Errorf("metrics while draining: %d", status)
+				if status, _ := get(t, f.adminURL+"/metrics"); status != http.StatusOK {
+					t.Errorf("metrics while draining: %d", status)
+				}
 			}
 			stream.finish()
 			waitStopped(t, stopped)
