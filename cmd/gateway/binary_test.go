@@ -140,40 +140,66 @@ func freePorts(t *testing.T, n int) []int {
 // given, and returns the status, the pod that served it and the body.
 func completion(t *testing.T, url, body string, strategy ...string) (int, string, string) {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, url+"/v1/completions", strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Content-Type", "application/json")
+	var header []string
 	if len(strategy) > 0 {
-		req.Header.Set("routing-strategy", strategy[0])
+		header = []string{"routing-strategy", strategy[0]}
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	data, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, resp.Header.Get("target-pod-name"), string(data)
+	return postJSON(t, url+"/v1/completions", body, header...)
 }
 
-func TestBinaryRoutesToTwoSimulatedEnginesInStaticMode(t *testing.T) {
-	dir := binaries(t)
-	ports := freePorts(t, 7)
+// startSims starts n vllm-sim engines serving model sim and publishing KV
+// events, engine i on ports[3i:3i+3] (HTTP, PUB, replay) with the extra
+// arguments extra(i), and writes a static endpoints file listing them. It
+// returns the file and the engines' URLs.
+func startSims(t *testing.T, dir string, ports []int, n int, extra func(i int) []string) (string, []string) {
+	t.Helper()
 	var endpoints strings.Builder
 	endpoints.WriteString("endpoints:\n")
-	for i := range 2 {
+	var urls []string
+	for i := range n {
 		http, pub, replay := ports[3*i], ports[3*i+1], ports[3*i+2]
+		urls = append(urls, fmt.Sprintf("http://127.0.0.1:%d", http))
 		events := fmt.Sprintf(`{"enable_kv_cache_events":true,"endpoint":"tcp://[::ffff:127.0.0.1]:%d","replay_endpoint":"tcp://127.0.0.1:%d"}`, pub, replay)
-		start(t, nil, filepath.Join(dir, "vllm-sim"), "--host", "127.0.0.1", "--port", fmt.Sprint(http),
-			"--model", "sim", "--kv-events-config", events, "--step-overhead", "1ms")
-		fmt.Fprintf(&endpoints, "- name: vllm-%d\n  address: 127.0.0.1\n  model: sim\n  port: %d\n  pubPort: %d\n  replayPort: %d\n",
+		args := []string{"--host", "127.0.0.1", "--port", fmt.Sprint(http), "--model", "sim", "--kv-events-config", events,
+			"--step-overhead", "1ms"}
+		start(t, nil, filepath.Join(dir, "vllm-sim"), append(args, extra(i)...)...)
+		fmt.Fprintf(&endpoints, "- {name: vllm-%d, address: 127.0.0.1, model: sim, port: %d, pubPort: %d, replayPort: %d}\n",
 			i, http, pub, replay)
 	}
 	file := filepath.Join(t.TempDir(), "endpoints.yaml")
 	if err := os.WriteFile(file, []byte(endpoints.String()), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	return file, urls
+}
+
+// waitFollowed waits until the gateway at url follows n engines' KV events.
+func waitFollowed(t *testing.T, gw *process, url string, n int) {
+	t.Helper()
+	waitFor(t, gw, fmt.Sprintf("%d engines' KV events to be followed", n), func() bool {
+		resp, err := http.Get(url + "/debug/kvcache")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		data, _ := io.ReadAll(resp.Body)
+		return strings.Count(string(data), `"connected":true`) == n
+	})
+}
+
+// words returns "w0 w1 ... w<n-1>", a prompt of many blocks.
+func words(n int) []string {
+	w := make([]string, n)
+	for i := range w {
+		w[i] = fmt.Sprintf("w%d", i)
+	}
+	return w
+}
+
+func TestBinaryRoutesToTwoSimulatedEnginesInStaticMode(t *testing.T) {
+	dir := binaries(t)
+	ports := freePorts(t, 7)
+	file, _ := startSims(t, dir, ports, 2, func(int) []string { return nil })
 	addr := fmt.Sprintf("127.0.0.1:%d", ports[6])
 	url := "http://" + addr
 	gw := start(t, []string{"AIBRIX_POD_METRIC_REFRESH_INTERVAL_MS=20", "KVGATE_POD_DISCOVERY=kubernetes"},
@@ -188,21 +214,9 @@ func TestBinaryRoutesToTwoSimulatedEnginesInStaticMode(t *testing.T) {
 		return resp.StatusCode == http.StatusOK
 	})
 	// Both engines' KV events are followed before the first request.
-	waitFor(t, gw, "both engines' KV events to be followed", func() bool {
-		resp, err := http.Get(url + "/debug/kvcache")
-		if err != nil {
-			return false
-		}
-		defer resp.Body.Close()
-		data, _ := io.ReadAll(resp.Body)
-		return strings.Count(string(data), `"connected":true`) == 2
-	})
+	waitFollowed(t, gw, url, 2)
 
-	words := make([]string, 400)
-	for i := range words {
-		words[i] = fmt.Sprintf("w%d", i)
-	}
-	prompt, _ := json.Marshal(strings.Join(words, " "))
+	prompt, _ := json.Marshal(strings.Join(words(400), " "))
 	body := `{"model":"sim","prompt":` + string(prompt) + `,"max_tokens":4}`
 	status, first, data := completion(t, url, body)
 	if status != http.StatusOK || first == "" {
@@ -304,5 +318,127 @@ func waitFor(t *testing.T, p *process, what string, cond func() bool) {
 			t.Fatalf("timed out waiting for %s; output:\n%s", what, p.output)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// postJSON posts body to url with the header's name and value pairs and
+// returns the status, the pod that served the request and the response
+// body.
+func postJSON(t *testing.T, url, body string, header ...string) (int, string, string) {
+	t.Helper()
+	status, pod, data, err := tryPost(url, body, header...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return status, pod, data
+}
+
+// tryPost is postJSON returning the error of a request that got no answer.
+func tryPost(url, body string, header ...string) (int, string, string, error) {
+	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		return 0, "", "", err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, "", "", err
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, resp.Header.Get("target-pod-name"), string(data), nil
+}
+
+// adapterMatch returns, per pod serving adapter lora of model sim ("" for
+// sim itself), the blocks of the chat prompt's prefix the gateway's index
+// credits it with.
+func adapterMatch(t *testing.T, url, lora, messages string) map[string]int {
+	t.Helper()
+	status, _, body := postJSON(t, url+"/debug/match", `{"model":"sim","lora":"`+lora+`","messages":`+messages+`}`)
+	var m struct {
+		TokenSource string `json:"tokenSource"`
+		Pods        []struct {
+			Pod           string `json:"pod"`
+			MatchedBlocks int    `json:"matchedBlocks"`
+		} `json:"pods"`
+	}
+	if status != http.StatusOK || json.Unmarshal([]byte(body), &m) != nil || m.TokenSource != "tokenizer" {
+		t.Fatalf("/debug/match for %q: %d %s", lora, status, body)
+	}
+	out := map[string]int{}
+	for _, p := range m.Pods {
+		out[p.Pod] = p.MatchedBlocks
+	}
+	return out
+}
+
+func TestBinaryRoutesAdapterRequestsByTheAdaptersBlocks(t *testing.T) {
+	dir := binaries(t)
+	ports := freePorts(t, 8)
+	// The endpoints file declares no adapter: the gateway learns them from
+	// the engines' /v1/models.
+	file, sims := startSims(t, dir, ports, 2, func(i int) []string {
+		if i == 0 {
+			return []string{"--lora-modules", "sql-lora=/adapters/sql"}
+		}
+		return []string{"--allow-runtime-lora-updating"}
+	})
+	// The admin endpoints (/debug, /metrics) have a listener of their own.
+	url, admin := fmt.Sprintf("http://127.0.0.1:%d", ports[6]), fmt.Sprintf("http://127.0.0.1:%d", ports[7])
+	gw := start(t, []string{"KVGATE_ADAPTER_REFRESH_INTERVAL=100ms"}, filepath.Join(dir, "gateway"), "--discovery", "static",
+		"--static-endpoints-file", file, "--listen-address", url[len("http://"):], "--admin-listen-address", admin[len("http://"):])
+	waitFor(t, gw, "sql-lora to be served by vllm-0 alone", func() bool {
+		status, _, body, err := tryPost(admin+"/debug/match", `{"model":"sim","lora":"sql-lora","tokens":[1]}`)
+		return err == nil && status == http.StatusOK && strings.Contains(body, `"pod":"static/vllm-0"`) && !strings.Contains(body, "vllm-1")
+	})
+	waitFollowed(t, gw, admin, 2)
+	if status, _, _ := postJSON(t, url+"/debug/match", `{"model":"sim","tokens":[1]}`); status != http.StatusNotFound {
+		t.Fatalf("/debug/match on the API listener: %d, want 404 with an admin listener", status)
+	}
+
+	// A chat request for the adapter goes to the only engine serving it,
+	// which indexes the prompt's blocks under the adapter: they match
+	// requests for the adapter, not for the base model.
+	text := words(300)
+	messages, _ := json.Marshal([]map[string]string{{"role": "user", "content": strings.Join(text, " ")}})
+	chat := `{"model":"sql-lora","max_tokens":2,"messages":` + string(messages) + `}`
+	if status, pod, body := postJSON(t, url+"/v1/chat/completions", chat); status != http.StatusOK || pod != "static/vllm-0" {
+		t.Fatalf("adapter chat: %d from %q: %s", status, pod, body)
+	}
+	waitFor(t, gw, "the adapter's blocks to be indexed", func() bool {
+		return adapterMatch(t, admin, "sql-lora", string(messages))["static/vllm-0"] > 10
+	})
+	if base := adapterMatch(t, admin, "", string(messages)); base["static/vllm-0"] != 0 {
+		t.Fatalf("the adapter's blocks match a request for the base model: %v", base)
+	}
+
+	// vllm-1 loads the adapter at runtime and computes another prompt with
+	// it: the gateway learns the adapter, and a request for it with that
+	// prompt goes to vllm-1.
+	if status, _, body := postJSON(t, sims[1]+"/v1/load_lora_adapter", `{"lora_name":"sql-lora","lora_path":"/adapters/sql"}`); status != http.StatusOK {
+		t.Fatalf("load the adapter on vllm-1: %d %s", status, body)
+	}
+	other, _ := json.Marshal([]map[string]string{{"role": "user", "content": strings.Join(text[100:], " ") + " more"}})
+	otherChat := `{"model":"sql-lora","max_tokens":2,"messages":` + string(other) + `}`
+	if status, _, body := postJSON(t, sims[1]+"/v1/chat/completions", otherChat); status != http.StatusOK {
+		t.Fatalf("adapter chat sent to vllm-1: %d %s", status, body)
+	}
+	waitFor(t, gw, "vllm-1's adapter blocks to be indexed", func() bool {
+		m := adapterMatch(t, admin, "sql-lora", string(other))
+		return m["static/vllm-1"] > 10 && m["static/vllm-0"] == 0
+	})
+	for range 3 {
+		if status, pod, body := postJSON(t, url+"/v1/chat/completions", otherChat, "routing-strategy", "prefix-cache"); status != http.StatusOK || pod != "static/vllm-1" {
+			t.Fatalf("adapter chat whose prompt vllm-1 holds: %d from %q: %s", status, pod, body)
+		}
+	}
+	if err := gw.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code := gw.exited(t); code != 0 {
+		t.Fatalf("gateway exited with %d after SIGTERM; output:\n%s", code, gw.output)
 	}
 }

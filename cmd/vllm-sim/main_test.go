@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvgate/kvgate/pkg/sim/simserver"
 )
 
 func parse(t *testing.T, args ...string) (options, error) {
@@ -30,8 +32,9 @@ func TestOptionsBuildOneEnginePerRank(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.Model != "m" || len(cfg.Ranks) != 3 || !slices.Equal(cfg.LoRAAdapters, []string{"sql", "chat"}) {
-		t.Fatalf("config %+v: want model m, 3 ranks, adapters sql and chat", cfg)
+	if cfg.Model != "m" || len(cfg.Ranks) != 3 || cfg.AllowRuntimeLoRAUpdating ||
+		!slices.Equal(cfg.LoRAModules, []simserver.LoRAModule{{Name: "sql", Path: "/adapters/sql"}, {Name: "chat"}}) {
+		t.Fatalf("config %+v: want model m, 3 ranks, adapters sql at /adapters/sql and chat, no runtime loading", cfg)
 	}
 	seeds := map[string]bool{}
 	for _, r := range cfg.Ranks {

@@ -14,13 +14,15 @@ import (
 
 // options are the command-line settings of vllm-sim.
 type options struct {
-	model    string
-	host     string
-	port     int
-	loras    string
-	dpSize   int
-	hashSeed string
-	engine   sim.EngineConfig
+	model string
+	host  string
+	port  int
+	loras string
+	// runtimeLoRA serves the runtime LoRA loading endpoints.
+	runtimeLoRA bool
+	dpSize      int
+	hashSeed    string
+	engine      sim.EngineConfig
 	// events configures the KV-event publishers when eventsOn; wire is
 	// their wire format.
 	events   kvEventsConfig
@@ -49,7 +51,9 @@ func parseOptions(fs *flag.FlagSet, args []string) (options, error) {
 	fs.StringVar(&o.host, "host", "0.0.0.0", "address to listen on")
 	fs.IntVar(&o.port, "port", 8000, "port to serve the HTTP API on")
 	fs.StringVar(&o.loras, "lora-modules", "",
-		"comma-separated LoRA adapters served on top of the model, as name or name=path (the path is ignored)")
+		"comma-separated LoRA adapters served on top of the model, as name or name=path (the path is only listed in /v1/models)")
+	fs.BoolVar(&o.runtimeLoRA, "allow-runtime-lora-updating", false,
+		"serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter, as vLLM does with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True")
 	fs.IntVar(&e.BlockSize, "block-size", 16, "tokens per KV-cache block")
 	fs.IntVar(&e.NumGPUBlocks, "num-gpu-blocks", 4096, "KV-cache blocks per data-parallel rank (vLLM's --num-gpu-blocks-override)")
 	fs.IntVar(&e.MaxNumSeqs, "max-num-seqs", 256, "most requests running at once per rank")
@@ -103,21 +107,22 @@ func parseOptions(fs *flag.FlagSet, args []string) (options, error) {
 	return o, err
 }
 
-// adapters returns the adapter names of -lora-modules.
-func (o *options) adapters() []string {
-	var names []string
+// loraModules returns the adapters of -lora-modules.
+func (o *options) loraModules() []simserver.LoRAModule {
+	var mods []simserver.LoRAModule
 	for _, m := range strings.Split(o.loras, ",") {
-		if name, _, _ := strings.Cut(strings.TrimSpace(m), "="); name != "" {
-			names = append(names, name)
+		name, path, _ := strings.Cut(strings.TrimSpace(m), "=")
+		if name = strings.TrimSpace(name); name != "" {
+			mods = append(mods, simserver.LoRAModule{Name: name, Path: strings.TrimSpace(path)})
 		}
 	}
-	return names
+	return mods
 }
 
 // serverConfig builds the simulated server's configuration, drawing random
 // hash seeds from random when -hash-seed is empty.
 func (o *options) serverConfig(random io.Reader) (simserver.Config, error) {
-	cfg := simserver.Config{Model: o.model, LoRAAdapters: o.adapters()}
+	cfg := simserver.Config{Model: o.model, LoRAModules: o.loraModules(), AllowRuntimeLoRAUpdating: o.runtimeLoRA}
 	for range o.dpSize {
 		ec := o.engine
 		ec.HashSeed = o.hashSeed

@@ -13,6 +13,7 @@ import (
 const (
 	DefaultPodMetricRefreshInterval = 50 * time.Millisecond
 	DefaultPodMetricScrapeTimeout   = time.Second
+	DefaultAdapterRefreshInterval   = 10 * time.Second
 	DefaultRecentMetricsWindow      = 10 * time.Second
 	DefaultProfileRefreshInterval   = 10 * time.Second
 	DefaultSharedCountsInterval     = 200 * time.Millisecond
@@ -31,8 +32,16 @@ type Config struct {
 	// scraped (AIBRIX_POD_METRIC_REFRESH_INTERVAL_MS). Zero means
 	// DefaultPodMetricRefreshInterval; negative disables scraping.
 	PodMetricRefreshInterval time.Duration
-	// PodMetricScrapeTimeout bounds one scrape (default 1 s).
+	// PodMetricScrapeTimeout bounds one scrape of a pod's /metrics or
+	// /v1/models (default 1 s).
 	PodMetricScrapeTimeout time.Duration
+	// AdapterRefreshInterval is how often each routable pod's /v1/models is
+	// read to learn the LoRA adapters its engine serves, those loaded at
+	// runtime included: vLLM lists an adapter with the base model as its
+	// "parent". The pod serves these adapters besides those it declares
+	// (LoraAdaptersAnnotation) and those set with SetPodAdapters. Zero means
+	// DefaultAdapterRefreshInterval (10 s); negative disables the listing.
+	AdapterRefreshInterval time.Duration
 	// RecentMetricsWindow is how far back the recent rates and means
 	// (PrefixCacheHitRate, the Avg* latencies, PrefillTokensPerSecond)
 	// reach (default 10 s). A window shorter than the refresh interval
@@ -104,6 +113,7 @@ func (c Config) withDefaults() Config {
 	}
 	def(&c.PodMetricRefreshInterval, DefaultPodMetricRefreshInterval)
 	def(&c.PodMetricScrapeTimeout, DefaultPodMetricScrapeTimeout)
+	def(&c.AdapterRefreshInterval, DefaultAdapterRefreshInterval)
 	def(&c.RecentMetricsWindow, DefaultRecentMetricsWindow)
 	def(&c.RequestTraceInterval, RequestTraceWriteInterval)
 	def(&c.ProfileRefreshInterval, DefaultProfileRefreshInterval)

@@ -1,10 +1,16 @@
 // Package cache is the gateway's central cache, the Store.
 //
 // The Store holds:
-//   - the registry of inference pods and the models they serve (base model
-//     from the model.aibrix.ai/name label or annotation, plus LoRA adapters),
-//     fed by a PodSource or by the PodSink methods, and announced to
-//     PodListeners such as the KV event manager;
+//   - the registry of inference pods and the models they serve, fed by a
+//     PodSource or by the PodSink methods, and announced to PodListeners
+//     such as the KV event manager. A pod serves its base model (the
+//     model.aibrix.ai/name label or annotation) and LoRA adapters: those it
+//     declares in the kvgate.io/lora-adapters annotation, those set with
+//     SetPodAdapters, and those its engine lists on GET /v1/models (vLLM
+//     lists every loaded adapter, runtime-loaded ones included, with the
+//     base model as "parent"), read from every routable pod every
+//     AdapterRefreshInterval. A request for an adapter is routed among the
+//     pods serving it;
 //   - the metrics of every routable pod, scraped from its vLLM /metrics in a
 //     loop per pod and derived into load, KV-cache usage, prefix-cache hit
 //     rate, recent latencies and prefill speed (GetMetricValueByPod,

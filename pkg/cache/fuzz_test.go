@@ -73,3 +73,23 @@ func FuzzProfileUnmarshal(f *testing.F) {
 		_, _ = p.TPOTSeconds(sig...)
 	})
 }
+
+// FuzzAdaptersOfModelList feeds arbitrary /v1/models bodies to the adapter
+// listing decoder. A pod controls its body: none may panic, and whatever
+// decodes is a sorted list of distinct, non-empty adapter names.
+func FuzzAdaptersOfModelList(f *testing.F) {
+	f.Add([]byte(`{"object":"list","data":[{"id":"m","parent":null},{"id":"sql-lora","root":"/a","parent":"m"}]}`))
+	f.Add([]byte(`{"data":[{"id":"b","parent":"m"},{"id":"a","parent":"m"},{"id":"b","parent":"m"}]}`))
+	f.Add([]byte(`{"data":null}`))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		adapters, err := adaptersOfModelList(body)
+		if err != nil {
+			return
+		}
+		for i, a := range adapters {
+			if a == "" || (i > 0 && adapters[i-1] >= a) {
+				t.Fatalf("adapters %q are not sorted, distinct and named", adapters)
+			}
+		}
+	})
+}

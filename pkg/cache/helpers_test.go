@@ -38,6 +38,15 @@ func testPod(namespace, name, model, ip string, opts ...podOpt) *v1.Pod {
 
 func withLabel(k, v string) podOpt { return func(p *v1.Pod) { p.Labels[k] = v } }
 
+func withAnnotation(k, v string) podOpt {
+	return func(p *v1.Pod) {
+		if p.Annotations == nil {
+			p.Annotations = map[string]string{}
+		}
+		p.Annotations[k] = v
+	}
+}
+
 func withPort(port int) podOpt { return withLabel(ModelPortLabel, strconv.Itoa(port)) }
 
 func withUID(uid string) podOpt { return func(p *v1.Pod) { p.UID = k8stypes.UID(uid) } }
@@ -55,8 +64,9 @@ func newTestStore(t testing.TB, rc *redis.Client, cfg Config) *Store {
 	return s
 }
 
-// noScrape is a Config without metric scraping.
-func noScrape() Config { return Config{PodMetricRefreshInterval: -1} }
+// noScrape is a Config that reads nothing from pods: no metric scraping, no
+// adapter listing.
+func noScrape() Config { return Config{PodMetricRefreshInterval: -1, AdapterRefreshInterval: -1} }
 
 // eventually polls cond until it holds or timeout passes; cond explains
 // what it saw when it does not hold.

@@ -1,6 +1,7 @@
 package cache
 
 import (
+	"slices"
 	"strconv"
 	"strings"
 
@@ -18,6 +19,13 @@ const (
 	// MetricPortLabel is the port serving /metrics when the engine's HTTP
 	// proxy is separate from the engine, so that the two ports differ.
 	MetricPortLabel = "model.aibrix.ai/metric-port"
+	// LoraAdaptersAnnotation lists the LoRA adapters the pod's engine
+	// serves besides its base model, separated by commas, e.g.
+	// "sql-lora,chat-lora" (see PodAdapters). The Store also learns the
+	// adapters an engine lists on its /v1/models, those loaded at runtime
+	// included, so the annotation is needed only for adapters that must be
+	// routable before the first listing, or for engines without one.
+	LoraAdaptersAnnotation = "kvgate.io/lora-adapters"
 	// DefaultDeploymentLabel names the label that holds a pod's deployment
 	// name for GPU profile lookups (AIBRIX_POD_DEPLOYMENT_LABEL overrides it).
 	DefaultDeploymentLabel = "app.kubernetes.io/name"
@@ -44,6 +52,23 @@ func metadataValue(pod *v1.Pod, key string) (string, bool) {
 func ModelName(pod *v1.Pod) string {
 	v, _ := metadataValue(pod, ModelNameLabel)
 	return v
+}
+
+// PodAdapters returns the LoRA adapters pod declares in
+// LoraAdaptersAnnotation (a label or annotation): the comma-separated names,
+// trimmed, without empty names and duplicates, in their order.
+func PodAdapters(pod *v1.Pod) []string {
+	v, ok := metadataValue(pod, LoraAdaptersAnnotation)
+	if !ok {
+		return nil
+	}
+	var out []string
+	for _, name := range strings.Split(v, ",") {
+		if name = strings.TrimSpace(name); name != "" && !slices.Contains(out, name) {
+			out = append(out, name)
+		}
+	}
+	return out
 }
 
 // ServingPort returns the engine's HTTP port for pod: the ModelPortLabel

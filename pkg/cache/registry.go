@@ -31,11 +31,15 @@ type PodListener interface {
 // podEntry is one version of a registered pod. Entries are immutable: a
 // change replaces the entry, carrying state over while the pod keeps its UID.
 type podEntry struct {
-	key      string
-	pod      *v1.Pod
-	adapters []string
-	// models is the base model (when the pod names one) followed by the
-	// adapters, without duplicates.
+	key string
+	pod *v1.Pod
+	// adapters were set with SetPodAdapters, discovered were listed by the
+	// pod's /v1/models; both last while the pod keeps its UID.
+	adapters   []string
+	discovered []string
+	// models is the base model (when the pod names one), then the adapters
+	// the pod declares (PodAdapters), set and discovered, without
+	// duplicates.
 	models   []string
 	routable bool
 	state    *podState
@@ -66,14 +70,17 @@ func newRegistry() *registry {
 	return &registry{pods: map[string]*podEntry{}, models: map[string]*modelEntry{}}
 }
 
-func newPodEntry(pod *v1.Pod, adapters []string, state *podState) *podEntry {
-	e := &podEntry{key: podKey(pod.Namespace, pod.Name), pod: pod, adapters: adapters, routable: IsPodRoutable(pod), state: state}
+func newPodEntry(pod *v1.Pod, adapters, discovered []string, state *podState) *podEntry {
+	e := &podEntry{key: podKey(pod.Namespace, pod.Name), pod: pod, adapters: adapters, discovered: discovered,
+		routable: IsPodRoutable(pod), state: state}
 	if base := ModelName(pod); base != "" {
 		e.models = append(e.models, base)
 	}
-	for _, a := range adapters {
-		if a != "" && !slices.Contains(e.models, a) {
-			e.models = append(e.models, a)
+	for _, list := range [][]string{PodAdapters(pod), adapters, discovered} {
+		for _, a := range list {
+			if a != "" && !slices.Contains(e.models, a) {
+				e.models = append(e.models, a)
+			}
 		}
 	}
 	return e
@@ -81,16 +88,16 @@ func newPodEntry(pod *v1.Pod, adapters []string, state *podState) *podEntry {
 
 // upsert registers pod and returns the entry it replaced (nil when new) and
 // the new entry. A pod of another UID than the registered one starts with
-// fresh state and no adapters.
+// fresh state and no adapters but those it declares.
 func (r *registry) upsert(pod *v1.Pod) (old, cur *podEntry) {
 	key := podKey(pod.Namespace, pod.Name)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	old = r.pods[key]
 	if old != nil && old.pod.UID == pod.UID {
-		cur = newPodEntry(pod, old.adapters, old.state)
+		cur = newPodEntry(pod, old.adapters, old.discovered, old.state)
 	} else {
-		cur = newPodEntry(pod, nil, newPodState())
+		cur = newPodEntry(pod, nil, nil, newPodState())
 	}
 	r.replaceLocked(old, cur)
 	return old, cur
@@ -115,8 +122,22 @@ func (r *registry) setAdapters(namespace, name string, adapters []string) bool {
 	if old == nil {
 		return false
 	}
-	r.replaceLocked(old, newPodEntry(old.pod, slices.Clone(adapters), old.state))
+	r.replaceLocked(old, newPodEntry(old.pod, slices.Clone(adapters), old.discovered, old.state))
 	return true
+}
+
+// setDiscovered replaces the adapters discovered on the pod of key, when it
+// is still the pod whose state is state, and returns the previous ones and
+// whether they changed.
+func (r *registry) setDiscovered(key string, state *podState, adapters []string) ([]string, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	old := r.pods[key]
+	if old == nil || old.state != state || slices.Equal(old.discovered, adapters) {
+		return nil, false
+	}
+	r.replaceLocked(old, newPodEntry(old.pod, old.adapters, adapters, old.state))
+	return old.discovered, true
 }
 
 // replaceLocked swaps old for cur (either may be nil) in the pod map and in

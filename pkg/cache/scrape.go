@@ -4,14 +4,12 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"net/http"
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
-	"k8s.io/klog/v2"
 )
 
 // maxScrapeBytes bounds the /metrics body read from one pod.
@@ -20,7 +18,6 @@ const maxScrapeBytes = 16 << 20
 // scrapeLoop scrapes one pod's /metrics every interval and publishes what it
 // derives in the pod's state. Its fields are owned by its goroutine.
 type scrapeLoop struct {
-	pod       klog.ObjectRef
 	podLabel  string
 	url       string
 	state     *podState
@@ -29,13 +26,12 @@ type scrapeLoop struct {
 	timeout   time.Duration
 	selection func() *metricSelection
 	metrics   *storeMetrics
-	log       klog.Logger
 
 	proj     *projector
 	parser   expfmt.TextParser
 	body     bytes.Buffer
 	filtered bytes.Buffer
-	failing  bool
+	failures failureLog
 }
 
 // metricSelection is what scrapes keep: the subscribed families and the
@@ -50,20 +46,9 @@ func newMetricSelection(subscribed map[string]struct{}) *metricSelection {
 	return &metricSelection{subscribed: subscribed, filter: newLineFilter(subscribed)}
 }
 
-// run scrapes right away and then on every tick until ctx is cancelled. A
-// scrape that takes longer than the interval delays the next one instead of
-// overlapping it.
+// run scrapes right away and then on every tick until ctx is cancelled.
 func (l *scrapeLoop) run(ctx context.Context) {
-	t := time.NewTicker(l.interval)
-	defer t.Stop()
-	for {
-		l.scrapeOnce(ctx)
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
+	pollEvery(ctx, l.interval, l.scrapeOnce)
 }
 
 func (l *scrapeLoop) scrapeOnce(ctx context.Context) {
@@ -77,46 +62,17 @@ func (l *scrapeLoop) scrapeOnce(ctx context.Context) {
 	if err != nil {
 		l.metrics.scrapeFailures.WithLabelValues(l.podLabel).Inc()
 		l.state.markStale()
-		if !l.failing {
-			l.failing = true
-			l.log.Info("Pod metrics scrape failed; keeping its last values as stale", "pod", l.pod, "url", l.url, "err", err)
-		} else if v := l.log.V(4); v.Enabled() {
-			v.Info("Pod metrics scrape failed again", "pod", l.pod, "err", err)
-		}
+		l.failures.failed(err, "keeping its last values as stale")
 		return
 	}
-	if l.failing {
-		l.failing = false
-		l.log.Info("Pod metrics scrape recovered", "pod", l.pod, "url", l.url)
-	}
+	l.failures.succeeded()
 	l.state.metrics.Store(l.proj.project(start, families, sel.subscribed))
 }
 
 // fetch GETs and parses the pod's /metrics within the scrape timeout.
 func (l *scrapeLoop) fetch(ctx context.Context, f *lineFilter) (map[string]*dto.MetricFamily, error) {
-	ctx, cancel := context.WithTimeout(ctx, l.timeout)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, l.url, nil)
-	if err != nil {
-		return nil, fmt.Errorf("build scrape request for %s: %w", l.url, err)
-	}
-	req.Header.Set("Accept", "text/plain;version=0.0.4")
-	resp, err := l.client.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("scrape %s: %w", l.url, err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10))
-		return nil, fmt.Errorf("scrape %s: HTTP status %s", l.url, resp.Status)
-	}
-	l.body.Reset()
-	n, err := l.body.ReadFrom(io.LimitReader(resp.Body, maxScrapeBytes+1))
-	if err != nil {
-		return nil, fmt.Errorf("scrape %s: read body: %w", l.url, err)
-	}
-	if n > maxScrapeBytes {
-		return nil, fmt.Errorf("scrape %s: body exceeds %d bytes", l.url, maxScrapeBytes)
+	if err := getBody(ctx, l.client, l.url, "text/plain;version=0.0.4", l.timeout, maxScrapeBytes, &l.body); err != nil {
+		return nil, fmt.Errorf("scrape: %w", err)
 	}
 	families, err := l.decode(l.body.Bytes(), f)
 	if err != nil {

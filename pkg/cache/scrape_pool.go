@@ -11,21 +11,25 @@ import (
 	"k8s.io/klog/v2"
 )
 
-// scrapePool runs one scrapeLoop per routable pod. Registry changes nudge it;
-// it then compares the loops that should run with the ones that do, starts
-// what is new, stops what is gone and restarts a loop whose pod moved to
-// another address or was replaced. A slow or failing pod only delays its own
-// loop.
+// scrapePool runs, per routable pod, a scrapeLoop reading its /metrics
+// (when interval is positive) and an adapterLoop reading its /v1/models
+// (when adapterInterval is positive). Registry changes nudge it; it then
+// compares the pods that should have loops with the ones that do, starts
+// what is new, stops what is gone and restarts the loops of a pod that moved
+// to another address or was replaced. A slow or failing pod only delays its
+// own loops.
 type scrapePool struct {
-	reg         *registry
-	client      *http.Client
-	interval    time.Duration
-	timeout     time.Duration
-	window      time.Duration
-	defaultPort int
-	selection   func() *metricSelection
-	metrics     *storeMetrics
-	log         klog.Logger
+	reg             *registry
+	client          *http.Client
+	interval        time.Duration
+	adapterInterval time.Duration
+	timeout         time.Duration
+	window          time.Duration
+	defaultPort     int
+	selection       func() *metricSelection
+	publishAdapters func(key string, state *podState, adapters []string) ([]string, bool)
+	metrics         *storeMetrics
+	log             klog.Logger
 
 	nudge chan struct{}
 
@@ -33,11 +37,13 @@ type scrapePool struct {
 	loops map[string]*runningLoop
 }
 
+// runningLoop is the loops of one pod.
 type runningLoop struct {
-	url    string
-	state  *podState
-	cancel context.CancelFunc
-	done   chan struct{}
+	metricsURL string
+	modelsURL  string
+	state      *podState
+	cancel     context.CancelFunc
+	done       chan struct{}
 }
 
 // notify asks the pool to sync; it never blocks.
@@ -76,7 +82,8 @@ func (p *scrapePool) sync(ctx context.Context) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for key, l := range p.loops {
-		if e := desired[key]; e == nil || e.state != l.state || metricsURL(e, p.defaultPort) != l.url {
+		if e := desired[key]; e == nil || e.state != l.state || metricsURL(e, p.defaultPort) != l.metricsURL ||
+			modelsURL(e, p.defaultPort) != l.modelsURL {
 			p.stop(key, l)
 		}
 	}
@@ -89,31 +96,52 @@ func (p *scrapePool) sync(ctx context.Context) {
 
 func (p *scrapePool) start(ctx context.Context, e *podEntry) {
 	ctx, cancel := context.WithCancel(ctx)
-	l := &scrapeLoop{
-		pod:       klog.KObj(e.pod),
-		podLabel:  e.key,
-		url:       metricsURL(e, p.defaultPort),
-		state:     e.state,
-		client:    p.client,
-		interval:  p.interval,
-		timeout:   p.timeout,
-		selection: p.selection,
-		metrics:   p.metrics,
-		log:       p.log,
-		proj:      newProjector(p.window),
-		parser:    newTextParser(),
-	}
-	r := &runningLoop{url: l.url, state: e.state, cancel: cancel, done: make(chan struct{})}
+	r := &runningLoop{metricsURL: metricsURL(e, p.defaultPort), modelsURL: modelsURL(e, p.defaultPort),
+		state: e.state, cancel: cancel, done: make(chan struct{})}
 	p.loops[e.key] = r
+	var wg sync.WaitGroup
+	if p.interval > 0 {
+		l := &scrapeLoop{
+			podLabel:  e.key,
+			url:       r.metricsURL,
+			state:     e.state,
+			client:    p.client,
+			interval:  p.interval,
+			timeout:   p.timeout,
+			selection: p.selection,
+			metrics:   p.metrics,
+			proj:      newProjector(p.window),
+			parser:    newTextParser(),
+			failures:  failureLog{log: p.log, pod: klog.KObj(e.pod), url: r.metricsURL, what: "Pod metrics scrape"},
+		}
+		wg.Go(func() { l.run(ctx) })
+	}
+	if p.adapterInterval > 0 {
+		a := &adapterLoop{
+			key:      e.key,
+			model:    ModelName(e.pod),
+			url:      r.modelsURL,
+			state:    e.state,
+			client:   p.client,
+			interval: p.adapterInterval,
+			timeout:  p.timeout,
+			publish:  p.publishAdapters,
+			counter:  p.metrics.modelListFailures,
+			failures: failureLog{log: p.log, pod: klog.KObj(e.pod), url: r.modelsURL, what: "Listing the pod's models"},
+		}
+		wg.Go(func() { a.run(ctx) })
+	}
 	go func() {
-		defer close(r.done)
-		l.run(ctx)
+		wg.Wait()
+		close(r.done)
 	}()
-	p.log.V(2).Info("Started scraping pod metrics", "pod", l.pod, "url", l.url)
+	p.log.V(2).Info("Started reading pod metrics and models", "pod", klog.KObj(e.pod), "metricsURL", r.metricsURL,
+		"modelsURL", r.modelsURL)
 }
 
-// stop cancels the loop and waits for it. The pod's values stay, marked
-// stale; a pod that left the registry takes its failure series with it.
+// stop cancels the pod's loops and waits for them. The pod's values and
+// adapters stay, its metrics marked stale; a pod that left the registry
+// takes its failure series with it.
 func (p *scrapePool) stop(key string, l *runningLoop) {
 	l.cancel()
 	<-l.done
@@ -121,11 +149,16 @@ func (p *scrapePool) stop(key string, l *runningLoop) {
 	l.state.markStale()
 	if p.reg.byKey(key) == nil {
 		p.metrics.scrapeFailures.DeleteLabelValues(key)
+		p.metrics.modelListFailures.DeleteLabelValues(key)
 	}
-	p.log.V(2).Info("Stopped scraping pod metrics", "pod", key, "url", l.url)
+	p.log.V(2).Info("Stopped reading pod metrics and models", "pod", key)
 }
 
+// targets returns the number of pods whose /metrics are scraped.
 func (p *scrapePool) targets() int {
+	if p.interval <= 0 {
+		return 0
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return len(p.loops)

@@ -22,7 +22,7 @@ type Store struct {
 	metrics *storeMetrics
 
 	reg       *registry
-	scraper   *scrapePool // nil when scraping is disabled
+	scraper   *scrapePool // nil when scraping and adapter listing are disabled
 	subMu     sync.Mutex
 	selection atomic.Pointer[metricSelection]
 
@@ -51,8 +51,8 @@ type podState struct {
 func newPodState() *podState { return &podState{} }
 
 // New returns a Store with an empty pod registry, running the background
-// work cfg asks for (metric scraping, request trace flushes, GPU profile
-// refreshes, shared request counts) until Close. redisClient may be nil when
+// work cfg asks for (metric scraping, LoRA adapter listing, request trace
+// flushes, GPU profile refreshes, shared request counts) until Close. redisClient may be nil when
 // no enabled feature needs Redis; New fails when one does, or when cfg is
 // invalid, or when the Store's metrics cannot be registered. The registry is
 // fed with AddOrUpdatePod and DeletePod, or by a PodSource through
@@ -72,13 +72,13 @@ func New(redisClient *redis.Client, cfg Config) (*Store, error) {
 	}
 	s.selection.Store(newMetricSelection(map[string]struct{}{}))
 	s.pendingLoad = NewPendingLoadProvider(s, s)
-	if cfg.PodMetricRefreshInterval > 0 {
+	if cfg.PodMetricRefreshInterval > 0 || cfg.AdapterRefreshInterval > 0 {
 		s.scraper = &scrapePool{
 			reg: s.reg, client: newScrapeClient(cfg.PodMetricScrapeTimeout),
-			interval: cfg.PodMetricRefreshInterval, timeout: cfg.PodMetricScrapeTimeout,
-			window: cfg.RecentMetricsWindow, defaultPort: cfg.DefaultEnginePort,
-			selection: s.selection.Load,
-			log:       s.log, nudge: make(chan struct{}, 1), loops: map[string]*runningLoop{},
+			interval: cfg.PodMetricRefreshInterval, adapterInterval: cfg.AdapterRefreshInterval,
+			timeout: cfg.PodMetricScrapeTimeout, window: cfg.RecentMetricsWindow, defaultPort: cfg.DefaultEnginePort,
+			selection: s.selection.Load, publishAdapters: s.setDiscoveredAdapters,
+			log: s.log, nudge: make(chan struct{}, 1), loops: map[string]*runningLoop{},
 		}
 	}
 	if cfg.EnableRequestTrace {
@@ -111,6 +111,7 @@ func New(redisClient *redis.Client, cfg Config) (*Store, error) {
 	}
 	s.goRun(s.runRequestReaper)
 	s.log.V(1).Info("Cache store started", "scrapeInterval", cfg.PodMetricRefreshInterval,
+		"adapterRefreshInterval", cfg.AdapterRefreshInterval,
 		"requestTrace", cfg.EnableRequestTrace, "profileCache", cfg.EnableProfileCache,
 		"sharedRequestCounts", cfg.SharedRequestCounts)
 	return s, nil

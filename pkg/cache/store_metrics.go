@@ -18,6 +18,7 @@ const (
 // storeMetrics are the Prometheus metrics the Store exports about itself.
 type storeMetrics struct {
 	scrapeFailures     *prometheus.CounterVec
+	modelListFailures  *prometheus.CounterVec
 	scrapeDuration     prometheus.Histogram
 	traceFlushes       *prometheus.CounterVec
 	traceFlushDelay    prometheus.Histogram
@@ -49,6 +50,9 @@ func newStoreMetrics(reg prometheus.Registerer, g storeGauges) (*storeMetrics, e
 	m := &storeMetrics{
 		scrapeFailures: counters("pod_scrape_failures_total",
 			"Scrapes of a pod's /metrics that failed (connection, timeout, HTTP status or parse error).", "pod"),
+		modelListFailures: counters("pod_model_list_failures_total",
+			"Reads of a pod's /v1/models, which lists its LoRA adapters, that failed (connection, timeout, HTTP status or "+
+				"decode error); the pod keeps the adapters it listed last.", "pod"),
 		scrapeDuration: histogram("pod_scrape_duration_seconds",
 			"Time to fetch and parse one pod's /metrics, failures included.",
 			.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5),
@@ -73,7 +77,7 @@ func newStoreMetrics(reg prometheus.Registerer, g storeGauges) (*storeMetrics, e
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: name, Help: help}, f)
 	}
 	collectors := []prometheus.Collector{
-		m.scrapeFailures, m.scrapeDuration, m.traceFlushes, m.traceFlushDelay, m.redisErrors,
+		m.scrapeFailures, m.modelListFailures, m.scrapeDuration, m.traceFlushes, m.traceFlushDelay, m.redisErrors,
 		m.doneIgnored, m.requestsExpired, m.profileLoadRejects,
 		gauge("pod_scrape_targets", "Pods whose /metrics are being scraped.", g.scrapeTargets),
 		gauge("stale_pods", "Routable pods whose latest scrape failed, so their metrics are last known values.", g.stalePods),

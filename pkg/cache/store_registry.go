@@ -38,10 +38,12 @@ func (s *Store) DeletePod(namespace, name string) {
 	}
 }
 
-// SetPodAdapters sets the LoRA adapters a registered pod serves besides its
-// base model, replacing the previous set; listeners are not told. The
-// adapters last until changed or until the pod is replaced by one with
-// another UID. It fails with a *PodNotFoundError for an unknown pod.
+// SetPodAdapters sets LoRA adapters a registered pod serves besides its
+// base model, replacing the set given by the previous call; listeners are
+// not told. The pod serves these adapters in addition to those it declares
+// (LoraAdaptersAnnotation) and those its /v1/models lists. They last until
+// changed or until the pod is replaced by one with another UID. It fails
+// with a *PodNotFoundError for an unknown pod.
 func (s *Store) SetPodAdapters(namespace, name string, adapters []string) error {
 	s.reg.notifyMu.Lock()
 	defer s.reg.notifyMu.Unlock()
@@ -49,6 +51,15 @@ func (s *Store) SetPodAdapters(namespace, name string, adapters []string) error 
 		return &PodNotFoundError{Namespace: namespace, Name: name}
 	}
 	return nil
+}
+
+// setDiscoveredAdapters records the adapters listed by the /v1/models of the
+// pod of key whose state is state, and returns the previous ones and whether
+// they changed; a pod replaced or deleted meanwhile is left alone.
+func (s *Store) setDiscoveredAdapters(key string, state *podState, adapters []string) ([]string, bool) {
+	s.reg.notifyMu.Lock()
+	defer s.reg.notifyMu.Unlock()
+	return s.reg.setDiscovered(key, state, adapters)
 }
 
 // AddPodListener subscribes l to pod changes (see PodListener). l is first

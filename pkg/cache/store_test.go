@@ -124,7 +124,7 @@ func TestInitWithOptionsFailsCleanly(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			defer goleak.VerifyNone(t)
-			tt.opts.Config.PodMetricRefreshInterval = -1
+			tt.opts.Config.PodMetricRefreshInterval, tt.opts.Config.AdapterRefreshInterval = -1, -1
 			s, err := InitWithOptions(nil, tt.stopCh, tt.opts)
 			if err == nil || !strings.Contains(err.Error(), tt.want) || s != nil {
 				t.Fatalf("InitWithOptions = %v, %v; want an error containing %q", s, err, tt.want)

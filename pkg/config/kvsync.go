@@ -81,6 +81,15 @@ var (
 		Doc:     "Label selector of the pods the informer watches (Kubernetes syntax); the default selects every pod that names its model.",
 		Flag:    "label-selector",
 	}
+	AdapterRefreshInterval = Var{
+		Name:    "KVGATE_ADAPTER_REFRESH_INTERVAL",
+		Default: "10",
+		Section: SectionDiscovery,
+		Doc: "How often each ready pod's GET /v1/models is read to learn the LoRA adapters its engine serves, runtime-loaded " +
+			"ones included (vLLM lists them with the base model as parent), in seconds or with a unit (\"500ms\"). " +
+			"They add to the adapters a pod declares in its kvgate.io/lora-adapters annotation (loraAdapters in the " +
+			"endpoints file); 0 turns the listing off.",
+	}
 )
 
 // Discovery modes of PodDiscovery.

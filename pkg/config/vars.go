@@ -21,8 +21,18 @@ var (
 		Name:    "KVGATE_LISTEN_ADDRESS",
 		Default: ":8080",
 		Section: SectionGateway,
-		Doc:     "Address the gateway serves the OpenAI API, /metrics, /healthz, /readyz and /debug on, as host:port.",
-		Flag:    "listen-address",
+		Doc: "Address the gateway serves the OpenAI API, /healthz and /readyz on, as host:port, and /metrics and /debug " +
+			"unless KVGATE_ADMIN_LISTEN_ADDRESS is set.",
+		Flag: "listen-address",
+	}
+	AdminListenAddress = Var{
+		Name:    "KVGATE_ADMIN_LISTEN_ADDRESS",
+		Default: "",
+		Section: SectionGateway,
+		Doc: "When set (host:port, e.g. 127.0.0.1:9090), /metrics and /debug are served only on this address, which " +
+			"clients of the API need not reach, and /healthz and /readyz on both; empty serves everything on " +
+			"KVGATE_LISTEN_ADDRESS. None of the endpoints authenticate.",
+		Flag: "admin-listen-address",
 	}
 	MaxRequestBodyBytes = Var{
 		Name:    "KVGATE_MAX_REQUEST_BODY_BYTES",
@@ -247,6 +257,7 @@ var (
 // Vars lists every environment variable kvgate reads.
 var Vars = []Var{
 	ListenAddress,
+	AdminListenAddress,
 	MaxRequestBodyBytes,
 	ShutdownTimeout,
 	ShutdownDelay,
@@ -262,6 +273,7 @@ var Vars = []Var{
 	StaticEndpointsFile,
 	PodNamespace,
 	PodLabelSelector,
+	AdapterRefreshInterval,
 	SyncMaxContexts,
 	SyncMaxPrefixesPerContext,
 	SyncMaxEntries,

@@ -7,10 +7,10 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -23,7 +23,7 @@ import (
 
 // churnPod is a pod of the churn test, eligible unless a flag says not.
 func churnPod(name string, gen, port int, ready, labelled bool) *v1.Pod {
-	labels := map[string]string{kvevent.ModelNameLabel: "llama"}
+	labels := map[string]string{kvevent.ModelNameLabel: testModel}
 	if labelled {
 		labels[kvevent.KVEventsEnabledLabel] = "true"
 	}
@@ -55,40 +55,48 @@ func TestChurnLeavesNoClientsSocketsOrIndexEntries(t *testing.T) {
 		publishers = 12
 		events     = 1000
 	)
+	// Publisher j publishes chain j+1 on ports[j], a batch every 5 ms.
 	var ports []int
 	var pubs []*kvevent.Publisher
-	for i := range publishers {
+	for j := range publishers {
 		port := freePortPair(t)
 		ports = append(ports, port)
 		p := enginePublisher(t, "127.0.0.1", port)
-		publishBatches(t, p, i+1, 0, 3)
+		publishBatches(t, p, j+1, 0, 3)
 		pubs = append(pubs, p)
 	}
-	stopPublishing := make(chan struct{})
+	stop := make(chan struct{})
+	var published atomic.Int64
+	published.Store(3)
 	var publishing sync.WaitGroup
 	publishing.Go(func() {
 		for i := 3; ; i++ {
 			select {
-			case <-stopPublishing:
+			case <-stop:
 				return
 			case <-time.After(5 * time.Millisecond):
 			}
 			for j, p := range pubs {
-				publishBatches(t, p, j+1, i, i+1)
+				if err := p.Publish(chainBatch(j+1, i, "")); err != nil {
+					t.Errorf("publish batch %d of chain %d: %v", i, j+1, err)
+					return
+				}
 			}
+			published.Store(int64(i + 1))
 		}
 	})
+	stopPublishing := sync.OnceFunc(func() {
+		close(stop)
+		publishing.Wait()
+	})
+	t.Cleanup(stopPublishing)
 	baselineFDs := openFDs(t)
 	leakCheck := goleak.IgnoreCurrent()
 
-	index := newRecordingIndex()
-	manager, err := kvevent.NewKVEventManager(kvevent.ManagerConfig{Index: index, Client: testClientTemplate(),
-		Registerer: prometheus.NewRegistry(), Logger: klog.Background().V(4)})
-	if err != nil {
-		t.Fatal(err)
-	}
+	index := newTestIndex(t)
+	manager := index.newManager(t)
 	store, err := cache.InitWithOptions(nil, nil, cache.InitOptions{
-		Config:       cache.Config{PodMetricRefreshInterval: -1, Logger: klog.Background().V(4)},
+		Config:       cache.Config{PodMetricRefreshInterval: -1, AdapterRefreshInterval: -1, Logger: klog.Background().V(4)},
 		EnableKVSync: true, KVEventManager: manager,
 	})
 	if err != nil {
@@ -96,7 +104,7 @@ func TestChurnLeavesNoClientsSocketsOrIndexEntries(t *testing.T) {
 	}
 
 	rng := rand.New(rand.NewPCG(1, 2))
-	live := map[string]*v1.Pod{}
+	live := map[string]*churnEngine{}
 	gen := 0
 	start := time.Now()
 	for i := range events {
@@ -106,26 +114,38 @@ func TestChurnLeavesNoClientsSocketsOrIndexEntries(t *testing.T) {
 		name := fmt.Sprintf("pod-%d", rng.IntN(pods))
 		gen++
 		old := live[name]
-		switch op := rng.IntN(10); {
+		switch op, j := rng.IntN(10), rng.IntN(publishers); {
 		case old == nil || op < 3:
 			// Created, or replaced by a new pod of the same name.
-			p := churnPod(name, gen, ports[rng.IntN(publishers)], true, true)
+			p := churnPod(name, gen, ports[j], true, true)
 			store.AddOrUpdatePod(p)
-			live[name] = p
+			live[name] = &churnEngine{pod: p, tag: j + 1}
 		case op < 7:
 			// Status or label change, or the engine moved to other ports.
-			p := churnPod(name, 0, ports[rng.IntN(publishers)], rng.IntN(3) > 0, rng.IntN(4) > 0)
-			p.UID = old.UID
+			p := churnPod(name, 0, ports[j], rng.IntN(3) > 0, rng.IntN(4) > 0)
+			p.UID = old.pod.UID
 			store.AddOrUpdatePod(p)
-			live[name] = p
+			live[name] = &churnEngine{pod: p, tag: j + 1}
 		default:
 			store.DeletePod("churn", name)
 			delete(live, name)
 		}
 	}
 	checkpoint(t, manager, index, live)
-	eventually(t, "every followed pod indexed", func() bool { return len(index.pods()) == len(followedKeys(manager)) })
 	t.Logf("%d pod events in %v", events, time.Since(start))
+
+	// Once the engines stop publishing, every followed pod holds exactly
+	// the whole chain of the engine it follows now.
+	stopPublishing()
+	n := int(published.Load())
+	for name, e := range live {
+		if followed(e.pod) {
+			key := "churn/" + name
+			eventually(t, fmt.Sprintf("%s to hold the %d blocks of chain %d", key, n, e.tag),
+				func() bool { return index.holds(key, e.tag, n) })
+		}
+	}
+
 	for name := range live {
 		store.DeletePod("churn", name)
 	}
@@ -133,9 +153,10 @@ func TestChurnLeavesNoClientsSocketsOrIndexEntries(t *testing.T) {
 	if got := index.pods(); len(got) != 0 {
 		t.Fatalf("index holds deleted pods: %v", got)
 	}
+	if n := index.entries(); n != 0 {
+		t.Fatalf("the index holds %d blocks once every pod is deleted", n)
+	}
 	store.Close()
-	close(stopPublishing)
-	publishing.Wait()
 	eventually(t, "goroutines of the manager and its clients gone", func() bool {
 		return goleak.Find(leakCheck) == nil
 	})
@@ -143,13 +164,26 @@ func TestChurnLeavesNoClientsSocketsOrIndexEntries(t *testing.T) {
 	t.Logf("churn took %v", time.Since(start))
 }
 
+// churnEngine is a live pod of the churn test and the chain its engine
+// publishes.
+type churnEngine struct {
+	pod *v1.Pod
+	tag int
+}
+
+func followed(p *v1.Pod) bool {
+	_, reason, _ := kvevent.TargetForPod(p, kvevent.DefaultStreamDefaults())
+	return reason == ""
+}
+
 // checkpoint waits until the manager follows exactly the eligible pods of
-// live, and checks that the index holds no pod it does not follow.
-func checkpoint(t *testing.T, m *kvevent.KVEventManager, index *recordingIndex, live map[string]*v1.Pod) {
+// live, and checks that the index holds blocks of no other pod: the manager
+// purges a pod before it stops reporting it followed.
+func checkpoint(t *testing.T, m *kvevent.KVEventManager, index *testIndex, live map[string]*churnEngine) {
 	t.Helper()
 	var want []string
-	for name, p := range live {
-		if _, reason, _ := kvevent.TargetForPod(p, kvevent.DefaultStreamDefaults()); reason == "" {
+	for name, e := range live {
+		if followed(e.pod) {
 			want = append(want, "churn/"+name)
 		}
 	}

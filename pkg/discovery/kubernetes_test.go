@@ -1,6 +1,7 @@
 package discovery
 
 import (
+	"fmt"
 	"slices"
 	"testing"
 
@@ -18,25 +19,32 @@ func TestKubernetesPodsDriveTheKVEventManagerThroughTheStore(t *testing.T) {
 	f := newFleet(t, cfg)
 	a, off := f.key("vllm-a"), f.key("vllm-off")
 
-	type want struct {
-		followed []string
-		indexed  []string
-		holds    func() bool
-	}
-	check := func(step string, w want) {
+	// check waits until the manager follows exactly pod a at ip (nothing
+	// when ip is empty). The manager purges a pod from the index before it
+	// stops reporting the pod's old streams, so at that moment the index
+	// holds nothing of any pod but the followed one; it then waits until a
+	// holds exactly the first n blocks of chain tag.
+	check := func(step, ip string, tag, n int) {
 		t.Helper()
-		eventually(t, step+": followed pods", func() bool { return slices.Equal(f.followed(), w.followed) })
-		if w.holds != nil {
-			eventually(t, step+": index contents", w.holds)
+		var want []string
+		if ip != "" {
+			want = []string{a + "@" + ip}
 		}
-		eventually(t, step+": indexed pods", func() bool { return slices.Equal(f.index.pods(), w.indexed) })
+		eventually(t, step+": followed pods", func() bool { return slices.Equal(f.followed(), want) })
+		for pod, blocks := range f.index.blocks() {
+			if blocks > 0 && (ip == "" || pod != a) {
+				t.Fatalf("%s: the index holds %d blocks of %s, which is not followed", step, blocks, pod)
+			}
+		}
+		if ip != "" {
+			eventually(t, fmt.Sprintf("%s: %s to hold the %d blocks of chain %d", step, a, n, tag),
+				func() bool { return f.index.holds(a, tag, n) })
+		}
 	}
-	holdsA := func() bool { return f.index.holds(a, 1, 5) }
-	holdsB := func() bool { return f.index.holds(a, 2, 3) }
 
 	pod := f.createPod(t, "vllm-a", "127.0.0.1", port, false)
 	f.createPod(t, "vllm-off", "127.0.0.2", port, true)
-	check("created", want{[]string{a + "@127.0.0.1"}, []string{a}, holdsA})
+	check("created", "127.0.0.1", 1, 5)
 	if st := podStatus(f, off); st.Reason != kvevent.ReasonKVEventsDisabled {
 		t.Fatalf("unlabelled pod: %+v", st)
 	}
@@ -45,29 +53,41 @@ func TestKubernetesPodsDriveTheKVEventManagerThroughTheStore(t *testing.T) {
 	}
 
 	pod = f.setStatus(t, pod, "127.0.0.1", false)
-	check("not ready", want{nil, nil, nil})
+	check("not ready", "", 0, 0)
 	if st := podStatus(f, a); st.Reason != kvevent.ReasonNotReady {
 		t.Fatalf("unready pod: %+v", st)
 	}
 
 	pod = f.setStatus(t, pod, "127.0.0.1", true)
-	check("ready again", want{[]string{a + "@127.0.0.1"}, []string{a}, holdsA})
+	check("ready again", "127.0.0.1", 1, 5)
 
 	pod = f.relabel(t, pod, false)
-	check("label removed", want{nil, nil, nil})
+	check("label removed", "", 0, 0)
 	pod = f.relabel(t, pod, true)
-	check("relabelled", want{[]string{a + "@127.0.0.1"}, []string{a}, holdsA})
+	check("relabelled", "127.0.0.1", 1, 5)
 
 	f.deletePod(t, "vllm-a")
-	check("deleted", want{nil, nil, nil})
+	check("deleted", "", 0, 0)
 
 	// A pod of the same name comes back at another address: its engine's
 	// batches replace nothing of the old one.
-	f.createPod(t, "vllm-a", "127.0.0.2", port, false)
-	check("recreated elsewhere", want{[]string{a + "@127.0.0.2"}, []string{a}, holdsB})
+	pod = f.createPod(t, "vllm-a", "127.0.0.2", port, false)
+	check("recreated elsewhere", "127.0.0.2", 2, 3)
 	publishBatches(t, pubA, 1, 5, 7)
 	publishBatches(t, pubB, 2, 3, 4)
-	check("live batches", want{[]string{a + "@127.0.0.2"}, []string{a}, func() bool { return f.index.holds(a, 2, 4) }})
+	check("live batches", "127.0.0.2", 2, 4)
+
+	// The same pod moves to another address: the blocks of its old engine
+	// go, the new engine's chain comes.
+	f.setStatus(t, pod, "127.0.0.1", true)
+	check("address changed", "127.0.0.1", 1, 7)
+
+	f.deletePod(t, "vllm-a")
+	f.deletePod(t, "vllm-off")
+	check("all deleted", "", 0, 0)
+	if n := f.index.entries(); n != 0 {
+		t.Fatalf("the index holds %d blocks once every pod is deleted", n)
+	}
 }
 
 func podStatus(f *fleet, key string) kvevent.PodStatus {

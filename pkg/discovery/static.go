@@ -10,7 +10,9 @@ import (
 	"maps"
 	"net"
 	"os"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -44,9 +46,14 @@ const DefaultStaticPollInterval = time.Second
 //	  topic: ""               # topic prefix; default: the gateway's
 //	  dpSize: 1               # data-parallel ranks; default 1
 //	  loraID: ""              # model.aibrix.ai/lora-id; default none
+//	  loraAdapters: []        # LoRA adapters served besides the model; default none
 //
 // The fields map to the labels and annotations of a Kubernetes pod (see
-// package kvevent), so that a static endpoint and a pod are configured alike.
+// packages kvevent and cache), so that a static endpoint and a pod are
+// configured alike. loraAdapters need list only the adapters that must be
+// routable before the gateway first reads the engine's /v1/models: the
+// adapters the engine lists there, runtime-loaded ones included, are
+// served too.
 type StaticFile struct {
 	Endpoints []StaticEndpoint `json:"endpoints"`
 }
@@ -64,11 +71,15 @@ type StaticEndpoint struct {
 	Topic      *string `json:"topic,omitempty"`
 	DPSize     int     `json:"dpSize,omitempty"`
 	LoraID     string  `json:"loraID,omitempty"`
+	// LoraAdapters names the LoRA adapters the engine serves on top of
+	// Model, as requests name them.
+	LoraAdapters []string `json:"loraAdapters,omitempty"`
 }
 
 // ParseStaticFile decodes and validates an endpoints file. Unknown fields,
-// missing or duplicate names, missing addresses or models, and out-of-range
-// ports or DP sizes are errors naming the endpoint.
+// missing or duplicate names, missing addresses or models, out-of-range
+// ports or DP sizes, and adapter names that are empty, repeated, hold a
+// comma or name the base model are errors naming the endpoint.
 func ParseStaticFile(data []byte) (*StaticFile, error) {
 	var f StaticFile
 	if err := yaml.UnmarshalStrict(data, &f); err != nil {
@@ -113,13 +124,24 @@ func (e *StaticEndpoint) validate() error {
 	if e.DPSize < 0 || e.DPSize > kvevent.MaxDPSize {
 		errs = append(errs, fmt.Errorf("dpSize %d must be from 1 to %d", e.DPSize, kvevent.MaxDPSize))
 	}
+	for i, a := range e.LoraAdapters {
+		switch {
+		case strings.TrimSpace(a) == "" || strings.Contains(a, ","):
+			errs = append(errs, fmt.Errorf("loraAdapters[%d] %q: an adapter name must be non-empty and hold no comma", i, a))
+		case a == e.Model:
+			errs = append(errs, fmt.Errorf("loraAdapters[%d] %q is the base model", i, a))
+		case slices.Contains(e.LoraAdapters[:i], a):
+			errs = append(errs, fmt.Errorf("loraAdapters[%d] %q is listed twice", i, a))
+		}
+	}
 	return errors.Join(errs...)
 }
 
 // Pod returns the pod that stands for the endpoint: namespace
 // StaticNamespace, Running and Ready at the endpoint's address, labelled and
-// annotated with its model, ports, topic, DP size and LoRA id. Its UID is
-// derived from the name, so that a pod keeps its identity across reloads.
+// annotated with its model, ports, topic, DP size, LoRA id and adapters. Its
+// UID is derived from the name, so that a pod keeps its identity across
+// reloads.
 func (e *StaticEndpoint) Pod() *v1.Pod {
 	port := e.Port
 	if port == 0 {
@@ -144,6 +166,9 @@ func (e *StaticEndpoint) Pod() *v1.Pod {
 	}
 	if e.DPSize > 0 {
 		ann[kvevent.DPSizeAnnotation] = strconv.Itoa(e.DPSize)
+	}
+	if len(e.LoraAdapters) > 0 {
+		ann[cache.LoraAdaptersAnnotation] = strings.Join(e.LoraAdapters, ",")
 	}
 	uid := sha256.Sum256([]byte(StaticNamespace + "/" + e.Name))
 	return &v1.Pod{

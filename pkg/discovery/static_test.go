@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -22,14 +23,16 @@ func TestStaticEndpointsBecomePodsTheManagerFollows(t *testing.T) {
 	}
 	defaults := kvevent.DefaultStreamDefaults()
 	want := []struct {
-		target kvevent.PodTarget
-		reason kvevent.IneligibleReason
-		port   string
+		target   kvevent.PodTarget
+		reason   kvevent.IneligibleReason
+		port     string
+		adapters []string
 	}{
-		{kvevent.PodTarget{PodKey: "static/vllm-0", IP: "127.0.0.1", Model: "llama-3-8b", PubPort: 5557, ReplayPort: 5558, DPSize: 1}, "", "8000"},
+		{kvevent.PodTarget{PodKey: "static/vllm-0", IP: "127.0.0.1", Model: "llama-3-8b", PubPort: 5557, ReplayPort: 5558, DPSize: 1}, "", "8000",
+			[]string{"sql-lora", "chat-lora"}},
 		{kvevent.PodTarget{PodKey: "static/vllm-dp", IP: "10.0.0.7", Model: "llama-3-8b", LoraID: "7", PubPort: 5600, ReplayPort: 5700,
-			Topic: "kv-events", DPSize: 2}, "", "8100"},
-		{kvevent.PodTarget{}, kvevent.ReasonKVEventsDisabled, "8000"},
+			Topic: "kv-events", DPSize: 2}, "", "8100", nil},
+		{kvevent.PodTarget{}, kvevent.ReasonKVEventsDisabled, "8000", nil},
 	}
 	if len(f.Endpoints) != len(want) {
 		t.Fatalf("%d endpoints, want %d", len(f.Endpoints), len(want))
@@ -46,6 +49,9 @@ func TestStaticEndpointsBecomePodsTheManagerFollows(t *testing.T) {
 		}
 		if pod.Labels[cache.ModelPortLabel] != want[i].port || pod.Namespace != StaticNamespace || pod.UID == "" {
 			t.Errorf("%s: pod %+v", e.Name, pod.ObjectMeta)
+		}
+		if got := cache.PodAdapters(pod); !slices.Equal(got, want[i].adapters) {
+			t.Errorf("%s: adapters %q, want %q", e.Name, got, want[i].adapters)
 		}
 		if again := e.Pod(); again.UID != pod.UID {
 			t.Errorf("%s: UID changes between calls", e.Name)
@@ -64,7 +70,8 @@ func TestParseStaticFileNamesEveryProblem(t *testing.T) {
 	}
 	fixed := strings.Replace(string(data), "  pub_port: 5600\n", "", 1)
 	_, err = ParseStaticFile([]byte(fixed))
-	for _, want := range []string{"used twice", "not an address", "model is empty", "port 70000", "dpSize 1000"} {
+	for _, want := range []string{"used twice", "not an address", "model is empty", "port 70000", "dpSize 1000",
+		`loraAdapters[0] ""`, `loraAdapters[1] "a,b"`, `loraAdapters[2] "llama" is the base model`, `loraAdapters[4] "sql-lora" is listed twice`} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("error %v does not mention %q", err, want)
 		}

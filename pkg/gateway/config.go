@@ -38,6 +38,11 @@ const (
 type Config struct {
 	// ListenAddress is where Run serves, host:port (KVGATE_LISTEN_ADDRESS).
 	ListenAddress string
+	// AdminListenAddress, when set, is where Run and Serve serve /metrics
+	// and /debug/*, which the API's listener then does not serve; /healthz
+	// and /readyz are served on both (KVGATE_ADMIN_LISTEN_ADDRESS). Empty
+	// serves everything on the API's listener.
+	AdminListenAddress string
 	// MaxRequestBodyBytes bounds a request body; a larger one is answered
 	// with 413 (KVGATE_MAX_REQUEST_BODY_BYTES, default 16 MiB).
 	MaxRequestBodyBytes int64
@@ -99,7 +104,8 @@ type RedisConfig struct {
 }
 
 // LoadConfig reads a Config from e, recording in e every malformed value
-// and every combination that cannot work: an unknown routing algorithm, a
+// and every combination that cannot work: an admin address equal to the
+// listen address, an unknown routing algorithm, a
 // tokenizer template that is not a URL, KV event sync without the remote
 // tokenizer, a static endpoints file or kubeconfig that cannot be read, or
 // a Redis feature enabled explicitly without a Redis address. A Redis
@@ -108,6 +114,7 @@ type RedisConfig struct {
 func LoadConfig(e *config.Env) Config {
 	cfg := Config{
 		ListenAddress:             e.String(config.ListenAddress),
+		AdminListenAddress:        e.String(config.AdminListenAddress),
 		MaxRequestBodyBytes:       int64(e.Int(config.MaxRequestBodyBytes, 1)),
 		ShutdownDelay:             e.DurationOrZero(config.ShutdownDelay, time.Second),
 		ShutdownTimeout:           e.Duration(config.ShutdownTimeout, time.Second),
@@ -126,6 +133,14 @@ func LoadConfig(e *config.Env) Config {
 	cfg.Cache = loadCache(e, cfg.Redis.Address != "")
 	if _, _, err := net.SplitHostPort(cfg.ListenAddress); err != nil {
 		e.Errorf("%s=%q: want host:port, e.g. :8080: %v", config.ListenAddress.Name, cfg.ListenAddress, err)
+	}
+	if a := cfg.AdminListenAddress; a != "" {
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			e.Errorf("%s=%q: want host:port, e.g. 127.0.0.1:9090, or empty: %v", config.AdminListenAddress.Name, a, err)
+		} else if a == cfg.ListenAddress {
+			e.Errorf("%s=%q is also %s: the admin endpoints need an address of their own", config.AdminListenAddress.Name, a,
+				config.ListenAddress.Name)
+		}
 	}
 	if _, err := parseTokenizerTemplate(cfg.TokenizerEndpointTemplate); err != nil {
 		e.Errorf("%s=%q: %v", config.TokenizerEndpointTemplate.Name, cfg.TokenizerEndpointTemplate, err)
@@ -173,8 +188,13 @@ func loadCache(e *config.Env, hasRedis bool) cache.Config {
 		}
 		return on
 	}
+	adapters := e.DurationOrZero(config.AdapterRefreshInterval, time.Second)
+	if adapters == 0 {
+		adapters = -1 // the Store's way of saying off
+	}
 	return cache.Config{
 		PodMetricRefreshInterval: e.Duration(config.PodMetricRefreshInterval, time.Millisecond),
+		AdapterRefreshInterval:   adapters,
 		DeploymentLabel:          e.String(config.PodDeploymentLabel),
 		EnableRequestTrace:       redisFeature(config.RequestTracing),
 		EnableProfileCache:       redisFeature(config.ProfileCaching),

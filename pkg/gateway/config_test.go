@@ -24,15 +24,19 @@ func TestLoadConfigDefaults(t *testing.T) {
 	if err := e.Err(); err != nil {
 		t.Fatalf("defaults rejected: %v", err)
 	}
-	if cfg.ListenAddress != ":8080" || cfg.MaxRequestBodyBytes != 16<<20 || cfg.ShutdownTimeout != 30*time.Second ||
+	if cfg.ListenAddress != ":8080" || cfg.AdminListenAddress != "" || cfg.MaxRequestBodyBytes != 16<<20 || cfg.ShutdownTimeout != 30*time.Second ||
 		cfg.ShutdownDelay != 0 || cfg.Discovery.Mode != config.DiscoveryKubernetes || !cfg.KVSync.Enabled ||
 		!cfg.RemoteTokenizer || cfg.TokenizerEndpointTemplate != "http://%s:8000" || cfg.Tokenizer.Timeout != 5*time.Second ||
 		cfg.Routing.DefaultAlgorithm != "kv-aware" || cfg.Routing.InFlightPrefillTTL != 5*time.Minute ||
-		cfg.Cache.PodMetricRefreshInterval != 50*time.Millisecond {
+		cfg.Cache.PodMetricRefreshInterval != 50*time.Millisecond || cfg.Cache.AdapterRefreshInterval != 10*time.Second {
 		t.Errorf("defaults: %+v", cfg)
 	}
 	if cfg.Cache.EnableRequestTrace || cfg.Cache.EnableProfileCache || cfg.Cache.SharedRequestCounts {
 		t.Errorf("Redis features on without Redis: %+v", cfg.Cache)
+	}
+	e = envOf(map[string]string{"KVGATE_ADAPTER_REFRESH_INTERVAL": "0"})
+	if cfg = LoadConfig(e); e.Err() != nil || cfg.Cache.AdapterRefreshInterval >= 0 {
+		t.Errorf("adapter listing set to 0: interval %v, %v; want it off", cfg.Cache.AdapterRefreshInterval, e.Err())
 	}
 	e = envOf(map[string]string{"KVGATE_REDIS_ADDRESS": "redis:6379"})
 	cfg = LoadConfig(e)
@@ -52,13 +56,14 @@ func TestLoadConfigListsEveryProblem(t *testing.T) {
 		"KVGATE_STATIC_ENDPOINTS_FILE":             "/does/not/exist.yaml",
 		"AIBRIX_PREFIX_CACHE_USE_REMOTE_TOKENIZER": "false",
 		"KVGATE_SHUTDOWN_DELAY":                    "-1",
+		"KVGATE_ADMIN_LISTEN_ADDRESS":              "9090",
 	})
 	LoadConfig(e)
 	err := e.Err()
 	for _, want := range []string{"KVGATE_LISTEN_ADDRESS", `KVGATE_ROUTING_ALGORITHM="fastest"`,
 		"AIBRIX_VLLM_TOKENIZER_ENDPOINT_TEMPLATE", "AIBRIX_GPU_OPTIMIZER_TRACING_FLAG is true but needs Redis",
 		"KVGATE_ROUTING_CPU_CACHE_WEIGHT", "/does/not/exist.yaml", "AIBRIX_PREFIX_CACHE_USE_REMOTE_TOKENIZER is false",
-		"KVGATE_SHUTDOWN_DELAY"} {
+		"KVGATE_SHUTDOWN_DELAY", `KVGATE_ADMIN_LISTEN_ADDRESS="9090"`} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("error %v does not mention %s", err, want)
 		}
@@ -67,6 +72,10 @@ func TestLoadConfigListsEveryProblem(t *testing.T) {
 	e = envOf(map[string]string{"KVGATE_POD_DISCOVERY": "static", "KVGATE_STATIC_ENDPOINTS_FILE": writeEndpoints(t, "endpoints: [{}]\n")})
 	if LoadConfig(e); e.Err() == nil || !strings.Contains(e.Err().Error(), "model is empty") {
 		t.Errorf("invalid endpoints file: %v", e.Err())
+	}
+	e = envOf(map[string]string{"KVGATE_ADMIN_LISTEN_ADDRESS": ":8080"})
+	if LoadConfig(e); e.Err() == nil || !strings.Contains(e.Err().Error(), "address of their own") {
+		t.Errorf("admin address equal to the listen address: %v", e.Err())
 	}
 	e = envOf(map[string]string{"KUBECONFIG": "/no/kubeconfig"})
 	if LoadConfig(e); e.Err() == nil || !strings.Contains(e.Err().Error(), "/no/kubeconfig") {

@@ -57,8 +57,21 @@
 // a finish reason): it ends the request's prefill for routing and is the
 // time to first token the gateway observes.
 //
-// GET /v1/models lists the models with at least one ready pod, in OpenAI's
-// format ({"object":"list","data":[{"id","object":"model","created","owned_by":"kvgate"}]}).
+// A request's model may name a LoRA adapter rather than a base model. The
+// pods serving an adapter are those declaring it (the kvgate.io/lora-adapters
+// annotation, loraAdapters in the endpoints file) and those whose engine
+// lists it on GET /v1/models, which the Store reads from every ready pod
+// every KVGATE_ADAPTER_REFRESH_INTERVAL, so adapters loaded at runtime
+// become routable without configuration. An adapter request is tokenized by
+// one of those pods (naming the adapter), routed among them only, and
+// matched in the prefix index under the pods' base model and the adapter's
+// name: vLLM salts an adapter's block hashes with its name and names it in
+// its KV events, so blocks computed with the adapter match requests for it
+// and never requests for the base model or another adapter.
+//
+// GET /v1/models lists the models with at least one ready pod, adapters
+// included, in OpenAI's format
+// ({"object":"list","data":[{"id","object":"model","created","owned_by":"kvgate"}]}).
 //
 // Errors the gateway answers itself are OpenAI-style JSON:
 //
@@ -75,6 +88,16 @@
 //	503 service_unavailable_error no_ready_pod, pods_unreachable, gateway_not_ready (the pods are not known yet)
 //
 // Errors a pod answers with are relayed as the pod sent them.
+//
+// # Listeners
+//
+// Everything is served on Config.ListenAddress unless Config.AdminListenAddress
+// (KVGATE_ADMIN_LISTEN_ADDRESS, --admin-listen-address) is set: /metrics and
+// /debug/* are then served on the admin address only, where the API's
+// clients need no access (none of the endpoints authenticate), and answer
+// 404 on the API's listener; /healthz and /readyz answer on both. On
+// shutdown both fail /readyz, and the admin listener closes after the
+// API's requests have drained, so that metrics can be read meanwhile.
 //
 // # Health
 //

@@ -44,8 +44,9 @@ type recorded struct {
 }
 
 // testEngine is a vLLM engine for the gateway's tests: an httptest server
-// answering /v1/completions, /v1/chat/completions, /tokenize and /metrics,
-// and a kvevent.Publisher on loopback whose events the test publishes.
+// answering /v1/completions, /v1/chat/completions, /tokenize, /v1/models
+// and /metrics, and a kvevent.Publisher on loopback whose events the test
+// publishes.
 type testEngine struct {
 	t    testing.TB
 	name string
@@ -62,6 +63,10 @@ type testEngine struct {
 	answer func(w http.ResponseWriter, r *http.Request, body []byte)
 	// tokenizeStatus, when not 0, is the status /tokenize fails with.
 	tokenizeStatus int
+	// tokenized lists the model of every /tokenize request.
+	tokenized []string
+	// adapters are the LoRA adapters /v1/models lists.
+	adapters []string
 	// forget skips recording requests, for benchmarks.
 	forget   bool
 	nextHash uint64
@@ -129,9 +134,31 @@ func (e *testEngine) received() []recorded {
 	return append([]recorded(nil), e.requests...)
 }
 
-// storePrompt publishes that the engine stored the whole blocks of tokens,
-// and returns their engine hashes.
+// setAdapters changes the LoRA adapters the engine lists on /v1/models.
+func (e *testEngine) setAdapters(adapters ...string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.adapters = adapters
+}
+
+// tokenizedModels returns the model of every /tokenize request so far.
+func (e *testEngine) tokenizedModels() []string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return append([]string(nil), e.tokenized...)
+}
+
+// storePrompt publishes that the engine stored the whole blocks of tokens
+// for the base model, and returns their engine hashes.
 func (e *testEngine) storePrompt(tokens []uint32) []kvevent.BlockHash {
+	e.t.Helper()
+	return e.storeAdapterPrompt("", tokens)
+}
+
+// storeAdapterPrompt publishes that the engine stored the whole blocks of
+// tokens computed with LoRA adapter lora ("" for the base model), and
+// returns their engine hashes.
+func (e *testEngine) storeAdapterPrompt(lora string, tokens []uint32) []kvevent.BlockHash {
 	e.t.Helper()
 	n := len(tokens) / testBlockSize
 	e.mu.Lock()
@@ -142,7 +169,7 @@ func (e *testEngine) storePrompt(tokens []uint32) []kvevent.BlockHash {
 	}
 	e.mu.Unlock()
 	e.publish(&kvevent.BlockStoredEvent{BlockHashes: hashes, TokenIDs: tokens[:n*testBlockSize],
-		BlockSize: testBlockSize, Medium: kvevent.MediumGPU, GroupIdx: kvevent.NoGroup})
+		BlockSize: testBlockSize, Medium: kvevent.MediumGPU, GroupIdx: kvevent.NoGroup, LoraName: lora})
 	return hashes
 }
 
@@ -172,6 +199,8 @@ func (e *testEngine) serve(w http.ResponseWriter, r *http.Request) {
 		e.serveMetrics(w)
 	case "/tokenize":
 		e.serveTokenize(w, body)
+	case "/v1/models":
+		e.serveModels(w)
 	case "/v1/completions", "/v1/chat/completions":
 		e.mu.Lock()
 		if !e.forget {
@@ -214,6 +243,7 @@ func (e *testEngine) serveTokenize(w http.ResponseWriter, body []byte) {
 		return
 	}
 	var req struct {
+		Model    string `json:"model"`
 		Prompt   string `json:"prompt"`
 		Messages []struct {
 			Content string `json:"content"`
@@ -223,6 +253,9 @@ func (e *testEngine) serveTokenize(w http.ResponseWriter, body []byte) {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
+	e.mu.Lock()
+	e.tokenized = append(e.tokenized, req.Model)
+	e.mu.Unlock()
 	text := req.Prompt
 	for _, m := range req.Messages {
 		text += m.Content + "\n"
@@ -231,6 +264,20 @@ func (e *testEngine) serveTokenize(w http.ResponseWriter, body []byte) {
 	out, _ := json.Marshal(map[string]any{"count": len(ids), "max_model_len": 8192, "tokens": ids, "token_strs": nil})
 	w.Header().Set("Content-Type", "application/json")
 	_, _ = w.Write(out)
+}
+
+// serveModels answers vLLM's GET /v1/models: the base model, then each
+// adapter with the base model as parent.
+func (e *testEngine) serveModels(w http.ResponseWriter) {
+	e.mu.Lock()
+	adapters := e.adapters
+	e.mu.Unlock()
+	cards := []string{`{"id":"llama","object":"model","owned_by":"vllm","root":"llama","parent":null,"max_model_len":8192}`}
+	for _, a := range adapters {
+		cards = append(cards, fmt.Sprintf(`{"id":%q,"object":"model","owned_by":"vllm","root":"/adapters/%s","parent":"llama","max_model_len":null}`, a, a))
+	}
+	w.Header().Set("Content-Type", "application/json")
+	fmt.Fprintf(w, `{"object":"list","data":[%s]}`, strings.Join(cards, ","))
 }
 
 // engineRequest is what the default answer reads of an inference request.
@@ -309,8 +356,13 @@ func writeSSE(w http.ResponseWriter, events []string) {
 	}
 }
 
-// endpointYAML is the engine's entry in a static endpoints file.
-func (e *testEngine) endpointYAML() string {
-	return "- name: " + e.name + "\n  address: 127.0.0.1\n  model: llama\n  port: " + strconv.Itoa(e.port) +
+// endpointYAML is the engine's entry in a static endpoints file, declaring
+// the LoRA adapters adapters.
+func (e *testEngine) endpointYAML(adapters []string) string {
+	y := "- name: " + e.name + "\n  address: 127.0.0.1\n  model: llama\n  port: " + strconv.Itoa(e.port) +
 		"\n  pubPort: " + strconv.Itoa(e.pubPort) + "\n  replayPort: " + strconv.Itoa(e.replayPort) + "\n"
+	if len(adapters) > 0 {
+		y += "  loraAdapters: [" + strings.Join(adapters, ", ") + "]\n"
+	}
+	return y
 }

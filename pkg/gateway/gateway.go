@@ -48,7 +48,10 @@ type Gateway struct {
 	transport  *http.Transport
 	enginePort int
 	handler    http.Handler
-	started    time.Time
+	// adminHandler serves /metrics and /debug/* apart from the API; nil
+	// when handler serves them.
+	adminHandler http.Handler
+	started      time.Time
 
 	// backend is set once the Store has synced; until then the inference
 	// and debug endpoints answer 503.
@@ -109,7 +112,7 @@ func New(cfg Config) (*Gateway, error) {
 	var id [4]byte
 	_, _ = rand.Read(id[:])
 	g.idPrefix = "kvgate-" + hex.EncodeToString(id[:]) + "-"
-	g.handler = g.routes()
+	g.handler, g.adminHandler = g.routes()
 	return g, nil
 }
 
@@ -162,8 +165,10 @@ func (g *Gateway) newKVSync() error {
 	return nil
 }
 
-// Handler returns the gateway's HTTP API. Until Serve has synced the pods,
-// the inference and debug endpoints answer 503.
+// Handler returns the handler of the gateway's API listener: the OpenAI
+// endpoints and the probes, and /metrics and /debug/* unless the
+// configuration has an admin listen address. Until Serve has synced the
+// pods, the inference and debug endpoints answer 503.
 func (g *Gateway) Handler() http.Handler { return g.handler }
 
 // requestID returns a new id, unique among this process's requests, under
@@ -202,19 +207,22 @@ func (g *Gateway) sourceName() string {
 
 // shutdown fails readiness, keeps serving for the shutdown delay (when the
 // gateway got to serve at all), lets the requests in flight finish within
-// the shutdown timeout, then releases what the gateway holds in dependency
-// order.
-func (g *Gateway) shutdown(srv *http.Server, store *cache.Store, stopIndex context.CancelFunc) {
+// the shutdown timeout, the API's first so that the admin listener serves
+// metrics while they drain, then releases what the gateway holds in
+// dependency order.
+func (g *Gateway) shutdown(servers []*http.Server, store *cache.Store, stopIndex context.CancelFunc) {
 	g.draining.Store(true)
 	if store != nil && g.cfg.ShutdownDelay > 0 {
-		g.log.Info("Failing readiness before closing the listener", "delay", g.cfg.ShutdownDelay)
+		g.log.Info("Failing readiness before closing the listeners", "delay", g.cfg.ShutdownDelay)
 		time.Sleep(g.cfg.ShutdownDelay)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.ShutdownTimeout)
 	defer cancel()
-	if err := srv.Shutdown(ctx); err != nil {
-		g.log.Info("Requests still in flight after the shutdown timeout are cut", "timeout", g.cfg.ShutdownTimeout)
-		_ = srv.Close()
+	for _, srv := range servers {
+		if err := srv.Shutdown(ctx); err != nil {
+			g.log.Info("Requests still in flight after the shutdown timeout are cut", "timeout", g.cfg.ShutdownTimeout)
+			_ = srv.Close()
+		}
 	}
 	if store != nil {
 		store.Close()

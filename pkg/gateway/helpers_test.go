@@ -43,8 +43,10 @@ type testFleet struct {
 	engines []*testEngine
 	gw      *Gateway
 	url     string
-	file    string
-	stop    func() error
+	// adminURL serves /metrics and /debug: url, or the admin listener.
+	adminURL string
+	file     string
+	stop     func() error
 }
 
 // fleetOptions adjust a fleet before it starts.
@@ -55,6 +57,9 @@ type fleetOptions struct {
 	configure func(*Config)
 	// notReady skips waiting for /readyz.
 	notReady bool
+	// declare lists, per engine name, the LoRA adapters its entry in the
+	// endpoints file declares.
+	declare map[string][]string
 }
 
 // startFleet starts the engines named names and a gateway in front of
@@ -67,7 +72,7 @@ func startFleet(t testing.TB, names []string, o fleetOptions) *testFleet {
 	for _, n := range names {
 		e := newTestEngine(t, n)
 		f.engines = append(f.engines, e)
-		yaml += e.endpointYAML()
+		yaml += e.endpointYAML(o.declare[n])
 	}
 	f.file = writeEndpoints(t, yaml)
 	env := map[string]string{
@@ -84,6 +89,10 @@ func startFleet(t testing.TB, names []string, o fleetOptions) *testFleet {
 		o.configure(&cfg)
 	}
 	f.gw, f.url, f.stop = serveGateway(t, cfg)
+	f.adminURL = f.url
+	if cfg.AdminListenAddress != "" {
+		f.adminURL = "http://" + cfg.AdminListenAddress
+	}
 	if o.notReady {
 		return f
 	}
@@ -197,7 +206,7 @@ func (f *testFleet) waitFollowed(pod string) {
 func (f *testFleet) kvcache() kvCacheView {
 	f.t.Helper()
 	var v kvCacheView
-	status, body := get(f.t, f.url+"/debug/kvcache")
+	status, body := get(f.t, f.adminURL+"/debug/kvcache")
 	if status != http.StatusOK || json.Unmarshal([]byte(body), &v) != nil {
 		f.t.Fatalf("GET /debug/kvcache: %d %s", status, body)
 	}
@@ -207,8 +216,15 @@ func (f *testFleet) kvcache() kvCacheView {
 // match asks /debug/match about a prompt given as token ids.
 func (f *testFleet) match(tokens []uint32) matchResponse {
 	f.t.Helper()
-	body, _ := json.Marshal(map[string]any{"model": "llama", "tokens": tokens})
-	resp, data := post(f.t, f.url+"/debug/match", string(body), nil)
+	return f.matchAdapter("", tokens)
+}
+
+// matchAdapter asks /debug/match about a prompt given as token ids, for
+// LoRA adapter lora of llama ("" for llama itself).
+func (f *testFleet) matchAdapter(lora string, tokens []uint32) matchResponse {
+	f.t.Helper()
+	body, _ := json.Marshal(map[string]any{"model": "llama", "lora": lora, "tokens": tokens})
+	resp, data := post(f.t, f.adminURL+"/debug/match", string(body), nil)
 	var m matchResponse
 	if resp.StatusCode != http.StatusOK || json.Unmarshal(data, &m) != nil {
 		f.t.Fatalf("POST /debug/match: %d %s", resp.StatusCode, data)
@@ -235,7 +251,7 @@ func (f *testFleet) waitMatched(tokens []uint32, pod string, blocks int) {
 // prefix (a metric name with its labels), 0 when there is none.
 func (f *testFleet) metric(prefix string) float64 {
 	f.t.Helper()
-	_, body := get(f.t, f.url+"/metrics")
+	_, body := get(f.t, f.adminURL+"/metrics")
 	for _, line := range strings.Split(body, "\n") {
 		if rest, ok := strings.CutPrefix(line, prefix+" "); ok {
 			var v float64

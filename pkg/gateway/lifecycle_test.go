@@ -41,22 +41,7 @@ func TestReadinessFollowsStartAndShutdownAndRequestsDrain(t *testing.T) {
 	})
 
 	// A stream in flight when shutdown begins finishes.
-	proceed := make(chan struct{})
-	e.setAnswer(func(w http.ResponseWriter, r *http.Request, body []byte) {
-		if !strings.Contains(string(body), `"stream":true`) {
-			defaultAnswer(w, r, body)
-			return
-		}
-		writeSSE(w, []string{"data: {\"choices\":[{\"index\":0,\"text\":\"a\"}]}\n\n"})
-		<-proceed
-		writeSSE(w, []string{"data: [DONE]\n\n"})
-	})
-	stream := openStream(t, url+"/v1/completions", `{"model":"llama","prompt":"hi","stream":true}`)
-	defer stream.Body.Close()
-	first := make([]byte, 6)
-	if _, err := io.ReadFull(stream.Body, first); err != nil {
-		t.Fatal(err)
-	}
+	stream := holdStream(t, e, url)
 	stopped := make(chan error, 1)
 	go func() { stopped <- stop() }()
 	eventually(t, "readiness to fail while draining", func() (string, bool) {
@@ -67,11 +52,57 @@ func TestReadinessFollowsStartAndShutdownAndRequestsDrain(t *testing.T) {
 	if resp, body := post(t, url+"/v1/completions", completion("late", ""), nil); resp.StatusCode != http.StatusOK {
 		t.Errorf("request during the shutdown delay: %d %s", resp.StatusCode, body)
 	}
-	close(proceed)
-	rest, err := io.ReadAll(stream.Body)
-	if err != nil || !strings.HasSuffix(string(rest), "data: [DONE]\n\n") {
-		t.Errorf("stream in flight at shutdown ended with %q, %v", rest, err)
+	stream.finish()
+	waitStopped(t, stopped)
+	if _, err := http.Get(url + "/healthz"); err == nil {
+		t.Error("still serving after Serve returned")
 	}
+}
+
+// heldStream is a streamed completion in flight whose engine holds its
+// end until finish.
+type heldStream struct {
+	t       *testing.T
+	resp    *http.Response
+	proceed chan struct{}
+}
+
+// holdStream makes engine e hold every stream after its first event until
+// finish (answering other requests as usual), and opens one such stream
+// through the gateway at url; it returns once the first event arrived.
+func holdStream(t *testing.T, e *testEngine, url string) *heldStream {
+	t.Helper()
+	h := &heldStream{t: t, proceed: make(chan struct{})}
+	e.setAnswer(func(w http.ResponseWriter, r *http.Request, body []byte) {
+		if !strings.Contains(string(body), `"stream":true`) {
+			defaultAnswer(w, r, body)
+			return
+		}
+		writeSSE(w, []string{"data: {\"choices\":[{\"index\":0,\"text\":\"a\"}]}\n\n"})
+		<-h.proceed
+		_, _ = io.WriteString(w, "data: [DONE]\n\n")
+	})
+	h.resp = openStream(t, url+"/v1/completions", `{"model":"llama","prompt":"hi","stream":true}`)
+	t.Cleanup(func() { h.resp.Body.Close() })
+	if _, err := io.ReadFull(h.resp.Body, make([]byte, 6)); err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+// finish lets the engine end the stream and checks that the client
+// receives its end.
+func (h *heldStream) finish() {
+	h.t.Helper()
+	close(h.proceed)
+	if rest, err := io.ReadAll(h.resp.Body); err != nil || !strings.HasSuffix(string(rest), "data: [DONE]\n\n") {
+		h.t.Errorf("stream in flight at shutdown ended with %q, %v", rest, err)
+	}
+}
+
+// waitStopped waits for the result of a gateway's stop.
+func waitStopped(t *testing.T, stopped <-chan error) {
+	t.Helper()
 	select {
 	case err := <-stopped:
 		if err != nil {
@@ -79,9 +110,6 @@ func TestReadinessFollowsStartAndShutdownAndRequestsDrain(t *testing.T) {
 		}
 	case <-time.After(waitTimeout):
 		t.Fatal("Serve did not return")
-	}
-	if _, err := http.Get(url + "/healthz"); err == nil {
-		t.Error("still serving after Serve returned")
 	}
 }
 

@@ -7,19 +7,36 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
-// routes returns the gateway's HTTP API.
-func (g *Gateway) routes() http.Handler {
+// routes returns the handler of the gateway's API listener and, when the
+// configuration has an admin listen address, the handler of the admin
+// listener, which then alone serves /metrics and /debug/*; admin is nil
+// otherwise, and api serves everything. Both serve the probes.
+func (g *Gateway) routes() (api, admin http.Handler) {
+	apiMux := g.probes()
+	apiMux.Handle("/v1/completions", g.serveInference(kindCompletion))
+	apiMux.Handle("/v1/chat/completions", g.serveInference(kindChat))
+	apiMux.HandleFunc("/v1/models", g.serveModels)
+	adminMux := apiMux
+	if g.cfg.AdminListenAddress != "" {
+		adminMux = g.probes()
+	}
+	adminMux.Handle("/metrics", promhttp.HandlerFor(g.registry, promhttp.HandlerOpts{Registry: g.registry}))
+	adminMux.HandleFunc("/debug/kvcache", g.serveKVCache)
+	adminMux.HandleFunc("/debug/match", g.serveMatch)
+	if adminMux == apiMux {
+		return apiMux, nil
+	}
+	return apiMux, adminMux
+}
+
+// probes returns a mux answering /healthz and /readyz, and 404 for paths it
+// is given no handler of.
+func (g *Gateway) probes() *http.ServeMux {
 	mux := http.NewServeMux()
-	mux.Handle("/v1/completions", g.serveInference(kindCompletion))
-	mux.Handle("/v1/chat/completions", g.serveInference(kindChat))
-	mux.HandleFunc("/v1/models", g.serveModels)
-	mux.Handle("/metrics", promhttp.HandlerFor(g.registry, promhttp.HandlerOpts{Registry: g.registry}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeText(w, http.StatusOK, "ok: the gateway process is alive")
 	})
 	mux.HandleFunc("/readyz", g.serveReadyz)
-	mux.HandleFunc("/debug/kvcache", g.serveKVCache)
-	mux.HandleFunc("/debug/match", g.serveMatch)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, typeNotFound, codeNotFound, "", "no endpoint at "+r.URL.Path)
 	})

@@ -68,24 +68,29 @@ func (g *Gateway) Run(ctx context.Context) error {
 	return g.Serve(ctx, ln)
 }
 
-// Serve serves the gateway's HTTP API on ln until ctx ends. It answers
+// Serve serves the gateway's HTTP API on ln until ctx ends; with an admin
+// listen address in the configuration, it also listens there and serves
+// /metrics and /debug/* there only, and the probes on both. It answers
 // /healthz at once, then starts the Store: with KV event sync, the KV event
 // manager (binding its endpoint in bind mode) and the prefix index's sweep,
 // and the pod source, whose first delivery of pods makes the gateway ready.
-// When ctx ends it fails /readyz, goes on serving for ShutdownDelay, stops
-// accepting connections, waits up to ShutdownTimeout for requests in
-// flight, then stops the Store, the KV event manager, the tokenizer and the
-// Redis client, and returns nil.
+// When ctx ends it fails /readyz on both listeners, goes on serving for
+// ShutdownDelay, stops accepting connections, waits up to ShutdownTimeout
+// for requests in flight (the API's first, then the admin listener's), then
+// stops the Store, the KV event manager, the tokenizer and the Redis client,
+// and returns nil.
 //
-// Serve fails, having released everything, when the Store cannot start: the
-// KV event manager cannot start (a bind endpoint in use), the pod source
-// fails before delivering pods, or Redis features are misconfigured.
+// Serve fails, having released everything, ln included, when it cannot
+// listen on the admin address or the Store cannot start: the KV event
+// manager cannot start (a bind endpoint in use), the pod source fails
+// before delivering pods, or Redis features are misconfigured.
 func (g *Gateway) Serve(ctx context.Context, ln net.Listener) error {
-	srv := &http.Server{Handler: g.handler, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
-	g.log.Info("Serving", "address", ln.Addr().String(), "discovery", g.sourceName(),
-		"kvEventSync", g.manager != nil, "remoteTokenizer", g.tokenizer != nil, "redis", g.cfg.Redis.Address != "")
+	servers, served, err := g.startServers(ln)
+	if err != nil {
+		_ = ln.Close()
+		g.shutdownUnstarted()
+		return err
+	}
 	g.logRedisFeatures()
 
 	indexCtx, stopIndex := context.WithCancel(context.Background())
@@ -97,7 +102,7 @@ func (g *Gateway) Serve(ctx context.Context, ln net.Listener) error {
 		}
 	}()
 	stopAll := func(store *cache.Store) {
-		g.shutdown(srv, store, stopIndex)
+		g.shutdown(servers, store, stopIndex)
 		<-indexDone
 	}
 
@@ -118,8 +123,36 @@ func (g *Gateway) Serve(ctx context.Context, ln net.Listener) error {
 		return nil
 	case err := <-served:
 		stopAll(store)
-		return fmt.Errorf("gateway: serve on %s: %w", ln.Addr(), err)
+		return err
 	}
+}
+
+// startServers serves the API on ln and, with an admin listen address, the
+// admin endpoints there. served receives the error of a server that stopped
+// serving.
+func (g *Gateway) startServers(ln net.Listener) (servers []*http.Server, served <-chan error, err error) {
+	listeners := []net.Listener{ln}
+	handlers := []http.Handler{g.handler}
+	if g.adminHandler != nil {
+		admin, err := net.Listen("tcp", g.cfg.AdminListenAddress)
+		if err != nil {
+			return nil, nil, fmt.Errorf("gateway: listen on the admin address %s: %w", g.cfg.AdminListenAddress, err)
+		}
+		listeners, handlers = append(listeners, admin), append(handlers, g.adminHandler)
+	}
+	errs := make(chan error, len(listeners))
+	for i, l := range listeners {
+		srv := &http.Server{Handler: handlers[i], ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+		servers = append(servers, srv)
+		go func() { errs <- fmt.Errorf("gateway: serve on %s: %w", l.Addr(), srv.Serve(l)) }()
+	}
+	admin := ""
+	if len(listeners) > 1 {
+		admin = listeners[1].Addr().String()
+	}
+	g.log.Info("Serving", "address", ln.Addr().String(), "adminAddress", admin, "discovery", g.sourceName(),
+		"kvEventSync", g.manager != nil, "remoteTokenizer", g.tokenizer != nil, "redis", g.cfg.Redis.Address != "")
+	return servers, errs, nil
 }
 
 // startStore starts the Store and the router reading it, and makes the

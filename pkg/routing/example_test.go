@@ -19,7 +19,7 @@ import (
 // tokenizing, route, count the request, and account for its prefill until
 // the first token comes back.
 func Example() {
-	store, err := cache.New(nil, cache.Config{PodMetricRefreshInterval: -1})
+	store, err := cache.New(nil, cache.Config{PodMetricRefreshInterval: -1, AdapterRefreshInterval: -1})
 	if err != nil {
 		panic(err)
 	}

@@ -82,7 +82,7 @@ func newStoreFleet(t testing.TB, n int) *storeFleet {
 // interval.
 func newStoreFleetScraping(t testing.TB, n int, interval time.Duration) *storeFleet {
 	t.Helper()
-	s, err := cache.New(nil, cache.Config{PodMetricRefreshInterval: interval})
+	s, err := cache.New(nil, cache.Config{PodMetricRefreshInterval: interval, AdapterRefreshInterval: -1})
 	if err != nil {
 		t.Fatalf("cache.New: %v", err)
 	}

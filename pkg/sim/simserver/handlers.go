@@ -105,11 +105,18 @@ func (s *Server) answer(w http.ResponseWriter, r *http.Request, g *generation, f
 		Choices: choices, Usage: g.usage()})
 }
 
+// handleModels lists the model and the adapters loaded now as vLLM does:
+// the model with its max_model_len, each adapter with its path as root and
+// the model as parent.
 func (s *Server) handleModels(w http.ResponseWriter, _ *http.Request) {
 	maxLen := s.maxModelLen
-	cards := []modelCard{{ID: s.model, Object: "model", Created: s.created, OwnedBy: "vllm", Root: s.model, MaxModelLen: &maxLen}}
-	for _, name := range s.adapters {
-		cards = append(cards, modelCard{ID: name, Object: "model", Created: s.created, OwnedBy: "vllm", Root: name, Parent: &s.model})
+	card := func(id, root string, parent *string, maxLen *int) modelCard {
+		return modelCard{ID: id, Object: "model", Created: s.created, OwnedBy: "vllm", Root: root, Parent: parent,
+			MaxModelLen: maxLen, Permission: []modelPermission{newModelPermission(s.created)}}
+	}
+	cards := []modelCard{card(s.model, s.model, nil, &maxLen)}
+	for _, l := range s.loras.list() {
+		cards = append(cards, card(l.lora.Name, l.path, &s.model, nil))
 	}
 	writeJSON(w, http.StatusOK, struct {
 		Object string      `json:"object"`
@@ -166,13 +173,7 @@ func (s *Server) handleResetPrefixCache(w http.ResponseWriter, _ *http.Request) 
 // field of req, to the LoRA adapter it names (nil for the base model). When
 // either fails it answers with the error and returns false.
 func (s *Server) readRequest(w http.ResponseWriter, r *http.Request, req any, model *string) (*sim.LoRA, bool) {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
-	if err != nil {
-		s.writeError(w, badRequestf("read body: %v", err))
-		return nil, false
-	}
-	if err := decodeBody(body, req); err != nil {
-		s.writeError(w, err)
+	if !s.readBody(w, r, req) {
 		return nil, false
 	}
 	lora, err := s.lora(*model)
@@ -181,6 +182,21 @@ func (s *Server) readRequest(w http.ResponseWriter, r *http.Request, req any, mo
 		return nil, false
 	}
 	return lora, true
+}
+
+// readBody decodes the request body into req; when it fails it answers
+// with the error and returns false.
+func (s *Server) readBody(w http.ResponseWriter, r *http.Request, req any) bool {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
+	if err != nil {
+		s.writeError(w, badRequestf("read body: %v", err))
+		return false
+	}
+	if err := decodeBody(body, req); err != nil {
+		s.writeError(w, err)
+		return false
+	}
+	return true
 }
 
 // writeError answers with the status and OpenAI error body err calls for.

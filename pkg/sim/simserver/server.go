@@ -6,6 +6,9 @@
 // KV-cache events to its own EventSink; requests are spread over the ranks
 // as vLLM's data-parallel load balancer does.
 //
+// With Config.AllowRuntimeLoRAUpdating, POST /v1/load_lora_adapter and POST
+// /v1/unload_lora_adapter load and unload LoRA adapters as vLLM's do.
+//
 // Where the API differs from vLLM's:
 //   - usage always carries prompt_tokens_details.cached_tokens, which vLLM
 //     sends only with --enable-prompt-tokens-details;
@@ -15,7 +18,9 @@
 //     requests hold blocks, where vLLM answers 200 either way;
 //   - a request without max_tokens generates the engine's
 //     DefaultOutputTokens (ending with EOS) rather than vLLM's 16 for
-//     completions; one with max_tokens generates exactly that many.
+//     completions; one with max_tokens generates exactly that many;
+//   - a LoRA adapter named like the base model is refused, at start or
+//     when loaded.
 package simserver
 
 import (
@@ -47,10 +52,16 @@ type Rank struct {
 type Config struct {
 	// Model is the served model name, which requests must name (or omit).
 	Model string
-	// LoRAAdapters names the LoRA adapters served on top of Model. A request
-	// naming adapter i runs with it (engine adapter id i+1): its blocks are
-	// hashed apart from the base model's and its events carry the adapter.
-	LoRAAdapters []string
+	// LoRAModules are the LoRA adapters served on top of Model from the
+	// start. A request naming adapter i runs with it (engine adapter id
+	// i+1): its blocks are hashed apart from the base model's and its
+	// events carry the adapter.
+	LoRAModules []LoRAModule
+	// AllowRuntimeLoRAUpdating serves POST /v1/load_lora_adapter and POST
+	// /v1/unload_lora_adapter, as vLLM does when
+	// VLLM_ALLOW_RUNTIME_LORA_UPDATING is true. Adapters loaded at runtime
+	// get the next engine ids.
+	AllowRuntimeLoRAUpdating bool
 	// Ranks configures the data-parallel ranks; at least one.
 	Ranks []Rank
 	// Registry receives the server's metrics and is served at /metrics; nil
@@ -63,8 +74,7 @@ type Config struct {
 // Server is a simulated vLLM API server.
 type Server struct {
 	model       string
-	adapters    []string
-	loras       map[string]*sim.LoRA
+	loras       loraRegistry
 	maxModelLen int
 	runners     []*runner
 	registry    *prometheus.Registry
@@ -83,8 +93,6 @@ func New(cfg Config) (*Server, error) {
 	}
 	s := &Server{
 		model:    cfg.Model,
-		adapters: cfg.LoRAAdapters,
-		loras:    make(map[string]*sim.LoRA, len(cfg.LoRAAdapters)),
 		registry: cfg.Registry,
 		log:      cfg.Logger.WithValues("model", cfg.Model),
 		created:  time.Now().Unix(),
@@ -92,11 +100,10 @@ func New(cfg Config) (*Server, error) {
 	if s.registry == nil {
 		s.registry = prometheus.NewRegistry()
 	}
-	for i, name := range cfg.LoRAAdapters {
-		if _, dup := s.loras[name]; dup || name == cfg.Model || name == "" {
-			return nil, fmt.Errorf("simserver: LoRA adapter name %q is empty or not unique", name)
+	for _, m := range cfg.LoRAModules {
+		if err := s.loras.load(cfg.Model, m); err != nil {
+			return nil, fmt.Errorf("simserver: LoRA module %q: %w", m.Name, err)
 		}
-		s.loras[name] = &sim.LoRA{Name: name, ID: i + 1}
 	}
 	m, err := newMetrics(s.registry, cfg.Model)
 	if err != nil {
@@ -113,7 +120,7 @@ func New(cfg Config) (*Server, error) {
 		s.runners = append(s.runners, newRunner(i, engine, rank.Sink, m.forRank(i, engine.Config()), s.log.WithValues("rank", i)))
 	}
 	s.maxModelLen = s.runners[0].engine.Config().MaxModelLen
-	s.handler = s.routes()
+	s.handler = s.routes(cfg.AllowRuntimeLoRAUpdating)
 	return s, nil
 }
 
@@ -131,8 +138,12 @@ func (s *Server) Run(ctx context.Context) {
 // Handler returns the server's HTTP API.
 func (s *Server) Handler() http.Handler { return s.handler }
 
-func (s *Server) routes() http.Handler {
+func (s *Server) routes(runtimeLoRA bool) http.Handler {
 	mux := http.NewServeMux()
+	if runtimeLoRA {
+		mux.HandleFunc("POST /v1/load_lora_adapter", s.handleLoadLoRA)
+		mux.HandleFunc("POST /v1/unload_lora_adapter", s.handleUnloadLoRA)
+	}
 	mux.HandleFunc("POST /v1/completions", s.handleCompletions)
 	mux.HandleFunc("POST /v1/chat/completions", s.handleChatCompletions)
 	mux.HandleFunc("GET /v1/models", s.handleModels)
@@ -149,16 +160,17 @@ func (s *Server) lora(model string) (*sim.LoRA, error) {
 	if model == "" || model == s.model {
 		return nil, nil
 	}
-	if l, ok := s.loras[model]; ok {
+	if l, ok := s.loras.find(model); ok {
 		return l, nil
 	}
-	return nil, &notFound{model: model}
+	return nil, &notFound{msg: fmt.Sprintf("The model `%s` does not exist.", model)}
 }
 
-// notFound reports a request for a model the server does not serve.
-type notFound struct{ model string }
+// notFound reports a request for a model or adapter the server does not
+// serve.
+type notFound struct{ msg string }
 
-func (e *notFound) Error() string { return fmt.Sprintf("The model `%s` does not exist.", e.model) }
+func (e *notFound) Error() string { return e.msg }
 
 // pickRunner returns the least loaded rank, the lowest on ties.
 func (s *Server) pickRunner() *runner {

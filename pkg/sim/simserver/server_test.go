@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -68,7 +69,7 @@ var fastLatency = sim.LatencyModel{StepOverhead: 500 * time.Microsecond, Prefill
 func startServer(t *testing.T, ranks int, mod func(*Config)) *testServer {
 	t.Helper()
 	ts := &testServer{}
-	cfg := Config{Model: testModel, LoRAAdapters: []string{"sql-lora", "chat-lora"}}
+	cfg := Config{Model: testModel, LoRAModules: []LoRAModule{{Name: "sql-lora", Path: "/adapters/sql"}, {Name: "chat-lora"}}}
 	for range ranks {
 		sink := &memSink{}
 		ts.sinks = append(ts.sinks, sink)
@@ -407,30 +408,52 @@ func TestBatchedPromptsGetOneChoiceEach(t *testing.T) {
 	}
 }
 
-func TestModelsListsTheModelAndItsAdapters(t *testing.T) {
-	ts := startServer(t, 1, nil)
+// models reads /v1/models.
+func (ts *testServer) models(t *testing.T) []modelCard {
+	t.Helper()
 	resp, err := http.Get(ts.url + "/v1/models")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(resp.Body)
-	var list struct {
+	list := decode[struct {
 		Object string      `json:"object"`
 		Data   []modelCard `json:"data"`
+	}](t, body)
+	if resp.StatusCode != http.StatusOK || list.Object != "list" {
+		t.Fatalf("/v1/models: %d %s", resp.StatusCode, body)
 	}
-	if err := json.Unmarshal(body, &list); err != nil {
-		t.Fatal(err)
+	return list.Data
+}
+
+// cardSummary describes a model card as "id root parent max_model_len".
+func cardSummary(c modelCard) string {
+	parent, maxLen := "null", "null"
+	if c.Parent != nil {
+		parent = *c.Parent
 	}
-	var ids []string
-	for _, c := range list.Data {
-		ids = append(ids, c.ID)
+	if c.MaxModelLen != nil {
+		maxLen = fmt.Sprint(*c.MaxModelLen)
 	}
-	if list.Object != "list" || !slices.Equal(ids, []string{testModel, "sql-lora", "chat-lora"}) {
-		t.Errorf("models %s", body)
+	return strings.Join([]string{c.ID, c.Root, parent, maxLen}, " ")
+}
+
+func TestModelsListsTheModelAndItsAdaptersAsVLLMDoes(t *testing.T) {
+	ts := startServer(t, 1, nil)
+	var got []string
+	for _, c := range ts.models(t) {
+		got = append(got, cardSummary(c))
+		if c.Object != "model" || c.OwnedBy != "vllm" || len(c.Permission) != 1 || c.Permission[0].Object != "model_permission" {
+			t.Errorf("card %+v: want vLLM's object, owner and one permission", c)
+		}
 	}
-	if list.Data[0].MaxModelLen == nil || *list.Data[0].MaxModelLen != 512 || list.Data[1].Parent == nil || *list.Data[1].Parent != testModel {
-		t.Errorf("model cards %s: want max_model_len on the model and the model as the adapters' parent", body)
+	// vLLM's root is an adapter's path; an adapter given without one is
+	// rooted at its name.
+	want := []string{testModel + " " + testModel + " null 512", "sql-lora /adapters/sql " + testModel + " null",
+		"chat-lora chat-lora " + testModel + " null"}
+	if !slices.Equal(got, want) {
+		t.Errorf("model cards %q, want %q", got, want)
 	}
 	hr, err := http.Get(ts.url + "/health")
 	if err != nil {
@@ -439,6 +462,63 @@ func TestModelsListsTheModelAndItsAdapters(t *testing.T) {
 	hr.Body.Close()
 	if hr.StatusCode != http.StatusOK {
 		t.Errorf("/health %d", hr.StatusCode)
+	}
+}
+
+func TestLoRAAdaptersLoadAndUnloadAtRuntime(t *testing.T) {
+	ts := startServer(t, 1, func(c *Config) { c.AllowRuntimeLoRAUpdating = true })
+	steps := []struct {
+		path   string
+		body   map[string]any
+		status int
+		answer string
+	}{
+		{"/v1/load_lora_adapter", map[string]any{"lora_name": "runtime-lora", "lora_path": "/adapters/runtime"}, http.StatusOK,
+			"Success: LoRA adapter 'runtime-lora' added successfully."},
+		{"/v1/load_lora_adapter", map[string]any{"lora_name": "runtime-lora", "lora_path": "/elsewhere"}, http.StatusBadRequest,
+			"has already been loaded"},
+		{"/v1/load_lora_adapter", map[string]any{"lora_name": "no-path"}, http.StatusBadRequest, "must be provided"},
+		{"/v1/load_lora_adapter", map[string]any{"lora_name": testModel, "lora_path": "/x"}, http.StatusBadRequest, "differ from the model"},
+		{"/v1/unload_lora_adapter", map[string]any{}, http.StatusBadRequest, "needs to be provided"},
+		{"/v1/unload_lora_adapter", map[string]any{"lora_name": "unknown"}, http.StatusNotFound, "cannot be found"},
+	}
+	for _, st := range steps {
+		if status, body := ts.post(t, st.path, st.body); status != st.status || !strings.Contains(string(body), st.answer) {
+			t.Errorf("%s %v: %d %s; want %d and %q", st.path, st.body, status, body, st.status, st.answer)
+		}
+	}
+	cards := ts.models(t)
+	if got := cardSummary(cards[len(cards)-1]); got != "runtime-lora /adapters/runtime "+testModel+" null" {
+		t.Fatalf("card of the loaded adapter: %s", got)
+	}
+
+	// The adapter serves requests, with the next engine id after the two
+	// adapters loaded at start.
+	status, body := ts.post(t, "/v1/completions", map[string]any{"model": "runtime-lora", "prompt": "a prompt of a few blocks", "max_tokens": 1})
+	if status != http.StatusOK {
+		t.Fatalf("completion with the loaded adapter: %d %s", status, body)
+	}
+	batches := ts.sinks[0].snapshot()
+	if st := batches[len(batches)-1].Events[0].(*kvevent.BlockStoredEvent); st.LoraName != "runtime-lora" || st.LoraID != 3 {
+		t.Errorf("the loaded adapter's event names %q id %d, want runtime-lora id 3", st.LoraName, st.LoraID)
+	}
+
+	if status, body := ts.post(t, "/v1/unload_lora_adapter", map[string]any{"lora_name": "runtime-lora"}); status != http.StatusOK {
+		t.Fatalf("unload: %d %s", status, body)
+	}
+	if n := len(ts.models(t)); n != 3 {
+		t.Errorf("%d models listed after unloading, want the model and its two adapters", n)
+	}
+	if status, _ := ts.post(t, "/v1/completions", map[string]any{"model": "runtime-lora", "prompt": "x"}); status != http.StatusNotFound {
+		t.Errorf("completion with the unloaded adapter: %d, want 404", status)
+	}
+}
+
+func TestRuntimeLoRAEndpointsNeedTheOption(t *testing.T) {
+	ts := startServer(t, 1, nil)
+	status, _ := ts.post(t, "/v1/load_lora_adapter", map[string]any{"lora_name": "a", "lora_path": "/a"})
+	if status != http.StatusNotFound {
+		t.Errorf("load without the option: %d, want 404", status)
 	}
 }
 

@@ -1,0 +1,230 @@
+package cache
+
+import (
+	"encoding/json"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"reflect"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	v1 "k8s.io/api/core/v1"
+)
+
+func TestPodAdaptersReadsTheCommaSeparatedList(t *testing.T) {
+	tests := []struct {
+		name string
+		opt  podOpt
+		want []string
+	}{
+		{"none", func(*v1.Pod) {}, nil},
+		{"annotation", withAnnotation(LoraAdaptersAnnotation, " sql-lora , chat-lora,,sql-lora "), []string{"sql-lora", "chat-lora"}},
+		{"label of one adapter", withLabel(LoraAdaptersAnnotation, "sql-lora"), []string{"sql-lora"}},
+		{"empty", withAnnotation(LoraAdaptersAnnotation, " , "), nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := PodAdapters(testPod("ns", "p", llama, "10.0.0.1", tt.opt)); !reflect.DeepEqual(got, tt.want) {
+				t.Fatalf("PodAdapters = %q, want %q", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestAdaptersOfModelListReadsTheCardsWithAParent(t *testing.T) {
+	golden, err := os.ReadFile("testdata/models/vllm_lora.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name    string
+		body    string
+		want    []string
+		wantErr string
+	}{
+		{"vLLM with two adapters", string(golden), []string{"chat-lora", "sql-lora"}, ""},
+		{"base model only", `{"object":"list","data":[{"id":"llama","parent":null}]}`, nil, ""},
+		{"no models", `{"object":"list","data":[]}`, nil, ""},
+		{"duplicates and nameless cards", `{"data":[{"id":"b","parent":"m"},{"id":"a","parent":"m"},{"id":"b","parent":"m"},` +
+			`{"id":"","parent":"m"},{"id":"c","parent":""}]}`, []string{"a", "b"}, ""},
+		{"no data", `{"object":"list"}`, nil, `no "data" list`},
+		{"not JSON", `<html>404</html>`, nil, "decode model list"},
+		{"wrong type", `{"data":{"id":"a"}}`, nil, "decode model list"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := adaptersOfModelList([]byte(tt.body))
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("error = %v, want one containing %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil || !reflect.DeepEqual(got, tt.want) {
+				t.Fatalf("adapters = %q, %v; want %q", got, err, tt.want)
+			}
+		})
+	}
+}
+
+// modelServer is a vLLM engine's GET /v1/models on its own 127.0.0.1 port,
+// listing a base model and the adapters loaded now.
+type modelServer struct {
+	srv  *httptest.Server
+	port int
+	// hits counts the requests for /v1/models, others those for any other
+	// path, answered with 404.
+	hits, others atomic.Int64
+
+	mu       sync.Mutex
+	adapters []string
+	status   int
+}
+
+func newModelServer(t *testing.T, adapters ...string) *modelServer {
+	t.Helper()
+	m := &modelServer{adapters: adapters, status: http.StatusOK}
+	m.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/v1/models" {
+			m.others.Add(1)
+			http.NotFound(w, r)
+			return
+		}
+		m.hits.Add(1)
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		if m.status != http.StatusOK {
+			http.Error(w, `{"error":"unavailable"}`, m.status)
+			return
+		}
+		type card struct {
+			ID     string  `json:"id"`
+			Object string  `json:"object"`
+			Parent *string `json:"parent"`
+		}
+		base := llama
+		cards := []card{{ID: base, Object: "model"}}
+		for _, a := range m.adapters {
+			cards = append(cards, card{ID: a, Object: "model", Parent: &base})
+		}
+		_ = json.NewEncoder(w).Encode(map[string]any{"object": "list", "data": cards})
+	}))
+	t.Cleanup(m.srv.Close)
+	_, port, _ := net.SplitHostPort(m.srv.Listener.Addr().String())
+	m.port, _ = strconv.Atoi(port)
+	return m
+}
+
+// set changes what the engine answers: the adapters it lists, or an error
+// status.
+func (m *modelServer) set(status int, adapters ...string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.status, m.adapters = status, adapters
+}
+
+// adapterConfig lists adapters every 20 ms and scrapes no metrics.
+func adapterConfig(reg prometheus.Registerer) Config {
+	return Config{PodMetricRefreshInterval: -1, AdapterRefreshInterval: 20 * time.Millisecond,
+		PodMetricScrapeTimeout: 300 * time.Millisecond, Registerer: reg}
+}
+
+// waitModels waits until the pod serves exactly want: its base model first,
+// then its adapters.
+func waitModels(t *testing.T, s *Store, pod string, want ...string) {
+	t.Helper()
+	eventually(t, 10*time.Second, func() (bool, string) {
+		got, err := s.ListModelsByPod(pod, "ns")
+		return err == nil && slices.Equal(got, want), strings.Join(got, ",")
+	})
+}
+
+func TestStoreMergesDeclaredSetAndListedAdapters(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	engine := newModelServer(t, "sql-lora", "declared")
+	s := newTestStore(t, nil, adapterConfig(reg))
+	s.AddOrUpdatePod(testPod("ns", "a", llama, "127.0.0.1", withPort(engine.port),
+		withAnnotation(LoraAdaptersAnnotation, "declared")))
+	if err := s.SetPodAdapters("ns", "a", []string{"set"}); err != nil {
+		t.Fatal(err)
+	}
+	waitModels(t, s, "a", llama, "declared", "set", "sql-lora")
+	if pods, err := s.ListPodsByModel("sql-lora"); err != nil || !slices.Equal(podNames(pods), []string{"ns/a"}) {
+		t.Fatalf("pods of sql-lora = %v, %v", podNames(pods), err)
+	}
+
+	// An adapter loaded at runtime appears, one unloaded goes; the declared
+	// and set ones stay whatever the engine lists.
+	engine.set(http.StatusOK, "runtime-lora")
+	waitModels(t, s, "a", llama, "declared", "set", "runtime-lora")
+	if s.HasModel("sql-lora") {
+		t.Fatal("sql-lora is still served after its only engine unloaded it")
+	}
+
+	// An engine that fails keeps the adapters it listed last.
+	engine.set(http.StatusServiceUnavailable)
+	eventually(t, 10*time.Second, func() (bool, string) {
+		n := gathered(t, reg, "kvgate_cache_pod_model_list_failures_total", map[string]string{"pod": "ns/a"})
+		return n >= 2, "failures " + strconv.FormatFloat(n, 'g', -1, 64)
+	})
+	if models, _ := s.ListModelsByPod("a", "ns"); !slices.Contains(models, "runtime-lora") {
+		t.Fatalf("models while the engine fails = %v, want runtime-lora kept", models)
+	}
+	engine.set(http.StatusOK)
+	waitModels(t, s, "a", llama, "declared", "set")
+
+	// A pod replaced under the same name starts from what it declares and
+	// its own engine lists.
+	other := newModelServer(t, "other-lora")
+	s.AddOrUpdatePod(testPod("ns", "a", llama, "127.0.0.1", withPort(other.port), withUID("new-uid")))
+	waitModels(t, s, "a", llama, "other-lora")
+	s.DeletePod("ns", "a")
+	eventually(t, 10*time.Second, func() (bool, string) {
+		n := gathered(t, reg, "kvgate_cache_pod_model_list_failures_total", map[string]string{"pod": "ns/a"})
+		return n == -1, "failures of the deleted pod still exported: " + strconv.FormatFloat(n, 'g', -1, 64)
+	})
+}
+
+func TestAdaptersAreListedOnlyOnRoutablePods(t *testing.T) {
+	engine := newModelServer(t, "sql-lora")
+	s := newTestStore(t, nil, adapterConfig(nil))
+	s.AddOrUpdatePod(testPod("ns", "a", llama, "127.0.0.1", withPort(engine.port), notReady))
+	s.AddOrUpdatePod(testPod("ns", "b", llama, "127.0.0.1", withPort(newModelServer(t).port)))
+	waitModels(t, s, "b", llama)
+	if n := engine.hits.Load(); n != 0 {
+		t.Fatalf("the unready pod's models were listed %d times", n)
+	}
+	s.AddOrUpdatePod(testPod("ns", "a", llama, "127.0.0.1", withPort(engine.port)))
+	waitModels(t, s, "a", llama, "sql-lora")
+
+	// Unready again: the pod keeps its adapters (it has not unloaded them),
+	// but is not routed to.
+	s.AddOrUpdatePod(testPod("ns", "a", llama, "127.0.0.1", withPort(engine.port), notReady))
+	pods, err := s.ListPodsByModel("sql-lora")
+	if err != nil || len(pods) != 0 {
+		t.Fatalf("pods of sql-lora with its pod unready = %v, %v; want none and no error", podNames(pods), err)
+	}
+}
+
+func TestAdapterListingIsOffWhenDisabled(t *testing.T) {
+	engine := newModelServer(t, "sql-lora")
+	cfg := adapterConfig(nil)
+	cfg.AdapterRefreshInterval = -1
+	cfg.PodMetricRefreshInterval = 20 * time.Millisecond
+	s := newTestStore(t, nil, cfg)
+	s.AddOrUpdatePod(testPod("ns", "a", llama, "127.0.0.1", withPort(engine.port)))
+	// The engine answers /metrics with 404: after two scrapes, the loop
+	// that would list the adapters has had its chance to run.
+	eventually(t, 10*time.Second, func() (bool, string) { return engine.others.Load() >= 2, "no scrape" })
+	if n := engine.hits.Load(); n != 0 || s.HasModel("sql-lora") {
+		t.Fatalf("models listed %d times with listing disabled", n)
+	}
+}
