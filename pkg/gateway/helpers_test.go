@@ -88,11 +88,7 @@ func startFleet(t testing.TB, names []string, o fleetOptions) *testFleet {
 	if o.configure != nil {
 		o.configure(&cfg)
 	}
-	f.gw, f.url, f.stop = serveGateway(t, cfg)
-	f.adminURL = f.url
-	if cfg.AdminListenAddress != "" {
-		f.adminURL = "http://" + cfg.AdminListenAddress
-	}
+	f.serve(cfg)
 	if o.notReady {
 		return f
 	}
@@ -175,6 +171,15 @@ func (f *testFleet) engine(name string) *testEngine {
 	}
 	f.t.Fatalf("no engine %s", name)
 	return nil
+}
+
+// serve starts the gateway configured by cfg for the fleet.
+func (f *testFleet) serve(cfg Config) {
+	f.gw, f.url, f.stop = serveGateway(f.t, cfg)
+	f.adminURL = f.url
+	if cfg.AdminListenAddress != "" {
+		f.adminURL = "http://" + cfg.AdminListenAddress
+	}
 }
 
 func (f *testFleet) waitReady() {

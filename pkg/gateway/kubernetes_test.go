@@ -62,7 +62,7 @@ func TestKubernetesDiscoveryFromAKubeconfig(t *testing.T) {
 	f := &testFleet{t: t, engines: []*testEngine{e}}
 	cfg := loadTestConfig(t, map[string]string{"KUBECONFIG": kubeconfig, "KVGATE_POD_NAMESPACE": "default",
 		"AIBRIX_POD_METRIC_REFRESH_INTERVAL_MS": "20"})
-	f.gw, f.url, f.stop = serveGateway(t, cfg)
+	f.serve(cfg)
 	f.waitReady()
 	if status, list := get(t, f.url+"/v1/models"); status != http.StatusOK || list != `{"object":"list","data":[]}`+"\n" {
 		t.Fatalf("/v1/models before any pod: %d %s", status, list)
