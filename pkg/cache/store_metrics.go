@@ -81,7 +81,7 @@ func newStoreMetrics(reg prometheus.Registerer, g storeGauges) (*storeMetrics, e
 		m.doneIgnored, m.requestsExpired, m.profileLoadRejects,
 		gauge("pod_scrape_targets", "Pods whose /metrics are being scraped.", g.scrapeTargets),
 		gauge("stale_pods", "Routable pods whose latest scrape failed, so their metrics are last known values.", g.stalePods),
-		gauge("tracked_requests", "Requests in flight tracked by AddRequestCount.", g.trackedRequests),
+		gauge("tracked_requests", "Inference requests in flight that count as pod load, tracked until they complete or expire.", g.trackedRequests),
 		gauge("gpu_profiles", "GPU profiles held in memory.", g.profiles),
 	}
 	var errs []error
