@@ -130,9 +130,11 @@
 //	        "lastEventAgeSeconds": 0.8,          // since the index applied the stream's last batch
 //	        "client": {
 //	          "pubEndpoint": "tcp://10.0.0.5:5557", "replayEndpoint": "tcp://10.0.0.5:5558",
+//	          "topic": "", "publisherTopic": "",  // the engine's, once a replay reply named it (vLLM >= v0.26)
 //	          "since": "2026-11-02T10:00:00Z", "connected": true, "lastSeq": 1234,
 //	          "batches": 1235, "replayedBatches": 12, "replayFailures": 0,
-//	          "unrecoverableGaps": 0, "missedBatches": 0, "publisherRestarts": 0, "decodeErrors": 0
+//	          "unrecoverableGaps": 0, "missedBatches": 0, "publisherRestarts": 0, "decodeErrors": 0,
+//	          "topicMismatch": false           // batches arrive only through replay: the topic filters out live ones
 //	        }
 //	      }]
 //	    }]

@@ -73,6 +73,7 @@ type KVCacheMetrics struct {
 	errors             *prometheus.CounterVec
 	connectionStatus   *prometheus.GaugeVec
 	lastSequenceID     *prometheus.GaugeVec
+	topicMismatch      *prometheus.GaugeVec
 }
 
 // NewKVCacheMetrics creates the collectors and registers them on reg. When
@@ -114,6 +115,8 @@ func NewKVCacheMetrics(reg prometheus.Registerer) (*KVCacheMetrics, error) {
 		errors:           counter("errors_total", "Errors while following a stream, by type: decode, handler (applying a batch failed), malformed_message, replay_protocol, socket.", with(LabelErrorType)),
 		connectionStatus: gauge("connection_status", "1 while the client is connected to the engine's publisher, else 0."),
 		lastSequenceID:   gauge("last_sequence_id", "Seq of the last batch delivered."),
+		topicMismatch: gauge("topic_mismatch", "1 while the stream's batches arrive only through replay, seconds late, because the "+
+			"subscribed topic most likely filters out the engine's live messages (the client's log names both topics), else 0."),
 	}
 	var err error
 	for _, p := range []**prometheus.CounterVec{&m.connections, &m.disconnections, &m.reconnectAttempts,
@@ -123,7 +126,7 @@ func NewKVCacheMetrics(reg prometheus.Registerer) (*KVCacheMetrics, error) {
 			return nil, err
 		}
 	}
-	for _, p := range []**prometheus.GaugeVec{&m.connectionStatus, &m.lastSequenceID} {
+	for _, p := range []**prometheus.GaugeVec{&m.connectionStatus, &m.lastSequenceID, &m.topicMismatch} {
 		if *p, err = registerOrReuse(reg, *p); err != nil {
 			return nil, err
 		}
@@ -173,6 +176,7 @@ func (m *KVCacheMetrics) NewZMQClientMetrics(podKey string, dpRank int) *ZMQClie
 		skipUnknownField:  m.decodeSkips.WithLabelValues(podKey, rank, SkipKindUnknownField),
 		status:            m.connectionStatus.WithLabelValues(podKey, rank),
 		lastSeq:           m.lastSequenceID.WithLabelValues(podKey, rank),
+		topicMismatch:     m.topicMismatch.WithLabelValues(podKey, rank),
 		errors:            make(map[string]prometheus.Counter),
 	}
 	for i, t := range eventTypes {
@@ -186,5 +190,6 @@ func (m *KVCacheMetrics) NewZMQClientMetrics(podKey string, dpRank int) *ZMQClie
 		c.errors[t] = m.errors.WithLabelValues(podKey, rank, t)
 	}
 	c.status.Set(0)
+	c.topicMismatch.Set(0)
 	return c
 }
