@@ -149,3 +149,25 @@ func TestForwardedRequestsKeepEndToEndHeadersAndCarryARequestID(t *testing.T) {
 		}
 	}
 }
+
+func TestRequestIsRetriedOnEachPodUntilOneAnswers(t *testing.T) {
+	f := startFleet(t, []string{"dead1", "dead2", "live"}, fleetOptions{configure: requestsOnlyEject})
+	tokens := f.holdPrompt("dead1")
+	half := tokens[:len(tokens)/2]
+	f.waitMatched(tokens, "dead2", len(f.engine("dead2").storePrompt(half)))
+	f.engine("dead1").srv.Close()
+	f.engine("dead2").srv.Close()
+
+	// kv-aware tries the pod holding the most of the prompt first: dead1,
+	// then dead2, then live.
+	resp, body := post(t, f.url+"/v1/completions", tokenPrompt(tokens), map[string]string{"routing-strategy": "kv-aware"})
+	if resp.StatusCode != http.StatusOK || resp.Header.Get(HeaderTargetPodName) != "static/live" {
+		t.Fatalf("got %d from %q: %s; want 200 from live", resp.StatusCode, resp.Header.Get(HeaderTargetPodName), body)
+	}
+	if n := f.metric(`kvgate_gateway_retries_total{reason="connection_refused"}`); n != 2 {
+		t.Errorf("retries = %v, want 2", n)
+	}
+	if n := f.metric("kvgate_cache_ejected_pods"); n != 2 {
+		t.Errorf("ejected pods = %v, want 2", n)
+	}
+}
