@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -112,7 +113,7 @@ func TestTopicMismatchNeedsReplaysInARowThatTheTopicExplains(t *testing.T) {
 	}
 	for _, tt := range tests {
 		cfg := DefaultZMQClientConfig("default/p", "127.0.0.1", "llama")
-		cfg.Topic = tt.subscribed
+		cfg.Topic, cfg.Logger = tt.subscribed, logr.Discard()
 		c, err := NewZMQClient(cfg, &recorder{})
 		if err != nil {
 			t.Fatal(err)
