@@ -13,6 +13,9 @@ FUZZTIME  ?= 15s
 BENCH     ?= .
 BENCHTIME ?= 1s
 COUNT     ?= 1
+# Extra flags for `make demo` (see bin/kvgate-demo -help), e.g.
+# DEMO_FLAGS='-duration 20s -engines 2'.
+DEMO_FLAGS ?=
 # Where `make bench-routing` writes its reports, and extra flags for it
 # (see `go run ./cmd/bench-routing -h`).
 BENCH_ROUTING_OUT   ?= out/bench-routing
@@ -25,6 +28,12 @@ export CGO_ENABLED := 1
 .PHONY: help
 help: ## Show this help.
 	@awk 'BEGIN {FS = ":.*##"; printf "Usage: make <target>\n"} /^[a-zA-Z_0-9-]+:.*?##/ { printf "  %-16s %s\n", $$1, $$2 } /^##@/ { printf "\n%s\n", substr($$0, 5) }' $(MAKEFILE_LIST)
+
+##@ Demo
+
+.PHONY: demo
+demo: build ## Run simulated vLLM engines and the gateway on 127.0.0.1 with a live chat workload, and compare routing algorithms (about 2 minutes).
+	@$(BIN_DIR)/kvgate-demo $(DEMO_FLAGS)
 
 ##@ Setup
 
