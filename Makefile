@@ -79,7 +79,7 @@ fuzz: deps ## Run each fuzz target for FUZZTIME.
 	@hack/fuzz.sh "$(FUZZTIME)"
 
 .PHONY: bench
-bench: deps ## Run the Go benchmarks of the hot paths with -benchmem.
+bench: deps ## Run the Go benchmarks with -benchmem: hot paths, KV event sync end to end, the gateway under load.
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -benchtime $(BENCHTIME) -count $(COUNT) $(PKGS)
 
 .PHONY: bench-routing

@@ -8,9 +8,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
+
+	"github.com/kvgate/kvgate/pkg/gateway"
+	"github.com/kvgate/kvgate/pkg/routing"
 )
 
 // chatClient sends streaming chat requests to the gateway.
@@ -29,6 +34,9 @@ type result struct {
 	ttft, e2e time.Duration
 	// promptTokens and cachedTokens are the usage the engine reported.
 	promptTokens, cachedTokens int
+	// overhead is the gateway's own time (its Server-Timing), 0 when the
+	// response did not come through the gateway.
+	overhead time.Duration
 	// answer is the generated text.
 	answer string
 }
@@ -76,7 +84,7 @@ func (c *chatClient) send(ctx context.Context, alg string, messages []chatMessag
 		return result{}, err
 	}
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("routing-strategy", alg)
+	req.Header.Set(routing.HeaderRoutingStrategy, alg)
 	start := time.Now()
 	resp, err := c.http.Do(req)
 	if err != nil {
@@ -87,7 +95,7 @@ func (c *chatClient) send(ctx context.Context, alg string, messages []chatMessag
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 		return result{}, fmt.Errorf("%s: %s", resp.Status, bytes.TrimSpace(msg))
 	}
-	r := result{pod: resp.Header.Get("target-pod-name")}
+	r := result{pod: resp.Header.Get(gateway.HeaderTargetPodName), overhead: gatewayTiming(resp.Header)}
 	answer, err := readStream(resp.Body, &r, func() { r.ttft = time.Since(start) })
 	if err != nil {
 		return result{}, err
@@ -141,4 +149,25 @@ func readStream(body io.Reader, r *result, firstToken func()) (string, error) {
 		return "", fmt.Errorf("read the stream: %w", err)
 	}
 	return "", errors.New("the stream ended before [DONE]")
+}
+
+// gatewayTiming returns the gateway's own time from a response's
+// Server-Timing metrics, 0 when they hold none.
+func gatewayTiming(h http.Header) time.Duration {
+	for _, v := range h.Values(gateway.HeaderServerTiming) {
+		for metric := range strings.SplitSeq(v, ",") {
+			name, params, _ := strings.Cut(strings.TrimSpace(metric), ";")
+			if name != gateway.ServerTimingGateway {
+				continue
+			}
+			for p := range strings.SplitSeq(params, ";") {
+				if ms, ok := strings.CutPrefix(strings.TrimSpace(p), "dur="); ok {
+					if f, err := strconv.ParseFloat(ms, 64); err == nil {
+						return time.Duration(math.Round(f * float64(time.Millisecond)))
+					}
+				}
+			}
+		}
+	}
+	return 0
 }

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"slices"
 
+	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 )
@@ -23,6 +24,28 @@ type decisions map[decision]float64
 
 // scrapeDecisions reads the decision counters from the gateway's /metrics.
 func scrapeDecisions(ctx context.Context, client *http.Client, gatewayURL string) (decisions, error) {
+	families, err := scrapeMetrics(ctx, client, gatewayURL)
+	if err != nil {
+		return nil, err
+	}
+	d := decisions{}
+	for _, m := range families[decisionsMetric].GetMetric() {
+		var k decision
+		for _, l := range m.GetLabel() {
+			switch l.GetName() {
+			case "algorithm":
+				k.algorithm = l.GetValue()
+			case "outcome":
+				k.outcome = l.GetValue()
+			}
+		}
+		d[k] = m.GetCounter().GetValue()
+	}
+	return d, nil
+}
+
+// scrapeMetrics reads and parses the gateway's /metrics.
+func scrapeMetrics(ctx context.Context, client *http.Client, gatewayURL string) (map[string]*dto.MetricFamily, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, gatewayURL+"/metrics", nil)
 	if err != nil {
 		return nil, err
@@ -40,22 +63,7 @@ func scrapeDecisions(ctx context.Context, client *http.Client, gatewayURL string
 	if err != nil {
 		return nil, fmt.Errorf("parse the gateway's metrics: %w", err)
 	}
-	d := decisions{}
-	if f := families[decisionsMetric]; f != nil {
-		for _, m := range f.GetMetric() {
-			var k decision
-			for _, l := range m.GetLabel() {
-				switch l.GetName() {
-				case "algorithm":
-					k.algorithm = l.GetValue()
-				case "outcome":
-					k.outcome = l.GetValue()
-				}
-			}
-			d[k] = m.GetCounter().GetValue()
-		}
-	}
-	return d, nil
+	return families, nil
 }
 
 // decisionCount is one series' count over a run.

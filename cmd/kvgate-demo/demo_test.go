@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"flag"
 	"io"
+	"net/http"
 	"slices"
 	"strings"
 	"testing"
@@ -183,5 +184,28 @@ func TestRunFailsClearlyWithoutTheBinaries(t *testing.T) {
 	code := run(t.Context(), []string{"-bin-dir", t.TempDir()}, io.Discard, &stderr)
 	if code != exitFailed || !strings.Contains(stderr.String(), "build the binaries with make build") {
 		t.Errorf("exit %d, stderr %q", code, stderr.String())
+	}
+}
+
+func TestGatewayTimingReadsTheGatewaysServerTimingMetric(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		values []string
+		want   time.Duration
+	}{
+		{"alone", []string{"gateway;dur=0.412"}, 412 * time.Microsecond},
+		{"after the engine's, in one value", []string{`engine;dur=5, gateway;desc="x";dur=1.5`}, 1500 * time.Microsecond},
+		{"in a second value", []string{"engine;dur=5", "gateway;dur=2"}, 2 * time.Millisecond},
+		{"absent", []string{"engine;dur=5"}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := http.Header{}
+			for _, v := range tc.values {
+				h.Add("Server-Timing", v)
+			}
+			if got := gatewayTiming(h); got != tc.want {
+				t.Errorf("gatewayTiming(%q) = %v, want %v", tc.values, got, tc.want)
+			}
+		})
 	}
 }

@@ -24,6 +24,11 @@ func fmtDuration(d time.Duration) string {
 	return fmt.Sprintf("%.2f s", d.Seconds())
 }
 
+// fmtMicros formats a short duration in milliseconds to the microsecond.
+func fmtMicros(d time.Duration) string {
+	return fmt.Sprintf("%.3f ms", float64(d.Microseconds())/1000)
+}
+
 // fmtRatio formats a hit ratio, "-" when nothing was measured.
 func fmtRatio(r float64) string {
 	if math.IsNaN(r) {
@@ -95,6 +100,16 @@ func printComparison(w io.Writer, runs []runResult) {
 		}
 		fmt.Fprintf(w, "%-14s %8d %7.1f %9s %9s %9s %9s %6d\n",
 			r.algorithm, s.requests, s.perSecond(), fmtRatio(s.hit()), p50, p90, p99, s.errors)
+	}
+	var overheads []string
+	for _, r := range runs {
+		if o := r.summary.overhead; o.ok {
+			overheads = append(overheads, fmt.Sprintf("%s p50 %s, p99 %s", r.algorithm, fmtMicros(o.p50), fmtMicros(o.p99)))
+		}
+	}
+	if len(overheads) > 0 {
+		fmt.Fprintf(w, "\nThe gateway's own time per request (decode, tokenize, route; its Server-Timing):\n  %s.\n",
+			strings.Join(overheads, "; "))
 	}
 	if len(runs) < 2 {
 		return

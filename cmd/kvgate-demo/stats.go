@@ -55,8 +55,10 @@ type summary struct {
 	// promptTokens and cachedTokens sum the usage of the requests; hit is
 	// their ratio.
 	promptTokens, cachedTokens int
-	ttft                       percentiles
-	pods                       []podSummary
+	// ttft and e2e hold the client's times to the first token and to the
+	// end; overhead the gateway's own time per request.
+	ttft, e2e, overhead percentiles
+	pods                []podSummary
 }
 
 // podSummary is one pod's share of a run.
@@ -83,12 +85,14 @@ func (r *recorder) summarize(now time.Time, pods []string) summary {
 	r.mu.Lock()
 	s := summary{elapsed: now.Sub(r.start), requests: len(r.results), errors: r.errors, lastErr: r.lastErr, inFlight: r.inFlight}
 	ttfts := make([]time.Duration, len(r.results))
+	e2es := make([]time.Duration, len(r.results))
+	overheads := make([]time.Duration, len(r.results))
 	byPod := map[string]*podSummary{}
 	for _, p := range pods {
 		byPod[p] = &podSummary{pod: p}
 	}
 	for i, res := range r.results {
-		ttfts[i] = res.ttft
+		ttfts[i], e2es[i], overheads[i] = res.ttft, res.e2e, res.overhead
 		s.promptTokens += res.promptTokens
 		s.cachedTokens += res.cachedTokens
 		p := byPod[res.pod]
@@ -101,7 +105,7 @@ func (r *recorder) summarize(now time.Time, pods []string) summary {
 		p.cachedTokens += res.cachedTokens
 	}
 	r.mu.Unlock()
-	s.ttft = percentilesOf(ttfts)
+	s.ttft, s.e2e, s.overhead = percentilesOf(ttfts), percentilesOf(e2es), percentilesOf(overheads)
 	for _, p := range byPod {
 		s.pods = append(s.pods, *p)
 	}
