@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"strings"
 	"time"
 )
@@ -24,9 +25,25 @@ func fmtDuration(d time.Duration) string {
 	return fmt.Sprintf("%.2f s", d.Seconds())
 }
 
-// fmtMicros formats a short duration in milliseconds to the microsecond.
-func fmtMicros(d time.Duration) string {
-	return fmt.Sprintf("%.3f ms", float64(d.Microseconds())/1000)
+// printOverheads writes the percentiles of the gateway's own time per
+// request in each run.
+func printOverheads(w io.Writer, runs []runResult) {
+	if !slices.ContainsFunc(runs, func(r runResult) bool { return r.summary.overhead.ok }) {
+		return
+	}
+	fmt.Fprintln(w, "\nThe gateway's own time per request, p50 / p99 (its Server-Timing: from receipt to sending to the pod):")
+	for _, r := range runs {
+		if o := r.summary.overhead; o.ok {
+			fmt.Fprintf(w, "  %-14s %s / %s\n", r.algorithm, fmtMillis(o.p50), fmtMillis(o.p99))
+		}
+	}
+	fmt.Fprintln(w, "  Algorithms that read the prompt (kv-aware, prefix-cache, least-latency) include its tokenization:")
+	fmt.Fprintln(w, "  a /tokenize call to an engine for every prompt the gateway has not tokenized before.")
+}
+
+// fmtMillis formats a short duration in milliseconds.
+func fmtMillis(d time.Duration) string {
+	return fmt.Sprintf("%.2f ms", float64(d.Microseconds())/1000)
 }
 
 // fmtRatio formats a hit ratio, "-" when nothing was measured.
@@ -101,16 +118,7 @@ func printComparison(w io.Writer, runs []runResult) {
 		fmt.Fprintf(w, "%-14s %8d %7.1f %9s %9s %9s %9s %6d\n",
 			r.algorithm, s.requests, s.perSecond(), fmtRatio(s.hit()), p50, p90, p99, s.errors)
 	}
-	var overheads []string
-	for _, r := range runs {
-		if o := r.summary.overhead; o.ok {
-			overheads = append(overheads, fmt.Sprintf("%s p50 %s, p99 %s", r.algorithm, fmtMicros(o.p50), fmtMicros(o.p99)))
-		}
-	}
-	if len(overheads) > 0 {
-		fmt.Fprintf(w, "\nThe gateway's own time per request (decode, tokenize, route; its Server-Timing):\n  %s.\n",
-			strings.Join(overheads, "; "))
-	}
+	printOverheads(w, runs)
 	if len(runs) < 2 {
 		return
 	}

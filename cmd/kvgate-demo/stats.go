@@ -56,7 +56,8 @@ type summary struct {
 	// their ratio.
 	promptTokens, cachedTokens int
 	// ttft and e2e hold the client's times to the first token and to the
-	// end; overhead the gateway's own time per request.
+	// end; overhead the gateway's own time per request, over the responses
+	// that reported it.
 	ttft, e2e, overhead percentiles
 	pods                []podSummary
 }
@@ -86,13 +87,16 @@ func (r *recorder) summarize(now time.Time, pods []string) summary {
 	s := summary{elapsed: now.Sub(r.start), requests: len(r.results), errors: r.errors, lastErr: r.lastErr, inFlight: r.inFlight}
 	ttfts := make([]time.Duration, len(r.results))
 	e2es := make([]time.Duration, len(r.results))
-	overheads := make([]time.Duration, len(r.results))
+	var overheads []time.Duration
 	byPod := map[string]*podSummary{}
 	for _, p := range pods {
 		byPod[p] = &podSummary{pod: p}
 	}
 	for i, res := range r.results {
-		ttfts[i], e2es[i], overheads[i] = res.ttft, res.e2e, res.overhead
+		ttfts[i], e2es[i] = res.ttft, res.e2e
+		if res.overhead > 0 {
+			overheads = append(overheads, res.overhead)
+		}
 		s.promptTokens += res.promptTokens
 		s.cachedTokens += res.cachedTokens
 		p := byPod[res.pod]
