@@ -91,8 +91,12 @@ func TestStartServesThroughTheGatewayAndCloseLeavesNothing(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
 	defer cancel()
-	if n, err := f.indexedBlocks(ctx); err != nil || n == 0 {
-		t.Fatalf("index holds %d blocks (%v) after a request, want some", n, err)
+	// The engine's events reach the index shortly after the request.
+	if err := f.waitFor(ctx, f.gateway, "the index to hold the request's blocks", func(ctx context.Context) (bool, error) {
+		n, err := f.indexedBlocks(ctx)
+		return n > 0, err
+	}); err != nil {
+		t.Fatal(err)
 	}
 	if err := f.ResetPrefixCaches(ctx); err != nil {
 		t.Fatal(err)
