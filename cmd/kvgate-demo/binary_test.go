@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -197,4 +198,18 @@ func TestDemoStopsEverythingOnCtrlC(t *testing.T) {
 		t.Fatalf("exit %d after SIGINT, want %d having said it stopped everything; output:\n%s", code, exitInterrupted, out)
 	}
 	checkNothingLeft(t, out)
+}
+
+func TestDemoExitsClearlyWhenTheGatewayAddressIsInUse(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	d := startDemo(t, append(append([]string{}, shortRun...), "-gateway-address", ln.Addr().String())...)
+	code := d.exitCode(t)
+	out := d.output()
+	if code != exitFailed || !strings.Contains(out, "gateway address "+ln.Addr().String()+" is not free") {
+		t.Fatalf("exit %d, want %d naming the address in use; output:\n%s", code, exitFailed, out)
+	}
 }

@@ -65,7 +65,10 @@ type group struct {
 }
 
 // start runs bin with args in the group, its output to dir/<name>.log.
-// The child is killed if the parent dies without stopping it.
+// The child is killed if the parent dies without stopping it: Linux sends
+// Pdeathsig when the thread that started the child exits, and the Go
+// runtime ends a thread only when a goroutine locked to it exits, which
+// this package never does.
 func (g *group) start(dir, name, bin string, args []string, env []string) (*Process, error) {
 	logPath := filepath.Join(dir, name+".log")
 	log, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
