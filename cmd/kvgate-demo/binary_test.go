@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kvgate/kvgate/pkg/localfleet"
 )
 
 // waitTimeout bounds what the tests wait for: far beyond what a loaded
@@ -23,16 +25,13 @@ var binDir string
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "kvgate-demo-bin-")
+	if err == nil {
+		binDir = dir
+		err = localfleet.Build(dir, "github.com/kvgate/kvgate/cmd/kvgate-demo")
+	}
+	code := 1
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	binDir = dir
-	cmd := exec.Command("go", "build", "-o", dir+string(filepath.Separator), ".", "../gateway", "../vllm-sim")
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=1")
-	code := 1
-	if out, err := cmd.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "go build: %v\n%s", err, out)
 	} else {
 		code = m.Run()
 	}

@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -24,17 +23,13 @@ var binDir string
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "kvgate-localfleet-bin-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
+	if err == nil {
+		binDir = dir
+		err = Build(dir)
 	}
-	binDir = dir
-	cmd := exec.Command("go", "build", "-o", dir+string(filepath.Separator), "../../cmd/gateway", "../../cmd/vllm-sim")
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=1")
-	out, err := cmd.CombinedOutput()
 	code := 1
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "go build: %v\n%s", err, out)
+		fmt.Fprintln(os.Stderr, err)
 	} else {
 		code = m.Run()
 	}
