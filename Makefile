@@ -25,6 +25,9 @@ OVERLAY        ?= default
 # Kustomization of config/samples/ that deploy-sample and undeploy-sample
 # render: simulator, vllm or vllm-dp.
 SAMPLE         ?= simulator
+# Extra flags for `make demo` (see bin/kvgate-demo -help), e.g.
+# DEMO_FLAGS='-duration 20s -engines 2'.
+DEMO_FLAGS ?=
 # Where `make bench-routing` writes its reports, and extra flags for it
 # (see `go run ./cmd/bench-routing -h`).
 BENCH_ROUTING_OUT   ?= out/bench-routing
@@ -37,6 +40,12 @@ export CGO_ENABLED := 1
 .PHONY: help
 help: ## Show this help.
 	@awk 'BEGIN {FS = ":.*##"; printf "Usage: make <target>\n"} /^[a-zA-Z_0-9-]+:.*?##/ { printf "  %-16s %s\n", $$1, $$2 } /^##@/ { printf "\n%s\n", substr($$0, 5) }' $(MAKEFILE_LIST)
+
+##@ Demo
+
+.PHONY: demo
+demo: build ## Run simulated vLLM engines and the gateway on 127.0.0.1 with a live chat workload, and compare routing algorithms (about 2 minutes).
+	@$(BIN_DIR)/kvgate-demo $(DEMO_FLAGS)
 
 ##@ Setup
 
@@ -82,7 +91,7 @@ fuzz: deps ## Run each fuzz target for FUZZTIME.
 	@hack/fuzz.sh "$(FUZZTIME)"
 
 .PHONY: bench
-bench: deps ## Run the Go benchmarks of the hot paths with -benchmem.
+bench: deps ## Run the Go benchmarks with -benchmem: hot paths, KV event sync end to end, the gateway under load.
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -benchtime $(BENCHTIME) -count $(COUNT) $(PKGS)
 
 .PHONY: bench-routing

@@ -41,7 +41,11 @@
 //     is left. A pod that fails after the request was sent is a 502;
 //  6. relays the response with the pod's status and headers, adding
 //     target-pod (the pod's ip:port, as in AIBrix), target-pod-name
-//     (namespace/name) and routing-strategy (the algorithm used);
+//     (namespace/name), routing-strategy (the algorithm used) and a
+//     Server-Timing metric "gateway" whose dur is the gateway's own time
+//     in milliseconds, from receiving the request to sending it to the pod
+//     (the time kvgate_gateway_overhead_seconds observes), e.g.
+//     "Server-Timing: gateway;dur=0.412";
 //  7. ends the request's tracking with the token usage of the response
 //     (request traces and output predictor), or without when the response
 //     reports none.

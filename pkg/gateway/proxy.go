@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -26,6 +28,12 @@ const (
 	HeaderTargetPod = "target-pod"
 	// HeaderTargetPodName is that pod's namespace/name.
 	HeaderTargetPodName = "target-pod-name"
+	// HeaderServerTiming carries the gateway's own time (decode, tokenize,
+	// route) as the Server-Timing metric ServerTimingGateway, in
+	// milliseconds: "gateway;dur=0.412".
+	HeaderServerTiming = "Server-Timing"
+	// ServerTimingGateway names the gateway's metric in Server-Timing.
+	ServerTimingGateway = "gateway"
 )
 
 // statusClientClosed labels requests whose client went away before the
@@ -74,7 +82,10 @@ func putExchange(x *exchange) {
 
 // call is what the metrics record of one inference request.
 type call struct {
-	start     time.Time
+	start time.Time
+	// overhead is the time from start to sending the request to its first
+	// pod.
+	overhead  time.Duration
 	model     string // "" until the model is known to serve
 	algorithm string // "" until resolved
 	status    int
@@ -303,7 +314,8 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, a admitted, rc
 		b.store.AddRequestCount(rc, rc.RequestID, rc.Model)
 		prefill := b.router.StartPrefill(&x.d)
 		if attempt == 0 {
-			g.metrics.overhead.Observe(time.Since(c.start).Seconds())
+			c.overhead = time.Since(c.start)
+			g.metrics.overhead.Observe(c.overhead.Seconds())
 		}
 		pod, addr := x.d.Pod, podAddress(x.d.Pod, g.enginePort)
 		resp, err := g.transport.RoundTrip(newUpstreamRequest(r.Context(), r, addr, a.body, rc.RequestID))
@@ -353,6 +365,8 @@ func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, rc *types.Ro
 	h.Set(HeaderTargetPod, addr)
 	h.Set(HeaderTargetPodName, x.d.PodKey)
 	h.Set(routing.HeaderRoutingStrategy, x.d.Algorithm)
+	// The pod's values are shared with its response: append to a copy.
+	h[HeaderServerTiming] = append(slices.Clip(h[HeaderServerTiming]), serverTiming(c.overhead))
 	sse := x.in.stream().Stream && resp.StatusCode == http.StatusOK &&
 		strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
 	if sse {
@@ -408,4 +422,13 @@ func (g *Gateway) relayStream(w http.ResponseWriter, resp *http.Response, rc *ty
 		}}
 	err := s.run()
 	return s.usage, s.hasUsage, err
+}
+
+// serverTiming formats the gateway's Server-Timing metric for overhead,
+// in milliseconds with microsecond precision.
+func serverTiming(overhead time.Duration) string {
+	var buf [32]byte
+	b := append(buf[:0], ServerTimingGateway+";dur="...)
+	b = strconv.AppendFloat(b, float64(overhead.Microseconds())/1000, 'f', 3, 64)
+	return string(b)
 }

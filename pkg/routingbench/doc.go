@@ -115,7 +115,8 @@
 // the input length, so that prompts share exactly the prefixes their hash
 // ids share. GenerateSharedPrefix generates multi-turn chats whose
 // conversations share one of a few system prompts and whose turns extend
-// the previous turn's prompt.
+// the previous turn's prompt; GenerateSharedPrefixChats gives the same
+// chats as conversations, for clients that replay them in real time.
 //
 // # Determinism
 //

@@ -89,24 +89,53 @@ func (c SharedPrefixConfig) validate() error {
 	return nil
 }
 
-// GenerateSharedPrefix generates a chat workload in which prefixes are
-// shared two ways: conversations of one group share its system prompt, and
-// each turn of a conversation extends the previous turn's prompt. Turn k's
-// prompt is the system prompt, then every earlier user message and answer,
-// then the new user message; the request generates as many tokens as the
-// answer that the next turn carries. Conversations start as a Poisson
-// process and their turns follow at exponentially distributed gaps,
-// whatever the latency of the answers (an open-loop workload).
-//
-// The simulated model generates its own tokens, not the answer the next
-// turn carries, so a turn finds the previous turn's prompt cached but not
-// the answer after it, as with a client that edits or re-renders answers.
-// The requests are named "chat-<conversation>-<turn>". It fails on a
-// negative field or an empty range.
-func GenerateSharedPrefix(cfg SharedPrefixConfig) (Workload, error) {
+// SharedPrefixChats is a shared-prefix chat workload as conversations,
+// before it is laid out as requests: what a client that holds
+// conversations (and reads the answers) replays.
+type SharedPrefixChats struct {
+	// Systems holds the token ids of the system prompts.
+	Systems [][]uint32
+	// Conversations are in order of their start.
+	Conversations []Conversation
+}
+
+// Conversation is one user's multi-turn chat under a system prompt.
+type Conversation struct {
+	// Start is when the first turn arrives, from the start of the workload.
+	Start time.Duration
+	// System indexes the conversation's system prompt in
+	// SharedPrefixChats.Systems.
+	System int
+	// Turns are the requests of the conversation, in order.
+	Turns []Turn
+}
+
+// Turn is one request of a conversation: the user's message and the answer
+// that the next turn carries.
+type Turn struct {
+	// Gap is the time from the previous turn's arrival to this one's, in
+	// which the user reads the answer and writes the message; 0 for the
+	// first turn.
+	Gap time.Duration
+	// User holds the token ids of the user's message.
+	User []uint32
+	// Answer holds the token ids of the answer, at least one; its length
+	// is the request's output length.
+	Answer []uint32
+}
+
+// GenerateSharedPrefixChats generates the conversations of a chat workload
+// in which prefixes are shared two ways: conversations of one group share
+// its system prompt, and each turn extends the conversation so far.
+// Conversations start as a Poisson process, each in a group drawn
+// uniformly, and their turns follow at exponentially distributed gaps.
+// Token ids are ordinary pieces of the simulator's vocabulary
+// (sim.FirstPieceID to sim.VocabSize-1). It fails on a negative field or an
+// empty range.
+func GenerateSharedPrefixChats(cfg SharedPrefixConfig) (SharedPrefixChats, error) {
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
-		return Workload{}, err
+		return SharedPrefixChats{}, err
 	}
 	rng := rand.New(rand.NewPCG(cfg.Seed, 0x5eed))
 	tokens := func(n int) []uint32 {
@@ -117,29 +146,57 @@ func GenerateSharedPrefix(cfg SharedPrefixConfig) (Workload, error) {
 		return out
 	}
 	between := func(lo, hi int) int { return lo + rng.IntN(hi-lo+1) }
-	systems := make([][]uint32, cfg.Groups)
-	for i := range systems {
-		systems[i] = tokens(cfg.SystemPromptTokens)
+	chats := SharedPrefixChats{Systems: make([][]uint32, cfg.Groups), Conversations: make([]Conversation, cfg.Conversations)}
+	for i := range chats.Systems {
+		chats.Systems[i] = tokens(cfg.SystemPromptTokens)
 	}
-	w := Workload{Name: "shared-prefix", Requests: make([]Request, 0, cfg.Conversations*cfg.Turns)}
 	start := time.Duration(0)
-	for conv := range cfg.Conversations {
+	for i := range chats.Conversations {
 		start += exponential(rng, time.Duration(float64(time.Second)/cfg.ConversationsPerSecond))
-		context := systems[rng.IntN(cfg.Groups)]
-		at := start
-		for turn := range cfg.Turns {
-			if turn > 0 {
-				at += exponential(rng, cfg.MeanTurnGap)
+		c := Conversation{Start: start, System: rng.IntN(cfg.Groups), Turns: make([]Turn, cfg.Turns)}
+		for k := range c.Turns {
+			t := &c.Turns[k]
+			if k > 0 {
+				t.Gap = exponential(rng, cfg.MeanTurnGap)
 			}
-			prompt := append(slices.Clip(context), tokens(between(cfg.MinUserTokens, cfg.MaxUserTokens))...)
-			answer := tokens(between(cfg.MinAnswerTokens, cfg.MaxAnswerTokens))
+			t.User = tokens(between(cfg.MinUserTokens, cfg.MaxUserTokens))
+			t.Answer = tokens(max(between(cfg.MinAnswerTokens, cfg.MaxAnswerTokens), 1))
+		}
+		chats.Conversations[i] = c
+	}
+	return chats, nil
+}
+
+// GenerateSharedPrefix generates the conversations of
+// GenerateSharedPrefixChats and lays them out as requests: turn k's prompt
+// is the system prompt, then every earlier user message and answer, then
+// the new user message; the request generates as many tokens as the
+// answer that the next turn carries. The requests arrive whatever the
+// latency of the answers (an open-loop workload).
+//
+// The simulated model generates its own tokens, not the answer the next
+// turn carries, so a turn finds the previous turn's prompt cached but not
+// the answer after it, as with a client that edits or re-renders answers.
+// The requests are named "chat-<conversation>-<turn>". It fails on a
+// negative field or an empty range.
+func GenerateSharedPrefix(cfg SharedPrefixConfig) (Workload, error) {
+	chats, err := GenerateSharedPrefixChats(cfg)
+	if err != nil {
+		return Workload{}, err
+	}
+	w := Workload{Name: "shared-prefix"}
+	for conv, c := range chats.Conversations {
+		context, at := chats.Systems[c.System], c.Start
+		for turn, t := range c.Turns {
+			at += t.Gap
+			prompt := append(slices.Clip(context), t.User...)
 			w.Requests = append(w.Requests, Request{
 				ID:           fmt.Sprintf("chat-%d-%d", conv, turn),
 				Arrival:      at,
 				Prompt:       prompt,
-				OutputTokens: max(len(answer), 1),
+				OutputTokens: len(t.Answer),
 			})
-			context = append(slices.Clip(prompt), answer...)
+			context = append(slices.Clip(prompt), t.Answer...)
 		}
 	}
 	slices.SortStableFunc(w.Requests, func(a, b Request) int { return cmp.Compare(a.Arrival, b.Arrival) })

@@ -87,3 +87,35 @@ func TestSharedPrefixRejectsBadShapes(t *testing.T) {
 		})
 	}
 }
+
+func TestSharedPrefixRequestsAreTheChatsLaidOut(t *testing.T) {
+	chats, err := GenerateSharedPrefixChats(smallChat)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := GenerateSharedPrefix(smallChat)
+	if err != nil {
+		t.Fatal(err)
+	}
+	byID := map[string]Request{}
+	for _, r := range w.Requests {
+		byID[r.ID] = r
+	}
+	if len(chats.Systems) != smallChat.Groups || len(chats.Conversations) != smallChat.Conversations {
+		t.Fatalf("%d systems and %d conversations, want %d and %d",
+			len(chats.Systems), len(chats.Conversations), smallChat.Groups, smallChat.Conversations)
+	}
+	for conv, c := range chats.Conversations {
+		prompt, at := slices.Clone(chats.Systems[c.System]), c.Start
+		for turn, tn := range c.Turns {
+			at += tn.Gap
+			prompt = append(prompt, tn.User...)
+			r := byID[fmt.Sprintf("chat-%d-%d", conv, turn)]
+			if !slices.Equal(r.Prompt, prompt) || r.Arrival != at || r.OutputTokens != len(tn.Answer) {
+				t.Fatalf("conversation %d turn %d: request (%d tokens at %v, %d out) is not the chat's (%d tokens at %v, %d out)",
+					conv, turn, len(r.Prompt), r.Arrival, r.OutputTokens, len(prompt), at, len(tn.Answer))
+			}
+			prompt = append(prompt, tn.Answer...)
+		}
+	}
+}

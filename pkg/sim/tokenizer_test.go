@@ -120,3 +120,58 @@ func BenchmarkTokenizerEncodeChat(b *testing.B) {
 		Tokenizer{}.EncodeChat(msgs, true)
 	}
 }
+
+func TestTextEncodesBackToEveryOrdinaryID(t *testing.T) {
+	ids := make([]uint32, 0, VocabSize-FirstPieceID)
+	for id := FirstPieceID; id < VocabSize; id++ {
+		ids = append(ids, id)
+	}
+	text, err := Tokenizer{}.Text(ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := (Tokenizer{}).Encode(text, false); !slices.Equal(got, ids) {
+		t.Fatal("Encode(Text(ids)) differs from ids")
+	}
+	for _, w := range strings.Fields(text) {
+		if len(w) > 4 || strings.Trim(w, "abcdefghijklmnopqrstuvwxyz") != "" {
+			t.Fatalf("word %q is not one to four lower-case letters", w)
+		}
+	}
+}
+
+func TestTextKeepsItsIDsInsideAChat(t *testing.T) {
+	system, user := []uint32{300, 301, 31999}, []uint32{256, 256, 4000}
+	st, err := Tokenizer{}.Text(system)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ut, err := Tokenizer{}.Text(user)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := Tokenizer{}.EncodeChat([]ChatMessage{{Role: "system", Content: st}, {Role: "user", Content: ut}}, false)
+	want := slices.Concat(piecesIDs("<|im_start|>", "system", "\n"), system, piecesIDs("<|im_end|>", "\n", "<|im_start|>", "user", "\n"),
+		user, piecesIDs("<|im_end|>", "\n"))
+	if !slices.Equal(got, want) {
+		t.Errorf("chat of Text contents = %v, want %v", got, want)
+	}
+}
+
+func TestTextRefusesIDsOutsideTheOrdinaryVocabulary(t *testing.T) {
+	for _, id := range []uint32{EOSID, FirstPieceID - 1, VocabSize} {
+		if _, err := (Tokenizer{}).Text([]uint32{300, id}); err == nil || !strings.Contains(err.Error(), "not an ordinary piece") {
+			t.Errorf("Text with id %d: err %v, want it refused", id, err)
+		}
+	}
+}
+
+func BenchmarkText(b *testing.B) {
+	ids := Tokenizer{}.Encode(strings.Repeat("The quick brown fox jumps over the lazy dog. ", 200), false)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := (Tokenizer{}).Text(ids); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -1,0 +1,214 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/pkg/localfleet"
+)
+
+// waitTimeout bounds what the tests wait for: far beyond what a loaded
+// two-core machine needs.
+const waitTimeout = 3 * time.Minute
+
+var binDir string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "kvgate-demo-bin-")
+	if err == nil {
+		binDir = dir
+		err = localfleet.Build(dir, "github.com/kvgate/kvgate/cmd/kvgate-demo")
+	}
+	code := 1
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+	} else {
+		code = m.Run()
+	}
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// shortRun shapes a demo of a few seconds per algorithm on two engines
+// whose caches hold about two of the four system prompts each.
+var shortRun = []string{
+	"-engines", "2", "-users", "6", "-duration", "4s", "-interval", "1s",
+	"-system-prompts", "4", "-system-tokens", "1024", "-turns", "3",
+	"-min-user-tokens", "50", "-max-user-tokens", "150", "-min-answer-tokens", "4", "-max-answer-tokens", "12",
+	"-think-time", "200ms", "-engine-blocks", "200",
+	"-prefill-time-per-token", "60us", "-decode-time-per-token", "200us", "-step-overhead", "2ms",
+}
+
+// demoProcess is a kvgate-demo run by a test, its output going to a file.
+type demoProcess struct {
+	cmd     *exec.Cmd
+	outPath string
+	done    chan struct{}
+}
+
+func startDemo(t *testing.T, args ...string) *demoProcess {
+	t.Helper()
+	out, err := os.Create(filepath.Join(t.TempDir(), "demo.out"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	d := &demoProcess{cmd: exec.Command(filepath.Join(binDir, "kvgate-demo"), args...), outPath: out.Name(), done: make(chan struct{})}
+	d.cmd.Stdout, d.cmd.Stderr = out, out
+	if err := d.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		_ = d.cmd.Wait()
+		close(d.done)
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-d.done:
+		default:
+			_ = d.cmd.Process.Kill()
+			<-d.done
+		}
+	})
+	return d
+}
+
+// output returns what the demo printed so far.
+func (d *demoProcess) output() string {
+	data, _ := os.ReadFile(d.outPath)
+	return string(data)
+}
+
+// exitCode waits for the demo to exit and returns its exit code.
+func (d *demoProcess) exitCode(t *testing.T) int {
+	t.Helper()
+	select {
+	case <-d.done:
+		return d.cmd.ProcessState.ExitCode()
+	case <-time.After(waitTimeout):
+		t.Fatalf("kvgate-demo did not exit within %v; output:\n%s", waitTimeout, d.output())
+		return 0
+	}
+}
+
+// waitOutput waits until the demo's output matches re.
+func (d *demoProcess) waitOutput(t *testing.T, re *regexp.Regexp) {
+	t.Helper()
+	deadline := time.Now().Add(waitTimeout)
+	for !re.MatchString(d.output()) {
+		select {
+		case <-d.done:
+			t.Fatalf("kvgate-demo exited before printing %q; output:\n%s", re, d.output())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("kvgate-demo did not print %q within %v; output:\n%s", re, waitTimeout, d.output())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+var (
+	processesLine = regexp.MustCompile(`Processes \(group (\d+)\): (.+); logs in (\S+)`)
+	liveLine      = regexp.MustCompile(`(?m)^kv-aware\s+\d+s\s+[\d.]+ req/s\s+\d+ done`)
+	processPID    = regexp.MustCompile(`(\S+) (\d+)`)
+)
+
+// checkNothingLeft asserts that no process the demo started runs and its
+// temporary directory is gone.
+func checkNothingLeft(t *testing.T, out string) {
+	t.Helper()
+	m := processesLine.FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("the output names no processes; output:\n%s", out)
+	}
+	pgid, _ := strconv.Atoi(m[1])
+	if err := syscall.Kill(-pgid, 0); !errors.Is(err, syscall.ESRCH) {
+		t.Errorf("process group %d still has processes (kill: %v)", pgid, err)
+	}
+	pids := processPID.FindAllStringSubmatch(m[2], -1)
+	if len(pids) != 3 {
+		t.Errorf("processes %q, want two engines and the gateway", m[2])
+	}
+	for _, p := range pids {
+		pid, _ := strconv.Atoi(p[2])
+		if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
+			t.Errorf("%s (pid %d) still runs (kill: %v)", p[1], pid, err)
+		}
+	}
+	if _, err := os.Stat(m[3]); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("temporary directory %s is left (%v)", m[3], err)
+	}
+}
+
+// hitRatio returns the hit ratio of alg's row in the comparison table.
+func hitRatio(t *testing.T, table, alg string) float64 {
+	t.Helper()
+	m := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(alg) + `\s+\d+\s+[\d.]+\s+([\d.]+)\s`).FindStringSubmatch(table)
+	if m == nil {
+		t.Fatalf("no row for %s in the comparison:\n%s", alg, table)
+	}
+	r, _ := strconv.ParseFloat(m[1], 64)
+	return r
+}
+
+func TestDemoComparesTheAlgorithmsAndLeavesNothing(t *testing.T) {
+	d := startDemo(t, shortRun...)
+	code := d.exitCode(t)
+	out := d.output()
+	if code != exitOK {
+		t.Fatalf("exit %d, want 0; output:\n%s", code, out)
+	}
+	if !liveLine.MatchString(out) || !strings.Contains(out, "pods:  vllm-0") || !strings.Contains(out, "decisions: kv-aware: prefix_hit") {
+		t.Errorf("no live summary with pods and decisions; output:\n%s", out)
+	}
+	_, table, ok := strings.Cut(out, "== comparison")
+	if !ok {
+		t.Fatalf("no comparison table; output:\n%s", out)
+	}
+	kv, random := hitRatio(t, table, "kv-aware"), hitRatio(t, table, "random")
+	hitRatio(t, table, "least-request")
+	if kv <= random {
+		t.Errorf("kv-aware's hit ratio %.2f is not above random's %.2f; output:\n%s", kv, random, out)
+	}
+	checkNothingLeft(t, out)
+}
+
+func TestDemoStopsEverythingOnCtrlC(t *testing.T) {
+	d := startDemo(t, append(append([]string{}, shortRun...), "-duration", "2m")...)
+	d.waitOutput(t, liveLine)
+	if err := d.cmd.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	code := d.exitCode(t)
+	out := d.output()
+	if code != exitInterrupted || !strings.Contains(out, "Interrupted: stopping the engines and the gateway.") ||
+		!strings.Contains(out, "Stopped the engines and the gateway") {
+		t.Fatalf("exit %d after SIGINT, want %d having said it stopped everything; output:\n%s", code, exitInterrupted, out)
+	}
+	checkNothingLeft(t, out)
+}
+
+func TestDemoExitsClearlyWhenTheGatewayAddressIsInUse(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	d := startDemo(t, append(append([]string{}, shortRun...), "-gateway-address", ln.Addr().String())...)
+	code := d.exitCode(t)
+	out := d.output()
+	if code != exitFailed || !strings.Contains(out, "gateway address "+ln.Addr().String()+" is not free") {
+		t.Fatalf("exit %d, want %d naming the address in use; output:\n%s", code, exitFailed, out)
+	}
+}

@@ -1,0 +1,173 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kvgate/kvgate/pkg/gateway"
+	"github.com/kvgate/kvgate/pkg/routing"
+)
+
+// chatClient sends streaming chat requests to the gateway.
+type chatClient struct {
+	http  *http.Client
+	url   string // the gateway's /v1/chat/completions
+	model string
+}
+
+// result is what one chat request measured.
+type result struct {
+	// pod is the pod that served it (the gateway's target-pod-name).
+	pod string
+	// ttft is the time from sending the request to the first token; e2e
+	// to the end of the stream.
+	ttft, e2e time.Duration
+	// promptTokens and cachedTokens are the usage the engine reported.
+	promptTokens, cachedTokens int
+	// overhead is the gateway's own time (its Server-Timing), 0 when the
+	// response did not come through the gateway.
+	overhead time.Duration
+	// answer is the generated text.
+	answer string
+}
+
+type chatRequest struct {
+	Model         string        `json:"model"`
+	Messages      []chatMessage `json:"messages"`
+	MaxTokens     int           `json:"max_tokens"`
+	Stream        bool          `json:"stream"`
+	StreamOptions struct {
+		IncludeUsage bool `json:"include_usage"`
+	} `json:"stream_options"`
+}
+
+// chatChunk is what the client reads of a chat stream's chunks.
+type chatChunk struct {
+	Choices []struct {
+		Delta struct {
+			Content string `json:"content"`
+		} `json:"delta"`
+		FinishReason *string `json:"finish_reason"`
+	} `json:"choices"`
+	Usage *struct {
+		PromptTokens        int `json:"prompt_tokens"`
+		PromptTokensDetails *struct {
+			CachedTokens int `json:"cached_tokens"`
+		} `json:"prompt_tokens_details"`
+	} `json:"usage"`
+	Error *struct {
+		Message string `json:"message"`
+	} `json:"error"`
+}
+
+// send sends messages with the routing algorithm alg and reads the
+// streamed answer, asking for maxTokens tokens.
+func (c *chatClient) send(ctx context.Context, alg string, messages []chatMessage, maxTokens int) (result, error) {
+	body := chatRequest{Model: c.model, Messages: messages, MaxTokens: maxTokens, Stream: true}
+	body.StreamOptions.IncludeUsage = true
+	data, err := json.Marshal(&body)
+	if err != nil {
+		return result{}, err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.url, bytes.NewReader(data))
+	if err != nil {
+		return result{}, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set(routing.HeaderRoutingStrategy, alg)
+	start := time.Now()
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return result{}, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return result{}, fmt.Errorf("%s: %s", resp.Status, bytes.TrimSpace(msg))
+	}
+	r := result{pod: resp.Header.Get(gateway.HeaderTargetPodName), overhead: gatewayTiming(resp.Header)}
+	answer, err := readStream(resp.Body, &r, func() { r.ttft = time.Since(start) })
+	if err != nil {
+		return result{}, err
+	}
+	r.e2e = time.Since(start)
+	r.answer = answer
+	return r, nil
+}
+
+// readStream reads a chat stream's events up to [DONE], calling firstToken
+// at the first generated token, and returns the answer, setting r's usage.
+func readStream(body io.Reader, r *result, firstToken func()) (string, error) {
+	var answer strings.Builder
+	seen, usage := false, false
+	sc := bufio.NewScanner(body)
+	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
+	for sc.Scan() {
+		payload, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok {
+			continue
+		}
+		if payload == "[DONE]" {
+			if !usage {
+				return "", errors.New("the stream ended without its usage")
+			}
+			return answer.String(), nil
+		}
+		var c chatChunk
+		if err := json.Unmarshal([]byte(payload), &c); err != nil {
+			return "", fmt.Errorf("undecodable chunk %.80q: %w", payload, err)
+		}
+		if c.Error != nil {
+			return "", fmt.Errorf("the stream failed: %s", c.Error.Message)
+		}
+		for _, ch := range c.Choices {
+			if !seen && (ch.Delta.Content != "" || ch.FinishReason != nil) {
+				seen = true
+				firstToken()
+			}
+			answer.WriteString(ch.Delta.Content)
+		}
+		if u := c.Usage; u != nil {
+			usage = true
+			r.promptTokens = u.PromptTokens
+			if u.PromptTokensDetails != nil {
+				r.cachedTokens = u.PromptTokensDetails.CachedTokens
+			}
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return "", fmt.Errorf("read the stream: %w", err)
+	}
+	return "", errors.New("the stream ended before [DONE]")
+}
+
+// gatewayTiming returns the gateway's own time from a response's
+// Server-Timing metrics, 0 when they hold none.
+func gatewayTiming(h http.Header) time.Duration {
+	for _, v := range h.Values(gateway.HeaderServerTiming) {
+		for metric := range strings.SplitSeq(v, ",") {
+			name, params, _ := strings.Cut(strings.TrimSpace(metric), ";")
+			if name != gateway.ServerTimingGateway {
+				continue
+			}
+			for p := range strings.SplitSeq(params, ";") {
+				if ms, ok := strings.CutPrefix(strings.TrimSpace(p), "dur="); ok {
+					if f, err := strconv.ParseFloat(ms, 64); err == nil {
+						return time.Duration(math.Round(f * float64(time.Millisecond)))
+					}
+				}
+			}
+		}
+	}
+	return 0
+}

@@ -1,0 +1,88 @@
+package main
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"net/http"
+	"slices"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+// decisionsMetric counts the gateway's routing decisions by algorithm and
+// outcome.
+const decisionsMetric = "kvgate_routing_decisions_total"
+
+// decision names the series of one algorithm and outcome.
+type decision struct{ algorithm, outcome string }
+
+// decisions counts routing decisions.
+type decisions map[decision]float64
+
+// scrapeDecisions reads the decision counters from the gateway's /metrics.
+func scrapeDecisions(ctx context.Context, client *http.Client, gatewayURL string) (decisions, error) {
+	families, err := scrapeMetrics(ctx, client, gatewayURL)
+	if err != nil {
+		return nil, err
+	}
+	d := decisions{}
+	for _, m := range families[decisionsMetric].GetMetric() {
+		var k decision
+		for _, l := range m.GetLabel() {
+			switch l.GetName() {
+			case "algorithm":
+				k.algorithm = l.GetValue()
+			case "outcome":
+				k.outcome = l.GetValue()
+			}
+		}
+		d[k] = m.GetCounter().GetValue()
+	}
+	return d, nil
+}
+
+// scrapeMetrics reads and parses the gateway's /metrics.
+func scrapeMetrics(ctx context.Context, client *http.Client, gatewayURL string) (map[string]*dto.MetricFamily, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, gatewayURL+"/metrics", nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("read the gateway's metrics: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("read the gateway's metrics: %s", resp.Status)
+	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		return nil, fmt.Errorf("parse the gateway's metrics: %w", err)
+	}
+	return families, nil
+}
+
+// decisionCount is one series' count over a run.
+type decisionCount struct {
+	decision
+	count float64
+}
+
+// since returns the decisions made after before, the series that counted
+// none left out, ordered by algorithm then count.
+func (d decisions) since(before decisions) []decisionCount {
+	var out []decisionCount
+	for k, v := range d {
+		if n := v - before[k]; n > 0 {
+			out = append(out, decisionCount{k, n})
+		}
+	}
+	slices.SortFunc(out, func(a, b decisionCount) int {
+		return cmp.Or(cmp.Compare(a.algorithm, b.algorithm), cmp.Compare(b.count, a.count), cmp.Compare(a.outcome, b.outcome))
+	})
+	return out
+}

@@ -1,0 +1,211 @@
+package main
+
+import (
+	"bytes"
+	"flag"
+	"io"
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/pkg/routingbench"
+	"github.com/kvgate/kvgate/pkg/sim"
+)
+
+func TestDialogSendsTheWorkloadsTokens(t *testing.T) {
+	cfg := routingbench.SharedPrefixConfig{Groups: 2, SystemPromptTokens: 64, Conversations: 3, Turns: 2,
+		MinUserTokens: 5, MaxUserTokens: 9, MinAnswerTokens: 2, MaxAnswerTokens: 4, MeanTurnGap: time.Second, Seed: 3}
+	chats, err := routingbench.GenerateSharedPrefixChats(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := newWorkload(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conv, ok := w.conversation()
+	if !ok {
+		t.Fatal("no conversation")
+	}
+	d := w.startDialog(conv)
+	// The engine tokenizes the chat as its template renders it; the
+	// workload's tokens must come out in order, the answer between turns.
+	want := slices.Clone(chats.Systems[conv.System])
+	for turn := range conv.Turns {
+		messages, maxTokens, err := d.nextTurn()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if maxTokens != len(conv.Turns[turn].Answer) {
+			t.Errorf("turn %d asks for %d tokens, want the answer's %d", turn, maxTokens, len(conv.Turns[turn].Answer))
+		}
+		want = append(want, conv.Turns[turn].User...)
+		var got []uint32
+		for _, m := range messages {
+			got = append(got, sim.Tokenizer{}.Encode(m.Content, false)...)
+		}
+		if !slices.Equal(got, want) {
+			t.Fatalf("turn %d sends contents of tokens %v, want %v", turn, got, want)
+		}
+		answer := " the cache"
+		d.answered(answer)
+		want = append(want, sim.Tokenizer{}.Encode(answer, false)...)
+	}
+	if !d.done() {
+		t.Error("dialog not done after its last turn")
+	}
+}
+
+func TestWorkloadHandsOutEachConversationOnceUntilRestarted(t *testing.T) {
+	w, err := newWorkload(routingbench.SharedPrefixConfig{Groups: 1, SystemPromptTokens: 8, Conversations: 2, Turns: 1, Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, _ := w.conversation()
+	w.conversation()
+	if _, ok := w.conversation(); ok {
+		t.Fatal("a third conversation from a workload of two")
+	}
+	w.restart()
+	if again, ok := w.conversation(); !ok || !slices.Equal(again.Turns[0].User, a.Turns[0].User) {
+		t.Error("after restart the first conversation does not come first")
+	}
+}
+
+func TestReadStreamMeasuresTheFirstTokenAndTheUsage(t *testing.T) {
+	stream := "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\"}}]}\n\n" +
+		"data: {\"choices\":[{\"delta\":{\"content\":\" the\"}}]}\n\n" +
+		"data: {\"choices\":[{\"delta\":{\"content\":\" cache\"},\"finish_reason\":\"length\"}]}\n\n" +
+		"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":100,\"prompt_tokens_details\":{\"cached_tokens\":64}}}\n\n" +
+		"data: [DONE]\n\n"
+	var r result
+	first := 0
+	answer, err := readStream(strings.NewReader(stream), &r, func() { first++ })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if answer != " the cache" || r.promptTokens != 100 || r.cachedTokens != 64 || first != 1 {
+		t.Errorf("answer %q, usage %d/%d, first token seen %d times; want \" the cache\", 64/100, once",
+			answer, r.cachedTokens, r.promptTokens, first)
+	}
+}
+
+func TestReadStreamRefusesBrokenStreams(t *testing.T) {
+	for _, tc := range []struct{ name, stream, want string }{
+		{"no usage", "data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\ndata: [DONE]\n\n", "without its usage"},
+		{"cut", "data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\n", "before [DONE]"},
+		{"engine error", "data: {\"error\":{\"message\":\"engine stopped\"}}\n\ndata: [DONE]\n\n", "engine stopped"},
+		{"not JSON", "data: {oops\n\n", "undecodable chunk"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := readStream(strings.NewReader(tc.stream), &result{}, func() {}); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("err %v, want one saying %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestPercentilesAreNearestRank(t *testing.T) {
+	var ds []time.Duration
+	for i := 100; i >= 1; i-- {
+		ds = append(ds, time.Duration(i)*time.Millisecond)
+	}
+	p := percentilesOf(ds)
+	if !p.ok || p.p50 != 50*time.Millisecond || p.p90 != 90*time.Millisecond || p.p99 != 99*time.Millisecond {
+		t.Errorf("percentiles %+v, want 50, 90 and 99 ms", p)
+	}
+	if percentilesOf(nil).ok {
+		t.Error("percentiles of nothing are ok")
+	}
+}
+
+func TestRecorderSummarizesPerPod(t *testing.T) {
+	rec := newRecorder(time.Unix(0, 0))
+	for _, r := range []result{
+		{pod: "static/a", ttft: time.Millisecond, promptTokens: 100, cachedTokens: 90},
+		{pod: "static/a", ttft: 3 * time.Millisecond, promptTokens: 100, cachedTokens: 50},
+		{pod: "static/b", ttft: 2 * time.Millisecond, promptTokens: 200, cachedTokens: 0},
+	} {
+		rec.begin()
+		rec.end(r)
+	}
+	rec.begin()
+	s := rec.summarize(time.Unix(2, 0), []string{"static/a", "static/b", "static/c"})
+	if s.requests != 3 || s.inFlight != 1 || s.hit() != 140.0/400 || s.perSecond() != 1.5 || s.ttft.p50 != 2*time.Millisecond {
+		t.Errorf("summary %+v", s)
+	}
+	if len(s.pods) != 3 || s.pods[0].hit() != 0.7 || s.pods[1].requests != 1 || s.pods[2].requests != 0 {
+		t.Errorf("pods %+v, want a (2 requests, 0.7), b (1) and c (none)", s.pods)
+	}
+}
+
+func TestDecisionsSinceCountsOnlyTheRun(t *testing.T) {
+	before := decisions{{"kv-aware", "prefix_hit"}: 10, {"random", "random"}: 5}
+	after := decisions{{"kv-aware", "prefix_hit"}: 30, {"kv-aware", "load_fallback"}: 2, {"random", "random"}: 5}
+	got := fmtDecisions(after.since(before))
+	if got != "kv-aware: prefix_hit 20, load_fallback 2" {
+		t.Errorf("decisions %q", got)
+	}
+}
+
+func TestOptionsRefuseWhatCannotRun(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"unknown algorithm", []string{"-algorithms", "kv-aware,fastest"}, `unknown algorithm "fastest"`},
+		{"conversation beyond the cache", []string{"-engine-blocks", "100"}, "does not fit in an engine's KV cache"},
+		{"no users", []string{"-users", "0"}, "-users"},
+		{"user range", []string{"-min-user-tokens", "500"}, "-min-user-tokens exceeds"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fs := flag.NewFlagSet("kvgate-demo", flag.ContinueOnError)
+			fs.SetOutput(io.Discard)
+			if _, err := parseOptions(fs, tc.args); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("err %v, want one saying %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestRunExitsWithUsageForBadFlags(t *testing.T) {
+	var stderr bytes.Buffer
+	if code := run(t.Context(), []string{"-users", "0"}, io.Discard, &stderr); code != exitUsage ||
+		!strings.Contains(stderr.String(), "kvgate-demo: -users must be at least 1") {
+		t.Errorf("exit %d, stderr %q", code, stderr.String())
+	}
+}
+
+func TestRunFailsClearlyWithoutTheBinaries(t *testing.T) {
+	var stderr bytes.Buffer
+	code := run(t.Context(), []string{"-bin-dir", t.TempDir()}, io.Discard, &stderr)
+	if code != exitFailed || !strings.Contains(stderr.String(), "build the binaries with make build") {
+		t.Errorf("exit %d, stderr %q", code, stderr.String())
+	}
+}
+
+func TestGatewayTimingReadsTheGatewaysServerTimingMetric(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		values []string
+		want   time.Duration
+	}{
+		{"alone", []string{"gateway;dur=0.412"}, 412 * time.Microsecond},
+		{"after the engine's, in one value", []string{`engine;dur=5, gateway;desc="x";dur=1.5`}, 1500 * time.Microsecond},
+		{"in a second value", []string{"engine;dur=5", "gateway;dur=2"}, 2 * time.Millisecond},
+		{"absent", []string{"engine;dur=5"}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := http.Header{}
+			for _, v := range tc.values {
+				h.Add("Server-Timing", v)
+			}
+			if got := gatewayTiming(h); got != tc.want {
+				t.Errorf("gatewayTiming(%q) = %v, want %v", tc.values, got, tc.want)
+			}
+		})
+	}
+}

@@ -1,0 +1,124 @@
+// Command kvgate-demo shows KV-cache aware routing at work on one machine:
+// it starts simulated vLLM engines (vllm-sim) and the gateway in static
+// mode on 127.0.0.1, drives a shared-prefix chat workload through the
+// gateway (users holding multi-turn conversations under a few shared
+// system prompts, streaming their answers), prints a live summary every few
+// seconds, then runs the same workload under each routing algorithm in
+// turn and ends with a comparison table.
+//
+// The engines and the gateway run in a process group of their own and are
+// stopped on every exit, Ctrl-C included. Run kvgate-demo -help for the
+// flags; make demo builds the binaries and runs it.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/kvgate/kvgate/pkg/localfleet"
+)
+
+// Exit codes.
+const (
+	exitOK          = 0
+	exitFailed      = 1
+	exitUsage       = 2
+	exitInterrupted = 130
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// run runs the demo until it is done or ctx ends, and returns the exit
+// code. Whatever happens, the processes it started are stopped before it
+// returns.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("kvgate-demo", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	o, err := parseOptions(fs, args)
+	if errors.Is(err, flag.ErrHelp) {
+		return exitOK
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "kvgate-demo:", err)
+		return exitUsage
+	}
+	o.chats.Conversations = o.conversations()
+	work, err := newWorkload(o.chats)
+	if err != nil {
+		fmt.Fprintln(stderr, "kvgate-demo:", err)
+		return exitFailed
+	}
+	fmt.Fprintf(stdout, "Starting %d simulated engines and the gateway (binaries in %s)...\n", o.engines, o.binDir)
+	fleet, err := localfleet.Start(ctx, localfleet.Config{
+		BinDir:         o.binDir,
+		Engines:        o.engines,
+		EngineArgs:     o.engineArgs(),
+		GatewayArgs:    []string{"--shutdown-timeout", "5s"},
+		GatewayAddress: o.gatewayAdr,
+		Dir:            o.workDir,
+	})
+	if err != nil {
+		return failed(ctx, stdout, stderr, err)
+	}
+	defer func() {
+		fleet.Close()
+		fmt.Fprintf(stdout, "Stopped the engines and the gateway (process group %d).\n", fleet.ProcessGroup())
+	}()
+	d := &demo{opts: o, out: stdout, fleet: fleet, work: work,
+		client: chatClient{http: newHTTPClient(o.users), url: fleet.GatewayURL() + "/v1/chat/completions", model: fleet.Model()}}
+	for _, e := range fleet.Engines() {
+		d.pods = append(d.pods, e.PodKey)
+	}
+	printSetup(stdout, o, fleet)
+	if err := d.runAll(ctx); err != nil {
+		return failed(ctx, stdout, stderr, err)
+	}
+	return exitOK
+}
+
+// failed reports err, or the interruption when ctx ended, and returns the
+// exit code.
+func failed(ctx context.Context, stdout, stderr io.Writer, err error) int {
+	if ctx.Err() != nil {
+		fmt.Fprintln(stdout, "\nInterrupted: stopping the engines and the gateway.")
+		return exitInterrupted
+	}
+	fmt.Fprintln(stderr, "kvgate-demo:", err)
+	return exitFailed
+}
+
+// printSetup describes the fleet and the workload.
+func printSetup(w io.Writer, o options, f *localfleet.Fleet) {
+	e, c := o.engine, o.chats
+	fmt.Fprintf(w, "\nEngines: %d x vllm-sim serving %s, each with a KV cache of %d blocks of %d tokens (%d tokens);\n",
+		o.engines, f.Model(), e.blocks, e.blockSize, e.blocks*e.blockSize)
+	fmt.Fprintf(w, "  prefill %v per uncached token (%d tokens cold: %.2f s), decode steps of %v + %v per request.\n",
+		e.prefill, c.SystemPromptTokens, (time.Duration(c.SystemPromptTokens) * e.prefill).Seconds(), e.step, e.decode)
+	fmt.Fprintf(w, "Workload: %d users in conversations of %d turns under %d system prompts of %d tokens\n",
+		o.users, c.Turns, c.Groups, c.SystemPromptTokens)
+	fmt.Fprintf(w, "  (an engine's cache holds %d of them); user messages of %d-%d tokens, answers of %d-%d,\n",
+		e.blocks*e.blockSize/c.SystemPromptTokens, c.MinUserTokens, c.MaxUserTokens, c.MinAnswerTokens, c.MaxAnswerTokens)
+	fmt.Fprintf(w, "  think time %v on average; streamed chat completions, TTFT measured by the client.\n", c.MeanTurnGap)
+	fmt.Fprintf(w, "Gateway: %s (try %s/debug/kvcache while it runs)\n", f.GatewayURL(), f.GatewayURL())
+	var procs []string
+	for _, e := range f.Engines() {
+		procs = append(procs, fmt.Sprintf("%s %d", e.Name, e.PID))
+	}
+	procs = append(procs, fmt.Sprintf("gateway %d", f.Gateway().PID))
+	fmt.Fprintf(w, "Processes (group %d): %s; logs in %s\n", f.ProcessGroup(), strings.Join(procs, ", "), f.Dir())
+	fmt.Fprintf(w, "Per run: pods show their prefix-cache hit ratio (cached / prompt tokens) and requests served;\n")
+	fmt.Fprintf(w, "  decisions are the gateway's routing decisions by algorithm and outcome.\n")
+}

@@ -1,0 +1,132 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"strings"
+	"time"
+)
+
+// runResult is what one algorithm's run measured.
+type runResult struct {
+	algorithm string
+	summary   summary
+	decisions []decisionCount
+}
+
+// fmtDuration formats a latency for the summary: milliseconds below a
+// second, seconds with two decimals above.
+func fmtDuration(d time.Duration) string {
+	if d < time.Second {
+		return fmt.Sprintf("%d ms", d.Milliseconds())
+	}
+	return fmt.Sprintf("%.2f s", d.Seconds())
+}
+
+// printOverheads writes the percentiles of the gateway's own time per
+// request in each run.
+func printOverheads(w io.Writer, runs []runResult) {
+	if !slices.ContainsFunc(runs, func(r runResult) bool { return r.summary.overhead.ok }) {
+		return
+	}
+	fmt.Fprintln(w, "\nThe gateway's own time per request, p50 / p99 (its Server-Timing: from receipt to sending to the pod):")
+	for _, r := range runs {
+		if o := r.summary.overhead; o.ok {
+			fmt.Fprintf(w, "  %-14s %s / %s\n", r.algorithm, fmtMillis(o.p50), fmtMillis(o.p99))
+		}
+	}
+	fmt.Fprintln(w, "  Algorithms that read the prompt (kv-aware, prefix-cache, least-latency) include its tokenization:")
+	fmt.Fprintln(w, "  a /tokenize call to an engine for every prompt the gateway has not tokenized before.")
+}
+
+// fmtMillis formats a short duration in milliseconds.
+func fmtMillis(d time.Duration) string {
+	return fmt.Sprintf("%.2f ms", float64(d.Microseconds())/1000)
+}
+
+// fmtRatio formats a hit ratio, "-" when nothing was measured.
+func fmtRatio(r float64) string {
+	if math.IsNaN(r) {
+		return "-"
+	}
+	return fmt.Sprintf("%.2f", r)
+}
+
+// fmtTTFT formats a run's TTFT percentiles.
+func fmtTTFT(p percentiles) string {
+	if !p.ok {
+		return "TTFT -"
+	}
+	return fmt.Sprintf("TTFT p50 %s  p90 %s", fmtDuration(p.p50), fmtDuration(p.p90))
+}
+
+// labelWidth aligns the live summary's continuation lines.
+const labelWidth = 15
+
+// printLive writes the live summary of a run: its progress, the requests
+// per second since the previous summary (rate), each pod's hit ratio and
+// requests, and the gateway's decisions.
+func printLive(w io.Writer, alg string, s summary, rate float64, decided []decisionCount) {
+	fmt.Fprintf(w, "%-*s %4.0fs  %5.1f req/s  %5d done  %3d in flight  hit %s  %s",
+		labelWidth, alg, s.elapsed.Seconds(), rate, s.requests, s.inFlight, fmtRatio(s.hit()), fmtTTFT(s.ttft))
+	if s.errors > 0 {
+		fmt.Fprintf(w, "  errors %d", s.errors)
+	}
+	fmt.Fprintln(w)
+	var pods strings.Builder
+	for _, p := range s.pods {
+		_, name, _ := strings.Cut(p.pod, "/")
+		fmt.Fprintf(&pods, "  %s %s (%d)", name, fmtRatio(p.hit()), p.requests)
+	}
+	fmt.Fprintf(w, "%*s pods:%s\n", labelWidth, "", pods.String())
+	fmt.Fprintf(w, "%*s decisions: %s\n", labelWidth, "", fmtDecisions(decided))
+}
+
+// fmtDecisions formats decision counts as "algorithm: outcome n, ...".
+func fmtDecisions(ds []decisionCount) string {
+	if len(ds) == 0 {
+		return "none yet"
+	}
+	var b strings.Builder
+	for i, d := range ds {
+		switch {
+		case i == 0:
+			fmt.Fprintf(&b, "%s: ", d.algorithm)
+		case d.algorithm != ds[i-1].algorithm:
+			fmt.Fprintf(&b, "; %s: ", d.algorithm)
+		default:
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "%s %.0f", d.outcome, d.count)
+	}
+	return b.String()
+}
+
+// printComparison writes the final table, one row per run, and how the
+// first run compares with the last.
+func printComparison(w io.Writer, runs []runResult) {
+	fmt.Fprintf(w, "%-14s %8s %7s %9s %9s %9s %9s %6s\n",
+		"algorithm", "requests", "req/s", "hit ratio", "TTFT p50", "TTFT p90", "TTFT p99", "errors")
+	for _, r := range runs {
+		s := r.summary
+		p50, p90, p99 := "-", "-", "-"
+		if s.ttft.ok {
+			p50, p90, p99 = fmtDuration(s.ttft.p50), fmtDuration(s.ttft.p90), fmtDuration(s.ttft.p99)
+		}
+		fmt.Fprintf(w, "%-14s %8d %7.1f %9s %9s %9s %9s %6d\n",
+			r.algorithm, s.requests, s.perSecond(), fmtRatio(s.hit()), p50, p90, p99, s.errors)
+	}
+	printOverheads(w, runs)
+	if len(runs) < 2 {
+		return
+	}
+	a, b := runs[0], runs[len(runs)-1]
+	if !a.summary.ttft.ok || !b.summary.ttft.ok || a.summary.ttft.p90 == 0 || b.summary.perSecond() == 0 {
+		return
+	}
+	fmt.Fprintf(w, "\n%s vs %s: hit ratio %s vs %s, TTFT p90 %.1fx lower, %.2fx the requests per second.\n",
+		a.algorithm, b.algorithm, fmtRatio(a.summary.hit()), fmtRatio(b.summary.hit()),
+		float64(b.summary.ttft.p90)/float64(a.summary.ttft.p90), a.summary.perSecond()/b.summary.perSecond())
+}

@@ -1,0 +1,137 @@
+package main
+
+import (
+	"cmp"
+	"math"
+	"slices"
+	"sync"
+	"time"
+)
+
+// recorder collects what the requests of one run measured. It is safe for
+// concurrent use.
+type recorder struct {
+	start time.Time
+
+	mu       sync.Mutex
+	results  []result
+	errors   int
+	lastErr  error
+	inFlight int
+}
+
+func newRecorder(start time.Time) *recorder { return &recorder{start: start} }
+
+// begin counts a request sent; end or fail counts it done.
+func (r *recorder) begin() {
+	r.mu.Lock()
+	r.inFlight++
+	r.mu.Unlock()
+}
+
+func (r *recorder) end(res result) {
+	res.answer = ""
+	r.mu.Lock()
+	r.inFlight--
+	r.results = append(r.results, res)
+	r.mu.Unlock()
+}
+
+func (r *recorder) fail(err error) {
+	r.mu.Lock()
+	r.inFlight--
+	r.errors++
+	r.lastErr = err
+	r.mu.Unlock()
+}
+
+// summary is a run's figures at one moment.
+type summary struct {
+	elapsed  time.Duration
+	requests int
+	errors   int
+	lastErr  error
+	inFlight int
+	// promptTokens and cachedTokens sum the usage of the requests; hit is
+	// their ratio.
+	promptTokens, cachedTokens int
+	// ttft and e2e hold the client's times to the first token and to the
+	// end; overhead the gateway's own time per request, over the responses
+	// that reported it.
+	ttft, e2e, overhead percentiles
+	pods                []podSummary
+}
+
+// podSummary is one pod's share of a run.
+type podSummary struct {
+	pod                        string
+	requests                   int
+	promptTokens, cachedTokens int
+}
+
+func (s summary) hit() float64       { return ratio(s.cachedTokens, s.promptTokens) }
+func (p podSummary) hit() float64    { return ratio(p.cachedTokens, p.promptTokens) }
+func (s summary) perSecond() float64 { return float64(s.requests) / max(s.elapsed.Seconds(), 1e-3) }
+
+func ratio(a, b int) float64 {
+	if b == 0 {
+		return math.NaN()
+	}
+	return float64(a) / float64(b)
+}
+
+// summarize returns the run's figures now, its pods named as in pods
+// (pods that served nothing included).
+func (r *recorder) summarize(now time.Time, pods []string) summary {
+	r.mu.Lock()
+	s := summary{elapsed: now.Sub(r.start), requests: len(r.results), errors: r.errors, lastErr: r.lastErr, inFlight: r.inFlight}
+	ttfts := make([]time.Duration, len(r.results))
+	e2es := make([]time.Duration, len(r.results))
+	var overheads []time.Duration
+	byPod := map[string]*podSummary{}
+	for _, p := range pods {
+		byPod[p] = &podSummary{pod: p}
+	}
+	for i, res := range r.results {
+		ttfts[i], e2es[i] = res.ttft, res.e2e
+		if res.overhead > 0 {
+			overheads = append(overheads, res.overhead)
+		}
+		s.promptTokens += res.promptTokens
+		s.cachedTokens += res.cachedTokens
+		p := byPod[res.pod]
+		if p == nil {
+			p = &podSummary{pod: res.pod}
+			byPod[res.pod] = p
+		}
+		p.requests++
+		p.promptTokens += res.promptTokens
+		p.cachedTokens += res.cachedTokens
+	}
+	r.mu.Unlock()
+	s.ttft, s.e2e, s.overhead = percentilesOf(ttfts), percentilesOf(e2es), percentilesOf(overheads)
+	for _, p := range byPod {
+		s.pods = append(s.pods, *p)
+	}
+	slices.SortFunc(s.pods, func(a, b podSummary) int { return cmp.Compare(a.pod, b.pod) })
+	return s
+}
+
+// percentiles are the 50th, 90th and 99th percentiles of durations; ok is
+// false when there were none.
+type percentiles struct {
+	p50, p90, p99 time.Duration
+	ok            bool
+}
+
+// percentilesOf sorts ds and returns its nearest-rank percentiles.
+func percentilesOf(ds []time.Duration) percentiles {
+	if len(ds) == 0 {
+		return percentiles{}
+	}
+	slices.Sort(ds)
+	at := func(q float64) time.Duration {
+		return ds[max(int(math.Ceil(q*float64(len(ds))))-1, 0)]
+	}
+	return percentiles{p50: at(0.50), p90: at(0.90), p99: at(0.99), ok: true}
+}

@@ -1,0 +1,95 @@
+package main
+
+import (
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvgate/kvgate/pkg/routingbench"
+	"github.com/kvgate/kvgate/pkg/sim"
+)
+
+// workload is the demo's chat workload: the shared-prefix conversations of
+// the routing benchmark (routingbench.GenerateSharedPrefixChats), sent as
+// text that the engines tokenize back into the same token ids. Users take
+// conversations in order, so every run of a workload with the same seed
+// sees the same conversations in the same order.
+type workload struct {
+	systems []string
+	convs   []routingbench.Conversation
+	next    atomic.Int64
+}
+
+// newWorkload generates cfg's conversations and renders the system
+// prompts as text.
+func newWorkload(cfg routingbench.SharedPrefixConfig) (*workload, error) {
+	chats, err := routingbench.GenerateSharedPrefixChats(cfg)
+	if err != nil {
+		return nil, err
+	}
+	w := &workload{convs: chats.Conversations}
+	for i, ids := range chats.Systems {
+		text, err := sim.Tokenizer{}.Text(ids)
+		if err != nil {
+			return nil, fmt.Errorf("system prompt %d: %w", i, err)
+		}
+		w.systems = append(w.systems, text)
+	}
+	return w, nil
+}
+
+// restart makes the next conversation handed out the first one again.
+func (w *workload) restart() { w.next.Store(0) }
+
+// conversation hands out the next conversation, false when all were
+// handed out.
+func (w *workload) conversation() (routingbench.Conversation, bool) {
+	i := w.next.Add(1) - 1
+	if i >= int64(len(w.convs)) {
+		return routingbench.Conversation{}, false
+	}
+	return w.convs[i], true
+}
+
+// chatMessage is a message of an OpenAI chat request.
+type chatMessage struct {
+	Role    string `json:"role"`
+	Content string `json:"content"`
+}
+
+// dialog is a conversation in progress: the messages sent so far and the
+// answers received.
+type dialog struct {
+	conv     routingbench.Conversation
+	messages []chatMessage
+	turn     int
+}
+
+func (w *workload) startDialog(c routingbench.Conversation) *dialog {
+	return &dialog{conv: c, messages: []chatMessage{{Role: "system", Content: w.systems[c.System]}}}
+}
+
+// done reports whether every turn was sent.
+func (d *dialog) done() bool { return d.turn >= len(d.conv.Turns) }
+
+// thinkTime is how long the user waits before the next turn: the turn's
+// gap in the workload.
+func (d *dialog) thinkTime() time.Duration { return d.conv.Turns[d.turn].Gap }
+
+// nextTurn appends the next user message and returns the messages to send
+// and the answer's length.
+func (d *dialog) nextTurn() ([]chatMessage, int, error) {
+	t := d.conv.Turns[d.turn]
+	text, err := sim.Tokenizer{}.Text(t.User)
+	if err != nil {
+		return nil, 0, fmt.Errorf("turn %d: %w", d.turn, err)
+	}
+	d.messages = append(d.messages, chatMessage{Role: "user", Content: text})
+	return d.messages, len(t.Answer), nil
+}
+
+// answered records the assistant's answer to the turn just sent.
+func (d *dialog) answered(answer string) {
+	d.messages = append(d.messages, chatMessage{Role: "assistant", Content: answer})
+	d.turn++
+}

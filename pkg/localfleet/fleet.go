@@ -1,0 +1,303 @@
+// Package localfleet runs a fleet of simulated vLLM engines (vllm-sim) and
+// kvgate's gateway in static discovery mode as child processes on
+// 127.0.0.1, for demos and end-to-end benchmarks without Kubernetes.
+//
+// Start picks free ports, starts the engines with their KV events
+// published on loopback, writes the gateway's endpoints file, starts the
+// gateway and returns once the gateway is ready and follows every engine's
+// KV event stream. The children run in a process group of their own (a
+// terminal's Ctrl-C reaches only the parent) and die with the parent should
+// it die without stopping them. Close stops them all and removes the
+// fleet's temporary files.
+package localfleet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/kvgate/kvgate/pkg/discovery"
+)
+
+// Defaults of Config's zero fields.
+const (
+	DefaultModel        = "sim-llama"
+	DefaultStartTimeout = 2 * time.Minute
+	DefaultStopTimeout  = 15 * time.Second
+)
+
+// logTailLines is how much of a child's log an error quotes.
+const logTailLines = 20
+
+// Config describes a fleet. Zero fields take the defaults their
+// documentation names.
+type Config struct {
+	// BinDir holds the vllm-sim and gateway binaries (make build puts them
+	// in bin/).
+	BinDir string
+	// Engines is the number of engines, at least 1.
+	Engines int
+	// Model is the model every engine serves; default DefaultModel.
+	Model string
+	// EngineArgs are added to every engine's command line: its cache size
+	// and latency model (see vllm-sim -help). The fleet sets -host, -port,
+	// -model and -kv-events-config itself.
+	EngineArgs []string
+	// GatewayArgs are added to the gateway's command line; GatewayEnv to
+	// its environment (see the configuration reference in README.md). The
+	// fleet sets --discovery, --static-endpoints-file and --listen-address
+	// itself.
+	GatewayArgs []string
+	GatewayEnv  []string
+	// GatewayAddress is where the gateway listens, as host:port; empty
+	// picks a free port on 127.0.0.1. Start fails at once, saying so, when
+	// the address is in use.
+	GatewayAddress string
+	// Dir receives the endpoints file and one log per process, and is kept.
+	// Empty uses a new temporary directory that Close removes.
+	Dir string
+	// StartTimeout bounds how long Start waits for the engines and the
+	// gateway to be ready; default DefaultStartTimeout.
+	StartTimeout time.Duration
+	// StopTimeout bounds how long Close waits for the processes to exit
+	// after SIGTERM before it kills them; default DefaultStopTimeout.
+	StopTimeout time.Duration
+}
+
+// Engine is one engine of a fleet.
+type Engine struct {
+	*Process
+	// URL is the base URL of its HTTP API, e.g. http://127.0.0.1:40001.
+	URL string
+	// PodKey is its pod's name in the gateway, "static/<Name>".
+	PodKey string
+}
+
+// Fleet is a running fleet. Its methods are safe for concurrent use.
+type Fleet struct {
+	cfg     Config
+	dir     string
+	tempDir bool
+	group   *group
+	engines []Engine
+	gateway *Process
+	gwURL   string
+
+	closeOnce sync.Once
+	closing   chan struct{}
+	failOnce  sync.Once
+	failed    chan struct{}
+	failErr   error
+}
+
+// Start starts the fleet cfg describes and waits until it is ready: every
+// engine answers its health check, and the gateway is ready and follows
+// every engine's KV event stream. It stops everything it started when it
+// fails, when ctx ends first, or when cfg.StartTimeout passes; the error
+// of a process that exited quotes the end of its log.
+func Start(ctx context.Context, cfg Config) (*Fleet, error) {
+	cfg = cfg.withDefaults()
+	if cfg.Engines < 1 {
+		return nil, fmt.Errorf("localfleet: %d engines, want at least 1", cfg.Engines)
+	}
+	for _, bin := range []string{"vllm-sim", "gateway"} {
+		if _, err := os.Stat(filepath.Join(cfg.BinDir, bin)); err != nil {
+			return nil, fmt.Errorf("localfleet: %w (build the binaries with make build)", err)
+		}
+	}
+	f := &Fleet{cfg: cfg, dir: cfg.Dir, closing: make(chan struct{}), failed: make(chan struct{})}
+	f.group = &group{onExit: f.exited}
+	if f.dir == "" {
+		dir, err := os.MkdirTemp("", "kvgate-fleet-")
+		if err != nil {
+			return nil, fmt.Errorf("localfleet: %w", err)
+		}
+		f.dir, f.tempDir = dir, true
+	} else if err := os.MkdirAll(f.dir, 0o755); err != nil {
+		return nil, fmt.Errorf("localfleet: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, cfg.StartTimeout)
+	defer cancel()
+	if err := f.start(ctx); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("localfleet: %w", err)
+	}
+	return f, nil
+}
+
+func (c Config) withDefaults() Config {
+	if c.Model == "" {
+		c.Model = DefaultModel
+	}
+	if c.StartTimeout == 0 {
+		c.StartTimeout = DefaultStartTimeout
+	}
+	if c.StopTimeout == 0 {
+		c.StopTimeout = DefaultStopTimeout
+	}
+	return c
+}
+
+// start starts the engines, then the gateway, waiting for each stage.
+func (f *Fleet) start(ctx context.Context) error {
+	gwAddr := f.cfg.GatewayAddress
+	if gwAddr != "" {
+		ln, err := net.Listen("tcp", gwAddr)
+		if err != nil {
+			return fmt.Errorf("gateway address %s is not free: %w", gwAddr, err)
+		}
+		ln.Close()
+	}
+	ports, err := freePorts(3*f.cfg.Engines + 1)
+	if err != nil {
+		return err
+	}
+	if gwAddr == "" {
+		gwAddr = net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[3*f.cfg.Engines]))
+	}
+	var static discovery.StaticFile
+	for i := range f.cfg.Engines {
+		e, ep, err := f.startEngine(i, ports[3*i], ports[3*i+1], ports[3*i+2])
+		if err != nil {
+			return err
+		}
+		f.engines = append(f.engines, e)
+		static.Endpoints = append(static.Endpoints, ep)
+	}
+	for _, e := range f.engines {
+		if err := f.waitFor(ctx, e.Process, e.Name+" to answer /health", func(ctx context.Context) (bool, error) {
+			return httpOK(ctx, e.URL+"/health")
+		}); err != nil {
+			return err
+		}
+	}
+	file := filepath.Join(f.dir, "endpoints.yaml")
+	data, err := yaml.Marshal(&static)
+	if err == nil {
+		err = os.WriteFile(file, data, 0o644)
+	}
+	if err != nil {
+		return fmt.Errorf("write the endpoints file: %w", err)
+	}
+	args := append([]string{"--discovery", "static", "--static-endpoints-file", file, "--listen-address", gwAddr},
+		f.cfg.GatewayArgs...)
+	if f.gateway, err = f.group.start(f.dir, "gateway", filepath.Join(f.cfg.BinDir, "gateway"), args, f.cfg.GatewayEnv); err != nil {
+		return err
+	}
+	f.gwURL = "http://" + gwAddr
+	if err := f.waitFor(ctx, f.gateway, "the gateway to be ready", func(ctx context.Context) (bool, error) {
+		return httpOK(ctx, f.gwURL+"/readyz")
+	}); err != nil {
+		return err
+	}
+	return f.waitFor(ctx, f.gateway, "the gateway to follow every engine's KV events", f.allFollowed)
+}
+
+// startEngine starts engine i serving HTTP on port and publishing KV
+// events on pub, with replay on replay, and returns it with its entry in
+// the endpoints file.
+func (f *Fleet) startEngine(i, port, pub, replay int) (Engine, discovery.StaticEndpoint, error) {
+	name := "vllm-" + strconv.Itoa(i)
+	events := fmt.Sprintf(`{"enable_kv_cache_events":true,"endpoint":"tcp://[::ffff:127.0.0.1]:%d","replay_endpoint":"tcp://[::ffff:127.0.0.1]:%d"}`,
+		pub, replay)
+	args := append([]string{"-host", "127.0.0.1", "-port", strconv.Itoa(port), "-model", f.cfg.Model,
+		"-kv-events-config", events}, f.cfg.EngineArgs...)
+	p, err := f.group.start(f.dir, name, filepath.Join(f.cfg.BinDir, "vllm-sim"), args, nil)
+	if err != nil {
+		return Engine{}, discovery.StaticEndpoint{}, err
+	}
+	e := Engine{Process: p, URL: "http://127.0.0.1:" + strconv.Itoa(port), PodKey: discovery.StaticNamespace + "/" + name}
+	ep := discovery.StaticEndpoint{Name: name, Address: "127.0.0.1", Model: f.cfg.Model, Port: port, PubPort: &pub, ReplayPort: &replay}
+	return e, ep, nil
+}
+
+// freePorts returns n distinct ports free on 127.0.0.1 a moment ago.
+func freePorts(n int) ([]int, error) {
+	ports := make([]int, 0, n)
+	for range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("find a free port: %w", err)
+		}
+		defer ln.Close()
+		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
+}
+
+// GatewayURL returns the gateway's base URL, e.g. http://127.0.0.1:8080.
+func (f *Fleet) GatewayURL() string { return f.gwURL }
+
+// Model returns the model the engines serve.
+func (f *Fleet) Model() string { return f.cfg.Model }
+
+// Engines returns the engines in order.
+func (f *Fleet) Engines() []Engine { return append([]Engine(nil), f.engines...) }
+
+// Gateway returns the gateway's process.
+func (f *Fleet) Gateway() *Process { return f.gateway }
+
+// ProcessGroup returns the id of the process group of the fleet's
+// processes.
+func (f *Fleet) ProcessGroup() int {
+	f.group.mu.Lock()
+	defer f.group.mu.Unlock()
+	return f.group.pgid
+}
+
+// Dir returns the directory holding the endpoints file and the logs.
+func (f *Fleet) Dir() string { return f.dir }
+
+// Failed is closed when a process of the fleet exits before Close; Err
+// then says which and quotes the end of its log.
+func (f *Fleet) Failed() <-chan struct{} { return f.failed }
+
+// Err returns why the fleet failed, nil while it has not.
+func (f *Fleet) Err() error {
+	select {
+	case <-f.failed:
+		return f.failErr
+	default:
+		return nil
+	}
+}
+
+// ErrExited marks the error of a fleet whose process exited on its own:
+// Fleet.Err's, and Start's when a process exits while the fleet starts.
+var ErrExited = errors.New("a process of the fleet exited")
+
+// exited records the first process that exits before Close.
+func (f *Fleet) exited(p *Process) {
+	select {
+	case <-f.closing:
+		return
+	default:
+	}
+	f.failOnce.Do(func() {
+		f.failErr = fmt.Errorf("%w: %w; the end of its log (%s):\n%s", ErrExited, p.exitError(), p.LogPath,
+			p.LogTail(logTailLines))
+		close(f.failed)
+	})
+}
+
+// Close stops every process of the fleet (SIGTERM to the group, SIGKILL to
+// what is left after Config.StopTimeout), waits for them to exit, and
+// removes the fleet's directory when it is a temporary one. It is safe to
+// call more than once; later calls wait for nothing.
+func (f *Fleet) Close() {
+	f.closeOnce.Do(func() {
+		close(f.closing)
+		f.group.stop(f.cfg.StopTimeout)
+		if f.tempDir {
+			_ = os.RemoveAll(f.dir)
+		}
+	})
+}

@@ -1,0 +1,202 @@
+package localfleet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// testTimeout bounds what a test waits for: far beyond what a loaded
+// two-core machine needs.
+const testTimeout = 2 * time.Minute
+
+var binDir string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "kvgate-localfleet-bin-")
+	if err == nil {
+		binDir = dir
+		err = Build(dir)
+	}
+	code := 1
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+	} else {
+		code = m.Run()
+	}
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// startFleet starts a small fleet with cfg's other fields, closed when the
+// test ends.
+func startFleet(t *testing.T, cfg Config) (*Fleet, error) {
+	t.Helper()
+	cfg.BinDir = binDir
+	if cfg.Engines == 0 {
+		cfg.Engines = 2
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	f, err := Start(ctx, cfg)
+	if err == nil {
+		t.Cleanup(f.Close)
+	}
+	return f, err
+}
+
+// groupGone reports whether no process of group pgid is left.
+func groupGone(pgid int) bool {
+	return errors.Is(syscall.Kill(-pgid, 0), syscall.ESRCH)
+}
+
+func chat(t *testing.T, f *Fleet) (status int, pod string) {
+	t.Helper()
+	body := `{"model":"` + f.Model() + `","messages":[{"role":"user","content":"Which pod holds my prefix?"}],"max_tokens":4}`
+	resp, err := http.Post(f.GatewayURL()+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, resp.Body)
+	return resp.StatusCode, resp.Header.Get("target-pod-name")
+}
+
+func TestStartServesThroughTheGatewayAndCloseLeavesNothing(t *testing.T) {
+	f, err := startFleet(t, Config{EngineArgs: []string{"-step-overhead", "1ms"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pgid, dir := f.ProcessGroup(), f.Dir()
+	if pgid != f.Engines()[0].PID {
+		t.Errorf("process group %d, want the first engine's pid %d", pgid, f.Engines()[0].PID)
+	}
+	status, pod := chat(t, f)
+	if status != http.StatusOK || (pod != f.Engines()[0].PodKey && pod != f.Engines()[1].PodKey) {
+		t.Fatalf("chat through the gateway: %d from %q", status, pod)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	// The engine's events reach the index shortly after the request.
+	if err := f.waitFor(ctx, f.gateway, "the index to hold the request's blocks", func(ctx context.Context) (bool, error) {
+		n, err := f.indexedBlocks(ctx)
+		return n > 0, err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.ResetPrefixCaches(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := f.indexedBlocks(ctx); err != nil || n != 0 {
+		t.Fatalf("index holds %d blocks (%v) after the reset, want none", n, err)
+	}
+	f.Close()
+	if !groupGone(pgid) {
+		t.Errorf("processes of group %d are left after Close", pgid)
+	}
+	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("temporary directory %s is left after Close (%v)", dir, err)
+	}
+	if f.Err() != nil {
+		t.Errorf("Err after Close = %v, want nil: stopping is no failure", f.Err())
+	}
+}
+
+func TestStartFailsWithTheLogOfAnEngineThatExits(t *testing.T) {
+	dir := t.TempDir()
+	_, err := startFleet(t, Config{EngineArgs: []string{"-num-gpu-blocks", "1"}, Dir: dir})
+	if !errors.Is(err, ErrExited) || !strings.Contains(err.Error(), "at least 2 KV-cache blocks") {
+		t.Fatalf("Start = %v, want ErrExited quoting the engine's log", err)
+	}
+	// The directory was given: it is kept, with the logs.
+	if _, err := os.Stat(filepath.Join(dir, "vllm-0.log")); err != nil {
+		t.Errorf("the engine's log is gone from the given directory: %v", err)
+	}
+}
+
+func TestStartRefusesAGatewayAddressInUse(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	_, err = startFleet(t, Config{GatewayAddress: ln.Addr().String()})
+	if err == nil || !strings.Contains(err.Error(), "gateway address "+ln.Addr().String()+" is not free") {
+		t.Fatalf("Start = %v, want the address named as in use", err)
+	}
+}
+
+func TestFailedReportsAnEngineThatDies(t *testing.T) {
+	f, err := startFleet(t, Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	victim := f.Engines()[1]
+	if err := syscall.Kill(victim.PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-f.Failed():
+	case <-time.After(testTimeout):
+		t.Fatal("Failed did not report the killed engine")
+	}
+	if err := f.Err(); !errors.Is(err, ErrExited) || !strings.Contains(err.Error(), "vllm-1") {
+		t.Errorf("Err = %v, want ErrExited naming vllm-1", err)
+	}
+	pgid := f.ProcessGroup()
+	f.Close()
+	if !groupGone(pgid) {
+		t.Errorf("processes of group %d are left after Close", pgid)
+	}
+}
+
+func TestStartStopsWhatItStartedWhenCancelled(t *testing.T) {
+	dir := t.TempDir()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		// Cancel once the first engine has been started.
+		for ctx.Err() == nil {
+			if _, err := os.Stat(filepath.Join(dir, "vllm-0.log")); err == nil {
+				cancel()
+				return
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}()
+	_, err := Start(ctx, Config{BinDir: binDir, Engines: 2, Dir: dir})
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("Start cancelled while starting = %v, want context.Canceled", err)
+	}
+	if kids := children(t); len(kids) > 0 {
+		t.Errorf("child processes left after a cancelled Start: %v", kids)
+	}
+}
+
+// children lists the processes whose parent is the test process.
+func children(t *testing.T) []string {
+	t.Helper()
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ppid := fmt.Sprintf("PPid:\t%d\n", os.Getpid())
+	var kids []string
+	for _, e := range entries {
+		status, err := os.ReadFile(filepath.Join("/proc", e.Name(), "status"))
+		if err == nil && strings.Contains(string(status), ppid) {
+			name, _, _ := strings.Cut(string(status), "\n")
+			kids = append(kids, e.Name()+" "+name)
+		}
+	}
+	return kids
+}

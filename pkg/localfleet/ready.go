@@ -1,0 +1,186 @@
+package localfleet
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"time"
+)
+
+// pollInterval is how often the fleet polls a process while it waits.
+const pollInterval = 50 * time.Millisecond
+
+// waitFor polls cond until it holds. It fails with the log of the process
+// when any process of the fleet exits, with p's log and the last poll's
+// error when ctx's deadline passes, and with ctx's cause when ctx is
+// cancelled.
+func (f *Fleet) waitFor(ctx context.Context, p *Process, what string, cond func(context.Context) (bool, error)) error {
+	tick := time.NewTicker(pollInterval)
+	defer tick.Stop()
+	var last error
+	for {
+		ok, err := cond(ctx)
+		if ok {
+			return nil
+		}
+		if err != nil {
+			last = err
+		}
+		select {
+		case <-f.failed:
+			return f.failErr
+		case <-ctx.Done():
+			if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				return fmt.Errorf("waiting for %s: %w", what, context.Cause(ctx))
+			}
+			msg := fmt.Sprintf("timed out waiting for %s", what)
+			if last != nil {
+				msg += fmt.Sprintf(" (last: %v)", last)
+			}
+			return fmt.Errorf("%s; the end of %s's log (%s):\n%s", msg, p.Name, p.LogPath, p.LogTail(logTailLines))
+		case <-tick.C:
+		}
+	}
+}
+
+// httpOK reports whether GET url answers 200.
+func httpOK(ctx context.Context, url string) (bool, error) {
+	resp, err := get(ctx, url)
+	if err != nil {
+		return false, err
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return false, fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	return true, nil
+}
+
+func get(ctx context.Context, url string) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	return http.DefaultClient.Do(req)
+}
+
+// kvCacheView is what the fleet reads of the gateway's GET /debug/kvcache.
+type kvCacheView struct {
+	Models []struct {
+		Model   string `json:"model"`
+		Entries int    `json:"entries"`
+		Pods    []struct {
+			Pod    string         `json:"pod"`
+			State  string         `json:"state"`
+			Blocks map[string]int `json:"blocks"`
+			Ranks  []struct {
+				Client *struct {
+					Connected bool `json:"connected"`
+				} `json:"client"`
+			} `json:"ranks"`
+		} `json:"pods"`
+	} `json:"models"`
+}
+
+// kvCache reads the gateway's view of the prefix index and its streams.
+func (f *Fleet) kvCache(ctx context.Context) (kvCacheView, error) {
+	var v kvCacheView
+	resp, err := get(ctx, f.gwURL+"/debug/kvcache")
+	if err != nil {
+		return v, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return v, fmt.Errorf("GET /debug/kvcache: %s", resp.Status)
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&v); err != nil {
+		return v, fmt.Errorf("GET /debug/kvcache: %w", err)
+	}
+	return v, nil
+}
+
+// allFollowed reports whether the gateway follows every engine's KV event
+// stream with a connected client.
+func (f *Fleet) allFollowed(ctx context.Context) (bool, error) {
+	v, err := f.kvCache(ctx)
+	if err != nil {
+		return false, err
+	}
+	connected := map[string]bool{}
+	for _, m := range v.Models {
+		for _, p := range m.Pods {
+			ok := p.State == "followed" && len(p.Ranks) > 0
+			for _, r := range p.Ranks {
+				ok = ok && r.Client != nil && r.Client.Connected
+			}
+			connected[p.Pod] = ok
+		}
+	}
+	for _, e := range f.engines {
+		if !connected[e.PodKey] {
+			return false, fmt.Errorf("the gateway does not follow %s yet", e.PodKey)
+		}
+	}
+	return true, nil
+}
+
+// indexedBlocks returns how many blocks the gateway's index holds over all
+// pods and media.
+func (f *Fleet) indexedBlocks(ctx context.Context) (int, error) {
+	v, err := f.kvCache(ctx)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, m := range v.Models {
+		for _, p := range m.Pods {
+			for _, b := range p.Blocks {
+				n += b
+			}
+		}
+	}
+	return n, nil
+}
+
+// ResetPrefixCaches empties every engine's prefix cache (POST
+// /reset_prefix_cache, retried while an engine refuses because requests
+// still hold blocks) and waits until the gateway's index holds no block of
+// any engine. Requests must have stopped; ctx bounds the wait.
+func (f *Fleet) ResetPrefixCaches(ctx context.Context) error {
+	for _, e := range f.engines {
+		if err := f.waitFor(ctx, e.Process, e.Name+" to reset its prefix cache", func(ctx context.Context) (bool, error) {
+			return post(ctx, e.URL+"/reset_prefix_cache")
+		}); err != nil {
+			return err
+		}
+	}
+	return f.waitFor(ctx, f.gateway, "the index to drop every block", func(ctx context.Context) (bool, error) {
+		n, err := f.indexedBlocks(ctx)
+		if err == nil && n > 0 {
+			err = fmt.Errorf("the index still holds %d blocks", n)
+		}
+		return err == nil, err
+	})
+}
+
+// post reports whether POST url answers 200.
+func post(ctx context.Context, url string) (bool, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, nil)
+	if err != nil {
+		return false, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return false, err
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+	if resp.StatusCode != http.StatusOK {
+		return false, fmt.Errorf("POST %s: %s %s", url, resp.Status, body)
+	}
+	return true, nil
+}
