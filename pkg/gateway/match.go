@@ -46,8 +46,8 @@ type matchResponse struct {
 	// when the index knows no block of the model.
 	BlockSize    int `json:"blockSize"`
 	PromptBlocks int `json:"promptBlocks"`
-	// Pods is how much of the prompt's prefix each ready pod holds,
-	// except the ejected ones.
+	// Pods is how much of the prompt's prefix each candidate holds: the
+	// ready pods that are not ejected, or all of them when all are.
 	Pods []podMatchView `json:"pods"`
 	// Ejected lists the ready pods that requests lately failed to connect
 	// to: routing leaves them out (unless every pod is ejected), and the
