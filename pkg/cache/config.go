@@ -21,6 +21,8 @@ const (
 	DefaultRequestTTL               = time.Hour
 	DefaultPredictorMaxTokens       = 1 << 20
 	DefaultPredictorWindow          = 240 * time.Second
+	DefaultEjectionBackoff          = time.Second
+	DefaultMaxEjectionBackoff       = 30 * time.Second
 )
 
 // Config configures a Store. The zero value is a Store that scrapes pod
@@ -89,6 +91,13 @@ type Config struct {
 	// completion before it is dropped (default 1 h).
 	RequestTTL time.Duration
 
+	// EjectionBackoff is how long a pod stays ejected from routing after
+	// the first request that could not connect to it (see EjectPod;
+	// default 1 s). Each further ejection before the pod answers again
+	// doubles it, up to MaxEjectionBackoff (default 30 s).
+	EjectionBackoff    time.Duration
+	MaxEjectionBackoff time.Duration
+
 	// PredictorMaxInputTokens, PredictorMaxOutputTokens and PredictorWindow
 	// size each model's SimpleOutputPredictor (defaults 1Mi, 1Mi, 240 s).
 	PredictorMaxInputTokens  int
@@ -121,6 +130,8 @@ func (c Config) withDefaults() Config {
 	def(&c.SharedCountsTTL, DefaultSharedCountsTTL)
 	def(&c.RequestTTL, DefaultRequestTTL)
 	def(&c.PredictorWindow, DefaultPredictorWindow)
+	def(&c.EjectionBackoff, DefaultEjectionBackoff)
+	def(&c.MaxEjectionBackoff, DefaultMaxEjectionBackoff)
 	if c.DefaultEnginePort == 0 {
 		c.DefaultEnginePort = DefaultEnginePort
 	}
@@ -168,6 +179,10 @@ func (c Config) validate(hasRedis bool) error {
 		if d.v < 0 {
 			errs = append(errs, fmt.Errorf("%s %v is negative", d.name, d.v))
 		}
+	}
+	if c.EjectionBackoff < 0 || c.MaxEjectionBackoff < c.EjectionBackoff {
+		errs = append(errs, fmt.Errorf("EjectionBackoff %v must not be negative nor above MaxEjectionBackoff %v",
+			c.EjectionBackoff, c.MaxEjectionBackoff))
 	}
 	if c.DefaultEnginePort <= 0 || c.DefaultEnginePort >= 1<<16 {
 		errs = append(errs, fmt.Errorf("DefaultEnginePort %d is not a port", c.DefaultEnginePort))

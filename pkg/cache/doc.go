@@ -14,7 +14,13 @@
 //   - the metrics of every routable pod, scraped from its vLLM /metrics in a
 //     loop per pod and derived into load, KV-cache usage, prefix-cache hit
 //     rate, recent latencies and prefill speed (GetMetricValueByPod,
-//     GetMetricValueByPodModel);
+//     GetMetricValueByPodModel). A pod whose scrape fails keeps its last
+//     values, marked Stale, and PodScrapeState tells fresh, stale and
+//     not yet scraped pods apart;
+//   - which pods requests could not connect to: EjectPod takes a pod out
+//     of routing for a backoff that doubles while it stays unreachable,
+//     PodEjection reports it, and PodReachable or a successful scrape
+//     readmits it;
 //   - the requests in flight per pod and model (AddRequestCount,
 //     DoneRequestCount, DoneRequestTrace), optionally shared with the other
 //     gateway replicas through Redis;

@@ -6,7 +6,8 @@ import (
 )
 
 // podMetrics is what one scrape of a pod produced. It is immutable once
-// published; a failed scrape publishes a copy marked stale.
+// published; a failed scrape publishes a copy marked stale, or, before any
+// scrape succeeded, an empty one marked stale.
 type podMetrics struct {
 	at     time.Time
 	stale  bool
@@ -18,15 +19,49 @@ type podMetrics struct {
 func (st *podState) markStale() {
 	for {
 		cur := st.metrics.Load()
-		if cur == nil || cur.stale {
+		if cur != nil && cur.stale {
 			return
 		}
-		stale := *cur
-		stale.stale = true
-		if st.metrics.CompareAndSwap(cur, &stale) {
+		stale := &podMetrics{stale: true}
+		if cur != nil {
+			*stale = *cur
+			stale.stale = true
+		}
+		if st.metrics.CompareAndSwap(cur, stale) {
 			return
 		}
 	}
+}
+
+// ScrapeState says how current a pod's scraped metrics are.
+type ScrapeState string
+
+// States of a pod's scraped metrics.
+const (
+	// ScrapeFresh: the pod's latest scrape succeeded.
+	ScrapeFresh ScrapeState = "fresh"
+	// ScrapeStale: the pod's latest scrape failed, or the pod is no longer
+	// scraped (not routable); its metrics, if any were ever measured, are
+	// the last values measured.
+	ScrapeStale ScrapeState = "stale"
+	// ScrapeNone: no scrape of the pod has ended yet, or scraping is off.
+	ScrapeNone ScrapeState = "none"
+)
+
+// PodScrapeState returns how current the scraped metrics of the pod are;
+// ScrapeNone for a pod that is not registered.
+func (s *Store) PodScrapeState(podName, podNamespace string) ScrapeState {
+	e := s.reg.entry(podNamespace, podName)
+	if e == nil {
+		return ScrapeNone
+	}
+	switch m := e.state.metrics.Load(); {
+	case m == nil:
+		return ScrapeNone
+	case m.stale:
+		return ScrapeStale
+	}
+	return ScrapeFresh
 }
 
 // GetMetricValueByPod returns metricName (one of the names of this package,

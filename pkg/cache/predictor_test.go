@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-// fakeClock is a settable clock for predictors.
+// fakeClock is a settable clock for predictors and ejections.
 type fakeClock struct {
 	mu  sync.Mutex
 	now time.Time

@@ -26,6 +26,9 @@ type scrapeLoop struct {
 	timeout   time.Duration
 	selection func() *metricSelection
 	metrics   *storeMetrics
+	// reached, when set, is called after every successful scrape: it
+	// readmits the pod to routing.
+	reached func()
 
 	proj     *projector
 	parser   expfmt.TextParser
@@ -67,6 +70,9 @@ func (l *scrapeLoop) scrapeOnce(ctx context.Context) {
 	}
 	l.failures.succeeded()
 	l.state.metrics.Store(l.proj.project(start, families, sel.subscribed))
+	if l.reached != nil {
+		l.reached()
+	}
 }
 
 // fetch GETs and parses the pod's /metrics within the scrape timeout.

@@ -28,8 +28,10 @@ type scrapePool struct {
 	defaultPort     int
 	selection       func() *metricSelection
 	publishAdapters func(key string, state *podState, adapters []string) ([]string, bool)
-	metrics         *storeMetrics
-	log             klog.Logger
+	// readmit ends the ejection of a pod whose scrape showed it reachable.
+	readmit func(e *podEntry, by string)
+	metrics *storeMetrics
+	log     klog.Logger
 
 	nudge chan struct{}
 
@@ -112,6 +114,7 @@ func (p *scrapePool) start(ctx context.Context, e *podEntry) {
 			metrics:   p.metrics,
 			proj:      newProjector(p.window),
 			parser:    newTextParser(),
+			reached:   p.reachedBy(e),
 			failures:  failureLog{log: p.log, pod: klog.KObj(e.pod), url: r.metricsURL, what: "Pod metrics scrape"},
 		}
 		wg.Go(func() { l.run(ctx) })
@@ -152,6 +155,16 @@ func (p *scrapePool) stop(key string, l *runningLoop) {
 		p.metrics.modelListFailures.DeleteLabelValues(key)
 	}
 	p.log.V(2).Info("Stopped reading pod metrics and models", "pod", key)
+}
+
+// reachedBy returns what a successful scrape of e calls: it readmits the pod
+// when /metrics is served on the port requests go to, and is nil otherwise,
+// since a metrics port that answers says nothing of the serving port.
+func (p *scrapePool) reachedBy(e *podEntry) func() {
+	if MetricsPort(e.pod, p.defaultPort) != ServingPort(e.pod, p.defaultPort) {
+		return nil
+	}
+	return func() { p.readmit(e, "scrape") }
 }
 
 // targets returns the number of pods whose /metrics are scraped.

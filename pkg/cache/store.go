@@ -34,6 +34,8 @@ type Store struct {
 	shared      *sharedCounts // nil unless counts are shared
 
 	kvManager KVEventManager // set by InitWithOptions
+	// now is the clock of ejections.
+	now func() time.Time
 
 	ctx       context.Context
 	cancel    context.CancelFunc
@@ -42,10 +44,11 @@ type Store struct {
 }
 
 // podState is what the Store keeps about a pod for as long as it keeps its
-// UID: its latest metrics and its requests in flight.
+// UID: its latest metrics, its requests in flight and its ejection.
 type podState struct {
 	metrics atomic.Pointer[podMetrics]
 	load    podLoad
+	health  podHealth
 }
 
 func newPodState() *podState { return &podState{} }
@@ -67,6 +70,7 @@ func New(redisClient *redis.Client, cfg Config) (*Store, error) {
 		log:      cfg.Logger.WithName("cache"),
 		redis:    redisClient,
 		reg:      newRegistry(),
+		now:      time.Now,
 		requests: newRequestTracker(),
 		profiles: profileCache{profiles: map[string]*cachedProfile{}},
 	}
@@ -77,7 +81,7 @@ func New(redisClient *redis.Client, cfg Config) (*Store, error) {
 			reg: s.reg, client: newScrapeClient(cfg.PodMetricScrapeTimeout),
 			interval: cfg.PodMetricRefreshInterval, adapterInterval: cfg.AdapterRefreshInterval,
 			timeout: cfg.PodMetricScrapeTimeout, window: cfg.RecentMetricsWindow, defaultPort: cfg.DefaultEnginePort,
-			selection: s.selection.Load, publishAdapters: s.setDiscoveredAdapters,
+			selection: s.selection.Load, publishAdapters: s.setDiscoveredAdapters, readmit: s.readmit,
 			log: s.log, nudge: make(chan struct{}, 1), loops: map[string]*runningLoop{},
 		}
 	}
@@ -169,6 +173,7 @@ func (s *Store) gauges() storeGauges {
 			}
 			return float64(n)
 		},
+		ejectedPods:     s.ejectedPods,
 		trackedRequests: func() float64 { return float64(s.requests.size.Load()) },
 		profiles:        func() float64 { return float64(s.profiles.size()) },
 	}

@@ -19,6 +19,7 @@ const (
 type storeMetrics struct {
 	scrapeFailures     *prometheus.CounterVec
 	modelListFailures  *prometheus.CounterVec
+	podEjections       *prometheus.CounterVec
 	scrapeDuration     prometheus.Histogram
 	traceFlushes       *prometheus.CounterVec
 	traceFlushDelay    prometheus.Histogram
@@ -33,7 +34,7 @@ type storeMetrics struct {
 
 // gauges are read from the Store when Prometheus collects.
 type storeGauges struct {
-	scrapeTargets, stalePods, trackedRequests, profiles func() float64
+	scrapeTargets, stalePods, ejectedPods, trackedRequests, profiles func() float64
 }
 
 func newStoreMetrics(reg prometheus.Registerer, g storeGauges) (*storeMetrics, error) {
@@ -53,6 +54,9 @@ func newStoreMetrics(reg prometheus.Registerer, g storeGauges) (*storeMetrics, e
 		modelListFailures: counters("pod_model_list_failures_total",
 			"Reads of a pod's /v1/models, which lists its LoRA adapters, that failed (connection, timeout, HTTP status or "+
 				"decode error); the pod keeps the adapters it listed last.", "pod"),
+		podEjections: counters("pod_ejections_total",
+			"Times a pod was taken out of routing for a backoff (by default 1 s doubling to 30 s) because a request could not "+
+				"connect to it, by reason: connection_refused, dial.", "pod", "reason"),
 		scrapeDuration: histogram("pod_scrape_duration_seconds",
 			"Time to fetch and parse one pod's /metrics, failures included.",
 			.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5),
@@ -77,11 +81,14 @@ func newStoreMetrics(reg prometheus.Registerer, g storeGauges) (*storeMetrics, e
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: name, Help: help}, f)
 	}
 	collectors := []prometheus.Collector{
-		m.scrapeFailures, m.modelListFailures, m.scrapeDuration, m.traceFlushes, m.traceFlushDelay, m.redisErrors,
+		m.scrapeFailures, m.modelListFailures, m.podEjections, m.scrapeDuration, m.traceFlushes, m.traceFlushDelay, m.redisErrors,
 		m.doneIgnored, m.requestsExpired, m.profileLoadRejects,
 		gauge("pod_scrape_targets", "Pods whose /metrics are being scraped.", g.scrapeTargets),
-		gauge("stale_pods", "Routable pods whose latest scrape failed, so their metrics are last known values.", g.stalePods),
-		gauge("tracked_requests", "Requests in flight tracked by AddRequestCount.", g.trackedRequests),
+		gauge("stale_pods", "Routable pods whose latest scrape failed: their metrics, if any, are the last measured, "+
+			"and routing prefers pods with fresh metrics.", g.stalePods),
+		gauge("ejected_pods", "Routable pods out of routing because requests could not connect to them; "+
+			"a model whose pods are all ejected is routed to all of them.", g.ejectedPods),
+		gauge("tracked_requests", "Inference requests in flight that count as pod load, tracked until they complete or expire.", g.trackedRequests),
 		gauge("gpu_profiles", "GPU profiles held in memory.", g.profiles),
 	}
 	var errs []error

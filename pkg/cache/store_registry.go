@@ -3,6 +3,7 @@ package cache
 import (
 	"slices"
 
+	"github.com/prometheus/client_golang/prometheus"
 	v1 "k8s.io/api/core/v1"
 )
 
@@ -35,6 +36,7 @@ func (s *Store) DeletePod(namespace, name string) {
 	if old := s.reg.remove(namespace, name); old != nil {
 		s.eachListener(func(l PodListener) { l.OnPodDelete(old.pod) })
 		s.podsChanged()
+		s.metrics.podEjections.DeletePartialMatch(prometheus.Labels{"pod": old.key})
 	}
 }
 

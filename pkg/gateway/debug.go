@@ -63,8 +63,13 @@ type rankView struct {
 
 // clientView is what an operator reads of a stream's ZMQ client.
 type clientView struct {
-	PubEndpoint    string    `json:"pubEndpoint"`
-	ReplayEndpoint string    `json:"replayEndpoint,omitempty"`
+	PubEndpoint    string `json:"pubEndpoint"`
+	ReplayEndpoint string `json:"replayEndpoint,omitempty"`
+	// Topic is the subscription's topic (in bind mode, the topic the
+	// engine must send); PublisherTopic is the engine's, as its replay
+	// replies name it (vLLM v0.26 and later), absent until one did.
+	Topic          string    `json:"topic"`
+	PublisherTopic *string   `json:"publisherTopic,omitempty"`
 	Since          time.Time `json:"since"`
 	Connected      bool      `json:"connected"`
 	// LastSeq is the seq of the last batch delivered, absent before the
@@ -77,6 +82,10 @@ type clientView struct {
 	MissedBatches     uint64  `json:"missedBatches"`
 	PublisherRestarts uint64  `json:"publisherRestarts"`
 	DecodeErrors      uint64  `json:"decodeErrors"`
+	// TopicMismatch is set while batches arrive only through replay
+	// because the topic filters out the live messages
+	// (kvevent.ClientStats.TopicMismatch).
+	TopicMismatch bool `json:"topicMismatch"`
 }
 
 // serveKVCache answers GET /debug/kvcache.
@@ -128,13 +137,17 @@ func buildKVCacheView(stats []indexer.ModelStats, pods []kvevent.PodStatus, now 
 
 func newClientView(st kvevent.StreamStatus) *clientView {
 	s := st.Stats
-	c := &clientView{PubEndpoint: st.PubEndpoint, ReplayEndpoint: st.ReplayEndpoint, Since: st.Since,
+	c := &clientView{PubEndpoint: st.PubEndpoint, ReplayEndpoint: st.ReplayEndpoint, Topic: st.Topic, Since: st.Since,
 		Connected: s.Connected, Batches: s.BatchesReceived, ReplayedBatches: s.ReplayedBatches,
 		ReplayFailures: s.ReplayFailures, UnrecoverableGaps: s.UnrecoverableGaps, MissedBatches: s.MissedBatches,
-		PublisherRestarts: s.PublisherRestarts, DecodeErrors: s.DecodeErrors}
+		PublisherRestarts: s.PublisherRestarts, DecodeErrors: s.DecodeErrors, TopicMismatch: s.TopicMismatch}
 	if s.BatchesReceived > 0 {
 		seq := s.LastSeq
 		c.LastSeq = &seq
+	}
+	if s.PublisherTopicKnown {
+		topic := s.PublisherTopic
+		c.PublisherTopic = &topic
 	}
 	return c
 }

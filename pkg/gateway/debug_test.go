@@ -2,8 +2,10 @@ package gateway
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"testing"
+	"time"
 
 	"github.com/kvgate/kvgate/pkg/routing"
 )
@@ -113,5 +115,33 @@ func TestWithoutKVSyncOrTokenizerRequestsRouteOnLoad(t *testing.T) {
 	if status, list := get(t, f.url+"/v1/models"); status != http.StatusOK ||
 		list != `{"object":"list","data":[{"id":"llama","object":"model","created":`+mustJSON(f.gw.started.Unix())+`,"owned_by":"kvgate"}]}`+"\n" {
 		t.Errorf("/v1/models: %d %s", status, list)
+	}
+}
+
+func TestDebugKVCacheShowsATopicThatFiltersOutLiveEvents(t *testing.T) {
+	// The engines publish on vLLM's default topic "", which "other" is not
+	// a prefix of: every live message is filtered out, and the batches
+	// come only through the client's quiet-stream replays.
+	f := startFleet(t, []string{"a"}, fleetOptions{env: map[string]string{"KVGATE_KV_EVENTS_TOPIC": "other"}})
+	e := f.engine("a")
+	// The engine publishes a new prompt every half second, so that each
+	// replay has new batches to deliver.
+	var c *clientView
+	var published time.Time
+	n := 0
+	eventually(t, "the topic mismatch to show", func() (string, bool) {
+		if time.Since(published) > 500*time.Millisecond {
+			e.storePrompt(toyTokens(fmt.Sprintf("prompt %d %s", n, sharedPrompt)))
+			published, n = time.Now(), n+1
+		}
+		c = f.kvcache().Models[0].Pods[0].Ranks[0].Client
+		return mustJSON(c), c.TopicMismatch
+	})
+	if c.Topic != "other" || c.PublisherTopic == nil || *c.PublisherTopic != "" ||
+		c.Batches == 0 || c.ReplayedBatches != c.Batches {
+		t.Errorf("client = %s; want the subscribed topic other, the engine's empty topic, every batch replayed", mustJSON(c))
+	}
+	if n := f.metric(`aibrix_kvcache_zmq_topic_mismatch{dp_rank="0",pod_key="static/a"}`); n != 1 {
+		t.Errorf("aibrix_kvcache_zmq_topic_mismatch = %v, want 1", n)
 	}
 }

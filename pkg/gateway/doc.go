@@ -18,7 +18,8 @@
 //     the fields it needs (400 for a body that is not a JSON object);
 //  2. resolves the routing algorithm from the routing-strategy header (400
 //     for an unknown name) and the model's pods from the Store (404 for a
-//     model no pod serves, 503 when none of its pods is ready);
+//     model no pod serves, 503 when none of its pods is ready), leaving out
+//     the pods ejected after failed connections (step 5) unless all are;
 //  3. tokenizes the prompt with the engines' own tokenizer (vLLM's
 //     /tokenize on a ready pod of the model, the pods taking turns) when
 //     the algorithm reads it: prefix-cache and kv-aware match it against
@@ -32,10 +33,12 @@
 //     client goes away);
 //  5. forwards the body as received to http://<pod-ip>:<serving port>
 //     over keep-alive connections. When the pod refuses the connection (or
-//     cannot be dialled), nothing was sent: the request is routed once more
-//     among the model's other pods, and fails with 503 when that pod cannot
-//     be reached either. A pod that fails after the request was sent is a
-//     502;
+//     cannot be dialled), nothing was sent: the Store ejects the pod from
+//     routing for a backoff (cache.Store.EjectPod: 1 s doubling to 30 s
+//     while it stays unreachable, ended early by a request or scrape that
+//     reaches it), and the request is routed again among the candidates
+//     not tried yet and not ejected meanwhile. It fails with 503 when none
+//     is left. A pod that fails after the request was sent is a 502;
 //  6. relays the response with the pod's status and headers, adding
 //     target-pod (the pod's ip:port, as in AIBrix), target-pod-name
 //     (namespace/name), routing-strategy (the algorithm used) and a
@@ -134,9 +137,11 @@
 //	        "lastEventAgeSeconds": 0.8,          // since the index applied the stream's last batch
 //	        "client": {
 //	          "pubEndpoint": "tcp://10.0.0.5:5557", "replayEndpoint": "tcp://10.0.0.5:5558",
+//	          "topic": "", "publisherTopic": "",  // the engine's, once a replay reply named it (vLLM >= v0.26)
 //	          "since": "2026-11-02T10:00:00Z", "connected": true, "lastSeq": 1234,
 //	          "batches": 1235, "replayedBatches": 12, "replayFailures": 0,
-//	          "unrecoverableGaps": 0, "missedBatches": 0, "publisherRestarts": 0, "decodeErrors": 0
+//	          "unrecoverableGaps": 0, "missedBatches": 0, "publisherRestarts": 0, "decodeErrors": 0,
+//	          "topicMismatch": false           // batches arrive only through replay: the topic filters out live ones
 //	        }
 //	      }]
 //	    }]
@@ -146,8 +151,8 @@
 // POST /debug/match takes {"model", "lora" (optional adapter), and one of
 // "prompt" (a string or token ids, tokenized as a completion), "messages"
 // (tokenized as a chat) or "tokens" (token ids)} and shows how each ready
-// pod matches the prompt and what every algorithm would decide now, without
-// routing anything:
+// pod that is not ejected matches the prompt and what every algorithm would
+// decide now, without routing anything:
 //
 //	{
 //	  "model": "llama", "lora": "",
@@ -155,6 +160,8 @@
 //	  "blockSize": 16, "promptBlocks": 22,
 //	  "pods": [{"pod": "static/vllm-0", "matchedBlocks": 22, "matchedGPUBlocks": 22,
 //	            "matchedTokens": 352, "matchedGPUTokens": 352}],
+//	  "ejected": [{"pod": "static/vllm-1", "reason": "connection_refused",  // left out of the decisions
+//	               "ejections": 1, "backoffSeconds": 1, "remainingSeconds": 0.4}],
 //	  "defaultAlgorithm": "kv-aware",
 //	  "decisions": [routing.Decision, ...]  // one per algorithm, see routing.Explanation
 //	}
@@ -173,5 +180,7 @@
 //
 // The model label is empty for requests rejected before their model was
 // found, and the algorithm label for requests rejected before it was
-// resolved, so that clients cannot grow the label sets.
+// resolved, so that clients cannot grow the label sets. Ejections are
+// counted by the Store: kvgate_cache_pod_ejections_total{pod,reason} and
+// kvgate_cache_ejected_pods.
 package gateway

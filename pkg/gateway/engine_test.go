@@ -113,6 +113,22 @@ func freePorts(t testing.TB, n int) []int {
 	return ports
 }
 
+// restart serves the engine's HTTP API again on its port, after srv.Close:
+// the engine came back.
+func (e *testEngine) restart() {
+	e.t.Helper()
+	ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(e.port)))
+	if err != nil {
+		e.t.Fatalf("engine %s: listen again on port %d: %v", e.name, e.port, err)
+	}
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(e.serve))
+	srv.Listener.Close()
+	srv.Listener = ln
+	srv.Start()
+	e.t.Cleanup(srv.Close)
+	e.srv = srv
+}
+
 // setLoad changes what the engine reports on /metrics.
 func (e *testEngine) setLoad(f func(*engineLoad)) {
 	e.mu.Lock()

@@ -7,7 +7,11 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"time"
 
+	v1 "k8s.io/api/core/v1"
+
+	"github.com/kvgate/kvgate/pkg/cache"
 	"github.com/kvgate/kvgate/pkg/routing"
 	"github.com/kvgate/kvgate/pkg/tokenizer"
 	"github.com/kvgate/kvgate/pkg/types"
@@ -42,8 +46,13 @@ type matchResponse struct {
 	// when the index knows no block of the model.
 	BlockSize    int `json:"blockSize"`
 	PromptBlocks int `json:"promptBlocks"`
-	// Pods is how much of the prompt's prefix each ready pod holds.
+	// Pods is how much of the prompt's prefix each candidate holds: the
+	// ready pods that are not ejected, or all of them when all are.
 	Pods []podMatchView `json:"pods"`
+	// Ejected lists the ready pods that requests lately failed to connect
+	// to: routing leaves them out (unless every pod is ejected), and the
+	// decisions below are among the others.
+	Ejected []ejectedPodView `json:"ejected,omitempty"`
 	// DefaultAlgorithm serves requests without a routing-strategy header;
 	// Decisions holds the decision each algorithm would take now.
 	DefaultAlgorithm string             `json:"defaultAlgorithm"`
@@ -57,6 +66,31 @@ type podMatchView struct {
 	MatchedGPUBlocks int    `json:"matchedGPUBlocks"`
 	MatchedTokens    int    `json:"matchedTokens"`
 	MatchedGPUTokens int    `json:"matchedGPUTokens"`
+}
+
+// ejectedPodView is one ejected pod.
+type ejectedPodView struct {
+	Pod string `json:"pod"`
+	// Reason is why it was last ejected (connection_refused, dial), and
+	// Ejections the ejections in a row, each doubling the backoff.
+	Reason         string  `json:"reason"`
+	Ejections      int     `json:"ejections"`
+	BackoffSeconds float64 `json:"backoffSeconds"`
+	// RemainingSeconds is how long it stays ejected unless a request or a
+	// scrape reaches it first.
+	RemainingSeconds float64 `json:"remainingSeconds"`
+}
+
+// ejectedViews describes the ejected pods of pods.
+func ejectedViews(store *cache.Store, pods []*v1.Pod, now time.Time) []ejectedPodView {
+	var out []ejectedPodView
+	for _, p := range pods {
+		if ej, ok := store.PodEjection(p); ok {
+			out = append(out, ejectedPodView{Pod: p.Namespace + "/" + p.Name, Reason: string(ej.Reason), Ejections: ej.Count,
+				BackoffSeconds: ej.Backoff.Seconds(), RemainingSeconds: ej.Until.Sub(now).Seconds()})
+		}
+	}
+	return out
 }
 
 // maxMatchBodyBytes bounds the body of a /debug/match request.
@@ -91,12 +125,14 @@ func (g *Gateway) serveMatch(w http.ResponseWriter, r *http.Request) {
 			fmt.Sprintf("no pod serving the model `%s` is ready", target))
 		return
 	}
+	resp := matchResponse{Model: req.Model, TokenSource: "tokens", Ejected: ejectedViews(b.store, pods, time.Now())}
+	pods = withoutEjected(b.store, pods)
 	rc := types.NewRoutingContext(r.Context(), g.requestID(), target)
 	rc.LoraAdapter = req.Lora
 	if req.Lora == "" {
 		rc.LoraAdapter = adapterOf(target, pods)
 	}
-	resp := matchResponse{Model: req.Model, Lora: rc.LoraAdapter, TokenSource: "tokens"}
+	resp.Lora = rc.LoraAdapter
 	if req.Tokens != nil {
 		rc.PromptTokenIDs = req.Tokens
 	} else {

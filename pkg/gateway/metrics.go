@@ -5,6 +5,8 @@ import (
 	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvgate/kvgate/pkg/cache"
 )
 
 // metrics are the gateway's own Prometheus metrics.
@@ -23,12 +25,13 @@ type metrics struct {
 }
 
 // Reasons an attempt to reach a pod failed, in
-// kvgate_gateway_upstream_failures_total.
+// kvgate_gateway_upstream_failures_total. The first two sent nothing and
+// eject the pod, for the same reason.
 const (
-	failRefused = "connection_refused" // the pod refused the connection
-	failDial    = "dial"               // no connection for another reason
-	failSend    = "send"               // the request was (perhaps partly) sent, no response came
-	failBody    = "body"               // the response broke off after its headers
+	failRefused = string(cache.EjectConnectionRefused) // the pod refused the connection
+	failDial    = string(cache.EjectDialFailed)        // no connection for another reason
+	failSend    = "send"                               // the request was (perhaps partly) sent, no response came
+	failBody    = "body"                               // the response broke off after its headers
 )
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {

@@ -120,8 +120,11 @@ func (g *Gateway) serveInference(k kind) http.HandlerFunc {
 
 // admitted is a request that passed the gateway's checks.
 type admitted struct {
-	b    *backend
-	pods []*v1.Pod
+	b *backend
+	// pods are the candidates: the model's ready pods that are not
+	// ejected, or all of them when all are; ready counts the ready pods.
+	pods  []*v1.Pod
+	ready int
 	// body is what is forwarded: the client's, or the one asking for the
 	// usage chunk when dropUsage is set.
 	body      []byte
@@ -191,6 +194,8 @@ func (g *Gateway) admit(w http.ResponseWriter, r *http.Request, k kind, x *excha
 			fmt.Sprintf("no pod serving the model `%s` is ready", model))
 		return a, false
 	}
+	a.ready = len(a.pods)
+	a.pods = withoutEjected(a.b.store, a.pods)
 	a.body = body
 	if sf := x.in.stream(); sf.Stream && !sf.clientWantsUsage() {
 		a.dropUsage = true
@@ -294,9 +299,10 @@ func (g *Gateway) predictOutput(store *cache.Store, rc *types.RoutingContext, ma
 }
 
 // forward routes the request, sends it to the chosen pod and relays the
-// response; when the pod cannot be reached, it routes the request once
-// more among the other pods. It returns the response's usage when it was
-// a success that reported one.
+// response. A pod that cannot be connected to was sent nothing: it is
+// ejected, and the request is routed again among the candidates not tried
+// yet and not ejected meanwhile, until one answers or none is left. It
+// returns the response's usage when it was a success that reported one.
 func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, a admitted, rc *types.RoutingContext, x *exchange, c *call) (usage, bool) {
 	b, candidates := a.b, a.pods
 	var tried []string
@@ -314,6 +320,7 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, a admitted, rc
 		pod, addr := x.d.Pod, podAddress(x.d.Pod, g.enginePort)
 		resp, err := g.transport.RoundTrip(newUpstreamRequest(r.Context(), r, addr, a.body, rc.RequestID))
 		if err == nil {
+			b.store.PodReachable(pod)
 			defer prefill.Done()
 			return g.relay(w, resp, rc, x, c, prefill, a.dropUsage, addr)
 		}
@@ -325,14 +332,18 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, a admitted, rc
 		reason := failureReason(err)
 		g.metrics.upstreamFails.WithLabelValues(reason).Inc()
 		tried = append(tried, x.d.PodKey+" ("+addr+")")
-		switch {
-		case reason == failSend:
+		if reason == failSend {
 			c.fail(w, http.StatusBadGateway, typeUpstream, codeUpstreamFailed, "",
 				fmt.Sprintf("pod %s failed before answering: %v", tried[len(tried)-1], err))
 			return usage{}, false
-		case attempt > 0 || len(candidates) < 2:
-			c.fail(w, http.StatusServiceUnavailable, typeServiceUnavailable, codePodsUnreachable, "",
-				fmt.Sprintf("no pod of the model could be reached: %s: %v", strings.Join(tried, ", "), err))
+		}
+		b.store.EjectPod(pod, cache.EjectionReason(reason))
+		if candidates = untriedReachable(b.store, candidates, pod); len(candidates) == 0 {
+			msg := fmt.Sprintf("no pod of the model could be reached: %s: %v", strings.Join(tried, ", "), err)
+			if others := a.ready - len(tried); others > 0 {
+				msg += fmt.Sprintf("; the model's other ready pods (%d) are ejected after failed connections", others)
+			}
+			c.fail(w, http.StatusServiceUnavailable, typeServiceUnavailable, codePodsUnreachable, "", msg)
 			return usage{}, false
 		}
 		g.metrics.retries.WithLabelValues(reason).Inc()
@@ -340,7 +351,6 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, a admitted, rc
 			l.Info("Pod unreachable; routing the request to another pod", "requestID", rc.RequestID,
 				"model", rc.Model, "pod", klog.KObj(pod), "err", err)
 		}
-		candidates = without(candidates, pod)
 	}
 }
 

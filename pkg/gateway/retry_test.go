@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 )
 
 // tokenPrompt is a completion body whose prompt is token ids, which need
@@ -23,8 +24,17 @@ func (f *testFleet) holdPrompt(name string) []uint32 {
 	return tokens
 }
 
+// requestsOnlyEject turns metric scraping off, as for a pod whose engine
+// died before a scrape noticed: routing cannot tell it from a live one, and
+// only requests eject or readmit it. Ejections last an hour, so that none
+// ends during the test.
+func requestsOnlyEject(c *Config) {
+	c.Cache.PodMetricRefreshInterval = -1
+	c.Cache.EjectionBackoff, c.Cache.MaxEjectionBackoff = time.Hour, time.Hour
+}
+
 func TestRefusedConnectionIsRetriedOnceOnAnotherPod(t *testing.T) {
-	f := startFleet(t, []string{"a", "b"}, fleetOptions{})
+	f := startFleet(t, []string{"a", "b"}, fleetOptions{configure: requestsOnlyEject})
 	tokens := f.holdPrompt("a")
 	// a's HTTP server goes away while its KV events still say it holds
 	// the prompt, so a is chosen and refuses the connection.
@@ -43,19 +53,30 @@ func TestRefusedConnectionIsRetriedOnceOnAnotherPod(t *testing.T) {
 	if n := f.metric(`kvgate_gateway_upstream_failures_total{reason="connection_refused"}`); n != 1 {
 		t.Errorf("refused connections = %v, want 1", n)
 	}
-	// The request ended on b: nothing stays counted on either pod.
+	// a is ejected: the next request goes to b at once.
+	if n := f.metric(`kvgate_cache_pod_ejections_total{pod="static/a",reason="connection_refused"}`); n != 1 {
+		t.Errorf("ejections of a = %v, want 1", n)
+	}
+	resp, body = post(t, f.url+"/v1/completions", tokenPrompt(tokens), map[string]string{"routing-strategy": "kv-aware"})
+	if resp.StatusCode != http.StatusOK || resp.Header.Get(HeaderTargetPodName) != "static/b" ||
+		f.metric(`kvgate_gateway_retries_total{reason="connection_refused"}`) != 1 {
+		t.Errorf("second request: %d from %q, %s; want 200 from b without a retry", resp.StatusCode,
+			resp.Header.Get(HeaderTargetPodName), body)
+	}
+	// The requests ended on b: nothing stays counted on either pod.
 	eventually(t, "the request to be released", func() (string, bool) {
 		m := f.match(tokens)
 		c := m.Decisions[0].Candidates
-		return mustJSON(c), c[0].Running == 0 && c[1].Running == 0 && c[0].InFlightPrefills == 0 && c[1].InFlightPrefills == 0
+		return mustJSON(c), len(c) == 1 && c[0].Running == 0 && c[0].InFlightPrefills == 0
 	})
 }
 
-func TestUnreachablePodsAre503AfterOneRetry(t *testing.T) {
-	f := startFleet(t, []string{"a", "b"}, fleetOptions{})
+func TestPodsAllEjectedAreStillTriedAndTheOneThatAnswersIsReadmitted(t *testing.T) {
+	f := startFleet(t, []string{"a", "b"}, fleetOptions{configure: requestsOnlyEject})
 	for _, e := range f.engines {
 		e.srv.Close()
 	}
+	// Each pod is tried once: both are ejected, and the request fails.
 	resp, body := post(t, f.url+"/v1/completions", tokenPrompt([]uint32{1, 2, 3}), nil)
 	e := decodeError(t, body)
 	if resp.StatusCode != http.StatusServiceUnavailable || e.Code != codePodsUnreachable ||
@@ -64,6 +85,29 @@ func TestUnreachablePodsAre503AfterOneRetry(t *testing.T) {
 	}
 	if n := f.metric(`kvgate_gateway_retries_total{reason="connection_refused"}`); n != 1 {
 		t.Errorf("retries = %v, want exactly 1", n)
+	}
+	if n := f.metric("kvgate_cache_ejected_pods"); n != 2 {
+		t.Errorf("ejected pods = %v, want 2", n)
+	}
+
+	// a comes back. Every pod being ejected, requests still try one of
+	// them, without a retry; the first one that reaches a readmits it.
+	f.engine("a").restart()
+	eventually(t, "a request to reach a", func() (string, bool) {
+		resp, body := post(t, f.url+"/v1/completions", tokenPrompt([]uint32{1, 2, 3}), nil)
+		return string(body), resp.StatusCode == http.StatusOK
+	})
+	if n := f.metric(`kvgate_gateway_retries_total{reason="connection_refused"}`); n != 1 {
+		t.Errorf("retries = %v; a request among ejected pods must not be retried", n)
+	}
+	for range 10 {
+		resp, body := post(t, f.url+"/v1/completions", tokenPrompt([]uint32{1, 2, 3}), map[string]string{"routing-strategy": "random"})
+		if resp.StatusCode != http.StatusOK || resp.Header.Get(HeaderTargetPodName) != "static/a" {
+			t.Fatalf("got %d from %q: %s; want 200 from a, b staying ejected", resp.StatusCode, resp.Header.Get(HeaderTargetPodName), body)
+		}
+	}
+	if n := f.metric("kvgate_cache_ejected_pods"); n != 1 {
+		t.Errorf("ejected pods = %v, want b alone", n)
 	}
 }
 
@@ -103,5 +147,27 @@ func TestForwardedRequestsKeepEndToEndHeadersAndCarryARequestID(t *testing.T) {
 			t.Errorf("request %d reached the engine with headers %v; want end-to-end headers, no hop-by-hop ones, "+
 				"no Accept-Encoding, X-Request-Id %s...", i, h, want)
 		}
+	}
+}
+
+func TestRequestIsRetriedOnEachPodUntilOneAnswers(t *testing.T) {
+	f := startFleet(t, []string{"dead1", "dead2", "live"}, fleetOptions{configure: requestsOnlyEject})
+	tokens := f.holdPrompt("dead1")
+	half := tokens[:len(tokens)/2]
+	f.waitMatched(tokens, "dead2", len(f.engine("dead2").storePrompt(half)))
+	f.engine("dead1").srv.Close()
+	f.engine("dead2").srv.Close()
+
+	// kv-aware tries the pod holding the most of the prompt first: dead1,
+	// then dead2, then live.
+	resp, body := post(t, f.url+"/v1/completions", tokenPrompt(tokens), map[string]string{"routing-strategy": "kv-aware"})
+	if resp.StatusCode != http.StatusOK || resp.Header.Get(HeaderTargetPodName) != "static/live" {
+		t.Fatalf("got %d from %q: %s; want 200 from live", resp.StatusCode, resp.Header.Get(HeaderTargetPodName), body)
+	}
+	if n := f.metric(`kvgate_gateway_retries_total{reason="connection_refused"}`); n != 2 {
+		t.Errorf("retries = %v, want 2", n)
+	}
+	if n := f.metric("kvgate_cache_ejected_pods"); n != 2 {
+		t.Errorf("ejected pods = %v, want 2", n)
 	}
 }

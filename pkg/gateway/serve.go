@@ -180,7 +180,7 @@ func (g *Gateway) startStore(ctx context.Context) (*cache.Store, error) {
 		return nil, fmt.Errorf("gateway: start: %w", err)
 	}
 	rc := g.cfg.Routing
-	rc.Metrics, rc.Registerer, rc.Logger = store, g.registry, g.cfg.Logger
+	rc.Metrics, rc.Scrapes, rc.Registerer, rc.Logger = store, store, g.registry, g.cfg.Logger
 	if g.index != nil {
 		rc.Index = g.index
 	}

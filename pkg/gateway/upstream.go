@@ -8,11 +8,14 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+
+	"github.com/kvgate/kvgate/pkg/cache"
 )
 
 // newTransport returns the transport to pods: dialled directly (no
@@ -112,11 +115,36 @@ func failureReason(err error) string {
 	return failSend
 }
 
-// without returns a new slice of pods without pod.
-func without(pods []*v1.Pod, pod *v1.Pod) []*v1.Pod {
+// withoutEjected returns the pods of pods the Store has not ejected: pods
+// itself when none is ejected, and all of pods when every one is, so that
+// a model whose pods all refused connections is still tried.
+func withoutEjected(store *cache.Store, pods []*v1.Pod) []*v1.Pod {
+	keep := func(p *v1.Pod) bool {
+		_, ejected := store.PodEjection(p)
+		return !ejected
+	}
+	first := slices.IndexFunc(pods, func(p *v1.Pod) bool { return !keep(p) })
+	if first < 0 {
+		return pods
+	}
+	out := slices.Clone(pods[:first])
+	for _, p := range pods[first+1:] {
+		if keep(p) {
+			out = append(out, p)
+		}
+	}
+	if len(out) == 0 {
+		return pods
+	}
+	return out
+}
+
+// untriedReachable returns a new slice of the pods of pods other than
+// tried that the Store has not ejected.
+func untriedReachable(store *cache.Store, pods []*v1.Pod, tried *v1.Pod) []*v1.Pod {
 	out := make([]*v1.Pod, 0, len(pods))
 	for _, p := range pods {
-		if p != pod {
+		if _, ejected := store.PodEjection(p); p != tried && !ejected {
 			out = append(out, p)
 		}
 	}

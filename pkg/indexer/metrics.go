@@ -61,7 +61,7 @@ func newMetrics(t *SyncPrefixHashTable) *metrics {
 		}),
 		matchSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: "kvgate", Subsystem: "indexer", Name: "match_duration_seconds",
-			Help:    "Time MatchPrefix took, keying the prompt included.",
+			Help:    "Time to match one prompt against the prefix index, hashing the prompt's blocks included.",
 			Buckets: prometheus.ExponentialBuckets(1e-6, 2, 16),
 		}),
 		entriesDesc: prometheus.NewDesc("kvgate_indexer_entries",

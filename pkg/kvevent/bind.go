@@ -91,6 +91,12 @@ func ParseBindTopic(topic string) (ip string, port int, model string, err error)
 	return parsed.String(), port, model, nil
 }
 
+// expectedBindTopic is the topic the engine of t must publish with, for
+// logs: any port identifies it.
+func expectedBindTopic(t PodTarget) string {
+	return BindTopicPrefix + net.JoinHostPort(t.IP, "<port>") + "@" + t.Model
+}
+
 // bindFollower receives every stream on the gateway's bound SUB sockets. One
 // goroutine owns the sockets and the streams' replay sockets, sequences each
 // stream and calls the index.
@@ -202,7 +208,8 @@ func (b *bindFollower) follow(t PodTarget) ([]*followedStream, error) {
 		}
 		c.ctx = b.zctx
 		states = append(states, &bindState{c: c})
-		streams = append(streams, &followedStream{id: id, pubEndpoint: c.pubEndpoint, replayEndpoint: c.replayEndpoint, since: time.Now(), client: c})
+		streams = append(streams, &followedStream{id: id, pubEndpoint: c.pubEndpoint, replayEndpoint: c.replayEndpoint,
+			topic: expectedBindTopic(t), since: time.Now(), client: c})
 	}
 	err := b.do(func() {
 		b.byAddr[addrKey(t.IP, t.Model)] = t

@@ -61,7 +61,7 @@ func (b *bindFollower) onMessage(rank int, topic string, seq uint64, payload []b
 		return
 	}
 	l := st.c.loop
-	l.quietFrom(time.Now())
+	l.liveArrived(time.Now())
 	l.seq.onLive(seq, payload)
 	b.track(st)
 }

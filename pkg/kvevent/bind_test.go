@@ -2,8 +2,11 @@ package kvevent
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/go-logr/logr/funcr"
 )
 
 func TestParseBindTopic(t *testing.T) {
@@ -124,4 +127,51 @@ func repeatUntil(t testing.TB, what string, act func(), cond func() bool) {
 		}
 	}
 	t.Fatalf("timed out after %v waiting for %s", waitTimeout, what)
+}
+
+func TestFollowingLogNamesTheEndpointsAndTopicInUse(t *testing.T) {
+	bind := freePorts(t, 1)[0]
+	for _, tc := range []struct {
+		name    string
+		bind    *BindConfig
+		want    []string
+		wantNot string
+	}{
+		{
+			name: "connect",
+			want: []string{`"mode"="connect"`, `"pubEndpoint"="tcp://127.0.0.9:6000"`,
+				`"replayEndpoint"="tcp://127.0.0.9:6001"`, `"topic"=""`},
+		},
+		{
+			name: "bind",
+			bind: &BindConfig{Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", bind)},
+			want: []string{`"mode"="bind"`, fmt.Sprintf(`"pubEndpoint"="tcp://127.0.0.1:%d"`, bind),
+				`"replayEndpoint"="tcp://127.0.0.9:6001"`, `"topic"="kv@127.0.0.9:<port>@llama"`},
+			wantNot: "6000",
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			logs := &logLines{}
+			m, _ := newTestManager(t, newMemIndex(), func(c *ManagerConfig) {
+				c.Bind = tc.bind
+				c.Logger = funcr.New(logs.add, funcr.Options{})
+			})
+			m.OnPodAdd(makePod(podSpec{name: "p", ip: "127.0.0.9", ports: testPorts{pub: 6000, router: 6001}}))
+			eventually(t, "the pod to be followed", func() bool { return len(logs.containing(`"Following KV events"`)) > 0 })
+			line := logs.containing(`"Following KV events"`)[0]
+			for _, w := range tc.want {
+				if !strings.Contains(line, w) {
+					t.Errorf("log line %s lacks %s", line, w)
+				}
+			}
+			if tc.wantNot != "" && strings.Contains(line, tc.wantNot) {
+				t.Errorf("log line %s names port %s, which bind mode does not use", line, tc.wantNot)
+			}
+			started := logs.containing(`"Started KV event manager"`)
+			if len(started) != 1 || !strings.Contains(started[0], `"mode"="`+tc.name+`"`) ||
+				tc.bind != nil && strings.Contains(started[0], "pubPort") {
+				t.Errorf("start logged %q", started)
+			}
+		})
+	}
 }

@@ -41,6 +41,7 @@ type clientLoop struct {
 	connected   bool
 	probeAt     time.Time // when to probe the stream if it stays quiet
 	probeDelay  time.Duration
+	silence     liveSilence
 }
 
 // replayTimer follows the timing of replay requests.
@@ -346,7 +347,7 @@ func (l *clientLoop) drainLive() {
 			return
 		}
 		if i == 0 {
-			l.quietFrom(time.Now())
+			l.liveArrived(time.Now())
 		}
 		var seq uint64
 		ok := len(frames) == 3

@@ -33,6 +33,7 @@ type ZMQClientMetrics struct {
 	errors            map[string]prometheus.Counter // read-only after construction
 	status            prometheus.Gauge
 	lastSeq           prometheus.Gauge
+	topicMismatch     prometheus.Gauge
 }
 
 // Delete removes every series of the stream from the registry, for a stream
@@ -47,7 +48,7 @@ func (m *ZMQClientMetrics) Delete() {
 		p.processingDuration.MetricVec, p.missedEvents.MetricVec, p.replayRequests.MetricVec,
 		p.replaySuccess.MetricVec, p.replayFailures.MetricVec, p.replayedBatches.MetricVec,
 		p.batchesReceived.MetricVec, p.streamResets.MetricVec, p.decodeSkips.MetricVec,
-		p.errors.MetricVec, p.connectionStatus.MetricVec, p.lastSequenceID.MetricVec} {
+		p.errors.MetricVec, p.connectionStatus.MetricVec, p.lastSequenceID.MetricVec, p.topicMismatch.MetricVec} {
 		v.DeletePartialMatch(m.labels)
 	}
 }
@@ -75,13 +76,25 @@ func (m *ZMQClientMetrics) IncrementReconnectAttempts() {
 
 // SetConnected sets connection_status to 1 or 0.
 func (m *ZMQClientMetrics) SetConnected(connected bool) {
-	if m == nil {
-		return
+	if m != nil {
+		setFlag(m.status, connected)
 	}
-	if connected {
-		m.status.Set(1)
+}
+
+// SetTopicMismatch sets topic_mismatch to 1 or 0 (see
+// ClientStats.TopicMismatch).
+func (m *ZMQClientMetrics) SetTopicMismatch(mismatch bool) {
+	if m != nil {
+		setFlag(m.topicMismatch, mismatch)
+	}
+}
+
+// setFlag sets a 0-or-1 gauge.
+func setFlag(g prometheus.Gauge, on bool) {
+	if on {
+		g.Set(1)
 	} else {
-		m.status.Set(0)
+		g.Set(0)
 	}
 }
 

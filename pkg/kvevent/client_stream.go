@@ -29,6 +29,7 @@ func (l *clientLoop) startReplay(from uint64, force bool) bool {
 	}
 	l.replay.active = true
 	l.replay.deadline = now.Add(c.cfg.ReplayTimeout)
+	l.silence.counted = false
 	c.logDebug("Requested replay", "fromSeq", from, "endpoint", c.replayEndpoint)
 	return true
 }
@@ -38,6 +39,9 @@ func (l *clientLoop) abortReplay() { l.resetDealer() }
 
 // deliver decodes a batch and hands it to the handler.
 func (l *clientLoop) deliver(seq uint64, payload []byte, replayed bool) {
+	if replayed {
+		l.replayDelivered()
+	}
 	l.c.deliver(seq, payload, replayed)
 }
 
@@ -76,14 +80,17 @@ func (l *clientLoop) drainReplies() {
 			c.metrics.IncrementErrorCount(ErrorTypeReplayProtocol)
 			continue
 		}
-		seq, payload, end, err := parseReplayReply(frames)
+		r, err := parseReplayReply(frames)
 		if err != nil {
 			l.failReplay(ErrorTypeReplayProtocol, err)
 			return
 		}
 		l.replay.deadline = time.Now().Add(c.cfg.ReplayTimeout)
-		if !end {
-			l.seq.onReplayBatch(seq, payload)
+		if !r.end {
+			if r.hasTopic {
+				c.notePublisherTopic(r.topic)
+			}
+			l.seq.onReplayBatch(r.seq, r.payload)
 			continue
 		}
 		l.replay = replayTimer{backoff: c.cfg.ReconnectDelay}
@@ -114,27 +121,43 @@ func (l *clientLoop) replayFailed(errorType string, err error) {
 	l.resetDealer()
 }
 
+// replayReply is one reply of a replay ROUTER. Its slices are the received
+// frames.
+type replayReply struct {
+	seq     uint64
+	payload []byte
+	// topic is the publisher's topic frame; hasTopic is false in the layout
+	// without one (vLLM v0.25 and earlier).
+	topic    []byte
+	hasTopic bool
+	// end marks the end of the replay: seq 0xffffffffffffffff or an empty
+	// payload.
+	end bool
+}
+
 // parseReplayReply reads one reply of vLLM's replay ROUTER as a DEALER sees
 // it: ["", topic, seq, payload] since vLLM v0.26, ["", seq, payload] before.
-// end reports the end marker: seq 0xffffffffffffffff or an empty payload.
-func parseReplayReply(frames [][]byte) (seq uint64, payload []byte, end bool, err error) {
+func parseReplayReply(frames [][]byte) (replayReply, error) {
 	if len(frames) == 0 || len(frames[0]) != 0 {
-		return 0, nil, false, errors.New("replay reply does not start with an empty delimiter frame")
+		return replayReply{}, errors.New("replay reply does not start with an empty delimiter frame")
 	}
+	var r replayReply
 	var seqFrame []byte
 	switch len(frames) {
 	case 4:
-		seqFrame, payload = frames[2], frames[3]
+		r.topic, r.hasTopic = frames[1], true
+		seqFrame, r.payload = frames[2], frames[3]
 	case 3:
-		seqFrame, payload = frames[1], frames[2]
+		seqFrame, r.payload = frames[1], frames[2]
 	default:
-		return 0, nil, false, fmt.Errorf("replay reply has %d frames, want 3 or 4", len(frames))
+		return replayReply{}, fmt.Errorf("replay reply has %d frames, want 3 or 4", len(frames))
 	}
 	seq, ok := parseSeqFrame(seqFrame)
 	if !ok {
-		return 0, nil, false, fmt.Errorf("replay reply seq frame has %d bytes, want 8", len(seqFrame))
+		return replayReply{}, fmt.Errorf("replay reply seq frame has %d bytes, want 8", len(seqFrame))
 	}
-	return seq, payload, seq == endOfReplay || len(payload) == 0, nil
+	r.seq, r.end = seq, seq == endOfReplay || len(r.payload) == 0
+	return r, nil
 }
 
 // setConnected records a connection change; counted changes are ones the

@@ -286,27 +286,30 @@ func TestParseReplayReply(t *testing.T) {
 	t.Parallel()
 	seq7, end := seqFrame(7), seqFrame(endOfReplay)
 	tests := []struct {
-		name    string
-		frames  [][]byte
-		seq     uint64
-		payload string
-		end     bool
-		err     bool
+		name     string
+		frames   [][]byte
+		seq      uint64
+		payload  string
+		topic    string
+		hasTopic bool
+		end      bool
+		err      bool
 	}{
-		{"v0.26 batch", [][]byte{{}, []byte("kv"), seq7, []byte("p")}, 7, "p", false, false},
-		{"v0.26 end", [][]byte{{}, {}, end, {}}, endOfReplay, "", true, false},
-		{"v0.25 batch", [][]byte{{}, seq7, []byte("p")}, 7, "p", false, false},
-		{"v0.25 end", [][]byte{{}, end, {}}, endOfReplay, "", true, false},
-		{"empty payload ends", [][]byte{{}, seq7, {}}, 7, "", true, false},
-		{"no delimiter", [][]byte{seq7, []byte("p"), []byte("x")}, 0, "", false, true},
-		{"too few frames", [][]byte{{}, seq7}, 0, "", false, true},
-		{"too many frames", [][]byte{{}, {}, {}, seq7, []byte("p")}, 0, "", false, true},
-		{"short seq", [][]byte{{}, []byte{1, 2}, []byte("p")}, 0, "", false, true},
+		{"v0.26 batch", [][]byte{{}, []byte("kv"), seq7, []byte("p")}, 7, "p", "kv", true, false, false},
+		{"v0.26 end", [][]byte{{}, {}, end, {}}, endOfReplay, "", "", true, true, false},
+		{"v0.25 batch", [][]byte{{}, seq7, []byte("p")}, 7, "p", "", false, false, false},
+		{"v0.25 end", [][]byte{{}, end, {}}, endOfReplay, "", "", false, true, false},
+		{"empty payload ends", [][]byte{{}, seq7, {}}, 7, "", "", false, true, false},
+		{"no delimiter", [][]byte{seq7, []byte("p"), []byte("x")}, 0, "", "", false, false, true},
+		{"too few frames", [][]byte{{}, seq7}, 0, "", "", false, false, true},
+		{"too many frames", [][]byte{{}, {}, {}, seq7, []byte("p")}, 0, "", "", false, false, true},
+		{"short seq", [][]byte{{}, []byte{1, 2}, []byte("p")}, 0, "", "", false, false, true},
 	}
 	for _, tt := range tests {
-		seq, payload, end, err := parseReplayReply(tt.frames)
-		if (err != nil) != tt.err || seq != tt.seq || string(payload) != tt.payload || end != tt.end {
-			t.Errorf("%s: got %d %q %v %v", tt.name, seq, payload, end, err)
+		r, err := parseReplayReply(tt.frames)
+		if (err != nil) != tt.err || r.seq != tt.seq || string(r.payload) != tt.payload || string(r.topic) != tt.topic ||
+			r.hasTopic != tt.hasTopic || r.end != tt.end {
+			t.Errorf("%s: got %+v, %v", tt.name, r, err)
 		}
 	}
 }

@@ -49,6 +49,14 @@
 //     replay, only a seq going back reveals a restart.)
 //   - A batch that does not decode is counted, logged with its seq, and
 //     dropped; its seq still counts as delivered and the stream goes on.
+//   - The replay ROUTER ignores topics, so a subscription whose topic is not
+//     a prefix of the engine's loses every live message and still receives
+//     every batch, through the quiet-stream replays, seconds late. When three
+//     replays in a row deliver batches without one live message in between,
+//     and the topic frame of the replies (vLLM v0.26 and later) does not
+//     start with the subscribed topic or is absent, the client logs an error
+//     once with both topics and sets ClientStats.TopicMismatch and
+//     aibrix_kvcache_zmq_topic_mismatch until a live message arrives.
 //
 // ZMTP heartbeats reveal an engine that died or became unreachable while
 // silent, a socket monitor keeps the connection state (GetStats, Stats,

@@ -210,9 +210,23 @@ func (m *KVEventManager) Start() error {
 			}
 		}()
 	}
-	m.logger.Info("Started KV event manager", "workers", m.cfg.Workers, "bind", m.cfg.Bind != nil,
-		"pubPort", m.cfg.Streams.PubPort, "replayPort", m.cfg.Streams.ReplayPort, "topic", m.cfg.Streams.Topic)
+	if b := m.cfg.Bind; b != nil {
+		m.logger.Info("Started KV event manager", "workers", m.cfg.Workers, "mode", m.mode(), "bindEndpoint", b.Endpoint,
+			"bindRanks", max(b.Ranks, 1), "replayPort", m.cfg.Streams.ReplayPort)
+	} else {
+		m.logger.Info("Started KV event manager", "workers", m.cfg.Workers, "mode", m.mode(),
+			"pubPort", m.cfg.Streams.PubPort, "replayPort", m.cfg.Streams.ReplayPort, "topic", m.cfg.Streams.Topic)
+	}
 	return nil
+}
+
+// mode names how the manager follows streams, for logs: "bind" when engines
+// dial into the gateway's bound sockets, else "connect".
+func (m *KVEventManager) mode() string {
+	if m.cfg.Bind != nil {
+		return "bind"
+	}
+	return "connect"
 }
 
 func (m *KVEventManager) newContext() (*zmq.Context, error) {

@@ -32,6 +32,10 @@ type StreamStatus struct {
 	// gateway's bound endpoint.
 	PubEndpoint    string `json:"pubEndpoint"`
 	ReplayEndpoint string `json:"replayEndpoint,omitempty"`
+	// Topic is the SUB filter of a dialled stream, or the topic a bound
+	// stream expects its engine to publish with (kv@<ip>:<port>@<model>,
+	// any port).
+	Topic string `json:"topic"`
 	// Since is when the manager started following the stream.
 	Since time.Time `json:"since"`
 	// LastEventAge is how long ago the last batch was delivered; 0 before
@@ -65,7 +69,7 @@ func (m *KVEventManager) Snapshot() []PodStatus {
 	for i, streams := range followed {
 		for _, s := range streams {
 			ss := StreamStatus{Stream: s.id, PubEndpoint: s.pubEndpoint, ReplayEndpoint: s.replayEndpoint,
-				Since: s.since, Stats: s.client.Stats()}
+				Topic: s.topic, Since: s.since, Stats: s.client.Stats()}
 			if !ss.Stats.LastEventTime.IsZero() {
 				ss.LastEventAge = now.Sub(ss.Stats.LastEventTime)
 			}

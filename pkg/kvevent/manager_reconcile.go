@@ -40,7 +40,10 @@ type followedStream struct {
 	id             StreamID
 	pubEndpoint    string
 	replayEndpoint string
-	since          time.Time
+	// topic is the SUB filter of a dialled stream, or the topic a bound
+	// stream expects its engine to publish with.
+	topic string
+	since time.Time
 	// client follows the stream; in bind mode it is never started and the
 	// bound receiver drives its sequencer and replay socket.
 	client *ZMQClient
@@ -106,13 +109,13 @@ func (m *KVEventManager) logTransition(key string, prev, next *podStatus) {
 		}
 		return
 	case next.state() == PodStateFollowed:
-		t := next.target
+		t, s := next.target, next.streams[0]
 		verb := "Following KV events"
 		if prev != nil && len(prev.streams) > 0 {
 			verb = "Following KV events again after a change of the pod"
 		}
-		log.Info(verb, "model", t.Model, "ip", t.IP, "pubPort", t.PubPort, "replayPort", t.ReplayPort,
-			"topic", t.Topic, "dpSize", t.DPSize, "loraID", t.LoraID)
+		log.Info(verb, "model", t.Model, "mode", m.mode(), "pubEndpoint", s.pubEndpoint,
+			"replayEndpoint", s.replayEndpoint, "topic", s.topic, "dpSize", t.DPSize, "loraID", t.LoraID)
 		return
 	case next.state() == PodStateFailed:
 		log.Error(next.err, "Cannot follow KV events", "model", next.model)
@@ -171,7 +174,8 @@ func (f *clientFollower) start(t PodTarget, rank int) (*followedStream, error) {
 		c.Close()
 		return nil, fmt.Errorf("follow %s rank %d: %w", t.PodKey, rank, err)
 	}
-	return &followedStream{id: id, pubEndpoint: c.pubEndpoint, replayEndpoint: c.replayEndpoint, since: time.Now(), client: c}, nil
+	return &followedStream{id: id, pubEndpoint: c.pubEndpoint, replayEndpoint: c.replayEndpoint, topic: cfg.Topic,
+		since: time.Now(), client: c}, nil
 }
 
 // unfollow closes the clients all at once: each takes up to a poll

@@ -73,6 +73,7 @@ type KVCacheMetrics struct {
 	errors             *prometheus.CounterVec
 	connectionStatus   *prometheus.GaugeVec
 	lastSequenceID     *prometheus.GaugeVec
+	topicMismatch      *prometheus.GaugeVec
 }
 
 // NewKVCacheMetrics creates the collectors and registers them on reg. When
@@ -97,10 +98,10 @@ func NewKVCacheMetrics(reg prometheus.Registerer) (*KVCacheMetrics, error) {
 		disconnections:    counter("disconnections_total", "Connections to an engine's KV-event publisher that were lost.", stream),
 		reconnectAttempts: counter("reconnect_attempts_total", "Attempts to reconnect to an engine's KV-event publisher.", stream),
 		eventsReceived:    counter("events_received_total", "KV events decoded from the stream, by type.", with(LabelEventType)),
-		eventsProcessed:   counter("events_processed_total", "KV events the handler applied without error, by type.", with(LabelEventType)),
+		eventsProcessed:   counter("events_processed_total", "KV events applied without error (in the gateway: to the prefix index), by type.", with(LabelEventType)),
 		processingDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: "aibrix", Subsystem: "kvcache_zmq", Name: "event_processing_duration_seconds",
-			Help:    "Time the handler took per delivered batch.",
+			Help:    "Time to apply one delivered batch (in the gateway: to the prefix index).",
 			Buckets: prometheus.ExponentialBuckets(10e-6, 4, 9),
 		}, stream),
 		missedEvents:     counter("missed_events_total", "Batches lost for good in unrecoverable gaps (vLLM's seq counts batches).", stream),
@@ -109,11 +110,13 @@ func NewKVCacheMetrics(reg prometheus.Registerer) (*KVCacheMetrics, error) {
 		replayFailures:   counter("replay_failures_total", "Replays that timed out or broke the protocol.", stream),
 		replayedBatches:  counter("replayed_batches_total", "Batches delivered from replay replies rather than the live stream.", stream),
 		batchesReceived:  counter("batches_received_total", "Batches delivered in seq order, including ones that failed to decode.", stream),
-		streamResets:     counter("stream_resets_total", "Times a stream's handler state stopped being exact, by reason.", with(LabelReason)),
+		streamResets:     counter("stream_resets_total", "Times the state built from a stream (in the gateway: the pod's prefix index entries) stopped being exact, by reason: publisher_restart, unrecoverable_gap, rewind.", with(LabelReason)),
 		decodeSkips:      counter("decode_skips_total", "Unknown events, map keys and trailing positional fields the decoder skipped, by kind.", with(LabelKind)),
-		errors:           counter("errors_total", "Errors, by type.", with(LabelErrorType)),
+		errors:           counter("errors_total", "Errors while following a stream, by type: decode, handler (applying a batch failed), malformed_message, replay_protocol, socket.", with(LabelErrorType)),
 		connectionStatus: gauge("connection_status", "1 while the client is connected to the engine's publisher, else 0."),
 		lastSequenceID:   gauge("last_sequence_id", "Seq of the last batch delivered."),
+		topicMismatch: gauge("topic_mismatch", "1 while the stream's batches arrive only through replay, seconds late, because the "+
+			"subscribed topic most likely filters out the engine's live messages (the client's log names both topics), else 0."),
 	}
 	var err error
 	for _, p := range []**prometheus.CounterVec{&m.connections, &m.disconnections, &m.reconnectAttempts,
@@ -123,7 +126,7 @@ func NewKVCacheMetrics(reg prometheus.Registerer) (*KVCacheMetrics, error) {
 			return nil, err
 		}
 	}
-	for _, p := range []**prometheus.GaugeVec{&m.connectionStatus, &m.lastSequenceID} {
+	for _, p := range []**prometheus.GaugeVec{&m.connectionStatus, &m.lastSequenceID, &m.topicMismatch} {
 		if *p, err = registerOrReuse(reg, *p); err != nil {
 			return nil, err
 		}
@@ -173,6 +176,7 @@ func (m *KVCacheMetrics) NewZMQClientMetrics(podKey string, dpRank int) *ZMQClie
 		skipUnknownField:  m.decodeSkips.WithLabelValues(podKey, rank, SkipKindUnknownField),
 		status:            m.connectionStatus.WithLabelValues(podKey, rank),
 		lastSeq:           m.lastSequenceID.WithLabelValues(podKey, rank),
+		topicMismatch:     m.topicMismatch.WithLabelValues(podKey, rank),
 		errors:            make(map[string]prometheus.Counter),
 	}
 	for i, t := range eventTypes {
@@ -186,5 +190,6 @@ func (m *KVCacheMetrics) NewZMQClientMetrics(podKey string, dpRank int) *ZMQClie
 		c.errors[t] = m.errors.WithLabelValues(podKey, rank, t)
 	}
 	c.status.Set(0)
+	c.topicMismatch.Set(0)
 	return c
 }

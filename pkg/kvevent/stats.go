@@ -46,6 +46,18 @@ type ClientStats struct {
 	// LastEventTime is when the last batch was delivered; zero before the
 	// first.
 	LastEventTime time.Time
+	// PublisherTopic is the topic frame of the publisher's replay replies
+	// (vLLM v0.26 and later send one); PublisherTopicKnown is false until a
+	// reply carried one.
+	PublisherTopic      string
+	PublisherTopicKnown bool
+	// TopicMismatch is set while batches arrive only through replay: three
+	// replays in a row delivered batches that no live message brought, and
+	// the publisher's topic is unknown or does not start with the
+	// subscribed one, so the subscription most likely filters every live
+	// message out. Such batches reach the handler when the quiet stream is
+	// probed, up to MaxReconnectDelay late. A live message clears it.
+	TopicMismatch bool
 }
 
 // clientCounters are a client's statistics, written by its goroutine and
@@ -58,6 +70,8 @@ type clientCounters struct {
 	unrecoverableGaps, missedBatches, publisherRestarts, rewinds atomic.Uint64
 	lastSeq                                                      atomic.Uint64
 	lastEventNanos                                               atomic.Int64
+	publisherTopic                                               atomic.Pointer[string]
+	topicMismatch                                                atomic.Bool
 }
 
 // Stats returns a snapshot of the client's counters.
@@ -85,9 +99,13 @@ func (c *ZMQClient) Stats() ClientStats {
 		MissedBatches:     k.missedBatches.Load(),
 		PublisherRestarts: k.publisherRestarts.Load(),
 		Rewinds:           k.rewinds.Load(),
+		TopicMismatch:     k.topicMismatch.Load(),
 	}
 	if n := k.lastEventNanos.Load(); n != 0 {
 		s.LastEventTime = time.Unix(0, n)
+	}
+	if t := k.publisherTopic.Load(); t != nil {
+		s.PublisherTopic, s.PublisherTopicKnown = *t, true
 	}
 	return s
 }

@@ -10,7 +10,8 @@ import (
 
 // BenchmarkRoute measures one decision after tokenization, MatchPrefix
 // included, for an 8,192-token prompt among 16 pods: the real Store (pod
-// metrics scraped from fake engines) and a warm index where pod i holds the
+// metrics scraped from fake engines, and their scrape states) and a warm
+// index where pod i holds the
 // first 512·i tokens of the prompt among 80,000 blocks of other prompts,
 // with four prefills in flight per pod.
 func BenchmarkRoute(b *testing.B) {
@@ -29,7 +30,7 @@ func BenchmarkRoute(b *testing.B) {
 	}
 	for _, alg := range []string{KVAware, PrefixCache, LeastRequest, Random} {
 		b.Run(alg, func(b *testing.B) {
-			r, _ := newTestRouter(b, fleet.store, idx)
+			r, _ := newTestRouter(b, fleet.store, idx, func(c *Config) { c.Scrapes = fleet.store })
 			podList := fleet.pods(b)
 			ctx := request("bench", alg, p)
 			var d Decision

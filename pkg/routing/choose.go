@@ -1,15 +1,19 @@
 package routing
 
-import "math"
+import (
+	"math"
+
+	"github.com/kvgate/kvgate/pkg/cache"
+)
 
 // choose returns the index of the candidate with the lowest key among those
-// eligible admits (every candidate when eligible is nil), or -1 when none
-// is. Candidates whose key is within tolerance (relative to the lowest key)
-// of the lowest are tied; ties go to the pod with the fewest running
-// requests, then to one drawn at random.
+// in considers and eligible admits (every one when eligible is nil), or -1
+// when none is. Candidates whose key is within tolerance (relative to the
+// lowest key) of the lowest are tied; ties go to the pod with the fewest
+// running requests, then to one drawn at random.
 func choose(in input, eligible func(*Candidate) bool, key func(*Candidate) float64, tolerance float64) int {
 	cs := in.d.Candidates
-	ok := func(i int) bool { return eligible == nil || eligible(&cs[i]) }
+	ok := func(i int) bool { return in.considers(&cs[i]) && (eligible == nil || eligible(&cs[i])) }
 	lo := math.Inf(1)
 	for i := range cs {
 		// A comparison, unlike min, never lets a NaN key win.
@@ -40,6 +44,13 @@ func choose(in input, eligible func(*Candidate) bool, key func(*Candidate) float
 		}
 	}
 	return chosen
+}
+
+// considers reports whether a load algorithm may choose c: any candidate,
+// unless some have current metrics and others do not, which are then left
+// out (see the package documentation).
+func (in input) considers(c *Candidate) bool {
+	return !in.freshOnly || c.Scrape == cache.ScrapeFresh
 }
 
 func byScore(c *Candidate) float64   { return c.Score }

@@ -31,6 +31,12 @@ type MetricSource interface {
 	GetMetricValueByPod(podName, podNamespace, metricName string) (cache.MetricValue, error)
 }
 
+// ScrapeStates tells how current each pod's scraped metrics are.
+// *cache.Store implements it.
+type ScrapeStates interface {
+	PodScrapeState(podName, podNamespace string) cache.ScrapeState
+}
+
 // PrefixIndex reports how much of a prompt each pod holds in its KV cache.
 // *indexer.SyncPrefixHashTable implements it; see its MatchPrefix for the
 // contract.
@@ -47,6 +53,11 @@ type Config struct {
 	// Index is the prefix index. Without one, prefix-cache and kv-aware
 	// route on load alone, as they do for a request without tokens.
 	Index PrefixIndex
+	// Scrapes tells which pods' scraped metrics are current. The
+	// algorithms that read load choose a pod whose latest scrape failed or
+	// has not happened yet only when no candidate's is current (see the
+	// package documentation). Nil counts every pod's metrics as current.
+	Scrapes ScrapeStates
 
 	// DefaultAlgorithm serves requests that name none
 	// (KVGATE_ROUTING_ALGORITHM or ROUTING_ALGORITHM; default kv-aware).

@@ -2,6 +2,8 @@ package routing
 
 import (
 	v1 "k8s.io/api/core/v1"
+
+	"github.com/kvgate/kvgate/pkg/cache"
 )
 
 // Outcome says what decided a routing decision. It labels
@@ -124,6 +126,9 @@ type Candidate struct {
 	UncachedTokens int `json:"uncachedTokens"`
 	// PredictedTTFTSeconds is kv-aware's predicted time to first token.
 	PredictedTTFTSeconds float64 `json:"predictedTTFTSeconds,omitempty"`
+	// Scrape says how current the pod's scraped metrics are (fresh,
+	// stale or none); empty without Config.Scrapes and for random.
+	Scrape cache.ScrapeState `json:"scrape,omitempty"`
 
 	pod      *v1.Pod
 	uncached float64 // UncachedTokens before rounding

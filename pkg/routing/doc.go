@@ -31,6 +31,27 @@
 // candidate, the inputs that justified it (Decision); Explain runs every
 // algorithm on one snapshot for the gateway's debug API.
 //
+// # Pods without fresh metrics
+//
+// A pod's scraped metrics (waiting requests, KV-cache usage, latencies,
+// prefill speed) are fresh when its latest scrape succeeded, as
+// Config.Scrapes (the Store's PodScrapeState) tells. A pod whose scrapes
+// fail keeps its last values and a pod not scraped yet has none: either
+// reads as idle, no queue and no latency, although such a pod is most
+// likely down, restarting or too loaded to answer. So while some candidates
+// have fresh metrics, every algorithm but random chooses among those only;
+// the others stay in the decision, with their Candidate.Scrape state, but
+// are left out of the choice and of the statistics it compares against
+// (prefix-cache's load bound, the median latency least-latency gives
+// unmeasured pods, the best cached prefix of kv-aware's outcome). When no
+// candidate has fresh metrics (scraping is off, or every pod fails), stale
+// and unscraped pods are ranked alike on what is known. least-request reads
+// only the gateway's own request counts but follows the same rule: a pod
+// that cannot be scraped is the likeliest to refuse the next request too.
+// random reads no metric and draws among every candidate. Pods that refused
+// connections are the gateway's to leave out before routing (see
+// cache.Store.EjectPod).
+//
 // # kv-aware: the time-to-first-token model
 //
 // kv-aware sends a request to the candidate pod p with the lowest predicted

@@ -41,8 +41,13 @@ func (r *Router) gather(ctx *types.RoutingContext, pods []*v1.Pod, nd needs, d *
 		outputTokens: ctx.PredictedOutputTokens,
 	}
 	now := r.cfg.Now()
+	var fresh, unfresh bool
 	for _, p := range pods {
 		c := Candidate{Pod: r.keys.key(p), pod: p}
+		if nd != 0 && r.cfg.Scrapes != nil {
+			c.Scrape = r.cfg.Scrapes.PodScrapeState(p.Name, p.Namespace)
+			fresh, unfresh = fresh || c.Scrape == cache.ScrapeFresh, unfresh || c.Scrape != cache.ScrapeFresh
+		}
 		r.readMetrics(&c, nd)
 		if nd&needQueue != 0 {
 			q := r.book.queue(c.Pod, now)
@@ -50,6 +55,7 @@ func (r *Router) gather(ctx *types.RoutingContext, pods []*v1.Pod, nd needs, d *
 		}
 		d.Candidates = append(d.Candidates, c)
 	}
+	in.freshOnly = fresh && unfresh
 	r.fillSpeeds(d.Candidates, s)
 	if nd&needMatch != 0 && in.hasTokens && r.cfg.Index != nil {
 		r.match(ctx, d, d.Candidates, s)

@@ -27,10 +27,12 @@ const (
 	testBlockSize = 16
 )
 
-// fakeMetrics is a MetricSource holding values set by the test.
+// fakeMetrics is a MetricSource and ScrapeStates holding values set by the
+// test; a pod's scrape state is fresh unless set.
 type fakeMetrics struct {
-	mu sync.Mutex
-	v  map[string]map[string]float64 // pod name -> metric -> value
+	mu     sync.Mutex
+	v      map[string]map[string]float64 // pod name -> metric -> value
+	states map[string]cache.ScrapeState  // pod name -> scrape state
 }
 
 func newFakeMetrics() *fakeMetrics { return &fakeMetrics{v: map[string]map[string]float64{}} }
@@ -43,6 +45,26 @@ func (f *fakeMetrics) set(pod, metric string, v float64) *fakeMetrics {
 	}
 	f.v[pod][metric] = v
 	return f
+}
+
+// setScrape sets the scrape state of pod.
+func (f *fakeMetrics) setScrape(pod string, s cache.ScrapeState) *fakeMetrics {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.states == nil {
+		f.states = map[string]cache.ScrapeState{}
+	}
+	f.states[pod] = s
+	return f
+}
+
+func (f *fakeMetrics) PodScrapeState(podName, _ string) cache.ScrapeState {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if s, ok := f.states[podName]; ok {
+		return s
+	}
+	return cache.ScrapeFresh
 }
 
 func (f *fakeMetrics) GetMetricValueByPod(podName, podNamespace, metricName string) (cache.MetricValue, error) {

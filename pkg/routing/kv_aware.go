@@ -27,7 +27,9 @@ func (a kvAware) pick(in input) {
 		c.QueueSeconds = max(c.QueueSeconds, c.Waiting*perRequest/speed)
 		c.PredictedTTFTSeconds = c.QueueSeconds + c.uncached/speed + c.AvgTPOTSeconds
 		c.Score = c.PredictedTTFTSeconds
-		bestCached = max(bestCached, prompt-c.uncached)
+		if in.considers(c) {
+			bestCached = max(bestCached, prompt-c.uncached)
+		}
 	}
 	d.chosen = choose(in, nil, byScore, a.tolerance)
 	switch {

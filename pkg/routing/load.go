@@ -64,7 +64,7 @@ func (leastLatency) pick(in input) {
 	for i := range cs {
 		c := &cs[i]
 		c.Score = c.AvgTTFTSeconds + c.AvgTPOTSeconds*tokens
-		if c.measured&hasTTFT != 0 {
+		if c.measured&hasTTFT != 0 && in.considers(c) {
 			measured = append(measured, c.Score)
 		}
 	}

@@ -55,12 +55,12 @@ func newRouterMetrics(reg prometheus.Registerer, in *inflight) (*routerMetrics, 
 		}, []string{"algorithm"}),
 		ttftRatio: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: ns, Subsystem: sub, Name: "ttft_prediction_ratio",
-			Help:    "Time to first token seen by the gateway divided by kv-aware's prediction, for prefills ended by FirstToken.",
+			Help:    "Time to first token the gateway saw divided by kv-aware's prediction, for requests whose first token it relayed (streamed responses).",
 			Buckets: []float64{.125, .25, .5, .67, .8, .9, 1, 1.1, 1.25, 1.5, 2, 4, 8},
 		}),
 		expired: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "inflight_prefills_expired_total",
-			Help: "In-flight prefills dropped because neither FirstToken nor Done came within the TTL.",
+			Help: "In-flight prefills dropped because neither their first token nor the end of their request was seen within the in-flight prefill TTL.",
 		}),
 		byAlg: map[string]*algMetrics{},
 	}
@@ -83,7 +83,7 @@ func newRouterMetrics(reg prometheus.Registerer, in *inflight) (*routerMetrics, 
 	}
 	collectors := []prometheus.Collector{
 		m.decisions, m.matchedFraction, m.duration, m.ttftRatio, m.expired,
-		gauge("inflight_prefills", "Prefills started through StartPrefill that have not produced a first token.",
+		gauge("inflight_prefills", "Requests sent to pods that have neither produced a first token nor ended: the prefill work kv-aware counts as queued.",
 			func() float64 { return float64(in.count.Load()) }),
 		gauge("inflight_prefill_tokens", "Predicted uncached prompt tokens of the in-flight prefills.",
 			func() float64 { return float64(in.tokens.Load()) }),

@@ -27,10 +27,14 @@ func (a prefixCache) pick(in input) {
 	d := in.d
 	cs := d.Candidates
 	lo, hi := math.Inf(1), math.Inf(-1)
-	var sum, sumSq float64
+	var n, sum, sumSq float64
 	for i := range cs {
+		if !in.considers(&cs[i]) {
+			continue
+		}
 		r := cs[i].Running
 		lo, hi = min(lo, r), max(hi, r)
+		n++
 		sum += r
 		sumSq += r * r
 	}
@@ -42,7 +46,6 @@ func (a prefixCache) pick(in input) {
 		d.chosen, d.Outcome = leastRunning(in), OutcomeNoTokens
 		return
 	}
-	n := float64(len(cs))
 	mean := sum / n
 	d.LoadLimit = mean + a.factor*math.Sqrt(max(sumSq/n-mean*mean, 0))
 
@@ -51,7 +54,9 @@ func (a prefixCache) pick(in input) {
 		c := &cs[i]
 		offGPU := float64(c.MatchedTokens - c.MatchedGPUTokens)
 		c.Score = (float64(c.MatchedGPUTokens) + a.cpuWeight*offGPU) / float64(d.PromptTokens)
-		best = max(best, c.Score)
+		if in.considers(c) {
+			best = max(best, c.Score)
+		}
 	}
 	if best == 0 {
 		d.chosen, d.Outcome = leastRunning(in), OutcomeLoadFallback

@@ -44,6 +44,9 @@ type input struct {
 	// hasTokens reports token ids; matched reports that every candidate
 	// was matched against the index.
 	hasTokens, matched bool
+	// freshOnly reports that some candidates' metrics are current and
+	// others' are not: only the current ones may be chosen on load.
+	freshOnly bool
 	// meanUncached estimates the prefill tokens of one queued request.
 	meanUncached float64
 	// outputTokens is the request's predicted output length, 0 if unknown.

@@ -1,0 +1,169 @@
+package cache
+
+import (
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// ejectionStore returns a Store that scrapes nothing, on the fake clock.
+func ejectionStore(t *testing.T, reg prometheus.Registerer) (*Store, *fakeClock) {
+	t.Helper()
+	cfg := noScrape()
+	cfg.Registerer = reg
+	s := newTestStore(t, nil, cfg)
+	clock := &fakeClock{now: time.Unix(1_700_000_000, 0)}
+	s.now = clock.Now
+	return s, clock
+}
+
+func TestEjectionBackoffDoublesUpToTheMaximumAndAnAnswerResetsIt(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	s, clock := ejectionStore(t, reg)
+	p := testPod("ns", "p", llama, "10.0.0.1")
+	s.AddOrUpdatePod(p)
+
+	for i, want := range []time.Duration{1, 2, 4, 8, 16, 30, 30} {
+		want *= time.Second
+		s.EjectPod(p, EjectConnectionRefused)
+		ej, ok := s.PodEjection(p)
+		if !ok || ej.Backoff != want || ej.Count != i+1 || ej.Reason != EjectConnectionRefused ||
+			!ej.Until.Equal(clock.Now().Add(want)) {
+			t.Fatalf("ejection %d: %+v, %v; want %v from now", i+1, ej, ok, want)
+		}
+		// Failures of requests sent before the ejection change nothing.
+		s.EjectPod(p, EjectDialFailed)
+		if again, _ := s.PodEjection(p); again != ej {
+			t.Fatalf("ejecting an ejected pod changed %+v to %+v", ej, again)
+		}
+		clock.advance(want - time.Millisecond)
+		if _, ok := s.PodEjection(p); !ok {
+			t.Fatalf("ejection %d ended early", i+1)
+		}
+		clock.advance(time.Millisecond)
+		if ej, ok := s.PodEjection(p); ok {
+			t.Fatalf("ejection %d lasts past its backoff: %+v", i+1, ej)
+		}
+	}
+	if n := gathered(t, reg, "kvgate_cache_pod_ejections_total", map[string]string{"pod": "ns/p", "reason": "connection_refused"}); n != 7 {
+		t.Errorf("ejections = %v, want 7", n)
+	}
+
+	s.EjectPod(p, EjectDialFailed)
+	if n := gathered(t, reg, "kvgate_cache_ejected_pods", nil); n != 1 {
+		t.Errorf("ejected pods = %v, want 1", n)
+	}
+	s.PodReachable(p)
+	if ej, ok := s.PodEjection(p); ok {
+		t.Fatalf("pod still ejected after it answered: %+v", ej)
+	}
+	if n := gathered(t, reg, "kvgate_cache_ejected_pods", nil); n != 0 {
+		t.Errorf("ejected pods = %v after the pod answered, want 0", n)
+	}
+	s.EjectPod(p, EjectDialFailed)
+	if ej, _ := s.PodEjection(p); ej.Backoff != time.Second || ej.Count != 1 || ej.Reason != EjectDialFailed {
+		t.Errorf("ejection after an answer: %+v, want the first backoff again", ej)
+	}
+}
+
+func TestEjectionBelongsToOnePodVersion(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	s, _ := ejectionStore(t, reg)
+	old := testPod("ns", "p", llama, "10.0.0.1")
+	s.AddOrUpdatePod(old)
+	s.EjectPod(old, EjectConnectionRefused)
+
+	// An update of the same pod keeps its ejection.
+	updated := testPod("ns", "p", llama, "10.0.0.1", withLabel("rev", "2"))
+	s.AddOrUpdatePod(updated)
+	if _, ok := s.PodEjection(updated); !ok {
+		t.Error("an update of an ejected pod readmitted it")
+	}
+	// A replacement (another UID) starts afresh, and reports about the
+	// pod it replaced do not touch it.
+	replacement := testPod("ns", "p", llama, "10.0.0.2", withUID("new"))
+	s.AddOrUpdatePod(replacement)
+	s.EjectPod(old, EjectConnectionRefused)
+	if ej, ok := s.PodEjection(replacement); ok {
+		t.Errorf("the replacement pod is ejected: %+v", ej)
+	}
+	if _, ok := s.PodEjection(old); ok {
+		t.Error("the replaced pod's ejection is still reported")
+	}
+
+	s.DeletePod("ns", "p")
+	s.EjectPod(replacement, EjectConnectionRefused)
+	if n := gathered(t, reg, "kvgate_cache_pod_ejections_total", map[string]string{"pod": "ns/p"}); n != -1 {
+		t.Errorf("ejections of a deleted pod = %v, want no series", n)
+	}
+}
+
+func TestSuccessfulScrapeReadmitsAPodServingMetricsOnItsPort(t *testing.T) {
+	same, other := newEngine(t, "vllm_v1_t0.txt"), newEngine(t, "vllm_v1_t0.txt")
+	cfg := scrapeConfig(nil)
+	cfg.EjectionBackoff, cfg.MaxEjectionBackoff = time.Hour, time.Hour
+	s := newTestStore(t, nil, cfg)
+	p := same.pod("p", llama)
+	// q serves requests on a port of its own and /metrics on other's.
+	q := testPod("ns", "q", llama, "127.0.0.1", withPort(1), withLabel(MetricPortLabel, strconv.Itoa(other.port)))
+	s.AddOrUpdatePod(p)
+	s.AddOrUpdatePod(q)
+	waitMetric(t, s, "p", NumRequestsRunning, equals(4))
+	waitMetric(t, s, "q", NumRequestsRunning, equals(4))
+
+	same.mode.Store(serveError)
+	waitMetric(t, s, "p", NumRequestsRunning, func(v MetricValue) bool { return v.Stale })
+	s.EjectPod(p, EjectConnectionRefused)
+	s.EjectPod(q, EjectConnectionRefused)
+	if _, ok := s.PodEjection(p); !ok {
+		t.Fatal("a pod whose scrapes fail was readmitted")
+	}
+	same.mode.Store(serveOK)
+	eventually(t, 10*time.Second, func() (bool, string) {
+		_, ejected := s.PodEjection(p)
+		return !ejected, "p is still ejected after its scrapes succeed again"
+	})
+	// q's scrapes succeed all along, which says nothing of its serving port.
+	hits := other.hits.Load()
+	eventually(t, 10*time.Second, func() (bool, string) { return other.hits.Load() > hits+2, "q is not scraped" })
+	if _, ok := s.PodEjection(q); !ok {
+		t.Error("a scrape of another port readmitted q")
+	}
+}
+
+func TestScrapeStateFollowsTheLatestScrape(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	up, down := newEngine(t, "vllm_v1_t0.txt"), newEngine(t, "vllm_v1_t0.txt")
+	down.srv.Close()
+	s := newTestStore(t, nil, scrapeConfig(reg))
+	if got := s.PodScrapeState("p", "ns"); got != ScrapeNone {
+		t.Errorf("unknown pod: %s, want none", got)
+	}
+	s.AddOrUpdatePod(up.pod("p", llama))
+	s.AddOrUpdatePod(down.pod("dead", llama))
+	waitMetric(t, s, "p", NumRequestsRunning, equals(4))
+	if got := s.PodScrapeState("p", "ns"); got != ScrapeFresh {
+		t.Errorf("scraped pod: %s, want fresh", got)
+	}
+	// A pod never scraped successfully is stale once a scrape failed.
+	eventually(t, 10*time.Second, func() (bool, string) {
+		got := s.PodScrapeState("dead", "ns")
+		return got == ScrapeStale, "dead pod: " + string(got)
+	})
+	if n := gathered(t, reg, "kvgate_cache_stale_pods", nil); n != 1 {
+		t.Errorf("stale pods = %v, want the dead one", n)
+	}
+	up.mode.Store(serveError)
+	eventually(t, 10*time.Second, func() (bool, string) {
+		got := s.PodScrapeState("p", "ns")
+		return got == ScrapeStale, "failing pod: " + string(got)
+	})
+
+	off := newTestStore(t, nil, noScrape())
+	off.AddOrUpdatePod(up.pod("p", llama))
+	if got := off.PodScrapeState("p", "ns"); got != ScrapeNone {
+		t.Errorf("without scraping: %s, want none", got)
+	}
+}
