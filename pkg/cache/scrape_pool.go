@@ -17,15 +17,17 @@ import (
 // another address or was replaced. A slow or failing pod only delays its own
 // loop.
 type scrapePool struct {
-	reg         *registry
-	client      *http.Client
-	interval    time.Duration
-	timeout     time.Duration
-	window      time.Duration
-	defaultPort int
-	selection   func() *metricSelection
-	metrics     *storeMetrics
-	log         klog.Logger
+	reg      *registry
+	client   *http.Client
+	interval time.Duration
+	timeout  time.Duration
+	window   time.Duration
+	// prefillWindow is the window of PrefillTokensPerSecond.
+	prefillWindow time.Duration
+	defaultPort   int
+	selection     func() *metricSelection
+	metrics       *storeMetrics
+	log           klog.Logger
 
 	nudge chan struct{}
 
@@ -100,7 +102,7 @@ func (p *scrapePool) start(ctx context.Context, e *podEntry) {
 		selection: p.selection,
 		metrics:   p.metrics,
 		log:       p.log,
-		proj:      newProjector(p.window),
+		proj:      newProjector(p.window, p.prefillWindow),
 		parser:    newTextParser(),
 	}
 	r := &runningLoop{url: l.url, state: e.state, cancel: cancel, done: make(chan struct{})}

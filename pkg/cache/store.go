@@ -76,7 +76,7 @@ func New(redisClient *redis.Client, cfg Config) (*Store, error) {
 		s.scraper = &scrapePool{
 			reg: s.reg, client: newScrapeClient(cfg.PodMetricScrapeTimeout),
 			interval: cfg.PodMetricRefreshInterval, timeout: cfg.PodMetricScrapeTimeout,
-			window: cfg.RecentMetricsWindow, defaultPort: cfg.DefaultEnginePort,
+			window: cfg.RecentMetricsWindow, prefillWindow: cfg.PrefillSpeedWindow, defaultPort: cfg.DefaultEnginePort,
 			selection: s.selection.Load,
 			log:       s.log, nudge: make(chan struct{}, 1), loops: map[string]*runningLoop{},
 		}
