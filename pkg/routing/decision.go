@@ -138,7 +138,7 @@ const (
 	// SpeedMeasured: the pod's own cache.PrefillTokensPerSecond.
 	SpeedMeasured SpeedSource = "measured"
 	// SpeedModelMedian: the median measured speed of the candidates, for
-	// a pod not measured or measured slower.
+	// a pod not measured.
 	SpeedModelMedian SpeedSource = "model_median"
 	// SpeedDefault: Config.DefaultPrefillTokensPerSecond, no candidate
 	// being measured.

@@ -96,10 +96,8 @@ func (r *Router) readMetrics(c *Candidate, nd needs) {
 	}
 }
 
-// fillSpeeds gives every candidate without a measured prefill speed, or
-// measured below the median of the measured ones, that median; with none
-// measured, the configured default. The package documentation says why a
-// slow measurement is not believed.
+// fillSpeeds gives every candidate without a measured prefill speed the
+// median of the measured ones, or the configured default when none is.
 func (r *Router) fillSpeeds(cs []Candidate, s *scratch) {
 	s.speeds = s.speeds[:0]
 	for i := range cs {
@@ -108,13 +106,13 @@ func (r *Router) fillSpeeds(cs []Candidate, s *scratch) {
 			s.speeds = append(s.speeds, cs[i].PrefillTokensPerSecond)
 		}
 	}
-	floor, source := r.cfg.DefaultPrefillTokensPerSecond, SpeedDefault
+	fallback, source := r.cfg.DefaultPrefillTokensPerSecond, SpeedDefault
 	if len(s.speeds) > 0 {
-		floor, source = median(s.speeds), SpeedModelMedian
+		fallback, source = median(s.speeds), SpeedModelMedian
 	}
 	for i := range cs {
-		if c := &cs[i]; c.SpeedSource == "" || c.PrefillTokensPerSecond < floor {
-			c.PrefillTokensPerSecond, c.SpeedSource = floor, source
+		if cs[i].SpeedSource == "" {
+			cs[i].PrefillTokensPerSecond, cs[i].SpeedSource = fallback, source
 		}
 	}
 }
