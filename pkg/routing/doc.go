@@ -65,15 +65,26 @@
 //
 // Q(p) is the prefill work queued ahead of the request on p, in seconds:
 //
-//	Q(p) = max(A(p), W(p) x T / S(p))
+//	Q(p) = max(A(p), max(0, W(p) - E(p)) x T / S(p))
 //
 // A(p) is the work left in the prefills this gateway started on p (see
 // In-flight prefills below), which counts this gateway's requests from the
-// moment they are sent. W(p) is the engine's number of waiting requests at the last
-// scrape, T the running mean of the uncached tokens of the requests this
-// gateway sent: the scrape lags, but counts every gateway's requests. A
+// moment they are sent. W(p) is the engine's number of waiting requests at
+// the last scrape, T the running mean of the uncached tokens of the requests
+// this gateway sent: the scrape lags, but counts every gateway's requests. A
 // request of this gateway that waits in the engine appears in both, hence
-// the larger of the two rather than their sum.
+// the larger of the two rather than their sum. E(p) is how many of the
+// waiting requests the scrape counted this gateway knows to have left the
+// queue since: of its requests to p sent before the scrape and not yet
+// prefilled then, the engine prefills the older first, so the older are
+// taken to have been running and the W(p) newer to have been waiting, and
+// E(p) counts those of the waiting ones whose first token has come back, or
+// that have ended, since. Without it, for up to a scrape interval after a
+// request ends, the pod holding its prefix would be charged a prefill for
+// it and could lose the next request for the same prefix to an idle pod.
+// When other gateways' requests are queued among this one's, E(p) may count
+// a request that was running at the scrape; the queue then reads short by as
+// many until the next scrape.
 //
 // D(p) is p's recent mean inter-token latency (the Store's AvgTPOTSeconds),
 // the decode interference: the first token comes out of an engine step that

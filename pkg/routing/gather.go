@@ -3,6 +3,7 @@ package routing
 import (
 	"math"
 	"slices"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 
@@ -43,10 +44,11 @@ func (r *Router) gather(ctx *types.RoutingContext, pods []*v1.Pod, nd needs, d *
 	now := r.cfg.Now()
 	for _, p := range pods {
 		c := Candidate{Pod: r.keys.key(p), pod: p}
-		r.readMetrics(&c, nd)
+		scrapedAt := r.readMetrics(&c, nd)
 		if nd&needQueue != 0 {
-			q := r.book.queue(c.Pod, now)
+			q := r.book.queue(c.Pod, now, scrapedAt, c.Waiting)
 			c.InFlightPrefills, c.InFlightPrefillTokens, c.QueueSeconds = q.prefills, q.tokens, q.seconds
+			c.WaitingEnded = q.waitingEnded
 		}
 		d.Candidates = append(d.Candidates, c)
 	}
@@ -61,15 +63,18 @@ func (r *Router) gather(ctx *types.RoutingContext, pods []*v1.Pod, nd needs, d *
 	return in
 }
 
-// readMetrics reads the pod metrics nd names into c; a metric without a
-// value reads as 0.
-func (r *Router) readMetrics(c *Candidate, nd needs) {
+// readMetrics reads the pod metrics nd names into c, and returns when the
+// waiting requests were scraped (zero when they were not read or have no
+// value); a metric without a value reads as 0.
+func (r *Router) readMetrics(c *Candidate, nd needs) (waitingAt time.Time) {
 	p := c.pod
+	var updated time.Time // of the latest value read
 	read := func(name string) (float64, bool) {
 		v, err := r.cfg.Metrics.GetMetricValueByPod(p.Name, p.Namespace, name)
 		if err != nil || math.IsNaN(v.Value) || math.IsInf(v.Value, 0) {
 			return 0, false
 		}
+		updated = v.UpdatedAt
 		return v.Value, true
 	}
 	c.PrefillTokensPerSecond, _ = read(cache.PrefillTokensPerSecond)
@@ -77,7 +82,10 @@ func (r *Router) readMetrics(c *Candidate, nd needs) {
 		c.Running, _ = read(cache.RealtimeNumRequestsRunning)
 	}
 	if nd&needQueue != 0 {
-		c.Waiting, _ = read(cache.NumRequestsWaiting)
+		var ok bool
+		if c.Waiting, ok = read(cache.NumRequestsWaiting); ok {
+			waitingAt = updated
+		}
 	}
 	if nd&(needQueue|needLatency) != 0 {
 		c.AvgTPOTSeconds, _ = read(cache.AvgTPOTSeconds)
@@ -94,6 +102,7 @@ func (r *Router) readMetrics(c *Candidate, nd needs) {
 			c.measured |= hasKVCache
 		}
 	}
+	return waitingAt
 }
 
 // fillSpeeds gives every candidate without a measured prefill speed the

@@ -27,10 +27,12 @@ const (
 	testBlockSize = 16
 )
 
-// fakeMetrics is a MetricSource holding values set by the test.
+// fakeMetrics is a MetricSource holding values set by the test, all
+// updated at the time it was last given (zero until then).
 type fakeMetrics struct {
-	mu sync.Mutex
-	v  map[string]map[string]float64 // pod name -> metric -> value
+	mu      sync.Mutex
+	v       map[string]map[string]float64 // pod name -> metric -> value
+	updated time.Time
 }
 
 func newFakeMetrics() *fakeMetrics { return &fakeMetrics{v: map[string]map[string]float64{}} }
@@ -45,6 +47,14 @@ func (f *fakeMetrics) set(pod, metric string, v float64) *fakeMetrics {
 	return f
 }
 
+// scraped sets the time the values were last updated.
+func (f *fakeMetrics) scraped(at time.Time) *fakeMetrics {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.updated = at
+	return f
+}
+
 func (f *fakeMetrics) GetMetricValueByPod(podName, podNamespace, metricName string) (cache.MetricValue, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -52,7 +62,7 @@ func (f *fakeMetrics) GetMetricValueByPod(podName, podNamespace, metricName stri
 	if !ok {
 		return cache.MetricValue{}, &cache.MetricNotFoundError{Pod: podNamespace + "/" + podName, Metric: metricName}
 	}
-	return cache.MetricValue{Value: v}, nil
+	return cache.MetricValue{Value: v, UpdatedAt: f.updated}, nil
 }
 
 // testPods returns Running, Ready pods p0..p<n-1> serving testModel.
