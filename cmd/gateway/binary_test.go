@@ -222,11 +222,11 @@ func TestBinaryRoutesToTwoSimulatedEnginesInStaticMode(t *testing.T) {
 	if status != http.StatusOK || first == "" {
 		t.Fatalf("first completion: %d from %q: %s", status, first, data)
 	}
-	// Once the index holds the prompt's blocks on that engine, and the
-	// Store has scraped it idle again (until then the engine's last
-	// scrape may still count the first request as waiting), kv-aware
-	// sends the prompt there.
-	waitFor(t, gw, "kv-aware to choose "+first+" for its prefix", func() bool {
+	// Once the index holds the prompt's blocks on that engine (its KV
+	// events arrive on their own path, not with the response), kv-aware
+	// sends the prompt there at once: the engine's last scrape may still
+	// count the first request as waiting, but the gateway knows it ended.
+	waitFor(t, gw, "the index to hold the prompt on "+first, func() bool {
 		resp, err := http.Post(url+"/debug/match", "application/json", strings.NewReader(`{"model":"sim","prompt":`+string(prompt)+`}`))
 		if err != nil {
 			return false
@@ -234,11 +234,10 @@ func TestBinaryRoutesToTwoSimulatedEnginesInStaticMode(t *testing.T) {
 		defer resp.Body.Close()
 		var m struct {
 			Decisions []struct {
-				Algorithm, Pod, Outcome string
-				Candidates              []struct {
-					Pod          string
-					Waiting      float64
-					QueueSeconds float64
+				Algorithm  string
+				Candidates []struct {
+					Pod           string
+					MatchedBlocks int
 				}
 			} `json:"decisions"`
 		}
@@ -246,12 +245,9 @@ func TestBinaryRoutesToTwoSimulatedEnginesInStaticMode(t *testing.T) {
 			return false
 		}
 		for _, d := range m.Decisions {
-			if d.Algorithm != "kv-aware" || d.Pod != first || d.Outcome != "prefix_hit" {
-				continue
-			}
 			for _, c := range d.Candidates {
-				if c.Pod == first {
-					return c.Waiting == 0 && c.QueueSeconds == 0
+				if d.Algorithm == "kv-aware" && c.Pod == first && c.MatchedBlocks > 0 {
+					return true
 				}
 			}
 		}

@@ -15,6 +15,7 @@ const (
 	DefaultPodMetricScrapeTimeout   = time.Second
 	DefaultAdapterRefreshInterval   = 10 * time.Second
 	DefaultRecentMetricsWindow      = 10 * time.Second
+	DefaultPrefillSpeedWindow       = time.Minute
 	DefaultProfileRefreshInterval   = 10 * time.Second
 	DefaultSharedCountsInterval     = 200 * time.Millisecond
 	DefaultSharedCountsTTL          = 5 * time.Second
@@ -45,10 +46,15 @@ type Config struct {
 	// DefaultAdapterRefreshInterval (10 s); negative disables the listing.
 	AdapterRefreshInterval time.Duration
 	// RecentMetricsWindow is how far back the recent rates and means
-	// (PrefixCacheHitRate, the Avg* latencies, PrefillTokensPerSecond)
-	// reach (default 10 s). A window shorter than the refresh interval
-	// compares each scrape with the previous one.
+	// (PrefixCacheHitRate, the Avg* latencies) reach (default 10 s). A
+	// window shorter than the refresh interval compares each scrape with
+	// the previous one.
 	RecentMetricsWindow time.Duration
+	// PrefillSpeedWindow is how far back PrefillTokensPerSecond reaches
+	// (default 1 min). A pod's prefill speed is a property of its hardware
+	// and model, and each prefill measures it roughly: the longer window
+	// averages out what the prefills the pod happened to run do to it.
+	PrefillSpeedWindow time.Duration
 	// DefaultEnginePort is the port of /metrics for pods without the port
 	// labels (default DefaultEnginePort, 8000).
 	DefaultEnginePort int
@@ -124,6 +130,7 @@ func (c Config) withDefaults() Config {
 	def(&c.PodMetricScrapeTimeout, DefaultPodMetricScrapeTimeout)
 	def(&c.AdapterRefreshInterval, DefaultAdapterRefreshInterval)
 	def(&c.RecentMetricsWindow, DefaultRecentMetricsWindow)
+	def(&c.PrefillSpeedWindow, DefaultPrefillSpeedWindow)
 	def(&c.RequestTraceInterval, RequestTraceWriteInterval)
 	def(&c.ProfileRefreshInterval, DefaultProfileRefreshInterval)
 	def(&c.SharedCountsInterval, DefaultSharedCountsInterval)
@@ -173,6 +180,7 @@ func (c Config) validate(hasRedis bool) error {
 		v    time.Duration
 	}{
 		{"PodMetricScrapeTimeout", c.PodMetricScrapeTimeout}, {"RecentMetricsWindow", c.RecentMetricsWindow},
+		{"PrefillSpeedWindow", c.PrefillSpeedWindow},
 		{"ProfileRefreshInterval", c.ProfileRefreshInterval}, {"SharedCountsInterval", c.SharedCountsInterval},
 		{"RequestTTL", c.RequestTTL}, {"PredictorWindow", c.PredictorWindow},
 	} {

@@ -11,7 +11,7 @@ func TestCachedLoadProviderModels(t *testing.T) {
 	s := newTestStore(t, nil, noScrape())
 	pod := testPod("ns", "p", "m", "10.0.0.1")
 	s.AddOrUpdatePod(pod)
-	s.reg.entry("ns", "p").state.metrics.Store(newProjector(time.Second).project(time.Now(), parseExposition(t, "vllm_v1_t0.txt"), nil))
+	s.reg.entry("ns", "p").state.metrics.Store(newProjector(time.Second, time.Second).project(time.Now(), parseExposition(t, "vllm_v1_t0.txt"), nil))
 	ctx := routed("r", "m", pod)
 	ctx.PromptTokenCount, ctx.PredictedOutputTokens = 1000, 600
 

@@ -36,16 +36,20 @@ const (
 	// observations keeps the previous mean; before the first windowed mean
 	// the engine's lifetime mean stands in.
 	AvgE2ELatencySeconds = "avg_e2e_latency_seconds"
-	// PrefillTokensPerSecond estimates how fast the pod prefills: prompt
-	// tokens it had to compute (the delta of vllm:prompt_tokens_total minus
-	// the delta of vllm:prefix_cache_hits_total) per second of prefill time
-	// (the delta of the sum of vllm:request_prefill_time_seconds) over the
-	// recent window. Engines without the prefill-time histogram are measured
+	// PrefillTokensPerSecond estimates how fast the pod computes prompt
+	// tokens: the tokens it computed rather than took from its prefix cache
+	// (the delta of vllm:prompt_tokens_total minus the delta of
+	// vllm:prefix_cache_hits_total) per second of computing them (the delta
+	// of the sum of vllm:request_prefill_time_seconds, less one engine step
+	// per prefill, a step lasting the mean inter-token latency), over the
+	// prefill-speed window (Config.PrefillSpeedWindow, 1 min by default);
+	// PrefillSample.TokensPerSecond gives the formula and its limits. Engines without the prefill-time histogram are measured
 	// against vllm:time_to_first_token_seconds instead, which includes
-	// queueing and so underestimates the speed. Windows without prefills
-	// keep the previous estimate; before the first one the lifetime ratio
-	// stands in. It is the speed one request's prefill ran at, not the
-	// engine's peak throughput: divide a prompt's uncached tokens by it to
+	// queueing and so underestimates the speed. A window whose prefills
+	// were nearly all cache hits, or that saw no prefill, keeps the
+	// previous estimate; before the first one the lifetime counters stand
+	// in, and a pod that never ran a prefill long enough to tell has no
+	// value. Divide a prompt's uncached tokens by it and add one step to
 	// predict the prefill part of its time to first token.
 	PrefillTokensPerSecond = "prefill_tokens_per_second"
 	// CacheBlockSize is the block_size label of vllm:cache_config_info:

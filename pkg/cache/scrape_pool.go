@@ -25,6 +25,8 @@ type scrapePool struct {
 	adapterInterval time.Duration
 	timeout         time.Duration
 	window          time.Duration
+	// prefillWindow is the window of PrefillTokensPerSecond.
+	prefillWindow   time.Duration
 	defaultPort     int
 	selection       func() *metricSelection
 	publishAdapters func(key string, state *podState, adapters []string) ([]string, bool)
@@ -112,7 +114,7 @@ func (p *scrapePool) start(ctx context.Context, e *podEntry) {
 			timeout:   p.timeout,
 			selection: p.selection,
 			metrics:   p.metrics,
-			proj:      newProjector(p.window),
+			proj:      newProjector(p.window, p.prefillWindow),
 			parser:    newTextParser(),
 			reached:   p.reachedBy(e),
 			failures:  failureLog{log: p.log, pod: klog.KObj(e.pod), url: r.metricsURL, what: "Pod metrics scrape"},

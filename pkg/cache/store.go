@@ -80,7 +80,7 @@ func New(redisClient *redis.Client, cfg Config) (*Store, error) {
 		s.scraper = &scrapePool{
 			reg: s.reg, client: newScrapeClient(cfg.PodMetricScrapeTimeout),
 			interval: cfg.PodMetricRefreshInterval, adapterInterval: cfg.AdapterRefreshInterval,
-			timeout: cfg.PodMetricScrapeTimeout, window: cfg.RecentMetricsWindow, defaultPort: cfg.DefaultEnginePort,
+			timeout: cfg.PodMetricScrapeTimeout, window: cfg.RecentMetricsWindow, prefillWindow: cfg.PrefillSpeedWindow, defaultPort: cfg.DefaultEnginePort,
 			selection: s.selection.Load, publishAdapters: s.setDiscoveredAdapters, readmit: s.readmit,
 			log: s.log, nudge: make(chan struct{}, 1), loops: map[string]*runningLoop{},
 		}

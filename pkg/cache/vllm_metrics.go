@@ -66,22 +66,25 @@ const (
 	numSlots
 )
 
-// groupState is what a pod (or model on a pod) remembers between scrapes.
+// groupState is what a pod (or model on a pod) remembers between scrapes:
+// the counters of its recent window and of its prefill-speed window.
 type groupState struct {
-	window  recentWindow
-	last    [numSlots]float64
-	hasLast [numSlots]bool
+	window, prefill recentWindow
+	last            [numSlots]float64
+	hasLast         [numSlots]bool
 }
 
 // projector turns successive scrapes of one pod into podMetrics. It is owned
 // by the pod's scrape loop and not safe for concurrent use.
 type projector struct {
-	window time.Duration
-	groups map[string]*groupState // "" is the pod as a whole
+	window, prefillWindow time.Duration
+	groups                map[string]*groupState // "" is the pod as a whole
 }
 
-func newProjector(window time.Duration) *projector {
-	return &projector{window: window, groups: map[string]*groupState{}}
+// newProjector returns a projector deriving recent means and rates over
+// window, and the prefill speed over prefillWindow.
+func newProjector(window, prefillWindow time.Duration) *projector {
+	return &projector{window: window, prefillWindow: prefillWindow, groups: map[string]*groupState{}}
 }
 
 // project derives the pod's metrics from one scrape taken at now. subscribed
@@ -177,7 +180,7 @@ func gather(families map[string]*dto.MetricFamily, visit func(string, func(*grou
 func (p *projector) finish(group string, a *groupAcc, now time.Time) map[string]MetricValue {
 	g := p.groups[group]
 	if g == nil {
-		g = &groupState{window: recentWindow{length: p.window}}
+		g = &groupState{window: recentWindow{length: p.window}, prefill: recentWindow{length: p.prefillWindow}}
 		p.groups[group] = g
 	}
 	out := make(map[string]MetricValue, 12+len(a.raw))
@@ -222,7 +225,7 @@ func (p *projector) finish(group string, a *groupAcc, now time.Time) map[string]
 	mean(AvgTTFTSeconds, slotTTFT, cTTFTSum, cTTFTCount)
 	mean(AvgTPOTSeconds, slotTPOT, cTPOTSum, cTPOTCount)
 	mean(AvgE2ELatencySeconds, slotE2E, cE2ESum, cE2ECount)
-	if v, ok := g.prefillSpeed(d, a.c); ok {
+	if v, ok := g.prefillSpeed(now, a.c, out[AvgTPOTSeconds].Value); ok {
 		set(PrefillTokensPerSecond, v)
 	}
 	for name, r := range a.raw {
@@ -247,23 +250,43 @@ func (g *groupState) ratio(slot int, dn, dd float64, okd bool, ln, ld float64, o
 	return 0, false
 }
 
-// prefillSpeed computes PrefillTokensPerSecond from the window's delta d
-// and the lifetime counters cur.
-func (g *groupState) prefillSpeed(d, cur counters) (float64, bool) {
-	tokensTime := func(c counters) (tokens, seconds float64, ok bool) {
-		tokens, ok = c.get(cPromptTokens)
-		if hits, okh := c.get(cPrefixHits); okh {
-			tokens -= hits
+// prefillSpeed computes PrefillTokensPerSecond from the group's counters
+// cur scraped at now: the speed over the prefill-speed window when it
+// measures one, else the last one measured, else the lifetime speed. The
+// step time is the window's mean inter-token latency, else recentStep, the
+// latest recent one.
+func (g *groupState) prefillSpeed(now time.Time, cur counters, recentStep float64) (float64, bool) {
+	d := g.prefill.observe(now, cur)
+	step := recentStep
+	if sum, _ := d.get(cTPOTSum); sum > 0 {
+		if n, _ := d.get(cTPOTCount); n > 0 {
+			step = sum / n
 		}
-		seconds, okt := c.get(cPrefillSum)
-		if !okt {
-			seconds, okt = c.get(cTTFTSum)
-		}
-		return tokens, seconds, ok && okt
 	}
-	dn, dd, okd := tokensTime(d)
-	ln, ld, okl := tokensTime(cur)
-	return g.ratio(slotPrefill, dn, dd, okd, ln, ld, okl)
+	if v, ok := prefillSample(d, step).TokensPerSecond(); ok {
+		g.last[slotPrefill], g.hasLast[slotPrefill] = v, true
+	}
+	if g.hasLast[slotPrefill] {
+		return g.last[slotPrefill], true
+	}
+	return prefillSample(cur, recentStep).TokensPerSecond()
+}
+
+// prefillSample reads a PrefillSample from counters: the prefill-time
+// histogram, or the time-to-first-token histogram on engines without it. A
+// counter the engine does not expose reads as zero, which measures nothing.
+func prefillSample(c counters, step float64) PrefillSample {
+	s := PrefillSample{StepSeconds: step}
+	tokens, _ := c.get(cPromptTokens)
+	hits, _ := c.get(cPrefixHits)
+	s.ComputedTokens = tokens - hits
+	sum, count := cPrefillSum, cPrefillCount
+	if _, ok := c.get(cPrefillSum); !ok {
+		sum, count = cTTFTSum, cTTFTCount
+	}
+	s.PrefillSeconds, _ = c.get(sum)
+	s.Prefills, _ = c.get(count)
+	return s
 }
 
 func (a *groupAcc) addRaw(name string, m *dto.Metric) {

@@ -58,17 +58,18 @@ func checkValues(t *testing.T, what string, got map[string]MetricValue, w want) 
 }
 
 func TestProjectCurrentVLLMExposition(t *testing.T) {
-	p := newProjector(time.Nanosecond)
+	p := newProjector(time.Nanosecond, time.Nanosecond)
 	m := p.project(time.Unix(100, 0), parseExposition(t, "vllm_v1_t0.txt"), nil)
 	w := want{
-		NumRequestsRunning:     4,
-		NumRequestsWaiting:     1,
-		KVCacheUsagePerc:       0.42,
-		PrefixCacheHitRate:     0, // first scrape: no delta yet
-		AvgTTFTSeconds:         0.2,
-		AvgTPOTSeconds:         0.02, // inter_token_latency wins over the deprecated time_per_output_token
-		AvgE2ELatencySeconds:   3,
-		PrefillTokensPerSecond: (20000 - 4000) / 8.0,
+		NumRequestsRunning:   4,
+		NumRequestsWaiting:   1,
+		KVCacheUsagePerc:     0.42,
+		PrefixCacheHitRate:   0, // first scrape: no delta yet
+		AvgTTFTSeconds:       0.2,
+		AvgTPOTSeconds:       0.02, // inter_token_latency wins over the deprecated time_per_output_token
+		AvgE2ELatencySeconds: 3,
+		// 16,000 tokens computed in 8 s of prefill, less 50 steps of 20 ms.
+		PrefillTokensPerSecond: (20000 - 4000) / (8 - 50*0.02),
 		CacheBlockSize:         16,
 		CacheNumGPUBlocks:      27000,
 	}
@@ -83,20 +84,20 @@ func TestProjectCurrentVLLMExposition(t *testing.T) {
 }
 
 func TestProjectRecentValuesAcrossScrapesAndRestart(t *testing.T) {
-	p := newProjector(time.Nanosecond) // each scrape against the previous one
+	p := newProjector(time.Nanosecond, time.Nanosecond) // each scrape against the previous one
 	steps := []struct {
 		file string
 		want want
 	}{
-		{"vllm_v1_t0.txt", want{PrefixCacheHitRate: 0, AvgTTFTSeconds: 0.2, AvgTPOTSeconds: 0.02, AvgE2ELatencySeconds: 3, PrefillTokensPerSecond: 2000}},
+		{"vllm_v1_t0.txt", want{PrefixCacheHitRate: 0, AvgTTFTSeconds: 0.2, AvgTPOTSeconds: 0.02, AvgE2ELatencySeconds: 3, PrefillTokensPerSecond: 16000 / (8 - 50*0.02)}},
 		{"vllm_v1_t1.txt", want{PrefixCacheHitRate: 1500.0 / 2000, AvgTTFTSeconds: 0.3, AvgTPOTSeconds: 0.03, AvgE2ELatencySeconds: 4,
-			PrefillTokensPerSecond: (4000 - 1500) / 1.0}},
+			PrefillTokensPerSecond: (4000 - 1500) / (1 - 10*0.03)}},
 		// The engine restarted: the counters went down. The hit rate restarts
 		// at 0 and the means keep their last values.
 		{"vllm_v1_t2_restarted.txt", want{PrefixCacheHitRate: 0, AvgTTFTSeconds: 0.3, AvgTPOTSeconds: 0.03, AvgE2ELatencySeconds: 4,
-			PrefillTokensPerSecond: 2500, NumRequestsRunning: 1}},
+			PrefillTokensPerSecond: 2500 / (1 - 10*0.03), NumRequestsRunning: 1}},
 		{"vllm_v1_t3.txt", want{PrefixCacheHitRate: 500.0 / 1000, AvgTTFTSeconds: 0.4, AvgTPOTSeconds: 0.04, AvgE2ELatencySeconds: 2,
-			PrefillTokensPerSecond: (3000 - 500) / 2.0}},
+			PrefillTokensPerSecond: (3000 - 500) / (2 - 10*0.04)}},
 	}
 	for i, st := range steps {
 		m := p.project(time.Unix(100+int64(i), 0), parseExposition(t, st.file), nil)
@@ -106,7 +107,7 @@ func TestProjectRecentValuesAcrossScrapesAndRestart(t *testing.T) {
 }
 
 func TestProjectOldVLLMFallsBackToGPUCacheAndTTFT(t *testing.T) {
-	p := newProjector(time.Nanosecond)
+	p := newProjector(time.Nanosecond, time.Nanosecond)
 	m := p.project(time.Unix(100, 0), parseExposition(t, "vllm_v0_gpu_cache.txt"), nil)
 	checkValues(t, "pod", m.pod, want{
 		KVCacheUsagePerc:       0.31, // gpu_cache_usage_perc, ahead of cpu_cache_usage_perc
@@ -116,14 +117,14 @@ func TestProjectOldVLLMFallsBackToGPUCacheAndTTFT(t *testing.T) {
 		AvgTPOTSeconds:         0.03,       // time_per_output_token_seconds
 		AvgTTFTSeconds:         0.4,
 		AvgE2ELatencySeconds:   4,
-		PrefillTokensPerSecond: 9000 / 12.0, // against TTFT: no prefill-time histogram
+		PrefillTokensPerSecond: 9000 / (12 - 30*0.03), // against TTFT: no prefill-time histogram
 		CacheBlockSize:         16,
 		CacheNumGPUBlocks:      7221,
 	})
 }
 
 func TestProjectSumsDataParallelEngines(t *testing.T) {
-	p := newProjector(time.Nanosecond)
+	p := newProjector(time.Nanosecond, time.Nanosecond)
 	m := p.project(time.Unix(100, 0), parseExposition(t, "vllm_v1_dp2.txt"), nil)
 	w := want{
 		NumRequestsRunning:     7,
@@ -132,14 +133,14 @@ func TestProjectSumsDataParallelEngines(t *testing.T) {
 		CacheNumGPUBlocks:      27000 + 25000,
 		CacheBlockSize:         16,
 		AvgTTFTSeconds:         16.0 / 70,
-		PrefillTokensPerSecond: (28000 - 5000) / 12.0,
+		PrefillTokensPerSecond: (28000 - 5000) / (12 - 70*160.0/7000),
 	}
 	checkValues(t, "pod", m.pod, w)
 	checkValues(t, "model", m.models[llama], w)
 }
 
 func TestProjectSplitsSeriesByModelName(t *testing.T) {
-	p := newProjector(time.Nanosecond)
+	p := newProjector(time.Nanosecond, time.Nanosecond)
 	m := p.project(time.Unix(100, 0), parseExposition(t, "vllm_v1_two_models.txt"), nil)
 	checkValues(t, "pod", m.pod, want{NumRequestsRunning: 8, NumRequestsWaiting: 3, KVCacheUsagePerc: 0.4, AvgTTFTSeconds: 6.0 / 20})
 	checkValues(t, "qwen", m.models["qwen2.5-7b"], want{NumRequestsRunning: 7, NumRequestsWaiting: 3, KVCacheUsagePerc: 0.7, AvgTTFTSeconds: 0.1})
@@ -147,7 +148,7 @@ func TestProjectSplitsSeriesByModelName(t *testing.T) {
 }
 
 func TestProjectKeepsSubscribedFamilies(t *testing.T) {
-	p := newProjector(time.Nanosecond)
+	p := newProjector(time.Nanosecond, time.Nanosecond)
 	subscribed := map[string]struct{}{
 		"vllm:generation_tokens_total":     {},
 		"vllm:request_queue_time_seconds":  {},
@@ -208,7 +209,7 @@ func TestRecentWindowSlidesOverTheWindow(t *testing.T) {
 // body has arrived: filtering, parsing and deriving the pod's metrics.
 func BenchmarkScrapeDecodeAndProject(b *testing.B) {
 	body := readExposition(b, "vllm_v1_dp2.txt")
-	l := &scrapeLoop{proj: newProjector(DefaultRecentMetricsWindow), parser: newTextParser()}
+	l := &scrapeLoop{proj: newProjector(DefaultRecentMetricsWindow, DefaultPrefillSpeedWindow), parser: newTextParser()}
 	sel := newMetricSelection(nil)
 	b.SetBytes(int64(len(body)))
 	b.ReportAllocs()
@@ -240,7 +241,7 @@ func BenchmarkParseWholeExposition(b *testing.B) {
 
 func BenchmarkProjectOnly(b *testing.B) {
 	families := parseExposition(b, "vllm_v1_dp2.txt")
-	p := newProjector(DefaultRecentMetricsWindow)
+	p := newProjector(DefaultRecentMetricsWindow, DefaultPrefillSpeedWindow)
 	b.ReportAllocs()
 	now := time.Now()
 	for i := 0; b.Loop(); i++ {
@@ -264,8 +265,8 @@ func TestLineFilterKeepsWhatProjectionReads(t *testing.T) {
 				t.Errorf("filter kept %d of %d bytes", len(l.filtered.Bytes()), len(body))
 			}
 			now := time.Unix(100, 0)
-			got := newProjector(time.Second).project(now, filtered, subscribed)
-			wantM := newProjector(time.Second).project(now, parseExposition(t, name), subscribed)
+			got := newProjector(time.Second, time.Second).project(now, filtered, subscribed)
+			wantM := newProjector(time.Second, time.Second).project(now, parseExposition(t, name), subscribed)
 			if !reflect.DeepEqual(got, wantM) {
 				t.Fatalf("projection of the filtered exposition differs:\n got %+v\nwant %+v", got, wantM)
 			}

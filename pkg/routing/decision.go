@@ -93,8 +93,14 @@ type Candidate struct {
 	// complete.
 	Running float64 `json:"running"`
 	// Waiting is the engine's queue of requests not yet scheduled, as
-	// last scraped.
-	Waiting float64 `json:"waiting"`
+	// last scraped. WaitingEnded is how many of them were this gateway's
+	// requests whose first token came back, or that ended, since the
+	// scrape: no longer waiting. Of its requests sent before the scrape and
+	// not prefilled by then, the older are taken to have been running and
+	// the newer, as many as Waiting, waiting, as the engine prefills
+	// requests in the order they arrive.
+	Waiting      float64 `json:"waiting"`
+	WaitingEnded int     `json:"waitingEnded"`
 	// KVCacheUsage is the engine's KV-cache usage (0..1), as last scraped.
 	KVCacheUsage float64 `json:"kvCacheUsage"`
 	// AvgTTFTSeconds and AvgTPOTSeconds are the engine's recent mean time
@@ -143,7 +149,7 @@ const (
 	// SpeedMeasured: the pod's own cache.PrefillTokensPerSecond.
 	SpeedMeasured SpeedSource = "measured"
 	// SpeedModelMedian: the median measured speed of the candidates, for
-	// a pod not measured or measured slower.
+	// a pod not measured.
 	SpeedModelMedian SpeedSource = "model_median"
 	// SpeedDefault: Config.DefaultPrefillTokensPerSecond, no candidate
 	// being measured.

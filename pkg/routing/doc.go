@@ -60,18 +60,17 @@
 //	TTFT(p) = Q(p) + U(p)/S(p) + D(p)
 //
 // S(p) is how fast p prefills, in tokens per second: the Store's
-// PrefillTokensPerSecond, prompt tokens the engine computed per second of
-// prefill over its recent window. A pod not measured yet is given the median
-// speed of the measured candidates, which serve the same model; with none
-// measured, Config.DefaultPrefillTokensPerSecond. A pod measured below that
-// median is given the median too. The measure divides a prefill's tokens by
-// the whole steps it took, fixed costs included, so it is lower the shorter
-// the prefills a pod happened to run: a pod serving mostly cache hits
-// measures slow because of what it caches, not how fast it computes.
-// Believed, such a pod would be sent only requests it holds nearly all of,
-// whose short prefills would keep its measure low: it would drop out of the
-// fleet's prefill work and its cache would stop taking in new prefixes. A pod
-// measured faster than the median keeps its speed.
+// PrefillTokensPerSecond, the prompt tokens the engine computed per second of
+// computing them over the last minute or so (each prefill's time less one
+// engine step, see cache.PrefillSample). A pod not measured yet, or whose
+// prefills were too short to tell (nearly all cache hits), is given the
+// median speed of the measured candidates, which serve the same model; with
+// none measured, Config.DefaultPrefillTokensPerSecond. A measured speed is
+// believed, lower or higher than the others': a pod that prefills at half
+// the speed of the rest is predicted twice as slow for the same work, so it
+// gets a request where that is still the soonest first token: less than
+// half the others' prefill work while they can take the load, about half
+// once every pod queues.
 //
 // U(p) is the prompt's prefill work on p, in tokens:
 //
@@ -87,24 +86,33 @@
 //
 // Q(p) is the prefill work queued ahead of the request on p, in seconds:
 //
-//	Q(p) = max(A(p), W(p) x T / S(p))
+//	Q(p) = max(A(p), max(0, W(p) - E(p)) x T / S(p))
 //
 // A(p) is the work left in the prefills this gateway started on p (see
 // In-flight prefills below), which counts this gateway's requests from the
-// moment they are sent. W(p) is the engine's number of waiting requests at the last
-// scrape, T the running mean of the uncached tokens of the requests this
-// gateway sent: the scrape lags, but counts every gateway's requests. A
+// moment they are sent. W(p) is the engine's number of waiting requests at
+// the last scrape, T the running mean of the uncached tokens of the requests
+// this gateway sent: the scrape lags, but counts every gateway's requests. A
 // request of this gateway that waits in the engine appears in both, hence
-// the larger of the two rather than their sum.
+// the larger of the two rather than their sum. E(p) is how many of the
+// waiting requests the scrape counted this gateway knows to have left the
+// queue since: of its requests to p sent before the scrape and not yet
+// prefilled then, the engine prefills the older first, so the older are
+// taken to have been running and the W(p) newer to have been waiting, and
+// E(p) counts those of the waiting ones whose first token has come back, or
+// that have ended, since. Without it, for up to a scrape interval after a
+// request ends, the pod holding its prefix would be charged a prefill for
+// it and could lose the next request for the same prefix to an idle pod.
+// When other gateways' requests are queued among this one's, E(p) may count
+// a request that was running at the scrape; the queue then reads short by as
+// many until the next scrape.
 //
 // D(p) is p's recent mean inter-token latency (the Store's AvgTPOTSeconds),
 // the decode interference: the first token comes out of an engine step that
 // also advances every request p is decoding, and such a step lasts about one
 // inter-token interval, longer the larger p's batch. It is what separates a
 // pod decoding a large batch from an idle one when the cache makes the
-// prefill itself cheap. It overstates every prediction by about one step
-// (the prefill time behind S(p) includes the last step), alike on pods with
-// alike batches, which leaves their order unchanged.
+// prefill itself cheap. It is the step S(p) is measured without.
 //
 // Every term is a time, so the model trades cache hits against load with no
 // weight to tune: a cached prefix is worth the prefill time it saves, and a

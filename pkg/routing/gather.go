@@ -3,6 +3,7 @@ package routing
 import (
 	"math"
 	"slices"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 
@@ -48,10 +49,11 @@ func (r *Router) gather(ctx *types.RoutingContext, pods []*v1.Pod, nd needs, d *
 			c.Scrape = r.cfg.Scrapes.PodScrapeState(p.Name, p.Namespace)
 			fresh, unfresh = fresh || c.Scrape == cache.ScrapeFresh, unfresh || c.Scrape != cache.ScrapeFresh
 		}
-		r.readMetrics(&c, nd)
+		scrapedAt := r.readMetrics(&c, nd)
 		if nd&needQueue != 0 {
-			q := r.book.queue(c.Pod, now)
+			q := r.book.queue(c.Pod, now, scrapedAt, c.Waiting)
 			c.InFlightPrefills, c.InFlightPrefillTokens, c.QueueSeconds = q.prefills, q.tokens, q.seconds
+			c.WaitingEnded = q.waitingEnded
 		}
 		d.Candidates = append(d.Candidates, c)
 	}
@@ -67,15 +69,18 @@ func (r *Router) gather(ctx *types.RoutingContext, pods []*v1.Pod, nd needs, d *
 	return in
 }
 
-// readMetrics reads the pod metrics nd names into c; a metric without a
-// value reads as 0.
-func (r *Router) readMetrics(c *Candidate, nd needs) {
+// readMetrics reads the pod metrics nd names into c, and returns when the
+// waiting requests were scraped (zero when they were not read or have no
+// value); a metric without a value reads as 0.
+func (r *Router) readMetrics(c *Candidate, nd needs) (waitingAt time.Time) {
 	p := c.pod
+	var updated time.Time // of the latest value read
 	read := func(name string) (float64, bool) {
 		v, err := r.cfg.Metrics.GetMetricValueByPod(p.Name, p.Namespace, name)
 		if err != nil || math.IsNaN(v.Value) || math.IsInf(v.Value, 0) {
 			return 0, false
 		}
+		updated = v.UpdatedAt
 		return v.Value, true
 	}
 	c.PrefillTokensPerSecond, _ = read(cache.PrefillTokensPerSecond)
@@ -83,7 +88,10 @@ func (r *Router) readMetrics(c *Candidate, nd needs) {
 		c.Running, _ = read(cache.RealtimeNumRequestsRunning)
 	}
 	if nd&needQueue != 0 {
-		c.Waiting, _ = read(cache.NumRequestsWaiting)
+		var ok bool
+		if c.Waiting, ok = read(cache.NumRequestsWaiting); ok {
+			waitingAt = updated
+		}
 	}
 	if nd&(needQueue|needLatency) != 0 {
 		c.AvgTPOTSeconds, _ = read(cache.AvgTPOTSeconds)
@@ -100,12 +108,11 @@ func (r *Router) readMetrics(c *Candidate, nd needs) {
 			c.measured |= hasKVCache
 		}
 	}
+	return waitingAt
 }
 
-// fillSpeeds gives every candidate without a measured prefill speed, or
-// measured below the median of the measured ones, that median; with none
-// measured, the configured default. The package documentation says why a
-// slow measurement is not believed.
+// fillSpeeds gives every candidate without a measured prefill speed the
+// median of the measured ones, or the configured default when none is.
 func (r *Router) fillSpeeds(cs []Candidate, s *scratch) {
 	s.speeds = s.speeds[:0]
 	for i := range cs {
@@ -114,13 +121,13 @@ func (r *Router) fillSpeeds(cs []Candidate, s *scratch) {
 			s.speeds = append(s.speeds, cs[i].PrefillTokensPerSecond)
 		}
 	}
-	floor, source := r.cfg.DefaultPrefillTokensPerSecond, SpeedDefault
+	fallback, source := r.cfg.DefaultPrefillTokensPerSecond, SpeedDefault
 	if len(s.speeds) > 0 {
-		floor, source = median(s.speeds), SpeedModelMedian
+		fallback, source = median(s.speeds), SpeedModelMedian
 	}
 	for i := range cs {
-		if c := &cs[i]; c.SpeedSource == "" || c.PrefillTokensPerSecond < floor {
-			c.PrefillTokensPerSecond, c.SpeedSource = floor, source
+		if cs[i].SpeedSource == "" {
+			cs[i].PrefillTokensPerSecond, cs[i].SpeedSource = fallback, source
 		}
 	}
 }

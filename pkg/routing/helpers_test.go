@@ -28,11 +28,13 @@ const (
 )
 
 // fakeMetrics is a MetricSource and ScrapeStates holding values set by the
-// test; a pod's scrape state is fresh unless set.
+// test, all updated at the time it was last given (zero until then); a pod's
+// scrape state is fresh unless set.
 type fakeMetrics struct {
-	mu     sync.Mutex
-	v      map[string]map[string]float64 // pod name -> metric -> value
-	states map[string]cache.ScrapeState  // pod name -> scrape state
+	mu      sync.Mutex
+	v       map[string]map[string]float64 // pod name -> metric -> value
+	states  map[string]cache.ScrapeState  // pod name -> scrape state
+	updated time.Time                     // of every value
 }
 
 func newFakeMetrics() *fakeMetrics { return &fakeMetrics{v: map[string]map[string]float64{}} }
@@ -67,6 +69,14 @@ func (f *fakeMetrics) PodScrapeState(podName, _ string) cache.ScrapeState {
 	return cache.ScrapeFresh
 }
 
+// scraped sets the time the values were last updated.
+func (f *fakeMetrics) scraped(at time.Time) *fakeMetrics {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.updated = at
+	return f
+}
+
 func (f *fakeMetrics) GetMetricValueByPod(podName, podNamespace, metricName string) (cache.MetricValue, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -74,7 +84,7 @@ func (f *fakeMetrics) GetMetricValueByPod(podName, podNamespace, metricName stri
 	if !ok {
 		return cache.MetricValue{}, &cache.MetricNotFoundError{Pod: podNamespace + "/" + podName, Metric: metricName}
 	}
-	return cache.MetricValue{Value: v}, nil
+	return cache.MetricValue{Value: v, UpdatedAt: f.updated}, nil
 }
 
 // testPods returns Running, Ready pods p0..p<n-1> serving testModel.

@@ -1,6 +1,7 @@
 package routing
 
 import (
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -79,6 +80,8 @@ type podLedger struct {
 	n, tokens  int
 	// finish is when the pending prefills are predicted to be done.
 	finish time.Time
+	// prefilled remembers the prefills that ended.
+	prefilled prefilledLog
 	// dead marks a ledger removed from inflight.pods; a start that finds
 	// it looks the pod up again.
 	dead bool
@@ -88,6 +91,9 @@ type podLedger struct {
 type podQueue struct {
 	prefills, tokens int
 	seconds          float64
+	// waitingEnded estimates how many of the requests a scrape counted as
+	// waiting were prefills of this book that have ended since.
+	waitingEnded int
 }
 
 // start records a prefill of tokens on pod key, predicted to take work
@@ -147,6 +153,7 @@ func (in *inflight) end(p *Prefill, now time.Time, timed bool) {
 	for {
 		e := l.head
 		l.remove(in, e)
+		l.prefilled.add(e.start, now)
 		if e == p {
 			break
 		}
@@ -165,8 +172,10 @@ func (in *inflight) end(p *Prefill, now time.Time, timed bool) {
 }
 
 // queue returns the pod's pending prefills and the prefill work predicted
-// ahead of a request started at now.
-func (in *inflight) queue(key string, now time.Time) podQueue {
+// ahead of a request started at now, and how many of the waiting requests a
+// scrape at scrapedAt counted are prefills that have ended since (none when
+// scrapedAt is zero).
+func (in *inflight) queue(key string, now, scrapedAt time.Time, waiting float64) podQueue {
 	v, ok := in.pods.Load(key)
 	if !ok {
 		return podQueue{}
@@ -179,8 +188,26 @@ func (in *inflight) queue(key string, now time.Time) podQueue {
 	if l.n > 0 && l.finish.After(now) {
 		q.seconds = l.finish.Sub(now).Seconds()
 	}
+	if !scrapedAt.IsZero() {
+		q.waitingEnded = l.waitingEnded(scrapedAt, waiting)
+	}
 	l.retireIfEmpty(in)
 	return q
+}
+
+// waitingEnded estimates how many of the waiting requests a scrape at
+// scrapedAt counted are prefills that have ended since; l.mu is held. The
+// engine prefills in the order requests arrive, so of the prefills pending
+// at the scrape, the oldest were running and at most the newest waiting
+// ones were waiting; prefills end in the same order.
+func (l *podLedger) waitingEnded(scrapedAt time.Time, waiting float64) int {
+	ended := l.prefilled.since(scrapedAt)
+	pending := ended
+	for e := l.head; e != nil && e.start.Before(scrapedAt); e = e.next {
+		pending++
+	}
+	running := max(pending-int(math.Round(waiting)), 0)
+	return max(ended-running, 0)
 }
 
 // maybeSweep expires old prefills of every pod, at most every quarter of
@@ -201,9 +228,10 @@ func (in *inflight) maybeSweep(now time.Time) {
 	})
 }
 
-// expire drops the prefills started more than the TTL before now; l.mu is
-// held.
+// expire drops the prefills started more than the TTL before now, and
+// forgets those that ended longer ago; l.mu is held.
 func (l *podLedger) expire(in *inflight, now time.Time) {
+	l.prefilled.expire(now.Add(-in.ttl))
 	n := 0
 	for l.head != nil && now.Sub(l.head.start) > in.ttl {
 		l.remove(in, l.head)
@@ -233,9 +261,10 @@ func (l *podLedger) remove(in *inflight, e *Prefill) {
 	in.tokens.Add(-int64(e.tokens))
 }
 
-// retireIfEmpty removes an empty ledger from inflight.pods; l.mu is held.
+// retireIfEmpty removes a ledger with nothing pending or remembered from
+// inflight.pods; l.mu is held.
 func (l *podLedger) retireIfEmpty(in *inflight) {
-	if l.head == nil && !l.dead {
+	if l.head == nil && len(l.prefilled.entries) == 0 && !l.dead {
 		l.dead = true
 		in.pods.CompareAndDelete(l.key, l)
 	}

@@ -18,20 +18,20 @@ func TestInFlightQueueDrainsAtThePredictedSpeed(t *testing.T) {
 	clock := newManualClock()
 	in, _ := newTestBook(clock)
 	in.start("a", 1000, 0.1, 0)
-	if q := in.queue("a", clock.Now()); q != (podQueue{prefills: 1, tokens: 1000, seconds: 0.1}) {
+	if q := in.queue("a", clock.Now(), time.Time{}, 0); q != (podQueue{prefills: 1, tokens: 1000, seconds: 0.1}) {
 		t.Fatalf("after one start: %+v, want 1 prefill, 1000 tokens, 0.1 s", q)
 	}
 	clock.advance(40 * time.Millisecond)
 	// The second prefill queues behind what is left of the first.
 	in.start("a", 500, 0.05, 0)
-	if q := in.queue("a", clock.Now()); q.prefills != 2 || q.tokens != 1500 || !near(q.seconds, 0.11) {
+	if q := in.queue("a", clock.Now(), time.Time{}, 0); q.prefills != 2 || q.tokens != 1500 || !near(q.seconds, 0.11) {
 		t.Fatalf("after a second start 40 ms later: %+v, want 2 prefills, 1500 tokens, 0.11 s", q)
 	}
 	clock.advance(200 * time.Millisecond)
-	if q := in.queue("a", clock.Now()); q.prefills != 2 || q.seconds != 0 {
+	if q := in.queue("a", clock.Now(), time.Time{}, 0); q.prefills != 2 || q.seconds != 0 {
 		t.Fatalf("once predicted done: %+v, want both still counted with no work left", q)
 	}
-	if q := in.queue("b", clock.Now()); q != (podQueue{}) {
+	if q := in.queue("b", clock.Now(), time.Time{}, 0); q != (podQueue{}) {
 		t.Fatalf("another pod: %+v, want nothing", q)
 	}
 }
@@ -67,18 +67,18 @@ func TestEndingAPrefillEndsEarlierOnesAndRepredictsTheRest(t *testing.T) {
 			} else {
 				ps[1].Done()
 			}
-			q := in.queue("a", clock.Now())
+			q := in.queue("a", clock.Now(), time.Time{}, 0)
 			if q.prefills != 1 || q.tokens != 100 || !near(q.seconds, tt.remain) {
 				t.Fatalf("queue %+v, want only the third prefill left with %v s", q, tt.remain)
 			}
 			// The first prefill's own completion, later, changes nothing.
 			ps[0].Done()
 			ps[0].FirstToken()
-			if q2 := in.queue("a", clock.Now()); q2 != q {
+			if q2 := in.queue("a", clock.Now(), time.Time{}, 0); q2 != q {
 				t.Fatalf("after the first prefill's late completion: %+v, want %+v", q2, q)
 			}
 			ps[2].Done()
-			if q := in.queue("a", clock.Now()); q != (podQueue{}) || in.count.Load() != 0 || in.tokens.Load() != 0 {
+			if q := in.queue("a", clock.Now(), time.Time{}, 0); q != (podQueue{}) || in.count.Load() != 0 || in.tokens.Load() != 0 {
 				t.Fatalf("after the last prefill: %+v, count %d tokens %d; want nothing", q, in.count.Load(), in.tokens.Load())
 			}
 		})
@@ -111,7 +111,7 @@ func TestPrefillsWithoutCompletionExpire(t *testing.T) {
 	clock.advance(31 * time.Second)
 
 	// Reading pod a drops its first prefill, 61 s old.
-	if q := in.queue("a", clock.Now()); q.prefills != 1 || *expired != 1 {
+	if q := in.queue("a", clock.Now(), time.Time{}, 0); q.prefills != 1 || *expired != 1 {
 		t.Fatalf("pod a after 61 s: %+v, %d expired; want 1 prefill left, 1 expired", q, *expired)
 	}
 	// Nobody reads pod b: the sweep of the next start drops its prefill
@@ -130,7 +130,7 @@ func TestInFlightAccountingIsConsistentUnderConcurrency(t *testing.T) {
 			for i := range 500 {
 				pod := fmt.Sprint("pod", (g+i)%3)
 				p := in.start(pod, 10, 0.001, 0.01)
-				in.queue(fmt.Sprint("pod", i%3), time.Now())
+				in.queue(fmt.Sprint("pod", i%3), time.Now(), time.Time{}, 0)
 				if i%2 == 0 {
 					p.FirstToken()
 				}
@@ -139,10 +139,83 @@ func TestInFlightAccountingIsConsistentUnderConcurrency(t *testing.T) {
 		})
 	}
 	wg.Wait()
+	if in.count.Load() != 0 || in.tokens.Load() != 0 {
+		t.Fatalf("after every prefill ended: count %d, tokens %d; want none", in.count.Load(), in.tokens.Load())
+	}
+	// The pods are remembered with their ended prefills until those are
+	// older than the TTL.
+	later := time.Now().Add(2 * time.Minute)
+	for i := range 3 {
+		in.queue(fmt.Sprint("pod", i), later, time.Time{}, 0)
+	}
 	n := 0
 	in.pods.Range(func(any, any) bool { n++; return true })
-	if in.count.Load() != 0 || in.tokens.Load() != 0 || n != 0 {
-		t.Fatalf("after every prefill ended: count %d, tokens %d, %d pods kept; want none", in.count.Load(), in.tokens.Load(), n)
+	if n != 0 {
+		t.Fatalf("%d pods kept a TTL after their last prefill ended; want none", n)
+	}
+}
+
+func TestQueueCountsTheScrapedWaitingRequestsThatEndedSince(t *testing.T) {
+	// Prefills start at 0, 10 and 30 ms; the engine is scraped at 20 ms
+	// with some requests waiting; the first ended prefills end at 40 ms.
+	tests := []struct {
+		name    string
+		waiting float64
+		ended   int // of the first prefills, in order
+		want    int
+	}{
+		{"none ended", 2, 0, 0},
+		{"both waiting, both ended", 2, 2, 2},
+		{"one waiting: the older was running", 1, 1, 0},
+		{"one waiting, both ended", 1, 2, 1},
+		{"none waiting", 0, 2, 0},
+		{"another gateway's request waiting too", 3, 2, 2},
+		{"the prefill started after the scrape does not count", 3, 3, 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			clock := newManualClock()
+			in, _ := newTestBook(clock)
+			t0 := clock.Now()
+			at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+			var ps []*Prefill
+			for _, ms := range []int{0, 10, 30} {
+				clock.advance(at(ms).Sub(clock.Now()))
+				ps = append(ps, in.start("a", 100, 0.001, 0))
+			}
+			clock.advance(at(40).Sub(clock.Now()))
+			if tt.ended > 0 {
+				ps[tt.ended-1].FirstToken() // and so the ones before
+			}
+			if n := in.queue("a", clock.Now(), at(20), tt.waiting).waitingEnded; n != tt.want {
+				t.Fatalf("against the scrape: %d ended, want %d", n, tt.want)
+			}
+			// A scrape after the ends counts none of them.
+			if n := in.queue("a", clock.Now(), at(40), tt.waiting).waitingEnded; n != 0 {
+				t.Fatalf("against a scrape at the ends: %d, want 0", n)
+			}
+			if n := in.queue("a", clock.Now(), time.Time{}, tt.waiting).waitingEnded; n != 0 {
+				t.Fatalf("without a scrape: %d, want 0", n)
+			}
+		})
+	}
+}
+
+func TestPrefilledLogKeepsTheLatestEnds(t *testing.T) {
+	var l prefilledLog
+	t0 := time.Unix(0, 0)
+	for i := range 3 * maxPrefilled {
+		l.add(t0, t0.Add(time.Duration(i+1)*time.Millisecond))
+	}
+	kept := len(l.entries)
+	if kept < maxPrefilled || kept > 2*maxPrefilled {
+		t.Fatalf("%d entries kept, want between %d and %d", kept, maxPrefilled, 2*maxPrefilled)
+	}
+	if last := l.entries[kept-1].end; !last.Equal(t0.Add(3 * maxPrefilled * time.Millisecond)) {
+		t.Fatalf("latest end kept %v, want the last added", last)
+	}
+	if n := l.since(t0.Add(time.Nanosecond)); n != kept {
+		t.Fatalf("since the start: %d, want all %d kept", n, kept)
 	}
 }
 

@@ -24,7 +24,8 @@ func (a kvAware) pick(in input) {
 	for i := range cs {
 		c := &cs[i]
 		speed := c.PrefillTokensPerSecond
-		c.QueueSeconds = max(c.QueueSeconds, c.Waiting*perRequest/speed)
+		waiting := max(c.Waiting-float64(c.WaitingEnded), 0)
+		c.QueueSeconds = max(c.QueueSeconds, waiting*perRequest/speed)
 		c.PredictedTTFTSeconds = c.QueueSeconds + c.uncached/speed + c.AvgTPOTSeconds
 		c.Score = c.PredictedTTFTSeconds
 		if in.considers(c) {

@@ -55,6 +55,47 @@ func TestKVAwarePrefersThePodHoldingThePrefixUntilItsQueueIsSlower(t *testing.T)
 	}
 }
 
+func TestKVAwareDoesNotCountItsOwnEndedRequestsAsWaiting(t *testing.T) {
+	// A cold prompt goes to p1 (p0 is busy), and the engine's queue is
+	// scraped while the request waits in it. The request ends before the
+	// next scrape, and the same prompt comes again: p1 now holds it, and
+	// the scrape's waiting request is the one that ended, not work ahead of
+	// the prompt. Counted as a prompt's prefill, it would tie p1 with the
+	// idle p0, which holds nothing.
+	clock := newManualClock()
+	pods := testPods(2)
+	idx := newTestIndex(t)
+	p := prompt(0, 2048)
+	m := uniformFleet(2).set("p0", cache.RealtimeNumRequestsRunning, 1).scraped(clock.Now())
+	r, _ := newTestRouter(t, m, idx, func(c *Config) { c.Now = clock.Now })
+
+	d := route(t, r, request("r1", KVAware, p), pods)
+	if d.PodKey != key("p1") {
+		t.Fatalf("the cold prompt went to %s, want the idle p1", d.PodKey)
+	}
+	first := r.StartPrefill(d)
+	clock.advance(5 * time.Millisecond)
+	m.set("p1", cache.NumRequestsWaiting, 1).set("p0", cache.RealtimeNumRequestsRunning, 0).scraped(clock.Now())
+	clock.advance(15 * time.Millisecond)
+	holds(t, idx, "p1", p, kvevent.MediumGPU)
+	first.Done()
+
+	d = route(t, r, request("r2", KVAware, p), pods)
+	c := candidate(t, d, "p1")
+	if d.PodKey != key("p1") || d.Outcome != OutcomePrefixHit || c.WaitingEnded != 1 || c.QueueSeconds != 0 {
+		t.Fatalf("the repeated prompt went to %s (%s), p1 %+v; want p1 with its ended request not queued", d.PodKey, d.Outcome, c)
+	}
+
+	// A request waiting at a later scrape is not one this gateway saw end:
+	// it counts.
+	clock.advance(5 * time.Millisecond)
+	m.scraped(clock.Now())
+	d = route(t, r, request("r3", KVAware, p), pods)
+	if c := candidate(t, d, "p1"); c.WaitingEnded != 0 || !near(c.QueueSeconds, 2048.0/10000) {
+		t.Fatalf("p1 %+v, want the waiting request queued as a 2,048-token prefill", c)
+	}
+}
+
 func TestKVAwareWeighsInFlightPrefillsUntilTheirFirstToken(t *testing.T) {
 	pods := testPods(4)
 	idx := newTestIndex(t)
@@ -149,11 +190,10 @@ func TestKVAwareUsesMeasuredSpeedsAndFillsUnmeasuredPods(t *testing.T) {
 	}
 }
 
-func TestKVAwareTakesPodsMeasuredBelowTheMedianAtTheMedian(t *testing.T) {
-	// p2 ran only short prefills lately (cache hits), each priced a whole
-	// step, and measured 1,000 tokens/s. It holds a third of the prompt;
-	// taken at its measure it would lose the request to the idle pods
-	// (1.976 s against 0.25 s on p3), at the median it wins it (0.1976 s).
+func TestKVAwareBelievesAPodMeasuredSlowerThanTheOthers(t *testing.T) {
+	// p2 computes 1,000 tokens/s, a tenth of the others. It holds a third
+	// of the prompt, which saves less than its slowness costs: 1.976 s
+	// against 0.25 s on the fastest idle pod, p3.
 	pods := testPods(4)
 	idx := newTestIndex(t)
 	p := prompt(0, 3000)
@@ -166,14 +206,11 @@ func TestKVAwareTakesPodsMeasuredBelowTheMedianAtTheMedian(t *testing.T) {
 	r, _ := newTestRouter(t, m, idx)
 
 	d := route(t, r, request("r", KVAware, p), pods)
-	if d.PodKey != key("p2") || d.Outcome != OutcomePrefixHit {
-		t.Fatalf("chose %s (%s), want p2 holding the prefix; candidates %+v", d.PodKey, d.Outcome, d.Candidates)
+	if d.PodKey != key("p3") || d.Outcome != OutcomeLoadOverPrefix {
+		t.Fatalf("chose %s (%s), want the fastest pod p3 over the slow holder; candidates %+v", d.PodKey, d.Outcome, d.Candidates)
 	}
-	if c := candidate(t, d, "p2"); c.PrefillTokensPerSecond != 10000 || c.SpeedSource != SpeedModelMedian {
-		t.Fatalf("p2 %+v, want the median 10000 tokens/s", c)
-	}
-	if c := candidate(t, d, "p3"); c.PrefillTokensPerSecond != 12000 || c.SpeedSource != SpeedMeasured {
-		t.Fatalf("p3 %+v, want its own faster measure", c)
+	if c := candidate(t, d, "p2"); c.PrefillTokensPerSecond != 1000 || c.SpeedSource != SpeedMeasured || !near(c.PredictedTTFTSeconds, 1.976) {
+		t.Fatalf("p2 %+v, want its own 1000 tokens/s and 1.976 s", c)
 	}
 }
 

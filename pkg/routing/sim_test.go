@@ -2,6 +2,8 @@ package routing
 
 import (
 	"testing"
+
+	"github.com/kvgate/kvgate/pkg/sim"
 )
 
 // TestKVAwareInVirtualTime plays traces on 8 simulated engines (vLLM's
@@ -39,6 +41,56 @@ func TestKVAwareInVirtualTime(t *testing.T) {
 			}
 			if kv.p90 > 0.5*lr.p90 {
 				t.Errorf("kv-aware's p90 TTFT %.3f s exceeds half least-request's %.3f s", kv.p90, lr.p90)
+			}
+		})
+	}
+}
+
+// TestKVAwareGivesHalfSpeedPodsProportionallyLessPrefillWork plays traces
+// of cold prompts (1,600 tokens each, shared by no other) on 8 simulated
+// engines, 2 of which compute prompt tokens at half the speed of the others,
+// and checks that kv-aware, believing each engine's measured speed, gives
+// the slow engines less prefill work than the fast ones: in proportion to
+// their speed once the load needs every engine, less still when the fast
+// ones can serve it. Taken at the others' speed, the slow engines would
+// get about half as much work as the others at either load.
+func TestKVAwareGivesHalfSpeedPodsProportionallyLessPrefillWork(t *testing.T) {
+	tests := []struct {
+		name   string
+		rate   float64 // requests per second
+		lo, hi float64 // bounds of slow / fast prompt tokens computed per engine
+	}{
+		// The fast engines alone can serve 94 requests per second: a request
+		// goes to a slow engine only when every fast one would make it wait
+		// longer than the slow one takes.
+		{"a load the fast engines can serve", 80, 0, 0.25},
+		// Beyond, every engine queues, and work goes where the queue drains
+		// soonest: in proportion to the engines' speed.
+		{"a load that needs every engine", 110, 0.35, 0.65},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			w := workload{requests: 2000, docs: 2000, docTokens: 1536, questionToken: 64, ratePerSecond: tt.rate, seed: 3}
+			lats := make([]sim.LatencyModel, 8)
+			for i := range lats {
+				lats[i] = fleetConfig.Latency
+				if i < 2 {
+					lats[i].PrefillPerToken *= 2
+				}
+			}
+			f := newSimFleetOf(t, lats, false)
+			f.run(KVAware, w.trace())
+			var slow, fast float64
+			for i, e := range f.engines {
+				if i < 2 {
+					slow += float64(e.computed) / 2
+				} else {
+					fast += float64(e.computed) / 6
+				}
+			}
+			t.Logf("prompt tokens computed per engine: %.0f on the slow ones, %.0f on the fast ones (%.2f); %v", slow, fast, slow/fast, f.result())
+			if r := slow / fast; r < tt.lo || r > tt.hi {
+				t.Errorf("the half-speed engines computed %.2f times the prompt tokens of the others, want %.2f to %.2f", r, tt.lo, tt.hi)
 			}
 		})
 	}

@@ -72,8 +72,10 @@ type simEngine struct {
 	engine  *sim.Engine
 	busy    bool
 	stepEnd time.Time
-	// running counts the requests routed to the engine and not finished.
+	// running counts the requests routed to the engine and not finished;
+	// computed counts the prompt tokens it computed.
 	running  int
+	computed int
 	prefills map[string]*Prefill
 	// Recent measurements, as the Store derives them from vLLM's metrics.
 	prefill, tpot, ttft window
@@ -90,12 +92,28 @@ func (w *window) add(num, den float64) {
 	}
 }
 
-func (w *window) ratio() (float64, bool) {
-	var n, d float64
+// sums returns the sums of the numerators and denominators.
+func (w *window) sums() (num, den float64) {
 	for i := range w.num {
-		n, d = n+w.num[i], d+w.den[i]
+		num, den = num+w.num[i], den+w.den[i]
 	}
+	return num, den
+}
+
+func (w *window) ratio() (float64, bool) {
+	n, d := w.sums()
 	return n / d, d > 0
+}
+
+// prefillSpeed is the Store's PrefillTokensPerSecond over the window of
+// prefills: computed tokens and prefill times, with the engine's recent
+// inter-token latency as its step time.
+func (e *simEngine) prefillSpeed() (float64, bool) {
+	tokens, seconds := e.prefill.sums()
+	step, _ := e.tpot.ratio()
+	return cache.PrefillSample{
+		ComputedTokens: tokens, Prefills: float64(len(e.prefill.num)), PrefillSeconds: seconds, StepSeconds: step,
+	}.TokensPerSecond()
 }
 
 // simFleet runs engines, the index and a router in virtual time.
@@ -128,13 +146,24 @@ var fleetConfig = sim.EngineConfig{
 	},
 }
 
-// newSimFleet builds n engines and a router choosing with algorithm; with
-// truth, kv-aware reads the engines' caches instead of the index.
+// newSimFleet builds n engines of fleetConfig and a router; with truth,
+// kv-aware reads the engines' caches instead of the index.
 func newSimFleet(t testing.TB, n int, truth bool) *simFleet {
+	lats := make([]sim.LatencyModel, n)
+	for i := range lats {
+		lats[i] = fleetConfig.Latency
+	}
+	return newSimFleetOf(t, lats, truth)
+}
+
+// newSimFleetOf builds engines of fleetConfig with the given latency
+// models, one per engine, and a router.
+func newSimFleetOf(t testing.TB, lats []sim.LatencyModel, truth bool) *simFleet {
 	f := &simFleet{t: t, start: time.Unix(1_800_000_000, 0), byName: map[string]*simEngine{}, index: newTestIndex(t)}
 	f.now = f.start
-	for i := range n {
+	for i, lat := range lats {
 		cfg := fleetConfig
+		cfg.Latency = lat
 		cfg.HashSeed = fmt.Sprint("engine-", i)
 		e, err := sim.NewEngine(cfg)
 		if err != nil {
@@ -170,7 +199,7 @@ func (f *simFleet) GetMetricValueByPod(name, _, metric string) (cache.MetricValu
 	case cache.KVCacheUsagePerc:
 		v = q.KVCacheUsage
 	case cache.PrefillTokensPerSecond:
-		v, ok = e.prefill.ratio()
+		v, ok = e.prefillSpeed()
 	case cache.AvgTPOTSeconds:
 		v, ok = e.tpot.ratio()
 	case cache.AvgTTFTSeconds:
@@ -265,6 +294,7 @@ func (f *simFleet) endStep(e *simEngine) {
 			f.promptTokens += st.PromptTokens
 			f.cachedTokens += st.CachedTokens
 			f.ttfts = append(f.ttfts, tm.TTFT().Seconds())
+			e.computed += st.PromptTokens - st.CachedTokens
 			e.prefill.add(float64(st.PromptTokens-st.CachedTokens), tm.FirstToken.Sub(tm.Scheduled).Seconds())
 			e.ttft.add(tm.TTFT().Seconds(), 1)
 			e.prefills[out.RequestID].FirstToken()

@@ -20,8 +20,9 @@ import (
 // engineState is what a fake vLLM engine reports on /metrics.
 type engineState struct {
 	running, waiting, kvUsage float64
-	// promptTokens were computed in prefillSeconds of prefill: their ratio
-	// is the engine's prefill speed.
+	// promptTokens were computed in prefillSeconds of prefill, which
+	// include a step of tpotSeconds per prefill: tokens per second of
+	// prefill less those steps is the engine's prefill speed.
 	promptTokens, prefillSeconds, prefills float64
 	tpotSeconds                            float64
 }
@@ -89,7 +90,7 @@ func newStoreFleetScraping(t testing.TB, n int, interval time.Duration) *storeFl
 	t.Cleanup(s.Close)
 	f := &storeFleet{store: s}
 	for i := range n {
-		e := &fakeEngine{state: engineState{promptTokens: 20000, prefillSeconds: 2, prefills: 10, tpotSeconds: 0.02}}
+		e := &fakeEngine{state: engineState{promptTokens: 20000, prefillSeconds: 2 + 10*0.02, prefills: 10, tpotSeconds: 0.02}}
 		e.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 			e.mu.Lock()
 			defer e.mu.Unlock()

@@ -25,10 +25,11 @@ func Policies() []string {
 
 // Defaults of Config's zero fields.
 const (
-	DefaultEngines        = 8
-	DefaultScrapeInterval = 50 * time.Millisecond
-	DefaultEventDelay     = 5 * time.Millisecond
-	DefaultMetricsWindow  = cache.DefaultRecentMetricsWindow
+	DefaultEngines            = 8
+	DefaultScrapeInterval     = 50 * time.Millisecond
+	DefaultEventDelay         = 5 * time.Millisecond
+	DefaultMetricsWindow      = cache.DefaultRecentMetricsWindow
+	DefaultPrefillSpeedWindow = cache.DefaultPrefillSpeedWindow
 )
 
 // DefaultLatency prices the steps of an 8B-class model (Llama 3.1 8B:
@@ -72,6 +73,9 @@ type Config struct {
 	// MetricsWindow is the Store's window for recent means and rates
 	// (cache.Config.RecentMetricsWindow); default 10 s.
 	MetricsWindow time.Duration
+	// PrefillSpeedWindow is the Store's window for prefill speeds
+	// (cache.Config.PrefillSpeedWindow); default 1 min.
+	PrefillSpeedWindow time.Duration
 	// EventDelay is how long an engine's KV event batch takes from the end
 	// of the step that produced it to the index; default 5 ms.
 	EventDelay time.Duration
@@ -96,6 +100,7 @@ func (c Config) withDefaults() Config {
 	orDefault(&c.Engine.MaxModelLen, (c.Engine.NumGPUBlocks-1)*c.Engine.BlockSize)
 	orDefault(&c.ScrapeInterval, DefaultScrapeInterval)
 	orDefault(&c.MetricsWindow, DefaultMetricsWindow)
+	orDefault(&c.PrefillSpeedWindow, DefaultPrefillSpeedWindow)
 	orDefault(&c.EventDelay, DefaultEventDelay)
 	if len(c.Policies) == 0 {
 		c.Policies = Policies()
@@ -109,8 +114,8 @@ func (c Config) validate() error {
 	if c.Engines < 1 {
 		errs = append(errs, fmt.Errorf("%d engines, want at least 1", c.Engines))
 	}
-	if c.ScrapeInterval < 0 || c.MetricsWindow < 0 || c.EventDelay < 0 {
-		errs = append(errs, errors.New("scrape interval, metrics window and event delay must not be negative"))
+	if c.ScrapeInterval < 0 || c.MetricsWindow < 0 || c.PrefillSpeedWindow < 0 || c.EventDelay < 0 {
+		errs = append(errs, errors.New("scrape interval, metrics windows and event delay must not be negative"))
 	}
 	if c.Parallel < 1 {
 		errs = append(errs, fmt.Errorf("parallel %d, want at least 1", c.Parallel))

@@ -40,10 +40,12 @@
 //     (the Store's realtime running requests), exact at every instant;
 //   - metrics scraped every Config.ScrapeInterval (default 50 ms, AIBrix's
 //     AIBRIX_POD_METRIC_REFRESH_INTERVAL_MS): waiting and running requests
-//     and KV-cache usage as of the scrape, and the means the Store derives
-//     from vLLM's counters over its recent window (Config.MetricsWindow,
-//     10 s): time to first token, inter-token latency and prefill speed
-//     (uncached prompt tokens per second of prefill);
+//     and KV-cache usage as of the scrape, and what the Store derives from
+//     vLLM's counters: the mean time to first token and inter-token latency
+//     over its recent window (Config.MetricsWindow, 10 s), and the prefill
+//     speed over a longer one (Config.PrefillSpeedWindow, 1 min; uncached
+//     prompt tokens per second of prefill less one step per prefill, see
+//     cache.PrefillSample);
 //   - not the output length of a request.
 //
 // The oracle sees the engines themselves. For each engine it knows, at the

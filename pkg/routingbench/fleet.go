@@ -77,7 +77,8 @@ func newFleet(cfg Config) (*fleet, error) {
 		pod := benchPod(i)
 		key := pod.Namespace + "/" + pod.Name
 		e := &engine{index: i, eng: eng, pod: pod, key: key, stream: indexer.Stream{Pod: key, Model: benchModel}}
-		e.metrics.window = cfg.MetricsWindow
+		e.metrics.window.length = cfg.MetricsWindow
+		e.metrics.prefillWindow.length = cfg.PrefillSpeedWindow
 		f.engines = append(f.engines, e)
 		f.byName[pod.Name] = e
 		f.pods = append(f.pods, pod)

@@ -20,6 +20,7 @@ type Setup struct {
 	DecodePerToken      float64 `json:"decodePerTokenSeconds"`
 	ScrapeInterval      float64 `json:"scrapeIntervalSeconds"`
 	MetricsWindow       float64 `json:"metricsWindowSeconds"`
+	PrefillSpeedWindow  float64 `json:"prefillSpeedWindowSeconds"`
 	EventDelay          float64 `json:"eventDelaySeconds"`
 	Seed                uint64  `json:"seed"`
 }
@@ -86,6 +87,7 @@ func setupOf(cfg Config) Setup {
 		MaxNumSeqs: e.MaxNumSeqs, MaxNumBatchedTokens: e.MaxNumBatchedTokens, MaxModelLen: e.MaxModelLen,
 		StepOverhead: sec(e.Latency.StepOverhead), PrefillPerToken: sec(e.Latency.PrefillPerToken),
 		DecodePerToken: sec(e.Latency.DecodePerToken), ScrapeInterval: sec(cfg.ScrapeInterval),
-		MetricsWindow: sec(cfg.MetricsWindow), EventDelay: sec(cfg.EventDelay), Seed: cfg.Seed,
+		MetricsWindow: sec(cfg.MetricsWindow), PrefillSpeedWindow: sec(cfg.PrefillSpeedWindow),
+		EventDelay: sec(cfg.EventDelay), Seed: cfg.Seed,
 	}
 }

@@ -16,7 +16,7 @@ type counters struct {
 	ttftCount    float64
 	itlSum       float64 // vllm:inter_token_latency_seconds
 	itlCount     float64
-	prefillSum   float64 // vllm:request_prefill_time_seconds
+	prefillSum   float64 // vllm:request_prefill_time_seconds, as many as ttftCount
 }
 
 func (c counters) sub(b counters) counters {
@@ -41,48 +41,85 @@ type counterSample struct {
 	c  counters
 }
 
+// counterWindow turns successive scrapes of counters into deltas over
+// about the last length of time, as the Store's window does: it keeps
+// samples spaced length/windowSteps apart, the oldest being the newest one
+// at least length old.
+type counterWindow struct {
+	length  time.Duration
+	samples []counterSample
+}
+
+// windowSteps is how many samples a window keeps per window length, as the
+// Store does.
+const windowSteps = 8
+
+// observe records the counters c read at now and returns their delta from
+// the window's baseline; false on the first scrape.
+func (w *counterWindow) observe(now time.Duration, c counters) (counters, bool) {
+	if len(w.samples) == 0 {
+		w.samples = append(w.samples, counterSample{now, c})
+		return counters{}, false
+	}
+	d := c.sub(w.samples[0].c)
+	if now-w.samples[len(w.samples)-1].at >= w.length/windowSteps {
+		w.samples = append(w.samples, counterSample{now, c})
+	}
+	drop := 0
+	for len(w.samples)-drop > 1 && now-w.samples[drop+1].at >= w.length {
+		drop++
+	}
+	w.samples = append(w.samples[:0], w.samples[drop:]...)
+	return d, true
+}
+
 // scraped is what the Store knows of one engine from its scrapes, derived
 // as cache.Store derives it from vLLM's /metrics: gauges as of the last
-// scrape, and means and rates over a window of about MetricsWindow that
-// slides by an eighth of it, each keeping its last value through windows
-// without observations and falling back to the lifetime ratio before the
-// first.
+// scrape, means over a window of about MetricsWindow and the prefill speed
+// over one of about PrefillSpeedWindow, each window sliding by an eighth of
+// its length, each value kept through windows that measure none and the
+// lifetime value standing in before the first.
 type scraped struct {
 	ok                       bool
 	at                       time.Duration // of the last scrape
 	waiting, running, kvUsed float64
-	window                   time.Duration
-	samples                  []counterSample
+	window, prefillWindow    counterWindow
 	recent                   [numSlots]float64
 	hasRecent                [numSlots]bool
 	lifetime                 counters
 }
-
-// windowSteps is how many samples the window keeps per window length, as
-// the Store does.
-const windowSteps = 8
 
 // scrape records an engine's gauges q and counters c, read at now.
 func (s *scraped) scrape(now time.Duration, q sim.QueueState, c counters) {
 	s.ok, s.at = true, now
 	s.waiting, s.running, s.kvUsed = float64(q.Waiting), float64(q.Running), q.KVCacheUsage
 	s.lifetime = c
-	if len(s.samples) == 0 {
-		s.samples = append(s.samples, counterSample{now, c})
+	if d, ok := s.window.observe(now, c); ok {
+		s.observe(slotTTFT, d.ttftSum, d.ttftCount)
+		s.observe(slotTPOT, d.itlSum, d.itlCount)
+	}
+	d, ok := s.prefillWindow.observe(now, c)
+	if !ok {
 		return
 	}
-	d := c.sub(s.samples[0].c)
-	if now-s.samples[len(s.samples)-1].at >= s.window/windowSteps {
-		s.samples = append(s.samples, counterSample{now, c})
+	step, _ := s.value(cache.AvgTPOTSeconds)
+	if d.itlSum > 0 && d.itlCount > 0 {
+		step = d.itlSum / d.itlCount
 	}
-	drop := 0
-	for len(s.samples)-drop > 1 && now-s.samples[drop+1].at >= s.window {
-		drop++
+	if v, ok := d.prefillSample(step).TokensPerSecond(); ok {
+		s.recent[slotPrefillSpeed], s.hasRecent[slotPrefillSpeed] = v, true
 	}
-	s.samples = append(s.samples[:0], s.samples[drop:]...)
-	s.observe(slotTTFT, d.ttftSum, d.ttftCount)
-	s.observe(slotTPOT, d.itlSum, d.itlCount)
-	s.observe(slotPrefillSpeed, d.promptTokens-d.prefixHits, d.prefillSum)
+}
+
+// prefillSample is what c tells of the engine's prefills, with step the
+// engine's mean inter-token latency.
+func (c counters) prefillSample(step float64) cache.PrefillSample {
+	return cache.PrefillSample{
+		ComputedTokens: c.promptTokens - c.prefixHits,
+		Prefills:       c.ttftCount,
+		PrefillSeconds: c.prefillSum,
+		StepSeconds:    step,
+	}
 }
 
 // observe keeps the window's ratio num/den of slot when the window saw
@@ -119,7 +156,11 @@ func (s *scraped) value(metric string) (float64, bool) {
 	case cache.AvgTPOTSeconds:
 		return s.ratio(slotTPOT, l.itlSum, l.itlCount)
 	case cache.PrefillTokensPerSecond:
-		return s.ratio(slotPrefillSpeed, l.promptTokens-l.prefixHits, l.prefillSum)
+		if s.hasRecent[slotPrefillSpeed] {
+			return s.recent[slotPrefillSpeed], true
+		}
+		step, _ := s.value(cache.AvgTPOTSeconds)
+		return l.prefillSample(step).TokensPerSecond()
 	}
 	return 0, false
 }

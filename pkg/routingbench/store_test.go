@@ -2,6 +2,7 @@ package routingbench
 
 import (
 	"errors"
+	"math"
 	"testing"
 	"time"
 
@@ -10,7 +11,7 @@ import (
 )
 
 func TestScrapedMeansFollowTheRecentWindowAsTheStoreDoes(t *testing.T) {
-	s := scraped{window: 10 * time.Second}
+	s := scraped{window: counterWindow{length: 10 * time.Second}, prefillWindow: counterWindow{length: time.Minute}}
 	if _, ok := s.value(cache.AvgTTFTSeconds); ok {
 		t.Fatal("a mean before the first scrape")
 	}
@@ -46,6 +47,43 @@ func TestScrapedMeansFollowTheRecentWindowAsTheStoreDoes(t *testing.T) {
 		case 30:
 			check("through windows without requests", 2)
 		}
+	}
+}
+
+func TestScrapedPrefillSpeedFollowsItsWindowAsTheStoreDoes(t *testing.T) {
+	s := scraped{window: counterWindow{length: 10 * time.Second}, prefillWindow: counterWindow{length: time.Minute}}
+	var c counters
+	speed := func() float64 {
+		v, ok := s.value(cache.PrefillTokensPerSecond)
+		if !ok {
+			t.Fatal("no prefill speed")
+		}
+		return v
+	}
+	// One prefill of 1,000 tokens a second, in one step of 10 ms besides
+	// its tokens; decoding requests see 10 such steps a second. For 30 s
+	// the engine computes 5,000 tokens/s, then 10,000.
+	want := map[int]float64{
+		20: 5000,
+		// The window grows to a minute: 30 s at 5,000 and 15 at 10,000.
+		45: 45000 / (30*0.2 + 15*0.1),
+		// It slid past the slow prefills.
+		100: 10000,
+	}
+	for sec := 0; sec <= 100; sec++ {
+		s.scrape(time.Duration(sec)*time.Second, sim.QueueState{}, c)
+		if w, ok := want[sec]; ok {
+			if got := speed(); math.Abs(got-w) > 1e-6*w {
+				t.Errorf("at %d s: %v tokens/s, want %v", sec, got, w)
+			}
+		}
+		compute := 0.1
+		if sec < 30 {
+			compute = 0.2
+		}
+		c.promptTokens += 1000
+		c.ttftSum, c.ttftCount, c.prefillSum = c.ttftSum+compute+0.01, c.ttftCount+1, c.prefillSum+compute+0.01
+		c.itlSum, c.itlCount = c.itlSum+0.1, c.itlCount+10
 	}
 }
 

@@ -39,6 +39,7 @@ type metrics struct {
 	tpot             *prometheus.HistogramVec
 	e2e              *prometheus.HistogramVec
 	queueTime        *prometheus.HistogramVec
+	prefillTime      *prometheus.HistogramVec
 }
 
 // cacheConfigLabels are the labels of vllm:cache_config_info, a subset of
@@ -83,9 +84,12 @@ func newMetrics(reg prometheus.Registerer, model string) (*metrics, error) {
 			"Histogram of time per output token in seconds (the name vLLM used for inter-token latency before v0.11).", tokenLatencyBuckets),
 		e2e:       histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", requestLatencyBuckets),
 		queueTime: histogram("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", requestLatencyBuckets),
+		prefillTime: histogram("vllm:request_prefill_time_seconds",
+			"Histogram of time spent in PREFILL phase for request.", requestLatencyBuckets),
 	}
 	for _, c := range []prometheus.Collector{m.running, m.waiting, m.kvUsage, m.cacheConfig, m.prefixQueries,
-		m.prefixHits, m.promptTokens, m.generationTokens, m.preemptions, m.success, m.ttft, m.itl, m.tpot, m.e2e, m.queueTime} {
+		m.prefixHits, m.promptTokens, m.generationTokens, m.preemptions, m.success, m.ttft, m.itl, m.tpot, m.e2e, m.queueTime,
+		m.prefillTime} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register simulator metrics: %w", err)
 		}
@@ -98,7 +102,7 @@ type rankMetrics struct {
 	running, waiting, kvUsage                                              prometheus.Gauge
 	prefixQueries, prefixHits, promptTokens, generationTokens, preemptions prometheus.Counter
 	success                                                                map[sim.FinishReason]prometheus.Counter
-	ttft, itl, tpot, e2e, queueTime                                        prometheus.Observer
+	ttft, itl, tpot, e2e, queueTime, prefillTime                           prometheus.Observer
 }
 
 // forRank returns the series of rank, whose engine runs with cfg, and sets
@@ -132,6 +136,7 @@ func (m *metrics) forRank(rank int, cfg sim.EngineConfig) *rankMetrics {
 		tpot:             m.tpot.With(l),
 		e2e:              m.e2e.With(l),
 		queueTime:        m.queueTime.With(l),
+		prefillTime:      m.prefillTime.With(l),
 	}
 	for _, reason := range []sim.FinishReason{sim.FinishStop, sim.FinishLength, sim.FinishAbort} {
 		rm.success[reason] = m.success.With(prometheus.Labels{
@@ -160,11 +165,13 @@ func (m *rankMetrics) step(s sim.StepStats) {
 	m.preemptions.Add(float64(s.Preemptions))
 }
 
-// token records a generated token: the time to first token for a first
-// token, the gap since the previous token otherwise.
+// token records a generated token: for a first token the time to first
+// token and the prefill time (first scheduling to first token, as vLLM
+// measures it), otherwise the gap since the previous token.
 func (m *rankMetrics) token(out sim.RequestOutput, sincePrev time.Duration) {
-	if out.Stats.OutputTokens == 1 {
-		m.ttft.Observe(out.Stats.Timings.TTFT().Seconds())
+	if tm := out.Stats.Timings; out.Stats.OutputTokens == 1 {
+		m.ttft.Observe(tm.TTFT().Seconds())
+		m.prefillTime.Observe(tm.FirstToken.Sub(tm.Scheduled).Seconds())
 		return
 	}
 	m.itl.Observe(sincePrev.Seconds())

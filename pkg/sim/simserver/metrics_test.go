@@ -91,6 +91,7 @@ func TestMetricsUseVLLMNamesAndLabels(t *testing.T) {
 		"vllm:time_per_output_token_seconds": 4,
 		"vllm:e2e_request_latency_seconds":   2,
 		"vllm:request_queue_time_seconds":    2,
+		"vllm:request_prefill_time_seconds":  2,
 	} {
 		if got := metricValue(t, families, name, r0); got != want {
 			t.Errorf("%s has %v observations, want %v", name, got, want)
