@@ -111,10 +111,10 @@ type KVSync struct {
 	// BindEndpoint, when set, selects bind mode with BindRanks ranks.
 	BindEndpoint string
 	BindRanks    int
-	// Index settings (AIBRIX_SYNC_*, KVGATE_SYNC_MAX_ENTRIES).
+	// Index settings (AIBRIX_SYNC_*, KVGATE_SYNC_MAX_PREFIXES).
 	MaxContexts           int
 	MaxPrefixesPerContext int
-	MaxEntries            int
+	MaxPrefixes           int
 	EvictionInterval      time.Duration
 	EvictionDuration      time.Duration
 }
@@ -133,7 +133,7 @@ func LoadKVSync(e *Env) KVSync {
 		BindRanks:             e.Int(KVEventsBindRanks, 1),
 		MaxContexts:           e.Int(SyncMaxContexts, 1),
 		MaxPrefixesPerContext: e.Int(SyncMaxPrefixesPerContext, 1),
-		MaxEntries:            e.Int(SyncMaxEntries, 1),
+		MaxPrefixes:           e.Int(SyncMaxPrefixes, 1),
 		EvictionInterval:      e.Duration(SyncEvictionInterval, time.Second),
 		EvictionDuration:      e.Duration(SyncEvictionDuration, time.Minute),
 	}

@@ -1,18 +1,40 @@
 package config
 
 import (
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvgate/kvgate/pkg/indexer"
 )
 
 func TestLoadKVSyncDefaults(t *testing.T) {
 	e := NewEnv(lookupFrom(nil))
 	k := LoadKVSync(e)
 	want := KVSync{Enabled: true, PubPort: 5557, ReplayPort: 5558, BindRanks: 1, MaxContexts: 1000,
-		MaxPrefixesPerContext: 1000000, MaxEntries: 4000000, EvictionInterval: time.Minute, EvictionDuration: 20 * time.Minute}
+		MaxPrefixesPerContext: 4 << 20, MaxPrefixes: 8 << 20, EvictionInterval: time.Minute, EvictionDuration: 20 * time.Minute}
 	if e.Err() != nil || k != want {
 		t.Fatalf("LoadKVSync = %+v, %v; want %+v", k, e.Err(), want)
+	}
+}
+
+// The gateway passes every index bound explicitly, so the documented defaults
+// are the index's own: the two must not drift apart.
+func TestIndexDefaultsAreTheIndexers(t *testing.T) {
+	for _, c := range []struct {
+		v    Var
+		want int
+	}{
+		{SyncMaxContexts, indexer.DefaultMaxContexts},
+		{SyncMaxPrefixesPerContext, indexer.DefaultMaxPrefixesPerContext},
+		{SyncMaxPrefixes, indexer.DefaultMaxPrefixes},
+		{SyncEvictionInterval, int(indexer.DefaultEvictionInterval / time.Second)},
+		{SyncEvictionDuration, int(indexer.DefaultEvictionDuration / time.Minute)},
+	} {
+		if c.v.Default != strconv.Itoa(c.want) {
+			t.Errorf("%s defaults to %s, the index to %d", c.v.Name, c.v.Default, c.want)
+		}
 	}
 }
 

@@ -93,20 +93,23 @@ var (
 		Name:    "AIBRIX_SYNC_MAX_CONTEXTS",
 		Default: "1000",
 		Section: SectionIndex,
-		Doc:     "Most (model, LoRA adapter) contexts the prefix index keeps; the least recently used context is dropped beyond it.",
+		Doc: "Most models the prefix index keeps (a LoRA adapter shares its base model's context, as it shares the engine's cache); " +
+			"the least recently used model is dropped whole beyond it.",
 	}
 	SyncMaxPrefixesPerContext = Var{
 		Name:    "AIBRIX_SYNC_MAX_PREFIXES_PER_CONTEXT",
-		Default: "1000000",
+		Default: "4194304",
 		Section: SectionIndex,
-		Doc: "Most block keys the prefix index keeps per context; the least recently stored or matched keys are evicted beyond it. " +
-			"AIBrix's default of 10000 covers a fraction of one GPU's cache, hence the larger default.",
+		Doc: "Most distinct blocks the prefix index keeps per model, whatever the number of pods holding each; the least recently " +
+			"stored or matched blocks are evicted beyond it. AIBrix's default of 10000 covers a fraction of one GPU's cache, " +
+			"hence the larger default (a few dozen pods of some 100,000 blocks each).",
 	}
-	SyncMaxEntries = Var{
-		Name:    "KVGATE_SYNC_MAX_ENTRIES",
-		Default: "4000000",
+	SyncMaxPrefixes = Var{
+		Name:    "KVGATE_SYNC_MAX_PREFIXES",
+		Default: "8388608",
 		Section: SectionIndex,
-		Doc:     "Most (block, pod) residencies the prefix index keeps over all contexts; bounds its memory (under 48 bytes each).",
+		Doc: "Most distinct blocks the prefix index keeps over all models; beyond it the least recently used model's oldest " +
+			"blocks are evicted. Bounds the index's memory: about 63 bytes a block held by one pod, 25 more per other pod holding it.",
 	}
 	SyncEvictionInterval = Var{
 		Name:    "AIBRIX_SYNC_EVICTION_INTERVAL_SECONDS",
@@ -276,7 +279,7 @@ var Vars = []Var{
 	AdapterRefreshInterval,
 	SyncMaxContexts,
 	SyncMaxPrefixesPerContext,
-	SyncMaxEntries,
+	SyncMaxPrefixes,
 	SyncEvictionInterval,
 	SyncEvictionDuration,
 	TokenizerEndpointTemplate,

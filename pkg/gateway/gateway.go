@@ -143,7 +143,7 @@ func (g *Gateway) newKVSync() error {
 	g.index, err = indexer.NewSyncPrefixHashTable(indexer.Config{
 		MaxContexts:           k.MaxContexts,
 		MaxPrefixesPerContext: k.MaxPrefixesPerContext,
-		MaxPrefixes:           k.MaxEntries,
+		MaxPrefixes:           k.MaxPrefixes,
 		EvictionInterval:      k.EvictionInterval,
 		EvictionDuration:      k.EvictionDuration,
 	}, g.registry)

@@ -16,7 +16,8 @@ const (
 	// pod's GPU cache and would keep the index evicting.
 	DefaultMaxPrefixesPerContext = 4 << 20
 	// DefaultMaxPrefixes bounds the blocks of all contexts together: some
-	// 300 to 500 MB of index with one or two holders per block.
+	// 530 to 740 MB of index with one or two holders per block, reached only
+	// when the fleet's caches hold that many distinct blocks.
 	DefaultMaxPrefixes = 8 << 20
 	// DefaultEvictionInterval matches AIBrix's default for
 	// AIBRIX_SYNC_EVICTION_INTERVAL_SECONDS.
