@@ -47,9 +47,10 @@ const (
 	// against vllm:time_to_first_token_seconds instead, which includes
 	// queueing and so underestimates the speed. A window whose prefills
 	// were nearly all cache hits, or that saw no prefill, keeps the
-	// previous estimate; before the first one the lifetime counters stand
-	// in, and a pod that never ran a prefill long enough to tell has no
-	// value. Divide a prompt's uncached tokens by it and add one step to
+	// previous estimate for up to one more prefill-speed window, then the
+	// pod has no value until a window measures one again; before the first
+	// one the lifetime counters stand in, and a pod that never ran a
+	// prefill long enough to tell has no value. Divide a prompt's uncached tokens by it and add one step to
 	// predict the prefill part of its time to first token.
 	PrefillTokensPerSecond = "prefill_tokens_per_second"
 	// CacheBlockSize is the block_size label of vllm:cache_config_info:

@@ -70,7 +70,7 @@ func TestPrefillSampleNeverExceedsFourTimesTheWholeStepRatio(t *testing.T) {
 // projection a window of long prefills, then windows of prefills that were
 // nearly all cache hits: those measure nothing, and the estimate stands.
 func TestPrefillSpeedKeepsItsEstimateThroughWindowsOfCacheHits(t *testing.T) {
-	var g groupState // windows of length 0: each scrape against the previous one
+	g := groupState{prefillKeep: time.Minute} // windows of length 0: each scrape against the previous one
 	var c counters
 	at := time.Unix(100, 0)
 	scrape := func(tokens, hits, prefills, seconds float64) (float64, bool) {
@@ -96,5 +96,35 @@ func TestPrefillSpeedKeepsItsEstimateThroughWindowsOfCacheHits(t *testing.T) {
 	faster := 20000.0
 	if v, ok := scrape(2*5000, 0, 2, 2*(0.25+0.005)); !ok || math.Abs(v-faster) > 1e-6 {
 		t.Fatalf("after faster prefills: %v, %v; want %v", v, ok, faster)
+	}
+}
+
+// TestPrefillSpeedEstimateExpiresAfterAWindowWithoutMeasure: a pod whose
+// windows stop measuring its speed keeps the estimate for prefillKeep, then
+// has none, so that routing stops acting on an estimate nothing confirms.
+func TestPrefillSpeedEstimateExpiresAfterAWindowWithoutMeasure(t *testing.T) {
+	g := groupState{prefillKeep: 10 * time.Second}
+	var c counters
+	at := time.Unix(100, 0)
+	scrape := func(after time.Duration, tokens, hits, prefills, seconds float64) (float64, bool) {
+		at = at.Add(after)
+		c.add(cPromptTokens, tokens)
+		c.add(cPrefixHits, hits)
+		c.add(cPrefillCount, prefills)
+		c.add(cPrefillSum, seconds)
+		return g.prefillSpeed(at, c, 0.005)
+	}
+	scrape(0, 0, 0, 0, 0)
+	if v, ok := scrape(time.Second, 8000, 0, 4, 4*(0.2+0.005)); !ok || math.Abs(v-10000) > 1e-6 {
+		t.Fatalf("after long prefills: %v, %v; want 10000", v, ok)
+	}
+	if _, ok := scrape(10*time.Second, 50*2010, 50*2000, 50, 50*0.006); !ok {
+		t.Fatal("estimate dropped 10 s after it was measured, want it kept for 10 s")
+	}
+	if v, ok := scrape(time.Second, 50*2010, 50*2000, 50, 50*0.006); ok {
+		t.Fatalf("estimate %v still given 11 s after it was measured, want none", v)
+	}
+	if v, ok := scrape(time.Second, 2*5000, 0, 2, 2*(0.25+0.005)); !ok || math.Abs(v-20000) > 1e-6 {
+		t.Fatalf("after new long prefills: %v, %v; want 20000", v, ok)
 	}
 }

@@ -72,19 +72,27 @@ type groupState struct {
 	window, prefill recentWindow
 	last            [numSlots]float64
 	hasLast         [numSlots]bool
+	// prefillAt is when the prefill speed was last measured; the estimate
+	// is dropped once prefillKeep has passed since.
+	prefillAt   time.Time
+	prefillKeep time.Duration
 }
 
 // projector turns successive scrapes of one pod into podMetrics. It is owned
 // by the pod's scrape loop and not safe for concurrent use.
 type projector struct {
 	window, prefillWindow time.Duration
-	groups                map[string]*groupState // "" is the pod as a whole
+	// prefillKeep is how long a prefill speed outlives the last window that
+	// measured one: prefillWindow, as newProjector sets it.
+	prefillKeep time.Duration
+	groups      map[string]*groupState // "" is the pod as a whole
 }
 
 // newProjector returns a projector deriving recent means and rates over
 // window, and the prefill speed over prefillWindow.
 func newProjector(window, prefillWindow time.Duration) *projector {
-	return &projector{window: window, prefillWindow: prefillWindow, groups: map[string]*groupState{}}
+	return &projector{window: window, prefillWindow: prefillWindow, prefillKeep: prefillWindow,
+		groups: map[string]*groupState{}}
 }
 
 // project derives the pod's metrics from one scrape taken at now. subscribed
@@ -180,7 +188,8 @@ func gather(families map[string]*dto.MetricFamily, visit func(string, func(*grou
 func (p *projector) finish(group string, a *groupAcc, now time.Time) map[string]MetricValue {
 	g := p.groups[group]
 	if g == nil {
-		g = &groupState{window: recentWindow{length: p.window}, prefill: recentWindow{length: p.prefillWindow}}
+		g = &groupState{window: recentWindow{length: p.window}, prefill: recentWindow{length: p.prefillWindow},
+			prefillKeep: p.prefillKeep}
 		p.groups[group] = g
 	}
 	out := make(map[string]MetricValue, 12+len(a.raw))
@@ -252,9 +261,16 @@ func (g *groupState) ratio(slot int, dn, dd float64, okd bool, ln, ld float64, o
 
 // prefillSpeed computes PrefillTokensPerSecond from the group's counters
 // cur scraped at now: the speed over the prefill-speed window when it
-// measures one, else the last one measured, else the lifetime speed. The
-// step time is the window's mean inter-token latency, else recentStep, the
-// latest recent one.
+// measures one, else the last one measured if that is at most prefillKeep
+// old, else, before the first measure, the lifetime speed. The step time is
+// the window's mean inter-token latency, else recentStep, the latest recent
+// one.
+//
+// An estimate expires because routing feeds back into it: a pod measured
+// slower than it is receives fewer cold prompts, so its windows hold only
+// cache hits, measure nothing, and would keep the low estimate for good.
+// Without one, the router takes the pod at its peers' median speed, sends it
+// cold prompts again, and the next window measures it afresh.
 func (g *groupState) prefillSpeed(now time.Time, cur counters, recentStep float64) (float64, bool) {
 	d := g.prefill.observe(now, cur)
 	step := recentStep
@@ -264,10 +280,10 @@ func (g *groupState) prefillSpeed(now time.Time, cur counters, recentStep float6
 		}
 	}
 	if v, ok := prefillSample(d, step).TokensPerSecond(); ok {
-		g.last[slotPrefill], g.hasLast[slotPrefill] = v, true
+		g.last[slotPrefill], g.hasLast[slotPrefill], g.prefillAt = v, true, now
 	}
 	if g.hasLast[slotPrefill] {
-		return g.last[slotPrefill], true
+		return g.last[slotPrefill], now.Sub(g.prefillAt) <= g.prefillKeep
 	}
 	return prefillSample(cur, recentStep).TokensPerSecond()
 }

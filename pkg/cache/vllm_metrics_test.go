@@ -84,7 +84,10 @@ func TestProjectCurrentVLLMExposition(t *testing.T) {
 }
 
 func TestProjectRecentValuesAcrossScrapesAndRestart(t *testing.T) {
-	p := newProjector(time.Nanosecond, time.Nanosecond) // each scrape against the previous one
+	// Each scrape against the previous one; a prefill speed is kept for a
+	// minute after the window that measured it.
+	p := newProjector(time.Nanosecond, time.Nanosecond)
+	p.prefillKeep = time.Minute
 	steps := []struct {
 		file string
 		want want

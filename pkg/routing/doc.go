@@ -63,8 +63,8 @@
 // PrefillTokensPerSecond, the prompt tokens the engine computed per second of
 // computing them over the last minute or so (each prefill's time less one
 // engine step, see cache.PrefillSample). A pod not measured yet, or whose
-// prefills were too short to tell (nearly all cache hits), is given the
-// median speed of the measured candidates, which serve the same model; with
+// prefills have been too short to tell (nearly all cache hits) for more
+// than a window, is given the median speed of the measured candidates, which serve the same model; with
 // none measured, Config.DefaultPrefillTokensPerSecond. A measured speed is
 // believed, lower or higher than the others': a pod that prefills at half
 // the speed of the rest is predicted twice as slow for the same work, so it

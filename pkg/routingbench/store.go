@@ -77,8 +77,9 @@ func (w *counterWindow) observe(now time.Duration, c counters) (counters, bool) 
 // as cache.Store derives it from vLLM's /metrics: gauges as of the last
 // scrape, means over a window of about MetricsWindow and the prefill speed
 // over one of about PrefillSpeedWindow, each window sliding by an eighth of
-// its length, each value kept through windows that measure none and the
-// lifetime value standing in before the first.
+// its length, each value kept through windows that measure none (the prefill
+// speed for one more window at most) and the lifetime value standing in
+// before the first.
 type scraped struct {
 	ok                       bool
 	at                       time.Duration // of the last scrape
@@ -86,6 +87,7 @@ type scraped struct {
 	window, prefillWindow    counterWindow
 	recent                   [numSlots]float64
 	hasRecent                [numSlots]bool
+	prefillAt                time.Duration // of the last prefill-speed measure
 	lifetime                 counters
 }
 
@@ -108,6 +110,7 @@ func (s *scraped) scrape(now time.Duration, q sim.QueueState, c counters) {
 	}
 	if v, ok := d.prefillSample(step).TokensPerSecond(); ok {
 		s.recent[slotPrefillSpeed], s.hasRecent[slotPrefillSpeed] = v, true
+		s.prefillAt = now
 	}
 }
 
@@ -157,7 +160,7 @@ func (s *scraped) value(metric string) (float64, bool) {
 		return s.ratio(slotTPOT, l.itlSum, l.itlCount)
 	case cache.PrefillTokensPerSecond:
 		if s.hasRecent[slotPrefillSpeed] {
-			return s.recent[slotPrefillSpeed], true
+			return s.recent[slotPrefillSpeed], s.at-s.prefillAt <= s.prefillWindow.length
 		}
 		step, _ := s.value(cache.AvgTPOTSeconds)
 		return l.prefillSample(step).TokensPerSecond()
