@@ -13,6 +13,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/kvgate/kvgate/pkg/cache"
+	"github.com/kvgate/kvgate/pkg/internal/testsupport"
 )
 
 // decodeError checks an OpenAI-style error body and returns it.
@@ -137,7 +138,7 @@ func TestModelWithoutReadyPodIs503(t *testing.T) {
 	cfg := loadTestConfig(t, map[string]string{"AIBRIX_PREFIX_CACHE_KV_EVENT_SYNC_ENABLED": "false"})
 	cfg.PodSource = src
 	_, url, _ := serveGateway(t, cfg)
-	eventually(t, "readiness", func() (string, bool) {
+	testsupport.EventuallyWhy(t, "readiness", func() (string, bool) {
 		status, body := get(t, url+"/readyz")
 		return body, status == http.StatusOK
 	})
