@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvgate/kvgate/pkg/internal/testsupport"
+	"github.com/kvgate/kvgate/internal/testsupport"
 )
 
 func seeded(seed uint64) PredictorOption { return WithRandSource(rand.NewPCG(seed, 42)) }

@@ -15,8 +15,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/internal/testredis"
-	"github.com/kvgate/kvgate/pkg/internal/testsupport"
 )
 
 func profileJSON(t testing.TB) []byte {

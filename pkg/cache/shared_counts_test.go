@@ -8,8 +8,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/internal/testredis"
-	"github.com/kvgate/kvgate/pkg/internal/testsupport"
 )
 
 func sharedStore(t *testing.T, rc *redis.Client, id string) *Store {

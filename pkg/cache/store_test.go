@@ -13,7 +13,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/rest"
 
-	"github.com/kvgate/kvgate/pkg/internal/testsupport"
+	"github.com/kvgate/kvgate/internal/testsupport"
 )
 
 func TestMain(m *testing.M) {

@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/config"
-	"github.com/kvgate/kvgate/pkg/internal/testsupport"
 )
 
 // testFleet is a gateway built as cmd/gateway builds it, from environment

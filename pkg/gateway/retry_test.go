@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvgate/kvgate/pkg/internal/testsupport"
+	"github.com/kvgate/kvgate/internal/testsupport"
 )
 
 // tokenPrompt is a completion body whose prompt is token ids, which need

@@ -6,7 +6,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/kvgate/kvgate/pkg/internal/testsupport"
+	"github.com/kvgate/kvgate/internal/testsupport"
 )
 
 // sharedPrompt is 22 whole blocks of the test engines' tokenizer.

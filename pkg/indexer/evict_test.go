@@ -9,7 +9,7 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/kvgate/kvgate/pkg/internal/testsupport"
+	"github.com/kvgate/kvgate/internal/testsupport"
 )
 
 // storePrompt stores prompt number p (blocks of 16 tokens, engine hashes

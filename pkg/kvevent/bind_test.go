@@ -8,7 +8,7 @@ import (
 
 	"github.com/go-logr/logr/funcr"
 
-	"github.com/kvgate/kvgate/pkg/internal/testsupport"
+	"github.com/kvgate/kvgate/internal/testsupport"
 )
 
 func TestParseBindTopic(t *testing.T) {

@@ -7,7 +7,7 @@ import (
 
 	"github.com/go-logr/logr/funcr"
 
-	"github.com/kvgate/kvgate/pkg/internal/testsupport"
+	"github.com/kvgate/kvgate/internal/testsupport"
 )
 
 // logLines captures a logger's lines.

@@ -12,7 +12,7 @@ import (
 
 	zmq "github.com/pebbe/zmq4"
 
-	"github.com/kvgate/kvgate/pkg/internal/testsupport"
+	"github.com/kvgate/kvgate/internal/testsupport"
 )
 
 // handWrittenEngine plays a vLLM engine with raw ZeroMQ sockets, replying to

@@ -9,7 +9,7 @@ import (
 	zmq "github.com/pebbe/zmq4"
 	"k8s.io/klog/v2"
 
-	"github.com/kvgate/kvgate/pkg/internal/testsupport"
+	"github.com/kvgate/kvgate/internal/testsupport"
 )
 
 // bindEndpoint is a loopback-only endpoint a vLLM-style publisher binds

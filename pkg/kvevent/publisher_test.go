@@ -9,7 +9,7 @@ import (
 
 	zmq "github.com/pebbe/zmq4"
 
-	"github.com/kvgate/kvgate/pkg/internal/testsupport"
+	"github.com/kvgate/kvgate/internal/testsupport"
 )
 
 func TestPublisherSendsVLLMFramesAndStampsItsRank(t *testing.T) {
