@@ -197,10 +197,13 @@ func TestPrefixCacheWithTheStoreCountsTheGatewaysRequests(t *testing.T) {
 
 func TestLoadAlgorithmsWithTheStore(t *testing.T) {
 	fleet := newStoreFleet(t, 3)
+	usage := []float64{0.7, 0.6, 0.2}
 	for i, e := range fleet.engines {
-		e.set(func(s *engineState) { s.kvUsage = []float64{0.7, 0.6, 0.2}[i] })
+		e.set(func(s *engineState) { s.kvUsage = usage[i] })
 	}
-	fleet.waitForMetric(t, "p2", cache.KVCacheUsagePerc, 0.2)
+	for i := range fleet.engines {
+		fleet.waitForMetric(t, fmt.Sprintf("p%d", i), cache.KVCacheUsagePerc, usage[i])
+	}
 	r, _ := newTestRouter(t, fleet.store, nil)
 	pods := fleet.pods(t)
 
