@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kvgate/kvgate/internal/testsupport"
 )
 
 // waitTimeout is how long the tests wait for processes: far beyond what a
@@ -122,20 +124,6 @@ func (p *process) exited(t *testing.T) int {
 	return p.cmd.ProcessState.ExitCode()
 }
 
-func freePorts(t *testing.T, n int) []int {
-	t.Helper()
-	var ports []int
-	for range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer ln.Close()
-		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
-	}
-	return ports
-}
-
 // completion posts a completion, with the routing strategy when one is
 // given, and returns the status, the pod that served it and the body.
 func completion(t *testing.T, url, body string, strategy ...string) (int, string, string) {
@@ -198,7 +186,7 @@ func words(n int) []string {
 
 func TestBinaryRoutesToTwoSimulatedEnginesInStaticMode(t *testing.T) {
 	dir := binaries(t)
-	ports := freePorts(t, 7)
+	ports := testsupport.FreePorts(t, 7)
 	file, _ := startSims(t, dir, ports, 2, func(int) []string { return nil })
 	addr := fmt.Sprintf("127.0.0.1:%d", ports[6])
 	url := "http://" + addr
@@ -373,7 +361,7 @@ func adapterMatch(t *testing.T, url, lora, messages string) map[string]int {
 
 func TestBinaryRoutesAdapterRequestsByTheAdaptersBlocks(t *testing.T) {
 	dir := binaries(t)
-	ports := freePorts(t, 8)
+	ports := testsupport.FreePorts(t, 8)
 	// The endpoints file declares no adapter: the gateway learns them from
 	// the engines' /v1/models.
 	file, sims := startSims(t, dir, ports, 2, func(i int) []string {

@@ -2,7 +2,6 @@ package main
 
 import (
 	"errors"
-	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -14,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/localfleet"
 )
 
@@ -24,19 +24,10 @@ const waitTimeout = 3 * time.Minute
 var binDir string
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "kvgate-demo-bin-")
-	if err == nil {
+	os.Exit(testsupport.RunInTempDir(m, "kvgate-demo-bin-", func(dir string) error {
 		binDir = dir
-		err = localfleet.Build(dir, "github.com/kvgate/kvgate/cmd/kvgate-demo")
-	}
-	code := 1
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-	} else {
-		code = m.Run()
-	}
-	os.RemoveAll(dir)
-	os.Exit(code)
+		return localfleet.Build(dir, "github.com/kvgate/kvgate/cmd/kvgate-demo")
+	}))
 }
 
 // shortRun shapes a demo of a few seconds per algorithm on two engines

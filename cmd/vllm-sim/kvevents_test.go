@@ -5,15 +5,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"math/rand/v2"
-	"net"
 	"net/http"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
+	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/kvevent"
 )
 
@@ -53,29 +51,6 @@ func TestParseKVEventsConfig(t *testing.T) {
 			}
 		})
 	}
-}
-
-// freePorts returns the first of n consecutive TCP ports that were free on
-// 127.0.0.1.
-func freePorts(t *testing.T, n int) int {
-	t.Helper()
-	for range 100 {
-		base := 20000 + rand.IntN(40000)
-		ok := true
-		for i := range n {
-			l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", base+i))
-			if err != nil {
-				ok = false
-				break
-			}
-			l.Close()
-		}
-		if ok {
-			return base
-		}
-	}
-	t.Fatal("no free ports")
-	return 0
 }
 
 // recorder keeps the batches a kvevent client delivers.
@@ -126,7 +101,7 @@ func tokenize(t *testing.T, url, prompt string) []uint32 {
 func TestEachRankPublishesToKVGatesClient(t *testing.T) {
 	for _, wire := range []string{"v0.26", "v0.10"} {
 		t.Run(wire, func(t *testing.T) {
-			pub := freePorts(t, 4) // PUB ports pub, pub+1; replay ports pub+2, pub+3
+			pub := testsupport.ConsecutivePorts(t, 4)[0] // PUB ports pub, pub+1; replay ports pub+2, pub+3
 			events := fmt.Sprintf(`{"enable_kv_cache_events": true, "endpoint": "tcp://[::ffff:127.0.0.1]:%d", `+
 				`"replay_endpoint": "tcp://127.0.0.1:%d", "topic": "kv"}`, pub, pub+2)
 			url, stop := startServe(t, "--data-parallel-size", "2", "--kv-events-config", events, "--kv-events-wire", wire,
@@ -169,24 +144,19 @@ func TestEachRankPublishesToKVGatesClient(t *testing.T) {
 			for rank, prompt := range []string{long, short} {
 				want := tokenize(t, url, prompt)
 				want = want[:len(want)/4*4]
-				deadline := time.Now().Add(10 * time.Second)
-				for {
-					tokens, ranks := recs[rank].stored()
-					if len(tokens) >= len(want) {
-						if !slices.Equal(tokens[:len(want)], want) {
-							t.Errorf("rank %d stored %v first, want the prompt's blocks %v", rank, tokens[:len(want)], want)
-						}
-						for _, r := range ranks {
-							if r != rank {
-								t.Errorf("rank %d's stream carried a batch of rank %d", rank, r)
-							}
-						}
-						break
+				var tokens []uint32
+				var ranks []int
+				testsupport.EventuallyWhy(t, fmt.Sprintf("rank %d's client to receive %v", rank, want), func() (string, bool) {
+					tokens, ranks = recs[rank].stored()
+					return fmt.Sprint("received ", tokens), len(tokens) >= len(want)
+				})
+				if !slices.Equal(tokens[:len(want)], want) {
+					t.Errorf("rank %d stored %v first, want the prompt's blocks %v", rank, tokens[:len(want)], want)
+				}
+				for _, r := range ranks {
+					if r != rank {
+						t.Errorf("rank %d's stream carried a batch of rank %d", rank, r)
 					}
-					if time.Now().After(deadline) {
-						t.Fatalf("rank %d: the client received %v, want %v", rank, tokens, want)
-					}
-					time.Sleep(10 * time.Millisecond)
 				}
 			}
 		})

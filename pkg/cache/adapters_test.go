@@ -17,6 +17,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	v1 "k8s.io/api/core/v1"
+
+	"github.com/kvgate/kvgate/internal/testsupport"
 )
 
 func TestPodAdaptersReadsTheCommaSeparatedList(t *testing.T) {
@@ -141,9 +143,9 @@ func adapterConfig(reg prometheus.Registerer) Config {
 // then its adapters.
 func waitModels(t *testing.T, s *Store, pod string, want ...string) {
 	t.Helper()
-	eventually(t, 10*time.Second, func() (bool, string) {
+	testsupport.EventuallyWhy(t, "pod "+pod+" to serve "+strings.Join(want, ","), func() (string, bool) {
 		got, err := s.ListModelsByPod(pod, "ns")
-		return err == nil && slices.Equal(got, want), strings.Join(got, ",")
+		return "serves " + strings.Join(got, ","), err == nil && slices.Equal(got, want)
 	})
 }
 
@@ -171,9 +173,9 @@ func TestStoreMergesDeclaredSetAndListedAdapters(t *testing.T) {
 
 	// An engine that fails keeps the adapters it listed last.
 	engine.set(http.StatusServiceUnavailable)
-	eventually(t, 10*time.Second, func() (bool, string) {
-		n := gathered(t, reg, "kvgate_cache_pod_model_list_failures_total", map[string]string{"pod": "ns/a"})
-		return n >= 2, "failures " + strconv.FormatFloat(n, 'g', -1, 64)
+	testsupport.EventuallyWhy(t, "two failed listings of ns/a's models", func() (string, bool) {
+		n := testsupport.MetricValue(t, reg, "kvgate_cache_pod_model_list_failures_total", map[string]string{"pod": "ns/a"})
+		return "failures " + strconv.FormatFloat(n, 'g', -1, 64), n >= 2
 	})
 	if models, _ := s.ListModelsByPod("a", "ns"); !slices.Contains(models, "runtime-lora") {
 		t.Fatalf("models while the engine fails = %v, want runtime-lora kept", models)
@@ -187,9 +189,8 @@ func TestStoreMergesDeclaredSetAndListedAdapters(t *testing.T) {
 	s.AddOrUpdatePod(testPod("ns", "a", llama, "127.0.0.1", withPort(other.port), withUID("new-uid")))
 	waitModels(t, s, "a", llama, "other-lora")
 	s.DeletePod("ns", "a")
-	eventually(t, 10*time.Second, func() (bool, string) {
-		n := gathered(t, reg, "kvgate_cache_pod_model_list_failures_total", map[string]string{"pod": "ns/a"})
-		return n == -1, "failures of the deleted pod still exported: " + strconv.FormatFloat(n, 'g', -1, 64)
+	testsupport.Eventually(t, "the deleted pod's listing failures to leave the metrics", func() bool {
+		return testsupport.MetricSeries(t, reg, "kvgate_cache_pod_model_list_failures_total", map[string]string{"pod": "ns/a"}) == 0
 	})
 }
 
@@ -223,7 +224,7 @@ func TestAdapterListingIsOffWhenDisabled(t *testing.T) {
 	s.AddOrUpdatePod(testPod("ns", "a", llama, "127.0.0.1", withPort(engine.port)))
 	// The engine answers /metrics with 404: after two scrapes, the loop
 	// that would list the adapters has had its chance to run.
-	eventually(t, 10*time.Second, func() (bool, string) { return engine.others.Load() >= 2, "no scrape" })
+	testsupport.Eventually(t, "two scrapes of the engine", func() bool { return engine.others.Load() >= 2 })
 	if n := engine.hits.Load(); n != 0 || s.HasModel("sql-lora") {
 		t.Fatalf("models listed %d times with listing disabled", n)
 	}

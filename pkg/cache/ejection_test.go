@@ -6,15 +6,17 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvgate/kvgate/internal/testsupport"
 )
 
 // ejectionStore returns a Store that scrapes nothing, on the fake clock.
-func ejectionStore(t *testing.T, reg prometheus.Registerer) (*Store, *fakeClock) {
+func ejectionStore(t *testing.T, reg prometheus.Registerer) (*Store, *testsupport.Clock) {
 	t.Helper()
 	cfg := noScrape()
 	cfg.Registerer = reg
 	s := newTestStore(t, nil, cfg)
-	clock := &fakeClock{now: time.Unix(1_700_000_000, 0)}
+	clock := testsupport.NewClock(time.Unix(1_700_000_000, 0))
 	s.now = clock.Now
 	return s, clock
 }
@@ -38,28 +40,28 @@ func TestEjectionBackoffDoublesUpToTheMaximumAndAnAnswerResetsIt(t *testing.T) {
 		if again, _ := s.PodEjection(p); again != ej {
 			t.Fatalf("ejecting an ejected pod changed %+v to %+v", ej, again)
 		}
-		clock.advance(want - time.Millisecond)
+		clock.Advance(want - time.Millisecond)
 		if _, ok := s.PodEjection(p); !ok {
 			t.Fatalf("ejection %d ended early", i+1)
 		}
-		clock.advance(time.Millisecond)
+		clock.Advance(time.Millisecond)
 		if ej, ok := s.PodEjection(p); ok {
 			t.Fatalf("ejection %d lasts past its backoff: %+v", i+1, ej)
 		}
 	}
-	if n := gathered(t, reg, "kvgate_cache_pod_ejections_total", map[string]string{"pod": "ns/p", "reason": "connection_refused"}); n != 7 {
+	if n := testsupport.MetricValue(t, reg, "kvgate_cache_pod_ejections_total", map[string]string{"pod": "ns/p", "reason": "connection_refused"}); n != 7 {
 		t.Errorf("ejections = %v, want 7", n)
 	}
 
 	s.EjectPod(p, EjectDialFailed)
-	if n := gathered(t, reg, "kvgate_cache_ejected_pods", nil); n != 1 {
+	if n := testsupport.MetricValue(t, reg, "kvgate_cache_ejected_pods", nil); n != 1 {
 		t.Errorf("ejected pods = %v, want 1", n)
 	}
 	s.PodReachable(p)
 	if ej, ok := s.PodEjection(p); ok {
 		t.Fatalf("pod still ejected after it answered: %+v", ej)
 	}
-	if n := gathered(t, reg, "kvgate_cache_ejected_pods", nil); n != 0 {
+	if n := testsupport.MetricValue(t, reg, "kvgate_cache_ejected_pods", nil); n != 0 {
 		t.Errorf("ejected pods = %v after the pod answered, want 0", n)
 	}
 	s.EjectPod(p, EjectDialFailed)
@@ -95,8 +97,8 @@ func TestEjectionBelongsToOnePodVersion(t *testing.T) {
 
 	s.DeletePod("ns", "p")
 	s.EjectPod(replacement, EjectConnectionRefused)
-	if n := gathered(t, reg, "kvgate_cache_pod_ejections_total", map[string]string{"pod": "ns/p"}); n != -1 {
-		t.Errorf("ejections of a deleted pod = %v, want no series", n)
+	if n := testsupport.MetricSeries(t, reg, "kvgate_cache_pod_ejections_total", map[string]string{"pod": "ns/p"}); n != 0 {
+		t.Errorf("%d ejection series of a deleted pod, want none", n)
 	}
 }
 
@@ -121,13 +123,13 @@ func TestSuccessfulScrapeReadmitsAPodServingMetricsOnItsPort(t *testing.T) {
 		t.Fatal("a pod whose scrapes fail was readmitted")
 	}
 	same.mode.Store(serveOK)
-	eventually(t, 10*time.Second, func() (bool, string) {
+	testsupport.Eventually(t, "p to be readmitted once its scrapes succeed again", func() bool {
 		_, ejected := s.PodEjection(p)
-		return !ejected, "p is still ejected after its scrapes succeed again"
+		return !ejected
 	})
 	// q's scrapes succeed all along, which says nothing of its serving port.
 	hits := other.hits.Load()
-	eventually(t, 10*time.Second, func() (bool, string) { return other.hits.Load() > hits+2, "q is not scraped" })
+	testsupport.Eventually(t, "more scrapes of q", func() bool { return other.hits.Load() > hits+2 })
 	if _, ok := s.PodEjection(q); !ok {
 		t.Error("a scrape of another port readmitted q")
 	}
@@ -148,17 +150,17 @@ func TestScrapeStateFollowsTheLatestScrape(t *testing.T) {
 		t.Errorf("scraped pod: %s, want fresh", got)
 	}
 	// A pod never scraped successfully is stale once a scrape failed.
-	eventually(t, 10*time.Second, func() (bool, string) {
+	testsupport.EventuallyWhy(t, "the dead pod's metrics to go stale", func() (string, bool) {
 		got := s.PodScrapeState("dead", "ns")
-		return got == ScrapeStale, "dead pod: " + string(got)
+		return "scrape state " + string(got), got == ScrapeStale
 	})
-	if n := gathered(t, reg, "kvgate_cache_stale_pods", nil); n != 1 {
+	if n := testsupport.MetricValue(t, reg, "kvgate_cache_stale_pods", nil); n != 1 {
 		t.Errorf("stale pods = %v, want the dead one", n)
 	}
 	up.mode.Store(serveError)
-	eventually(t, 10*time.Second, func() (bool, string) {
+	testsupport.EventuallyWhy(t, "the failing pod's metrics to go stale", func() (string, bool) {
 		got := s.PodScrapeState("p", "ns")
-		return got == ScrapeStale, "failing pod: " + string(got)
+		return "scrape state " + string(got), got == ScrapeStale
 	})
 
 	off := newTestStore(t, nil, noScrape())

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"strconv"
 	"testing"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 	v1 "k8s.io/api/core/v1"
@@ -67,23 +66,6 @@ func newTestStore(t testing.TB, rc *redis.Client, cfg Config) *Store {
 // noScrape is a Config that reads nothing from pods: no metric scraping, no
 // adapter listing.
 func noScrape() Config { return Config{PodMetricRefreshInterval: -1, AdapterRefreshInterval: -1} }
-
-// eventually polls cond until it holds or timeout passes; cond explains
-// what it saw when it does not hold.
-func eventually(t testing.TB, timeout time.Duration, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		ok, why := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("condition not met within %v: %s", timeout, why)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
 
 func describe(v MetricValue, err error) string {
 	if err != nil {

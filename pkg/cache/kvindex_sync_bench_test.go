@@ -2,7 +2,6 @@ package cache_test
 
 import (
 	"fmt"
-	"net"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -10,6 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/cache"
 	"github.com/kvgate/kvgate/pkg/indexer"
 	"github.com/kvgate/kvgate/pkg/kvevent"
@@ -200,7 +200,8 @@ func waitApplied(b *testing.B, sink *indexSink, n uint64) {
 // startSyncPair starts a publisher bound on loopback and a client
 // following it into sink, both closed when the benchmark ends.
 func startSyncPair(b *testing.B, sink *indexSink) (*kvevent.Publisher, *kvevent.ZMQClient) {
-	pubPort, replayPort := freePort(b), freePort(b)
+	ports := testsupport.FreePorts(b, 2)
+	pubPort, replayPort := ports[0], ports[1]
 	pc := kvevent.DefaultPublisherConfig()
 	pc.Endpoint = fmt.Sprintf("tcp://[::ffff:127.0.0.1]:%d", pubPort)
 	pc.ReplayEndpoint = fmt.Sprintf("tcp://[::ffff:127.0.0.1]:%d", replayPort)
@@ -224,14 +225,4 @@ func startSyncPair(b *testing.B, sink *indexSink) (*kvevent.Publisher, *kvevent.
 		b.Fatal(err)
 	}
 	return pub, client
-}
-
-// freePort returns a TCP port that was free on 127.0.0.1.
-func freePort(b *testing.B) int {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
 }

@@ -5,25 +5,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/kvgate/kvgate/internal/testsupport"
 )
-
-// fakeClock is a settable clock for predictors and ejections.
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeClock) advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-}
 
 func seeded(seed uint64) PredictorOption { return WithRandSource(rand.NewPCG(seed, 42)) }
 
@@ -90,12 +74,12 @@ func TestColdPredictionStrategies(t *testing.T) {
 }
 
 func TestHistoryExpiresWithTheWindow(t *testing.T) {
-	clock := &fakeClock{now: time.Unix(1000, 0)}
+	clock := testsupport.NewClock(time.Unix(1000, 0))
 	p := NewSimpleOutputPredictor(8192, 8192, 30*time.Second, WithClock(clock.Now), seeded(5))
 	p.AddTrace(100, 16, 10)
-	clock.advance(20 * time.Second)
+	clock.Advance(20 * time.Second)
 	p.AddTrace(100, 512, 10)
-	clock.advance(5 * time.Second)
+	clock.Advance(5 * time.Second)
 	seen := map[int]bool{}
 	for range 500 {
 		seen[p.Predict(100)] = true
@@ -103,22 +87,22 @@ func TestHistoryExpiresWithTheWindow(t *testing.T) {
 	if !seen[16] || !seen[512] {
 		t.Fatalf("within the window predictions were %v, want both 16 and 512", seen)
 	}
-	clock.advance(10 * time.Second) // the first traces are 35 s old now
+	clock.Advance(10 * time.Second) // the first traces are 35 s old now
 	for range 500 {
 		if got := p.Predict(100); got != 512 {
 			t.Fatalf("after the first traces expired: Predict = %d, want 512", got)
 		}
 	}
-	clock.advance(time.Hour)
+	clock.Advance(time.Hour)
 	if got := p.Predict(100); got != 1 {
 		t.Fatalf("after everything expired: Predict = %d, want the cold prediction 1", got)
 	}
 }
 
 func TestTracesWithPastTimestamps(t *testing.T) {
-	clock := &fakeClock{now: time.Unix(1000, 0)}
+	clock := testsupport.NewClock(time.Unix(1000, 0))
 	p := NewSimpleOutputPredictor(8192, 8192, 30*time.Second, WithClock(clock.Now), seeded(5))
-	clock.advance(25 * time.Second)
+	clock.Advance(25 * time.Second)
 	p.AddTraceWithTimestamp(100, 64, 1, clock.Now().Add(-15*time.Second)) // late but inside the window
 	p.AddTraceWithTimestamp(100, 2048, 1, clock.Now().Add(-time.Hour))    // older than the window
 	p.AddTraceWithTimestamp(100, 2048, 0, clock.Now())                    // no requests
@@ -127,7 +111,7 @@ func TestTracesWithPastTimestamps(t *testing.T) {
 			t.Fatalf("Predict = %d, want 64 only", got)
 		}
 	}
-	clock.advance(20 * time.Second) // the late trace is now 35 s old
+	clock.Advance(20 * time.Second) // the late trace is now 35 s old
 	if got := p.Predict(100); got != 1 {
 		t.Fatalf("late trace outlived the window: Predict = %d", got)
 	}

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/sim"
 	"github.com/kvgate/kvgate/pkg/sim/simserver"
 )
@@ -129,10 +130,10 @@ func TestPrefillSpeedOfSimulatedEnginesIsTheirTrueSpeed(t *testing.T) {
 			wg.Wait()
 			end := time.Now()
 			var got MetricValue
-			eventually(t, 10*time.Second, func() (bool, string) {
+			testsupport.EventuallyWhy(t, "a prefill speed measured after the run", func() (string, bool) {
 				var err error
 				got, err = s.GetMetricValueByPod("sim-0", "ns", PrefillTokensPerSecond)
-				return err == nil && got.UpdatedAt.After(end), describe(got, err)
+				return describe(got, err), err == nil && got.UpdatedAt.After(end)
 			})
 			t.Logf("%d requests: %.0f tokens/s measured, %.0f true", requests, got.Value, truth)
 			if got.Value < 0.8*truth || got.Value > 1.2*truth {

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/internal/testredis"
 )
 
@@ -213,11 +214,11 @@ func TestProfilesRefreshFromRedis(t *testing.T) {
 		}
 		return p.Cost, nil
 	}
-	eventually(t, 10*time.Second, func() (bool, string) {
+	testsupport.Eventually(t, "the llama profile to load", func() bool {
 		c, err := cost()
-		return err == nil && c == 1, "llama profile not loaded"
+		return err == nil && c == 1
 	})
-	if n := gathered(t, reg, "kvgate_cache_gpu_profile_rejects_total", nil); n < 1 {
+	if n := testsupport.MetricValue(t, reg, "kvgate_cache_gpu_profile_rejects_total", nil); n < 1 {
 		t.Fatalf("rejected profiles = %v, want at least 1", n)
 	}
 	// waitRefresh returns once a refresh has started after it was called.
@@ -227,14 +228,14 @@ func TestProfilesRefreshFromRedis(t *testing.T) {
 		marker++
 		key := ModelGPUProfileKey("marker", ftoa(float64(marker)))
 		set(key, profile(1, 1))
-		eventually(t, 10*time.Second, func() (bool, string) {
+		testsupport.Eventually(t, "the marker profile to load", func() bool {
 			_, err := s.GetModelProfileByDeploymentName(ftoa(float64(marker)), "marker")
-			return err == nil, "marker profile not loaded"
+			return err == nil
 		})
 	}
 
 	set(llama, profile(200, 2)) // newer
-	eventually(t, 10*time.Second, func() (bool, string) { c, _ := cost(); return c == 2, "newer profile not loaded" })
+	testsupport.Eventually(t, "the newer profile to load", func() bool { c, _ := cost(); return c == 2 })
 	set(llama, profile(150, 3)) // older than the one held
 	waitRefresh()
 	set(llama, "{corrupt") // a bad write keeps the last good profile
@@ -245,9 +246,9 @@ func TestProfilesRefreshFromRedis(t *testing.T) {
 	if err := rc.Del(ctx, llama).Err(); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, func() (bool, string) {
+	testsupport.Eventually(t, "the profile deleted from Redis to be dropped", func() bool {
 		_, err := cost()
-		return errors.Is(err, ErrMissingProfile), "profile deleted from Redis still held"
+		return errors.Is(err, ErrMissingProfile)
 	})
 	if p, err := s.GetModelProfileByDeploymentName("dep", "local"); err != nil || p.Cost != 9 {
 		t.Fatalf("profile set locally was dropped by a refresh: %v", err)

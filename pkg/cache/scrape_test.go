@@ -12,6 +12,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	v1 "k8s.io/api/core/v1"
+
+	"github.com/kvgate/kvgate/internal/testsupport"
 )
 
 // Modes of a fakeEngine's /metrics.
@@ -81,45 +83,16 @@ func scrapeConfig(reg prometheus.Registerer) Config {
 func waitMetric(t *testing.T, s *Store, pod, metric string, ok func(MetricValue) bool) MetricValue {
 	t.Helper()
 	var v MetricValue
-	eventually(t, 10*time.Second, func() (bool, string) {
+	testsupport.EventuallyWhy(t, "metric "+metric+" of pod "+pod, func() (string, bool) {
 		var err error
 		v, err = s.GetMetricValueByPod(pod, "ns", metric)
-		return err == nil && ok(v), pod + " " + metric + ": " + describe(v, err)
+		return describe(v, err), err == nil && ok(v)
 	})
 	return v
 }
 
 func equals(want float64) func(MetricValue) bool {
 	return func(v MetricValue) bool { return v.Value == want && !v.Stale }
-}
-
-// gathered returns the value of a metric of reg with the given labels.
-func gathered(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) float64 {
-	t.Helper()
-	families, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range families {
-		if f.GetName() != name {
-			continue
-		}
-	metrics:
-		for _, m := range f.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if labels[l.GetName()] != l.GetValue() {
-					continue metrics
-				}
-			}
-			switch {
-			case m.GetCounter() != nil:
-				return m.GetCounter().GetValue()
-			case m.GetGauge() != nil:
-				return m.GetGauge().GetValue()
-			}
-		}
-	}
-	return -1
 }
 
 func TestStoreScrapesEachRoutablePodOnItsOwnPort(t *testing.T) {
@@ -155,17 +128,17 @@ func TestFailingScrapeKeepsLastValuesMarkedStale(t *testing.T) {
 	if v.Value != 4 || !v.UpdatedAt.Equal(first.UpdatedAt) {
 		t.Fatalf("stale value %v measured at %v, want the last good 4 at %v", v.Value, v.UpdatedAt, first.UpdatedAt)
 	}
-	if n := gathered(t, reg, "kvgate_cache_pod_scrape_failures_total", map[string]string{"pod": "ns/p"}); n < 1 {
+	if n := testsupport.MetricValue(t, reg, "kvgate_cache_pod_scrape_failures_total", map[string]string{"pod": "ns/p"}); n < 1 {
 		t.Fatalf("scrape failures = %v, want at least 1", n)
 	}
-	if n := gathered(t, reg, "kvgate_cache_stale_pods", nil); n != 1 {
+	if n := testsupport.MetricValue(t, reg, "kvgate_cache_stale_pods", nil); n != 1 {
 		t.Fatalf("stale pods = %v, want 1", n)
 	}
 
 	e.serve(t, "vllm_v1_t1.txt")
 	e.mode.Store(serveOK)
 	waitMetric(t, s, "p", NumRequestsRunning, equals(6))
-	if n := gathered(t, reg, "kvgate_cache_stale_pods", nil); n != 0 {
+	if n := testsupport.MetricValue(t, reg, "kvgate_cache_stale_pods", nil); n != 0 {
 		t.Fatalf("stale pods after recovery = %v, want 0", n)
 	}
 }
@@ -237,9 +210,9 @@ func TestUnreadyOrDeletedPodIsNoLongerScraped(t *testing.T) {
 
 	s.AddOrUpdatePod(e.pod("p", llama, notReady))
 	waitMetric(t, s, "p", NumRequestsRunning, func(v MetricValue) bool { return v.Stale && v.Value == 4 })
-	eventually(t, 5*time.Second, func() (bool, string) {
-		n := gathered(t, reg, "kvgate_cache_pod_scrape_targets", nil)
-		return n == 0, "scrape targets " + strconv.FormatFloat(n, 'g', -1, 64)
+	testsupport.EventuallyWhy(t, "no scrape targets", func() (string, bool) {
+		n := testsupport.MetricValue(t, reg, "kvgate_cache_pod_scrape_targets", nil)
+		return "scrape targets " + strconv.FormatFloat(n, 'g', -1, 64), n == 0
 	})
 
 	s.AddOrUpdatePod(e.pod("p", llama))

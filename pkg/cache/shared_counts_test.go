@@ -8,6 +8,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/internal/testredis"
 )
 
@@ -30,7 +31,7 @@ func sharedStore(t *testing.T, rc *redis.Client, id string) *Store {
 
 func waitRunning(t *testing.T, s *Store, pod, model string, want float64) {
 	t.Helper()
-	eventually(t, 10*time.Second, func() (bool, string) {
+	testsupport.EventuallyWhy(t, fmt.Sprintf("%v requests running on %s %s", want, pod, model), func() (string, bool) {
 		var v MetricValue
 		var err error
 		if model == "" {
@@ -38,7 +39,7 @@ func waitRunning(t *testing.T, s *Store, pod, model string, want float64) {
 		} else {
 			v, err = s.GetMetricValueByPodModel(pod, "ns", model, RealtimeNumRequestsRunning)
 		}
-		return err == nil && v.Value == want, fmt.Sprintf("%s %s: %s, want %v", pod, model, describe(v, err), want)
+		return describe(v, err), err == nil && v.Value == want
 	})
 }
 

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	v1 "k8s.io/api/core/v1"
 
+	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/types"
 )
 
@@ -101,10 +102,10 @@ func TestLateOrDuplicateDoneDoesNotCorruptCounts(t *testing.T) {
 	if got := running(t, s, "p"); got != 0 {
 		t.Fatalf("running after completion = %v, want 0", got)
 	}
-	if n := gathered(t, reg, "kvgate_cache_request_done_ignored_total", map[string]string{"reason": "stale_term"}); n != 2 {
+	if n := testsupport.MetricValue(t, reg, "kvgate_cache_request_done_ignored_total", map[string]string{"reason": "stale_term"}); n != 2 {
 		t.Fatalf("stale-term completions = %v, want 2", n)
 	}
-	if n := gathered(t, reg, "kvgate_cache_request_done_ignored_total", map[string]string{"reason": "unknown"}); n != 1 {
+	if n := testsupport.MetricValue(t, reg, "kvgate_cache_request_done_ignored_total", map[string]string{"reason": "unknown"}); n != 1 {
 		t.Fatalf("unknown completions = %v, want 1", n)
 	}
 }
@@ -152,11 +153,11 @@ func TestRequestWithoutCompletionExpires(t *testing.T) {
 	pod := testPod("ns", "p", "m", "10.0.0.1")
 	s.AddOrUpdatePod(pod)
 	term := s.AddRequestCount(routed("lost", "m", pod), "lost", "m")
-	eventually(t, 10*time.Second, func() (bool, string) {
+	testsupport.EventuallyWhy(t, "the lost request to expire", func() (string, bool) {
 		n := running(t, s, "p")
-		return n == 0, fmt.Sprint("running ", n)
+		return fmt.Sprint("running ", n), n == 0
 	})
-	if n := gathered(t, reg, "kvgate_cache_requests_expired_total", nil); n != 1 {
+	if n := testsupport.MetricValue(t, reg, "kvgate_cache_requests_expired_total", nil); n != 1 {
 		t.Fatalf("expired = %v, want 1", n)
 	}
 	s.DoneRequestCount(nil, "lost", "m", term) // arrives after expiry: ignored

@@ -12,6 +12,8 @@ import (
 	"go.uber.org/goleak"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/rest"
+
+	"github.com/kvgate/kvgate/internal/testsupport"
 )
 
 func TestMain(m *testing.M) {
@@ -90,7 +92,7 @@ func TestInitWithOptionsWiresThePodSourceAndTheKVEventManager(t *testing.T) {
 		t.Fatalf("InitWithOptions returned before the source synced: %d pods", len(pods))
 	}
 	src.more <- testPod("ns", "c", "m", "10.0.0.3")
-	eventually(t, 5*time.Second, func() (bool, string) { return s.HasModel("m") && len(s.ListPods()) == 3, "third pod not delivered" })
+	testsupport.Eventually(t, "the third pod to be delivered", func() bool { return s.HasModel("m") && len(s.ListPods()) == 3 })
 
 	s.Close()
 	select {

@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/internal/testredis"
 )
 
@@ -181,13 +182,13 @@ func TestFlusherWritesAtIntervalBoundaries(t *testing.T) {
 	s.AddRequestCount(nil, "r", "m")
 
 	var key string
-	eventually(t, 15*time.Second, func() (bool, string) {
+	testsupport.EventuallyWhy(t, "a request trace in Redis", func() (string, bool) {
 		keys, err := rc.Keys(context.Background(), "aibrix:m_request_trace_*").Result()
 		if err != nil || len(keys) == 0 {
-			return false, fmt.Sprint("no trace key yet: ", err)
+			return fmt.Sprint("no trace key yet: ", err), false
 		}
 		key = keys[0]
-		return true, ""
+		return "", true
 	})
 	end, err := strconv.ParseInt(strings.TrimPrefix(key, "aibrix:m_request_trace_"), 10, 64)
 	if err != nil || end%2 != 0 {
@@ -225,10 +226,10 @@ func TestFlushToUnreachableRedisIsCountedNotFatal(t *testing.T) {
 	s := traceStore(t, rc, reg)
 	s.AddRequestCount(nil, "r", "m")
 	s.flushTraces(context.Background(), time.Unix(1_700_000_010, 0))
-	if n := gathered(t, reg, "kvgate_cache_request_trace_flushes_total", map[string]string{"result": "error"}); n != 1 {
+	if n := testsupport.MetricValue(t, reg, "kvgate_cache_request_trace_flushes_total", map[string]string{"result": "error"}); n != 1 {
 		t.Fatalf("failed flushes = %v, want 1", n)
 	}
-	if n := gathered(t, reg, "kvgate_cache_redis_errors_total", map[string]string{"operation": "trace_flush"}); n != 1 {
+	if n := testsupport.MetricValue(t, reg, "kvgate_cache_redis_errors_total", map[string]string{"operation": "trace_flush"}); n != 1 {
 		t.Fatalf("redis errors = %v, want 1", n)
 	}
 }

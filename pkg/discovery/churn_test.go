@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 
+	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/cache"
 	"github.com/kvgate/kvgate/pkg/kvevent"
 )
@@ -141,7 +142,7 @@ func TestChurnLeavesNoClientsSocketsOrIndexEntries(t *testing.T) {
 	for name, e := range live {
 		if followed(e.pod) {
 			key := "churn/" + name
-			eventually(t, fmt.Sprintf("%s to hold the %d blocks of chain %d", key, n, e.tag),
+			testsupport.Eventually(t, fmt.Sprintf("%s to hold the %d blocks of chain %d", key, n, e.tag),
 				func() bool { return index.holds(key, e.tag, n) })
 		}
 	}
@@ -149,7 +150,7 @@ func TestChurnLeavesNoClientsSocketsOrIndexEntries(t *testing.T) {
 	for name := range live {
 		store.DeletePod("churn", name)
 	}
-	eventually(t, "no pod followed or known", func() bool { return len(manager.Snapshot()) == 0 })
+	testsupport.Eventually(t, "no pod followed or known", func() bool { return len(manager.Snapshot()) == 0 })
 	if got := index.pods(); len(got) != 0 {
 		t.Fatalf("index holds deleted pods: %v", got)
 	}
@@ -157,10 +158,10 @@ func TestChurnLeavesNoClientsSocketsOrIndexEntries(t *testing.T) {
 		t.Fatalf("the index holds %d blocks once every pod is deleted", n)
 	}
 	store.Close()
-	eventually(t, "goroutines of the manager and its clients gone", func() bool {
+	testsupport.Eventually(t, "goroutines of the manager and its clients gone", func() bool {
 		return goleak.Find(leakCheck) == nil
 	})
-	eventually(t, "sockets closed", func() bool { return openFDs(t) <= baselineFDs })
+	testsupport.Eventually(t, "sockets closed", func() bool { return openFDs(t) <= baselineFDs })
 	t.Logf("churn took %v", time.Since(start))
 }
 
@@ -188,7 +189,7 @@ func checkpoint(t *testing.T, m *kvevent.KVEventManager, index *testIndex, live 
 		}
 	}
 	slices.Sort(want)
-	eventually(t, "manager caught up", func() bool { return slices.Equal(followedKeys(m), want) })
+	testsupport.Eventually(t, "manager caught up", func() bool { return slices.Equal(followedKeys(m), want) })
 	for _, pod := range index.pods() {
 		if !slices.Contains(want, pod) {
 			t.Fatalf("index holds %s, which is not followed", pod)

@@ -2,16 +2,14 @@ package discovery
 
 import (
 	"fmt"
-	"math/rand/v2"
-	"net"
 	"slices"
-	"strconv"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/klog/v2"
 
+	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/cache"
 	"github.com/kvgate/kvgate/pkg/indexer"
 	"github.com/kvgate/kvgate/pkg/kvevent"
@@ -99,25 +97,7 @@ func rankPublisher(t testing.TB, ip string, pub, replay int) *kvevent.Publisher 
 // loopback addresses the tests use.
 func freePortPair(t testing.TB) int {
 	t.Helper()
-	for range 200 {
-		p := 20000 + rand.IntN(40000)
-		ok := true
-		for _, addr := range []string{"127.0.0.1", "127.0.0.2"} {
-			for _, port := range []int{p, p + 1} {
-				l, err := net.Listen("tcp", net.JoinHostPort(addr, strconv.Itoa(port)))
-				if err != nil {
-					ok = false
-					continue
-				}
-				l.Close()
-			}
-		}
-		if ok {
-			return p
-		}
-	}
-	t.Fatal("no free port pair")
-	return 0
+	return testsupport.ConsecutivePorts(t, 2, "127.0.0.1", "127.0.0.2")[0]
 }
 
 func testClientTemplate() *kvevent.ZMQClientConfig {

@@ -5,29 +5,12 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"testing"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
 )
 
 const millisecond = time.Millisecond
-
-// waitTimeout is how long tests wait for anything that should happen: far
-// beyond what a loaded two-core machine needs.
-const waitTimeout = 30 * time.Second
-
-// eventually polls cond until it holds, failing the test after waitTimeout.
-func eventually(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(waitTimeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", waitTimeout, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
 
 // podListener is told about pod changes, as a Store's listeners are.
 type podListener interface {

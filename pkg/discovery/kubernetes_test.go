@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/kvgate/kvgate/internal/testapiserver"
+	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/kvevent"
 )
 
@@ -30,14 +31,14 @@ func TestKubernetesPodsDriveTheKVEventManagerThroughTheStore(t *testing.T) {
 		if ip != "" {
 			want = []string{a + "@" + ip}
 		}
-		eventually(t, step+": followed pods", func() bool { return slices.Equal(f.followed(), want) })
+		testsupport.Eventually(t, step+": followed pods", func() bool { return slices.Equal(f.followed(), want) })
 		for pod, blocks := range f.index.blocks() {
 			if blocks > 0 && (ip == "" || pod != a) {
 				t.Fatalf("%s: the index holds %d blocks of %s, which is not followed", step, blocks, pod)
 			}
 		}
 		if ip != "" {
-			eventually(t, fmt.Sprintf("%s: %s to hold the %d blocks of chain %d", step, a, n, tag),
+			testsupport.Eventually(t, fmt.Sprintf("%s: %s to hold the %d blocks of chain %d", step, a, n, tag),
 				func() bool { return f.index.holds(a, tag, n) })
 		}
 	}

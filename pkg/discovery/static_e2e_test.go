@@ -11,6 +11,7 @@ import (
 
 	"k8s.io/klog/v2"
 
+	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/cache"
 	"github.com/kvgate/kvgate/pkg/kvevent"
 )
@@ -70,7 +71,7 @@ func (f *staticFleet) following() []string {
 func (f *staticFleet) step(t *testing.T, name string, want ...string) {
 	t.Helper()
 	slices.Sort(want)
-	eventually(t, name+": followed pods", func() bool { return slices.Equal(f.following(), want) })
+	testsupport.Eventually(t, name+": followed pods", func() bool { return slices.Equal(f.following(), want) })
 	followed := map[string]bool{}
 	for _, w := range want {
 		pod, _, _ := strings.Cut(w, ":")
@@ -123,7 +124,7 @@ func TestStaticEndpointsFeedTheIndexThroughTheManager(t *testing.T) {
 	f.step(t, "loaded", fmt.Sprintf("static/a:%d", a), fmt.Sprintf("static/dp:%d", dpPub))
 	// Requests for the adapter match its blocks, requests for the base
 	// model the base model's, and neither the other's.
-	eventually(t, "static/a to hold chain 1 and the adapter's chain 5", func() bool {
+	testsupport.Eventually(t, "static/a to hold chain 1 and the adapter's chain 5", func() bool {
 		x := f.index
 		return x.blocks()["static/a"] == 5 && x.matched("static/a", "", 1, 4) == 3 && x.matched("static/a", "sql-lora", 5, 3) == 2
 	})
@@ -133,7 +134,7 @@ func TestStaticEndpointsFeedTheIndexThroughTheManager(t *testing.T) {
 	if pods, err := f.store.ListPodsByModel("sql-lora"); err != nil || len(pods) != 1 || pods[0].Name != "a" {
 		t.Fatalf("pods serving sql-lora: %v, %v; want static/a", pods, err)
 	}
-	eventually(t, "static/dp to hold one chain per rank", func() bool {
+	testsupport.Eventually(t, "static/dp to hold one chain per rank", func() bool {
 		return f.index.blocks()["static/dp"] == 7 && slices.Equal(f.index.ranks("static/dp"), []int{0, 1}) &&
 			f.index.matched("static/dp", "", 3, 3) == 2 && f.index.matched("static/dp", "", 4, 6) == 5
 	})
@@ -145,7 +146,7 @@ func TestStaticEndpointsFeedTheIndexThroughTheManager(t *testing.T) {
 	// streams, and the new engine's chain is indexed.
 	f.write(t, endpoint("a", moved, moved+1, "")+endpoint("dp", dpPub, dpReplay, ", dpSize: 2"))
 	f.step(t, "a moved", fmt.Sprintf("static/a:%d", moved), fmt.Sprintf("static/dp:%d", dpPub))
-	eventually(t, "static/a to hold chain 2 only", func() bool { return f.index.holds("static/a", 2, 4) })
+	testsupport.Eventually(t, "static/a to hold chain 2 only", func() bool { return f.index.holds("static/a", 2, 4) })
 	if f.store.HasModel("sql-lora") {
 		t.Fatal("sql-lora is still served once no endpoint lists it")
 	}

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/cache"
 	"github.com/kvgate/kvgate/pkg/kvevent"
 )
@@ -103,12 +104,12 @@ func TestStaticSourceReloadsAndKeepsTheLastValidSet(t *testing.T) {
 	}
 
 	write("endpoints:\n- {name: a, address: 10.0.0.9, model: m}\n- {name: c, address: 10.0.0.3, model: m}\n")
-	eventually(t, "reload", func() bool { return sink.summary() == "static/a=10.0.0.9 static/c=10.0.0.3" })
+	testsupport.Eventually(t, "reload", func() bool { return sink.summary() == "static/a=10.0.0.9 static/c=10.0.0.3" })
 	updates := sink.count()
 
 	write("endpoints:\n- {name: a, address: 10.0.0.9, model: m, bogus: 1}\n")
 	write("endpoints:\n- {name: a, address: 10.0.0.9, model: m}\n- {name: c, address: 10.0.0.3, model: m}\n- {name: d, address: 10.0.0.4, model: m}\n")
-	eventually(t, "valid version after an invalid one", func() bool { return strings.Contains(sink.summary(), "static/d=") })
+	testsupport.Eventually(t, "valid version after an invalid one", func() bool { return strings.Contains(sink.summary(), "static/d=") })
 	if got := sink.summary(); got != "static/a=10.0.0.9 static/c=10.0.0.3 static/d=10.0.0.4" {
 		t.Fatalf("after recovery: %s", got)
 	}

@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+
+	"github.com/kvgate/kvgate/internal/testsupport"
 )
 
 func TestAdminListenerAloneServesMetricsAndDebugAndShutsDownGracefully(t *testing.T) {
@@ -16,7 +18,7 @@ func TestAdminListenerAloneServesMetricsAndDebugAndShutsDownGracefully(t *testin
 		t.Run(mode.name, func(t *testing.T) {
 			env := map[string]string{"KVGATE_SHUTDOWN_DELAY": "3s"}
 			if mode.admin {
-				env["KVGATE_ADMIN_LISTEN_ADDRESS"] = fmt.Sprintf("127.0.0.1:%d", freePorts(t, 1)[0])
+				env["KVGATE_ADMIN_LISTEN_ADDRESS"] = fmt.Sprintf("127.0.0.1:%d", testsupport.FreePorts(t, 1)[0])
 			}
 			f := startFleet(t, []string{"a"}, fleetOptions{env: env})
 			if mode.admin == (f.adminURL == f.url) {
@@ -64,7 +66,7 @@ func TestAdminListenerAloneServesMetricsAndDebugAndShutsDownGracefully(t *testin
 			stopped := make(chan error, 1)
 			go func() { stopped <- f.stop() }()
 			for _, url := range []string{f.url, f.adminURL} {
-				eventually(t, "readiness to fail on "+url, func() (string, bool) {
+				testsupport.EventuallyWhy(t, "readiness to fail on "+url, func() (string, bool) {
 					status, body := get(t, url+"/readyz")
 					return body, status == http.StatusServiceUnavailable && strings.HasPrefix(body, "shutting down")
 				})
@@ -72,7 +74,7 @@ func TestAdminListenerAloneServesMetricsAndDebugAndShutsDownGracefully(t *testin
 			if mode.admin {
 				// Once the delay is over the API listener closes, and the
 				// admin listener goes on serving while the stream drains.
-				eventually(t, "the API listener to close", func() (string, bool) {
+				testsupport.EventuallyWhy(t, "the API listener to close", func() (string, bool) {
 					_, err := http.Get(f.url + "/healthz")
 					return fmt.Sprint(err), err != nil
 				})
@@ -103,7 +105,7 @@ func request(t *testing.T, url, body string) (int, string) {
 }
 
 func TestServeFailsWhenTheAdminAddressIsInUse(t *testing.T) {
-	busy := freePorts(t, 1)[0]
+	busy := testsupport.FreePorts(t, 1)[0]
 	ln := listenOn(t, fmt.Sprintf("127.0.0.1:%d", busy))
 	defer ln.Close()
 	cfg := loadTestConfig(t, map[string]string{"KVGATE_POD_DISCOVERY": "static",

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/routing"
 )
 
@@ -31,7 +32,7 @@ func TestDebugKVCacheShowsBlocksAndStreamsPerPod(t *testing.T) {
 	}
 	r := b.Ranks[0]
 	if r.Rank != 0 || len(r.Lanes) != 1 || r.Lanes[0].Blocks != blocks || r.LastEventAgeSeconds == nil ||
-		*r.LastEventAgeSeconds < 0 || *r.LastEventAgeSeconds > waitTimeout.Seconds() {
+		*r.LastEventAgeSeconds < 0 || *r.LastEventAgeSeconds > testsupport.WaitTimeout.Seconds() {
 		t.Errorf("rank = %s, want rank 0, one GPU lane of %d blocks and a recent last event", mustJSON(r), blocks)
 	}
 	c := r.Client
@@ -129,7 +130,7 @@ func TestDebugKVCacheShowsATopicThatFiltersOutLiveEvents(t *testing.T) {
 	var c *clientView
 	var published time.Time
 	n := 0
-	eventually(t, "the topic mismatch to show", func() (string, bool) {
+	testsupport.EventuallyWhy(t, "the topic mismatch to show", func() (string, bool) {
 		if time.Since(published) > 500*time.Millisecond {
 			e.storePrompt(toyTokens(fmt.Sprintf("prompt %d %s", n, sharedPrompt)))
 			published, n = time.Now(), n+1

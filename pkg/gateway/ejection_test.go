@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/routing"
 )
 
@@ -34,7 +35,7 @@ func TestDeadEndpointsAreEjectedAndReadmittedWithoutFailingRequests(t *testing.T
 
 	// random reads no metric, so it keeps drawing the dead pods until each
 	// has refused a connection and been ejected.
-	eventually(t, "both dead pods to be ejected", func() (string, bool) {
+	testsupport.EventuallyWhy(t, "both dead pods to be ejected", func() (string, bool) {
 		if got := send(routing.Random).Header.Get(HeaderTargetPodName); got != "static/live" {
 			t.Fatalf("served by %s, want live", got)
 		}
@@ -69,11 +70,11 @@ func TestDeadEndpointsAreEjectedAndReadmittedWithoutFailingRequests(t *testing.T
 	for _, e := range dead {
 		e.restart()
 	}
-	eventually(t, "the engines to be readmitted", func() (string, bool) {
+	testsupport.EventuallyWhy(t, "the engines to be readmitted", func() (string, bool) {
 		n := f.metric("kvgate_cache_ejected_pods")
 		return fmt.Sprintf("%v ejected", n), n == 0
 	})
-	eventually(t, "random requests to reach every engine again", func() (string, bool) {
+	testsupport.EventuallyWhy(t, "random requests to reach every engine again", func() (string, bool) {
 		send(routing.Random)
 		got := fmt.Sprintf("dead1 %d, dead2 %d", len(dead[0].received()), len(dead[1].received()))
 		return got, len(dead[0].received()) > 0 && len(dead[1].received()) > 0

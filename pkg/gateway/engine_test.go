@@ -15,6 +15,7 @@ import (
 
 	"k8s.io/klog/v2"
 
+	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/kvevent"
 )
 
@@ -79,7 +80,7 @@ func newTestEngine(t testing.TB, name string) *testEngine {
 	e.srv = httptest.NewServer(http.HandlerFunc(e.serve))
 	t.Cleanup(e.srv.Close)
 	e.port = e.srv.Listener.Addr().(*net.TCPAddr).Port
-	ports := freePorts(t, 2)
+	ports := testsupport.FreePorts(t, 2)
 	e.pubPort, e.replayPort = ports[0], ports[1]
 	cfg := kvevent.DefaultPublisherConfig()
 	cfg.Endpoint = fmt.Sprintf("tcp://[::ffff:127.0.0.1]:%d", e.pubPort)
@@ -92,25 +93,6 @@ func newTestEngine(t testing.TB, name string) *testEngine {
 	}
 	t.Cleanup(func() { _ = e.pub.Close() })
 	return e
-}
-
-// freePorts returns n TCP ports free on 127.0.0.1 when it was called.
-func freePorts(t testing.TB, n int) []int {
-	t.Helper()
-	var lns []net.Listener
-	var ports []int
-	for range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatalf("find a free port: %v", err)
-		}
-		lns = append(lns, ln)
-		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
-	}
-	for _, ln := range lns {
-		ln.Close()
-	}
-	return ports
 }
 
 // restart serves the engine's HTTP API again on its port, after srv.Close:

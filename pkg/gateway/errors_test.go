@@ -12,6 +12,7 @@ import (
 	k8stypes "k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
 
+	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/cache"
 )
 
@@ -137,7 +138,7 @@ func TestModelWithoutReadyPodIs503(t *testing.T) {
 	cfg := loadTestConfig(t, map[string]string{"AIBRIX_PREFIX_CACHE_KV_EVENT_SYNC_ENABLED": "false"})
 	cfg.PodSource = src
 	_, url, _ := serveGateway(t, cfg)
-	eventually(t, "readiness", func() (string, bool) {
+	testsupport.EventuallyWhy(t, "readiness", func() (string, bool) {
 		status, body := get(t, url+"/readyz")
 		return body, status == http.StatusOK
 	})

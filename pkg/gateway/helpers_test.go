@@ -12,29 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/config"
 )
-
-// waitTimeout is how long tests wait for anything that should happen: far
-// beyond what a loaded two-core machine needs.
-const waitTimeout = 30 * time.Second
-
-// eventually polls cond until it holds, failing the test after
-// waitTimeout with what cond last reported.
-func eventually(t testing.TB, what string, cond func() (string, bool)) {
-	t.Helper()
-	deadline := time.Now().Add(waitTimeout)
-	for {
-		why, ok := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s: %s", waitTimeout, what, why)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
 
 // testFleet is a gateway built as cmd/gateway builds it, from environment
 // settings, discovering its engines through a static endpoints file.
@@ -148,8 +128,8 @@ func serveGateway(t testing.TB, cfg Config) (*Gateway, string, func() error) {
 			cancel()
 			select {
 			case result = <-done:
-			case <-time.After(waitTimeout):
-				t.Fatalf("Serve did not return within %v of its context ending", waitTimeout)
+			case <-time.After(testsupport.WaitTimeout):
+				t.Fatalf("Serve did not return within %v of its context ending", testsupport.WaitTimeout)
 			}
 		}
 		return result
@@ -184,7 +164,7 @@ func (f *testFleet) serve(cfg Config) {
 
 func (f *testFleet) waitReady() {
 	f.t.Helper()
-	eventually(f.t, "the gateway to be ready", func() (string, bool) {
+	testsupport.EventuallyWhy(f.t, "the gateway to be ready", func() (string, bool) {
 		status, body := get(f.t, f.url+"/readyz")
 		return body, status == http.StatusOK
 	})
@@ -194,7 +174,7 @@ func (f *testFleet) waitReady() {
 // namespace/name) is connected.
 func (f *testFleet) waitFollowed(pod string) {
 	f.t.Helper()
-	eventually(f.t, "the KV events of "+pod+" to be followed", func() (string, bool) {
+	testsupport.EventuallyWhy(f.t, "the KV events of "+pod+" to be followed", func() (string, bool) {
 		v := f.kvcache()
 		for _, m := range v.Models {
 			for _, p := range m.Pods {
@@ -241,7 +221,7 @@ func (f *testFleet) matchAdapter(lora string, tokens []uint32) matchResponse {
 // gateway's index.
 func (f *testFleet) waitMatched(tokens []uint32, pod string, blocks int) {
 	f.t.Helper()
-	eventually(f.t, "the index to hold "+pod+"'s blocks", func() (string, bool) {
+	testsupport.EventuallyWhy(f.t, "the index to hold "+pod+"'s blocks", func() (string, bool) {
 		m := f.match(tokens)
 		for _, p := range m.Pods {
 			if p.Pod == "static/"+pod {

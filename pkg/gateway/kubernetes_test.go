@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
+	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/cache"
 	"github.com/kvgate/kvgate/pkg/kvevent"
 )
@@ -89,7 +90,7 @@ func TestKubernetesDiscoveryFromAKubeconfig(t *testing.T) {
 	f.waitFollowed("default/vllm-0")
 	tokens := toyTokens(sharedPrompt)
 	e.storePrompt(tokens)
-	eventually(t, "the index to hold the pod's blocks", func() (string, bool) {
+	testsupport.EventuallyWhy(t, "the index to hold the pod's blocks", func() (string, bool) {
 		m := f.match(tokens)
 		return mustJSON(m.Pods), len(m.Pods) == 1 && m.Pods[0].Pod == "default/vllm-0" && m.Pods[0].MatchedBlocks > 0
 	})
@@ -102,11 +103,11 @@ func TestKubernetesDiscoveryFromAKubeconfig(t *testing.T) {
 	if err := client.CoreV1().Pods("default").Delete(ctx, "vllm-0", metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the model to go with its pod", func() (string, bool) {
+	testsupport.EventuallyWhy(t, "the model to go with its pod", func() (string, bool) {
 		resp, body := post(t, f.url+"/v1/completions", completion("hi", ""), nil)
 		return string(body), resp.StatusCode == http.StatusNotFound && strings.Contains(string(body), codeModelNotFound)
 	})
-	eventually(t, "the manager and the index to forget the pod", func() (string, bool) {
+	testsupport.EventuallyWhy(t, "the manager and the index to forget the pod", func() (string, bool) {
 		v := f.kvcache()
 		for _, m := range v.Models {
 			if len(m.Pods) > 0 {

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+
+	"github.com/kvgate/kvgate/internal/testsupport"
 )
 
 func TestReadinessFollowsStartAndShutdownAndRequestsDrain(t *testing.T) {
@@ -22,7 +24,7 @@ func TestReadinessFollowsStartAndShutdownAndRequestsDrain(t *testing.T) {
 	_, url, stop := serveGateway(t, cfg)
 
 	// Alive, not ready, and refusing inference until the pods are known.
-	eventually(t, "/healthz", func() (string, bool) {
+	testsupport.EventuallyWhy(t, "/healthz", func() (string, bool) {
 		status, body := get(t, url+"/healthz")
 		return body, status == http.StatusOK
 	})
@@ -35,7 +37,7 @@ func TestReadinessFollowsStartAndShutdownAndRequestsDrain(t *testing.T) {
 	}
 
 	close(src.release)
-	eventually(t, "readiness", func() (string, bool) {
+	testsupport.EventuallyWhy(t, "readiness", func() (string, bool) {
 		status, body := get(t, url+"/readyz")
 		return body, status == http.StatusOK && strings.HasPrefix(body, "ready")
 	})
@@ -44,7 +46,7 @@ func TestReadinessFollowsStartAndShutdownAndRequestsDrain(t *testing.T) {
 	stream := holdStream(t, e, url)
 	stopped := make(chan error, 1)
 	go func() { stopped <- stop() }()
-	eventually(t, "readiness to fail while draining", func() (string, bool) {
+	testsupport.EventuallyWhy(t, "readiness to fail while draining", func() (string, bool) {
 		status, body := get(t, url+"/readyz")
 		return body, status == http.StatusServiceUnavailable && strings.HasPrefix(body, "shutting down")
 	})
@@ -108,7 +110,7 @@ func waitStopped(t *testing.T, stopped <-chan error) {
 		if err != nil {
 			t.Errorf("Serve: %v", err)
 		}
-	case <-time.After(waitTimeout):
+	case <-time.After(testsupport.WaitTimeout):
 		t.Fatal("Serve did not return")
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/kvgate/kvgate/internal/testsupport"
 )
 
 // sendChat posts a chat completion of prompt for model with the routing
@@ -32,7 +34,7 @@ func matched(m matchResponse) map[string]int {
 // waitAdapterPods waits until the pods serving adapter sql-lora are want.
 func (f *testFleet) waitAdapterPods(want ...string) {
 	f.t.Helper()
-	eventually(f.t, "sql-lora to be served by "+strings.Join(want, ", "), func() (string, bool) {
+	testsupport.EventuallyWhy(f.t, "sql-lora to be served by "+strings.Join(want, ", "), func() (string, bool) {
 		got := matched(f.matchAdapter("sql-lora", []uint32{1}))
 		var pods []string
 		for p := range got {
@@ -67,7 +69,7 @@ func TestAdapterRequestsGoToThePodsServingItByTheAdaptersBlocks(t *testing.T) {
 	blocks := len(hashes)
 	a.storePrompt(tokens)
 	c.storePrompt(tokens)
-	eventually(t, "the index to hold the adapter's and the base model's blocks", func() (string, bool) {
+	testsupport.EventuallyWhy(t, "the index to hold the adapter's and the base model's blocks", func() (string, bool) {
 		lora, base := matched(f.matchAdapter("sql-lora", tokens)), matched(f.match(tokens))
 		return mustJSON([]any{lora, base}), lora["static/b"] == blocks && base["static/a"] == blocks && base["static/c"] == blocks
 	})
@@ -105,7 +107,7 @@ func TestAdapterRequestsGoToThePodsServingItByTheAdaptersBlocks(t *testing.T) {
 	// Without a prefix to follow, adapter requests spread over a and b,
 	// never c.
 	b.removeBlocks(hashes)
-	eventually(t, "b's adapter blocks to go", func() (string, bool) {
+	testsupport.EventuallyWhy(t, "b's adapter blocks to go", func() (string, bool) {
 		m := matched(f.matchAdapter("sql-lora", tokens))
 		return mustJSON(m), m["static/b"] == 0
 	})

@@ -14,6 +14,8 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvgate/kvgate/internal/testsupport"
 )
 
 var updateDocs = flag.Bool("update", false, "rewrite the generated metrics reference in docs/metrics.md")
@@ -92,7 +94,7 @@ func bindGatewayRegistry(t *testing.T, file string) *prometheus.Registry {
 	cfg := loadTestConfig(t, map[string]string{
 		"KVGATE_POD_DISCOVERY":           "static",
 		"KVGATE_STATIC_ENDPOINTS_FILE":   file,
-		"KVGATE_KV_EVENTS_BIND_ENDPOINT": fmt.Sprintf("tcp://127.0.0.1:%d", freePorts(t, 1)[0]),
+		"KVGATE_KV_EVENTS_BIND_ENDPOINT": fmt.Sprintf("tcp://127.0.0.1:%d", testsupport.FreePorts(t, 1)[0]),
 	})
 	g, err := New(cfg)
 	if err != nil {

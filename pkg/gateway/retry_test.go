@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvgate/kvgate/internal/testsupport"
 )
 
 // tokenPrompt is a completion body whose prompt is token ids, which need
@@ -64,7 +66,7 @@ func TestRefusedConnectionIsRetriedOnceOnAnotherPod(t *testing.T) {
 			resp.Header.Get(HeaderTargetPodName), body)
 	}
 	// The requests ended on b: nothing stays counted on either pod.
-	eventually(t, "the request to be released", func() (string, bool) {
+	testsupport.EventuallyWhy(t, "the request to be released", func() (string, bool) {
 		m := f.match(tokens)
 		c := m.Decisions[0].Candidates
 		return mustJSON(c), len(c) == 1 && c[0].Running == 0 && c[0].InFlightPrefills == 0
@@ -93,7 +95,7 @@ func TestPodsAllEjectedAreStillTriedAndTheOneThatAnswersIsReadmitted(t *testing.
 	// a comes back. Every pod being ejected, requests still try one of
 	// them, without a retry; the first one that reaches a readmits it.
 	f.engine("a").restart()
-	eventually(t, "a request to reach a", func() (string, bool) {
+	testsupport.EventuallyWhy(t, "a request to reach a", func() (string, bool) {
 		resp, body := post(t, f.url+"/v1/completions", tokenPrompt([]uint32{1, 2, 3}), nil)
 		return string(body), resp.StatusCode == http.StatusOK
 	})

@@ -5,6 +5,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/kvgate/kvgate/internal/testsupport"
 )
 
 // sharedPrompt is 22 whole blocks of the test engines' tokenizer.
@@ -68,7 +70,7 @@ func TestKVAwareLeavesThePrefixHolderWhenItIsOverloaded(t *testing.T) {
 	// b's engine now decodes a large batch: half a second per step, well
 	// above the time a to computes the whole prompt.
 	b.setLoad(func(l *engineLoad) { l.running, l.waiting, l.tpotSeconds = 200, 30, 0.5 })
-	eventually(t, "the Store to scrape b's load", func() (string, bool) {
+	testsupport.EventuallyWhy(t, "the Store to scrape b's load", func() (string, bool) {
 		m := f.match(tokens)
 		for _, c := range m.Decisions[0].Candidates {
 			if c.Pod == "static/b" {
@@ -102,7 +104,7 @@ func TestPrefixCacheImbalanceGuardCountsTheGatewaysRequestsInFlight(t *testing.T
 	pods := make(chan string, 9)
 	for i := range 9 {
 		wg.Go(func() { pods <- f.send(sharedPrompt, "prefix-cache") })
-		eventually(t, "b to hold the requests", func() (string, bool) {
+		testsupport.EventuallyWhy(t, "b to hold the requests", func() (string, bool) {
 			n := len(b.received())
 			return "", n == i+1
 		})

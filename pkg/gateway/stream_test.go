@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvgate/kvgate/internal/testsupport"
 )
 
 // streamCase is a streamed request and what the engine answers it with.
@@ -164,10 +166,10 @@ func TestClientLeavingAStreamReleasesItsRequest(t *testing.T) {
 	resp.Body.Close()
 	select {
 	case <-engineSawCancel:
-	case <-time.After(waitTimeout):
+	case <-time.After(testsupport.WaitTimeout):
 		t.Fatal("the engine's request was not cancelled after the client left")
 	}
-	eventually(t, "the request to be released", func() (string, bool) {
+	testsupport.EventuallyWhy(t, "the request to be released", func() (string, bool) {
 		inFlight := f.metric("kvgate_gateway_requests_in_flight")
 		prefills := f.metric("kvgate_routing_inflight_prefills")
 		running := f.match([]uint32{1}).Decisions[0].Candidates[0].Running

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/kvevent"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -61,7 +62,9 @@ func TestGaugesDescribeTheIndexAndForgetPurgedPods(t *testing.T) {
 	cpu.Medium = kvevent.MediumCPU
 	mustApply(t, idx, podA, cpu)
 	mustApply(t, idx, podB, stored(hashSeq(1, 1), nil, tokenRange(0, 16), 16))
-	gauge := func(name string, labels map[string]string) float64 { return counterValue(t, reg, name, labels) }
+	gauge := func(name string, labels map[string]string) float64 {
+		return testsupport.MetricValue(t, reg, name, labels)
+	}
 	for _, tc := range []struct {
 		name   string
 		labels map[string]string
@@ -78,8 +81,8 @@ func TestGaugesDescribeTheIndexAndForgetPurgedPods(t *testing.T) {
 		}
 	}
 	match(idx, "llama", "", tokenRange(0, 48), "ns/a")
-	if got := histogramCount(t, reg, "kvgate_indexer_match_duration_seconds"); got != 1 {
-		t.Errorf("match histogram count = %d, want 1", got)
+	if got := testsupport.MetricValue(t, reg, "kvgate_indexer_match_duration_seconds", nil); got != 1 {
+		t.Errorf("match histogram count = %v, want 1", got)
 	}
 	idx.PurgePod("ns/a")
 	if got := gauge("kvgate_indexer_resident_blocks", map[string]string{"pod": "ns/a"}); got != 0 {
@@ -90,23 +93,9 @@ func TestGaugesDescribeTheIndexAndForgetPurgedPods(t *testing.T) {
 	}
 }
 
-func histogramCount(tb testing.TB, reg *prometheus.Registry, name string) uint64 {
-	tb.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == name {
-			return mf.GetMetric()[0].GetHistogram().GetSampleCount()
-		}
-	}
-	return 0
-}
-
 func TestStatsReportPodsStreamsAndLanes(t *testing.T) {
 	idx, _ := newTestTable(t, Config{})
-	clock := newFakeClock()
+	clock := testsupport.NewClock(time.Now())
 	idx.now = clock.Now
 	r1 := podA
 	r1.Rank = 1

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/kvgate/kvgate/internal/testsupport"
 )
 
 // storePrompt stores prompt number p (blocks of 16 tokens, engine hashes
@@ -24,7 +26,7 @@ func promptBlocks(idx *SyncPrefixHashTable, s Stream, p, blocks int) int {
 
 func TestCapacityEvictsLeastRecentlyStoredOrMatched(t *testing.T) {
 	idx, reg := newTestTable(t, Config{MaxPrefixesPerContext: 64})
-	clock := newFakeClock()
+	clock := testsupport.NewClock(time.Now())
 	idx.now = clock.Now
 	for p := 0; p < 8; p++ {
 		clock.Advance(time.Second)
@@ -48,14 +50,14 @@ func TestCapacityEvictsLeastRecentlyStoredOrMatched(t *testing.T) {
 	if got := promptBlocks(idx, podA, 8, 8); got != 8 {
 		t.Errorf("prompt 8, just stored, has %d blocks, want 8", got)
 	}
-	if got := counterValue(t, reg, "kvgate_indexer_evicted_blocks_total", map[string]string{"reason": reasonCapacity}); got != 8 {
+	if got := testsupport.MetricValue(t, reg, "kvgate_indexer_evicted_blocks_total", map[string]string{"reason": reasonCapacity}); got != 8 {
 		t.Errorf("capacity evictions = %v, want 8", got)
 	}
 	// The evicted blocks left the lane map too: their engine hashes are
 	// unknown parents now, and removing them changes nothing.
 	mustApply(t, idx, podA, stored(hashSeq(1008, 1), ptr[uint64](1007), tokenRange(100000+128, 16), 16),
 		removed("GPU", 0, hashSeq(1000, 8)...))
-	if got := counterValue(t, reg, "kvgate_indexer_parent_misses_total", nil); got != 1 {
+	if got := testsupport.MetricValue(t, reg, "kvgate_indexer_parent_misses_total", nil); got != 1 {
 		t.Errorf("parent misses after extending an evicted block = %v, want 1", got)
 	}
 	if err := checkInvariants(idx); err != nil {
@@ -65,7 +67,7 @@ func TestCapacityEvictsLeastRecentlyStoredOrMatched(t *testing.T) {
 
 func TestTotalBoundEvictsFromTheLeastRecentlyUsedModel(t *testing.T) {
 	idx, reg := newTestTable(t, Config{MaxPrefixes: 40})
-	clock := newFakeClock()
+	clock := testsupport.NewClock(time.Now())
 	idx.now = clock.Now
 	old := Stream{Pod: "ns/old", Model: "old"}
 	fresh := Stream{Pod: "ns/new", Model: "new"}
@@ -87,14 +89,14 @@ func TestTotalBoundEvictsFromTheLeastRecentlyUsedModel(t *testing.T) {
 			t.Errorf("new model prompt %d has %d blocks, want 8", p, got)
 		}
 	}
-	if got := counterValue(t, reg, "kvgate_indexer_evicted_blocks_total", map[string]string{"reason": reasonTotal}); got < 8 {
+	if got := testsupport.MetricValue(t, reg, "kvgate_indexer_evicted_blocks_total", map[string]string{"reason": reasonTotal}); got < 8 {
 		t.Errorf("total_capacity evictions = %v, want >= 8", got)
 	}
 }
 
 func TestMaxContextsDropsTheLeastRecentlyUsedModel(t *testing.T) {
 	idx, reg := newTestTable(t, Config{MaxContexts: 2})
-	clock := newFakeClock()
+	clock := testsupport.NewClock(time.Now())
 	idx.now = clock.Now
 	streams := []Stream{{Pod: "ns/1", Model: "m1"}, {Pod: "ns/2", Model: "m2"}, {Pod: "ns/3", Model: "m3"}}
 	for i, s := range streams {
@@ -107,7 +109,7 @@ func TestMaxContextsDropsTheLeastRecentlyUsedModel(t *testing.T) {
 	if got := len(idx.Stats()); got != 2 {
 		t.Fatalf("%d models indexed, want 2", got)
 	}
-	if got := counterValue(t, reg, "kvgate_indexer_evicted_blocks_total", map[string]string{"reason": reasonContext}); got != 4 {
+	if got := testsupport.MetricValue(t, reg, "kvgate_indexer_evicted_blocks_total", map[string]string{"reason": reasonContext}); got != 4 {
 		t.Errorf("context_capacity evictions = %v, want 4", got)
 	}
 	// Resetting or purging the dropped model's pod changes no count.
@@ -132,7 +134,7 @@ func TestBoundsHoldUnderRandomEvents(t *testing.T) {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(seed, 7))
 			idx, _ := newTestTable(t, Config{MaxPrefixesPerContext: 50, MaxPrefixes: 80, MaxContexts: 2})
-			clock := newFakeClock()
+			clock := testsupport.NewClock(time.Now())
 			idx.now = clock.Now
 			models := []*refModel{
 				newRefModel(rng, "m1", 4, 2, "ns/p0", "ns/p1"),
@@ -176,13 +178,7 @@ func TestRunSweepsUntilCanceled(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error)
 	go func() { done <- idx.Run(ctx) }()
-	deadline := time.Now().Add(10 * time.Second)
-	for len(idx.Stats()) > 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("idle pod and its model were not swept within 10s")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	testsupport.Eventually(t, "the idle pod and its model to be swept", func() bool { return len(idx.Stats()) == 0 })
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatalf("Run returned %v, want nil", err)

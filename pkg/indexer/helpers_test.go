@@ -3,9 +3,7 @@ package indexer
 import (
 	"fmt"
 	"strconv"
-	"sync"
 	"testing"
-	"time"
 
 	"github.com/kvgate/kvgate/pkg/kvevent"
 	"github.com/prometheus/client_golang/prometheus"
@@ -81,34 +79,6 @@ func match(t *SyncPrefixHashTable, model, lora string, tokens []uint32, pods ...
 		}
 	}
 	return blocks, gpu
-}
-
-func counterValue(tb testing.TB, reg *prometheus.Registry, name string, labels map[string]string) float64 {
-	tb.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		tb.Fatalf("Gather: %v", err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	metric:
-		for _, m := range mf.GetMetric() {
-			for _, lp := range m.GetLabel() {
-				if v, ok := labels[lp.GetName()]; ok && v != lp.GetValue() {
-					continue metric
-				}
-			}
-			switch {
-			case m.Counter != nil:
-				return m.Counter.GetValue()
-			case m.Gauge != nil:
-				return m.Gauge.GetValue()
-			}
-		}
-	}
-	return 0
 }
 
 // checkInvariants verifies, white-box, that the key tables, holder sets and
@@ -258,23 +228,3 @@ func msgpackStr(s string) []byte {
 }
 
 func itoa(i int) string { return strconv.Itoa(i) }
-
-// fakeClock is a manual clock for the sweep tests.
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func newFakeClock() *fakeClock { return &fakeClock{now: time.Now()} }
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-}

@@ -3,7 +3,9 @@ package indexer
 import (
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/kvevent"
 )
 
@@ -40,15 +42,15 @@ func TestUnknownParentIsSkippedNotRootedAtTheStart(t *testing.T) {
 	if blocks["ns/a"] != 0 {
 		t.Fatalf("blocks with an unknown parent matched %d blocks from the root, want 0", blocks["ns/a"])
 	}
-	if got := counterValue(t, reg, "kvgate_indexer_parent_misses_total", nil); got != 1 {
+	if got := testsupport.MetricValue(t, reg, "kvgate_indexer_parent_misses_total", nil); got != 1 {
 		t.Errorf("parent misses = %v, want 1", got)
 	}
-	if got := counterValue(t, reg, "kvgate_indexer_skipped_blocks_total", map[string]string{"reason": reasonParent}); got != 2 {
+	if got := testsupport.MetricValue(t, reg, "kvgate_indexer_skipped_blocks_total", map[string]string{"reason": reasonParent}); got != 2 {
 		t.Errorf("skipped unknown_parent blocks = %v, want 2", got)
 	}
 	// Children of a skipped block are unknown too.
 	mustApply(t, idx, podA, stored(hashSeq(12, 1), ptr[uint64](11), tokenRange(32, 16), 16))
-	if got := counterValue(t, reg, "kvgate_indexer_parent_misses_total", nil); got != 2 {
+	if got := testsupport.MetricValue(t, reg, "kvgate_indexer_parent_misses_total", nil); got != 2 {
 		t.Errorf("parent misses after a child of a skipped block = %v, want 2", got)
 	}
 	if err := checkInvariants(idx); err != nil {
@@ -135,7 +137,7 @@ func TestRouterChunksByTheEngineBlockSizeInTokens(t *testing.T) {
 
 func TestEventsKeepAPodAliveAndIdlePodsArePurged(t *testing.T) {
 	idx, reg := newTestTable(t, Config{EvictionDuration: 20 * 60e9})
-	clock := newFakeClock()
+	clock := testsupport.NewClock(time.Now())
 	idx.now = clock.Now
 	mustApply(t, idx, podA, stored(hashSeq(1, 2), nil, tokenRange(0, 32), 16))
 	mustApply(t, idx, podB, stored(hashSeq(1, 2), nil, tokenRange(0, 32), 16))
@@ -152,7 +154,7 @@ func TestEventsKeepAPodAliveAndIdlePodsArePurged(t *testing.T) {
 	if blocks["ns/b"] != 0 {
 		t.Errorf("pod B, idle for 30 minutes, matched %d blocks, want 0 (purged)", blocks["ns/b"])
 	}
-	if got := counterValue(t, reg, "kvgate_indexer_evicted_blocks_total", map[string]string{"reason": reasonIdle}); got != 2 {
+	if got := testsupport.MetricValue(t, reg, "kvgate_indexer_evicted_blocks_total", map[string]string{"reason": reasonIdle}); got != 2 {
 		t.Errorf("idle evictions = %v, want 2", got)
 	}
 	if err := checkInvariants(idx); err != nil {
@@ -162,7 +164,7 @@ func TestEventsKeepAPodAliveAndIdlePodsArePurged(t *testing.T) {
 
 func TestMatchesKeepAPodAlive(t *testing.T) {
 	idx, _ := newTestTable(t, Config{EvictionDuration: 10 * 60e9})
-	clock := newFakeClock()
+	clock := testsupport.NewClock(time.Now())
 	idx.now = clock.Now
 	mustApply(t, idx, podA, stored(hashSeq(1, 2), nil, tokenRange(0, 32), 16))
 	for i := 0; i < 20; i++ {
@@ -253,7 +255,7 @@ func TestMisalignedTokensAreSkippedWithAnError(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "event 0") || !strings.Contains(err.Error(), "40 tokens") {
 		t.Fatalf("ApplyBatch error = %v, want one naming event 0 and its 40 tokens", err)
 	}
-	if got := counterValue(t, reg, "kvgate_indexer_skipped_blocks_total", map[string]string{"reason": reasonTokens}); got != 2 {
+	if got := testsupport.MetricValue(t, reg, "kvgate_indexer_skipped_blocks_total", map[string]string{"reason": reasonTokens}); got != 2 {
 		t.Errorf("skipped token_mismatch blocks = %v, want 2", got)
 	}
 	if blocks, _ := match(idx, "llama", "", tokenRange(500, 16), "ns/a"); blocks["ns/a"] != 1 {
@@ -304,7 +306,7 @@ func TestAllBlocksClearedAndPurgeRemoveOnlyThatPod(t *testing.T) {
 
 func TestMoreThan64PodsPerModel(t *testing.T) {
 	idx, _ := newTestTable(t, Config{})
-	clock := newFakeClock()
+	clock := testsupport.NewClock(time.Now())
 	idx.now = clock.Now
 	const pods = 150
 	names := make([]string, pods)

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvgate/kvgate/internal/testsupport"
 )
 
 // blockCounter counts the blocks of the BlockStored events it receives.
@@ -70,21 +72,21 @@ func BenchmarkLoopback(b *testing.B) {
 	cfg.LogLevel = "error"
 	cfg.ReconnectDelay, cfg.MaxReconnectDelay = DefaultReconnectInterval, MaxReconnectInterval
 	c := startClient(b, cfg, h)
-	if err := c.WaitForConnection(waitTimeout); err != nil {
+	if err := c.WaitForConnection(testsupport.WaitTimeout); err != nil {
 		b.Fatal(err)
 	}
 	payload := sixteenBlockBatch(b)
 	// Until a first batch arrives the subscription may not be in place;
 	// every warm-up batch arrives in the end, live or replayed.
 	var warm uint64
-	eventually(b, "a first batch", func() bool {
+	testsupport.Eventually(b, "a first batch", func() bool {
 		if err := pub.PublishRaw(payload); err != nil {
 			b.Fatal(err)
 		}
 		warm++
 		return h.batches.Load() > 0
 	})
-	eventually(b, "the warm-up batches", func() bool { return h.batches.Load() == warm })
+	testsupport.Eventually(b, "the warm-up batches", func() bool { return h.batches.Load() == warm })
 	before := c.Stats()
 
 	b.ResetTimer()

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/go-logr/logr/funcr"
+
+	"github.com/kvgate/kvgate/internal/testsupport"
 )
 
 func TestParseBindTopic(t *testing.T) {
@@ -44,8 +46,8 @@ func dialingPublisher(t testing.TB, ip string, bindPort, routerPort, rank int) *
 }
 
 func TestBindModeReceivesEnginesThatDialIn(t *testing.T) {
-	bind := freePorts(t, 2)
-	routers := freePorts(t, 2)
+	bind := testsupport.ConsecutivePorts(t, 2)
+	routers := testsupport.ConsecutivePorts(t, 2)
 	idx := newMemIndex()
 	m, reg := newTestManager(t, idx, func(c *ManagerConfig) {
 		c.Bind = &BindConfig{Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", bind[0]), Ranks: 2}
@@ -61,7 +63,7 @@ func TestBindModeReceivesEnginesThatDialIn(t *testing.T) {
 
 	m.OnPodAdd(makePod(podSpec{name: "single", ip: "127.0.0.1", ports: testPorts{pub: 1, router: routers[0]}}))
 	m.OnPodAdd(makePod(podSpec{name: "dp", ip: "127.0.0.2", ports: testPorts{pub: 1, router: routers[0]}, dpSize: 2}))
-	eventually(t, "both pods followed", func() bool {
+	testsupport.Eventually(t, "both pods followed", func() bool {
 		return podState(m, "default/single").State == PodStateFollowed && podState(m, "default/dp").State == PodStateFollowed
 	})
 
@@ -92,8 +94,8 @@ func TestBindModeReceivesEnginesThatDialIn(t *testing.T) {
 		}
 		return true
 	})
-	eventually(t, "the stranger counted", func() bool {
-		return gaugeValue(t, reg, "kvgate_kv_event_bind_ignored_messages_total", "reason", IgnoredUnknownPod) > 0
+	testsupport.Eventually(t, "the stranger counted", func() bool {
+		return testsupport.MetricValue(t, reg, "kvgate_kv_event_bind_ignored_messages_total", map[string]string{"reason": IgnoredUnknownPod}) > 0
 	})
 	st := podState(m, "default/dp")
 	if len(st.Streams) != 2 || !st.Streams[1].Stats.Connected || st.Streams[1].PubEndpoint != fmt.Sprintf("tcp://127.0.0.1:%d", bind[1]) {
@@ -101,10 +103,10 @@ func TestBindModeReceivesEnginesThatDialIn(t *testing.T) {
 	}
 
 	m.OnPodDelete(makePod(podSpec{name: "single"}))
-	eventually(t, "deleted pod purged", func() bool { return idx.purgeCount("default/single") == 1 })
+	testsupport.Eventually(t, "deleted pod purged", func() bool { return idx.purgeCount("default/single") == 1 })
 	publish(t, single, 1, streams[0].next, streams[0].next+2)
-	eventually(t, "the deleted pod's engine is now unknown", func() bool {
-		return gaugeValue(t, reg, "kvgate_kv_event_bind_ignored_messages_total", "reason", IgnoredUnknownPod) >= 2
+	testsupport.Eventually(t, "the deleted pod's engine is now unknown", func() bool {
+		return testsupport.MetricValue(t, reg, "kvgate_kv_event_bind_ignored_messages_total", map[string]string{"reason": IgnoredUnknownPod}) >= 2
 	})
 	if held := idx.held(streams[0].id); len(held) != 0 {
 		t.Fatalf("deleted pod still indexed: %v", held)
@@ -112,10 +114,10 @@ func TestBindModeReceivesEnginesThatDialIn(t *testing.T) {
 }
 
 // repeatUntil repeats act until cond holds, giving each round a moment to
-// take effect, and fails after waitTimeout.
+// take effect, and fails after testsupport.WaitTimeout.
 func repeatUntil(t testing.TB, what string, act func(), cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(waitTimeout)
+	deadline := time.Now().Add(testsupport.WaitTimeout)
 	for time.Now().Before(deadline) {
 		act()
 		round := time.Now().Add(200 * time.Millisecond)
@@ -126,11 +128,11 @@ func repeatUntil(t testing.TB, what string, act func(), cond func() bool) {
 			time.Sleep(2 * time.Millisecond)
 		}
 	}
-	t.Fatalf("timed out after %v waiting for %s", waitTimeout, what)
+	t.Fatalf("timed out after %v waiting for %s", testsupport.WaitTimeout, what)
 }
 
 func TestFollowingLogNamesTheEndpointsAndTopicInUse(t *testing.T) {
-	bind := freePorts(t, 1)[0]
+	bind := testsupport.FreePorts(t, 1)[0]
 	for _, tc := range []struct {
 		name    string
 		bind    *BindConfig
@@ -157,7 +159,7 @@ func TestFollowingLogNamesTheEndpointsAndTopicInUse(t *testing.T) {
 				c.Logger = funcr.New(logs.add, funcr.Options{})
 			})
 			m.OnPodAdd(makePod(podSpec{name: "p", ip: "127.0.0.9", ports: testPorts{pub: 6000, router: 6001}}))
-			eventually(t, "the pod to be followed", func() bool { return len(logs.containing(`"Following KV events"`)) > 0 })
+			testsupport.Eventually(t, "the pod to be followed", func() bool { return len(logs.containing(`"Following KV events"`)) > 0 })
 			line := logs.containing(`"Following KV events"`)[0]
 			for _, w := range tc.want {
 				if !strings.Contains(line, w) {

@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/kvgate/kvgate/internal/testsupport"
 )
 
 // freezingProxy forwards TCP connections to a target until frozen: a frozen
@@ -117,18 +119,18 @@ func TestClientHeartbeatsDetectASilentPeerAndReconnect(t *testing.T) {
 	cfg.HeartbeatTTL = time.Second
 	rec := &recorder{}
 	c := startClient(t, cfg, rec)
-	if err := c.WaitForConnection(waitTimeout); err != nil {
+	if err := c.WaitForConnection(testsupport.WaitTimeout); err != nil {
 		t.Fatal(err)
 	}
 	publish(t, pub, 1, 0, 3)
-	eventually(t, "the first batches", func() bool { return rec.count() >= 3 })
+	testsupport.Eventually(t, "the first batches", func() bool { return rec.count() >= 3 })
 
 	// Nothing closes the connection: only missing heartbeats reveal it.
 	proxy.freeze()
-	eventually(t, "the silent peer to be noticed", func() bool { return c.Stats().Disconnections >= 1 })
-	eventually(t, "a new connection", func() bool { return c.Stats().Connections >= 2 })
+	testsupport.Eventually(t, "the silent peer to be noticed", func() bool { return c.Stats().Disconnections >= 1 })
+	testsupport.Eventually(t, "a new connection", func() bool { return c.Stats().Connections >= 2 })
 	publish(t, pub, 1, 3, 6)
-	eventually(t, "the batches after the reconnection", func() bool { return rec.count() >= 6 })
+	testsupport.Eventually(t, "the batches after the reconnection", func() bool { return rec.count() >= 6 })
 	got, resets := rec.snapshot()
 	checkSequence(t, got, 1, 0, 6)
 	if len(resets) != 0 {

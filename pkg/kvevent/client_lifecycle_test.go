@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"go.uber.org/goleak"
+
+	"github.com/kvgate/kvgate/internal/testsupport"
 )
 
 // openFDs counts the process's open file descriptors: ZeroMQ sockets,
@@ -34,11 +36,11 @@ func TestClientStopAndCloseLeakNoGoroutinesOrSockets(t *testing.T) {
 			if err := c.Start(); err != nil {
 				t.Fatal(err)
 			}
-			if err := c.WaitForConnection(waitTimeout); err != nil {
+			if err := c.WaitForConnection(testsupport.WaitTimeout); err != nil {
 				t.Fatal(err)
 			}
 			publish(t, pub, 1, round, round+1)
-			eventually(t, "the round's batch", func() bool { return rec.has(1, round) })
+			testsupport.Eventually(t, "the round's batch", func() bool { return rec.has(1, round) })
 			c.Stop()
 			if connected, _ := c.GetStats(); connected {
 				t.Error("a stopped client reports a connection")

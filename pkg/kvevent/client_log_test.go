@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/go-logr/logr/funcr"
+
+	"github.com/kvgate/kvgate/internal/testsupport"
 )
 
 // logLines captures a logger's lines.
@@ -42,7 +44,7 @@ func TestClientLogsAtItsLevelWithPodAndModel(t *testing.T) {
 	cfg.LogLevel = "error"
 	rec := &recorder{}
 	c := startClient(t, cfg, rec)
-	if err := c.WaitForConnection(waitTimeout); err != nil {
+	if err := c.WaitForConnection(testsupport.WaitTimeout); err != nil {
 		t.Fatal(err)
 	}
 	if got := logs.containing("Connected to KV event publisher"); len(got) != 0 {
@@ -55,7 +57,7 @@ func TestClientLogsAtItsLevelWithPodAndModel(t *testing.T) {
 	if err := c.Reconnect(); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the reconnection and its replay to be logged", func() bool {
+	testsupport.Eventually(t, "the reconnection and its replay to be logged", func() bool {
 		return len(logs.containing("Connected to KV event publisher")) > 0 && len(logs.containing("Requested replay")) > 0
 	})
 	connected := logs.containing("Connected to KV event publisher")
@@ -67,7 +69,7 @@ func TestClientLogsAtItsLevelWithPodAndModel(t *testing.T) {
 	if err := pub.PublishRaw([]byte{0xc1}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the decode error to be logged", func() bool {
+	testsupport.Eventually(t, "the decode error to be logged", func() bool {
 		return len(logs.containing("Dropping undecodable KV event batch")) > 0
 	})
 	if line := logs.containing("Dropping undecodable")[0]; !strings.Contains(line, `"seq"=0`) {

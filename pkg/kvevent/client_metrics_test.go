@@ -4,6 +4,8 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvgate/kvgate/internal/testsupport"
 )
 
 func TestClientExportsItsMetrics(t *testing.T) {
@@ -24,7 +26,7 @@ func TestClientExportsItsMetrics(t *testing.T) {
 	cfg.Metrics = metrics
 	rec := &recorder{}
 	c := startClient(t, cfg, rec)
-	eventually(t, "the batches", func() bool { return c.Stats().BatchesReceived >= 5 })
+	testsupport.Eventually(t, "the batches", func() bool { return c.Stats().BatchesReceived >= 5 })
 
 	stream := "dp_rank=0,pod_key=" + cfg.PodKey
 	checks := []struct {

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/kvgate/kvgate/internal/testsupport"
 )
 
 func TestClientLateSubscriberGetsEverythingThroughReplay(t *testing.T) {
@@ -15,9 +17,9 @@ func TestClientLateSubscriberGetsEverythingThroughReplay(t *testing.T) {
 
 	rec := &recorder{}
 	c := startClient(t, testClientConfig(ports), rec)
-	eventually(t, "the 50 published batches", func() bool { return rec.count() >= 50 })
+	testsupport.Eventually(t, "the 50 published batches", func() bool { return rec.count() >= 50 })
 	publish(t, pub, 1, 50, 60)
-	eventually(t, "60 batches", func() bool { return rec.count() >= 60 })
+	testsupport.Eventually(t, "60 batches", func() bool { return rec.count() >= 60 })
 
 	got, resets := rec.snapshot()
 	checkSequence(t, got, 1, 0, 60)
@@ -38,11 +40,11 @@ func TestClientRecoversBatchesDroppedFromTheLiveStream(t *testing.T) {
 	})
 	rec := &recorder{}
 	c := startClient(t, testClientConfig(ports), rec)
-	if err := c.WaitForConnection(waitTimeout); err != nil {
+	if err := c.WaitForConnection(testsupport.WaitTimeout); err != nil {
 		t.Fatal(err)
 	}
 	publish(t, pub, 1, 0, 100)
-	eventually(t, "100 batches", func() bool { return rec.count() >= 100 })
+	testsupport.Eventually(t, "100 batches", func() bool { return rec.count() >= 100 })
 
 	got, resets := rec.snapshot()
 	checkSequence(t, got, 1, 0, 100)
@@ -63,9 +65,9 @@ func TestClientRecoversBatchesLostJustBeforeTheEngineWentQuiet(t *testing.T) {
 	})
 	rec := &recorder{}
 	c := startClient(t, testClientConfig(ports), rec)
-	eventually(t, "the connection's replay to end", func() bool { return c.Stats().ReplaySuccesses >= 1 })
+	testsupport.Eventually(t, "the connection's replay to end", func() bool { return c.Stats().ReplaySuccesses >= 1 })
 	publish(t, pub, 1, 0, 12)
-	eventually(t, "the lost tail", func() bool { return rec.count() >= 12 })
+	testsupport.Eventually(t, "the lost tail", func() bool { return rec.count() >= 12 })
 	got, resets := rec.snapshot()
 	checkSequence(t, got, 1, 0, 12)
 	if len(resets) != 0 {
@@ -82,9 +84,9 @@ func TestClientReportsUnrecoverableGapWhenReplayBufferIsExhausted(t *testing.T) 
 
 	rec := &recorder{}
 	c := startClient(t, testClientConfig(ports), rec)
-	eventually(t, "the buffered batches", func() bool { return rec.count() >= 5 })
+	testsupport.Eventually(t, "the buffered batches", func() bool { return rec.count() >= 5 })
 	publish(t, pub, 1, 20, 25)
-	eventually(t, "the live batches", func() bool { return rec.count() >= 10 })
+	testsupport.Eventually(t, "the live batches", func() bool { return rec.count() >= 10 })
 
 	got, resets := rec.snapshot()
 	checkSequence(t, got, 1, 15, 25)
@@ -103,7 +105,7 @@ func TestClientDropsOnlyTheUndecodableBatch(t *testing.T) {
 	pub := newTestPublisher(t, ports, nil)
 	rec := &recorder{}
 	c := startClient(t, testClientConfig(ports), rec)
-	if err := c.WaitForConnection(waitTimeout); err != nil {
+	if err := c.WaitForConnection(testsupport.WaitTimeout); err != nil {
 		t.Fatal(err)
 	}
 	// 0xc1 is the one byte msgpack never uses.
@@ -111,7 +113,7 @@ func TestClientDropsOnlyTheUndecodableBatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	publish(t, pub, 1, 1, 11)
-	eventually(t, "10 good batches", func() bool { return rec.count() >= 10 })
+	testsupport.Eventually(t, "10 good batches", func() bool { return rec.count() >= 10 })
 
 	got, resets := rec.snapshot()
 	checkSequence(t, got, 1, 1, 11)
@@ -131,13 +133,13 @@ func TestClientDetectsPublisherRestart(t *testing.T) {
 	rec := &recorder{}
 	c := startClient(t, testClientConfig(ports), rec)
 	publish(t, pub, 1, 0, 10)
-	eventually(t, "the first publisher's batches", func() bool { return rec.count() >= 10 })
+	testsupport.Eventually(t, "the first publisher's batches", func() bool { return rec.count() >= 10 })
 
 	pub.Close()
 	pub = newTestPublisher(t, ports, nil)
-	eventually(t, "the reconnection", func() bool { return c.Stats().Connections >= 2 })
+	testsupport.Eventually(t, "the reconnection", func() bool { return c.Stats().Connections >= 2 })
 	publish(t, pub, 2, 0, 3)
-	eventually(t, "the second publisher's batches", func() bool { return rec.has(2, 2) })
+	testsupport.Eventually(t, "the second publisher's batches", func() bool { return rec.has(2, 2) })
 
 	got, resets := rec.snapshot()
 	checkSequence(t, got[:10], 1, 0, 10)
@@ -155,7 +157,7 @@ func TestClientDetectsRestartedPublisherThatGotAhead(t *testing.T) {
 	cfg := testClientConfig(ports)
 	c := startClient(t, cfg, rec)
 	publish(t, pub, 1, 0, 5)
-	eventually(t, "the first publisher's batches", func() bool { return rec.count() >= 5 })
+	testsupport.Eventually(t, "the first publisher's batches", func() bool { return rec.count() >= 5 })
 
 	// The new engine publishes past the old one's seq before the client
 	// is back: only the replayed anchor batch can tell them apart.
@@ -167,7 +169,7 @@ func TestClientDetectsRestartedPublisherThatGotAhead(t *testing.T) {
 	if err := c.Start(); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the second publisher's batches", func() bool { return rec.has(2, 11) })
+	testsupport.Eventually(t, "the second publisher's batches", func() bool { return rec.has(2, 11) })
 
 	got, resets := rec.snapshot()
 	checkSequence(t, got[:5], 1, 0, 5)
@@ -184,16 +186,16 @@ func TestClientReconnectsAfterPublisherDiesAndResumes(t *testing.T) {
 	rec := &recorder{}
 	c := startClient(t, testClientConfig(ports), rec)
 	publish(t, pub, 1, 0, 5)
-	eventually(t, "the first batches", func() bool { return rec.count() >= 5 })
+	testsupport.Eventually(t, "the first batches", func() bool { return rec.count() >= 5 })
 
 	pub.Close()
-	eventually(t, "the disconnection", func() bool { connected, _ := c.GetStats(); return !connected })
+	testsupport.Eventually(t, "the disconnection", func() bool { connected, _ := c.GetStats(); return !connected })
 	pub = newTestPublisher(t, ports, nil)
-	if err := c.WaitForConnection(waitTimeout); err != nil {
+	if err := c.WaitForConnection(testsupport.WaitTimeout); err != nil {
 		t.Fatal(err)
 	}
 	publish(t, pub, 2, 0, 5)
-	eventually(t, "the restarted publisher's batches", func() bool { return rec.has(2, 4) })
+	testsupport.Eventually(t, "the restarted publisher's batches", func() bool { return rec.has(2, 4) })
 
 	st := c.Stats()
 	if st.Disconnections < 1 || st.Connections < 2 || st.ReconnectAttempts < 1 {
@@ -214,20 +216,20 @@ func TestClientWithoutReplayDeliversLiveBatchesAndReportsTheGap(t *testing.T) {
 	cfg := testClientConfig(ports) // dials a replay port nobody listens on
 	cfg.ReplayTimeout = 200 * time.Millisecond
 	c := startClient(t, cfg, rec)
-	if err := c.WaitForConnection(waitTimeout); err != nil {
+	if err := c.WaitForConnection(testsupport.WaitTimeout); err != nil {
 		t.Fatal(err)
 	}
 	// The subscription reaches the PUB a moment after the connection: keep
 	// publishing until a batch arrives.
 	next := 5
-	eventually(t, "a first live batch", func() bool {
+	testsupport.Eventually(t, "a first live batch", func() bool {
 		publish(t, pub, 1, next, next+1)
 		next++
 		return rec.count() > 0
 	})
 	first, _ := rec.snapshot()
 	publish(t, pub, 1, next, next+5)
-	eventually(t, "the following batches", func() bool { return rec.has(1, next+4) })
+	testsupport.Eventually(t, "the following batches", func() bool { return rec.has(1, next+4) })
 
 	got, resets := rec.snapshot()
 	start := int(first[0].seq)
@@ -243,7 +245,7 @@ func TestClientWithoutReplayDeliversLiveBatchesAndReportsTheGap(t *testing.T) {
 
 func TestClientFollowsEachDataParallelRankOnItsOwnPorts(t *testing.T) {
 	t.Parallel()
-	p := freePorts(t, 4) // PUB 0, PUB 1, ROUTER 0, ROUTER 1
+	p := testsupport.ConsecutivePorts(t, 4) // PUB 0, PUB 1, ROUTER 0, ROUTER 1
 	base := testPorts{pub: p[0], router: p[2]}
 	recs := []*recorder{{}, {}}
 	for rank := range 2 {
@@ -254,7 +256,7 @@ func TestClientFollowsEachDataParallelRankOnItsOwnPorts(t *testing.T) {
 		startClient(t, cfg, recs[rank])
 	}
 	for rank, rec := range recs {
-		eventually(t, "the rank's batches", func() bool { return rec.count() >= 3+rank })
+		testsupport.Eventually(t, "the rank's batches", func() bool { return rec.count() >= 3+rank })
 		got, _ := rec.snapshot()
 		checkSequence(t, got, 10+rank, 0, 3+rank)
 		for _, d := range got {
@@ -277,7 +279,7 @@ func TestClientFollowsAnEngineOnIPv6(t *testing.T) {
 	cfg.PodIP = "::1"
 	rec := &recorder{}
 	startClient(t, cfg, rec)
-	eventually(t, "the batches", func() bool { return rec.count() >= 3 })
+	testsupport.Eventually(t, "the batches", func() bool { return rec.count() >= 3 })
 	got, _ := rec.snapshot()
 	checkSequence(t, got, 1, 0, 3)
 }
@@ -321,7 +323,7 @@ func TestClientReplayFromRewindsTheStream(t *testing.T) {
 	rec := &recorder{}
 	c := startClient(t, testClientConfig(ports), rec)
 	publish(t, pub, 1, 0, 6)
-	eventually(t, "6 batches", func() bool { return rec.count() >= 6 })
+	testsupport.Eventually(t, "6 batches", func() bool { return rec.count() >= 6 })
 
 	if err := c.ReplayFrom(100); err == nil {
 		t.Error("ReplayFrom beyond the stream succeeded")
@@ -329,7 +331,7 @@ func TestClientReplayFromRewindsTheStream(t *testing.T) {
 	if err := c.ReplayFrom(2); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the replayed batches", func() bool { return rec.count() >= 10 })
+	testsupport.Eventually(t, "the replayed batches", func() bool { return rec.count() >= 10 })
 	got, resets := rec.snapshot()
 	checkSequence(t, got[6:], 1, 2, 6)
 	if len(resets) != 1 || resets[0].Reason != ResetRewind || resets[0].NextSeq != 2 {

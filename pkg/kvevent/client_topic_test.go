@@ -7,6 +7,8 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvgate/kvgate/internal/testsupport"
 )
 
 func TestClientReportsLiveMessagesItsTopicFiltersOut(t *testing.T) {
@@ -35,7 +37,7 @@ func TestClientReportsLiveMessagesItsTopicFiltersOut(t *testing.T) {
 			cfg := testClientConfig(ports)
 			cfg.Topic, cfg.Metrics, cfg.Logger = "other", metrics, funcr.New(logs.add, funcr.Options{})
 			c := startClient(t, cfg, &recorder{})
-			if err := c.WaitForConnection(waitTimeout); err != nil {
+			if err := c.WaitForConnection(testsupport.WaitTimeout); err != nil {
 				t.Fatal(err)
 			}
 
@@ -79,7 +81,7 @@ func TestClientWhoseTopicIsAPrefixReceivesLiveAndReportsNoMismatch(t *testing.T)
 	cfg := testClientConfig(ports)
 	cfg.Topic = "kv"
 	c := startClient(t, cfg, &recorder{})
-	if err := c.WaitForConnection(waitTimeout); err != nil {
+	if err := c.WaitForConnection(testsupport.WaitTimeout); err != nil {
 		t.Fatal(err)
 	}
 	next := 1

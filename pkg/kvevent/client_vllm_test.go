@@ -11,6 +11,8 @@ import (
 	"time"
 
 	zmq "github.com/pebbe/zmq4"
+
+	"github.com/kvgate/kvgate/internal/testsupport"
 )
 
 // handWrittenEngine plays a vLLM engine with raw ZeroMQ sockets, replying to
@@ -167,11 +169,11 @@ func TestClientAgainstHandWrittenVLLMSockets(t *testing.T) {
 			cfg := testClientConfig(ports)
 			cfg.Topic = "kv-events"
 			startClient(t, cfg, rec)
-			eventually(t, "the replayed batches", func() bool { return rec.count() >= half })
+			testsupport.Eventually(t, "the replayed batches", func() bool { return rec.count() >= half })
 			for _, p := range payloads[half:] {
 				engine.publish(p)
 			}
-			eventually(t, "every batch", func() bool { return rec.count() >= len(payloads) })
+			testsupport.Eventually(t, "every batch", func() bool { return rec.count() >= len(payloads) })
 
 			got, resets := rec.snapshot()
 			if !slices.Equal(got, want) {

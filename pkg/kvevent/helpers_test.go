@@ -2,59 +2,15 @@ package kvevent
 
 import (
 	"fmt"
-	"math/rand/v2"
-	"net"
 	"sync"
 	"testing"
 	"time"
 
 	zmq "github.com/pebbe/zmq4"
 	"k8s.io/klog/v2"
+
+	"github.com/kvgate/kvgate/internal/testsupport"
 )
-
-// waitTimeout is how long tests wait for anything that should happen: far
-// beyond what a loaded two-core machine needs.
-const waitTimeout = 20 * time.Second
-
-// eventually polls cond until it holds, failing the test after waitTimeout.
-func eventually(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(waitTimeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", waitTimeout, what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
-
-// freePorts returns n consecutive TCP ports that were free on 127.0.0.1.
-func freePorts(t testing.TB, n int) []int {
-	t.Helper()
-	for range 200 {
-		base := 20000 + rand.IntN(40000)
-		var ls []net.Listener
-		for i := range n {
-			l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", base+i))
-			if err != nil {
-				break
-			}
-			ls = append(ls, l)
-		}
-		for _, l := range ls {
-			l.Close()
-		}
-		if len(ls) == n {
-			ports := make([]int, n)
-			for i := range ports {
-				ports[i] = base + i
-			}
-			return ports
-		}
-	}
-	t.Fatalf("no %d consecutive free ports", n)
-	return nil
-}
 
 // bindEndpoint is a loopback-only endpoint a vLLM-style publisher binds
 // (the "::" makes it bind rather than connect).
@@ -64,7 +20,7 @@ func bindEndpoint(port int) string { return fmt.Sprintf("tcp://[::ffff:127.0.0.1
 type testPorts struct{ pub, router int }
 
 func newTestPorts(t testing.TB) testPorts {
-	p := freePorts(t, 2)
+	p := testsupport.ConsecutivePorts(t, 2)
 	return testPorts{pub: p[0], router: p[1]}
 }
 
@@ -159,7 +115,7 @@ func awaitBuffered(t testing.TB, ports testPorts, seq uint64) {
 	if err := d.Connect(fmt.Sprintf("tcp://127.0.0.1:%d", ports.router)); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(waitTimeout)
+	deadline := time.Now().Add(testsupport.WaitTimeout)
 	for time.Now().Before(deadline) {
 		if _, err := d.SendMessage("", seqFrame(seq)); err != nil {
 			t.Fatal(err)
@@ -203,7 +159,7 @@ func rawSocket(t testing.TB, ty zmq.Type) *testSocket {
 		t.Fatal(err)
 	}
 	s.SetLinger(0)
-	s.SetRcvtimeo(waitTimeout)
+	s.SetRcvtimeo(testsupport.WaitTimeout)
 	ts := &testSocket{Socket: s, ctx: ctx}
 	t.Cleanup(ts.close)
 	return ts

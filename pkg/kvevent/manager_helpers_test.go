@@ -181,35 +181,6 @@ func podState(m *KVEventManager, key string) PodStatus {
 	return PodStatus{}
 }
 
-// gaugeValue reads the series of a registry's gauge or counter whose label
-// has value; label "" reads a metric without labels.
-func gaugeValue(t testing.TB, reg *prometheus.Registry, name, label, value string) float64 {
-	t.Helper()
-	families, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range families {
-		if f.GetName() != name {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			match := label == ""
-			for _, l := range m.GetLabel() {
-				match = match || l.GetName() == label && l.GetValue() == value
-			}
-			if match {
-				if m.GetGauge() != nil {
-					return m.GetGauge().GetValue()
-				}
-				return m.GetCounter().GetValue()
-			}
-		}
-	}
-	t.Fatalf("no series %s{%s=%q}", name, label, value)
-	return 0
-}
-
 // loopbackEndpoint binds a publisher on ip only.
 func loopbackEndpoint(ip string, port int) string {
 	return fmt.Sprintf("tcp://[::ffff:%s]:%d", ip, port)

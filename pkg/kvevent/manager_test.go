@@ -7,6 +7,8 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kvgate/kvgate/internal/testsupport"
 )
 
 func TestTargetForPodDecidesEligibility(t *testing.T) {
@@ -118,9 +120,9 @@ func TestManagerFollowsAnEligiblePodIntoTheIndex(t *testing.T) {
 	m.OnPodAdd(makePod(podSpec{name: "other", ports: newTestPorts(t), unlabelled: true}))
 
 	s0 := StreamID{PodKey: "default/vllm-0", Model: "llama"}
-	eventually(t, "the batches published before the pod was followed", func() bool { return idx.holdsExactly(s0, 1, 0, 5) })
+	testsupport.Eventually(t, "the batches published before the pod was followed", func() bool { return idx.holdsExactly(s0, 1, 0, 5) })
 	publish(t, pub, 1, 5, 8)
-	eventually(t, "live batches", func() bool { return idx.holdsExactly(s0, 1, 0, 8) })
+	testsupport.Eventually(t, "live batches", func() bool { return idx.holdsExactly(s0, 1, 0, 8) })
 
 	st := podState(m, "default/vllm-0")
 	if st.State != PodStateFollowed || len(st.Streams) != 1 || st.Streams[0].Stats.LastSeq != 7 || !st.Streams[0].Stats.Connected {
@@ -129,13 +131,13 @@ func TestManagerFollowsAnEligiblePodIntoTheIndex(t *testing.T) {
 	if o := podState(m, "default/other"); o.State != PodStateIneligible || o.Reason != ReasonKVEventsDisabled {
 		t.Fatalf("snapshot of unlabelled pod: %+v", o)
 	}
-	if g := gaugeValue(t, reg, "kvgate_kv_event_pods", "state", PodStateFollowed); g != 1 {
+	if g := testsupport.MetricValue(t, reg, "kvgate_kv_event_pods", map[string]string{"state": PodStateFollowed}); g != 1 {
 		t.Fatalf("followed pods gauge = %v", g)
 	}
-	if g := gaugeValue(t, reg, "kvgate_kv_event_ineligible_pods", "reason", string(ReasonKVEventsDisabled)); g != 1 {
+	if g := testsupport.MetricValue(t, reg, "kvgate_kv_event_ineligible_pods", map[string]string{"reason": string(ReasonKVEventsDisabled)}); g != 1 {
 		t.Fatalf("ineligible pods gauge = %v", g)
 	}
-	if g := gaugeValue(t, reg, "aibrix_kvcache_zmq_batches_received_total", "pod_key", "default/vllm-0"); g != 8 {
+	if g := testsupport.MetricValue(t, reg, "aibrix_kvcache_zmq_batches_received_total", map[string]string{"pod_key": "default/vllm-0"}); g != 8 {
 		t.Fatalf("client metrics not registered: batches = %v", g)
 	}
 }
@@ -152,7 +154,7 @@ func TestManagerStopsAndPurgesOnEveryTransition(t *testing.T) {
 	s0 := StreamID{PodKey: key, Model: "llama"}
 	pod := makePod(podSpec{name: "vllm-0", ports: ports})
 	m.OnPodAdd(pod)
-	eventually(t, "pod followed", func() bool { return idx.holdsExactly(s0, 1, 0, 3) })
+	testsupport.Eventually(t, "pod followed", func() bool { return idx.holdsExactly(s0, 1, 0, 3) })
 
 	steps := []struct {
 		name   string
@@ -178,8 +180,8 @@ func TestManagerStopsAndPurgesOnEveryTransition(t *testing.T) {
 			pod = step.pod
 		}
 		want := purges + btoi(step.purged)
-		eventually(t, step.name+": purge", func() bool { return idx.purgeCount(key) == want })
-		eventually(t, step.name+": state", func() bool {
+		testsupport.Eventually(t, step.name+": purge", func() bool { return idx.purgeCount(key) == want })
+		testsupport.Eventually(t, step.name+": state", func() bool {
 			st := podState(m, key)
 			return st.State == step.state && st.Reason == step.reason
 		})
@@ -187,15 +189,15 @@ func TestManagerStopsAndPurgesOnEveryTransition(t *testing.T) {
 			t.Fatalf("%s: pod purged %d times, want %d", step.name, idx.purgeCount(key), want)
 		}
 		if step.holds != nil {
-			eventually(t, step.name+": index rebuilt", step.holds)
+			testsupport.Eventually(t, step.name+": index rebuilt", step.holds)
 		} else if got := idx.podStreams(key); len(got) != 0 {
 			t.Fatalf("%s: index still holds %v", step.name, got)
 		}
 	}
-	if g := gaugeValue(t, reg, "kvgate_kv_event_streams", "", ""); g != 0 {
+	if g := testsupport.MetricValue(t, reg, "kvgate_kv_event_streams", nil); g != 0 {
 		t.Fatalf("streams gauge after delete = %v", g)
 	}
-	if g := gaugeValue(t, reg, "kvgate_kv_event_stream_stops_total", "", ""); g != 4 {
+	if g := testsupport.MetricValue(t, reg, "kvgate_kv_event_stream_stops_total", nil); g != 4 {
 		t.Fatalf("stream stops = %v, want 4", g)
 	}
 }
@@ -209,7 +211,7 @@ func TestManagerIgnoresUpdatesThatChangeNothingItFollows(t *testing.T) {
 	pod := makePod(podSpec{name: "vllm-0", ports: ports})
 	m.OnPodAdd(pod)
 	s0 := StreamID{PodKey: "default/vllm-0", Model: "llama"}
-	eventually(t, "pod followed", func() bool { return idx.holdsExactly(s0, 1, 0, 2) })
+	testsupport.Eventually(t, "pod followed", func() bool { return idx.holdsExactly(s0, 1, 0, 2) })
 	for i := range 20 {
 		next := pod.DeepCopy()
 		next.ResourceVersion = time.Now().String()
@@ -217,22 +219,22 @@ func TestManagerIgnoresUpdatesThatChangeNothingItFollows(t *testing.T) {
 		m.OnPodUpdate(pod, next)
 		pod = next
 	}
-	eventually(t, "updates reconciled", func() bool {
-		return gaugeValue(t, reg, "kvgate_kv_event_reconciles_total", "result", "ok") >= 2
+	testsupport.Eventually(t, "updates reconciled", func() bool {
+		return testsupport.MetricValue(t, reg, "kvgate_kv_event_reconciles_total", map[string]string{"result": "ok"}) >= 2
 	})
 	m.OnPodUpdate(pod, pod)
 	publish(t, pub, 1, 2, 3)
-	eventually(t, "stream kept", func() bool { return idx.holdsExactly(s0, 1, 0, 3) })
+	testsupport.Eventually(t, "stream kept", func() bool { return idx.holdsExactly(s0, 1, 0, 3) })
 	if n := idx.purgeCount("default/vllm-0"); n != 0 {
 		t.Fatalf("unchanged pod purged %d times", n)
 	}
-	if g := gaugeValue(t, reg, "kvgate_kv_event_stream_starts_total", "", ""); g != 1 {
+	if g := testsupport.MetricValue(t, reg, "kvgate_kv_event_stream_starts_total", nil); g != 1 {
 		t.Fatalf("stream starts = %v, want 1", g)
 	}
 }
 
 func TestManagerFollowsEveryDataParallelRank(t *testing.T) {
-	p := freePorts(t, 4)
+	p := testsupport.ConsecutivePorts(t, 4)
 	ports := testPorts{pub: p[0], router: p[2]}
 	for rank := range 2 {
 		pub := newPodPublisher(t, "127.0.0.1", ports, func(c *PublisherConfig) { c.DataParallelRank = rank })
@@ -243,7 +245,7 @@ func TestManagerFollowsEveryDataParallelRank(t *testing.T) {
 	m.OnPodAdd(makePod(podSpec{name: "dp", ports: ports, dpSize: 2}))
 	for rank := range 2 {
 		s := StreamID{PodKey: "default/dp", DPRank: rank, Model: "llama"}
-		eventually(t, "rank's batches", func() bool { return idx.holdsExactly(s, 10+rank, 0, 3+rank) })
+		testsupport.Eventually(t, "rank's batches", func() bool { return idx.holdsExactly(s, 10+rank, 0, 3+rank) })
 	}
 	if st := podState(m, "default/dp"); len(st.Streams) != 2 || st.Streams[1].Stats.DPRank != 1 {
 		t.Fatalf("snapshot: %+v", st)
@@ -258,12 +260,12 @@ func TestManagerResetsTheIndexWhenThePublisherRestarts(t *testing.T) {
 	m, _ := newTestManager(t, idx, nil)
 	m.OnPodAdd(makePod(podSpec{name: "vllm-0", ports: ports}))
 	s0 := StreamID{PodKey: "default/vllm-0", Model: "llama"}
-	eventually(t, "first publisher's batches", func() bool { return idx.holdsExactly(s0, 1, 0, 4) })
+	testsupport.Eventually(t, "first publisher's batches", func() bool { return idx.holdsExactly(s0, 1, 0, 4) })
 
 	pub.Close()
 	restarted := newPodPublisher(t, "127.0.0.1", ports, nil)
 	publish(t, restarted, 2, 0, 2)
-	eventually(t, "only the restarted publisher's batches", func() bool { return idx.holdsExactly(s0, 2, 0, 2) })
+	testsupport.Eventually(t, "only the restarted publisher's batches", func() bool { return idx.holdsExactly(s0, 2, 0, 2) })
 	if idx.purgeCount("default/vllm-0") != 0 {
 		t.Fatal("a publisher restart purged the pod instead of resetting its stream")
 	}
@@ -273,12 +275,12 @@ func TestManagerReportsInvalidConfigWithoutFollowing(t *testing.T) {
 	idx := newMemIndex()
 	m, reg := newTestManager(t, idx, nil)
 	m.OnPodAdd(makePod(podSpec{name: "bad", ports: testPorts{5557, 5558}, dpSize: 2}))
-	eventually(t, "pod reconciled", func() bool { return podState(m, "default/bad").State != "" })
+	testsupport.Eventually(t, "pod reconciled", func() bool { return podState(m, "default/bad").State != "" })
 	st := podState(m, "default/bad")
 	if st.State != PodStateIneligible || st.Reason != ReasonInvalidConfig || !strings.Contains(st.Error, "overlap") {
 		t.Fatalf("snapshot: %+v", st)
 	}
-	if g := gaugeValue(t, reg, "kvgate_kv_event_ineligible_pods", "reason", string(ReasonInvalidConfig)); g != 1 {
+	if g := testsupport.MetricValue(t, reg, "kvgate_kv_event_ineligible_pods", map[string]string{"reason": string(ReasonInvalidConfig)}); g != 1 {
 		t.Fatalf("invalid_config gauge = %v", g)
 	}
 }
@@ -296,7 +298,7 @@ func TestManagerStopPurgesEveryFollowedPod(t *testing.T) {
 	if err := m.Start(); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "pods followed", func() bool {
+	testsupport.Eventually(t, "pods followed", func() bool {
 		n := 0
 		for _, st := range m.Snapshot() {
 			if st.State == PodStateFollowed {

@@ -8,13 +8,15 @@ import (
 	"time"
 
 	zmq "github.com/pebbe/zmq4"
+
+	"github.com/kvgate/kvgate/internal/testsupport"
 )
 
 func TestPublisherSendsVLLMFramesAndStampsItsRank(t *testing.T) {
 	t.Parallel()
 	// The subscriber binds and the publisher connects: vLLM's heuristic
 	// for an endpoint without '*' or "::".
-	ports := freePorts(t, 3)
+	ports := testsupport.ConsecutivePorts(t, 3)
 	sub := rawSocket(t, zmq.SUB)
 	sub.SetSubscribe("kv")
 	rank2 := fmt.Sprintf("tcp://127.0.0.1:%d", ports[2])
@@ -37,7 +39,7 @@ func TestPublisherSendsVLLMFramesAndStampsItsRank(t *testing.T) {
 	// Publish until the subscription has reached the publisher.
 	var first [][]byte
 	sub.SetRcvtimeo(20 * time.Millisecond)
-	eventually(t, "a first message", func() bool {
+	testsupport.Eventually(t, "a first message", func() bool {
 		if err := pub.Publish(testBatch(1, 0)); err != nil {
 			t.Fatal(err)
 		}
@@ -45,7 +47,7 @@ func TestPublisherSendsVLLMFramesAndStampsItsRank(t *testing.T) {
 		first = msg
 		return err == nil
 	})
-	sub.SetRcvtimeo(waitTimeout)
+	sub.SetRcvtimeo(testsupport.WaitTimeout)
 	explicit := testBatch(1, 1)
 	explicit.DataParallelRank = 7
 	if err := pub.Publish(explicit); err != nil {

@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kvgate/kvgate/internal/testsupport"
 )
 
 // testTimeout bounds what a test waits for: far beyond what a loaded
@@ -22,19 +24,10 @@ const testTimeout = 2 * time.Minute
 var binDir string
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "kvgate-localfleet-bin-")
-	if err == nil {
+	os.Exit(testsupport.RunInTempDir(m, "kvgate-localfleet-bin-", func(dir string) error {
 		binDir = dir
-		err = Build(dir)
-	}
-	code := 1
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-	} else {
-		code = m.Run()
-	}
-	os.RemoveAll(dir)
-	os.Exit(code)
+		return Build(dir)
+	}))
 }
 
 // startFleet starts a small fleet with cfg's other fields, closed when the

@@ -5,11 +5,13 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/kvgate/kvgate/internal/testsupport"
 )
 
 // newTestBook returns in-flight accounting on clock with a 1-minute TTL,
 // counting expiries.
-func newTestBook(clock *manualClock) (*inflight, *int) {
+func newTestBook(clock *testsupport.Clock) (*inflight, *int) {
 	expired := 0
 	return &inflight{now: clock.Now, ttl: time.Minute, onExpire: func(n int) { expired += n }}, &expired
 }
@@ -21,13 +23,13 @@ func TestInFlightQueueDrainsAtThePredictedSpeed(t *testing.T) {
 	if q := in.queue("a", clock.Now(), time.Time{}, 0); q != (podQueue{prefills: 1, tokens: 1000, seconds: 0.1}) {
 		t.Fatalf("after one start: %+v, want 1 prefill, 1000 tokens, 0.1 s", q)
 	}
-	clock.advance(40 * time.Millisecond)
+	clock.Advance(40 * time.Millisecond)
 	// The second prefill queues behind what is left of the first.
 	in.start("a", 500, 0.05, 0)
 	if q := in.queue("a", clock.Now(), time.Time{}, 0); q.prefills != 2 || q.tokens != 1500 || !near(q.seconds, 0.11) {
 		t.Fatalf("after a second start 40 ms later: %+v, want 2 prefills, 1500 tokens, 0.11 s", q)
 	}
-	clock.advance(200 * time.Millisecond)
+	clock.Advance(200 * time.Millisecond)
 	if q := in.queue("a", clock.Now(), time.Time{}, 0); q.prefills != 2 || q.seconds != 0 {
 		t.Fatalf("once predicted done: %+v, want both still counted with no work left", q)
 	}
@@ -61,7 +63,7 @@ func TestEndingAPrefillEndsEarlierOnesAndRepredictsTheRest(t *testing.T) {
 			for range 3 {
 				ps = append(ps, in.start("a", 100, 0.1, 0))
 			}
-			clock.advance(tt.after)
+			clock.Advance(tt.after)
 			if tt.firstToken {
 				ps[1].FirstToken()
 			} else {
@@ -106,9 +108,9 @@ func TestPrefillsWithoutCompletionExpire(t *testing.T) {
 	in, expired := newTestBook(clock)
 	in.start("a", 100, 0.01, 0)
 	in.start("b", 100, 0.01, 0)
-	clock.advance(30 * time.Second)
+	clock.Advance(30 * time.Second)
 	in.start("a", 100, 0.01, 0)
-	clock.advance(31 * time.Second)
+	clock.Advance(31 * time.Second)
 
 	// Reading pod a drops its first prefill, 61 s old.
 	if q := in.queue("a", clock.Now(), time.Time{}, 0); q.prefills != 1 || *expired != 1 {
@@ -180,10 +182,10 @@ func TestQueueCountsTheScrapedWaitingRequestsThatEndedSince(t *testing.T) {
 			at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
 			var ps []*Prefill
 			for _, ms := range []int{0, 10, 30} {
-				clock.advance(at(ms).Sub(clock.Now()))
+				clock.Advance(at(ms).Sub(clock.Now()))
 				ps = append(ps, in.start("a", 100, 0.001, 0))
 			}
-			clock.advance(at(40).Sub(clock.Now()))
+			clock.Advance(at(40).Sub(clock.Now()))
 			if tt.ended > 0 {
 				ps[tt.ended-1].FirstToken() // and so the ones before
 			}
@@ -224,21 +226,21 @@ func TestStartPrefillFeedsTheGaugesAndThePredictionRatio(t *testing.T) {
 	r, reg := newTestRouter(t, uniformFleet(2), nil, func(c *Config) { c.Now = clock.Now })
 	d := route(t, r, request("r", KVAware, prompt(0, 1000)), testPods(2))
 	p := r.StartPrefill(d)
-	if g := metricValue(t, reg, "kvgate_routing_inflight_prefill_tokens", nil); g != 1000 {
+	if g := testsupport.MetricValue(t, reg, "kvgate_routing_inflight_prefill_tokens", nil); g != 1000 {
 		t.Fatalf("inflight_prefill_tokens %v, want 1000", g)
 	}
 	// Predicted 0.1 s prefill + 0.02 s step; the first token takes 0.24 s.
-	clock.advance(240 * time.Millisecond)
+	clock.Advance(240 * time.Millisecond)
 	p.FirstToken()
-	if n := metricValue(t, reg, "kvgate_routing_ttft_prediction_ratio", nil); n != 1 {
+	if n := testsupport.MetricValue(t, reg, "kvgate_routing_ttft_prediction_ratio", nil); n != 1 {
 		t.Fatalf("prediction ratio observed %v times, want 1", n)
 	}
-	if g := metricValue(t, reg, "kvgate_routing_inflight_prefills", nil); g != 0 {
+	if g := testsupport.MetricValue(t, reg, "kvgate_routing_inflight_prefills", nil); g != 0 {
 		t.Fatalf("inflight_prefills %v after the first token, want 0", g)
 	}
 	// A prefill ended by Done is not compared with its prediction.
 	r.StartPrefill(route(t, r, request("r", KVAware, prompt(0, 1000)), testPods(2))).Done()
-	if n := metricValue(t, reg, "kvgate_routing_ttft_prediction_ratio", nil); n != 1 {
+	if n := testsupport.MetricValue(t, reg, "kvgate_routing_ttft_prediction_ratio", nil); n != 1 {
 		t.Fatalf("prediction ratio observed %v times after a Done, want still 1", n)
 	}
 	if r.StartPrefill(&Decision{}) != nil {

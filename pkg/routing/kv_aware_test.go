@@ -74,9 +74,9 @@ func TestKVAwareDoesNotCountItsOwnEndedRequestsAsWaiting(t *testing.T) {
 		t.Fatalf("the cold prompt went to %s, want the idle p1", d.PodKey)
 	}
 	first := r.StartPrefill(d)
-	clock.advance(5 * time.Millisecond)
+	clock.Advance(5 * time.Millisecond)
 	m.set("p1", cache.NumRequestsWaiting, 1).set("p0", cache.RealtimeNumRequestsRunning, 0).scraped(clock.Now())
-	clock.advance(15 * time.Millisecond)
+	clock.Advance(15 * time.Millisecond)
 	holds(t, idx, "p1", p, kvevent.MediumGPU)
 	first.Done()
 
@@ -88,7 +88,7 @@ func TestKVAwareDoesNotCountItsOwnEndedRequestsAsWaiting(t *testing.T) {
 
 	// A request waiting at a later scrape is not one this gateway saw end:
 	// it counts.
-	clock.advance(5 * time.Millisecond)
+	clock.Advance(5 * time.Millisecond)
 	m.scraped(clock.Now())
 	d = route(t, r, request("r3", KVAware, p), pods)
 	if c := candidate(t, d, "p1"); c.WaitingEnded != 0 || !near(c.QueueSeconds, 2048.0/10000) {
@@ -124,7 +124,7 @@ func TestKVAwareWeighsInFlightPrefillsUntilTheirFirstToken(t *testing.T) {
 	}
 
 	// The queue drains with time...
-	clock.advance(100 * time.Millisecond)
+	clock.Advance(100 * time.Millisecond)
 	if c := candidate(t, route(t, r, request("r", KVAware, p), pods), "p2"); !near(c.QueueSeconds, 4*0.0464-0.1) || c.InFlightPrefills != 4 {
 		t.Fatalf("100 ms later p2's queue is %+v, want 0.0856 s left of 4 prefills", c)
 	}

@@ -10,6 +10,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 
+	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/cache"
 	"github.com/kvgate/kvgate/pkg/indexer"
 	"github.com/kvgate/kvgate/pkg/kvevent"
@@ -71,7 +72,7 @@ func TestRouteFailsWithoutPodsOrForAnUnknownAlgorithm(t *testing.T) {
 	if err := r.Route(request("r", "bogus", nil), testPods(2), &d); !errors.Is(err, ErrUnknownAlgorithm) {
 		t.Fatalf("Route with an unknown algorithm = %v, want ErrUnknownAlgorithm", err)
 	}
-	if n := metricValue(t, reg, "kvgate_routing_decisions_total", nil); n != 0 {
+	if n := testsupport.MetricValue(t, reg, "kvgate_routing_decisions_total", nil); n != 0 {
 		t.Fatalf("failed routes counted %v decisions", n)
 	}
 }
@@ -92,11 +93,11 @@ func TestRouteRecordsTheTargetAndCountsTheDecision(t *testing.T) {
 		t.Fatalf("decision blocks %d x %d tokens of %d, want %d x %d of 1000", d.PromptBlocks, d.BlockSize, d.PromptTokens, 1000/testBlockSize, testBlockSize)
 	}
 	labels := map[string]string{"algorithm": KVAware}
-	if n := metricValue(t, reg, "kvgate_routing_decisions_total", map[string]string{"algorithm": KVAware, "outcome": "prefix_hit"}); n != 1 {
+	if n := testsupport.MetricValue(t, reg, "kvgate_routing_decisions_total", map[string]string{"algorithm": KVAware, "outcome": "prefix_hit"}); n != 1 {
 		t.Fatalf("decisions_total{kv-aware,prefix_hit} = %v, want 1", n)
 	}
 	for _, h := range []string{"kvgate_routing_matched_fraction", "kvgate_routing_decision_duration_seconds"} {
-		if n := metricValue(t, reg, h, labels); n != 1 {
+		if n := testsupport.MetricValue(t, reg, h, labels); n != 1 {
 			t.Fatalf("%s observed %v times, want 1", h, n)
 		}
 	}
@@ -143,7 +144,7 @@ func TestKVAwareDecisionsRepeatWithTheSameSeed(t *testing.T) {
 		for i := range 100 {
 			d := route(t, r, request("r", KVAware, prompt(i*1000, 1000)), pods)
 			r.StartPrefill(d)
-			clock.advance(7 * time.Millisecond) // prefills overlap, so queues vary
+			clock.Advance(7 * time.Millisecond) // prefills overlap, so queues vary
 			got = append(got, d.PodKey)
 		}
 		return got
@@ -226,7 +227,7 @@ func TestRouterIsSafeForConcurrentUse(t *testing.T) {
 		}
 	})
 	wg.Wait()
-	if n := metricValue(t, reg, "kvgate_routing_decisions_total", nil); n != 6*300 {
+	if n := testsupport.MetricValue(t, reg, "kvgate_routing_decisions_total", nil); n != 6*300 {
 		t.Fatalf("%v decisions counted, want %d", n, 6*300)
 	}
 	if r.book.count.Load() != 0 {

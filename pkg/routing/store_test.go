@@ -13,6 +13,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 
+	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/cache"
 	"github.com/kvgate/kvgate/pkg/kvevent"
 )
@@ -119,27 +120,18 @@ func (f *storeFleet) pods(t testing.TB) []*v1.Pod {
 	return pods
 }
 
-// waitFor polls until ok holds for every pod, failing after 10 s.
+// waitFor waits until ok holds for every pod.
 func (f *storeFleet) waitFor(t testing.TB, ok func(pod string) (string, bool)) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		all, why := true, ""
+	testsupport.EventuallyWhy(t, "the Store to catch up with every pod", func() (string, bool) {
 		for i := range f.engines {
-			w, good := ok(fmt.Sprintf("p%d", i))
-			if !good {
-				all, why = false, fmt.Sprintf("p%d: %s", i, w)
-				break
+			pod := fmt.Sprintf("p%d", i)
+			if why, good := ok(pod); !good {
+				return pod + ": " + why, false
 			}
 		}
-		if all {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("Store did not catch up within 10 s: %s", why)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return "", true
+	})
 }
 
 // waitForMetric waits until the Store reports metric v for pod.
@@ -205,10 +197,13 @@ func TestPrefixCacheWithTheStoreCountsTheGatewaysRequests(t *testing.T) {
 
 func TestLoadAlgorithmsWithTheStore(t *testing.T) {
 	fleet := newStoreFleet(t, 3)
+	usage := []float64{0.7, 0.6, 0.2}
 	for i, e := range fleet.engines {
-		e.set(func(s *engineState) { s.kvUsage = []float64{0.7, 0.6, 0.2}[i] })
+		e.set(func(s *engineState) { s.kvUsage = usage[i] })
 	}
-	fleet.waitForMetric(t, "p2", cache.KVCacheUsagePerc, 0.2)
+	for i := range fleet.engines {
+		fleet.waitForMetric(t, fmt.Sprintf("p%d", i), cache.KVCacheUsagePerc, usage[i])
+	}
 	r, _ := newTestRouter(t, fleet.store, nil)
 	pods := fleet.pods(t)
 

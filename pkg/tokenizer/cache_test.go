@@ -7,6 +7,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/kvgate/kvgate/internal/testsupport"
 )
 
 // tokenize sends a chat body when it has messages, a completion body
@@ -109,7 +111,7 @@ func TestConcurrentIdenticalMissesShareOneCall(t *testing.T) {
 	for i := range callers {
 		wg.Go(func() { results[i], errs[i] = tokenize(t, tk, f.URL, body) })
 	}
-	eventually(t, "every caller to miss", func() bool { return count(t, tk.m.misses) == callers })
+	testsupport.Eventually(t, "every caller to miss", func() bool { return count(t, tk.m.misses) == callers })
 	close(f.block)
 	wg.Wait()
 
@@ -152,7 +154,7 @@ func TestCallerThatGivesUpDoesNotFailTheSharedCall(t *testing.T) {
 		}
 		other <- ids
 	}()
-	eventually(t, "the second caller to join", func() bool { return count(t, tk.m.misses) == 2 })
+	testsupport.Eventually(t, "the second caller to join", func() bool { return count(t, tk.m.misses) == 2 })
 
 	cancel()
 	err := <-leaderErr

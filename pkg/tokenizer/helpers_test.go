@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"slices"
 	"testing"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -69,19 +68,6 @@ func wantTokens(t testing.TB, got, want []uint32) {
 	t.Helper()
 	if !slices.Equal(got, want) {
 		t.Fatalf("tokens\n got %v\nwant %v", got, want)
-	}
-}
-
-// eventually polls cond until it holds, failing the test after a deadline
-// generous enough for a loaded machine.
-func eventually(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
 	}
 }
 

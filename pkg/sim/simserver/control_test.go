@@ -11,22 +11,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/kvevent"
 	"github.com/kvgate/kvgate/pkg/sim"
 )
-
-// eventually polls cond every few milliseconds until it holds, failing the
-// test after a generous deadline.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
 
 // openStream starts a streaming completion and returns once its first
 // token arrived, with a cancel func that hangs up.
@@ -65,7 +53,7 @@ func TestResetPrefixCacheIsRefusedUntilTheClientHangsUp(t *testing.T) {
 		t.Fatalf("reset during a request: %d %s, want 409 naming the blocks in use", status, body)
 	}
 	hangUp()
-	eventually(t, "the hung-up request to be aborted", func() bool {
+	testsupport.Eventually(t, "the hung-up request to be aborted", func() bool {
 		q := ts.queue(0)
 		return q.Running+q.Waiting == 0
 	})
@@ -123,7 +111,7 @@ func TestStoppingTheEnginesFailsOpenRequests(t *testing.T) {
 	wg.Go(func() {
 		status, body = ts.post(t, "/v1/completions", map[string]any{"prompt": "never finishes", "max_tokens": 400})
 	})
-	eventually(t, "the request to start", func() bool { return ts.queue(0).Running == 1 })
+	testsupport.Eventually(t, "the request to start", func() bool { return ts.queue(0).Running == 1 })
 	ts.runners[0].stop()
 	wg.Wait()
 	if status != http.StatusServiceUnavailable || !strings.Contains(string(body), errStopped.Error()) {
