@@ -8,7 +8,7 @@ GO        ?= go
 BIN_DIR   ?= bin
 PKGS      ?= ./...
 # How long `make fuzz` runs each fuzz target.
-FUZZTIME  ?= 15s
+FUZZTIME  ?= 10s
 # Benchmark selection and repetitions for `make bench`.
 BENCH     ?= .
 BENCHTIME ?= 1s
