@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs every Go fuzz target in the module for the given time each (default
-# 15s). `go test -fuzz` takes one target of one package at a time, so this
+# 10s, as make test uses). `go test -fuzz` takes one target of one package at a time, so this
 # lists them and runs them one by one; crashers land in testdata/fuzz as usual.
 # Minimising a new interesting input is capped, or one large seed can stall a
 # target for minutes.
@@ -10,7 +10,7 @@
 # run found no failing input and fuzzed for its whole time, so it passes with
 # a note; any other failure, and every failing input written, fails.
 set -euo pipefail
-fuzztime="${1:-15s}"
+fuzztime="${1:-10s}"
 cd "$(dirname "$0")/.."
 targets="$(grep -rH --include='*_test.go' -oE '^func Fuzz[A-Za-z0-9_]*\(f \*testing\.F\)' . || true)"
 [ -n "$targets" ] || { echo "fuzz: no fuzz targets"; exit 0; }
