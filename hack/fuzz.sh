@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every Go fuzz target in the module for the given time each (default
-# 10s, as make test uses). `go test -fuzz` takes one target of one package at a time, so this
-# lists them and runs them one by one; crashers land in testdata/fuzz as usual.
+# 10s, as make test uses). `go test -fuzz` takes one target of one package at
+# a time, so this lists them and runs them one by one; crashers land in
+# testdata/fuzz as usual.
 # Minimising a new interesting input is capped, or one large seed can stall a
 # target for minutes.
 #
