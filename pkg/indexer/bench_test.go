@@ -139,9 +139,10 @@ func BenchmarkMatchPrefixMissAtBlock0(b *testing.B) {
 // miss at block 0 that is hashing.
 func BenchmarkBlockKey(b *testing.B) {
 	toks := benchPrompt(1)[:benchBlockSize]
+	kr := newKeyer(1)
 	k := uint64(1)
 	for i := 0; i < b.N; i++ {
-		k = blockKey(k, toks, 0)
+		k = kr.block(k, toks, 0)
 	}
 	sinkKey = k
 }

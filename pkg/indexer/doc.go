@@ -74,4 +74,8 @@
 // being live, keys left with no live holder stop being counted, and their
 // slots and the ids' bits are reclaimed when the shard is next rebuilt. It
 // delays only the writers of the pod's models.
+//
+// A match keys the prompt a batch of blocks ahead of its lookups and asks the
+// CPU to prefetch the slots of the batch it has keyed, so that the memory
+// latency of one batch's lookups hides behind the hashing of the next.
 package indexer

@@ -9,12 +9,14 @@ import (
 // Keys are kvgate's own names for prefixes of token blocks. A model (and
 // adapter) gets a root key; block i of a prompt gets
 //
-//	key(i) = blockKey(key(i-1), tokens of block i, digest of block i's extra keys)
+//	key(i) = mum(key(i-1), digest of block i's tokens, its length and extra keys)
 //
 // so a key names the whole prefix that ends with its block, as an engine's
 // block hash does. Keys are 64-bit, never 0 (0 marks an empty table slot),
-// and salted by a per-table random seed, so a prompt cannot be crafted to
-// collide with another one's key.
+// and salted by a per-table random secret, so a prompt cannot be crafted to
+// collide with another one's key. A block's digest does not depend on its
+// parent: the CPU digests the blocks of a prompt in parallel, and only one
+// multiply per block chains them.
 
 // Odd mixing constants: the golden ratio and the multipliers of splitmix64.
 const (
@@ -30,11 +32,29 @@ func mum(a, b uint64) uint64 {
 	return hi ^ lo
 }
 
-// blockKey is the key of a block of toks that extends the prefix named
+// keyer keys prefixes with one table's secret: seed roots the models, and
+// every product of a block digest has a secret word in each operand, so no
+// choice of tokens zeroes one.
+type keyer struct {
+	seed uint64
+	s    [4]uint64
+}
+
+func newKeyer(seed uint64) keyer {
+	k := keyer{seed: seed}
+	x := seed
+	for i := range k.s {
+		x += mixA
+		k.s[i] = mum(x^mixB, mixC)
+	}
+	return k
+}
+
+// block is the key of a block of toks that extends the prefix named
 // parent; extra is the digest of the block's extra keys, 0 for none.
-func blockKey(parent uint64, toks []uint32, extra uint64) uint64 {
-	h := parent
+func (k *keyer) block(parent uint64, toks []uint32, extra uint64) uint64 {
 	n := len(toks)
+	h := k.s[0]
 	for len(toks) >= 8 {
 		a := uint64(toks[0]) | uint64(toks[1])<<32
 		b := uint64(toks[2]) | uint64(toks[3])<<32
@@ -42,13 +62,13 @@ func blockKey(parent uint64, toks []uint32, extra uint64) uint64 {
 		d := uint64(toks[6]) | uint64(toks[7])<<32
 		// The second product does not depend on h, so the two run in
 		// parallel: one multiply of latency per 8 tokens.
-		h = mum(a^mixA, b^h^mixB) ^ mum(c^mixC, d^mixD)
+		h = mum(a^h^k.s[1], b^k.s[2]) ^ mum(c^k.s[3], d^k.s[0])
 		toks = toks[8:]
 	}
 	for _, v := range toks {
-		h = mum(h^uint64(v)^mixC, mixB)
+		h = mum(h^uint64(v)^k.s[1], k.s[2])
 	}
-	return usable(mum(h^mixC, uint64(n)^extra^mixD))
+	return usable(mum(parent^mixC, h^extra^uint64(n)^mixD))
 }
 
 // usable maps the two hash values that mark empty slots and tombstones to
@@ -60,12 +80,12 @@ func usable(h uint64) uint64 {
 	return h
 }
 
-// rootKey is the key of the empty prefix of a model served with a LoRA
+// root is the key of the empty prefix of a model served with a LoRA
 // adapter: lora is the adapter name, "" for the base model. An adapter known
 // only by its engine id (loraID > 0, lora == "") gets a root of its own that
 // no name can produce.
-func rootKey(seed uint64, model, lora string, loraID int) uint64 {
-	h := hashString(seed^mixA, model)
+func (k *keyer) root(model, lora string, loraID int) uint64 {
+	h := hashString(k.seed^mixA, model)
 	switch {
 	case lora != "":
 		h = hashString(mum(h^mixB, 1), lora)

@@ -5,6 +5,8 @@ import (
 )
 
 func TestBlockKeysDependOnEveryInput(t *testing.T) {
+	k := newKeyer(7)
+	blockKey := k.block
 	base := blockKey(42, []uint32{1, 2, 3, 4, 5, 6, 7, 8, 9}, 0)
 	for _, tc := range []struct {
 		name string
@@ -15,6 +17,7 @@ func TestBlockKeysDependOnEveryInput(t *testing.T) {
 		{"last token", blockKey(42, []uint32{1, 2, 3, 4, 5, 6, 7, 8, 10}, 0)},
 		{"one token fewer", blockKey(42, []uint32{1, 2, 3, 4, 5, 6, 7, 8}, 0)},
 		{"extra keys", blockKey(42, []uint32{1, 2, 3, 4, 5, 6, 7, 8, 9}, 1)},
+		{"secret", func() uint64 { k := newKeyer(8); return k.block(42, []uint32{1, 2, 3, 4, 5, 6, 7, 8, 9}, 0) }()},
 	} {
 		if tc.key == base {
 			t.Errorf("changing the %s kept the key", tc.name)
@@ -39,13 +42,15 @@ func TestRootKeysSeparateModelsAndAdapters(t *testing.T) {
 		{"adapter named like the id", "llama", "3", 0},
 		{"model and adapter concatenations differ", "llamasql", "", 0},
 	} {
-		k := rootKey(99, tc.model, tc.lora, tc.id)
+		kr := newKeyer(99)
+		k := kr.root(tc.model, tc.lora, tc.id)
 		if prev, ok := seen[k]; ok && !(tc.name == "adapter id ignored when named" && prev == "adapter") {
 			t.Errorf("%s has the root of %s", tc.name, prev)
 		}
 		seen[k] = tc.name
 	}
-	if rootKey(1, "llama", "", 0) == rootKey(2, "llama", "", 0) {
+	k1, k2 := newKeyer(1), newKeyer(2)
+	if k1.root("llama", "", 0) == k2.root("llama", "", 0) {
 		t.Error("the seed does not change roots")
 	}
 }

@@ -134,7 +134,7 @@ func (m *modelTable) store(st *stream, e *kvevent.BlockStoredEvent, now uint32) 
 	}
 	medium, group := normMedium(e.Medium), normGroup(e.GroupIdx)
 	ln := m.laneOf(st, medium, group, false)
-	parent := rootKey(m.t.seed, m.name, e.LoraName, e.LoraID)
+	parent := m.t.keyer.root(m.name, e.LoraName, e.LoraID)
 	if e.HasParent {
 		k, ok := translate(st, ln, e.ParentBlockHash)
 		if !ok {
@@ -161,7 +161,7 @@ func (m *modelTable) store(st *stream, e *kvevent.BlockStoredEvent, now uint32) 
 		if e.ExtraKeys != nil {
 			extra = extraDigest(e.ExtraKeys[i], e.LoraName)
 		}
-		key := blockKey(parent, e.TokenIDs[i*bs:(i+1)*bs], extra)
+		key := m.t.keyer.block(parent, e.TokenIDs[i*bs:(i+1)*bs], extra)
 		m.addResidency(ln, h, key, now)
 		parent = key
 	}

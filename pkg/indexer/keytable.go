@@ -30,7 +30,7 @@ const (
 	minSlots = 8
 )
 
-// Keys 0 and 1 mark empty slots and tombstones; blockKey and rootKey never
+// Keys 0 and 1 mark empty slots and tombstones; keyer.block and keyer.root never
 // return them.
 const (
 	emptyKey = 0
@@ -186,16 +186,10 @@ func (t *keyTable) lookup(key uint64, now uint32, dst []uint64) bool {
 	return true
 }
 
-// prefetch loads the first slot of each key's probe sequence, so that the
-// cache misses of a run of lookups overlap instead of following each other.
-// The returned value is meaningless.
-func (t *keyTable) prefetch(keys []uint64) uint64 {
-	var sum uint64
-	for _, k := range keys {
-		a := t.shards[shardOf(k)].arr.Load()
-		sum += atomic.LoadUint64(&a.slots[slotHome(k, a.cap())].key)
-	}
-	return sum
+// homeSlot is the first slot a lookup of key reads.
+func (t *keyTable) homeSlot(key uint64) *keySlot {
+	a := t.shards[shardOf(key)].arr.Load()
+	return &a.slots[slotHome(key, a.cap())]
 }
 
 // slotRef names one slot of a shard for the writer.

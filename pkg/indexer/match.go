@@ -1,5 +1,7 @@
 package indexer
 
+import "slices"
+
 // MatchResult is the answer of MatchPrefix. MatchPrefix overwrites every
 // field; a caller that reuses one MatchResult per goroutine lets MatchPrefix
 // run without allocating once its slices have grown.
@@ -15,8 +17,9 @@ type MatchResult struct {
 	units   []matchUnit
 	masks   []uint64
 	holders []uint64
-	// sink keeps the loads of prefetching from being optimised away.
-	sink uint64
+	// seen is the holder set of the last block step checked.
+	seen   []uint64
+	walker walker
 }
 
 // PodMatch is how much of a prompt's prefix one candidate pod holds.
@@ -81,7 +84,7 @@ func (t *SyncPrefixHashTable) MatchPrefix(model, lora string, tokens []uint32, p
 	if out.collectUnits(idx, pods) {
 		now := t.tick(start)
 		m.use(now)
-		out.walk(m, t.seed, lora, tokens, now)
+		out.walk(m, &t.keyer, lora, tokens, now)
 		out.credit(bs, start.UnixNano())
 	}
 	t.metrics.matchSeconds.Observe(t.now().Sub(start).Seconds())
@@ -112,44 +115,98 @@ func (out *MatchResult) collectUnits(idx *podIndex, pods []string) bool {
 		}
 	}
 	if cap(out.holders) < w {
-		out.holders = make([]uint64, w)
+		out.holders, out.seen = make([]uint64, w), make([]uint64, w)
 	}
-	out.holders = out.holders[:w]
+	out.holders, out.seen = out.holders[:w], out.seen[:w]
 	return len(out.units) > 0
 }
 
-// walkBatch is how many blocks walk keys ahead, so that their lookups' cache
-// misses overlap. The first block is looked up alone: a miss there costs one
-// block's keying.
+// walkBatch is how many blocks a walk keys and prefetches at a time. It keys
+// one batch ahead of its lookups, so that the slots of a batch arrive while
+// the walk hashes the next one. The first block is looked up alone: a miss
+// there costs one block's keying.
 const walkBatch = 16
+
+// walker is the state of one walk: the keys of the batch being looked up and
+// of the next one, and their slots to prefetch.
+type walker struct {
+	keys   *keyTable
+	keyer  *keyer
+	tokens []uint32
+	bs     int
+	key    uint64
+	cur    [walkBatch]uint64
+	next   [walkBatch]uint64
+	slots  [walkBatch]*keySlot
+}
+
+// fill keys the blocks [from, from+len(dst)) into dst, chaining from w.key,
+// and prefetches their slots.
+func (w *walker) fill(dst []uint64, from int) {
+	bs, key := w.bs, w.key
+	for j := range dst {
+		b := from + j
+		key = w.keyer.block(key, w.tokens[b*bs:(b+1)*bs], 0)
+		dst[j] = key
+		w.slots[j] = w.keys.homeSlot(key)
+	}
+	w.key = key
+	prefetchSlots(w.slots[:len(dst)])
+}
+
+// release drops the walker's references to the prompt and the table, so that
+// a MatchResult kept between matches does not keep old slot arrays alive.
+func (w *walker) release() {
+	w.keys, w.keyer, w.tokens = nil, nil, nil
+	clear(w.slots[:])
+}
 
 // walk keys the prompt block by block and follows each unit's runs until no
 // unit is left.
-func (out *MatchResult) walk(m *modelTable, seed uint64, lora string, tokens []uint32, now uint32) {
-	bs, n := out.BlockSize, out.PromptBlocks
+func (out *MatchResult) walk(m *modelTable, k *keyer, lora string, tokens []uint32, now uint32) {
+	n := out.PromptBlocks
 	alive := len(out.units)
-	var keys [walkBatch]uint64
-	key := rootKey(seed, m.name, lora, 0)
+	w := &out.walker
+	w.keys, w.tokens, w.bs = &m.keys, tokens, out.BlockSize
+	w.keyer, w.key = k, k.root(m.name, lora, 0)
 	i := 0
-walk:
-	for batch := 1; i < n && alive > 0; batch = walkBatch {
-		b := min(batch, n-i)
-		for j := range b {
-			key = blockKey(key, tokens[(i+j)*bs:(i+j+1)*bs], 0)
-			keys[j] = key
-		}
-		out.sink += m.keys.prefetch(keys[:b])
-		for j := range b {
-			if !m.keys.lookup(keys[j], now, out.holders) {
-				break walk
-			}
-			if alive = out.step(i, alive); alive == 0 {
-				i++
-				break walk
-			}
-			i++
+	if n > 0 {
+		w.fill(w.cur[:1], 0)
+		if m.keys.lookup(w.cur[0], now, out.holders) {
+			alive = out.step(0, alive)
+			copy(out.seen, out.holders)
+			i = 1
+		} else {
+			alive = 0
 		}
 	}
+	curN := 0
+	if alive > 0 {
+		curN = min(walkBatch, n-i)
+		w.fill(w.cur[:curN], i)
+	}
+walk:
+	for curN > 0 {
+		nextN := min(walkBatch, n-i-curN)
+		w.fill(w.next[:nextN], i+curN)
+		for _, key := range w.cur[:curN] {
+			if !m.keys.lookup(key, now, out.holders) {
+				break walk
+			}
+			// Runs end only where the holder set changes: a block held
+			// as the previous one was leaves every running unit running.
+			if !slices.Equal(out.holders, out.seen) {
+				alive = out.step(i, alive)
+				copy(out.seen, out.holders)
+			}
+			i++
+			if alive == 0 {
+				break walk
+			}
+		}
+		w.cur, curN = w.next, nextN
+	}
+	w.release()
 	for u := range out.units {
 		un := &out.units[u]
 		if !un.anyDone {

@@ -35,7 +35,7 @@ type streamID struct {
 // semantics, bounds and concurrency model.
 type SyncPrefixHashTable struct {
 	cfg     Config
-	seed    uint64
+	keyer   keyer
 	epoch   time.Time
 	now     func() time.Time
 	metrics *metrics
@@ -93,7 +93,7 @@ func NewSyncPrefixHashTable(cfg Config, reg prometheus.Registerer) (*SyncPrefixH
 	}
 	t := &SyncPrefixHashTable{
 		cfg:   cfg,
-		seed:  rand.Uint64(),
+		keyer: newKeyer(rand.Uint64()),
 		now:   time.Now,
 		pods:  make(map[string]*podState),
 		epoch: time.Now(),
