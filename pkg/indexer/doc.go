@@ -69,11 +69,13 @@
 // was present throughout; growing, shrinking and dropping tombstones build
 // new arrays aside and publish them with one atomic store. Writers of one
 // model (event batches, purges, evictions) serialise on the model's mutex;
-// different models are independent. A pod purge reads each of the pod's
-// keys once, in slot order, and writes none: its lanes' holder ids stop
-// being live, keys left with no live holder stop being counted, and their
-// slots and the ids' bits are reclaimed when the shard is next rebuilt. It
-// delays only the writers of the pod's models.
+// different models are independent. A pod purge writes no slot: its lanes'
+// holder ids stop being live, keys left with no live holder stop being
+// counted, and their slots and the ids' bits are reclaimed when the shard is
+// next rebuilt. To count those keys it looks up each of the pod's keys once,
+// in slot order, or, when the pod holds a large part of the table, sweeps
+// the slots for its bits; either way its time grows with the pod's entries.
+// It delays only the writers of the pod's models.
 //
 // A match keys the prompt a batch of blocks ahead of its lookups and asks the
 // CPU to prefetch the slots of the batch it has keyed, so that the memory

@@ -61,6 +61,8 @@ type keyTable struct {
 	count atomic.Int64
 	// total counts the keys of every table of the index.
 	total *atomic.Int64
+	// sweepRatio chooses how release finds orphaned keys (see release).
+	sweepRatio int
 	// buckets is dropHolder's scratch, kept between purges.
 	buckets []int32
 	// live has the bits of the holder ids of existing lanes. A released
@@ -128,8 +130,8 @@ func (t *keyTable) held(a *keySlots, i int) bool {
 	return false
 }
 
-func (t *keyTable) init(total *atomic.Int64) {
-	t.width, t.total = 1, total
+func (t *keyTable) init(total *atomic.Int64, sweepRatio int) {
+	t.width, t.total, t.sweepRatio = 1, total, sweepRatio
 	t.stale = make(map[int]uint32)
 	for i := range t.shards {
 		t.shards[i].arr.Store(newKeySlots(minSlots, 1))
@@ -331,18 +333,65 @@ func (t *keyTable) slotOrder(keys, scratch []uint64) []uint64 {
 // released id is reused only once every shard has been rebuilt (see
 // clean). keys may hold zeros, which are skipped; scratch, with room for the
 // other keys, is overwritten.
+//
+// It finds the keys left without a live holder one of two ways, whichever
+// reads less: by looking up each of the lane's keys in slot order, or, when
+// the lane holds a large part of the table, by sweeping every slot for the
+// id's bit, which streams through memory without hashing or probing.
 func (t *keyTable) release(keys []uint64, id int, scratch []uint64) {
 	t.live[id>>6] &^= 1 << (id & 63)
 	t.stale[id] = 1<<numShards - 1
 	orphaned := 0
-	for _, k := range t.slotOrder(keys, scratch) {
-		if r, ok := t.find(k); ok && !t.held(r.a, r.i) {
-			r.sh.n--
-			r.sh.dead++
-			orphaned++
+	if t.slots() <= t.sweepRatio*len(keys) {
+		orphaned = t.sweepOrphans(id)
+	} else {
+		for _, k := range t.slotOrder(keys, scratch) {
+			if r, ok := t.find(k); ok && !t.held(r.a, r.i) {
+				r.sh.n--
+				r.sh.dead++
+				orphaned++
+			}
 		}
 	}
 	t.counted(-orphaned)
+}
+
+// defaultSweepRatio is how many slots of the table release sweeps at most
+// per slot of the lane's map, rather than looking up the lane's keys: a slot
+// swept costs about a tenth of a key looked up.
+const defaultSweepRatio = 4
+
+// slots is the number of slots of the table's shards.
+func (t *keyTable) slots() int {
+	n := 0
+	for i := range t.shards {
+		n += t.shards[i].arr.Load().cap()
+	}
+	return n
+}
+
+// sweepOrphans counts, shard by shard, the keys with holder id's bit that
+// have no live holder, which release has just made dead, and returns their
+// number. Writer only.
+func (t *keyTable) sweepOrphans(id int) int {
+	w, bit := id>>6, uint64(1)<<(id&63)
+	orphaned := 0
+	for s := range t.shards {
+		sh := &t.shards[s]
+		a := sh.arr.Load()
+		if w >= a.width() {
+			continue
+		}
+		for i := range a.slots {
+			if *a.word(w, i)&bit == 0 || a.slots[i].key <= deadKey || t.held(a, i) {
+				continue
+			}
+			sh.n--
+			sh.dead++
+			orphaned++
+		}
+	}
+	return orphaned
 }
 
 // setLive marks a holder id as belonging to a lane; the id must be clean.

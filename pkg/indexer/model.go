@@ -63,7 +63,7 @@ type rankHolders struct {
 
 func newModelTable(t *SyncPrefixHashTable, name string) *modelTable {
 	m := &modelTable{name: name, t: t, streams: make(map[*stream]struct{})}
-	m.keys.init(&t.total)
+	m.keys.init(&t.total, t.sweepRatio)
 	m.pods.Store(&podIndex{width: 1})
 	m.lastUse.Store(t.tick(t.now()))
 	return m

@@ -3,6 +3,7 @@ package indexer
 import (
 	"fmt"
 	"hash/fnv"
+	"math"
 	"math/rand/v2"
 	"testing"
 
@@ -99,17 +100,26 @@ func newRefModel(rng *rand.Rand, name string, bs, ranks int, pods ...string) *re
 
 func TestModelBasedRandomInterleavings(t *testing.T) {
 	for _, sharedSeed := range []bool{true, false} {
-		for seed := uint64(1); seed <= 6; seed++ {
-			t.Run(fmt.Sprintf("sharedEngineSeed=%v/seed=%d", sharedSeed, seed), func(t *testing.T) {
-				runModelBased(t, seed, sharedSeed, 600)
-			})
+		for _, release := range []struct {
+			name  string
+			ratio int
+		}{{"lookup", 0}, {"sweep", math.MaxInt32}} {
+			for seed := uint64(1); seed <= 6; seed++ {
+				name := fmt.Sprintf("sharedEngineSeed=%v/release=%s/seed=%d", sharedSeed, release.name, seed)
+				t.Run(name, func(t *testing.T) {
+					runModelBased(t, seed, sharedSeed, release.ratio, 600)
+				})
+			}
 		}
 	}
 }
 
-func runModelBased(t *testing.T, seed uint64, sharedSeed bool, steps int) {
+// runModelBased runs steps random steps against a reference; sweepRatio
+// makes releases look up each key (0) or sweep the tables (MaxInt32).
+func runModelBased(t *testing.T, seed uint64, sharedSeed bool, sweepRatio, steps int) {
 	rng := rand.New(rand.NewPCG(seed, 42))
 	idx, _ := newTestTable(t, Config{})
+	idx.sweepRatio = sweepRatio
 	models := []*refModel{
 		newRefModel(rng, "m1", 4, 2, "ns/p0", "ns/p1", "ns/p2"),
 		newRefModel(rng, "m2", 8, 1, "ns/p3", "ns/p4"),

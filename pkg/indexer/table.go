@@ -48,6 +48,9 @@ type SyncPrefixHashTable struct {
 	pods   map[string]*podState
 	// total counts the keys of all models.
 	total atomic.Int64
+	// sweepRatio is the key tables' choice between two ways of releasing
+	// a lane (see keyTable.release); tests force either.
+	sweepRatio int
 }
 
 // podState is what the index knows of a pod across models and ranks.
@@ -92,11 +95,12 @@ func NewSyncPrefixHashTable(cfg Config, reg prometheus.Registerer) (*SyncPrefixH
 		return nil, err
 	}
 	t := &SyncPrefixHashTable{
-		cfg:   cfg,
-		keyer: newKeyer(rand.Uint64()),
-		now:   time.Now,
-		pods:  make(map[string]*podState),
-		epoch: time.Now(),
+		cfg:        cfg,
+		keyer:      newKeyer(rand.Uint64()),
+		sweepRatio: defaultSweepRatio,
+		now:        time.Now,
+		pods:       make(map[string]*podState),
+		epoch:      time.Now(),
 	}
 	t.models.Store(&map[string]*modelTable{})
 	t.metrics = newMetrics(t)
