@@ -1,9 +1,6 @@
 #include "textflag.h"
 
-// func prefetchSlots(slots []*keySlot)
-//
-// Each slot's line and the next: a lookup probes a little over two 24-byte
-// slots on average, which stay within those two lines.
+// func prefetchSlots(slots []*keySlot), documented in prefetch.go.
 TEXT ·prefetchSlots(SB), NOSPLIT, $0-24
 	MOVD slots_base+0(FP), R0
 	MOVD slots_len+8(FP), R1
