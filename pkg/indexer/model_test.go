@@ -77,6 +77,10 @@ func newRefModel(rng *rand.Rand, name string, bs, ranks int, pods ...string) *re
 	m := &refModel{name: name, blockSize: bs, pods: pods, ranks: ranks}
 	for i := 0; i < 24; i++ {
 		nb := 2 + rng.IntN(7)
+		if rng.IntN(4) == 0 {
+			// Long enough for a match to walk several batches.
+			nb += rng.IntN(40)
+		}
 		toks := make([]uint32, 0, nb*bs)
 		img, cut := -1, 0
 		if i > 0 && rng.IntN(4) > 0 {
