@@ -284,15 +284,49 @@ func (t *keyTable) bury(r slotRef) {
 }
 
 // dropHolder takes holder id, which stays live, out of the holder sets of
-// keys, deleting the keys left without holders, in slot order (see
-// slotOrder). keys may hold zeros, which are skipped; scratch, with room for
-// the other keys, is overwritten.
+// keys, deleting the keys left without holders. Like release, it looks the
+// keys up in slot order (see slotOrder) or, when they are a large part of
+// the table, sweeps the slots for the id's bit. keys may hold zeros, which
+// are skipped; scratch, with room for the other keys, is overwritten.
 func (t *keyTable) dropHolder(keys []uint64, id int, scratch []uint64) {
+	if t.slots() <= t.sweepRatio*len(keys) {
+		t.sweep(id, true)
+		return
+	}
 	for _, k := range t.slotOrder(keys, scratch) {
 		if r, ok := t.find(k); ok {
 			t.drop(r, id)
 		}
 	}
+}
+
+// sweep visits, shard by shard, every slot of a key whose holder set has
+// id's bit. With drop, it takes the id out of the holder set (see drop);
+// without, the id was just released, and it counts the keys that have no
+// live holder left, as dead, returning their number. Writer only.
+func (t *keyTable) sweep(id int, drop bool) (orphaned int) {
+	w, bit := id>>6, uint64(1)<<(id&63)
+	for s := range t.shards {
+		sh := &t.shards[s]
+		a := sh.arr.Load()
+		if w >= a.width() {
+			continue
+		}
+		for i := range a.slots {
+			if *a.word(w, i)&bit == 0 || a.slots[i].key <= deadKey {
+				continue
+			}
+			switch {
+			case drop:
+				t.drop(slotRef{sh, a, i}, id)
+			case !t.held(a, i):
+				sh.n--
+				sh.dead++
+				orphaned++
+			}
+		}
+	}
+	return orphaned
 }
 
 // slotOrder copies the nonzero keys into scratch in the order of their slots
@@ -343,7 +377,7 @@ func (t *keyTable) release(keys []uint64, id int, scratch []uint64) {
 	t.stale[id] = 1<<numShards - 1
 	orphaned := 0
 	if t.slots() <= t.sweepRatio*len(keys) {
-		orphaned = t.sweepOrphans(id)
+		orphaned = t.sweep(id, false)
 	} else {
 		for _, k := range t.slotOrder(keys, scratch) {
 			if r, ok := t.find(k); ok && !t.held(r.a, r.i) {
@@ -368,30 +402,6 @@ func (t *keyTable) slots() int {
 		n += t.shards[i].arr.Load().cap()
 	}
 	return n
-}
-
-// sweepOrphans counts, shard by shard, the keys with holder id's bit that
-// have no live holder, which release has just made dead, and returns their
-// number. Writer only.
-func (t *keyTable) sweepOrphans(id int) int {
-	w, bit := id>>6, uint64(1)<<(id&63)
-	orphaned := 0
-	for s := range t.shards {
-		sh := &t.shards[s]
-		a := sh.arr.Load()
-		if w >= a.width() {
-			continue
-		}
-		for i := range a.slots {
-			if *a.word(w, i)&bit == 0 || a.slots[i].key <= deadKey || t.held(a, i) {
-				continue
-			}
-			sh.n--
-			sh.dead++
-			orphaned++
-		}
-	}
-	return orphaned
 }
 
 // setLive marks a holder id as belonging to a lane; the id must be clean.
