@@ -75,8 +75,8 @@
 // next rebuilt. To count those keys it looks up each of the pod's keys once,
 // in slot order, or, when the pod holds a large part of the table, sweeps
 // the slots for its bits; either way its time grows with the pod's entries.
-// AllBlocksCleared removes a stream's residencies the same two ways.
-// It delays only the writers of the pod's models.
+// It delays only the writers of the pod's models. AllBlocksCleared finds a
+// stream's residencies the same two ways.
 //
 // A match keys the prompt a batch of blocks ahead of its lookups and asks the
 // CPU to prefetch the slots of the batch it has keyed, so that the memory
