@@ -30,8 +30,8 @@ const (
 	minSlots = 8
 )
 
-// Keys 0 and 1 mark empty slots and tombstones; keyer.block and keyer.root never
-// return them.
+// Keys 0 and 1 mark empty slots and tombstones; keyer.block and keyer.root
+// never return them.
 const (
 	emptyKey = 0
 	deadKey  = 1
@@ -61,7 +61,8 @@ type keyTable struct {
 	count atomic.Int64
 	// total counts the keys of every table of the index.
 	total *atomic.Int64
-	// sweepRatio chooses how release finds orphaned keys (see release).
+	// sweepRatio chooses how release and dropHolder find a lane's keys:
+	// by looking each up, or by sweeping the slots (see release).
 	sweepRatio int
 	// buckets is dropHolder's scratch, kept between purges.
 	buckets []int32
@@ -390,9 +391,9 @@ func (t *keyTable) release(keys []uint64, id int, scratch []uint64) {
 	t.counted(-orphaned)
 }
 
-// defaultSweepRatio is how many slots of the table release sweeps at most
-// per slot of the lane's map, rather than looking up the lane's keys: a slot
-// swept costs about a tenth of a key looked up.
+// defaultSweepRatio is how many slots of the table release and dropHolder
+// sweep at most per slot of the lane's map, rather than looking up the
+// lane's keys: a slot swept costs about a tenth of a key looked up.
 const defaultSweepRatio = 4
 
 // slots is the number of slots of the table's shards.

@@ -48,8 +48,8 @@ type SyncPrefixHashTable struct {
 	pods   map[string]*podState
 	// total counts the keys of all models.
 	total atomic.Int64
-	// sweepRatio is the key tables' choice between two ways of releasing
-	// a lane (see keyTable.release); tests force either.
+	// sweepRatio is the key tables' choice between two ways of finding a
+	// lane's keys when it goes (see keyTable.release); tests force either.
 	sweepRatio int
 }
 
