@@ -1,6 +1,7 @@
 package cache
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"time"
@@ -121,36 +122,23 @@ type Config struct {
 
 // withDefaults returns c with its zero fields defaulted.
 func (c Config) withDefaults() Config {
-	def := func(d *time.Duration, v time.Duration) {
-		if *d == 0 {
-			*d = v
-		}
-	}
-	def(&c.PodMetricRefreshInterval, DefaultPodMetricRefreshInterval)
-	def(&c.PodMetricScrapeTimeout, DefaultPodMetricScrapeTimeout)
-	def(&c.AdapterRefreshInterval, DefaultAdapterRefreshInterval)
-	def(&c.RecentMetricsWindow, DefaultRecentMetricsWindow)
-	def(&c.PrefillSpeedWindow, DefaultPrefillSpeedWindow)
-	def(&c.RequestTraceInterval, RequestTraceWriteInterval)
-	def(&c.ProfileRefreshInterval, DefaultProfileRefreshInterval)
-	def(&c.SharedCountsInterval, DefaultSharedCountsInterval)
-	def(&c.SharedCountsTTL, DefaultSharedCountsTTL)
-	def(&c.RequestTTL, DefaultRequestTTL)
-	def(&c.PredictorWindow, DefaultPredictorWindow)
-	def(&c.EjectionBackoff, DefaultEjectionBackoff)
-	def(&c.MaxEjectionBackoff, DefaultMaxEjectionBackoff)
-	if c.DefaultEnginePort == 0 {
-		c.DefaultEnginePort = DefaultEnginePort
-	}
-	if c.DeploymentLabel == "" {
-		c.DeploymentLabel = DefaultDeploymentLabel
-	}
-	if c.PredictorMaxInputTokens == 0 {
-		c.PredictorMaxInputTokens = DefaultPredictorMaxTokens
-	}
-	if c.PredictorMaxOutputTokens == 0 {
-		c.PredictorMaxOutputTokens = DefaultPredictorMaxTokens
-	}
+	c.PodMetricRefreshInterval = cmp.Or(c.PodMetricRefreshInterval, DefaultPodMetricRefreshInterval)
+	c.PodMetricScrapeTimeout = cmp.Or(c.PodMetricScrapeTimeout, DefaultPodMetricScrapeTimeout)
+	c.AdapterRefreshInterval = cmp.Or(c.AdapterRefreshInterval, DefaultAdapterRefreshInterval)
+	c.RecentMetricsWindow = cmp.Or(c.RecentMetricsWindow, DefaultRecentMetricsWindow)
+	c.PrefillSpeedWindow = cmp.Or(c.PrefillSpeedWindow, DefaultPrefillSpeedWindow)
+	c.RequestTraceInterval = cmp.Or(c.RequestTraceInterval, RequestTraceWriteInterval)
+	c.ProfileRefreshInterval = cmp.Or(c.ProfileRefreshInterval, DefaultProfileRefreshInterval)
+	c.SharedCountsInterval = cmp.Or(c.SharedCountsInterval, DefaultSharedCountsInterval)
+	c.SharedCountsTTL = cmp.Or(c.SharedCountsTTL, DefaultSharedCountsTTL)
+	c.RequestTTL = cmp.Or(c.RequestTTL, DefaultRequestTTL)
+	c.PredictorWindow = cmp.Or(c.PredictorWindow, DefaultPredictorWindow)
+	c.EjectionBackoff = cmp.Or(c.EjectionBackoff, DefaultEjectionBackoff)
+	c.MaxEjectionBackoff = cmp.Or(c.MaxEjectionBackoff, DefaultMaxEjectionBackoff)
+	c.DefaultEnginePort = cmp.Or(c.DefaultEnginePort, DefaultEnginePort)
+	c.DeploymentLabel = cmp.Or(c.DeploymentLabel, DefaultDeploymentLabel)
+	c.PredictorMaxInputTokens = cmp.Or(c.PredictorMaxInputTokens, DefaultPredictorMaxTokens)
+	c.PredictorMaxOutputTokens = cmp.Or(c.PredictorMaxOutputTokens, DefaultPredictorMaxTokens)
 	if c.Logger.GetSink() == nil {
 		c.Logger = klog.Background()
 	}

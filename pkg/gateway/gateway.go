@@ -118,18 +118,10 @@ func New(cfg Config) (*Gateway, error) {
 
 // withDefaults returns c with its zero fields defaulted.
 func (c Config) withDefaults() Config {
-	if c.MaxRequestBodyBytes == 0 {
-		c.MaxRequestBodyBytes = DefaultMaxRequestBodyBytes
-	}
-	if c.ShutdownTimeout == 0 {
-		c.ShutdownTimeout = DefaultShutdownTimeout
-	}
-	if c.DialTimeout == 0 {
-		c.DialTimeout = DefaultDialTimeout
-	}
-	if c.MaxIdleConnsPerPod == 0 {
-		c.MaxIdleConnsPerPod = DefaultMaxIdleConnsPerPod
-	}
+	c.MaxRequestBodyBytes = cmp.Or(c.MaxRequestBodyBytes, DefaultMaxRequestBodyBytes)
+	c.ShutdownTimeout = cmp.Or(c.ShutdownTimeout, DefaultShutdownTimeout)
+	c.DialTimeout = cmp.Or(c.DialTimeout, DefaultDialTimeout)
+	c.MaxIdleConnsPerPod = cmp.Or(c.MaxIdleConnsPerPod, DefaultMaxIdleConnsPerPod)
 	if c.Logger.GetSink() == nil {
 		c.Logger = klog.Background()
 	}

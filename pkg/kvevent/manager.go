@@ -1,6 +1,7 @@
 package kvevent
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"sync"
@@ -131,15 +132,9 @@ func NewKVEventManager(cfg ManagerConfig) (*KVEventManager, error) {
 			return nil, fmt.Errorf("kvevent: KV event manager: %w", err)
 		}
 	}
-	if cfg.Workers == 0 {
-		cfg.Workers = DefaultManagerWorkers
-	}
-	if cfg.MaxSockets == 0 {
-		cfg.MaxSockets = DefaultMaxSockets
-	}
-	if cfg.IOThreads == 0 {
-		cfg.IOThreads = 1
-	}
+	cfg.Workers = cmp.Or(cfg.Workers, DefaultManagerWorkers)
+	cfg.MaxSockets = cmp.Or(cfg.MaxSockets, DefaultMaxSockets)
+	cfg.IOThreads = cmp.Or(cfg.IOThreads, 1)
 	if cfg.Workers < 0 || cfg.MaxSockets < 0 || cfg.IOThreads < 0 {
 		return nil, fmt.Errorf("kvevent: KV event manager: Workers %d, MaxSockets %d and IOThreads %d must not be negative",
 			cfg.Workers, cfg.MaxSockets, cfg.IOThreads)

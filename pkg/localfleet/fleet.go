@@ -12,6 +12,7 @@
 package localfleet
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -134,15 +135,9 @@ func Start(ctx context.Context, cfg Config) (*Fleet, error) {
 }
 
 func (c Config) withDefaults() Config {
-	if c.Model == "" {
-		c.Model = DefaultModel
-	}
-	if c.StartTimeout == 0 {
-		c.StartTimeout = DefaultStartTimeout
-	}
-	if c.StopTimeout == 0 {
-		c.StopTimeout = DefaultStopTimeout
-	}
+	c.Model = cmp.Or(c.Model, DefaultModel)
+	c.StartTimeout = cmp.Or(c.StartTimeout, DefaultStartTimeout)
+	c.StopTimeout = cmp.Or(c.StopTimeout, DefaultStopTimeout)
 	return c
 }
 

@@ -1,6 +1,7 @@
 package routing
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -116,13 +117,13 @@ type Config struct {
 
 // withDefaults returns c with its zero fields defaulted.
 func (c Config) withDefaults() Config {
-	orDefault(&c.DefaultAlgorithm, DefaultAlgorithm)
-	orDefault(&c.ImbalanceAbsCount, DefaultImbalanceAbsCount)
-	orDefault(&c.StdDevFactor, DefaultStdDevFactor)
-	orDefault(&c.CPUCacheWeight, DefaultCPUCacheWeight)
-	orDefault(&c.DefaultPrefillTokensPerSecond, DefaultPrefillTokensPerSecond)
-	orDefault(&c.TieTolerance, DefaultTieTolerance)
-	orDefault(&c.InFlightPrefillTTL, DefaultInFlightPrefillTTL)
+	c.DefaultAlgorithm = cmp.Or(c.DefaultAlgorithm, DefaultAlgorithm)
+	c.ImbalanceAbsCount = cmp.Or(c.ImbalanceAbsCount, DefaultImbalanceAbsCount)
+	c.StdDevFactor = cmp.Or(c.StdDevFactor, DefaultStdDevFactor)
+	c.CPUCacheWeight = cmp.Or(c.CPUCacheWeight, DefaultCPUCacheWeight)
+	c.DefaultPrefillTokensPerSecond = cmp.Or(c.DefaultPrefillTokensPerSecond, DefaultPrefillTokensPerSecond)
+	c.TieTolerance = cmp.Or(c.TieTolerance, DefaultTieTolerance)
+	c.InFlightPrefillTTL = cmp.Or(c.InFlightPrefillTTL, DefaultInFlightPrefillTTL)
 	if c.Rand == nil {
 		c.Rand = rand.NewPCG(rand.Uint64(), rand.Uint64())
 	}
@@ -133,14 +134,6 @@ func (c Config) withDefaults() Config {
 		c.Logger = klog.Background()
 	}
 	return c
-}
-
-// orDefault sets *v to def when it is the zero value.
-func orDefault[T comparable](v *T, def T) {
-	var zero T
-	if *v == zero {
-		*v = def
-	}
 }
 
 // validate checks a defaulted Config.

@@ -1,6 +1,7 @@
 package routingbench
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"slices"
@@ -91,21 +92,21 @@ type Config struct {
 }
 
 func (c Config) withDefaults() Config {
-	orDefault(&c.Engines, DefaultEngines)
+	c.Engines = cmp.Or(c.Engines, DefaultEngines)
 	if c.Engine == (sim.EngineConfig{}) {
 		c.Engine = DefaultEngine
 	}
-	orDefault(&c.Engine.BlockSize, 16)
-	orDefault(&c.Engine.NumGPUBlocks, 4096)
-	orDefault(&c.Engine.MaxModelLen, (c.Engine.NumGPUBlocks-1)*c.Engine.BlockSize)
-	orDefault(&c.ScrapeInterval, DefaultScrapeInterval)
-	orDefault(&c.MetricsWindow, DefaultMetricsWindow)
-	orDefault(&c.PrefillSpeedWindow, DefaultPrefillSpeedWindow)
-	orDefault(&c.EventDelay, DefaultEventDelay)
+	c.Engine.BlockSize = cmp.Or(c.Engine.BlockSize, 16)
+	c.Engine.NumGPUBlocks = cmp.Or(c.Engine.NumGPUBlocks, 4096)
+	c.Engine.MaxModelLen = cmp.Or(c.Engine.MaxModelLen, (c.Engine.NumGPUBlocks-1)*c.Engine.BlockSize)
+	c.ScrapeInterval = cmp.Or(c.ScrapeInterval, DefaultScrapeInterval)
+	c.MetricsWindow = cmp.Or(c.MetricsWindow, DefaultMetricsWindow)
+	c.PrefillSpeedWindow = cmp.Or(c.PrefillSpeedWindow, DefaultPrefillSpeedWindow)
+	c.EventDelay = cmp.Or(c.EventDelay, DefaultEventDelay)
 	if len(c.Policies) == 0 {
 		c.Policies = Policies()
 	}
-	orDefault(&c.Parallel, 1)
+	c.Parallel = cmp.Or(c.Parallel, 1)
 	return c
 }
 

@@ -63,16 +63,16 @@ var DefaultSharedPrefix = SharedPrefixConfig{
 
 func (c SharedPrefixConfig) withDefaults() SharedPrefixConfig {
 	d := DefaultSharedPrefix
-	orDefault(&c.Groups, d.Groups)
-	orDefault(&c.SystemPromptTokens, d.SystemPromptTokens)
-	orDefault(&c.Conversations, d.Conversations)
-	orDefault(&c.Turns, d.Turns)
-	orDefault(&c.MinUserTokens, d.MinUserTokens)
-	orDefault(&c.MaxUserTokens, d.MaxUserTokens)
-	orDefault(&c.MinAnswerTokens, d.MinAnswerTokens)
-	orDefault(&c.MaxAnswerTokens, d.MaxAnswerTokens)
-	orDefault(&c.ConversationsPerSecond, d.ConversationsPerSecond)
-	orDefault(&c.MeanTurnGap, d.MeanTurnGap)
+	c.Groups = cmp.Or(c.Groups, d.Groups)
+	c.SystemPromptTokens = cmp.Or(c.SystemPromptTokens, d.SystemPromptTokens)
+	c.Conversations = cmp.Or(c.Conversations, d.Conversations)
+	c.Turns = cmp.Or(c.Turns, d.Turns)
+	c.MinUserTokens = cmp.Or(c.MinUserTokens, d.MinUserTokens)
+	c.MaxUserTokens = cmp.Or(c.MaxUserTokens, d.MaxUserTokens)
+	c.MinAnswerTokens = cmp.Or(c.MinAnswerTokens, d.MinAnswerTokens)
+	c.MaxAnswerTokens = cmp.Or(c.MaxAnswerTokens, d.MaxAnswerTokens)
+	c.ConversationsPerSecond = cmp.Or(c.ConversationsPerSecond, d.ConversationsPerSecond)
+	c.MeanTurnGap = cmp.Or(c.MeanTurnGap, d.MeanTurnGap)
 	return c
 }
 
@@ -207,12 +207,4 @@ func GenerateSharedPrefix(cfg SharedPrefixConfig) (Workload, error) {
 // mean.
 func exponential(rng *rand.Rand, mean time.Duration) time.Duration {
 	return time.Duration(rng.ExpFloat64() * float64(mean))
-}
-
-// orDefault sets *v to def when it is the zero value.
-func orDefault[T comparable](v *T, def T) {
-	var zero T
-	if *v == zero {
-		*v = def
-	}
 }

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"slices"
@@ -44,16 +45,11 @@ type EngineConfig struct {
 
 // withDefaults returns cfg with its zero fields set to their defaults.
 func (cfg EngineConfig) withDefaults() EngineConfig {
-	def := func(v *int, d int) {
-		if *v == 0 {
-			*v = d
-		}
-	}
-	def(&cfg.BlockSize, 16)
-	def(&cfg.NumGPUBlocks, 4096)
-	def(&cfg.MaxNumSeqs, 256)
-	def(&cfg.MaxNumBatchedTokens, 8192)
-	def(&cfg.MaxModelLen, min(8192, (cfg.NumGPUBlocks-1)*cfg.BlockSize))
+	cfg.BlockSize = cmp.Or(cfg.BlockSize, 16)
+	cfg.NumGPUBlocks = cmp.Or(cfg.NumGPUBlocks, 4096)
+	cfg.MaxNumSeqs = cmp.Or(cfg.MaxNumSeqs, 256)
+	cfg.MaxNumBatchedTokens = cmp.Or(cfg.MaxNumBatchedTokens, 8192)
+	cfg.MaxModelLen = cmp.Or(cfg.MaxModelLen, min(8192, (cfg.NumGPUBlocks-1)*cfg.BlockSize))
 	return cfg
 }
 

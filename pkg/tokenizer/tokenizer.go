@@ -1,6 +1,7 @@
 package tokenizer
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -104,15 +105,9 @@ func New(cfg Config, reg prometheus.Registerer) (*Tokenizer, error) {
 }
 
 func (cfg Config) withDefaults() Config {
-	if cfg.Timeout == 0 {
-		cfg.Timeout = DefaultTimeout
-	}
-	if cfg.CacheMaxTokens == 0 {
-		cfg.CacheMaxTokens = DefaultCacheMaxTokens
-	}
-	if cfg.MaxResponseBytes == 0 {
-		cfg.MaxResponseBytes = DefaultMaxResponseBytes
-	}
+	cfg.Timeout = cmp.Or(cfg.Timeout, DefaultTimeout)
+	cfg.CacheMaxTokens = cmp.Or(cfg.CacheMaxTokens, DefaultCacheMaxTokens)
+	cfg.MaxResponseBytes = cmp.Or(cfg.MaxResponseBytes, DefaultMaxResponseBytes)
 	if cfg.Transport == nil {
 		cfg.Transport = podTransport()
 	}
