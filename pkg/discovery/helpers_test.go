@@ -82,9 +82,3 @@ func (s *recordingSink) count() int {
 	defer s.mu.Unlock()
 	return s.calls
 }
-
-func (s *recordingSink) pod(key string) *v1.Pod {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.pods[key]
-}

@@ -98,13 +98,6 @@ func (g *group) start(dir, name, bin string, args []string, env []string) (*Proc
 	return p, nil
 }
 
-// processes returns the processes started so far.
-func (g *group) processes() []*Process {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return append([]*Process(nil), g.procs...)
-}
-
 // stop sends SIGTERM to the group, waits up to grace for every process to
 // exit, then kills the group and waits for the rest. It returns when every
 // process has exited and been reaped. The group is signalled only while a
