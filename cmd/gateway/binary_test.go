@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/internal/testsupport"
+	"github.com/kvgate/kvgate/pkg/localfleet"
 )
 
 // waitTimeout is how long the tests wait for processes: far beyond what a
@@ -45,11 +46,7 @@ func binaries(t *testing.T) string {
 		if binDir, buildErr = os.MkdirTemp("", "kvgate-bin-"); buildErr != nil {
 			return
 		}
-		cmd := exec.Command("go", "build", "-o", binDir+string(filepath.Separator), ".", "../vllm-sim")
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=1")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
-		}
+		buildErr = localfleet.Build(binDir)
 	})
 	if buildErr != nil {
 		t.Fatal(buildErr)
