@@ -31,7 +31,6 @@ const (
 	codePodsUnreachable   = "pods_unreachable"
 	codeUpstreamFailed    = "upstream_failed"
 	codeTokenizerDisabled = "tokenizer_disabled"
-	codeKVSyncDisabled    = "kv_event_sync_disabled"
 )
 
 // apiError is an OpenAI-style error body: {"error": {...}}.
