@@ -84,21 +84,11 @@ func (f *staticFleet) step(t *testing.T, name string, want ...string) {
 	}
 }
 
-// twoPortPairs returns ports p and q such that p, p+1, q and q+1 are four
-// distinct free ports.
-func twoPortPairs(t *testing.T) (int, int) {
-	t.Helper()
-	p := freePortPair(t)
-	for {
-		if q := freePortPair(t); q > p+1 || q+1 < p {
-			return p, q
-		}
-	}
-}
-
 func TestStaticEndpointsFeedTheIndexThroughTheManager(t *testing.T) {
-	a, moved := freePortPair(t), freePortPair(t)
-	dpPub, dpReplay := twoPortPairs(t)
+	// Four distinct pairs of ports: a's, moved's, and the DP engine's PUB
+	// and replay ports, rank r on port+r.
+	ports := testsupport.ConsecutivePorts(t, 8, "127.0.0.1", "127.0.0.2")
+	a, moved, dpPub, dpReplay := ports[0], ports[2], ports[4], ports[6]
 	// Engine a serves adapter sql-lora besides the base model: it publishes
 	// chain 1 for the base model, then chain 5 computed with the adapter.
 	pubA := enginePublisher(t, "127.0.0.1", a)
