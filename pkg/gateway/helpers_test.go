@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -263,9 +264,19 @@ func get(t testing.TB, url string) (int, string) {
 // body.
 func post(t testing.TB, url, body string, headers map[string]string) (*http.Response, []byte) {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	resp, data, err := tryPost(url, body, headers)
 	if err != nil {
 		t.Fatal(err)
+	}
+	return resp, data
+}
+
+// tryPost is post for goroutines other than the test's, which must not
+// fail the test themselves.
+func tryPost(url, body string, headers map[string]string) (*http.Response, []byte, error) {
+	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		return nil, nil, err
 	}
 	req.Header.Set("Content-Type", "application/json")
 	for k, v := range headers {
@@ -273,14 +284,14 @@ func post(t testing.TB, url, body string, headers map[string]string) (*http.Resp
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		t.Fatalf("POST %s: %v", url, err)
+		return nil, nil, fmt.Errorf("POST %s: %w", url, err)
 	}
 	defer resp.Body.Close()
 	data, err := io.ReadAll(resp.Body)
 	if err != nil {
-		t.Fatalf("POST %s: read body: %v", url, err)
+		return nil, nil, fmt.Errorf("POST %s: read body: %w", url, err)
 	}
-	return resp, data
+	return resp, data, nil
 }
 
 func mustJSON(v any) string {

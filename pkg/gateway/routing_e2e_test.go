@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"fmt"
 	"net/http"
 	"strings"
 	"sync"
@@ -16,11 +17,23 @@ var sharedPrompt = strings.Repeat("the quick brown fox jumps over the lazy dog "
 // the pod that served it.
 func (f *testFleet) send(prompt, strategy string) string {
 	f.t.Helper()
-	resp, body := post(f.t, f.url+"/v1/completions", completion(prompt, ""), map[string]string{"routing-strategy": strategy})
-	if resp.StatusCode != http.StatusOK {
-		f.t.Fatalf("completion with %s: %d %s", strategy, resp.StatusCode, body)
+	pod, err := f.trySend(prompt, strategy)
+	if err != nil {
+		f.t.Fatal(err)
 	}
-	return resp.Header.Get(HeaderTargetPodName)
+	return pod
+}
+
+// trySend is send for goroutines other than the test's.
+func (f *testFleet) trySend(prompt, strategy string) (string, error) {
+	resp, body, err := tryPost(f.url+"/v1/completions", completion(prompt, ""), map[string]string{"routing-strategy": strategy})
+	if err != nil {
+		return "", err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("completion with %s: %d %s", strategy, resp.StatusCode, body)
+	}
+	return resp.Header.Get(HeaderTargetPodName), nil
 }
 
 func TestRequestGoesToThePodHoldingItsPrefixUntilItsBlocksAreRemoved(t *testing.T) {
@@ -100,10 +113,17 @@ func TestPrefixCacheImbalanceGuardCountsTheGatewaysRequestsInFlight(t *testing.T
 
 	// Nine requests held by b: AIBrix's guard trips when the running
 	// requests of two pods differ by more than eight.
+	type sent struct {
+		pod string
+		err error
+	}
 	var wg sync.WaitGroup
-	pods := make(chan string, 9)
+	pods := make(chan sent, 9)
 	for i := range 9 {
-		wg.Go(func() { pods <- f.send(sharedPrompt, "prefix-cache") })
+		wg.Go(func() {
+			pod, err := f.trySend(sharedPrompt, "prefix-cache")
+			pods <- sent{pod, err}
+		})
 		testsupport.EventuallyWhy(t, "b to hold the requests", func() (string, bool) {
 			n := len(b.received())
 			return "", n == i+1
@@ -116,8 +136,11 @@ func TestPrefixCacheImbalanceGuardCountsTheGatewaysRequestsInFlight(t *testing.T
 	wg.Wait()
 	close(pods)
 	for p := range pods {
-		if p != "static/b" {
-			t.Errorf("one of the first nine requests went to %q, want b", p)
+		if p.err != nil {
+			t.Fatal(p.err)
+		}
+		if p.pod != "static/b" {
+			t.Errorf("one of the first nine requests went to %q, want b", p.pod)
 		}
 	}
 	if n := f.metric(`kvgate_routing_decisions_total{algorithm="prefix-cache",outcome="imbalance_guard"}`); n != 1 {
