@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -112,7 +113,7 @@ func (o *options) validate() error {
 	}
 	check(len(o.algorithms) == 0, "-algorithms names none")
 	for _, a := range o.algorithms {
-		check(!knownAlgorithm(a), "-algorithms: unknown algorithm %q", a)
+		check(!slices.Contains(routing.Algorithms(), a), "-algorithms: unknown algorithm %q", a)
 	}
 	check(o.phase <= 0 || o.interval <= 0 || o.drain <= 0, "-duration, -interval and -drain-timeout must be positive")
 	check(o.users < 1, "-users must be at least 1")
@@ -128,14 +129,6 @@ func (o *options) validate() error {
 			need, have))
 	}
 	return errors.Join(errs...)
-}
-
-func knownAlgorithm(a string) bool {
-	switch a {
-	case routing.Random, routing.LeastRequest, routing.LeastKVCache, routing.LeastLatency, routing.PrefixCache, routing.KVAware:
-		return true
-	}
-	return false
 }
 
 // chatTemplateTokens bounds the tokens the chat template adds per message.

@@ -4,7 +4,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"time"
 
@@ -160,9 +159,7 @@ func loadRouting(e *config.Env) routing.Config {
 		ImbalanceAbsCount:             e.Int(config.PrefixCacheImbalanceAbsCount, 1),
 		StdDevFactor:                  e.Float(config.PrefixCacheStdDevFactor, 0),
 	}
-	if !slices.ContainsFunc(routing.Algorithms(), func(a string) bool {
-		return strings.EqualFold(a, strings.TrimSpace(r.DefaultAlgorithm))
-	}) {
+	if !routing.IsAlgorithm(r.DefaultAlgorithm) {
 		e.Errorf("%s=%q: want one of %s", config.RoutingAlgorithm.Name, r.DefaultAlgorithm,
 			strings.Join(routing.Algorithms(), ", "))
 	}

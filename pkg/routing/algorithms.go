@@ -40,7 +40,10 @@ func canonicalName(name string) (string, bool) {
 	return "", false
 }
 
-func isAlgorithm(name string) bool {
+// IsAlgorithm reports whether name names a routing algorithm, up to case
+// and surrounding white space, as the routing-strategy header and
+// DefaultAlgorithm may.
+func IsAlgorithm(name string) bool {
 	_, ok := canonicalName(name)
 	return ok
 }

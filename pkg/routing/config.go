@@ -142,7 +142,7 @@ func (c Config) validate() error {
 	if c.Metrics == nil {
 		errs = append(errs, errors.New("Metrics is required"))
 	}
-	if !isAlgorithm(c.DefaultAlgorithm) {
+	if !IsAlgorithm(c.DefaultAlgorithm) {
 		errs = append(errs, fmt.Errorf("DefaultAlgorithm: %w", &UnknownAlgorithmError{Name: c.DefaultAlgorithm}))
 	}
 	if c.ImbalanceAbsCount < 0 {
