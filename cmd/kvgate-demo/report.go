@@ -13,7 +13,6 @@ import (
 type runResult struct {
 	algorithm string
 	summary   summary
-	decisions []decisionCount
 }
 
 // fmtDuration formats a latency for the summary: milliseconds below a
