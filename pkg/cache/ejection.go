@@ -38,11 +38,9 @@ type Ejection struct {
 
 // podHealth is what the Store knows of whether a pod can be reached.
 type podHealth struct {
-	// until is when the ejection ends, in Unix nanoseconds; 0 when the
-	// pod was readmitted or never ejected.
+	// until is when the last ejection ends, in Unix nanoseconds; 0 when
+	// the pod was readmitted or never ejected.
 	until atomic.Int64
-	// ejections is count, readable without the lock.
-	ejections atomic.Int32
 
 	mu      sync.Mutex
 	count   int
@@ -66,14 +64,13 @@ func (h *podHealth) eject(now time.Time, reason EjectionReason, base, maxBackoff
 		return h.snapshotLocked(), false
 	}
 	h.count++
-	h.backoff = base
-	for i := 1; i < h.count && h.backoff < maxBackoff; i++ {
-		h.backoff *= 2
+	if h.count == 1 {
+		h.backoff = min(base, maxBackoff)
+	} else {
+		h.backoff = min(2*h.backoff, maxBackoff)
 	}
-	h.backoff = min(h.backoff, maxBackoff)
 	h.reason = reason
 	h.until.Store(now.Add(h.backoff).UnixNano())
-	h.ejections.Store(int32(min(h.count, 1<<30)))
 	return h.snapshotLocked(), true
 }
 
@@ -81,7 +78,7 @@ func (h *podHealth) eject(now time.Time, reason EjectionReason, base, maxBackoff
 // was ejected at now. It takes no lock for a pod not ejected since it last
 // answered.
 func (h *podHealth) reset(now time.Time) bool {
-	if h.ejections.Load() == 0 {
+	if h.until.Load() == 0 {
 		return false
 	}
 	h.mu.Lock()
@@ -89,7 +86,6 @@ func (h *podHealth) reset(now time.Time) bool {
 	was := h.ejected(now)
 	h.count, h.reason, h.backoff = 0, "", 0
 	h.until.Store(0)
-	h.ejections.Store(0)
 	return was
 }
 
