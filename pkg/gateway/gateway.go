@@ -220,13 +220,5 @@ func (g *Gateway) shutdown(servers []*http.Server, store *cache.Store, stopIndex
 		store.Close()
 	}
 	stopIndex()
-	if g.tokenizer != nil {
-		g.tokenizer.Close()
-	}
-	g.transport.CloseIdleConnections()
-	if g.redis != nil {
-		if err := g.redis.Close(); err != nil {
-			g.log.Error(err, "Closing the Redis client failed")
-		}
-	}
+	g.release()
 }

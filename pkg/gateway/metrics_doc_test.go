@@ -100,7 +100,7 @@ func bindGatewayRegistry(t *testing.T, file string) *prometheus.Registry {
 	if err != nil {
 		t.Fatalf("New in bind mode: %v", err)
 	}
-	t.Cleanup(g.shutdownUnstarted)
+	t.Cleanup(g.release)
 	return g.registry
 }
 

@@ -62,7 +62,7 @@ func kubernetesConfig(kubeconfig string) (*rest.Config, error) {
 func (g *Gateway) Run(ctx context.Context) error {
 	ln, err := net.Listen("tcp", g.cfg.ListenAddress)
 	if err != nil {
-		g.shutdownUnstarted()
+		g.release()
 		return fmt.Errorf("gateway: listen on %s: %w", g.cfg.ListenAddress, err)
 	}
 	return g.Serve(ctx, ln)
@@ -88,7 +88,7 @@ func (g *Gateway) Serve(ctx context.Context, ln net.Listener) error {
 	servers, served, err := g.startServers(ln)
 	if err != nil {
 		_ = ln.Close()
-		g.shutdownUnstarted()
+		g.release()
 		return err
 	}
 	g.logRedisFeatures()
@@ -210,13 +210,18 @@ func (g *Gateway) logRedisFeatures() {
 	}
 }
 
-// shutdownUnstarted releases what New created when Serve never runs.
-func (g *Gateway) shutdownUnstarted() {
+// release closes the clients New created: the tokenizer, the idle
+// connections to pods and Redis. shutdown calls it last; Run and Serve call
+// it alone when they fail before serving.
+func (g *Gateway) release() {
 	if g.tokenizer != nil {
 		g.tokenizer.Close()
 	}
+	g.transport.CloseIdleConnections()
 	if g.redis != nil {
-		_ = g.redis.Close()
+		if err := g.redis.Close(); err != nil {
+			g.log.Error(err, "Closing the Redis client failed")
+		}
 	}
 }
 
