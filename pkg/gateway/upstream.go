@@ -42,30 +42,22 @@ var hopHeaders = []string{
 // are shared, not copied: neither header may modify them afterwards (Set
 // and Del replace a slice, which is fine).
 func copyHeader(dst, src http.Header) {
-	for k, vs := range src {
-		if isHopHeader(k, src) {
-			continue
-		}
-		dst[k] = vs
-	}
-}
-
-// isHopHeader reports whether header k of h is hop-by-hop: a standard one,
-// or one its Connection header names.
-func isHopHeader(k string, h http.Header) bool {
-	for _, hop := range hopHeaders {
-		if k == hop {
-			return true
-		}
-	}
-	for _, c := range h["Connection"] {
+	// The headers src's Connection header names are hop-by-hop too; their
+	// names are canonicalised once here, not once per header of src.
+	var buf [4]string
+	named := buf[:0]
+	for _, c := range src["Connection"] {
 		for name := range strings.SplitSeq(c, ",") {
-			if http.CanonicalHeaderKey(strings.TrimSpace(name)) == k {
-				return true
+			if name = strings.TrimSpace(name); name != "" {
+				named = append(named, http.CanonicalHeaderKey(name))
 			}
 		}
 	}
-	return false
+	for k, vs := range src {
+		if !slices.Contains(hopHeaders, k) && !slices.Contains(named, k) {
+			dst[k] = vs
+		}
+	}
 }
 
 // headerRequestID is the header carrying a request's id to the engine
