@@ -19,7 +19,8 @@ import (
 // changed, and that it leaves no temporary overlay behind.
 func TestKustomizeBuildScriptSetsTheImage(t *testing.T) {
 	const image = "registry.example.com:5000/team/kvgate:v1.2.3"
-	for _, dir := range []string{"default", "namespaced", "samples/simulator", "samples/vllm"} {
+	for _, in := range installs {
+		dir := in.dir
 		t.Run(dir, func(t *testing.T) {
 			// The first run builds kustomize, minutes on a loaded machine.
 			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Minute)
