@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/kvgate/kvgate/internal/testsupport"
 )
 
 // startTimeout bounds how long a server may take to answer PING; generous
@@ -61,10 +63,7 @@ func (s *Server) NewClient(t testing.TB) *redis.Client {
 }
 
 func start(t testing.TB, bin string) (*Server, error) {
-	port, err := freePort()
-	if err != nil {
-		return nil, err
-	}
+	port := testsupport.FreePorts(t, 1)[0]
 	cmd := exec.Command(bin,
 		"--port", strconv.Itoa(port),
 		"--bind", "127.0.0.1",
@@ -120,13 +119,4 @@ func waitReady(addr string, exited <-chan struct{}, waitErr *error) error {
 		case <-tick.C:
 		}
 	}
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("pick a free port: %w", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
