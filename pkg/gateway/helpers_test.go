@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -234,9 +236,12 @@ func (f *testFleet) waitMatched(tokens []uint32, pod string, blocks int) {
 }
 
 // metric returns the value of the sample of /metrics whose line starts with
-// prefix (a metric name with its labels), 0 when there is none.
+// prefix (a metric name with its labels), 0 when there is none. It fails
+// the test when the gateway registers no such family, or the family has
+// none of the labels named, so that a mistyped prefix cannot pass for 0.
 func (f *testFleet) metric(prefix string) float64 {
 	f.t.Helper()
+	f.checkSeries(prefix)
 	_, body := get(f.t, f.adminURL+"/metrics")
 	for _, line := range strings.Split(body, "\n") {
 		if rest, ok := strings.CutPrefix(line, prefix+" "); ok {
@@ -247,6 +252,32 @@ func (f *testFleet) metric(prefix string) float64 {
 		}
 	}
 	return 0
+}
+
+// sampleLabel finds the label names of a sample prefix.
+var sampleLabel = regexp.MustCompile(`([a-zA-Z_][a-zA-Z0-9_]*)="`)
+
+// checkSeries fails the test unless prefix names a family the gateway
+// registers (a histogram's by its _sum, _count or _bucket series) and
+// labels that family has.
+func (f *testFleet) checkSeries(prefix string) {
+	f.t.Helper()
+	name, labels, _ := strings.Cut(prefix, "{")
+	families := describeFamilies(f.t, f.gw.registry)
+	fam, ok := families[name]
+	for _, suffix := range []string{"_sum", "_count", "_bucket"} {
+		if !ok {
+			fam, ok = families[strings.TrimSuffix(name, suffix)]
+		}
+	}
+	if !ok {
+		f.t.Fatalf("the gateway registers no metric family for %s", prefix)
+	}
+	for _, m := range sampleLabel.FindAllStringSubmatch(labels, -1) {
+		if m[1] != "le" && !slices.Contains(fam.labels, m[1]) {
+			f.t.Fatalf("metric %s has no label %s (its labels: %v)", fam.name, m[1], fam.labels)
+		}
+	}
 }
 
 func get(t testing.TB, url string) (int, string) {

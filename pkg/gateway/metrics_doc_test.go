@@ -112,7 +112,7 @@ var descPattern = regexp.MustCompile(`^Desc\{fqName: ("(?:[^"\\]|\\.)*"), help: 
 // describeFamilies returns every metric family reg describes, except the
 // standard Go and process families, with its help and variable labels.
 // Describe covers families that have no series yet, which Gather omits.
-func describeFamilies(t *testing.T, reg *prometheus.Registry) map[string]metricFamily {
+func describeFamilies(t testing.TB, reg *prometheus.Registry) map[string]metricFamily {
 	t.Helper()
 	ch := make(chan *prometheus.Desc)
 	go func() {
@@ -290,7 +290,7 @@ func docFiles(t *testing.T) []string {
 	return append(files, "../../README.md")
 }
 
-func unquote(t *testing.T, s string) string {
+func unquote(t testing.TB, s string) string {
 	t.Helper()
 	out, err := strconv.Unquote(s)
 	if err != nil {
