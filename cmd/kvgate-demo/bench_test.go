@@ -10,7 +10,6 @@ import (
 	"github.com/kvgate/kvgate/pkg/localfleet"
 	"github.com/kvgate/kvgate/pkg/routing"
 	"github.com/kvgate/kvgate/pkg/routingbench"
-	"github.com/kvgate/kvgate/pkg/sim"
 )
 
 // Shape of BenchmarkGatewayUnderLoad's load.
@@ -106,7 +105,7 @@ func scrapedDecisions(ctx context.Context, b *testing.B, client *http.Client, ga
 // loadChats returns the benchmark's chats: the first turns of a
 // shared-prefix workload, as messages.
 func loadChats(b *testing.B) [][]chatMessage {
-	chats, err := routingbench.GenerateSharedPrefixChats(routingbench.SharedPrefixConfig{
+	w, err := newWorkload(routingbench.SharedPrefixConfig{
 		Groups: 8, SystemPromptTokens: loadSystemTokens, Conversations: loadPrompts, Turns: 1,
 		MinUserTokens: 50, MaxUserTokens: 150, MinAnswerTokens: loadAnswerTokens, MaxAnswerTokens: loadAnswerTokens, Seed: 1,
 	})
@@ -114,16 +113,12 @@ func loadChats(b *testing.B) [][]chatMessage {
 		b.Fatal(err)
 	}
 	var out [][]chatMessage
-	for _, c := range chats.Conversations {
-		system, err := sim.Tokenizer{}.Text(chats.Systems[c.System])
+	for c, ok := w.conversation(); ok; c, ok = w.conversation() {
+		messages, _, err := w.startDialog(c).nextTurn()
 		if err != nil {
 			b.Fatal(err)
 		}
-		user, err := sim.Tokenizer{}.Text(c.Turns[0].User)
-		if err != nil {
-			b.Fatal(err)
-		}
-		out = append(out, []chatMessage{{Role: "system", Content: system}, {Role: "user", Content: user}})
+		out = append(out, messages)
 	}
 	return out
 }
