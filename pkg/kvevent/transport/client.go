@@ -1,0 +1,367 @@
+package transport
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	zmq "github.com/pebbe/zmq4"
+	"k8s.io/klog/v2"
+
+	"github.com/kvgate/kvgate/pkg/kvevent"
+)
+
+// Errors of a ZMQClient's lifecycle.
+var (
+	ErrClientClosed     = errors.New("kvevent: ZMQ client is closed")
+	ErrClientRunning    = errors.New("kvevent: ZMQ client is already running")
+	ErrClientNotRunning = errors.New("kvevent: ZMQ client is not running")
+)
+
+// ZMQClient follows one vLLM engine's KV-event stream (one pod, one
+// data-parallel rank) and hands its batches to a handler exactly once each,
+// in seq order, recovering what the live stream missed through the engine's
+// replay ROUTER and telling the handler, through a StreamReset, whenever that
+// is impossible.
+//
+// One goroutine, started by Start, owns the client's ZeroMQ sockets and calls
+// the handler; the other methods are safe for concurrent use and reach that
+// goroutine through commands, which it picks up within
+// ZMQClientConfig.PollTimeout.
+type ZMQClient struct {
+	cfg            ZMQClientConfig
+	pubEndpoint    string
+	replayEndpoint string
+	logger         klog.Logger
+	level          atomic.Int32
+	metrics        *ZMQClientMetrics
+	handler        atomic.Pointer[handlerSet]
+	counters       clientCounters
+	conn           connState
+
+	mu     sync.Mutex // guards run, closed, ctx
+	run    *runState
+	closed bool
+	ctx    *zmq.Context
+	ownCtx bool
+
+	loop *clientLoop // used by one run goroutine at a time
+}
+
+// handlerSet is a handler with its optional extensions resolved.
+type handlerSet struct {
+	event kvevent.EventHandler
+	batch kvevent.BatchHandler
+	reset kvevent.ResetHandler
+}
+
+func newHandlerSet(h kvevent.EventHandler) *handlerSet {
+	s := &handlerSet{event: h}
+	s.batch, _ = h.(kvevent.BatchHandler)
+	s.reset, _ = h.(kvevent.ResetHandler)
+	return s
+}
+
+// runState is one run of the client's goroutine.
+type runState struct {
+	stop chan struct{}
+	done chan struct{}
+	cmds chan command
+}
+
+// command is work for the client's goroutine; its result goes to reply.
+type command struct {
+	fn    func(*clientLoop) error
+	reply chan error
+}
+
+// NewZMQClient returns a client for the stream config describes, delivering
+// to handler (see BatchHandler and ResetHandler for the optional
+// extensions). The client copies config; it does nothing until Start.
+// It fails when config is invalid (see ValidateConfig) or handler is nil.
+func NewZMQClient(config *ZMQClientConfig, handler kvevent.EventHandler) (*ZMQClient, error) {
+	if err := ValidateConfig(config); err != nil {
+		return nil, err
+	}
+	if handler == nil {
+		return nil, fmt.Errorf("kvevent: ZMQ client for %q needs a handler", config.PodKey)
+	}
+	c := &ZMQClient{cfg: *config}
+	c.pubEndpoint, c.replayEndpoint = c.cfg.endpoints()
+	c.logger = c.cfg.Logger
+	if c.logger.GetSink() == nil {
+		c.logger = klog.Background()
+	}
+	c.logger = c.logger.WithValues("pod", c.cfg.PodKey, "model", c.cfg.ModelName, "dpRank", c.cfg.DPRank)
+	level, _ := parseLogLevel(c.cfg.LogLevel)
+	c.level.Store(int32(level))
+	if c.cfg.Metrics != nil {
+		c.metrics = c.cfg.Metrics.NewZMQClientMetrics(c.cfg.PodKey, c.cfg.DPRank)
+	}
+	c.handler.Store(newHandlerSet(handler))
+	c.conn.init()
+	c.loop = newClientLoop(c)
+	return c, nil
+}
+
+// Start starts the client's goroutine, which connects to the engine and
+// keeps the stream exact until Stop or Close. It returns at once, without
+// waiting for the network; WaitForConnection waits for the engine. It fails
+// when the client is closed or already running, or its ZeroMQ context cannot
+// be created.
+func (c *ZMQClient) Start() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case c.closed:
+		return ErrClientClosed
+	case c.run != nil:
+		return ErrClientRunning
+	}
+	if c.ctx == nil {
+		if c.ctx = c.cfg.Context; c.ctx == nil {
+			ctx, err := zmq.NewContext()
+			if err != nil {
+				return fmt.Errorf("kvevent: create ZeroMQ context for %s: %w", c.cfg.PodKey, err)
+			}
+			c.ctx, c.ownCtx = ctx, true
+		}
+	}
+	rs := &runState{stop: make(chan struct{}), done: make(chan struct{}), cmds: make(chan command)}
+	c.run = rs
+	go c.loop.run(rs)
+	return nil
+}
+
+// Stop stops the client's goroutine and closes its sockets, waiting for
+// both. The stream's position is kept: a later Start resumes it, replaying
+// what was published meanwhile. Stop on a client that is not running does
+// nothing.
+func (c *ZMQClient) Stop() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.run == nil {
+		return
+	}
+	close(c.run.stop)
+	<-c.run.done
+	c.run = nil
+}
+
+// Close stops the client for good: it stops the goroutine, removes the
+// stream's metric series, and terminates the ZeroMQ context when the client
+// created it. Close is idempotent; a closed client cannot be started again.
+func (c *ZMQClient) Close() {
+	c.Stop()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return
+	}
+	c.closed = true
+	c.conn.close()
+	c.metrics.Delete()
+	if c.ownCtx {
+		if err := c.ctx.Term(); err != nil {
+			c.logger.Error(err, "Terminating the ZeroMQ context failed")
+		}
+	}
+	c.ctx = nil
+}
+
+// Connect makes sure the client runs and its sockets are set up, starting it
+// if needed. It returns once the sockets exist and are dialling, with the
+// error of creating them (a refused endpoint, a resource limit), and does not
+// wait for the engine: WaitForConnection does.
+func (c *ZMQClient) Connect() error {
+	if err := c.Start(); err != nil && !errors.Is(err, ErrClientRunning) {
+		return err
+	}
+	return c.do(func(l *clientLoop) error {
+		if l.sub != nil {
+			return nil
+		}
+		return l.open()
+	})
+}
+
+// Reconnect tears the client's sockets down and builds them again, for an
+// engine known to have moved or hung. The stream resynchronises through
+// replay once the new connection is up. It fails with ErrClientNotRunning
+// when the client is not running, or with the error of creating the sockets.
+func (c *ZMQClient) Reconnect() error {
+	return c.do(func(l *clientLoop) error {
+		l.close()
+		c.counters.reconnectAttempts.Add(1)
+		c.metrics.IncrementReconnectAttempts()
+		return l.open()
+	})
+}
+
+// ReplayFrom rewinds the stream to seq: the handler receives a StreamReset
+// with reason ResetRewind, then every batch from seq on that the engine
+// still buffers (an unrecoverable gap is reported for the ones it does not),
+// then the live stream. It is the way to rebuild a handler's state for the
+// stream (seq 0) without reconnecting. It fails when the client is not
+// running, or when seq is beyond the next batch the stream expects.
+func (c *ZMQClient) ReplayFrom(seq uint64) error {
+	return c.do(func(l *clientLoop) error {
+		if seq > l.seq.next {
+			return fmt.Errorf("kvevent: replay %s from seq %d: the stream expects seq %d next", c.cfg.PodKey, seq, l.seq.next)
+		}
+		l.seq.rewind(seq)
+		return nil
+	})
+}
+
+// WaitForConnection waits until the client is connected to the engine's
+// publisher, and fails after timeout or when the client is closed first.
+func (c *ZMQClient) WaitForConnection(timeout time.Duration) error {
+	return c.conn.wait(timeout, c.pubEndpoint)
+}
+
+// Subscribe replaces the client's handler; the next batch goes to handler.
+// It fails when handler is nil.
+func (c *ZMQClient) Subscribe(handler kvevent.EventHandler) error {
+	if handler == nil {
+		return fmt.Errorf("kvevent: subscribe %s: nil handler", c.cfg.PodKey)
+	}
+	c.handler.Store(newHandlerSet(handler))
+	return nil
+}
+
+// SetLogLevel sets the least severe kind of message the client logs:
+// "error", "info", "debug" (replays, gaps) or "trace" (every batch). It fails
+// on any other level and leaves the current one.
+func (c *ZMQClient) SetLogLevel(level string) error {
+	l, err := parseLogLevel(level)
+	if err != nil {
+		return err
+	}
+	c.level.Store(int32(l))
+	return nil
+}
+
+// Endpoints returns the PUB endpoint the client dials and the replay
+// endpoint ("" without replay).
+func (c *ZMQClient) Endpoints() (pub, replay string) { return c.pubEndpoint, c.replayEndpoint }
+
+// GetStats reports whether the client is connected and how many batches it
+// has delivered (including ones that failed to decode). Stats has more.
+func (c *ZMQClient) GetStats() (connected bool, msgsReceived uint64) {
+	return c.conn.isConnected(), c.counters.batches.Load()
+}
+
+// do runs fn on the client's goroutine and returns its error.
+func (c *ZMQClient) do(fn func(*clientLoop) error) error {
+	c.mu.Lock()
+	rs := c.run
+	c.mu.Unlock()
+	if rs == nil {
+		return ErrClientNotRunning
+	}
+	cmd := command{fn: fn, reply: make(chan error, 1)}
+	select {
+	case rs.cmds <- cmd:
+	case <-rs.done:
+		return ErrClientNotRunning
+	}
+	return <-cmd.reply
+}
+
+// logLevel orders the kinds of messages a client logs.
+type logLevel int32
+
+const (
+	levelError logLevel = iota
+	levelInfo
+	levelDebug
+	levelTrace
+)
+
+func parseLogLevel(s string) (logLevel, error) {
+	switch strings.ToLower(s) {
+	case "error":
+		return levelError, nil
+	case "", "info":
+		return levelInfo, nil
+	case "debug":
+		return levelDebug, nil
+	case "trace":
+		return levelTrace, nil
+	}
+	return levelInfo, fmt.Errorf("kvevent: unknown log level %q (want error, info, debug or trace)", s)
+}
+
+func (c *ZMQClient) logs(l logLevel) bool { return logLevel(c.level.Load()) >= l }
+
+// logInfo logs msg when the client's level is info or more verbose.
+func (c *ZMQClient) logInfo(msg string, keysAndValues ...any) {
+	if c.logs(levelInfo) {
+		c.logger.Info(msg, keysAndValues...)
+	}
+}
+
+// logDebug logs msg when the client's level is debug or more verbose.
+func (c *ZMQClient) logDebug(msg string, keysAndValues ...any) {
+	if c.logs(levelDebug) {
+		c.logger.Info(msg, keysAndValues...)
+	}
+}
+
+// connState tracks whether the SUB socket is connected and lets callers wait
+// for it.
+type connState struct {
+	mu        sync.Mutex
+	connected bool
+	up        chan struct{} // closed while connected
+	closed    chan struct{} // closed by Close
+}
+
+func (s *connState) init() {
+	s.up = make(chan struct{})
+	s.closed = make(chan struct{})
+}
+
+// set records the state and reports whether it changed.
+func (s *connState) set(connected bool) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.connected == connected {
+		return false
+	}
+	s.connected = connected
+	if connected {
+		close(s.up)
+	} else {
+		s.up = make(chan struct{})
+	}
+	return true
+}
+
+func (s *connState) isConnected() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.connected
+}
+
+func (s *connState) close() { close(s.closed) }
+
+func (s *connState) wait(timeout time.Duration, endpoint string) error {
+	s.mu.Lock()
+	up := s.up
+	s.mu.Unlock()
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-up:
+		return nil
+	case <-s.closed:
+		return ErrClientClosed
+	case <-t.C:
+		return fmt.Errorf("kvevent: not connected to %s after %v", endpoint, timeout)
+	}
+}
