@@ -7,6 +7,7 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -114,28 +115,34 @@ func BindTopic(ip, model string) string {
 }
 
 // BindReceiver follows the streams of engines that dial into its bound SUB
-// sockets, one socket per data-parallel rank. Each stream is exact in the
-// way a ZMQClient's is: the receiver replays it from the engine's replay
-// ROUTER when its engine first sends, on gaps and when it is quiet.
+// sockets, one socket per data-parallel rank. Each stream is kept exact as
+// a ZMQClient's is: the receiver replays it from the engine's replay ROUTER
+// when its engine first sends, on gaps and when it is quiet.
 //
-// One goroutine owns the bound sockets and every stream; Follow and
-// Unfollow hand streams to it and take them back. All methods are safe for
-// concurrent use.
+// One goroutine owns the bound sockets and every followed stream; Follow
+// hands new streams to it and Unfollow takes them back, both through
+// commands the goroutine picks up within BindConfig.PollTimeout. All
+// methods are safe for concurrent use.
 type BindReceiver struct {
-	cfg    BindConfig
-	logger klog.Logger
-	bound  []string // endpoints, by rank
-	ctx    *zmq.Context
-	ownCtx bool
-	cmds   chan func()
-	stop   chan struct{}
-	done   chan struct{}
+	bound []string // endpoints, by rank
+	ctx   *zmq.Context
+	cmds  chan func(*bindLoop)
+	stop  chan struct{}
+	done  chan struct{}
+}
 
-	// Owned by the goroutine.
-	subs     []*zmq.Socket           // by rank
-	byAddr   map[string]string       // ip@model -> pod key
-	streams  map[boundKey]*bindState // followed streams
-	warnedAt map[string]time.Time    // when an ignored identity was last logged
+// bindLoop is the state of a BindReceiver's goroutine, which alone holds
+// it.
+type bindLoop struct {
+	cfg      BindConfig
+	logger   klog.Logger
+	ctx      *zmq.Context
+	ownCtx   bool
+	subs     []*zmq.Socket            // by rank
+	bound    []string                 // endpoints, by rank
+	byAddr   map[string]string        // ip@model -> pod key
+	streams  map[boundKey]*boundEntry // followed streams
+	warnedAt map[string]time.Time     // when an ignored identity was last logged
 	poller   *zmq.Poller
 	dirty    bool // the set of sockets changed: rebuild poller
 	frames   [][]byte
@@ -147,14 +154,13 @@ type boundKey struct {
 	rank int
 }
 
-// bindState is one followed stream of a BindReceiver: a client that is
-// never started, whose loop state (sequencer, replay socket) the receiver
-// drives.
-type bindState struct {
-	c      *ZMQClient
+// boundEntry is one stream a bindLoop follows.
+type boundEntry struct {
+	s      *stream
+	handle *BoundStream
 	addr   string      // ip@model of its engine
 	topic  string      // identity of the engine, once it has sent
-	dealer *zmq.Socket // replay socket the poller knows
+	polled *zmq.Socket // the replay socket the poller holds
 }
 
 // NewBindReceiver binds cfg's endpoints and starts the receiver's
@@ -166,38 +172,39 @@ func NewBindReceiver(cfg BindConfig) (*BindReceiver, error) {
 	}
 	cfg.ReceiveHWM = cmp.Or(cfg.ReceiveHWM, DefaultReceiveHWM)
 	cfg.PollTimeout = cmp.Or(cfg.PollTimeout, DefaultPollTimeout)
-	r := &BindReceiver{cfg: cfg, logger: cfg.Logger, ctx: cfg.Context,
-		cmds: make(chan func()), stop: make(chan struct{}), done: make(chan struct{}),
-		byAddr: map[string]string{}, streams: map[boundKey]*bindState{}, warnedAt: map[string]time.Time{}, dirty: true}
-	if r.logger.GetSink() == nil {
-		r.logger = klog.Background()
+	l := &bindLoop{cfg: cfg, logger: cfg.Logger, ctx: cfg.Context,
+		byAddr: map[string]string{}, streams: map[boundKey]*boundEntry{}, warnedAt: map[string]time.Time{}, dirty: true}
+	if l.logger.GetSink() == nil {
+		l.logger = klog.Background()
 	}
-	if r.ctx == nil {
+	if l.ctx == nil {
 		ctx, err := zmq.NewContext()
 		if err != nil {
 			return nil, fmt.Errorf("kvevent: bind: create ZeroMQ context: %w", err)
 		}
-		r.ctx, r.ownCtx = ctx, true
+		l.ctx, l.ownCtx = ctx, true
 	}
 	for rank := range max(cfg.Ranks, 1) {
 		ep, _ := zmqwire.OffsetEndpointPort(cfg.Endpoint, rank)
-		if err := r.bind(ep); err != nil {
-			r.closeSockets()
+		if err := l.bind(ep); err != nil {
+			l.closeSockets()
 			return nil, err
 		}
 	}
-	go r.run()
+	r := &BindReceiver{bound: l.bound, ctx: l.ctx,
+		cmds: make(chan func(*bindLoop)), stop: make(chan struct{}), done: make(chan struct{})}
+	go l.run(r)
 	return r, nil
 }
 
-func (r *BindReceiver) bind(ep string) error {
-	s, err := r.ctx.NewSocket(zmq.SUB)
+func (l *bindLoop) bind(ep string) error {
+	s, err := l.ctx.NewSocket(zmq.SUB)
 	if err != nil {
 		return fmt.Errorf("kvevent: bind %s: %w", ep, err)
 	}
-	r.subs = append(r.subs, s)
-	r.bound = append(r.bound, ep)
-	err = errors.Join(s.SetLinger(0), s.SetRcvhwm(r.cfg.ReceiveHWM), s.SetSubscribe(""))
+	l.subs = append(l.subs, s)
+	l.bound = append(l.bound, ep)
+	err = errors.Join(s.SetLinger(0), s.SetRcvhwm(l.cfg.ReceiveHWM), s.SetSubscribe(""))
 	if err == nil && (zmqwire.NeedsIPv6(ep) || strings.Contains(ep, "::")) {
 		err = s.SetIpv6(true)
 	}
@@ -212,23 +219,23 @@ func (r *BindReceiver) bind(ep string) error {
 
 // closeSockets closes the bound sockets and, when the receiver created it,
 // terminates the context.
-func (r *BindReceiver) closeSockets() {
-	for _, s := range r.subs {
+func (l *bindLoop) closeSockets() {
+	for _, s := range l.subs {
 		s.Close()
 	}
-	r.subs = nil
-	if r.ownCtx {
-		if err := r.ctx.Term(); err != nil {
-			r.logger.Error(err, "Terminating the ZeroMQ context failed")
+	l.subs = nil
+	if l.ownCtx {
+		if err := l.ctx.Term(); err != nil {
+			l.logger.Error(err, "Terminating the ZeroMQ context failed")
 		}
 	}
 }
 
 // do runs fn on the goroutine and waits for it.
-func (r *BindReceiver) do(fn func()) error {
+func (r *BindReceiver) do(fn func(*bindLoop)) error {
 	ran := make(chan struct{})
 	select {
-	case r.cmds <- func() { fn(); close(ran) }:
+	case r.cmds <- func(l *bindLoop) { fn(l); close(ran) }:
 		<-ran
 		return nil
 	case <-r.done:
@@ -242,101 +249,114 @@ type BoundStreamConfig struct {
 	// address), ModelName and DPRank name the engine's messages: topic
 	// kv@<PodIP>:<any port>@<ModelName> on rank DPRank's bound socket.
 	// Replay dials ReplayEndpoint; an empty one disables replay. The
-	// receiver sets PubEndpoint to the rank's bound endpoint and Context to
-	// its own; PubPort, RouterPort and Topic are not used.
+	// receiver sets PubEndpoint to the rank's bound endpoint; PubPort,
+	// RouterPort, Topic and Context are not used.
 	Config *ZMQClientConfig
 	// Handler receives the stream's batches, as a ZMQClient's would.
 	Handler kvevent.EventHandler
 }
 
-// BoundStream is a stream a BindReceiver follows, for its statistics.
+// BoundStream is a stream a BindReceiver follows, for its statistics and
+// for Unfollow.
 type BoundStream struct {
-	key boundKey
-	c   *ZMQClient
+	key            boundKey
+	pubEndpoint    string
+	replayEndpoint string
+	obs            *observer
 }
 
 // Stats returns a snapshot of the stream's counters.
-func (s *BoundStream) Stats() ClientStats { return s.c.Stats() }
+func (s *BoundStream) Stats() ClientStats { return s.obs.stats() }
 
 // Endpoints returns the bound endpoint the stream's engine dials and the
 // replay endpoint it is replayed from ("" without replay).
-func (s *BoundStream) Endpoints() (pub, replay string) { return s.c.pubEndpoint, s.c.replayEndpoint }
+func (s *BoundStream) Endpoints() (pub, replay string) { return s.pubEndpoint, s.replayEndpoint }
 
 // Follow starts following streams, all of them or, on error, none. A
 // stream attaches to its engine on the engine's first message and replays
 // it from the start, since the engine published before it was followed.
-// Streams of one pod and rank replace each other; the latest pod to follow
-// an IP and model receives its messages. Follow fails on an invalid
-// config, a rank the receiver does not bind, or a closed receiver.
+// A stream replaces the one followed before for the same pod and rank; the
+// latest pod to follow an IP and model receives its messages. Follow fails
+// on an invalid config, a nil handler, a rank the receiver does not bind,
+// or a closed receiver.
 func (r *BindReceiver) Follow(streams ...BoundStreamConfig) ([]*BoundStream, error) {
-	out := make([]*BoundStream, 0, len(streams))
-	states := make([]*bindState, 0, len(streams))
-	closeAll := func() {
-		for _, st := range states {
-			st.c.Close()
+	handles := make([]*BoundStream, 0, len(streams))
+	entries := make([]*boundEntry, 0, len(streams))
+	fail := func(err error) ([]*BoundStream, error) {
+		for _, h := range handles {
+			h.obs.close()
 		}
-	}
-	for _, s := range streams {
-		if s.Config == nil {
-			closeAll()
-			return nil, errors.New("kvevent: follow a bound stream: nil config")
-		}
-		cfg := *s.Config
-		if cfg.DPRank < 0 || cfg.DPRank >= len(r.bound) {
-			closeAll()
-			return nil, fmt.Errorf("kvevent: follow %s rank %d: the receiver binds %d ranks", cfg.PodKey, cfg.DPRank, len(r.bound))
-		}
-		if net.ParseIP(cfg.PodIP) == nil {
-			closeAll()
-			return nil, fmt.Errorf("kvevent: follow %s rank %d: PodIP %q is not an IP address", cfg.PodKey, cfg.DPRank, cfg.PodIP)
-		}
-		cfg.PubEndpoint, cfg.Topic, cfg.Context = r.bound[cfg.DPRank], "", r.ctx
-		c, err := NewZMQClient(&cfg, s.Handler)
-		if err != nil {
-			closeAll()
-			return nil, fmt.Errorf("follow %s rank %d: %w", cfg.PodKey, cfg.DPRank, err)
-		}
-		c.ctx = r.ctx
-		key := boundKey{pod: cfg.PodKey, rank: cfg.DPRank}
-		states = append(states, &bindState{c: c, addr: addrKey(cfg.PodIP, cfg.ModelName)})
-		out = append(out, &BoundStream{key: key, c: c})
-	}
-	err := r.do(func() {
-		for i, st := range states {
-			if old := r.streams[out[i].key]; old != nil {
-				old.c.loop.close()
-			}
-			r.byAddr[st.addr] = out[i].key.pod
-			r.streams[out[i].key] = st
-		}
-		r.dirty = true
-	})
-	if err != nil {
-		closeAll()
 		return nil, err
 	}
-	return out, nil
+	for _, bs := range streams {
+		e, err := r.newEntry(bs)
+		if err != nil {
+			return fail(err)
+		}
+		entries = append(entries, e)
+		handles = append(handles, e.handle)
+	}
+	err := r.do(func(l *bindLoop) {
+		for _, e := range entries {
+			if old := l.streams[e.handle.key]; old != nil {
+				old.s.detach()
+			}
+			l.byAddr[e.addr] = e.handle.key.pod
+			l.streams[e.handle.key] = e
+		}
+		l.dirty = true
+	})
+	if err != nil {
+		return fail(err)
+	}
+	return handles, nil
+}
+
+// newEntry builds the stream bs describes, not yet followed.
+func (r *BindReceiver) newEntry(bs BoundStreamConfig) (*boundEntry, error) {
+	if bs.Config == nil {
+		return nil, errors.New("kvevent: follow a bound stream: nil config")
+	}
+	cfg := *bs.Config
+	switch {
+	case cfg.DPRank < 0 || cfg.DPRank >= len(r.bound):
+		return nil, fmt.Errorf("kvevent: follow %s rank %d: the receiver binds %d ranks", cfg.PodKey, cfg.DPRank, len(r.bound))
+	case net.ParseIP(cfg.PodIP) == nil:
+		return nil, fmt.Errorf("kvevent: follow %s rank %d: PodIP %q is not an IP address", cfg.PodKey, cfg.DPRank, cfg.PodIP)
+	case bs.Handler == nil:
+		return nil, fmt.Errorf("kvevent: follow %s rank %d: nil handler", cfg.PodKey, cfg.DPRank)
+	}
+	cfg.PubEndpoint, cfg.Topic, cfg.Context = r.bound[cfg.DPRank], "", r.ctx
+	if err := ValidateConfig(&cfg); err != nil {
+		return nil, fmt.Errorf("follow %s rank %d: %w", cfg.PodKey, cfg.DPRank, err)
+	}
+	pub, replay := cfg.endpoints()
+	obs := newObserver(&cfg, pub)
+	handler := &atomic.Pointer[handlerSet]{}
+	handler.Store(newHandlerSet(bs.Handler))
+	h := &BoundStream{key: boundKey{pod: cfg.PodKey, rank: cfg.DPRank}, pubEndpoint: pub, replayEndpoint: replay, obs: obs}
+	return &boundEntry{s: newStream(&cfg, replay, obs, handler), handle: h, addr: addrKey(cfg.PodIP, cfg.ModelName)}, nil
 }
 
 // Unfollow stops following streams and returns once none of their batches
 // can reach their handlers any more.
 func (r *BindReceiver) Unfollow(streams ...*BoundStream) {
-	r.do(func() {
-		for _, s := range streams {
-			st := r.streams[s.key]
-			if st == nil || st.c != s.c {
+	r.do(func(l *bindLoop) {
+		for _, h := range streams {
+			e := l.streams[h.key]
+			if e == nil || e.handle != h {
 				continue
 			}
-			delete(r.streams, s.key)
-			if r.byAddr[st.addr] == s.key.pod {
-				delete(r.byAddr, st.addr)
+			delete(l.streams, h.key)
+			if l.byAddr[e.addr] == h.key.pod {
+				delete(l.byAddr, e.addr)
 			}
-			st.c.loop.close()
-			r.dirty = true
+			e.s.detach()
+			l.dirty = true
 		}
 	})
-	for _, s := range streams {
-		s.c.Close()
+	for _, h := range streams {
+		h.obs.close()
 	}
 }
 
@@ -357,12 +377,12 @@ func addrKey(ip, model string) string {
 }
 
 // run is the receiver's goroutine.
-func (r *BindReceiver) run() {
+func (l *bindLoop) run(r *BindReceiver) {
 	defer close(r.done)
-	defer r.closeSockets()
+	defer l.closeSockets()
 	defer func() {
-		for _, st := range r.streams {
-			st.c.loop.close()
+		for _, e := range l.streams {
+			e.s.detach()
 		}
 	}()
 	for {
@@ -370,57 +390,57 @@ func (r *BindReceiver) run() {
 		case <-r.stop:
 			return
 		case cmd := <-r.cmds:
-			cmd()
+			cmd(l)
 			continue
 		default:
 		}
-		r.poll()
+		l.poll()
 	}
 }
 
 // poll waits for the sockets once and services what is ready, then the
 // streams' timers.
-func (r *BindReceiver) poll() {
-	if r.dirty {
-		r.rebuildPoller()
+func (l *bindLoop) poll() {
+	if l.dirty {
+		l.rebuildPoller()
 	}
-	wait := r.cfg.PollTimeout
-	for _, st := range r.streams {
-		if st.topic != "" {
-			wait = st.c.loop.timerWait(wait)
+	wait := l.cfg.PollTimeout
+	for _, e := range l.streams {
+		if e.topic != "" {
+			wait = e.s.timerWait(wait)
 		}
 	}
-	ready, err := r.poller.Poll(wait)
+	ready, err := l.poller.Poll(wait)
 	if err != nil {
 		if zmq.AsErrno(err) != zmq.Errno(syscall.EINTR) {
-			r.logger.Error(err, "Polling the bound KV event sockets failed")
-			time.Sleep(r.cfg.PollTimeout)
+			l.logger.Error(err, "Polling the bound KV event sockets failed")
+			time.Sleep(l.cfg.PollTimeout)
 		}
 		return
 	}
 	for _, p := range ready {
-		if rank := r.subRank(p.Socket); rank >= 0 {
-			r.drainLive(rank)
+		if rank := l.subRank(p.Socket); rank >= 0 {
+			l.drainLive(rank)
 			continue
 		}
-		for _, st := range r.streams {
-			if st.dealer == p.Socket && st.c.loop.dealer != nil {
-				st.c.loop.drainReplies()
-				r.track(st)
+		for _, e := range l.streams {
+			if e.polled == p.Socket {
+				e.s.drainReplies()
+				l.track(e)
 			}
 		}
 	}
 	now := time.Now()
-	for _, st := range r.streams {
-		if st.topic != "" {
-			st.c.loop.runTimers(now)
-			r.track(st)
+	for _, e := range l.streams {
+		if e.topic != "" {
+			e.s.runTimers(now)
+			l.track(e)
 		}
 	}
 }
 
-func (r *BindReceiver) subRank(s *zmq.Socket) int {
-	for rank, sub := range r.subs {
+func (l *bindLoop) subRank(s *zmq.Socket) int {
+	for rank, sub := range l.subs {
 		if sub == s {
 			return rank
 		}
@@ -429,22 +449,22 @@ func (r *BindReceiver) subRank(s *zmq.Socket) int {
 }
 
 // track notices a stream whose replay socket was replaced.
-func (r *BindReceiver) track(st *bindState) {
-	if st.c.loop.dealer != st.dealer {
-		st.dealer = st.c.loop.dealer
-		r.dirty = true
+func (l *bindLoop) track(e *boundEntry) {
+	if e.s.replaySocket() != e.polled {
+		e.polled = e.s.replaySocket()
+		l.dirty = true
 	}
 }
 
-func (r *BindReceiver) rebuildPoller() {
-	r.poller = zmq.NewPoller()
-	for _, s := range r.subs {
-		r.poller.Add(s, zmq.POLLIN)
+func (l *bindLoop) rebuildPoller() {
+	l.poller = zmq.NewPoller()
+	for _, s := range l.subs {
+		l.poller.Add(s, zmq.POLLIN)
 	}
-	for _, st := range r.streams {
-		if st.dealer != nil {
-			r.poller.Add(st.dealer, zmq.POLLIN)
+	for _, e := range l.streams {
+		if e.polled != nil {
+			l.poller.Add(e.polled, zmq.POLLIN)
 		}
 	}
-	r.dirty = false
+	l.dirty = false
 }

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	zmq "github.com/pebbe/zmq4"
-	"k8s.io/klog/v2"
 
 	"github.com/kvgate/kvgate/pkg/kvevent"
 )
@@ -27,55 +26,23 @@ var (
 // replay ROUTER and telling the handler, through a StreamReset, whenever that
 // is impossible.
 //
-// One goroutine, started by Start, owns the client's ZeroMQ sockets and calls
-// the handler; the other methods are safe for concurrent use and reach that
-// goroutine through commands, which it picks up within
-// ZMQClientConfig.PollTimeout.
+// One goroutine, started by Start, owns the client's ZeroMQ sockets and its
+// stream and calls the handler; while the client is stopped nothing runs.
+// The other methods are safe for concurrent use and reach that goroutine
+// through commands, which it picks up within ZMQClientConfig.PollTimeout.
 type ZMQClient struct {
 	cfg            ZMQClientConfig
 	pubEndpoint    string
 	replayEndpoint string
-	logger         klog.Logger
-	level          atomic.Int32
-	metrics        *ZMQClientMetrics
+	obs            *observer
 	handler        atomic.Pointer[handlerSet]
-	counters       clientCounters
-	conn           connState
 
-	mu     sync.Mutex // guards run, closed, ctx
-	run    *runState
+	mu     sync.Mutex // guards idle, run, closed, ctx
+	idle   *dialer    // the stream's driver while no goroutine runs it
+	run    *runState  // the goroutine running it
 	closed bool
 	ctx    *zmq.Context
 	ownCtx bool
-
-	loop *clientLoop // used by one run goroutine at a time
-}
-
-// handlerSet is a handler with its optional extensions resolved.
-type handlerSet struct {
-	event kvevent.EventHandler
-	batch kvevent.BatchHandler
-	reset kvevent.ResetHandler
-}
-
-func newHandlerSet(h kvevent.EventHandler) *handlerSet {
-	s := &handlerSet{event: h}
-	s.batch, _ = h.(kvevent.BatchHandler)
-	s.reset, _ = h.(kvevent.ResetHandler)
-	return s
-}
-
-// runState is one run of the client's goroutine.
-type runState struct {
-	stop chan struct{}
-	done chan struct{}
-	cmds chan command
-}
-
-// command is work for the client's goroutine; its result goes to reply.
-type command struct {
-	fn    func(*clientLoop) error
-	reply chan error
 }
 
 // NewZMQClient returns a client for the stream config describes, delivering
@@ -91,19 +58,9 @@ func NewZMQClient(config *ZMQClientConfig, handler kvevent.EventHandler) (*ZMQCl
 	}
 	c := &ZMQClient{cfg: *config}
 	c.pubEndpoint, c.replayEndpoint = c.cfg.endpoints()
-	c.logger = c.cfg.Logger
-	if c.logger.GetSink() == nil {
-		c.logger = klog.Background()
-	}
-	c.logger = c.logger.WithValues("pod", c.cfg.PodKey, "model", c.cfg.ModelName, "dpRank", c.cfg.DPRank)
-	level, _ := parseLogLevel(c.cfg.LogLevel)
-	c.level.Store(int32(level))
-	if c.cfg.Metrics != nil {
-		c.metrics = c.cfg.Metrics.NewZMQClientMetrics(c.cfg.PodKey, c.cfg.DPRank)
-	}
+	c.obs = newObserver(&c.cfg, c.pubEndpoint)
 	c.handler.Store(newHandlerSet(handler))
-	c.conn.init()
-	c.loop = newClientLoop(c)
+	c.idle = newDialer(&c.cfg, c.pubEndpoint, newStream(&c.cfg, c.replayEndpoint, c.obs, &c.handler), c.obs)
 	return c, nil
 }
 
@@ -130,9 +87,11 @@ func (c *ZMQClient) Start() error {
 			c.ctx, c.ownCtx = ctx, true
 		}
 	}
-	rs := &runState{stop: make(chan struct{}), done: make(chan struct{}), cmds: make(chan command)}
-	c.run = rs
-	go c.loop.run(rs)
+	rs := &runState{stop: make(chan struct{}), cmds: make(chan command), exited: make(chan struct{}), back: make(chan *dialer, 1)}
+	d := c.idle
+	c.run, c.idle = rs, nil
+	d.ctx = c.ctx
+	go d.run(rs)
 	return nil
 }
 
@@ -147,7 +106,7 @@ func (c *ZMQClient) Stop() {
 		return
 	}
 	close(c.run.stop)
-	<-c.run.done
+	c.idle = <-c.run.back
 	c.run = nil
 }
 
@@ -162,11 +121,10 @@ func (c *ZMQClient) Close() {
 		return
 	}
 	c.closed = true
-	c.conn.close()
-	c.metrics.Delete()
+	c.obs.close()
 	if c.ownCtx {
 		if err := c.ctx.Term(); err != nil {
-			c.logger.Error(err, "Terminating the ZeroMQ context failed")
+			c.obs.logger.Error(err, "Terminating the ZeroMQ context failed")
 		}
 	}
 	c.ctx = nil
@@ -180,11 +138,11 @@ func (c *ZMQClient) Connect() error {
 	if err := c.Start(); err != nil && !errors.Is(err, ErrClientRunning) {
 		return err
 	}
-	return c.do(func(l *clientLoop) error {
-		if l.sub != nil {
+	return c.do(func(d *dialer) error {
+		if d.sub != nil {
 			return nil
 		}
-		return l.open()
+		return d.open()
 	})
 }
 
@@ -193,12 +151,7 @@ func (c *ZMQClient) Connect() error {
 // replay once the new connection is up. It fails with ErrClientNotRunning
 // when the client is not running, or with the error of creating the sockets.
 func (c *ZMQClient) Reconnect() error {
-	return c.do(func(l *clientLoop) error {
-		l.close()
-		c.counters.reconnectAttempts.Add(1)
-		c.metrics.IncrementReconnectAttempts()
-		return l.open()
-	})
+	return c.do((*dialer).reconnect)
 }
 
 // ReplayFrom rewinds the stream to seq: the handler receives a StreamReset
@@ -208,19 +161,13 @@ func (c *ZMQClient) Reconnect() error {
 // stream (seq 0) without reconnecting. It fails when the client is not
 // running, or when seq is beyond the next batch the stream expects.
 func (c *ZMQClient) ReplayFrom(seq uint64) error {
-	return c.do(func(l *clientLoop) error {
-		if seq > l.seq.next {
-			return fmt.Errorf("kvevent: replay %s from seq %d: the stream expects seq %d next", c.cfg.PodKey, seq, l.seq.next)
-		}
-		l.seq.rewind(seq)
-		return nil
-	})
+	return c.do(func(d *dialer) error { return d.s.rewind(seq) })
 }
 
 // WaitForConnection waits until the client is connected to the engine's
 // publisher, and fails after timeout or when the client is closed first.
 func (c *ZMQClient) WaitForConnection(timeout time.Duration) error {
-	return c.conn.wait(timeout, c.pubEndpoint)
+	return c.obs.conn.wait(timeout, c.pubEndpoint)
 }
 
 // Subscribe replaces the client's handler; the next batch goes to handler.
@@ -241,7 +188,7 @@ func (c *ZMQClient) SetLogLevel(level string) error {
 	if err != nil {
 		return err
 	}
-	c.level.Store(int32(l))
+	c.obs.level.Store(int32(l))
 	return nil
 }
 
@@ -252,11 +199,11 @@ func (c *ZMQClient) Endpoints() (pub, replay string) { return c.pubEndpoint, c.r
 // GetStats reports whether the client is connected and how many batches it
 // has delivered (including ones that failed to decode). Stats has more.
 func (c *ZMQClient) GetStats() (connected bool, msgsReceived uint64) {
-	return c.conn.isConnected(), c.counters.batches.Load()
+	return c.obs.conn.isConnected(), c.obs.counters.batches.Load()
 }
 
 // do runs fn on the client's goroutine and returns its error.
-func (c *ZMQClient) do(fn func(*clientLoop) error) error {
+func (c *ZMQClient) do(fn func(*dialer) error) error {
 	c.mu.Lock()
 	rs := c.run
 	c.mu.Unlock()
@@ -266,7 +213,7 @@ func (c *ZMQClient) do(fn func(*clientLoop) error) error {
 	cmd := command{fn: fn, reply: make(chan error, 1)}
 	select {
 	case rs.cmds <- cmd:
-	case <-rs.done:
+	case <-rs.exited:
 		return ErrClientNotRunning
 	}
 	return <-cmd.reply
@@ -294,74 +241,4 @@ func parseLogLevel(s string) (logLevel, error) {
 		return levelTrace, nil
 	}
 	return levelInfo, fmt.Errorf("kvevent: unknown log level %q (want error, info, debug or trace)", s)
-}
-
-func (c *ZMQClient) logs(l logLevel) bool { return logLevel(c.level.Load()) >= l }
-
-// logInfo logs msg when the client's level is info or more verbose.
-func (c *ZMQClient) logInfo(msg string, keysAndValues ...any) {
-	if c.logs(levelInfo) {
-		c.logger.Info(msg, keysAndValues...)
-	}
-}
-
-// logDebug logs msg when the client's level is debug or more verbose.
-func (c *ZMQClient) logDebug(msg string, keysAndValues ...any) {
-	if c.logs(levelDebug) {
-		c.logger.Info(msg, keysAndValues...)
-	}
-}
-
-// connState tracks whether the SUB socket is connected and lets callers wait
-// for it.
-type connState struct {
-	mu        sync.Mutex
-	connected bool
-	up        chan struct{} // closed while connected
-	closed    chan struct{} // closed by Close
-}
-
-func (s *connState) init() {
-	s.up = make(chan struct{})
-	s.closed = make(chan struct{})
-}
-
-// set records the state and reports whether it changed.
-func (s *connState) set(connected bool) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.connected == connected {
-		return false
-	}
-	s.connected = connected
-	if connected {
-		close(s.up)
-	} else {
-		s.up = make(chan struct{})
-	}
-	return true
-}
-
-func (s *connState) isConnected() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.connected
-}
-
-func (s *connState) close() { close(s.closed) }
-
-func (s *connState) wait(timeout time.Duration, endpoint string) error {
-	s.mu.Lock()
-	up := s.up
-	s.mu.Unlock()
-	t := time.NewTimer(timeout)
-	defer t.Stop()
-	select {
-	case <-up:
-		return nil
-	case <-s.closed:
-		return ErrClientClosed
-	case <-t.C:
-		return fmt.Errorf("kvevent: not connected to %s after %v", endpoint, timeout)
-	}
 }

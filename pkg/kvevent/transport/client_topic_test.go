@@ -123,17 +123,17 @@ func TestTopicMismatchNeedsReplaysInARowThatTheTopicExplains(t *testing.T) {
 			t.Fatal(err)
 		}
 		if tt.publisher != nil {
-			c.notePublisherTopic([]byte(*tt.publisher))
+			c.obs.notePublisherTopic([]byte(*tt.publisher))
 		}
-		l := c.loop
+		s := c.idle.s
 		for _, step := range tt.steps {
 			if step == live {
-				l.liveArrived(l.probeAt)
+				s.liveArrived(s.probeAt)
 				continue
 			}
-			l.silence.counted = false // a new replay, as startReplay sends
-			l.replayDelivered()
-			l.replayDelivered() // a second batch of the same replay counts once
+			s.silence.counted = false // a new replay, as startReplay sends
+			s.replayDelivered()
+			s.replayDelivered() // a second batch of the same replay counts once
 		}
 		if got := c.Stats().TopicMismatch; got != tt.want {
 			t.Errorf("%s: TopicMismatch = %v, want %v", tt.name, got, tt.want)

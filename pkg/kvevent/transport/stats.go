@@ -62,8 +62,8 @@ type ClientStats struct {
 	TopicMismatch bool
 }
 
-// clientCounters are a client's statistics, written by its goroutine and
-// read by Stats from any goroutine.
+// clientCounters are a stream's statistics, written by its owner and read
+// by Stats from any goroutine.
 type clientCounters struct {
 	batches, replayed, events                                    atomic.Uint64
 	decodeErrors, handlerErrors, malformed                       atomic.Uint64
@@ -77,13 +77,16 @@ type clientCounters struct {
 }
 
 // Stats returns a snapshot of the client's counters.
-func (c *ZMQClient) Stats() ClientStats {
-	k := &c.counters
+func (c *ZMQClient) Stats() ClientStats { return c.obs.stats() }
+
+// stats returns a snapshot of the stream's counters.
+func (o *observer) stats() ClientStats {
+	k := &o.counters
 	s := ClientStats{
-		PodKey:            c.cfg.PodKey,
-		ModelName:         c.cfg.ModelName,
-		DPRank:            c.cfg.DPRank,
-		Connected:         c.conn.isConnected(),
+		PodKey:            o.podKey,
+		ModelName:         o.model,
+		DPRank:            o.rank,
+		Connected:         o.conn.isConnected(),
 		LastSeq:           k.lastSeq.Load(),
 		BatchesReceived:   k.batches.Load(),
 		ReplayedBatches:   k.replayed.Load(),
