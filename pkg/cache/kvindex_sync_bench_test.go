@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/klog/v2"
 
 	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/cache"
@@ -214,7 +215,7 @@ func startSyncPair(b *testing.B, sink *indexSink) (*publisher.Publisher, *transp
 	b.Cleanup(func() { _ = pub.Close() })
 	cfg := transport.DefaultZMQClientConfig(syncStream.PodKey, "127.0.0.1", syncStream.Model)
 	cfg.PubPort, cfg.RouterPort = pubPort, replayPort
-	cfg.LogLevel = "error"
+	cfg.Logger = klog.Background().V(1) // errors only
 	client, err := transport.NewZMQClient(cfg, sink)
 	if err != nil {
 		b.Fatal(err)

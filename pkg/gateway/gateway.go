@@ -139,6 +139,7 @@ func (g *Gateway) newKVSync() error {
 		MaxPrefixes:           k.MaxPrefixes,
 		EvictionInterval:      k.EvictionInterval,
 		EvictionDuration:      k.EvictionDuration,
+		Logger:                g.cfg.Logger,
 	}, g.registry)
 	if err != nil {
 		return fmt.Errorf("gateway: prefix index: %w", err)

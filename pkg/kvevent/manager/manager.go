@@ -36,9 +36,9 @@ type ManagerConfig struct {
 	// (see the kvgate.io annotations). The zero value means
 	// DefaultStreamDefaults.
 	Streams StreamDefaults
-	// Client is the template of every client's configuration: timeouts,
-	// heartbeats, buffers, log level. The manager sets the stream's pod,
-	// address, ports, rank, topic, context, metrics and logger. Nil means
+	// Client is the template of every stream's configuration: timeouts,
+	// heartbeats, buffers. The manager sets the stream's pod, address,
+	// ports, rank, topic, context, metrics and logger. Nil means
 	// DefaultZMQClientConfig.
 	Client *transport.ZMQClientConfig
 	// Bind, when set, makes the gateway bind SUB sockets that engines

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/klog/v2"
 
 	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/kvevent"
@@ -71,7 +72,7 @@ func BenchmarkLoopback(b *testing.B) {
 	pub := kvtest.NewPublisher(b, ports, nil)
 	h := &blockCounter{}
 	cfg := testClientConfig(ports)
-	cfg.LogLevel = "error"
+	cfg.Logger = klog.Background().V(1) // errors only
 	cfg.ReconnectDelay, cfg.MaxReconnectDelay = DefaultReconnectInterval, MaxReconnectInterval
 	c := startClient(b, cfg, h)
 	if err := c.WaitForConnection(testsupport.WaitTimeout); err != nil {

@@ -3,7 +3,6 @@ package transport
 import (
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -180,18 +179,6 @@ func (c *ZMQClient) Subscribe(handler kvevent.EventHandler) error {
 	return nil
 }
 
-// SetLogLevel sets the least severe kind of message the client logs:
-// "error", "info", "debug" (replays, gaps) or "trace" (every batch). It fails
-// on any other level and leaves the current one.
-func (c *ZMQClient) SetLogLevel(level string) error {
-	l, err := parseLogLevel(level)
-	if err != nil {
-		return err
-	}
-	c.obs.level.Store(int32(l))
-	return nil
-}
-
 // Endpoints returns the PUB endpoint the client dials and the replay
 // endpoint ("" without replay).
 func (c *ZMQClient) Endpoints() (pub, replay string) { return c.pubEndpoint, c.replayEndpoint }
@@ -217,28 +204,4 @@ func (c *ZMQClient) do(fn func(*dialer) error) error {
 		return ErrClientNotRunning
 	}
 	return <-cmd.reply
-}
-
-// logLevel orders the kinds of messages a client logs.
-type logLevel int32
-
-const (
-	levelError logLevel = iota
-	levelInfo
-	levelDebug
-	levelTrace
-)
-
-func parseLogLevel(s string) (logLevel, error) {
-	switch strings.ToLower(s) {
-	case "error":
-		return levelError, nil
-	case "", "info":
-		return levelInfo, nil
-	case "debug":
-		return levelDebug, nil
-	case "trace":
-		return levelTrace, nil
-	}
-	return levelInfo, fmt.Errorf("kvevent: unknown log level %q (want error, info, debug or trace)", s)
 }

@@ -14,27 +14,35 @@ func TestClientLogsAtItsLevelWithPodAndModel(t *testing.T) {
 	t.Parallel()
 	ports := kvtest.NewPorts(t)
 	pub := kvtest.NewPublisher(t, ports, nil)
-	logs := &kvtest.LogLines{}
+
+	// A logger shifted by V(1) at verbosity 0 logs errors only.
+	quiet := &kvtest.LogLines{}
 	cfg := testClientConfig(ports)
-	cfg.Logger = funcr.New(logs.Add, funcr.Options{})
-	cfg.LogLevel = "error"
-	rec := &kvtest.Recorder{}
-	c := startClient(t, cfg, rec)
+	cfg.Logger = funcr.New(quiet.Add, funcr.Options{}).V(1)
+	c := startClient(t, cfg, &kvtest.Recorder{})
 	if err := c.WaitForConnection(testsupport.WaitTimeout); err != nil {
 		t.Fatal(err)
 	}
-	if got := logs.Containing("Connected to KV event publisher"); len(got) != 0 {
-		t.Errorf("logged %q at level error", got)
+	testsupport.Eventually(t, "the connection's replay", func() bool { return c.Stats().ReplaySuccesses >= 1 })
+	for _, msg := range []string{"Connected to KV event publisher", "Requested replay"} {
+		if got := quiet.Containing(msg); len(got) != 0 {
+			t.Errorf("logged %q to a logger that takes errors only", got)
+		}
 	}
 
-	if err := c.SetLogLevel("debug"); err != nil {
+	// At debug verbosity the connection, the redial and the replays show.
+	logs := &kvtest.LogLines{}
+	cfg = testClientConfig(ports)
+	cfg.Logger = funcr.New(logs.Add, funcr.Options{Verbosity: logDebug})
+	c = startClient(t, cfg, &kvtest.Recorder{})
+	if err := c.WaitForConnection(testsupport.WaitTimeout); err != nil {
 		t.Fatal(err)
 	}
 	if err := c.Reconnect(); err != nil {
 		t.Fatal(err)
 	}
 	testsupport.Eventually(t, "the reconnection and its replay to be logged", func() bool {
-		return len(logs.Containing("Connected to KV event publisher")) > 0 && len(logs.Containing("Requested replay")) > 0
+		return len(logs.Containing("Connected to KV event publisher")) > 1 && len(logs.Containing("Requested replay")) > 0
 	})
 	connected := logs.Containing("Connected to KV event publisher")
 	for _, kv := range []string{`"pod"="default/vllm-0"`, `"model"="llama"`, `"dpRank"=0`} {
@@ -42,13 +50,19 @@ func TestClientLogsAtItsLevelWithPodAndModel(t *testing.T) {
 			t.Errorf("log line %s lacks %s", connected[0], kv)
 		}
 	}
+	if got := logs.Containing("Delivered KV event batch"); len(got) != 0 {
+		t.Errorf("logged %q below trace verbosity", got)
+	}
+
 	if err := pub.PublishRaw([]byte{0xc1}); err != nil {
 		t.Fatal(err)
 	}
-	testsupport.Eventually(t, "the decode error to be logged", func() bool {
-		return len(logs.Containing("Dropping undecodable KV event batch")) > 0
-	})
-	if line := logs.Containing("Dropping undecodable")[0]; !strings.Contains(line, `"seq"=0`) {
-		t.Errorf("decode error %s does not name the seq", line)
+	for _, l := range []*kvtest.LogLines{quiet, logs} {
+		testsupport.Eventually(t, "the decode error to be logged", func() bool {
+			return len(l.Containing("Dropping undecodable KV event batch")) > 0
+		})
+		if line := l.Containing("Dropping undecodable")[0]; !strings.Contains(line, `"seq"=0`) {
+			t.Errorf("decode error %s does not name the seq", line)
+		}
 	}
 }

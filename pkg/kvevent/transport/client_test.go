@@ -371,9 +371,6 @@ func TestClientLifecycleErrors(t *testing.T) {
 	if err := c.Subscribe(nil); err == nil {
 		t.Error("Subscribe(nil) succeeded")
 	}
-	if err := c.SetLogLevel("loud"); err == nil {
-		t.Error("SetLogLevel(loud) succeeded")
-	}
 	c.Close()
 	c.Close()
 	if err := c.Start(); err != ErrClientClosed {

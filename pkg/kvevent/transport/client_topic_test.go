@@ -123,7 +123,7 @@ func TestTopicMismatchNeedsReplaysInARowThatTheTopicExplains(t *testing.T) {
 			t.Fatal(err)
 		}
 		if tt.publisher != nil {
-			c.obs.notePublisherTopic([]byte(*tt.publisher))
+			c.obs.publisherTopic([]byte(*tt.publisher))
 		}
 		s := c.idle.s
 		for _, step := range tt.steps {

@@ -120,13 +120,13 @@ type ZMQClientConfig struct {
 	// Metrics receives the client's Prometheus metrics. When nil the client
 	// exports none; GetStats and Stats work either way.
 	Metrics *KVCacheMetrics
-	// Logger receives the client's logs, to which the client adds the pod,
-	// model and rank. The zero value logs through klog's global logger.
+	// Logger receives the stream's logs, to which the client adds the pod,
+	// model and rank: errors, and at verbosity 0 connection changes,
+	// resets and topic mismatches; at verbosity 4 dialling, redials and
+	// replay requests; at verbosity 5 every delivered batch. A logger's
+	// V(n) shifts them all by n. The zero value logs through klog's global
+	// logger.
 	Logger klog.Logger
-	// LogLevel is the least severe kind of message the client logs: "error",
-	// "info" (the default when empty), "debug" or "trace". SetLogLevel
-	// changes it while the client runs.
-	LogLevel string
 }
 
 // DefaultZMQClientConfig returns the configuration of a client that follows
@@ -192,9 +192,6 @@ func ValidateConfig(config *ZMQClientConfig) error {
 	check(c.HeartbeatTTL < 0, "HeartbeatTTL %v is negative", c.HeartbeatTTL)
 	check(c.MaxPendingBatches < 1, "MaxPendingBatches %d must be at least 1", c.MaxPendingBatches)
 	check(c.ReceiveHWM < 0, "ReceiveHWM %d is negative", c.ReceiveHWM)
-	if _, err := parseLogLevel(c.LogLevel); err != nil {
-		errs = append(errs, err)
-	}
 	if len(errs) > 0 {
 		return fmt.Errorf("kvevent: invalid ZMQ client config for %q: %w", c.PodKey, errors.Join(errs...))
 	}

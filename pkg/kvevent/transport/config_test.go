@@ -32,7 +32,6 @@ func TestValidateConfig(t *testing.T) {
 		{"heartbeat timeout below interval", func(c *ZMQClientConfig) { c.HeartbeatTimeout = c.HeartbeatInterval / 2 }, "HeartbeatTimeout"},
 		{"no pending buffer", func(c *ZMQClientConfig) { c.MaxPendingBatches = 0 }, "MaxPendingBatches"},
 		{"negative HWM", func(c *ZMQClientConfig) { c.ReceiveHWM = -1 }, "ReceiveHWM"},
-		{"unknown log level", func(c *ZMQClientConfig) { c.LogLevel = "verbose" }, "log level"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -155,7 +155,9 @@ func (d *dialer) open() error {
 	}
 	d.rebuildPoller()
 	d.reopenDelay = d.cfg.ReconnectDelay
-	d.obs.logDebug("Dialling KV event publisher", "endpoint", d.pubEndpoint, "replayEndpoint", d.s.replayEndpoint)
+	if l := d.obs.debug(); l.Enabled() {
+		l.Info("Dialling KV event publisher", "endpoint", d.pubEndpoint, "replayEndpoint", d.s.replayEndpoint)
+	}
 	return nil
 }
 
@@ -229,8 +231,7 @@ func (d *dialer) close() {
 // reconnect tears the sockets down and builds them again.
 func (d *dialer) reconnect() error {
 	d.close()
-	d.obs.counters.reconnectAttempts.Add(1)
-	d.obs.metrics.IncrementReconnectAttempts()
+	d.obs.reconnectAttempt()
 	return d.open()
 }
 
@@ -238,8 +239,7 @@ func (d *dialer) reconnect() error {
 // attempt is.
 func (d *dialer) scheduleReopen(err error) {
 	d.reopenAt = time.Now().Add(d.reopenDelay)
-	d.obs.logger.Error(err, "Cannot set up sockets, retrying", "retryIn", d.reopenDelay)
-	d.obs.metrics.IncrementErrorCount(ErrorTypeSocket)
+	d.obs.socketFailed(err, "Cannot set up sockets, retrying", "retryIn", d.reopenDelay)
 	d.reopenDelay = min(time.Duration(float64(d.reopenDelay)*ReconnectBackoffFactor), d.cfg.MaxReconnectDelay)
 }
 
@@ -266,12 +266,12 @@ func (d *dialer) drainMonitor() {
 		case zmq.EVENT_DISCONNECTED:
 			d.s.down()
 		case zmq.EVENT_CONNECT_RETRIED:
-			d.obs.counters.reconnectAttempts.Add(1)
-			d.obs.metrics.IncrementReconnectAttempts()
-			d.obs.logDebug("Reconnecting to KV event publisher", "endpoint", addr, "inMillis", value)
+			d.obs.reconnectAttempt()
+			if l := d.obs.debug(); l.Enabled() {
+				l.Info("Reconnecting to KV event publisher", "endpoint", addr, "inMillis", value)
+			}
 		default:
-			d.obs.metrics.IncrementErrorCount(ErrorTypeSocket)
-			d.obs.logInfo("Handshake with KV event publisher failed", "endpoint", addr, "event", ev.String(), "errno", value)
+			d.obs.handshakeFailed(addr, ev.String(), value)
 		}
 	}
 }
@@ -296,7 +296,7 @@ func (d *dialer) drainLive() {
 			seq, ok = zmqwire.ParseSeqFrame(frames[1])
 		}
 		if !ok {
-			d.s.malformed(frames)
+			d.obs.malformed(frames)
 			continue
 		}
 		d.s.live(seq, frames[2])

@@ -3,7 +3,6 @@ package transport
 import (
 	"errors"
 	"fmt"
-	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -53,10 +52,10 @@ func eventTypeIndex(t kvevent.EventType) int {
 	return -1
 }
 
-// KVCacheMetrics holds the Prometheus collectors of every ZMQ client of a
+// KVCacheMetrics holds the Prometheus collectors of every stream of a
 // process, all named aibrix_kvcache_zmq_* and labelled with the stream's
 // pod_key and dp_rank. Create it once per registry with NewKVCacheMetrics
-// and derive one ZMQClientMetrics per stream.
+// and hand it to every stream's ZMQClientConfig.Metrics.
 type KVCacheMetrics struct {
 	connections        *prometheus.CounterVec
 	disconnections     *prometheus.CounterVec
@@ -153,45 +152,4 @@ func registerOrReuse[C prometheus.Collector](reg prometheus.Registerer, c C) (C,
 		}
 	}
 	return c, fmt.Errorf("kvevent: register metrics: %w", err)
-}
-
-// NewZMQClientMetrics returns the metrics of one stream: pod podKey, rank
-// dpRank. Its series are resolved once here, so recording costs no label
-// lookups.
-func (m *KVCacheMetrics) NewZMQClientMetrics(podKey string, dpRank int) *ZMQClientMetrics {
-	rank := strconv.Itoa(dpRank)
-	c := &ZMQClientMetrics{
-		parent:            m,
-		labels:            prometheus.Labels{LabelPodKey: podKey, LabelDPRank: rank},
-		connections:       m.connections.WithLabelValues(podKey, rank),
-		disconnections:    m.disconnections.WithLabelValues(podKey, rank),
-		reconnectAttempts: m.reconnectAttempts.WithLabelValues(podKey, rank),
-		duration:          m.processingDuration.WithLabelValues(podKey, rank),
-		missed:            m.missedEvents.WithLabelValues(podKey, rank),
-		replayRequests:    m.replayRequests.WithLabelValues(podKey, rank),
-		replaySuccess:     m.replaySuccess.WithLabelValues(podKey, rank),
-		replayFailures:    m.replayFailures.WithLabelValues(podKey, rank),
-		replayed:          m.replayedBatches.WithLabelValues(podKey, rank),
-		batches:           m.batchesReceived.WithLabelValues(podKey, rank),
-		skipUnknownEvent:  m.decodeSkips.WithLabelValues(podKey, rank, SkipKindUnknownEvent),
-		skipUnknownKey:    m.decodeSkips.WithLabelValues(podKey, rank, SkipKindUnknownKey),
-		skipUnknownField:  m.decodeSkips.WithLabelValues(podKey, rank, SkipKindUnknownField),
-		status:            m.connectionStatus.WithLabelValues(podKey, rank),
-		lastSeq:           m.lastSequenceID.WithLabelValues(podKey, rank),
-		topicMismatch:     m.topicMismatch.WithLabelValues(podKey, rank),
-		errors:            make(map[string]prometheus.Counter),
-	}
-	for i, t := range eventTypes {
-		c.received[i] = m.eventsReceived.WithLabelValues(podKey, rank, string(t))
-		c.processed[i] = m.eventsProcessed.WithLabelValues(podKey, rank, string(t))
-	}
-	for i, r := range resetReasons {
-		c.resets[i] = m.streamResets.WithLabelValues(podKey, rank, string(r))
-	}
-	for _, t := range []string{ErrorTypeDecode, ErrorTypeHandler, ErrorTypeMalformed, ErrorTypeReplayProtocol, ErrorTypeSocket} {
-		c.errors[t] = m.errors.WithLabelValues(podKey, rank, t)
-	}
-	c.status.Set(0)
-	c.topicMismatch.Set(0)
-	return c
 }

@@ -1,9 +1,11 @@
 package transport
 
 import (
+	"errors"
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
@@ -50,6 +52,15 @@ func metricValue(m *dto.Metric) float64 {
 	return 0
 }
 
+// testObserver returns the observer of stream pod, rank dpRank, recording
+// into metrics (none when nil).
+func testObserver(pod string, dpRank int, metrics *KVCacheMetrics) *observer {
+	cfg := DefaultZMQClientConfig(pod, "127.0.0.1", "llama")
+	cfg.DPRank, cfg.Metrics, cfg.Logger = dpRank, metrics, logr.Discard()
+	pub, _ := cfg.endpoints()
+	return newObserver(cfg, pub)
+}
+
 func TestKVCacheMetricsRegisterTwiceOnOneRegistryShareSeries(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewPedanticRegistry()
@@ -61,8 +72,8 @@ func TestKVCacheMetricsRegisterTwiceOnOneRegistryShareSeries(t *testing.T) {
 	if err != nil {
 		t.Fatalf("second registration: %v", err)
 	}
-	m1.NewZMQClientMetrics("ns/a", 0).IncrementConnectionCount()
-	m2.NewZMQClientMetrics("ns/a", 0).IncrementConnectionCount()
+	testObserver("ns/a", 0, m1).setConnected(true, true)
+	testObserver("ns/a", 0, m2).setConnected(true, true)
 	got := series(t, reg, "connections_total")
 	if len(got) != 1 || got["dp_rank=0,pod_key=ns/a"] != 2 {
 		t.Errorf("connections_total %v, want one series at 2", got)
@@ -81,39 +92,62 @@ func TestNewKVCacheMetricsRejectsNilAndConflictingRegistries(t *testing.T) {
 	}
 }
 
-func TestZMQClientMetricsRecordAndDelete(t *testing.T) {
+// observeEverything records one of every event the observer knows.
+func observeEverything(o *observer) {
+	start := time.Now()
+	o.setConnected(true, true)
+	o.reconnectAttempt()
+	o.socketFailed(errors.New("refused"), "Cannot set up sockets")
+	o.handshakeFailed("tcp://127.0.0.1:1", "EVENT_HANDSHAKE_FAILED_PROTOCOL", 1)
+	o.malformed([][]byte{{1}})
+	o.replayRequested(0, "tcp://127.0.0.1:2")
+	o.replaySucceeded()
+	o.replayFailed(kindUncounted, errors.New("silent"), "tcp://127.0.0.1:2", time.Second)
+	o.unsolicitedReply()
+	o.reset(kvevent.StreamReset{Reason: kvevent.ResetUnrecoverableGap, FirstMissing: 4, LastMissing: 5})
+	stored := eventCounts{2, 0, 0}
+	o.batchDelivered(42, true, start, 2, &stored, &stored, kvevent.DecodeStats{UnknownKeys: 2})
+	o.batchUndecodable(43, false, start, 3, errors.New("bad"))
+	o.handlerFailed(43, errors.New("index full"))
+	o.publisherTopic([]byte("kv"))
+	o.setTopicMismatch(true)
+}
+
+func TestObserverRecordsStatsAndMetricsOnceEachAndDeletes(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewPedanticRegistry()
 	m, err := NewKVCacheMetrics(reg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, b := m.NewZMQClientMetrics("ns/a", 1), m.NewZMQClientMetrics("ns/b", 0)
-	a.IncrementEventCount(string(kvevent.EventTypeBlockStored))
-	a.IncrementEventCount("SOMETHING_NEW")
-	a.IncrementErrorCount(ErrorTypeDecode)
-	a.IncrementErrorCount("other")
-	a.IncrementMissedEvents(3)
-	a.recordReset(kvevent.StreamReset{Reason: kvevent.ResetUnrecoverableGap, FirstMissing: 4, LastMissing: 5})
-	a.UpdateLastSequenceID(42)
-	a.SetConnected(true)
-	a.RecordEventProcessingLatency(time.Millisecond)
-	a.recordSkips(kvevent.DecodeStats{UnknownKeys: 2})
-	b.IncrementReplayCount()
+	a, b := testObserver("ns/a", 1, m), testObserver("ns/b", 0, m)
+	observeEverything(a)
+	b.replayRequested(0, "tcp://127.0.0.1:2")
 
 	checks := []struct {
 		name, labels string
 		want         float64
 	}{
-		{"events_received_total", "dp_rank=1,event_type=BLOCK_STORED,pod_key=ns/a", 1},
-		{"events_received_total", "dp_rank=1,event_type=SOMETHING_NEW,pod_key=ns/a", 1},
+		{"connections_total", "dp_rank=1,pod_key=ns/a", 1},
+		{"reconnect_attempts_total", "dp_rank=1,pod_key=ns/a", 1},
+		{"events_received_total", "dp_rank=1,event_type=BLOCK_STORED,pod_key=ns/a", 2},
+		{"events_processed_total", "dp_rank=1,event_type=BLOCK_STORED,pod_key=ns/a", 2},
+		{"batches_received_total", "dp_rank=1,pod_key=ns/a", 2},
+		{"replayed_batches_total", "dp_rank=1,pod_key=ns/a", 1},
 		{"errors_total", "dp_rank=1,error_type=decode,pod_key=ns/a", 1},
-		{"errors_total", "dp_rank=1,error_type=other,pod_key=ns/a", 1},
-		{"missed_events_total", "dp_rank=1,pod_key=ns/a", 5},
+		{"errors_total", "dp_rank=1,error_type=handler,pod_key=ns/a", 1},
+		{"errors_total", "dp_rank=1,error_type=malformed_message,pod_key=ns/a", 1},
+		{"errors_total", "dp_rank=1,error_type=replay_protocol,pod_key=ns/a", 1},
+		{"errors_total", "dp_rank=1,error_type=socket,pod_key=ns/a", 2},
+		{"missed_events_total", "dp_rank=1,pod_key=ns/a", 2},
 		{"stream_resets_total", "dp_rank=1,pod_key=ns/a,reason=unrecoverable_gap", 1},
-		{"last_sequence_id", "dp_rank=1,pod_key=ns/a", 42},
+		{"last_sequence_id", "dp_rank=1,pod_key=ns/a", 43},
 		{"connection_status", "dp_rank=1,pod_key=ns/a", 1},
+		{"topic_mismatch", "dp_rank=1,pod_key=ns/a", 1},
 		{"event_processing_duration_seconds", "dp_rank=1,pod_key=ns/a", 1},
+		{"replay_requests_total", "dp_rank=1,pod_key=ns/a", 1},
+		{"replay_success_total", "dp_rank=1,pod_key=ns/a", 1},
+		{"replay_failures_total", "dp_rank=1,pod_key=ns/a", 1},
 		{"replay_requests_total", "dp_rank=0,pod_key=ns/b", 1},
 		{"decode_skips_total", "dp_rank=1,kind=unknown_key,pod_key=ns/a", 2},
 		{"decode_skips_total", "dp_rank=1,kind=unknown_event,pod_key=ns/a", 0},
@@ -123,7 +157,18 @@ func TestZMQClientMetricsRecordAndDelete(t *testing.T) {
 			t.Errorf("%s{%s} = %v, want %v", c.name, c.labels, got, c.want)
 		}
 	}
-	a.Delete()
+	wantStats := ClientStats{PodKey: "ns/a", ModelName: "llama", DPRank: 1, Connected: true, LastSeq: 43,
+		BatchesReceived: 2, ReplayedBatches: 1, EventsReceived: 2, DecodeErrors: 1, HandlerErrors: 1,
+		MalformedMessages: 1, Connections: 1, ReconnectAttempts: 1, ReplayRequests: 1, ReplaySuccesses: 1,
+		ReplayFailures: 1, UnrecoverableGaps: 1, MissedBatches: 2, PublisherTopic: "kv", PublisherTopicKnown: true,
+		TopicMismatch: true}
+	got := a.stats()
+	got.LastEventTime = time.Time{}
+	if got != wantStats {
+		t.Errorf("stats %+v\nwant  %+v", got, wantStats)
+	}
+
+	a.close()
 	families, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -142,23 +187,12 @@ func TestZMQClientMetricsRecordAndDelete(t *testing.T) {
 	}
 }
 
-func TestNilZMQClientMetricsRecordNothing(t *testing.T) {
+func TestObserverWithoutMetricsCountsStatsOnly(t *testing.T) {
 	t.Parallel()
-	var m *ZMQClientMetrics
-	m.IncrementConnectionCount()
-	m.IncrementDisconnectionCount()
-	m.IncrementReconnectAttempts()
-	m.IncrementErrorCount(ErrorTypeDecode)
-	m.IncrementEventCount(string(kvevent.EventTypeAllCleared))
-	m.IncrementMissedEvents(1)
-	m.IncrementReplayCount()
-	m.IncrementReplaySuccess()
-	m.IncrementReplayFailure()
-	m.RecordEventProcessingLatency(time.Second)
-	m.UpdateLastSequenceID(1)
-	m.SetConnected(true)
-	m.recordReset(kvevent.StreamReset{Reason: kvevent.ResetRewind})
-	m.recordBatch(1, true, &[len(eventTypes)]int{}, &[len(eventTypes)]int{})
-	m.recordSkips(kvevent.DecodeStats{UnknownEvents: 1, UnknownKeys: 1, UnknownFields: 1})
-	m.Delete()
+	o := testObserver("ns/a", 0, nil)
+	observeEverything(o)
+	if st := o.stats(); st.BatchesReceived != 2 || st.DecodeErrors != 1 || st.MissedBatches != 2 || !st.Connected {
+		t.Errorf("stats %+v: want every event counted", st)
+	}
+	o.close()
 }

@@ -4,15 +4,29 @@ import (
 	"fmt"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"k8s.io/klog/v2"
+
+	"github.com/kvgate/kvgate/pkg/kvevent"
 )
 
-// observer is the part of a stream that other goroutines read: its
-// counters, metrics and connection state, and its logger. The stream's
-// owner writes it; it is safe for concurrent use.
+// Verbosities of a stream's logs. Errors are always logged, and connection
+// changes, resets and topic mismatches at verbosity 0.
+const (
+	// logDebug is the verbosity of dialling, redials and replay requests.
+	logDebug = 4
+	// logTrace is the verbosity of every delivered batch.
+	logTrace = 5
+)
+
+// observer records what happens to one stream: each method is one event,
+// counted in the stream's metrics (when it has any) and its statistics
+// (ClientStats) and logged, all from that one call. Statistics are updated
+// after metrics, so that whoever sees an event counted in Stats finds it in
+// the metrics too. The stream's owner calls the observer; other goroutines
+// read the statistics and the connection state, so it is safe for
+// concurrent use.
 type observer struct {
 	podKey      string
 	model       string
@@ -20,9 +34,8 @@ type observer struct {
 	topic       string // subscribed topic
 	pubEndpoint string
 	maxDelay    time.Duration // the longest a quiet stream waits for a probe
-	logger      klog.Logger
-	level       atomic.Int32
-	metrics     *ZMQClientMetrics
+	logger      klog.Logger   // with the stream's pod, model and rank
+	m           *streamMetrics
 	counters    clientCounters
 	conn        connState
 }
@@ -36,10 +49,8 @@ func newObserver(cfg *ZMQClientConfig, pubEndpoint string) *observer {
 		o.logger = klog.Background()
 	}
 	o.logger = o.logger.WithValues("pod", cfg.PodKey, "model", cfg.ModelName, "dpRank", cfg.DPRank)
-	level, _ := parseLogLevel(cfg.LogLevel)
-	o.level.Store(int32(level))
 	if cfg.Metrics != nil {
-		o.metrics = cfg.Metrics.NewZMQClientMetrics(cfg.PodKey, cfg.DPRank)
+		o.m = cfg.Metrics.forStream(cfg.PodKey, cfg.DPRank)
 	}
 	o.conn.init()
 	return o
@@ -49,45 +60,219 @@ func newObserver(cfg *ZMQClientConfig, pubEndpoint string) *observer {
 // and its metric series are removed.
 func (o *observer) close() {
 	o.conn.close()
-	o.metrics.Delete()
-}
-
-func (o *observer) logs(l logLevel) bool { return logLevel(o.level.Load()) >= l }
-
-// logInfo logs msg when the stream's level is info or more verbose.
-func (o *observer) logInfo(msg string, keysAndValues ...any) {
-	if o.logs(levelInfo) {
-		o.logger.Info(msg, keysAndValues...)
+	if o.m != nil {
+		o.m.delete()
 	}
 }
 
-// logDebug logs msg when the stream's level is debug or more verbose.
-func (o *observer) logDebug(msg string, keysAndValues ...any) {
-	if o.logs(levelDebug) {
-		o.logger.Info(msg, keysAndValues...)
+// debug returns the logger of debug messages, enabled or not.
+func (o *observer) debug() klog.Logger { return o.logger.V(logDebug) }
+
+// error counts an error of kind, unless it is kindUncounted.
+func (o *observer) error(kind errorKind) {
+	if o.m != nil && kind != kindUncounted {
+		o.m.errors[kind].Inc()
 	}
 }
 
 // setConnected records a connection change; counted changes are ones the
 // transport saw happen (closing the sockets is not a disconnection).
 func (o *observer) setConnected(connected, counted bool) {
-	if !o.conn.set(connected) {
-		return
+	if o.conn.isConnected() == connected {
+		return // only the owner changes it
 	}
-	o.metrics.SetConnected(connected)
-	if !counted {
-		return
+	if o.m != nil {
+		setFlag(o.m.status, connected)
 	}
-	if connected {
+	switch {
+	case counted && connected:
+		if o.m != nil {
+			o.m.connections.Inc()
+		}
 		o.counters.connections.Add(1)
-		o.metrics.IncrementConnectionCount()
-		o.logInfo("Connected to KV event publisher", "endpoint", o.pubEndpoint)
+		o.logger.Info("Connected to KV event publisher", "endpoint", o.pubEndpoint)
+	case counted:
+		if o.m != nil {
+			o.m.disconnections.Inc()
+		}
+		o.counters.disconnections.Add(1)
+		o.logger.Info("Disconnected from KV event publisher", "endpoint", o.pubEndpoint)
+	}
+	o.conn.set(connected)
+}
+
+// reconnectAttempt counts an attempt to reconnect: a redial of libzmq, or
+// a reconnection asked for.
+func (o *observer) reconnectAttempt() {
+	if o.m != nil {
+		o.m.reconnectAttempts.Inc()
+	}
+	o.counters.reconnectAttempts.Add(1)
+}
+
+// socketFailed counts and logs a socket that could not be set up or used.
+func (o *observer) socketFailed(err error, msg string, keysAndValues ...any) {
+	o.error(kindSocket)
+	o.logger.Error(err, msg, keysAndValues...)
+}
+
+// handshakeFailed counts and logs a connection whose ZMTP handshake failed.
+func (o *observer) handshakeFailed(endpoint, event string, errno int) {
+	o.error(kindSocket)
+	o.logger.Info("Handshake with KV event publisher failed", "endpoint", endpoint, "event", event, "errno", errno)
+}
+
+// malformed counts and logs a dropped live message that is not [topic,
+// seq, payload].
+func (o *observer) malformed(frames [][]byte) {
+	o.error(kindMalformed)
+	o.counters.malformed.Add(1)
+	o.logger.Error(errMalformed(frames), "Dropping malformed KV event message")
+}
+
+// replayRequested counts a replay request sent to endpoint.
+func (o *observer) replayRequested(from uint64, endpoint string) {
+	if o.m != nil {
+		o.m.replayRequests.Inc()
+	}
+	o.counters.replayRequests.Add(1)
+	if l := o.debug(); l.Enabled() {
+		l.Info("Requested replay", "fromSeq", from, "endpoint", endpoint)
+	}
+}
+
+// replaySucceeded counts a replay answered through its end marker.
+func (o *observer) replaySucceeded() {
+	if o.m != nil {
+		o.m.replaySuccess.Inc()
+	}
+	o.counters.replaySuccesses.Add(1)
+}
+
+// replayFailed counts and logs a replay that failed with err; kind is the
+// error it counts as besides.
+func (o *observer) replayFailed(kind errorKind, err error, endpoint string, retryIn time.Duration) {
+	if o.m != nil {
+		o.m.replayFailures.Inc()
+	}
+	o.error(kind)
+	o.counters.replayFailures.Add(1)
+	o.logger.Error(err, "Replay failed", "endpoint", endpoint, "retryIn", retryIn)
+}
+
+// unsolicitedReply counts a replay reply that answers no request in flight.
+func (o *observer) unsolicitedReply() { o.error(kindReplayProtocol) }
+
+// reset counts and logs a reset the handler is about to get.
+func (o *observer) reset(r kvevent.StreamReset) {
+	if o.m != nil {
+		for i, reason := range resetReasons {
+			if reason == r.Reason {
+				o.m.resets[i].Inc()
+			}
+		}
+		if n := r.Missing(); n > 0 {
+			o.m.missed.Add(float64(n))
+		}
+	}
+	switch r.Reason {
+	case kvevent.ResetPublisherRestart:
+		o.counters.publisherRestarts.Add(1)
+	case kvevent.ResetUnrecoverableGap:
+		o.counters.missedBatches.Add(r.Missing())
+		o.counters.unrecoverableGaps.Add(1)
+	case kvevent.ResetRewind:
+		o.counters.rewinds.Add(1)
+	}
+	if r.Reason == kvevent.ResetRewind {
+		o.logger.Info("Rewinding KV event stream", "nextSeq", r.NextSeq)
 		return
 	}
-	o.counters.disconnections.Add(1)
-	o.metrics.IncrementDisconnectionCount()
-	o.logInfo("Disconnected from KV event publisher", "endpoint", o.pubEndpoint)
+	o.logger.Info("KV event stream reset: state derived from it is incomplete",
+		"reason", r.Reason, "nextSeq", r.NextSeq, "firstMissing", r.FirstMissing, "lastMissing", r.LastMissing)
 }
+
+// eventCounts are a batch's events per type, in eventTypes order.
+type eventCounts [len(eventTypes)]int
+
+// batchDelivered records batch seq, which arrived at start and came from a
+// replay or not: events decoded, received and processed (applied without a
+// handler error) per type, and what the decoder skipped.
+func (o *observer) batchDelivered(seq uint64, replayed bool, start time.Time, events int, received, processed *eventCounts, skips kvevent.DecodeStats) {
+	if m := o.m; m != nil {
+		m.duration.Observe(time.Since(start).Seconds())
+		m.recordBatch(seq, replayed, received, processed)
+		if skips.UnknownEvents > 0 {
+			m.skipUnknownEvent.Add(float64(skips.UnknownEvents))
+		}
+		if skips.UnknownKeys > 0 {
+			m.skipUnknownKey.Add(float64(skips.UnknownKeys))
+		}
+		if skips.UnknownFields > 0 {
+			m.skipUnknownField.Add(float64(skips.UnknownFields))
+		}
+	}
+	o.counters.events.Add(uint64(events))
+	o.countBatch(seq, replayed, start)
+	if l := o.logger.V(logTrace); l.Enabled() {
+		l.Info("Delivered KV event batch", "seq", seq, "events", events, "replayed", replayed)
+	}
+}
+
+// batchUndecodable records batch seq, which arrived at start, as delivered
+// and dropped: its payload of size bytes did not decode.
+func (o *observer) batchUndecodable(seq uint64, replayed bool, start time.Time, size int, err error) {
+	o.error(kindDecode)
+	if o.m != nil {
+		o.m.recordBatch(seq, replayed, &eventCounts{}, &eventCounts{})
+	}
+	o.counters.decodeErrors.Add(1)
+	o.countBatch(seq, replayed, start)
+	o.logger.Error(fmt.Errorf("decode batch seq %d from %s: %w", seq, o.pubEndpoint, err),
+		"Dropping undecodable KV event batch", "seq", seq, "bytes", size)
+}
+
+// countBatch counts a delivered batch in the statistics, the batch count
+// last.
+func (o *observer) countBatch(seq uint64, replayed bool, start time.Time) {
+	k := &o.counters
+	k.lastSeq.Store(seq)
+	k.lastEventNanos.Store(start.UnixNano())
+	if replayed {
+		k.replayed.Add(1)
+	}
+	k.batches.Add(1)
+}
+
+// recordBatch records one delivered batch: its seq, whether it came from a
+// replay, and the events received and processed per type.
+func (m *streamMetrics) recordBatch(seq uint64, replayed bool, received, processed *eventCounts) {
+	m.batches.Inc()
+	m.lastSeq.Set(float64(seq))
+	if replayed {
+		m.replayed.Inc()
+	}
+	for i := range received {
+		if received[i] > 0 {
+			m.received[i].Add(float64(received[i]))
+		}
+		if processed[i] > 0 {
+			m.processed[i].Add(float64(processed[i]))
+		}
+	}
+}
+
+// handlerFailed counts and logs an error the handler returned for batch
+// seq.
+func (o *observer) handlerFailed(seq uint64, err error) {
+	o.error(kindHandler)
+	o.counters.handlerErrors.Add(1)
+	o.logger.Error(err, "KV event handler failed", "seq", seq)
+}
+
+// topicMismatch reports whether the stream counts as having its live
+// messages filtered out.
+func (o *observer) topicMismatch() bool { return o.counters.topicMismatch.Load() }
 
 // topicExplainsSilence reports whether the subscription's topic may be why
 // no live message arrives: the publisher's topic is unknown (its replay
@@ -98,8 +283,8 @@ func (o *observer) topicExplainsSilence() bool {
 	return pt == nil || !strings.HasPrefix(*pt, o.topic)
 }
 
-// notePublisherTopic records the topic frame of a replay reply.
-func (o *observer) notePublisherTopic(topic []byte) {
+// publisherTopic records the topic frame of a replay reply.
+func (o *observer) publisherTopic(topic []byte) {
 	if cur := o.counters.publisherTopic.Load(); cur != nil && *cur == string(topic) {
 		return
 	}
@@ -112,10 +297,12 @@ func (o *observer) notePublisherTopic(topic []byte) {
 // batch then reaches the handler only through a quiet-stream replay, up to
 // MaxReconnectDelay late.
 func (o *observer) setTopicMismatch(on bool) {
+	if o.m != nil {
+		setFlag(o.m.topicMismatch, on)
+	}
 	o.counters.topicMismatch.Store(on)
-	o.metrics.SetTopicMismatch(on)
 	if !on {
-		o.logInfo("Live KV events arrive again", "topic", o.topic)
+		o.logger.Info("Live KV events arrive again", "topic", o.topic)
 		return
 	}
 	const msg = "KV events arrive only through replay: the subscription filters out every live message"
@@ -143,20 +330,16 @@ func (s *connState) init() {
 	s.closed = make(chan struct{})
 }
 
-// set records the state and reports whether it changed.
-func (s *connState) set(connected bool) bool {
+// set records a changed state.
+func (s *connState) set(connected bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.connected == connected {
-		return false
-	}
 	s.connected = connected
 	if connected {
 		close(s.up)
 	} else {
 		s.up = make(chan struct{})
 	}
-	return true
 }
 
 func (s *connState) isConnected() bool {

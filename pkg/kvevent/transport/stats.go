@@ -3,8 +3,6 @@ package transport
 import (
 	"sync/atomic"
 	"time"
-
-	"github.com/kvgate/kvgate/pkg/kvevent"
 )
 
 // ClientStats is a snapshot of a ZMQClient's counters since it was created.
@@ -113,17 +111,4 @@ func (o *observer) stats() ClientStats {
 		s.PublisherTopic, s.PublisherTopicKnown = *t, true
 	}
 	return s
-}
-
-// countReset adds a reset to the counters.
-func (k *clientCounters) countReset(r kvevent.StreamReset) {
-	switch r.Reason {
-	case kvevent.ResetPublisherRestart:
-		k.publisherRestarts.Add(1)
-	case kvevent.ResetUnrecoverableGap:
-		k.unrecoverableGaps.Add(1)
-		k.missedBatches.Add(r.Missing())
-	case kvevent.ResetRewind:
-		k.rewinds.Add(1)
-	}
 }

@@ -122,8 +122,7 @@ func (s *stream) resetDealer() {
 	s.dealer.Close()
 	s.dealer = nil
 	if err := s.openDealer(); err != nil {
-		s.obs.logger.Error(err, "Replay is unavailable until the client reconnects")
-		s.obs.metrics.IncrementErrorCount(ErrorTypeSocket)
+		s.obs.socketFailed(err, "Replay is unavailable until the stream reconnects")
 	}
 }
 
@@ -177,7 +176,7 @@ func (s *stream) rewind(seq uint64) error {
 // a stream that stayed quiet past its probe time.
 func (s *stream) runTimers(now time.Time) {
 	if s.replay.active && !now.Before(s.replay.deadline) {
-		s.failReplay("", fmt.Errorf("no reply within %v", s.cfg.ReplayTimeout))
+		s.failReplay(kindUncounted, fmt.Errorf("no reply within %v", s.cfg.ReplayTimeout))
 	}
 	if s.connected && !now.Before(s.probeAt) {
 		s.seq.probe()
@@ -202,13 +201,6 @@ func (s *stream) timerWait(limit time.Duration) time.Duration {
 func (s *stream) quietFrom(now time.Time) {
 	s.probeDelay = s.cfg.ReconnectDelay
 	s.probeAt = now.Add(s.probeDelay)
-}
-
-// malformed drops a live message that is not [topic, seq, payload].
-func (s *stream) malformed(frames [][]byte) {
-	s.obs.counters.malformed.Add(1)
-	s.obs.metrics.IncrementErrorCount(ErrorTypeMalformed)
-	s.obs.logger.Error(errMalformed(frames), "Dropping malformed KV event message")
 }
 
 // errMalformed describes a message that is not vLLM's [topic, seq,

@@ -1,7 +1,6 @@
 package transport
 
 import (
-	"fmt"
 	"time"
 
 	"github.com/kvgate/kvgate/pkg/kvevent"
@@ -15,56 +14,33 @@ func (s *stream) deliver(seq uint64, payload []byte, replayed bool) {
 	if replayed {
 		s.replayDelivered()
 	}
-	now := time.Now()
-	k := &s.obs.counters
-	k.batches.Add(1)
-	k.lastSeq.Store(seq)
-	k.lastEventNanos.Store(now.UnixNano())
-	if replayed {
-		k.replayed.Add(1)
-	}
-	var received, processed [len(eventTypes)]int
-	batch, stats, err := kvevent.DecodeEventBatchStats(payload)
+	start := time.Now()
+	batch, skips, err := kvevent.DecodeEventBatchStats(payload)
 	if err != nil {
-		k.decodeErrors.Add(1)
-		s.obs.metrics.IncrementErrorCount(ErrorTypeDecode)
-		s.obs.metrics.recordBatch(seq, replayed, &received, &processed)
-		s.obs.logger.Error(fmt.Errorf("decode batch seq %d from %s: %w", seq, s.obs.pubEndpoint, err),
-			"Dropping undecodable KV event batch", "seq", seq, "bytes", len(payload))
+		s.obs.batchUndecodable(seq, replayed, start, len(payload), err)
 		return
 	}
-	s.obs.metrics.recordSkips(stats)
+	var received, processed eventCounts
 	for _, ev := range batch.Events {
 		if i := eventTypeIndex(ev.GetType()); i >= 0 {
 			received[i]++
 		}
 	}
-	k.events.Add(uint64(len(batch.Events)))
 	h := s.handler.Load()
 	if h.batch != nil {
 		if err := h.batch.HandleBatch(seq, batch); err != nil {
-			s.handlerFailed(seq, err)
+			s.obs.handlerFailed(seq, err)
 		} else {
 			processed = received
 		}
 	} else {
 		for _, ev := range batch.Events {
 			if err := h.event.HandleEvent(ev); err != nil {
-				s.handlerFailed(seq, err)
+				s.obs.handlerFailed(seq, err)
 			} else if i := eventTypeIndex(ev.GetType()); i >= 0 {
 				processed[i]++
 			}
 		}
 	}
-	s.obs.metrics.RecordEventProcessingLatency(time.Since(now))
-	s.obs.metrics.recordBatch(seq, replayed, &received, &processed)
-	if s.obs.logs(levelTrace) {
-		s.obs.logger.Info("Delivered KV event batch", "seq", seq, "events", len(batch.Events), "replayed", replayed)
-	}
-}
-
-func (s *stream) handlerFailed(seq uint64, err error) {
-	s.obs.counters.handlerErrors.Add(1)
-	s.obs.metrics.IncrementErrorCount(ErrorTypeHandler)
-	s.obs.logger.Error(err, "KV event handler failed", "seq", seq)
+	s.obs.batchDelivered(seq, replayed, start, len(batch.Events), &received, &processed, skips)
 }

@@ -20,16 +20,14 @@ func (s *stream) startReplay(from uint64, force bool) bool {
 	if !force && now.Before(s.replay.retryAt) {
 		return false
 	}
-	s.obs.counters.replayRequests.Add(1)
-	s.obs.metrics.IncrementReplayCount()
+	s.obs.replayRequested(from, s.replayEndpoint)
 	if err := zmqwire.SendFrames(s.dealer, zmq.DONTWAIT, nil, zmqwire.SeqFrame(from)); err != nil {
-		s.replayFailed(ErrorTypeSocket, fmt.Errorf("send replay request from seq %d: %w", from, err))
+		s.replayFailed(kindSocket, fmt.Errorf("send replay request from seq %d: %w", from, err))
 		return false
 	}
 	s.replay.active = true
 	s.replay.deadline = now.Add(s.cfg.ReplayTimeout)
 	s.silence.counted = false
-	s.obs.logDebug("Requested replay", "fromSeq", from, "endpoint", s.replayEndpoint)
 	return true
 }
 
@@ -39,14 +37,7 @@ func (s *stream) abortReplay() { s.resetDealer() }
 // reset tells the handler its view of the stream is no longer exact.
 func (s *stream) reset(r kvevent.StreamReset) {
 	r.PodKey, r.DPRank = s.cfg.PodKey, s.cfg.DPRank
-	s.obs.counters.countReset(r)
-	s.obs.metrics.recordReset(r)
-	if r.Reason == kvevent.ResetRewind {
-		s.obs.logInfo("Rewinding KV event stream", "nextSeq", r.NextSeq)
-	} else {
-		s.obs.logInfo("KV event stream reset: state derived from it is incomplete",
-			"reason", r.Reason, "nextSeq", r.NextSeq, "firstMissing", r.FirstMissing, "lastMissing", r.LastMissing)
-	}
+	s.obs.reset(r)
 	if h := s.handler.Load(); h.reset != nil {
 		h.reset.HandleReset(r)
 	}
@@ -60,50 +51,45 @@ func (s *stream) drainReplies() {
 		s.replyFrames = frames
 		if err != nil {
 			if !zmqwire.IsAgain(err) {
-				s.failReplay(ErrorTypeSocket, fmt.Errorf("receive replay reply: %w", err))
+				s.failReplay(kindSocket, fmt.Errorf("receive replay reply: %w", err))
 			}
 			return
 		}
 		if !s.replay.active {
 			// A reply after the end marker: not part of any request.
-			s.obs.metrics.IncrementErrorCount(ErrorTypeReplayProtocol)
+			s.obs.unsolicitedReply()
 			continue
 		}
 		r, err := parseReplayReply(frames)
 		if err != nil {
-			s.failReplay(ErrorTypeReplayProtocol, err)
+			s.failReplay(kindReplayProtocol, err)
 			return
 		}
 		s.replay.deadline = time.Now().Add(s.cfg.ReplayTimeout)
 		if !r.end {
 			if r.hasTopic {
-				s.obs.notePublisherTopic(r.topic)
+				s.obs.publisherTopic(r.topic)
 			}
 			s.seq.onReplayBatch(r.seq, r.payload)
 			continue
 		}
 		s.replay = replayTimer{backoff: s.cfg.ReconnectDelay}
-		s.obs.counters.replaySuccesses.Add(1)
-		s.obs.metrics.IncrementReplaySuccess()
+		s.obs.replaySucceeded()
 		s.seq.onReplayEnd()
 	}
 }
 
-// failReplay gives up on the replay in flight.
-func (s *stream) failReplay(errorType string, err error) {
-	s.replayFailed(errorType, err)
+// failReplay gives up on the replay in flight; kind is the error it counts
+// as besides a failed replay.
+func (s *stream) failReplay(kind errorKind, err error) {
+	s.replayFailed(kind, err)
 	s.seq.onReplayFailed()
 }
 
 // replayFailed counts and logs a failed replay, backs further gap replays
 // off and replaces the DEALER.
-func (s *stream) replayFailed(errorType string, err error) {
-	s.obs.counters.replayFailures.Add(1)
-	s.obs.metrics.IncrementReplayFailure()
-	if errorType != "" {
-		s.obs.metrics.IncrementErrorCount(errorType)
-	}
-	s.obs.logger.Error(err, "Replay failed", "endpoint", s.replayEndpoint, "retryIn", s.replay.backoff)
+func (s *stream) replayFailed(kind errorKind, err error) {
+	s.obs.replayFailed(kind, err, s.replayEndpoint, s.replay.backoff)
 	s.replay.retryAt = time.Now().Add(s.replay.backoff)
 	s.replay.backoff = min(time.Duration(float64(s.replay.backoff)*ReconnectBackoffFactor), s.cfg.MaxReconnectDelay)
 	s.resetDealer()

@@ -25,7 +25,7 @@ type liveSilence struct {
 func (s *stream) liveArrived(now time.Time) {
 	s.quietFrom(now)
 	s.silence.replays = 0
-	if s.obs.counters.topicMismatch.Load() {
+	if s.obs.topicMismatch() {
 		s.obs.setTopicMismatch(false)
 	}
 }
