@@ -109,14 +109,14 @@ type PodTarget struct {
 	DPSize     int
 }
 
-// Stream returns the identity of rank's stream.
-func (t PodTarget) Stream(rank int) kvevent.StreamID {
+// streamID returns the identity of rank's stream.
+func (t PodTarget) streamID(rank int) kvevent.StreamID {
 	return kvevent.StreamID{PodKey: t.PodKey, DPRank: rank, Model: t.Model, LoraID: t.LoraID}
 }
 
-// PodKey returns the key a KVEventManager and the index name a pod by:
+// podKey returns the key a KVEventManager and the index name a pod by:
 // "namespace/name".
-func PodKey(namespace, name string) string { return namespace + "/" + name }
+func podKey(namespace, name string) string { return namespace + "/" + name }
 
 // TargetForPod decides whether a KVEventManager follows pod and how: it
 // returns the pod's target, or the reason it is not followed and, for
@@ -147,7 +147,7 @@ func TargetForPod(pod *v1.Pod, d StreamDefaults) (PodTarget, IneligibleReason, e
 	}
 	lora, _ := podValue(pod, LoraIDLabel)
 	t := PodTarget{
-		PodKey: PodKey(pod.Namespace, pod.Name), UID: string(pod.UID), IP: pod.Status.PodIP, Model: model, LoraID: lora,
+		PodKey: podKey(pod.Namespace, pod.Name), UID: string(pod.UID), IP: pod.Status.PodIP, Model: model, LoraID: lora,
 		PubPort: d.PubPort, ReplayPort: d.ReplayPort, Topic: d.Topic, DPSize: 1,
 	}
 	if v, ok := podValue(pod, TopicAnnotation); ok {

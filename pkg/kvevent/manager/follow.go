@@ -54,7 +54,7 @@ func (m *KVEventManager) streamConfig(t PodTarget, rank int, zctx *zmq.Context) 
 
 // handler returns the handler delivering rank's stream of t to the index.
 func (m *KVEventManager) handler(t PodTarget, rank int) *indexHandler {
-	return &indexHandler{index: m.index, stream: t.Stream(rank),
+	return &indexHandler{index: m.index, stream: t.streamID(rank),
 		logger: m.logger.WithValues("pod", t.PodKey, "model", t.Model, "dpRank", rank)}
 }
 
@@ -88,7 +88,7 @@ func (f *clientFollower) start(t PodTarget, rank int) (*followedStream, error) {
 		return nil, fmt.Errorf("follow %s rank %d: %w", t.PodKey, rank, err)
 	}
 	pub, replay := c.Endpoints()
-	return &followedStream{id: t.Stream(rank), pubEndpoint: pub, replayEndpoint: replay, topic: cfg.Topic,
+	return &followedStream{id: t.streamID(rank), pubEndpoint: pub, replayEndpoint: replay, topic: cfg.Topic,
 		since: time.Now(), stats: c}, nil
 }
 
@@ -140,7 +140,7 @@ func (f *bindFollower) follow(t PodTarget) ([]*followedStream, error) {
 	streams := make([]*followedStream, len(bound))
 	for rank, b := range bound {
 		pub, replay := b.Endpoints()
-		streams[rank] = &followedStream{id: t.Stream(rank), pubEndpoint: pub, replayEndpoint: replay,
+		streams[rank] = &followedStream{id: t.streamID(rank), pubEndpoint: pub, replayEndpoint: replay,
 			topic: transport.BindTopic(t.IP, t.Model), since: time.Now(), stats: b}
 	}
 	return streams, nil

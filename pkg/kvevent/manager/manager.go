@@ -296,7 +296,7 @@ func (m *KVEventManager) OnPodUpdate(_, newPod *v1.Pod) { m.record(newPod) }
 // OnPodDelete forgets a pod and queues it, so that its streams stop and it
 // is purged from the index.
 func (m *KVEventManager) OnPodDelete(pod *v1.Pod) {
-	key := PodKey(pod.Namespace, pod.Name)
+	key := podKey(pod.Namespace, pod.Name)
 	m.mu.Lock()
 	delete(m.pods, key)
 	m.mu.Unlock()
@@ -304,7 +304,7 @@ func (m *KVEventManager) OnPodDelete(pod *v1.Pod) {
 }
 
 func (m *KVEventManager) record(pod *v1.Pod) {
-	key := PodKey(pod.Namespace, pod.Name)
+	key := podKey(pod.Namespace, pod.Name)
 	m.mu.Lock()
 	m.pods[key] = pod
 	m.mu.Unlock()

@@ -109,7 +109,7 @@ func TestTargetForPodReadsOverridesAndDefaults(t *testing.T) {
 	if got.PubPort != 5600 || got.ReplayPort != 0 || got.Topic != "kv" || got.DPSize != 1 {
 		t.Fatalf("defaults not applied: %+v", got)
 	}
-	if id := got.Stream(0); id != (kvevent.StreamID{PodKey: "default/b", Model: "llama"}) {
+	if id := got.streamID(0); id != (kvevent.StreamID{PodKey: "default/b", Model: "llama"}) {
 		t.Fatalf("Stream(0) = %+v", id)
 	}
 }

@@ -18,9 +18,9 @@ import (
 	"github.com/kvgate/kvgate/pkg/kvevent/internal/zmqwire"
 )
 
-// BindTopicPrefix starts the topic of an engine that dials into a bound
+// bindTopicPrefix starts the topic of an engine that dials into a bound
 // receiver: kv@<pod-ip>:<port>@<model>.
-const BindTopicPrefix = "kv@"
+const bindTopicPrefix = "kv@"
 
 // BindConfig configures a BindReceiver: SUB sockets bound for engines to
 // dial into (vLLM's PUB connects when its endpoint names a host, as in
@@ -85,12 +85,12 @@ const (
 	IgnoredIdentityChanged = "identity_conflict"
 )
 
-// ParseBindTopic splits a topic kv@<pod-ip>:<port>@<model> into its
+// parseBindTopic splits a topic kv@<pod-ip>:<port>@<model> into its
 // parts. The IP is returned in canonical form.
-func ParseBindTopic(topic string) (ip string, port int, model string, err error) {
-	rest, ok := strings.CutPrefix(topic, BindTopicPrefix)
+func parseBindTopic(topic string) (ip string, port int, model string, err error) {
+	rest, ok := strings.CutPrefix(topic, bindTopicPrefix)
 	if !ok {
-		return "", 0, "", fmt.Errorf("topic %q does not start with %q", topic, BindTopicPrefix)
+		return "", 0, "", fmt.Errorf("topic %q does not start with %q", topic, bindTopicPrefix)
 	}
 	addr, model, ok := strings.Cut(rest, "@")
 	if !ok || model == "" {
@@ -111,7 +111,7 @@ func ParseBindTopic(topic string) (ip string, port int, model string, err error)
 // BindTopic is the topic the engine at ip serving model publishes with,
 // for logs and status: any port identifies it.
 func BindTopic(ip, model string) string {
-	return BindTopicPrefix + net.JoinHostPort(ip, "<port>") + "@" + model
+	return bindTopicPrefix + net.JoinHostPort(ip, "<port>") + "@" + model
 }
 
 // BindReceiver follows the streams of engines that dial into its bound SUB

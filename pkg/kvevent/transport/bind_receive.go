@@ -39,7 +39,7 @@ func (l *bindLoop) drainLive(rank int) {
 
 // onMessage feeds one live message to the stream its topic and rank name.
 func (l *bindLoop) onMessage(rank int, topic string, seq uint64, payload []byte) {
-	ip, _, model, err := ParseBindTopic(topic)
+	ip, _, model, err := parseBindTopic(topic)
 	if err != nil {
 		l.ignore(IgnoredBadTopic, topic, rank, err)
 		return

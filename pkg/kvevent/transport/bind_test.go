@@ -18,9 +18,9 @@ func TestParseBindTopic(t *testing.T) {
 		{"kv-events", "", "", 0, false},
 	}
 	for _, tt := range tests {
-		ip, port, model, err := ParseBindTopic(tt.topic)
+		ip, port, model, err := parseBindTopic(tt.topic)
 		if (err == nil) != tt.ok || ip != tt.ip || port != tt.port || model != tt.model {
-			t.Errorf("ParseBindTopic(%q) = %q, %d, %q, %v", tt.topic, ip, port, model, err)
+			t.Errorf("parseBindTopic(%q) = %q, %d, %q, %v", tt.topic, ip, port, model, err)
 		}
 	}
 }
