@@ -3,7 +3,7 @@
 //
 // KVEventManager follows each eligible pod with one stream per
 // data-parallel rank (a transport.ZMQClient dialling the pod, or in bind
-// mode a stream of one transport.BindReceiver) and delivers to a KVIndex.
+// mode a stream of one transport.BindReceiver) and delivers to a kvevent.KVIndex.
 // It is told about pods (OnPodAdd, OnPodUpdate, OnPodDelete) and reconciles
 // them like a Kubernetes controller. A pod is followed when it is Running,
 // not terminating, Ready, has an IP, and carries (as a label, or else an

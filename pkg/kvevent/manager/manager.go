@@ -75,7 +75,7 @@ type ManagerConfig struct {
 }
 
 // KVEventManager follows the KV-event streams of every eligible vLLM pod
-// and keeps a KVIndex up to date with them. It is built like a Kubernetes
+// and keeps a kvevent.KVIndex up to date with them. It is built like a Kubernetes
 // controller: OnPodAdd, OnPodUpdate and OnPodDelete record the pod and
 // queue its key, without I/O and without blocking; workers reconcile each
 // queued pod, comparing the streams it should have (TargetForPod, one per

@@ -40,8 +40,10 @@ type PublisherConfig struct {
 	// ReplayEndpoint is rank 0's replay ROUTER endpoint, always bound; ""
 	// disables replay, as in vLLM by default.
 	ReplayEndpoint string
-	// DataParallelRank offsets both endpoints (see OffsetEndpointPort) and
-	// is stamped on batches published with DataParallelRank kvevent.NoRank.
+	// DataParallelRank offsets both endpoints as vLLM's
+	// offset_endpoint_port does (the port plus the rank for tcp, the suffix
+	// "_dp<rank>" for inproc; other transports take rank 0 only) and is
+	// stamped on batches published with DataParallelRank kvevent.NoRank.
 	DataParallelRank int
 	// Topic is sent as the first frame of every message.
 	Topic string

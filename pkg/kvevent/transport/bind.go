@@ -31,9 +31,9 @@ const bindTopicPrefix = "kv@"
 // rank, and counts every other message as ignored (see Ignored).
 type BindConfig struct {
 	// Endpoint is the endpoint bound for rank 0, e.g. tcp://*:5557. Rank r
-	// binds Endpoint offset by r as vLLM offsets its endpoints: the port
-	// plus r for tcp, the suffix "_dp<r>" for inproc; because a connecting
-	// engine offsets its endpoint by its rank too.
+	// binds Endpoint offset by r exactly as a connecting vLLM engine of
+	// rank r offsets its endpoint: the port plus r for tcp, the suffix
+	// "_dp<r>" for inproc.
 	Endpoint string
 	// Ranks is how many ranks are bound: the largest data-parallel size of
 	// the engines (1 when 0).

@@ -22,8 +22,8 @@ var (
 // ZMQClient follows one vLLM engine's KV-event stream (one pod, one
 // data-parallel rank) and hands its batches to a handler exactly once each,
 // in seq order, recovering what the live stream missed through the engine's
-// replay ROUTER and telling the handler, through a StreamReset, whenever that
-// is impossible.
+// replay ROUTER and telling the handler, through a kvevent.StreamReset,
+// whenever that is impossible.
 //
 // One goroutine, started by Start, owns the client's ZeroMQ sockets and its
 // stream and calls the handler; while the client is stopped nothing runs.
@@ -45,7 +45,7 @@ type ZMQClient struct {
 }
 
 // NewZMQClient returns a client for the stream config describes, delivering
-// to handler (see BatchHandler and ResetHandler for the optional
+// to handler (see kvevent.BatchHandler and kvevent.ResetHandler for the optional
 // extensions). The client copies config; it does nothing until Start.
 // It fails when config is invalid (see ValidateConfig) or handler is nil.
 func NewZMQClient(config *ZMQClientConfig, handler kvevent.EventHandler) (*ZMQClient, error) {
@@ -153,10 +153,10 @@ func (c *ZMQClient) Reconnect() error {
 	return c.do((*dialer).reconnect)
 }
 
-// ReplayFrom rewinds the stream to seq: the handler receives a StreamReset
-// with reason ResetRewind, then every batch from seq on that the engine
-// still buffers (an unrecoverable gap is reported for the ones it does not),
-// then the live stream. It is the way to rebuild a handler's state for the
+// ReplayFrom rewinds the stream to seq: the handler receives a
+// kvevent.StreamReset with reason kvevent.ResetRewind, then every batch from
+// seq on that the engine still buffers (an unrecoverable gap is reported for
+// the ones it does not), then the live stream. It is the way to rebuild a handler's state for the
 // stream (seq 0) without reconnecting. It fails when the client is not
 // running, or when seq is beyond the next batch the stream expects.
 func (c *ZMQClient) ReplayFrom(seq uint64) error {

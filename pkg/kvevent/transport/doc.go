@@ -13,8 +13,12 @@
 //     every stream registered with Follow from one goroutine, which owns
 //     the bound sockets and every stream's replay DEALER.
 //
-// Either way one goroutine owns a stream at a time, and everything else
-// reaches it through commands or reads its counters.
+// Either way one goroutine owns a stream and the sockets it is fed from: a
+// client hands its stream to its goroutine on Start and takes it back on
+// Stop, and a receiver's streams live in its goroutine alone. Everything
+// else reaches a stream through commands (Reconnect, ReplayFrom, Follow,
+// Unfollow) or reads what its observer recorded (Stats, GetStats,
+// WaitForConnection).
 //
 // # How a stream is kept exact
 //
@@ -35,17 +39,17 @@
 //   - A replay that starts later than asked (the engine's buffer no longer
 //     reaches back), a replay that is unavailable (vLLM's replay endpoint is
 //     off by default) or times out, and a full pending buffer end in a
-//     StreamReset with reason ResetUnrecoverableGap naming the lost seqs; the
-//     stream goes on from the first batch still available. After a failed
-//     replay, further gap replays back off (1 s doubling to 30 s by
-//     default), and the replay socket is replaced so a late reply cannot be
-//     taken for the answer to a new request.
+//     kvevent.StreamReset with reason kvevent.ResetUnrecoverableGap naming
+//     the lost seqs; the stream goes on from the first batch still
+//     available. After a failed replay, further gap replays back off (1 s
+//     doubling to 30 s by default), and the replay socket is replaced so a
+//     late reply cannot be taken for the answer to a new request.
 //   - Replays are anchored: they start at the last delivered batch, whose
 //     payload must come back unchanged. A live seq that does not increase, a
 //     changed anchor, or an engine that no longer has the anchor at all means
-//     the engine restarted: the handler gets a StreamReset with reason
-//     ResetPublisherRestart and the stream is rebuilt from seq 0. (Without
-//     replay, only a seq going back reveals a restart.)
+//     the engine restarted: the handler gets a kvevent.StreamReset with
+//     reason kvevent.ResetPublisherRestart and the stream is rebuilt from seq
+//     0. (Without replay, only a seq going back reveals a restart.)
 //   - A batch that does not decode is counted, logged with its seq, and
 //     dropped; its seq still counts as delivered and the stream goes on.
 //   - The replay ROUTER ignores topics, so a subscription whose topic is not
@@ -61,6 +65,18 @@
 // silent, a socket monitor keeps a dialled stream's connection state
 // (GetStats, Stats, WaitForConnection, metrics) true, and libzmq redials
 // with a backoff of 1 s doubling to 30 s by default.
+//
+// # Statistics, metrics and logs
+//
+// Every event of a stream (a connection, a replay, a batch, a reset, an
+// error) is recorded once, by the stream's observer, into its Prometheus
+// metrics (aibrix_kvcache_zmq_*, labelled pod_key and dp_rank, when
+// ZMQClientConfig.Metrics is set) and then its statistics (ClientStats),
+// and logged through the logr logger of ZMQClientConfig.Logger with the
+// stream's pod, model and rank: errors always, connection changes, resets
+// and topic mismatches at verbosity 0, dialling, redials and replay
+// requests at 4, every delivered batch at 5. Nothing is formatted for a
+// verbosity that is off.
 //
 // # vLLM versions
 //
