@@ -73,7 +73,7 @@ func (l *bindLoop) onMessage(rank int, topic string, seq uint64, payload []byte)
 func (l *bindLoop) attach(e *boundEntry, topic string) {
 	e.topic = topic
 	if err := e.s.openReplay(l.ctx); err != nil {
-		e.s.obs.socketFailed(err, "Replay is unavailable for this stream")
+		e.handle.obs.socketFailed(err, "Replay is unavailable for this stream")
 	}
 	e.s.up(time.Now())
 	l.track(e)
