@@ -134,18 +134,18 @@ type BindReceiver struct {
 // bindLoop is the state of a BindReceiver's goroutine, which alone holds
 // it.
 type bindLoop struct {
-	cfg      BindConfig
-	logger   klog.Logger
-	ctx      *zmq.Context
-	ownCtx   bool
-	subs     []*zmq.Socket            // by rank
-	bound    []string                 // endpoints, by rank
-	byAddr   map[string]string        // ip@model -> pod key
-	streams  map[boundKey]*boundEntry // followed streams
-	warnedAt map[string]time.Time     // when an ignored identity was last logged
-	poller   *zmq.Poller
-	dirty    bool // the set of sockets changed: rebuild poller
-	frames   [][]byte
+	cfg          BindConfig
+	logger       klog.Logger
+	ctx          *zmq.Context
+	ownCtx       bool
+	subs         []*zmq.Socket            // by rank
+	bound        []string                 // endpoints, by rank
+	byAddr       map[string]string        // ip@model -> pod key
+	streams      map[boundKey]*boundEntry // followed streams
+	ignoreLimits map[string]*logLimiter   // log limits of ignored messages, by reason
+	poller       *zmq.Poller
+	dirty        bool // the set of sockets changed: rebuild poller
+	frames       [][]byte
 }
 
 // boundKey identifies a followed stream: its pod and rank.
@@ -173,7 +173,7 @@ func NewBindReceiver(cfg BindConfig) (*BindReceiver, error) {
 	cfg.ReceiveHWM = cmp.Or(cfg.ReceiveHWM, DefaultReceiveHWM)
 	cfg.PollTimeout = cmp.Or(cfg.PollTimeout, DefaultPollTimeout)
 	l := &bindLoop{cfg: cfg, logger: cfg.Logger, ctx: cfg.Context,
-		byAddr: map[string]string{}, streams: map[boundKey]*boundEntry{}, warnedAt: map[string]time.Time{}, dirty: true}
+		byAddr: map[string]string{}, streams: map[boundKey]*boundEntry{}, ignoreLimits: map[string]*logLimiter{}, dirty: true}
 	if l.logger.GetSink() == nil {
 		l.logger = klog.Background()
 	}
@@ -437,6 +437,7 @@ func (l *bindLoop) poll() {
 			l.track(e)
 		}
 	}
+	l.flushIgnoreLogs(now)
 }
 
 func (l *bindLoop) subRank(s *zmq.Socket) int {

@@ -8,9 +8,6 @@ import (
 	"github.com/kvgate/kvgate/pkg/kvevent/internal/zmqwire"
 )
 
-// ignoredLogInterval is how often one ignored identity is logged.
-const ignoredLogInterval = time.Minute
-
 // drainLive reads the messages waiting on rank's bound socket and hands
 // each to its stream.
 func (l *bindLoop) drainLive(rank int) {
@@ -79,21 +76,37 @@ func (l *bindLoop) attach(e *boundEntry, topic string) {
 	l.track(e)
 }
 
-// ignore counts a dropped message and logs its identity at most once per
-// ignoredLogInterval.
+// ignore counts a dropped message and logs it, rate-limited per reason
+// (see logLimiter).
 func (l *bindLoop) ignore(reason, topic string, rank int, err error) {
 	if l.cfg.Ignored != nil {
 		l.cfg.Ignored(reason)
 	}
-	key := reason + "|" + topic
-	now := time.Now()
-	if last, ok := l.warnedAt[key]; ok && now.Sub(last) < ignoredLogInterval {
-		return
+	lim := l.ignoreLimits[reason]
+	if lim == nil {
+		lim = &logLimiter{}
+		l.ignoreLimits[reason] = lim
 	}
-	if len(l.warnedAt) >= 1024 {
-		clear(l.warnedAt)
+	ok, summary := lim.allow(time.Now())
+	if summary > 0 {
+		l.logSuppressedIgnores(reason, summary)
 	}
-	l.warnedAt[key] = now
-	l.logger.Info("Ignoring KV events received on a bound socket", "reason", reason, "topic", topic,
-		"endpoint", l.bound[rank], "error", err)
+	if ok {
+		l.logger.Info("Ignoring KV events received on a bound socket", "reason", reason, "topic", topic,
+			"endpoint", l.bound[rank], "error", err)
+	}
+}
+
+// flushIgnoreLogs logs the summaries of the intervals that are over at now.
+func (l *bindLoop) flushIgnoreLogs(now time.Time) {
+	for reason, lim := range l.ignoreLimits {
+		if n := lim.due(now); n > 0 {
+			l.logSuppressedIgnores(reason, n)
+		}
+	}
+}
+
+func (l *bindLoop) logSuppressedIgnores(reason string, n int) {
+	l.logger.Info("Suppressed repeated log lines of ignored KV events", "reason", reason, "lines", n,
+		"interval", logInterval, "burst", logBurst)
 }

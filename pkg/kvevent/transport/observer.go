@@ -38,6 +38,52 @@ type observer struct {
 	m           *streamMetrics
 	counters    clientCounters
 	conn        connState
+	limits      [numLogKinds]logLimiter // owner only
+}
+
+// logKind is a kind of line a stream may log once per message, replay or
+// connection attempt, rate-limited separately (see logLimiter).
+type logKind int
+
+const (
+	logDecodeError logKind = iota
+	logHandlerError
+	logMalformed
+	logReplayFailed
+	logSocketFailed
+	logHandshakeFailed
+	numLogKinds
+)
+
+// logKindNames name the log kinds in summaries.
+var logKindNames = [numLogKinds]string{"decode_error", "handler_error", "malformed_message", "replay_failed",
+	"socket_failed", "handshake_failed"}
+
+// limited reports whether a line of kind may be logged now, logging the
+// summary of the lines of that kind suppressed in the interval that ended.
+func (o *observer) limited(kind logKind) bool {
+	ok, summary := o.limits[kind].allow(time.Now())
+	if summary > 0 {
+		o.logSuppressed(kind, summary)
+	}
+	if !ok {
+		o.counters.suppressedLogs.Add(1)
+	}
+	return ok
+}
+
+// flushLogs logs the summaries of the intervals that are over at now.
+func (o *observer) flushLogs(now time.Time) {
+	for kind := range o.limits {
+		if n := o.limits[kind].due(now); n > 0 {
+			o.logSuppressed(logKind(kind), n)
+		}
+	}
+}
+
+func (o *observer) logSuppressed(kind logKind, n int) {
+	o.logger.Info("Suppressed repeated log lines of this KV event stream", "kind", logKindNames[kind], "lines", n,
+		"interval", logInterval, "burst", logBurst)
 }
 
 // newObserver returns the observer of the stream cfg describes, whose live
@@ -113,13 +159,17 @@ func (o *observer) reconnectAttempt() {
 // socketFailed counts and logs a socket that could not be set up or used.
 func (o *observer) socketFailed(err error, msg string, keysAndValues ...any) {
 	o.error(kindSocket)
-	o.logger.Error(err, msg, keysAndValues...)
+	if o.limited(logSocketFailed) {
+		o.logger.Error(err, msg, keysAndValues...)
+	}
 }
 
 // handshakeFailed counts and logs a connection whose ZMTP handshake failed.
 func (o *observer) handshakeFailed(endpoint, event string, errno int) {
 	o.error(kindSocket)
-	o.logger.Info("Handshake with KV event publisher failed", "endpoint", endpoint, "event", event, "errno", errno)
+	if o.limited(logHandshakeFailed) {
+		o.logger.Info("Handshake with KV event publisher failed", "endpoint", endpoint, "event", event, "errno", errno)
+	}
 }
 
 // malformed counts and logs a dropped live message that is not [topic,
@@ -127,7 +177,9 @@ func (o *observer) handshakeFailed(endpoint, event string, errno int) {
 func (o *observer) malformed(frames [][]byte) {
 	o.error(kindMalformed)
 	o.counters.malformed.Add(1)
-	o.logger.Error(errMalformed(frames), "Dropping malformed KV event message")
+	if o.limited(logMalformed) {
+		o.logger.Error(errMalformed(frames), "Dropping malformed KV event message")
+	}
 }
 
 // replayRequested counts a replay request sent to endpoint.
@@ -157,7 +209,9 @@ func (o *observer) replayFailed(kind errorKind, err error, endpoint string, retr
 	}
 	o.error(kind)
 	o.counters.replayFailures.Add(1)
-	o.logger.Error(err, "Replay failed", "endpoint", endpoint, "retryIn", retryIn)
+	if o.limited(logReplayFailed) {
+		o.logger.Error(err, "Replay failed", "endpoint", endpoint, "retryIn", retryIn)
+	}
 }
 
 // unsolicitedReply counts a replay reply that answers no request in flight.
@@ -228,8 +282,10 @@ func (o *observer) batchUndecodable(seq uint64, replayed bool, start time.Time, 
 	}
 	o.counters.decodeErrors.Add(1)
 	o.countBatch(seq, replayed, start)
-	o.logger.Error(fmt.Errorf("decode batch seq %d from %s: %w", seq, o.pubEndpoint, err),
-		"Dropping undecodable KV event batch", "seq", seq, "bytes", size)
+	if o.limited(logDecodeError) {
+		o.logger.Error(fmt.Errorf("decode batch seq %d from %s: %w", seq, o.pubEndpoint, err),
+			"Dropping undecodable KV event batch", "seq", seq, "bytes", size)
+	}
 }
 
 // countBatch counts a delivered batch in the statistics, the batch count
@@ -267,7 +323,9 @@ func (m *streamMetrics) recordBatch(seq uint64, replayed bool, received, process
 func (o *observer) handlerFailed(seq uint64, err error) {
 	o.error(kindHandler)
 	o.counters.handlerErrors.Add(1)
-	o.logger.Error(err, "KV event handler failed", "seq", seq)
+	if o.limited(logHandlerError) {
+		o.logger.Error(err, "KV event handler failed", "seq", seq)
+	}
 }
 
 // topicMismatch reports whether the stream counts as having its live

@@ -51,6 +51,10 @@ type ClientStats struct {
 	// reply carried one.
 	PublisherTopic      string
 	PublisherTopicKnown bool
+	// SuppressedLogs counts error log lines left out because the stream
+	// logged more than 10 of their kind within a minute; each interval
+	// that left lines out ends with one line saying how many.
+	SuppressedLogs uint64
 	// TopicMismatch is set while batches arrive only through replay: three
 	// replays in a row delivered batches that no live message brought, and
 	// the publisher's topic is unknown or does not start with the
@@ -68,7 +72,7 @@ type clientCounters struct {
 	connections, disconnections, reconnectAttempts               atomic.Uint64
 	replayRequests, replaySuccesses, replayFailures              atomic.Uint64
 	unrecoverableGaps, missedBatches, publisherRestarts, rewinds atomic.Uint64
-	lastSeq                                                      atomic.Uint64
+	lastSeq, suppressedLogs                                      atomic.Uint64
 	lastEventNanos                                               atomic.Int64
 	publisherTopic                                               atomic.Pointer[string]
 	topicMismatch                                                atomic.Bool
@@ -103,6 +107,7 @@ func (o *observer) stats() ClientStats {
 		PublisherRestarts: k.publisherRestarts.Load(),
 		Rewinds:           k.rewinds.Load(),
 		TopicMismatch:     k.topicMismatch.Load(),
+		SuppressedLogs:    k.suppressedLogs.Load(),
 	}
 	if n := k.lastEventNanos.Load(); n != 0 {
 		s.LastEventTime = time.Unix(0, n)

@@ -175,6 +175,7 @@ func (s *stream) rewind(seq uint64) error {
 // runTimers fails a replay that stayed silent past its deadline and probes
 // a stream that stayed quiet past its probe time.
 func (s *stream) runTimers(now time.Time) {
+	s.obs.flushLogs(now)
 	if s.replay.active && !now.Before(s.replay.deadline) {
 		s.failReplay(kindUncounted, fmt.Errorf("no reply within %v", s.cfg.ReplayTimeout))
 	}
