@@ -165,5 +165,6 @@ type discardSink struct{}
 
 func (discardSink) deliver(uint64, []byte, bool)  {}
 func (discardSink) reset(kvevent.StreamReset)     {}
+func (discardSink) joined(uint64, uint64)         {}
 func (discardSink) startReplay(uint64, bool) bool { return false }
 func (discardSink) abortReplay()                  {}

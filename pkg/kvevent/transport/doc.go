@@ -36,12 +36,19 @@
 //   - A live seq above the expected one is a gap: the live batches wait while
 //     the missing range is replayed, then everything is applied in order. A
 //     replay whose replies leave a hole is followed up a few times.
-//   - A replay that starts later than asked (the engine's buffer no longer
-//     reaches back), a replay that is unavailable (vLLM's replay endpoint is
-//     off by default) or times out, and a full pending buffer end in a
-//     kvevent.StreamReset with reason kvevent.ResetUnrecoverableGap naming
-//     the lost seqs; the stream goes on from the first batch still
-//     available. After a failed replay, further gap replays back off (1 s
+//   - A stream begins with the first batch it delivers. On first contact,
+//     and after its engine restarted, a replay that starts later than
+//     asked, or no replay at all, only moves that start: an engine that
+//     counts from 1, or whose buffer no longer reaches back to 0 when the
+//     gateway starts, is joined where it is (logged, and recorded in
+//     ClientStats.JoinedAtSeq), since nothing was delivered that the
+//     missing batches could make inexact.
+//   - Once a batch was delivered, a replay that starts later than asked
+//     (the engine's buffer no longer reaches back), a replay that is
+//     unavailable (vLLM's replay endpoint is off by default) or times out,
+//     and a full pending buffer end in a kvevent.StreamReset with reason
+//     kvevent.ResetUnrecoverableGap naming the lost seqs; the stream goes
+//     on from the first batch still available. After a failed replay, further gap replays back off (1 s
 //     doubling to 30 s by default), and the replay socket is replaced so a
 //     late reply cannot be taken for the answer to a new request.
 //   - Replays are anchored: they start at the last delivered batch, whose

@@ -232,6 +232,7 @@ func (o *observer) reset(r kvevent.StreamReset) {
 	switch r.Reason {
 	case kvevent.ResetPublisherRestart:
 		o.counters.publisherRestarts.Add(1)
+		o.counters.joinedAt.Store(0)
 	case kvevent.ResetUnrecoverableGap:
 		o.counters.missedBatches.Add(r.Missing())
 		o.counters.unrecoverableGaps.Add(1)
@@ -244,6 +245,14 @@ func (o *observer) reset(r kvevent.StreamReset) {
 	}
 	o.logger.Info("KV event stream reset: state derived from it is incomplete",
 		"reason", r.Reason, "nextSeq", r.NextSeq, "firstMissing", r.FirstMissing, "lastMissing", r.LastMissing)
+}
+
+// joined records and logs that the stream begins at seq at, having found
+// nothing from seq from on before it.
+func (o *observer) joined(from, at uint64) {
+	o.counters.joinedAt.Store(at)
+	o.logger.Info("Joined KV event stream after its first batches: the engine no longer buffers them, or never sent them",
+		"fromSeq", from, "firstSeq", at)
 }
 
 // eventCounts are a batch's events per type, in eventTypes order.

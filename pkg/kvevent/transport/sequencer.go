@@ -23,6 +23,11 @@ type streamSink interface {
 	deliver(seq uint64, payload []byte, replayed bool)
 	// reset tells the handler its view of the stream is no longer exact.
 	reset(r kvevent.StreamReset)
+	// joined records that the stream, on first contact or after its
+	// publisher restarted, begins at seq at rather than from: the
+	// batches before it were never seen, and nothing derived from the
+	// stream is lost.
+	joined(from, at uint64)
 	// startReplay asks the publisher for every batch from seq on. It
 	// returns false when replay is unavailable right now (not configured,
 	// backing off after failures unless force is set, or the request could
@@ -62,8 +67,14 @@ type replayState struct {
 //     the transport probes a quiet stream the same way;
 //   - a live seq above the expected one buffers live batches (bounded by
 //     maxPending) while the missing range is replayed, then applies them;
-//   - a replay that starts later than asked, an unavailable replay and an
-//     overflowing buffer report an unrecoverable gap and go on;
+//   - a stream begins with the first batch it delivers: on first contact,
+//     and after its publisher restarted, a replay that starts later than
+//     asked, an unavailable replay and an overflowing buffer only move the
+//     start (joined), since nothing was delivered that they could make
+//     inexact;
+//   - once a batch was delivered, a replay that starts later than asked,
+//     an unavailable replay and an overflowing buffer report an
+//     unrecoverable gap and go on;
 //   - a live seq not above the previous live seq, a replayed anchor batch
 //     whose payload differs from the one delivered, or a publisher that no
 //     longer has the last delivered seq means the publisher restarted: the
@@ -75,6 +86,11 @@ type sequencer struct {
 	next    uint64 // seq of the next batch to deliver
 	last    []byte // payload of batch next-1, valid when hasLast
 	hasLast bool
+	// joined is set once the stream has a position the next batch must
+	// follow on from: a batch was delivered, or the stream was rewound.
+	// It is clear on first contact and after a publisher restart, when the
+	// first batch available is where the stream begins.
+	joined bool
 
 	liveHigh uint64 // highest live seq seen, valid when hasLive
 	hasLive  bool
@@ -124,7 +140,7 @@ func (s *sequencer) rewind(seq uint64) {
 	s.abortReplay()
 	s.clearPending()
 	s.followUps = 0
-	s.next, s.hasLast, s.last = seq, false, nil
+	s.next, s.hasLast, s.last, s.joined = seq, false, nil, true
 	s.sink.reset(kvevent.StreamReset{Reason: kvevent.ResetRewind, NextSeq: seq})
 	s.requestReplay(true)
 }
@@ -250,7 +266,7 @@ func (s *sequencer) restart(seq uint64, payload []byte) {
 	s.abortReplay()
 	s.clearPending()
 	s.followUps = 0
-	s.next, s.hasLast, s.last = 0, false, nil
+	s.next, s.hasLast, s.last, s.joined = 0, false, nil, false
 	s.liveHigh = seq
 	s.sink.reset(kvevent.StreamReset{Reason: kvevent.ResetPublisherRestart})
 	if seq == 0 {
@@ -266,7 +282,7 @@ func (s *sequencer) restart(seq uint64, payload []byte) {
 // buffer is cleared on every connection) and are kept.
 func (s *sequencer) restartFromReplay() {
 	s.followUps = 0
-	s.next, s.hasLast, s.last = 0, false, nil
+	s.next, s.hasLast, s.last, s.joined = 0, false, nil, false
 	s.hasLive = len(s.pending) > 0
 	if s.hasLive {
 		s.liveHigh = s.pending[len(s.pending)-1].seq
@@ -275,9 +291,15 @@ func (s *sequencer) restartFromReplay() {
 	s.requestReplay(true)
 }
 
-// skipTo declares next..seq-1 lost and moves on to seq.
+// skipTo moves on to seq: before the stream has joined, seq is where it
+// begins; after, next..seq-1 are declared lost.
 func (s *sequencer) skipTo(seq uint64) {
 	if seq <= s.next {
+		return
+	}
+	if !s.joined {
+		s.sink.joined(s.next, seq)
+		s.next = seq
 		return
 	}
 	s.sink.reset(kvevent.StreamReset{Reason: kvevent.ResetUnrecoverableGap, NextSeq: seq, FirstMissing: s.next, LastMissing: seq - 1})
@@ -286,7 +308,7 @@ func (s *sequencer) skipTo(seq uint64) {
 
 func (s *sequencer) apply(seq uint64, payload []byte, replayed bool) {
 	s.sink.deliver(seq, payload, replayed)
-	s.next, s.last, s.hasLast = seq+1, payload, true
+	s.next, s.last, s.hasLast, s.joined = seq+1, payload, true, true
 }
 
 func (s *sequencer) abortReplay() {

@@ -12,11 +12,15 @@ type checkingSink struct {
 	t        *testing.T
 	seq      *sequencer
 	expected uint64 // the seq the next delivery must carry
-	inFlight bool   // a replay request is outstanding
-	refuse   bool   // replay unavailable
+	// begun is set once the stream delivered a batch or was rewound: from
+	// then on only a reset may move expected other than by a delivery.
+	begun    bool
+	inFlight bool // a replay request is outstanding
+	refuse   bool // replay unavailable
 }
 
 func (k *checkingSink) deliver(seq uint64, payload []byte, replayed bool) {
+	k.begun = true
 	if seq != k.expected {
 		k.t.Fatalf("delivered seq %d, want %d", seq, k.expected)
 	}
@@ -31,6 +35,14 @@ func (k *checkingSink) reset(r kvevent.StreamReset) {
 		k.t.Fatalf("gap %d..%d next %d while %d was expected", r.FirstMissing, r.LastMissing, r.NextSeq, k.expected)
 	}
 	k.expected = r.NextSeq
+	k.begun = r.Reason == kvevent.ResetRewind
+}
+
+func (k *checkingSink) joined(from, at uint64) {
+	if k.begun || from != k.expected || at <= from {
+		k.t.Fatalf("joined at %d after %d, with %d expected, begun %v", at, from, k.expected, k.begun)
+	}
+	k.expected = at
 }
 
 func (k *checkingSink) startReplay(from uint64, force bool) bool {

@@ -32,6 +32,10 @@ func (r *recordingSink) reset(rs kvevent.StreamReset) {
 	r.log = append(r.log, fmt.Sprintf("%s next %d", rs.Reason, rs.NextSeq))
 }
 
+func (r *recordingSink) joined(from, at uint64) {
+	r.log = append(r.log, fmt.Sprintf("join %d after %d", at, from))
+}
+
 func (r *recordingSink) startReplay(from uint64, force bool) bool {
 	if r.unavailable {
 		r.log = append(r.log, fmt.Sprintf("replay %d refused", from))
@@ -113,9 +117,23 @@ func TestSequencer(t *testing.T) {
 		want: []string{"replay 0", "deliver a0 live", "replay 0", "deliver a1 replay", "deliver a2 replay",
 			"deliver a3 live", "deliver a4 live"},
 	}, {
-		name:  "a replay starting after the requested seq is an unrecoverable gap",
+		name:  "on first contact a replay starting after the requested seq is where the stream begins",
 		steps: []string{"connect", "reply 5", "reply 6", "end", "live 7"},
-		want:  []string{"replay 0", "gap 0-4", "deliver a5 replay", "deliver a6 replay", "deliver a7 live"},
+		want:  []string{"replay 0", "join 5 after 0", "deliver a5 replay", "deliver a6 replay", "deliver a7 live"},
+	}, {
+		name:  "once a batch was delivered a replay starting after the requested seq is an unrecoverable gap",
+		steps: []string{"connect", "reply 0", "end", "live 1", "connect", "reply 5", "reply 6", "end"},
+		want: []string{"replay 0", "deliver a0 replay", "deliver a1 live", "replay 1", "gap 2-4",
+			"deliver a5 replay", "deliver a6 replay"},
+	}, {
+		name:  "a publisher counting from 1 joins at 1 when followed and after every restart",
+		steps: []string{"connect", "reply 1", "reply 2", "end", "live 3", "live 1 b", "reply 1 b", "end", "live 2 b"},
+		want: []string{"replay 0", "join 1 after 0", "deliver a1 replay", "deliver a2 replay", "deliver a3 live",
+			"publisher_restart next 0", "replay 0", "join 1 after 0", "deliver b1 replay", "deliver b2 live"},
+	}, {
+		name:  "a rewound stream reports a replay starting later than the rewind as a gap",
+		steps: []string{"connect", "end", "live 0", "live 1", "rewind 0", "reply 1", "end"},
+		want:  []string{"replay 0", "deliver a0 live", "deliver a1 live", "rewind next 0", "replay 0", "gap 0-0", "deliver a1 replay"},
 	}, {
 		name:  "a live seq going back is a publisher restart",
 		steps: []string{"connect", "end", "live 0", "live 1", "live 0 b", "live 1 b"},
@@ -142,9 +160,9 @@ func TestSequencer(t *testing.T) {
 		want: []string{"replay 0", "deliver a0 live", "deliver a1 live", "deliver a2 live", "replay 2",
 			"publisher_restart next 0", "replay 0", "deliver b0 replay"},
 	}, {
-		name:  "unavailable replay reports the gap and goes on live",
+		name:  "without replay the stream begins at the first live batch and reports later gaps",
 		steps: []string{"refuse", "connect", "live 3", "live 4", "live 6"},
-		want:  []string{"replay 0 refused", "replay 0 refused", "gap 0-2", "deliver a3 live", "deliver a4 live", "replay 4 refused", "gap 5-5", "deliver a6 live"},
+		want:  []string{"replay 0 refused", "replay 0 refused", "join 3 after 0", "deliver a3 live", "deliver a4 live", "replay 4 refused", "gap 5-5", "deliver a6 live"},
 	}, {
 		name:  "a failed replay reports the gap and applies the buffered batches",
 		steps: []string{"connect", "end", "live 0", "live 3", "live 4", "fail"},

@@ -43,6 +43,13 @@ type ClientStats struct {
 	MissedBatches     uint64
 	PublisherRestarts uint64
 	Rewinds           uint64
+	// JoinedAtSeq is the seq the stream began with, on first contact or
+	// after its engine restarted, when the engine no longer had (or never
+	// sent) the batches before it: a gateway that starts after its engines
+	// joins each stream at the oldest batch the engine still buffers. It
+	// is 0 for a stream followed from its first batch. Joining is not a
+	// loss: nothing derived from the stream predates it.
+	JoinedAtSeq uint64
 	// LastEventTime is when the last batch was delivered; zero before the
 	// first.
 	LastEventTime time.Time
@@ -72,7 +79,7 @@ type clientCounters struct {
 	connections, disconnections, reconnectAttempts               atomic.Uint64
 	replayRequests, replaySuccesses, replayFailures              atomic.Uint64
 	unrecoverableGaps, missedBatches, publisherRestarts, rewinds atomic.Uint64
-	lastSeq, suppressedLogs                                      atomic.Uint64
+	lastSeq, joinedAt, suppressedLogs                            atomic.Uint64
 	lastEventNanos                                               atomic.Int64
 	publisherTopic                                               atomic.Pointer[string]
 	topicMismatch                                                atomic.Bool
@@ -90,6 +97,7 @@ func (o *observer) stats() ClientStats {
 		DPRank:            o.rank,
 		Connected:         o.conn.isConnected(),
 		LastSeq:           k.lastSeq.Load(),
+		JoinedAtSeq:       k.joinedAt.Load(),
 		BatchesReceived:   k.batches.Load(),
 		ReplayedBatches:   k.replayed.Load(),
 		EventsReceived:    k.events.Load(),

@@ -43,6 +43,9 @@ func (s *stream) reset(r kvevent.StreamReset) {
 	}
 }
 
+// joined records where the stream begins (see streamSink).
+func (s *stream) joined(from, at uint64) { s.obs.joined(from, at) }
+
 // drainReplies reads the replies waiting on the DEALER and feeds them to the
 // sequencer.
 func (s *stream) drainReplies() {
