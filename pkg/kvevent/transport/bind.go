@@ -43,8 +43,12 @@ type BindConfig struct {
 	// it on Close.
 	Context *zmq.Context
 	// ReceiveHWM is the bound sockets' receive high-water mark in messages
-	// (DefaultReceiveHWM when 0).
+	// per connected engine (DefaultReceiveHWM when 0).
 	ReceiveHWM int
+	// MaxMessageBytes bounds one frame on the bound sockets, as
+	// ZMQClientConfig.MaxMessageBytes does (DefaultMaxMessageBytes when
+	// 0).
+	MaxMessageBytes int
 	// PollTimeout bounds how long Follow and Unfollow wait for the
 	// receiver's goroutine (DefaultPollTimeout when 0).
 	PollTimeout time.Duration
@@ -65,8 +69,9 @@ func (c *BindConfig) Validate() error {
 	if c.Ranks < 0 {
 		return fmt.Errorf("bind: Ranks %d is negative", c.Ranks)
 	}
-	if c.ReceiveHWM < 0 || c.PollTimeout < 0 {
-		return fmt.Errorf("bind: ReceiveHWM %d and PollTimeout %v must not be negative", c.ReceiveHWM, c.PollTimeout)
+	if c.ReceiveHWM < 0 || c.PollTimeout < 0 || c.MaxMessageBytes < 0 {
+		return fmt.Errorf("bind: ReceiveHWM %d, MaxMessageBytes %d and PollTimeout %v must not be negative",
+			c.ReceiveHWM, c.MaxMessageBytes, c.PollTimeout)
 	}
 	for r := range max(c.Ranks, 1) {
 		if _, err := zmqwire.OffsetEndpointPort(c.Endpoint, r); err != nil {
@@ -172,6 +177,7 @@ func NewBindReceiver(cfg BindConfig) (*BindReceiver, error) {
 	}
 	cfg.ReceiveHWM = cmp.Or(cfg.ReceiveHWM, DefaultReceiveHWM)
 	cfg.PollTimeout = cmp.Or(cfg.PollTimeout, DefaultPollTimeout)
+	cfg.MaxMessageBytes = cmp.Or(cfg.MaxMessageBytes, DefaultMaxMessageBytes)
 	l := &bindLoop{cfg: cfg, logger: cfg.Logger, ctx: cfg.Context,
 		byAddr: map[string]string{}, streams: map[boundKey]*boundEntry{}, ignoreLimits: map[string]*logLimiter{}, dirty: true}
 	if l.logger.GetSink() == nil {
@@ -204,7 +210,8 @@ func (l *bindLoop) bind(ep string) error {
 	}
 	l.subs = append(l.subs, s)
 	l.bound = append(l.bound, ep)
-	err = errors.Join(s.SetLinger(0), s.SetRcvhwm(l.cfg.ReceiveHWM), s.SetSubscribe(""))
+	err = errors.Join(s.SetLinger(0), s.SetRcvhwm(l.cfg.ReceiveHWM), s.SetMaxmsgsize(int64(l.cfg.MaxMessageBytes)),
+		s.SetSubscribe(""))
 	if err == nil && (zmqwire.NeedsIPv6(ep) || strings.Contains(ep, "::")) {
 		err = s.SetIpv6(true)
 	}
@@ -420,19 +427,19 @@ func (l *bindLoop) poll() {
 	}
 	for _, p := range ready {
 		if rank := l.subRank(p.Socket); rank >= 0 {
-			l.drainLive(rank)
+			l.readLive(rank)
 			continue
 		}
 		for _, e := range l.streams {
-			if e.polled == p.Socket {
-				e.s.drainReplies()
-				l.track(e)
+			if e.polled == p.Socket && e.polled == e.s.replaySocket() {
+				e.s.readReplies()
 			}
 		}
 	}
 	now := time.Now()
 	for _, e := range l.streams {
 		if e.topic != "" {
+			e.s.process(now)
 			e.s.runTimers(now)
 			l.track(e)
 		}

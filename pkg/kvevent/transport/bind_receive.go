@@ -8,11 +8,11 @@ import (
 	"github.com/kvgate/kvgate/pkg/kvevent/internal/zmqwire"
 )
 
-// drainLive reads the messages waiting on rank's bound socket and hands
+// readLive reads the messages waiting on rank's bound socket and hands
 // each to its stream.
-func (l *bindLoop) drainLive(rank int) {
+func (l *bindLoop) readLive(rank int) {
 	sub := l.subs[rank]
-	for range maxBurst {
+	for range maxReadBurst {
 		frames, err := zmqwire.RecvFrames(sub, zmq.DONTWAIT, l.frames)
 		l.frames = frames
 		if err != nil {
@@ -60,8 +60,7 @@ func (l *bindLoop) onMessage(rank int, topic string, seq uint64, payload []byte)
 		return
 	}
 	e.s.liveArrived(time.Now())
-	e.s.live(seq, payload)
-	l.track(e)
+	e.s.pushLive(seq, payload)
 }
 
 // attach binds a stream to the engine that sent its first message: the
@@ -69,9 +68,7 @@ func (l *bindLoop) onMessage(rank int, topic string, seq uint64, payload []byte)
 // start, because the engine published before it was followed.
 func (l *bindLoop) attach(e *boundEntry, topic string) {
 	e.topic = topic
-	if err := e.s.openReplay(l.ctx); err != nil {
-		e.handle.obs.socketFailed(err, "Replay is unavailable for this stream")
-	}
+	e.s.attach(l.ctx)
 	e.s.up(time.Now())
 	l.track(e)
 }

@@ -48,9 +48,19 @@
 //     unavailable (vLLM's replay endpoint is off by default) or times out,
 //     and a full pending buffer end in a kvevent.StreamReset with reason
 //     kvevent.ResetUnrecoverableGap naming the lost seqs; the stream goes
-//     on from the first batch still available. After a failed replay, further gap replays back off (1 s
-//     doubling to 30 s by default), and the replay socket is replaced so a
-//     late reply cannot be taken for the answer to a new request.
+//     on from the first batch still available. After a failed replay,
+//     further gap replays back off (1 s doubling to 30 s by default).
+//   - Each replay has a DEALER socket of its own, opened for the request and
+//     closed at its end marker: vLLM's ROUTER carries no request id, so
+//     this is what ties replies to their request. Whatever an engine sends
+//     after an end marker (a second marker, a batch numbered like one) or
+//     for an abandoned replay is dropped with the socket and never taken
+//     for the answer to a later request.
+//   - A replay that answers but stops before its end marker, runs past
+//     MaxReplayDuration or sends more than MaxReplayBatches replies is cut
+//     short: what it delivered stands and the rest is replayed again. A
+//     replay whose replies leave a hole is followed up; three follow-ups in
+//     a row that deliver nothing declare the hole lost.
 //   - Replays are anchored: they start at the last delivered batch, whose
 //     payload must come back unchanged. A live seq that does not increase, a
 //     changed anchor, or an engine that no longer has the anchor at all means
@@ -71,7 +81,47 @@
 // ZMTP heartbeats reveal an engine that died or became unreachable while
 // silent, a socket monitor keeps a dialled stream's connection state
 // (GetStats, Stats, WaitForConnection, metrics) true, and libzmq redials
-// with a backoff of 1 s doubling to 30 s by default.
+// with a backoff of 1 s doubling to 30 s by default. ZeroMQ does not redial
+// a connection it dropped for a protocol error (a frame above
+// MaxMessageBytes); the client rebuilds its sockets when no redial starts
+// within ReconnectDelay + ConnectTimeout + 1 s.
+//
+// # Bounds
+//
+// Whatever an engine sends, a stream holds a bounded amount of it, and
+// counts every bound it hits (ClientStats, and
+// aibrix_kvcache_zmq_limit_hits_total by limit):
+//
+//   - One frame is at most MaxMessageBytes (16 MiB by default, sized from a
+//     128k-token prefill, see DefaultMaxMessageBytes): ZeroMQ drops the
+//     connection of an engine that sends a larger one, and the batch is
+//     lost.
+//   - A stream reads its sockets as soon as they are readable and applies
+//     what it read in slices of a few milliseconds, so that ZeroMQ's
+//     queues stay short; what it has read and not applied is bounded by
+//     ReceiveBufferBytes (64 MiB), for live messages and for replay replies
+//     each. A live message beyond it is dropped and replayed later (limit
+//     receive_buffer); a replay beyond it is cut short (replay_buffer).
+//   - The live batches that wait for a gap's replay are bounded by
+//     MaxPendingBatches (10000) and MaxPendingBytes (64 MiB); an overflow
+//     makes the gap unrecoverable (pending_buffer).
+//   - A replay is bounded by MaxReplayDuration (60 s) and MaxReplayBatches
+//     (20000) and cut short beyond them (replay_duration, replay_batches).
+//   - A stream that resets more than MaxResets times (5) within ResetWindow
+//     (1 min) is suspended: it ignores its engine for ReconnectDelay,
+//     doubling up to MaxReconnectDelay while it keeps resetting, then
+//     resynchronises through replay (reset_rate, ClientStats.Suspended,
+//     aibrix_kvcache_zmq_suspended).
+//   - Error logs are rate-limited per stream and kind: the first 10 of a
+//     minute, then one line that sums up the rest.
+//
+// A stream thus holds at most about 2 x ReceiveBufferBytes +
+// MaxPendingBytes of its engine's data (some 200 MiB by default), plus what
+// ZeroMQ queues between two reads. One limit is beyond any subscriber of
+// libzmq 4.3: it buffers a multipart message until its last frame, with no
+// bound on the number of frames, so an engine that never ends a message
+// grows the gateway until its connection is cut. Follow only engines on a
+// network you control (in bind mode, see BindConfig).
 //
 // # Statistics, metrics and logs
 //

@@ -52,12 +52,13 @@ const (
 	logReplayFailed
 	logSocketFailed
 	logHandshakeFailed
+	logLimitHit
 	numLogKinds
 )
 
 // logKindNames name the log kinds in summaries.
 var logKindNames = [numLogKinds]string{"decode_error", "handler_error", "malformed_message", "replay_failed",
-	"socket_failed", "handshake_failed"}
+	"socket_failed", "handshake_failed", "limit_hit"}
 
 // limited reports whether a line of kind may be logged now, logging the
 // summary of the lines of that kind suppressed in the interval that ended.
@@ -214,8 +215,77 @@ func (o *observer) replayFailed(kind errorKind, err error, endpoint string, retr
 	}
 }
 
-// unsolicitedReply counts a replay reply that answers no request in flight.
-func (o *observer) unsolicitedReply() { o.error(kindReplayProtocol) }
+// replayStalled counts and logs a replay that stopped answering before its
+// end marker, after replies of its own: a failed replay, whose replies
+// still count, and after which the stream replays what is missing at once.
+func (o *observer) replayStalled(replies int, timeout time.Duration, endpoint string) {
+	if o.m != nil {
+		o.m.replayFailures.Inc()
+	}
+	o.counters.replayFailures.Add(1)
+	o.counters.replaysCut.Add(1)
+	if o.limited(logReplayFailed) {
+		o.logger.Error(fmt.Errorf("no end marker after %d replies and %v of silence", replies, timeout),
+			"Replay stopped before its end", "endpoint", endpoint)
+	}
+}
+
+// replayCut counts and logs a replay cut short at limit after replies
+// replies.
+func (o *observer) replayCut(limit string, replies int, endpoint string) {
+	o.limitHit(limit)
+	o.counters.replaysCut.Add(1)
+	if o.limited(logLimitHit) {
+		o.logger.Info("Replay cut short: the rest is replayed again", "limit", limit, "replies", replies, "endpoint", endpoint)
+	}
+}
+
+// limitHit counts one hit of a bound (a Limit* label value).
+func (o *observer) limitHit(limit string) {
+	if o.m != nil {
+		o.m.limit(limit).Inc()
+	}
+	if limit == LimitPendingBuffer {
+		o.counters.pendingOverflows.Add(1)
+	}
+}
+
+// droppedLive counts and logs a live message dropped because the stream's
+// receive buffer of limit bytes was full.
+func (o *observer) droppedLive(seq uint64, size, limit int) {
+	o.limitHit(LimitReceiveBuffer)
+	o.counters.dropped.Add(1)
+	if o.limited(logLimitHit) {
+		o.logger.Info("Dropping a live KV event batch: the stream's receive buffer is full; it will be replayed",
+			"seq", seq, "bytes", size, "bufferBytes", limit)
+	}
+}
+
+// droppedSuspended counts a live message dropped while the stream is
+// suspended.
+func (o *observer) droppedSuspended() { o.counters.dropped.Add(1) }
+
+// suspended counts and logs a suspension of delay for more than resets
+// resets within window.
+func (o *observer) suspended(delay time.Duration, resets int, window time.Duration) {
+	o.limitHit(LimitResetRate)
+	if o.m != nil {
+		o.m.suspended.Set(1)
+	}
+	o.counters.suspensions.Add(1)
+	o.counters.suspended.Store(true)
+	o.logger.Info("KV event stream resets too often: ignoring its engine for a while", "suspendedFor", delay,
+		"maxResets", resets, "window", window)
+}
+
+// resumed records the end of a suspension.
+func (o *observer) resumed() {
+	if o.m != nil {
+		o.m.suspended.Set(0)
+	}
+	o.counters.suspended.Store(false)
+	o.logger.Info("KV event stream resumes after its suspension")
+}
 
 // reset counts and logs a reset the handler is about to get.
 func (o *observer) reset(r kvevent.StreamReset) {

@@ -8,10 +8,12 @@ import (
 )
 
 // maxFollowUpReplays bounds how many replays in a row may end with batches
-// still missing before the missing ones are declared lost. A follow-up replay
-// recovers batches the publisher sent after it served the previous replay but
-// before the subscription reached it, or replies lost in transit; a publisher
-// whose replay keeps omitting batches cannot stall the stream beyond this.
+// still missing, and without having delivered any, before the missing ones
+// are declared lost. A follow-up replay recovers batches the publisher sent
+// after it served the previous replay but before the subscription reached
+// it, replies lost in transit, and the rest of a replay that was cut short;
+// a publisher whose replay keeps omitting batches cannot stall the stream
+// beyond this.
 const maxFollowUpReplays = 3
 
 // streamSink is what a sequencer drives: the transport that owns the sockets
@@ -37,6 +39,8 @@ type streamSink interface {
 	// abortReplay abandons the replay in flight: replies still on the way
 	// must never reach the sequencer.
 	abortReplay()
+	// pendingOverflow records that the pending buffer overflowed.
+	pendingOverflow()
 }
 
 // pendingBatch is a batch that arrived ahead of the next expected seq.
@@ -66,7 +70,8 @@ type replayState struct {
 //     before the subscription arrived and an idle engine sends nothing;
 //     the transport probes a quiet stream the same way;
 //   - a live seq above the expected one buffers live batches (bounded by
-//     maxPending) while the missing range is replayed, then applies them;
+//     maxPending batches and maxPendingBytes bytes) while the missing range
+//     is replayed, then applies them;
 //   - a stream begins with the first batch it delivers: on first contact,
 //     and after its publisher restarted, a replay that starts later than
 //     asked, an unavailable replay and an overflowing buffer only move the
@@ -80,8 +85,9 @@ type replayState struct {
 //     longer has the last delivered seq means the publisher restarted: the
 //     stream is reset and rebuilt from seq 0.
 type sequencer struct {
-	sink       streamSink
-	maxPending int
+	sink            streamSink
+	maxPending      int
+	maxPendingBytes int
 
 	next    uint64 // seq of the next batch to deliver
 	last    []byte // payload of batch next-1, valid when hasLast
@@ -95,13 +101,15 @@ type sequencer struct {
 	liveHigh uint64 // highest live seq seen, valid when hasLive
 	hasLive  bool
 
-	replay    replayState
-	followUps int
-	pending   []pendingBatch // sorted by seq, all >= next
+	replay       replayState
+	replayedFrom uint64 // next when the last replay was asked for
+	followUps    int
+	pending      []pendingBatch // sorted by seq, all >= next
+	pendingBytes int            // payload bytes in pending
 }
 
-func newSequencer(sink streamSink, maxPending int) *sequencer {
-	return &sequencer{sink: sink, maxPending: maxPending}
+func newSequencer(sink streamSink, maxPending, maxPendingBytes int) *sequencer {
+	return &sequencer{sink: sink, maxPending: maxPending, maxPendingBytes: maxPendingBytes}
 }
 
 // onConnected resynchronises after the transport (re)connected: batches
@@ -216,6 +224,18 @@ func (s *sequencer) onReplayEnd() {
 	s.settle(false)
 }
 
+// onReplayCut handles a replay the transport ended before its end marker
+// although it was answering: it took too long, sent too much, or stopped
+// before its end marker. What it delivered stands; batches still missing
+// are replayed again.
+func (s *sequencer) onReplayCut() {
+	if !s.replay.active {
+		return
+	}
+	s.replay = replayState{}
+	s.settle(false)
+}
+
 // onReplayFailed handles a replay that timed out or broke the protocol. The
 // transport has already discarded its replay socket.
 func (s *sequencer) onReplayFailed() {
@@ -233,6 +253,7 @@ func (s *sequencer) requestReplay(force bool) {
 	if s.hasLast {
 		from, anchored = s.next-1, true
 	}
+	s.replayedFrom = s.next
 	if !s.sink.startReplay(from, force) {
 		s.settle(true)
 		return
@@ -244,10 +265,14 @@ func (s *sequencer) requestReplay(force bool) {
 // batches that now follow on, and either replays again for the ones still
 // missing or declares them lost.
 func (s *sequencer) settle(failed bool) {
+	progressed := s.next > s.replayedFrom
 	s.drainPending()
 	if len(s.pending) == 0 {
 		s.followUps = 0
 		return
+	}
+	if progressed {
+		s.followUps = 0
 	}
 	if !failed && s.followUps < maxFollowUpReplays {
 		s.followUps++
@@ -328,7 +353,9 @@ func (s *sequencer) addPending(seq uint64, payload []byte, replayed bool) {
 	s.pending = append(s.pending, pendingBatch{})
 	copy(s.pending[i+1:], s.pending[i:])
 	s.pending[i] = pendingBatch{seq: seq, payload: payload, replayed: replayed}
-	if len(s.pending) > s.maxPending {
+	s.pendingBytes += len(payload)
+	if len(s.pending) > s.maxPending || s.pendingBytes > s.maxPendingBytes {
+		s.sink.pendingOverflow()
 		s.abortReplay()
 		s.settle(true)
 	}
@@ -339,7 +366,9 @@ func (s *sequencer) addPending(seq uint64, payload []byte, replayed bool) {
 func (s *sequencer) drainPending() {
 	n := 0
 	for n < len(s.pending) && s.pending[n].seq <= s.next {
-		if p := s.pending[n]; p.seq == s.next {
+		p := s.pending[n]
+		s.pendingBytes -= len(p.payload)
+		if p.seq == s.next {
 			s.apply(p.seq, p.payload, p.replayed)
 		}
 		n++
@@ -354,5 +383,5 @@ func (s *sequencer) drainPending() {
 
 func (s *sequencer) clearPending() {
 	clear(s.pending)
-	s.pending = s.pending[:0]
+	s.pending, s.pendingBytes = s.pending[:0], 0
 }

@@ -56,6 +56,8 @@ func (k *checkingSink) startReplay(from uint64, force bool) bool {
 	return true
 }
 
+func (k *checkingSink) pendingOverflow() {}
+
 func (k *checkingSink) abortReplay() {
 	if !k.inFlight {
 		k.t.Fatal("aborted a replay that is not in flight")
@@ -71,9 +73,9 @@ func FuzzSequencer(f *testing.F) {
 	f.Add([]byte{4, 0, 1, 5, 1, 6, 2, 0, 0, 0, 0, 1, 0, 0, 0x80, 0})
 	f.Add([]byte{0, 2, 0, 9, 3, 0, 5, 0, 0, 4, 1, 4, 2, 0, 6, 1})
 	f.Fuzz(func(t *testing.T, ops []byte) {
-		const maxPending = 4
+		const maxPending, maxPendingBytes = 4, 9
 		sink := &checkingSink{t: t}
-		s := newSequencer(sink, maxPending)
+		s := newSequencer(sink, maxPending, maxPendingBytes)
 		sink.seq = s
 		for i := 0; i+1 < len(ops); i += 2 {
 			op, arg := ops[i]%8, ops[i+1]
@@ -107,8 +109,15 @@ func FuzzSequencer(f *testing.F) {
 			case 7:
 				sink.refuse = !sink.refuse
 			}
-			if len(s.pending) > maxPending {
-				t.Fatalf("%d batches pending, bound %d", len(s.pending), maxPending)
+			if len(s.pending) > maxPending || s.pendingBytes > maxPendingBytes {
+				t.Fatalf("%d batches of %d bytes pending, bound %d and %d", len(s.pending), s.pendingBytes, maxPending, maxPendingBytes)
+			}
+			var bytes int
+			for _, p := range s.pending {
+				bytes += len(p.payload)
+			}
+			if bytes != s.pendingBytes {
+				t.Fatalf("pending holds %d bytes, counted %d", bytes, s.pendingBytes)
 			}
 			if s.replay.active != sink.inFlight {
 				t.Fatalf("sequencer replay active %v, transport %v", s.replay.active, sink.inFlight)

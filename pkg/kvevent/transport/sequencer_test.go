@@ -47,15 +47,17 @@ func (r *recordingSink) startReplay(from uint64, force bool) bool {
 
 func (r *recordingSink) abortReplay() { r.log = append(r.log, "abort") }
 
+func (r *recordingSink) pendingOverflow() { r.log = append(r.log, "overflow") }
+
 // runSequencer feeds steps to a fresh sequencer and returns the sink's log.
 // Steps: "connect", "live <seq> [publisher]", "reply <seq> [publisher]",
-// "end", "fail", "rewind <seq>", "probe", "refuse" (replay unavailable from
-// now on).
+// "end", "cut", "fail", "rewind <seq>", "probe", "refuse" (replay
+// unavailable from now on).
 // A batch's payload is "<publisher><seq>", publisher "a" unless given.
-func runSequencer(t *testing.T, maxPending int, steps []string) []string {
+func runSequencer(t *testing.T, maxPending, maxPendingBytes int, steps []string) []string {
 	t.Helper()
 	sink := &recordingSink{}
-	s := newSequencer(sink, maxPending)
+	s := newSequencer(sink, maxPending, maxPendingBytes)
 	for _, step := range steps {
 		f := strings.Fields(step)
 		var seq uint64
@@ -80,6 +82,8 @@ func runSequencer(t *testing.T, maxPending int, steps []string) []string {
 			s.onReplayEnd()
 		case "fail":
 			s.onReplayFailed()
+		case "cut":
+			s.onReplayCut()
 		case "rewind":
 			s.rewind(seq)
 		case "probe":
@@ -95,10 +99,11 @@ func runSequencer(t *testing.T, maxPending int, steps []string) []string {
 
 func TestSequencer(t *testing.T) {
 	tests := []struct {
-		name       string
-		maxPending int
-		steps      []string
-		want       []string
+		name            string
+		maxPending      int
+		maxPendingBytes int
+		steps           []string
+		want            []string
 	}{{
 		name:  "connect replays from 0 and live follows on",
 		steps: []string{"connect", "reply 0", "reply 1", "end", "live 2"},
@@ -171,7 +176,21 @@ func TestSequencer(t *testing.T) {
 		name:       "overflowing the pending buffer abandons the replay",
 		maxPending: 2,
 		steps:      []string{"connect", "end", "live 0", "live 2", "live 3", "live 4", "reply 0", "live 5"},
-		want:       []string{"replay 0", "deliver a0 live", "replay 0", "abort", "gap 1-1", "deliver a2 live", "deliver a3 live", "deliver a4 live", "deliver a5 live"},
+		want:       []string{"replay 0", "deliver a0 live", "replay 0", "overflow", "abort", "gap 1-1", "deliver a2 live", "deliver a3 live", "deliver a4 live", "deliver a5 live"},
+	}, {
+		name:            "overflowing the pending buffer's bytes abandons the replay",
+		maxPendingBytes: 5, // payloads are 2 bytes each
+		steps:           []string{"connect", "end", "live 0", "live 2", "live 3", "live 4", "reply 0", "live 5"},
+		want:            []string{"replay 0", "deliver a0 live", "replay 0", "overflow", "abort", "gap 1-1", "deliver a2 live", "deliver a3 live", "deliver a4 live", "deliver a5 live"},
+	}, {
+		name:  "a replay cut short is followed up from where it got, as long as it progresses",
+		steps: []string{"connect", "end", "live 0", "live 5", "reply 0", "reply 1", "cut", "reply 2", "cut", "reply 3", "reply 4", "end"},
+		want: []string{"replay 0", "deliver a0 live", "replay 0", "deliver a1 replay", "replay 1", "deliver a2 replay",
+			"replay 2", "deliver a3 replay", "deliver a4 replay", "deliver a5 live"},
+	}, {
+		name:  "replays cut short without progress end in a gap",
+		steps: []string{"connect", "end", "live 0", "live 2", "reply 0", "cut", "reply 0", "cut", "reply 0", "cut", "reply 0", "cut"},
+		want:  []string{"replay 0", "deliver a0 live", "replay 0", "replay 0", "replay 0", "replay 0", "gap 1-1", "deliver a2 live"},
 	}, {
 		name:  "a reply lost in transit is fetched by a follow-up replay",
 		steps: []string{"connect", "reply 0", "reply 2", "end", "reply 1", "reply 2", "end"},
@@ -213,7 +232,11 @@ func TestSequencer(t *testing.T) {
 			if maxPending == 0 {
 				maxPending = 100
 			}
-			got := runSequencer(t, maxPending, tt.steps)
+			maxPendingBytes := tt.maxPendingBytes
+			if maxPendingBytes == 0 {
+				maxPendingBytes = 1 << 20
+			}
+			got := runSequencer(t, maxPending, maxPendingBytes, tt.steps)
 			if !slices.Equal(got, tt.want) {
 				t.Errorf("steps %q\n got  %q\n want %q", tt.steps, got, tt.want)
 			}

@@ -58,6 +58,23 @@ type ClientStats struct {
 	// reply carried one.
 	PublisherTopic      string
 	PublisherTopicKnown bool
+	// DroppedMessages counts live messages dropped unapplied, because the
+	// stream's receive buffer (ReceiveBufferBytes) was full or the stream
+	// was suspended; the stream replays them like batches its engine's PUB
+	// dropped. ReplaysCut counts replays ended before their end marker,
+	// because they went silent or exceeded MaxReplayDuration,
+	// MaxReplayBatches or the receive buffer; what they delivered stands
+	// and the rest is replayed again. PendingOverflows counts overflows of
+	// the live batches buffered while a gap is replayed
+	// (MaxPendingBatches, MaxPendingBytes), each an unrecoverable gap.
+	DroppedMessages  uint64
+	ReplaysCut       uint64
+	PendingOverflows uint64
+	// Suspensions counts the times the stream was suspended for resetting
+	// more than MaxResets times within ResetWindow; Suspended is set while
+	// it is.
+	Suspensions uint64
+	Suspended   bool
 	// SuppressedLogs counts error log lines left out because the stream
 	// logged more than 10 of their kind within a minute; each interval
 	// that left lines out ends with one line saying how many.
@@ -80,6 +97,8 @@ type clientCounters struct {
 	replayRequests, replaySuccesses, replayFailures              atomic.Uint64
 	unrecoverableGaps, missedBatches, publisherRestarts, rewinds atomic.Uint64
 	lastSeq, joinedAt, suppressedLogs                            atomic.Uint64
+	dropped, replaysCut, pendingOverflows, suspensions           atomic.Uint64
+	suspended                                                    atomic.Bool
 	lastEventNanos                                               atomic.Int64
 	publisherTopic                                               atomic.Pointer[string]
 	topicMismatch                                                atomic.Bool
@@ -116,6 +135,11 @@ func (o *observer) stats() ClientStats {
 		Rewinds:           k.rewinds.Load(),
 		TopicMismatch:     k.topicMismatch.Load(),
 		SuppressedLogs:    k.suppressedLogs.Load(),
+		DroppedMessages:   k.dropped.Load(),
+		ReplaysCut:        k.replaysCut.Load(),
+		PendingOverflows:  k.pendingOverflows.Load(),
+		Suspensions:       k.suspensions.Load(),
+		Suspended:         k.suspended.Load(),
 	}
 	if n := k.lastEventNanos.Load(); n != 0 {
 		s.LastEventTime = time.Unix(0, n)

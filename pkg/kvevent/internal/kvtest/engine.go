@@ -1,6 +1,7 @@
 package kvtest
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -9,11 +10,12 @@ import (
 
 	zmq "github.com/pebbe/zmq4"
 
+	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/kvevent/internal/zmqwire"
 )
 
-// Engine is a scripted KV-event engine on loopback ports: a PUB socket and
-// a replay ROUTER whose every message the test decides. It plays the
+// Engine is a scripted KV-event engine on loopback ports: a PUB socket (an
+// XPUB, to tell when a subscriber arrived) and a replay ROUTER whose every message the test decides. It plays the
 // engines vLLM's publisher never is: one that counts from another seq, that
 // answers replays with extra end markers or forever, or that sends huge or
 // malformed messages.
@@ -57,7 +59,8 @@ type ReplayWriter struct {
 }
 
 // Frames sends one reply of frames after the requester's identity; it
-// reports false once the engine is closing or a send failed.
+// reports false once the engine is closing, or a send failed because the
+// requester is gone.
 func (w *ReplayWriter) Frames(frames ...[]byte) bool {
 	select {
 	case <-w.stop:
@@ -99,9 +102,9 @@ func VLLMReplay(start uint64, buffered []Buffered, w *ReplayWriter) {
 // 127.0.0.1); it is closed at cleanup.
 func NewEngine(t testing.TB, ports Ports) *Engine {
 	t.Helper()
-	e := &Engine{Ports: ports, pub: RawSocket(t, zmq.PUB), replay: VLLMReplay,
+	e := &Engine{Ports: ports, pub: RawSocket(t, zmq.XPUB), replay: VLLMReplay,
 		stop: make(chan struct{}), done: make(chan struct{})}
-	if err := e.pub.SetSndhwm(0); err != nil {
+	if err := errors.Join(e.pub.SetSndhwm(0), e.pub.SetXpubVerbose(1)); err != nil {
 		t.Fatal(err)
 	}
 	if err := e.pub.SetIpv6(true); err != nil {
@@ -110,8 +113,10 @@ func NewEngine(t testing.TB, ports Ports) *Engine {
 	if err := e.pub.Bind(BindEndpoint(ports.Pub)); err != nil {
 		t.Fatalf("bind the engine's PUB: %v", err)
 	}
+	// A reply to a requester that is gone fails, so that a ReplayFunc that
+	// answers forever stops when its requester leaves.
 	router := RawSocket(t, zmq.ROUTER)
-	if err := router.SetSndhwm(0); err != nil {
+	if err := errors.Join(router.SetSndhwm(0), router.SetRouterMandatory(1)); err != nil {
 		t.Fatal(err)
 	}
 	if err := router.Bind(fmt.Sprintf("tcp://127.0.0.1:%d", ports.Router)); err != nil {
@@ -153,6 +158,23 @@ func (e *Engine) Buffer(seq uint64, payload []byte) {
 	e.mu.Lock()
 	e.buffered = append(e.buffered, Buffered{seq, payload})
 	e.mu.Unlock()
+}
+
+// AwaitSubscriber waits until a subscriber's subscription reaches the PUB,
+// after which live messages reach that subscriber.
+func (e *Engine) AwaitSubscriber(t testing.TB) {
+	t.Helper()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	deadline := time.Now().Add(testsupport.WaitTimeout)
+	for time.Now().Before(deadline) {
+		msg, err := e.pub.RecvBytes(zmq.DONTWAIT)
+		if err == nil && len(msg) > 0 && msg[0] == 1 {
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+	t.Fatalf("no subscriber reached the engine's PUB within %v", testsupport.WaitTimeout)
 }
 
 // Forget empties the replay buffer, as a restarted engine's is.
