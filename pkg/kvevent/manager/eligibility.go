@@ -1,6 +1,7 @@
 package manager
 
 import (
+	"cmp"
 	"fmt"
 	"strconv"
 	"strings"
@@ -39,6 +40,11 @@ const (
 	// DPSizeAnnotation is the number of data-parallel ranks of the pod's
 	// engine, one KV-event stream each (default 1).
 	DPSizeAnnotation = "kvgate.io/dp-size"
+	// EnginePortLabel is the engine's HTTP port (AIBrix's label, which the
+	// Store reads too; a value that is not a port counts as none). In bind
+	// mode it is the port of the topic the engine publishes with,
+	// kv@<pod-ip>:<port>@<model>.
+	EnginePortLabel = "model.aibrix.ai/port"
 )
 
 // MaxDPSize bounds the data-parallel size a pod may declare.
@@ -74,15 +80,24 @@ type StreamDefaults struct {
 	ReplayPort int
 	// Topic is the subscription's topic prefix.
 	Topic string
+	// EnginePort is the HTTP port of engines without EnginePortLabel
+	// (vLLM's 8000 when 0).
+	EnginePort int
 }
 
 // DefaultStreamDefaults returns vLLM's documented setup: PUB on 5557+rank,
-// replay on 5558+rank, every topic.
+// replay on 5558+rank, every topic, HTTP on 8000.
 func DefaultStreamDefaults() StreamDefaults {
-	return StreamDefaults{PubPort: transport.DefaultPubPort, ReplayPort: transport.DefaultRouterPort}
+	return StreamDefaults{PubPort: transport.DefaultPubPort, ReplayPort: transport.DefaultRouterPort, EnginePort: DefaultEnginePort}
 }
 
+// DefaultEnginePort is vLLM's default HTTP port.
+const DefaultEnginePort = 8000
+
 func (d StreamDefaults) validate() error {
+	if d.EnginePort < 0 || d.EnginePort > 65535 {
+		return fmt.Errorf("default engine port %d is not a port", d.EnginePort)
+	}
 	if d.PubPort < 1 || d.PubPort > 65535 {
 		return fmt.Errorf("default PUB port %d is not a port", d.PubPort)
 	}
@@ -107,6 +122,8 @@ type PodTarget struct {
 	ReplayPort int // 0: replay disabled
 	Topic      string
 	DPSize     int
+	// EnginePort is the engine's HTTP port, which names it in bind mode.
+	EnginePort int
 }
 
 // streamID returns the identity of rank's stream.
@@ -148,10 +165,15 @@ func TargetForPod(pod *v1.Pod, d StreamDefaults) (PodTarget, IneligibleReason, e
 	lora, _ := podValue(pod, LoraIDLabel)
 	t := PodTarget{
 		PodKey: podKey(pod.Namespace, pod.Name), UID: string(pod.UID), IP: pod.Status.PodIP, Model: model, LoraID: lora,
-		PubPort: d.PubPort, ReplayPort: d.ReplayPort, Topic: d.Topic, DPSize: 1,
+		PubPort: d.PubPort, ReplayPort: d.ReplayPort, Topic: d.Topic, DPSize: 1, EnginePort: cmp.Or(d.EnginePort, DefaultEnginePort),
 	}
 	if v, ok := podValue(pod, TopicAnnotation); ok {
 		t.Topic = v
+	}
+	// Like the Store, which routes to this port, take a label that is not
+	// a port for none.
+	if port, err := intValue(pod, EnginePortLabel, t.EnginePort, 1, 65535); err == nil {
+		t.EnginePort = port
 	}
 	var err error
 	if t.PubPort, err = intValue(pod, PubPortAnnotation, t.PubPort, 1, 65535); err == nil {

@@ -43,16 +43,20 @@ type ManagerConfig struct {
 	Client *transport.ZMQClientConfig
 	// Bind, when set, makes the gateway bind SUB sockets that engines
 	// dial into, instead of dialling each pod (see transport.BindConfig).
-	// Each engine publishes with topic kv@<pod-ip>:<port>@<model>: the
-	// manager takes the pod from the topic, the eligible pod with that IP
-	// and model. Messages of other topics, of pods the manager does not
+	// Each engine publishes with topic kv@<pod-ip>:<port>@<model>, port
+	// being its HTTP port (EnginePortLabel): the manager takes the pod
+	// from the topic, the eligible pod with that IP, port and model, and
+	// by default only from a message that comes from that IP. Messages of
+	// other topics, of other addresses, of pods the manager does not
 	// follow, or of ranks beyond the pod's DP size are counted in
-	// kvgate_kv_event_bind_ignored_messages_total and dropped. Replay still
-	// dials the pod's replay ROUTER (ReplayPortAnnotation), so that a
-	// stream is exact from its first batch on. Endpoint and Ranks (at most
-	// MaxDPSize) are the manager's to read; it sets the receiver's context,
-	// logger and Ignored hook, and takes the bound sockets' ReceiveHWM and
-	// PollTimeout from Client.
+	// kvgate_kv_event_bind_ignored_messages_total and dropped; a pod whose
+	// identity another followed pod has is not followed (state failed).
+	// Replay still dials the pod's replay ROUTER (ReplayPortAnnotation),
+	// so that a stream is exact from its first batch on. Endpoint, Ranks
+	// (at most MaxDPSize), AllowAnyPeer and LivenessTimeout are the
+	// manager's to read; it sets the receiver's context, logger and
+	// Ignored hook, and takes the bound sockets' ReceiveHWM,
+	// MaxMessageBytes and PollTimeout from Client.
 	//
 	// Choose bind mode when engines cannot be reached by the gateway (the
 	// gateway's address is stable, the engines' are not) or to keep one

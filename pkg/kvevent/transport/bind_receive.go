@@ -1,6 +1,8 @@
 package transport
 
 import (
+	"fmt"
+	"net"
 	"time"
 
 	zmq "github.com/pebbe/zmq4"
@@ -13,7 +15,7 @@ import (
 func (l *bindLoop) readLive(rank int) {
 	sub := l.subs[rank]
 	for range maxReadBurst {
-		frames, err := zmqwire.RecvFrames(sub, zmq.DONTWAIT, l.frames)
+		frames, peer, err := zmqwire.RecvFramesFrom(sub, zmq.DONTWAIT, l.frames)
 		l.frames = frames
 		if err != nil {
 			if !zmqwire.IsAgain(err) {
@@ -27,55 +29,68 @@ func (l *bindLoop) readLive(rank int) {
 			seq, ok = zmqwire.ParseSeqFrame(frames[1])
 		}
 		if !ok {
-			l.ignore(IgnoredMalformed, "", rank, errMalformed(frames))
+			l.ignore(IgnoredMalformed, "", peer, rank, errMalformed(frames))
 			continue
 		}
-		l.onMessage(rank, string(frames[0]), seq, frames[2])
+		l.onMessage(rank, string(frames[0]), peer, seq, frames[2])
 	}
 }
 
-// onMessage feeds one live message to the stream its topic and rank name.
-func (l *bindLoop) onMessage(rank int, topic string, seq uint64, payload []byte) {
-	ip, _, model, err := parseBindTopic(topic)
+// onMessage hands one live message to the stream its topic and rank name,
+// when it comes from the address its topic names.
+func (l *bindLoop) onMessage(rank int, topic, peer string, seq uint64, payload []byte) {
+	id, err := parseBindTopic(topic)
 	if err != nil {
-		l.ignore(IgnoredBadTopic, topic, rank, err)
+		l.ignore(IgnoredBadTopic, topic, peer, rank, err)
 		return
 	}
-	pod, ok := l.byAddr[addrKey(ip, model)]
+	if !l.cfg.AllowAnyPeer && !samePeer(peer, id.ip) {
+		l.ignore(IgnoredPeerMismatch, topic, peer, rank,
+			fmt.Errorf("the topic names %s but the message came from %s", id.ip, peer))
+		return
+	}
+	pod, ok := l.byIdentity[id]
 	if !ok {
-		l.ignore(IgnoredUnknownPod, topic, rank, nil)
+		l.ignore(IgnoredUnknownPod, topic, peer, rank, nil)
 		return
 	}
 	e := l.streams[boundKey{pod: pod, rank: rank}]
 	if e == nil {
-		l.ignore(IgnoredRankOutOfRange, topic, rank, nil)
+		l.ignore(IgnoredRankOutOfRange, topic, peer, rank, nil)
 		return
 	}
-	switch e.topic {
-	case "":
-		l.attach(e, topic)
-	case topic:
-	default:
-		l.ignore(IgnoredIdentityChanged, topic, rank, nil)
-		return
+	now := time.Now()
+	if !e.attached {
+		l.attach(e, now)
 	}
-	e.s.liveArrived(time.Now())
+	e.s.liveArrived(now)
 	e.s.pushLive(seq, payload)
 }
 
-// attach binds a stream to the engine that sent its first message: the
-// stream counts as connected, opens its replay socket and replays from the
-// start, because the engine published before it was followed.
-func (l *bindLoop) attach(e *boundEntry, topic string) {
-	e.topic = topic
+// samePeer reports whether a message from peer may speak for ip. A peer
+// address is absent only on transports without one (ipc, inproc), which
+// reach the gateway's own host alone.
+func samePeer(peer, ip string) bool {
+	if peer == "" {
+		return true
+	}
+	p := net.ParseIP(peer)
+	return p != nil && p.String() == ip
+}
+
+// attach binds a stream to its engine on the engine's first message: the
+// stream counts as connected, and replays from the start, because the
+// engine published before it was followed.
+func (l *bindLoop) attach(e *boundEntry, now time.Time) {
+	e.attached, e.alive = true, true
 	e.s.attach(l.ctx)
-	e.s.up(time.Now())
+	e.s.up(now)
 	l.track(e)
 }
 
 // ignore counts a dropped message and logs it, rate-limited per reason
 // (see logLimiter).
-func (l *bindLoop) ignore(reason, topic string, rank int, err error) {
+func (l *bindLoop) ignore(reason, topic, peer string, rank int, err error) {
 	if l.cfg.Ignored != nil {
 		l.cfg.Ignored(reason)
 	}
@@ -90,7 +105,7 @@ func (l *bindLoop) ignore(reason, topic string, rank int, err error) {
 	}
 	if ok {
 		l.logger.Info("Ignoring KV events received on a bound socket", "reason", reason, "topic", topic,
-			"endpoint", l.bound[rank], "error", err)
+			"peer", peer, "endpoint", l.bound[rank], "error", err)
 	}
 }
 

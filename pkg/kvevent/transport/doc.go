@@ -9,9 +9,14 @@
 //     DEALER on its replay ROUTER and a socket monitor for the connection
 //     state, owned by one goroutine per client.
 //   - BindReceiver binds one SUB socket per data-parallel rank that engines
-//     dial into, publishing with topic kv@<ip>:<port>@<model>, and follows
-//     every stream registered with Follow from one goroutine, which owns
-//     the bound sockets and every stream's replay DEALER.
+//     dial into, publishing with topic kv@<ip>:<port>@<model> (their own
+//     address, HTTP port and model: the whole identity names a stream, and
+//     by default only a message from that address may speak for it), and
+//     follows every stream registered with Follow from one goroutine, which
+//     owns the bound sockets and every stream's replay DEALERs. A bound
+//     stream counts as connected from its engine's first message until it
+//     has not heard from its engine, live or through replay, for
+//     BindConfig.LivenessTimeout.
 //
 // Either way one goroutine owns a stream and the sockets it is fed from: a
 // client hands its stream to its goroutine on Start and takes it back on

@@ -317,6 +317,9 @@ func (o *observer) reset(r kvevent.StreamReset) {
 		"reason", r.Reason, "nextSeq", r.NextSeq, "firstMissing", r.FirstMissing, "lastMissing", r.LastMissing)
 }
 
+// heard records when the engine was last heard from.
+func (o *observer) heard(now time.Time) { o.counters.lastHeardNanos.Store(now.UnixNano()) }
+
 // joined records and logs that the stream begins at seq at, having found
 // nothing from seq from on before it.
 func (o *observer) joined(from, at uint64) {

@@ -10,7 +10,10 @@ type ClientStats struct {
 	PodKey    string
 	ModelName string
 	DPRank    int
-	// Connected reports whether the SUB socket is connected to the engine.
+	// Connected reports whether the stream's engine is connected: for a
+	// dialled stream, whether its SUB socket's connection is up; for a
+	// bound stream, whether the engine was heard from (LastHeardTime)
+	// within BindConfig.LivenessTimeout since its first message.
 	Connected bool
 	// LastSeq is the seq of the last batch delivered; it is meaningful when
 	// BatchesReceived is above zero.
@@ -53,6 +56,10 @@ type ClientStats struct {
 	// LastEventTime is when the last batch was delivered; zero before the
 	// first.
 	LastEventTime time.Time
+	// LastHeardTime is when the engine was last heard from: a live message
+	// or a replay reply, including the quiet-stream probes' replies that
+	// show an idle engine alive. Zero before the first.
+	LastHeardTime time.Time
 	// PublisherTopic is the topic frame of the publisher's replay replies
 	// (vLLM v0.26 and later send one); PublisherTopicKnown is false until a
 	// reply carried one.
@@ -99,7 +106,7 @@ type clientCounters struct {
 	lastSeq, joinedAt, suppressedLogs                            atomic.Uint64
 	dropped, replaysCut, pendingOverflows, suspensions           atomic.Uint64
 	suspended                                                    atomic.Bool
-	lastEventNanos                                               atomic.Int64
+	lastEventNanos, lastHeardNanos                               atomic.Int64
 	publisherTopic                                               atomic.Pointer[string]
 	topicMismatch                                                atomic.Bool
 }
@@ -143,6 +150,9 @@ func (o *observer) stats() ClientStats {
 	}
 	if n := k.lastEventNanos.Load(); n != 0 {
 		s.LastEventTime = time.Unix(0, n)
+	}
+	if n := k.lastHeardNanos.Load(); n != 0 {
+		s.LastHeardTime = time.Unix(0, n)
 	}
 	if t := k.publisherTopic.Load(); t != nil {
 		s.PublisherTopic, s.PublisherTopicKnown = *t, true

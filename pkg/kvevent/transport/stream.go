@@ -53,6 +53,7 @@ type stream struct {
 	probeDelay  time.Duration
 	silence     liveSilence
 	resets      resetBudget
+	heardAt     time.Time // last live message or replay reply
 }
 
 // replayTimer follows the replay in flight and the timing of replay
@@ -149,6 +150,13 @@ func (s *stream) pushLive(seq uint64, payload []byte) {
 	case !s.live.push(inMsg{seq: seq, payload: payload}):
 		s.obs.droppedLive(seq, len(payload), s.live.limit)
 	}
+}
+
+// heard records that the engine was heard from at now: a live message or
+// a replay reply.
+func (s *stream) heard(now time.Time) {
+	s.heardAt = now
+	s.obs.heard(now)
 }
 
 // hasWork reports whether the stream has read messages it has not applied,

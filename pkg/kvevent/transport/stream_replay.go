@@ -135,7 +135,9 @@ func (s *stream) readReplies() {
 			s.failReplay(kindReplayProtocol, err)
 			return
 		}
-		s.replay.deadline = time.Now().Add(s.cfg.ReplayTimeout)
+		now := time.Now()
+		s.heard(now)
+		s.replay.deadline = now.Add(s.cfg.ReplayTimeout)
 		if r.end {
 			s.closeDealer()
 			s.replay.ending = true
