@@ -144,14 +144,23 @@ func (g *Gateway) newKVSync() error {
 	if err != nil {
 		return fmt.Errorf("gateway: prefix index: %w", err)
 	}
+	client := transport.DefaultZMQClientConfig("", "", "")
+	client.MaxMessageBytes = cmp.Or(k.MaxMessageBytes, client.MaxMessageBytes)
+	client.ReceiveBufferBytes = cmp.Or(k.ReceiveBufferBytes, client.ReceiveBufferBytes)
+	client.MaxPendingBytes = cmp.Or(k.PendingBufferBytes, client.MaxPendingBytes)
+	client.MaxReplayBatches = cmp.Or(k.MaxReplayBatches, client.MaxReplayBatches)
+	client.MaxReplayDuration = cmp.Or(k.MaxReplayDuration, client.MaxReplayDuration)
 	mc := manager.ManagerConfig{
-		Index:      cache.NewKVIndex(g.index),
-		Streams:    manager.StreamDefaults{PubPort: k.PubPort, ReplayPort: k.ReplayPort, Topic: k.Topic},
+		Index: cache.NewKVIndex(g.index),
+		Streams: manager.StreamDefaults{PubPort: k.PubPort, ReplayPort: k.ReplayPort, Topic: k.Topic,
+			EnginePort: cmp.Or(g.cfg.Cache.DefaultEnginePort, cache.DefaultEnginePort)},
+		Client:     client,
 		Registerer: g.registry,
 		Logger:     g.cfg.Logger,
 	}
 	if k.BindEndpoint != "" {
-		mc.Bind = &transport.BindConfig{Endpoint: k.BindEndpoint, Ranks: k.BindRanks}
+		mc.Bind = &transport.BindConfig{Endpoint: k.BindEndpoint, Ranks: k.BindRanks,
+			AllowAnyPeer: k.BindAllowAnyPeer, LivenessTimeout: k.BindLivenessTimeout}
 	}
 	if g.manager, err = manager.NewKVEventManager(mc); err != nil {
 		return fmt.Errorf("gateway: %w", err)
