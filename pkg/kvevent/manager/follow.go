@@ -113,8 +113,8 @@ type bindFollower struct {
 func newBindFollower(m *KVEventManager, zctx *zmq.Context) (*bindFollower, error) {
 	cfg := *m.cfg.Bind
 	cfg.Context, cfg.Logger, cfg.Ignored = zctx, m.logger, m.metrics.bindIgnored
-	cfg.ReceiveHWM, cfg.PollTimeout = m.cfg.Client.ReceiveHWM, m.cfg.Client.PollTimeout
-	cfg.MaxMessageBytes = m.cfg.Client.MaxMessageBytes
+	cfg.PollTimeout, cfg.MaxMessageBytes, cfg.ReceiveBufferBytes = m.cfg.Client.PollTimeout, m.cfg.Client.MaxMessageBytes,
+		m.cfg.Client.ReceiveBufferBytes
 	r, err := transport.NewBindReceiver(cfg)
 	if err != nil {
 		return nil, err

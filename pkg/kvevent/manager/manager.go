@@ -55,8 +55,8 @@ type ManagerConfig struct {
 	// so that a stream is exact from its first batch on. Endpoint, Ranks
 	// (at most MaxDPSize), AllowAnyPeer and LivenessTimeout are the
 	// manager's to read; it sets the receiver's context, logger and
-	// Ignored hook, and takes the bound sockets' ReceiveHWM,
-	// MaxMessageBytes and PollTimeout from Client.
+	// Ignored hook, and takes the bound sockets' MaxMessageBytes,
+	// ReceiveBufferBytes and PollTimeout from Client.
 	//
 	// Choose bind mode when engines cannot be reached by the gateway (the
 	// gateway's address is stable, the engines' are not) or to keep one

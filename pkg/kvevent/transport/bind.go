@@ -72,13 +72,21 @@ type BindConfig struct {
 	// replay sockets. When nil the receiver creates its own and terminates
 	// it on Close.
 	Context *zmq.Context
-	// ReceiveHWM is the bound sockets' receive high-water mark in messages
-	// per connected engine (DefaultReceiveHWM when 0).
-	ReceiveHWM int
 	// MaxMessageBytes bounds one frame on the bound sockets, as
 	// ZMQClientConfig.MaxMessageBytes does (DefaultMaxMessageBytes when
 	// 0).
 	MaxMessageBytes int
+	// ReceiveBufferBytes bounds what ZeroMQ queues for one connected
+	// engine (DefaultReceiveBufferBytes when 0): the bound sockets'
+	// receive high-water mark is ReceiveBufferBytes / MaxMessageBytes
+	// messages, at least 1, unless ReceiveHWM sets it. A receiver cannot
+	// disconnect one of the engines that dial in, so the bound is ZeroMQ's:
+	// an engine that sends faster than the receiver reads is held back
+	// (vLLM then queues on its side, up to its own high-water mark).
+	ReceiveBufferBytes int
+	// ReceiveHWM, when set, is the bound sockets' receive high-water mark
+	// in messages per connected engine instead.
+	ReceiveHWM int
 	// PollTimeout bounds how long Follow and Unfollow wait for the
 	// receiver's goroutine (DefaultPollTimeout when 0).
 	PollTimeout time.Duration
@@ -99,9 +107,9 @@ func (c *BindConfig) Validate() error {
 	if c.Ranks < 0 {
 		return fmt.Errorf("bind: Ranks %d is negative", c.Ranks)
 	}
-	if c.ReceiveHWM < 0 || c.PollTimeout < 0 || c.MaxMessageBytes < 0 || c.LivenessTimeout < 0 {
-		return fmt.Errorf("bind: ReceiveHWM %d, MaxMessageBytes %d, PollTimeout %v and LivenessTimeout %v must not be negative",
-			c.ReceiveHWM, c.MaxMessageBytes, c.PollTimeout, c.LivenessTimeout)
+	if c.ReceiveHWM < 0 || c.PollTimeout < 0 || c.MaxMessageBytes < 0 || c.ReceiveBufferBytes < 0 || c.LivenessTimeout < 0 {
+		return fmt.Errorf("bind: ReceiveHWM %d, MaxMessageBytes %d, ReceiveBufferBytes %d, PollTimeout %v and LivenessTimeout %v "+
+			"must not be negative", c.ReceiveHWM, c.MaxMessageBytes, c.ReceiveBufferBytes, c.PollTimeout, c.LivenessTimeout)
 	}
 	for r := range max(c.Ranks, 1) {
 		if _, err := zmqwire.OffsetEndpointPort(c.Endpoint, r); err != nil {
@@ -207,9 +215,10 @@ func NewBindReceiver(cfg BindConfig) (*BindReceiver, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("kvevent: %w", err)
 	}
-	cfg.ReceiveHWM = cmp.Or(cfg.ReceiveHWM, DefaultReceiveHWM)
 	cfg.PollTimeout = cmp.Or(cfg.PollTimeout, DefaultPollTimeout)
 	cfg.MaxMessageBytes = cmp.Or(cfg.MaxMessageBytes, DefaultMaxMessageBytes)
+	cfg.ReceiveBufferBytes = cmp.Or(cfg.ReceiveBufferBytes, DefaultReceiveBufferBytes)
+	cfg.ReceiveHWM = cmp.Or(cfg.ReceiveHWM, max(1, cfg.ReceiveBufferBytes/cfg.MaxMessageBytes))
 	cfg.LivenessTimeout = cmp.Or(cfg.LivenessTimeout, DefaultLivenessTimeout)
 	l, err := newBindLoop(cfg)
 	if err != nil {

@@ -300,3 +300,40 @@ func TestClientFloodedBeyondItsReceiveBufferDropsAndReplays(t *testing.T) {
 			st.DroppedMessages, st.ReplayedBatches)
 	}
 }
+
+func TestClientDisconnectsAnEngineThatFloodsIt(t *testing.T) {
+	t.Parallel()
+	ports := kvtest.NewPorts(t)
+	eng := kvtest.NewEngine(t, ports)
+	reg := prometheus.NewPedanticRegistry()
+	metrics, err := NewKVCacheMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &slowHandler{pause: 5 * time.Millisecond}
+	cfg := testClientConfig(ports)
+	cfg.Metrics = metrics
+	cfg.MaxMessageBytes, cfg.ReceiveBufferBytes = 512<<10, 1<<20
+	c := startClient(t, cfg, h)
+	eng.AwaitSubscriber(t)
+
+	payload := bigPayload(t, 0, 256<<10)
+	floods := func() float64 {
+		return series(t, reg, "limit_hits_total")["dp_rank=0,limit=flood,pod_key="+cfg.PodKey]
+	}
+	seq := uint64(0)
+	kvtest.RepeatUntil(t, "the flood noticed", func() {
+		for range 200 {
+			eng.Live(t, seq, payload)
+			seq++
+		}
+	}, func() bool { return floods() > 0 })
+
+	// Once the engine behaves, the stream is followed again.
+	eng.Forget()
+	eng.Buffer(seq, kvtest.Payload(t, 2, int(seq)))
+	testsupport.Eventually(t, "the well-behaved engine's batch", func() bool { return h.Has(2, int(seq)) })
+	if st := c.Stats(); st.Connections < 2 {
+		t.Errorf("%d connections, want the flooding engine redialled", st.Connections)
+	}
+}

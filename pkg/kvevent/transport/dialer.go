@@ -50,6 +50,10 @@ type dialer struct {
 	// downAt is when the connection was lost, until ZeroMQ dials again;
 	// zero otherwise.
 	downAt time.Time
+	// floodAt is when the engine last flooded the stream, floodDelay the
+	// wait before redialling after the next flood.
+	floodAt    time.Time
+	floodDelay time.Duration
 }
 
 func newDialer(cfg *ZMQClientConfig, pubEndpoint string, s *stream, obs *observer) *dialer {
@@ -309,6 +313,7 @@ func (d *dialer) drainMonitor() {
 
 // readLive reads the live messages waiting and hands them to the stream.
 func (d *dialer) readLive() {
+	dropped := 0
 	for i := range maxReadBurst {
 		frames, err := zmqwire.RecvFrames(d.sub, zmq.DONTWAIT, d.frames)
 		d.frames = frames
@@ -330,6 +335,26 @@ func (d *dialer) readLive() {
 			d.obs.malformed(frames)
 			continue
 		}
-		d.s.pushLive(seq, frames[2])
+		if dropped += d.s.pushLive(seq, frames[2]); dropped > d.cfg.ReceiveBufferBytes {
+			d.flooded()
+			return
+		}
 	}
+}
+
+// flooded disconnects from an engine that sent more than a second receive
+// buffer's worth while the first was full, faster than the stream reads:
+// ZeroMQ's own queue would grow with it. The dialer redials after
+// ReconnectDelay, doubling up to MaxReconnectDelay while the engine keeps
+// flooding; what the engine published meanwhile is replayed.
+func (d *dialer) flooded() {
+	now := time.Now()
+	if now.Sub(d.floodAt) > 2*d.cfg.MaxReconnectDelay {
+		d.floodDelay = d.cfg.ReconnectDelay
+	}
+	delay := d.floodDelay
+	d.floodAt, d.floodDelay = now, min(2*d.floodDelay, d.cfg.MaxReconnectDelay)
+	d.obs.flooded(delay, d.cfg.ReceiveBufferBytes)
+	d.close()
+	d.reopenAt = now.Add(delay)
 }

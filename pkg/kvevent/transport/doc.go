@@ -106,7 +106,12 @@
 //     queues stay short; what it has read and not applied is bounded by
 //     ReceiveBufferBytes (64 MiB), for live messages and for replay replies
 //     each. A live message beyond it is dropped and replayed later (limit
-//     receive_buffer); a replay beyond it is cut short (replay_buffer).
+//     receive_buffer); a replay beyond it is cut short (replay_buffer). A
+//     dialled engine that sends a second buffer's worth while the first is
+//     full is disconnected, and redialled after ReconnectDelay, doubling up
+//     to MaxReconnectDelay while it keeps flooding (flood). A bound socket
+//     cannot drop one engine, so it queues at most ReceiveBufferBytes per
+//     connected engine in ZeroMQ instead (BindConfig.ReceiveBufferBytes).
 //   - The live batches that wait for a gap's replay are bounded by
 //     MaxPendingBatches (10000) and MaxPendingBytes (64 MiB); an overflow
 //     makes the gap unrecoverable (pending_buffer).

@@ -50,11 +50,14 @@ const (
 	// LimitResetRate counts suspensions of a stream that reset more than
 	// MaxResets times within ResetWindow.
 	LimitResetRate = "reset_rate"
+	// LimitFlood counts disconnections from a dialled engine that sent
+	// more than twice ReceiveBufferBytes faster than the stream read it.
+	LimitFlood = "flood"
 )
 
 // limits are the limit label values, in streamMetrics.limits order.
 var limits = [...]string{LimitReceiveBuffer, LimitReplayBuffer, LimitReplayBatches, LimitReplayDuration,
-	LimitPendingBuffer, LimitResetRate}
+	LimitPendingBuffer, LimitResetRate, LimitFlood}
 
 // Values of the kind label of aibrix_kvcache_zmq_decode_skips_total.
 const (
@@ -150,7 +153,8 @@ func NewKVCacheMetrics(reg prometheus.Registerer) (*KVCacheMetrics, error) {
 			"subscribed topic most likely filters out the engine's live messages (the client's log names both topics), else 0."),
 		limitHits: counter("limit_hits_total", "Times a stream held its engine to a bound, by limit: receive_buffer (a live "+
 			"message dropped, then replayed), replay_buffer, replay_batches and replay_duration (a replay cut short, the rest "+
-			"replayed again), pending_buffer (an unrecoverable gap), reset_rate (the stream suspended).", with(LabelLimit)),
+			"replayed again), pending_buffer (an unrecoverable gap), reset_rate (the stream suspended), flood (a dialled "+
+			"engine disconnected for a while).", with(LabelLimit)),
 		suspended: gauge("suspended", "1 while the stream ignores its engine because it reset too often, else 0."),
 	}
 	var err error

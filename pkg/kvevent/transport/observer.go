@@ -261,6 +261,14 @@ func (o *observer) droppedLive(seq uint64, size, limit int) {
 	}
 }
 
+// flooded counts and logs a disconnection from an engine that sent more
+// than a second receive buffer of bufferBytes while the first was full.
+func (o *observer) flooded(redialIn time.Duration, bufferBytes int) {
+	o.limitHit(LimitFlood)
+	o.logger.Info("The engine sends faster than the stream applies its batches: disconnecting for a while",
+		"redialIn", redialIn, "bufferBytes", bufferBytes)
+}
+
 // droppedSuspended counts a live message dropped while the stream is
 // suspended.
 func (o *observer) droppedSuspended() { o.counters.dropped.Add(1) }

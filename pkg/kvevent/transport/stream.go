@@ -142,14 +142,17 @@ func (s *stream) down() {
 // pushLive queues one live message for process; liveArrived has been
 // called for the burst it belongs to. A message the inbox cannot hold, or
 // that arrives while the stream is suspended, is dropped and counted: the
-// gap it leaves is replayed like one the engine's PUB left.
-func (s *stream) pushLive(seq uint64, payload []byte) {
+// gap it leaves is replayed like one the engine's PUB left. It returns the
+// payload bytes dropped for a full inbox.
+func (s *stream) pushLive(seq uint64, payload []byte) int {
 	switch {
 	case s.resets.suspended:
 		s.obs.droppedSuspended()
 	case !s.live.push(inMsg{seq: seq, payload: payload}):
 		s.obs.droppedLive(seq, len(payload), s.live.limit)
+		return len(payload)
 	}
+	return 0
 }
 
 // heard records that the engine was heard from at now: a live message or
