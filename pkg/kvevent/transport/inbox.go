@@ -45,8 +45,11 @@ func (b *inbox) push(m inMsg) bool {
 	if b.bytes > 0 && b.bytes+size > b.limit {
 		return false
 	}
-	if b.head > 0 && b.head == len(b.msgs) {
-		b.msgs, b.head = b.msgs[:0], 0
+	if b.head > 0 && len(b.msgs) == cap(b.msgs) {
+		// Reuse the room of the messages popped rather than grow.
+		n := copy(b.msgs, b.msgs[b.head:])
+		clear(b.msgs[n:])
+		b.msgs, b.head = b.msgs[:n], 0
 	}
 	b.msgs = append(b.msgs, m)
 	b.bytes += size
