@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr/funcr"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/kvevent"
@@ -149,13 +150,24 @@ func TestFollowingLogNamesTheEndpointsAndTopicInUse(t *testing.T) {
 	}
 }
 
-func TestBindModeTrustsATopicOnlyFromTheAddressItNames(t *testing.T) {
+// newBindManager starts a manager in bind mode on a free port, which it
+// returns; adjust may change the bind configuration first.
+func newBindManager(t testing.TB, idx kvevent.KVIndex, adjust func(*ManagerConfig)) (*KVEventManager, *prometheus.Registry, int) {
+	t.Helper()
 	bind := testsupport.FreePorts(t, 1)[0]
-	routers := testsupport.FreePorts(t, 3)
-	idx := newMemIndex()
 	m, reg := newTestManager(t, idx, func(c *ManagerConfig) {
 		c.Bind = &transport.BindConfig{Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", bind)}
+		if adjust != nil {
+			adjust(c)
+		}
 	})
+	return m, reg, bind
+}
+
+func TestBindModeTrustsATopicOnlyFromTheAddressItNames(t *testing.T) {
+	routers := testsupport.FreePorts(t, 3)
+	idx := newMemIndex()
+	m, reg, bind := newBindManager(t, idx, nil)
 	m.OnPodAdd(makePod(podSpec{name: "real", ip: "127.0.0.2", ports: kvtest.Ports{Pub: 1, Router: routers[0]}}))
 	testsupport.Eventually(t, "the pod followed", func() bool { return podState(m, "default/real").State == PodStateFollowed })
 
@@ -195,12 +207,9 @@ func TestBindModeTrustsATopicOnlyFromTheAddressItNames(t *testing.T) {
 }
 
 func TestBindModeKeepsTheEnginesOfOneAddressApart(t *testing.T) {
-	bind := testsupport.FreePorts(t, 1)[0]
 	routers := testsupport.FreePorts(t, 3)
 	idx := newMemIndex()
-	m, _ := newTestManager(t, idx, func(c *ManagerConfig) {
-		c.Bind = &transport.BindConfig{Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", bind)}
-	})
+	m, _, bind := newBindManager(t, idx, nil)
 	const ip = "127.0.0.4"
 	var engines []*publisher.Publisher
 	var ids []kvevent.StreamID
@@ -242,12 +251,11 @@ func TestBindModeKeepsTheEnginesOfOneAddressApart(t *testing.T) {
 }
 
 func TestBindModeTellsADeadEngineFromAQuietOne(t *testing.T) {
-	bind := testsupport.FreePorts(t, 1)[0]
 	routers := testsupport.FreePorts(t, 2)
 	idx := newMemIndex()
 	const liveness = time.Second
-	m, _ := newTestManager(t, idx, func(c *ManagerConfig) {
-		c.Bind = &transport.BindConfig{Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", bind), LivenessTimeout: liveness}
+	m, _, bind := newBindManager(t, idx, func(c *ManagerConfig) {
+		c.Bind.LivenessTimeout = liveness
 		c.Client.ReplayTimeout, c.Client.MaxReplayDuration = 300*time.Millisecond, 300*time.Millisecond
 	})
 	quiet := dialingPublisher(t, "127.0.0.5", bind, routers[0], 0)
