@@ -3,7 +3,6 @@ package cache
 import (
 	"time"
 
-	"github.com/go-logr/logr"
 	"k8s.io/klog/v2"
 
 	"github.com/kvgate/kvgate/pkg/types"
@@ -24,7 +23,7 @@ func (s *Store) AddRequestCount(ctx *types.RoutingContext, requestID, modelName 
 		if e := s.reg.entry(pod.Namespace, pod.Name); e != nil {
 			r.pod = e.state
 			r.pending = s.requestLoad(ctx, e, modelName)
-		} else if l := s.logger(ctx).V(2); l.Enabled() {
+		} else if l := s.log.V(2); l.Enabled() {
 			l.Info("Request routed to an unregistered pod; not counted on it", "requestID", requestID, "pod", klog.KObj(pod))
 		}
 	}
@@ -53,7 +52,7 @@ func (s *Store) requestLoad(ctx *types.RoutingContext, e *podEntry, model string
 	}
 	load, err := pendingLoad(profile, ctx, e.pod)
 	if err != nil {
-		if l := s.logger(ctx).V(2); l.Enabled() {
+		if l := s.log.V(2); l.Enabled() {
 			l.Info("No pending load for request", "requestID", ctx.RequestID, "pod", klog.KObj(e.pod), "err", err)
 		}
 		return 0
@@ -66,7 +65,7 @@ func (s *Store) requestLoad(ctx *types.RoutingContext, e *podEntry, model string
 // counts: a duplicate, or a late completion of an earlier request with the
 // same id, is ignored. The request is known by its id and term: modelName
 // is the one given to AddRequestCount and is not needed again. ctx may be
-// nil; it only supplies the logger.
+// nil.
 func (s *Store) DoneRequestCount(ctx *types.RoutingContext, requestID, modelName string, traceTerm int64) {
 	s.done(ctx, requestID, traceTerm)
 }
@@ -93,13 +92,13 @@ func (s *Store) done(ctx *types.RoutingContext, requestID string, term int64) (s
 	switch outcome {
 	case doneUnknown:
 		s.metrics.doneIgnored.WithLabelValues("unknown").Inc()
-		if l := s.logger(ctx).V(4); l.Enabled() {
+		if l := s.log.V(4); l.Enabled() {
 			l.Info("Ignoring completion of an untracked request", "requestID", requestID, "term", term)
 		}
 		return "", false
 	case doneStaleTerm:
 		s.metrics.doneIgnored.WithLabelValues("stale_term").Inc()
-		if l := s.logger(ctx).V(2); l.Enabled() {
+		if l := s.log.V(2); l.Enabled() {
 			l.Info("Ignoring completion from an older term", "requestID", requestID, "term", term)
 		}
 		return "", false
@@ -132,15 +131,4 @@ func (s *Store) GetOutputPredictor(modelName string) (*SimpleOutputPredictor, er
 		s.cfg.PredictorMaxInputTokens, s.cfg.PredictorMaxOutputTokens, s.cfg.PredictorWindow,
 		WithColdPrediction(s.cfg.ColdPrediction)))
 	return p.(*SimpleOutputPredictor), nil
-}
-
-// logger returns the request's logger when ctx carries one, else the
-// Store's.
-func (s *Store) logger(ctx *types.RoutingContext) klog.Logger {
-	if ctx != nil && ctx.Context != nil {
-		if l, err := logr.FromContext(ctx.Context); err == nil {
-			return l
-		}
-	}
-	return s.log
 }

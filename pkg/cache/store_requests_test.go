@@ -1,7 +1,6 @@
 package cache
 
 import (
-	"context"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -34,7 +33,7 @@ func runningForModel(t *testing.T, s *Store, pod, model string) float64 {
 }
 
 func routed(id, model string, pod *v1.Pod) *types.RoutingContext {
-	ctx := types.NewRoutingContext(context.Background(), id, model)
+	ctx := types.NewRoutingContext(id, model)
 	if pod != nil {
 		ctx.SetTargetPod(pod)
 	}

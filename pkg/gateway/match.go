@@ -127,7 +127,7 @@ func (g *Gateway) serveMatch(w http.ResponseWriter, r *http.Request) {
 	}
 	resp := matchResponse{Model: req.Model, TokenSource: "tokens", Ejected: ejectedViews(b.store, pods, time.Now())}
 	pods = withoutEjected(b.store, pods)
-	rc := types.NewRoutingContext(r.Context(), g.requestID(), target)
+	rc := types.NewRoutingContext(g.requestID(), target)
 	rc.LoraAdapter = req.Lora
 	if req.Lora == "" {
 		rc.LoraAdapter = adapterOf(target, pods)

@@ -3,6 +3,7 @@ package gateway
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -138,12 +139,12 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, k kind, x *excha
 	if !ok {
 		return
 	}
-	rc := types.NewRoutingContext(r.Context(), g.requestID(), c.model)
+	rc := types.NewRoutingContext(g.requestID(), c.model)
 	rc.ReceivedAt = c.start
 	rc.Algorithm = c.algorithm
 	rc.LoraAdapter = adapterOf(c.model, a.pods)
 	if g.tokenizer != nil && readsPrompt(c.algorithm) {
-		rc.PromptTokenIDs = g.tokenize(rc, &x.in, a.pods)
+		rc.PromptTokenIDs = g.tokenize(r.Context(), rc, &x.in, a.pods)
 	}
 	g.predictOutput(a.b.store, rc, x.in.maxTokens())
 	term := a.b.store.AddRequestCount(rc, rc.RequestID, rc.Model)
@@ -260,9 +261,9 @@ func adapterOf(model string, pods []*v1.Pod) string {
 // nil when tokenization fails: the request is then routed on load alone,
 // and the failure counted by reason. The pods take the /tokenize calls in
 // turn.
-func (g *Gateway) tokenize(rc *types.RoutingContext, in *inference, pods []*v1.Pod) []uint32 {
+func (g *Gateway) tokenize(ctx context.Context, rc *types.RoutingContext, in *inference, pods []*v1.Pod) []uint32 {
 	pod := pods[g.nextTokenize.Add(1)%uint64(len(pods))]
-	ids, err := in.tokenize(rc.Context, g.tokenizer, g.tokenURL.forPod(pod))
+	ids, err := in.tokenize(ctx, g.tokenizer, g.tokenURL.forPod(pod))
 	if err == nil {
 		return ids
 	}
@@ -307,7 +308,7 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, a admitted, rc
 	b, candidates := a.b, a.pods
 	var tried []string
 	for attempt := 0; ; attempt++ {
-		if err := b.router.Route(rc, candidates, &x.d); err != nil {
+		if err := b.router.Route(r.Context(), rc, candidates, &x.d); err != nil {
 			c.fail(w, http.StatusServiceUnavailable, typeServiceUnavailable, codeNoReadyPod, "", err.Error())
 			return usage{}, false
 		}

@@ -1,6 +1,7 @@
 package routing
 
 import (
+	"context"
 	"fmt"
 	"testing"
 	"time"
@@ -35,7 +36,7 @@ func BenchmarkRoute(b *testing.B) {
 			ctx := request("bench", alg, p)
 			var d Decision
 			for i := range pods * 4 {
-				if err := r.Route(ctx, podList, &d); err != nil {
+				if err := r.Route(context.Background(), ctx, podList, &d); err != nil {
 					b.Fatal(err)
 				}
 				d.chosen, d.Pod = i%pods, podList[i%pods]
@@ -44,7 +45,7 @@ func BenchmarkRoute(b *testing.B) {
 			b.ReportAllocs()
 			b.ResetTimer()
 			for b.Loop() {
-				if err := r.Route(ctx, podList, &d); err != nil {
+				if err := r.Route(context.Background(), ctx, podList, &d); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -56,7 +56,7 @@ func Example() {
 	if err != nil {
 		panic(err) // 400 Bad Request
 	}
-	ctx := types.NewRoutingContext(context.Background(), "req-1", "llama")
+	ctx := types.NewRoutingContext("req-1", "llama")
 	ctx.Algorithm = algorithm
 	ctx.PromptTokenIDs = prompt // nil when tokenization failed
 	pods, err := store.ListPodsByModel(ctx.Model)
@@ -64,7 +64,7 @@ func Example() {
 		panic(err) // 404: no pod serves the model
 	}
 	var d routing.Decision
-	if err := router.Route(ctx, pods, &d); err != nil {
+	if err := router.Route(context.Background(), ctx, pods, &d); err != nil {
 		panic(err) // 503 when no pod is ready
 	}
 	term := store.AddRequestCount(ctx, ctx.RequestID, ctx.Model)

@@ -30,16 +30,16 @@ const (
 
 // gather resets d for the request and fills its candidates with the inputs
 // nd names.
-func (r *Router) gather(ctx *types.RoutingContext, pods []*v1.Pod, nd needs, d *Decision, s *scratch) input {
+func (r *Router) gather(rc *types.RoutingContext, pods []*v1.Pod, nd needs, d *Decision, s *scratch) input {
 	d.reset()
-	d.PromptTokens = ctx.InputTokens()
+	d.PromptTokens = rc.InputTokens()
 	in := input{
 		d:            d,
 		s:            s,
 		rng:          r.rng,
-		hasTokens:    len(ctx.PromptTokenIDs) > 0,
+		hasTokens:    len(rc.PromptTokenIDs) > 0,
 		meanUncached: math.Float64frombits(r.meanUncached.Load()),
-		outputTokens: ctx.PredictedOutputTokens,
+		outputTokens: rc.PredictedOutputTokens,
 	}
 	now := r.cfg.Now()
 	var fresh, unfresh bool
@@ -60,7 +60,7 @@ func (r *Router) gather(ctx *types.RoutingContext, pods []*v1.Pod, nd needs, d *
 	in.freshOnly = fresh && unfresh
 	r.fillSpeeds(d.Candidates, s)
 	if nd&needMatch != 0 && in.hasTokens && r.cfg.Index != nil {
-		r.match(ctx, d, d.Candidates, s)
+		r.match(rc, d, d.Candidates, s)
 		in.matched = true
 	}
 	for i := range d.Candidates {
@@ -146,16 +146,16 @@ func median(v []float64) float64 {
 // one) under each one's base model. Candidates normally share one base
 // model and need one query; candidates of another base model than a query's
 // hold none of its keys, so each candidate keeps its best result.
-func (r *Router) match(ctx *types.RoutingContext, d *Decision, cs []Candidate, s *scratch) {
+func (r *Router) match(rc *types.RoutingContext, d *Decision, cs []Candidate, s *scratch) {
 	s.keys, s.models = s.keys[:0], s.models[:0]
 	for i := range cs {
 		s.keys = append(s.keys, cs[i].Pod)
-		if m := baseModel(cs[i].pod, ctx.Model); !slices.Contains(s.models, m) {
+		if m := baseModel(cs[i].pod, rc.Model); !slices.Contains(s.models, m) {
 			s.models = append(s.models, m)
 		}
 	}
 	for _, model := range s.models {
-		r.cfg.Index.MatchPrefix(model, ctx.LoraAdapter, ctx.PromptTokenIDs, s.keys, &s.match)
+		r.cfg.Index.MatchPrefix(model, rc.LoraAdapter, rc.PromptTokenIDs, s.keys, &s.match)
 		if s.match.BlockSize > 0 {
 			d.BlockSize, d.PromptBlocks = s.match.BlockSize, s.match.PromptBlocks
 		}

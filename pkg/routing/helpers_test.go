@@ -170,7 +170,7 @@ func prompt(from, n int) []uint32 {
 
 // request returns a routing context for tokens, asking for algorithm.
 func request(id, algorithm string, tokens []uint32) *types.RoutingContext {
-	ctx := types.NewRoutingContext(context.Background(), id, testModel)
+	ctx := types.NewRoutingContext(id, testModel)
 	ctx.Algorithm = algorithm
 	ctx.PromptTokenIDs = tokens
 	return ctx
@@ -199,7 +199,7 @@ func newTestRouter(t testing.TB, metrics MetricSource, idx PrefixIndex, adjust .
 func route(t testing.TB, r *Router, ctx *types.RoutingContext, pods []*v1.Pod) *Decision {
 	t.Helper()
 	var d Decision
-	if err := r.Route(ctx, pods, &d); err != nil {
+	if err := r.Route(context.Background(), ctx, pods, &d); err != nil {
 		t.Fatalf("Route(%s): %v", ctx.Algorithm, err)
 	}
 	return &d

@@ -1,6 +1,7 @@
 package routing
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"sync"
@@ -98,34 +99,36 @@ func (r *Router) Resolve(name string) (string, error) {
 	return "", &UnknownAlgorithmError{Name: name}
 }
 
-// Route chooses one of pods for the request with the algorithm
-// ctx.Algorithm names (see Resolve), records the choice with
-// ctx.SetTargetPod, and describes it in d, which it overwrites. pods are the
+// Route chooses one of pods for the request rc with the algorithm
+// rc.Algorithm names (see Resolve), records the choice with
+// rc.SetTargetPod, and describes it in d, which it overwrites. ctx carries
+// the request's logger, if any; Route never waits, so its deadline plays no
+// part. pods are the
 // routable pods serving ctx.Model; the Router reads but never modifies them.
 // Prefix algorithms match ctx.PromptTokenIDs under each pod's base model
-// (cache.ModelName) and ctx.LoraAdapter; without token ids they route on load.
+// (cache.ModelName) and rc.LoraAdapter; without token ids they route on load.
 // Route fails with an *UnknownAlgorithmError, or with an error wrapping
 // ErrNoPods when pods is empty; d is then left describing no pod.
-func (r *Router) Route(ctx *types.RoutingContext, pods []*v1.Pod, d *Decision) error {
+func (r *Router) Route(ctx context.Context, rc *types.RoutingContext, pods []*v1.Pod, d *Decision) error {
 	start := time.Now()
-	name, err := r.Resolve(ctx.Algorithm)
+	name, err := r.Resolve(rc.Algorithm)
 	if err != nil {
 		d.reset()
 		return err
 	}
 	if len(pods) == 0 {
 		d.reset()
-		return fmt.Errorf("route request %s for model %q: %w", ctx.RequestID, ctx.Model, ErrNoPods)
+		return fmt.Errorf("route request %s for model %q: %w", rc.RequestID, rc.Model, ErrNoPods)
 	}
 	alg := r.algs[name]
 	s := r.scratch.Get().(*scratch)
 	defer r.scratch.Put(s)
 
-	in := r.gather(ctx, pods, alg.needs(), d, s)
+	in := r.gather(rc, pods, alg.needs(), d, s)
 	d.Algorithm = name
 	alg.pick(in)
-	r.settle(ctx, &in, s)
-	ctx.SetTargetPod(d.Pod)
+	r.settle(rc, &in, s)
+	rc.SetTargetPod(d.Pod)
 
 	am := r.metrics.byAlg[name]
 	am.duration.Observe(time.Since(start).Seconds())
@@ -133,18 +136,18 @@ func (r *Router) Route(ctx *types.RoutingContext, pods []*v1.Pod, d *Decision) e
 	if in.hasTokens && r.cfg.Index != nil {
 		am.matchedFraction.Observe(float64(d.Chosen().MatchedTokens) / float64(d.PromptTokens))
 	}
-	r.logDecision(ctx, d)
+	r.logDecision(ctx, rc, d)
 	return nil
 }
 
 // settle fills in what the chosen candidate needs for in-flight accounting
 // and the decision's summary: its match, when the algorithm did not match
 // every candidate, and its uncached tokens.
-func (r *Router) settle(ctx *types.RoutingContext, in *input, s *scratch) {
+func (r *Router) settle(rc *types.RoutingContext, in *input, s *scratch) {
 	d := in.d
 	c := &d.Candidates[d.chosen]
 	if in.hasTokens && !in.matched && r.cfg.Index != nil {
-		r.match(ctx, d, d.Candidates[d.chosen:d.chosen+1], s)
+		r.match(rc, d, d.Candidates[d.chosen:d.chosen+1], s)
 	}
 	c.setUncached(d.PromptTokens, r.cfg.CPUCacheWeight)
 	d.Pod, d.PodKey = c.pod, c.Pod
@@ -185,11 +188,11 @@ func (r *Router) noteUncached(tokens float64) {
 }
 
 // logDecision logs the decision at verbosity 4 and its candidates at 5.
-func (r *Router) logDecision(ctx *types.RoutingContext, d *Decision) {
+func (r *Router) logDecision(ctx context.Context, rc *types.RoutingContext, d *Decision) {
 	l := r.logger(ctx)
 	if v := l.V(4); v.Enabled() {
 		c := d.Chosen()
-		v.Info("Routed request", "requestID", ctx.RequestID, "model", ctx.Model, "lora", ctx.LoraAdapter,
+		v.Info("Routed request", "requestID", rc.RequestID, "model", rc.Model, "lora", rc.LoraAdapter,
 			"algorithm", d.Algorithm, "outcome", d.Outcome, "pod", d.PodKey,
 			"promptTokens", d.PromptTokens, "matchedTokens", c.MatchedTokens, "matchedGPUTokens", c.MatchedGPUTokens,
 			"uncachedTokens", c.UncachedTokens, "running", c.Running, "waiting", c.Waiting,
@@ -197,15 +200,14 @@ func (r *Router) logDecision(ctx *types.RoutingContext, d *Decision) {
 			"predictedTTFTSeconds", c.PredictedTTFTSeconds, "score", c.Score)
 	}
 	if v := l.V(5); v.Enabled() {
-		v.Info("Routing candidates", "requestID", ctx.RequestID, "algorithm", d.Algorithm, "candidates", d.Candidates)
+		v.Info("Routing candidates", "requestID", rc.RequestID, "algorithm", d.Algorithm, "candidates", d.Candidates)
 	}
 }
 
-// logger returns the request's logger when its context carries one, else
-// the Router's.
-func (r *Router) logger(ctx *types.RoutingContext) klog.Logger {
-	if ctx.Context != nil {
-		if l, err := logr.FromContext(ctx.Context); err == nil {
+// logger returns the logger ctx carries, else the Router's.
+func (r *Router) logger(ctx context.Context) klog.Logger {
+	if ctx != nil {
+		if l, err := logr.FromContext(ctx); err == nil {
 			return l
 		}
 	}

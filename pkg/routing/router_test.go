@@ -1,6 +1,7 @@
 package routing
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -66,10 +67,10 @@ func TestNewRejectsInvalidConfig(t *testing.T) {
 func TestRouteFailsWithoutPodsOrForAnUnknownAlgorithm(t *testing.T) {
 	r, reg := newTestRouter(t, newFakeMetrics(), nil)
 	d := Decision{Candidates: make([]Candidate, 3)}
-	if err := r.Route(request("r", KVAware, nil), nil, &d); !errors.Is(err, ErrNoPods) || d.Pod != nil || len(d.Candidates) != 0 {
+	if err := r.Route(context.Background(), request("r", KVAware, nil), nil, &d); !errors.Is(err, ErrNoPods) || d.Pod != nil || len(d.Candidates) != 0 {
 		t.Fatalf("Route with no pods = %v, decision %+v; want ErrNoPods and an empty decision", err, d)
 	}
-	if err := r.Route(request("r", "bogus", nil), testPods(2), &d); !errors.Is(err, ErrUnknownAlgorithm) {
+	if err := r.Route(context.Background(), request("r", "bogus", nil), testPods(2), &d); !errors.Is(err, ErrUnknownAlgorithm) {
 		t.Fatalf("Route with an unknown algorithm = %v, want ErrUnknownAlgorithm", err)
 	}
 	if n := testsupport.MetricValue(t, reg, "kvgate_routing_decisions_total", nil); n != 0 {
@@ -181,7 +182,7 @@ func TestRouteDoesNotAllocateWithAReusedDecision(t *testing.T) {
 	for _, alg := range []string{KVAware, PrefixCache, LeastRequest} {
 		ctx.Algorithm = alg
 		allocs := testing.AllocsPerRun(100, func() {
-			if err := r.Route(ctx, pods, &d); err != nil {
+			if err := r.Route(context.Background(), ctx, pods, &d); err != nil {
 				t.Fatal(err)
 			}
 		})
@@ -207,7 +208,7 @@ func TestRouterIsSafeForConcurrentUse(t *testing.T) {
 			var d Decision
 			for i := range 300 {
 				ctx := request("r", algs[(g+i)%len(algs)], prompt((i%50)*64, 1024))
-				if err := r.Route(ctx, pods, &d); err != nil {
+				if err := r.Route(context.Background(), ctx, pods, &d); err != nil {
 					t.Error(err)
 					return
 				}

@@ -1,6 +1,7 @@
 package routing
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -258,7 +259,7 @@ func (f *simFleet) run(algorithm string, trace []simRequest) {
 
 func (f *simFleet) arrive(algorithm string, r simRequest, d *Decision) {
 	ctx := request(r.id, algorithm, r.prompt)
-	if err := f.router.Route(ctx, f.pods, d); err != nil {
+	if err := f.router.Route(context.Background(), ctx, f.pods, d); err != nil {
 		f.t.Fatal(err)
 	}
 	e := f.byName[d.Pod.Name]

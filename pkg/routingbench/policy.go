@@ -64,10 +64,10 @@ func newRouterPolicy(alg string, f *fleet, seed uint64) (*routerPolicy, error) {
 }
 
 func (p *routerPolicy) route(i int, r *Request) (int, error) {
-	ctx := types.NewRoutingContext(context.Background(), r.ID, benchModel)
+	ctx := types.NewRoutingContext(r.ID, benchModel)
 	ctx.Algorithm = p.alg
 	ctx.PromptTokenIDs = r.Prompt
-	if err := p.router.Route(ctx, p.f.pods, &p.decision); err != nil {
+	if err := p.router.Route(context.Background(), ctx, p.f.pods, &p.decision); err != nil {
 		return 0, fmt.Errorf("route %s: %w", r.ID, err)
 	}
 	p.prefills[i] = p.router.StartPrefill(&p.decision)
