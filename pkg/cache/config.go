@@ -8,6 +8,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/klog/v2"
+
+	"github.com/kvgate/kvgate/pkg/endpoint"
 )
 
 // Defaults of Config's zero fields.
@@ -43,7 +45,7 @@ type Config struct {
 	// read to learn the LoRA adapters its engine serves, those loaded at
 	// runtime included: vLLM lists an adapter with the base model as its
 	// "parent". The pod serves these adapters besides those it declares
-	// (LoraAdaptersAnnotation) and those set with SetPodAdapters. Zero means
+	// (endpoint.LoraAdaptersAnnotation) and those set with SetPodAdapters. Zero means
 	// DefaultAdapterRefreshInterval (10 s); negative disables the listing.
 	AdapterRefreshInterval time.Duration
 	// RecentMetricsWindow is how far back the recent rates and means
@@ -56,12 +58,13 @@ type Config struct {
 	// and model, and each prefill measures it roughly: the longer window
 	// averages out what the prefills the pod happened to run do to it.
 	PrefillSpeedWindow time.Duration
-	// DefaultEnginePort is the port of /metrics for pods without the port
-	// labels (default DefaultEnginePort, 8000).
+	// DefaultEnginePort is the engine port of pods that declare none
+	// (endpoint.ModelPortLabel), for requests and /metrics (default
+	// endpoint.DefaultEnginePort, 8000).
 	DefaultEnginePort int
 	// DeploymentLabel is the pod label holding the deployment name that
 	// keys GPU profiles (AIBRIX_POD_DEPLOYMENT_LABEL, default
-	// DefaultDeploymentLabel).
+	// endpoint.DefaultDeploymentLabel).
 	DeploymentLabel string
 
 	// EnableRequestTrace writes per-model request traces to Redis
@@ -135,8 +138,8 @@ func (c Config) withDefaults() Config {
 	c.PredictorWindow = cmp.Or(c.PredictorWindow, DefaultPredictorWindow)
 	c.EjectionBackoff = cmp.Or(c.EjectionBackoff, DefaultEjectionBackoff)
 	c.MaxEjectionBackoff = cmp.Or(c.MaxEjectionBackoff, DefaultMaxEjectionBackoff)
-	c.DefaultEnginePort = cmp.Or(c.DefaultEnginePort, DefaultEnginePort)
-	c.DeploymentLabel = cmp.Or(c.DeploymentLabel, DefaultDeploymentLabel)
+	c.DefaultEnginePort = cmp.Or(c.DefaultEnginePort, endpoint.DefaultEnginePort)
+	c.DeploymentLabel = cmp.Or(c.DeploymentLabel, endpoint.DefaultDeploymentLabel)
 	c.PredictorMaxInputTokens = cmp.Or(c.PredictorMaxInputTokens, DefaultPredictorMaxTokens)
 	c.PredictorMaxOutputTokens = cmp.Or(c.PredictorMaxOutputTokens, DefaultPredictorMaxTokens)
 	if c.Logger.GetSink() == nil {

@@ -3,7 +3,9 @@
 // The Store holds:
 //   - the registry of inference pods and the models they serve, fed by a
 //     PodSource or by the PodSink methods, and announced to PodListeners
-//     such as the KV event manager. A pod serves its base model (the
+//     such as the KV event manager. Each pod is parsed once, when it enters
+//     the registry, into an endpoint.Endpoint, and every lookup takes its
+//     endpoint.Key. A pod serves its base model (the
 //     model.aibrix.ai/name label or annotation) and LoRA adapters: those it
 //     declares in the kvgate.io/lora-adapters annotation, those set with
 //     SetPodAdapters, and those its engine lists on GET /v1/models (vLLM

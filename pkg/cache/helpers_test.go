@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"testing"
 
+	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/redis/go-redis/v9"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -27,7 +28,7 @@ func testPod(namespace, name, model, ip string, opts ...podOpt) *v1.Pod {
 		},
 	}
 	if model != "" {
-		p.Labels[ModelNameLabel] = model
+		p.Labels[endpoint.ModelNameLabel] = model
 	}
 	for _, o := range opts {
 		o(p)
@@ -46,7 +47,7 @@ func withAnnotation(k, v string) podOpt {
 	}
 }
 
-func withPort(port int) podOpt { return withLabel(ModelPortLabel, strconv.Itoa(port)) }
+func withPort(port int) podOpt { return withLabel(endpoint.ModelPortLabel, strconv.Itoa(port)) }
 
 func withUID(uid string) podOpt { return func(p *v1.Pod) { p.UID = k8stypes.UID(uid) } }
 
@@ -73,3 +74,9 @@ func describe(v MetricValue, err error) string {
 	}
 	return fmt.Sprintf("value %v stale %v", v.Value, v.Stale)
 }
+
+// pkey returns the key of pod namespace/name.
+func pkey(namespace, name string) endpoint.Key { return endpoint.Key{Namespace: namespace, Name: name} }
+
+// epOf parses pod as the Store does by default.
+func epOf(pod *v1.Pod) *endpoint.Endpoint { return endpoint.Parse(pod, endpoint.Options{}) }

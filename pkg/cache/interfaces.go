@@ -6,6 +6,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/rest"
 
+	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/types"
 )
 
@@ -14,21 +15,21 @@ import (
 
 // PodCache reads the pod registry.
 type PodCache interface {
-	GetPod(podName, podNamespace string) (*v1.Pod, error)
-	ListPodsByModel(modelName string) ([]*v1.Pod, error)
+	GetPod(key endpoint.Key) (*endpoint.Endpoint, error)
+	ListPodsByModel(modelName string) ([]*endpoint.Endpoint, error)
 }
 
 // ModelCache reads which models the registered pods serve.
 type ModelCache interface {
 	HasModel(modelName string) bool
 	ListModels() []string
-	ListModelsByPod(podName, podNamespace string) ([]string, error)
+	ListModelsByPod(key endpoint.Key) ([]string, error)
 }
 
 // MetricCache reads pod metrics.
 type MetricCache interface {
-	GetMetricValueByPod(podName, podNamespace, metricName string) (MetricValue, error)
-	GetMetricValueByPodModel(podName, podNamespace, modelName, metricName string) (MetricValue, error)
+	GetMetricValueByPod(key endpoint.Key, metricName string) (MetricValue, error)
+	GetMetricValueByPodModel(key endpoint.Key, modelName, metricName string) (MetricValue, error)
 	AddSubscriber(subscriber MetricSubscriber)
 }
 
@@ -49,10 +50,10 @@ type RequestTracker interface {
 type PodSink interface {
 	// AddOrUpdatePod registers pod or replaces its registered version.
 	AddOrUpdatePod(pod *v1.Pod)
-	// DeletePod unregisters a pod; unknown pods are ignored.
-	DeletePod(namespace, name string)
+	// DeletePod unregisters the pod of key; unknown pods are ignored.
+	DeletePod(key endpoint.Key)
 	// SetPodAdapters sets the LoRA adapters a registered pod serves.
-	SetPodAdapters(namespace, name string, adapters []string) error
+	SetPodAdapters(key endpoint.Key, adapters []string) error
 }
 
 // PodSource discovers inference pods: Kubernetes informers, a static

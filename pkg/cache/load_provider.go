@@ -7,6 +7,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 
+	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/types"
 )
 
@@ -56,7 +57,7 @@ func NewCachedLoadProvider(metrics MetricCache, metricName string) (*CachedLoadP
 // GetUtilization returns the pod's value of the metric; it fails with a
 // *MetricNotFoundError while the Store has none.
 func (p *CachedLoadProvider) GetUtilization(_ *types.RoutingContext, pod *v1.Pod) (float64, error) {
-	v, err := p.metrics.GetMetricValueByPod(pod.Name, pod.Namespace, p.metricName)
+	v, err := p.metrics.GetMetricValueByPod(endpoint.KeyOf(pod), p.metricName)
 	if err != nil {
 		return 0, err
 	}
@@ -68,11 +69,11 @@ func (p *CachedLoadProvider) GetConsumption(ctx *types.RoutingContext, pod *v1.P
 	if p.metricName != KVCacheUsagePerc {
 		return 1, nil
 	}
-	blockSize, err := p.metrics.GetMetricValueByPod(pod.Name, pod.Namespace, CacheBlockSize)
+	blockSize, err := p.metrics.GetMetricValueByPod(endpoint.KeyOf(pod), CacheBlockSize)
 	if err != nil {
 		return 0, err
 	}
-	blocks, err := p.metrics.GetMetricValueByPod(pod.Name, pod.Namespace, CacheNumGPUBlocks)
+	blocks, err := p.metrics.GetMetricValueByPod(endpoint.KeyOf(pod), CacheNumGPUBlocks)
 	if err != nil {
 		return 0, err
 	}
@@ -106,7 +107,7 @@ func (p *PendingLoadProvider) Cap() float64 { return 1 }
 // GetUtilization returns the pod's pending load, 0 for a pod the Store
 // holds no load for.
 func (p *PendingLoadProvider) GetUtilization(_ *types.RoutingContext, pod *v1.Pod) (float64, error) {
-	v, err := p.metrics.GetMetricValueByPod(pod.Name, pod.Namespace, RealtimeNormalizedPendings)
+	v, err := p.metrics.GetMetricValueByPod(endpoint.KeyOf(pod), RealtimeNormalizedPendings)
 	if errors.Is(err, ErrMetricNotFound) {
 		return 0, nil
 	}

@@ -5,13 +5,15 @@ import (
 	"math"
 	"testing"
 	"time"
+
+	"github.com/kvgate/kvgate/pkg/endpoint"
 )
 
 func TestCachedLoadProviderModels(t *testing.T) {
 	s := newTestStore(t, nil, noScrape())
 	pod := testPod("ns", "p", "m", "10.0.0.1")
 	s.AddOrUpdatePod(pod)
-	s.reg.entry("ns", "p").state.metrics.Store(newProjector(time.Second, time.Second).project(time.Now(), parseExposition(t, "vllm_v1_t0.txt"), nil))
+	s.reg.entry(pkey("ns", "p")).state.metrics.Store(newProjector(time.Second, time.Second).project(time.Now(), parseExposition(t, "vllm_v1_t0.txt"), nil))
 	ctx := routed("r", "m", pod)
 	ctx.PromptTokenCount, ctx.PredictedOutputTokens = 1000, 600
 
@@ -54,7 +56,7 @@ func TestCachedLoadProviderModels(t *testing.T) {
 
 func TestPendingLoadFollowsLittlesLaw(t *testing.T) {
 	s := newTestStore(t, nil, noScrape())
-	profiled := testPod("ns", "a", "llama", "10.0.0.1", withLabel(DefaultDeploymentLabel, "llama-a100"))
+	profiled := testPod("ns", "a", "llama", "10.0.0.1", withLabel(endpoint.DefaultDeploymentLabel, "llama-a100"))
 	unprofiled := testPod("ns", "b", "llama", "10.0.0.2")
 	s.AddOrUpdatePod(profiled)
 	s.AddOrUpdatePod(unprofiled)
@@ -98,7 +100,7 @@ func TestPendingLoadFollowsLittlesLaw(t *testing.T) {
 
 func BenchmarkPendingLoadConsumption(b *testing.B) {
 	s := newTestStore(b, nil, noScrape())
-	pod := testPod("ns", "a", "llama", "10.0.0.1", withLabel(DefaultDeploymentLabel, "llama-a100"))
+	pod := testPod("ns", "a", "llama", "10.0.0.1", withLabel(endpoint.DefaultDeploymentLabel, "llama-a100"))
 	s.AddOrUpdatePod(pod)
 	s.UpdateModelProfile(ModelGPUProfileKey("llama", "llama-a100"), loadTestProfile(b), false)
 	p := NewPendingLoadProvider(s, s)

@@ -138,7 +138,7 @@ func TestPrefillSpeedOfSimulatedEnginesIsTheirTrueSpeed(t *testing.T) {
 			var got MetricValue
 			testsupport.EventuallyWhy(t, "a prefill speed measured after the run", func() (string, bool) {
 				var err error
-				got, err = s.GetMetricValueByPod("sim-0", "ns", PrefillTokensPerSecond)
+				got, err = s.GetMetricValueByPod(pkey("ns", "sim-0"), PrefillTokensPerSecond)
 				return describe(got, err), err == nil && got.UpdatedAt.After(end)
 			})
 			t.Logf("%d requests: %.0f tokens/s measured, %.0f true", requests, got.Value, truth)

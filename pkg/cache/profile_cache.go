@@ -8,6 +8,8 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+
+	"github.com/kvgate/kvgate/pkg/endpoint"
 )
 
 // profileScanCount is the COUNT hint of each SCAN for profile keys.
@@ -83,11 +85,11 @@ func (c *profileCache) forgetRedisExcept(seen map[string]bool) {
 }
 
 // GetModelProfileByPod returns the profile of modelName on the deployment
-// pod belongs to (see DeploymentName). It fails with an error wrapping
+// pod belongs to (see endpoint.DeploymentName). It fails with an error wrapping
 // ErrMissingProfile when the pod has no deployment name or no profile is
 // stored. The profile is shared: treat it as read-only.
 func (s *Store) GetModelProfileByPod(pod *v1.Pod, modelName string) (*ModelGPUProfile, error) {
-	dep := DeploymentName(pod, s.cfg.DeploymentLabel)
+	dep := endpoint.DeploymentName(pod, s.cfg.DeploymentLabel)
 	if dep == "" {
 		return nil, fmt.Errorf("pod %s/%s has no deployment name (label %q or a ReplicaSet owner): %w",
 			pod.Namespace, pod.Name, s.cfg.DeploymentLabel, ErrMissingProfile)

@@ -123,11 +123,11 @@ func (c *sharedCounts) publish(ctx context.Context) error {
 	for _, e := range c.s.reg.entries() {
 		var total int64
 		for model, n := range e.state.load.perModel() {
-			fields[e.key+"|"+model] = n
+			fields[e.ep.ID+"|"+model] = n
 			total += n
 		}
 		if total > 0 {
-			fields[e.key] = total
+			fields[e.ep.ID] = total
 		}
 	}
 	ctx, cancel := context.WithTimeout(ctx, sharedRedisTimeout)

@@ -35,9 +35,9 @@ func waitRunning(t *testing.T, s *Store, pod, model string, want float64) {
 		var v MetricValue
 		var err error
 		if model == "" {
-			v, err = s.GetMetricValueByPod(pod, "ns", RealtimeNumRequestsRunning)
+			v, err = s.GetMetricValueByPod(pkey("ns", pod), RealtimeNumRequestsRunning)
 		} else {
-			v, err = s.GetMetricValueByPodModel(pod, "ns", model, RealtimeNumRequestsRunning)
+			v, err = s.GetMetricValueByPodModel(pkey("ns", pod), model, RealtimeNumRequestsRunning)
 		}
 		return describe(v, err), err == nil && v.Value == want
 	})
@@ -47,8 +47,8 @@ func TestGatewayReplicasSeeFleetWideRunningRequests(t *testing.T) {
 	rc := testredis.Start(t).NewClient(t)
 	a, b := sharedStore(t, rc, "gw-a"), sharedStore(t, rc, "gw-b")
 	start := func(s *Store, id, pod string) int64 {
-		p, _ := s.GetPod(pod, "ns")
-		return s.AddRequestCount(routed(id, "m", p), id, "m")
+		p, _ := s.GetPod(pkey("ns", pod))
+		return s.AddRequestCount(routed(id, "m", p.Pod), id, "m")
 	}
 	for i := range 3 {
 		start(a, fmt.Sprint("a", i), "p")

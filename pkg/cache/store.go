@@ -8,6 +8,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"k8s.io/klog/v2"
+
+	"github.com/kvgate/kvgate/pkg/endpoint"
 )
 
 // Store is the gateway's central cache: the registry of inference pods and
@@ -69,7 +71,7 @@ func New(redisClient *redis.Client, cfg Config) (*Store, error) {
 		cfg:      cfg,
 		log:      cfg.Logger.WithName("cache"),
 		redis:    redisClient,
-		reg:      newRegistry(),
+		reg:      newRegistry(endpoint.Options{DefaultPort: cfg.DefaultEnginePort, DeploymentLabel: cfg.DeploymentLabel}),
 		now:      time.Now,
 		requests: newRequestTracker(),
 		profiles: profileCache{profiles: map[string]*cachedProfile{}},
@@ -80,9 +82,9 @@ func New(redisClient *redis.Client, cfg Config) (*Store, error) {
 		s.scraper = &scrapePool{
 			reg: s.reg, client: newScrapeClient(cfg.PodMetricScrapeTimeout),
 			interval: cfg.PodMetricRefreshInterval, adapterInterval: cfg.AdapterRefreshInterval,
-			timeout: cfg.PodMetricScrapeTimeout, window: cfg.RecentMetricsWindow, prefillWindow: cfg.PrefillSpeedWindow, defaultPort: cfg.DefaultEnginePort,
+			timeout: cfg.PodMetricScrapeTimeout, window: cfg.RecentMetricsWindow, prefillWindow: cfg.PrefillSpeedWindow,
 			selection: s.selection.Load, publishAdapters: s.setDiscoveredAdapters, readmit: s.readmit,
-			log: s.log, nudge: make(chan struct{}, 1), loops: map[string]*runningLoop{},
+			log: s.log, nudge: make(chan struct{}, 1), loops: map[endpoint.Key]*runningLoop{},
 		}
 	}
 	if cfg.EnableRequestTrace {
@@ -167,7 +169,7 @@ func (s *Store) gauges() storeGauges {
 		stalePods: func() float64 {
 			n := 0
 			for _, e := range s.reg.entries() {
-				if m := e.state.metrics.Load(); e.routable && m != nil && m.stale {
+				if m := e.state.metrics.Load(); e.ep.Ready() && m != nil && m.stale {
 					n++
 				}
 			}

@@ -5,6 +5,8 @@ import (
 
 	"k8s.io/klog/v2"
 
+	"github.com/kvgate/kvgate/pkg/endpoint"
+
 	"github.com/kvgate/kvgate/pkg/types"
 )
 
@@ -20,7 +22,7 @@ func (s *Store) AddRequestCount(ctx *types.RoutingContext, requestID, modelName 
 	var r route
 	if ctx != nil && ctx.HasRouted() {
 		pod := ctx.TargetPod()
-		if e := s.reg.entry(pod.Namespace, pod.Name); e != nil {
+		if e := s.reg.entry(endpoint.KeyOf(pod)); e != nil {
 			r.pod = e.state
 			r.pending = s.requestLoad(ctx, e, modelName)
 		} else if l := s.log.V(2); l.Enabled() {
@@ -42,7 +44,7 @@ func (s *Store) requestLoad(ctx *types.RoutingContext, e *podEntry, model string
 	if s.profiles.size() == 0 {
 		return 0
 	}
-	dep := DeploymentName(e.pod, s.cfg.DeploymentLabel)
+	dep := e.ep.Deployment
 	if dep == "" {
 		return 0
 	}
@@ -50,10 +52,10 @@ func (s *Store) requestLoad(ctx *types.RoutingContext, e *podEntry, model string
 	if profile == nil {
 		return 0
 	}
-	load, err := pendingLoad(profile, ctx, e.pod)
+	load, err := pendingLoad(profile, ctx, e.ep.Pod)
 	if err != nil {
 		if l := s.log.V(2); l.Enabled() {
-			l.Info("No pending load for request", "requestID", ctx.RequestID, "pod", klog.KObj(e.pod), "err", err)
+			l.Info("No pending load for request", "requestID", ctx.RequestID, "pod", klog.KObj(e.ep.Pod), "err", err)
 		}
 		return 0
 	}

@@ -16,7 +16,7 @@ import (
 
 func running(t *testing.T, s *Store, pod string) float64 {
 	t.Helper()
-	v, err := s.GetMetricValueByPod(pod, "ns", RealtimeNumRequestsRunning)
+	v, err := s.GetMetricValueByPod(pkey("ns", pod), RealtimeNumRequestsRunning)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -25,7 +25,7 @@ func running(t *testing.T, s *Store, pod string) float64 {
 
 func runningForModel(t *testing.T, s *Store, pod, model string) float64 {
 	t.Helper()
-	v, err := s.GetMetricValueByPodModel(pod, "ns", model, RealtimeNumRequestsRunning)
+	v, err := s.GetMetricValueByPodModel(pkey("ns", pod), model, RealtimeNumRequestsRunning)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -113,7 +113,7 @@ func TestRequestCountsPerPodAndModel(t *testing.T) {
 	s := newTestStore(t, nil, noScrape())
 	pod := testPod("ns", "p", "base", "10.0.0.1")
 	s.AddOrUpdatePod(pod)
-	if err := s.SetPodAdapters("ns", "p", []string{"lora"}); err != nil {
+	if err := s.SetPodAdapters(pkey("ns", "p"), []string{"lora"}); err != nil {
 		t.Fatal(err)
 	}
 	terms := map[string]int64{}
@@ -268,15 +268,15 @@ func BenchmarkGetMetricValueByPod(b *testing.B) {
 	s := newTestStore(b, nil, noScrape())
 	s.AddOrUpdatePod(testPod("ns", "p", "m", "10.0.0.1"))
 	fam := parseExposition(b, "vllm_v1_t0.txt")
-	e := s.reg.entry("ns", "p")
+	e := s.reg.entry(pkey("ns", "p"))
 	e.state.metrics.Store(newProjector(time.Second, time.Second).project(time.Now(), fam, nil))
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
-			if _, err := s.GetMetricValueByPod("p", "ns", KVCacheUsagePerc); err != nil {
+			if _, err := s.GetMetricValueByPod(pkey("ns", "p"), KVCacheUsagePerc); err != nil {
 				b.Fatal(err)
 			}
-			if _, err := s.GetMetricValueByPod("p", "ns", RealtimeNumRequestsRunning); err != nil {
+			if _, err := s.GetMetricValueByPod(pkey("ns", "p"), RealtimeNumRequestsRunning); err != nil {
 				b.Fatal(err)
 			}
 		}

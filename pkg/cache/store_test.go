@@ -197,7 +197,7 @@ func TestCloseWaitsForConcurrentUsers(t *testing.T) {
 				if j%2 == 0 {
 					s.AddOrUpdatePod(p)
 				} else {
-					s.DeletePod("ns", "p")
+					s.DeletePod(pkey("ns", "p"))
 				}
 			}
 		}()

@@ -19,14 +19,15 @@ import (
 
 	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/cache"
+	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/kvevent"
 )
 
 // churnPod is a pod of the churn test, eligible unless a flag says not.
 func churnPod(name string, gen, port int, ready, labelled bool) *v1.Pod {
-	labels := map[string]string{kvevent.ModelNameLabel: testModel}
+	labels := map[string]string{endpoint.ModelNameLabel: testModel}
 	if labelled {
-		labels[kvevent.KVEventsEnabledLabel] = "true"
+		labels[endpoint.KVEventsEnabledLabel] = "true"
 	}
 	cond := v1.ConditionFalse
 	if ready {
@@ -128,7 +129,7 @@ func TestChurnLeavesNoClientsSocketsOrIndexEntries(t *testing.T) {
 			store.AddOrUpdatePod(p)
 			live[name] = &churnEngine{pod: p, tag: j + 1}
 		default:
-			store.DeletePod("churn", name)
+			store.DeletePod(endpoint.Key{Namespace: "churn", Name: name})
 			delete(live, name)
 		}
 	}
@@ -148,7 +149,7 @@ func TestChurnLeavesNoClientsSocketsOrIndexEntries(t *testing.T) {
 	}
 
 	for name := range live {
-		store.DeletePod("churn", name)
+		store.DeletePod(endpoint.Key{Namespace: "churn", Name: name})
 	}
 	testsupport.Eventually(t, "no pod followed or known", func() bool { return len(manager.Snapshot()) == 0 })
 	if got := index.pods(); len(got) != 0 {

@@ -14,6 +14,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/kvgate/kvgate/pkg/cache"
+	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/kvevent"
 )
 
@@ -42,7 +43,7 @@ func newFleet(t testing.TB, cfg *rest.Config) *fleet {
 	f.manager = f.index.newManager(t)
 	f.store, err = cache.InitWithOptions(cfg, nil, cache.InitOptions{
 		Config:       cache.Config{PodMetricRefreshInterval: -1, AdapterRefreshInterval: -1, Logger: klog.Background().V(4)},
-		PodSource:    &KubernetesSource{Namespace: f.ns, LabelSelector: kvevent.ModelNameLabel, Logger: klog.Background().V(4)},
+		PodSource:    &KubernetesSource{Namespace: f.ns, LabelSelector: endpoint.ModelNameLabel, Logger: klog.Background().V(4)},
 		EnableKVSync: true, KVEventManager: f.manager,
 	})
 	if err != nil {
@@ -56,9 +57,9 @@ func newFleet(t testing.TB, cfg *rest.Config) *fleet {
 // engine publishes on port, then makes it Running and Ready at ip.
 func (f *fleet) createPod(t testing.TB, name, ip string, port int, unlabelled bool) *v1.Pod {
 	t.Helper()
-	labels := map[string]string{kvevent.ModelNameLabel: testModel}
+	labels := map[string]string{endpoint.ModelNameLabel: testModel}
 	if !unlabelled {
-		labels[kvevent.KVEventsEnabledLabel] = "true"
+		labels[endpoint.KVEventsEnabledLabel] = "true"
 	}
 	pod := &v1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: name, Labels: labels, Annotations: map[string]string{
@@ -97,9 +98,9 @@ func (f *fleet) relabel(t testing.TB, pod *v1.Pod, enabled bool) *v1.Pod {
 	t.Helper()
 	pod = pod.DeepCopy()
 	if enabled {
-		pod.Labels[kvevent.KVEventsEnabledLabel] = "true"
+		pod.Labels[endpoint.KVEventsEnabledLabel] = "true"
 	} else {
-		delete(pod.Labels, kvevent.KVEventsEnabledLabel)
+		delete(pod.Labels, endpoint.KVEventsEnabledLabel)
 	}
 	updated, err := f.client.CoreV1().Pods(f.ns).Update(context.Background(), pod, metav1.UpdateOptions{})
 	if err != nil {

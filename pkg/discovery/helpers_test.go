@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvgate/kvgate/pkg/endpoint"
 	v1 "k8s.io/api/core/v1"
 )
 
@@ -33,7 +34,7 @@ func newRecordingSink() *recordingSink { return &recordingSink{pods: map[string]
 func (s *recordingSink) AddOrUpdatePod(pod *v1.Pod) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	key := pod.Namespace + "/" + pod.Name
+	key := endpoint.KeyOf(pod).String()
 	old := s.pods[key]
 	s.pods[key] = pod
 	s.calls++
@@ -51,10 +52,10 @@ func (s *recordingSink) AddOrUpdatePod(pod *v1.Pod) {
 	}
 }
 
-func (s *recordingSink) DeletePod(namespace, name string) {
+func (s *recordingSink) DeletePod(k endpoint.Key) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	key := namespace + "/" + name
+	key := k.String()
 	old := s.pods[key]
 	delete(s.pods, key)
 	s.calls++
@@ -63,7 +64,7 @@ func (s *recordingSink) DeletePod(namespace, name string) {
 	}
 }
 
-func (s *recordingSink) SetPodAdapters(string, string, []string) error { return nil }
+func (s *recordingSink) SetPodAdapters(endpoint.Key, []string) error { return nil }
 
 // summary lists "key=ip" of every pod, sorted.
 func (s *recordingSink) summary() string {

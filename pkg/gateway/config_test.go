@@ -9,6 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kvgate/kvgate/pkg/config"
+	"github.com/kvgate/kvgate/pkg/endpoint"
 )
 
 func envOf(m map[string]string) *config.Env {
@@ -107,7 +108,7 @@ func TestTokenizerURLReplacesTheTemplatesPortWithThePodsServingPort(t *testing.T
 		if err != nil {
 			t.Fatalf("%s: %v", tt.template, err)
 		}
-		if got := tmpl.forPod(tt.pod); got != tt.want {
+		if got := tmpl.forPod(endpoint.Parse(tt.pod, endpoint.Options{})); got != tt.want {
 			t.Errorf("%s for %s:%s = %s, want %s", tt.template, tt.pod.Status.PodIP, tt.pod.Labels["model.aibrix.ai/port"], got, tt.want)
 		}
 	}
@@ -119,10 +120,10 @@ func TestTokenizerURLReplacesTheTemplatesPortWithThePodsServingPort(t *testing.T
 }
 
 func TestAdapterOfTellsBaseModelsFromAdapters(t *testing.T) {
-	pod := func(base string) *v1.Pod {
-		return &v1.Pod{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"model.aibrix.ai/name": base}}}
+	pod := func(base string) *endpoint.Endpoint {
+		return endpoint.Parse(&v1.Pod{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"model.aibrix.ai/name": base}}}, endpoint.Options{})
 	}
-	pods := []*v1.Pod{pod("llama"), pod("llama")}
+	pods := []*endpoint.Endpoint{pod("llama"), pod("llama")}
 	if got := adapterOf("llama", pods); got != "" {
 		t.Errorf("adapterOf(base model) = %q, want \"\"", got)
 	}

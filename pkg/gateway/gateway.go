@@ -46,7 +46,6 @@ type Gateway struct {
 	restConfig *rest.Config
 	source     cache.PodSource
 	transport  *http.Transport
-	enginePort int
 	handler    http.Handler
 	// adminHandler serves /metrics and /debug/* apart from the API; nil
 	// when handler serves them.
@@ -108,7 +107,6 @@ func New(cfg Config) (*Gateway, error) {
 		g.redis = redis.NewClient(&redis.Options{Addr: cfg.Redis.Address, Password: cfg.Redis.Password})
 	}
 	g.transport = newTransport(cfg.DialTimeout, cfg.MaxIdleConnsPerPod)
-	g.enginePort = cmp.Or(cfg.Cache.DefaultEnginePort, cache.DefaultEnginePort)
 	var id [4]byte
 	_, _ = rand.Read(id[:])
 	g.idPrefix = "kvgate-" + hex.EncodeToString(id[:]) + "-"

@@ -13,10 +13,8 @@ import (
 	"sync"
 	"time"
 
-	v1 "k8s.io/api/core/v1"
-	"k8s.io/klog/v2"
-
 	"github.com/kvgate/kvgate/pkg/cache"
+	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/routing"
 	"github.com/kvgate/kvgate/pkg/tokenizer"
 	"github.com/kvgate/kvgate/pkg/types"
@@ -124,7 +122,7 @@ type admitted struct {
 	b *backend
 	// pods are the candidates: the model's ready pods that are not
 	// ejected, or all of them when all are; ready counts the ready pods.
-	pods  []*v1.Pod
+	pods  []*endpoint.Endpoint
 	ready int
 	// body is what is forwarded: the client's, or the one asking for the
 	// usage chunk when dropUsage is set.
@@ -248,9 +246,9 @@ func readsPrompt(alg string) bool {
 
 // adapterOf returns the LoRA adapter model resolves to among pods: "" when
 // a pod serves it as its base model.
-func adapterOf(model string, pods []*v1.Pod) string {
+func adapterOf(model string, pods []*endpoint.Endpoint) string {
 	for _, p := range pods {
-		if cache.ModelName(p) == model {
+		if p.Model == model {
 			return ""
 		}
 	}
@@ -261,7 +259,7 @@ func adapterOf(model string, pods []*v1.Pod) string {
 // nil when tokenization fails: the request is then routed on load alone,
 // and the failure counted by reason. The pods take the /tokenize calls in
 // turn.
-func (g *Gateway) tokenize(ctx context.Context, rc *types.RoutingContext, in *inference, pods []*v1.Pod) []uint32 {
+func (g *Gateway) tokenize(ctx context.Context, rc *types.RoutingContext, in *inference, pods []*endpoint.Endpoint) []uint32 {
 	pod := pods[g.nextTokenize.Add(1)%uint64(len(pods))]
 	ids, err := in.tokenize(ctx, g.tokenizer, g.tokenURL.forPod(pod))
 	if err == nil {
@@ -275,7 +273,7 @@ func (g *Gateway) tokenize(ctx context.Context, rc *types.RoutingContext, in *in
 	g.metrics.tokenizeFails.WithLabelValues(reason).Inc()
 	if l := g.log.V(2); l.Enabled() {
 		l.Info("Routing without prefix information: tokenization failed", "requestID", rc.RequestID,
-			"model", rc.Model, "pod", klog.KObj(pod), "reason", reason, "err", err)
+			"model", rc.Model, "pod", pod.ID, "reason", reason, "err", err)
 	}
 	return nil
 }
@@ -318,7 +316,8 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, a admitted, rc
 			c.overhead = time.Since(c.start)
 			g.metrics.overhead.Observe(c.overhead.Seconds())
 		}
-		pod, addr := x.d.Pod, podAddress(x.d.Pod, g.enginePort)
+		pod := x.d.Endpoint
+		addr := pod.Address
 		resp, err := g.transport.RoundTrip(newUpstreamRequest(r.Context(), r, addr, a.body, rc.RequestID))
 		if err == nil {
 			b.store.PodReachable(pod)
@@ -350,7 +349,7 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, a admitted, rc
 		g.metrics.retries.WithLabelValues(reason).Inc()
 		if l := g.log.V(2); l.Enabled() {
 			l.Info("Pod unreachable; routing the request to another pod", "requestID", rc.RequestID,
-				"model", rc.Model, "pod", klog.KObj(pod), "err", err)
+				"model", rc.Model, "pod", pod.ID, "err", err)
 		}
 	}
 }

@@ -13,9 +13,8 @@ import (
 	"syscall"
 	"time"
 
-	v1 "k8s.io/api/core/v1"
-
 	"github.com/kvgate/kvgate/pkg/cache"
+	"github.com/kvgate/kvgate/pkg/endpoint"
 )
 
 // newTransport returns the transport to pods: dialled directly (no
@@ -110,12 +109,12 @@ func failureReason(err error) string {
 // withoutEjected returns the pods of pods the Store has not ejected: pods
 // itself when none is ejected, and all of pods when every one is, so that
 // a model whose pods all refused connections is still tried.
-func withoutEjected(store *cache.Store, pods []*v1.Pod) []*v1.Pod {
-	keep := func(p *v1.Pod) bool {
+func withoutEjected(store *cache.Store, pods []*endpoint.Endpoint) []*endpoint.Endpoint {
+	keep := func(p *endpoint.Endpoint) bool {
 		_, ejected := store.PodEjection(p)
 		return !ejected
 	}
-	first := slices.IndexFunc(pods, func(p *v1.Pod) bool { return !keep(p) })
+	first := slices.IndexFunc(pods, func(p *endpoint.Endpoint) bool { return !keep(p) })
 	if first < 0 {
 		return pods
 	}
@@ -133,8 +132,8 @@ func withoutEjected(store *cache.Store, pods []*v1.Pod) []*v1.Pod {
 
 // untriedReachable returns a new slice of the pods of pods other than
 // tried that the Store has not ejected.
-func untriedReachable(store *cache.Store, pods []*v1.Pod, tried *v1.Pod) []*v1.Pod {
-	out := make([]*v1.Pod, 0, len(pods))
+func untriedReachable(store *cache.Store, pods []*endpoint.Endpoint, tried *endpoint.Endpoint) []*endpoint.Endpoint {
+	out := make([]*endpoint.Endpoint, 0, len(pods))
 	for _, p := range pods {
 		if _, ejected := store.PodEjection(p); p != tried && !ejected {
 			out = append(out, p)

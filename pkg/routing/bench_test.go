@@ -39,7 +39,7 @@ func BenchmarkRoute(b *testing.B) {
 				if err := r.Route(context.Background(), ctx, podList, &d); err != nil {
 					b.Fatal(err)
 				}
-				d.chosen, d.Pod = i%pods, podList[i%pods]
+				d.chosen, d.Endpoint = i%pods, podList[i%pods]
 				r.StartPrefill(&d)
 			}
 			b.ReportAllocs()

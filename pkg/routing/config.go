@@ -11,6 +11,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/kvgate/kvgate/pkg/cache"
+	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/indexer"
 )
 
@@ -29,13 +30,13 @@ const (
 // simulation supplies its own. A missing value is reported as an error
 // (the Store's *cache.MetricNotFoundError) and read as "not measured".
 type MetricSource interface {
-	GetMetricValueByPod(podName, podNamespace, metricName string) (cache.MetricValue, error)
+	GetMetricValueByPod(key endpoint.Key, metricName string) (cache.MetricValue, error)
 }
 
 // ScrapeStates tells how current each pod's scraped metrics are.
 // *cache.Store implements it.
 type ScrapeStates interface {
-	PodScrapeState(podName, podNamespace string) cache.ScrapeState
+	PodScrapeState(key endpoint.Key) cache.ScrapeState
 }
 
 // PrefixIndex reports how much of a prompt each pod holds in its KV cache.

@@ -1,9 +1,8 @@
 package routing
 
 import (
-	v1 "k8s.io/api/core/v1"
-
 	"github.com/kvgate/kvgate/pkg/cache"
+	"github.com/kvgate/kvgate/pkg/endpoint"
 )
 
 // Outcome says what decided a routing decision. It labels
@@ -44,9 +43,8 @@ type Decision struct {
 	Algorithm string `json:"algorithm"`
 	// Outcome says what decided.
 	Outcome Outcome `json:"outcome"`
-	// Pod is the chosen pod, shared with the caller's pod list: treat it
-	// as read-only.
-	Pod *v1.Pod `json:"-"`
+	// Endpoint is the chosen pod, shared with the caller's pod list.
+	Endpoint *endpoint.Endpoint `json:"-"`
 	// PodKey is the chosen pod's "namespace/name".
 	PodKey string `json:"pod"`
 	// PromptTokens is the number of prompt tokens routed on: the token
@@ -68,7 +66,7 @@ type Decision struct {
 
 // Chosen returns the chosen pod's candidate entry, nil before a decision.
 func (d *Decision) Chosen() *Candidate {
-	if d.Pod == nil || d.chosen >= len(d.Candidates) {
+	if d.Endpoint == nil || d.chosen >= len(d.Candidates) {
 		return nil
 	}
 	return &d.Candidates[d.chosen]
@@ -136,7 +134,7 @@ type Candidate struct {
 	// stale or none); empty without Config.Scrapes and for random.
 	Scrape cache.ScrapeState `json:"scrape,omitempty"`
 
-	pod      *v1.Pod
+	ep       *endpoint.Endpoint
 	uncached float64 // UncachedTokens before rounding
 	measured uint8   // has* bits
 }

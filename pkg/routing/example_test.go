@@ -9,6 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kvgate/kvgate/pkg/cache"
+	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/indexer"
 	"github.com/kvgate/kvgate/pkg/kvevent"
 	"github.com/kvgate/kvgate/pkg/routing"
@@ -26,7 +27,7 @@ func Example() {
 	defer store.Close()
 	for i, name := range []string{"vllm-0", "vllm-1"} {
 		store.AddOrUpdatePod(&v1.Pod{
-			ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name, Labels: map[string]string{cache.ModelNameLabel: "llama"}},
+			ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name, Labels: map[string]string{endpoint.ModelNameLabel: "llama"}},
 			Status: v1.PodStatus{Phase: v1.PodRunning, PodIP: fmt.Sprint("10.0.0.", i+1),
 				Conditions: []v1.PodCondition{{Type: v1.PodReady, Status: v1.ConditionTrue}}},
 		})
@@ -70,7 +71,7 @@ func Example() {
 	term := store.AddRequestCount(ctx, ctx.RequestID, ctx.Model)
 	prefill := router.StartPrefill(&d)
 	defer prefill.Done()
-	// ... proxy the request to d.Pod; when the first streamed token arrives:
+	// ... proxy the request to d.Endpoint; when the first streamed token arrives:
 	prefill.FirstToken()
 	store.DoneRequestCount(ctx, ctx.RequestID, ctx.Model, term)
 

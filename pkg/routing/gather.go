@@ -5,9 +5,8 @@ import (
 	"slices"
 	"time"
 
-	v1 "k8s.io/api/core/v1"
-
 	"github.com/kvgate/kvgate/pkg/cache"
+	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/indexer"
 	"github.com/kvgate/kvgate/pkg/types"
 )
@@ -30,7 +29,7 @@ const (
 
 // gather resets d for the request and fills its candidates with the inputs
 // nd names.
-func (r *Router) gather(rc *types.RoutingContext, pods []*v1.Pod, nd needs, d *Decision, s *scratch) input {
+func (r *Router) gather(rc *types.RoutingContext, pods []*endpoint.Endpoint, nd needs, d *Decision, s *scratch) input {
 	d.reset()
 	d.PromptTokens = rc.InputTokens()
 	in := input{
@@ -44,9 +43,9 @@ func (r *Router) gather(rc *types.RoutingContext, pods []*v1.Pod, nd needs, d *D
 	now := r.cfg.Now()
 	var fresh, unfresh bool
 	for _, p := range pods {
-		c := Candidate{Pod: r.keys.key(p), pod: p}
+		c := Candidate{Pod: p.ID, ep: p}
 		if nd != 0 && r.cfg.Scrapes != nil {
-			c.Scrape = r.cfg.Scrapes.PodScrapeState(p.Name, p.Namespace)
+			c.Scrape = r.cfg.Scrapes.PodScrapeState(p.Key)
 			fresh, unfresh = fresh || c.Scrape == cache.ScrapeFresh, unfresh || c.Scrape != cache.ScrapeFresh
 		}
 		scrapedAt := r.readMetrics(&c, nd)
@@ -73,10 +72,10 @@ func (r *Router) gather(rc *types.RoutingContext, pods []*v1.Pod, nd needs, d *D
 // waiting requests were scraped (zero when they were not read or have no
 // value); a metric without a value reads as 0.
 func (r *Router) readMetrics(c *Candidate, nd needs) (waitingAt time.Time) {
-	p := c.pod
+	key := c.ep.Key
 	var updated time.Time // of the latest value read
 	read := func(name string) (float64, bool) {
-		v, err := r.cfg.Metrics.GetMetricValueByPod(p.Name, p.Namespace, name)
+		v, err := r.cfg.Metrics.GetMetricValueByPod(key, name)
 		if err != nil || math.IsNaN(v.Value) || math.IsInf(v.Value, 0) {
 			return 0, false
 		}
@@ -150,7 +149,7 @@ func (r *Router) match(rc *types.RoutingContext, d *Decision, cs []Candidate, s 
 	s.keys, s.models = s.keys[:0], s.models[:0]
 	for i := range cs {
 		s.keys = append(s.keys, cs[i].Pod)
-		if m := baseModel(cs[i].pod, rc.Model); !slices.Contains(s.models, m) {
+		if m := baseModel(cs[i].ep, rc.Model); !slices.Contains(s.models, m) {
 			s.models = append(s.models, m)
 		}
 	}
@@ -171,9 +170,9 @@ func (r *Router) match(rc *types.RoutingContext, d *Decision, cs []Candidate, s 
 
 // baseModel is the model the index knows the pod's blocks under: the pod's
 // base model label, else the requested model.
-func baseModel(p *v1.Pod, requested string) string {
-	if m := cache.ModelName(p); m != "" {
-		return m
+func baseModel(ep *endpoint.Endpoint, requested string) string {
+	if ep.Model != "" {
+		return ep.Model
 	}
 	return requested
 }

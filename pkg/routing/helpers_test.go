@@ -16,6 +16,7 @@ import (
 
 	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/cache"
+	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/indexer"
 	"github.com/kvgate/kvgate/pkg/kvevent"
 	"github.com/kvgate/kvgate/pkg/types"
@@ -60,10 +61,10 @@ func (f *fakeMetrics) setScrape(pod string, s cache.ScrapeState) *fakeMetrics {
 	return f
 }
 
-func (f *fakeMetrics) PodScrapeState(podName, _ string) cache.ScrapeState {
+func (f *fakeMetrics) PodScrapeState(key endpoint.Key) cache.ScrapeState {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if s, ok := f.states[podName]; ok {
+	if s, ok := f.states[key.Name]; ok {
 		return s
 	}
 	return cache.ScrapeFresh
@@ -77,24 +78,27 @@ func (f *fakeMetrics) scraped(at time.Time) *fakeMetrics {
 	return f
 }
 
-func (f *fakeMetrics) GetMetricValueByPod(podName, podNamespace, metricName string) (cache.MetricValue, error) {
+func (f *fakeMetrics) GetMetricValueByPod(key endpoint.Key, metricName string) (cache.MetricValue, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	v, ok := f.v[podName][metricName]
+	v, ok := f.v[key.Name][metricName]
 	if !ok {
-		return cache.MetricValue{}, &cache.MetricNotFoundError{Pod: podNamespace + "/" + podName, Metric: metricName}
+		return cache.MetricValue{}, &cache.MetricNotFoundError{Pod: key.String(), Metric: metricName}
 	}
 	return cache.MetricValue{Value: v, UpdatedAt: f.updated}, nil
 }
 
 // testPods returns Running, Ready pods p0..p<n-1> serving testModel.
-func testPods(n int) []*v1.Pod {
-	pods := make([]*v1.Pod, n)
+func testPods(n int) []*endpoint.Endpoint {
+	pods := make([]*endpoint.Endpoint, n)
 	for i := range pods {
-		pods[i] = testPod(fmt.Sprintf("p%d", i), fmt.Sprintf("10.0.0.%d", i+1), 0)
+		pods[i] = parse(testPod(fmt.Sprintf("p%d", i), fmt.Sprintf("10.0.0.%d", i+1), 0))
 	}
 	return pods
 }
+
+// parse parses pod as the Store does by default.
+func parse(pod *v1.Pod) *endpoint.Endpoint { return endpoint.Parse(pod, endpoint.Options{}) }
 
 // testPod returns a Running, Ready pod serving testModel at ip, whose
 // engine listens on port (the Store's default when 0).
@@ -102,7 +106,7 @@ func testPod(name, ip string, port int) *v1.Pod {
 	p := &v1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
 			Namespace: testNamespace, Name: name, UID: k8stypes.UID("uid-" + name),
-			Labels: map[string]string{cache.ModelNameLabel: testModel},
+			Labels: map[string]string{endpoint.ModelNameLabel: testModel},
 		},
 		Status: v1.PodStatus{
 			Phase: v1.PodRunning, PodIP: ip,
@@ -110,7 +114,7 @@ func testPod(name, ip string, port int) *v1.Pod {
 		},
 	}
 	if port != 0 {
-		p.Labels[cache.ModelPortLabel] = fmt.Sprint(port)
+		p.Labels[endpoint.ModelPortLabel] = fmt.Sprint(port)
 	}
 	return p
 }
@@ -196,7 +200,7 @@ func newTestRouter(t testing.TB, metrics MetricSource, idx PrefixIndex, adjust .
 }
 
 // route routes ctx among pods and fails the test on error.
-func route(t testing.TB, r *Router, ctx *types.RoutingContext, pods []*v1.Pod) *Decision {
+func route(t testing.TB, r *Router, ctx *types.RoutingContext, pods []*endpoint.Endpoint) *Decision {
 	t.Helper()
 	var d Decision
 	if err := r.Route(context.Background(), ctx, pods, &d); err != nil {

@@ -14,7 +14,7 @@ import (
 func uniformFleet(n int) *fakeMetrics {
 	f := newFakeMetrics()
 	for _, p := range testPods(n) {
-		f.set(p.Name, cache.PrefillTokensPerSecond, 10000).set(p.Name, cache.AvgTPOTSeconds, 0.02)
+		f.set(p.Key.Name, cache.PrefillTokensPerSecond, 10000).set(p.Key.Name, cache.AvgTPOTSeconds, 0.02)
 	}
 	return f
 }

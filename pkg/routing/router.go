@@ -9,9 +9,9 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-	v1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
 
+	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/types"
 )
 
@@ -27,7 +27,6 @@ type Router struct {
 	algs    map[string]algorithm
 	rng     *lockedRand
 	book    *inflight
-	keys    podKeys
 	scratch sync.Pool // *scratch
 	metrics *routerMetrics
 	log     klog.Logger
@@ -106,10 +105,11 @@ func (r *Router) Resolve(name string) (string, error) {
 // part. pods are the
 // routable pods serving ctx.Model; the Router reads but never modifies them.
 // Prefix algorithms match ctx.PromptTokenIDs under each pod's base model
-// (cache.ModelName) and rc.LoraAdapter; without token ids they route on load.
+// (endpoint.Endpoint.Model) and rc.LoraAdapter; without token ids they
+// route on load.
 // Route fails with an *UnknownAlgorithmError, or with an error wrapping
 // ErrNoPods when pods is empty; d is then left describing no pod.
-func (r *Router) Route(ctx context.Context, rc *types.RoutingContext, pods []*v1.Pod, d *Decision) error {
+func (r *Router) Route(ctx context.Context, rc *types.RoutingContext, pods []*endpoint.Endpoint, d *Decision) error {
 	start := time.Now()
 	name, err := r.Resolve(rc.Algorithm)
 	if err != nil {
@@ -128,7 +128,7 @@ func (r *Router) Route(ctx context.Context, rc *types.RoutingContext, pods []*v1
 	d.Algorithm = name
 	alg.pick(in)
 	r.settle(rc, &in, s)
-	rc.SetTargetPod(d.Pod)
+	rc.SetTargetPod(d.Endpoint.Pod)
 
 	am := r.metrics.byAlg[name]
 	am.duration.Observe(time.Since(start).Seconds())
@@ -150,7 +150,7 @@ func (r *Router) settle(rc *types.RoutingContext, in *input, s *scratch) {
 		r.match(rc, d, d.Candidates[d.chosen:d.chosen+1], s)
 	}
 	c.setUncached(d.PromptTokens, r.cfg.CPUCacheWeight)
-	d.Pod, d.PodKey = c.pod, c.Pod
+	d.Endpoint, d.PodKey = c.ep, c.Pod
 }
 
 // StartPrefill records that the gateway sent the request d decided to d's

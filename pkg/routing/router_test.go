@@ -9,10 +9,9 @@ import (
 	"testing"
 	"time"
 
-	v1 "k8s.io/api/core/v1"
-
 	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/cache"
+	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/indexer"
 	"github.com/kvgate/kvgate/pkg/kvevent"
 )
@@ -67,7 +66,7 @@ func TestNewRejectsInvalidConfig(t *testing.T) {
 func TestRouteFailsWithoutPodsOrForAnUnknownAlgorithm(t *testing.T) {
 	r, reg := newTestRouter(t, newFakeMetrics(), nil)
 	d := Decision{Candidates: make([]Candidate, 3)}
-	if err := r.Route(context.Background(), request("r", KVAware, nil), nil, &d); !errors.Is(err, ErrNoPods) || d.Pod != nil || len(d.Candidates) != 0 {
+	if err := r.Route(context.Background(), request("r", KVAware, nil), nil, &d); !errors.Is(err, ErrNoPods) || d.Endpoint != nil || len(d.Candidates) != 0 {
 		t.Fatalf("Route with no pods = %v, decision %+v; want ErrNoPods and an empty decision", err, d)
 	}
 	if err := r.Route(context.Background(), request("r", "bogus", nil), testPods(2), &d); !errors.Is(err, ErrUnknownAlgorithm) {
@@ -87,7 +86,7 @@ func TestRouteRecordsTheTargetAndCountsTheDecision(t *testing.T) {
 	ctx := request("r", "", p)
 
 	d := route(t, r, ctx, pods)
-	if d.Algorithm != KVAware || d.Pod != pods[1] || ctx.TargetPod() != pods[1] || d.Chosen().Pod != key("p1") {
+	if d.Algorithm != KVAware || d.Endpoint != pods[1] || ctx.TargetPod() != pods[1].Pod || d.Chosen().Pod != key("p1") {
 		t.Fatalf("decision %s -> %s, target %v; want kv-aware (the default) -> p1 recorded on the context", d.Algorithm, d.PodKey, ctx.TargetPod())
 	}
 	if d.BlockSize != testBlockSize || d.PromptBlocks != 1000/testBlockSize || d.PromptTokens != 1000 {
@@ -120,8 +119,9 @@ func TestLoadAlgorithmsReportTheChosenPodsMatch(t *testing.T) {
 
 func TestPrefixAlgorithmsMatchTheAdapterUnderEachPodsBaseModel(t *testing.T) {
 	// p0 serves base model m, q0 base model m2; both load adapter "sql".
-	pods := []*v1.Pod{testPod("p0", "10.0.0.1", 0), testPod("q0", "10.0.0.2", 0)}
-	pods[1].Labels[cache.ModelNameLabel] = "m2"
+	q0 := testPod("q0", "10.0.0.2", 0)
+	q0.Labels[endpoint.ModelNameLabel] = "m2"
+	pods := []*endpoint.Endpoint{parse(testPod("p0", "10.0.0.1", 0)), parse(q0)}
 	idx := newTestIndex(t)
 	p := prompt(0, 1024)
 	holdsAs(t, idx, indexer.Stream{Pod: key("q0"), Model: "m2"}, "sql", p, kvevent.MediumGPU)
@@ -172,8 +172,8 @@ func TestRouteDoesNotAllocateWithAReusedDecision(t *testing.T) {
 	p := prompt(0, 4096)
 	m := uniformFleet(16)
 	for i, pod := range pods {
-		holds(t, idx, pod.Name, p[:256*(i+1)], kvevent.MediumGPU)
-		m.set(pod.Name, cache.RealtimeNumRequestsRunning, float64(i%3)).set(pod.Name, cache.NumRequestsWaiting, 0)
+		holds(t, idx, pod.Key.Name, p[:256*(i+1)], kvevent.MediumGPU)
+		m.set(pod.Key.Name, cache.RealtimeNumRequestsRunning, float64(i%3)).set(pod.Key.Name, cache.NumRequestsWaiting, 0)
 	}
 	r, _ := newTestRouter(t, m, idx)
 	ctx := request("r", KVAware, p)

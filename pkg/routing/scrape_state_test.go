@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/kvgate/kvgate/pkg/cache"
+	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/kvevent"
 )
 
@@ -87,7 +88,7 @@ func TestRouterOnAStoreAvoidsAPodWhoseScrapesFail(t *testing.T) {
 	}
 	f.engines[0].srv.Close() // p0 was the least loaded: it now looks idle, and stale
 	f.waitFor(t, func(pod string) (string, bool) {
-		got := f.store.PodScrapeState(pod, testNamespace)
+		got := f.store.PodScrapeState(endpoint.Key{Namespace: testNamespace, Name: pod})
 		want := cache.ScrapeFresh
 		if pod == "p0" {
 			want = cache.ScrapeStale

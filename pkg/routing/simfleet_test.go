@@ -9,9 +9,8 @@ import (
 	"testing"
 	"time"
 
-	v1 "k8s.io/api/core/v1"
-
 	"github.com/kvgate/kvgate/pkg/cache"
+	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/indexer"
 	"github.com/kvgate/kvgate/pkg/sim"
 )
@@ -69,7 +68,7 @@ func (w workload) trace() []simRequest {
 // simEngine is one engine of the fleet and what the gateway and its Store
 // know of it.
 type simEngine struct {
-	pod     *v1.Pod
+	pod     *endpoint.Endpoint
 	engine  *sim.Engine
 	busy    bool
 	stepEnd time.Time
@@ -124,7 +123,7 @@ type simFleet struct {
 	now     time.Time
 	engines []*simEngine
 	byName  map[string]*simEngine
-	pods    []*v1.Pod
+	pods    []*endpoint.Endpoint
 	index   *indexer.SyncPrefixHashTable
 	router  *Router
 
@@ -170,9 +169,9 @@ func newSimFleetOf(t testing.TB, lats []sim.LatencyModel, truth bool) *simFleet 
 		if err != nil {
 			t.Fatal(err)
 		}
-		se := &simEngine{pod: testPod(fmt.Sprintf("p%d", i), fmt.Sprintf("10.0.0.%d", i+1), 0), engine: e, prefills: map[string]*Prefill{}}
+		se := &simEngine{pod: parse(testPod(fmt.Sprintf("p%d", i), fmt.Sprintf("10.0.0.%d", i+1), 0)), engine: e, prefills: map[string]*Prefill{}}
 		f.engines = append(f.engines, se)
-		f.byName[se.pod.Name] = se
+		f.byName[se.pod.Key.Name] = se
 		f.pods = append(f.pods, se.pod)
 	}
 	var idx PrefixIndex = f.index
@@ -188,7 +187,8 @@ func newSimFleetOf(t testing.TB, lats []sim.LatencyModel, truth bool) *simFleet 
 }
 
 // GetMetricValueByPod serves what the Store would know of an engine.
-func (f *simFleet) GetMetricValueByPod(name, _, metric string) (cache.MetricValue, error) {
+func (f *simFleet) GetMetricValueByPod(key endpoint.Key, metric string) (cache.MetricValue, error) {
+	name := key.Name
 	e := f.byName[name]
 	q := e.engine.QueueState()
 	v, ok := 0.0, true
@@ -262,7 +262,7 @@ func (f *simFleet) arrive(algorithm string, r simRequest, d *Decision) {
 	if err := f.router.Route(context.Background(), ctx, f.pods, d); err != nil {
 		f.t.Fatal(err)
 	}
-	e := f.byName[d.Pod.Name]
+	e := f.byName[d.Endpoint.Key.Name]
 	e.running++
 	e.prefills[r.id] = f.router.StartPrefill(d)
 	if err := e.engine.Add(sim.RequestSpec{ID: r.id, Prompt: r.prompt}, f.now); err != nil {
@@ -285,7 +285,7 @@ func (f *simFleet) endStep(e *simEngine) {
 	res := e.engine.EndStep()
 	e.busy = false
 	if res.Batch != nil {
-		if err := f.index.ApplyBatch(indexer.Stream{Pod: key(e.pod.Name), Model: testModel}, res.Batch); err != nil {
+		if err := f.index.ApplyBatch(indexer.Stream{Pod: e.pod.ID, Model: testModel}, res.Batch); err != nil {
 			f.t.Fatal(err)
 		}
 	}

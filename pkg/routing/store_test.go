@@ -11,10 +11,9 @@ import (
 	"testing"
 	"time"
 
-	v1 "k8s.io/api/core/v1"
-
 	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/cache"
+	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/kvevent"
 )
 
@@ -104,14 +103,14 @@ func newStoreFleetScraping(t testing.TB, n int, interval time.Duration) *storeFl
 		f.engines = append(f.engines, e)
 	}
 	f.waitFor(t, func(pod string) (string, bool) {
-		v, err := s.GetMetricValueByPod(pod, testNamespace, cache.PrefillTokensPerSecond)
+		v, err := s.GetMetricValueByPod(endpoint.Key{Namespace: testNamespace, Name: pod}, cache.PrefillTokensPerSecond)
 		return fmt.Sprintf("speed %v, %v", v.Value, err), err == nil && v.Value == 10000
 	})
 	return f
 }
 
 // pods returns the Store's routable pods of testModel.
-func (f *storeFleet) pods(t testing.TB) []*v1.Pod {
+func (f *storeFleet) pods(t testing.TB) []*endpoint.Endpoint {
 	t.Helper()
 	pods, err := f.store.ListPodsByModel(testModel)
 	if err != nil || len(pods) != len(f.engines) {
@@ -141,7 +140,7 @@ func (f *storeFleet) waitForMetric(t testing.TB, pod, metric string, want float6
 		if p != pod {
 			return "", true
 		}
-		v, err := f.store.GetMetricValueByPod(pod, testNamespace, metric)
+		v, err := f.store.GetMetricValueByPod(endpoint.Key{Namespace: testNamespace, Name: pod}, metric)
 		return fmt.Sprintf("%s = %v, %v", metric, v.Value, err), err == nil && v.Value == want
 	})
 }
@@ -179,7 +178,7 @@ func TestPrefixCacheWithTheStoreCountsTheGatewaysRequests(t *testing.T) {
 	var terms []int64
 	for i := range 9 {
 		ctx := request(fmt.Sprint("busy", i), LeastRequest, nil)
-		ctx.SetTargetPod(pods[1])
+		ctx.SetTargetPod(pods[1].Pod)
 		terms = append(terms, fleet.store.AddRequestCount(ctx, ctx.RequestID, testModel))
 	}
 	d := route(t, r, request("r1", PrefixCache, p), pods)

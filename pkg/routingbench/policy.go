@@ -71,7 +71,7 @@ func (p *routerPolicy) route(i int, r *Request) (int, error) {
 		return 0, fmt.Errorf("route %s: %w", r.ID, err)
 	}
 	p.prefills[i] = p.router.StartPrefill(&p.decision)
-	return p.f.byName[p.decision.Pod.Name].index, nil
+	return p.f.byName[p.decision.Endpoint.Key.Name].index, nil
 }
 
 func (p *routerPolicy) firstToken(i int) { p.prefills[i].FirstToken() }

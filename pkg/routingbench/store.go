@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/pkg/cache"
+	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/sim"
 )
 
@@ -177,10 +178,10 @@ type storeView struct {
 }
 
 // GetMetricValueByPod implements routing.MetricSource.
-func (v storeView) GetMetricValueByPod(podName, podNamespace, metric string) (cache.MetricValue, error) {
-	e, ok := v.f.byName[podName]
-	if !ok || podNamespace != benchNamespace {
-		return cache.MetricValue{}, &cache.MetricNotFoundError{Pod: podNamespace + "/" + podName, Metric: metric}
+func (v storeView) GetMetricValueByPod(key endpoint.Key, metric string) (cache.MetricValue, error) {
+	e, ok := v.f.byName[key.Name]
+	if !ok || key.Namespace != benchNamespace {
+		return cache.MetricValue{}, &cache.MetricNotFoundError{Pod: key.String(), Metric: metric}
 	}
 	if metric == cache.RealtimeNumRequestsRunning {
 		return cache.MetricValue{Value: float64(e.inFlight), UpdatedAt: v.f.clock()}, nil

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/pkg/cache"
+	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/sim"
 )
 
@@ -95,20 +96,20 @@ func TestStoreViewServesTheGatewaysCountsAtOnceAndScrapesOnceScraped(t *testing.
 	v := storeView{f}
 	e := f.engines[1]
 	e.inFlight = 3
-	if got, err := v.GetMetricValueByPod(e.pod.Name, benchNamespace, cache.RealtimeNumRequestsRunning); err != nil || got.Value != 3 {
+	if got, err := v.GetMetricValueByPod(e.pod.Key, cache.RealtimeNumRequestsRunning); err != nil || got.Value != 3 {
 		t.Errorf("running %v (%v), want the gateway's 3 before any scrape", got.Value, err)
 	}
 	var missing *cache.MetricNotFoundError
-	if _, err := v.GetMetricValueByPod(e.pod.Name, benchNamespace, cache.NumRequestsWaiting); !errors.As(err, &missing) {
+	if _, err := v.GetMetricValueByPod(e.pod.Key, cache.NumRequestsWaiting); !errors.As(err, &missing) {
 		t.Errorf("waiting before a scrape: error %v, want a MetricNotFoundError", err)
 	}
-	if _, err := v.GetMetricValueByPod("engine-9", benchNamespace, cache.RealtimeNumRequestsRunning); !errors.As(err, &missing) {
+	if _, err := v.GetMetricValueByPod(endpoint.Key{Namespace: benchNamespace, Name: "engine-9"}, cache.RealtimeNumRequestsRunning); !errors.As(err, &missing) {
 		t.Errorf("unknown pod: error %v, want a MetricNotFoundError", err)
 	}
 	f.now = 50 * time.Millisecond
 	e.metrics.scrape(f.now, sim.QueueState{Waiting: 2}, counters{})
 	f.now = 80 * time.Millisecond
-	got, err := v.GetMetricValueByPod(e.pod.Name, benchNamespace, cache.NumRequestsWaiting)
+	got, err := v.GetMetricValueByPod(e.pod.Key, cache.NumRequestsWaiting)
 	if err != nil || got.Value != 2 || !got.UpdatedAt.Equal(simEpoch.Add(50*time.Millisecond)) {
 		t.Errorf("waiting %+v (%v), want 2 as scraped at 50ms", got, err)
 	}
