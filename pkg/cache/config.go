@@ -117,7 +117,7 @@ type Config struct {
 	ColdPrediction ColdPredictionStrategy
 
 	// Registerer receives the Store's own metrics; nil registers none.
-	// Close unregisters them.
+	// Run unregisters them when it returns.
 	Registerer prometheus.Registerer
 	// Logger receives the Store's logs (default klog.Background()).
 	Logger klog.Logger

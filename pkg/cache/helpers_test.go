@@ -1,6 +1,7 @@
 package cache
 
 import (
+	"context"
 	"fmt"
 	"strconv"
 	"testing"
@@ -53,15 +54,31 @@ func withUID(uid string) podOpt { return func(p *v1.Pod) { p.UID = k8stypes.UID(
 
 func notReady(p *v1.Pod) { p.Status.Conditions[0].Status = v1.ConditionFalse }
 
-// newTestStore returns a Store closed when the test ends.
+// newTestStore returns a running Store, stopped when the test ends.
 func newTestStore(t testing.TB, rc *redis.Client, cfg Config) *Store {
 	t.Helper()
 	s, err := New(rc, cfg)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
-	t.Cleanup(s.Close)
+	stop := runStore(s)
+	t.Cleanup(stop)
 	return s
+}
+
+// runStore runs s until the returned function is called, which returns
+// once Run has.
+func runStore(s *Store) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = s.Run(ctx)
+	}()
+	return func() {
+		cancel()
+		<-done
+	}
 }
 
 // noScrape is a Config that reads nothing from pods: no metric scraping, no

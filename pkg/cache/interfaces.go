@@ -2,6 +2,9 @@ package cache
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"sync"
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/rest"
@@ -63,18 +66,34 @@ type PodSource interface {
 	// of its goroutines have stopped. It calls synced once, after
 	// delivering the pods that existed when it started; an error returned
 	// before that means the source could not start. config is the
-	// Kubernetes client configuration passed to InitWithOptions, nil
-	// outside a cluster.
+	// Kubernetes client configuration, nil outside a cluster.
 	Run(ctx context.Context, config *rest.Config, sink PodSink, synced func()) error
 }
 
-// KVEventManager keeps a KV-cache event subscription per eligible pod. The
-// Store starts it, tells it about every pod change, and stops it on Close.
-type KVEventManager interface {
-	PodListener
-	// Start starts the manager's workers; the Store calls it once, before
-	// the first pod event.
-	Start() error
-	// Stop stops every subscription and returns once they have ended.
-	Stop()
+// RunPodSource runs source in a goroutine, delivering pods to sink until
+// ctx ends, and returns once the source has delivered the pods that exist.
+// The returned channel receives the result of the source's Run when it
+// returns. RunPodSource fails, with the source stopped, when the source
+// fails before syncing or ctx ends first.
+func RunPodSource(ctx context.Context, source PodSource, config *rest.Config, sink PodSink) (<-chan error, error) {
+	synced := make(chan struct{})
+	var once sync.Once
+	markSynced := func() { once.Do(func() { close(synced) }) }
+	done := make(chan error, 1)
+	go func() { done <- source.Run(ctx, config, sink, markSynced) }()
+	select {
+	case <-synced:
+		return done, nil
+	case err := <-done:
+		select {
+		case <-synced: // synced, then stopped: the pods were delivered
+			done <- err
+			return done, nil
+		default:
+		}
+		if err == nil || ctx.Err() != nil {
+			err = errors.New("stopped before syncing")
+		}
+		return nil, fmt.Errorf("pod source: %w", err)
+	}
 }

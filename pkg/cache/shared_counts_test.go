@@ -3,6 +3,7 @@ package cache
 import (
 	"context"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -12,7 +13,9 @@ import (
 	"github.com/kvgate/kvgate/pkg/internal/testredis"
 )
 
-func sharedStore(t *testing.T, rc *redis.Client, id string) *Store {
+// sharedStore returns a running Store sharing counts as gateway id, and the
+// function that stops it (also called when the test ends).
+func sharedStore(t *testing.T, rc *redis.Client, id string) (*Store, func()) {
 	cfg := noScrape()
 	cfg.SharedRequestCounts = true
 	cfg.GatewayID = id
@@ -22,11 +25,12 @@ func sharedStore(t *testing.T, rc *redis.Client, id string) *Store {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(s.Close)
+	stop := sync.OnceFunc(runStore(s))
+	t.Cleanup(stop)
 	for _, name := range []string{"p", "q"} {
 		s.AddOrUpdatePod(testPod("ns", name, "m", "10.0.0.1"))
 	}
-	return s
+	return s, stop
 }
 
 func waitRunning(t *testing.T, s *Store, pod, model string, want float64) {
@@ -45,7 +49,8 @@ func waitRunning(t *testing.T, s *Store, pod, model string, want float64) {
 
 func TestGatewayReplicasSeeFleetWideRunningRequests(t *testing.T) {
 	rc := testredis.Start(t).NewClient(t)
-	a, b := sharedStore(t, rc, "gw-a"), sharedStore(t, rc, "gw-b")
+	a, _ := sharedStore(t, rc, "gw-a")
+	b, stopB := sharedStore(t, rc, "gw-b")
 	start := func(s *Store, id, pod string) int64 {
 		p, _ := s.GetPod(pkey("ns", pod))
 		return s.AddRequestCount(routed(id, "m", p.Pod), id, "m")
@@ -66,16 +71,16 @@ func TestGatewayReplicasSeeFleetWideRunningRequests(t *testing.T) {
 	waitRunning(t, a, "p", "", 3)
 
 	// A replica that shuts down withdraws its counts at once.
-	b.Close()
+	stopB()
 	waitRunning(t, a, "q", "", 0)
 	if n, err := rc.Exists(context.Background(), SharedCountsKeyPrefix+"gw-b").Result(); err != nil || n != 0 {
-		t.Fatalf("closed replica's hash still exists: %d, %v", n, err)
+		t.Fatalf("stopped replica's hash still exists: %d, %v", n, err)
 	}
 }
 
 func TestCountsOfACrashedReplicaExpire(t *testing.T) {
 	rc := testredis.Start(t).NewClient(t)
-	a := sharedStore(t, rc, "gw-a")
+	a, _ := sharedStore(t, rc, "gw-a")
 	ctx := context.Background()
 	// A replica that published and then died without withdrawing.
 	dead := SharedCountsKeyPrefix + "gw-dead"

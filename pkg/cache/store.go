@@ -35,14 +35,8 @@ type Store struct {
 	pendingLoad *PendingLoadProvider
 	shared      *sharedCounts // nil unless counts are shared
 
-	kvManager KVEventManager // set by InitWithOptions
 	// now is the clock of ejections.
 	now func() time.Time
-
-	ctx       context.Context
-	cancel    context.CancelFunc
-	wg        sync.WaitGroup
-	closeOnce sync.Once
 }
 
 // podState is what the Store keeps about a pod for as long as it keeps its
@@ -55,13 +49,13 @@ type podState struct {
 
 func newPodState() *podState { return &podState{} }
 
-// New returns a Store with an empty pod registry, running the background
-// work cfg asks for (metric scraping, LoRA adapter listing, request trace
-// flushes, GPU profile refreshes, shared request counts) until Close. redisClient may be nil when
-// no enabled feature needs Redis; New fails when one does, or when cfg is
-// invalid, or when the Store's metrics cannot be registered. The registry is
-// fed with AddOrUpdatePod and DeletePod, or by a PodSource through
-// InitWithOptions.
+// New returns a Store with an empty pod registry and its metrics registered;
+// Run does the background work cfg asks for (metric scraping, LoRA adapter
+// listing, request trace flushes, GPU profile refreshes, shared request
+// counts). redisClient may be nil when no enabled feature needs Redis; New
+// fails when one does, or when cfg is invalid, or when the Store's metrics
+// cannot be registered. The registry is fed with AddOrUpdatePod and
+// DeletePod, by hand or by a PodSource (see RunPodSource).
 func New(redisClient *redis.Client, cfg Config) (*Store, error) {
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(redisClient != nil); err != nil {
@@ -102,59 +96,50 @@ func New(redisClient *redis.Client, cfg Config) (*Store, error) {
 		s.scraper.metrics = m
 	}
 
-	s.ctx, s.cancel = context.WithCancel(context.Background())
-	if s.scraper != nil {
-		s.goRun(s.scraper.run)
-	}
-	if s.tracer != nil {
-		s.goRun(s.runTraceFlusher)
-	}
-	if cfg.EnableProfileCache {
-		s.goRun(s.runProfileRefresher)
-	}
-	if s.shared != nil {
-		s.goRun(s.shared.run)
-	}
-	s.goRun(s.runRequestReaper)
-	s.log.V(1).Info("Cache store started", "scrapeInterval", cfg.PodMetricRefreshInterval,
-		"adapterRefreshInterval", cfg.AdapterRefreshInterval,
-		"requestTrace", cfg.EnableRequestTrace, "profileCache", cfg.EnableProfileCache,
-		"sharedRequestCounts", cfg.SharedRequestCounts)
 	return s, nil
 }
 
-// goRun runs f in a goroutine that Close waits for.
-func (s *Store) goRun(f func(context.Context)) {
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		f(s.ctx)
-	}()
-}
-
-// Close stops the Store's background work, the pod source and the KV event
-// manager, and returns once all of it has ended. With request traces on, it
-// first writes the traces of the window in progress. It is safe to call
-// more than once and after the stop channel given to InitWithOptions closed.
-func (s *Store) Close() {
-	s.closeOnce.Do(func() {
-		s.cancel()
-		s.wg.Wait()
-		if s.tracer != nil {
-			s.flushPartialTraces()
-		}
-		if s.kvManager != nil {
-			s.kvManager.Stop()
-		}
-		if s.shared != nil {
-			s.shared.withdraw()
-		}
-		if s.scraper != nil {
-			s.scraper.client.CloseIdleConnections()
-		}
-		s.metrics.unregister()
-		s.log.V(1).Info("Cache store closed")
-	})
+// Run does the Store's background work until ctx ends: it scrapes the
+// routable pods' metrics and lists their LoRA adapters, and with the
+// features that need Redis, writes request traces, refreshes GPU profiles
+// and shares request counts; it also drops requests tracked for longer than
+// the request TTL. Once ctx ends it stops all of it, writes the request
+// traces of the window in progress, withdraws this replica's shared counts,
+// unregisters the Store's metrics and returns nil. Run is called once. The
+// Store's lookups work before, during and after Run.
+func (s *Store) Run(ctx context.Context) error {
+	s.log.V(1).Info("Cache store running", "scrapeInterval", s.cfg.PodMetricRefreshInterval,
+		"adapterRefreshInterval", s.cfg.AdapterRefreshInterval,
+		"requestTrace", s.cfg.EnableRequestTrace, "profileCache", s.cfg.EnableProfileCache,
+		"sharedRequestCounts", s.cfg.SharedRequestCounts)
+	var wg sync.WaitGroup
+	run := func(f func(context.Context)) { wg.Go(func() { f(ctx) }) }
+	if s.scraper != nil {
+		run(s.scraper.run)
+	}
+	if s.tracer != nil {
+		run(s.runTraceFlusher)
+	}
+	if s.cfg.EnableProfileCache {
+		run(s.runProfileRefresher)
+	}
+	if s.shared != nil {
+		run(s.shared.run)
+	}
+	run(s.runRequestReaper)
+	wg.Wait()
+	if s.tracer != nil {
+		s.flushPartialTraces()
+	}
+	if s.shared != nil {
+		s.shared.withdraw()
+	}
+	if s.scraper != nil {
+		s.scraper.client.CloseIdleConnections()
+	}
+	s.metrics.unregister()
+	s.log.V(1).Info("Cache store stopped")
+	return nil
 }
 
 // gauges reads the Store's gauges for its metrics.

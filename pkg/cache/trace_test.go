@@ -140,7 +140,7 @@ func TestTracesOfTwoGatewaysMerge(t *testing.T) {
 	}
 }
 
-func TestCloseWritesTheWindowInProgress(t *testing.T) {
+func TestStoppingWritesTheWindowInProgress(t *testing.T) {
 	rc := testredis.Start(t).NewClient(t)
 	cfg := noScrape()
 	cfg.EnableRequestTrace = true
@@ -149,16 +149,17 @@ func TestCloseWritesTheWindowInProgress(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	stop := runStore(s)
 	term := s.AddRequestCount(nil, "done", "m")
 	s.DoneRequestTrace(nil, "done", "m", 4, 4, term)
-	s.Close()
+	stop()
 
 	// The window in progress is the one that ends at the next hour boundary
-	// after Close; should an hour boundary pass during the test, the request
+	// after Run returned; should an hour boundary pass during the test, the request
 	// lands in whichever window was in progress, so read every window.
 	keys, err := rc.Keys(context.Background(), "aibrix:m_request_trace_*").Result()
 	if err != nil || len(keys) == 0 {
-		t.Fatalf("no trace written on Close: keys %v, err %v", keys, err)
+		t.Fatalf("no trace written when Run returned: keys %v, err %v", keys, err)
 	}
 	total, bucket := 0, 0
 	for _, key := range keys {
@@ -167,7 +168,7 @@ func TestCloseWritesTheWindowInProgress(t *testing.T) {
 		bucket += got["20:20"]
 	}
 	if total != 1 || bucket != 1 {
-		t.Fatalf("traces written on Close (%v) hold %d requests, %d in bucket 20:20; want 1 and 1", keys, total, bucket)
+		t.Fatalf("traces written when Run returned (%v) hold %d requests, %d in bucket 20:20; want 1 and 1", keys, total, bucket)
 	}
 }
 

@@ -15,10 +15,8 @@ import (
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/klog/v2"
 
 	"github.com/kvgate/kvgate/internal/testsupport"
-	"github.com/kvgate/kvgate/pkg/cache"
 	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/kvevent"
 )
@@ -97,13 +95,7 @@ func TestChurnLeavesNoClientsSocketsOrIndexEntries(t *testing.T) {
 
 	index := newTestIndex(t)
 	manager := index.newManager(t)
-	store, err := cache.InitWithOptions(nil, nil, cache.InitOptions{
-		Config:       cache.Config{PodMetricRefreshInterval: -1, AdapterRefreshInterval: -1, Logger: klog.Background().V(4)},
-		EnableKVSync: true, KVEventManager: manager,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	store, stopStore := startStore(t, nil, nil, manager)
 
 	rng := rand.New(rand.NewPCG(1, 2))
 	live := map[string]*churnEngine{}
@@ -158,7 +150,7 @@ func TestChurnLeavesNoClientsSocketsOrIndexEntries(t *testing.T) {
 	if n := index.entries(); n != 0 {
 		t.Fatalf("the index holds %d blocks once every pod is deleted", n)
 	}
-	store.Close()
+	stopStore()
 	testsupport.Eventually(t, "goroutines of the manager and its clients gone", func() bool {
 		return goleak.Find(leakCheck) == nil
 	})

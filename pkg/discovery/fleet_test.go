@@ -41,15 +41,8 @@ func newFleet(t testing.TB, cfg *rest.Config) *fleet {
 		t.Fatal(err)
 	}
 	f.manager = f.index.newManager(t)
-	f.store, err = cache.InitWithOptions(cfg, nil, cache.InitOptions{
-		Config:       cache.Config{PodMetricRefreshInterval: -1, AdapterRefreshInterval: -1, Logger: klog.Background().V(4)},
-		PodSource:    &KubernetesSource{Namespace: f.ns, LabelSelector: endpoint.ModelNameLabel, Logger: klog.Background().V(4)},
-		EnableKVSync: true, KVEventManager: f.manager,
-	})
-	if err != nil {
-		t.Fatalf("InitWithOptions: %v", err)
-	}
-	t.Cleanup(f.store.Close)
+	f.store, _ = startStore(t, cfg, &KubernetesSource{Namespace: f.ns, LabelSelector: endpoint.ModelNameLabel,
+		Logger: klog.Background().V(4)}, f.manager)
 	return f
 }
 

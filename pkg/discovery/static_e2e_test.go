@@ -31,16 +31,7 @@ func newStaticFleet(t *testing.T, endpoints string) *staticFleet {
 	f := &staticFleet{file: filepath.Join(t.TempDir(), "endpoints.yaml"), index: newTestIndex(t)}
 	f.write(t, endpoints)
 	f.manager = f.index.newManager(t)
-	var err error
-	f.store, err = cache.InitWithOptions(nil, nil, cache.InitOptions{
-		Config:       cache.Config{PodMetricRefreshInterval: -1, AdapterRefreshInterval: -1, Logger: klog.Background().V(4)},
-		PodSource:    &StaticSource{Path: f.file, PollInterval: 5 * time.Millisecond, Logger: klog.Background().V(4)},
-		EnableKVSync: true, KVEventManager: f.manager,
-	})
-	if err != nil {
-		t.Fatalf("InitWithOptions: %v", err)
-	}
-	t.Cleanup(f.store.Close)
+	f.store, _ = startStore(t, nil, &StaticSource{Path: f.file, PollInterval: 5 * time.Millisecond, Logger: klog.Background().V(4)}, f.manager)
 	return f
 }
 

@@ -31,16 +31,23 @@ import (
 // prefix index its KV event sync keeps. See the package documentation for
 // its HTTP API.
 //
-// A Gateway serves once: New builds it, Serve (or Run) runs it until its
-// context ends and releases everything it holds when it returns.
+// A Gateway serves once: New builds it and wires its components, Serve (or
+// Run) runs them until its context ends and releases everything it holds
+// when it returns. The gateway is the one place that starts and stops
+// components; each of them runs until the context it is given ends.
 type Gateway struct {
-	cfg        Config
-	log        klog.Logger
-	registry   *prometheus.Registry
-	metrics    *metrics
-	index      *indexer.SyncPrefixHashTable // nil without KV event sync
-	manager    *kvevent.KVEventManager      // nil without KV event sync
-	tokenizer  *tokenizer.Tokenizer         // nil without the remote tokenizer
+	cfg      Config
+	log      klog.Logger
+	registry *prometheus.Registry
+	metrics  *metrics
+	store    *cache.Store
+	router   *routing.Router
+	index    *indexer.SyncPrefixHashTable // nil without KV event sync
+	manager  *kvevent.KVEventManager      // nil without KV event sync
+	// follower is the KV event manager as the gateway runs it; nil
+	// without KV event sync.
+	follower   podFollower
+	tokenizer  *tokenizer.Tokenizer // nil without the remote tokenizer
 	tokenURL   urlTemplate
 	redis      *redis.Client // nil without Redis
 	restConfig *rest.Config
@@ -70,10 +77,11 @@ type backend struct {
 }
 
 // New builds a gateway from cfg without starting anything: its metrics
-// registry, prefix index and KV event manager (with KV sync), tokenizer
-// (with the remote tokenizer), pod source, Redis client and the transport
-// to pods. It fails when cfg is invalid, the Kubernetes client
-// configuration cannot be loaded, or a component refuses its settings.
+// registry, the Store, the router, the prefix index and KV event manager
+// (with KV sync), tokenizer (with the remote tokenizer), pod source, Redis
+// client and the transport to pods. It fails when cfg is invalid, the
+// Kubernetes client configuration cannot be loaded, or a component refuses
+// its settings (Redis features without a Redis address among them).
 func New(cfg Config) (*Gateway, error) {
 	cfg = cfg.withDefaults()
 	g := &Gateway{cfg: cfg, log: cfg.Logger.WithName("gateway"), registry: prometheus.NewRegistry(), started: time.Now()}
@@ -100,13 +108,18 @@ func New(cfg Config) (*Gateway, error) {
 			return nil, fmt.Errorf("gateway: %w", err)
 		}
 	}
+	g.transport = newTransport(cfg.DialTimeout, cfg.MaxIdleConnsPerPod)
 	if g.source, g.restConfig, err = newPodSource(cfg); err != nil {
+		g.release()
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
 	if cfg.Redis.Address != "" {
 		g.redis = redis.NewClient(&redis.Options{Addr: cfg.Redis.Address, Password: cfg.Redis.Password})
 	}
-	g.transport = newTransport(cfg.DialTimeout, cfg.MaxIdleConnsPerPod)
+	if err := g.newStore(); err != nil {
+		g.release()
+		return nil, err
+	}
 	var id [4]byte
 	_, _ = rand.Read(id[:])
 	g.idPrefix = "kvgate-" + hex.EncodeToString(id[:]) + "-"
@@ -141,7 +154,7 @@ func (g *Gateway) newKVSync() error {
 		return fmt.Errorf("gateway: prefix index: %w", err)
 	}
 	mc := kvevent.ManagerConfig{
-		Index:      cache.NewKVIndex(g.index),
+		Index:      kvIndex{table: g.index},
 		Streams:    kvevent.StreamDefaults{PubPort: k.PubPort, ReplayPort: k.ReplayPort, Topic: k.Topic},
 		Registerer: g.registry,
 		Logger:     g.cfg.Logger,
@@ -150,6 +163,26 @@ func (g *Gateway) newKVSync() error {
 		mc.Bind = &kvevent.BindConfig{Endpoint: k.BindEndpoint, Ranks: k.BindRanks}
 	}
 	if g.manager, err = kvevent.NewKVEventManager(mc); err != nil {
+		return fmt.Errorf("gateway: %w", err)
+	}
+	g.follower = g.manager
+	return nil
+}
+
+// newStore builds the Store and the router reading it.
+func (g *Gateway) newStore() error {
+	cc := g.cfg.Cache
+	cc.Registerer, cc.Logger = g.registry, g.cfg.Logger
+	var err error
+	if g.store, err = cache.New(g.redis, cc); err != nil {
+		return fmt.Errorf("gateway: %w", err)
+	}
+	rc := g.cfg.Routing
+	rc.Metrics, rc.Scrapes, rc.Registerer, rc.Logger = g.store, g.store, g.registry, g.cfg.Logger
+	if g.index != nil {
+		rc.Index = g.index
+	}
+	if g.router, err = routing.New(rc); err != nil {
 		return fmt.Errorf("gateway: %w", err)
 	}
 	return nil
@@ -181,7 +214,7 @@ func (g *Gateway) readiness() (bool, string) {
 		return false, "starting: waiting for the pod source (" + g.sourceName() + ") to deliver the pods"
 	}
 	msg := "ready: pods synced from " + g.sourceName()
-	if g.manager != nil {
+	if g.follower != nil {
 		msg += "; KV event sync running"
 	}
 	return true, msg
@@ -198,11 +231,11 @@ func (g *Gateway) sourceName() string {
 // shutdown fails readiness, keeps serving for the shutdown delay (when the
 // gateway got to serve at all), lets the requests in flight finish within
 // the shutdown timeout, the API's first so that the admin listener serves
-// metrics while they drain, then releases what the gateway holds in
-// dependency order.
-func (g *Gateway) shutdown(servers []*http.Server, store *cache.Store, stopIndex context.CancelFunc) {
+// metrics while they drain, then stops the components, in the reverse
+// order of their start, and releases what the gateway holds.
+func (g *Gateway) shutdown(servers []*http.Server, comps *components, served bool) {
 	g.draining.Store(true)
-	if store != nil && g.cfg.ShutdownDelay > 0 {
+	if served && g.cfg.ShutdownDelay > 0 {
 		g.log.Info("Failing readiness before closing the listeners", "delay", g.cfg.ShutdownDelay)
 		time.Sleep(g.cfg.ShutdownDelay)
 	}
@@ -214,9 +247,6 @@ func (g *Gateway) shutdown(servers []*http.Server, store *cache.Store, stopIndex
 			_ = srv.Close()
 		}
 	}
-	if store != nil {
-		store.Close()
-	}
-	stopIndex()
+	comps.stop()
 	g.release()
 }

@@ -24,7 +24,6 @@ func Example() {
 	if err != nil {
 		panic(err)
 	}
-	defer store.Close()
 	for i, name := range []string{"vllm-0", "vllm-1"} {
 		store.AddOrUpdatePod(&v1.Pod{
 			ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name, Labels: map[string]string{endpoint.ModelNameLabel: "llama"}},

@@ -1,6 +1,7 @@
 package routing
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"net/http"
@@ -87,7 +88,13 @@ func newStoreFleetScraping(t testing.TB, n int, interval time.Duration) *storeFl
 	if err != nil {
 		t.Fatalf("cache.New: %v", err)
 	}
-	t.Cleanup(s.Close)
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	t.Cleanup(func() {
+		stop()
+		<-done
+	})
 	f := &storeFleet{store: s}
 	for i := range n {
 		e := &fakeEngine{state: engineState{promptTokens: 20000, prefillSeconds: 2 + 10*0.02, prefills: 10, tpotSeconds: 0.02}}
