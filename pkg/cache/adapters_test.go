@@ -132,7 +132,7 @@ func waitModels(t *testing.T, s *Store, pod string, want ...string) {
 func TestStoreMergesDeclaredSetAndListedAdapters(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	engine := newModelServer(t, "sql-lora", "declared")
-	s := newTestStore(t, nil, adapterConfig(reg))
+	s := newTestStore(t, adapterConfig(reg))
 	s.AddOrUpdatePod(testPod("ns", "a", llama, "127.0.0.1", withPort(engine.port),
 		withAnnotation(endpoint.LoraAdaptersAnnotation, "declared")))
 	if err := s.SetPodAdapters(pkey("ns", "a"), []string{"set"}); err != nil {
@@ -176,7 +176,7 @@ func TestStoreMergesDeclaredSetAndListedAdapters(t *testing.T) {
 
 func TestAdaptersAreListedOnlyOnRoutablePods(t *testing.T) {
 	engine := newModelServer(t, "sql-lora")
-	s := newTestStore(t, nil, adapterConfig(nil))
+	s := newTestStore(t, adapterConfig(nil))
 	s.AddOrUpdatePod(testPod("ns", "a", llama, "127.0.0.1", withPort(engine.port), notReady))
 	s.AddOrUpdatePod(testPod("ns", "b", llama, "127.0.0.1", withPort(newModelServer(t).port)))
 	waitModels(t, s, "b", llama)
@@ -200,7 +200,7 @@ func TestAdapterListingIsOffWhenDisabled(t *testing.T) {
 	cfg := adapterConfig(nil)
 	cfg.AdapterRefreshInterval = -1
 	cfg.PodMetricRefreshInterval = 20 * time.Millisecond
-	s := newTestStore(t, nil, cfg)
+	s := newTestStore(t, cfg)
 	s.AddOrUpdatePod(testPod("ns", "a", llama, "127.0.0.1", withPort(engine.port)))
 	// The engine answers /metrics with 404: after two scrapes, the loop
 	// that would list the adapters has had its chance to run.

@@ -16,7 +16,7 @@ func ejectionStore(t *testing.T, reg prometheus.Registerer) (*Store, *testsuppor
 	t.Helper()
 	cfg := noScrape()
 	cfg.Registerer = reg
-	s := newTestStore(t, nil, cfg)
+	s := newTestStore(t, cfg)
 	clock := testsupport.NewClock(time.Unix(1_700_000_000, 0))
 	s.now = clock.Now
 	return s, clock
@@ -107,7 +107,7 @@ func TestSuccessfulScrapeReadmitsAPodServingMetricsOnItsPort(t *testing.T) {
 	same, other := newEngine(t, "vllm_v1_t0.txt"), newEngine(t, "vllm_v1_t0.txt")
 	cfg := scrapeConfig(nil)
 	cfg.EjectionBackoff, cfg.MaxEjectionBackoff = time.Hour, time.Hour
-	s := newTestStore(t, nil, cfg)
+	s := newTestStore(t, cfg)
 	p := same.pod("p", llama)
 	// q serves requests on a port of its own and /metrics on other's.
 	q := testPod("ns", "q", llama, "127.0.0.1", withPort(1), withLabel(endpoint.MetricPortLabel, strconv.Itoa(other.port)))
@@ -140,7 +140,7 @@ func TestScrapeStateFollowsTheLatestScrape(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	up, down := newEngine(t, "vllm_v1_t0.txt"), newEngine(t, "vllm_v1_t0.txt")
 	down.srv.Close()
-	s := newTestStore(t, nil, scrapeConfig(reg))
+	s := newTestStore(t, scrapeConfig(reg))
 	if got := s.PodScrapeState(pkey("ns", "p")); got != ScrapeNone {
 		t.Errorf("unknown pod: %s, want none", got)
 	}
@@ -164,7 +164,7 @@ func TestScrapeStateFollowsTheLatestScrape(t *testing.T) {
 		return "scrape state " + string(got), got == ScrapeStale
 	})
 
-	off := newTestStore(t, nil, noScrape())
+	off := newTestStore(t, noScrape())
 	off.AddOrUpdatePod(up.pod("p", llama))
 	if got := off.PodScrapeState(pkey("ns", "p")); got != ScrapeNone {
 		t.Errorf("without scraping: %s, want none", got)

@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	"github.com/kvgate/kvgate/pkg/endpoint"
-	"github.com/redis/go-redis/v9"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8stypes "k8s.io/apimachinery/pkg/types"
@@ -55,9 +54,9 @@ func withUID(uid string) podOpt { return func(p *v1.Pod) { p.UID = k8stypes.UID(
 func notReady(p *v1.Pod) { p.Status.Conditions[0].Status = v1.ConditionFalse }
 
 // newTestStore returns a running Store, stopped when the test ends.
-func newTestStore(t testing.TB, rc *redis.Client, cfg Config) *Store {
+func newTestStore(t testing.TB, cfg Config) *Store {
 	t.Helper()
-	s, err := New(rc, cfg)
+	s, err := New(cfg)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}

@@ -92,12 +92,12 @@ func (p *CachedLoadProvider) GetConsumption(ctx *types.RoutingContext, pod *v1.P
 // request's (predicted output tokens, input tokens). A pod is full at 1.
 type PendingLoadProvider struct {
 	metrics  MetricCache
-	profiles ProfileCache
+	profiles *Profiles
 }
 
 // NewPendingLoadProvider returns a provider reading the pods' pending load
 // (RealtimeNormalizedPendings) from metrics and GPU profiles from profiles.
-func NewPendingLoadProvider(metrics MetricCache, profiles ProfileCache) *PendingLoadProvider {
+func NewPendingLoadProvider(metrics MetricCache, profiles *Profiles) *PendingLoadProvider {
 	return &PendingLoadProvider{metrics: metrics, profiles: profiles}
 }
 
@@ -124,6 +124,23 @@ func (p *PendingLoadProvider) GetConsumption(ctx *types.RoutingContext, pod *v1.
 		return 0, err
 	}
 	return pendingLoad(profile, ctx, pod)
+}
+
+// RequestLoad returns what GetConsumption does for the request on ep, the
+// share of the pod's capacity the request takes, which the gateway records
+// with the request's route (inflight.Route.PendingLoad): 0 and no error when
+// the pod's deployment has no profile for rc.Model, 0 and the error when the
+// profile cannot tell. It runs for every routed request, so the common case
+// of no profile costs no error value.
+func (p *PendingLoadProvider) RequestLoad(rc *types.RoutingContext, ep *endpoint.Endpoint) (float64, error) {
+	if p.profiles.Len() == 0 || ep.Deployment == "" {
+		return 0, nil
+	}
+	profile := p.profiles.Lookup(rc.Model, ep.Deployment)
+	if profile == nil {
+		return 0, nil
+	}
+	return pendingLoad(profile, rc, ep.Pod)
 }
 
 // pendingLoad is the share of a pod the request takes by profile.

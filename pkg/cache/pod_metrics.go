@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/pkg/endpoint"
+	"github.com/kvgate/kvgate/pkg/inflight"
 )
 
 // podMetrics is what one scrape of a pod produced. It is immutable once
@@ -77,11 +78,9 @@ func (s *Store) GetMetricValueByPod(key endpoint.Key, metricName string) (Metric
 	}
 	switch metricName {
 	case RealtimeNumRequestsRunning:
-		running, _, _ := e.state.load.snapshot("")
-		return s.realtime(float64(running + s.remoteRunning(e.ep.ID, ""))), nil
+		return s.realtime(float64(e.state.load.Running())), nil
 	case RealtimeNormalizedPendings:
-		_, pending, _ := e.state.load.snapshot("")
-		return s.realtime(pending), nil
+		return s.realtime(e.state.load.PendingLoad()), nil
 	}
 	if m := e.state.metrics.Load(); m != nil {
 		if v, ok := m.pod[metricName]; ok {
@@ -112,8 +111,7 @@ func (s *Store) GetMetricValueByPodModel(key endpoint.Key, modelName, metricName
 	}
 	switch metricName {
 	case RealtimeNumRequestsRunning:
-		_, _, running := e.state.load.snapshot(modelName)
-		return s.realtime(float64(running + s.remoteRunning(e.ep.ID, modelName))), nil
+		return s.realtime(float64(e.state.load.RunningModel(modelName))), nil
 	case RealtimeNormalizedPendings:
 		return MetricValue{}, notFound
 	}
@@ -136,13 +134,25 @@ func (s *Store) realtime(v float64) MetricValue {
 	return MetricValue{Value: v, UpdatedAt: time.Now()}
 }
 
-// remoteRunning returns the running requests other gateway replicas
-// published for the pod (and model when not ""), 0 unless counts are shared.
-func (s *Store) remoteRunning(podKey, model string) int64 {
-	if s.shared == nil {
-		return 0
+// PodLoad returns the load record of the registered pod of key (see
+// inflight.PodLoad), nil for a pod that is not registered. A pod replaced
+// by one of another UID has a record of its own.
+func (s *Store) PodLoad(key endpoint.Key) *inflight.PodLoad {
+	if e := s.reg.entry(key); e != nil {
+		return e.state.load
 	}
-	return s.shared.remote(podKey, model)
+	return nil
+}
+
+// PodLoads returns the load records of every registered pod, ordered by
+// namespace and name.
+func (s *Store) PodLoads() []*inflight.PodLoad {
+	entries := s.reg.entries()
+	out := make([]*inflight.PodLoad, len(entries))
+	for i, e := range entries {
+		out[i] = e.state.load
+	}
+	return out
 }
 
 // AddSubscriber makes the Store keep the metrics subscriber names from the

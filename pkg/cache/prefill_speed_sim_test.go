@@ -117,7 +117,7 @@ func TestPrefillSpeedOfSimulatedEnginesIsTheirTrueSpeed(t *testing.T) {
 	for _, w := range workloads {
 		t.Run(w.name, func(t *testing.T) {
 			e := startSimEngine(t, lat)
-			s := newTestStore(t, nil, Config{PodMetricRefreshInterval: 20 * time.Millisecond, RecentMetricsWindow: window, PrefillSpeedWindow: window})
+			s := newTestStore(t, Config{PodMetricRefreshInterval: 20 * time.Millisecond, RecentMetricsWindow: window, PrefillSpeedWindow: window})
 			s.AddOrUpdatePod(testPod("ns", "sim-0", "sim", "127.0.0.1", withPort(e.port)))
 			for _, p := range w.prime {
 				e.complete(t, p, 1)

@@ -97,7 +97,7 @@ func (r *registry) upsert(pod *v1.Pod) (old, cur *podEntry) {
 	if old != nil && old.ep.UID == ep.UID {
 		cur = newPodEntry(ep, old.adapters, old.discovered, old.state)
 	} else {
-		cur = newPodEntry(ep, nil, nil, newPodState())
+		cur = newPodEntry(ep, nil, nil, newPodState(ep.ID))
 	}
 	r.replaceLocked(old, cur)
 	return old, cur

@@ -23,7 +23,7 @@ func podNames(pods []*endpoint.Endpoint) []string {
 }
 
 func TestListPodsByModelReturnsOnlyRoutablePods(t *testing.T) {
-	s := newTestStore(t, nil, noScrape())
+	s := newTestStore(t, noScrape())
 	deleting := metav1.NewTime(time.Now())
 	for _, p := range []*v1.Pod{
 		testPod("ns", "ready-b", "m", "10.0.0.2"),
@@ -53,7 +53,7 @@ func TestListPodsByModelReturnsOnlyRoutablePods(t *testing.T) {
 }
 
 func TestListPodsByModelOfUnreadyModelIsEmptyNotAnError(t *testing.T) {
-	s := newTestStore(t, nil, noScrape())
+	s := newTestStore(t, noScrape())
 	s.AddOrUpdatePod(testPod("ns", "p", "m", "10.0.0.1", notReady))
 	pods, err := s.ListPodsByModel("m")
 	if err != nil || len(pods) != 0 {
@@ -70,7 +70,7 @@ func TestListPodsByModelOfUnreadyModelIsEmptyNotAnError(t *testing.T) {
 }
 
 func TestModelNameFromLabelThenAnnotation(t *testing.T) {
-	s := newTestStore(t, nil, noScrape())
+	s := newTestStore(t, noScrape())
 	s.AddOrUpdatePod(testPod("ns", "labelled", "from-label", "10.0.0.1"))
 	s.AddOrUpdatePod(testPod("ns", "annotated", "", "10.0.0.2", func(p *v1.Pod) {
 		p.Annotations = map[string]string{endpoint.ModelNameLabel: "from-annotation"}
@@ -88,7 +88,7 @@ func TestModelNameFromLabelThenAnnotation(t *testing.T) {
 }
 
 func TestAdaptersAddModelsToTheirPod(t *testing.T) {
-	s := newTestStore(t, nil, noScrape())
+	s := newTestStore(t, noScrape())
 	s.AddOrUpdatePod(testPod("ns", "a", "base", "10.0.0.1"))
 	s.AddOrUpdatePod(testPod("ns", "b", "base", "10.0.0.2"))
 	if err := s.SetPodAdapters(pkey("ns", "a"), []string{"lora-1", "lora-2", "base", "lora-1"}); err != nil {
@@ -128,7 +128,7 @@ func TestAdaptersAddModelsToTheirPod(t *testing.T) {
 }
 
 func TestDeletePodRemovesItsModels(t *testing.T) {
-	s := newTestStore(t, nil, noScrape())
+	s := newTestStore(t, noScrape())
 	s.AddOrUpdatePod(testPod("ns", "a", "m1", "10.0.0.1"))
 	s.AddOrUpdatePod(testPod("ns", "b", "m2", "10.0.0.2"))
 	s.DeletePod(pkey("ns", "a"))
@@ -173,7 +173,7 @@ func (r *recorder) got() []string {
 }
 
 func TestPodListenersSeeEveryChangeInOrder(t *testing.T) {
-	s := newTestStore(t, nil, noScrape())
+	s := newTestStore(t, noScrape())
 	s.AddOrUpdatePod(testPod("ns", "existing", "m", "10.0.0.1"))
 	r := &recorder{}
 	s.AddPodListener(r)
@@ -196,7 +196,7 @@ func TestPodListenersSeeEveryChangeInOrder(t *testing.T) {
 }
 
 func TestPodListenerMayReadTheStore(t *testing.T) {
-	s := newTestStore(t, nil, noScrape())
+	s := newTestStore(t, noScrape())
 	r := &recorder{}
 	r.onCall = func() {
 		_ = s.ListPods()
@@ -218,7 +218,7 @@ func TestPodListenerMayReadTheStore(t *testing.T) {
 }
 
 func TestRegistryStaysConsistentUnderConcurrentChanges(t *testing.T) {
-	s := newTestStore(t, nil, noScrape())
+	s := newTestStore(t, noScrape())
 	r := &recorder{}
 	s.AddPodListener(r)
 	var wg sync.WaitGroup
@@ -268,7 +268,7 @@ func TestRegistryStaysConsistentUnderConcurrentChanges(t *testing.T) {
 }
 
 func BenchmarkListPodsByModel(b *testing.B) {
-	s := newTestStore(b, nil, noScrape())
+	s := newTestStore(b, noScrape())
 	for i := range 64 {
 		s.AddOrUpdatePod(testPod("ns", fmt.Sprint("p", i), fmt.Sprint("m", i%4), "10.0.0.1"))
 	}
@@ -283,7 +283,7 @@ func BenchmarkListPodsByModel(b *testing.B) {
 }
 
 func TestAModelLabelIsTrimmedLikeTheKVEventManagerTrimsIt(t *testing.T) {
-	s := newTestStore(t, nil, noScrape())
+	s := newTestStore(t, noScrape())
 	s.AddOrUpdatePod(testPod("ns", "spaced", "llama ", "10.0.0.1"))
 	s.AddOrUpdatePod(testPod("ns", "plain", "llama", "10.0.0.2"))
 	pods, err := s.ListPodsByModel("llama")

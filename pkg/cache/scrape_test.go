@@ -98,7 +98,7 @@ func equals(want float64) func(MetricValue) bool {
 
 func TestStoreScrapesEachRoutablePodOnItsOwnPort(t *testing.T) {
 	current, old, idle := newEngine(t, "vllm_v1_t0.txt"), newEngine(t, "vllm_v0_gpu_cache.txt"), newEngine(t, "vllm_v1_t0.txt")
-	s := newTestStore(t, nil, scrapeConfig(nil))
+	s := newTestStore(t, scrapeConfig(nil))
 	s.AddOrUpdatePod(current.pod("current", llama))
 	s.AddOrUpdatePod(old.pod("old", llama))
 	s.AddOrUpdatePod(idle.pod("unready", llama, notReady))
@@ -120,7 +120,7 @@ func TestStoreScrapesEachRoutablePodOnItsOwnPort(t *testing.T) {
 func TestFailingScrapeKeepsLastValuesMarkedStale(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	e := newEngine(t, "vllm_v1_t0.txt")
-	s := newTestStore(t, nil, scrapeConfig(reg))
+	s := newTestStore(t, scrapeConfig(reg))
 	s.AddOrUpdatePod(e.pod("p", llama))
 	first := waitMetric(t, s, "p", NumRequestsRunning, equals(4))
 
@@ -148,7 +148,7 @@ func TestHangingPodTimesOutWithoutDelayingOthers(t *testing.T) {
 	hanging, healthy := newEngine(t, "vllm_v1_t0.txt"), newEngine(t, "vllm_v1_t0.txt")
 	cfg := scrapeConfig(nil)
 	cfg.PodMetricScrapeTimeout = 2 * time.Second
-	s := newTestStore(t, nil, cfg)
+	s := newTestStore(t, cfg)
 	s.AddOrUpdatePod(hanging.pod("hanging", llama))
 	s.AddOrUpdatePod(healthy.pod("healthy", llama))
 	waitMetric(t, s, "hanging", NumRequestsRunning, equals(4))
@@ -174,7 +174,7 @@ func TestScrapesFollowAnEngineRestart(t *testing.T) {
 	e := newEngine(t, "vllm_v1_t1.txt")
 	cfg := scrapeConfig(nil)
 	cfg.RecentMetricsWindow = time.Minute // deltas against the oldest scrape in the last minute
-	s := newTestStore(t, nil, cfg)
+	s := newTestStore(t, cfg)
 	s.AddOrUpdatePod(e.pod("p", llama))
 	waitMetric(t, s, "p", NumRequestsRunning, equals(6))
 
@@ -196,7 +196,7 @@ func TestScrapesFollowAnEngineRestart(t *testing.T) {
 
 func TestMetricPortLabelChoosesTheScrapedPort(t *testing.T) {
 	e := newEngine(t, "vllm_v1_t0.txt")
-	s := newTestStore(t, nil, scrapeConfig(nil))
+	s := newTestStore(t, scrapeConfig(nil))
 	// The serving port is closed; /metrics lives on the metric port.
 	s.AddOrUpdatePod(testPod("ns", "p", llama, "127.0.0.1", withPort(1), withLabel(endpoint.MetricPortLabel, strconv.Itoa(e.port))))
 	waitMetric(t, s, "p", NumRequestsRunning, equals(4))
@@ -205,7 +205,7 @@ func TestMetricPortLabelChoosesTheScrapedPort(t *testing.T) {
 func TestUnreadyOrDeletedPodIsNoLongerScraped(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	e := newEngine(t, "vllm_v1_t0.txt")
-	s := newTestStore(t, nil, scrapeConfig(reg))
+	s := newTestStore(t, scrapeConfig(reg))
 	s.AddOrUpdatePod(e.pod("p", llama))
 	waitMetric(t, s, "p", NumRequestsRunning, equals(4))
 
@@ -230,7 +230,7 @@ func (s subscriber) SubscribedMetrics() []string { return s }
 
 func TestSubscribedFamiliesAreKept(t *testing.T) {
 	e := newEngine(t, "vllm_v1_two_models.txt")
-	s := newTestStore(t, nil, scrapeConfig(nil))
+	s := newTestStore(t, scrapeConfig(nil))
 	s.AddOrUpdatePod(e.pod("p", "qwen2.5-7b"))
 	waitMetric(t, s, "p", NumRequestsRunning, equals(8))
 	if _, err := s.GetMetricValueByPod(pkey("ns", "p"), "vllm:generation_tokens_total"); !errors.Is(err, ErrMetricNotFound) {
@@ -246,7 +246,7 @@ func TestSubscribedFamiliesAreKept(t *testing.T) {
 
 func TestPodModelMetricsFollowModelNameLabel(t *testing.T) {
 	multi, single := newEngine(t, "vllm_v1_two_models.txt"), newEngine(t, "vllm_v1_t0.txt")
-	s := newTestStore(t, nil, scrapeConfig(nil))
+	s := newTestStore(t, scrapeConfig(nil))
 	s.AddOrUpdatePod(multi.pod("multi", "qwen2.5-7b"))
 	if err := s.SetPodAdapters(pkey("ns", "multi"), []string{"llama-3-8b"}); err != nil {
 		t.Fatal(err)

@@ -18,12 +18,12 @@ func TestStoreMetricsAreRegisteredUntilRunReturns(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	cfg := noScrape()
 	cfg.Registerer = reg
-	first, err := New(nil, cfg)
+	first, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	stopFirst := runStore(first)
-	if _, err := New(nil, cfg); err == nil || !strings.Contains(err.Error(), "register cache metrics") {
+	if _, err := New(cfg); err == nil || !strings.Contains(err.Error(), "register cache metrics") {
 		t.Fatalf("a second Store on the same registry: %v", err)
 	}
 	families, _ := reg.Gather()
@@ -31,7 +31,7 @@ func TestStoreMetricsAreRegisteredUntilRunReturns(t *testing.T) {
 		t.Fatal("no metrics registered")
 	}
 	stopFirst()
-	second, err := New(nil, cfg)
+	second, err := New(cfg)
 	if err != nil {
 		t.Fatalf("New after the first Store stopped: %v", err)
 	}
@@ -39,7 +39,7 @@ func TestStoreMetricsAreRegisteredUntilRunReturns(t *testing.T) {
 }
 
 func TestRunReturnsWhilePodsComeAndGo(t *testing.T) {
-	s, err := New(nil, Config{PodMetricRefreshInterval: 5 * time.Millisecond})
+	s, err := New(Config{PodMetricRefreshInterval: 5 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -101,7 +101,7 @@ var storeOpts = cache.Config{PodMetricRefreshInterval: -1, AdapterRefreshInterva
 // is also called when the test ends.
 func startStore(t testing.TB, config *rest.Config, source cache.PodSource, manager *kvevent.KVEventManager) (*cache.Store, func()) {
 	t.Helper()
-	store, err := cache.New(nil, storeOpts)
+	store, err := cache.New(storeOpts)
 	if err != nil {
 		t.Fatal(err)
 	}

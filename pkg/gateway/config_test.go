@@ -28,12 +28,12 @@ func TestLoadConfigDefaults(t *testing.T) {
 	if cfg.ListenAddress != ":8080" || cfg.AdminListenAddress != "" || cfg.MaxRequestBodyBytes != 16<<20 || cfg.ShutdownTimeout != 30*time.Second ||
 		cfg.ShutdownDelay != 0 || cfg.Discovery.Mode != config.DiscoveryKubernetes || !cfg.KVSync.Enabled ||
 		!cfg.RemoteTokenizer || cfg.TokenizerEndpointTemplate != "http://%s:8000" || cfg.Tokenizer.Timeout != 5*time.Second ||
-		cfg.Routing.DefaultAlgorithm != "kv-aware" || cfg.Routing.InFlightPrefillTTL != 5*time.Minute ||
+		cfg.Routing.DefaultAlgorithm != "kv-aware" || cfg.RequestTTL != time.Hour ||
 		cfg.Cache.PodMetricRefreshInterval != 50*time.Millisecond || cfg.Cache.AdapterRefreshInterval != 10*time.Second {
 		t.Errorf("defaults: %+v", cfg)
 	}
-	if cfg.Cache.EnableRequestTrace || cfg.Cache.EnableProfileCache || cfg.Cache.SharedRequestCounts {
-		t.Errorf("Redis features on without Redis: %+v", cfg.Cache)
+	if cfg.Redis.RequestTraces || cfg.Redis.GPUProfiles || cfg.Redis.SharedCounts {
+		t.Errorf("Redis features on without Redis: %+v", cfg.Redis)
 	}
 	e = envOf(map[string]string{"KVGATE_ADAPTER_REFRESH_INTERVAL": "0"})
 	if cfg = LoadConfig(e); e.Err() != nil || cfg.Cache.AdapterRefreshInterval >= 0 {
@@ -41,8 +41,8 @@ func TestLoadConfigDefaults(t *testing.T) {
 	}
 	e = envOf(map[string]string{"KVGATE_REDIS_ADDRESS": "redis:6379"})
 	cfg = LoadConfig(e)
-	if e.Err() != nil || cfg.Cache.EnableRequestTrace || !cfg.Cache.EnableProfileCache || !cfg.Cache.SharedRequestCounts {
-		t.Errorf("with Redis: %+v, %v; want profiles and shared counts on, traces off", cfg.Cache, e.Err())
+	if e.Err() != nil || cfg.Redis.RequestTraces || !cfg.Redis.GPUProfiles || !cfg.Redis.SharedCounts {
+		t.Errorf("with Redis: %+v, %v; want profiles and shared counts on, traces off", cfg.Redis, e.Err())
 	}
 }
 

@@ -20,7 +20,9 @@ import (
 
 	"github.com/kvgate/kvgate/pkg/cache"
 	"github.com/kvgate/kvgate/pkg/indexer"
+	"github.com/kvgate/kvgate/pkg/inflight"
 	"github.com/kvgate/kvgate/pkg/kvevent"
+	"github.com/kvgate/kvgate/pkg/redisstate"
 	"github.com/kvgate/kvgate/pkg/routing"
 	"github.com/kvgate/kvgate/pkg/tokenizer"
 )
@@ -42,8 +44,19 @@ type Gateway struct {
 	metrics  *metrics
 	store    *cache.Store
 	router   *routing.Router
-	index    *indexer.SyncPrefixHashTable // nil without KV event sync
-	manager  *kvevent.KVEventManager      // nil without KV event sync
+	ledger   *inflight.Ledger
+	// profiles, predictors and pendingLoad serve the request path: the
+	// pending load of a request from its pod's GPU profile, its predicted
+	// output length.
+	profiles    *cache.Profiles
+	predictors  *cache.OutputPredictors
+	pendingLoad *cache.PendingLoadProvider
+	// The components keeping state in Redis; nil when off.
+	tracer        *redisstate.Tracer
+	profileLoader *redisstate.ProfileLoader
+	shared        *redisstate.SharedCounts
+	index         *indexer.SyncPrefixHashTable // nil without KV event sync
+	manager       *kvevent.KVEventManager      // nil without KV event sync
 	// follower is the KV event manager as the gateway runs it; nil
 	// without KV event sync.
 	follower   podFollower
@@ -169,21 +182,81 @@ func (g *Gateway) newKVSync() error {
 	return nil
 }
 
-// newStore builds the Store and the router reading it.
+// newStore builds the Store, the request ledger, the router reading both,
+// the GPU profiles, the output predictors and the components keeping state
+// in Redis, and wires them: the router, the predictors and the request
+// traces observe the ledger.
 func (g *Gateway) newStore() error {
 	cc := g.cfg.Cache
 	cc.Registerer, cc.Logger = g.registry, g.cfg.Logger
 	var err error
-	if g.store, err = cache.New(g.redis, cc); err != nil {
+	if g.store, err = cache.New(cc); err != nil {
+		return fmt.Errorf("gateway: %w", err)
+	}
+	if g.ledger, err = inflight.New(inflight.Config{TTL: g.cfg.RequestTTL, Registerer: g.registry, Logger: g.cfg.Logger}); err != nil {
 		return fmt.Errorf("gateway: %w", err)
 	}
 	rc := g.cfg.Routing
-	rc.Metrics, rc.Scrapes, rc.Registerer, rc.Logger = g.store, g.store, g.registry, g.cfg.Logger
+	rc.Metrics, rc.Scrapes, rc.Loads, rc.Registerer, rc.Logger = g.store, g.store, g.store, g.registry, g.cfg.Logger
 	if g.index != nil {
 		rc.Index = g.index
 	}
 	if g.router, err = routing.New(rc); err != nil {
 		return fmt.Errorf("gateway: %w", err)
+	}
+	g.ledger.Observe(g.router.Observer())
+	if g.profiles, err = cache.NewProfiles(g.cfg.Cache.DeploymentLabel, g.registry); err != nil {
+		return fmt.Errorf("gateway: %w", err)
+	}
+	g.pendingLoad = cache.NewPendingLoadProvider(g.store, g.profiles)
+	if g.predictors, err = cache.NewOutputPredictors(g.store, g.cfg.Predictor); err != nil {
+		return fmt.Errorf("gateway: %w", err)
+	}
+	g.ledger.Observe(g.predictors.Observer())
+	return g.newRedisState()
+}
+
+// newRedisState builds the components that keep state in Redis, those the
+// configuration turns on; each needs a Redis address.
+func (g *Gateway) newRedisState() error {
+	rcfg := g.cfg.Redis
+	var errs []error
+	for _, f := range []struct {
+		on   bool
+		name string
+	}{{rcfg.RequestTraces, "RequestTraces"}, {rcfg.GPUProfiles, "GPUProfiles"}, {rcfg.SharedCounts, "SharedCounts"}} {
+		if f.on && g.redis == nil {
+			errs = append(errs, fmt.Errorf("%s needs a Redis client: set Redis.Address", f.name))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("gateway: %w", err)
+	}
+	m, err := redisstate.NewMetrics(g.registry)
+	if err != nil {
+		return fmt.Errorf("gateway: %w", err)
+	}
+	if rcfg.RequestTraces {
+		tc := rcfg.Traces
+		tc.Logger = g.cfg.Logger
+		if g.tracer, err = redisstate.NewTracer(g.redis, g.ledger, m, tc); err != nil {
+			return fmt.Errorf("gateway: %w", err)
+		}
+		g.ledger.Observe(g.tracer.Observer())
+	}
+	if rcfg.GPUProfiles {
+		pc := rcfg.Profiles
+		pc.Logger = g.cfg.Logger
+		if g.profileLoader, err = redisstate.NewProfileLoader(g.redis, g.profiles, m, pc); err != nil {
+			return fmt.Errorf("gateway: %w", err)
+		}
+	}
+	if rcfg.SharedCounts {
+		sc := rcfg.Shared
+		sc.Logger = g.cfg.Logger
+		if g.shared, err = redisstate.NewSharedCounts(g.redis, g.store, m, sc); err != nil {
+			return fmt.Errorf("gateway: %w", err)
+		}
 	}
 	return nil
 }

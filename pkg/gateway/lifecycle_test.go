@@ -298,8 +298,8 @@ func TestServeFailsCleanly(t *testing.T) {
 		name     string
 		source   cache.PodSource
 		follower *recordingFollower
-		// badConfig turns a Redis feature on without Redis, as a program
-		// building its own Config could (LoadConfig turns it off).
+		// badConfig turns Redis features on without Redis, as a program
+		// building its own Config could (LoadConfig turns them off).
 		badConfig bool
 		cancel    bool // the context ends before the pods are delivered
 		want      string
@@ -316,10 +316,14 @@ func TestServeFailsCleanly(t *testing.T) {
 			if tt.follower != nil {
 				follower = tt.follower
 			}
-			g, err := newWiredGateway(t, tt.source, follower, func(c *Config) { c.Cache.EnableRequestTrace = tt.badConfig })
+			g, err := newWiredGateway(t, tt.source, follower, func(c *Config) {
+				c.Redis.RequestTraces, c.Redis.GPUProfiles, c.Redis.SharedCounts = tt.badConfig, tt.badConfig, tt.badConfig
+			})
 			if tt.badConfig {
-				if err == nil || !strings.Contains(err.Error(), tt.want) {
-					t.Fatalf("New = %v, want an error containing %q", err, tt.want)
+				for _, feature := range []string{"RequestTraces", "GPUProfiles", "SharedCounts"} {
+					if err == nil || !strings.Contains(err.Error(), feature+" "+tt.want) {
+						t.Fatalf("New = %v, want an error saying %s %s", err, feature, tt.want)
+					}
 				}
 				return
 			}

@@ -71,9 +71,11 @@ func (g *Gateway) Run(ctx context.Context) error {
 // listen address in the configuration, it also listens there and serves
 // /metrics and /debug/* there only, and the probes on both. It answers
 // /healthz at once, then starts the components in order: the prefix index's
-// sweep, the Store, the KV event manager (binding its endpoint in bind
-// mode) subscribed to the Store's pod changes, and the pod source, whose
-// first delivery of pods makes the gateway ready. When ctx ends it fails
+// sweep, the request ledger's reaper, the Store, the components keeping
+// state in Redis (request traces, GPU profiles, shared request counts), the
+// KV event manager (binding its endpoint in bind mode) subscribed to the
+// Store's pod changes, and the pod source, whose first delivery of pods
+// makes the gateway ready. When ctx ends it fails
 // /readyz on both listeners, goes on serving for ShutdownDelay, stops
 // accepting connections, waits up to ShutdownTimeout for requests in flight
 // (the API's first, then the admin listener's), then stops the components
@@ -115,8 +117,9 @@ func (g *Gateway) Serve(ctx context.Context, ln net.Listener) error {
 	}
 }
 
-// start starts the components in comps: the index's sweep, the Store, the
-// KV event manager and the pod source, and returns once the source has
+// start starts the components in comps: the index's sweep, the request
+// ledger's reaper, the Store, the components keeping state in Redis, the KV
+// event manager and the pod source, and returns once the source has
 // delivered the pods. ctx ending aborts the start; once started, the
 // components run until comps stops them.
 func (g *Gateway) start(ctx context.Context, comps *components) error {
@@ -125,8 +128,27 @@ func (g *Gateway) start(ctx context.Context, comps *components) error {
 			return err
 		}
 	}
+	if err := comps.start("request ledger", runner(g.ledger.Run)); err != nil {
+		return err
+	}
 	if err := comps.start("cache store", runner(g.store.Run)); err != nil {
 		return err
+	}
+	for _, c := range []struct {
+		name string
+		run  interface{ Run(context.Context) error }
+		on   bool
+	}{
+		{"request traces", g.tracer, g.tracer != nil},
+		{"GPU profiles", g.profileLoader, g.profileLoader != nil},
+		{"shared request counts", g.shared, g.shared != nil},
+	} {
+		if !c.on {
+			continue
+		}
+		if err := comps.start(c.name, runner(c.run.Run)); err != nil {
+			return err
+		}
 	}
 	if g.follower != nil {
 		if err := comps.start("KV event manager", g.startFollower); err != nil {
@@ -204,16 +226,16 @@ func (g *Gateway) startServers(ln net.Listener) (servers []*http.Server, served 
 	return servers, errs, nil
 }
 
-// logRedisFeatures says which Store features run, and why those needing
-// Redis do not.
+// logRedisFeatures says which features keeping state in Redis run, and why
+// they do not.
 func (g *Gateway) logRedisFeatures() {
-	c := g.cfg.Cache
+	c := g.cfg.Redis
 	if g.redis == nil {
 		g.log.Info("Running without Redis: request traces, shared request counts and GPU profiles from Redis are off")
 		return
 	}
-	g.log.Info("Using Redis", "address", g.cfg.Redis.Address, "requestTraces", c.EnableRequestTrace,
-		"sharedRequestCounts", c.SharedRequestCounts, "gpuProfiles", c.EnableProfileCache)
+	g.log.Info("Using Redis", "address", c.Address, "requestTraces", c.RequestTraces,
+		"sharedRequestCounts", c.SharedCounts, "gpuProfiles", c.GPUProfiles)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	if err := g.redis.Ping(ctx).Err(); err != nil {

@@ -40,7 +40,7 @@ func BenchmarkRoute(b *testing.B) {
 					b.Fatal(err)
 				}
 				d.chosen, d.Endpoint = i%pods, podList[i%pods]
-				r.StartPrefill(&d)
+				startPrefill(r, &d)
 			}
 			b.ReportAllocs()
 			b.ResetTimer()

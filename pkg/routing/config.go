@@ -13,6 +13,7 @@ import (
 	"github.com/kvgate/kvgate/pkg/cache"
 	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/indexer"
+	"github.com/kvgate/kvgate/pkg/inflight"
 )
 
 // Defaults of Config's zero fields.
@@ -23,7 +24,6 @@ const (
 	DefaultCPUCacheWeight         = 0.8
 	DefaultPrefillTokensPerSecond = 10000.0
 	DefaultTieTolerance           = 0.05
-	DefaultInFlightPrefillTTL     = 5 * time.Minute
 )
 
 // MetricSource reads the metrics of a pod. *cache.Store implements it; a
@@ -39,6 +39,14 @@ type ScrapeStates interface {
 	PodScrapeState(key endpoint.Key) cache.ScrapeState
 }
 
+// PodLoads reads the pods' load records, which the request ledger keeps.
+// *cache.Store implements it.
+type PodLoads interface {
+	// PodLoad returns the load record of the pod of key, nil for a pod
+	// that is not registered.
+	PodLoad(key endpoint.Key) *inflight.PodLoad
+}
+
 // PrefixIndex reports how much of a prompt each pod holds in its KV cache.
 // *indexer.SyncPrefixHashTable implements it; see its MatchPrefix for the
 // contract.
@@ -52,6 +60,9 @@ type Config struct {
 	// Metrics is where the Router reads pod load, speed and latency. It is
 	// required.
 	Metrics MetricSource
+	// Loads holds the pods' requests in flight and prefill queues. It is
+	// required.
+	Loads PodLoads
 	// Index is the prefix index. Without one, prefix-cache and kv-aware
 	// route on load alone, as they do for a request without tokens.
 	Index PrefixIndex
@@ -94,20 +105,15 @@ type Config struct {
 	// by load (KVGATE_ROUTING_TTFT_TIE_TOLERANCE, default 0.05: within 5%
 	// of the fastest).
 	TieTolerance float64
-	// InFlightPrefillTTL is how long a prefill the gateway started stays
-	// counted without a FirstToken or Done
-	// (KVGATE_ROUTING_INFLIGHT_PREFILL_TTL_SECONDS, default 5 min); it
-	// bounds what lost completions cost.
-	InFlightPrefillTTL time.Duration
 
 	// Rand is the source of random choices (the random algorithm and
 	// ties). Nil means a source seeded at random; a seeded source makes
 	// decisions reproducible for the same inputs and order of calls. The
 	// Router serializes its use.
 	Rand rand.Source
-	// Now is the clock of in-flight prefill accounting (default
-	// time.Now); a simulation passes its virtual clock. Decision latency
-	// is always measured on the wall clock.
+	// Now is the clock the prefill queues are read on, the request
+	// ledger's (default time.Now); a simulation passes its virtual clock.
+	// Decision latency is always measured on the wall clock.
 	Now func() time.Time
 	// Registerer receives the Router's metrics; nil registers none.
 	Registerer prometheus.Registerer
@@ -124,7 +130,6 @@ func (c Config) withDefaults() Config {
 	c.CPUCacheWeight = cmp.Or(c.CPUCacheWeight, DefaultCPUCacheWeight)
 	c.DefaultPrefillTokensPerSecond = cmp.Or(c.DefaultPrefillTokensPerSecond, DefaultPrefillTokensPerSecond)
 	c.TieTolerance = cmp.Or(c.TieTolerance, DefaultTieTolerance)
-	c.InFlightPrefillTTL = cmp.Or(c.InFlightPrefillTTL, DefaultInFlightPrefillTTL)
 	if c.Rand == nil {
 		c.Rand = rand.NewPCG(rand.Uint64(), rand.Uint64())
 	}
@@ -143,6 +148,9 @@ func (c Config) validate() error {
 	if c.Metrics == nil {
 		errs = append(errs, errors.New("Metrics is required"))
 	}
+	if c.Loads == nil {
+		errs = append(errs, errors.New("Loads is required"))
+	}
 	if !IsAlgorithm(c.DefaultAlgorithm) {
 		errs = append(errs, fmt.Errorf("DefaultAlgorithm: %w", &UnknownAlgorithmError{Name: c.DefaultAlgorithm}))
 	}
@@ -160,9 +168,6 @@ func (c Config) validate() error {
 	}
 	if c.TieTolerance < 0 {
 		errs = append(errs, fmt.Errorf("TieTolerance %v is negative", c.TieTolerance))
-	}
-	if c.InFlightPrefillTTL < 0 {
-		errs = append(errs, fmt.Errorf("InFlightPrefillTTL %v is negative", c.InFlightPrefillTTL))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("invalid routing config: %w", err)

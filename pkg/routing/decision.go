@@ -3,6 +3,7 @@ package routing
 import (
 	"github.com/kvgate/kvgate/pkg/cache"
 	"github.com/kvgate/kvgate/pkg/endpoint"
+	"github.com/kvgate/kvgate/pkg/inflight"
 )
 
 // Outcome says what decided a routing decision. It labels
@@ -64,6 +65,25 @@ type Decision struct {
 	chosen int
 }
 
+// Route returns the route of an attempt sent to the chosen pod, for the
+// request ledger (inflight.Request.Route): the pod's load record, the
+// prompt's length, the uncached tokens the decision predicted for the pod,
+// the time the pod takes to prefill them at its prefill speed, and the
+// predicted time to first token. It returns a Route without a pod before a
+// decision.
+func (d *Decision) Route() inflight.Route {
+	c := d.Chosen()
+	if c == nil {
+		return inflight.Route{}
+	}
+	rt := inflight.Route{Pod: c.load, Endpoint: c.ep, PromptTokens: d.PromptTokens, UncachedTokens: c.uncached,
+		PredictedTTFTSeconds: c.PredictedTTFTSeconds}
+	if c.PrefillTokensPerSecond > 0 {
+		rt.PrefillSeconds = c.uncached / c.PrefillTokensPerSecond
+	}
+	return rt
+}
+
 // Chosen returns the chosen pod's candidate entry, nil before a decision.
 func (d *Decision) Chosen() *Candidate {
 	if d.Endpoint == nil || d.chosen >= len(d.Candidates) {
@@ -74,7 +94,7 @@ func (d *Decision) Chosen() *Candidate {
 
 // Candidate holds what a decision knew about one candidate pod. Inputs an
 // algorithm does not read are left zero, except that the chosen pod's match
-// and uncached tokens are always filled in (StartPrefill needs them) and
+// and uncached tokens are always filled in (Route needs them) and
 // Explain gathers every input.
 type Candidate struct {
 	// Pod is the pod's "namespace/name".
@@ -135,6 +155,7 @@ type Candidate struct {
 	Scrape cache.ScrapeState `json:"scrape,omitempty"`
 
 	ep       *endpoint.Endpoint
+	load     *inflight.PodLoad
 	uncached float64 // UncachedTokens before rounding
 	measured uint8   // has* bits
 }

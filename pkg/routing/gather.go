@@ -8,6 +8,7 @@ import (
 	"github.com/kvgate/kvgate/pkg/cache"
 	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/indexer"
+	"github.com/kvgate/kvgate/pkg/inflight"
 	"github.com/kvgate/kvgate/pkg/types"
 )
 
@@ -43,16 +44,21 @@ func (r *Router) gather(rc *types.RoutingContext, pods []*endpoint.Endpoint, nd 
 	now := r.cfg.Now()
 	var fresh, unfresh bool
 	for _, p := range pods {
-		c := Candidate{Pod: p.ID, ep: p}
+		c := Candidate{Pod: p.ID, ep: p, load: r.cfg.Loads.PodLoad(p.Key)}
+		if c.load == nil {
+			// The pod left the registry since it was listed: what is
+			// routed to it counts on a record of its own.
+			c.load = inflight.NewPodLoad(p.ID)
+		}
 		if nd != 0 && r.cfg.Scrapes != nil {
 			c.Scrape = r.cfg.Scrapes.PodScrapeState(p.Key)
 			fresh, unfresh = fresh || c.Scrape == cache.ScrapeFresh, unfresh || c.Scrape != cache.ScrapeFresh
 		}
 		scrapedAt := r.readMetrics(&c, nd)
 		if nd&needQueue != 0 {
-			q := r.book.queue(c.Pod, now, scrapedAt, c.Waiting)
-			c.InFlightPrefills, c.InFlightPrefillTokens, c.QueueSeconds = q.prefills, q.tokens, q.seconds
-			c.WaitingEnded = q.waitingEnded
+			q := c.load.Queue(now, scrapedAt, c.Waiting)
+			c.InFlightPrefills, c.InFlightPrefillTokens, c.QueueSeconds = q.Prefills, q.Tokens, q.Seconds
+			c.WaitingEnded = q.WaitingEnded
 		}
 		d.Candidates = append(d.Candidates, c)
 	}

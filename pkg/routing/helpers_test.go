@@ -18,6 +18,7 @@ import (
 	"github.com/kvgate/kvgate/pkg/cache"
 	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/indexer"
+	"github.com/kvgate/kvgate/pkg/inflight"
 	"github.com/kvgate/kvgate/pkg/kvevent"
 	"github.com/kvgate/kvgate/pkg/types"
 )
@@ -28,14 +29,30 @@ const (
 	testBlockSize = 16
 )
 
-// fakeMetrics is a MetricSource and ScrapeStates holding values set by the
-// test, all updated at the time it was last given (zero until then); a pod's
-// scrape state is fresh unless set.
+// fakeMetrics is a MetricSource, ScrapeStates and PodLoads holding values
+// set by the test, all updated at the time it was last given (zero until
+// then); a pod's scrape state is fresh unless set.
 type fakeMetrics struct {
 	mu      sync.Mutex
 	v       map[string]map[string]float64 // pod name -> metric -> value
 	states  map[string]cache.ScrapeState  // pod name -> scrape state
+	loads   map[string]*inflight.PodLoad  // pod name -> load record
 	updated time.Time                     // of every value
+}
+
+// PodLoad returns the pod's load record, created on first use.
+func (f *fakeMetrics) PodLoad(key endpoint.Key) *inflight.PodLoad {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.loads == nil {
+		f.loads = map[string]*inflight.PodLoad{}
+	}
+	l := f.loads[key.Name]
+	if l == nil {
+		l = inflight.NewPodLoad(key.String())
+		f.loads[key.Name] = l
+	}
+	return l
 }
 
 func newFakeMetrics() *fakeMetrics { return &fakeMetrics{v: map[string]map[string]float64{}} }
@@ -180,12 +197,17 @@ func request(id, algorithm string, tokens []uint32) *types.RoutingContext {
 	return ctx
 }
 
-// newTestRouter returns a Router over metrics and idx (which may be nil)
-// with a seeded random source, its metrics on a fresh registry.
-func newTestRouter(t testing.TB, metrics MetricSource, idx PrefixIndex, adjust ...func(*Config)) (*Router, *prometheus.Registry) {
+// newTestRouter returns a Router over metrics (which holds the pods' load
+// records) and idx (which may be nil) with a seeded random source, its
+// metrics on a fresh registry, and a request ledger on the Router's clock
+// that it observes (see startPrefill), its metrics on the same registry.
+func newTestRouter(t testing.TB, metrics interface {
+	MetricSource
+	PodLoads
+}, idx PrefixIndex, adjust ...func(*Config)) (*Router, *prometheus.Registry) {
 	t.Helper()
 	reg := prometheus.NewRegistry()
-	cfg := Config{Metrics: metrics, Rand: rand.NewPCG(1, 2), Registerer: reg}
+	cfg := Config{Metrics: metrics, Loads: metrics, Rand: rand.NewPCG(1, 2), Registerer: reg}
 	if idx != nil {
 		cfg.Index = idx
 	}
@@ -196,7 +218,30 @@ func newTestRouter(t testing.TB, metrics MetricSource, idx PrefixIndex, adjust .
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
+	l, err := inflight.New(inflight.Config{Now: cfg.Now, Registerer: reg})
+	if err != nil {
+		t.Fatalf("inflight.New: %v", err)
+	}
+	l.Observe(r.Observer())
+	testLedgers.Store(r, l)
 	return r, reg
+}
+
+// testLedgers holds the request ledger of each Router of newTestRouter.
+var testLedgers sync.Map // *Router -> *inflight.Ledger
+
+// startPrefill sends the request d was decided for to its pod, as the
+// gateway does: it admits a request to r's ledger and opens an attempt on
+// the decision's route.
+func startPrefill(r *Router, d *Decision) *inflight.Handle {
+	l, _ := testLedgers.Load(r)
+	return l.(*inflight.Ledger).Admit("test", testModel).Route(d.Route())
+}
+
+// inFlightPrefills returns the prefills queued in r's ledger.
+func inFlightPrefills(t testing.TB, reg *prometheus.Registry) float64 {
+	t.Helper()
+	return testsupport.MetricValue(t, reg, "kvgate_routing_inflight_prefills", nil)
 }
 
 // route routes ctx among pods and fails the test on error.

@@ -24,7 +24,6 @@ type routerMetrics struct {
 	matchedFraction *prometheus.HistogramVec
 	duration        *prometheus.HistogramVec
 	ttftRatio       prometheus.Histogram
-	expired         prometheus.Counter
 
 	// per algorithm, resolved once
 	byAlg map[string]*algMetrics
@@ -36,7 +35,7 @@ type algMetrics struct {
 	duration        prometheus.Observer
 }
 
-func newRouterMetrics(reg prometheus.Registerer, in *inflight) (*routerMetrics, error) {
+func newRouterMetrics(reg prometheus.Registerer) (*routerMetrics, error) {
 	const ns, sub = "kvgate", "routing"
 	m := &routerMetrics{
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -58,10 +57,6 @@ func newRouterMetrics(reg prometheus.Registerer, in *inflight) (*routerMetrics, 
 			Help:    "Time to first token the gateway saw divided by kv-aware's prediction, for requests whose first token it relayed (streamed responses).",
 			Buckets: []float64{.125, .25, .5, .67, .8, .9, 1, 1.1, 1.25, 1.5, 2, 4, 8},
 		}),
-		expired: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: ns, Subsystem: sub, Name: "inflight_prefills_expired_total",
-			Help: "In-flight prefills dropped because neither their first token nor the end of their request was seen within the in-flight prefill TTL.",
-		}),
 		byAlg: map[string]*algMetrics{},
 	}
 	for alg, outcomes := range outcomesOf {
@@ -78,16 +73,7 @@ func newRouterMetrics(reg prometheus.Registerer, in *inflight) (*routerMetrics, 
 	if reg == nil {
 		return m, nil
 	}
-	gauge := func(name, help string, f func() float64) prometheus.Collector {
-		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: name, Help: help}, f)
-	}
-	collectors := []prometheus.Collector{
-		m.decisions, m.matchedFraction, m.duration, m.ttftRatio, m.expired,
-		gauge("inflight_prefills", "Requests sent to pods that have neither produced a first token nor ended: the prefill work kv-aware counts as queued.",
-			func() float64 { return float64(in.count.Load()) }),
-		gauge("inflight_prefill_tokens", "Predicted uncached prompt tokens of the in-flight prefills.",
-			func() float64 { return float64(in.tokens.Load()) }),
-	}
+	collectors := []prometheus.Collector{m.decisions, m.matchedFraction, m.duration, m.ttftRatio}
 	var errs []error
 	var registered []prometheus.Collector
 	for _, c := range collectors {

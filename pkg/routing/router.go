@@ -12,6 +12,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/kvgate/kvgate/pkg/endpoint"
+	"github.com/kvgate/kvgate/pkg/inflight"
 	"github.com/kvgate/kvgate/pkg/types"
 )
 
@@ -19,14 +20,14 @@ import (
 // mean of uncached tokens per request.
 const uncachedEWMAWeight = 0.1
 
-// Router routes requests to pods with the algorithm each request names, and
-// accounts for the prefills the gateway started. All its methods are safe for
-// concurrent use; none waits for I/O.
+// Router routes requests to pods with the algorithm each request names. It
+// reads the prefills the gateway started on each pod from the pods' load
+// records, which the request ledger keeps (package inflight). All its
+// methods are safe for concurrent use; none waits for I/O.
 type Router struct {
 	cfg     Config
 	algs    map[string]algorithm
 	rng     *lockedRand
-	book    *inflight
 	scratch sync.Pool // *scratch
 	metrics *routerMetrics
 	log     klog.Logger
@@ -66,16 +67,13 @@ func New(cfg Config) (*Router, error) {
 		cfg:  cfg,
 		algs: newAlgorithms(&cfg),
 		rng:  newLockedRand(cfg.Rand),
-		book: &inflight{now: cfg.Now, ttl: cfg.InFlightPrefillTTL},
 		log:  cfg.Logger.WithName("routing"),
 	}
-	m, err := newRouterMetrics(cfg.Registerer, r.book)
+	m, err := newRouterMetrics(cfg.Registerer)
 	if err != nil {
 		return nil, err
 	}
 	r.metrics = m
-	r.book.observeTTFT = m.ttftRatio.Observe
-	r.book.onExpire = func(n int) { m.expired.Add(float64(n)) }
 	r.scratch.New = func() any { return new(scratch) }
 	return r, nil
 }
@@ -153,24 +151,20 @@ func (r *Router) settle(rc *types.RoutingContext, in *input, s *scratch) {
 	d.Endpoint, d.PodKey = c.ep, c.Pod
 }
 
-// StartPrefill records that the gateway sent the request d decided to d's
-// pod: until the returned Prefill's FirstToken or Done, the request's
-// predicted uncached tokens count as prefill work queued on the pod, which
-// kv-aware weighs for the requests that follow. Call it when the request is
-// sent, once per attempt: a retry on another pod is a new decision and a new
-// Prefill, and the failed attempt's Prefill is Done. It returns nil (whose
-// methods do nothing) when d chose no pod.
-func (r *Router) StartPrefill(d *Decision) *Prefill {
-	c := d.Chosen()
-	if c == nil {
-		return nil
+// Observer returns the request ledger observer through which the Router
+// follows the attempts it routed: each opened attempt's uncached tokens
+// feed the running mean kv-aware charges a request waiting in an engine's
+// queue, and each first token is compared with kv-aware's prediction
+// (kvgate_routing_ttft_prediction_ratio).
+func (r *Router) Observer() inflight.Observer {
+	return inflight.Observer{
+		Opened: func(h *inflight.Handle) { r.noteUncached(h.Route().UncachedTokens) },
+		FirstToken: func(h *inflight.Handle) {
+			if p := h.Route().PredictedTTFTSeconds; p > 0 {
+				r.metrics.ttftRatio.Observe(h.FirstTokenAt().Sub(h.Opened()).Seconds() / p)
+			}
+		},
 	}
-	work := 0.0
-	if c.PrefillTokensPerSecond > 0 {
-		work = c.uncached / c.PrefillTokensPerSecond
-	}
-	r.noteUncached(c.uncached)
-	return r.book.start(c.Pod, c.UncachedTokens, work, c.PredictedTTFTSeconds)
 }
 
 // noteUncached folds a started prefill's uncached tokens into the running

@@ -13,6 +13,7 @@ import (
 	"github.com/kvgate/kvgate/pkg/cache"
 	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/indexer"
+	"github.com/kvgate/kvgate/pkg/inflight"
 	"github.com/kvgate/kvgate/pkg/kvevent"
 )
 
@@ -47,14 +48,14 @@ func TestNewRejectsInvalidConfig(t *testing.T) {
 		cfg  Config
 		want string
 	}{
-		{"no metrics", Config{}, "Metrics is required"},
-		{"unknown default", Config{Metrics: m, DefaultAlgorithm: "round-robin"}, `"round-robin"`},
-		{"CPU weight above 1", Config{Metrics: m, CPUCacheWeight: 1.5}, "CPUCacheWeight"},
-		{"negative imbalance count", Config{Metrics: m, ImbalanceAbsCount: -1}, "ImbalanceAbsCount"},
-		{"negative stddev factor", Config{Metrics: m, StdDevFactor: -1}, "StdDevFactor"},
-		{"negative prefill speed", Config{Metrics: m, DefaultPrefillTokensPerSecond: -1}, "DefaultPrefillTokensPerSecond"},
-		{"negative tolerance", Config{Metrics: m, TieTolerance: -0.1}, "TieTolerance"},
-		{"negative TTL", Config{Metrics: m, InFlightPrefillTTL: -1}, "InFlightPrefillTTL"},
+		{"no metrics", Config{Loads: m}, "Metrics is required"},
+		{"unknown default", Config{Metrics: m, Loads: m, DefaultAlgorithm: "round-robin"}, `"round-robin"`},
+		{"CPU weight above 1", Config{Metrics: m, Loads: m, CPUCacheWeight: 1.5}, "CPUCacheWeight"},
+		{"negative imbalance count", Config{Metrics: m, Loads: m, ImbalanceAbsCount: -1}, "ImbalanceAbsCount"},
+		{"negative stddev factor", Config{Metrics: m, Loads: m, StdDevFactor: -1}, "StdDevFactor"},
+		{"negative prefill speed", Config{Metrics: m, Loads: m, DefaultPrefillTokensPerSecond: -1}, "DefaultPrefillTokensPerSecond"},
+		{"negative tolerance", Config{Metrics: m, Loads: m, TieTolerance: -0.1}, "TieTolerance"},
+		{"no loads", Config{Metrics: m}, "Loads is required"},
 	}
 	for _, tt := range tests {
 		if _, err := New(tt.cfg); err == nil || !strings.Contains(err.Error(), tt.want) {
@@ -144,7 +145,7 @@ func TestKVAwareDecisionsRepeatWithTheSameSeed(t *testing.T) {
 		var got []string
 		for i := range 100 {
 			d := route(t, r, request("r", KVAware, prompt(i*1000, 1000)), pods)
-			r.StartPrefill(d)
+			startPrefill(r, d)
 			clock.Advance(7 * time.Millisecond) // prefills overlap, so queues vary
 			got = append(got, d.PodKey)
 		}
@@ -212,11 +213,11 @@ func TestRouterIsSafeForConcurrentUse(t *testing.T) {
 					t.Error(err)
 					return
 				}
-				p := r.StartPrefill(&d)
+				p := startPrefill(r, &d)
 				if i%3 == 0 {
 					p.FirstToken()
 				}
-				p.Done()
+				p.Close(inflight.Done, "")
 			}
 		})
 	}
@@ -231,7 +232,7 @@ func TestRouterIsSafeForConcurrentUse(t *testing.T) {
 	if n := testsupport.MetricValue(t, reg, "kvgate_routing_decisions_total", nil); n != 6*300 {
 		t.Fatalf("%v decisions counted, want %d", n, 6*300)
 	}
-	if r.book.count.Load() != 0 {
-		t.Fatalf("%d prefills left in flight, want 0", r.book.count.Load())
+	if n := inFlightPrefills(t, reg); n != 0 {
+		t.Fatalf("%v prefills left in flight, want 0", n)
 	}
 }

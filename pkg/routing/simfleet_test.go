@@ -12,6 +12,7 @@ import (
 	"github.com/kvgate/kvgate/pkg/cache"
 	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/indexer"
+	"github.com/kvgate/kvgate/pkg/inflight"
 	"github.com/kvgate/kvgate/pkg/sim"
 )
 
@@ -72,11 +73,11 @@ type simEngine struct {
 	engine  *sim.Engine
 	busy    bool
 	stepEnd time.Time
-	// running counts the requests routed to the engine and not finished;
+	// load is the engine's load record in the gateway's request ledger;
 	// computed counts the prompt tokens it computed.
-	running  int
+	load     *inflight.PodLoad
 	computed int
-	prefills map[string]*Prefill
+	attempts map[string]*inflight.Handle
 	// Recent measurements, as the Store derives them from vLLM's metrics.
 	prefill, tpot, ttft window
 }
@@ -126,6 +127,7 @@ type simFleet struct {
 	pods    []*endpoint.Endpoint
 	index   *indexer.SyncPrefixHashTable
 	router  *Router
+	ledger  *inflight.Ledger
 
 	promptTokens, cachedTokens int
 	ttfts                      []float64
@@ -169,7 +171,8 @@ func newSimFleetOf(t testing.TB, lats []sim.LatencyModel, truth bool) *simFleet 
 		if err != nil {
 			t.Fatal(err)
 		}
-		se := &simEngine{pod: parse(testPod(fmt.Sprintf("p%d", i), fmt.Sprintf("10.0.0.%d", i+1), 0)), engine: e, prefills: map[string]*Prefill{}}
+		pod := parse(testPod(fmt.Sprintf("p%d", i), fmt.Sprintf("10.0.0.%d", i+1), 0))
+		se := &simEngine{pod: pod, engine: e, load: inflight.NewPodLoad(pod.ID), attempts: map[string]*inflight.Handle{}}
 		f.engines = append(f.engines, se)
 		f.byName[se.pod.Key.Name] = se
 		f.pods = append(f.pods, se.pod)
@@ -178,11 +181,16 @@ func newSimFleetOf(t testing.TB, lats []sim.LatencyModel, truth bool) *simFleet 
 	if truth {
 		idx = engineTruth{f}
 	}
-	r, err := New(Config{Metrics: f, Index: idx, Rand: rand.NewPCG(3, 4), Now: func() time.Time { return f.now }})
+	clock := func() time.Time { return f.now }
+	r, err := New(Config{Metrics: f, Loads: f, Index: idx, Rand: rand.NewPCG(3, 4), Now: clock})
 	if err != nil {
 		t.Fatal(err)
 	}
 	f.router = r
+	if f.ledger, err = inflight.New(inflight.Config{Now: clock}); err != nil {
+		t.Fatal(err)
+	}
+	f.ledger.Observe(r.Observer())
 	return f
 }
 
@@ -194,7 +202,7 @@ func (f *simFleet) GetMetricValueByPod(key endpoint.Key, metric string) (cache.M
 	v, ok := 0.0, true
 	switch metric {
 	case cache.RealtimeNumRequestsRunning:
-		v = float64(e.running)
+		v = float64(e.load.Running())
 	case cache.NumRequestsWaiting:
 		v = float64(q.Waiting)
 	case cache.KVCacheUsagePerc:
@@ -213,6 +221,9 @@ func (f *simFleet) GetMetricValueByPod(key endpoint.Key, metric string) (cache.M
 	}
 	return cache.MetricValue{Value: v, UpdatedAt: f.now}, nil
 }
+
+// PodLoad returns the engine's load record.
+func (f *simFleet) PodLoad(key endpoint.Key) *inflight.PodLoad { return f.byName[key.Name].load }
 
 // engineTruth matches prompts against the engines' actual caches.
 type engineTruth struct{ f *simFleet }
@@ -263,8 +274,7 @@ func (f *simFleet) arrive(algorithm string, r simRequest, d *Decision) {
 		f.t.Fatal(err)
 	}
 	e := f.byName[d.Endpoint.Key.Name]
-	e.running++
-	e.prefills[r.id] = f.router.StartPrefill(d)
+	e.attempts[r.id] = f.ledger.Admit(r.id, testModel).Route(d.Route())
 	if err := e.engine.Add(sim.RequestSpec{ID: r.id, Prompt: r.prompt}, f.now); err != nil {
 		f.t.Fatal(err)
 	}
@@ -298,12 +308,13 @@ func (f *simFleet) endStep(e *simEngine) {
 			e.computed += st.PromptTokens - st.CachedTokens
 			e.prefill.add(float64(st.PromptTokens-st.CachedTokens), tm.FirstToken.Sub(tm.Scheduled).Seconds())
 			e.ttft.add(tm.TTFT().Seconds(), 1)
-			e.prefills[out.RequestID].FirstToken()
+			e.attempts[out.RequestID].FirstToken()
 		}
 		if out.Finished {
-			e.running--
-			e.prefills[out.RequestID].Done()
-			delete(e.prefills, out.RequestID)
+			h := e.attempts[out.RequestID]
+			h.Close(inflight.Done, "")
+			h.Request().End()
+			delete(e.attempts, out.RequestID)
 			if st.OutputTokens > 1 {
 				e.tpot.add(tm.LastToken.Sub(tm.FirstToken).Seconds(), float64(st.OutputTokens-1))
 			}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/indexer"
+	"github.com/kvgate/kvgate/pkg/inflight"
 	"github.com/kvgate/kvgate/pkg/sim"
 )
 
@@ -36,6 +37,9 @@ type engine struct {
 	// inFlight counts the requests the gateway sent and has not seen
 	// finish (the Store's realtime running requests).
 	inFlight int
+	// load is the engine's load record in the request ledger of a router
+	// policy: its prefill queue.
+	load     *inflight.PodLoad
 	counters counters
 	metrics  scraped
 
@@ -75,7 +79,8 @@ func newFleet(cfg Config) (*fleet, error) {
 			return nil, fmt.Errorf("engine %d: %w", i, err)
 		}
 		pod := endpoint.Parse(benchPod(i), endpoint.Options{})
-		e := &engine{index: i, eng: eng, pod: pod, key: pod.ID, stream: indexer.Stream{Pod: pod.ID, Model: benchModel}}
+		e := &engine{index: i, eng: eng, pod: pod, key: pod.ID, stream: indexer.Stream{Pod: pod.ID, Model: benchModel},
+			load: inflight.NewPodLoad(pod.ID)}
 		e.metrics.window.length = cfg.MetricsWindow
 		e.metrics.prefillWindow.length = cfg.PrefillSpeedWindow
 		f.engines = append(f.engines, e)

@@ -5,6 +5,7 @@ import (
 
 	"github.com/kvgate/kvgate/pkg/cache"
 	"github.com/kvgate/kvgate/pkg/endpoint"
+	"github.com/kvgate/kvgate/pkg/inflight"
 	"github.com/kvgate/kvgate/pkg/sim"
 )
 
@@ -175,6 +176,14 @@ func (s *scraped) value(metric string) (float64, bool) {
 // tracks itself and so knows at once.
 type storeView struct {
 	f *fleet
+}
+
+// PodLoad implements routing.PodLoads: the engine's load record.
+func (v storeView) PodLoad(key endpoint.Key) *inflight.PodLoad {
+	if e, ok := v.f.byName[key.Name]; ok && key.Namespace == benchNamespace {
+		return e.load
+	}
+	return nil
 }
 
 // GetMetricValueByPod implements routing.MetricSource.
