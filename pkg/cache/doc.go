@@ -30,6 +30,10 @@
 //     (RealtimeNumRequestsRunning, RealtimeNormalizedPendings). A pod
 //     replaced by one of another UID starts with an empty record.
 //
+// Snapshots gives routing, in one registry lookup per candidate, all it
+// reads of a pod: its endpoint, its built-in metrics and their scrape
+// state, its ejection and its load record (PodSnapshot).
+//
 // The Store's background work (scraping, adapter listing) runs in Run,
 // until its context ends. Reads never wait for I/O: scraping runs in the
 // background and publishes its results. The Store exports its own

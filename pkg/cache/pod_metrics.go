@@ -16,6 +16,8 @@ type podMetrics struct {
 	stale  bool
 	pod    map[string]MetricValue
 	models map[string]map[string]MetricValue // by model_name label
+	// builtin holds the values of pod that routing reads.
+	builtin PodMetrics
 }
 
 // markStale republishes the pod's latest metrics marked stale.

@@ -16,8 +16,8 @@ import (
 // models they serve, the metrics scraped from them, and which of them
 // requests could not connect to. Each pod's load record (the requests in
 // flight on it, kept by the request ledger, see package inflight) lives
-// with the pod (see PodLoad), so that routing reads it with the pod's
-// metrics. Reads never wait for I/O. All methods are safe
+// with the pod (see PodLoad), so that a routing decision reads all it needs
+// of a candidate in one snapshot (see Snapshots). Reads never wait for I/O. All methods are safe
 // for concurrent use.
 type Store struct {
 	cfg     Config

@@ -81,8 +81,8 @@ type Config struct {
 	// Tokenizer configures the tokenizer; its Logger is set by New.
 	Tokenizer tokenizer.Config
 
-	// Routing configures the router; Metrics, Loads, Index, Now,
-	// Registerer and Logger are set by New.
+	// Routing configures the router; Index, Registerer and Logger are set
+	// by New.
 	Routing routing.Config
 	// Cache configures the Store; Registerer and Logger are set by New.
 	Cache cache.Config

@@ -197,7 +197,7 @@ func (g *Gateway) newStore() error {
 		return fmt.Errorf("gateway: %w", err)
 	}
 	rc := g.cfg.Routing
-	rc.Metrics, rc.Scrapes, rc.Loads, rc.Registerer, rc.Logger = g.store, g.store, g.store, g.registry, g.cfg.Logger
+	rc.Registerer, rc.Logger = g.registry, g.cfg.Logger
 	if g.index != nil {
 		rc.Index = g.index
 	}

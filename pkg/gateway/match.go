@@ -125,7 +125,7 @@ func (g *Gateway) serveMatch(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	resp := matchResponse{Model: req.Model, TokenSource: "tokens", Ejected: ejectedViews(b.store, pods, time.Now())}
-	pods = withoutEjected(b.store, pods)
+	pods = withoutEjected(pods, b.store.Snapshots(pods, nil))
 	rc := types.NewRoutingContext(g.requestID(), target)
 	rc.LoraAdapter = req.Lora
 	if req.Lora == "" {
@@ -150,7 +150,7 @@ func (g *Gateway) serveMatch(w http.ResponseWriter, r *http.Request) {
 			resp.TokenSource, resp.TokenizeError = "none", err.Error()
 		}
 	}
-	e, err := b.router.Explain(rc, pods)
+	e, err := b.router.Explain(rc, b.store.Snapshots(pods, nil))
 	if err != nil {
 		writeError(w, http.StatusServiceUnavailable, typeServiceUnavailable, codeNoReadyPod, "", err.Error())
 		return

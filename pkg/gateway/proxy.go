@@ -51,6 +51,7 @@ type exchange struct {
 	resp   bytes.Buffer // a whole response, kept to read its usage
 	in     inference
 	d      routing.Decision
+	snaps  []cache.PodSnapshot // the candidates' snapshots
 	buf    []byte
 	reader *bufio.Reader
 	relay  sseRelay
@@ -72,6 +73,8 @@ func putExchange(x *exchange) {
 		b.Reset()
 	}
 	x.in = inference{}
+	clear(x.snaps)
+	x.snaps = x.snaps[:0]
 	x.reader.Reset(nil)
 	x.relay = sseRelay{event: x.relay.event[:0]}
 	if cap(x.relay.event) > maxPooledBuffer {
@@ -191,7 +194,8 @@ func (g *Gateway) admit(w http.ResponseWriter, r *http.Request, k kind, x *excha
 		return a, false
 	}
 	a.ready = len(a.pods)
-	a.pods = withoutEjected(a.b.store, a.pods)
+	x.snaps = a.b.store.Snapshots(a.pods, x.snaps[:0])
+	a.pods = withoutEjected(a.pods, x.snaps)
 	a.body = body
 	if sf := x.in.stream(); sf.Stream && !sf.clientWantsUsage() {
 		a.dropUsage = true
@@ -306,7 +310,8 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, a admitted, rc
 	b, candidates := a.b, a.pods
 	var tried []string
 	for attempt := 0; ; attempt++ {
-		if err := b.router.Route(r.Context(), rc, candidates, &x.d); err != nil {
+		x.snaps = b.store.Snapshots(candidates, x.snaps[:0])
+		if err := b.router.Route(r.Context(), rc, x.snaps, &x.d); err != nil {
 			c.fail(w, http.StatusServiceUnavailable, typeServiceUnavailable, codeNoReadyPod, "", err.Error())
 			return
 		}
@@ -340,7 +345,8 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, a admitted, rc
 			return
 		}
 		b.store.EjectPod(pod, cache.EjectionReason(reason))
-		if candidates = untriedReachable(b.store, candidates, pod); len(candidates) == 0 {
+		x.snaps = b.store.Snapshots(candidates, x.snaps[:0])
+		if candidates = untriedReachable(candidates, x.snaps, pod); len(candidates) == 0 {
 			msg := fmt.Sprintf("no pod of the model could be reached: %s: %v", strings.Join(tried, ", "), err)
 			if others := a.ready - len(tried); others > 0 {
 				msg += fmt.Sprintf("; the model's other ready pods (%d) are ejected after failed connections", others)

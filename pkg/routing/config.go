@@ -10,10 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/klog/v2"
 
-	"github.com/kvgate/kvgate/pkg/cache"
-	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/indexer"
-	"github.com/kvgate/kvgate/pkg/inflight"
 )
 
 // Defaults of Config's zero fields.
@@ -26,27 +23,6 @@ const (
 	DefaultTieTolerance           = 0.05
 )
 
-// MetricSource reads the metrics of a pod. *cache.Store implements it; a
-// simulation supplies its own. A missing value is reported as an error
-// (the Store's *cache.MetricNotFoundError) and read as "not measured".
-type MetricSource interface {
-	GetMetricValueByPod(key endpoint.Key, metricName string) (cache.MetricValue, error)
-}
-
-// ScrapeStates tells how current each pod's scraped metrics are.
-// *cache.Store implements it.
-type ScrapeStates interface {
-	PodScrapeState(key endpoint.Key) cache.ScrapeState
-}
-
-// PodLoads reads the pods' load records, which the request ledger keeps.
-// *cache.Store implements it.
-type PodLoads interface {
-	// PodLoad returns the load record of the pod of key, nil for a pod
-	// that is not registered.
-	PodLoad(key endpoint.Key) *inflight.PodLoad
-}
-
 // PrefixIndex reports how much of a prompt each pod holds in its KV cache.
 // *indexer.SyncPrefixHashTable implements it; see its MatchPrefix for the
 // contract.
@@ -57,20 +33,9 @@ type PrefixIndex interface {
 // Config configures a Router. Fields name the environment variable that sets
 // them; the variables are parsed by the gateway's configuration, not here.
 type Config struct {
-	// Metrics is where the Router reads pod load, speed and latency. It is
-	// required.
-	Metrics MetricSource
-	// Loads holds the pods' requests in flight and prefill queues. It is
-	// required.
-	Loads PodLoads
 	// Index is the prefix index. Without one, prefix-cache and kv-aware
 	// route on load alone, as they do for a request without tokens.
 	Index PrefixIndex
-	// Scrapes tells which pods' scraped metrics are current. The
-	// algorithms that read load choose a pod whose latest scrape failed or
-	// has not happened yet only when no candidate's is current (see the
-	// package documentation). Nil counts every pod's metrics as current.
-	Scrapes ScrapeStates
 
 	// DefaultAlgorithm serves requests that name none
 	// (KVGATE_ROUTING_ALGORITHM or ROUTING_ALGORITHM; default kv-aware).
@@ -145,12 +110,6 @@ func (c Config) withDefaults() Config {
 // validate checks a defaulted Config.
 func (c Config) validate() error {
 	var errs []error
-	if c.Metrics == nil {
-		errs = append(errs, errors.New("Metrics is required"))
-	}
-	if c.Loads == nil {
-		errs = append(errs, errors.New("Loads is required"))
-	}
 	if !IsAlgorithm(c.DefaultAlgorithm) {
 		errs = append(errs, fmt.Errorf("DefaultAlgorithm: %w", &UnknownAlgorithmError{Name: c.DefaultAlgorithm}))
 	}

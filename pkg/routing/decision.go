@@ -151,7 +151,7 @@ type Candidate struct {
 	// PredictedTTFTSeconds is kv-aware's predicted time to first token.
 	PredictedTTFTSeconds float64 `json:"predictedTTFTSeconds,omitempty"`
 	// Scrape says how current the pod's scraped metrics are (fresh,
-	// stale or none); empty without Config.Scrapes and for random.
+	// stale or none), as its snapshot tells; empty for random.
 	Scrape cache.ScrapeState `json:"scrape,omitempty"`
 
 	ep       *endpoint.Endpoint

@@ -24,19 +24,22 @@
 // from Config.Rand, so a seeded source makes decisions reproducible.
 //
 // A decision reads only memory: the prefix index (PrefixIndex, the
-// indexer's SyncPrefixHashTable), pod metrics (MetricSource, the cache
-// Store) and the gateway's in-flight prefills (the pods' load records in
-// the request ledger). Each input is an interface or
-// a Config field (including the clock), so that a simulation can drive the
-// same code in virtual time. Route returns the chosen pod and, per
-// candidate, the inputs that justified it (Decision); Explain runs every
-// algorithm on one snapshot for the gateway's debug API.
+// indexer's SyncPrefixHashTable) and one snapshot per candidate
+// (cache.PodSnapshot, which the Store gathers with one registry lookup per
+// pod): the pod's identity, its scraped metrics and their scrape state,
+// its ejection, and its load record in the request ledger, which holds
+// the gateway's requests and prefills in flight on it. The index is an
+// interface, the snapshots are values and the clock is a Config field, so
+// that a simulation can drive the same code in virtual time. Route returns
+// the chosen pod and, per candidate, the inputs that justified it
+// (Decision); Explain runs every algorithm on one set of snapshots for the
+// gateway's debug API.
 //
 // # Pods without fresh metrics
 //
 // A pod's scraped metrics (waiting requests, KV-cache usage, latencies,
-// prefill speed) are fresh when its latest scrape succeeded, as
-// Config.Scrapes (the Store's PodScrapeState) tells. A pod whose scrapes
+// prefill speed) are fresh when its latest scrape succeeded, as its
+// snapshot's Scrape state tells. A pod whose scrapes
 // fail keeps its last values and a pod not scraped yet has none: either
 // reads as idle, no queue and no latency, although such a pod is most
 // likely down, restarting or too loaded to answer. So while some candidates

@@ -48,7 +48,7 @@ func Example() {
 		&kvevent.EventBatch{Events: []kvevent.KVEvent{stored}}); err != nil {
 		panic(err)
 	}
-	router, err := routing.New(routing.Config{Metrics: store, Loads: store, Index: index, Rand: rand.NewPCG(1, 1)})
+	router, err := routing.New(routing.Config{Index: index, Rand: rand.NewPCG(1, 1)})
 	if err != nil {
 		panic(err)
 	}
@@ -73,7 +73,7 @@ func Example() {
 		panic(err) // 404: no pod serves the model
 	}
 	var d routing.Decision
-	if err := router.Route(context.Background(), ctx, pods, &d); err != nil {
+	if err := router.Route(context.Background(), ctx, store.Snapshots(pods, nil), &d); err != nil {
 		panic(err) // 503 when no pod is ready
 	}
 	attempt := req.Route(d.Route())

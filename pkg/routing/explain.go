@@ -5,7 +5,7 @@ import (
 	"math/rand/v2"
 	"slices"
 
-	"github.com/kvgate/kvgate/pkg/endpoint"
+	"github.com/kvgate/kvgate/pkg/cache"
 	"github.com/kvgate/kvgate/pkg/types"
 )
 
@@ -29,7 +29,7 @@ type Explanation struct {
 // source of its own. Matching the prompt does refresh the index's record of
 // the matched blocks and pods as recently used. It fails with an error
 // wrapping ErrNoPods when pods is empty.
-func (r *Router) Explain(rc *types.RoutingContext, pods []*endpoint.Endpoint) (*Explanation, error) {
+func (r *Router) Explain(rc *types.RoutingContext, pods []cache.PodSnapshot) (*Explanation, error) {
 	if len(pods) == 0 {
 		return nil, fmt.Errorf("explain request %s for model %q: %w", rc.RequestID, rc.Model, ErrNoPods)
 	}

@@ -20,7 +20,7 @@ func TestExplainShowsEveryAlgorithmsDecisionWithoutRouting(t *testing.T) {
 	r, reg := newTestRouter(t, m, idx)
 	ctx := request("r", "", p)
 
-	e, err := r.Explain(ctx, pods)
+	e, err := r.Explain(ctx, snaps(r, pods))
 	if err != nil {
 		t.Fatal(err)
 	}

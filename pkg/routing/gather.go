@@ -8,7 +8,6 @@ import (
 	"github.com/kvgate/kvgate/pkg/cache"
 	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/indexer"
-	"github.com/kvgate/kvgate/pkg/inflight"
 	"github.com/kvgate/kvgate/pkg/types"
 )
 
@@ -28,9 +27,9 @@ const (
 	hasTTFT
 )
 
-// gather resets d for the request and fills its candidates with the inputs
-// nd names.
-func (r *Router) gather(rc *types.RoutingContext, pods []*endpoint.Endpoint, nd needs, d *Decision, s *scratch) input {
+// gather resets d for the request and fills its candidates, one per
+// snapshot, with the inputs nd names.
+func (r *Router) gather(rc *types.RoutingContext, pods []cache.PodSnapshot, nd needs, d *Decision, s *scratch) input {
 	d.reset()
 	d.PromptTokens = rc.InputTokens()
 	in := input{
@@ -43,18 +42,14 @@ func (r *Router) gather(rc *types.RoutingContext, pods []*endpoint.Endpoint, nd 
 	}
 	now := r.cfg.Now()
 	var fresh, unfresh bool
-	for _, p := range pods {
-		c := Candidate{Pod: p.ID, ep: p, load: r.cfg.Loads.PodLoad(p.Key)}
-		if c.load == nil {
-			// The pod left the registry since it was listed: what is
-			// routed to it counts on a record of its own.
-			c.load = inflight.NewPodLoad(p.ID)
-		}
-		if nd != 0 && r.cfg.Scrapes != nil {
-			c.Scrape = r.cfg.Scrapes.PodScrapeState(p.Key)
+	for i := range pods {
+		sp := &pods[i]
+		c := Candidate{Pod: sp.Endpoint.ID, ep: sp.Endpoint, load: sp.Load}
+		if nd != 0 {
+			c.Scrape = sp.Scrape
 			fresh, unfresh = fresh || c.Scrape == cache.ScrapeFresh, unfresh || c.Scrape != cache.ScrapeFresh
 		}
-		scrapedAt := r.readMetrics(&c, nd)
+		scrapedAt := readMetrics(&c, sp, nd)
 		if nd&needQueue != 0 {
 			q := c.load.Queue(now, scrapedAt, c.Waiting)
 			c.InFlightPrefills, c.InFlightPrefillTokens, c.QueueSeconds = q.Prefills, q.Tokens, q.Seconds
@@ -74,42 +69,40 @@ func (r *Router) gather(rc *types.RoutingContext, pods []*endpoint.Endpoint, nd 
 	return in
 }
 
-// readMetrics reads the pod metrics nd names into c, and returns when the
-// waiting requests were scraped (zero when they were not read or have no
-// value); a metric without a value reads as 0.
-func (r *Router) readMetrics(c *Candidate, nd needs) (waitingAt time.Time) {
-	key := c.ep.Key
-	var updated time.Time // of the latest value read
-	read := func(name string) (float64, bool) {
-		v, err := r.cfg.Metrics.GetMetricValueByPod(key, name)
-		if err != nil || math.IsNaN(v.Value) || math.IsInf(v.Value, 0) {
+// readMetrics reads the pod metrics nd names from sp into c, and returns
+// when the waiting requests were scraped (zero when they were not read or
+// have no value); a metric without a value, or whose value is not a finite
+// number, reads as 0.
+func readMetrics(c *Candidate, sp *cache.PodSnapshot, nd needs) (waitingAt time.Time) {
+	m := &sp.Metrics
+	read := func(v float64, b cache.MetricBits) (float64, bool) {
+		if m.Measured&b == 0 || math.IsNaN(v) || math.IsInf(v, 0) {
 			return 0, false
 		}
-		updated = v.UpdatedAt
-		return v.Value, true
+		return v, true
 	}
-	c.PrefillTokensPerSecond, _ = read(cache.PrefillTokensPerSecond)
+	c.PrefillTokensPerSecond, _ = read(m.PrefillTokensPerSecond, cache.HasPrefillSpeed)
 	if nd&needRunning != 0 {
-		c.Running, _ = read(cache.RealtimeNumRequestsRunning)
+		c.Running = float64(sp.Load.Running())
 	}
 	if nd&needQueue != 0 {
 		var ok bool
-		if c.Waiting, ok = read(cache.NumRequestsWaiting); ok {
-			waitingAt = updated
+		if c.Waiting, ok = read(m.Waiting, cache.HasWaiting); ok {
+			waitingAt = m.At
 		}
 	}
 	if nd&(needQueue|needLatency) != 0 {
-		c.AvgTPOTSeconds, _ = read(cache.AvgTPOTSeconds)
+		c.AvgTPOTSeconds, _ = read(m.AvgTPOTSeconds, cache.HasAvgTPOT)
 	}
 	if nd&needLatency != 0 {
 		var ok bool
-		if c.AvgTTFTSeconds, ok = read(cache.AvgTTFTSeconds); ok {
+		if c.AvgTTFTSeconds, ok = read(m.AvgTTFTSeconds, cache.HasAvgTTFT); ok {
 			c.measured |= hasTTFT
 		}
 	}
 	if nd&needKVCache != 0 {
 		var ok bool
-		if c.KVCacheUsage, ok = read(cache.KVCacheUsagePerc); ok {
+		if c.KVCacheUsage, ok = read(m.KVCacheUsage, cache.HasKVCacheUsage); ok {
 			c.measured |= hasKVCache
 		}
 	}

@@ -29,30 +29,18 @@ const (
 	testBlockSize = 16
 )
 
-// fakeMetrics is a MetricSource, ScrapeStates and PodLoads holding values
-// set by the test, all updated at the time it was last given (zero until
-// then); a pod's scrape state is fresh unless set.
+// fakeMetrics holds pod metrics, scrape states and load records set by the
+// test, the metrics all scraped at the time it was last given (zero until
+// then), and gives snapshots of them as the Store does; a pod's scrape
+// state is fresh unless set. The RealtimeNumRequestsRunning a test sets
+// stands for requests other gateways run on the pod: it adds to the
+// attempts the test opens on the pod's load record.
 type fakeMetrics struct {
 	mu      sync.Mutex
 	v       map[string]map[string]float64 // pod name -> metric -> value
 	states  map[string]cache.ScrapeState  // pod name -> scrape state
 	loads   map[string]*inflight.PodLoad  // pod name -> load record
 	updated time.Time                     // of every value
-}
-
-// PodLoad returns the pod's load record, created on first use.
-func (f *fakeMetrics) PodLoad(key endpoint.Key) *inflight.PodLoad {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.loads == nil {
-		f.loads = map[string]*inflight.PodLoad{}
-	}
-	l := f.loads[key.Name]
-	if l == nil {
-		l = inflight.NewPodLoad(key.String())
-		f.loads[key.Name] = l
-	}
-	return l
 }
 
 func newFakeMetrics() *fakeMetrics { return &fakeMetrics{v: map[string]map[string]float64{}} }
@@ -78,15 +66,6 @@ func (f *fakeMetrics) setScrape(pod string, s cache.ScrapeState) *fakeMetrics {
 	return f
 }
 
-func (f *fakeMetrics) PodScrapeState(key endpoint.Key) cache.ScrapeState {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if s, ok := f.states[key.Name]; ok {
-		return s
-	}
-	return cache.ScrapeFresh
-}
-
 // scraped sets the time the values were last updated.
 func (f *fakeMetrics) scraped(at time.Time) *fakeMetrics {
 	f.mu.Lock()
@@ -95,14 +74,46 @@ func (f *fakeMetrics) scraped(at time.Time) *fakeMetrics {
 	return f
 }
 
-func (f *fakeMetrics) GetMetricValueByPod(key endpoint.Key, metricName string) (cache.MetricValue, error) {
+// Snapshots gives the snapshots of pods, as cache.Store.Snapshots does.
+func (f *fakeMetrics) Snapshots(pods []*endpoint.Endpoint, out []cache.PodSnapshot) []cache.PodSnapshot {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	v, ok := f.v[key.Name][metricName]
-	if !ok {
-		return cache.MetricValue{}, &cache.MetricNotFoundError{Pod: key.String(), Metric: metricName}
+	if f.loads == nil {
+		f.loads = map[string]*inflight.PodLoad{}
 	}
-	return cache.MetricValue{Value: v, UpdatedAt: f.updated}, nil
+	for _, ep := range pods {
+		name := ep.Key.Name
+		load := f.loads[name]
+		if load == nil {
+			load = inflight.NewPodLoad(ep.ID)
+			f.loads[name] = load
+		}
+		v := f.v[name]
+		load.SetRemote(int64(v[cache.RealtimeNumRequestsRunning]), nil)
+		m := cache.PodMetrics{At: f.updated}
+		for _, field := range []struct {
+			name string
+			dst  *float64
+			bit  cache.MetricBits
+		}{
+			{cache.NumRequestsWaiting, &m.Waiting, cache.HasWaiting},
+			{cache.KVCacheUsagePerc, &m.KVCacheUsage, cache.HasKVCacheUsage},
+			{cache.AvgTTFTSeconds, &m.AvgTTFTSeconds, cache.HasAvgTTFT},
+			{cache.AvgTPOTSeconds, &m.AvgTPOTSeconds, cache.HasAvgTPOT},
+			{cache.PrefillTokensPerSecond, &m.PrefillTokensPerSecond, cache.HasPrefillSpeed},
+		} {
+			if x, ok := v[field.name]; ok {
+				*field.dst = x
+				m.Measured |= field.bit
+			}
+		}
+		scrape, ok := f.states[name]
+		if !ok {
+			scrape = cache.ScrapeFresh
+		}
+		out = append(out, cache.PodSnapshot{Endpoint: ep, Scrape: scrape, Metrics: m, Load: load})
+	}
+	return out
 }
 
 // testPods returns Running, Ready pods p0..p<n-1> serving testModel.
@@ -197,17 +208,20 @@ func request(id, algorithm string, tokens []uint32) *types.RoutingContext {
 	return ctx
 }
 
-// newTestRouter returns a Router over metrics (which holds the pods' load
-// records) and idx (which may be nil) with a seeded random source, its
-// metrics on a fresh registry, and a request ledger on the Router's clock
-// that it observes (see startPrefill), its metrics on the same registry.
-func newTestRouter(t testing.TB, metrics interface {
-	MetricSource
-	PodLoads
-}, idx PrefixIndex, adjust ...func(*Config)) (*Router, *prometheus.Registry) {
+// snapshotter gives the snapshots of pods: the test's fakeMetrics or a
+// cache.Store.
+type snapshotter interface {
+	Snapshots(pods []*endpoint.Endpoint, out []cache.PodSnapshot) []cache.PodSnapshot
+}
+
+// newTestRouter returns a Router reading the snapshots of source (see route)
+// and idx (which may be nil), with a seeded random source, its metrics on a
+// fresh registry, and a request ledger on the Router's clock that it
+// observes (see startPrefill), its metrics on the same registry.
+func newTestRouter(t testing.TB, source snapshotter, idx PrefixIndex, adjust ...func(*Config)) (*Router, *prometheus.Registry) {
 	t.Helper()
 	reg := prometheus.NewRegistry()
-	cfg := Config{Metrics: metrics, Loads: metrics, Rand: rand.NewPCG(1, 2), Registerer: reg}
+	cfg := Config{Rand: rand.NewPCG(1, 2), Registerer: reg}
 	if idx != nil {
 		cfg.Index = idx
 	}
@@ -224,7 +238,17 @@ func newTestRouter(t testing.TB, metrics interface {
 	}
 	l.Observe(r.Observer())
 	testLedgers.Store(r, l)
+	testSources.Store(r, source)
 	return r, reg
+}
+
+// testSources holds the snapshot source of each Router of newTestRouter.
+var testSources sync.Map // *Router -> snapshotter
+
+// snaps returns the snapshots of pods from r's source.
+func snaps(r *Router, pods []*endpoint.Endpoint) []cache.PodSnapshot {
+	src, _ := testSources.Load(r)
+	return src.(snapshotter).Snapshots(pods, nil)
 }
 
 // testLedgers holds the request ledger of each Router of newTestRouter.
@@ -244,11 +268,11 @@ func inFlightPrefills(t testing.TB, reg *prometheus.Registry) float64 {
 	return testsupport.MetricValue(t, reg, "kvgate_routing_inflight_prefills", nil)
 }
 
-// route routes ctx among pods and fails the test on error.
+// route routes ctx among the snapshots of pods and fails the test on error.
 func route(t testing.TB, r *Router, ctx *types.RoutingContext, pods []*endpoint.Endpoint) *Decision {
 	t.Helper()
 	var d Decision
-	if err := r.Route(context.Background(), ctx, pods, &d); err != nil {
+	if err := r.Route(context.Background(), ctx, snaps(r, pods), &d); err != nil {
 		t.Fatalf("Route(%s): %v", ctx.Algorithm, err)
 	}
 	return &d

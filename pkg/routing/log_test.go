@@ -30,7 +30,7 @@ func TestDecisionsAreLoggedWithTheirInputsAtVerbosity4And5(t *testing.T) {
 		var lines []string
 		sink := funcr.New(func(prefix, args string) { lines = append(lines, args) }, funcr.Options{Verbosity: tt.verbosity})
 		var d Decision
-		if err := r.Route(logr.NewContext(context.Background(), sink), request("r", KVAware, p), pods, &d); err != nil {
+		if err := r.Route(logr.NewContext(context.Background(), sink), request("r", KVAware, p), snaps(r, pods), &d); err != nil {
 			t.Fatal(err)
 		}
 		out := strings.Join(lines, "\n")

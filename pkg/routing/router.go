@@ -11,7 +11,7 @@ import (
 	"github.com/go-logr/logr"
 	"k8s.io/klog/v2"
 
-	"github.com/kvgate/kvgate/pkg/endpoint"
+	"github.com/kvgate/kvgate/pkg/cache"
 	"github.com/kvgate/kvgate/pkg/inflight"
 	"github.com/kvgate/kvgate/pkg/types"
 )
@@ -21,9 +21,11 @@ import (
 const uncachedEWMAWeight = 0.1
 
 // Router routes requests to pods with the algorithm each request names. It
-// reads the prefills the gateway started on each pod from the pods' load
-// records, which the request ledger keeps (package inflight). All its
-// methods are safe for concurrent use; none waits for I/O.
+// reads each candidate from its snapshot: the pod's metrics and scrape
+// state from the Store, and the requests and prefills the gateway has in
+// flight on it from its load record, which the request ledger keeps
+// (package inflight). All its methods are safe for concurrent use; none
+// waits for I/O.
 type Router struct {
 	cfg     Config
 	algs    map[string]algorithm
@@ -100,14 +102,15 @@ func (r *Router) Resolve(name string) (string, error) {
 // rc.Algorithm names (see Resolve), records the choice with
 // rc.SetTargetPod, and describes it in d, which it overwrites. ctx carries
 // the request's logger, if any; Route never waits, so its deadline plays no
-// part. pods are the
-// routable pods serving ctx.Model; the Router reads but never modifies them.
-// Prefix algorithms match ctx.PromptTokenIDs under each pod's base model
-// (endpoint.Endpoint.Model) and rc.LoraAdapter; without token ids they
-// route on load.
-// Route fails with an *UnknownAlgorithmError, or with an error wrapping
-// ErrNoPods when pods is empty; d is then left describing no pod.
-func (r *Router) Route(ctx context.Context, rc *types.RoutingContext, pods []*endpoint.Endpoint, d *Decision) error {
+// part. pods are the snapshots of the routable pods serving rc.Model
+// (cache.Store.Snapshots), one per candidate: every input of the decision
+// but the prefix index comes from them. The Router reads but never modifies
+// them. Prefix algorithms match rc.PromptTokenIDs under each pod's base
+// model (endpoint.Endpoint.Model) and rc.LoraAdapter; without token ids
+// they route on load. Route fails with an *UnknownAlgorithmError, or with an
+// error wrapping ErrNoPods when pods is empty; d is then left describing no
+// pod.
+func (r *Router) Route(ctx context.Context, rc *types.RoutingContext, pods []cache.PodSnapshot, d *Decision) error {
 	start := time.Now()
 	name, err := r.Resolve(rc.Algorithm)
 	if err != nil {

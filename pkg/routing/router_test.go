@@ -42,20 +42,17 @@ func TestResolveNamesTheAlgorithmOfARequest(t *testing.T) {
 }
 
 func TestNewRejectsInvalidConfig(t *testing.T) {
-	m := newFakeMetrics()
 	tests := []struct {
 		name string
 		cfg  Config
 		want string
 	}{
-		{"no metrics", Config{Loads: m}, "Metrics is required"},
-		{"unknown default", Config{Metrics: m, Loads: m, DefaultAlgorithm: "round-robin"}, `"round-robin"`},
-		{"CPU weight above 1", Config{Metrics: m, Loads: m, CPUCacheWeight: 1.5}, "CPUCacheWeight"},
-		{"negative imbalance count", Config{Metrics: m, Loads: m, ImbalanceAbsCount: -1}, "ImbalanceAbsCount"},
-		{"negative stddev factor", Config{Metrics: m, Loads: m, StdDevFactor: -1}, "StdDevFactor"},
-		{"negative prefill speed", Config{Metrics: m, Loads: m, DefaultPrefillTokensPerSecond: -1}, "DefaultPrefillTokensPerSecond"},
-		{"negative tolerance", Config{Metrics: m, Loads: m, TieTolerance: -0.1}, "TieTolerance"},
-		{"no loads", Config{Metrics: m}, "Loads is required"},
+		{"unknown default", Config{DefaultAlgorithm: "round-robin"}, `"round-robin"`},
+		{"CPU weight above 1", Config{CPUCacheWeight: 1.5}, "CPUCacheWeight"},
+		{"negative imbalance count", Config{ImbalanceAbsCount: -1}, "ImbalanceAbsCount"},
+		{"negative stddev factor", Config{StdDevFactor: -1}, "StdDevFactor"},
+		{"negative prefill speed", Config{DefaultPrefillTokensPerSecond: -1}, "DefaultPrefillTokensPerSecond"},
+		{"negative tolerance", Config{TieTolerance: -0.1}, "TieTolerance"},
 	}
 	for _, tt := range tests {
 		if _, err := New(tt.cfg); err == nil || !strings.Contains(err.Error(), tt.want) {
@@ -70,7 +67,7 @@ func TestRouteFailsWithoutPodsOrForAnUnknownAlgorithm(t *testing.T) {
 	if err := r.Route(context.Background(), request("r", KVAware, nil), nil, &d); !errors.Is(err, ErrNoPods) || d.Endpoint != nil || len(d.Candidates) != 0 {
 		t.Fatalf("Route with no pods = %v, decision %+v; want ErrNoPods and an empty decision", err, d)
 	}
-	if err := r.Route(context.Background(), request("r", "bogus", nil), testPods(2), &d); !errors.Is(err, ErrUnknownAlgorithm) {
+	if err := r.Route(context.Background(), request("r", "bogus", nil), snaps(r, testPods(2)), &d); !errors.Is(err, ErrUnknownAlgorithm) {
 		t.Fatalf("Route with an unknown algorithm = %v, want ErrUnknownAlgorithm", err)
 	}
 	if n := testsupport.MetricValue(t, reg, "kvgate_routing_decisions_total", nil); n != 0 {
@@ -179,11 +176,12 @@ func TestRouteDoesNotAllocateWithAReusedDecision(t *testing.T) {
 	r, _ := newTestRouter(t, m, idx)
 	ctx := request("r", KVAware, p)
 	var d Decision
+	candidates := snaps(r, pods)
 	// SetTargetPod stores a new target, the one allocation Route makes.
 	for _, alg := range []string{KVAware, PrefixCache, LeastRequest} {
 		ctx.Algorithm = alg
 		allocs := testing.AllocsPerRun(100, func() {
-			if err := r.Route(context.Background(), ctx, pods, &d); err != nil {
+			if err := r.Route(context.Background(), ctx, candidates, &d); err != nil {
 				t.Fatal(err)
 			}
 		})
@@ -209,7 +207,7 @@ func TestRouterIsSafeForConcurrentUse(t *testing.T) {
 			var d Decision
 			for i := range 300 {
 				ctx := request("r", algs[(g+i)%len(algs)], prompt((i%50)*64, 1024))
-				if err := r.Route(context.Background(), ctx, pods, &d); err != nil {
+				if err := r.Route(context.Background(), ctx, snaps(r, pods), &d); err != nil {
 					t.Error(err)
 					return
 				}
@@ -223,7 +221,7 @@ func TestRouterIsSafeForConcurrentUse(t *testing.T) {
 	}
 	wg.Go(func() {
 		for range 50 {
-			if _, err := r.Explain(request("x", "", prompt(0, 1024)), pods); err != nil {
+			if _, err := r.Explain(request("x", "", prompt(0, 1024)), snaps(r, pods)); err != nil {
 				t.Error(err)
 			}
 		}

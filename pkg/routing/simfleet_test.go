@@ -128,6 +128,7 @@ type simFleet struct {
 	index   *indexer.SyncPrefixHashTable
 	router  *Router
 	ledger  *inflight.Ledger
+	snaps   []cache.PodSnapshot
 
 	promptTokens, cachedTokens int
 	ttfts                      []float64
@@ -182,7 +183,7 @@ func newSimFleetOf(t testing.TB, lats []sim.LatencyModel, truth bool) *simFleet 
 		idx = engineTruth{f}
 	}
 	clock := func() time.Time { return f.now }
-	r, err := New(Config{Metrics: f, Loads: f, Index: idx, Rand: rand.NewPCG(3, 4), Now: clock})
+	r, err := New(Config{Index: idx, Rand: rand.NewPCG(3, 4), Now: clock})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -194,36 +195,26 @@ func newSimFleetOf(t testing.TB, lats []sim.LatencyModel, truth bool) *simFleet 
 	return f
 }
 
-// GetMetricValueByPod serves what the Store would know of an engine.
-func (f *simFleet) GetMetricValueByPod(key endpoint.Key, metric string) (cache.MetricValue, error) {
-	name := key.Name
-	e := f.byName[name]
-	q := e.engine.QueueState()
-	v, ok := 0.0, true
-	switch metric {
-	case cache.RealtimeNumRequestsRunning:
-		v = float64(e.load.Running())
-	case cache.NumRequestsWaiting:
-		v = float64(q.Waiting)
-	case cache.KVCacheUsagePerc:
-		v = q.KVCacheUsage
-	case cache.PrefillTokensPerSecond:
-		v, ok = e.prefillSpeed()
-	case cache.AvgTPOTSeconds:
-		v, ok = e.tpot.ratio()
-	case cache.AvgTTFTSeconds:
-		v, ok = e.ttft.ratio()
-	default:
-		ok = false
+// snapshots serves what the Store would know of the engines, with no
+// scrape state: every engine's metrics are current.
+func (f *simFleet) snapshots(out []cache.PodSnapshot) []cache.PodSnapshot {
+	for _, e := range f.engines {
+		q := e.engine.QueueState()
+		m := cache.PodMetrics{At: f.now, Waiting: float64(q.Waiting), KVCacheUsage: q.KVCacheUsage,
+			Measured: cache.HasWaiting | cache.HasKVCacheUsage}
+		if v, ok := e.prefillSpeed(); ok {
+			m.PrefillTokensPerSecond, m.Measured = v, m.Measured|cache.HasPrefillSpeed
+		}
+		if v, ok := e.tpot.ratio(); ok {
+			m.AvgTPOTSeconds, m.Measured = v, m.Measured|cache.HasAvgTPOT
+		}
+		if v, ok := e.ttft.ratio(); ok {
+			m.AvgTTFTSeconds, m.Measured = v, m.Measured|cache.HasAvgTTFT
+		}
+		out = append(out, cache.PodSnapshot{Endpoint: e.pod, Metrics: m, Load: e.load})
 	}
-	if !ok {
-		return cache.MetricValue{}, &cache.MetricNotFoundError{Pod: name, Metric: metric}
-	}
-	return cache.MetricValue{Value: v, UpdatedAt: f.now}, nil
+	return out
 }
-
-// PodLoad returns the engine's load record.
-func (f *simFleet) PodLoad(key endpoint.Key) *inflight.PodLoad { return f.byName[key.Name].load }
 
 // engineTruth matches prompts against the engines' actual caches.
 type engineTruth struct{ f *simFleet }
@@ -270,7 +261,8 @@ func (f *simFleet) run(algorithm string, trace []simRequest) {
 
 func (f *simFleet) arrive(algorithm string, r simRequest, d *Decision) {
 	ctx := request(r.id, algorithm, r.prompt)
-	if err := f.router.Route(context.Background(), ctx, f.pods, d); err != nil {
+	f.snaps = f.snapshots(f.snaps[:0])
+	if err := f.router.Route(context.Background(), ctx, f.snaps, d); err != nil {
 		f.t.Fatal(err)
 	}
 	e := f.byName[d.Endpoint.Key.Name]

@@ -54,7 +54,6 @@ type fleet struct {
 	now     time.Duration
 	engines []*engine
 	byName  map[string]*engine
-	pods    []*endpoint.Endpoint
 	index   *indexer.SyncPrefixHashTable
 }
 
@@ -85,7 +84,6 @@ func newFleet(cfg Config) (*fleet, error) {
 		e.metrics.prefillWindow.length = cfg.PrefillSpeedWindow
 		f.engines = append(f.engines, e)
 		f.byName[pod.Key.Name] = e
-		f.pods = append(f.pods, pod)
 	}
 	return f, nil
 }

@@ -6,6 +6,7 @@ import (
 	"hash/fnv"
 	"math/rand/v2"
 
+	"github.com/kvgate/kvgate/pkg/cache"
 	"github.com/kvgate/kvgate/pkg/inflight"
 	"github.com/kvgate/kvgate/pkg/routing"
 	"github.com/kvgate/kvgate/pkg/types"
@@ -48,13 +49,12 @@ type routerPolicy struct {
 	router   *routing.Router
 	ledger   *inflight.Ledger
 	decision routing.Decision
+	snaps    []cache.PodSnapshot
 	attempts map[int]*inflight.Handle
 }
 
 func newRouterPolicy(alg string, f *fleet, seed uint64) (*routerPolicy, error) {
 	r, err := routing.New(routing.Config{
-		Metrics:          storeView{f},
-		Loads:            storeView{f},
 		Index:            f.index,
 		DefaultAlgorithm: alg,
 		Rand:             policySeed(seed, alg),
@@ -75,7 +75,8 @@ func (p *routerPolicy) route(i int, r *Request) (int, error) {
 	ctx := types.NewRoutingContext(r.ID, benchModel)
 	ctx.Algorithm = p.alg
 	ctx.PromptTokenIDs = r.Prompt
-	if err := p.router.Route(context.Background(), ctx, p.f.pods, &p.decision); err != nil {
+	p.snaps = storeView{p.f}.snapshots(p.snaps[:0])
+	if err := p.router.Route(context.Background(), ctx, p.snaps, &p.decision); err != nil {
 		return 0, fmt.Errorf("route %s: %w", r.ID, err)
 	}
 	p.attempts[i] = p.ledger.Admit(r.ID, benchModel).Route(p.decision.Route())
