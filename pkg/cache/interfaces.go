@@ -10,43 +10,14 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/kvgate/kvgate/pkg/endpoint"
-	"github.com/kvgate/kvgate/pkg/types"
 )
 
-// The views of the Store its consumers depend on. *Store implements all of
-// them; a consumer asks for the smallest one it needs.
-
-// PodCache reads the pod registry.
-type PodCache interface {
-	GetPod(key endpoint.Key) (*endpoint.Endpoint, error)
-	ListPodsByModel(modelName string) ([]*endpoint.Endpoint, error)
-}
-
-// ModelCache reads which models the registered pods serve.
-type ModelCache interface {
-	HasModel(modelName string) bool
-	ListModels() []string
-	ListModelsByPod(key endpoint.Key) ([]string, error)
-}
-
-// MetricCache reads pod metrics.
+// MetricCache reads pod metrics; *Store implements it. The load providers
+// read the metrics through it.
 type MetricCache interface {
 	GetMetricValueByPod(key endpoint.Key, metricName string) (MetricValue, error)
 	GetMetricValueByPodModel(key endpoint.Key, modelName, metricName string) (MetricValue, error)
 	AddSubscriber(subscriber MetricSubscriber)
-}
-
-// ProfileCache reads GPU profiles.
-type ProfileCache interface {
-	GetModelProfileByPod(pod *v1.Pod, modelName string) (*ModelGPUProfile, error)
-	GetModelProfileByDeploymentName(deploymentName, modelName string) (*ModelGPUProfile, error)
-}
-
-// RequestTracker tracks requests from routing to completion.
-type RequestTracker interface {
-	AddRequestCount(ctx *types.RoutingContext, requestID, modelName string) (traceTerm int64)
-	DoneRequestCount(ctx *types.RoutingContext, requestID, modelName string, traceTerm int64)
-	DoneRequestTrace(ctx *types.RoutingContext, requestID, modelName string, inputTokens, outputTokens, traceTerm int64)
 }
 
 // PodSink receives the pods a PodSource discovers. *Store implements it.

@@ -1,9 +1,7 @@
 package cache
 
 import (
-	"errors"
-	"fmt"
-
+	"github.com/kvgate/kvgate/pkg/internal/promreg"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -59,18 +57,10 @@ func newStoreMetrics(reg prometheus.Registerer, g storeGauges) (*storeMetrics, e
 		gauge("ejected_pods", "Routable pods out of routing because requests could not connect to them; "+
 			"a model whose pods are all ejected is routed to all of them.", g.ejectedPods),
 	}
-	var errs []error
-	for _, c := range collectors {
-		if err := reg.Register(c); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		m.registered = append(m.registered, c)
+	if err := promreg.Register(reg, "cache", collectors...); err != nil {
+		return nil, err
 	}
-	if err := errors.Join(errs...); err != nil {
-		m.unregister()
-		return nil, fmt.Errorf("register cache metrics: %w", err)
-	}
+	m.registered = collectors
 	return m, nil
 }
 

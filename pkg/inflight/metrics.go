@@ -1,9 +1,7 @@
 package inflight
 
 import (
-	"errors"
-	"fmt"
-
+	"github.com/kvgate/kvgate/pkg/internal/promreg"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -47,20 +45,8 @@ func newLedgerMetrics(reg prometheus.Registerer, l *Ledger) (*ledgerMetrics, err
 		gauge("routing", "inflight_prefill_tokens", "Predicted uncached prompt tokens of the in-flight prefills.",
 			func() float64 { return float64(l.prefillTokens.Load()) }),
 	}
-	var errs []error
-	var registered []prometheus.Collector
-	for _, c := range collectors {
-		if err := reg.Register(c); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		registered = append(registered, c)
-	}
-	if err := errors.Join(errs...); err != nil {
-		for _, c := range registered {
-			reg.Unregister(c)
-		}
-		return nil, fmt.Errorf("register request ledger metrics: %w", err)
+	if err := promreg.Register(reg, "request ledger", collectors...); err != nil {
+		return nil, err
 	}
 	return m, nil
 }

@@ -1,9 +1,7 @@
 package redisstate
 
 import (
-	"errors"
-	"fmt"
-
+	"github.com/kvgate/kvgate/pkg/internal/promreg"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -44,20 +42,8 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	var errs []error
-	var registered []prometheus.Collector
-	for _, c := range []prometheus.Collector{m.redisErrors, m.traceFlushes, m.traceFlushDelay, m.profileRejects} {
-		if err := reg.Register(c); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		registered = append(registered, c)
-	}
-	if err := errors.Join(errs...); err != nil {
-		for _, c := range registered {
-			reg.Unregister(c)
-		}
-		return nil, fmt.Errorf("register Redis state metrics: %w", err)
+	if err := promreg.Register(reg, "Redis state", m.redisErrors, m.traceFlushes, m.traceFlushDelay, m.profileRejects); err != nil {
+		return nil, err
 	}
 	return m, nil
 }

@@ -1,9 +1,7 @@
 package routing
 
 import (
-	"errors"
-	"fmt"
-
+	"github.com/kvgate/kvgate/pkg/internal/promreg"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -70,24 +68,8 @@ func newRouterMetrics(reg prometheus.Registerer) (*routerMetrics, error) {
 		}
 		m.byAlg[alg] = am
 	}
-	if reg == nil {
-		return m, nil
-	}
-	collectors := []prometheus.Collector{m.decisions, m.matchedFraction, m.duration, m.ttftRatio}
-	var errs []error
-	var registered []prometheus.Collector
-	for _, c := range collectors {
-		if err := reg.Register(c); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		registered = append(registered, c)
-	}
-	if err := errors.Join(errs...); err != nil {
-		for _, c := range registered {
-			reg.Unregister(c)
-		}
-		return nil, fmt.Errorf("register routing metrics: %w", err)
+	if err := promreg.Register(reg, "routing", m.decisions, m.matchedFraction, m.duration, m.ttftRatio); err != nil {
+		return nil, err
 	}
 	return m, nil
 }
