@@ -15,7 +15,7 @@ import (
 
 	"github.com/kvgate/kvgate/pkg/cache"
 	"github.com/kvgate/kvgate/pkg/endpoint"
-	"github.com/kvgate/kvgate/pkg/kvevent"
+	"github.com/kvgate/kvgate/pkg/kvevent/manager"
 )
 
 // fleet is a Store fed by a KubernetesSource, with a KV event manager
@@ -24,7 +24,7 @@ type fleet struct {
 	client  kubernetes.Interface
 	ns      string
 	store   *cache.Store
-	manager *kvevent.KVEventManager
+	manager *manager.KVEventManager
 	index   *testIndex
 }
 
@@ -56,7 +56,7 @@ func (f *fleet) createPod(t testing.TB, name, ip string, port int, unlabelled bo
 	}
 	pod := &v1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: name, Labels: labels, Annotations: map[string]string{
-			kvevent.PubPortAnnotation: strconv.Itoa(port), kvevent.ReplayPortAnnotation: strconv.Itoa(port + 1)}},
+			manager.PubPortAnnotation: strconv.Itoa(port), manager.ReplayPortAnnotation: strconv.Itoa(port + 1)}},
 		Spec: v1.PodSpec{Containers: []v1.Container{{Name: "vllm", Image: "vllm/vllm-openai"}}},
 	}
 	ctx := context.Background()
@@ -114,7 +114,7 @@ func (f *fleet) deletePod(t testing.TB, name string) {
 func (f *fleet) followed() []string {
 	var out []string
 	for _, ps := range f.manager.Snapshot() {
-		if ps.State == kvevent.PodStateFollowed {
+		if ps.State == manager.PodStateFollowed {
 			out = append(out, ps.Pod+"@"+ps.Target.IP)
 		}
 	}

@@ -11,7 +11,7 @@ import (
 
 	"github.com/kvgate/kvgate/pkg/cache"
 	"github.com/kvgate/kvgate/pkg/endpoint"
-	"github.com/kvgate/kvgate/pkg/kvevent"
+	"github.com/kvgate/kvgate/pkg/kvevent/manager"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
@@ -99,7 +99,7 @@ var storeOpts = cache.Config{PodMetricRefreshInterval: -1, AdapterRefreshInterva
 // returns once the source delivered the pods. stop stops the source, the
 // manager and the Store in that order, returning once all have stopped; it
 // is also called when the test ends.
-func startStore(t testing.TB, config *rest.Config, source cache.PodSource, manager *kvevent.KVEventManager) (*cache.Store, func()) {
+func startStore(t testing.TB, config *rest.Config, source cache.PodSource, mgr *manager.KVEventManager) (*cache.Store, func()) {
 	t.Helper()
 	store, err := cache.New(storeOpts)
 	if err != nil {
@@ -108,18 +108,18 @@ func startStore(t testing.TB, config *rest.Config, source cache.PodSource, manag
 	storeCtx, stopStore := context.WithCancel(context.Background())
 	storeDone := make(chan error, 1)
 	go func() { storeDone <- store.Run(storeCtx) }()
-	if err := manager.Start(); err != nil {
+	if err := mgr.Start(); err != nil {
 		stopStore()
 		t.Fatal(err)
 	}
-	store.AddPodListener(manager)
+	store.AddPodListener(mgr)
 	sourceCtx, stopSource := context.WithCancel(context.Background())
 	sourceDone := make(chan error, 1)
 	if source != nil {
 		done, err := cache.RunPodSource(sourceCtx, source, config, store)
 		if err != nil {
 			stopSource()
-			manager.Stop()
+			mgr.Stop()
 			stopStore()
 			t.Fatal(err)
 		}
@@ -132,7 +132,7 @@ func startStore(t testing.TB, config *rest.Config, source cache.PodSource, manag
 		if err := <-sourceDone; err != nil {
 			t.Errorf("pod source: %v", err)
 		}
-		manager.Stop()
+		mgr.Stop()
 		stopStore()
 		<-storeDone
 	})

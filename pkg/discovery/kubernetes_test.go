@@ -8,7 +8,7 @@ import (
 	"github.com/kvgate/kvgate/internal/testapiserver"
 	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/endpoint"
-	"github.com/kvgate/kvgate/pkg/kvevent"
+	"github.com/kvgate/kvgate/pkg/kvevent/manager"
 )
 
 func TestKubernetesPodsDriveTheKVEventManagerThroughTheStore(t *testing.T) {
@@ -47,7 +47,7 @@ func TestKubernetesPodsDriveTheKVEventManagerThroughTheStore(t *testing.T) {
 	pod := f.createPod(t, "vllm-a", "127.0.0.1", port, false)
 	f.createPod(t, "vllm-off", "127.0.0.2", port, true)
 	check("created", "127.0.0.1", 1, 5)
-	if st := podStatus(f, off); st.Reason != kvevent.ReasonKVEventsDisabled {
+	if st := podStatus(f, off); st.Reason != manager.ReasonKVEventsDisabled {
 		t.Fatalf("unlabelled pod: %+v", st)
 	}
 	if _, err := f.store.GetPod(endpoint.Key{Namespace: f.ns, Name: "vllm-off"}); err != nil {
@@ -56,7 +56,7 @@ func TestKubernetesPodsDriveTheKVEventManagerThroughTheStore(t *testing.T) {
 
 	pod = f.setStatus(t, pod, "127.0.0.1", false)
 	check("not ready", "", 0, 0)
-	if st := podStatus(f, a); st.Reason != kvevent.ReasonNotReady {
+	if st := podStatus(f, a); st.Reason != manager.ReasonNotReady {
 		t.Fatalf("unready pod: %+v", st)
 	}
 
@@ -92,11 +92,11 @@ func TestKubernetesPodsDriveTheKVEventManagerThroughTheStore(t *testing.T) {
 	}
 }
 
-func podStatus(f *fleet, key string) kvevent.PodStatus {
+func podStatus(f *fleet, key string) manager.PodStatus {
 	for _, ps := range f.manager.Snapshot() {
 		if ps.Pod == key {
 			return ps
 		}
 	}
-	return kvevent.PodStatus{}
+	return manager.PodStatus{}
 }

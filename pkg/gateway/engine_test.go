@@ -21,6 +21,8 @@ import (
 	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/kvevent"
+	"github.com/kvgate/kvgate/pkg/kvevent/manager"
+	"github.com/kvgate/kvgate/pkg/kvevent/publisher"
 )
 
 // testBlockSize is the block size of the test engines, in tokens.
@@ -50,14 +52,14 @@ type recorded struct {
 
 // testEngine is a vLLM engine for the gateway's tests: an httptest server
 // answering /v1/completions, /v1/chat/completions, /tokenize, /v1/models
-// and /metrics, and a kvevent.Publisher on loopback whose events the test
+// and /metrics, and a publisher.Publisher on loopback whose events the test
 // publishes.
 type testEngine struct {
 	t    testing.TB
 	name string
 	srv  *httptest.Server
 	port int
-	pub  *kvevent.Publisher
+	pub  *publisher.Publisher
 	// pubPort and replayPort are the publisher's ports.
 	pubPort, replayPort int
 
@@ -86,13 +88,13 @@ func newTestEngine(t testing.TB, name string) *testEngine {
 	e.port = e.srv.Listener.Addr().(*net.TCPAddr).Port
 	ports := testsupport.FreePorts(t, 2)
 	e.pubPort, e.replayPort = ports[0], ports[1]
-	cfg := kvevent.DefaultPublisherConfig()
+	cfg := publisher.DefaultPublisherConfig()
 	cfg.Endpoint = fmt.Sprintf("tcp://[::ffff:127.0.0.1]:%d", e.pubPort)
 	cfg.ReplayEndpoint = fmt.Sprintf("tcp://127.0.0.1:%d", e.replayPort)
 	cfg.ReplayPollInterval = 5 * time.Millisecond
 	cfg.Logger = klog.Background().V(4)
 	var err error
-	if e.pub, err = kvevent.NewPublisher(cfg); err != nil {
+	if e.pub, err = publisher.NewPublisher(cfg); err != nil {
 		t.Fatalf("engine %s: NewPublisher: %v", name, err)
 	}
 	t.Cleanup(func() { _ = e.pub.Close() })
@@ -377,8 +379,8 @@ func (e *testEngine) pod(model string) *v1.Pod {
 		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: e.name, UID: k8stypes.UID("uid-" + e.name),
 			Labels: map[string]string{endpoint.ModelNameLabel: model, endpoint.KVEventsEnabledLabel: "true",
 				endpoint.ModelPortLabel: strconv.Itoa(e.port)},
-			Annotations: map[string]string{kvevent.PubPortAnnotation: strconv.Itoa(e.pubPort),
-				kvevent.ReplayPortAnnotation: strconv.Itoa(e.replayPort)}},
+			Annotations: map[string]string{manager.PubPortAnnotation: strconv.Itoa(e.pubPort),
+				manager.ReplayPortAnnotation: strconv.Itoa(e.replayPort)}},
 		Status: v1.PodStatus{Phase: v1.PodRunning, PodIP: "127.0.0.1",
 			Conditions: []v1.PodCondition{{Type: v1.PodReady, Status: v1.ConditionTrue}}},
 	}

@@ -6,8 +6,6 @@ import (
 	"runtime"
 	"slices"
 	"time"
-
-	"k8s.io/klog/v2"
 )
 
 const (
@@ -58,8 +56,10 @@ func (m *modelTable) evictLRU(need int, reason string) int {
 		}
 	}
 	m.t.metrics.evicted(reason, removed)
-	klog.V(3).InfoS("Evicted the least recently used blocks of a model from the KV-cache index",
-		"model", m.name, "reason", reason, "keys", len(victims), "residencies", removed)
+	if l := m.t.cfg.Logger.V(3); l.Enabled() {
+		l.Info("Evicted the least recently used blocks of a model from the KV-cache index",
+			"model", m.name, "reason", reason, "keys", len(victims), "residencies", removed)
+	}
 	return len(victims)
 }
 

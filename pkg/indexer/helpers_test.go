@@ -5,8 +5,9 @@ import (
 	"strconv"
 	"testing"
 
-	"github.com/kvgate/kvgate/pkg/kvevent"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvgate/kvgate/pkg/kvevent"
 )
 
 // newTestTable returns a table with its metrics on a fresh registry.

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/pkg/kvevent"
-	"k8s.io/klog/v2"
 )
 
 // ApplyBatch applies the events of one batch of stream s, in order, holding
@@ -139,8 +138,8 @@ func (m *modelTable) store(st *stream, e *kvevent.BlockStoredEvent, now uint32) 
 		k, ok := translate(st, ln, e.ParentBlockHash)
 		if !ok {
 			m.t.metrics.parentMissed(n)
-			if v := klog.V(4); v.Enabled() {
-				v.InfoS("Skipped stored blocks whose parent the KV-cache index never saw",
+			if l := m.t.cfg.Logger.V(4); l.Enabled() {
+				l.Info("Skipped stored blocks whose parent the KV-cache index never saw",
 					"pod", st.id.pod, "rank", st.id.rank, "model", m.name, "blocks", n)
 			}
 			return nil
@@ -152,7 +151,7 @@ func (m *modelTable) store(st *stream, e *kvevent.BlockStoredEvent, now uint32) 
 	}
 	if group == 0 {
 		if old := m.blockSize.Swap(int64(bs)); old != int64(bs) {
-			klog.V(2).InfoS("Learned the engine block size of a model", "model", m.name,
+			m.t.cfg.Logger.V(2).Info("Learned the engine block size of a model", "model", m.name,
 				"pod", st.id.pod, "rank", st.id.rank, "blockSize", bs, "previous", old)
 		}
 	}

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"k8s.io/klog/v2"
 )
 
 // Stream names one engine publisher: a pod's engine for one data-parallel
@@ -203,7 +202,7 @@ func (t *SyncPrefixHashTable) dropModelLocked(m *modelTable) {
 	t.metrics.evicted(reasonContext, blocks)
 	t.total.Add(-int64(m.keys.n))
 	m.dropped.Store(true)
-	klog.InfoS("Dropped the least recently used model from the KV-cache index",
+	t.cfg.Logger.Info("Dropped the least recently used model from the KV-cache index",
 		"model", m.name, "blocks", blocks, "maxContexts", t.cfg.MaxContexts)
 }
 
@@ -223,7 +222,7 @@ func (t *SyncPrefixHashTable) ResetStream(s Stream) {
 	t.mu.Unlock()
 	if st != nil {
 		n := st.model.releaseStream(st)
-		klog.V(2).InfoS("Reset a stream in the KV-cache index", "pod", s.Pod, "rank", s.Rank,
+		t.cfg.Logger.V(2).Info("Reset a stream in the KV-cache index", "pod", s.Pod, "rank", s.Rank,
 			"model", st.model.name, "blocks", n)
 	}
 }
@@ -261,6 +260,6 @@ func (t *SyncPrefixHashTable) purgePodIf(pod, reason string, approve func(*podSt
 	if reason != "" {
 		t.metrics.evicted(reason, n)
 	}
-	klog.V(2).InfoS("Purged a pod from the KV-cache index", "pod", pod, "streams", len(streams),
+	t.cfg.Logger.V(2).Info("Purged a pod from the KV-cache index", "pod", pod, "streams", len(streams),
 		"blocks", n, "reason", cmp.Or(reason, "requested"))
 }
