@@ -5,7 +5,6 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
-	"strconv"
 	"strings"
 	"testing"
 )
@@ -171,5 +170,3 @@ func TestGetModelProfileByPodUsesTheDeploymentName(t *testing.T) {
 		t.Fatalf("no deployment name: %v", err)
 	}
 }
-
-func ftoa(f float64) string { return strconv.FormatFloat(f, 'g', -1, 64) }
