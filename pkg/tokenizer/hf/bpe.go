@@ -28,6 +28,7 @@ type bpe struct {
 	// ignoreMerges takes a word that is a token of the vocabulary as that
 	// token, without merging.
 	ignoreMerges bool
+	words        *wordCache
 }
 
 // symbol is a token of a word being merged: a doubly linked list over the
@@ -64,14 +65,24 @@ func (m *bpe) appendWord(dst []uint32, word string) []uint32 {
 			return append(dst, id)
 		}
 	}
+	cacheable := len(word) <= maxCachedWord
+	if cacheable {
+		if ids, ok := m.words.get(word); ok {
+			return append(dst, ids...)
+		}
+	}
 	sc := scratches.Get().(*scratch)
 	sc.syms = m.initial(sc.syms[:0], word)
 	m.mergeAll(sc)
+	n := len(dst)
 	for i := int32(0); i >= 0 && int(i) < len(sc.syms); i = sc.syms[i].next {
 		dst = append(dst, sc.syms[i].id)
 	}
 	if cap(sc.syms) <= 1<<12 {
 		scratches.Put(sc)
+	}
+	if cacheable {
+		m.words.put(word, append([]uint32(nil), dst[n:]...))
 	}
 	return dst
 }

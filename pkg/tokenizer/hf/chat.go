@@ -1,7 +1,6 @@
 package hf
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -300,71 +299,4 @@ func decodeArguments(call jinja.Value) {
 	if v, err := parseValue([]byte(args.AsString())); err == nil {
 		fn.AsDict().Set("arguments", v)
 	}
-}
-
-// parseValue decodes JSON into template values, keeping the order of
-// object keys.
-func parseValue(raw []byte) (jinja.Value, error) {
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.UseNumber()
-	v, err := decodeValue(dec)
-	if err != nil {
-		return v, err
-	}
-	if _, err := dec.Token(); err == nil {
-		return v, errors.New("trailing data after the JSON value")
-	}
-	return v, nil
-}
-
-func decodeValue(dec *json.Decoder) (jinja.Value, error) {
-	tok, err := dec.Token()
-	if err != nil {
-		return jinja.Value{}, err
-	}
-	switch x := tok.(type) {
-	case nil:
-		return jinja.None(), nil
-	case bool:
-		return jinja.NewBool(x), nil
-	case string:
-		return jinja.NewString(x), nil
-	case json.Number:
-		if n, err := x.Int64(); err == nil {
-			return jinja.NewInt(n), nil
-		}
-		f, err := x.Float64()
-		if err != nil {
-			return jinja.Value{}, err
-		}
-		return jinja.NewFloat(f), nil
-	case json.Delim:
-		if x == '[' {
-			var items []jinja.Value
-			for dec.More() {
-				v, err := decodeValue(dec)
-				if err != nil {
-					return v, err
-				}
-				items = append(items, v)
-			}
-			_, err := dec.Token()
-			return jinja.NewList(items), err
-		}
-		obj := jinja.NewDict()
-		for dec.More() {
-			k, err := dec.Token()
-			if err != nil {
-				return obj, err
-			}
-			v, err := decodeValue(dec)
-			if err != nil {
-				return obj, err
-			}
-			obj.AsDict().Set(k.(string), v)
-		}
-		_, err := dec.Token()
-		return obj, err
-	}
-	return jinja.Value{}, fmt.Errorf("unexpected JSON token %v", tok)
 }

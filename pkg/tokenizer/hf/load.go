@@ -123,6 +123,7 @@ func newBPE(j modelJSON, byteLevel bool) (*bpe, error) {
 	m := &bpe{
 		vocab: make(map[string]uint32, len(j.Vocab)), byteLevel: byteLevel,
 		byteFallback: j.ByteFallback, fuseUnk: j.FuseUnk, ignoreMerges: j.IgnoreMerges,
+		words: newWordCache(),
 	}
 	for tok, id := range j.Vocab {
 		if byteLevel {

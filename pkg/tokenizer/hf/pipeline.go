@@ -45,8 +45,17 @@ func parsePreTokenizer(raw json.RawMessage) (preTokenizer, bool, error) {
 			if err != nil {
 				return nil, false, err
 			}
-			seq = append(seq, s)
 			byteLevel = byteLevel || bl
+			if b, ok := s.(byteLevelPre); ok && !b.addPrefixSpace && b.pattern == nil {
+				continue // keeps every word as it is
+			}
+			seq = append(seq, s)
+		}
+		switch len(seq) {
+		case 0:
+			return whole{}, byteLevel, nil
+		case 1:
+			return seq[0], byteLevel, nil
 		}
 		return seq, byteLevel, nil
 	case "Split":
