@@ -18,6 +18,43 @@ type metrics struct {
 	evictions     prometheus.Counter
 	cachedTokens  prometheus.Gauge
 	cachedEntries prometheus.Gauge
+
+	partialHits        prometheus.Counter
+	backgroundDropped  prometheus.Counter
+	localTokenizations [2]prometheus.Counter // by form index
+	localFallbacks     map[string]prometheus.Counter
+	verificationsVec   *prometheus.CounterVec
+	mismatchesVec      *prometheus.CounterVec
+	localActiveVec     *prometheus.GaugeVec
+}
+
+// Reasons a request of a model with tokenizer files is tokenized by the
+// engine, as kvgate_tokenizer_local_fallbacks_total labels them.
+const (
+	fallbackUnverified = "unverified" // not yet compared with the engine
+	fallbackMismatch   = "mismatch"   // the engine's ids differed
+	fallbackRequest    = "request"    // chat_template or multimodal settings in the request
+	fallbackRender     = "render"     // the conversation does not render in process
+)
+
+// Results of a comparison with the engine.
+const (
+	verifyMatch    = "match"
+	verifyMismatch = "mismatch"
+	verifyError    = "error"   // the engine did not answer
+	verifySkipped  = "skipped" // every background slot was taken
+)
+
+func (m *metrics) verifications(model string, form int, result string) prometheus.Counter {
+	return m.verificationsVec.WithLabelValues(model, forms[form], result)
+}
+
+func (m *metrics) mismatches(model string, form int) prometheus.Counter {
+	return m.mismatchesVec.WithLabelValues(model, forms[form])
+}
+
+func (m *metrics) localActive(model string, form int) prometheus.Gauge {
+	return m.localActiveVec.WithLabelValues(model, forms[form])
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -45,11 +82,43 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			"Tokenizations evicted from the cache to stay within its token budget."),
 		cachedTokens:  gauge("cache_tokens", "Token ids held by the cache."),
 		cachedEntries: gauge("cache_entries", "Tokenizations held by the cache."),
+		partialHits: counter("cache_partial_hits_total",
+			"Chat tokenizations answered at once with the tokens of the longest message prefix in the cache, while the engine tokenizes the whole chat in the background."),
+		backgroundDropped: counter("background_dropped_total",
+			"Calls off the request path not made because every background slot was taken: a chat waited for its whole tokenization instead of using a message prefix."),
+		localFallbacks: map[string]prometheus.Counter{},
+		verificationsVec: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "verifications_total",
+			Help: "Comparisons of the in-process tokenizer with the engine's /tokenize, by model, form and result: match, mismatch, error (no answer) or skipped (no background slot).",
+		}, []string{"model", "form", "result"}),
+		mismatchesVec: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "mismatches_total",
+			Help: "Requests the in-process tokenizer tokenized differently from the engine, by model and form; the engine tokenizes that model and form from the first one on.",
+		}, []string{"model", "form"}),
+		localActiveVec: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "local_active",
+			Help: "1 when prompts of the model and form are tokenized in process, 0 when the engine tokenizes them.",
+		}, []string{"model", "form"}),
+	}
+	local := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "local_tokenizations_total",
+		Help: "Prompts tokenized in process from the model's tokenizer files, by form.",
+	}, []string{"form"})
+	for i, f := range forms {
+		m.localTokenizations[i] = local.WithLabelValues(f)
+	}
+	fallbacks := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "local_fallbacks_total",
+		Help: "Prompts of models with tokenizer files that the engine tokenized, by reason: unverified, mismatch, request or render.",
+	}, []string{"reason"})
+	for _, r := range []string{fallbackUnverified, fallbackMismatch, fallbackRequest, fallbackRender} {
+		m.localFallbacks[r] = fallbacks.WithLabelValues(r)
 	}
 	for _, r := range callReasons {
 		m.calls[string(r)] = calls.WithLabelValues(string(r))
 	}
-	collectors := []prometheus.Collector{calls, m.callDuration, m.hits, m.misses, m.evictions, m.cachedTokens, m.cachedEntries}
+	collectors := []prometheus.Collector{calls, m.callDuration, m.hits, m.misses, m.evictions, m.cachedTokens, m.cachedEntries,
+		m.partialHits, m.backgroundDropped, local, fallbacks, m.verificationsVec, m.mismatchesVec, m.localActiveVec}
 	for i, c := range collectors {
 		if err := reg.Register(c); err != nil {
 			for _, done := range collectors[:i] {

@@ -85,6 +85,16 @@ func TestMetricsAreRegisteredAndUpdated(t *testing.T) {
 		"kvgate_tokenizer_cache_evictions_total":          0,
 		"kvgate_tokenizer_cache_tokens":                   tokens,
 		"kvgate_tokenizer_cache_entries":                  1,
+		// Nothing is tokenized in process without tokenizer files, and a
+		// single-message chat has no message prefix to answer from.
+		"kvgate_tokenizer_cache_partial_hits_total":                   0,
+		"kvgate_tokenizer_background_dropped_total":                   0,
+		"kvgate_tokenizer_local_tokenizations_total{form=completion}": 0,
+		"kvgate_tokenizer_local_tokenizations_total{form=chat}":       0,
+		"kvgate_tokenizer_local_fallbacks_total{reason=unverified}":   0,
+		"kvgate_tokenizer_local_fallbacks_total{reason=mismatch}":     0,
+		"kvgate_tokenizer_local_fallbacks_total{reason=request}":      0,
+		"kvgate_tokenizer_local_fallbacks_total{reason=render}":       0,
 	}
 	for name, v := range want {
 		if got[name] != v {

@@ -146,14 +146,37 @@ func (r *CompletionRequest) body(text json.RawMessage) ([]byte, error) {
 
 // key returns the cache key of r: a digest of every field that reaches
 // vLLM, with defaults applied, so that requests vLLM renders alike share it.
+// The messages are chained one by one (see messageKeys), so that the key
+// of a conversation's first k messages is the key a request holding just
+// those messages had.
 func (r *ChatRequest) key(seed uint64) digest {
+	base := r.base(seed)
+	var d digest
+	if !r.chainMessages(base, func(k digest) { d = k }) {
+		return r.rawKey(base)
+	}
+	return d
+}
+
+// messageKeys returns the keys of r's message prefixes: keys[k] is the key
+// of the request with the first k+1 messages and r's other fields. It
+// returns nil when the messages are not a JSON array.
+func (r *ChatRequest) messageKeys(seed uint64, keys []digest) []digest {
+	keys = keys[:0]
+	if !r.chainMessages(r.base(seed), func(k digest) { keys = append(keys, k) }) {
+		return nil
+	}
+	return keys
+}
+
+// base digests every field of r but the messages.
+func (r *ChatRequest) base(seed uint64) digest {
 	k := keyBuilder{seed: seed}
 	k.flags(formChat,
 		boolOr(r.AddGenerationPrompt, true),
 		boolOr(r.ContinueFinalMessage, false),
 		boolOr(r.AddSpecialTokens, false))
 	k.str(r.Model)
-	k.raw(value(r.Messages))
 	k.raw(value(r.Tools))
 	k.raw(value(r.Documents))
 	k.str(r.ChatTemplate)
@@ -162,6 +185,24 @@ func (r *ChatRequest) key(seed uint64) digest {
 	k.raw(value(r.MMProcessorKwargs))
 	k.raw(value(r.MediaIOKwargs))
 	return k.sum()
+}
+
+// chainMessages calls each with the key of every message prefix, shortest
+// first: the base chained with each message's digest in turn. It reports
+// false when the messages are not a JSON array.
+func (r *ChatRequest) chainMessages(base digest, each func(digest)) bool {
+	d := base
+	err := arrayElements(r.Messages, func(msg []byte) {
+		d = d.chain(msg)
+		each(d)
+	})
+	return err == nil
+}
+
+// rawKey is the key of messages that are not a JSON array: vLLM refuses
+// them, but the refusal is cached like any answer would be.
+func (r *ChatRequest) rawKey(base digest) digest {
+	return base.chain(r.Messages)
 }
 
 // body returns the /tokenize body for r.

@@ -16,9 +16,14 @@ type Tokenizer struct {
 	rawAdded, normAdded *matcher
 	segments            *segmentCache
 
-	template *jinja.Template // nil without a chat template
-	specials map[string]jinja.Value
+	template  *jinja.Template // nil without a chat template
+	specials  map[string]jinja.Value
+	vocabSize uint32
 }
+
+// VocabSize returns one more than the largest token id the tokenizer
+// produces: its vocabulary's and its added tokens'.
+func (t *Tokenizer) VocabSize() uint32 { return t.vocabSize }
 
 // Encode returns the token ids of text, with the post-processor's special
 // tokens (a BOS, for example) when addSpecialTokens is set. Added tokens

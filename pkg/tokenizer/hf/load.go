@@ -91,8 +91,12 @@ func Parse(tokenizerJSON, configJSON []byte, template string) (*Tokenizer, error
 	if t.model, err = newBPE(f.Model, byteLevel); err != nil {
 		return nil, fmt.Errorf("%s: model: %w", TokenizerFile, err)
 	}
+	for _, id := range t.model.vocab {
+		t.vocabSize = max(t.vocabSize, id+1)
+	}
 	var raw, normalized []addedToken
 	for _, a := range f.AddedTokens {
+		t.vocabSize = max(t.vocabSize, a.ID+1)
 		if a.Normalized && !a.Special {
 			normalized = append(normalized, a)
 		} else {

