@@ -4,11 +4,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io/fs"
 	"math/rand/v2"
+	"os"
 	"path/filepath"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -94,39 +95,61 @@ type LocalModel struct {
 	ChatReason       string `json:"chatReason,omitempty"`
 }
 
+// maxLocalDepth bounds how deep model directories are looked for: model
+// names have one or two parts, and symbolic links could make a loop.
+const maxLocalDepth = 6
+
 // loadLocalModels loads the tokenizer files under dir: every directory
 // holding hf.TokenizerFile is a model, named by its path relative to dir
-// ("Qwen/Qwen3-8B" for dir/Qwen/Qwen3-8B/tokenizer.json).
+// ("Qwen/Qwen3-8B" for dir/Qwen/Qwen3-8B/tokenizer.json). Symbolic links
+// are followed; entries whose names start with ".." (the bookkeeping of
+// Kubernetes volumes) are skipped.
 func loadLocalModels(dir string) (map[string]*localModel, error) {
 	models := map[string]*localModel{}
 	var errs []error
-	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+	var walk func(rel string, depth int) error
+	walk = func(rel string, depth int) error {
+		path := filepath.Join(dir, rel)
+		entries, err := os.ReadDir(path)
 		if err != nil {
 			return err
 		}
-		if d.IsDir() || d.Name() != hf.TokenizerFile {
-			return nil
+		for _, e := range entries {
+			name := e.Name()
+			if strings.HasPrefix(name, "..") {
+				continue
+			}
+			info, err := os.Stat(filepath.Join(path, name))
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			switch {
+			case info.IsDir() && depth < maxLocalDepth:
+				if err := walk(filepath.Join(rel, name), depth+1); err != nil {
+					errs = append(errs, err)
+				}
+			case !info.IsDir() && name == hf.TokenizerFile:
+				if rel == "" {
+					errs = append(errs, fmt.Errorf("%s: tokenizer files must be in a directory named after the model", filepath.Join(path, name)))
+					continue
+				}
+				tk, err := hf.Load(path)
+				if err != nil {
+					errs = append(errs, err)
+					continue
+				}
+				lm := &localModel{name: filepath.ToSlash(rel), dir: path, tk: tk}
+				if !tk.HasChatTemplate() {
+					lm.state[formIndexChat].Store(stateUnavailable)
+					lm.reason[formIndexChat] = "the tokenizer files hold no chat template"
+				}
+				models[lm.name] = lm
+			}
 		}
-		modelDir := filepath.Dir(path)
-		rel, err := filepath.Rel(dir, modelDir)
-		if err != nil || rel == "." {
-			errs = append(errs, fmt.Errorf("%s: tokenizer files must be in a directory named after the model, under %s", path, dir))
-			return nil
-		}
-		tk, err := hf.Load(modelDir)
-		if err != nil {
-			errs = append(errs, err)
-			return nil
-		}
-		lm := &localModel{name: filepath.ToSlash(rel), dir: modelDir, tk: tk}
-		if !tk.HasChatTemplate() {
-			lm.state[formIndexChat].Store(stateUnavailable)
-			lm.reason[formIndexChat] = "the tokenizer files hold no chat template"
-		}
-		models[lm.name] = lm
 		return nil
-	})
-	if err != nil {
+	}
+	if err := walk("", 0); err != nil {
 		return nil, fmt.Errorf("tokenizer directory %s: %w", dir, err)
 	}
 	if len(errs) > 0 {
@@ -155,22 +178,28 @@ func (t *Tokenizer) LocalModels() []LocalModel {
 }
 
 // localFor returns the model's in-process tokenizer when it is active for
-// form; when it has yet to be verified, it starts the verification against
-// the engine at baseURL and returns nil.
+// form. When the model has a form yet to be verified, it starts comparing
+// the in-process tokenizer with the engine at baseURL, a ready pod of the
+// model, for every such form, and the engine tokenizes meanwhile.
 func (t *Tokenizer) localFor(model string, form int, baseURL string) *localModel {
 	lm := t.local[model]
 	if lm == nil {
 		return nil
 	}
-	switch lm.state[form].Load() {
-	case stateActive:
+	state := lm.state[form].Load()
+	if state == stateActive {
 		return lm
-	case stateUnverified:
-		t.m.localFallbacks[fallbackUnverified].Inc()
-		if time.Now().UnixNano() >= lm.retryAt[form].Load() && lm.state[form].CompareAndSwap(stateUnverified, stateVerifying) {
-			t.goBackground(func() { t.verifyAtStart(lm, form, baseURL) })
+	}
+	for f := range forms {
+		if lm.state[f].Load() == stateUnverified && time.Now().UnixNano() >= lm.retryAt[f].Load() &&
+			lm.state[f].CompareAndSwap(stateUnverified, stateVerifying) {
+			if !t.goBackground(func() { t.verifyAtStart(lm, f, baseURL) }) {
+				lm.state[f].Store(stateUnverified)
+			}
 		}
-	case stateVerifying:
+	}
+	switch state {
+	case stateUnverified, stateVerifying:
 		t.m.localFallbacks[fallbackUnverified].Inc()
 	case stateFallback:
 		t.m.localFallbacks[fallbackMismatch].Inc()
