@@ -360,7 +360,6 @@ func (t *Tokenizer) mismatch(lm *localModel, form int, phase string, body []byte
 	}
 	lm.mu.Unlock()
 	lm.state[form].Store(stateFallback)
-	t.m.localActive(lm.name, form).Set(0)
 	now := time.Now().UnixNano()
 	if last := lm.lastLog[form].Load(); now-last >= int64(mismatchLogEvery) && lm.lastLog[form].CompareAndSwap(last, now) {
 		t.log.Error(nil, "In-process tokenizer differs from the engine's: the engine tokenizes this model's requests from now on",
@@ -427,7 +426,6 @@ func (t *Tokenizer) verifyAtStart(lm *localModel, form int, baseURL string) {
 		t.m.verifications(lm.name, form, verifyMatch).Inc()
 	}
 	lm.state[form].Store(stateActive)
-	t.m.localActive(lm.name, form).Set(1)
 	t.log.Info("Tokenizing in process: the engine's /tokenize agreed on every sample",
 		"model", lm.name, "form", forms[form], "samples", len(verifySamples(form)), "dir", lm.dir)
 }

@@ -84,9 +84,19 @@ func loadQwen3(t testing.TB) *hf.Tokenizer {
 	return qwen3.tk
 }
 
-func localActive(t testing.TB, reg prometheus.Gatherer, form string) float64 {
+// localActive reports 1 when the model's form is tokenized in process, 0
+// otherwise.
+func localActive(t testing.TB, tk *Tokenizer, form string) float64 {
 	t.Helper()
-	return testsupport.MetricValue(t, reg, "kvgate_tokenizer_local_active", map[string]string{"model": localModelName, "form": form})
+	lm := tk.LocalModels()[0]
+	state := lm.Completion
+	if form == FormChat {
+		state = lm.Chat
+	}
+	if state == LocalActive {
+		return 1
+	}
+	return 0
 }
 
 // conversation returns the chat request of the first turns of a
@@ -111,12 +121,15 @@ func TestVerifiedModelIsTokenizedInProcessWithTheEnginesIDs(t *testing.T) {
 	// the in-process tokenizer is compared with it.
 	first := mustTokenize(t, tk, eng.url, conversation(1))
 	testsupport.Eventually(t, "both forms to be verified", func() bool {
-		return localActive(t, reg, FormChat) == 1 && localActive(t, reg, FormCompletion) == 1
+		return localActive(t, tk, FormChat) == 1 && localActive(t, tk, FormCompletion) == 1
 	})
 	for _, lm := range tk.LocalModels() {
 		if lm.Model != localModelName || lm.Completion != LocalActive || lm.Chat != LocalActive {
 			t.Fatalf("LocalModels: %+v, want %s active in both forms", lm, localModelName)
 		}
+	}
+	if n := testsupport.MetricValue(t, reg, "kvgate_tokenizer_local_forms", map[string]string{"state": "active"}); n != 2 {
+		t.Fatalf("local_forms{state=active} = %v, want 2", n)
 	}
 	callsBefore := eng.calls.Load()
 	bodies := []string{
@@ -167,8 +180,8 @@ func TestEngineThatDisagreesAtStartKeepsTokenizing(t *testing.T) {
 	}
 	remote, _ := newTestTokenizer(t, Config{NoPrefixReuse: true})
 	wantTokens(t, got, mustTokenize(t, remote, eng.url, conversation(3)))
-	if localActive(t, reg, FormChat) != 0 {
-		t.Error("local_active{form=chat} is not 0")
+	if localActive(t, tk, FormChat) != 0 {
+		t.Error("the chat form is still active")
 	}
 }
 
@@ -180,7 +193,7 @@ func TestLiveMismatchSendsTheModelBackToTheEngine(t *testing.T) {
 
 	mustTokenize(t, tk, agrees.url, conversation(1))
 	testsupport.Eventually(t, "both forms to be verified", func() bool {
-		return localActive(t, reg, FormChat) == 1 && localActive(t, reg, FormCompletion) == 1
+		return localActive(t, tk, FormChat) == 1 && localActive(t, tk, FormCompletion) == 1
 	})
 	// Every in-process tokenization is now compared, here with an engine
 	// whose tokenizer differs: the first comparison turns the form off.
@@ -240,7 +253,7 @@ func TestRequestsTheTemplateCannotRenderGoToTheEngine(t *testing.T) {
 	tk, reg := newTestTokenizer(t, Config{LocalDir: localDir, VerifyFraction: -1})
 	mustTokenize(t, tk, eng.url, conversation(1))
 	testsupport.Eventually(t, "both forms to be verified", func() bool {
-		return localActive(t, reg, FormChat) == 1 && localActive(t, reg, FormCompletion) == 1
+		return localActive(t, tk, FormChat) == 1 && localActive(t, tk, FormCompletion) == 1
 	})
 
 	before := eng.calls.Load()

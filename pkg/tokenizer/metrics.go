@@ -25,7 +25,6 @@ type metrics struct {
 	localFallbacks     map[string]prometheus.Counter
 	verificationsVec   *prometheus.CounterVec
 	mismatchesVec      *prometheus.CounterVec
-	localActiveVec     *prometheus.GaugeVec
 }
 
 // Reasons a request of a model with tokenizer files is tokenized by the
@@ -53,11 +52,32 @@ func (m *metrics) mismatches(model string, form int) prometheus.Counter {
 	return m.mismatchesVec.WithLabelValues(model, forms[form])
 }
 
-func (m *metrics) localActive(model string, form int) prometheus.Gauge {
-	return m.localActiveVec.WithLabelValues(model, forms[form])
+// localFormsCollectors returns the gauges of kvgate_tokenizer_local_forms,
+// one per state, counting the models' forms in that state when scraped.
+func localFormsCollectors(local map[string]*localModel) []prometheus.Collector {
+	var out []prometheus.Collector
+	for state, name := range stateNames {
+		out = append(out, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Namespace: "kvgate", Subsystem: "tokenizer", Name: "local_forms",
+			Help: "Forms (completion, chat) of the models with tokenizer files, by state: active (tokenized in process), " +
+				"unverified, verifying, fallback (the engine disagreed) or unavailable (no chat template).",
+			ConstLabels: prometheus.Labels{"state": string(name)},
+		}, func() float64 {
+			n := 0
+			for _, lm := range local {
+				for f := range forms {
+					if lm.state[f].Load() == int32(state) {
+						n++
+					}
+				}
+			}
+			return float64(n)
+		}))
+	}
+	return out
 }
 
-func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+func newMetrics(reg prometheus.Registerer, local map[string]*localModel) (*metrics, error) {
 	const ns, sub = "kvgate", "tokenizer"
 	calls := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: ns, Subsystem: sub, Name: "calls_total",
@@ -95,17 +115,13 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Namespace: ns, Subsystem: sub, Name: "mismatches_total",
 			Help: "Requests the in-process tokenizer tokenized differently from the engine, by model and form; the engine tokenizes that model and form from the first one on.",
 		}, []string{"model", "form"}),
-		localActiveVec: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: ns, Subsystem: sub, Name: "local_active",
-			Help: "1 when prompts of the model and form are tokenized in process, 0 when the engine tokenizes them.",
-		}, []string{"model", "form"}),
 	}
-	local := prometheus.NewCounterVec(prometheus.CounterOpts{
+	localCount := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: ns, Subsystem: sub, Name: "local_tokenizations_total",
 		Help: "Prompts tokenized in process from the model's tokenizer files, by form.",
 	}, []string{"form"})
 	for i, f := range forms {
-		m.localTokenizations[i] = local.WithLabelValues(f)
+		m.localTokenizations[i] = localCount.WithLabelValues(f)
 	}
 	fallbacks := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: ns, Subsystem: sub, Name: "local_fallbacks_total",
@@ -118,7 +134,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		m.calls[string(r)] = calls.WithLabelValues(string(r))
 	}
 	collectors := []prometheus.Collector{calls, m.callDuration, m.hits, m.misses, m.evictions, m.cachedTokens, m.cachedEntries,
-		m.partialHits, m.backgroundDropped, local, fallbacks, m.verificationsVec, m.mismatchesVec, m.localActiveVec}
+		m.partialHits, m.backgroundDropped, localCount, fallbacks, m.verificationsVec, m.mismatchesVec}
+	collectors = append(collectors, localFormsCollectors(local)...)
 	for i, c := range collectors {
 		if err := reg.Register(c); err != nil {
 			for _, done := range collectors[:i] {

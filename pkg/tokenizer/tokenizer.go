@@ -126,14 +126,9 @@ func New(cfg Config, reg prometheus.Registerer) (*Tokenizer, error) {
 			return nil, err
 		}
 	}
-	m, err := newMetrics(reg)
+	m, err := newMetrics(reg, local)
 	if err != nil {
 		return nil, err
-	}
-	for _, lm := range local {
-		for f := range forms {
-			m.localActive(lm.name, f).Set(0)
-		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Tokenizer{
