@@ -21,7 +21,7 @@ func TestDialogSendsTheWorkloadsTokens(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := newWorkload(cfg)
+	w, err := newWorkload(cfg, simTexter{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,7 +59,7 @@ func TestDialogSendsTheWorkloadsTokens(t *testing.T) {
 }
 
 func TestWorkloadHandsOutEachConversationOnceUntilRestarted(t *testing.T) {
-	w, err := newWorkload(routingbench.SharedPrefixConfig{Groups: 1, SystemPromptTokens: 8, Conversations: 2, Turns: 1, Seed: 1})
+	w, err := newWorkload(routingbench.SharedPrefixConfig{Groups: 1, SystemPromptTokens: 8, Conversations: 2, Turns: 1, Seed: 1}, simTexter{})
 	if err != nil {
 		t.Fatal(err)
 	}

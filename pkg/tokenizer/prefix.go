@@ -1,5 +1,7 @@
 package tokenizer
 
+import "errors"
+
 // prefix answers a chat that the engine must tokenize with the cached ids
 // of its longest message prefix, if any, when the request allows it: no
 // truncation, since the prefix's ids are not the prompt's head once the
@@ -27,9 +29,17 @@ func (t *Tokenizer) prefix(req *ChatRequest, key digest, cl *call, leader bool, 
 			t.m.backgroundDropped.Inc()
 			return nil, false
 		}
-		body, err := req.body()
-		if !t.start(key, cl, baseURL, req.Model, body, err, true) {
+		// The body is built off the request path, from a copy: the
+		// request's buffers go back to the caller.
+		own := req.detach()
+		if !t.goBackground(func() {
+			body, err := own.body()
+			if !t.start(key, cl, baseURL, own.Model, body, err, true) {
+				t.releaseBackgroundSlot()
+			}
+		}) {
 			t.releaseBackgroundSlot()
+			t.cache.complete(key, cl, result{}, &Error{Reason: ReasonCanceled, Model: req.Model, Err: errors.New("tokenizer closed")})
 		}
 	}
 	t.m.partialHits.Inc()

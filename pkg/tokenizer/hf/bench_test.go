@@ -115,3 +115,45 @@ func BenchmarkRenderChat(b *testing.B) {
 	}
 	_ = fmt.Sprint
 }
+
+// BenchmarkEncodeChatNewSystemPrompt renders and encodes a chat whose 8k
+// token system prompt was never seen, made of words that were: the first
+// request of a conversation under a new system prompt.
+func BenchmarkEncodeChatNewSystemPrompt(b *testing.B) {
+	tk := loadModel(b, "qwen3")
+	words := strings.Fields("the of and to in is that for it with as was on be by this are from at or an which " +
+		"cache prefix routing gateway engine request token block latency throughput")
+	chat := func(seed uint64) Chat {
+		rng := rand.New(rand.NewPCG(seed, 2))
+		var sys, user strings.Builder
+		for range 8192 {
+			sys.WriteString(" " + words[rng.IntN(len(words))])
+		}
+		for range 250 {
+			user.WriteString(" " + words[rng.IntN(len(words))])
+		}
+		raw, _ := json.Marshal([]map[string]string{{"role": "system", "content": sys.String()}, {"role": "user", "content": user.String()}})
+		return Chat{Messages: raw, AddGenerationPrompt: true}
+	}
+	if _, err := tk.EncodeChat(chat(0), false); err != nil {
+		b.Fatal(err)
+	}
+	chats := make([]Chat, 64)
+	for i := range chats {
+		chats[i] = chat(uint64(i + 1))
+	}
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		if i == len(chats) {
+			b.StopTimer()
+			tk.segments = newSegmentCache(DefaultSegmentCacheTokens)
+			i = 0
+			b.StartTimer()
+		}
+		if _, err := tk.EncodeChat(chats[i], false); err != nil {
+			b.Fatal(err)
+		}
+		i++
+	}
+}

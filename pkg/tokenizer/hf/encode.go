@@ -79,12 +79,21 @@ func (t *Tokenizer) encodeSegment(dst []uint32, seg string, first bool) []uint32
 		seg = t.normalize(seg)
 	}
 	emit := func(w string) { dst = t.model.appendWord(dst, w) }
+	split, direct := t.pre.(splitter)
 	for i := 0; i < len(seg); {
 		tok, start, end, ok := t.normAdded.next(seg, i)
 		if !ok {
 			start, end = len(seg), len(seg)
 		}
-		if start > i {
+		switch {
+		case start > i && direct:
+			// The common case, without a call per word through emit.
+			for j := i; j < start; {
+				k := split(seg[:start], j)
+				dst = t.model.appendWord(dst, seg[j:k])
+				j = k
+			}
+		case start > i:
 			t.pre.split(seg[i:start], first && i == 0, emit)
 		}
 		if ok {

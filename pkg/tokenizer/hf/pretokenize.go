@@ -144,6 +144,19 @@ func spaceRun(s string, i int) (end, last int) {
 // splitCL100K implements patternQwen2 (maxDigits 1) and patternLlama3
 // (maxDigits 3), trying the alternatives in order as a regex engine does.
 func splitCL100K(s string, i, maxDigits int) int {
+	// The commonest piece by far, a space and ASCII letters, read at once:
+	// [^\r\n\p{L}\p{N}]?\p{L}+ stops at the first character that is not a
+	// letter.
+	if s[i] == ' ' && i+1 < len(s) && asciiClass[s[i+1]&0x7f] == classLetter && s[i+1] < utf8.RuneSelf {
+		j := i + 2
+		for j < len(s) && s[j] < utf8.RuneSelf && asciiClass[s[j]] == classLetter {
+			j++
+		}
+		if j < len(s) && s[j] >= utf8.RuneSelf {
+			return runOf(s, j, classLetter)
+		}
+		return j
+	}
 	if n := contraction(s, i, true); n > 0 {
 		return i + n
 	}

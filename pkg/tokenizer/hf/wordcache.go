@@ -1,63 +1,56 @@
 package hf
 
 import (
-	"strings"
-	"sync"
+	"math/rand/v2"
+	"sync/atomic"
 )
 
 // Bounds of the word cache.
 const (
-	// wordCacheShards spreads the cache over locks.
-	wordCacheShards = 64
-	// wordCacheWords bounds the words the cache holds; a shard that is
-	// full is emptied.
-	wordCacheWords = 1 << 16
+	// wordCacheSlots is the number of words the cache holds at most.
+	wordCacheSlots = 1 << 16
 	// maxCachedWord is the longest word cached, in bytes.
 	maxCachedWord = 64
 )
 
 // wordCache remembers the ids of the words the BPE merges produced: text
-// repeats its words, and a lookup costs far less than the merges.
+// repeats its words, and a lookup costs far less than the merges. It is a
+// direct-mapped table: a word has one slot, chosen by its hash, and a new
+// word takes the slot from the one there before. Lookups take no lock.
 type wordCache struct {
-	shards [wordCacheShards]struct {
-		mu sync.RWMutex
-		m  map[string][]uint32
-	}
+	seed  uint64
+	slots []atomic.Pointer[wordEntry]
+}
+
+type wordEntry struct {
+	word string
+	ids  []uint32
 }
 
 func newWordCache() *wordCache {
-	c := &wordCache{}
-	for i := range c.shards {
-		c.shards[i].m = make(map[string][]uint32)
-	}
-	return c
+	return &wordCache{seed: rand.Uint64(), slots: make([]atomic.Pointer[wordEntry], wordCacheSlots)}
 }
 
-// shard picks a word's shard with FNV-1a over its bytes.
-func shard(word string) int {
-	h := uint32(2166136261)
+// slot picks a word's slot with a seeded FNV-1a over its bytes, cheap for
+// words of a few bytes; the seed keeps texts from aiming at one slot.
+func (c *wordCache) slot(word string) *atomic.Pointer[wordEntry] {
+	h := c.seed ^ 14695981039346656037
 	for i := 0; i < len(word); i++ {
-		h ^= uint32(word[i])
-		h *= 16777619
+		h ^= uint64(word[i])
+		h *= 1099511628211
 	}
-	return int(h % wordCacheShards)
+	h ^= h >> 29
+	return &c.slots[h&(wordCacheSlots-1)]
 }
 
 func (c *wordCache) get(word string) ([]uint32, bool) {
-	s := &c.shards[shard(word)]
-	s.mu.RLock()
-	ids, ok := s.m[word]
-	s.mu.RUnlock()
-	return ids, ok
+	if e := c.slot(word).Load(); e != nil && e.word == word {
+		return e.ids, true
+	}
+	return nil, false
 }
 
 // put stores ids, which the cache owns from then on, under a copy of word.
 func (c *wordCache) put(word string, ids []uint32) {
-	s := &c.shards[shard(word)]
-	s.mu.Lock()
-	if len(s.m) >= wordCacheWords/wordCacheShards {
-		clear(s.m)
-	}
-	s.m[strings.Clone(word)] = ids
-	s.mu.Unlock()
+	c.slot(word).Store(&wordEntry{word: string([]byte(word)), ids: ids})
 }
