@@ -164,15 +164,38 @@ func (p *jsonParser) array(depth int) (jinja.Value, error) {
 
 func (p *jsonParser) number() (jinja.Value, error) {
 	start := p.i
-	float := false
-	for p.i < len(p.b) {
-		c := p.b[p.i]
-		if c == '.' || c == 'e' || c == 'E' {
-			float = true
-		} else if !(c == '-' || c == '+' || c >= '0' && c <= '9') {
-			break
+	digits := func() int {
+		n := 0
+		for p.i < len(p.b) && p.b[p.i] >= '0' && p.b[p.i] <= '9' {
+			p.i++
+			n++
 		}
+		return n
+	}
+	if p.b[p.i] == '-' {
 		p.i++
+	}
+	first := p.i
+	if n := digits(); n == 0 || n > 1 && p.b[first] == '0' {
+		return jinja.Value{}, p.errorf("invalid number")
+	}
+	float := false
+	if p.i < len(p.b) && p.b[p.i] == '.' {
+		p.i++
+		float = true
+		if digits() == 0 {
+			return jinja.Value{}, p.errorf("invalid number")
+		}
+	}
+	if p.i < len(p.b) && (p.b[p.i] == 'e' || p.b[p.i] == 'E') {
+		p.i++
+		float = true
+		if p.i < len(p.b) && (p.b[p.i] == '+' || p.b[p.i] == '-') {
+			p.i++
+		}
+		if digits() == 0 {
+			return jinja.Value{}, p.errorf("invalid number")
+		}
 	}
 	text := string(p.b[start:p.i])
 	if !float {
@@ -181,7 +204,7 @@ func (p *jsonParser) number() (jinja.Value, error) {
 		}
 	}
 	f, err := strconv.ParseFloat(text, 64)
-	if err != nil {
+	if err != nil && !errors.Is(err, strconv.ErrRange) {
 		return jinja.Value{}, fmt.Errorf("invalid JSON number %q", text)
 	}
 	return jinja.NewFloat(f), nil
@@ -266,17 +289,20 @@ func (p *jsonParser) escaped(start int) (string, error) {
 				return "", p.errorf("invalid \\u escape")
 			}
 			if utf16.IsSurrogate(r) {
-				r2 := rune(-1)
+				// A pair makes one character; a lone surrogate is U+FFFD,
+				// and the escape after it is read on its own.
+				save := p.i
+				d := utf8.RuneError
 				if p.i+1 < len(p.b) && p.b[p.i] == '\\' && p.b[p.i+1] == 'u' {
-					save := p.i
 					p.i += 2
-					var ok2 bool
-					if r2, ok2 = p.hex4(); !ok2 {
-						p.i = save
-						r2 = -1
+					if r2, ok2 := p.hex4(); ok2 {
+						d = utf16.DecodeRune(r, r2)
 					}
 				}
-				r = utf16.DecodeRune(r, r2)
+				if d == utf8.RuneError {
+					p.i = save
+				}
+				r = d
 			}
 			out = utf8.AppendRune(out, r)
 		default:
