@@ -1,9 +1,7 @@
 package simserver
 
 import (
-	"encoding/json"
 	"net/http"
-	"os"
 	"path/filepath"
 	"slices"
 	"testing"
@@ -11,23 +9,6 @@ import (
 	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/tokenizer/hf"
 )
-
-// referenceCase is a case of pkg/tokenizer/hf's golden files: ids Hugging
-// Face's own tokenizers computed.
-type referenceCase struct {
-	Texts []struct {
-		Text             string   `json:"text"`
-		AddSpecialTokens bool     `json:"add_special_tokens"`
-		IDs              []uint32 `json:"ids"`
-	} `json:"texts"`
-	Chats []struct {
-		Name    string `json:"name"`
-		Request struct {
-			Messages json.RawMessage `json:"messages"`
-		} `json:"request"`
-		IDs []uint32 `json:"ids"`
-	} `json:"chats"`
-}
 
 // TestRealTokenizerGivesTheModelsIDsEverywhere runs a server with Qwen3's
 // tokenizer files and checks /tokenize, the prompt of a chat completion
@@ -37,14 +18,7 @@ func TestRealTokenizerGivesTheModelsIDsEverywhere(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	data, err := os.ReadFile(filepath.Join("..", "..", "tokenizer", "hf", "testdata", "golden", "qwen3.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var ref referenceCase
-	if err := json.Unmarshal(data, &ref); err != nil {
-		t.Fatal(err)
-	}
+	ref := testsupport.ReadTokenizerGolden(t, "qwen3")
 	ts := startServer(t, 1, func(c *Config) { c.Tokenizer = tk })
 
 	for _, c := range ref.Texts[:12] {

@@ -187,7 +187,7 @@ func splitCL100K(s string, i, maxDigits int) int {
 	if s[j] == ' ' {
 		j++
 	}
-	if end := punctuation(s, j); end > j {
+	if end := runOf(s, j, classOther); end > j {
 		return runOf(s, end, classNewline)
 	}
 	// \s*[\r\n]+, \s+(?!\S), \s+
@@ -205,19 +205,6 @@ func splitCL100K(s string, i, maxDigits int) int {
 	return last
 }
 
-// punctuation returns the end of the run of characters that are neither
-// white space, letters nor numbers from i.
-func punctuation(s string, i int) int {
-	for i < len(s) {
-		c, n := classAt(s, i)
-		if c != classOther {
-			break
-		}
-		i += n
-	}
-	return i
-}
-
 // splitGPT2 implements patternGPT2.
 func splitGPT2(s string, i int) int {
 	if n := contraction(s, i, false); n > 0 {
@@ -232,7 +219,7 @@ func splitGPT2(s string, i int) int {
 	case classLetter, classNumber: // ' ?\p{L}+', ' ?\p{N}+'
 		return runOf(s, j+n, c)
 	case classOther: // ' ?[^\s\p{L}\p{N}]+'
-		return punctuation(s, j+n)
+		return runOf(s, j+n, classOther)
 	}
 	// \s+(?!\S), \s+
 	end, last := spaceRun(s, i)

@@ -45,38 +45,9 @@ func loadModel(t testing.TB, model string) *Tokenizer {
 	return tk
 }
 
-type golden struct {
-	Model string `json:"model"`
-	Texts []struct {
-		Text             string   `json:"text"`
-		AddSpecialTokens bool     `json:"add_special_tokens"`
-		IDs              []uint32 `json:"ids"`
-	} `json:"texts"`
-	Chats []struct {
-		Name    string `json:"name"`
-		Request struct {
-			Messages             json.RawMessage `json:"messages"`
-			Tools                json.RawMessage `json:"tools"`
-			ChatTemplateKwargs   json.RawMessage `json:"chat_template_kwargs"`
-			AddGenerationPrompt  *bool           `json:"add_generation_prompt"`
-			ContinueFinalMessage bool            `json:"continue_final_message"`
-		} `json:"request"`
-		Rendered string   `json:"rendered"`
-		IDs      []uint32 `json:"ids"`
-	} `json:"chats"`
-}
-
-func readGolden(t testing.TB, model string) golden {
+func readGolden(t testing.TB, model string) testsupport.TokenizerGolden {
 	t.Helper()
-	data, err := os.ReadFile(filepath.Join("testdata", "golden", model+".json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var g golden
-	if err := json.Unmarshal(data, &g); err != nil {
-		t.Fatal(err)
-	}
-	return g
+	return testsupport.ReadTokenizerGolden(t, model)
 }
 
 // firstDiff describes where got and want part.
