@@ -6,6 +6,11 @@
 // KV-cache events to its own EventSink; requests are spread over the ranks
 // as vLLM's data-parallel load balancer does.
 //
+// Prompts are tokenized, and chats rendered, with the simulator's own
+// tokenizer and ChatML template, or with a model's own tokenizer files
+// (Config.Tokenizer, package hf), whose ids the engines then cache and
+// publish.
+//
 // With Config.AllowRuntimeLoRAUpdating, POST /v1/load_lora_adapter and POST
 // /v1/unload_lora_adapter load and unload LoRA adapters as vLLM's do.
 //
