@@ -143,13 +143,10 @@ func LoadConfig(e *config.Env) Config {
 		KVSync:                    config.LoadKVSync(e),
 		RemoteTokenizer:           e.Bool(config.UseRemoteTokenizer),
 		TokenizerEndpointTemplate: e.String(config.TokenizerEndpointTemplate),
-		Tokenizer: tokenizer.Config{
-			Timeout:        e.Duration(config.TokenizerRequestTimeout, time.Second),
-			CacheMaxTokens: e.Int(config.TokenizerCacheMaxTokens, 1),
-		},
-		Routing:    loadRouting(e),
-		RequestTTL: e.Duration(config.RequestTTL, time.Second),
-		Redis:      loadRedis(e),
+		Tokenizer:                 loadTokenizer(e),
+		Routing:                   loadRouting(e),
+		RequestTTL:                e.Duration(config.RequestTTL, time.Second),
+		Redis:                     loadRedis(e),
 	}
 	cfg.Cache = loadCache(e)
 	if _, _, err := net.SplitHostPort(cfg.ListenAddress); err != nil {
@@ -162,6 +159,10 @@ func LoadConfig(e *config.Env) Config {
 			e.Errorf("%s=%q is also %s: the admin endpoints need an address of their own", config.AdminListenAddress.Name, a,
 				config.ListenAddress.Name)
 		}
+	}
+	if cfg.Tokenizer.LocalDir != "" && !cfg.RemoteTokenizer {
+		e.Errorf("%s is set but %s is false: in-process tokenization is verified against the engines' and falls back to it",
+			config.TokenizerDir.Name, config.UseRemoteTokenizer.Name)
 	}
 	if _, err := parseTokenizerTemplate(cfg.TokenizerEndpointTemplate); err != nil {
 		e.Errorf("%s=%q: %v", config.TokenizerEndpointTemplate.Name, cfg.TokenizerEndpointTemplate, err)
@@ -250,4 +251,23 @@ func checkFiles(e *config.Env, cfg Config) {
 			}
 		}
 	}
+}
+
+// loadTokenizer reads the tokenizer's settings.
+func loadTokenizer(e *config.Env) tokenizer.Config {
+	c := tokenizer.Config{
+		Timeout:            e.Duration(config.TokenizerRequestTimeout, time.Second),
+		CacheMaxTokens:     e.Int(config.TokenizerCacheMaxTokens, 1),
+		LocalDir:           e.String(config.TokenizerDir),
+		VerifyFraction:     e.Float(config.TokenizerVerifyFraction, 0),
+		NoPrefixReuse:      !e.Bool(config.TokenizerPrefixReuse),
+		MaxBackgroundCalls: e.Int(config.TokenizerMaxBackgroundCalls, 1),
+	}
+	switch {
+	case c.VerifyFraction > 1:
+		e.Errorf("%s=%v: want a share between 0 and 1", config.TokenizerVerifyFraction.Name, c.VerifyFraction)
+	case c.VerifyFraction == 0:
+		c.VerifyFraction = -1 // tokenizer.Config's "none"
+	}
+	return c
 }

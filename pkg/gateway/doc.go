@@ -23,8 +23,10 @@
 //     for an unknown name) and the model's pods from the Store (404 for a
 //     model no pod serves, 503 when none of its pods is ready), leaving out
 //     the pods ejected after failed connections (step 5) unless all are;
-//  3. tokenizes the prompt with the engines' own tokenizer (vLLM's
-//     /tokenize on a ready pod of the model, the pods taking turns) when
+//  3. tokenizes the prompt as the engines do (in process from the model's
+//     tokenizer files once verified against the engines, otherwise vLLM's
+//     /tokenize on a ready pod of the model, the pods taking turns; see
+//     package tokenizer) when
 //     the algorithm reads it: prefix-cache and kv-aware match it against
 //     the prefix index, least-latency predicts the output length from its
 //     length. A failed tokenization is counted by reason and the request

@@ -222,7 +222,8 @@ func (g *Gateway) startServers(ln net.Listener) (servers []*http.Server, served 
 		admin = listeners[1].Addr().String()
 	}
 	g.log.Info("Serving", "address", ln.Addr().String(), "adminAddress", admin, "discovery", g.sourceName(),
-		"kvEventSync", g.manager != nil, "remoteTokenizer", g.tokenizer != nil, "redis", g.cfg.Redis.Address != "")
+		"kvEventSync", g.manager != nil, "remoteTokenizer", g.tokenizer != nil, "tokenizerDir", g.cfg.Tokenizer.LocalDir,
+		"redis", g.cfg.Redis.Address != "")
 	return servers, errs, nil
 }
 
