@@ -49,6 +49,14 @@ var (
 			"may take to finish before they are cut, in seconds or with a unit (\"1m\").",
 		Flag: "shutdown-timeout",
 	}
+	RequestTTL = Var{
+		Name:    "KVGATE_REQUEST_TTL_SECONDS",
+		Default: "3600",
+		Section: SectionGateway,
+		Doc: "A request in flight whose end the gateway never recorded stops counting after this long, in seconds or " +
+			"with a unit (\"1h\"): as load on its pod, as prefill work queued there, in request traces and shared " +
+			"counts. Requests that outlive it are counted in kvgate_cache_requests_expired_total.",
+	}
 	ShutdownDelay = Var{
 		Name:    "KVGATE_SHUTDOWN_DELAY",
 		Default: "0",
@@ -212,13 +220,6 @@ var (
 		Doc: "kv-aware: predicted times to first token within this fraction of the lowest count as equal, " +
 			"and the request goes to the one of those pods with the fewest requests in flight.",
 	}
-	RoutingInFlightPrefillTTL = Var{
-		Name:    "KVGATE_ROUTING_INFLIGHT_PREFILL_TTL_SECONDS",
-		Default: "300",
-		Section: SectionRouting,
-		Doc: "kv-aware: a request sent to a pod stops counting as queued prefill work after this long " +
-			"if the gateway never saw its first token or its end.",
-	}
 	PrefixCacheImbalanceAbsCount = Var{
 		Name:    "AIBRIX_PREFIX_CACHE_POD_RUNNING_REQUEST_IMBALANCE_ABS_COUNT",
 		Default: "8",
@@ -296,6 +297,7 @@ var Vars = []Var{
 	MaxRequestBodyBytes,
 	ShutdownTimeout,
 	ShutdownDelay,
+	RequestTTL,
 	Kubeconfig,
 	KVEventSyncEnabled,
 	UseRemoteTokenizer,
@@ -325,7 +327,6 @@ var Vars = []Var{
 	RoutingCPUCacheWeight,
 	RoutingDefaultPrefillSpeed,
 	RoutingTieTolerance,
-	RoutingInFlightPrefillTTL,
 	PrefixCacheImbalanceAbsCount,
 	PrefixCacheStdDevFactor,
 	PodMetricRefreshInterval,

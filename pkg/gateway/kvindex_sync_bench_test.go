@@ -1,4 +1,4 @@
-package cache_test
+package gateway
 
 import (
 	"fmt"
@@ -11,7 +11,6 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/kvgate/kvgate/internal/testsupport"
-	"github.com/kvgate/kvgate/pkg/cache"
 	"github.com/kvgate/kvgate/pkg/indexer"
 	"github.com/kvgate/kvgate/pkg/kvevent"
 	"github.com/kvgate/kvgate/pkg/kvevent/publisher"
@@ -26,7 +25,7 @@ var syncStream = kvevent.StreamID{PodKey: "bench/vllm-0", Model: "sim"}
 // indexSink delivers a client's batches to a KVIndex, counting the
 // batches and blocks applied.
 type indexSink struct {
-	index   *cache.KVIndex
+	index   kvIndex
 	batches atomic.Uint64
 	blocks  atomic.Uint64
 }
@@ -131,7 +130,7 @@ const syncWindow = 4000
 // BenchmarkEventSyncEndToEnd measures KV event sync as the gateway runs
 // it, from a simulated engine's batches to the prefix index: Publisher
 // (vLLM's wire format, encoded per batch) -> ZeroMQ PUB/SUB over 127.0.0.1
-// -> ZMQClient (sequencing, replay on a gap, decoding) -> cache.KVIndex ->
+// -> ZMQClient (sequencing, replay on a gap, decoding) -> the gateway's kvIndex ->
 // indexer.SyncPrefixHashTable. An op is one batch; blocks/s counts the
 // blocks stored and removed that the index applied per second, and
 // lost_batches the batches that never reached it (the client replays any
@@ -142,7 +141,7 @@ func BenchmarkEventSyncEndToEnd(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	sink := &indexSink{index: cache.NewKVIndex(table)}
+	sink := &indexSink{index: kvIndex{table: table}}
 	pub, client := startSyncPair(b, sink)
 	// Until a first batch arrives the subscription may not be in place;
 	// every warm-up batch arrives in the end, live or replayed.

@@ -1,4 +1,4 @@
-package cache
+package gateway
 
 import (
 	"testing"
@@ -9,7 +9,7 @@ import (
 
 // storeBlocks applies to x one BlockStored event of the first blocks of
 // prompt, with engine hashes starting at first.
-func storeBlocks(t *testing.T, x *KVIndex, s kvevent.StreamID, prompt []uint32, blocks int, first uint64) {
+func storeBlocks(t *testing.T, x kvIndex, s kvevent.StreamID, prompt []uint32, blocks int, first uint64) {
 	t.Helper()
 	hashes := make([]kvevent.BlockHash, blocks)
 	for i := range hashes {
@@ -22,8 +22,8 @@ func storeBlocks(t *testing.T, x *KVIndex, s kvevent.StreamID, prompt []uint32, 
 	}
 }
 
-// matched returns the leading blocks of prompt each pod holds.
-func matched(table *indexer.SyncPrefixHashTable, prompt []uint32, pods ...string) map[string]int {
+// tableMatches returns the leading blocks of prompt each pod holds.
+func tableMatches(table *indexer.SyncPrefixHashTable, prompt []uint32, pods ...string) map[string]int {
 	var res indexer.MatchResult
 	table.MatchPrefix("llama", "", prompt, pods, &res)
 	out := map[string]int{}
@@ -38,7 +38,7 @@ func TestKVIndexKeysStreamsByPodRankAndModel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	x := NewKVIndex(table)
+	x := kvIndex{table: table}
 	prompt := []uint32{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}
 	rank0 := kvevent.StreamID{PodKey: "ns/a", DPRank: 0, Model: "llama", LoraID: "3"}
 	rank1 := kvevent.StreamID{PodKey: "ns/a", DPRank: 1, Model: "llama", LoraID: "3"}
@@ -47,15 +47,15 @@ func TestKVIndexKeysStreamsByPodRankAndModel(t *testing.T) {
 	storeBlocks(t, x, rank1, prompt, 3, 200)
 	storeBlocks(t, x, other, prompt, 1, 300)
 
-	if got := matched(table, prompt, "ns/a", "ns/b"); got["ns/a"] != 3 || got["ns/b"] != 1 {
+	if got := tableMatches(table, prompt, "ns/a", "ns/b"); got["ns/a"] != 3 || got["ns/b"] != 1 {
 		t.Fatalf("after storing: matched %v, want ns/a 3 (its longest rank), ns/b 1", got)
 	}
 	x.ResetStream(rank1)
-	if got := matched(table, prompt, "ns/a", "ns/b"); got["ns/a"] != 2 || got["ns/b"] != 1 {
+	if got := tableMatches(table, prompt, "ns/a", "ns/b"); got["ns/a"] != 2 || got["ns/b"] != 1 {
 		t.Fatalf("after resetting rank 1: matched %v, want ns/a 2 (rank 0 only), ns/b 1", got)
 	}
 	x.PurgePod("ns/a")
-	if got := matched(table, prompt, "ns/a", "ns/b"); got["ns/a"] != 0 || got["ns/b"] != 1 {
+	if got := tableMatches(table, prompt, "ns/a", "ns/b"); got["ns/a"] != 0 || got["ns/b"] != 1 {
 		t.Fatalf("after purging ns/a: matched %v, want ns/a 0, ns/b 1", got)
 	}
 }

@@ -1,8 +1,8 @@
-package routing
+package inflight
 
 import "time"
 
-// maxPrefilled bounds how many ended prefills a pod's ledger remembers for
+// maxPrefilled bounds how many ended prefills a pod's load record remembers for
 // the scrapes that may still count them (see prefilledLog); at the scrape
 // intervals of a gateway, far more than end within one interval.
 const maxPrefilled = 256
@@ -13,8 +13,8 @@ type prefilled struct {
 	start, end time.Time
 }
 
-// prefilledLog remembers the recent prefills of a pod that ended, oldest
-// end first, so that a decision can tell how many of this gateway's requests
+// prefilledLog remembers the recent prefills of a pod that left its queue,
+// oldest end first, so that a decision can tell how many of this gateway's requests
 // a scrape of the engine's waiting queue may still count: those started
 // before the scrape and ended after it.
 type prefilledLog struct {
@@ -45,11 +45,6 @@ func (l *prefilledLog) since(scrapedAt time.Time) int {
 		}
 	}
 	return n
-}
-
-// expire forgets the prefills whose end was seen before cutoff.
-func (l *prefilledLog) expire(cutoff time.Time) {
-	l.dropWhile(func(e prefilled) bool { return e.end.Before(cutoff) })
 }
 
 // dropWhile forgets the oldest entries while gone holds for them.
