@@ -35,7 +35,7 @@ func churnPod(name string, gen, port int, ready, labelled bool) *v1.Pod {
 	return &v1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "churn", Name: name, UID: types.UID(fmt.Sprintf("%s-%d", name, gen)),
 			Labels: labels, Annotations: map[string]string{
-				manager.PubPortAnnotation: strconv.Itoa(port), manager.ReplayPortAnnotation: strconv.Itoa(port + 1)}},
+				endpoint.PubPortAnnotation: strconv.Itoa(port), endpoint.ReplayPortAnnotation: strconv.Itoa(port + 1)}},
 		Status: v1.PodStatus{Phase: v1.PodRunning, PodIP: "127.0.0.1",
 			Conditions: []v1.PodCondition{{Type: v1.PodReady, Status: cond}}},
 	}

@@ -56,7 +56,7 @@ func (f *fleet) createPod(t testing.TB, name, ip string, port int, unlabelled bo
 	}
 	pod := &v1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: name, Labels: labels, Annotations: map[string]string{
-			manager.PubPortAnnotation: strconv.Itoa(port), manager.ReplayPortAnnotation: strconv.Itoa(port + 1)}},
+			endpoint.PubPortAnnotation: strconv.Itoa(port), endpoint.ReplayPortAnnotation: strconv.Itoa(port + 1)}},
 		Spec: v1.PodSpec{Containers: []v1.Container{{Name: "vllm", Image: "vllm/vllm-openai"}}},
 	}
 	ctx := context.Background()

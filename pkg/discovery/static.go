@@ -25,7 +25,6 @@ import (
 
 	"github.com/kvgate/kvgate/pkg/cache"
 	"github.com/kvgate/kvgate/pkg/endpoint"
-	"github.com/kvgate/kvgate/pkg/kvevent/manager"
 )
 
 // StaticNamespace is the namespace of the pods StaticSource synthesizes.
@@ -122,8 +121,8 @@ func (e *StaticEndpoint) validate() error {
 	port("port", &e.Port, 0)
 	port("pubPort", e.PubPort, 1)
 	port("replayPort", e.ReplayPort, 0)
-	if e.DPSize < 0 || e.DPSize > manager.MaxDPSize {
-		errs = append(errs, fmt.Errorf("dpSize %d must be from 1 to %d", e.DPSize, manager.MaxDPSize))
+	if e.DPSize < 0 || e.DPSize > endpoint.MaxDPSize {
+		errs = append(errs, fmt.Errorf("dpSize %d must be from 1 to %d", e.DPSize, endpoint.MaxDPSize))
 	}
 	for i, a := range e.LoraAdapters {
 		switch {
@@ -157,16 +156,16 @@ func (e *StaticEndpoint) Pod() *v1.Pod {
 	}
 	ann := map[string]string{}
 	if e.PubPort != nil {
-		ann[manager.PubPortAnnotation] = strconv.Itoa(*e.PubPort)
+		ann[endpoint.PubPortAnnotation] = strconv.Itoa(*e.PubPort)
 	}
 	if e.ReplayPort != nil {
-		ann[manager.ReplayPortAnnotation] = strconv.Itoa(*e.ReplayPort)
+		ann[endpoint.ReplayPortAnnotation] = strconv.Itoa(*e.ReplayPort)
 	}
 	if e.Topic != nil {
-		ann[manager.TopicAnnotation] = *e.Topic
+		ann[endpoint.TopicAnnotation] = *e.Topic
 	}
 	if e.DPSize > 0 {
-		ann[manager.DPSizeAnnotation] = strconv.Itoa(e.DPSize)
+		ann[endpoint.DPSizeAnnotation] = strconv.Itoa(e.DPSize)
 	}
 	if len(e.LoraAdapters) > 0 {
 		ann[endpoint.LoraAdaptersAnnotation] = strings.Join(e.LoraAdapters, ",")

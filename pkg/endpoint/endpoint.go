@@ -39,6 +39,21 @@ const (
 	// KVEventsEnabledLabel is "true" on pods whose engine publishes KV
 	// events that the gateway should follow (AIBrix's label).
 	KVEventsEnabledLabel = "model.aibrix.ai/kv-events-enabled"
+	// PubPortAnnotation overrides the port of rank 0's PUB socket; rank r
+	// publishes on port+r, as vLLM offsets its endpoint.
+	PubPortAnnotation = "kvgate.io/kv-events-pub-port"
+	// ReplayPortAnnotation overrides the port of rank 0's replay ROUTER;
+	// rank r uses port+r. "0" disables replay, as vLLM's default
+	// replay_endpoint=None does.
+	ReplayPortAnnotation = "kvgate.io/kv-events-replay-port"
+	// TopicAnnotation overrides the topic prefix the subscription filters
+	// on (vLLM's default topic is "").
+	TopicAnnotation = "kvgate.io/kv-events-topic"
+	// DPSizeAnnotation is the number of data-parallel ranks of the pod's
+	// engine, one KV-event stream each (default 1).
+	DPSizeAnnotation = "kvgate.io/dp-size"
+	// MaxDPSize bounds the data-parallel size a pod may declare.
+	MaxDPSize = 256
 	// LoraAdaptersAnnotation lists the LoRA adapters the pod's engine
 	// serves besides its base model, separated by commas, e.g.
 	// "sql-lora,chat-lora". The Store also learns the adapters an engine

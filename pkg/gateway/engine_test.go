@@ -21,7 +21,6 @@ import (
 	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/kvevent"
-	"github.com/kvgate/kvgate/pkg/kvevent/manager"
 	"github.com/kvgate/kvgate/pkg/kvevent/publisher"
 )
 
@@ -379,8 +378,8 @@ func (e *testEngine) pod(model string) *v1.Pod {
 		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: e.name, UID: k8stypes.UID("uid-" + e.name),
 			Labels: map[string]string{endpoint.ModelNameLabel: model, endpoint.KVEventsEnabledLabel: "true",
 				endpoint.ModelPortLabel: strconv.Itoa(e.port)},
-			Annotations: map[string]string{manager.PubPortAnnotation: strconv.Itoa(e.pubPort),
-				manager.ReplayPortAnnotation: strconv.Itoa(e.replayPort)}},
+			Annotations: map[string]string{endpoint.PubPortAnnotation: strconv.Itoa(e.pubPort),
+				endpoint.ReplayPortAnnotation: strconv.Itoa(e.replayPort)}},
 		Status: v1.PodStatus{Phase: v1.PodRunning, PodIP: "127.0.0.1",
 			Conditions: []v1.PodCondition{{Type: v1.PodReady, Status: v1.ConditionTrue}}},
 	}

@@ -21,7 +21,6 @@ import (
 
 	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/endpoint"
-	"github.com/kvgate/kvgate/pkg/kvevent/manager"
 )
 
 // startAPIServer starts a kube-apiserver and etcd for t, skipping t when
@@ -73,8 +72,8 @@ func TestKubernetesDiscoveryFromAKubeconfig(t *testing.T) {
 		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "vllm-0",
 			Labels: map[string]string{endpoint.ModelNameLabel: "llama", endpoint.KVEventsEnabledLabel: "true",
 				endpoint.ModelPortLabel: strconv.Itoa(e.port)},
-			Annotations: map[string]string{manager.PubPortAnnotation: strconv.Itoa(e.pubPort),
-				manager.ReplayPortAnnotation: strconv.Itoa(e.replayPort)}},
+			Annotations: map[string]string{endpoint.PubPortAnnotation: strconv.Itoa(e.pubPort),
+				endpoint.ReplayPortAnnotation: strconv.Itoa(e.replayPort)}},
 		Spec: v1.PodSpec{Containers: []v1.Container{{Name: "vllm", Image: "vllm/vllm-openai"}}},
 	}
 	created, err := client.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{})

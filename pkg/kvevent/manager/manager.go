@@ -13,6 +13,7 @@ import (
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
 
+	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/kvevent"
 	"github.com/kvgate/kvgate/pkg/kvevent/transport"
 )
@@ -48,9 +49,9 @@ type ManagerConfig struct {
 	// and model. Messages of other topics, of pods the manager does not
 	// follow, or of ranks beyond the pod's DP size are counted in
 	// kvgate_kv_event_bind_ignored_messages_total and dropped. Replay still
-	// dials the pod's replay ROUTER (ReplayPortAnnotation), so that a
+	// dials the pod's replay ROUTER (endpoint.ReplayPortAnnotation), so that a
 	// stream is exact from its first batch on. Endpoint and Ranks (at most
-	// MaxDPSize) are the manager's to read; it sets the receiver's context,
+	// endpoint.MaxDPSize) are the manager's to read; it sets the receiver's context,
 	// logger and Ignored hook, and takes the bound sockets' ReceiveHWM and
 	// PollTimeout from Client.
 	//
@@ -136,8 +137,8 @@ func NewKVEventManager(cfg ManagerConfig) (*KVEventManager, error) {
 		if err := cfg.Bind.Validate(); err != nil {
 			return nil, fmt.Errorf("kvevent: KV event manager: %w", err)
 		}
-		if cfg.Bind.Ranks > MaxDPSize {
-			return nil, fmt.Errorf("kvevent: KV event manager: bind: Ranks %d must be from 0 to %d", cfg.Bind.Ranks, MaxDPSize)
+		if cfg.Bind.Ranks > endpoint.MaxDPSize {
+			return nil, fmt.Errorf("kvevent: KV event manager: bind: Ranks %d must be from 0 to %d", cfg.Bind.Ranks, endpoint.MaxDPSize)
 		}
 	}
 	cfg.Workers = cmp.Or(cfg.Workers, DefaultManagerWorkers)
@@ -296,7 +297,7 @@ func (m *KVEventManager) OnPodUpdate(_, newPod *v1.Pod) { m.record(newPod) }
 // OnPodDelete forgets a pod and queues it, so that its streams stop and it
 // is purged from the index.
 func (m *KVEventManager) OnPodDelete(pod *v1.Pod) {
-	key := podKey(pod.Namespace, pod.Name)
+	key := endpoint.KeyOf(pod).String()
 	m.mu.Lock()
 	delete(m.pods, key)
 	m.mu.Unlock()
@@ -304,7 +305,7 @@ func (m *KVEventManager) OnPodDelete(pod *v1.Pod) {
 }
 
 func (m *KVEventManager) record(pod *v1.Pod) {
-	key := podKey(pod.Namespace, pod.Name)
+	key := endpoint.KeyOf(pod).String()
 	m.mu.Lock()
 	m.pods[key] = pod
 	m.mu.Unlock()
