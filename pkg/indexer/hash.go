@@ -38,6 +38,8 @@ func mum(a, b uint64) uint64 {
 type keyer struct {
 	seed uint64
 	s    [4]uint64
+	// lane places engine hashes in lane maps (see laneMap).
+	lane laneSalt
 }
 
 func newKeyer(seed uint64) keyer {
@@ -46,6 +48,10 @@ func newKeyer(seed uint64) keyer {
 	for i := range k.s {
 		x += mixA
 		k.s[i] = mum(x^mixB, mixC)
+	}
+	for i := range k.lane {
+		x += mixA
+		k.lane[i] = mum(x^mixD, mixB)
 	}
 	return k
 }

@@ -18,11 +18,21 @@ type lane struct {
 // laneMap maps engine block hashes to kvgate keys: an open-addressing table
 // with linear probing and backward-shift deletion, used by the model's writer
 // only. A key of 0 marks an empty slot, so any engine hash can be stored.
+//
+// Engine hashes come from outside: old engines draw them from small
+// integers, and a hostile one can choose them. They are placed by a keyed
+// mix of the table's secret (salt), so that no choice of hashes made without
+// the secret piles them onto one probe sequence.
 type laneMap struct {
 	hashes []uint64
 	keys   []uint64
 	n      int
+	salt   laneSalt
 }
+
+// laneSalt is the secret that places engine hashes in lane maps: two words
+// drawn from the table's secret, one in each operand of the mix.
+type laneSalt [2]uint64
 
 // between reports whether h lies cyclically in (i, j].
 func between(i, h, j int) bool {
@@ -32,16 +42,18 @@ func between(i, h, j int) bool {
 	return i < h || h <= j
 }
 
-// laneHome spreads engine hashes, which old engines draw from small integers,
-// over the table.
-func laneHome(hash uint64, capacity int) int { return home(hash*mixA, capacity) }
+// home is the first slot probed for an engine hash in a map of capacity
+// slots.
+func (s laneSalt) home(hash uint64, capacity int) int {
+	return home(mum(hash^s[0], s[1]), capacity)
+}
 
 func (m *laneMap) slot(hash uint64) (int, bool) {
 	c := len(m.keys)
 	if c == 0 {
 		return 0, false
 	}
-	for i := laneHome(hash, c); ; {
+	for i := m.salt.home(hash, c); ; {
 		if m.keys[i] == 0 {
 			return i, false
 		}
@@ -92,7 +104,7 @@ func (m *laneMap) del(hash uint64) (uint64, bool) {
 		if m.keys[j] == 0 {
 			break
 		}
-		if between(i, laneHome(m.hashes[j], c), j) {
+		if between(i, m.salt.home(m.hashes[j], c), j) {
 			continue
 		}
 		m.hashes[i], m.keys[i] = m.hashes[j], m.keys[j]
@@ -134,7 +146,7 @@ func (m *laneMap) rebuildWithout(capacity int, s *keySet) {
 			continue
 		}
 		m.n++
-		i := laneHome(old.hashes[j], capacity)
+		i := m.salt.home(old.hashes[j], capacity)
 		for m.keys[i] != 0 {
 			if i++; i == capacity {
 				i = 0
@@ -145,4 +157,4 @@ func (m *laneMap) rebuildWithout(capacity int, s *keySet) {
 }
 
 // reset drops every entry and the arrays.
-func (m *laneMap) reset() { *m = laneMap{} }
+func (m *laneMap) reset() { *m = laneMap{salt: m.salt} }

@@ -107,7 +107,7 @@ func (m *modelTable) laneOf(st *stream, medium string, group int, create bool) *
 	if !create {
 		return nil
 	}
-	ln := &lane{id: m.allocHolder(), stream: st, medium: medium, group: group}
+	ln := &lane{id: m.allocHolder(), stream: st, medium: medium, group: group, m: laneMap{salt: m.t.keyer.lane}}
 	m.lanes[ln.id] = ln
 	st.lanes = append(st.lanes, ln)
 	m.publishPods()

@@ -1,0 +1,70 @@
+package indexer
+
+import (
+	"testing"
+
+	"github.com/kvgate/kvgate/pkg/kvevent"
+)
+
+// Each test here plays an engine that sends what no vLLM sends, by fault or
+// on purpose, and asserts that the index stays bounded in time and exact.
+
+// inverseMixA is the multiplicative inverse of mixA modulo 2^64.
+func inverseMixA() uint64 {
+	inv := uint64(mixA) // correct to 3 bits for an odd number; Newton doubles them
+	for range 5 {
+		inv *= 2 - mixA*inv
+	}
+	return inv
+}
+
+// laneProbes is the number of slots that looking up every entry of m reads.
+func laneProbes(m *laneMap) int {
+	c, probes := len(m.keys), 0
+	for i, k := range m.keys {
+		if k != 0 {
+			probes += (i-m.salt.home(m.hashes[i], c)+c)%c + 1
+		}
+	}
+	return probes
+}
+
+// TestCraftedEngineHashesDoNotShareAProbeSequence stores blocks whose engine
+// hashes an attacker chose so that an unkeyed multiply places them all in
+// the first slot of any lane map, which made each store probe every block
+// before it. Placed by the table's secret, they cost what any hashes cost:
+// a few probes per lookup, counted rather than timed.
+func TestCraftedEngineHashesDoNotShareAProbeSequence(t *testing.T) {
+	const n = 10000
+	idx, _ := newTestTable(t, Config{})
+	inv := inverseMixA()
+	hashes := make([]uint64, n)
+	for i := range hashes {
+		// hash*mixA == i+1: the product's top bits are 0 for every one.
+		hashes[i] = uint64(i+1) * inv
+	}
+	for from := 0; from < n; from += 500 {
+		var parent *uint64
+		if from > 0 {
+			parent = &hashes[from-1]
+		}
+		mustApply(t, idx, podA, stored(hashes[from:from+500], parent, tokenRange(from*16, 500*16), 16))
+	}
+	ln := idx.model("llama").lanes[0]
+	if ln.m.n != n {
+		t.Fatalf("lane holds %d blocks, want %d", ln.m.n, n)
+	}
+	if probes := laneProbes(&ln.m); probes > 4*n {
+		t.Fatalf("looking up the %d crafted hashes reads %d slots, want at most %d", n, probes, 4*n)
+	}
+	if blocks, _ := match(idx, "llama", "", tokenRange(0, n*16), "ns/a"); blocks["ns/a"] != n {
+		t.Fatalf("matched %d blocks, want %d", blocks["ns/a"], n)
+	}
+	mustApply(t, idx, podA, &kvevent.BlockRemovedEvent{BlockHashes: hashes, Medium: kvevent.MediumGPU, GroupIdx: kvevent.NoGroup})
+	if err := checkInvariants(idx); err != nil {
+		t.Fatal(err)
+	}
+	if st := idx.Stats(); st[0].Entries != 0 {
+		t.Fatalf("%d entries left after removing every crafted block", st[0].Entries)
+	}
+}
