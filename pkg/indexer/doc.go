@@ -37,6 +37,11 @@
 // not hold. The chain heals when the engine stores the prefix again from its
 // first block, which vLLM does whenever a request recomputes it.
 //
+// A parent hash of 0 that the stream does not hold means "no parent", as a
+// nil one does: engines that always send a parent (llm-d-inference-sim)
+// send 0 for a prompt's first block. A stream that holds a block named 0 is
+// taken at its word.
+//
 // # Bounds and eviction
 //
 // The number of keys per model (MaxPrefixesPerContext), of all models

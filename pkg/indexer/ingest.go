@@ -137,7 +137,13 @@ func (m *modelTable) store(st *stream, e *kvevent.BlockStoredEvent, now uint32) 
 	parent := m.t.keyer.root(m.name, e.LoraName, e.LoraID)
 	if e.HasParent {
 		k, ok := translate(st, ln, e.ParentBlockHash)
-		if !ok {
+		switch {
+		case ok:
+			parent = k
+		case e.ParentBlockHash == 0:
+			// Engines that always send a parent send 0 for the first
+			// block of a prompt.
+		default:
 			m.t.metrics.parentMissed(n)
 			if v := klog.V(4); v.Enabled() {
 				v.InfoS("Skipped stored blocks whose parent the KV-cache index never saw",
@@ -145,7 +151,6 @@ func (m *modelTable) store(st *stream, e *kvevent.BlockStoredEvent, now uint32) 
 			}
 			return nil
 		}
-		parent = k
 	}
 	if ln == nil {
 		ln = m.laneOf(st, medium, group, true)

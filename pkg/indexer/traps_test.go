@@ -364,3 +364,31 @@ func TestMoreThan64PodsPerModel(t *testing.T) {
 		}
 	}
 }
+
+func TestParentHashZeroStartsAChainUnlessTheStreamHoldsBlockZero(t *testing.T) {
+	idx, reg := newTestTable(t, Config{})
+	// llm-d-inference-sim sends parent_block_hash 0, not nil, for the
+	// first block of a prompt.
+	mustApply(t, idx, podA, stored(hashSeq(101, 3), ptr[uint64](0), tokenRange(0, 48), 16))
+	mustApply(t, idx, podA, stored(hashSeq(104, 1), ptr[uint64](103), tokenRange(48, 16), 16))
+	if blocks, _ := match(idx, "llama", "", tokenRange(0, 64), "ns/a"); blocks["ns/a"] != 4 {
+		t.Fatalf("a chain whose first parent is 0 matched %d blocks, want 4", blocks["ns/a"])
+	}
+	if got := testsupport.MetricValue(t, reg, "kvgate_indexer_parent_misses_total", nil); got != 0 {
+		t.Errorf("parent misses = %v, want 0", got)
+	}
+	// An engine whose hashes include 0 names a real block by it: its
+	// children chain from that block, not from the root.
+	mustApply(t, idx, podB, stored([]uint64{0}, nil, tokenRange(500, 16), 16))
+	mustApply(t, idx, podB, stored([]uint64{1}, ptr[uint64](0), tokenRange(516, 16), 16))
+	blocks, _ := match(idx, "llama", "", tokenRange(500, 32), "ns/b")
+	if blocks["ns/b"] != 2 {
+		t.Fatalf("the child of block 0 matched %d blocks after it, want 2", blocks["ns/b"])
+	}
+	if blocks, _ := match(idx, "llama", "", tokenRange(516, 16), "ns/b"); blocks["ns/b"] != 0 {
+		t.Fatalf("the child of block 0 was indexed from the root")
+	}
+	if err := checkInvariants(idx); err != nil {
+		t.Fatal(err)
+	}
+}
