@@ -28,6 +28,12 @@
 // engine's block hashes to these keys, so that events naming engine hashes
 // (parents, removals) find their blocks.
 //
+// Blocks that name their LoRA adapter by the engine's adapter id alone
+// (vLLM 0.9 sends no name) are not indexed and are counted in
+// kvgate_indexer_skipped_blocks_total{reason="lora_id_only"}: requests name
+// adapters, and neither the events nor the engine's API map ids to names, so
+// such blocks could never match.
+//
 // # Unknown parents
 //
 // A BlockStored event whose parent hash the stream does not hold (the parent

@@ -3,7 +3,6 @@ package indexer
 import (
 	"encoding/binary"
 	"math/bits"
-	"strconv"
 )
 
 // Keys are kvgate's own names for prefixes of token blocks. A model (and
@@ -87,16 +86,11 @@ func usable(h uint64) uint64 {
 }
 
 // root is the key of the empty prefix of a model served with a LoRA
-// adapter: lora is the adapter name, "" for the base model. An adapter known
-// only by its engine id (loraID > 0, lora == "") gets a root of its own that
-// no name can produce.
-func (k *keyer) root(model, lora string, loraID int) uint64 {
+// adapter: lora is the adapter name, "" for the base model.
+func (k *keyer) root(model, lora string) uint64 {
 	h := hashString(k.seed^mixA, model)
-	switch {
-	case lora != "":
+	if lora != "" {
 		h = hashString(mum(h^mixB, 1), lora)
-	case loraID > 0:
-		h = hashString(mum(h^mixB, 2), strconv.Itoa(loraID))
 	}
 	return usable(mum(h^mixC, mixD))
 }

@@ -132,9 +132,15 @@ func (m *modelTable) store(st *stream, e *kvevent.BlockStoredEvent, now uint32) 
 		return fmt.Errorf("BlockStored has %d block hashes and %d extra-key lists: %d blocks skipped",
 			n, len(e.ExtraKeys), n)
 	}
+	if e.LoraID > 0 && e.LoraName == "" {
+		// No request can name the adapter these blocks were computed
+		// with (see the package documentation).
+		m.t.metrics.skipped(reasonLoraID, n)
+		return nil
+	}
 	medium, group := normMedium(e.Medium), normGroup(e.GroupIdx)
 	ln := m.laneOf(st, medium, group, false)
-	parent := m.t.keyer.root(m.name, e.LoraName, e.LoraID)
+	parent := m.t.keyer.root(m.name, e.LoraName)
 	if e.HasParent {
 		k, ok := translate(st, ln, e.ParentBlockHash)
 		switch {

@@ -168,7 +168,7 @@ func (out *MatchResult) walk(m *modelTable, k *keyer, lora string, tokens []uint
 	alive := len(out.units)
 	w := &out.walker
 	w.keys, w.tokens, w.bs = &m.keys, tokens, out.BlockSize
-	w.keyer, w.key = k, k.root(m.name, lora, 0)
+	w.keyer, w.key = k, k.root(m.name, lora)
 	i := 0
 	if n > 0 {
 		w.fill(w.cur[:1], 0)

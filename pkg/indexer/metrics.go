@@ -26,6 +26,9 @@ const (
 	reasonExtraKeys = "extra_keys_mismatch"
 	// reasonDuplicate: a second engine hash for a block the lane holds.
 	reasonDuplicate = "duplicate_key"
+	// reasonLoraID: the blocks name their LoRA adapter by the engine's id
+	// only, which no request names.
+	reasonLoraID = "lora_id_only"
 )
 
 // metrics are the index's Prometheus metrics. Counters and the match
@@ -53,7 +56,7 @@ func newMetrics(t *SyncPrefixHashTable) *metrics {
 		}, []string{"reason"}),
 		skippedVec: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "kvgate", Subsystem: "indexer", Name: "skipped_blocks_total",
-			Help: "Stored blocks not indexed, by reason: unknown_parent, token_mismatch, extra_keys_mismatch, duplicate_key.",
+			Help: "Stored blocks not indexed, by reason: unknown_parent, token_mismatch, extra_keys_mismatch, duplicate_key, lora_id_only.",
 		}, []string{"reason"}),
 		parentMisses: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: "kvgate", Subsystem: "indexer", Name: "parent_misses_total",

@@ -392,3 +392,32 @@ func TestParentHashZeroStartsAChainUnlessTheStreamHoldsBlockZero(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestBlocksNamingTheirAdapterByIdOnlyAreCountedNotIndexed(t *testing.T) {
+	idx, reg := newTestTable(t, Config{})
+	// vLLM 0.9 names the adapter of a block by its engine id only; requests
+	// name adapters, so no match could ever use these blocks.
+	ev := stored(hashSeq(1, 3), nil, tokenRange(0, 48), 16)
+	ev.LoraID = 2
+	mustApply(t, idx, podA, ev)
+	next := stored(hashSeq(4, 1), ptr[uint64](3), tokenRange(48, 16), 16)
+	next.LoraID = 2
+	mustApply(t, idx, podA, next)
+	if got := testsupport.MetricValue(t, reg, "kvgate_indexer_skipped_blocks_total", map[string]string{"reason": reasonLoraID}); got != 4 {
+		t.Errorf("skipped lora_id_only blocks = %v, want 4", got)
+	}
+	if got := testsupport.MetricValue(t, reg, "kvgate_indexer_parent_misses_total", nil); got != 0 {
+		t.Errorf("parent misses = %v, want 0: the continuation is skipped for its adapter", got)
+	}
+	st := idx.Stats()
+	if len(st) != 1 || st[0].Entries != 0 || len(st[0].Pods) != 1 || len(st[0].Pods[0].Streams[0].Lanes) != 0 {
+		t.Fatalf("Stats = %+v, want the stream known and nothing indexed", st)
+	}
+	// A block that names its adapter is indexed, whatever its id.
+	named := stored(hashSeq(1, 3), nil, tokenRange(0, 48), 16)
+	named.LoraID, named.LoraName = 2, "sql"
+	mustApply(t, idx, podA, named)
+	if blocks, _ := match(idx, "llama", "sql", tokenRange(0, 48), "ns/a"); blocks["ns/a"] != 3 {
+		t.Fatalf("named adapter's blocks matched %d, want 3", blocks["ns/a"])
+	}
+}
