@@ -341,6 +341,38 @@ func BenchmarkPurgePod100kWhileMatching(b *testing.B) {
 	b.ReportMetric(float64(baseline)/1e3, "us-slowest-match-idle")
 }
 
+// BenchmarkPurgePodOneOfEight purges a pod of the 8-pod workload at half a
+// million keys (977 prompts, each on two pods): the pod holds 125,000 blocks,
+// a quarter of the table, as one pod of a fleet does. It reports the purge
+// time.
+func BenchmarkPurgePodOneOfEight(b *testing.B) {
+	idx, _ := newTestTable(b, Config{})
+	const prompts = 977
+	loadWorkloadKeyed(b, idx, prompts)
+	var evs []*kvevent.BlockStoredEvent
+	for p := 0; p < prompts; p++ {
+		if p%benchPods == 0 || (p+1)%benchPods == 0 {
+			evs = append(evs, benchEvents(p, benchPrompt(p))...)
+		}
+	}
+	var purge time.Duration
+	for i := 0; i < b.N; i++ {
+		runtime.GC()
+		t0 := time.Now()
+		idx.PurgePod(benchPodNames[0])
+		purge += time.Since(t0)
+		b.StopTimer()
+		for _, e := range evs {
+			if err := idx.ProcessBlockStored(benchStream(0), e); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.StartTimer()
+	}
+	b.ReportMetric(float64(purge.Nanoseconds())/float64(b.N)/1e6, "ms/purge")
+	b.ReportMetric(float64(len(evs)*benchEventBlocks), "blocks/pod")
+}
+
 // BenchmarkMatchParallelUnderIngest runs matches in parallel while 16-block
 // events are stored and removed at 1,000,000 blocks/s. The matching
 // goroutines take turns at the ingest when it is due, so that it keeps its
