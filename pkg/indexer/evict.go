@@ -179,9 +179,14 @@ type keySet struct{ slots []uint64 }
 
 func newKeySet(n int) keySet { return keySet{make([]uint64, 2*n+1)} }
 
+// home places a key by all its bits. Its top bits would not do: the keys of
+// one eviction batch come from a scan of the key table, whose shards and
+// slots are chosen by those bits, so a batch shares them.
+func (s *keySet) home(k uint64) int { return home(k*mixA, len(s.slots)) }
+
 func (s *keySet) add(k uint64) {
 	c := len(s.slots)
-	for i := home(k, c); ; {
+	for i := s.home(k); ; {
 		if s.slots[i] == 0 || s.slots[i] == k {
 			s.slots[i] = k
 			return
@@ -194,7 +199,7 @@ func (s *keySet) add(k uint64) {
 
 func (s *keySet) has(k uint64) bool {
 	c := len(s.slots)
-	for i := home(k, c); ; {
+	for i := s.home(k); ; {
 		switch s.slots[i] {
 		case k:
 			return true

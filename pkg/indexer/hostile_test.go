@@ -1,6 +1,8 @@
 package indexer
 
 import (
+	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/kvgate/kvgate/pkg/kvevent"
@@ -66,5 +68,46 @@ func TestCraftedEngineHashesDoNotShareAProbeSequence(t *testing.T) {
 	}
 	if st := idx.Stats(); st[0].Entries != 0 {
 		t.Fatalf("%d entries left after removing every crafted block", st[0].Entries)
+	}
+}
+
+// keySetProbes is the number of slots that looking up every key of s reads.
+func keySetProbes(s *keySet) int {
+	c, probes := len(s.slots), 0
+	for i, k := range s.slots {
+		if k != 0 {
+			probes += (i-s.home(k)+c)%c + 1
+		}
+	}
+	return probes
+}
+
+// TestEvictionBatchesDoNotShareAProbeSequence builds the set of an eviction
+// batch as a scan of the key table yields it: keys of one shard, in slot
+// order, so that they share their top bits. Placed by those bits, a batch
+// of n keys filled a sixteenth of the set's slots and each lookup probed
+// through much of the batch: eviction grew with the square of the batch.
+func TestEvictionBatchesDoNotShareAProbeSequence(t *testing.T) {
+	const n = 20000
+	rng := rand.New(rand.NewPCG(1, 2))
+	keys := make([]uint64, n)
+	for i := range keys {
+		keys[i] = rng.Uint64()>>shardBits | 3<<(64-shardBits)
+	}
+	slices.Sort(keys)
+	set := newKeySet(n)
+	for _, k := range keys {
+		set.add(k)
+	}
+	if probes := keySetProbes(&set); probes > 4*n {
+		t.Fatalf("looking up the %d keys of a batch reads %d slots, want at most %d", n, probes, 4*n)
+	}
+	for _, k := range keys {
+		if !set.has(k) {
+			t.Fatalf("key %x lost", k)
+		}
+	}
+	if set.has(keys[0] + 1) {
+		t.Fatal("a key never added is in the set")
 	}
 }
