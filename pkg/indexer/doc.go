@@ -53,17 +53,36 @@
 // The number of keys per model (MaxPrefixesPerContext), of all models
 // (MaxPrefixes) and of models (MaxContexts) are hard bounds. Each key carries
 // a coarse clock, in whole seconds, refreshed when a block is stored
-// (re-announced blocks included) or matched. When a model is full, the index
-// evicts, in one batch, the 1/32 of its keys with the oldest clocks: an LRU
-// approximated only by the clock's resolution and by evicting in batches,
-// which a scan of the key table and of the lanes holding the victims pays
-// for once per batch. Eviction is exact in what it removes: every evicted key
-// leaves every holder and every lane map in the same step, so nothing
-// dangles and later events naming an evicted block treat it as unknown. When
-// all models together are full, the batch comes from the least recently used
-// model. A pod that sent no event and was credited by no match for
-// EvictionDuration is purged by the sweep that Run performs every
-// EvictionInterval.
+// (re-announced blocks included) or matched.
+//
+// When a model is full, the index evicts residencies, not whole keys, and
+// makes the streams that hold the most pay: a stream (one engine: a pod's
+// data-parallel rank) is charged one unit per block it holds, once per
+// medium and KV-cache group, whether or not other pods hold the block too.
+// One eviction round removes 1/32 of the model's residencies (and at least
+// what the store needs): it lowers the streams with the highest charges to
+// a common level, each giving up its least recently stored or matched
+// blocks (equal clocks in the order of a rotating scan), and leaves every
+// stream below the level alone. A key leaves the table when its last
+// holder's residency goes. So one pod flooding the index evicts only its
+// own blocks for as long as it holds more than the others: a stream holding
+// no more than its share, about MaxPrefixesPerContext divided by the
+// model's streams, loses nothing to eviction while another holds more, and
+// a block many pods hold stays while any of them keeps it. A pod running
+// several data-parallel ranks has a share per rank, as it has an engine
+// and a cache per rank. When every stream holds about as much, the rounds
+// take from each alike, oldest first: an LRU per stream.
+//
+// A round costs one scan of the key table and one of the paying streams'
+// lanes, for 1/32 of the residencies: eviction costs what it evicts, a
+// fraction of a microsecond per residency at any bound
+// (BenchmarkEvictionFlood). It is exact in what it removes: an evicted
+// residency leaves its key's holder set and its lane's map in the same
+// step, so nothing dangles and later events naming an evicted block treat
+// it as unknown. When all models together are full, the round comes from
+// the least recently used model. A pod that sent no event and was credited
+// by no match for EvictionDuration is purged by the sweep that Run performs
+// every EvictionInterval.
 //
 // Memory follows the residencies: a key costs about 38 bytes in its model's
 // table and each (block, holder) pair about 25 bytes in its lane, some 41

@@ -268,14 +268,6 @@ func (t *keyTable) drop(r slotRef, id int) bool {
 	return true
 }
 
-// evict deletes the key in slot r whatever its holders.
-func (t *keyTable) evict(r slotRef) {
-	for w := range r.a.width() {
-		atomic.StoreUint64(r.a.word(w, r.i), 0)
-	}
-	t.bury(r)
-}
-
 // bury turns the slot of a key without holders into a tombstone.
 func (t *keyTable) bury(r slotRef) {
 	atomic.StoreUint64(&r.a.slots[r.i].key, deadKey)

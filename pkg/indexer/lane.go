@@ -96,6 +96,17 @@ func (m *laneMap) del(hash uint64) (uint64, bool) {
 		return 0, false
 	}
 	key := m.keys[i]
+	m.deleteAt(i)
+	if underFull(m.n, len(m.keys)) {
+		m.rebuild(capFor(m.n))
+	}
+	return key, true
+}
+
+// deleteAt empties slot i, moving back the entries after it whose probe
+// sequence passes through it (backward-shift deletion). It moves entries
+// only from after the hole, up to the next empty slot.
+func (m *laneMap) deleteAt(i int) {
 	c := len(m.keys)
 	for j := i; ; {
 		if j++; j == c {
@@ -112,40 +123,48 @@ func (m *laneMap) del(hash uint64) (uint64, bool) {
 	}
 	m.hashes[i], m.keys[i] = 0, 0
 	m.n--
-	if underFull(m.n, c) {
-		m.rebuild(capFor(m.n))
-	}
-	return key, true
 }
 
 // removeKeys removes the entries whose key is in s and returns how many.
+// It deletes in place, in one pass over the slots that starts at an empty
+// one: no run of entries crosses the pass's start, so an entry that a
+// deletion moves back lands where the pass looks again, and every entry is
+// looked at once.
 func (m *laneMap) removeKeys(s *keySet) int {
+	if m.n == 0 {
+		return 0
+	}
+	c, start := len(m.keys), 0
+	for m.keys[start] != 0 {
+		start++
+	}
 	n := 0
-	for _, k := range m.keys {
-		if k != 0 && s.has(k) {
+	for i, seen := start, 0; seen < c; {
+		if k := m.keys[i]; k != 0 && s.has(k) {
+			m.deleteAt(i)
 			n++
+			continue
+		}
+		seen++
+		if i++; i == c {
+			i = 0
 		}
 	}
-	if n > 0 {
-		m.rebuildWithout(capFor(m.n-n), s)
+	if underFull(m.n, c) {
+		m.rebuild(capFor(m.n))
 	}
 	return n
 }
 
-func (m *laneMap) rebuild(capacity int) { m.rebuildWithout(capacity, nil) }
-
-// rebuildWithout moves the entries whose key is not in s (nil: every entry)
-// into new arrays of the given capacity.
-func (m *laneMap) rebuildWithout(capacity int, s *keySet) {
+// rebuild moves the entries into new arrays of the given capacity.
+func (m *laneMap) rebuild(capacity int) {
 	old := *m
 	m.hashes = make([]uint64, capacity)
 	m.keys = make([]uint64, capacity)
-	m.n = 0
 	for j, k := range old.keys {
-		if k == 0 || (s != nil && s.has(k)) {
+		if k == 0 {
 			continue
 		}
-		m.n++
 		i := m.salt.home(old.hashes[j], capacity)
 		for m.keys[i] != 0 {
 			if i++; i == capacity {
