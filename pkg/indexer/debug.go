@@ -43,28 +43,42 @@ type LaneStats struct {
 
 // Stats returns a snapshot of the index for operators: per model, its pods,
 // their streams and the blocks each holds per medium and group, sorted by
-// name. It briefly takes each model's writer lock, never blocking matches.
+// name. It never waits for a writer: it reads counts the writers publish as
+// they go, each as of the writer's last event, taking only the registry
+// lock, which no one holds while waiting for a model's writer.
 func (t *SyncPrefixHashTable) Stats() []ModelStats {
+	type modelStreams struct {
+		m       *modelTable
+		streams []*stream
+	}
 	t.mu.Lock()
-	defer t.mu.Unlock()
-	var out []ModelStats
+	models := make([]modelStreams, 0, len(*t.models.Load()))
 	for _, m := range *t.models.Load() {
-		out = append(out, m.stats())
+		ms := modelStreams{m: m, streams: make([]*stream, 0, len(m.streams))}
+		for st := range m.streams {
+			ms.streams = append(ms.streams, st)
+		}
+		models = append(models, ms)
+	}
+	t.mu.Unlock()
+	out := make([]ModelStats, 0, len(models))
+	for _, ms := range models {
+		out = append(out, ms.m.stats(ms.streams))
 	}
 	slices.SortFunc(out, func(a, b ModelStats) int { return cmp.Compare(a.Model, b.Model) })
 	return out
 }
 
-// stats describes m; SyncPrefixHashTable.mu is held.
-func (m *modelTable) stats() ModelStats {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	ms := ModelStats{Model: m.name, BlockSize: int(m.blockSize.Load()), Entries: m.keys.n}
+// stats describes m and the given streams of it from what writers publish.
+func (m *modelTable) stats(streams []*stream) ModelStats {
+	ms := ModelStats{Model: m.name, BlockSize: int(m.blockSize.Load()), Entries: int(m.keys.count.Load())}
 	pods := map[*podState][]StreamStats{}
-	for st := range m.streams {
+	for _, st := range streams {
 		ss := StreamStats{Rank: st.id.rank, LastEvent: time.Unix(0, st.lastEvent.Load())}
-		for _, ln := range st.lanes {
-			ss.Lanes = append(ss.Lanes, LaneStats{Medium: ln.medium, Group: ln.group, Blocks: ln.m.n})
+		if lanes := st.view.Load(); lanes != nil {
+			for _, ln := range *lanes {
+				ss.Lanes = append(ss.Lanes, LaneStats{Medium: ln.medium, Group: ln.group, Blocks: int(ln.blocks.Load())})
+			}
 		}
 		slices.SortFunc(ss.Lanes, func(a, b LaneStats) int {
 			return cmp.Or(cmp.Compare(a.Medium, b.Medium), cmp.Compare(a.Group, b.Group))

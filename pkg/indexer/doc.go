@@ -99,7 +99,13 @@
 // was present throughout; growing, shrinking and dropping tombstones build
 // new arrays aside and publish them with one atomic store. Writers of one
 // model (event batches, purges, evictions) serialise on the model's mutex;
-// different models are independent. A pod purge writes no slot: its lanes'
+// different models are independent, and the registry of pods, streams and
+// models has a lock of its own that is never held while waiting for a
+// model's writer. Nothing that only reads waits for a writer either:
+// statistics (Stats, the metrics' gauges) read counts the writers publish
+// after each event, and the idle sweep and the drop of a model past
+// MaxContexts leave their work on a busy model to the writer that holds its
+// mutex, which does it before letting go. A pod purge writes no slot: its lanes'
 // holder ids stop being live, keys left with no live holder stop being
 // counted, and their slots and the ids' bits are reclaimed when the shard is
 // next rebuilt. To count those keys it looks up each of the pod's keys once,

@@ -88,6 +88,7 @@ func (m *modelTable) evictRound(need int) (freed, removed int) {
 		}
 		for _, ln := range p.lanes {
 			removed += ln.m.removeKeys(&set)
+			ln.publish()
 		}
 	}
 	return freed, removed
@@ -337,12 +338,12 @@ func (t *SyncPrefixHashTable) evictOldest(self *modelTable, models []*modelTable
 		if m.keys.count.Load() == 0 {
 			continue
 		}
-		if !m.mu.TryLock() {
+		if !m.tryLock() {
 			busy = true
 			continue
 		}
 		evicted = !m.isDropped() && m.evict(1, reasonTotal) > 0
-		m.mu.Unlock()
+		m.unlock()
 		if evicted {
 			return true, false
 		}

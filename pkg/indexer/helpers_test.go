@@ -100,8 +100,8 @@ func checkInvariants(t *SyncPrefixHashTable) error {
 }
 
 func (m *modelTable) checkInvariants() error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
+	m.lock()
+	defer m.unlock()
 	holders := map[uint64]map[int]bool{}
 	for id, ln := range m.lanes {
 		if ln == nil {

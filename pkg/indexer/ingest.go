@@ -28,7 +28,7 @@ func (t *SyncPrefixHashTable) ApplyBatch(s Stream, batch *kvevent.EventBatch) er
 		return fmt.Errorf("apply batch from %s rank %d: nil batch", s.Pod, s.Rank)
 	}
 	st, m := t.lockStream(s)
-	defer m.mu.Unlock()
+	defer m.unlock()
 	now := t.now()
 	tick := t.tick(now)
 	var errs []error
@@ -64,7 +64,7 @@ func (t *SyncPrefixHashTable) ProcessAllBlocksCleared(s Stream, e *kvevent.AllBl
 
 func (t *SyncPrefixHashTable) applyOne(s Stream, ev kvevent.KVEvent) error {
 	st, m := t.lockStream(s)
-	defer m.mu.Unlock()
+	defer m.unlock()
 	now := t.now()
 	err := m.apply(st, ev, t.tick(now))
 	t.applied(st, m, now)
@@ -74,16 +74,20 @@ func (t *SyncPrefixHashTable) applyOne(s Stream, ev kvevent.KVEvent) error {
 	return nil
 }
 
-// lockStream returns the live state of s with its model's mutex held.
+// lockStream returns the live state of s with its model's writer lock
+// held; the caller releases it with unlock.
 func (t *SyncPrefixHashTable) lockStream(s Stream) (*stream, *modelTable) {
 	for {
-		st := t.streamFor(s)
+		st, stale := t.streamFor(s)
+		if stale != nil {
+			stale.model.releaseStream(stale)
+		}
 		m := st.model
-		m.mu.Lock()
-		if !st.gone {
+		m.lock()
+		if !st.gone && !m.isDropped() {
 			return st, m
 		}
-		m.mu.Unlock()
+		m.unlock()
 	}
 }
 
@@ -93,8 +97,14 @@ func (t *SyncPrefixHashTable) applied(st *stream, m *modelTable, now time.Time) 
 	st.lastEvent.Store(now.UnixNano())
 }
 
-// apply applies one event; m.mu is held.
+// apply applies one event and publishes the sizes of st's lanes; m.mu is
+// held.
 func (m *modelTable) apply(st *stream, ev kvevent.KVEvent, now uint32) error {
+	defer func() {
+		for _, ln := range st.lanes {
+			ln.publish()
+		}
+	}()
 	switch e := ev.(type) {
 	case *kvevent.BlockStoredEvent:
 		if e != nil {

@@ -1,5 +1,7 @@
 package indexer
 
+import "sync/atomic"
+
 // A lane is what one engine publisher holds in one medium and one KV-cache
 // group: (pod, DP rank, medium, group). It is a holder of the model's key
 // table, with a dense holder id, and it owns the map from the engine's block
@@ -13,7 +15,13 @@ type lane struct {
 	medium string
 	group  int
 	m      laneMap
+	// blocks is m.n as of the last event, eviction or release that changed
+	// it, for readers that take no lock.
+	blocks atomic.Int64
 }
+
+// publish makes the lane's size visible to readers that take no lock.
+func (ln *lane) publish() { ln.blocks.Store(int64(ln.m.n)) }
 
 // laneMap maps engine block hashes to kvgate keys: an open-addressing table
 // with linear probing and backward-shift deletion, used by the model's writer

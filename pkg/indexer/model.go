@@ -1,6 +1,7 @@
 package indexer
 
 import (
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -20,9 +21,16 @@ type modelTable struct {
 	t    *SyncPrefixHashTable
 
 	// mu serialises the writers of this model: event application, purges,
-	// evictions. Matches never take it.
-	mu   sync.Mutex
-	keys keyTable
+	// evictions. Matches and statistics never take it. Writers take it
+	// with lock and release it with unlock, which runs the work queued by
+	// later.
+	mu sync.Mutex
+	// queue holds the work later queued for the holder of mu; queueMu
+	// guards it. It holds at most one entry per stream the model ever had
+	// and one for the model's drop.
+	queueMu sync.Mutex
+	queue   []func()
+	keys    keyTable
 	// lanes is indexed by holder id; nil marks a free id.
 	lanes []*lane
 	free  []freeHolder
@@ -71,6 +79,54 @@ func newModelTable(t *SyncPrefixHashTable, name string) *modelTable {
 
 func (m *modelTable) isDropped() bool { return m.dropped.Load() }
 
+// lock takes the model's writer lock, waiting for the current writer.
+func (m *modelTable) lock() { m.mu.Lock() }
+
+// tryLock takes the model's writer lock if no writer holds it.
+func (m *modelTable) tryLock() bool { return m.mu.TryLock() }
+
+// unlock runs the work queued by later and releases the writer lock. Work
+// queued while it releases the lock is run by whichever goroutine takes the
+// lock next, itself included, before that one releases it.
+func (m *modelTable) unlock() {
+	for {
+		for _, fn := range m.takeQueue() {
+			fn()
+		}
+		m.mu.Unlock()
+		if !m.queued() || !m.mu.TryLock() {
+			return
+		}
+	}
+}
+
+// later runs fn under the writer lock without waiting for a writer: at once
+// if no writer holds the lock, else by the writer that holds it, before it
+// releases it. fn must not take SyncPrefixHashTable.mu, which the caller
+// may hold.
+func (m *modelTable) later(fn func()) {
+	m.queueMu.Lock()
+	m.queue = append(m.queue, fn)
+	m.queueMu.Unlock()
+	if m.mu.TryLock() {
+		m.unlock()
+	}
+}
+
+func (m *modelTable) takeQueue() []func() {
+	m.queueMu.Lock()
+	defer m.queueMu.Unlock()
+	q := m.queue
+	m.queue = nil
+	return q
+}
+
+func (m *modelTable) queued() bool {
+	m.queueMu.Lock()
+	defer m.queueMu.Unlock()
+	return len(m.queue) > 0
+}
+
 // use records that the model was stored into or matched at tick now.
 func (m *modelTable) use(now uint32) {
 	if m.lastUse.Load() < now {
@@ -110,6 +166,7 @@ func (m *modelTable) laneOf(st *stream, medium string, group int, create bool) *
 	ln := &lane{id: m.allocHolder(), stream: st, medium: medium, group: group, m: laneMap{salt: m.t.keyer.lane}}
 	m.lanes[ln.id] = ln
 	st.lanes = append(st.lanes, ln)
+	st.publishLanes()
 	m.publishPods()
 	return ln
 }
@@ -177,6 +234,24 @@ func (ph *podHolders) rank(rank, width int) *rankHolders {
 	return &ph.ranks[len(ph.ranks)-1]
 }
 
+// discard marks a dropped model's streams gone and takes its keys out of
+// the index's total, under m.mu; it returns the residencies the model held.
+// Writers that take m.mu after the model was dropped write nothing, so the
+// counts stay as discard leaves them.
+func (m *modelTable) discard(streams []*stream) int {
+	for _, st := range streams {
+		st.gone = true
+	}
+	blocks := 0
+	for _, ln := range m.lanes {
+		if ln != nil {
+			blocks += ln.m.n
+		}
+	}
+	m.t.total.Add(-int64(m.keys.n))
+	return blocks
+}
+
 // clearLane removes every residency of ln and returns how many there were;
 // m.mu is held.
 func (m *modelTable) clearLane(ln *lane) int {
@@ -185,6 +260,7 @@ func (m *modelTable) clearLane(ln *lane) int {
 	// dropHolder's scratch.
 	m.keys.dropHolder(ln.m.keys, ln.id, ln.m.hashes)
 	ln.m.reset()
+	ln.publish()
 	m.keys.shrink()
 	return n
 }
@@ -193,8 +269,13 @@ func (m *modelTable) clearLane(ln *lane) int {
 // number of residencies removed. It reads each of the lanes' keys once and
 // writes none of them (see keyTable.release).
 func (m *modelTable) releaseStream(st *stream) int {
-	m.mu.Lock()
-	defer m.mu.Unlock()
+	m.lock()
+	defer m.unlock()
+	return m.releaseStreamLocked(st)
+}
+
+// releaseStreamLocked is releaseStream with m.mu held.
+func (m *modelTable) releaseStreamLocked(st *stream) int {
 	st.gone = true
 	if len(st.lanes) == 0 || m.isDropped() {
 		// A dropped model's table is discarded whole, its counts with it.
@@ -215,5 +296,13 @@ func (m *modelTable) releaseStream(st *stream) int {
 	}
 	m.keys.shrink()
 	st.lanes = nil
+	st.publishLanes()
 	return n
+}
+
+// publishLanes makes the stream's lanes visible to readers that take no
+// lock; the model's mutex is held.
+func (st *stream) publishLanes() {
+	lanes := slices.Clone(st.lanes)
+	st.view.Store(&lanes)
 }

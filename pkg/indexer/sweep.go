@@ -3,6 +3,8 @@ package indexer
 import (
 	"context"
 	"time"
+
+	"k8s.io/klog/v2"
 )
 
 // Run sweeps the index every EvictionInterval until ctx is done, then
@@ -22,7 +24,10 @@ func (t *SyncPrefixHashTable) Run(ctx context.Context) error {
 	}
 }
 
-// sweep performs one sweep at time now.
+// sweep performs one sweep at time now. It never waits for a model's
+// writer: an idle pod leaves the registry at once, and its streams are
+// released under their models' writer locks as soon as those are free
+// (see modelTable.later).
 func (t *SyncPrefixHashTable) sweep(now time.Time) {
 	cutoff := now.Add(-t.cfg.EvictionDuration).UnixNano()
 	t.mu.Lock()
@@ -34,7 +39,15 @@ func (t *SyncPrefixHashTable) sweep(now time.Time) {
 	}
 	t.mu.Unlock()
 	for _, pod := range idle {
-		t.purgePodIf(pod, reasonIdle, func(ps *podState) bool { return ps.lastActive() < cutoff })
+		for _, st := range t.detachPod(pod, func(ps *podState) bool { return ps.lastActive() < cutoff }) {
+			m := st.model
+			m.later(func() {
+				n := m.releaseStreamLocked(st)
+				t.metrics.evicted(reasonIdle, n)
+				klog.V(2).InfoS("Purged an idle pod's stream from the KV-cache index", "pod", pod,
+					"rank", st.id.rank, "model", m.name, "blocks", n, "reason", reasonIdle)
+			})
+		}
 	}
 	t.forgetEmptyModels()
 }
@@ -60,9 +73,8 @@ func (t *SyncPrefixHashTable) forgetEmptyModels() {
 			models[name] = m
 			continue
 		}
-		m.mu.Lock()
 		m.dropped.Store(true)
-		m.mu.Unlock()
+		m.later(func() { m.discard(nil) })
 	}
 	if len(models) != len(old) {
 		t.models.Store(&models)
