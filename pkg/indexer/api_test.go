@@ -113,7 +113,7 @@ func TestStatsReportPodsStreamsAndLanes(t *testing.T) {
 	if got := p.Streams[1].LastEvent; !got.Equal(clock.Now()) {
 		t.Errorf("rank 1 last event %v, want %v", got, clock.Now())
 	}
-	if l := p.Streams[0].Lanes; len(l) != 1 || l[0] != (LaneStats{Medium: "GPU", Group: 0, Blocks: 2}) {
+	if l := p.Streams[0].Lanes; len(l) != 1 || l[0] != (LaneStats{Medium: "GPU", Group: 0, BlockSize: 16, Blocks: 2}) {
 		t.Errorf("rank 0 lanes = %+v", l)
 	}
 }

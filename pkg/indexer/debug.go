@@ -9,8 +9,13 @@ import (
 // ModelStats describes what the index holds for one model.
 type ModelStats struct {
 	Model string `json:"model"`
-	// BlockSize is the block size routers chunk prompts by, 0 when unknown.
+	// BlockSize is the model's primary block size (see
+	// MatchResult.BlockSize), 0 when no engine holds a block of it.
 	BlockSize int `json:"blockSize"`
+	// BlockSizes are the block sizes of the model's engines, ascending:
+	// more than one when engines of one model were configured apart, each
+	// then matched at its own.
+	BlockSizes []int `json:"blockSizes"`
 	// Entries is the number of distinct blocks (prefix keys) indexed.
 	Entries int        `json:"entries"`
 	Pods    []PodStats `json:"pods"`
@@ -34,11 +39,12 @@ type StreamStats struct {
 }
 
 // LaneStats is the number of blocks a stream holds in one medium and
-// KV-cache group.
+// KV-cache group, and their size in tokens.
 type LaneStats struct {
-	Medium string `json:"medium"`
-	Group  int    `json:"group"`
-	Blocks int    `json:"blocks"`
+	Medium    string `json:"medium"`
+	Group     int    `json:"group"`
+	BlockSize int    `json:"blockSize"`
+	Blocks    int    `json:"blocks"`
 }
 
 // Stats returns a snapshot of the index for operators: per model, its pods,
@@ -71,13 +77,18 @@ func (t *SyncPrefixHashTable) Stats() []ModelStats {
 
 // stats describes m and the given streams of it from what writers publish.
 func (m *modelTable) stats(streams []*stream) ModelStats {
-	ms := ModelStats{Model: m.name, BlockSize: int(m.blockSize.Load()), Entries: int(m.keys.count.Load())}
+	idx := m.pods.Load()
+	ms := ModelStats{Model: m.name, BlockSize: idx.primary, BlockSizes: []int{}, Entries: int(m.keys.count.Load())}
+	for _, s := range idx.sizes {
+		ms.BlockSizes = append(ms.BlockSizes, s.blockSize)
+	}
 	pods := map[*podState][]StreamStats{}
 	for _, st := range streams {
 		ss := StreamStats{Rank: st.id.rank, LastEvent: time.Unix(0, st.lastEvent.Load())}
 		if lanes := st.view.Load(); lanes != nil {
 			for _, ln := range *lanes {
-				ss.Lanes = append(ss.Lanes, LaneStats{Medium: ln.medium, Group: ln.group, Blocks: int(ln.blocks.Load())})
+				ss.Lanes = append(ss.Lanes, LaneStats{Medium: ln.medium, Group: ln.group,
+					BlockSize: int(ln.blockSize.Load()), Blocks: int(ln.blocks.Load())})
 			}
 		}
 		slices.SortFunc(ss.Lanes, func(a, b LaneStats) int {

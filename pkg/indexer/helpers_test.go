@@ -74,8 +74,9 @@ func match(t *SyncPrefixHashTable, model, lora string, tokens []uint32, pods ...
 	blocks, gpu = map[string]int{}, map[string]int{}
 	for _, p := range res.Pods {
 		blocks[p.Pod], gpu[p.Pod] = p.Blocks, p.GPUBlocks
-		if p.Tokens != p.Blocks*res.BlockSize || p.GPUTokens != p.GPUBlocks*res.BlockSize {
-			panic(fmt.Sprintf("tokens of %+v do not follow block size %d", p, res.BlockSize))
+		if p.Tokens != p.Blocks*p.BlockSize || p.GPUTokens < p.GPUBlocks*p.BlockSize ||
+			p.GPUTokens >= (p.GPUBlocks+1)*max(p.BlockSize, 1) || p.GPUTokens > p.Tokens {
+			panic(fmt.Sprintf("tokens of %+v do not follow its block size", p))
 		}
 	}
 	return blocks, gpu

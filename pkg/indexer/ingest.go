@@ -149,10 +149,13 @@ func (m *modelTable) store(st *stream, e *kvevent.BlockStoredEvent, now uint32) 
 		return nil
 	}
 	medium, group := normMedium(e.Medium), normGroup(e.GroupIdx)
-	ln := m.laneOf(st, medium, group, false)
+	ln := m.laneOf(st, medium, group, bs, false)
+	if ln != nil && int(ln.blockSize.Load()) != bs {
+		m.resize(ln, bs)
+	}
 	parent := m.t.keyer.root(m.name, e.LoraName)
 	if e.HasParent {
-		k, ok := translate(st, ln, e.ParentBlockHash)
+		k, ok := translate(st, ln, bs, e.ParentBlockHash)
 		switch {
 		case ok:
 			parent = k
@@ -169,13 +172,7 @@ func (m *modelTable) store(st *stream, e *kvevent.BlockStoredEvent, now uint32) 
 		}
 	}
 	if ln == nil {
-		ln = m.laneOf(st, medium, group, true)
-	}
-	if group == 0 {
-		if old := m.blockSize.Swap(int64(bs)); old != int64(bs) {
-			klog.V(2).InfoS("Learned the engine block size of a model", "model", m.name,
-				"pod", st.id.pod, "rank", st.id.rank, "blockSize", bs, "previous", old)
-		}
+		ln = m.laneOf(st, medium, group, bs, true)
 	}
 	for i, h := range e.BlockHashes {
 		var extra uint64
@@ -189,17 +186,33 @@ func (m *modelTable) store(st *stream, e *kvevent.BlockStoredEvent, now uint32) 
 	return nil
 }
 
+// resize makes ln a lane of blocks of bs tokens. An engine's block size is
+// fixed for its life, so blocks of another size in the same lane come from
+// an engine that restarted unseen: the lane's earlier blocks are dropped.
+func (m *modelTable) resize(ln *lane, bs int) {
+	old := ln.blockSize.Load()
+	n := m.clearLane(ln)
+	m.t.metrics.evicted(reasonBlockSize, n)
+	ln.blockSize.Store(int64(bs))
+	m.publishPods()
+	st := ln.stream
+	klog.InfoS("An engine changed its block size: dropped its blocks of the old size from the KV-cache index",
+		"pod", st.id.pod, "rank", st.id.rank, "model", m.name, "medium", ln.medium, "group", ln.group,
+		"blockSize", bs, "previous", old, "blocks", n)
+}
+
 // translate finds the key of an engine hash of st: in lane ln first, then in
-// st's other lanes (an engine names a block by the same hash in every medium
-// and group that holds it).
-func translate(st *stream, ln *lane, hash uint64) (uint64, bool) {
+// st's other lanes of blocks of bs tokens (an engine names a block by the
+// same hash in every medium and group that holds it; a key chained from a
+// block of another size would name no prompt's prefix).
+func translate(st *stream, ln *lane, bs int, hash uint64) (uint64, bool) {
 	if ln != nil {
 		if k, ok := ln.m.get(hash); ok {
 			return k, true
 		}
 	}
 	for _, o := range st.lanes {
-		if o != ln {
+		if o != ln && int(o.blockSize.Load()) == bs {
 			if k, ok := o.m.get(hash); ok {
 				return k, true
 			}
@@ -257,7 +270,7 @@ func (m *modelTable) dropResidency(ln *lane, hash uint64) {
 // remove applies a BlockRemoved event: only st's residencies in the event's
 // medium and group go.
 func (m *modelTable) remove(st *stream, e *kvevent.BlockRemovedEvent) {
-	ln := m.laneOf(st, normMedium(e.Medium), normGroup(e.GroupIdx), false)
+	ln := m.laneOf(st, normMedium(e.Medium), normGroup(e.GroupIdx), 0, false)
 	if ln == nil {
 		return
 	}

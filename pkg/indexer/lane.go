@@ -18,6 +18,9 @@ type lane struct {
 	// blocks is m.n as of the last event, eviction or release that changed
 	// it, for readers that take no lock.
 	blocks atomic.Int64
+	// blockSize is the number of tokens of the lane's blocks. Only the
+	// writer stores it.
+	blockSize atomic.Int64
 }
 
 // publish makes the lane's size visible to readers that take no lock.

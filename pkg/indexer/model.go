@@ -1,12 +1,14 @@
 package indexer
 
 import (
+	"cmp"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/kvgate/kvgate/pkg/kvevent"
+	"k8s.io/klog/v2"
 )
 
 // holderReuseDelay is how long a released holder id stays unused, so that a
@@ -37,10 +39,9 @@ type modelTable struct {
 	// streams is guarded by SyncPrefixHashTable.mu.
 	streams map[*stream]struct{}
 
-	pods      atomic.Pointer[podIndex]
-	blockSize atomic.Int64
-	lastUse   atomic.Uint32
-	dropped   atomic.Bool
+	pods    atomic.Pointer[podIndex]
+	lastUse atomic.Uint32
+	dropped atomic.Bool
 	// evictFrom is where the next eviction scan starts (a shard number).
 	evictFrom int
 }
@@ -50,23 +51,33 @@ type freeHolder struct {
 	released time.Time
 }
 
-// podIndex is an immutable snapshot, published on every change of lanes, of
-// which holder ids belong to which pod, rank and medium in the primary group.
+// podIndex is an immutable snapshot, published on every change of lanes or
+// of their block sizes, of which holder ids belong to which pod, rank,
+// block size and medium in the primary group (group 0), the one matches
+// read.
 type podIndex struct {
 	width int
 	pods  map[string]*podHolders
+	// sizes are the block sizes of the primary group's lanes, ascending,
+	// each with the number of streams that have a lane of it; primary is
+	// the size most streams have (the smaller of equals), 0 for none.
+	sizes   []sizeStreams
+	primary int
 }
+
+type sizeStreams struct{ blockSize, streams int }
 
 type podHolders struct {
 	state *podState
-	ranks []rankHolders
+	units []unitHolders
 }
 
-// rankHolders are the holder sets, width words each, of one rank's lanes in
-// any medium and on GPU.
-type rankHolders struct {
-	rank     int
-	any, gpu []uint64
+// unitHolders are the holder sets, width words each, of the lanes of one
+// rank and one block size, in any medium and on GPU: what a match credits
+// as one run.
+type unitHolders struct {
+	rank, blockSize int
+	any, gpu        []uint64
 }
 
 func newModelTable(t *SyncPrefixHashTable, name string) *modelTable {
@@ -152,9 +163,9 @@ func normGroup(group int) int {
 	return group
 }
 
-// laneOf returns st's lane for a medium and group, creating it when create
-// is set; m.mu is held.
-func (m *modelTable) laneOf(st *stream, medium string, group int, create bool) *lane {
+// laneOf returns st's lane for a medium and group, creating it for blocks
+// of blockSize tokens when create is set; m.mu is held.
+func (m *modelTable) laneOf(st *stream, medium string, group int, blockSize int, create bool) *lane {
 	for _, ln := range st.lanes {
 		if ln.medium == medium && ln.group == group {
 			return ln
@@ -164,6 +175,7 @@ func (m *modelTable) laneOf(st *stream, medium string, group int, create bool) *
 		return nil
 	}
 	ln := &lane{id: m.allocHolder(), stream: st, medium: medium, group: group, m: laneMap{salt: m.t.keyer.lane}}
+	ln.blockSize.Store(int64(blockSize))
 	m.lanes[ln.id] = ln
 	st.lanes = append(st.lanes, ln)
 	st.publishLanes()
@@ -201,37 +213,71 @@ func (m *modelTable) allocHolder() int {
 }
 
 // publishPods rebuilds the pod index from the lanes of the primary group
-// (group 0), the one whose block size routers chunk prompts by.
+// (group 0), the one matches read, and logs the first time the model's
+// engines use more than one block size.
 func (m *modelTable) publishPods() {
 	idx := &podIndex{width: m.keys.width, pods: make(map[string]*podHolders)}
+	type streamSize struct {
+		st *stream
+		bs int
+	}
+	seen := make(map[streamSize]bool)
 	for _, ln := range m.lanes {
 		if ln == nil || ln.group != 0 {
 			continue
 		}
-		st := ln.stream
+		st, bs := ln.stream, int(ln.blockSize.Load())
 		ph := idx.pods[st.id.pod]
 		if ph == nil {
 			ph = &podHolders{state: st.pod}
 			idx.pods[st.id.pod] = ph
 		}
-		r := ph.rank(st.id.rank, idx.width)
+		u := ph.unit(st.id.rank, bs, idx.width)
 		w, bit := ln.id>>6, uint64(1)<<(ln.id&63)
-		r.any[w] |= bit
+		u.any[w] |= bit
 		if ln.medium == kvevent.MediumGPU {
-			r.gpu[w] |= bit
+			u.gpu[w] |= bit
+		}
+		if !seen[streamSize{st, bs}] {
+			seen[streamSize{st, bs}] = true
+			idx.count(bs)
 		}
 	}
-	m.pods.Store(idx)
+	old := m.pods.Swap(idx)
+	if len(idx.sizes) > 1 && len(old.sizes) < len(idx.sizes) {
+		sizes := make([]int, len(idx.sizes))
+		for i, s := range idx.sizes {
+			sizes[i] = s.blockSize
+		}
+		klog.InfoS("The engines of a model use several block sizes: each pod is matched at its own",
+			"model", m.name, "blockSizes", sizes)
+	}
 }
 
-func (ph *podHolders) rank(rank, width int) *rankHolders {
-	for i := range ph.ranks {
-		if ph.ranks[i].rank == rank {
-			return &ph.ranks[i]
+// count adds a stream with a lane of block size bs to idx's sizes.
+func (idx *podIndex) count(bs int) {
+	i, found := slices.BinarySearchFunc(idx.sizes, bs, func(s sizeStreams, bs int) int { return cmp.Compare(s.blockSize, bs) })
+	if !found {
+		idx.sizes = slices.Insert(idx.sizes, i, sizeStreams{blockSize: bs})
+	}
+	idx.sizes[i].streams++
+	idx.primary = 0
+	best := 0
+	for _, s := range idx.sizes {
+		if s.streams > best {
+			idx.primary, best = s.blockSize, s.streams
 		}
 	}
-	ph.ranks = append(ph.ranks, rankHolders{rank: rank, any: make([]uint64, width), gpu: make([]uint64, width)})
-	return &ph.ranks[len(ph.ranks)-1]
+}
+
+func (ph *podHolders) unit(rank, blockSize, width int) *unitHolders {
+	for i := range ph.units {
+		if u := &ph.units[i]; u.rank == rank && u.blockSize == blockSize {
+			return u
+		}
+	}
+	ph.units = append(ph.units, unitHolders{rank: rank, blockSize: blockSize, any: make([]uint64, width), gpu: make([]uint64, width)})
+	return &ph.units[len(ph.units)-1]
 }
 
 // discard marks a dropped model's streams gone and takes its keys out of

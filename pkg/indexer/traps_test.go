@@ -1,6 +1,7 @@
 package indexer
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -419,5 +420,78 @@ func TestBlocksNamingTheirAdapterByIdOnlyAreCountedNotIndexed(t *testing.T) {
 	mustApply(t, idx, podA, named)
 	if blocks, _ := match(idx, "llama", "sql", tokenRange(0, 48), "ns/a"); blocks["ns/a"] != 3 {
 		t.Fatalf("named adapter's blocks matched %d, want 3", blocks["ns/a"])
+	}
+}
+
+func TestEachPodIsMatchedAtItsOwnBlockSize(t *testing.T) {
+	idx, reg := newTestTable(t, Config{})
+	prompt := tokenRange(0, 128)
+	small, large := podA, podB
+	// Events of the two pods interleave: neither may flip the other's size.
+	for i := 0; i < 3; i++ {
+		mustApply(t, idx, small, stored(hashSeq(1, 8), nil, prompt, 16))
+		mustApply(t, idx, large, stored(hashSeq(101, 4), nil, prompt, 32))
+	}
+	var res MatchResult
+	idx.MatchPrefix("llama", "", append(prompt, 1, 2, 3), []string{"ns/a", "ns/b", "ns/c"}, &res)
+	want := []PodMatch{
+		{Pod: "ns/a", BlockSize: 16, Blocks: 8, Tokens: 128, GPUBlocks: 8, GPUTokens: 128},
+		{Pod: "ns/b", BlockSize: 32, Blocks: 4, Tokens: 128, GPUBlocks: 4, GPUTokens: 128},
+		{Pod: "ns/c"},
+	}
+	if !slices.Equal(res.Pods, want) || res.BlockSize != 16 || res.PromptBlocks != 8 {
+		t.Fatalf("MatchPrefix = %+v, want %+v at primary block size 16 (the smaller of two as common)", res, want)
+	}
+	// A third pod at 32 makes 32 the primary size.
+	mustApply(t, idx, Stream{Pod: "ns/c", Model: "llama"}, stored(hashSeq(201, 2), nil, prompt[:64], 32))
+	if bs, _ := idx.BlockSize("llama"); bs != 32 {
+		t.Errorf("BlockSize = %d, want 32, the size of two streams of three", bs)
+	}
+	for size, want := range map[string]float64{"16": 1, "32": 2} {
+		if got := testsupport.MetricValue(t, reg, "kvgate_indexer_block_size_streams", map[string]string{"model": "llama", "block_size": size}); got != want {
+			t.Errorf("streams of block size %s = %v, want %v", size, got, want)
+		}
+	}
+	st := idx.Stats()
+	if !slices.Equal(st[0].BlockSizes, []int{16, 32}) || st[0].BlockSize != 32 || st[0].Pods[0].Streams[0].Lanes[0].BlockSize != 16 {
+		t.Errorf("Stats = %+v, want block sizes [16 32], primary 32, pod a's lane of 16", st)
+	}
+	// A parent in a lane of another size is no parent: the key chained from
+	// it would name no prompt's prefix.
+	cpu := stored(hashSeq(9, 1), ptr[uint64](8), tokenRange(128, 64), 64)
+	cpu.Medium = kvevent.MediumCPU
+	mustApply(t, idx, small, cpu)
+	if got := testsupport.MetricValue(t, reg, "kvgate_indexer_parent_misses_total", nil); got != 1 {
+		t.Errorf("parent misses = %v, want 1", got)
+	}
+	// An engine whose blocks change size restarted unseen: its blocks of the
+	// old size go, and it is matched at the new one.
+	mustApply(t, idx, small, stored(hashSeq(301, 4), nil, prompt, 32))
+	if got := testsupport.MetricValue(t, reg, "kvgate_indexer_evicted_blocks_total", map[string]string{"reason": reasonBlockSize}); got != 8 {
+		t.Errorf("block_size_changed evictions = %v, want 8", got)
+	}
+	idx.MatchPrefix("llama", "", prompt, []string{"ns/a"}, &res)
+	if p := res.Pods[0]; p.BlockSize != 32 || p.Blocks != 4 {
+		t.Errorf("pod a after its size changed: %+v, want 4 blocks of 32", p)
+	}
+	if err := checkInvariants(idx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestAPodWhoseMediaUseTwoBlockSizesIsCreditedItsLongestRuns(t *testing.T) {
+	idx, _ := newTestTable(t, Config{})
+	prompt := tokenRange(0, 256)
+	// GPU blocks of 16 hold the first 80 tokens; an offload tier with
+	// blocks of 64 holds the first 192.
+	mustApply(t, idx, podA, stored(hashSeq(1, 5), nil, prompt[:80], 16))
+	cpu := stored(hashSeq(101, 3), nil, prompt[:192], 64)
+	cpu.Medium = kvevent.MediumCPU
+	mustApply(t, idx, podA, cpu)
+	var res MatchResult
+	idx.MatchPrefix("llama", "", prompt, []string{"ns/a"}, &res)
+	want := PodMatch{Pod: "ns/a", BlockSize: 64, Blocks: 3, Tokens: 192, GPUBlocks: 1, GPUTokens: 80}
+	if res.Pods[0] != want {
+		t.Fatalf("match = %+v, want %+v", res.Pods[0], want)
 	}
 }
