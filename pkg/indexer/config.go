@@ -39,13 +39,14 @@ type Config struct {
 	MaxContexts int
 	// MaxPrefixesPerContext bounds the distinct blocks (prefix keys) indexed
 	// for one model, whatever the number of pods holding each. Storing past
-	// it evicts the least recently stored-or-matched blocks of that model.
+	// it evicts the least recently stored-or-matched blocks of the model's
+	// streams that hold the most (see the package documentation).
 	// Env: AIBRIX_SYNC_MAX_PREFIXES_PER_CONTEXT. Default
 	// DefaultMaxPrefixesPerContext.
 	MaxPrefixesPerContext int
 	// MaxPrefixes bounds the distinct blocks of all models together. Storing
-	// past it evicts blocks of the least recently used model. It has no
-	// AIBrix counterpart. Default DefaultMaxPrefixes.
+	// past it evicts blocks of the least recently used model, as its own
+	// bound does. It has no AIBrix counterpart. Default DefaultMaxPrefixes.
 	MaxPrefixes int
 	// EvictionInterval is the period of the sweep that Run performs.
 	// Env: AIBRIX_SYNC_EVICTION_INTERVAL_SECONDS. Default
