@@ -5,7 +5,7 @@
 // # What counts as a match
 //
 // A prompt is cut into whole blocks of the engine's block size (in tokens,
-// learned from the model's events; a trailing partial block never counts).
+// learned from the engine's events; a trailing partial block never counts).
 // Block i of a prompt matches a pod when the pod holds the KV cache of
 // exactly the tokens of blocks 0 to i, computed for the same model and LoRA
 // adapter and with no extra inputs (images, cache salts, prompt embeddings)
@@ -18,15 +18,25 @@
 // applied until its BlockRemoved, an AllBlocksCleared, a purge of the pod, or
 // eviction by the index's own bounds.
 //
+// The engines of one model need not share a block size: each lane keeps the
+// block size of its events, and a match walks the prompt once per block size
+// among its candidates, crediting each pod at its own engines' size and
+// comparing runs in tokens (the sizes in use are counted in
+// kvgate_indexer_block_size_streams). A parent is looked up only among the
+// stream's lanes of the event's block size, and blocks of another size in a
+// lane mean that its engine restarted unseen: its blocks of the old size are
+// dropped (evicted_blocks_total{reason="block_size_changed"}).
+//
 // # Keys
 //
 // The index names blocks by its own chained 64-bit hash of their tokens,
 // seeded at random per process and rooted in the model and adapter, so
 // routers compute the same keys from a prompt without knowing the engine's
-// hash function or seed.
-// Per stream (pod and rank), a lane for each medium and group maps the
-// engine's block hashes to these keys, so that events naming engine hashes
-// (parents, removals) find their blocks.
+// hash function or seed. Per stream (pod and rank), a lane for each medium
+// and group maps the engine's block hashes to these keys, so that events
+// naming engine hashes (parents, removals) find their blocks; lanes place
+// engine hashes by a keyed mix of the same secret, so that an engine
+// choosing its hashes cannot pile them onto one probe sequence.
 //
 // Blocks that name their LoRA adapter by the engine's adapter id alone
 // (vLLM 0.9 sends no name) are not indexed and are counted in
@@ -38,9 +48,9 @@
 //
 // A BlockStored event whose parent hash the stream does not hold (the parent
 // was stored before the index started, before the stream was reset or
-// cleared, evicted by the index, or lost in a gap) is skipped whole and counted in kvgate_indexer_parent_misses_total:
-// indexing its blocks from the root would credit pods with prefixes they do
-// not hold. The chain heals when the engine stores the prefix again from its
+// cleared, evicted by the index, or lost in a gap) is skipped whole and
+// counted in kvgate_indexer_parent_misses_total: indexing its blocks from
+// the root would credit pods with prefixes they do not hold. The chain heals when the engine stores the prefix again from its
 // first block, which vLLM does whenever a request recomputes it.
 //
 // A parent hash of 0 that the stream does not hold means "no parent", as a
@@ -97,24 +107,26 @@
 // from empty to one key to a tombstone and entries never move, so a lookup
 // always reads the holders of the key it found, and never misses a key that
 // was present throughout; growing, shrinking and dropping tombstones build
-// new arrays aside and publish them with one atomic store. Writers of one
-// model (event batches, purges, evictions) serialise on the model's mutex;
-// different models are independent, and the registry of pods, streams and
-// models has a lock of its own that is never held while waiting for a
-// model's writer. Nothing that only reads waits for a writer either:
-// statistics (Stats, the metrics' gauges) read counts the writers publish
-// after each event, and the idle sweep and the drop of a model past
+// new arrays aside and publish them with one atomic store.
+//
+// Writers of one model (event batches, purges, evictions) serialise on the
+// model's mutex; different models are independent, and the registry of
+// pods, streams and models has a lock of its own that is never held while
+// waiting for a model's writer. Nothing that only reads waits for a writer
+// either: statistics (Stats, the metrics' gauges) read counts the writers
+// publish after each event, and the idle sweep and the drop of a model past
 // MaxContexts leave their work on a busy model to the writer that holds its
-// mutex, which does it before letting go. A pod purge writes no slot: its lanes'
-// holder ids stop being live, keys left with no live holder stop being
-// counted, and their slots and the ids' bits are reclaimed when the shard is
-// next rebuilt. To count those keys it looks up each of the pod's keys once,
-// in slot order, or, when the pod holds more than a sixteenth as many keys
-// as the table has slots, sweeps the slots for its bits, which streams
-// through memory at about a nanosecond a slot where a lookup misses the
-// cache; either way its time grows with the pod's entries.
-// It delays only the writers of the pod's models. AllBlocksCleared finds a
-// stream's residencies the same two ways.
+// mutex, which does it before letting go.
+//
+// A pod purge writes no slot: its lanes' holder ids stop being live, keys
+// left with no live holder stop being counted, and their slots and the ids'
+// bits are reclaimed when the shard is next rebuilt. To count those keys it
+// looks up each of the pod's keys once, in slot order, or, when the pod
+// holds more than a sixteenth as many keys as the table has slots, sweeps
+// the slots for its bits, which streams through memory at about a
+// nanosecond a slot where a lookup misses the cache; either way its time
+// grows with the pod's entries. It delays only the writers of the pod's
+// models. AllBlocksCleared finds a stream's residencies the same two ways.
 //
 // A match keys the prompt a batch of blocks ahead of its lookups and asks the
 // CPU to prefetch the slots of the batch it has keyed, so that the memory
