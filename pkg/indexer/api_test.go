@@ -94,9 +94,7 @@ func TestGaugesDescribeTheIndexAndForgetPurgedPods(t *testing.T) {
 }
 
 func TestStatsReportPodsStreamsAndLanes(t *testing.T) {
-	idx, _ := newTestTable(t, Config{})
-	clock := testsupport.NewClock(time.Now())
-	idx.now = clock.Now
+	idx, _, clock := newClockedTable(t, Config{})
 	r1 := podA
 	r1.Rank = 1
 	mustApply(t, idx, podA, stored(hashSeq(1, 2), nil, tokenRange(0, 32), 16))

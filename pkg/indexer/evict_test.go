@@ -26,9 +26,7 @@ func promptBlocks(idx *SyncPrefixHashTable, s Stream, p, blocks int) int {
 }
 
 func TestCapacityEvictsLeastRecentlyStoredOrMatched(t *testing.T) {
-	idx, reg := newTestTable(t, Config{MaxPrefixesPerContext: 64})
-	clock := testsupport.NewClock(time.Now())
-	idx.now = clock.Now
+	idx, reg, clock := newClockedTable(t, Config{MaxPrefixesPerContext: 64})
 	for p := 0; p < 8; p++ {
 		clock.Advance(time.Second)
 		storePrompt(t, idx, podA, p, 8)
@@ -67,9 +65,7 @@ func TestCapacityEvictsLeastRecentlyStoredOrMatched(t *testing.T) {
 }
 
 func TestTotalBoundEvictsFromTheLeastRecentlyUsedModel(t *testing.T) {
-	idx, reg := newTestTable(t, Config{MaxPrefixes: 40})
-	clock := testsupport.NewClock(time.Now())
-	idx.now = clock.Now
+	idx, reg, clock := newClockedTable(t, Config{MaxPrefixes: 40})
 	old := Stream{Pod: "ns/old", Model: "old"}
 	fresh := Stream{Pod: "ns/new", Model: "new"}
 	for p := 0; p < 4; p++ {
@@ -96,9 +92,7 @@ func TestTotalBoundEvictsFromTheLeastRecentlyUsedModel(t *testing.T) {
 }
 
 func TestMaxContextsDropsTheLeastRecentlyUsedModel(t *testing.T) {
-	idx, reg := newTestTable(t, Config{MaxContexts: 2})
-	clock := testsupport.NewClock(time.Now())
-	idx.now = clock.Now
+	idx, reg, clock := newClockedTable(t, Config{MaxContexts: 2})
 	streams := []Stream{{Pod: "ns/1", Model: "m1"}, {Pod: "ns/2", Model: "m2"}, {Pod: "ns/3", Model: "m3"}}
 	for i, s := range streams {
 		clock.Advance(time.Second)
@@ -134,9 +128,7 @@ func TestBoundsHoldUnderRandomEvents(t *testing.T) {
 	for seed := uint64(1); seed <= 4; seed++ {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(seed, 7))
-			idx, _ := newTestTable(t, Config{MaxPrefixesPerContext: 50, MaxPrefixes: 80, MaxContexts: 2})
-			clock := testsupport.NewClock(time.Now())
-			idx.now = clock.Now
+			idx, _, clock := newClockedTable(t, Config{MaxPrefixesPerContext: 50, MaxPrefixes: 80, MaxContexts: 2})
 			models := []*refModel{
 				newRefModel(rng, "m1", 4, 2, "ns/p0", "ns/p1"),
 				newRefModel(rng, "m2", 4, 1, "ns/p2"),
@@ -237,9 +229,7 @@ func chain(tb testing.TB, idx *SyncPrefixHashTable, s Stream, hash uint64, tok, 
 }
 
 func TestAFloodingPodEvictsOnlyItsOwnBlocks(t *testing.T) {
-	idx, reg := newTestTable(t, Config{MaxPrefixesPerContext: 1000})
-	clock := testsupport.NewClock(time.Now())
-	idx.now = clock.Now
+	idx, reg, clock := newClockedTable(t, Config{MaxPrefixesPerContext: 1000})
 	flooder := Stream{Pod: "ns/flood", Model: "llama"}
 	quiet := Stream{Pod: "ns/quiet", Model: "llama"}
 	dp0 := Stream{Pod: "ns/dp", Model: "llama"}
@@ -283,9 +273,7 @@ func TestAFloodingPodEvictsOnlyItsOwnBlocks(t *testing.T) {
 }
 
 func TestEvictionTakesFromTheStreamsThatHoldTheMost(t *testing.T) {
-	idx, _ := newTestTable(t, Config{MaxPrefixesPerContext: 1000})
-	clock := testsupport.NewClock(time.Now())
-	idx.now = clock.Now
+	idx, _, clock := newClockedTable(t, Config{MaxPrefixesPerContext: 1000})
 	x := Stream{Pod: "ns/x", Model: "llama"}
 	y := Stream{Pod: "ns/y", Model: "llama"}
 	z := Stream{Pod: "ns/z", Model: "llama"}

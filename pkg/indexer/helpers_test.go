@@ -4,6 +4,9 @@ import (
 	"fmt"
 	"strconv"
 	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/internal/testsupport"
 
 	"github.com/kvgate/kvgate/pkg/kvevent"
 	"github.com/prometheus/client_golang/prometheus"
@@ -18,6 +21,16 @@ func newTestTable(tb testing.TB, cfg Config) (*SyncPrefixHashTable, *prometheus.
 		tb.Fatalf("NewSyncPrefixHashTable: %v", err)
 	}
 	return t, reg
+}
+
+// newClockedTable returns a table with its metrics on a fresh registry and
+// its time from a clock the test advances.
+func newClockedTable(tb testing.TB, cfg Config) (*SyncPrefixHashTable, *prometheus.Registry, *testsupport.Clock) {
+	tb.Helper()
+	t, reg := newTestTable(tb, cfg)
+	clock := testsupport.NewClock(time.Now())
+	t.now = clock.Now
+	return t, reg, clock
 }
 
 // tokenRange returns n consecutive token ids starting at from.

@@ -29,9 +29,7 @@ func returnsWhileLocked(t *testing.T, m *modelTable, what string, fn func()) {
 }
 
 func TestStatsMetricsAndTheSweepNeverWaitForAWriter(t *testing.T) {
-	idx, reg := newTestTable(t, Config{EvictionDuration: time.Minute})
-	clock := testsupport.NewClock(time.Now())
-	idx.now = clock.Now
+	idx, reg, clock := newClockedTable(t, Config{EvictionDuration: time.Minute})
 	idle := Stream{Pod: "ns/idle", Model: "llama"}
 	mustApply(t, idx, idle, stored(hashSeq(1, 3), nil, tokenRange(0, 48), 16))
 	clock.Advance(2 * time.Minute)
@@ -62,9 +60,7 @@ func TestStatsMetricsAndTheSweepNeverWaitForAWriter(t *testing.T) {
 }
 
 func TestDroppingABusyModelDoesNotWaitForItsWriter(t *testing.T) {
-	idx, reg := newTestTable(t, Config{MaxContexts: 1})
-	clock := testsupport.NewClock(time.Now())
-	idx.now = clock.Now
+	idx, reg, clock := newClockedTable(t, Config{MaxContexts: 1})
 	storePrompt(t, idx, podA, 0, 4)
 	clock.Advance(time.Second)
 	m := idx.model("llama")

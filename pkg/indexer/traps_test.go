@@ -4,7 +4,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/kvevent"
@@ -137,9 +136,7 @@ func TestRouterChunksByTheEngineBlockSizeInTokens(t *testing.T) {
 }
 
 func TestEventsKeepAPodAliveAndIdlePodsArePurged(t *testing.T) {
-	idx, reg := newTestTable(t, Config{EvictionDuration: 20 * 60e9})
-	clock := testsupport.NewClock(time.Now())
-	idx.now = clock.Now
+	idx, reg, clock := newClockedTable(t, Config{EvictionDuration: 20 * 60e9})
 	mustApply(t, idx, podA, stored(hashSeq(1, 2), nil, tokenRange(0, 32), 16))
 	mustApply(t, idx, podB, stored(hashSeq(1, 2), nil, tokenRange(0, 32), 16))
 	// Pod A keeps sending events and is never matched; pod B goes quiet.
@@ -164,9 +161,7 @@ func TestEventsKeepAPodAliveAndIdlePodsArePurged(t *testing.T) {
 }
 
 func TestMatchesKeepAPodAlive(t *testing.T) {
-	idx, _ := newTestTable(t, Config{EvictionDuration: 10 * 60e9})
-	clock := testsupport.NewClock(time.Now())
-	idx.now = clock.Now
+	idx, _, clock := newClockedTable(t, Config{EvictionDuration: 10 * 60e9})
 	mustApply(t, idx, podA, stored(hashSeq(1, 2), nil, tokenRange(0, 32), 16))
 	for i := 0; i < 20; i++ {
 		clock.Advance(60e9)
@@ -306,9 +301,7 @@ func TestAllBlocksClearedAndPurgeRemoveOnlyThatPod(t *testing.T) {
 }
 
 func TestMoreThan64PodsPerModel(t *testing.T) {
-	idx, _ := newTestTable(t, Config{})
-	clock := testsupport.NewClock(time.Now())
-	idx.now = clock.Now
+	idx, _, clock := newClockedTable(t, Config{})
 	const pods = 150
 	names := make([]string, pods)
 	for i := range pods {
