@@ -16,16 +16,19 @@ import (
 // stores.
 const evictBatchDiv = 32
 
-// makeRoom evicts keys so that one more key fits both bounds; m.mu is held.
-func (m *modelTable) makeRoom() {
+// makeRoom evicts keys so that one more key fits both bounds, and reports
+// whether it evicted any (from any model); m.mu is held.
+func (m *modelTable) makeRoom() bool {
 	cfg := &m.t.cfg
 	if m.keys.n >= cfg.MaxPrefixesPerContext {
 		m.evict(m.keys.n-cfg.MaxPrefixesPerContext+1, reasonCapacity)
-		return
+		return true
 	}
 	if m.t.total.Load() >= int64(cfg.MaxPrefixes) {
 		m.t.evictForTotal(m)
+		return true
 	}
+	return false
 }
 
 // evict removes residencies of the model in rounds, by the policy of the

@@ -224,8 +224,11 @@ func translate(st *stream, ln *lane, bs int, hash uint64) (uint64, bool) {
 // addResidency records that ln holds the block named hash by its engine and
 // key by the index. Storing a block again refreshes it.
 func (m *modelTable) addResidency(ln *lane, hash, key uint64, now uint32) {
-	if old, ok := ln.m.get(hash); ok {
-		if old == key {
+	// at is where the lane's probe sequence for hash ends, for the insert
+	// below, unless the lane changes in between.
+	at, held := ln.m.slot(hash)
+	if held {
+		if ln.m.keys[at] == key {
 			if r, ok := m.keys.find(key); ok {
 				r.touch(now)
 			}
@@ -233,15 +236,20 @@ func (m *modelTable) addResidency(ln *lane, hash, key uint64, now uint32) {
 		}
 		// The engine names other content by this hash now.
 		m.dropResidency(ln, hash)
+		at = -1
 	}
 	r, ok := m.keys.find(key)
 	switch {
 	case !ok:
-		m.makeRoom()
+		if m.makeRoom() {
+			at = -1
+		}
 		r = m.keys.insert(key, now, r)
 	case !m.keys.held(r.a, r.i):
 		// Every holder of the key was released: it is stored anew.
-		m.makeRoom()
+		if m.makeRoom() {
+			at = -1
+		}
 		m.keys.revive(r, now)
 	case r.has(ln.id):
 		// A second engine hash for content the lane already holds: only a
@@ -253,7 +261,7 @@ func (m *modelTable) addResidency(ln *lane, hash, key uint64, now uint32) {
 		r.touch(now)
 	}
 	r.add(ln.id)
-	ln.m.put(hash, key)
+	ln.m.add(at, hash, key)
 }
 
 // dropResidency removes ln's residency of the block its engine names hash.

@@ -86,17 +86,16 @@ func (m *laneMap) get(hash uint64) (uint64, bool) {
 	return m.keys[i], true
 }
 
-// put maps hash to key, replacing any previous key.
-func (m *laneMap) put(hash, key uint64) {
-	if i, ok := m.slot(hash); ok {
-		m.keys[i] = key
-		return
+// add maps hash, which m does not hold, to key. at is where slot said the
+// probe sequence of hash ends, or -1 when m may have changed since.
+func (m *laneMap) add(at int, hash, key uint64) {
+	if at < 0 || len(m.keys) == 0 || overFull(m.n+1, len(m.keys)) {
+		if len(m.keys) == 0 || overFull(m.n+1, len(m.keys)) {
+			m.rebuild(capFor(m.n + 1))
+		}
+		at, _ = m.slot(hash)
 	}
-	if len(m.keys) == 0 || overFull(m.n+1, len(m.keys)) {
-		m.rebuild(capFor(m.n + 1))
-	}
-	i, _ := m.slot(hash)
-	m.hashes[i], m.keys[i] = hash, key
+	m.hashes[at], m.keys[at] = hash, key
 	m.n++
 }
 
