@@ -125,13 +125,14 @@ func (m *modelTable) checkInvariants() error {
 			return fmt.Errorf("lane at %d has id %d", id, ln.id)
 		}
 		n := 0
-		for i, k := range ln.m.keys {
+		for i := range ln.m.slots() {
+			k := ln.m.key(i)
 			if k == 0 {
 				continue
 			}
 			n++
-			if got, ok := ln.m.get(ln.m.hashes[i]); !ok || got != k {
-				return fmt.Errorf("lane %d: hash %d unreachable", id, ln.m.hashes[i])
+			if got, ok := ln.m.get(ln.m.hash(i)); !ok || got != k {
+				return fmt.Errorf("lane %d: hash %d unreachable", id, ln.m.hash(i))
 			}
 			if holders[k] == nil {
 				holders[k] = map[int]bool{}

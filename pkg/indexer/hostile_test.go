@@ -22,10 +22,10 @@ func inverseMixA() uint64 {
 
 // laneProbes is the number of slots that looking up every entry of m reads.
 func laneProbes(m *laneMap) int {
-	c, probes := len(m.keys), 0
-	for i, k := range m.keys {
-		if k != 0 {
-			probes += (i-m.salt.home(m.hashes[i], c)+c)%c + 1
+	c, probes := m.slots(), 0
+	for i := range c {
+		if m.key(i) != 0 {
+			probes += (i-m.salt.home(m.hash(i), c)+c)%c + 1
 		}
 	}
 	return probes

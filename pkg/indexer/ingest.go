@@ -228,7 +228,7 @@ func (m *modelTable) addResidency(ln *lane, hash, key uint64, now uint32) {
 	// below, unless the lane changes in between.
 	at, held := ln.m.slot(hash)
 	if held {
-		if ln.m.keys[at] == key {
+		if ln.m.key(at) == key {
 			if r, ok := m.keys.find(key); ok {
 				r.touch(now)
 			}

@@ -35,10 +35,11 @@ func (ln *lane) publish() { ln.blocks.Store(int64(ln.m.n)) }
 // mix of the table's secret (salt), so that no choice of hashes made without
 // the secret piles them onto one probe sequence.
 type laneMap struct {
-	hashes []uint64
-	keys   []uint64
-	n      int
-	salt   laneSalt
+	// w holds the slots, two words each: w[2i] is the engine hash of slot
+	// i and w[2i+1] its key, so that a probe reads one cache line.
+	w    []uint64
+	n    int
+	salt laneSalt
 }
 
 // laneSalt is the secret that places engine hashes in lane maps: two words
@@ -59,16 +60,27 @@ func (s laneSalt) home(hash uint64, capacity int) int {
 	return home(mum(hash^s[0], s[1]), capacity)
 }
 
+// slots is the map's capacity.
+func (m *laneMap) slots() int { return len(m.w) / 2 }
+
+// hash and key are those of slot i; key is 0 for an empty slot.
+func (m *laneMap) hash(i int) uint64 { return m.w[2*i] }
+func (m *laneMap) key(i int) uint64  { return m.w[2*i+1] }
+
+func (m *laneMap) set(i int, hash, key uint64) { m.w[2*i], m.w[2*i+1] = hash, key }
+
+// slot returns the slot of hash, or the empty slot that ends its probe
+// sequence.
 func (m *laneMap) slot(hash uint64) (int, bool) {
-	c := len(m.keys)
+	c := m.slots()
 	if c == 0 {
 		return 0, false
 	}
 	for i := m.salt.home(hash, c); ; {
-		if m.keys[i] == 0 {
+		if m.w[2*i+1] == 0 {
 			return i, false
 		}
-		if m.hashes[i] == hash {
+		if m.w[2*i] == hash {
 			return i, true
 		}
 		if i++; i == c {
@@ -83,19 +95,19 @@ func (m *laneMap) get(hash uint64) (uint64, bool) {
 	if !ok {
 		return 0, false
 	}
-	return m.keys[i], true
+	return m.key(i), true
 }
 
 // add maps hash, which m does not hold, to key. at is where slot said the
 // probe sequence of hash ends, or -1 when m may have changed since.
 func (m *laneMap) add(at int, hash, key uint64) {
-	if at < 0 || len(m.keys) == 0 || overFull(m.n+1, len(m.keys)) {
-		if len(m.keys) == 0 || overFull(m.n+1, len(m.keys)) {
+	if at < 0 || m.slots() == 0 || overFull(m.n+1, m.slots()) {
+		if m.slots() == 0 || overFull(m.n+1, m.slots()) {
 			m.rebuild(capFor(m.n + 1))
 		}
 		at, _ = m.slot(hash)
 	}
-	m.hashes[at], m.keys[at] = hash, key
+	m.set(at, hash, key)
 	m.n++
 }
 
@@ -105,9 +117,9 @@ func (m *laneMap) del(hash uint64) (uint64, bool) {
 	if !ok {
 		return 0, false
 	}
-	key := m.keys[i]
+	key := m.key(i)
 	m.deleteAt(i)
-	if underFull(m.n, len(m.keys)) {
+	if underFull(m.n, m.slots()) {
 		m.rebuild(capFor(m.n))
 	}
 	return key, true
@@ -117,21 +129,21 @@ func (m *laneMap) del(hash uint64) (uint64, bool) {
 // sequence passes through it (backward-shift deletion). It moves entries
 // only from after the hole, up to the next empty slot.
 func (m *laneMap) deleteAt(i int) {
-	c := len(m.keys)
+	c := m.slots()
 	for j := i; ; {
 		if j++; j == c {
 			j = 0
 		}
-		if m.keys[j] == 0 {
+		if m.key(j) == 0 {
 			break
 		}
-		if between(i, m.salt.home(m.hashes[j], c), j) {
+		if between(i, m.salt.home(m.hash(j), c), j) {
 			continue
 		}
-		m.hashes[i], m.keys[i] = m.hashes[j], m.keys[j]
+		m.set(i, m.hash(j), m.key(j))
 		i = j
 	}
-	m.hashes[i], m.keys[i] = 0, 0
+	m.set(i, 0, 0)
 	m.n--
 }
 
@@ -144,13 +156,13 @@ func (m *laneMap) removeKeys(s *keySet) int {
 	if m.n == 0 {
 		return 0
 	}
-	c, start := len(m.keys), 0
-	for m.keys[start] != 0 {
+	c, start := m.slots(), 0
+	for m.key(start) != 0 {
 		start++
 	}
 	n := 0
 	for i, seen := start, 0; seen < c; {
-		if k := m.keys[i]; k != 0 && s.has(k) {
+		if k := m.key(i); k != 0 && s.has(k) {
 			m.deleteAt(i)
 			n++
 			continue
@@ -166,24 +178,41 @@ func (m *laneMap) removeKeys(s *keySet) int {
 	return n
 }
 
-// rebuild moves the entries into new arrays of the given capacity.
+// rebuild moves the entries into new slots of the given capacity.
 func (m *laneMap) rebuild(capacity int) {
 	old := *m
-	m.hashes = make([]uint64, capacity)
-	m.keys = make([]uint64, capacity)
-	for j, k := range old.keys {
+	m.w = make([]uint64, 2*capacity)
+	for j := range old.slots() {
+		k := old.key(j)
 		if k == 0 {
 			continue
 		}
-		i := m.salt.home(old.hashes[j], capacity)
-		for m.keys[i] != 0 {
+		i := m.salt.home(old.hash(j), capacity)
+		for m.key(i) != 0 {
 			if i++; i == capacity {
 				i = 0
 			}
 		}
-		m.hashes[i], m.keys[i] = old.hashes[j], k
+		m.set(i, old.hash(j), k)
 	}
 }
 
-// reset drops every entry and the arrays.
+// takeKeys empties the map and returns its keys, in the map's own memory,
+// with as much room after them: the keys and scratch of a release of the
+// lane (see keyTable.release).
+func (m *laneMap) takeKeys() (keys, scratch []uint64) {
+	// Slot j's key is at 2j+1, past every word written before it.
+	n := 0
+	for j := range m.slots() {
+		if k := m.key(j); k != 0 {
+			m.w[n] = k
+			n++
+		}
+	}
+	keys, scratch = m.w[:n:n], m.w[n:2*n]
+	*m = laneMap{salt: m.salt}
+	return keys, scratch
+}
+
+// reset drops every entry and the slots.
 func (m *laneMap) reset() { *m = laneMap{salt: m.salt} }

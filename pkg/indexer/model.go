@@ -302,10 +302,7 @@ func (m *modelTable) discard(streams []*stream) int {
 // m.mu is held.
 func (m *modelTable) clearLane(ln *lane) int {
 	n := ln.m.n
-	// The lane's arrays are dropped after this: its hash array is
-	// dropHolder's scratch.
-	m.keys.dropHolder(ln.m.keys, ln.id, ln.m.hashes)
-	ln.m.reset()
+	m.keys.dropHolder(&ln.m, ln.id)
 	ln.publish()
 	m.keys.shrink()
 	return n
@@ -336,8 +333,7 @@ func (m *modelTable) releaseStreamLocked(st *stream) int {
 	now := m.t.now()
 	for _, ln := range st.lanes {
 		n += ln.m.n
-		m.keys.release(ln.m.keys, ln.id, ln.m.hashes)
-		ln.m.reset()
+		m.keys.release(&ln.m, ln.id)
 		m.free = append(m.free, freeHolder{ln.id, now})
 	}
 	m.keys.shrink()

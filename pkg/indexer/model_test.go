@@ -383,8 +383,8 @@ func checkEvictions(idx *SyncPrefixHashTable, ref *reference, models []*refModel
 			id := laneID{ln.stream.id.pod, ln.stream.id.rank, ln.medium, ln.group}
 			lanes[id] = ln
 			held[sid{id.pod, id.rank}] += ln.m.n
-			for i, k := range ln.m.keys {
-				if h := ln.m.hashes[i]; k != 0 {
+			for i := range ln.m.slots() {
+				if h := ln.m.hash(i); ln.m.key(i) != 0 {
 					if _, ok := ref.lanes[id][h]; !ok {
 						return fmt.Errorf("lane %v holds hash %x, which its engine never stored there", id, h)
 					}
