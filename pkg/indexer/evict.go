@@ -45,9 +45,11 @@ func (m *modelTable) evict(need int, reason string) int {
 		}
 		freed, removed = freed+f, removed+r
 	}
-	m.t.metrics.evicted(reason, removed)
-	klog.V(3).InfoS("Evicted blocks of a model from the KV-cache index",
-		"model", m.name, "reason", reason, "keys", freed, "residencies", removed)
+	if removed > 0 {
+		m.t.metrics.evicted(reason, removed)
+		klog.V(3).InfoS("Evicted blocks of a model from the KV-cache index",
+			"model", m.name, "reason", reason, "keys", freed, "residencies", removed)
+	}
 	return freed
 }
 

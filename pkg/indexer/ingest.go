@@ -196,7 +196,7 @@ func (m *modelTable) resize(ln *lane, bs int) {
 	ln.blockSize.Store(int64(bs))
 	m.publishPods()
 	st := ln.stream
-	klog.InfoS("An engine changed its block size: dropped its blocks of the old size from the KV-cache index",
+	klog.V(2).InfoS("An engine changed its block size: dropped its blocks of the old size from the KV-cache index",
 		"pod", st.id.pod, "rank", st.id.rank, "model", m.name, "medium", ln.medium, "group", ln.group,
 		"blockSize", bs, "previous", old, "blocks", n)
 }

@@ -44,6 +44,9 @@ type modelTable struct {
 	dropped atomic.Bool
 	// evictFrom is where the next eviction scan starts (a shard number).
 	evictFrom int
+	// mostSizes is the most block sizes the model's engines used at once,
+	// logged when it grows past one.
+	mostSizes int
 }
 
 type freeHolder struct {
@@ -213,8 +216,8 @@ func (m *modelTable) allocHolder() int {
 }
 
 // publishPods rebuilds the pod index from the lanes of the primary group
-// (group 0), the one matches read, and logs the first time the model's
-// engines use more than one block size.
+// (group 0), the one matches read, and logs when the model's engines use
+// more block sizes at once than they ever did, past one.
 func (m *modelTable) publishPods() {
 	idx := &podIndex{width: m.keys.width, pods: make(map[string]*podHolders)}
 	type streamSize struct {
@@ -243,8 +246,9 @@ func (m *modelTable) publishPods() {
 			idx.count(bs)
 		}
 	}
-	old := m.pods.Swap(idx)
-	if len(idx.sizes) > 1 && len(old.sizes) < len(idx.sizes) {
+	m.pods.Store(idx)
+	if len(idx.sizes) > max(1, m.mostSizes) {
+		m.mostSizes = len(idx.sizes)
 		sizes := make([]int, len(idx.sizes))
 		for i, s := range idx.sizes {
 			sizes[i] = s.blockSize
