@@ -28,10 +28,12 @@ type modelTable struct {
 	// later.
 	mu sync.Mutex
 	// queue holds the work later queued for the holder of mu; queueMu
-	// guards it. It holds at most one entry per stream the model ever had
-	// and one for the model's drop.
+	// guards it, and queued counts its entries for unlock to read without
+	// taking queueMu. It holds at most one entry per stream the model ever
+	// had and one for the model's drop.
 	queueMu sync.Mutex
 	queue   []func()
+	queued  atomic.Int32
 	keys    keyTable
 	// lanes is indexed by holder id; nil marks a free id.
 	lanes []*lane
@@ -104,11 +106,13 @@ func (m *modelTable) tryLock() bool { return m.mu.TryLock() }
 // lock next, itself included, before that one releases it.
 func (m *modelTable) unlock() {
 	for {
-		for _, fn := range m.takeQueue() {
-			fn()
+		if m.queued.Load() > 0 {
+			for _, fn := range m.takeQueue() {
+				fn()
+			}
 		}
 		m.mu.Unlock()
-		if !m.queued() || !m.mu.TryLock() {
+		if m.queued.Load() == 0 || !m.mu.TryLock() {
 			return
 		}
 	}
@@ -121,6 +125,7 @@ func (m *modelTable) unlock() {
 func (m *modelTable) later(fn func()) {
 	m.queueMu.Lock()
 	m.queue = append(m.queue, fn)
+	m.queued.Add(1)
 	m.queueMu.Unlock()
 	if m.mu.TryLock() {
 		m.unlock()
@@ -132,13 +137,8 @@ func (m *modelTable) takeQueue() []func() {
 	defer m.queueMu.Unlock()
 	q := m.queue
 	m.queue = nil
+	m.queued.Store(0)
 	return q
-}
-
-func (m *modelTable) queued() bool {
-	m.queueMu.Lock()
-	defer m.queueMu.Unlock()
-	return len(m.queue) > 0
 }
 
 // use records that the model was stored into or matched at tick now.

@@ -1,6 +1,7 @@
 package indexer
 
 import (
+	"sync"
 	"testing"
 	"time"
 
@@ -79,5 +80,42 @@ func TestDroppingABusyModelDoesNotWaitForItsWriter(t *testing.T) {
 	}
 	if n := idx.total.Load(); n != 2 {
 		t.Errorf("total keys = %d, want the new model's 2", n)
+	}
+}
+
+// TestWorkLeftForAWriterAlwaysRuns races work left with later against
+// writers that take and release the lock: once every goroutine has
+// returned, every piece of work has run, each under the lock.
+func TestWorkLeftForAWriterAlwaysRuns(t *testing.T) {
+	idx, _ := newTestTable(t, Config{})
+	storePrompt(t, idx, podA, 0, 1)
+	m := idx.model("llama")
+	const writers, leavers, each = 4, 4, 2000
+	ran := 0 // guarded by m.mu
+	var wg sync.WaitGroup
+	for range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range each {
+				m.lock()
+				m.unlock()
+			}
+		}()
+	}
+	for range leavers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range each {
+				m.later(func() { ran++ })
+			}
+		}()
+	}
+	wg.Wait()
+	m.lock()
+	defer m.unlock()
+	if ran != leavers*each {
+		t.Fatalf("%d pieces of work ran, want %d", ran, leavers*each)
 	}
 }
