@@ -343,8 +343,9 @@ func BenchmarkPurgePod100kWhileMatching(b *testing.B) {
 
 // BenchmarkPurgePodOneOfEight purges a pod of the 8-pod workload at half a
 // million keys (977 prompts, each on two pods): the pod holds 125,000 blocks,
-// a quarter of the table, as one pod of a fleet does. It reports the purge
-// time.
+// a quarter of the table, as one pod of a fleet does. It reports the mean
+// purge time and the fastest, which other work on a shared machine delays
+// least.
 func BenchmarkPurgePodOneOfEight(b *testing.B) {
 	idx, _ := newTestTable(b, Config{})
 	const prompts = 977
@@ -355,12 +356,16 @@ func BenchmarkPurgePodOneOfEight(b *testing.B) {
 			evs = append(evs, benchEvents(p, benchPrompt(p))...)
 		}
 	}
-	var purge time.Duration
+	var purge, fastest time.Duration
 	for i := 0; i < b.N; i++ {
 		runtime.GC()
 		t0 := time.Now()
 		idx.PurgePod(benchPodNames[0])
-		purge += time.Since(t0)
+		d := time.Since(t0)
+		purge += d
+		if fastest == 0 || d < fastest {
+			fastest = d
+		}
 		b.StopTimer()
 		for _, e := range evs {
 			if err := idx.ProcessBlockStored(benchStream(0), e); err != nil {
@@ -370,6 +375,7 @@ func BenchmarkPurgePodOneOfEight(b *testing.B) {
 		b.StartTimer()
 	}
 	b.ReportMetric(float64(purge.Nanoseconds())/float64(b.N)/1e6, "ms/purge")
+	b.ReportMetric(float64(fastest.Nanoseconds())/1e6, "ms/fastest-purge")
 	b.ReportMetric(float64(len(evs)*benchEventBlocks), "blocks/pod")
 }
 

@@ -303,20 +303,36 @@ func (t *keyTable) sweep(id int, drop bool) (orphaned int) {
 	for s := range t.shards {
 		sh := &t.shards[s]
 		a := sh.arr.Load()
-		if w >= a.width() {
-			continue
-		}
-		for i := range a.slots {
-			if *a.word(w, i)&bit == 0 || a.slots[i].key <= deadKey {
-				continue
+		// The loops read one word of each slot's holder set: the first
+		// word is in the slots, the others in more.
+		switch {
+		case w >= a.width():
+		case w == 0:
+			slots := a.slots
+			for i := range slots {
+				if slots[i].holders&bit == 0 || slots[i].key <= deadKey {
+					continue
+				}
+				if drop {
+					t.drop(slotRef{sh, a, i}, id)
+				} else if !t.held(a, i) {
+					sh.n--
+					sh.dead++
+					orphaned++
+				}
 			}
-			switch {
-			case drop:
-				t.drop(slotRef{sh, a, i}, id)
-			case !t.held(a, i):
-				sh.n--
-				sh.dead++
-				orphaned++
+		default:
+			for i, word := range a.more[w-1] {
+				if word&bit == 0 || a.slots[i].key <= deadKey {
+					continue
+				}
+				if drop {
+					t.drop(slotRef{sh, a, i}, id)
+				} else if !t.held(a, i) {
+					sh.n--
+					sh.dead++
+					orphaned++
+				}
 			}
 		}
 	}
