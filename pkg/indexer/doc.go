@@ -84,8 +84,8 @@
 // take from each alike, oldest first: an LRU per stream.
 //
 // A round costs one scan of the key table and one of the paying streams'
-// lanes, for 1/32 of the residencies: eviction costs what it evicts, a
-// fraction of a microsecond per residency at any bound
+// lanes, for 1/32 of the residencies: eviction costs what it evicts, about a
+// microsecond of work per residency at bounds up to the default
 // (BenchmarkEvictionFlood). It is exact in what it removes: an evicted
 // residency leaves its key's holder set and its lane's map in the same
 // step, so nothing dangles and later events naming an evicted block treat
