@@ -303,40 +303,47 @@ func (t *keyTable) sweep(id int, drop bool) (orphaned int) {
 	for s := range t.shards {
 		sh := &t.shards[s]
 		a := sh.arr.Load()
-		// The loops read one word of each slot's holder set: the first
-		// word is in the slots, the others in more.
+		visit := func(i int) {
+			if drop {
+				t.drop(slotRef{sh, a, i}, id)
+			} else if !t.held(a, i) {
+				sh.orphan()
+				orphaned++
+			}
+		}
 		switch {
 		case w >= a.width():
 		case w == 0:
+			// The first word of a holder set is in its slot: this loop,
+			// which most sweeps run, reads one word a slot and calls
+			// nothing for the slots without id's bit.
 			slots := a.slots
 			for i := range slots {
 				if slots[i].holders&bit == 0 || slots[i].key <= deadKey {
 					continue
 				}
 				if drop {
-					t.drop(slotRef{sh, a, i}, id)
+					visit(i)
 				} else if !t.held(a, i) {
-					sh.n--
-					sh.dead++
+					sh.orphan()
 					orphaned++
 				}
 			}
 		default:
 			for i, word := range a.more[w-1] {
-				if word&bit == 0 || a.slots[i].key <= deadKey {
-					continue
-				}
-				if drop {
-					t.drop(slotRef{sh, a, i}, id)
-				} else if !t.held(a, i) {
-					sh.n--
-					sh.dead++
-					orphaned++
+				if word&bit != 0 && a.slots[i].key > deadKey {
+					visit(i)
 				}
 			}
 		}
 	}
 	return orphaned
+}
+
+// orphan counts a key of the shard that lost its last live holder as dead.
+func (sh *keyShard) orphan() {
+	sh.n--
+	sh.dead++
 }
 
 // slotOrder copies the nonzero keys into scratch in the order of their slots
@@ -392,8 +399,7 @@ func (t *keyTable) release(lm *laneMap, id int) {
 	} else {
 		for _, k := range t.slotOrder(lm.takeKeys()) {
 			if r, ok := t.find(k); ok && !t.held(r.a, r.i) {
-				r.sh.n--
-				r.sh.dead++
+				r.sh.orphan()
 				orphaned++
 			}
 		}
