@@ -36,6 +36,28 @@ func TestMakeBuildRunsTheImageBuildLine(t *testing.T) {
 	}
 }
 
+// pureGoPackages are the packages an embedder or a simulator imports
+// without libzmq: the event types and codec, the prefix index and the
+// engine simulator. They must build with CGO_ENABLED=0.
+var pureGoPackages = []string{"./pkg/kvevent", "./pkg/indexer", "./pkg/sim"}
+
+// TestCodecIndexAndSimulatorNeedNoCgo keeps the ZeroMQ transport and any
+// other cgo library out of pureGoPackages: no package outside the standard
+// library that they depend on may have cgo files. (The standard library
+// falls back to pure Go; pebbe/zmq4 does not build without cgo.)
+func TestCodecIndexAndSimulatorNeedNoCgo(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
+	defer cancel()
+	args := append([]string{"list", "-deps", "-f", "{{if and (not .Standard) .CgoFiles}}{{.ImportPath}}{{end}}"}, pureGoPackages...)
+	out, err := exec.CommandContext(ctx, "go", args...).Output()
+	if err != nil {
+		t.Fatalf("go list -deps: %v", err)
+	}
+	if cgo := strings.Fields(string(out)); len(cgo) > 0 {
+		t.Errorf("%v depend on cgo packages %v; they must build with CGO_ENABLED=0", pureGoPackages, cgo)
+	}
+}
+
 // buildImageBinaries runs hack/build.sh to build pkgs into dir.
 func buildImageBinaries(t *testing.T, dir string, pkgs []string) {
 	t.Helper()

@@ -15,7 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/kvgate/kvgate/pkg/cache"
-	"github.com/kvgate/kvgate/pkg/kvevent"
+	"github.com/kvgate/kvgate/pkg/kvevent/manager"
 )
 
 // engineArgs is what a sample's engine is started with, read from its
@@ -98,7 +98,7 @@ func endpointPort(endpoint string) (int, error) {
 func TestSamplesRunEnginesTheGatewayFollows(t *testing.T) {
 	shipped := loadSettings(t, "default")
 	kv := shipped.config.KVSync
-	defaults := kvevent.StreamDefaults{PubPort: kv.PubPort, ReplayPort: kv.ReplayPort, Topic: kv.Topic}
+	defaults := manager.StreamDefaults{PubPort: kv.PubPort, ReplayPort: kv.ReplayPort, Topic: kv.Topic}
 	selector, err := labels.Parse(shipped.config.Discovery.LabelSelector)
 	if err != nil {
 		t.Fatal(err)
@@ -117,7 +117,7 @@ func TestSamplesRunEnginesTheGatewayFollows(t *testing.T) {
 				if !selector.Matches(labels.Set(pod.Labels)) {
 					t.Errorf("pod labels %v do not match the gateway's selector %q", pod.Labels, selector)
 				}
-				target, reason, err := kvevent.TargetForPod(pod, defaults)
+				target, reason, err := manager.TargetForPod(pod, defaults)
 				if reason != "" {
 					t.Fatalf("the gateway does not follow the pods: %s %v", reason, err)
 				}
@@ -132,7 +132,7 @@ func TestSamplesRunEnginesTheGatewayFollows(t *testing.T) {
 // checkEngine checks the engine container c of pod against the gateway's
 // target for the pod and the port of its tokenizer's endpoint template,
 // which a pod's model.aibrix.ai/port overrides.
-func checkEngine(t *testing.T, c *corev1.Container, pod *corev1.Pod, target kvevent.PodTarget, tokenizerPort int) {
+func checkEngine(t *testing.T, c *corev1.Container, pod *corev1.Pod, target manager.PodTarget, tokenizerPort int) {
 	t.Helper()
 	e, err := parseEngineArgs(c.Args)
 	if err != nil {

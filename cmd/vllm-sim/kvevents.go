@@ -8,6 +8,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/kvgate/kvgate/pkg/kvevent"
+	"github.com/kvgate/kvgate/pkg/kvevent/publisher"
 )
 
 // kvEventsConfig mirrors vLLM's KVEventsConfig, the JSON value of
@@ -61,21 +62,21 @@ func parseKVEventsConfig(text string) (kvEventsConfig, bool, error) {
 // wireFormat is what one range of vLLM releases sends.
 type wireFormat struct {
 	layout kvevent.Layout
-	replay kvevent.ReplayLayout
+	replay publisher.ReplayLayout
 }
 
 // wireFormats maps the values of -kv-events-wire to the formats of the vLLM
 // releases they name.
 var wireFormats = map[string]wireFormat{
-	"v0.26": {kvevent.LayoutCurrent, kvevent.ReplayWithTopic},       // v0.26 and later
-	"v0.24": {kvevent.LayoutCurrent, kvevent.ReplayWithoutTopic},    // v0.24 and v0.25
-	"v0.10": {kvevent.LayoutPositional, kvevent.ReplayWithoutTopic}, // v0.10 to v0.23
+	"v0.26": {kvevent.LayoutCurrent, publisher.ReplayWithTopic},       // v0.26 and later
+	"v0.24": {kvevent.LayoutCurrent, publisher.ReplayWithoutTopic},    // v0.24 and v0.25
+	"v0.10": {kvevent.LayoutPositional, publisher.ReplayWithoutTopic}, // v0.10 to v0.23
 }
 
 // publisher starts the publisher of data-parallel rank rank, whose
 // endpoints are cfg's offset by the rank, sending in wire format w.
-func (cfg kvEventsConfig) publisher(rank int, w wireFormat, log klog.Logger) (*kvevent.Publisher, error) {
-	pc := kvevent.DefaultPublisherConfig()
+func (cfg kvEventsConfig) publisher(rank int, w wireFormat, log klog.Logger) (*publisher.Publisher, error) {
+	pc := publisher.DefaultPublisherConfig()
 	pc.Endpoint = cfg.Endpoint
 	if cfg.ReplayEndpoint != nil {
 		pc.ReplayEndpoint = *cfg.ReplayEndpoint
@@ -88,5 +89,5 @@ func (cfg kvEventsConfig) publisher(rank int, w wireFormat, log klog.Logger) (*k
 	pc.Layout = w.layout
 	pc.ReplayLayout = w.replay
 	pc.Logger = log
-	return kvevent.NewPublisher(pc)
+	return publisher.NewPublisher(pc)
 }

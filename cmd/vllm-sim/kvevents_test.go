@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/kvevent"
+	"github.com/kvgate/kvgate/pkg/kvevent/transport"
 )
 
 func TestParseKVEventsConfig(t *testing.T) {
@@ -110,9 +111,9 @@ func TestEachRankPublishesToKVGatesClient(t *testing.T) {
 
 			recs := []*recorder{{}, {}}
 			for rank, rec := range recs {
-				cfg := kvevent.DefaultZMQClientConfig("sim/vllm-sim-0", "127.0.0.1", "sim-model")
+				cfg := transport.DefaultZMQClientConfig("sim/vllm-sim-0", "127.0.0.1", "sim-model")
 				cfg.PubPort, cfg.RouterPort, cfg.DPRank, cfg.Topic = pub, pub+2, rank, "kv"
-				client, err := kvevent.NewZMQClient(cfg, rec)
+				client, err := transport.NewZMQClient(cfg, rec)
 				if err != nil {
 					t.Fatal(err)
 				}

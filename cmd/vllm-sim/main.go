@@ -20,7 +20,7 @@ import (
 
 	"k8s.io/klog/v2"
 
-	"github.com/kvgate/kvgate/pkg/kvevent"
+	"github.com/kvgate/kvgate/pkg/kvevent/publisher"
 	"github.com/kvgate/kvgate/pkg/sim/simserver"
 )
 
@@ -114,8 +114,8 @@ func serve(ctx context.Context, o options, ln net.Listener) error {
 }
 
 // publishers starts one KV-event publisher per data-parallel rank.
-func (o *options) publishers() ([]*kvevent.Publisher, error) {
-	var pubs []*kvevent.Publisher
+func (o *options) publishers() ([]*publisher.Publisher, error) {
+	var pubs []*publisher.Publisher
 	for rank := range o.dpSize {
 		p, err := o.events.publisher(rank, o.wire, klog.Background().WithValues("model", o.model))
 		if err != nil {
@@ -129,7 +129,7 @@ func (o *options) publishers() ([]*kvevent.Publisher, error) {
 }
 
 // closePublishers sends what the publishers have queued and closes them.
-func closePublishers(pubs []*kvevent.Publisher) {
+func closePublishers(pubs []*publisher.Publisher) {
 	for _, p := range pubs {
 		if err := p.Close(); err != nil {
 			klog.ErrorS(err, "Closing a KV-event publisher failed", "endpoint", p.Endpoint())

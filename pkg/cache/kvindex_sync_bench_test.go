@@ -8,11 +8,14 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/klog/v2"
 
 	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/cache"
 	"github.com/kvgate/kvgate/pkg/indexer"
 	"github.com/kvgate/kvgate/pkg/kvevent"
+	"github.com/kvgate/kvgate/pkg/kvevent/publisher"
+	"github.com/kvgate/kvgate/pkg/kvevent/transport"
 	"github.com/kvgate/kvgate/pkg/routingbench"
 	"github.com/kvgate/kvgate/pkg/sim"
 )
@@ -179,7 +182,7 @@ func BenchmarkEventSyncEndToEnd(b *testing.B) {
 	}
 }
 
-func publish(b *testing.B, p *kvevent.Publisher, batch *kvevent.EventBatch) {
+func publish(b *testing.B, p *publisher.Publisher, batch *kvevent.EventBatch) {
 	if err := p.Publish(batch); err != nil {
 		b.Fatal(err)
 	}
@@ -199,21 +202,21 @@ func waitApplied(b *testing.B, sink *indexSink, n uint64) {
 
 // startSyncPair starts a publisher bound on loopback and a client
 // following it into sink, both closed when the benchmark ends.
-func startSyncPair(b *testing.B, sink *indexSink) (*kvevent.Publisher, *kvevent.ZMQClient) {
+func startSyncPair(b *testing.B, sink *indexSink) (*publisher.Publisher, *transport.ZMQClient) {
 	ports := testsupport.FreePorts(b, 2)
 	pubPort, replayPort := ports[0], ports[1]
-	pc := kvevent.DefaultPublisherConfig()
+	pc := publisher.DefaultPublisherConfig()
 	pc.Endpoint = fmt.Sprintf("tcp://[::ffff:127.0.0.1]:%d", pubPort)
 	pc.ReplayEndpoint = fmt.Sprintf("tcp://[::ffff:127.0.0.1]:%d", replayPort)
-	pub, err := kvevent.NewPublisher(pc)
+	pub, err := publisher.NewPublisher(pc)
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { _ = pub.Close() })
-	cfg := kvevent.DefaultZMQClientConfig(syncStream.PodKey, "127.0.0.1", syncStream.Model)
+	cfg := transport.DefaultZMQClientConfig(syncStream.PodKey, "127.0.0.1", syncStream.Model)
 	cfg.PubPort, cfg.RouterPort = pubPort, replayPort
-	cfg.LogLevel = "error"
-	client, err := kvevent.NewZMQClient(cfg, sink)
+	cfg.Logger = klog.Background().V(1) // errors only
+	client, err := transport.NewZMQClient(cfg, sink)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -19,14 +19,15 @@ import (
 
 	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/cache"
-	"github.com/kvgate/kvgate/pkg/kvevent"
+	"github.com/kvgate/kvgate/pkg/kvevent/manager"
+	"github.com/kvgate/kvgate/pkg/kvevent/publisher"
 )
 
 // churnPod is a pod of the churn test, eligible unless a flag says not.
 func churnPod(name string, gen, port int, ready, labelled bool) *v1.Pod {
-	labels := map[string]string{kvevent.ModelNameLabel: testModel}
+	labels := map[string]string{manager.ModelNameLabel: testModel}
 	if labelled {
-		labels[kvevent.KVEventsEnabledLabel] = "true"
+		labels[manager.KVEventsEnabledLabel] = "true"
 	}
 	cond := v1.ConditionFalse
 	if ready {
@@ -35,7 +36,7 @@ func churnPod(name string, gen, port int, ready, labelled bool) *v1.Pod {
 	return &v1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "churn", Name: name, UID: types.UID(fmt.Sprintf("%s-%d", name, gen)),
 			Labels: labels, Annotations: map[string]string{
-				kvevent.PubPortAnnotation: strconv.Itoa(port), kvevent.ReplayPortAnnotation: strconv.Itoa(port + 1)}},
+				manager.PubPortAnnotation: strconv.Itoa(port), manager.ReplayPortAnnotation: strconv.Itoa(port + 1)}},
 		Status: v1.PodStatus{Phase: v1.PodRunning, PodIP: "127.0.0.1",
 			Conditions: []v1.PodCondition{{Type: v1.PodReady, Status: cond}}},
 	}
@@ -58,7 +59,7 @@ func TestChurnLeavesNoClientsSocketsOrIndexEntries(t *testing.T) {
 	)
 	// Publisher j publishes chain j+1 on ports[j], a batch every 5 ms.
 	var ports []int
-	var pubs []*kvevent.Publisher
+	var pubs []*publisher.Publisher
 	for j := range publishers {
 		port := freePortPair(t)
 		ports = append(ports, port)
@@ -173,14 +174,14 @@ type churnEngine struct {
 }
 
 func followed(p *v1.Pod) bool {
-	_, reason, _ := kvevent.TargetForPod(p, kvevent.DefaultStreamDefaults())
+	_, reason, _ := manager.TargetForPod(p, manager.DefaultStreamDefaults())
 	return reason == ""
 }
 
 // checkpoint waits until the manager follows exactly the eligible pods of
 // live, and checks that the index holds blocks of no other pod: the manager
 // purges a pod before it stops reporting it followed.
-func checkpoint(t *testing.T, m *kvevent.KVEventManager, index *testIndex, live map[string]*churnEngine) {
+func checkpoint(t *testing.T, m *manager.KVEventManager, index *testIndex, live map[string]*churnEngine) {
 	t.Helper()
 	var want []string
 	for name, e := range live {
@@ -197,10 +198,10 @@ func checkpoint(t *testing.T, m *kvevent.KVEventManager, index *testIndex, live 
 	}
 }
 
-func followedKeys(m *kvevent.KVEventManager) []string {
+func followedKeys(m *manager.KVEventManager) []string {
 	var out []string
 	for _, ps := range m.Snapshot() {
-		if ps.State == kvevent.PodStateFollowed {
+		if ps.State == manager.PodStateFollowed {
 			out = append(out, ps.Pod)
 		}
 	}

@@ -13,6 +13,9 @@ import (
 	"github.com/kvgate/kvgate/pkg/cache"
 	"github.com/kvgate/kvgate/pkg/indexer"
 	"github.com/kvgate/kvgate/pkg/kvevent"
+	"github.com/kvgate/kvgate/pkg/kvevent/manager"
+	"github.com/kvgate/kvgate/pkg/kvevent/publisher"
+	"github.com/kvgate/kvgate/pkg/kvevent/transport"
 )
 
 // testModel is the base model every test engine serves.
@@ -60,7 +63,7 @@ func chainBatch(tag, i int, lora string) *kvevent.EventBatch {
 }
 
 // publishBatches publishes batches from..to-1 of chain tag.
-func publishBatches(t testing.TB, p *kvevent.Publisher, tag, from, to int) {
+func publishBatches(t testing.TB, p *publisher.Publisher, tag, from, to int) {
 	t.Helper()
 	for i := from; i < to; i++ {
 		if err := p.Publish(chainBatch(tag, i, "")); err != nil {
@@ -71,21 +74,21 @@ func publishBatches(t testing.TB, p *kvevent.Publisher, tag, from, to int) {
 
 // enginePublisher is a vLLM-style publisher at ip: PUB bound on pub,
 // replay ROUTER on pub+1.
-func enginePublisher(t testing.TB, ip string, pub int) *kvevent.Publisher {
+func enginePublisher(t testing.TB, ip string, pub int) *publisher.Publisher {
 	t.Helper()
 	return rankPublisher(t, ip, pub, pub+1)
 }
 
 // rankPublisher is a vLLM-style publisher at ip with its PUB socket on pub
 // and its replay ROUTER on replay.
-func rankPublisher(t testing.TB, ip string, pub, replay int) *kvevent.Publisher {
+func rankPublisher(t testing.TB, ip string, pub, replay int) *publisher.Publisher {
 	t.Helper()
-	cfg := kvevent.DefaultPublisherConfig()
+	cfg := publisher.DefaultPublisherConfig()
 	cfg.Endpoint = fmt.Sprintf("tcp://[::ffff:%s]:%d", ip, pub)
 	cfg.ReplayEndpoint = fmt.Sprintf("tcp://%s:%d", ip, replay)
 	cfg.ReplayPollInterval = 5 * time.Millisecond
 	cfg.Logger = klog.Background().V(4)
-	p, err := kvevent.NewPublisher(cfg)
+	p, err := publisher.NewPublisher(cfg)
 	if err != nil {
 		t.Fatalf("NewPublisher: %v", err)
 	}
@@ -100,8 +103,8 @@ func freePortPair(t testing.TB) int {
 	return testsupport.ConsecutivePorts(t, 2, "127.0.0.1", "127.0.0.2")[0]
 }
 
-func testClientTemplate() *kvevent.ZMQClientConfig {
-	c := kvevent.DefaultZMQClientConfig("", "", "")
+func testClientTemplate() *transport.ZMQClientConfig {
+	c := transport.DefaultZMQClientConfig("", "", "")
 	c.PollTimeout = 20 * time.Millisecond
 	c.ReplayTimeout = 2 * time.Second
 	c.ReconnectDelay = 50 * time.Millisecond
@@ -126,9 +129,9 @@ func newTestIndex(t testing.TB) *testIndex {
 }
 
 // newManager returns a KV event manager writing to x.
-func (x *testIndex) newManager(t testing.TB) *kvevent.KVEventManager {
+func (x *testIndex) newManager(t testing.TB) *manager.KVEventManager {
 	t.Helper()
-	m, err := kvevent.NewKVEventManager(kvevent.ManagerConfig{Index: cache.NewKVIndex(x.table), Client: testClientTemplate(),
+	m, err := manager.NewKVEventManager(manager.ManagerConfig{Index: cache.NewKVIndex(x.table), Client: testClientTemplate(),
 		Registerer: prometheus.NewRegistry(), Logger: klog.Background().V(4)})
 	if err != nil {
 		t.Fatal(err)

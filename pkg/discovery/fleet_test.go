@@ -14,7 +14,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/kvgate/kvgate/pkg/cache"
-	"github.com/kvgate/kvgate/pkg/kvevent"
+	"github.com/kvgate/kvgate/pkg/kvevent/manager"
 )
 
 // fleet is a Store fed by a KubernetesSource, with a KV event manager
@@ -23,7 +23,7 @@ type fleet struct {
 	client  kubernetes.Interface
 	ns      string
 	store   *cache.Store
-	manager *kvevent.KVEventManager
+	manager *manager.KVEventManager
 	index   *testIndex
 }
 
@@ -42,7 +42,7 @@ func newFleet(t testing.TB, cfg *rest.Config) *fleet {
 	f.manager = f.index.newManager(t)
 	f.store, err = cache.InitWithOptions(cfg, nil, cache.InitOptions{
 		Config:       cache.Config{PodMetricRefreshInterval: -1, AdapterRefreshInterval: -1, Logger: klog.Background().V(4)},
-		PodSource:    &KubernetesSource{Namespace: f.ns, LabelSelector: kvevent.ModelNameLabel, Logger: klog.Background().V(4)},
+		PodSource:    &KubernetesSource{Namespace: f.ns, LabelSelector: manager.ModelNameLabel, Logger: klog.Background().V(4)},
 		EnableKVSync: true, KVEventManager: f.manager,
 	})
 	if err != nil {
@@ -56,13 +56,13 @@ func newFleet(t testing.TB, cfg *rest.Config) *fleet {
 // engine publishes on port, then makes it Running and Ready at ip.
 func (f *fleet) createPod(t testing.TB, name, ip string, port int, unlabelled bool) *v1.Pod {
 	t.Helper()
-	labels := map[string]string{kvevent.ModelNameLabel: testModel}
+	labels := map[string]string{manager.ModelNameLabel: testModel}
 	if !unlabelled {
-		labels[kvevent.KVEventsEnabledLabel] = "true"
+		labels[manager.KVEventsEnabledLabel] = "true"
 	}
 	pod := &v1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: name, Labels: labels, Annotations: map[string]string{
-			kvevent.PubPortAnnotation: strconv.Itoa(port), kvevent.ReplayPortAnnotation: strconv.Itoa(port + 1)}},
+			manager.PubPortAnnotation: strconv.Itoa(port), manager.ReplayPortAnnotation: strconv.Itoa(port + 1)}},
 		Spec: v1.PodSpec{Containers: []v1.Container{{Name: "vllm", Image: "vllm/vllm-openai"}}},
 	}
 	ctx := context.Background()
@@ -97,9 +97,9 @@ func (f *fleet) relabel(t testing.TB, pod *v1.Pod, enabled bool) *v1.Pod {
 	t.Helper()
 	pod = pod.DeepCopy()
 	if enabled {
-		pod.Labels[kvevent.KVEventsEnabledLabel] = "true"
+		pod.Labels[manager.KVEventsEnabledLabel] = "true"
 	} else {
-		delete(pod.Labels, kvevent.KVEventsEnabledLabel)
+		delete(pod.Labels, manager.KVEventsEnabledLabel)
 	}
 	updated, err := f.client.CoreV1().Pods(f.ns).Update(context.Background(), pod, metav1.UpdateOptions{})
 	if err != nil {
@@ -120,7 +120,7 @@ func (f *fleet) deletePod(t testing.TB, name string) {
 func (f *fleet) followed() []string {
 	var out []string
 	for _, ps := range f.manager.Snapshot() {
-		if ps.State == kvevent.PodStateFollowed {
+		if ps.State == manager.PodStateFollowed {
 			out = append(out, ps.Pod+"@"+ps.Target.IP)
 		}
 	}

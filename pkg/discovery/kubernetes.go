@@ -15,7 +15,7 @@
 //
 // How KV events reach the gateway, dialling each pod or receiving engines
 // that dial a bound socket, is the KV event manager's choice (see
-// kvevent.BindConfig) and works with both sources.
+// manager.ManagerConfig.Bind) and works with both sources.
 package discovery
 
 import (

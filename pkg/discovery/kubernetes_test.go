@@ -7,7 +7,7 @@ import (
 
 	"github.com/kvgate/kvgate/internal/testapiserver"
 	"github.com/kvgate/kvgate/internal/testsupport"
-	"github.com/kvgate/kvgate/pkg/kvevent"
+	"github.com/kvgate/kvgate/pkg/kvevent/manager"
 )
 
 func TestKubernetesPodsDriveTheKVEventManagerThroughTheStore(t *testing.T) {
@@ -46,7 +46,7 @@ func TestKubernetesPodsDriveTheKVEventManagerThroughTheStore(t *testing.T) {
 	pod := f.createPod(t, "vllm-a", "127.0.0.1", port, false)
 	f.createPod(t, "vllm-off", "127.0.0.2", port, true)
 	check("created", "127.0.0.1", 1, 5)
-	if st := podStatus(f, off); st.Reason != kvevent.ReasonKVEventsDisabled {
+	if st := podStatus(f, off); st.Reason != manager.ReasonKVEventsDisabled {
 		t.Fatalf("unlabelled pod: %+v", st)
 	}
 	if _, err := f.store.GetPod("vllm-off", f.ns); err != nil {
@@ -55,7 +55,7 @@ func TestKubernetesPodsDriveTheKVEventManagerThroughTheStore(t *testing.T) {
 
 	pod = f.setStatus(t, pod, "127.0.0.1", false)
 	check("not ready", "", 0, 0)
-	if st := podStatus(f, a); st.Reason != kvevent.ReasonNotReady {
+	if st := podStatus(f, a); st.Reason != manager.ReasonNotReady {
 		t.Fatalf("unready pod: %+v", st)
 	}
 
@@ -91,11 +91,11 @@ func TestKubernetesPodsDriveTheKVEventManagerThroughTheStore(t *testing.T) {
 	}
 }
 
-func podStatus(f *fleet, key string) kvevent.PodStatus {
+func podStatus(f *fleet, key string) manager.PodStatus {
 	for _, ps := range f.manager.Snapshot() {
 		if ps.Pod == key {
 			return ps
 		}
 	}
-	return kvevent.PodStatus{}
+	return manager.PodStatus{}
 }

@@ -24,7 +24,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/kvgate/kvgate/pkg/cache"
-	"github.com/kvgate/kvgate/pkg/kvevent"
+	"github.com/kvgate/kvgate/pkg/kvevent/manager"
 )
 
 // StaticNamespace is the namespace of the pods StaticSource synthesizes.
@@ -121,8 +121,8 @@ func (e *StaticEndpoint) validate() error {
 	port("port", &e.Port, 0)
 	port("pubPort", e.PubPort, 1)
 	port("replayPort", e.ReplayPort, 0)
-	if e.DPSize < 0 || e.DPSize > kvevent.MaxDPSize {
-		errs = append(errs, fmt.Errorf("dpSize %d must be from 1 to %d", e.DPSize, kvevent.MaxDPSize))
+	if e.DPSize < 0 || e.DPSize > manager.MaxDPSize {
+		errs = append(errs, fmt.Errorf("dpSize %d must be from 1 to %d", e.DPSize, manager.MaxDPSize))
 	}
 	for i, a := range e.LoraAdapters {
 		switch {
@@ -147,25 +147,25 @@ func (e *StaticEndpoint) Pod() *v1.Pod {
 	if port == 0 {
 		port = 8000
 	}
-	labels := map[string]string{kvevent.ModelNameLabel: e.Model, cache.ModelPortLabel: strconv.Itoa(port)}
+	labels := map[string]string{manager.ModelNameLabel: e.Model, cache.ModelPortLabel: strconv.Itoa(port)}
 	if e.KVEvents == nil || *e.KVEvents {
-		labels[kvevent.KVEventsEnabledLabel] = "true"
+		labels[manager.KVEventsEnabledLabel] = "true"
 	}
 	if e.LoraID != "" {
-		labels[kvevent.LoraIDLabel] = e.LoraID
+		labels[manager.LoraIDLabel] = e.LoraID
 	}
 	ann := map[string]string{}
 	if e.PubPort != nil {
-		ann[kvevent.PubPortAnnotation] = strconv.Itoa(*e.PubPort)
+		ann[manager.PubPortAnnotation] = strconv.Itoa(*e.PubPort)
 	}
 	if e.ReplayPort != nil {
-		ann[kvevent.ReplayPortAnnotation] = strconv.Itoa(*e.ReplayPort)
+		ann[manager.ReplayPortAnnotation] = strconv.Itoa(*e.ReplayPort)
 	}
 	if e.Topic != nil {
-		ann[kvevent.TopicAnnotation] = *e.Topic
+		ann[manager.TopicAnnotation] = *e.Topic
 	}
 	if e.DPSize > 0 {
-		ann[kvevent.DPSizeAnnotation] = strconv.Itoa(e.DPSize)
+		ann[manager.DPSizeAnnotation] = strconv.Itoa(e.DPSize)
 	}
 	if len(e.LoraAdapters) > 0 {
 		ann[cache.LoraAdaptersAnnotation] = strings.Join(e.LoraAdapters, ",")

@@ -13,7 +13,7 @@ import (
 
 	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/cache"
-	"github.com/kvgate/kvgate/pkg/kvevent"
+	"github.com/kvgate/kvgate/pkg/kvevent/manager"
 )
 
 // staticFleet is a Store fed by a StaticSource reading file, with a KV
@@ -21,7 +21,7 @@ import (
 type staticFleet struct {
 	file    string
 	store   *cache.Store
-	manager *kvevent.KVEventManager
+	manager *manager.KVEventManager
 	index   *testIndex
 }
 
@@ -59,7 +59,7 @@ func (f *staticFleet) write(t *testing.T, endpoints string) {
 func (f *staticFleet) following() []string {
 	var out []string
 	for _, ps := range f.manager.Snapshot() {
-		if ps.State == kvevent.PodStateFollowed {
+		if ps.State == manager.PodStateFollowed {
 			out = append(out, fmt.Sprintf("%s:%d", ps.Pod, ps.Target.PubPort))
 		}
 	}

@@ -10,7 +10,7 @@ import (
 
 	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/cache"
-	"github.com/kvgate/kvgate/pkg/kvevent"
+	"github.com/kvgate/kvgate/pkg/kvevent/manager"
 )
 
 func TestStaticEndpointsBecomePodsTheManagerFollows(t *testing.T) {
@@ -22,25 +22,25 @@ func TestStaticEndpointsBecomePodsTheManagerFollows(t *testing.T) {
 	if err != nil {
 		t.Fatalf("ParseStaticFile: %v", err)
 	}
-	defaults := kvevent.DefaultStreamDefaults()
+	defaults := manager.DefaultStreamDefaults()
 	want := []struct {
-		target   kvevent.PodTarget
-		reason   kvevent.IneligibleReason
+		target   manager.PodTarget
+		reason   manager.IneligibleReason
 		port     string
 		adapters []string
 	}{
-		{kvevent.PodTarget{PodKey: "static/vllm-0", IP: "127.0.0.1", Model: "llama-3-8b", PubPort: 5557, ReplayPort: 5558, DPSize: 1}, "", "8000",
+		{manager.PodTarget{PodKey: "static/vllm-0", IP: "127.0.0.1", Model: "llama-3-8b", PubPort: 5557, ReplayPort: 5558, DPSize: 1}, "", "8000",
 			[]string{"sql-lora", "chat-lora"}},
-		{kvevent.PodTarget{PodKey: "static/vllm-dp", IP: "10.0.0.7", Model: "llama-3-8b", LoraID: "7", PubPort: 5600, ReplayPort: 5700,
+		{manager.PodTarget{PodKey: "static/vllm-dp", IP: "10.0.0.7", Model: "llama-3-8b", LoraID: "7", PubPort: 5600, ReplayPort: 5700,
 			Topic: "kv-events", DPSize: 2}, "", "8100", nil},
-		{kvevent.PodTarget{}, kvevent.ReasonKVEventsDisabled, "8000", nil},
+		{manager.PodTarget{}, manager.ReasonKVEventsDisabled, "8000", nil},
 	}
 	if len(f.Endpoints) != len(want) {
 		t.Fatalf("%d endpoints, want %d", len(f.Endpoints), len(want))
 	}
 	for i, e := range f.Endpoints {
 		pod := e.Pod()
-		got, reason, err := kvevent.TargetForPod(pod, defaults)
+		got, reason, err := manager.TargetForPod(pod, defaults)
 		if err != nil || reason != want[i].reason {
 			t.Fatalf("%s: reason %q, %v; want %q", e.Name, reason, err, want[i].reason)
 		}

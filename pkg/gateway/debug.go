@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/pkg/indexer"
-	"github.com/kvgate/kvgate/pkg/kvevent"
+	"github.com/kvgate/kvgate/pkg/kvevent/manager"
 )
 
 // kvCacheView is the answer of GET /debug/kvcache: what the prefix index
@@ -87,7 +87,7 @@ type clientView struct {
 	DecodeErrors      uint64  `json:"decodeErrors"`
 	// TopicMismatch is set while batches arrive only through replay
 	// because the topic filters out the live messages
-	// (kvevent.ClientStats.TopicMismatch).
+	// (transport.ClientStats.TopicMismatch).
 	TopicMismatch bool `json:"topicMismatch"`
 }
 
@@ -105,7 +105,7 @@ func (g *Gateway) serveKVCache(w http.ResponseWriter, r *http.Request) {
 
 // buildKVCacheView merges the index's statistics with the manager's pods,
 // by model and pod, sorted by name.
-func buildKVCacheView(stats []indexer.ModelStats, pods []kvevent.PodStatus, now time.Time) []modelView {
+func buildKVCacheView(stats []indexer.ModelStats, pods []manager.PodStatus, now time.Time) []modelView {
 	b := viewBuilder{models: map[string]*modelView{}, pods: map[[2]string]*podView{}, order: map[string][]*podView{}}
 	for _, ms := range stats {
 		m := b.model(ms.Model)
@@ -138,7 +138,7 @@ func buildKVCacheView(stats []indexer.ModelStats, pods []kvevent.PodStatus, now 
 	return b.sorted()
 }
 
-func newClientView(st kvevent.StreamStatus) *clientView {
+func newClientView(st manager.StreamStatus) *clientView {
 	s := st.Stats
 	c := &clientView{PubEndpoint: st.PubEndpoint, ReplayEndpoint: st.ReplayEndpoint, Topic: st.Topic, Since: st.Since,
 		Connected: s.Connected, Batches: s.BatchesReceived, ReplayedBatches: s.ReplayedBatches,

@@ -17,6 +17,7 @@ import (
 
 	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/kvevent"
+	"github.com/kvgate/kvgate/pkg/kvevent/publisher"
 )
 
 // testBlockSize is the block size of the test engines, in tokens.
@@ -46,14 +47,14 @@ type recorded struct {
 
 // testEngine is a vLLM engine for the gateway's tests: an httptest server
 // answering /v1/completions, /v1/chat/completions, /tokenize, /v1/models
-// and /metrics, and a kvevent.Publisher on loopback whose events the test
+// and /metrics, and a publisher.Publisher on loopback whose events the test
 // publishes.
 type testEngine struct {
 	t    testing.TB
 	name string
 	srv  *httptest.Server
 	port int
-	pub  *kvevent.Publisher
+	pub  *publisher.Publisher
 	// pubPort and replayPort are the publisher's ports.
 	pubPort, replayPort int
 
@@ -82,13 +83,13 @@ func newTestEngine(t testing.TB, name string) *testEngine {
 	e.port = e.srv.Listener.Addr().(*net.TCPAddr).Port
 	ports := testsupport.FreePorts(t, 2)
 	e.pubPort, e.replayPort = ports[0], ports[1]
-	cfg := kvevent.DefaultPublisherConfig()
+	cfg := publisher.DefaultPublisherConfig()
 	cfg.Endpoint = fmt.Sprintf("tcp://[::ffff:127.0.0.1]:%d", e.pubPort)
 	cfg.ReplayEndpoint = fmt.Sprintf("tcp://127.0.0.1:%d", e.replayPort)
 	cfg.ReplayPollInterval = 5 * time.Millisecond
 	cfg.Logger = klog.Background().V(4)
 	var err error
-	if e.pub, err = kvevent.NewPublisher(cfg); err != nil {
+	if e.pub, err = publisher.NewPublisher(cfg); err != nil {
 		t.Fatalf("engine %s: NewPublisher: %v", name, err)
 	}
 	t.Cleanup(func() { _ = e.pub.Close() })

@@ -20,7 +20,8 @@ import (
 
 	"github.com/kvgate/kvgate/pkg/cache"
 	"github.com/kvgate/kvgate/pkg/indexer"
-	"github.com/kvgate/kvgate/pkg/kvevent"
+	"github.com/kvgate/kvgate/pkg/kvevent/manager"
+	"github.com/kvgate/kvgate/pkg/kvevent/transport"
 	"github.com/kvgate/kvgate/pkg/routing"
 	"github.com/kvgate/kvgate/pkg/tokenizer"
 )
@@ -39,7 +40,7 @@ type Gateway struct {
 	registry   *prometheus.Registry
 	metrics    *metrics
 	index      *indexer.SyncPrefixHashTable // nil without KV event sync
-	manager    *kvevent.KVEventManager      // nil without KV event sync
+	manager    *manager.KVEventManager      // nil without KV event sync
 	tokenizer  *tokenizer.Tokenizer         // nil without the remote tokenizer
 	tokenURL   urlTemplate
 	redis      *redis.Client // nil without Redis
@@ -138,20 +139,21 @@ func (g *Gateway) newKVSync() error {
 		MaxPrefixes:           k.MaxPrefixes,
 		EvictionInterval:      k.EvictionInterval,
 		EvictionDuration:      k.EvictionDuration,
+		Logger:                g.cfg.Logger,
 	}, g.registry)
 	if err != nil {
 		return fmt.Errorf("gateway: prefix index: %w", err)
 	}
-	mc := kvevent.ManagerConfig{
+	mc := manager.ManagerConfig{
 		Index:      cache.NewKVIndex(g.index),
-		Streams:    kvevent.StreamDefaults{PubPort: k.PubPort, ReplayPort: k.ReplayPort, Topic: k.Topic},
+		Streams:    manager.StreamDefaults{PubPort: k.PubPort, ReplayPort: k.ReplayPort, Topic: k.Topic},
 		Registerer: g.registry,
 		Logger:     g.cfg.Logger,
 	}
 	if k.BindEndpoint != "" {
-		mc.Bind = &kvevent.BindConfig{Endpoint: k.BindEndpoint, Ranks: k.BindRanks}
+		mc.Bind = &transport.BindConfig{Endpoint: k.BindEndpoint, Ranks: k.BindRanks}
 	}
-	if g.manager, err = kvevent.NewKVEventManager(mc); err != nil {
+	if g.manager, err = manager.NewKVEventManager(mc); err != nil {
 		return fmt.Errorf("gateway: %w", err)
 	}
 	return nil

@@ -21,7 +21,7 @@ import (
 
 	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/cache"
-	"github.com/kvgate/kvgate/pkg/kvevent"
+	"github.com/kvgate/kvgate/pkg/kvevent/manager"
 )
 
 // startAPIServer starts a kube-apiserver and etcd for t, skipping t when
@@ -71,10 +71,10 @@ func TestKubernetesDiscoveryFromAKubeconfig(t *testing.T) {
 
 	pod := &v1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "vllm-0",
-			Labels: map[string]string{cache.ModelNameLabel: "llama", kvevent.KVEventsEnabledLabel: "true",
+			Labels: map[string]string{cache.ModelNameLabel: "llama", manager.KVEventsEnabledLabel: "true",
 				cache.ModelPortLabel: strconv.Itoa(e.port)},
-			Annotations: map[string]string{kvevent.PubPortAnnotation: strconv.Itoa(e.pubPort),
-				kvevent.ReplayPortAnnotation: strconv.Itoa(e.replayPort)}},
+			Annotations: map[string]string{manager.PubPortAnnotation: strconv.Itoa(e.pubPort),
+				manager.ReplayPortAnnotation: strconv.Itoa(e.replayPort)}},
 		Spec: v1.PodSpec{Containers: []v1.Container{{Name: "vllm", Image: "vllm/vllm-openai"}}},
 	}
 	created, err := client.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{})

@@ -5,9 +5,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/kvevent"
-	"github.com/prometheus/client_golang/prometheus"
 )
 
 func TestConfigDefaultsAndValidation(t *testing.T) {
@@ -29,9 +31,15 @@ func TestConfigDefaultsAndValidation(t *testing.T) {
 				if err != nil {
 					t.Fatalf("NewSyncPrefixHashTable: %v", err)
 				}
-				want := Config{DefaultMaxContexts, DefaultMaxPrefixesPerContext, DefaultMaxPrefixes, DefaultEvictionInterval, DefaultEvictionDuration}
-				if idx.cfg != want {
-					t.Fatalf("config %+v, want defaults %+v", idx.cfg, want)
+				want := Config{MaxContexts: DefaultMaxContexts, MaxPrefixesPerContext: DefaultMaxPrefixesPerContext,
+					MaxPrefixes: DefaultMaxPrefixes, EvictionInterval: DefaultEvictionInterval, EvictionDuration: DefaultEvictionDuration}
+				got := idx.cfg
+				if got.Logger.GetSink() == nil {
+					t.Error("no default logger")
+				}
+				got.Logger = logr.Logger{}
+				if got != want {
+					t.Fatalf("config %+v, want defaults %+v", got, want)
 				}
 				return
 			}

@@ -6,8 +6,6 @@ import (
 	"runtime"
 	"slices"
 	"sync/atomic"
-
-	"k8s.io/klog/v2"
 )
 
 // evictBatchDiv sets the size of an eviction round: a model at capacity
@@ -47,8 +45,10 @@ func (m *modelTable) evict(need int, reason string) int {
 	}
 	if removed > 0 {
 		m.t.metrics.evicted(reason, removed)
-		klog.V(3).InfoS("Evicted blocks of a model from the KV-cache index",
-			"model", m.name, "reason", reason, "keys", freed, "residencies", removed)
+		if l := m.t.cfg.Logger.V(3); l.Enabled() {
+			l.Info("Evicted blocks of a model from the KV-cache index",
+				"model", m.name, "reason", reason, "keys", freed, "residencies", removed)
+		}
 	}
 	return freed
 }

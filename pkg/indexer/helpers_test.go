@@ -8,8 +8,9 @@ import (
 
 	"github.com/kvgate/kvgate/internal/testsupport"
 
-	"github.com/kvgate/kvgate/pkg/kvevent"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvgate/kvgate/pkg/kvevent"
 )
 
 // newTestTable returns a table with its metrics on a fresh registry.

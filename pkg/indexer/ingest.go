@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/pkg/kvevent"
-	"k8s.io/klog/v2"
 )
 
 // ApplyBatch applies the events of one batch of stream s, in order, holding
@@ -164,8 +163,8 @@ func (m *modelTable) store(st *stream, e *kvevent.BlockStoredEvent, now uint32) 
 			// block of a prompt.
 		default:
 			m.t.metrics.parentMissed(n)
-			if v := klog.V(4); v.Enabled() {
-				v.InfoS("Skipped stored blocks whose parent the KV-cache index never saw",
+			if l := m.t.cfg.Logger.V(4); l.Enabled() {
+				l.Info("Skipped stored blocks whose parent the KV-cache index never saw",
 					"pod", st.id.pod, "rank", st.id.rank, "model", m.name, "blocks", n)
 			}
 			return nil
@@ -196,7 +195,7 @@ func (m *modelTable) resize(ln *lane, bs int) {
 	ln.blockSize.Store(int64(bs))
 	m.publishPods()
 	st := ln.stream
-	klog.V(2).InfoS("An engine changed its block size: dropped its blocks of the old size from the KV-cache index",
+	m.t.cfg.Logger.V(2).Info("An engine changed its block size: dropped its blocks of the old size from the KV-cache index",
 		"pod", st.id.pod, "rank", st.id.rank, "model", m.name, "medium", ln.medium, "group", ln.group,
 		"blockSize", bs, "previous", old, "blocks", n)
 }

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/pkg/kvevent"
-	"k8s.io/klog/v2"
 )
 
 // holderReuseDelay is how long a released holder id stays unused, so that a
@@ -253,7 +252,7 @@ func (m *modelTable) publishPods() {
 		for i, s := range idx.sizes {
 			sizes[i] = s.blockSize
 		}
-		klog.InfoS("The engines of a model use several block sizes: each pod is matched at its own",
+		m.t.cfg.Logger.Info("The engines of a model use several block sizes: each pod is matched at its own",
 			"model", m.name, "blockSizes", sizes)
 	}
 }

@@ -3,8 +3,6 @@ package indexer
 import (
 	"context"
 	"time"
-
-	"k8s.io/klog/v2"
 )
 
 // Run sweeps the index every EvictionInterval until ctx is done, then
@@ -44,7 +42,7 @@ func (t *SyncPrefixHashTable) sweep(now time.Time) {
 			m.later(func() {
 				n := m.releaseStreamLocked(st)
 				t.metrics.evicted(reasonIdle, n)
-				klog.V(2).InfoS("Purged an idle pod's stream from the KV-cache index", "pod", pod,
+				t.cfg.Logger.V(2).Info("Purged an idle pod's stream from the KV-cache index", "pod", pod,
 					"rank", st.id.rank, "model", m.name, "blocks", n, "reason", reasonIdle)
 			})
 		}

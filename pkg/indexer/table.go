@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"k8s.io/klog/v2"
 )
 
 // Stream names one engine publisher: a pod's engine for one data-parallel
@@ -202,7 +201,7 @@ func (t *SyncPrefixHashTable) dropModelLocked(m *modelTable) {
 	m.later(func() {
 		blocks := m.discard(streams)
 		t.metrics.evicted(reasonContext, blocks)
-		klog.InfoS("Dropped the least recently used model from the KV-cache index",
+		t.cfg.Logger.Info("Dropped the least recently used model from the KV-cache index",
 			"model", m.name, "blocks", blocks, "maxContexts", t.cfg.MaxContexts)
 	})
 }
@@ -223,7 +222,7 @@ func (t *SyncPrefixHashTable) ResetStream(s Stream) {
 	t.mu.Unlock()
 	if st != nil {
 		n := st.model.releaseStream(st)
-		klog.V(2).InfoS("Reset a stream in the KV-cache index", "pod", s.Pod, "rank", s.Rank,
+		t.cfg.Logger.V(2).Info("Reset a stream in the KV-cache index", "pod", s.Pod, "rank", s.Rank,
 			"model", st.model.name, "blocks", n)
 	}
 }
@@ -241,7 +240,7 @@ func (t *SyncPrefixHashTable) PurgePod(pod string) {
 	for _, st := range streams {
 		n += st.model.releaseStream(st)
 	}
-	klog.V(2).InfoS("Purged a pod from the KV-cache index", "pod", pod, "streams", len(streams),
+	t.cfg.Logger.V(2).Info("Purged a pod from the KV-cache index", "pod", pod, "streams", len(streams),
 		"blocks", n, "reason", "requested")
 }
 

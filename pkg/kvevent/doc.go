@@ -1,4 +1,8 @@
-// Package kvevent turns vLLM's KV-cache event stream into typed events.
+// Package kvevent holds the KV-cache events of vLLM engines as Go values:
+// the event types, vLLM's msgpack codec, and the interfaces through which
+// a stream of events is delivered. It is pure Go (it builds with
+// CGO_ENABLED=0) and is what the prefix index (pkg/indexer), the engine
+// simulator (pkg/sim) and any embedder import.
 //
 // # The stream
 //
@@ -12,56 +16,23 @@
 // subscribed or while a subscriber's queue is full, an idle engine sends
 // nothing, and a restarted engine counts from 0 again without any epoch.
 //
-// ZMQClient follows one such stream and Publisher produces one exactly as
-// vLLM does (for tests, simulators and demos).
+// The packages beside this one work that stream: transport follows one
+// (ZMQClient, dialling the engine) or many (BindReceiver, for engines that
+// dial in) and keeps each exact; manager follows every eligible pod of a
+// fleet into a KVIndex; publisher produces a stream exactly as vLLM does,
+// for tests, simulators and demos.
 //
-// # How a ZMQClient keeps a stream exact
+// # Events and the codec
 //
-// The client delivers every batch exactly once and in seq order, or tells
-// the handler why it cannot:
-//
-//   - After every connection and reconnection it replays from the last
-//     delivered seq (from 0 the first time), because the PUB dropped what it
-//     sent before the subscription arrived and an idle engine would not
-//     reveal the gap. Live batches received meanwhile wait in a bounded
-//     buffer and are applied after the replay, without duplicates.
-//   - A gap shows only when a later batch arrives, so the client also
-//     replays whenever the live stream has been quiet for a while (1 s
-//     doubling to 30 s while it stays quiet, by default). This recovers
-//     batches lost just before the engine went idle: dropped at a
-//     high-water mark, or sent before the subscription reached the engine.
-//   - A live seq above the expected one is a gap: the live batches wait while
-//     the missing range is replayed, then everything is applied in order. A
-//     replay whose replies leave a hole is followed up a few times.
-//   - A replay that starts later than asked (the engine's buffer no longer
-//     reaches back), a replay that is unavailable (vLLM's replay endpoint is
-//     off by default) or times out, and a full pending buffer end in a
-//     StreamReset with reason ResetUnrecoverableGap naming the lost seqs; the
-//     stream goes on from the first batch still available. After a failed
-//     replay, further gap replays back off (1 s doubling to 30 s by
-//     default), and the replay socket is replaced so a late reply cannot be
-//     taken for the answer to a new request.
-//   - Replays are anchored: they start at the last delivered batch, whose
-//     payload must come back unchanged. A live seq that does not increase, a
-//     changed anchor, or an engine that no longer has the anchor at all means
-//     the engine restarted: the handler gets a StreamReset with reason
-//     ResetPublisherRestart and the stream is rebuilt from seq 0. (Without
-//     replay, only a seq going back reveals a restart.)
-//   - A batch that does not decode is counted, logged with its seq, and
-//     dropped; its seq still counts as delivered and the stream goes on.
-//   - The replay ROUTER ignores topics, so a subscription whose topic is not
-//     a prefix of the engine's loses every live message and still receives
-//     every batch, through the quiet-stream replays, seconds late. When three
-//     replays in a row deliver batches without one live message in between,
-//     and the topic frame of the replies (vLLM v0.26 and later) does not
-//     start with the subscribed topic or is absent, the client logs an error
-//     once with both topics and sets ClientStats.TopicMismatch and
-//     aibrix_kvcache_zmq_topic_mismatch until a live message arrives.
-//
-// ZMTP heartbeats reveal an engine that died or became unreachable while
-// silent, a socket monitor keeps the connection state (GetStats, Stats,
-// WaitForConnection, metrics) true, and libzmq redials with a backoff of
-// 1 s doubling to 30 s by default.
+// An EventBatch holds the engine's timestamp, its data-parallel rank and
+// its events in order: *BlockStoredEvent, *BlockRemovedEvent and
+// *AllBlocksClearedEvent. DecodeEventBatch accepts every envelope and event
+// layout vLLM has sent since v0.9 (tagged maps and positional arrays, block
+// hashes as integers of any width or as raw digests, see BlockHash) and
+// never allocates from a length it has not checked against the bytes that
+// remain; DecodeEventBatchStats also counts what it skipped as unknown.
+// EncodeEventBatch and AppendEventBatch write a batch in the layout of a
+// chosen vLLM version (Layout).
 //
 // # What a handler sees
 //
@@ -70,39 +41,10 @@
 // instead, with its seq. One that implements ResetHandler is told, before
 // the next batch, when its view of the stream stops being exact: publisher
 // restart (drop everything known about the stream), unrecoverable gap
-// (state is incomplete), or a rewind requested with ZMQClient.ReplayFrom.
-// The client calls the handler from one goroutine, never concurrently.
+// (state is incomplete), or a rewind its transport was asked for. A
+// transport calls the handler from one goroutine, never concurrently.
 // Handler errors are counted and logged and never stop the stream.
 //
-// # Following a fleet
-//
-// KVEventManager follows every eligible pod with one ZMQClient per
-// data-parallel rank and delivers to a KVIndex. It is told about pods by
-// the cache Store (OnPodAdd, OnPodUpdate, OnPodDelete) and reconciles them
-// like a Kubernetes controller. A pod is followed when it is Running, not
-// terminating, Ready, has an IP, and carries (as a label, or else an
-// annotation):
-//
-//	model.aibrix.ai/kv-events-enabled: "true"   required
-//	model.aibrix.ai/name: <model>                required
-//	model.aibrix.ai/lora-id: <id>                optional, part of the stream identity
-//	kvgate.io/kv-events-pub-port: "5557"         rank 0's PUB port, rank r uses +r
-//	kvgate.io/kv-events-replay-port: "5558"      rank 0's replay port, "0" = no replay
-//	kvgate.io/kv-events-topic: ""                SUB topic prefix
-//	kvgate.io/dp-size: "1"                       data-parallel ranks, one stream each
-//
-// Ports and topic default to the manager's StreamDefaults. With several
-// ranks the PUB and replay port ranges must not overlap, which rules out
-// 5557/5558. Pods that are not followed are counted by reason in
-// kvgate_kv_event_ineligible_pods. In bind mode (BindConfig) engines dial
-// into the gateway instead.
-//
-// # vLLM versions
-//
-// Replay replies are understood in both layouts vLLM has used: since v0.26
-// ["", topic, seq, payload] ending with ["", "", 0xffffffffffffffff, ""],
-// and before ["", seq, payload] ending with ["", 0xffffffffffffffff, ""]; an
-// empty payload also ends a replay. Publisher answers in either layout
-// (ReplayLayout). Payloads are decoded by DecodeEventBatch, which accepts
-// every envelope and event layout from v0.9 on.
+// KVIndex is the same contract for an index that holds many streams, each
+// named by a StreamID.
 package kvevent

@@ -46,9 +46,9 @@ const (
 	// unavailable, or the client's pending buffer overflowed): state derived
 	// from the stream is incomplete.
 	ResetUnrecoverableGap ResetReason = "unrecoverable_gap"
-	// ResetRewind means ZMQClient.ReplayFrom asked to receive the stream
-	// again from NextSeq: drop what is known of it; the batches that follow
-	// rebuild it.
+	// ResetRewind means the transport was asked (ZMQClient.ReplayFrom in
+	// package transport) to deliver the stream again from NextSeq: drop
+	// what is known of it; the batches that follow rebuild it.
 	ResetRewind ResetReason = "rewind"
 )
 

@@ -1,9 +1,5 @@
 package kvevent
 
-import (
-	"k8s.io/klog/v2"
-)
-
 // StreamID names one KV-event stream: one pod's engine for one
 // data-parallel rank.
 type StreamID struct {
@@ -17,9 +13,10 @@ type StreamID struct {
 	LoraID string `json:"loraID,omitempty"`
 }
 
-// KVIndex is what a KVEventManager keeps up to date: an index of the blocks
-// each stream's engine holds. pkg/indexer's SyncPrefixHashTable, through a
-// small adapter, is the index the gateway uses.
+// KVIndex is what a KVEventManager (package manager) keeps up to date: an
+// index of the blocks each stream's engine holds. pkg/indexer's
+// SyncPrefixHashTable, through a small adapter, is the index the gateway
+// uses.
 //
 // The manager calls ApplyBatch and ResetStream for one stream from one
 // goroutine at a time, batches in seq order; different streams are
@@ -36,37 +33,4 @@ type KVIndex interface {
 	ResetStream(stream StreamID)
 	// PurgePod forgets everything the index holds for the pod, all ranks.
 	PurgePod(podKey string)
-}
-
-// indexHandler delivers one stream's batches and resets to a KVIndex.
-type indexHandler struct {
-	index  KVIndex
-	stream StreamID
-	logger klog.Logger
-}
-
-var (
-	_ BatchHandler = (*indexHandler)(nil)
-	_ ResetHandler = (*indexHandler)(nil)
-)
-
-// HandleEvent applies one event as a batch of its own. A client calls
-// HandleBatch instead; HandleEvent serves callers that deliver events one
-// by one.
-func (h *indexHandler) HandleEvent(event KVEvent) error {
-	return h.index.ApplyBatch(h.stream, &EventBatch{Events: []KVEvent{event}, DataParallelRank: h.stream.DPRank})
-}
-
-// HandleBatch applies a batch to the index.
-func (h *indexHandler) HandleBatch(_ uint64, batch *EventBatch) error {
-	return h.index.ApplyBatch(h.stream, batch)
-}
-
-// HandleReset drops the stream from the index: what follows rebuilds it
-// (from seq 0 after a publisher restart, from the next available batch
-// after an unrecoverable gap).
-func (h *indexHandler) HandleReset(r StreamReset) {
-	h.index.ResetStream(h.stream)
-	h.logger.V(1).Info("Dropped the stream from the index; it is rebuilt from the batches that follow",
-		"reason", r.Reason, "nextSeq", r.NextSeq)
 }

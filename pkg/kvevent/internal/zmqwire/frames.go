@@ -1,0 +1,71 @@
+// Package zmqwire holds what both ends of vLLM's KV-event stream need on
+// the ZeroMQ wire: the 8-byte seq frame, multipart send and receive, and
+// the endpoint rules of vLLM's publisher. The transport and the publisher
+// use it; it is not part of kvgate's API.
+package zmqwire
+
+import (
+	"encoding/binary"
+	"math"
+	"syscall"
+
+	zmq "github.com/pebbe/zmq4"
+)
+
+// EndOfReplay is the seq vLLM's replay ROUTER sends in its end marker:
+// (-1).to_bytes(8, "big", signed=True).
+const EndOfReplay = math.MaxUint64
+
+// SeqFrame encodes seq as vLLM does: 8 bytes, big-endian.
+func SeqFrame(seq uint64) []byte {
+	return binary.BigEndian.AppendUint64(make([]byte, 0, 8), seq)
+}
+
+// ParseSeqFrame decodes an 8-byte big-endian seq frame.
+func ParseSeqFrame(frame []byte) (uint64, bool) {
+	if len(frame) != 8 {
+		return 0, false
+	}
+	return binary.BigEndian.Uint64(frame), true
+}
+
+// RecvFrames receives one whole multipart message into dst[:0]. flags apply
+// to the first frame (zmq.DONTWAIT to return syscall.EAGAIN when nothing is
+// queued); the others are already there when the first one is.
+func RecvFrames(s *zmq.Socket, flags zmq.Flag, dst [][]byte) ([][]byte, error) {
+	dst = dst[:0]
+	for {
+		frame, err := s.RecvBytes(flags)
+		if err != nil {
+			return dst, err
+		}
+		dst = append(dst, frame)
+		more, err := s.GetRcvmore()
+		if err != nil {
+			return dst, err
+		}
+		if !more {
+			return dst, nil
+		}
+		flags = 0
+	}
+}
+
+// SendFrames sends frames as one multipart message.
+func SendFrames(s *zmq.Socket, flags zmq.Flag, frames ...[]byte) error {
+	for i, f := range frames {
+		fl := flags
+		if i < len(frames)-1 {
+			fl |= zmq.SNDMORE
+		}
+		if _, err := s.SendBytes(f, fl); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// IsAgain reports whether err means a non-blocking call found nothing to do.
+func IsAgain(err error) bool {
+	return zmq.AsErrno(err) == zmq.Errno(syscall.EAGAIN)
+}

@@ -1,0 +1,25 @@
+// Package manager follows the KV-event streams of every eligible vLLM pod
+// of a fleet into a kvevent.KVIndex.
+//
+// KVEventManager follows each eligible pod with one stream per
+// data-parallel rank (a transport.ZMQClient dialling the pod, or in bind
+// mode a stream of one transport.BindReceiver) and delivers to a kvevent.KVIndex.
+// It is told about pods (OnPodAdd, OnPodUpdate, OnPodDelete) and reconciles
+// them like a Kubernetes controller. A pod is followed when it is Running,
+// not terminating, Ready, has an IP, and carries (as a label, or else an
+// annotation):
+//
+//	model.aibrix.ai/kv-events-enabled: "true"   required
+//	model.aibrix.ai/name: <model>                required
+//	model.aibrix.ai/lora-id: <id>                optional, part of the stream identity
+//	kvgate.io/kv-events-pub-port: "5557"         rank 0's PUB port, rank r uses +r
+//	kvgate.io/kv-events-replay-port: "5558"      rank 0's replay port, "0" = no replay
+//	kvgate.io/kv-events-topic: ""                SUB topic prefix
+//	kvgate.io/dp-size: "1"                       data-parallel ranks, one stream each
+//
+// Ports and topic default to the manager's StreamDefaults. With several
+// ranks the PUB and replay port ranges must not overlap, which rules out
+// 5557/5558. Pods that are not followed are counted by reason in
+// kvgate_kv_event_ineligible_pods. In bind mode (ManagerConfig.Bind)
+// engines dial into the gateway instead.
+package manager

@@ -1,0 +1,116 @@
+package manager
+
+// Values of a pod's state in the manager's metrics and snapshot.
+const (
+	PodStateFollowed   = "followed"
+	PodStateIneligible = "ineligible"
+	PodStateFailed     = "failed"
+)
+
+// podStatus is the reconciled state of one pod. It is replaced, never
+// modified, once published in KVEventManager.states.
+type podStatus struct {
+	model   string
+	reason  IneligibleReason // "" when followed or failed
+	err     error            // why the pod's config is invalid or its streams failed to start
+	target  PodTarget        // valid when streams is not empty
+	streams []*followedStream
+}
+
+func (s *podStatus) state() string {
+	switch {
+	case len(s.streams) > 0:
+		return PodStateFollowed
+	case s.reason != "":
+		return PodStateIneligible
+	}
+	return PodStateFailed
+}
+
+// reconcile makes the streams of pod key match the pod's latest version:
+// nothing to do when they already do, otherwise stop the current streams,
+// purge the pod from the index, and start the streams the pod should have.
+func (m *KVEventManager) reconcile(key string) error {
+	m.mu.Lock()
+	pod := m.pods[key]
+	prev := m.states[key]
+	m.mu.Unlock()
+
+	var next *podStatus
+	var target PodTarget
+	if pod != nil {
+		var reason IneligibleReason
+		var err error
+		target, reason, err = TargetForPod(pod, m.cfg.Streams)
+		model, _ := podValue(pod, ModelNameLabel)
+		next = &podStatus{model: model, reason: reason, err: err}
+		if prev != nil && len(prev.streams) > 0 && reason == "" && prev.target == target {
+			return nil
+		}
+	}
+	if prev != nil && len(prev.streams) > 0 {
+		m.follower.unfollow(prev.streams)
+		m.index.PurgePod(key)
+		m.metrics.streamStops.Add(float64(len(prev.streams)))
+	}
+	if next == nil {
+		m.mu.Lock()
+		delete(m.states, key)
+		m.mu.Unlock()
+		m.logTransition(key, prev, nil)
+		return nil
+	}
+	var startErr error
+	if next.reason == "" {
+		next.streams, startErr = m.follower.follow(target)
+		if startErr != nil {
+			next.err = startErr
+		} else {
+			next.target = target
+			m.metrics.streamStarts.Add(float64(len(next.streams)))
+		}
+	}
+	m.mu.Lock()
+	m.states[key] = next
+	m.mu.Unlock()
+	m.logTransition(key, prev, next)
+	return startErr
+}
+
+// logTransition logs a change of a pod's state, not every reconcile.
+func (m *KVEventManager) logTransition(key string, prev, next *podStatus) {
+	log := m.logger.WithValues("pod", key)
+	switch {
+	case next == nil:
+		if prev != nil && len(prev.streams) > 0 {
+			log.Info("Stopped following KV events: pod deleted", "model", prev.model)
+		}
+		return
+	case next.state() == PodStateFollowed:
+		t, s := next.target, next.streams[0]
+		verb := "Following KV events"
+		if prev != nil && len(prev.streams) > 0 {
+			verb = "Following KV events again after a change of the pod"
+		}
+		log.Info(verb, "model", t.Model, "mode", m.mode(), "pubEndpoint", s.pubEndpoint,
+			"replayEndpoint", s.replayEndpoint, "topic", s.topic, "dpSize", t.DPSize, "loraID", t.LoraID)
+		return
+	case next.state() == PodStateFailed:
+		log.Error(next.err, "Cannot follow KV events", "model", next.model)
+		return
+	}
+	if prev != nil && len(prev.streams) > 0 {
+		log.Info("Stopped following KV events", "model", next.model, "reason", next.reason)
+	}
+	if prev != nil && prev.reason == next.reason {
+		return
+	}
+	switch next.reason {
+	case ReasonInvalidConfig:
+		log.Error(next.err, "Not following KV events: invalid configuration", "model", next.model)
+	case ReasonKVEventsDisabled:
+		log.V(2).Info("Not following KV events", "model", next.model, "reason", next.reason)
+	default:
+		log.V(1).Info("Not following KV events", "model", next.model, "reason", next.reason)
+	}
+}

@@ -1,0 +1,233 @@
+package transport
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"time"
+
+	zmq "github.com/pebbe/zmq4"
+	"k8s.io/klog/v2"
+
+	"github.com/kvgate/kvgate/pkg/kvevent/internal/zmqwire"
+)
+
+// Defaults of a ZMQClientConfig.
+const (
+	// DefaultPubPort is the port of rank 0's PUB socket in vLLM's
+	// documented setup; rank r uses DefaultPubPort+r.
+	DefaultPubPort = 5557
+	// DefaultRouterPort is the port of rank 0's replay ROUTER in vLLM's
+	// documented setup; rank r uses DefaultRouterPort+r. (These two port
+	// ranges collide as soon as an engine runs two data-parallel ranks:
+	// such fleets must configure ports spaced at least dp_size apart.)
+	DefaultRouterPort = 5558
+	// DefaultPollTimeout bounds how long the client waits on its sockets
+	// before it looks at its commands and timers again.
+	DefaultPollTimeout = 100 * time.Millisecond
+	// DefaultReplayTimeout is how long a replay may stay silent before it
+	// counts as failed.
+	DefaultReplayTimeout = 5 * time.Second
+	// DefaultReconnectInterval is the first delay before reconnecting.
+	DefaultReconnectInterval = 1 * time.Second
+	// MaxReconnectInterval caps the reconnect delay.
+	MaxReconnectInterval = 30 * time.Second
+	// ReconnectBackoffFactor multiplies the delay after every failed
+	// attempt. libzmq doubles its reconnect interval natively; the client
+	// backs off replay retries the same way.
+	ReconnectBackoffFactor = 2.0
+	// DefaultConnectTimeout bounds a TCP connect to an unresponsive address.
+	DefaultConnectTimeout = 5 * time.Second
+	// DefaultHeartbeatInterval, DefaultHeartbeatTimeout and
+	// DefaultHeartbeatTTL configure the ZMTP heartbeats that detect a dead
+	// or unreachable engine while it sends nothing (vLLM is silent when
+	// idle).
+	DefaultHeartbeatInterval = 5 * time.Second
+	DefaultHeartbeatTimeout  = 15 * time.Second
+	DefaultHeartbeatTTL      = 30 * time.Second
+	// DefaultMaxPendingBatches bounds the live batches a client buffers
+	// while it replays a gap: vLLM's default replay buffer length.
+	DefaultMaxPendingBatches = 10000
+	// DefaultReceiveHWM is the SUB socket's receive high-water mark in
+	// messages: vLLM's default PUB high-water mark.
+	DefaultReceiveHWM = 100000
+)
+
+// ZMQClientConfig configures a ZMQClient: which engine stream to follow, and
+// how. Build one with DefaultZMQClientConfig and adjust it; ValidateConfig
+// explains what it rejects.
+type ZMQClientConfig struct {
+	// PodKey identifies the engine's pod ("namespace/name") in logs,
+	// metrics and resets.
+	PodKey string
+	// PodIP is the address of the engine; an IPv6 address is bracketed
+	// when the endpoints are built.
+	PodIP string
+	// ModelName is the engine's model, for logs.
+	ModelName string
+	// PubPort and RouterPort are rank 0's PUB and replay ROUTER ports; the
+	// client dials PubPort+DPRank and RouterPort+DPRank. RouterPort 0
+	// disables replay.
+	PubPort    int
+	RouterPort int
+	// DPRank is the data-parallel rank of the stream.
+	DPRank int
+	// Topic is the SUB prefix filter. vLLM's default topic is "", which
+	// matches every message.
+	Topic string
+
+	// PubEndpoint and ReplayEndpoint, when set, are dialled exactly as
+	// given instead of the endpoints built from PodIP, the ports and
+	// DPRank. With PubEndpoint set, replay uses ReplayEndpoint and is
+	// disabled when it is empty.
+	PubEndpoint    string
+	ReplayEndpoint string
+
+	// PollTimeout bounds how long a command (Stop, Reconnect, ReplayFrom...)
+	// may wait for the client's goroutine.
+	PollTimeout time.Duration
+	// ReplayTimeout is how long a replay may stay silent before it fails.
+	ReplayTimeout time.Duration
+	// ReconnectDelay and MaxReconnectDelay bound libzmq's reconnect
+	// backoff (doubling each attempt) and the client's backoff between
+	// failed replays.
+	ReconnectDelay    time.Duration
+	MaxReconnectDelay time.Duration
+	// ConnectTimeout bounds one TCP connect attempt; 0 leaves it to the
+	// operating system.
+	ConnectTimeout time.Duration
+	// HeartbeatInterval, HeartbeatTimeout and HeartbeatTTL set ZMTP
+	// heartbeats on the SUB connection: a PING every interval, the
+	// connection dropped (and re-dialled) when nothing arrives within the
+	// timeout, the peer told to drop it after the TTL. An interval of 0
+	// disables heartbeats.
+	HeartbeatInterval time.Duration
+	HeartbeatTimeout  time.Duration
+	HeartbeatTTL      time.Duration
+	// MaxPendingBatches bounds the live batches buffered while a gap is
+	// replayed; overflowing it makes the gap unrecoverable.
+	MaxPendingBatches int
+	// ReceiveHWM is the SUB socket's receive high-water mark in messages;
+	// 0 means no limit.
+	ReceiveHWM int
+
+	// Context is the ZeroMQ context of the client's sockets. When nil the
+	// client creates its own and terminates it on Close. A shared context
+	// saves two OS threads per client; its owner terminates it after
+	// closing every client.
+	Context *zmq.Context
+	// Metrics receives the client's Prometheus metrics. When nil the client
+	// exports none; GetStats and Stats work either way.
+	Metrics *KVCacheMetrics
+	// Logger receives the stream's logs, to which the client adds the pod,
+	// model and rank: errors, and at verbosity 0 connection changes,
+	// resets and topic mismatches; at verbosity 4 dialling, redials and
+	// replay requests; at verbosity 5 every delivered batch. A logger's
+	// V(n) shifts them all by n. The zero value logs through klog's global
+	// logger.
+	Logger klog.Logger
+}
+
+// DefaultZMQClientConfig returns the configuration of a client that follows
+// rank 0 of the vLLM engine at podIP on the default ports, with replay.
+func DefaultZMQClientConfig(podKey, podIP, modelName string) *ZMQClientConfig {
+	return &ZMQClientConfig{
+		PodKey:            podKey,
+		PodIP:             podIP,
+		ModelName:         modelName,
+		PubPort:           DefaultPubPort,
+		RouterPort:        DefaultRouterPort,
+		PollTimeout:       DefaultPollTimeout,
+		ReplayTimeout:     DefaultReplayTimeout,
+		ReconnectDelay:    DefaultReconnectInterval,
+		MaxReconnectDelay: MaxReconnectInterval,
+		ConnectTimeout:    DefaultConnectTimeout,
+		HeartbeatInterval: DefaultHeartbeatInterval,
+		HeartbeatTimeout:  DefaultHeartbeatTimeout,
+		HeartbeatTTL:      DefaultHeartbeatTTL,
+		MaxPendingBatches: DefaultMaxPendingBatches,
+		ReceiveHWM:        DefaultReceiveHWM,
+	}
+}
+
+// ValidateConfig reports every problem of config in one error, or nil when
+// a client can run with it.
+func ValidateConfig(config *ZMQClientConfig) error {
+	if config == nil {
+		return errors.New("kvevent: nil ZMQClientConfig")
+	}
+	c := config
+	var errs []error
+	check := func(bad bool, format string, args ...any) {
+		if bad {
+			errs = append(errs, fmt.Errorf(format, args...))
+		}
+	}
+	check(c.PodKey == "", "PodKey is empty")
+	check(c.DPRank < 0, "DPRank %d is negative", c.DPRank)
+	if c.PubEndpoint != "" {
+		if err := zmqwire.ValidEndpoint(c.PubEndpoint); err != nil {
+			errs = append(errs, fmt.Errorf("PubEndpoint: %w", err))
+		}
+	} else {
+		check(!validHost(c.PodIP), "PodIP %q is neither an IP address nor a host name", c.PodIP)
+		check(c.PubPort < 1 || c.PubPort+c.DPRank > 65535, "PubPort %d with DPRank %d is not a valid port", c.PubPort, c.DPRank)
+	}
+	if c.ReplayEndpoint != "" {
+		if err := zmqwire.ValidEndpoint(c.ReplayEndpoint); err != nil {
+			errs = append(errs, fmt.Errorf("ReplayEndpoint: %w", err))
+		}
+	} else if c.PubEndpoint == "" {
+		check(c.RouterPort < 0 || c.RouterPort+c.DPRank > 65535, "RouterPort %d with DPRank %d is not a valid port", c.RouterPort, c.DPRank)
+	}
+	check(c.PollTimeout <= 0, "PollTimeout %v must be positive", c.PollTimeout)
+	check(c.ReplayTimeout <= 0, "ReplayTimeout %v must be positive", c.ReplayTimeout)
+	check(c.ReconnectDelay <= 0, "ReconnectDelay %v must be positive", c.ReconnectDelay)
+	check(c.MaxReconnectDelay < c.ReconnectDelay, "MaxReconnectDelay %v is below ReconnectDelay %v", c.MaxReconnectDelay, c.ReconnectDelay)
+	check(c.ConnectTimeout < 0, "ConnectTimeout %v is negative", c.ConnectTimeout)
+	check(c.HeartbeatInterval < 0, "HeartbeatInterval %v is negative", c.HeartbeatInterval)
+	check(c.HeartbeatInterval > 0 && c.HeartbeatTimeout < c.HeartbeatInterval,
+		"HeartbeatTimeout %v is below HeartbeatInterval %v", c.HeartbeatTimeout, c.HeartbeatInterval)
+	check(c.HeartbeatTTL < 0, "HeartbeatTTL %v is negative", c.HeartbeatTTL)
+	check(c.MaxPendingBatches < 1, "MaxPendingBatches %d must be at least 1", c.MaxPendingBatches)
+	check(c.ReceiveHWM < 0, "ReceiveHWM %d is negative", c.ReceiveHWM)
+	if len(errs) > 0 {
+		return fmt.Errorf("kvevent: invalid ZMQ client config for %q: %w", c.PodKey, errors.Join(errs...))
+	}
+	return nil
+}
+
+// endpoints returns the PUB and replay endpoints the client dials; replay is
+// "" when disabled. The config must be valid.
+func (c *ZMQClientConfig) endpoints() (pub, replay string) {
+	if c.PubEndpoint != "" {
+		return c.PubEndpoint, c.ReplayEndpoint
+	}
+	pub, replay = zmqwire.TCPEndpoint(c.PodIP, c.PubPort+c.DPRank), c.ReplayEndpoint
+	if replay == "" && c.RouterPort != 0 {
+		replay = zmqwire.TCPEndpoint(c.PodIP, c.RouterPort+c.DPRank)
+	}
+	return pub, replay
+}
+
+// validHost accepts an IP address or a DNS host name.
+func validHost(host string) bool {
+	if net.ParseIP(host) != nil {
+		return true
+	}
+	if host == "" || len(host) > 253 {
+		return false
+	}
+	for _, label := range strings.Split(host, ".") {
+		if label == "" || len(label) > 63 || label[0] == '-' || label[len(label)-1] == '-' {
+			return false
+		}
+		for _, r := range label {
+			if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-') {
+				return false
+			}
+		}
+	}
+	return true
+}

@@ -1,0 +1,367 @@
+package transport
+
+import (
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"k8s.io/klog/v2"
+
+	"github.com/kvgate/kvgate/pkg/kvevent"
+)
+
+// Verbosities of a stream's logs. Errors are always logged, and connection
+// changes, resets and topic mismatches at verbosity 0.
+const (
+	// logDebug is the verbosity of dialling, redials and replay requests.
+	logDebug = 4
+	// logTrace is the verbosity of every delivered batch.
+	logTrace = 5
+)
+
+// observer records what happens to one stream: each method is one event,
+// counted in the stream's metrics (when it has any) and its statistics
+// (ClientStats) and logged, all from that one call. Statistics are updated
+// after metrics, so that whoever sees an event counted in Stats finds it in
+// the metrics too. The stream's owner calls the observer; other goroutines
+// read the statistics and the connection state, so it is safe for
+// concurrent use.
+type observer struct {
+	podKey      string
+	model       string
+	rank        int
+	topic       string // subscribed topic
+	pubEndpoint string
+	maxDelay    time.Duration // the longest a quiet stream waits for a probe
+	logger      klog.Logger   // with the stream's pod, model and rank
+	m           *streamMetrics
+	counters    clientCounters
+	conn        connState
+}
+
+// newObserver returns the observer of the stream cfg describes, whose live
+// messages arrive on pubEndpoint.
+func newObserver(cfg *ZMQClientConfig, pubEndpoint string) *observer {
+	o := &observer{podKey: cfg.PodKey, model: cfg.ModelName, rank: cfg.DPRank, topic: cfg.Topic,
+		pubEndpoint: pubEndpoint, maxDelay: cfg.MaxReconnectDelay, logger: cfg.Logger}
+	if o.logger.GetSink() == nil {
+		o.logger = klog.Background()
+	}
+	o.logger = o.logger.WithValues("pod", cfg.PodKey, "model", cfg.ModelName, "dpRank", cfg.DPRank)
+	if cfg.Metrics != nil {
+		o.m = cfg.Metrics.forStream(cfg.PodKey, cfg.DPRank)
+	}
+	o.conn.init()
+	return o
+}
+
+// close marks the stream gone for good: waiters on its connection give up
+// and its metric series are removed.
+func (o *observer) close() {
+	o.conn.close()
+	if o.m != nil {
+		o.m.delete()
+	}
+}
+
+// debug returns the logger of debug messages, enabled or not.
+func (o *observer) debug() klog.Logger { return o.logger.V(logDebug) }
+
+// error counts an error of kind, unless it is kindUncounted.
+func (o *observer) error(kind errorKind) {
+	if o.m != nil && kind != kindUncounted {
+		o.m.errors[kind].Inc()
+	}
+}
+
+// setConnected records a connection change; counted changes are ones the
+// transport saw happen (closing the sockets is not a disconnection).
+func (o *observer) setConnected(connected, counted bool) {
+	if o.conn.isConnected() == connected {
+		return // only the owner changes it
+	}
+	if o.m != nil {
+		setFlag(o.m.status, connected)
+	}
+	switch {
+	case counted && connected:
+		if o.m != nil {
+			o.m.connections.Inc()
+		}
+		o.counters.connections.Add(1)
+		o.logger.Info("Connected to KV event publisher", "endpoint", o.pubEndpoint)
+	case counted:
+		if o.m != nil {
+			o.m.disconnections.Inc()
+		}
+		o.counters.disconnections.Add(1)
+		o.logger.Info("Disconnected from KV event publisher", "endpoint", o.pubEndpoint)
+	}
+	o.conn.set(connected)
+}
+
+// reconnectAttempt counts an attempt to reconnect: a redial of libzmq, or
+// a reconnection asked for.
+func (o *observer) reconnectAttempt() {
+	if o.m != nil {
+		o.m.reconnectAttempts.Inc()
+	}
+	o.counters.reconnectAttempts.Add(1)
+}
+
+// socketFailed counts and logs a socket that could not be set up or used.
+func (o *observer) socketFailed(err error, msg string, keysAndValues ...any) {
+	o.error(kindSocket)
+	o.logger.Error(err, msg, keysAndValues...)
+}
+
+// handshakeFailed counts and logs a connection whose ZMTP handshake failed.
+func (o *observer) handshakeFailed(endpoint, event string, errno int) {
+	o.error(kindSocket)
+	o.logger.Info("Handshake with KV event publisher failed", "endpoint", endpoint, "event", event, "errno", errno)
+}
+
+// malformed counts and logs a dropped live message that is not [topic,
+// seq, payload].
+func (o *observer) malformed(frames [][]byte) {
+	o.error(kindMalformed)
+	o.counters.malformed.Add(1)
+	o.logger.Error(errMalformed(frames), "Dropping malformed KV event message")
+}
+
+// replayRequested counts a replay request sent to endpoint.
+func (o *observer) replayRequested(from uint64, endpoint string) {
+	if o.m != nil {
+		o.m.replayRequests.Inc()
+	}
+	o.counters.replayRequests.Add(1)
+	if l := o.debug(); l.Enabled() {
+		l.Info("Requested replay", "fromSeq", from, "endpoint", endpoint)
+	}
+}
+
+// replaySucceeded counts a replay answered through its end marker.
+func (o *observer) replaySucceeded() {
+	if o.m != nil {
+		o.m.replaySuccess.Inc()
+	}
+	o.counters.replaySuccesses.Add(1)
+}
+
+// replayFailed counts and logs a replay that failed with err; kind is the
+// error it counts as besides.
+func (o *observer) replayFailed(kind errorKind, err error, endpoint string, retryIn time.Duration) {
+	if o.m != nil {
+		o.m.replayFailures.Inc()
+	}
+	o.error(kind)
+	o.counters.replayFailures.Add(1)
+	o.logger.Error(err, "Replay failed", "endpoint", endpoint, "retryIn", retryIn)
+}
+
+// unsolicitedReply counts a replay reply that answers no request in flight.
+func (o *observer) unsolicitedReply() { o.error(kindReplayProtocol) }
+
+// reset counts and logs a reset the handler is about to get.
+func (o *observer) reset(r kvevent.StreamReset) {
+	if o.m != nil {
+		for i, reason := range resetReasons {
+			if reason == r.Reason {
+				o.m.resets[i].Inc()
+			}
+		}
+		if n := r.Missing(); n > 0 {
+			o.m.missed.Add(float64(n))
+		}
+	}
+	switch r.Reason {
+	case kvevent.ResetPublisherRestart:
+		o.counters.publisherRestarts.Add(1)
+	case kvevent.ResetUnrecoverableGap:
+		o.counters.missedBatches.Add(r.Missing())
+		o.counters.unrecoverableGaps.Add(1)
+	case kvevent.ResetRewind:
+		o.counters.rewinds.Add(1)
+	}
+	if r.Reason == kvevent.ResetRewind {
+		o.logger.Info("Rewinding KV event stream", "nextSeq", r.NextSeq)
+		return
+	}
+	o.logger.Info("KV event stream reset: state derived from it is incomplete",
+		"reason", r.Reason, "nextSeq", r.NextSeq, "firstMissing", r.FirstMissing, "lastMissing", r.LastMissing)
+}
+
+// eventCounts are a batch's events per type, in eventTypes order.
+type eventCounts [len(eventTypes)]int
+
+// batchDelivered records batch seq, which arrived at start and came from a
+// replay or not: events decoded, received and processed (applied without a
+// handler error) per type, and what the decoder skipped.
+func (o *observer) batchDelivered(seq uint64, replayed bool, start time.Time, events int, received, processed *eventCounts, skips kvevent.DecodeStats) {
+	if m := o.m; m != nil {
+		m.duration.Observe(time.Since(start).Seconds())
+		m.recordBatch(seq, replayed, received, processed)
+		if skips.UnknownEvents > 0 {
+			m.skipUnknownEvent.Add(float64(skips.UnknownEvents))
+		}
+		if skips.UnknownKeys > 0 {
+			m.skipUnknownKey.Add(float64(skips.UnknownKeys))
+		}
+		if skips.UnknownFields > 0 {
+			m.skipUnknownField.Add(float64(skips.UnknownFields))
+		}
+	}
+	o.counters.events.Add(uint64(events))
+	o.countBatch(seq, replayed, start)
+	if l := o.logger.V(logTrace); l.Enabled() {
+		l.Info("Delivered KV event batch", "seq", seq, "events", events, "replayed", replayed)
+	}
+}
+
+// batchUndecodable records batch seq, which arrived at start, as delivered
+// and dropped: its payload of size bytes did not decode.
+func (o *observer) batchUndecodable(seq uint64, replayed bool, start time.Time, size int, err error) {
+	o.error(kindDecode)
+	if o.m != nil {
+		o.m.recordBatch(seq, replayed, &eventCounts{}, &eventCounts{})
+	}
+	o.counters.decodeErrors.Add(1)
+	o.countBatch(seq, replayed, start)
+	o.logger.Error(fmt.Errorf("decode batch seq %d from %s: %w", seq, o.pubEndpoint, err),
+		"Dropping undecodable KV event batch", "seq", seq, "bytes", size)
+}
+
+// countBatch counts a delivered batch in the statistics, the batch count
+// last.
+func (o *observer) countBatch(seq uint64, replayed bool, start time.Time) {
+	k := &o.counters
+	k.lastSeq.Store(seq)
+	k.lastEventNanos.Store(start.UnixNano())
+	if replayed {
+		k.replayed.Add(1)
+	}
+	k.batches.Add(1)
+}
+
+// recordBatch records one delivered batch: its seq, whether it came from a
+// replay, and the events received and processed per type.
+func (m *streamMetrics) recordBatch(seq uint64, replayed bool, received, processed *eventCounts) {
+	m.batches.Inc()
+	m.lastSeq.Set(float64(seq))
+	if replayed {
+		m.replayed.Inc()
+	}
+	for i := range received {
+		if received[i] > 0 {
+			m.received[i].Add(float64(received[i]))
+		}
+		if processed[i] > 0 {
+			m.processed[i].Add(float64(processed[i]))
+		}
+	}
+}
+
+// handlerFailed counts and logs an error the handler returned for batch
+// seq.
+func (o *observer) handlerFailed(seq uint64, err error) {
+	o.error(kindHandler)
+	o.counters.handlerErrors.Add(1)
+	o.logger.Error(err, "KV event handler failed", "seq", seq)
+}
+
+// topicMismatch reports whether the stream counts as having its live
+// messages filtered out.
+func (o *observer) topicMismatch() bool { return o.counters.topicMismatch.Load() }
+
+// topicExplainsSilence reports whether the subscription's topic may be why
+// no live message arrives: the publisher's topic is unknown (its replay
+// replies carry none before vLLM v0.26) or does not start with the
+// subscribed one, as ZeroMQ's prefix filter requires.
+func (o *observer) topicExplainsSilence() bool {
+	pt := o.counters.publisherTopic.Load()
+	return pt == nil || !strings.HasPrefix(*pt, o.topic)
+}
+
+// publisherTopic records the topic frame of a replay reply.
+func (o *observer) publisherTopic(topic []byte) {
+	if cur := o.counters.publisherTopic.Load(); cur != nil && *cur == string(topic) {
+		return
+	}
+	s := string(topic)
+	o.counters.publisherTopic.Store(&s)
+}
+
+// setTopicMismatch records whether the stream's live messages are filtered
+// out, and logs the change: the start always, as an error, since every
+// batch then reaches the handler only through a quiet-stream replay, up to
+// MaxReconnectDelay late.
+func (o *observer) setTopicMismatch(on bool) {
+	if o.m != nil {
+		setFlag(o.m.topicMismatch, on)
+	}
+	o.counters.topicMismatch.Store(on)
+	if !on {
+		o.logger.Info("Live KV events arrive again", "topic", o.topic)
+		return
+	}
+	const msg = "KV events arrive only through replay: the subscription filters out every live message"
+	if pt := o.counters.publisherTopic.Load(); pt != nil {
+		o.logger.Error(fmt.Errorf("subscribed to topic %q, but the publisher's replay replies carry topic %q", o.topic, *pt),
+			msg, "topic", o.topic, "publisherTopic", *pt, "maxDelay", o.maxDelay)
+		return
+	}
+	o.logger.Error(fmt.Errorf("no live message arrived while %d replays delivered new batches; the publisher's replay "+
+		"replies do not name its topic (vLLM before v0.26): check that topic %q is a prefix of the engine's", topicMismatchReplays, o.topic),
+		msg, "topic", o.topic, "maxDelay", o.maxDelay)
+}
+
+// connState tracks whether the stream is connected and lets callers wait
+// for it.
+type connState struct {
+	mu        sync.Mutex
+	connected bool
+	up        chan struct{} // closed while connected
+	closed    chan struct{} // closed by close
+}
+
+func (s *connState) init() {
+	s.up = make(chan struct{})
+	s.closed = make(chan struct{})
+}
+
+// set records a changed state.
+func (s *connState) set(connected bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.connected = connected
+	if connected {
+		close(s.up)
+	} else {
+		s.up = make(chan struct{})
+	}
+}
+
+func (s *connState) isConnected() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.connected
+}
+
+func (s *connState) close() { close(s.closed) }
+
+func (s *connState) wait(timeout time.Duration, endpoint string) error {
+	s.mu.Lock()
+	up := s.up
+	s.mu.Unlock()
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-up:
+		return nil
+	case <-s.closed:
+		return ErrClientClosed
+	case <-t.C:
+		return fmt.Errorf("kvevent: not connected to %s after %v", endpoint, timeout)
+	}
+}
