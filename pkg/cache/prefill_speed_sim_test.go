@@ -117,7 +117,7 @@ func TestPrefillSpeedOfSimulatedEnginesIsTheirTrueSpeed(t *testing.T) {
 	for _, w := range workloads {
 		t.Run(w.name, func(t *testing.T) {
 			e := startSimEngine(t, lat)
-			s := newTestStore(t, nil, Config{PodMetricRefreshInterval: 20 * time.Millisecond, RecentMetricsWindow: window, PrefillSpeedWindow: window})
+			s := newTestStore(t, Config{PodMetricRefreshInterval: 20 * time.Millisecond, RecentMetricsWindow: window, PrefillSpeedWindow: window})
 			s.AddOrUpdatePod(testPod("ns", "sim-0", "sim", "127.0.0.1", withPort(e.port)))
 			for _, p := range w.prime {
 				e.complete(t, p, 1)
@@ -138,7 +138,7 @@ func TestPrefillSpeedOfSimulatedEnginesIsTheirTrueSpeed(t *testing.T) {
 			var got MetricValue
 			testsupport.EventuallyWhy(t, "a prefill speed measured after the run", func() (string, bool) {
 				var err error
-				got, err = s.GetMetricValueByPod("sim-0", "ns", PrefillTokensPerSecond)
+				got, err = s.GetMetricValueByPod(pkey("ns", "sim-0"), PrefillTokensPerSecond)
 				return describe(got, err), err == nil && got.UpdatedAt.After(end)
 			})
 			t.Logf("%d requests: %.0f tokens/s measured, %.0f true", requests, got.Value, truth)

@@ -49,6 +49,14 @@ var (
 			"may take to finish before they are cut, in seconds or with a unit (\"1m\").",
 		Flag: "shutdown-timeout",
 	}
+	RequestTTL = Var{
+		Name:    "KVGATE_REQUEST_TTL_SECONDS",
+		Default: "3600",
+		Section: SectionGateway,
+		Doc: "A request in flight whose end the gateway never recorded stops counting after this long, in seconds or " +
+			"with a unit (\"1h\"): as load on its pod, as prefill work queued there, in request traces and shared " +
+			"counts. Requests that outlive it are counted in kvgate_cache_requests_expired_total.",
+	}
 	ShutdownDelay = Var{
 		Name:    "KVGATE_SHUTDOWN_DELAY",
 		Default: "0",
@@ -147,6 +155,38 @@ var (
 		Doc: "Most token ids the cache of recent tokenizations holds (4 bytes each); the least recently used " +
 			"tokenizations are evicted beyond it. A repeated prompt found in the cache costs no /tokenize call.",
 	}
+	TokenizerDir = Var{
+		Name:    "KVGATE_TOKENIZER_DIR",
+		Section: SectionTokenizer,
+		Doc: "Directory of the models' Hugging Face tokenizer files, to tokenize in process: <dir>/<model>/tokenizer.json " +
+			"with tokenizer_config.json or chat_template.jinja beside it, <model> being the served model name " +
+			"(Qwen/Qwen3-8B is Qwen3-8B in Qwen). Read at start: a file that cannot be used stops the gateway. " +
+			"A model's files are used once the engine's /tokenize agreed with them on sample prompts; other models, " +
+			"and a model whose engine disagreed, are tokenized by the engines. Needs the remote tokenizer. " +
+			"See docs/deployment.md.",
+		Flag: "tokenizer-dir",
+	}
+	TokenizerVerifyFraction = Var{
+		Name:    "KVGATE_TOKENIZER_VERIFY_FRACTION",
+		Default: "0.01",
+		Section: SectionTokenizer,
+		Doc: "Share of the prompts tokenized in process that are also sent to the engine's /tokenize, off the " +
+			"request path, to compare; a difference sends the model back to the engine. 0 compares none after the start.",
+	}
+	TokenizerPrefixReuse = Var{
+		Name:    "KVGATE_TOKENIZER_PREFIX_REUSE",
+		Default: "true",
+		Section: SectionTokenizer,
+		Doc: "Answer a chat the engine must tokenize at once with the cached ids of its longest message prefix " +
+			"(the earlier turns), tokenizing the whole chat in the background for the next turn.",
+	}
+	TokenizerMaxBackgroundCalls = Var{
+		Name:    "KVGATE_TOKENIZER_MAX_BACKGROUND_CALLS",
+		Default: "8",
+		Section: SectionTokenizer,
+		Doc: "Most /tokenize calls made off the request path at once (whole chats answered from a prefix, " +
+			"comparisons of the in-process tokenizer); beyond it a chat waits for its own ids and a comparison is skipped.",
+	}
 )
 
 // Routing.
@@ -180,13 +220,6 @@ var (
 		Section: SectionRouting,
 		Doc: "kv-aware: predicted times to first token within this fraction of the lowest count as equal, " +
 			"and the request goes to the one of those pods with the fewest requests in flight.",
-	}
-	RoutingInFlightPrefillTTL = Var{
-		Name:    "KVGATE_ROUTING_INFLIGHT_PREFILL_TTL_SECONDS",
-		Default: "300",
-		Section: SectionRouting,
-		Doc: "kv-aware: a request sent to a pod stops counting as queued prefill work after this long " +
-			"if the gateway never saw its first token or its end.",
 	}
 	PrefixCacheImbalanceAbsCount = Var{
 		Name:    "AIBRIX_PREFIX_CACHE_POD_RUNNING_REQUEST_IMBALANCE_ABS_COUNT",
@@ -265,6 +298,7 @@ var Vars = []Var{
 	MaxRequestBodyBytes,
 	ShutdownTimeout,
 	ShutdownDelay,
+	RequestTTL,
 	Kubeconfig,
 	KVEventSyncEnabled,
 	UseRemoteTokenizer,
@@ -286,11 +320,14 @@ var Vars = []Var{
 	TokenizerEndpointTemplate,
 	TokenizerRequestTimeout,
 	TokenizerCacheMaxTokens,
+	TokenizerDir,
+	TokenizerVerifyFraction,
+	TokenizerPrefixReuse,
+	TokenizerMaxBackgroundCalls,
 	RoutingAlgorithm,
 	RoutingCPUCacheWeight,
 	RoutingDefaultPrefillSpeed,
 	RoutingTieTolerance,
-	RoutingInFlightPrefillTTL,
 	PrefixCacheImbalanceAbsCount,
 	PrefixCacheStdDevFactor,
 	PodMetricRefreshInterval,

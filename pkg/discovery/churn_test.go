@@ -15,19 +15,18 @@ import (
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/klog/v2"
 
 	"github.com/kvgate/kvgate/internal/testsupport"
-	"github.com/kvgate/kvgate/pkg/cache"
+	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/kvevent/manager"
 	"github.com/kvgate/kvgate/pkg/kvevent/publisher"
 )
 
 // churnPod is a pod of the churn test, eligible unless a flag says not.
 func churnPod(name string, gen, port int, ready, labelled bool) *v1.Pod {
-	labels := map[string]string{manager.ModelNameLabel: testModel}
+	labels := map[string]string{endpoint.ModelNameLabel: testModel}
 	if labelled {
-		labels[manager.KVEventsEnabledLabel] = "true"
+		labels[endpoint.KVEventsEnabledLabel] = "true"
 	}
 	cond := v1.ConditionFalse
 	if ready {
@@ -97,13 +96,7 @@ func TestChurnLeavesNoClientsSocketsOrIndexEntries(t *testing.T) {
 
 	index := newTestIndex(t)
 	manager := index.newManager(t)
-	store, err := cache.InitWithOptions(nil, nil, cache.InitOptions{
-		Config:       cache.Config{PodMetricRefreshInterval: -1, AdapterRefreshInterval: -1, Logger: klog.Background().V(4)},
-		EnableKVSync: true, KVEventManager: manager,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	store, stopStore := startStore(t, nil, nil, manager)
 
 	rng := rand.New(rand.NewPCG(1, 2))
 	live := map[string]*churnEngine{}
@@ -129,7 +122,7 @@ func TestChurnLeavesNoClientsSocketsOrIndexEntries(t *testing.T) {
 			store.AddOrUpdatePod(p)
 			live[name] = &churnEngine{pod: p, tag: j + 1}
 		default:
-			store.DeletePod("churn", name)
+			store.DeletePod(endpoint.Key{Namespace: "churn", Name: name})
 			delete(live, name)
 		}
 	}
@@ -149,7 +142,7 @@ func TestChurnLeavesNoClientsSocketsOrIndexEntries(t *testing.T) {
 	}
 
 	for name := range live {
-		store.DeletePod("churn", name)
+		store.DeletePod(endpoint.Key{Namespace: "churn", Name: name})
 	}
 	testsupport.Eventually(t, "no pod followed or known", func() bool { return len(manager.Snapshot()) == 0 })
 	if got := index.pods(); len(got) != 0 {
@@ -158,7 +151,7 @@ func TestChurnLeavesNoClientsSocketsOrIndexEntries(t *testing.T) {
 	if n := index.entries(); n != 0 {
 		t.Fatalf("the index holds %d blocks once every pod is deleted", n)
 	}
-	store.Close()
+	stopStore()
 	testsupport.Eventually(t, "goroutines of the manager and its clients gone", func() bool {
 		return goleak.Find(leakCheck) == nil
 	})

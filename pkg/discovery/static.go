@@ -24,6 +24,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/kvgate/kvgate/pkg/cache"
+	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/kvevent/manager"
 )
 
@@ -145,14 +146,14 @@ func (e *StaticEndpoint) validate() error {
 func (e *StaticEndpoint) Pod() *v1.Pod {
 	port := e.Port
 	if port == 0 {
-		port = 8000
+		port = endpoint.DefaultEnginePort
 	}
-	labels := map[string]string{manager.ModelNameLabel: e.Model, cache.ModelPortLabel: strconv.Itoa(port)}
+	labels := map[string]string{endpoint.ModelNameLabel: e.Model, endpoint.ModelPortLabel: strconv.Itoa(port)}
 	if e.KVEvents == nil || *e.KVEvents {
-		labels[manager.KVEventsEnabledLabel] = "true"
+		labels[endpoint.KVEventsEnabledLabel] = "true"
 	}
 	if e.LoraID != "" {
-		labels[manager.LoraIDLabel] = e.LoraID
+		labels[endpoint.LoraIDLabel] = e.LoraID
 	}
 	ann := map[string]string{}
 	if e.PubPort != nil {
@@ -168,7 +169,7 @@ func (e *StaticEndpoint) Pod() *v1.Pod {
 		ann[manager.DPSizeAnnotation] = strconv.Itoa(e.DPSize)
 	}
 	if len(e.LoraAdapters) > 0 {
-		ann[cache.LoraAdaptersAnnotation] = strings.Join(e.LoraAdapters, ",")
+		ann[endpoint.LoraAdaptersAnnotation] = strings.Join(e.LoraAdapters, ",")
 	}
 	uid := sha256.Sum256([]byte(StaticNamespace + "/" + e.Name))
 	return &v1.Pod{
@@ -272,7 +273,7 @@ func apply(f *StaticFile, current map[string]StaticEndpoint, sink cache.PodSink)
 	for name := range current {
 		if !next[name] {
 			delete(current, name)
-			sink.DeletePod(StaticNamespace, name)
+			sink.DeletePod(endpoint.Key{Namespace: StaticNamespace, Name: name})
 			removed++
 		}
 	}

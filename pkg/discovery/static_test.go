@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"github.com/kvgate/kvgate/internal/testsupport"
-	"github.com/kvgate/kvgate/pkg/cache"
+	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/kvevent/manager"
 )
 
@@ -48,10 +48,10 @@ func TestStaticEndpointsBecomePodsTheManagerFollows(t *testing.T) {
 		if got != want[i].target {
 			t.Errorf("%s: target %+v, want %+v", e.Name, got, want[i].target)
 		}
-		if pod.Labels[cache.ModelPortLabel] != want[i].port || pod.Namespace != StaticNamespace || pod.UID == "" {
+		if pod.Labels[endpoint.ModelPortLabel] != want[i].port || pod.Namespace != StaticNamespace || pod.UID == "" {
 			t.Errorf("%s: pod %+v", e.Name, pod.ObjectMeta)
 		}
-		if got := cache.PodAdapters(pod); !slices.Equal(got, want[i].adapters) {
+		if got := endpoint.Adapters(pod); !slices.Equal(got, want[i].adapters) {
 			t.Errorf("%s: adapters %q, want %q", e.Name, got, want[i].adapters)
 		}
 		if again := e.Pod(); again.UID != pod.UID {

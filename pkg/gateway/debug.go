@@ -8,6 +8,7 @@ import (
 
 	"github.com/kvgate/kvgate/pkg/indexer"
 	"github.com/kvgate/kvgate/pkg/kvevent/manager"
+	"github.com/kvgate/kvgate/pkg/tokenizer"
 )
 
 // kvCacheView is the answer of GET /debug/kvcache: what the prefix index
@@ -15,6 +16,9 @@ import (
 type kvCacheView struct {
 	KVEventSync bool        `json:"kvEventSync"`
 	Models      []modelView `json:"models"`
+	// Tokenizers are the models tokenized in process and the state of
+	// each form: active, or why the engines tokenize it.
+	Tokenizers []tokenizer.LocalModel `json:"tokenizers,omitempty"`
 }
 
 // modelView is one model's share of the index and its pods.
@@ -97,6 +101,9 @@ func (g *Gateway) serveKVCache(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	v := kvCacheView{KVEventSync: g.manager != nil, Models: []modelView{}}
+	if g.tokenizer != nil {
+		v.Tokenizers = g.tokenizer.LocalModels()
+	}
 	if g.manager != nil {
 		v.Models = buildKVCacheView(g.index.Stats(), g.manager.Snapshot(), time.Now())
 	}

@@ -20,7 +20,7 @@ import (
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/kvgate/kvgate/internal/testsupport"
-	"github.com/kvgate/kvgate/pkg/cache"
+	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/kvevent/manager"
 )
 
@@ -71,8 +71,8 @@ func TestKubernetesDiscoveryFromAKubeconfig(t *testing.T) {
 
 	pod := &v1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "vllm-0",
-			Labels: map[string]string{cache.ModelNameLabel: "llama", manager.KVEventsEnabledLabel: "true",
-				cache.ModelPortLabel: strconv.Itoa(e.port)},
+			Labels: map[string]string{endpoint.ModelNameLabel: "llama", endpoint.KVEventsEnabledLabel: "true",
+				endpoint.ModelPortLabel: strconv.Itoa(e.port)},
 			Annotations: map[string]string{manager.PubPortAnnotation: strconv.Itoa(e.pubPort),
 				manager.ReplayPortAnnotation: strconv.Itoa(e.replayPort)}},
 		Spec: v1.PodSpec{Containers: []v1.Container{{Name: "vllm", Image: "vllm/vllm-openai"}}},
