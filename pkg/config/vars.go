@@ -108,16 +108,17 @@ var (
 		Name:    "AIBRIX_SYNC_MAX_PREFIXES_PER_CONTEXT",
 		Default: "4194304",
 		Section: SectionIndex,
-		Doc: "Most distinct blocks the prefix index keeps per model, whatever the number of pods holding each; the least recently " +
-			"stored or matched blocks are evicted beyond it. AIBrix's default of 10000 covers a fraction of one GPU's cache, " +
+		Doc: "Most distinct blocks the prefix index keeps per model, whatever the number of pods holding each. Beyond it the " +
+			"engines holding the most blocks give up their least recently stored or matched ones, so that a pod flooding the " +
+			"index evicts only its own. AIBrix's default of 10000 covers a fraction of one GPU's cache, " +
 			"hence the larger default (a few dozen pods of some 100,000 blocks each).",
 	}
 	SyncMaxPrefixes = Var{
 		Name:    "KVGATE_SYNC_MAX_PREFIXES",
 		Default: "8388608",
 		Section: SectionIndex,
-		Doc: "Most distinct blocks the prefix index keeps over all models; beyond it the least recently used model's oldest " +
-			"blocks are evicted. Bounds the index's memory: about 63 bytes a block held by one pod, 25 more per other pod holding it.",
+		Doc: "Most distinct blocks the prefix index keeps over all models; beyond it the least recently used model gives up " +
+			"blocks as above. Bounds the index's memory: about 63 bytes a block held by one pod, 25 more per other pod holding it.",
 	}
 	SyncEvictionInterval = Var{
 		Name:    "AIBRIX_SYNC_EVICTION_INTERVAL_SECONDS",
