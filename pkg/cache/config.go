@@ -61,6 +61,11 @@ type Config struct {
 	// keys GPU profiles (AIBRIX_POD_DEPLOYMENT_LABEL, default
 	// endpoint.DefaultDeploymentLabel).
 	DeploymentLabel string
+	// RayClusterFleetLabel is the pod label holding the name of the
+	// RayClusterFleet a pod belongs to, which then keys its GPU profiles
+	// (AIBRIX_POD_RAYCLUSTERFLEET_LABEL, default
+	// endpoint.DefaultRayClusterFleetLabel).
+	RayClusterFleetLabel string
 
 	// EjectionBackoff is how long a pod stays ejected from routing after
 	// the first request that could not connect to it (see EjectPod;
@@ -87,6 +92,7 @@ func (c Config) withDefaults() Config {
 	c.MaxEjectionBackoff = cmp.Or(c.MaxEjectionBackoff, DefaultMaxEjectionBackoff)
 	c.DefaultEnginePort = cmp.Or(c.DefaultEnginePort, endpoint.DefaultEnginePort)
 	c.DeploymentLabel = cmp.Or(c.DeploymentLabel, endpoint.DefaultDeploymentLabel)
+	c.RayClusterFleetLabel = cmp.Or(c.RayClusterFleetLabel, endpoint.DefaultRayClusterFleetLabel)
 	if c.Logger.GetSink() == nil {
 		c.Logger = klog.Background()
 	}
@@ -118,4 +124,10 @@ func (c Config) validate() error {
 		return fmt.Errorf("invalid cache config: %w", err)
 	}
 	return nil
+}
+
+// EndpointOptions returns how pods are parsed under c.
+func (c Config) EndpointOptions() endpoint.Options {
+	return endpoint.Options{DefaultPort: c.DefaultEnginePort, DeploymentLabel: c.DeploymentLabel,
+		RayClusterFleetLabel: c.RayClusterFleetLabel}
 }

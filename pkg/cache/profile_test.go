@@ -7,6 +7,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/kvgate/kvgate/pkg/endpoint"
 )
 
 func profileJSON(t testing.TB) []byte {
@@ -130,7 +132,7 @@ func TestProfileTables(t *testing.T) {
 // deploymentLabel ("" for the default).
 func newTestProfiles(t testing.TB, deploymentLabel string) *Profiles {
 	t.Helper()
-	p, err := NewProfiles(deploymentLabel, nil)
+	p, err := NewProfiles(endpoint.Options{DeploymentLabel: deploymentLabel}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,7 +16,7 @@ import (
 // redisstate.ProfileLoader) loads with LoadProfile. All its methods are
 // safe for concurrent use.
 type Profiles struct {
-	deploymentLabel string
+	labels endpoint.Options
 
 	mu       sync.RWMutex
 	profiles map[string]*cachedProfile
@@ -30,11 +30,10 @@ type cachedProfile struct {
 }
 
 // NewProfiles returns an empty set of profiles whose pods' deployments are
-// named by deploymentLabel (endpoint.DefaultDeploymentLabel when ""), and
-// registers its kvgate_cache_gpu_profiles gauge on reg (none when nil).
-func NewProfiles(deploymentLabel string, reg prometheus.Registerer) (*Profiles, error) {
-	p := &Profiles{deploymentLabel: cmp.Or(deploymentLabel, endpoint.DefaultDeploymentLabel),
-		profiles: map[string]*cachedProfile{}}
+// named by the labels of o (see endpoint.DeploymentName), and registers its
+// kvgate_cache_gpu_profiles gauge on reg (none when nil).
+func NewProfiles(o endpoint.Options, reg prometheus.Registerer) (*Profiles, error) {
+	p := &Profiles{labels: o, profiles: map[string]*cachedProfile{}}
 	if reg != nil {
 		g := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "kvgate", Subsystem: "cache", Name: "gpu_profiles",
 			Help: "GPU profiles held in memory."}, func() float64 { return float64(p.Len()) })
@@ -108,10 +107,11 @@ func (p *Profiles) Lookup(model, deployment string) *ModelGPUProfile {
 // wrapping ErrMissingProfile when the pod has no deployment name or no
 // profile is stored. The profile is shared: treat it as read-only.
 func (p *Profiles) GetModelProfileByPod(pod *v1.Pod, modelName string) (*ModelGPUProfile, error) {
-	dep := endpoint.DeploymentName(pod, p.deploymentLabel)
+	dep := endpoint.DeploymentName(pod, p.labels)
 	if dep == "" {
-		return nil, fmt.Errorf("pod %s/%s has no deployment name (label %q or a ReplicaSet owner): %w",
-			pod.Namespace, pod.Name, p.deploymentLabel, ErrMissingProfile)
+		return nil, fmt.Errorf("pod %s/%s has no deployment name (label %q or %q, or a ReplicaSet or RayCluster owner): %w",
+			pod.Namespace, pod.Name, cmp.Or(p.labels.RayClusterFleetLabel, endpoint.DefaultRayClusterFleetLabel),
+			cmp.Or(p.labels.DeploymentLabel, endpoint.DefaultDeploymentLabel), ErrMissingProfile)
 	}
 	return p.GetModelProfileByDeploymentName(dep, modelName)
 }

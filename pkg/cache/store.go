@@ -56,7 +56,7 @@ func New(cfg Config) (*Store, error) {
 	s := &Store{
 		cfg: cfg,
 		log: cfg.Logger.WithName("cache"),
-		reg: newRegistry(endpoint.Options{DefaultPort: cfg.DefaultEnginePort, DeploymentLabel: cfg.DeploymentLabel}),
+		reg: newRegistry(cfg.EndpointOptions()),
 		now: time.Now,
 	}
 	s.selection.Store(newMetricSelection(map[string]struct{}{}))

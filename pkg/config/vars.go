@@ -287,7 +287,14 @@ var (
 		Name:    "AIBRIX_POD_DEPLOYMENT_LABEL",
 		Default: "app.kubernetes.io/name",
 		Section: SectionRedis,
-		Doc:     "Pod label naming the deployment whose GPU profile applies to the pod; without it, the owning ReplicaSet's deployment.",
+		Doc:     "Pod label naming the deployment whose GPU profile applies to the pod; without it, the owning ReplicaSet's deployment. Ignored on Ray nodes (label ray.io/is-ray-node), which KubeRay labels with its own name.",
+	}
+	PodRayClusterFleetLabel = Var{
+		Name:    "AIBRIX_POD_RAYCLUSTERFLEET_LABEL",
+		Default: "orchestration.aibrix.ai/raycluster-fleet-name",
+		Section: SectionRedis,
+		Doc: "Pod label naming the AIBrix RayClusterFleet a multi-node engine's pods belong to; when set, it names the deployment whose GPU profile applies, before AIBRIX_POD_DEPLOYMENT_LABEL. " +
+			"Without either, a Ray node's deployment is its RayCluster. Ray worker pods (ray.io/node-type: worker) are never routed to: the head serves the requests.",
 	}
 )
 
@@ -337,4 +344,5 @@ var Vars = []Var{
 	ProfileCaching,
 	SharedRequestCounts,
 	PodDeploymentLabel,
+	PodRayClusterFleetLabel,
 }

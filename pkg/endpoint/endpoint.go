@@ -65,6 +65,17 @@ const (
 	// name, which keys its GPU profiles (AIBRIX_POD_DEPLOYMENT_LABEL
 	// overrides it).
 	DefaultDeploymentLabel = "app.kubernetes.io/name"
+	// DefaultRayClusterFleetLabel names the label that AIBrix's
+	// RayClusterFleet controller sets on every pod of a fleet to the
+	// fleet's name (AIBRIX_POD_RAYCLUSTERFLEET_LABEL overrides it). It
+	// names the deployment of the fleet's pods.
+	DefaultRayClusterFleetLabel = "orchestration.aibrix.ai/raycluster-fleet-name"
+	// RayNodeTypeLabel is KubeRay's label of a Ray node's role: "head" or
+	// "worker". The engine of a multi-node vLLM runs on the head; pods
+	// whose value is "worker" serve no requests.
+	RayNodeTypeLabel = "ray.io/node-type"
+	// RayIsNodeLabel is KubeRay's label on every Ray node's pod.
+	RayIsNodeLabel = "ray.io/is-ray-node"
 	// DefaultEnginePort is vLLM's default HTTP port.
 	DefaultEnginePort = 8000
 )
@@ -97,11 +108,14 @@ const (
 	NoIP UnreadyReason = "no_ip"
 	// NotReady: the pod's Ready condition is not True.
 	NotReady UnreadyReason = "not_ready"
+	// RayWorker: the pod is a worker of a multi-node engine (KubeRay's
+	// RayNodeTypeLabel is "worker"); its head serves the requests.
+	RayWorker UnreadyReason = "ray_worker"
 )
 
 // Readiness returns why requests may not be sent to pod, "" when they may:
-// the pod is not being deleted, is Running, has an IP and its Ready
-// condition is True. It is the one readiness check of kvgate: the Store
+// the pod is not being deleted, is Running, has an IP, its Ready condition
+// is True, and it is not the worker of a multi-node engine. It is the one readiness check of kvgate: the Store
 // routes only to ready pods, and a KV event manager follows only them.
 func Readiness(pod *v1.Pod) UnreadyReason {
 	switch {
@@ -114,10 +128,13 @@ func Readiness(pod *v1.Pod) UnreadyReason {
 	}
 	for _, c := range pod.Status.Conditions {
 		if c.Type == v1.PodReady {
-			if c.Status == v1.ConditionTrue {
-				return ""
+			if c.Status != v1.ConditionTrue {
+				break
 			}
-			break
+			if pod.Labels[RayNodeTypeLabel] == "worker" {
+				return RayWorker
+			}
+			return ""
 		}
 	}
 	return NotReady
@@ -185,6 +202,10 @@ type Options struct {
 	// DeploymentLabel is the label holding the deployment name
 	// (DefaultDeploymentLabel when "").
 	DeploymentLabel string
+	// RayClusterFleetLabel is the label holding the name of the
+	// RayClusterFleet a pod belongs to (DefaultRayClusterFleetLabel when
+	// "").
+	RayClusterFleetLabel string
 }
 
 // Parse returns the Endpoint of pod. It never fails: a label or annotation
@@ -198,7 +219,7 @@ func Parse(pod *v1.Pod, o Options) *Endpoint {
 		DeclaredPort: port(pod, ModelPortLabel),
 		Adapters:     Adapters(pod),
 		Unready:      Readiness(pod),
-		Deployment:   DeploymentName(pod, cmp.Or(o.DeploymentLabel, DefaultDeploymentLabel)),
+		Deployment:   DeploymentName(pod, o),
 	}
 	e.ID = e.Key.String()
 	e.Port = cmp.Or(e.DeclaredPort, defaultPort)
@@ -243,24 +264,38 @@ func Adapters(pod *v1.Pod) []string {
 }
 
 // DeploymentName returns the name of the deployment pod belongs to, which
-// keys its GPU profiles: the value of label deploymentLabel when set, else
-// the name of the controlling ReplicaSet without its pod-template-hash
-// suffix. It returns "" when neither is available.
-func DeploymentName(pod *v1.Pod, deploymentLabel string) string {
-	if v := strings.TrimSpace(pod.Labels[deploymentLabel]); v != "" {
+// keys its GPU profiles, with o's labels:
+//   - the RayClusterFleetLabel value, for the pods of a RayClusterFleet;
+//   - else the DeploymentLabel value, unless the pod is a Ray node
+//     (RayIsNodeLabel), whose DeploymentLabel KubeRay sets to its own name;
+//   - else the name of the controlling ReplicaSet without its
+//     pod-template-hash suffix, or the name of the controlling RayCluster.
+//
+// It returns "" when none is available.
+func DeploymentName(pod *v1.Pod, o Options) string {
+	if v := strings.TrimSpace(pod.Labels[cmp.Or(o.RayClusterFleetLabel, DefaultRayClusterFleetLabel)]); v != "" {
+		return v
+	}
+	_, rayNode := pod.Labels[RayIsNodeLabel]
+	if v := strings.TrimSpace(pod.Labels[cmp.Or(o.DeploymentLabel, DefaultDeploymentLabel)]); v != "" && !rayNode {
 		return v
 	}
 	for _, ref := range pod.OwnerReferences {
-		if ref.Kind != "ReplicaSet" || ref.Controller == nil || !*ref.Controller {
+		if ref.Controller == nil || !*ref.Controller {
 			continue
 		}
-		if hash := pod.Labels["pod-template-hash"]; hash != "" {
-			if name, ok := strings.CutSuffix(ref.Name, "-"+hash); ok && name != "" {
-				return name
+		switch ref.Kind {
+		case "RayCluster":
+			return ref.Name
+		case "ReplicaSet":
+			if hash := pod.Labels["pod-template-hash"]; hash != "" {
+				if name, ok := strings.CutSuffix(ref.Name, "-"+hash); ok && name != "" {
+					return name
+				}
 			}
-		}
-		if i := strings.LastIndexByte(ref.Name, '-'); i > 0 {
-			return ref.Name[:i]
+			if i := strings.LastIndexByte(ref.Name, '-'); i > 0 {
+				return ref.Name[:i]
+			}
 		}
 	}
 	return ""

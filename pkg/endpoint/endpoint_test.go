@@ -74,6 +74,8 @@ func TestReadiness(t *testing.T) {
 		{"no IP", func(p *v1.Pod) { p.Status.PodIP = "" }, NoIP},
 		{"not ready", func(p *v1.Pod) { p.Status.Conditions[0].Status = v1.ConditionFalse }, NotReady},
 		{"no ready condition", func(p *v1.Pod) { p.Status.Conditions = nil }, NotReady},
+		{"ray worker", func(p *v1.Pod) { p.Labels = map[string]string{RayNodeTypeLabel: "worker"} }, RayWorker},
+		{"ray head", func(p *v1.Pod) { p.Labels = map[string]string{RayNodeTypeLabel: "head"} }, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -109,11 +111,15 @@ func TestDeploymentName(t *testing.T) {
 		{"not a controller", nil, []metav1.OwnerReference{{Kind: "ReplicaSet", Name: "x-1"}}, ""},
 		{"statefulset", nil, []metav1.OwnerReference{{Kind: "StatefulSet", Name: "x", Controller: &yes}}, ""},
 		{"nothing", nil, nil, ""},
+		{"ray cluster fleet", map[string]string{DefaultRayClusterFleetLabel: "qwen-fleet", DefaultDeploymentLabel: "kuberay", RayIsNodeLabel: "yes"},
+			rs("ignored-5d8f7c9b4"), "qwen-fleet"},
+		{"ray node without fleet ignores kuberay's name label", map[string]string{DefaultDeploymentLabel: "kuberay", RayIsNodeLabel: "yes"},
+			[]metav1.OwnerReference{{Kind: "RayCluster", Name: "qwen-7b-x2v", Controller: &yes}}, "qwen-7b-x2v"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			p := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Labels: tt.labels, OwnerReferences: tt.owners}}
-			if got := DeploymentName(p, DefaultDeploymentLabel); got != tt.want {
+			if got := DeploymentName(p, Options{}); got != tt.want {
 				t.Fatalf("DeploymentName = %q, want %q", got, tt.want)
 			}
 			if got := Parse(p, Options{}).Deployment; got != tt.want {

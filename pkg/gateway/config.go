@@ -204,6 +204,7 @@ func loadCache(e *config.Env) cache.Config {
 		PodMetricRefreshInterval: e.Duration(config.PodMetricRefreshInterval, time.Millisecond),
 		AdapterRefreshInterval:   adapters,
 		DeploymentLabel:          e.String(config.PodDeploymentLabel),
+		RayClusterFleetLabel:     e.String(config.PodRayClusterFleetLabel),
 	}
 }
 

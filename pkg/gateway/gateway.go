@@ -207,7 +207,7 @@ func (g *Gateway) newStore() error {
 		return fmt.Errorf("gateway: %w", err)
 	}
 	g.ledger.Observe(g.router.Observer())
-	if g.profiles, err = cache.NewProfiles(g.cfg.Cache.DeploymentLabel, g.registry); err != nil {
+	if g.profiles, err = cache.NewProfiles(g.cfg.Cache.EndpointOptions(), g.registry); err != nil {
 		return fmt.Errorf("gateway: %w", err)
 	}
 	g.pendingLoad = cache.NewPendingLoadProvider(g.store, g.profiles)

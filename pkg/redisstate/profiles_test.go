@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/cache"
+	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/internal/testredis"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -43,7 +44,7 @@ func TestProfilesRefreshFromRedis(t *testing.T) {
 	set("aibrix:unrelated", "x")
 
 	reg := prometheus.NewRegistry()
-	s, err := cache.NewProfiles("", nil)
+	s, err := cache.NewProfiles(endpoint.Options{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

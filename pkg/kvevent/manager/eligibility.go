@@ -31,12 +31,13 @@ const (
 	ReasonNotRunning                        = IneligibleReason(endpoint.NotRunning)
 	ReasonNoIP                              = IneligibleReason(endpoint.NoIP)
 	ReasonNotReady                          = IneligibleReason(endpoint.NotReady)
+	ReasonRayWorker                         = IneligibleReason(endpoint.RayWorker)
 	ReasonInvalidConfig    IneligibleReason = "invalid_config"
 )
 
 // ineligibleReasons lists every IneligibleReason, for metrics.
 var ineligibleReasons = []IneligibleReason{ReasonKVEventsDisabled, ReasonNoModel, ReasonTerminating,
-	ReasonNotRunning, ReasonNoIP, ReasonNotReady, ReasonInvalidConfig}
+	ReasonNotRunning, ReasonNoIP, ReasonNotReady, ReasonRayWorker, ReasonInvalidConfig}
 
 // StreamDefaults are the settings of a pod's KV-event streams that its
 // annotations do not override.
