@@ -14,7 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 
-	"github.com/kvgate/kvgate/pkg/cache"
+	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/kvevent/manager"
 )
 
@@ -138,12 +138,12 @@ func checkEngine(t *testing.T, c *corev1.Container, pod *corev1.Pod, target mana
 	if err != nil {
 		t.Fatalf("container %s: %v", c.Name, err)
 	}
-	if got := cache.ModelName(pod); got != e.model {
+	if got := endpoint.Parse(pod, endpoint.Options{}).Model; got != e.model {
 		t.Errorf("pods are labelled with model %q, the engine serves %q", got, e.model)
 	}
 	http := int(port(t, c, "http"))
-	serving := cache.ServingPort(pod, cache.DefaultEnginePort)
-	tokenizing := cache.ServingPort(pod, tokenizerPort)
+	serving := endpoint.Parse(pod, endpoint.Options{}).Port
+	tokenizing := endpoint.Parse(pod, endpoint.Options{DefaultPort: tokenizerPort}).Port
 	if http != e.port || serving != e.port || tokenizing != e.port {
 		t.Errorf("engine port %d; container port http %d, gateway routes and scrapes on %d, tokenizes on %d",
 			e.port, http, serving, tokenizing)

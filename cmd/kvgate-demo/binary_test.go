@@ -203,3 +203,36 @@ func TestDemoExitsClearlyWhenTheGatewayAddressIsInUse(t *testing.T) {
 		t.Fatalf("exit %d, want %d naming the address in use; output:\n%s", code, exitFailed, out)
 	}
 }
+
+// TestDemoWithARealTokenizerTokenizesInProcess runs the demo with Qwen3's
+// tokenizer files: the gateway verifies them against the engines and
+// tokenizes in process, and kv-aware still finds the cached prefixes.
+func TestDemoWithARealTokenizerTokenizesInProcess(t *testing.T) {
+	dir := filepath.Join(testsupport.TokenizerModels(t), "qwen3")
+	work := t.TempDir()
+	d := startDemo(t, append(append([]string{}, shortRun...), "-algorithms", "kv-aware,random", "-tokenizer", dir, "-work-dir", work)...)
+	code := d.exitCode(t)
+	out := d.output()
+	if code != exitOK {
+		t.Fatalf("exit %d, want 0; output:\n%s", code, out)
+	}
+	if !strings.Contains(out, "Tokenizer: the model's own files in "+dir) {
+		t.Errorf("the setup does not name the tokenizer files; output:\n%s", out)
+	}
+	_, table, ok := strings.Cut(out, "== comparison")
+	if !ok {
+		t.Fatalf("no comparison table; output:\n%s", out)
+	}
+	if kv, random := hitRatio(t, table, "kv-aware"), hitRatio(t, table, "random"); kv <= random {
+		t.Errorf("kv-aware's hit ratio %.2f is not above random's %.2f; output:\n%s", kv, random, out)
+	}
+	log, err := os.ReadFile(filepath.Join(work, "gateway.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, form := range []string{"chat", "completion"} {
+		if !regexp.MustCompile(`Tokenizing in process.*form="` + form + `"`).Match(log) {
+			t.Errorf("the gateway did not tokenize the %s form in process; its log:\n%s", form, log)
+		}
+	}
+}

@@ -56,7 +56,20 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	o.chats.Conversations = o.conversations()
-	work, err := newWorkload(o.chats)
+	var tx texter = simTexter{}
+	engineArgs, gatewayArgs := o.engineArgs(), []string{"--shutdown-timeout", "5s"}
+	if o.tokenizer != "" {
+		tok, err := setUpTokenizer(o.tokenizer, localfleet.DefaultModel)
+		if err != nil {
+			fmt.Fprintln(stderr, "kvgate-demo:", err)
+			return exitFailed
+		}
+		defer os.RemoveAll(tok.gatewayDir)
+		tx = tok.texter
+		engineArgs = append(engineArgs, tokenizerArgs(tok.dir)...)
+		gatewayArgs = append(gatewayArgs, "--tokenizer-dir", tok.gatewayDir)
+	}
+	work, err := newWorkload(o.chats, tx)
 	if err != nil {
 		fmt.Fprintln(stderr, "kvgate-demo:", err)
 		return exitFailed
@@ -65,8 +78,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fleet, err := localfleet.Start(ctx, localfleet.Config{
 		BinDir:         o.binDir,
 		Engines:        o.engines,
-		EngineArgs:     o.engineArgs(),
-		GatewayArgs:    []string{"--shutdown-timeout", "5s"},
+		EngineArgs:     engineArgs,
+		GatewayArgs:    gatewayArgs,
 		GatewayAddress: o.gatewayAdr,
 		Dir:            o.workDir,
 	})
@@ -112,6 +125,13 @@ func printSetup(w io.Writer, o options, f *localfleet.Fleet) {
 	fmt.Fprintf(w, "  (an engine's cache holds %d of them); user messages of %d-%d tokens, answers of %d-%d,\n",
 		e.blocks*e.blockSize/c.SystemPromptTokens, c.MinUserTokens, c.MaxUserTokens, c.MinAnswerTokens, c.MaxAnswerTokens)
 	fmt.Fprintf(w, "  think time %v on average; streamed chat completions, TTFT measured by the client.\n", c.MeanTurnGap)
+	if o.tokenizer != "" {
+		fmt.Fprintf(w, "Tokenizer: the model's own files in %s; the engines tokenize with them and the gateway in process,\n", o.tokenizer)
+		fmt.Fprintf(w, "  once the engines' /tokenize agreed with it on sample prompts.\n")
+	} else {
+		fmt.Fprintf(w, "Tokenizer: the simulator's own; the gateway asks the engines' /tokenize, and answers a follow-up turn\n")
+		fmt.Fprintf(w, "  at once with the tokens of the turns before (make demo sets up a real model's tokenizer files).\n")
+	}
 	fmt.Fprintf(w, "Gateway: %s (try %s/debug/kvcache while it runs)\n", f.GatewayURL(), f.GatewayURL())
 	var procs []string
 	for _, e := range f.Engines() {

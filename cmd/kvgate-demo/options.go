@@ -26,8 +26,11 @@ type options struct {
 	drain      time.Duration
 	users      int
 	engines    int
-	engine     engineOptions
-	chats      routingbench.SharedPrefixConfig
+	// tokenizer is the directory of a model's tokenizer files, "" for the
+	// simulator's own tokenizer.
+	tokenizer string
+	engine    engineOptions
+	chats     routingbench.SharedPrefixConfig
 }
 
 // engineOptions shape every simulated engine.
@@ -70,6 +73,11 @@ func parseOptions(fs *flag.FlagSet, args []string) (options, error) {
 	fs.DurationVar(&o.drain, "drain-timeout", time.Minute, "how long the requests in flight at the end of a run may take to finish")
 	fs.IntVar(&o.users, "users", 24, "concurrent users, each holding one conversation at a time")
 	fs.IntVar(&o.engines, "engines", 4, "simulated engines")
+	fs.StringVar(&o.tokenizer, "tokenizer", "",
+		"directory of a model's Hugging Face tokenizer files (tokenizer.json, tokenizer_config.json with a chat template): "+
+			"the engines tokenize with them and the gateway tokenizes in process with them, verified against the engines "+
+			"(make demo installs Qwen3's with hack/install-tokenizers.sh); empty: the simulator's own tokenizer, which the "+
+			"gateway asks the engines' /tokenize for, reusing the tokens of earlier turns")
 	fs.IntVar(&o.engine.blocks, "engine-blocks", 3072, "KV-cache blocks per engine")
 	fs.IntVar(&o.engine.blockSize, "block-size", 16, "tokens per KV-cache block")
 	fs.DurationVar(&o.engine.prefill, "prefill-time-per-token", 60*time.Microsecond, "engines' compute time per uncached prompt token")
@@ -174,6 +182,14 @@ func (o *options) engineArgs() []string {
 		"-step-overhead", e.step.String(),
 		"-shutdown-grace", "2s",
 	}
+}
+
+// tokenizerArgs are the vllm-sim flags for tokenizer files in dir.
+func tokenizerArgs(dir string) []string {
+	if dir == "" {
+		return nil
+	}
+	return []string{"-tokenizer", dir}
 }
 
 // defaultBinDir is the directory of the running executable (make build

@@ -37,7 +37,8 @@ func printOverheads(w io.Writer, runs []runResult) {
 		}
 	}
 	fmt.Fprintln(w, "  Algorithms that read the prompt (kv-aware, prefix-cache, least-latency) include its tokenization:")
-	fmt.Fprintln(w, "  a /tokenize call to an engine for every prompt the gateway has not tokenized before.")
+	fmt.Fprintln(w, "  in process with the model's tokenizer files, or from the engines' /tokenize, whose tokens of earlier")
+	fmt.Fprintln(w, "  turns answer a follow-up turn at once.")
 }
 
 // fmtMillis formats a short duration in milliseconds.

@@ -6,30 +6,31 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/pkg/routingbench"
-	"github.com/kvgate/kvgate/pkg/sim"
 )
 
 // workload is the demo's chat workload: the shared-prefix conversations of
 // the routing benchmark (routingbench.GenerateSharedPrefixChats), sent as
-// text that the engines tokenize back into the same token ids. Users take
+// text that the engines tokenize back into as many tokens: the same ids
+// with the simulator's tokenizer, one word per id with a real one. Users take
 // conversations in order, so every run of a workload with the same seed
 // sees the same conversations in the same order.
 type workload struct {
 	systems []string
 	convs   []routingbench.Conversation
+	texter  texter
 	next    atomic.Int64
 }
 
 // newWorkload generates cfg's conversations and renders the system
-// prompts as text.
-func newWorkload(cfg routingbench.SharedPrefixConfig) (*workload, error) {
+// prompts as text with tx.
+func newWorkload(cfg routingbench.SharedPrefixConfig, tx texter) (*workload, error) {
 	chats, err := routingbench.GenerateSharedPrefixChats(cfg)
 	if err != nil {
 		return nil, err
 	}
-	w := &workload{convs: chats.Conversations}
+	w := &workload{convs: chats.Conversations, texter: tx}
 	for i, ids := range chats.Systems {
-		text, err := sim.Tokenizer{}.Text(ids)
+		text, err := tx.Text(ids)
 		if err != nil {
 			return nil, fmt.Errorf("system prompt %d: %w", i, err)
 		}
@@ -60,13 +61,14 @@ type chatMessage struct {
 // dialog is a conversation in progress: the messages sent so far and the
 // answers received.
 type dialog struct {
+	texter   texter
 	conv     routingbench.Conversation
 	messages []chatMessage
 	turn     int
 }
 
 func (w *workload) startDialog(c routingbench.Conversation) *dialog {
-	return &dialog{conv: c, messages: []chatMessage{{Role: "system", Content: w.systems[c.System]}}}
+	return &dialog{texter: w.texter, conv: c, messages: []chatMessage{{Role: "system", Content: w.systems[c.System]}}}
 }
 
 // done reports whether every turn was sent.
@@ -80,7 +82,7 @@ func (d *dialog) thinkTime() time.Duration { return d.conv.Turns[d.turn].Gap }
 // and the answer's length.
 func (d *dialog) nextTurn() ([]chatMessage, int, error) {
 	t := d.conv.Turns[d.turn]
-	text, err := sim.Tokenizer{}.Text(t.User)
+	text, err := d.texter.Text(t.User)
 	if err != nil {
 		return nil, 0, fmt.Errorf("turn %d: %w", d.turn, err)
 	}

@@ -3,15 +3,18 @@ package main
 import (
 	"context"
 	"crypto/rand"
+	"encoding/json"
 	"flag"
 	"io"
 	"net"
 	"net/http"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/sim/simserver"
 )
 
@@ -140,5 +143,31 @@ func TestShutdownFailsRequestsThatOutliveTheGrace(t *testing.T) {
 	rest, _ := io.ReadAll(resp.Body)
 	if !strings.Contains(string(rest), "engine stopped") || !strings.HasSuffix(string(rest), "data: [DONE]\n\n") {
 		t.Errorf("stream ended with %q, want an error event and [DONE]", rest[max(0, len(rest)-300):])
+	}
+}
+
+func TestTokenizerFlagLoadsTheModelsFiles(t *testing.T) {
+	dir := filepath.Join(testsupport.TokenizerModels(t), "qwen3")
+	url, stop := startServe(t, "--tokenizer", dir)
+	defer stop()
+	resp, err := http.Post(url+"/tokenize", "application/json", strings.NewReader(`{"prompt":"Hello world!","add_special_tokens":false}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var got struct{ Tokens []uint32 }
+	if err := json.NewDecoder(resp.Body).Decode(&got); err != nil {
+		t.Fatal(err)
+	}
+	// Qwen3's ids for "Hello" and " world!"... as Hugging Face computes them.
+	if want := []uint32{9707, 1879, 0}; !slices.Equal(got.Tokens, want) {
+		t.Errorf("tokens %v, want %v", got.Tokens, want)
+	}
+	o, err := parse(t, "--tokenizer", t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := o.serverConfig(rand.Reader); err == nil || !strings.Contains(err.Error(), "-tokenizer") {
+		t.Errorf("a directory without tokenizer.json: %v, want a -tokenizer error", err)
 	}
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvgate/kvgate/pkg/sim"
 	"github.com/kvgate/kvgate/pkg/sim/simserver"
+	"github.com/kvgate/kvgate/pkg/tokenizer/hf"
 )
 
 // options are the command-line settings of vllm-sim.
@@ -22,7 +23,10 @@ type options struct {
 	runtimeLoRA bool
 	dpSize      int
 	hashSeed    string
-	engine      sim.EngineConfig
+	// tokenizer is the directory of the model's tokenizer files, "" for
+	// the simulator's own tokenizer.
+	tokenizer string
+	engine    sim.EngineConfig
 	// events configures the KV-event publishers when eventsOn; wire is
 	// their wire format.
 	events   kvEventsConfig
@@ -72,6 +76,10 @@ func parseOptions(fs *flag.FlagSet, args []string) (options, error) {
 	fs.StringVar(&o.hashSeed, "hash-seed", "",
 		"seed of the block hashes, shared by all ranks (vLLM's PYTHONHASHSEED); empty: a random seed per rank, so no two engines share hashes")
 	fs.Uint64Var(&e.OutputSeed, "seed", 0, "seed of the generated tokens")
+	fs.StringVar(&o.tokenizer, "tokenizer", "",
+		"directory of the model's Hugging Face tokenizer files (tokenizer.json, and tokenizer_config.json or chat_template.jinja "+
+			"for chats) to tokenize prompts and render chats with, for /tokenize and the engines; empty: the simulator's own word-piece "+
+			"tokenizer and ChatML template")
 	eventsJSON := fs.String("kv-events-config", "",
 		`KV-cache events, as vLLM's --kv-events-config JSON: {"enable_kv_cache_events": true, "publisher": "zmq", `+
 			`"endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558", "topic": "", "buffer_steps": 10000, `+
@@ -123,6 +131,13 @@ func (o *options) loraModules() []simserver.LoRAModule {
 // hash seeds from random when -hash-seed is empty.
 func (o *options) serverConfig(random io.Reader) (simserver.Config, error) {
 	cfg := simserver.Config{Model: o.model, LoRAModules: o.loraModules(), AllowRuntimeLoRAUpdating: o.runtimeLoRA}
+	if o.tokenizer != "" {
+		tk, err := hf.Load(o.tokenizer)
+		if err != nil {
+			return cfg, fmt.Errorf("-tokenizer: %w", err)
+		}
+		cfg.Tokenizer = tk
+	}
 	for range o.dpSize {
 		ec := o.engine
 		ec.HashSeed = o.hashSeed

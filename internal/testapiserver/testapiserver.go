@@ -4,7 +4,8 @@
 // A package's TestMain calls Main, and its tests call Config. The binaries
 // come from KUBEBUILDER_ASSETS, which `make test` (and CI) sets through
 // hack/setup-envtest.sh; without it Main runs the tests without a server and
-// Config skips the tests that need one, saying so.
+// Config skips the tests that need one, saying so, except in CI (CI=true),
+// where it fails them.
 package testapiserver
 
 import (
@@ -12,6 +13,7 @@ import (
 	"os"
 	"testing"
 
+	"github.com/kvgate/kvgate/internal/testsupport"
 	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
@@ -48,12 +50,12 @@ func Main(m *testing.M, env *envtest.Environment) int {
 }
 
 // Config returns the configuration of an administrator of the API server
-// Main started, or skips t when KUBEBUILDER_ASSETS is unset. Callers may
+// Main started, or skips t when KUBEBUILDER_ASSETS is unset (fails it in CI). Callers may
 // modify the returned copy.
 func Config(t testing.TB) *rest.Config {
 	t.Helper()
 	if server == nil {
-		t.Skip("KUBEBUILDER_ASSETS is unset: run `make test` or KUBEBUILDER_ASSETS=$(hack/setup-envtest.sh) go test")
+		testsupport.SkipUnlessCI(t, "KUBEBUILDER_ASSETS is unset: run `make test` or KUBEBUILDER_ASSETS=$(hack/setup-envtest.sh) go test")
 	}
 	return rest.CopyConfig(server)
 }

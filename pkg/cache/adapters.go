@@ -6,13 +6,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"slices"
-	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvgate/kvgate/pkg/endpoint"
 )
 
 // maxModelListBytes bounds the /v1/models body read from one pod.
@@ -22,7 +22,8 @@ const maxModelListBytes = 1 << 20
 // LoRA adapters it lists, runtime-loaded ones included, in the registry.
 // Its fields are owned by its goroutine.
 type adapterLoop struct {
-	key      string
+	key      endpoint.Key
+	id       string // key's "namespace/name", for the failure counter
 	model    string
 	url      string
 	state    *podState
@@ -31,7 +32,7 @@ type adapterLoop struct {
 	timeout  time.Duration
 	// publish records the adapters of the pod of key whose state is state,
 	// and returns the previous ones and whether they changed.
-	publish  func(key string, state *podState, adapters []string) ([]string, bool)
+	publish  func(key endpoint.Key, state *podState, adapters []string) ([]string, bool)
 	counter  *prometheus.CounterVec
 	failures failureLog
 	body     bytes.Buffer
@@ -52,7 +53,7 @@ func (l *adapterLoop) refresh(ctx context.Context) {
 		return // stopping: the listing was cut short, not failed
 	}
 	if err != nil {
-		l.counter.WithLabelValues(l.key).Inc()
+		l.counter.WithLabelValues(l.id).Inc()
 		l.failures.failed(err, "keeping the LoRA adapters it listed last")
 		return
 	}
@@ -104,8 +105,7 @@ func adaptersOfModelList(body []byte) ([]string, error) {
 	return slices.Compact(adapters), nil
 }
 
-// modelsURL is where the pod lists its models: its IP and ServingPort.
-func modelsURL(e *podEntry, defaultPort int) string {
-	host := net.JoinHostPort(e.pod.Status.PodIP, strconv.Itoa(ServingPort(e.pod, defaultPort)))
-	return "http://" + host + "/v1/models"
+// modelsURL is where the pod lists its models: its engine's address.
+func modelsURL(ep *endpoint.Endpoint) string {
+	return "http://" + ep.Address + "/v1/models"
 }

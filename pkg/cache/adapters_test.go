@@ -16,30 +16,10 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	v1 "k8s.io/api/core/v1"
 
 	"github.com/kvgate/kvgate/internal/testsupport"
+	"github.com/kvgate/kvgate/pkg/endpoint"
 )
-
-func TestPodAdaptersReadsTheCommaSeparatedList(t *testing.T) {
-	tests := []struct {
-		name string
-		opt  podOpt
-		want []string
-	}{
-		{"none", func(*v1.Pod) {}, nil},
-		{"annotation", withAnnotation(LoraAdaptersAnnotation, " sql-lora , chat-lora,,sql-lora "), []string{"sql-lora", "chat-lora"}},
-		{"label of one adapter", withLabel(LoraAdaptersAnnotation, "sql-lora"), []string{"sql-lora"}},
-		{"empty", withAnnotation(LoraAdaptersAnnotation, " , "), nil},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			if got := PodAdapters(testPod("ns", "p", llama, "10.0.0.1", tt.opt)); !reflect.DeepEqual(got, tt.want) {
-				t.Fatalf("PodAdapters = %q, want %q", got, tt.want)
-			}
-		})
-	}
-}
 
 func TestAdaptersOfModelListReadsTheCardsWithAParent(t *testing.T) {
 	golden, err := os.ReadFile("testdata/models/vllm_lora.json")
@@ -144,7 +124,7 @@ func adapterConfig(reg prometheus.Registerer) Config {
 func waitModels(t *testing.T, s *Store, pod string, want ...string) {
 	t.Helper()
 	testsupport.EventuallyWhy(t, "pod "+pod+" to serve "+strings.Join(want, ","), func() (string, bool) {
-		got, err := s.ListModelsByPod(pod, "ns")
+		got, err := s.ListModelsByPod(pkey("ns", pod))
 		return "serves " + strings.Join(got, ","), err == nil && slices.Equal(got, want)
 	})
 }
@@ -152,10 +132,10 @@ func waitModels(t *testing.T, s *Store, pod string, want ...string) {
 func TestStoreMergesDeclaredSetAndListedAdapters(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	engine := newModelServer(t, "sql-lora", "declared")
-	s := newTestStore(t, nil, adapterConfig(reg))
+	s := newTestStore(t, adapterConfig(reg))
 	s.AddOrUpdatePod(testPod("ns", "a", llama, "127.0.0.1", withPort(engine.port),
-		withAnnotation(LoraAdaptersAnnotation, "declared")))
-	if err := s.SetPodAdapters("ns", "a", []string{"set"}); err != nil {
+		withAnnotation(endpoint.LoraAdaptersAnnotation, "declared")))
+	if err := s.SetPodAdapters(pkey("ns", "a"), []string{"set"}); err != nil {
 		t.Fatal(err)
 	}
 	waitModels(t, s, "a", llama, "declared", "set", "sql-lora")
@@ -177,7 +157,7 @@ func TestStoreMergesDeclaredSetAndListedAdapters(t *testing.T) {
 		n := testsupport.MetricValue(t, reg, "kvgate_cache_pod_model_list_failures_total", map[string]string{"pod": "ns/a"})
 		return "failures " + strconv.FormatFloat(n, 'g', -1, 64), n >= 2
 	})
-	if models, _ := s.ListModelsByPod("a", "ns"); !slices.Contains(models, "runtime-lora") {
+	if models, _ := s.ListModelsByPod(pkey("ns", "a")); !slices.Contains(models, "runtime-lora") {
 		t.Fatalf("models while the engine fails = %v, want runtime-lora kept", models)
 	}
 	engine.set(http.StatusOK)
@@ -188,7 +168,7 @@ func TestStoreMergesDeclaredSetAndListedAdapters(t *testing.T) {
 	other := newModelServer(t, "other-lora")
 	s.AddOrUpdatePod(testPod("ns", "a", llama, "127.0.0.1", withPort(other.port), withUID("new-uid")))
 	waitModels(t, s, "a", llama, "other-lora")
-	s.DeletePod("ns", "a")
+	s.DeletePod(pkey("ns", "a"))
 	testsupport.Eventually(t, "the deleted pod's listing failures to leave the metrics", func() bool {
 		return testsupport.MetricSeries(t, reg, "kvgate_cache_pod_model_list_failures_total", map[string]string{"pod": "ns/a"}) == 0
 	})
@@ -196,7 +176,7 @@ func TestStoreMergesDeclaredSetAndListedAdapters(t *testing.T) {
 
 func TestAdaptersAreListedOnlyOnRoutablePods(t *testing.T) {
 	engine := newModelServer(t, "sql-lora")
-	s := newTestStore(t, nil, adapterConfig(nil))
+	s := newTestStore(t, adapterConfig(nil))
 	s.AddOrUpdatePod(testPod("ns", "a", llama, "127.0.0.1", withPort(engine.port), notReady))
 	s.AddOrUpdatePod(testPod("ns", "b", llama, "127.0.0.1", withPort(newModelServer(t).port)))
 	waitModels(t, s, "b", llama)
@@ -220,7 +200,7 @@ func TestAdapterListingIsOffWhenDisabled(t *testing.T) {
 	cfg := adapterConfig(nil)
 	cfg.AdapterRefreshInterval = -1
 	cfg.PodMetricRefreshInterval = 20 * time.Millisecond
-	s := newTestStore(t, nil, cfg)
+	s := newTestStore(t, cfg)
 	s.AddOrUpdatePod(testPod("ns", "a", llama, "127.0.0.1", withPort(engine.port)))
 	// The engine answers /metrics with 404: after two scrapes, the loop
 	// that would list the adapters has had its chance to run.

@@ -1,9 +1,12 @@
-// Package cache is the gateway's central cache, the Store.
+// Package cache is the gateway's view of its inference pods: the Store, and
+// the per-model components that read it.
 //
 // The Store holds:
 //   - the registry of inference pods and the models they serve, fed by a
-//     PodSource or by the PodSink methods, and announced to PodListeners
-//     such as the KV event manager. A pod serves its base model (the
+//     PodSource (see RunPodSource) or by the PodSink methods, and announced
+//     to PodListeners such as the KV event manager. Each pod is parsed
+//     once, when it enters the registry, into an endpoint.Endpoint, and
+//     every lookup takes its endpoint.Key. A pod serves its base model (the
 //     model.aibrix.ai/name label or annotation) and LoRA adapters: those it
 //     declares in the kvgate.io/lora-adapters annotation, those set with
 //     SetPodAdapters, and those its engine lists on GET /v1/models (vLLM
@@ -21,25 +24,30 @@
 //     of routing for a backoff that doubles while it stays unreachable,
 //     PodEjection reports it, and PodReachable or a successful scrape
 //     readmits it;
-//   - the requests in flight per pod and model (AddRequestCount,
-//     DoneRequestCount, DoneRequestTrace), optionally shared with the other
-//     gateway replicas through Redis;
-//   - per-model request traces written to Redis for autoscalers
-//     (RequestTraceKey), and per-model output predictors
-//     (SimpleOutputPredictor);
-//   - GPU profiles read from Redis (ModelGPUProfileKey), and the load
-//     providers built on them and on the metrics.
+//   - each pod's load record (inflight.PodLoad, see PodLoad): the requests
+//     the request ledger (package inflight) has in flight on the pod and
+//     its prefill queue, which the realtime metrics read
+//     (RealtimeNumRequestsRunning, RealtimeNormalizedPendings). A pod
+//     replaced by one of another UID starts with an empty record.
 //
-// Reads never wait for I/O: scraping and Redis work run in the background
-// and publish their results. The Store exports its own Prometheus metrics
-// (kvgate_cache_*) on the Registerer given in its Config.
+// Snapshots gives routing, in one registry lookup per candidate, all it
+// reads of a pod: its endpoint, its built-in metrics and their scrape
+// state, its ejection and its load record (PodSnapshot).
 //
-// Redis keys:
-//   - aibrix:<model>_request_trace_<window end, Unix seconds>: a JSON object
-//     of request counts (see RequestTrace), merged across gateway replicas,
-//     expiring after RequestTraceTTL;
-//   - aibrix:profile_<model>_<deployment>: a ModelGPUProfile as JSON, read
-//     only;
-//   - kvgate:running_requests:<gateway id> and kvgate:gateways: the shared
-//     running-request counts (see SharedCountsKeyPrefix).
+// The Store's background work (scraping, adapter listing) runs in Run,
+// until its context ends. Reads never wait for I/O: scraping runs in the
+// background and publishes its results. The Store exports its own
+// Prometheus metrics (kvgate_cache_*) on the Registerer given in its
+// Config.
+//
+// Beside the Store, components of their own:
+//   - Profiles holds the GPU profiles of deployments (ModelGPUProfile),
+//     set by hand or loaded from Redis (package redisstate);
+//   - OutputPredictors keeps a SimpleOutputPredictor per model, fed with
+//     the usage of completed requests through the request ledger;
+//   - CachedLoadProvider and PendingLoadProvider measure a pod's load and
+//     what a request adds to it, from the Store's metrics and the profiles.
+//
+// RequestTrace is the format of the request traces written to Redis for
+// autoscalers (see redisstate.Tracer).
 package cache

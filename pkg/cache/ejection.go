@@ -5,8 +5,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	v1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
+
+	"github.com/kvgate/kvgate/pkg/endpoint"
 )
 
 // EjectionReason says why a pod was ejected from routing. It labels
@@ -115,7 +116,7 @@ func (h *podHealth) snapshotLocked() Ejection {
 // kvgate_cache_pod_ejections_total and logged. Which pods routing then
 // avoids is the caller's choice; the gateway keeps a model's ejected pods
 // as candidates when all of its pods are ejected.
-func (s *Store) EjectPod(pod *v1.Pod, reason EjectionReason) {
+func (s *Store) EjectPod(pod *endpoint.Endpoint, reason EjectionReason) {
 	e := s.entryOf(pod)
 	if e == nil {
 		return
@@ -124,16 +125,16 @@ func (s *Store) EjectPod(pod *v1.Pod, reason EjectionReason) {
 	if !started {
 		return
 	}
-	s.metrics.podEjections.WithLabelValues(e.key, string(reason)).Inc()
-	s.log.Info("Ejected pod from routing: a request could not connect to it", "pod", klog.KObj(pod),
-		"model", ModelName(pod), "reason", reason, "for", ej.Backoff, "ejectionsInARow", ej.Count)
+	s.metrics.podEjections.WithLabelValues(e.ep.ID, string(reason)).Inc()
+	s.log.Info("Ejected pod from routing: a request could not connect to it", "pod", klog.KObj(e.ep.Pod),
+		"model", e.ep.Model, "reason", reason, "for", ej.Backoff, "ejectionsInARow", ej.Count)
 }
 
 // PodReachable records that a request reached pod (it answered, whatever
 // the status): an ejected pod is readmitted, and its next ejection starts
 // from the first backoff again. For a pod not ejected since it last
 // answered it costs one registry lookup and takes no lock.
-func (s *Store) PodReachable(pod *v1.Pod) {
+func (s *Store) PodReachable(pod *endpoint.Endpoint) {
 	if e := s.entryOf(pod); e != nil {
 		s.readmit(e, "request")
 	}
@@ -142,7 +143,7 @@ func (s *Store) PodReachable(pod *v1.Pod) {
 // PodEjection returns the ejection of pod and true while it lasts; false
 // when the pod is not ejected, not registered or registered with another
 // UID.
-func (s *Store) PodEjection(pod *v1.Pod) (Ejection, bool) {
+func (s *Store) PodEjection(pod *endpoint.Endpoint) (Ejection, bool) {
 	e := s.entryOf(pod)
 	if e == nil {
 		return Ejection{}, false
@@ -154,15 +155,15 @@ func (s *Store) PodEjection(pod *v1.Pod) (Ejection, bool) {
 // way; by says what showed the pod reachable: "request" or "scrape".
 func (s *Store) readmit(e *podEntry, by string) {
 	if e.state.health.reset(s.now()) {
-		s.log.Info("Readmitted pod to routing", "pod", klog.KObj(e.pod), "model", ModelName(e.pod), "reachedBy", by)
+		s.log.Info("Readmitted pod to routing", "pod", klog.KObj(e.ep.Pod), "model", e.ep.Model, "reachedBy", by)
 	}
 }
 
 // entryOf returns the registered entry of pod, nil when the pod is not
 // registered or was replaced by one of another UID.
-func (s *Store) entryOf(pod *v1.Pod) *podEntry {
-	e := s.reg.entry(pod.Namespace, pod.Name)
-	if e == nil || e.pod.UID != pod.UID {
+func (s *Store) entryOf(pod *endpoint.Endpoint) *podEntry {
+	e := s.reg.entry(pod.Key)
+	if e == nil || e.ep.UID != pod.UID {
 		return nil
 	}
 	return e
@@ -173,7 +174,7 @@ func (s *Store) ejectedPods() float64 {
 	now := s.now()
 	n := 0
 	for _, e := range s.reg.entries() {
-		if e.routable && e.state.health.ejected(now) {
+		if e.ep.Ready() && e.state.health.ejected(now) {
 			n++
 		}
 	}

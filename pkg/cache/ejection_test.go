@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvgate/kvgate/internal/testsupport"
+	"github.com/kvgate/kvgate/pkg/endpoint"
 )
 
 // ejectionStore returns a Store that scrapes nothing, on the fake clock.
@@ -15,7 +16,7 @@ func ejectionStore(t *testing.T, reg prometheus.Registerer) (*Store, *testsuppor
 	t.Helper()
 	cfg := noScrape()
 	cfg.Registerer = reg
-	s := newTestStore(t, nil, cfg)
+	s := newTestStore(t, cfg)
 	clock := testsupport.NewClock(time.Unix(1_700_000_000, 0))
 	s.now = clock.Now
 	return s, clock
@@ -29,23 +30,23 @@ func TestEjectionBackoffDoublesUpToTheMaximumAndAnAnswerResetsIt(t *testing.T) {
 
 	for i, want := range []time.Duration{1, 2, 4, 8, 16, 30, 30} {
 		want *= time.Second
-		s.EjectPod(p, EjectConnectionRefused)
-		ej, ok := s.PodEjection(p)
+		s.EjectPod(epOf(p), EjectConnectionRefused)
+		ej, ok := s.PodEjection(epOf(p))
 		if !ok || ej.Backoff != want || ej.Count != i+1 || ej.Reason != EjectConnectionRefused ||
 			!ej.Until.Equal(clock.Now().Add(want)) {
 			t.Fatalf("ejection %d: %+v, %v; want %v from now", i+1, ej, ok, want)
 		}
 		// Failures of requests sent before the ejection change nothing.
-		s.EjectPod(p, EjectDialFailed)
-		if again, _ := s.PodEjection(p); again != ej {
+		s.EjectPod(epOf(p), EjectDialFailed)
+		if again, _ := s.PodEjection(epOf(p)); again != ej {
 			t.Fatalf("ejecting an ejected pod changed %+v to %+v", ej, again)
 		}
 		clock.Advance(want - time.Millisecond)
-		if _, ok := s.PodEjection(p); !ok {
+		if _, ok := s.PodEjection(epOf(p)); !ok {
 			t.Fatalf("ejection %d ended early", i+1)
 		}
 		clock.Advance(time.Millisecond)
-		if ej, ok := s.PodEjection(p); ok {
+		if ej, ok := s.PodEjection(epOf(p)); ok {
 			t.Fatalf("ejection %d lasts past its backoff: %+v", i+1, ej)
 		}
 	}
@@ -53,19 +54,19 @@ func TestEjectionBackoffDoublesUpToTheMaximumAndAnAnswerResetsIt(t *testing.T) {
 		t.Errorf("ejections = %v, want 7", n)
 	}
 
-	s.EjectPod(p, EjectDialFailed)
+	s.EjectPod(epOf(p), EjectDialFailed)
 	if n := testsupport.MetricValue(t, reg, "kvgate_cache_ejected_pods", nil); n != 1 {
 		t.Errorf("ejected pods = %v, want 1", n)
 	}
-	s.PodReachable(p)
-	if ej, ok := s.PodEjection(p); ok {
+	s.PodReachable(epOf(p))
+	if ej, ok := s.PodEjection(epOf(p)); ok {
 		t.Fatalf("pod still ejected after it answered: %+v", ej)
 	}
 	if n := testsupport.MetricValue(t, reg, "kvgate_cache_ejected_pods", nil); n != 0 {
 		t.Errorf("ejected pods = %v after the pod answered, want 0", n)
 	}
-	s.EjectPod(p, EjectDialFailed)
-	if ej, _ := s.PodEjection(p); ej.Backoff != time.Second || ej.Count != 1 || ej.Reason != EjectDialFailed {
+	s.EjectPod(epOf(p), EjectDialFailed)
+	if ej, _ := s.PodEjection(epOf(p)); ej.Backoff != time.Second || ej.Count != 1 || ej.Reason != EjectDialFailed {
 		t.Errorf("ejection after an answer: %+v, want the first backoff again", ej)
 	}
 }
@@ -75,28 +76,28 @@ func TestEjectionBelongsToOnePodVersion(t *testing.T) {
 	s, _ := ejectionStore(t, reg)
 	old := testPod("ns", "p", llama, "10.0.0.1")
 	s.AddOrUpdatePod(old)
-	s.EjectPod(old, EjectConnectionRefused)
+	s.EjectPod(epOf(old), EjectConnectionRefused)
 
 	// An update of the same pod keeps its ejection.
 	updated := testPod("ns", "p", llama, "10.0.0.1", withLabel("rev", "2"))
 	s.AddOrUpdatePod(updated)
-	if _, ok := s.PodEjection(updated); !ok {
+	if _, ok := s.PodEjection(epOf(updated)); !ok {
 		t.Error("an update of an ejected pod readmitted it")
 	}
 	// A replacement (another UID) starts afresh, and reports about the
 	// pod it replaced do not touch it.
 	replacement := testPod("ns", "p", llama, "10.0.0.2", withUID("new"))
 	s.AddOrUpdatePod(replacement)
-	s.EjectPod(old, EjectConnectionRefused)
-	if ej, ok := s.PodEjection(replacement); ok {
+	s.EjectPod(epOf(old), EjectConnectionRefused)
+	if ej, ok := s.PodEjection(epOf(replacement)); ok {
 		t.Errorf("the replacement pod is ejected: %+v", ej)
 	}
-	if _, ok := s.PodEjection(old); ok {
+	if _, ok := s.PodEjection(epOf(old)); ok {
 		t.Error("the replaced pod's ejection is still reported")
 	}
 
-	s.DeletePod("ns", "p")
-	s.EjectPod(replacement, EjectConnectionRefused)
+	s.DeletePod(pkey("ns", "p"))
+	s.EjectPod(epOf(replacement), EjectConnectionRefused)
 	if n := testsupport.MetricSeries(t, reg, "kvgate_cache_pod_ejections_total", map[string]string{"pod": "ns/p"}); n != 0 {
 		t.Errorf("%d ejection series of a deleted pod, want none", n)
 	}
@@ -106,10 +107,10 @@ func TestSuccessfulScrapeReadmitsAPodServingMetricsOnItsPort(t *testing.T) {
 	same, other := newEngine(t, "vllm_v1_t0.txt"), newEngine(t, "vllm_v1_t0.txt")
 	cfg := scrapeConfig(nil)
 	cfg.EjectionBackoff, cfg.MaxEjectionBackoff = time.Hour, time.Hour
-	s := newTestStore(t, nil, cfg)
+	s := newTestStore(t, cfg)
 	p := same.pod("p", llama)
 	// q serves requests on a port of its own and /metrics on other's.
-	q := testPod("ns", "q", llama, "127.0.0.1", withPort(1), withLabel(MetricPortLabel, strconv.Itoa(other.port)))
+	q := testPod("ns", "q", llama, "127.0.0.1", withPort(1), withLabel(endpoint.MetricPortLabel, strconv.Itoa(other.port)))
 	s.AddOrUpdatePod(p)
 	s.AddOrUpdatePod(q)
 	waitMetric(t, s, "p", NumRequestsRunning, equals(4))
@@ -117,20 +118,20 @@ func TestSuccessfulScrapeReadmitsAPodServingMetricsOnItsPort(t *testing.T) {
 
 	same.mode.Store(serveError)
 	waitMetric(t, s, "p", NumRequestsRunning, func(v MetricValue) bool { return v.Stale })
-	s.EjectPod(p, EjectConnectionRefused)
-	s.EjectPod(q, EjectConnectionRefused)
-	if _, ok := s.PodEjection(p); !ok {
+	s.EjectPod(epOf(p), EjectConnectionRefused)
+	s.EjectPod(epOf(q), EjectConnectionRefused)
+	if _, ok := s.PodEjection(epOf(p)); !ok {
 		t.Fatal("a pod whose scrapes fail was readmitted")
 	}
 	same.mode.Store(serveOK)
 	testsupport.Eventually(t, "p to be readmitted once its scrapes succeed again", func() bool {
-		_, ejected := s.PodEjection(p)
+		_, ejected := s.PodEjection(epOf(p))
 		return !ejected
 	})
 	// q's scrapes succeed all along, which says nothing of its serving port.
 	hits := other.hits.Load()
 	testsupport.Eventually(t, "more scrapes of q", func() bool { return other.hits.Load() > hits+2 })
-	if _, ok := s.PodEjection(q); !ok {
+	if _, ok := s.PodEjection(epOf(q)); !ok {
 		t.Error("a scrape of another port readmitted q")
 	}
 }
@@ -139,19 +140,19 @@ func TestScrapeStateFollowsTheLatestScrape(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	up, down := newEngine(t, "vllm_v1_t0.txt"), newEngine(t, "vllm_v1_t0.txt")
 	down.srv.Close()
-	s := newTestStore(t, nil, scrapeConfig(reg))
-	if got := s.PodScrapeState("p", "ns"); got != ScrapeNone {
+	s := newTestStore(t, scrapeConfig(reg))
+	if got := s.PodScrapeState(pkey("ns", "p")); got != ScrapeNone {
 		t.Errorf("unknown pod: %s, want none", got)
 	}
 	s.AddOrUpdatePod(up.pod("p", llama))
 	s.AddOrUpdatePod(down.pod("dead", llama))
 	waitMetric(t, s, "p", NumRequestsRunning, equals(4))
-	if got := s.PodScrapeState("p", "ns"); got != ScrapeFresh {
+	if got := s.PodScrapeState(pkey("ns", "p")); got != ScrapeFresh {
 		t.Errorf("scraped pod: %s, want fresh", got)
 	}
 	// A pod never scraped successfully is stale once a scrape failed.
 	testsupport.EventuallyWhy(t, "the dead pod's metrics to go stale", func() (string, bool) {
-		got := s.PodScrapeState("dead", "ns")
+		got := s.PodScrapeState(pkey("ns", "dead"))
 		return "scrape state " + string(got), got == ScrapeStale
 	})
 	if n := testsupport.MetricValue(t, reg, "kvgate_cache_stale_pods", nil); n != 1 {
@@ -159,13 +160,13 @@ func TestScrapeStateFollowsTheLatestScrape(t *testing.T) {
 	}
 	up.mode.Store(serveError)
 	testsupport.EventuallyWhy(t, "the failing pod's metrics to go stale", func() (string, bool) {
-		got := s.PodScrapeState("p", "ns")
+		got := s.PodScrapeState(pkey("ns", "p"))
 		return "scrape state " + string(got), got == ScrapeStale
 	})
 
-	off := newTestStore(t, nil, noScrape())
+	off := newTestStore(t, noScrape())
 	off.AddOrUpdatePod(up.pod("p", llama))
-	if got := off.PodScrapeState("p", "ns"); got != ScrapeNone {
+	if got := off.PodScrapeState(pkey("ns", "p")); got != ScrapeNone {
 		t.Errorf("without scraping: %s, want none", got)
 	}
 }

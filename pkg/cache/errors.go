@@ -3,6 +3,8 @@ package cache
 import (
 	"errors"
 	"fmt"
+
+	"github.com/kvgate/kvgate/pkg/endpoint"
 )
 
 // Sentinel errors. The typed errors below wrap them, so callers test the kind
@@ -27,11 +29,11 @@ var (
 // PodNotFoundError reports a pod the Store does not know. It wraps
 // ErrPodNotFound.
 type PodNotFoundError struct {
-	Namespace, Name string
+	Key endpoint.Key
 }
 
 func (e *PodNotFoundError) Error() string {
-	return fmt.Sprintf("pod %s/%s not found", e.Namespace, e.Name)
+	return fmt.Sprintf("pod %s not found", e.Key)
 }
 
 // Unwrap returns ErrPodNotFound.

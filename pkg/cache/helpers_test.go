@@ -1,11 +1,12 @@
 package cache
 
 import (
+	"context"
 	"fmt"
 	"strconv"
 	"testing"
 
-	"github.com/redis/go-redis/v9"
+	"github.com/kvgate/kvgate/pkg/endpoint"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8stypes "k8s.io/apimachinery/pkg/types"
@@ -27,7 +28,7 @@ func testPod(namespace, name, model, ip string, opts ...podOpt) *v1.Pod {
 		},
 	}
 	if model != "" {
-		p.Labels[ModelNameLabel] = model
+		p.Labels[endpoint.ModelNameLabel] = model
 	}
 	for _, o := range opts {
 		o(p)
@@ -46,21 +47,37 @@ func withAnnotation(k, v string) podOpt {
 	}
 }
 
-func withPort(port int) podOpt { return withLabel(ModelPortLabel, strconv.Itoa(port)) }
+func withPort(port int) podOpt { return withLabel(endpoint.ModelPortLabel, strconv.Itoa(port)) }
 
 func withUID(uid string) podOpt { return func(p *v1.Pod) { p.UID = k8stypes.UID(uid) } }
 
 func notReady(p *v1.Pod) { p.Status.Conditions[0].Status = v1.ConditionFalse }
 
-// newTestStore returns a Store closed when the test ends.
-func newTestStore(t testing.TB, rc *redis.Client, cfg Config) *Store {
+// newTestStore returns a running Store, stopped when the test ends.
+func newTestStore(t testing.TB, cfg Config) *Store {
 	t.Helper()
-	s, err := New(rc, cfg)
+	s, err := New(cfg)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
-	t.Cleanup(s.Close)
+	stop := runStore(s)
+	t.Cleanup(stop)
 	return s
+}
+
+// runStore runs s until the returned function is called, which returns
+// once Run has.
+func runStore(s *Store) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = s.Run(ctx)
+	}()
+	return func() {
+		cancel()
+		<-done
+	}
 }
 
 // noScrape is a Config that reads nothing from pods: no metric scraping, no
@@ -73,3 +90,9 @@ func describe(v MetricValue, err error) string {
 	}
 	return fmt.Sprintf("value %v stale %v", v.Value, v.Stale)
 }
+
+// pkey returns the key of pod namespace/name.
+func pkey(namespace, name string) endpoint.Key { return endpoint.Key{Namespace: namespace, Name: name} }
+
+// epOf parses pod as the Store does by default.
+func epOf(pod *v1.Pod) *endpoint.Endpoint { return endpoint.Parse(pod, endpoint.Options{}) }

@@ -2,57 +2,32 @@ package cache
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"sync"
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/rest"
 
-	"github.com/kvgate/kvgate/pkg/types"
+	"github.com/kvgate/kvgate/pkg/endpoint"
 )
 
-// The views of the Store its consumers depend on. *Store implements all of
-// them; a consumer asks for the smallest one it needs.
-
-// PodCache reads the pod registry.
-type PodCache interface {
-	GetPod(podName, podNamespace string) (*v1.Pod, error)
-	ListPodsByModel(modelName string) ([]*v1.Pod, error)
-}
-
-// ModelCache reads which models the registered pods serve.
-type ModelCache interface {
-	HasModel(modelName string) bool
-	ListModels() []string
-	ListModelsByPod(podName, podNamespace string) ([]string, error)
-}
-
-// MetricCache reads pod metrics.
+// MetricCache reads pod metrics; *Store implements it. The load providers
+// read the metrics through it.
 type MetricCache interface {
-	GetMetricValueByPod(podName, podNamespace, metricName string) (MetricValue, error)
-	GetMetricValueByPodModel(podName, podNamespace, modelName, metricName string) (MetricValue, error)
+	GetMetricValueByPod(key endpoint.Key, metricName string) (MetricValue, error)
+	GetMetricValueByPodModel(key endpoint.Key, modelName, metricName string) (MetricValue, error)
 	AddSubscriber(subscriber MetricSubscriber)
-}
-
-// ProfileCache reads GPU profiles.
-type ProfileCache interface {
-	GetModelProfileByPod(pod *v1.Pod, modelName string) (*ModelGPUProfile, error)
-	GetModelProfileByDeploymentName(deploymentName, modelName string) (*ModelGPUProfile, error)
-}
-
-// RequestTracker tracks requests from routing to completion.
-type RequestTracker interface {
-	AddRequestCount(ctx *types.RoutingContext, requestID, modelName string) (traceTerm int64)
-	DoneRequestCount(ctx *types.RoutingContext, requestID, modelName string, traceTerm int64)
-	DoneRequestTrace(ctx *types.RoutingContext, requestID, modelName string, inputTokens, outputTokens, traceTerm int64)
 }
 
 // PodSink receives the pods a PodSource discovers. *Store implements it.
 type PodSink interface {
 	// AddOrUpdatePod registers pod or replaces its registered version.
 	AddOrUpdatePod(pod *v1.Pod)
-	// DeletePod unregisters a pod; unknown pods are ignored.
-	DeletePod(namespace, name string)
+	// DeletePod unregisters the pod of key; unknown pods are ignored.
+	DeletePod(key endpoint.Key)
 	// SetPodAdapters sets the LoRA adapters a registered pod serves.
-	SetPodAdapters(namespace, name string, adapters []string) error
+	SetPodAdapters(key endpoint.Key, adapters []string) error
 }
 
 // PodSource discovers inference pods: Kubernetes informers, a static
@@ -62,18 +37,34 @@ type PodSource interface {
 	// of its goroutines have stopped. It calls synced once, after
 	// delivering the pods that existed when it started; an error returned
 	// before that means the source could not start. config is the
-	// Kubernetes client configuration passed to InitWithOptions, nil
-	// outside a cluster.
+	// Kubernetes client configuration, nil outside a cluster.
 	Run(ctx context.Context, config *rest.Config, sink PodSink, synced func()) error
 }
 
-// KVEventManager keeps a KV-cache event subscription per eligible pod. The
-// Store starts it, tells it about every pod change, and stops it on Close.
-type KVEventManager interface {
-	PodListener
-	// Start starts the manager's workers; the Store calls it once, before
-	// the first pod event.
-	Start() error
-	// Stop stops every subscription and returns once they have ended.
-	Stop()
+// RunPodSource runs source in a goroutine, delivering pods to sink until
+// ctx ends, and returns once the source has delivered the pods that exist.
+// The returned channel receives the result of the source's Run when it
+// returns. RunPodSource fails, with the source stopped, when the source
+// fails before syncing or ctx ends first.
+func RunPodSource(ctx context.Context, source PodSource, config *rest.Config, sink PodSink) (<-chan error, error) {
+	synced := make(chan struct{})
+	var once sync.Once
+	markSynced := func() { once.Do(func() { close(synced) }) }
+	done := make(chan error, 1)
+	go func() { done <- source.Run(ctx, config, sink, markSynced) }()
+	select {
+	case <-synced:
+		return done, nil
+	case err := <-done:
+		select {
+		case <-synced: // synced, then stopped: the pods were delivered
+			done <- err
+			return done, nil
+		default:
+		}
+		if err == nil || ctx.Err() != nil {
+			err = errors.New("stopped before syncing")
+		}
+		return nil, fmt.Errorf("pod source: %w", err)
+	}
 }

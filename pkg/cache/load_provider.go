@@ -7,6 +7,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 
+	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/types"
 )
 
@@ -56,7 +57,7 @@ func NewCachedLoadProvider(metrics MetricCache, metricName string) (*CachedLoadP
 // GetUtilization returns the pod's value of the metric; it fails with a
 // *MetricNotFoundError while the Store has none.
 func (p *CachedLoadProvider) GetUtilization(_ *types.RoutingContext, pod *v1.Pod) (float64, error) {
-	v, err := p.metrics.GetMetricValueByPod(pod.Name, pod.Namespace, p.metricName)
+	v, err := p.metrics.GetMetricValueByPod(endpoint.KeyOf(pod), p.metricName)
 	if err != nil {
 		return 0, err
 	}
@@ -68,11 +69,11 @@ func (p *CachedLoadProvider) GetConsumption(ctx *types.RoutingContext, pod *v1.P
 	if p.metricName != KVCacheUsagePerc {
 		return 1, nil
 	}
-	blockSize, err := p.metrics.GetMetricValueByPod(pod.Name, pod.Namespace, CacheBlockSize)
+	blockSize, err := p.metrics.GetMetricValueByPod(endpoint.KeyOf(pod), CacheBlockSize)
 	if err != nil {
 		return 0, err
 	}
-	blocks, err := p.metrics.GetMetricValueByPod(pod.Name, pod.Namespace, CacheNumGPUBlocks)
+	blocks, err := p.metrics.GetMetricValueByPod(endpoint.KeyOf(pod), CacheNumGPUBlocks)
 	if err != nil {
 		return 0, err
 	}
@@ -91,12 +92,12 @@ func (p *CachedLoadProvider) GetConsumption(ctx *types.RoutingContext, pod *v1.P
 // request's (predicted output tokens, input tokens). A pod is full at 1.
 type PendingLoadProvider struct {
 	metrics  MetricCache
-	profiles ProfileCache
+	profiles *Profiles
 }
 
 // NewPendingLoadProvider returns a provider reading the pods' pending load
 // (RealtimeNormalizedPendings) from metrics and GPU profiles from profiles.
-func NewPendingLoadProvider(metrics MetricCache, profiles ProfileCache) *PendingLoadProvider {
+func NewPendingLoadProvider(metrics MetricCache, profiles *Profiles) *PendingLoadProvider {
 	return &PendingLoadProvider{metrics: metrics, profiles: profiles}
 }
 
@@ -106,7 +107,7 @@ func (p *PendingLoadProvider) Cap() float64 { return 1 }
 // GetUtilization returns the pod's pending load, 0 for a pod the Store
 // holds no load for.
 func (p *PendingLoadProvider) GetUtilization(_ *types.RoutingContext, pod *v1.Pod) (float64, error) {
-	v, err := p.metrics.GetMetricValueByPod(pod.Name, pod.Namespace, RealtimeNormalizedPendings)
+	v, err := p.metrics.GetMetricValueByPod(endpoint.KeyOf(pod), RealtimeNormalizedPendings)
 	if errors.Is(err, ErrMetricNotFound) {
 		return 0, nil
 	}
@@ -123,6 +124,23 @@ func (p *PendingLoadProvider) GetConsumption(ctx *types.RoutingContext, pod *v1.
 		return 0, err
 	}
 	return pendingLoad(profile, ctx, pod)
+}
+
+// RequestLoad returns what GetConsumption does for the request on ep, the
+// share of the pod's capacity the request takes, which the gateway records
+// with the request's route (inflight.Route.PendingLoad): 0 and no error when
+// the pod's deployment has no profile for rc.Model, 0 and the error when the
+// profile cannot tell. It runs for every routed request, so the common case
+// of no profile costs no error value.
+func (p *PendingLoadProvider) RequestLoad(rc *types.RoutingContext, ep *endpoint.Endpoint) (float64, error) {
+	if p.profiles.Len() == 0 || ep.Deployment == "" {
+		return 0, nil
+	}
+	profile := p.profiles.Lookup(rc.Model, ep.Deployment)
+	if profile == nil {
+		return 0, nil
+	}
+	return pendingLoad(profile, rc, ep.Pod)
 }
 
 // pendingLoad is the share of a pod the request takes by profile.

@@ -5,14 +5,18 @@ import (
 	"math"
 	"testing"
 	"time"
+
+	"github.com/kvgate/kvgate/pkg/endpoint"
+	"github.com/kvgate/kvgate/pkg/inflight"
+	"github.com/kvgate/kvgate/pkg/types"
 )
 
 func TestCachedLoadProviderModels(t *testing.T) {
-	s := newTestStore(t, nil, noScrape())
+	s := newTestStore(t, noScrape())
 	pod := testPod("ns", "p", "m", "10.0.0.1")
 	s.AddOrUpdatePod(pod)
-	s.reg.entry("ns", "p").state.metrics.Store(newProjector(time.Second, time.Second).project(time.Now(), parseExposition(t, "vllm_v1_t0.txt"), nil))
-	ctx := routed("r", "m", pod)
+	s.reg.entry(pkey("ns", "p")).state.metrics.Store(newProjector(time.Second, time.Second).project(time.Now(), parseExposition(t, "vllm_v1_t0.txt"), nil))
+	ctx := types.NewRoutingContext("r", "m")
 	ctx.PromptTokenCount, ctx.PredictedOutputTokens = 1000, 600
 
 	tests := []struct {
@@ -53,18 +57,23 @@ func TestCachedLoadProviderModels(t *testing.T) {
 }
 
 func TestPendingLoadFollowsLittlesLaw(t *testing.T) {
-	s := newTestStore(t, nil, noScrape())
-	profiled := testPod("ns", "a", "llama", "10.0.0.1", withLabel(DefaultDeploymentLabel, "llama-a100"))
+	s := newTestStore(t, noScrape())
+	l := newTestLedger(t)
+	profiled := testPod("ns", "a", "llama", "10.0.0.1", withLabel(endpoint.DefaultDeploymentLabel, "llama-a100"))
 	unprofiled := testPod("ns", "b", "llama", "10.0.0.2")
 	s.AddOrUpdatePod(profiled)
 	s.AddOrUpdatePod(unprofiled)
-	s.UpdateModelProfile(ModelGPUProfileKey("llama", "llama-a100"), loadTestProfile(t), false)
-	p := NewPendingLoadProvider(s, s)
+	profiles := newTestProfiles(t, "")
+	p := NewPendingLoadProvider(s, profiles)
+	if load, err := p.RequestLoad(types.NewRoutingContext("r0", "llama"), epOf(profiled)); load != 0 || err != nil {
+		t.Fatalf("RequestLoad without any profile = %v, %v; want 0", load, err)
+	}
+	profiles.UpdateModelProfile(ModelGPUProfileKey("llama", "llama-a100"), loadTestProfile(t), false)
 	if p.Cap() != 1 {
 		t.Fatalf("Cap = %v", p.Cap())
 	}
 
-	ctx := routed("r1", "llama", profiled)
+	ctx := types.NewRoutingContext("r1", "llama")
 	ctx.PromptTokenCount, ctx.PredictedOutputTokens = 128, 16 // signature [1, 2]
 	want := 1 / (6.5 * 0.62)
 	c, err := p.GetConsumption(ctx, profiled)
@@ -72,11 +81,15 @@ func TestPendingLoadFollowsLittlesLaw(t *testing.T) {
 		t.Fatalf("GetConsumption = %v, %v; want 1/(6.5*0.62) = %v", c, err, want)
 	}
 
-	term := s.AddRequestCount(ctx, "r1", "llama")
+	load, err := p.RequestLoad(ctx, epOf(profiled))
+	if err != nil || load != c {
+		t.Fatalf("RequestLoad = %v, %v; want what GetConsumption gives, %v", load, err, c)
+	}
+	h := routeTo(t, s, l, "r1", "llama", pkey("ns", "a"), load)
 	if u, err := p.GetUtilization(ctx, profiled); err != nil || math.Abs(u-want) > 1e-12 {
 		t.Fatalf("utilization with one request = %v, %v; want %v", u, err, want)
 	}
-	s.DoneRequestCount(ctx, "r1", "llama", term)
+	h.Close(inflight.Done, "")
 	if u, _ := p.GetUtilization(ctx, profiled); u != 0 {
 		t.Fatalf("utilization after completion = %v", u)
 	}
@@ -84,12 +97,16 @@ func TestPendingLoadFollowsLittlesLaw(t *testing.T) {
 	if _, err := p.GetConsumption(ctx, unprofiled); !errors.Is(err, ErrMissingProfile) {
 		t.Fatalf("consumption without a profile: %v", err)
 	}
-	s.AddRequestCount(routed("r2", "llama", unprofiled), "r2", "llama")
+	load, err = p.RequestLoad(ctx, epOf(unprofiled))
+	if load != 0 || err != nil {
+		t.Fatalf("RequestLoad on an unprofiled pod = %v, %v; want 0", load, err)
+	}
+	routeTo(t, s, l, "r2", "llama", pkey("ns", "b"), load)
 	if u, err := p.GetUtilization(ctx, unprofiled); err != nil || u != 0 {
 		t.Fatalf("utilization of an unprofiled pod = %v, %v; want 0", u, err)
 	}
 
-	saturated := routed("r3", "llama", profiled)
+	saturated := types.NewRoutingContext("r3", "llama")
 	saturated.PromptTokenCount, saturated.PredictedOutputTokens = 2048, 256 // throughput 0
 	if _, err := p.GetConsumption(saturated, profiled); !errors.Is(err, ErrSLOFailureRequest) {
 		t.Fatalf("consumption at zero throughput: %v", err)
@@ -97,12 +114,13 @@ func TestPendingLoadFollowsLittlesLaw(t *testing.T) {
 }
 
 func BenchmarkPendingLoadConsumption(b *testing.B) {
-	s := newTestStore(b, nil, noScrape())
-	pod := testPod("ns", "a", "llama", "10.0.0.1", withLabel(DefaultDeploymentLabel, "llama-a100"))
+	s := newTestStore(b, noScrape())
+	pod := testPod("ns", "a", "llama", "10.0.0.1", withLabel(endpoint.DefaultDeploymentLabel, "llama-a100"))
 	s.AddOrUpdatePod(pod)
-	s.UpdateModelProfile(ModelGPUProfileKey("llama", "llama-a100"), loadTestProfile(b), false)
-	p := NewPendingLoadProvider(s, s)
-	ctx := routed("r", "llama", pod)
+	profiles := newTestProfiles(b, "")
+	profiles.UpdateModelProfile(ModelGPUProfileKey("llama", "llama-a100"), loadTestProfile(b), false)
+	p := NewPendingLoadProvider(s, profiles)
+	ctx := types.NewRoutingContext("r", "llama")
 	ctx.PromptTokenCount, ctx.PredictedOutputTokens = 700, 90
 	b.ReportAllocs()
 	for b.Loop() {

@@ -4,7 +4,8 @@ import "time"
 
 // Names of the metrics the Store keeps per pod and per pod and model. The
 // scraped ones are derived from the engine's vLLM /metrics; the realtime ones
-// come from the Store's own request tracking and need no scrape.
+// come from the pod's load record, kept by the request ledger (package
+// inflight), and need no scrape.
 const (
 	// NumRequestsRunning is vllm:num_requests_running, summed over the
 	// engines of the pod.
@@ -61,13 +62,12 @@ const (
 	CacheNumGPUBlocks = "cache_num_gpu_blocks"
 
 	// RealtimeNumRequestsRunning counts the requests routed to the pod (and
-	// model) that have not completed, as tracked by AddRequestCount and
-	// DoneRequestCount; with shared request counts it includes the other
-	// gateway replicas' requests.
+	// model) whose attempts are open in the request ledger; with shared
+	// request counts it includes the other gateway replicas' requests.
 	RealtimeNumRequestsRunning = "realtime_num_requests_running"
 	// RealtimeNormalizedPendings sums, over the requests routed to the pod
-	// and not completed, the load each adds according to the pod's GPU
-	// profile (see PendingLoadProvider); 1 is the pod's capacity.
+	// whose attempts are open, the load each adds according to the pod's
+	// GPU profile (see PendingLoadProvider); 1 is the pod's capacity.
 	RealtimeNormalizedPendings = "realtime_normalized_pendings"
 )
 

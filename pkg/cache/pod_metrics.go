@@ -3,6 +3,9 @@ package cache
 import (
 	"slices"
 	"time"
+
+	"github.com/kvgate/kvgate/pkg/endpoint"
+	"github.com/kvgate/kvgate/pkg/inflight"
 )
 
 // podMetrics is what one scrape of a pod produced. It is immutable once
@@ -13,6 +16,8 @@ type podMetrics struct {
 	stale  bool
 	pod    map[string]MetricValue
 	models map[string]map[string]MetricValue // by model_name label
+	// builtin holds the values of pod that routing reads.
+	builtin PodMetrics
 }
 
 // markStale republishes the pod's latest metrics marked stale.
@@ -48,10 +53,10 @@ const (
 	ScrapeNone ScrapeState = "none"
 )
 
-// PodScrapeState returns how current the scraped metrics of the pod are;
-// ScrapeNone for a pod that is not registered.
-func (s *Store) PodScrapeState(podName, podNamespace string) ScrapeState {
-	e := s.reg.entry(podNamespace, podName)
+// PodScrapeState returns how current the scraped metrics of the pod of key
+// are; ScrapeNone for a pod that is not registered.
+func (s *Store) PodScrapeState(key endpoint.Key) ScrapeState {
+	e := s.reg.entry(key)
 	if e == nil {
 		return ScrapeNone
 	}
@@ -65,21 +70,19 @@ func (s *Store) PodScrapeState(podName, podNamespace string) ScrapeState {
 }
 
 // GetMetricValueByPod returns metricName (one of the names of this package,
-// or a subscribed family) for the pod. It fails with a *PodNotFoundError for
-// an unknown pod and a *MetricNotFoundError when no value has been measured.
-// Realtime metrics exist for every registered pod.
-func (s *Store) GetMetricValueByPod(podName, podNamespace, metricName string) (MetricValue, error) {
-	e := s.reg.entry(podNamespace, podName)
+// or a subscribed family) for the pod of key. It fails with a
+// *PodNotFoundError for an unknown pod and a *MetricNotFoundError when no
+// value has been measured. Realtime metrics exist for every registered pod.
+func (s *Store) GetMetricValueByPod(key endpoint.Key, metricName string) (MetricValue, error) {
+	e := s.reg.entry(key)
 	if e == nil {
-		return MetricValue{}, &PodNotFoundError{Namespace: podNamespace, Name: podName}
+		return MetricValue{}, &PodNotFoundError{Key: key}
 	}
 	switch metricName {
 	case RealtimeNumRequestsRunning:
-		running, _, _ := e.state.load.snapshot("")
-		return s.realtime(float64(running + s.remoteRunning(e.key, ""))), nil
+		return s.realtime(float64(e.state.load.Running())), nil
 	case RealtimeNormalizedPendings:
-		_, pending, _ := e.state.load.snapshot("")
-		return s.realtime(pending), nil
+		return s.realtime(e.state.load.PendingLoad()), nil
 	}
 	if m := e.state.metrics.Load(); m != nil {
 		if v, ok := m.pod[metricName]; ok {
@@ -87,10 +90,11 @@ func (s *Store) GetMetricValueByPod(podName, podNamespace, metricName string) (M
 			return v, nil
 		}
 	}
-	return MetricValue{}, &MetricNotFoundError{Pod: e.key, Metric: metricName}
+	return MetricValue{}, &MetricNotFoundError{Pod: e.ep.ID, Metric: metricName}
 }
 
-// GetMetricValueByPodModel returns metricName for modelName on the pod:
+// GetMetricValueByPodModel returns metricName for modelName on the pod of
+// key:
 // scraped metrics from the series whose model_name label is modelName, and
 // the realtime request count of the requests for modelName. When the pod's
 // /metrics does not break metrics down by several models (one engine
@@ -98,19 +102,18 @@ func (s *Store) GetMetricValueByPod(podName, podNamespace, metricName string) (M
 // model it serves. It fails with a *PodNotFoundError for an unknown pod and a
 // *MetricNotFoundError when the pod does not serve the model or no value has
 // been measured.
-func (s *Store) GetMetricValueByPodModel(podName, podNamespace, modelName, metricName string) (MetricValue, error) {
-	e := s.reg.entry(podNamespace, podName)
+func (s *Store) GetMetricValueByPodModel(key endpoint.Key, modelName, metricName string) (MetricValue, error) {
+	e := s.reg.entry(key)
 	if e == nil {
-		return MetricValue{}, &PodNotFoundError{Namespace: podNamespace, Name: podName}
+		return MetricValue{}, &PodNotFoundError{Key: key}
 	}
-	notFound := &MetricNotFoundError{Pod: e.key, Model: modelName, Metric: metricName}
+	notFound := &MetricNotFoundError{Pod: e.ep.ID, Model: modelName, Metric: metricName}
 	if !slices.Contains(e.models, modelName) {
 		return MetricValue{}, notFound
 	}
 	switch metricName {
 	case RealtimeNumRequestsRunning:
-		_, _, running := e.state.load.snapshot(modelName)
-		return s.realtime(float64(running + s.remoteRunning(e.key, modelName))), nil
+		return s.realtime(float64(e.state.load.RunningModel(modelName))), nil
 	case RealtimeNormalizedPendings:
 		return MetricValue{}, notFound
 	}
@@ -133,13 +136,25 @@ func (s *Store) realtime(v float64) MetricValue {
 	return MetricValue{Value: v, UpdatedAt: time.Now()}
 }
 
-// remoteRunning returns the running requests other gateway replicas
-// published for the pod (and model when not ""), 0 unless counts are shared.
-func (s *Store) remoteRunning(podKey, model string) int64 {
-	if s.shared == nil {
-		return 0
+// PodLoad returns the load record of the registered pod of key (see
+// inflight.PodLoad), nil for a pod that is not registered. A pod replaced
+// by one of another UID has a record of its own.
+func (s *Store) PodLoad(key endpoint.Key) *inflight.PodLoad {
+	if e := s.reg.entry(key); e != nil {
+		return e.state.load
 	}
-	return s.shared.remote(podKey, model)
+	return nil
+}
+
+// PodLoads returns the load records of every registered pod, ordered by
+// namespace and name.
+func (s *Store) PodLoads() []*inflight.PodLoad {
+	entries := s.reg.entries()
+	out := make([]*inflight.PodLoad, len(entries))
+	for i, e := range entries {
+		out[i] = e.state.load
+	}
+	return out
 }
 
 // AddSubscriber makes the Store keep the metrics subscriber names from the

@@ -1,22 +1,14 @@
 package cache
 
 import (
-	"context"
-	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
 	"reflect"
-	"strconv"
 	"strings"
 	"testing"
-	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/redis/go-redis/v9"
-
-	"github.com/kvgate/kvgate/internal/testsupport"
-	"github.com/kvgate/kvgate/pkg/internal/testredis"
+	"github.com/kvgate/kvgate/pkg/endpoint"
 )
 
 func profileJSON(t testing.TB) []byte {
@@ -136,8 +128,19 @@ func TestProfileTables(t *testing.T) {
 	}
 }
 
+// newTestProfiles returns empty profiles whose deployment label is
+// deploymentLabel ("" for the default).
+func newTestProfiles(t testing.TB, deploymentLabel string) *Profiles {
+	t.Helper()
+	p, err := NewProfiles(endpoint.Options{DeploymentLabel: deploymentLabel}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
 func TestUpdateModelProfileKeepsTheNewest(t *testing.T) {
-	s := newTestStore(t, nil, noScrape())
+	s := newTestProfiles(t, "")
 	key := ModelGPUProfileKey("llama", "llama-a100")
 	s.UpdateModelProfile(key, &ModelGPUProfile{Created: 10, Cost: 1}, false)
 	s.UpdateModelProfile(key, &ModelGPUProfile{Created: 5, Cost: 2}, false)
@@ -157,9 +160,7 @@ func TestUpdateModelProfileKeepsTheNewest(t *testing.T) {
 }
 
 func TestGetModelProfileByPodUsesTheDeploymentName(t *testing.T) {
-	cfg := noScrape()
-	cfg.DeploymentLabel = "gpu-deployment"
-	s := newTestStore(t, nil, cfg)
+	s := newTestProfiles(t, "gpu-deployment")
 	s.UpdateModelProfile(ModelGPUProfileKey("llama", "llama-a100"), loadTestProfile(t), false)
 	if _, err := s.GetModelProfileByPod(testPod("ns", "p", "llama", "10.0.0.1", withLabel("gpu-deployment", "llama-a100")), "llama"); err != nil {
 		t.Fatalf("by label: %v", err)
@@ -171,100 +172,3 @@ func TestGetModelProfileByPodUsesTheDeploymentName(t *testing.T) {
 		t.Fatalf("no deployment name: %v", err)
 	}
 }
-
-func TestProfilesRefreshFromRedis(t *testing.T) {
-	rc := testredis.Start(t).NewClient(t)
-	ctx := context.Background()
-	set := func(key string, value any) {
-		t.Helper()
-		if err := rc.Set(ctx, key, value, 0).Err(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	profile := func(created, cost float64) string {
-		var m map[string]any
-		if err := json.Unmarshal(profileJSON(t), &m); err != nil {
-			t.Fatal(err)
-		}
-		m["created"], m["cost"] = created, cost
-		b, err := json.Marshal(m)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return string(b)
-	}
-	llama := ModelGPUProfileKey("llama", "llama-a100")
-	set(llama, profile(100, 1))
-	set(ModelGPUProfileKey("broken", "x"), "not a profile")
-	set("aibrix:unrelated", "x")
-
-	reg := prometheus.NewRegistry()
-	cfg := noScrape()
-	cfg.EnableProfileCache = true
-	cfg.ProfileRefreshInterval = 50 * time.Millisecond
-	cfg.Registerer = reg
-	s := newTestStore(t, rc, cfg)
-	local := ModelGPUProfileKey("local", "dep")
-	s.UpdateModelProfile(local, &ModelGPUProfile{Cost: 9}, true)
-
-	cost := func() (float64, error) {
-		p, err := s.GetModelProfileByDeploymentName("llama-a100", "llama")
-		if err != nil {
-			return 0, err
-		}
-		return p.Cost, nil
-	}
-	testsupport.Eventually(t, "the llama profile to load", func() bool {
-		c, err := cost()
-		return err == nil && c == 1
-	})
-	if n := testsupport.MetricValue(t, reg, "kvgate_cache_gpu_profile_rejects_total", nil); n < 1 {
-		t.Fatalf("rejected profiles = %v, want at least 1", n)
-	}
-	// waitRefresh returns once a refresh has started after it was called.
-	marker := 0
-	waitRefresh := func() {
-		t.Helper()
-		marker++
-		key := ModelGPUProfileKey("marker", ftoa(float64(marker)))
-		set(key, profile(1, 1))
-		testsupport.Eventually(t, "the marker profile to load", func() bool {
-			_, err := s.GetModelProfileByDeploymentName(ftoa(float64(marker)), "marker")
-			return err == nil
-		})
-	}
-
-	set(llama, profile(200, 2)) // newer
-	testsupport.Eventually(t, "the newer profile to load", func() bool { c, _ := cost(); return c == 2 })
-	set(llama, profile(150, 3)) // older than the one held
-	waitRefresh()
-	set(llama, "{corrupt") // a bad write keeps the last good profile
-	waitRefresh()
-	if c, err := cost(); err != nil || c != 2 {
-		t.Fatalf("cost = %v, %v; want 2: neither an older nor a corrupt profile replaces it", c, err)
-	}
-	if err := rc.Del(ctx, llama).Err(); err != nil {
-		t.Fatal(err)
-	}
-	testsupport.Eventually(t, "the profile deleted from Redis to be dropped", func() bool {
-		_, err := cost()
-		return errors.Is(err, ErrMissingProfile)
-	})
-	if p, err := s.GetModelProfileByDeploymentName("dep", "local"); err != nil || p.Cost != 9 {
-		t.Fatalf("profile set locally was dropped by a refresh: %v", err)
-	}
-}
-
-func TestFeaturesNeedingRedisFailWithoutIt(t *testing.T) {
-	for _, cfg := range []Config{{EnableProfileCache: true}, {EnableRequestTrace: true}, {SharedRequestCounts: true}} {
-		if _, err := New(nil, cfg); err == nil || !strings.Contains(err.Error(), "needs a Redis client") {
-			t.Errorf("New(nil, %+v) = %v, want an error naming Redis", cfg, err)
-		}
-	}
-	var rc *redis.Client
-	if _, err := New(rc, Config{RequestTraceInterval: 1500 * time.Millisecond}); err == nil {
-		t.Error("a trace interval of 1.5 s was accepted")
-	}
-}
-
-func ftoa(f float64) string { return strconv.FormatFloat(f, 'g', -1, 64) }

@@ -6,6 +6,8 @@ import (
 	"sync"
 
 	v1 "k8s.io/api/core/v1"
+
+	"github.com/kvgate/kvgate/pkg/endpoint"
 )
 
 // PodListener is told about every change of the Store's pod registry.
@@ -31,26 +33,24 @@ type PodListener interface {
 // podEntry is one version of a registered pod. Entries are immutable: a
 // change replaces the entry, carrying state over while the pod keeps its UID.
 type podEntry struct {
-	key string
-	pod *v1.Pod
+	ep *endpoint.Endpoint
 	// adapters were set with SetPodAdapters, discovered were listed by the
 	// pod's /v1/models; both last while the pod keeps its UID.
 	adapters   []string
 	discovered []string
 	// models is the base model (when the pod names one), then the adapters
-	// the pod declares (PodAdapters), set and discovered, without
+	// the pod declares (endpoint.Adapters), set and discovered, without
 	// duplicates.
-	models   []string
-	routable bool
-	state    *podState
+	models []string
+	state  *podState
 }
 
 // modelEntry indexes the pods serving one model.
 type modelEntry struct {
-	pods map[string]*podEntry
+	pods map[endpoint.Key]*podEntry
 	// routable is rebuilt on every change of the model's pods and never
 	// modified after, so readers may keep it.
-	routable []*v1.Pod
+	routable []*endpoint.Endpoint
 }
 
 // registry holds the pods known to the Store and the models they serve.
@@ -61,22 +61,22 @@ type registry struct {
 	listeners []PodListener
 
 	mu         sync.RWMutex
-	pods       map[string]*podEntry
+	parse      endpoint.Options
+	pods       map[endpoint.Key]*podEntry
 	models     map[string]*modelEntry
 	modelNames []string // sorted, rebuilt when the model set changes
 }
 
-func newRegistry() *registry {
-	return &registry{pods: map[string]*podEntry{}, models: map[string]*modelEntry{}}
+func newRegistry(parse endpoint.Options) *registry {
+	return &registry{parse: parse, pods: map[endpoint.Key]*podEntry{}, models: map[string]*modelEntry{}}
 }
 
-func newPodEntry(pod *v1.Pod, adapters, discovered []string, state *podState) *podEntry {
-	e := &podEntry{key: podKey(pod.Namespace, pod.Name), pod: pod, adapters: adapters, discovered: discovered,
-		routable: IsPodRoutable(pod), state: state}
-	if base := ModelName(pod); base != "" {
-		e.models = append(e.models, base)
+func newPodEntry(ep *endpoint.Endpoint, adapters, discovered []string, state *podState) *podEntry {
+	e := &podEntry{ep: ep, adapters: adapters, discovered: discovered, state: state}
+	if ep.Model != "" {
+		e.models = append(e.models, ep.Model)
 	}
-	for _, list := range [][]string{PodAdapters(pod), adapters, discovered} {
+	for _, list := range [][]string{ep.Adapters, adapters, discovered} {
 		for _, a := range list {
 			if a != "" && !slices.Contains(e.models, a) {
 				e.models = append(e.models, a)
@@ -86,28 +86,28 @@ func newPodEntry(pod *v1.Pod, adapters, discovered []string, state *podState) *p
 	return e
 }
 
-// upsert registers pod and returns the entry it replaced (nil when new) and
-// the new entry. A pod of another UID than the registered one starts with
-// fresh state and no adapters but those it declares.
+// upsert parses and registers pod and returns the entry it replaced (nil
+// when new) and the new entry. A pod of another UID than the registered one
+// starts with fresh state and no adapters but those it declares.
 func (r *registry) upsert(pod *v1.Pod) (old, cur *podEntry) {
-	key := podKey(pod.Namespace, pod.Name)
+	ep := endpoint.Parse(pod, r.parse)
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	old = r.pods[key]
-	if old != nil && old.pod.UID == pod.UID {
-		cur = newPodEntry(pod, old.adapters, old.discovered, old.state)
+	old = r.pods[ep.Key]
+	if old != nil && old.ep.UID == ep.UID {
+		cur = newPodEntry(ep, old.adapters, old.discovered, old.state)
 	} else {
-		cur = newPodEntry(pod, nil, nil, newPodState())
+		cur = newPodEntry(ep, nil, nil, newPodState(ep.ID))
 	}
 	r.replaceLocked(old, cur)
 	return old, cur
 }
 
 // remove unregisters the pod and returns its entry, nil when unknown.
-func (r *registry) remove(namespace, name string) *podEntry {
+func (r *registry) remove(key endpoint.Key) *podEntry {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	old := r.pods[podKey(namespace, name)]
+	old := r.pods[key]
 	if old != nil {
 		r.replaceLocked(old, nil)
 	}
@@ -115,28 +115,28 @@ func (r *registry) remove(namespace, name string) *podEntry {
 }
 
 // setAdapters replaces the pod's adapters and reports whether it is known.
-func (r *registry) setAdapters(namespace, name string, adapters []string) bool {
+func (r *registry) setAdapters(key endpoint.Key, adapters []string) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	old := r.pods[podKey(namespace, name)]
+	old := r.pods[key]
 	if old == nil {
 		return false
 	}
-	r.replaceLocked(old, newPodEntry(old.pod, slices.Clone(adapters), old.discovered, old.state))
+	r.replaceLocked(old, newPodEntry(old.ep, slices.Clone(adapters), old.discovered, old.state))
 	return true
 }
 
 // setDiscovered replaces the adapters discovered on the pod of key, when it
 // is still the pod whose state is state, and returns the previous ones and
 // whether they changed.
-func (r *registry) setDiscovered(key string, state *podState, adapters []string) ([]string, bool) {
+func (r *registry) setDiscovered(key endpoint.Key, state *podState, adapters []string) ([]string, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	old := r.pods[key]
 	if old == nil || old.state != state || slices.Equal(old.discovered, adapters) {
 		return nil, false
 	}
-	r.replaceLocked(old, newPodEntry(old.pod, old.adapters, adapters, old.state))
+	r.replaceLocked(old, newPodEntry(old.ep, old.adapters, adapters, old.state))
 	return old.discovered, true
 }
 
@@ -145,11 +145,11 @@ func (r *registry) setDiscovered(key string, state *podState, adapters []string)
 func (r *registry) replaceLocked(old, cur *podEntry) {
 	var affected []string
 	if old != nil {
-		delete(r.pods, old.key)
+		delete(r.pods, old.ep.Key)
 		affected = append(affected, old.models...)
 	}
 	if cur != nil {
-		r.pods[cur.key] = cur
+		r.pods[cur.ep.Key] = cur
 		affected = append(affected, cur.models...)
 	}
 	slices.Sort(affected)
@@ -158,15 +158,15 @@ func (r *registry) replaceLocked(old, cur *podEntry) {
 	for _, name := range affected {
 		m := r.models[name]
 		if m == nil {
-			m = &modelEntry{pods: map[string]*podEntry{}}
+			m = &modelEntry{pods: map[endpoint.Key]*podEntry{}}
 			r.models[name] = m
 			modelSetChanged = true
 		}
 		if old != nil {
-			delete(m.pods, old.key)
+			delete(m.pods, old.ep.Key)
 		}
 		if cur != nil && slices.Contains(cur.models, name) {
-			m.pods[cur.key] = cur
+			m.pods[cur.ep.Key] = cur
 		}
 		if len(m.pods) == 0 {
 			delete(r.models, name)
@@ -184,26 +184,23 @@ func (r *registry) replaceLocked(old, cur *podEntry) {
 	}
 }
 
-func routablePods(entries map[string]*podEntry) []*v1.Pod {
-	keys := make([]string, 0, len(entries))
-	for k, e := range entries {
-		if e.routable {
-			keys = append(keys, k)
+// routablePods returns the ready endpoints of entries ordered by ID.
+func routablePods(entries map[endpoint.Key]*podEntry) []*endpoint.Endpoint {
+	var eps []*endpoint.Endpoint
+	for _, e := range entries {
+		if e.ep.Ready() {
+			eps = append(eps, e.ep)
 		}
 	}
-	sort.Strings(keys)
-	pods := make([]*v1.Pod, len(keys))
-	for i, k := range keys {
-		pods[i] = entries[k].pod
-	}
-	return pods
+	sortEndpoints(eps)
+	return eps
 }
 
-func (r *registry) entry(namespace, name string) *podEntry {
-	return r.byKey(podKey(namespace, name))
+func sortEndpoints(eps []*endpoint.Endpoint) {
+	sort.Slice(eps, func(i, j int) bool { return eps[i].ID < eps[j].ID })
 }
 
-func (r *registry) byKey(key string) *podEntry {
+func (r *registry) entry(key endpoint.Key) *podEntry {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	return r.pods[key]
@@ -216,12 +213,12 @@ func (r *registry) entries() []*podEntry {
 	for _, e := range r.pods {
 		out = append(out, e)
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].key < out[j].key })
+	sort.Slice(out, func(i, j int) bool { return out[i].ep.ID < out[j].ep.ID })
 	return out
 }
 
 // model returns the model's routable pods and whether any pod serves it.
-func (r *registry) model(name string) ([]*v1.Pod, bool) {
+func (r *registry) model(name string) ([]*endpoint.Endpoint, bool) {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	m := r.models[name]

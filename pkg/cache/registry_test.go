@@ -9,20 +9,21 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/pkg/endpoint"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-func podNames(pods []*v1.Pod) []string {
+func podNames(pods []*endpoint.Endpoint) []string {
 	out := make([]string, len(pods))
 	for i, p := range pods {
-		out[i] = p.Namespace + "/" + p.Name
+		out[i] = p.ID
 	}
 	return out
 }
 
 func TestListPodsByModelReturnsOnlyRoutablePods(t *testing.T) {
-	s := newTestStore(t, nil, noScrape())
+	s := newTestStore(t, noScrape())
 	deleting := metav1.NewTime(time.Now())
 	for _, p := range []*v1.Pod{
 		testPod("ns", "ready-b", "m", "10.0.0.2"),
@@ -46,13 +47,13 @@ func TestListPodsByModelReturnsOnlyRoutablePods(t *testing.T) {
 	if got := len(s.ListPods()); got != 8 {
 		t.Fatalf("ListPods has %d pods, want all 8 whatever their state", got)
 	}
-	if _, err := s.GetPod("unready", "ns"); err != nil {
+	if _, err := s.GetPod(pkey("ns", "unready")); err != nil {
 		t.Fatalf("GetPod of an unready pod: %v", err)
 	}
 }
 
 func TestListPodsByModelOfUnreadyModelIsEmptyNotAnError(t *testing.T) {
-	s := newTestStore(t, nil, noScrape())
+	s := newTestStore(t, noScrape())
 	s.AddOrUpdatePod(testPod("ns", "p", "m", "10.0.0.1", notReady))
 	pods, err := s.ListPodsByModel("m")
 	if err != nil || len(pods) != 0 {
@@ -69,31 +70,31 @@ func TestListPodsByModelOfUnreadyModelIsEmptyNotAnError(t *testing.T) {
 }
 
 func TestModelNameFromLabelThenAnnotation(t *testing.T) {
-	s := newTestStore(t, nil, noScrape())
+	s := newTestStore(t, noScrape())
 	s.AddOrUpdatePod(testPod("ns", "labelled", "from-label", "10.0.0.1"))
 	s.AddOrUpdatePod(testPod("ns", "annotated", "", "10.0.0.2", func(p *v1.Pod) {
-		p.Annotations = map[string]string{ModelNameLabel: "from-annotation"}
+		p.Annotations = map[string]string{endpoint.ModelNameLabel: "from-annotation"}
 	}))
 	s.AddOrUpdatePod(testPod("ns", "both", "label-wins", "10.0.0.3", func(p *v1.Pod) {
-		p.Annotations = map[string]string{ModelNameLabel: "annotation-loses"}
+		p.Annotations = map[string]string{endpoint.ModelNameLabel: "annotation-loses"}
 	}))
 	s.AddOrUpdatePod(testPod("ns", "none", "", "10.0.0.4"))
 	if got, want := s.ListModels(), []string{"from-annotation", "from-label", "label-wins"}; !reflect.DeepEqual(got, want) {
 		t.Fatalf("ListModels = %v, want %v", got, want)
 	}
-	if models, err := s.ListModelsByPod("none", "ns"); err != nil || len(models) != 0 {
+	if models, err := s.ListModelsByPod(pkey("ns", "none")); err != nil || len(models) != 0 {
 		t.Fatalf("ListModelsByPod(none) = %v, %v; want no models", models, err)
 	}
 }
 
 func TestAdaptersAddModelsToTheirPod(t *testing.T) {
-	s := newTestStore(t, nil, noScrape())
+	s := newTestStore(t, noScrape())
 	s.AddOrUpdatePod(testPod("ns", "a", "base", "10.0.0.1"))
 	s.AddOrUpdatePod(testPod("ns", "b", "base", "10.0.0.2"))
-	if err := s.SetPodAdapters("ns", "a", []string{"lora-1", "lora-2", "base", "lora-1"}); err != nil {
+	if err := s.SetPodAdapters(pkey("ns", "a"), []string{"lora-1", "lora-2", "base", "lora-1"}); err != nil {
 		t.Fatal(err)
 	}
-	models, _ := s.ListModelsByPod("a", "ns")
+	models, _ := s.ListModelsByPod(pkey("ns", "a"))
 	if want := []string{"base", "lora-1", "lora-2"}; !reflect.DeepEqual(models, want) {
 		t.Fatalf("ListModelsByPod = %v, want %v", models, want)
 	}
@@ -108,7 +109,7 @@ func TestAdaptersAddModelsToTheirPod(t *testing.T) {
 		t.Fatal("adapters lost on update")
 	}
 	// Removing an adapter removes the model once no pod serves it.
-	if err := s.SetPodAdapters("ns", "a", []string{"lora-1"}); err != nil {
+	if err := s.SetPodAdapters(pkey("ns", "a"), []string{"lora-1"}); err != nil {
 		t.Fatal(err)
 	}
 	if s.HasModel("lora-2") {
@@ -119,26 +120,26 @@ func TestAdaptersAddModelsToTheirPod(t *testing.T) {
 	if s.HasModel("lora-1") {
 		t.Fatal("adapters survived the pod's replacement")
 	}
-	err := s.SetPodAdapters("ns", "missing", []string{"x"})
+	err := s.SetPodAdapters(pkey("ns", "missing"), []string{"x"})
 	var pnf *PodNotFoundError
-	if !errors.As(err, &pnf) || pnf.Name != "missing" {
+	if !errors.As(err, &pnf) || pnf.Key.Name != "missing" {
 		t.Fatalf("SetPodAdapters on an unknown pod: %v", err)
 	}
 }
 
 func TestDeletePodRemovesItsModels(t *testing.T) {
-	s := newTestStore(t, nil, noScrape())
+	s := newTestStore(t, noScrape())
 	s.AddOrUpdatePod(testPod("ns", "a", "m1", "10.0.0.1"))
 	s.AddOrUpdatePod(testPod("ns", "b", "m2", "10.0.0.2"))
-	s.DeletePod("ns", "a")
-	s.DeletePod("ns", "never-added")
+	s.DeletePod(pkey("ns", "a"))
+	s.DeletePod(pkey("ns", "never-added"))
 	if got := s.ListModels(); !reflect.DeepEqual(got, []string{"m2"}) {
 		t.Fatalf("ListModels = %v, want [m2]", got)
 	}
-	if _, err := s.GetPod("a", "ns"); !errors.Is(err, ErrPodNotFound) {
+	if _, err := s.GetPod(pkey("ns", "a")); !errors.Is(err, ErrPodNotFound) {
 		t.Fatalf("GetPod of a deleted pod: %v", err)
 	}
-	if _, err := s.ListModelsByPod("a", "ns"); !errors.Is(err, ErrPodNotFound) {
+	if _, err := s.ListModelsByPod(pkey("ns", "a")); !errors.Is(err, ErrPodNotFound) {
 		t.Fatalf("ListModelsByPod of a deleted pod: %v", err)
 	}
 }
@@ -172,15 +173,15 @@ func (r *recorder) got() []string {
 }
 
 func TestPodListenersSeeEveryChangeInOrder(t *testing.T) {
-	s := newTestStore(t, nil, noScrape())
+	s := newTestStore(t, noScrape())
 	s.AddOrUpdatePod(testPod("ns", "existing", "m", "10.0.0.1"))
 	r := &recorder{}
 	s.AddPodListener(r)
 	s.AddOrUpdatePod(testPod("ns", "p", "m", "10.0.0.2"))
 	s.AddOrUpdatePod(testPod("ns", "p", "m", "10.0.0.2", notReady))
 	s.AddOrUpdatePod(testPod("ns", "p", "m", "10.0.0.3", withUID("restarted")))
-	s.DeletePod("ns", "p")
-	s.DeletePod("ns", "p")
+	s.DeletePod(pkey("ns", "p"))
+	s.DeletePod(pkey("ns", "p"))
 	want := []string{
 		"add existing 10.0.0.1", // replayed on subscription
 		"add p 10.0.0.2",
@@ -195,18 +196,18 @@ func TestPodListenersSeeEveryChangeInOrder(t *testing.T) {
 }
 
 func TestPodListenerMayReadTheStore(t *testing.T) {
-	s := newTestStore(t, nil, noScrape())
+	s := newTestStore(t, noScrape())
 	r := &recorder{}
 	r.onCall = func() {
 		_ = s.ListPods()
 		_, _ = s.ListPodsByModel("m")
-		_, _ = s.GetMetricValueByPod("p", "ns", RealtimeNumRequestsRunning)
+		_, _ = s.GetMetricValueByPod(pkey("ns", "p"), RealtimeNumRequestsRunning)
 	}
 	s.AddPodListener(r)
 	done := make(chan struct{})
 	go func() {
 		s.AddOrUpdatePod(testPod("ns", "p", "m", "10.0.0.1"))
-		s.DeletePod("ns", "p")
+		s.DeletePod(pkey("ns", "p"))
 		close(done)
 	}()
 	select {
@@ -217,7 +218,7 @@ func TestPodListenerMayReadTheStore(t *testing.T) {
 }
 
 func TestRegistryStaysConsistentUnderConcurrentChanges(t *testing.T) {
-	s := newTestStore(t, nil, noScrape())
+	s := newTestStore(t, noScrape())
 	r := &recorder{}
 	s.AddPodListener(r)
 	var wg sync.WaitGroup
@@ -231,7 +232,7 @@ func TestRegistryStaysConsistentUnderConcurrentChanges(t *testing.T) {
 				case 0, 1:
 					s.AddOrUpdatePod(testPod("ns", name, fmt.Sprintf("m%d", i%2), "10.0.0.1"))
 				default:
-					s.DeletePod("ns", name)
+					s.DeletePod(pkey("ns", name))
 				}
 				_, _ = s.ListPodsByModel("m0")
 				_ = s.ListModels()
@@ -259,15 +260,15 @@ func TestRegistryStaysConsistentUnderConcurrentChanges(t *testing.T) {
 	for _, model := range s.ListModels() {
 		pods, _ := s.ListPodsByModel(model)
 		for _, p := range pods {
-			if ModelName(p) != model {
-				t.Fatalf("pod %s listed under %s but serves %s", p.Name, model, ModelName(p))
+			if p.Model != model {
+				t.Fatalf("pod %s listed under %s but serves %s", p.ID, model, p.Model)
 			}
 		}
 	}
 }
 
 func BenchmarkListPodsByModel(b *testing.B) {
-	s := newTestStore(b, nil, noScrape())
+	s := newTestStore(b, noScrape())
 	for i := range 64 {
 		s.AddOrUpdatePod(testPod("ns", fmt.Sprint("p", i), fmt.Sprint("m", i%4), "10.0.0.1"))
 	}
@@ -279,4 +280,20 @@ func BenchmarkListPodsByModel(b *testing.B) {
 			}
 		}
 	})
+}
+
+func TestAModelLabelIsTrimmedLikeTheKVEventManagerTrimsIt(t *testing.T) {
+	s := newTestStore(t, noScrape())
+	s.AddOrUpdatePod(testPod("ns", "spaced", "llama ", "10.0.0.1"))
+	s.AddOrUpdatePod(testPod("ns", "plain", "llama", "10.0.0.2"))
+	pods, err := s.ListPodsByModel("llama")
+	if err != nil || !reflect.DeepEqual(podNames(pods), []string{"ns/plain", "ns/spaced"}) {
+		t.Fatalf("ListPodsByModel(llama) = %v, %v; want both pods", podNames(pods), err)
+	}
+	if models := s.ListModels(); !reflect.DeepEqual(models, []string{"llama"}) || s.HasModel("llama ") {
+		t.Fatalf("models %q; want llama alone", models)
+	}
+	if models, _ := s.ListModelsByPod(pkey("ns", "spaced")); !reflect.DeepEqual(models, []string{"llama"}) {
+		t.Fatalf("the spaced pod serves %q, want llama", models)
+	}
 }

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"k8s.io/klog/v2"
+
+	"github.com/kvgate/kvgate/pkg/endpoint"
 )
 
 // scrapePool runs, per routable pod, a scrapeLoop reading its /metrics
@@ -27,9 +29,8 @@ type scrapePool struct {
 	window          time.Duration
 	// prefillWindow is the window of PrefillTokensPerSecond.
 	prefillWindow   time.Duration
-	defaultPort     int
 	selection       func() *metricSelection
-	publishAdapters func(key string, state *podState, adapters []string) ([]string, bool)
+	publishAdapters func(key endpoint.Key, state *podState, adapters []string) ([]string, bool)
 	// readmit ends the ejection of a pod whose scrape showed it reachable.
 	readmit func(e *podEntry, by string)
 	metrics *storeMetrics
@@ -38,7 +39,7 @@ type scrapePool struct {
 	nudge chan struct{}
 
 	mu    sync.Mutex // guards loops; held by sync and by the targets gauge
-	loops map[string]*runningLoop
+	loops map[endpoint.Key]*runningLoop
 }
 
 // runningLoop is the loops of one pod.
@@ -77,17 +78,17 @@ func (p *scrapePool) run(ctx context.Context) {
 }
 
 func (p *scrapePool) sync(ctx context.Context) {
-	desired := map[string]*podEntry{}
+	desired := map[endpoint.Key]*podEntry{}
 	for _, e := range p.reg.entries() {
-		if e.routable {
-			desired[e.key] = e
+		if e.ep.Ready() {
+			desired[e.ep.Key] = e
 		}
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for key, l := range p.loops {
-		if e := desired[key]; e == nil || e.state != l.state || metricsURL(e, p.defaultPort) != l.metricsURL ||
-			modelsURL(e, p.defaultPort) != l.modelsURL {
+		if e := desired[key]; e == nil || e.state != l.state || metricsURL(e.ep) != l.metricsURL ||
+			modelsURL(e.ep) != l.modelsURL {
 			p.stop(key, l)
 		}
 	}
@@ -100,13 +101,14 @@ func (p *scrapePool) sync(ctx context.Context) {
 
 func (p *scrapePool) start(ctx context.Context, e *podEntry) {
 	ctx, cancel := context.WithCancel(ctx)
-	r := &runningLoop{metricsURL: metricsURL(e, p.defaultPort), modelsURL: modelsURL(e, p.defaultPort),
+	ep := e.ep
+	r := &runningLoop{metricsURL: metricsURL(ep), modelsURL: modelsURL(ep),
 		state: e.state, cancel: cancel, done: make(chan struct{})}
-	p.loops[e.key] = r
+	p.loops[ep.Key] = r
 	var wg sync.WaitGroup
 	if p.interval > 0 {
 		l := &scrapeLoop{
-			podLabel:  e.key,
+			podLabel:  ep.ID,
 			url:       r.metricsURL,
 			state:     e.state,
 			client:    p.client,
@@ -117,14 +119,15 @@ func (p *scrapePool) start(ctx context.Context, e *podEntry) {
 			proj:      newProjector(p.window, p.prefillWindow),
 			parser:    newTextParser(),
 			reached:   p.reachedBy(e),
-			failures:  failureLog{log: p.log, pod: klog.KObj(e.pod), url: r.metricsURL, what: "Pod metrics scrape"},
+			failures:  failureLog{log: p.log, pod: klog.KObj(ep.Pod), url: r.metricsURL, what: "Pod metrics scrape"},
 		}
 		wg.Go(func() { l.run(ctx) })
 	}
 	if p.adapterInterval > 0 {
 		a := &adapterLoop{
-			key:      e.key,
-			model:    ModelName(e.pod),
+			key:      ep.Key,
+			id:       ep.ID,
+			model:    ep.Model,
 			url:      r.modelsURL,
 			state:    e.state,
 			client:   p.client,
@@ -132,7 +135,7 @@ func (p *scrapePool) start(ctx context.Context, e *podEntry) {
 			timeout:  p.timeout,
 			publish:  p.publishAdapters,
 			counter:  p.metrics.modelListFailures,
-			failures: failureLog{log: p.log, pod: klog.KObj(e.pod), url: r.modelsURL, what: "Listing the pod's models"},
+			failures: failureLog{log: p.log, pod: klog.KObj(ep.Pod), url: r.modelsURL, what: "Listing the pod's models"},
 		}
 		wg.Go(func() { a.run(ctx) })
 	}
@@ -140,21 +143,21 @@ func (p *scrapePool) start(ctx context.Context, e *podEntry) {
 		wg.Wait()
 		close(r.done)
 	}()
-	p.log.V(2).Info("Started reading pod metrics and models", "pod", klog.KObj(e.pod), "metricsURL", r.metricsURL,
+	p.log.V(2).Info("Started reading pod metrics and models", "pod", klog.KObj(ep.Pod), "metricsURL", r.metricsURL,
 		"modelsURL", r.modelsURL)
 }
 
 // stop cancels the pod's loops and waits for them. The pod's values and
 // adapters stay, its metrics marked stale; a pod that left the registry
 // takes its failure series with it.
-func (p *scrapePool) stop(key string, l *runningLoop) {
+func (p *scrapePool) stop(key endpoint.Key, l *runningLoop) {
 	l.cancel()
 	<-l.done
 	delete(p.loops, key)
 	l.state.markStale()
-	if p.reg.byKey(key) == nil {
-		p.metrics.scrapeFailures.DeleteLabelValues(key)
-		p.metrics.modelListFailures.DeleteLabelValues(key)
+	if p.reg.entry(key) == nil {
+		p.metrics.scrapeFailures.DeleteLabelValues(key.String())
+		p.metrics.modelListFailures.DeleteLabelValues(key.String())
 	}
 	p.log.V(2).Info("Stopped reading pod metrics and models", "pod", key)
 }
@@ -163,7 +166,7 @@ func (p *scrapePool) stop(key string, l *runningLoop) {
 // when /metrics is served on the port requests go to, and is nil otherwise,
 // since a metrics port that answers says nothing of the serving port.
 func (p *scrapePool) reachedBy(e *podEntry) func() {
-	if MetricsPort(e.pod, p.defaultPort) != ServingPort(e.pod, p.defaultPort) {
+	if e.ep.MetricsPort != e.ep.Port {
 		return nil
 	}
 	return func() { p.readmit(e, "scrape") }
@@ -180,9 +183,8 @@ func (p *scrapePool) targets() int {
 }
 
 // metricsURL is where the pod serves /metrics: its IP and MetricsPort.
-func metricsURL(e *podEntry, defaultPort int) string {
-	host := net.JoinHostPort(e.pod.Status.PodIP, strconv.Itoa(MetricsPort(e.pod, defaultPort)))
-	return "http://" + host + "/metrics"
+func metricsURL(ep *endpoint.Endpoint) string {
+	return "http://" + net.JoinHostPort(ep.IP, strconv.Itoa(ep.MetricsPort)) + "/metrics"
 }
 
 func newScrapeClient(timeout time.Duration) *http.Client {

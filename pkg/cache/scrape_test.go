@@ -14,6 +14,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 
 	"github.com/kvgate/kvgate/internal/testsupport"
+	"github.com/kvgate/kvgate/pkg/endpoint"
 )
 
 // Modes of a fakeEngine's /metrics.
@@ -85,7 +86,7 @@ func waitMetric(t *testing.T, s *Store, pod, metric string, ok func(MetricValue)
 	var v MetricValue
 	testsupport.EventuallyWhy(t, "metric "+metric+" of pod "+pod, func() (string, bool) {
 		var err error
-		v, err = s.GetMetricValueByPod(pod, "ns", metric)
+		v, err = s.GetMetricValueByPod(pkey("ns", pod), metric)
 		return describe(v, err), err == nil && ok(v)
 	})
 	return v
@@ -97,7 +98,7 @@ func equals(want float64) func(MetricValue) bool {
 
 func TestStoreScrapesEachRoutablePodOnItsOwnPort(t *testing.T) {
 	current, old, idle := newEngine(t, "vllm_v1_t0.txt"), newEngine(t, "vllm_v0_gpu_cache.txt"), newEngine(t, "vllm_v1_t0.txt")
-	s := newTestStore(t, nil, scrapeConfig(nil))
+	s := newTestStore(t, scrapeConfig(nil))
 	s.AddOrUpdatePod(current.pod("current", llama))
 	s.AddOrUpdatePod(old.pod("old", llama))
 	s.AddOrUpdatePod(idle.pod("unready", llama, notReady))
@@ -105,13 +106,13 @@ func TestStoreScrapesEachRoutablePodOnItsOwnPort(t *testing.T) {
 	waitMetric(t, s, "current", KVCacheUsagePerc, equals(0.42))
 	waitMetric(t, s, "old", KVCacheUsagePerc, equals(0.31))
 	waitMetric(t, s, "old", NumRequestsWaiting, equals(5))
-	if _, err := s.GetMetricValueByPod("old", "ns", PrefixCacheHitRate); !errors.Is(err, ErrMetricNotFound) {
+	if _, err := s.GetMetricValueByPod(pkey("ns", "old"), PrefixCacheHitRate); !errors.Is(err, ErrMetricNotFound) {
 		t.Fatalf("hit rate of an engine without prefix-cache counters: %v", err)
 	}
 	if n := idle.hits.Load(); n != 0 {
 		t.Fatalf("unready pod scraped %d times", n)
 	}
-	if _, err := s.GetMetricValueByPod("unready", "ns", NumRequestsRunning); !errors.Is(err, ErrMetricNotFound) {
+	if _, err := s.GetMetricValueByPod(pkey("ns", "unready"), NumRequestsRunning); !errors.Is(err, ErrMetricNotFound) {
 		t.Fatalf("metric of a never-scraped pod: %v", err)
 	}
 }
@@ -119,7 +120,7 @@ func TestStoreScrapesEachRoutablePodOnItsOwnPort(t *testing.T) {
 func TestFailingScrapeKeepsLastValuesMarkedStale(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	e := newEngine(t, "vllm_v1_t0.txt")
-	s := newTestStore(t, nil, scrapeConfig(reg))
+	s := newTestStore(t, scrapeConfig(reg))
 	s.AddOrUpdatePod(e.pod("p", llama))
 	first := waitMetric(t, s, "p", NumRequestsRunning, equals(4))
 
@@ -147,7 +148,7 @@ func TestHangingPodTimesOutWithoutDelayingOthers(t *testing.T) {
 	hanging, healthy := newEngine(t, "vllm_v1_t0.txt"), newEngine(t, "vllm_v1_t0.txt")
 	cfg := scrapeConfig(nil)
 	cfg.PodMetricScrapeTimeout = 2 * time.Second
-	s := newTestStore(t, nil, cfg)
+	s := newTestStore(t, cfg)
 	s.AddOrUpdatePod(hanging.pod("hanging", llama))
 	s.AddOrUpdatePod(healthy.pod("healthy", llama))
 	waitMetric(t, s, "hanging", NumRequestsRunning, equals(4))
@@ -173,38 +174,38 @@ func TestScrapesFollowAnEngineRestart(t *testing.T) {
 	e := newEngine(t, "vllm_v1_t1.txt")
 	cfg := scrapeConfig(nil)
 	cfg.RecentMetricsWindow = time.Minute // deltas against the oldest scrape in the last minute
-	s := newTestStore(t, nil, cfg)
+	s := newTestStore(t, cfg)
 	s.AddOrUpdatePod(e.pod("p", llama))
 	waitMetric(t, s, "p", NumRequestsRunning, equals(6))
 
 	e.serve(t, "vllm_v1_t2_restarted.txt")
 	waitMetric(t, s, "p", NumRequestsRunning, equals(1))
-	if v, _ := s.GetMetricValueByPod("p", "ns", PrefixCacheHitRate); v.Value != 0 {
+	if v, _ := s.GetMetricValueByPod(pkey("ns", "p"), PrefixCacheHitRate); v.Value != 0 {
 		t.Fatalf("hit rate right after the restart = %v, want 0", v.Value)
 	}
 
 	e.serve(t, "vllm_v1_t3.txt")
 	waitMetric(t, s, "p", NumRequestsRunning, equals(2))
-	if v, _ := s.GetMetricValueByPod("p", "ns", PrefixCacheHitRate); v.Value != 0.5 {
+	if v, _ := s.GetMetricValueByPod(pkey("ns", "p"), PrefixCacheHitRate); v.Value != 0.5 {
 		t.Fatalf("hit rate since the restart = %v, want (600-100)/(1300-300) = 0.5", v.Value)
 	}
-	if v, _ := s.GetMetricValueByPod("p", "ns", AvgTTFTSeconds); v.Value != 0.4 {
+	if v, _ := s.GetMetricValueByPod(pkey("ns", "p"), AvgTTFTSeconds); v.Value != 0.4 {
 		t.Fatalf("TTFT since the restart = %v, want (4.5-0.5)/(12-2) = 0.4", v.Value)
 	}
 }
 
 func TestMetricPortLabelChoosesTheScrapedPort(t *testing.T) {
 	e := newEngine(t, "vllm_v1_t0.txt")
-	s := newTestStore(t, nil, scrapeConfig(nil))
+	s := newTestStore(t, scrapeConfig(nil))
 	// The serving port is closed; /metrics lives on the metric port.
-	s.AddOrUpdatePod(testPod("ns", "p", llama, "127.0.0.1", withPort(1), withLabel(MetricPortLabel, strconv.Itoa(e.port))))
+	s.AddOrUpdatePod(testPod("ns", "p", llama, "127.0.0.1", withPort(1), withLabel(endpoint.MetricPortLabel, strconv.Itoa(e.port))))
 	waitMetric(t, s, "p", NumRequestsRunning, equals(4))
 }
 
 func TestUnreadyOrDeletedPodIsNoLongerScraped(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	e := newEngine(t, "vllm_v1_t0.txt")
-	s := newTestStore(t, nil, scrapeConfig(reg))
+	s := newTestStore(t, scrapeConfig(reg))
 	s.AddOrUpdatePod(e.pod("p", llama))
 	waitMetric(t, s, "p", NumRequestsRunning, equals(4))
 
@@ -217,8 +218,8 @@ func TestUnreadyOrDeletedPodIsNoLongerScraped(t *testing.T) {
 
 	s.AddOrUpdatePod(e.pod("p", llama))
 	waitMetric(t, s, "p", NumRequestsRunning, equals(4))
-	s.DeletePod("ns", "p")
-	if _, err := s.GetMetricValueByPod("p", "ns", NumRequestsRunning); !errors.Is(err, ErrPodNotFound) {
+	s.DeletePod(pkey("ns", "p"))
+	if _, err := s.GetMetricValueByPod(pkey("ns", "p"), NumRequestsRunning); !errors.Is(err, ErrPodNotFound) {
 		t.Fatalf("metric of a deleted pod: %v", err)
 	}
 }
@@ -229,15 +230,15 @@ func (s subscriber) SubscribedMetrics() []string { return s }
 
 func TestSubscribedFamiliesAreKept(t *testing.T) {
 	e := newEngine(t, "vllm_v1_two_models.txt")
-	s := newTestStore(t, nil, scrapeConfig(nil))
+	s := newTestStore(t, scrapeConfig(nil))
 	s.AddOrUpdatePod(e.pod("p", "qwen2.5-7b"))
 	waitMetric(t, s, "p", NumRequestsRunning, equals(8))
-	if _, err := s.GetMetricValueByPod("p", "ns", "vllm:generation_tokens_total"); !errors.Is(err, ErrMetricNotFound) {
+	if _, err := s.GetMetricValueByPod(pkey("ns", "p"), "vllm:generation_tokens_total"); !errors.Is(err, ErrMetricNotFound) {
 		t.Fatalf("unsubscribed family: %v", err)
 	}
 	s.AddSubscriber(subscriber{"vllm:generation_tokens_total", NumRequestsRunning})
 	waitMetric(t, s, "p", "vllm:generation_tokens_total", equals(1000))
-	v, err := s.GetMetricValueByPodModel("p", "ns", "qwen2.5-7b", "vllm:generation_tokens_total")
+	v, err := s.GetMetricValueByPodModel(pkey("ns", "p"), "qwen2.5-7b", "vllm:generation_tokens_total")
 	if err != nil || v.Value != 500 {
 		t.Fatalf("subscribed family for one model = %s, want 500", describe(v, err))
 	}
@@ -245,13 +246,13 @@ func TestSubscribedFamiliesAreKept(t *testing.T) {
 
 func TestPodModelMetricsFollowModelNameLabel(t *testing.T) {
 	multi, single := newEngine(t, "vllm_v1_two_models.txt"), newEngine(t, "vllm_v1_t0.txt")
-	s := newTestStore(t, nil, scrapeConfig(nil))
+	s := newTestStore(t, scrapeConfig(nil))
 	s.AddOrUpdatePod(multi.pod("multi", "qwen2.5-7b"))
-	if err := s.SetPodAdapters("ns", "multi", []string{"llama-3-8b"}); err != nil {
+	if err := s.SetPodAdapters(pkey("ns", "multi"), []string{"llama-3-8b"}); err != nil {
 		t.Fatal(err)
 	}
 	s.AddOrUpdatePod(single.pod("single", llama))
-	if err := s.SetPodAdapters("ns", "single", []string{"sql-lora"}); err != nil {
+	if err := s.SetPodAdapters(pkey("ns", "single"), []string{"sql-lora"}); err != nil {
 		t.Fatal(err)
 	}
 	waitMetric(t, s, "multi", NumRequestsRunning, equals(8))
@@ -273,7 +274,7 @@ func TestPodModelMetricsFollowModelNameLabel(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.pod+"/"+tt.model, func(t *testing.T) {
-			v, err := s.GetMetricValueByPodModel(tt.pod, "ns", tt.model, NumRequestsRunning)
+			v, err := s.GetMetricValueByPodModel(pkey("ns", tt.pod), tt.model, NumRequestsRunning)
 			if tt.wantErr != nil {
 				if !errors.Is(err, tt.wantErr) {
 					t.Fatalf("error = %v, want %v", err, tt.wantErr)

@@ -6,19 +6,22 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"k8s.io/klog/v2"
+
+	"github.com/kvgate/kvgate/pkg/endpoint"
+	"github.com/kvgate/kvgate/pkg/inflight"
 )
 
-// Store is the gateway's central cache: the registry of inference pods and
-// the models they serve, the metrics scraped from them, the requests in
-// flight and their traces, per-model output predictors and GPU profiles.
-// Routing reads load and latency from it without blocking on I/O. All
-// methods are safe for concurrent use.
+// Store is the gateway's registry of inference pods: the pods and the
+// models they serve, the metrics scraped from them, and which of them
+// requests could not connect to. Each pod's load record (the requests in
+// flight on it, kept by the request ledger, see package inflight) lives
+// with the pod (see PodLoad), so that a routing decision reads all it needs
+// of a candidate in one snapshot (see Snapshots). Reads never wait for I/O. All methods are safe
+// for concurrent use.
 type Store struct {
 	cfg     Config
 	log     klog.Logger
-	redis   *redis.Client
 	metrics *storeMetrics
 
 	reg       *registry
@@ -26,70 +29,45 @@ type Store struct {
 	subMu     sync.Mutex
 	selection atomic.Pointer[metricSelection]
 
-	requests    *requestTracker
-	tracer      *tracer // nil without request traces
-	predictors  sync.Map
-	profiles    profileCache
-	pendingLoad *PendingLoadProvider
-	shared      *sharedCounts // nil unless counts are shared
-
-	kvManager KVEventManager // set by InitWithOptions
 	// now is the clock of ejections.
 	now func() time.Time
-
-	ctx       context.Context
-	cancel    context.CancelFunc
-	wg        sync.WaitGroup
-	closeOnce sync.Once
 }
 
 // podState is what the Store keeps about a pod for as long as it keeps its
-// UID: its latest metrics, its requests in flight and its ejection.
+// UID: its latest metrics, its load and its ejection.
 type podState struct {
 	metrics atomic.Pointer[podMetrics]
-	load    podLoad
+	load    *inflight.PodLoad
 	health  podHealth
 }
 
-func newPodState() *podState { return &podState{} }
+func newPodState(id string) *podState { return &podState{load: inflight.NewPodLoad(id)} }
 
-// New returns a Store with an empty pod registry, running the background
-// work cfg asks for (metric scraping, LoRA adapter listing, request trace
-// flushes, GPU profile refreshes, shared request counts) until Close. redisClient may be nil when
-// no enabled feature needs Redis; New fails when one does, or when cfg is
-// invalid, or when the Store's metrics cannot be registered. The registry is
-// fed with AddOrUpdatePod and DeletePod, or by a PodSource through
-// InitWithOptions.
-func New(redisClient *redis.Client, cfg Config) (*Store, error) {
+// New returns a Store with an empty pod registry and its metrics
+// registered; Run scrapes the pods' metrics and lists their LoRA adapters.
+// It fails when cfg is invalid or the Store's metrics cannot be registered.
+// The registry is fed with AddOrUpdatePod and DeletePod, by hand or by a
+// PodSource (see RunPodSource).
+func New(cfg Config) (*Store, error) {
 	cfg = cfg.withDefaults()
-	if err := cfg.validate(redisClient != nil); err != nil {
+	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
 	s := &Store{
-		cfg:      cfg,
-		log:      cfg.Logger.WithName("cache"),
-		redis:    redisClient,
-		reg:      newRegistry(),
-		now:      time.Now,
-		requests: newRequestTracker(),
-		profiles: profileCache{profiles: map[string]*cachedProfile{}},
+		cfg: cfg,
+		log: cfg.Logger.WithName("cache"),
+		reg: newRegistry(cfg.EndpointOptions()),
+		now: time.Now,
 	}
 	s.selection.Store(newMetricSelection(map[string]struct{}{}))
-	s.pendingLoad = NewPendingLoadProvider(s, s)
 	if cfg.PodMetricRefreshInterval > 0 || cfg.AdapterRefreshInterval > 0 {
 		s.scraper = &scrapePool{
 			reg: s.reg, client: newScrapeClient(cfg.PodMetricScrapeTimeout),
 			interval: cfg.PodMetricRefreshInterval, adapterInterval: cfg.AdapterRefreshInterval,
-			timeout: cfg.PodMetricScrapeTimeout, window: cfg.RecentMetricsWindow, prefillWindow: cfg.PrefillSpeedWindow, defaultPort: cfg.DefaultEnginePort,
+			timeout: cfg.PodMetricScrapeTimeout, window: cfg.RecentMetricsWindow, prefillWindow: cfg.PrefillSpeedWindow,
 			selection: s.selection.Load, publishAdapters: s.setDiscoveredAdapters, readmit: s.readmit,
-			log: s.log, nudge: make(chan struct{}, 1), loops: map[string]*runningLoop{},
+			log: s.log, nudge: make(chan struct{}, 1), loops: map[endpoint.Key]*runningLoop{},
 		}
-	}
-	if cfg.EnableRequestTrace {
-		s.tracer = newTracer(cfg.RequestTraceInterval)
-	}
-	if cfg.SharedRequestCounts {
-		s.shared = newSharedCounts(s, cfg.GatewayID)
 	}
 	m, err := newStoreMetrics(cfg.Registerer, s.gauges())
 	if err != nil {
@@ -99,60 +77,25 @@ func New(redisClient *redis.Client, cfg Config) (*Store, error) {
 	if s.scraper != nil {
 		s.scraper.metrics = m
 	}
-
-	s.ctx, s.cancel = context.WithCancel(context.Background())
-	if s.scraper != nil {
-		s.goRun(s.scraper.run)
-	}
-	if s.tracer != nil {
-		s.goRun(s.runTraceFlusher)
-	}
-	if cfg.EnableProfileCache {
-		s.goRun(s.runProfileRefresher)
-	}
-	if s.shared != nil {
-		s.goRun(s.shared.run)
-	}
-	s.goRun(s.runRequestReaper)
-	s.log.V(1).Info("Cache store started", "scrapeInterval", cfg.PodMetricRefreshInterval,
-		"adapterRefreshInterval", cfg.AdapterRefreshInterval,
-		"requestTrace", cfg.EnableRequestTrace, "profileCache", cfg.EnableProfileCache,
-		"sharedRequestCounts", cfg.SharedRequestCounts)
 	return s, nil
 }
 
-// goRun runs f in a goroutine that Close waits for.
-func (s *Store) goRun(f func(context.Context)) {
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		f(s.ctx)
-	}()
-}
-
-// Close stops the Store's background work, the pod source and the KV event
-// manager, and returns once all of it has ended. With request traces on, it
-// first writes the traces of the window in progress. It is safe to call
-// more than once and after the stop channel given to InitWithOptions closed.
-func (s *Store) Close() {
-	s.closeOnce.Do(func() {
-		s.cancel()
-		s.wg.Wait()
-		if s.tracer != nil {
-			s.flushPartialTraces()
-		}
-		if s.kvManager != nil {
-			s.kvManager.Stop()
-		}
-		if s.shared != nil {
-			s.shared.withdraw()
-		}
-		if s.scraper != nil {
-			s.scraper.client.CloseIdleConnections()
-		}
-		s.metrics.unregister()
-		s.log.V(1).Info("Cache store closed")
-	})
+// Run scrapes the routable pods' metrics and lists their LoRA adapters
+// until ctx ends; it then stops every loop, unregisters the Store's metrics
+// and returns nil. Run is called once. The Store's lookups work before,
+// during and after Run.
+func (s *Store) Run(ctx context.Context) error {
+	s.log.V(1).Info("Cache store running", "scrapeInterval", s.cfg.PodMetricRefreshInterval,
+		"adapterRefreshInterval", s.cfg.AdapterRefreshInterval)
+	if s.scraper != nil {
+		s.scraper.run(ctx)
+		s.scraper.client.CloseIdleConnections()
+	} else {
+		<-ctx.Done()
+	}
+	s.metrics.unregister()
+	s.log.V(1).Info("Cache store stopped")
+	return nil
 }
 
 // gauges reads the Store's gauges for its metrics.
@@ -167,32 +110,12 @@ func (s *Store) gauges() storeGauges {
 		stalePods: func() float64 {
 			n := 0
 			for _, e := range s.reg.entries() {
-				if m := e.state.metrics.Load(); e.routable && m != nil && m.stale {
+				if m := e.state.metrics.Load(); e.ep.Ready() && m != nil && m.stale {
 					n++
 				}
 			}
 			return float64(n)
 		},
-		ejectedPods:     s.ejectedPods,
-		trackedRequests: func() float64 { return float64(s.requests.size.Load()) },
-		profiles:        func() float64 { return float64(s.profiles.size()) },
-	}
-}
-
-// runRequestReaper drops requests tracked for longer than the request TTL,
-// whose completion was lost, so that they stop counting as load.
-func (s *Store) runRequestReaper(ctx context.Context) {
-	t := time.NewTicker(max(min(s.cfg.RequestTTL/4, time.Minute), 10*time.Millisecond))
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case now := <-t.C:
-			if n := s.requests.expire(now.Add(-s.cfg.RequestTTL)); n > 0 {
-				s.metrics.requestsExpired.Add(float64(n))
-				s.log.Info("Dropped requests tracked without completion", "count", n, "ttl", s.cfg.RequestTTL)
-			}
-		}
+		ejectedPods: s.ejectedPods,
 	}
 }

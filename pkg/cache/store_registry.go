@@ -5,52 +5,56 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	v1 "k8s.io/api/core/v1"
+
+	"github.com/kvgate/kvgate/pkg/endpoint"
 )
 
-// AddOrUpdatePod registers pod, or replaces the registered pod of the same
-// namespace and name, and tells the listeners. A pod with another UID than
-// the registered one replaces it as a new pod: listeners see a delete and an
-// add, and its metrics, load and adapters start afresh. The Store keeps pod:
-// do not modify it afterwards.
+// AddOrUpdatePod parses pod (endpoint.Parse, with the Store's default port
+// and deployment label) and registers it, or replaces the registered pod of
+// the same namespace and name, and tells the listeners. A pod with another
+// UID than the registered one replaces it as a new pod: listeners see a
+// delete and an add, and its metrics, load and adapters start afresh. The
+// Store keeps pod: do not modify it afterwards.
 func (s *Store) AddOrUpdatePod(pod *v1.Pod) {
 	s.reg.notifyMu.Lock()
 	defer s.reg.notifyMu.Unlock()
 	old, cur := s.reg.upsert(pod)
 	switch {
 	case old == nil:
-		s.eachListener(func(l PodListener) { l.OnPodAdd(cur.pod) })
+		s.eachListener(func(l PodListener) { l.OnPodAdd(cur.ep.Pod) })
 	case old.state == cur.state:
-		s.eachListener(func(l PodListener) { l.OnPodUpdate(old.pod, cur.pod) })
+		s.eachListener(func(l PodListener) { l.OnPodUpdate(old.ep.Pod, cur.ep.Pod) })
 	default:
-		s.eachListener(func(l PodListener) { l.OnPodDelete(old.pod) })
-		s.eachListener(func(l PodListener) { l.OnPodAdd(cur.pod) })
+		s.eachListener(func(l PodListener) { l.OnPodDelete(old.ep.Pod) })
+		s.eachListener(func(l PodListener) { l.OnPodAdd(cur.ep.Pod) })
 	}
 	s.podsChanged()
 }
 
-// DeletePod unregisters the pod and tells the listeners; an unknown pod is
-// ignored.
-func (s *Store) DeletePod(namespace, name string) {
+// DeletePod unregisters the pod of key and tells the listeners; an unknown
+// pod is ignored.
+func (s *Store) DeletePod(key endpoint.Key) {
 	s.reg.notifyMu.Lock()
 	defer s.reg.notifyMu.Unlock()
-	if old := s.reg.remove(namespace, name); old != nil {
-		s.eachListener(func(l PodListener) { l.OnPodDelete(old.pod) })
+	if old := s.reg.remove(key); old != nil {
+		s.eachListener(func(l PodListener) { l.OnPodDelete(old.ep.Pod) })
 		s.podsChanged()
-		s.metrics.podEjections.DeletePartialMatch(prometheus.Labels{"pod": old.key})
+		s.metrics.podEjections.DeletePartialMatch(prometheus.Labels{"pod": old.ep.ID})
 	}
 }
 
-// SetPodAdapters sets LoRA adapters a registered pod serves besides its
-// base model, replacing the set given by the previous call; listeners are
-// not told. The pod serves these adapters in addition to those it declares
-// (LoraAdaptersAnnotation) and those its /v1/models lists. They last until
-// changed or until the pod is replaced by one with another UID. It fails
-// with a *PodNotFoundError for an unknown pod.
-func (s *Store) SetPodAdapters(namespace, name string, adapters []string) error {
+// SetPodAdapters sets LoRA adapters the registered pod of key serves
+// besides its base model, replacing the set given by the previous call;
+// listeners are not told. The pod serves these adapters in addition to
+// those it declares (endpoint.LoraAdaptersAnnotation) and those its
+// /v1/models lists. They last until changed or until the pod is replaced by
+// one with another UID. It fails with a *PodNotFoundError for an unknown
+// pod.
+func (s *Store) SetPodAdapters(key endpoint.Key, adapters []string) error {
 	s.reg.notifyMu.Lock()
 	defer s.reg.notifyMu.Unlock()
-	if !s.reg.setAdapters(namespace, name, adapters) {
-		return &PodNotFoundError{Namespace: namespace, Name: name}
+	if !s.reg.setAdapters(key, adapters) {
+		return &PodNotFoundError{Key: key}
 	}
 	return nil
 }
@@ -58,7 +62,7 @@ func (s *Store) SetPodAdapters(namespace, name string, adapters []string) error 
 // setDiscoveredAdapters records the adapters listed by the /v1/models of the
 // pod of key whose state is state, and returns the previous ones and whether
 // they changed; a pod replaced or deleted meanwhile is left alone.
-func (s *Store) setDiscoveredAdapters(key string, state *podState, adapters []string) ([]string, bool) {
+func (s *Store) setDiscoveredAdapters(key endpoint.Key, state *podState, adapters []string) ([]string, bool) {
 	s.reg.notifyMu.Lock()
 	defer s.reg.notifyMu.Unlock()
 	return s.reg.setDiscovered(key, state, adapters)
@@ -70,7 +74,7 @@ func (s *Store) AddPodListener(l PodListener) {
 	s.reg.notifyMu.Lock()
 	defer s.reg.notifyMu.Unlock()
 	for _, e := range s.reg.entries() {
-		l.OnPodAdd(e.pod)
+		l.OnPodAdd(e.ep.Pod)
 	}
 	s.reg.listeners = append(s.reg.listeners, l)
 }
@@ -89,40 +93,39 @@ func (s *Store) podsChanged() {
 	}
 }
 
-// GetPod returns the registered pod, ready or not, or a *PodNotFoundError.
-// The pod is shared: treat it as read-only.
-func (s *Store) GetPod(podName, podNamespace string) (*v1.Pod, error) {
-	e := s.reg.entry(podNamespace, podName)
+// GetPod returns the registered pod of key, ready or not, or a
+// *PodNotFoundError.
+func (s *Store) GetPod(key endpoint.Key) (*endpoint.Endpoint, error) {
+	e := s.reg.entry(key)
 	if e == nil {
-		return nil, &PodNotFoundError{Namespace: podNamespace, Name: podName}
+		return nil, &PodNotFoundError{Key: key}
 	}
-	return e.pod, nil
+	return e.ep, nil
 }
 
 // ListPods returns every registered pod, routable or not, ordered by
 // namespace and name. It is meant for debugging: routing should use
-// ListPodsByModel. The pods are shared: treat them as read-only.
-func (s *Store) ListPods() []*v1.Pod {
+// ListPodsByModel.
+func (s *Store) ListPods() []*endpoint.Endpoint {
 	entries := s.reg.entries()
-	pods := make([]*v1.Pod, len(entries))
+	eps := make([]*endpoint.Endpoint, len(entries))
 	for i, e := range entries {
-		pods[i] = e.pod
+		eps[i] = e.ep
 	}
-	return pods
+	return eps
 }
 
-// ListPodsByModel returns the routable pods (see IsPodRoutable) serving
+// ListPodsByModel returns the ready pods (endpoint.Readiness) serving
 // modelName as base model or adapter, ordered by namespace and name; the
 // list is empty when all of them are unready. It fails with a
-// *ModelNotFoundError when no registered pod serves the model. The slice and
-// the pods are shared and never modified by the Store: treat them as
-// read-only.
-func (s *Store) ListPodsByModel(modelName string) ([]*v1.Pod, error) {
-	pods, ok := s.reg.model(modelName)
+// *ModelNotFoundError when no registered pod serves the model. The slice is
+// shared and never modified by the Store: treat it as read-only.
+func (s *Store) ListPodsByModel(modelName string) ([]*endpoint.Endpoint, error) {
+	eps, ok := s.reg.model(modelName)
 	if !ok {
 		return nil, &ModelNotFoundError{Model: modelName}
 	}
-	return pods, nil
+	return eps, nil
 }
 
 // ListModels returns the models served by registered pods, sorted.
@@ -130,12 +133,13 @@ func (s *Store) ListModels() []string {
 	return slices.Clone(s.reg.modelList())
 }
 
-// ListModelsByPod returns the models the pod serves: its base model first,
-// then its adapters. It fails with a *PodNotFoundError for an unknown pod.
-func (s *Store) ListModelsByPod(podName, podNamespace string) ([]string, error) {
-	e := s.reg.entry(podNamespace, podName)
+// ListModelsByPod returns the models the pod of key serves: its base model
+// first, then its adapters. It fails with a *PodNotFoundError for an
+// unknown pod.
+func (s *Store) ListModelsByPod(key endpoint.Key) ([]string, error) {
+	e := s.reg.entry(key)
 	if e == nil {
-		return nil, &PodNotFoundError{Namespace: podNamespace, Name: podName}
+		return nil, &PodNotFoundError{Key: key}
 	}
 	return slices.Clone(e.models), nil
 }

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"math"
 	"strconv"
-	"sync"
 	"time"
 )
 
@@ -124,56 +123,4 @@ func traceBucketIndex(tokens int64) int64 {
 		return 0
 	}
 	return int64(math.Round(math.Log2(float64(tokens)) / RequestTracePrecision))
-}
-
-// tracer holds the traces of the current window, one per model.
-type tracer struct {
-	interval time.Duration
-	mu       sync.Mutex
-	window   map[string]*RequestTrace
-}
-
-func newTracer(interval time.Duration) *tracer {
-	return &tracer{interval: interval, window: map[string]*RequestTrace{}}
-}
-
-func (t *tracer) traceLocked(model string) *RequestTrace {
-	tr := t.window[model]
-	if tr == nil {
-		tr = NewRequestTrace(t.interval)
-		t.window[model] = tr
-	}
-	return tr
-}
-
-func (t *tracer) addRequest(model string) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.traceLocked(model).AddRequest()
-}
-
-func (t *tracer) addTrace(model string, inputTokens, outputTokens int64) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.traceLocked(model).AddRequestTrace(inputTokens, outputTokens)
-}
-
-// swap ends the current window and returns its traces.
-func (t *tracer) swap() map[string]*RequestTrace {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	w := t.window
-	t.window = map[string]*RequestTrace{}
-	return w
-}
-
-// dump renders model's trace of the current window, nil when it has none.
-func (t *tracer) dump(model string, pending, queueing int) map[string]int {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	tr := t.window[model]
-	if tr == nil {
-		return nil
-	}
-	return tr.ToMap(pending, queueing)
 }

@@ -123,6 +123,7 @@ func (p *projector) project(now time.Time, families map[string]*dto.MetricFamily
 	}
 
 	out := &podMetrics{at: now, pod: p.finish("", pod, now), models: make(map[string]map[string]MetricValue, len(models))}
+	out.builtin = podMetricsOf(out.pod, now)
 	for name, a := range models {
 		mv := p.finish(name, a, now)
 		// vLLM labels its cache config by engine, not by model: it

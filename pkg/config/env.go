@@ -12,6 +12,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -21,7 +22,9 @@ import (
 type Var struct {
 	// Name is the variable's name, e.g. AIBRIX_SYNC_MAX_CONTEXTS.
 	Name string
-	// Aliases are older names read when Name is unset, in order.
+	// Aliases are other names of the variable (AIBrix's older ones), read
+	// when Name is unset, in order. Setting two of the names to different
+	// values is an error.
 	Aliases []string
 	// Default is the value used when neither Name nor an alias is set, in
 	// the variable's own syntax ("" means empty).
@@ -63,14 +66,25 @@ func (e *Env) Errorf(format string, args ...any) {
 }
 
 // raw returns the value of v, the name it was read from, and whether it was
-// set at all. Surrounding white space is ignored.
+// set at all. Surrounding white space is ignored. When several names of v
+// are set, the first in declaration order is read, and an error is recorded
+// unless they all agree (ignoring case).
 func (e *Env) raw(v Var) (value, name string, set bool) {
+	value, name = v.Default, v.Name
 	for _, n := range append([]string{v.Name}, v.Aliases...) {
-		if s, ok := e.lookup(n); ok {
-			return strings.TrimSpace(s), n, true
+		s, ok := e.lookup(n)
+		if !ok {
+			continue
+		}
+		s = strings.TrimSpace(s)
+		switch {
+		case !set:
+			value, name, set = s, n, true
+		case !strings.EqualFold(s, value):
+			e.record(fmt.Errorf("%s=%q and %s=%q set the same setting to different values: set only one of them", name, value, n, s))
 		}
 	}
-	return v.Default, v.Name, false
+	return value, name, set
 }
 
 func (e *Env) fail(name, value, want string) {
@@ -149,6 +163,10 @@ func (e *Env) DurationOrZero(v Var, unit time.Duration) time.Duration {
 func (e *Env) duration(v Var, unit time.Duration, zeroOK bool) time.Duration {
 	s, name, _ := e.raw(v)
 	if n, err := strconv.ParseInt(s, 10, 64); err == nil && (n > 0 || (n == 0 && zeroOK)) {
+		if n > math.MaxInt64/int64(unit) {
+			e.fail(name, s, fmt.Sprintf("at most %d %s (%v)", math.MaxInt64/int64(unit), unitName(unit), time.Duration(math.MaxInt64).Truncate(unit)))
+			return 0
+		}
 		return time.Duration(n) * unit
 	}
 	d, err := time.ParseDuration(s)

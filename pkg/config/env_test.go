@@ -22,7 +22,7 @@ func TestEnvReadsValuesAliasesAndDefaults(t *testing.T) {
 	}{
 		{"default when unset", nil, 7},
 		{"alias when only the alias is set", map[string]string{"OLD": "3"}, 3},
-		{"name wins over alias", map[string]string{"NEW": "5", "OLD": "3"}, 5},
+		{"name and alias agreeing", map[string]string{"NEW": "5", "OLD": "5"}, 5},
 		{"white space ignored", map[string]string{"NEW": " 9 "}, 9},
 	}
 	for _, tt := range tests {
@@ -32,6 +32,42 @@ func TestEnvReadsValuesAliasesAndDefaults(t *testing.T) {
 				t.Fatalf("Int = %d, err %v; want %d, nil", got, e.Err(), tt.want)
 			}
 		})
+	}
+}
+
+func TestEnvRefusesNamesOfOneSettingThatDisagree(t *testing.T) {
+	v := Var{Name: "NEW", Aliases: []string{"OLD"}, Default: "true"}
+	e := NewEnv(lookupFrom(map[string]string{"NEW": "false", "OLD": "true"}))
+	if got := e.Bool(v); got {
+		t.Errorf("Bool = true, want the value of NEW")
+	}
+	err := e.Err()
+	if err == nil || !strings.Contains(err.Error(), `NEW="false" and OLD="true"`) {
+		t.Fatalf("Err() = %v, want the disagreement named", err)
+	}
+	if e := NewEnv(lookupFrom(map[string]string{"NEW": "TRUE", "OLD": "true"})); e.Bool(v) != true || e.Err() != nil {
+		t.Errorf("names agreeing but for case: err %v", e.Err())
+	}
+}
+
+func TestEnvDurationRefusesValuesThatOverflow(t *testing.T) {
+	v := Var{Name: "D", Default: "1"}
+	for _, tt := range []struct {
+		value string
+		unit  time.Duration
+	}{
+		{"18446744073710", time.Millisecond},
+		{"9223372036855", time.Millisecond},
+		{"153722867281", time.Minute},
+	} {
+		e := NewEnv(lookupFrom(map[string]string{"D": tt.value}))
+		if got := e.Duration(v, tt.unit); e.Err() == nil {
+			t.Errorf("Duration(%q, %v) = %v, accepted", tt.value, tt.unit, got)
+		}
+	}
+	e := NewEnv(lookupFrom(map[string]string{"D": "9223372036854"}))
+	if got := e.Duration(v, time.Millisecond); got != 9223372036854*time.Millisecond || e.Err() != nil {
+		t.Errorf("largest millisecond count = %v, err %v", got, e.Err())
 	}
 }
 

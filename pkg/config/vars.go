@@ -49,6 +49,14 @@ var (
 			"may take to finish before they are cut, in seconds or with a unit (\"1m\").",
 		Flag: "shutdown-timeout",
 	}
+	RequestTTL = Var{
+		Name:    "KVGATE_REQUEST_TTL_SECONDS",
+		Default: "3600",
+		Section: SectionGateway,
+		Doc: "A request in flight whose end the gateway never recorded stops counting after this long, in seconds or " +
+			"with a unit (\"1h\"): as load on its pod, as prefill work queued there, in request traces and shared " +
+			"counts. Requests that outlive it are counted in kvgate_cache_requests_expired_total.",
+	}
 	ShutdownDelay = Var{
 		Name:    "KVGATE_SHUTDOWN_DELAY",
 		Default: "0",
@@ -100,16 +108,17 @@ var (
 		Name:    "AIBRIX_SYNC_MAX_PREFIXES_PER_CONTEXT",
 		Default: "4194304",
 		Section: SectionIndex,
-		Doc: "Most distinct blocks the prefix index keeps per model, whatever the number of pods holding each; the least recently " +
-			"stored or matched blocks are evicted beyond it. AIBrix's default of 10000 covers a fraction of one GPU's cache, " +
+		Doc: "Most distinct blocks the prefix index keeps per model, whatever the number of pods holding each. Beyond it the " +
+			"engines holding the most blocks give up their least recently stored or matched ones, so that a pod flooding the " +
+			"index evicts only its own. AIBrix's default of 10000 covers a fraction of one GPU's cache, " +
 			"hence the larger default (a few dozen pods of some 100,000 blocks each).",
 	}
 	SyncMaxPrefixes = Var{
 		Name:    "KVGATE_SYNC_MAX_PREFIXES",
 		Default: "8388608",
 		Section: SectionIndex,
-		Doc: "Most distinct blocks the prefix index keeps over all models; beyond it the least recently used model's oldest " +
-			"blocks are evicted. Bounds the index's memory: about 63 bytes a block held by one pod, 25 more per other pod holding it.",
+		Doc: "Most distinct blocks the prefix index keeps over all models; beyond it the least recently used model gives up " +
+			"blocks as above. Bounds the index's memory: about 63 bytes a block held by one pod, 25 more per other pod holding it.",
 	}
 	SyncEvictionInterval = Var{
 		Name:    "AIBRIX_SYNC_EVICTION_INTERVAL_SECONDS",
@@ -146,6 +155,38 @@ var (
 		Doc: "Most token ids the cache of recent tokenizations holds (4 bytes each); the least recently used " +
 			"tokenizations are evicted beyond it. A repeated prompt found in the cache costs no /tokenize call.",
 	}
+	TokenizerDir = Var{
+		Name:    "KVGATE_TOKENIZER_DIR",
+		Section: SectionTokenizer,
+		Doc: "Directory of the models' Hugging Face tokenizer files, to tokenize in process: <dir>/<model>/tokenizer.json " +
+			"with tokenizer_config.json or chat_template.jinja beside it, <model> being the served model name " +
+			"(Qwen/Qwen3-8B is Qwen3-8B in Qwen). Read at start: a file that cannot be used stops the gateway. " +
+			"A model's files are used once the engine's /tokenize agreed with them on sample prompts; other models, " +
+			"and a model whose engine disagreed, are tokenized by the engines. Needs the remote tokenizer. " +
+			"See docs/deployment.md.",
+		Flag: "tokenizer-dir",
+	}
+	TokenizerVerifyFraction = Var{
+		Name:    "KVGATE_TOKENIZER_VERIFY_FRACTION",
+		Default: "0.01",
+		Section: SectionTokenizer,
+		Doc: "Share of the prompts tokenized in process that are also sent to the engine's /tokenize, off the " +
+			"request path, to compare; a difference sends the model back to the engine. 0 compares none after the start.",
+	}
+	TokenizerPrefixReuse = Var{
+		Name:    "KVGATE_TOKENIZER_PREFIX_REUSE",
+		Default: "true",
+		Section: SectionTokenizer,
+		Doc: "Answer a chat the engine must tokenize at once with the cached ids of its longest message prefix " +
+			"(the earlier turns), tokenizing the whole chat in the background for the next turn.",
+	}
+	TokenizerMaxBackgroundCalls = Var{
+		Name:    "KVGATE_TOKENIZER_MAX_BACKGROUND_CALLS",
+		Default: "8",
+		Section: SectionTokenizer,
+		Doc: "Most /tokenize calls made off the request path at once (whole chats answered from a prefix, " +
+			"comparisons of the in-process tokenizer); beyond it a chat waits for its own ids and a comparison is skipped.",
+	}
 )
 
 // Routing.
@@ -179,13 +220,6 @@ var (
 		Section: SectionRouting,
 		Doc: "kv-aware: predicted times to first token within this fraction of the lowest count as equal, " +
 			"and the request goes to the one of those pods with the fewest requests in flight.",
-	}
-	RoutingInFlightPrefillTTL = Var{
-		Name:    "KVGATE_ROUTING_INFLIGHT_PREFILL_TTL_SECONDS",
-		Default: "300",
-		Section: SectionRouting,
-		Doc: "kv-aware: a request sent to a pod stops counting as queued prefill work after this long " +
-			"if the gateway never saw its first token or its end.",
 	}
 	PrefixCacheImbalanceAbsCount = Var{
 		Name:    "AIBRIX_PREFIX_CACHE_POD_RUNNING_REQUEST_IMBALANCE_ABS_COUNT",
@@ -253,7 +287,14 @@ var (
 		Name:    "AIBRIX_POD_DEPLOYMENT_LABEL",
 		Default: "app.kubernetes.io/name",
 		Section: SectionRedis,
-		Doc:     "Pod label naming the deployment whose GPU profile applies to the pod; without it, the owning ReplicaSet's deployment.",
+		Doc:     "Pod label naming the deployment whose GPU profile applies to the pod; without it, the owning ReplicaSet's deployment. Ignored on Ray nodes (label ray.io/is-ray-node), which KubeRay labels with its own name.",
+	}
+	PodRayClusterFleetLabel = Var{
+		Name:    "AIBRIX_POD_RAYCLUSTERFLEET_LABEL",
+		Default: "orchestration.aibrix.ai/raycluster-fleet-name",
+		Section: SectionRedis,
+		Doc: "Pod label naming the AIBrix RayClusterFleet a multi-node engine's pods belong to; when set, it names the deployment whose GPU profile applies, before AIBRIX_POD_DEPLOYMENT_LABEL. " +
+			"Without either, a Ray node's deployment is its RayCluster. Ray worker pods (ray.io/node-type: worker) are never routed to: the head serves the requests.",
 	}
 )
 
@@ -264,6 +305,7 @@ var Vars = []Var{
 	MaxRequestBodyBytes,
 	ShutdownTimeout,
 	ShutdownDelay,
+	RequestTTL,
 	Kubeconfig,
 	KVEventSyncEnabled,
 	UseRemoteTokenizer,
@@ -292,11 +334,14 @@ var Vars = []Var{
 	TokenizerEndpointTemplate,
 	TokenizerRequestTimeout,
 	TokenizerCacheMaxTokens,
+	TokenizerDir,
+	TokenizerVerifyFraction,
+	TokenizerPrefixReuse,
+	TokenizerMaxBackgroundCalls,
 	RoutingAlgorithm,
 	RoutingCPUCacheWeight,
 	RoutingDefaultPrefillSpeed,
 	RoutingTieTolerance,
-	RoutingInFlightPrefillTTL,
 	PrefixCacheImbalanceAbsCount,
 	PrefixCacheStdDevFactor,
 	PodMetricRefreshInterval,
@@ -306,4 +351,5 @@ var Vars = []Var{
 	ProfileCaching,
 	SharedRequestCounts,
 	PodDeploymentLabel,
+	PodRayClusterFleetLabel,
 }

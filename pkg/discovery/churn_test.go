@@ -15,19 +15,18 @@ import (
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/klog/v2"
 
 	"github.com/kvgate/kvgate/internal/testsupport"
-	"github.com/kvgate/kvgate/pkg/cache"
+	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/kvevent/manager"
 	"github.com/kvgate/kvgate/pkg/kvevent/publisher"
 )
 
 // churnPod is a pod of the churn test, eligible unless a flag says not.
 func churnPod(name string, gen, port int, ready, labelled bool) *v1.Pod {
-	labels := map[string]string{manager.ModelNameLabel: testModel}
+	labels := map[string]string{endpoint.ModelNameLabel: testModel}
 	if labelled {
-		labels[manager.KVEventsEnabledLabel] = "true"
+		labels[endpoint.KVEventsEnabledLabel] = "true"
 	}
 	cond := v1.ConditionFalse
 	if ready {
@@ -36,7 +35,7 @@ func churnPod(name string, gen, port int, ready, labelled bool) *v1.Pod {
 	return &v1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "churn", Name: name, UID: types.UID(fmt.Sprintf("%s-%d", name, gen)),
 			Labels: labels, Annotations: map[string]string{
-				manager.PubPortAnnotation: strconv.Itoa(port), manager.ReplayPortAnnotation: strconv.Itoa(port + 1)}},
+				endpoint.PubPortAnnotation: strconv.Itoa(port), endpoint.ReplayPortAnnotation: strconv.Itoa(port + 1)}},
 		Status: v1.PodStatus{Phase: v1.PodRunning, PodIP: "127.0.0.1",
 			Conditions: []v1.PodCondition{{Type: v1.PodReady, Status: cond}}},
 	}
@@ -52,12 +51,16 @@ func openFDs(t testing.TB) int {
 }
 
 func TestChurnLeavesNoClientsSocketsOrIndexEntries(t *testing.T) {
+	// The churn must make every kind of change many times over while streams
+	// deliver: 400 pod events in 40 names reach each kind dozens of times
+	// and each name about ten times. The publishers keep the streams busy
+	// without making the race-detected test a throughput benchmark.
 	const (
 		pods       = 40
 		publishers = 12
-		events     = 1000
+		events     = 400
 	)
-	// Publisher j publishes chain j+1 on ports[j], a batch every 5 ms.
+	// Publisher j publishes chain j+1 on ports[j], a batch every 20 ms.
 	var ports []int
 	var pubs []*publisher.Publisher
 	for j := range publishers {
@@ -76,7 +79,7 @@ func TestChurnLeavesNoClientsSocketsOrIndexEntries(t *testing.T) {
 			select {
 			case <-stop:
 				return
-			case <-time.After(5 * time.Millisecond):
+			case <-time.After(20 * time.Millisecond):
 			}
 			for j, p := range pubs {
 				if err := p.Publish(chainBatch(j+1, i, "")); err != nil {
@@ -97,13 +100,7 @@ func TestChurnLeavesNoClientsSocketsOrIndexEntries(t *testing.T) {
 
 	index := newTestIndex(t)
 	manager := index.newManager(t)
-	store, err := cache.InitWithOptions(nil, nil, cache.InitOptions{
-		Config:       cache.Config{PodMetricRefreshInterval: -1, AdapterRefreshInterval: -1, Logger: klog.Background().V(4)},
-		EnableKVSync: true, KVEventManager: manager,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	store, stopStore := startStore(t, nil, nil, manager)
 
 	rng := rand.New(rand.NewPCG(1, 2))
 	live := map[string]*churnEngine{}
@@ -129,7 +126,7 @@ func TestChurnLeavesNoClientsSocketsOrIndexEntries(t *testing.T) {
 			store.AddOrUpdatePod(p)
 			live[name] = &churnEngine{pod: p, tag: j + 1}
 		default:
-			store.DeletePod("churn", name)
+			store.DeletePod(endpoint.Key{Namespace: "churn", Name: name})
 			delete(live, name)
 		}
 	}
@@ -149,7 +146,7 @@ func TestChurnLeavesNoClientsSocketsOrIndexEntries(t *testing.T) {
 	}
 
 	for name := range live {
-		store.DeletePod("churn", name)
+		store.DeletePod(endpoint.Key{Namespace: "churn", Name: name})
 	}
 	testsupport.Eventually(t, "no pod followed or known", func() bool { return len(manager.Snapshot()) == 0 })
 	if got := index.pods(); len(got) != 0 {
@@ -158,7 +155,7 @@ func TestChurnLeavesNoClientsSocketsOrIndexEntries(t *testing.T) {
 	if n := index.entries(); n != 0 {
 		t.Fatalf("the index holds %d blocks once every pod is deleted", n)
 	}
-	store.Close()
+	stopStore()
 	testsupport.Eventually(t, "goroutines of the manager and its clients gone", func() bool {
 		return goleak.Find(leakCheck) == nil
 	})

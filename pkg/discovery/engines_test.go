@@ -10,7 +10,6 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/kvgate/kvgate/internal/testsupport"
-	"github.com/kvgate/kvgate/pkg/cache"
 	"github.com/kvgate/kvgate/pkg/indexer"
 	"github.com/kvgate/kvgate/pkg/kvevent"
 	"github.com/kvgate/kvgate/pkg/kvevent/manager"
@@ -113,11 +112,28 @@ func testClientTemplate() *transport.ZMQClientConfig {
 	return c
 }
 
-// testIndex is the gateway's prefix index, fed by a KV event manager
-// through cache.KVIndex, with the queries the tests assert on.
+// testIndex is the gateway's prefix index, fed by a KV event manager as
+// the gateway feeds it (it is the manager's kvevent.KVIndex), with the
+// queries the tests assert on.
 type testIndex struct {
 	table *indexer.SyncPrefixHashTable
 }
+
+var _ kvevent.KVIndex = (*testIndex)(nil)
+
+// ApplyBatch applies the stream's batch, indexed under its pod, rank and
+// base model.
+func (x *testIndex) ApplyBatch(s kvevent.StreamID, b *kvevent.EventBatch) error {
+	return x.table.ApplyBatch(indexer.Stream{Pod: s.PodKey, Rank: s.DPRank, Model: s.Model}, b)
+}
+
+// ResetStream drops the stream's blocks.
+func (x *testIndex) ResetStream(s kvevent.StreamID) {
+	x.table.ResetStream(indexer.Stream{Pod: s.PodKey, Rank: s.DPRank, Model: s.Model})
+}
+
+// PurgePod drops the pod's blocks.
+func (x *testIndex) PurgePod(pod string) { x.table.PurgePod(pod) }
 
 func newTestIndex(t testing.TB) *testIndex {
 	t.Helper()
@@ -131,7 +147,7 @@ func newTestIndex(t testing.TB) *testIndex {
 // newManager returns a KV event manager writing to x.
 func (x *testIndex) newManager(t testing.TB) *manager.KVEventManager {
 	t.Helper()
-	m, err := manager.NewKVEventManager(manager.ManagerConfig{Index: cache.NewKVIndex(x.table), Client: testClientTemplate(),
+	m, err := manager.NewKVEventManager(manager.ManagerConfig{Index: x, Client: testClientTemplate(),
 		Registerer: prometheus.NewRegistry(), Logger: klog.Background().V(4)})
 	if err != nil {
 		t.Fatal(err)

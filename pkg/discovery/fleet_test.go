@@ -14,6 +14,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/kvgate/kvgate/pkg/cache"
+	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/kvevent/manager"
 )
 
@@ -40,15 +41,8 @@ func newFleet(t testing.TB, cfg *rest.Config) *fleet {
 		t.Fatal(err)
 	}
 	f.manager = f.index.newManager(t)
-	f.store, err = cache.InitWithOptions(cfg, nil, cache.InitOptions{
-		Config:       cache.Config{PodMetricRefreshInterval: -1, AdapterRefreshInterval: -1, Logger: klog.Background().V(4)},
-		PodSource:    &KubernetesSource{Namespace: f.ns, LabelSelector: manager.ModelNameLabel, Logger: klog.Background().V(4)},
-		EnableKVSync: true, KVEventManager: f.manager,
-	})
-	if err != nil {
-		t.Fatalf("InitWithOptions: %v", err)
-	}
-	t.Cleanup(f.store.Close)
+	f.store, _ = startStore(t, cfg, &KubernetesSource{Namespace: f.ns, LabelSelector: endpoint.ModelNameLabel,
+		Logger: klog.Background().V(4)}, f.manager)
 	return f
 }
 
@@ -56,13 +50,13 @@ func newFleet(t testing.TB, cfg *rest.Config) *fleet {
 // engine publishes on port, then makes it Running and Ready at ip.
 func (f *fleet) createPod(t testing.TB, name, ip string, port int, unlabelled bool) *v1.Pod {
 	t.Helper()
-	labels := map[string]string{manager.ModelNameLabel: testModel}
+	labels := map[string]string{endpoint.ModelNameLabel: testModel}
 	if !unlabelled {
-		labels[manager.KVEventsEnabledLabel] = "true"
+		labels[endpoint.KVEventsEnabledLabel] = "true"
 	}
 	pod := &v1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: name, Labels: labels, Annotations: map[string]string{
-			manager.PubPortAnnotation: strconv.Itoa(port), manager.ReplayPortAnnotation: strconv.Itoa(port + 1)}},
+			endpoint.PubPortAnnotation: strconv.Itoa(port), endpoint.ReplayPortAnnotation: strconv.Itoa(port + 1)}},
 		Spec: v1.PodSpec{Containers: []v1.Container{{Name: "vllm", Image: "vllm/vllm-openai"}}},
 	}
 	ctx := context.Background()
@@ -97,9 +91,9 @@ func (f *fleet) relabel(t testing.TB, pod *v1.Pod, enabled bool) *v1.Pod {
 	t.Helper()
 	pod = pod.DeepCopy()
 	if enabled {
-		pod.Labels[manager.KVEventsEnabledLabel] = "true"
+		pod.Labels[endpoint.KVEventsEnabledLabel] = "true"
 	} else {
-		delete(pod.Labels, manager.KVEventsEnabledLabel)
+		delete(pod.Labels, endpoint.KVEventsEnabledLabel)
 	}
 	updated, err := f.client.CoreV1().Pods(f.ns).Update(context.Background(), pod, metav1.UpdateOptions{})
 	if err != nil {

@@ -34,6 +34,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/kvgate/kvgate/pkg/cache"
+	"github.com/kvgate/kvgate/pkg/endpoint"
 )
 
 // KubernetesSource discovers pods with a shared informer.
@@ -117,7 +118,7 @@ func podHandler(sink cache.PodSink, log klog.Logger) toolscache.ResourceEventHan
 				log.Error(nil, "Ignoring the deletion of an object that is not a pod", "type", fmt.Sprintf("%T", obj))
 				return
 			}
-			sink.DeletePod(pod.Namespace, pod.Name)
+			sink.DeletePod(endpoint.KeyOf(pod))
 		},
 	}
 }

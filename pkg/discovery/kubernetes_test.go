@@ -7,6 +7,7 @@ import (
 
 	"github.com/kvgate/kvgate/internal/testapiserver"
 	"github.com/kvgate/kvgate/internal/testsupport"
+	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/kvevent/manager"
 )
 
@@ -49,7 +50,7 @@ func TestKubernetesPodsDriveTheKVEventManagerThroughTheStore(t *testing.T) {
 	if st := podStatus(f, off); st.Reason != manager.ReasonKVEventsDisabled {
 		t.Fatalf("unlabelled pod: %+v", st)
 	}
-	if _, err := f.store.GetPod("vllm-off", f.ns); err != nil {
+	if _, err := f.store.GetPod(endpoint.Key{Namespace: f.ns, Name: "vllm-off"}); err != nil {
 		t.Fatalf("the Store lost the unlabelled pod: %v", err)
 	}
 

@@ -24,7 +24,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/kvgate/kvgate/pkg/cache"
-	"github.com/kvgate/kvgate/pkg/kvevent/manager"
+	"github.com/kvgate/kvgate/pkg/endpoint"
 )
 
 // StaticNamespace is the namespace of the pods StaticSource synthesizes.
@@ -121,8 +121,8 @@ func (e *StaticEndpoint) validate() error {
 	port("port", &e.Port, 0)
 	port("pubPort", e.PubPort, 1)
 	port("replayPort", e.ReplayPort, 0)
-	if e.DPSize < 0 || e.DPSize > manager.MaxDPSize {
-		errs = append(errs, fmt.Errorf("dpSize %d must be from 1 to %d", e.DPSize, manager.MaxDPSize))
+	if e.DPSize < 0 || e.DPSize > endpoint.MaxDPSize {
+		errs = append(errs, fmt.Errorf("dpSize %d must be from 1 to %d", e.DPSize, endpoint.MaxDPSize))
 	}
 	for i, a := range e.LoraAdapters {
 		switch {
@@ -145,30 +145,30 @@ func (e *StaticEndpoint) validate() error {
 func (e *StaticEndpoint) Pod() *v1.Pod {
 	port := e.Port
 	if port == 0 {
-		port = 8000
+		port = endpoint.DefaultEnginePort
 	}
-	labels := map[string]string{manager.ModelNameLabel: e.Model, cache.ModelPortLabel: strconv.Itoa(port)}
+	labels := map[string]string{endpoint.ModelNameLabel: e.Model, endpoint.ModelPortLabel: strconv.Itoa(port)}
 	if e.KVEvents == nil || *e.KVEvents {
-		labels[manager.KVEventsEnabledLabel] = "true"
+		labels[endpoint.KVEventsEnabledLabel] = "true"
 	}
 	if e.LoraID != "" {
-		labels[manager.LoraIDLabel] = e.LoraID
+		labels[endpoint.LoraIDLabel] = e.LoraID
 	}
 	ann := map[string]string{}
 	if e.PubPort != nil {
-		ann[manager.PubPortAnnotation] = strconv.Itoa(*e.PubPort)
+		ann[endpoint.PubPortAnnotation] = strconv.Itoa(*e.PubPort)
 	}
 	if e.ReplayPort != nil {
-		ann[manager.ReplayPortAnnotation] = strconv.Itoa(*e.ReplayPort)
+		ann[endpoint.ReplayPortAnnotation] = strconv.Itoa(*e.ReplayPort)
 	}
 	if e.Topic != nil {
-		ann[manager.TopicAnnotation] = *e.Topic
+		ann[endpoint.TopicAnnotation] = *e.Topic
 	}
 	if e.DPSize > 0 {
-		ann[manager.DPSizeAnnotation] = strconv.Itoa(e.DPSize)
+		ann[endpoint.DPSizeAnnotation] = strconv.Itoa(e.DPSize)
 	}
 	if len(e.LoraAdapters) > 0 {
-		ann[cache.LoraAdaptersAnnotation] = strings.Join(e.LoraAdapters, ",")
+		ann[endpoint.LoraAdaptersAnnotation] = strings.Join(e.LoraAdapters, ",")
 	}
 	uid := sha256.Sum256([]byte(StaticNamespace + "/" + e.Name))
 	return &v1.Pod{
@@ -272,7 +272,7 @@ func apply(f *StaticFile, current map[string]StaticEndpoint, sink cache.PodSink)
 	for name := range current {
 		if !next[name] {
 			delete(current, name)
-			sink.DeletePod(StaticNamespace, name)
+			sink.DeletePod(endpoint.Key{Namespace: StaticNamespace, Name: name})
 			removed++
 		}
 	}

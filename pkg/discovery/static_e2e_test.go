@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/cache"
+	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/kvevent/manager"
 )
 
@@ -30,16 +31,7 @@ func newStaticFleet(t *testing.T, endpoints string) *staticFleet {
 	f := &staticFleet{file: filepath.Join(t.TempDir(), "endpoints.yaml"), index: newTestIndex(t)}
 	f.write(t, endpoints)
 	f.manager = f.index.newManager(t)
-	var err error
-	f.store, err = cache.InitWithOptions(nil, nil, cache.InitOptions{
-		Config:       cache.Config{PodMetricRefreshInterval: -1, AdapterRefreshInterval: -1, Logger: klog.Background().V(4)},
-		PodSource:    &StaticSource{Path: f.file, PollInterval: 5 * time.Millisecond, Logger: klog.Background().V(4)},
-		EnableKVSync: true, KVEventManager: f.manager,
-	})
-	if err != nil {
-		t.Fatalf("InitWithOptions: %v", err)
-	}
-	t.Cleanup(f.store.Close)
+	f.store, _ = startStore(t, nil, &StaticSource{Path: f.file, PollInterval: 5 * time.Millisecond, Logger: klog.Background().V(4)}, f.manager)
 	return f
 }
 
@@ -104,13 +96,13 @@ func TestStaticEndpointsFeedTheIndexThroughTheManager(t *testing.T) {
 	publishBatches(t, rankPublisher(t, "127.0.0.1", dpPub, dpReplay), 3, 0, 2)
 	publishBatches(t, rankPublisher(t, "127.0.0.1", dpPub+1, dpReplay+1), 4, 0, 5)
 
-	endpoint := func(name string, pub, replay int, extra string) string {
+	entry := func(name string, pub, replay int, extra string) string {
 		return fmt.Sprintf("- {name: %s, address: 127.0.0.1, model: %s, pubPort: %d, replayPort: %d%s}\n",
 			name, testModel, pub, replay, extra)
 	}
-	f := newStaticFleet(t, endpoint("a", a, a+1, ", loraAdapters: [sql-lora]")+
-		endpoint("dp", dpPub, dpReplay, ", dpSize: 2")+
-		endpoint("off", moved, moved+1, ", kvEvents: false"))
+	f := newStaticFleet(t, entry("a", a, a+1, ", loraAdapters: [sql-lora]")+
+		entry("dp", dpPub, dpReplay, ", dpSize: 2")+
+		entry("off", moved, moved+1, ", kvEvents: false"))
 	f.step(t, "loaded", fmt.Sprintf("static/a:%d", a), fmt.Sprintf("static/dp:%d", dpPub))
 	// Requests for the adapter match its blocks, requests for the base
 	// model the base model's, and neither the other's.
@@ -121,7 +113,7 @@ func TestStaticEndpointsFeedTheIndexThroughTheManager(t *testing.T) {
 	if n, m := f.index.matched("static/a", "", 5, 3), f.index.matched("static/a", "sql-lora", 1, 4); n != 0 || m != 0 {
 		t.Fatalf("the base model matches %d blocks of the adapter's chain, the adapter %d of the base model's", n, m)
 	}
-	if pods, err := f.store.ListPodsByModel("sql-lora"); err != nil || len(pods) != 1 || pods[0].Name != "a" {
+	if pods, err := f.store.ListPodsByModel("sql-lora"); err != nil || len(pods) != 1 || pods[0].Key.Name != "a" {
 		t.Fatalf("pods serving sql-lora: %v, %v; want static/a", pods, err)
 	}
 	testsupport.Eventually(t, "static/dp to hold one chain per rank", func() bool {
@@ -134,18 +126,18 @@ func TestStaticEndpointsFeedTheIndexThroughTheManager(t *testing.T) {
 
 	// a's engine moves to other ports: its old blocks go with its old
 	// streams, and the new engine's chain is indexed.
-	f.write(t, endpoint("a", moved, moved+1, "")+endpoint("dp", dpPub, dpReplay, ", dpSize: 2"))
+	f.write(t, entry("a", moved, moved+1, "")+entry("dp", dpPub, dpReplay, ", dpSize: 2"))
 	f.step(t, "a moved", fmt.Sprintf("static/a:%d", moved), fmt.Sprintf("static/dp:%d", dpPub))
 	testsupport.Eventually(t, "static/a to hold chain 2 only", func() bool { return f.index.holds("static/a", 2, 4) })
 	if f.store.HasModel("sql-lora") {
 		t.Fatal("sql-lora is still served once no endpoint lists it")
 	}
-	if _, err := f.store.GetPod("off", StaticNamespace); err == nil {
+	if _, err := f.store.GetPod(endpoint.Key{Namespace: StaticNamespace, Name: "off"}); err == nil {
 		t.Fatal("the endpoint removed from the file is still registered")
 	}
 
 	// Turning off dp's KV events and removing a empties the index.
-	f.write(t, endpoint("dp", dpPub, dpReplay, ", dpSize: 2, kvEvents: false"))
+	f.write(t, entry("dp", dpPub, dpReplay, ", dpSize: 2, kvEvents: false"))
 	f.step(t, "a removed, dp off")
 	if n := f.index.entries(); n != 0 {
 		t.Fatalf("the index holds %d blocks with no pod followed", n)

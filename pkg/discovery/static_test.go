@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"github.com/kvgate/kvgate/internal/testsupport"
-	"github.com/kvgate/kvgate/pkg/cache"
+	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/kvevent/manager"
 )
 
@@ -29,10 +29,10 @@ func TestStaticEndpointsBecomePodsTheManagerFollows(t *testing.T) {
 		port     string
 		adapters []string
 	}{
-		{manager.PodTarget{PodKey: "static/vllm-0", IP: "127.0.0.1", Model: "llama-3-8b", PubPort: 5557, ReplayPort: 5558, DPSize: 1}, "", "8000",
-			[]string{"sql-lora", "chat-lora"}},
+		{manager.PodTarget{PodKey: "static/vllm-0", IP: "127.0.0.1", Model: "llama-3-8b", PubPort: 5557, ReplayPort: 5558, DPSize: 1,
+			EnginePort: 8000}, "", "8000", []string{"sql-lora", "chat-lora"}},
 		{manager.PodTarget{PodKey: "static/vllm-dp", IP: "10.0.0.7", Model: "llama-3-8b", LoraID: "7", PubPort: 5600, ReplayPort: 5700,
-			Topic: "kv-events", DPSize: 2}, "", "8100", nil},
+			Topic: "kv-events", DPSize: 2, EnginePort: 8100}, "", "8100", nil},
 		{manager.PodTarget{}, manager.ReasonKVEventsDisabled, "8000", nil},
 	}
 	if len(f.Endpoints) != len(want) {
@@ -48,10 +48,10 @@ func TestStaticEndpointsBecomePodsTheManagerFollows(t *testing.T) {
 		if got != want[i].target {
 			t.Errorf("%s: target %+v, want %+v", e.Name, got, want[i].target)
 		}
-		if pod.Labels[cache.ModelPortLabel] != want[i].port || pod.Namespace != StaticNamespace || pod.UID == "" {
+		if pod.Labels[endpoint.ModelPortLabel] != want[i].port || pod.Namespace != StaticNamespace || pod.UID == "" {
 			t.Errorf("%s: pod %+v", e.Name, pod.ObjectMeta)
 		}
-		if got := cache.PodAdapters(pod); !slices.Equal(got, want[i].adapters) {
+		if got := endpoint.Adapters(pod); !slices.Equal(got, want[i].adapters) {
 			t.Errorf("%s: adapters %q, want %q", e.Name, got, want[i].adapters)
 		}
 		if again := e.Pod(); again.UID != pod.UID {

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net"
@@ -8,24 +9,15 @@ import (
 	"strconv"
 	"strings"
 
-	v1 "k8s.io/api/core/v1"
-
-	"github.com/kvgate/kvgate/pkg/cache"
+	"github.com/kvgate/kvgate/pkg/endpoint"
 )
-
-// podAddress returns host:port of the pod's engine HTTP server: its IP and
-// its declared serving port (cache.ServingPort), defaultPort when it
-// declares none.
-func podAddress(pod *v1.Pod, defaultPort int) string {
-	return net.JoinHostPort(pod.Status.PodIP, strconv.Itoa(cache.ServingPort(pod, defaultPort)))
-}
 
 // urlTemplate is AIBRIX_VLLM_TOKENIZER_ENDPOINT_TEMPLATE, a pod's vLLM
 // server URL with %s standing for the pod's IP, e.g. http://%s:8000.
 //
 // Pods do not all serve on the template's port: static endpoints share an
 // IP and differ by port, and Kubernetes pods may declare theirs with
-// model.aibrix.ai/port. So the template's port is the default, and a pod's
+// endpoint.ModelPortLabel. So the template's port is the default, and a pod's
 // declared serving port replaces it: for a pod at 10.0.0.5 declaring port
 // 8100, http://%s:8000 gives http://10.0.0.5:8100. A template without a port
 // defaults to its scheme's (80 or 443).
@@ -67,7 +59,8 @@ func parseTokenizerTemplate(template string) (urlTemplate, error) {
 	return t, nil
 }
 
-// forPod returns the base URL of the pod's vLLM server.
-func (t urlTemplate) forPod(pod *v1.Pod) string {
-	return t.scheme + "://" + podAddress(pod, t.port) + t.path
+// forPod returns the base URL of the pod's vLLM server: the pod's IP and
+// its declared serving port, the template's port when it declares none.
+func (t urlTemplate) forPod(pod *endpoint.Endpoint) string {
+	return t.scheme + "://" + net.JoinHostPort(pod.IP, strconv.Itoa(cmp.Or(pod.DeclaredPort, t.port))) + t.path
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/kvgate/kvgate/pkg/cache"
 	"github.com/kvgate/kvgate/pkg/config"
 	"github.com/kvgate/kvgate/pkg/discovery"
+	"github.com/kvgate/kvgate/pkg/redisstate"
 	"github.com/kvgate/kvgate/pkg/routing"
 	"github.com/kvgate/kvgate/pkg/tokenizer"
 )
@@ -80,26 +81,46 @@ type Config struct {
 	// Tokenizer configures the tokenizer; its Logger is set by New.
 	Tokenizer tokenizer.Config
 
-	// Routing configures the router; Metrics, Index, Registerer and Logger
-	// are set by New.
+	// Routing configures the router; Index, Registerer and Logger are set
+	// by New.
 	Routing routing.Config
 	// Cache configures the Store; Registerer and Logger are set by New.
-	// The Redis features it enables need Redis.Address.
 	Cache cache.Config
-	// Redis is the Redis server of the Cache features that need one.
+	// Predictor sizes the output predictors.
+	Predictor cache.PredictorConfig
+	// RequestTTL is how long a request may stay in flight without an end
+	// before the request ledger reaps it (KVGATE_REQUEST_TTL_SECONDS,
+	// default inflight.DefaultTTL).
+	RequestTTL time.Duration
+	// Redis is the Redis server and the state the gateway keeps there.
 	Redis RedisConfig
 
 	// Logger receives the gateway's logs (klog's global logger when zero).
 	Logger klog.Logger
 }
 
-// RedisConfig locates the Redis server.
+// RedisConfig locates the Redis server and says what the gateway keeps
+// there (see package redisstate). Each feature needs Address.
 type RedisConfig struct {
 	// Address is host:port; empty runs without Redis
 	// (KVGATE_REDIS_ADDRESS).
 	Address string
 	// Password authenticates, empty for none (KVGATE_REDIS_PASSWORD).
 	Password string
+
+	// RequestTraces writes per-model request traces
+	// (AIBRIX_GPU_OPTIMIZER_TRACING_FLAG), windows of Traces.Interval.
+	RequestTraces bool
+	Traces        redisstate.TracerConfig
+	// GPUProfiles loads the GPU profiles of deployments
+	// (AIBRIX_MODEL_GPU_PROFILE_CACHING_FLAG), every
+	// Profiles.RefreshInterval.
+	GPUProfiles bool
+	Profiles    redisstate.ProfileLoaderConfig
+	// SharedCounts shares the running requests of gateway replicas
+	// (KVGATE_SHARED_REQUEST_COUNTS), configured by Shared.
+	SharedCounts bool
+	Shared       redisstate.SharedCountsConfig
 }
 
 // LoadConfig reads a Config from e, recording in e every malformed value
@@ -122,14 +143,12 @@ func LoadConfig(e *config.Env) Config {
 		KVSync:                    config.LoadKVSync(e),
 		RemoteTokenizer:           e.Bool(config.UseRemoteTokenizer),
 		TokenizerEndpointTemplate: e.String(config.TokenizerEndpointTemplate),
-		Tokenizer: tokenizer.Config{
-			Timeout:        e.Duration(config.TokenizerRequestTimeout, time.Second),
-			CacheMaxTokens: e.Int(config.TokenizerCacheMaxTokens, 1),
-		},
-		Routing: loadRouting(e),
-		Redis:   RedisConfig{Address: e.String(config.RedisAddress), Password: e.String(config.RedisPassword)},
+		Tokenizer:                 loadTokenizer(e),
+		Routing:                   loadRouting(e),
+		RequestTTL:                e.Duration(config.RequestTTL, time.Second),
+		Redis:                     loadRedis(e),
 	}
-	cfg.Cache = loadCache(e, cfg.Redis.Address != "")
+	cfg.Cache = loadCache(e)
 	if _, _, err := net.SplitHostPort(cfg.ListenAddress); err != nil {
 		e.Errorf("%s=%q: want host:port, e.g. :8080: %v", config.ListenAddress.Name, cfg.ListenAddress, err)
 	}
@@ -140,6 +159,10 @@ func LoadConfig(e *config.Env) Config {
 			e.Errorf("%s=%q is also %s: the admin endpoints need an address of their own", config.AdminListenAddress.Name, a,
 				config.ListenAddress.Name)
 		}
+	}
+	if cfg.Tokenizer.LocalDir != "" && !cfg.RemoteTokenizer {
+		e.Errorf("%s is set but %s is false: in-process tokenization is verified against the engines' and falls back to it",
+			config.TokenizerDir.Name, config.UseRemoteTokenizer.Name)
 	}
 	if _, err := parseTokenizerTemplate(cfg.TokenizerEndpointTemplate); err != nil {
 		e.Errorf("%s=%q: %v", config.TokenizerEndpointTemplate.Name, cfg.TokenizerEndpointTemplate, err)
@@ -155,7 +178,6 @@ func loadRouting(e *config.Env) routing.Config {
 		CPUCacheWeight:                e.Float(config.RoutingCPUCacheWeight, 0),
 		DefaultPrefillTokensPerSecond: e.Float(config.RoutingDefaultPrefillSpeed, 0),
 		TieTolerance:                  e.Float(config.RoutingTieTolerance, 0),
-		InFlightPrefillTTL:            e.Duration(config.RoutingInFlightPrefillTTL, time.Second),
 		ImbalanceAbsCount:             e.Int(config.PrefixCacheImbalanceAbsCount, 1),
 		StdDevFactor:                  e.Float(config.PrefixCacheStdDevFactor, 0),
 	}
@@ -172,19 +194,8 @@ func loadRouting(e *config.Env) routing.Config {
 	return r
 }
 
-// loadCache reads the Store's settings. Redis features on by default are
-// off without Redis; one enabled explicitly without Redis is an error.
-func loadCache(e *config.Env, hasRedis bool) cache.Config {
-	redisFeature := func(v config.Var) bool {
-		on := e.Bool(v)
-		if on && !hasRedis {
-			if e.IsSet(v) {
-				e.Errorf("%s is true but needs Redis: set %s", v.Name, config.RedisAddress.Name)
-			}
-			return false
-		}
-		return on
-	}
+// loadCache reads the Store's settings.
+func loadCache(e *config.Env) cache.Config {
 	adapters := e.DurationOrZero(config.AdapterRefreshInterval, time.Second)
 	if adapters == 0 {
 		adapters = -1 // the Store's way of saying off
@@ -193,10 +204,29 @@ func loadCache(e *config.Env, hasRedis bool) cache.Config {
 		PodMetricRefreshInterval: e.Duration(config.PodMetricRefreshInterval, time.Millisecond),
 		AdapterRefreshInterval:   adapters,
 		DeploymentLabel:          e.String(config.PodDeploymentLabel),
-		EnableRequestTrace:       redisFeature(config.RequestTracing),
-		EnableProfileCache:       redisFeature(config.ProfileCaching),
-		SharedRequestCounts:      redisFeature(config.SharedRequestCounts),
+		RayClusterFleetLabel:     e.String(config.PodRayClusterFleetLabel),
 	}
+}
+
+// loadRedis reads the Redis server and its features. Features on by
+// default are off without Redis; one enabled explicitly without Redis is
+// an error.
+func loadRedis(e *config.Env) RedisConfig {
+	rc := RedisConfig{Address: e.String(config.RedisAddress), Password: e.String(config.RedisPassword)}
+	feature := func(v config.Var) bool {
+		on := e.Bool(v)
+		if on && rc.Address == "" {
+			if e.IsSet(v) {
+				e.Errorf("%s is true but needs Redis: set %s", v.Name, config.RedisAddress.Name)
+			}
+			return false
+		}
+		return on
+	}
+	rc.RequestTraces = feature(config.RequestTracing)
+	rc.GPUProfiles = feature(config.ProfileCaching)
+	rc.SharedCounts = feature(config.SharedRequestCounts)
+	return rc
 }
 
 // checkFiles records the files cfg names that cannot be used: a static
@@ -222,4 +252,23 @@ func checkFiles(e *config.Env, cfg Config) {
 			}
 		}
 	}
+}
+
+// loadTokenizer reads the tokenizer's settings.
+func loadTokenizer(e *config.Env) tokenizer.Config {
+	c := tokenizer.Config{
+		Timeout:            e.Duration(config.TokenizerRequestTimeout, time.Second),
+		CacheMaxTokens:     e.Int(config.TokenizerCacheMaxTokens, 1),
+		LocalDir:           e.String(config.TokenizerDir),
+		VerifyFraction:     e.Float(config.TokenizerVerifyFraction, 0),
+		NoPrefixReuse:      !e.Bool(config.TokenizerPrefixReuse),
+		MaxBackgroundCalls: e.Int(config.TokenizerMaxBackgroundCalls, 1),
+	}
+	switch {
+	case c.VerifyFraction > 1:
+		e.Errorf("%s=%v: want a share between 0 and 1", config.TokenizerVerifyFraction.Name, c.VerifyFraction)
+	case c.VerifyFraction == 0:
+		c.VerifyFraction = -1 // tokenizer.Config's "none"
+	}
+	return c
 }

@@ -9,6 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kvgate/kvgate/pkg/config"
+	"github.com/kvgate/kvgate/pkg/endpoint"
 )
 
 func envOf(m map[string]string) *config.Env {
@@ -27,12 +28,12 @@ func TestLoadConfigDefaults(t *testing.T) {
 	if cfg.ListenAddress != ":8080" || cfg.AdminListenAddress != "" || cfg.MaxRequestBodyBytes != 16<<20 || cfg.ShutdownTimeout != 30*time.Second ||
 		cfg.ShutdownDelay != 0 || cfg.Discovery.Mode != config.DiscoveryKubernetes || !cfg.KVSync.Enabled ||
 		!cfg.RemoteTokenizer || cfg.TokenizerEndpointTemplate != "http://%s:8000" || cfg.Tokenizer.Timeout != 5*time.Second ||
-		cfg.Routing.DefaultAlgorithm != "kv-aware" || cfg.Routing.InFlightPrefillTTL != 5*time.Minute ||
+		cfg.Routing.DefaultAlgorithm != "kv-aware" || cfg.RequestTTL != time.Hour ||
 		cfg.Cache.PodMetricRefreshInterval != 50*time.Millisecond || cfg.Cache.AdapterRefreshInterval != 10*time.Second {
 		t.Errorf("defaults: %+v", cfg)
 	}
-	if cfg.Cache.EnableRequestTrace || cfg.Cache.EnableProfileCache || cfg.Cache.SharedRequestCounts {
-		t.Errorf("Redis features on without Redis: %+v", cfg.Cache)
+	if cfg.Redis.RequestTraces || cfg.Redis.GPUProfiles || cfg.Redis.SharedCounts {
+		t.Errorf("Redis features on without Redis: %+v", cfg.Redis)
 	}
 	e = envOf(map[string]string{"KVGATE_ADAPTER_REFRESH_INTERVAL": "0"})
 	if cfg = LoadConfig(e); e.Err() != nil || cfg.Cache.AdapterRefreshInterval >= 0 {
@@ -40,8 +41,8 @@ func TestLoadConfigDefaults(t *testing.T) {
 	}
 	e = envOf(map[string]string{"KVGATE_REDIS_ADDRESS": "redis:6379"})
 	cfg = LoadConfig(e)
-	if e.Err() != nil || cfg.Cache.EnableRequestTrace || !cfg.Cache.EnableProfileCache || !cfg.Cache.SharedRequestCounts {
-		t.Errorf("with Redis: %+v, %v; want profiles and shared counts on, traces off", cfg.Cache, e.Err())
+	if e.Err() != nil || cfg.Redis.RequestTraces || !cfg.Redis.GPUProfiles || !cfg.Redis.SharedCounts {
+		t.Errorf("with Redis: %+v, %v; want profiles and shared counts on, traces off", cfg.Redis, e.Err())
 	}
 }
 
@@ -107,7 +108,7 @@ func TestTokenizerURLReplacesTheTemplatesPortWithThePodsServingPort(t *testing.T
 		if err != nil {
 			t.Fatalf("%s: %v", tt.template, err)
 		}
-		if got := tmpl.forPod(tt.pod); got != tt.want {
+		if got := tmpl.forPod(endpoint.Parse(tt.pod, endpoint.Options{})); got != tt.want {
 			t.Errorf("%s for %s:%s = %s, want %s", tt.template, tt.pod.Status.PodIP, tt.pod.Labels["model.aibrix.ai/port"], got, tt.want)
 		}
 	}
@@ -119,10 +120,10 @@ func TestTokenizerURLReplacesTheTemplatesPortWithThePodsServingPort(t *testing.T
 }
 
 func TestAdapterOfTellsBaseModelsFromAdapters(t *testing.T) {
-	pod := func(base string) *v1.Pod {
-		return &v1.Pod{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"model.aibrix.ai/name": base}}}
+	pod := func(base string) *endpoint.Endpoint {
+		return endpoint.Parse(&v1.Pod{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"model.aibrix.ai/name": base}}}, endpoint.Options{})
 	}
-	pods := []*v1.Pod{pod("llama"), pod("llama")}
+	pods := []*endpoint.Endpoint{pod("llama"), pod("llama")}
 	if got := adapterOf("llama", pods); got != "" {
 		t.Errorf("adapterOf(base model) = %q, want \"\"", got)
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/kvgate/kvgate/pkg/indexer"
 	"github.com/kvgate/kvgate/pkg/kvevent/manager"
+	"github.com/kvgate/kvgate/pkg/tokenizer"
 )
 
 // kvCacheView is the answer of GET /debug/kvcache: what the prefix index
@@ -15,16 +16,22 @@ import (
 type kvCacheView struct {
 	KVEventSync bool        `json:"kvEventSync"`
 	Models      []modelView `json:"models"`
+	// Tokenizers are the models tokenized in process and the state of
+	// each form: active, or why the engines tokenize it.
+	Tokenizers []tokenizer.LocalModel `json:"tokenizers,omitempty"`
 }
 
 // modelView is one model's share of the index and its pods.
 type modelView struct {
 	Model string `json:"model"`
-	// BlockSize is the engines' block size in tokens, 0 before the
-	// model's first event; Entries the distinct blocks indexed.
-	BlockSize int       `json:"blockSize"`
-	Entries   int       `json:"entries"`
-	Pods      []podView `json:"pods"`
+	// BlockSize is the engines' block size in tokens (the one most of
+	// them use), 0 when no engine holds a block of the model; BlockSizes
+	// lists every size its engines use, each pod being matched at its
+	// own; Entries the distinct blocks indexed.
+	BlockSize  int       `json:"blockSize"`
+	BlockSizes []int     `json:"blockSizes"`
+	Entries    int       `json:"entries"`
+	Pods       []podView `json:"pods"`
 }
 
 // podView is one pod: what the KV event manager does with it and the
@@ -94,6 +101,9 @@ func (g *Gateway) serveKVCache(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	v := kvCacheView{KVEventSync: g.manager != nil, Models: []modelView{}}
+	if g.tokenizer != nil {
+		v.Tokenizers = g.tokenizer.LocalModels()
+	}
 	if g.manager != nil {
 		v.Models = buildKVCacheView(g.index.Stats(), g.manager.Snapshot(), time.Now())
 	}
@@ -106,7 +116,7 @@ func buildKVCacheView(stats []indexer.ModelStats, pods []manager.PodStatus, now 
 	b := viewBuilder{models: map[string]*modelView{}, pods: map[[2]string]*podView{}, order: map[string][]*podView{}}
 	for _, ms := range stats {
 		m := b.model(ms.Model)
-		m.BlockSize, m.Entries = ms.BlockSize, ms.Entries
+		m.BlockSize, m.BlockSizes, m.Entries = ms.BlockSize, ms.BlockSizes, ms.Entries
 		for _, ps := range ms.Pods {
 			p := b.pod(ms.Model, ps.Pod)
 			if !ps.LastMatch.IsZero() {
@@ -163,7 +173,7 @@ type viewBuilder struct {
 func (b *viewBuilder) model(name string) *modelView {
 	m, ok := b.models[name]
 	if !ok {
-		m = &modelView{Model: name, Pods: []podView{}}
+		m = &modelView{Model: name, BlockSizes: []int{}, Pods: []podView{}}
 		b.models[name] = m
 	}
 	return m

@@ -20,7 +20,8 @@ func TestDebugKVCacheShowsBlocksAndStreamsPerPod(t *testing.T) {
 	}
 	m := v.Models[0]
 	blocks := len(tokens) / testBlockSize
-	if m.Model != "llama" || m.BlockSize != testBlockSize || m.Entries != blocks || len(m.Pods) != 2 {
+	if m.Model != "llama" || m.BlockSize != testBlockSize || len(m.BlockSizes) != 1 || m.BlockSizes[0] != testBlockSize ||
+		m.Entries != blocks || len(m.Pods) != 2 {
 		t.Fatalf("model %s: want llama, block size %d, %d entries, 2 pods", mustJSON(m), testBlockSize, blocks)
 	}
 	a, b := m.Pods[0], m.Pods[1]
@@ -31,7 +32,7 @@ func TestDebugKVCacheShowsBlocksAndStreamsPerPod(t *testing.T) {
 		t.Fatalf("pod b = %s, want followed with %d GPU blocks on one rank", mustJSON(b), blocks)
 	}
 	r := b.Ranks[0]
-	if r.Rank != 0 || len(r.Lanes) != 1 || r.Lanes[0].Blocks != blocks || r.LastEventAgeSeconds == nil ||
+	if r.Rank != 0 || len(r.Lanes) != 1 || r.Lanes[0].Blocks != blocks || r.Lanes[0].BlockSize != testBlockSize || r.LastEventAgeSeconds == nil ||
 		*r.LastEventAgeSeconds < 0 || *r.LastEventAgeSeconds > testsupport.WaitTimeout.Seconds() {
 		t.Errorf("rank = %s, want rank 0, one GPU lane of %d blocks and a recent last event", mustJSON(r), blocks)
 	}

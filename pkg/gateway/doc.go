@@ -5,9 +5,12 @@
 // New builds a Gateway from a Config (LoadConfig reads one from kvgate's
 // environment variables, see the configuration reference in README.md) and
 // Serve runs it: the pod source (Kubernetes or a static endpoints file), the
-// cache Store scraping every pod's metrics, the KV event manager following
-// every eligible pod's KV-cache events into the prefix index, the remote
-// tokenizer and the router. cmd/gateway is a thin main around them.
+// cache Store scraping every pod's metrics, the request ledger, the
+// components keeping state in Redis, the KV event manager following every
+// eligible pod's KV-cache events into the prefix index, the remote
+// tokenizer and the router. The gateway is the one place that wires and
+// runs these components; each runs until the context it is given ends.
+// cmd/gateway is a thin main around them.
 //
 // # Inference
 //
@@ -20,24 +23,29 @@
 //     for an unknown name) and the model's pods from the Store (404 for a
 //     model no pod serves, 503 when none of its pods is ready), leaving out
 //     the pods ejected after failed connections (step 5) unless all are;
-//  3. tokenizes the prompt with the engines' own tokenizer (vLLM's
-//     /tokenize on a ready pod of the model, the pods taking turns) when
+//  3. tokenizes the prompt as the engines do (in process from the model's
+//     tokenizer files once verified against the engines, otherwise vLLM's
+//     /tokenize on a ready pod of the model, the pods taking turns; see
+//     package tokenizer) when
 //     the algorithm reads it: prefix-cache and kv-aware match it against
 //     the prefix index, least-latency predicts the output length from its
 //     length. A failed tokenization is counted by reason and the request
 //     is routed on load alone; it never waits longer than the tokenizer's
 //     timeout;
-//  4. counts the request in the Store, routes it, counts it on the chosen
-//     pod and records its prefill as in flight on that pod (released at
-//     the first generated token, or when the request ends, fails or the
-//     client goes away);
+//  4. admits the request to the request ledger (package inflight), routes
+//     it, and opens an attempt of it on the chosen pod: the attempt counts
+//     as running on the pod and its prefill as queued there, until the
+//     first generated token for the prefill, and until the attempt is
+//     closed (done, failed, or cancelled when the client goes away) for
+//     the count;
 //  5. forwards the body as received to http://<pod-ip>:<serving port>
 //     over keep-alive connections. When the pod refuses the connection (or
 //     cannot be dialled), nothing was sent: the Store ejects the pod from
 //     routing for a backoff (cache.Store.EjectPod: 1 s doubling to 30 s
 //     while it stays unreachable, ended early by a request or scrape that
-//     reaches it), and the request is routed again among the candidates
-//     not tried yet and not ejected meanwhile. It fails with 503 when none
+//     reaches it), the attempt is closed as failed, and the request is
+//     routed again, as a new attempt, among the candidates not tried yet
+//     and not ejected meanwhile. It fails with 503 when none
 //     is left. A pod that fails after the request was sent is a 502;
 //  6. relays the response with the pod's status and headers, adding
 //     target-pod (the pod's ip:port, as in AIBrix), target-pod-name
@@ -46,9 +54,9 @@
 //     in milliseconds, from receiving the request to sending it to the pod
 //     (the time kvgate_gateway_overhead_seconds observes), e.g.
 //     "Server-Timing: gateway;dur=0.412";
-//  7. ends the request's tracking with the token usage of the response
-//     (request traces and output predictor), or without when the response
-//     reports none.
+//  7. closes the attempt with the token usage of the response, which the
+//     request traces and the output predictor read, or without when the
+//     response reports none, and ends the request.
 //
 // Streams are relayed as server-sent events, event by event as the pod
 // sends them, flushed whenever the gateway has relayed all it received, and

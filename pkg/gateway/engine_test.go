@@ -13,9 +13,13 @@ import (
 	"testing"
 	"time"
 
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8stypes "k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 
 	"github.com/kvgate/kvgate/internal/testsupport"
+	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/kvevent"
 	"github.com/kvgate/kvgate/pkg/kvevent/publisher"
 )
@@ -364,4 +368,19 @@ func (e *testEngine) endpointYAML(adapters []string) string {
 		y += "  loraAdapters: [" + strings.Join(adapters, ", ") + "]\n"
 	}
 	return y
+}
+
+// pod returns the Running, Ready pod of namespace ns standing for the
+// engine, labelled with model (as given, spaces included) and with its
+// ports, its KV events followed.
+func (e *testEngine) pod(model string) *v1.Pod {
+	return &v1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: e.name, UID: k8stypes.UID("uid-" + e.name),
+			Labels: map[string]string{endpoint.ModelNameLabel: model, endpoint.KVEventsEnabledLabel: "true",
+				endpoint.ModelPortLabel: strconv.Itoa(e.port)},
+			Annotations: map[string]string{endpoint.PubPortAnnotation: strconv.Itoa(e.pubPort),
+				endpoint.ReplayPortAnnotation: strconv.Itoa(e.replayPort)}},
+		Status: v1.PodStatus{Phase: v1.PodRunning, PodIP: "127.0.0.1",
+			Conditions: []v1.PodCondition{{Type: v1.PodReady, Status: v1.ConditionTrue}}},
+	}
 }

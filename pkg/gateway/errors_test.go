@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/cache"
+	"github.com/kvgate/kvgate/pkg/endpoint"
 )
 
 // decodeError checks an OpenAI-style error body and returns it.
@@ -126,7 +127,7 @@ func (s *podsSource) Run(ctx context.Context, _ *rest.Config, sink cache.PodSink
 func unreadyPod(name string) *v1.Pod {
 	return &v1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name, UID: k8stypes.UID("uid-" + name),
-			Labels: map[string]string{cache.ModelNameLabel: "llama"}},
+			Labels: map[string]string{endpoint.ModelNameLabel: "llama"}},
 		Status: v1.PodStatus{Phase: v1.PodRunning, PodIP: "127.0.0.1",
 			Conditions: []v1.PodCondition{{Type: v1.PodReady, Status: v1.ConditionFalse}}},
 	}

@@ -19,9 +19,12 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/kvgate/kvgate/pkg/cache"
+	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/indexer"
+	"github.com/kvgate/kvgate/pkg/inflight"
 	"github.com/kvgate/kvgate/pkg/kvevent/manager"
 	"github.com/kvgate/kvgate/pkg/kvevent/transport"
+	"github.com/kvgate/kvgate/pkg/redisstate"
 	"github.com/kvgate/kvgate/pkg/routing"
 	"github.com/kvgate/kvgate/pkg/tokenizer"
 )
@@ -32,22 +35,39 @@ import (
 // prefix index its KV event sync keeps. See the package documentation for
 // its HTTP API.
 //
-// A Gateway serves once: New builds it, Serve (or Run) runs it until its
-// context ends and releases everything it holds when it returns.
+// A Gateway serves once: New builds it and wires its components, Serve (or
+// Run) runs them until its context ends and releases everything it holds
+// when it returns. The gateway is the one place that starts and stops
+// components; each of them runs until the context it is given ends.
 type Gateway struct {
-	cfg        Config
-	log        klog.Logger
-	registry   *prometheus.Registry
-	metrics    *metrics
-	index      *indexer.SyncPrefixHashTable // nil without KV event sync
-	manager    *manager.KVEventManager      // nil without KV event sync
-	tokenizer  *tokenizer.Tokenizer         // nil without the remote tokenizer
+	cfg      Config
+	log      klog.Logger
+	registry *prometheus.Registry
+	metrics  *metrics
+	store    *cache.Store
+	router   *routing.Router
+	ledger   *inflight.Ledger
+	// profiles, predictors and pendingLoad serve the request path: the
+	// pending load of a request from its pod's GPU profile, its predicted
+	// output length.
+	profiles    *cache.Profiles
+	predictors  *cache.OutputPredictors
+	pendingLoad *cache.PendingLoadProvider
+	// The components keeping state in Redis; nil when off.
+	tracer        *redisstate.Tracer
+	profileLoader *redisstate.ProfileLoader
+	shared        *redisstate.SharedCounts
+	index         *indexer.SyncPrefixHashTable // nil without KV event sync
+	manager       *manager.KVEventManager      // nil without KV event sync
+	// follower is the KV event manager as the gateway runs it; nil
+	// without KV event sync.
+	follower   podFollower
+	tokenizer  *tokenizer.Tokenizer // nil without the remote tokenizer
 	tokenURL   urlTemplate
 	redis      *redis.Client // nil without Redis
 	restConfig *rest.Config
 	source     cache.PodSource
 	transport  *http.Transport
-	enginePort int
 	handler    http.Handler
 	// adminHandler serves /metrics and /debug/* apart from the API; nil
 	// when handler serves them.
@@ -72,10 +92,11 @@ type backend struct {
 }
 
 // New builds a gateway from cfg without starting anything: its metrics
-// registry, prefix index and KV event manager (with KV sync), tokenizer
-// (with the remote tokenizer), pod source, Redis client and the transport
-// to pods. It fails when cfg is invalid, the Kubernetes client
-// configuration cannot be loaded, or a component refuses its settings.
+// registry, the Store, the router, the prefix index and KV event manager
+// (with KV sync), tokenizer (with the remote tokenizer), pod source, Redis
+// client and the transport to pods. It fails when cfg is invalid, the
+// Kubernetes client configuration cannot be loaded, or a component refuses
+// its settings (Redis features without a Redis address among them).
 func New(cfg Config) (*Gateway, error) {
 	cfg = cfg.withDefaults()
 	g := &Gateway{cfg: cfg, log: cfg.Logger.WithName("gateway"), registry: prometheus.NewRegistry(), started: time.Now()}
@@ -102,14 +123,18 @@ func New(cfg Config) (*Gateway, error) {
 			return nil, fmt.Errorf("gateway: %w", err)
 		}
 	}
+	g.transport = newTransport(cfg.DialTimeout, cfg.MaxIdleConnsPerPod)
 	if g.source, g.restConfig, err = newPodSource(cfg); err != nil {
+		g.release()
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
 	if cfg.Redis.Address != "" {
 		g.redis = redis.NewClient(&redis.Options{Addr: cfg.Redis.Address, Password: cfg.Redis.Password})
 	}
-	g.transport = newTransport(cfg.DialTimeout, cfg.MaxIdleConnsPerPod)
-	g.enginePort = cmp.Or(cfg.Cache.DefaultEnginePort, cache.DefaultEnginePort)
+	if err := g.newStore(); err != nil {
+		g.release()
+		return nil, err
+	}
 	var id [4]byte
 	_, _ = rand.Read(id[:])
 	g.idPrefix = "kvgate-" + hex.EncodeToString(id[:]) + "-"
@@ -151,9 +176,9 @@ func (g *Gateway) newKVSync() error {
 	client.MaxReplayBatches = cmp.Or(k.MaxReplayBatches, client.MaxReplayBatches)
 	client.MaxReplayDuration = cmp.Or(k.MaxReplayDuration, client.MaxReplayDuration)
 	mc := manager.ManagerConfig{
-		Index: cache.NewKVIndex(g.index),
+		Index: kvIndex{table: g.index},
 		Streams: manager.StreamDefaults{PubPort: k.PubPort, ReplayPort: k.ReplayPort, Topic: k.Topic,
-			EnginePort: cmp.Or(g.cfg.Cache.DefaultEnginePort, cache.DefaultEnginePort)},
+			EnginePort: cmp.Or(g.cfg.Cache.DefaultEnginePort, endpoint.DefaultEnginePort)},
 		Client:     client,
 		Registerer: g.registry,
 		Logger:     g.cfg.Logger,
@@ -164,6 +189,86 @@ func (g *Gateway) newKVSync() error {
 	}
 	if g.manager, err = manager.NewKVEventManager(mc); err != nil {
 		return fmt.Errorf("gateway: %w", err)
+	}
+	g.follower = g.manager
+	return nil
+}
+
+// newStore builds the Store, the request ledger, the router reading both,
+// the GPU profiles, the output predictors and the components keeping state
+// in Redis, and wires them: the router, the predictors and the request
+// traces observe the ledger.
+func (g *Gateway) newStore() error {
+	cc := g.cfg.Cache
+	cc.Registerer, cc.Logger = g.registry, g.cfg.Logger
+	var err error
+	if g.store, err = cache.New(cc); err != nil {
+		return fmt.Errorf("gateway: %w", err)
+	}
+	if g.ledger, err = inflight.New(inflight.Config{TTL: g.cfg.RequestTTL, Registerer: g.registry, Logger: g.cfg.Logger}); err != nil {
+		return fmt.Errorf("gateway: %w", err)
+	}
+	rc := g.cfg.Routing
+	rc.Registerer, rc.Logger = g.registry, g.cfg.Logger
+	if g.index != nil {
+		rc.Index = g.index
+	}
+	if g.router, err = routing.New(rc); err != nil {
+		return fmt.Errorf("gateway: %w", err)
+	}
+	g.ledger.Observe(g.router.Observer())
+	if g.profiles, err = cache.NewProfiles(g.cfg.Cache.EndpointOptions(), g.registry); err != nil {
+		return fmt.Errorf("gateway: %w", err)
+	}
+	g.pendingLoad = cache.NewPendingLoadProvider(g.store, g.profiles)
+	if g.predictors, err = cache.NewOutputPredictors(g.store, g.cfg.Predictor); err != nil {
+		return fmt.Errorf("gateway: %w", err)
+	}
+	g.ledger.Observe(g.predictors.Observer())
+	return g.newRedisState()
+}
+
+// newRedisState builds the components that keep state in Redis, those the
+// configuration turns on; each needs a Redis address.
+func (g *Gateway) newRedisState() error {
+	rcfg := g.cfg.Redis
+	var errs []error
+	for _, f := range []struct {
+		on   bool
+		name string
+	}{{rcfg.RequestTraces, "RequestTraces"}, {rcfg.GPUProfiles, "GPUProfiles"}, {rcfg.SharedCounts, "SharedCounts"}} {
+		if f.on && g.redis == nil {
+			errs = append(errs, fmt.Errorf("%s needs a Redis client: set Redis.Address", f.name))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("gateway: %w", err)
+	}
+	m, err := redisstate.NewMetrics(g.registry)
+	if err != nil {
+		return fmt.Errorf("gateway: %w", err)
+	}
+	if rcfg.RequestTraces {
+		tc := rcfg.Traces
+		tc.Logger = g.cfg.Logger
+		if g.tracer, err = redisstate.NewTracer(g.redis, g.ledger, m, tc); err != nil {
+			return fmt.Errorf("gateway: %w", err)
+		}
+		g.ledger.Observe(g.tracer.Observer())
+	}
+	if rcfg.GPUProfiles {
+		pc := rcfg.Profiles
+		pc.Logger = g.cfg.Logger
+		if g.profileLoader, err = redisstate.NewProfileLoader(g.redis, g.profiles, m, pc); err != nil {
+			return fmt.Errorf("gateway: %w", err)
+		}
+	}
+	if rcfg.SharedCounts {
+		sc := rcfg.Shared
+		sc.Logger = g.cfg.Logger
+		if g.shared, err = redisstate.NewSharedCounts(g.redis, g.store, m, sc); err != nil {
+			return fmt.Errorf("gateway: %w", err)
+		}
 	}
 	return nil
 }
@@ -194,7 +299,7 @@ func (g *Gateway) readiness() (bool, string) {
 		return false, "starting: waiting for the pod source (" + g.sourceName() + ") to deliver the pods"
 	}
 	msg := "ready: pods synced from " + g.sourceName()
-	if g.manager != nil {
+	if g.follower != nil {
 		msg += "; KV event sync running"
 	}
 	return true, msg
@@ -211,11 +316,11 @@ func (g *Gateway) sourceName() string {
 // shutdown fails readiness, keeps serving for the shutdown delay (when the
 // gateway got to serve at all), lets the requests in flight finish within
 // the shutdown timeout, the API's first so that the admin listener serves
-// metrics while they drain, then releases what the gateway holds in
-// dependency order.
-func (g *Gateway) shutdown(servers []*http.Server, store *cache.Store, stopIndex context.CancelFunc) {
+// metrics while they drain, then stops the components, in the reverse
+// order of their start, and releases what the gateway holds.
+func (g *Gateway) shutdown(servers []*http.Server, comps *components, served bool) {
 	g.draining.Store(true)
-	if store != nil && g.cfg.ShutdownDelay > 0 {
+	if served && g.cfg.ShutdownDelay > 0 {
 		g.log.Info("Failing readiness before closing the listeners", "delay", g.cfg.ShutdownDelay)
 		time.Sleep(g.cfg.ShutdownDelay)
 	}
@@ -227,9 +332,6 @@ func (g *Gateway) shutdown(servers []*http.Server, store *cache.Store, stopIndex
 			_ = srv.Close()
 		}
 	}
-	if store != nil {
-		store.Close()
-	}
-	stopIndex()
+	comps.stop()
 	g.release()
 }

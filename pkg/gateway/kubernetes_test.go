@@ -20,16 +20,15 @@ import (
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/kvgate/kvgate/internal/testsupport"
-	"github.com/kvgate/kvgate/pkg/cache"
-	"github.com/kvgate/kvgate/pkg/kvevent/manager"
+	"github.com/kvgate/kvgate/pkg/endpoint"
 )
 
 // startAPIServer starts a kube-apiserver and etcd for t, skipping t when
-// KUBEBUILDER_ASSETS is unset, and returns a kubeconfig file reaching it.
+// KUBEBUILDER_ASSETS is unset (failing it in CI), and returns a kubeconfig file reaching it.
 func startAPIServer(t *testing.T) (string, *rest.Config) {
 	t.Helper()
 	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
-		t.Skip("KUBEBUILDER_ASSETS is unset: run `make test` or KUBEBUILDER_ASSETS=$(hack/setup-envtest.sh) go test")
+		testsupport.SkipUnlessCI(t, "KUBEBUILDER_ASSETS is unset: run `make test` or KUBEBUILDER_ASSETS=$(hack/setup-envtest.sh) go test")
 	}
 	logf.SetLogger(klog.Background().V(4))
 	env := &envtest.Environment{}
@@ -71,10 +70,10 @@ func TestKubernetesDiscoveryFromAKubeconfig(t *testing.T) {
 
 	pod := &v1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "vllm-0",
-			Labels: map[string]string{cache.ModelNameLabel: "llama", manager.KVEventsEnabledLabel: "true",
-				cache.ModelPortLabel: strconv.Itoa(e.port)},
-			Annotations: map[string]string{manager.PubPortAnnotation: strconv.Itoa(e.pubPort),
-				manager.ReplayPortAnnotation: strconv.Itoa(e.replayPort)}},
+			Labels: map[string]string{endpoint.ModelNameLabel: "llama", endpoint.KVEventsEnabledLabel: "true",
+				endpoint.ModelPortLabel: strconv.Itoa(e.port)},
+			Annotations: map[string]string{endpoint.PubPortAnnotation: strconv.Itoa(e.pubPort),
+				endpoint.ReplayPortAnnotation: strconv.Itoa(e.replayPort)}},
 		Spec: v1.PodSpec{Containers: []v1.Container{{Name: "vllm", Image: "vllm/vllm-openai"}}},
 	}
 	created, err := client.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{})

@@ -1,17 +1,24 @@
 package gateway
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"go.uber.org/goleak"
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/rest"
 
 	"github.com/kvgate/kvgate/internal/testsupport"
+	"github.com/kvgate/kvgate/pkg/cache"
 )
 
 func TestReadinessFollowsStartAndShutdownAndRequestsDrain(t *testing.T) {
@@ -153,4 +160,192 @@ func (s *staticPod) pod() *v1.Pod {
 	p.Status.Conditions[0].Status = v1.ConditionTrue
 	p.Labels["model.aibrix.ai/port"] = fmt.Sprint(s.port)
 	return p
+}
+
+// listSource is a PodSource delivering a fixed list, then whatever the test
+// sends on more, until it is stopped.
+type listSource struct {
+	pods    []*v1.Pod
+	more    chan *v1.Pod
+	failNow error
+	config  *rest.Config
+	stopped chan struct{}
+}
+
+func (s *listSource) Run(ctx context.Context, config *rest.Config, sink cache.PodSink, synced func()) error {
+	defer close(s.stopped)
+	s.config = config
+	if s.failNow != nil {
+		return s.failNow
+	}
+	for _, p := range s.pods {
+		sink.AddOrUpdatePod(p)
+	}
+	synced()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case p := <-s.more:
+			sink.AddOrUpdatePod(p)
+		}
+	}
+}
+
+// neverSyncs is a PodSource that blocks until stopped without syncing.
+type neverSyncs struct{}
+
+func (neverSyncs) Run(ctx context.Context, _ *rest.Config, _ cache.PodSink, _ func()) error {
+	<-ctx.Done()
+	return nil
+}
+
+// recordingFollower is a podFollower recording its calls.
+type recordingFollower struct {
+	mu       sync.Mutex
+	events   []string
+	startErr error
+}
+
+func (m *recordingFollower) record(e string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.events = append(m.events, e)
+}
+
+func (m *recordingFollower) got() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return slices.Clone(m.events)
+}
+
+func (m *recordingFollower) Start() error {
+	m.record("start")
+	return m.startErr
+}
+
+func (m *recordingFollower) Stop()                    { m.record("stop") }
+func (m *recordingFollower) OnPodAdd(p *v1.Pod)       { m.record("add " + p.Name) }
+func (m *recordingFollower) OnPodUpdate(_, p *v1.Pod) { m.record("update " + p.Name) }
+func (m *recordingFollower) OnPodDelete(p *v1.Pod)    { m.record("delete " + p.Name) }
+
+// newWiredGateway builds a gateway without KV event sync over source, with
+// follower in the KV event manager's place; adjust, when not nil, changes
+// its Config first.
+func newWiredGateway(t *testing.T, source cache.PodSource, follower podFollower, adjust func(*Config)) (*Gateway, error) {
+	t.Helper()
+	cfg := loadTestConfig(t, map[string]string{"AIBRIX_PREFIX_CACHE_KV_EVENT_SYNC_ENABLED": "false"})
+	cfg.PodSource, cfg.RestConfig = source, &rest.Config{Host: "https://apiserver.test"}
+	cfg.Cache.PodMetricRefreshInterval, cfg.Cache.AdapterRefreshInterval = -1, -1
+	if adjust != nil {
+		adjust(&cfg)
+	}
+	g, err := New(cfg)
+	if err == nil {
+		g.follower = follower
+	}
+	return g, err
+}
+
+func TestServeWiresThePodSourceAndTheKVEventManagerInOrder(t *testing.T) {
+	src := &listSource{
+		pods:    []*v1.Pod{(&staticPod{name: "a", port: 1}).pod(), (&staticPod{name: "b", port: 2}).pod()},
+		more:    make(chan *v1.Pod),
+		stopped: make(chan struct{}),
+	}
+	mgr := &recordingFollower{}
+	g, err := newWiredGateway(t, src, mgr, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- g.Serve(ctx, ln) }()
+	url := "http://" + ln.Addr().String()
+	testsupport.EventuallyWhy(t, "readiness", func() (string, bool) {
+		status, body := get(t, url+"/readyz")
+		return body, status == http.StatusOK
+	})
+	if pods, _ := g.store.ListPodsByModel("llama"); len(pods) != 2 {
+		t.Fatalf("ready before the source synced: %d pods", len(pods))
+	}
+	if src.config != g.cfg.RestConfig {
+		t.Fatal("the pod source did not get the Kubernetes config")
+	}
+	src.more <- (&staticPod{name: "c", port: 3}).pod()
+	testsupport.Eventually(t, "the third pod to be delivered", func() bool { return len(g.store.ListPods()) == 3 })
+
+	cancel()
+	waitStopped(t, served)
+	select {
+	case <-src.stopped:
+	default:
+		t.Fatal("Serve returned before the pod source stopped")
+	}
+	want := []string{"start", "add a", "add b", "add c", "stop"}
+	if got := mgr.got(); !slices.Equal(got, want) {
+		t.Fatalf("manager saw %v, want %v", got, want)
+	}
+}
+
+func TestServeFailsCleanly(t *testing.T) {
+	sourceErr := errors.New("no API server")
+	tests := []struct {
+		name     string
+		source   cache.PodSource
+		follower *recordingFollower
+		// badConfig turns Redis features on without Redis, as a program
+		// building its own Config could (LoadConfig turns them off).
+		badConfig bool
+		cancel    bool // the context ends before the pods are delivered
+		want      string
+	}{
+		{"manager fails to start", &listSource{stopped: make(chan struct{})}, &recordingFollower{startErr: errors.New("boom")}, false, false, "boom"},
+		{"source fails", &listSource{failNow: sourceErr, stopped: make(chan struct{})}, nil, false, false, "no API server"},
+		{"stopped before sync", neverSyncs{}, nil, false, true, ""},
+		{"Redis feature without Redis", neverSyncs{}, nil, true, false, "needs a Redis client"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+			var follower podFollower
+			if tt.follower != nil {
+				follower = tt.follower
+			}
+			g, err := newWiredGateway(t, tt.source, follower, func(c *Config) {
+				c.Redis.RequestTraces, c.Redis.GPUProfiles, c.Redis.SharedCounts = tt.badConfig, tt.badConfig, tt.badConfig
+			})
+			if tt.badConfig {
+				for _, feature := range []string{"RequestTraces", "GPUProfiles", "SharedCounts"} {
+					if err == nil || !strings.Contains(err.Error(), feature+" "+tt.want) {
+						t.Fatalf("New = %v, want an error saying %s %s", err, feature, tt.want)
+					}
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			if tt.cancel {
+				cancel()
+			}
+			err = g.Serve(ctx, ln)
+			if tt.want == "" && err != nil || tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)) {
+				t.Fatalf("Serve = %v, want an error containing %q", err, tt.want)
+			}
+			if _, err := http.Get("http://" + ln.Addr().String() + "/healthz"); err == nil {
+				t.Error("still serving after Serve returned")
+			}
+		})
+	}
 }

@@ -9,9 +9,8 @@ import (
 	"net/http"
 	"time"
 
-	v1 "k8s.io/api/core/v1"
-
 	"github.com/kvgate/kvgate/pkg/cache"
+	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/routing"
 	"github.com/kvgate/kvgate/pkg/tokenizer"
 	"github.com/kvgate/kvgate/pkg/types"
@@ -82,11 +81,11 @@ type ejectedPodView struct {
 }
 
 // ejectedViews describes the ejected pods of pods.
-func ejectedViews(store *cache.Store, pods []*v1.Pod, now time.Time) []ejectedPodView {
+func ejectedViews(store *cache.Store, pods []*endpoint.Endpoint, now time.Time) []ejectedPodView {
 	var out []ejectedPodView
 	for _, p := range pods {
 		if ej, ok := store.PodEjection(p); ok {
-			out = append(out, ejectedPodView{Pod: p.Namespace + "/" + p.Name, Reason: string(ej.Reason), Ejections: ej.Count,
+			out = append(out, ejectedPodView{Pod: p.ID, Reason: string(ej.Reason), Ejections: ej.Count,
 				BackoffSeconds: ej.Backoff.Seconds(), RemainingSeconds: ej.Until.Sub(now).Seconds()})
 		}
 	}
@@ -126,8 +125,8 @@ func (g *Gateway) serveMatch(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	resp := matchResponse{Model: req.Model, TokenSource: "tokens", Ejected: ejectedViews(b.store, pods, time.Now())}
-	pods = withoutEjected(b.store, pods)
-	rc := types.NewRoutingContext(r.Context(), g.requestID(), target)
+	pods = withoutEjected(pods, b.store.Snapshots(pods, nil))
+	rc := types.NewRoutingContext(g.requestID(), target)
 	rc.LoraAdapter = req.Lora
 	if req.Lora == "" {
 		rc.LoraAdapter = adapterOf(target, pods)
@@ -151,7 +150,7 @@ func (g *Gateway) serveMatch(w http.ResponseWriter, r *http.Request) {
 			resp.TokenSource, resp.TokenizeError = "none", err.Error()
 		}
 	}
-	e, err := b.router.Explain(rc, pods)
+	e, err := b.router.Explain(rc, b.store.Snapshots(pods, nil))
 	if err != nil {
 		writeError(w, http.StatusServiceUnavailable, typeServiceUnavailable, codeNoReadyPod, "", err.Error())
 		return

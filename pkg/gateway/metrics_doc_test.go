@@ -39,12 +39,12 @@ type metricFamily struct {
 // family matching no prefix lands in the last section.
 var metricSections = []struct{ prefix, title string }{
 	{"kvgate_gateway_", "Requests: [`pkg/gateway`](../pkg/gateway)"},
-	{"kvgate_routing_", "Routing: [`pkg/routing`](../pkg/routing)"},
+	{"kvgate_routing_", "Routing: [`pkg/routing`](../pkg/routing), the in-flight prefills of the request ledger: [`pkg/inflight`](../pkg/inflight)"},
 	{"kvgate_tokenizer_", "Tokenizer: [`pkg/tokenizer`](../pkg/tokenizer)"},
 	{"kvgate_kv_event_", "KV event manager: [`pkg/kvevent/manager`](../pkg/kvevent/manager)"},
 	{"aibrix_kvcache_zmq_", "KV event streams, one series per pod and data-parallel rank: [`pkg/kvevent/transport`](../pkg/kvevent/transport)"},
 	{"kvgate_indexer_", "Prefix index: [`pkg/indexer`](../pkg/indexer)"},
-	{"kvgate_cache_", "Store: [`pkg/cache`](../pkg/cache)"},
+	{"kvgate_cache_", "Store: [`pkg/cache`](../pkg/cache), request ledger: [`pkg/inflight`](../pkg/inflight), Redis state: [`pkg/redisstate`](../pkg/redisstate)"},
 	{"promhttp_", "The /metrics handler: client_golang's promhttp"},
 	{"", "Other"},
 }

@@ -3,6 +3,7 @@ package gateway
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -12,10 +13,9 @@ import (
 	"sync"
 	"time"
 
-	v1 "k8s.io/api/core/v1"
-	"k8s.io/klog/v2"
-
 	"github.com/kvgate/kvgate/pkg/cache"
+	"github.com/kvgate/kvgate/pkg/endpoint"
+	"github.com/kvgate/kvgate/pkg/inflight"
 	"github.com/kvgate/kvgate/pkg/routing"
 	"github.com/kvgate/kvgate/pkg/tokenizer"
 	"github.com/kvgate/kvgate/pkg/types"
@@ -51,6 +51,7 @@ type exchange struct {
 	resp   bytes.Buffer // a whole response, kept to read its usage
 	in     inference
 	d      routing.Decision
+	snaps  []cache.PodSnapshot // the candidates' snapshots
 	buf    []byte
 	reader *bufio.Reader
 	relay  sseRelay
@@ -72,6 +73,8 @@ func putExchange(x *exchange) {
 		b.Reset()
 	}
 	x.in = inference{}
+	clear(x.snaps)
+	x.snaps = x.snaps[:0]
 	x.reader.Reset(nil)
 	x.relay = sseRelay{event: x.relay.event[:0]}
 	if cap(x.relay.event) > maxPooledBuffer {
@@ -123,7 +126,7 @@ type admitted struct {
 	b *backend
 	// pods are the candidates: the model's ready pods that are not
 	// ejected, or all of them when all are; ready counts the ready pods.
-	pods  []*v1.Pod
+	pods  []*endpoint.Endpoint
 	ready int
 	// body is what is forwarded: the client's, or the one asking for the
 	// usage chunk when dropUsage is set.
@@ -131,28 +134,24 @@ type admitted struct {
 	dropUsage bool
 }
 
-// proxy serves one inference request: admit, tokenize, track, route and
-// forward.
+// proxy serves one inference request: admit, record in the request
+// ledger, tokenize, route and forward.
 func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, k kind, x *exchange, c *call) {
 	a, ok := g.admit(w, r, k, x, c)
 	if !ok {
 		return
 	}
-	rc := types.NewRoutingContext(r.Context(), g.requestID(), c.model)
+	rc := types.NewRoutingContext(g.requestID(), c.model)
 	rc.ReceivedAt = c.start
 	rc.Algorithm = c.algorithm
 	rc.LoraAdapter = adapterOf(c.model, a.pods)
+	req := g.ledger.Admit(rc.RequestID, rc.Model)
+	defer req.End()
 	if g.tokenizer != nil && readsPrompt(c.algorithm) {
-		rc.PromptTokenIDs = g.tokenize(rc, &x.in, a.pods)
+		rc.PromptTokenIDs = g.tokenize(r.Context(), rc, &x.in, a.pods)
 	}
-	g.predictOutput(a.b.store, rc, x.in.maxTokens())
-	term := a.b.store.AddRequestCount(rc, rc.RequestID, rc.Model)
-	u, ok := g.forward(w, r, a, rc, x, c)
-	if ok {
-		a.b.store.DoneRequestTrace(rc, rc.RequestID, rc.Model, u.PromptTokens, u.CompletionTokens, term)
-	} else {
-		a.b.store.DoneRequestCount(rc, rc.RequestID, rc.Model, term)
-	}
+	g.predictOutput(rc, x.in.maxTokens())
+	g.forward(w, r, a, rc, req, x, c)
 }
 
 // admit reads and checks a request, answering the client when it fails a
@@ -195,7 +194,8 @@ func (g *Gateway) admit(w http.ResponseWriter, r *http.Request, k kind, x *excha
 		return a, false
 	}
 	a.ready = len(a.pods)
-	a.pods = withoutEjected(a.b.store, a.pods)
+	x.snaps = a.b.store.Snapshots(a.pods, x.snaps[:0])
+	a.pods = withoutEjected(a.pods, x.snaps)
 	a.body = body
 	if sf := x.in.stream(); sf.Stream && !sf.clientWantsUsage() {
 		a.dropUsage = true
@@ -247,9 +247,9 @@ func readsPrompt(alg string) bool {
 
 // adapterOf returns the LoRA adapter model resolves to among pods: "" when
 // a pod serves it as its base model.
-func adapterOf(model string, pods []*v1.Pod) string {
+func adapterOf(model string, pods []*endpoint.Endpoint) string {
 	for _, p := range pods {
-		if cache.ModelName(p) == model {
+		if p.Model == model {
 			return ""
 		}
 	}
@@ -260,9 +260,9 @@ func adapterOf(model string, pods []*v1.Pod) string {
 // nil when tokenization fails: the request is then routed on load alone,
 // and the failure counted by reason. The pods take the /tokenize calls in
 // turn.
-func (g *Gateway) tokenize(rc *types.RoutingContext, in *inference, pods []*v1.Pod) []uint32 {
+func (g *Gateway) tokenize(ctx context.Context, rc *types.RoutingContext, in *inference, pods []*endpoint.Endpoint) []uint32 {
 	pod := pods[g.nextTokenize.Add(1)%uint64(len(pods))]
-	ids, err := in.tokenize(rc.Context, g.tokenizer, g.tokenURL.forPod(pod))
+	ids, err := in.tokenize(ctx, g.tokenizer, g.tokenURL.forPod(pod))
 	if err == nil {
 		return ids
 	}
@@ -274,7 +274,7 @@ func (g *Gateway) tokenize(rc *types.RoutingContext, in *inference, pods []*v1.P
 	g.metrics.tokenizeFails.WithLabelValues(reason).Inc()
 	if l := g.log.V(2); l.Enabled() {
 		l.Info("Routing without prefix information: tokenization failed", "requestID", rc.RequestID,
-			"model", rc.Model, "pod", klog.KObj(pod), "reason", reason, "err", err)
+			"model", rc.Model, "pod", pod.ID, "reason", reason, "err", err)
 	}
 	return nil
 }
@@ -282,12 +282,12 @@ func (g *Gateway) tokenize(rc *types.RoutingContext, in *inference, pods []*v1.P
 // predictOutput sets the request's predicted output length from the
 // model's recent requests of a similar prompt length, capped by the
 // request's own limit; it needs the prompt's length.
-func (g *Gateway) predictOutput(store *cache.Store, rc *types.RoutingContext, maxTokens int) {
+func (g *Gateway) predictOutput(rc *types.RoutingContext, maxTokens int) {
 	n := rc.InputTokens()
 	if n == 0 {
 		return
 	}
-	p, err := store.GetOutputPredictor(rc.Model)
+	p, err := g.predictors.GetOutputPredictor(rc.Model)
 	if err != nil {
 		return
 	}
@@ -299,78 +299,103 @@ func (g *Gateway) predictOutput(store *cache.Store, rc *types.RoutingContext, ma
 }
 
 // forward routes the request, sends it to the chosen pod and relays the
-// response. A pod that cannot be connected to was sent nothing: it is
-// ejected, and the request is routed again among the candidates not tried
-// yet and not ejected meanwhile, until one answers or none is left. It
-// returns the response's usage when it was a success that reported one.
-func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, a admitted, rc *types.RoutingContext, x *exchange, c *call) (usage, bool) {
+// response, each attempt recorded in the request ledger as an attempt of
+// req, opened when the request is sent and closed once it ended. A pod that
+// cannot be connected to was sent nothing: it is ejected, its attempt
+// closed as failed, and the request is routed again among the candidates
+// not tried yet and not ejected meanwhile, until one answers or none is
+// left.
+func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, a admitted, rc *types.RoutingContext, req *inflight.Request,
+	x *exchange, c *call) {
 	b, candidates := a.b, a.pods
 	var tried []string
 	for attempt := 0; ; attempt++ {
-		if err := b.router.Route(rc, candidates, &x.d); err != nil {
+		x.snaps = b.store.Snapshots(candidates, x.snaps[:0])
+		if err := b.router.Route(r.Context(), rc, x.snaps, &x.d); err != nil {
 			c.fail(w, http.StatusServiceUnavailable, typeServiceUnavailable, codeNoReadyPod, "", err.Error())
-			return usage{}, false
+			return
 		}
-		b.store.AddRequestCount(rc, rc.RequestID, rc.Model)
-		prefill := b.router.StartPrefill(&x.d)
+		pod := x.d.Endpoint
+		route := x.d.Route()
+		route.PendingLoad = g.requestLoad(rc, pod)
+		h := req.Route(route)
 		if attempt == 0 {
 			c.overhead = time.Since(c.start)
 			g.metrics.overhead.Observe(c.overhead.Seconds())
 		}
-		pod, addr := x.d.Pod, podAddress(x.d.Pod, g.enginePort)
+		addr := pod.Address
 		resp, err := g.transport.RoundTrip(newUpstreamRequest(r.Context(), r, addr, a.body, rc.RequestID))
 		if err == nil {
 			b.store.PodReachable(pod)
-			defer prefill.Done()
-			return g.relay(w, resp, rc, x, c, prefill, a.dropUsage, addr)
+			g.relay(w, resp, rc, x, c, h, a.dropUsage, addr)
+			return
 		}
-		prefill.Done()
 		if r.Context().Err() != nil {
+			h.Close(inflight.Cancelled, "client went away")
 			c.status = statusClientClosed
-			return usage{}, false
+			return
 		}
 		reason := failureReason(err)
+		h.Close(inflight.Failed, reason)
 		g.metrics.upstreamFails.WithLabelValues(reason).Inc()
 		tried = append(tried, x.d.PodKey+" ("+addr+")")
 		if reason == failSend {
 			c.fail(w, http.StatusBadGateway, typeUpstream, codeUpstreamFailed, "",
 				fmt.Sprintf("pod %s failed before answering: %v", tried[len(tried)-1], err))
-			return usage{}, false
+			return
 		}
 		b.store.EjectPod(pod, cache.EjectionReason(reason))
-		if candidates = untriedReachable(b.store, candidates, pod); len(candidates) == 0 {
+		x.snaps = b.store.Snapshots(candidates, x.snaps[:0])
+		if candidates = untriedReachable(candidates, x.snaps, pod); len(candidates) == 0 {
 			msg := fmt.Sprintf("no pod of the model could be reached: %s: %v", strings.Join(tried, ", "), err)
 			if others := a.ready - len(tried); others > 0 {
 				msg += fmt.Sprintf("; the model's other ready pods (%d) are ejected after failed connections", others)
 			}
 			c.fail(w, http.StatusServiceUnavailable, typeServiceUnavailable, codePodsUnreachable, "", msg)
-			return usage{}, false
+			return
 		}
 		g.metrics.retries.WithLabelValues(reason).Inc()
 		if l := g.log.V(2); l.Enabled() {
 			l.Info("Pod unreachable; routing the request to another pod", "requestID", rc.RequestID,
-				"model", rc.Model, "pod", klog.KObj(pod), "err", err)
+				"model", rc.Model, "pod", pod.ID, "err", err)
 		}
 	}
 }
 
+// requestLoad is the share of pod's capacity the request takes by the GPU
+// profile of the pod's deployment, 0 without one.
+func (g *Gateway) requestLoad(rc *types.RoutingContext, pod *endpoint.Endpoint) float64 {
+	load, err := g.pendingLoad.RequestLoad(rc, pod)
+	if err != nil {
+		if l := g.log.V(2); l.Enabled() {
+			l.Info("No pending load for request", "requestID", rc.RequestID, "pod", pod.ID, "err", err)
+		}
+		return 0
+	}
+	return load
+}
+
 // relay writes the pod's response to the client: its status and headers
 // with the gateway's, then its body, as server-sent events relayed as they
-// come when the request streams, or copied whole otherwise.
+// come when the request streams, or copied whole otherwise. It closes the
+// attempt h once the response ended: done when it was relayed to its end
+// (with the usage the engine reported, when it was a success that reported
+// one), cancelled when the client went away, failed when the response
+// broke off.
 func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, rc *types.RoutingContext, x *exchange, c *call,
-	prefill *routing.Prefill, dropUsage bool, addr string) (usage, bool) {
+	h *inflight.Handle, dropUsage bool, addr string) {
 	defer resp.Body.Close()
-	h := w.Header()
-	copyHeader(h, resp.Header)
-	h.Set(HeaderTargetPod, addr)
-	h.Set(HeaderTargetPodName, x.d.PodKey)
-	h.Set(routing.HeaderRoutingStrategy, x.d.Algorithm)
+	hd := w.Header()
+	copyHeader(hd, resp.Header)
+	hd.Set(HeaderTargetPod, addr)
+	hd.Set(HeaderTargetPodName, x.d.PodKey)
+	hd.Set(routing.HeaderRoutingStrategy, x.d.Algorithm)
 	// The pod's values are shared with its response: append to a copy.
-	h[HeaderServerTiming] = append(slices.Clip(h[HeaderServerTiming]), serverTiming(c.overhead))
+	hd[HeaderServerTiming] = append(slices.Clip(hd[HeaderServerTiming]), serverTiming(c.overhead))
 	sse := x.in.stream().Stream && resp.StatusCode == http.StatusOK &&
 		strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
 	if sse {
-		h.Del("Content-Length")
+		hd.Del("Content-Length")
 	}
 	c.status = resp.StatusCode
 	w.WriteHeader(resp.StatusCode)
@@ -378,7 +403,7 @@ func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, rc *types.Ro
 	var ok bool
 	var err error
 	if sse {
-		u, ok, err = g.relayStream(w, resp, rc, x, c, prefill, dropUsage)
+		u, ok, err = g.relayStream(w, resp, rc, x, c, h, dropUsage)
 	} else {
 		var over bool
 		over, err = relayWhole(w, resp.Body, x.buf, &x.resp, maxUsageScanBytes)
@@ -388,27 +413,30 @@ func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, rc *types.Ro
 	}
 	switch {
 	case errors.Is(err, errClientGone):
-		return usage{}, false
+		h.Close(inflight.Cancelled, "client went away")
+		return
 	case err != nil:
+		h.Close(inflight.Failed, failBody)
 		g.metrics.upstreamFails.WithLabelValues(failBody).Inc()
 		if l := g.log.V(2); l.Enabled() {
 			l.Info("Response broke off", "requestID", rc.RequestID, "model", rc.Model, "pod", x.d.PodKey, "err", err)
 		}
-		return usage{}, false
+		return
 	}
-	if resp.StatusCode != http.StatusOK {
-		return usage{}, false
+	if resp.StatusCode == http.StatusOK {
+		if ok {
+			h.ReportUsage(inflight.Usage{PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens})
+		} else {
+			g.metrics.usageMissing.Inc()
+		}
 	}
-	if !ok {
-		g.metrics.usageMissing.Inc()
-	}
-	return u, ok
+	h.Close(inflight.Done, "")
 }
 
 // relayStream relays a server-sent event stream, reporting the first token
-// to routing and to the TTFT metric.
+// to the request ledger and to the TTFT metric.
 func (g *Gateway) relayStream(w http.ResponseWriter, resp *http.Response, rc *types.RoutingContext, x *exchange, c *call,
-	prefill *routing.Prefill, dropUsage bool) (usage, bool, error) {
+	h *inflight.Handle, dropUsage bool) (usage, bool, error) {
 	rcw := http.NewResponseController(w)
 	if err := rcw.Flush(); err != nil {
 		return usage{}, false, errClientGone
@@ -417,7 +445,7 @@ func (g *Gateway) relayStream(w http.ResponseWriter, resp *http.Response, rc *ty
 	s := &x.relay
 	*s = sseRelay{dst: w, flush: rcw.Flush, src: x.reader, dropUsage: dropUsage, event: s.event[:0],
 		firstToken: func() {
-			prefill.FirstToken()
+			h.FirstToken()
 			g.metrics.ttft.WithLabelValues(rc.Model).Observe(time.Since(c.start).Seconds())
 		}}
 	err := s.run()

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/kvgate/kvgate/internal/testsupport"
+	v1 "k8s.io/api/core/v1"
 )
 
 // sharedPrompt is 22 whole blocks of the test engines' tokenizer.
@@ -165,5 +166,48 @@ func TestTokenizationFailureRoutesOnLoadAndIsCounted(t *testing.T) {
 	}
 	if n := f.metric(`kvgate_routing_decisions_total{algorithm="kv-aware",outcome="no_tokens"}`); n != 4 {
 		t.Errorf("kv-aware no_tokens decisions = %v, want 4", n)
+	}
+}
+
+// TestAModelLabelWithSpacesServesTheTrimmedModel runs a pod labelled
+// "llama " beside one labelled "llama". The KV event manager indexes the
+// first one's blocks under "llama"; the Store must serve it under the same
+// name, and routing must match it there, so that a request for llama goes
+// to the pod holding its prefix.
+func TestAModelLabelWithSpacesServesTheTrimmedModel(t *testing.T) {
+	a, b := newTestEngine(t, "a"), newTestEngine(t, "b")
+	pods := []*v1.Pod{a.pod("llama "), b.pod("llama")}
+	src := &podsSource{pods: pods, release: make(chan struct{})}
+	close(src.release)
+	cfg := loadTestConfig(t, map[string]string{"AIBRIX_POD_METRIC_REFRESH_INTERVAL_MS": "20"})
+	cfg.PodSource = src
+	f := &testFleet{t: t, engines: []*testEngine{a, b}}
+	f.serve(cfg)
+	f.waitReady()
+	f.waitFollowed("ns/a")
+	f.waitFollowed("ns/b")
+	if status, list := get(t, f.url+"/v1/models"); status != http.StatusOK || strings.Count(list, `"id"`) != 1 ||
+		!strings.Contains(list, `"id":"llama"`) {
+		t.Fatalf("/v1/models = %d %s; want llama, once", status, list)
+	}
+
+	tokens := toyTokens(sharedPrompt)
+	blocks := len(a.storePrompt(tokens))
+	testsupport.EventuallyWhy(t, "the index to hold a's blocks under llama", func() (string, bool) {
+		for _, p := range f.match(tokens).Pods {
+			if p.Pod == "ns/a" {
+				return mustJSON(p), p.MatchedBlocks == blocks
+			}
+		}
+		return "a is not a candidate for llama", false
+	})
+	for range 3 {
+		resp, body := post(t, f.url+"/v1/completions", completion(sharedPrompt, ""), map[string]string{"routing-strategy": "kv-aware"})
+		if resp.StatusCode != http.StatusOK || resp.Header.Get(HeaderTargetPodName) != "ns/a" {
+			t.Fatalf("completion: %d from %q: %s; want a, which holds the prompt", resp.StatusCode, resp.Header.Get(HeaderTargetPodName), body)
+		}
+	}
+	if n := f.metric(`kvgate_routing_decisions_total{algorithm="kv-aware",outcome="prefix_hit"}`); n != 3 {
+		t.Errorf("kv-aware prefix hits = %v, want 3", n)
 	}
 }

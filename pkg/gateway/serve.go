@@ -15,7 +15,6 @@ import (
 	"github.com/kvgate/kvgate/pkg/cache"
 	"github.com/kvgate/kvgate/pkg/config"
 	"github.com/kvgate/kvgate/pkg/discovery"
-	"github.com/kvgate/kvgate/pkg/routing"
 )
 
 // newPodSource returns the pod source cfg describes, and the Kubernetes
@@ -71,19 +70,22 @@ func (g *Gateway) Run(ctx context.Context) error {
 // Serve serves the gateway's HTTP API on ln until ctx ends; with an admin
 // listen address in the configuration, it also listens there and serves
 // /metrics and /debug/* there only, and the probes on both. It answers
-// /healthz at once, then starts the Store: with KV event sync, the KV event
-// manager (binding its endpoint in bind mode) and the prefix index's sweep,
-// and the pod source, whose first delivery of pods makes the gateway ready.
-// When ctx ends it fails /readyz on both listeners, goes on serving for
-// ShutdownDelay, stops accepting connections, waits up to ShutdownTimeout
-// for requests in flight (the API's first, then the admin listener's), then
-// stops the Store, the KV event manager, the tokenizer and the Redis client,
-// and returns nil.
+// /healthz at once, then starts the components in order: the prefix index's
+// sweep, the request ledger's reaper, the Store, the components keeping
+// state in Redis (request traces, GPU profiles, shared request counts), the
+// KV event manager (binding its endpoint in bind mode) subscribed to the
+// Store's pod changes, and the pod source, whose first delivery of pods
+// makes the gateway ready. When ctx ends it fails
+// /readyz on both listeners, goes on serving for ShutdownDelay, stops
+// accepting connections, waits up to ShutdownTimeout for requests in flight
+// (the API's first, then the admin listener's), then stops the components
+// in the reverse order, releases the tokenizer and the Redis client, and
+// returns nil.
 //
 // Serve fails, having released everything, ln included, when it cannot
-// listen on the admin address or the Store cannot start: the KV event
-// manager cannot start (a bind endpoint in use), the pod source fails
-// before delivering pods, or Redis features are misconfigured.
+// listen on the admin address, the KV event manager cannot start (a bind
+// endpoint in use), or the pod source fails before delivering pods. When
+// ctx ends before the pods are delivered, Serve stops and returns nil.
 func (g *Gateway) Serve(ctx context.Context, ln net.Listener) error {
 	servers, served, err := g.startServers(ln)
 	if err != nil {
@@ -93,38 +95,107 @@ func (g *Gateway) Serve(ctx context.Context, ln net.Listener) error {
 	}
 	g.logRedisFeatures()
 
-	indexCtx, stopIndex := context.WithCancel(context.Background())
-	indexDone := make(chan struct{})
-	go func() {
-		defer close(indexDone)
-		if g.index != nil {
-			_ = g.index.Run(indexCtx)
-		}
-	}()
-	stopAll := func(store *cache.Store) {
-		g.shutdown(servers, store, stopIndex)
-		<-indexDone
-	}
-
-	store, err := g.startStore(ctx)
-	if err != nil {
-		stopAll(nil)
+	comps := &components{log: g.log}
+	if err := g.start(ctx, comps); err != nil {
+		g.shutdown(servers, comps, false)
 		if ctx.Err() != nil {
 			return nil
 		}
 		return err
 	}
-	g.log.Info("Ready", "pods", len(store.ListPods()), "models", len(store.ListModels()))
+	g.backend.Store(&backend{store: g.store, router: g.router})
+	g.log.Info("Ready", "pods", len(g.store.ListPods()), "models", len(g.store.ListModels()))
 
 	select {
 	case <-ctx.Done():
 		g.log.Info("Shutting down", "timeout", g.cfg.ShutdownTimeout)
-		stopAll(store)
+		g.shutdown(servers, comps, true)
 		return nil
 	case err := <-served:
-		stopAll(store)
+		g.shutdown(servers, comps, true)
 		return err
 	}
+}
+
+// start starts the components in comps: the index's sweep, the request
+// ledger's reaper, the Store, the components keeping state in Redis, the KV
+// event manager and the pod source, and returns once the source has
+// delivered the pods. ctx ending aborts the start; once started, the
+// components run until comps stops them.
+func (g *Gateway) start(ctx context.Context, comps *components) error {
+	if g.index != nil {
+		if err := comps.start("prefix index", runner(g.index.Run)); err != nil {
+			return err
+		}
+	}
+	if err := comps.start("request ledger", runner(g.ledger.Run)); err != nil {
+		return err
+	}
+	if err := comps.start("cache store", runner(g.store.Run)); err != nil {
+		return err
+	}
+	for _, c := range []struct {
+		name string
+		run  interface{ Run(context.Context) error }
+		on   bool
+	}{
+		{"request traces", g.tracer, g.tracer != nil},
+		{"GPU profiles", g.profileLoader, g.profileLoader != nil},
+		{"shared request counts", g.shared, g.shared != nil},
+	} {
+		if !c.on {
+			continue
+		}
+		if err := comps.start(c.name, runner(c.run.Run)); err != nil {
+			return err
+		}
+	}
+	if g.follower != nil {
+		if err := comps.start("KV event manager", g.startFollower); err != nil {
+			return fmt.Errorf("gateway: start: %w", err)
+		}
+	}
+	err := comps.start("pod source", func(run context.Context) (<-chan error, error) {
+		run, abort := context.WithCancel(run)
+		stopAbort := context.AfterFunc(ctx, abort)
+		done, err := cache.RunPodSource(run, g.source, g.restConfig, g.store)
+		if err == nil && !stopAbort() {
+			// ctx ended just as the source synced: it is stopping.
+			<-done
+			err = errors.New("pod source: stopped before serving")
+		}
+		if err != nil {
+			abort()
+			return nil, err
+		}
+		stopped := make(chan error, 1)
+		go func() {
+			stopped <- <-done
+			abort()
+		}()
+		return stopped, nil
+	})
+	if err != nil {
+		return fmt.Errorf("gateway: start: %w", err)
+	}
+	return nil
+}
+
+// startFollower starts the KV event manager and subscribes it to the
+// Store's pod changes, which first tells it of every registered pod; the
+// manager stops when ctx ends.
+func (g *Gateway) startFollower(ctx context.Context) (<-chan error, error) {
+	if err := g.follower.Start(); err != nil {
+		return nil, fmt.Errorf("start KV event manager: %w", err)
+	}
+	g.store.AddPodListener(g.follower)
+	done := make(chan error, 1)
+	go func() {
+		<-ctx.Done()
+		g.follower.Stop()
+		done <- nil
+	}()
+	return done, nil
 }
 
 // startServers serves the API on ln and, with an admin listen address, the
@@ -151,58 +222,21 @@ func (g *Gateway) startServers(ln net.Listener) (servers []*http.Server, served 
 		admin = listeners[1].Addr().String()
 	}
 	g.log.Info("Serving", "address", ln.Addr().String(), "adminAddress", admin, "discovery", g.sourceName(),
-		"kvEventSync", g.manager != nil, "remoteTokenizer", g.tokenizer != nil, "redis", g.cfg.Redis.Address != "")
+		"kvEventSync", g.manager != nil, "remoteTokenizer", g.tokenizer != nil, "tokenizerDir", g.cfg.Tokenizer.LocalDir,
+		"redis", g.cfg.Redis.Address != "")
 	return servers, errs, nil
 }
 
-// startStore starts the Store and the router reading it, and makes the
-// gateway ready.
-func (g *Gateway) startStore(ctx context.Context) (*cache.Store, error) {
-	cc := g.cfg.Cache
-	cc.Registerer, cc.Logger = g.registry, g.cfg.Logger
-	opts := cache.InitOptions{Config: cc, RedisClient: g.redis, PodSource: g.source}
-	if g.manager != nil {
-		opts.EnableKVSync, opts.KVEventManager = true, g.manager
-	}
-	// ctx ending aborts the start; once started, the Store runs until the
-	// shutdown has drained the requests in flight and closes it.
-	abort, started := make(chan struct{}), make(chan struct{})
-	defer close(started)
-	go func() {
-		select {
-		case <-ctx.Done():
-			close(abort)
-		case <-started:
-		}
-	}()
-	store, err := cache.InitWithOptions(g.restConfig, abort, opts)
-	if err != nil {
-		return nil, fmt.Errorf("gateway: start: %w", err)
-	}
-	rc := g.cfg.Routing
-	rc.Metrics, rc.Scrapes, rc.Registerer, rc.Logger = store, store, g.registry, g.cfg.Logger
-	if g.index != nil {
-		rc.Index = g.index
-	}
-	router, err := routing.New(rc)
-	if err != nil {
-		store.Close()
-		return nil, fmt.Errorf("gateway: %w", err)
-	}
-	g.backend.Store(&backend{store: store, router: router})
-	return store, nil
-}
-
-// logRedisFeatures says which Store features run, and why those needing
-// Redis do not.
+// logRedisFeatures says which features keeping state in Redis run, and why
+// they do not.
 func (g *Gateway) logRedisFeatures() {
-	c := g.cfg.Cache
+	c := g.cfg.Redis
 	if g.redis == nil {
 		g.log.Info("Running without Redis: request traces, shared request counts and GPU profiles from Redis are off")
 		return
 	}
-	g.log.Info("Using Redis", "address", g.cfg.Redis.Address, "requestTraces", c.EnableRequestTrace,
-		"sharedRequestCounts", c.SharedRequestCounts, "gpuProfiles", c.EnableProfileCache)
+	g.log.Info("Using Redis", "address", c.Address, "requestTraces", c.RequestTraces,
+		"sharedRequestCounts", c.SharedCounts, "gpuProfiles", c.GPUProfiles)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	if err := g.redis.Ping(ctx).Err(); err != nil {

@@ -13,9 +13,8 @@ import (
 	"syscall"
 	"time"
 
-	v1 "k8s.io/api/core/v1"
-
 	"github.com/kvgate/kvgate/pkg/cache"
+	"github.com/kvgate/kvgate/pkg/endpoint"
 )
 
 // newTransport returns the transport to pods: dialled directly (no
@@ -107,21 +106,18 @@ func failureReason(err error) string {
 	return failSend
 }
 
-// withoutEjected returns the pods of pods the Store has not ejected: pods
-// itself when none is ejected, and all of pods when every one is, so that
-// a model whose pods all refused connections is still tried.
-func withoutEjected(store *cache.Store, pods []*v1.Pod) []*v1.Pod {
-	keep := func(p *v1.Pod) bool {
-		_, ejected := store.PodEjection(p)
-		return !ejected
-	}
-	first := slices.IndexFunc(pods, func(p *v1.Pod) bool { return !keep(p) })
+// withoutEjected returns the pods of pods whose snapshots (snaps, in the
+// same order) are not ejected: pods itself when none is ejected, and all of
+// pods when every one is, so that a model whose pods all refused
+// connections is still tried.
+func withoutEjected(pods []*endpoint.Endpoint, snaps []cache.PodSnapshot) []*endpoint.Endpoint {
+	first := slices.IndexFunc(snaps, func(s cache.PodSnapshot) bool { return s.Ejected })
 	if first < 0 {
 		return pods
 	}
 	out := slices.Clone(pods[:first])
-	for _, p := range pods[first+1:] {
-		if keep(p) {
+	for i, p := range pods[first+1:] {
+		if !snaps[first+1+i].Ejected {
 			out = append(out, p)
 		}
 	}
@@ -132,11 +128,11 @@ func withoutEjected(store *cache.Store, pods []*v1.Pod) []*v1.Pod {
 }
 
 // untriedReachable returns a new slice of the pods of pods other than
-// tried that the Store has not ejected.
-func untriedReachable(store *cache.Store, pods []*v1.Pod, tried *v1.Pod) []*v1.Pod {
-	out := make([]*v1.Pod, 0, len(pods))
-	for _, p := range pods {
-		if _, ejected := store.PodEjection(p); p != tried && !ejected {
+// tried whose snapshots (snaps, in the same order) are not ejected.
+func untriedReachable(pods []*endpoint.Endpoint, snaps []cache.PodSnapshot, tried *endpoint.Endpoint) []*endpoint.Endpoint {
+	out := make([]*endpoint.Endpoint, 0, len(pods))
+	for i, p := range pods {
+		if p.Key != tried.Key && !snaps[i].Ejected {
 			out = append(out, p)
 		}
 	}

@@ -102,9 +102,7 @@ func TestGaugesDescribeTheIndexAndForgetPurgedPods(t *testing.T) {
 }
 
 func TestStatsReportPodsStreamsAndLanes(t *testing.T) {
-	idx, _ := newTestTable(t, Config{})
-	clock := testsupport.NewClock(time.Now())
-	idx.now = clock.Now
+	idx, _, clock := newClockedTable(t, Config{})
 	r1 := podA
 	r1.Rank = 1
 	mustApply(t, idx, podA, stored(hashSeq(1, 2), nil, tokenRange(0, 32), 16))
@@ -121,7 +119,7 @@ func TestStatsReportPodsStreamsAndLanes(t *testing.T) {
 	if got := p.Streams[1].LastEvent; !got.Equal(clock.Now()) {
 		t.Errorf("rank 1 last event %v, want %v", got, clock.Now())
 	}
-	if l := p.Streams[0].Lanes; len(l) != 1 || l[0] != (LaneStats{Medium: "GPU", Group: 0, Blocks: 2}) {
+	if l := p.Streams[0].Lanes; len(l) != 1 || l[0] != (LaneStats{Medium: "GPU", Group: 0, BlockSize: 16, Blocks: 2}) {
 		t.Errorf("rank 0 lanes = %+v", l)
 	}
 }

@@ -47,6 +47,21 @@ func TestMatchesStayExactWhileEventsAndPurgesRun(t *testing.T) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
+		// Statistics read what writers publish, taking no model lock.
+		for !stop.Load() {
+			for _, ms := range idx.Stats() {
+				for _, ps := range ms.Pods {
+					if ps.Pod == "ns/b" && (len(ps.Streams) != 1 || len(ps.Streams[0].Lanes) != 1 || ps.Streams[0].Lanes[0].Blocks != bBlocks) {
+						errs <- "Stats reported pod B, which never changes, wrongly"
+						return
+					}
+				}
+			}
+		}
+	}()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
 		s := Stream{Pod: "ns/x", Model: "other"}
 		for i := 0; !stop.Load(); i++ {
 			ev := stored(hashSeq(uint64(i*64), 64), nil, tokenRange(i*10000, 16*64), 16)

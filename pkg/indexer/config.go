@@ -41,13 +41,14 @@ type Config struct {
 	MaxContexts int
 	// MaxPrefixesPerContext bounds the distinct blocks (prefix keys) indexed
 	// for one model, whatever the number of pods holding each. Storing past
-	// it evicts the least recently stored-or-matched blocks of that model.
+	// it evicts the least recently stored-or-matched blocks of the model's
+	// streams that hold the most (see the package documentation).
 	// Env: AIBRIX_SYNC_MAX_PREFIXES_PER_CONTEXT. Default
 	// DefaultMaxPrefixesPerContext.
 	MaxPrefixesPerContext int
 	// MaxPrefixes bounds the distinct blocks of all models together. Storing
-	// past it evicts blocks of the least recently used model. It has no
-	// AIBrix counterpart. Default DefaultMaxPrefixes.
+	// past it evicts blocks of the least recently used model, as its own
+	// bound does. It has no AIBrix counterpart. Default DefaultMaxPrefixes.
 	MaxPrefixes int
 	// EvictionInterval is the period of the sweep that Run performs.
 	// Env: AIBRIX_SYNC_EVICTION_INTERVAL_SECONDS. Default
@@ -58,9 +59,10 @@ type Config struct {
 	// Env: AIBRIX_SYNC_EVICTION_DURATION_MINUTES. Default
 	// DefaultEvictionDuration.
 	EvictionDuration time.Duration
-	// Logger receives the index's logs: a model dropped whole at
-	// verbosity 0; pods purged, streams reset and block sizes learned at
-	// 2; evictions at 3; stored blocks skipped for an unknown parent at 4.
+	// Logger receives the index's logs: a model dropped whole and a
+	// model's engines using more block sizes than before at verbosity 0;
+	// pods purged, streams reset and an engine's block size changing at 2;
+	// evictions at 3; stored blocks skipped for an unknown parent at 4.
 	// The zero value logs through klog's global logger.
 	Logger klog.Logger
 }

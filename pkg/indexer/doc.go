@@ -5,7 +5,7 @@
 // # What counts as a match
 //
 // A prompt is cut into whole blocks of the engine's block size (in tokens,
-// learned from the model's events; a trailing partial block never counts).
+// learned from the engine's events; a trailing partial block never counts).
 // Block i of a prompt matches a pod when the pod holds the KV cache of
 // exactly the tokens of blocks 0 to i, computed for the same model and LoRA
 // adapter and with no extra inputs (images, cache salts, prompt embeddings)
@@ -18,41 +18,81 @@
 // applied until its BlockRemoved, an AllBlocksCleared, a purge of the pod, or
 // eviction by the index's own bounds.
 //
+// The engines of one model need not share a block size: each lane keeps the
+// block size of its events, and a match walks the prompt once per block size
+// among its candidates, crediting each pod at its own engines' size and
+// comparing runs in tokens (the sizes in use are counted in
+// kvgate_indexer_block_size_streams). A parent is looked up only among the
+// stream's lanes of the event's block size, and blocks of another size in a
+// lane mean that its engine restarted unseen: its blocks of the old size are
+// dropped (evicted_blocks_total{reason="block_size_changed"}).
+//
 // # Keys
 //
 // The index names blocks by its own chained 64-bit hash of their tokens,
 // seeded at random per process and rooted in the model and adapter, so
 // routers compute the same keys from a prompt without knowing the engine's
-// hash function or seed.
-// Per stream (pod and rank), a lane for each medium and group maps the
-// engine's block hashes to these keys, so that events naming engine hashes
-// (parents, removals) find their blocks.
+// hash function or seed. Per stream (pod and rank), a lane for each medium
+// and group maps the engine's block hashes to these keys, so that events
+// naming engine hashes (parents, removals) find their blocks; lanes place
+// engine hashes by a keyed mix of the same secret, so that an engine
+// choosing its hashes cannot pile them onto one probe sequence.
+//
+// Blocks that name their LoRA adapter by the engine's adapter id alone
+// (vLLM 0.9 sends no name) are not indexed and are counted in
+// kvgate_indexer_skipped_blocks_total{reason="lora_id_only"}: requests name
+// adapters, and neither the events nor the engine's API map ids to names, so
+// such blocks could never match.
 //
 // # Unknown parents
 //
 // A BlockStored event whose parent hash the stream does not hold (the parent
 // was stored before the index started, before the stream was reset or
-// cleared, evicted by the index, or lost in a gap) is skipped whole and counted in kvgate_indexer_parent_misses_total:
-// indexing its blocks from the root would credit pods with prefixes they do
-// not hold. The chain heals when the engine stores the prefix again from its
+// cleared, evicted by the index, or lost in a gap) is skipped whole and
+// counted in kvgate_indexer_parent_misses_total: indexing its blocks from
+// the root would credit pods with prefixes they do not hold. The chain heals when the engine stores the prefix again from its
 // first block, which vLLM does whenever a request recomputes it.
+//
+// A parent hash of 0 that the stream does not hold means "no parent", as a
+// nil one does: engines that always send a parent (llm-d-inference-sim)
+// send 0 for a prompt's first block. A stream that holds a block named 0 is
+// taken at its word.
 //
 // # Bounds and eviction
 //
 // The number of keys per model (MaxPrefixesPerContext), of all models
 // (MaxPrefixes) and of models (MaxContexts) are hard bounds. Each key carries
 // a coarse clock, in whole seconds, refreshed when a block is stored
-// (re-announced blocks included) or matched. When a model is full, the index
-// evicts, in one batch, the 1/32 of its keys with the oldest clocks: an LRU
-// approximated only by the clock's resolution and by evicting in batches,
-// which a scan of the key table and of the lanes holding the victims pays
-// for once per batch. Eviction is exact in what it removes: every evicted key
-// leaves every holder and every lane map in the same step, so nothing
-// dangles and later events naming an evicted block treat it as unknown. When
-// all models together are full, the batch comes from the least recently used
-// model. A pod that sent no event and was credited by no match for
-// EvictionDuration is purged by the sweep that Run performs every
-// EvictionInterval.
+// (re-announced blocks included) or matched.
+//
+// When a model is full, the index evicts residencies, not whole keys, and
+// makes the streams that hold the most pay: a stream (one engine: a pod's
+// data-parallel rank) is charged one unit per block it holds, once per
+// medium and KV-cache group, whether or not other pods hold the block too.
+// One eviction round removes 1/32 of the model's residencies (and at least
+// what the store needs): it lowers the streams with the highest charges to
+// a common level, each giving up its least recently stored or matched
+// blocks (equal clocks in the order of a rotating scan), and leaves every
+// stream below the level alone. A key leaves the table when its last
+// holder's residency goes. So one pod flooding the index evicts only its
+// own blocks for as long as it holds more than the others: a stream holding
+// no more than its share, about MaxPrefixesPerContext divided by the
+// model's streams, loses nothing to eviction while another holds more, and
+// a block many pods hold stays while any of them keeps it. A pod running
+// several data-parallel ranks has a share per rank, as it has an engine
+// and a cache per rank. When every stream holds about as much, the rounds
+// take from each alike, oldest first: an LRU per stream.
+//
+// A round costs one scan of the key table and one of the paying streams'
+// lanes, for 1/32 of the residencies: eviction costs what it evicts, about a
+// microsecond of work per residency at bounds up to the default
+// (BenchmarkEvictionFlood). It is exact in what it removes: an evicted
+// residency leaves its key's holder set and its lane's map in the same
+// step, so nothing dangles and later events naming an evicted block treat
+// it as unknown. When all models together are full, the round comes from
+// the least recently used model. A pod that sent no event and was credited
+// by no match for EvictionDuration is purged by the sweep that Run performs
+// every EvictionInterval.
 //
 // Memory follows the residencies: a key costs about 38 bytes in its model's
 // table and each (block, holder) pair about 25 bytes in its lane, some 41
@@ -67,16 +107,26 @@
 // from empty to one key to a tombstone and entries never move, so a lookup
 // always reads the holders of the key it found, and never misses a key that
 // was present throughout; growing, shrinking and dropping tombstones build
-// new arrays aside and publish them with one atomic store. Writers of one
-// model (event batches, purges, evictions) serialise on the model's mutex;
-// different models are independent. A pod purge writes no slot: its lanes'
-// holder ids stop being live, keys left with no live holder stop being
-// counted, and their slots and the ids' bits are reclaimed when the shard is
-// next rebuilt. To count those keys it looks up each of the pod's keys once,
-// in slot order, or, when the pod holds a large part of the table, sweeps
-// the slots for its bits; either way its time grows with the pod's entries.
-// It delays only the writers of the pod's models. AllBlocksCleared finds a
-// stream's residencies the same two ways.
+// new arrays aside and publish them with one atomic store.
+//
+// Writers of one model (event batches, purges, evictions) serialise on the
+// model's mutex; different models are independent, and the registry of
+// pods, streams and models has a lock of its own that is never held while
+// waiting for a model's writer. Nothing that only reads waits for a writer
+// either: statistics (Stats, the metrics' gauges) read counts the writers
+// publish after each event, and the idle sweep and the drop of a model past
+// MaxContexts leave their work on a busy model to the writer that holds its
+// mutex, which does it before letting go.
+//
+// A pod purge writes no slot: its lanes' holder ids stop being live, keys
+// left with no live holder stop being counted, and their slots and the ids'
+// bits are reclaimed when the shard is next rebuilt. To count those keys it
+// looks up each of the pod's keys once, in slot order, or, when the pod
+// holds more than a sixteenth as many keys as the table has slots, sweeps
+// the slots for its bits, which streams through memory at about a
+// nanosecond a slot where a lookup misses the cache; either way its time
+// grows with the pod's entries. It delays only the writers of the pod's
+// models. AllBlocksCleared finds a stream's residencies the same two ways.
 //
 // A match keys the prompt a batch of blocks ahead of its lookups and asks the
 // CPU to prefetch the slots of the batch it has keyed, so that the memory

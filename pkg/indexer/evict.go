@@ -1,132 +1,314 @@
 package indexer
 
 import (
-	"context"
-	"math/rand/v2"
+	"cmp"
+	"math/bits"
 	"runtime"
 	"slices"
-	"time"
+	"sync/atomic"
 )
 
-const (
-	// evictBatchDiv sets the size of an eviction batch: a model at capacity
-	// frees 1/evictBatchDiv of its keys at once, so that the scan of its
-	// lanes is paid once per many stores.
-	evictBatchDiv = 32
-	// evictSample is the number of key clocks sampled to pick the clock
-	// under which a batch's victims are taken.
-	evictSample = 256
-)
+// evictBatchDiv sets the size of an eviction round: a model at capacity
+// removes 1/evictBatchDiv of its residencies at once, so that the scans of
+// its key table and of the evicted streams' lanes are paid once per many
+// stores.
+const evictBatchDiv = 32
 
-// makeRoom evicts keys so that one more key fits both bounds; m.mu is held.
-func (m *modelTable) makeRoom() {
+// makeRoom evicts keys so that one more key fits both bounds, and reports
+// whether it evicted any (from any model); m.mu is held.
+func (m *modelTable) makeRoom() bool {
 	cfg := &m.t.cfg
 	if m.keys.n >= cfg.MaxPrefixesPerContext {
-		m.evictLRU(m.keys.n-cfg.MaxPrefixesPerContext+1, reasonCapacity)
-		return
+		m.evict(m.keys.n-cfg.MaxPrefixesPerContext+1, reasonCapacity)
+		return true
 	}
 	if m.t.total.Load() >= int64(cfg.MaxPrefixes) {
 		m.t.evictForTotal(m)
+		return true
 	}
+	return false
 }
 
-// evictLRU evicts at least need keys of the model, and up to a batch, least
-// recently stored or matched first, for every holder, lane maps included,
-// and returns how many it evicted; m.mu is held.
-func (m *modelTable) evictLRU(need int, reason string) int {
-	target := min(m.keys.n, max(need, m.keys.n/evictBatchDiv))
-	if target <= 0 {
-		return 0
-	}
-	victims := m.keys.oldest(target, &m.evictFrom)
-	set := newKeySet(len(victims))
-	lanes := make([]uint64, m.keys.width)
-	for _, k := range victims {
-		r, _ := m.keys.find(k)
-		for w := range lanes {
-			lanes[w] |= *r.a.word(w, r.i)
+// evict removes residencies of the model in rounds, by the policy of the
+// package documentation, until at least need keys have lost their last
+// holder (fewer only if the model has fewer keys), and returns how many
+// did; m.mu is held. An evicted residency leaves its key's holder set and
+// its lane's map in the same step.
+func (m *modelTable) evict(need int, reason string) int {
+	freed, removed := 0, 0
+	for freed < need {
+		f, r := m.evictRound(need - freed)
+		if r == 0 {
+			break
 		}
-		m.keys.evict(r)
-		set.add(k)
+		freed, removed = freed+f, removed+r
 	}
-	removed := 0
-	for id, ln := range m.lanes {
-		if ln != nil && lanes[id>>6]&(1<<(id&63)) != 0 {
+	if removed > 0 {
+		m.t.metrics.evicted(reason, removed)
+		if l := m.t.cfg.Logger.V(3); l.Enabled() {
+			l.Info("Evicted blocks of a model from the KV-cache index",
+				"model", m.name, "reason", reason, "keys", freed, "residencies", removed)
+		}
+	}
+	return freed
+}
+
+// payer is a stream that gives up residencies in an eviction round.
+type payer struct {
+	lanes []*lane
+	// mask has the holder bits of the stream's lanes, one word per word of
+	// the key table's holder sets.
+	mask []uint64
+	// charge is the stream's residencies, quota how many of them go.
+	charge, quota int
+	pick          picker
+}
+
+// evictRound removes about 1/evictBatchDiv of the model's residencies, and
+// at least need: from the streams that hold the most, the least recently
+// used of each, down to a common level. It returns how many keys lost their
+// last holder and how many residencies went.
+func (m *modelTable) evictRound(need int) (freed, removed int) {
+	payers, owner := m.payers(need)
+	if len(payers) == 0 {
+		return 0, 0
+	}
+	m.keys.offerOldest(payers, owner, m.evictFrom)
+	m.evictFrom = (m.evictFrom + 1) % numShards
+	for _, p := range payers {
+		victims := p.pick.take(p.quota)
+		set := newKeySet(len(victims))
+		for _, v := range victims {
+			r := slotRef{&m.keys.shards[v.shard], m.keys.shards[v.shard].arr.Load(), int(v.slot)}
+			for w, lanes := range p.mask {
+				if lanes != 0 && w < r.a.width() {
+					atomic.AndUint64(r.a.word(w, r.i), ^lanes)
+				}
+			}
+			if !m.keys.held(r.a, r.i) {
+				m.keys.bury(r)
+				freed++
+			}
+			set.add(v.key)
+		}
+		for _, ln := range p.lanes {
 			removed += ln.m.removeKeys(&set)
+			ln.publish()
 		}
 	}
-	m.t.metrics.evicted(reason, removed)
-	if l := m.t.cfg.Logger.V(3); l.Enabled() {
-		l.Info("Evicted the least recently used blocks of a model from the KV-cache index",
-			"model", m.name, "reason", reason, "keys", len(victims), "residencies", removed)
-	}
-	return len(victims)
+	return freed, removed
 }
 
-// clockQuantile estimates, from a sample, the clock at or under which about
-// want keys of the table lie.
-func (t *keyTable) clockQuantile(want int) uint32 {
-	clocks := make([]uint32, 0, evictSample)
-	for tries := 0; tries < 4*evictSample && len(clocks) < evictSample; tries++ {
-		a := t.shards[rand.IntN(numShards)].arr.Load()
-		i := rand.IntN(a.cap())
-		if k := a.slots[i].key; k != emptyKey && k != deadKey && t.held(a, i) {
-			clocks = append(clocks, a.clock(i))
+// payers returns the streams that pay for an eviction round, with their
+// quotas, and the index of the payer that owns each holder id (-1 for
+// none). Every residency costs its stream one unit of charge, and the round
+// takes max(need, 1/evictBatchDiv of all charges) units from the streams
+// with the highest charges, down to the level where they all end (see
+// waterLevel).
+func (m *modelTable) payers(need int) ([]*payer, []int32) {
+	byStream := make(map[*stream]*payer)
+	var all []*payer
+	total := 0
+	for _, ln := range m.lanes {
+		if ln == nil || ln.m.n == 0 {
+			continue
 		}
+		p := byStream[ln.stream]
+		if p == nil {
+			p = &payer{mask: make([]uint64, m.keys.width)}
+			byStream[ln.stream] = p
+			all = append(all, p)
+		}
+		p.lanes = append(p.lanes, ln)
+		p.mask[ln.id>>6] |= 1 << (ln.id & 63)
+		p.charge += ln.m.n
+		total += ln.m.n
 	}
-	if len(clocks) == 0 {
-		return ^uint32(0)
+	slices.SortFunc(all, func(a, b *payer) int { return cmp.Compare(b.charge, a.charge) })
+	charges := make([]int, len(all))
+	for i, p := range all {
+		charges[i] = p.charge
 	}
-	slices.Sort(clocks)
-	return clocks[min(len(clocks)-1, len(clocks)*want/max(1, t.n))]
+	level := waterLevel(charges, max(need, total/evictBatchDiv))
+	owner := make([]int32, len(m.lanes))
+	for i := range owner {
+		owner[i] = -1
+	}
+	payers := all[:0]
+	for _, p := range all {
+		if p.charge <= level {
+			break
+		}
+		p.quota = p.charge - level
+		p.pick.want = p.quota
+		for _, ln := range p.lanes {
+			owner[ln.id] = int32(len(payers))
+		}
+		payers = append(payers, p)
+	}
+	return payers, owner
 }
 
-// oldest returns the want least recently stored or matched keys (fewer
-// only if the table has fewer), ties broken by position. It scans the whole
-// table once, keeping candidates at or under a clock limit: the limit starts
-// at a quantile estimated from a sample, and whenever 4*want candidates pile
-// up it drops to the clock of the 2*want-th oldest, so the candidates stay
-// few whatever the sample said.
-func (t *keyTable) oldest(want int, from *int) []uint64 {
-	limit := t.clockQuantile(want)
-	cands := make([]candidate, 0, 4*want)
-	byClock := func(a, b candidate) int { return int(a.clock) - int(b.clock) }
-	for pass := 0; pass < 2 && len(cands) < want; pass++ {
-		if pass == 1 {
-			limit, cands = ^uint32(0), cands[:0]
+// waterLevel returns the highest level such that the charges above it,
+// sorted from the highest, add up to at least batch: the level the highest
+// charges end at when batch units are taken from them, each down to the
+// same level, none below it. It is 0 when batch is all there is.
+func waterLevel(charges []int, batch int) int {
+	sum := 0
+	for k := 1; k <= len(charges); k++ {
+		sum += charges[k-1]
+		next := 0
+		if k < len(charges) {
+			next = charges[k]
 		}
-		for s := range numShards {
-			a := t.shards[(*from+s)%numShards].arr.Load()
-			for i := range a.slots {
-				k, c := a.slots[i].key, a.clock(i)
-				if k == emptyKey || k == deadKey || c > limit || !t.held(a, i) {
+		if sum-k*next >= batch {
+			return (sum - batch) / k
+		}
+	}
+	return 0
+}
+
+// offerOldest scans the table once, shard by shard from shard from, and
+// offers each key that a payer's lanes hold to that payer's picker, with
+// the number of the payer's lanes holding it. owner maps holder ids to
+// payers.
+func (t *keyTable) offerOldest(payers []*payer, owner []int32, from int) {
+	anyMask := make([]uint64, t.width)
+	for _, p := range payers {
+		for w, lanes := range p.mask {
+			anyMask[w] |= lanes
+		}
+	}
+	held := make([]uint64, t.width)
+	pos := uint32(0)
+	for s := range numShards {
+		si := (from + s) % numShards
+		a := t.shards[si].arr.Load()
+		base := pos
+		pos += uint32(a.cap())
+		if t.width == 1 && len(payers) == 1 {
+			// The common case, a flood from one stream, without the
+			// bookkeeping of several payers and holder words.
+			offerOne(a, anyMask[0], &payers[0].pick, si, base)
+			continue
+		}
+		for i := range a.slots {
+			hit := a.slots[i].holders&anyMask[0] != 0
+			for w := 1; w < len(held) && !hit; w++ {
+				hit = w < a.width() && a.more[w-1][i]&anyMask[w] != 0
+			}
+			if !hit || a.slots[i].key <= deadKey {
+				continue
+			}
+			for w := range held {
+				held[w] = 0
+				if w < a.width() {
+					held[w] = *a.word(w, i) & anyMask[w]
+				}
+			}
+			c := evictCand{key: a.slots[i].key, clock: a.clock(i), pos: base + uint32(i), slot: int32(i), shard: uint8(si)}
+			for w := 0; w < len(held); {
+				if held[w] == 0 {
+					w++
 					continue
 				}
-				cands = append(cands, candidate{k, c})
-				if len(cands) == cap(cands) {
-					slices.SortFunc(cands, byClock)
-					cands = cands[:2*want]
-					limit = cands[len(cands)-1].clock
+				p := payers[owner[w<<6|bits.TrailingZeros64(held[w])]]
+				c.weight = 0
+				for v, lanes := range p.mask {
+					c.weight += uint16(bits.OnesCount64(held[v] & lanes))
+					held[v] &^= lanes
 				}
+				p.pick.offer(c)
 			}
 		}
 	}
-	*from = (*from + 1) % numShards
-	slices.SortFunc(cands, byClock)
-	keys := make([]uint64, 0, want)
-	for _, c := range cands[:min(want, len(cands))] {
-		keys = append(keys, c.key)
+}
+
+// offerOne offers to p the keys of shard arrays a that the lanes of mask
+// hold, in a table of one holder word; base is the scan position of the
+// shard's first slot.
+func offerOne(a *keySlots, mask uint64, p *picker, shard int, base uint32) {
+	for i := range a.slots {
+		sl := &a.slots[i]
+		h := sl.holders & mask
+		if h == 0 || sl.key <= deadKey {
+			continue
+		}
+		clock := a.clock(i)
+		if p.full && clock >= p.limit {
+			continue
+		}
+		p.offer(evictCand{key: sl.key, clock: clock, pos: base + uint32(i), slot: int32(i), shard: uint8(shard),
+			weight: uint16(bits.OnesCount64(h))})
 	}
-	return keys
 }
 
-type candidate struct {
-	key   uint64
-	clock uint32
+// evictCand is a key a payer may give up: where it is, how recently it was
+// used, the scan position that breaks ties between equal clocks, and how
+// many of the payer's lanes hold it.
+type evictCand struct {
+	key    uint64
+	clock  uint32
+	pos    uint32
+	slot   int32
+	shard  uint8
+	weight uint16
 }
 
-// evictForTotal evicts a batch of keys from the least recently used model
-// that can be locked without waiting (self's mutex is already held), so that
+func byAge(a, b evictCand) int {
+	return cmp.Or(cmp.Compare(a.clock, b.clock), cmp.Compare(a.pos, b.pos))
+}
+
+// picker keeps the want oldest of the candidates offered to it, ties going
+// to the earlier offered. It buffers up to twice want (at least
+// minPickBuffer) and then keeps the want oldest, after which it takes only
+// candidates strictly older than the youngest kept: the candidates it
+// holds stay few whatever the clocks, equal ones included.
+type picker struct {
+	want  int
+	limit uint32
+	full  bool
+	cands []evictCand
+}
+
+const minPickBuffer = 64
+
+func (p *picker) offer(c evictCand) {
+	if p.full && c.clock >= p.limit {
+		return
+	}
+	if p.cands == nil {
+		p.cands = make([]evictCand, 0, max(2*p.want, minPickBuffer))
+	}
+	p.cands = append(p.cands, c)
+	if len(p.cands) == cap(p.cands) {
+		p.trim()
+	}
+}
+
+// trim keeps the want oldest candidates.
+func (p *picker) trim() {
+	slices.SortFunc(p.cands, byAge)
+	if len(p.cands) > p.want {
+		p.cands = p.cands[:p.want]
+		p.limit, p.full = p.cands[p.want-1].clock, true
+	}
+}
+
+// take returns the oldest candidates whose lanes add up to quota
+// residencies, or all of them.
+func (p *picker) take(quota int) []evictCand {
+	p.trim()
+	for i, c := range p.cands {
+		if quota -= int(c.weight); quota <= 0 {
+			return p.cands[:i+1]
+		}
+	}
+	return p.cands
+}
+
+// evictForTotal evicts a round from the least recently used model that can
+// be locked without waiting (self's mutex is already held), so that
 // MaxPrefixes holds.
 func (t *SyncPrefixHashTable) evictForTotal(self *modelTable) {
 	for t.total.Load() >= int64(t.cfg.MaxPrefixes) {
@@ -147,13 +329,13 @@ func (t *SyncPrefixHashTable) evictForTotal(self *modelTable) {
 	}
 }
 
-// evictOldest evicts a batch from the first model of models, oldest first,
+// evictOldest evicts a round from the first model of models, oldest first,
 // that has keys and can be locked without waiting. busy reports that a model
 // with keys was locked by another writer.
 func (t *SyncPrefixHashTable) evictOldest(self *modelTable, models []*modelTable) (evicted, busy bool) {
 	for _, m := range models {
 		if m == self {
-			if m.evictLRU(1, reasonTotal) > 0 {
+			if m.evict(1, reasonTotal) > 0 {
 				return true, false
 			}
 			continue
@@ -161,12 +343,12 @@ func (t *SyncPrefixHashTable) evictOldest(self *modelTable, models []*modelTable
 		if m.keys.count.Load() == 0 {
 			continue
 		}
-		if !m.mu.TryLock() {
+		if !m.tryLock() {
 			busy = true
 			continue
 		}
-		evicted = !m.isDropped() && m.evictLRU(1, reasonTotal) > 0
-		m.mu.Unlock()
+		evicted = !m.isDropped() && m.evict(1, reasonTotal) > 0
+		m.unlock()
 		if evicted {
 			return true, false
 		}
@@ -179,9 +361,14 @@ type keySet struct{ slots []uint64 }
 
 func newKeySet(n int) keySet { return keySet{make([]uint64, 2*n+1)} }
 
+// home places a key by all its bits. Its top bits would not do: the keys of
+// one eviction batch come from a scan of the key table, whose shards and
+// slots are chosen by those bits, so a batch shares them.
+func (s *keySet) home(k uint64) int { return home(k*mixA, len(s.slots)) }
+
 func (s *keySet) add(k uint64) {
 	c := len(s.slots)
-	for i := home(k, c); ; {
+	for i := s.home(k); ; {
 		if s.slots[i] == 0 || s.slots[i] == k {
 			s.slots[i] = k
 			return
@@ -194,7 +381,7 @@ func (s *keySet) add(k uint64) {
 
 func (s *keySet) has(k uint64) bool {
 	c := len(s.slots)
-	for i := home(k, c); ; {
+	for i := s.home(k); ; {
 		switch s.slots[i] {
 		case k:
 			return true
@@ -204,69 +391,5 @@ func (s *keySet) has(k uint64) bool {
 		if i++; i == c {
 			i = 0
 		}
-	}
-}
-
-// Run sweeps the index every EvictionInterval until ctx is done, then
-// returns nil. A sweep purges the pods that sent no event and were credited
-// by no match for EvictionDuration, and forgets models left without pods and
-// blocks.
-func (t *SyncPrefixHashTable) Run(ctx context.Context) error {
-	tk := time.NewTicker(t.cfg.EvictionInterval)
-	defer tk.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-tk.C:
-			t.sweep(t.now())
-		}
-	}
-}
-
-// sweep performs one sweep at time now.
-func (t *SyncPrefixHashTable) sweep(now time.Time) {
-	cutoff := now.Add(-t.cfg.EvictionDuration).UnixNano()
-	t.mu.Lock()
-	var idle []string
-	for name, ps := range t.pods {
-		if ps.lastActive() < cutoff {
-			idle = append(idle, name)
-		}
-	}
-	t.mu.Unlock()
-	for _, pod := range idle {
-		t.purgePodIf(pod, reasonIdle, func(ps *podState) bool { return ps.lastActive() < cutoff })
-	}
-	t.forgetEmptyModels()
-}
-
-// lastActive is the unix nanoseconds of the pod's last event or credited
-// match, or of its creation; SyncPrefixHashTable.mu is held.
-func (ps *podState) lastActive() int64 {
-	last := max(ps.created, ps.lastMatch.Load())
-	for _, st := range ps.streams {
-		last = max(last, st.lastEvent.Load())
-	}
-	return last
-}
-
-// forgetEmptyModels drops the models that have neither streams nor keys.
-func (t *SyncPrefixHashTable) forgetEmptyModels() {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	old := *t.models.Load()
-	models := make(map[string]*modelTable, len(old))
-	for name, m := range old {
-		if len(m.streams) > 0 || m.keys.count.Load() > 0 {
-			models[name] = m
-			continue
-		}
-		m.mu.Lock()
-		m.dropped.Store(true)
-		m.mu.Unlock()
-	}
-	if len(models) != len(old) {
-		t.models.Store(&models)
 	}
 }

@@ -3,7 +3,6 @@ package indexer
 import (
 	"encoding/binary"
 	"math/bits"
-	"strconv"
 )
 
 // Keys are kvgate's own names for prefixes of token blocks. A model (and
@@ -38,6 +37,8 @@ func mum(a, b uint64) uint64 {
 type keyer struct {
 	seed uint64
 	s    [4]uint64
+	// lane places engine hashes in lane maps (see laneMap).
+	lane laneSalt
 }
 
 func newKeyer(seed uint64) keyer {
@@ -46,6 +47,10 @@ func newKeyer(seed uint64) keyer {
 	for i := range k.s {
 		x += mixA
 		k.s[i] = mum(x^mixB, mixC)
+	}
+	for i := range k.lane {
+		x += mixA
+		k.lane[i] = mum(x^mixD, mixB)
 	}
 	return k
 }
@@ -81,16 +86,11 @@ func usable(h uint64) uint64 {
 }
 
 // root is the key of the empty prefix of a model served with a LoRA
-// adapter: lora is the adapter name, "" for the base model. An adapter known
-// only by its engine id (loraID > 0, lora == "") gets a root of its own that
-// no name can produce.
-func (k *keyer) root(model, lora string, loraID int) uint64 {
+// adapter: lora is the adapter name, "" for the base model.
+func (k *keyer) root(model, lora string) uint64 {
 	h := hashString(k.seed^mixA, model)
-	switch {
-	case lora != "":
+	if lora != "" {
 		h = hashString(mum(h^mixB, 1), lora)
-	case loraID > 0:
-		h = hashString(mum(h^mixB, 2), strconv.Itoa(loraID))
 	}
 	return usable(mum(h^mixC, mixD))
 }

@@ -4,6 +4,9 @@ import (
 	"fmt"
 	"strconv"
 	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/internal/testsupport"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -19,6 +22,16 @@ func newTestTable(tb testing.TB, cfg Config) (*SyncPrefixHashTable, *prometheus.
 		tb.Fatalf("NewSyncPrefixHashTable: %v", err)
 	}
 	return t, reg
+}
+
+// newClockedTable returns a table with its metrics on a fresh registry and
+// its time from a clock the test advances.
+func newClockedTable(tb testing.TB, cfg Config) (*SyncPrefixHashTable, *prometheus.Registry, *testsupport.Clock) {
+	tb.Helper()
+	t, reg := newTestTable(tb, cfg)
+	clock := testsupport.NewClock(time.Now())
+	t.now = clock.Now
+	return t, reg, clock
 }
 
 // tokenRange returns n consecutive token ids starting at from.
@@ -75,8 +88,9 @@ func match(t *SyncPrefixHashTable, model, lora string, tokens []uint32, pods ...
 	blocks, gpu = map[string]int{}, map[string]int{}
 	for _, p := range res.Pods {
 		blocks[p.Pod], gpu[p.Pod] = p.Blocks, p.GPUBlocks
-		if p.Tokens != p.Blocks*res.BlockSize || p.GPUTokens != p.GPUBlocks*res.BlockSize {
-			panic(fmt.Sprintf("tokens of %+v do not follow block size %d", p, res.BlockSize))
+		if p.Tokens != p.Blocks*p.BlockSize || p.GPUTokens < p.GPUBlocks*p.BlockSize ||
+			p.GPUTokens >= (p.GPUBlocks+1)*max(p.BlockSize, 1) || p.GPUTokens > p.Tokens {
+			panic(fmt.Sprintf("tokens of %+v do not follow its block size", p))
 		}
 	}
 	return blocks, gpu
@@ -101,8 +115,8 @@ func checkInvariants(t *SyncPrefixHashTable) error {
 }
 
 func (m *modelTable) checkInvariants() error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
+	m.lock()
+	defer m.unlock()
 	holders := map[uint64]map[int]bool{}
 	for id, ln := range m.lanes {
 		if ln == nil {
@@ -112,13 +126,14 @@ func (m *modelTable) checkInvariants() error {
 			return fmt.Errorf("lane at %d has id %d", id, ln.id)
 		}
 		n := 0
-		for i, k := range ln.m.keys {
+		for i := range ln.m.slots() {
+			k := ln.m.key(i)
 			if k == 0 {
 				continue
 			}
 			n++
-			if got, ok := ln.m.get(ln.m.hashes[i]); !ok || got != k {
-				return fmt.Errorf("lane %d: hash %d unreachable", id, ln.m.hashes[i])
+			if got, ok := ln.m.get(ln.m.hash(i)); !ok || got != k {
+				return fmt.Errorf("lane %d: hash %d unreachable", id, ln.m.hash(i))
 			}
 			if holders[k] == nil {
 				holders[k] = map[int]bool{}

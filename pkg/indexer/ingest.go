@@ -27,7 +27,7 @@ func (t *SyncPrefixHashTable) ApplyBatch(s Stream, batch *kvevent.EventBatch) er
 		return fmt.Errorf("apply batch from %s rank %d: nil batch", s.Pod, s.Rank)
 	}
 	st, m := t.lockStream(s)
-	defer m.mu.Unlock()
+	defer m.unlock()
 	now := t.now()
 	tick := t.tick(now)
 	var errs []error
@@ -63,7 +63,7 @@ func (t *SyncPrefixHashTable) ProcessAllBlocksCleared(s Stream, e *kvevent.AllBl
 
 func (t *SyncPrefixHashTable) applyOne(s Stream, ev kvevent.KVEvent) error {
 	st, m := t.lockStream(s)
-	defer m.mu.Unlock()
+	defer m.unlock()
 	now := t.now()
 	err := m.apply(st, ev, t.tick(now))
 	t.applied(st, m, now)
@@ -73,16 +73,20 @@ func (t *SyncPrefixHashTable) applyOne(s Stream, ev kvevent.KVEvent) error {
 	return nil
 }
 
-// lockStream returns the live state of s with its model's mutex held.
+// lockStream returns the live state of s with its model's writer lock
+// held; the caller releases it with unlock.
 func (t *SyncPrefixHashTable) lockStream(s Stream) (*stream, *modelTable) {
 	for {
-		st := t.streamFor(s)
+		st, stale := t.streamFor(s)
+		if stale != nil {
+			stale.model.releaseStream(stale)
+		}
 		m := st.model
-		m.mu.Lock()
-		if !st.gone {
+		m.lock()
+		if !st.gone && !m.isDropped() {
 			return st, m
 		}
-		m.mu.Unlock()
+		m.unlock()
 	}
 }
 
@@ -92,8 +96,14 @@ func (t *SyncPrefixHashTable) applied(st *stream, m *modelTable, now time.Time) 
 	st.lastEvent.Store(now.UnixNano())
 }
 
-// apply applies one event; m.mu is held.
+// apply applies one event and publishes the sizes of st's lanes; m.mu is
+// held.
 func (m *modelTable) apply(st *stream, ev kvevent.KVEvent, now uint32) error {
+	defer func() {
+		for _, ln := range st.lanes {
+			ln.publish()
+		}
+	}()
 	switch e := ev.(type) {
 	case *kvevent.BlockStoredEvent:
 		if e != nil {
@@ -131,12 +141,27 @@ func (m *modelTable) store(st *stream, e *kvevent.BlockStoredEvent, now uint32) 
 		return fmt.Errorf("BlockStored has %d block hashes and %d extra-key lists: %d blocks skipped",
 			n, len(e.ExtraKeys), n)
 	}
+	if e.LoraID > 0 && e.LoraName == "" {
+		// No request can name the adapter these blocks were computed
+		// with (see the package documentation).
+		m.t.metrics.skipped(reasonLoraID, n)
+		return nil
+	}
 	medium, group := normMedium(e.Medium), normGroup(e.GroupIdx)
-	ln := m.laneOf(st, medium, group, false)
-	parent := m.t.keyer.root(m.name, e.LoraName, e.LoraID)
+	ln := m.laneOf(st, medium, group, bs, false)
+	if ln != nil && int(ln.blockSize.Load()) != bs {
+		m.resize(ln, bs)
+	}
+	parent := m.t.keyer.root(m.name, e.LoraName)
 	if e.HasParent {
-		k, ok := translate(st, ln, e.ParentBlockHash)
-		if !ok {
+		k, ok := translate(st, ln, bs, e.ParentBlockHash)
+		switch {
+		case ok:
+			parent = k
+		case e.ParentBlockHash == 0:
+			// Engines that always send a parent send 0 for the first
+			// block of a prompt.
+		default:
 			m.t.metrics.parentMissed(n)
 			if l := m.t.cfg.Logger.V(4); l.Enabled() {
 				l.Info("Skipped stored blocks whose parent the KV-cache index never saw",
@@ -144,16 +169,9 @@ func (m *modelTable) store(st *stream, e *kvevent.BlockStoredEvent, now uint32) 
 			}
 			return nil
 		}
-		parent = k
 	}
 	if ln == nil {
-		ln = m.laneOf(st, medium, group, true)
-	}
-	if group == 0 {
-		if old := m.blockSize.Swap(int64(bs)); old != int64(bs) {
-			m.t.cfg.Logger.V(2).Info("Learned the engine block size of a model", "model", m.name,
-				"pod", st.id.pod, "rank", st.id.rank, "blockSize", bs, "previous", old)
-		}
+		ln = m.laneOf(st, medium, group, bs, true)
 	}
 	for i, h := range e.BlockHashes {
 		var extra uint64
@@ -167,17 +185,33 @@ func (m *modelTable) store(st *stream, e *kvevent.BlockStoredEvent, now uint32) 
 	return nil
 }
 
+// resize makes ln a lane of blocks of bs tokens. An engine's block size is
+// fixed for its life, so blocks of another size in the same lane come from
+// an engine that restarted unseen: the lane's earlier blocks are dropped.
+func (m *modelTable) resize(ln *lane, bs int) {
+	old := ln.blockSize.Load()
+	n := m.clearLane(ln)
+	m.t.metrics.evicted(reasonBlockSize, n)
+	ln.blockSize.Store(int64(bs))
+	m.publishPods()
+	st := ln.stream
+	m.t.cfg.Logger.V(2).Info("An engine changed its block size: dropped its blocks of the old size from the KV-cache index",
+		"pod", st.id.pod, "rank", st.id.rank, "model", m.name, "medium", ln.medium, "group", ln.group,
+		"blockSize", bs, "previous", old, "blocks", n)
+}
+
 // translate finds the key of an engine hash of st: in lane ln first, then in
-// st's other lanes (an engine names a block by the same hash in every medium
-// and group that holds it).
-func translate(st *stream, ln *lane, hash uint64) (uint64, bool) {
+// st's other lanes of blocks of bs tokens (an engine names a block by the
+// same hash in every medium and group that holds it; a key chained from a
+// block of another size would name no prompt's prefix).
+func translate(st *stream, ln *lane, bs int, hash uint64) (uint64, bool) {
 	if ln != nil {
 		if k, ok := ln.m.get(hash); ok {
 			return k, true
 		}
 	}
 	for _, o := range st.lanes {
-		if o != ln {
+		if o != ln && int(o.blockSize.Load()) == bs {
 			if k, ok := o.m.get(hash); ok {
 				return k, true
 			}
@@ -189,8 +223,11 @@ func translate(st *stream, ln *lane, hash uint64) (uint64, bool) {
 // addResidency records that ln holds the block named hash by its engine and
 // key by the index. Storing a block again refreshes it.
 func (m *modelTable) addResidency(ln *lane, hash, key uint64, now uint32) {
-	if old, ok := ln.m.get(hash); ok {
-		if old == key {
+	// at is where the lane's probe sequence for hash ends, for the insert
+	// below, unless the lane changes in between.
+	at, held := ln.m.slot(hash)
+	if held {
+		if ln.m.key(at) == key {
 			if r, ok := m.keys.find(key); ok {
 				r.touch(now)
 			}
@@ -198,15 +235,20 @@ func (m *modelTable) addResidency(ln *lane, hash, key uint64, now uint32) {
 		}
 		// The engine names other content by this hash now.
 		m.dropResidency(ln, hash)
+		at = -1
 	}
 	r, ok := m.keys.find(key)
 	switch {
 	case !ok:
-		m.makeRoom()
+		if m.makeRoom() {
+			at = -1
+		}
 		r = m.keys.insert(key, now, r)
 	case !m.keys.held(r.a, r.i):
 		// Every holder of the key was released: it is stored anew.
-		m.makeRoom()
+		if m.makeRoom() {
+			at = -1
+		}
 		m.keys.revive(r, now)
 	case r.has(ln.id):
 		// A second engine hash for content the lane already holds: only a
@@ -218,7 +260,7 @@ func (m *modelTable) addResidency(ln *lane, hash, key uint64, now uint32) {
 		r.touch(now)
 	}
 	r.add(ln.id)
-	ln.m.put(hash, key)
+	ln.m.add(at, hash, key)
 }
 
 // dropResidency removes ln's residency of the block its engine names hash.
@@ -235,7 +277,7 @@ func (m *modelTable) dropResidency(ln *lane, hash uint64) {
 // remove applies a BlockRemoved event: only st's residencies in the event's
 // medium and group go.
 func (m *modelTable) remove(st *stream, e *kvevent.BlockRemovedEvent) {
-	ln := m.laneOf(st, normMedium(e.Medium), normGroup(e.GroupIdx), false)
+	ln := m.laneOf(st, normMedium(e.Medium), normGroup(e.GroupIdx), 0, false)
 	if ln == nil {
 		return
 	}

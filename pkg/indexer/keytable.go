@@ -268,14 +268,6 @@ func (t *keyTable) drop(r slotRef, id int) bool {
 	return true
 }
 
-// evict deletes the key in slot r whatever its holders.
-func (t *keyTable) evict(r slotRef) {
-	for w := range r.a.width() {
-		atomic.StoreUint64(r.a.word(w, r.i), 0)
-	}
-	t.bury(r)
-}
-
 // bury turns the slot of a key without holders into a tombstone.
 func (t *keyTable) bury(r slotRef) {
 	atomic.StoreUint64(&r.a.slots[r.i].key, deadKey)
@@ -285,16 +277,17 @@ func (t *keyTable) bury(r slotRef) {
 }
 
 // dropHolder takes holder id, which stays live, out of the holder sets of
-// keys, deleting the keys left without holders. Like release, it looks the
-// keys up in slot order (see slotOrder) or, when they are a large part of
-// the table, sweeps the slots for the id's bit. keys may hold zeros, which
-// are skipped; scratch, with room for the other keys, is overwritten.
-func (t *keyTable) dropHolder(keys []uint64, id int, scratch []uint64) {
-	if t.slots() <= t.sweepRatio*len(keys) {
+// the keys of lane map lm, deleting the keys left without holders, and
+// empties lm. Like release, it looks the keys up in slot order (see
+// slotOrder) or, when they are a large part of the table, sweeps the slots
+// for the id's bit.
+func (t *keyTable) dropHolder(lm *laneMap, id int) {
+	if t.slots() <= t.sweepRatio*lm.n {
+		lm.reset()
 		t.sweep(id, true)
 		return
 	}
-	for _, k := range t.slotOrder(keys, scratch) {
+	for _, k := range t.slotOrder(lm.takeKeys()) {
 		if r, ok := t.find(k); ok {
 			t.drop(r, id)
 		}
@@ -310,31 +303,55 @@ func (t *keyTable) sweep(id int, drop bool) (orphaned int) {
 	for s := range t.shards {
 		sh := &t.shards[s]
 		a := sh.arr.Load()
-		if w >= a.width() {
-			continue
-		}
-		for i := range a.slots {
-			if *a.word(w, i)&bit == 0 || a.slots[i].key <= deadKey {
-				continue
-			}
-			switch {
-			case drop:
+		visit := func(i int) {
+			if drop {
 				t.drop(slotRef{sh, a, i}, id)
-			case !t.held(a, i):
-				sh.n--
-				sh.dead++
+			} else if !t.held(a, i) {
+				sh.orphan()
 				orphaned++
+			}
+		}
+		switch {
+		case w >= a.width():
+		case w == 0:
+			// The first word of a holder set is in its slot: this loop,
+			// which most sweeps run, reads one word a slot and calls
+			// nothing for the slots without id's bit.
+			slots := a.slots
+			for i := range slots {
+				if slots[i].holders&bit == 0 || slots[i].key <= deadKey {
+					continue
+				}
+				if drop {
+					visit(i)
+				} else if !t.held(a, i) {
+					sh.orphan()
+					orphaned++
+				}
+			}
+		default:
+			for i, word := range a.more[w-1] {
+				if word&bit != 0 && a.slots[i].key > deadKey {
+					visit(i)
+				}
 			}
 		}
 	}
 	return orphaned
 }
 
+// orphan counts a key of the shard that lost its last live holder as dead.
+func (sh *keyShard) orphan() {
+	sh.n--
+	sh.dead++
+}
+
 // slotOrder copies the nonzero keys into scratch in the order of their slots
 // (a key's shard and home slot both grow with its value), with a counting
 // sort on their top bits, and returns them: visiting keys in that order keeps
 // the accesses to each shard's arrays nearly sequential for the hardware
-// prefetcher. scratch must have room for the nonzero keys.
+// prefetcher. scratch must have room for the nonzero keys and not overlap
+// them.
 func (t *keyTable) slotOrder(keys, scratch []uint64) []uint64 {
 	shift := 64 - min(16, max(shardBits, bits.Len(uint(len(scratch)))))
 	if n := 1<<(64-shift) + 1; cap(t.buckets) < n {
@@ -361,29 +378,28 @@ func (t *keyTable) slotOrder(keys, scratch []uint64) []uint64 {
 	return scratch[:n]
 }
 
-// release forgets holder id, whose lane held keys, without writing to the
-// slots: the id's bits stay in them, meaningless, until each shard is
-// rebuilt, and the keys left with no live holder stay in their slots, counted
-// as dead, unfound by readers' holder masks and revived if stored again. A
-// released id is reused only once every shard has been rebuilt (see
-// clean). keys may hold zeros, which are skipped; scratch, with room for the
-// other keys, is overwritten.
+// release forgets holder id, whose lane map is lm, without writing to the
+// slots, and empties lm: the id's bits stay in the slots, meaningless,
+// until each shard is rebuilt, and the keys left with no live holder stay
+// in their slots, counted as dead, unfound by readers' holder masks and
+// revived if stored again. A released id is reused only once every shard
+// has been rebuilt (see clean).
 //
 // It finds the keys left without a live holder one of two ways, whichever
 // reads less: by looking up each of the lane's keys in slot order, or, when
 // the lane holds a large part of the table, by sweeping every slot for the
 // id's bit, which streams through memory without hashing or probing.
-func (t *keyTable) release(keys []uint64, id int, scratch []uint64) {
+func (t *keyTable) release(lm *laneMap, id int) {
 	t.live[id>>6] &^= 1 << (id & 63)
 	t.stale[id] = 1<<numShards - 1
 	orphaned := 0
-	if t.slots() <= t.sweepRatio*len(keys) {
+	if t.slots() <= t.sweepRatio*lm.n {
+		lm.reset()
 		orphaned = t.sweep(id, false)
 	} else {
-		for _, k := range t.slotOrder(keys, scratch) {
+		for _, k := range t.slotOrder(lm.takeKeys()) {
 			if r, ok := t.find(k); ok && !t.held(r.a, r.i) {
-				r.sh.n--
-				r.sh.dead++
+				r.sh.orphan()
 				orphaned++
 			}
 		}
@@ -392,9 +408,11 @@ func (t *keyTable) release(keys []uint64, id int, scratch []uint64) {
 }
 
 // defaultSweepRatio is how many slots of the table release and dropHolder
-// sweep at most per slot of the lane's map, rather than looking up the
-// lane's keys: a slot swept costs about a tenth of a key looked up.
-const defaultSweepRatio = 4
+// sweep at most per key of the lane, rather than looking up the lane's keys:
+// a sweep streams through the slots at about a nanosecond each, while a
+// lookup of a key among many that the lane does not hold misses the cache,
+// some twenty times as long.
+const defaultSweepRatio = 16
 
 // slots is the number of slots of the table's shards.
 func (t *keyTable) slots() int {

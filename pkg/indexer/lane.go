@@ -1,5 +1,7 @@
 package indexer
 
+import "sync/atomic"
+
 // A lane is what one engine publisher holds in one medium and one KV-cache
 // group: (pod, DP rank, medium, group). It is a holder of the model's key
 // table, with a dense holder id, and it owns the map from the engine's block
@@ -13,16 +15,36 @@ type lane struct {
 	medium string
 	group  int
 	m      laneMap
+	// blocks is m.n as of the last event, eviction or release that changed
+	// it, for readers that take no lock.
+	blocks atomic.Int64
+	// blockSize is the number of tokens of the lane's blocks. Only the
+	// writer stores it.
+	blockSize atomic.Int64
 }
+
+// publish makes the lane's size visible to readers that take no lock.
+func (ln *lane) publish() { ln.blocks.Store(int64(ln.m.n)) }
 
 // laneMap maps engine block hashes to kvgate keys: an open-addressing table
 // with linear probing and backward-shift deletion, used by the model's writer
 // only. A key of 0 marks an empty slot, so any engine hash can be stored.
+//
+// Engine hashes come from outside: old engines draw them from small
+// integers, and a hostile one can choose them. They are placed by a keyed
+// mix of the table's secret (salt), so that no choice of hashes made without
+// the secret piles them onto one probe sequence.
 type laneMap struct {
-	hashes []uint64
-	keys   []uint64
-	n      int
+	// w holds the slots, two words each: w[2i] is the engine hash of slot
+	// i and w[2i+1] its key, so that a probe reads one cache line.
+	w    []uint64
+	n    int
+	salt laneSalt
 }
+
+// laneSalt is the secret that places engine hashes in lane maps: two words
+// drawn from the table's secret, one in each operand of the mix.
+type laneSalt [2]uint64
 
 // between reports whether h lies cyclically in (i, j].
 func between(i, h, j int) bool {
@@ -32,20 +54,33 @@ func between(i, h, j int) bool {
 	return i < h || h <= j
 }
 
-// laneHome spreads engine hashes, which old engines draw from small integers,
-// over the table.
-func laneHome(hash uint64, capacity int) int { return home(hash*mixA, capacity) }
+// home is the first slot probed for an engine hash in a map of capacity
+// slots.
+func (s laneSalt) home(hash uint64, capacity int) int {
+	return home(mum(hash^s[0], s[1]), capacity)
+}
 
+// slots is the map's capacity.
+func (m *laneMap) slots() int { return len(m.w) / 2 }
+
+// hash and key are those of slot i; key is 0 for an empty slot.
+func (m *laneMap) hash(i int) uint64 { return m.w[2*i] }
+func (m *laneMap) key(i int) uint64  { return m.w[2*i+1] }
+
+func (m *laneMap) set(i int, hash, key uint64) { m.w[2*i], m.w[2*i+1] = hash, key }
+
+// slot returns the slot of hash, or the empty slot that ends its probe
+// sequence.
 func (m *laneMap) slot(hash uint64) (int, bool) {
-	c := len(m.keys)
+	c := m.slots()
 	if c == 0 {
 		return 0, false
 	}
-	for i := laneHome(hash, c); ; {
-		if m.keys[i] == 0 {
+	for i := m.salt.home(hash, c); ; {
+		if m.w[2*i+1] == 0 {
 			return i, false
 		}
-		if m.hashes[i] == hash {
+		if m.w[2*i] == hash {
 			return i, true
 		}
 		if i++; i == c {
@@ -60,20 +95,19 @@ func (m *laneMap) get(hash uint64) (uint64, bool) {
 	if !ok {
 		return 0, false
 	}
-	return m.keys[i], true
+	return m.key(i), true
 }
 
-// put maps hash to key, replacing any previous key.
-func (m *laneMap) put(hash, key uint64) {
-	if i, ok := m.slot(hash); ok {
-		m.keys[i] = key
-		return
+// add maps hash, which m does not hold, to key. at is where slot said the
+// probe sequence of hash ends, or -1 when m may have changed since.
+func (m *laneMap) add(at int, hash, key uint64) {
+	if at < 0 || m.slots() == 0 || overFull(m.n+1, m.slots()) {
+		if m.slots() == 0 || overFull(m.n+1, m.slots()) {
+			m.rebuild(capFor(m.n + 1))
+		}
+		at, _ = m.slot(hash)
 	}
-	if len(m.keys) == 0 || overFull(m.n+1, len(m.keys)) {
-		m.rebuild(capFor(m.n + 1))
-	}
-	i, _ := m.slot(hash)
-	m.hashes[i], m.keys[i] = hash, key
+	m.set(at, hash, key)
 	m.n++
 }
 
@@ -83,66 +117,102 @@ func (m *laneMap) del(hash uint64) (uint64, bool) {
 	if !ok {
 		return 0, false
 	}
-	key := m.keys[i]
-	c := len(m.keys)
-	for j := i; ; {
-		if j++; j == c {
-			j = 0
-		}
-		if m.keys[j] == 0 {
-			break
-		}
-		if between(i, laneHome(m.hashes[j], c), j) {
-			continue
-		}
-		m.hashes[i], m.keys[i] = m.hashes[j], m.keys[j]
-		i = j
-	}
-	m.hashes[i], m.keys[i] = 0, 0
-	m.n--
-	if underFull(m.n, c) {
+	key := m.key(i)
+	m.deleteAt(i)
+	if underFull(m.n, m.slots()) {
 		m.rebuild(capFor(m.n))
 	}
 	return key, true
 }
 
+// deleteAt empties slot i, moving back the entries after it whose probe
+// sequence passes through it (backward-shift deletion). It moves entries
+// only from after the hole, up to the next empty slot.
+func (m *laneMap) deleteAt(i int) {
+	c := m.slots()
+	for j := i; ; {
+		if j++; j == c {
+			j = 0
+		}
+		if m.key(j) == 0 {
+			break
+		}
+		if between(i, m.salt.home(m.hash(j), c), j) {
+			continue
+		}
+		m.set(i, m.hash(j), m.key(j))
+		i = j
+	}
+	m.set(i, 0, 0)
+	m.n--
+}
+
 // removeKeys removes the entries whose key is in s and returns how many.
+// It deletes in place, in one pass over the slots that starts at an empty
+// one: no run of entries crosses the pass's start, so an entry that a
+// deletion moves back lands where the pass looks again, and every entry is
+// looked at once.
 func (m *laneMap) removeKeys(s *keySet) int {
+	if m.n == 0 {
+		return 0
+	}
+	c, start := m.slots(), 0
+	for m.key(start) != 0 {
+		start++
+	}
 	n := 0
-	for _, k := range m.keys {
-		if k != 0 && s.has(k) {
+	for i, seen := start, 0; seen < c; {
+		if k := m.key(i); k != 0 && s.has(k) {
+			m.deleteAt(i)
 			n++
+			continue
+		}
+		seen++
+		if i++; i == c {
+			i = 0
 		}
 	}
-	if n > 0 {
-		m.rebuildWithout(capFor(m.n-n), s)
+	if underFull(m.n, c) {
+		m.rebuild(capFor(m.n))
 	}
 	return n
 }
 
-func (m *laneMap) rebuild(capacity int) { m.rebuildWithout(capacity, nil) }
-
-// rebuildWithout moves the entries whose key is not in s (nil: every entry)
-// into new arrays of the given capacity.
-func (m *laneMap) rebuildWithout(capacity int, s *keySet) {
+// rebuild moves the entries into new slots of the given capacity.
+func (m *laneMap) rebuild(capacity int) {
 	old := *m
-	m.hashes = make([]uint64, capacity)
-	m.keys = make([]uint64, capacity)
-	m.n = 0
-	for j, k := range old.keys {
-		if k == 0 || (s != nil && s.has(k)) {
+	m.w = make([]uint64, 2*capacity)
+	for j := range old.slots() {
+		k := old.key(j)
+		if k == 0 {
 			continue
 		}
-		m.n++
-		i := laneHome(old.hashes[j], capacity)
-		for m.keys[i] != 0 {
+		i := m.salt.home(old.hash(j), capacity)
+		for m.key(i) != 0 {
 			if i++; i == capacity {
 				i = 0
 			}
 		}
-		m.hashes[i], m.keys[i] = old.hashes[j], k
+		m.set(i, old.hash(j), k)
 	}
 }
 
-// reset drops every entry and the arrays.
-func (m *laneMap) reset() { *m = laneMap{} }
+// takeKeys empties the map and returns its keys, in the map's own memory,
+// with as much room after them: the keys and scratch of a release of the
+// lane (see keyTable.release).
+func (m *laneMap) takeKeys() (keys, scratch []uint64) {
+	// Slot j's key is at 2j+1, past every word written before it.
+	n := 0
+	for j := range m.slots() {
+		if k := m.key(j); k != 0 {
+			m.w[n] = k
+			n++
+		}
+	}
+	keys, scratch = m.w[:n:n], m.w[n:2*n]
+	*m = laneMap{salt: m.salt}
+	return keys, scratch
+}
+
+// reset drops every entry and the slots.
+func (m *laneMap) reset() { *m = laneMap{salt: m.salt} }

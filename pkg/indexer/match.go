@@ -1,15 +1,22 @@
 package indexer
 
-import "slices"
+import (
+	"cmp"
+	"slices"
+)
 
 // MatchResult is the answer of MatchPrefix. MatchPrefix overwrites every
 // field; a caller that reuses one MatchResult per goroutine lets MatchPrefix
 // run without allocating once its slices have grown.
 type MatchResult struct {
-	// BlockSize is the engine block size, in tokens, the prompt was chunked
-	// by; 0 when the index has no block of the model yet.
+	// BlockSize is the model's primary block size, in tokens: the one most
+	// of its engines use (the smaller of equals); 0 when the index has no
+	// block of the model. Each pod is matched at its own engines' block
+	// size (PodMatch.BlockSize), which is this one unless the model's
+	// engines use several.
 	BlockSize int
-	// PromptBlocks is the number of whole blocks in the prompt.
+	// PromptBlocks is the number of whole blocks of BlockSize in the
+	// prompt.
 	PromptBlocks int
 	// Pods has one entry per candidate pod, in the order of the candidates.
 	Pods []PodMatch
@@ -26,66 +33,84 @@ type MatchResult struct {
 type PodMatch struct {
 	// Pod is the candidate's pod key.
 	Pod string
+	// BlockSize is the block size, in tokens, the pod's run was counted
+	// in: its engines' (the one of the longest run if its engines use
+	// several); 0 when the index holds nothing of the pod.
+	BlockSize int
 	// Blocks is the number of leading blocks of the prompt the pod holds,
 	// each in some medium (GPU, CPU, storage), on one DP rank: the rank
-	// with the longest run. Tokens is Blocks times the block size.
+	// with the longest run. Tokens is Blocks times BlockSize.
 	Blocks int
 	Tokens int
-	// GPUBlocks is the number of leading blocks the pod holds in GPU memory
-	// on one rank, the rank with the longest GPU run. GPUTokens is
-	// GPUBlocks times the block size.
+	// GPUTokens is the number of leading tokens the pod holds in GPU
+	// memory on one rank, the rank with the longest GPU run, and GPUBlocks
+	// their number of whole blocks of BlockSize: the GPU run in blocks,
+	// unless the pod's engines use several block sizes.
 	GPUBlocks int
 	GPUTokens int
 }
 
-// matchUnit is one rank of one candidate pod during a match; its holder sets
-// are masks[off:off+width] (any medium) and masks[off+width:off+2*width]
-// (GPU).
+// matchUnit is one rank of one candidate pod, at one block size, during a
+// match; its holder sets are masks[off:off+width] (any medium) and
+// masks[off+width:off+2*width] (GPU).
 type matchUnit struct {
 	state            *podState
 	pod              int
+	blockSize        int
 	off              int
 	anyLen, gpuLen   int
 	anyDone, gpuDone bool
 }
 
-// BlockSize reports the engine block size, in tokens, of a model's primary
-// KV-cache group, as learned from its BlockStored events; false when no
-// event of the model has been applied.
+// BlockSize reports a model's primary block size, in tokens: the one most
+// of the engines holding its blocks use in their primary KV-cache group, as
+// learned from their BlockStored events; false when no engine holds a block
+// of the model.
 func (t *SyncPrefixHashTable) BlockSize(model string) (int, bool) {
 	m := t.model(model)
 	if m == nil {
 		return 0, false
 	}
-	bs := int(m.blockSize.Load())
+	bs := m.pods.Load().primary
 	return bs, bs > 0
 }
 
 // MatchPrefix reports, for each candidate pod, how many leading blocks of a
 // prompt it holds: the prompt's tokens are chunked into whole blocks of the
-// model's block size and keyed as the events were, under the root of model
-// and lora (the adapter name, "" for the base model). A pod is credited with
-// block i only if the same rank of the pod holds blocks 0 to i. The walk
-// stops at the first block no remaining candidate holds. Unknown models and
-// pods get zero matches. out is overwritten; see MatchResult.
+// block size of the pod's engines and keyed as the events were, under the
+// root of model and lora (the adapter name, "" for the base model). A pod is
+// credited with block i only if the same rank of the pod holds blocks 0 to
+// i. The walk at a block size stops at the first block no remaining
+// candidate of that size holds. Unknown models and pods get zero matches.
+// out is overwritten; see MatchResult.
 func (t *SyncPrefixHashTable) MatchPrefix(model, lora string, tokens []uint32, pods []string, out *MatchResult) {
 	out.reset(pods)
 	m := t.model(model)
 	if m == nil {
 		return
 	}
-	bs := int(m.blockSize.Load())
-	if bs <= 0 {
+	idx := m.pods.Load()
+	if idx.primary == 0 {
 		return
 	}
-	out.BlockSize, out.PromptBlocks = bs, len(tokens)/bs
+	out.BlockSize, out.PromptBlocks = idx.primary, len(tokens)/idx.primary
 	start := t.now()
-	idx := m.pods.Load()
-	if out.collectUnits(idx, pods) {
+	if sizes := out.collectUnits(idx, pods); sizes > 0 {
 		now := t.tick(start)
 		m.use(now)
-		out.walk(m, &t.keyer, lora, tokens, now)
-		out.credit(bs, start.UnixNano())
+		units := out.units
+		if sizes > 1 {
+			slices.SortStableFunc(units, func(a, b matchUnit) int { return cmp.Compare(a.blockSize, b.blockSize) })
+		}
+		for len(units) > 0 {
+			n := 1
+			for n < len(units) && units[n].blockSize == units[0].blockSize {
+				n++
+			}
+			out.walk(m, &t.keyer, lora, tokens, units[:n], now)
+			units = units[n:]
+		}
+		out.credit(sizes > 1, start.UnixNano())
 	}
 	t.metrics.matchSeconds.Observe(t.now().Sub(start).Seconds())
 }
@@ -99,26 +124,37 @@ func (out *MatchResult) reset(pods []string) {
 	out.units, out.masks = out.units[:0], out.masks[:0]
 }
 
-// collectUnits gathers the ranks of the candidates that hold anything; it
-// reports whether there is one.
-func (out *MatchResult) collectUnits(idx *podIndex, pods []string) bool {
+// collectUnits gathers the ranks and block sizes of the candidates that
+// hold anything, and returns how many block sizes they have (0 for no
+// unit, 2 for two or more).
+func (out *MatchResult) collectUnits(idx *podIndex, pods []string) (sizes int) {
 	w := idx.width
 	for i, p := range pods {
 		ph := idx.pods[p]
 		if ph == nil {
 			continue
 		}
-		for _, r := range ph.ranks {
-			out.units = append(out.units, matchUnit{state: ph.state, pod: i, off: len(out.masks)})
-			out.masks = append(out.masks, r.any...)
-			out.masks = append(out.masks, r.gpu...)
+		for _, u := range ph.units {
+			out.units = append(out.units, matchUnit{state: ph.state, pod: i, blockSize: u.blockSize, off: len(out.masks)})
+			out.masks = append(out.masks, u.any...)
+			out.masks = append(out.masks, u.gpu...)
 		}
 	}
 	if cap(out.holders) < w {
 		out.holders, out.seen = make([]uint64, w), make([]uint64, w)
 	}
 	out.holders, out.seen = out.holders[:w], out.seen[:w]
-	return len(out.units) > 0
+	if len(out.units) == 0 {
+		return 0
+	}
+	if len(idx.sizes) > 1 {
+		for _, u := range out.units[1:] {
+			if u.blockSize != out.units[0].blockSize {
+				return 2
+			}
+		}
+	}
+	return 1
 }
 
 // walkBatch is how many blocks a walk keys and prefetches at a time. It keys
@@ -161,19 +197,22 @@ func (w *walker) release() {
 	clear(w.slots[:])
 }
 
-// walk keys the prompt block by block and follows each unit's runs until no
-// unit is left.
-func (out *MatchResult) walk(m *modelTable, k *keyer, lora string, tokens []uint32, now uint32) {
-	n := out.PromptBlocks
-	alive := len(out.units)
+// walk keys the prompt block by block at the block size of units, which
+// share it, and follows each unit's runs until no unit is left.
+func (out *MatchResult) walk(m *modelTable, k *keyer, lora string, tokens []uint32, units []matchUnit, now uint32) {
+	bs, n := units[0].blockSize, out.PromptBlocks
+	if bs != out.BlockSize {
+		n = len(tokens) / bs
+	}
+	alive := len(units)
 	w := &out.walker
-	w.keys, w.tokens, w.bs = &m.keys, tokens, out.BlockSize
-	w.keyer, w.key = k, k.root(m.name, lora, 0)
+	w.keys, w.tokens, w.bs = &m.keys, tokens, bs
+	w.keyer, w.key = k, k.root(m.name, lora)
 	i := 0
 	if n > 0 {
 		w.fill(w.cur[:1], 0)
 		if m.keys.lookup(w.cur[0], now, out.holders) {
-			alive = out.step(0, alive)
+			alive = out.step(units, 0, alive)
 			copy(out.seen, out.holders)
 			i = 1
 		} else {
@@ -196,7 +235,7 @@ walk:
 			// Runs end only where the holder set changes: a block held
 			// as the previous one was leaves every running unit running.
 			if !slices.Equal(out.holders, out.seen) {
-				alive = out.step(i, alive)
+				alive = out.step(units, i, alive)
 				copy(out.seen, out.holders)
 			}
 			i++
@@ -207,8 +246,8 @@ walk:
 		w.cur, curN = w.next, nextN
 	}
 	w.release()
-	for u := range out.units {
-		un := &out.units[u]
+	for u := range units {
+		un := &units[u]
 		if !un.anyDone {
 			un.anyLen = i
 		}
@@ -218,20 +257,20 @@ walk:
 	}
 }
 
-// step ends the runs of the running units, out.units[:alive], that do not
-// hold block i, whose holder set is in out.holders. It moves the units it
-// ends behind the running ones and returns how many still run.
-func (out *MatchResult) step(i, alive int) int {
+// step ends the runs of the running units, units[:alive], that do not hold
+// block i, whose holder set is in out.holders. It moves the units it ends
+// behind the running ones and returns how many still run.
+func (out *MatchResult) step(units []matchUnit, i, alive int) int {
 	h, w := out.holders, len(out.holders)
 	for u := 0; u < alive; {
-		un := &out.units[u]
+		un := &units[u]
 		if !intersects(h, out.masks[un.off:un.off+w]) {
 			un.anyDone, un.anyLen = true, i
 			if !un.gpuDone {
 				un.gpuDone, un.gpuLen = true, i
 			}
 			alive--
-			out.units[u], out.units[alive] = out.units[alive], out.units[u]
+			units[u], units[alive] = units[alive], units[u]
 			continue
 		}
 		if !un.gpuDone && !intersects(h, out.masks[un.off+w:un.off+2*w]) {
@@ -242,20 +281,33 @@ func (out *MatchResult) step(i, alive int) int {
 	return alive
 }
 
-// credit turns unit runs into per-pod results, keeping each pod's best rank,
-// and records the match as activity of the credited pods.
-func (out *MatchResult) credit(bs int, nowNanos int64) {
+// credit turns unit runs into per-pod results, keeping each pod's longest
+// runs in tokens, and records the match as activity of the credited pods.
+// mixed says that the units have more than one block size.
+func (out *MatchResult) credit(mixed bool, nowNanos int64) {
 	for _, un := range out.units {
 		p := &out.Pods[un.pod]
-		p.Blocks = max(p.Blocks, un.anyLen)
-		p.GPUBlocks = max(p.GPUBlocks, un.gpuLen)
+		if mixed {
+			if tokens := un.anyLen * un.blockSize; tokens > p.Tokens || p.BlockSize == 0 {
+				p.BlockSize, p.Blocks, p.Tokens = un.blockSize, un.anyLen, tokens
+			}
+			p.GPUTokens = max(p.GPUTokens, un.gpuLen*un.blockSize)
+		} else {
+			p.BlockSize = un.blockSize
+			p.Blocks = max(p.Blocks, un.anyLen)
+			p.GPUBlocks = max(p.GPUBlocks, un.gpuLen)
+		}
 		if un.anyLen > 0 {
 			un.state.matched(nowNanos)
 		}
 	}
 	for i := range out.Pods {
 		p := &out.Pods[i]
-		p.Tokens, p.GPUTokens = p.Blocks*bs, p.GPUBlocks*bs
+		if !mixed {
+			p.Tokens, p.GPUTokens = p.Blocks*p.BlockSize, p.GPUBlocks*p.BlockSize
+		} else if p.BlockSize > 0 {
+			p.GPUBlocks = p.GPUTokens / p.BlockSize
+		}
 	}
 }
 

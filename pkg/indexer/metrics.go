@@ -2,6 +2,7 @@ package indexer
 
 import (
 	"errors"
+	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -17,6 +18,9 @@ const (
 	// reasonIdle: the pod sent nothing and matched nothing for
 	// EvictionDuration.
 	reasonIdle = "idle_pod"
+	// reasonBlockSize: an engine's blocks came with another block size, so
+	// its blocks of the old size are gone.
+	reasonBlockSize = "block_size_changed"
 
 	// reasonParent: the event's parent block was never indexed.
 	reasonParent = "unknown_parent"
@@ -26,6 +30,9 @@ const (
 	reasonExtraKeys = "extra_keys_mismatch"
 	// reasonDuplicate: a second engine hash for a block the lane holds.
 	reasonDuplicate = "duplicate_key"
+	// reasonLoraID: the blocks name their LoRA adapter by the engine's id
+	// only, which no request names.
+	reasonLoraID = "lora_id_only"
 )
 
 // metrics are the index's Prometheus metrics. Counters and the match
@@ -41,6 +48,7 @@ type metrics struct {
 
 	entriesDesc  *prometheus.Desc
 	podsDesc     *prometheus.Desc
+	streamsDesc  *prometheus.Desc
 	residentDesc *prometheus.Desc
 }
 
@@ -49,11 +57,11 @@ func newMetrics(t *SyncPrefixHashTable) *metrics {
 		t: t,
 		evictedVec: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "kvgate", Subsystem: "indexer", Name: "evicted_blocks_total",
-			Help: "Residencies (block, holder) the index removed on its own, by reason: capacity, total_capacity, context_capacity, idle_pod.",
+			Help: "Residencies (block, holder) the index removed on its own, by reason: capacity, total_capacity, context_capacity, idle_pod, block_size_changed.",
 		}, []string{"reason"}),
 		skippedVec: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "kvgate", Subsystem: "indexer", Name: "skipped_blocks_total",
-			Help: "Stored blocks not indexed, by reason: unknown_parent, token_mismatch, extra_keys_mismatch, duplicate_key.",
+			Help: "Stored blocks not indexed, by reason: unknown_parent, token_mismatch, extra_keys_mismatch, duplicate_key, lora_id_only.",
 		}, []string{"reason"}),
 		parentMisses: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: "kvgate", Subsystem: "indexer", Name: "parent_misses_total",
@@ -68,6 +76,9 @@ func newMetrics(t *SyncPrefixHashTable) *metrics {
 			"Distinct blocks (prefix keys) indexed for a model.", []string{"model"}, nil),
 		podsDesc: prometheus.NewDesc("kvgate_indexer_pods",
 			"Pods with event streams for a model.", []string{"model"}, nil),
+		streamsDesc: prometheus.NewDesc("kvgate_indexer_block_size_streams",
+			"Engine streams (a pod's data-parallel ranks) holding blocks of a model's primary KV-cache group, by block size in tokens; a model with more than one block_size is matched at each pod's own.",
+			[]string{"model", "block_size"}, nil),
 		residentDesc: prometheus.NewDesc("kvgate_indexer_resident_blocks",
 			"Blocks a pod holds in a medium, all ranks and KV-cache groups together.", []string{"model", "pod", "medium"}, nil),
 	}
@@ -102,11 +113,17 @@ func (m *metrics) parentMissed(blocks int) {
 func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	ch <- m.entriesDesc
 	ch <- m.podsDesc
+	ch <- m.streamsDesc
 	ch <- m.residentDesc
 }
 
 // Collect implements prometheus.Collector for the gauges.
 func (m *metrics) Collect(ch chan<- prometheus.Metric) {
+	for _, mt := range *m.t.models.Load() {
+		for _, s := range mt.pods.Load().sizes {
+			ch <- prometheus.MustNewConstMetric(m.streamsDesc, prometheus.GaugeValue, float64(s.streams), mt.name, strconv.Itoa(s.blockSize))
+		}
+	}
 	for _, ms := range m.t.Stats() {
 		ch <- prometheus.MustNewConstMetric(m.entriesDesc, prometheus.GaugeValue, float64(ms.Entries), ms.Model)
 		ch <- prometheus.MustNewConstMetric(m.podsDesc, prometheus.GaugeValue, float64(len(ms.Pods)), ms.Model)

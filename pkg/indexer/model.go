@@ -1,6 +1,8 @@
 package indexer
 
 import (
+	"cmp"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -20,21 +22,32 @@ type modelTable struct {
 	t    *SyncPrefixHashTable
 
 	// mu serialises the writers of this model: event application, purges,
-	// evictions. Matches never take it.
-	mu   sync.Mutex
-	keys keyTable
+	// evictions. Matches and statistics never take it. Writers take it
+	// with lock and release it with unlock, which runs the work queued by
+	// later.
+	mu sync.Mutex
+	// queue holds the work later queued for the holder of mu; queueMu
+	// guards it, and queued counts its entries for unlock to read without
+	// taking queueMu. It holds at most one entry per stream the model ever
+	// had and one for the model's drop.
+	queueMu sync.Mutex
+	queue   []func()
+	queued  atomic.Int32
+	keys    keyTable
 	// lanes is indexed by holder id; nil marks a free id.
 	lanes []*lane
 	free  []freeHolder
 	// streams is guarded by SyncPrefixHashTable.mu.
 	streams map[*stream]struct{}
 
-	pods      atomic.Pointer[podIndex]
-	blockSize atomic.Int64
-	lastUse   atomic.Uint32
-	dropped   atomic.Bool
+	pods    atomic.Pointer[podIndex]
+	lastUse atomic.Uint32
+	dropped atomic.Bool
 	// evictFrom is where the next eviction scan starts (a shard number).
 	evictFrom int
+	// mostSizes is the most block sizes the model's engines used at once,
+	// logged when it grows past one.
+	mostSizes int
 }
 
 type freeHolder struct {
@@ -42,23 +55,33 @@ type freeHolder struct {
 	released time.Time
 }
 
-// podIndex is an immutable snapshot, published on every change of lanes, of
-// which holder ids belong to which pod, rank and medium in the primary group.
+// podIndex is an immutable snapshot, published on every change of lanes or
+// of their block sizes, of which holder ids belong to which pod, rank,
+// block size and medium in the primary group (group 0), the one matches
+// read.
 type podIndex struct {
 	width int
 	pods  map[string]*podHolders
+	// sizes are the block sizes of the primary group's lanes, ascending,
+	// each with the number of streams that have a lane of it; primary is
+	// the size most streams have (the smaller of equals), 0 for none.
+	sizes   []sizeStreams
+	primary int
 }
+
+type sizeStreams struct{ blockSize, streams int }
 
 type podHolders struct {
 	state *podState
-	ranks []rankHolders
+	units []unitHolders
 }
 
-// rankHolders are the holder sets, width words each, of one rank's lanes in
-// any medium and on GPU.
-type rankHolders struct {
-	rank     int
-	any, gpu []uint64
+// unitHolders are the holder sets, width words each, of the lanes of one
+// rank and one block size, in any medium and on GPU: what a match credits
+// as one run.
+type unitHolders struct {
+	rank, blockSize int
+	any, gpu        []uint64
 }
 
 func newModelTable(t *SyncPrefixHashTable, name string) *modelTable {
@@ -70,6 +93,52 @@ func newModelTable(t *SyncPrefixHashTable, name string) *modelTable {
 }
 
 func (m *modelTable) isDropped() bool { return m.dropped.Load() }
+
+// lock takes the model's writer lock, waiting for the current writer.
+func (m *modelTable) lock() { m.mu.Lock() }
+
+// tryLock takes the model's writer lock if no writer holds it.
+func (m *modelTable) tryLock() bool { return m.mu.TryLock() }
+
+// unlock runs the work queued by later and releases the writer lock. Work
+// queued while it releases the lock is run by whichever goroutine takes the
+// lock next, itself included, before that one releases it.
+func (m *modelTable) unlock() {
+	for {
+		if m.queued.Load() > 0 {
+			for _, fn := range m.takeQueue() {
+				fn()
+			}
+		}
+		m.mu.Unlock()
+		if m.queued.Load() == 0 || !m.mu.TryLock() {
+			return
+		}
+	}
+}
+
+// later runs fn under the writer lock without waiting for a writer: at once
+// if no writer holds the lock, else by the writer that holds it, before it
+// releases it. fn must not take SyncPrefixHashTable.mu, which the caller
+// may hold.
+func (m *modelTable) later(fn func()) {
+	m.queueMu.Lock()
+	m.queue = append(m.queue, fn)
+	m.queued.Add(1)
+	m.queueMu.Unlock()
+	if m.mu.TryLock() {
+		m.unlock()
+	}
+}
+
+func (m *modelTable) takeQueue() []func() {
+	m.queueMu.Lock()
+	defer m.queueMu.Unlock()
+	q := m.queue
+	m.queue = nil
+	m.queued.Store(0)
+	return q
+}
 
 // use records that the model was stored into or matched at tick now.
 func (m *modelTable) use(now uint32) {
@@ -96,9 +165,9 @@ func normGroup(group int) int {
 	return group
 }
 
-// laneOf returns st's lane for a medium and group, creating it when create
-// is set; m.mu is held.
-func (m *modelTable) laneOf(st *stream, medium string, group int, create bool) *lane {
+// laneOf returns st's lane for a medium and group, creating it for blocks
+// of blockSize tokens when create is set; m.mu is held.
+func (m *modelTable) laneOf(st *stream, medium string, group int, blockSize int, create bool) *lane {
 	for _, ln := range st.lanes {
 		if ln.medium == medium && ln.group == group {
 			return ln
@@ -107,9 +176,11 @@ func (m *modelTable) laneOf(st *stream, medium string, group int, create bool) *
 	if !create {
 		return nil
 	}
-	ln := &lane{id: m.allocHolder(), stream: st, medium: medium, group: group}
+	ln := &lane{id: m.allocHolder(), stream: st, medium: medium, group: group, m: laneMap{salt: m.t.keyer.lane}}
+	ln.blockSize.Store(int64(blockSize))
 	m.lanes[ln.id] = ln
 	st.lanes = append(st.lanes, ln)
+	st.publishLanes()
 	m.publishPods()
 	return ln
 }
@@ -144,47 +215,98 @@ func (m *modelTable) allocHolder() int {
 }
 
 // publishPods rebuilds the pod index from the lanes of the primary group
-// (group 0), the one whose block size routers chunk prompts by.
+// (group 0), the one matches read, and logs when the model's engines use
+// more block sizes at once than they ever did, past one.
 func (m *modelTable) publishPods() {
 	idx := &podIndex{width: m.keys.width, pods: make(map[string]*podHolders)}
+	type streamSize struct {
+		st *stream
+		bs int
+	}
+	seen := make(map[streamSize]bool)
 	for _, ln := range m.lanes {
 		if ln == nil || ln.group != 0 {
 			continue
 		}
-		st := ln.stream
+		st, bs := ln.stream, int(ln.blockSize.Load())
 		ph := idx.pods[st.id.pod]
 		if ph == nil {
 			ph = &podHolders{state: st.pod}
 			idx.pods[st.id.pod] = ph
 		}
-		r := ph.rank(st.id.rank, idx.width)
+		u := ph.unit(st.id.rank, bs, idx.width)
 		w, bit := ln.id>>6, uint64(1)<<(ln.id&63)
-		r.any[w] |= bit
+		u.any[w] |= bit
 		if ln.medium == kvevent.MediumGPU {
-			r.gpu[w] |= bit
+			u.gpu[w] |= bit
+		}
+		if !seen[streamSize{st, bs}] {
+			seen[streamSize{st, bs}] = true
+			idx.count(bs)
 		}
 	}
 	m.pods.Store(idx)
+	if len(idx.sizes) > max(1, m.mostSizes) {
+		m.mostSizes = len(idx.sizes)
+		sizes := make([]int, len(idx.sizes))
+		for i, s := range idx.sizes {
+			sizes[i] = s.blockSize
+		}
+		m.t.cfg.Logger.Info("The engines of a model use several block sizes: each pod is matched at its own",
+			"model", m.name, "blockSizes", sizes)
+	}
 }
 
-func (ph *podHolders) rank(rank, width int) *rankHolders {
-	for i := range ph.ranks {
-		if ph.ranks[i].rank == rank {
-			return &ph.ranks[i]
+// count adds a stream with a lane of block size bs to idx's sizes.
+func (idx *podIndex) count(bs int) {
+	i, found := slices.BinarySearchFunc(idx.sizes, bs, func(s sizeStreams, bs int) int { return cmp.Compare(s.blockSize, bs) })
+	if !found {
+		idx.sizes = slices.Insert(idx.sizes, i, sizeStreams{blockSize: bs})
+	}
+	idx.sizes[i].streams++
+	idx.primary = 0
+	best := 0
+	for _, s := range idx.sizes {
+		if s.streams > best {
+			idx.primary, best = s.blockSize, s.streams
 		}
 	}
-	ph.ranks = append(ph.ranks, rankHolders{rank: rank, any: make([]uint64, width), gpu: make([]uint64, width)})
-	return &ph.ranks[len(ph.ranks)-1]
+}
+
+func (ph *podHolders) unit(rank, blockSize, width int) *unitHolders {
+	for i := range ph.units {
+		if u := &ph.units[i]; u.rank == rank && u.blockSize == blockSize {
+			return u
+		}
+	}
+	ph.units = append(ph.units, unitHolders{rank: rank, blockSize: blockSize, any: make([]uint64, width), gpu: make([]uint64, width)})
+	return &ph.units[len(ph.units)-1]
+}
+
+// discard marks a dropped model's streams gone and takes its keys out of
+// the index's total, under m.mu; it returns the residencies the model held.
+// Writers that take m.mu after the model was dropped write nothing, so the
+// counts stay as discard leaves them.
+func (m *modelTable) discard(streams []*stream) int {
+	for _, st := range streams {
+		st.gone = true
+	}
+	blocks := 0
+	for _, ln := range m.lanes {
+		if ln != nil {
+			blocks += ln.m.n
+		}
+	}
+	m.t.total.Add(-int64(m.keys.n))
+	return blocks
 }
 
 // clearLane removes every residency of ln and returns how many there were;
 // m.mu is held.
 func (m *modelTable) clearLane(ln *lane) int {
 	n := ln.m.n
-	// The lane's arrays are dropped after this: its hash array is
-	// dropHolder's scratch.
-	m.keys.dropHolder(ln.m.keys, ln.id, ln.m.hashes)
-	ln.m.reset()
+	m.keys.dropHolder(&ln.m, ln.id)
+	ln.publish()
 	m.keys.shrink()
 	return n
 }
@@ -193,8 +315,13 @@ func (m *modelTable) clearLane(ln *lane) int {
 // number of residencies removed. It reads each of the lanes' keys once and
 // writes none of them (see keyTable.release).
 func (m *modelTable) releaseStream(st *stream) int {
-	m.mu.Lock()
-	defer m.mu.Unlock()
+	m.lock()
+	defer m.unlock()
+	return m.releaseStreamLocked(st)
+}
+
+// releaseStreamLocked is releaseStream with m.mu held.
+func (m *modelTable) releaseStreamLocked(st *stream) int {
 	st.gone = true
 	if len(st.lanes) == 0 || m.isDropped() {
 		// A dropped model's table is discarded whole, its counts with it.
@@ -209,11 +336,18 @@ func (m *modelTable) releaseStream(st *stream) int {
 	now := m.t.now()
 	for _, ln := range st.lanes {
 		n += ln.m.n
-		m.keys.release(ln.m.keys, ln.id, ln.m.hashes)
-		ln.m.reset()
+		m.keys.release(&ln.m, ln.id)
 		m.free = append(m.free, freeHolder{ln.id, now})
 	}
 	m.keys.shrink()
 	st.lanes = nil
+	st.publishLanes()
 	return n
+}
+
+// publishLanes makes the stream's lanes visible to readers that take no
+// lock; the model's mutex is held.
+func (st *stream) publishLanes() {
+	lanes := slices.Clone(st.lanes)
+	st.view.Store(&lanes)
 }

@@ -1,7 +1,6 @@
 package indexer
 
 import (
-	"cmp"
 	"fmt"
 	"math/rand/v2"
 	"sync"
@@ -77,9 +76,11 @@ type stream struct {
 	model *modelTable
 	// lanes and gone are guarded by model.mu. gone is set when the stream
 	// is reset or purged: a batch that looked the stream up before then
-	// looks it up again.
+	// looks it up again. view is a copy of lanes for readers that take no
+	// lock, replaced whenever lanes changes.
 	lanes []*lane
 	gone  bool
+	view  atomic.Pointer[[]*lane]
 	// lastEvent is the unix nanoseconds of the last applied batch.
 	lastEvent atomic.Int64
 }
@@ -123,8 +124,10 @@ func (t *SyncPrefixHashTable) model(name string) *modelTable {
 }
 
 // streamFor returns the live state of s, creating it, its pod and its model
-// table as needed. A stream that now serves another model is reset first.
-func (t *SyncPrefixHashTable) streamFor(s Stream) *stream {
+// table as needed. A stream that now serves another model, or whose model
+// was dropped, is replaced; the replaced state is returned as stale, for
+// the caller to release once it no longer holds t.mu.
+func (t *SyncPrefixHashTable) streamFor(s Stream) (st, stale *stream) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	ps := t.pods[s.Pod]
@@ -132,20 +135,20 @@ func (t *SyncPrefixHashTable) streamFor(s Stream) *stream {
 		ps = &podState{name: s.Pod, streams: make(map[int]*stream), created: t.now().UnixNano()}
 		t.pods[s.Pod] = ps
 	}
-	if st := ps.streams[s.Rank]; st != nil {
-		if st.model.name == s.Model && !st.model.isDropped() {
-			return st
+	if old := ps.streams[s.Rank]; old != nil {
+		if old.model.name == s.Model && !old.model.isDropped() {
+			return old, nil
 		}
-		t.detachLocked(st)
-		st.model.releaseStream(st)
+		t.detachLocked(old)
+		stale = old
 	}
 	m := t.modelForLocked(s.Model)
-	st := &stream{id: streamID{s.Pod, s.Rank}, pod: ps, model: m}
+	st = &stream{id: streamID{s.Pod, s.Rank}, pod: ps, model: m}
 	st.lastEvent.Store(t.now().UnixNano())
 	ps.streams[s.Rank] = st
 	t.pods[s.Pod] = ps
 	m.streams[st] = struct{}{}
-	return st
+	return st, stale
 }
 
 // detachLocked removes st from the registry; t.mu is held.
@@ -184,26 +187,23 @@ func (t *SyncPrefixHashTable) modelForLocked(name string) *modelTable {
 	return m
 }
 
-// dropModelLocked evicts a whole model: its streams are reset and forgotten.
-// t.mu is held; the caller removes the model from the models map.
+// dropModelLocked evicts a whole model: its streams are detached at once and
+// its table is discarded under its writer lock, without waiting for the
+// writer that may hold it (see modelTable.later). t.mu is held; the caller
+// removes the model from the models map.
 func (t *SyncPrefixHashTable) dropModelLocked(m *modelTable) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
+	m.dropped.Store(true)
+	var streams []*stream
 	for st := range m.streams {
-		st.gone = true
+		streams = append(streams, st)
 		t.detachLocked(st)
 	}
-	var blocks int
-	for _, ln := range m.lanes {
-		if ln != nil {
-			blocks += ln.m.n
-		}
-	}
-	t.metrics.evicted(reasonContext, blocks)
-	t.total.Add(-int64(m.keys.n))
-	m.dropped.Store(true)
-	t.cfg.Logger.Info("Dropped the least recently used model from the KV-cache index",
-		"model", m.name, "blocks", blocks, "maxContexts", t.cfg.MaxContexts)
+	m.later(func() {
+		blocks := m.discard(streams)
+		t.metrics.evicted(reasonContext, blocks)
+		t.cfg.Logger.Info("Dropped the least recently used model from the KV-cache index",
+			"model", m.name, "blocks", blocks, "maxContexts", t.cfg.MaxContexts)
+	})
 }
 
 // ResetStream forgets everything the index holds for one publisher: call it
@@ -229,21 +229,29 @@ func (t *SyncPrefixHashTable) ResetStream(s Stream) {
 
 // PurgePod forgets everything the index holds for a pod, all ranks and
 // models: call it when the pod is deleted or its address changed, after its
-// clients have stopped. It takes time proportional to the pod's blocks and
-// never blocks matches.
+// clients have stopped. It takes time proportional to the pod's blocks,
+// waits for the writers of the pod's models, and never blocks matches.
 func (t *SyncPrefixHashTable) PurgePod(pod string) {
-	t.purgePodIf(pod, "", nil)
+	streams := t.detachPod(pod, nil)
+	if len(streams) == 0 {
+		return
+	}
+	n := 0
+	for _, st := range streams {
+		n += st.model.releaseStream(st)
+	}
+	t.cfg.Logger.V(2).Info("Purged a pod from the KV-cache index", "pod", pod, "streams", len(streams),
+		"blocks", n, "reason", "requested")
 }
 
-// purgePodIf purges a pod if approve is nil or approves it under the
-// registry lock, counting its blocks as evicted for reason unless reason is
-// "".
-func (t *SyncPrefixHashTable) purgePodIf(pod, reason string, approve func(*podState) bool) {
+// detachPod removes a pod's streams from the registry, if approve is nil or
+// approves the pod under the registry lock, and returns them.
+func (t *SyncPrefixHashTable) detachPod(pod string, approve func(*podState) bool) []*stream {
 	t.mu.Lock()
+	defer t.mu.Unlock()
 	ps := t.pods[pod]
 	if ps == nil || (approve != nil && !approve(ps)) {
-		t.mu.Unlock()
-		return
+		return nil
 	}
 	streams := make([]*stream, 0, len(ps.streams))
 	for _, st := range ps.streams {
@@ -252,14 +260,5 @@ func (t *SyncPrefixHashTable) purgePodIf(pod, reason string, approve func(*podSt
 	for _, st := range streams {
 		t.detachLocked(st)
 	}
-	t.mu.Unlock()
-	n := 0
-	for _, st := range streams {
-		n += st.model.releaseStream(st)
-	}
-	if reason != "" {
-		t.metrics.evicted(reason, n)
-	}
-	t.cfg.Logger.V(2).Info("Purged a pod from the KV-cache index", "pod", pod, "streams", len(streams),
-		"blocks", n, "reason", cmp.Or(reason, "requested"))
+	return streams
 }

@@ -1,9 +1,9 @@
 package indexer
 
 import (
+	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/kvevent"
@@ -136,9 +136,7 @@ func TestRouterChunksByTheEngineBlockSizeInTokens(t *testing.T) {
 }
 
 func TestEventsKeepAPodAliveAndIdlePodsArePurged(t *testing.T) {
-	idx, reg := newTestTable(t, Config{EvictionDuration: 20 * 60e9})
-	clock := testsupport.NewClock(time.Now())
-	idx.now = clock.Now
+	idx, reg, clock := newClockedTable(t, Config{EvictionDuration: 20 * 60e9})
 	mustApply(t, idx, podA, stored(hashSeq(1, 2), nil, tokenRange(0, 32), 16))
 	mustApply(t, idx, podB, stored(hashSeq(1, 2), nil, tokenRange(0, 32), 16))
 	// Pod A keeps sending events and is never matched; pod B goes quiet.
@@ -163,9 +161,7 @@ func TestEventsKeepAPodAliveAndIdlePodsArePurged(t *testing.T) {
 }
 
 func TestMatchesKeepAPodAlive(t *testing.T) {
-	idx, _ := newTestTable(t, Config{EvictionDuration: 10 * 60e9})
-	clock := testsupport.NewClock(time.Now())
-	idx.now = clock.Now
+	idx, _, clock := newClockedTable(t, Config{EvictionDuration: 10 * 60e9})
 	mustApply(t, idx, podA, stored(hashSeq(1, 2), nil, tokenRange(0, 32), 16))
 	for i := 0; i < 20; i++ {
 		clock.Advance(60e9)
@@ -305,9 +301,7 @@ func TestAllBlocksClearedAndPurgeRemoveOnlyThatPod(t *testing.T) {
 }
 
 func TestMoreThan64PodsPerModel(t *testing.T) {
-	idx, _ := newTestTable(t, Config{})
-	clock := testsupport.NewClock(time.Now())
-	idx.now = clock.Now
+	idx, _, clock := newClockedTable(t, Config{})
 	const pods = 150
 	names := make([]string, pods)
 	for i := range pods {
@@ -362,5 +356,135 @@ func TestMoreThan64PodsPerModel(t *testing.T) {
 		if want := i%7 + 1; p.Blocks != want {
 			t.Fatalf("after reuse: pod %s credited %d blocks, want %d", p.Pod, p.Blocks, want)
 		}
+	}
+}
+
+func TestParentHashZeroStartsAChainUnlessTheStreamHoldsBlockZero(t *testing.T) {
+	idx, reg := newTestTable(t, Config{})
+	// llm-d-inference-sim sends parent_block_hash 0, not nil, for the
+	// first block of a prompt.
+	mustApply(t, idx, podA, stored(hashSeq(101, 3), ptr[uint64](0), tokenRange(0, 48), 16))
+	mustApply(t, idx, podA, stored(hashSeq(104, 1), ptr[uint64](103), tokenRange(48, 16), 16))
+	if blocks, _ := match(idx, "llama", "", tokenRange(0, 64), "ns/a"); blocks["ns/a"] != 4 {
+		t.Fatalf("a chain whose first parent is 0 matched %d blocks, want 4", blocks["ns/a"])
+	}
+	if got := testsupport.MetricValue(t, reg, "kvgate_indexer_parent_misses_total", nil); got != 0 {
+		t.Errorf("parent misses = %v, want 0", got)
+	}
+	// An engine whose hashes include 0 names a real block by it: its
+	// children chain from that block, not from the root.
+	mustApply(t, idx, podB, stored([]uint64{0}, nil, tokenRange(500, 16), 16))
+	mustApply(t, idx, podB, stored([]uint64{1}, ptr[uint64](0), tokenRange(516, 16), 16))
+	blocks, _ := match(idx, "llama", "", tokenRange(500, 32), "ns/b")
+	if blocks["ns/b"] != 2 {
+		t.Fatalf("the child of block 0 matched %d blocks after it, want 2", blocks["ns/b"])
+	}
+	if blocks, _ := match(idx, "llama", "", tokenRange(516, 16), "ns/b"); blocks["ns/b"] != 0 {
+		t.Fatalf("the child of block 0 was indexed from the root")
+	}
+	if err := checkInvariants(idx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestBlocksNamingTheirAdapterByIdOnlyAreCountedNotIndexed(t *testing.T) {
+	idx, reg := newTestTable(t, Config{})
+	// vLLM 0.9 names the adapter of a block by its engine id only; requests
+	// name adapters, so no match could ever use these blocks.
+	ev := stored(hashSeq(1, 3), nil, tokenRange(0, 48), 16)
+	ev.LoraID = 2
+	mustApply(t, idx, podA, ev)
+	next := stored(hashSeq(4, 1), ptr[uint64](3), tokenRange(48, 16), 16)
+	next.LoraID = 2
+	mustApply(t, idx, podA, next)
+	if got := testsupport.MetricValue(t, reg, "kvgate_indexer_skipped_blocks_total", map[string]string{"reason": reasonLoraID}); got != 4 {
+		t.Errorf("skipped lora_id_only blocks = %v, want 4", got)
+	}
+	if got := testsupport.MetricValue(t, reg, "kvgate_indexer_parent_misses_total", nil); got != 0 {
+		t.Errorf("parent misses = %v, want 0: the continuation is skipped for its adapter", got)
+	}
+	st := idx.Stats()
+	if len(st) != 1 || st[0].Entries != 0 || len(st[0].Pods) != 1 || len(st[0].Pods[0].Streams[0].Lanes) != 0 {
+		t.Fatalf("Stats = %+v, want the stream known and nothing indexed", st)
+	}
+	// A block that names its adapter is indexed, whatever its id.
+	named := stored(hashSeq(1, 3), nil, tokenRange(0, 48), 16)
+	named.LoraID, named.LoraName = 2, "sql"
+	mustApply(t, idx, podA, named)
+	if blocks, _ := match(idx, "llama", "sql", tokenRange(0, 48), "ns/a"); blocks["ns/a"] != 3 {
+		t.Fatalf("named adapter's blocks matched %d, want 3", blocks["ns/a"])
+	}
+}
+
+func TestEachPodIsMatchedAtItsOwnBlockSize(t *testing.T) {
+	idx, reg := newTestTable(t, Config{})
+	prompt := tokenRange(0, 128)
+	small, large := podA, podB
+	// Events of the two pods interleave: neither may flip the other's size.
+	for i := 0; i < 3; i++ {
+		mustApply(t, idx, small, stored(hashSeq(1, 8), nil, prompt, 16))
+		mustApply(t, idx, large, stored(hashSeq(101, 4), nil, prompt, 32))
+	}
+	var res MatchResult
+	idx.MatchPrefix("llama", "", append(prompt, 1, 2, 3), []string{"ns/a", "ns/b", "ns/c"}, &res)
+	want := []PodMatch{
+		{Pod: "ns/a", BlockSize: 16, Blocks: 8, Tokens: 128, GPUBlocks: 8, GPUTokens: 128},
+		{Pod: "ns/b", BlockSize: 32, Blocks: 4, Tokens: 128, GPUBlocks: 4, GPUTokens: 128},
+		{Pod: "ns/c"},
+	}
+	if !slices.Equal(res.Pods, want) || res.BlockSize != 16 || res.PromptBlocks != 8 {
+		t.Fatalf("MatchPrefix = %+v, want %+v at primary block size 16 (the smaller of two as common)", res, want)
+	}
+	// A third pod at 32 makes 32 the primary size.
+	mustApply(t, idx, Stream{Pod: "ns/c", Model: "llama"}, stored(hashSeq(201, 2), nil, prompt[:64], 32))
+	if bs, _ := idx.BlockSize("llama"); bs != 32 {
+		t.Errorf("BlockSize = %d, want 32, the size of two streams of three", bs)
+	}
+	for size, want := range map[string]float64{"16": 1, "32": 2} {
+		if got := testsupport.MetricValue(t, reg, "kvgate_indexer_block_size_streams", map[string]string{"model": "llama", "block_size": size}); got != want {
+			t.Errorf("streams of block size %s = %v, want %v", size, got, want)
+		}
+	}
+	st := idx.Stats()
+	if !slices.Equal(st[0].BlockSizes, []int{16, 32}) || st[0].BlockSize != 32 || st[0].Pods[0].Streams[0].Lanes[0].BlockSize != 16 {
+		t.Errorf("Stats = %+v, want block sizes [16 32], primary 32, pod a's lane of 16", st)
+	}
+	// A parent in a lane of another size is no parent: the key chained from
+	// it would name no prompt's prefix.
+	cpu := stored(hashSeq(9, 1), ptr[uint64](8), tokenRange(128, 64), 64)
+	cpu.Medium = kvevent.MediumCPU
+	mustApply(t, idx, small, cpu)
+	if got := testsupport.MetricValue(t, reg, "kvgate_indexer_parent_misses_total", nil); got != 1 {
+		t.Errorf("parent misses = %v, want 1", got)
+	}
+	// An engine whose blocks change size restarted unseen: its blocks of the
+	// old size go, and it is matched at the new one.
+	mustApply(t, idx, small, stored(hashSeq(301, 4), nil, prompt, 32))
+	if got := testsupport.MetricValue(t, reg, "kvgate_indexer_evicted_blocks_total", map[string]string{"reason": reasonBlockSize}); got != 8 {
+		t.Errorf("block_size_changed evictions = %v, want 8", got)
+	}
+	idx.MatchPrefix("llama", "", prompt, []string{"ns/a"}, &res)
+	if p := res.Pods[0]; p.BlockSize != 32 || p.Blocks != 4 {
+		t.Errorf("pod a after its size changed: %+v, want 4 blocks of 32", p)
+	}
+	if err := checkInvariants(idx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestAPodWhoseMediaUseTwoBlockSizesIsCreditedItsLongestRuns(t *testing.T) {
+	idx, _ := newTestTable(t, Config{})
+	prompt := tokenRange(0, 256)
+	// GPU blocks of 16 hold the first 80 tokens; an offload tier with
+	// blocks of 64 holds the first 192.
+	mustApply(t, idx, podA, stored(hashSeq(1, 5), nil, prompt[:80], 16))
+	cpu := stored(hashSeq(101, 3), nil, prompt[:192], 64)
+	cpu.Medium = kvevent.MediumCPU
+	mustApply(t, idx, podA, cpu)
+	var res MatchResult
+	idx.MatchPrefix("llama", "", prompt, []string{"ns/a"}, &res)
+	want := PodMatch{Pod: "ns/a", BlockSize: 64, Blocks: 3, Tokens: 192, GPUBlocks: 1, GPUTokens: 80}
+	if res.Pods[0] != want {
+		t.Fatalf("match = %+v, want %+v", res.Pods[0], want)
 	}
 }

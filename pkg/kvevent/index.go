@@ -7,9 +7,9 @@ type StreamID struct {
 	PodKey string `json:"pod"`
 	// DPRank is the engine's data-parallel rank.
 	DPRank int `json:"dpRank"`
-	// Model is the base model the pod serves (ModelNameLabel).
+	// Model is the base model the pod serves (endpoint.ModelNameLabel).
 	Model string `json:"model"`
-	// LoraID is the pod's LoraIDLabel, "" when it has none.
+	// LoraID is the pod's endpoint.LoraIDLabel, "" when it has none.
 	LoraID string `json:"loraID,omitempty"`
 }
 

@@ -1,19 +1,21 @@
 package routing
 
 import (
+	"context"
 	"fmt"
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/pkg/cache"
 	"github.com/kvgate/kvgate/pkg/kvevent"
 )
 
-// BenchmarkRoute measures one decision after tokenization, MatchPrefix
-// included, for an 8,192-token prompt among 16 pods: the real Store (pod
-// metrics scraped from fake engines, and their scrape states) and a warm
-// index where pod i holds the
-// first 512·i tokens of the prompt among 80,000 blocks of other prompts,
-// with four prefills in flight per pod.
+// BenchmarkRoute measures one decision after tokenization, the candidates'
+// snapshots and MatchPrefix included, for an 8,192-token prompt among 16
+// pods: the real Store (pod metrics scraped from fake engines, and their
+// scrape states) and a warm index where pod i holds the first 512·i tokens
+// of the prompt among 80,000 blocks of other prompts, with four prefills in
+// flight per pod.
 func BenchmarkRoute(b *testing.B) {
 	const pods, promptTokens, otherBlocksPerPod = 16, 8192, 5000
 	fleet := newStoreFleetScraping(b, pods, time.Second)
@@ -30,21 +32,24 @@ func BenchmarkRoute(b *testing.B) {
 	}
 	for _, alg := range []string{KVAware, PrefixCache, LeastRequest, Random} {
 		b.Run(alg, func(b *testing.B) {
-			r, _ := newTestRouter(b, fleet.store, idx, func(c *Config) { c.Scrapes = fleet.store })
+			r, _ := newTestRouter(b, fleet.store, idx)
 			podList := fleet.pods(b)
 			ctx := request("bench", alg, p)
 			var d Decision
+			var snaps []cache.PodSnapshot
 			for i := range pods * 4 {
-				if err := r.Route(ctx, podList, &d); err != nil {
+				snaps = fleet.store.Snapshots(podList, snaps[:0])
+				if err := r.Route(context.Background(), ctx, snaps, &d); err != nil {
 					b.Fatal(err)
 				}
-				d.chosen, d.Pod = i%pods, podList[i%pods]
-				r.StartPrefill(&d)
+				d.chosen, d.Endpoint = i%pods, podList[i%pods]
+				startPrefill(r, &d)
 			}
 			b.ReportAllocs()
 			b.ResetTimer()
 			for b.Loop() {
-				if err := r.Route(ctx, podList, &d); err != nil {
+				snaps = fleet.store.Snapshots(podList, snaps[:0])
+				if err := r.Route(context.Background(), ctx, snaps, &d); err != nil {
 					b.Fatal(err)
 				}
 			}

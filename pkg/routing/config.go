@@ -10,7 +10,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/klog/v2"
 
-	"github.com/kvgate/kvgate/pkg/cache"
 	"github.com/kvgate/kvgate/pkg/indexer"
 )
 
@@ -22,21 +21,7 @@ const (
 	DefaultCPUCacheWeight         = 0.8
 	DefaultPrefillTokensPerSecond = 10000.0
 	DefaultTieTolerance           = 0.05
-	DefaultInFlightPrefillTTL     = 5 * time.Minute
 )
-
-// MetricSource reads the metrics of a pod. *cache.Store implements it; a
-// simulation supplies its own. A missing value is reported as an error
-// (the Store's *cache.MetricNotFoundError) and read as "not measured".
-type MetricSource interface {
-	GetMetricValueByPod(podName, podNamespace, metricName string) (cache.MetricValue, error)
-}
-
-// ScrapeStates tells how current each pod's scraped metrics are.
-// *cache.Store implements it.
-type ScrapeStates interface {
-	PodScrapeState(podName, podNamespace string) cache.ScrapeState
-}
 
 // PrefixIndex reports how much of a prompt each pod holds in its KV cache.
 // *indexer.SyncPrefixHashTable implements it; see its MatchPrefix for the
@@ -48,17 +33,9 @@ type PrefixIndex interface {
 // Config configures a Router. Fields name the environment variable that sets
 // them; the variables are parsed by the gateway's configuration, not here.
 type Config struct {
-	// Metrics is where the Router reads pod load, speed and latency. It is
-	// required.
-	Metrics MetricSource
 	// Index is the prefix index. Without one, prefix-cache and kv-aware
 	// route on load alone, as they do for a request without tokens.
 	Index PrefixIndex
-	// Scrapes tells which pods' scraped metrics are current. The
-	// algorithms that read load choose a pod whose latest scrape failed or
-	// has not happened yet only when no candidate's is current (see the
-	// package documentation). Nil counts every pod's metrics as current.
-	Scrapes ScrapeStates
 
 	// DefaultAlgorithm serves requests that name none
 	// (KVGATE_ROUTING_ALGORITHM or ROUTING_ALGORITHM; default kv-aware).
@@ -93,20 +70,15 @@ type Config struct {
 	// by load (KVGATE_ROUTING_TTFT_TIE_TOLERANCE, default 0.05: within 5%
 	// of the fastest).
 	TieTolerance float64
-	// InFlightPrefillTTL is how long a prefill the gateway started stays
-	// counted without a FirstToken or Done
-	// (KVGATE_ROUTING_INFLIGHT_PREFILL_TTL_SECONDS, default 5 min); it
-	// bounds what lost completions cost.
-	InFlightPrefillTTL time.Duration
 
 	// Rand is the source of random choices (the random algorithm and
 	// ties). Nil means a source seeded at random; a seeded source makes
 	// decisions reproducible for the same inputs and order of calls. The
 	// Router serializes its use.
 	Rand rand.Source
-	// Now is the clock of in-flight prefill accounting (default
-	// time.Now); a simulation passes its virtual clock. Decision latency
-	// is always measured on the wall clock.
+	// Now is the clock the prefill queues are read on, the request
+	// ledger's (default time.Now); a simulation passes its virtual clock.
+	// Decision latency is always measured on the wall clock.
 	Now func() time.Time
 	// Registerer receives the Router's metrics; nil registers none.
 	Registerer prometheus.Registerer
@@ -123,7 +95,6 @@ func (c Config) withDefaults() Config {
 	c.CPUCacheWeight = cmp.Or(c.CPUCacheWeight, DefaultCPUCacheWeight)
 	c.DefaultPrefillTokensPerSecond = cmp.Or(c.DefaultPrefillTokensPerSecond, DefaultPrefillTokensPerSecond)
 	c.TieTolerance = cmp.Or(c.TieTolerance, DefaultTieTolerance)
-	c.InFlightPrefillTTL = cmp.Or(c.InFlightPrefillTTL, DefaultInFlightPrefillTTL)
 	if c.Rand == nil {
 		c.Rand = rand.NewPCG(rand.Uint64(), rand.Uint64())
 	}
@@ -139,9 +110,6 @@ func (c Config) withDefaults() Config {
 // validate checks a defaulted Config.
 func (c Config) validate() error {
 	var errs []error
-	if c.Metrics == nil {
-		errs = append(errs, errors.New("Metrics is required"))
-	}
 	if !IsAlgorithm(c.DefaultAlgorithm) {
 		errs = append(errs, fmt.Errorf("DefaultAlgorithm: %w", &UnknownAlgorithmError{Name: c.DefaultAlgorithm}))
 	}
@@ -159,9 +127,6 @@ func (c Config) validate() error {
 	}
 	if c.TieTolerance < 0 {
 		errs = append(errs, fmt.Errorf("TieTolerance %v is negative", c.TieTolerance))
-	}
-	if c.InFlightPrefillTTL < 0 {
-		errs = append(errs, fmt.Errorf("InFlightPrefillTTL %v is negative", c.InFlightPrefillTTL))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("invalid routing config: %w", err)

@@ -1,9 +1,9 @@
 package routing
 
 import (
-	v1 "k8s.io/api/core/v1"
-
 	"github.com/kvgate/kvgate/pkg/cache"
+	"github.com/kvgate/kvgate/pkg/endpoint"
+	"github.com/kvgate/kvgate/pkg/inflight"
 )
 
 // Outcome says what decided a routing decision. It labels
@@ -44,9 +44,8 @@ type Decision struct {
 	Algorithm string `json:"algorithm"`
 	// Outcome says what decided.
 	Outcome Outcome `json:"outcome"`
-	// Pod is the chosen pod, shared with the caller's pod list: treat it
-	// as read-only.
-	Pod *v1.Pod `json:"-"`
+	// Endpoint is the chosen pod, shared with the caller's pod list.
+	Endpoint *endpoint.Endpoint `json:"-"`
 	// PodKey is the chosen pod's "namespace/name".
 	PodKey string `json:"pod"`
 	// PromptTokens is the number of prompt tokens routed on: the token
@@ -66,9 +65,28 @@ type Decision struct {
 	chosen int
 }
 
+// Route returns the route of an attempt sent to the chosen pod, for the
+// request ledger (inflight.Request.Route): the pod's load record, the
+// prompt's length, the uncached tokens the decision predicted for the pod,
+// the time the pod takes to prefill them at its prefill speed, and the
+// predicted time to first token. It returns a Route without a pod before a
+// decision.
+func (d *Decision) Route() inflight.Route {
+	c := d.Chosen()
+	if c == nil {
+		return inflight.Route{}
+	}
+	rt := inflight.Route{Pod: c.load, Endpoint: c.ep, PromptTokens: d.PromptTokens, UncachedTokens: c.uncached,
+		PredictedTTFTSeconds: c.PredictedTTFTSeconds}
+	if c.PrefillTokensPerSecond > 0 {
+		rt.PrefillSeconds = c.uncached / c.PrefillTokensPerSecond
+	}
+	return rt
+}
+
 // Chosen returns the chosen pod's candidate entry, nil before a decision.
 func (d *Decision) Chosen() *Candidate {
-	if d.Pod == nil || d.chosen >= len(d.Candidates) {
+	if d.Endpoint == nil || d.chosen >= len(d.Candidates) {
 		return nil
 	}
 	return &d.Candidates[d.chosen]
@@ -76,7 +94,7 @@ func (d *Decision) Chosen() *Candidate {
 
 // Candidate holds what a decision knew about one candidate pod. Inputs an
 // algorithm does not read are left zero, except that the chosen pod's match
-// and uncached tokens are always filled in (StartPrefill needs them) and
+// and uncached tokens are always filled in (Route needs them) and
 // Explain gathers every input.
 type Candidate struct {
 	// Pod is the pod's "namespace/name".
@@ -133,10 +151,11 @@ type Candidate struct {
 	// PredictedTTFTSeconds is kv-aware's predicted time to first token.
 	PredictedTTFTSeconds float64 `json:"predictedTTFTSeconds,omitempty"`
 	// Scrape says how current the pod's scraped metrics are (fresh,
-	// stale or none); empty without Config.Scrapes and for random.
+	// stale or none), as its snapshot tells; empty for random.
 	Scrape cache.ScrapeState `json:"scrape,omitempty"`
 
-	pod      *v1.Pod
+	ep       *endpoint.Endpoint
+	load     *inflight.PodLoad
 	uncached float64 // UncachedTokens before rounding
 	measured uint8   // has* bits
 }

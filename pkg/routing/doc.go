@@ -24,18 +24,22 @@
 // from Config.Rand, so a seeded source makes decisions reproducible.
 //
 // A decision reads only memory: the prefix index (PrefixIndex, the
-// indexer's SyncPrefixHashTable), pod metrics (MetricSource, the cache
-// Store) and the gateway's in-flight prefills. Each input is an interface or
-// a Config field (including the clock), so that a simulation can drive the
-// same code in virtual time. Route returns the chosen pod and, per
-// candidate, the inputs that justified it (Decision); Explain runs every
-// algorithm on one snapshot for the gateway's debug API.
+// indexer's SyncPrefixHashTable) and one snapshot per candidate
+// (cache.PodSnapshot, which the Store gathers with one registry lookup per
+// pod): the pod's identity, its scraped metrics and their scrape state,
+// its ejection, and its load record in the request ledger, which holds
+// the gateway's requests and prefills in flight on it. The index is an
+// interface, the snapshots are values and the clock is a Config field, so
+// that a simulation can drive the same code in virtual time. Route returns
+// the chosen pod and, per candidate, the inputs that justified it
+// (Decision); Explain runs every algorithm on one set of snapshots for the
+// gateway's debug API.
 //
 // # Pods without fresh metrics
 //
 // A pod's scraped metrics (waiting requests, KV-cache usage, latencies,
-// prefill speed) are fresh when its latest scrape succeeded, as
-// Config.Scrapes (the Store's PodScrapeState) tells. A pod whose scrapes
+// prefill speed) are fresh when its latest scrape succeeded, as its
+// snapshot's Scrape state tells. A pod whose scrapes
 // fail keeps its last values and a pod not scraped yet has none: either
 // reads as idle, no queue and no latency, although such a pod is most
 // likely down, restarting or too loaded to answer. So while some candidates
@@ -127,22 +131,27 @@
 //
 // # In-flight prefills
 //
-// The gateway calls Router.StartPrefill when it sends a request to a pod,
-// with the decision that chose the pod, and Prefill.FirstToken when the first
-// token comes back (Prefill.Done when the request ends without one being
-// seen). Per pod, the prefills started form a first-come first-served queue,
-// the order in which vLLM admits and prefills requests. Each adds U/S seconds
+// The gateway records every attempt to serve a request in the request
+// ledger (package inflight): Decision.Route gives the attempt's route (the
+// chosen pod's load record, the uncached tokens U, the prefill time U/S, the
+// predicted time to first token), inflight.Request.Route opens it when the
+// request is sent, and the attempt's FirstToken or Close ends its prefill.
+// Per pod, the prefills started form a first-come first-served queue, the
+// order in which vLLM admits and prefills requests. Each adds U/S seconds
 // of work: a prefill started at time t is predicted done at
 // F = max(F', t) + U/S, F' being the prediction for the one started before
 // it, and A(p) = max(0, F - now) for the last one. The queue drains with time
 // even when no first token is reported, as for a response that is not
-// streamed. A FirstToken proves that its prefill and every prefill started on
-// the pod before it are done: they leave the queue, and the rest of the queue
-// is predicted from that moment, F = now + the rest's U/S. A Done proves
-// less, that the prefill ended some time before: it and the ones before it
-// leave the queue, and F only moves earlier, to now + the rest's U/S if that
-// is earlier. A prefill neither ended nor proven done within
-// Config.InFlightPrefillTTL is dropped and counted.
+// streamed. A first token proves that its prefill and every prefill started
+// on the pod before it are done: they leave the queue, and the rest of the
+// queue is predicted from that moment, F = now + the rest's U/S. A close
+// without a first token proves less, that the prefill ended some time
+// before: it and the ones before it leave the queue, and F only moves
+// earlier, to now + the rest's U/S if that is earlier. A request that does
+// not end within the ledger's TTL is reaped, its prefill dropped and
+// counted. The Router follows the attempts through its Observer: their
+// uncached tokens feed the running mean T, and their first tokens the
+// prediction ratio.
 //
 // # Outcomes and metrics
 //
@@ -157,9 +166,10 @@
 //	kvgate_routing_matched_fraction{algorithm}          share of a tokenized prompt the chosen pod holds
 //	kvgate_routing_decision_duration_seconds{algorithm} time to decide, after tokenization
 //	kvgate_routing_ttft_prediction_ratio                TTFT seen at FirstToken / kv-aware's prediction
-//	kvgate_routing_inflight_prefills                    prefills started and not ended
-//	kvgate_routing_inflight_prefill_tokens              their predicted uncached tokens
-//	kvgate_routing_inflight_prefills_expired_total      prefills dropped after the TTL
+//
+// The request ledger registers the in-flight prefill gauges
+// (kvgate_routing_inflight_prefills, kvgate_routing_inflight_prefill_tokens)
+// and kvgate_routing_inflight_prefills_expired_total.
 //
 // Each decision is logged at verbosity 4 with the chosen pod's inputs, and
 // with every candidate's at verbosity 5.

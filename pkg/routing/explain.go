@@ -5,8 +5,7 @@ import (
 	"math/rand/v2"
 	"slices"
 
-	v1 "k8s.io/api/core/v1"
-
+	"github.com/kvgate/kvgate/pkg/cache"
 	"github.com/kvgate/kvgate/pkg/types"
 )
 
@@ -30,17 +29,17 @@ type Explanation struct {
 // source of its own. Matching the prompt does refresh the index's record of
 // the matched blocks and pods as recently used. It fails with an error
 // wrapping ErrNoPods when pods is empty.
-func (r *Router) Explain(ctx *types.RoutingContext, pods []*v1.Pod) (*Explanation, error) {
+func (r *Router) Explain(rc *types.RoutingContext, pods []cache.PodSnapshot) (*Explanation, error) {
 	if len(pods) == 0 {
-		return nil, fmt.Errorf("explain request %s for model %q: %w", ctx.RequestID, ctx.Model, ErrNoPods)
+		return nil, fmt.Errorf("explain request %s for model %q: %w", rc.RequestID, rc.Model, ErrNoPods)
 	}
 	s := new(scratch)
 	var snapshot Decision
-	base := r.gather(ctx, pods, needAll, &snapshot, s)
+	base := r.gather(rc, pods, needAll, &snapshot, s)
 	base.rng = newLockedRand(rand.NewPCG(rand.Uint64(), rand.Uint64()))
 	e := &Explanation{
-		Model:            ctx.Model,
-		LoraAdapter:      ctx.LoraAdapter,
+		Model:            rc.Model,
+		LoraAdapter:      rc.LoraAdapter,
 		DefaultAlgorithm: r.cfg.DefaultAlgorithm,
 		Decisions:        make([]Decision, 0, len(algorithmNames)),
 	}
@@ -51,7 +50,7 @@ func (r *Router) Explain(ctx *types.RoutingContext, pods []*v1.Pod) (*Explanatio
 		in := base
 		in.d = &d
 		r.algs[name].pick(in)
-		r.settle(ctx, &in, s)
+		r.settle(rc, &in, s)
 		e.Decisions = append(e.Decisions, d)
 	}
 	return e, nil

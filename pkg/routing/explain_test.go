@@ -20,7 +20,7 @@ func TestExplainShowsEveryAlgorithmsDecisionWithoutRouting(t *testing.T) {
 	r, reg := newTestRouter(t, m, idx)
 	ctx := request("r", "", p)
 
-	e, err := r.Explain(ctx, pods)
+	e, err := r.Explain(ctx, snaps(r, pods))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,7 +40,7 @@ func TestExplainShowsEveryAlgorithmsDecisionWithoutRouting(t *testing.T) {
 			t.Errorf("%s: p1 %+v, want its match, usage and speed", d.Algorithm, c)
 		}
 	}
-	if ctx.HasRouted() || r.book.count.Load() != 0 || testsupport.MetricValue(t, reg, "kvgate_routing_decisions_total", nil) != 0 {
+	if ctx.HasRouted() || inFlightPrefills(t, reg) != 0 || testsupport.MetricValue(t, reg, "kvgate_routing_decisions_total", nil) != 0 {
 		t.Fatal("Explain routed the request, started a prefill or counted a decision")
 	}
 

@@ -5,9 +5,8 @@ import (
 	"slices"
 	"time"
 
-	v1 "k8s.io/api/core/v1"
-
 	"github.com/kvgate/kvgate/pkg/cache"
+	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/indexer"
 	"github.com/kvgate/kvgate/pkg/types"
 )
@@ -28,39 +27,40 @@ const (
 	hasTTFT
 )
 
-// gather resets d for the request and fills its candidates with the inputs
-// nd names.
-func (r *Router) gather(ctx *types.RoutingContext, pods []*v1.Pod, nd needs, d *Decision, s *scratch) input {
+// gather resets d for the request and fills its candidates, one per
+// snapshot, with the inputs nd names.
+func (r *Router) gather(rc *types.RoutingContext, pods []cache.PodSnapshot, nd needs, d *Decision, s *scratch) input {
 	d.reset()
-	d.PromptTokens = ctx.InputTokens()
+	d.PromptTokens = rc.InputTokens()
 	in := input{
 		d:            d,
 		s:            s,
 		rng:          r.rng,
-		hasTokens:    len(ctx.PromptTokenIDs) > 0,
+		hasTokens:    len(rc.PromptTokenIDs) > 0,
 		meanUncached: math.Float64frombits(r.meanUncached.Load()),
-		outputTokens: ctx.PredictedOutputTokens,
+		outputTokens: rc.PredictedOutputTokens,
 	}
 	now := r.cfg.Now()
 	var fresh, unfresh bool
-	for _, p := range pods {
-		c := Candidate{Pod: r.keys.key(p), pod: p}
-		if nd != 0 && r.cfg.Scrapes != nil {
-			c.Scrape = r.cfg.Scrapes.PodScrapeState(p.Name, p.Namespace)
+	for i := range pods {
+		sp := &pods[i]
+		c := Candidate{Pod: sp.Endpoint.ID, ep: sp.Endpoint, load: sp.Load}
+		if nd != 0 {
+			c.Scrape = sp.Scrape
 			fresh, unfresh = fresh || c.Scrape == cache.ScrapeFresh, unfresh || c.Scrape != cache.ScrapeFresh
 		}
-		scrapedAt := r.readMetrics(&c, nd)
+		scrapedAt := readMetrics(&c, sp, nd)
 		if nd&needQueue != 0 {
-			q := r.book.queue(c.Pod, now, scrapedAt, c.Waiting)
-			c.InFlightPrefills, c.InFlightPrefillTokens, c.QueueSeconds = q.prefills, q.tokens, q.seconds
-			c.WaitingEnded = q.waitingEnded
+			q := c.load.Queue(now, scrapedAt, c.Waiting)
+			c.InFlightPrefills, c.InFlightPrefillTokens, c.QueueSeconds = q.Prefills, q.Tokens, q.Seconds
+			c.WaitingEnded = q.WaitingEnded
 		}
 		d.Candidates = append(d.Candidates, c)
 	}
 	in.freshOnly = fresh && unfresh
 	r.fillSpeeds(d.Candidates, s)
 	if nd&needMatch != 0 && in.hasTokens && r.cfg.Index != nil {
-		r.match(ctx, d, d.Candidates, s)
+		r.match(rc, d, d.Candidates, s)
 		in.matched = true
 	}
 	for i := range d.Candidates {
@@ -69,42 +69,40 @@ func (r *Router) gather(ctx *types.RoutingContext, pods []*v1.Pod, nd needs, d *
 	return in
 }
 
-// readMetrics reads the pod metrics nd names into c, and returns when the
-// waiting requests were scraped (zero when they were not read or have no
-// value); a metric without a value reads as 0.
-func (r *Router) readMetrics(c *Candidate, nd needs) (waitingAt time.Time) {
-	p := c.pod
-	var updated time.Time // of the latest value read
-	read := func(name string) (float64, bool) {
-		v, err := r.cfg.Metrics.GetMetricValueByPod(p.Name, p.Namespace, name)
-		if err != nil || math.IsNaN(v.Value) || math.IsInf(v.Value, 0) {
+// readMetrics reads the pod metrics nd names from sp into c, and returns
+// when the waiting requests were scraped (zero when they were not read or
+// have no value); a metric without a value, or whose value is not a finite
+// number, reads as 0.
+func readMetrics(c *Candidate, sp *cache.PodSnapshot, nd needs) (waitingAt time.Time) {
+	m := &sp.Metrics
+	read := func(v float64, b cache.MetricBits) (float64, bool) {
+		if m.Measured&b == 0 || math.IsNaN(v) || math.IsInf(v, 0) {
 			return 0, false
 		}
-		updated = v.UpdatedAt
-		return v.Value, true
+		return v, true
 	}
-	c.PrefillTokensPerSecond, _ = read(cache.PrefillTokensPerSecond)
+	c.PrefillTokensPerSecond, _ = read(m.PrefillTokensPerSecond, cache.HasPrefillSpeed)
 	if nd&needRunning != 0 {
-		c.Running, _ = read(cache.RealtimeNumRequestsRunning)
+		c.Running = float64(sp.Load.Running())
 	}
 	if nd&needQueue != 0 {
 		var ok bool
-		if c.Waiting, ok = read(cache.NumRequestsWaiting); ok {
-			waitingAt = updated
+		if c.Waiting, ok = read(m.Waiting, cache.HasWaiting); ok {
+			waitingAt = m.At
 		}
 	}
 	if nd&(needQueue|needLatency) != 0 {
-		c.AvgTPOTSeconds, _ = read(cache.AvgTPOTSeconds)
+		c.AvgTPOTSeconds, _ = read(m.AvgTPOTSeconds, cache.HasAvgTPOT)
 	}
 	if nd&needLatency != 0 {
 		var ok bool
-		if c.AvgTTFTSeconds, ok = read(cache.AvgTTFTSeconds); ok {
+		if c.AvgTTFTSeconds, ok = read(m.AvgTTFTSeconds, cache.HasAvgTTFT); ok {
 			c.measured |= hasTTFT
 		}
 	}
 	if nd&needKVCache != 0 {
 		var ok bool
-		if c.KVCacheUsage, ok = read(cache.KVCacheUsagePerc); ok {
+		if c.KVCacheUsage, ok = read(m.KVCacheUsage, cache.HasKVCacheUsage); ok {
 			c.measured |= hasKVCache
 		}
 	}
@@ -146,16 +144,16 @@ func median(v []float64) float64 {
 // one) under each one's base model. Candidates normally share one base
 // model and need one query; candidates of another base model than a query's
 // hold none of its keys, so each candidate keeps its best result.
-func (r *Router) match(ctx *types.RoutingContext, d *Decision, cs []Candidate, s *scratch) {
+func (r *Router) match(rc *types.RoutingContext, d *Decision, cs []Candidate, s *scratch) {
 	s.keys, s.models = s.keys[:0], s.models[:0]
 	for i := range cs {
 		s.keys = append(s.keys, cs[i].Pod)
-		if m := baseModel(cs[i].pod, ctx.Model); !slices.Contains(s.models, m) {
+		if m := baseModel(cs[i].ep, rc.Model); !slices.Contains(s.models, m) {
 			s.models = append(s.models, m)
 		}
 	}
 	for _, model := range s.models {
-		r.cfg.Index.MatchPrefix(model, ctx.LoraAdapter, ctx.PromptTokenIDs, s.keys, &s.match)
+		r.cfg.Index.MatchPrefix(model, rc.LoraAdapter, rc.PromptTokenIDs, s.keys, &s.match)
 		if s.match.BlockSize > 0 {
 			d.BlockSize, d.PromptBlocks = s.match.BlockSize, s.match.PromptBlocks
 		}
@@ -171,9 +169,9 @@ func (r *Router) match(ctx *types.RoutingContext, d *Decision, cs []Candidate, s
 
 // baseModel is the model the index knows the pod's blocks under: the pod's
 // base model label, else the requested model.
-func baseModel(p *v1.Pod, requested string) string {
-	if m := cache.ModelName(p); m != "" {
-		return m
+func baseModel(ep *endpoint.Endpoint, requested string) string {
+	if ep.Model != "" {
+		return ep.Model
 	}
 	return requested
 }

@@ -16,7 +16,9 @@ import (
 
 	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/cache"
+	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/indexer"
+	"github.com/kvgate/kvgate/pkg/inflight"
 	"github.com/kvgate/kvgate/pkg/kvevent"
 	"github.com/kvgate/kvgate/pkg/types"
 )
@@ -27,13 +29,17 @@ const (
 	testBlockSize = 16
 )
 
-// fakeMetrics is a MetricSource and ScrapeStates holding values set by the
-// test, all updated at the time it was last given (zero until then); a pod's
-// scrape state is fresh unless set.
+// fakeMetrics holds pod metrics, scrape states and load records set by the
+// test, the metrics all scraped at the time it was last given (zero until
+// then), and gives snapshots of them as the Store does; a pod's scrape
+// state is fresh unless set. The RealtimeNumRequestsRunning a test sets
+// stands for requests other gateways run on the pod: it adds to the
+// attempts the test opens on the pod's load record.
 type fakeMetrics struct {
 	mu      sync.Mutex
 	v       map[string]map[string]float64 // pod name -> metric -> value
 	states  map[string]cache.ScrapeState  // pod name -> scrape state
+	loads   map[string]*inflight.PodLoad  // pod name -> load record
 	updated time.Time                     // of every value
 }
 
@@ -60,15 +66,6 @@ func (f *fakeMetrics) setScrape(pod string, s cache.ScrapeState) *fakeMetrics {
 	return f
 }
 
-func (f *fakeMetrics) PodScrapeState(podName, _ string) cache.ScrapeState {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if s, ok := f.states[podName]; ok {
-		return s
-	}
-	return cache.ScrapeFresh
-}
-
 // scraped sets the time the values were last updated.
 func (f *fakeMetrics) scraped(at time.Time) *fakeMetrics {
 	f.mu.Lock()
@@ -77,24 +74,59 @@ func (f *fakeMetrics) scraped(at time.Time) *fakeMetrics {
 	return f
 }
 
-func (f *fakeMetrics) GetMetricValueByPod(podName, podNamespace, metricName string) (cache.MetricValue, error) {
+// Snapshots gives the snapshots of pods, as cache.Store.Snapshots does.
+func (f *fakeMetrics) Snapshots(pods []*endpoint.Endpoint, out []cache.PodSnapshot) []cache.PodSnapshot {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	v, ok := f.v[podName][metricName]
-	if !ok {
-		return cache.MetricValue{}, &cache.MetricNotFoundError{Pod: podNamespace + "/" + podName, Metric: metricName}
+	if f.loads == nil {
+		f.loads = map[string]*inflight.PodLoad{}
 	}
-	return cache.MetricValue{Value: v, UpdatedAt: f.updated}, nil
+	for _, ep := range pods {
+		name := ep.Key.Name
+		load := f.loads[name]
+		if load == nil {
+			load = inflight.NewPodLoad(ep.ID)
+			f.loads[name] = load
+		}
+		v := f.v[name]
+		load.SetRemote(int64(v[cache.RealtimeNumRequestsRunning]), nil)
+		m := cache.PodMetrics{At: f.updated}
+		for _, field := range []struct {
+			name string
+			dst  *float64
+			bit  cache.MetricBits
+		}{
+			{cache.NumRequestsWaiting, &m.Waiting, cache.HasWaiting},
+			{cache.KVCacheUsagePerc, &m.KVCacheUsage, cache.HasKVCacheUsage},
+			{cache.AvgTTFTSeconds, &m.AvgTTFTSeconds, cache.HasAvgTTFT},
+			{cache.AvgTPOTSeconds, &m.AvgTPOTSeconds, cache.HasAvgTPOT},
+			{cache.PrefillTokensPerSecond, &m.PrefillTokensPerSecond, cache.HasPrefillSpeed},
+		} {
+			if x, ok := v[field.name]; ok {
+				*field.dst = x
+				m.Measured |= field.bit
+			}
+		}
+		scrape, ok := f.states[name]
+		if !ok {
+			scrape = cache.ScrapeFresh
+		}
+		out = append(out, cache.PodSnapshot{Endpoint: ep, Scrape: scrape, Metrics: m, Load: load})
+	}
+	return out
 }
 
 // testPods returns Running, Ready pods p0..p<n-1> serving testModel.
-func testPods(n int) []*v1.Pod {
-	pods := make([]*v1.Pod, n)
+func testPods(n int) []*endpoint.Endpoint {
+	pods := make([]*endpoint.Endpoint, n)
 	for i := range pods {
-		pods[i] = testPod(fmt.Sprintf("p%d", i), fmt.Sprintf("10.0.0.%d", i+1), 0)
+		pods[i] = parse(testPod(fmt.Sprintf("p%d", i), fmt.Sprintf("10.0.0.%d", i+1), 0))
 	}
 	return pods
 }
+
+// parse parses pod as the Store does by default.
+func parse(pod *v1.Pod) *endpoint.Endpoint { return endpoint.Parse(pod, endpoint.Options{}) }
 
 // testPod returns a Running, Ready pod serving testModel at ip, whose
 // engine listens on port (the Store's default when 0).
@@ -102,7 +134,7 @@ func testPod(name, ip string, port int) *v1.Pod {
 	p := &v1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
 			Namespace: testNamespace, Name: name, UID: k8stypes.UID("uid-" + name),
-			Labels: map[string]string{cache.ModelNameLabel: testModel},
+			Labels: map[string]string{endpoint.ModelNameLabel: testModel},
 		},
 		Status: v1.PodStatus{
 			Phase: v1.PodRunning, PodIP: ip,
@@ -110,7 +142,7 @@ func testPod(name, ip string, port int) *v1.Pod {
 		},
 	}
 	if port != 0 {
-		p.Labels[cache.ModelPortLabel] = fmt.Sprint(port)
+		p.Labels[endpoint.ModelPortLabel] = fmt.Sprint(port)
 	}
 	return p
 }
@@ -170,18 +202,26 @@ func prompt(from, n int) []uint32 {
 
 // request returns a routing context for tokens, asking for algorithm.
 func request(id, algorithm string, tokens []uint32) *types.RoutingContext {
-	ctx := types.NewRoutingContext(context.Background(), id, testModel)
+	ctx := types.NewRoutingContext(id, testModel)
 	ctx.Algorithm = algorithm
 	ctx.PromptTokenIDs = tokens
 	return ctx
 }
 
-// newTestRouter returns a Router over metrics and idx (which may be nil)
-// with a seeded random source, its metrics on a fresh registry.
-func newTestRouter(t testing.TB, metrics MetricSource, idx PrefixIndex, adjust ...func(*Config)) (*Router, *prometheus.Registry) {
+// snapshotter gives the snapshots of pods: the test's fakeMetrics or a
+// cache.Store.
+type snapshotter interface {
+	Snapshots(pods []*endpoint.Endpoint, out []cache.PodSnapshot) []cache.PodSnapshot
+}
+
+// newTestRouter returns a Router reading the snapshots of source (see route)
+// and idx (which may be nil), with a seeded random source, its metrics on a
+// fresh registry, and a request ledger on the Router's clock that it
+// observes (see startPrefill), its metrics on the same registry.
+func newTestRouter(t testing.TB, source snapshotter, idx PrefixIndex, adjust ...func(*Config)) (*Router, *prometheus.Registry) {
 	t.Helper()
 	reg := prometheus.NewRegistry()
-	cfg := Config{Metrics: metrics, Rand: rand.NewPCG(1, 2), Registerer: reg}
+	cfg := Config{Rand: rand.NewPCG(1, 2), Registerer: reg}
 	if idx != nil {
 		cfg.Index = idx
 	}
@@ -192,14 +232,47 @@ func newTestRouter(t testing.TB, metrics MetricSource, idx PrefixIndex, adjust .
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
+	l, err := inflight.New(inflight.Config{Now: cfg.Now, Registerer: reg})
+	if err != nil {
+		t.Fatalf("inflight.New: %v", err)
+	}
+	l.Observe(r.Observer())
+	testLedgers.Store(r, l)
+	testSources.Store(r, source)
 	return r, reg
 }
 
-// route routes ctx among pods and fails the test on error.
-func route(t testing.TB, r *Router, ctx *types.RoutingContext, pods []*v1.Pod) *Decision {
+// testSources holds the snapshot source of each Router of newTestRouter.
+var testSources sync.Map // *Router -> snapshotter
+
+// snaps returns the snapshots of pods from r's source.
+func snaps(r *Router, pods []*endpoint.Endpoint) []cache.PodSnapshot {
+	src, _ := testSources.Load(r)
+	return src.(snapshotter).Snapshots(pods, nil)
+}
+
+// testLedgers holds the request ledger of each Router of newTestRouter.
+var testLedgers sync.Map // *Router -> *inflight.Ledger
+
+// startPrefill sends the request d was decided for to its pod, as the
+// gateway does: it admits a request to r's ledger and opens an attempt on
+// the decision's route.
+func startPrefill(r *Router, d *Decision) *inflight.Handle {
+	l, _ := testLedgers.Load(r)
+	return l.(*inflight.Ledger).Admit("test", testModel).Route(d.Route())
+}
+
+// inFlightPrefills returns the prefills queued in r's ledger.
+func inFlightPrefills(t testing.TB, reg *prometheus.Registry) float64 {
+	t.Helper()
+	return testsupport.MetricValue(t, reg, "kvgate_routing_inflight_prefills", nil)
+}
+
+// route routes ctx among the snapshots of pods and fails the test on error.
+func route(t testing.TB, r *Router, ctx *types.RoutingContext, pods []*endpoint.Endpoint) *Decision {
 	t.Helper()
 	var d Decision
-	if err := r.Route(ctx, pods, &d); err != nil {
+	if err := r.Route(context.Background(), ctx, snaps(r, pods), &d); err != nil {
 		t.Fatalf("Route(%s): %v", ctx.Algorithm, err)
 	}
 	return &d

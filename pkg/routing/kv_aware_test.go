@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/pkg/cache"
+	"github.com/kvgate/kvgate/pkg/inflight"
 	"github.com/kvgate/kvgate/pkg/kvevent"
 )
 
@@ -14,7 +15,7 @@ import (
 func uniformFleet(n int) *fakeMetrics {
 	f := newFakeMetrics()
 	for _, p := range testPods(n) {
-		f.set(p.Name, cache.PrefillTokensPerSecond, 10000).set(p.Name, cache.AvgTPOTSeconds, 0.02)
+		f.set(p.Key.Name, cache.PrefillTokensPerSecond, 10000).set(p.Key.Name, cache.AvgTPOTSeconds, 0.02)
 	}
 	return f
 }
@@ -73,12 +74,12 @@ func TestKVAwareDoesNotCountItsOwnEndedRequestsAsWaiting(t *testing.T) {
 	if d.PodKey != key("p1") {
 		t.Fatalf("the cold prompt went to %s, want the idle p1", d.PodKey)
 	}
-	first := r.StartPrefill(d)
+	first := startPrefill(r, d)
 	clock.Advance(5 * time.Millisecond)
 	m.set("p1", cache.NumRequestsWaiting, 1).set("p0", cache.RealtimeNumRequestsRunning, 0).scraped(clock.Now())
 	clock.Advance(15 * time.Millisecond)
 	holds(t, idx, "p1", p, kvevent.MediumGPU)
-	first.Done()
+	first.Close(inflight.Done, "")
 
 	d = route(t, r, request("r2", KVAware, p), pods)
 	c := candidate(t, d, "p1")
@@ -107,13 +108,13 @@ func TestKVAwareWeighsInFlightPrefillsUntilTheirFirstToken(t *testing.T) {
 	// Each request sent to p2 queues its 464 uncached tokens (0.0464 s)
 	// there: p2 (0.0664 s plus its queue) stays ahead of a cold pod
 	// (0.22 s) with three prefills queued, not with four.
-	var started []*Prefill
+	var started []*inflight.Handle
 	for i := range 4 {
 		d := route(t, r, request("r", KVAware, p), pods)
 		if d.PodKey != key("p2") || d.Outcome != OutcomePrefixHit {
 			t.Fatalf("request %d went to %s (%s), want p2 with %d prefills queued; %+v", i, d.PodKey, d.Outcome, i, candidate(t, d, "p2"))
 		}
-		started = append(started, r.StartPrefill(d))
+		started = append(started, startPrefill(r, d))
 	}
 	d := route(t, r, request("r", KVAware, p), pods)
 	if d.PodKey == key("p2") || d.Outcome != OutcomeLoadOverPrefix {

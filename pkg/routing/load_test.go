@@ -109,8 +109,8 @@ func TestRandomDrawsEveryPodAndRepeatsWithTheSameSeed(t *testing.T) {
 		seen[a[i]]++
 	}
 	for _, p := range pods {
-		if n := seen[key(p.Name)]; n < 20 {
-			t.Fatalf("%s drawn %d times in 200 (%v), want about 50", p.Name, n, seen)
+		if n := seen[key(p.Key.Name)]; n < 20 {
+			t.Fatalf("%s drawn %d times in 200 (%v), want about 50", p.Key.Name, n, seen)
 		}
 	}
 }

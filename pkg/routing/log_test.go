@@ -1,6 +1,7 @@
 package routing
 
 import (
+	"context"
 	"strings"
 	"testing"
 
@@ -28,9 +29,10 @@ func TestDecisionsAreLoggedWithTheirInputsAtVerbosity4And5(t *testing.T) {
 	} {
 		var lines []string
 		sink := funcr.New(func(prefix, args string) { lines = append(lines, args) }, funcr.Options{Verbosity: tt.verbosity})
-		ctx := request("r", KVAware, p)
-		ctx.Context = logr.NewContext(ctx.Context, sink)
-		route(t, r, ctx, pods)
+		var d Decision
+		if err := r.Route(logr.NewContext(context.Background(), sink), request("r", KVAware, p), snaps(r, pods), &d); err != nil {
+			t.Fatal(err)
+		}
 		out := strings.Join(lines, "\n")
 		for _, w := range tt.want {
 			if !strings.Contains(out, w) {

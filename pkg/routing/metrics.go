@@ -1,9 +1,7 @@
 package routing
 
 import (
-	"errors"
-	"fmt"
-
+	"github.com/kvgate/kvgate/pkg/internal/promreg"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -24,7 +22,6 @@ type routerMetrics struct {
 	matchedFraction *prometheus.HistogramVec
 	duration        *prometheus.HistogramVec
 	ttftRatio       prometheus.Histogram
-	expired         prometheus.Counter
 
 	// per algorithm, resolved once
 	byAlg map[string]*algMetrics
@@ -36,7 +33,7 @@ type algMetrics struct {
 	duration        prometheus.Observer
 }
 
-func newRouterMetrics(reg prometheus.Registerer, in *inflight) (*routerMetrics, error) {
+func newRouterMetrics(reg prometheus.Registerer) (*routerMetrics, error) {
 	const ns, sub = "kvgate", "routing"
 	m := &routerMetrics{
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -58,10 +55,6 @@ func newRouterMetrics(reg prometheus.Registerer, in *inflight) (*routerMetrics, 
 			Help:    "Time to first token the gateway saw divided by kv-aware's prediction, for requests whose first token it relayed (streamed responses).",
 			Buckets: []float64{.125, .25, .5, .67, .8, .9, 1, 1.1, 1.25, 1.5, 2, 4, 8},
 		}),
-		expired: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: ns, Subsystem: sub, Name: "inflight_prefills_expired_total",
-			Help: "In-flight prefills dropped because neither their first token nor the end of their request was seen within the in-flight prefill TTL.",
-		}),
 		byAlg: map[string]*algMetrics{},
 	}
 	for alg, outcomes := range outcomesOf {
@@ -75,33 +68,8 @@ func newRouterMetrics(reg prometheus.Registerer, in *inflight) (*routerMetrics, 
 		}
 		m.byAlg[alg] = am
 	}
-	if reg == nil {
-		return m, nil
-	}
-	gauge := func(name, help string, f func() float64) prometheus.Collector {
-		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: name, Help: help}, f)
-	}
-	collectors := []prometheus.Collector{
-		m.decisions, m.matchedFraction, m.duration, m.ttftRatio, m.expired,
-		gauge("inflight_prefills", "Requests sent to pods that have neither produced a first token nor ended: the prefill work kv-aware counts as queued.",
-			func() float64 { return float64(in.count.Load()) }),
-		gauge("inflight_prefill_tokens", "Predicted uncached prompt tokens of the in-flight prefills.",
-			func() float64 { return float64(in.tokens.Load()) }),
-	}
-	var errs []error
-	var registered []prometheus.Collector
-	for _, c := range collectors {
-		if err := reg.Register(c); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		registered = append(registered, c)
-	}
-	if err := errors.Join(errs...); err != nil {
-		for _, c := range registered {
-			reg.Unregister(c)
-		}
-		return nil, fmt.Errorf("register routing metrics: %w", err)
+	if err := promreg.Register(reg, "routing", m.decisions, m.matchedFraction, m.duration, m.ttftRatio); err != nil {
+		return nil, err
 	}
 	return m, nil
 }

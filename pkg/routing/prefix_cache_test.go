@@ -96,7 +96,7 @@ func TestPrefixCacheFollowsAIBrixRules(t *testing.T) {
 			}
 			m := uniformFleet(4)
 			for i, run := range tt.running {
-				m.set(pods[i].Name, cache.RealtimeNumRequestsRunning, run)
+				m.set(pods[i].Key.Name, cache.RealtimeNumRequestsRunning, run)
 			}
 			r, _ := newTestRouter(t, m, idx)
 			ctx := request("r", PrefixCache, p)

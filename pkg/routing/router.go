@@ -1,6 +1,7 @@
 package routing
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"sync"
@@ -8,9 +9,10 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-	v1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
 
+	"github.com/kvgate/kvgate/pkg/cache"
+	"github.com/kvgate/kvgate/pkg/inflight"
 	"github.com/kvgate/kvgate/pkg/types"
 )
 
@@ -18,15 +20,16 @@ import (
 // mean of uncached tokens per request.
 const uncachedEWMAWeight = 0.1
 
-// Router routes requests to pods with the algorithm each request names, and
-// accounts for the prefills the gateway started. All its methods are safe for
-// concurrent use; none waits for I/O.
+// Router routes requests to pods with the algorithm each request names. It
+// reads each candidate from its snapshot: the pod's metrics and scrape
+// state from the Store, and the requests and prefills the gateway has in
+// flight on it from its load record, which the request ledger keeps
+// (package inflight). All its methods are safe for concurrent use; none
+// waits for I/O.
 type Router struct {
 	cfg     Config
 	algs    map[string]algorithm
 	rng     *lockedRand
-	book    *inflight
-	keys    podKeys
 	scratch sync.Pool // *scratch
 	metrics *routerMetrics
 	log     klog.Logger
@@ -66,16 +69,13 @@ func New(cfg Config) (*Router, error) {
 		cfg:  cfg,
 		algs: newAlgorithms(&cfg),
 		rng:  newLockedRand(cfg.Rand),
-		book: &inflight{now: cfg.Now, ttl: cfg.InFlightPrefillTTL},
 		log:  cfg.Logger.WithName("routing"),
 	}
-	m, err := newRouterMetrics(cfg.Registerer, r.book)
+	m, err := newRouterMetrics(cfg.Registerer)
 	if err != nil {
 		return nil, err
 	}
 	r.metrics = m
-	r.book.observeTTFT = m.ttftRatio.Observe
-	r.book.onExpire = func(n int) { m.expired.Add(float64(n)) }
 	r.scratch.New = func() any { return new(scratch) }
 	return r, nil
 }
@@ -98,34 +98,38 @@ func (r *Router) Resolve(name string) (string, error) {
 	return "", &UnknownAlgorithmError{Name: name}
 }
 
-// Route chooses one of pods for the request with the algorithm
-// ctx.Algorithm names (see Resolve), records the choice with
-// ctx.SetTargetPod, and describes it in d, which it overwrites. pods are the
-// routable pods serving ctx.Model; the Router reads but never modifies them.
-// Prefix algorithms match ctx.PromptTokenIDs under each pod's base model
-// (cache.ModelName) and ctx.LoraAdapter; without token ids they route on load.
-// Route fails with an *UnknownAlgorithmError, or with an error wrapping
-// ErrNoPods when pods is empty; d is then left describing no pod.
-func (r *Router) Route(ctx *types.RoutingContext, pods []*v1.Pod, d *Decision) error {
+// Route chooses one of pods for the request rc with the algorithm
+// rc.Algorithm names (see Resolve), records the choice with
+// rc.SetTargetPod, and describes it in d, which it overwrites. ctx carries
+// the request's logger, if any; Route never waits, so its deadline plays no
+// part. pods are the snapshots of the routable pods serving rc.Model
+// (cache.Store.Snapshots), one per candidate: every input of the decision
+// but the prefix index comes from them. The Router reads but never modifies
+// them. Prefix algorithms match rc.PromptTokenIDs under each pod's base
+// model (endpoint.Endpoint.Model) and rc.LoraAdapter; without token ids
+// they route on load. Route fails with an *UnknownAlgorithmError, or with an
+// error wrapping ErrNoPods when pods is empty; d is then left describing no
+// pod.
+func (r *Router) Route(ctx context.Context, rc *types.RoutingContext, pods []cache.PodSnapshot, d *Decision) error {
 	start := time.Now()
-	name, err := r.Resolve(ctx.Algorithm)
+	name, err := r.Resolve(rc.Algorithm)
 	if err != nil {
 		d.reset()
 		return err
 	}
 	if len(pods) == 0 {
 		d.reset()
-		return fmt.Errorf("route request %s for model %q: %w", ctx.RequestID, ctx.Model, ErrNoPods)
+		return fmt.Errorf("route request %s for model %q: %w", rc.RequestID, rc.Model, ErrNoPods)
 	}
 	alg := r.algs[name]
 	s := r.scratch.Get().(*scratch)
 	defer r.scratch.Put(s)
 
-	in := r.gather(ctx, pods, alg.needs(), d, s)
+	in := r.gather(rc, pods, alg.needs(), d, s)
 	d.Algorithm = name
 	alg.pick(in)
-	r.settle(ctx, &in, s)
-	ctx.SetTargetPod(d.Pod)
+	r.settle(rc, &in, s)
+	rc.SetTargetPod(d.Endpoint.Pod)
 
 	am := r.metrics.byAlg[name]
 	am.duration.Observe(time.Since(start).Seconds())
@@ -133,41 +137,37 @@ func (r *Router) Route(ctx *types.RoutingContext, pods []*v1.Pod, d *Decision) e
 	if in.hasTokens && r.cfg.Index != nil {
 		am.matchedFraction.Observe(float64(d.Chosen().MatchedTokens) / float64(d.PromptTokens))
 	}
-	r.logDecision(ctx, d)
+	r.logDecision(ctx, rc, d)
 	return nil
 }
 
 // settle fills in what the chosen candidate needs for in-flight accounting
 // and the decision's summary: its match, when the algorithm did not match
 // every candidate, and its uncached tokens.
-func (r *Router) settle(ctx *types.RoutingContext, in *input, s *scratch) {
+func (r *Router) settle(rc *types.RoutingContext, in *input, s *scratch) {
 	d := in.d
 	c := &d.Candidates[d.chosen]
 	if in.hasTokens && !in.matched && r.cfg.Index != nil {
-		r.match(ctx, d, d.Candidates[d.chosen:d.chosen+1], s)
+		r.match(rc, d, d.Candidates[d.chosen:d.chosen+1], s)
 	}
 	c.setUncached(d.PromptTokens, r.cfg.CPUCacheWeight)
-	d.Pod, d.PodKey = c.pod, c.Pod
+	d.Endpoint, d.PodKey = c.ep, c.Pod
 }
 
-// StartPrefill records that the gateway sent the request d decided to d's
-// pod: until the returned Prefill's FirstToken or Done, the request's
-// predicted uncached tokens count as prefill work queued on the pod, which
-// kv-aware weighs for the requests that follow. Call it when the request is
-// sent, once per attempt: a retry on another pod is a new decision and a new
-// Prefill, and the failed attempt's Prefill is Done. It returns nil (whose
-// methods do nothing) when d chose no pod.
-func (r *Router) StartPrefill(d *Decision) *Prefill {
-	c := d.Chosen()
-	if c == nil {
-		return nil
+// Observer returns the request ledger observer through which the Router
+// follows the attempts it routed: each opened attempt's uncached tokens
+// feed the running mean kv-aware charges a request waiting in an engine's
+// queue, and each first token is compared with kv-aware's prediction
+// (kvgate_routing_ttft_prediction_ratio).
+func (r *Router) Observer() inflight.Observer {
+	return inflight.Observer{
+		Opened: func(h *inflight.Handle) { r.noteUncached(h.Route().UncachedTokens) },
+		FirstToken: func(h *inflight.Handle) {
+			if p := h.Route().PredictedTTFTSeconds; p > 0 {
+				r.metrics.ttftRatio.Observe(h.FirstTokenAt().Sub(h.Opened()).Seconds() / p)
+			}
+		},
 	}
-	work := 0.0
-	if c.PrefillTokensPerSecond > 0 {
-		work = c.uncached / c.PrefillTokensPerSecond
-	}
-	r.noteUncached(c.uncached)
-	return r.book.start(c.Pod, c.UncachedTokens, work, c.PredictedTTFTSeconds)
 }
 
 // noteUncached folds a started prefill's uncached tokens into the running
@@ -185,11 +185,11 @@ func (r *Router) noteUncached(tokens float64) {
 }
 
 // logDecision logs the decision at verbosity 4 and its candidates at 5.
-func (r *Router) logDecision(ctx *types.RoutingContext, d *Decision) {
+func (r *Router) logDecision(ctx context.Context, rc *types.RoutingContext, d *Decision) {
 	l := r.logger(ctx)
 	if v := l.V(4); v.Enabled() {
 		c := d.Chosen()
-		v.Info("Routed request", "requestID", ctx.RequestID, "model", ctx.Model, "lora", ctx.LoraAdapter,
+		v.Info("Routed request", "requestID", rc.RequestID, "model", rc.Model, "lora", rc.LoraAdapter,
 			"algorithm", d.Algorithm, "outcome", d.Outcome, "pod", d.PodKey,
 			"promptTokens", d.PromptTokens, "matchedTokens", c.MatchedTokens, "matchedGPUTokens", c.MatchedGPUTokens,
 			"uncachedTokens", c.UncachedTokens, "running", c.Running, "waiting", c.Waiting,
@@ -197,15 +197,14 @@ func (r *Router) logDecision(ctx *types.RoutingContext, d *Decision) {
 			"predictedTTFTSeconds", c.PredictedTTFTSeconds, "score", c.Score)
 	}
 	if v := l.V(5); v.Enabled() {
-		v.Info("Routing candidates", "requestID", ctx.RequestID, "algorithm", d.Algorithm, "candidates", d.Candidates)
+		v.Info("Routing candidates", "requestID", rc.RequestID, "algorithm", d.Algorithm, "candidates", d.Candidates)
 	}
 }
 
-// logger returns the request's logger when its context carries one, else
-// the Router's.
-func (r *Router) logger(ctx *types.RoutingContext) klog.Logger {
-	if ctx.Context != nil {
-		if l, err := logr.FromContext(ctx.Context); err == nil {
+// logger returns the logger ctx carries, else the Router's.
+func (r *Router) logger(ctx context.Context) klog.Logger {
+	if ctx != nil {
+		if l, err := logr.FromContext(ctx); err == nil {
 			return l
 		}
 	}

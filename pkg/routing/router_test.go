@@ -1,6 +1,7 @@
 package routing
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -8,11 +9,11 @@ import (
 	"testing"
 	"time"
 
-	v1 "k8s.io/api/core/v1"
-
 	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/cache"
+	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/indexer"
+	"github.com/kvgate/kvgate/pkg/inflight"
 	"github.com/kvgate/kvgate/pkg/kvevent"
 )
 
@@ -41,20 +42,17 @@ func TestResolveNamesTheAlgorithmOfARequest(t *testing.T) {
 }
 
 func TestNewRejectsInvalidConfig(t *testing.T) {
-	m := newFakeMetrics()
 	tests := []struct {
 		name string
 		cfg  Config
 		want string
 	}{
-		{"no metrics", Config{}, "Metrics is required"},
-		{"unknown default", Config{Metrics: m, DefaultAlgorithm: "round-robin"}, `"round-robin"`},
-		{"CPU weight above 1", Config{Metrics: m, CPUCacheWeight: 1.5}, "CPUCacheWeight"},
-		{"negative imbalance count", Config{Metrics: m, ImbalanceAbsCount: -1}, "ImbalanceAbsCount"},
-		{"negative stddev factor", Config{Metrics: m, StdDevFactor: -1}, "StdDevFactor"},
-		{"negative prefill speed", Config{Metrics: m, DefaultPrefillTokensPerSecond: -1}, "DefaultPrefillTokensPerSecond"},
-		{"negative tolerance", Config{Metrics: m, TieTolerance: -0.1}, "TieTolerance"},
-		{"negative TTL", Config{Metrics: m, InFlightPrefillTTL: -1}, "InFlightPrefillTTL"},
+		{"unknown default", Config{DefaultAlgorithm: "round-robin"}, `"round-robin"`},
+		{"CPU weight above 1", Config{CPUCacheWeight: 1.5}, "CPUCacheWeight"},
+		{"negative imbalance count", Config{ImbalanceAbsCount: -1}, "ImbalanceAbsCount"},
+		{"negative stddev factor", Config{StdDevFactor: -1}, "StdDevFactor"},
+		{"negative prefill speed", Config{DefaultPrefillTokensPerSecond: -1}, "DefaultPrefillTokensPerSecond"},
+		{"negative tolerance", Config{TieTolerance: -0.1}, "TieTolerance"},
 	}
 	for _, tt := range tests {
 		if _, err := New(tt.cfg); err == nil || !strings.Contains(err.Error(), tt.want) {
@@ -66,10 +64,10 @@ func TestNewRejectsInvalidConfig(t *testing.T) {
 func TestRouteFailsWithoutPodsOrForAnUnknownAlgorithm(t *testing.T) {
 	r, reg := newTestRouter(t, newFakeMetrics(), nil)
 	d := Decision{Candidates: make([]Candidate, 3)}
-	if err := r.Route(request("r", KVAware, nil), nil, &d); !errors.Is(err, ErrNoPods) || d.Pod != nil || len(d.Candidates) != 0 {
+	if err := r.Route(context.Background(), request("r", KVAware, nil), nil, &d); !errors.Is(err, ErrNoPods) || d.Endpoint != nil || len(d.Candidates) != 0 {
 		t.Fatalf("Route with no pods = %v, decision %+v; want ErrNoPods and an empty decision", err, d)
 	}
-	if err := r.Route(request("r", "bogus", nil), testPods(2), &d); !errors.Is(err, ErrUnknownAlgorithm) {
+	if err := r.Route(context.Background(), request("r", "bogus", nil), snaps(r, testPods(2)), &d); !errors.Is(err, ErrUnknownAlgorithm) {
 		t.Fatalf("Route with an unknown algorithm = %v, want ErrUnknownAlgorithm", err)
 	}
 	if n := testsupport.MetricValue(t, reg, "kvgate_routing_decisions_total", nil); n != 0 {
@@ -86,7 +84,7 @@ func TestRouteRecordsTheTargetAndCountsTheDecision(t *testing.T) {
 	ctx := request("r", "", p)
 
 	d := route(t, r, ctx, pods)
-	if d.Algorithm != KVAware || d.Pod != pods[1] || ctx.TargetPod() != pods[1] || d.Chosen().Pod != key("p1") {
+	if d.Algorithm != KVAware || d.Endpoint != pods[1] || ctx.TargetPod() != pods[1].Pod || d.Chosen().Pod != key("p1") {
 		t.Fatalf("decision %s -> %s, target %v; want kv-aware (the default) -> p1 recorded on the context", d.Algorithm, d.PodKey, ctx.TargetPod())
 	}
 	if d.BlockSize != testBlockSize || d.PromptBlocks != 1000/testBlockSize || d.PromptTokens != 1000 {
@@ -119,8 +117,9 @@ func TestLoadAlgorithmsReportTheChosenPodsMatch(t *testing.T) {
 
 func TestPrefixAlgorithmsMatchTheAdapterUnderEachPodsBaseModel(t *testing.T) {
 	// p0 serves base model m, q0 base model m2; both load adapter "sql".
-	pods := []*v1.Pod{testPod("p0", "10.0.0.1", 0), testPod("q0", "10.0.0.2", 0)}
-	pods[1].Labels[cache.ModelNameLabel] = "m2"
+	q0 := testPod("q0", "10.0.0.2", 0)
+	q0.Labels[endpoint.ModelNameLabel] = "m2"
+	pods := []*endpoint.Endpoint{parse(testPod("p0", "10.0.0.1", 0)), parse(q0)}
 	idx := newTestIndex(t)
 	p := prompt(0, 1024)
 	holdsAs(t, idx, indexer.Stream{Pod: key("q0"), Model: "m2"}, "sql", p, kvevent.MediumGPU)
@@ -143,7 +142,7 @@ func TestKVAwareDecisionsRepeatWithTheSameSeed(t *testing.T) {
 		var got []string
 		for i := range 100 {
 			d := route(t, r, request("r", KVAware, prompt(i*1000, 1000)), pods)
-			r.StartPrefill(d)
+			startPrefill(r, d)
 			clock.Advance(7 * time.Millisecond) // prefills overlap, so queues vary
 			got = append(got, d.PodKey)
 		}
@@ -171,17 +170,18 @@ func TestRouteDoesNotAllocateWithAReusedDecision(t *testing.T) {
 	p := prompt(0, 4096)
 	m := uniformFleet(16)
 	for i, pod := range pods {
-		holds(t, idx, pod.Name, p[:256*(i+1)], kvevent.MediumGPU)
-		m.set(pod.Name, cache.RealtimeNumRequestsRunning, float64(i%3)).set(pod.Name, cache.NumRequestsWaiting, 0)
+		holds(t, idx, pod.Key.Name, p[:256*(i+1)], kvevent.MediumGPU)
+		m.set(pod.Key.Name, cache.RealtimeNumRequestsRunning, float64(i%3)).set(pod.Key.Name, cache.NumRequestsWaiting, 0)
 	}
 	r, _ := newTestRouter(t, m, idx)
 	ctx := request("r", KVAware, p)
 	var d Decision
+	candidates := snaps(r, pods)
 	// SetTargetPod stores a new target, the one allocation Route makes.
 	for _, alg := range []string{KVAware, PrefixCache, LeastRequest} {
 		ctx.Algorithm = alg
 		allocs := testing.AllocsPerRun(100, func() {
-			if err := r.Route(ctx, pods, &d); err != nil {
+			if err := r.Route(context.Background(), ctx, candidates, &d); err != nil {
 				t.Fatal(err)
 			}
 		})
@@ -207,21 +207,21 @@ func TestRouterIsSafeForConcurrentUse(t *testing.T) {
 			var d Decision
 			for i := range 300 {
 				ctx := request("r", algs[(g+i)%len(algs)], prompt((i%50)*64, 1024))
-				if err := r.Route(ctx, pods, &d); err != nil {
+				if err := r.Route(context.Background(), ctx, snaps(r, pods), &d); err != nil {
 					t.Error(err)
 					return
 				}
-				p := r.StartPrefill(&d)
+				p := startPrefill(r, &d)
 				if i%3 == 0 {
 					p.FirstToken()
 				}
-				p.Done()
+				p.Close(inflight.Done, "")
 			}
 		})
 	}
 	wg.Go(func() {
 		for range 50 {
-			if _, err := r.Explain(request("x", "", prompt(0, 1024)), pods); err != nil {
+			if _, err := r.Explain(request("x", "", prompt(0, 1024)), snaps(r, pods)); err != nil {
 				t.Error(err)
 			}
 		}
@@ -230,7 +230,7 @@ func TestRouterIsSafeForConcurrentUse(t *testing.T) {
 	if n := testsupport.MetricValue(t, reg, "kvgate_routing_decisions_total", nil); n != 6*300 {
 		t.Fatalf("%v decisions counted, want %d", n, 6*300)
 	}
-	if r.book.count.Load() != 0 {
-		t.Fatalf("%d prefills left in flight, want 0", r.book.count.Load())
+	if n := inFlightPrefills(t, reg); n != 0 {
+		t.Fatalf("%v prefills left in flight, want 0", n)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/kvgate/kvgate/pkg/cache"
+	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/kvevent"
 )
 
@@ -25,7 +26,7 @@ func unfreshFleet(t *testing.T) (*fakeMetrics, *Router, []uint32) {
 	idx := newTestIndex(t)
 	p := prompt(0, 512)
 	holds(t, idx, "p1", p, kvevent.MediumGPU)
-	r, _ := newTestRouter(t, m, idx, func(c *Config) { c.Scrapes = m })
+	r, _ := newTestRouter(t, m, idx)
 	return m, r, p
 }
 
@@ -87,14 +88,14 @@ func TestRouterOnAStoreAvoidsAPodWhoseScrapesFail(t *testing.T) {
 	}
 	f.engines[0].srv.Close() // p0 was the least loaded: it now looks idle, and stale
 	f.waitFor(t, func(pod string) (string, bool) {
-		got := f.store.PodScrapeState(pod, testNamespace)
+		got := f.store.PodScrapeState(endpoint.Key{Namespace: testNamespace, Name: pod})
 		want := cache.ScrapeFresh
 		if pod == "p0" {
 			want = cache.ScrapeStale
 		}
 		return string(got), got == want
 	})
-	r, _ := newTestRouter(t, f.store, nil, func(c *Config) { c.Scrapes = f.store })
+	r, _ := newTestRouter(t, f.store, nil)
 	for i := range 20 {
 		if d := route(t, r, request(fmt.Sprint(i), KVAware, prompt(0, 256)), f.pods(t)); d.PodKey != key("p1") {
 			t.Fatalf("kv-aware chose %s; want p1, the least loaded pod with fresh metrics: %+v", d.PodKey, d.Candidates)

@@ -1,6 +1,7 @@
 package routing
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -8,10 +9,10 @@ import (
 	"testing"
 	"time"
 
-	v1 "k8s.io/api/core/v1"
-
 	"github.com/kvgate/kvgate/pkg/cache"
+	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/indexer"
+	"github.com/kvgate/kvgate/pkg/inflight"
 	"github.com/kvgate/kvgate/pkg/sim"
 )
 
@@ -68,15 +69,15 @@ func (w workload) trace() []simRequest {
 // simEngine is one engine of the fleet and what the gateway and its Store
 // know of it.
 type simEngine struct {
-	pod     *v1.Pod
+	pod     *endpoint.Endpoint
 	engine  *sim.Engine
 	busy    bool
 	stepEnd time.Time
-	// running counts the requests routed to the engine and not finished;
+	// load is the engine's load record in the gateway's request ledger;
 	// computed counts the prompt tokens it computed.
-	running  int
+	load     *inflight.PodLoad
 	computed int
-	prefills map[string]*Prefill
+	attempts map[string]*inflight.Handle
 	// Recent measurements, as the Store derives them from vLLM's metrics.
 	prefill, tpot, ttft window
 }
@@ -123,9 +124,11 @@ type simFleet struct {
 	now     time.Time
 	engines []*simEngine
 	byName  map[string]*simEngine
-	pods    []*v1.Pod
+	pods    []*endpoint.Endpoint
 	index   *indexer.SyncPrefixHashTable
 	router  *Router
+	ledger  *inflight.Ledger
+	snaps   []cache.PodSnapshot
 
 	promptTokens, cachedTokens int
 	ttfts                      []float64
@@ -169,48 +172,48 @@ func newSimFleetOf(t testing.TB, lats []sim.LatencyModel, truth bool) *simFleet 
 		if err != nil {
 			t.Fatal(err)
 		}
-		se := &simEngine{pod: testPod(fmt.Sprintf("p%d", i), fmt.Sprintf("10.0.0.%d", i+1), 0), engine: e, prefills: map[string]*Prefill{}}
+		pod := parse(testPod(fmt.Sprintf("p%d", i), fmt.Sprintf("10.0.0.%d", i+1), 0))
+		se := &simEngine{pod: pod, engine: e, load: inflight.NewPodLoad(pod.ID), attempts: map[string]*inflight.Handle{}}
 		f.engines = append(f.engines, se)
-		f.byName[se.pod.Name] = se
+		f.byName[se.pod.Key.Name] = se
 		f.pods = append(f.pods, se.pod)
 	}
 	var idx PrefixIndex = f.index
 	if truth {
 		idx = engineTruth{f}
 	}
-	r, err := New(Config{Metrics: f, Index: idx, Rand: rand.NewPCG(3, 4), Now: func() time.Time { return f.now }})
+	clock := func() time.Time { return f.now }
+	r, err := New(Config{Index: idx, Rand: rand.NewPCG(3, 4), Now: clock})
 	if err != nil {
 		t.Fatal(err)
 	}
 	f.router = r
+	if f.ledger, err = inflight.New(inflight.Config{Now: clock}); err != nil {
+		t.Fatal(err)
+	}
+	f.ledger.Observe(r.Observer())
 	return f
 }
 
-// GetMetricValueByPod serves what the Store would know of an engine.
-func (f *simFleet) GetMetricValueByPod(name, _, metric string) (cache.MetricValue, error) {
-	e := f.byName[name]
-	q := e.engine.QueueState()
-	v, ok := 0.0, true
-	switch metric {
-	case cache.RealtimeNumRequestsRunning:
-		v = float64(e.running)
-	case cache.NumRequestsWaiting:
-		v = float64(q.Waiting)
-	case cache.KVCacheUsagePerc:
-		v = q.KVCacheUsage
-	case cache.PrefillTokensPerSecond:
-		v, ok = e.prefillSpeed()
-	case cache.AvgTPOTSeconds:
-		v, ok = e.tpot.ratio()
-	case cache.AvgTTFTSeconds:
-		v, ok = e.ttft.ratio()
-	default:
-		ok = false
+// snapshots serves what the Store would know of the engines, with no
+// scrape state: every engine's metrics are current.
+func (f *simFleet) snapshots(out []cache.PodSnapshot) []cache.PodSnapshot {
+	for _, e := range f.engines {
+		q := e.engine.QueueState()
+		m := cache.PodMetrics{At: f.now, Waiting: float64(q.Waiting), KVCacheUsage: q.KVCacheUsage,
+			Measured: cache.HasWaiting | cache.HasKVCacheUsage}
+		if v, ok := e.prefillSpeed(); ok {
+			m.PrefillTokensPerSecond, m.Measured = v, m.Measured|cache.HasPrefillSpeed
+		}
+		if v, ok := e.tpot.ratio(); ok {
+			m.AvgTPOTSeconds, m.Measured = v, m.Measured|cache.HasAvgTPOT
+		}
+		if v, ok := e.ttft.ratio(); ok {
+			m.AvgTTFTSeconds, m.Measured = v, m.Measured|cache.HasAvgTTFT
+		}
+		out = append(out, cache.PodSnapshot{Endpoint: e.pod, Metrics: m, Load: e.load})
 	}
-	if !ok {
-		return cache.MetricValue{}, &cache.MetricNotFoundError{Pod: name, Metric: metric}
-	}
-	return cache.MetricValue{Value: v, UpdatedAt: f.now}, nil
+	return out
 }
 
 // engineTruth matches prompts against the engines' actual caches.
@@ -258,12 +261,12 @@ func (f *simFleet) run(algorithm string, trace []simRequest) {
 
 func (f *simFleet) arrive(algorithm string, r simRequest, d *Decision) {
 	ctx := request(r.id, algorithm, r.prompt)
-	if err := f.router.Route(ctx, f.pods, d); err != nil {
+	f.snaps = f.snapshots(f.snaps[:0])
+	if err := f.router.Route(context.Background(), ctx, f.snaps, d); err != nil {
 		f.t.Fatal(err)
 	}
-	e := f.byName[d.Pod.Name]
-	e.running++
-	e.prefills[r.id] = f.router.StartPrefill(d)
+	e := f.byName[d.Endpoint.Key.Name]
+	e.attempts[r.id] = f.ledger.Admit(r.id, testModel).Route(d.Route())
 	if err := e.engine.Add(sim.RequestSpec{ID: r.id, Prompt: r.prompt}, f.now); err != nil {
 		f.t.Fatal(err)
 	}
@@ -284,7 +287,7 @@ func (f *simFleet) endStep(e *simEngine) {
 	res := e.engine.EndStep()
 	e.busy = false
 	if res.Batch != nil {
-		if err := f.index.ApplyBatch(indexer.Stream{Pod: key(e.pod.Name), Model: testModel}, res.Batch); err != nil {
+		if err := f.index.ApplyBatch(indexer.Stream{Pod: e.pod.ID, Model: testModel}, res.Batch); err != nil {
 			f.t.Fatal(err)
 		}
 	}
@@ -297,12 +300,13 @@ func (f *simFleet) endStep(e *simEngine) {
 			e.computed += st.PromptTokens - st.CachedTokens
 			e.prefill.add(float64(st.PromptTokens-st.CachedTokens), tm.FirstToken.Sub(tm.Scheduled).Seconds())
 			e.ttft.add(tm.TTFT().Seconds(), 1)
-			e.prefills[out.RequestID].FirstToken()
+			e.attempts[out.RequestID].FirstToken()
 		}
 		if out.Finished {
-			e.running--
-			e.prefills[out.RequestID].Done()
-			delete(e.prefills, out.RequestID)
+			h := e.attempts[out.RequestID]
+			h.Close(inflight.Done, "")
+			h.Request().End()
+			delete(e.attempts, out.RequestID)
 			if st.OutputTokens > 1 {
 				e.tpot.add(tm.LastToken.Sub(tm.FirstToken).Seconds(), float64(st.OutputTokens-1))
 			}

@@ -1,6 +1,7 @@
 package routing
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"net/http"
@@ -11,10 +12,10 @@ import (
 	"testing"
 	"time"
 
-	v1 "k8s.io/api/core/v1"
-
 	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/cache"
+	"github.com/kvgate/kvgate/pkg/endpoint"
+	"github.com/kvgate/kvgate/pkg/inflight"
 	"github.com/kvgate/kvgate/pkg/kvevent"
 )
 
@@ -84,11 +85,17 @@ func newStoreFleet(t testing.TB, n int) *storeFleet {
 // interval.
 func newStoreFleetScraping(t testing.TB, n int, interval time.Duration) *storeFleet {
 	t.Helper()
-	s, err := cache.New(nil, cache.Config{PodMetricRefreshInterval: interval, AdapterRefreshInterval: -1})
+	s, err := cache.New(cache.Config{PodMetricRefreshInterval: interval, AdapterRefreshInterval: -1})
 	if err != nil {
 		t.Fatalf("cache.New: %v", err)
 	}
-	t.Cleanup(s.Close)
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	t.Cleanup(func() {
+		stop()
+		<-done
+	})
 	f := &storeFleet{store: s}
 	for i := range n {
 		e := &fakeEngine{state: engineState{promptTokens: 20000, prefillSeconds: 2 + 10*0.02, prefills: 10, tpotSeconds: 0.02}}
@@ -104,14 +111,14 @@ func newStoreFleetScraping(t testing.TB, n int, interval time.Duration) *storeFl
 		f.engines = append(f.engines, e)
 	}
 	f.waitFor(t, func(pod string) (string, bool) {
-		v, err := s.GetMetricValueByPod(pod, testNamespace, cache.PrefillTokensPerSecond)
+		v, err := s.GetMetricValueByPod(endpoint.Key{Namespace: testNamespace, Name: pod}, cache.PrefillTokensPerSecond)
 		return fmt.Sprintf("speed %v, %v", v.Value, err), err == nil && v.Value == 10000
 	})
 	return f
 }
 
 // pods returns the Store's routable pods of testModel.
-func (f *storeFleet) pods(t testing.TB) []*v1.Pod {
+func (f *storeFleet) pods(t testing.TB) []*endpoint.Endpoint {
 	t.Helper()
 	pods, err := f.store.ListPodsByModel(testModel)
 	if err != nil || len(pods) != len(f.engines) {
@@ -141,7 +148,7 @@ func (f *storeFleet) waitForMetric(t testing.TB, pod, metric string, want float6
 		if p != pod {
 			return "", true
 		}
-		v, err := f.store.GetMetricValueByPod(pod, testNamespace, metric)
+		v, err := f.store.GetMetricValueByPod(endpoint.Key{Namespace: testNamespace, Name: pod}, metric)
 		return fmt.Sprintf("%s = %v, %v", metric, v.Value, err), err == nil && v.Value == want
 	})
 }
@@ -176,19 +183,22 @@ func TestPrefixCacheWithTheStoreCountsTheGatewaysRequests(t *testing.T) {
 
 	// Nine requests in flight on p1, as the gateway tracks them, put it
 	// more than 8 above the idle pods.
-	var terms []int64
+	ledger, err := inflight.New(inflight.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var busy []*inflight.Handle
 	for i := range 9 {
-		ctx := request(fmt.Sprint("busy", i), LeastRequest, nil)
-		ctx.SetTargetPod(pods[1])
-		terms = append(terms, fleet.store.AddRequestCount(ctx, ctx.RequestID, testModel))
+		req := ledger.Admit(fmt.Sprint("busy", i), testModel)
+		busy = append(busy, req.Route(inflight.Route{Pod: fleet.store.PodLoad(pods[1].Key), Endpoint: pods[1]}))
 	}
 	d := route(t, r, request("r1", PrefixCache, p), pods)
 	if d.Outcome != OutcomeImbalanceGuard || d.PodKey == key("p1") || candidate(t, d, "p1").Running != 9 {
 		t.Fatalf("chose %s (%s), p1 %+v; want the guard to send the request to an idle pod", d.PodKey, d.Outcome, candidate(t, d, "p1"))
 	}
 
-	for i, term := range terms {
-		fleet.store.DoneRequestCount(nil, fmt.Sprint("busy", i), testModel, term)
+	for _, h := range busy {
+		h.Close(inflight.Done, "")
 	}
 	if d := route(t, r, request("r2", PrefixCache, p), pods); d.PodKey != key("p1") || d.Outcome != OutcomePrefixHit {
 		t.Fatalf("with p1 idle again the request went to %s (%s), want p1 (prefix_hit)", d.PodKey, d.Outcome)
@@ -215,7 +225,7 @@ func TestLoadAlgorithmsWithTheStore(t *testing.T) {
 	for i := range 3 {
 		ctx := request(fmt.Sprint("r", i), LeastRequest, nil)
 		d := route(t, r, ctx, pods)
-		fleet.store.AddRequestCount(ctx, ctx.RequestID, testModel)
+		startPrefill(r, d)
 		seen[d.PodKey] = true
 	}
 	if len(seen) != 3 {

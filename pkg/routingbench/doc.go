@@ -32,8 +32,9 @@
 //
 // random, least-request, prefix-cache (AIBrix's rules) and kv-aware are a
 // routing.Router running that algorithm, called as the gateway calls it:
-// Route with the prompt's token ids, then StartPrefill when the request is
-// sent, FirstToken when its first token comes back and Done when it ends.
+// Route with the prompt's token ids, then the decision's attempt opened in a
+// request ledger (package inflight) when the request is sent, its
+// FirstToken when its first token comes back and its Close when it ends.
 // They know what a gateway knows:
 //   - the index, fed by the engines' events after the delay;
 //   - the requests the gateway sent to each engine and has not seen finish

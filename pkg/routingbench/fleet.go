@@ -8,8 +8,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8stypes "k8s.io/apimachinery/pkg/types"
 
-	"github.com/kvgate/kvgate/pkg/cache"
+	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/indexer"
+	"github.com/kvgate/kvgate/pkg/inflight"
 	"github.com/kvgate/kvgate/pkg/sim"
 )
 
@@ -28,14 +29,17 @@ var simEpoch = time.Unix(1_800_000_000, 0)
 type engine struct {
 	index   int
 	eng     *sim.Engine
-	pod     *v1.Pod
-	key     string // the pod key, "namespace/name"
+	pod     *endpoint.Endpoint
+	key     string // the pod's ID, "namespace/name"
 	stream  indexer.Stream
 	busy    bool
 	stepEnd time.Duration
 	// inFlight counts the requests the gateway sent and has not seen
 	// finish (the Store's realtime running requests).
 	inFlight int
+	// load is the engine's load record in the request ledger of a router
+	// policy: its prefill queue.
+	load     *inflight.PodLoad
 	counters counters
 	metrics  scraped
 
@@ -50,7 +54,6 @@ type fleet struct {
 	now     time.Duration
 	engines []*engine
 	byName  map[string]*engine
-	pods    []*v1.Pod
 	index   *indexer.SyncPrefixHashTable
 }
 
@@ -74,14 +77,13 @@ func newFleet(cfg Config) (*fleet, error) {
 		if err != nil {
 			return nil, fmt.Errorf("engine %d: %w", i, err)
 		}
-		pod := benchPod(i)
-		key := pod.Namespace + "/" + pod.Name
-		e := &engine{index: i, eng: eng, pod: pod, key: key, stream: indexer.Stream{Pod: key, Model: benchModel}}
+		pod := endpoint.Parse(benchPod(i), endpoint.Options{})
+		e := &engine{index: i, eng: eng, pod: pod, key: pod.ID, stream: indexer.Stream{Pod: pod.ID, Model: benchModel},
+			load: inflight.NewPodLoad(pod.ID)}
 		e.metrics.window.length = cfg.MetricsWindow
 		e.metrics.prefillWindow.length = cfg.PrefillSpeedWindow
 		f.engines = append(f.engines, e)
-		f.byName[pod.Name] = e
-		f.pods = append(f.pods, pod)
+		f.byName[pod.Key.Name] = e
 	}
 	return f, nil
 }
@@ -92,7 +94,7 @@ func benchPod(i int) *v1.Pod {
 	return &v1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
 			Namespace: benchNamespace, Name: name, UID: k8stypes.UID("uid-" + name),
-			Labels: map[string]string{cache.ModelNameLabel: benchModel},
+			Labels: map[string]string{endpoint.ModelNameLabel: benchModel},
 		},
 		Status: v1.PodStatus{
 			Phase: v1.PodRunning, PodIP: fmt.Sprintf("10.0.%d.%d", i/250, i%250+1),

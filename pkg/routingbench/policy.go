@@ -6,6 +6,8 @@ import (
 	"hash/fnv"
 	"math/rand/v2"
 
+	"github.com/kvgate/kvgate/pkg/cache"
+	"github.com/kvgate/kvgate/pkg/inflight"
 	"github.com/kvgate/kvgate/pkg/routing"
 	"github.com/kvgate/kvgate/pkg/types"
 )
@@ -40,18 +42,19 @@ func policySeed(seed uint64, name string) *rand.PCG {
 
 // routerPolicy routes as the gateway does: the routing package's Router
 // running one algorithm over the index and the Store's view of the
-// engines, with the gateway's in-flight prefill accounting.
+// engines, each request recorded in a request ledger on the virtual clock.
 type routerPolicy struct {
 	alg      string
 	f        *fleet
 	router   *routing.Router
+	ledger   *inflight.Ledger
 	decision routing.Decision
-	prefills map[int]*routing.Prefill
+	snaps    []cache.PodSnapshot
+	attempts map[int]*inflight.Handle
 }
 
 func newRouterPolicy(alg string, f *fleet, seed uint64) (*routerPolicy, error) {
 	r, err := routing.New(routing.Config{
-		Metrics:          storeView{f},
 		Index:            f.index,
 		DefaultAlgorithm: alg,
 		Rand:             policySeed(seed, alg),
@@ -60,23 +63,31 @@ func newRouterPolicy(alg string, f *fleet, seed uint64) (*routerPolicy, error) {
 	if err != nil {
 		return nil, fmt.Errorf("policy %s: %w", alg, err)
 	}
-	return &routerPolicy{alg: alg, f: f, router: r, prefills: make(map[int]*routing.Prefill)}, nil
+	l, err := inflight.New(inflight.Config{Now: f.clock})
+	if err != nil {
+		return nil, fmt.Errorf("policy %s: %w", alg, err)
+	}
+	l.Observe(r.Observer())
+	return &routerPolicy{alg: alg, f: f, router: r, ledger: l, attempts: make(map[int]*inflight.Handle)}, nil
 }
 
 func (p *routerPolicy) route(i int, r *Request) (int, error) {
-	ctx := types.NewRoutingContext(context.Background(), r.ID, benchModel)
+	ctx := types.NewRoutingContext(r.ID, benchModel)
 	ctx.Algorithm = p.alg
 	ctx.PromptTokenIDs = r.Prompt
-	if err := p.router.Route(ctx, p.f.pods, &p.decision); err != nil {
+	p.snaps = storeView{p.f}.snapshots(p.snaps[:0])
+	if err := p.router.Route(context.Background(), ctx, p.snaps, &p.decision); err != nil {
 		return 0, fmt.Errorf("route %s: %w", r.ID, err)
 	}
-	p.prefills[i] = p.router.StartPrefill(&p.decision)
-	return p.f.byName[p.decision.Pod.Name].index, nil
+	p.attempts[i] = p.ledger.Admit(r.ID, benchModel).Route(p.decision.Route())
+	return p.f.byName[p.decision.Endpoint.Key.Name].index, nil
 }
 
-func (p *routerPolicy) firstToken(i int) { p.prefills[i].FirstToken() }
+func (p *routerPolicy) firstToken(i int) { p.attempts[i].FirstToken() }
 
 func (p *routerPolicy) ended(i int) {
-	p.prefills[i].Done()
-	delete(p.prefills, i)
+	h := p.attempts[i]
+	h.Close(inflight.Done, "")
+	h.Request().End()
+	delete(p.attempts, i)
 }

@@ -170,24 +170,42 @@ func (s *scraped) value(metric string) (float64, bool) {
 
 // storeView serves the routing algorithms what the gateway's cache.Store
 // would know of the engines: the scraped metrics, and the requests the
-// gateway has sent to each engine and not seen complete, which the Store
-// tracks itself and so knows at once.
+// gateway has sent to each engine and not seen complete, which the request
+// ledger counts on the engine's load record at once.
 type storeView struct {
 	f *fleet
 }
 
-// GetMetricValueByPod implements routing.MetricSource.
-func (v storeView) GetMetricValueByPod(podName, podNamespace, metric string) (cache.MetricValue, error) {
-	e, ok := v.f.byName[podName]
-	if !ok || podNamespace != benchNamespace {
-		return cache.MetricValue{}, &cache.MetricNotFoundError{Pod: podNamespace + "/" + podName, Metric: metric}
+// builtins are the Store's built-in metrics routing reads, and where they
+// go in a snapshot.
+var builtins = []struct {
+	name string
+	bit  cache.MetricBits
+	dst  func(*cache.PodMetrics) *float64
+}{
+	{cache.NumRequestsWaiting, cache.HasWaiting, func(m *cache.PodMetrics) *float64 { return &m.Waiting }},
+	{cache.KVCacheUsagePerc, cache.HasKVCacheUsage, func(m *cache.PodMetrics) *float64 { return &m.KVCacheUsage }},
+	{cache.AvgTTFTSeconds, cache.HasAvgTTFT, func(m *cache.PodMetrics) *float64 { return &m.AvgTTFTSeconds }},
+	{cache.AvgTPOTSeconds, cache.HasAvgTPOT, func(m *cache.PodMetrics) *float64 { return &m.AvgTPOTSeconds }},
+	{cache.PrefillTokensPerSecond, cache.HasPrefillSpeed, func(m *cache.PodMetrics) *float64 { return &m.PrefillTokensPerSecond }},
+}
+
+// snapshots appends the snapshot of every engine, in order, to out, as
+// cache.Store.Snapshots would give them; the engines' metrics carry no
+// scrape state, so that all of them count as current.
+func (v storeView) snapshots(out []cache.PodSnapshot) []cache.PodSnapshot {
+	for _, e := range v.f.engines {
+		var m cache.PodMetrics
+		if e.metrics.ok {
+			m.At = simEpoch.Add(e.metrics.at)
+		}
+		for _, b := range builtins {
+			if val, ok := e.metrics.value(b.name); ok {
+				*b.dst(&m) = val
+				m.Measured |= b.bit
+			}
+		}
+		out = append(out, cache.PodSnapshot{Endpoint: e.pod, Metrics: m, Load: e.load})
 	}
-	if metric == cache.RealtimeNumRequestsRunning {
-		return cache.MetricValue{Value: float64(e.inFlight), UpdatedAt: v.f.clock()}, nil
-	}
-	val, ok := e.metrics.value(metric)
-	if !ok {
-		return cache.MetricValue{}, &cache.MetricNotFoundError{Pod: e.key, Metric: metric}
-	}
-	return cache.MetricValue{Value: val, UpdatedAt: simEpoch.Add(e.metrics.at)}, nil
+	return out
 }

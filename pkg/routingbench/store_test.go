@@ -1,12 +1,12 @@
 package routingbench
 
 import (
-	"errors"
 	"math"
 	"testing"
 	"time"
 
 	"github.com/kvgate/kvgate/pkg/cache"
+	"github.com/kvgate/kvgate/pkg/inflight"
 	"github.com/kvgate/kvgate/pkg/sim"
 )
 
@@ -94,22 +94,25 @@ func TestStoreViewServesTheGatewaysCountsAtOnceAndScrapesOnceScraped(t *testing.
 	}
 	v := storeView{f}
 	e := f.engines[1]
-	e.inFlight = 3
-	if got, err := v.GetMetricValueByPod(e.pod.Name, benchNamespace, cache.RealtimeNumRequestsRunning); err != nil || got.Value != 3 {
-		t.Errorf("running %v (%v), want the gateway's 3 before any scrape", got.Value, err)
+	ledger, err := inflight.New(inflight.Config{Now: f.clock})
+	if err != nil {
+		t.Fatal(err)
 	}
-	var missing *cache.MetricNotFoundError
-	if _, err := v.GetMetricValueByPod(e.pod.Name, benchNamespace, cache.NumRequestsWaiting); !errors.As(err, &missing) {
-		t.Errorf("waiting before a scrape: error %v, want a MetricNotFoundError", err)
+	for range 3 {
+		ledger.Admit("r", benchModel).Route(inflight.Route{Pod: e.load, Endpoint: e.pod})
 	}
-	if _, err := v.GetMetricValueByPod("engine-9", benchNamespace, cache.RealtimeNumRequestsRunning); !errors.As(err, &missing) {
-		t.Errorf("unknown pod: error %v, want a MetricNotFoundError", err)
+	sp := v.snapshots(nil)[1]
+	if sp.Endpoint != e.pod || sp.Load.Running() != 3 {
+		t.Errorf("snapshot of %s: running %d, want the gateway's 3 before any scrape", sp.Endpoint.ID, sp.Load.Running())
+	}
+	if sp.Metrics.Measured&cache.HasWaiting != 0 {
+		t.Errorf("waiting before a scrape: %+v, want none measured", sp.Metrics)
 	}
 	f.now = 50 * time.Millisecond
 	e.metrics.scrape(f.now, sim.QueueState{Waiting: 2}, counters{})
 	f.now = 80 * time.Millisecond
-	got, err := v.GetMetricValueByPod(e.pod.Name, benchNamespace, cache.NumRequestsWaiting)
-	if err != nil || got.Value != 2 || !got.UpdatedAt.Equal(simEpoch.Add(50*time.Millisecond)) {
-		t.Errorf("waiting %+v (%v), want 2 as scraped at 50ms", got, err)
+	m := v.snapshots(nil)[1].Metrics
+	if m.Measured&cache.HasWaiting == 0 || m.Waiting != 2 || !m.At.Equal(simEpoch.Add(50*time.Millisecond)) {
+		t.Errorf("waiting %+v, want 2 as scraped at 50ms", m)
 	}
 }

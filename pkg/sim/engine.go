@@ -37,6 +37,10 @@ type EngineConfig struct {
 	DefaultOutputTokens int
 	// OutputSeed keys the tokens the simulated model generates.
 	OutputSeed uint64
+	// VocabSize bounds the token ids a prompt may hold; default the
+	// simulator tokenizer's VocabSize. An engine fed by a model's own
+	// tokenizer takes that tokenizer's vocabulary size.
+	VocabSize uint32
 	// Events makes the engine produce KV-cache event batches.
 	Events bool
 	// Latency prices each step.
@@ -50,6 +54,7 @@ func (cfg EngineConfig) withDefaults() EngineConfig {
 	cfg.MaxNumSeqs = cmp.Or(cfg.MaxNumSeqs, 256)
 	cfg.MaxNumBatchedTokens = cmp.Or(cfg.MaxNumBatchedTokens, 8192)
 	cfg.MaxModelLen = cmp.Or(cfg.MaxModelLen, min(8192, (cfg.NumGPUBlocks-1)*cfg.BlockSize))
+	cfg.VocabSize = cmp.Or(cfg.VocabSize, VocabSize)
 	return cfg
 }
 
@@ -153,8 +158,8 @@ func (e *Engine) checkPrompt(spec RequestSpec) error {
 		return fmt.Errorf("%w: the prompt is empty", ErrInvalidPrompt)
 	}
 	for _, t := range spec.Prompt {
-		if t >= VocabSize {
-			return fmt.Errorf("%w: token id %d is out of vocabulary (%d ids)", ErrInvalidPrompt, t, VocabSize)
+		if t >= e.cfg.VocabSize {
+			return fmt.Errorf("%w: token id %d is out of vocabulary (%d ids)", ErrInvalidPrompt, t, e.cfg.VocabSize)
 		}
 	}
 	if spec.MaxTokens < 0 {

@@ -7,8 +7,8 @@ type RequestSpec struct {
 	// ID names the request; it must be unique among the engine's unfinished
 	// requests.
 	ID string
-	// Prompt holds the prompt's token ids (at least one, each below
-	// VocabSize).
+	// Prompt holds the prompt's token ids (at least one, each below the
+	// engine's EngineConfig.VocabSize).
 	Prompt []uint32
 	// MaxTokens, when positive, makes the request generate exactly that many
 	// tokens (finish reason "length"), as with vLLM's ignore_eos. When zero

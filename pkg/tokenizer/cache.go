@@ -71,6 +71,19 @@ func (c *cache) acquire(key digest) (res result, cl *call, leader, hit bool) {
 	return result{}, cl, !ok, false
 }
 
+// peek returns the cached result of key, counting nothing.
+func (c *cache) peek(key digest) (result, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.entries[key]
+	if !ok {
+		return result{}, false
+	}
+	c.unlink(e)
+	c.pushFront(e)
+	return e.res, true
+}
+
 // complete ends cl with res or err, caches a successful result, and wakes
 // the callers waiting for it.
 func (c *cache) complete(key digest, cl *call, res result, err error) {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"strings"
 	"sync"
@@ -107,36 +108,97 @@ func putBodyBuffer(b *bytes.Buffer) {
 	}
 }
 
-// tokenizeResponse is vLLM's TokenizeResponse; token_strs is not requested.
-type tokenizeResponse struct {
-	Count       *int      `json:"count"`
-	MaxModelLen *int      `json:"max_model_len"`
-	Tokens      *[]uint32 `json:"tokens"`
-}
-
-// decodeResponse decodes and checks a TokenizeResponse body.
+// decodeResponse decodes and checks vLLM's TokenizeResponse: an object
+// with "count", "max_model_len" and "tokens" (token_strs and unknown
+// members are skipped). It reads the token array by hand, without
+// reflection, since on a busy gateway decoding long token arrays dominates
+// the cost of a call.
 func decodeResponse(body []byte) (result, error) {
-	var r tokenizeResponse
-	if err := json.Unmarshal(body, &r); err != nil {
+	count, maxLen, tokens, err := scanResponse(body)
+	if err != nil {
 		return result{}, fmt.Errorf("decode TokenizeResponse: %w", err)
 	}
 	switch {
-	case r.Tokens == nil:
+	case tokens == nil:
 		return result{}, errors.New("TokenizeResponse has no tokens")
-	case r.Count == nil:
+	case count < 0:
 		return result{}, errors.New("TokenizeResponse has no count")
-	case r.MaxModelLen == nil || *r.MaxModelLen <= 0:
+	case maxLen <= 0:
 		return result{}, errors.New("TokenizeResponse has no positive max_model_len")
-	case *r.Count != len(*r.Tokens):
-		return result{}, fmt.Errorf("TokenizeResponse count %d does not match its %d tokens", *r.Count, len(*r.Tokens))
+	case count != len(tokens):
+		return result{}, fmt.Errorf("TokenizeResponse count %d does not match its %d tokens", count, len(tokens))
 	}
-	tokens := *r.Tokens
 	if cap(tokens) > len(tokens) {
-		// The decoder grows the slice as it goes; the cache's budget counts
-		// len, so keep no spare capacity behind it.
+		// The slice grew as it was read; the cache's budget counts len, so
+		// keep no spare capacity behind it.
 		tokens = append(make([]uint32, 0, len(tokens)), tokens...)
 	}
-	return result{tokens: tokens, maxModelLen: *r.MaxModelLen}, nil
+	return result{tokens: tokens, maxModelLen: maxLen}, nil
+}
+
+// scanResponse reads the members of a TokenizeResponse; count is -1 and
+// tokens nil when absent or null, maxLen 0 when absent.
+func scanResponse(b []byte) (count, maxLen int, tokens []uint32, err error) {
+	count = -1
+	i := skipSpace(b, 0)
+	if i >= len(b) || b[i] != '{' {
+		return 0, 0, nil, errors.New("not a JSON object")
+	}
+	i = skipSpace(b, i+1)
+	if i < len(b) && b[i] == '}' {
+		return count, maxLen, nil, trailing(b, i+1)
+	}
+	for {
+		if i >= len(b) || b[i] != '"' {
+			return 0, 0, nil, fmt.Errorf("want a member name at byte %d", i)
+		}
+		end, err := skipString(b, i)
+		if err != nil {
+			return 0, 0, nil, err
+		}
+		name := string(b[i+1 : end-1])
+		i = skipSpace(b, end)
+		if i >= len(b) || b[i] != ':' {
+			return 0, 0, nil, fmt.Errorf("want ':' at byte %d", i)
+		}
+		i = skipSpace(b, i+1)
+		switch name {
+		case "tokens":
+			tokens, i, err = parseTokenIDs(b, i, nil)
+		case "count", "max_model_len":
+			var n uint64
+			if bytes.HasPrefix(b[i:], jsonNull) {
+				i += len(jsonNull)
+				n = math.MaxInt32 + 1 // never a valid value: reported below as absent
+			} else if n, i, err = parseUint(b, i, math.MaxInt32); err != nil {
+				err = fmt.Errorf("%s: %w", name, err)
+			}
+			if err == nil && n <= math.MaxInt32 {
+				if name == "count" {
+					count = int(n)
+				} else {
+					maxLen = int(n)
+				}
+			}
+		default:
+			i, err = skipValue(b, i)
+		}
+		if err != nil {
+			return 0, 0, nil, err
+		}
+		i = skipSpace(b, i)
+		if i >= len(b) {
+			return 0, 0, nil, errors.New("unexpected end of JSON input")
+		}
+		switch b[i] {
+		case ',':
+			i = skipSpace(b, i+1)
+		case '}':
+			return count, maxLen, tokens, trailing(b, i+1)
+		default:
+			return 0, 0, nil, fmt.Errorf("want ',' or '}' at byte %d", i)
+		}
+	}
 }
 
 // maxErrorMessage bounds the server message quoted in an error.

@@ -1,6 +1,7 @@
 // Package tokenizer computes the token ids a vLLM engine will compute for a
-// request, by asking the engine's own tokenizer: POST /tokenize on a pod
-// serving the model.
+// request: in process, from the model's own tokenizer files once the engine
+// agreed with them, or by asking the engine's own tokenizer, POST /tokenize
+// on a pod serving the model.
 //
 // The prefix index keys KV-cache blocks by the engine's token ids, so only
 // those ids can be matched against it: ids from any other tokenizer would
@@ -20,12 +21,62 @@
 //
 // # Cache
 //
-// Results are cached in an LRU cache bounded by the total number of token
-// ids it holds. The key is a 128-bit digest of the form, the model and the
-// fields that change the result, not the text itself, so that a long prompt
-// is not held twice. A hit costs the digest and a map lookup and allocates
-// nothing; the returned slice is shared and must not be modified.
-// Concurrent identical misses share one call. Failed calls are not cached.
+// Results, in process or from the engine, are cached in an LRU cache
+// bounded by the total number of token ids it holds. The key is a 128-bit
+// digest of the form, the model and the fields that change the result, not
+// the text itself, so that a long prompt is not held twice. A hit costs the
+// digest and a map lookup and allocates nothing; the returned slice is
+// shared and must not be modified. Concurrent identical misses share one
+// call. Failed calls are not cached. The engine's reply is decoded by hand,
+// without reflection.
+//
+// # In-process tokenization
+//
+// With Config.LocalDir, a model whose Hugging Face tokenizer files are in
+// LocalDir/<model> is tokenized in process by package hf: its
+// tokenizer.json, and the chat template of tokenizer_config.json or
+// chat_template.jinja for chats, rendered with the messages prepared as
+// vLLM prepares them. The files are loaded and checked by New. They are
+// used for a form (completion, chat) only once the engine agreed with
+// them: the first request for the model names a ready pod, and in the
+// background every sample prompt of the form (white space, numbers,
+// Unicode, emoji, code, special tokens written in text; chats with a system
+// prompt and several turns) is tokenized both ways; the engine tokenizes
+// meanwhile. Config.VerifyFraction of the prompts tokenized in process
+// afterwards are compared too, off the request path. Any difference is
+// counted (kvgate_tokenizer_mismatches_total{model,form}), logged at most
+// once a minute with where the ids part, shown by LocalModels, and sends
+// that model's form back to the engine for good. An engine that cannot be
+// reached leaves the model unverified, to be tried again 30 seconds later;
+// one that refuses a sample sends the form back to the engine. A request
+// the files cannot render (content other than text, a chat_template of its
+// own, multimodal settings) is tokenized by the engine.
+//
+// # Prefix reuse
+//
+// A chat the engine must tokenize whose first k messages were tokenized
+// before, with the same other fields, is answered at once with those ids,
+// the ids of its longest such prefix, while the whole chat is tokenized in
+// the background (at most Config.MaxBackgroundCalls such calls at once;
+// beyond it the chat waits) so that the next turn finds it. A follow-up
+// turn extends the conversation it follows, so on the request path it
+// costs no engine call. The cache keys chain the messages one by one,
+// which makes the key of a prefix the key its own request had.
+//
+// The ids of a prefix never make a router pick a pod with confidence that
+// it does not deserve. The prefix index keys a block by a hash chained
+// over every token before it, so matching a sequence of ids credits a pod
+// only with blocks whose whole history it holds. The prefix's ids are the
+// engine's own for the earlier turns: wherever the new prompt repeats them
+// (the earlier turns rendered alike, which chat templates do), the blocks
+// matched are blocks the pod really holds for this prompt. Where it does
+// not (a template that renders the last turns differently, such as one
+// that drops earlier reasoning), the first differing token only breaks the
+// chain from its block on: the match stops early, and the pods look
+// colder than they are, never warmer. The uncached tail of the prompt is
+// left out, and it is work no pod holds: the same cost on every
+// candidate, which does not change the ranking, only the load the router
+// counts for the request.
 //
 // # Truncation
 //
@@ -50,4 +101,11 @@
 //	kvgate_tokenizer_cache_evictions_total     tokenizations evicted to stay within the budget
 //	kvgate_tokenizer_cache_tokens              token ids held by the cache
 //	kvgate_tokenizer_cache_entries             tokenizations held by the cache
+//	kvgate_tokenizer_cache_partial_hits_total  chats answered from a message prefix
+//	kvgate_tokenizer_background_dropped_total  chats that waited: no background slot free
+//	kvgate_tokenizer_local_tokenizations_total{form}         prompts tokenized in process
+//	kvgate_tokenizer_local_fallbacks_total{reason}           prompts of models with files the engine tokenized
+//	kvgate_tokenizer_local_forms{state}                      models' forms by state: active, unverified, ...
+//	kvgate_tokenizer_verifications_total{model,form,result}  comparisons with the engine: match, mismatch, error, skipped
+//	kvgate_tokenizer_mismatches_total{model,form}            prompts the engine tokenized differently
 package tokenizer

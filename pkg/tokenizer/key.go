@@ -26,7 +26,7 @@ type keyBuilder struct {
 }
 
 // keyFields is the most fields a key holds besides its flags.
-const keyFields = 10
+const keyFields = 9
 
 // flags records the form and the request's booleans.
 func (k *keyBuilder) flags(form byte, bools ...bool) {
@@ -54,6 +54,19 @@ func (k *keyBuilder) put(hi, lo uint64, n int) {
 	binary.LittleEndian.PutUint64(k.buf[k.n+8:], lo)
 	binary.LittleEndian.PutUint64(k.buf[k.n+16:], uint64(n))
 	k.n += 24
+}
+
+// chain returns the digest of d followed by b.
+func (d digest) chain(b []byte) digest {
+	h := xxh3.Hash128Seed(b, d.lo)
+	var buf [40]byte
+	binary.LittleEndian.PutUint64(buf[0:], d.hi)
+	binary.LittleEndian.PutUint64(buf[8:], d.lo)
+	binary.LittleEndian.PutUint64(buf[16:], h.Hi)
+	binary.LittleEndian.PutUint64(buf[24:], h.Lo)
+	binary.LittleEndian.PutUint64(buf[32:], uint64(len(b)))
+	s := xxh3.Hash128Seed(buf[:], d.hi)
+	return digest{hi: s.Hi, lo: s.Lo}
 }
 
 func (k *keyBuilder) sum() digest {

@@ -18,9 +18,66 @@ type metrics struct {
 	evictions     prometheus.Counter
 	cachedTokens  prometheus.Gauge
 	cachedEntries prometheus.Gauge
+
+	partialHits        prometheus.Counter
+	backgroundDropped  prometheus.Counter
+	localTokenizations [2]prometheus.Counter // by form index
+	localFallbacks     map[string]prometheus.Counter
+	verificationsVec   *prometheus.CounterVec
+	mismatchesVec      *prometheus.CounterVec
 }
 
-func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+// Reasons a request of a model with tokenizer files is tokenized by the
+// engine, as kvgate_tokenizer_local_fallbacks_total labels them.
+const (
+	fallbackUnverified = "unverified" // not yet compared with the engine
+	fallbackMismatch   = "mismatch"   // the engine's ids differed
+	fallbackRequest    = "request"    // chat_template or multimodal settings in the request
+	fallbackRender     = "render"     // the conversation does not render in process
+)
+
+// Results of a comparison with the engine.
+const (
+	verifyMatch    = "match"
+	verifyMismatch = "mismatch"
+	verifyError    = "error"   // the engine did not answer
+	verifySkipped  = "skipped" // every background slot was taken
+)
+
+func (m *metrics) verifications(model string, form int, result string) prometheus.Counter {
+	return m.verificationsVec.WithLabelValues(model, forms[form], result)
+}
+
+func (m *metrics) mismatches(model string, form int) prometheus.Counter {
+	return m.mismatchesVec.WithLabelValues(model, forms[form])
+}
+
+// localFormsCollectors returns the gauges of kvgate_tokenizer_local_forms,
+// one per state, counting the models' forms in that state when scraped.
+func localFormsCollectors(local map[string]*localModel) []prometheus.Collector {
+	var out []prometheus.Collector
+	for state, name := range stateNames {
+		out = append(out, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Namespace: "kvgate", Subsystem: "tokenizer", Name: "local_forms",
+			Help: "Forms (completion, chat) of the models with tokenizer files, by state: active (tokenized in process), " +
+				"unverified, verifying, fallback (the engine disagreed) or unavailable (no chat template).",
+			ConstLabels: prometheus.Labels{"state": string(name)},
+		}, func() float64 {
+			n := 0
+			for _, lm := range local {
+				for f := range forms {
+					if lm.state[f].Load() == int32(state) {
+						n++
+					}
+				}
+			}
+			return float64(n)
+		}))
+	}
+	return out
+}
+
+func newMetrics(reg prometheus.Registerer, local map[string]*localModel) (*metrics, error) {
 	const ns, sub = "kvgate", "tokenizer"
 	calls := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: ns, Subsystem: sub, Name: "calls_total",
@@ -45,11 +102,40 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			"Tokenizations evicted from the cache to stay within its token budget."),
 		cachedTokens:  gauge("cache_tokens", "Token ids held by the cache."),
 		cachedEntries: gauge("cache_entries", "Tokenizations held by the cache."),
+		partialHits: counter("cache_partial_hits_total",
+			"Chat tokenizations answered at once with the tokens of the longest message prefix in the cache, while the engine tokenizes the whole chat in the background."),
+		backgroundDropped: counter("background_dropped_total",
+			"Calls off the request path not made because every background slot was taken: a chat waited for its whole tokenization instead of using a message prefix."),
+		localFallbacks: map[string]prometheus.Counter{},
+		verificationsVec: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "verifications_total",
+			Help: "Comparisons of the in-process tokenizer with the engine's /tokenize, by model, form and result: match, mismatch, error (no answer) or skipped (no background slot).",
+		}, []string{"model", "form", "result"}),
+		mismatchesVec: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "mismatches_total",
+			Help: "Requests the in-process tokenizer tokenized differently from the engine, by model and form; the engine tokenizes that model and form from the first one on.",
+		}, []string{"model", "form"}),
+	}
+	localCount := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "local_tokenizations_total",
+		Help: "Prompts tokenized in process from the model's tokenizer files, by form.",
+	}, []string{"form"})
+	for i, f := range forms {
+		m.localTokenizations[i] = localCount.WithLabelValues(f)
+	}
+	fallbacks := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "local_fallbacks_total",
+		Help: "Prompts of models with tokenizer files that the engine tokenized, by reason: unverified, mismatch, request or render.",
+	}, []string{"reason"})
+	for _, r := range []string{fallbackUnverified, fallbackMismatch, fallbackRequest, fallbackRender} {
+		m.localFallbacks[r] = fallbacks.WithLabelValues(r)
 	}
 	for _, r := range callReasons {
 		m.calls[string(r)] = calls.WithLabelValues(string(r))
 	}
-	collectors := []prometheus.Collector{calls, m.callDuration, m.hits, m.misses, m.evictions, m.cachedTokens, m.cachedEntries}
+	collectors := []prometheus.Collector{calls, m.callDuration, m.hits, m.misses, m.evictions, m.cachedTokens, m.cachedEntries,
+		m.partialHits, m.backgroundDropped, localCount, fallbacks, m.verificationsVec, m.mismatchesVec}
+	collectors = append(collectors, localFormsCollectors(local)...)
 	for i, c := range collectors {
 		if err := reg.Register(c); err != nil {
 			for _, done := range collectors[:i] {

@@ -85,6 +85,21 @@ func TestMetricsAreRegisteredAndUpdated(t *testing.T) {
 		"kvgate_tokenizer_cache_evictions_total":          0,
 		"kvgate_tokenizer_cache_tokens":                   tokens,
 		"kvgate_tokenizer_cache_entries":                  1,
+		// Nothing is tokenized in process without tokenizer files, and a
+		// single-message chat has no message prefix to answer from.
+		"kvgate_tokenizer_cache_partial_hits_total":                   0,
+		"kvgate_tokenizer_background_dropped_total":                   0,
+		"kvgate_tokenizer_local_tokenizations_total{form=completion}": 0,
+		"kvgate_tokenizer_local_tokenizations_total{form=chat}":       0,
+		"kvgate_tokenizer_local_fallbacks_total{reason=unverified}":   0,
+		"kvgate_tokenizer_local_fallbacks_total{reason=mismatch}":     0,
+		"kvgate_tokenizer_local_fallbacks_total{reason=request}":      0,
+		"kvgate_tokenizer_local_fallbacks_total{reason=render}":       0,
+		"kvgate_tokenizer_local_forms{state=active}":                  0,
+		"kvgate_tokenizer_local_forms{state=unverified}":              0,
+		"kvgate_tokenizer_local_forms{state=verifying}":               0,
+		"kvgate_tokenizer_local_forms{state=fallback}":                0,
+		"kvgate_tokenizer_local_forms{state=unavailable}":             0,
 	}
 	for name, v := range want {
 		if got[name] != v {
@@ -112,6 +127,12 @@ func TestDefaultsMatchTheEnvironmentVariables(t *testing.T) {
 	}
 	if got := env.Int(config.TokenizerCacheMaxTokens, 1); got != DefaultCacheMaxTokens {
 		t.Errorf("%s defaults to %d, DefaultCacheMaxTokens is %d", config.TokenizerCacheMaxTokens.Name, got, DefaultCacheMaxTokens)
+	}
+	if got := env.Float(config.TokenizerVerifyFraction, 0); got != DefaultVerifyFraction {
+		t.Errorf("%s defaults to %v, DefaultVerifyFraction is %v", config.TokenizerVerifyFraction.Name, got, DefaultVerifyFraction)
+	}
+	if got := env.Int(config.TokenizerMaxBackgroundCalls, 1); got != DefaultMaxBackgroundCalls {
+		t.Errorf("%s defaults to %d, DefaultMaxBackgroundCalls is %d", config.TokenizerMaxBackgroundCalls.Name, got, DefaultMaxBackgroundCalls)
 	}
 	if err := env.Err(); err != nil {
 		t.Fatal(err)

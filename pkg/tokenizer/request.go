@@ -90,20 +90,6 @@ type completionWire struct {
 	AddSpecialTokens bool            `json:"add_special_tokens"`
 }
 
-// chatWire is vLLM's TokenizeChatRequest.
-type chatWire struct {
-	Model                string          `json:"model,omitempty"`
-	Messages             json.RawMessage `json:"messages"`
-	AddGenerationPrompt  bool            `json:"add_generation_prompt"`
-	ContinueFinalMessage bool            `json:"continue_final_message"`
-	AddSpecialTokens     bool            `json:"add_special_tokens"`
-	ChatTemplate         string          `json:"chat_template,omitempty"`
-	ChatTemplateKwargs   json.RawMessage `json:"chat_template_kwargs,omitempty"`
-	Tools                json.RawMessage `json:"tools,omitempty"`
-	MMProcessorKwargs    json.RawMessage `json:"mm_processor_kwargs,omitempty"`
-	MediaIOKwargs        json.RawMessage `json:"media_io_kwargs,omitempty"`
-}
-
 var jsonNull = []byte("null")
 
 // present reports whether raw holds a JSON value other than null.
@@ -146,14 +132,37 @@ func (r *CompletionRequest) body(text json.RawMessage) ([]byte, error) {
 
 // key returns the cache key of r: a digest of every field that reaches
 // vLLM, with defaults applied, so that requests vLLM renders alike share it.
+// The messages are chained one by one (see messageKeys), so that the key
+// of a conversation's first k messages is the key a request holding just
+// those messages had.
 func (r *ChatRequest) key(seed uint64) digest {
+	base := r.base(seed)
+	var d digest
+	if !r.chainMessages(base, func(k digest) { d = k }) {
+		return r.rawKey(base)
+	}
+	return d
+}
+
+// messageKeys returns the keys of r's message prefixes: keys[k] is the key
+// of the request with the first k+1 messages and r's other fields. It
+// returns nil when the messages are not a JSON array.
+func (r *ChatRequest) messageKeys(seed uint64, keys []digest) []digest {
+	keys = keys[:0]
+	if !r.chainMessages(r.base(seed), func(k digest) { keys = append(keys, k) }) {
+		return nil
+	}
+	return keys
+}
+
+// base digests every field of r but the messages.
+func (r *ChatRequest) base(seed uint64) digest {
 	k := keyBuilder{seed: seed}
 	k.flags(formChat,
 		boolOr(r.AddGenerationPrompt, true),
 		boolOr(r.ContinueFinalMessage, false),
 		boolOr(r.AddSpecialTokens, false))
 	k.str(r.Model)
-	k.raw(value(r.Messages))
 	k.raw(value(r.Tools))
 	k.raw(value(r.Documents))
 	k.str(r.ChatTemplate)
@@ -164,31 +173,100 @@ func (r *ChatRequest) key(seed uint64) digest {
 	return k.sum()
 }
 
-// body returns the /tokenize body for r.
+// chainMessages calls each with the key of every message prefix, shortest
+// first: the base chained with each message's digest in turn. It reports
+// false when the messages are not a JSON array.
+func (r *ChatRequest) chainMessages(base digest, each func(digest)) bool {
+	d := base
+	err := arrayElements(r.Messages, func(msg []byte) {
+		d = d.chain(msg)
+		each(d)
+	})
+	return err == nil
+}
+
+// rawKey is the key of messages that are not a JSON array: vLLM refuses
+// them, but the refusal is cached like any answer would be.
+func (r *ChatRequest) rawKey(base digest) digest {
+	return base.chain(r.Messages)
+}
+
+// body returns the /tokenize body for r: vLLM's TokenizeChatRequest. It
+// is written by hand around the request's JSON values, which came from a
+// body already decoded and so are valid, to spare re-encoding the
+// messages.
 func (r *ChatRequest) body() ([]byte, error) {
 	if !present(r.Messages) {
 		return nil, errors.New("chat request has no messages")
+	}
+	if arrayElements(r.Messages, func([]byte) {}) != nil {
+		return nil, errors.New("messages is not a JSON array")
 	}
 	kwargs, err := r.templateKwargs()
 	if err != nil {
 		return nil, err
 	}
-	b, err := json.Marshal(chatWire{
-		Model:                r.Model,
-		Messages:             r.Messages,
-		AddGenerationPrompt:  boolOr(r.AddGenerationPrompt, true),
-		ContinueFinalMessage: boolOr(r.ContinueFinalMessage, false),
-		AddSpecialTokens:     boolOr(r.AddSpecialTokens, false),
-		ChatTemplate:         r.ChatTemplate,
-		ChatTemplateKwargs:   kwargs,
-		Tools:                value(r.Tools),
-		MMProcessorKwargs:    value(r.MMProcessorKwargs),
-		MediaIOKwargs:        value(r.MediaIOKwargs),
-	})
-	if err != nil {
-		return nil, fmt.Errorf("encode chat request: %w", err)
+	for _, v := range [][]byte{r.Tools, kwargs, r.MMProcessorKwargs, r.MediaIOKwargs} {
+		if len(v) > 0 && !json.Valid(v) {
+			return nil, errors.New("a field of the chat request is not valid JSON")
+		}
 	}
+	b := make([]byte, 0, len(r.Messages)+len(r.Tools)+len(kwargs)+len(r.MMProcessorKwargs)+len(r.MediaIOKwargs)+256)
+	b = append(b, '{')
+	if r.Model != "" {
+		b = appendMember(b, "model", jsonString(r.Model))
+	}
+	b = appendMember(b, "messages", r.Messages)
+	b = appendMember(b, "add_generation_prompt", jsonBool(boolOr(r.AddGenerationPrompt, true)))
+	b = appendMember(b, "continue_final_message", jsonBool(boolOr(r.ContinueFinalMessage, false)))
+	b = appendMember(b, "add_special_tokens", jsonBool(boolOr(r.AddSpecialTokens, false)))
+	if r.ChatTemplate != "" {
+		b = appendMember(b, "chat_template", jsonString(r.ChatTemplate))
+	}
+	for _, m := range []struct {
+		name  string
+		value json.RawMessage
+	}{
+		{"chat_template_kwargs", kwargs}, {"tools", value(r.Tools)},
+		{"mm_processor_kwargs", value(r.MMProcessorKwargs)}, {"media_io_kwargs", value(r.MediaIOKwargs)},
+	} {
+		if m.value != nil {
+			b = appendMember(b, m.name, m.value)
+		}
+	}
+	b[len(b)-1] = '}'
 	return b, nil
+}
+
+// appendMember appends "name":value, to an object being written.
+func appendMember(b []byte, name string, value []byte) []byte {
+	b = append(b, '"')
+	b = append(b, name...)
+	b = append(b, '"', ':')
+	b = append(b, bytes.TrimSpace(value)...)
+	return append(b, ',')
+}
+
+func jsonString(s string) []byte {
+	b, _ := json.Marshal(s)
+	return b
+}
+
+func jsonBool(v bool) []byte {
+	if v {
+		return []byte("true")
+	}
+	return []byte("false")
+}
+
+// detach returns a copy of r that owns its JSON values, for work that
+// outlives the caller's buffers.
+func (r *ChatRequest) detach() *ChatRequest {
+	c := *r
+	for _, raw := range []*json.RawMessage{&c.Messages, &c.Tools, &c.Documents, &c.ChatTemplateKwargs, &c.MMProcessorKwargs, &c.MediaIOKwargs} {
+		*raw = bytes.Clone(*raw)
+	}
+	return &c
 }
 
 // templateKwargs returns the chat_template_kwargs to send: the request's,

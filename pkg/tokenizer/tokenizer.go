@@ -20,6 +20,12 @@ const (
 	DefaultTimeout          = 5 * time.Second
 	DefaultCacheMaxTokens   = 1 << 23 // 32 MiB of token ids
 	DefaultMaxResponseBytes = 16 << 20
+	// DefaultVerifyFraction is the share of in-process tokenizations
+	// compared with the engine's.
+	DefaultVerifyFraction = 0.01
+	// DefaultMaxBackgroundCalls bounds the /tokenize calls made off the
+	// request path.
+	DefaultMaxBackgroundCalls = 8
 )
 
 // Config configures a Tokenizer. The zero value is usable: every zero field
@@ -44,6 +50,29 @@ type Config struct {
 	// Logger receives the Tokenizer's logs. The zero value means klog's
 	// global logger.
 	Logger klog.Logger
+	// LocalDir, when set, holds the tokenizer files of models to tokenize
+	// in process (KVGATE_TOKENIZER_DIR): LocalDir/<model>/tokenizer.json,
+	// with tokenizer_config.json and chat_template.jinja beside it, where
+	// <model> is the served model name ("Qwen/Qwen3-8B" is a directory
+	// Qwen3-8B in a directory Qwen). Other models are tokenized by the
+	// engines. See In-process tokenization in the package documentation.
+	LocalDir string
+	// VerifyFraction is the share of in-process tokenizations compared
+	// with the engine's /tokenize off the request path
+	// (KVGATE_TOKENIZER_VERIFY_FRACTION). Zero means
+	// DefaultVerifyFraction; a negative value compares none.
+	VerifyFraction float64
+	// NoPrefixReuse makes a chat whose whole conversation is not cached
+	// wait for the engine even when a prefix of its messages is
+	// (KVGATE_TOKENIZER_PREFIX_REUSE=false). See Prefix reuse in the
+	// package documentation.
+	NoPrefixReuse bool
+	// MaxBackgroundCalls bounds the /tokenize calls made off the request
+	// path: tokenizations of whole chats answered from a prefix, and
+	// comparisons of the in-process tokenizer with the engine
+	// (KVGATE_TOKENIZER_MAX_BACKGROUND_CALLS). Zero means
+	// DefaultMaxBackgroundCalls.
+	MaxBackgroundCalls int
 }
 
 // Tokenizer computes prompts' token ids with vLLM's own tokenizer, through
@@ -66,6 +95,10 @@ type Tokenizer struct {
 	cache            *cache
 	m                *metrics
 	log              klog.Logger
+	local            map[string]*localModel // by model name
+	verifyFraction   float64
+	prefixReuse      bool
+	background       chan struct{} // a token per background call in flight
 
 	ctx    context.Context // ends on Close; parent of every call
 	cancel context.CancelFunc
@@ -79,14 +112,21 @@ type Tokenizer struct {
 // be registered, for example because reg already holds another
 // Tokenizer's.
 func New(cfg Config, reg prometheus.Registerer) (*Tokenizer, error) {
-	if cfg.Timeout < 0 || cfg.CacheMaxTokens < 0 || cfg.MaxResponseBytes < 0 {
+	if cfg.Timeout < 0 || cfg.CacheMaxTokens < 0 || cfg.MaxResponseBytes < 0 || cfg.MaxBackgroundCalls < 0 || cfg.VerifyFraction > 1 {
 		return nil, fmt.Errorf("tokenizer config: negative value in %+v", cfg)
 	}
 	if reg == nil {
 		return nil, errors.New("tokenizer: nil prometheus.Registerer")
 	}
 	cfg = cfg.withDefaults()
-	m, err := newMetrics(reg)
+	var local map[string]*localModel
+	if cfg.LocalDir != "" {
+		var err error
+		if local, err = loadLocalModels(cfg.LocalDir); err != nil {
+			return nil, err
+		}
+	}
+	m, err := newMetrics(reg, local)
 	if err != nil {
 		return nil, err
 	}
@@ -99,6 +139,10 @@ func New(cfg Config, reg prometheus.Registerer) (*Tokenizer, error) {
 		cache:            newCache(cfg.CacheMaxTokens, m),
 		m:                m,
 		log:              cfg.Logger.WithName("tokenizer"),
+		local:            local,
+		verifyFraction:   max(cfg.VerifyFraction, 0),
+		prefixReuse:      !cfg.NoPrefixReuse,
+		background:       make(chan struct{}, cfg.MaxBackgroundCalls),
 		ctx:              ctx,
 		cancel:           cancel,
 	}, nil
@@ -108,6 +152,8 @@ func (cfg Config) withDefaults() Config {
 	cfg.Timeout = cmp.Or(cfg.Timeout, DefaultTimeout)
 	cfg.CacheMaxTokens = cmp.Or(cfg.CacheMaxTokens, DefaultCacheMaxTokens)
 	cfg.MaxResponseBytes = cmp.Or(cfg.MaxResponseBytes, DefaultMaxResponseBytes)
+	cfg.VerifyFraction = cmp.Or(cfg.VerifyFraction, DefaultVerifyFraction)
+	cfg.MaxBackgroundCalls = cmp.Or(cfg.MaxBackgroundCalls, DefaultMaxBackgroundCalls)
 	if cfg.Transport == nil {
 		cfg.Transport = podTransport()
 	}
@@ -166,8 +212,12 @@ func (t *Tokenizer) TokenizeCompletion(ctx context.Context, baseURL string, req 
 		return req.truncate(res)
 	}
 	if leader {
+		if res, ok := t.localCompletion(req, text, baseURL); ok {
+			t.cache.complete(key, cl, res, nil)
+			return req.truncate(res)
+		}
 		body, err := req.body(text)
-		t.start(key, cl, baseURL, req.Model, body, err)
+		t.start(key, cl, baseURL, req.Model, body, err, false)
 	}
 	if res, err = t.wait(ctx, cl, req.Model); err != nil {
 		return nil, err
@@ -178,7 +228,10 @@ func (t *Tokenizer) TokenizeCompletion(ctx context.Context, baseURL string, req 
 // TokenizeChat returns the token ids vLLM computes for req's conversation
 // rendered by the model's chat template, asking the vLLM server at baseURL
 // when they are not cached. It makes calls, shares them and returns like
-// TokenizeCompletion.
+// TokenizeCompletion, with one exception: when the engine must be asked
+// and the cache holds the ids of a prefix of the conversation's messages,
+// it returns those at once and asks the engine in the background (see
+// Prefix reuse in the package documentation).
 func (t *Tokenizer) TokenizeChat(ctx context.Context, baseURL string, req *ChatRequest) ([]uint32, error) {
 	if err := checkTruncation(req.Model, req.TruncatePromptTokens, req.TruncationSide); err != nil {
 		return nil, err
@@ -189,8 +242,17 @@ func (t *Tokenizer) TokenizeChat(ctx context.Context, baseURL string, req *ChatR
 		return req.truncate(res)
 	}
 	if leader {
+		if res, ok := t.localChat(req, baseURL); ok {
+			t.cache.complete(key, cl, res, nil)
+			return req.truncate(res)
+		}
+	}
+	if ids, ok := t.prefix(req, key, cl, leader, baseURL); ok {
+		return ids, nil
+	}
+	if leader {
 		body, err := req.body()
-		t.start(key, cl, baseURL, req.Model, body, err)
+		t.start(key, cl, baseURL, req.Model, body, err, false)
 	}
 	res, err := t.wait(ctx, cl, req.Model)
 	if err != nil {
@@ -202,30 +264,35 @@ func (t *Tokenizer) TokenizeChat(ctx context.Context, baseURL string, req *ChatR
 // start completes cl: at once with an input error when the request could
 // not be encoded, otherwise with the result of a call made in the
 // background, so that the leader's caller can stop waiting without failing
-// the callers that share the call.
-func (t *Tokenizer) start(key digest, cl *call, baseURL, model string, body []byte, err error) {
+// the callers that share the call. slot says the call holds a background
+// slot, released when the call ends. It reports whether it made the call.
+func (t *Tokenizer) start(key digest, cl *call, baseURL, model string, body []byte, err error, slot bool) bool {
 	var req *http.Request
 	if err == nil {
 		req, err = newCallRequest(baseURL, body)
 	}
 	if err != nil {
 		t.cache.complete(key, cl, result{}, inputError(model, err))
-		return
+		return false
 	}
 	t.mu.Lock()
 	if t.closed {
 		t.mu.Unlock()
 		t.cache.complete(key, cl, result{}, &Error{Reason: ReasonCanceled, Model: model,
 			Endpoint: req.URL.String(), Err: errors.New("tokenizer closed")})
-		return
+		return false
 	}
 	t.calls.Add(1)
 	t.mu.Unlock()
 	go func() {
 		defer t.calls.Done()
+		if slot {
+			defer t.releaseBackgroundSlot()
+		}
 		res, err := t.call(req, model)
 		t.cache.complete(key, cl, res, err)
 	}()
+	return true
 }
 
 // wait returns cl's outcome, or a ReasonCanceled error when ctx ends first.

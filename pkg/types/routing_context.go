@@ -3,24 +3,24 @@
 package types
 
 import (
-	"context"
 	"sync/atomic"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
 )
 
-// RoutingContext carries one inference request from the gateway through
-// routing and request tracking.
+// RoutingContext carries what routing needs to know of one inference
+// request.
 //
 // The gateway fills the exported fields before routing; routing reads them and
 // records its decision with SetTargetPod. The exported fields are not
 // synchronized: write them before the context is shared with other
 // goroutines. The target pod may be set and read concurrently.
+//
+// The request's deadline, cancellation and logger are not part of it: as
+// with net/http's handlers, the functions that need them take a
+// context.Context of their own.
 type RoutingContext struct {
-	// Context carries the request's deadline, cancellation and logger.
-	context.Context
-
 	// RequestID identifies the request uniquely among the requests in
 	// flight through this gateway.
 	RequestID string
@@ -53,12 +53,9 @@ type routingTarget struct {
 }
 
 // NewRoutingContext returns a RoutingContext for the request requestID asking
-// for model, received now. A nil ctx stands for context.Background().
-func NewRoutingContext(ctx context.Context, requestID, model string) *RoutingContext {
-	if ctx == nil {
-		ctx = context.Background()
-	}
-	return &RoutingContext{Context: ctx, RequestID: requestID, Model: model, ReceivedAt: time.Now()}
+// for model, received now.
+func NewRoutingContext(requestID, model string) *RoutingContext {
+	return &RoutingContext{RequestID: requestID, Model: model, ReceivedAt: time.Now()}
 }
 
 // InputTokens reports the number of prompt tokens: len(PromptTokenIDs) when

@@ -1,7 +1,6 @@
 package types
 
 import (
-	"context"
 	"sync"
 	"testing"
 
@@ -22,7 +21,7 @@ func TestInputTokensPrefersTokenIDs(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			r := NewRoutingContext(context.Background(), "r1", "m")
+			r := NewRoutingContext("r1", "m")
 			r.PromptTokenIDs, r.PromptTokenCount = tt.ids, tt.count
 			if got := r.InputTokens(); got != tt.want {
 				t.Fatalf("InputTokens() = %d, want %d", got, tt.want)
@@ -32,10 +31,7 @@ func TestInputTokensPrefersTokenIDs(t *testing.T) {
 }
 
 func TestTargetPodIsUnsetUntilRouted(t *testing.T) {
-	r := NewRoutingContext(nil, "r1", "m")
-	if r.Context == nil {
-		t.Fatal("nil ctx was not replaced")
-	}
+	r := NewRoutingContext("r1", "m")
 	if r.HasRouted() || r.TargetPod() != nil || !r.RoutedAt().IsZero() {
 		t.Fatal("context reports a target before routing")
 	}
@@ -47,7 +43,7 @@ func TestTargetPodIsUnsetUntilRouted(t *testing.T) {
 }
 
 func TestSetTargetPodIsSafeWithConcurrentReaders(t *testing.T) {
-	r := NewRoutingContext(context.Background(), "r1", "m")
+	r := NewRoutingContext("r1", "m")
 	pods := []*v1.Pod{{ObjectMeta: metav1.ObjectMeta{Name: "a"}}, {ObjectMeta: metav1.ObjectMeta{Name: "b"}}}
 	var wg sync.WaitGroup
 	for i := range 4 {

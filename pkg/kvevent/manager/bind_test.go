@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvgate/kvgate/internal/testsupport"
+	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/kvevent"
 	"github.com/kvgate/kvgate/pkg/kvevent/internal/kvtest"
 	"github.com/kvgate/kvgate/pkg/kvevent/publisher"
@@ -217,14 +218,14 @@ func TestBindModeKeepsTheEnginesOfOneAddressApart(t *testing.T) {
 		port := 8000 + i
 		name := fmt.Sprintf("engine-%d", i)
 		m.OnPodAdd(makePod(podSpec{name: name, ip: ip, ports: kvtest.Ports{Pub: 1, Router: routers[i]},
-			extra: map[string]string{EnginePortLabel: strconv.Itoa(port)}}))
+			extra: map[string]string{endpoint.ModelPortLabel: strconv.Itoa(port)}}))
 		engines = append(engines, engineDialingFrom(t, ip, fmt.Sprintf("kv@%s:%d@llama", ip, port), bind, routers[i], 0))
 		ids = append(ids, kvevent.StreamID{PodKey: "default/" + name, Model: "llama"})
 	}
 	// A fourth pod claims the first engine's identity: its messages could
 	// belong to either, so it is not followed.
 	m.OnPodAdd(makePod(podSpec{name: "twin", ip: ip, ports: kvtest.Ports{Pub: 1, Router: routers[0]},
-		extra: map[string]string{EnginePortLabel: "8000"}}))
+		extra: map[string]string{endpoint.ModelPortLabel: "8000"}}))
 	testsupport.Eventually(t, "the engines followed and the twin refused", func() bool {
 		for i := range 3 {
 			if podState(m, ids[i].PodKey).State != PodStateFollowed {

@@ -7,6 +7,7 @@ import (
 
 	zmq "github.com/pebbe/zmq4"
 
+	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/kvevent"
 	"github.com/kvgate/kvgate/pkg/kvevent/internal/zmqwire"
 	"github.com/kvgate/kvgate/pkg/kvevent/transport"
@@ -124,7 +125,7 @@ func newBindFollower(m *KVEventManager, zctx *zmq.Context) (*bindFollower, error
 
 func (f *bindFollower) follow(t PodTarget) ([]*followedStream, error) {
 	if t.DPSize > f.ranks {
-		return nil, fmt.Errorf("pod %s has %s %d but the gateway binds %d rank endpoints", t.PodKey, DPSizeAnnotation, t.DPSize, f.ranks)
+		return nil, fmt.Errorf("pod %s has %s %d but the gateway binds %d rank endpoints", t.PodKey, endpoint.DPSizeAnnotation, t.DPSize, f.ranks)
 	}
 	specs := make([]transport.BoundStreamConfig, t.DPSize)
 	for rank := range t.DPSize {

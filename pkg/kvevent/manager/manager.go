@@ -13,6 +13,7 @@ import (
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
 
+	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/kvevent"
 	"github.com/kvgate/kvgate/pkg/kvevent/transport"
 )
@@ -44,19 +45,20 @@ type ManagerConfig struct {
 	// Bind, when set, makes the gateway bind SUB sockets that engines
 	// dial into, instead of dialling each pod (see transport.BindConfig).
 	// Each engine publishes with topic kv@<pod-ip>:<port>@<model>, port
-	// being its HTTP port (EnginePortLabel): the manager takes the pod
+	// being its HTTP port (endpoint.ModelPortLabel): the manager takes the pod
 	// from the topic, the eligible pod with that IP, port and model, and
 	// by default only from a message that comes from that IP. Messages of
 	// other topics, of other addresses, of pods the manager does not
 	// follow, or of ranks beyond the pod's DP size are counted in
 	// kvgate_kv_event_bind_ignored_messages_total and dropped; a pod whose
 	// identity another followed pod has is not followed (state failed).
-	// Replay still dials the pod's replay ROUTER (ReplayPortAnnotation),
-	// so that a stream is exact from its first batch on. Endpoint, Ranks
-	// (at most MaxDPSize), AllowAnyPeer and LivenessTimeout are the
-	// manager's to read; it sets the receiver's context, logger and
-	// Ignored hook, and takes the bound sockets' MaxMessageBytes,
-	// ReceiveBufferBytes and PollTimeout from Client.
+	// Replay still dials the pod's replay ROUTER
+	// (endpoint.ReplayPortAnnotation), so that a stream is exact from its
+	// first batch on. Endpoint, Ranks (at most endpoint.MaxDPSize),
+	// AllowAnyPeer and LivenessTimeout are the manager's to read; it sets
+	// the receiver's context, logger and Ignored hook, and takes the bound
+	// sockets' MaxMessageBytes, ReceiveBufferBytes and PollTimeout from
+	// Client.
 	//
 	// Choose bind mode when engines cannot be reached by the gateway (the
 	// gateway's address is stable, the engines' are not) or to keep one
@@ -140,8 +142,8 @@ func NewKVEventManager(cfg ManagerConfig) (*KVEventManager, error) {
 		if err := cfg.Bind.Validate(); err != nil {
 			return nil, fmt.Errorf("kvevent: KV event manager: %w", err)
 		}
-		if cfg.Bind.Ranks > MaxDPSize {
-			return nil, fmt.Errorf("kvevent: KV event manager: bind: Ranks %d must be from 0 to %d", cfg.Bind.Ranks, MaxDPSize)
+		if cfg.Bind.Ranks > endpoint.MaxDPSize {
+			return nil, fmt.Errorf("kvevent: KV event manager: bind: Ranks %d must be from 0 to %d", cfg.Bind.Ranks, endpoint.MaxDPSize)
 		}
 	}
 	cfg.Workers = cmp.Or(cfg.Workers, DefaultManagerWorkers)
@@ -300,7 +302,7 @@ func (m *KVEventManager) OnPodUpdate(_, newPod *v1.Pod) { m.record(newPod) }
 // OnPodDelete forgets a pod and queues it, so that its streams stop and it
 // is purged from the index.
 func (m *KVEventManager) OnPodDelete(pod *v1.Pod) {
-	key := podKey(pod.Namespace, pod.Name)
+	key := endpoint.KeyOf(pod).String()
 	m.mu.Lock()
 	delete(m.pods, key)
 	m.mu.Unlock()
@@ -308,7 +310,7 @@ func (m *KVEventManager) OnPodDelete(pod *v1.Pod) {
 }
 
 func (m *KVEventManager) record(pod *v1.Pod) {
-	key := podKey(pod.Namespace, pod.Name)
+	key := endpoint.KeyOf(pod).String()
 	m.mu.Lock()
 	m.pods[key] = pod
 	m.mu.Unlock()

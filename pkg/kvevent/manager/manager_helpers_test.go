@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 
+	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/kvevent"
 	"github.com/kvgate/kvgate/pkg/kvevent/internal/kvtest"
 	"github.com/kvgate/kvgate/pkg/kvevent/publisher"
@@ -150,16 +151,16 @@ func makePod(spec podSpec) *v1.Pod {
 	if spec.ip == "" {
 		spec.ip = "127.0.0.1"
 	}
-	labels := map[string]string{ModelNameLabel: spec.model}
+	labels := map[string]string{endpoint.ModelNameLabel: spec.model}
 	if !spec.unlabelled {
-		labels[KVEventsEnabledLabel] = "true"
+		labels[endpoint.KVEventsEnabledLabel] = "true"
 	}
 	ann := map[string]string{
-		PubPortAnnotation:    strconv.Itoa(spec.ports.Pub),
-		ReplayPortAnnotation: strconv.Itoa(spec.ports.Router),
+		endpoint.PubPortAnnotation:    strconv.Itoa(spec.ports.Pub),
+		endpoint.ReplayPortAnnotation: strconv.Itoa(spec.ports.Router),
 	}
 	if spec.dpSize > 0 {
-		ann[DPSizeAnnotation] = strconv.Itoa(spec.dpSize)
+		ann[endpoint.DPSizeAnnotation] = strconv.Itoa(spec.dpSize)
 	}
 	for k, v := range spec.extra {
 		ann[k] = v

@@ -1,5 +1,7 @@
 package manager
 
+import "github.com/kvgate/kvgate/pkg/endpoint"
+
 // Values of a pod's state in the manager's metrics and snapshot.
 const (
 	PodStateFollowed   = "followed"
@@ -42,7 +44,7 @@ func (m *KVEventManager) reconcile(key string) error {
 		var reason IneligibleReason
 		var err error
 		target, reason, err = TargetForPod(pod, m.cfg.Streams)
-		model, _ := podValue(pod, ModelNameLabel)
+		model, _ := endpoint.Value(pod, endpoint.ModelNameLabel)
 		next = &podStatus{model: model, reason: reason, err: err}
 		if prev != nil && len(prev.streams) > 0 && reason == "" && prev.target == target {
 			return nil

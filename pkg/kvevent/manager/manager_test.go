@@ -9,6 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kvgate/kvgate/internal/testsupport"
+	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/kvevent"
 	"github.com/kvgate/kvgate/pkg/kvevent/internal/kvtest"
 	"github.com/kvgate/kvgate/pkg/kvevent/publisher"
@@ -28,23 +29,23 @@ func TestTargetForPodDecidesEligibility(t *testing.T) {
 		{"label missing", func() *v1.Pod { return makePod(podSpec{name: "a", ports: ports, unlabelled: true}) }, ReasonKVEventsDisabled, ""},
 		{"label not true", func() *v1.Pod {
 			p := makePod(podSpec{name: "a", ports: ports})
-			p.Labels[KVEventsEnabledLabel] = "yes"
+			p.Labels[endpoint.KVEventsEnabledLabel] = "yes"
 			return p
 		}, ReasonKVEventsDisabled, ""},
 		{"enabled by annotation", func() *v1.Pod {
 			p := makePod(podSpec{name: "a", ports: ports, unlabelled: true})
-			p.Annotations[KVEventsEnabledLabel] = "true"
+			p.Annotations[endpoint.KVEventsEnabledLabel] = "true"
 			return p
 		}, "", ""},
 		{"no model", func() *v1.Pod {
 			p := makePod(podSpec{name: "a", ports: ports})
-			delete(p.Labels, ModelNameLabel)
+			delete(p.Labels, endpoint.ModelNameLabel)
 			return p
 		}, ReasonNoModel, ""},
 		{"model from annotation", func() *v1.Pod {
 			p := makePod(podSpec{name: "a", ports: ports})
-			delete(p.Labels, ModelNameLabel)
-			p.Annotations[ModelNameLabel] = "llama"
+			delete(p.Labels, endpoint.ModelNameLabel)
+			p.Annotations[endpoint.ModelNameLabel] = "llama"
 			return p
 		}, "", ""},
 		{"terminating", func() *v1.Pod {
@@ -65,11 +66,11 @@ func TestTargetForPodDecidesEligibility(t *testing.T) {
 			return p
 		}, ReasonNotReady, ""},
 		{"bad pub port", func() *v1.Pod {
-			return makePod(podSpec{name: "a", ports: ports, extra: map[string]string{PubPortAnnotation: "70000"}})
-		}, ReasonInvalidConfig, PubPortAnnotation},
+			return makePod(podSpec{name: "a", ports: ports, extra: map[string]string{endpoint.PubPortAnnotation: "70000"}})
+		}, ReasonInvalidConfig, endpoint.PubPortAnnotation},
 		{"bad dp size", func() *v1.Pod {
-			return makePod(podSpec{name: "a", ports: ports, extra: map[string]string{DPSizeAnnotation: "0"}})
-		}, ReasonInvalidConfig, DPSizeAnnotation},
+			return makePod(podSpec{name: "a", ports: ports, extra: map[string]string{endpoint.DPSizeAnnotation: "0"}})
+		}, ReasonInvalidConfig, endpoint.DPSizeAnnotation},
 		{"dp ports overlap", func() *v1.Pod {
 			return makePod(podSpec{name: "a", ports: kvtest.Ports{Pub: 5557, Router: 5558}, dpSize: 2})
 		}, ReasonInvalidConfig, "overlap"},
@@ -95,9 +96,9 @@ func TestTargetForPodDecidesEligibility(t *testing.T) {
 
 func TestTargetForPodReadsOverridesAndDefaults(t *testing.T) {
 	p := makePod(podSpec{name: "a", ip: "10.0.0.7", ports: kvtest.Ports{Pub: 7000, Router: 7100}, dpSize: 4,
-		extra: map[string]string{TopicAnnotation: "kv@10.0.0.7:8000@llama"}})
-	p.Labels[LoraIDLabel] = "12"
-	p.Labels[EnginePortLabel] = "8011"
+		extra: map[string]string{endpoint.TopicAnnotation: "kv@10.0.0.7:8000@llama"}})
+	p.Labels[endpoint.LoraIDLabel] = "12"
+	p.Labels[endpoint.ModelPortLabel] = "8011"
 	got, reason, err := TargetForPod(p, DefaultStreamDefaults())
 	want := PodTarget{PodKey: "default/a", UID: "uid-a", IP: "10.0.0.7", Model: "llama", LoraID: "12", PubPort: 7000,
 		ReplayPort: 7100, Topic: "kv@10.0.0.7:8000@llama", DPSize: 4, EnginePort: 8011}
@@ -107,7 +108,7 @@ func TestTargetForPodReadsOverridesAndDefaults(t *testing.T) {
 	bare := makePod(podSpec{name: "b"})
 	bare.Annotations = nil
 	got, _, _ = TargetForPod(bare, StreamDefaults{PubPort: 5600, Topic: "kv"})
-	if got.PubPort != 5600 || got.ReplayPort != 0 || got.Topic != "kv" || got.DPSize != 1 || got.EnginePort != DefaultEnginePort {
+	if got.PubPort != 5600 || got.ReplayPort != 0 || got.Topic != "kv" || got.DPSize != 1 || got.EnginePort != endpoint.DefaultEnginePort {
 		t.Fatalf("defaults not applied: %+v", got)
 	}
 	if id := got.streamID(0); id != (kvevent.StreamID{PodKey: "default/b", Model: "llama"}) {

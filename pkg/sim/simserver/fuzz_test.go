@@ -10,7 +10,7 @@ func FuzzParsePrompts(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, raw []byte) {
-		prompts, err := parsePrompts(json.RawMessage(raw), true)
+		prompts, err := parsePrompts(simTokenizer{}, json.RawMessage(raw), true)
 		if err != nil {
 			if _, ok := err.(*badRequest); !ok {
 				t.Fatalf("error %T %v is not a bad request", err, err)

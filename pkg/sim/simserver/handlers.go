@@ -23,7 +23,7 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	prompts, err := parsePrompts(req.Prompt, boolOr(req.AddSpecialTokens, true))
+	prompts, err := parsePrompts(s.tokenizer, req.Prompt, boolOr(req.AddSpecialTokens, true))
 	if err != nil {
 		s.writeError(w, err)
 		return
@@ -37,12 +37,11 @@ func (s *Server) handleChatCompletions(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	msgs, err := toSimMessages(req.Messages)
+	prompt, err := s.tokenizer.encodeChat(req.prompt())
 	if err != nil {
 		s.writeError(w, err)
 		return
 	}
-	prompt := sim.Tokenizer{}.EncodeChat(msgs, boolOr(req.AddGenerationPrompt, true))
 	maxTokens := req.MaxCompletionTokens
 	if maxTokens == nil {
 		maxTokens = req.MaxTokens
@@ -132,15 +131,13 @@ func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) {
 	var tokens []uint32
 	switch {
 	case req.Prompt != nil && req.Messages == nil:
-		tokens = sim.Tokenizer{}.Encode(*req.Prompt, boolOr(req.AddSpecialTokens, true))
+		tokens = s.tokenizer.encode(*req.Prompt, boolOr(req.AddSpecialTokens, true))
 	case req.Messages != nil && req.Prompt == nil:
-		msgs, err := toSimMessages(req.Messages)
-		if err != nil {
+		var err error
+		if tokens, err = s.tokenizer.encodeChat(req.prompt()); err != nil {
 			s.writeError(w, err)
 			return
 		}
-		text := sim.RenderChat(msgs, boolOr(req.AddGenerationPrompt, true))
-		tokens = sim.Tokenizer{}.Encode(text, boolOr(req.AddSpecialTokens, false))
 	default:
 		s.writeError(w, badRequestf("give either prompt or messages"))
 		return

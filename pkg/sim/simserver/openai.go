@@ -38,18 +38,36 @@ type completionRequest struct {
 // chatRequest is the body of POST /v1/chat/completions.
 type chatRequest struct {
 	generationParams
-	Messages            []chatMessage `json:"messages"`
-	MaxCompletionTokens *int          `json:"max_completion_tokens"`
-	AddGenerationPrompt *bool         `json:"add_generation_prompt"`
+	chatFields
+	MaxCompletionTokens *int `json:"max_completion_tokens"`
+}
+
+// chatFields are the fields of chat and /tokenize requests that shape the
+// prompt.
+type chatFields struct {
+	Messages             json.RawMessage `json:"messages"`
+	Tools                json.RawMessage `json:"tools"`
+	ChatTemplateKwargs   json.RawMessage `json:"chat_template_kwargs"`
+	AddGenerationPrompt  *bool           `json:"add_generation_prompt"`
+	ContinueFinalMessage *bool           `json:"continue_final_message"`
+	AddSpecialTokens     *bool           `json:"add_special_tokens"`
+}
+
+// prompt returns the chat prompt of f.
+func (f *chatFields) prompt() chatPrompt {
+	return chatPrompt{
+		messages: f.Messages, tools: f.Tools, kwargs: f.ChatTemplateKwargs,
+		addGenerationPrompt:  boolOr(f.AddGenerationPrompt, true),
+		continueFinalMessage: boolOr(f.ContinueFinalMessage, false),
+		addSpecialTokens:     boolOr(f.AddSpecialTokens, false),
+	}
 }
 
 // tokenizeRequest is the body of POST /tokenize: a prompt or messages.
 type tokenizeRequest struct {
-	Model               string        `json:"model"`
-	Prompt              *string       `json:"prompt"`
-	Messages            []chatMessage `json:"messages"`
-	AddSpecialTokens    *bool         `json:"add_special_tokens"`
-	AddGenerationPrompt *bool         `json:"add_generation_prompt"`
+	Model  string  `json:"model"`
+	Prompt *string `json:"prompt"`
+	chatFields
 }
 
 // chatMessage is an OpenAI chat message; content is a string, an array of
@@ -127,14 +145,14 @@ func messageText(raw json.RawMessage) (string, error) {
 // parsePrompts turns a completions prompt (a string, an array of strings,
 // an array of token ids, or an array of arrays of token ids) into token id
 // lists, tokenizing text with a BOS token when addSpecial is set.
-func parsePrompts(raw json.RawMessage, addSpecial bool) ([][]uint32, error) {
+func parsePrompts(tk promptTokenizer, raw json.RawMessage, addSpecial bool) ([][]uint32, error) {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
 		return nil, badRequestf("prompt is required")
 	}
 	var text string
 	if json.Unmarshal(raw, &text) == nil {
-		return [][]uint32{sim.Tokenizer{}.Encode(text, addSpecial)}, nil
+		return [][]uint32{tk.encode(text, addSpecial)}, nil
 	}
 	var items []json.RawMessage
 	if err := json.Unmarshal(raw, &items); err != nil || len(items) == 0 {
@@ -146,7 +164,7 @@ func parsePrompts(raw json.RawMessage, addSpecial bool) ([][]uint32, error) {
 	prompts := make([][]uint32, len(items))
 	for i, item := range items {
 		if json.Unmarshal(item, &text) == nil {
-			prompts[i] = sim.Tokenizer{}.Encode(text, addSpecial)
+			prompts[i] = tk.encode(text, addSpecial)
 			continue
 		}
 		ids, err := tokenIDs(item)

@@ -6,6 +6,11 @@
 // KV-cache events to its own EventSink; requests are spread over the ranks
 // as vLLM's data-parallel load balancer does.
 //
+// Prompts are tokenized, and chats rendered, with the simulator's own
+// tokenizer and ChatML template, or with a model's own tokenizer files
+// (Config.Tokenizer, package hf), whose ids the engines then cache and
+// publish.
+//
 // With Config.AllowRuntimeLoRAUpdating, POST /v1/load_lora_adapter and POST
 // /v1/unload_lora_adapter load and unload LoRA adapters as vLLM's do.
 //
@@ -36,6 +41,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/kvgate/kvgate/pkg/sim"
+	"github.com/kvgate/kvgate/pkg/tokenizer/hf"
 )
 
 // Rank configures one data-parallel rank.
@@ -69,6 +75,12 @@ type Config struct {
 	Registry *prometheus.Registry
 	// Logger receives the server's logs; the zero value discards them.
 	Logger klog.Logger
+	// Tokenizer, when set, tokenizes prompts and renders chats with a
+	// model's own tokenizer files instead of the simulator's tokenizer
+	// (sim.Tokenizer), for /tokenize and for the engines: the ids the
+	// engines cache and publish are then that model's. The simulated model
+	// still generates from the simulator's output vocabulary.
+	Tokenizer *hf.Tokenizer
 }
 
 // Server is a simulated vLLM API server.
@@ -79,6 +91,7 @@ type Server struct {
 	runners     []*runner
 	registry    *prometheus.Registry
 	log         klog.Logger
+	tokenizer   promptTokenizer
 	created     int64
 	handler     http.Handler
 }
@@ -97,6 +110,10 @@ func New(cfg Config) (*Server, error) {
 		log:      cfg.Logger.WithValues("model", cfg.Model),
 		created:  time.Now().Unix(),
 	}
+	s.tokenizer = simTokenizer{}
+	if cfg.Tokenizer != nil {
+		s.tokenizer = hfTokenizer{cfg.Tokenizer}
+	}
 	if s.registry == nil {
 		s.registry = prometheus.NewRegistry()
 	}
@@ -113,6 +130,9 @@ func New(cfg Config) (*Server, error) {
 		ec := rank.Engine
 		ec.DataParallelRank = i
 		ec.Events = rank.Sink != nil
+		if cfg.Tokenizer != nil && ec.VocabSize == 0 {
+			ec.VocabSize = cfg.Tokenizer.VocabSize()
+		}
 		engine, err := sim.NewEngine(ec)
 		if err != nil {
 			return nil, fmt.Errorf("simserver: rank %d: %w", i, err)

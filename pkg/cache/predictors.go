@@ -1,0 +1,78 @@
+package cache
+
+import (
+	"cmp"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/kvgate/kvgate/pkg/inflight"
+)
+
+// Defaults of PredictorConfig's zero fields.
+const (
+	DefaultPredictorMaxTokens = 1 << 20
+	DefaultPredictorWindow    = 240 * time.Second
+)
+
+// PredictorConfig sizes the SimpleOutputPredictor of each model.
+type PredictorConfig struct {
+	// MaxInputTokens, MaxOutputTokens and Window size each model's
+	// predictor (defaults 1Mi, 1Mi, 240 s).
+	MaxInputTokens  int
+	MaxOutputTokens int
+	Window          time.Duration
+	// ColdPrediction is the predictors' strategy for unseen input sizes.
+	ColdPrediction ColdPredictionStrategy
+}
+
+// OutputPredictors keeps one SimpleOutputPredictor per model served,
+// created on first use and fed with the token usage of the requests that
+// complete (see Observer). All its methods are safe for concurrent use.
+type OutputPredictors struct {
+	models     interface{ HasModel(string) bool }
+	cfg        PredictorConfig
+	predictors sync.Map // model -> *SimpleOutputPredictor
+}
+
+// NewOutputPredictors returns the predictors of the models models serves
+// (the Store), configured by cfg. It fails when cfg is invalid.
+func NewOutputPredictors(models interface{ HasModel(string) bool }, cfg PredictorConfig) (*OutputPredictors, error) {
+	cfg.MaxInputTokens = cmp.Or(cfg.MaxInputTokens, DefaultPredictorMaxTokens)
+	cfg.MaxOutputTokens = cmp.Or(cfg.MaxOutputTokens, DefaultPredictorMaxTokens)
+	cfg.Window = cmp.Or(cfg.Window, DefaultPredictorWindow)
+	if cfg.MaxInputTokens < 0 || cfg.MaxOutputTokens < 0 || cfg.Window < 0 {
+		return nil, errors.New("invalid predictor config: token maxima and window must be positive")
+	}
+	return &OutputPredictors{models: models, cfg: cfg}, nil
+}
+
+// GetOutputPredictor returns the output predictor of modelName, created on
+// first use. It fails with a *ModelNotFoundError when no registered pod
+// serves the model.
+func (p *OutputPredictors) GetOutputPredictor(modelName string) (*SimpleOutputPredictor, error) {
+	if pr, ok := p.predictors.Load(modelName); ok {
+		return pr.(*SimpleOutputPredictor), nil
+	}
+	if !p.models.HasModel(modelName) {
+		return nil, &ModelNotFoundError{Model: modelName}
+	}
+	pr, _ := p.predictors.LoadOrStore(modelName, NewSimpleOutputPredictor(
+		p.cfg.MaxInputTokens, p.cfg.MaxOutputTokens, p.cfg.Window, WithColdPrediction(p.cfg.ColdPrediction)))
+	return pr.(*SimpleOutputPredictor), nil
+}
+
+// Observer returns the request ledger observer that feeds the predictors:
+// an attempt closed as done with its usage reported adds its prompt and
+// completion tokens to its model's predictor.
+func (p *OutputPredictors) Observer() inflight.Observer {
+	return inflight.Observer{Closed: func(h *inflight.Handle) {
+		u, ok := h.Usage()
+		if o, _ := h.Outcome(); !ok || o != inflight.Done {
+			return
+		}
+		if pr, err := p.GetOutputPredictor(h.Request().Model()); err == nil {
+			pr.AddTrace(int(u.PromptTokens), int(u.CompletionTokens), 1)
+		}
+	}}
+}

@@ -1,0 +1,252 @@
+package inflight
+
+import (
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// PodLoad is what the ledger counts on one pod: the attempts running on it,
+// their pending load, and its prefill queue (see the package
+// documentation). Its methods are safe for concurrent use. The zero value
+// is not usable: call NewPodLoad.
+type PodLoad struct {
+	id string
+	// running counts the attempts open on the pod.
+	running atomic.Int64
+	remote  atomic.Pointer[remoteLoad]
+
+	mu      sync.Mutex
+	models  map[string]int64 // open attempts per requested model
+	pending float64
+	// head and tail are the queued prefills, oldest first; n and tokens
+	// count them.
+	head, tail *Handle
+	n, tokens  int
+	// finish is when the queued prefills are predicted to be done.
+	finish time.Time
+	// prefilled remembers the prefills that left the queue.
+	prefilled prefilledLog
+}
+
+// remoteLoad is what other gateway replicas run on a pod.
+type remoteLoad struct {
+	total  int64
+	models map[string]int64
+}
+
+// NewPodLoad returns the empty load record of the pod named id (its
+// "namespace/name").
+func NewPodLoad(id string) *PodLoad {
+	return &PodLoad{id: id, models: map[string]int64{}}
+}
+
+// ID returns the pod's "namespace/name".
+func (p *PodLoad) ID() string { return p.id }
+
+// Running returns the attempts running on the pod: this gateway's, and the
+// other replicas' as last set with SetRemote.
+func (p *PodLoad) Running() int64 {
+	n := p.running.Load()
+	if r := p.remote.Load(); r != nil {
+		n += r.total
+	}
+	return n
+}
+
+// RunningModel returns the attempts for model running on the pod, this
+// gateway's and the other replicas'.
+func (p *PodLoad) RunningModel(model string) int64 {
+	p.mu.Lock()
+	n := p.models[model]
+	p.mu.Unlock()
+	if r := p.remote.Load(); r != nil {
+		n += r.models[model]
+	}
+	return n
+}
+
+// Local returns a copy of this gateway's attempts running on the pod, per
+// requested model.
+func (p *PodLoad) Local() map[string]int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make(map[string]int64, len(p.models))
+	for m, n := range p.models {
+		out[m] = n
+	}
+	return out
+}
+
+// SetRemote sets what other gateway replicas run on the pod: total
+// attempts, and per model; it replaces the previous setting. perModel is
+// kept: do not modify it afterwards.
+func (p *PodLoad) SetRemote(total int64, perModel map[string]int64) {
+	if total == 0 && len(perModel) == 0 {
+		p.remote.Store(nil)
+		return
+	}
+	p.remote.Store(&remoteLoad{total: total, models: perModel})
+}
+
+// PendingLoad returns the sum of the pending loads of the attempts
+// running on the pod (Route.PendingLoad): 1 is the pod's capacity.
+func (p *PodLoad) PendingLoad() float64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.pending
+}
+
+// Queue is what a routing decision reads of a pod's prefill queue.
+type Queue struct {
+	// Prefills and Tokens count the queued prefills and their predicted
+	// uncached tokens.
+	Prefills, Tokens int
+	// Seconds is the prefill work predicted ahead of an attempt sent now.
+	Seconds float64
+	// WaitingEnded estimates how many of the requests a scrape counted as
+	// waiting were this gateway's prefills that have left the queue since.
+	WaitingEnded int
+}
+
+// Queue returns the pod's prefill queue at now: the queued prefills and
+// the work predicted ahead of an attempt sent now, and how many of the
+// waiting requests a scrape at scrapedAt counted are prefills that have
+// left the queue since (none when scrapedAt is zero). The engine prefills
+// in the order requests arrive, so of the prefills queued at the scrape,
+// the oldest were running and at most the newest waiting ones were
+// waiting; prefills leave the queue in the same order.
+func (p *PodLoad) Queue(now, scrapedAt time.Time, waiting float64) Queue {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	q := Queue{Prefills: p.n, Tokens: p.tokens}
+	if p.n > 0 && p.finish.After(now) {
+		q.Seconds = p.finish.Sub(now).Seconds()
+	}
+	if !scrapedAt.IsZero() {
+		ended := p.prefilled.since(scrapedAt)
+		queued := ended
+		for e := p.head; e != nil && e.opened.Before(scrapedAt); e = e.next {
+			queued++
+		}
+		running := max(queued-int(math.Round(waiting)), 0)
+		q.WaitingEnded = max(ended-running, 0)
+	}
+	return q
+}
+
+// open counts h on the pod and queues its prefill behind the others.
+func (p *PodLoad) open(l *Ledger, h *Handle, now time.Time) {
+	p.running.Add(1)
+	p.mu.Lock()
+	p.models[h.req.model]++
+	p.pending += h.route.PendingLoad
+	if p.tail == nil {
+		p.head = h
+	} else {
+		p.tail.next, h.prev = h, p.tail
+	}
+	p.tail = h
+	h.prefilling = true
+	p.n++
+	p.tokens += h.tokens
+	p.finish = later(p.finish, now).Add(seconds(h.route.PrefillSeconds))
+	p.mu.Unlock()
+	l.prefills.Add(1)
+	l.prefillTokens.Add(int64(h.tokens))
+}
+
+// close stops counting h on the pod and ends its prefill, if queued: an
+// expired attempt only leaves the queue, any other proves its prefill and
+// the ones before it ended (see endPrefill).
+func (p *PodLoad) close(l *Ledger, h *Handle, now time.Time) {
+	p.running.Add(-1)
+	p.mu.Lock()
+	model := h.req.model
+	if p.models[model]--; p.models[model] <= 0 {
+		delete(p.models, model)
+	}
+	p.pending -= h.route.PendingLoad
+	if p.running.Load() == 0 {
+		p.pending = 0 // drop the rounding left by the add/subtract pairs
+	}
+	o, _ := h.Outcome()
+	expired := o == Expired && h.prefilling
+	if expired {
+		p.unlinkLocked(l, h)
+	}
+	p.mu.Unlock()
+	if expired {
+		l.metrics.prefillsExpired.Inc()
+		return
+	}
+	p.endPrefill(l, h, now, false)
+}
+
+// endPrefill removes h's prefill and the prefills queued before it, which
+// vLLM's first-come first-served scheduling prefills first. timed reports
+// that h's prefill ended just now (its first token), so that the prefills
+// after it, queued behind it, are predicted done their own work from now.
+// Otherwise h's prefill ended some time before now and the prediction only
+// gets no later than that. A prefill no longer queued is left alone.
+func (p *PodLoad) endPrefill(l *Ledger, h *Handle, now time.Time, timed bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !h.prefilling {
+		return
+	}
+	for {
+		e := p.head
+		p.unlinkLocked(l, e)
+		p.prefilled.add(e.opened, now)
+		if e == h {
+			break
+		}
+	}
+	remaining := 0.0
+	for e := p.head; e != nil; e = e.next {
+		remaining += e.route.PrefillSeconds
+	}
+	finish := now.Add(seconds(remaining))
+	if timed {
+		p.finish = finish
+	} else {
+		p.finish = earlier(p.finish, finish)
+	}
+}
+
+// unlinkLocked removes queued prefill e; p.mu is held.
+func (p *PodLoad) unlinkLocked(l *Ledger, e *Handle) {
+	if e.prev == nil {
+		p.head = e.next
+	} else {
+		e.prev.next = e.next
+	}
+	if e.next == nil {
+		p.tail = e.prev
+	} else {
+		e.next.prev = e.prev
+	}
+	e.prev, e.next, e.prefilling = nil, nil, false
+	p.n--
+	p.tokens -= e.tokens
+	l.prefills.Add(-1)
+	l.prefillTokens.Add(-int64(e.tokens))
+}
+
+func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+func earlier(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
+}

@@ -1,0 +1,49 @@
+package redisstate
+
+import (
+	"github.com/kvgate/kvgate/pkg/internal/promreg"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Operation label values of kvgate_cache_redis_errors_total.
+const (
+	opTraceFlush    = "trace_flush"
+	opProfileLoad   = "profile_load"
+	opSharedPublish = "shared_counts_publish"
+	opSharedRead    = "shared_counts_read"
+)
+
+// Metrics are the Prometheus metrics of the components that keep state in
+// Redis, shared by them. Their names keep the Store's subsystem, which
+// counted them before these components had a package of their own. One
+// Metrics serves every component of a gateway.
+type Metrics struct {
+	redisErrors     *prometheus.CounterVec
+	traceFlushes    *prometheus.CounterVec
+	traceFlushDelay prometheus.Histogram
+	profileRejects  prometheus.Counter
+}
+
+// NewMetrics returns the metrics, registered on reg (none when nil). It
+// fails when they cannot be registered.
+func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
+	const ns, sub = "kvgate", "cache"
+	m := &Metrics{
+		redisErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "redis_errors_total",
+			Help: "Failed Redis operations, by operation."}, []string{"operation"}),
+		traceFlushes: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "request_trace_flushes_total",
+			Help: "Per-model request traces written to Redis, by result (ok, error)."}, []string{"result"}),
+		traceFlushDelay: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub,
+			Name: "request_trace_flush_delay_seconds", Help: "How long after the end of its window a request trace flush started.",
+			Buckets: []float64{.001, .005, .01, .05, .1, .25, .5, 1, 5}}),
+		profileRejects: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "gpu_profile_rejects_total",
+			Help: "GPU profiles read from Redis that could not be decoded."}),
+	}
+	if reg == nil {
+		return m, nil
+	}
+	if err := promreg.Register(reg, "Redis state", m.redisErrors, m.traceFlushes, m.traceFlushDelay, m.profileRejects); err != nil {
+		return nil, err
+	}
+	return m, nil
+}

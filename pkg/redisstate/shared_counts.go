@@ -1,0 +1,272 @@
+package redisstate
+
+import (
+	"cmp"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"k8s.io/klog/v2"
+
+	"github.com/kvgate/kvgate/pkg/inflight"
+)
+
+// Redis keys of the running-request counts shared by gateway replicas.
+//
+// Each replica keeps its counts in a hash SharedCountsKeyPrefix+<gateway
+// id>, field "<namespace>/<pod>" holding its requests running on the pod and
+// field "<namespace>/<pod>|<model>" those for one model. Every
+// SharedCountsInterval it replaces the whole hash in one MULTI/EXEC and
+// renews its expiry to SharedCountsTTL, so the hash always holds a
+// consistent snapshot and disappears soon after its replica dies. Replicas
+// list themselves in the sorted set SharedGatewaysKey (scored by the Unix
+// milliseconds of their last publication) and read each other's hashes.
+const (
+	SharedCountsKeyPrefix = "kvgate:running_requests:"
+	SharedGatewaysKey     = "kvgate:gateways"
+)
+
+// Defaults of SharedCountsConfig's zero fields.
+const (
+	DefaultSharedCountsInterval = 200 * time.Millisecond
+	DefaultSharedCountsTTL      = 5 * time.Second
+)
+
+// sharedRedisTimeout bounds one publication or read.
+const sharedRedisTimeout = 2 * time.Second
+
+// PodLoads lists the load records of the registered pods; *cache.Store
+// implements it.
+type PodLoads interface {
+	PodLoads() []*inflight.PodLoad
+}
+
+// SharedCountsConfig configures SharedCounts.
+type SharedCountsConfig struct {
+	// GatewayID names this replica among those sharing counts (default:
+	// host name and a random suffix).
+	GatewayID string
+	// Interval is how often the counts are published and read (default
+	// 200 ms).
+	Interval time.Duration
+	// TTL is how long a replica's counts outlive its last publication, so
+	// that a crashed replica's requests stop counting (default 5 s); it
+	// must exceed Interval.
+	TTL time.Duration
+	// Logger receives the component's logs (default klog.Background()).
+	Logger klog.Logger
+}
+
+// SharedCounts shares the running requests of gateway replicas through
+// Redis: it publishes this replica's requests running on each pod (from the
+// pods' load records) and sets on each record what the other replicas run
+// there (inflight.PodLoad.SetRemote), so that RealtimeNumRequestsRunning
+// and the routing algorithms count the whole fleet's requests.
+type SharedCounts struct {
+	client  *redis.Client
+	pods    PodLoads
+	metrics *Metrics
+	cfg     SharedCountsConfig
+	log     klog.Logger
+	key     string
+}
+
+// remoteCounts sums the other replicas' counts by hash field.
+type remoteCounts map[string]int64
+
+// NewSharedCounts returns the component sharing the counts of pods through
+// client. It fails when the TTL does not exceed the interval.
+func NewSharedCounts(client *redis.Client, pods PodLoads, m *Metrics, cfg SharedCountsConfig) (*SharedCounts, error) {
+	cfg.Interval = cmp.Or(cfg.Interval, DefaultSharedCountsInterval)
+	cfg.TTL = cmp.Or(cfg.TTL, DefaultSharedCountsTTL)
+	if cfg.Interval < 0 || cfg.TTL <= cfg.Interval {
+		return nil, fmt.Errorf("shared counts: TTL %v must exceed the interval %v", cfg.TTL, cfg.Interval)
+	}
+	if cfg.GatewayID == "" {
+		cfg.GatewayID = defaultGatewayID()
+	}
+	if cfg.Logger.GetSink() == nil {
+		cfg.Logger = klog.Background()
+	}
+	return &SharedCounts{client: client, pods: pods, metrics: m, cfg: cfg, log: cfg.Logger.WithName("shared-counts"),
+		key: SharedCountsKeyPrefix + cfg.GatewayID}, nil
+}
+
+func defaultGatewayID() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "gateway"
+	}
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return host + "-" + hex.EncodeToString(b[:])
+}
+
+// Run publishes and reads every interval until ctx ends; it then withdraws
+// this replica's counts, so that the others stop counting them at once,
+// and returns nil. Failures are counted each time and logged when they
+// start and end. When reads keep failing for longer than the TTL, the
+// other replicas' counts are dropped rather than trusted.
+func (c *SharedCounts) Run(ctx context.Context) error {
+	defer c.withdraw()
+	t := time.NewTicker(c.cfg.Interval)
+	defer t.Stop()
+	lastRead := time.Now()
+	var failing, remote bool
+	for {
+		err := c.publish(ctx)
+		if err != nil {
+			c.metrics.redisErrors.WithLabelValues(opSharedPublish).Inc()
+		}
+		if readErr := c.read(ctx); readErr == nil {
+			lastRead, remote = time.Now(), true
+		} else {
+			c.metrics.redisErrors.WithLabelValues(opSharedRead).Inc()
+			err = errors.Join(err, readErr)
+			if time.Since(lastRead) > c.cfg.TTL && remote {
+				c.apply(remoteCounts{})
+				remote = false
+				c.log.Info("Dropped other gateways' running-request counts: Redis unreadable", "gateway", c.cfg.GatewayID, "for", time.Since(lastRead))
+			}
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		switch {
+		case err != nil && !failing:
+			c.log.Error(err, "Sharing running-request counts through Redis failed", "gateway", c.cfg.GatewayID)
+		case err == nil && failing:
+			c.log.Info("Sharing running-request counts through Redis recovered", "gateway", c.cfg.GatewayID)
+		}
+		failing = err != nil
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// publish replaces this replica's hash with its current counts.
+func (c *SharedCounts) publish(ctx context.Context) error {
+	fields := map[string]any{}
+	for _, p := range c.pods.PodLoads() {
+		var total int64
+		for model, n := range p.Local() {
+			fields[p.ID()+"|"+model] = n
+			total += n
+		}
+		if total > 0 {
+			fields[p.ID()] = total
+		}
+	}
+	ctx, cancel := context.WithTimeout(ctx, sharedRedisTimeout)
+	defer cancel()
+	now := time.Now()
+	prune := max(10*c.cfg.TTL, time.Minute)
+	_, err := c.client.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.Del(ctx, c.key)
+		if len(fields) > 0 {
+			p.HSet(ctx, c.key, fields)
+			p.PExpire(ctx, c.key, c.cfg.TTL)
+		}
+		p.ZAdd(ctx, SharedGatewaysKey, redis.Z{Score: float64(now.UnixMilli()), Member: c.cfg.GatewayID})
+		p.ZRemRangeByScore(ctx, SharedGatewaysKey, "-inf", strconv.FormatInt(now.Add(-prune).UnixMilli(), 10))
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("publish %s: %w", c.key, err)
+	}
+	return nil
+}
+
+// read sums the hashes of the other replicas and sets them on the pods.
+func (c *SharedCounts) read(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, sharedRedisTimeout)
+	defer cancel()
+	ids, err := c.client.ZRange(ctx, SharedGatewaysKey, 0, -1).Result()
+	if err != nil {
+		return fmt.Errorf("list gateways in %s: %w", SharedGatewaysKey, err)
+	}
+	pipe := c.client.Pipeline()
+	var cmds []*redis.MapStringStringCmd
+	for _, id := range ids {
+		if id != c.cfg.GatewayID {
+			cmds = append(cmds, pipe.HGetAll(ctx, SharedCountsKeyPrefix+id))
+		}
+	}
+	sum := remoteCounts{}
+	if len(cmds) > 0 {
+		if _, err := pipe.Exec(ctx); err != nil {
+			return fmt.Errorf("read %d gateways' counts: %w", len(cmds), err)
+		}
+	}
+	for _, cmd := range cmds {
+		for field, v := range cmd.Val() {
+			n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			if err == nil && n > 0 {
+				sum[field] += n
+			}
+		}
+	}
+	c.apply(sum)
+	return nil
+}
+
+// apply sets on every registered pod what the other replicas run there.
+func (c *SharedCounts) apply(sum remoteCounts) {
+	type podCounts struct {
+		total  int64
+		models map[string]int64
+	}
+	byPod := map[string]*podCounts{}
+	get := func(id string) *podCounts {
+		pc := byPod[id]
+		if pc == nil {
+			pc = &podCounts{}
+			byPod[id] = pc
+		}
+		return pc
+	}
+	for field, n := range sum {
+		id, model, perModel := strings.Cut(field, "|")
+		pc := get(id)
+		if !perModel {
+			pc.total = n
+			continue
+		}
+		if pc.models == nil {
+			pc.models = map[string]int64{}
+		}
+		pc.models[model] = n
+	}
+	for _, p := range c.pods.PodLoads() {
+		if pc := byPod[p.ID()]; pc != nil {
+			p.SetRemote(pc.total, pc.models)
+		} else {
+			p.SetRemote(0, nil)
+		}
+	}
+}
+
+// withdraw removes this replica's counts so the others stop counting them
+// at once.
+func (c *SharedCounts) withdraw() {
+	ctx, cancel := context.WithTimeout(context.Background(), sharedRedisTimeout)
+	defer cancel()
+	_, err := c.client.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.Del(ctx, c.key)
+		p.ZRem(ctx, SharedGatewaysKey, c.cfg.GatewayID)
+		return nil
+	})
+	if err != nil {
+		c.log.Info("Running-request counts not withdrawn; they expire on their own", "gateway", c.cfg.GatewayID, "ttl", c.cfg.TTL, "err", err)
+	}
+}

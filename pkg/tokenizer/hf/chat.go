@@ -1,0 +1,302 @@
+package hf
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/ardanlabs/jinja"
+)
+
+// ErrNoChatTemplate is returned for a chat when the tokenizer files hold no
+// chat template.
+var ErrNoChatTemplate = errors.New("the tokenizer files hold no chat template")
+
+// Chat is a chat request to render with the model's chat template, in the
+// JSON of an OpenAI chat request. Absent or null values are left out.
+type Chat struct {
+	// Messages is the conversation, a JSON array of messages.
+	Messages json.RawMessage
+	// Tools and Documents are JSON arrays the template may render.
+	Tools, Documents json.RawMessage
+	// TemplateKwargs is a JSON object of extra template variables.
+	TemplateKwargs json.RawMessage
+	// AddGenerationPrompt ends the prompt with the opening of the
+	// assistant's answer; ContinueFinalMessage ends it with the last
+	// message, left open.
+	AddGenerationPrompt, ContinueFinalMessage bool
+}
+
+// configJSON is what Parse reads of tokenizer_config.json.
+type configJSON struct {
+	ChatTemplate json.RawMessage `json:"chat_template"`
+	BOS          json.RawMessage `json:"bos_token"`
+	EOS          json.RawMessage `json:"eos_token"`
+	UNK          json.RawMessage `json:"unk_token"`
+	PAD          json.RawMessage `json:"pad_token"`
+}
+
+// parseConfig compiles the chat template and records the special tokens
+// it reads.
+func (t *Tokenizer) parseConfig(config []byte, template string) error {
+	var c configJSON
+	if len(config) > 0 {
+		if err := json.Unmarshal(config, &c); err != nil {
+			return fmt.Errorf("%s: %w", ConfigFile, err)
+		}
+	}
+	t.specials = map[string]jinja.Value{}
+	for name, raw := range map[string]json.RawMessage{"bos_token": c.BOS, "eos_token": c.EOS, "unk_token": c.UNK, "pad_token": c.PAD} {
+		if s, ok := tokenContent(raw); ok {
+			t.specials[name] = jinja.NewString(s)
+		}
+	}
+	if template == "" && present(c.ChatTemplate) {
+		var err error
+		if template, err = chooseTemplate(c.ChatTemplate); err != nil {
+			return fmt.Errorf("%s: chat_template: %w", ConfigFile, err)
+		}
+	}
+	if template == "" {
+		return nil
+	}
+	tmpl, err := jinja.Compile(template)
+	if err != nil {
+		return fmt.Errorf("chat template: %w", err)
+	}
+	t.template = tmpl
+	return nil
+}
+
+// tokenContent reads a special token given as a string or as an added
+// token object.
+func tokenContent(raw json.RawMessage) (string, bool) {
+	if !present(raw) {
+		return "", false
+	}
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return s, true
+	}
+	var obj struct {
+		Content string `json:"content"`
+	}
+	if json.Unmarshal(raw, &obj) == nil {
+		return obj.Content, true
+	}
+	return "", false
+}
+
+// chooseTemplate returns a chat_template given as a string, or the one
+// named "default" of a list of named templates.
+func chooseTemplate(raw json.RawMessage) (string, error) {
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return s, nil
+	}
+	var named []struct {
+		Name     string `json:"name"`
+		Template string `json:"template"`
+	}
+	if err := json.Unmarshal(raw, &named); err != nil {
+		return "", errors.New("neither a string nor a list of named templates")
+	}
+	for _, n := range named {
+		if n.Name == "default" {
+			return n.Template, nil
+		}
+	}
+	return "", errors.New("no template is named default")
+}
+
+// HasChatTemplate reports whether the files held a chat template.
+func (t *Tokenizer) HasChatTemplate() bool { return t.template != nil }
+
+// RenderChat renders c with the chat template as vLLM's chat endpoints
+// do: message contents given as lists of text parts are joined with
+// newlines, assistant tool call arguments given as JSON strings are
+// decoded, and the template sees the special tokens of tokenizer_config
+// (bos_token, eos_token, ...), tools, documents, add_generation_prompt and
+// the extra variables. It fails on a message with content other than text,
+// on invalid JSON, and when the template fails.
+func (t *Tokenizer) RenderChat(c Chat) (string, error) {
+	if t.template == nil {
+		return "", ErrNoChatTemplate
+	}
+	msgs, final, err := chatMessages(c.Messages)
+	if err != nil {
+		return "", err
+	}
+	vars := make(map[string]jinja.Value, len(t.specials)+8)
+	for k, v := range t.specials {
+		vars[k] = v
+	}
+	if present(c.TemplateKwargs) {
+		kw, err := parseValue(c.TemplateKwargs)
+		if err != nil {
+			return "", fmt.Errorf("chat_template_kwargs: %w", err)
+		}
+		if !kw.IsDict() {
+			return "", errors.New("chat_template_kwargs is not a JSON object")
+		}
+		d := kw.AsDict()
+		for _, k := range d.OrderedKeys() {
+			vars[k], _ = d.Get(k)
+		}
+	}
+	vars["messages"] = msgs
+	vars["tools"] = jinja.None()
+	if present(c.Tools) {
+		if vars["tools"], err = parseValue(c.Tools); err != nil {
+			return "", fmt.Errorf("tools: %w", err)
+		}
+	}
+	if present(c.Documents) {
+		if vars["documents"], err = parseValue(c.Documents); err != nil {
+			return "", fmt.Errorf("documents: %w", err)
+		}
+	}
+	vars["add_generation_prompt"] = jinja.NewBool(c.AddGenerationPrompt && !c.ContinueFinalMessage)
+	out, err := t.template.RenderValues(vars)
+	if err != nil {
+		return "", fmt.Errorf("chat template: %w", err)
+	}
+	if c.ContinueFinalMessage {
+		return continueFinal(out, final)
+	}
+	return out, nil
+}
+
+// EncodeChat renders c and encodes the result; addSpecialTokens is vLLM's
+// add_special_tokens for chats, false by default since templates write
+// their own.
+func (t *Tokenizer) EncodeChat(c Chat, addSpecialTokens bool) ([]uint32, error) {
+	text, err := t.RenderChat(c)
+	if err != nil {
+		return nil, err
+	}
+	return t.Encode(text, addSpecialTokens), nil
+}
+
+// continueFinal cuts rendered after the final message's content, as
+// transformers' apply_chat_template does for continue_final_message.
+func continueFinal(rendered, final string) (string, error) {
+	trimmed := strings.TrimSpace(final)
+	loc := strings.LastIndex(rendered, trimmed)
+	if loc < 0 {
+		return "", errors.New("continue_final_message: the final message does not appear in the rendered chat")
+	}
+	if lead := strings.TrimLeft(final, " \t\n\r\v\f"); strings.HasPrefix(rendered[loc:], lead) {
+		return rendered[:loc+len(lead)], nil
+	}
+	return rendered[:loc+len(trimmed)], nil
+}
+
+// chatMessages converts the messages as vLLM does before rendering, and
+// returns the text of the last one.
+func chatMessages(raw json.RawMessage) (jinja.Value, string, error) {
+	v, err := parseValue(raw)
+	if err != nil {
+		return jinja.Value{}, "", fmt.Errorf("messages: %w", err)
+	}
+	if !v.IsList() {
+		return jinja.Value{}, "", errors.New("messages is not a JSON array")
+	}
+	items := v.AsList().Items
+	out := make([]jinja.Value, len(items))
+	final := ""
+	for i, m := range items {
+		if !m.IsDict() {
+			return jinja.Value{}, "", fmt.Errorf("messages[%d] is not an object", i)
+		}
+		msg, text, err := chatMessage(m.AsDict())
+		if err != nil {
+			return jinja.Value{}, "", fmt.Errorf("messages[%d]: %w", i, err)
+		}
+		out[i], final = msg, text
+	}
+	return jinja.NewList(out), final, nil
+}
+
+// chatMessage builds the message the template sees: role, content as a
+// string, and tool_calls, tool_call_id and name when present.
+func chatMessage(m *jinja.Dict) (jinja.Value, string, error) {
+	out := jinja.NewDict()
+	d := out.AsDict()
+	role, _ := m.Get("role")
+	if !role.IsString() {
+		return out, "", errors.New("role is not a string")
+	}
+	d.Set("role", role)
+	content, _ := m.Get("content")
+	text, err := contentText(content)
+	if err != nil {
+		return out, "", err
+	}
+	d.Set("content", jinja.NewString(text))
+	if calls, ok := m.Get("tool_calls"); ok && role.AsString() == "assistant" && !calls.IsNone() {
+		if !calls.IsList() {
+			return out, "", errors.New("tool_calls is not a list")
+		}
+		for _, c := range calls.AsList().Items {
+			decodeArguments(c)
+		}
+		d.Set("tool_calls", calls)
+	}
+	if id, ok := m.Get("tool_call_id"); ok && role.AsString() == "tool" {
+		d.Set("tool_call_id", id)
+	}
+	if name, ok := m.Get("name"); ok && name.IsString() {
+		d.Set("name", name)
+	}
+	if r, ok := m.Get("reasoning_content"); ok && role.AsString() == "assistant" && r.IsString() {
+		d.Set("reasoning_content", r)
+	}
+	return out, text, nil
+}
+
+// contentText returns a message's content as one string: the string
+// itself, or its text parts joined with newlines.
+func contentText(content jinja.Value) (string, error) {
+	switch {
+	case content.IsUndefined() || content.IsNone():
+		return "", nil
+	case content.IsString():
+		return content.AsString(), nil
+	case content.IsList():
+		var texts []string
+		for i, p := range content.AsList().Items {
+			if !p.IsDict() {
+				return "", fmt.Errorf("content[%d] is not an object", i)
+			}
+			typ, _ := p.AsDict().Get("type")
+			text, _ := p.AsDict().Get("text")
+			if !typ.IsString() || typ.AsString() != "text" || !text.IsString() {
+				return "", fmt.Errorf("content[%d] is not a text part", i)
+			}
+			texts = append(texts, text.AsString())
+		}
+		return strings.Join(texts, "\n"), nil
+	}
+	return "", errors.New("content is neither a string nor a list of parts")
+}
+
+// decodeArguments replaces a tool call's function arguments given as a
+// JSON string by the value it holds, as vLLM does for templates.
+func decodeArguments(call jinja.Value) {
+	if !call.IsDict() {
+		return
+	}
+	fn, ok := call.AsDict().Get("function")
+	if !ok || !fn.IsDict() {
+		return
+	}
+	args, ok := fn.AsDict().Get("arguments")
+	if !ok || !args.IsString() {
+		return
+	}
+	if v, err := parseValue([]byte(args.AsString())); err == nil {
+		fn.AsDict().Set("arguments", v)
+	}
+}

