@@ -62,7 +62,8 @@ var (
 		Default: "60",
 		Section: SectionKVSync,
 		Doc: "In bind mode, how long an engine may go unheard (no batch, and no reply to the replay probes that an idle " +
-			"engine answers at least every 30 s) before its stream counts as disconnected, in seconds or with a unit (\"90s\").",
+			"engine answers at least every 30 s) before its stream counts as disconnected, in seconds or with a unit (\"90s\"); " +
+			"it must exceed 35 s, the longest a quiet engine goes unheard.",
 	}
 	KVEventsMaxMessageBytes = Var{
 		Name:    "KVGATE_KV_EVENTS_MAX_MESSAGE_BYTES",

@@ -145,6 +145,11 @@ func NewKVEventManager(cfg ManagerConfig) (*KVEventManager, error) {
 		if cfg.Bind.Ranks > endpoint.MaxDPSize {
 			return nil, fmt.Errorf("kvevent: KV event manager: bind: Ranks %d must be from 0 to %d", cfg.Bind.Ranks, endpoint.MaxDPSize)
 		}
+		quiet := cfg.Client.MaxReconnectDelay + cfg.Client.ReplayTimeout
+		if live := cmp.Or(cfg.Bind.LivenessTimeout, transport.DefaultLivenessTimeout); live <= quiet {
+			return nil, fmt.Errorf("kvevent: KV event manager: bind: LivenessTimeout %v must exceed %v, the longest a quiet "+
+				"engine goes unheard between two replay probes (MaxReconnectDelay + ReplayTimeout)", live, quiet)
+		}
 	}
 	cfg.Workers = cmp.Or(cfg.Workers, DefaultManagerWorkers)
 	cfg.MaxSockets = cmp.Or(cfg.MaxSockets, DefaultMaxSockets)

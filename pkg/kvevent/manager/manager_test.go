@@ -338,6 +338,8 @@ func TestNewKVEventManagerRejectsBadConfig(t *testing.T) {
 		"bad template":    {Index: newMemIndex(), Client: badClient},
 		"negative worker": {Index: newMemIndex(), Workers: -1},
 		"bad bind":        {Index: newMemIndex(), Bind: &transport.BindConfig{Endpoint: "udp://x"}},
+		"liveness shorter than the probes": {Index: newMemIndex(),
+			Bind: &transport.BindConfig{Endpoint: "tcp://127.0.0.1:1", LivenessTimeout: 10 * time.Second}},
 	} {
 		if _, err := NewKVEventManager(cfg); err == nil {
 			t.Errorf("%s: NewKVEventManager succeeded", name)
