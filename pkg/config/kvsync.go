@@ -39,7 +39,8 @@ var (
 		Default: "",
 		Section: SectionKVSync,
 		Doc: "When set (e.g. tcp://*:5557), the gateway binds this endpoint for rank 0 (port+r for rank r) and engines dial in, " +
-			"publishing with topic kv@<pod-ip>:<port>@<model>; when empty, the gateway dials every pod.",
+			"publishing with topic kv@<pod-ip>:<port>@<model>, port being the engine's HTTP port (model.aibrix.ai/port); " +
+			"when empty, the gateway dials every pod.",
 		Flag: "kv-events-bind-endpoint",
 	}
 	KVEventsBindRanks = Var{
@@ -47,6 +48,59 @@ var (
 		Default: "1",
 		Section: SectionKVSync,
 		Doc:     "In bind mode, how many data-parallel ranks get a bound endpoint: the largest kvgate.io/dp-size of the fleet.",
+	}
+	KVEventsBindAllowAnyPeer = Var{
+		Name:    "KVGATE_KV_EVENTS_BIND_ALLOW_ANY_PEER",
+		Default: "false",
+		Section: SectionKVSync,
+		Doc: "In bind mode, accept a message for the engine its topic names from any address. By default only the engine's " +
+			"own IP address may speak for it; set this only when engines reach the gateway through address translation, " +
+			"which hides their addresses, since anyone who reaches the bound port can then speak for any engine.",
+	}
+	KVEventsBindLivenessTimeout = Var{
+		Name:    "KVGATE_KV_EVENTS_BIND_LIVENESS_TIMEOUT",
+		Default: "60",
+		Section: SectionKVSync,
+		Doc: "In bind mode, how long an engine may go unheard (no batch, and no reply to the replay probes that an idle " +
+			"engine answers at least every 30 s) before its stream counts as disconnected, in seconds or with a unit (\"90s\"); " +
+			"it must exceed 35 s, the longest a quiet engine goes unheard.",
+	}
+	KVEventsMaxMessageBytes = Var{
+		Name:    "KVGATE_KV_EVENTS_MAX_MESSAGE_BYTES",
+		Default: "16777216",
+		Section: SectionKVSync,
+		Doc: "Largest frame (one batch) an engine may send, in bytes; a larger one drops the engine's connection and the batch " +
+			"is lost. A vLLM batch for a 128k-token prefill at block size 16 is 0.7 to 1.1 MiB (8192 block hashes and " +
+			"131072 token ids), so the default holds a dozen such prefills in one step.",
+	}
+	KVEventsReceiveBufferBytes = Var{
+		Name:    "KVGATE_KV_EVENTS_RECEIVE_BUFFER_BYTES",
+		Default: "67108864",
+		Section: SectionKVSync,
+		Doc: "Per stream, bytes of live batches read and not yet applied to the index, and separately of replayed ones; " +
+			"beyond it a live batch is dropped and replayed later, and a replay is cut short and resumed " +
+			"(aibrix_kvcache_zmq_limit_hits_total). At least KVGATE_KV_EVENTS_MAX_MESSAGE_BYTES.",
+	}
+	KVEventsPendingBufferBytes = Var{
+		Name:    "KVGATE_KV_EVENTS_PENDING_BUFFER_BYTES",
+		Default: "67108864",
+		Section: SectionKVSync,
+		Doc: "Per stream, bytes of live batches that wait while a gap is replayed (also at most 10000 batches); an overflow " +
+			"makes the gap unrecoverable. At least KVGATE_KV_EVENTS_MAX_MESSAGE_BYTES.",
+	}
+	KVEventsMaxReplayBatches = Var{
+		Name:    "KVGATE_KV_EVENTS_MAX_REPLAY_BATCHES",
+		Default: "20000",
+		Section: SectionKVSync,
+		Doc: "Most batches one replay may send, twice vLLM's default buffer_steps; a replay beyond it is cut short and the " +
+			"rest replayed again. Raise it with the engines' buffer_steps.",
+	}
+	KVEventsMaxReplayDuration = Var{
+		Name:    "KVGATE_KV_EVENTS_MAX_REPLAY_DURATION",
+		Default: "60",
+		Section: SectionKVSync,
+		Doc: "Longest one replay may run, from its request to its end marker, in seconds or with a unit (\"90s\"); a longer " +
+			"one is cut short and what is missing replayed again.",
 	}
 )
 
@@ -108,9 +162,20 @@ type KVSync struct {
 	PubPort    int
 	ReplayPort int
 	Topic      string
-	// BindEndpoint, when set, selects bind mode with BindRanks ranks.
-	BindEndpoint string
-	BindRanks    int
+	// BindEndpoint, when set, selects bind mode with BindRanks ranks;
+	// BindAllowAnyPeer and BindLivenessTimeout configure it.
+	BindEndpoint        string
+	BindRanks           int
+	BindAllowAnyPeer    bool
+	BindLivenessTimeout time.Duration
+	// MaxMessageBytes, ReceiveBufferBytes, PendingBufferBytes,
+	// MaxReplayBatches and MaxReplayDuration bound what a stream takes
+	// from its engine.
+	MaxMessageBytes    int
+	ReceiveBufferBytes int
+	PendingBufferBytes int
+	MaxReplayBatches   int
+	MaxReplayDuration  time.Duration
 	// Index settings (AIBRIX_SYNC_*, KVGATE_SYNC_MAX_PREFIXES).
 	MaxContexts           int
 	MaxPrefixesPerContext int
@@ -122,7 +187,8 @@ type KVSync struct {
 // LoadKVSync reads the KV event sync settings from e, recording malformed
 // values and impossible combinations in e: KV sync without the remote
 // tokenizer (the index is keyed by the engine's tokens, so routing could
-// never match it), or a bind endpoint that is not a ZeroMQ tcp endpoint.
+// never match it), a bind endpoint that is not a ZeroMQ tcp endpoint, or a
+// buffer smaller than the largest batch it must hold.
 func LoadKVSync(e *Env) KVSync {
 	k := KVSync{
 		Enabled:               e.Bool(KVEventSyncEnabled),
@@ -131,6 +197,13 @@ func LoadKVSync(e *Env) KVSync {
 		Topic:                 e.String(KVEventsTopic),
 		BindEndpoint:          e.String(KVEventsBindEndpoint),
 		BindRanks:             e.Int(KVEventsBindRanks, 1),
+		BindAllowAnyPeer:      e.Bool(KVEventsBindAllowAnyPeer),
+		BindLivenessTimeout:   e.Duration(KVEventsBindLivenessTimeout, time.Second),
+		MaxMessageBytes:       e.Int(KVEventsMaxMessageBytes, 1),
+		ReceiveBufferBytes:    e.Int(KVEventsReceiveBufferBytes, 1),
+		PendingBufferBytes:    e.Int(KVEventsPendingBufferBytes, 1),
+		MaxReplayBatches:      e.Int(KVEventsMaxReplayBatches, 1),
+		MaxReplayDuration:     e.Duration(KVEventsMaxReplayDuration, time.Second),
 		MaxContexts:           e.Int(SyncMaxContexts, 1),
 		MaxPrefixesPerContext: e.Int(SyncMaxPrefixesPerContext, 1),
 		MaxPrefixes:           e.Int(SyncMaxPrefixes, 1),
@@ -149,6 +222,15 @@ func LoadKVSync(e *Env) KVSync {
 	}{{KVEventsPubPort, k.PubPort}, {KVEventsReplayPort, k.ReplayPort}} {
 		if p.port > 65535 {
 			e.Errorf("%s=%d: want a port up to 65535", p.v.Name, p.port)
+		}
+	}
+	for _, b := range []struct {
+		v     Var
+		bytes int
+	}{{KVEventsReceiveBufferBytes, k.ReceiveBufferBytes}, {KVEventsPendingBufferBytes, k.PendingBufferBytes}} {
+		if b.bytes < k.MaxMessageBytes {
+			e.Errorf("%s=%d is below %s=%d: the buffer must hold the largest batch", b.v.Name, b.bytes,
+				KVEventsMaxMessageBytes.Name, k.MaxMessageBytes)
 		}
 	}
 	if k.BindEndpoint != "" && !strings.HasPrefix(k.BindEndpoint, "tcp://") {

@@ -7,15 +7,38 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/pkg/indexer"
+	"github.com/kvgate/kvgate/pkg/kvevent/transport"
 )
 
 func TestLoadKVSyncDefaults(t *testing.T) {
 	e := NewEnv(lookupFrom(nil))
 	k := LoadKVSync(e)
-	want := KVSync{Enabled: true, PubPort: 5557, ReplayPort: 5558, BindRanks: 1, MaxContexts: 1000,
+	want := KVSync{Enabled: true, PubPort: 5557, ReplayPort: 5558, BindRanks: 1, BindLivenessTimeout: time.Minute,
+		MaxMessageBytes: 16 << 20, ReceiveBufferBytes: 64 << 20, PendingBufferBytes: 64 << 20, MaxReplayBatches: 20000,
+		MaxReplayDuration: time.Minute, MaxContexts: 1000,
 		MaxPrefixesPerContext: 4 << 20, MaxPrefixes: 8 << 20, EvictionInterval: time.Minute, EvictionDuration: 20 * time.Minute}
 	if e.Err() != nil || k != want {
 		t.Fatalf("LoadKVSync = %+v, %v; want %+v", k, e.Err(), want)
+	}
+}
+
+// The gateway passes every stream bound explicitly, so the documented
+// defaults are the transport's own: the two must not drift apart.
+func TestKVEventBoundDefaultsAreTheTransports(t *testing.T) {
+	for _, c := range []struct {
+		v    Var
+		want string
+	}{
+		{KVEventsMaxMessageBytes, strconv.Itoa(transport.DefaultMaxMessageBytes)},
+		{KVEventsReceiveBufferBytes, strconv.Itoa(transport.DefaultReceiveBufferBytes)},
+		{KVEventsPendingBufferBytes, strconv.Itoa(transport.DefaultMaxPendingBytes)},
+		{KVEventsMaxReplayBatches, strconv.Itoa(transport.DefaultMaxReplayBatches)},
+		{KVEventsMaxReplayDuration, strconv.Itoa(int(transport.DefaultMaxReplayDuration / time.Second))},
+		{KVEventsBindLivenessTimeout, strconv.Itoa(int(transport.DefaultLivenessTimeout / time.Second))},
+	} {
+		if c.v.Default != c.want {
+			t.Errorf("%s defaults to %s, the transport to %s", c.v.Name, c.v.Default, c.want)
+		}
 	}
 }
 
@@ -43,10 +66,16 @@ func TestLoadKVSyncReadsAliasesAndOverrides(t *testing.T) {
 		"AIBRIX_KV_EVENT_SYNC_ENABLED": "true", "AIBRIX_USE_REMOTE_TOKENIZER": "true",
 		"KVGATE_KV_EVENTS_PUB_PORT": "6000", "KVGATE_KV_EVENTS_REPLAY_PORT": "0", "KVGATE_KV_EVENTS_TOPIC": "kv",
 		"KVGATE_KV_EVENTS_BIND_ENDPOINT": "tcp://*:7000", "KVGATE_KV_EVENTS_BIND_RANKS": "4",
+		"KVGATE_KV_EVENTS_BIND_ALLOW_ANY_PEER": "true", "KVGATE_KV_EVENTS_BIND_LIVENESS_TIMEOUT": "90s",
+		"KVGATE_KV_EVENTS_MAX_MESSAGE_BYTES": "1048576", "KVGATE_KV_EVENTS_RECEIVE_BUFFER_BYTES": "2097152",
+		"KVGATE_KV_EVENTS_PENDING_BUFFER_BYTES": "4194304", "KVGATE_KV_EVENTS_MAX_REPLAY_BATCHES": "100000",
+		"KVGATE_KV_EVENTS_MAX_REPLAY_DURATION": "2m",
 	}))
 	k := LoadKVSync(e)
 	if e.Err() != nil || !k.Enabled || k.PubPort != 6000 || k.ReplayPort != 0 || k.Topic != "kv" ||
-		k.BindEndpoint != "tcp://*:7000" || k.BindRanks != 4 {
+		k.BindEndpoint != "tcp://*:7000" || k.BindRanks != 4 || !k.BindAllowAnyPeer || k.BindLivenessTimeout != 90*time.Second ||
+		k.MaxMessageBytes != 1<<20 || k.ReceiveBufferBytes != 2<<20 || k.PendingBufferBytes != 4<<20 ||
+		k.MaxReplayBatches != 100000 || k.MaxReplayDuration != 2*time.Minute {
 		t.Fatalf("LoadKVSync = %+v, %v", k, e.Err())
 	}
 }
@@ -64,6 +93,8 @@ func TestLoadKVSyncRejectsWhatCannotWork(t *testing.T) {
 		{"bad ports", map[string]string{"KVGATE_KV_EVENTS_PUB_PORT": "70000", "KVGATE_KV_EVENTS_REPLAY_PORT": "-1"},
 			[]string{"KVGATE_KV_EVENTS_PUB_PORT=70000", `KVGATE_KV_EVENTS_REPLAY_PORT="-1"`}},
 		{"bad bind endpoint", map[string]string{"KVGATE_KV_EVENTS_BIND_ENDPOINT": "*:5557"}, []string{"KVGATE_KV_EVENTS_BIND_ENDPOINT"}},
+		{"buffers below the largest batch", map[string]string{"KVGATE_KV_EVENTS_MAX_MESSAGE_BYTES": "100000000"},
+			[]string{"KVGATE_KV_EVENTS_RECEIVE_BUFFER_BYTES=67108864 is below", "KVGATE_KV_EVENTS_PENDING_BUFFER_BYTES=67108864 is below"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -29,10 +29,10 @@ func TestStaticEndpointsBecomePodsTheManagerFollows(t *testing.T) {
 		port     string
 		adapters []string
 	}{
-		{manager.PodTarget{PodKey: "static/vllm-0", IP: "127.0.0.1", Model: "llama-3-8b", PubPort: 5557, ReplayPort: 5558, DPSize: 1}, "", "8000",
-			[]string{"sql-lora", "chat-lora"}},
+		{manager.PodTarget{PodKey: "static/vllm-0", IP: "127.0.0.1", Model: "llama-3-8b", PubPort: 5557, ReplayPort: 5558, DPSize: 1,
+			EnginePort: 8000}, "", "8000", []string{"sql-lora", "chat-lora"}},
 		{manager.PodTarget{PodKey: "static/vllm-dp", IP: "10.0.0.7", Model: "llama-3-8b", LoraID: "7", PubPort: 5600, ReplayPort: 5700,
-			Topic: "kv-events", DPSize: 2}, "", "8100", nil},
+			Topic: "kv-events", DPSize: 2, EnginePort: 8100}, "", "8100", nil},
 		{manager.PodTarget{}, manager.ReasonKVEventsDisabled, "8000", nil},
 	}
 	if len(f.Endpoints) != len(want) {

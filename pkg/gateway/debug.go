@@ -93,6 +93,19 @@ type clientView struct {
 	// because the topic filters out the live messages
 	// (transport.ClientStats.TopicMismatch).
 	TopicMismatch bool `json:"topicMismatch"`
+	// JoinedAtSeq is the seq the stream began with when its engine no
+	// longer had (or never sent) the batches before it; absent when it
+	// began at 0.
+	JoinedAtSeq *uint64 `json:"joinedAtSeq,omitempty"`
+	// LastHeardAgeSeconds is the time since the engine was last heard
+	// from, a live batch or a replay reply; absent before the first.
+	LastHeardAgeSeconds *float64 `json:"lastHeardAgeSeconds,omitempty"`
+	Disconnections      uint64   `json:"disconnections"`
+	// DroppedMessages, ReplaysCut and Suspended show the stream holding
+	// its engine to its bounds (transport.ClientStats).
+	DroppedMessages uint64 `json:"droppedMessages"`
+	ReplaysCut      uint64 `json:"replaysCut"`
+	Suspended       bool   `json:"suspended"`
 }
 
 // serveKVCache answers GET /debug/kvcache.
@@ -139,18 +152,28 @@ func buildKVCacheView(stats []indexer.ModelStats, pods []manager.PodStatus, now 
 		p := b.pod(ps.Model, ps.Pod)
 		p.State, p.Reason, p.Error = ps.State, string(ps.Reason), ps.Error
 		for _, st := range ps.Streams {
-			p.rank(st.Stream.DPRank).Client = newClientView(st)
+			p.rank(st.Stream.DPRank).Client = newClientView(st, now)
 		}
 	}
 	return b.sorted()
 }
 
-func newClientView(st manager.StreamStatus) *clientView {
+func newClientView(st manager.StreamStatus, now time.Time) *clientView {
 	s := st.Stats
 	c := &clientView{PubEndpoint: st.PubEndpoint, ReplayEndpoint: st.ReplayEndpoint, Topic: st.Topic, Since: st.Since,
 		Connected: s.Connected, Batches: s.BatchesReceived, ReplayedBatches: s.ReplayedBatches,
 		ReplayFailures: s.ReplayFailures, UnrecoverableGaps: s.UnrecoverableGaps, MissedBatches: s.MissedBatches,
-		PublisherRestarts: s.PublisherRestarts, DecodeErrors: s.DecodeErrors, TopicMismatch: s.TopicMismatch}
+		PublisherRestarts: s.PublisherRestarts, DecodeErrors: s.DecodeErrors, TopicMismatch: s.TopicMismatch,
+		Disconnections: s.Disconnections, DroppedMessages: s.DroppedMessages, ReplaysCut: s.ReplaysCut,
+		Suspended: s.Suspended}
+	if s.JoinedAtSeq > 0 {
+		seq := s.JoinedAtSeq
+		c.JoinedAtSeq = &seq
+	}
+	if !s.LastHeardTime.IsZero() {
+		age := now.Sub(s.LastHeardTime).Seconds()
+		c.LastHeardAgeSeconds = &age
+	}
 	if s.BatchesReceived > 0 {
 		seq := s.LastSeq
 		c.LastSeq = &seq

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/internal/testsupport"
+	"github.com/kvgate/kvgate/pkg/kvevent/manager"
+	"github.com/kvgate/kvgate/pkg/kvevent/transport"
 	"github.com/kvgate/kvgate/pkg/routing"
 )
 
@@ -145,5 +147,20 @@ func TestDebugKVCacheShowsATopicThatFiltersOutLiveEvents(t *testing.T) {
 	}
 	if n := f.metric(`aibrix_kvcache_zmq_topic_mismatch{dp_rank="0",pod_key="static/a"}`); n != 1 {
 		t.Errorf("aibrix_kvcache_zmq_topic_mismatch = %v, want 1", n)
+	}
+}
+
+func TestClientViewShowsHowTheStreamHoldsItsEngine(t *testing.T) {
+	now := time.Now()
+	st := manager.StreamStatus{Topic: "kv@10.0.0.1:8000@m", Stats: transport.ClientStats{Connected: true,
+		JoinedAtSeq: 15, LastHeardTime: now.Add(-2 * time.Second), Disconnections: 1, DroppedMessages: 3,
+		ReplaysCut: 2, Suspended: true}}
+	c := newClientView(st, now)
+	if c.JoinedAtSeq == nil || *c.JoinedAtSeq != 15 || c.LastHeardAgeSeconds == nil || *c.LastHeardAgeSeconds != 2 ||
+		c.Disconnections != 1 || c.DroppedMessages != 3 || c.ReplaysCut != 2 || !c.Suspended {
+		t.Errorf("client = %s", mustJSON(c))
+	}
+	if c := newClientView(manager.StreamStatus{}, now); c.JoinedAtSeq != nil || c.LastHeardAgeSeconds != nil {
+		t.Errorf("client of a stream that began at 0 and was never heard = %s", mustJSON(c))
 	}
 }

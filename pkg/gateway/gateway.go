@@ -19,6 +19,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/kvgate/kvgate/pkg/cache"
+	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/indexer"
 	"github.com/kvgate/kvgate/pkg/inflight"
 	"github.com/kvgate/kvgate/pkg/kvevent/manager"
@@ -168,14 +169,23 @@ func (g *Gateway) newKVSync() error {
 	if err != nil {
 		return fmt.Errorf("gateway: prefix index: %w", err)
 	}
+	client := transport.DefaultZMQClientConfig("", "", "")
+	client.MaxMessageBytes = cmp.Or(k.MaxMessageBytes, client.MaxMessageBytes)
+	client.ReceiveBufferBytes = cmp.Or(k.ReceiveBufferBytes, client.ReceiveBufferBytes)
+	client.MaxPendingBytes = cmp.Or(k.PendingBufferBytes, client.MaxPendingBytes)
+	client.MaxReplayBatches = cmp.Or(k.MaxReplayBatches, client.MaxReplayBatches)
+	client.MaxReplayDuration = cmp.Or(k.MaxReplayDuration, client.MaxReplayDuration)
 	mc := manager.ManagerConfig{
-		Index:      kvIndex{table: g.index},
-		Streams:    manager.StreamDefaults{PubPort: k.PubPort, ReplayPort: k.ReplayPort, Topic: k.Topic},
+		Index: kvIndex{table: g.index},
+		Streams: manager.StreamDefaults{PubPort: k.PubPort, ReplayPort: k.ReplayPort, Topic: k.Topic,
+			EnginePort: cmp.Or(g.cfg.Cache.DefaultEnginePort, endpoint.DefaultEnginePort)},
+		Client:     client,
 		Registerer: g.registry,
 		Logger:     g.cfg.Logger,
 	}
 	if k.BindEndpoint != "" {
-		mc.Bind = &transport.BindConfig{Endpoint: k.BindEndpoint, Ranks: k.BindRanks}
+		mc.Bind = &transport.BindConfig{Endpoint: k.BindEndpoint, Ranks: k.BindRanks,
+			AllowAnyPeer: k.BindAllowAnyPeer, LivenessTimeout: k.BindLivenessTimeout}
 	}
 	if g.manager, err = manager.NewKVEventManager(mc); err != nil {
 		return fmt.Errorf("gateway: %w", err)

@@ -43,7 +43,7 @@ type DecodeStats struct {
 	// UnknownEvents counts events whose tag names no known event type.
 	UnknownEvents int
 	// UnknownKeys counts map keys of known events that name no field of
-	// that event.
+	// that event, and keys of a map envelope other than its three fields.
 	UnknownKeys int
 	// UnknownFields counts trailing elements of positional events and of
 	// the envelope beyond the fields this package knows.
@@ -64,9 +64,12 @@ func DecodeEventBatch(payload []byte) (*EventBatch, error) {
 //
 // It accepts every layout vLLM has sent: the envelope [ts, events] of v0.9
 // (the batch gets NoRank) and [ts, events, data_parallel_rank] of later
-// versions, with extra trailing elements ignored; events as positional arrays
-// (tag first, vLLM <= v0.23) or as maps keyed by field name with the tag under
-// "type" (vLLM >= v0.24), mixed freely. Events with an unknown tag, unknown
+// versions, with extra trailing elements ignored; the same envelope as a map
+// {"ts", "events", "data_parallel_rank"} in any key order, as msgspec writes
+// it without array_like (a vLLM development branch, and engines that copied
+// it), with unknown keys skipped and counted; events as positional arrays
+// (tag first, vLLM <= v0.23) or as maps keyed by field name with the tag
+// under "type" (vLLM >= v0.24), mixed freely. Events with an unknown tag, unknown
 // map keys and unknown trailing positional fields are skipped and counted.
 // Fields an event does not carry get their zero value, NoGroup for GroupIdx.
 // Block hashes become BlockHash values as the BlockHash documentation
@@ -166,48 +169,164 @@ func (d *decoder) fieldName() string {
 func (d *decoder) decode(payload []byte) (*EventBatch, error) {
 	d.r = reader{buf: payload}
 	d.event, d.field = -1, ""
+	c, err := d.r.peek()
+	if err != nil {
+		return nil, err
+	}
+	var ts float64
+	var rank int
+	if mapHeader.is(c) {
+		ts, rank, err = d.mapEnvelope()
+	} else {
+		ts, rank, err = d.arrayEnvelope()
+	}
+	if err != nil {
+		return nil, err
+	}
+	if d.r.remaining() > 0 {
+		return nil, d.r.failf(d.r.off, "%d bytes follow the batch", d.r.remaining())
+	}
+	return d.build(ts, rank), nil
+}
+
+// arrayEnvelope decodes the positional envelope every released vLLM sends:
+// [ts, events] (v0.9) or [ts, events, data_parallel_rank], extra trailing
+// elements skipped.
+func (d *decoder) arrayEnvelope() (ts float64, rank int, err error) {
 	n, err := d.r.arrayLen()
 	if err != nil {
-		return nil, err
+		return 0, 0, err
 	}
 	if n < 2 {
-		return nil, d.r.failf(0, "envelope has %d elements, want at least 2 (ts, events)", n)
+		return 0, 0, d.r.failf(0, "envelope has %d elements, want at least 2 (ts, events)", n)
 	}
 	d.field = "ts"
-	ts, err := d.r.float()
-	if err != nil {
-		return nil, err
+	if ts, err = d.r.float(); err != nil {
+		return 0, 0, err
 	}
-	d.field = "events"
-	events, err := d.r.arrayLen()
-	if err != nil {
-		return nil, err
+	if err := d.events(); err != nil {
+		return 0, 0, err
 	}
-	d.field = ""
-	for d.event = 0; d.event < events; d.event++ {
-		if err := d.decodeEvent(); err != nil {
-			return nil, err
-		}
-	}
-	d.event = -1
-	rank := NoRank
+	rank = NoRank
 	if n >= 3 {
 		d.field = "data_parallel_rank"
 		if rank, err = d.optInteger(NoRank, false); err != nil {
-			return nil, err
+			return 0, 0, err
 		}
 		d.field = ""
 	}
 	for i := 3; i < n; i++ {
 		d.stats.UnknownFields++
 		if err := d.r.skip(); err != nil {
-			return nil, err
+			return 0, 0, err
 		}
 	}
-	if d.r.remaining() > 0 {
-		return nil, d.r.failf(d.r.off, "%d bytes follow the batch", d.r.remaining())
+	return ts, rank, nil
+}
+
+// Keys of the map envelope.
+const (
+	envelopeTS     = "ts"
+	envelopeEvents = "events"
+	envelopeRank   = "data_parallel_rank"
+)
+
+// mapEnvelope decodes the envelope as a map keyed by field name, {"ts": ts,
+// "events": [...], "data_parallel_rank": rank}, as msgspec writes EventBatch
+// without array_like (a vLLM development branch did). Keys come in any
+// order; ts and events are required, the rank is optional, unknown keys are
+// skipped and counted, and a key that appears twice is an error.
+func (d *decoder) mapEnvelope() (ts float64, rank int, err error) {
+	n, err := d.r.mapLen()
+	if err != nil {
+		return 0, 0, err
 	}
-	return d.build(ts, rank), nil
+	rank = NoRank
+	var hasTS, hasEvents, hasRank bool
+	for range n {
+		c, err := d.r.peek()
+		if err != nil {
+			return 0, 0, err
+		}
+		if !strHeader.is(c) {
+			d.stats.UnknownKeys++
+			if err := d.r.skip(); err != nil {
+				return 0, 0, err
+			}
+			if err := d.r.skip(); err != nil {
+				return 0, 0, err
+			}
+			continue
+		}
+		start := d.r.off
+		key, err := d.r.data(&strHeader)
+		if err != nil {
+			return 0, 0, err
+		}
+		var seen *bool
+		switch string(key) {
+		case envelopeTS:
+			seen = &hasTS
+		case envelopeEvents:
+			seen = &hasEvents
+		case envelopeRank:
+			seen = &hasRank
+		default:
+			d.stats.UnknownKeys++
+			d.key = key
+			if err := d.r.skip(); err != nil {
+				return 0, 0, err
+			}
+			d.key = nil
+			continue
+		}
+		if *seen {
+			return 0, 0, d.r.failf(start, "duplicate envelope key %q", key)
+		}
+		*seen = true
+		switch string(key) {
+		case envelopeTS:
+			d.field = envelopeTS
+			if ts, err = d.r.float(); err != nil {
+				return 0, 0, err
+			}
+			d.field = ""
+		case envelopeEvents:
+			err = d.events()
+		default:
+			d.field = envelopeRank
+			if rank, err = d.optInteger(NoRank, false); err == nil {
+				d.field = ""
+			}
+		}
+		if err != nil {
+			return 0, 0, err
+		}
+	}
+	switch {
+	case !hasTS:
+		return 0, 0, d.r.failf(0, "envelope map has no %q key", envelopeTS)
+	case !hasEvents:
+		return 0, 0, d.r.failf(0, "envelope map has no %q key", envelopeEvents)
+	}
+	return ts, rank, nil
+}
+
+// events decodes the list of events.
+func (d *decoder) events() error {
+	d.field = envelopeEvents
+	n, err := d.r.arrayLen()
+	if err != nil {
+		return err
+	}
+	d.field = ""
+	for d.event = 0; d.event < n; d.event++ {
+		if err := d.decodeEvent(); err != nil {
+			return err
+		}
+	}
+	d.event = -1
+	return nil
 }
 
 // decodeEvent decodes the next event, positional or tagged map, or skips it

@@ -19,7 +19,15 @@ func TestDecodeRejectsMalformedBatches(t *testing.T) {
 		msg     string // in the error
 	}{
 		{"empty payload", nil, -1, "", 0, "unexpected end"},
-		{"envelope is a map", mp(obj{"ts", 1.0}), -1, "", 0, "expected array, got map"},
+		{"envelope is a str", mp("batch"), -1, "", 0, "expected array, got str"},
+		{"map envelope without events", mp(obj{"ts", 1.0}), -1, "", 0, `envelope map has no "events" key`},
+		{"map envelope without ts", mp(obj{"events", arr{}}), -1, "", 0, `envelope map has no "ts" key`},
+		{"map envelope with ts twice", mp(obj{"ts", 1.0, "events", arr{}, "ts", 2.0}), -1, "", 21, `duplicate envelope key "ts"`},
+		{"map envelope ts is a str", mp(obj{"ts", "now", "events", arr{}}), -1, "ts", 4, "expected float or int, got str"},
+		{"map envelope events is a map", mp(obj{"events", obj{}, "ts", 1.0}), -1, "events", 8, "expected array, got map"},
+		{"map envelope negative rank", mp(obj{"ts", 1.0, "events", arr{}, "data_parallel_rank", -1}), -1, "data_parallel_rank", -1, "-1 is negative"},
+		{"map envelope second event is bad", mp(obj{"events", arr{storedMap(), arr{"BlockRemoved", arr{1.5}}}, "ts", 1.0}), 1, "block_hashes", -1, "got float"},
+		{"bad value of unknown envelope key", mp(obj{"ts", 1.0, "events", arr{}, "future", raw{0xc1}}), -1, "future", -1, "invalid type byte 0xc1"},
 		{"envelope of one element", mp(arr{1.0}), -1, "", 0, "want at least 2"},
 		{"ts is a string", mp(arr{"now", arr{}}), -1, "ts", 1, "expected float or int, got str"},
 		{"events is a map", mp(arr{1.0, obj{}}), -1, "events", 10, "expected array, got map"},
@@ -114,6 +122,8 @@ func TestHugeLengthHeadersFailBeforeAllocating(t *testing.T) {
 		payload []byte
 	}{
 		{"envelope array32", append(raw{0xdd}, u32...)},
+		{"envelope map32", append(raw{0xdf}, u32...)},
+		{"map envelope events array32", mp(obj{"ts", 1.0, "events", append(raw{0xdd}, u32...)})},
 		{"events array32", mp(arr{1.0, append(raw{0xdd}, u32...)})},
 		{"event map32", batchOf(append(raw{0xdf}, u32...))},
 		{"block_hashes array32", batchOf(arr{"BlockRemoved", append(raw{0xdd}, u32...)})},

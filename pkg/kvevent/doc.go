@@ -27,7 +27,8 @@
 // An EventBatch holds the engine's timestamp, its data-parallel rank and
 // its events in order: *BlockStoredEvent, *BlockRemovedEvent and
 // *AllBlocksClearedEvent. DecodeEventBatch accepts every envelope and event
-// layout vLLM has sent since v0.9 (tagged maps and positional arrays, block
+// layout vLLM has sent since v0.9 (the envelope as a positional array or as
+// a map of its fields, events as tagged maps or positional arrays, block
 // hashes as integers of any width or as raw digests, see BlockHash) and
 // never allocates from a length it has not checked against the bytes that
 // remain; DecodeEventBatchStats also counts what it skipped as unknown.

@@ -15,6 +15,9 @@ import (
 func FuzzDecodeEventBatch(f *testing.F) {
 	for _, g := range loadGoldens(f) {
 		f.Add(g.Payload)
+		for _, p := range asMapEnvelopes(f, g.Payload) {
+			f.Add(p)
+		}
 	}
 	for _, layout := range []Layout{LayoutCurrent, LayoutPositional, LayoutV09} {
 		b := storedBatch(2)

@@ -149,10 +149,28 @@ func reference(payload []byte) (any, error) {
 	return dec.DecodeInterface()
 }
 
+// mapEnvelope returns the fields of a map envelope in positional order, and
+// false when ts or events is missing.
+func mapEnvelope(m map[string]any) ([]any, bool) {
+	ts, hasTS := m["ts"]
+	events, hasEvents := m["events"]
+	if !hasTS || !hasEvents {
+		return nil, false
+	}
+	env := []any{ts, events}
+	if rank, ok := m["data_parallel_rank"]; ok {
+		env = append(env, rank)
+	}
+	return env, true
+}
+
 // checkUntyped reports the first difference between batch and what vLLM's
 // rules make of the untyped batch v.
 func checkUntyped(batch *EventBatch, v any) error {
 	env, ok := canon(v).([]any)
+	if m, isMap := canon(v).(map[string]any); isMap {
+		env, ok = mapEnvelope(m)
+	}
 	if !ok || len(env) < 2 {
 		return fmt.Errorf("untyped envelope %v", v)
 	}

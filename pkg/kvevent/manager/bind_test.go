@@ -2,25 +2,36 @@ package manager
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/go-logr/logr/funcr"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvgate/kvgate/internal/testsupport"
+	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/kvevent"
 	"github.com/kvgate/kvgate/pkg/kvevent/internal/kvtest"
 	"github.com/kvgate/kvgate/pkg/kvevent/publisher"
 	"github.com/kvgate/kvgate/pkg/kvevent/transport"
 )
 
-// dialingPublisher starts a publisher for the pod at ip that connects to the
-// gateway's bound endpoint and binds its replay ROUTER at ip.
+// dialingPublisher starts a publisher for the pod at ip that connects from
+// ip to the gateway's bound endpoint and binds its replay ROUTER at ip.
 func dialingPublisher(t testing.TB, ip string, bindPort, routerPort, rank int) *publisher.Publisher {
+	return engineDialingFrom(t, ip, fmt.Sprintf("kv@%s:8000@llama", ip), bindPort, routerPort, rank)
+}
+
+// engineDialingFrom starts a publisher that connects from address from to
+// the gateway's bound endpoint, publishing with topic, and binds its replay
+// ROUTER at from.
+func engineDialingFrom(t testing.TB, from, topic string, bindPort, routerPort, rank int) *publisher.Publisher {
 	return kvtest.NewPublisher(t, kvtest.Ports{Router: routerPort}, func(c *publisher.PublisherConfig) {
-		c.Endpoint = fmt.Sprintf("tcp://127.0.0.1:%d", bindPort)
-		c.ReplayEndpoint = fmt.Sprintf("tcp://%s:%d", ip, routerPort)
-		c.Topic = fmt.Sprintf("kv@%s:8000@llama", ip)
+		c.Endpoint = fmt.Sprintf("tcp://%s:0;127.0.0.1:%d", from, bindPort)
+		c.ReplayEndpoint = fmt.Sprintf("tcp://%s:%d", from, routerPort)
+		c.Topic = topic
 		c.DataParallelRank = rank
 	})
 }
@@ -110,7 +121,7 @@ func TestFollowingLogNamesTheEndpointsAndTopicInUse(t *testing.T) {
 			name: "bind",
 			bind: &transport.BindConfig{Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", bind)},
 			want: []string{`"mode"="bind"`, fmt.Sprintf(`"pubEndpoint"="tcp://127.0.0.1:%d"`, bind),
-				`"replayEndpoint"="tcp://127.0.0.9:6001"`, `"topic"="kv@127.0.0.9:<port>@llama"`},
+				`"replayEndpoint"="tcp://127.0.0.9:6001"`, `"topic"="kv@127.0.0.9:8000@llama"`},
 			wantNot: "6000",
 		},
 	} {
@@ -138,4 +149,148 @@ func TestFollowingLogNamesTheEndpointsAndTopicInUse(t *testing.T) {
 			}
 		})
 	}
+}
+
+// newBindManager starts a manager in bind mode on a free port, which it
+// returns; adjust may change the bind configuration first.
+func newBindManager(t testing.TB, idx kvevent.KVIndex, adjust func(*ManagerConfig)) (*KVEventManager, *prometheus.Registry, int) {
+	t.Helper()
+	bind := testsupport.FreePorts(t, 1)[0]
+	m, reg := newTestManager(t, idx, func(c *ManagerConfig) {
+		c.Bind = &transport.BindConfig{Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", bind)}
+		if adjust != nil {
+			adjust(c)
+		}
+	})
+	return m, reg, bind
+}
+
+func TestBindModeTrustsATopicOnlyFromTheAddressItNames(t *testing.T) {
+	routers := testsupport.FreePorts(t, 3)
+	idx := newMemIndex()
+	m, reg, bind := newBindManager(t, idx, nil)
+	m.OnPodAdd(makePod(podSpec{name: "real", ip: "127.0.0.2", ports: kvtest.Ports{Pub: 1, Router: routers[0]}}))
+	testsupport.Eventually(t, "the pod followed", func() bool { return podState(m, "default/real").State == PodStateFollowed })
+
+	// Another process speaks first, for the pod's identity and for the
+	// pod's address with another port.
+	forgers := []*publisher.Publisher{
+		engineDialingFrom(t, "127.0.0.3", "kv@127.0.0.2:8000@llama", bind, routers[1], 0),
+		engineDialingFrom(t, "127.0.0.3", "kv@127.0.0.2:9999@llama", bind, routers[2], 0),
+	}
+	mismatches := func() float64 {
+		return testsupport.MetricValue(t, reg, "kvgate_kv_event_bind_ignored_messages_total",
+			map[string]string{"reason": transport.IgnoredPeerMismatch})
+	}
+	next := 0
+	kvtest.RepeatUntil(t, "both forgers ignored", func() {
+		for _, f := range forgers {
+			kvtest.Publish(t, f, 9, next, next+1)
+		}
+		next++
+	}, func() bool { return mismatches() >= 2 })
+
+	real := dialingPublisher(t, "127.0.0.2", bind, routers[0], 0)
+	id := kvevent.StreamID{PodKey: "default/real", Model: "llama"}
+	n := 0
+	kvtest.RepeatUntil(t, "the real engine's batches, and only those", func() {
+		kvtest.Publish(t, real, 1, n, n+1)
+		n++
+		for _, f := range forgers {
+			kvtest.Publish(t, f, 9, next, next+1)
+		}
+		next++
+	}, func() bool { return idx.holdsExactly(id, 1, 0, n) })
+	st := podState(m, "default/real")
+	if len(st.Streams) != 1 || st.Streams[0].Stats.PublisherRestarts != 0 || !st.Streams[0].Stats.Connected {
+		t.Fatalf("stream %+v: want it connected, never restarted by the forgers", st.Streams)
+	}
+}
+
+func TestBindModeKeepsTheEnginesOfOneAddressApart(t *testing.T) {
+	routers := testsupport.FreePorts(t, 3)
+	idx := newMemIndex()
+	m, _, bind := newBindManager(t, idx, nil)
+	const ip = "127.0.0.4"
+	var engines []*publisher.Publisher
+	var ids []kvevent.StreamID
+	for i := range 3 {
+		port := 8000 + i
+		name := fmt.Sprintf("engine-%d", i)
+		m.OnPodAdd(makePod(podSpec{name: name, ip: ip, ports: kvtest.Ports{Pub: 1, Router: routers[i]},
+			extra: map[string]string{endpoint.ModelPortLabel: strconv.Itoa(port)}}))
+		engines = append(engines, engineDialingFrom(t, ip, fmt.Sprintf("kv@%s:%d@llama", ip, port), bind, routers[i], 0))
+		ids = append(ids, kvevent.StreamID{PodKey: "default/" + name, Model: "llama"})
+	}
+	// A fourth pod claims the first engine's identity: its messages could
+	// belong to either, so it is not followed.
+	m.OnPodAdd(makePod(podSpec{name: "twin", ip: ip, ports: kvtest.Ports{Pub: 1, Router: routers[0]},
+		extra: map[string]string{endpoint.ModelPortLabel: "8000"}}))
+	testsupport.Eventually(t, "the engines followed and the twin refused", func() bool {
+		for i := range 3 {
+			if podState(m, ids[i].PodKey).State != PodStateFollowed {
+				return false
+			}
+		}
+		tw := podState(m, "default/twin")
+		return tw.State == PodStateFailed && strings.Contains(tw.Error, "already follows")
+	})
+	n := 0
+	kvtest.RepeatUntil(t, "each engine's batches in its own stream", func() {
+		for i, e := range engines {
+			kvtest.Publish(t, e, 1+i, n, n+1)
+		}
+		n++
+	}, func() bool {
+		for i, id := range ids {
+			if !idx.holdsExactly(id, 1+i, 0, n) {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+func TestBindModeTellsADeadEngineFromAQuietOne(t *testing.T) {
+	routers := testsupport.FreePorts(t, 2)
+	idx := newMemIndex()
+	const liveness = time.Second
+	m, _, bind := newBindManager(t, idx, func(c *ManagerConfig) {
+		c.Bind.LivenessTimeout = liveness
+		c.Client.ReplayTimeout, c.Client.MaxReplayDuration = 300*time.Millisecond, 300*time.Millisecond
+	})
+	quiet := dialingPublisher(t, "127.0.0.5", bind, routers[0], 0)
+	dead := dialingPublisher(t, "127.0.0.6", bind, routers[1], 0)
+	m.OnPodAdd(makePod(podSpec{name: "quiet", ip: "127.0.0.5", ports: kvtest.Ports{Pub: 1, Router: routers[0]}}))
+	m.OnPodAdd(makePod(podSpec{name: "dead", ip: "127.0.0.6", ports: kvtest.Ports{Pub: 1, Router: routers[1]}}))
+	stats := func(pod string) transport.ClientStats {
+		st := podState(m, pod)
+		if len(st.Streams) == 0 {
+			return transport.ClientStats{}
+		}
+		return st.Streams[0].Stats
+	}
+	next := 0
+	kvtest.RepeatUntil(t, "both streams connected", func() {
+		kvtest.Publish(t, quiet, 1, next, next+1)
+		kvtest.Publish(t, dead, 2, next, next+1)
+		next++
+	}, func() bool { return stats("default/quiet").Connected && stats("default/dead").Connected })
+
+	dead.Close()
+	lastLive := time.Now()
+	testsupport.Eventually(t, "the dead engine's stream disconnected", func() bool {
+		st := stats("default/dead")
+		return !st.Connected && st.Disconnections == 1
+	})
+	// The quiet engine publishes nothing more, yet answers the probes.
+	testsupport.Eventually(t, "three liveness timeouts of silence", func() bool { return time.Since(lastLive) > 3*liveness })
+	if st := stats("default/quiet"); !st.Connected || st.Disconnections != 0 || time.Since(st.LastHeardTime) > liveness {
+		t.Fatalf("quiet stream %+v: want it connected, heard within %v", st, liveness)
+	}
+
+	// The engine comes back: its stream is connected again.
+	dead = dialingPublisher(t, "127.0.0.6", bind, routers[1], 0)
+	kvtest.RepeatUntil(t, "the revived engine's stream connected", func() { kvtest.Publish(t, dead, 3, 0, 1) },
+		func() bool { return stats("default/dead").Connected })
 }

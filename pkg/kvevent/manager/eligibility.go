@@ -14,9 +14,10 @@ import (
 // A KVEventManager reads a pod's labels and annotations through package
 // endpoint: endpoint.KVEventsEnabledLabel, endpoint.ModelNameLabel,
 // endpoint.LoraIDLabel (part of the identity of the pod's streams: changing
-// it restarts them) and the stream overrides endpoint.PubPortAnnotation,
+// it restarts them), the stream overrides endpoint.PubPortAnnotation,
 // endpoint.ReplayPortAnnotation, endpoint.TopicAnnotation and
-// endpoint.DPSizeAnnotation.
+// endpoint.DPSizeAnnotation, and endpoint.ModelPortLabel (the engine's HTTP
+// port, which names it in bind mode).
 
 // IneligibleReason tells why a KVEventManager does not follow a pod; ""
 // means it does.
@@ -50,15 +51,24 @@ type StreamDefaults struct {
 	ReplayPort int
 	// Topic is the subscription's topic prefix.
 	Topic string
+	// EnginePort is the HTTP port of engines without
+	// endpoint.ModelPortLabel (endpoint.DefaultEnginePort when 0). In bind
+	// mode an engine's HTTP port is part of its identity, the port of the
+	// topic it publishes with.
+	EnginePort int
 }
 
 // DefaultStreamDefaults returns vLLM's documented setup: PUB on 5557+rank,
-// replay on 5558+rank, every topic.
+// replay on 5558+rank, every topic, HTTP on 8000.
 func DefaultStreamDefaults() StreamDefaults {
-	return StreamDefaults{PubPort: transport.DefaultPubPort, ReplayPort: transport.DefaultRouterPort}
+	return StreamDefaults{PubPort: transport.DefaultPubPort, ReplayPort: transport.DefaultRouterPort,
+		EnginePort: endpoint.DefaultEnginePort}
 }
 
 func (d StreamDefaults) validate() error {
+	if d.EnginePort < 0 || d.EnginePort > 65535 {
+		return fmt.Errorf("default engine port %d is not a port", d.EnginePort)
+	}
 	if d.PubPort < 1 || d.PubPort > 65535 {
 		return fmt.Errorf("default PUB port %d is not a port", d.PubPort)
 	}
@@ -83,6 +93,8 @@ type PodTarget struct {
 	ReplayPort int // 0: replay disabled
 	Topic      string
 	DPSize     int
+	// EnginePort is the engine's HTTP port, which names it in bind mode.
+	EnginePort int
 }
 
 // streamID returns the identity of rank's stream.
@@ -113,6 +125,7 @@ func TargetForPod(pod *v1.Pod, d StreamDefaults) (PodTarget, IneligibleReason, e
 	t := PodTarget{
 		PodKey: endpoint.KeyOf(pod).String(), UID: string(pod.UID), IP: pod.Status.PodIP, Model: model, LoraID: lora,
 		PubPort: d.PubPort, ReplayPort: d.ReplayPort, Topic: d.Topic, DPSize: 1,
+		EnginePort: endpoint.Parse(pod, endpoint.Options{DefaultPort: d.EnginePort}).Port,
 	}
 	if v, ok := endpoint.Value(pod, endpoint.TopicAnnotation); ok {
 		t.Topic = v

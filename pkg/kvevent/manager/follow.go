@@ -114,7 +114,8 @@ type bindFollower struct {
 func newBindFollower(m *KVEventManager, zctx *zmq.Context) (*bindFollower, error) {
 	cfg := *m.cfg.Bind
 	cfg.Context, cfg.Logger, cfg.Ignored = zctx, m.logger, m.metrics.bindIgnored
-	cfg.ReceiveHWM, cfg.PollTimeout = m.cfg.Client.ReceiveHWM, m.cfg.Client.PollTimeout
+	cfg.PollTimeout, cfg.MaxMessageBytes, cfg.ReceiveBufferBytes = m.cfg.Client.PollTimeout, m.cfg.Client.MaxMessageBytes,
+		m.cfg.Client.ReceiveBufferBytes
 	r, err := transport.NewBindReceiver(cfg)
 	if err != nil {
 		return nil, err
@@ -132,7 +133,7 @@ func (f *bindFollower) follow(t PodTarget) ([]*followedStream, error) {
 		if t.ReplayPort != 0 {
 			cfg.ReplayEndpoint = zmqwire.TCPEndpoint(t.IP, t.ReplayPort+rank)
 		}
-		specs[rank] = transport.BoundStreamConfig{Config: cfg, Handler: f.m.handler(t, rank)}
+		specs[rank] = transport.BoundStreamConfig{Config: cfg, EnginePort: t.EnginePort, Handler: f.m.handler(t, rank)}
 	}
 	bound, err := f.r.Follow(specs...)
 	if err != nil {
@@ -142,7 +143,7 @@ func (f *bindFollower) follow(t PodTarget) ([]*followedStream, error) {
 	for rank, b := range bound {
 		pub, replay := b.Endpoints()
 		streams[rank] = &followedStream{id: t.streamID(rank), pubEndpoint: pub, replayEndpoint: replay,
-			topic: transport.BindTopic(t.IP, t.Model), since: time.Now(), stats: b}
+			topic: b.Topic(), since: time.Now(), stats: b}
 	}
 	return streams, nil
 }

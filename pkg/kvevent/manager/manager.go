@@ -44,16 +44,21 @@ type ManagerConfig struct {
 	Client *transport.ZMQClientConfig
 	// Bind, when set, makes the gateway bind SUB sockets that engines
 	// dial into, instead of dialling each pod (see transport.BindConfig).
-	// Each engine publishes with topic kv@<pod-ip>:<port>@<model>: the
-	// manager takes the pod from the topic, the eligible pod with that IP
-	// and model. Messages of other topics, of pods the manager does not
+	// Each engine publishes with topic kv@<pod-ip>:<port>@<model>, port
+	// being its HTTP port (endpoint.ModelPortLabel): the manager takes the pod
+	// from the topic, the eligible pod with that IP, port and model, and
+	// by default only from a message that comes from that IP. Messages of
+	// other topics, of other addresses, of pods the manager does not
 	// follow, or of ranks beyond the pod's DP size are counted in
-	// kvgate_kv_event_bind_ignored_messages_total and dropped. Replay still
-	// dials the pod's replay ROUTER (endpoint.ReplayPortAnnotation), so that a
-	// stream is exact from its first batch on. Endpoint and Ranks (at most
-	// endpoint.MaxDPSize) are the manager's to read; it sets the receiver's context,
-	// logger and Ignored hook, and takes the bound sockets' ReceiveHWM and
-	// PollTimeout from Client.
+	// kvgate_kv_event_bind_ignored_messages_total and dropped; a pod whose
+	// identity another followed pod has is not followed (state failed).
+	// Replay still dials the pod's replay ROUTER
+	// (endpoint.ReplayPortAnnotation), so that a stream is exact from its
+	// first batch on. Endpoint, Ranks (at most endpoint.MaxDPSize),
+	// AllowAnyPeer and LivenessTimeout are the manager's to read; it sets
+	// the receiver's context, logger and Ignored hook, and takes the bound
+	// sockets' MaxMessageBytes, ReceiveBufferBytes and PollTimeout from
+	// Client.
 	//
 	// Choose bind mode when engines cannot be reached by the gateway (the
 	// gateway's address is stable, the engines' are not) or to keep one
@@ -139,6 +144,11 @@ func NewKVEventManager(cfg ManagerConfig) (*KVEventManager, error) {
 		}
 		if cfg.Bind.Ranks > endpoint.MaxDPSize {
 			return nil, fmt.Errorf("kvevent: KV event manager: bind: Ranks %d must be from 0 to %d", cfg.Bind.Ranks, endpoint.MaxDPSize)
+		}
+		quiet := cfg.Client.MaxReconnectDelay + cfg.Client.ReplayTimeout
+		if live := cmp.Or(cfg.Bind.LivenessTimeout, transport.DefaultLivenessTimeout); live <= quiet {
+			return nil, fmt.Errorf("kvevent: KV event manager: bind: LivenessTimeout %v must exceed %v, the longest a quiet "+
+				"engine goes unheard between two replay probes (MaxReconnectDelay + ReplayTimeout)", live, quiet)
 		}
 	}
 	cfg.Workers = cmp.Or(cfg.Workers, DefaultManagerWorkers)

@@ -37,7 +37,7 @@ type StreamStatus struct {
 	ReplayEndpoint string `json:"replayEndpoint,omitempty"`
 	// Topic is the SUB filter of a dialled stream, or the topic a bound
 	// stream expects its engine to publish with (kv@<ip>:<port>@<model>,
-	// any port).
+	// port being the engine's HTTP port).
 	Topic string `json:"topic"`
 	// Since is when the manager started following the stream.
 	Since time.Time `json:"since"`

@@ -51,7 +51,7 @@ func newManagerMetrics(reg prometheus.Registerer, m *KVEventManager) (*managerMe
 			Name: "kvgate_kv_event_bind_ignored_messages_total",
 			Help: "Messages received on the gateway's bound KV event sockets and dropped, by reason.",
 		}, []string{"reason"})
-		for _, r := range []string{transport.IgnoredMalformed, transport.IgnoredBadTopic, transport.IgnoredUnknownPod, transport.IgnoredRankOutOfRange, transport.IgnoredIdentityChanged} {
+		for _, r := range transport.IgnoredReasons {
 			mm.ignored.WithLabelValues(r)
 		}
 	}

@@ -98,16 +98,17 @@ func TestTargetForPodReadsOverridesAndDefaults(t *testing.T) {
 	p := makePod(podSpec{name: "a", ip: "10.0.0.7", ports: kvtest.Ports{Pub: 7000, Router: 7100}, dpSize: 4,
 		extra: map[string]string{endpoint.TopicAnnotation: "kv@10.0.0.7:8000@llama"}})
 	p.Labels[endpoint.LoraIDLabel] = "12"
+	p.Labels[endpoint.ModelPortLabel] = "8011"
 	got, reason, err := TargetForPod(p, DefaultStreamDefaults())
 	want := PodTarget{PodKey: "default/a", UID: "uid-a", IP: "10.0.0.7", Model: "llama", LoraID: "12", PubPort: 7000,
-		ReplayPort: 7100, Topic: "kv@10.0.0.7:8000@llama", DPSize: 4}
+		ReplayPort: 7100, Topic: "kv@10.0.0.7:8000@llama", DPSize: 4, EnginePort: 8011}
 	if reason != "" || err != nil || got != want {
 		t.Fatalf("TargetForPod = %+v, %q, %v; want %+v", got, reason, err, want)
 	}
 	bare := makePod(podSpec{name: "b"})
 	bare.Annotations = nil
 	got, _, _ = TargetForPod(bare, StreamDefaults{PubPort: 5600, Topic: "kv"})
-	if got.PubPort != 5600 || got.ReplayPort != 0 || got.Topic != "kv" || got.DPSize != 1 {
+	if got.PubPort != 5600 || got.ReplayPort != 0 || got.Topic != "kv" || got.DPSize != 1 || got.EnginePort != endpoint.DefaultEnginePort {
 		t.Fatalf("defaults not applied: %+v", got)
 	}
 	if id := got.streamID(0); id != (kvevent.StreamID{PodKey: "default/b", Model: "llama"}) {
@@ -337,6 +338,8 @@ func TestNewKVEventManagerRejectsBadConfig(t *testing.T) {
 		"bad template":    {Index: newMemIndex(), Client: badClient},
 		"negative worker": {Index: newMemIndex(), Workers: -1},
 		"bad bind":        {Index: newMemIndex(), Bind: &transport.BindConfig{Endpoint: "udp://x"}},
+		"liveness shorter than the probes": {Index: newMemIndex(),
+			Bind: &transport.BindConfig{Endpoint: "tcp://127.0.0.1:1", LivenessTimeout: 10 * time.Second}},
 	} {
 		if _, err := NewKVEventManager(cfg); err == nil {
 			t.Errorf("%s: NewKVEventManager succeeded", name)

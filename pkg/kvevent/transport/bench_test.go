@@ -151,7 +151,7 @@ func BenchmarkClientDeliver(b *testing.B) {
 // BenchmarkSequencerInOrder measures the sequencer's cost per live batch
 // on an exact stream.
 func BenchmarkSequencerInOrder(b *testing.B) {
-	s := newSequencer(discardSink{}, DefaultMaxPendingBatches)
+	s := newSequencer(discardSink{}, DefaultMaxPendingBatches, DefaultMaxPendingBytes)
 	payload := []byte{1}
 	b.ReportAllocs()
 	var seq uint64
@@ -165,5 +165,7 @@ type discardSink struct{}
 
 func (discardSink) deliver(uint64, []byte, bool)  {}
 func (discardSink) reset(kvevent.StreamReset)     {}
+func (discardSink) joined(uint64, uint64)         {}
 func (discardSink) startReplay(uint64, bool) bool { return false }
 func (discardSink) abortReplay()                  {}
+func (discardSink) pendingOverflow()              {}

@@ -8,7 +8,6 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	zmq "github.com/pebbe/zmq4"
@@ -19,16 +18,34 @@ import (
 )
 
 // bindTopicPrefix starts the topic of an engine that dials into a bound
-// receiver: kv@<pod-ip>:<port>@<model>.
+// receiver: kv@<ip>:<port>@<model>.
 const bindTopicPrefix = "kv@"
+
+// DefaultLivenessTimeout is how long a bound stream may go without hearing
+// from its engine before it counts as disconnected: twice the longest wait
+// between two quiet-stream probes by default (MaxReconnectInterval), whose
+// replies prove a quiet engine alive.
+const DefaultLivenessTimeout = 2 * MaxReconnectInterval
 
 // BindConfig configures a BindReceiver: SUB sockets bound for engines to
 // dial into (vLLM's PUB connects when its endpoint names a host, as in
 // tcp://gateway:5557), instead of one connection dialled to every engine.
 //
-// Each engine must publish with topic kv@<pod-ip>:<port>@<model>; the
-// receiver hands a message to the stream followed for that IP, model and
-// rank, and counts every other message as ignored (see Ignored).
+// Each engine publishes with topic kv@<ip>:<port>@<model>, its own IP
+// address, the port of its HTTP server and its model. The receiver hands a
+// message to the stream followed for that whole identity on the socket of
+// the message's rank, and counts every other message as ignored (see
+// Ignored).
+//
+// A bound socket accepts connections from anywhere its address is
+// reachable, so a topic alone proves nothing: by default a message counts
+// only when it comes from the IP address its topic names (the TCP peer
+// address of its connection), so that no process can speak for an engine
+// on another address, nor lock it out. Processes that share the engine's
+// address (its pod's other containers, or the other processes of a node
+// with host networking) are trusted with its identity; keep the bound
+// port unreachable from elsewhere (a NetworkPolicy admitting only the
+// engines).
 type BindConfig struct {
 	// Endpoint is the endpoint bound for rank 0, e.g. tcp://*:5557. Rank r
 	// binds Endpoint offset by r exactly as a connecting vLLM engine of
@@ -38,12 +55,37 @@ type BindConfig struct {
 	// Ranks is how many ranks are bound: the largest data-parallel size of
 	// the engines (1 when 0).
 	Ranks int
+	// AllowAnyPeer accepts a message from any address, trusting its topic
+	// alone. Set it only when engines reach the gateway through address
+	// translation or a proxy, which hides their own addresses; anyone who
+	// can reach the bound port can then speak for any engine.
+	AllowAnyPeer bool
+	// LivenessTimeout is how long a stream may go without a live message
+	// or a replay reply from its engine before it counts as disconnected
+	// (DefaultLivenessTimeout when 0). The quiet-stream probes keep an
+	// engine with replay alive while it is idle; it must exceed the
+	// streams' MaxReconnectDelay + ReplayTimeout, the longest a healthy
+	// quiet engine goes unheard. Without replay, an idle engine counts as
+	// disconnected until it publishes again.
+	LivenessTimeout time.Duration
 	// Context is the ZeroMQ context of the bound sockets and the streams'
 	// replay sockets. When nil the receiver creates its own and terminates
 	// it on Close.
 	Context *zmq.Context
-	// ReceiveHWM is the bound sockets' receive high-water mark in messages
-	// (DefaultReceiveHWM when 0).
+	// MaxMessageBytes bounds one frame on the bound sockets, as
+	// ZMQClientConfig.MaxMessageBytes does (DefaultMaxMessageBytes when
+	// 0).
+	MaxMessageBytes int
+	// ReceiveBufferBytes bounds what ZeroMQ queues for one connected
+	// engine (DefaultReceiveBufferBytes when 0): the bound sockets'
+	// receive high-water mark is ReceiveBufferBytes / MaxMessageBytes
+	// messages, at least 1, unless ReceiveHWM sets it. A receiver cannot
+	// disconnect one of the engines that dial in, so the bound is ZeroMQ's:
+	// an engine that sends faster than the receiver reads is held back
+	// (vLLM then queues on its side, up to its own high-water mark).
+	ReceiveBufferBytes int
+	// ReceiveHWM, when set, is the bound sockets' receive high-water mark
+	// in messages per connected engine instead.
 	ReceiveHWM int
 	// PollTimeout bounds how long Follow and Unfollow wait for the
 	// receiver's goroutine (DefaultPollTimeout when 0).
@@ -65,8 +107,9 @@ func (c *BindConfig) Validate() error {
 	if c.Ranks < 0 {
 		return fmt.Errorf("bind: Ranks %d is negative", c.Ranks)
 	}
-	if c.ReceiveHWM < 0 || c.PollTimeout < 0 {
-		return fmt.Errorf("bind: ReceiveHWM %d and PollTimeout %v must not be negative", c.ReceiveHWM, c.PollTimeout)
+	if c.ReceiveHWM < 0 || c.PollTimeout < 0 || c.MaxMessageBytes < 0 || c.ReceiveBufferBytes < 0 || c.LivenessTimeout < 0 {
+		return fmt.Errorf("bind: ReceiveHWM %d, MaxMessageBytes %d, ReceiveBufferBytes %d, PollTimeout %v and LivenessTimeout %v "+
+			"must not be negative", c.ReceiveHWM, c.MaxMessageBytes, c.ReceiveBufferBytes, c.PollTimeout, c.LivenessTimeout)
 	}
 	for r := range max(c.Ranks, 1) {
 		if _, err := zmqwire.OffsetEndpointPort(c.Endpoint, r); err != nil {
@@ -78,89 +121,91 @@ func (c *BindConfig) Validate() error {
 
 // Reasons a BindReceiver ignores a message, passed to BindConfig.Ignored.
 const (
-	IgnoredMalformed       = "malformed_message"
-	IgnoredBadTopic        = "bad_topic"
-	IgnoredUnknownPod      = "unknown_pod"
-	IgnoredRankOutOfRange  = "rank_out_of_range"
-	IgnoredIdentityChanged = "identity_conflict"
+	IgnoredMalformed      = "malformed_message"
+	IgnoredBadTopic       = "bad_topic"
+	IgnoredUnknownPod     = "unknown_pod"
+	IgnoredRankOutOfRange = "rank_out_of_range"
+	// IgnoredPeerMismatch is a message whose topic names an IP address
+	// other than the one it came from.
+	IgnoredPeerMismatch = "peer_mismatch"
 )
 
-// parseBindTopic splits a topic kv@<pod-ip>:<port>@<model> into its
-// parts. The IP is returned in canonical form.
-func parseBindTopic(topic string) (ip string, port int, model string, err error) {
+// IgnoredReasons lists every reason a BindReceiver ignores a message.
+var IgnoredReasons = []string{IgnoredMalformed, IgnoredBadTopic, IgnoredUnknownPod, IgnoredRankOutOfRange, IgnoredPeerMismatch}
+
+// bindIdentity is what a topic kv@<ip>:<port>@<model> names, with the IP in
+// canonical form.
+type bindIdentity struct {
+	ip    string
+	port  int
+	model string
+}
+
+// String is the canonical topic of the identity.
+func (id bindIdentity) String() string { return BindTopic(id.ip, id.port, id.model) }
+
+// newBindIdentity returns the identity of the engine at ip, port serving
+// model, or an error when ip is not an IP address or port not a port.
+func newBindIdentity(ip string, port int, model string) (bindIdentity, error) {
+	parsed := net.ParseIP(ip)
+	switch {
+	case parsed == nil:
+		return bindIdentity{}, fmt.Errorf("%q is not an IP address", ip)
+	case port < 1 || port > 65535:
+		return bindIdentity{}, fmt.Errorf("port %d is not a port", port)
+	case model == "":
+		return bindIdentity{}, errors.New("no model")
+	}
+	return bindIdentity{ip: parsed.String(), port: port, model: model}, nil
+}
+
+// parseBindTopic reads the identity a topic kv@<ip>:<port>@<model> names.
+func parseBindTopic(topic string) (bindIdentity, error) {
 	rest, ok := strings.CutPrefix(topic, bindTopicPrefix)
 	if !ok {
-		return "", 0, "", fmt.Errorf("topic %q does not start with %q", topic, bindTopicPrefix)
+		return bindIdentity{}, fmt.Errorf("topic %q does not start with %q", topic, bindTopicPrefix)
 	}
 	addr, model, ok := strings.Cut(rest, "@")
 	if !ok || model == "" {
-		return "", 0, "", fmt.Errorf("topic %q has no @<model> after the address", topic)
+		return bindIdentity{}, fmt.Errorf("topic %q has no @<model> after the address", topic)
 	}
 	host, p, err := net.SplitHostPort(addr)
 	if err != nil {
-		return "", 0, "", fmt.Errorf("topic %q: address: %w", topic, err)
+		return bindIdentity{}, fmt.Errorf("topic %q: address: %w", topic, err)
 	}
-	parsed := net.ParseIP(host)
 	port, perr := strconv.Atoi(p)
-	if parsed == nil || perr != nil || port < 1 || port > 65535 {
-		return "", 0, "", fmt.Errorf("topic %q: want <ip>:<port>, got %q", topic, addr)
+	id, err := newBindIdentity(host, port, model)
+	if perr != nil || err != nil {
+		return bindIdentity{}, fmt.Errorf("topic %q: want <ip>:<port>, got %q", topic, addr)
 	}
-	return parsed.String(), port, model, nil
+	return id, nil
 }
 
-// BindTopic is the topic the engine at ip serving model publishes with,
-// for logs and status: any port identifies it.
-func BindTopic(ip, model string) string {
-	return bindTopicPrefix + net.JoinHostPort(ip, "<port>") + "@" + model
+// BindTopic is the topic the engine at ip whose HTTP server listens on
+// port and which serves model publishes with: kv@<ip>:<port>@<model>, an
+// IPv6 address in brackets.
+func BindTopic(ip string, port int, model string) string {
+	return bindTopicPrefix + net.JoinHostPort(ip, strconv.Itoa(port)) + "@" + model
 }
 
 // BindReceiver follows the streams of engines that dial into its bound SUB
 // sockets, one socket per data-parallel rank. Each stream is kept exact as
 // a ZMQClient's is: the receiver replays it from the engine's replay ROUTER
-// when its engine first sends, on gaps and when it is quiet.
+// when its engine first sends, on gaps and when it is quiet. A stream counts
+// as connected from its engine's first message until it has not heard from
+// its engine (a live message or a replay reply) for LivenessTimeout.
 //
 // One goroutine owns the bound sockets and every followed stream; Follow
 // hands new streams to it and Unfollow takes them back, both through
 // commands the goroutine picks up within BindConfig.PollTimeout. All
 // methods are safe for concurrent use.
 type BindReceiver struct {
-	bound []string // endpoints, by rank
-	ctx   *zmq.Context
-	cmds  chan func(*bindLoop)
-	stop  chan struct{}
-	done  chan struct{}
-}
-
-// bindLoop is the state of a BindReceiver's goroutine, which alone holds
-// it.
-type bindLoop struct {
-	cfg      BindConfig
-	logger   klog.Logger
+	bound    []string // endpoints, by rank
 	ctx      *zmq.Context
-	ownCtx   bool
-	subs     []*zmq.Socket            // by rank
-	bound    []string                 // endpoints, by rank
-	byAddr   map[string]string        // ip@model -> pod key
-	streams  map[boundKey]*boundEntry // followed streams
-	warnedAt map[string]time.Time     // when an ignored identity was last logged
-	poller   *zmq.Poller
-	dirty    bool // the set of sockets changed: rebuild poller
-	frames   [][]byte
-}
-
-// boundKey identifies a followed stream: its pod and rank.
-type boundKey struct {
-	pod  string
-	rank int
-}
-
-// boundEntry is one stream a bindLoop follows.
-type boundEntry struct {
-	s      *stream
-	handle *BoundStream
-	addr   string      // ip@model of its engine
-	topic  string      // identity of the engine, once it has sent
-	polled *zmq.Socket // the replay socket the poller holds
+	liveness time.Duration
+	cmds     chan func(*bindLoop)
+	stop     chan struct{}
+	done     chan struct{}
 }
 
 // NewBindReceiver binds cfg's endpoints and starts the receiver's
@@ -170,74 +215,27 @@ func NewBindReceiver(cfg BindConfig) (*BindReceiver, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("kvevent: %w", err)
 	}
-	cfg.ReceiveHWM = cmp.Or(cfg.ReceiveHWM, DefaultReceiveHWM)
 	cfg.PollTimeout = cmp.Or(cfg.PollTimeout, DefaultPollTimeout)
-	l := &bindLoop{cfg: cfg, logger: cfg.Logger, ctx: cfg.Context,
-		byAddr: map[string]string{}, streams: map[boundKey]*boundEntry{}, warnedAt: map[string]time.Time{}, dirty: true}
-	if l.logger.GetSink() == nil {
-		l.logger = klog.Background()
+	cfg.MaxMessageBytes = cmp.Or(cfg.MaxMessageBytes, DefaultMaxMessageBytes)
+	cfg.ReceiveBufferBytes = cmp.Or(cfg.ReceiveBufferBytes, DefaultReceiveBufferBytes)
+	cfg.ReceiveHWM = cmp.Or(cfg.ReceiveHWM, max(1, cfg.ReceiveBufferBytes/cfg.MaxMessageBytes))
+	cfg.LivenessTimeout = cmp.Or(cfg.LivenessTimeout, DefaultLivenessTimeout)
+	l, err := newBindLoop(cfg)
+	if err != nil {
+		return nil, err
 	}
-	if l.ctx == nil {
-		ctx, err := zmq.NewContext()
-		if err != nil {
-			return nil, fmt.Errorf("kvevent: bind: create ZeroMQ context: %w", err)
-		}
-		l.ctx, l.ownCtx = ctx, true
-	}
-	for rank := range max(cfg.Ranks, 1) {
-		ep, _ := zmqwire.OffsetEndpointPort(cfg.Endpoint, rank)
-		if err := l.bind(ep); err != nil {
-			l.closeSockets()
-			return nil, err
-		}
-	}
-	r := &BindReceiver{bound: l.bound, ctx: l.ctx,
+	r := &BindReceiver{bound: l.bound, ctx: l.ctx, liveness: cfg.LivenessTimeout,
 		cmds: make(chan func(*bindLoop)), stop: make(chan struct{}), done: make(chan struct{})}
 	go l.run(r)
 	return r, nil
 }
 
-func (l *bindLoop) bind(ep string) error {
-	s, err := l.ctx.NewSocket(zmq.SUB)
-	if err != nil {
-		return fmt.Errorf("kvevent: bind %s: %w", ep, err)
-	}
-	l.subs = append(l.subs, s)
-	l.bound = append(l.bound, ep)
-	err = errors.Join(s.SetLinger(0), s.SetRcvhwm(l.cfg.ReceiveHWM), s.SetSubscribe(""))
-	if err == nil && (zmqwire.NeedsIPv6(ep) || strings.Contains(ep, "::")) {
-		err = s.SetIpv6(true)
-	}
-	if err == nil {
-		err = s.Bind(ep)
-	}
-	if err != nil {
-		return fmt.Errorf("kvevent: bind %s: %w", ep, err)
-	}
-	return nil
-}
-
-// closeSockets closes the bound sockets and, when the receiver created it,
-// terminates the context.
-func (l *bindLoop) closeSockets() {
-	for _, s := range l.subs {
-		s.Close()
-	}
-	l.subs = nil
-	if l.ownCtx {
-		if err := l.ctx.Term(); err != nil {
-			l.logger.Error(err, "Terminating the ZeroMQ context failed")
-		}
-	}
-}
-
-// do runs fn on the goroutine and waits for it.
-func (r *BindReceiver) do(fn func(*bindLoop)) error {
-	ran := make(chan struct{})
+// do runs fn on the goroutine and returns its error.
+func (r *BindReceiver) do(fn func(*bindLoop) error) error {
+	result := make(chan error, 1)
 	select {
-	case r.cmds <- func(l *bindLoop) { fn(l); close(ran) }:
-		<-ran
-		return nil
+	case r.cmds <- func(l *bindLoop) { result <- fn(l) }:
+		return <-result
 	case <-r.done:
 		return errors.New("kvevent: bound receiver is closed")
 	}
@@ -246,12 +244,16 @@ func (r *BindReceiver) do(fn func(*bindLoop)) error {
 // BoundStreamConfig is one stream for BindReceiver.Follow.
 type BoundStreamConfig struct {
 	// Config configures the stream as it would a ZMQClient's. PodIP (an IP
-	// address), ModelName and DPRank name the engine's messages: topic
-	// kv@<PodIP>:<any port>@<ModelName> on rank DPRank's bound socket.
-	// Replay dials ReplayEndpoint; an empty one disables replay. The
-	// receiver sets PubEndpoint to the rank's bound endpoint; PubPort,
-	// RouterPort, Topic and Context are not used.
+	// address), EnginePort, ModelName and DPRank name the engine's
+	// messages: topic kv@<PodIP>:<EnginePort>@<ModelName> on rank DPRank's
+	// bound socket. Replay dials ReplayEndpoint; an empty one disables
+	// replay. The receiver sets PubEndpoint to the rank's bound endpoint;
+	// PubPort, RouterPort, Topic and Context are not used.
 	Config *ZMQClientConfig
+	// EnginePort is the port in the engine's topic: the port of its HTTP
+	// server, so that the engines of one address (several per node, with
+	// host networking) have identities of their own.
+	EnginePort int
 	// Handler receives the stream's batches, as a ZMQClient's would.
 	Handler kvevent.EventHandler
 }
@@ -260,6 +262,7 @@ type BoundStreamConfig struct {
 // for Unfollow.
 type BoundStream struct {
 	key            boundKey
+	topic          string
 	pubEndpoint    string
 	replayEndpoint string
 	obs            *observer
@@ -272,13 +275,17 @@ func (s *BoundStream) Stats() ClientStats { return s.obs.stats() }
 // replay endpoint it is replayed from ("" without replay).
 func (s *BoundStream) Endpoints() (pub, replay string) { return s.pubEndpoint, s.replayEndpoint }
 
+// Topic returns the topic the stream's engine must publish with.
+func (s *BoundStream) Topic() string { return s.topic }
+
 // Follow starts following streams, all of them or, on error, none. A
 // stream attaches to its engine on the engine's first message and replays
 // it from the start, since the engine published before it was followed.
-// A stream replaces the one followed before for the same pod and rank; the
-// latest pod to follow an IP and model receives its messages. Follow fails
-// on an invalid config, a nil handler, a rank the receiver does not bind,
-// or a closed receiver.
+// A stream replaces the one followed before for the same pod and rank.
+// Follow fails on an invalid config, a nil handler, a rank the receiver
+// does not bind, an identity (IP, port and model) that another pod
+// followed already, since its messages could belong to either, or a closed
+// receiver.
 func (r *BindReceiver) Follow(streams ...BoundStreamConfig) ([]*BoundStream, error) {
 	handles := make([]*BoundStream, 0, len(streams))
 	entries := make([]*boundEntry, 0, len(streams))
@@ -296,17 +303,7 @@ func (r *BindReceiver) Follow(streams ...BoundStreamConfig) ([]*BoundStream, err
 		entries = append(entries, e)
 		handles = append(handles, e.handle)
 	}
-	err := r.do(func(l *bindLoop) {
-		for _, e := range entries {
-			if old := l.streams[e.handle.key]; old != nil {
-				old.s.detach()
-			}
-			l.byAddr[e.addr] = e.handle.key.pod
-			l.streams[e.handle.key] = e
-		}
-		l.dirty = true
-	})
-	if err != nil {
+	if err := r.do(func(l *bindLoop) error { return l.follow(entries) }); err != nil {
 		return fail(err)
 	}
 	return handles, nil
@@ -318,13 +315,17 @@ func (r *BindReceiver) newEntry(bs BoundStreamConfig) (*boundEntry, error) {
 		return nil, errors.New("kvevent: follow a bound stream: nil config")
 	}
 	cfg := *bs.Config
+	id, idErr := newBindIdentity(cfg.PodIP, bs.EnginePort, cfg.ModelName)
 	switch {
 	case cfg.DPRank < 0 || cfg.DPRank >= len(r.bound):
 		return nil, fmt.Errorf("kvevent: follow %s rank %d: the receiver binds %d ranks", cfg.PodKey, cfg.DPRank, len(r.bound))
-	case net.ParseIP(cfg.PodIP) == nil:
-		return nil, fmt.Errorf("kvevent: follow %s rank %d: PodIP %q is not an IP address", cfg.PodKey, cfg.DPRank, cfg.PodIP)
+	case idErr != nil:
+		return nil, fmt.Errorf("kvevent: follow %s rank %d: engine identity: %w", cfg.PodKey, cfg.DPRank, idErr)
 	case bs.Handler == nil:
 		return nil, fmt.Errorf("kvevent: follow %s rank %d: nil handler", cfg.PodKey, cfg.DPRank)
+	case r.liveness <= cfg.MaxReconnectDelay+cfg.ReplayTimeout:
+		return nil, fmt.Errorf("kvevent: follow %s rank %d: LivenessTimeout %v must exceed MaxReconnectDelay %v + ReplayTimeout %v",
+			cfg.PodKey, cfg.DPRank, r.liveness, cfg.MaxReconnectDelay, cfg.ReplayTimeout)
 	}
 	cfg.PubEndpoint, cfg.Topic, cfg.Context = r.bound[cfg.DPRank], "", r.ctx
 	if err := ValidateConfig(&cfg); err != nil {
@@ -334,26 +335,17 @@ func (r *BindReceiver) newEntry(bs BoundStreamConfig) (*boundEntry, error) {
 	obs := newObserver(&cfg, pub)
 	handler := &atomic.Pointer[handlerSet]{}
 	handler.Store(newHandlerSet(bs.Handler))
-	h := &BoundStream{key: boundKey{pod: cfg.PodKey, rank: cfg.DPRank}, pubEndpoint: pub, replayEndpoint: replay, obs: obs}
-	return &boundEntry{s: newStream(&cfg, replay, obs, handler), handle: h, addr: addrKey(cfg.PodIP, cfg.ModelName)}, nil
+	h := &BoundStream{key: boundKey{pod: cfg.PodKey, rank: cfg.DPRank}, topic: id.String(), pubEndpoint: pub,
+		replayEndpoint: replay, obs: obs}
+	return &boundEntry{s: newStream(&cfg, replay, obs, handler), handle: h, id: id}, nil
 }
 
 // Unfollow stops following streams and returns once none of their batches
 // can reach their handlers any more.
 func (r *BindReceiver) Unfollow(streams ...*BoundStream) {
-	r.do(func(l *bindLoop) {
-		for _, h := range streams {
-			e := l.streams[h.key]
-			if e == nil || e.handle != h {
-				continue
-			}
-			delete(l.streams, h.key)
-			if l.byAddr[e.addr] == h.key.pod {
-				delete(l.byAddr, e.addr)
-			}
-			e.s.detach()
-			l.dirty = true
-		}
+	_ = r.do(func(l *bindLoop) error {
+		l.unfollow(streams)
+		return nil
 	})
 	for _, h := range streams {
 		h.obs.close()
@@ -367,104 +359,4 @@ func (r *BindReceiver) Unfollow(streams ...*BoundStream) {
 func (r *BindReceiver) Close() {
 	close(r.stop)
 	<-r.done
-}
-
-func addrKey(ip, model string) string {
-	if p := net.ParseIP(ip); p != nil {
-		ip = p.String()
-	}
-	return ip + "@" + model
-}
-
-// run is the receiver's goroutine.
-func (l *bindLoop) run(r *BindReceiver) {
-	defer close(r.done)
-	defer l.closeSockets()
-	defer func() {
-		for _, e := range l.streams {
-			e.s.detach()
-		}
-	}()
-	for {
-		select {
-		case <-r.stop:
-			return
-		case cmd := <-r.cmds:
-			cmd(l)
-			continue
-		default:
-		}
-		l.poll()
-	}
-}
-
-// poll waits for the sockets once and services what is ready, then the
-// streams' timers.
-func (l *bindLoop) poll() {
-	if l.dirty {
-		l.rebuildPoller()
-	}
-	wait := l.cfg.PollTimeout
-	for _, e := range l.streams {
-		if e.topic != "" {
-			wait = e.s.timerWait(wait)
-		}
-	}
-	ready, err := l.poller.Poll(wait)
-	if err != nil {
-		if zmq.AsErrno(err) != zmq.Errno(syscall.EINTR) {
-			l.logger.Error(err, "Polling the bound KV event sockets failed")
-			time.Sleep(l.cfg.PollTimeout)
-		}
-		return
-	}
-	for _, p := range ready {
-		if rank := l.subRank(p.Socket); rank >= 0 {
-			l.drainLive(rank)
-			continue
-		}
-		for _, e := range l.streams {
-			if e.polled == p.Socket {
-				e.s.drainReplies()
-				l.track(e)
-			}
-		}
-	}
-	now := time.Now()
-	for _, e := range l.streams {
-		if e.topic != "" {
-			e.s.runTimers(now)
-			l.track(e)
-		}
-	}
-}
-
-func (l *bindLoop) subRank(s *zmq.Socket) int {
-	for rank, sub := range l.subs {
-		if sub == s {
-			return rank
-		}
-	}
-	return -1
-}
-
-// track notices a stream whose replay socket was replaced.
-func (l *bindLoop) track(e *boundEntry) {
-	if e.s.replaySocket() != e.polled {
-		e.polled = e.s.replaySocket()
-		l.dirty = true
-	}
-}
-
-func (l *bindLoop) rebuildPoller() {
-	l.poller = zmq.NewPoller()
-	for _, s := range l.subs {
-		l.poller.Add(s, zmq.POLLIN)
-	}
-	for _, e := range l.streams {
-		if e.polled != nil {
-			l.poller.Add(e.polled, zmq.POLLIN)
-		}
-	}
-	l.dirty = false
 }

@@ -1,6 +1,8 @@
 package transport
 
 import (
+	"fmt"
+	"net"
 	"time"
 
 	zmq "github.com/pebbe/zmq4"
@@ -8,15 +10,12 @@ import (
 	"github.com/kvgate/kvgate/pkg/kvevent/internal/zmqwire"
 )
 
-// ignoredLogInterval is how often one ignored identity is logged.
-const ignoredLogInterval = time.Minute
-
-// drainLive reads the messages waiting on rank's bound socket and hands
+// readLive reads the messages waiting on rank's bound socket and hands
 // each to its stream.
-func (l *bindLoop) drainLive(rank int) {
+func (l *bindLoop) readLive(rank int) {
 	sub := l.subs[rank]
-	for range maxBurst {
-		frames, err := zmqwire.RecvFrames(sub, zmq.DONTWAIT, l.frames)
+	for range maxReadBurst {
+		frames, peer, err := zmqwire.RecvFramesFrom(sub, zmq.DONTWAIT, l.frames)
 		l.frames = frames
 		if err != nil {
 			if !zmqwire.IsAgain(err) {
@@ -30,70 +29,96 @@ func (l *bindLoop) drainLive(rank int) {
 			seq, ok = zmqwire.ParseSeqFrame(frames[1])
 		}
 		if !ok {
-			l.ignore(IgnoredMalformed, "", rank, errMalformed(frames))
+			l.ignore(IgnoredMalformed, "", peer, rank, errMalformed(frames))
 			continue
 		}
-		l.onMessage(rank, string(frames[0]), seq, frames[2])
+		l.onMessage(rank, string(frames[0]), peer, seq, frames[2])
 	}
 }
 
-// onMessage feeds one live message to the stream its topic and rank name.
-func (l *bindLoop) onMessage(rank int, topic string, seq uint64, payload []byte) {
-	ip, _, model, err := parseBindTopic(topic)
+// onMessage hands one live message to the stream its topic and rank name,
+// when it comes from the address its topic names.
+func (l *bindLoop) onMessage(rank int, topic, peer string, seq uint64, payload []byte) {
+	id, err := parseBindTopic(topic)
 	if err != nil {
-		l.ignore(IgnoredBadTopic, topic, rank, err)
+		l.ignore(IgnoredBadTopic, topic, peer, rank, err)
 		return
 	}
-	pod, ok := l.byAddr[addrKey(ip, model)]
+	if !l.cfg.AllowAnyPeer && !samePeer(peer, id.ip) {
+		l.ignore(IgnoredPeerMismatch, topic, peer, rank,
+			fmt.Errorf("the topic names %s but the message came from %s", id.ip, peer))
+		return
+	}
+	pod, ok := l.byIdentity[id]
 	if !ok {
-		l.ignore(IgnoredUnknownPod, topic, rank, nil)
+		l.ignore(IgnoredUnknownPod, topic, peer, rank, nil)
 		return
 	}
 	e := l.streams[boundKey{pod: pod, rank: rank}]
 	if e == nil {
-		l.ignore(IgnoredRankOutOfRange, topic, rank, nil)
+		l.ignore(IgnoredRankOutOfRange, topic, peer, rank, nil)
 		return
 	}
-	switch e.topic {
-	case "":
-		l.attach(e, topic)
-	case topic:
-	default:
-		l.ignore(IgnoredIdentityChanged, topic, rank, nil)
-		return
+	now := time.Now()
+	if !e.attached {
+		l.attach(e, now)
 	}
-	e.s.liveArrived(time.Now())
-	e.s.live(seq, payload)
+	e.s.liveArrived(now)
+	e.s.pushLive(seq, payload)
+}
+
+// samePeer reports whether a message from peer may speak for ip. A peer
+// address is absent only on transports without one (ipc, inproc), which
+// reach the gateway's own host alone.
+func samePeer(peer, ip string) bool {
+	if peer == "" {
+		return true
+	}
+	p := net.ParseIP(peer)
+	return p != nil && p.String() == ip
+}
+
+// attach binds a stream to its engine on the engine's first message: the
+// stream counts as connected, and replays from the start, because the
+// engine published before it was followed.
+func (l *bindLoop) attach(e *boundEntry, now time.Time) {
+	e.attached, e.alive = true, true
+	e.s.attach(l.ctx)
+	e.s.up(now)
 	l.track(e)
 }
 
-// attach binds a stream to the engine that sent its first message: the
-// stream counts as connected, opens its replay socket and replays from the
-// start, because the engine published before it was followed.
-func (l *bindLoop) attach(e *boundEntry, topic string) {
-	e.topic = topic
-	if err := e.s.openReplay(l.ctx); err != nil {
-		e.handle.obs.socketFailed(err, "Replay is unavailable for this stream")
-	}
-	e.s.up(time.Now())
-	l.track(e)
-}
-
-// ignore counts a dropped message and logs its identity at most once per
-// ignoredLogInterval.
-func (l *bindLoop) ignore(reason, topic string, rank int, err error) {
+// ignore counts a dropped message and logs it, rate-limited per reason
+// (see logLimiter).
+func (l *bindLoop) ignore(reason, topic, peer string, rank int, err error) {
 	if l.cfg.Ignored != nil {
 		l.cfg.Ignored(reason)
 	}
-	key := reason + "|" + topic
-	now := time.Now()
-	if last, ok := l.warnedAt[key]; ok && now.Sub(last) < ignoredLogInterval {
-		return
+	lim := l.ignoreLimits[reason]
+	if lim == nil {
+		lim = &logLimiter{}
+		l.ignoreLimits[reason] = lim
 	}
-	if len(l.warnedAt) >= 1024 {
-		clear(l.warnedAt)
+	ok, summary := lim.allow(time.Now())
+	if summary > 0 {
+		l.logSuppressedIgnores(reason, summary)
 	}
-	l.warnedAt[key] = now
-	l.logger.Info("Ignoring KV events received on a bound socket", "reason", reason, "topic", topic,
-		"endpoint", l.bound[rank], "error", err)
+	if ok {
+		l.logger.Info("Ignoring KV events received on a bound socket", "reason", reason, "topic", topic,
+			"peer", peer, "endpoint", l.bound[rank], "error", err)
+	}
+}
+
+// flushIgnoreLogs logs the summaries of the intervals that are over at now.
+func (l *bindLoop) flushIgnoreLogs(now time.Time) {
+	for reason, lim := range l.ignoreLimits {
+		if n := lim.due(now); n > 0 {
+			l.logSuppressedIgnores(reason, n)
+		}
+	}
+}
+
+func (l *bindLoop) logSuppressedIgnores(reason string, n int) {
+	l.logger.Info("Suppressed repeated log lines of ignored KV events", "reason", reason, "lines", n,
+		"interval", logInterval, "burst", logBurst)
 }

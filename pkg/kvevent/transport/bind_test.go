@@ -10,6 +10,7 @@ func TestParseBindTopic(t *testing.T) {
 	}{
 		{"kv@10.0.0.1:8000@llama", "10.0.0.1", "llama", 8000, true},
 		{"kv@[fd00::1]:8000@org/model@v2", "fd00::1", "org/model@v2", 8000, true},
+		{"kv@[::ffff:10.0.0.1]:8000@m", "10.0.0.1", "m", 8000, true},
 		{"kv@::ffff:10.0.0.1:8000@m", "", "", 0, false},
 		{"kv@10.0.0.1@llama", "", "", 0, false},
 		{"kv@10.0.0.1:0@llama", "", "", 0, false},
@@ -18,9 +19,34 @@ func TestParseBindTopic(t *testing.T) {
 		{"kv-events", "", "", 0, false},
 	}
 	for _, tt := range tests {
-		ip, port, model, err := parseBindTopic(tt.topic)
-		if (err == nil) != tt.ok || ip != tt.ip || port != tt.port || model != tt.model {
-			t.Errorf("parseBindTopic(%q) = %q, %d, %q, %v", tt.topic, ip, port, model, err)
+		id, err := parseBindTopic(tt.topic)
+		if (err == nil) != tt.ok || id.ip != tt.ip || id.port != tt.port || id.model != tt.model {
+			t.Errorf("parseBindTopic(%q) = %+v, %v", tt.topic, id, err)
+		}
+		if err == nil && BindTopic(tt.ip, tt.port, tt.model) != id.String() {
+			t.Errorf("identity %+v prints as %q", id, id.String())
+		}
+	}
+	if got := BindTopic("fd00::1", 8000, "m"); got != "kv@[fd00::1]:8000@m" {
+		t.Errorf("BindTopic of an IPv6 engine = %q", got)
+	}
+}
+
+func TestSamePeer(t *testing.T) {
+	tests := []struct {
+		peer, ip string
+		want     bool
+	}{
+		{"10.0.0.1", "10.0.0.1", true},
+		{"::ffff:10.0.0.1", "10.0.0.1", true},
+		{"10.0.0.2", "10.0.0.1", false},
+		{"fd00::1", "fd00::1", true},
+		{"", "10.0.0.1", true},
+		{"garbage", "10.0.0.1", false},
+	}
+	for _, tt := range tests {
+		if got := samePeer(tt.peer, tt.ip); got != tt.want {
+			t.Errorf("samePeer(%q, %q) = %v", tt.peer, tt.ip, got)
 		}
 	}
 }

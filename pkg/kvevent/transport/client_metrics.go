@@ -48,9 +48,11 @@ type streamMetrics struct {
 	skipUnknownKey    prometheus.Counter
 	skipUnknownField  prometheus.Counter
 	errors            [numErrorKinds]prometheus.Counter
+	limits            [len(limits)]prometheus.Counter
 	status            prometheus.Gauge
 	lastSeq           prometheus.Gauge
 	topicMismatch     prometheus.Gauge
+	suspended         prometheus.Gauge
 }
 
 // forStream returns the series of the stream of pod podKey, rank dpRank,
@@ -76,6 +78,7 @@ func (m *KVCacheMetrics) forStream(podKey string, dpRank int) *streamMetrics {
 		status:            m.connectionStatus.WithLabelValues(podKey, rank),
 		lastSeq:           m.lastSequenceID.WithLabelValues(podKey, rank),
 		topicMismatch:     m.topicMismatch.WithLabelValues(podKey, rank),
+		suspended:         m.suspended.WithLabelValues(podKey, rank),
 	}
 	for i, t := range eventTypes {
 		c.received[i] = m.eventsReceived.WithLabelValues(podKey, rank, string(t))
@@ -87,9 +90,23 @@ func (m *KVCacheMetrics) forStream(podKey string, dpRank int) *streamMetrics {
 	for i, t := range errorTypes {
 		c.errors[i] = m.errors.WithLabelValues(podKey, rank, t)
 	}
+	for i, l := range limits {
+		c.limits[i] = m.limitHits.WithLabelValues(podKey, rank, l)
+	}
 	c.status.Set(0)
 	c.topicMismatch.Set(0)
+	c.suspended.Set(0)
 	return c
+}
+
+// limit returns the counter of limit (a Limit* value).
+func (m *streamMetrics) limit(limit string) prometheus.Counter {
+	for i, l := range limits {
+		if l == limit {
+			return m.limits[i]
+		}
+	}
+	panic("kvevent: unknown limit " + limit)
 }
 
 // delete removes every series of the stream from the registry, for a
@@ -101,7 +118,8 @@ func (m *streamMetrics) delete() {
 		p.processingDuration.MetricVec, p.missedEvents.MetricVec, p.replayRequests.MetricVec,
 		p.replaySuccess.MetricVec, p.replayFailures.MetricVec, p.replayedBatches.MetricVec,
 		p.batchesReceived.MetricVec, p.streamResets.MetricVec, p.decodeSkips.MetricVec,
-		p.errors.MetricVec, p.connectionStatus.MetricVec, p.lastSequenceID.MetricVec, p.topicMismatch.MetricVec} {
+		p.errors.MetricVec, p.connectionStatus.MetricVec, p.lastSequenceID.MetricVec, p.topicMismatch.MetricVec,
+		p.limitHits.MetricVec, p.suspended.MetricVec} {
 		v.DeletePartialMatch(m.labels)
 	}
 }

@@ -2,6 +2,7 @@ package transport
 
 import (
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -25,6 +26,7 @@ func TestClientExportsItsMetrics(t *testing.T) {
 	kvtest.AwaitBuffered(t, ports, 4) // sent before the client subscribes: all 5 come from the replay
 	cfg := testClientConfig(ports)
 	cfg.Metrics = metrics
+	cfg.ReconnectDelay, cfg.MaxReconnectDelay = time.Minute, time.Minute // no quiet-stream probe during the test
 	rec := &kvtest.Recorder{}
 	c := startClient(t, cfg, rec)
 	testsupport.Eventually(t, "the batches", func() bool { return c.Stats().BatchesReceived >= 5 })

@@ -2,6 +2,8 @@ package transport
 
 import (
 	"fmt"
+	"math"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -79,7 +81,7 @@ func TestClientRecoversBatchesLostJustBeforeTheEngineWentQuiet(t *testing.T) {
 	}
 }
 
-func TestClientReportsUnrecoverableGapWhenReplayBufferIsExhausted(t *testing.T) {
+func TestClientJoinsAtTheOldestBatchTheEngineStillBuffers(t *testing.T) {
 	t.Parallel()
 	ports := kvtest.NewPorts(t)
 	pub := kvtest.NewPublisher(t, ports, func(c *publisher.PublisherConfig) { c.BufferSteps = 5 })
@@ -94,12 +96,41 @@ func TestClientReportsUnrecoverableGapWhenReplayBufferIsExhausted(t *testing.T) 
 
 	got, resets := rec.Snapshot()
 	kvtest.CheckSequence(t, got, 1, 15, 25)
-	want := kvevent.StreamReset{Reason: kvevent.ResetUnrecoverableGap, PodKey: "default/vllm-0", NextSeq: 15, FirstMissing: 0, LastMissing: 14}
+	if len(resets) != 0 {
+		t.Fatalf("resets %v, want none: nothing was delivered that the missing batches could make inexact", resets)
+	}
+	if st := c.Stats(); st.UnrecoverableGaps != 0 || st.MissedBatches != 0 || st.JoinedAtSeq != 15 {
+		t.Errorf("stats report %d gaps, %d missed batches, joined at %d; want 0, 0, 15", st.UnrecoverableGaps, st.MissedBatches, st.JoinedAtSeq)
+	}
+}
+
+func TestClientReportsUnrecoverableGapWhenReplayBufferIsExhausted(t *testing.T) {
+	t.Parallel()
+	ports := kvtest.NewPorts(t)
+	pub := kvtest.NewPublisher(t, ports, func(c *publisher.PublisherConfig) { c.BufferSteps = 5 })
+	rec := &kvtest.Recorder{}
+	c := startClient(t, testClientConfig(ports), rec)
+	kvtest.Publish(t, pub, 1, 0, 5)
+	testsupport.Eventually(t, "the first batches", func() bool { return rec.Count() >= 5 })
+
+	// While the client is away the engine publishes more than it buffers.
+	c.Stop()
+	kvtest.Publish(t, pub, 1, 5, 20)
+	kvtest.AwaitBuffered(t, ports, 19) // only 15..19 stay buffered
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	testsupport.Eventually(t, "the buffered batches", func() bool { return rec.Count() >= 10 })
+
+	got, resets := rec.Snapshot()
+	kvtest.CheckSequence(t, got[:5], 1, 0, 5)
+	kvtest.CheckSequence(t, got[5:], 1, 15, 20)
+	want := kvevent.StreamReset{Reason: kvevent.ResetUnrecoverableGap, PodKey: "default/vllm-0", NextSeq: 15, FirstMissing: 5, LastMissing: 14}
 	if len(resets) != 1 || resets[0] != want {
 		t.Fatalf("resets %v, want [%v]", resets, want)
 	}
-	if st := c.Stats(); st.UnrecoverableGaps != 1 || st.MissedBatches != 15 {
-		t.Errorf("stats report %d gaps, %d missed batches; want 1 and 15", st.UnrecoverableGaps, st.MissedBatches)
+	if st := c.Stats(); st.UnrecoverableGaps != 1 || st.MissedBatches != 10 {
+		t.Errorf("stats report %d gaps, %d missed batches; want 1 and 10", st.UnrecoverableGaps, st.MissedBatches)
 	}
 }
 
@@ -210,9 +241,11 @@ func TestClientReconnectsAfterPublisherDiesAndResumes(t *testing.T) {
 func TestClientWithoutReplayDeliversLiveBatchesAndReportsTheGap(t *testing.T) {
 	t.Parallel()
 	ports := kvtest.NewPorts(t)
+	var withheld atomic.Uint64 // a seq lost live once the stream began
+	withheld.Store(math.MaxUint64)
 	pub := kvtest.NewPublisher(t, ports, func(c *publisher.PublisherConfig) {
 		c.ReplayEndpoint = ""
-		c.DropLive = func(seq uint64) bool { return seq < 5 }
+		c.DropLive = func(seq uint64) bool { return seq < 5 || seq == withheld.Load() }
 	})
 	kvtest.Publish(t, pub, 1, 0, 5) // lost for good: withheld, and no replay
 
@@ -232,18 +265,22 @@ func TestClientWithoutReplayDeliversLiveBatchesAndReportsTheGap(t *testing.T) {
 		return rec.Count() > 0
 	})
 	first, _ := rec.Snapshot()
+	start := int(first[0].Seq)
+	testsupport.Eventually(t, "the batches published so far", func() bool { return rec.Has(1, next-1) })
+	withheld.Store(uint64(next))
 	kvtest.Publish(t, pub, 1, next, next+5)
 	testsupport.Eventually(t, "the following batches", func() bool { return rec.Has(1, next+4) })
 
 	got, resets := rec.Snapshot()
-	start := int(first[0].Seq)
-	kvtest.CheckSequence(t, got, 1, start, next+5)
-	if len(resets) != 1 || resets[0].Reason != kvevent.ResetUnrecoverableGap || resets[0].FirstMissing != 0 ||
-		resets[0].LastMissing != uint64(start-1) {
-		t.Fatalf("resets %v, want one gap 0..%d", resets, start-1)
+	kvtest.CheckSequence(t, got[:next-start], 1, start, next)
+	kvtest.CheckSequence(t, got[next-start:], 1, next+1, next+5)
+	want := kvevent.StreamReset{Reason: kvevent.ResetUnrecoverableGap, PodKey: "default/vllm-0", NextSeq: uint64(next + 1),
+		FirstMissing: uint64(next), LastMissing: uint64(next)}
+	if len(resets) != 1 || resets[0] != want {
+		t.Fatalf("resets %v, want only the gap of the batch withheld after the stream began: %v", resets, want)
 	}
-	if st := c.Stats(); st.ReplayFailures < 1 {
-		t.Errorf("stats %+v: want the failed replay counted", st)
+	if st := c.Stats(); st.ReplayFailures < 1 || st.JoinedAtSeq != uint64(start) {
+		t.Errorf("stats %+v: want the failed replay counted and the stream joined at %d", st, start)
 	}
 }
 

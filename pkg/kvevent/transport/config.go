@@ -52,6 +52,37 @@ const (
 	// DefaultReceiveHWM is the SUB socket's receive high-water mark in
 	// messages: vLLM's default PUB high-water mark.
 	DefaultReceiveHWM = 100000
+
+	// DefaultMaxMessageBytes bounds one frame an engine may send. It is
+	// sized from the largest batch a vLLM step plausibly publishes: a
+	// 128k-token prefill at block size 16 is one BlockStored of 8192
+	// block hashes (9 bytes each as integers, 34 as digests) and 131072
+	// token ids (up to 5 bytes each with a vocabulary above 65536), plus
+	// extra_keys: 0.7 to 1.1 MiB. 16 MiB leaves room for a dozen such
+	// prefills in one step, or one prefill of some 1.5M tokens.
+	DefaultMaxMessageBytes = 16 << 20
+	// DefaultReceiveBufferBytes bounds what a stream has read and not yet
+	// applied, for its live messages and, separately, its replay
+	// replies: four messages of DefaultMaxMessageBytes, or some 60
+	// 128k-token prefills. A vLLM engine publishes far less per second
+	// than a stream applies, so the bound only comes into play when the
+	// stream falls behind an engine that floods it.
+	DefaultReceiveBufferBytes = 64 << 20
+	// DefaultMaxPendingBytes bounds the payload bytes of the live batches
+	// a stream buffers while it replays a gap.
+	DefaultMaxPendingBytes = 64 << 20
+	// DefaultMaxReplayBatches bounds the replies of one replay: twice
+	// vLLM's default replay buffer (buffer_steps, 10000 batches).
+	DefaultMaxReplayBatches = 20000
+	// DefaultMaxReplayDuration bounds one replay from its request to its
+	// end marker. A replay of vLLM's whole default buffer takes well under
+	// a second on a cluster network.
+	DefaultMaxReplayDuration = 60 * time.Second
+	// DefaultMaxResets and DefaultResetWindow bound how often a stream may
+	// reset before it is suspended: an engine restart resets a stream
+	// once, a loss of batches once per gap.
+	DefaultMaxResets   = 5
+	DefaultResetWindow = time.Minute
 )
 
 // ZMQClientConfig configures a ZMQClient: which engine stream to follow, and
@@ -105,12 +136,42 @@ type ZMQClientConfig struct {
 	HeartbeatInterval time.Duration
 	HeartbeatTimeout  time.Duration
 	HeartbeatTTL      time.Duration
-	// MaxPendingBatches bounds the live batches buffered while a gap is
-	// replayed; overflowing it makes the gap unrecoverable.
+	// MaxPendingBatches and MaxPendingBytes bound the live batches
+	// buffered while a gap is replayed, in number and in payload bytes;
+	// overflowing either makes the gap unrecoverable.
 	MaxPendingBatches int
+	MaxPendingBytes   int
 	// ReceiveHWM is the SUB socket's receive high-water mark in messages;
-	// 0 means no limit.
+	// 0 means no limit. The stream reads its sockets as soon as they are
+	// readable, so what ZeroMQ queues stays small and the bytes waiting
+	// are bounded by ReceiveBufferBytes instead.
 	ReceiveHWM int
+	// MaxMessageBytes bounds one frame of a live message or a replay
+	// reply (ZeroMQ's ZMQ_MAXMSGSIZE): an engine that sends a larger one
+	// is disconnected by ZeroMQ, which shows as a disconnection (and a
+	// replay as failed), and the batch is lost.
+	MaxMessageBytes int
+	// ReceiveBufferBytes bounds the bytes a stream has read and not yet
+	// applied, for its live messages and, separately, its replay
+	// replies; it must hold at least one message of MaxMessageBytes. A
+	// live message that does not fit is dropped and replayed later, like
+	// one the engine's PUB dropped; a replay whose replies do not fit is
+	// cut short and the rest replayed again.
+	ReceiveBufferBytes int
+	// MaxReplayBatches and MaxReplayDuration bound one replay: its replies,
+	// and the time from its request to its end marker. A replay beyond
+	// either is cut short: what it delivered stands, and the rest is
+	// replayed again.
+	MaxReplayBatches  int
+	MaxReplayDuration time.Duration
+	// MaxResets and ResetWindow bound how often a stream may reset
+	// (publisher restarts and unrecoverable gaps): one that resets more
+	// than MaxResets times within ResetWindow is suspended, ignoring its
+	// engine for ReconnectDelay, doubling up to MaxReconnectDelay while
+	// it keeps resetting, then resynchronised through replay. MaxResets 0
+	// disables the bound.
+	MaxResets   int
+	ResetWindow time.Duration
 
 	// Context is the ZeroMQ context of the client's sockets. When nil the
 	// client creates its own and terminates it on Close. A shared context
@@ -133,21 +194,28 @@ type ZMQClientConfig struct {
 // rank 0 of the vLLM engine at podIP on the default ports, with replay.
 func DefaultZMQClientConfig(podKey, podIP, modelName string) *ZMQClientConfig {
 	return &ZMQClientConfig{
-		PodKey:            podKey,
-		PodIP:             podIP,
-		ModelName:         modelName,
-		PubPort:           DefaultPubPort,
-		RouterPort:        DefaultRouterPort,
-		PollTimeout:       DefaultPollTimeout,
-		ReplayTimeout:     DefaultReplayTimeout,
-		ReconnectDelay:    DefaultReconnectInterval,
-		MaxReconnectDelay: MaxReconnectInterval,
-		ConnectTimeout:    DefaultConnectTimeout,
-		HeartbeatInterval: DefaultHeartbeatInterval,
-		HeartbeatTimeout:  DefaultHeartbeatTimeout,
-		HeartbeatTTL:      DefaultHeartbeatTTL,
-		MaxPendingBatches: DefaultMaxPendingBatches,
-		ReceiveHWM:        DefaultReceiveHWM,
+		PodKey:             podKey,
+		PodIP:              podIP,
+		ModelName:          modelName,
+		PubPort:            DefaultPubPort,
+		RouterPort:         DefaultRouterPort,
+		PollTimeout:        DefaultPollTimeout,
+		ReplayTimeout:      DefaultReplayTimeout,
+		ReconnectDelay:     DefaultReconnectInterval,
+		MaxReconnectDelay:  MaxReconnectInterval,
+		ConnectTimeout:     DefaultConnectTimeout,
+		HeartbeatInterval:  DefaultHeartbeatInterval,
+		HeartbeatTimeout:   DefaultHeartbeatTimeout,
+		HeartbeatTTL:       DefaultHeartbeatTTL,
+		MaxPendingBatches:  DefaultMaxPendingBatches,
+		MaxPendingBytes:    DefaultMaxPendingBytes,
+		ReceiveHWM:         DefaultReceiveHWM,
+		MaxMessageBytes:    DefaultMaxMessageBytes,
+		ReceiveBufferBytes: DefaultReceiveBufferBytes,
+		MaxReplayBatches:   DefaultMaxReplayBatches,
+		MaxReplayDuration:  DefaultMaxReplayDuration,
+		MaxResets:          DefaultMaxResets,
+		ResetWindow:        DefaultResetWindow,
 	}
 }
 
@@ -192,6 +260,13 @@ func ValidateConfig(config *ZMQClientConfig) error {
 	check(c.HeartbeatTTL < 0, "HeartbeatTTL %v is negative", c.HeartbeatTTL)
 	check(c.MaxPendingBatches < 1, "MaxPendingBatches %d must be at least 1", c.MaxPendingBatches)
 	check(c.ReceiveHWM < 0, "ReceiveHWM %d is negative", c.ReceiveHWM)
+	check(c.MaxMessageBytes < 1, "MaxMessageBytes %d must be at least 1", c.MaxMessageBytes)
+	check(c.ReceiveBufferBytes < c.MaxMessageBytes, "ReceiveBufferBytes %d is below MaxMessageBytes %d", c.ReceiveBufferBytes, c.MaxMessageBytes)
+	check(c.MaxPendingBytes < c.MaxMessageBytes, "MaxPendingBytes %d is below MaxMessageBytes %d", c.MaxPendingBytes, c.MaxMessageBytes)
+	check(c.MaxReplayBatches < 1, "MaxReplayBatches %d must be at least 1", c.MaxReplayBatches)
+	check(c.MaxReplayDuration < c.ReplayTimeout, "MaxReplayDuration %v is below ReplayTimeout %v", c.MaxReplayDuration, c.ReplayTimeout)
+	check(c.MaxResets < 0, "MaxResets %d is negative", c.MaxResets)
+	check(c.MaxResets > 0 && c.ResetWindow <= 0, "ResetWindow %v must be positive", c.ResetWindow)
 	if len(errs) > 0 {
 		return fmt.Errorf("kvevent: invalid ZMQ client config for %q: %w", c.PodKey, errors.Join(errs...))
 	}

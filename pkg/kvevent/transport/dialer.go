@@ -12,13 +12,17 @@ import (
 	"github.com/kvgate/kvgate/pkg/kvevent/internal/zmqwire"
 )
 
-// maxBurst bounds how many live messages a driver reads from one socket in
-// a row before it services replies, monitor events and commands again.
-const maxBurst = 256
-
 // monitorEvents are the SUB socket events the dialer follows.
 const monitorEvents = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED |
+	zmq.EVENT_CONNECTED | zmq.EVENT_CONNECT_DELAYED |
 	zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+
+// redialGrace is how long past ReconnectDelay and ConnectTimeout the dialer
+// waits, after a disconnection, for ZeroMQ to start dialling again. ZeroMQ
+// does not redial a connection it dropped for a protocol error, such as a
+// message above MaxMessageBytes; the dialer then rebuilds its sockets
+// itself.
+const redialGrace = time.Second
 
 // monitorIDs numbers the inproc endpoints of socket monitors, which must be
 // unique within a ZeroMQ context.
@@ -43,6 +47,13 @@ type dialer struct {
 	frames      [][]byte // reused frame slices of live messages
 	reopenAt    time.Time
 	reopenDelay time.Duration
+	// downAt is when the connection was lost, until ZeroMQ dials again;
+	// zero otherwise.
+	downAt time.Time
+	// floodAt is when the engine last flooded the stream, floodDelay the
+	// wait before redialling after the next flood.
+	floodAt    time.Time
+	floodDelay time.Duration
 }
 
 func newDialer(cfg *ZMQClientConfig, pubEndpoint string, s *stream, obs *observer) *dialer {
@@ -106,12 +117,17 @@ func (d *dialer) run(rs *runState) {
 
 // poll waits for the sockets once and services what is ready: monitor events
 // first (a connection is known before its messages), then replay replies,
-// then live messages, then the stream's timers.
+// then live messages; then the stream applies what it read, for one time
+// slice, and runs its timers.
 func (d *dialer) poll() {
 	if d.s.replaySocket() != d.polled {
 		d.rebuildPoller()
 	}
-	ready, err := d.poller.Poll(d.s.timerWait(d.cfg.PollTimeout))
+	wait := d.s.timerWait(d.cfg.PollTimeout)
+	if !d.downAt.IsZero() {
+		wait = min(wait, max(time.Until(d.downAt.Add(d.redialWait())), 0))
+	}
+	ready, err := d.poller.Poll(wait)
 	if err != nil {
 		if zmq.AsErrno(err) != zmq.Errno(syscall.EINTR) {
 			d.socketFailed(fmt.Errorf("poll: %w", err))
@@ -129,13 +145,29 @@ func (d *dialer) poll() {
 			subReady = true
 		}
 	}
-	if dealerReady {
-		d.s.drainReplies()
+	if dealerReady && d.polled == d.s.replaySocket() {
+		d.s.readReplies()
 	}
 	if subReady && d.sub != nil {
-		d.drainLive()
+		d.readLive()
 	}
-	d.s.runTimers(time.Now())
+	now := time.Now()
+	d.s.process(now)
+	d.s.runTimers(now)
+	if !d.downAt.IsZero() && now.Sub(d.downAt) > d.redialWait() {
+		d.obs.socketFailed(fmt.Errorf("not redialled %v after the connection was lost", now.Sub(d.downAt).Round(time.Millisecond)),
+			"ZeroMQ dropped the connection for good (a message above MaxMessageBytes, or another protocol error): rebuilding the sockets",
+			"endpoint", d.pubEndpoint)
+		if err := d.reconnect(); err != nil {
+			d.socketFailed(err)
+		}
+	}
+}
+
+// redialWait is how long ZeroMQ may take to dial again after a
+// disconnection before the dialer rebuilds its sockets.
+func (d *dialer) redialWait() time.Duration {
+	return d.cfg.ReconnectDelay + d.cfg.ConnectTimeout + redialGrace
 }
 
 // open creates and connects the sockets.
@@ -149,10 +181,7 @@ func (d *dialer) open() error {
 		d.close()
 		return fmt.Errorf("kvevent: set up SUB socket for %s: %w", d.pubEndpoint, err)
 	}
-	if err := d.s.openReplay(d.ctx); err != nil {
-		d.close()
-		return err
-	}
+	d.s.attach(d.ctx)
 	d.rebuildPoller()
 	d.reopenDelay = d.cfg.ReconnectDelay
 	if l := d.obs.debug(); l.Enabled() {
@@ -165,7 +194,7 @@ func (d *dialer) open() error {
 func (d *dialer) setupSub() error {
 	cfg := d.cfg
 	s := d.sub
-	err := errors.Join(s.SetLinger(0), s.SetRcvhwm(cfg.ReceiveHWM),
+	err := errors.Join(s.SetLinger(0), s.SetRcvhwm(cfg.ReceiveHWM), s.SetMaxmsgsize(int64(cfg.MaxMessageBytes)),
 		s.SetReconnectIvl(cfg.ReconnectDelay), s.SetReconnectIvlMax(cfg.MaxReconnectDelay))
 	if err == nil && cfg.ConnectTimeout > 0 {
 		err = s.SetConnectTimeout(cfg.ConnectTimeout)
@@ -226,6 +255,7 @@ func (d *dialer) close() {
 		d.sub.Close()
 	}
 	d.mon, d.sub, d.poller, d.polled = nil, nil, nil, nil
+	d.downAt = time.Time{}
 }
 
 // reconnect tears the sockets down and builds them again.
@@ -260,11 +290,16 @@ func (d *dialer) drainMonitor() {
 			}
 			return
 		}
+		if ev != zmq.EVENT_DISCONNECTED {
+			d.downAt = time.Time{}
+		}
 		switch ev {
 		case zmq.EVENT_HANDSHAKE_SUCCEEDED:
 			d.s.up(time.Now())
 		case zmq.EVENT_DISCONNECTED:
+			d.downAt = time.Now()
 			d.s.down()
+		case zmq.EVENT_CONNECTED, zmq.EVENT_CONNECT_DELAYED:
 		case zmq.EVENT_CONNECT_RETRIED:
 			d.obs.reconnectAttempt()
 			if l := d.obs.debug(); l.Enabled() {
@@ -276,9 +311,10 @@ func (d *dialer) drainMonitor() {
 	}
 }
 
-// drainLive reads live messages and feeds them to the stream.
-func (d *dialer) drainLive() {
-	for i := range maxBurst {
+// readLive reads the live messages waiting and hands them to the stream.
+func (d *dialer) readLive() {
+	dropped := 0
+	for i := range maxReadBurst {
 		frames, err := zmqwire.RecvFrames(d.sub, zmq.DONTWAIT, d.frames)
 		d.frames = frames
 		if err != nil {
@@ -299,6 +335,26 @@ func (d *dialer) drainLive() {
 			d.obs.malformed(frames)
 			continue
 		}
-		d.s.live(seq, frames[2])
+		if dropped += d.s.pushLive(seq, frames[2]); dropped > d.cfg.ReceiveBufferBytes {
+			d.flooded()
+			return
+		}
 	}
+}
+
+// flooded disconnects from an engine that sent more than a second receive
+// buffer's worth while the first was full, faster than the stream reads:
+// ZeroMQ's own queue would grow with it. The dialer redials after
+// ReconnectDelay, doubling up to MaxReconnectDelay while the engine keeps
+// flooding; what the engine published meanwhile is replayed.
+func (d *dialer) flooded() {
+	now := time.Now()
+	if now.Sub(d.floodAt) > 2*d.cfg.MaxReconnectDelay {
+		d.floodDelay = d.cfg.ReconnectDelay
+	}
+	delay := d.floodDelay
+	d.floodAt, d.floodDelay = now, min(2*d.floodDelay, d.cfg.MaxReconnectDelay)
+	d.obs.flooded(delay, d.cfg.ReceiveBufferBytes)
+	d.close()
+	d.reopenAt = now.Add(delay)
 }

@@ -9,9 +9,14 @@
 //     DEALER on its replay ROUTER and a socket monitor for the connection
 //     state, owned by one goroutine per client.
 //   - BindReceiver binds one SUB socket per data-parallel rank that engines
-//     dial into, publishing with topic kv@<ip>:<port>@<model>, and follows
-//     every stream registered with Follow from one goroutine, which owns
-//     the bound sockets and every stream's replay DEALER.
+//     dial into, publishing with topic kv@<ip>:<port>@<model> (their own
+//     address, HTTP port and model: the whole identity names a stream, and
+//     by default only a message from that address may speak for it), and
+//     follows every stream registered with Follow from one goroutine, which
+//     owns the bound sockets and every stream's replay DEALERs. A bound
+//     stream counts as connected from its engine's first message until it
+//     has not heard from its engine, live or through replay, for
+//     BindConfig.LivenessTimeout.
 //
 // Either way one goroutine owns a stream and the sockets it is fed from: a
 // client hands its stream to its goroutine on Start and takes it back on
@@ -36,14 +41,31 @@
 //   - A live seq above the expected one is a gap: the live batches wait while
 //     the missing range is replayed, then everything is applied in order. A
 //     replay whose replies leave a hole is followed up a few times.
-//   - A replay that starts later than asked (the engine's buffer no longer
-//     reaches back), a replay that is unavailable (vLLM's replay endpoint is
-//     off by default) or times out, and a full pending buffer end in a
-//     kvevent.StreamReset with reason kvevent.ResetUnrecoverableGap naming
-//     the lost seqs; the stream goes on from the first batch still
-//     available. After a failed replay, further gap replays back off (1 s
-//     doubling to 30 s by default), and the replay socket is replaced so a
-//     late reply cannot be taken for the answer to a new request.
+//   - A stream begins with the first batch it delivers. On first contact,
+//     and after its engine restarted, a replay that starts later than
+//     asked, or no replay at all, only moves that start: an engine that
+//     counts from 1, or whose buffer no longer reaches back to 0 when the
+//     gateway starts, is joined where it is (logged, and recorded in
+//     ClientStats.JoinedAtSeq), since nothing was delivered that the
+//     missing batches could make inexact.
+//   - Once a batch was delivered, a replay that starts later than asked
+//     (the engine's buffer no longer reaches back), a replay that is
+//     unavailable (vLLM's replay endpoint is off by default) or times out,
+//     and a full pending buffer end in a kvevent.StreamReset with reason
+//     kvevent.ResetUnrecoverableGap naming the lost seqs; the stream goes
+//     on from the first batch still available. After a failed replay,
+//     further gap replays back off (1 s doubling to 30 s by default).
+//   - Each replay has a DEALER socket of its own, opened for the request and
+//     closed at its end marker: vLLM's ROUTER carries no request id, so
+//     this is what ties replies to their request. Whatever an engine sends
+//     after an end marker (a second marker, a batch numbered like one) or
+//     for an abandoned replay is dropped with the socket and never taken
+//     for the answer to a later request.
+//   - A replay that answers but stops before its end marker, runs past
+//     MaxReplayDuration or sends more than MaxReplayBatches replies is cut
+//     short: what it delivered stands and the rest is replayed again. A
+//     replay whose replies leave a hole is followed up; three follow-ups in
+//     a row that deliver nothing declare the hole lost.
 //   - Replays are anchored: they start at the last delivered batch, whose
 //     payload must come back unchanged. A live seq that does not increase, a
 //     changed anchor, or an engine that no longer has the anchor at all means
@@ -64,7 +86,52 @@
 // ZMTP heartbeats reveal an engine that died or became unreachable while
 // silent, a socket monitor keeps a dialled stream's connection state
 // (GetStats, Stats, WaitForConnection, metrics) true, and libzmq redials
-// with a backoff of 1 s doubling to 30 s by default.
+// with a backoff of 1 s doubling to 30 s by default. ZeroMQ does not redial
+// a connection it dropped for a protocol error (a frame above
+// MaxMessageBytes); the client rebuilds its sockets when no redial starts
+// within ReconnectDelay + ConnectTimeout + 1 s.
+//
+// # Bounds
+//
+// Whatever an engine sends, a stream holds a bounded amount of it, and
+// counts every bound it hits (ClientStats, and
+// aibrix_kvcache_zmq_limit_hits_total by limit):
+//
+//   - One frame is at most MaxMessageBytes (16 MiB by default, sized from a
+//     128k-token prefill, see DefaultMaxMessageBytes): ZeroMQ drops the
+//     connection of an engine that sends a larger one, and the batch is
+//     lost.
+//   - A stream reads its sockets as soon as they are readable and applies
+//     what it read in slices of a few milliseconds, so that ZeroMQ's
+//     queues stay short; what it has read and not applied is bounded by
+//     ReceiveBufferBytes (64 MiB), for live messages and for replay replies
+//     each. A live message beyond it is dropped and replayed later (limit
+//     receive_buffer); a replay beyond it is cut short (replay_buffer). A
+//     dialled engine that sends a second buffer's worth while the first is
+//     full is disconnected, and redialled after ReconnectDelay, doubling up
+//     to MaxReconnectDelay while it keeps flooding (flood). A bound socket
+//     cannot drop one engine, so it queues at most ReceiveBufferBytes per
+//     connected engine in ZeroMQ instead (BindConfig.ReceiveBufferBytes).
+//   - The live batches that wait for a gap's replay are bounded by
+//     MaxPendingBatches (10000) and MaxPendingBytes (64 MiB); an overflow
+//     makes the gap unrecoverable (pending_buffer).
+//   - A replay is bounded by MaxReplayDuration (60 s) and MaxReplayBatches
+//     (20000) and cut short beyond them (replay_duration, replay_batches).
+//   - A stream that resets more than MaxResets times (5) within ResetWindow
+//     (1 min) is suspended: it ignores its engine for ReconnectDelay,
+//     doubling up to MaxReconnectDelay while it keeps resetting, then
+//     resynchronises through replay (reset_rate, ClientStats.Suspended,
+//     aibrix_kvcache_zmq_suspended).
+//   - Error logs are rate-limited per stream and kind: the first 10 of a
+//     minute, then one line that sums up the rest.
+//
+// A stream thus holds at most about 2 x ReceiveBufferBytes +
+// MaxPendingBytes of its engine's data (some 200 MiB by default), plus what
+// ZeroMQ queues between two reads. One limit is beyond any subscriber of
+// libzmq 4.3: it buffers a multipart message until its last frame, with no
+// bound on the number of frames, so an engine that never ends a message
+// grows the gateway until its connection is cut. Follow only engines on a
+// network you control (in bind mode, see BindConfig).
 //
 // # Statistics, metrics and logs
 //

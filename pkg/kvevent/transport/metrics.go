@@ -17,6 +17,7 @@ const (
 	LabelErrorType = "error_type"
 	LabelReason    = "reason"
 	LabelKind      = "kind"
+	LabelLimit     = "limit"
 )
 
 // Values of the error_type label.
@@ -27,6 +28,36 @@ const (
 	ErrorTypeReplayProtocol = "replay_protocol"
 	ErrorTypeSocket         = "socket"
 )
+
+// Values of the limit label of aibrix_kvcache_zmq_limit_hits_total: the
+// bounds a stream holds its engine to (see ZMQClientConfig).
+const (
+	// LimitReceiveBuffer counts live messages dropped because the
+	// stream's receive buffer (ReceiveBufferBytes) was full.
+	LimitReceiveBuffer = "receive_buffer"
+	// LimitReplayBuffer counts replays cut short because their replies
+	// filled the receive buffer.
+	LimitReplayBuffer = "replay_buffer"
+	// LimitReplayBatches counts replays cut short after MaxReplayBatches
+	// replies.
+	LimitReplayBatches = "replay_batches"
+	// LimitReplayDuration counts replays cut short after
+	// MaxReplayDuration.
+	LimitReplayDuration = "replay_duration"
+	// LimitPendingBuffer counts overflows of the live batches buffered
+	// while a gap is replayed (MaxPendingBatches, MaxPendingBytes).
+	LimitPendingBuffer = "pending_buffer"
+	// LimitResetRate counts suspensions of a stream that reset more than
+	// MaxResets times within ResetWindow.
+	LimitResetRate = "reset_rate"
+	// LimitFlood counts disconnections from a dialled engine that sent
+	// more than twice ReceiveBufferBytes faster than the stream read it.
+	LimitFlood = "flood"
+)
+
+// limits are the limit label values, in streamMetrics.limits order.
+var limits = [...]string{LimitReceiveBuffer, LimitReplayBuffer, LimitReplayBatches, LimitReplayDuration,
+	LimitPendingBuffer, LimitResetRate, LimitFlood}
 
 // Values of the kind label of aibrix_kvcache_zmq_decode_skips_total.
 const (
@@ -72,9 +103,11 @@ type KVCacheMetrics struct {
 	streamResets       *prometheus.CounterVec
 	decodeSkips        *prometheus.CounterVec
 	errors             *prometheus.CounterVec
+	limitHits          *prometheus.CounterVec
 	connectionStatus   *prometheus.GaugeVec
 	lastSequenceID     *prometheus.GaugeVec
 	topicMismatch      *prometheus.GaugeVec
+	suspended          *prometheus.GaugeVec
 }
 
 // NewKVCacheMetrics creates the collectors and registers them on reg. When
@@ -118,16 +151,21 @@ func NewKVCacheMetrics(reg prometheus.Registerer) (*KVCacheMetrics, error) {
 		lastSequenceID:   gauge("last_sequence_id", "Seq of the last batch delivered."),
 		topicMismatch: gauge("topic_mismatch", "1 while the stream's batches arrive only through replay, seconds late, because the "+
 			"subscribed topic most likely filters out the engine's live messages (the client's log names both topics), else 0."),
+		limitHits: counter("limit_hits_total", "Times a stream held its engine to a bound, by limit: receive_buffer (a live "+
+			"message dropped, then replayed), replay_buffer, replay_batches and replay_duration (a replay cut short, the rest "+
+			"replayed again), pending_buffer (an unrecoverable gap), reset_rate (the stream suspended), flood (a dialled "+
+			"engine disconnected for a while).", with(LabelLimit)),
+		suspended: gauge("suspended", "1 while the stream ignores its engine because it reset too often, else 0."),
 	}
 	var err error
 	for _, p := range []**prometheus.CounterVec{&m.connections, &m.disconnections, &m.reconnectAttempts,
 		&m.eventsReceived, &m.eventsProcessed, &m.missedEvents, &m.replayRequests, &m.replaySuccess,
-		&m.replayFailures, &m.replayedBatches, &m.batchesReceived, &m.streamResets, &m.decodeSkips, &m.errors} {
+		&m.replayFailures, &m.replayedBatches, &m.batchesReceived, &m.streamResets, &m.decodeSkips, &m.errors, &m.limitHits} {
 		if *p, err = registerOrReuse(reg, *p); err != nil {
 			return nil, err
 		}
 	}
-	for _, p := range []**prometheus.GaugeVec{&m.connectionStatus, &m.lastSequenceID, &m.topicMismatch} {
+	for _, p := range []**prometheus.GaugeVec{&m.connectionStatus, &m.lastSequenceID, &m.topicMismatch, &m.suspended} {
 		if *p, err = registerOrReuse(reg, *p); err != nil {
 			return nil, err
 		}

@@ -103,7 +103,12 @@ func observeEverything(o *observer) {
 	o.replayRequested(0, "tcp://127.0.0.1:2")
 	o.replaySucceeded()
 	o.replayFailed(kindUncounted, errors.New("silent"), "tcp://127.0.0.1:2", time.Second)
-	o.unsolicitedReply()
+	o.replayFailed(kindReplayProtocol, errors.New("no delimiter"), "tcp://127.0.0.1:2", time.Second)
+	o.replayStalled(3, time.Second, "tcp://127.0.0.1:2")
+	o.replayCut(LimitReplayDuration, 7, "tcp://127.0.0.1:2")
+	o.droppedLive(44, 1<<20, 1<<20)
+	o.limitHit(LimitPendingBuffer)
+	o.suspended(time.Second, 5, time.Minute)
 	o.reset(kvevent.StreamReset{Reason: kvevent.ResetUnrecoverableGap, FirstMissing: 4, LastMissing: 5})
 	stored := eventCounts{2, 0, 0}
 	o.batchDelivered(42, true, start, 2, &stored, &stored, kvevent.DecodeStats{UnknownKeys: 2})
@@ -147,7 +152,13 @@ func TestObserverRecordsStatsAndMetricsOnceEachAndDeletes(t *testing.T) {
 		{"event_processing_duration_seconds", "dp_rank=1,pod_key=ns/a", 1},
 		{"replay_requests_total", "dp_rank=1,pod_key=ns/a", 1},
 		{"replay_success_total", "dp_rank=1,pod_key=ns/a", 1},
-		{"replay_failures_total", "dp_rank=1,pod_key=ns/a", 1},
+		{"replay_failures_total", "dp_rank=1,pod_key=ns/a", 3},
+		{"limit_hits_total", "dp_rank=1,limit=replay_duration,pod_key=ns/a", 1},
+		{"limit_hits_total", "dp_rank=1,limit=receive_buffer,pod_key=ns/a", 1},
+		{"limit_hits_total", "dp_rank=1,limit=pending_buffer,pod_key=ns/a", 1},
+		{"limit_hits_total", "dp_rank=1,limit=reset_rate,pod_key=ns/a", 1},
+		{"limit_hits_total", "dp_rank=1,limit=replay_batches,pod_key=ns/a", 0},
+		{"suspended", "dp_rank=1,pod_key=ns/a", 1},
 		{"replay_requests_total", "dp_rank=0,pod_key=ns/b", 1},
 		{"decode_skips_total", "dp_rank=1,kind=unknown_key,pod_key=ns/a", 2},
 		{"decode_skips_total", "dp_rank=1,kind=unknown_event,pod_key=ns/a", 0},
@@ -160,8 +171,8 @@ func TestObserverRecordsStatsAndMetricsOnceEachAndDeletes(t *testing.T) {
 	wantStats := ClientStats{PodKey: "ns/a", ModelName: "llama", DPRank: 1, Connected: true, LastSeq: 43,
 		BatchesReceived: 2, ReplayedBatches: 1, EventsReceived: 2, DecodeErrors: 1, HandlerErrors: 1,
 		MalformedMessages: 1, Connections: 1, ReconnectAttempts: 1, ReplayRequests: 1, ReplaySuccesses: 1,
-		ReplayFailures: 1, UnrecoverableGaps: 1, MissedBatches: 2, PublisherTopic: "kv", PublisherTopicKnown: true,
-		TopicMismatch: true}
+		ReplayFailures: 3, UnrecoverableGaps: 1, MissedBatches: 2, PublisherTopic: "kv", PublisherTopicKnown: true,
+		TopicMismatch: true, DroppedMessages: 1, ReplaysCut: 2, PendingOverflows: 1, Suspensions: 1, Suspended: true}
 	got := a.stats()
 	got.LastEventTime = time.Time{}
 	if got != wantStats {

@@ -38,6 +38,53 @@ type observer struct {
 	m           *streamMetrics
 	counters    clientCounters
 	conn        connState
+	limits      [numLogKinds]logLimiter // owner only
+}
+
+// logKind is a kind of line a stream may log once per message, replay or
+// connection attempt, rate-limited separately (see logLimiter).
+type logKind int
+
+const (
+	logDecodeError logKind = iota
+	logHandlerError
+	logMalformed
+	logReplayFailed
+	logSocketFailed
+	logHandshakeFailed
+	logLimitHit
+	numLogKinds
+)
+
+// logKindNames name the log kinds in summaries.
+var logKindNames = [numLogKinds]string{"decode_error", "handler_error", "malformed_message", "replay_failed",
+	"socket_failed", "handshake_failed", "limit_hit"}
+
+// limited reports whether a line of kind may be logged now, logging the
+// summary of the lines of that kind suppressed in the interval that ended.
+func (o *observer) limited(kind logKind) bool {
+	ok, summary := o.limits[kind].allow(time.Now())
+	if summary > 0 {
+		o.logSuppressed(kind, summary)
+	}
+	if !ok {
+		o.counters.suppressedLogs.Add(1)
+	}
+	return ok
+}
+
+// flushLogs logs the summaries of the intervals that are over at now.
+func (o *observer) flushLogs(now time.Time) {
+	for kind := range o.limits {
+		if n := o.limits[kind].due(now); n > 0 {
+			o.logSuppressed(logKind(kind), n)
+		}
+	}
+}
+
+func (o *observer) logSuppressed(kind logKind, n int) {
+	o.logger.Info("Suppressed repeated log lines of this KV event stream", "kind", logKindNames[kind], "lines", n,
+		"interval", logInterval, "burst", logBurst)
 }
 
 // newObserver returns the observer of the stream cfg describes, whose live
@@ -113,13 +160,17 @@ func (o *observer) reconnectAttempt() {
 // socketFailed counts and logs a socket that could not be set up or used.
 func (o *observer) socketFailed(err error, msg string, keysAndValues ...any) {
 	o.error(kindSocket)
-	o.logger.Error(err, msg, keysAndValues...)
+	if o.limited(logSocketFailed) {
+		o.logger.Error(err, msg, keysAndValues...)
+	}
 }
 
 // handshakeFailed counts and logs a connection whose ZMTP handshake failed.
 func (o *observer) handshakeFailed(endpoint, event string, errno int) {
 	o.error(kindSocket)
-	o.logger.Info("Handshake with KV event publisher failed", "endpoint", endpoint, "event", event, "errno", errno)
+	if o.limited(logHandshakeFailed) {
+		o.logger.Info("Handshake with KV event publisher failed", "endpoint", endpoint, "event", event, "errno", errno)
+	}
 }
 
 // malformed counts and logs a dropped live message that is not [topic,
@@ -127,7 +178,9 @@ func (o *observer) handshakeFailed(endpoint, event string, errno int) {
 func (o *observer) malformed(frames [][]byte) {
 	o.error(kindMalformed)
 	o.counters.malformed.Add(1)
-	o.logger.Error(errMalformed(frames), "Dropping malformed KV event message")
+	if o.limited(logMalformed) {
+		o.logger.Error(errMalformed(frames), "Dropping malformed KV event message")
+	}
 }
 
 // replayRequested counts a replay request sent to endpoint.
@@ -157,11 +210,90 @@ func (o *observer) replayFailed(kind errorKind, err error, endpoint string, retr
 	}
 	o.error(kind)
 	o.counters.replayFailures.Add(1)
-	o.logger.Error(err, "Replay failed", "endpoint", endpoint, "retryIn", retryIn)
+	if o.limited(logReplayFailed) {
+		o.logger.Error(err, "Replay failed", "endpoint", endpoint, "retryIn", retryIn)
+	}
 }
 
-// unsolicitedReply counts a replay reply that answers no request in flight.
-func (o *observer) unsolicitedReply() { o.error(kindReplayProtocol) }
+// replayStalled counts and logs a replay that stopped answering before its
+// end marker, after replies of its own: a failed replay, whose replies
+// still count, and after which the stream replays what is missing at once.
+func (o *observer) replayStalled(replies int, timeout time.Duration, endpoint string) {
+	if o.m != nil {
+		o.m.replayFailures.Inc()
+	}
+	o.counters.replayFailures.Add(1)
+	o.counters.replaysCut.Add(1)
+	if o.limited(logReplayFailed) {
+		o.logger.Error(fmt.Errorf("no end marker after %d replies and %v of silence", replies, timeout),
+			"Replay stopped before its end", "endpoint", endpoint)
+	}
+}
+
+// replayCut counts and logs a replay cut short at limit after replies
+// replies.
+func (o *observer) replayCut(limit string, replies int, endpoint string) {
+	o.limitHit(limit)
+	o.counters.replaysCut.Add(1)
+	if o.limited(logLimitHit) {
+		o.logger.Info("Replay cut short: the rest is replayed again", "limit", limit, "replies", replies, "endpoint", endpoint)
+	}
+}
+
+// limitHit counts one hit of a bound (a Limit* label value).
+func (o *observer) limitHit(limit string) {
+	if o.m != nil {
+		o.m.limit(limit).Inc()
+	}
+	if limit == LimitPendingBuffer {
+		o.counters.pendingOverflows.Add(1)
+	}
+}
+
+// droppedLive counts and logs a live message dropped because the stream's
+// receive buffer of limit bytes was full.
+func (o *observer) droppedLive(seq uint64, size, limit int) {
+	o.limitHit(LimitReceiveBuffer)
+	o.counters.dropped.Add(1)
+	if o.limited(logLimitHit) {
+		o.logger.Info("Dropping a live KV event batch: the stream's receive buffer is full; it will be replayed",
+			"seq", seq, "bytes", size, "bufferBytes", limit)
+	}
+}
+
+// flooded counts and logs a disconnection from an engine that sent more
+// than a second receive buffer of bufferBytes while the first was full.
+func (o *observer) flooded(redialIn time.Duration, bufferBytes int) {
+	o.limitHit(LimitFlood)
+	o.logger.Info("The engine sends faster than the stream applies its batches: disconnecting for a while",
+		"redialIn", redialIn, "bufferBytes", bufferBytes)
+}
+
+// droppedSuspended counts a live message dropped while the stream is
+// suspended.
+func (o *observer) droppedSuspended() { o.counters.dropped.Add(1) }
+
+// suspended counts and logs a suspension of delay for more than resets
+// resets within window.
+func (o *observer) suspended(delay time.Duration, resets int, window time.Duration) {
+	o.limitHit(LimitResetRate)
+	if o.m != nil {
+		o.m.suspended.Set(1)
+	}
+	o.counters.suspensions.Add(1)
+	o.counters.suspended.Store(true)
+	o.logger.Info("KV event stream resets too often: ignoring its engine for a while", "suspendedFor", delay,
+		"maxResets", resets, "window", window)
+}
+
+// resumed records the end of a suspension.
+func (o *observer) resumed() {
+	if o.m != nil {
+		o.m.suspended.Set(0)
+	}
+	o.counters.suspended.Store(false)
+	o.logger.Info("KV event stream resumes after its suspension")
+}
 
 // reset counts and logs a reset the handler is about to get.
 func (o *observer) reset(r kvevent.StreamReset) {
@@ -178,6 +310,7 @@ func (o *observer) reset(r kvevent.StreamReset) {
 	switch r.Reason {
 	case kvevent.ResetPublisherRestart:
 		o.counters.publisherRestarts.Add(1)
+		o.counters.joinedAt.Store(0)
 	case kvevent.ResetUnrecoverableGap:
 		o.counters.missedBatches.Add(r.Missing())
 		o.counters.unrecoverableGaps.Add(1)
@@ -190,6 +323,17 @@ func (o *observer) reset(r kvevent.StreamReset) {
 	}
 	o.logger.Info("KV event stream reset: state derived from it is incomplete",
 		"reason", r.Reason, "nextSeq", r.NextSeq, "firstMissing", r.FirstMissing, "lastMissing", r.LastMissing)
+}
+
+// heard records when the engine was last heard from.
+func (o *observer) heard(now time.Time) { o.counters.lastHeardNanos.Store(now.UnixNano()) }
+
+// joined records and logs that the stream begins at seq at, having found
+// nothing from seq from on before it.
+func (o *observer) joined(from, at uint64) {
+	o.counters.joinedAt.Store(at)
+	o.logger.Info("Joined KV event stream after its first batches: the engine no longer buffers them, or never sent them",
+		"fromSeq", from, "firstSeq", at)
 }
 
 // eventCounts are a batch's events per type, in eventTypes order.
@@ -228,8 +372,10 @@ func (o *observer) batchUndecodable(seq uint64, replayed bool, start time.Time, 
 	}
 	o.counters.decodeErrors.Add(1)
 	o.countBatch(seq, replayed, start)
-	o.logger.Error(fmt.Errorf("decode batch seq %d from %s: %w", seq, o.pubEndpoint, err),
-		"Dropping undecodable KV event batch", "seq", seq, "bytes", size)
+	if o.limited(logDecodeError) {
+		o.logger.Error(fmt.Errorf("decode batch seq %d from %s: %w", seq, o.pubEndpoint, err),
+			"Dropping undecodable KV event batch", "seq", seq, "bytes", size)
+	}
 }
 
 // countBatch counts a delivered batch in the statistics, the batch count
@@ -267,7 +413,9 @@ func (m *streamMetrics) recordBatch(seq uint64, replayed bool, received, process
 func (o *observer) handlerFailed(seq uint64, err error) {
 	o.error(kindHandler)
 	o.counters.handlerErrors.Add(1)
-	o.logger.Error(err, "KV event handler failed", "seq", seq)
+	if o.limited(logHandlerError) {
+		o.logger.Error(err, "KV event handler failed", "seq", seq)
+	}
 }
 
 // topicMismatch reports whether the stream counts as having its live

@@ -8,10 +8,12 @@ import (
 )
 
 // maxFollowUpReplays bounds how many replays in a row may end with batches
-// still missing before the missing ones are declared lost. A follow-up replay
-// recovers batches the publisher sent after it served the previous replay but
-// before the subscription reached it, or replies lost in transit; a publisher
-// whose replay keeps omitting batches cannot stall the stream beyond this.
+// still missing, and without having delivered any, before the missing ones
+// are declared lost. A follow-up replay recovers batches the publisher sent
+// after it served the previous replay but before the subscription reached
+// it, replies lost in transit, and the rest of a replay that was cut short;
+// a publisher whose replay keeps omitting batches cannot stall the stream
+// beyond this.
 const maxFollowUpReplays = 3
 
 // streamSink is what a sequencer drives: the transport that owns the sockets
@@ -23,6 +25,11 @@ type streamSink interface {
 	deliver(seq uint64, payload []byte, replayed bool)
 	// reset tells the handler its view of the stream is no longer exact.
 	reset(r kvevent.StreamReset)
+	// joined records that the stream, on first contact or after its
+	// publisher restarted, begins at seq at rather than from: the
+	// batches before it were never seen, and nothing derived from the
+	// stream is lost.
+	joined(from, at uint64)
 	// startReplay asks the publisher for every batch from seq on. It
 	// returns false when replay is unavailable right now (not configured,
 	// backing off after failures unless force is set, or the request could
@@ -32,6 +39,8 @@ type streamSink interface {
 	// abortReplay abandons the replay in flight: replies still on the way
 	// must never reach the sequencer.
 	abortReplay()
+	// pendingOverflow records that the pending buffer overflowed.
+	pendingOverflow()
 }
 
 // pendingBatch is a batch that arrived ahead of the next expected seq.
@@ -61,31 +70,46 @@ type replayState struct {
 //     before the subscription arrived and an idle engine sends nothing;
 //     the transport probes a quiet stream the same way;
 //   - a live seq above the expected one buffers live batches (bounded by
-//     maxPending) while the missing range is replayed, then applies them;
-//   - a replay that starts later than asked, an unavailable replay and an
-//     overflowing buffer report an unrecoverable gap and go on;
+//     maxPending batches and maxPendingBytes bytes) while the missing range
+//     is replayed, then applies them;
+//   - a stream begins with the first batch it delivers: on first contact,
+//     and after its publisher restarted, a replay that starts later than
+//     asked, an unavailable replay and an overflowing buffer only move the
+//     start (joined), since nothing was delivered that they could make
+//     inexact;
+//   - once a batch was delivered, a replay that starts later than asked,
+//     an unavailable replay and an overflowing buffer report an
+//     unrecoverable gap and go on;
 //   - a live seq not above the previous live seq, a replayed anchor batch
 //     whose payload differs from the one delivered, or a publisher that no
 //     longer has the last delivered seq means the publisher restarted: the
 //     stream is reset and rebuilt from seq 0.
 type sequencer struct {
-	sink       streamSink
-	maxPending int
+	sink            streamSink
+	maxPending      int
+	maxPendingBytes int
 
 	next    uint64 // seq of the next batch to deliver
 	last    []byte // payload of batch next-1, valid when hasLast
 	hasLast bool
+	// joined is set once the stream has a position the next batch must
+	// follow on from: a batch was delivered, or the stream was rewound.
+	// It is clear on first contact and after a publisher restart, when the
+	// first batch available is where the stream begins.
+	joined bool
 
 	liveHigh uint64 // highest live seq seen, valid when hasLive
 	hasLive  bool
 
-	replay    replayState
-	followUps int
-	pending   []pendingBatch // sorted by seq, all >= next
+	replay       replayState
+	replayedFrom uint64 // next when the last replay was asked for
+	followUps    int
+	pending      []pendingBatch // sorted by seq, all >= next
+	pendingBytes int            // payload bytes in pending
 }
 
-func newSequencer(sink streamSink, maxPending int) *sequencer {
-	return &sequencer{sink: sink, maxPending: maxPending}
+func newSequencer(sink streamSink, maxPending, maxPendingBytes int) *sequencer {
+	return &sequencer{sink: sink, maxPending: maxPending, maxPendingBytes: maxPendingBytes}
 }
 
 // onConnected resynchronises after the transport (re)connected: batches
@@ -124,7 +148,7 @@ func (s *sequencer) rewind(seq uint64) {
 	s.abortReplay()
 	s.clearPending()
 	s.followUps = 0
-	s.next, s.hasLast, s.last = seq, false, nil
+	s.next, s.hasLast, s.last, s.joined = seq, false, nil, true
 	s.sink.reset(kvevent.StreamReset{Reason: kvevent.ResetRewind, NextSeq: seq})
 	s.requestReplay(true)
 }
@@ -200,6 +224,18 @@ func (s *sequencer) onReplayEnd() {
 	s.settle(false)
 }
 
+// onReplayCut handles a replay the transport ended before its end marker
+// although it was answering: it took too long, sent too much, or stopped
+// before its end marker. What it delivered stands; batches still missing
+// are replayed again.
+func (s *sequencer) onReplayCut() {
+	if !s.replay.active {
+		return
+	}
+	s.replay = replayState{}
+	s.settle(false)
+}
+
 // onReplayFailed handles a replay that timed out or broke the protocol. The
 // transport has already discarded its replay socket.
 func (s *sequencer) onReplayFailed() {
@@ -217,6 +253,7 @@ func (s *sequencer) requestReplay(force bool) {
 	if s.hasLast {
 		from, anchored = s.next-1, true
 	}
+	s.replayedFrom = s.next
 	if !s.sink.startReplay(from, force) {
 		s.settle(true)
 		return
@@ -228,10 +265,14 @@ func (s *sequencer) requestReplay(force bool) {
 // batches that now follow on, and either replays again for the ones still
 // missing or declares them lost.
 func (s *sequencer) settle(failed bool) {
+	progressed := s.next > s.replayedFrom
 	s.drainPending()
 	if len(s.pending) == 0 {
 		s.followUps = 0
 		return
+	}
+	if progressed {
+		s.followUps = 0
 	}
 	if !failed && s.followUps < maxFollowUpReplays {
 		s.followUps++
@@ -250,7 +291,7 @@ func (s *sequencer) restart(seq uint64, payload []byte) {
 	s.abortReplay()
 	s.clearPending()
 	s.followUps = 0
-	s.next, s.hasLast, s.last = 0, false, nil
+	s.next, s.hasLast, s.last, s.joined = 0, false, nil, false
 	s.liveHigh = seq
 	s.sink.reset(kvevent.StreamReset{Reason: kvevent.ResetPublisherRestart})
 	if seq == 0 {
@@ -266,7 +307,7 @@ func (s *sequencer) restart(seq uint64, payload []byte) {
 // buffer is cleared on every connection) and are kept.
 func (s *sequencer) restartFromReplay() {
 	s.followUps = 0
-	s.next, s.hasLast, s.last = 0, false, nil
+	s.next, s.hasLast, s.last, s.joined = 0, false, nil, false
 	s.hasLive = len(s.pending) > 0
 	if s.hasLive {
 		s.liveHigh = s.pending[len(s.pending)-1].seq
@@ -275,9 +316,15 @@ func (s *sequencer) restartFromReplay() {
 	s.requestReplay(true)
 }
 
-// skipTo declares next..seq-1 lost and moves on to seq.
+// skipTo moves on to seq: before the stream has joined, seq is where it
+// begins; after, next..seq-1 are declared lost.
 func (s *sequencer) skipTo(seq uint64) {
 	if seq <= s.next {
+		return
+	}
+	if !s.joined {
+		s.sink.joined(s.next, seq)
+		s.next = seq
 		return
 	}
 	s.sink.reset(kvevent.StreamReset{Reason: kvevent.ResetUnrecoverableGap, NextSeq: seq, FirstMissing: s.next, LastMissing: seq - 1})
@@ -286,7 +333,7 @@ func (s *sequencer) skipTo(seq uint64) {
 
 func (s *sequencer) apply(seq uint64, payload []byte, replayed bool) {
 	s.sink.deliver(seq, payload, replayed)
-	s.next, s.last, s.hasLast = seq+1, payload, true
+	s.next, s.last, s.hasLast, s.joined = seq+1, payload, true, true
 }
 
 func (s *sequencer) abortReplay() {
@@ -306,7 +353,9 @@ func (s *sequencer) addPending(seq uint64, payload []byte, replayed bool) {
 	s.pending = append(s.pending, pendingBatch{})
 	copy(s.pending[i+1:], s.pending[i:])
 	s.pending[i] = pendingBatch{seq: seq, payload: payload, replayed: replayed}
-	if len(s.pending) > s.maxPending {
+	s.pendingBytes += len(payload)
+	if len(s.pending) > s.maxPending || s.pendingBytes > s.maxPendingBytes {
+		s.sink.pendingOverflow()
 		s.abortReplay()
 		s.settle(true)
 	}
@@ -317,7 +366,9 @@ func (s *sequencer) addPending(seq uint64, payload []byte, replayed bool) {
 func (s *sequencer) drainPending() {
 	n := 0
 	for n < len(s.pending) && s.pending[n].seq <= s.next {
-		if p := s.pending[n]; p.seq == s.next {
+		p := s.pending[n]
+		s.pendingBytes -= len(p.payload)
+		if p.seq == s.next {
 			s.apply(p.seq, p.payload, p.replayed)
 		}
 		n++
@@ -332,5 +383,5 @@ func (s *sequencer) drainPending() {
 
 func (s *sequencer) clearPending() {
 	clear(s.pending)
-	s.pending = s.pending[:0]
+	s.pending, s.pendingBytes = s.pending[:0], 0
 }

@@ -12,11 +12,15 @@ type checkingSink struct {
 	t        *testing.T
 	seq      *sequencer
 	expected uint64 // the seq the next delivery must carry
-	inFlight bool   // a replay request is outstanding
-	refuse   bool   // replay unavailable
+	// begun is set once the stream delivered a batch or was rewound: from
+	// then on only a reset may move expected other than by a delivery.
+	begun    bool
+	inFlight bool // a replay request is outstanding
+	refuse   bool // replay unavailable
 }
 
 func (k *checkingSink) deliver(seq uint64, payload []byte, replayed bool) {
+	k.begun = true
 	if seq != k.expected {
 		k.t.Fatalf("delivered seq %d, want %d", seq, k.expected)
 	}
@@ -31,6 +35,14 @@ func (k *checkingSink) reset(r kvevent.StreamReset) {
 		k.t.Fatalf("gap %d..%d next %d while %d was expected", r.FirstMissing, r.LastMissing, r.NextSeq, k.expected)
 	}
 	k.expected = r.NextSeq
+	k.begun = r.Reason == kvevent.ResetRewind
+}
+
+func (k *checkingSink) joined(from, at uint64) {
+	if k.begun || from != k.expected || at <= from {
+		k.t.Fatalf("joined at %d after %d, with %d expected, begun %v", at, from, k.expected, k.begun)
+	}
+	k.expected = at
 }
 
 func (k *checkingSink) startReplay(from uint64, force bool) bool {
@@ -43,6 +55,8 @@ func (k *checkingSink) startReplay(from uint64, force bool) bool {
 	k.inFlight = true
 	return true
 }
+
+func (k *checkingSink) pendingOverflow() {}
 
 func (k *checkingSink) abortReplay() {
 	if !k.inFlight {
@@ -59,9 +73,9 @@ func FuzzSequencer(f *testing.F) {
 	f.Add([]byte{4, 0, 1, 5, 1, 6, 2, 0, 0, 0, 0, 1, 0, 0, 0x80, 0})
 	f.Add([]byte{0, 2, 0, 9, 3, 0, 5, 0, 0, 4, 1, 4, 2, 0, 6, 1})
 	f.Fuzz(func(t *testing.T, ops []byte) {
-		const maxPending = 4
+		const maxPending, maxPendingBytes = 4, 9
 		sink := &checkingSink{t: t}
-		s := newSequencer(sink, maxPending)
+		s := newSequencer(sink, maxPending, maxPendingBytes)
 		sink.seq = s
 		for i := 0; i+1 < len(ops); i += 2 {
 			op, arg := ops[i]%8, ops[i+1]
@@ -95,8 +109,15 @@ func FuzzSequencer(f *testing.F) {
 			case 7:
 				sink.refuse = !sink.refuse
 			}
-			if len(s.pending) > maxPending {
-				t.Fatalf("%d batches pending, bound %d", len(s.pending), maxPending)
+			if len(s.pending) > maxPending || s.pendingBytes > maxPendingBytes {
+				t.Fatalf("%d batches of %d bytes pending, bound %d and %d", len(s.pending), s.pendingBytes, maxPending, maxPendingBytes)
+			}
+			var bytes int
+			for _, p := range s.pending {
+				bytes += len(p.payload)
+			}
+			if bytes != s.pendingBytes {
+				t.Fatalf("pending holds %d bytes, counted %d", bytes, s.pendingBytes)
 			}
 			if s.replay.active != sink.inFlight {
 				t.Fatalf("sequencer replay active %v, transport %v", s.replay.active, sink.inFlight)

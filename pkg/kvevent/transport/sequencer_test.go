@@ -32,6 +32,10 @@ func (r *recordingSink) reset(rs kvevent.StreamReset) {
 	r.log = append(r.log, fmt.Sprintf("%s next %d", rs.Reason, rs.NextSeq))
 }
 
+func (r *recordingSink) joined(from, at uint64) {
+	r.log = append(r.log, fmt.Sprintf("join %d after %d", at, from))
+}
+
 func (r *recordingSink) startReplay(from uint64, force bool) bool {
 	if r.unavailable {
 		r.log = append(r.log, fmt.Sprintf("replay %d refused", from))
@@ -43,15 +47,17 @@ func (r *recordingSink) startReplay(from uint64, force bool) bool {
 
 func (r *recordingSink) abortReplay() { r.log = append(r.log, "abort") }
 
+func (r *recordingSink) pendingOverflow() { r.log = append(r.log, "overflow") }
+
 // runSequencer feeds steps to a fresh sequencer and returns the sink's log.
 // Steps: "connect", "live <seq> [publisher]", "reply <seq> [publisher]",
-// "end", "fail", "rewind <seq>", "probe", "refuse" (replay unavailable from
-// now on).
+// "end", "cut", "fail", "rewind <seq>", "probe", "refuse" (replay
+// unavailable from now on).
 // A batch's payload is "<publisher><seq>", publisher "a" unless given.
-func runSequencer(t *testing.T, maxPending int, steps []string) []string {
+func runSequencer(t *testing.T, maxPending, maxPendingBytes int, steps []string) []string {
 	t.Helper()
 	sink := &recordingSink{}
-	s := newSequencer(sink, maxPending)
+	s := newSequencer(sink, maxPending, maxPendingBytes)
 	for _, step := range steps {
 		f := strings.Fields(step)
 		var seq uint64
@@ -76,6 +82,8 @@ func runSequencer(t *testing.T, maxPending int, steps []string) []string {
 			s.onReplayEnd()
 		case "fail":
 			s.onReplayFailed()
+		case "cut":
+			s.onReplayCut()
 		case "rewind":
 			s.rewind(seq)
 		case "probe":
@@ -91,10 +99,11 @@ func runSequencer(t *testing.T, maxPending int, steps []string) []string {
 
 func TestSequencer(t *testing.T) {
 	tests := []struct {
-		name       string
-		maxPending int
-		steps      []string
-		want       []string
+		name            string
+		maxPending      int
+		maxPendingBytes int
+		steps           []string
+		want            []string
 	}{{
 		name:  "connect replays from 0 and live follows on",
 		steps: []string{"connect", "reply 0", "reply 1", "end", "live 2"},
@@ -113,9 +122,23 @@ func TestSequencer(t *testing.T) {
 		want: []string{"replay 0", "deliver a0 live", "replay 0", "deliver a1 replay", "deliver a2 replay",
 			"deliver a3 live", "deliver a4 live"},
 	}, {
-		name:  "a replay starting after the requested seq is an unrecoverable gap",
+		name:  "on first contact a replay starting after the requested seq is where the stream begins",
 		steps: []string{"connect", "reply 5", "reply 6", "end", "live 7"},
-		want:  []string{"replay 0", "gap 0-4", "deliver a5 replay", "deliver a6 replay", "deliver a7 live"},
+		want:  []string{"replay 0", "join 5 after 0", "deliver a5 replay", "deliver a6 replay", "deliver a7 live"},
+	}, {
+		name:  "once a batch was delivered a replay starting after the requested seq is an unrecoverable gap",
+		steps: []string{"connect", "reply 0", "end", "live 1", "connect", "reply 5", "reply 6", "end"},
+		want: []string{"replay 0", "deliver a0 replay", "deliver a1 live", "replay 1", "gap 2-4",
+			"deliver a5 replay", "deliver a6 replay"},
+	}, {
+		name:  "a publisher counting from 1 joins at 1 when followed and after every restart",
+		steps: []string{"connect", "reply 1", "reply 2", "end", "live 3", "live 1 b", "reply 1 b", "end", "live 2 b"},
+		want: []string{"replay 0", "join 1 after 0", "deliver a1 replay", "deliver a2 replay", "deliver a3 live",
+			"publisher_restart next 0", "replay 0", "join 1 after 0", "deliver b1 replay", "deliver b2 live"},
+	}, {
+		name:  "a rewound stream reports a replay starting later than the rewind as a gap",
+		steps: []string{"connect", "end", "live 0", "live 1", "rewind 0", "reply 1", "end"},
+		want:  []string{"replay 0", "deliver a0 live", "deliver a1 live", "rewind next 0", "replay 0", "gap 0-0", "deliver a1 replay"},
 	}, {
 		name:  "a live seq going back is a publisher restart",
 		steps: []string{"connect", "end", "live 0", "live 1", "live 0 b", "live 1 b"},
@@ -142,9 +165,9 @@ func TestSequencer(t *testing.T) {
 		want: []string{"replay 0", "deliver a0 live", "deliver a1 live", "deliver a2 live", "replay 2",
 			"publisher_restart next 0", "replay 0", "deliver b0 replay"},
 	}, {
-		name:  "unavailable replay reports the gap and goes on live",
+		name:  "without replay the stream begins at the first live batch and reports later gaps",
 		steps: []string{"refuse", "connect", "live 3", "live 4", "live 6"},
-		want:  []string{"replay 0 refused", "replay 0 refused", "gap 0-2", "deliver a3 live", "deliver a4 live", "replay 4 refused", "gap 5-5", "deliver a6 live"},
+		want:  []string{"replay 0 refused", "replay 0 refused", "join 3 after 0", "deliver a3 live", "deliver a4 live", "replay 4 refused", "gap 5-5", "deliver a6 live"},
 	}, {
 		name:  "a failed replay reports the gap and applies the buffered batches",
 		steps: []string{"connect", "end", "live 0", "live 3", "live 4", "fail"},
@@ -153,7 +176,21 @@ func TestSequencer(t *testing.T) {
 		name:       "overflowing the pending buffer abandons the replay",
 		maxPending: 2,
 		steps:      []string{"connect", "end", "live 0", "live 2", "live 3", "live 4", "reply 0", "live 5"},
-		want:       []string{"replay 0", "deliver a0 live", "replay 0", "abort", "gap 1-1", "deliver a2 live", "deliver a3 live", "deliver a4 live", "deliver a5 live"},
+		want:       []string{"replay 0", "deliver a0 live", "replay 0", "overflow", "abort", "gap 1-1", "deliver a2 live", "deliver a3 live", "deliver a4 live", "deliver a5 live"},
+	}, {
+		name:            "overflowing the pending buffer's bytes abandons the replay",
+		maxPendingBytes: 5, // payloads are 2 bytes each
+		steps:           []string{"connect", "end", "live 0", "live 2", "live 3", "live 4", "reply 0", "live 5"},
+		want:            []string{"replay 0", "deliver a0 live", "replay 0", "overflow", "abort", "gap 1-1", "deliver a2 live", "deliver a3 live", "deliver a4 live", "deliver a5 live"},
+	}, {
+		name:  "a replay cut short is followed up from where it got, as long as it progresses",
+		steps: []string{"connect", "end", "live 0", "live 5", "reply 0", "reply 1", "cut", "reply 2", "cut", "reply 3", "reply 4", "end"},
+		want: []string{"replay 0", "deliver a0 live", "replay 0", "deliver a1 replay", "replay 1", "deliver a2 replay",
+			"replay 2", "deliver a3 replay", "deliver a4 replay", "deliver a5 live"},
+	}, {
+		name:  "replays cut short without progress end in a gap",
+		steps: []string{"connect", "end", "live 0", "live 2", "reply 0", "cut", "reply 0", "cut", "reply 0", "cut", "reply 0", "cut"},
+		want:  []string{"replay 0", "deliver a0 live", "replay 0", "replay 0", "replay 0", "replay 0", "gap 1-1", "deliver a2 live"},
 	}, {
 		name:  "a reply lost in transit is fetched by a follow-up replay",
 		steps: []string{"connect", "reply 0", "reply 2", "end", "reply 1", "reply 2", "end"},
@@ -195,7 +232,11 @@ func TestSequencer(t *testing.T) {
 			if maxPending == 0 {
 				maxPending = 100
 			}
-			got := runSequencer(t, maxPending, tt.steps)
+			maxPendingBytes := tt.maxPendingBytes
+			if maxPendingBytes == 0 {
+				maxPendingBytes = 1 << 20
+			}
+			got := runSequencer(t, maxPending, maxPendingBytes, tt.steps)
 			if !slices.Equal(got, tt.want) {
 				t.Errorf("steps %q\n got  %q\n want %q", tt.steps, got, tt.want)
 			}

@@ -1,7 +1,6 @@
 package transport
 
 import (
-	"errors"
 	"fmt"
 	"sync/atomic"
 	"time"
@@ -9,13 +8,17 @@ import (
 	zmq "github.com/pebbe/zmq4"
 
 	"github.com/kvgate/kvgate/pkg/kvevent"
-	"github.com/kvgate/kvgate/pkg/kvevent/internal/zmqwire"
 )
 
+// processSlice bounds how long a stream applies what it has read before its
+// driver reads the sockets again, so that ZeroMQ's queues stay short while a
+// stream is busy.
+const processSlice = 2 * time.Millisecond
+
 // stream is one engine's stream (one pod, one data-parallel rank): its
-// sequencer, its replay socket, its timers, and the delivery of its batches
-// to the handler. It knows nothing of the socket its live messages arrive
-// on: a driver owns that socket and feeds the stream.
+// sequencer, its inboxes, its replay socket, its timers, and the delivery of
+// its batches to the handler. It knows nothing of the socket its live
+// messages arrive on: a driver owns that socket and feeds the stream.
 //
 // A stream has exactly one owner at a time, the goroutine of the driver
 // holding it: a ZMQClient's dialer, which follows one stream on a SUB
@@ -25,11 +28,13 @@ import (
 // concurrent use, and reach the owner through the driver's commands.
 //
 // A driver tells the stream when its engine is connected (up) and no
-// longer (down), hands it every live batch (liveArrived, live), services
-// its replay socket when it is readable (drainReplies) and its timers when
-// they are due (timerWait, runTimers), and rebuilds its poller whenever
-// replaySocket changes. detach ends a connection's state; the sequencer
-// outlives it, so that the stream resumes on the next connection.
+// longer (down), hands it every live message as soon as it is read
+// (liveArrived, pushLive), has it read its replay socket when that is
+// readable (readReplies), lets it apply what it read (process) while it
+// has work, runs its timers when they are due (timerWait, runTimers), and
+// rebuilds its poller whenever replaySocket changes. detach ends a
+// connection's state; the sequencer outlives it, so that the stream
+// resumes on the next connection.
 type stream struct {
 	cfg            *ZMQClientConfig // read-only
 	replayEndpoint string           // "" without replay
@@ -37,20 +42,35 @@ type stream struct {
 	handler        *atomic.Pointer[handlerSet]
 	seq            *sequencer
 
-	ctx         *zmq.Context // of the replay socket
-	dealer      *zmq.Socket  // replay socket; nil while closed or without replay
+	ctx         *zmq.Context // of the replay sockets
+	live        inbox        // live messages read, not yet applied
+	replies     inbox        // replies of the replay in flight, not yet applied
+	dealer      *zmq.Socket  // socket of the replay in flight; nil otherwise
 	replyFrames [][]byte     // reused frame slices of replay replies
 	replay      replayTimer
 	connected   bool
 	probeAt     time.Time // when to probe the stream if it stays quiet
 	probeDelay  time.Duration
 	silence     liveSilence
+	resets      resetBudget
+	heardAt     time.Time // last live message or replay reply
 }
 
-// replayTimer follows the timing of replay requests.
+// replayTimer follows the replay in flight and the timing of replay
+// requests.
 type replayTimer struct {
-	active   bool
-	deadline time.Time     // when the replay in flight fails if still silent
+	// active is set from the request until the replay ends; the replay
+	// socket is open until its end marker arrives or it is cut short,
+	// after which the replies read are applied.
+	active bool
+	// ending is set once no more replies are read: the replay ends when
+	// the replies inbox is applied, with cut telling how.
+	ending  bool
+	cut     bool
+	replies int       // replies read
+	cutAt   time.Time // the replay's overall deadline
+	// deadline is when the replay fails if still silent.
+	deadline time.Time
 	retryAt  time.Time     // gap replays are refused before this
 	backoff  time.Duration // next wait after a failure
 }
@@ -76,69 +96,27 @@ var _ streamSink = (*stream)(nil)
 // ("" for none), delivering to the handler that handler points to.
 func newStream(cfg *ZMQClientConfig, replayEndpoint string, obs *observer, handler *atomic.Pointer[handlerSet]) *stream {
 	s := &stream{cfg: cfg, replayEndpoint: replayEndpoint, obs: obs, handler: handler}
-	s.seq = newSequencer(s, cfg.MaxPendingBatches)
+	s.seq = newSequencer(s, cfg.MaxPendingBatches, cfg.MaxPendingBytes)
 	s.replay.backoff = cfg.ReconnectDelay
+	s.live.limit, s.replies.limit = cfg.ReceiveBufferBytes, cfg.ReceiveBufferBytes
+	s.resets.init(cfg)
 	return s
 }
 
-// openReplay creates the replay socket in ctx, when the stream replays.
-func (s *stream) openReplay(ctx *zmq.Context) error {
-	s.ctx = ctx
-	if s.replayEndpoint == "" {
-		return nil
-	}
-	return s.openDealer()
-}
-
-// openDealer creates and connects a fresh replay socket.
-func (s *stream) openDealer() error {
-	ep := s.replayEndpoint
-	d, err := s.ctx.NewSocket(zmq.DEALER)
-	if err != nil {
-		return fmt.Errorf("kvevent: create replay socket for %s: %w", ep, err)
-	}
-	err = errors.Join(d.SetLinger(0), d.SetRcvhwm(0))
-	if err == nil && zmqwire.NeedsIPv6(ep) {
-		err = d.SetIpv6(true)
-	}
-	if err == nil {
-		err = d.Connect(ep)
-	}
-	if err != nil {
-		d.Close()
-		return fmt.Errorf("kvevent: set up replay socket for %s: %w", ep, err)
-	}
-	s.dealer = d
-	return nil
-}
-
-// resetDealer replaces the replay socket, so that replies to an abandoned
-// request can never be taken for replies to the next one.
-func (s *stream) resetDealer() {
-	s.replay.active = false
-	if s.dealer == nil {
-		return
-	}
-	s.dealer.Close()
-	s.dealer = nil
-	if err := s.openDealer(); err != nil {
-		s.obs.socketFailed(err, "Replay is unavailable until the stream reconnects")
-	}
-}
+// attach gives the stream the context its replay sockets are created in.
+func (s *stream) attach(ctx *zmq.Context) { s.ctx = ctx }
 
 // replaySocket returns the replay socket the driver polls, nil when there is
 // none.
 func (s *stream) replaySocket() *zmq.Socket { return s.dealer }
 
 // detach closes the replay socket and forgets the connection, the replay in
-// flight and the buffered batches: the driver closed the stream's sockets.
-// The sequencer keeps the stream's position for the next connection.
+// flight and everything read and not yet applied: the driver closed the
+// stream's sockets. The sequencer keeps the stream's position for the next
+// connection.
 func (s *stream) detach() {
-	if s.dealer != nil {
-		s.dealer.Close()
-		s.dealer = nil
-	}
-	s.replay.active = false
+	s.endReplay()
+	s.live.clear()
 	s.connected = false
 	s.seq.detach()
 	s.obs.setConnected(false, false)
@@ -150,7 +128,9 @@ func (s *stream) up(now time.Time) {
 	s.connected = true
 	s.quietFrom(now)
 	s.obs.setConnected(true, true)
-	s.seq.onConnected()
+	if !s.resets.suspended {
+		s.seq.onConnected()
+	}
 }
 
 // down records that the stream's engine is disconnected.
@@ -159,9 +139,62 @@ func (s *stream) down() {
 	s.obs.setConnected(false, true)
 }
 
-// live feeds the sequencer one live batch; liveArrived has been called for
-// the burst it belongs to.
-func (s *stream) live(seq uint64, payload []byte) { s.seq.onLive(seq, payload) }
+// pushLive queues one live message for process; liveArrived has been
+// called for the burst it belongs to. A message the inbox cannot hold, or
+// that arrives while the stream is suspended, is dropped and counted: the
+// gap it leaves is replayed like one the engine's PUB left. It returns the
+// payload bytes dropped for a full inbox.
+func (s *stream) pushLive(seq uint64, payload []byte) int {
+	switch {
+	case s.resets.suspended:
+		s.obs.droppedSuspended()
+	case !s.live.push(inMsg{seq: seq, payload: payload}):
+		s.obs.droppedLive(seq, len(payload), s.live.limit)
+		return len(payload)
+	}
+	return 0
+}
+
+// heard records that the engine was heard from at now: a live message or
+// a replay reply.
+func (s *stream) heard(now time.Time) {
+	s.heardAt = now
+	s.obs.heard(now)
+}
+
+// hasWork reports whether the stream has read messages it has not applied,
+// or a replay that ended and must be wound up.
+func (s *stream) hasWork() bool {
+	return !s.live.empty() || !s.replies.empty() || s.replay.ending
+}
+
+// process applies what the stream has read, replies first, until it is
+// done or the time slice from now is used up.
+func (s *stream) process(now time.Time) {
+	until := now.Add(processSlice)
+	for n := 0; ; n++ {
+		if n%16 == 15 && time.Now().After(until) {
+			return
+		}
+		if s.resets.suspended {
+			s.live.clear()
+			return
+		}
+		if m, ok := s.replies.pop(); ok {
+			s.applyReply(m)
+			continue
+		}
+		if s.replay.ending {
+			s.finishReplay()
+			continue
+		}
+		m, ok := s.live.pop()
+		if !ok {
+			return
+		}
+		s.seq.onLive(m.seq, m.payload)
+	}
+}
 
 // rewind restarts the stream at seq (see ZMQClient.ReplayFrom).
 func (s *stream) rewind(seq uint64) error {
@@ -172,11 +205,27 @@ func (s *stream) rewind(seq uint64) error {
 	return nil
 }
 
-// runTimers fails a replay that stayed silent past its deadline and probes
-// a stream that stayed quiet past its probe time.
+// runTimers fails or cuts a replay that stayed silent or ran past its
+// deadline, resumes a suspended stream, and probes a stream that stayed
+// quiet past its probe time.
 func (s *stream) runTimers(now time.Time) {
-	if s.replay.active && !now.Before(s.replay.deadline) {
-		s.failReplay(kindUncounted, fmt.Errorf("no reply within %v", s.cfg.ReplayTimeout))
+	s.obs.flushLogs(now)
+	if s.resets.suspended {
+		if now.Before(s.resets.until) {
+			return
+		}
+		s.resume(now)
+	}
+	if s.replay.active && !s.replay.ending {
+		switch {
+		case !now.Before(s.replay.cutAt):
+			s.cutReplay(LimitReplayDuration)
+		case !now.Before(s.replay.deadline) && s.replay.replies > 0:
+			s.obs.replayStalled(s.replay.replies, s.cfg.ReplayTimeout, s.replayEndpoint)
+			s.cutReplay("")
+		case !now.Before(s.replay.deadline):
+			s.failReplay(kindUncounted, fmt.Errorf("no reply within %v", s.cfg.ReplayTimeout))
+		}
 	}
 	if s.connected && !now.Before(s.probeAt) {
 		s.seq.probe()
@@ -185,11 +234,17 @@ func (s *stream) runTimers(now time.Time) {
 	}
 }
 
-// timerWait returns how long a poll may wait before runTimers has work,
+// timerWait returns how long a poll may wait before the stream has work,
 // capped at limit.
 func (s *stream) timerWait(limit time.Duration) time.Duration {
+	if s.hasWork() {
+		return 0
+	}
+	if s.resets.suspended {
+		return min(limit, max(time.Until(s.resets.until), 0))
+	}
 	if s.replay.active {
-		limit = min(limit, max(time.Until(s.replay.deadline), 0))
+		limit = min(limit, max(time.Until(s.replay.deadline), 0), max(time.Until(s.replay.cutAt), 0))
 	}
 	if s.connected {
 		limit = min(limit, max(time.Until(s.probeAt), 0))

@@ -23,6 +23,7 @@ type liveSilence struct {
 // liveArrived records a live message: the subscription lets the engine's
 // messages through, and the quiet-stream probes start over.
 func (s *stream) liveArrived(now time.Time) {
+	s.heard(now)
 	s.quietFrom(now)
 	s.silence.replays = 0
 	if s.obs.topicMismatch() {

@@ -69,6 +69,16 @@ func Batch(tag, i int) *kvevent.EventBatch {
 	}
 }
 
+// Payload is Batch(tag, i) as vLLM v0.24 and later encode it.
+func Payload(t testing.TB, tag, i int) []byte {
+	t.Helper()
+	p, err := kvevent.EncodeEventBatch(Batch(tag, i))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
 // Publish publishes Batch(tag, i) for i in [from, to).
 func Publish(t testing.TB, p *publisher.Publisher, tag, from, to int) {
 	t.Helper()

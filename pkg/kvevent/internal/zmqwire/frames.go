@@ -51,6 +51,34 @@ func RecvFrames(s *zmq.Socket, flags zmq.Flag, dst [][]byte) ([][]byte, error) {
 	}
 }
 
+// PeerAddress is the message property of the address of the peer a message
+// came from (zmq_msg_gets); for tcp, its IP address without port.
+const PeerAddress = "Peer-Address"
+
+// RecvFramesFrom is RecvFrames that also returns the address of the peer
+// the message came from ("" when the transport has none, as ipc and inproc).
+func RecvFramesFrom(s *zmq.Socket, flags zmq.Flag, dst [][]byte) ([][]byte, string, error) {
+	first, meta, err := s.RecvBytesWithMetadata(flags, PeerAddress)
+	if err != nil {
+		return dst[:0], "", err
+	}
+	dst = append(dst[:0], first)
+	for {
+		more, err := s.GetRcvmore()
+		if err != nil {
+			return dst, "", err
+		}
+		if !more {
+			return dst, meta[PeerAddress], nil
+		}
+		frame, err := s.RecvBytes(0)
+		if err != nil {
+			return dst, "", err
+		}
+		dst = append(dst, frame)
+	}
+}
+
 // SendFrames sends frames as one multipart message.
 func SendFrames(s *zmq.Socket, flags zmq.Flag, frames ...[]byte) error {
 	for i, f := range frames {

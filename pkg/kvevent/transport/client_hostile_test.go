@@ -1,0 +1,339 @@
+package transport
+
+import (
+	"math"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvgate/kvgate/internal/testsupport"
+	"github.com/kvgate/kvgate/pkg/kvevent"
+	"github.com/kvgate/kvgate/pkg/kvevent/internal/kvtest"
+)
+
+func TestClientJoinsAStreamThatCountsFromOne(t *testing.T) {
+	t.Parallel()
+	ports := kvtest.NewPorts(t)
+	eng := kvtest.NewEngine(t, ports)
+	for i := 1; i <= 5; i++ {
+		eng.Buffer(uint64(i), kvtest.Payload(t, 1, i))
+	}
+	rec := &kvtest.Recorder{}
+	c := startClient(t, testClientConfig(ports), rec)
+	testsupport.Eventually(t, "the first engine's batches", func() bool { return rec.Count() >= 5 })
+
+	// The engine restarts and counts from 1 again.
+	eng.Forget()
+	kvtest.RepeatUntil(t, "the restarted engine's batches", func() {
+		for i := 1; i <= 3; i++ {
+			if !rec.Has(2, i) {
+				eng.Publish(t, uint64(i), kvtest.Payload(t, 2, i))
+			}
+		}
+	}, func() bool { return rec.Has(2, 3) })
+
+	got, resets := rec.Snapshot()
+	kvtest.CheckSequence(t, got[:5], 1, 1, 6)
+	if len(resets) != 1 || resets[0].Reason != kvevent.ResetPublisherRestart {
+		t.Fatalf("resets %v, want one publisher restart and no gap", resets)
+	}
+	st := c.Stats()
+	if st.UnrecoverableGaps != 0 || st.MissedBatches != 0 || st.JoinedAtSeq != 1 {
+		t.Errorf("stats report %d gaps, %d missed batches, joined at %d; want none, none, 1",
+			st.UnrecoverableGaps, st.MissedBatches, st.JoinedAtSeq)
+	}
+}
+
+// publishWithAHole has eng publish seqs 0, 1, 2 and 4 of tag 1, buffered
+// and live, once the client's subscription is in place: seq 3 never
+// existed, so replays of the hole answer everything but it.
+func publishWithAHole(t *testing.T, eng *kvtest.Engine, rec *kvtest.Recorder) {
+	t.Helper()
+	seqs := []int{0, 1, 2, 4}
+	for _, i := range seqs {
+		eng.Buffer(uint64(i), kvtest.Payload(t, 1, i))
+	}
+	kvtest.RepeatUntil(t, "the live batches", func() {
+		for _, i := range seqs {
+			eng.Live(t, uint64(i), kvtest.Payload(t, 1, i))
+		}
+	}, func() bool { return rec.Has(1, 4) })
+}
+
+func TestClientTakesNoStaleReplyForTheAnswerToALaterReplay(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name  string
+		after func(w *kvtest.ReplayWriter) // what the engine sends after its end marker
+	}{
+		{"second end marker", func(w *kvtest.ReplayWriter) { w.End() }},
+		{"batch with the end marker's seq", func(w *kvtest.ReplayWriter) { w.Batch(math.MaxUint64, []byte{0x90}) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ports := kvtest.NewPorts(t)
+			eng := kvtest.NewEngine(t, ports)
+			eng.SetReplay(func(start uint64, buffered []kvtest.Buffered, w *kvtest.ReplayWriter) {
+				kvtest.VLLMReplay(start, buffered, w)
+				tc.after(w)
+			})
+			rec := &kvtest.Recorder{}
+			c := startClient(t, testClientConfig(ports), rec)
+			publishWithAHole(t, eng, rec)
+			// The hole is replayed and followed up, then declared lost; the
+			// quiet-stream probes that follow are answered the same way.
+			// The stale marker of one replay must not end the next.
+			requests := eng.Requests()
+			testsupport.Eventually(t, "ten more replays", func() bool { return eng.Requests() >= requests+10 })
+
+			got, resets := rec.Snapshot()
+			if len(got) != 4 || got[3].Seq != 4 || !rec.Has(1, 0) || !rec.Has(1, 2) {
+				t.Fatalf("delivered %d batches (%v...), want seqs 0, 1, 2 and 4 once each", len(got), got[:min(len(got), 8)])
+			}
+			want := kvevent.StreamReset{Reason: kvevent.ResetUnrecoverableGap, PodKey: "default/vllm-0", NextSeq: 4, FirstMissing: 3, LastMissing: 3}
+			if len(resets) != 1 || resets[0] != want {
+				t.Fatalf("resets %v, want only the hole declared lost: %v", resets, want)
+			}
+			if st := c.Stats(); st.PublisherRestarts != 0 || st.ReplayFailures != 0 {
+				t.Errorf("stats report %d publisher restarts and %d failed replays, want none", st.PublisherRestarts, st.ReplayFailures)
+			}
+		})
+	}
+}
+
+func TestClientSuspendsAStreamThatKeepsResetting(t *testing.T) {
+	t.Parallel()
+	ports := kvtest.NewPorts(t)
+	eng := kvtest.NewEngine(t, ports)
+	rec := &kvtest.Recorder{}
+	cfg := testClientConfig(ports)
+	cfg.MaxResets = 3
+	c := startClient(t, cfg, rec)
+	if err := c.WaitForConnection(testsupport.WaitTimeout); err != nil {
+		t.Fatal(err)
+	}
+	// An engine whose seq keeps going back: every other message restarts
+	// the stream.
+	const flood = 2000
+	kvtest.RepeatUntil(t, "a first restart", func() {
+		for i := range 10 {
+			eng.Live(t, uint64(5-i%2), kvtest.Payload(t, 1, 5-i%2))
+		}
+	}, func() bool { return c.Stats().PublisherRestarts > 0 })
+	for i := range flood {
+		eng.Live(t, uint64(5-i%2), kvtest.Payload(t, 1, 5-i%2))
+	}
+	testsupport.Eventually(t, "a suspension", func() bool { return c.Stats().Suspensions > 0 })
+	st := c.Stats()
+	if st.PublisherRestarts > 20 || st.ReplayRequests > 40 {
+		t.Errorf("%d restarts and %d replay requests for %d messages that go back: want them bounded",
+			st.PublisherRestarts, st.ReplayRequests, flood)
+	}
+
+	// A sane engine afterwards is followed again once the suspension ends.
+	eng.Forget()
+	for i := range 3 {
+		eng.Buffer(uint64(i), kvtest.Payload(t, 2, i))
+	}
+	testsupport.Eventually(t, "the sane engine's batches", func() bool { return rec.Has(2, 2) && !c.Stats().Suspended })
+}
+
+// bigPayload is a batch of tag 1 at seq i that encodes to about size bytes:
+// one BlockStored with that many token ids.
+func bigPayload(t testing.TB, i, size int) []byte {
+	t.Helper()
+	b := kvtest.Batch(1, i)
+	b.Events[0].(*kvevent.BlockStoredEvent).TokenIDs = make([]uint32, size)
+	p, err := kvevent.EncodeEventBatch(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestClientBoundsThePendingBufferInBytes(t *testing.T) {
+	t.Parallel()
+	ports := kvtest.NewPorts(t)
+	eng := kvtest.NewEngine(t, ports)
+	var hold atomic.Bool
+	release := make(chan struct{})
+	eng.SetReplay(func(start uint64, buffered []kvtest.Buffered, w *kvtest.ReplayWriter) {
+		if hold.Load() {
+			<-release // the gap's replay stays silent while live batches pile up
+		}
+		kvtest.VLLMReplay(start, buffered, w)
+	})
+	defer close(release)
+	eng.Buffer(0, kvtest.Payload(t, 1, 0))
+	rec := &kvtest.Recorder{}
+	cfg := testClientConfig(ports)
+	cfg.ReplayTimeout = time.Minute // only the pending buffer may end the wait
+	cfg.MaxMessageBytes, cfg.MaxPendingBytes = 2<<20, 8<<20
+	c := startClient(t, cfg, rec)
+	eng.AwaitSubscriber(t)
+	testsupport.Eventually(t, "the first batch", func() bool { return rec.Count() > 0 })
+	hold.Store(true)
+
+	// Seq 1 never comes; 1 MiB batches from seq 2 on wait for it.
+	const n = 20
+	for i := 2; i < 2+n; i++ {
+		eng.Live(t, uint64(i), bigPayload(t, i, 1<<20))
+	}
+	testsupport.Eventually(t, "every batch after the hole", func() bool { return rec.Has(1, 1+n) })
+	_, resets := rec.Snapshot()
+	want := kvevent.StreamReset{Reason: kvevent.ResetUnrecoverableGap, PodKey: "default/vllm-0", NextSeq: 2, FirstMissing: 1, LastMissing: 1}
+	if len(resets) != 1 || resets[0] != want {
+		t.Fatalf("resets %v, want the hole declared lost when 8 MiB were pending: %v", resets, want)
+	}
+	if st := c.Stats(); st.PendingOverflows != 1 {
+		t.Errorf("%d pending buffer overflows, want 1", st.PendingOverflows)
+	}
+}
+
+func TestClientCutsShortAReplayThatAnswersForever(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		adjust func(*ZMQClientConfig)
+		every  time.Duration // between replies
+		limit  string
+	}{
+		{"too many replies", func(c *ZMQClientConfig) { c.MaxReplayBatches = 500 }, 0, LimitReplayBatches},
+		{"too long", func(c *ZMQClientConfig) { c.MaxReplayDuration = c.ReplayTimeout }, 20 * time.Millisecond, LimitReplayDuration},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ports := kvtest.NewPorts(t)
+			eng := kvtest.NewEngine(t, ports)
+			// Every reply is a batch already delivered, so the replay never
+			// makes progress and never ends.
+			eng.SetReplay(func(start uint64, _ []kvtest.Buffered, w *kvtest.ReplayWriter) {
+				payload := kvtest.Payload(t, 1, 0)
+				for w.Batch(0, payload) {
+					time.Sleep(tc.every)
+				}
+			})
+			eng.Buffer(0, kvtest.Payload(t, 1, 0))
+			reg := prometheus.NewPedanticRegistry()
+			metrics, err := NewKVCacheMetrics(reg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg := testClientConfig(ports)
+			cfg.Metrics = metrics
+			tc.adjust(cfg)
+			c := startClient(t, cfg, &kvtest.Recorder{})
+			testsupport.Eventually(t, "two replays cut short", func() bool { return c.Stats().ReplaysCut >= 2 })
+			labels := "dp_rank=0,limit=" + tc.limit + ",pod_key=" + cfg.PodKey
+			if got := series(t, reg, "limit_hits_total")[labels]; got < 2 {
+				t.Errorf("limit_hits_total{%s} = %v, want every cut counted", labels, got)
+			}
+		})
+	}
+}
+
+func TestClientDropsTheConnectionOfAnEngineSendingOversizedMessages(t *testing.T) {
+	t.Parallel()
+	ports := kvtest.NewPorts(t)
+	eng := kvtest.NewEngine(t, ports)
+	rec := &kvtest.Recorder{}
+	cfg := testClientConfig(ports)
+	cfg.MaxMessageBytes, cfg.ConnectTimeout = 1<<20, 300*time.Millisecond
+	cfg.ReplayTimeout, cfg.MaxReplayDuration = 300*time.Millisecond, time.Second
+	c := startClient(t, cfg, rec)
+	eng.AwaitSubscriber(t)
+	eng.Publish(t, 0, kvtest.Payload(t, 1, 0))
+	testsupport.Eventually(t, "the first batch", func() bool { return rec.Count() > 0 })
+
+	eng.Publish(t, 1, bigPayload(t, 1, 3<<20)) // 3 MiB: live and replayed, it never arrives
+	testsupport.Eventually(t, "the disconnection", func() bool { return c.Stats().Disconnections > 0 })
+	eng.AwaitSubscriber(t) // again, after the reconnection
+	eng.Publish(t, 2, kvtest.Payload(t, 1, 2))
+	testsupport.Eventually(t, "the batch after the oversized one", func() bool { return rec.Has(1, 2) })
+
+	got, resets := rec.Snapshot()
+	if len(got) != 2 || got[0].Seq != 0 || got[1].Seq != 2 {
+		t.Fatalf("delivered %v, want seqs 0 and 2", got)
+	}
+	want := kvevent.StreamReset{Reason: kvevent.ResetUnrecoverableGap, PodKey: "default/vllm-0", NextSeq: 2, FirstMissing: 1, LastMissing: 1}
+	if len(resets) != 1 || resets[0] != want {
+		t.Fatalf("resets %v, want the oversized batch lost: %v", resets, want)
+	}
+}
+
+// slowHandler records batches after a pause, like an index that falls
+// behind.
+type slowHandler struct {
+	kvtest.Recorder
+	pause time.Duration
+}
+
+func (h *slowHandler) HandleBatch(seq uint64, b *kvevent.EventBatch) error {
+	time.Sleep(h.pause)
+	return h.Recorder.HandleBatch(seq, b)
+}
+
+func TestClientFloodedBeyondItsReceiveBufferDropsAndReplays(t *testing.T) {
+	t.Parallel()
+	ports := kvtest.NewPorts(t)
+	eng := kvtest.NewEngine(t, ports)
+	h := &slowHandler{pause: 2 * time.Millisecond}
+	cfg := testClientConfig(ports)
+	cfg.MaxMessageBytes, cfg.ReceiveBufferBytes = 1<<20, 2<<20
+	c := startClient(t, cfg, h)
+	eng.AwaitSubscriber(t)
+	const n = 40
+	for i := range n {
+		eng.Publish(t, uint64(i), bigPayload(t, i, 512<<10))
+	}
+	testsupport.Eventually(t, "every batch", func() bool { return h.Has(1, n-1) })
+
+	got, resets := h.Snapshot()
+	kvtest.CheckSequence(t, got, 1, 0, n)
+	if len(resets) != 0 {
+		t.Fatalf("resets %v, want none: the engine still buffers every batch", resets)
+	}
+	if st := c.Stats(); st.DroppedMessages == 0 || st.ReplayedBatches == 0 {
+		t.Errorf("stats report %d dropped messages and %d replayed batches; want the flood dropped at 2 MiB and replayed",
+			st.DroppedMessages, st.ReplayedBatches)
+	}
+}
+
+func TestClientDisconnectsAnEngineThatFloodsIt(t *testing.T) {
+	t.Parallel()
+	ports := kvtest.NewPorts(t)
+	eng := kvtest.NewEngine(t, ports)
+	reg := prometheus.NewPedanticRegistry()
+	metrics, err := NewKVCacheMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &slowHandler{pause: 5 * time.Millisecond}
+	cfg := testClientConfig(ports)
+	cfg.Metrics = metrics
+	cfg.MaxMessageBytes, cfg.ReceiveBufferBytes = 512<<10, 1<<20
+	c := startClient(t, cfg, h)
+	eng.AwaitSubscriber(t)
+
+	payload := bigPayload(t, 0, 256<<10)
+	floods := func() float64 {
+		return series(t, reg, "limit_hits_total")["dp_rank=0,limit=flood,pod_key="+cfg.PodKey]
+	}
+	seq := uint64(0)
+	kvtest.RepeatUntil(t, "the flood noticed", func() {
+		for range 200 {
+			eng.Live(t, seq, payload)
+			seq++
+		}
+	}, func() bool { return floods() > 0 })
+
+	// Once the engine behaves, the stream is followed again.
+	eng.Forget()
+	eng.Buffer(seq, kvtest.Payload(t, 2, int(seq)))
+	testsupport.Eventually(t, "the well-behaved engine's batch", func() bool { return h.Has(2, int(seq)) })
+	if st := c.Stats(); st.Connections < 2 {
+		t.Errorf("%d connections, want the flooding engine redialled", st.Connections)
+	}
+}
