@@ -158,6 +158,11 @@ func (m *KVEventManager) judge(prev *podLiveness, st *podStatus, now time.Time) 
 		}
 		l.eventsDownSince = later(l.eventsDownSince, stats.DisconnectedSince)
 	}
+	if !connected && prev != nil && prev.target == st.target && prev.dead() && !prev.eventsDownSince.IsZero() {
+		// The streams restarted at the death are younger than the
+		// silence.
+		l.eventsDownSince = prev.eventsDownSince
+	}
 	var scrapesDownSince time.Time // zero: no scrape signal, the streams decide
 	if m.cfg.LastScraped != nil {
 		l.lastScraped = m.cfg.LastScraped(st.key)
