@@ -190,10 +190,9 @@ func (m *KVEventManager) logDeath(p followedPod, l *podLiveness, now time.Time) 
 	} else if m.cfg.LastScraped == nil {
 		lastScraped = "not known"
 	}
-	m.logger.Info("Pod is dead: its KV event streams are disconnected and its metrics scrapes fail; "+
-		"purging its blocks from the index and following it afresh", "pod", p.key, "model", p.st.model,
-		"eventsDownFor", now.Sub(l.eventsDownSince).Round(time.Millisecond), "lastScraped", lastScraped,
-		"deadPodTimeout", m.cfg.DeadPodTimeout)
+	const msg = "Pod is dead: its KV event streams are disconnected and its metrics scrapes fail; purging its blocks from the index and following it afresh"
+	m.logger.Info(msg, "pod", p.key, "model", p.st.model, "eventsDownFor", now.Sub(l.eventsDownSince).Round(time.Millisecond),
+		"lastScraped", lastScraped, "deadPodTimeout", m.cfg.DeadPodTimeout)
 }
 
 // takeRestart reports whether the liveness check asked for pod key's
