@@ -18,8 +18,10 @@
 //     loop per pod and derived into load, KV-cache usage, prefix-cache hit
 //     rate, recent latencies and prefill speed (GetMetricValueByPod,
 //     GetMetricValueByPodModel). A pod whose scrape fails keeps its last
-//     values, marked Stale, and PodScrapeState tells fresh, stale and
-//     not yet scraped pods apart;
+//     values, marked Stale, PodScrapeState tells fresh, stale and not
+//     yet scraped pods apart, and PodLastScraped says when the latest
+//     successful scrape was (the KV event manager reads it to tell a dead
+//     engine from a quiet one);
 //   - which pods requests could not connect to: EjectPod takes a pod out
 //     of routing for a backoff that doubles while it stays unreachable,
 //     PodEjection reports it, and PodReachable or a successful scrape

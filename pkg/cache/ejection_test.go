@@ -170,3 +170,39 @@ func TestScrapeStateFollowsTheLatestScrape(t *testing.T) {
 		t.Errorf("without scraping: %s, want none", got)
 	}
 }
+
+func TestPodLastScrapedStaysAtTheLastSuccessWhileScrapesFail(t *testing.T) {
+	up, down := newEngine(t, "vllm_v1_t0.txt"), newEngine(t, "vllm_v1_t0.txt")
+	down.srv.Close()
+	s := newTestStore(t, scrapeConfig(prometheus.NewRegistry()))
+	if at := s.PodLastScraped(pkey("ns", "p")); !at.IsZero() {
+		t.Errorf("unknown pod: last scraped %v, want zero", at)
+	}
+	s.AddOrUpdatePod(up.pod("p", llama))
+	s.AddOrUpdatePod(down.pod("dead", llama))
+	waitMetric(t, s, "p", NumRequestsRunning, equals(4))
+	testsupport.EventuallyWhy(t, "the dead pod's scrape to fail", func() (string, bool) {
+		got := s.PodScrapeState(pkey("ns", "dead"))
+		return "scrape state " + string(got), got == ScrapeStale
+	})
+	if at := s.PodLastScraped(pkey("ns", "dead")); !at.IsZero() {
+		t.Errorf("pod never scraped successfully: last scraped %v, want zero", at)
+	}
+	before := time.Now()
+	testsupport.Eventually(t, "a scrape of p begun after "+before.String(), func() bool {
+		return s.PodLastScraped(pkey("ns", "p")).After(before)
+	})
+	up.mode.Store(serveError)
+	testsupport.EventuallyWhy(t, "p's scrapes to fail", func() (string, bool) {
+		got := s.PodScrapeState(pkey("ns", "p"))
+		return "scrape state " + string(got), got == ScrapeStale
+	})
+	last := s.PodLastScraped(pkey("ns", "p"))
+	hits := up.hits.Load()
+	testsupport.Eventually(t, "more failed scrapes of p", func() bool { return up.hits.Load() > hits+2 })
+	if at := s.PodLastScraped(pkey("ns", "p")); !at.Equal(last) || !last.After(before) {
+		t.Errorf("last scraped %v after failures, want the last success %v (after %v)", at, last, before)
+	}
+	up.mode.Store(serveOK)
+	testsupport.Eventually(t, "a successful scrape again", func() bool { return s.PodLastScraped(pkey("ns", "p")).After(last) })
+}

@@ -69,6 +69,22 @@ func (s *Store) PodScrapeState(key endpoint.Key) ScrapeState {
 	return ScrapeFresh
 }
 
+// PodLastScraped returns when the latest successful scrape of the pod of
+// key began: it stays put while scrapes fail. It is the zero time before
+// the pod's first successful scrape, when scraping is off, and for a pod
+// that is not registered. A pod replaced by one of another UID starts
+// afresh.
+func (s *Store) PodLastScraped(key endpoint.Key) time.Time {
+	e := s.reg.entry(key)
+	if e == nil {
+		return time.Time{}
+	}
+	if m := e.state.metrics.Load(); m != nil {
+		return m.at
+	}
+	return time.Time{}
+}
+
 // GetMetricValueByPod returns metricName (one of the names of this package,
 // or a subscribed family) for the pod of key. It fails with a
 // *PodNotFoundError for an unknown pod and a *MetricNotFoundError when no

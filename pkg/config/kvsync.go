@@ -65,6 +65,18 @@ var (
 			"engine answers at least every 30 s) before its stream counts as disconnected, in seconds or with a unit (\"90s\"); " +
 			"it must exceed 35 s, the longest a quiet engine goes unheard.",
 	}
+	KVEventsDeadPodTimeout = Var{
+		Name:    "KVGATE_KV_EVENTS_DEAD_POD_TIMEOUT",
+		Default: "30",
+		Section: SectionKVSync,
+		Doc: "How long a followed pod may go with none of its KV event streams connected and no successful metrics scrape " +
+			"before it counts as dead, in seconds or with a unit (\"45s\"): its blocks leave the index within this and one " +
+			"second, once, and its streams start afresh, so that an engine that comes back is rebuilt from its first batch. " +
+			"A stream loses its engine at once when the engine's process ends, within the 15 s heartbeat timeout when the " +
+			"engine vanishes from the network, and after KVGATE_KV_EVENTS_BIND_LIVENESS_TIMEOUT in bind mode. Either signal " +
+			"alone never purges: a quiet engine still answers its scrapes. It must exceed twice " +
+			"AIBRIX_POD_METRIC_REFRESH_INTERVAL_MS plus the 1 s scrape timeout.",
+	}
 	KVEventsMaxMessageBytes = Var{
 		Name:    "KVGATE_KV_EVENTS_MAX_MESSAGE_BYTES",
 		Default: "16777216",
@@ -168,6 +180,9 @@ type KVSync struct {
 	BindRanks           int
 	BindAllowAnyPeer    bool
 	BindLivenessTimeout time.Duration
+	// DeadPodTimeout is how long a pod's streams and scrapes must both
+	// have stopped before it counts as dead.
+	DeadPodTimeout time.Duration
 	// MaxMessageBytes, ReceiveBufferBytes, PendingBufferBytes,
 	// MaxReplayBatches and MaxReplayDuration bound what a stream takes
 	// from its engine.
@@ -199,6 +214,7 @@ func LoadKVSync(e *Env) KVSync {
 		BindRanks:             e.Int(KVEventsBindRanks, 1),
 		BindAllowAnyPeer:      e.Bool(KVEventsBindAllowAnyPeer),
 		BindLivenessTimeout:   e.Duration(KVEventsBindLivenessTimeout, time.Second),
+		DeadPodTimeout:        e.Duration(KVEventsDeadPodTimeout, time.Second),
 		MaxMessageBytes:       e.Int(KVEventsMaxMessageBytes, 1),
 		ReceiveBufferBytes:    e.Int(KVEventsReceiveBufferBytes, 1),
 		PendingBufferBytes:    e.Int(KVEventsPendingBufferBytes, 1),

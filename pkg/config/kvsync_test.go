@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/pkg/indexer"
+	"github.com/kvgate/kvgate/pkg/kvevent/manager"
 	"github.com/kvgate/kvgate/pkg/kvevent/transport"
 )
 
@@ -14,6 +15,7 @@ func TestLoadKVSyncDefaults(t *testing.T) {
 	e := NewEnv(lookupFrom(nil))
 	k := LoadKVSync(e)
 	want := KVSync{Enabled: true, PubPort: 5557, ReplayPort: 5558, BindRanks: 1, BindLivenessTimeout: time.Minute,
+		DeadPodTimeout:  30 * time.Second,
 		MaxMessageBytes: 16 << 20, ReceiveBufferBytes: 64 << 20, PendingBufferBytes: 64 << 20, MaxReplayBatches: 20000,
 		MaxReplayDuration: time.Minute, MaxContexts: 1000,
 		MaxPrefixesPerContext: 4 << 20, MaxPrefixes: 8 << 20, EvictionInterval: time.Minute, EvictionDuration: 20 * time.Minute}
@@ -35,6 +37,7 @@ func TestKVEventBoundDefaultsAreTheTransports(t *testing.T) {
 		{KVEventsMaxReplayBatches, strconv.Itoa(transport.DefaultMaxReplayBatches)},
 		{KVEventsMaxReplayDuration, strconv.Itoa(int(transport.DefaultMaxReplayDuration / time.Second))},
 		{KVEventsBindLivenessTimeout, strconv.Itoa(int(transport.DefaultLivenessTimeout / time.Second))},
+		{KVEventsDeadPodTimeout, strconv.Itoa(int(manager.DefaultDeadPodTimeout / time.Second))},
 	} {
 		if c.v.Default != c.want {
 			t.Errorf("%s defaults to %s, the transport to %s", c.v.Name, c.v.Default, c.want)
@@ -69,13 +72,13 @@ func TestLoadKVSyncReadsAliasesAndOverrides(t *testing.T) {
 		"KVGATE_KV_EVENTS_BIND_ALLOW_ANY_PEER": "true", "KVGATE_KV_EVENTS_BIND_LIVENESS_TIMEOUT": "90s",
 		"KVGATE_KV_EVENTS_MAX_MESSAGE_BYTES": "1048576", "KVGATE_KV_EVENTS_RECEIVE_BUFFER_BYTES": "2097152",
 		"KVGATE_KV_EVENTS_PENDING_BUFFER_BYTES": "4194304", "KVGATE_KV_EVENTS_MAX_REPLAY_BATCHES": "100000",
-		"KVGATE_KV_EVENTS_MAX_REPLAY_DURATION": "2m",
+		"KVGATE_KV_EVENTS_MAX_REPLAY_DURATION": "2m", "KVGATE_KV_EVENTS_DEAD_POD_TIMEOUT": "45",
 	}))
 	k := LoadKVSync(e)
 	if e.Err() != nil || !k.Enabled || k.PubPort != 6000 || k.ReplayPort != 0 || k.Topic != "kv" ||
 		k.BindEndpoint != "tcp://*:7000" || k.BindRanks != 4 || !k.BindAllowAnyPeer || k.BindLivenessTimeout != 90*time.Second ||
 		k.MaxMessageBytes != 1<<20 || k.ReceiveBufferBytes != 2<<20 || k.PendingBufferBytes != 4<<20 ||
-		k.MaxReplayBatches != 100000 || k.MaxReplayDuration != 2*time.Minute {
+		k.MaxReplayBatches != 100000 || k.MaxReplayDuration != 2*time.Minute || k.DeadPodTimeout != 45*time.Second {
 		t.Fatalf("LoadKVSync = %+v, %v", k, e.Err())
 	}
 }

@@ -316,6 +316,7 @@ var Vars = []Var{
 	KVEventsBindRanks,
 	KVEventsBindAllowAnyPeer,
 	KVEventsBindLivenessTimeout,
+	KVEventsDeadPodTimeout,
 	KVEventsMaxMessageBytes,
 	KVEventsReceiveBufferBytes,
 	KVEventsPendingBufferBytes,

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"cmp"
 	"net"
 	"os"
 	"path/filepath"
@@ -167,8 +168,23 @@ func LoadConfig(e *config.Env) Config {
 	if _, err := parseTokenizerTemplate(cfg.TokenizerEndpointTemplate); err != nil {
 		e.Errorf("%s=%q: %v", config.TokenizerEndpointTemplate.Name, cfg.TokenizerEndpointTemplate, err)
 	}
+	checkDeadPodTimeout(e, cfg)
 	checkFiles(e, cfg)
 	return cfg
+}
+
+// checkDeadPodTimeout records a dead-pod timeout too short for the scrapes
+// to speak for an engine whose events are quiet: it must hold two whole
+// scrapes.
+func checkDeadPodTimeout(e *config.Env, cfg Config) {
+	k, c := cfg.KVSync, cfg.Cache
+	scrape := c.PodMetricRefreshInterval + cmp.Or(c.PodMetricScrapeTimeout, cache.DefaultPodMetricScrapeTimeout)
+	if k.Enabled && c.PodMetricRefreshInterval > 0 && k.DeadPodTimeout > 0 && k.DeadPodTimeout <= 2*scrape {
+		e.Errorf("%s=%v must exceed %v, twice %s (%v) plus the %v scrape timeout: an engine whose events are quiet "+
+			"must have two chances to answer its scrapes within it", config.KVEventsDeadPodTimeout.Name, k.DeadPodTimeout,
+			2*scrape, config.PodMetricRefreshInterval.Name, c.PodMetricRefreshInterval,
+			cmp.Or(c.PodMetricScrapeTimeout, cache.DefaultPodMetricScrapeTimeout))
+	}
 }
 
 // loadRouting reads the router's settings.

@@ -131,3 +131,24 @@ func TestAdapterOfTellsBaseModelsFromAdapters(t *testing.T) {
 		t.Errorf("adapterOf(adapter) = %q, want sql-lora", got)
 	}
 }
+
+func TestLoadConfigRefusesADeadPodTimeoutShorterThanTwoScrapes(t *testing.T) {
+	for _, c := range []struct {
+		env map[string]string
+		ok  bool
+	}{
+		{nil, true},
+		{map[string]string{"KVGATE_KV_EVENTS_DEAD_POD_TIMEOUT": "3s"}, true},
+		{map[string]string{"KVGATE_KV_EVENTS_DEAD_POD_TIMEOUT": "2s"}, false},
+		{map[string]string{"KVGATE_KV_EVENTS_DEAD_POD_TIMEOUT": "5", "AIBRIX_POD_METRIC_REFRESH_INTERVAL_MS": "2000"}, false},
+	} {
+		e := envOf(c.env)
+		cfg := LoadConfig(e)
+		if err := e.Err(); c.ok != (err == nil) || (err != nil && !strings.Contains(err.Error(), "KVGATE_KV_EVENTS_DEAD_POD_TIMEOUT")) {
+			t.Errorf("%v: error %v, want ok %v", c.env, err, c.ok)
+		}
+		if c.env == nil && cfg.KVSync.DeadPodTimeout != 30*time.Second {
+			t.Errorf("default dead-pod timeout %v, want 30s", cfg.KVSync.DeadPodTimeout)
+		}
+	}
+}

@@ -51,7 +51,25 @@ type podView struct {
 	Blocks map[string]int `json:"blocks"`
 	// LastMatch is when a routing match last credited the pod.
 	LastMatch *time.Time `json:"lastMatch,omitempty"`
-	Ranks     []rankView `json:"ranks"`
+	// Liveness is how a followed pod stands: absent for a pod not
+	// followed, or not judged yet.
+	Liveness *livenessView `json:"liveness,omitempty"`
+	Ranks    []rankView    `json:"ranks"`
+}
+
+// livenessView is a followed pod's liveness (manager.PodLiveness).
+type livenessView struct {
+	// State is live, or dead once none of its streams was connected and
+	// no scrape succeeded for KVGATE_KV_EVENTS_DEAD_POD_TIMEOUT: its blocks
+	// were purged and its streams restarted.
+	State string `json:"state"`
+	// EventsDownSeconds is how long none of the pod's streams has been
+	// connected, absent while one is; LastScrapeAgeSeconds the time since
+	// its last successful metrics scrape, absent if none succeeded;
+	// DeadForSeconds how long it has been dead, absent while live.
+	EventsDownSeconds    *float64 `json:"eventsDownSeconds,omitempty"`
+	LastScrapeAgeSeconds *float64 `json:"lastScrapeAgeSeconds,omitempty"`
+	DeadForSeconds       *float64 `json:"deadForSeconds,omitempty"`
 }
 
 // rankView is one data-parallel rank's stream.
@@ -151,11 +169,24 @@ func buildKVCacheView(stats []indexer.ModelStats, pods []manager.PodStatus, now 
 	for _, ps := range pods {
 		p := b.pod(ps.Model, ps.Pod)
 		p.State, p.Reason, p.Error = ps.State, string(ps.Reason), ps.Error
+		if l := ps.Liveness; l != nil {
+			p.Liveness = &livenessView{State: l.State, EventsDownSeconds: secondsSince(l.EventsDownSince, now),
+				LastScrapeAgeSeconds: secondsSince(l.LastScraped, now), DeadForSeconds: secondsSince(l.DeadSince, now)}
+		}
 		for _, st := range ps.Streams {
 			p.rank(st.Stream.DPRank).Client = newClientView(st, now)
 		}
 	}
 	return b.sorted()
+}
+
+// secondsSince returns the seconds from t to now, nil for the zero time.
+func secondsSince(t, now time.Time) *float64 {
+	if t.IsZero() {
+		return nil
+	}
+	s := now.Sub(t).Seconds()
+	return &s
 }
 
 func newClientView(st manager.StreamStatus, now time.Time) *clientView {
@@ -170,10 +201,7 @@ func newClientView(st manager.StreamStatus, now time.Time) *clientView {
 		seq := s.JoinedAtSeq
 		c.JoinedAtSeq = &seq
 	}
-	if !s.LastHeardTime.IsZero() {
-		age := now.Sub(s.LastHeardTime).Seconds()
-		c.LastHeardAgeSeconds = &age
-	}
+	c.LastHeardAgeSeconds = secondsSince(s.LastHeardTime, now)
 	if s.BatchesReceived > 0 {
 		seq := s.LastSeq
 		c.LastSeq = &seq

@@ -139,6 +139,8 @@
 //	      "reason": "...", "error": "...", // why a pod is ineligible or failed
 //	      "blocks": {"GPU": 4096, "CPU": 1024},  // resident blocks of group 0, all ranks
 //	      "lastMatch": "2026-11-02T10:04:05Z",   // last time routing credited the pod
+//	      "liveness": {"state": "live",          // dead: no stream connected, no scrape for the dead-pod timeout
+//	                   "lastScrapeAgeSeconds": 0.02},  // eventsDownSeconds, deadForSeconds when they apply
 //	      "ranks": [{
 //	        "rank": 0,
 //	        "lanes": [{"medium": "GPU", "group": 0, "blocks": 4096}],

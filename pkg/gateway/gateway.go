@@ -179,9 +179,13 @@ func (g *Gateway) newKVSync() error {
 		Index: kvIndex{table: g.index},
 		Streams: manager.StreamDefaults{PubPort: k.PubPort, ReplayPort: k.ReplayPort, Topic: k.Topic,
 			EnginePort: cmp.Or(g.cfg.Cache.DefaultEnginePort, endpoint.DefaultEnginePort)},
-		Client:     client,
-		Registerer: g.registry,
-		Logger:     g.cfg.Logger,
+		Client:         client,
+		DeadPodTimeout: k.DeadPodTimeout,
+		// The Store is built after the manager, which reads it only
+		// once started.
+		LastScraped: func(pod endpoint.Key) time.Time { return g.store.PodLastScraped(pod) },
+		Registerer:  g.registry,
+		Logger:      g.cfg.Logger,
 	}
 	if k.BindEndpoint != "" {
 		mc.Bind = &transport.BindConfig{Endpoint: k.BindEndpoint, Ranks: k.BindRanks,

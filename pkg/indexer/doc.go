@@ -92,7 +92,10 @@
 // it as unknown. When all models together are full, the round comes from
 // the least recently used model. A pod that sent no event and was credited
 // by no match for EvictionDuration is purged by the sweep that Run performs
-// every EvictionInterval.
+// every EvictionInterval. The sweep reclaims the memory of pods nobody uses;
+// it does not detect dead engines, whose blocks a match would keep alive:
+// the caller purges a pod whose engine died (PurgePod), as the KV event
+// manager does within its dead-pod timeout.
 //
 // Memory follows the residencies: a key costs about 38 bytes in its model's
 // table and each (block, holder) pair about 25 bytes in its lane, some 41

@@ -283,6 +283,10 @@ func TestBindModeTellsADeadEngineFromAQuietOne(t *testing.T) {
 		st := stats("default/dead")
 		return !st.Connected && st.Disconnections == 1
 	})
+	if st := stats("default/dead"); st.DisconnectedSince.Sub(st.LastHeardTime) < liveness || st.DisconnectedSince.After(time.Now()) {
+		t.Fatalf("dead stream: DisconnectedSince %v, want the liveness timeout after it was last heard (%v)",
+			st.DisconnectedSince, st.LastHeardTime)
+	}
 	// The quiet engine publishes nothing more, yet answers the probes.
 	testsupport.Eventually(t, "three liveness timeouts of silence", func() bool { return time.Since(lastLive) > 3*liveness })
 	if st := stats("default/quiet"); !st.Connected || st.Disconnections != 0 || time.Since(st.LastHeardTime) > liveness {

@@ -22,4 +22,11 @@
 // 5557/5558. Pods that are not followed are counted by reason in
 // kvgate_kv_event_ineligible_pods. In bind mode (ManagerConfig.Bind)
 // engines dial into the gateway instead.
+//
+// A followed pod none of whose streams has been connected, and whose
+// metrics scrapes (ManagerConfig.LastScraped) have all failed, for
+// ManagerConfig.DeadPodTimeout is dead: it is purged from the index once,
+// counted in kvgate_kv_event_pod_purges_total{reason="dead"}, and followed
+// by fresh streams that rebuild it from its engine's first batch when the
+// engine comes back. Either signal alone keeps its blocks.
 package manager

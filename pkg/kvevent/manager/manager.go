@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	zmq "github.com/pebbe/zmq4"
 	"github.com/prometheus/client_golang/prometheus"
@@ -66,6 +67,25 @@ type ManagerConfig struct {
 	// the default connect mode when engines bind their PUB (vLLM's default
 	// tcp://*:5557), which needs nothing but the pod label.
 	Bind *transport.BindConfig
+	// DeadPodTimeout is how long a followed pod may go with none of its
+	// streams connected (a dialled stream's connection down, a bound
+	// stream's engine unheard for Bind.LivenessTimeout) and, with
+	// LastScraped, no successful metrics scrape, before it counts as dead
+	// (DefaultDeadPodTimeout when 0). A dead pod is purged from the index
+	// once, within DeadPodTimeout and a tenth of it (at most a second) of
+	// the moment both signals stopped, and its streams are restarted, so
+	// that the engine, should it come back, is rebuilt from its first
+	// batch. Either signal alone keeps a pod's blocks: streams that stop
+	// while scrapes succeed are a quiet engine or one that publishes no
+	// events, scrapes that fail while a stream is connected are trouble
+	// with the metrics port.
+	DeadPodTimeout time.Duration
+	// LastScraped, when set, tells when a pod's metrics were last scraped
+	// successfully, the zero time if never (the gateway passes the Store's
+	// PodLastScraped). It is called from the manager's liveness check, never
+	// with a lock of the manager held, and must not block. Nil judges pods
+	// by their streams alone.
+	LastScraped func(pod endpoint.Key) time.Time
 	// Workers is how many pods are reconciled at once
 	// (DefaultManagerWorkers when 0).
 	Workers int
@@ -90,10 +110,16 @@ type ManagerConfig struct {
 // are idempotent, so a missed or repeated event heals itself.
 //
 // Whenever a pod's streams stop (deleted, no longer Running or Ready,
-// relabelled, address or ports changed), the pod is purged from the index
-// before new streams start. A stream's client rebuilds the stream through
-// replay and tells the index to reset the stream when its engine restarted
-// or batches were lost for good.
+// relabelled, address or ports changed, dead), the pod is purged from the
+// index before new streams start. A stream's client rebuilds the stream
+// through replay and tells the index to reset the stream when its engine
+// restarted or batches were lost for good.
+//
+// Between Start and Stop a liveness check judges every followed pod once
+// per tenth of DeadPodTimeout (at most a second): a pod whose streams are
+// all disconnected and whose metrics scrapes all failed for
+// DeadPodTimeout is dead, and is queued for its worker to purge it from the
+// index and restart its streams, once per death (see PodLiveness).
 //
 // All methods are safe for concurrent use.
 type KVEventManager struct {
@@ -106,6 +132,11 @@ type KVEventManager struct {
 	mu     sync.Mutex
 	pods   map[string]*v1.Pod    // latest version of every pod the manager was told about
 	states map[string]*podStatus // reconciled state, by pod key
+	// liveness is each followed pod's liveness as last judged, by pod
+	// key; restarts holds the dead pods whose next reconcile purges them
+	// and restarts their streams.
+	liveness map[string]*podLiveness
+	restarts map[string]struct{}
 
 	lifecycle sync.Mutex // guards started, follower, zctx
 	started   bool
@@ -114,6 +145,9 @@ type KVEventManager struct {
 	stopping  atomic.Bool
 	stopOnce  sync.Once
 	workers   sync.WaitGroup
+	// stopLiveness ends the liveness check, which closes livenessDone.
+	stopLiveness chan struct{}
+	livenessDone chan struct{}
 }
 
 // NewKVEventManager returns a manager configured by cfg. It does nothing
@@ -151,6 +185,10 @@ func NewKVEventManager(cfg ManagerConfig) (*KVEventManager, error) {
 				"engine goes unheard between two replay probes (MaxReconnectDelay + ReplayTimeout)", live, quiet)
 		}
 	}
+	if cfg.DeadPodTimeout < 0 {
+		return nil, fmt.Errorf("kvevent: KV event manager: DeadPodTimeout %v must not be negative", cfg.DeadPodTimeout)
+	}
+	cfg.DeadPodTimeout = cmp.Or(cfg.DeadPodTimeout, DefaultDeadPodTimeout)
 	cfg.Workers = cmp.Or(cfg.Workers, DefaultManagerWorkers)
 	cfg.MaxSockets = cmp.Or(cfg.MaxSockets, DefaultMaxSockets)
 	cfg.IOThreads = cmp.Or(cfg.IOThreads, 1)
@@ -159,11 +197,13 @@ func NewKVEventManager(cfg ManagerConfig) (*KVEventManager, error) {
 			cfg.Workers, cfg.MaxSockets, cfg.IOThreads)
 	}
 	m := &KVEventManager{
-		cfg:    cfg,
-		index:  cfg.Index,
-		logger: cfg.Logger,
-		pods:   map[string]*v1.Pod{},
-		states: map[string]*podStatus{},
+		cfg:      cfg,
+		index:    cfg.Index,
+		logger:   cfg.Logger,
+		pods:     map[string]*v1.Pod{},
+		states:   map[string]*podStatus{},
+		liveness: map[string]*podLiveness{},
+		restarts: map[string]struct{}{},
 	}
 	if m.logger.GetSink() == nil {
 		m.logger = klog.Background()
@@ -216,6 +256,8 @@ func (m *KVEventManager) Start() error {
 		return err
 	}
 	m.zctx, m.follower, m.started = zctx, f, true
+	m.stopLiveness, m.livenessDone = make(chan struct{}), make(chan struct{})
+	go m.runLiveness(m.stopLiveness, m.livenessDone)
 	for range m.cfg.Workers {
 		m.workers.Add(1)
 		go func() {
@@ -226,10 +268,11 @@ func (m *KVEventManager) Start() error {
 	}
 	if b := m.cfg.Bind; b != nil {
 		m.logger.Info("Started KV event manager", "workers", m.cfg.Workers, "mode", m.mode(), "bindEndpoint", b.Endpoint,
-			"bindRanks", max(b.Ranks, 1), "replayPort", m.cfg.Streams.ReplayPort)
+			"bindRanks", max(b.Ranks, 1), "replayPort", m.cfg.Streams.ReplayPort, "deadPodTimeout", m.cfg.DeadPodTimeout)
 	} else {
 		m.logger.Info("Started KV event manager", "workers", m.cfg.Workers, "mode", m.mode(),
-			"pubPort", m.cfg.Streams.PubPort, "replayPort", m.cfg.Streams.ReplayPort, "topic", m.cfg.Streams.Topic)
+			"pubPort", m.cfg.Streams.PubPort, "replayPort", m.cfg.Streams.ReplayPort, "topic", m.cfg.Streams.Topic,
+			"deadPodTimeout", m.cfg.DeadPodTimeout)
 	}
 	return nil
 }
@@ -256,9 +299,9 @@ func (m *KVEventManager) newContext() (*zmq.Context, error) {
 	return zctx, nil
 }
 
-// Stop stops the workers, stops every stream (all at once), purges the
-// followed pods from the index, terminates the ZeroMQ context and
-// unregisters the metrics. It returns once all of it is done; pods queued
+// Stop stops the liveness check and the workers, stops every stream (all
+// at once), purges the followed pods from the index, terminates the ZeroMQ
+// context and unregisters the metrics. It returns once all of it is done; pods queued
 // but not yet reconciled are dropped. Stop is idempotent; a stopped manager
 // cannot be started again.
 func (m *KVEventManager) Stop() {
@@ -266,6 +309,10 @@ func (m *KVEventManager) Stop() {
 		m.lifecycle.Lock()
 		defer m.lifecycle.Unlock()
 		m.stopping.Store(true)
+		if m.stopLiveness != nil {
+			close(m.stopLiveness)
+			<-m.livenessDone
+		}
 		m.queue.ShutDown()
 		m.workers.Wait()
 		m.mu.Lock()

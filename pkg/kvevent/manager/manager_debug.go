@@ -25,6 +25,10 @@ type PodStatus struct {
 	Target *PodTarget `json:"target,omitempty"`
 	// Streams are the followed pod's streams, by rank.
 	Streams []StreamStatus `json:"streams,omitempty"`
+	// Liveness is how the followed pod stands as the liveness check last
+	// judged it; nil before its first judgement and for pods not
+	// followed.
+	Liveness *PodLiveness `json:"liveness,omitempty"`
 }
 
 // StreamStatus describes one followed stream.
@@ -63,6 +67,7 @@ func (m *KVEventManager) Snapshot() []PodStatus {
 		if len(st.streams) > 0 {
 			t := st.target
 			ps.Target = &t
+			ps.Liveness = m.podLivenessOf(key, t)
 		}
 		out = append(out, ps)
 		followed = append(followed, st.streams)

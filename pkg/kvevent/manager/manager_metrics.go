@@ -16,6 +16,7 @@ type managerMetrics struct {
 	reconciles   *prometheus.CounterVec
 	streamStarts prometheus.Counter
 	streamStops  prometheus.Counter
+	purges       *prometheus.CounterVec
 	state        *stateCollector
 	// ignored counts messages a bound socket dropped, by reason; nil in
 	// connect mode.
@@ -37,6 +38,11 @@ func newManagerMetrics(reg prometheus.Registerer, m *KVEventManager) (*managerMe
 			Name: "kvgate_kv_event_stream_stops_total",
 			Help: "KV-event streams the manager stopped following; each stop purged the pod from the index.",
 		}),
+		purges: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvgate_kv_event_pod_purges_total",
+			Help: "Pods the KV event manager purged from the index as it stopped their streams, by reason " +
+				"(dead: streams and scrapes stopped for the dead-pod timeout; changed: followed anew; stopped: deleted or ineligible).",
+		}, []string{"reason"}),
 		state: &stateCollector{m: m,
 			pods: prometheus.NewDesc("kvgate_kv_event_pods",
 				"Pods known to the KV event manager, by state (followed, ineligible, failed: retrying).", []string{"state"}, nil),
@@ -44,7 +50,12 @@ func newManagerMetrics(reg prometheus.Registerer, m *KVEventManager) (*managerMe
 				"Pods whose KV events are not followed, by reason.", []string{"reason"}, nil),
 			streams: prometheus.NewDesc("kvgate_kv_event_streams",
 				"KV-event streams (pod, data-parallel rank) being followed.", nil, nil),
+			dead: prometheus.NewDesc("kvgate_kv_event_dead_pods",
+				"Followed pods judged dead: no stream connected and no successful metrics scrape for the dead-pod timeout.", nil, nil),
 		},
+	}
+	for _, r := range purgeReasons {
+		mm.purges.WithLabelValues(r)
 	}
 	if m.cfg.Bind != nil {
 		mm.ignored = prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -70,7 +81,7 @@ func newManagerMetrics(reg prometheus.Registerer, m *KVEventManager) (*managerMe
 }
 
 func (mm *managerMetrics) collectors() []prometheus.Collector {
-	cs := []prometheus.Collector{mm.reconciles, mm.streamStarts, mm.streamStops, mm.state}
+	cs := []prometheus.Collector{mm.reconciles, mm.streamStarts, mm.streamStops, mm.purges, mm.state}
 	if mm.ignored != nil {
 		cs = append(cs, mm.ignored)
 	}
@@ -93,14 +104,15 @@ func (mm *managerMetrics) unregister() {
 
 // stateCollector reports the gauges of the manager's pods and streams.
 type stateCollector struct {
-	m                         *KVEventManager
-	pods, ineligible, streams *prometheus.Desc
+	m                               *KVEventManager
+	pods, ineligible, streams, dead *prometheus.Desc
 }
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.pods
 	ch <- c.ineligible
 	ch <- c.streams
+	ch <- c.dead
 }
 
 func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
@@ -118,6 +130,12 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		streams += len(st.streams)
 	}
+	dead := 0
+	for _, l := range c.m.liveness {
+		if l.dead() {
+			dead++
+		}
+	}
 	c.m.mu.Unlock()
 	for s, n := range states {
 		ch <- prometheus.MustNewConstMetric(c.pods, prometheus.GaugeValue, float64(n), s)
@@ -126,4 +144,5 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.ineligible, prometheus.GaugeValue, float64(n), string(r))
 	}
 	ch <- prometheus.MustNewConstMetric(c.streams, prometheus.GaugeValue, float64(streams))
+	ch <- prometheus.MustNewConstMetric(c.dead, prometheus.GaugeValue, float64(dead))
 }

@@ -9,9 +9,25 @@ const (
 	PodStateFailed     = "failed"
 )
 
+// Reasons a pod was purged from the index, the reason label of
+// kvgate_kv_event_pod_purges_total.
+const (
+	// PurgeDead: the pod's streams and scrapes stopped for DeadPodTimeout.
+	PurgeDead = "dead"
+	// PurgeChanged: the pod's address, ports, topic, ranks or LoRA id
+	// changed, and it is followed anew.
+	PurgeChanged = "changed"
+	// PurgeStopped: the pod was deleted or is no longer eligible.
+	PurgeStopped = "stopped"
+)
+
+// purgeReasons lists every purge reason, for the metric's series.
+var purgeReasons = []string{PurgeDead, PurgeChanged, PurgeStopped}
+
 // podStatus is the reconciled state of one pod. It is replaced, never
 // modified, once published in KVEventManager.states.
 type podStatus struct {
+	key     endpoint.Key
 	model   string
 	reason  IneligibleReason // "" when followed or failed
 	err     error            // why the pod's config is invalid or its streams failed to start
@@ -30,9 +46,11 @@ func (s *podStatus) state() string {
 }
 
 // reconcile makes the streams of pod key match the pod's latest version:
-// nothing to do when they already do, otherwise stop the current streams,
-// purge the pod from the index, and start the streams the pod should have.
+// nothing to do when they already do and the pod is not dead, otherwise
+// stop the current streams, purge the pod from the index, and start the
+// streams the pod should have.
 func (m *KVEventManager) reconcile(key string) error {
+	restart := m.takeRestart(key)
 	m.mu.Lock()
 	pod := m.pods[key]
 	prev := m.states[key]
@@ -45,8 +63,8 @@ func (m *KVEventManager) reconcile(key string) error {
 		var err error
 		target, reason, err = TargetForPod(pod, m.cfg.Streams)
 		model, _ := endpoint.Value(pod, endpoint.ModelNameLabel)
-		next = &podStatus{model: model, reason: reason, err: err}
-		if prev != nil && len(prev.streams) > 0 && reason == "" && prev.target == target {
+		next = &podStatus{key: endpoint.KeyOf(pod), model: model, reason: reason, err: err}
+		if prev != nil && len(prev.streams) > 0 && reason == "" && prev.target == target && !restart {
 			return nil
 		}
 	}
@@ -54,6 +72,7 @@ func (m *KVEventManager) reconcile(key string) error {
 		m.follower.unfollow(prev.streams)
 		m.index.PurgePod(key)
 		m.metrics.streamStops.Add(float64(len(prev.streams)))
+		m.metrics.purges.WithLabelValues(purgeReason(prev, next, target)).Inc()
 	}
 	if next == nil {
 		m.mu.Lock()
@@ -79,6 +98,19 @@ func (m *KVEventManager) reconcile(key string) error {
 	return startErr
 }
 
+// purgeReason says why the followed pod prev is purged on its way to next
+// (nil: deleted) with target: the reconcile of a pod that is still eligible
+// with the same target was asked for by the liveness check.
+func purgeReason(prev, next *podStatus, target PodTarget) string {
+	switch {
+	case next == nil || next.reason != "":
+		return PurgeStopped
+	case prev.target != target:
+		return PurgeChanged
+	}
+	return PurgeDead
+}
+
 // logTransition logs a change of a pod's state, not every reconcile.
 func (m *KVEventManager) logTransition(key string, prev, next *podStatus) {
 	log := m.logger.WithValues("pod", key)
@@ -91,7 +123,10 @@ func (m *KVEventManager) logTransition(key string, prev, next *podStatus) {
 	case next.state() == PodStateFollowed:
 		t, s := next.target, next.streams[0]
 		verb := "Following KV events"
-		if prev != nil && len(prev.streams) > 0 {
+		switch {
+		case prev != nil && len(prev.streams) > 0 && prev.target == t:
+			verb = "Following KV events afresh after the pod died"
+		case prev != nil && len(prev.streams) > 0:
 			verb = "Following KV events again after a change of the pod"
 		}
 		log.Info(verb, "model", t.Model, "mode", m.mode(), "pubEndpoint", s.pubEndpoint,

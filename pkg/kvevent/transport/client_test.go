@@ -222,12 +222,22 @@ func TestClientReconnectsAfterPublisherDiesAndResumes(t *testing.T) {
 	c := startClient(t, testClientConfig(ports), rec)
 	kvtest.Publish(t, pub, 1, 0, 5)
 	testsupport.Eventually(t, "the first batches", func() bool { return rec.Count() >= 5 })
+	if st := c.Stats(); !st.Connected || !st.DisconnectedSince.IsZero() {
+		t.Fatalf("connected stream: Connected %v, DisconnectedSince %v: want true and zero", st.Connected, st.DisconnectedSince)
+	}
 
+	closed := time.Now()
 	pub.Close()
 	testsupport.Eventually(t, "the disconnection", func() bool { connected, _ := c.GetStats(); return !connected })
+	if since := c.Stats().DisconnectedSince; since.Before(closed) || since.After(time.Now()) {
+		t.Fatalf("DisconnectedSince %v: want the disconnection, after %v", since, closed)
+	}
 	pub = kvtest.NewPublisher(t, ports, nil)
 	if err := c.WaitForConnection(testsupport.WaitTimeout); err != nil {
 		t.Fatal(err)
+	}
+	if since := c.Stats().DisconnectedSince; !since.IsZero() {
+		t.Fatalf("reconnected stream: DisconnectedSince %v, want zero", since)
 	}
 	kvtest.Publish(t, pub, 2, 0, 5)
 	testsupport.Eventually(t, "the restarted publisher's batches", func() bool { return rec.Has(2, 4) })

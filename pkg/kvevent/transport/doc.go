@@ -16,7 +16,8 @@
 //     owns the bound sockets and every stream's replay DEALERs. A bound
 //     stream counts as connected from its engine's first message until it
 //     has not heard from its engine, live or through replay, for
-//     BindConfig.LivenessTimeout.
+//     BindConfig.LivenessTimeout. ClientStats.DisconnectedSince says, for
+//     either kind, since when a stream has been without its engine.
 //
 // Either way one goroutine owns a stream and the sockets it is fed from: a
 // client hands its stream to its goroutine on Start and takes it back on

@@ -464,11 +464,12 @@ func (o *observer) setTopicMismatch(on bool) {
 		msg, "topic", o.topic, "maxDelay", o.maxDelay)
 }
 
-// connState tracks whether the stream is connected and lets callers wait
-// for it.
+// connState tracks whether the stream is connected, since when, and lets
+// callers wait for it.
 type connState struct {
 	mu        sync.Mutex
 	connected bool
+	changed   time.Time     // when connected last changed, or the stream was created
 	up        chan struct{} // closed while connected
 	closed    chan struct{} // closed by close
 }
@@ -476,6 +477,7 @@ type connState struct {
 func (s *connState) init() {
 	s.up = make(chan struct{})
 	s.closed = make(chan struct{})
+	s.changed = time.Now()
 }
 
 // set records a changed state.
@@ -483,6 +485,7 @@ func (s *connState) set(connected bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.connected = connected
+	s.changed = time.Now()
 	if connected {
 		close(s.up)
 	} else {
@@ -494,6 +497,18 @@ func (s *connState) isConnected() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.connected
+}
+
+// state returns whether the stream is connected and, when it is not, since
+// when: the time it last lost its engine, or was created if it never had
+// one.
+func (s *connState) state() (connected bool, disconnectedSince time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.connected {
+		return true, time.Time{}
+	}
+	return false, s.changed
 }
 
 func (s *connState) close() { close(s.closed) }

@@ -15,6 +15,12 @@ type ClientStats struct {
 	// bound stream, whether the engine was heard from (LastHeardTime)
 	// within BindConfig.LivenessTimeout since its first message.
 	Connected bool
+	// DisconnectedSince is when the stream last lost its engine (its
+	// connection went down, or a bound stream's engine went unheard for
+	// the liveness timeout), or was created if it never had one; zero
+	// while Connected. A client redialling after a deliberate
+	// disconnection counts from that disconnection.
+	DisconnectedSince time.Time
 	// LastSeq is the seq of the last batch delivered; it is meaningful when
 	// BatchesReceived is above zero.
 	LastSeq uint64
@@ -121,7 +127,6 @@ func (o *observer) stats() ClientStats {
 		PodKey:            o.podKey,
 		ModelName:         o.model,
 		DPRank:            o.rank,
-		Connected:         o.conn.isConnected(),
 		LastSeq:           k.lastSeq.Load(),
 		JoinedAtSeq:       k.joinedAt.Load(),
 		BatchesReceived:   k.batches.Load(),
@@ -148,6 +153,7 @@ func (o *observer) stats() ClientStats {
 		Suspensions:       k.suspensions.Load(),
 		Suspended:         k.suspended.Load(),
 	}
+	s.Connected, s.DisconnectedSince = o.conn.state()
 	if n := k.lastEventNanos.Load(); n != 0 {
 		s.LastEventTime = time.Unix(0, n)
 	}
