@@ -68,8 +68,8 @@ func (cfg EngineConfig) validate() error {
 	case cfg.MaxModelLen > (cfg.NumGPUBlocks-1)*cfg.BlockSize:
 		return fmt.Errorf("max model len %d exceeds the %d tokens the KV cache holds (%d usable blocks of %d)",
 			cfg.MaxModelLen, (cfg.NumGPUBlocks-1)*cfg.BlockSize, cfg.NumGPUBlocks-1, cfg.BlockSize)
-	case cfg.Latency.StepOverhead < 0 || cfg.Latency.PrefillPerToken < 0 || cfg.Latency.DecodePerToken < 0:
-		return errors.New("latency model durations must not be negative")
+	case !cfg.Latency.valid():
+		return errors.New("latency model costs and speed must be finite and not negative")
 	}
 	return nil
 }
