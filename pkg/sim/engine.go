@@ -140,7 +140,7 @@ func (e *Engine) Add(spec RequestSpec, now time.Time) error {
 		id:        spec.ID,
 		seq:       e.kv.NewSequence(spec.Prompt, spec.LoRA),
 		maxOutput: spec.MaxTokens,
-		genKey:    splitmix64(e.cfg.OutputSeed^fnv64(spec.Prompt)) + splitmix64(spec.Seed),
+		genKey:    generationKey(e.cfg.OutputSeed, spec.Prompt, spec.Seed),
 	}
 	if spec.MaxTokens == 0 {
 		r.maxOutput = e.cfg.MaxModelLen - len(spec.Prompt)
