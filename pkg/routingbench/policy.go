@@ -24,12 +24,12 @@ type policy interface {
 	ended(i int)
 }
 
-// newPolicy returns the named policy over f.
-func newPolicy(name string, f *fleet, seed uint64) (policy, error) {
-	if name == Oracle {
-		return newOracle(f, seed), nil
+// newPolicy returns the named policy over f, configured by cfg.
+func newPolicy(name string, f *fleet, cfg Config) (policy, error) {
+	if name == TTFTOracle {
+		return newOracle(f, cfg.Seed), nil
 	}
-	return newRouterPolicy(name, f, seed)
+	return newRouterPolicy(name, f, cfg)
 }
 
 // policySeed derives the random stream of one policy from the benchmark's
@@ -53,12 +53,13 @@ type routerPolicy struct {
 	attempts map[int]*inflight.Handle
 }
 
-func newRouterPolicy(alg string, f *fleet, seed uint64) (*routerPolicy, error) {
+func newRouterPolicy(alg string, f *fleet, cfg Config) (*routerPolicy, error) {
 	r, err := routing.New(routing.Config{
-		Index:            f.index,
-		DefaultAlgorithm: alg,
-		Rand:             policySeed(seed, alg),
-		Now:              f.clock,
+		Index:                         f.index,
+		DefaultAlgorithm:              alg,
+		DefaultPrefillTokensPerSecond: cfg.RouterPrefillTokensPerSecond,
+		Rand:                          policySeed(cfg.Seed, alg),
+		Now:                           f.clock,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("policy %s: %w", alg, err)

@@ -48,7 +48,7 @@ func simulate(ctx context.Context, cfg Config, w *Workload, name string) (*Polic
 	if err != nil {
 		return nil, err
 	}
-	p, err := newPolicy(name, f, cfg.Seed)
+	p, err := newPolicy(name, f, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -152,8 +152,12 @@ func (s *simulation) endStep(e *engine) error {
 		if err != nil {
 			return fmt.Errorf("encode event batch of %s: %w", e.key, err)
 		}
-		s.deliveries++
-		s.queue.push(event{at: s.now + s.cfg.EventDelay, kind: evDeliver, engine: e.index, payload: payload})
+		if at, ok := e.link.Deliver(res.End); ok {
+			s.deliveries++
+			s.queue.push(event{at: at.Sub(simEpoch), kind: evDeliver, engine: e.index, payload: payload})
+		} else {
+			e.lostBatches++
+		}
 	}
 	s.kick(e)
 	return nil

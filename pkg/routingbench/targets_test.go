@@ -24,7 +24,7 @@ func TestKVAwareMeetsItsTargetsOnTheSyntheticMooncakeTrace(t *testing.T) {
 	if raceEnabled {
 		t.Skip("single-goroutine simulation: the race detector only slows it down")
 	}
-	cfg := Config{Policies: []string{routing.LeastRequest, routing.KVAware, Oracle}, Seed: 1, Parallel: 3}
+	cfg := Config{Policies: []string{routing.LeastRequest, routing.KVAware, TTFTOracle}, Seed: 1, Parallel: 3}
 	rep, err := Run(context.Background(), cfg, loadSyntheticTrace(t))
 	if err != nil {
 		t.Fatal(err)

@@ -26,6 +26,9 @@ type Request struct {
 type Workload struct {
 	Name     string
 	Requests []Request
+	// Load is the share of a fleet's capacity AtLoad scaled the workload
+	// to, 0 for a workload at its own rate.
+	Load float64
 }
 
 // WorkloadStats summarises a workload.
