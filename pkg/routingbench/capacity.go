@@ -7,23 +7,24 @@ import (
 	"time"
 )
 
-// Demand is the compute a workload asks of a fleet, estimated from the
-// engines' latency model for the best case: every prefix hit the pooled
-// bound finds (PooledBound), and steps as full as the engines allow.
+// Demand is the compute a workload asks of a fleet that reuses no prefix,
+// estimated from the engines' latency model with steps as full as the
+// engines allow.
 type Demand struct {
-	// PrefillSeconds is the time to compute the prompt tokens the pooled
-	// cache misses, attention included; DecodeSeconds the time to decode
-	// every output token after the first, each at its context; and
-	// OverheadSeconds the steps' fixed costs: as few steps as the token
-	// budget allows, and no fewer than it takes to decode the output at
-	// the largest batch the KV cache holds.
+	// PrefillSeconds is the time to compute every prompt token, attention
+	// included; DecodeSeconds the time to decode every output token after
+	// the first, each at its context; and OverheadSeconds the steps' fixed
+	// costs: as few steps as the token budget allows, and no fewer than it
+	// takes to decode the output at the largest batch the KV cache holds.
 	PrefillSeconds, DecodeSeconds, OverheadSeconds float64
 	// CapacitySeconds is what the fleet computes over the workload's span:
 	// the span times the sum of the engines' speeds.
 	CapacitySeconds float64
-	// Load is the demand over the capacity: 1 is the rate at which the
-	// fleet is busy all the time even with every pooled hit, the most it
-	// could sustain. Policies that find fewer hits saturate it earlier.
+	// Load is the demand over the capacity. 1 is the fleet's capacity: the
+	// rate at which it is busy all the time if it reuses no prefix, the
+	// most a policy blind to prefixes could sustain. Policies that reuse
+	// prefixes have room to spare there, as much as the work their hits
+	// save.
 	Load float64
 }
 
@@ -44,18 +45,17 @@ func EstimateDemand(cfg Config, w Workload) (Demand, error) {
 	e := cfg.Engine
 	lat := e.Latency
 	lat.Speed = 1 // the fleet's speeds are counted in its capacity
-	bound := pooledBound(cfg, &w)
 	var d Demand
 	var tokens, decodeTokens, decodeKV float64
 	for i := range w.Requests {
 		r := &w.Requests[i]
 		n, o := len(r.Prompt), r.OutputTokens
-		d.PrefillSeconds += lat.PrefillTime(bound.hits[i], n).Seconds()
+		d.PrefillSeconds += lat.PrefillTime(0, n).Seconds()
 		// Output token t (from 1) is decoded after n+t-1 tokens of context.
 		steps := float64(o - 1)
 		ctx := steps*float64(n) + steps*(steps-1)/2
 		d.DecodeSeconds += steps*lat.DecodePerToken.Seconds() + ctx*lat.DecodePerContextToken/1e9
-		tokens += float64(n-bound.hits[i]) + steps
+		tokens += float64(n) + steps
 		decodeTokens += steps
 		decodeKV += steps * (float64(n) + steps/2)
 	}
@@ -79,7 +79,7 @@ func EstimateDemand(cfg Config, w Workload) (Demand, error) {
 
 // AtLoad returns w with its arrivals rescaled, from the first one, so that
 // it asks load times cfg's fleet's capacity (EstimateDemand): 1 is the
-// most the fleet could sustain, 0.5 half of it. The requests are shared
+// most the fleet could sustain reusing no prefix, 0.5 half of it. The requests are shared
 // with w; the name gains the load ("mooncake@1.5x"). It fails when cfg is
 // invalid, w spans no time or load is not positive.
 func AtLoad(cfg Config, w Workload, load float64) (Workload, error) {

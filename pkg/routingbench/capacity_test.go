@@ -8,7 +8,7 @@ import (
 	"github.com/kvgate/kvgate/pkg/sim"
 )
 
-func TestDemandCountsTheWorkThePooledCacheLeaves(t *testing.T) {
+func TestDemandCountsEveryTokensWork(t *testing.T) {
 	lat := sim.LatencyModel{StepOverhead: 10 * time.Millisecond, PrefillPerToken: 100 * time.Microsecond,
 		AttentionPerContextToken: 1000, DecodePerToken: 500 * time.Microsecond, DecodePerContextToken: 100}
 	cfg := Config{Engines: 2, Speeds: []float64{1, 3},
@@ -22,14 +22,14 @@ func TestDemandCountsTheWorkThePooledCacheLeaves(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// a computes 40 tokens (780 earlier tokens attended to), b the 8 after
-	// its 32-token hit (8 x 32 + 28).
-	prefill := lat.PrefillTime(0, 40) + lat.PrefillTime(32, 40)
+	// Each computes its 40 prompt tokens (780 earlier tokens attended to),
+	// the prefix b shares with a included.
+	prefill := 2 * lat.PrefillTime(0, 40)
 	// Each decodes 2 tokens, after 40 and 41 tokens of context.
 	decode := 2 * (2*lat.DecodePerToken + time.Duration(81*lat.DecodePerContextToken))
-	// 52 tokens in steps of 64, or 4 decode tokens in batches of 4 at most:
-	// the decode side needs one step.
-	overhead := lat.StepOverhead
+	// 84 tokens in steps of 64, or 4 decode tokens in batches of 4 at most:
+	// the token budget needs 1.3125 steps.
+	overhead := time.Duration(84.0 / 64 * float64(lat.StepOverhead))
 	if !closeTo(d.PrefillSeconds, prefill.Seconds()) || !closeTo(d.DecodeSeconds, decode.Seconds()) ||
 		!closeTo(d.OverheadSeconds, overhead.Seconds()) {
 		t.Errorf("demand %+v, want prefill %v, decode %v, overhead %v", d, prefill, decode, overhead)
