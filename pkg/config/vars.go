@@ -197,7 +197,7 @@ var (
 		Default: "kv-aware",
 		Section: SectionRouting,
 		Doc: "Routing algorithm of requests without a routing-strategy header: random, least-request, least-kv-cache, " +
-			"least-latency, prefix-cache or kv-aware (the lowest predicted time to first token).",
+			"least-latency, prefix-cache or kv-aware (the least cost in delay: the predicted time to first token and what the prefill holds up).",
 		Flag: "routing-algorithm",
 	}
 	RoutingCPUCacheWeight = Var{
