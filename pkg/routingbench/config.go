@@ -52,10 +52,10 @@ const (
 // DefaultEvents is how KV events reach the index by default: 5 ms after
 // the step that produced them (vLLM's publisher thread, the pod network,
 // the client's decoding), plus an exponential delay of 20 ms on average
-// that holds back the batches behind it, and one batch in a hundred lost
+// that holds back the batches behind it, and one batch in a thousand lost
 // for good (a subscriber that fell behind the publisher's high-water mark
 // with no replay to recover it).
-var DefaultEvents = sim.EventDelivery{Delay: 5 * time.Millisecond, Jitter: 20 * time.Millisecond, LossRate: 0.01}
+var DefaultEvents = sim.EventDelivery{Delay: 5 * time.Millisecond, Jitter: 20 * time.Millisecond, LossRate: 0.001}
 
 // DefaultLatency prices the steps of an 8B-class model (Llama 3.1 8B:
 // 16 GFLOP per token for the weights, 32 layers x 4,096 dimensions of

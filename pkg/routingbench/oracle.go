@@ -1,6 +1,7 @@
 package routingbench
 
 import (
+	"github.com/kvgate/kvgate/pkg/inflight"
 	"math/rand/v2"
 	"time"
 )
@@ -62,4 +63,4 @@ func (o *oracle) predict(e *engine, prompt []uint32) time.Duration {
 
 func (*oracle) firstToken(int) {}
 
-func (*oracle) ended(int) {}
+func (*oracle) ended(int, inflight.Usage) {}

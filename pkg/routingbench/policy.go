@@ -19,9 +19,10 @@ type policy interface {
 	route(i int, r *Request) (engine int, err error)
 	// firstToken reports that request i's first token came back.
 	firstToken(i int)
-	// ended reports that request i ended: it finished, or the engine
+	// ended reports that request i ended, with the usage the engine
+	// reported (none when it refused the request): it finished, or the engine
 	// refused it.
-	ended(i int)
+	ended(i int, usage inflight.Usage)
 }
 
 // newPolicy returns the named policy over f, configured by cfg.
@@ -86,8 +87,11 @@ func (p *routerPolicy) route(i int, r *Request) (int, error) {
 
 func (p *routerPolicy) firstToken(i int) { p.attempts[i].FirstToken() }
 
-func (p *routerPolicy) ended(i int) {
+func (p *routerPolicy) ended(i int, usage inflight.Usage) {
 	h := p.attempts[i]
+	if usage.CompletionTokens > 0 {
+		h.ReportUsage(usage)
+	}
 	h.Close(inflight.Done, "")
 	h.Request().End()
 	delete(p.attempts, i)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/kvgate/kvgate/pkg/inflight"
 	"github.com/kvgate/kvgate/pkg/kvevent"
 	"github.com/kvgate/kvgate/pkg/sim"
 )
@@ -104,7 +105,7 @@ func (s *simulation) arrive(i int) error {
 	switch {
 	case errors.Is(err, sim.ErrTooLong):
 		s.reqs[i].rejected = true
-		s.policy.ended(i)
+		s.policy.ended(i, inflight.Usage{})
 		return nil
 	case err != nil:
 		return err
@@ -188,7 +189,7 @@ func (s *simulation) output(e *engine, out sim.RequestOutput) error {
 		st.stats.Preemptions = out.Stats.Preemptions
 		st.stats.Timings.LastToken = tm.LastToken
 		e.inFlight--
-		s.policy.ended(i)
+		s.policy.ended(i, inflight.Usage{PromptTokens: int64(st.stats.PromptTokens), CompletionTokens: int64(st.stats.OutputTokens)})
 	}
 	return nil
 }
