@@ -28,6 +28,8 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/pkg/routingbench"
+	"github.com/kvgate/kvgate/pkg/sim"
+	"github.com/kvgate/kvgate/pkg/tokenizer/hf"
 )
 
 func main() {
@@ -43,15 +45,17 @@ func main() {
 
 // Names of the workloads -workload selects.
 const (
-	workloadMooncake     = "mooncake"
-	workloadConversation = "conversation"
-	workloadSharedPrefix = "shared-prefix"
+	workloadMooncake         = "mooncake"
+	workloadConversation     = "conversation"
+	workloadSharedPrefix     = "shared-prefix"
+	workloadSharedPrefixText = "shared-prefix-text"
 )
 
 // options are the command's flags.
 type options struct {
 	workloads string
 	trace     string
+	tokenizer string
 	policies  string
 	out       string
 	engines   []int
@@ -67,7 +71,11 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs := flag.NewFlagSet("bench-routing", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&o.workloads, "workload", workloadMooncake+","+workloadConversation,
-		"comma-separated workloads: "+workloadMooncake+", "+workloadConversation+", "+workloadSharedPrefix)
+		"comma-separated workloads: "+workloadMooncake+", "+workloadConversation+", "+workloadSharedPrefix+", "+
+			workloadSharedPrefixText+" (the shared-prefix chats as text, tokenized by the engines and by the gateway's tokenizer)")
+	fs.StringVar(&o.tokenizer, "tokenizer", "",
+		"directory of a model's Hugging Face tokenizer files for "+workloadSharedPrefixText+" (the engines tokenize with them, "+
+			"the gateway in process once they agree); empty: the simulator's tokenizer, which the gateway asks the engines for")
 	fs.StringVar(&o.trace, "trace", "pkg/routingbench/testdata/mooncake_synthetic_trace.jsonl", "Mooncake trace of the "+workloadMooncake+" workload")
 	fs.StringVar(&o.policies, "policies", strings.Join(routingbench.AllPolicies(), ","), "comma-separated policies, in report order")
 	fs.StringVar(&o.out, "out", "out/bench-routing", "directory for the reports (created)")
@@ -140,6 +148,14 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	if o.bench.Speeds, err = parseList(speeds, "-speeds", func(v string) (float64, error) { return strconv.ParseFloat(v, 64) }); err != nil {
 		return o, err
 	}
+	if o.tokenizer != "" {
+		// The engines take the model's vocabulary.
+		tk, err := hf.Load(o.tokenizer)
+		if err != nil {
+			return o, fmt.Errorf("-tokenizer: %w", err)
+		}
+		o.bench.Engine.VocabSize = max(tk.VocabSize(), sim.VocabSize)
+	}
 	return o, nil
 }
 
@@ -174,7 +190,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	var sources []routingbench.WorkloadSource
 	for _, name := range strings.Split(o.workloads, ",") {
-		src, err := o.workload(name)
+		src, err := o.workload(ctx, name, stderr)
 		if err != nil {
 			return err
 		}
@@ -229,8 +245,9 @@ func reportName(rep *routingbench.Report) string {
 	return fmt.Sprintf("%s-e%d-s%d", rep.Workload, rep.Setup.Engines, rep.Setup.Seed)
 }
 
-// workload returns the source of the named workload.
-func (o options) workload(name string) (routingbench.WorkloadSource, error) {
+// workload returns the source of the named workload; a text workload
+// reports its tokenization to stderr.
+func (o options) workload(ctx context.Context, name string, stderr io.Writer) (routingbench.WorkloadSource, error) {
 	switch name {
 	case workloadMooncake:
 		f, err := os.Open(o.trace)
@@ -255,9 +272,20 @@ func (o options) workload(name string) (routingbench.WorkloadSource, error) {
 			s.Seed = seed
 			return routingbench.GenerateSharedPrefix(s)
 		}}, nil
+	case workloadSharedPrefixText:
+		return routingbench.WorkloadSource{Name: name, Make: func(seed uint64) (routingbench.Workload, error) {
+			s := o.shared
+			s.Seed = seed
+			w, st, err := routingbench.TokenizeSharedPrefix(ctx, s, o.tokenizer)
+			if err == nil {
+				fmt.Fprintf(stderr, "%s, seed %d: the gateway (%s, in process %v) tokenized %d of %d prompts as the engines, %d as a prefix of theirs, %d otherwise\n",
+					name, seed, st.Tokenizer, st.InProcess, st.Equal, st.Requests, st.Prefix, st.Differ)
+			}
+			return w, err
+		}}, nil
 	}
-	return routingbench.WorkloadSource{}, fmt.Errorf("unknown workload %q (known: %s, %s, %s)",
-		name, workloadMooncake, workloadConversation, workloadSharedPrefix)
+	return routingbench.WorkloadSource{}, fmt.Errorf("unknown workload %q (known: %s, %s, %s, %s)",
+		name, workloadMooncake, workloadConversation, workloadSharedPrefix, workloadSharedPrefixText)
 }
 
 // writeReports writes the report's table, CSV, JSON and PNG under dir,

@@ -35,7 +35,7 @@ func EstimateDemand(cfg Config, w Workload) (Demand, error) {
 	if err != nil {
 		return Demand{}, err
 	}
-	if err := w.validate(); err != nil {
+	if err := w.validate(cfg.Engine.VocabSize); err != nil {
 		return Demand{}, err
 	}
 	span := w.Stats().Duration
@@ -91,7 +91,8 @@ func AtLoad(cfg Config, w Workload, load float64) (Workload, error) {
 		return Workload{}, err
 	}
 	stretch := d.Load / load
-	out := Workload{Name: fmt.Sprintf("%s@%gx", w.Name, load), Load: load, Requests: make([]Request, len(w.Requests))}
+	out := Workload{Name: fmt.Sprintf("%s@%gx", w.Name, load), Load: load, Tokenization: w.Tokenization,
+		Requests: make([]Request, len(w.Requests))}
 	first := w.Requests[0].Arrival
 	for i, r := range w.Requests {
 		r.Arrival = first + time.Duration(math.Round(float64(r.Arrival-first)*stretch))

@@ -22,7 +22,7 @@ func TestConversationsShareAFirstBlockAndCarryTheirAnswers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := w.validate(); err != nil {
+	if err := w.validate(sim.VocabSize); err != nil {
 		t.Fatal(err)
 	}
 	shared := w.Requests[0].Prompt[:64]

@@ -76,7 +76,7 @@ func newRouterPolicy(alg string, f *fleet, cfg Config) (*routerPolicy, error) {
 func (p *routerPolicy) route(i int, r *Request) (int, error) {
 	ctx := types.NewRoutingContext(r.ID, benchModel)
 	ctx.Algorithm = p.alg
-	ctx.PromptTokenIDs = r.Prompt
+	ctx.PromptTokenIDs = r.routeTokens()
 	p.snaps = storeView{p.f}.snapshots(p.snaps[:0])
 	if err := p.router.Route(context.Background(), ctx, p.snaps, &p.decision); err != nil {
 		return 0, fmt.Errorf("route %s: %w", r.ID, err)

@@ -131,6 +131,14 @@ func (r *Report) WriteTable(w io.Writer) error {
 	if r.Bound != nil {
 		fmt.Fprintf(w, "pooled bound: hit ratio %.3f with one LRU cache of %d blocks\n", r.Bound.HitRatio, r.Bound.Blocks)
 	}
+	if t := r.Tokenization; t != nil {
+		how := "from the engines' /tokenize"
+		if t.InProcess {
+			how = "in process"
+		}
+		fmt.Fprintf(w, "gateway tokenization (%s, %s): %d of %d prompts as the engines tokenize them, %d a prefix of theirs, %d different\n",
+			t.Tokenizer, how, t.Equal, t.Requests, t.Prefix, t.Differ)
+	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	for i, c := range columns {
 		fmt.Fprint(tw, c.head, sep(i))

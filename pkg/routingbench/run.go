@@ -41,8 +41,11 @@ type Report struct {
 	Load  float64 `json:"load,omitempty"`
 	Setup Setup   `json:"setup"`
 	// Bound is the workload's pooled bound on the fleet.
-	Bound   *PooledBound    `json:"pooledBound"`
-	Results []*PolicyResult `json:"results"`
+	Bound *PooledBound `json:"pooledBound"`
+	// Tokenization compares the gateway's tokenization of a text workload
+	// with the engines'; nil for a workload of token ids.
+	Tokenization *TokenizationStats `json:"tokenization,omitempty"`
+	Results      []*PolicyResult    `json:"results"`
 }
 
 // Result returns the result of the named policy, or nil.
@@ -64,7 +67,7 @@ func Run(ctx context.Context, cfg Config, w Workload) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := w.validate(); err != nil {
+	if err := w.validate(cfg.Engine.VocabSize); err != nil {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(ctx)
@@ -94,7 +97,7 @@ func Run(ctx context.Context, cfg Config, w Workload) (*Report, error) {
 		}
 	}
 	return &Report{Workload: w.Name, Stats: w.Stats(), Load: w.Load, Setup: setupOf(cfg),
-		Bound: bound, Results: results}, nil
+		Bound: bound, Tokenization: w.Tokenization, Results: results}, nil
 }
 
 func setupOf(cfg Config) Setup {
