@@ -218,8 +218,8 @@ var (
 		Name:    "KVGATE_ROUTING_TTFT_TIE_TOLERANCE",
 		Default: "0.05",
 		Section: SectionRouting,
-		Doc: "kv-aware: predicted times to first token within this fraction of the lowest count as equal, " +
-			"and the request goes to the one of those pods with the fewest requests in flight.",
+		Doc: "kv-aware: costs (the predicted time to first token and what the prefill holds up) within this fraction " +
+			"of the lowest count as equal, and the request goes to the one of those pods with the fewest requests in flight.",
 	}
 	PrefixCacheImbalanceAbsCount = Var{
 		Name:    "AIBRIX_PREFIX_CACHE_POD_RUNNING_REQUEST_IMBALANCE_ABS_COUNT",
