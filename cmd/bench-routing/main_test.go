@@ -15,15 +15,17 @@ func TestBenchRoutingPrintsAndWritesAReportPerWorkload(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "reports")
 	var stdout, stderr bytes.Buffer
 	err := run(context.Background(), []string{
-		"-trace", "testdata/tiny_trace.jsonl", "-engines", "2", "-cache-blocks", "1024", "-seed", "3",
+		"-workload", "mooncake,shared-prefix,conversation", "-trace", "testdata/tiny_trace.jsonl", "-engines", "2",
+		"-cache-blocks", "1024", "-seeds", "3",
 		"-sp-groups", "2", "-sp-system-tokens", "256", "-sp-conversations", "6", "-sp-turns", "2",
+		"-conv-conversations", "6", "-conv-context-tokens", "300", "-policies", "least-request,kv-aware,ttft-oracle",
 		"-out", out,
 	}, &stdout, &stderr)
 	if err != nil {
 		t.Fatalf("run: %v\n%s", err, stderr.String())
 	}
-	for _, workload := range []string{"mooncake", "shared-prefix"} {
-		table, err := os.ReadFile(filepath.Join(out, workload+".txt"))
+	for _, workload := range []string{"mooncake", "shared-prefix", "conversation"} {
+		table, err := os.ReadFile(filepath.Join(out, workload+"-e2-s3.txt"))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -31,13 +33,50 @@ func TestBenchRoutingPrintsAndWritesAReportPerWorkload(t *testing.T) {
 			t.Errorf("%s: table file and standard output disagree:\n%s\nprinted:\n%s", workload, table, stdout.String())
 		}
 		for _, ext := range []string{".csv", ".json", ".png"} {
-			if fi, err := os.Stat(filepath.Join(out, workload+ext)); err != nil || fi.Size() == 0 {
+			if fi, err := os.Stat(filepath.Join(out, workload+"-e2-s3"+ext)); err != nil || fi.Size() == 0 {
 				t.Errorf("%s%s: %v", workload, ext, err)
 			}
 		}
 	}
-	if !strings.Contains(stdout.String(), "oracle") || !strings.Contains(stderr.String(), "reports written to "+out) {
-		t.Errorf("output lacks the policies or where the reports went:\n%s\n%s", stdout.String(), stderr.String())
+	if !strings.Contains(stdout.String(), "ttft-oracle") || !strings.Contains(stdout.String(), "pooled bound") ||
+		!strings.Contains(stderr.String(), "reports written to "+out) {
+		t.Errorf("output lacks the policies, the bound or where the reports went:\n%s\n%s", stdout.String(), stderr.String())
+	}
+	summary, err := os.ReadFile(filepath.Join(out, "summary.md"))
+	if err != nil || !strings.Contains(string(summary), "**conversation at its own rate on 2 engines, seeds 3**") {
+		t.Errorf("summary.md %q (%v), want a table per workload", summary, err)
+	}
+}
+
+func TestBenchRoutingSweepsLoadsFleetsAndSeeds(t *testing.T) {
+	out := t.TempDir()
+	var stdout, stderr bytes.Buffer
+	err := run(context.Background(), []string{
+		"-workload", "conversation", "-engines", "2,3", "-loads", "0.5,1", "-seeds", "1,2", "-cache-blocks", "1024",
+		"-conv-conversations", "8", "-conv-context-tokens", "300", "-policies", "least-request,kv-aware", "-out", out,
+	}, &stdout, &stderr)
+	if err != nil {
+		t.Fatalf("run: %v\n%s", err, stderr.String())
+	}
+	for _, engines := range []string{"2", "3"} {
+		for _, load := range []string{"0.5", "1"} {
+			for _, seed := range []string{"1", "2"} {
+				name := "conversation@" + load + "x-e" + engines + "-s" + seed + ".json"
+				if _, err := os.Stat(filepath.Join(out, name)); err != nil {
+					t.Errorf("no report %s: %v", name, err)
+				}
+			}
+		}
+	}
+	summary, err := os.ReadFile(filepath.Join(out, "summary.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"conversation at 0.5x the fleet's capacity on 2 engines, seeds 1, 2",
+		"conversation at 1x the fleet's capacity on 3 engines, seeds 1, 2", "target kv-aware hit ratio >= 0.9 x pooled bound"} {
+		if !strings.Contains(string(summary), want) {
+			t.Errorf("summary lacks %q:\n%s", want, summary)
+		}
 	}
 }
 
@@ -48,7 +87,10 @@ func TestBenchRoutingRejectsBadFlags(t *testing.T) {
 		want string
 	}{
 		{"unknown workload", []string{"-workload", "chat"}, `unknown workload "chat"`},
-		{"unknown policy", []string{"-workload", "shared-prefix", "-policies", "oracle,fastest"}, `unknown policy "fastest"`},
+		{"unknown policy", []string{"-workload", "shared-prefix", "-policies", "ttft-oracle,fastest"}, `unknown policy "fastest"`},
+		{"bad load", []string{"-loads", "1,x"}, "-loads: invalid value"},
+		{"bad speed", []string{"-workload", "shared-prefix", "-speeds", "1,-2"}, "engine speed"},
+		{"missing tokenizer", []string{"-tokenizer", "no-such-dir"}, "-tokenizer"},
 		{"missing trace", []string{"-workload", "mooncake", "-trace", "no-such-file"}, "no-such-file"},
 		{"stray argument", []string{"mooncake"}, "unexpected arguments"},
 		{"bad number", []string{"-engines", "many"}, "invalid value"},

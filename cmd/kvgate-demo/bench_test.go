@@ -108,7 +108,7 @@ func loadChats(b *testing.B) [][]chatMessage {
 	w, err := newWorkload(routingbench.SharedPrefixConfig{
 		Groups: 8, SystemPromptTokens: loadSystemTokens, Conversations: loadPrompts, Turns: 1,
 		MinUserTokens: 50, MaxUserTokens: 150, MinAnswerTokens: loadAnswerTokens, MaxAnswerTokens: loadAnswerTokens, Seed: 1,
-	}, simTexter{})
+	}, routingbench.SimTexter{})
 	if err != nil {
 		b.Fatal(err)
 	}

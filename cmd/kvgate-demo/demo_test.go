@@ -5,16 +5,13 @@ import (
 	"flag"
 	"io"
 	"net/http"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/routingbench"
 	"github.com/kvgate/kvgate/pkg/sim"
-	"github.com/kvgate/kvgate/pkg/tokenizer/hf"
 )
 
 func TestDialogSendsTheWorkloadsTokens(t *testing.T) {
@@ -24,7 +21,7 @@ func TestDialogSendsTheWorkloadsTokens(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := newWorkload(cfg, simTexter{})
+	w, err := newWorkload(cfg, routingbench.SimTexter{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,7 +59,7 @@ func TestDialogSendsTheWorkloadsTokens(t *testing.T) {
 }
 
 func TestWorkloadHandsOutEachConversationOnceUntilRestarted(t *testing.T) {
-	w, err := newWorkload(routingbench.SharedPrefixConfig{Groups: 1, SystemPromptTokens: 8, Conversations: 2, Turns: 1, Seed: 1}, simTexter{})
+	w, err := newWorkload(routingbench.SharedPrefixConfig{Groups: 1, SystemPromptTokens: 8, Conversations: 2, Turns: 1, Seed: 1}, routingbench.SimTexter{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -210,25 +207,5 @@ func TestGatewayTimingReadsTheGatewaysServerTimingMetric(t *testing.T) {
 				t.Errorf("gatewayTiming(%q) = %v, want %v", tc.values, got, tc.want)
 			}
 		})
-	}
-}
-
-func TestWordTexterSpellsEachIDAsOneToken(t *testing.T) {
-	tk, err := hf.Load(filepath.Join(testsupport.TokenizerModels(t), "qwen3"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	w, err := newWordTexter(tk)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ids := []uint32{300, 301, 302, 300, 31999, 7, 1000, 1000}
-	text, err := w.Text(ids)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := tk.Encode(text, false)
-	if len(got) != len(ids) || got[0] != got[3] || got[6] != got[7] {
-		t.Errorf("Text(%v) = %q encodes to %v: want one token per id, equal ids equal tokens", ids, text, got)
 	}
 }

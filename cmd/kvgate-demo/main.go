@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/pkg/localfleet"
+	"github.com/kvgate/kvgate/pkg/routingbench"
 )
 
 // Exit codes.
@@ -56,7 +57,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	o.chats.Conversations = o.conversations()
-	var tx texter = simTexter{}
+	var tx texter = routingbench.SimTexter{}
 	engineArgs, gatewayArgs := o.engineArgs(), []string{"--shutdown-timeout", "5s"}
 	if o.tokenizer != "" {
 		tok, err := setUpTokenizer(o.tokenizer, localfleet.DefaultModel)

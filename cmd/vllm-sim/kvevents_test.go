@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/kvevent"
@@ -161,5 +162,91 @@ func TestEachRankPublishesToKVGatesClient(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// startClient subscribes a recorder to rank 0's events on pub, replaying
+// from replay (0: no replay endpoint).
+func startClient(t *testing.T, pub, replay int) (*transport.ZMQClient, *recorder) {
+	t.Helper()
+	rec := &recorder{}
+	cfg := transport.DefaultZMQClientConfig("sim/vllm-sim-0", "127.0.0.1", "sim-model")
+	cfg.PubPort, cfg.RouterPort = pub, replay
+	client, err := transport.NewZMQClient(cfg, rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := client.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(client.Close)
+	return client, rec
+}
+
+func complete(t *testing.T, url, prompt string) {
+	t.Helper()
+	resp, err := http.Post(url+"/v1/completions", "application/json",
+		strings.NewReader(fmt.Sprintf(`{"prompt":%q,"max_tokens":2}`, prompt)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+}
+
+func TestKVEventsArriveAfterTheConfiguredDelay(t *testing.T) {
+	ports := testsupport.ConsecutivePorts(t, 1)
+	events := fmt.Sprintf(`{"enable_kv_cache_events": true, "endpoint": "tcp://[::ffff:127.0.0.1]:%d"}`, ports[0])
+	url, stop := startServe(t, "--kv-events-config", events, "--kv-events-delay", "400ms",
+		"--step-overhead", "1ms", "--num-gpu-blocks", "256", "--block-size", "4")
+	defer stop()
+	client, rec := startClient(t, ports[0], 0)
+	if err := client.WaitForConnection(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+
+	prompt := "a prompt long enough to fill a few blocks of four tokens"
+	complete(t, url, prompt)
+	answered := time.Now()
+	want := tokenize(t, url, prompt)
+	want = want[:len(want)/4*4]
+	testsupport.EventuallyWhy(t, "the prompt's blocks to arrive", func() (string, bool) {
+		tokens, _ := rec.stored()
+		return fmt.Sprint("received ", tokens), len(tokens) >= len(want)
+	})
+	// The batch was published 400 ms after its step, which ended before the
+	// answer did; a loaded machine only makes it later.
+	if late := time.Since(answered); late < 300*time.Millisecond {
+		t.Errorf("the prompt's blocks arrived %v after the answer, want the 400 ms delay", late)
+	}
+}
+
+func TestLostKVEventsAreWithheldFromTheLiveStreamAndReplayed(t *testing.T) {
+	ports := testsupport.ConsecutivePorts(t, 2)
+	events := fmt.Sprintf(`{"enable_kv_cache_events": true, "endpoint": "tcp://[::ffff:127.0.0.1]:%d", `+
+		`"replay_endpoint": "tcp://127.0.0.1:%d"}`, ports[0], ports[1])
+	url, stop := startServe(t, "--kv-events-config", events, "--kv-events-loss", "1",
+		"--step-overhead", "1ms", "--num-gpu-blocks", "256", "--block-size", "4")
+	defer stop()
+	client, rec := startClient(t, ports[0], ports[1])
+	if err := client.WaitForConnection(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+
+	var want []uint32
+	for _, prompt := range []string{"the first prompt of three, for blocks", "the second one, also long enough", "and a third"} {
+		complete(t, url, prompt)
+		toks := tokenize(t, url, prompt)
+		want = append(want, toks[:len(toks)/4*4]...)
+	}
+	testsupport.EventuallyWhy(t, "every prompt's blocks to be replayed", func() (string, bool) {
+		tokens, _ := rec.stored()
+		return fmt.Sprint("received ", tokens), len(tokens) >= len(want)
+	})
+	if tokens, _ := rec.stored(); !slices.Equal(tokens[:len(want)], want) {
+		t.Errorf("received %v, want %v", tokens[:len(want)], want)
+	}
+	if st := client.Stats(); st.ReplayedBatches != st.BatchesReceived {
+		t.Errorf("%d of %d batches were replayed, want every one: the live stream lost them all", st.ReplayedBatches, st.BatchesReceived)
 	}
 }

@@ -20,7 +20,9 @@ import (
 
 	"k8s.io/klog/v2"
 
+	"github.com/kvgate/kvgate/pkg/kvevent"
 	"github.com/kvgate/kvgate/pkg/kvevent/publisher"
+	"github.com/kvgate/kvgate/pkg/sim"
 	"github.com/kvgate/kvgate/pkg/sim/simserver"
 )
 
@@ -113,26 +115,43 @@ func serve(ctx context.Context, o options, ln net.Listener) error {
 	return nil
 }
 
-// publishers starts one KV-event publisher per data-parallel rank.
-func (o *options) publishers() ([]*publisher.Publisher, error) {
-	var pubs []*publisher.Publisher
+// rankPublisher publishes one rank's KV-event batches.
+type rankPublisher interface {
+	Publish(batch *kvevent.EventBatch) error
+	Close() error
+}
+
+// publishers starts one KV-event publisher per data-parallel rank, each
+// delaying and losing batches as -kv-events-delay, -kv-events-jitter and
+// -kv-events-loss say.
+func (o *options) publishers() ([]rankPublisher, error) {
+	var pubs []rankPublisher
 	for rank := range o.dpSize {
-		p, err := o.events.publisher(rank, o.wire, klog.Background().WithValues("model", o.model))
+		log := klog.Background().WithValues("model", o.model)
+		pc := o.events.publisherConfig(rank, o.wire, log)
+		var p rankPublisher
+		var err error
+		if o.delivery == (sim.EventDelivery{}) {
+			p, err = publisher.NewPublisher(pc)
+		} else {
+			p, err = newDelayedPublisher(o.events, rank, o.wire, o.delivery, o.engine.OutputSeed+uint64(rank), log)
+		}
 		if err != nil {
 			closePublishers(pubs)
 			return nil, fmt.Errorf("rank %d: %w", rank, err)
 		}
-		klog.InfoS("Publishing KV events", "rank", rank, "endpoint", p.Endpoint(), "replayEndpoint", p.ReplayEndpoint())
+		klog.InfoS("Publishing KV events", "rank", rank, "endpoint", pc.Endpoint, "replayEndpoint", pc.ReplayEndpoint,
+			"delay", o.delivery.Delay, "jitter", o.delivery.Jitter, "lossRate", o.delivery.LossRate)
 		pubs = append(pubs, p)
 	}
 	return pubs, nil
 }
 
 // closePublishers sends what the publishers have queued and closes them.
-func closePublishers(pubs []*publisher.Publisher) {
-	for _, p := range pubs {
+func closePublishers(pubs []rankPublisher) {
+	for rank, p := range pubs {
 		if err := p.Close(); err != nil {
-			klog.ErrorS(err, "Closing a KV-event publisher failed", "endpoint", p.Endpoint())
+			klog.ErrorS(err, "Closing a KV-event publisher failed", "rank", rank)
 		}
 	}
 }

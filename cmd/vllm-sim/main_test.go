@@ -60,11 +60,32 @@ func TestOptionsBuildOneEnginePerRank(t *testing.T) {
 	}
 }
 
+func TestOptionsSetTheLatencyModelAndEventDelivery(t *testing.T) {
+	o, err := parse(t, "--attention-ns-per-context-token", "3.5", "--decode-ns-per-context-token", "64", "--speed", "1.8",
+		"--kv-events-delay", "5ms", "--kv-events-jitter", "20ms", "--kv-events-loss", "0.01")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := o.serverConfig(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lat := cfg.Ranks[0].Engine.Latency; lat.AttentionPerContextToken != 3.5 || lat.DecodePerContextToken != 64 || lat.Speed != 1.8 {
+		t.Errorf("latency model %+v: flags not applied", lat)
+	}
+	if d := o.delivery; d.Delay != 5*time.Millisecond || d.Jitter != 20*time.Millisecond || d.LossRate != 0.01 {
+		t.Errorf("event delivery %+v: flags not applied", d)
+	}
+}
+
 func TestOptionsRejectBadValues(t *testing.T) {
 	for _, args := range [][]string{
 		{"--data-parallel-size", "0"},
 		{"--port", "70000"},
 		{"--block-size", "x"},
+		{"--kv-events-loss", "1.5"},
+		{"--kv-events-delay", "-1s"},
+		{"--speed", "0"},
 		{"positional"},
 	} {
 		if _, err := parse(t, args...); err == nil {

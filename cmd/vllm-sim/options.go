@@ -32,6 +32,8 @@ type options struct {
 	events   kvEventsConfig
 	eventsOn bool
 	wire     wireFormat
+	// delivery delays and loses the KV-event batches.
+	delivery sim.EventDelivery
 	// shutdownGrace bounds how long in-flight requests may take to finish
 	// on SIGINT or SIGTERM.
 	shutdownGrace time.Duration
@@ -70,6 +72,14 @@ func parseOptions(fs *flag.FlagSet, args []string) (options, error) {
 		"simulated compute time of one decoding sequence in a step")
 	fs.DurationVar(&e.Latency.StepOverhead, "step-overhead", 5*time.Millisecond,
 		"simulated fixed time of every scheduler step")
+	fs.Float64Var(&e.Latency.AttentionPerContextToken, "attention-ns-per-context-token", 0,
+		"simulated time, in nanoseconds, of one prompt token's attention to one earlier token of its sequence, cached or not "+
+			"(prefill then grows with the square of the context: about 3.5 for an 8B model on an A100)")
+	fs.Float64Var(&e.Latency.DecodePerContextToken, "decode-ns-per-context-token", 0,
+		"simulated time, in nanoseconds, of one decoding sequence reading one token of its context's KV cache in a step "+
+			"(about 64 for an 8B model on an A100)")
+	fs.Float64Var(&e.Latency.Speed, "speed", 1,
+		"relative speed of the simulated GPU: every step takes its time divided by it (2 for a GPU twice as fast)")
 	fs.IntVar(&e.DefaultOutputTokens, "default-output-tokens", 128,
 		"tokens generated, the last one EOS, for a request without max_tokens (a request with max_tokens gets exactly that many)")
 	fs.IntVar(&o.dpSize, "data-parallel-size", 1, "data-parallel ranks, each an engine with its own KV cache and event stream")
@@ -88,6 +98,14 @@ func parseOptions(fs *flag.FlagSet, args []string) (options, error) {
 		"wire format of the KV events, as the vLLM releases named send it: v0.26 (and later: events as maps, "+
 			"replay replies with the topic), v0.24 (v0.24 and v0.25: replay replies without the topic), "+
 			"v0.10 (v0.10 to v0.23: events as arrays)")
+	fs.DurationVar(&o.delivery.Delay, "kv-events-delay", 0,
+		"least time from the end of a step to the publication of its KV-event batch")
+	fs.DurationVar(&o.delivery.Jitter, "kv-events-jitter", 0,
+		"mean of an exponentially distributed time added to each KV-event batch's delay; batches keep their order, "+
+			"so a late one holds back those after it")
+	fs.Float64Var(&o.delivery.LossRate, "kv-events-loss", 0,
+		"share of KV-event batches withheld from the live stream (0 to 1): subscribers see a gap in the sequence numbers "+
+			"and replay the batch from the replay endpoint if there is one, or lose it")
 	fs.DurationVar(&o.shutdownGrace, "shutdown-grace", 10*time.Second,
 		"on SIGINT or SIGTERM, how long running requests may take to finish before they are failed")
 	fs.Usage = func() {
@@ -109,6 +127,12 @@ func parseOptions(fs *flag.FlagSet, args []string) (options, error) {
 	var ok bool
 	if o.wire, ok = wireFormats[*wire]; !ok {
 		return o, fmt.Errorf("-kv-events-wire %q: want v0.26, v0.24 or v0.10", *wire)
+	}
+	if err := o.delivery.Validate(); err != nil {
+		return o, fmt.Errorf("-kv-events-delay, -kv-events-jitter, -kv-events-loss: %w", err)
+	}
+	if !(o.engine.Latency.Speed > 0) {
+		return o, fmt.Errorf("-speed must be positive, got %v", o.engine.Latency.Speed)
 	}
 	var err error
 	o.events, o.eventsOn, err = parseKVEventsConfig(*eventsJSON)

@@ -197,7 +197,7 @@ var (
 		Default: "kv-aware",
 		Section: SectionRouting,
 		Doc: "Routing algorithm of requests without a routing-strategy header: random, least-request, least-kv-cache, " +
-			"least-latency, prefix-cache or kv-aware (the lowest predicted time to first token).",
+			"least-latency, prefix-cache or kv-aware (the least cost in delay: the predicted time to first token and what the prefill holds up).",
 		Flag: "routing-algorithm",
 	}
 	RoutingCPUCacheWeight = Var{
@@ -218,8 +218,8 @@ var (
 		Name:    "KVGATE_ROUTING_TTFT_TIE_TOLERANCE",
 		Default: "0.05",
 		Section: SectionRouting,
-		Doc: "kv-aware: predicted times to first token within this fraction of the lowest count as equal, " +
-			"and the request goes to the one of those pods with the fewest requests in flight.",
+		Doc: "kv-aware: costs (the predicted time to first token and what the prefill holds up) within this fraction " +
+			"of the lowest count as equal, and the request goes to the one of those pods with the fewest requests in flight.",
 	}
 	PrefixCacheImbalanceAbsCount = Var{
 		Name:    "AIBRIX_PREFIX_CACHE_POD_RUNNING_REQUEST_IMBALANCE_ABS_COUNT",

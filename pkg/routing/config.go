@@ -66,9 +66,9 @@ type Config struct {
 	// (KVGATE_ROUTING_DEFAULT_PREFILL_TOKENS_PER_SECOND, default 10000).
 	DefaultPrefillTokensPerSecond float64
 	// TieTolerance is the relative margin within which kv-aware treats
-	// predicted times to first token as equal and chooses among the pods
-	// by load (KVGATE_ROUTING_TTFT_TIE_TOLERANCE, default 0.05: within 5%
-	// of the fastest).
+	// costs as equal and chooses among the pods by load
+	// (KVGATE_ROUTING_TTFT_TIE_TOLERANCE, default 0.05: within 5% of the
+	// least).
 	TieTolerance float64
 
 	// Rand is the source of random choices (the random algorithm and

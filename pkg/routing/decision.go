@@ -101,9 +101,10 @@ type Candidate struct {
 	Pod string `json:"pod"`
 	// Score is the value the algorithm ranked the pod by: running
 	// requests (least-request), KV-cache usage (least-kv-cache), expected
-	// latency in seconds (least-latency), weighted matched share of the
-	// prompt (prefix-cache), predicted time to first token in seconds
-	// (kv-aware); 0 for random.
+	// latency in seconds scaled by the requests in flight (least-latency),
+	// weighted matched share of the prompt (prefix-cache), the cost of the
+	// request in seconds of delay, its own time to first token and what its
+	// prefill delays other requests (kv-aware); 0 for random.
 	Score float64 `json:"score"`
 
 	// Running is the number of requests this gateway (or, with shared
@@ -136,6 +137,10 @@ type Candidate struct {
 	InFlightPrefills      int     `json:"inFlightPrefills"`
 	InFlightPrefillTokens int     `json:"inFlightPrefillTokens"`
 	QueueSeconds          float64 `json:"queueSeconds"`
+	// Decoding is how many of the running requests have had their first
+	// token (Running less InFlightPrefills): decoding, each next token of
+	// theirs waits for any prefill the pod runs (kv-aware only).
+	Decoding float64 `json:"decoding,omitempty"`
 
 	// MatchedBlocks is the number of the prompt's leading blocks the pod
 	// holds in any medium, MatchedGPUBlocks the part of them in GPU memory;

@@ -11,14 +11,22 @@
 //   - least-kv-cache: the lowest KV-cache usage.
 //   - least-latency: the lowest expected latency of the request, the pod's
 //     mean TTFT plus its mean inter-token latency times the predicted output
-//     tokens. These means follow the pod's current queue and batch, where a
-//     mean end-to-end latency follows the mix of output lengths it happened
-//     to serve. A pod's means move only when it serves requests, so one
-//     that was slow keeps its mean until traffic from other algorithms
+//     tokens, scaled by the gateway's requests in flight on the pod against
+//     the candidates' mean. These means follow the pod's current queue and
+//     batch, where a mean end-to-end latency follows the mix of output
+//     lengths it happened to serve; but they lag by the Store's window, and
+//     the count of requests in flight, which moves with every request the
+//     gateway routes, keeps the pod measured fastest from getting every
+//     request until its means catch up. A pod's means move only when it
+//     serves requests, so one that was slow keeps its mean until traffic
 //     measures it again.
 //   - prefix-cache: AIBrix's prefix-cache routing on the sync prefix index,
-//     with its load-imbalance guard and standard-deviation bound.
-//   - kv-aware: the lowest predicted time to first token (below).
+//     with its load-imbalance guard and standard-deviation bound. As in
+//     AIBrix, when every prompt opens alike a pod that holds nothing may get
+//     no request for as long as the loads stay within both limits.
+//   - kv-aware: the least cost of the request in seconds of delay: its
+//     predicted time to first token and what its prefill delays other
+//     requests (below).
 //
 // Ties go to the pod with the fewest requests in flight, then to one drawn
 // from Config.Rand, so a seeded source makes decisions reproducible.
@@ -56,10 +64,14 @@
 // connections are the gateway's to leave out before routing (see
 // cache.Store.EjectPod).
 //
-// # kv-aware: the time-to-first-token model
+// # kv-aware: the cost model
 //
-// kv-aware sends a request to the candidate pod p with the lowest predicted
-// time to first token
+// kv-aware sends a request to the candidate pod p where it costs least, in
+// seconds of delay to its own first token and to the other requests:
+//
+//	C(p) = TTFT(p) + U(p)/S(p) x N(p) + U(p)/S x K
+//
+// TTFT(p) is the request's predicted time to first token on p,
 //
 //	TTFT(p) = Q(p) + U(p)/S(p) + D(p)
 //
@@ -118,16 +130,54 @@
 // pod decoding a large batch from an idle one when the cache makes the
 // prefill itself cheap. It is the step S(p) is measured without.
 //
+// The other two terms are what the request's prefill costs the others, for
+// a request lives longer than its first token and so do its neighbours.
+// N(p) is the number of requests decoding on p: the gateway's requests in
+// flight there less those whose prefill has not produced a first token (see
+// In-flight prefills). vLLM runs a prefill in the same steps as the batch
+// it decodes, so each of them waits for the prefill's U(p)/S(p) seconds
+// before its next token: a prefill on a pod decoding twenty requests costs
+// twenty times its duration in their latency. It is what keeps a pod busy
+// decoding from taking every request whose prefix it holds, and spreads
+// cold prompts over the pods with the fewest requests to hold up, even when
+// a pod decoding many would serve the first token sooner; its prefill
+// speed counts too, so a pod at half speed gets work when the others are
+// busy decoding, but no more than in proportion to its speed.
+//
+// K is the number of prefills this gateway has queued on the least queued
+// candidate, and S the candidates' mean prefill speed. When every pod has
+// prefills queued, the fleet is saturated: a prefill anywhere adds its
+// tokens to the work every queued request waits for, since routing moves
+// new work away from the most loaded pods, and the fleet drains that work
+// at its speed, S, wherever it runs. A cold prefill where the prompt is not
+// cached then costs the fleet more than the wait in the queue of the pod
+// that holds it, and kv-aware keeps its cache hits under overload, where
+// minimising each request's own first token alone would trade them for
+// shorter queues and make every queue longer. While any pod has no prefill
+// queued, K is 0.
+//
 // Every term is a time, so the model trades cache hits against load with no
-// weight to tune: a cached prefix is worth the prefill time it saves, and a
-// queue costs the time it takes to drain. A pod holding the prompt's prefix
-// keeps its requests until the work queued on it outweighs what its cache
-// saves; then the request goes to a pod that computes the prefix, and holds
-// it from then on, so that a hot prefix is replicated as far as its load
-// needs and no further. Predictions within Config.TieTolerance of the lowest
-// are ties, broken by running requests then at random, so that prompts no
-// pod holds spread over the idle pods (whose caches then hold different
-// prefixes) instead of all going to the pod measured marginally faster.
+// weight to tune: a cached prefix is worth the prefill time it saves, to the
+// request and to those it would hold up, and a queue costs the time it
+// takes to drain. A pod holding the prompt's prefix keeps its requests
+// until the work queued on it outweighs what its cache saves; then the
+// request goes to a pod that computes the prefix, and holds it from then
+// on, so that a hot prefix is replicated as far as its load needs and no
+// further. Costs within Config.TieTolerance of the lowest are ties, broken
+// by running requests then at random, so that prompts no pod holds spread
+// over the idle pods (whose caches then hold different prefixes) instead of
+// all going to the pod measured marginally faster.
+//
+// What the model leaves out: the request's own decoding, whose length the
+// gateway does not know when it routes and whose pace differs between pods
+// by their batch, which N(p) already weighs; and the KV memory the request
+// will hold, which vLLM guards itself, queueing a request it cannot fit and
+// preempting the newest when decoding outgrows the cache: both show in the
+// engine's waiting requests, W(p) below. Predicting a step's time from the
+// batch, or the risk of preemption from the scraped KV-cache usage, made
+// placement worse in the routing benchmark: the inter-token latencies vLLM
+// reports include the long steps of other requests' prefills, and usage is
+// high on every pod of a loaded fleet.
 //
 // # In-flight prefills
 //

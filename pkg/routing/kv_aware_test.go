@@ -273,3 +273,67 @@ func TestKVAwareReadsNonFiniteMetricsAsUnmeasured(t *testing.T) {
 		}
 	}
 }
+
+func TestKVAwareSparesTheRequestsDecodingOnAPodAPrefill(t *testing.T) {
+	// p0 holds 1,536 of the 2,048 prompt tokens: 512 to prefill there
+	// (0.0512 s), 2,048 on the idle p1 (0.2048 s). Every request decoding
+	// on p0 waits for p0's prefill too: with two, p0 costs 0.0712 +
+	// 2 x 0.0512 = 0.1736 s against p1's 0.2248 s; with four, 0.2760 s.
+	tests := []struct {
+		decoding float64
+		want     string
+		outcome  Outcome
+	}{
+		{2, "p0", OutcomePrefixHit},
+		{4, "p1", OutcomeLoadOverPrefix},
+	}
+	for _, tt := range tests {
+		pods := testPods(2)
+		idx := newTestIndex(t)
+		p := prompt(0, 2048)
+		holds(t, idx, "p0", p[:1536], kvevent.MediumGPU)
+		r, _ := newTestRouter(t, uniformFleet(2).set("p0", cache.RealtimeNumRequestsRunning, tt.decoding), idx)
+
+		d := route(t, r, request("r", KVAware, p), pods)
+		holder := candidate(t, d, "p0")
+		if d.PodKey != key(tt.want) || d.Outcome != tt.outcome || holder.Decoding != tt.decoding ||
+			!near(holder.PredictedTTFTSeconds, 0.0712) || !near(holder.Score, 0.0712+tt.decoding*0.0512) {
+			t.Fatalf("with %v requests decoding on the holder: chose %s (%s); holder %+v", tt.decoding, d.PodKey, d.Outcome, holder)
+		}
+	}
+}
+
+func TestKVAwareKeepsItsCacheHitsWhenEveryPodHasPrefillsQueued(t *testing.T) {
+	// As in TestKVAwareWeighsInFlightPrefillsUntilTheirFirstToken, p2
+	// holds 1,536 of the 2,000-token prompt and has four prefills queued.
+	// While the other pods are idle the request goes to one of them; once
+	// each has a prefill queued too, a cold prefill there grows the
+	// fleet's backlog by 2,000 tokens, which every queued request waits
+	// for, against 464 on p2: the request stays with the cache.
+	pods := testPods(4)
+	idx := newTestIndex(t)
+	p := prompt(0, 2000)
+	holds(t, idx, "p2", p[:1536], kvevent.MediumGPU)
+	clock := newManualClock()
+	r, _ := newTestRouter(t, uniformFleet(4), idx, func(c *Config) { c.Now = clock.Now })
+	for range 4 {
+		startPrefill(r, route(t, r, request("r", KVAware, p), pods))
+	}
+	d := route(t, r, request("r", KVAware, p), pods)
+	if d.PodKey == key("p2") {
+		t.Fatalf("with the other pods idle the request stayed on p2; %+v", d.Candidates)
+	}
+	// Three cold prompts go to the three idle pods, one each.
+	for i := range 3 {
+		startPrefill(r, route(t, r, request("cold", KVAware, prompt(10_000*(i+1), 2000)), pods))
+	}
+	d = route(t, r, request("r", KVAware, p), pods)
+	for _, other := range []string{"p0", "p1", "p3"} {
+		if c := candidate(t, d, other); c.InFlightPrefills != 1 {
+			t.Fatalf("%s has %d prefills queued, want the one of a cold prompt; %+v", other, c.InFlightPrefills, d.Candidates)
+		}
+	}
+	if d.PodKey != key("p2") || d.Outcome != OutcomePrefixHit {
+		t.Fatalf("with prefills queued on every pod the request went to %s (%s); %+v", d.PodKey, d.Outcome, d.Candidates)
+	}
+}

@@ -48,11 +48,20 @@ func (leastKVCache) pick(in input) {
 // leastLatency chooses the pod with the lowest expected latency for the
 // request: the pod's recent mean time to first token plus its mean
 // inter-token latency times the predicted output tokens (one token when
-// none is predicted). Both means come from the engine's own histograms over
-// the Store's recent window, so they reflect the pod's current batch rather
-// than the mix of request lengths that skews a mean end-to-end latency. A pod
-// without a measured TTFT is scored at the median of the measured ones, so
-// that a new pod is neither flooded nor starved. Ties go by running requests.
+// none is predicted), scaled by the requests in flight on the pod against
+// the candidates' mean, (1 + running) / (1 + mean running). Both means come
+// from the engine's own histograms over the Store's recent window, so they
+// reflect the pod's current batch rather than the mix of request lengths
+// that skews a mean end-to-end latency. But they lag by the window: a pod
+// that was idle keeps its low means for seconds after the gateway starts
+// sending it requests, and choosing the lowest mean alone would send it
+// every request meanwhile (and, once its means catch up, send every request
+// to the next). The gateway's own count of requests in flight moves with
+// each request it routes; at a given throughput a pod's latency grows with
+// the requests in it (Little's law), so the count stands in for the load the
+// means have not measured yet. A pod without a measured TTFT is scored at
+// the median of the measured ones, so that a new pod is neither flooded nor
+// starved. Ties go by running requests.
 type leastLatency struct{}
 
 func (leastLatency) needs() needs { return needRunning | needLatency }
@@ -61,12 +70,14 @@ func (leastLatency) pick(in input) {
 	cs := in.d.Candidates
 	tokens := float64(max(in.outputTokens, 1))
 	measured := in.s.scores[:0]
+	meanRunning := 0.0
 	for i := range cs {
 		c := &cs[i]
 		c.Score = c.AvgTTFTSeconds + c.AvgTPOTSeconds*tokens
 		if c.measured&hasTTFT != 0 && in.considers(c) {
 			measured = append(measured, c.Score)
 		}
+		meanRunning += c.Running / float64(len(cs))
 	}
 	in.s.scores = measured
 	if len(measured) > 0 && len(measured) < len(cs) {
@@ -76,6 +87,9 @@ func (leastLatency) pick(in input) {
 				cs[i].Score = m
 			}
 		}
+	}
+	for i := range cs {
+		cs[i].Score *= (1 + cs[i].Running) / (1 + meanRunning)
 	}
 	in.d.chosen = choose(in, nil, byScore, 0)
 	in.d.Outcome = OutcomeLoad

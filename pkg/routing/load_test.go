@@ -1,6 +1,7 @@
 package routing
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/kvgate/kvgate/pkg/cache"
@@ -112,5 +113,32 @@ func TestRandomDrawsEveryPodAndRepeatsWithTheSameSeed(t *testing.T) {
 		if n := seen[key(p.Key.Name)]; n < 20 {
 			t.Fatalf("%s drawn %d times in 200 (%v), want about 50", p.Key.Name, n, seen)
 		}
+	}
+}
+
+func TestLeastLatencyStopsSendingEverythingToThePodMeasuredFastest(t *testing.T) {
+	// p0's means, measured while it was idle, are the lowest; they stay so
+	// until its next requests complete. The requests sent to it since count
+	// against it, so that a burst spreads over the pods instead of all
+	// going to p0.
+	m := newFakeMetrics()
+	for i, ttft := range []float64{0.10, 0.12, 0.13} {
+		m.set(fmt.Sprintf("p%d", i), cache.AvgTTFTSeconds, ttft).set(fmt.Sprintf("p%d", i), cache.AvgTPOTSeconds, 0.02)
+	}
+	r, _ := newTestRouter(t, m, nil)
+	pods := testPods(3)
+	got := map[string]int{}
+	for range 30 {
+		d := route(t, r, request("r", LeastLatency, nil), pods)
+		startPrefill(r, d) // in flight until the test ends
+		got[d.PodKey]++
+	}
+	for _, p := range []string{"p0", "p1", "p2"} {
+		if n := got[key(p)]; n < 7 || n > 13 {
+			t.Errorf("%s got %d of 30 requests, want about a third: %v", p, n, got)
+		}
+	}
+	if got[key("p0")] < got[key("p2")] {
+		t.Errorf("the pod measured fastest got fewer requests than the slowest: %v", got)
 	}
 }

@@ -17,6 +17,14 @@ import "math"
 //     wins, ties going to the fewer running requests, then at random.
 //  3. When no pod qualifies, or the request has no tokens, the request goes
 //     to the pod with the fewest running requests.
+//
+// These rules leave a pod that holds nothing of the prompts idle as long as
+// some pod holds some of each prompt and the loads stay within both limits:
+// when every prompt opens alike (a shared system prompt), every request
+// matches somewhere, and a pod that missed the first requests may get none
+// for as long as the load stays low, however many pods sit idle beside the
+// busy ones. AIBrix behaves so, and so does this algorithm; kv-aware
+// weighs the idle pods' queues instead.
 type prefixCache struct {
 	absCount, factor, cpuWeight float64
 }

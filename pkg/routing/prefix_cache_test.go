@@ -132,3 +132,30 @@ func TestPrefixCacheScoresTheWeightedShareOfThePrompt(t *testing.T) {
 		t.Fatalf("scores GPU %v CPU %v, want 0.8 and 0.64 (1,600 of 2,000 tokens, CPU weighted 0.8)", g, c)
 	}
 }
+
+// TestPrefixCacheLeavesPodsThatHoldNothingIdle documents a consequence of
+// AIBrix's rules: when every prompt shares a first block that some pods
+// hold, a pod that holds nothing is chosen only by the imbalance guard or
+// when every holder runs above mean + factor x standard deviation. Below
+// both limits it gets no request, however idle, as happens on a large fleet
+// serving prompts that open alike.
+func TestPrefixCacheLeavesPodsThatHoldNothingIdle(t *testing.T) {
+	pods := testPods(6)
+	idx := newTestIndex(t)
+	shared := prompt(0, 16)
+	m := newFakeMetrics()
+	for i := range 4 {
+		holds(t, idx, pods[i].Key.Name, shared, kvevent.MediumGPU)
+		m.set(pods[i].Key.Name, cache.RealtimeNumRequestsRunning, 3)
+	}
+	r, _ := newTestRouter(t, m, idx)
+	for i := range 50 {
+		p := append(append([]uint32(nil), shared...), prompt(1000+100*i, 100)...)
+		d := route(t, r, request("r", PrefixCache, p), pods)
+		// Running 3, 3, 3, 3, 0, 0: a gap of 3 is within the guard's 8,
+		// and the holders are within mean 2 + stddev 1.41.
+		if d.PodKey == key("p4") || d.PodKey == key("p5") || d.Outcome != OutcomePrefixHit {
+			t.Fatalf("request %d went to %s (%s), want a pod holding the shared block", i, d.PodKey, d.Outcome)
+		}
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -13,36 +14,69 @@ import (
 	"github.com/kvgate/kvgate/pkg/sim"
 )
 
-// Oracle names the policy that sees the engines (see the package
-// documentation); the other policies are the routing package's algorithms
-// of the same names.
-const Oracle = "oracle"
+// TTFTOracle names the policy that sees the engines: a greedy minimiser of
+// each request's time to first token with perfect knowledge of the engines'
+// caches, queues and latency models (see the package documentation). It is
+// a reference for what kv-aware predicts, not a bound: it optimises one
+// request at a time and ignores decode load, so other policies may beat it
+// on hit ratio or end-to-end latency. PooledBound bounds the hit ratio. The
+// other policies are the routing package's algorithms of the same names.
+const TTFTOracle = "ttft-oracle"
 
 // Policies returns the names of the policies a benchmark compares by
 // default, in report order.
 func Policies() []string {
-	return []string{routing.Random, routing.LeastRequest, routing.PrefixCache, routing.KVAware, Oracle}
+	return []string{routing.Random, routing.LeastRequest, routing.PrefixCache, routing.KVAware, TTFTOracle}
+}
+
+// AllPolicies returns every policy a benchmark can compare: the routing
+// package's six algorithms and the TTFT oracle, in report order.
+func AllPolicies() []string {
+	return []string{routing.Random, routing.LeastRequest, routing.LeastKVCache, routing.LeastLatency,
+		routing.PrefixCache, routing.KVAware, TTFTOracle}
 }
 
 // Defaults of Config's zero fields.
 const (
 	DefaultEngines            = 8
 	DefaultScrapeInterval     = 50 * time.Millisecond
-	DefaultEventDelay         = 5 * time.Millisecond
 	DefaultMetricsWindow      = cache.DefaultRecentMetricsWindow
 	DefaultPrefillSpeedWindow = cache.DefaultPrefillSpeedWindow
+	// DefaultRouterPrefillTokensPerSecond is the prefill speed the routers
+	// assume until they measure one: twice the routing package's default,
+	// and more than twice what the default engines reach on long prompts,
+	// so that what the routers learn from scrapes is what is measured.
+	DefaultRouterPrefillTokensPerSecond = 2 * routing.DefaultPrefillTokensPerSecond
 )
 
+// DefaultEvents is how KV events reach the index by default: 5 ms after
+// the step that produced them (vLLM's publisher thread, the pod network,
+// the client's decoding), plus an exponential delay of 20 ms on average
+// that holds back the batches behind it, and one batch in a thousand lost
+// for good (a subscriber that fell behind the publisher's high-water mark
+// with no replay to recover it).
+var DefaultEvents = sim.EventDelivery{Delay: 5 * time.Millisecond, Jitter: 20 * time.Millisecond, LossRate: 0.001}
+
 // DefaultLatency prices the steps of an 8B-class model (Llama 3.1 8B:
-// 16 GFLOP and 128 KiB of KV cache per token, 16 GB of weights) on one
-// A100-80GB-class GPU: 10,000 prefill tokens per second, decode steps of
-// 10 ms plus 0.5 ms per running request. The package documentation derives
-// the numbers.
+// 16 GFLOP per token for the weights, 32 layers x 4,096 dimensions of
+// attention, 128 KiB of KV cache per token, 16 GB of weights) on one
+// A100-80GB-class GPU: 90 us per prefill token plus 3.5 ns per earlier
+// token it attends to, decode steps of 10 ms plus, per running request,
+// 60 us and 64 ns per token of its context. The package documentation
+// derives the numbers.
 var DefaultLatency = sim.LatencyModel{
-	StepOverhead:    10 * time.Millisecond,
-	PrefillPerToken: 100 * time.Microsecond,
-	DecodePerToken:  500 * time.Microsecond,
+	StepOverhead:             10 * time.Millisecond,
+	PrefillPerToken:          90 * time.Microsecond,
+	AttentionPerContextToken: 3.5,
+	DecodePerToken:           60 * time.Microsecond,
+	DecodePerContextToken:    64,
 }
+
+// DefaultSpeeds are the relative speeds of a heterogeneous default fleet,
+// cycled over its engines: an A100-class engine (1), an H100-class one
+// (1.8), another A100, and an L40S-class one (0.6). Eight engines are four
+// A100s, two H100s and two L40Ss.
+var DefaultSpeeds = []float64{1, 1.8, 1, 0.6}
 
 // DefaultEngine is the shape of each engine: vLLM's defaults (block size
 // 16, 256 sequences, chunked prefill in steps of 8192 tokens) with the KV
@@ -77,9 +111,18 @@ type Config struct {
 	// PrefillSpeedWindow is the Store's window for prefill speeds
 	// (cache.Config.PrefillSpeedWindow); default 1 min.
 	PrefillSpeedWindow time.Duration
-	// EventDelay is how long an engine's KV event batch takes from the end
-	// of the step that produced it to the index; default 5 ms.
-	EventDelay time.Duration
+	// Speeds are the engines' relative speeds, cycled over them: engine i
+	// runs at Speeds[i mod len(Speeds)] times the speed of Engine's latency
+	// model. Empty means every engine at 1 (use DefaultSpeeds for the
+	// default heterogeneous fleet).
+	Speeds []float64
+	// Events is how each engine's KV event batches reach the index; the
+	// zero value means DefaultEvents.
+	Events sim.EventDelivery
+	// RouterPrefillTokensPerSecond is the routers' prefill speed before
+	// any is measured (routing.Config.DefaultPrefillTokensPerSecond);
+	// default DefaultRouterPrefillTokensPerSecond.
+	RouterPrefillTokensPerSecond float64
 	// Policies names the policies to compare, in report order; default
 	// Policies().
 	Policies []string
@@ -102,7 +145,10 @@ func (c Config) withDefaults() Config {
 	c.ScrapeInterval = cmp.Or(c.ScrapeInterval, DefaultScrapeInterval)
 	c.MetricsWindow = cmp.Or(c.MetricsWindow, DefaultMetricsWindow)
 	c.PrefillSpeedWindow = cmp.Or(c.PrefillSpeedWindow, DefaultPrefillSpeedWindow)
-	c.EventDelay = cmp.Or(c.EventDelay, DefaultEventDelay)
+	if c.Events == (sim.EventDelivery{}) {
+		c.Events = DefaultEvents
+	}
+	c.RouterPrefillTokensPerSecond = cmp.Or(c.RouterPrefillTokensPerSecond, DefaultRouterPrefillTokensPerSecond)
 	if len(c.Policies) == 0 {
 		c.Policies = Policies()
 	}
@@ -115,13 +161,24 @@ func (c Config) validate() error {
 	if c.Engines < 1 {
 		errs = append(errs, fmt.Errorf("%d engines, want at least 1", c.Engines))
 	}
-	if c.ScrapeInterval < 0 || c.MetricsWindow < 0 || c.PrefillSpeedWindow < 0 || c.EventDelay < 0 {
-		errs = append(errs, errors.New("scrape interval, metrics windows and event delay must not be negative"))
+	if c.ScrapeInterval < 0 || c.MetricsWindow < 0 || c.PrefillSpeedWindow < 0 {
+		errs = append(errs, errors.New("scrape interval and metrics windows must not be negative"))
+	}
+	if err := c.Events.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if c.RouterPrefillTokensPerSecond < 0 {
+		errs = append(errs, fmt.Errorf("router prefill speed %v must not be negative", c.RouterPrefillTokensPerSecond))
+	}
+	for _, v := range c.Speeds {
+		if !(v > 0) || math.IsInf(v, 0) {
+			errs = append(errs, fmt.Errorf("engine speed %v, want a positive number", v))
+		}
 	}
 	if c.Parallel < 1 {
 		errs = append(errs, fmt.Errorf("parallel %d, want at least 1", c.Parallel))
 	}
-	known := append(Policies(), routing.LeastKVCache, routing.LeastLatency)
+	known := AllPolicies()
 	for i, p := range c.Policies {
 		if !slices.Contains(known, p) {
 			errs = append(errs, fmt.Errorf("unknown policy %q (known: %s)", p, strings.Join(known, ", ")))

@@ -1,6 +1,7 @@
 package routingbench
 
 import (
+	"cmp"
 	"fmt"
 	"time"
 
@@ -27,8 +28,12 @@ var simEpoch = time.Unix(1_800_000_000, 0)
 // engine is one simulated engine, its pod, and what the gateway knows and
 // the benchmark tallies of it.
 type engine struct {
-	index   int
-	eng     *sim.Engine
+	index int
+	eng   *sim.Engine
+	// speed is the engine's speed relative to the configured model's.
+	speed float64
+	// link decides when, and whether, each event batch reaches the index.
+	link    *sim.EventLink
 	pod     *endpoint.Endpoint
 	key     string // the pod's ID, "namespace/name"
 	stream  indexer.Stream
@@ -47,6 +52,7 @@ type engine struct {
 	promptTokens, prefillTokens int64
 	busyTime                    time.Duration
 	preemptions                 int
+	lostBatches                 int
 }
 
 // fleet is the engines, their pods and the index, on one virtual clock.
@@ -73,19 +79,39 @@ func newFleet(cfg Config) (*fleet, error) {
 		ec.HashSeed = fmt.Sprint("engine-", i)
 		ec.DataParallelRank = 0
 		ec.Events = true
+		speed := engineSpeed(cfg, i)
+		ec.Latency.Speed = cmp.Or(ec.Latency.Speed, 1) * speed
 		eng, err := sim.NewEngine(ec)
 		if err != nil {
 			return nil, fmt.Errorf("engine %d: %w", i, err)
 		}
+		link, err := sim.NewEventLink(cfg.Events, splitmixSeed(cfg.Seed, uint64(i)))
+		if err != nil {
+			return nil, fmt.Errorf("engine %d: %w", i, err)
+		}
 		pod := endpoint.Parse(benchPod(i), endpoint.Options{})
-		e := &engine{index: i, eng: eng, pod: pod, key: pod.ID, stream: indexer.Stream{Pod: pod.ID, Model: benchModel},
-			load: inflight.NewPodLoad(pod.ID)}
+		e := &engine{index: i, eng: eng, speed: speed, link: link, pod: pod, key: pod.ID,
+			stream: indexer.Stream{Pod: pod.ID, Model: benchModel}, load: inflight.NewPodLoad(pod.ID)}
 		e.metrics.window.length = cfg.MetricsWindow
 		e.metrics.prefillWindow.length = cfg.PrefillSpeedWindow
 		f.engines = append(f.engines, e)
 		f.byName[pod.Key.Name] = e
 	}
 	return f, nil
+}
+
+// engineSpeed returns engine i's speed relative to cfg's engine model.
+func engineSpeed(cfg Config, i int) float64 {
+	if len(cfg.Speeds) == 0 {
+		return 1
+	}
+	return cfg.Speeds[i%len(cfg.Speeds)]
+}
+
+// splitmixSeed derives the seed of stream i from seed.
+func splitmixSeed(seed, i uint64) uint64 {
+	_, out := splitmix64(seed ^ (i+1)*0x9e3779b97f4a7c15)
+	return out
 }
 
 // benchPod returns the Running, Ready pod of engine i.

@@ -3,6 +3,8 @@ package routingbench
 import (
 	"bytes"
 	"testing"
+
+	"github.com/kvgate/kvgate/pkg/sim"
 )
 
 // FuzzLoadMooncake feeds arbitrary bytes to the trace loader: it must
@@ -18,7 +20,7 @@ func FuzzLoadMooncake(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if err := w.validate(); err != nil {
+		if err := w.validate(sim.VocabSize); err != nil {
 			t.Fatalf("loaded a workload a simulation refuses: %v", err)
 		}
 	})

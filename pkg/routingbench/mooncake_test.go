@@ -96,7 +96,7 @@ func TestLoadMooncakeReadsTheSyntheticTrace(t *testing.T) {
 	if st != want {
 		t.Fatalf("stats %+v, want %+v", st, want)
 	}
-	if err := w.validate(); err != nil {
+	if err := w.validate(sim.VocabSize); err != nil {
 		t.Fatal(err)
 	}
 }

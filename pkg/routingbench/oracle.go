@@ -1,21 +1,22 @@
 package routingbench
 
 import (
+	"github.com/kvgate/kvgate/pkg/inflight"
 	"math/rand/v2"
 	"time"
 )
 
-// oracle routes each request to the engine on which it would get its first
-// token soonest, computed from the engines themselves rather than from
-// what a gateway can observe; the package documentation lists what it
-// knows.
+// oracle is the TTFT oracle: it routes each request to the engine on which
+// it would get its first token soonest, computed from the engines
+// themselves rather than from what a gateway can observe; the package
+// documentation lists what it knows.
 type oracle struct {
 	f   *fleet
 	rng *rand.Rand
 }
 
 func newOracle(f *fleet, seed uint64) *oracle {
-	return &oracle{f: f, rng: rand.New(policySeed(seed, Oracle))}
+	return &oracle{f: f, rng: rand.New(policySeed(seed, TTFTOracle))}
 }
 
 // route picks the engine with the lowest predicted time to first token;
@@ -42,12 +43,14 @@ func (o *oracle) route(_ int, r *Request) (int, error) {
 // prompt on engine e, if no other request arrived: the rest of the step in
 // flight, then steps that prefill the engine's backlog and the prompt's
 // uncached tokens within the token budget left by the decoding requests,
-// each step priced by the engine's latency model.
+// priced by the engine's own latency model (attention to cached prefixes
+// and the decoding batch's context included, at the engine's speed).
 func (o *oracle) predict(e *engine, prompt []uint32) time.Duration {
 	cfg := e.eng.Config()
-	hit := min(e.eng.CachedPrefixBlocks(prompt, nil), (len(prompt)-1)/cfg.BlockSize)
+	hit := min(e.eng.CachedPrefixBlocks(prompt, nil), (len(prompt)-1)/cfg.BlockSize) * cfg.BlockSize
 	b := e.eng.Backlog()
-	work := b.PrefillTokens + len(prompt) - hit*cfg.BlockSize
+	prefill, decoding := e.eng.BacklogCost()
+	work := b.PrefillTokens + len(prompt) - hit
 	perStep := max(cfg.MaxNumBatchedTokens-b.Decoding, 1)
 	steps := (work + perStep - 1) / perStep
 	var wait time.Duration
@@ -55,10 +58,9 @@ func (o *oracle) predict(e *engine, prompt []uint32) time.Duration {
 		wait = e.stepEnd - o.f.now
 	}
 	lat := cfg.Latency
-	return wait + time.Duration(steps)*(lat.StepOverhead+time.Duration(b.Decoding)*lat.DecodePerToken) +
-		time.Duration(work)*lat.PrefillPerToken
+	return wait + time.Duration(steps)*lat.Time(decoding) + prefill + lat.PrefillTime(hit, len(prompt))
 }
 
 func (*oracle) firstToken(int) {}
 
-func (*oracle) ended(int) {}
+func (*oracle) ended(int, inflight.Usage) {}

@@ -34,7 +34,7 @@ func TestOracleWeighsWhatAnEngineHoldsAgainstTheWorkQueuedOnIt(t *testing.T) {
 	// Engine 0 holds the 1,024-token document: 64 tokens to compute in
 	// one step (16.4 ms); engine 1 computes all 1,088 in two steps of at
 	// most 1,024 (128.8 ms).
-	lat := DefaultLatency
+	lat := linearLatency
 	if got, want := o.predict(hot, asked.Prompt), lat.StepOverhead+64*lat.PrefillPerToken; got != want {
 		t.Errorf("prediction on the engine holding the document %v, want %v", got, want)
 	}

@@ -18,6 +18,7 @@ var palette = []color.Color{
 	color.RGBA{R: 0x1f, G: 0x77, B: 0xb4, A: 0xff},
 	color.RGBA{R: 0xff, G: 0x7f, B: 0x0e, A: 0xff},
 	color.RGBA{R: 0x2c, G: 0xa0, B: 0x2c, A: 0xff},
+	color.RGBA{R: 0xd6, G: 0x27, B: 0x28, A: 0xff},
 }
 
 // series is one bar per policy of a panel.
@@ -27,10 +28,12 @@ type series struct {
 }
 
 // WritePNG draws the report as a PNG of three panels with one column per
-// policy: bars of the token prefix-hit ratio, the time to first token at
-// p50, p90 and p99 as marks on a log scale (policies differ by orders of
+// policy: bars of the token prefix-hit ratio under a line at the pooled
+// bound's, the time to first token at p50, p90 and p99 and the end-to-end
+// latency at p90 as marks on a log scale (policies differ by orders of
 // magnitude), and bars of the load imbalance (coefficients of variation of
-// requests and prefill tokens across engines).
+// requests and prefill tokens across engines, and the largest deviation of
+// an engine's requests from the mean of the engines of its speed).
 func (r *Report) WritePNG(w io.Writer) error {
 	names := make([]string, len(r.Results))
 	for i, res := range r.Results {
@@ -44,14 +47,16 @@ func (r *Report) WritePNG(w io.Writer) error {
 		{"Token prefix-hit ratio", "cached / prompt tokens", []series{
 			{"hit ratio", func(p *PolicyResult) float64 { return p.HitRatio }},
 		}, barPanel},
-		{"Time to first token", "seconds (log scale)", []series{
+		{"Time to first token and end to end", "seconds (log scale)", []series{
 			{"p50", func(p *PolicyResult) float64 { return p.TTFT.P50 }},
 			{"p90", func(p *PolicyResult) float64 { return p.TTFT.P90 }},
 			{"p99", func(p *PolicyResult) float64 { return p.TTFT.P99 }},
+			{"E2E p90", func(p *PolicyResult) float64 { return p.E2E.P90 }},
 		}, logDotPanel},
-		{"Load imbalance across engines", "coefficient of variation", []series{
-			{"requests", func(p *PolicyResult) float64 { return p.RequestsCV }},
-			{"prefill tokens", func(p *PolicyResult) float64 { return p.PrefillCV }},
+		{"Load imbalance across engines", "coefficient of variation; largest deviation", []series{
+			{"requests (CV)", func(p *PolicyResult) float64 { return p.RequestsCV }},
+			{"prefill tokens (CV)", func(p *PolicyResult) float64 { return p.PrefillCV }},
+			{"requests vs same-speed peers", func(p *PolicyResult) float64 { return p.RequestsSpread }},
 		}, barPanel},
 	}
 	row := make([]*plot.Plot, len(panels))
@@ -63,6 +68,11 @@ func (r *Report) WritePNG(w io.Writer) error {
 		row[i] = p
 	}
 	row[0].Title.Text = fmt.Sprintf("%s (%d engines)\n%s", r.Workload, r.Setup.Engines, row[0].Title.Text)
+	if r.Bound != nil && r.Bound.HitRatio > 0 {
+		if err := addBoundLine(row[0], r.Bound.HitRatio, len(names)); err != nil {
+			return err
+		}
+	}
 
 	img := vgimg.New(vg.Length(len(panels))*5*vg.Inch, 4*vg.Inch)
 	dc := draw.New(img)
@@ -123,6 +133,21 @@ func barPanel(title, yLabel string, names []string, results []*PolicyResult, ss 
 	return p, nil
 }
 
+// addBoundLine draws the pooled bound's hit ratio across a bar panel of n
+// columns, dashed, and names it in the legend.
+func addBoundLine(p *plot.Plot, bound float64, n int) error {
+	line, err := plotter.NewLine(plotter.XYs{{X: -0.5, Y: bound}, {X: float64(n) - 0.5, Y: bound}})
+	if err != nil {
+		return err
+	}
+	line.Color = palette[3]
+	line.Dashes = []vg.Length{vg.Points(4), vg.Points(3)}
+	p.Add(line)
+	p.Legend.Add(fmt.Sprintf("pooled bound %.3f", bound), line)
+	p.Y.Max = max(p.Y.Max, 1.3*bound)
+	return nil
+}
+
 // valueLabels prints each value above its bar.
 func valueLabels(vals plotter.Values) (*plotter.Labels, error) {
 	xys := make(plotter.XYs, len(vals))
@@ -143,7 +168,7 @@ func valueLabels(vals plotter.Values) (*plotter.Labels, error) {
 }
 
 // glyphs shape the marks of a dot panel's series.
-var glyphs = []draw.GlyphDrawer{draw.CircleGlyph{}, draw.PyramidGlyph{}, draw.BoxGlyph{}}
+var glyphs = []draw.GlyphDrawer{draw.CircleGlyph{}, draw.PyramidGlyph{}, draw.BoxGlyph{}, draw.CrossGlyph{}}
 
 // logDotPanel marks each series' value per policy on a log scale, the
 // marks of a policy side by side. Values of 0 (a policy without results)

@@ -19,17 +19,18 @@ type policy interface {
 	route(i int, r *Request) (engine int, err error)
 	// firstToken reports that request i's first token came back.
 	firstToken(i int)
-	// ended reports that request i ended: it finished, or the engine
+	// ended reports that request i ended, with the usage the engine
+	// reported (none when it refused the request): it finished, or the engine
 	// refused it.
-	ended(i int)
+	ended(i int, usage inflight.Usage)
 }
 
-// newPolicy returns the named policy over f.
-func newPolicy(name string, f *fleet, seed uint64) (policy, error) {
-	if name == Oracle {
-		return newOracle(f, seed), nil
+// newPolicy returns the named policy over f, configured by cfg.
+func newPolicy(name string, f *fleet, cfg Config) (policy, error) {
+	if name == TTFTOracle {
+		return newOracle(f, cfg.Seed), nil
 	}
-	return newRouterPolicy(name, f, seed)
+	return newRouterPolicy(name, f, cfg)
 }
 
 // policySeed derives the random stream of one policy from the benchmark's
@@ -53,12 +54,13 @@ type routerPolicy struct {
 	attempts map[int]*inflight.Handle
 }
 
-func newRouterPolicy(alg string, f *fleet, seed uint64) (*routerPolicy, error) {
+func newRouterPolicy(alg string, f *fleet, cfg Config) (*routerPolicy, error) {
 	r, err := routing.New(routing.Config{
-		Index:            f.index,
-		DefaultAlgorithm: alg,
-		Rand:             policySeed(seed, alg),
-		Now:              f.clock,
+		Index:                         f.index,
+		DefaultAlgorithm:              alg,
+		DefaultPrefillTokensPerSecond: cfg.RouterPrefillTokensPerSecond,
+		Rand:                          policySeed(cfg.Seed, alg),
+		Now:                           f.clock,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("policy %s: %w", alg, err)
@@ -74,7 +76,7 @@ func newRouterPolicy(alg string, f *fleet, seed uint64) (*routerPolicy, error) {
 func (p *routerPolicy) route(i int, r *Request) (int, error) {
 	ctx := types.NewRoutingContext(r.ID, benchModel)
 	ctx.Algorithm = p.alg
-	ctx.PromptTokenIDs = r.Prompt
+	ctx.PromptTokenIDs = r.routeTokens()
 	p.snaps = storeView{p.f}.snapshots(p.snaps[:0])
 	if err := p.router.Route(context.Background(), ctx, p.snaps, &p.decision); err != nil {
 		return 0, fmt.Errorf("route %s: %w", r.ID, err)
@@ -85,8 +87,11 @@ func (p *routerPolicy) route(i int, r *Request) (int, error) {
 
 func (p *routerPolicy) firstToken(i int) { p.attempts[i].FirstToken() }
 
-func (p *routerPolicy) ended(i int) {
+func (p *routerPolicy) ended(i int, usage inflight.Usage) {
 	h := p.attempts[i]
+	if usage.CompletionTokens > 0 {
+		h.ReportUsage(usage)
+	}
 	h.Close(inflight.Done, "")
 	h.Request().End()
 	delete(p.attempts, i)

@@ -26,6 +26,13 @@ type EngineResult struct {
 	PrefillTokens int64 `json:"prefillTokens"`
 	// Utilization is the share of the run the engine spent in steps.
 	Utilization float64 `json:"utilization"`
+	// Speed is the engine's speed relative to the configured model's.
+	Speed float64 `json:"speed"`
+	// Preemptions counts the requests the engine preempted for KV space.
+	Preemptions int `json:"preemptions"`
+	// LostEventBatches counts the engine's KV event batches that never
+	// reached the index.
+	LostEventBatches int `json:"lostEventBatches"`
 }
 
 // PolicyResult is what one policy achieved on a workload.
@@ -43,6 +50,8 @@ type PolicyResult struct {
 	PromptTokens int64   `json:"promptTokens"`
 	CachedTokens int64   `json:"cachedTokens"`
 	HitRatio     float64 `json:"hitRatio"`
+	// HitRatioOfBound is HitRatio over the pooled bound's (Report.Bound).
+	HitRatioOfBound float64 `json:"hitRatioOfBound"`
 	// TTFT is the time from arrival to first token; Queue the time from
 	// arrival to the engine's first scheduling of the request; E2E the time
 	// from arrival to the last token.
@@ -61,6 +70,10 @@ type PolicyResult struct {
 	// perfect balance.
 	RequestsCV float64 `json:"requestsCV"`
 	PrefillCV  float64 `json:"prefillCV"`
+	// RequestsSpread is the largest relative deviation of an engine's
+	// requests from the mean of the engines of its speed: 0.25 means some
+	// engine got 25% more or fewer requests than its identical peers.
+	RequestsSpread float64 `json:"requestsSpread"`
 	// Preemptions counts the requests engines preempted for KV space.
 	Preemptions int            `json:"preemptions"`
 	Engines     []EngineResult `json:"engines"`
@@ -105,7 +118,8 @@ func (s *simulation) result() *PolicyResult {
 	}
 	var routed, prefilled []float64
 	for _, e := range s.engines {
-		er := EngineResult{Requests: e.routed, PromptTokens: e.promptTokens, PrefillTokens: e.prefillTokens}
+		er := EngineResult{Requests: e.routed, PromptTokens: e.promptTokens, PrefillTokens: e.prefillTokens,
+			Speed: e.speed, Preemptions: e.preemptions, LostEventBatches: e.lostBatches}
 		if r.Makespan > 0 {
 			er.Utilization = e.busyTime.Seconds() / r.Makespan
 		}
@@ -115,7 +129,27 @@ func (s *simulation) result() *PolicyResult {
 		prefilled = append(prefilled, float64(e.prefillTokens))
 	}
 	r.RequestsCV, r.PrefillCV = variation(routed), variation(prefilled)
+	r.RequestsSpread = spreadWithinSpeeds(r.Engines)
 	return r
+}
+
+// spreadWithinSpeeds returns the largest relative deviation of an engine's
+// requests from the mean requests of the engines of its speed, 0 when every
+// such mean is 0.
+func spreadWithinSpeeds(engines []EngineResult) float64 {
+	sum := map[float64][2]int{} // speed -> requests, engines
+	for _, e := range engines {
+		v := sum[e.Speed]
+		sum[e.Speed] = [2]int{v[0] + e.Requests, v[1] + 1}
+	}
+	spread := 0.0
+	for _, e := range engines {
+		v := sum[e.Speed]
+		if mean := float64(v[0]) / float64(v[1]); mean > 0 {
+			spread = max(spread, math.Abs(float64(e.Requests)-mean)/mean)
+		}
+	}
+	return spread
 }
 
 // summarize returns the mean and nearest-rank percentiles of v, which it

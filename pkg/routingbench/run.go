@@ -9,29 +9,43 @@ import (
 
 // Setup records the configuration a report was produced with.
 type Setup struct {
-	Engines             int     `json:"engines"`
-	BlockSize           int     `json:"blockSize"`
-	NumGPUBlocks        int     `json:"numGPUBlocks"`
-	MaxNumSeqs          int     `json:"maxNumSeqs"`
-	MaxNumBatchedTokens int     `json:"maxNumBatchedTokens"`
-	MaxModelLen         int     `json:"maxModelLen"`
-	StepOverhead        float64 `json:"stepOverheadSeconds"`
-	PrefillPerToken     float64 `json:"prefillPerTokenSeconds"`
-	DecodePerToken      float64 `json:"decodePerTokenSeconds"`
-	ScrapeInterval      float64 `json:"scrapeIntervalSeconds"`
-	MetricsWindow       float64 `json:"metricsWindowSeconds"`
-	PrefillSpeedWindow  float64 `json:"prefillSpeedWindowSeconds"`
-	EventDelay          float64 `json:"eventDelaySeconds"`
-	Seed                uint64  `json:"seed"`
+	Engines                  int       `json:"engines"`
+	Speeds                   []float64 `json:"speeds,omitempty"`
+	BlockSize                int       `json:"blockSize"`
+	NumGPUBlocks             int       `json:"numGPUBlocks"`
+	MaxNumSeqs               int       `json:"maxNumSeqs"`
+	MaxNumBatchedTokens      int       `json:"maxNumBatchedTokens"`
+	MaxModelLen              int       `json:"maxModelLen"`
+	StepOverhead             float64   `json:"stepOverheadSeconds"`
+	PrefillPerToken          float64   `json:"prefillPerTokenSeconds"`
+	AttentionPerContextToken float64   `json:"attentionPerContextTokenSeconds"`
+	DecodePerToken           float64   `json:"decodePerTokenSeconds"`
+	DecodePerContextToken    float64   `json:"decodePerContextTokenSeconds"`
+	ScrapeInterval           float64   `json:"scrapeIntervalSeconds"`
+	MetricsWindow            float64   `json:"metricsWindowSeconds"`
+	PrefillSpeedWindow       float64   `json:"prefillSpeedWindowSeconds"`
+	EventDelay               float64   `json:"eventDelaySeconds"`
+	EventJitter              float64   `json:"eventJitterSeconds"`
+	EventLossRate            float64   `json:"eventLossRate"`
+	RouterPrefillSpeed       float64   `json:"routerPrefillTokensPerSecond"`
+	Seed                     uint64    `json:"seed"`
 }
 
 // Report is the outcome of a benchmark: one result per policy, in the
 // order the configuration names them.
 type Report struct {
-	Workload string          `json:"workload"`
-	Stats    WorkloadStats   `json:"workloadStats"`
-	Setup    Setup           `json:"setup"`
-	Results  []*PolicyResult `json:"results"`
+	Workload string        `json:"workload"`
+	Stats    WorkloadStats `json:"workloadStats"`
+	// Load is the share of the fleet's capacity the workload was scaled to
+	// ask for (see AtLoad), 0 when it runs at its own rate.
+	Load  float64 `json:"load,omitempty"`
+	Setup Setup   `json:"setup"`
+	// Bound is the workload's pooled bound on the fleet.
+	Bound *PooledBound `json:"pooledBound"`
+	// Tokenization compares the gateway's tokenization of a text workload
+	// with the engines'; nil for a workload of token ids.
+	Tokenization *TokenizationStats `json:"tokenization,omitempty"`
+	Results      []*PolicyResult    `json:"results"`
 }
 
 // Result returns the result of the named policy, or nil.
@@ -53,7 +67,7 @@ func Run(ctx context.Context, cfg Config, w Workload) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := w.validate(); err != nil {
+	if err := w.validate(cfg.Engine.VocabSize); err != nil {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(ctx)
@@ -76,18 +90,28 @@ func Run(ctx context.Context, cfg Config, w Workload) (*Report, error) {
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
-	return &Report{Workload: w.Name, Stats: w.Stats(), Setup: setupOf(cfg), Results: results}, nil
+	bound := pooledBound(cfg, &w)
+	for _, res := range results {
+		if bound.HitRatio > 0 {
+			res.HitRatioOfBound = res.HitRatio / bound.HitRatio
+		}
+	}
+	return &Report{Workload: w.Name, Stats: w.Stats(), Load: w.Load, Setup: setupOf(cfg),
+		Bound: bound, Tokenization: w.Tokenization, Results: results}, nil
 }
 
 func setupOf(cfg Config) Setup {
 	e := cfg.Engine
 	sec := time.Duration.Seconds
 	return Setup{
-		Engines: cfg.Engines, BlockSize: e.BlockSize, NumGPUBlocks: e.NumGPUBlocks,
+		Engines: cfg.Engines, Speeds: cfg.Speeds, BlockSize: e.BlockSize, NumGPUBlocks: e.NumGPUBlocks,
 		MaxNumSeqs: e.MaxNumSeqs, MaxNumBatchedTokens: e.MaxNumBatchedTokens, MaxModelLen: e.MaxModelLen,
 		StepOverhead: sec(e.Latency.StepOverhead), PrefillPerToken: sec(e.Latency.PrefillPerToken),
-		DecodePerToken: sec(e.Latency.DecodePerToken), ScrapeInterval: sec(cfg.ScrapeInterval),
-		MetricsWindow: sec(cfg.MetricsWindow), PrefillSpeedWindow: sec(cfg.PrefillSpeedWindow),
-		EventDelay: sec(cfg.EventDelay), Seed: cfg.Seed,
+		AttentionPerContextToken: e.Latency.AttentionPerContextToken / 1e9,
+		DecodePerToken:           sec(e.Latency.DecodePerToken), DecodePerContextToken: e.Latency.DecodePerContextToken / 1e9,
+		ScrapeInterval: sec(cfg.ScrapeInterval), MetricsWindow: sec(cfg.MetricsWindow),
+		PrefillSpeedWindow: sec(cfg.PrefillSpeedWindow), EventDelay: sec(cfg.Events.Delay),
+		EventJitter: sec(cfg.Events.Jitter), EventLossRate: cfg.Events.LossRate,
+		RouterPrefillSpeed: cfg.RouterPrefillTokensPerSecond, Seed: cfg.Seed,
 	}
 }

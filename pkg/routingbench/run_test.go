@@ -14,12 +14,21 @@ import (
 	"github.com/kvgate/kvgate/pkg/sim"
 )
 
-// smallFleet is 4 engines of 512 blocks (8,192 tokens) each.
+// linearLatency is a latency model linear in tokens, cached tokens free at
+// any length, whose predictions a test can work out by hand.
+var linearLatency = sim.LatencyModel{
+	StepOverhead:    10 * time.Millisecond,
+	PrefillPerToken: 100 * time.Microsecond,
+	DecodePerToken:  500 * time.Microsecond,
+}
+
+// smallFleet is 4 identical engines of 512 blocks (8,192 tokens) each,
+// with a latency model linear in tokens.
 func smallFleet() Config {
 	return Config{
 		Engines: 4,
 		Engine: sim.EngineConfig{
-			BlockSize: 16, NumGPUBlocks: 512, MaxNumBatchedTokens: 1024, Latency: DefaultLatency,
+			BlockSize: 16, NumGPUBlocks: 512, MaxNumBatchedTokens: 1024, Latency: linearLatency,
 		},
 		Seed: 1,
 	}
@@ -92,7 +101,7 @@ func TestPrefixAwarePoliciesWinWhenEveryEngineCannotHoldEveryDocument(t *testing
 	}
 	logTable(t, rep)
 	res := func(p string) *PolicyResult { return rep.Result(p) }
-	for _, aware := range []string{routing.PrefixCache, routing.KVAware, Oracle} {
+	for _, aware := range []string{routing.PrefixCache, routing.KVAware, TTFTOracle} {
 		for _, blind := range []string{routing.Random, routing.LeastRequest} {
 			if a, b := res(aware).HitRatio, res(blind).HitRatio; a < 1.5*b {
 				t.Errorf("%s's hit ratio %.3f is not well above %s's %.3f", aware, a, blind, b)
@@ -126,7 +135,7 @@ func TestRunCountsRequestsTooLongForTheEngines(t *testing.T) {
 		w.Requests[5].Prompt[i] = sim.FirstPieceID
 	}
 	cfg := smallFleet()
-	cfg.Policies = []string{routing.KVAware, Oracle}
+	cfg.Policies = []string{routing.KVAware, TTFTOracle}
 	rep, err := Run(context.Background(), cfg, w)
 	if err != nil {
 		t.Fatal(err)
@@ -147,9 +156,9 @@ func TestRunRejectsBadConfigsAndWorkloads(t *testing.T) {
 		want string
 	}{
 		{"unknown policy", func(c *Config) { c.Policies = []string{"fastest"} }, nil, `unknown policy "fastest"`},
-		{"policy twice", func(c *Config) { c.Policies = []string{Oracle, Oracle} }, nil, "named twice"},
+		{"policy twice", func(c *Config) { c.Policies = []string{TTFTOracle, TTFTOracle} }, nil, "named twice"},
 		{"negative engines", func(c *Config) { c.Engines = -1 }, nil, "-1 engines"},
-		{"negative delay", func(c *Config) { c.EventDelay = -time.Millisecond }, nil, "must not be negative"},
+		{"negative delay", func(c *Config) { c.Events.Delay = -time.Millisecond }, nil, "must not be negative"},
 		{"engine too small", func(c *Config) { c.Engine.NumGPUBlocks = 1 }, nil, "engine"},
 		{"empty workload", nil, func(w *Workload) { w.Requests = nil }, "no requests"},
 		{"out of order", nil, func(w *Workload) { w.Requests[2].Arrival = 0 }, "before the request before it"},
@@ -189,7 +198,7 @@ func TestRunStopsWhenTheContextEnds(t *testing.T) {
 // per policy and request.
 func BenchmarkSimulate(b *testing.B) {
 	w := docsWorkload(300, 16, 2048, 64, 15, 5)
-	for _, policy := range []string{routing.KVAware, Oracle} {
+	for _, policy := range []string{routing.KVAware, TTFTOracle} {
 		b.Run(policy, func(b *testing.B) {
 			cfg := smallFleet()
 			cfg.Policies = []string{policy}

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvgate/kvgate/pkg/sim"
 )
 
 // smallChat is a shared-prefix workload small enough for unit tests.
@@ -21,7 +23,7 @@ func TestSharedPrefixTurnsExtendThePreviousPromptAndGroupsShareASystemPrompt(t *
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := w.validate(); err != nil {
+	if err := w.validate(sim.VocabSize); err != nil {
 		t.Fatal(err)
 	}
 	if len(w.Requests) != 36 {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/kvgate/kvgate/pkg/inflight"
 	"github.com/kvgate/kvgate/pkg/kvevent"
 	"github.com/kvgate/kvgate/pkg/sim"
 )
@@ -48,7 +49,7 @@ func simulate(ctx context.Context, cfg Config, w *Workload, name string) (*Polic
 	if err != nil {
 		return nil, err
 	}
-	p, err := newPolicy(name, f, cfg.Seed)
+	p, err := newPolicy(name, f, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -104,7 +105,7 @@ func (s *simulation) arrive(i int) error {
 	switch {
 	case errors.Is(err, sim.ErrTooLong):
 		s.reqs[i].rejected = true
-		s.policy.ended(i)
+		s.policy.ended(i, inflight.Usage{})
 		return nil
 	case err != nil:
 		return err
@@ -152,8 +153,12 @@ func (s *simulation) endStep(e *engine) error {
 		if err != nil {
 			return fmt.Errorf("encode event batch of %s: %w", e.key, err)
 		}
-		s.deliveries++
-		s.queue.push(event{at: s.now + s.cfg.EventDelay, kind: evDeliver, engine: e.index, payload: payload})
+		if at, ok := e.link.Deliver(res.End); ok {
+			s.deliveries++
+			s.queue.push(event{at: at.Sub(simEpoch), kind: evDeliver, engine: e.index, payload: payload})
+		} else {
+			e.lostBatches++
+		}
 	}
 	s.kick(e)
 	return nil
@@ -184,7 +189,7 @@ func (s *simulation) output(e *engine, out sim.RequestOutput) error {
 		st.stats.Preemptions = out.Stats.Preemptions
 		st.stats.Timings.LastToken = tm.LastToken
 		e.inFlight--
-		s.policy.ended(i)
+		s.policy.ended(i, inflight.Usage{PromptTokens: int64(st.stats.PromptTokens), CompletionTokens: int64(st.stats.OutputTokens)})
 	}
 	return nil
 }

@@ -4,8 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"time"
-
-	"github.com/kvgate/kvgate/pkg/sim"
 )
 
 // Request is one request of a workload.
@@ -15,9 +13,14 @@ type Request struct {
 	// Arrival is when the request reaches the gateway, counted from the
 	// start of the workload.
 	Arrival time.Duration
-	// Prompt holds the prompt's token ids, each below sim.VocabSize. It is
-	// shared by every simulation of the workload: treat it as read-only.
+	// Prompt holds the prompt's token ids as the engines compute them, each
+	// below the engines' vocabulary size. It is shared by every simulation
+	// of the workload: treat it as read-only.
 	Prompt []uint32
+	// RouteTokens, when not nil, holds the token ids the gateway computes
+	// for the prompt and routes on, which may differ from the engines' (see
+	// TokenizeSharedPrefix); nil means Prompt. Shared like Prompt.
+	RouteTokens []uint32
 	// OutputTokens is how many tokens the request generates, at least 1.
 	OutputTokens int
 }
@@ -26,6 +29,13 @@ type Request struct {
 type Workload struct {
 	Name     string
 	Requests []Request
+	// Load is the share of a fleet's capacity AtLoad scaled the workload
+	// to, 0 for a workload at its own rate.
+	Load float64
+	// Tokenization compares the gateway's tokenization of a text workload
+	// with the engines' (see TokenizeSharedPrefix); nil for a workload of
+	// token ids.
+	Tokenization *TokenizationStats
 }
 
 // WorkloadStats summarises a workload.
@@ -49,9 +59,18 @@ func (w Workload) Stats() WorkloadStats {
 	return s
 }
 
+// routeTokens returns the ids the gateway routes r on.
+func (r *Request) routeTokens() []uint32 {
+	if r.RouteTokens != nil {
+		return r.RouteTokens
+	}
+	return r.Prompt
+}
+
 // validate checks what a simulation relies on: requests in arrival order,
-// unique ids, prompts in the engines' vocabulary, at least one output token.
-func (w Workload) validate() error {
+// unique ids, prompts in the vocabulary of vocab ids, at least one output
+// token.
+func (w Workload) validate(vocab uint32) error {
 	if len(w.Requests) == 0 {
 		return fmt.Errorf("workload %q has no requests", w.Name)
 	}
@@ -78,8 +97,8 @@ func (w Workload) validate() error {
 		}
 		if err == nil {
 			for _, t := range r.Prompt {
-				if t >= sim.VocabSize {
-					err = fmt.Errorf("token id %d is outside the vocabulary (%d ids)", t, sim.VocabSize)
+				if t >= vocab {
+					err = fmt.Errorf("token id %d is outside the vocabulary (%d ids)", t, vocab)
 					break
 				}
 			}

@@ -1,5 +1,7 @@
 package sim
 
+import "time"
+
 // Backlog is the work an engine has accepted but not yet prefilled, in the
 // terms of its scheduler: what a request added now would queue behind. It
 // lets a caller that sees the engine (a simulation's oracle) predict when a
@@ -34,4 +36,25 @@ func (e *Engine) Backlog() Backlog {
 		b.PrefillTokens += r.seq.Len() - e.kv.ComputedBlocks(r.seq)*e.cfg.BlockSize
 	}
 	return b
+}
+
+// BacklogCost prices the engine's backlog with its latency model: prefill is
+// the compute time of the prefill work Backlog counts, each token's
+// attention to the tokens before it included (the prefix a waiting request
+// finds cached counts as context, not as work), without step overheads;
+// decoding is what the running requests done with their prompt add to every
+// step, one token each at its current context. It changes nothing.
+func (e *Engine) BacklogCost() (prefill time.Duration, decoding StepWork) {
+	lat := e.cfg.Latency
+	for _, r := range e.running {
+		if r.computed < r.seq.Len()-1 {
+			prefill += lat.PrefillTime(r.computed, r.seq.Len())
+		} else {
+			decoding.AddDecode(r.seq.Len() - 1)
+		}
+	}
+	for _, r := range e.waiting {
+		prefill += lat.PrefillTime(e.kv.ComputedBlocks(r.seq)*e.cfg.BlockSize, r.seq.Len())
+	}
+	return prefill, decoding
 }

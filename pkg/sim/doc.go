@@ -32,8 +32,9 @@
 //
 // # Engine
 //
-// Engine adds vLLM's v1 scheduler and a latency model (see LatencyModel) to
-// the KV cache: continuous batching of running requests, chunked prefill
+// Engine adds vLLM's v1 scheduler and a latency model (see LatencyModel:
+// per-token costs, attention that grows with each token's context, and a
+// speed factor for the GPU) to the KV cache: continuous batching of running requests, chunked prefill
 // within a token budget, first-come first-served admission bounded by
 // MaxNumSeqs and free blocks, prefix-cache hits taken at admission, and
 // preemption by recomputation of the newest running request when a running

@@ -68,8 +68,8 @@ func (cfg EngineConfig) validate() error {
 	case cfg.MaxModelLen > (cfg.NumGPUBlocks-1)*cfg.BlockSize:
 		return fmt.Errorf("max model len %d exceeds the %d tokens the KV cache holds (%d usable blocks of %d)",
 			cfg.MaxModelLen, (cfg.NumGPUBlocks-1)*cfg.BlockSize, cfg.NumGPUBlocks-1, cfg.BlockSize)
-	case cfg.Latency.StepOverhead < 0 || cfg.Latency.PrefillPerToken < 0 || cfg.Latency.DecodePerToken < 0:
-		return errors.New("latency model durations must not be negative")
+	case !cfg.Latency.valid():
+		return errors.New("latency model costs and speed must be finite and not negative")
 	}
 	return nil
 }
@@ -140,7 +140,7 @@ func (e *Engine) Add(spec RequestSpec, now time.Time) error {
 		id:        spec.ID,
 		seq:       e.kv.NewSequence(spec.Prompt, spec.LoRA),
 		maxOutput: spec.MaxTokens,
-		genKey:    splitmix64(e.cfg.OutputSeed^fnv64(spec.Prompt)) + splitmix64(spec.Seed),
+		genKey:    generationKey(e.cfg.OutputSeed, spec.Prompt, spec.Seed),
 	}
 	if spec.MaxTokens == 0 {
 		r.maxOutput = e.cfg.MaxModelLen - len(spec.Prompt)

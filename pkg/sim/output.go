@@ -36,6 +36,27 @@ func buildOutputVocab() ([]uint32, map[uint32]string) {
 	return ids, text
 }
 
+// generationKey keys the tokens an engine with output seed outputSeed
+// generates for a request with prompt and seed.
+func generationKey(outputSeed uint64, prompt []uint32, seed uint64) uint64 {
+	return splitmix64(outputSeed^fnv64(prompt)) + splitmix64(seed)
+}
+
+// GeneratedTokens returns the first n tokens an engine whose
+// EngineConfig.OutputSeed is outputSeed generates for a request with prompt
+// and RequestSpec.Seed seed and MaxTokens of at least n (which ignores
+// EOS). Every engine with that output seed generates them, so a client can
+// know a conversation's answers before it runs, as a chat workload that
+// carries each answer into the next turn needs.
+func GeneratedTokens(outputSeed uint64, prompt []uint32, seed uint64, n int) []uint32 {
+	key := generationKey(outputSeed, prompt, seed)
+	out := make([]uint32, n)
+	for i := range out {
+		out[i] = outputToken(key, i)
+	}
+	return out
+}
+
 // outputToken returns the i-th token (from 0) the simulated model generates
 // for a request whose generation is keyed by key: a fixed pseudo-random
 // choice from the output vocabulary.

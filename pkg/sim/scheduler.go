@@ -78,15 +78,17 @@ func (e *Engine) BeginStep(now time.Time) (end time.Time, ok bool) {
 	if len(e.scheduled) == 0 {
 		return time.Time{}, false
 	}
+	var work StepWork
 	for _, s := range e.scheduled {
 		if s.r.stats.OutputTokens > 0 && s.numTokens == 1 && s.r.computed == s.r.seq.Len()-1 {
-			e.step.stats.DecodeTokens++
+			work.AddDecode(s.r.computed)
 		} else {
-			e.step.stats.PrefillTokens += s.numTokens
+			work.AddPrefill(s.r.computed, s.r.computed+s.numTokens)
 		}
 		s.r.computed += s.numTokens
 	}
-	e.step.end = now.Add(e.cfg.Latency.StepTime(e.step.stats.PrefillTokens, e.step.stats.DecodeTokens))
+	e.step.stats.PrefillTokens, e.step.stats.DecodeTokens = work.PrefillTokens, work.DecodeTokens
+	e.step.end = now.Add(e.cfg.Latency.Time(work))
 	e.inStep = true
 	return e.step.end, true
 }
