@@ -31,7 +31,7 @@ var (
 		Section: SectionGateway,
 		Doc: "When set (host:port, e.g. 127.0.0.1:9090), /metrics and /debug are served only on this address, which " +
 			"clients of the API need not reach, and /healthz and /readyz on both; empty serves everything on " +
-			"KVGATE_LISTEN_ADDRESS. None of the endpoints authenticate.",
+			"KVGATE_LISTEN_ADDRESS. Go's profiles (/debug/pprof/) are served only here. None of the endpoints authenticate.",
 		Flag: "admin-listen-address",
 	}
 	MaxRequestBodyBytes = Var{

@@ -110,7 +110,10 @@
 // (KVGATE_ADMIN_LISTEN_ADDRESS, --admin-listen-address) is set: /metrics and
 // /debug/* are then served on the admin address only, where the API's
 // clients need no access (none of the endpoints authenticate), and answer
-// 404 on the API's listener; /healthz and /readyz answer on both. On
+// 404 on the API's listener; /healthz and /readyz answer on both. The
+// admin listener also serves Go's profiles (net/http/pprof) under
+// /debug/pprof/, e.g. "go tool pprof http://127.0.0.1:9090/debug/pprof/profile?seconds=20";
+// without an admin address no listener serves them. On
 // shutdown both fail /readyz, and the admin listener closes after the
 // API's requests have drained, so that metrics can be read meanwhile.
 //
