@@ -62,6 +62,10 @@ type Config struct {
 	// picks a free port on 127.0.0.1. Start fails at once, saying so, when
 	// the address is in use.
 	GatewayAddress string
+	// AdminAddress, when set (host:port, "127.0.0.1:0" for a free port),
+	// is the gateway's admin listen address, where it serves /metrics,
+	// /debug/* and Go's profiles instead of on GatewayAddress.
+	AdminAddress string
 	// Dir receives the endpoints file and one log per process, and is kept.
 	// Empty uses a new temporary directory that Close removes.
 	Dir string
@@ -91,6 +95,8 @@ type Fleet struct {
 	engines []Engine
 	gateway *Process
 	gwURL   string
+	// adminURL serves /metrics and /debug: gwURL, or the admin address.
+	adminURL string
 
 	closeOnce sync.Once
 	closing   chan struct{}
@@ -182,12 +188,19 @@ func (f *Fleet) start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("write the endpoints file: %w", err)
 	}
-	args := append([]string{"--discovery", "static", "--static-endpoints-file", file, "--listen-address", gwAddr},
-		f.cfg.GatewayArgs...)
+	args := []string{"--discovery", "static", "--static-endpoints-file", file, "--listen-address", gwAddr}
+	f.gwURL, f.adminURL = "http://"+gwAddr, "http://"+gwAddr
+	if admin := f.cfg.AdminAddress; admin != "" {
+		if admin, err = freeAddress(admin); err != nil {
+			return err
+		}
+		args = append(args, "--admin-listen-address", admin)
+		f.adminURL = "http://" + admin
+	}
+	args = append(args, f.cfg.GatewayArgs...)
 	if f.gateway, err = f.group.start(f.dir, "gateway", filepath.Join(f.cfg.BinDir, "gateway"), args, f.cfg.GatewayEnv); err != nil {
 		return err
 	}
-	f.gwURL = "http://" + gwAddr
 	if err := f.waitFor(ctx, f.gateway, "the gateway to be ready", func(ctx context.Context) (bool, error) {
 		return httpOK(ctx, f.gwURL+"/readyz")
 	}); err != nil {
@@ -214,6 +227,23 @@ func (f *Fleet) startEngine(i, port, pub, replay int) (Engine, discovery.StaticE
 	return e, ep, nil
 }
 
+// freeAddress returns addr, its port replaced by a free one when it is 0.
+func freeAddress(addr string) (string, error) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", fmt.Errorf("admin address %q: %w", addr, err)
+	}
+	if port != "0" {
+		return addr, nil
+	}
+	ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	if err != nil {
+		return "", fmt.Errorf("find a free admin port: %w", err)
+	}
+	defer ln.Close()
+	return ln.Addr().String(), nil
+}
+
 // freePorts returns n distinct ports free on 127.0.0.1 a moment ago.
 func freePorts(n int) ([]int, error) {
 	ports := make([]int, 0, n)
@@ -230,6 +260,10 @@ func freePorts(n int) ([]int, error) {
 
 // GatewayURL returns the gateway's base URL, e.g. http://127.0.0.1:8080.
 func (f *Fleet) GatewayURL() string { return f.gwURL }
+
+// AdminURL returns the base URL of the gateway's /metrics and /debug/*:
+// its admin address when Config.AdminAddress is set, GatewayURL otherwise.
+func (f *Fleet) AdminURL() string { return f.adminURL }
 
 // Model returns the model the engines serve.
 func (f *Fleet) Model() string { return f.cfg.Model }
