@@ -30,6 +30,8 @@ const (
 	codeNotReady          = "gateway_not_ready"
 	codePodsUnreachable   = "pods_unreachable"
 	codeUpstreamFailed    = "upstream_failed"
+	codeUpstreamTimeout   = "upstream_timeout"
+	codeRequestTimeout    = "request_timeout"
 	codeTokenizerDisabled = "tokenizer_disabled"
 )
 

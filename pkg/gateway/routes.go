@@ -26,7 +26,7 @@ func (g *Gateway) routes() (api, admin http.Handler) {
 	adminMux.HandleFunc("/debug/kvcache", g.serveKVCache)
 	adminMux.HandleFunc("/debug/match", g.serveMatch)
 	if adminMux == apiMux {
-		return apiMux, nil
+		return endingRequests(apiMux), nil
 	}
 	// Profiles cost CPU to take and show the program's internals: only an
 	// address of their own serves them.
@@ -35,7 +35,16 @@ func (g *Gateway) routes() (api, admin http.Handler) {
 	adminMux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	adminMux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	adminMux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	return apiMux, adminMux
+	return endingRequests(apiMux), adminMux
+}
+
+// endingRequests tells each request's connection when the request ended,
+// so that the next one's time starts at its own first byte.
+func endingRequests(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h.ServeHTTP(w, r)
+		endRequest(r)
+	})
 }
 
 // probes returns a mux answering /healthz and /readyz, and 404 for paths it
