@@ -300,10 +300,20 @@ func adapterOf(model string, pods []*endpoint.Endpoint) string {
 // tokenize returns the prompt's token ids from the engines' tokenizer, or
 // nil when tokenization fails: the request is then routed on load alone,
 // and the failure counted by reason. The pods take the /tokenize calls in
-// turn.
+// turn, among those whose metrics are fresh when any is: a pod whose
+// scrapes fail is likely gone. A pod that cannot be connected to is
+// ejected, as a request that cannot reach it would eject it, and the call
+// goes once more to another pod.
 func (g *Gateway) tokenize(ctx context.Context, rc *types.RoutingContext, in *inference, pods []*endpoint.Endpoint) []uint32 {
-	pod := pods[g.nextTokenize.Add(1)%uint64(len(pods))]
+	pod := g.tokenizerPod(pods, nil)
 	ids, err := in.tokenize(ctx, g.tokenizer, g.tokenURL.forPod(pod))
+	if err != nil && unreachable(err) {
+		g.ejectUnreachable(pod, err)
+		if other := g.tokenizerPod(pods, pod); other != nil {
+			pod = other
+			ids, err = in.tokenize(ctx, g.tokenizer, g.tokenURL.forPod(pod))
+		}
+	}
 	if err == nil {
 		return ids
 	}
@@ -318,6 +328,52 @@ func (g *Gateway) tokenize(ctx context.Context, rc *types.RoutingContext, in *in
 			"model", rc.Model, "pod", pod.ID, "reason", reason, "err", err)
 	}
 	return nil
+}
+
+// tokenizerPod returns the next pod of pods to ask for tokens, other than
+// not (nil when there is none): the next in turn among those whose metrics
+// are fresh and that are not ejected, or among all of them when none is.
+func (g *Gateway) tokenizerPod(pods []*endpoint.Endpoint, not *endpoint.Endpoint) *endpoint.Endpoint {
+	turn := g.nextTokenize.Add(1)
+	var fallback *endpoint.Endpoint
+	for i := range uint64(len(pods)) {
+		p := pods[(turn+i)%uint64(len(pods))]
+		if p == not {
+			continue
+		}
+		if g.store.PodScrapeState(p.Key) == cache.ScrapeFresh {
+			if _, ejected := g.store.PodEjection(p); !ejected {
+				return p
+			}
+		}
+		if fallback == nil {
+			fallback = p
+		}
+	}
+	return fallback
+}
+
+// unreachable reports a tokenization that failed because the pod could
+// not be connected to.
+func unreachable(err error) bool {
+	var te *tokenizer.Error
+	return errors.As(err, &te) && te.Reason == tokenizer.ReasonConnection &&
+		(errors.Is(err, syscall.ECONNREFUSED) || isDialError(err))
+}
+
+// isDialError reports an error of dialling.
+func isDialError(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
+}
+
+// ejectUnreachable ejects pod, which could not be connected to.
+func (g *Gateway) ejectUnreachable(pod *endpoint.Endpoint, err error) {
+	reason := cache.EjectDialFailed
+	if errors.Is(err, syscall.ECONNREFUSED) {
+		reason = cache.EjectConnectionRefused
+	}
+	g.store.EjectPod(pod, reason)
 }
 
 // predictOutput sets the request's predicted output length from the

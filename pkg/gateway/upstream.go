@@ -3,7 +3,6 @@ package gateway
 import (
 	"bytes"
 	"errors"
-	"net"
 	"net/http"
 	"net/textproto"
 	"slices"
@@ -143,8 +142,7 @@ func failureReason(err error) string {
 	if errors.Is(err, syscall.ECONNREFUSED) {
 		return failRefused
 	}
-	var op *net.OpError
-	if errors.As(err, &op) && op.Op == "dial" {
+	if isDialError(err) {
 		return failDial
 	}
 	return failSend
