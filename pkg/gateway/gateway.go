@@ -81,6 +81,9 @@ type Gateway struct {
 	// draining is set when shutdown begins.
 	draining atomic.Bool
 
+	// matchSlots holds a token per /debug/match request being served.
+	matchSlots chan struct{}
+
 	idPrefix     string
 	nextID       atomic.Uint64
 	nextTokenize atomic.Uint64
@@ -100,7 +103,8 @@ type backend struct {
 // its settings (Redis features without a Redis address among them).
 func New(cfg Config) (*Gateway, error) {
 	cfg = cfg.withDefaults()
-	g := &Gateway{cfg: cfg, log: cfg.Logger.WithName("gateway"), registry: prometheus.NewRegistry(), started: time.Now()}
+	g := &Gateway{cfg: cfg, log: cfg.Logger.WithName("gateway"), registry: prometheus.NewRegistry(), started: time.Now(),
+		matchSlots: make(chan struct{}, maxConcurrentMatches)}
 	g.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	var err error
 	if g.tokenURL, err = parseTokenizerTemplate(cfg.TokenizerEndpointTemplate); err != nil {

@@ -21,6 +21,7 @@ type metrics struct {
 	tokenizeFails *prometheus.CounterVec
 	usageMissing  prometheus.Counter
 	bodyTimeouts  prometheus.Counter
+	matchRefusals *prometheus.CounterVec
 	// phases observe each phase of the gateway's time on a request, by
 	// phase; phaseVec holds them.
 	phases   [numPhases]prometheus.Observer
@@ -90,6 +91,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "kvgate_gateway_request_body_timeouts_total",
 			Help: "Requests whose body did not arrive within KVGATE_REQUEST_BODY_TIMEOUT, answered 408 and their connection closed.",
 		}),
+		matchRefusals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvgate_gateway_debug_match_refusals_total",
+			Help: "POST /debug/match requests refused by reason: busy (the most served at once already are, 429), " +
+				"too_large (a body or prompt beyond the bounds, 413).",
+		}, []string{"reason"}),
 		phaseVec: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "kvgate_gateway_request_phase_seconds",
 			Help: "The gateway's time on an inference request by phase, from the first byte read to the last byte written: " +
@@ -108,6 +114,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for p := range numPhases {
 		m.phases[p] = m.phaseVec.WithLabelValues(phaseNames[p])
 	}
+	for _, r := range []string{"busy", "too_large"} {
+		m.matchRefusals.WithLabelValues(r)
+	}
 	for code := 100; code < 600; code++ {
 		m.statusLabels[code] = strconv.Itoa(code)
 	}
@@ -115,7 +124,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return m, nil
 	}
 	for _, c := range []prometheus.Collector{m.requests, m.duration, m.overhead, m.ttft, m.inFlight,
-		m.retries, m.upstreamFails, m.tokenizeFails, m.usageMissing, m.bodyTimeouts, m.phaseVec} {
+		m.retries, m.upstreamFails, m.tokenizeFails, m.usageMissing, m.bodyTimeouts, m.matchRefusals, m.phaseVec} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register gateway metrics: %w", err)
 		}

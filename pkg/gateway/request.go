@@ -338,6 +338,7 @@ func jsonError(err error) string {
 	var scan *jsonscan.Error
 	var typ *json.UnmarshalTypeError
 	var field *typeError
+	var unknown *unknownFieldError
 	switch {
 	case errors.Is(err, errNotObject):
 		return err.Error()
@@ -347,6 +348,8 @@ func jsonError(err error) string {
 		return fmt.Sprintf("the request body is not valid JSON: %v (at byte %d)", syn, syn.Offset)
 	case errors.As(err, &field):
 		return "the request body has a field of the wrong type: " + field.Error()
+	case errors.As(err, &unknown):
+		return "the request body has an " + unknown.Error()
 	case errors.As(err, &typ):
 		return fmt.Sprintf("the request body has a field of the wrong type: %q must be %s, not %s", typ.Field, typ.Type, typ.Value)
 	}
