@@ -165,7 +165,7 @@ var engineArgs = []string{"-step-overhead", "0", "-prefill-time-per-token", "0",
 func bench(ctx context.Context, o options, stdout, stderr io.Writer) error {
 	fleet, err := localfleet.Start(ctx, localfleet.Config{
 		BinDir: o.binDir, Engines: 2, EngineArgs: engineArgs, AdminAddress: "127.0.0.1:0",
-		GatewayEnv: append([]string{"KVGATE_SHUTDOWN_TIMEOUT=5s", "KVGATE_SHUTDOWN_DELAY=0"}, o.gatewayEnv...),
+		GatewayEnv: append([]string{"KVGATE_SHUTDOWN_TIMEOUT=5s"}, o.gatewayEnv...),
 	})
 	if err != nil {
 		return err

@@ -59,10 +59,12 @@ var (
 	}
 	ShutdownDelay = Var{
 		Name:    "KVGATE_SHUTDOWN_DELAY",
-		Default: "0",
+		Default: "5",
 		Section: SectionGateway,
-		Doc: "On SIGINT or SIGTERM, how long the gateway keeps serving with /readyz failing before it stops accepting " +
-			"connections, so that load balancers (Kubernetes endpoints) stop sending it requests first; 0 stops at once.",
+		Doc: "On SIGINT or SIGTERM, how long the gateway keeps serving, with /readyz answering 503, before it stops " +
+			"accepting connections, in seconds or with a unit (\"500ms\"): load balancers and Kubernetes endpoints " +
+			"see the drain and stop sending requests before connections are refused. Kubernetes takes a few seconds to " +
+			"remove a terminating pod's endpoint everywhere; 0 stops at once.",
 		Flag: "shutdown-delay",
 	}
 	RequestBodyTimeout = Var{

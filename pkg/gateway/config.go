@@ -62,9 +62,9 @@ type Config struct {
 	// with 413 (KVGATE_MAX_REQUEST_BODY_BYTES, default 16 MiB).
 	MaxRequestBodyBytes int64
 	// ShutdownDelay is how long Serve goes on serving, with /readyz
-	// failing, once its context ends, so that load balancers stop sending
-	// requests before the listener closes (KVGATE_SHUTDOWN_DELAY, 0 by
-	// default).
+	// answering 503, once its context ends, so that load balancers stop
+	// sending requests before the listener closes (KVGATE_SHUTDOWN_DELAY,
+	// which LoadConfig defaults to 5 s; zero stops at once).
 	ShutdownDelay time.Duration
 	// ShutdownTimeout bounds how long Serve then waits for requests in
 	// flight (KVGATE_SHUTDOWN_TIMEOUT, default 30 s).

@@ -25,6 +25,7 @@ import (
 
 	"sigs.k8s.io/yaml"
 
+	"github.com/kvgate/kvgate/pkg/config"
 	"github.com/kvgate/kvgate/pkg/discovery"
 )
 
@@ -55,7 +56,7 @@ type Config struct {
 	// GatewayArgs are added to the gateway's command line; GatewayEnv to
 	// its environment (see the configuration reference in README.md). The
 	// fleet sets --discovery, --static-endpoints-file and --listen-address
-	// itself.
+	// itself, and KVGATE_SHUTDOWN_DELAY to 0 unless GatewayEnv sets it.
 	GatewayArgs []string
 	GatewayEnv  []string
 	// GatewayAddress is where the gateway listens, as host:port; empty
@@ -198,7 +199,9 @@ func (f *Fleet) start(ctx context.Context) error {
 		f.adminURL = "http://" + admin
 	}
 	args = append(args, f.cfg.GatewayArgs...)
-	if f.gateway, err = f.group.start(f.dir, "gateway", filepath.Join(f.cfg.BinDir, "gateway"), args, f.cfg.GatewayEnv); err != nil {
+	// A fleet on one machine has no load balancer to tell of a shutdown.
+	env := append([]string{config.ShutdownDelay.Name + "=0"}, f.cfg.GatewayEnv...)
+	if f.gateway, err = f.group.start(f.dir, "gateway", filepath.Join(f.cfg.BinDir, "gateway"), args, env); err != nil {
 		return err
 	}
 	if err := f.waitFor(ctx, f.gateway, "the gateway to be ready", func(ctx context.Context) (bool, error) {
