@@ -23,9 +23,10 @@ import (
 // A connection returns to the pool once its response was read to its end
 // and the pod did not ask to close it; the pool keeps at most maxIdle
 // connections per address, closes those idle for longer than idleTTL (see
-// sweep), and checks that an idle connection was not closed by the pod
-// (vLLM's server closes idle connections after 5 s) before it reuses it,
-// so that a request is never sent on a connection the pod has closed.
+// sweep), and checks that a connection idle for a while was not closed by
+// the pod (vLLM's server closes idle connections after 5 s) before it
+// reuses it, so that a request is not sent on a connection the pod has
+// closed.
 type podPool struct {
 	dialer  net.Dialer
 	maxIdle int
@@ -35,6 +36,13 @@ type podPool struct {
 	idle   map[string][]*podConn // by address, the most recently used last
 	closed bool
 }
+
+// checkIdleAfter is how long a connection must have been idle before it is
+// checked for a close by the pod (a system call): engines close idle
+// connections after seconds (vLLM after 5 s), so one used moments ago is
+// open unless the engine just died, which fails the request as any
+// request in flight to it fails.
+const checkIdleAfter = 500 * time.Millisecond
 
 // podConnReadBuffer is the read buffer of a connection to a pod: room for
 // a response's headers and a typical answer in one read.
@@ -103,7 +111,7 @@ func (p *podPool) conn(ctx context.Context, addr string) (*podConn, error) {
 		conns[len(conns)-1] = nil
 		p.idle[addr] = conns[:len(conns)-1]
 		p.mu.Unlock()
-		if now.Sub(c.idleSince) < p.idleTTL && c.open() {
+		if idle := now.Sub(c.idleSince); idle < p.idleTTL && (idle < checkIdleAfter || c.open()) {
 			return c, nil
 		}
 		c.close()
