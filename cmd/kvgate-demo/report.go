@@ -48,7 +48,7 @@ func printOverheads(w io.Writer, runs []runResult) {
 		for _, part := range timingParts {
 			cell := "-"
 			if p := r.summary.timing[part]; p.ok {
-				cell = fmt.Sprintf("%.2f / %.2f", millis(p.p50), millis(p.p99))
+				cell = fmtMs(p.p50) + " / " + fmtMs(p.p99)
 			}
 			fmt.Fprintf(w, " %15s", cell)
 		}
@@ -61,7 +61,18 @@ func printOverheads(w io.Writer, runs []runResult) {
 	fmt.Fprintln(w, "  included, to its last byte; total: the whole.")
 }
 
-func millis(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+// fmtMs formats a duration in milliseconds to three significant digits
+// at most, two decimals below 10 ms.
+func fmtMs(d time.Duration) string {
+	ms := float64(d.Microseconds()) / 1000
+	switch {
+	case ms >= 100:
+		return fmt.Sprintf("%.0f", ms)
+	case ms >= 10:
+		return fmt.Sprintf("%.1f", ms)
+	}
+	return fmt.Sprintf("%.2f", ms)
+}
 
 // fmtMillis formats a short duration in milliseconds.
 func fmtMillis(d time.Duration) string {
