@@ -48,8 +48,13 @@ const checkIdleAfter = 500 * time.Millisecond
 // a response's headers and a typical answer in one read.
 const podConnReadBuffer = 32 << 10
 
-// maxResponseHeaderBytes bounds the header block of a pod's response.
+// maxResponseHeaderBytes bounds the header block of a pod's response, and
+// the trailers of a chunked body.
 const maxResponseHeaderBytes = 256 << 10
+
+// maxInformationalResponses bounds the 1xx responses that may precede a
+// pod's response.
+const maxInformationalResponses = 8
 
 func newPodPool(connectTimeout time.Duration, maxIdle int, idleTTL time.Duration) *podPool {
 	return &podPool{
@@ -271,7 +276,10 @@ var errBadResponse = errors.New("malformed response")
 // lines are copied into res, whose storage is reused.
 func (c *podConn) readResponse(res *podResponse, idle time.Duration) error {
 	res.status, res.body = 0, podBody{}
-	for {
+	for informational := 0; ; informational++ {
+		if informational > maxInformationalResponses {
+			return fmt.Errorf("%w: more than %d informational responses", errBadResponse, maxInformationalResponses)
+		}
 		if err := c.readHead(res); err != nil {
 			return err
 		}
@@ -515,7 +523,7 @@ func (b *podBody) nextChunk() error {
 		b.remaining = int64(n)
 		return nil
 	}
-	for {
+	for trailers := 0; ; {
 		line, err := br.ReadSlice('\n')
 		if err != nil {
 			return unexpected(err, "trailer")
@@ -523,6 +531,9 @@ func (b *podBody) nextChunk() error {
 		if len(bytes.TrimRight(line, "\r\n")) == 0 {
 			b.done = true
 			return nil
+		}
+		if trailers += len(line); trailers > maxResponseHeaderBytes {
+			return fmt.Errorf("%w: trailers longer than %d bytes", errBadResponse, maxResponseHeaderBytes)
 		}
 	}
 }

@@ -96,6 +96,7 @@ func TestPodResponseRefusesBrokenHeads(t *testing.T) {
 		"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n", "HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n",
 		"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n", "HTTP/1.1 101 Switching\r\n\r\n",
 		"HTTP/1.1 200 OK\r\nX: " + strings.Repeat("y", 100) + "\r\n\r\n", // beyond the test's 64-byte buffer
+		strings.Repeat("HTTP/1.1 100 Continue\r\n\r\n", maxInformationalResponses+2) + "HTTP/1.1 200 OK\r\n\r\n",
 	} {
 		c := pipeConn(strings.NewReader(raw))
 		c.nc = nopConn{}
@@ -110,6 +111,15 @@ func TestPodResponseRefusesBrokenHeads(t *testing.T) {
 type nopConn struct{ net.Conn }
 
 func (nopConn) SetReadDeadline(time.Time) error { return nil }
+
+func TestPodBodyRefusesEndlessTrailers(t *testing.T) {
+	trailers := strings.Repeat("X-T: "+strings.Repeat("t", 40)+"\r\n", maxResponseHeaderBytes/40)
+	_, _, body, err := readAll("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\n0\r\n"+trailers+"\r\n",
+		func(r io.Reader) io.Reader { return r })
+	if body != "ab" || !errors.Is(err, errBadResponse) {
+		t.Fatalf("body %q, err %v; want the chunk's data, then errBadResponse", body, err)
+	}
+}
 
 func TestPodBodyBufferedNeverPromisesWhatIsNotThere(t *testing.T) {
 	// Each chunk arrives alone; between chunks buffered must be 0 so that
