@@ -32,6 +32,9 @@ DEMO_FLAGS ?=
 # (see `go run ./cmd/bench-routing -h`).
 BENCH_ROUTING_OUT   ?= out/bench-routing
 BENCH_ROUTING_FLAGS ?=
+# Extra flags for `make bench-proxy` (see bin/bench-proxy -help), e.g.
+# BENCH_PROXY_FLAGS='-rounds 5 -workloads completions -out proxy.md'.
+BENCH_PROXY_FLAGS ?=
 
 export CGO_ENABLED := 1
 
@@ -104,6 +107,11 @@ fuzz: deps ## Run each fuzz target for FUZZTIME.
 .PHONY: bench
 bench: deps tokenizers ## Run the Go benchmarks with -benchmem: hot paths, KV event sync end to end, the gateway under load.
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -benchtime $(BENCHTIME) -count $(COUNT) $(PKGS)
+
+.PHONY: bench-proxy
+bench-proxy: build ## Measure the gateway's cost per request against the engines directly, nginx and haproxy (installed from Debian's packages); a Markdown table, some 15 minutes.
+	@hack/install-proxies.sh || echo "bench-proxy: nginx and haproxy could not be installed: measuring against the engines only" >&2
+	$(BIN_DIR)/bench-proxy -bin $(BIN_DIR) -configs hack/bench-proxy $(BENCH_PROXY_FLAGS)
 
 .PHONY: bench-routing
 bench-routing: deps ## Compare routing policies on simulated engines (Mooncake trace, shared-prefix chat); reports in BENCH_ROUTING_OUT.

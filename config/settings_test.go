@@ -9,6 +9,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/kvgate/kvgate/pkg/config"
 	"github.com/kvgate/kvgate/pkg/gateway"
@@ -128,4 +129,68 @@ func TestGatewayDiscoversWhatItsRBACGrants(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestGatewayServesItsAdminEndpointsApart checks the safe layout: the
+// gateway serves /metrics and /debug on an admin listener, the container
+// port named admin, which the Service the API's clients reach does not
+// expose; with Prometheus on, its ServiceMonitor scrapes that port through
+// a Service of its own.
+func TestGatewayServesItsAdminEndpointsApart(t *testing.T) {
+	for _, dir := range []string{"default", "namespaced"} {
+		t.Run(dir, func(t *testing.T) {
+			s := loadSettings(t, dir)
+			_, adminPort, err := net.SplitHostPort(s.config.AdminListenAddress)
+			if err != nil {
+				t.Fatalf("KVGATE_ADMIN_LISTEN_ADDRESS=%q: the admin endpoints are on the API's port", s.config.AdminListenAddress)
+			}
+			if admin := port(t, s.manifest.container, "admin"); strconv.Itoa(int(admin)) != adminPort {
+				t.Errorf("container port admin is %d, the admin listener %s", admin, s.config.AdminListenAddress)
+			}
+			for _, u := range only(render(t, dir), "Service") {
+				svc := &corev1.Service{}
+				fromUnstructured(t, u, svc)
+				for _, p := range svc.Spec.Ports {
+					if p.TargetPort.StrVal == "admin" || strconv.Itoa(int(p.TargetPort.IntVal)) == adminPort {
+						t.Errorf("Service %s exposes the admin port", svc.Name)
+					}
+				}
+			}
+			objs := renderEnabling(t, dir, "prometheus")
+			monitors := only(objs, "ServiceMonitor")
+			if len(monitors) != 1 {
+				t.Fatalf("%d ServiceMonitors with prometheus on, want 1", len(monitors))
+			}
+			selector, _, _ := unstructured.NestedMap(monitors[0].Object, "spec", "selector", "matchLabels")
+			endpoints, _, _ := unstructured.NestedSlice(monitors[0].Object, "spec", "endpoints")
+			if len(endpoints) != 1 || endpoints[0].(map[string]any)["port"] != "admin" {
+				t.Fatalf("ServiceMonitor endpoints %v, want the port named admin", endpoints)
+			}
+			scraped := 0
+			for _, u := range only(objs, "Service") {
+				if !selects(selector, u.GetLabels()) {
+					continue
+				}
+				scraped++
+				svc := &corev1.Service{}
+				fromUnstructured(t, u, svc)
+				if len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].Name != "admin" || svc.Spec.Ports[0].TargetPort.StrVal != "admin" {
+					t.Errorf("the ServiceMonitor selects Service %s with ports %+v, want only admin", svc.Name, svc.Spec.Ports)
+				}
+			}
+			if scraped != 1 {
+				t.Errorf("the ServiceMonitor selects %d Services, want 1", scraped)
+			}
+		})
+	}
+}
+
+// selects reports whether labels match every label of selector.
+func selects(selector map[string]any, labels map[string]string) bool {
+	for k, v := range selector {
+		if labels[k] != v {
+			return false
+		}
+	}
+	return len(selector) > 0
 }

@@ -172,6 +172,19 @@ func TestDemoComparesTheAlgorithmsAndLeavesNothing(t *testing.T) {
 	if kv <= random {
 		t.Errorf("kv-aware's hit ratio %.2f is not above random's %.2f; output:\n%s", kv, random, out)
 	}
+	// The gateway's time, every part of it, from its Server-Timing header
+	// and trailer.
+	_, timing, _ := strings.Cut(table, "The gateway's time per request")
+	for _, line := range strings.Split(timing, "\n") {
+		if fields := strings.Fields(line); len(fields) > 0 && fields[0] == "kv-aware" {
+			if len(fields) != 1+3*len(timingParts) || strings.Contains(line, " - ") {
+				t.Errorf("kv-aware's timing row %q, want p50 / p99 of each of %v", line, timingParts)
+			}
+			checkNothingLeft(t, out)
+			return
+		}
+	}
+	t.Errorf("no timing row for kv-aware; output:\n%s", out)
 	checkNothingLeft(t, out)
 }
 

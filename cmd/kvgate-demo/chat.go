@@ -34,9 +34,10 @@ type result struct {
 	ttft, e2e time.Duration
 	// promptTokens and cachedTokens are the usage the engine reported.
 	promptTokens, cachedTokens int
-	// overhead is the gateway's own time (its Server-Timing), 0 when the
-	// response did not come through the gateway.
-	overhead time.Duration
+	// timing is the gateway's Server-Timing, header and trailer, by
+	// metric: its own time ("gateway") and that of each phase; empty when
+	// the response did not come through the gateway.
+	timing map[string]time.Duration
 	// answer is the generated text.
 	answer string
 }
@@ -95,11 +96,15 @@ func (c *chatClient) send(ctx context.Context, alg string, messages []chatMessag
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 		return result{}, fmt.Errorf("%s: %s", resp.Status, bytes.TrimSpace(msg))
 	}
-	r := result{pod: resp.Header.Get(gateway.HeaderTargetPodName), overhead: gatewayTiming(resp.Header)}
+	r := result{pod: resp.Header.Get(gateway.HeaderTargetPodName)}
 	answer, err := readStream(resp.Body, &r, func() { r.ttft = time.Since(start) })
 	if err != nil {
 		return result{}, err
 	}
+	// The trailer, with the relay's and the whole time, follows the end of
+	// the stream.
+	_, _ = io.Copy(io.Discard, resp.Body)
+	r.timing = serverTimings(resp.Header, resp.Trailer)
 	r.e2e = time.Since(start)
 	r.answer = answer
 	return r, nil
@@ -151,23 +156,24 @@ func readStream(body io.Reader, r *result, firstToken func()) (string, error) {
 	return "", errors.New("the stream ended before [DONE]")
 }
 
-// gatewayTiming returns the gateway's own time from a response's
-// Server-Timing metrics, 0 when they hold none.
-func gatewayTiming(h http.Header) time.Duration {
-	for _, v := range h.Values(gateway.HeaderServerTiming) {
-		for metric := range strings.SplitSeq(v, ",") {
-			name, params, _ := strings.Cut(strings.TrimSpace(metric), ";")
-			if name != gateway.ServerTimingGateway {
-				continue
-			}
-			for p := range strings.SplitSeq(params, ";") {
-				if ms, ok := strings.CutPrefix(strings.TrimSpace(p), "dur="); ok {
-					if f, err := strconv.ParseFloat(ms, 64); err == nil {
-						return time.Duration(math.Round(f * float64(time.Millisecond)))
+// serverTimings returns the durations of the Server-Timing metrics in
+// headers (a response's header, then its trailer), by name; a name given
+// twice keeps its last duration.
+func serverTimings(headers ...http.Header) map[string]time.Duration {
+	out := map[string]time.Duration{}
+	for _, h := range headers {
+		for _, v := range h.Values(gateway.HeaderServerTiming) {
+			for metric := range strings.SplitSeq(v, ",") {
+				name, params, _ := strings.Cut(strings.TrimSpace(metric), ";")
+				for p := range strings.SplitSeq(params, ";") {
+					if ms, ok := strings.CutPrefix(strings.TrimSpace(p), "dur="); ok {
+						if f, err := strconv.ParseFloat(ms, 64); err == nil && name != "" {
+							out[name] = time.Duration(math.Round(f * float64(time.Millisecond)))
+						}
 					}
 				}
 			}
 		}
 	}
-	return 0
+	return out
 }

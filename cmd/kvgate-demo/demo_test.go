@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"flag"
+	"fmt"
 	"io"
 	"net/http"
 	"slices"
@@ -187,24 +188,31 @@ func TestRunFailsClearlyWithoutTheBinaries(t *testing.T) {
 	}
 }
 
-func TestGatewayTimingReadsTheGatewaysServerTimingMetric(t *testing.T) {
+func TestServerTimingsReadsTheGatewaysMetrics(t *testing.T) {
 	for _, tc := range []struct {
-		name   string
-		values []string
-		want   time.Duration
+		name            string
+		values, trailer []string
+		want            map[string]time.Duration
 	}{
-		{"alone", []string{"gateway;dur=0.412"}, 412 * time.Microsecond},
-		{"after the engine's, in one value", []string{`engine;dur=5, gateway;desc="x";dur=1.5`}, 1500 * time.Microsecond},
-		{"in a second value", []string{"engine;dur=5", "gateway;dur=2"}, 2 * time.Millisecond},
-		{"absent", []string{"engine;dur=5"}, 0},
+		{"alone", []string{"gateway;dur=0.412"}, nil, map[string]time.Duration{"gateway": 412 * time.Microsecond}},
+		{"after the engine's, in one value", []string{`engine;dur=5, gateway;desc="x";dur=1.5`}, nil,
+			map[string]time.Duration{"engine": 5 * time.Millisecond, "gateway": 1500 * time.Microsecond}},
+		{"in a second value", []string{"engine;dur=5", "gateway;dur=2, read;dur=0.01"}, nil,
+			map[string]time.Duration{"engine": 5 * time.Millisecond, "gateway": 2 * time.Millisecond, "read": 10 * time.Microsecond}},
+		{"with a trailer", []string{"gateway;dur=2"}, []string{"relay;dur=30, total;dur=40"},
+			map[string]time.Duration{"gateway": 2 * time.Millisecond, "relay": 30 * time.Millisecond, "total": 40 * time.Millisecond}},
+		{"none", nil, nil, map[string]time.Duration{}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			h := http.Header{}
+			h, tr := http.Header{}, http.Header{}
 			for _, v := range tc.values {
 				h.Add("Server-Timing", v)
 			}
-			if got := gatewayTiming(h); got != tc.want {
-				t.Errorf("gatewayTiming(%q) = %v, want %v", tc.values, got, tc.want)
+			for _, v := range tc.trailer {
+				tr.Add("Server-Timing", v)
+			}
+			if got := serverTimings(h, tr); fmt.Sprint(got) != fmt.Sprint(tc.want) {
+				t.Errorf("serverTimings(%q, %q) = %v, want %v", tc.values, tc.trailer, got, tc.want)
 			}
 		})
 	}

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/kvgate/kvgate/pkg/gateway"
 )
 
 // runResult is what one algorithm's run measured.
@@ -24,21 +26,52 @@ func fmtDuration(d time.Duration) string {
 	return fmt.Sprintf("%.2f s", d.Seconds())
 }
 
-// printOverheads writes the percentiles of the gateway's own time per
-// request in each run.
+// timingParts are the gateway's Server-Timing metrics the table shows, in
+// order: its own time, then its phases, then the whole.
+var timingParts = []string{gateway.ServerTimingGateway, "read", "tokenize", "route", "upstream", "relay", "total"}
+
+// printOverheads writes the gateway's time per request in each run, by
+// part, from its Server-Timing.
 func printOverheads(w io.Writer, runs []runResult) {
-	if !slices.ContainsFunc(runs, func(r runResult) bool { return r.summary.overhead.ok }) {
+	if !slices.ContainsFunc(runs, func(r runResult) bool { return r.summary.timing[gateway.ServerTimingGateway].ok }) {
 		return
 	}
-	fmt.Fprintln(w, "\nThe gateway's own time per request, p50 / p99 (its Server-Timing: from receipt to sending to the pod):")
-	for _, r := range runs {
-		if o := r.summary.overhead; o.ok {
-			fmt.Fprintf(w, "  %-14s %s / %s\n", r.algorithm, fmtMillis(o.p50), fmtMillis(o.p99))
-		}
+	fmt.Fprintln(w, "\nThe gateway's time per request, p50 / p99 in ms (its Server-Timing, from the request's first byte read to")
+	fmt.Fprintln(w, "its last byte written): its own time up to the stream's first byte, then each part.")
+	fmt.Fprintf(w, "%-14s", "algorithm")
+	for _, part := range timingParts {
+		fmt.Fprintf(w, " %15s", part)
 	}
-	fmt.Fprintln(w, "  Algorithms that read the prompt (kv-aware, prefix-cache, least-latency) include its tokenization:")
-	fmt.Fprintln(w, "  in process with the model's tokenizer files, or from the engines' /tokenize, whose tokens of earlier")
-	fmt.Fprintln(w, "  turns answer a follow-up turn at once.")
+	fmt.Fprintln(w)
+	for _, r := range runs {
+		fmt.Fprintf(w, "%-14s", r.algorithm)
+		for _, part := range timingParts {
+			cell := "-"
+			if p := r.summary.timing[part]; p.ok {
+				cell = fmtMs(p.p50) + " / " + fmtMs(p.p99)
+			}
+			fmt.Fprintf(w, " %15s", cell)
+		}
+		fmt.Fprintln(w)
+	}
+	fmt.Fprintln(w, "  read: the request read and checked; tokenize: its prompt tokenized, in process with the model's")
+	fmt.Fprintln(w, "  tokenizer files or by the engines' /tokenize, whose tokens of earlier turns answer a follow-up turn at")
+	fmt.Fprintln(w, "  once (only the algorithms that read the prompt tokenize it); route: the pod chosen and sent the")
+	fmt.Fprintln(w, "  request; upstream: the engine's time to its first byte; relay: the stream, the engine's generation")
+	fmt.Fprintln(w, "  included, to its last byte; total: the whole.")
+}
+
+// fmtMs formats a duration in milliseconds to three significant digits
+// at most, two decimals below 10 ms.
+func fmtMs(d time.Duration) string {
+	ms := float64(d.Microseconds()) / 1000
+	switch {
+	case ms >= 100:
+		return fmt.Sprintf("%.0f", ms)
+	case ms >= 10:
+		return fmt.Sprintf("%.1f", ms)
+	}
+	return fmt.Sprintf("%.2f", ms)
 }
 
 // fmtMillis formats a short duration in milliseconds.

@@ -56,10 +56,12 @@ type summary struct {
 	// their ratio.
 	promptTokens, cachedTokens int
 	// ttft and e2e hold the client's times to the first token and to the
-	// end; overhead the gateway's own time per request, over the responses
-	// that reported it.
-	ttft, e2e, overhead percentiles
-	pods                []podSummary
+	// end.
+	ttft, e2e percentiles
+	// timing holds the gateway's Server-Timing metrics, by name, over the
+	// responses that reported them; timing["gateway"] is its own time.
+	timing map[string]percentiles
+	pods   []podSummary
 }
 
 // podSummary is one pod's share of a run.
@@ -87,15 +89,15 @@ func (r *recorder) summarize(now time.Time, pods []string) summary {
 	s := summary{elapsed: now.Sub(r.start), requests: len(r.results), errors: r.errors, lastErr: r.lastErr, inFlight: r.inFlight}
 	ttfts := make([]time.Duration, len(r.results))
 	e2es := make([]time.Duration, len(r.results))
-	var overheads []time.Duration
+	timings := map[string][]time.Duration{}
 	byPod := map[string]*podSummary{}
 	for _, p := range pods {
 		byPod[p] = &podSummary{pod: p}
 	}
 	for i, res := range r.results {
 		ttfts[i], e2es[i] = res.ttft, res.e2e
-		if res.overhead > 0 {
-			overheads = append(overheads, res.overhead)
+		for name, d := range res.timing {
+			timings[name] = append(timings[name], d)
 		}
 		s.promptTokens += res.promptTokens
 		s.cachedTokens += res.cachedTokens
@@ -109,7 +111,11 @@ func (r *recorder) summarize(now time.Time, pods []string) summary {
 		p.cachedTokens += res.cachedTokens
 	}
 	r.mu.Unlock()
-	s.ttft, s.e2e, s.overhead = percentilesOf(ttfts), percentilesOf(e2es), percentilesOf(overheads)
+	s.ttft, s.e2e = percentilesOf(ttfts), percentilesOf(e2es)
+	s.timing = map[string]percentiles{}
+	for name, ds := range timings {
+		s.timing[name] = percentilesOf(ds)
+	}
 	for _, p := range byPod {
 		s.pods = append(s.pods, *p)
 	}

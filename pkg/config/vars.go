@@ -31,7 +31,7 @@ var (
 		Section: SectionGateway,
 		Doc: "When set (host:port, e.g. 127.0.0.1:9090), /metrics and /debug are served only on this address, which " +
 			"clients of the API need not reach, and /healthz and /readyz on both; empty serves everything on " +
-			"KVGATE_LISTEN_ADDRESS. None of the endpoints authenticate.",
+			"KVGATE_LISTEN_ADDRESS. Go's profiles (/debug/pprof/) are served only here. None of the endpoints authenticate.",
 		Flag: "admin-listen-address",
 	}
 	MaxRequestBodyBytes = Var{
@@ -59,11 +59,56 @@ var (
 	}
 	ShutdownDelay = Var{
 		Name:    "KVGATE_SHUTDOWN_DELAY",
-		Default: "0",
+		Default: "5",
 		Section: SectionGateway,
-		Doc: "On SIGINT or SIGTERM, how long the gateway keeps serving with /readyz failing before it stops accepting " +
-			"connections, so that load balancers (Kubernetes endpoints) stop sending it requests first; 0 stops at once.",
+		Doc: "On SIGINT or SIGTERM, how long the gateway keeps serving, with /readyz answering 503, before it stops " +
+			"accepting connections, in seconds or with a unit (\"500ms\"): load balancers and Kubernetes endpoints " +
+			"see the drain and stop sending requests before connections are refused. Kubernetes takes a few seconds to " +
+			"remove a terminating pod's endpoint everywhere; 0 stops at once.",
 		Flag: "shutdown-delay",
+	}
+	RequestBodyTimeout = Var{
+		Name:    "KVGATE_REQUEST_BODY_TIMEOUT",
+		Default: "30",
+		Section: SectionGateway,
+		Doc: "Longest time a request's body may take to arrive once its headers have, in seconds or with a unit (\"10s\"); " +
+			"a slower one is answered with 408 and its connection closed, so that clients holding bodies open cannot " +
+			"hold connections. Headers must arrive within 10 s.",
+		Flag: "request-body-timeout",
+	}
+	UpstreamConnectTimeout = Var{
+		Name:    "KVGATE_UPSTREAM_CONNECT_TIMEOUT",
+		Default: "5",
+		Section: SectionGateway,
+		Doc: "Longest time connecting to a pod may take, in seconds or with a unit (\"500ms\"); a pod that does not " +
+			"accept in time is ejected from routing like one that refuses, and the request goes to another pod.",
+		Flag: "upstream-connect-timeout",
+	}
+	UpstreamFirstByteTimeout = Var{
+		Name:    "KVGATE_UPSTREAM_FIRST_BYTE_TIMEOUT",
+		Default: "600",
+		Section: SectionGateway,
+		Doc: "Longest wait for a pod's response headers once the request was sent, in seconds or with a unit (\"2m\"); " +
+			"beyond it the request fails with 504 upstream_timeout. A completion that is not streamed answers only " +
+			"once it is generated: allow for the longest generation.",
+		Flag: "upstream-first-byte-timeout",
+	}
+	UpstreamIdleTimeout = Var{
+		Name:    "KVGATE_UPSTREAM_IDLE_TIMEOUT",
+		Default: "300",
+		Section: SectionGateway,
+		Doc: "Longest wait for more of a pod's response body, the next event of a stream among them, in seconds or " +
+			"with a unit (\"1m\"); beyond it the response fails: 504 upstream_timeout when nothing was relayed yet, an " +
+			"error event and a cut connection otherwise.",
+		Flag: "upstream-idle-timeout",
+	}
+	MaxStreamEventBytes = Var{
+		Name:    "KVGATE_MAX_STREAM_EVENT_BYTES",
+		Default: "1048576",
+		Section: SectionGateway,
+		Doc: "Longest server-sent event of a pod's stream, in bytes; the gateway holds each event whole to read it, " +
+			"and a longer one fails the response with an error event and a cut connection.",
+		Flag: "max-stream-event-bytes",
 	}
 	Kubeconfig = Var{
 		Name:    "KUBECONFIG",
@@ -305,6 +350,11 @@ var Vars = []Var{
 	MaxRequestBodyBytes,
 	ShutdownTimeout,
 	ShutdownDelay,
+	RequestBodyTimeout,
+	UpstreamConnectTimeout,
+	UpstreamFirstByteTimeout,
+	UpstreamIdleTimeout,
+	MaxStreamEventBytes,
 	RequestTTL,
 	Kubeconfig,
 	KVEventSyncEnabled,

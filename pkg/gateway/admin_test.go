@@ -26,9 +26,10 @@ func TestAdminListenerAloneServesMetricsAndDebugAndShutsDownGracefully(t *testin
 			}
 			// Where each endpoint answers: the admin endpoints move to the
 			// admin listener, the probes answer on both.
-			adminOnAPI := http.StatusOK
+			// Go's profiles are served on an admin listener only.
+			adminOnAPI, profiles := http.StatusOK, http.StatusNotFound
 			if mode.admin {
-				adminOnAPI = http.StatusNotFound
+				adminOnAPI, profiles = http.StatusNotFound, http.StatusOK
 			}
 			match := `{"model":"llama","tokens":[1,2,3]}`
 			for _, c := range []struct {
@@ -42,11 +43,15 @@ func TestAdminListenerAloneServesMetricsAndDebugAndShutsDownGracefully(t *testin
 				{f.url, "/metrics", "", adminOnAPI},
 				{f.url, "/debug/kvcache", "", adminOnAPI},
 				{f.url, "/debug/match", match, adminOnAPI},
+				{f.url, "/debug/pprof/", "", http.StatusNotFound},
+				{f.url, "/debug/pprof/heap?debug=1", "", http.StatusNotFound},
 				{f.adminURL, "/healthz", "", http.StatusOK},
 				{f.adminURL, "/readyz", "", http.StatusOK},
 				{f.adminURL, "/metrics", "", http.StatusOK},
 				{f.adminURL, "/debug/kvcache", "", http.StatusOK},
 				{f.adminURL, "/debug/match", match, http.StatusOK},
+				{f.adminURL, "/debug/pprof/", "", profiles},
+				{f.adminURL, "/debug/pprof/heap?debug=1", "", profiles},
 			} {
 				status, body := request(t, c.url+c.path, c.body)
 				if status != c.want {

@@ -23,13 +23,28 @@ import (
 const (
 	DefaultMaxRequestBodyBytes = 16 << 20
 	DefaultShutdownTimeout     = 30 * time.Second
+	// DefaultRequestBodyTimeout bounds reading a request's body.
+	DefaultRequestBodyTimeout = 30 * time.Second
 	// DefaultDialTimeout bounds connecting to a pod; a pod that does not
 	// accept within it is treated as unreachable and the request is
 	// retried on another pod.
 	DefaultDialTimeout = 5 * time.Second
+	// DefaultFirstByteTimeout bounds the wait for a pod's response
+	// headers: a completion that is not streamed answers only once it is
+	// generated.
+	DefaultFirstByteTimeout = 10 * time.Minute
+	// DefaultUpstreamIdleTimeout bounds each wait for more of a response's
+	// body, the next event of a stream among them.
+	DefaultUpstreamIdleTimeout = 5 * time.Minute
+	// DefaultMaxStreamEventBytes bounds one server-sent event of a pod's
+	// stream.
+	DefaultMaxStreamEventBytes = 1 << 20
 	// DefaultMaxIdleConnsPerPod is how many keep-alive connections to each
 	// pod are kept open between requests.
 	DefaultMaxIdleConnsPerPod = 256
+	// DefaultPodConnIdleTTL is how long a keep-alive connection to a pod
+	// may stay unused before it is closed.
+	DefaultPodConnIdleTTL = 90 * time.Second
 )
 
 // Config configures a Gateway: every setting typed, read from kvgate's
@@ -48,15 +63,34 @@ type Config struct {
 	// with 413 (KVGATE_MAX_REQUEST_BODY_BYTES, default 16 MiB).
 	MaxRequestBodyBytes int64
 	// ShutdownDelay is how long Serve goes on serving, with /readyz
-	// failing, once its context ends, so that load balancers stop sending
-	// requests before the listener closes (KVGATE_SHUTDOWN_DELAY, 0 by
-	// default).
+	// answering 503, once its context ends, so that load balancers stop
+	// sending requests before the listener closes (KVGATE_SHUTDOWN_DELAY,
+	// which LoadConfig defaults to 5 s; zero stops at once).
 	ShutdownDelay time.Duration
 	// ShutdownTimeout bounds how long Serve then waits for requests in
 	// flight (KVGATE_SHUTDOWN_TIMEOUT, default 30 s).
 	ShutdownTimeout time.Duration
-	// DialTimeout bounds connecting to a pod (DefaultDialTimeout when 0).
+	// RequestBodyTimeout bounds reading a request's body, from its
+	// headers; a slower body is answered with 408 and its connection
+	// closed (KVGATE_REQUEST_BODY_TIMEOUT, DefaultRequestBodyTimeout when
+	// 0).
+	RequestBodyTimeout time.Duration
+	// DialTimeout bounds connecting to a pod
+	// (KVGATE_UPSTREAM_CONNECT_TIMEOUT, DefaultDialTimeout when 0).
 	DialTimeout time.Duration
+	// FirstByteTimeout bounds the wait for a pod's response headers once
+	// the request was sent: 504 beyond it
+	// (KVGATE_UPSTREAM_FIRST_BYTE_TIMEOUT, DefaultFirstByteTimeout when
+	// 0).
+	FirstByteTimeout time.Duration
+	// UpstreamIdleTimeout bounds each wait for more of a response's body:
+	// beyond it the response fails, with 504 when nothing was relayed yet
+	// (KVGATE_UPSTREAM_IDLE_TIMEOUT, DefaultUpstreamIdleTimeout when 0).
+	UpstreamIdleTimeout time.Duration
+	// MaxStreamEventBytes bounds one server-sent event of a stream, which
+	// the gateway holds whole to read it; a longer one fails the response
+	// (KVGATE_MAX_STREAM_EVENT_BYTES, DefaultMaxStreamEventBytes when 0).
+	MaxStreamEventBytes int
 	// MaxIdleConnsPerPod bounds the keep-alive connections kept to each
 	// pod (DefaultMaxIdleConnsPerPod when 0).
 	MaxIdleConnsPerPod int
@@ -139,6 +173,11 @@ func LoadConfig(e *config.Env) Config {
 		MaxRequestBodyBytes:       int64(e.Int(config.MaxRequestBodyBytes, 1)),
 		ShutdownDelay:             e.DurationOrZero(config.ShutdownDelay, time.Second),
 		ShutdownTimeout:           e.Duration(config.ShutdownTimeout, time.Second),
+		RequestBodyTimeout:        e.Duration(config.RequestBodyTimeout, time.Second),
+		DialTimeout:               e.Duration(config.UpstreamConnectTimeout, time.Second),
+		FirstByteTimeout:          e.Duration(config.UpstreamFirstByteTimeout, time.Second),
+		UpstreamIdleTimeout:       e.Duration(config.UpstreamIdleTimeout, time.Second),
+		MaxStreamEventBytes:       e.Int(config.MaxStreamEventBytes, 1),
 		Discovery:                 config.LoadDiscovery(e),
 		Kubeconfig:                e.String(config.Kubeconfig),
 		KVSync:                    config.LoadKVSync(e),

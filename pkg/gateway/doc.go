@@ -17,16 +17,21 @@
 // POST /v1/completions and POST /v1/chat/completions take OpenAI bodies.
 // For each request the gateway:
 //
-//  1. reads the body (413 beyond Config.MaxRequestBodyBytes) and decodes
-//     the fields it needs (400 for a body that is not a JSON object);
+//  1. reads the body (413 beyond Config.MaxRequestBodyBytes; 408, and the
+//     connection closed, when it takes longer than
+//     Config.RequestBodyTimeout) and decodes the members it needs, by hand
+//     and without decoding the others, checking the whole body as
+//     encoding/json would (400 for a body that is not a JSON object);
 //  2. resolves the routing algorithm from the routing-strategy header (400
 //     for an unknown name) and the model's pods from the Store (404 for a
 //     model no pod serves, 503 when none of its pods is ready), leaving out
 //     the pods ejected after failed connections (step 5) unless all are;
 //  3. tokenizes the prompt as the engines do (in process from the model's
 //     tokenizer files once verified against the engines, otherwise vLLM's
-//     /tokenize on a ready pod of the model, the pods taking turns; see
-//     package tokenizer) when
+//     /tokenize on a ready pod of the model, the pods taking turns among
+//     those whose metrics are fresh and that are not ejected, a pod that
+//     cannot be connected to ejected and the call made once more to
+//     another; see package tokenizer) when
 //     the algorithm reads it: prefix-cache and kv-aware match it against
 //     the prefix index, least-latency predicts the output length from its
 //     length. A failed tokenization is counted by reason and the request
@@ -39,24 +44,64 @@
 //     closed (done, failed, or cancelled when the client goes away) for
 //     the count;
 //  5. forwards the body as received to http://<pod-ip>:<serving port>
-//     over keep-alive connections. When the pod refuses the connection (or
-//     cannot be dialled), nothing was sent: the Store ejects the pod from
+//     over the gateway's own keep-alive HTTP/1.1 connections to the pod,
+//     head and body in one write, within Config.DialTimeout to connect.
+//     When the pod refuses the connection (or cannot be dialled), nothing
+//     was sent: the Store ejects the pod from
 //     routing for a backoff (cache.Store.EjectPod: 1 s doubling to 30 s
 //     while it stays unreachable, ended early by a request or scrape that
 //     reaches it), the attempt is closed as failed, and the request is
 //     routed again, as a new attempt, among the candidates not tried yet
 //     and not ejected meanwhile. It fails with 503 when none
-//     is left. A pod that fails after the request was sent is a 502;
+//     is left. A pod that fails after the request was sent, or sends no
+//     response headers within Config.FirstByteTimeout, is a 502, or a 504
+//     upstream_timeout;
 //  6. relays the response with the pod's status and headers, adding
 //     target-pod (the pod's ip:port, as in AIBrix), target-pod-name
-//     (namespace/name), routing-strategy (the algorithm used) and a
-//     Server-Timing metric "gateway" whose dur is the gateway's own time
-//     in milliseconds, from receiving the request to sending it to the pod
-//     (the time kvgate_gateway_overhead_seconds observes), e.g.
-//     "Server-Timing: gateway;dur=0.412";
+//     (namespace/name), routing-strategy (the algorithm used) and the
+//     gateway's Server-Timing (below). A response that is not streamed is
+//     read whole (up to 4 MiB) before its headers are written, so that one
+//     the pod cuts short is answered with a 502 rather than relayed
+//     truncated; each wait for more of a body is bounded by
+//     Config.UpstreamIdleTimeout (504 when nothing was relayed yet);
 //  7. closes the attempt with the token usage of the response, which the
 //     request traces and the output predictor read, or without when the
 //     response reports none, and ends the request.
+//
+// A response that breaks off after its headers were written (the pod cut
+// the connection or its framing, went quiet beyond the idle timeout, or
+// sent a stream event beyond Config.MaxStreamEventBytes) reaches the client
+// broken, never as a response that ended well: a stream gets an error
+// event in OpenAI's shape ({"error": {...}}), then the connection is cut,
+// so that its chunked body never ends; the attempt is closed as failed and
+// counted in kvgate_gateway_upstream_failures_total by reason. A client
+// that goes away ends its request's connection to the pod, which cancels
+// the engine's request; the attempt is closed as cancelled and the request
+// counted with status 499, never as a failure of the pod.
+//
+// # Server-Timing
+//
+// The gateway times each request from the first byte of it read to the
+// last byte of its response written, in phases that follow each other:
+// read (the request read, decoded and checked), tokenize, route (choosing
+// the pod and sending it the request, retries included), upstream (the
+// wait for the pod's response headers) and relay (to the response's last
+// byte). Each response carries them in a Server-Timing header value after
+// the pod's own, in milliseconds, led by the gateway's own time, the
+// whole so far less the wait for the pod:
+//
+//	Server-Timing: gateway;dur=0.210, read;dur=0.020, tokenize;dur=0.001, route;dur=0.015, upstream;dur=4.800, relay;dur=0.050
+//
+// The header of a response that is not streamed is written once its body
+// was read, so its relay covers all but writing it; a streamed response's
+// header covers the phases up to it, and its trailer (declared in
+// Trailer: Server-Timing) adds the relay, which includes the engine's
+// generation, and the total: "relay;dur=812.400, total;dur=817.250". A
+// body longer than 4 MiB is relayed as it comes, and its relay is not in
+// its header. kvgate_gateway_request_phase_seconds{phase} observes every
+// phase, kvgate_gateway_request_duration_seconds the whole and
+// kvgate_gateway_overhead_seconds the time to sending the request to its
+// first pod.
 //
 // Streams are relayed as server-sent events, event by event as the pod
 // sends them, flushed whenever the gateway has relayed all it received, and
@@ -98,9 +143,12 @@
 //	404 invalid_request_error     model_not_found
 //	404 not_found_error           not_found (no such endpoint)
 //	405 invalid_request_error     method_not_allowed
+//	408 invalid_request_error     request_timeout (the body did not arrive in time; the connection is closed)
 //	413 invalid_request_error     request_too_large
-//	502 upstream_error            upstream_failed (the pod failed after the request was sent)
+//	429 rate_limit_error          too_many_requests (POST /debug/match only)
+//	502 upstream_error            upstream_failed (the pod failed after the request was sent, or cut its response)
 //	503 service_unavailable_error no_ready_pod, pods_unreachable, gateway_not_ready (the pods are not known yet)
+//	504 upstream_error            upstream_timeout (no response headers, or no more of the body, in time)
 //
 // Errors a pod answers with are relayed as the pod sent them.
 //
@@ -110,7 +158,10 @@
 // (KVGATE_ADMIN_LISTEN_ADDRESS, --admin-listen-address) is set: /metrics and
 // /debug/* are then served on the admin address only, where the API's
 // clients need no access (none of the endpoints authenticate), and answer
-// 404 on the API's listener; /healthz and /readyz answer on both. On
+// 404 on the API's listener; /healthz and /readyz answer on both. The
+// admin listener also serves Go's profiles (net/http/pprof) under
+// /debug/pprof/, e.g. "go tool pprof http://127.0.0.1:9090/debug/pprof/profile?seconds=20";
+// without an admin address no listener serves them. On
 // shutdown both fail /readyz, and the admin listener closes after the
 // API's requests have drained, so that metrics can be read meanwhile.
 //
@@ -119,7 +170,11 @@
 // GET /healthz answers 200 while the process runs. GET /readyz answers 200
 // once the pod source has delivered the pods (and, with KV event sync, the
 // KV event manager has started), and 503 before and once shutdown has
-// begun; the body says why in one line. GET /metrics serves every metric of
+// begun; the body says why in one line. On shutdown the gateway goes on
+// serving, /readyz answering 503, for Config.ShutdownDelay
+// (KVGATE_SHUTDOWN_DELAY, 5 s by default) before it stops accepting
+// connections, so that load balancers see the drain rather than refused
+// connections. GET /metrics serves every metric of
 // the process from one registry: the gateway's, the Store's, the index's,
 // the KV event manager's and its clients', the tokenizer's, the router's,
 // Go's and the process's.
@@ -176,17 +231,25 @@
 //	  "decisions": [routing.Decision, ...]  // one per algorithm, see routing.Explanation
 //	}
 //
+// /debug/match is bounded: a body beyond 8 MiB or a prompt beyond 1Mi
+// tokens is refused with 413, and beyond two requests served at once
+// others are answered 429 with Retry-After
+// (kvgate_gateway_debug_match_refusals_total{reason}).
+//
 // # Metrics
 //
-//	kvgate_gateway_requests_total{model,code,algorithm}   inference requests answered
-//	kvgate_gateway_request_duration_seconds{model}        receipt to last byte
-//	kvgate_gateway_overhead_seconds                       receipt to sending to a pod (decode, tokenize, route)
-//	kvgate_gateway_time_to_first_token_seconds{model}     receipt to the first token relayed, streams
+//	kvgate_gateway_requests_total{model,code,algorithm}   inference requests answered (code 499: the client went away)
+//	kvgate_gateway_request_duration_seconds{model}        first byte read to last byte written
+//	kvgate_gateway_request_phase_seconds{phase}           each phase of that time: read, tokenize, route, upstream, relay
+//	kvgate_gateway_overhead_seconds                       first byte read to sending to a pod (read, tokenize, route)
+//	kvgate_gateway_time_to_first_token_seconds{model}     first byte read to the first token relayed, streams
 //	kvgate_gateway_requests_in_flight                     requests being served
 //	kvgate_gateway_retries_total{reason}                  requests sent to another pod: connection_refused, dial
-//	kvgate_gateway_upstream_failures_total{reason}        connection_refused, dial, send, body
+//	kvgate_gateway_upstream_failures_total{reason}        connection_refused, dial, send, first_byte_timeout, body, idle_timeout, oversized_event
 //	kvgate_gateway_tokenization_failures_total{reason}    requests routed without tokens, by tokenizer.Reason
 //	kvgate_gateway_responses_without_usage_total          successes whose usage could not be read
+//	kvgate_gateway_request_body_timeouts_total            bodies that did not arrive within the body timeout (408)
+//	kvgate_gateway_debug_match_refusals_total{reason}     /debug/match requests refused: busy, too_large
 //
 // The model label is empty for requests rejected before their model was
 // found, and the algorithm label for requests rejected before it was

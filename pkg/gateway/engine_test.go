@@ -69,6 +69,10 @@ type testEngine struct {
 	answer func(w http.ResponseWriter, r *http.Request, body []byte)
 	// tokenizeStatus, when not 0, is the status /tokenize fails with.
 	tokenizeStatus int
+	// tokenizeHold, when set, holds /tokenize requests until it is closed
+	// or they are cancelled; tokenizeHeld receives each one held.
+	tokenizeHold chan struct{}
+	tokenizeHeld chan struct{}
 	// tokenized lists the model of every /tokenize request.
 	tokenized []string
 	// adapters are the LoRA adapters /v1/models lists.
@@ -114,6 +118,26 @@ func (e *testEngine) restart() {
 	srv.Start()
 	e.t.Cleanup(srv.Close)
 	e.srv = srv
+}
+
+// holdTokenize makes the engine hold /tokenize requests until release is
+// called; held receives each request held.
+func (e *testEngine) holdTokenize() (held <-chan struct{}, release func()) {
+	hold, h := make(chan struct{}), make(chan struct{}, 16)
+	e.mu.Lock()
+	e.tokenizeHold, e.tokenizeHeld = hold, h
+	e.mu.Unlock()
+	var once sync.Once
+	release = func() {
+		once.Do(func() {
+			e.mu.Lock()
+			e.tokenizeHold = nil
+			e.mu.Unlock()
+			close(hold)
+		})
+	}
+	e.t.Cleanup(release)
+	return h, release
 }
 
 // setLoad changes what the engine reports on /metrics.
@@ -201,6 +225,17 @@ func (e *testEngine) serve(w http.ResponseWriter, r *http.Request) {
 	case "/metrics":
 		e.serveMetrics(w)
 	case "/tokenize":
+		e.mu.Lock()
+		hold, held := e.tokenizeHold, e.tokenizeHeld
+		e.mu.Unlock()
+		if hold != nil {
+			held <- struct{}{}
+			select {
+			case <-hold:
+			case <-r.Context().Done():
+				return
+			}
+		}
 		e.serveTokenize(w, body)
 	case "/v1/models":
 		e.serveModels(w)

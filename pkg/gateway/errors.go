@@ -12,6 +12,7 @@ const (
 	typeNotFound           = "not_found_error"
 	typeServiceUnavailable = "service_unavailable_error"
 	typeUpstream           = "upstream_error"
+	typeRateLimit          = "rate_limit_error"
 )
 
 // Error codes of the gateway's own errors. Errors an engine answers with
@@ -30,6 +31,9 @@ const (
 	codeNotReady          = "gateway_not_ready"
 	codePodsUnreachable   = "pods_unreachable"
 	codeUpstreamFailed    = "upstream_failed"
+	codeUpstreamTimeout   = "upstream_timeout"
+	codeRequestTimeout    = "request_timeout"
+	codeTooManyRequests   = "too_many_requests"
 	codeTokenizerDisabled = "tokenizer_disabled"
 )
 

@@ -67,8 +67,9 @@ type Gateway struct {
 	redis      *redis.Client // nil without Redis
 	restConfig *rest.Config
 	source     cache.PodSource
-	transport  *http.Transport
-	handler    http.Handler
+	// pods holds the keep-alive connections to the pods.
+	pods    *podPool
+	handler http.Handler
 	// adminHandler serves /metrics and /debug/* apart from the API; nil
 	// when handler serves them.
 	adminHandler http.Handler
@@ -79,6 +80,9 @@ type Gateway struct {
 	backend atomic.Pointer[backend]
 	// draining is set when shutdown begins.
 	draining atomic.Bool
+
+	// matchSlots holds a token per /debug/match request being served.
+	matchSlots chan struct{}
 
 	idPrefix     string
 	nextID       atomic.Uint64
@@ -94,12 +98,13 @@ type backend struct {
 // New builds a gateway from cfg without starting anything: its metrics
 // registry, the Store, the router, the prefix index and KV event manager
 // (with KV sync), tokenizer (with the remote tokenizer), pod source, Redis
-// client and the transport to pods. It fails when cfg is invalid, the
+// client and the pool of connections to pods. It fails when cfg is invalid, the
 // Kubernetes client configuration cannot be loaded, or a component refuses
 // its settings (Redis features without a Redis address among them).
 func New(cfg Config) (*Gateway, error) {
 	cfg = cfg.withDefaults()
-	g := &Gateway{cfg: cfg, log: cfg.Logger.WithName("gateway"), registry: prometheus.NewRegistry(), started: time.Now()}
+	g := &Gateway{cfg: cfg, log: cfg.Logger.WithName("gateway"), registry: prometheus.NewRegistry(), started: time.Now(),
+		matchSlots: make(chan struct{}, maxConcurrentMatches)}
 	g.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	var err error
 	if g.tokenURL, err = parseTokenizerTemplate(cfg.TokenizerEndpointTemplate); err != nil {
@@ -123,7 +128,7 @@ func New(cfg Config) (*Gateway, error) {
 			return nil, fmt.Errorf("gateway: %w", err)
 		}
 	}
-	g.transport = newTransport(cfg.DialTimeout, cfg.MaxIdleConnsPerPod)
+	g.pods = newPodPool(cfg.DialTimeout, cfg.MaxIdleConnsPerPod, DefaultPodConnIdleTTL)
 	if g.source, g.restConfig, err = newPodSource(cfg); err != nil {
 		g.release()
 		return nil, fmt.Errorf("gateway: %w", err)
@@ -146,7 +151,11 @@ func New(cfg Config) (*Gateway, error) {
 func (c Config) withDefaults() Config {
 	c.MaxRequestBodyBytes = cmp.Or(c.MaxRequestBodyBytes, DefaultMaxRequestBodyBytes)
 	c.ShutdownTimeout = cmp.Or(c.ShutdownTimeout, DefaultShutdownTimeout)
+	c.RequestBodyTimeout = cmp.Or(c.RequestBodyTimeout, DefaultRequestBodyTimeout)
 	c.DialTimeout = cmp.Or(c.DialTimeout, DefaultDialTimeout)
+	c.FirstByteTimeout = cmp.Or(c.FirstByteTimeout, DefaultFirstByteTimeout)
+	c.UpstreamIdleTimeout = cmp.Or(c.UpstreamIdleTimeout, DefaultUpstreamIdleTimeout)
+	c.MaxStreamEventBytes = cmp.Or(c.MaxStreamEventBytes, DefaultMaxStreamEventBytes)
 	c.MaxIdleConnsPerPod = cmp.Or(c.MaxIdleConnsPerPod, DefaultMaxIdleConnsPerPod)
 	if c.Logger.GetSink() == nil {
 		c.Logger = klog.Background()

@@ -94,11 +94,16 @@ func writeEndpoints(t testing.TB, yaml string) string {
 	return path
 }
 
-// loadTestConfig loads a Config from env, failing on any error.
+// loadTestConfig loads a Config from env, failing on any error. Unless env
+// sets it, the shutdown delay is 0: a test has no load balancer to wait
+// for.
 func loadTestConfig(t testing.TB, env map[string]string) Config {
 	t.Helper()
 	e := config.NewEnv(func(name string) (string, bool) {
 		v, ok := env[name]
+		if !ok && name == config.ShutdownDelay.Name {
+			return "0", true
+		}
 		return v, ok
 	})
 	cfg := LoadConfig(e)

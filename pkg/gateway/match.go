@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvgate/kvgate/pkg/cache"
 	"github.com/kvgate/kvgate/pkg/endpoint"
+	"github.com/kvgate/kvgate/pkg/internal/jsonscan"
 	"github.com/kvgate/kvgate/pkg/routing"
 	"github.com/kvgate/kvgate/pkg/tokenizer"
 	"github.com/kvgate/kvgate/pkg/types"
@@ -92,8 +93,19 @@ func ejectedViews(store *cache.Store, pods []*endpoint.Endpoint, now time.Time) 
 	return out
 }
 
-// maxMatchBodyBytes bounds the body of a /debug/match request.
-const maxMatchBodyBytes = 16 << 20
+// Bounds of /debug/match, which reads a whole prompt and matches it for
+// every algorithm: an operator's tool, bounded so that it cannot take the
+// gateway's memory or CPU from the requests.
+const (
+	// maxMatchBodyBytes bounds the body of a request.
+	maxMatchBodyBytes = 8 << 20
+	// maxMatchTokens bounds the prompt, in tokens: more than any model's
+	// context.
+	maxMatchTokens = 1 << 20
+	// maxConcurrentMatches bounds the requests served at once; others are
+	// answered 429.
+	maxConcurrentMatches = 2
+)
 
 // serveMatch answers POST /debug/match: how each pod matches a prompt and
 // what every routing algorithm would decide, without routing anything.
@@ -105,8 +117,21 @@ func (g *Gateway) serveMatch(w http.ResponseWriter, r *http.Request) {
 	if b == nil {
 		return
 	}
+	select {
+	case g.matchSlots <- struct{}{}:
+		defer func() { <-g.matchSlots }()
+	default:
+		g.metrics.matchRefusals.WithLabelValues("busy").Inc()
+		w.Header().Set("Retry-After", "1")
+		writeError(w, http.StatusTooManyRequests, typeRateLimit, codeTooManyRequests, "",
+			fmt.Sprintf("%d /debug/match requests are being served; try again", maxConcurrentMatches))
+		return
+	}
 	req, status, code, msg := decodeMatch(w, r, min(g.cfg.MaxRequestBodyBytes, maxMatchBodyBytes))
 	if status != 0 {
+		if status == http.StatusRequestEntityTooLarge {
+			g.metrics.matchRefusals.WithLabelValues("too_large").Inc()
+		}
 		writeError(w, status, typeInvalidRequest, code, "", msg)
 		return
 	}
@@ -145,7 +170,7 @@ func (g *Gateway) serveMatch(w http.ResponseWriter, r *http.Request) {
 		if req.Messages != nil {
 			in = inference{kind: kindChat, chat: chatBody{ChatRequest: tokenizer.ChatRequest{Model: target, Messages: req.Messages}}}
 		}
-		pod := pods[g.nextTokenize.Add(1)%uint64(len(pods))]
+		pod := g.tokenizerPod(pods, nil)
 		if rc.PromptTokenIDs, err = in.tokenize(r.Context(), g.tokenizer, g.tokenURL.forPod(pod)); err != nil {
 			resp.TokenSource, resp.TokenizeError = "none", err.Error()
 		}
@@ -170,7 +195,8 @@ func (g *Gateway) serveMatch(w http.ResponseWriter, r *http.Request) {
 }
 
 // decodeMatch reads and checks a /debug/match body; a non-zero status
-// describes what is wrong with it.
+// describes what is wrong with it. The token ids are read by hand, and a
+// prompt longer than maxMatchTokens is refused.
 func decodeMatch(w http.ResponseWriter, r *http.Request, limit int64) (req matchRequest, status int, code, msg string) {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
 	if err != nil {
@@ -180,9 +206,10 @@ func decodeMatch(w http.ResponseWriter, r *http.Request, limit int64) (req match
 		}
 		return req, http.StatusBadRequest, codeUnreadableBody, "reading the request body failed: " + err.Error()
 	}
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil {
+	if err := req.decode(body); err != nil {
+		if errors.Is(err, errTooManyTokens) {
+			return req, http.StatusRequestEntityTooLarge, codeRequestTooLarge, err.Error()
+		}
 		return req, http.StatusBadRequest, codeInvalidJSON, jsonError(err)
 	}
 	if req.Model == "" {
@@ -199,3 +226,51 @@ func decodeMatch(w http.ResponseWriter, r *http.Request, limit int64) (req match
 	}
 	return req, 0, "", ""
 }
+
+// errTooManyTokens reports a /debug/match prompt beyond maxMatchTokens.
+var errTooManyTokens = fmt.Errorf("the prompt exceeds %d tokens", maxMatchTokens)
+
+// decode reads a /debug/match body, which may hold no other member.
+func (m *matchRequest) decode(body []byte) error {
+	if i := jsonscan.SkipSpace(body, 0); i < len(body) && body[i] != '{' {
+		return errNotObject
+	}
+	return jsonscan.Members(body, func(name, value []byte) error {
+		switch string(jsonscan.Name(name)) {
+		case "model":
+			return decodeString(name, value, &m.Model)
+		case "lora":
+			return decodeString(name, value, &m.Lora)
+		case "prompt":
+			m.Prompt = value
+		case "messages":
+			m.Messages = value
+		case "tokens":
+			if value[0] == 'n' {
+				m.Tokens = nil
+				return nil
+			}
+			if value[0] != '[' {
+				return wrongType(name, "an array of token ids", value)
+			}
+			// Each id takes two bytes at least: bound the ids before
+			// reading them.
+			if n := bytes.Count(value, []byte(",")) + 1; n > maxMatchTokens {
+				return errTooManyTokens
+			}
+			ids, _, err := jsonscan.ParseTokenIDs(value, 0, nil)
+			if err != nil {
+				return &typeError{field: "tokens", want: "an array of token ids", got: err.Error()}
+			}
+			m.Tokens = ids
+		default:
+			return &unknownFieldError{name: string(jsonscan.Name(name))}
+		}
+		return nil
+	})
+}
+
+// unknownFieldError reports a member a body may not hold.
+type unknownFieldError struct{ name string }
+
+func (e *unknownFieldError) Error() string { return fmt.Sprintf("unknown field %q", e.name) }

@@ -20,6 +20,12 @@ type metrics struct {
 	upstreamFails *prometheus.CounterVec
 	tokenizeFails *prometheus.CounterVec
 	usageMissing  prometheus.Counter
+	bodyTimeouts  prometheus.Counter
+	matchRefusals *prometheus.CounterVec
+	// phases observe each phase of the gateway's time on a request, by
+	// phase; phaseVec holds them.
+	phases   [numPhases]prometheus.Observer
+	phaseVec *prometheus.HistogramVec
 	// statusLabels holds the label values of the HTTP status codes.
 	statusLabels map[int]string
 }
@@ -28,10 +34,13 @@ type metrics struct {
 // kvgate_gateway_upstream_failures_total. The first two sent nothing and
 // eject the pod, for the same reason.
 const (
-	failRefused = string(cache.EjectConnectionRefused) // the pod refused the connection
-	failDial    = string(cache.EjectDialFailed)        // no connection for another reason
-	failSend    = "send"                               // the request was (perhaps partly) sent, no response came
-	failBody    = "body"                               // the response broke off after its headers
+	failRefused          = string(cache.EjectConnectionRefused) // the pod refused the connection
+	failDial             = string(cache.EjectDialFailed)        // no connection for another reason
+	failSend             = "send"                               // the request was (perhaps partly) sent, no response came
+	failFirstByteTimeout = "first_byte_timeout"                 // no response headers within Config.FirstByteTimeout
+	failBody             = "body"                               // the response broke off after its headers
+	failIdleTimeout      = "idle_timeout"                       // nothing more of the body within Config.UpstreamIdleTimeout
+	failOversizedEvent   = "oversized_event"                    // a server-sent event beyond Config.MaxStreamEventBytes
 )
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -39,16 +48,17 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvgate_gateway_requests_total",
-			Help: "Inference requests answered, by model (empty when unknown), HTTP status and routing algorithm (empty when not routed).",
+			Help: "Inference requests answered, by model (empty when unknown), HTTP status (499 when the client went away " +
+				"before the response ended) and routing algorithm (empty when not routed).",
 		}, []string{"model", "code", "algorithm"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "kvgate_gateway_request_duration_seconds",
-			Help:    "Time from receiving an inference request to the last byte of its response.",
+			Help:    "Time from the first byte of an inference request read to the last byte of its response written.",
 			Buckets: latency,
 		}, []string{"model"}),
 		overhead: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "kvgate_gateway_overhead_seconds",
-			Help:    "Time from receiving an inference request to sending it to a pod: decoding, tokenization and routing.",
+			Help:    "Time from the first byte of an inference request read to the request sent to its first pod: reading, decoding, tokenization and routing.",
 			Buckets: prometheus.ExponentialBuckets(0.00001, 2, 20), // 10 us to 5 s
 		}),
 		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{
@@ -66,7 +76,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"reason"}),
 		upstreamFails: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvgate_gateway_upstream_failures_total",
-			Help: "Attempts to get a response from a pod that failed, by reason: connection_refused, dial, send, body.",
+			Help: "Attempts to get a response from a pod that failed, by reason: connection_refused, dial, send, " +
+				"first_byte_timeout, body, idle_timeout, oversized_event.",
 		}, []string{"reason"}),
 		tokenizeFails: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvgate_gateway_tokenization_failures_total",
@@ -76,13 +87,35 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "kvgate_gateway_responses_without_usage_total",
 			Help: "Successful responses whose token usage could not be read; their requests end untraced.",
 		}),
+		bodyTimeouts: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvgate_gateway_request_body_timeouts_total",
+			Help: "Requests whose body did not arrive within KVGATE_REQUEST_BODY_TIMEOUT, answered 408 and their connection closed.",
+		}),
+		matchRefusals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvgate_gateway_debug_match_refusals_total",
+			Help: "POST /debug/match requests refused by reason: busy (the most served at once already are, 429), " +
+				"too_large (a body or prompt beyond the bounds, 413).",
+		}, []string{"reason"}),
+		phaseVec: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "kvgate_gateway_request_phase_seconds",
+			Help: "The gateway's time on an inference request by phase, from the first byte read to the last byte written: " +
+				"read (the request read and checked), tokenize, route (choosing the pod and sending it the request), " +
+				"upstream (waiting for the pod's response headers) and relay (the response to its last byte).",
+			Buckets: prometheus.ExponentialBuckets(0.00001, 2, 24), // 10 us to 84 s
+		}, []string{"phase"}),
 		statusLabels: map[int]string{},
 	}
 	for _, r := range []string{failRefused, failDial} {
 		m.retries.WithLabelValues(r)
 	}
-	for _, r := range []string{failRefused, failDial, failSend, failBody} {
+	for _, r := range []string{failRefused, failDial, failSend, failFirstByteTimeout, failBody, failIdleTimeout, failOversizedEvent} {
 		m.upstreamFails.WithLabelValues(r)
+	}
+	for p := range numPhases {
+		m.phases[p] = m.phaseVec.WithLabelValues(phaseNames[p])
+	}
+	for _, r := range []string{"busy", "too_large"} {
+		m.matchRefusals.WithLabelValues(r)
 	}
 	for code := 100; code < 600; code++ {
 		m.statusLabels[code] = strconv.Itoa(code)
@@ -91,7 +124,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return m, nil
 	}
 	for _, c := range []prometheus.Collector{m.requests, m.duration, m.overhead, m.ttft, m.inFlight,
-		m.retries, m.upstreamFails, m.tokenizeFails, m.usageMissing} {
+		m.retries, m.upstreamFails, m.tokenizeFails, m.usageMissing, m.bodyTimeouts, m.matchRefusals, m.phaseVec} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register gateway metrics: %w", err)
 		}

@@ -6,11 +6,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
-	"slices"
-	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/kvgate/kvgate/pkg/cache"
@@ -28,20 +28,22 @@ const (
 	HeaderTargetPod = "target-pod"
 	// HeaderTargetPodName is that pod's namespace/name.
 	HeaderTargetPodName = "target-pod-name"
-	// HeaderServerTiming carries the gateway's own time (decode, tokenize,
-	// route) as the Server-Timing metric ServerTimingGateway, in
-	// milliseconds: "gateway;dur=0.412".
+	// HeaderServerTiming carries the gateway's time on the request, in
+	// milliseconds: its own (ServerTimingGateway) and that of each phase
+	// (read, tokenize, route, upstream, relay), e.g.
+	// "gateway;dur=0.210, read;dur=0.020, tokenize;dur=0.001,
+	// route;dur=0.015, upstream;dur=4.800, relay;dur=0.050". A streamed
+	// response carries the relay's and the total time in a trailer.
 	HeaderServerTiming = "Server-Timing"
-	// ServerTimingGateway names the gateway's metric in Server-Timing.
-	ServerTimingGateway = "gateway"
 )
 
 // statusClientClosed labels requests whose client went away before the
-// response began (nginx's convention); it is never sent.
+// response ended (nginx's convention); it is never sent.
 const statusClientClosed = 499
 
 // maxUsageScanBytes bounds how much of a response that is not streamed is
-// kept to read its usage; the usage of a longer response is not recorded.
+// read before it is written to the client: the usage of a longer response
+// is not recorded, and its relay time is left out of its Server-Timing.
 const maxUsageScanBytes = 4 << 20
 
 // exchange is the working memory of one proxied request, pooled.
@@ -49,6 +51,9 @@ type exchange struct {
 	body   bytes.Buffer // the client's body
 	sent   bytes.Buffer // the body with stream_options added
 	resp   bytes.Buffer // a whole response, kept to read its usage
+	head   []byte       // the head of the request to the pod
+	res    podResponse  // the pod's response
+	timing []byte       // a Server-Timing value being written
 	in     inference
 	d      routing.Decision
 	snaps  []cache.PodSnapshot // the candidates' snapshots
@@ -80,15 +85,17 @@ func putExchange(x *exchange) {
 	if cap(x.relay.event) > maxPooledBuffer {
 		x.relay.event = nil
 	}
+	x.res.body = podBody{}
+	if cap(x.res.headerBytes) > maxPooledBuffer {
+		x.res.headerBytes = nil
+	}
+	x.head = x.head[:0]
 	exchanges.Put(x)
 }
 
 // call is what the metrics record of one inference request.
 type call struct {
-	start time.Time
-	// overhead is the time from start to sending the request to its first
-	// pod.
-	overhead  time.Duration
+	clock
 	model     string // "" until the model is known to serve
 	algorithm string // "" until resolved
 	status    int
@@ -103,21 +110,32 @@ func (c *call) fail(w http.ResponseWriter, status int, typ, code, param, message
 // serveInference returns the handler of an OpenAI inference endpoint.
 func (g *Gateway) serveInference(k kind) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		c := call{start: time.Now(), status: http.StatusOK}
+		c := call{status: http.StatusOK}
+		c.begin(r)
 		g.metrics.inFlight.Inc()
 		x := exchanges.Get().(*exchange)
 		defer func() {
 			putExchange(x)
 			g.metrics.inFlight.Dec()
 			g.metrics.requests.WithLabelValues(c.model, g.metrics.status(c.status), c.algorithm).Inc()
-			g.metrics.duration.WithLabelValues(c.model).Observe(time.Since(c.start).Seconds())
+			g.metrics.duration.WithLabelValues(c.model).Observe(c.total().Seconds())
+			for p := range numPhases {
+				if c.reached[p] {
+					g.metrics.phases[p].Observe(c.spent[p].Seconds())
+				}
+			}
 		}()
 		if r.Method != http.MethodPost {
 			w.Header().Set("Allow", http.MethodPost)
 			c.fail(w, http.StatusMethodNotAllowed, typeInvalidRequest, codeMethodNotAllowed, "", r.Method+" is not allowed; use POST")
+			c.lap(phaseRead)
 			return
 		}
-		g.proxy(w, r, k, x, &c)
+		if g.proxy(w, r, k, x, &c) {
+			// The response broke off after its headers: the client must
+			// see it broken, not ended, so the connection is cut.
+			panic(http.ErrAbortHandler)
+		}
 	}
 }
 
@@ -135,11 +153,14 @@ type admitted struct {
 }
 
 // proxy serves one inference request: admit, record in the request
-// ledger, tokenize, route and forward.
-func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, k kind, x *exchange, c *call) {
+// ledger, tokenize, route and forward. It reports whether the response
+// broke off after its headers were sent, and the client's connection must
+// be cut.
+func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, k kind, x *exchange, c *call) (abort bool) {
 	a, ok := g.admit(w, r, k, x, c)
+	c.lap(phaseRead)
 	if !ok {
-		return
+		return false
 	}
 	rc := types.NewRoutingContext(g.requestID(), c.model)
 	rc.ReceivedAt = c.start
@@ -151,7 +172,8 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, k kind, x *excha
 		rc.PromptTokenIDs = g.tokenize(r.Context(), rc, &x.in, a.pods)
 	}
 	g.predictOutput(rc, x.in.maxTokens())
-	g.forward(w, r, a, rc, req, x, c)
+	c.lap(phaseTokenize)
+	return g.forward(w, r, a, rc, req, x, c)
 }
 
 // admit reads and checks a request, answering the client when it fails a
@@ -208,7 +230,8 @@ func (g *Gateway) admit(w http.ResponseWriter, r *http.Request, k kind, x *excha
 }
 
 // readBody reads the request body into x, answering 413 when it exceeds
-// the limit and 400 when it cannot be read.
+// the limit, 408 when it takes longer than the body timeout and 400 when it
+// cannot be read.
 func (g *Gateway) readBody(w http.ResponseWriter, r *http.Request, x *exchange, c *call) ([]byte, bool) {
 	limit := g.cfg.MaxRequestBodyBytes
 	tooLarge := func() {
@@ -222,16 +245,34 @@ func (g *Gateway) readBody(w http.ResponseWriter, r *http.Request, x *exchange, 
 	if r.ContentLength > 0 {
 		x.body.Grow(int(r.ContentLength))
 	}
-	if _, err := x.body.ReadFrom(http.MaxBytesReader(w, r.Body, limit)); err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			tooLarge()
-		} else {
-			c.fail(w, http.StatusBadRequest, typeInvalidRequest, codeUnreadableBody, "", "reading the request body failed: "+err.Error())
-		}
-		return nil, false
+	rcw := http.NewResponseController(w)
+	timeout := g.cfg.RequestBodyTimeout
+	if r.ContentLength != 0 {
+		_ = rcw.SetReadDeadline(time.Now().Add(timeout))
 	}
-	return x.body.Bytes(), true
+	_, err := x.body.ReadFrom(http.MaxBytesReader(w, r.Body, limit))
+	var mbe *http.MaxBytesError
+	var ne net.Error
+	switch {
+	case err == nil:
+		if r.ContentLength != 0 {
+			_ = rcw.SetReadDeadline(time.Time{})
+		}
+		return x.body.Bytes(), true
+	case errors.As(err, &mbe):
+		tooLarge()
+	case errors.As(err, &ne) && ne.Timeout():
+		// The deadline stays: net/http reads no more of the body, and the
+		// connection closes after the answer.
+		_ = r.Body.Close()
+		w.Header().Set("Connection", "close")
+		g.metrics.bodyTimeouts.Inc()
+		c.fail(w, http.StatusRequestTimeout, typeInvalidRequest, codeRequestTimeout, "",
+			fmt.Sprintf("the request body did not arrive within %v", timeout))
+	default:
+		c.fail(w, http.StatusBadRequest, typeInvalidRequest, codeUnreadableBody, "", "reading the request body failed: "+err.Error())
+	}
+	return nil, false
 }
 
 // readsPrompt reports whether an algorithm reads the prompt's tokens: the
@@ -259,10 +300,20 @@ func adapterOf(model string, pods []*endpoint.Endpoint) string {
 // tokenize returns the prompt's token ids from the engines' tokenizer, or
 // nil when tokenization fails: the request is then routed on load alone,
 // and the failure counted by reason. The pods take the /tokenize calls in
-// turn.
+// turn, among those whose metrics are fresh when any is: a pod whose
+// scrapes fail is likely gone. A pod that cannot be connected to is
+// ejected, as a request that cannot reach it would eject it, and the call
+// goes once more to another pod.
 func (g *Gateway) tokenize(ctx context.Context, rc *types.RoutingContext, in *inference, pods []*endpoint.Endpoint) []uint32 {
-	pod := pods[g.nextTokenize.Add(1)%uint64(len(pods))]
+	pod := g.tokenizerPod(pods, nil)
 	ids, err := in.tokenize(ctx, g.tokenizer, g.tokenURL.forPod(pod))
+	if err != nil && unreachable(err) {
+		g.ejectUnreachable(pod, err)
+		if other := g.tokenizerPod(pods, pod); other != nil {
+			pod = other
+			ids, err = in.tokenize(ctx, g.tokenizer, g.tokenURL.forPod(pod))
+		}
+	}
 	if err == nil {
 		return ids
 	}
@@ -277,6 +328,52 @@ func (g *Gateway) tokenize(ctx context.Context, rc *types.RoutingContext, in *in
 			"model", rc.Model, "pod", pod.ID, "reason", reason, "err", err)
 	}
 	return nil
+}
+
+// tokenizerPod returns the next pod of pods to ask for tokens, other than
+// not (nil when there is none): the next in turn among those whose metrics
+// are fresh and that are not ejected, or among all of them when none is.
+func (g *Gateway) tokenizerPod(pods []*endpoint.Endpoint, not *endpoint.Endpoint) *endpoint.Endpoint {
+	turn := g.nextTokenize.Add(1)
+	var fallback *endpoint.Endpoint
+	for i := range uint64(len(pods)) {
+		p := pods[(turn+i)%uint64(len(pods))]
+		if p == not {
+			continue
+		}
+		if g.store.PodScrapeState(p.Key) == cache.ScrapeFresh {
+			if _, ejected := g.store.PodEjection(p); !ejected {
+				return p
+			}
+		}
+		if fallback == nil {
+			fallback = p
+		}
+	}
+	return fallback
+}
+
+// unreachable reports a tokenization that failed because the pod could
+// not be connected to.
+func unreachable(err error) bool {
+	var te *tokenizer.Error
+	return errors.As(err, &te) && te.Reason == tokenizer.ReasonConnection &&
+		(errors.Is(err, syscall.ECONNREFUSED) || isDialError(err))
+}
+
+// isDialError reports an error of dialling.
+func isDialError(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
+}
+
+// ejectUnreachable ejects pod, which could not be connected to.
+func (g *Gateway) ejectUnreachable(pod *endpoint.Endpoint, err error) {
+	reason := cache.EjectDialFailed
+	if errors.Is(err, syscall.ECONNREFUSED) {
+		reason = cache.EjectConnectionRefused
+	}
+	g.store.EjectPod(pod, reason)
 }
 
 // predictOutput sets the request's predicted output length from the
@@ -304,36 +401,36 @@ func (g *Gateway) predictOutput(rc *types.RoutingContext, maxTokens int) {
 // cannot be connected to was sent nothing: it is ejected, its attempt
 // closed as failed, and the request is routed again among the candidates
 // not tried yet and not ejected meanwhile, until one answers or none is
-// left.
+// left. It reports whether the response broke off after its headers and
+// the client's connection must be cut.
 func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, a admitted, rc *types.RoutingContext, req *inflight.Request,
-	x *exchange, c *call) {
+	x *exchange, c *call) (abort bool) {
 	b, candidates := a.b, a.pods
 	var tried []string
 	for attempt := 0; ; attempt++ {
 		x.snaps = b.store.Snapshots(candidates, x.snaps[:0])
 		if err := b.router.Route(r.Context(), rc, x.snaps, &x.d); err != nil {
 			c.fail(w, http.StatusServiceUnavailable, typeServiceUnavailable, codeNoReadyPod, "", err.Error())
-			return
+			return false
 		}
 		pod := x.d.Endpoint
 		route := x.d.Route()
 		route.PendingLoad = g.requestLoad(rc, pod)
 		h := req.Route(route)
-		if attempt == 0 {
-			c.overhead = time.Since(c.start)
-			g.metrics.overhead.Observe(c.overhead.Seconds())
-		}
 		addr := pod.Address
-		resp, err := g.transport.RoundTrip(newUpstreamRequest(r.Context(), r, addr, a.body, rc.RequestID))
+		x.head = appendRequestHead(x.head[:0], r, addr, len(a.body), rc.RequestID)
+		pc, err := g.send(r.Context(), addr, x.head, a.body)
+		c.lap(phaseRoute)
+		if attempt == 0 {
+			g.metrics.overhead.Observe(c.total().Seconds())
+		}
 		if err == nil {
-			b.store.PodReachable(pod)
-			g.relay(w, resp, rc, x, c, h, a.dropUsage, addr)
-			return
+			return g.respond(w, r, pc, rc, x, c, h, a.dropUsage, pod)
 		}
 		if r.Context().Err() != nil {
 			h.Close(inflight.Cancelled, "client went away")
 			c.status = statusClientClosed
-			return
+			return false
 		}
 		reason := failureReason(err)
 		h.Close(inflight.Failed, reason)
@@ -342,7 +439,7 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, a admitted, rc
 		if reason == failSend {
 			c.fail(w, http.StatusBadGateway, typeUpstream, codeUpstreamFailed, "",
 				fmt.Sprintf("pod %s failed before answering: %v", tried[len(tried)-1], err))
-			return
+			return false
 		}
 		b.store.EjectPod(pod, cache.EjectionReason(reason))
 		x.snaps = b.store.Snapshots(candidates, x.snaps[:0])
@@ -352,7 +449,7 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, a admitted, rc
 				msg += fmt.Sprintf("; the model's other ready pods (%d) are ejected after failed connections", others)
 			}
 			c.fail(w, http.StatusServiceUnavailable, typeServiceUnavailable, codePodsUnreachable, "", msg)
-			return
+			return false
 		}
 		g.metrics.retries.WithLabelValues(reason).Inc()
 		if l := g.log.V(2); l.Enabled() {
@@ -361,6 +458,34 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, a admitted, rc
 		}
 	}
 }
+
+// send sends a request, head and body, to the pod at addr on a connection
+// of the pool, dialling one when none is idle. A connection the pod reset
+// while it was idle fails the write before anything reached the engine:
+// the request is then sent once more on a new connection.
+func (g *Gateway) send(ctx context.Context, addr string, head, body []byte) (*podConn, error) {
+	for {
+		pc, err := g.pods.conn(ctx, addr)
+		if err != nil {
+			return nil, err
+		}
+		err = pc.send(head, body, g.cfg.FirstByteTimeout)
+		if err == nil {
+			return pc, nil
+		}
+		pc.close()
+		if !pc.reused || !(errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)) {
+			return nil, &sendError{err}
+		}
+	}
+}
+
+// sendError is a failure to write a request to a pod on an open
+// connection: some of it may have reached the engine.
+type sendError struct{ err error }
+
+func (e *sendError) Error() string { return "send the request: " + e.err.Error() }
+func (e *sendError) Unwrap() error { return e.err }
 
 // requestLoad is the share of pod's capacity the request takes by the GPU
 // profile of the pod's deployment, 0 without one.
@@ -373,90 +498,4 @@ func (g *Gateway) requestLoad(rc *types.RoutingContext, pod *endpoint.Endpoint) 
 		return 0
 	}
 	return load
-}
-
-// relay writes the pod's response to the client: its status and headers
-// with the gateway's, then its body, as server-sent events relayed as they
-// come when the request streams, or copied whole otherwise. It closes the
-// attempt h once the response ended: done when it was relayed to its end
-// (with the usage the engine reported, when it was a success that reported
-// one), cancelled when the client went away, failed when the response
-// broke off.
-func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, rc *types.RoutingContext, x *exchange, c *call,
-	h *inflight.Handle, dropUsage bool, addr string) {
-	defer resp.Body.Close()
-	hd := w.Header()
-	copyHeader(hd, resp.Header)
-	hd.Set(HeaderTargetPod, addr)
-	hd.Set(HeaderTargetPodName, x.d.PodKey)
-	hd.Set(routing.HeaderRoutingStrategy, x.d.Algorithm)
-	// The pod's values are shared with its response: append to a copy.
-	hd[HeaderServerTiming] = append(slices.Clip(hd[HeaderServerTiming]), serverTiming(c.overhead))
-	sse := x.in.stream().Stream && resp.StatusCode == http.StatusOK &&
-		strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
-	if sse {
-		hd.Del("Content-Length")
-	}
-	c.status = resp.StatusCode
-	w.WriteHeader(resp.StatusCode)
-	var u usage
-	var ok bool
-	var err error
-	if sse {
-		u, ok, err = g.relayStream(w, resp, rc, x, c, h, dropUsage)
-	} else {
-		var over bool
-		over, err = relayWhole(w, resp.Body, x.buf, &x.resp, maxUsageScanBytes)
-		if err == nil && !over {
-			u, ok = responseUsage(x.resp.Bytes())
-		}
-	}
-	switch {
-	case errors.Is(err, errClientGone):
-		h.Close(inflight.Cancelled, "client went away")
-		return
-	case err != nil:
-		h.Close(inflight.Failed, failBody)
-		g.metrics.upstreamFails.WithLabelValues(failBody).Inc()
-		if l := g.log.V(2); l.Enabled() {
-			l.Info("Response broke off", "requestID", rc.RequestID, "model", rc.Model, "pod", x.d.PodKey, "err", err)
-		}
-		return
-	}
-	if resp.StatusCode == http.StatusOK {
-		if ok {
-			h.ReportUsage(inflight.Usage{PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens})
-		} else {
-			g.metrics.usageMissing.Inc()
-		}
-	}
-	h.Close(inflight.Done, "")
-}
-
-// relayStream relays a server-sent event stream, reporting the first token
-// to the request ledger and to the TTFT metric.
-func (g *Gateway) relayStream(w http.ResponseWriter, resp *http.Response, rc *types.RoutingContext, x *exchange, c *call,
-	h *inflight.Handle, dropUsage bool) (usage, bool, error) {
-	rcw := http.NewResponseController(w)
-	if err := rcw.Flush(); err != nil {
-		return usage{}, false, errClientGone
-	}
-	x.reader.Reset(resp.Body)
-	s := &x.relay
-	*s = sseRelay{dst: w, flush: rcw.Flush, src: x.reader, dropUsage: dropUsage, event: s.event[:0],
-		firstToken: func() {
-			h.FirstToken()
-			g.metrics.ttft.WithLabelValues(rc.Model).Observe(time.Since(c.start).Seconds())
-		}}
-	err := s.run()
-	return s.usage, s.hasUsage, err
-}
-
-// serverTiming formats the gateway's Server-Timing metric for overhead,
-// in milliseconds with microsecond precision.
-func serverTiming(overhead time.Duration) string {
-	var buf [32]byte
-	b := append(buf[:0], ServerTimingGateway+";dur="...)
-	b = strconv.AppendFloat(b, float64(overhead.Microseconds())/1000, 'f', 3, 64)
-	return string(b)
 }

@@ -3,9 +3,23 @@ package gateway
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
+	"net/http"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kvgate/kvgate/pkg/endpoint"
+	"github.com/kvgate/kvgate/pkg/inflight"
+	"github.com/kvgate/kvgate/pkg/internal/jsonscan"
+	"github.com/kvgate/kvgate/pkg/routing"
+	"github.com/kvgate/kvgate/pkg/types"
 )
 
 // usage is the token usage an engine reports in a response.
@@ -14,44 +28,66 @@ type usage struct {
 	CompletionTokens int64 `json:"completion_tokens"`
 }
 
-// responseUsage reads the usage of a whole (not streamed) response body.
+// responseUsage reads the usage of a whole (not streamed) response body:
+// the top-level "usage" object, found without decoding the rest.
 func responseUsage(body []byte) (usage, bool) {
-	var r struct {
-		Usage *usage `json:"usage"`
+	var u usage
+	found := false
+	err := jsonscan.Members(body, func(name, value []byte) error {
+		if string(jsonscan.Name(name)) == "usage" {
+			u, found = readUsage(value)
+		}
+		return nil
+	})
+	return u, found && err == nil
+}
+
+// readUsage reads a usage object's token counts; false when value is not
+// an object (null, for one).
+func readUsage(value []byte) (usage, bool) {
+	var u usage
+	if len(value) == 0 || value[0] != '{' {
+		return u, false
 	}
-	if json.Unmarshal(body, &r) != nil || r.Usage == nil {
-		return usage{}, false
-	}
-	return *r.Usage, true
+	err := jsonscan.Members(value, func(name, v []byte) error {
+		var dst *int64
+		switch string(jsonscan.Name(name)) {
+		case "prompt_tokens":
+			dst = &u.PromptTokens
+		case "completion_tokens":
+			dst = &u.CompletionTokens
+		default:
+			return nil
+		}
+		if v[0] == 'n' {
+			return nil
+		}
+		n, err := jsonscan.Int(v)
+		*dst = int64(n)
+		return err
+	})
+	return u, err == nil
 }
 
 // errClientGone reports that writing to the client failed: it went away.
 var errClientGone = errors.New("client went away")
 
-// relayWhole copies a response body to dst, keeping its first max bytes in
-// keep so that its usage can be read afterwards. It returns errClientGone
-// when dst fails and the body's error when reading fails; keep overflowed
-// reports a body longer than max.
-func relayWhole(dst io.Writer, src io.Reader, buf []byte, keep *bytes.Buffer, max int) (overflowed bool, err error) {
-	for {
-		n, rerr := src.Read(buf)
-		if n > 0 {
-			if !overflowed && keep.Len()+n <= max {
-				keep.Write(buf[:n])
-			} else {
-				overflowed = true
-			}
-			if _, werr := dst.Write(buf[:n]); werr != nil {
-				return overflowed, errClientGone
-			}
-		}
-		switch {
-		case rerr == io.EOF:
-			return overflowed, nil
-		case rerr != nil:
-			return overflowed, rerr
-		}
+// errEventTooLarge reports a server-sent event longer than the relay's
+// bound.
+var errEventTooLarge = errors.New("a server-sent event exceeds the gateway's bound")
+
+// readWhole reads body into keep, which is empty, until its end or until
+// keep holds more than max bytes; complete reports the former. size is the
+// body's length when known, -1 otherwise.
+func readWhole(body io.Reader, keep *bytes.Buffer, size int64, max int) (complete bool, err error) {
+	if size >= 0 && size <= int64(max) {
+		keep.Grow(int(size))
 	}
+	lr := io.LimitedReader{R: body, N: int64(max) + 1}
+	if _, err := keep.ReadFrom(&lr); err != nil {
+		return false, err
+	}
+	return lr.N > 0, nil
 }
 
 // sseRelay copies an engine's server-sent events to the client one event
@@ -67,6 +103,11 @@ type sseRelay struct {
 	dst   io.Writer
 	flush func() error
 	src   *bufio.Reader
+	// more returns how many bytes the engine sent that src has yet to
+	// read (none when nil): the relay flushes only when there are none.
+	more func() int
+	// maxEvent bounds an event, in bytes; 0 means no bound.
+	maxEvent int
 	// dropUsage withholds the usage chunk; firstToken is called once, at
 	// the first event carrying generated output.
 	dropUsage  bool
@@ -79,14 +120,17 @@ type sseRelay struct {
 }
 
 // run relays until the engine ends the stream. It returns errClientGone
-// when the client cannot be written to, and the engine's read error when
-// the stream broke off; what was read of a final incomplete event is
-// relayed first.
+// when the client cannot be written to, errEventTooLarge when an event
+// exceeds maxEvent, and the engine's read error when the stream broke off;
+// what was read of a final incomplete event is relayed first.
 func (s *sseRelay) run() error {
 	s.event = s.event[:0]
 	for {
 		line, err := s.src.ReadSlice('\n')
 		s.event = append(s.event, line...)
+		if s.maxEvent > 0 && len(s.event) > s.maxEvent {
+			return errEventTooLarge
+		}
 		switch {
 		case errors.Is(err, bufio.ErrBufferFull):
 			continue
@@ -117,12 +161,26 @@ func (s *sseRelay) endEvent() error {
 		}
 	}
 	s.event = s.event[:0]
-	if s.src.Buffered() == 0 {
+	if s.src.Buffered() == 0 && (s.more == nil || s.more() == 0) {
 		if err := s.flush(); err != nil {
 			return errClientGone
 		}
 	}
 	return nil
+}
+
+// writeError tells the client, in an event of its own, that the stream
+// broke off: an OpenAI error object as vLLM sends one in a stream. What
+// was read of an incomplete event is dropped.
+func (s *sseRelay) writeError(typ, code, message string) {
+	data, err := json.Marshal(apiError{Error: apiErrorBody{Message: message, Type: typ, Code: code}})
+	if err != nil {
+		return
+	}
+	s.event = append(append(append(s.event[:0], "\n\ndata: "...), data...), "\n\n"...)
+	if s.write(s.event) == nil {
+		_ = s.flush()
+	}
 }
 
 func (s *sseRelay) write(b []byte) error {
@@ -135,11 +193,12 @@ func (s *sseRelay) write(b []byte) error {
 	return nil
 }
 
-// usageKey is what a chunk must contain to be decoded once the first token
+// usageKey is what a chunk must contain to be read once the first token
 // was seen.
 var usageKey = []byte(`"usage"`)
 
-// inspect reads an event and reports whether it is to be withheld.
+// inspect reads an event and reports whether it is to be withheld. It
+// reads a chunk's choices and usage by hand, without decoding the rest.
 func (s *sseRelay) inspect(event []byte) (withhold bool) {
 	payload, ok := dataPayload(event)
 	if !ok || len(payload) == 0 || payload[0] != '{' {
@@ -148,53 +207,85 @@ func (s *sseRelay) inspect(event []byte) (withhold bool) {
 	if s.seenToken && !bytes.Contains(payload, usageKey) {
 		return false
 	}
-	var c streamChunk
-	if json.Unmarshal(payload, &c) != nil {
+	var choices, use []byte
+	if jsonscan.Members(payload, func(name, value []byte) error {
+		switch string(jsonscan.Name(name)) {
+		case "choices":
+			choices = value
+		case "usage":
+			use = value
+		}
+		return nil
+	}) != nil {
 		return false
 	}
-	if !s.seenToken && c.hasOutput() {
+	if !s.seenToken && hasOutput(choices) {
 		s.seenToken = true
 		s.firstToken()
 	}
-	if c.Usage != nil && c.Choices != nil && len(c.Choices) == 0 {
-		s.usage, s.hasUsage = *c.Usage, true
-		return s.dropUsage
-	}
-	return false
-}
-
-// streamChunk is what the relay reads of a completion or chat chunk.
-type streamChunk struct {
-	Choices []chunkChoice `json:"choices"`
-	Usage   *usage        `json:"usage"`
-}
-
-type chunkChoice struct {
-	Text         string     `json:"text"`
-	Delta        chunkDelta `json:"delta"`
-	FinishReason *string    `json:"finish_reason"`
-}
-
-type chunkDelta struct {
-	Content          string          `json:"content"`
-	ReasoningContent string          `json:"reasoning_content"`
-	Reasoning        string          `json:"reasoning"`
-	ToolCalls        json.RawMessage `json:"tool_calls"`
-}
-
-// hasOutput reports whether the chunk carries generated output: text, a
-// chat delta other than the opening role, or a finish reason. vLLM opens a
-// chat stream with a delta holding only the role.
-func (c *streamChunk) hasOutput() bool {
-	for i := range c.Choices {
-		ch := &c.Choices[i]
-		d := &ch.Delta
-		if ch.Text != "" || ch.FinishReason != nil || d.Content != "" || d.ReasoningContent != "" ||
-			d.Reasoning != "" || (len(d.ToolCalls) > 0 && string(d.ToolCalls) != "null") {
-			return true
+	if len(choices) > 0 && choices[0] == '[' && emptyArray(choices) {
+		if u, ok := readUsage(use); ok {
+			s.usage, s.hasUsage = u, true
+			return s.dropUsage
 		}
 	}
 	return false
+}
+
+// emptyArray reports whether raw, a JSON array, has no element.
+func emptyArray(raw []byte) bool {
+	return raw[jsonscan.SkipSpace(raw, 1)] == ']'
+}
+
+// hasOutput reports whether a chunk's choices carry generated output:
+// text, a chat delta other than the opening role, or a finish reason. vLLM
+// opens a chat stream with a delta holding only the role.
+func hasOutput(choices []byte) bool {
+	if len(choices) == 0 || choices[0] != '[' {
+		return false
+	}
+	found := false
+	_ = jsonscan.ArrayElements(choices, func(choice []byte) {
+		if found || choice[0] != '{' {
+			return
+		}
+		_ = jsonscan.Members(choice, func(name, value []byte) error {
+			switch string(jsonscan.Name(name)) {
+			case "text":
+				found = found || nonEmptyString(value)
+			case "finish_reason":
+				found = found || value[0] != 'n'
+			case "delta":
+				found = found || deltaHasOutput(value)
+			}
+			return nil
+		})
+	})
+	return found
+}
+
+// deltaHasOutput reports whether a chat delta carries output: content,
+// reasoning or tool calls.
+func deltaHasOutput(delta []byte) bool {
+	if delta[0] != '{' {
+		return false
+	}
+	found := false
+	_ = jsonscan.Members(delta, func(name, value []byte) error {
+		switch string(jsonscan.Name(name)) {
+		case "content", "reasoning_content", "reasoning":
+			found = found || nonEmptyString(value)
+		case "tool_calls":
+			found = found || value[0] != 'n'
+		}
+		return nil
+	})
+	return found
+}
+
+// nonEmptyString reports whether value is a JSON string with characters.
+func nonEmptyString(value []byte) bool {
+	return value[0] == '"' && len(value) > 2
 }
 
 // dataPayload returns the value of the event's only data line, without the
@@ -227,4 +318,224 @@ func dataPayload(event []byte) ([]byte, bool) {
 // an event.
 func isBlankLine(line []byte) bool {
 	return len(line) == 1 || (len(line) == 2 && line[0] == '\r')
+}
+
+// respond reads the pod's response to the request sent on pc and relays it
+// to the client: its status and headers with the gateway's, then its body,
+// as server-sent events relayed as they come when the request streams, or
+// whole otherwise. It closes the attempt h once the response ended: done
+// when it was relayed to its end (with the usage the engine reported,
+// when it was a success that reported one), cancelled when the client went
+// away, failed when the pod failed to answer or its response broke off.
+// It reports whether the response broke off after its headers were
+// written, so that the client's connection must be cut.
+func (g *Gateway) respond(w http.ResponseWriter, r *http.Request, pc *podConn, rc *types.RoutingContext, x *exchange, c *call,
+	h *inflight.Handle, dropUsage bool, pod *endpoint.Endpoint) (abort bool) {
+	res := &x.res
+	// A client that goes away closes the connection to the pod, which
+	// ends any wait for it.
+	stop := context.AfterFunc(r.Context(), pc.close)
+	defer func() {
+		if !stop() {
+			res.keepAlive = false
+		}
+		if res.body.conn == nil {
+			pc.close()
+			return
+		}
+		res.finish()
+	}()
+	err := pc.readResponse(res, g.cfg.UpstreamIdleTimeout)
+	c.lap(phaseUpstream)
+	if err != nil {
+		return g.failResponse(w, r, err, stageHead, rc, x, c, h)
+	}
+	g.store.PodReachable(pod)
+	if x.in.stream().Stream && res.status == http.StatusOK && strings.HasPrefix(res.contentType, "text/event-stream") {
+		return g.relayStream(w, r, res, rc, x, c, h, dropUsage, pod.Address)
+	}
+	return g.relayWhole(w, r, res, rc, x, c, h, pod.Address)
+}
+
+// setHeader sets the response's headers: the pod's end-to-end headers,
+// then the gateway's.
+func setHeader(hd http.Header, res *podResponse, d *routing.Decision, addr string) {
+	copyResponseHeader(hd, res)
+	hd[HeaderTargetPod] = []string{addr}
+	hd[HeaderTargetPodName] = []string{d.PodKey}
+	hd[routing.HeaderRoutingStrategy] = []string{d.Algorithm}
+}
+
+// addServerTiming adds the gateway's Server-Timing value, for the phases
+// timed so far, after the pod's.
+func addServerTiming(hd http.Header, c *call, x *exchange) {
+	x.timing = c.appendServerTiming(x.timing[:0])
+	hd[HeaderServerTiming] = append(slices.Clip(hd[HeaderServerTiming]), string(x.timing))
+}
+
+// relayWhole relays a response that does not stream: it reads the body
+// (up to maxUsageScanBytes) before it writes anything, so that a body that
+// breaks off is answered with an error, and the Server-Timing header
+// covers the relay; the rest of a longer body is then copied as it comes.
+func (g *Gateway) relayWhole(w http.ResponseWriter, r *http.Request, res *podResponse, rc *types.RoutingContext, x *exchange,
+	c *call, h *inflight.Handle, addr string) (abort bool) {
+	size := int64(-1)
+	if res.body.mode == bodyLength {
+		size = res.body.remaining
+	}
+	complete, err := readWhole(&res.body, &x.resp, size, maxUsageScanBytes)
+	if err != nil {
+		return g.failResponse(w, r, err, stageBody, rc, x, c, h)
+	}
+	hd := w.Header()
+	setHeader(hd, res, &x.d, addr)
+	switch {
+	case complete:
+		hd["Content-Length"] = []string{strconv.Itoa(x.resp.Len())}
+	case size >= 0:
+		hd["Content-Length"] = []string{strconv.FormatInt(size, 10)}
+	}
+	c.lap(phaseRelay)
+	addServerTiming(hd, c, x)
+	c.status = res.status
+	w.WriteHeader(res.status)
+	if _, err := w.Write(x.resp.Bytes()); err != nil {
+		return g.clientGone(c, h)
+	}
+	if !complete {
+		for {
+			n, rerr := res.body.Read(x.buf)
+			if n > 0 {
+				if _, err := w.Write(x.buf[:n]); err != nil {
+					return g.clientGone(c, h)
+				}
+			}
+			if rerr == io.EOF {
+				break
+			}
+			if rerr != nil {
+				return g.failResponse(w, r, rerr, stageRelay, rc, x, c, h)
+			}
+		}
+	}
+	if err := http.NewResponseController(w).Flush(); err != nil {
+		return g.clientGone(c, h)
+	}
+	c.lap(phaseRelay)
+	if res.status == http.StatusOK {
+		if u, ok := responseUsage(x.resp.Bytes()); complete && ok {
+			h.ReportUsage(inflight.Usage{PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens})
+		} else {
+			g.metrics.usageMissing.Inc()
+		}
+	}
+	h.Close(inflight.Done, "")
+	return false
+}
+
+// relayStream relays a server-sent event stream, reporting the first token
+// to the request ledger and to the TTFT metric. Its Server-Timing header
+// covers the phases up to the response's headers; a trailer adds the
+// relay's and the whole time.
+func (g *Gateway) relayStream(w http.ResponseWriter, r *http.Request, res *podResponse, rc *types.RoutingContext, x *exchange,
+	c *call, h *inflight.Handle, dropUsage bool, addr string) (abort bool) {
+	hd := w.Header()
+	setHeader(hd, res, &x.d, addr)
+	addServerTiming(hd, c, x)
+	hd["Trailer"] = []string{HeaderServerTiming}
+	c.status = http.StatusOK
+	w.WriteHeader(http.StatusOK)
+	rcw := http.NewResponseController(w)
+	if err := rcw.Flush(); err != nil {
+		return g.clientGone(c, h)
+	}
+	x.reader.Reset(&res.body)
+	s := &x.relay
+	*s = sseRelay{dst: w, flush: rcw.Flush, src: x.reader, more: res.body.buffered, maxEvent: g.cfg.MaxStreamEventBytes,
+		dropUsage: dropUsage, event: s.event[:0],
+		firstToken: func() {
+			h.FirstToken()
+			g.metrics.ttft.WithLabelValues(rc.Model).Observe(time.Since(c.start).Seconds())
+		}}
+	err := s.run()
+	c.lap(phaseRelay)
+	if err != nil {
+		if errors.Is(err, errClientGone) {
+			return g.clientGone(c, h)
+		}
+		return g.failResponse(w, r, err, stageRelay, rc, x, c, h)
+	}
+	x.timing = appendTiming(x.timing[:0], phaseNames[phaseRelay], c.spent[phaseRelay])
+	x.timing = append(x.timing, ", "...)
+	x.timing = appendTiming(x.timing, serverTimingTotal, c.total())
+	hd[HeaderServerTiming] = []string{string(x.timing)}
+	if s.hasUsage {
+		h.ReportUsage(inflight.Usage{PromptTokens: s.usage.PromptTokens, CompletionTokens: s.usage.CompletionTokens})
+	} else {
+		g.metrics.usageMissing.Inc()
+	}
+	h.Close(inflight.Done, "")
+	return false
+}
+
+// clientGone records a request whose client went away: its attempt is
+// cancelled, and nothing more is written.
+func (g *Gateway) clientGone(c *call, h *inflight.Handle) (abort bool) {
+	h.Close(inflight.Cancelled, "client went away")
+	c.status = statusClientClosed
+	return false
+}
+
+// Stages of a response at which it can fail.
+const (
+	// stageHead: waiting for the status and headers.
+	stageHead = iota
+	// stageBody: reading the body, nothing written to the client yet.
+	stageBody
+	// stageRelay: the headers were written to the client.
+	stageRelay
+)
+
+// failResponse records that the pod's response failed with err at stage,
+// and tells the client: an OpenAI error when nothing was written yet;
+// after the headers, an error event on a stream and a cut connection
+// (abort) either way, so that no client takes the broken response for a
+// whole one. A client that went away meanwhile is no failure of the pod.
+func (g *Gateway) failResponse(w http.ResponseWriter, r *http.Request, err error, stage int, rc *types.RoutingContext,
+	x *exchange, c *call, h *inflight.Handle) (abort bool) {
+	if r.Context().Err() != nil {
+		return g.clientGone(c, h)
+	}
+	pod := x.d.PodKey + " (" + x.d.Endpoint.Address + ")"
+	timeout := errors.Is(err, os.ErrDeadlineExceeded)
+	reason, status, code := failBody, http.StatusBadGateway, codeUpstreamFailed
+	msg := fmt.Sprintf("pod %s broke off its response: %v", pod, err)
+	switch {
+	case errors.Is(err, errEventTooLarge):
+		reason = failOversizedEvent
+		msg = fmt.Sprintf("pod %s sent a server-sent event longer than %d bytes", pod, g.cfg.MaxStreamEventBytes)
+	case timeout && stage == stageHead:
+		reason, status, code = failFirstByteTimeout, http.StatusGatewayTimeout, codeUpstreamTimeout
+		msg = fmt.Sprintf("pod %s sent no response within %v", pod, g.cfg.FirstByteTimeout)
+	case timeout:
+		reason, status, code = failIdleTimeout, http.StatusGatewayTimeout, codeUpstreamTimeout
+		msg = fmt.Sprintf("pod %s sent nothing more of its response for %v", pod, g.cfg.UpstreamIdleTimeout)
+	case stage == stageHead:
+		reason = failSend
+		msg = fmt.Sprintf("pod %s failed before answering: %v", pod, err)
+	}
+	h.Close(inflight.Failed, reason)
+	g.metrics.upstreamFails.WithLabelValues(reason).Inc()
+	if l := g.log.V(2); l.Enabled() {
+		l.Info("The pod's response failed", "requestID", rc.RequestID, "model", rc.Model, "pod", x.d.PodKey,
+			"reason", reason, "headersSent", stage == stageRelay, "err", err)
+	}
+	if stage != stageRelay {
+		c.fail(w, status, typeUpstream, code, "", msg)
+		return false
+	}
+	if x.relay.dst != nil {
+		x.relay.writeError(typeUpstream, code, msg)
+	}
+	return true
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/kvgate/kvgate/pkg/internal/jsonscan"
 	"github.com/kvgate/kvgate/pkg/tokenizer"
 )
 
@@ -39,6 +40,8 @@ type chatBody struct {
 
 // inference is a decoded request body of either kind. The body itself is
 // forwarded as received, except for stream_options (see withStreamUsage).
+// Its JSON values (the prompt, the messages, ...) alias the body decode
+// read them from.
 type inference struct {
 	kind kind
 	comp completionBody
@@ -48,22 +51,177 @@ type inference struct {
 // errNotObject reports a body that is valid JSON but not an object.
 var errNotObject = errors.New("the request body must be a JSON object")
 
-// decode reads body, which must be a JSON object, into in.
+// typeError reports a member of the body whose value has the wrong type.
+type typeError struct {
+	field, want, got string
+}
+
+func (e *typeError) Error() string {
+	return fmt.Sprintf("%q must be %s, not %s", e.field, e.want, e.got)
+}
+
+// decode reads body, which must be a JSON object, into in. It reads only
+// the members that route the request, shape its response or tokenize its
+// prompt, by hand (package jsonscan), checking the whole body as
+// encoding/json would; values it does not read are skipped, not decoded.
+// Member names match exactly, as in vLLM, and the last of a repeated name
+// wins.
 func (in *inference) decode(k kind, body []byte) error {
 	in.kind = k
 	in.comp, in.chat = completionBody{}, chatBody{}
-	if i := firstNonSpace(body); i < 0 || body[i] != '{' {
-		if json.Valid(body) {
+	if i := jsonscan.SkipSpace(body, 0); i < len(body) && body[i] != '{' {
+		if end, err := jsonscan.SkipValue(body, i); err == nil && jsonscan.Trailing(body, end) == nil {
 			return errNotObject
 		}
 	}
-	var err error
-	if k == kindChat {
-		err = json.Unmarshal(body, &in.chat)
-	} else {
-		err = json.Unmarshal(body, &in.comp)
+	return jsonscan.Members(body, func(name, value []byte) error {
+		if k == kindChat {
+			return in.chat.member(jsonscan.Name(name), value)
+		}
+		return in.comp.member(jsonscan.Name(name), value)
+	})
+}
+
+// member decodes one member of a /v1/completions body.
+func (b *completionBody) member(name, value []byte) error {
+	r := &b.CompletionRequest
+	switch string(name) {
+	case "model":
+		return decodeString(name, value, &r.Model)
+	case "prompt":
+		r.Prompt = value
+	case "add_special_tokens":
+		return decodeOptBool(name, value, &r.AddSpecialTokens)
+	case "truncate_prompt_tokens":
+		return decodeOptInt(name, value, &r.TruncatePromptTokens)
+	case "truncation_side":
+		return decodeString(name, value, &r.TruncationSide)
+	case "max_tokens":
+		return decodeOptInt(name, value, &r.MaxTokens)
+	default:
+		return b.streamFields.member(name, value)
 	}
-	return err
+	return nil
+}
+
+// member decodes one member of a /v1/chat/completions body.
+func (b *chatBody) member(name, value []byte) error {
+	r := &b.ChatRequest
+	switch string(name) {
+	case "model":
+		return decodeString(name, value, &r.Model)
+	case "messages":
+		r.Messages = value
+	case "tools":
+		r.Tools = value
+	case "documents":
+		r.Documents = value
+	case "chat_template":
+		return decodeString(name, value, &r.ChatTemplate)
+	case "chat_template_kwargs":
+		r.ChatTemplateKwargs = value
+	case "reasoning_effort":
+		return decodeString(name, value, &r.ReasoningEffort)
+	case "add_generation_prompt":
+		return decodeOptBool(name, value, &r.AddGenerationPrompt)
+	case "continue_final_message":
+		return decodeOptBool(name, value, &r.ContinueFinalMessage)
+	case "add_special_tokens":
+		return decodeOptBool(name, value, &r.AddSpecialTokens)
+	case "mm_processor_kwargs":
+		r.MMProcessorKwargs = value
+	case "media_io_kwargs":
+		r.MediaIOKwargs = value
+	case "truncate_prompt_tokens":
+		return decodeOptInt(name, value, &r.TruncatePromptTokens)
+	case "truncation_side":
+		return decodeString(name, value, &r.TruncationSide)
+	case "max_tokens":
+		return decodeOptInt(name, value, &r.MaxTokens)
+	case "max_completion_tokens":
+		return decodeOptInt(name, value, &r.MaxCompletionTokens)
+	default:
+		return b.streamFields.member(name, value)
+	}
+	return nil
+}
+
+// member decodes one member of either body that shapes a stream.
+func (s *streamFields) member(name, value []byte) error {
+	switch string(name) {
+	case "stream":
+		v, null, err := jsonscan.Bool(value)
+		if err != nil {
+			return wrongType(name, "a boolean", value)
+		}
+		if !null {
+			s.Stream = v
+		}
+	case "stream_options":
+		s.StreamOptions = value
+	}
+	return nil
+}
+
+// jsonKind names the type of a JSON value by its first byte.
+func jsonKind(value []byte) string {
+	switch value[0] {
+	case '"':
+		return "string"
+	case '{':
+		return "object"
+	case '[':
+		return "array"
+	case 't', 'f':
+		return "boolean"
+	case 'n':
+		return "null"
+	}
+	return "number"
+}
+
+func wrongType(name []byte, want string, value []byte) error {
+	return &typeError{field: string(name), want: want, got: jsonKind(value)}
+}
+
+func decodeString(name, value []byte, dst *string) error {
+	if value[0] != '"' && value[0] != 'n' {
+		return wrongType(name, "a string", value)
+	}
+	s, err := jsonscan.String(value)
+	if err != nil {
+		return wrongType(name, "a string", value)
+	}
+	if value[0] == '"' {
+		*dst = s
+	}
+	return nil
+}
+
+func decodeOptBool(name, value []byte, dst **bool) error {
+	v, null, err := jsonscan.Bool(value)
+	switch {
+	case err != nil:
+		return wrongType(name, "a boolean", value)
+	case null:
+		*dst = nil
+	default:
+		*dst = &v
+	}
+	return nil
+}
+
+func decodeOptInt(name, value []byte, dst **int) error {
+	if value[0] == 'n' {
+		*dst = nil
+		return nil
+	}
+	n, err := jsonscan.Int(value)
+	if err != nil {
+		return wrongType(name, "an integer", value)
+	}
+	*dst = &n
+	return nil
 }
 
 // model returns the requested model.
@@ -111,13 +269,17 @@ func (in *inference) tokenize(ctx context.Context, tk *tokenizer.Tokenizer, base
 // clientWantsUsage reports whether a streamed request asks for the usage
 // chunk itself (stream_options.include_usage true).
 func (s *streamFields) clientWantsUsage() bool {
-	var opts struct {
-		IncludeUsage bool `json:"include_usage"`
-	}
-	if len(s.StreamOptions) == 0 || json.Unmarshal(s.StreamOptions, &opts) != nil {
+	wants := false
+	if len(s.StreamOptions) == 0 || s.StreamOptions[0] != '{' {
 		return false
 	}
-	return opts.IncludeUsage
+	_ = jsonscan.Members(s.StreamOptions, func(name, value []byte) error {
+		if string(jsonscan.Name(name)) == "include_usage" {
+			wants, _, _ = jsonscan.Bool(value)
+		}
+		return nil
+	})
+	return wants
 }
 
 // usageOption is the stream_options member the gateway adds to a streamed
@@ -133,11 +295,11 @@ const usageOption = `"stream_options":{"include_usage":true}`
 func withStreamUsage(dst *bytes.Buffer, body []byte, opts json.RawMessage) ([]byte, error) {
 	dst.Reset()
 	if len(opts) == 0 {
-		i := firstNonSpace(body)
+		i := jsonscan.SkipSpace(body, 0)
 		dst.Grow(len(body) + len(usageOption) + 1)
 		dst.Write(body[:i+1])
 		dst.WriteString(usageOption)
-		if j := firstNonSpace(body[i+1:]); j >= 0 && body[i+1+j] != '}' {
+		if j := jsonscan.SkipSpace(body, i+1); j < len(body) && body[j] != '}' {
 			dst.WriteByte(',')
 		}
 		dst.Write(body[i+1:])
@@ -170,28 +332,24 @@ func withStreamUsage(dst *bytes.Buffer, body []byte, opts json.RawMessage) ([]by
 	return dst.Bytes(), nil
 }
 
-// firstNonSpace returns the index of b's first byte that is not JSON white
-// space, -1 when there is none.
-func firstNonSpace(b []byte) int {
-	for i, c := range b {
-		switch c {
-		case ' ', '\t', '\n', '\r':
-		default:
-			return i
-		}
-	}
-	return -1
-}
-
 // jsonError describes a decoding error for the client.
 func jsonError(err error) string {
 	var syn *json.SyntaxError
+	var scan *jsonscan.Error
 	var typ *json.UnmarshalTypeError
+	var field *typeError
+	var unknown *unknownFieldError
 	switch {
 	case errors.Is(err, errNotObject):
 		return err.Error()
+	case errors.As(err, &scan):
+		return fmt.Sprintf("the request body is not valid JSON: %s (at byte %d)", scan.Msg, scan.Offset)
 	case errors.As(err, &syn):
 		return fmt.Sprintf("the request body is not valid JSON: %v (at byte %d)", syn, syn.Offset)
+	case errors.As(err, &field):
+		return "the request body has a field of the wrong type: " + field.Error()
+	case errors.As(err, &unknown):
+		return "the request body has an " + unknown.Error()
 	case errors.As(err, &typ):
 		return fmt.Sprintf("the request body has a field of the wrong type: %q must be %s, not %s", typ.Field, typ.Type, typ.Value)
 	}

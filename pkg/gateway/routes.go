@@ -3,14 +3,16 @@ package gateway
 import (
 	"encoding/json"
 	"net/http"
+	"net/http/pprof"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
 // routes returns the handler of the gateway's API listener and, when the
 // configuration has an admin listen address, the handler of the admin
-// listener, which then alone serves /metrics and /debug/*; admin is nil
-// otherwise, and api serves everything. Both serve the probes.
+// listener, which then alone serves /metrics and /debug/*, Go's profiles
+// under /debug/pprof/ among them; admin is nil otherwise, and api serves
+// everything but the profiles. Both serve the probes.
 func (g *Gateway) routes() (api, admin http.Handler) {
 	apiMux := g.probes()
 	apiMux.Handle("/v1/completions", g.serveInference(kindCompletion))
@@ -24,9 +26,25 @@ func (g *Gateway) routes() (api, admin http.Handler) {
 	adminMux.HandleFunc("/debug/kvcache", g.serveKVCache)
 	adminMux.HandleFunc("/debug/match", g.serveMatch)
 	if adminMux == apiMux {
-		return apiMux, nil
+		return endingRequests(apiMux), nil
 	}
-	return apiMux, adminMux
+	// Profiles cost CPU to take and show the program's internals: only an
+	// address of their own serves them.
+	adminMux.HandleFunc("/debug/pprof/", pprof.Index)
+	adminMux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	adminMux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	adminMux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	adminMux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	return endingRequests(apiMux), adminMux
+}
+
+// endingRequests tells each request's connection when the request ended,
+// so that the next one's time starts at its own first byte.
+func endingRequests(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h.ServeHTTP(w, r)
+		endRequest(r)
+	})
 }
 
 // probes returns a mux answering /healthz and /readyz, and 404 for paths it

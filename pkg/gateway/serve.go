@@ -117,12 +117,16 @@ func (g *Gateway) Serve(ctx context.Context, ln net.Listener) error {
 	}
 }
 
-// start starts the components in comps: the index's sweep, the request
+// start starts the components in comps: the pool of connections to pods,
+// the index's sweep, the request
 // ledger's reaper, the Store, the components keeping state in Redis, the KV
 // event manager and the pod source, and returns once the source has
 // delivered the pods. ctx ending aborts the start; once started, the
 // components run until comps stops them.
 func (g *Gateway) start(ctx context.Context, comps *components) error {
+	if err := comps.start("connections to pods", runner(g.pods.Run)); err != nil {
+		return err
+	}
 	if g.index != nil {
 		if err := comps.start("prefix index", runner(g.index.Run)); err != nil {
 			return err
@@ -213,7 +217,12 @@ func (g *Gateway) startServers(ln net.Listener) (servers []*http.Server, served 
 	}
 	errs := make(chan error, len(listeners))
 	for i, l := range listeners {
-		srv := &http.Server{Handler: handlers[i], ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+		srv := &http.Server{Handler: handlers[i], ReadHeaderTimeout: readHeaderTimeout, IdleTimeout: 2 * time.Minute}
+		if i == 0 {
+			// The API's connections tell the handlers when a request's
+			// first byte was read.
+			srv.ConnContext, l = withConn, timedListener{l}
+		}
 		servers = append(servers, srv)
 		go func() { errs <- fmt.Errorf("gateway: serve on %s: %w", l.Addr(), srv.Serve(l)) }()
 	}
@@ -244,6 +253,9 @@ func (g *Gateway) logRedisFeatures() {
 	}
 }
 
+// readHeaderTimeout bounds reading a request's headers.
+const readHeaderTimeout = 10 * time.Second
+
 // release closes the clients New created: the tokenizer, the idle
 // connections to pods and Redis. shutdown calls it last; Run and Serve call
 // it alone when they fail before serving.
@@ -251,7 +263,7 @@ func (g *Gateway) release() {
 	if g.tokenizer != nil {
 		g.tokenizer.Close()
 	}
-	g.transport.CloseIdleConnections()
+	g.pods.close()
 	if g.redis != nil {
 		if err := g.redis.Close(); err != nil {
 			g.log.Error(err, "Closing the Redis client failed")

@@ -2,94 +2,137 @@ package gateway
 
 import (
 	"bytes"
-	"context"
 	"errors"
-	"io"
-	"net"
 	"net/http"
-	"net/url"
+	"net/textproto"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
-	"time"
 
 	"github.com/kvgate/kvgate/pkg/cache"
 	"github.com/kvgate/kvgate/pkg/endpoint"
 )
 
-// newTransport returns the transport to pods: dialled directly (no
-// environment proxy), HTTP/1.1 with keep-alive, bodies passed through
-// uncompressed so that the gateway can read usage and relay streams as they
-// come.
-func newTransport(dialTimeout time.Duration, idlePerPod int) *http.Transport {
-	return &http.Transport{
-		DialContext:         (&net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second}).DialContext,
-		MaxIdleConnsPerHost: idlePerPod,
-		IdleConnTimeout:     90 * time.Second,
-		DisableCompression:  true,
-	}
-}
-
 // hopHeaders are the hop-by-hop headers (RFC 9110, 7.6.1) a proxy does not
-// forward, and the headers the gateway sets itself.
+// forward, by their canonical names.
 var hopHeaders = []string{
 	"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization",
 	"Te", "Trailer", "Transfer-Encoding", "Upgrade",
 }
 
-// copyHeader sets the end-to-end headers of src in dst. The value slices
-// are shared, not copied: neither header may modify them afterwards (Set
-// and Del replace a slice, which is fine).
-func copyHeader(dst, src http.Header) {
-	// The headers src's Connection header names are hop-by-hop too; their
-	// names are canonicalised once here, not once per header of src.
-	var buf [4]string
+// connectionNamed returns the canonical names the Connection header values
+// list, which are hop-by-hop too, appended to buf.
+func connectionNamed(buf []string, values []string) []string {
 	named := buf[:0]
-	for _, c := range src["Connection"] {
+	for _, c := range values {
 		for name := range strings.SplitSeq(c, ",") {
 			if name = strings.TrimSpace(name); name != "" {
 				named = append(named, http.CanonicalHeaderKey(name))
 			}
 		}
 	}
-	for k, vs := range src {
-		if !slices.Contains(hopHeaders, k) && !slices.Contains(named, k) {
-			dst[k] = vs
-		}
-	}
+	return named
 }
 
 // headerRequestID is the header carrying a request's id to the engine
 // (vLLM uses it as the request id).
 const headerRequestID = "X-Request-Id"
 
-// newUpstreamRequest returns the request that forwards r, with body, to
-// the engine at addr. The client's end-to-end headers are kept, except
-// Accept-Encoding (the gateway reads the response, so it must come
-// uncompressed); X-Request-Id is set to id when the client sent none.
-func newUpstreamRequest(ctx context.Context, r *http.Request, addr string, body []byte, id string) *http.Request {
-	h := make(http.Header, len(r.Header)+1)
-	copyHeader(h, r.Header)
-	h.Del("Accept-Encoding")
-	h.Del("Content-Length")
-	if h.Get(headerRequestID) == "" {
-		h.Set(headerRequestID, id)
+// appendRequestHead appends to dst the head of the request that forwards
+// r, with a body of n bytes, to the engine at addr: its request line, Host,
+// the client's end-to-end headers, Content-Length, and X-Request-Id set to
+// id when the client sent none. Accept-Encoding is left out: the gateway
+// reads the response, so it must come uncompressed.
+func appendRequestHead(dst []byte, r *http.Request, addr string, n int, id string) []byte {
+	dst = append(dst, "POST "...)
+	dst = append(dst, r.URL.EscapedPath()...)
+	if r.URL.RawQuery != "" {
+		dst = append(append(dst, '?'), r.URL.RawQuery...)
 	}
-	out := &http.Request{
-		Method:        http.MethodPost,
-		URL:           &url.URL{Scheme: "http", Host: addr, Path: r.URL.Path, RawPath: r.URL.RawPath, RawQuery: r.URL.RawQuery},
-		Proto:         "HTTP/1.1",
-		ProtoMajor:    1,
-		ProtoMinor:    1,
-		Header:        h,
-		Host:          addr,
-		ContentLength: int64(len(body)),
-		Body:          io.NopCloser(bytes.NewReader(body)),
-		GetBody: func() (io.ReadCloser, error) {
-			return io.NopCloser(bytes.NewReader(body)), nil
-		},
+	dst = append(dst, " HTTP/1.1\r\nHost: "...)
+	dst = append(dst, addr...)
+	dst = append(dst, "\r\n"...)
+	var buf [4]string
+	named := connectionNamed(buf[:], r.Header["Connection"])
+	hasID := false
+	for k, vs := range r.Header {
+		switch k {
+		case "Accept-Encoding", "Content-Length", "Host", "Expect":
+			continue
+		case headerRequestID:
+			if len(vs) == 0 || vs[0] == "" {
+				continue
+			}
+			hasID = true
+		}
+		if slices.Contains(hopHeaders, k) || slices.Contains(named, k) {
+			continue
+		}
+		for _, v := range vs {
+			dst = append(dst, k...)
+			dst = append(dst, ": "...)
+			dst = append(dst, v...)
+			dst = append(dst, "\r\n"...)
+		}
 	}
-	return out.WithContext(ctx)
+	dst = append(dst, "Content-Length: "...)
+	dst = strconv.AppendInt(dst, int64(n), 10)
+	dst = append(dst, "\r\n"...)
+	if !hasID {
+		dst = append(dst, headerRequestID+": "...)
+		dst = append(dst, id...)
+		dst = append(dst, "\r\n"...)
+	}
+	return append(dst, "\r\n"...)
+}
+
+// copyResponseHeader sets in dst the end-to-end headers of the pod's
+// response res, all but Content-Length, which the gateway sets itself.
+func copyResponseHeader(dst http.Header, res *podResponse) {
+	var buf [4]string
+	var connection []string
+	for _, f := range res.fields {
+		if bytes.EqualFold(res.name(f), []byte("Connection")) {
+			connection = append(connection, string(res.value(f)))
+		}
+	}
+	named := connectionNamed(buf[:], connection)
+	// One backing array holds the values; each header gets a slice of it
+	// whose capacity ends with it, so that appending to one copies it.
+	values := make([]string, 0, len(res.fields))
+	for _, f := range res.fields {
+		k := canonicalName(res.name(f))
+		if k == "Content-Length" || slices.Contains(hopHeaders, k) || slices.Contains(named, k) {
+			continue
+		}
+		if vs, ok := dst[k]; ok {
+			dst[k] = append(vs, string(res.value(f)))
+			continue
+		}
+		values = append(values, string(res.value(f)))
+		dst[k] = values[len(values)-1 : len(values) : len(values)]
+	}
+}
+
+// commonHeaders maps the names of the headers engines send, as they send
+// them, to their canonical forms, so that reading them allocates nothing.
+var commonHeaders = func() map[string]string {
+	m := map[string]string{}
+	for _, k := range []string{"Content-Type", "Content-Length", "Date", "Server", "Transfer-Encoding", "Connection",
+		"Keep-Alive", "Cache-Control", "X-Request-Id", "Server-Timing", "Vary", "Content-Encoding", "Trailer"} {
+		m[k] = k
+		m[strings.ToLower(k)] = k
+	}
+	return m
+}()
+
+// canonicalName returns the canonical form of a header name.
+func canonicalName(name []byte) string {
+	if k, ok := commonHeaders[string(name)]; ok {
+		return k
+	}
+	return textproto.CanonicalMIMEHeaderKey(string(name))
 }
 
 // failureReason classifies an error of sending a request to a pod: a
@@ -99,8 +142,7 @@ func failureReason(err error) string {
 	if errors.Is(err, syscall.ECONNREFUSED) {
 		return failRefused
 	}
-	var op *net.OpError
-	if errors.As(err, &op) && op.Op == "dial" {
+	if isDialError(err) {
 		return failDial
 	}
 	return failSend

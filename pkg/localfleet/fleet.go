@@ -25,6 +25,7 @@ import (
 
 	"sigs.k8s.io/yaml"
 
+	"github.com/kvgate/kvgate/pkg/config"
 	"github.com/kvgate/kvgate/pkg/discovery"
 )
 
@@ -55,13 +56,17 @@ type Config struct {
 	// GatewayArgs are added to the gateway's command line; GatewayEnv to
 	// its environment (see the configuration reference in README.md). The
 	// fleet sets --discovery, --static-endpoints-file and --listen-address
-	// itself.
+	// itself, and KVGATE_SHUTDOWN_DELAY to 0 unless GatewayEnv sets it.
 	GatewayArgs []string
 	GatewayEnv  []string
 	// GatewayAddress is where the gateway listens, as host:port; empty
 	// picks a free port on 127.0.0.1. Start fails at once, saying so, when
 	// the address is in use.
 	GatewayAddress string
+	// AdminAddress, when set (host:port, "127.0.0.1:0" for a free port),
+	// is the gateway's admin listen address, where it serves /metrics,
+	// /debug/* and Go's profiles instead of on GatewayAddress.
+	AdminAddress string
 	// Dir receives the endpoints file and one log per process, and is kept.
 	// Empty uses a new temporary directory that Close removes.
 	Dir string
@@ -91,6 +96,8 @@ type Fleet struct {
 	engines []Engine
 	gateway *Process
 	gwURL   string
+	// adminURL serves /metrics and /debug: gwURL, or the admin address.
+	adminURL string
 
 	closeOnce sync.Once
 	closing   chan struct{}
@@ -182,12 +189,21 @@ func (f *Fleet) start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("write the endpoints file: %w", err)
 	}
-	args := append([]string{"--discovery", "static", "--static-endpoints-file", file, "--listen-address", gwAddr},
-		f.cfg.GatewayArgs...)
-	if f.gateway, err = f.group.start(f.dir, "gateway", filepath.Join(f.cfg.BinDir, "gateway"), args, f.cfg.GatewayEnv); err != nil {
+	args := []string{"--discovery", "static", "--static-endpoints-file", file, "--listen-address", gwAddr}
+	f.gwURL, f.adminURL = "http://"+gwAddr, "http://"+gwAddr
+	if admin := f.cfg.AdminAddress; admin != "" {
+		if admin, err = freeAddress(admin); err != nil {
+			return err
+		}
+		args = append(args, "--admin-listen-address", admin)
+		f.adminURL = "http://" + admin
+	}
+	args = append(args, f.cfg.GatewayArgs...)
+	// A fleet on one machine has no load balancer to tell of a shutdown.
+	env := append([]string{config.ShutdownDelay.Name + "=0"}, f.cfg.GatewayEnv...)
+	if f.gateway, err = f.group.start(f.dir, "gateway", filepath.Join(f.cfg.BinDir, "gateway"), args, env); err != nil {
 		return err
 	}
-	f.gwURL = "http://" + gwAddr
 	if err := f.waitFor(ctx, f.gateway, "the gateway to be ready", func(ctx context.Context) (bool, error) {
 		return httpOK(ctx, f.gwURL+"/readyz")
 	}); err != nil {
@@ -214,6 +230,23 @@ func (f *Fleet) startEngine(i, port, pub, replay int) (Engine, discovery.StaticE
 	return e, ep, nil
 }
 
+// freeAddress returns addr, its port replaced by a free one when it is 0.
+func freeAddress(addr string) (string, error) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", fmt.Errorf("admin address %q: %w", addr, err)
+	}
+	if port != "0" {
+		return addr, nil
+	}
+	ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	if err != nil {
+		return "", fmt.Errorf("find a free admin port: %w", err)
+	}
+	defer ln.Close()
+	return ln.Addr().String(), nil
+}
+
 // freePorts returns n distinct ports free on 127.0.0.1 a moment ago.
 func freePorts(n int) ([]int, error) {
 	ports := make([]int, 0, n)
@@ -230,6 +263,10 @@ func freePorts(n int) ([]int, error) {
 
 // GatewayURL returns the gateway's base URL, e.g. http://127.0.0.1:8080.
 func (f *Fleet) GatewayURL() string { return f.gwURL }
+
+// AdminURL returns the base URL of the gateway's /metrics and /debug/*:
+// its admin address when Config.AdminAddress is set, GatewayURL otherwise.
+func (f *Fleet) AdminURL() string { return f.adminURL }
 
 // Model returns the model the engines serve.
 func (f *Fleet) Model() string { return f.cfg.Model }

@@ -104,6 +104,35 @@ func TestStartServesThroughTheGatewayAndCloseLeavesNothing(t *testing.T) {
 	}
 }
 
+func TestAnAdminAddressServesTheGatewaysDebugEndpointsApart(t *testing.T) {
+	f, err := startFleet(t, Config{Engines: 1, AdminAddress: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.AdminURL() == f.GatewayURL() || strings.HasSuffix(f.AdminURL(), ":0") {
+		t.Fatalf("admin URL %s beside gateway URL %s", f.AdminURL(), f.GatewayURL())
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	for _, c := range []struct {
+		url  string
+		want int
+	}{
+		{f.AdminURL() + "/debug/kvcache", http.StatusOK},
+		{f.AdminURL() + "/debug/pprof/", http.StatusOK},
+		{f.GatewayURL() + "/debug/kvcache", http.StatusNotFound},
+	} {
+		resp, err := get(ctx, c.url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != c.want {
+			t.Errorf("GET %s: %d, want %d", c.url, resp.StatusCode, c.want)
+		}
+	}
+}
+
 func TestStartFailsWithTheLogOfAnEngineThatExits(t *testing.T) {
 	dir := t.TempDir()
 	_, err := startFleet(t, Config{EngineArgs: []string{"-num-gpu-blocks", "1"}, Dir: dir})

@@ -89,7 +89,7 @@ type kvCacheView struct {
 // kvCache reads the gateway's view of the prefix index and its streams.
 func (f *Fleet) kvCache(ctx context.Context) (kvCacheView, error) {
 	var v kvCacheView
-	resp, err := get(ctx, f.gwURL+"/debug/kvcache")
+	resp, err := get(ctx, f.adminURL+"/debug/kvcache")
 	if err != nil {
 		return v, err
 	}

@@ -13,6 +13,8 @@ import (
 	"sync"
 	"time"
 	"unicode/utf8"
+
+	"github.com/kvgate/kvgate/pkg/internal/jsonscan"
 )
 
 // tokenizePath is vLLM's tokenization endpoint, relative to a pod's base URL.
@@ -140,37 +142,37 @@ func decodeResponse(body []byte) (result, error) {
 // tokens nil when absent or null, maxLen 0 when absent.
 func scanResponse(b []byte) (count, maxLen int, tokens []uint32, err error) {
 	count = -1
-	i := skipSpace(b, 0)
+	i := jsonscan.SkipSpace(b, 0)
 	if i >= len(b) || b[i] != '{' {
 		return 0, 0, nil, errors.New("not a JSON object")
 	}
-	i = skipSpace(b, i+1)
+	i = jsonscan.SkipSpace(b, i+1)
 	if i < len(b) && b[i] == '}' {
-		return count, maxLen, nil, trailing(b, i+1)
+		return count, maxLen, nil, jsonscan.Trailing(b, i+1)
 	}
 	for {
 		if i >= len(b) || b[i] != '"' {
 			return 0, 0, nil, fmt.Errorf("want a member name at byte %d", i)
 		}
-		end, err := skipString(b, i)
+		end, err := jsonscan.SkipString(b, i)
 		if err != nil {
 			return 0, 0, nil, err
 		}
 		name := string(b[i+1 : end-1])
-		i = skipSpace(b, end)
+		i = jsonscan.SkipSpace(b, end)
 		if i >= len(b) || b[i] != ':' {
 			return 0, 0, nil, fmt.Errorf("want ':' at byte %d", i)
 		}
-		i = skipSpace(b, i+1)
+		i = jsonscan.SkipSpace(b, i+1)
 		switch name {
 		case "tokens":
-			tokens, i, err = parseTokenIDs(b, i, nil)
+			tokens, i, err = jsonscan.ParseTokenIDs(b, i, nil)
 		case "count", "max_model_len":
 			var n uint64
 			if bytes.HasPrefix(b[i:], jsonNull) {
 				i += len(jsonNull)
 				n = math.MaxInt32 + 1 // never a valid value: reported below as absent
-			} else if n, i, err = parseUint(b, i, math.MaxInt32); err != nil {
+			} else if n, i, err = jsonscan.ParseUint(b, i, math.MaxInt32); err != nil {
 				err = fmt.Errorf("%s: %w", name, err)
 			}
 			if err == nil && n <= math.MaxInt32 {
@@ -181,20 +183,20 @@ func scanResponse(b []byte) (count, maxLen int, tokens []uint32, err error) {
 				}
 			}
 		default:
-			i, err = skipValue(b, i)
+			i, err = jsonscan.SkipValue(b, i)
 		}
 		if err != nil {
 			return 0, 0, nil, err
 		}
-		i = skipSpace(b, i)
+		i = jsonscan.SkipSpace(b, i)
 		if i >= len(b) {
 			return 0, 0, nil, errors.New("unexpected end of JSON input")
 		}
 		switch b[i] {
 		case ',':
-			i = skipSpace(b, i+1)
+			i = jsonscan.SkipSpace(b, i+1)
 		case '}':
-			return count, maxLen, tokens, trailing(b, i+1)
+			return count, maxLen, tokens, jsonscan.Trailing(b, i+1)
 		default:
 			return 0, 0, nil, fmt.Errorf("want ',' or '}' at byte %d", i)
 		}

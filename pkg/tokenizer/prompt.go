@@ -5,10 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+
+	"github.com/kvgate/kvgate/pkg/internal/jsonscan"
 )
 
 // prompt returns r's single prompt: text, the raw JSON string to send to
-// vLLM, or ids when the prompt is already token ids.
+// vLLM, or ids when the prompt is already token ids. Both share r.Prompt's
+// storage or are new: they never alias a caller's buffer beyond it.
 func (r *CompletionRequest) prompt() (text json.RawMessage, ids []uint32, err error) {
 	raw := bytes.TrimSpace(r.Prompt)
 	if !present(raw) {
@@ -21,34 +24,43 @@ func (r *CompletionRequest) prompt() (text json.RawMessage, ids []uint32, err er
 	default:
 		return nil, nil, errors.New("prompt is neither a string nor a list")
 	}
-	var items []json.RawMessage
-	if err := json.Unmarshal(raw, &items); err != nil {
+	var first []byte
+	n := 0
+	if err := jsonscan.ArrayElements(raw, func(elem []byte) {
+		if n == 0 {
+			first = elem
+		}
+		n++
+	}); err != nil {
 		return nil, nil, fmt.Errorf("decode prompt list: %w", err)
 	}
-	if len(items) == 0 {
+	if n == 0 {
 		return nil, nil, errors.New("prompt is an empty list")
 	}
-	switch first := items[0][0]; {
-	case first == '"' || first == '[':
-		if len(items) > 1 {
-			return nil, nil, fmt.Errorf("%w (%d)", ErrMultiplePrompts, len(items))
+	switch c := first[0]; {
+	case c == '"' || c == '[':
+		if n > 1 {
+			return nil, nil, fmt.Errorf("%w (%d)", ErrMultiplePrompts, n)
 		}
-		if first == '"' {
-			return items[0], nil, nil
+		if c == '"' {
+			return first, nil, nil
 		}
-		raw = items[0]
-	case first != '-' && (first < '0' || first > '9'):
+		raw = first
+	case c != '-' && (c < '0' || c > '9'):
 		return nil, nil, errors.New("prompt list holds neither strings, token ids nor lists of token ids")
 	}
 	ids, err = decodeTokenIDs(raw)
 	return nil, ids, err
 }
 
-// decodeTokenIDs decodes a prompt given as a JSON list of token ids. It is
-// apart from prompt so that a text prompt does not pay for ids escaping.
+// decodeTokenIDs decodes a prompt given as a JSON list of token ids, by
+// hand: prompts of token ids can be long.
 func decodeTokenIDs(raw json.RawMessage) ([]uint32, error) {
-	var ids []uint32
-	if err := json.Unmarshal(raw, &ids); err != nil {
+	ids, end, err := jsonscan.ParseTokenIDs(raw, 0, nil)
+	if err == nil {
+		err = jsonscan.Trailing(raw, end)
+	}
+	if err != nil {
 		return nil, fmt.Errorf("decode prompt token ids: %w", err)
 	}
 	if len(ids) == 0 {

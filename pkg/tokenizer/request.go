@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+
+	"github.com/kvgate/kvgate/pkg/internal/jsonscan"
 )
 
 // CompletionRequest holds the fields of an OpenAI /v1/completions body that
@@ -83,13 +85,6 @@ const (
 	formChat       byte = 'c'
 )
 
-// completionWire is vLLM's TokenizeCompletionRequest.
-type completionWire struct {
-	Model            string          `json:"model,omitempty"`
-	Prompt           json.RawMessage `json:"prompt"`
-	AddSpecialTokens bool            `json:"add_special_tokens"`
-}
-
 var jsonNull = []byte("null")
 
 // present reports whether raw holds a JSON value other than null.
@@ -121,13 +116,20 @@ func (r *CompletionRequest) key(seed uint64, text json.RawMessage) digest {
 	return k.sum()
 }
 
-// body returns the /tokenize body for r's text prompt.
+// body returns the /tokenize body for r's text prompt, vLLM's
+// TokenizeCompletionRequest. It is written by hand around the prompt, a
+// JSON string from a body already decoded and so valid, to spare
+// re-encoding a long prompt.
 func (r *CompletionRequest) body(text json.RawMessage) ([]byte, error) {
-	return json.Marshal(completionWire{
-		Model:            r.Model,
-		Prompt:           text,
-		AddSpecialTokens: boolOr(r.AddSpecialTokens, true),
-	})
+	b := make([]byte, 0, len(text)+len(r.Model)+64)
+	b = append(b, '{')
+	if r.Model != "" {
+		b = appendMember(b, "model", jsonString(r.Model))
+	}
+	b = appendMember(b, "prompt", text)
+	b = appendMember(b, "add_special_tokens", jsonBool(boolOr(r.AddSpecialTokens, true)))
+	b[len(b)-1] = '}'
+	return b, nil
 }
 
 // key returns the cache key of r: a digest of every field that reaches
@@ -178,7 +180,7 @@ func (r *ChatRequest) base(seed uint64) digest {
 // false when the messages are not a JSON array.
 func (r *ChatRequest) chainMessages(base digest, each func(digest)) bool {
 	d := base
-	err := arrayElements(r.Messages, func(msg []byte) {
+	err := jsonscan.ArrayElements(r.Messages, func(msg []byte) {
 		d = d.chain(msg)
 		each(d)
 	})
@@ -199,7 +201,7 @@ func (r *ChatRequest) body() ([]byte, error) {
 	if !present(r.Messages) {
 		return nil, errors.New("chat request has no messages")
 	}
-	if arrayElements(r.Messages, func([]byte) {}) != nil {
+	if jsonscan.ArrayElements(r.Messages, func([]byte) {}) != nil {
 		return nil, errors.New("messages is not a JSON array")
 	}
 	kwargs, err := r.templateKwargs()

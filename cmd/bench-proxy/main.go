@@ -1,0 +1,272 @@
+// Command bench-proxy measures what kvgate's gateway costs per request as a
+// reverse proxy, beside the engines reached directly and beside nginx and
+// haproxy in front of the same engines, where they are installed
+// (hack/install-proxies.sh installs Debian's packages; their configurations
+// are in hack/bench-proxy/).
+//
+// It starts two vllm-sim engines that answer at once (every simulated
+// latency 0) and the gateway in front of them (package localfleet), and the
+// proxies found. Then, for each workload and number of concurrent clients,
+// it runs closed-loop clients on keep-alive connections through each
+// target in turn, one after the other within a round, for several rounds,
+// and reports the medians over the rounds: requests per second, latency
+// percentiles, the latency added to going directly, and the CPU time per
+// request of the target's processes and of the engines, read from
+// /proc/<pid>/stat. The load generator is lean (prepared requests, no
+// allocation per request) but shares the machine: compare targets within
+// one report, not across machines.
+//
+// make bench-proxy builds the binaries, installs the proxies and runs it;
+// bench-proxy -help lists the flags.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/kvgate/kvgate/pkg/localfleet"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	code := runMain(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// options are bench-proxy's flags.
+type options struct {
+	binDir, configDir, out string
+	// profileDir, when set, receives a CPU profile of the gateway per run
+	// through it, taken in the first round.
+	profileDir             string
+	rounds                 int
+	warmup, duration       time.Duration
+	concurrency            []int
+	streamConcurrency      []int
+	streamTokens           int
+	longWords, seenPrompts int
+	workloads              []string
+	proxies                []string
+	// gatewayEnv is added to the gateway's environment.
+	gatewayEnv []string
+}
+
+func parseOptions(fs *flag.FlagSet, args []string) (options, error) {
+	var o options
+	fs.StringVar(&o.binDir, "bin", "bin", "directory holding the gateway and vllm-sim binaries")
+	fs.StringVar(&o.configDir, "configs", "hack/bench-proxy", "directory of the proxies' configuration templates")
+	fs.StringVar(&o.out, "out", "", "file to write the report to as well, in Markdown")
+	fs.StringVar(&o.profileDir, "profile", "", "directory to write a CPU profile of the gateway to for each run through it, "+
+		"in the first round (profiling costs the gateway CPU: that round's numbers are not comparable)")
+	fs.IntVar(&o.rounds, "rounds", 3, "rounds; every number reported is the median over the rounds")
+	fs.DurationVar(&o.warmup, "warmup", 500*time.Millisecond, "load before each measurement, not measured")
+	fs.DurationVar(&o.duration, "duration", 3*time.Second, "measured time of each run")
+	conc := fs.String("concurrency", "1,16,64", "numbers of concurrent clients")
+	streamConc := fs.String("stream-concurrency", "16", "numbers of concurrent clients of the stream workload")
+	fs.IntVar(&o.streamTokens, "stream-tokens", 32, "tokens of each streamed response")
+	fs.IntVar(&o.longWords, "prompt-words", 2000, "length of the kv-aware workloads' prompts, in words")
+	fs.IntVar(&o.seenPrompts, "seen-prompts", 8, "distinct prompts of the kv-seen workload")
+	wls := fs.String("workloads", strings.Join([]string{wlCompletions, wlStream, wlKVSeen, wlKVNew}, ","),
+		"workloads: completions (short prompts, random and least-request), stream, kv-seen (kv-aware on prompts seen "+
+			"before), kv-new (kv-aware on a new prompt each time)")
+	proxies := fs.String("proxies", "nginx,haproxy", "reverse proxies to compare with, where installed")
+	fs.Func("gateway-env", "NAME=value added to the gateway's environment; repeat for more", func(s string) error {
+		if !strings.Contains(s, "=") {
+			return errors.New("want NAME=value")
+		}
+		o.gatewayEnv = append(o.gatewayEnv, s)
+		return nil
+	})
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	var err error
+	if o.concurrency, err = parseInts(*conc); err != nil {
+		return o, fmt.Errorf("-concurrency: %w", err)
+	}
+	if o.streamConcurrency, err = parseInts(*streamConc); err != nil {
+		return o, fmt.Errorf("-stream-concurrency: %w", err)
+	}
+	if o.rounds < 1 || o.duration <= 0 || o.streamTokens < 1 || o.longWords < 1 || o.seenPrompts < 1 {
+		return o, errors.New("-rounds, -duration, -stream-tokens, -prompt-words and -seen-prompts must be positive")
+	}
+	o.workloads = splitList(*wls)
+	for _, w := range o.workloads {
+		if !slices.Contains([]string{wlCompletions, wlStream, wlKVSeen, wlKVNew}, w) {
+			return o, fmt.Errorf("-workloads: unknown workload %q", w)
+		}
+	}
+	o.proxies = splitList(*proxies)
+	return o, nil
+}
+
+func parseInts(s string) ([]int, error) {
+	var out []int
+	for _, f := range splitList(s) {
+		n, err := strconv.Atoi(f)
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("%q is not a positive number", f)
+		}
+		out = append(out, n)
+	}
+	if len(out) == 0 {
+		return nil, errors.New("empty list")
+	}
+	return out, nil
+}
+
+func splitList(s string) []string {
+	var out []string
+	for f := range strings.SplitSeq(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+func runMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("bench-proxy", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	o, err := parseOptions(fs, args)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "bench-proxy:", err)
+		return 2
+	}
+	if err := bench(ctx, o, stdout, stderr); err != nil {
+		fmt.Fprintln(stderr, "bench-proxy:", err)
+		return 1
+	}
+	return 0
+}
+
+// engineArgs make the engines answer at once, so that what is measured is
+// the path in front of them.
+var engineArgs = []string{"-step-overhead", "0", "-prefill-time-per-token", "0", "-decode-time-per-token", "0",
+	"-num-gpu-blocks", "16384", "-max-num-seqs", "512"}
+
+func bench(ctx context.Context, o options, stdout, stderr io.Writer) error {
+	fleet, err := localfleet.Start(ctx, localfleet.Config{
+		BinDir: o.binDir, Engines: 2, EngineArgs: engineArgs, AdminAddress: "127.0.0.1:0",
+		GatewayEnv: append([]string{"KVGATE_SHUTDOWN_TIMEOUT=5s"}, o.gatewayEnv...),
+	})
+	if err != nil {
+		return err
+	}
+	defer fleet.Close()
+	var upstreams []string
+	var enginePIDs []int
+	for _, e := range fleet.Engines() {
+		upstreams = append(upstreams, strings.TrimPrefix(e.URL, "http://"))
+		enginePIDs = append(enginePIDs, e.PID)
+	}
+	gwAddr := strings.TrimPrefix(fleet.GatewayURL(), "http://")
+	targets := map[string]target{targetDirect: {name: targetDirect, addrs: upstreams}}
+	for _, alg := range []string{"random", "least-request", "kv-aware"} {
+		name := gatewayTarget(alg)
+		targets[name] = target{name: name, addrs: []string{gwAddr}, pids: []int{fleet.Gateway().PID},
+			header: "routing-strategy: " + alg + "\r\n", gateway: true}
+	}
+	hasProxy := map[string]bool{}
+	var found []string
+	var versions []string
+	for _, spec := range proxySpecs {
+		if !slices.Contains(o.proxies, spec.name) {
+			continue
+		}
+		bin := findBinary(spec.bin)
+		if bin == "" {
+			fmt.Fprintf(stderr, "bench-proxy: %s is %v (hack/install-proxies.sh installs it): left out\n", spec.name, errNoProxy)
+			continue
+		}
+		p, err := startProxy(ctx, spec, bin, o.configDir, fleet.Dir(), upstreams, runtime.NumCPU())
+		if err != nil {
+			return fmt.Errorf("start %s: %w", spec.name, err)
+		}
+		defer p.stop()
+		targets[spec.name] = target{name: spec.name, addrs: []string{p.addr}, pids: p.pids}
+		hasProxy[spec.name] = true
+		found = append(found, spec.name)
+		versions = append(versions, version(bin, spec.name))
+	}
+	wls, err := workloads(workloadOptions{model: fleet.Model(), concurrency: o.concurrency, streamConc: o.streamConcurrency,
+		streamTokens: o.streamTokens, longWords: o.longWords, seenPrompts: o.seenPrompts, proxies: found}, o.workloads)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stderr, "bench-proxy: %d CPUs; engines %v, gateway %d; %s\n", runtime.NumCPU(), enginePIDs, fleet.Gateway().PID,
+		strings.Join(versions, ", "))
+	var res results
+	ro := runOptions{warmup: o.warmup, duration: o.duration, enginePIDs: enginePIDs}
+	if o.profileDir != "" {
+		if err := os.MkdirAll(o.profileDir, 0o755); err != nil {
+			return err
+		}
+	}
+	for round := 1; round <= o.rounds; round++ {
+		for _, wl := range wls {
+			for _, c := range wl.concurrency {
+				for _, name := range wl.targets {
+					if ctx.Err() != nil {
+						return ctx.Err()
+					}
+					if err := fleet.Err(); err != nil {
+						return err
+					}
+					ro.profile = ""
+					if o.profileDir != "" && round == 1 && targets[name].gateway {
+						ro.profile = filepath.Join(o.profileDir, fmt.Sprintf("%s-c%d-%s.pprof", wl.name, c,
+							strings.ReplaceAll(name, " ", "-")))
+						ro.profileURL = fleet.AdminURL() + "/debug/pprof/profile"
+					}
+					s := run(ctx, targets[name], wl, c, ro)
+					res.add(caseKey{wl.name, c, name}, s)
+					fmt.Fprintf(stderr, "round %d/%d %-12s c=%-3d %-22s %8.0f req/s  %d errors\n", round, o.rounds, wl.name, c, name,
+						float64(s.requests)/s.elapsed.Seconds(), s.errors)
+					if s.errors > 0 {
+						fmt.Fprintf(stderr, "  the first error: %v\n", s.firstErr)
+					}
+				}
+			}
+		}
+	}
+	var report strings.Builder
+	fmt.Fprintf(&report, "Two vllm-sim engines answering at once; %d rounds of %v per run after %v of warm-up, medians; "+
+		"%d CPUs shared by the engines, the proxy measured and the load generator; %s.\n",
+		o.rounds, o.duration, o.warmup, runtime.NumCPU(), strings.Join(append([]string{"kvgate gateway"}, versions...), ", "))
+	printReport(&report, &res, wls, hasProxy)
+	fmt.Fprint(stdout, report.String())
+	if o.out != "" {
+		if err := os.WriteFile(o.out, []byte(report.String()), 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// version returns the first line a proxy prints of its version.
+func version(bin, name string) string {
+	out, _ := exec.Command(bin, "-v").CombinedOutput()
+	line, _, _ := strings.Cut(strings.TrimSpace(string(out)), "\n")
+	if line == "" {
+		return name
+	}
+	return line
+}

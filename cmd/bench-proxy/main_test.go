@@ -1,0 +1,175 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/internal/testsupport"
+	"github.com/kvgate/kvgate/pkg/localfleet"
+)
+
+var binDir string
+
+func TestMain(m *testing.M) {
+	os.Exit(testsupport.RunInTempDir(m, "kvgate-bench-proxy-bin-", func(dir string) error {
+		binDir = dir
+		return localfleet.Build(dir)
+	}))
+}
+
+func TestConnReadsEveryFramingOnOneConnection(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/length":
+			w.Header().Set("Server-Timing", "gateway;dur=0.5, read;dur=0.1")
+			_, _ = w.Write([]byte(`{"ok":true}`))
+		case "/chunked":
+			w.Header().Set("Trailer", "Server-Timing")
+			for _, e := range []string{"data: a\n\n", "data: [DONE]\n\n"} {
+				_, _ = w.Write([]byte(e))
+				w.(http.Flusher).Flush()
+			}
+			w.Header().Set("Server-Timing", "total;dur=2")
+		case "/error":
+			http.Error(w, "no", http.StatusTeapot)
+		}
+	}))
+	defer srv.Close()
+	addr := strings.TrimPrefix(srv.URL, "http://")
+	c, err := dial(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.close()
+	body := []byte(`{}`)
+	var res response
+	for _, tc := range []struct {
+		path   string
+		status int
+		done   bool
+		timing string
+	}{
+		{"/length", 200, false, "gateway;dur=0.5, read;dur=0.1,"},
+		{"/chunked", 200, true, "total;dur=2,"},
+		{"/error", 418, false, ""},
+		{"/length", 200, false, "gateway;dur=0.5, read;dur=0.1,"},
+	} {
+		if err := c.do([][]byte{requestHead(addr, tc.path, len(body), ""), body}, &res, true); err != nil {
+			t.Fatalf("%s: %v", tc.path, err)
+		}
+		if res.status != tc.status || res.done != tc.done || string(res.timing) != tc.timing {
+			t.Errorf("%s: status %d done %v timing %q; want %d %v %q", tc.path, res.status, res.done, res.timing,
+				tc.status, tc.done, tc.timing)
+		}
+	}
+	timings := map[string][]time.Duration{}
+	addTimings(timings, []byte("gateway;dur=0.5, read;dur=0.1,total;dur=2,"))
+	if timings["gateway"][0] != 500*time.Microsecond || timings["total"][0] != 2*time.Millisecond || len(timings) != 3 {
+		t.Errorf("addTimings = %v", timings)
+	}
+}
+
+func TestParseStatReadsUserAndSystemTime(t *testing.T) {
+	stat := []byte("4242 (nginx: worker (x)) S 1 4242 4242 0 -1 4194624 500 0 0 0 150 37 0 0 20 0 1 0 100 0 0")
+	d, err := parseStat(stat)
+	if err != nil || d != 187*clockTick {
+		t.Fatalf("parseStat = %v, %v; want %v", d, err, 187*clockTick)
+	}
+	if parentOf(stat) != 1 {
+		t.Errorf("parentOf = %d, want 1", parentOf(stat))
+	}
+	if own, err := cpuTime(os.Getpid()); err != nil || own <= 0 {
+		t.Errorf("cpuTime(self) = %v, %v", own, err)
+	}
+}
+
+func TestMediansAndAddedLatencyComeFromTheSameRound(t *testing.T) {
+	var r results
+	ms := func(n int) time.Duration { return time.Duration(n) * time.Millisecond }
+	for i, d := range []time.Duration{ms(1), ms(3), ms(2)} {
+		r.add(caseKey{wlCompletions, 1, targetDirect}, sample{requests: 10, elapsed: time.Second, latencies: []time.Duration{d}})
+		r.add(caseKey{wlCompletions, 1, "nginx"}, sample{requests: 10 * (i + 1), elapsed: time.Second,
+			latencies: []time.Duration{d + ms(i+1)}, targetCPU: ms(10)})
+	}
+	st := r.stats(caseKey{wlCompletions, 1, "nginx"})
+	if st.rps != 20 || st.addedP50 != ms(2) || st.targetCPU != ms(10)/20 {
+		t.Errorf("stats = %+v; want 20 req/s, 2 ms added, 0.5 ms CPU per request", st)
+	}
+}
+
+// TestProxyConfigurationsAreValid renders the proxies' configurations and
+// checks them with the proxies themselves where they are installed.
+func TestProxyConfigurationsAreValid(t *testing.T) {
+	for _, spec := range proxySpecs {
+		t.Run(spec.name, func(t *testing.T) {
+			bin := findBinary(spec.bin)
+			if bin == "" {
+				t.Skipf("%s is not installed (hack/install-proxies.sh installs it)", spec.name)
+			}
+			engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+				_, _ = w.Write([]byte("data: [DONE]\n\n"))
+			}))
+			defer engine.Close()
+			p, err := startProxy(context.Background(), spec, bin, filepath.Join("..", "..", "hack", "bench-proxy"), t.TempDir(),
+				[]string{strings.TrimPrefix(engine.URL, "http://")}, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer p.stop()
+			c, err := dial(p.addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.close()
+			var res response
+			body := []byte(`{}`)
+			for range 3 {
+				if err := c.do([][]byte{requestHead(p.addr, "/v1/completions", len(body), ""), body}, &res, false); err != nil ||
+					res.status != 200 || !res.done {
+					t.Fatalf("through %s: %v, status %d, done %v", spec.name, err, res.status, res.done)
+				}
+			}
+		})
+	}
+}
+
+func TestBenchmarkReportsTheGatewayAgainstTheEngines(t *testing.T) {
+	var out, errs bytes.Buffer
+	args := []string{"-bin", binDir, "-rounds", "1", "-duration", "300ms", "-warmup", "100ms", "-concurrency", "2",
+		"-stream-concurrency", "2", "-workloads", "completions,stream,kv-seen", "-prompt-words", "200", "-seen-prompts", "2",
+		"-proxies", "none"}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	if code := runMain(ctx, args, &out, &errs); code != 0 {
+		t.Fatalf("bench-proxy exited %d: %s", code, errs.String())
+	}
+	report := out.String()
+	for _, want := range []string{"| 2 | direct |", "| 2 | gateway random |", "| 2 | gateway least-request |",
+		"| 2 | gateway kv-aware |", "gateway ", "read ", "upstream ", "total "} {
+		if !strings.Contains(report, want) {
+			t.Errorf("the report lacks %q:\n%s", want, report)
+		}
+	}
+	if strings.Contains(report, "errors, the first") {
+		t.Errorf("requests failed:\n%s", report)
+	}
+}
+
+func TestFlagsAreChecked(t *testing.T) {
+	for _, args := range [][]string{{"-concurrency", "0"}, {"-rounds", "0"}, {"-workloads", "nope", "-bin", binDir}} {
+		var out, errs bytes.Buffer
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		code := runMain(ctx, args, &out, &errs)
+		cancel()
+		if code == 0 {
+			t.Errorf("%v: exit 0, want an error", args)
+		}
+	}
+}

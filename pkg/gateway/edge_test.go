@@ -1,0 +1,470 @@
+package gateway
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/internal/testsupport"
+	"github.com/kvgate/kvgate/pkg/config"
+	"github.com/kvgate/kvgate/pkg/inflight"
+	"github.com/kvgate/kvgate/pkg/routing"
+)
+
+// outcomes records how the attempts of a gateway's requests ended.
+type outcomes struct {
+	mu   sync.Mutex
+	list []string // "outcome reason"
+}
+
+func watchOutcomes(g *Gateway) *outcomes {
+	o := &outcomes{}
+	g.ledger.Observe(inflight.Observer{Closed: func(h *inflight.Handle) {
+		outcome, reason := h.Outcome()
+		o.mu.Lock()
+		o.list = append(o.list, string(outcome)+" "+reason)
+		o.mu.Unlock()
+	}})
+	return o
+}
+
+// wait waits for n attempts to have ended and returns how.
+func (o *outcomes) wait(t *testing.T, n int) []string {
+	t.Helper()
+	var got []string
+	testsupport.EventuallyWhy(t, fmt.Sprintf("%d attempts to end", n), func() (string, bool) {
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		got = append([]string(nil), o.list...)
+		return fmt.Sprint(got), len(got) >= n
+	})
+	return got
+}
+
+// client is an HTTP client whose requests cannot outlive the tests' wait.
+var client = &http.Client{Timeout: testsupport.WaitTimeout}
+
+// TestADeadEngineLeavesTheTokenizerRotation: of three static engines, one
+// stops serving HTTP while its KV events go on. Every request is still
+// tokenized (by the live engines) and routed with its prompt's tokens.
+func TestADeadEngineLeavesTheTokenizerRotation(t *testing.T) {
+	f := startFleet(t, []string{"a", "b", "dead"}, fleetOptions{})
+	f.engine("dead").srv.Close()
+	// Its scrapes fail: routing prefers the others, so no request of its
+	// own ejects it.
+	testsupport.EventuallyWhy(t, "the dead engine's metrics to be stale", func() (string, bool) {
+		for _, c := range f.match([]uint32{1}).Decisions[0].Candidates {
+			if c.Pod == "static/dead" {
+				return string(c.Scrape), c.Scrape == "stale"
+			}
+		}
+		return "not a candidate", false
+	})
+	for i := range 48 {
+		resp, body := post(t, f.url+"/v1/completions", completion(fmt.Sprintf("prompt %d: %s", i, sharedPrompt), ""),
+			map[string]string{"routing-strategy": routing.KVAware})
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("request %d: %d %s", i, resp.StatusCode, body)
+		}
+	}
+	if n := f.metric(`kvgate_gateway_tokenization_failures_total{reason="connection"}`); n != 0 {
+		t.Errorf("%v tokenizations failed to connect, want none", n)
+	}
+	if n := f.metric(`kvgate_routing_decisions_total{algorithm="kv-aware",outcome="no_tokens"}`); n != 0 {
+		t.Errorf("%v requests routed without tokens, want none", n)
+	}
+	if n := len(f.engine("a").tokenizedModels()) + len(f.engine("b").tokenizedModels()); n != 48 {
+		t.Errorf("the live engines tokenized %d prompts, want 48", n)
+	}
+}
+
+// TestRequestBodiesThatDoNotArriveAreCutOff holds 50 connections that
+// send a request's headers and part of its body: each is answered 408 and
+// closed once the body timeout passes.
+func TestRequestBodiesThatDoNotArriveAreCutOff(t *testing.T) {
+	f := startFleet(t, []string{"a"}, fleetOptions{env: map[string]string{"KVGATE_REQUEST_BODY_TIMEOUT": "300ms"}})
+	addr := strings.TrimPrefix(f.url, "http://")
+	const n = 50
+	conns := make([]net.Conn, n)
+	for i := range conns {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if _, err := io.WriteString(c, "POST /v1/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"+
+			"Content-Length: 1000\r\n\r\n{\"model\":\"llama\",\"prompt\":\""); err != nil {
+			t.Fatal(err)
+		}
+		conns[i] = c
+	}
+	start := time.Now()
+	for i, c := range conns {
+		_ = c.SetReadDeadline(time.Now().Add(testsupport.WaitTimeout))
+		answer, err := io.ReadAll(c) // to the connection's end
+		if err != nil || !strings.HasPrefix(string(answer), "HTTP/1.1 408 ") || !strings.Contains(string(answer), codeRequestTimeout) {
+			t.Fatalf("connection %d after %v: %q, %v; want a 408 and the connection closed", i, time.Since(start), answer, err)
+		}
+	}
+	if got := f.metric("kvgate_gateway_request_body_timeouts_total"); got != n {
+		t.Errorf("body timeouts counted %v, want %d", got, n)
+	}
+	if got := len(f.engine("a").received()); got != 0 {
+		t.Errorf("the engine received %d requests, want none", got)
+	}
+}
+
+// postBounded posts body to url with a client that gives up after the
+// tests' wait, and returns the response and its body.
+func postBounded(t *testing.T, url, body string) (*http.Response, []byte) {
+	t.Helper()
+	resp, err := client.Post(url, "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp, data
+}
+
+// readStream reads a streamed response to its end and returns what it
+// read and the error that ended it, nil for a proper end.
+func readStream(resp *http.Response) (string, error) {
+	defer resp.Body.Close()
+	data, err := io.ReadAll(resp.Body)
+	return string(data), err
+}
+
+// streamError returns the code of the OpenAI error event in a stream, ""
+// when it has none.
+func streamError(data string) string {
+	for line := range strings.SplitSeq(data, "\n") {
+		var e struct {
+			Error *apiErrorBody `json:"error"`
+		}
+		if p, ok := strings.CutPrefix(line, "data: "); ok && json.Unmarshal([]byte(p), &e) == nil && e.Error != nil {
+			return e.Error.Code
+		}
+	}
+	return ""
+}
+
+// TestAPodThatStopsAnsweringTimesOut: an engine that sends no response, one
+// whose body stalls and one whose stream stalls are each cut off after the
+// upstream timeouts, with errors in OpenAI's shape, and their attempts
+// recorded as failed.
+func TestAPodThatStopsAnsweringTimesOut(t *testing.T) {
+	f := startFleet(t, []string{"a"}, fleetOptions{env: map[string]string{
+		"KVGATE_UPSTREAM_FIRST_BYTE_TIMEOUT": "300ms", "KVGATE_UPSTREAM_IDLE_TIMEOUT": "300ms"}})
+	seen := watchOutcomes(f.gw)
+	release := make(chan struct{})
+	defer close(release)
+	hang := func(r *http.Request) {
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}
+	e := f.engine("a")
+
+	e.setAnswer(func(_ http.ResponseWriter, r *http.Request, _ []byte) { hang(r) })
+	start := time.Now()
+	resp, body := postBounded(t, f.url+"/v1/completions", completion("hi", ""))
+	if e := decodeError(t, body); resp.StatusCode != http.StatusGatewayTimeout || e.Code != codeUpstreamTimeout ||
+		e.Type != typeUpstream || time.Since(start) > testsupport.WaitTimeout/2 {
+		t.Errorf("no response: %d %s after %v; want 504 %s", resp.StatusCode, body, time.Since(start), codeUpstreamTimeout)
+	}
+
+	e.setAnswer(func(w http.ResponseWriter, r *http.Request, _ []byte) {
+		w.Header().Set("Content-Length", "100")
+		_, _ = io.WriteString(w, `{"id":"cmpl`)
+		w.(http.Flusher).Flush()
+		hang(r)
+	})
+	resp, body = postBounded(t, f.url+"/v1/completions", completion("hi", ""))
+	if e := decodeError(t, body); resp.StatusCode != http.StatusGatewayTimeout || e.Code != codeUpstreamTimeout {
+		t.Errorf("body that stalls: %d %s; want 504 %s", resp.StatusCode, body, codeUpstreamTimeout)
+	}
+
+	e.setAnswer(func(w http.ResponseWriter, r *http.Request, _ []byte) {
+		writeSSE(w, []string{"data: {\"choices\":[{\"index\":0,\"text\":\"a\"}]}\n\n"})
+		hang(r)
+	})
+	data, err := readStream(openStream(t, f.url+"/v1/completions", completion("hi", `,"stream":true`)))
+	if err == nil || !strings.HasPrefix(data, "data: {\"choices\"") || streamError(data) != codeUpstreamTimeout {
+		t.Errorf("stream that stalls: %q, %v; want its first event, an %s error event and a broken end", data,
+			err, codeUpstreamTimeout)
+	}
+
+	got := seen.wait(t, 3)
+	want := []string{"failed " + failFirstByteTimeout, "failed " + failIdleTimeout, "failed " + failIdleTimeout}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("attempts ended %q, want %q", got, want)
+	}
+	for reason, n := range map[string]float64{failFirstByteTimeout: 1, failIdleTimeout: 2} {
+		if got := f.metric(`kvgate_gateway_upstream_failures_total{reason="` + reason + `"}`); got != n {
+			t.Errorf("upstream failures %s = %v, want %v", reason, got, n)
+		}
+	}
+}
+
+// cutAfter makes the engine answer with head (status line aside: 200) and
+// body, then close the connection, whatever the body's framing promised.
+func cutAfter(e *testEngine, header http.Header, body string) {
+	e.setAnswer(func(w http.ResponseWriter, _ *http.Request, _ []byte) {
+		for k, v := range header {
+			w.Header()[k] = v
+		}
+		w.WriteHeader(http.StatusOK)
+		_, _ = io.WriteString(w, body)
+		w.(http.Flusher).Flush()
+		c, _, err := w.(http.Hijacker).Hijack()
+		if err == nil {
+			c.Close()
+		}
+	})
+}
+
+// TestAResponseCutByThePodReachesTheClientBroken: a stream the engine cuts
+// reaches the client with an error event and without a proper end; a
+// response that is not streamed is answered 502. Each attempt is recorded
+// as failed.
+func TestAResponseCutByThePodReachesTheClientBroken(t *testing.T) {
+	f := startFleet(t, []string{"a"}, fleetOptions{})
+	seen := watchOutcomes(f.gw)
+	e := f.engine("a")
+	first := "data: {\"choices\":[{\"index\":0,\"text\":\"a\"}]}\n\n"
+
+	cutAfter(e, http.Header{"Content-Type": {"text/event-stream"}}, first+"data: {\"cho")
+	data, err := readStream(openStream(t, f.url+"/v1/completions", completion("hi", `,"stream":true`)))
+	if err == nil || !strings.HasPrefix(data, first) || streamError(data) != codeUpstreamFailed || strings.Contains(data, "[DONE]") {
+		t.Errorf("cut stream: %q, %v; want its first event, an %s error event and a broken end", data, err, codeUpstreamFailed)
+	}
+
+	for name, header := range map[string]http.Header{
+		"content-length": {"Content-Type": {"application/json"}, "Content-Length": {"500"}},
+		"chunked":        {"Content-Type": {"application/json"}},
+	} {
+		cutAfter(e, header, `{"id":"cmpl-1","choices":[`)
+		resp, body := post(t, f.url+"/v1/completions", completion("hi", ""), nil)
+		if e := decodeError(t, body); resp.StatusCode != http.StatusBadGateway || e.Code != codeUpstreamFailed {
+			t.Errorf("cut %s response: %d %s; want 502 %s", name, resp.StatusCode, body, codeUpstreamFailed)
+		}
+	}
+	got := seen.wait(t, 3)
+	for _, o := range got {
+		if o != "failed "+failBody {
+			t.Errorf("attempts ended %q, want each failed %s", got, failBody)
+			break
+		}
+	}
+	if n := f.metric(`kvgate_gateway_upstream_failures_total{reason="body"}`); n != 3 {
+		t.Errorf("body failures = %v, want 3", n)
+	}
+}
+
+// TestAnEventWithoutEndFailsTheStreamWithinItsBound: an engine that sends
+// a line without end is cut off once the event exceeds the bound; what the
+// gateway holds of it never exceeds the bound.
+func TestAnEventWithoutEndFailsTheStreamWithinItsBound(t *testing.T) {
+	f := startFleet(t, []string{"a"}, fleetOptions{env: map[string]string{"KVGATE_MAX_STREAM_EVENT_BYTES": "65536"}})
+	seen := watchOutcomes(f.gw)
+	const most = 256 << 20
+	var written atomic.Int64
+	f.engine("a").setAnswer(func(w http.ResponseWriter, _ *http.Request, _ []byte) {
+		writeSSE(w, []string{"data: {\"choices\":[{\"index\":0,\"text\":\"a\"}]}\n\n"})
+		chunk := []byte("data: " + strings.Repeat("x", 16<<10))
+		for written.Load() < most {
+			if _, err := w.Write(chunk); err != nil {
+				return
+			}
+			w.(http.Flusher).Flush()
+			written.Add(int64(len(chunk)))
+		}
+	})
+	data, err := readStream(openStream(t, f.url+"/v1/completions", completion("hi", `,"stream":true`)))
+	if err == nil || streamError(data) != codeUpstreamFailed || len(data) > 64<<10 {
+		t.Errorf("endless event: %d bytes (error event %q), %v; want the first event, an error event and a broken end",
+			len(data), streamError(data), err)
+	}
+	if got := seen.wait(t, 1); got[0] != "failed "+failOversizedEvent {
+		t.Errorf("attempt ended %q, want failed %s", got[0], failOversizedEvent)
+	}
+	// The gateway closed the connection: the engine could not write its
+	// endless event.
+	if n := written.Load(); n >= most {
+		t.Errorf("the engine wrote %d bytes, want its writes to fail well before %d", n, most)
+	}
+	if n := f.metric(`kvgate_gateway_upstream_failures_total{reason="oversized_event"}`); n != 1 {
+		t.Errorf("oversized events = %v, want 1", n)
+	}
+}
+
+// TestAClientThatLeavesIsNoUpstreamFailure: a client that leaves a stream,
+// or a response it is still waiting for, ends its attempt as cancelled and
+// its request as 499; the engine's request is cancelled, and no upstream
+// failure is counted.
+func TestAClientThatLeavesIsNoUpstreamFailure(t *testing.T) {
+	f := startFleet(t, []string{"a"}, fleetOptions{})
+	seen := watchOutcomes(f.gw)
+	cancelled := make(chan struct{}, 2)
+	f.engine("a").setAnswer(func(w http.ResponseWriter, r *http.Request, body []byte) {
+		if strings.Contains(string(body), `"stream":true`) {
+			writeSSE(w, []string{"data: {\"choices\":[{\"index\":0,\"text\":\"a\"}]}\n\n"})
+		}
+		<-r.Context().Done()
+		cancelled <- struct{}{}
+	})
+	for _, stream := range []bool{true, false} {
+		ctx, cancel := context.WithCancel(context.Background())
+		extra := ""
+		if stream {
+			extra = `,"stream":true`
+		}
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, f.url+"/v1/completions", strings.NewReader(completion("hi", extra)))
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			resp, err := client.Do(req)
+			if err == nil {
+				_, _ = bufio.NewReader(resp.Body).ReadString('\n')
+				cancel()
+				resp.Body.Close()
+			}
+		}()
+		if !stream {
+			testsupport.EventuallyWhy(t, "the engine to receive the request", func() (string, bool) {
+				n := len(f.engine("a").received())
+				return strconv.Itoa(n), n == 2
+			})
+			cancel()
+		}
+		<-done
+		select {
+		case <-cancelled:
+		case <-time.After(testsupport.WaitTimeout):
+			t.Fatalf("stream %v: the engine's request was not cancelled", stream)
+		}
+	}
+	if got := seen.wait(t, 2); fmt.Sprint(got) != "[cancelled client went away cancelled client went away]" {
+		t.Errorf("attempts ended %q, want both cancelled", got)
+	}
+	testsupport.EventuallyWhy(t, "both requests to count as 499", func() (string, bool) {
+		n := f.metric(`kvgate_gateway_requests_total{algorithm="kv-aware",code="499",model="llama"}`)
+		return fmt.Sprint(n), n == 2
+	})
+	for _, reason := range []string{failBody, failSend, failIdleTimeout} {
+		if n := f.metric(`kvgate_gateway_upstream_failures_total{reason="` + reason + `"}`); n != 0 {
+			t.Errorf("upstream failures %s = %v, want none", reason, n)
+		}
+	}
+}
+
+// TestDebugMatchIsBounded: a prompt beyond the bound is refused at once,
+// and requests beyond those served at once are answered 429.
+func TestDebugMatchIsBounded(t *testing.T) {
+	f := startFleet(t, []string{"a"}, fleetOptions{})
+	var b strings.Builder
+	b.WriteString(`{"model":"llama","tokens":[`)
+	for i := range maxMatchTokens + 1 {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteByte('7')
+	}
+	b.WriteString(`]}`)
+	start := time.Now()
+	resp, data := post(t, f.adminURL+"/debug/match", b.String(), nil)
+	if e := decodeError(t, data); resp.StatusCode != http.StatusRequestEntityTooLarge || e.Code != codeRequestTooLarge {
+		t.Errorf("%d tokens: %d %s after %v; want 413", maxMatchTokens+1, resp.StatusCode, data, time.Since(start))
+	}
+
+	held, release := f.engine("a").holdTokenize()
+	results := make(chan int, maxConcurrentMatches)
+	for i := range maxConcurrentMatches {
+		go func() {
+			resp, _, err := tryPost(f.adminURL+"/debug/match", fmt.Sprintf(`{"model":"llama","prompt":"held %d"}`, i), nil)
+			status := 0
+			if err == nil {
+				status = resp.StatusCode
+			}
+			results <- status
+		}()
+	}
+	for range maxConcurrentMatches {
+		<-held
+	}
+	resp, data = post(t, f.adminURL+"/debug/match", `{"model":"llama","tokens":[1,2,3]}`, nil)
+	if e := decodeError(t, data); resp.StatusCode != http.StatusTooManyRequests || e.Code != codeTooManyRequests ||
+		resp.Header.Get("Retry-After") == "" {
+		t.Errorf("a match beyond %d at once: %d %s; want 429 with Retry-After", maxConcurrentMatches, resp.StatusCode, data)
+	}
+	release()
+	for range maxConcurrentMatches {
+		if status := <-results; status != http.StatusOK {
+			t.Errorf("a held match ended %d, want 200", status)
+		}
+	}
+	for reason, n := range map[string]float64{"busy": 1, "too_large": 1} {
+		if got := f.metric(`kvgate_gateway_debug_match_refusals_total{reason="` + reason + `"}`); got != n {
+			t.Errorf("refusals %s = %v, want %v", reason, got, n)
+		}
+	}
+}
+
+// TestReadinessAnswers503ThroughTheDefaultShutdownDelay: with the shutdown
+// delay at its default, a gateway told to stop answers /readyz with 503,
+// rather than refusing connections, long enough for load balancers to see
+// it draining.
+func TestReadinessAnswers503ThroughTheDefaultShutdownDelay(t *testing.T) {
+	e := newTestEngine(t, "a")
+	env := map[string]string{"KVGATE_POD_DISCOVERY": "static", "KVGATE_STATIC_ENDPOINTS_FILE": writeEndpoints(t, "endpoints:\n"+e.endpointYAML(nil))}
+	cfg := LoadConfig(config.NewEnv(func(name string) (string, bool) {
+		v, ok := env[name]
+		return v, ok
+	}))
+	if cfg.ShutdownDelay < 2*time.Second {
+		t.Fatalf("default shutdown delay %v, want some seconds", cfg.ShutdownDelay)
+	}
+	_, url, stop := serveGateway(t, cfg)
+	testsupport.EventuallyWhy(t, "the gateway to be ready", func() (string, bool) {
+		status, body := get(t, url+"/readyz")
+		return body, status == http.StatusOK
+	})
+	stopped := make(chan error, 1)
+	go func() { stopped <- stop() }()
+	testsupport.EventuallyWhy(t, "readiness to fail", func() (string, bool) {
+		resp, err := http.Get(url + "/readyz")
+		if err != nil {
+			t.Fatalf("/readyz refused as shutdown began: %v", err)
+		}
+		resp.Body.Close()
+		return resp.Status, resp.StatusCode == http.StatusServiceUnavailable
+	})
+	// A load balancer probing every second sees the 503 several times.
+	for deadline := time.Now().Add(cfg.ShutdownDelay / 2); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		resp, err := http.Get(url + "/readyz")
+		if err != nil {
+			t.Fatalf("/readyz refused %v into a shutdown delay of %v: %v", time.Since(deadline.Add(-cfg.ShutdownDelay/2)),
+				cfg.ShutdownDelay, err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusServiceUnavailable {
+			t.Fatalf("/readyz answered %s while shutting down", resp.Status)
+		}
+	}
+	waitStopped(t, stopped)
+}

@@ -1,0 +1,179 @@
+package gateway
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"strconv"
+	"sync/atomic"
+	"time"
+)
+
+// phase is a part of the gateway's time on a request. The parts follow
+// each other: together they are the whole time, from the first byte of the
+// request read to the last byte of the response written.
+type phase int
+
+const (
+	// phaseRead: the request read (headers and body), decoded and
+	// checked.
+	phaseRead phase = iota
+	// phaseTokenize: the prompt tokenized and its output predicted.
+	phaseTokenize
+	// phaseRoute: the pod chosen and the request sent to it, retries on
+	// other pods included.
+	phaseRoute
+	// phaseUpstream: the wait for the pod's response headers, the engine's
+	// time to first byte.
+	phaseUpstream
+	// phaseRelay: the response relayed, from its headers to the last byte
+	// written to the client; for a stream, the engine's generation too.
+	phaseRelay
+	numPhases
+)
+
+// phaseNames name the phases in Server-Timing and in
+// kvgate_gateway_request_phase_seconds.
+var phaseNames = [numPhases]string{"read", "tokenize", "route", "upstream", "relay"}
+
+// Server-Timing metrics the gateway adds beside its phases.
+const (
+	// ServerTimingGateway is the gateway's own time: the whole time less
+	// the wait for the pod's response headers, up to the moment the
+	// response's headers are written.
+	ServerTimingGateway = "gateway"
+	// serverTimingTotal, a trailer of streamed responses, is the whole
+	// time to the last byte.
+	serverTimingTotal = "total"
+)
+
+// clock times the phases of one request.
+type clock struct {
+	// start is when the request's first byte was read.
+	start time.Time
+	mark  time.Time // the end of the last phase timed
+	spent [numPhases]time.Duration
+	// reached says which phases were timed.
+	reached [numPhases]bool
+}
+
+// begin starts the clock at the request's first byte, when its connection
+// knows it, else now.
+func (c *clock) begin(r *http.Request) {
+	now := time.Now()
+	c.start = now
+	if tc, ok := r.Context().Value(connKey{}).(*timedConn); ok {
+		if t := tc.firstRead(); !t.IsZero() && t.Before(now) {
+			c.start = t
+		}
+	}
+	c.mark = c.start
+}
+
+// lap ends phase p now: the time since the last lap is p's.
+func (c *clock) lap(p phase) {
+	now := time.Now()
+	c.spent[p] += now.Sub(c.mark)
+	c.reached[p] = true
+	c.mark = now
+}
+
+// total returns the time from the first byte to the last lap.
+func (c *clock) total() time.Duration { return c.mark.Sub(c.start) }
+
+// own returns the gateway's own time so far: the whole time less the wait
+// for the pod.
+func (c *clock) own() time.Duration { return c.total() - c.spent[phaseUpstream] }
+
+// appendServerTiming appends the Server-Timing value of the phases timed
+// so far: the gateway's own time, then each phase, in milliseconds with
+// microsecond precision, e.g. "gateway;dur=0.210, read;dur=0.020, ...".
+func (c *clock) appendServerTiming(b []byte) []byte {
+	b = appendTiming(b, ServerTimingGateway, c.own())
+	for p := range numPhases {
+		if c.reached[p] {
+			b = append(b, ", "...)
+			b = appendTiming(b, phaseNames[p], c.spent[p])
+		}
+	}
+	return b
+}
+
+// appendTiming appends one Server-Timing metric, name;dur=milliseconds.
+func appendTiming(b []byte, name string, d time.Duration) []byte {
+	b = append(b, name...)
+	b = append(b, ";dur="...)
+	return strconv.AppendFloat(b, float64(d.Microseconds())/1000, 'f', 3, 64)
+}
+
+// connKey is the context key of a request's timedConn.
+type connKey struct{}
+
+// timedListener accepts connections that remember when the first byte of
+// their current request was read, for the gateway's Server-Timing and
+// phase metrics to start there rather than when net/http runs the
+// handler.
+type timedListener struct{ net.Listener }
+
+func (l timedListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return &timedConn{Conn: c}, nil
+}
+
+// withConn is the http.Server.ConnContext that hands a request its
+// timedConn.
+func withConn(ctx context.Context, c net.Conn) context.Context {
+	if tc, ok := c.(*timedConn); ok {
+		return context.WithValue(ctx, connKey{}, tc)
+	}
+	return ctx
+}
+
+// timedConn is a client connection that records when a read first
+// returned bytes since the last request ended.
+type timedConn struct {
+	net.Conn
+	// first is the time of that read in Unix nanoseconds, 0 when none
+	// returned bytes since.
+	first atomic.Int64
+}
+
+func (c *timedConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if n > 0 && c.first.Load() == 0 {
+		c.first.Store(time.Now().UnixNano())
+	}
+	return n, err
+}
+
+// firstRead returns when the current request's first byte was read, zero
+// when unknown.
+func (c *timedConn) firstRead() time.Time {
+	if ns := c.first.Load(); ns != 0 {
+		return time.Unix(0, ns)
+	}
+	return time.Time{}
+}
+
+// requestDone marks the end of a request: the next read that returns bytes
+// starts the next one.
+func (c *timedConn) requestDone() { c.first.Store(0) }
+
+// CloseWrite half-closes a TCP connection, as net/http does before closing
+// one it answered with Connection: close.
+func (c *timedConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return nil
+}
+
+// endRequest tells r's connection that r ended.
+func endRequest(r *http.Request) {
+	if tc, ok := r.Context().Value(connKey{}).(*timedConn); ok {
+		tc.requestDone()
+	}
+}

@@ -1,0 +1,144 @@
+package jsonscan
+
+import (
+	"bytes"
+	"encoding/json"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// valid reports whether b holds one JSON value, as SkipValue reads it.
+func valid(b []byte) bool {
+	i := SkipSpace(b, 0)
+	end, err := SkipValue(b, i)
+	return err == nil && Trailing(b, end) == nil
+}
+
+func TestSkipValueAcceptsWhatEncodingJSONAccepts(t *testing.T) {
+	for _, doc := range []string{
+		`{}`, `[]`, ` {"a" : [1, -2.5e+3, true, false, null, "x\"\\\/\b\f\n\r\t\u00e9"]} `, `"plain"`, `0`, `-0.0E-1`,
+		`{"a":{"b":{"c":[[[]]]}}}`, `"` + strings.Repeat("abcdefgh", 9) + `é"`,
+	} {
+		if !json.Valid([]byte(doc)) || !valid([]byte(doc)) {
+			t.Errorf("%s: encoding/json valid %v, SkipValue valid %v", doc, json.Valid([]byte(doc)), valid([]byte(doc)))
+		}
+	}
+	for _, doc := range []string{
+		``, `{`, `{"a"}`, `{"a":}`, `{"a":1,}`, `[1,]`, `[1 2]`, `{"a":1 "b":2}`, `01`, `1.`, `1e`, `-`, `+1`, `.5`,
+		`tru`, `nul`, `"\x"`, `"\u12"`, "\"a\x01b\"", `"unterminated`, `"` + strings.Repeat("x", 20) + "\n" + `"`,
+		`{"a":1}}`, `[1]x`, `{1:2}`, `'a'`,
+	} {
+		if json.Valid([]byte(doc)) || valid([]byte(doc)) {
+			t.Errorf("%q: encoding/json valid %v, SkipValue valid %v; want both invalid", doc, json.Valid([]byte(doc)), valid([]byte(doc)))
+		}
+	}
+}
+
+func TestSkipValueRefusesNestingBeyondMaxDepth(t *testing.T) {
+	ok := strings.Repeat("[", MaxDepth) + strings.Repeat("]", MaxDepth)
+	deep := "[" + ok + "]"
+	if !valid([]byte(ok)) || valid([]byte(deep)) {
+		t.Errorf("depth %d valid %v, depth %d valid %v", MaxDepth, valid([]byte(ok)), MaxDepth+1, valid([]byte(deep)))
+	}
+}
+
+func TestSpecialFindsTheFirstQuoteBackslashOrControlCharacter(t *testing.T) {
+	for _, tc := range []struct {
+		s    string
+		want int
+	}{
+		{"", -1}, {"abcdefghijklmnop", -1}, {`abcdefgh"`, 8}, {`abc\defgh"`, 3}, {"abcdefghijk\tl", 11},
+		{"\x7f\x80\xff\xfe\x21\x22", 5}, {"é\"", 2}, {"aaaaaaaa\x00", 8}, {"\x1f", 0},
+	} {
+		if got := special([]byte(tc.s)); got != tc.want {
+			t.Errorf("special(%q) = %d, want %d", tc.s, got, tc.want)
+		}
+	}
+}
+
+func TestMembersReadsEveryMemberAsWritten(t *testing.T) {
+	doc := ` { "model" : "m", "n":[1, {"x":2}], "mo\u0064el":null , "e":{} } `
+	var names, values []string
+	err := Members([]byte(doc), func(name, value []byte) error {
+		names, values = append(names, string(Name(name))), append(values, string(value))
+		return nil
+	})
+	if err != nil || !slices.Equal(names, []string{"model", "n", "model", "e"}) ||
+		!slices.Equal(values, []string{`"m"`, `[1, {"x":2}]`, `null`, `{}`}) {
+		t.Fatalf("Members = %v: names %q values %q", err, names, values)
+	}
+	for _, bad := range []string{`[1]`, `{"a":1`, `{"a":1}x`, `{"a" 1}`} {
+		if err := Members([]byte(bad), func(_, _ []byte) error { return nil }); err == nil {
+			t.Errorf("Members(%s) = nil, want an error", bad)
+		}
+	}
+}
+
+func TestScalars(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want int
+		ok   bool
+	}{{"0", 0, true}, {"-7", -7, true}, {"123456", 123456, true}, {"1.5", 0, false}, {"1e3", 0, false},
+		{"99999999999999999999", 0, false}, {`"1"`, 0, false}} {
+		n, err := Int([]byte(tc.in))
+		if (err == nil) != tc.ok || n != tc.want {
+			t.Errorf("Int(%s) = %d, %v", tc.in, n, err)
+		}
+	}
+	for _, tc := range []struct {
+		in        string
+		v, null   bool
+		wantError bool
+	}{{"true", true, false, false}, {"false", false, false, false}, {"null", false, true, false}, {"1", false, false, true}} {
+		v, null, err := Bool([]byte(tc.in))
+		if v != tc.v || null != tc.null || (err != nil) != tc.wantError {
+			t.Errorf("Bool(%s) = %v, %v, %v", tc.in, v, null, err)
+		}
+	}
+	for _, tc := range []struct{ in, want string }{{`"a b"`, "a b"}, {`"a\nb\u00e9"`, "a\nbé"}, {`null`, ""}} {
+		if s, err := String([]byte(tc.in)); err != nil || s != tc.want {
+			t.Errorf("String(%s) = %q, %v", tc.in, s, err)
+		}
+	}
+	if _, err := String([]byte(`7`)); err == nil {
+		t.Error("String(7) = nil error")
+	}
+}
+
+func TestParseTokenIDs(t *testing.T) {
+	ids, end, err := ParseTokenIDs([]byte(`[1, 2 ,4294967295] `), 0, nil)
+	if err != nil || !slices.Equal(ids, []uint32{1, 2, 4294967295}) || end != 18 {
+		t.Fatalf("ParseTokenIDs = %v, %d, %v", ids, end, err)
+	}
+	for _, bad := range []string{`[1,`, `[-1]`, `[4294967296]`, `[1.5]`, `["a"]`, `{}`} {
+		if _, _, err := ParseTokenIDs([]byte(bad), 0, nil); err == nil {
+			t.Errorf("ParseTokenIDs(%s) = nil error", bad)
+		}
+	}
+}
+
+func FuzzSkipValueAgreesWithEncodingJSON(f *testing.F) {
+	for _, s := range []string{`{"a":[1,2,{"b":"c\u00e9"}],"d":-1.5e3}`, `[`, `"\u`, `{"a":tru}`, `[01]`, "\"\x7f\""} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if bytes.Count(b, []byte("["))+bytes.Count(b, []byte("{")) > MaxDepth {
+			return
+		}
+		if got, want := valid(b), json.Valid(b); got != want {
+			t.Fatalf("SkipValue valid %v, encoding/json %v for %q", got, want, b)
+		}
+		if !valid(b) || SkipSpace(b, 0) >= len(b) || b[SkipSpace(b, 0)] != '"' {
+			return
+		}
+		var want string
+		if err := json.Unmarshal(b, &want); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := String(bytes.TrimSpace(b)); err != nil || got != want {
+			t.Fatalf("String(%q) = %q, %v; want %q", b, got, err, want)
+		}
+	})
+}
