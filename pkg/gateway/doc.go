@@ -104,6 +104,20 @@
 //
 // Errors a pod answers with are relayed as the pod sent them.
 //
+// # Other front ends
+//
+// A front end that forwards requests itself, such as an Envoy external
+// processor (package extproc), decides with the gateway's Picker: Pick runs
+// steps 1 to 4 on a request's path, body and routing-strategy header (a
+// request to another path than the two above is routed by the model its
+// JSON body names, on load alone) and refuses with the status and error the
+// proxy would answer with; the Pick it returns names the pod and the body
+// to forward, and takes what becomes of the request (Response with its
+// body's pieces, Unreachable, Served, Fail, Cancel, End), driving the
+// request ledger as steps 5 to 7 do. Attach makes Serve run such a front
+// end (a Frontend) on a listener of its own, from the start until the
+// shutdown, when it drains with the API's listener.
+//
 // # Listeners
 //
 // Everything is served on Config.ListenAddress unless Config.AdminListenAddress

@@ -67,12 +67,20 @@ type sseRelay struct {
 	dst   io.Writer
 	flush func() error
 	src   *bufio.Reader
+	eventReader
+
+	event []byte
+}
+
+// eventReader reads what the gateway needs from an engine's server-sent
+// events, one complete event at a time: the first generated token, and the
+// usage chunk (a chunk with no choices and a usage object).
+type eventReader struct {
 	// dropUsage withholds the usage chunk; firstToken is called once, at
 	// the first event carrying generated output.
 	dropUsage  bool
 	firstToken func()
 
-	event     []byte
 	seenToken bool
 	usage     usage
 	hasUsage  bool
@@ -140,7 +148,7 @@ func (s *sseRelay) write(b []byte) error {
 var usageKey = []byte(`"usage"`)
 
 // inspect reads an event and reports whether it is to be withheld.
-func (s *sseRelay) inspect(event []byte) (withhold bool) {
+func (s *eventReader) inspect(event []byte) (withhold bool) {
 	payload, ok := dataPayload(event)
 	if !ok || len(payload) == 0 || payload[0] != '{' {
 		return false
