@@ -37,6 +37,8 @@ var installs = []install{
 	// vLLM's image runs as root.
 	{dir: "samples/vllm", namespace: "vllm-models", podSecurity: "baseline"},
 	{dir: "samples/vllm-dp", namespace: "vllm-dp-models", podSecurity: "baseline"},
+	// The InferencePool CRD: cluster-scoped, no pods.
+	{dir: "inference-extension"},
 }
 
 const fieldOwner = client.FieldOwner("kvgate-manifests-test")
