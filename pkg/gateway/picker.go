@@ -50,7 +50,9 @@ func (p *Picker) MaxBodyBytes() int64 { return p.g.cfg.MaxRequestBodyBytes }
 // Algorithm returns the routing algorithm of a request whose
 // routing-strategy header is strategy ("" for none): the default, or the
 // one it names. It fails with 400 for a name that is no algorithm.
-func (p *Picker) Algorithm(strategy string) (string, *Error) { return resolveAlgorithm(p.g.router, strategy) }
+func (p *Picker) Algorithm(strategy string) (string, *Error) {
+	return resolveAlgorithm(p.g.router, strategy)
+}
 
 // Paths of the OpenAI endpoints whose bodies the gateway tokenizes.
 const (

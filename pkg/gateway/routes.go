@@ -13,9 +13,16 @@ import (
 // otherwise, and api serves everything. Both serve the probes.
 func (g *Gateway) routes() (api, admin http.Handler) {
 	apiMux := g.probes()
-	apiMux.Handle(PathCompletions, g.serveInference(kindCompletion))
-	apiMux.Handle(PathChatCompletions, g.serveInference(kindChat))
-	apiMux.HandleFunc(PathModels, g.serveModels)
+	if g.cfg.DisableProxy {
+		apiMux.HandleFunc("/v1/", func(w http.ResponseWriter, r *http.Request) {
+			writeError(w, http.StatusNotFound, typeNotFound, codeNotFound, "",
+				"the OpenAI API is not served here: send requests through the proxy whose external processor the gateway is")
+		})
+	} else {
+		apiMux.Handle(PathCompletions, g.serveInference(kindCompletion))
+		apiMux.Handle(PathChatCompletions, g.serveInference(kindChat))
+		apiMux.HandleFunc(PathModels, g.serveModels)
+	}
 	adminMux := apiMux
 	if g.cfg.AdminListenAddress != "" {
 		adminMux = g.probes()

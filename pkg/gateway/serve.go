@@ -33,9 +33,16 @@ func newPodSource(cfg Config) (cache.PodSource, *rest.Config, error) {
 		}
 		return &discovery.KubernetesSource{Namespace: cfg.Discovery.Namespace, LabelSelector: cfg.Discovery.LabelSelector,
 			Logger: cfg.Logger}, rc, nil
+	case config.DiscoveryInferencePool:
+		rc, err := kubernetesConfig(cfg.Kubeconfig)
+		if err != nil {
+			return nil, nil, err
+		}
+		return &discovery.InferencePoolSource{Namespace: cfg.Discovery.Namespace, Pools: cfg.Discovery.Pools,
+			PubPort: cfg.KVSync.PubPort, ReplayPort: cfg.KVSync.ReplayPort, Logger: cfg.Logger}, rc, nil
 	}
-	return nil, nil, fmt.Errorf("unknown discovery mode %q: want %s or %s", cfg.Discovery.Mode,
-		config.DiscoveryKubernetes, config.DiscoveryStatic)
+	return nil, nil, fmt.Errorf("unknown discovery mode %q: want %s, %s or %s", cfg.Discovery.Mode,
+		config.DiscoveryKubernetes, config.DiscoveryInferencePool, config.DiscoveryStatic)
 }
 
 // kubernetesConfig loads the client configuration from the kubeconfig
