@@ -345,7 +345,7 @@ func (t *poolTracker) reconcileLocked(key types.NamespacedName) {
 	if had && prev.podVersion == pod.ResourceVersion && prev.poolKey == poolKey && prev.poolVersion == pool.ResourceVersion {
 		return // nothing changed
 	}
-	members := memberPods(pod, pool, t.src.PubPort, t.src.ReplayPort)
+	members := pool.Members(pod, t.src.PubPort, t.src.ReplayPort)
 	cur := deliveredPod{podVersion: pod.ResourceVersion, poolKey: poolKey, poolVersion: pool.ResourceVersion}
 	for _, m := range members {
 		cur.keys = append(cur.keys, endpoint.KeyOf(m))
@@ -374,9 +374,8 @@ func (t *poolTracker) forgetLocked(key types.NamespacedName, keys []endpoint.Key
 // name of the pools of its namespace whose selector it matches.
 func (t *poolTracker) poolOfLocked(pod *v1.Pod) *InferencePool {
 	var matched []*InferencePool
-	for k, p := range t.pools {
-		if k.Namespace == pod.Namespace && labels.SelectorFromSet(p.Spec.Selector.MatchLabels).Matches(labels.Set(pod.Labels)) &&
-			len(p.Spec.TargetPorts) > 0 {
+	for _, p := range t.pools {
+		if p.Selects(pod) {
 			matched = append(matched, p)
 		}
 	}
@@ -406,12 +405,20 @@ func poolName(p *InferencePool) types.NamespacedName {
 	return types.NamespacedName{Namespace: p.Namespace, Name: p.Name}
 }
 
-// memberPods returns the pods delivered for pod, a member of pool: one per
-// target port, with the pool's defaults (see InferencePoolSource). pubPort
-// and replayPort are rank 0's KV event ports when neither the pod nor the
-// pool names them. The pods share pod's spec and status, which they do not
-// modify.
-func memberPods(pod *v1.Pod, pool *InferencePool, pubPort, replayPort int) []*v1.Pod {
+// Selects reports whether pod is a member of the pool: in its namespace,
+// carrying every label of its selector; a pool without a target port has no
+// members.
+func (pool *InferencePool) Selects(pod *v1.Pod) bool {
+	return pod.Namespace == pool.Namespace && len(pool.Spec.TargetPorts) > 0 &&
+		labels.SelectorFromSet(pool.Spec.Selector.MatchLabels).Matches(labels.Set(pod.Labels))
+}
+
+// Members returns the pods InferencePoolSource delivers for pod, a member
+// of the pool: one per target port, with the pool's defaults (see
+// InferencePoolSource). pubPort and replayPort are rank 0's KV event ports
+// when neither the pod nor the pool names them. The pods share pod's spec
+// and status, which they do not modify.
+func (pool *InferencePool) Members(pod *v1.Pod, pubPort, replayPort int) []*v1.Pod {
 	ports := pool.Spec.TargetPorts
 	out := make([]*v1.Pod, 0, len(ports))
 	for i, tp := range ports {
