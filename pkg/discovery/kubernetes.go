@@ -5,6 +5,10 @@
 //   - KubernetesSource watches pods through a client-go shared informer,
 //     scoped by namespace and label selector. It is the mode for gateways
 //     running in the cluster.
+//   - InferencePoolSource watches the Gateway API Inference Extension's
+//     InferencePools and delivers their member pods, one per target port,
+//     with the pool's defaults. It is the mode of a gateway that is a
+//     pool's endpoint picker.
 //   - StaticSource reads a YAML file of endpoints and turns each into a
 //     synthesized, Running and Ready pod in namespace StaticNamespace,
 //     labelled and annotated as a real pod would be, so that routing,

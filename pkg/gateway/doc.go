@@ -124,7 +124,9 @@
 // (KVGATE_ADMIN_LISTEN_ADDRESS, --admin-listen-address) is set: /metrics and
 // /debug/* are then served on the admin address only, where the API's
 // clients need no access (none of the endpoints authenticate), and answer
-// 404 on the API's listener; /healthz and /readyz answer on both. On
+// 404 on the API's listener; /healthz and /readyz answer on both. With
+// Config.DisableProxy (KVGATE_PROXY_ENABLED=false) the OpenAI endpoints
+// answer 404: requests come through an attached front end only. On
 // shutdown both fail /readyz, and the admin listener closes after the
 // API's requests have drained, so that metrics can be read meanwhile.
 //
