@@ -89,6 +89,15 @@
 // holds no lock while it waits: one slow or broken stream never delays
 // another.
 //
+// # Bounds
+//
+// A stream holds the request's body, refused with 413 beyond the gateway's
+// limit (Config.MaxRequestBodyBytes of package gateway) or beyond
+// maxBodyPieces messages, and of the response only the start of an event
+// that a later piece completes (at most 1 MiB; a longer event is relayed
+// as it comes) and, to read its usage, the first 4 MiB of a body that is
+// no event stream. gRPC messages are bounded by the body limit plus 1 MiB.
+//
 // # Health
 //
 // The gRPC health service answers for "" (the server),

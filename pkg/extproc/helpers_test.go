@@ -62,8 +62,13 @@ func startEngine(t testing.TB, name string) *simEngine {
 		t.Fatalf("engine %s: %v", name, err)
 	}
 	s, err := simserver.New(simserver.Config{Model: simModel, Ranks: []simserver.Rank{{
+		// A prefill speed of 1,000 tokens per second: an uncached prompt of
+		// a few hundred tokens costs far more than the inter-token latency
+		// a loaded test machine measures, so that kv-aware's predictions
+		// tell the pod holding it from the others.
 		Engine: sim.EngineConfig{BlockSize: 16, NumGPUBlocks: 4096, DefaultOutputTokens: 8,
-			Latency: sim.LatencyModel{StepOverhead: time.Millisecond, PrefillPerToken: time.Microsecond, DecodePerToken: 50 * time.Microsecond}},
+			Latency: sim.LatencyModel{StepOverhead: time.Millisecond, PrefillPerToken: time.Millisecond,
+				DecodePerToken: 100 * time.Microsecond}},
 		Sink: pub,
 	}}})
 	if err != nil {

@@ -40,6 +40,12 @@ const (
 // FULL_DUPLEX_STREAMED mode, as Envoy recommends.
 const maxBodyPiece = 64 << 10
 
+// maxBodyPieces bounds the messages a request body may come in when the
+// headers' answer waits for it, each answered once the body is complete: a
+// body in more pieces is refused with 413, counted as too_large. Envoy
+// sends a piece per buffer it reads, far fewer.
+const maxBodyPieces = 1 << 16
+
 // headerValue returns the value of a header Envoy sent: raw_value, or
 // value for Envoys that send that.
 func headerValue(h *corev3.HeaderValue) string {

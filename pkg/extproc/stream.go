@@ -206,6 +206,11 @@ func (st *stream) requestBody(b *extprocv3.HttpBody) error {
 		}
 		return st.decideAndAnswer(atBody)
 	}
+	if len(st.pieces) == maxBodyPieces {
+		st.s.metrics.errors.WithLabelValues(errTooLarge).Inc()
+		return st.refuse(&gateway.Error{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error",
+			Code: "request_too_large", Message: fmt.Sprintf("the request body comes in more than %d pieces", maxBodyPieces)})
+	}
 	st.pieces = append(st.pieces, len(b.GetBody()))
 	if b.GetEndOfStream() {
 		return st.decideAndAnswer(afterBody)

@@ -328,11 +328,16 @@ type Response struct {
 // come, without being read.
 const maxEventBytes = 1 << 20
 
-// Response records that the pod answered with status and the content type
-// contentType: the pod is reachable. The returned Response reads the body's
-// pieces.
+// Response records that the response has status and the content type
+// contentType, and returns the Response that reads its body's pieces. The
+// pod is taken to be reachable unless the status is one a proxy answers
+// itself for a pod it could not get a response from (502, 503, 504).
 func (k *Pick) Response(status int, contentType string) *Response {
-	k.a.b.store.PodReachable(k.x.d.Endpoint)
+	switch status {
+	case http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
+	default:
+		k.a.b.store.PodReachable(k.x.d.Endpoint)
+	}
 	r := &Response{k: k, status: status, sse: isEventStream(k.stream, status, contentType)}
 	r.events = eventReader{dropUsage: k.a.dropUsage, firstToken: k.h.FirstToken}
 	return r
