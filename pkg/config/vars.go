@@ -261,7 +261,7 @@ var (
 		Name:    "REDIS_HOST",
 		Default: "",
 		Section: SectionRedis,
-		Doc:     "AIBrix's name of the Redis server's host, used with REDIS_PORT when KVGATE_REDIS_ADDRESS is unset.",
+		Doc:     "AIBrix's name of the Redis server's host: with REDIS_PORT, the Redis server of KVGATE_REDIS_ADDRESS, which may be left unset.",
 	}
 	RedisPort = Var{
 		Name:    "REDIS_PORT",

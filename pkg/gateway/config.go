@@ -221,15 +221,24 @@ func loadCache(e *config.Env) cache.Config {
 	}
 }
 
-// loadRedis reads the Redis server, from KVGATE_REDIS_ADDRESS or else
-// AIBrix's REDIS_HOST and REDIS_PORT, and its features. Features on by
+// loadRedis reads the Redis server, from KVGATE_REDIS_ADDRESS or AIBrix's
+// REDIS_HOST and REDIS_PORT (which may not name another server), and its
+// features. Features on by
 // default are off without Redis; one enabled explicitly without Redis is
 // an error.
 func loadRedis(e *config.Env) RedisConfig {
 	rc := RedisConfig{Address: e.String(config.RedisAddress), Password: e.String(config.RedisPassword)}
 	host, port := e.String(config.RedisHost), e.Int(config.RedisPort, 1)
-	if rc.Address == "" && host != "" {
-		rc.Address = net.JoinHostPort(host, strconv.Itoa(port))
+	if host != "" {
+		aibrix := net.JoinHostPort(host, strconv.Itoa(port))
+		switch rc.Address {
+		case "":
+			rc.Address = aibrix
+		case aibrix:
+		default:
+			e.Errorf("%s=%q and %s=%q with %s name different Redis servers: set only one", config.RedisAddress.Name, rc.Address,
+				config.RedisHost.Name, host, config.RedisPort.Name)
+		}
 	}
 	feature := func(v config.Var) bool {
 		on := e.Bool(v)
