@@ -216,12 +216,8 @@ func (t *poolTracker) podHandler() toolscache.ResourceEventHandlerFuncs {
 		AddFunc:    func(obj any) { t.setPod(obj) },
 		UpdateFunc: func(_, obj any) { t.setPod(obj) },
 		DeleteFunc: func(obj any) {
-			if tomb, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
-				obj = tomb.Obj
-			}
-			pod, ok := obj.(*v1.Pod)
+			pod, ok := deletedPod(obj, t.log)
 			if !ok {
-				t.log.Error(nil, "Ignoring the deletion of an object that is not a pod", "type", fmt.Sprintf("%T", obj))
 				return
 			}
 			t.mu.Lock()

@@ -114,15 +114,23 @@ func podHandler(sink cache.PodSink, log klog.Logger) toolscache.ResourceEventHan
 			}
 		},
 		DeleteFunc: func(obj any) {
-			if tomb, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
-				obj = tomb.Obj
+			if pod, ok := deletedPod(obj, log); ok {
+				sink.DeletePod(endpoint.KeyOf(pod))
 			}
-			pod, ok := obj.(*v1.Pod)
-			if !ok {
-				log.Error(nil, "Ignoring the deletion of an object that is not a pod", "type", fmt.Sprintf("%T", obj))
-				return
-			}
-			sink.DeletePod(endpoint.KeyOf(pod))
 		},
 	}
+}
+
+// deletedPod returns the pod of an informer's deletion notification, whose
+// last state may be unknown (a tombstone); an object that is not a pod is
+// logged and ignored.
+func deletedPod(obj any, log klog.Logger) (*v1.Pod, bool) {
+	if tomb, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+		obj = tomb.Obj
+	}
+	pod, ok := obj.(*v1.Pod)
+	if !ok {
+		log.Error(nil, "Ignoring the deletion of an object that is not a pod", "type", fmt.Sprintf("%T", obj))
+	}
+	return pod, ok
 }

@@ -20,13 +20,12 @@ const (
 const statusClosedEarly = 499
 
 type metrics struct {
-	requests  *prometheus.CounterVec
-	decision  prometheus.Histogram
-	ttft      *prometheus.HistogramVec
-	inFlight  prometheus.Gauge
-	failOpen  *prometheus.CounterVec
-	errors    *prometheus.CounterVec
-	statusTag map[int]string
+	requests *prometheus.CounterVec
+	decision prometheus.Histogram
+	ttft     *prometheus.HistogramVec
+	inFlight prometheus.Gauge
+	failOpen *prometheus.CounterVec
+	errors   *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -57,13 +56,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "kvgate_extproc_stream_errors_total",
 			Help: "External processing streams ended by an error, by reason: protocol, send, misconfigured_mode, too_large.",
 		}, []string{"reason"}),
-		statusTag: map[int]string{},
 	}
 	for _, r := range []string{errProtocol, errSend, errMisconfigure, errTooLarge} {
 		m.errors.WithLabelValues(r)
-	}
-	for code := 100; code < 600; code++ {
-		m.statusTag[code] = strconv.Itoa(code)
 	}
 	for _, c := range []prometheus.Collector{m.requests, m.decision, m.ttft, m.inFlight, m.failOpen, m.errors} {
 		if err := reg.Register(c); err != nil {
@@ -73,11 +68,5 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	return m, nil
 }
 
-// status returns the label value of an HTTP status without formatting it
-// per request.
-func (m *metrics) status(code int) string {
-	if s, ok := m.statusTag[code]; ok {
-		return s
-	}
-	return strconv.Itoa(code)
-}
+// status returns the label value of an HTTP status, once per stream.
+func (m *metrics) status(code int) string { return strconv.Itoa(code) }
