@@ -23,7 +23,8 @@ KUBECTL        ?= kubectl
 # default (every namespace, ClusterRole) or namespaced (one namespace, Role).
 OVERLAY        ?= default
 # Kustomization of config/samples/ that deploy-sample and undeploy-sample
-# render: simulator, vllm or vllm-dp.
+# render: simulator, vllm, vllm-dp or inferencepool (which installs into its
+# own namespace, llm, with kvgate as the pool's picker).
 SAMPLE         ?= simulator
 # Extra flags for `make demo` (see bin/kvgate-demo -help), e.g.
 # DEMO_FLAGS='-duration 20s -engines 2'.

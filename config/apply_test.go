@@ -37,6 +37,24 @@ var installs = []install{
 	// vLLM's image runs as root.
 	{dir: "samples/vllm", namespace: "vllm-models", podSecurity: "baseline"},
 	{dir: "samples/vllm-dp", namespace: "vllm-dp-models", podSecurity: "baseline"},
+	// The InferencePool CRD: cluster-scoped, no pods.
+	{dir: "inference-extension"},
+	{dir: poolSample, namespace: "llm", podSecurity: "restricted"},
+}
+
+// poolSample is the sample deploying kvgate as an InferencePool's picker.
+const poolSample = "samples/inferencepool"
+
+// installOf returns the install of dir.
+func installOf(t *testing.T, dir string) install {
+	t.Helper()
+	for _, in := range installs {
+		if in.dir == dir {
+			return in
+		}
+	}
+	t.Fatalf("no install of config/%s", dir)
+	return install{}
 }
 
 const fieldOwner = client.FieldOwner("kvgate-manifests-test")

@@ -181,7 +181,7 @@ func TestGatewayEnvFileListsEveryVariable(t *testing.T) {
 // alias, and that the container reads the ConfigMap made of gateway.env.
 func TestGatewaySetsOnlyDeclaredVariables(t *testing.T) {
 	declared := declaredNames()
-	for _, dir := range []string{"default", "namespaced"} {
+	for _, dir := range []string{"default", "namespaced", poolSample} {
 		t.Run(dir, func(t *testing.T) {
 			g := findGateway(t, render(t, dir))
 			env, secrets := gatewayEnvironment(t, g)

@@ -9,8 +9,11 @@ package manifests
 
 import (
 	"context"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 
@@ -20,13 +23,31 @@ import (
 	"github.com/kvgate/kvgate/internal/testapiserver"
 )
 
-// TestMain starts one API server for the package, serving the
-// ServiceMonitor CRD of testdata/crds.
+// TestMain starts one API server for the package, serving the CRDs the
+// installations use: the ServiceMonitor of testdata/crds, the InferencePool
+// kvgate ships, and the Gateway API's (Gateway, HTTPRoute), from the
+// module go.mod requires.
 func TestMain(m *testing.M) {
+	gatewayAPI, err := moduleDir("sigs.k8s.io/gateway-api")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
 	os.Exit(testapiserver.Main(m, &envtest.Environment{
-		CRDDirectoryPaths:     []string{filepath.Join("testdata", "crds")},
+		CRDDirectoryPaths: []string{filepath.Join("testdata", "crds"), "inference-extension",
+			filepath.Join(gatewayAPI, "config", "crd", "standard")},
 		ErrorIfCRDPathMissing: true,
 	}))
+}
+
+// moduleDir returns the directory of module path, as go.mod requires it.
+func moduleDir(path string) (string, error) {
+	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", path).Output()
+	dir := strings.TrimSpace(string(out))
+	if err != nil || dir == "" {
+		return "", fmt.Errorf("locate module %s (go list -m): %v", path, err)
+	}
+	return dir, nil
 }
 
 // warnings collects the warnings the API server sends with its responses,

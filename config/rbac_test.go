@@ -70,23 +70,41 @@ func readPods(ns string) []access {
 	return []access{{"get", "", "pods", "", ns}, {"list", "", "pods", "", ns}, {"watch", "", "pods", "", ns}}
 }
 
+// poolGroup is the API group of InferencePools.
+const poolGroup = "inference.networking.k8s.io"
+
+// readPools are the requests of InferencePool discovery in namespace ns,
+// beside readPods.
+func readPools(ns string) []access {
+	return []access{{"get", poolGroup, "inferencepools", "", ns}, {"list", poolGroup, "inferencepools", "", ns},
+		{"watch", poolGroup, "inferencepools", "", ns}}
+}
+
+// writePools are requests on InferencePools no gateway needs.
+func writePools(ns string) []access {
+	return []access{{"create", poolGroup, "inferencepools", "", ns}, {"update", poolGroup, "inferencepools", "", ns},
+		{"delete", poolGroup, "inferencepools", "", ns}, {"update", poolGroup, "inferencepools", "status", ns}}
+}
+
 // TestGatewayMayOnlyReadPods installs the ServiceAccount and RBAC of each
 // overlay for real and asks the API server what the gateway's
 // ServiceAccount may do: get, list and watch pods (in every namespace for
-// config/default, in its own for config/namespaced) and nothing more. Besides
-// the SubjectAccessReviews of a list of requests, it compares the account's
-// complete rules (SelfSubjectRulesReview) with those of an account bound to
-// nothing.
+// config/default, in its own for config/namespaced), and the InferencePools
+// of its namespace too for the InferencePool sample's picker, and nothing
+// more. Besides the SubjectAccessReviews of a list of requests, it compares
+// the account's complete rules (SelfSubjectRulesReview) with those of an
+// account bound to nothing.
 func TestGatewayMayOnlyReadPods(t *testing.T) {
 	c, _ := newClient(t)
 	tests := []struct {
 		in install
 		// clusterWide is true when the gateway reads the pods of every
-		// namespace.
-		clusterWide bool
+		// namespace; pools when it reads InferencePools.
+		clusterWide, pools bool
 	}{
-		{installs[0], true},
-		{installs[1], false},
+		{installs[0], true, false},
+		{installs[1], false, false},
+		{installOf(t, poolSample), false, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.in.dir, func(t *testing.T) {
@@ -105,11 +123,16 @@ func TestGatewayMayOnlyReadPods(t *testing.T) {
 			const elsewhere = "default"
 
 			allowed := readPods(ns)
-			denied := slices.Concat(forbidden(ns), forbidden(elsewhere))
+			denied := slices.Concat(forbidden(ns), forbidden(elsewhere), writePools(ns), readPools(elsewhere), readPools(""))
 			if tt.clusterWide {
 				allowed = slices.Concat(allowed, readPods(elsewhere), readPods(""))
 			} else {
 				denied = slices.Concat(denied, readPods(elsewhere), readPods(""))
+			}
+			if tt.pools {
+				allowed = slices.Concat(allowed, readPools(ns))
+			} else {
+				denied = slices.Concat(denied, readPools(ns))
 			}
 			for _, a := range allowed {
 				if !mayDo(t, c, ns, sa, a) {
@@ -132,6 +155,9 @@ func TestGatewayMayOnlyReadPods(t *testing.T) {
 				if tt.clusterWide || where == ns {
 					for _, verb := range []string{"get", "list", "watch"} {
 						want[rule{verb: verb, group: "", resource: "pods"}] = true
+						if tt.pools {
+							want[rule{verb: verb, group: poolGroup, resource: "inferencepools"}] = true
+						}
 					}
 				}
 				if !maps.Equal(extra, want) {

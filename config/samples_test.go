@@ -1,10 +1,12 @@
 package manifests
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"net"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -12,8 +14,12 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
 
+	"github.com/kvgate/kvgate/pkg/config"
+	"github.com/kvgate/kvgate/pkg/discovery"
 	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/kvevent/manager"
 )
@@ -88,45 +94,99 @@ func endpointPort(endpoint string) (int, error) {
 	return strconv.Atoi(port)
 }
 
-// TestSamplesRunEnginesTheGatewayFollows checks each Deployment of
-// config/samples against the gateway installed by config/default: its pods
-// are selected by the gateway's informer, eligible for KV event sync, and
-// the ports the gateway dials for every data-parallel rank are the ones
+// TestSamplesRunEnginesTheGatewayFollows checks each engine Deployment of
+// config/samples against the gateway that routes to it, the one installed by
+// config/default or the sample's own: its pods are selected by the
+// gateway's informer (or by the sample's InferencePool, which makes them
+// pods of its target ports), eligible for KV event sync, and the ports the
+// gateway dials for every data-parallel rank are the ones
 // --kv-events-config binds and the container declares; the model the pods
 // serve is the model they are labelled with, and their HTTP port is the one
 // the gateway routes to, tokenizes on and scrapes.
 func TestSamplesRunEnginesTheGatewayFollows(t *testing.T) {
-	shipped := loadSettings(t, "default")
-	kv := shipped.config.KVSync
-	defaults := manager.StreamDefaults{PubPort: kv.PubPort, ReplayPort: kv.ReplayPort, Topic: kv.Topic}
-	selector, err := labels.Parse(shipped.config.Discovery.LabelSelector)
-	if err != nil {
-		t.Fatal(err)
-	}
 	dirs, err := filepath.Glob("samples/*/kustomization.yaml")
 	if err != nil || len(dirs) == 0 {
 		t.Fatalf("no samples: %v", err)
 	}
 	for _, k := range dirs {
 		dir := filepath.Dir(k)
-		for _, u := range only(render(t, dir), "Deployment") {
+		objs := render(t, dir)
+		shipped := "default"
+		if hasGateway(objs) {
+			shipped = dir
+		}
+		s := loadSettings(t, shipped)
+		kv := s.config.KVSync
+		defaults := manager.StreamDefaults{PubPort: kv.PubPort, ReplayPort: kv.ReplayPort, Topic: kv.Topic}
+		selector, err := labels.Parse(s.config.Discovery.LabelSelector)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pools := inferencePools(t, objs)
+		for _, u := range only(objs, "Deployment") {
+			if isGateway(u) {
+				continue // the sample's gateway: TestInferencePoolSampleWiresThePoolToThePicker
+			}
 			t.Run(dir+"/"+u.GetName(), func(t *testing.T) {
 				d := &appsv1.Deployment{}
 				fromUnstructured(t, u, d)
 				pod := runningPod(d)
-				if !selector.Matches(labels.Set(pod.Labels)) {
+				members := []*corev1.Pod{pod}
+				if s.config.Discovery.Mode == config.DiscoveryInferencePool {
+					pool := poolSelecting(pools, pod)
+					if pool == nil {
+						t.Fatalf("no InferencePool of the sample selects pods labelled %v", pod.Labels)
+					}
+					members = pool.Members(pod, kv.PubPort, kv.ReplayPort)
+				} else if !selector.Matches(labels.Set(pod.Labels)) {
 					t.Errorf("pod labels %v do not match the gateway's selector %q", pod.Labels, selector)
 				}
-				target, reason, err := manager.TargetForPod(pod, defaults)
-				if reason != "" {
-					t.Fatalf("the gateway does not follow the pods: %s %v", reason, err)
-				}
-				for i := range pod.Spec.Containers {
-					checkEngine(t, &pod.Spec.Containers[i], pod, target, shipped.tokenizerPort)
+				for _, m := range members {
+					target, reason, err := manager.TargetForPod(m, defaults)
+					if reason != "" {
+						t.Fatalf("the gateway does not follow the pods: %s %v", reason, err)
+					}
+					for i := range m.Spec.Containers {
+						checkEngine(t, &m.Spec.Containers[i], m, target, s.tokenizerPort)
+					}
 				}
 			})
 		}
 	}
+}
+
+// isGateway reports whether u is the gateway's Deployment.
+func isGateway(u *unstructured.Unstructured) bool {
+	return u.GetKind() == "Deployment" && u.GetLabels()["app.kubernetes.io/component"] == "gateway"
+}
+
+// hasGateway reports whether objs install a gateway of their own.
+func hasGateway(objs []*unstructured.Unstructured) bool {
+	return slices.ContainsFunc(objs, isGateway)
+}
+
+// inferencePools returns the InferencePools of objs, as kvgate reads them.
+func inferencePools(t *testing.T, objs []*unstructured.Unstructured) []*discovery.InferencePool {
+	t.Helper()
+	var out []*discovery.InferencePool
+	for _, u := range only(objs, "InferencePool") {
+		p := &discovery.InferencePool{}
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, p); err != nil {
+			t.Fatalf("InferencePool %s: %v", u.GetName(), err)
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
+// poolSelecting returns the pool of pools pod is a member of, nil for none.
+func poolSelecting(pools []*discovery.InferencePool, pod *corev1.Pod) *discovery.InferencePool {
+	for _, p := range pools {
+		if p.Selects(pod) {
+			return p
+		}
+	}
+	return nil
 }
 
 // checkEngine checks the engine container c of pod against the gateway's
@@ -187,8 +247,9 @@ func checkEngine(t *testing.T, c *corev1.Container, pod *corev1.Pod, target mana
 // kubelet has started it and its readiness probe passes.
 func runningPod(d *appsv1.Deployment) *corev1.Pod {
 	tmpl := d.Spec.Template.DeepCopy()
+	ns := cmp.Or(d.Namespace, "models")
 	return &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "models", Name: d.Name + "-0", UID: "uid-0",
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: d.Name + "-0", UID: "uid-0",
 			Labels: tmpl.Labels, Annotations: tmpl.Annotations},
 		Spec: tmpl.Spec,
 		Status: corev1.PodStatus{

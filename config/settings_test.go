@@ -69,7 +69,7 @@ func urlPort(e *config.Env, v config.Var) int {
 // pod's grace period outlasts the gateway's shutdown (the delay with
 // /readyz failing, then the drain of requests in flight).
 func TestGatewayLifecycleFitsItsDeployment(t *testing.T) {
-	for _, dir := range []string{"default", "namespaced"} {
+	for _, dir := range []string{"default", "namespaced", poolSample} {
 		t.Run(dir, func(t *testing.T) {
 			s := loadSettings(t, dir)
 			c, spec := s.manifest.container, s.manifest.deployment.Spec.Template.Spec
@@ -98,7 +98,7 @@ func TestGatewayLifecycleFitsItsDeployment(t *testing.T) {
 // TestGatewayDiscoversWhatItsRBACGrants checks that each installation
 // watches the pods its RBAC lets it read: every namespace with the
 // ClusterRole of config/default, its own namespace with the Role of
-// config/namespaced.
+// config/namespaced and with the Role of the InferencePool sample's picker.
 func TestGatewayDiscoversWhatItsRBACGrants(t *testing.T) {
 	tests := []struct {
 		dir      string
@@ -106,9 +106,11 @@ func TestGatewayDiscoversWhatItsRBACGrants(t *testing.T) {
 		// ownNamespace is true when the gateway must watch its own
 		// namespace, false for every namespace.
 		ownNamespace bool
+		mode         string
 	}{
-		{"default", "ClusterRole", false},
-		{"namespaced", "Role", true},
+		{"default", "ClusterRole", false, config.DiscoveryKubernetes},
+		{"namespaced", "Role", true, config.DiscoveryKubernetes},
+		{poolSample, "Role", true, config.DiscoveryInferencePool},
 	}
 	for _, tt := range tests {
 		t.Run(tt.dir, func(t *testing.T) {
@@ -117,8 +119,8 @@ func TestGatewayDiscoversWhatItsRBACGrants(t *testing.T) {
 			if tt.ownNamespace {
 				want = s.manifest.deployment.Namespace
 			}
-			if d := s.config.Discovery; d.Mode != config.DiscoveryKubernetes || d.Namespace != want {
-				t.Errorf("the gateway discovers %s; want kubernetes pods in namespace %q", d, want)
+			if d := s.config.Discovery; d.Mode != tt.mode || d.Namespace != want {
+				t.Errorf("the gateway discovers %s; want %s discovery in namespace %q", d, tt.mode, want)
 			}
 			roles := only(render(t, tt.dir), tt.roleKind)
 			if len(roles) != 1 {

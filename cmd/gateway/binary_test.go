@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -15,6 +16,12 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/localfleet"
@@ -416,6 +423,69 @@ func TestBinaryRoutesAdapterRequestsByTheAdaptersBlocks(t *testing.T) {
 			t.Fatalf("adapter chat whose prompt vllm-1 holds: %d from %q: %s", status, pod, body)
 		}
 	}
+	if err := gw.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code := gw.exited(t); code != 0 {
+		t.Fatalf("gateway exited with %d after SIGTERM; output:\n%s", code, gw.output)
+	}
+}
+
+func TestBinaryServesEnvoysExternalProcessorInsteadOfTheProxy(t *testing.T) {
+	dir := binaries(t)
+	ports := testsupport.FreePorts(t, 5)
+	file, urls := startSims(t, dir, ports, 1, func(int) []string { return nil })
+	addr, extAddr := fmt.Sprintf("127.0.0.1:%d", ports[3]), fmt.Sprintf("127.0.0.1:%d", ports[4])
+	url := "http://" + addr
+	gw := start(t, []string{"AIBRIX_POD_METRIC_REFRESH_INTERVAL_MS=20", "KVGATE_EXTPROC_TLS=false"},
+		filepath.Join(dir, "gateway"), "--discovery", "static", "--static-endpoints-file", file, "--listen-address", addr,
+		"--extproc-listen-address", extAddr, "--proxy-enabled=false")
+	conn, err := grpc.NewClient(extAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	health := healthpb.NewHealthClient(conn)
+	waitFor(t, gw, "the external processor to be ready", func() bool {
+		resp, err := health.Check(context.Background(), &healthpb.HealthCheckRequest{Service: "envoy.service.ext_proc.v3.ExternalProcessor"})
+		return err == nil && resp.GetStatus() == healthpb.HealthCheckResponse_SERVING
+	})
+	if status, _, _ := completion(t, url, `{"model":"sim","prompt":"hi"}`); status != http.StatusNotFound {
+		t.Errorf("the HTTP proxy answered %d with --proxy-enabled=false, want 404", status)
+	}
+
+	// Envoy's messages in BUFFERED mode: the headers, answered at once,
+	// then the whole body, answered with the endpoint.
+	stream, err := extprocv3.NewExternalProcessorClient(conn).Process(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	headers := &corev3.HeaderMap{Headers: []*corev3.HeaderValue{
+		{Key: ":method", RawValue: []byte("POST")}, {Key: ":path", RawValue: []byte("/v1/completions")}}}
+	var answer *extprocv3.ProcessingResponse
+	for _, m := range []*extprocv3.ProcessingRequest{
+		{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{Headers: headers}}},
+		{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{
+			Body: []byte(`{"model":"sim","prompt":"pick a pod","max_tokens":2}`), EndOfStream: true}}},
+	} {
+		if err := stream.Send(m); err != nil {
+			t.Fatal(err)
+		}
+		if answer, err = stream.Recv(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	picked := ""
+	for _, h := range answer.GetRequestBody().GetResponse().GetHeaderMutation().GetSetHeaders() {
+		if h.GetHeader().GetKey() == "x-gateway-destination-endpoint" {
+			picked = string(h.GetHeader().GetRawValue())
+		}
+	}
+	if "http://"+picked != urls[0] {
+		t.Errorf("picked %q, want the engine at %s", picked, urls[0])
+	}
+	_ = stream.CloseSend()
+
 	if err := gw.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}

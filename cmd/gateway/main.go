@@ -1,6 +1,8 @@
 // Command gateway runs kvgate's inference gateway: an OpenAI-compatible
 // proxy that routes each request to the vLLM pod that can serve it fastest,
-// using the KV-cache events of every pod. Its settings come from flags and
+// using the KV-cache events of every pod, and, with an external processing
+// address, the same routing as Envoy's external processor (package
+// extproc). Its settings come from flags and
 // environment variables (gateway -help lists the flags; README.md documents
 // every variable); a flag given on the command line overrides its variable.
 package main
@@ -11,6 +13,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/signal"
 	"syscall"
@@ -18,6 +21,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/kvgate/kvgate/pkg/config"
+	"github.com/kvgate/kvgate/pkg/extproc"
 	"github.com/kvgate/kvgate/pkg/gateway"
 )
 
@@ -54,6 +58,10 @@ func run(ctx context.Context, args []string, env config.LookupFunc, stderr io.Wr
 		fmt.Fprintln(stderr, "gateway: refusing to start:", err)
 		return 1
 	}
+	if err := attachExtProc(g, cfg); err != nil {
+		fmt.Fprintln(stderr, "gateway: refusing to start:", err)
+		return 1
+	}
 	if err := g.Run(ctx); err != nil {
 		klog.ErrorS(err, "Gateway failed")
 		fmt.Fprintln(stderr, "gateway: failed:", err)
@@ -61,4 +69,30 @@ func run(ctx context.Context, args []string, env config.LookupFunc, stderr io.Wr
 	}
 	klog.InfoS("Gateway stopped")
 	return 0
+}
+
+// attachExtProc attaches to g the external processor cfg.ExtProc
+// configures, when it has an address.
+func attachExtProc(g *gateway.Gateway, cfg gateway.Config) error {
+	x := cfg.ExtProc
+	if x.ListenAddress == "" {
+		return nil
+	}
+	ec := extproc.Config{FailOpen: x.FailOpen, Logger: cfg.Logger}
+	if x.TLS {
+		var err error
+		if ec.TLS, err = extproc.TLSConfig(x.CertDir, klog.Background()); err != nil {
+			return err
+		}
+	}
+	srv, err := extproc.New(g.Picker(), ec)
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", x.ListenAddress)
+	if err != nil {
+		return fmt.Errorf("extproc: listen on %s: %w", x.ListenAddress, err)
+	}
+	g.Attach("ext_proc", ln, srv)
+	return nil
 }

@@ -122,7 +122,8 @@ var (
 		Name:    "KVGATE_POD_DISCOVERY",
 		Default: "kubernetes",
 		Section: SectionDiscovery,
-		Doc: "Where inference pods come from: kubernetes (a pod informer) or static (the endpoints file " +
+		Doc: "Where inference pods come from: kubernetes (a pod informer), inferencepool (the pods of the Gateway API " +
+			"Inference Extension's InferencePools, KVGATE_INFERENCE_POOLS) or static (the endpoints file " +
 			"KVGATE_STATIC_ENDPOINTS_FILE, for running without Kubernetes).",
 		Flag: "discovery",
 	}
@@ -147,6 +148,17 @@ var (
 		Doc:     "Label selector of the pods the informer watches (Kubernetes syntax); the default selects every pod that names its model.",
 		Flag:    "label-selector",
 	}
+	InferencePools = Var{
+		Name:    "KVGATE_INFERENCE_POOLS",
+		Default: "",
+		Section: SectionDiscovery,
+		Doc: "inferencepool discovery: the InferencePools (inference.networking.k8s.io/v1) whose pods are the " +
+			"candidates, by name, separated by commas, in KVGATE_POD_NAMESPACE; empty follows every pool there. A pool " +
+			"may carry the pod labels and annotations kvgate reads (model.aibrix.ai/name, " +
+			"model.aibrix.ai/kv-events-enabled, kvgate.io/...) as defaults for its pods. KVGATE_POD_LABEL_SELECTOR " +
+			"does not apply.",
+		Flag: "inference-pools",
+	}
 	AdapterRefreshInterval = Var{
 		Name:    "KVGATE_ADAPTER_REFRESH_INTERVAL",
 		Default: "10",
@@ -160,8 +172,9 @@ var (
 
 // Discovery modes of PodDiscovery.
 const (
-	DiscoveryKubernetes = "kubernetes"
-	DiscoveryStatic     = "static"
+	DiscoveryKubernetes    = "kubernetes"
+	DiscoveryInferencePool = "inferencepool"
+	DiscoveryStatic        = "static"
 )
 
 // KVSync is the configuration of KV event sync and of the prefix index it
@@ -264,6 +277,9 @@ type Discovery struct {
 	// Namespace and LabelSelector scope the Kubernetes informer.
 	Namespace     string
 	LabelSelector string
+	// Pools names the InferencePools of inferencepool discovery, every
+	// pool of Namespace when empty.
+	Pools []string
 }
 
 // LoadDiscovery reads the discovery settings from e, recording an unknown
@@ -275,17 +291,24 @@ func LoadDiscovery(e *Env) Discovery {
 		Namespace:     e.String(PodNamespace),
 		LabelSelector: e.String(PodLabelSelector),
 	}
+	pools := e.String(InferencePools)
 	switch d.Mode {
 	case DiscoveryKubernetes:
 		if _, err := labels.Parse(d.LabelSelector); err != nil {
 			e.Errorf("%s=%q: %v", PodLabelSelector.Name, d.LabelSelector, err)
+		}
+	case DiscoveryInferencePool:
+		for name := range strings.SplitSeq(pools, ",") {
+			if name = strings.TrimSpace(name); name != "" {
+				d.Pools = append(d.Pools, name)
+			}
 		}
 	case DiscoveryStatic:
 		if d.StaticFile == "" {
 			e.Errorf("%s=%s needs %s", PodDiscovery.Name, DiscoveryStatic, StaticEndpointsFile.Name)
 		}
 	default:
-		e.Errorf("%s=%q: want %s or %s", PodDiscovery.Name, d.Mode, DiscoveryKubernetes, DiscoveryStatic)
+		e.Errorf("%s=%q: want %s, %s or %s", PodDiscovery.Name, d.Mode, DiscoveryKubernetes, DiscoveryInferencePool, DiscoveryStatic)
 	}
 	return d
 }
@@ -298,6 +321,12 @@ func (d Discovery) String() string {
 	ns := d.Namespace
 	if ns == "" {
 		ns = "all namespaces"
+	}
+	if d.Mode == DiscoveryInferencePool {
+		if len(d.Pools) == 0 {
+			return fmt.Sprintf("the pods of every InferencePool in %s", ns)
+		}
+		return fmt.Sprintf("the pods of the InferencePools %s in %s", strings.Join(d.Pools, ", "), ns)
 	}
 	return fmt.Sprintf("kubernetes pods in %s matching %q", ns, d.LabelSelector)
 }

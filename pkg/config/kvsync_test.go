@@ -1,6 +1,7 @@
 package config
 
 import (
+	"reflect"
 	"strconv"
 	"strings"
 	"testing"
@@ -129,6 +130,11 @@ func TestLoadDiscovery(t *testing.T) {
 		{map[string]string{"KVGATE_POD_DISCOVERY": "static"}, Discovery{}, "needs KVGATE_STATIC_ENDPOINTS_FILE"},
 		{map[string]string{"KVGATE_POD_DISCOVERY": "consul"}, Discovery{}, `KVGATE_POD_DISCOVERY="consul"`},
 		{map[string]string{"KVGATE_POD_LABEL_SELECTOR": "a in (b"}, Discovery{}, "KVGATE_POD_LABEL_SELECTOR"},
+		{map[string]string{"KVGATE_POD_DISCOVERY": "inferencepool", "KVGATE_POD_NAMESPACE": "llm",
+			"KVGATE_INFERENCE_POOLS": " qwen , ,llama"},
+			Discovery{Mode: "inferencepool", Namespace: "llm", LabelSelector: "model.aibrix.ai/name", Pools: []string{"qwen", "llama"}}, ""},
+		{map[string]string{"KVGATE_POD_DISCOVERY": "inferencepool"},
+			Discovery{Mode: "inferencepool", LabelSelector: "model.aibrix.ai/name"}, ""},
 	}
 	for _, tt := range tests {
 		e := NewEnv(lookupFrom(tt.env))
@@ -139,7 +145,7 @@ func TestLoadDiscovery(t *testing.T) {
 			}
 			continue
 		}
-		if e.Err() != nil || got != tt.want {
+		if e.Err() != nil || !reflect.DeepEqual(got, tt.want) {
 			t.Errorf("%v: LoadDiscovery = %+v, %v; want %+v", tt.env, got, e.Err(), tt.want)
 		}
 	}

@@ -12,8 +12,8 @@ const (
 )
 
 // Sections lists the configuration reference's sections in order.
-var Sections = []string{SectionGateway, SectionDiscovery, SectionKVSync, SectionIndex, SectionTokenizer, SectionRouting,
-	SectionMetrics, SectionRedis}
+var Sections = []string{SectionGateway, SectionExtProc, SectionDiscovery, SectionKVSync, SectionIndex, SectionTokenizer,
+	SectionRouting, SectionMetrics, SectionRedis}
 
 // Gateway.
 var (
@@ -298,12 +298,25 @@ var (
 		Name:    "KVGATE_REDIS_ADDRESS",
 		Default: "",
 		Section: SectionRedis,
-		Doc: "Redis server as host:port. Empty runs without Redis: request traces, shared request counts and " +
-			"GPU profiles are off.",
+		Doc: "Redis server as host:port (REDIS_HOST and REDIS_PORT when unset). Empty runs without Redis: request " +
+			"traces, shared request counts and GPU profiles are off.",
 		Flag: "redis-address",
+	}
+	RedisHost = Var{
+		Name:    "REDIS_HOST",
+		Default: "",
+		Section: SectionRedis,
+		Doc:     "AIBrix's name of the Redis server's host: with REDIS_PORT, the Redis server of KVGATE_REDIS_ADDRESS, which may be left unset.",
+	}
+	RedisPort = Var{
+		Name:    "REDIS_PORT",
+		Default: "6379",
+		Section: SectionRedis,
+		Doc:     "AIBrix's name of the Redis server's port, used with REDIS_HOST.",
 	}
 	RedisPassword = Var{
 		Name:    "KVGATE_REDIS_PASSWORD",
+		Aliases: []string{"REDIS_PASSWORD"},
 		Default: "",
 		Section: SectionRedis,
 		Doc:     "Password of the Redis server; empty for none.",
@@ -356,6 +369,11 @@ var Vars = []Var{
 	UpstreamIdleTimeout,
 	MaxStreamEventBytes,
 	RequestTTL,
+	ExtProcListenAddress,
+	ExtProcFailOpen,
+	ExtProcTLS,
+	ExtProcCertDir,
+	ProxyEnabled,
 	Kubeconfig,
 	KVEventSyncEnabled,
 	UseRemoteTokenizer,
@@ -376,6 +394,7 @@ var Vars = []Var{
 	StaticEndpointsFile,
 	PodNamespace,
 	PodLabelSelector,
+	InferencePools,
 	AdapterRefreshInterval,
 	SyncMaxContexts,
 	SyncMaxPrefixesPerContext,
@@ -397,6 +416,8 @@ var Vars = []Var{
 	PrefixCacheStdDevFactor,
 	PodMetricRefreshInterval,
 	RedisAddress,
+	RedisHost,
+	RedisPort,
 	RedisPassword,
 	RequestTracing,
 	ProfileCaching,

@@ -5,6 +5,10 @@
 //   - KubernetesSource watches pods through a client-go shared informer,
 //     scoped by namespace and label selector. It is the mode for gateways
 //     running in the cluster.
+//   - InferencePoolSource watches the Gateway API Inference Extension's
+//     InferencePools and delivers their member pods, one per target port,
+//     with the pool's defaults. It is the mode of a gateway that is a
+//     pool's endpoint picker.
 //   - StaticSource reads a YAML file of endpoints and turns each into a
 //     synthesized, Running and Ready pod in namespace StaticNamespace,
 //     labelled and annotated as a real pod would be, so that routing,
@@ -110,15 +114,23 @@ func podHandler(sink cache.PodSink, log klog.Logger) toolscache.ResourceEventHan
 			}
 		},
 		DeleteFunc: func(obj any) {
-			if tomb, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
-				obj = tomb.Obj
+			if pod, ok := deletedPod(obj, log); ok {
+				sink.DeletePod(endpoint.KeyOf(pod))
 			}
-			pod, ok := obj.(*v1.Pod)
-			if !ok {
-				log.Error(nil, "Ignoring the deletion of an object that is not a pod", "type", fmt.Sprintf("%T", obj))
-				return
-			}
-			sink.DeletePod(endpoint.KeyOf(pod))
 		},
 	}
+}
+
+// deletedPod returns the pod of an informer's deletion notification, whose
+// last state may be unknown (a tombstone); an object that is not a pod is
+// logged and ignored.
+func deletedPod(obj any, log klog.Logger) (*v1.Pod, bool) {
+	if tomb, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+		obj = tomb.Obj
+	}
+	pod, ok := obj.(*v1.Pod)
+	if !ok {
+		log.Error(nil, "Ignoring the deletion of an object that is not a pod", "type", fmt.Sprintf("%T", obj))
+	}
+	return pod, ok
 }

@@ -5,6 +5,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -94,6 +95,11 @@ type Config struct {
 	// MaxIdleConnsPerPod bounds the keep-alive connections kept to each
 	// pod (DefaultMaxIdleConnsPerPod when 0).
 	MaxIdleConnsPerPod int
+	// DisableProxy keeps the OpenAI API off the listener, which then serves
+	// the probes, /metrics and /debug alone, for a gateway that takes its
+	// requests through an attached frontend only (KVGATE_PROXY_ENABLED
+	// false).
+	DisableProxy bool
 
 	// Discovery says where pods come from, and Kubeconfig (KUBECONFIG, a
 	// list of files) how to reach Kubernetes; empty means in-cluster.
@@ -129,6 +135,11 @@ type Config struct {
 	RequestTTL time.Duration
 	// Redis is the Redis server and the state the gateway keeps there.
 	Redis RedisConfig
+
+	// ExtProc configures the Envoy external processor that cmd/gateway
+	// attaches (see Attach and package extproc); the gateway itself only
+	// carries it.
+	ExtProc config.ExtProc
 
 	// Logger receives the gateway's logs (klog's global logger when zero).
 	Logger klog.Logger
@@ -178,6 +189,7 @@ func LoadConfig(e *config.Env) Config {
 		FirstByteTimeout:          e.Duration(config.UpstreamFirstByteTimeout, time.Second),
 		UpstreamIdleTimeout:       e.Duration(config.UpstreamIdleTimeout, time.Second),
 		MaxStreamEventBytes:       e.Int(config.MaxStreamEventBytes, 1),
+		DisableProxy:              !e.Bool(config.ProxyEnabled),
 		Discovery:                 config.LoadDiscovery(e),
 		Kubeconfig:                e.String(config.Kubeconfig),
 		KVSync:                    config.LoadKVSync(e),
@@ -187,6 +199,7 @@ func LoadConfig(e *config.Env) Config {
 		Routing:                   loadRouting(e),
 		RequestTTL:                e.Duration(config.RequestTTL, time.Second),
 		Redis:                     loadRedis(e),
+		ExtProc:                   config.LoadExtProc(e),
 	}
 	cfg.Cache = loadCache(e)
 	if _, _, err := net.SplitHostPort(cfg.ListenAddress); err != nil {
@@ -263,11 +276,25 @@ func loadCache(e *config.Env) cache.Config {
 	}
 }
 
-// loadRedis reads the Redis server and its features. Features on by
+// loadRedis reads the Redis server, from KVGATE_REDIS_ADDRESS or AIBrix's
+// REDIS_HOST and REDIS_PORT (which may not name another server), and its
+// features. Features on by
 // default are off without Redis; one enabled explicitly without Redis is
 // an error.
 func loadRedis(e *config.Env) RedisConfig {
 	rc := RedisConfig{Address: e.String(config.RedisAddress), Password: e.String(config.RedisPassword)}
+	host, port := e.String(config.RedisHost), e.Int(config.RedisPort, 1)
+	if host != "" {
+		aibrix := net.JoinHostPort(host, strconv.Itoa(port))
+		switch rc.Address {
+		case "":
+			rc.Address = aibrix
+		case aibrix:
+		default:
+			e.Errorf("%s=%q and %s=%q with %s name different Redis servers: set only one", config.RedisAddress.Name, rc.Address,
+				config.RedisHost.Name, host, config.RedisPort.Name)
+		}
+	}
 	feature := func(v config.Var) bool {
 		on := e.Bool(v)
 		if on && rc.Address == "" {
@@ -300,7 +327,7 @@ func checkFiles(e *config.Env, cfg Config) {
 		if err != nil {
 			e.Errorf("%s=%q: %v", config.StaticEndpointsFile.Name, cfg.Discovery.StaticFile, err)
 		}
-	case config.DiscoveryKubernetes:
+	case config.DiscoveryKubernetes, config.DiscoveryInferencePool:
 		for _, path := range filepath.SplitList(cfg.Kubeconfig) {
 			if _, err := os.Stat(path); err != nil {
 				e.Errorf("%s=%q: %v", config.Kubeconfig.Name, cfg.Kubeconfig, err)

@@ -46,6 +46,30 @@ func TestLoadConfigDefaults(t *testing.T) {
 	}
 }
 
+func TestLoadConfigReadsAIBrixsRedisVariables(t *testing.T) {
+	tests := []struct {
+		env               map[string]string
+		address, password string
+	}{
+		{map[string]string{"REDIS_HOST": "aibrix-redis-master", "REDIS_PASSWORD": "s3cret"}, "aibrix-redis-master:6379", "s3cret"},
+		{map[string]string{"REDIS_HOST": "redis", "REDIS_PORT": "6380"}, "redis:6380", ""},
+		{map[string]string{"KVGATE_REDIS_ADDRESS": "redis:6379", "REDIS_HOST": "redis", "KVGATE_REDIS_PASSWORD": "a"},
+			"redis:6379", "a"},
+	}
+	for _, tt := range tests {
+		e := envOf(tt.env)
+		cfg := LoadConfig(e)
+		if e.Err() != nil || cfg.Redis.Address != tt.address || cfg.Redis.Password != tt.password {
+			t.Errorf("%v: Redis at %q with password %q, %v; want %q and %q", tt.env, cfg.Redis.Address, cfg.Redis.Password,
+				e.Err(), tt.address, tt.password)
+		}
+	}
+	e := envOf(map[string]string{"KVGATE_REDIS_ADDRESS": "kv:1", "REDIS_HOST": "redis"})
+	if LoadConfig(e); e.Err() == nil || !strings.Contains(e.Err().Error(), "name different Redis servers") {
+		t.Errorf("two Redis servers named: %v", e.Err())
+	}
+}
+
 func TestLoadConfigListsEveryProblem(t *testing.T) {
 	e := envOf(map[string]string{
 		"KVGATE_LISTEN_ADDRESS":                    "8080",

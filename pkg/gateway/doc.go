@@ -152,6 +152,20 @@
 //
 // Errors a pod answers with are relayed as the pod sent them.
 //
+// # Other front ends
+//
+// A front end that forwards requests itself, such as an Envoy external
+// processor (package extproc), decides with the gateway's Picker: Pick runs
+// steps 1 to 4 on a request's path, body and routing-strategy header (a
+// request to another path than the two above is routed by the model its
+// JSON body names, on load alone) and refuses with the status and error the
+// proxy would answer with; the Pick it returns names the pod and the body
+// to forward, and takes what becomes of the request (Response with its
+// body's pieces, Unreachable, Served, Fail, Cancel, End), driving the
+// request ledger as steps 5 to 7 do. Attach makes Serve run such a front
+// end (a Frontend) on a listener of its own, from the start until the
+// shutdown, when it drains with the API's listener.
+//
 // # Listeners
 //
 // Everything is served on Config.ListenAddress unless Config.AdminListenAddress
@@ -161,7 +175,9 @@
 // 404 on the API's listener; /healthz and /readyz answer on both. The
 // admin listener also serves Go's profiles (net/http/pprof) under
 // /debug/pprof/, e.g. "go tool pprof http://127.0.0.1:9090/debug/pprof/profile?seconds=20";
-// without an admin address no listener serves them. On
+// without an admin address no listener serves them. With
+// Config.DisableProxy (KVGATE_PROXY_ENABLED=false) the OpenAI endpoints
+// answer 404: requests come through an attached front end only. On
 // shutdown both fail /readyz, and the admin listener closes after the
 // API's requests have drained, so that metrics can be read meanwhile.
 //

@@ -33,6 +33,17 @@ const (
 	engineMetricsEnd   = "<!-- END ENGINE METRICS -->\n"
 )
 
+// The table of AIBrix's gateway settings, which names settings kvgate does
+// not read, sits between these markers of aibrixDoc.
+const (
+	aibrixDoc           = "../../docs/aibrix.md"
+	aibrixSettingsBegin = "<!-- BEGIN AIBRIX SETTINGS: checked by go test ./pkg/gateway -run TestDocs -->\n"
+	aibrixSettingsEnd   = "<!-- END AIBRIX SETTINGS -->\n"
+)
+
+// aibrixRow is a row of the AIBrix settings table: | `NAME` | What kvgate does |.
+var aibrixRow = regexp.MustCompile("(?m)^\\| `([A-Z0-9_]+)` \\| ([^|]*)")
+
 // TestDocsCiteOnlyNamesTheCodeDefines keeps the operator documentation
 // (README.md and docs/*.md) honest about the names it cites: environment
 // variables must be declared in config.Vars, pod labels and annotations and
@@ -49,6 +60,9 @@ func TestDocsCiteOnlyNamesTheCodeDefines(t *testing.T) {
 			t.Fatal(err)
 		}
 		text := string(data)
+		if file == aibrixDoc {
+			text = checkAIBrixSettings(t, text, vars)
+		}
 		for _, name := range envVarPattern.FindAllString(text, -1) {
 			if !vars[name] {
 				t.Errorf("%s names environment variable %s, which config.Vars does not declare", file, name)
@@ -67,6 +81,37 @@ func TestDocsCiteOnlyNamesTheCodeDefines(t *testing.T) {
 		}
 	}
 	checkEngineMetricsTable(t)
+}
+
+// checkAIBrixSettings checks the AIBrix settings table of text, the
+// content of aibrixDoc, against the variables kvgate declares (vars): a row
+// of a declared variable says it is read ("Read ..."), a row of any other
+// says it is not ("Not read ..."), and every declared AIBrix variable has a
+// row. It returns text without the table, whose undeclared names the
+// caller does not check again.
+func checkAIBrixSettings(t *testing.T, text string, vars map[string]bool) string {
+	t.Helper()
+	b, e := strings.Index(text, aibrixSettingsBegin), strings.Index(text, aibrixSettingsEnd)
+	if b < 0 || e < b {
+		t.Fatalf("%s lacks the markers %q and %q", aibrixDoc, aibrixSettingsBegin, aibrixSettingsEnd)
+	}
+	rows := map[string]bool{}
+	for _, m := range aibrixRow.FindAllStringSubmatch(text[b:e], -1) {
+		name, what := m[1], strings.TrimSpace(m[2])
+		rows[name] = true
+		switch {
+		case vars[name] && !strings.HasPrefix(what, "Read"):
+			t.Errorf("%s says kvgate does not read %s, which config.Vars declares", aibrixDoc, name)
+		case !vars[name] && !strings.HasPrefix(what, "Not read"):
+			t.Errorf("%s says kvgate reads %s, which config.Vars does not declare", aibrixDoc, name)
+		}
+	}
+	for name := range vars {
+		if strings.HasPrefix(name, "AIBRIX_") && !rows[name] {
+			t.Errorf("%s lacks the AIBrix setting %s, which kvgate reads", aibrixDoc, name)
+		}
+	}
+	return text[:b] + text[e:]
 }
 
 // checkEngineMetricsTable compares the vLLM families of docs/metrics.md's

@@ -49,9 +49,28 @@ type apiErrorBody struct {
 	Code    string  `json:"code"`
 }
 
-// writeError answers with status and an OpenAI-style JSON error. param
-// names the request field at fault, "" for none.
-func writeError(w http.ResponseWriter, status int, typ, code, param, message string) {
+// Error is a request the gateway refuses: the HTTP status and the
+// OpenAI-style error it answers with. Model and Algorithm are what was known
+// of the request when it was refused ("" before each was resolved), for the
+// labels of a front end's metrics.
+type Error struct {
+	Status int
+	// Type and Code are the error's type and code (see the package
+	// documentation); Param names the request field at fault, "" for none.
+	Type, Code, Param string
+	Message           string
+	Model, Algorithm  string
+}
+
+// Error returns the message.
+func (e *Error) Error() string { return e.Message }
+
+// Body returns the error as the gateway answers it: the JSON object
+// {"error": {"message", "type", "param", "code"}} and a newline.
+func (e *Error) Body() []byte { return errorBody(e.Type, e.Code, e.Param, e.Message) }
+
+// errorBody encodes an OpenAI-style error, param "" encoding as null.
+func errorBody(typ, code, param, message string) []byte {
 	body := apiError{Error: apiErrorBody{Message: message, Type: typ, Code: code}}
 	if param != "" {
 		body.Error.Param = &param
@@ -61,9 +80,15 @@ func writeError(w http.ResponseWriter, status int, typ, code, param, message str
 		// A struct of strings always encodes.
 		panic(err)
 	}
+	return append(data, '\n')
+}
+
+// writeError answers with status and an OpenAI-style JSON error. param
+// names the request field at fault, "" for none.
+func writeError(w http.ResponseWriter, status int, typ, code, param, message string) {
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
 	h.Del("Content-Length")
 	w.WriteHeader(status)
-	_, _ = w.Write(append(data, '\n'))
+	_, _ = w.Write(errorBody(typ, code, param, message))
 }

@@ -73,7 +73,9 @@ type Gateway struct {
 	// adminHandler serves /metrics and /debug/* apart from the API; nil
 	// when handler serves them.
 	adminHandler http.Handler
-	started      time.Time
+	// frontends are served beside the HTTP API (see Attach).
+	frontends []attached
+	started   time.Time
 
 	// backend is set once the Store has synced; until then the inference
 	// and debug endpoints answer 503.
@@ -328,8 +330,8 @@ func (g *Gateway) sourceName() string {
 
 // shutdown fails readiness, keeps serving for the shutdown delay (when the
 // gateway got to serve at all), lets the requests in flight finish within
-// the shutdown timeout, the API's first so that the admin listener serves
-// metrics while they drain, then stops the components, in the reverse
+// the shutdown timeout, the API's and the frontends' first so that the admin
+// listener serves metrics while they drain, then stops the components, in the reverse
 // order of their start, and releases what the gateway holds.
 func (g *Gateway) shutdown(servers []*http.Server, comps *components, served bool) {
 	g.draining.Store(true)
@@ -339,12 +341,14 @@ func (g *Gateway) shutdown(servers []*http.Server, comps *components, served boo
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.ShutdownTimeout)
 	defer cancel()
-	for _, srv := range servers {
-		if err := srv.Shutdown(ctx); err != nil {
-			g.log.Info("Requests still in flight after the shutdown timeout are cut", "timeout", g.cfg.ShutdownTimeout)
-			_ = srv.Close()
+	g.shutdownFrontends(ctx, func() {
+		for _, srv := range servers {
+			if err := srv.Shutdown(ctx); err != nil {
+				g.log.Info("Requests still in flight after the shutdown timeout are cut", "timeout", g.cfg.ShutdownTimeout)
+				_ = srv.Close()
+			}
 		}
-	}
+	})
 	comps.stop()
 	g.release()
 }

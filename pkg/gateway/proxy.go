@@ -142,6 +142,8 @@ func (g *Gateway) serveInference(k kind) http.HandlerFunc {
 // admitted is a request that passed the gateway's checks.
 type admitted struct {
 	b *backend
+	// model and algorithm are the request's, each set once resolved.
+	model, algorithm string
 	// pods are the candidates: the model's ready pods that are not
 	// ejected, or all of them when all are; ready counts the ready pods.
 	pods  []*endpoint.Endpoint
@@ -162,24 +164,14 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, k kind, x *excha
 	if !ok {
 		return false
 	}
-	rc := types.NewRoutingContext(g.requestID(), c.model)
-	rc.ReceivedAt = c.start
-	rc.Algorithm = c.algorithm
-	rc.LoraAdapter = adapterOf(c.model, a.pods)
-	req := g.ledger.Admit(rc.RequestID, rc.Model)
+	rc, req := g.begin(r.Context(), &a, x, c.start)
 	defer req.End()
-	if g.tokenizer != nil && readsPrompt(c.algorithm) {
-		rc.PromptTokenIDs = g.tokenize(r.Context(), rc, &x.in, a.pods)
-	}
-	g.predictOutput(rc, x.in.maxTokens())
 	c.lap(phaseTokenize)
 	return g.forward(w, r, a, rc, req, x, c)
 }
 
 // admit reads and checks a request, answering the client when it fails a
-// check: the gateway is ready, the body is within the limit and decodes,
-// the routing algorithm is known, and a ready pod serves the model. It sets
-// c's model and algorithm as they become known.
+// check (see check). It sets c's model and algorithm as they become known.
 func (g *Gateway) admit(w http.ResponseWriter, r *http.Request, k kind, x *exchange, c *call) (admitted, bool) {
 	a := admitted{b: g.ready()}
 	if a.b == nil {
@@ -190,43 +182,97 @@ func (g *Gateway) admit(w http.ResponseWriter, r *http.Request, k kind, x *excha
 	if !ok {
 		return a, false
 	}
-	if err := x.in.decode(k, body); err != nil {
-		c.fail(w, http.StatusBadRequest, typeInvalidRequest, codeInvalidJSON, "", jsonError(err))
-		return a, false
-	}
-	model := x.in.model()
-	if model == "" {
-		c.fail(w, http.StatusBadRequest, typeInvalidRequest, codeMissingField, "model", "the request names no model")
-		return a, false
-	}
-	alg, err := a.b.router.Resolve(r.Header.Get(routing.HeaderRoutingStrategy))
+	err := g.check(&a, k, body, r.Header.Get(routing.HeaderRoutingStrategy), x)
+	c.model, c.algorithm = a.model, a.algorithm
 	if err != nil {
-		c.fail(w, http.StatusBadRequest, typeInvalidRequest, codeUnknownStrategy, "", "header "+routing.HeaderRoutingStrategy+": "+err.Error())
+		c.fail(w, err.Status, err.Type, err.Code, err.Param, err.Message)
 		return a, false
 	}
-	c.algorithm = alg
+	return a, true
+}
+
+// check decodes and checks the body of a request of kind k whose
+// routing-strategy header is strategy, into a and x: the body decodes, the
+// routing algorithm is known, and a ready pod serves the model. It sets
+// a's algorithm and model as they become known, and fails with the error
+// the client is answered with.
+func (g *Gateway) check(a *admitted, k kind, body []byte, strategy string, x *exchange) *Error {
+	if err := x.in.decode(k, body); err != nil {
+		return &Error{Status: http.StatusBadRequest, Type: typeInvalidRequest, Code: codeInvalidJSON, Message: jsonError(err)}
+	}
+	if err := g.candidates(a, x.in.model(), strategy, x); err != nil {
+		return err
+	}
+	a.body = body
+	if sf := x.in.stream(); sf.Stream && !sf.clientWantsUsage() {
+		a.dropUsage = true
+		var err error
+		if a.body, err = withStreamUsage(&x.sent, body, sf.StreamOptions); err != nil {
+			return &Error{Status: http.StatusBadRequest, Type: typeInvalidRequest, Code: codeInvalidField, Param: "stream_options",
+				Message: "stream_options: " + err.Error()}
+		}
+	}
+	return nil
+}
+
+// candidates resolves the algorithm of a request for model whose
+// routing-strategy header is strategy, and its candidates: the model's
+// ready pods that are not ejected, or all of them when all are. It sets
+// a's algorithm and model as they become known, and fails when the request
+// names no model, the header no algorithm, or no ready pod serves the
+// model.
+func (g *Gateway) candidates(a *admitted, model, strategy string, x *exchange) *Error {
+	if model == "" {
+		return &Error{Status: http.StatusBadRequest, Type: typeInvalidRequest, Code: codeMissingField, Param: "model",
+			Message: "the request names no model"}
+	}
+	alg, rerr := resolveAlgorithm(a.b.router, strategy)
+	if rerr != nil {
+		return rerr
+	}
+	a.algorithm = alg
+	var err error
 	if a.pods, err = a.b.store.ListPodsByModel(model); err != nil {
-		c.fail(w, http.StatusNotFound, typeInvalidRequest, codeModelNotFound, "model", fmt.Sprintf("the model `%s` does not exist", model))
-		return a, false
+		return &Error{Status: http.StatusNotFound, Type: typeInvalidRequest, Code: codeModelNotFound, Param: "model",
+			Message: fmt.Sprintf("the model `%s` does not exist", model)}
 	}
-	c.model = model
+	a.model = model
 	if len(a.pods) == 0 {
-		c.fail(w, http.StatusServiceUnavailable, typeServiceUnavailable, codeNoReadyPod, "model",
-			fmt.Sprintf("no pod serving the model `%s` is ready", model))
-		return a, false
+		return &Error{Status: http.StatusServiceUnavailable, Type: typeServiceUnavailable, Code: codeNoReadyPod, Param: "model",
+			Message: fmt.Sprintf("no pod serving the model `%s` is ready", model)}
 	}
 	a.ready = len(a.pods)
 	x.snaps = a.b.store.Snapshots(a.pods, x.snaps[:0])
 	a.pods = withoutEjected(a.pods, x.snaps)
-	a.body = body
-	if sf := x.in.stream(); sf.Stream && !sf.clientWantsUsage() {
-		a.dropUsage = true
-		if a.body, err = withStreamUsage(&x.sent, body, sf.StreamOptions); err != nil {
-			c.fail(w, http.StatusBadRequest, typeInvalidRequest, codeInvalidField, "stream_options", "stream_options: "+err.Error())
-			return a, false
-		}
+	return nil
+}
+
+// resolveAlgorithm returns the algorithm the routing-strategy header
+// strategy selects, failing with 400 for a name that is no algorithm.
+func resolveAlgorithm(r *routing.Router, strategy string) (string, *Error) {
+	alg, err := r.Resolve(strategy)
+	if err != nil {
+		return "", &Error{Status: http.StatusBadRequest, Type: typeInvalidRequest, Code: codeUnknownStrategy,
+			Message: "header " + routing.HeaderRoutingStrategy + ": " + err.Error()}
 	}
-	return a, true
+	return alg, nil
+}
+
+// begin records an admitted request in the request ledger and prepares what
+// routing reads of it: its routing context, with the prompt's token ids
+// when the algorithm reads them, and its predicted output length. The
+// caller ends the returned request.
+func (g *Gateway) begin(ctx context.Context, a *admitted, x *exchange, start time.Time) (*types.RoutingContext, *inflight.Request) {
+	rc := types.NewRoutingContext(g.requestID(), a.model)
+	rc.ReceivedAt = start
+	rc.Algorithm = a.algorithm
+	rc.LoraAdapter = adapterOf(a.model, a.pods)
+	req := g.ledger.Admit(rc.RequestID, rc.Model)
+	if g.tokenizer != nil && readsPrompt(a.algorithm) {
+		rc.PromptTokenIDs = g.tokenize(ctx, rc, &x.in, a.pods)
+	}
+	g.predictOutput(rc, x.in.maxTokens())
+	return rc, req
 }
 
 // readBody reads the request body into x, answering 413 when it exceeds
@@ -408,15 +454,12 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, a admitted, rc
 	b, candidates := a.b, a.pods
 	var tried []string
 	for attempt := 0; ; attempt++ {
-		x.snaps = b.store.Snapshots(candidates, x.snaps[:0])
-		if err := b.router.Route(r.Context(), rc, x.snaps, &x.d); err != nil {
+		h, err := g.open(r.Context(), b, rc, candidates, x, req)
+		if err != nil {
 			c.fail(w, http.StatusServiceUnavailable, typeServiceUnavailable, codeNoReadyPod, "", err.Error())
 			return false
 		}
 		pod := x.d.Endpoint
-		route := x.d.Route()
-		route.PendingLoad = g.requestLoad(rc, pod)
-		h := req.Route(route)
 		addr := pod.Address
 		x.head = appendRequestHead(x.head[:0], r, addr, len(a.body), rc.RequestID)
 		pc, err := g.send(r.Context(), addr, x.head, a.body)
@@ -486,6 +529,20 @@ type sendError struct{ err error }
 
 func (e *sendError) Error() string { return "send the request: " + e.err.Error() }
 func (e *sendError) Unwrap() error { return e.err }
+
+// open routes the request among candidates, describing the decision in
+// x.d, and opens its attempt on the chosen pod as an attempt of req. It
+// fails when the router finds no pod.
+func (g *Gateway) open(ctx context.Context, b *backend, rc *types.RoutingContext, candidates []*endpoint.Endpoint, x *exchange,
+	req *inflight.Request) (*inflight.Handle, error) {
+	x.snaps = b.store.Snapshots(candidates, x.snaps[:0])
+	if err := b.router.Route(ctx, rc, x.snaps, &x.d); err != nil {
+		return nil, err
+	}
+	route := x.d.Route()
+	route.PendingLoad = g.requestLoad(rc, x.d.Endpoint)
+	return req.Route(route), nil
+}
 
 // requestLoad is the share of pod's capacity the request takes by the GPU
 // profile of the pod's deployment, 0 without one.

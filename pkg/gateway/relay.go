@@ -108,12 +108,20 @@ type sseRelay struct {
 	more func() int
 	// maxEvent bounds an event, in bytes; 0 means no bound.
 	maxEvent int
+	eventReader
+
+	event []byte
+}
+
+// eventReader reads what the gateway needs from an engine's server-sent
+// events, one complete event at a time: the first generated token, and the
+// usage chunk (a chunk with no choices and a usage object).
+type eventReader struct {
 	// dropUsage withholds the usage chunk; firstToken is called once, at
 	// the first event carrying generated output.
 	dropUsage  bool
 	firstToken func()
 
-	event     []byte
 	seenToken bool
 	usage     usage
 	hasUsage  bool
@@ -199,7 +207,7 @@ var usageKey = []byte(`"usage"`)
 
 // inspect reads an event and reports whether it is to be withheld. It
 // reads a chunk's choices and usage by hand, without decoding the rest.
-func (s *sseRelay) inspect(event []byte) (withhold bool) {
+func (s *eventReader) inspect(event []byte) (withhold bool) {
 	payload, ok := dataPayload(event)
 	if !ok || len(payload) == 0 || payload[0] != '{' {
 		return false
@@ -351,7 +359,7 @@ func (g *Gateway) respond(w http.ResponseWriter, r *http.Request, pc *podConn, r
 		return g.failResponse(w, r, err, stageHead, rc, x, c, h)
 	}
 	g.store.PodReachable(pod)
-	if x.in.stream().Stream && res.status == http.StatusOK && strings.HasPrefix(res.contentType, "text/event-stream") {
+	if isEventStream(x.in.stream().Stream, res.status, res.contentType) {
 		return g.relayStream(w, r, res, rc, x, c, h, dropUsage, pod.Address)
 	}
 	return g.relayWhole(w, r, res, rc, x, c, h, pod.Address)
@@ -422,15 +430,30 @@ func (g *Gateway) relayWhole(w http.ResponseWriter, r *http.Request, res *podRes
 		return g.clientGone(c, h)
 	}
 	c.lap(phaseRelay)
-	if res.status == http.StatusOK {
-		if u, ok := responseUsage(x.resp.Bytes()); complete && ok {
+	u, ok := responseUsage(x.resp.Bytes())
+	g.closeDone(h, res.status, u, complete && ok)
+	return false
+}
+
+// isEventStream reports whether a response is relayed as server-sent
+// events: the request streams and the pod answered 200 with an event
+// stream.
+func isEventStream(stream bool, status int, contentType string) bool {
+	return stream && status == http.StatusOK && strings.HasPrefix(contentType, "text/event-stream")
+}
+
+// closeDone closes an attempt whose response was relayed to its end, with
+// status: done, with the usage the engine reported (u, when ok) if it
+// succeeded; a success without usage is counted.
+func (g *Gateway) closeDone(h *inflight.Handle, status int, u usage, ok bool) {
+	if status == http.StatusOK {
+		if ok {
 			h.ReportUsage(inflight.Usage{PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens})
 		} else {
 			g.metrics.usageMissing.Inc()
 		}
 	}
 	h.Close(inflight.Done, "")
-	return false
 }
 
 // relayStream relays a server-sent event stream, reporting the first token
@@ -452,11 +475,11 @@ func (g *Gateway) relayStream(w http.ResponseWriter, r *http.Request, res *podRe
 	x.reader.Reset(&res.body)
 	s := &x.relay
 	*s = sseRelay{dst: w, flush: rcw.Flush, src: x.reader, more: res.body.buffered, maxEvent: g.cfg.MaxStreamEventBytes,
-		dropUsage: dropUsage, event: s.event[:0],
-		firstToken: func() {
-			h.FirstToken()
-			g.metrics.ttft.WithLabelValues(rc.Model).Observe(time.Since(c.start).Seconds())
-		}}
+		event: s.event[:0], eventReader: eventReader{dropUsage: dropUsage,
+			firstToken: func() {
+				h.FirstToken()
+				g.metrics.ttft.WithLabelValues(rc.Model).Observe(time.Since(c.start).Seconds())
+			}}}
 	err := s.run()
 	c.lap(phaseRelay)
 	if err != nil {
@@ -469,12 +492,7 @@ func (g *Gateway) relayStream(w http.ResponseWriter, r *http.Request, res *podRe
 	x.timing = append(x.timing, ", "...)
 	x.timing = appendTiming(x.timing, serverTimingTotal, c.total())
 	hd[HeaderServerTiming] = []string{string(x.timing)}
-	if s.hasUsage {
-		h.ReportUsage(inflight.Usage{PromptTokens: s.usage.PromptTokens, CompletionTokens: s.usage.CompletionTokens})
-	} else {
-		g.metrics.usageMissing.Inc()
-	}
-	h.Close(inflight.Done, "")
+	g.closeDone(h, http.StatusOK, s.usage, s.hasUsage)
 	return false
 }
 

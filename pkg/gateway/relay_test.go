@@ -18,7 +18,7 @@ func relayAll(t testing.TB, input string, dropUsage bool, wrap func(io.Reader) i
 	var out bytes.Buffer
 	firsts := 0
 	s := &sseRelay{dst: &out, flush: func() error { return nil }, src: bufio.NewReaderSize(wrap(strings.NewReader(input)), 16),
-		dropUsage: dropUsage, firstToken: func() { firsts++ }}
+		eventReader: eventReader{dropUsage: dropUsage, firstToken: func() { firsts++ }}}
 	if err := s.run(); err != nil {
 		t.Fatalf("run: %v", err)
 	}
@@ -51,7 +51,7 @@ func TestSSERelayReportsAStreamThatBreaksOff(t *testing.T) {
 	var out bytes.Buffer
 	broken := errors.New("connection reset")
 	src := io.MultiReader(strings.NewReader("data: {\"choices\":[]}\n\ndata: {\"cho"), iotest.ErrReader(broken))
-	s := &sseRelay{dst: &out, flush: func() error { return nil }, src: bufio.NewReader(src), firstToken: func() {}}
+	s := &sseRelay{dst: &out, flush: func() error { return nil }, src: bufio.NewReader(src), eventReader: eventReader{firstToken: func() {}}}
 	if err := s.run(); !errors.Is(err, broken) {
 		t.Fatalf("run = %v, want the read error", err)
 	}
@@ -62,7 +62,7 @@ func TestSSERelayReportsAStreamThatBreaksOff(t *testing.T) {
 
 func TestSSERelayStopsWhenTheClientLeaves(t *testing.T) {
 	s := &sseRelay{dst: failingWriter{}, flush: func() error { return nil },
-		src: bufio.NewReader(strings.NewReader("data: x\n\n")), firstToken: func() {}}
+		src: bufio.NewReader(strings.NewReader("data: x\n\n")), eventReader: eventReader{firstToken: func() {}}}
 	if err := s.run(); !errors.Is(err, errClientGone) {
 		t.Fatalf("run = %v, want errClientGone", err)
 	}

@@ -15,9 +15,16 @@ import (
 // everything but the profiles. Both serve the probes.
 func (g *Gateway) routes() (api, admin http.Handler) {
 	apiMux := g.probes()
-	apiMux.Handle("/v1/completions", g.serveInference(kindCompletion))
-	apiMux.Handle("/v1/chat/completions", g.serveInference(kindChat))
-	apiMux.HandleFunc("/v1/models", g.serveModels)
+	if g.cfg.DisableProxy {
+		apiMux.HandleFunc("/v1/", func(w http.ResponseWriter, r *http.Request) {
+			writeError(w, http.StatusNotFound, typeNotFound, codeNotFound, "",
+				"the OpenAI API is not served here: send requests through the proxy whose external processor the gateway is")
+		})
+	} else {
+		apiMux.Handle(PathCompletions, g.serveInference(kindCompletion))
+		apiMux.Handle(PathChatCompletions, g.serveInference(kindChat))
+		apiMux.HandleFunc(PathModels, g.serveModels)
+	}
 	adminMux := apiMux
 	if g.cfg.AdminListenAddress != "" {
 		adminMux = g.probes()
@@ -131,11 +138,16 @@ func (g *Gateway) serveModels(w http.ResponseWriter, r *http.Request) {
 	if b == nil {
 		return
 	}
+	writeJSON(w, g.modelList(b))
+}
+
+// modelList lists the models served by at least one ready pod.
+func (g *Gateway) modelList(b *backend) modelList {
 	list := modelList{Object: "list", Data: []modelCard{}}
 	for _, m := range b.store.ListModels() {
 		if pods, err := b.store.ListPodsByModel(m); err == nil && len(pods) > 0 {
 			list.Data = append(list.Data, modelCard{ID: m, Object: "model", Created: g.started.Unix(), OwnedBy: "kvgate"})
 		}
 	}
-	writeJSON(w, list)
+	return list
 }

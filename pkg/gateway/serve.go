@@ -33,9 +33,16 @@ func newPodSource(cfg Config) (cache.PodSource, *rest.Config, error) {
 		}
 		return &discovery.KubernetesSource{Namespace: cfg.Discovery.Namespace, LabelSelector: cfg.Discovery.LabelSelector,
 			Logger: cfg.Logger}, rc, nil
+	case config.DiscoveryInferencePool:
+		rc, err := kubernetesConfig(cfg.Kubeconfig)
+		if err != nil {
+			return nil, nil, err
+		}
+		return &discovery.InferencePoolSource{Namespace: cfg.Discovery.Namespace, Pools: cfg.Discovery.Pools,
+			PubPort: cfg.KVSync.PubPort, ReplayPort: cfg.KVSync.ReplayPort, Logger: cfg.Logger}, rc, nil
 	}
-	return nil, nil, fmt.Errorf("unknown discovery mode %q: want %s or %s", cfg.Discovery.Mode,
-		config.DiscoveryKubernetes, config.DiscoveryStatic)
+	return nil, nil, fmt.Errorf("unknown discovery mode %q: want %s, %s or %s", cfg.Discovery.Mode,
+		config.DiscoveryKubernetes, config.DiscoveryInferencePool, config.DiscoveryStatic)
 }
 
 // kubernetesConfig loads the client configuration from the kubeconfig
@@ -61,6 +68,7 @@ func kubernetesConfig(kubeconfig string) (*rest.Config, error) {
 func (g *Gateway) Run(ctx context.Context) error {
 	ln, err := net.Listen("tcp", g.cfg.ListenAddress)
 	if err != nil {
+		g.closeFrontendListeners()
 		g.release()
 		return fmt.Errorf("gateway: listen on %s: %w", g.cfg.ListenAddress, err)
 	}
@@ -69,7 +77,8 @@ func (g *Gateway) Run(ctx context.Context) error {
 
 // Serve serves the gateway's HTTP API on ln until ctx ends; with an admin
 // listen address in the configuration, it also listens there and serves
-// /metrics and /debug/* there only, and the probes on both. It answers
+// /metrics and /debug/* there only, and the probes on both. It serves the
+// attached frontends (see Attach) on their listeners. It answers
 // /healthz at once, then starts the components in order: the prefix index's
 // sweep, the request ledger's reaper, the Store, the components keeping
 // state in Redis (request traces, GPU profiles, shared request counts), the
@@ -90,6 +99,7 @@ func (g *Gateway) Serve(ctx context.Context, ln net.Listener) error {
 	servers, served, err := g.startServers(ln)
 	if err != nil {
 		_ = ln.Close()
+		g.closeFrontendListeners()
 		g.release()
 		return err
 	}
@@ -215,7 +225,7 @@ func (g *Gateway) startServers(ln net.Listener) (servers []*http.Server, served 
 		}
 		listeners, handlers = append(listeners, admin), append(handlers, g.adminHandler)
 	}
-	errs := make(chan error, len(listeners))
+	errs := make(chan error, len(listeners)+len(g.frontends))
 	for i, l := range listeners {
 		srv := &http.Server{Handler: handlers[i], ReadHeaderTimeout: readHeaderTimeout, IdleTimeout: 2 * time.Minute}
 		if i == 0 {
@@ -226,6 +236,7 @@ func (g *Gateway) startServers(ln net.Listener) (servers []*http.Server, served 
 		servers = append(servers, srv)
 		go func() { errs <- fmt.Errorf("gateway: serve on %s: %w", l.Addr(), srv.Serve(l)) }()
 	}
+	g.startFrontends(errs)
 	admin := ""
 	if len(listeners) > 1 {
 		admin = listeners[1].Addr().String()

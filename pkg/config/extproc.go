@@ -1,0 +1,88 @@
+package config
+
+import (
+	"net"
+)
+
+// SectionExtProc is the configuration reference's section on serving
+// kvgate's routing to Envoy as an external processor.
+const SectionExtProc = "Envoy external processing"
+
+// Envoy external processing.
+var (
+	ExtProcListenAddress = Var{
+		Name:    "KVGATE_EXTPROC_LISTEN_ADDRESS",
+		Default: "",
+		Section: SectionExtProc,
+		Doc: "When set (host:port, e.g. :9002), the gateway also serves Envoy's external processing API " +
+			"(envoy.service.ext_proc.v3) there, as the endpoint picker of an InferencePool or in place of AIBrix's " +
+			"gateway plugin: Envoy sends each request's headers and body, kvgate answers with the pod in the " +
+			"x-gateway-destination-endpoint and target-pod headers and the envoy.lb metadata. See docs/envoy.md.",
+		Flag: "extproc-listen-address",
+	}
+	ExtProcFailOpen = Var{
+		Name:    "KVGATE_EXTPROC_FAIL_OPEN",
+		Default: "false",
+		Section: SectionExtProc,
+		Doc: "When no pod can be picked for a request (the gateway is not ready, no pod of its model is ready, none " +
+			"is in the proxy's subset), let it continue without an endpoint for Envoy to route, instead of " +
+			"answering 503. Client errors (400, 404, 413) are answered either way.",
+	}
+	ExtProcTLS = Var{
+		Name:    "KVGATE_EXTPROC_TLS",
+		Default: "true",
+		Section: SectionExtProc,
+		Doc: "Serve external processing over TLS, as Gateway API implementations expect of an endpoint picker " +
+			"(they do not verify its certificate), with the certificate of KVGATE_EXTPROC_CERT_DIR or, without " +
+			"one, a certificate kvgate signs itself at start; false serves plaintext gRPC.",
+	}
+	ExtProcCertDir = Var{
+		Name:    "KVGATE_EXTPROC_CERT_DIR",
+		Default: "",
+		Section: SectionExtProc,
+		Doc: "Directory holding tls.crt and tls.key (a mounted kubernetes.io/tls Secret) for external processing " +
+			"over TLS; a renewed pair is served without a restart.",
+	}
+	ProxyEnabled = Var{
+		Name:    "KVGATE_PROXY_ENABLED",
+		Default: "true",
+		Section: SectionExtProc,
+		Doc: "Serve the OpenAI API (the HTTP proxy) on KVGATE_LISTEN_ADDRESS. false leaves Envoy the only way in: " +
+			"the listener then serves /healthz, /readyz, /metrics and /debug alone. Needs KVGATE_EXTPROC_LISTEN_ADDRESS.",
+		Flag: "proxy-enabled",
+	}
+)
+
+// ExtProc is the configuration of the external processing server.
+type ExtProc struct {
+	// ListenAddress is where it serves, "" for nowhere.
+	ListenAddress string
+	// FailOpen, TLS and CertDir are ExtProcFailOpen, ExtProcTLS and
+	// ExtProcCertDir.
+	FailOpen bool
+	TLS      bool
+	CertDir  string
+}
+
+// LoadExtProc reads the external processing settings from e, recording a
+// malformed address and a certificate directory without TLS in e.
+func LoadExtProc(e *Env) ExtProc {
+	x := ExtProc{
+		ListenAddress: e.String(ExtProcListenAddress),
+		FailOpen:      e.Bool(ExtProcFailOpen),
+		TLS:           e.Bool(ExtProcTLS),
+		CertDir:       e.String(ExtProcCertDir),
+	}
+	if x.ListenAddress != "" {
+		if _, _, err := net.SplitHostPort(x.ListenAddress); err != nil {
+			e.Errorf("%s=%q: want host:port, e.g. :9002: %v", ExtProcListenAddress.Name, x.ListenAddress, err)
+		}
+	}
+	if x.CertDir != "" && !x.TLS {
+		e.Errorf("%s is set but %s is false: the certificate would not be served", ExtProcCertDir.Name, ExtProcTLS.Name)
+	}
+	if !e.Bool(ProxyEnabled) && x.ListenAddress == "" {
+		e.Errorf("%s is false and %s is unset: the gateway would take no requests", ProxyEnabled.Name, ExtProcListenAddress.Name)
+	}
+	return x
+}

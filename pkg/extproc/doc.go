@@ -1,0 +1,122 @@
+// Package extproc serves kvgate's routing to Envoy as an external processor
+// (envoy.service.ext_proc.v3.ExternalProcessor): the endpoint picker of the
+// Gateway API Inference Extension, and a drop-in for AIBrix's gateway
+// plugin. Envoy opens one gRPC stream per HTTP request and sends the
+// request's headers and body; the Server picks the pod with the gateway's
+// Picker (the same decoding, tokenization, routing and request ledger as
+// the HTTP proxy) and tells Envoy where to send the request. Envoy then
+// sends the response's headers and body through the same stream, which
+// drive the request's attempt in the ledger as the proxy's relay does.
+//
+// # The endpoint answer
+//
+// When the request's body is complete, the Server answers with, as the
+// endpoint-picker protocol specifies:
+//
+//   - the request header x-gateway-destination-endpoint: <pod-ip>:<port>,
+//     and AIBrix's target-pod with the same value, for an original_dst
+//     cluster that reads either header;
+//   - the same address under the key x-gateway-destination-endpoint in the
+//     envoy.lb namespace of the dynamic metadata, for a load balancer that
+//     reads metadata;
+//   - the request header routing-strategy naming the algorithm, and a
+//     cleared route cache, as AIBrix's plugin does (its Envoy Gateway
+//     configuration routes requests with that header to its original_dst
+//     cluster);
+//   - the body, when it changes: a streamed request that did not ask for
+//     the usage chunk is forwarded asking for it, and the chunk is withheld
+//     from the client, as the proxy does.
+//
+// Headers of the same names that the client sent are removed, so that a
+// client cannot choose the pod. A candidate subset given in the envoy.lb.subset_hint
+// metadata namespace (key x-gateway-destination-endpoint-subset, a list of
+// ip:port) restricts the candidates.
+//
+// A request the gateway refuses is answered with an immediate response
+// carrying the status and the OpenAI-style error body the proxy would
+// answer with: 503 when no pod can serve it (no ready pod, none in the
+// subset, the gateway not ready), 400, 404 or 413 for the client's errors.
+// With Config.FailOpen, a request refused with 503 continues without a
+// destination instead (Envoy's own load balancing then applies, or its
+// fail-open behaviour). GET /v1/models is answered by the Server itself,
+// with the models of the ready pods, as the proxy answers it.
+//
+// # Processing modes
+//
+// The Server follows the message order of each of Envoy's body send modes,
+// which Envoy 1.34 and later announce in the first message's
+// protocol_config; without it the Server assumes BUFFERED request bodies
+// and STREAMED response bodies, the modes of AIBrix's configuration.
+//
+//   - BUFFERED (and BUFFERED_PARTIAL) request bodies: the request headers
+//     are answered at once (removing client-set destination headers and
+//     setting routing-strategy); the one body message gets the endpoint
+//     answer, its header mutation applied before Envoy picks the host.
+//   - STREAMED request bodies with send_body_without_waiting_for_header_response,
+//     and FULL_DUPLEX_STREAMED ones: the headers' answer waits until the
+//     body is complete (its last chunk, or the trailers); then the headers
+//     get the endpoint answer and every body chunk its answer, in order (in
+//     FULL_DUPLEX_STREAMED the body is sent back in pieces of at most 64 KiB).
+//     STREAMED without that flag, and NONE for a request with a body,
+//     cannot work: Envoy picks the host before the body arrives. Such a
+//     request is answered with 500 naming the setting.
+//   - Response headers: the response's status and content type open the
+//     attempt's response, and target-pod, target-pod-name and
+//     routing-strategy are added, as the proxy adds them.
+//   - STREAMED, FULL_DUPLEX_STREAMED and BUFFERED response bodies: an event
+//     stream is read event by event (first token, usage chunk); each chunk
+//     is answered with the complete events it ends, so an event split over
+//     chunks leaves with the chunk that completes it. Other bodies pass
+//     unchanged, their usage read at the end.
+//   - Trailers are answered unchanged.
+//
+// # Lifecycle
+//
+// Each stream is one request in the ledger: admitted and routed when its
+// endpoint is answered, its first token reported when the first generated
+// token passes, closed as done (with the usage the engine reported) when
+// the response ends: with its last body chunk, its trailers, or, when Envoy
+// sends no response body (response_body_mode NONE), the response headers.
+// A stream that ends before the response does (the client went away, or
+// Envoy reset the request) closes the attempt as cancelled. When Envoy
+// reports that it could not reach the pod, through the
+// response.code_details attribute of the response headers
+// (response_attributes in the filter's configuration), the pod is ejected
+// from routing as the proxy ejects a pod that refuses connections; a
+// response served by another endpoint than the one picked
+// (x-gateway-destination-endpoint-served in the envoy.lb metadata) moves
+// the attempt to that pod. Every stream runs in its own goroutine and
+// holds no lock while it waits: one slow or broken stream never delays
+// another.
+//
+// # Bounds
+//
+// A stream holds the request's body, refused with 413 beyond the gateway's
+// limit (Config.MaxRequestBodyBytes of package gateway) or beyond
+// maxBodyPieces messages, and of the response only the start of an event
+// that a later piece completes (at most 1 MiB; a longer event is relayed
+// as it comes) and, to read its usage, the first 4 MiB of a body that is
+// no event stream. gRPC messages are bounded by the body limit plus 1 MiB.
+//
+// # Health
+//
+// The gRPC health service answers for "" (the server),
+// "liveness" (SERVING while the process runs), and "readiness" and
+// "envoy.service.ext_proc.v3.ExternalProcessor" (SERVING once the gateway
+// knows its pods, NOT_SERVING before and once shutdown began).
+//
+// # Metrics
+//
+// New registers on the Picker's registry:
+//
+//	kvgate_extproc_requests_total{model,code,algorithm}     streams ended, by the response status (499: ended before a response)
+//	kvgate_extproc_decision_seconds                         from the request's last message to its endpoint answer
+//	kvgate_extproc_time_to_first_token_seconds{model}       from the request headers to the first generated token
+//	kvgate_extproc_streams_in_flight                        streams open
+//	kvgate_extproc_fail_open_total{code}                    requests continued without an endpoint (Config.FailOpen)
+//	kvgate_extproc_stream_errors_total{reason}              streams ended by an error: protocol, send, misconfigured_mode, too_large
+//
+// Tokenization failures, upstream failures and ejections are counted where
+// the proxy counts them (kvgate_gateway_tokenization_failures_total,
+// kvgate_gateway_upstream_failures_total, kvgate_cache_pod_ejections_total).
+package extproc

@@ -1,0 +1,72 @@
+package extproc
+
+import (
+	"fmt"
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Reasons a stream ended with an error, in kvgate_extproc_stream_errors_total.
+const (
+	errProtocol     = "protocol"           // a message out of the processing mode's order
+	errSend         = "send"               // a response could not be sent: Envoy went away
+	errMisconfigure = "misconfigured_mode" // a body mode in which no endpoint can be picked
+	errTooLarge     = "too_large"          // a body beyond the gateway's limit
+)
+
+// statusClosedEarly labels streams that ended before a response (nginx's
+// convention for a client that went away).
+const statusClosedEarly = 499
+
+type metrics struct {
+	requests *prometheus.CounterVec
+	decision prometheus.Histogram
+	ttft     *prometheus.HistogramVec
+	inFlight prometheus.Gauge
+	failOpen *prometheus.CounterVec
+	errors   *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvgate_extproc_requests_total",
+			Help: "Requests whose external processing stream ended, by model (empty when unknown), response status (499 when the stream ended before a response) and routing algorithm.",
+		}, []string{"model", "code", "algorithm"}),
+		decision: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "kvgate_extproc_decision_seconds",
+			Help:    "Time from a request's last message (its body complete) to its endpoint answer: decoding, tokenization, routing and recording.",
+			Buckets: prometheus.ExponentialBuckets(0.00001, 2, 20), // 10 us to 5 s
+		}),
+		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "kvgate_extproc_time_to_first_token_seconds",
+			Help:    "Time from a streamed request's headers to the first generated token of its response.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 18), // 0.5 ms to 65 s
+		}, []string{"model"}),
+		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kvgate_extproc_streams_in_flight",
+			Help: "External processing streams open.",
+		}),
+		failOpen: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvgate_extproc_fail_open_total",
+			Help: "Requests continued without an endpoint because none could be picked (KVGATE_EXTPROC_FAIL_OPEN), by the status they would have been refused with.",
+		}, []string{"code"}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvgate_extproc_stream_errors_total",
+			Help: "External processing streams ended by an error, by reason: protocol, send, misconfigured_mode, too_large.",
+		}, []string{"reason"}),
+	}
+	for _, r := range []string{errProtocol, errSend, errMisconfigure, errTooLarge} {
+		m.errors.WithLabelValues(r)
+	}
+	for _, c := range []prometheus.Collector{m.requests, m.decision, m.ttft, m.inFlight, m.failOpen, m.errors} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("register extproc metrics: %w", err)
+		}
+	}
+	return m, nil
+}
+
+// status returns the label value of an HTTP status, once per stream.
+func (m *metrics) status(code int) string { return strconv.Itoa(code) }

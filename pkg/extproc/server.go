@@ -1,0 +1,164 @@
+package extproc
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
+	"k8s.io/klog/v2"
+
+	"github.com/kvgate/kvgate/pkg/gateway"
+)
+
+// Config configures a Server.
+type Config struct {
+	// FailOpen lets a request the gateway cannot route for want of a pod
+	// (a refusal with 503: the gateway not ready, no ready pod, none in the
+	// subset) continue without a destination instead of answering the
+	// error (KVGATE_EXTPROC_FAIL_OPEN). Client errors are answered either
+	// way.
+	FailOpen bool
+	// TLS, when set, serves TLS with it; nil serves plaintext gRPC.
+	TLS *tls.Config
+	// HealthInterval is how often the health service's readiness is
+	// refreshed from the gateway's (default one second).
+	HealthInterval time.Duration
+	// Logger receives the server's logs (the Picker's when zero).
+	Logger klog.Logger
+}
+
+// Health service names of a Server besides "" (the server as a whole).
+const (
+	HealthLiveness  = "liveness"
+	HealthReadiness = "readiness"
+)
+
+// Server is the external processor: a gRPC server of the ExternalProcessor
+// and health services over a gateway's Picker. It implements
+// gateway.Frontend.
+type Server struct {
+	extprocv3.UnimplementedExternalProcessorServer
+
+	picker  *gateway.Picker
+	cfg     Config
+	log     klog.Logger
+	metrics *metrics
+	grpc    *grpc.Server
+	health  *health.Server
+
+	stopHealth chan struct{}
+	stopOnce   sync.Once
+	served     chan struct{}
+}
+
+var _ gateway.Frontend = (*Server)(nil)
+
+// New returns a Server deciding with p, its metrics registered on p's
+// registry. It fails when the metrics cannot be registered.
+func New(p *gateway.Picker, cfg Config) (*Server, error) {
+	if cfg.HealthInterval <= 0 {
+		cfg.HealthInterval = time.Second
+	}
+	if cfg.Logger.GetSink() == nil {
+		cfg.Logger = p.Logger()
+	}
+	m, err := newMetrics(p.Registerer())
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{picker: p, cfg: cfg, log: cfg.Logger.WithName("extproc"), metrics: m, health: health.NewServer(),
+		stopHealth: make(chan struct{}), served: make(chan struct{})}
+	// A buffered body comes in one message, and goes back in one when it
+	// changes: room for the largest body and its headers.
+	maxMsg := int(p.MaxBodyBytes()) + 1<<20
+	opts := []grpc.ServerOption{
+		grpc.MaxRecvMsgSize(maxMsg),
+		grpc.MaxSendMsgSize(maxMsg),
+		// Envoy keeps its connections open and may ping them; a peer gone
+		// silent is found within Time+Timeout, which ends its streams.
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
+	}
+	if cfg.TLS != nil {
+		opts = append(opts, grpc.Creds(credentials.NewTLS(cfg.TLS)))
+	}
+	s.grpc = grpc.NewServer(opts...)
+	extprocv3.RegisterExternalProcessorServer(s.grpc, s)
+	healthpb.RegisterHealthServer(s.grpc, s.health)
+	s.health.SetServingStatus(HealthLiveness, healthpb.HealthCheckResponse_SERVING)
+	s.refreshHealth()
+	return s, nil
+}
+
+// Serve serves on ln, which it closes, until Shutdown.
+func (s *Server) Serve(ln net.Listener) error {
+	go s.followReadiness()
+	defer close(s.served)
+	if err := s.grpc.Serve(ln); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+		return fmt.Errorf("extproc: %w", err)
+	}
+	return nil
+}
+
+// Shutdown reports the server NOT_SERVING, stops accepting streams and
+// waits for those in flight until ctx ends, then cuts them. It returns once
+// Serve has returned, or at once when Serve was never called.
+func (s *Server) Shutdown(ctx context.Context) {
+	s.stopOnce.Do(func() { close(s.stopHealth) })
+	s.health.Shutdown()
+	stopped := make(chan struct{})
+	go func() {
+		s.grpc.GracefulStop()
+		close(stopped)
+	}()
+	select {
+	case <-stopped:
+	case <-ctx.Done():
+		s.log.Info("Streams still open after the shutdown timeout are cut")
+		s.grpc.Stop()
+		<-stopped
+	}
+}
+
+// followReadiness keeps the health service's readiness that of the gateway
+// until Shutdown.
+func (s *Server) followReadiness() {
+	t := time.NewTicker(s.cfg.HealthInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stopHealth:
+			return
+		case <-t.C:
+			s.refreshHealth()
+		}
+	}
+}
+
+// refreshHealth sets the readiness services to the gateway's readiness.
+func (s *Server) refreshHealth() {
+	status := healthpb.HealthCheckResponse_NOT_SERVING
+	if ok, _ := s.picker.Ready(); ok {
+		status = healthpb.HealthCheckResponse_SERVING
+	}
+	for _, name := range []string{"", HealthReadiness, extprocv3.ExternalProcessor_ServiceDesc.ServiceName} {
+		s.health.SetServingStatus(name, status)
+	}
+}
+
+// Process serves one request's stream: see the package documentation.
+func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
+	st := s.newStream(srv)
+	defer st.finish()
+	return st.run()
+}

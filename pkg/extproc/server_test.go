@@ -1,0 +1,450 @@
+package extproc
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/kvgate/kvgate/internal/testsupport"
+	"github.com/kvgate/kvgate/pkg/gateway"
+	"github.com/kvgate/kvgate/pkg/routing"
+)
+
+// words returns a prompt of n words starting with tag: many blocks of the
+// simulator's tokenizer, unique to tag.
+func words(tag string, n int) string {
+	w := make([]string, n)
+	for i := range w {
+		w[i] = fmt.Sprintf("%s%d", tag, i)
+	}
+	return strings.Join(w, " ")
+}
+
+func TestARepeatedPrefixGoesToThePodHoldingIt(t *testing.T) {
+	f := start(t, 3, options{})
+	for _, mode := range modes {
+		t.Run(mode.name, func(t *testing.T) {
+			prompt := words(strings.ReplaceAll(mode.name, "-", ""), 120)
+			r := completionRequest(prompt, "")
+			r.pieces = 3
+			x := f.envoy.start(t, mode, r)
+			first := x.destination()
+			x.forward(256)
+			if x.status != http.StatusOK || !strings.Contains(string(x.respBody), `"choices"`) {
+				t.Fatalf("first request through %s: %d %s", first, x.status, x.respBody)
+			}
+			testsupport.EventuallyWhy(t, "the index to credit the pod that served the prompt with its blocks", func() (string, bool) {
+				n := f.matchedBlocks(t, prompt, first)
+				return fmt.Sprintf("%d blocks", n), n > 0
+			})
+			for _, alg := range []string{"", routing.PrefixCache} {
+				r := completionRequest(prompt, "")
+				r.pieces = 2
+				if alg != "" {
+					r.headers = map[string]string{routing.HeaderRoutingStrategy: alg}
+				}
+				x := f.envoy.start(t, mode, r)
+				if got := x.destination(); got != first {
+					t.Fatalf("algorithm %q sent the repeated prompt to %s; %s holds it", alg, got, first)
+				}
+				x.forward(256)
+				if x.status != http.StatusOK {
+					t.Fatalf("repeated request: %d %s", x.status, x.respBody)
+				}
+			}
+		})
+	}
+	if n := f.metric(t, "kvgate_routing_decisions_total", map[string]string{"outcome": "prefix_hit"}); n != 2*float64(len(modes)) {
+		t.Errorf("prefix hits = %v, want %d", n, 2*len(modes))
+	}
+	if n := f.metric(t, "kvgate_cache_tracked_requests", nil); n != 0 {
+		t.Errorf("%v requests still tracked after every stream ended", n)
+	}
+	if n := f.metric(t, "kvgate_extproc_requests_total", map[string]string{"code": "200", "model": simModel}); n != 3*float64(len(modes)) {
+		t.Errorf("requests counted with 200: %v, want %d", n, 3*len(modes))
+	}
+}
+
+func TestTheEndpointAnswerFollowsTheProtocol(t *testing.T) {
+	f := start(t, 2, options{})
+	for _, mode := range append(modes, envoyMode{name: "unannounced", req: buffered.req, resp: buffered.resp, unannounced: true}) {
+		t.Run(mode.name, func(t *testing.T) {
+			r := completionRequest("hello there", "")
+			// A client may not choose the pod.
+			r.headers = map[string]string{HeaderDestination: "10.9.9.9:80", gateway.HeaderTargetPod: "10.9.9.9:80"}
+			x := f.envoy.start(t, mode, r)
+			dest := x.destination()
+			if f.engine(dest) == nil {
+				t.Fatalf("picked %s, which is no engine", dest)
+			}
+			if x.headers[routing.HeaderRoutingStrategy] != routing.KVAware || !x.cleared {
+				t.Errorf("routing-strategy %q, route cache cleared %v; want kv-aware and cleared, as AIBrix's routes need",
+					x.headers[routing.HeaderRoutingStrategy], x.cleared)
+			}
+			if string(x.body) != r.body {
+				t.Errorf("forwarded body %q, want the client's %q", x.body, r.body)
+			}
+			x.forward(64)
+			e := f.engine(dest)
+			if x.respHeaders[gateway.HeaderTargetPod] != dest || x.respHeaders[gateway.HeaderTargetPodName] != "static/"+e.name ||
+				x.respHeaders[routing.HeaderRoutingStrategy] != routing.KVAware {
+				t.Errorf("response headers %v: want target-pod %s, target-pod-name static/%s and routing-strategy", x.respHeaders, dest, e.name)
+			}
+		})
+	}
+}
+
+func TestAStreamedResponseIsRelayedEventByEventWithoutTheUsageKvgateAskedFor(t *testing.T) {
+	f := start(t, 1, options{})
+	for _, mode := range modes {
+		t.Run(mode.name, func(t *testing.T) {
+			before := f.metric(t, "kvgate_gateway_responses_without_usage_total", nil)
+			ttft := f.metric(t, "kvgate_extproc_time_to_first_token_seconds", nil)
+			r := completionRequest(words("stream", 30), `,"stream":true`)
+			r.pieces = 2
+			x := f.envoy.start(t, mode, r)
+			if !bytes.Contains(x.body, []byte(`"stream_options":{"include_usage":true}`)) {
+				t.Fatalf("forwarded body %s does not ask for the usage chunk", x.body)
+			}
+			if cl, ok := x.headers["content-length"]; ok && cl != fmt.Sprint(len(x.body)) && mode.req == buffered.req {
+				t.Errorf("content-length %s for a body of %d bytes", cl, len(x.body))
+			}
+			x.forward(37) // pieces that cut events apart
+			out := string(x.respBody)
+			if x.status != http.StatusOK || !strings.HasSuffix(out, "data: [DONE]\n\n") || strings.Count(out, `"text"`) < 4 {
+				t.Fatalf("relayed %d %q", x.status, out)
+			}
+			if strings.Contains(out, `"usage"`) {
+				t.Errorf("the client received the usage chunk it did not ask for: %q", out)
+			}
+			for _, ev := range strings.SplitAfter(out, "\n\n") {
+				if ev != "" && !strings.HasPrefix(ev, "data: ") {
+					t.Errorf("relayed a broken event %q", ev)
+				}
+			}
+			if after := f.metric(t, "kvgate_gateway_responses_without_usage_total", nil); after != before {
+				t.Errorf("the attempt closed without the usage the engine reported")
+			}
+			if n := f.metric(t, "kvgate_extproc_time_to_first_token_seconds", nil); n != ttft+1 {
+				t.Errorf("first tokens observed: %v, want %v", n, ttft+1)
+			}
+		})
+	}
+	// A client that asked for usage receives it.
+	x := f.envoy.start(t, duplex, completionRequest("usage please", `,"stream":true,"stream_options":{"include_usage":true}`))
+	x.forward(64)
+	if !strings.Contains(string(x.respBody), `"usage"`) {
+		t.Errorf("the client that asked for usage did not receive it: %s", x.respBody)
+	}
+}
+
+func TestRefusalsAreImmediateResponsesWithOpenAIErrors(t *testing.T) {
+	f := start(t, 2, options{})
+	tests := []struct {
+		name   string
+		r      request
+		status int
+		code   string
+	}{
+		{"unknown model", request{method: http.MethodPost, path: gateway.PathCompletions, body: `{"model":"nope","prompt":"x"}`},
+			http.StatusNotFound, "model_not_found"},
+		{"not JSON", request{method: http.MethodPost, path: gateway.PathChatCompletions, body: `{"model":`},
+			http.StatusBadRequest, "invalid_json"},
+		{"unknown strategy", request{method: http.MethodPost, path: gateway.PathCompletions, body: `{"model":"sim","prompt":"x"}`,
+			headers: map[string]string{routing.HeaderRoutingStrategy: "fastest"}}, http.StatusBadRequest, "unknown_routing_strategy"},
+		{"no body", request{method: http.MethodPost, path: gateway.PathCompletions}, http.StatusBadRequest, "invalid_json"},
+		{"empty subset", request{method: http.MethodPost, path: gateway.PathCompletions, body: `{"model":"sim","prompt":"x"}`,
+			subset: []string{}}, http.StatusServiceUnavailable, "no_ready_pod"},
+		{"subset of strangers", request{method: http.MethodPost, path: gateway.PathCompletions, body: `{"model":"sim","prompt":"x"}`,
+			subset: []string{"10.1.1.1:8000"}}, http.StatusServiceUnavailable, "no_ready_pod"},
+		{"other path without a model", request{method: http.MethodPost, path: "/v1/embeddings", body: `{"input":"x"}`},
+			http.StatusBadRequest, "missing_field"},
+	}
+	for _, mode := range modes {
+		for _, tt := range tests {
+			t.Run(mode.name+"/"+tt.name, func(t *testing.T) {
+				x := f.envoy.start(t, mode, tt.r)
+				ir := x.immediate
+				if ir == nil {
+					t.Fatalf("no immediate response; the request went to %s", x.headers[HeaderDestination])
+				}
+				if int(ir.GetStatus().GetCode()) != tt.status {
+					t.Errorf("status %d, want %d", ir.GetStatus().GetCode(), tt.status)
+				}
+				if _, code := errorOf(t, ir.GetBody()); code != tt.code {
+					t.Errorf("error code %q, want %q", code, tt.code)
+				}
+				ct := ""
+				for _, h := range ir.GetHeaders().GetSetHeaders() {
+					if h.GetHeader().GetKey() == "content-type" {
+						ct = string(h.GetHeader().GetRawValue())
+					}
+				}
+				if ct != "application/json" || ir.GetDetails() != "kvgate_"+tt.code {
+					t.Errorf("content-type %q, details %q", ct, ir.GetDetails())
+				}
+			})
+		}
+	}
+	if n := f.metric(t, "kvgate_cache_tracked_requests", nil); n != 0 {
+		t.Errorf("%v refused requests are tracked", n)
+	}
+}
+
+func TestASubsetRestrictsTheCandidates(t *testing.T) {
+	f := start(t, 3, options{})
+	only := f.engines[1].address
+	for range 4 {
+		r := completionRequest("pick from the subset", "")
+		r.subset = []string{"10.1.1.1:8000", only}
+		x := f.envoy.start(t, duplex, r)
+		if got := x.destination(); got != only {
+			t.Fatalf("picked %s, outside the subset [%s]", got, only)
+		}
+		x.forward(128)
+	}
+}
+
+func TestOtherEndpointsAreRoutedByTheirModelAndModelsAreListed(t *testing.T) {
+	f := start(t, 2, options{})
+	x := f.envoy.start(t, buffered, request{method: http.MethodGet, path: gateway.PathModels})
+	if x.immediate == nil || x.immediate.GetStatus().GetCode() != http.StatusOK ||
+		!strings.Contains(string(x.immediate.GetBody()), `"id":"sim"`) {
+		t.Fatalf("GET /v1/models: %v", x.immediate)
+	}
+	x = f.envoy.start(t, buffered, request{method: http.MethodPost, path: "/tokenize", body: `{"model":"sim","prompt":"count me"}`})
+	x.forward(512)
+	if x.status != http.StatusOK || !strings.Contains(string(x.respBody), `"tokens"`) {
+		t.Fatalf("POST /tokenize through kvgate: %d %s", x.status, x.respBody)
+	}
+}
+
+func TestFailOpenContinuesWithoutAnEndpoint(t *testing.T) {
+	f := start(t, 1, options{failOpen: true})
+	for _, mode := range modes {
+		t.Run(mode.name, func(t *testing.T) {
+			r := completionRequest("no pod for me", "")
+			r.subset = []string{}
+			r.headers = map[string]string{HeaderDestination: "10.9.9.9:80"}
+			x := f.envoy.start(t, mode, r)
+			if x.immediate != nil {
+				t.Fatalf("answered %d itself; want the request continued", x.immediate.GetStatus().GetCode())
+			}
+			if _, ok := x.headers[HeaderDestination]; ok || x.metadata != nil || string(x.body) != r.body {
+				t.Errorf("continued with endpoint header %q, metadata %v, body %q; want none, none and the client's",
+					x.headers[HeaderDestination], x.metadata, x.body)
+			}
+		})
+	}
+	if n := f.metric(t, "kvgate_extproc_fail_open_total", map[string]string{"code": "503"}); n != float64(len(modes)) {
+		t.Errorf("fail-open count %v, want %d", n, len(modes))
+	}
+	// Client errors are answered all the same.
+	x := f.envoy.start(t, buffered, request{method: http.MethodPost, path: gateway.PathCompletions, body: `{"model":"nope"}`})
+	if x.immediate == nil || x.immediate.GetStatus().GetCode() != http.StatusNotFound {
+		t.Fatalf("unknown model with fail-open: %v", x.immediate)
+	}
+}
+
+func TestAGatewayNotReadyRefusesAndSaysSoInItsHealth(t *testing.T) {
+	f := start(t, 0, options{notReady: true})
+	x := f.envoy.start(t, buffered, completionRequest("too early", ""))
+	if x.immediate == nil || x.immediate.GetStatus().GetCode() != http.StatusServiceUnavailable {
+		t.Fatalf("before the pods are known: %v", x.immediate)
+	}
+	if _, code := errorOf(t, x.immediate.GetBody()); code != "gateway_not_ready" {
+		t.Errorf("code %q, want gateway_not_ready", code)
+	}
+	h := healthpb.NewHealthClient(f.envoy.conn)
+	for service, want := range map[string]healthpb.HealthCheckResponse_ServingStatus{
+		HealthLiveness: healthpb.HealthCheckResponse_SERVING, HealthReadiness: healthpb.HealthCheckResponse_NOT_SERVING,
+		extprocv3.ExternalProcessor_ServiceDesc.ServiceName: healthpb.HealthCheckResponse_NOT_SERVING,
+	} {
+		resp, err := h.Check(context.Background(), &healthpb.HealthCheckRequest{Service: service})
+		if err != nil || resp.GetStatus() != want {
+			t.Errorf("health of %q: %v %v, want %v", service, resp.GetStatus(), err, want)
+		}
+	}
+}
+
+func TestHealthIsServingOnceReady(t *testing.T) {
+	f := start(t, 1, options{plaintext: true})
+	h := healthpb.NewHealthClient(f.envoy.conn)
+	testsupport.Eventually(t, "readiness to be SERVING", func() bool {
+		resp, err := h.Check(context.Background(), &healthpb.HealthCheckRequest{Service: HealthReadiness})
+		return err == nil && resp.GetStatus() == healthpb.HealthCheckResponse_SERVING
+	})
+	x := f.envoy.start(t, buffered, completionRequest("plaintext gRPC", ""))
+	x.forward(128)
+	if x.status != http.StatusOK {
+		t.Fatalf("over plaintext: %d %s", x.status, x.respBody)
+	}
+}
+
+func TestModesThatCannotPickAreRefusedNamingTheSetting(t *testing.T) {
+	f := start(t, 1, options{})
+	for _, mode := range []envoyMode{
+		{name: "none", req: 0, resp: buffered.resp},
+		{name: "streamed waiting", req: streamed.req, resp: streamed.resp},
+	} {
+		t.Run(mode.name, func(t *testing.T) {
+			x := f.envoy.start(t, mode, completionRequest("x", ""))
+			if x.immediate == nil || x.immediate.GetStatus().GetCode() != http.StatusInternalServerError {
+				t.Fatalf("want 500, got %v", x.immediate)
+			}
+			if _, code := errorOf(t, x.immediate.GetBody()); code != "extproc_misconfigured" {
+				t.Errorf("code %q", code)
+			}
+		})
+	}
+	if n := f.metric(t, "kvgate_extproc_stream_errors_total", map[string]string{"reason": errMisconfigure}); n != 2 {
+		t.Errorf("misconfigured streams %v, want 2", n)
+	}
+}
+
+func TestTrailersEndAFullDuplexBody(t *testing.T) {
+	f := start(t, 1, options{})
+	r := completionRequest("ended by trailers", "")
+	r.pieces, r.trailers = 2, true
+	x := f.envoy.start(t, duplex, r)
+	x.destination()
+	if string(x.body) != r.body {
+		t.Fatalf("body streamed back %q, want %q", x.body, r.body)
+	}
+	x.forward(128)
+	if x.status != http.StatusOK {
+		t.Fatalf("%d %s", x.status, x.respBody)
+	}
+}
+
+func TestABodyBeyondTheLimitIsRefused(t *testing.T) {
+	f := start(t, 1, options{env: map[string]string{"KVGATE_MAX_REQUEST_BODY_BYTES": "200"}})
+	r := completionRequest(words("big", 100), "")
+	r.pieces = 4
+	x := f.envoy.start(t, duplex, r)
+	if x.immediate == nil || x.immediate.GetStatus().GetCode() != http.StatusRequestEntityTooLarge {
+		t.Fatalf("want 413, got %v", x.immediate)
+	}
+}
+
+func TestEnvoysReportOfAnUnreachablePodEjectsIt(t *testing.T) {
+	// Without scrapes only requests eject or readmit a pod, and an ejection
+	// outlasts the test.
+	f := start(t, 2, options{configure: func(c *gateway.Config) {
+		c.Cache.PodMetricRefreshInterval = -1
+		c.Cache.EjectionBackoff, c.Cache.MaxEjectionBackoff = time.Hour, time.Hour
+	}})
+	x := f.envoy.start(t, buffered, completionRequest("doomed", ""))
+	dead := x.destination()
+	resp := &http.Response{StatusCode: http.StatusServiceUnavailable, Header: http.Header{"Content-Type": {"text/plain"}}}
+	x.relayHeaders(resp, map[string]string{
+		AttributeCodeDetails: "upstream_reset_before_response_started{remote_connection_failure,delayed_connect_error:_Connection_refused}"})
+	x.relayBody(strings.NewReader("upstream connect error or disconnect/reset before headers"), 512, -1)
+	x.close()
+	if n := f.metric(t, "kvgate_cache_pod_ejections_total", map[string]string{"reason": "connection_refused"}); n != 1 {
+		t.Fatalf("ejections %v, want 1", n)
+	}
+	for range 5 {
+		x := f.envoy.start(t, buffered, completionRequest("avoid the dead pod", ""))
+		if got := x.destination(); got == dead {
+			t.Fatalf("routed to %s, which Envoy could not reach", dead)
+		}
+		x.forward(512)
+	}
+	if n := f.metric(t, "kvgate_gateway_upstream_failures_total", map[string]string{"reason": "connection_refused"}); n != 1 {
+		t.Errorf("upstream failures %v, want 1", n)
+	}
+}
+
+func TestAClientLeavingMidStreamEndsTheRequest(t *testing.T) {
+	f := start(t, 1, options{})
+	for _, mode := range modes {
+		t.Run(mode.name, func(t *testing.T) {
+			before := f.metric(t, "kvgate_extproc_requests_total", map[string]string{"code": "499"})
+			x := f.envoy.start(t, mode, completionRequest(words("leave", 20), `,"stream":true,"max_tokens":64`))
+			resp := x.upstream()
+			defer resp.Body.Close()
+			x.relayHeaders(resp, nil)
+			x.relayBody(resp.Body, 64, 2)
+			testsupport.Eventually(t, "the request to count as running", func() bool {
+				return f.metric(t, "kvgate_cache_tracked_requests", nil) == 1
+			})
+			x.cancel() // the client went away: Envoy resets the stream
+			testsupport.EventuallyWhy(t, "the request to leave the ledger", func() (string, bool) {
+				n := f.metric(t, "kvgate_cache_tracked_requests", nil)
+				return fmt.Sprintf("%v tracked", n), n == 0 && f.metric(t, "kvgate_extproc_streams_in_flight", nil) == 0
+			})
+			if n := f.metric(t, "kvgate_extproc_requests_total", map[string]string{"code": "499"}); n != before+1 {
+				t.Errorf("requests ended early: %v, want %v", n, before+1)
+			}
+		})
+	}
+}
+
+func TestOneStuckOrBrokenStreamBlocksNoOther(t *testing.T) {
+	f := start(t, 2, options{})
+	// A stream whose body never comes, and one that breaks the protocol.
+	stuck, err := f.envoy.client.Process(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = stuck.CloseSend() }()
+	if err := stuck.Send(&extprocv3.ProcessingRequest{
+		ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: duplex.req, ResponseBodyMode: duplex.resp},
+		Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{
+			Headers: headerMap(map[string]string{":method": "POST", ":path": gateway.PathCompletions})}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	broken, err := f.envoy.client.Process(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := broken.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{
+		RequestBody: &extprocv3.HttpBody{Body: []byte("{}"), EndOfStream: true}}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := broken.Recv(); err == nil {
+		t.Fatal("a body before any headers was answered")
+	}
+	var wg sync.WaitGroup
+	for i := range 8 {
+		wg.Go(func() {
+			x := f.envoy.start(t, modes[i%len(modes)], completionRequest(fmt.Sprintf("concurrent %d", i), `,"stream":true`))
+			x.forward(64)
+			if x.status != http.StatusOK {
+				t.Errorf("request %d: %d", i, x.status)
+			}
+		})
+	}
+	wg.Wait()
+	if n := f.metric(t, "kvgate_extproc_stream_errors_total", map[string]string{"reason": errProtocol}); n != 1 {
+		t.Errorf("protocol errors %v, want 1", n)
+	}
+}
+
+func TestWithTheProxyOffEnvoyIsTheOnlyWayIn(t *testing.T) {
+	f := start(t, 1, options{env: map[string]string{"KVGATE_PROXY_ENABLED": "false",
+		"KVGATE_EXTPROC_LISTEN_ADDRESS": "127.0.0.1:0"}})
+	resp, err := http.Post(f.apiURL+gateway.PathCompletions, "application/json", strings.NewReader(completionRequest("x", "").body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNotFound {
+		t.Errorf("the HTTP proxy answered %d with the proxy off, want 404", resp.StatusCode)
+	}
+	x := f.envoy.start(t, duplex, completionRequest("through envoy", ""))
+	x.forward(256)
+	if x.status != http.StatusOK {
+		t.Fatalf("through Envoy: %d %s", x.status, x.respBody)
+	}
+}

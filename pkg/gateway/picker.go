@@ -1,0 +1,431 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/klog/v2"
+
+	"github.com/kvgate/kvgate/pkg/cache"
+	"github.com/kvgate/kvgate/pkg/endpoint"
+	"github.com/kvgate/kvgate/pkg/inflight"
+	"github.com/kvgate/kvgate/pkg/internal/jsonscan"
+	"github.com/kvgate/kvgate/pkg/routing"
+	"github.com/kvgate/kvgate/pkg/types"
+)
+
+// Picker is the gateway's routing decision for front ends that forward
+// requests themselves, such as an Envoy external processor: it reads and
+// checks a request's body, resolves its model and routing algorithm,
+// tokenizes its prompt, routes it with the gateway's Router, Store and
+// prefix index, and records it in the request ledger, exactly as the HTTP
+// proxy does, and then lets the front end report what became of the
+// request. Its methods are safe for concurrent use.
+type Picker struct{ g *Gateway }
+
+// Picker returns the gateway's Picker. It decides once Serve has synced the
+// pods; before, every Pick is refused with 503 gateway_not_ready.
+func (g *Gateway) Picker() *Picker { return &Picker{g: g} }
+
+// Ready reports whether the gateway should receive traffic, and why not.
+func (p *Picker) Ready() (bool, string) { return p.g.readiness() }
+
+// Registerer is the gateway's metrics registry, for a front end's own
+// metrics.
+func (p *Picker) Registerer() prometheus.Registerer { return p.g.registry }
+
+// Logger is the gateway's logger.
+func (p *Picker) Logger() klog.Logger { return p.g.cfg.Logger }
+
+// MaxBodyBytes is the largest request body the gateway accepts
+// (Config.MaxRequestBodyBytes).
+func (p *Picker) MaxBodyBytes() int64 { return p.g.cfg.MaxRequestBodyBytes }
+
+// Algorithm returns the routing algorithm of a request whose
+// routing-strategy header is strategy ("" for none): the default, or the
+// one it names. It fails with 400 for a name that is no algorithm.
+func (p *Picker) Algorithm(strategy string) (string, *Error) {
+	return resolveAlgorithm(p.g.router, strategy)
+}
+
+// Paths of the OpenAI endpoints whose bodies the gateway tokenizes.
+const (
+	PathCompletions     = "/v1/completions"
+	PathChatCompletions = "/v1/chat/completions"
+	PathModels          = "/v1/models"
+)
+
+// Models returns the body the gateway answers GET /v1/models with: the
+// models served by at least one ready pod, in OpenAI's format. It fails
+// with 503 before the pods are known.
+func (p *Picker) Models() ([]byte, *Error) {
+	b := p.g.ready()
+	if b == nil {
+		return nil, notReady()
+	}
+	data, err := json.Marshal(p.g.modelList(b))
+	if err != nil {
+		return nil, &Error{Status: http.StatusInternalServerError, Type: "server_error", Code: "encoding_failed", Message: err.Error()}
+	}
+	return append(data, '\n'), nil
+}
+
+// PickRequest is what a front end knows of a request when it picks its pod.
+type PickRequest struct {
+	// Path is the request's path, with or without its query: the OpenAI
+	// completion and chat endpoints are tokenized as the proxy tokenizes
+	// them; a request to any other path is routed by the model its JSON
+	// body names, on load alone.
+	Path string
+	// Body is the request's body, whole.
+	Body []byte
+	// Strategy is the request's routing-strategy header, "" for none.
+	Strategy string
+	// Subset, when not nil, restricts the candidates to the pods at these
+	// addresses (ip:port): a request whose subset holds no candidate is
+	// refused with 503.
+	Subset []string
+	// Received is when the request arrived; the zero time means now.
+	Received time.Time
+}
+
+// Pick is a routed request: the pod chosen, the attempt opened on it in the
+// request ledger, and the body to forward. The front end reports what
+// becomes of the attempt (Response, Unreachable, Served, Fail, Cancel) and
+// calls End once, when the request is over; a Pick must not be used after
+// End. Its methods are for the goroutine that drives the request.
+type Pick struct {
+	g   *Gateway
+	x   *exchange
+	a   admitted
+	rc  *types.RoutingContext
+	req *inflight.Request
+	h   *inflight.Handle
+	// stream reports a request that asked for a streamed response.
+	stream bool
+}
+
+// Pick decides where the request goes and records it: on success the
+// attempt counts as running on the chosen pod and its prefill as queued
+// there. It fails with the error the client is to be answered with: the
+// gateway is not ready (503), the body cannot be read or names no model
+// (400), the routing-strategy header names no algorithm (400), no pod
+// serves the model (404) or none is ready (503), or the subset holds no
+// candidate (503).
+func (p *Picker) Pick(ctx context.Context, in PickRequest) (*Pick, *Error) {
+	g := p.g
+	b := g.ready()
+	if b == nil {
+		return nil, notReady()
+	}
+	start := in.Received
+	if start.IsZero() {
+		start = time.Now()
+	}
+	k := &Pick{g: g, x: exchanges.Get().(*exchange), a: admitted{b: b}}
+	path, _, _ := strings.Cut(in.Path, "?")
+	var err *Error
+	switch path {
+	case PathCompletions, PathChatCompletions:
+		kd := kindCompletion
+		if path == PathChatCompletions {
+			kd = kindChat
+		}
+		err = g.check(&k.a, kd, in.Body, in.Strategy, k.x)
+		k.stream = k.x.in.stream().Stream
+	default:
+		err = g.checkModel(&k.a, in.Body, in.Strategy, k.x)
+	}
+	if err == nil && in.Subset != nil {
+		err = k.restrict(in.Subset)
+	}
+	if err != nil {
+		err.Model, err.Algorithm = k.a.model, k.a.algorithm
+		putExchange(k.x)
+		return nil, err
+	}
+	if path == PathCompletions || path == PathChatCompletions {
+		k.rc, k.req = g.begin(ctx, &k.a, k.x, start)
+	} else {
+		k.rc = types.NewRoutingContext(g.requestID(), k.a.model)
+		k.rc.ReceivedAt, k.rc.Algorithm = start, k.a.algorithm
+		k.rc.LoraAdapter = adapterOf(k.a.model, k.a.pods)
+		k.req = g.ledger.Admit(k.rc.RequestID, k.rc.Model)
+	}
+	h, rerr := g.open(ctx, b, k.rc, k.a.pods, k.x, k.req)
+	if rerr != nil {
+		k.End()
+		return nil, &Error{Status: http.StatusServiceUnavailable, Type: typeServiceUnavailable, Code: codeNoReadyPod,
+			Message: rerr.Error(), Model: k.a.model, Algorithm: k.a.algorithm}
+	}
+	k.h = h
+	return k, nil
+}
+
+// checkModel checks the body of a request to an endpoint the gateway does
+// not tokenize, as check does the others: the body must be a JSON object
+// naming a model a ready pod serves. The body is forwarded as received.
+func (g *Gateway) checkModel(a *admitted, body []byte, strategy string, x *exchange) *Error {
+	if i := jsonscan.SkipSpace(body, 0); i == len(body) || body[i] != '{' {
+		return &Error{Status: http.StatusBadRequest, Type: typeInvalidRequest, Code: codeMissingField, Param: "model",
+			Message: "the request names no model: its body is not a JSON object"}
+	}
+	var model string
+	if err := jsonscan.Members(body, func(name, value []byte) error {
+		if string(jsonscan.Name(name)) == "model" {
+			return decodeString(name, value, &model)
+		}
+		return nil
+	}); err != nil {
+		return &Error{Status: http.StatusBadRequest, Type: typeInvalidRequest, Code: codeInvalidJSON, Message: jsonError(err)}
+	}
+	if err := g.candidates(a, model, strategy, x); err != nil {
+		return err
+	}
+	a.body = body
+	return nil
+}
+
+// restrict keeps the candidates whose address is in subset.
+func (k *Pick) restrict(subset []string) *Error {
+	var kept []*endpoint.Endpoint
+	for _, p := range k.a.pods {
+		if slices.Contains(subset, p.Address) {
+			kept = append(kept, p)
+		}
+	}
+	if len(kept) == 0 {
+		return &Error{Status: http.StatusServiceUnavailable, Type: typeServiceUnavailable, Code: codeNoReadyPod,
+			Message: fmt.Sprintf("none of the %d endpoints the proxy allows serves the model `%s` and is ready", len(subset), k.a.model)}
+	}
+	k.a.pods = kept
+	return nil
+}
+
+func notReady() *Error {
+	return &Error{Status: http.StatusServiceUnavailable, Type: typeServiceUnavailable, Code: codeNotReady, Message: errNotReady.Error()}
+}
+
+// Endpoint returns the pod the request is sent to.
+func (k *Pick) Endpoint() *endpoint.Endpoint { return k.x.d.Endpoint }
+
+// Decision returns the routing decision. It is the Pick's: do not keep it
+// after End.
+func (k *Pick) Decision() *routing.Decision { return &k.x.d }
+
+// RequestID returns the id the request is recorded under.
+func (k *Pick) RequestID() string { return k.rc.RequestID }
+
+// Model returns the model the request asks for.
+func (k *Pick) Model() string { return k.a.model }
+
+// Algorithm returns the routing algorithm that decided.
+func (k *Pick) Algorithm() string { return k.x.d.Algorithm }
+
+// Attempt returns the request's attempt on its pod.
+func (k *Pick) Attempt() *inflight.Handle { return k.h }
+
+// Body returns the body to forward, and whether it differs from the
+// client's: a streamed request that did not ask for the usage chunk is
+// forwarded asking for it (see the package documentation), and the chunk
+// is withheld from the client by Response.Body.
+func (k *Pick) Body() (body []byte, changed bool) { return k.a.body, k.a.dropUsage }
+
+// Unreachable records that the proxy could not connect to the pod, so that
+// nothing reached it: the pod is ejected from routing for reason's backoff
+// (see cache.Store.EjectPod) and the attempt closed as failed.
+func (k *Pick) Unreachable(reason cache.EjectionReason) {
+	k.a.b.store.EjectPod(k.x.d.Endpoint, reason)
+	k.h.Close(inflight.Failed, string(reason))
+	k.g.metrics.upstreamFails.WithLabelValues(string(reason)).Inc()
+}
+
+// Served records that the proxy sent the request to the pod at address
+// (ip:port) rather than to the chosen one, as it does when it falls back to
+// another endpoint: the attempt on the chosen pod is closed as failed and
+// one is opened on the pod at address, when it is a candidate. It reports
+// whether the attempt moved.
+func (k *Pick) Served(address string) bool {
+	if address == "" || address == k.x.d.Endpoint.Address {
+		return false
+	}
+	var pod *endpoint.Endpoint
+	for _, p := range k.a.pods {
+		if p.Address == address {
+			pod = p
+		}
+	}
+	k.h.Close(inflight.Failed, "the proxy served the request from "+address)
+	if pod == nil {
+		return false
+	}
+	load := k.a.b.store.PodLoad(pod.Key)
+	if load == nil {
+		return false
+	}
+	k.h = k.req.Route(inflight.Route{Pod: load, Endpoint: pod, PromptTokens: k.rc.InputTokens(),
+		PendingLoad: k.g.requestLoad(k.rc, pod)})
+	k.x.d.Endpoint, k.x.d.PodKey = pod, pod.ID
+	return true
+}
+
+// Reasons a front end gives Pick.Fail, as the proxy counts them in
+// kvgate_gateway_upstream_failures_total.
+const (
+	// FailSend: the request was sent, or partly, and no response came.
+	FailSend = failSend
+	// FailBody: the response broke off after its headers.
+	FailBody = failBody
+)
+
+// Fail closes the attempt as failed for reason, FailSend or FailBody; the
+// pod stays in routing, since the request may have reached it.
+func (k *Pick) Fail(reason string) {
+	if k.h.Close(inflight.Failed, reason) {
+		k.g.metrics.upstreamFails.WithLabelValues(reason).Inc()
+	}
+}
+
+// Cancel closes the attempt as cancelled: the client went away.
+func (k *Pick) Cancel(reason string) { k.h.Close(inflight.Cancelled, reason) }
+
+// End records that the request is over and releases the Pick; an attempt
+// still open is closed as cancelled. Only the first call counts.
+func (k *Pick) End() {
+	if k.x == nil {
+		return
+	}
+	if k.req != nil {
+		k.req.End()
+	}
+	putExchange(k.x)
+	k.x = nil
+}
+
+// Response follows the response to a Pick as a front end that sees it in
+// pieces relays it, and closes the attempt when it ends.
+type Response struct {
+	k      *Pick
+	status int
+	sse    bool
+	// events reads the events of an event stream; partial holds the bytes
+	// of an event not complete yet, and oversized reports that the event
+	// being read outgrew maxEventBytes and is relayed as it comes.
+	events    eventReader
+	partial   []byte
+	oversized bool
+	// whole keeps the first maxUsageScanBytes of any other successful
+	// body, to read its usage; over reports a longer one.
+	whole bytes.Buffer
+	over  bool
+}
+
+// maxEventBytes bounds the bytes of one server-sent event a Response holds
+// back until the event is complete; a longer event is relayed as its bytes
+// come, without being read.
+const maxEventBytes = 1 << 20
+
+// Response records that the response has status and the content type
+// contentType, and returns the Response that reads its body's pieces. The
+// pod is taken to be reachable unless the status is one a proxy answers
+// itself for a pod it could not get a response from (502, 503, 504).
+func (k *Pick) Response(status int, contentType string) *Response {
+	switch status {
+	case http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
+	default:
+		k.a.b.store.PodReachable(k.x.d.Endpoint)
+	}
+	r := &Response{k: k, status: status, sse: isEventStream(k.stream, status, contentType)}
+	r.events = eventReader{dropUsage: k.a.dropUsage, firstToken: k.h.FirstToken}
+	return r
+}
+
+// EventStream reports whether the body is relayed event by event (Body
+// then returns what to relay in place of each piece).
+func (r *Response) EventStream() bool { return r.sse }
+
+// FirstToken reports whether a generated token has been relayed.
+func (r *Response) FirstToken() bool { return r.events.seenToken }
+
+// Body reads the next piece of the body, last telling whether it ends the
+// body. For an event stream it appends to dst and returns what the client
+// is to receive in its place: the events it completes, the usage chunk
+// withheld when the gateway asked for it, and a final incomplete event at
+// the end; the rest of an incomplete event waits for the next piece. The
+// first generated token is reported to the request ledger as it passes.
+// For any other body it returns piece itself, unchanged.
+func (r *Response) Body(dst, piece []byte, last bool) []byte {
+	if !r.sse {
+		if r.status == http.StatusOK && !r.over {
+			if r.whole.Len()+len(piece) <= maxUsageScanBytes {
+				r.whole.Write(piece)
+			} else {
+				r.over = true
+			}
+		}
+		return piece
+	}
+	data := piece
+	if len(r.partial) > 0 {
+		r.partial = append(r.partial, piece...)
+		data = r.partial
+	}
+	for len(data) > 0 {
+		end := eventEnd(data)
+		if end < 0 {
+			break
+		}
+		event := data[:end]
+		if r.oversized {
+			dst = append(dst, event...)
+			r.oversized = false
+		} else if !r.events.inspect(event) {
+			dst = append(dst, event...)
+		}
+		data = data[end:]
+	}
+	if last || len(data) > maxEventBytes {
+		dst = append(dst, data...)
+		r.oversized = !last && len(data) > 0
+		data = nil
+	}
+	r.partial = append(r.partial[:0], data...)
+	return dst
+}
+
+// eventEnd returns the length of the first complete event of data, up to
+// and including the blank line ending it, or -1 when data holds none.
+func eventEnd(data []byte) int {
+	for i := 0; ; {
+		j := bytes.IndexByte(data[i:], '\n')
+		if j < 0 {
+			return -1
+		}
+		line := data[i : i+j+1]
+		i += j + 1
+		if isBlankLine(line) {
+			return i
+		}
+	}
+}
+
+// Done closes the attempt, the response having ended: done, with the usage
+// the engine reported in a successful response.
+func (r *Response) Done() {
+	var u usage
+	var ok bool
+	switch {
+	case r.sse:
+		u, ok = r.events.usage, r.events.hasUsage
+	case r.status == http.StatusOK && !r.over:
+		u, ok = responseUsage(r.whole.Bytes())
+	}
+	r.k.g.closeDone(r.k.h, r.status, u, ok)
+}
