@@ -91,7 +91,9 @@ func (s *syncBuffer) String() string {
 func start(t *testing.T, env []string, name string, args ...string) *process {
 	t.Helper()
 	p := &process{cmd: exec.Command(name, args...), output: &syncBuffer{}, done: make(chan struct{})}
-	p.cmd.Env = append(os.Environ(), env...)
+	// Without a shutdown delay, unless a test sets one: the processes
+	// stop at once when a test ends.
+	p.cmd.Env = append(append(os.Environ(), "KVGATE_SHUTDOWN_DELAY=0"), env...)
 	p.cmd.Stdout, p.cmd.Stderr = p.output, p.output
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -146,6 +146,7 @@ func start(t testing.TB, n int, o options) *fixture {
 		"KVGATE_STATIC_ENDPOINTS_FILE":          file,
 		"AIBRIX_POD_METRIC_REFRESH_INTERVAL_MS": "20",
 		"KVGATE_SHUTDOWN_TIMEOUT":               "10s",
+		"KVGATE_SHUTDOWN_DELAY":                 "0",
 	}
 	if o.notReady {
 		// A source that never delivers: the gateway stays not ready.
