@@ -20,15 +20,8 @@ want="$(sha256sum "$here/package-lock.json" | cut -d' ' -f1)"
 
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   if ! command -v npm >/dev/null 2>&1; then
-    sudo=""
-    if [ "$(id -u)" -ne 0 ]; then
-      command -v sudo >/dev/null || { echo "install-tokenizers: need root or sudo to install nodejs and npm" >&2; exit 1; }
-      sudo="sudo"
-    fi
-    echo "install-tokenizers: installing nodejs and npm" >&2
-    export DEBIAN_FRONTEND=noninteractive
-    $sudo apt-get update -qq
-    $sudo apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null
+    source "$(dirname "$0")/lib/apt.sh"
+    apt_install install-tokenizers nodejs npm
   fi
   echo "install-tokenizers: installing the tokenizer reference into $modules" >&2
   (cd "$here" && npm ci --no-audit --no-fund --ignore-scripts --loglevel=error >&2)
