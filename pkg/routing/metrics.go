@@ -8,13 +8,20 @@ import (
 // outcomesOf lists the outcomes each algorithm can reach; their series are
 // created up front so that dashboards see zeros.
 var outcomesOf = map[string][]Outcome{
-	Random:       {OutcomeRandom},
-	LeastRequest: {OutcomeLoad},
-	LeastKVCache: {OutcomeLoad},
-	LeastLatency: {OutcomeLoad},
-	PrefixCache:  {OutcomePrefixHit, OutcomeLoadOverPrefix, OutcomeLoadFallback, OutcomeImbalanceGuard, OutcomeNoTokens},
-	KVAware:      {OutcomePrefixHit, OutcomeLoadOverPrefix, OutcomeLoadFallback, OutcomeNoTokens},
+	Random:              {OutcomeRandom},
+	LeastRequest:        {OutcomeLoad},
+	LeastKVCache:        {OutcomeLoad},
+	LeastLatency:        {OutcomeLoad},
+	PrefixCache:         {OutcomePrefixHit, OutcomeLoadOverPrefix, OutcomeLoadFallback, OutcomeImbalanceGuard, OutcomeNoTokens},
+	KVAware:             {OutcomePrefixHit, OutcomeLoadOverPrefix, OutcomeLoadFallback, OutcomeNoTokens},
+	SLO:                 sloOutcomes,
+	SLOLeastLoad:        sloOutcomes,
+	SLOLeastLoadPulling: sloOutcomes,
+	SLOPackLoad:         sloOutcomes,
 }
+
+var sloOutcomes = []Outcome{OutcomePrefixHit, OutcomeLoadOverPrefix, OutcomeLoadFallback, OutcomeNoTokens,
+	OutcomeSLOWait, OutcomeSLOUnmeetable}
 
 // routerMetrics are the Prometheus metrics of a Router.
 type routerMetrics struct {

@@ -43,6 +43,10 @@ type RoutingContext struct {
 	PredictedOutputTokens int
 	// ReceivedAt is when the gateway received the request.
 	ReceivedAt time.Time
+	// SLO is the service-level objective the request is to be served
+	// within, counted from ReceivedAt; zero for none. The SLO-aware
+	// routing algorithms read it.
+	SLO SLO
 
 	target atomic.Pointer[routingTarget]
 }

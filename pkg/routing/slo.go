@@ -1,0 +1,218 @@
+package routing
+
+import (
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/kvgate/kvgate/pkg/cache"
+)
+
+// SLOVerdict says whether a pod is predicted to serve a request within its
+// SLO.
+type SLOVerdict string
+
+// Verdicts of the SLO-aware algorithms on a candidate.
+const (
+	// SLOMeets: the pod is predicted to meet every target of the SLO and
+	// has the capacity its GPU profile allows.
+	SLOMeets SLOVerdict = "meets"
+	// SLOMisses: the pod is predicted to miss a target.
+	SLOMisses SLOVerdict = "misses"
+	// SLOFull: the request would take the pod past its profiled capacity
+	// (pending load above 1).
+	SLOFull SLOVerdict = "full"
+)
+
+// ProfileSource gives the GPU profile of a model on a deployment, nil when
+// there is none; *cache.Profiles implements it.
+type ProfileSource interface {
+	Lookup(model, deployment string) *cache.ModelGPUProfile
+}
+
+// SLOError reports a request that no candidate pod is predicted to serve
+// within its SLO. It wraps cache.ErrLoadCapacityReached when a pod could
+// once its queue drains (the request may wait), cache.ErrSLOFailureRequest
+// when none could even idle.
+type SLOError struct {
+	// Model is the requested model.
+	Model string
+	// Unmeetable reports that no pod could meet the SLO even with nothing
+	// queued on it.
+	Unmeetable bool
+	// Slack is how much longer the request can wait and still meet its
+	// SLO on the pod best placed once that pod's queue has drained; 0
+	// when Unmeetable.
+	Slack time.Duration
+	// Drain is the least prefill work queued on a candidate pod: about
+	// when one of them could take the request.
+	Drain time.Duration
+}
+
+func (e *SLOError) Error() string {
+	if e.Unmeetable {
+		return fmt.Sprintf("no pod of model %q can serve the request within its SLO", e.Model)
+	}
+	return fmt.Sprintf("no pod of model %q can serve the request within its SLO now (slack %v, queues drain in %v)",
+		e.Model, e.Slack.Round(time.Millisecond), e.Drain.Round(time.Millisecond))
+}
+
+// Unwrap returns cache.ErrSLOFailureRequest or cache.ErrLoadCapacityReached.
+func (e *SLOError) Unwrap() error {
+	if e.Unmeetable {
+		return cache.ErrSLOFailureRequest
+	}
+	return cache.ErrLoadCapacityReached
+}
+
+// sloAware is the SLO-aware family (see the package documentation): it
+// predicts each candidate's time to first token as kv-aware does, and its
+// inter-token and end-to-end latency from the pod's measured inter-token
+// latency, its GPU profile and the predicted output length, and chooses
+// among the pods predicted to meet the request's SLO within the capacity
+// their profiles allow: the earliest first token (least load, kv-aware's
+// choice among them) or the pod whose SLO budget is the most used (pack
+// load). A request without an SLO is routed as kv-aware routes it.
+type sloAware struct {
+	tolerance float64
+	pack      bool
+	profiles  ProfileSource
+}
+
+func (sloAware) needs() needs { return needRunning | needQueue | needMatch }
+
+func (a sloAware) pick(in input) {
+	d := in.d
+	bestCached := predictTTFT(in)
+	if in.slo.IsZero() {
+		d.chosen = chooseTTFT(in, nil, a.tolerance)
+		d.Outcome = prefixOutcome(in, bestCached)
+		return
+	}
+	bestBudget := math.Inf(1)
+	best := -1
+	for i := range d.Candidates {
+		c := &d.Candidates[i]
+		idle := a.judge(in, c)
+		if in.considers(c) && idle < bestBudget {
+			bestBudget, best = idle, i
+		}
+	}
+	meets := func(c *Candidate) bool { return c.SLOVerdict == SLOMeets }
+	if a.pack {
+		d.chosen = choose(in, meets, func(c *Candidate) float64 { return -c.SLOBudget }, 0, nil)
+	} else {
+		d.chosen = chooseTTFT(in, meets, a.tolerance)
+	}
+	if d.chosen >= 0 {
+		d.Outcome = prefixOutcome(in, bestCached)
+		return
+	}
+	d.Outcome = OutcomeSLOWait
+	e := &SLOError{Model: in.model, Drain: time.Duration(math.MaxInt64)}
+	for i := range d.Candidates {
+		if c := &d.Candidates[i]; in.considers(c) {
+			e.Drain = min(e.Drain, seconds(c.QueueSeconds))
+		}
+	}
+	if best < 0 || bestBudget > 1 {
+		d.Outcome, e.Unmeetable, e.Drain = OutcomeSLOUnmeetable, true, 0
+	} else {
+		e.Slack = a.slack(in, &d.Candidates[best])
+	}
+	d.sloErr = e
+}
+
+// judge sets c's predicted inter-token and end-to-end latency, SLO budget
+// and verdict, and returns the budget the request would use on c if c had
+// nothing queued. The budget is the largest share of a target the
+// prediction uses: at most 1 meets the SLO.
+func (a sloAware) judge(in input, c *Candidate) (idleBudget float64) {
+	c.PredictedTPOTSeconds = c.AvgTPOTSeconds
+	c.PendingLoad = c.load.PendingLoad()
+	var consumption float64
+	capacityOK := true
+	if prof := a.profile(in, c); prof != nil {
+		if pt, err := prof.Point(in.outputTokens, in.d.PromptTokens); err == nil {
+			c.PredictedTPOTSeconds = max(c.PredictedTPOTSeconds, pt.TPOTSeconds)
+			if consumption, err = pt.PendingLoad(); err == nil {
+				capacityOK = c.PendingLoad+consumption <= 1
+			} else {
+				capacityOK = false
+			}
+		}
+	}
+	decode := c.PredictedTPOTSeconds * float64(max(in.outputTokens-1, 0))
+	c.PredictedE2ESeconds = c.PredictedTTFTSeconds + decode
+	c.SLOBudget = in.budget(c.PredictedTTFTSeconds, c.PredictedTPOTSeconds, c.PredictedE2ESeconds)
+	switch {
+	case !capacityOK:
+		c.SLOVerdict = SLOFull
+	case c.SLOBudget <= 1:
+		c.SLOVerdict = SLOMeets
+	default:
+		c.SLOVerdict = SLOMisses
+	}
+	if consumption > 1 {
+		return math.Inf(1)
+	}
+	idleTTFT := c.PredictedTTFTSeconds - c.QueueSeconds
+	return in.budget(idleTTFT, c.PredictedTPOTSeconds, idleTTFT+decode)
+}
+
+// slack returns how much longer the request can wait and still meet its
+// time targets on c once c's queue has drained.
+func (a sloAware) slack(in input, c *Candidate) time.Duration {
+	idleTTFT := c.PredictedTTFTSeconds - c.QueueSeconds
+	s := math.Inf(1)
+	if t := in.ttftTarget(); t > 0 {
+		s = min(s, t-in.elapsed-idleTTFT)
+	}
+	if t := in.slo.E2E.Seconds(); t > 0 {
+		s = min(s, t-in.elapsed-(c.PredictedE2ESeconds-c.QueueSeconds))
+	}
+	if math.IsInf(s, 1) {
+		return time.Duration(math.MaxInt64)
+	}
+	return seconds(max(s, 0))
+}
+
+// profile returns c's GPU profile for the request's model, nil without
+// one.
+func (a sloAware) profile(in input, c *Candidate) *cache.ModelGPUProfile {
+	if a.profiles == nil || c.ep.Deployment == "" {
+		return nil
+	}
+	return a.profiles.Lookup(in.model, c.ep.Deployment)
+}
+
+// ttftTarget returns the request's time-to-first-token target in seconds,
+// 0 for none.
+func (in input) ttftTarget() float64 {
+	return in.slo.TTFTFor(in.d.PromptTokens).Seconds()
+}
+
+// budget returns the largest share of an SLO target that predictions of
+// the time to first token, the inter-token latency and the end-to-end
+// latency use, the time the request has waited counting against the time
+// targets; 0 when the SLO sets no target.
+func (in input) budget(ttft, tpot, e2e float64) float64 {
+	b := 0.0
+	if t := in.ttftTarget(); t > 0 {
+		b = max(b, (in.elapsed+ttft)/t)
+	}
+	if t := in.slo.TPOT.Seconds(); t > 0 {
+		b = max(b, tpot/t)
+	}
+	if t := in.slo.E2E.Seconds(); t > 0 {
+		b = max(b, (in.elapsed+e2e)/t)
+	}
+	return b
+}
+
+func seconds(s float64) time.Duration {
+	if s >= math.MaxInt64/float64(time.Second) {
+		return time.Duration(math.MaxInt64)
+	}
+	return time.Duration(s * float64(time.Second))
+}
