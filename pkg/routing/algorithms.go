@@ -116,9 +116,9 @@ func newAlgorithms(cfg *Config) map[string]algorithm {
 			cpuWeight: cfg.CPUCacheWeight,
 		},
 		KVAware:             kvAware{tolerance: cfg.TieTolerance},
-		SLO:                 sloAware{tolerance: cfg.TieTolerance, profiles: cfg.Profiles},
-		SLOLeastLoad:        sloAware{tolerance: cfg.TieTolerance, profiles: cfg.Profiles},
-		SLOLeastLoadPulling: sloAware{tolerance: cfg.TieTolerance, profiles: cfg.Profiles},
-		SLOPackLoad:         sloAware{tolerance: cfg.TieTolerance, profiles: cfg.Profiles, pack: true},
+		SLO:                 sloAware{tolerance: cfg.TieTolerance, profiles: cfg.Profiles, defaultSpeed: cfg.DefaultPrefillTokensPerSecond},
+		SLOLeastLoad:        sloAware{tolerance: cfg.TieTolerance, profiles: cfg.Profiles, defaultSpeed: cfg.DefaultPrefillTokensPerSecond},
+		SLOLeastLoadPulling: sloAware{tolerance: cfg.TieTolerance, profiles: cfg.Profiles, defaultSpeed: cfg.DefaultPrefillTokensPerSecond},
+		SLOPackLoad:         sloAware{tolerance: cfg.TieTolerance, profiles: cfg.Profiles, defaultSpeed: cfg.DefaultPrefillTokensPerSecond, pack: true},
 	}
 }

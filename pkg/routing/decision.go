@@ -193,7 +193,8 @@ type Candidate struct {
 	// cache.PendingLoadProvider); 0 without GPU profiles.
 	PendingLoad float64 `json:"pendingLoad,omitempty"`
 	// SLOBudget is the largest share of one of the request's SLO targets
-	// the predictions use, its wait so far included: at most 1 meets the
+	// the predictions use, its wait so far included: at most 1 (plus the
+	// tie tolerance, within which predictions are equal) meets the
 	// SLO. SLOVerdict is the SLO-aware algorithms' verdict on the pod.
 	SLOBudget  float64    `json:"sloBudget,omitempty"`
 	SLOVerdict SLOVerdict `json:"sloVerdict,omitempty"`

@@ -42,6 +42,7 @@ func (r *Router) gather(rc *types.RoutingContext, pods []cache.PodSnapshot, nd n
 		outputTokens: rc.PredictedOutputTokens,
 		model:        rc.Model,
 		slo:          rc.SLO,
+		sloContended: rc.SLOContended,
 	}
 	now := r.cfg.Now()
 	if !rc.ReceivedAt.IsZero() {

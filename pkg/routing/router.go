@@ -61,6 +61,8 @@ type input struct {
 	model   string
 	slo     types.SLO
 	elapsed float64
+	// sloContended is rc.SLOContended.
+	sloContended bool
 }
 
 // New returns a Router configured by cfg, with its metrics registered on

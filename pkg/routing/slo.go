@@ -19,8 +19,10 @@ const (
 	SLOMeets SLOVerdict = "meets"
 	// SLOMisses: the pod is predicted to miss a target.
 	SLOMisses SLOVerdict = "misses"
-	// SLOFull: the request would take the pod past its profiled capacity
-	// (pending load above 1).
+	// SLOFull: the pod is predicted to meet the SLO but is at capacity:
+	// the request would take it past its profiled capacity (pending load
+	// above 1), or prefill work beyond the SLO's base time to first token
+	// is queued on it (see the package documentation).
 	SLOFull SLOVerdict = "full"
 )
 
@@ -76,7 +78,10 @@ func (e *SLOError) Unwrap() error {
 type sloAware struct {
 	tolerance float64
 	pack      bool
-	profiles  ProfileSource
+
+	profiles ProfileSource
+	// defaultSpeed is Config.DefaultPrefillTokensPerSecond.
+	defaultSpeed float64
 }
 
 func (sloAware) needs() needs { return needRunning | needQueue | needMatch }
@@ -89,17 +94,26 @@ func (a sloAware) pick(in input) {
 		d.Outcome = prefixOutcome(in, bestCached)
 		return
 	}
+	// Whether waiting can help is judged optimistically, at the fastest
+	// prefill speed measured or configured: a speed measured low on the
+	// first few prefills must not refuse a request a pod can serve.
+	fastest := a.defaultSpeed
+	for i := range d.Candidates {
+		if c := &d.Candidates[i]; in.considers(c) {
+			fastest = max(fastest, c.PrefillTokensPerSecond)
+		}
+	}
 	bestBudget := math.Inf(1)
 	best := -1
 	for i := range d.Candidates {
 		c := &d.Candidates[i]
-		idle := a.judge(in, c)
+		idle := a.judge(in, c, fastest)
 		if in.considers(c) && idle < bestBudget {
 			bestBudget, best = idle, i
 		}
 	}
 	meets := func(c *Candidate) bool { return c.SLOVerdict == SLOMeets }
-	if a.pack {
+	if a.pack && in.sloContended {
 		d.chosen = choose(in, meets, func(c *Candidate) float64 { return -c.SLOBudget }, 0, nil)
 	} else {
 		d.chosen = chooseTTFT(in, meets, a.tolerance)
@@ -115,19 +129,21 @@ func (a sloAware) pick(in input) {
 			e.Drain = min(e.Drain, seconds(c.QueueSeconds))
 		}
 	}
-	if best < 0 || bestBudget > 1 {
+	if best < 0 || bestBudget > 1+a.tolerance {
 		d.Outcome, e.Unmeetable, e.Drain = OutcomeSLOUnmeetable, true, 0
 	} else {
-		e.Slack = a.slack(in, &d.Candidates[best])
+		e.Slack = a.slack(in, &d.Candidates[best], fastest)
 	}
 	d.sloErr = e
 }
 
 // judge sets c's predicted inter-token and end-to-end latency, SLO budget
 // and verdict, and returns the budget the request would use on c if c had
-// nothing queued. The budget is the largest share of a target the
-// prediction uses: at most 1 meets the SLO.
-func (a sloAware) judge(in input, c *Candidate) (idleBudget float64) {
+// nothing queued and prefilled at speed fastest. The budget is the largest
+// share of a target the prediction uses: at most 1 meets the SLO, and so
+// does a prediction within the tie tolerance of it, as kv-aware holds
+// predictions within it equal.
+func (a sloAware) judge(in input, c *Candidate, fastest float64) (idleBudget float64) {
 	c.PredictedTPOTSeconds = c.AvgTPOTSeconds
 	c.PendingLoad = c.load.PendingLoad()
 	var consumption float64
@@ -142,34 +158,44 @@ func (a sloAware) judge(in input, c *Candidate) (idleBudget float64) {
 			}
 		}
 	}
+	if base := in.slo.TTFT.Seconds(); base > 0 && c.QueueSeconds > base && in.sloContended {
+		capacityOK = false
+	}
 	decode := c.PredictedTPOTSeconds * float64(max(in.outputTokens-1, 0))
 	c.PredictedE2ESeconds = c.PredictedTTFTSeconds + decode
 	c.SLOBudget = in.budget(c.PredictedTTFTSeconds, c.PredictedTPOTSeconds, c.PredictedE2ESeconds)
 	switch {
+	case c.SLOBudget > 1+a.tolerance:
+		c.SLOVerdict = SLOMisses
 	case !capacityOK:
 		c.SLOVerdict = SLOFull
-	case c.SLOBudget <= 1:
-		c.SLOVerdict = SLOMeets
 	default:
-		c.SLOVerdict = SLOMisses
+		c.SLOVerdict = SLOMeets
 	}
 	if consumption > 1 {
 		return math.Inf(1)
 	}
-	idleTTFT := c.PredictedTTFTSeconds - c.QueueSeconds
+	idleTTFT := idleTTFT(c, fastest)
 	return in.budget(idleTTFT, c.PredictedTPOTSeconds, idleTTFT+decode)
 }
 
+// idleTTFT predicts c's time to first token with nothing queued, prefilling
+// at speed.
+func idleTTFT(c *Candidate, speed float64) float64 {
+	return c.uncached/max(speed, c.PrefillTokensPerSecond) + c.AvgTPOTSeconds
+}
+
 // slack returns how much longer the request can wait and still meet its
-// time targets on c once c's queue has drained.
-func (a sloAware) slack(in input, c *Candidate) time.Duration {
-	idleTTFT := c.PredictedTTFTSeconds - c.QueueSeconds
+// time targets on c once c's queue has drained, prefilling at speed
+// fastest.
+func (a sloAware) slack(in input, c *Candidate, fastest float64) time.Duration {
+	idle := idleTTFT(c, fastest)
 	s := math.Inf(1)
 	if t := in.ttftTarget(); t > 0 {
-		s = min(s, t-in.elapsed-idleTTFT)
+		s = min(s, t-in.elapsed-idle)
 	}
 	if t := in.slo.E2E.Seconds(); t > 0 {
-		s = min(s, t-in.elapsed-(c.PredictedE2ESeconds-c.QueueSeconds))
+		s = min(s, t-in.elapsed-idle-(c.PredictedE2ESeconds-c.PredictedTTFTSeconds))
 	}
 	if math.IsInf(s, 1) {
 		return time.Duration(math.MaxInt64)

@@ -113,7 +113,7 @@ func TestSLOAlgorithmsTellAnSLONoPodCouldMeet(t *testing.T) {
 	}
 }
 
-func TestSLOPackLoadPacksWhereLeastLoadSpreads(t *testing.T) {
+func TestSLOPackLoadPacksWhereLeastLoadSpreadsWhileTheQueueIsContended(t *testing.T) {
 	// p0 has 3,000 tokens of prefill waiting (0.3 s), p1 nothing: both
 	// return the first token of a 1,000-token prompt within 1 s.
 	clock := newManualClock()
@@ -125,14 +125,45 @@ func TestSLOPackLoadPacksWhereLeastLoadSpreads(t *testing.T) {
 	if d := route(t, r, sloRequest("a", SLOLeastLoadPulling, p, slo, clock.Now()), pods); d.PodKey != key("p1") {
 		t.Errorf("slo-least-load-pulling chose %s, want the idle p1", d.PodKey)
 	}
-	d := route(t, r, sloRequest("b", SLOPackLoad, p, slo, clock.Now()), pods)
+	if d := route(t, r, sloRequest("b", SLOPackLoad, p, slo, clock.Now()), pods); d.PodKey != key("p1") {
+		t.Errorf("slo-pack-load with nothing waiting chose %s, want the idle p1 as least-load", d.PodKey)
+	}
+	contended := func(id string) *types.RoutingContext {
+		rc := sloRequest(id, SLOPackLoad, p, slo, clock.Now())
+		rc.SLOContended = true
+		return rc
+	}
+	d := route(t, r, contended("c"), pods)
 	if d.PodKey != key("p0") {
 		t.Errorf("slo-pack-load chose %s, want the busier p0 that still meets the SLO", d.PodKey)
 	}
-	// With 9,000 tokens waiting p0 misses: pack-load takes p1.
-	m.set("p0", cache.NumRequestsWaiting, 9)
-	if d := route(t, r, sloRequest("c", SLOPackLoad, p, slo, clock.Now()), pods); d.PodKey != key("p1") {
+	// With 12,000 tokens waiting p0 misses: pack-load takes p1.
+	m.set("p0", cache.NumRequestsWaiting, 12)
+	if d := route(t, r, contended("d"), pods); d.PodKey != key("p1") {
 		t.Errorf("slo-pack-load chose %s with p0 past the SLO, want p1", d.PodKey)
+	}
+}
+
+func TestSLOAlgorithmsKeepEngineQueuesShortWhileTheQueueIsContended(t *testing.T) {
+	// p0 has 1.5 s of prefill queued, p1 2.5 s; the objective allows 2 s
+	// plus 4 ms a prompt token, 6 s for this prompt: both pods meet it.
+	clock := newManualClock()
+	pods := testPods(2)
+	m := uniformFleet(2).set("p0", cache.NumRequestsWaiting, 15).set("p1", cache.NumRequestsWaiting, 25).scraped(clock.Now())
+	r, _ := newTestRouter(t, m, newTestIndex(t), func(c *Config) { c.Now = clock.Now })
+	slo := types.SLO{TTFT: 2 * time.Second, TTFTPerPromptToken: 4 * time.Millisecond}
+	rc := sloRequest("r", SLOPackLoad, prompt(0, 1000), slo, clock.Now())
+	if d := route(t, r, rc, pods); d.PodKey != key("p0") {
+		t.Fatalf("uncontended: chose %s, want p0", d.PodKey)
+	}
+	rc.SLOContended = true
+	d := route(t, r, rc, pods)
+	if d.PodKey != key("p0") || candidate(t, d, "p1").SLOVerdict != SLOFull {
+		t.Fatalf("contended: chose %s, p1 %+v; want p0, p1 full with more than the base 2 s queued", d.PodKey, candidate(t, d, "p1"))
+	}
+	m.set("p0", cache.NumRequestsWaiting, 21)
+	if _, err := routeErr(r, rc, pods); !errors.Is(err, cache.ErrLoadCapacityReached) {
+		t.Fatalf("contended with both queues past 2 s: Route = %v, want ErrLoadCapacityReached", err)
 	}
 }
 

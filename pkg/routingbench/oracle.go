@@ -59,6 +59,10 @@ func (o *oracle) predict(e *engine, prompt []uint32) time.Duration {
 		time.Duration(work)*lat.PrefillPerToken
 }
 
-func (*oracle) firstToken(int) {}
+func (*oracle) firstToken(int) error { return nil }
 
-func (*oracle) ended(int) {}
+func (*oracle) ended(int) error { return nil }
+
+func (*oracle) changed() error { return nil }
+
+func (*oracle) holding() bool { return false }

@@ -13,6 +13,12 @@ import (
 	"github.com/kvgate/kvgate/pkg/types"
 )
 
+// contendedFor is how long a queue counts as contended after a request
+// last waited in it or was refused for want of capacity (see
+// types.RoutingContext's SLOContended): a queue that just emptied is
+// likely to fill again.
+const contendedFor = 2 * time.Second
+
 // maxWaitsPerPass bounds how many waiting requests one pass tries, in
 // deadline order, after the last it could route: a pass that finds the
 // fleet full stops trying instead of predicting for every request queued.
@@ -148,6 +154,9 @@ type QueueRouter struct {
 	entries []*Entry // by deadline, then arrival
 	closed  string   // the reason, once closed
 	lastTry time.Time
+	// busy is when a request last waited, or was refused for want of
+	// capacity.
+	busy time.Time
 
 	wake chan struct{}
 }
@@ -400,6 +409,12 @@ func (q *QueueRouter) Dispatch() {
 // still wait, and when a pod could take it.
 func (q *QueueRouter) try(e *Entry, now time.Time) error {
 	e.tries++
+	q.mu.Lock()
+	if len(q.entries) > 0 {
+		q.busy = now
+	}
+	e.Request.SLOContended = now.Sub(q.busy) < contendedFor
+	q.mu.Unlock()
 	err := e.Try()
 	var se *routing.SLOError
 	if errors.As(err, &se) {
@@ -451,6 +466,11 @@ func (q *QueueRouter) Close(reason string) {
 // refuse refuses e, which never waited, and returns the error it gets.
 func (q *QueueRouter) refuse(e *Entry, reason string, retry time.Duration, cause error) error {
 	q.metrics.outcome(outcomeRejected)
+	if reason == ReasonNoCapacity || reason == ReasonQueueFull {
+		q.mu.Lock()
+		q.busy = q.cfg.Now()
+		q.mu.Unlock()
+	}
 	err := &Error{Model: q.model, Reason: reason, RetryAfter: retryAfter(retry), Err: cause}
 	e.err = err
 	return err

@@ -47,6 +47,13 @@ type RoutingContext struct {
 	// within, counted from ReceivedAt; zero for none. The SLO-aware
 	// routing algorithms read it.
 	SLO SLO
+	// SLOContended reports that the model's SLO queue is contended as the
+	// request is routed: requests wait in it, or one was refused for want
+	// of capacity moments ago (see package slo). The SLO-aware algorithms
+	// then keep the prefill work queued on a pod within the SLO's base
+	// time to first token, so that the gateway, not the engines, holds
+	// what the fleet cannot serve at once.
+	SLOContended bool
 
 	target atomic.Pointer[routingTarget]
 }
