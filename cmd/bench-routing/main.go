@@ -5,6 +5,13 @@
 // writes the table, CSV, JSON and a PNG plot of each to an output
 // directory.
 //
+// With -overload it runs the overload scenario instead: each workload's
+// arrival rate stepped from half to three times the fleet's capacity within
+// an SLO, for each seed of -seeds, comparing kv-aware with the SLO-aware
+// algorithms on goodput, SLO attainment, time to first token and the
+// requests queued and refused (routingbench.RunOverload), and it ends with
+// the targets each seed met.
+//
 // Usage:
 //
 //	bench-routing [flags]
@@ -54,6 +61,23 @@ type options struct {
 	out       string
 	bench     routingbench.Config
 	shared    routingbench.SharedPrefixConfig
+
+	overload bool
+	loads    string
+	slo      string
+	seeds    string
+	requests int
+	capacity float64
+}
+
+// overloadSLOs are the objectives of the overload scenario by workload,
+// unless -slo sets one: Mooncake's prompts run from a few tokens to
+// 190,000, so its objective grows with the prompt (2 s plus four times
+// what an uncached prompt takes to prefill at 10,000 tokens per second);
+// the shared-prefix chats are mostly cached, 2 s flat.
+var overloadSLOs = map[string]string{
+	workloadMooncake:     "ttft:2s,ttft-per-token:400us",
+	workloadSharedPrefix: "ttft:2s",
 }
 
 func parseFlags(args []string, stderr io.Writer) (options, error) {
@@ -62,7 +86,14 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.SetOutput(stderr)
 	fs.StringVar(&o.workloads, "workload", workloadMooncake+","+workloadSharedPrefix, "comma-separated workloads: "+workloadMooncake+", "+workloadSharedPrefix)
 	fs.StringVar(&o.trace, "trace", "pkg/routingbench/testdata/mooncake_synthetic_trace.jsonl", "Mooncake trace of the "+workloadMooncake+" workload")
-	fs.StringVar(&o.policies, "policies", strings.Join(routingbench.Policies(), ","), "comma-separated policies, in report order")
+	fs.StringVar(&o.policies, "policies", "", "comma-separated policies, in report order (default: "+
+		strings.Join(routingbench.Policies(), ",")+"; with -overload "+strings.Join(routingbench.OverloadPolicies(), ",")+")")
+	fs.BoolVar(&o.overload, "overload", false, "run the overload scenario: arrival rates stepped across the fleet's capacity within an SLO")
+	fs.StringVar(&o.loads, "loads", "0.5,0.8,1,1.5,2,3", "overload: arrival rates as multiples of the fleet's capacity")
+	fs.StringVar(&o.slo, "slo", "", "overload: the requests' objective, e.g. ttft:2s,ttft-per-token:400us,tpot:100ms,e2e:30s (default per workload)")
+	fs.StringVar(&o.seeds, "seeds", "", "overload: comma-separated seeds, one run each (default: -seed)")
+	fs.IntVar(&o.requests, "overload-requests", 1500, "overload: the first requests of each workload to play (0: all)")
+	fs.Float64Var(&o.capacity, "capacity", 0, "overload: the fleet's capacity in requests per second (0: measure it per workload and seed)")
 	fs.StringVar(&o.out, "out", "out/bench-routing", "directory for the reports (created)")
 	fs.Uint64Var(&o.bench.Seed, "seed", 1, "seed of every random choice and of the generated workload")
 	fs.IntVar(&o.bench.Parallel, "parallel", runtime.GOMAXPROCS(0), "policies simulated at once (results do not depend on it)")
@@ -94,7 +125,14 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
-	o.bench.Policies = strings.Split(o.policies, ",")
+	switch {
+	case o.policies != "":
+		o.bench.Policies = strings.Split(o.policies, ",")
+	case o.overload:
+		o.bench.Policies = routingbench.OverloadPolicies()
+	default:
+		o.bench.Policies = routingbench.Policies()
+	}
 	s.Seed = o.bench.Seed
 	return o, nil
 }
@@ -106,6 +144,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	if err := os.MkdirAll(o.out, 0o755); err != nil {
 		return err
+	}
+	if o.overload {
+		return o.runOverload(ctx, stdout, stderr)
 	}
 	for i, name := range strings.Split(o.workloads, ",") {
 		w, err := o.workload(name)
