@@ -256,7 +256,7 @@ func TestQueueDropsWaitingRequestsOfAModelThatLeft(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m, _ := NewMetrics(reg)
 	rs := NewRouters(NewProvider(Config{}, m), m)
-	q, err := rs.GetRouter("m")
+	q, err := rs.GetRouter(&types.RoutingContext{Model: "m"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -271,7 +271,7 @@ func TestQueueDropsWaitingRequestsOfAModelThatLeft(t *testing.T) {
 	if n := testutilCount(t, reg, "kvgate_slo_requests_total"); n != 0 {
 		t.Fatalf("%d series of the forgotten model remain", n)
 	}
-	if q2, _ := rs.GetRouter("m"); q2 == q {
+	if q2, _ := rs.GetRouter(&types.RoutingContext{Model: "m"}); q2 == q {
 		t.Fatal("the forgotten model's queue was handed out again")
 	}
 }
@@ -356,5 +356,37 @@ func TestQueueRunRoutesConcurrentRequestsAsCapacityFreesAndLosesNone(t *testing.
 	}
 	if o := outcomeCounts(t, reg); o[outcomeAdmitted] != n {
 		t.Fatalf("outcomes %v", o)
+	}
+}
+
+func TestRoutersCloseRefusesWhatWaitsAndWhatComesAfter(t *testing.T) {
+	c := newClock()
+	f := &fleet{slack: time.Minute}
+	reg := prometheus.NewRegistry()
+	m, _ := NewMetrics(reg)
+	rs := NewRouters(NewProvider(Config{}, m), m)
+	q, err := rs.GetRouter(&types.RoutingContext{Model: "m"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	q.cfg.Now = c.Now
+	var got error
+	if queued, err := q.Submit(entry(f, c, "r", time.Minute, func(err error) { got = err }), true); !queued {
+		t.Fatalf("the request was not queued: %v", err)
+	}
+	rs.Close()
+	var qe *Error
+	if !errors.As(got, &qe) || qe.Reason != ReasonStopped {
+		t.Fatalf("waiting request left with %v, want stopped", got)
+	}
+	f.release(1)
+	if _, err := q.Submit(entry(f, c, "late", time.Minute, nil), true); !errors.As(err, &qe) || qe.Reason != ReasonStopped {
+		t.Errorf("a request submitted after Close: %v, want stopped", err)
+	}
+	if _, err := rs.GetRouter(&types.RoutingContext{Model: "other"}); !errors.Is(err, ErrStopped) {
+		t.Errorf("GetRouter after Close: %v, want ErrStopped", err)
+	}
+	if o := outcomeCounts(t, reg); o[outcomeDropped] != 1 || o[outcomeRejected] != 1 || o[outcomeAdmitted] != 0 {
+		t.Errorf("outcomes %v, want one dropped and one rejected", o)
 	}
 }

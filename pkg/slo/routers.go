@@ -6,6 +6,8 @@ import (
 	"errors"
 	"slices"
 	"sync"
+
+	"github.com/kvgate/kvgate/pkg/types"
 )
 
 // ModelRouterProvider returns the QueueRouter of a model, as AIBrix's
@@ -53,10 +55,12 @@ func NewProvider(cfg Config, metrics *Metrics) ModelRouterProvider {
 	}
 }
 
-// GetRouter returns model's queue, created on first use; while Run runs,
-// its loop runs too. It fails with ErrStopped once Run has returned, and
-// with the provider's error.
-func (r *Routers) GetRouter(model string) (*QueueRouter, error) {
+// GetRouter returns the queue of the request's model (rc.Model), created
+// on first use, as AIBrix's Store.GetRouter does; while Run runs, its loop
+// runs too. It fails with ErrStopped once Run has returned or Close was
+// called, and with the provider's error.
+func (r *Routers) GetRouter(rc *types.RoutingContext) (*QueueRouter, error) {
+	model := rc.Model
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if rr, ok := r.routers[model]; ok {
@@ -101,6 +105,22 @@ func (r *Routers) Run(ctx context.Context) error {
 	r.mu.Unlock()
 	r.wg.Wait()
 	return nil
+}
+
+// Close refuses the requests waiting in every queue and those submitted
+// from then on (ReasonStopped), for a gateway that shuts down; GetRouter
+// fails with ErrStopped afterwards.
+func (r *Routers) Close() {
+	r.mu.Lock()
+	r.stopped = true
+	qs := make([]*QueueRouter, 0, len(r.routers))
+	for _, rr := range r.routers {
+		qs = append(qs, rr.QueueRouter)
+	}
+	r.mu.Unlock()
+	for _, q := range qs {
+		q.Close(ReasonStopped)
+	}
 }
 
 // Forget drops model's queue, refusing its waiting requests
