@@ -151,7 +151,14 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, k kind, x *excha
 		rc.PromptTokenIDs = g.tokenize(r.Context(), rc, &x.in, a.pods)
 	}
 	g.predictOutput(rc, x.in.maxTokens())
-	g.forward(w, r, a, rc, req, x, c)
+	var first *inflight.Handle
+	if routing.IsSLOAware(c.algorithm) {
+		var ok bool
+		if first, ok = g.routeSLO(w, r, &a, rc, req, x, c); !ok {
+			return
+		}
+	}
+	g.forward(w, r, a, rc, req, x, c, first)
 }
 
 // admit reads and checks a request, answering the client when it fails a
@@ -235,14 +242,15 @@ func (g *Gateway) readBody(w http.ResponseWriter, r *http.Request, x *exchange, 
 }
 
 // readsPrompt reports whether an algorithm reads the prompt's tokens: the
-// prefix algorithms match them, least-latency predicts the output length
-// from their count. The others route without tokenizing.
+// prefix algorithms (kv-aware and the SLO-aware ones among them) match
+// them, least-latency predicts the output length from their count. The
+// others route without tokenizing.
 func readsPrompt(alg string) bool {
 	switch alg {
 	case routing.PrefixCache, routing.KVAware, routing.LeastLatency:
 		return true
 	}
-	return false
+	return routing.IsSLOAware(alg)
 }
 
 // adapterOf returns the LoRA adapter model resolves to among pods: "" when
@@ -300,25 +308,35 @@ func (g *Gateway) predictOutput(rc *types.RoutingContext, maxTokens int) {
 
 // forward routes the request, sends it to the chosen pod and relays the
 // response, each attempt recorded in the request ledger as an attempt of
-// req, opened when the request is sent and closed once it ended. A pod that
-// cannot be connected to was sent nothing: it is ejected, its attempt
-// closed as failed, and the request is routed again among the candidates
-// not tried yet and not ejected meanwhile, until one answers or none is
-// left.
+// req, opened when the request is sent and closed once it ended; first,
+// when not nil, is the first attempt, routed and opened already (x.d its
+// decision). A pod that cannot be connected to was sent nothing: it is
+// ejected, its attempt closed as failed, and the request is routed again
+// among the candidates not tried yet and not ejected meanwhile, until one
+// answers or none is left. A request that waited for a pod meeting its SLO
+// is not held again: its retries go where kv-aware would send them.
 func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, a admitted, rc *types.RoutingContext, req *inflight.Request,
-	x *exchange, c *call) {
+	x *exchange, c *call, first *inflight.Handle) {
 	b, candidates := a.b, a.pods
 	var tried []string
 	for attempt := 0; ; attempt++ {
-		x.snaps = b.store.Snapshots(candidates, x.snaps[:0])
-		if err := b.router.Route(r.Context(), rc, x.snaps, &x.d); err != nil {
-			c.fail(w, http.StatusServiceUnavailable, typeServiceUnavailable, codeNoReadyPod, "", err.Error())
-			return
+		h := first
+		if attempt > 0 || h == nil {
+			x.snaps = b.store.Snapshots(candidates, x.snaps[:0])
+			err := b.router.Route(r.Context(), rc, x.snaps, &x.d)
+			if errors.Is(err, cache.ErrLoadCapacityReached) || errors.Is(err, cache.ErrSLOFailureRequest) {
+				rc.Algorithm = routing.KVAware
+				err = b.router.Route(r.Context(), rc, x.snaps, &x.d)
+			}
+			if err != nil {
+				c.fail(w, http.StatusServiceUnavailable, typeServiceUnavailable, codeNoReadyPod, "", err.Error())
+				return
+			}
+			route := x.d.Route()
+			route.PendingLoad = g.requestLoad(rc, x.d.Endpoint)
+			h = req.Route(route)
 		}
 		pod := x.d.Endpoint
-		route := x.d.Route()
-		route.PendingLoad = g.requestLoad(rc, pod)
-		h := req.Route(route)
 		if attempt == 0 {
 			c.overhead = time.Since(c.start)
 			g.metrics.overhead.Observe(c.overhead.Seconds())
