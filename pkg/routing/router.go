@@ -81,7 +81,7 @@ func New(cfg Config) (*Router, error) {
 		log:      cfg.Logger.WithName("routing"),
 		inFlight: newInFlightPrefixes(cfg.MaxInFlightPrefixBlocks),
 	}
-	m, err := newRouterMetrics(cfg.Registerer)
+	m, err := newRouterMetrics(cfg.Registerer, func() float64 { return float64(r.inFlight.dropped.Load()) })
 	if err != nil {
 		return nil, err
 	}

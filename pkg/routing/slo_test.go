@@ -278,13 +278,16 @@ func TestInFlightPrefixesStayWithinTheirBound(t *testing.T) {
 	pods := testPods(2)
 	idx := newTestIndex(t)
 	holds(t, idx, "p1", prompt(900_000, 32), kvevent.MediumGPU)
-	r, _ := newTestRouter(t, uniformFleet(2), idx, func(c *Config) { c.MaxInFlightPrefixBlocks = 100 })
+	r, reg := newTestRouter(t, uniformFleet(2), idx, func(c *Config) { c.MaxInFlightPrefixBlocks = 100 })
 	var hs []*inflight.Handle
 	for i := range 3 {
 		hs = append(hs, startPrefill(r, route(t, r, request("r", KVAware, prompt(10_000*i, 64*16)), pods)))
 	}
 	if n, dropped := r.inFlight.len(), r.inFlight.dropped.Load(); n != 64 || dropped != 2 {
 		t.Fatalf("%d blocks remembered, %d attempts dropped; want 64 and 2", n, dropped)
+	}
+	if n := testsupport.MetricValue(t, reg, "kvgate_routing_inflight_prefix_dropped_total", nil); n != 2 {
+		t.Fatalf("kvgate_routing_inflight_prefix_dropped_total = %v, want 2", n)
 	}
 	for _, h := range hs {
 		h.Close(inflight.Done, "")
