@@ -6,9 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
-	"net/http/httptest"
 	"slices"
 	"strconv"
 	"strings"
@@ -28,6 +26,7 @@ import (
 	"github.com/kvgate/kvgate/pkg/internal/testredis"
 	"github.com/kvgate/kvgate/pkg/sim"
 	"github.com/kvgate/kvgate/pkg/sim/simserver"
+	"github.com/kvgate/kvgate/pkg/sim/simtest"
 	"github.com/kvgate/kvgate/pkg/slo"
 	"github.com/kvgate/kvgate/pkg/types"
 )
@@ -50,25 +49,10 @@ func startSims(t *testing.T, n int, lat sim.LatencyModel) staticPods {
 	t.Helper()
 	var pods staticPods
 	for i := range n {
-		srv, err := simserver.New(simserver.Config{Model: "llama", Ranks: []simserver.Rank{{
+		e := simtest.Serve(t, simserver.Config{Model: "llama", Ranks: []simserver.Rank{{
 			Engine: sim.EngineConfig{BlockSize: 16, NumGPUBlocks: 8192, Latency: lat},
 		}}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			srv.Run(ctx)
-		}()
-		hs := httptest.NewServer(srv.Handler())
-		t.Cleanup(func() {
-			hs.Close()
-			cancel()
-			<-done
-		})
-		port := hs.Listener.Addr().(*net.TCPAddr).Port
+		port := e.Port
 		name := fmt.Sprint("sim-", i)
 		pods = append(pods, &v1.Pod{
 			ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name, UID: k8stypes.UID("uid-" + name),

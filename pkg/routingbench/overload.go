@@ -58,14 +58,7 @@ type OverloadLevel struct {
 }
 
 // Result returns the result of the named policy, or nil.
-func (l *OverloadLevel) Result(policy string) *PolicyResult {
-	for _, r := range l.Results {
-		if r.Policy == policy {
-			return r
-		}
-	}
-	return nil
-}
+func (l *OverloadLevel) Result(policy string) *PolicyResult { return resultOf(l.Results, policy) }
 
 // OverloadReport is the outcome of the overload scenario on one workload.
 type OverloadReport struct {
@@ -323,11 +316,11 @@ func (r *OverloadReport) WriteTable(w io.Writer) error {
 		fmt.Fprintf(w, "load %gx: %.2f requests/s (arrivals %.2fx as fast as the workload's)\n", l.Load, l.Rate, l.Speedup)
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 		for i, c := range overloadColumns {
-			fmt.Fprint(tw, c.head, overloadSep(i))
+			fmt.Fprint(tw, c.head, sep(i, len(overloadColumns)))
 		}
 		for _, res := range l.Results {
 			for i, c := range overloadColumns {
-				fmt.Fprint(tw, c.cell(res), overloadSep(i))
+				fmt.Fprint(tw, c.cell(res), sep(i, len(overloadColumns)))
 			}
 		}
 		if err := tw.Flush(); err != nil {
@@ -335,21 +328,8 @@ func (r *OverloadReport) WriteTable(w io.Writer) error {
 		}
 	}
 	fmt.Fprintf(w, "the most goodput seen: %.2f requests/s\n", r.MaxGoodput())
-	for _, t := range r.Targets() {
-		verdict := "MISSED"
-		if t.Met {
-			verdict = "met"
-		}
-		fmt.Fprintf(w, "target %-72s %s: %.3f against a bound of %.3f (ratio %.3f)\n", t.Name, verdict, t.Value, t.Bound, t.Ratio)
-	}
+	writeTargets(w, r.Targets(), 72)
 	return nil
-}
-
-func overloadSep(i int) string {
-	if i == len(overloadColumns)-1 {
-		return "\t\n"
-	}
-	return "\t"
 }
 
 // WriteCSV writes one row per load and policy after a header row.

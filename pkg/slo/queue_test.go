@@ -63,25 +63,10 @@ func (f *fleet) order() []string {
 	return append([]string(nil), f.routed...)
 }
 
-// clock is a manual clock.
-type clock struct {
-	mu  sync.Mutex
-	now time.Time
-}
+// clock is the manual clock of the queue tests.
+type clock = testsupport.Clock
 
-func newClock() *clock { return &clock{now: time.Unix(1_800_000_000, 0)} }
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *clock) advance(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
-}
+func newClock() *clock { return testsupport.NewClock(time.Unix(1_800_000_000, 0)) }
 
 func entry(f *fleet, c *clock, id string, deadlineIn time.Duration, done func(error)) *Entry {
 	rc := types.NewRoutingContext(id, "m")
@@ -219,12 +204,12 @@ func TestQueueLetsGoOfRequestsThatCanNoLongerMeetTheirSLO(t *testing.T) {
 	if at, ok := q.NextExpiry(); !ok || !at.Equal(c.Now().Add(200*time.Millisecond)) {
 		t.Fatalf("next expiry %v %v, want in 200 ms (the slack)", at, ok)
 	}
-	c.advance(150 * time.Millisecond)
+	c.Advance(150 * time.Millisecond)
 	q.Dispatch()
 	if got != nil || q.Len() != 1 {
 		t.Fatalf("let go before its slack ran out: %v", got)
 	}
-	c.advance(100 * time.Millisecond)
+	c.Advance(100 * time.Millisecond)
 	f.release(1) // too late: the request cannot meet its SLO any more
 	q.Dispatch()
 	var qe *Error
@@ -242,7 +227,7 @@ func TestQueueBoundsTheWaitOfRequestsWithoutATimeTarget(t *testing.T) {
 	q, _ := newTestQueue(t, c, QueueConfig{MaxWait: 2 * time.Second})
 	var got error
 	q.Submit(entry(f, c, "r", time.Hour, func(err error) { got = err }), true)
-	c.advance(2 * time.Second)
+	c.Advance(2 * time.Second)
 	q.Dispatch()
 	var qe *Error
 	if !errors.As(got, &qe) || qe.Reason != ReasonExpired {
@@ -250,17 +235,28 @@ func TestQueueBoundsTheWaitOfRequestsWithoutATimeTarget(t *testing.T) {
 	}
 }
 
-func TestQueueDropsWaitingRequestsOfAModelThatLeft(t *testing.T) {
-	c := newClock()
-	f := &fleet{slack: time.Minute}
+// newTestRouters returns Routers with default bounds, the queue of model
+// "m" on clock c, and the registry of their metrics.
+func newTestRouters(t *testing.T, c *clock) (*Routers, *QueueRouter, *prometheus.Registry) {
+	t.Helper()
 	reg := prometheus.NewRegistry()
-	m, _ := NewMetrics(reg)
+	m, err := NewMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
 	rs := NewRouters(NewProvider(Config{}, m), m)
 	q, err := rs.GetRouter(&types.RoutingContext{Model: "m"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	q.cfg.Now = c.Now
+	return rs, q, reg
+}
+
+func TestQueueDropsWaitingRequestsOfAModelThatLeft(t *testing.T) {
+	c := newClock()
+	f := &fleet{slack: time.Minute}
+	rs, q, reg := newTestRouters(t, c)
 	var got error
 	q.Submit(entry(f, c, "r", time.Minute, func(err error) { got = err }), true)
 	rs.Forget("m")
@@ -362,14 +358,7 @@ func TestQueueRunRoutesConcurrentRequestsAsCapacityFreesAndLosesNone(t *testing.
 func TestRoutersCloseRefusesWhatWaitsAndWhatComesAfter(t *testing.T) {
 	c := newClock()
 	f := &fleet{slack: time.Minute}
-	reg := prometheus.NewRegistry()
-	m, _ := NewMetrics(reg)
-	rs := NewRouters(NewProvider(Config{}, m), m)
-	q, err := rs.GetRouter(&types.RoutingContext{Model: "m"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	q.cfg.Now = c.Now
+	rs, q, reg := newTestRouters(t, c)
 	var got error
 	if queued, err := q.Submit(entry(f, c, "r", time.Minute, func(err error) { got = err }), true); !queued {
 		t.Fatalf("the request was not queued: %v", err)
