@@ -67,8 +67,8 @@ func newRouterMetrics(reg prometheus.Registerer, dropped func() float64) (*route
 		}),
 		prefixDropped: prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "inflight_prefix_dropped_total",
-			Help: "Attempts whose prompt blocks were not remembered as in flight on their pod because " +
-				"KVGATE_ROUTING_MAX_INFLIGHT_PREFIX_BLOCKS were remembered already.",
+			Help: "Attempts whose prompt blocks were not remembered as in flight on their pod: the blocks " +
+				"remembered had reached their bound.",
 		}, dropped),
 		byAlg: map[string]*algMetrics{},
 	}
