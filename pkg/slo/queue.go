@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvgate/kvgate/pkg/cache"
@@ -23,6 +24,11 @@ const contendedFor = 2 * time.Second
 // deadline order, after the last it could route: a pass that finds the
 // fleet full stops trying instead of predicting for every request queued.
 const maxWaitsPerPass = 8
+
+// maxRestartsPerPass bounds how many times one Dispatch goes back to the
+// first waiting request because capacity may have freed while it tried
+// the ones after it (see Dispatch).
+const maxRestartsPerPass = 4
 
 // Entry is one request in a QueueRouter: its deadline, and how to route it.
 type Entry struct {
@@ -159,6 +165,9 @@ type QueueRouter struct {
 	busy time.Time
 
 	wake chan struct{}
+	// triggers counts Trigger's calls: a pass that sees it move knows
+	// capacity may have freed since it tried the requests before.
+	triggers atomic.Uint64
 }
 
 // NewQueueRouter returns the empty queue of model. metrics may be nil.
@@ -296,6 +305,7 @@ func (q *QueueRouter) removeLocked(e *Entry) {
 // Trigger wakes the queue's loop (Run) for a pass, unless one is pending.
 // It never blocks.
 func (q *QueueRouter) Trigger() {
+	q.triggers.Add(1)
 	select {
 	case q.wake <- struct{}{}:
 	default:
@@ -343,16 +353,36 @@ func (q *QueueRouter) NextExpiry() (time.Time, bool) {
 // first: it lets go of those that can no longer meet their SLO or waited
 // the longest allowed, and routes those a pod can take now. After
 // maxWaitsPerPass requests in a row that no pod can take, it only checks
-// the rest for expiry.
+// the rest for expiry. A request that no pod could take does not hold up
+// the later ones, which may need less; but when Trigger reports, during
+// the pass, that capacity may have freed, the pass starts again from the
+// first waiting request (up to maxRestartsPerPass times), so that a later
+// request does not take what an earlier one could now have. The only
+// reordering left is a pod freeing during the one decision in progress.
 func (q *QueueRouter) Dispatch() {
 	q.routeMu.Lock()
 	defer q.routeMu.Unlock()
+	for restarts := 0; ; restarts++ {
+		if !q.pass(restarts < maxRestartsPerPass) {
+			return
+		}
+	}
+}
+
+// pass makes one pass over the waiting requests (see Dispatch); q.routeMu
+// is held. It reports whether it stopped to start again: restartable, a
+// request waited, and Trigger was called since the pass began.
+func (q *QueueRouter) pass(restartable bool) (restart bool) {
 	q.mu.Lock()
 	pass := slices.Clone(q.entries)
 	q.mu.Unlock()
+	triggers := q.triggers.Load()
 	now := q.cfg.Now()
-	waits := 0
+	waits, waited := 0, false
 	for _, e := range pass {
+		if restartable && waited && q.triggers.Load() != triggers {
+			return true
+		}
 		q.mu.Lock()
 		if !e.queued {
 			q.mu.Unlock()
@@ -381,6 +411,7 @@ func (q *QueueRouter) Dispatch() {
 		if waiting && !cancelled && closing == "" {
 			q.mu.Unlock()
 			waits++
+			waited = true
 			continue
 		}
 		q.removeLocked(e)
@@ -403,6 +434,7 @@ func (q *QueueRouter) Dispatch() {
 	q.mu.Lock()
 	q.lastTry = now
 	q.mu.Unlock()
+	return false
 }
 
 // try runs e.Try and records what it tells of e's wait: how long it can

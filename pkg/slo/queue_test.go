@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -377,5 +378,37 @@ func TestRoutersCloseRefusesWhatWaitsAndWhatComesAfter(t *testing.T) {
 	}
 	if o := outcomeCounts(t, reg); o[outcomeDropped] != 1 || o[outcomeRejected] != 1 || o[outcomeAdmitted] != 0 {
 		t.Errorf("outcomes %v, want one dropped and one rejected", o)
+	}
+}
+
+func TestQueueGoesBackToTheEarliestRequestWhenCapacityFreesDuringAPass(t *testing.T) {
+	// The fleet is full. A pass tries the earliest request, which waits;
+	// a request completes just then (capacity frees and the queue is
+	// triggered) before the pass tries the next one. The pass starts
+	// again from the earliest, which takes the room; the next one waits.
+	c := newClock()
+	f := &fleet{slack: time.Minute, clock: c}
+	q, _ := newTestQueue(t, c, QueueConfig{})
+	first := entry(f, c, "first", time.Minute, nil)
+	armed := false
+	try := first.Try
+	first.Try = func() error {
+		err := try()
+		if err != nil && armed {
+			armed = false
+			f.release(1)
+			q.Trigger()
+		}
+		return err
+	}
+	for _, e := range []*Entry{first, entry(f, c, "second", 2*time.Minute, nil)} {
+		if queued, err := q.Submit(e, true); !queued {
+			t.Fatalf("%s was not queued: %v", e.Request.RequestID, err)
+		}
+	}
+	armed = true
+	q.Dispatch()
+	if got := f.order(); !slices.Equal(got, []string{"first"}) || q.Len() != 1 {
+		t.Fatalf("routed %v with %d waiting; want the earliest request routed and the other waiting", got, q.Len())
 	}
 }
