@@ -118,6 +118,10 @@ bench-proxy: build ## Measure the gateway's cost per request against the engines
 bench-routing: deps ## Compare routing policies on simulated engines (Mooncake trace, shared-prefix chat); reports in BENCH_ROUTING_OUT.
 	$(GO) run ./cmd/bench-routing -out '$(BENCH_ROUTING_OUT)' $(BENCH_ROUTING_FLAGS)
 
+.PHONY: bench-routing-overload
+bench-routing-overload: deps ## The overload scenario: arrival rates from 0.5x to 3x the fleet's capacity, seeds 1-3, kv-aware against the SLO-aware algorithms (about an hour on two cores).
+	$(GO) run ./cmd/bench-routing -overload -seeds 1,2,3 -out '$(BENCH_ROUTING_OUT)' $(BENCH_ROUTING_FLAGS)
+
 ##@ Build
 
 .PHONY: docker-build

@@ -5,6 +5,13 @@
 // writes the table, CSV, JSON and a PNG plot of each to an output
 // directory.
 //
+// With -overload it runs the overload scenario instead: each workload's
+// arrival rate stepped from half to three times the fleet's capacity within
+// an SLO, for each seed of -seeds, comparing kv-aware with the SLO-aware
+// algorithms on goodput, SLO attainment, time to first token and the
+// requests queued and refused (routingbench.RunOverload), and it ends with
+// the targets each seed met.
+//
 // Usage:
 //
 //	bench-routing [flags]
@@ -64,6 +71,24 @@ type options struct {
 	bench     routingbench.Config
 	shared    routingbench.SharedPrefixConfig
 	conv      routingbench.ConversationConfig
+
+	overload bool
+	slo      string
+	requests int
+	capacity float64
+}
+
+// overloadSLOs are the objectives of the overload scenario by workload,
+// unless -slo sets one: Mooncake's prompts run from a few tokens to
+// 190,000, and the conversations' contexts grow with their turns, so their
+// objective grows with the prompt (2 s plus four times what an uncached
+// prompt takes to prefill at 10,000 tokens per second); the shared-prefix
+// chats are mostly cached, 2 s flat.
+var overloadSLOs = map[string]string{
+	workloadMooncake:         "ttft:2s,ttft-per-token:400us",
+	workloadConversation:     "ttft:2s,ttft-per-token:400us",
+	workloadSharedPrefix:     "ttft:2s",
+	workloadSharedPrefixText: "ttft:2s",
 }
 
 func parseFlags(args []string, stderr io.Writer) (options, error) {
@@ -77,13 +102,19 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		"directory of a model's Hugging Face tokenizer files for "+workloadSharedPrefixText+" (the engines tokenize with them, "+
 			"the gateway in process once they agree); empty: the simulator's tokenizer, which the gateway asks the engines for")
 	fs.StringVar(&o.trace, "trace", "pkg/routingbench/testdata/mooncake_synthetic_trace.jsonl", "Mooncake trace of the "+workloadMooncake+" workload")
-	fs.StringVar(&o.policies, "policies", strings.Join(routingbench.AllPolicies(), ","), "comma-separated policies, in report order")
+	fs.StringVar(&o.policies, "policies", "", "comma-separated policies, in report order (default: "+
+		strings.Join(routingbench.AllPolicies(), ",")+"; with -overload "+strings.Join(routingbench.OverloadPolicies(), ",")+")")
+	fs.BoolVar(&o.overload, "overload", false, "run the overload scenario: arrival rates stepped across the fleet's capacity within an SLO")
+	fs.StringVar(&o.slo, "slo", "", "overload: the requests' objective, e.g. ttft:2s,ttft-per-token:400us,tpot:100ms,e2e:30s (default per workload)")
+	fs.IntVar(&o.requests, "overload-requests", 1500, "overload: the first requests of each workload to play (0: all)")
+	fs.Float64Var(&o.capacity, "capacity", 0, "overload: the fleet's capacity in requests per second (0: measure it per workload and seed)")
 	fs.StringVar(&o.out, "out", "out/bench-routing", "directory for the reports (created)")
 	engines, loads, seeds := "8", "", "1"
 	fs.StringVar(&engines, "engines", engines, "comma-separated fleet sizes")
 	fs.StringVar(&loads, "loads", loads,
 		"comma-separated loads, shares of the fleet's capacity each workload is scaled to (1: the most the fleet could sustain "+
-			"with every hit a cache of the whole fleet's size finds); empty: each workload at its own rate")
+			"with every hit a cache of the whole fleet's size finds); empty: each workload at its own rate, or with -overload "+
+			joinFloats(routingbench.DefaultLoads))
 	fs.StringVar(&seeds, "seeds", seeds, "comma-separated seeds of every random choice and of the generated workloads, one run each")
 	fs.IntVar(&o.bench.Parallel, "parallel", runtime.GOMAXPROCS(0), "policies simulated at once (results do not depend on it)")
 
@@ -134,7 +165,14 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
-	o.bench.Policies = strings.Split(o.policies, ",")
+	switch {
+	case o.policies != "":
+		o.bench.Policies = strings.Split(o.policies, ",")
+	case o.overload:
+		o.bench.Policies = routingbench.OverloadPolicies()
+	default:
+		o.bench.Policies = routingbench.AllPolicies()
+	}
 	var err error
 	if o.engines, err = parseList(engines, "-engines", strconv.Atoi); err != nil {
 		return o, err
@@ -198,6 +236,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	if err := os.MkdirAll(o.out, 0o755); err != nil {
 		return err
+	}
+	if o.overload {
+		return o.runOverload(ctx, sources, stdout, stderr)
 	}
 	start := time.Now()
 	printed := 0

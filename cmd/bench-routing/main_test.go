@@ -110,3 +110,29 @@ func TestBenchRoutingRejectsBadFlags(t *testing.T) {
 		t.Errorf("-h: error %v and usage %q, want flag.ErrHelp and the flags", err, stderr.String())
 	}
 }
+
+func TestBenchRoutingOverloadReportsEachSeedAndTheTargetsMet(t *testing.T) {
+	if testing.Short() {
+		t.Skip("simulates the capacity search and two loads twice")
+	}
+	out := filepath.Join(t.TempDir(), "reports")
+	var stdout, stderr bytes.Buffer
+	err := run(context.Background(), []string{
+		"-overload", "-workload", "shared-prefix", "-engines", "2", "-cache-blocks", "4096", "-seeds", "1,2",
+		"-sp-groups", "2", "-sp-system-tokens", "256", "-sp-conversations", "40", "-sp-turns", "2",
+		"-loads", "0.5,2", "-policies", "kv-aware,slo", "-slo", "ttft:1s", "-out", out,
+	}, &stdout, &stderr)
+	if err != nil {
+		t.Fatalf("run: %v\n%s", err, stderr.String())
+	}
+	for _, seed := range []string{"1", "2"} {
+		for _, ext := range []string{".txt", ".csv", ".json"} {
+			if fi, err := os.Stat(filepath.Join(out, "overload-shared-prefix-seed"+seed+ext)); err != nil || fi.Size() == 0 {
+				t.Errorf("seed %s %s: %v", seed, ext, err)
+			}
+		}
+	}
+	if !strings.Contains(stdout.String(), "targets met, over 2 seeds:") || !strings.Contains(stdout.String(), "/2  shared-prefix: slo at 0.5x") {
+		t.Errorf("no summary of the targets:\n%s", stdout.String())
+	}
+}

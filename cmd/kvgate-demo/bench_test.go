@@ -97,11 +97,11 @@ func tokenizerMisses(ctx context.Context, b *testing.B, client *http.Client, gat
 }
 
 func scrapedDecisions(ctx context.Context, b *testing.B, client *http.Client, gatewayURL string) decisions {
-	d, err := scrapeDecisions(ctx, client, gatewayURL)
+	c, err := scrapeCounts(ctx, client, gatewayURL)
 	if err != nil {
 		b.Fatal(err)
 	}
-	return d
+	return c.decisions
 }
 
 // loadChats returns the benchmark's chats: the first turns of a

@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -248,4 +249,31 @@ func TestDemoWithARealTokenizerTokenizesInProcess(t *testing.T) {
 			t.Errorf("the gateway did not tokenize the %s form in process; its log:\n%s", form, log)
 		}
 	}
+}
+
+func TestDemoOverloadReportsWhatTheSLOAwareAlgorithmRefuses(t *testing.T) {
+	// No engine returns a first token within a millisecond: kv-aware,
+	// which does not read the objective, serves every request and meets
+	// it for none; slo-least-load-pulling refuses every request (429), and
+	// its users give up their conversations without failing the run.
+	args := append(slices.Clone(shortRun), "-overload", "-slo-ttft", "1ms", "-users", "6", "-think-time", "200ms")
+	d := startDemo(t, args...)
+	code := d.exitCode(t)
+	out := d.output()
+	if code != exitOK {
+		t.Fatalf("exit %d, want 0; output:\n%s", code, out)
+	}
+	if !strings.Contains(out, "SLO (TTFT 1ms): ") || !strings.Contains(out, "queued in the gateway") {
+		t.Errorf("no live SLO summary; output:\n%s", out)
+	}
+	_, table, ok := strings.Cut(out, "== comparison")
+	if !ok {
+		t.Fatalf("no comparison table; output:\n%s", out)
+	}
+	kv := regexp.MustCompile(`(?m)^kv-aware\s+[1-9]\d*\s.*\s0\s+0\s+0%\s+0\.0$`)
+	slo := regexp.MustCompile(`(?m)^slo-least-load-pulling\s+0\s.*\s0\s+[1-9]\d*\s+0%\s+0\.0$`)
+	if !kv.MatchString(table) || !slo.MatchString(table) {
+		t.Errorf("want kv-aware serving every request, none within 1 ms, and slo-least-load-pulling refusing every one:\n%s", table)
+	}
+	checkNothingLeft(t, out)
 }

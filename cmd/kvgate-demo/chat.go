@@ -94,7 +94,12 @@ func (c *chatClient) send(ctx context.Context, alg string, messages []chatMessag
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-		return result{}, fmt.Errorf("%s: %s", resp.Status, bytes.TrimSpace(msg))
+		err := fmt.Errorf("%s: %s", resp.Status, bytes.TrimSpace(msg))
+		if resp.StatusCode == http.StatusTooManyRequests {
+			secs, _ := strconv.Atoi(resp.Header.Get(gateway.HeaderRetryAfter))
+			err = &refusedError{retryAfter: time.Duration(max(secs, 1)) * time.Second, err: err}
+		}
+		return result{}, err
 	}
 	r := result{pod: resp.Header.Get(gateway.HeaderTargetPodName)}
 	answer, err := readStream(resp.Body, &r, func() { r.ttft = time.Since(start) })
@@ -109,6 +114,15 @@ func (c *chatClient) send(ctx context.Context, alg string, messages []chatMessag
 	r.answer = answer
 	return r, nil
 }
+
+// refusedError reports a request the gateway refused with 429: an
+// SLO-aware algorithm found no pod to serve it within its objective.
+type refusedError struct {
+	retryAfter time.Duration
+	err        error
+}
+
+func (e *refusedError) Error() string { return e.err.Error() }
 
 // readStream reads a chat stream's events up to [DONE], calling firstToken
 // at the first generated token, and returns the answer, setting r's usage.

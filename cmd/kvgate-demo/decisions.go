@@ -22,13 +22,25 @@ type decision struct{ algorithm, outcome string }
 // decisions counts routing decisions.
 type decisions map[decision]float64
 
-// scrapeDecisions reads the decision counters from the gateway's /metrics.
-func scrapeDecisions(ctx context.Context, client *http.Client, gatewayURL string) (decisions, error) {
+// queueMetric is the number of requests waiting in the gateway's SLO
+// queues, per model.
+const queueMetric = "kvgate_slo_queue_length"
+
+// gatewayCounts is what the demo reads of the gateway's metrics: its
+// routing decisions, and the requests waiting in its SLO queues.
+type gatewayCounts struct {
+	decisions decisions
+	queued    float64
+}
+
+// scrapeCounts reads the decision counters and the SLO queues' lengths
+// from the gateway's /metrics.
+func scrapeCounts(ctx context.Context, client *http.Client, gatewayURL string) (gatewayCounts, error) {
 	families, err := scrapeMetrics(ctx, client, gatewayURL)
 	if err != nil {
-		return nil, err
+		return gatewayCounts{}, err
 	}
-	d := decisions{}
+	c := gatewayCounts{decisions: decisions{}}
 	for _, m := range families[decisionsMetric].GetMetric() {
 		var k decision
 		for _, l := range m.GetLabel() {
@@ -39,9 +51,12 @@ func scrapeDecisions(ctx context.Context, client *http.Client, gatewayURL string
 				k.outcome = l.GetValue()
 			}
 		}
-		d[k] = m.GetCounter().GetValue()
+		c.decisions[k] = m.GetCounter().GetValue()
 	}
-	return d, nil
+	for _, m := range families[queueMetric].GetMetric() {
+		c.queued += m.GetGauge().GetValue()
+	}
+	return c, nil
 }
 
 // scrapeMetrics reads and parses the gateway's /metrics.

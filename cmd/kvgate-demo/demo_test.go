@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -215,5 +216,46 @@ func TestServerTimingsReadsTheGatewaysMetrics(t *testing.T) {
 				t.Errorf("serverTimings(%q, %q) = %v, want %v", tc.values, tc.trailer, got, tc.want)
 			}
 		})
+	}
+}
+
+func TestOverloadSetsTheObjectiveAndComparesWithAnSLOAwareAlgorithm(t *testing.T) {
+	fs := flag.NewFlagSet("kvgate-demo", flag.ContinueOnError)
+	o, err := parseOptions(fs, []string{"-overload", "-slo-ttft", "1500ms"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(o.algorithms, []string{"kv-aware", "slo-least-load-pulling"}) || o.users != overloadUsers ||
+		o.chats.MeanTurnGap != overloadThinkTime || !slices.Equal(o.gatewayEnv(), []string{"KVGATE_SLO_TTFT=1.5s"}) {
+		t.Errorf("-overload: algorithms %v, %d users thinking %v, gateway env %v", o.algorithms, o.users, o.chats.MeanTurnGap, o.gatewayEnv())
+	}
+	fs = flag.NewFlagSet("kvgate-demo", flag.ContinueOnError)
+	o, err = parseOptions(fs, []string{"-overload", "-users", "10", "-think-time", "3s", "-algorithms", "slo-pack-load"})
+	if err != nil || o.users != 10 || o.chats.MeanTurnGap != 3*time.Second || !slices.Equal(o.algorithms, []string{"slo-pack-load"}) {
+		t.Errorf("-overload with users, think time and algorithms set: %+v, %v", o, err)
+	}
+	fs = flag.NewFlagSet("kvgate-demo", flag.ContinueOnError)
+	if o, err = parseOptions(fs, nil); err != nil || o.gatewayEnv() != nil {
+		t.Errorf("without -overload the gateway's environment is %v (%v)", o.gatewayEnv(), err)
+	}
+}
+
+func TestSummaryCountsRefusedRequestsAgainstTheSLO(t *testing.T) {
+	rec := newRecorder(time.Unix(0, 0))
+	for _, ttft := range []time.Duration{time.Second, 3 * time.Second, 2 * time.Second} {
+		rec.begin()
+		rec.end(result{pod: "static/a", ttft: ttft})
+	}
+	rec.begin()
+	rec.refuse()
+	s := rec.summarize(time.Unix(2, 0), []string{"static/a"})
+	if s.requests != 3 || s.refused != 1 || s.inFlight != 0 || s.attainment(2*time.Second) != 0.5 || s.goodput(2*time.Second) != 1 {
+		t.Errorf("summary %+v: attainment %v, goodput %v; want 2 of 4 within 2 s, 1 per second",
+			s, s.attainment(2*time.Second), s.goodput(2*time.Second))
+	}
+	var b strings.Builder
+	printComparison(&b, []runResult{{algorithm: "slo-least-load-pulling", summary: s, overload: true, slo: 2 * time.Second}})
+	if !regexp.MustCompile(`(?m)^slo-least-load-pulling\s+3\s.*\s0\s+1\s+50%\s+1\.0$`).MatchString(b.String()) {
+		t.Errorf("comparison without the refused requests, attainment and goodput:\n%s", b.String())
 	}
 }

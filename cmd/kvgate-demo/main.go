@@ -81,6 +81,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		Engines:        o.engines,
 		EngineArgs:     engineArgs,
 		GatewayArgs:    gatewayArgs,
+		GatewayEnv:     o.gatewayEnv(),
 		GatewayAddress: o.gatewayAdr,
 		Dir:            o.workDir,
 	})
@@ -134,6 +135,11 @@ func printSetup(w io.Writer, o options, f *localfleet.Fleet) {
 		fmt.Fprintf(w, "  at once with the tokens of the turns before (make demo sets up a real model's tokenizer files).\n")
 	}
 	fmt.Fprintf(w, "Gateway: %s (try %s/debug/kvcache while it runs)\n", f.GatewayURL(), f.GatewayURL())
+	if o.overload {
+		fmt.Fprintf(w, "Overload: %d users, more than the fleet serves within the objective of %v to the first token\n", o.users, o.sloTTFT)
+		fmt.Fprintf(w, "  (KVGATE_SLO_TTFT). kv-aware sends every request on; the SLO-aware algorithms hold in the gateway's\n")
+		fmt.Fprintf(w, "  queue what no engine can serve in time and refuse (429) what can no longer be (try %s/debug/slo).\n", f.GatewayURL())
+	}
 	var procs []string
 	for _, e := range f.Engines() {
 		procs = append(procs, fmt.Sprintf("%s %d", e.Name, e.PID))

@@ -29,8 +29,13 @@ type options struct {
 	// tokenizer is the directory of a model's tokenizer files, "" for the
 	// simulator's own tokenizer.
 	tokenizer string
-	engine    engineOptions
-	chats     routingbench.SharedPrefixConfig
+	// overload runs more users than the fleet serves within sloTTFT, the
+	// gateway's time-to-first-token objective (KVGATE_SLO_TTFT), and
+	// reports queued and refused requests and SLO attainment.
+	overload bool
+	sloTTFT  time.Duration
+	engine   engineOptions
+	chats    routingbench.SharedPrefixConfig
 }
 
 // engineOptions shape every simulated engine.
@@ -78,6 +83,12 @@ func parseOptions(fs *flag.FlagSet, args []string) (options, error) {
 			"the engines tokenize with them and the gateway tokenizes in process with them, verified against the engines "+
 			"(make demo installs Qwen3's with hack/install-tokenizers.sh); empty: the simulator's own tokenizer, which the "+
 			"gateway asks the engines' /tokenize for, reusing the tokens of earlier turns")
+	fs.BoolVar(&o.overload, "overload", false,
+		"overload the fleet: "+strconv.Itoa(overloadUsers)+" users thinking "+overloadThinkTime.String()+" unless -users and -think-time "+
+			"say otherwise, the gateway's time-to-first-token "+
+			"objective set to -slo-ttft, and kv-aware compared with slo-least-load-pulling unless -algorithms says otherwise; "+
+			"the summaries add the requests waiting in the gateway's SLO queue, those refused (429) and SLO attainment")
+	fs.DurationVar(&o.sloTTFT, "slo-ttft", 2*time.Second, "with -overload: the time-to-first-token objective of every request")
 	fs.IntVar(&o.engine.blocks, "engine-blocks", 3072, "KV-cache blocks per engine")
 	fs.IntVar(&o.engine.blockSize, "block-size", 16, "tokens per KV-cache block")
 	fs.DurationVar(&o.engine.prefill, "prefill-time-per-token", 60*time.Microsecond, "engines' compute time per uncached prompt token")
@@ -104,6 +115,19 @@ func parseOptions(fs *flag.FlagSet, args []string) (options, error) {
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if o.overload {
+		if !set["algorithms"] {
+			*algs = routing.KVAware + "," + routing.SLOLeastLoadPulling
+		}
+		if !set["users"] {
+			o.users = overloadUsers
+		}
+		if !set["think-time"] {
+			o.chats.MeanTurnGap = overloadThinkTime
+		}
+	}
 	for _, a := range strings.Split(*algs, ",") {
 		if a = strings.TrimSpace(a); a != "" {
 			o.algorithms = append(o.algorithms, a)
@@ -125,6 +149,7 @@ func (o *options) validate() error {
 	}
 	check(o.phase <= 0 || o.interval <= 0 || o.drain <= 0, "-duration, -interval and -drain-timeout must be positive")
 	check(o.users < 1, "-users must be at least 1")
+	check(o.overload && o.sloTTFT <= 0, "-slo-ttft must be positive")
 	check(o.engines < 1, "-engines must be at least 1")
 	check(o.chats.Groups < 1 || o.chats.SystemPromptTokens < 1 || o.chats.Turns < 1,
 		"-system-prompts, -system-tokens and -turns must be at least 1")
@@ -137,6 +162,22 @@ func (o *options) validate() error {
 			need, have))
 	}
 	return errors.Join(errs...)
+}
+
+// The users of -overload and their mean think time: several times what
+// the default fleet serves within the default objective.
+const (
+	overloadUsers     = 240
+	overloadThinkTime = time.Second
+)
+
+// gatewayEnv is the gateway's environment beyond its flags: with
+// -overload, the objective of every request.
+func (o *options) gatewayEnv() []string {
+	if !o.overload {
+		return nil
+	}
+	return []string{"KVGATE_SLO_TTFT=" + o.sloTTFT.String()}
 }
 
 // chatTemplateTokens bounds the tokens the chat template adds per message.

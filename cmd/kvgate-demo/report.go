@@ -15,6 +15,18 @@ import (
 type runResult struct {
 	algorithm string
 	summary   summary
+	// overload tells a run of -overload, whose requests had the objective
+	// slo.
+	overload bool
+	slo      time.Duration
+}
+
+// sloLive is what the live summary of a run of -overload adds: the
+// requests' objective, and how many wait in the gateway's SLO queues
+// (negative when the gateway's metrics could not be read).
+type sloLive struct {
+	ttft   time.Duration
+	queued float64
 }
 
 // fmtDuration formats a latency for the summary: milliseconds below a
@@ -38,13 +50,13 @@ func printOverheads(w io.Writer, runs []runResult) {
 	}
 	fmt.Fprintln(w, "\nThe gateway's time per request, p50 / p99 in ms (its Server-Timing, from the request's first byte read to")
 	fmt.Fprintln(w, "its last byte written): its own time up to the stream's first byte, then each part.")
-	fmt.Fprintf(w, "%-14s", "algorithm")
+	fmt.Fprintf(w, "%-22s", "algorithm")
 	for _, part := range timingParts {
 		fmt.Fprintf(w, " %15s", part)
 	}
 	fmt.Fprintln(w)
 	for _, r := range runs {
-		fmt.Fprintf(w, "%-14s", r.algorithm)
+		fmt.Fprintf(w, "%-22s", r.algorithm)
 		for _, part := range timingParts {
 			cell := "-"
 			if p := r.summary.timing[part]; p.ok {
@@ -87,6 +99,15 @@ func fmtRatio(r float64) string {
 	return fmt.Sprintf("%.2f", r)
 }
 
+// fmtPercent formats a share as a percentage, "-" when nothing was
+// measured.
+func fmtPercent(r float64) string {
+	if math.IsNaN(r) {
+		return "-"
+	}
+	return fmt.Sprintf("%.0f%%", 100*r)
+}
+
 // fmtTTFT formats a run's TTFT percentiles.
 func fmtTTFT(p percentiles) string {
 	if !p.ok {
@@ -101,13 +122,21 @@ const labelWidth = 15
 // printLive writes the live summary of a run: its progress, the requests
 // per second since the previous summary (rate), each pod's hit ratio and
 // requests, and the gateway's decisions.
-func printLive(w io.Writer, alg string, s summary, rate float64, decided []decisionCount) {
+func printLive(w io.Writer, alg string, s summary, rate float64, decided []decisionCount, slo *sloLive) {
 	fmt.Fprintf(w, "%-*s %4.0fs  %5.1f req/s  %5d done  %3d in flight  hit %s  %s",
 		labelWidth, alg, s.elapsed.Seconds(), rate, s.requests, s.inFlight, fmtRatio(s.hit()), fmtTTFT(s.ttft))
 	if s.errors > 0 {
 		fmt.Fprintf(w, "  errors %d", s.errors)
 	}
 	fmt.Fprintln(w)
+	if slo != nil {
+		queued := "-"
+		if slo.queued >= 0 {
+			queued = fmt.Sprintf("%.0f", slo.queued)
+		}
+		fmt.Fprintf(w, "%*s SLO (TTFT %v): %s met, %.1f req/s within it; %s queued in the gateway, %d refused (429)\n",
+			labelWidth, "", slo.ttft, fmtPercent(s.attainment(slo.ttft)), s.goodput(slo.ttft), queued, s.refused)
+	}
 	var pods strings.Builder
 	for _, p := range s.pods {
 		_, name, _ := strings.Cut(p.pod, "/")
@@ -140,16 +169,30 @@ func fmtDecisions(ds []decisionCount) string {
 // printComparison writes the final table, one row per run, and how the
 // first run compares with the last.
 func printComparison(w io.Writer, runs []runResult) {
-	fmt.Fprintf(w, "%-14s %8s %7s %9s %9s %9s %9s %6s\n",
-		"algorithm", "requests", "req/s", "hit ratio", "TTFT p50", "TTFT p90", "TTFT p99", "errors")
+	overload := len(runs) > 0 && runs[0].overload
+	fmt.Fprintf(w, "%-22s %8s %7s %9s %9s %9s %9s %6s", "algorithm", "requests", "req/s", "hit ratio", "TTFT p50", "TTFT p90", "TTFT p99", "errors")
+	if overload {
+		fmt.Fprintf(w, " %7s %7s %7s", "refused", "SLO met", "goodput")
+	}
+	fmt.Fprintln(w)
 	for _, r := range runs {
 		s := r.summary
 		p50, p90, p99 := "-", "-", "-"
 		if s.ttft.ok {
 			p50, p90, p99 = fmtDuration(s.ttft.p50), fmtDuration(s.ttft.p90), fmtDuration(s.ttft.p99)
 		}
-		fmt.Fprintf(w, "%-14s %8d %7.1f %9s %9s %9s %9s %6d\n",
+		fmt.Fprintf(w, "%-22s %8d %7.1f %9s %9s %9s %9s %6d",
 			r.algorithm, s.requests, s.perSecond(), fmtRatio(s.hit()), p50, p90, p99, s.errors)
+		if overload {
+			fmt.Fprintf(w, " %7d %7s %7.1f", s.refused, fmtPercent(s.attainment(r.slo)), s.goodput(r.slo))
+		}
+		fmt.Fprintln(w)
+	}
+	if overload {
+		fmt.Fprintf(w, "SLO met: the share of the requests answered (served or refused) whose first token came within %v;\n",
+			runs[0].slo)
+		fmt.Fprintln(w, "  goodput: those requests per second. A refused user gives up its conversation and starts another")
+		fmt.Fprintln(w, "  after the gateway's Retry-After.")
 	}
 	printOverheads(w, runs)
 	if len(runs) < 2 {

@@ -48,7 +48,7 @@ func (d *demo) runAll(ctx context.Context) error {
 	for _, r := range runs {
 		if s := r.summary; s.errors > 0 {
 			errs = append(errs, fmt.Errorf("%s: %d %w, the last: %w", r.algorithm, s.errors, errRequestsFailed, s.lastErr))
-		} else if s.requests == 0 {
+		} else if s.requests == 0 && s.refused == 0 {
 			errs = append(errs, fmt.Errorf("%s: no request completed", r.algorithm))
 		}
 	}
@@ -65,7 +65,7 @@ func (d *demo) runOne(ctx context.Context, alg string) (runResult, error) {
 	if err != nil {
 		return runResult{}, fmt.Errorf("reset the engines' caches: %w", err)
 	}
-	before, err := scrapeDecisions(ctx, d.client.http, d.fleet.GatewayURL())
+	before, err := scrapeCounts(ctx, d.client.http, d.fleet.GatewayURL())
 	if err != nil {
 		return runResult{}, err
 	}
@@ -93,13 +93,23 @@ func (d *demo) runOne(ctx context.Context, alg string) (runResult, error) {
 		<-usersDone
 		return runResult{}, err
 	}
-	return runResult{algorithm: alg, summary: rec.summarize(time.Now(), d.pods)}, nil
+	return runResult{algorithm: alg, summary: rec.summarize(time.Now(), d.pods), slo: d.opts.sloTTFT, overload: d.opts.overload}, nil
+}
+
+// slo returns what the live summary shows of the SLO with -overload: the
+// objective, and the requests waiting in the gateway's queues (negative
+// when unknown); nil without -overload.
+func (d *demo) slo(queued float64) *sloLive {
+	if !d.opts.overload {
+		return nil
+	}
+	return &sloLive{ttft: d.opts.sloTTFT, queued: queued}
 }
 
 // watch prints the live summary every interval until the phase ends
 // (closing stop) and the users are done, and fails when the fleet fails,
 // ctx ends, or the requests in flight outlast the drain timeout.
-func (d *demo) watch(ctx context.Context, alg string, rec *recorder, before decisions, end time.Time,
+func (d *demo) watch(ctx context.Context, alg string, rec *recorder, before gatewayCounts, end time.Time,
 	stop chan struct{}, usersDone <-chan struct{}) error {
 	tick := time.NewTicker(d.opts.interval)
 	defer tick.Stop()
@@ -115,10 +125,11 @@ func (d *demo) watch(ctx context.Context, alg string, rec *recorder, before deci
 			rate := float64(s.requests-lastCount) / now.Sub(lastAt).Seconds()
 			lastCount, lastAt = s.requests, now
 			var decided []decisionCount
-			if cur, err := scrapeDecisions(ctx, d.client.http, d.fleet.GatewayURL()); err == nil {
-				decided = cur.since(before)
+			queued := -1.0
+			if cur, err := scrapeCounts(ctx, d.client.http, d.fleet.GatewayURL()); err == nil {
+				decided, queued = cur.decisions.since(before.decisions), cur.queued
 			}
-			printLive(d.out, alg, s, rate, decided)
+			printLive(d.out, alg, s, rate, decided, d.slo(queued))
 		case <-phase.C:
 			close(stop)
 			s := rec.summarize(time.Now(), d.pods)
@@ -173,12 +184,23 @@ func (d *demo) user(ctx context.Context, stop <-chan struct{}, delay time.Durati
 			}
 			rec.begin()
 			res, err := d.client.send(ctx, alg, messages, maxTokens)
-			if err != nil {
-				if ctx.Err() != nil {
-					rec.fail(context.Cause(ctx))
+			var refused *refusedError
+			switch {
+			case err == nil:
+			case ctx.Err() != nil:
+				rec.fail(context.Cause(ctx))
+				return
+			case errors.As(err, &refused):
+				// The user gives up the conversation and starts another
+				// after the Retry-After the gateway asked for.
+				rec.refuse()
+				if !pause(ctx, stop, refused.retryAfter) {
 					return
 				}
+			default:
 				rec.fail(err)
+			}
+			if err != nil {
 				break
 			}
 			rec.end(res)

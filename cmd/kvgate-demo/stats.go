@@ -16,6 +16,7 @@ type recorder struct {
 	mu       sync.Mutex
 	results  []result
 	errors   int
+	refused  int
 	lastErr  error
 	inFlight int
 }
@@ -37,6 +38,14 @@ func (r *recorder) end(res result) {
 	r.mu.Unlock()
 }
 
+// refuse counts a request the gateway refused (429) done.
+func (r *recorder) refuse() {
+	r.mu.Lock()
+	r.inFlight--
+	r.refused++
+	r.mu.Unlock()
+}
+
 func (r *recorder) fail(err error) {
 	r.mu.Lock()
 	r.inFlight--
@@ -50,6 +59,8 @@ type summary struct {
 	elapsed  time.Duration
 	requests int
 	errors   int
+	// refused counts the requests the gateway refused with 429.
+	refused  int
 	lastErr  error
 	inFlight int
 	// promptTokens and cachedTokens sum the usage of the requests; hit is
@@ -58,6 +69,8 @@ type summary struct {
 	// ttft and e2e hold the client's times to the first token and to the
 	// end.
 	ttft, e2e percentiles
+	// ttfts are the served requests' times to the first token, sorted.
+	ttfts []time.Duration
 	// timing holds the gateway's Server-Timing metrics, by name, over the
 	// responses that reported them; timing["gateway"] is its own time.
 	timing map[string]percentiles
@@ -71,7 +84,30 @@ type podSummary struct {
 	promptTokens, cachedTokens int
 }
 
-func (s summary) hit() float64       { return ratio(s.cachedTokens, s.promptTokens) }
+func (s summary) hit() float64 { return ratio(s.cachedTokens, s.promptTokens) }
+
+// withinSLO counts the requests served whose first token came within
+// objective.
+func (s summary) withinSLO(objective time.Duration) int {
+	n := 0
+	for _, d := range s.ttfts {
+		if d <= objective {
+			n++
+		}
+	}
+	return n
+}
+
+// attainment is the share of the requests answered (served or refused)
+// that were served within objective.
+func (s summary) attainment(objective time.Duration) float64 {
+	return ratio(s.withinSLO(objective), s.requests+s.refused)
+}
+
+// goodput is the requests served within objective per second.
+func (s summary) goodput(objective time.Duration) float64 {
+	return float64(s.withinSLO(objective)) / max(s.elapsed.Seconds(), 1e-3)
+}
 func (p podSummary) hit() float64    { return ratio(p.cachedTokens, p.promptTokens) }
 func (s summary) perSecond() float64 { return float64(s.requests) / max(s.elapsed.Seconds(), 1e-3) }
 
@@ -86,7 +122,8 @@ func ratio(a, b int) float64 {
 // (pods that served nothing included).
 func (r *recorder) summarize(now time.Time, pods []string) summary {
 	r.mu.Lock()
-	s := summary{elapsed: now.Sub(r.start), requests: len(r.results), errors: r.errors, lastErr: r.lastErr, inFlight: r.inFlight}
+	s := summary{elapsed: now.Sub(r.start), requests: len(r.results), errors: r.errors, refused: r.refused, lastErr: r.lastErr,
+		inFlight: r.inFlight}
 	ttfts := make([]time.Duration, len(r.results))
 	e2es := make([]time.Duration, len(r.results))
 	timings := map[string][]time.Duration{}
@@ -112,6 +149,7 @@ func (r *recorder) summarize(now time.Time, pods []string) summary {
 	}
 	r.mu.Unlock()
 	s.ttft, s.e2e = percentilesOf(ttfts), percentilesOf(e2es)
+	s.ttfts = ttfts
 	s.timing = map[string]percentiles{}
 	for name, ds := range timings {
 		s.timing[name] = percentilesOf(ds)

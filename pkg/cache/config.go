@@ -74,6 +74,11 @@ type Config struct {
 	EjectionBackoff    time.Duration
 	MaxEjectionBackoff time.Duration
 
+	// OnScrape, when set, is called after every successful scrape of a
+	// pod's metrics, from the scrape's goroutine: routing may find room
+	// where it found none. It must return quickly.
+	OnScrape func()
+
 	// Registerer receives the Store's own metrics; nil registers none.
 	// Run unregisters them when it returns.
 	Registerer prometheus.Registerer

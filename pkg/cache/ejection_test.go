@@ -2,6 +2,7 @@ package cache
 
 import (
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -205,4 +206,28 @@ func TestPodLastScrapedStaysAtTheLastSuccessWhileScrapesFail(t *testing.T) {
 	}
 	up.mode.Store(serveOK)
 	testsupport.Eventually(t, "a successful scrape again", func() bool { return s.PodLastScraped(pkey("ns", "p")).After(last) })
+}
+
+func TestOnScrapeIsCalledAfterEverySuccessfulScrapeOnly(t *testing.T) {
+	e := newEngine(t, "vllm_v1_t0.txt")
+	var scraped atomic.Int64
+	reg := prometheus.NewRegistry()
+	cfg := scrapeConfig(reg)
+	cfg.OnScrape = func() { scraped.Add(1) }
+	s := newTestStore(t, cfg)
+	s.AddOrUpdatePod(e.pod("p", llama))
+	testsupport.Eventually(t, "scrapes to be reported", func() bool { return scraped.Load() >= 3 })
+	e.mode.Store(serveError)
+	testsupport.EventuallyWhy(t, "the failing pod's metrics to go stale", func() (string, bool) {
+		got := s.PodScrapeState(pkey("ns", "p"))
+		return "scrape state " + string(got), got == ScrapeStale
+	})
+	n := scraped.Load()
+	failures := func() float64 { return testsupport.MetricValue(t, reg, "kvgate_cache_pod_scrape_failures_total", nil) }
+	// Two failed scrapes later, none was reported.
+	f0 := failures()
+	testsupport.Eventually(t, "more failed scrapes", func() bool { return failures() >= f0+2 })
+	if got := scraped.Load(); got != n {
+		t.Errorf("OnScrape called %d times after scrapes failed", got-n)
+	}
 }

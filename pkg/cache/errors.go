@@ -24,6 +24,10 @@ var (
 	// throughput for the request's shape is zero), so the request may be
 	// rejected early.
 	ErrSLOFailureRequest = errors.New("slo failure request")
+	// ErrLoadCapacityReached reports that no pod can take a request within
+	// its SLO now, though one could once its load drains: the request may
+	// wait for capacity.
+	ErrLoadCapacityReached = errors.New("load capacity reached")
 )
 
 // PodNotFoundError reports a pod the Store does not know. It wraps

@@ -62,6 +62,17 @@ func (p *OutputPredictors) GetOutputPredictor(modelName string) (*SimpleOutputPr
 	return pr.(*SimpleOutputPredictor), nil
 }
 
+// Prune drops the predictors of the models no registered pod serves any
+// more: a model that left the fleet starts afresh if it comes back.
+func (p *OutputPredictors) Prune() {
+	p.predictors.Range(func(model, _ any) bool {
+		if !p.models.HasModel(model.(string)) {
+			p.predictors.Delete(model)
+		}
+		return true
+	})
+}
+
 // Observer returns the request ledger observer that feeds the predictors:
 // an attempt closed as done with its usage reported adds its prompt and
 // completion tokens to its model's predictor.

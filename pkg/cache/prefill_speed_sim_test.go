@@ -2,13 +2,9 @@ package cache
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"math/rand/v2"
-	"net"
 	"net/http"
-	"net/http/httptest"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -16,6 +12,7 @@ import (
 	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/sim"
 	"github.com/kvgate/kvgate/pkg/sim/simserver"
+	"github.com/kvgate/kvgate/pkg/sim/simtest"
 )
 
 // simEngine is a simulated vLLM engine serving HTTP on loopback, and the
@@ -29,27 +26,10 @@ type simEngine struct {
 // the test ends.
 func startSimEngine(t testing.TB, lat sim.LatencyModel) simEngine {
 	t.Helper()
-	srv, err := simserver.New(simserver.Config{Model: "sim", Ranks: []simserver.Rank{{
+	e := simtest.Serve(t, simserver.Config{Model: "sim", Ranks: []simserver.Rank{{
 		Engine: sim.EngineConfig{BlockSize: 16, NumGPUBlocks: 4096, Latency: lat},
 	}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		srv.Run(ctx)
-	}()
-	hs := httptest.NewServer(srv.Handler())
-	t.Cleanup(func() {
-		hs.Close()
-		cancel()
-		<-done
-	})
-	_, port, _ := net.SplitHostPort(hs.Listener.Addr().String())
-	p, _ := strconv.Atoi(port)
-	return simEngine{url: hs.URL, port: p}
+	return simEngine{url: e.URL, port: e.Port}
 }
 
 // complete sends one completion of prompt, generating outputTokens.

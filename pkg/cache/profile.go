@@ -143,6 +143,53 @@ func (pf *ModelGPUProfile) TPOTSeconds(signature ...int) (float64, error) {
 	return profileValue("TPOT", pf.TPOT, ErrProfileNoTPOT, signature)
 }
 
+// ProfilePoint is what a profile tells of requests of one shape; a value
+// whose table the profile lacks is 0.
+type ProfilePoint struct {
+	// ThroughputRPS is the most requests per second the deployment serves.
+	ThroughputRPS float64
+	// E2ESeconds, TTFTSeconds and TPOTSeconds are the mean latencies at
+	// that throughput.
+	E2ESeconds, TTFTSeconds, TPOTSeconds float64
+}
+
+// Point returns the profile's values for requests of outputTokens output
+// tokens and inputTokens input tokens (see GetSignature). It fails when the
+// signature does not fit the tables.
+func (pf *ModelGPUProfile) Point(outputTokens, inputTokens int) (ProfilePoint, error) {
+	var pt ProfilePoint
+	sig, err := pf.GetSignature(float64(max(outputTokens, 0)), float64(max(inputTokens, 0)))
+	if err != nil {
+		return pt, err
+	}
+	for _, f := range []struct {
+		table [][]float64
+		dst   *float64
+	}{{pf.Tputs, &pt.ThroughputRPS}, {pf.E2E, &pt.E2ESeconds}, {pf.TTFT, &pt.TTFTSeconds}, {pf.TPOT, &pt.TPOTSeconds}} {
+		if len(f.table) == 0 {
+			continue
+		}
+		if *f.dst, err = profileValue("", f.table, nil, sig); err != nil {
+			return ProfilePoint{}, err
+		}
+	}
+	return pt, nil
+}
+
+// PendingLoad returns the share of a pod's capacity one request of the
+// point's shape takes: 1/(λ·L), λ the throughput and L the latency (see
+// PendingLoadProvider). It fails with ErrSLOFailureRequest when the
+// throughput is 0, and when the profile has no latency there.
+func (pt ProfilePoint) PendingLoad() (float64, error) {
+	if pt.ThroughputRPS <= 0 {
+		return 0, ErrSLOFailureRequest
+	}
+	if pt.E2ESeconds <= 0 {
+		return 0, fmt.Errorf("GPU profile has latency %v", pt.E2ESeconds)
+	}
+	return 1 / (pt.ThroughputRPS * pt.E2ESeconds), nil
+}
+
 func profileValue(what string, table [][]float64, missing error, sig []int) (float64, error) {
 	if len(table) == 0 {
 		return 0, missing

@@ -27,8 +27,8 @@ type scrapeLoop struct {
 	selection func() *metricSelection
 	metrics   *storeMetrics
 	// reached, when set, is called after every successful scrape: it
-	// readmits the pod to routing.
-	reached func()
+	// readmits the pod to routing. scraped, when set, is called after it.
+	reached, scraped func()
 
 	proj     *projector
 	parser   expfmt.TextParser
@@ -72,6 +72,9 @@ func (l *scrapeLoop) scrapeOnce(ctx context.Context) {
 	l.state.metrics.Store(l.proj.project(start, families, sel.subscribed))
 	if l.reached != nil {
 		l.reached()
+	}
+	if l.scraped != nil {
+		l.scraped()
 	}
 }
 

@@ -33,8 +33,10 @@ type scrapePool struct {
 	publishAdapters func(key endpoint.Key, state *podState, adapters []string) ([]string, bool)
 	// readmit ends the ejection of a pod whose scrape showed it reachable.
 	readmit func(e *podEntry, by string)
-	metrics *storeMetrics
-	log     klog.Logger
+	// onScrape is Config.OnScrape.
+	onScrape func()
+	metrics  *storeMetrics
+	log      klog.Logger
 
 	nudge chan struct{}
 
@@ -119,6 +121,7 @@ func (p *scrapePool) start(ctx context.Context, e *podEntry) {
 			proj:      newProjector(p.window, p.prefillWindow),
 			parser:    newTextParser(),
 			reached:   p.reachedBy(e),
+			scraped:   p.onScrape,
 			failures:  failureLog{log: p.log, pod: klog.KObj(ep.Pod), url: r.metricsURL, what: "Pod metrics scrape"},
 		}
 		wg.Go(func() { l.run(ctx) })

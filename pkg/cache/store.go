@@ -65,7 +65,7 @@ func New(cfg Config) (*Store, error) {
 			reg: s.reg, client: newScrapeClient(cfg.PodMetricScrapeTimeout),
 			interval: cfg.PodMetricRefreshInterval, adapterInterval: cfg.AdapterRefreshInterval,
 			timeout: cfg.PodMetricScrapeTimeout, window: cfg.RecentMetricsWindow, prefillWindow: cfg.PrefillSpeedWindow,
-			selection: s.selection.Load, publishAdapters: s.setDiscoveredAdapters, readmit: s.readmit,
+			selection: s.selection.Load, publishAdapters: s.setDiscoveredAdapters, readmit: s.readmit, onScrape: cfg.OnScrape,
 			log: s.log, nudge: make(chan struct{}, 1), loops: map[endpoint.Key]*runningLoop{},
 		}
 	}

@@ -13,7 +13,7 @@ const (
 
 // Sections lists the configuration reference's sections in order.
 var Sections = []string{SectionGateway, SectionExtProc, SectionDiscovery, SectionKVSync, SectionIndex, SectionTokenizer,
-	SectionRouting, SectionMetrics, SectionRedis}
+	SectionRouting, SectionSLO, SectionMetrics, SectionRedis}
 
 // Gateway.
 var (
@@ -242,7 +242,8 @@ var (
 		Default: "kv-aware",
 		Section: SectionRouting,
 		Doc: "Routing algorithm of requests without a routing-strategy header: random, least-request, least-kv-cache, " +
-			"least-latency, prefix-cache or kv-aware (the least cost in delay: the predicted time to first token and what the prefill holds up).",
+			"least-latency, prefix-cache, kv-aware (the least cost in delay: the predicted time to first token and what " +
+			"the prefill holds up), or an SLO-aware one: slo, slo-least-load, slo-least-load-pulling or slo-pack-load.",
 		Flag: "routing-algorithm",
 	}
 	RoutingCPUCacheWeight = Var{
@@ -264,7 +265,16 @@ var (
 		Default: "0.05",
 		Section: SectionRouting,
 		Doc: "kv-aware: costs (the predicted time to first token and what the prefill holds up) within this fraction " +
-			"of the lowest count as equal, and the request goes to the one of those pods with the fewest requests in flight.",
+			"of the lowest count as equal, and the request goes to the one of those pods with the least prefill work " +
+			"(the longest cached prefix), then the fewest requests in flight.",
+	}
+	RoutingMaxInFlightPrefixBlocks = Var{
+		Name:    "KVGATE_ROUTING_MAX_INFLIGHT_PREFIX_BLOCKS",
+		Default: "1048576",
+		Section: SectionRouting,
+		Doc: "kv-aware and the SLO-aware algorithms credit a pod with the prompt blocks of the requests in flight on it, " +
+			"which it computes before any request sent after them; this bounds the distinct blocks remembered (about 100 " +
+			"bytes each). Requests beyond it are not remembered, and counted.",
 	}
 	PrefixCacheImbalanceAbsCount = Var{
 		Name:    "AIBRIX_PREFIX_CACHE_POD_RUNNING_REQUEST_IMBALANCE_ABS_COUNT",
@@ -414,6 +424,14 @@ var Vars = []Var{
 	RoutingTieTolerance,
 	PrefixCacheImbalanceAbsCount,
 	PrefixCacheStdDevFactor,
+	RoutingMaxInFlightPrefixBlocks,
+	SLOTTFT,
+	SLOTTFTPerPromptToken,
+	SLOTPOT,
+	SLOE2E,
+	SLOModels,
+	SLOQueueMaxLength,
+	SLOQueueMaxWait,
 	PodMetricRefreshInterval,
 	RedisAddress,
 	RedisHost,

@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+
+	"github.com/kvgate/kvgate/pkg/routing"
 )
 
 // BenchmarkProxy measures one request through the whole gateway over
@@ -15,8 +17,10 @@ import (
 // include the client's and the engine's HTTP work on the same machine;
 // overhead-ns/op is the gateway's own share before the request leaves for
 // the pod (kvgate_gateway_overhead_seconds: decode, tokenize, route).
+// slo-completion routes with slo-least-load-pulling through the model's SLO
+// queue (an objective every pod meets) instead of kv-aware.
 func BenchmarkProxy(b *testing.B) {
-	f := startFleet(b, []string{"a", "b"}, fleetOptions{})
+	f := startFleet(b, []string{"a", "b"}, fleetOptions{env: map[string]string{"KVGATE_SLO_TTFT": "60s"}})
 	tokens := toyTokens(sharedPrompt)
 	f.waitMatched(tokens, "b", len(f.engine("b").storePrompt(tokens)))
 	whole := []byte(`{"id":"cmpl-1","object":"text_completion","created":1,"model":"llama","choices":[{"index":0,` +
@@ -34,13 +38,17 @@ func BenchmarkProxy(b *testing.B) {
 		})
 	}
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
-	for _, bc := range []struct{ name, body string }{
-		{"completion", completion(sharedPrompt, `,"max_tokens":3`)},
-		{"stream", completion(sharedPrompt, `,"max_tokens":3,"stream":true`)},
+	for _, bc := range []struct{ name, body, algorithm string }{
+		{"completion", completion(sharedPrompt, `,"max_tokens":3`), routing.KVAware},
+		{"stream", completion(sharedPrompt, `,"max_tokens":3,"stream":true`), routing.KVAware},
+		{"slo-completion", completion(sharedPrompt, `,"max_tokens":3`), routing.SLOLeastLoadPulling},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			do := func() {
-				resp, err := client.Post(f.url+"/v1/completions", "application/json", strings.NewReader(bc.body))
+				req, _ := http.NewRequest(http.MethodPost, f.url+"/v1/completions", strings.NewReader(bc.body))
+				req.Header.Set("Content-Type", "application/json")
+				req.Header.Set(routing.HeaderRoutingStrategy, bc.algorithm)
+				resp, err := client.Do(req)
 				if err != nil {
 					b.Fatal(err)
 				}

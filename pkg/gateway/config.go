@@ -17,7 +17,9 @@ import (
 	"github.com/kvgate/kvgate/pkg/discovery"
 	"github.com/kvgate/kvgate/pkg/redisstate"
 	"github.com/kvgate/kvgate/pkg/routing"
+	"github.com/kvgate/kvgate/pkg/slo"
 	"github.com/kvgate/kvgate/pkg/tokenizer"
+	"github.com/kvgate/kvgate/pkg/types"
 )
 
 // Defaults of Config's zero fields.
@@ -129,6 +131,9 @@ type Config struct {
 	Cache cache.Config
 	// Predictor sizes the output predictors.
 	Predictor cache.PredictorConfig
+	// SLO sets the models' objectives and bounds their queues, for the
+	// SLO-aware routing algorithms.
+	SLO slo.Config
 	// RequestTTL is how long a request may stay in flight without an end
 	// before the request ledger reaps it (KVGATE_REQUEST_TTL_SECONDS,
 	// default inflight.DefaultTTL).
@@ -197,6 +202,7 @@ func LoadConfig(e *config.Env) Config {
 		TokenizerEndpointTemplate: e.String(config.TokenizerEndpointTemplate),
 		Tokenizer:                 loadTokenizer(e),
 		Routing:                   loadRouting(e),
+		SLO:                       loadSLO(e),
 		RequestTTL:                e.Duration(config.RequestTTL, time.Second),
 		Redis:                     loadRedis(e),
 		ExtProc:                   config.LoadExtProc(e),
@@ -248,6 +254,7 @@ func loadRouting(e *config.Env) routing.Config {
 		TieTolerance:                  e.Float(config.RoutingTieTolerance, 0),
 		ImbalanceAbsCount:             e.Int(config.PrefixCacheImbalanceAbsCount, 1),
 		StdDevFactor:                  e.Float(config.PrefixCacheStdDevFactor, 0),
+		MaxInFlightPrefixBlocks:       e.Int(config.RoutingMaxInFlightPrefixBlocks, 1),
 	}
 	if !routing.IsAlgorithm(r.DefaultAlgorithm) {
 		e.Errorf("%s=%q: want one of %s", config.RoutingAlgorithm.Name, r.DefaultAlgorithm,
@@ -260,6 +267,26 @@ func loadRouting(e *config.Env) routing.Config {
 		e.Errorf("%s=%v: want a positive number", config.RoutingDefaultPrefillSpeed.Name, r.DefaultPrefillTokensPerSecond)
 	}
 	return r
+}
+
+// loadSLO reads the objectives and the queues' bounds.
+func loadSLO(e *config.Env) slo.Config {
+	c := slo.Config{
+		Default: types.SLO{
+			TTFT:               e.DurationOrZero(config.SLOTTFT, time.Second),
+			TTFTPerPromptToken: e.DurationOrZero(config.SLOTTFTPerPromptToken, time.Second),
+			TPOT:               e.DurationOrZero(config.SLOTPOT, time.Second),
+			E2E:                e.DurationOrZero(config.SLOE2E, time.Second),
+		},
+		MaxQueueLength: e.Int(config.SLOQueueMaxLength, 1),
+		MaxWait:        e.Duration(config.SLOQueueMaxWait, time.Second),
+	}
+	models, err := slo.ParseModels(e.String(config.SLOModels))
+	if err != nil {
+		e.Errorf("%s: %v", config.SLOModels.Name, err)
+	}
+	c.Models = models
+	return c
 }
 
 // loadCache reads the Store's settings.

@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvgate/kvgate/pkg/config"
 	"github.com/kvgate/kvgate/pkg/endpoint"
+	"github.com/kvgate/kvgate/pkg/types"
 )
 
 func envOf(m map[string]string) *config.Env {
@@ -38,6 +39,14 @@ func TestLoadConfigDefaults(t *testing.T) {
 	e = envOf(map[string]string{"KVGATE_ADAPTER_REFRESH_INTERVAL": "0"})
 	if cfg = LoadConfig(e); e.Err() != nil || cfg.Cache.AdapterRefreshInterval >= 0 {
 		t.Errorf("adapter listing set to 0: interval %v, %v; want it off", cfg.Cache.AdapterRefreshInterval, e.Err())
+	}
+	e = envOf(map[string]string{"KVGATE_SLO_TTFT": "1.5s", "KVGATE_SLO_TPOT": "0.05s", "KVGATE_SLO_QUEUE_MAX_WAIT": "30",
+		"KVGATE_SLO_MODELS": "llama=ttft:2s,ttft-per-token:200us; qwen=none"})
+	if cfg = LoadConfig(e); e.Err() != nil || cfg.SLO.Default != (types.SLO{TTFT: 1500 * time.Millisecond, TPOT: 50 * time.Millisecond}) ||
+		cfg.SLO.MaxWait != 30*time.Second || cfg.SLO.MaxQueueLength != 1024 || len(cfg.SLO.Models) != 2 ||
+		cfg.SLO.Models["llama"] != (types.SLO{TTFT: 2 * time.Second, TTFTPerPromptToken: 200 * time.Microsecond}) ||
+		!cfg.SLO.Models["qwen"].IsZero() {
+		t.Errorf("SLOs: %+v, %v", cfg.SLO, e.Err())
 	}
 	e = envOf(map[string]string{"KVGATE_REDIS_ADDRESS": "redis:6379"})
 	cfg = LoadConfig(e)
@@ -82,13 +91,17 @@ func TestLoadConfigListsEveryProblem(t *testing.T) {
 		"AIBRIX_PREFIX_CACHE_USE_REMOTE_TOKENIZER": "false",
 		"KVGATE_SHUTDOWN_DELAY":                    "-1",
 		"KVGATE_ADMIN_LISTEN_ADDRESS":              "9090",
+		"KVGATE_SLO_TTFT":                          "-2s",
+		"KVGATE_SLO_MODELS":                        "llama=ttft:2s;llama=e2e:30s",
+		"KVGATE_SLO_QUEUE_MAX_LENGTH":              "0",
 	})
 	LoadConfig(e)
 	err := e.Err()
 	for _, want := range []string{"KVGATE_LISTEN_ADDRESS", `KVGATE_ROUTING_ALGORITHM="fastest"`,
 		"AIBRIX_VLLM_TOKENIZER_ENDPOINT_TEMPLATE", "AIBRIX_GPU_OPTIMIZER_TRACING_FLAG is true but needs Redis",
 		"KVGATE_ROUTING_CPU_CACHE_WEIGHT", "/does/not/exist.yaml", "AIBRIX_PREFIX_CACHE_USE_REMOTE_TOKENIZER is false",
-		"KVGATE_SHUTDOWN_DELAY", `KVGATE_ADMIN_LISTEN_ADDRESS="9090"`} {
+		"KVGATE_SHUTDOWN_DELAY", `KVGATE_ADMIN_LISTEN_ADDRESS="9090"`, `KVGATE_SLO_TTFT="-2s"`,
+		`KVGATE_SLO_MODELS: model "llama" named twice`, `KVGATE_SLO_QUEUE_MAX_LENGTH="0"`} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("error %v does not mention %s", err, want)
 		}

@@ -32,13 +32,28 @@
 //     those whose metrics are fresh and that are not ejected, a pod that
 //     cannot be connected to ejected and the call made once more to
 //     another; see package tokenizer) when
-//     the algorithm reads it: prefix-cache and kv-aware match it against
-//     the prefix index, least-latency predicts the output length from its
-//     length. A failed tokenization is counted by reason and the request
-//     is routed on load alone; it never waits longer than the tokenizer's
-//     timeout;
+//     the algorithm reads it: prefix-cache, kv-aware and the SLO-aware
+//     algorithms match it against the prefix index, least-latency predicts
+//     the output length from its length. A failed tokenization is counted
+//     by reason and the request is routed on load alone; it never waits
+//     longer than the tokenizer's timeout;
 //  4. admits the request to the request ledger (package inflight), routes
-//     it, and opens an attempt of it on the chosen pod: the attempt counts
+//     it, and opens an attempt of it on the chosen pod. An SLO-aware
+//     algorithm (slo, slo-least-load, slo-least-load-pulling,
+//     slo-pack-load) routes through its model's queue (package slo,
+//     Config.SLO): the request carries its model's objective, from the GPU
+//     profiles' SLO fields or the configuration, and goes to a pod
+//     predicted to meet it. When none is, a pulling algorithm holds it in
+//     the queue, earliest deadline first, until a pass finds one (passes
+//     run on every first token, completion and scrape); slo-least-load
+//     refuses it at once. A request refused (queue full, no pod could meet
+//     its objective even idle, no capacity for slo-least-load) or that
+//     waited until it could no longer meet its objective is answered 429
+//     with a Retry-After in seconds and the codes slo_queue_full,
+//     slo_unmeetable, slo_no_capacity or slo_expired; a client that goes
+//     away leaves the queue at once; a request waiting when its model
+//     leaves the fleet, or when the gateway shuts down, is answered 503.
+//     The attempt counts
 //     as running on the pod and its prefill as queued there, until the
 //     first generated token for the prefill, and until the attempt is
 //     closed (done, failed, or cancelled when the client goes away) for
@@ -252,6 +267,16 @@
 // others are answered 429 with Retry-After
 // (kvgate_gateway_debug_match_refusals_total{reason}).
 //
+// GET /debug/slo shows each model's objective, where it comes from
+// (profile, model, default or none), and its queue: bounds, last pass and
+// the waiting requests in deadline order with their waits and deadlines:
+//
+//	{"models": [{"model": "llama", "slo": "ttft:2s", "source": "model",
+//	  "queue": {"model": "llama", "length": 1, "maxLength": 1024, "maxWaitSeconds": 60,
+//	            "waiting": [{"requestID": "gw-7", "promptTokens": 352, "waitedSeconds": 0.4,
+//	                         "deadlineInSeconds": 1.6, "leavesInSeconds": 1.1, "slo": "ttft:2s",
+//	                         "tries": 3, "drainEstimateSeconds": 0.9}]}}]}
+//
 // # Metrics
 //
 //	kvgate_gateway_requests_total{model,code,algorithm}   inference requests answered (code 499: the client went away)
@@ -271,5 +296,6 @@
 // found, and the algorithm label for requests rejected before it was
 // resolved, so that clients cannot grow the label sets. Ejections are
 // counted by the Store: kvgate_cache_pod_ejections_total{pod,reason} and
-// kvgate_cache_ejected_pods.
+// kvgate_cache_ejected_pods; the SLO queues by package slo
+// (kvgate_slo_*).
 package gateway

@@ -26,6 +26,7 @@ import (
 	"github.com/kvgate/kvgate/pkg/kvevent/transport"
 	"github.com/kvgate/kvgate/pkg/redisstate"
 	"github.com/kvgate/kvgate/pkg/routing"
+	"github.com/kvgate/kvgate/pkg/slo"
 	"github.com/kvgate/kvgate/pkg/tokenizer"
 )
 
@@ -53,6 +54,11 @@ type Gateway struct {
 	profiles    *cache.Profiles
 	predictors  *cache.OutputPredictors
 	pendingLoad *cache.PendingLoadProvider
+	// objectives and queues serve the SLO-aware algorithms: each model's
+	// objective and its queue.
+	objectives *slo.Objectives
+	queues     *slo.Routers
+	sloMetrics *slo.Metrics
 	// The components keeping state in Redis; nil when off.
 	tracer        *redisstate.Tracer
 	profileLoader *redisstate.ProfileLoader
@@ -105,6 +111,9 @@ type backend struct {
 // its settings (Redis features without a Redis address among them).
 func New(cfg Config) (*Gateway, error) {
 	cfg = cfg.withDefaults()
+	if err := cfg.SLO.Validate(); err != nil {
+		return nil, fmt.Errorf("gateway: %w", err)
+	}
 	g := &Gateway{cfg: cfg, log: cfg.Logger.WithName("gateway"), registry: prometheus.NewRegistry(), started: time.Now(),
 		matchSlots: make(chan struct{}, maxConcurrentMatches)}
 	g.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -159,6 +168,7 @@ func (c Config) withDefaults() Config {
 	c.UpstreamIdleTimeout = cmp.Or(c.UpstreamIdleTimeout, DefaultUpstreamIdleTimeout)
 	c.MaxStreamEventBytes = cmp.Or(c.MaxStreamEventBytes, DefaultMaxStreamEventBytes)
 	c.MaxIdleConnsPerPod = cmp.Or(c.MaxIdleConnsPerPod, DefaultMaxIdleConnsPerPod)
+	c.SLO.MaxWait = cmp.Or(c.SLO.MaxWait, slo.DefaultMaxWait)
 	if c.Logger.GetSink() == nil {
 		c.Logger = klog.Background()
 	}
@@ -216,6 +226,7 @@ func (g *Gateway) newKVSync() error {
 func (g *Gateway) newStore() error {
 	cc := g.cfg.Cache
 	cc.Registerer, cc.Logger = g.registry, g.cfg.Logger
+	cc.OnScrape = func() { g.queues.Trigger() }
 	var err error
 	if g.store, err = cache.New(cc); err != nil {
 		return fmt.Errorf("gateway: %w", err)
@@ -223,8 +234,11 @@ func (g *Gateway) newStore() error {
 	if g.ledger, err = inflight.New(inflight.Config{TTL: g.cfg.RequestTTL, Registerer: g.registry, Logger: g.cfg.Logger}); err != nil {
 		return fmt.Errorf("gateway: %w", err)
 	}
+	if g.profiles, err = cache.NewProfiles(g.cfg.Cache.EndpointOptions(), g.registry); err != nil {
+		return fmt.Errorf("gateway: %w", err)
+	}
 	rc := g.cfg.Routing
-	rc.Registerer, rc.Logger = g.registry, g.cfg.Logger
+	rc.Registerer, rc.Logger, rc.Profiles = g.registry, g.cfg.Logger, g.profiles
 	if g.index != nil {
 		rc.Index = g.index
 	}
@@ -232,14 +246,14 @@ func (g *Gateway) newStore() error {
 		return fmt.Errorf("gateway: %w", err)
 	}
 	g.ledger.Observe(g.router.Observer())
-	if g.profiles, err = cache.NewProfiles(g.cfg.Cache.EndpointOptions(), g.registry); err != nil {
-		return fmt.Errorf("gateway: %w", err)
-	}
 	g.pendingLoad = cache.NewPendingLoadProvider(g.store, g.profiles)
 	if g.predictors, err = cache.NewOutputPredictors(g.store, g.cfg.Predictor); err != nil {
 		return fmt.Errorf("gateway: %w", err)
 	}
 	g.ledger.Observe(g.predictors.Observer())
+	if err := g.newSLO(); err != nil {
+		return err
+	}
 	return g.newRedisState()
 }
 
@@ -341,6 +355,9 @@ func (g *Gateway) shutdown(servers []*http.Server, comps *components, served boo
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.ShutdownTimeout)
 	defer cancel()
+	// Requests waiting for capacity would hold the drain up to the queue's
+	// wait bound: they are answered 503 at once.
+	g.queues.Close()
 	g.shutdownFrontends(ctx, func() {
 		for _, srv := range servers {
 			if err := srv.Shutdown(ctx); err != nil {

@@ -169,8 +169,8 @@ func (s *recordingSink) Publish(b *kvevent.EventBatch) error {
 	return s.pub.Publish(b)
 }
 
-// simPrompt is a prompt of whole blocks, distinct for each seed.
-func simPrompt(seed, blocks int) []uint32 {
+// simTokens is a prompt of whole blocks, distinct for each seed.
+func simTokens(seed, blocks int) []uint32 {
 	p := make([]uint32, blocks*testBlockSize)
 	for i := range p {
 		p[i] = sim.FirstPieceID + uint32(seed*7919+i*31)%(sim.VocabSize-sim.FirstPieceID)
@@ -178,9 +178,9 @@ func simPrompt(seed, blocks int) []uint32 {
 	return p
 }
 
-// startSimFleet starts a gateway in front of engines with the test
+// startLivenessFleet starts a gateway in front of engines with the test
 // dead-pod timeout, and waits until it follows every engine.
-func startSimFleet(t *testing.T, engines ...*simEngine) *testFleet {
+func startLivenessFleet(t *testing.T, engines ...*simEngine) *testFleet {
 	f := &testFleet{t: t}
 	yaml := "endpoints:\n"
 	for _, e := range engines {
@@ -285,10 +285,10 @@ func liveness(p podView) string {
 
 func TestGatewayPurgesADeadEngineUnderTrafficAndRebuildsItWhenItReturns(t *testing.T) {
 	a, b := newSimEngine(t, "a"), newSimEngine(t, "b")
-	pa, pb := simPrompt(1, 4), simPrompt(2, 4)
+	pa, pb := simTokens(1, 4), simTokens(2, 4)
 	a.complete(pa)
 	b.complete(pb)
-	f := startSimFleet(t, a, b)
+	f := startLivenessFleet(t, a, b)
 	f.waitRebuilt(a, pa)
 	f.waitRebuilt(b, pb)
 	f.keepMatching(pa, pb)
@@ -321,7 +321,7 @@ func TestGatewayPurgesADeadEngineUnderTrafficAndRebuildsItWhenItReturns(t *testi
 
 	// Behind the partition a serves more; it comes back, and its stream,
 	// restarted when it died, rebuilds all it holds from its first batch.
-	pa2 := simPrompt(3, 5)
+	pa2 := simTokens(3, 5)
 	a.complete(pa2)
 	a.restore()
 	f.waitRebuilt(a, pa, pa2)
@@ -341,7 +341,7 @@ func TestGatewayPurgesADeadEngineUnderTrafficAndRebuildsItWhenItReturns(t *testi
 		return mustJSON(p), n == 0 && liveness(p) == "dead"
 	})
 	a.start()
-	pa3 := simPrompt(4, 3)
+	pa3 := simTokens(4, 3)
 	a.complete(pa3)
 	f.waitRebuilt(a, pa3)
 	if got := f.matched(pa)["static/a"]; got != 0 {
@@ -354,11 +354,11 @@ func TestGatewayPurgesADeadEngineUnderTrafficAndRebuildsItWhenItReturns(t *testi
 
 func TestGatewayKeepsTheBlocksOfEnginesThatAreQuietOrLoseOneSignal(t *testing.T) {
 	quiet, noMetrics, noEvents := newSimEngine(t, "quiet"), newSimEngine(t, "no-metrics"), newSimEngine(t, "no-events")
-	prompts := map[*simEngine][]uint32{quiet: simPrompt(1, 4), noMetrics: simPrompt(2, 4), noEvents: simPrompt(3, 4)}
+	prompts := map[*simEngine][]uint32{quiet: simTokens(1, 4), noMetrics: simTokens(2, 4), noEvents: simTokens(3, 4)}
 	for e, p := range prompts {
 		e.complete(p)
 	}
-	f := startSimFleet(t, quiet, noMetrics, noEvents)
+	f := startLivenessFleet(t, quiet, noMetrics, noEvents)
 	for e, p := range prompts {
 		f.waitRebuilt(e, p)
 	}
@@ -380,7 +380,7 @@ func TestGatewayKeepsTheBlocksOfEnginesThatAreQuietOrLoseOneSignal(t *testing.T)
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	for from, seed := time.Now(), 10; time.Since(from) < 3*testDeadPodTimeout; seed++ {
-		p := simPrompt(seed, 2)
+		p := simTokens(seed, 2)
 		noMetrics.complete(p)
 		more = append(more, p)
 		<-tick.C

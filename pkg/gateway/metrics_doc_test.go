@@ -40,6 +40,7 @@ type metricFamily struct {
 var metricSections = []struct{ prefix, title string }{
 	{"kvgate_gateway_", "Requests: [`pkg/gateway`](../pkg/gateway)"},
 	{"kvgate_routing_", "Routing: [`pkg/routing`](../pkg/routing), the in-flight prefills of the request ledger: [`pkg/inflight`](../pkg/inflight)"},
+	{"kvgate_slo_", "SLO queues of the SLO-aware algorithms: [`pkg/slo`](../pkg/slo)"},
 	{"kvgate_tokenizer_", "Tokenizer: [`pkg/tokenizer`](../pkg/tokenizer)"},
 	{"kvgate_kv_event_", "KV event manager: [`pkg/kvevent/manager`](../pkg/kvevent/manager)"},
 	{"aibrix_kvcache_zmq_", "KV event streams, one series per pod and data-parallel rank: [`pkg/kvevent/transport`](../pkg/kvevent/transport)"},
@@ -71,6 +72,11 @@ func TestMetricsReferenceListsEveryRegisteredMetric(t *testing.T) {
 	resp, body := post(t, f.url+"/v1/completions", completion(prompt, `,"stream":true`), nil)
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("streamed completion: %d %s", resp.StatusCode, body)
+	}
+	// One routed by an SLO-aware algorithm gives its model a queue.
+	resp, body = post(t, f.url+"/v1/completions", completion(prompt, ""), map[string]string{"routing-strategy": "slo"})
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("completion routed by slo: %d %s", resp.StatusCode, body)
 	}
 
 	families := describeFamilies(t, f.gw.registry)

@@ -167,7 +167,15 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, k kind, x *excha
 	rc, req := g.begin(r.Context(), &a, x, c.start)
 	defer req.End()
 	c.lap(phaseTokenize)
-	return g.forward(w, r, a, rc, req, x, c)
+	var first *inflight.Handle
+	if routing.IsSLOAware(a.algorithm) {
+		// The time waiting in the model's queue counts as routing.
+		var ok bool
+		if first, ok = g.routeSLO(w, r, &a, rc, req, x, c); !ok {
+			return false
+		}
+	}
+	return g.forward(w, r, a, rc, req, x, c, first)
 }
 
 // admit reads and checks a request, answering the client when it fails a
@@ -322,14 +330,15 @@ func (g *Gateway) readBody(w http.ResponseWriter, r *http.Request, x *exchange, 
 }
 
 // readsPrompt reports whether an algorithm reads the prompt's tokens: the
-// prefix algorithms match them, least-latency predicts the output length
-// from their count. The others route without tokenizing.
+// prefix algorithms (kv-aware and the SLO-aware ones among them) match
+// them, least-latency predicts the output length from their count. The
+// others route without tokenizing.
 func readsPrompt(alg string) bool {
 	switch alg {
 	case routing.PrefixCache, routing.KVAware, routing.LeastLatency:
 		return true
 	}
-	return false
+	return routing.IsSLOAware(alg)
 }
 
 // adapterOf returns the LoRA adapter model resolves to among pods: "" when
@@ -443,21 +452,27 @@ func (g *Gateway) predictOutput(rc *types.RoutingContext, maxTokens int) {
 
 // forward routes the request, sends it to the chosen pod and relays the
 // response, each attempt recorded in the request ledger as an attempt of
-// req, opened when the request is sent and closed once it ended. A pod that
-// cannot be connected to was sent nothing: it is ejected, its attempt
-// closed as failed, and the request is routed again among the candidates
-// not tried yet and not ejected meanwhile, until one answers or none is
-// left. It reports whether the response broke off after its headers and
-// the client's connection must be cut.
+// req, opened when the request is sent and closed once it ended; first,
+// when not nil, is the first attempt, routed and opened already (x.d its
+// decision). A pod that cannot be connected to was sent nothing: it is
+// ejected, its attempt closed as failed, and the request is routed again
+// among the candidates not tried yet and not ejected meanwhile, until one
+// answers or none is left. A request that waited for a pod meeting its SLO
+// is not held again: its retries go where kv-aware would send them. It
+// reports whether the response broke off after its headers and the
+// client's connection must be cut.
 func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, a admitted, rc *types.RoutingContext, req *inflight.Request,
-	x *exchange, c *call) (abort bool) {
+	x *exchange, c *call, first *inflight.Handle) (abort bool) {
 	b, candidates := a.b, a.pods
 	var tried []string
 	for attempt := 0; ; attempt++ {
-		h, err := g.open(r.Context(), b, rc, candidates, x, req)
-		if err != nil {
-			c.fail(w, http.StatusServiceUnavailable, typeServiceUnavailable, codeNoReadyPod, "", err.Error())
-			return false
+		h := first
+		if attempt > 0 || h == nil {
+			var err error
+			if h, err = g.open(r.Context(), b, rc, candidates, x, req); err != nil {
+				c.fail(w, http.StatusServiceUnavailable, typeServiceUnavailable, codeNoReadyPod, "", err.Error())
+				return false
+			}
 		}
 		pod := x.d.Endpoint
 		addr := pod.Address
@@ -536,7 +551,15 @@ func (e *sendError) Unwrap() error { return e.err }
 func (g *Gateway) open(ctx context.Context, b *backend, rc *types.RoutingContext, candidates []*endpoint.Endpoint, x *exchange,
 	req *inflight.Request) (*inflight.Handle, error) {
 	x.snaps = b.store.Snapshots(candidates, x.snaps[:0])
-	if err := b.router.Route(ctx, rc, x.snaps, &x.d); err != nil {
+	err := b.router.Route(ctx, rc, x.snaps, &x.d)
+	if errors.Is(err, cache.ErrLoadCapacityReached) || errors.Is(err, cache.ErrSLOFailureRequest) {
+		// No pod is predicted to meet the SLO: the request is not held (a
+		// retry, or a front end without the model's queue) and goes where
+		// kv-aware sends it.
+		rc.Algorithm = routing.KVAware
+		err = b.router.Route(ctx, rc, x.snaps, &x.d)
+	}
+	if err != nil {
 		return nil, err
 	}
 	route := x.d.Route()

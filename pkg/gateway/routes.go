@@ -32,6 +32,7 @@ func (g *Gateway) routes() (api, admin http.Handler) {
 	adminMux.Handle("/metrics", promhttp.HandlerFor(g.registry, promhttp.HandlerOpts{Registry: g.registry}))
 	adminMux.HandleFunc("/debug/kvcache", g.serveKVCache)
 	adminMux.HandleFunc("/debug/match", g.serveMatch)
+	adminMux.HandleFunc("/debug/slo", g.serveSLO)
 	if adminMux == apiMux {
 		return endingRequests(apiMux), nil
 	}

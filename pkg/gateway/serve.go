@@ -128,8 +128,8 @@ func (g *Gateway) Serve(ctx context.Context, ln net.Listener) error {
 }
 
 // start starts the components in comps: the pool of connections to pods,
-// the index's sweep, the request
-// ledger's reaper, the Store, the components keeping state in Redis, the KV
+// the index's sweep, the request ledger's reaper, the Store, the SLO
+// queues, the components keeping state in Redis, the KV
 // event manager and the pod source, and returns once the source has
 // delivered the pods. ctx ending aborts the start; once started, the
 // components run until comps stops them.
@@ -146,6 +146,9 @@ func (g *Gateway) start(ctx context.Context, comps *components) error {
 		return err
 	}
 	if err := comps.start("cache store", runner(g.store.Run)); err != nil {
+		return err
+	}
+	if err := comps.start("SLO queues", runner(g.queues.Run)); err != nil {
 		return err
 	}
 	for _, c := range []struct {

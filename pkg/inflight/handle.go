@@ -49,6 +49,10 @@ type Route struct {
 	// its GPU profile (see cache.PendingLoadProvider), 0 without a
 	// profile.
 	PendingLoad float64
+	// PromptBlocks are the keys the router gave the prompt's whole blocks,
+	// for the router to count them as held on the pod while the attempt is
+	// open; nil when the router keeps none. The ledger does not read them.
+	PromptBlocks []uint64
 }
 
 // Usage is the token usage an engine reported for a request.

@@ -16,6 +16,8 @@ type PodLoad struct {
 	// running counts the attempts open on the pod.
 	running atomic.Int64
 	remote  atomic.Pointer[remoteLoad]
+	// remoteWork is the pending load and prefill work of other replicas.
+	remoteWork atomic.Pointer[RemoteWork]
 
 	mu      sync.Mutex
 	models  map[string]int64 // open attempts per requested model
@@ -90,12 +92,48 @@ func (p *PodLoad) SetRemote(total int64, perModel map[string]int64) {
 	p.remote.Store(&remoteLoad{total: total, models: perModel})
 }
 
-// PendingLoad returns the sum of the pending loads of the attempts
-// running on the pod (Route.PendingLoad): 1 is the pod's capacity.
-func (p *PodLoad) PendingLoad() float64 {
+// RemoteWork is what other gateway replicas' attempts on a pod add to
+// its load: their pending load, and when the prefills they sent there are
+// predicted done.
+type RemoteWork struct {
+	PendingLoad float64
+	// PrefillDone is the zero time when they have no prefill queued.
+	PrefillDone time.Time
+}
+
+// SetRemoteWork sets what other gateway replicas' attempts add to the
+// pod's pending load and prefill queue, replacing the previous setting.
+func (p *PodLoad) SetRemoteWork(w RemoteWork) {
+	if w == (RemoteWork{}) {
+		p.remoteWork.Store(nil)
+		return
+	}
+	p.remoteWork.Store(&w)
+}
+
+// LocalWork returns this gateway's share of the pod's pending load and of
+// its prefill queue at now: the prefill work of its attempts that is
+// predicted left.
+func (p *PodLoad) LocalWork(now time.Time) (pending float64, prefill time.Duration) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.pending
+	if p.n > 0 && p.finish.After(now) {
+		prefill = p.finish.Sub(now)
+	}
+	return p.pending, prefill
+}
+
+// PendingLoad returns the sum of the pending loads of the attempts
+// running on the pod (Route.PendingLoad), this gateway's and, as last set
+// with SetRemoteWork, the other replicas': 1 is the pod's capacity.
+func (p *PodLoad) PendingLoad() float64 {
+	p.mu.Lock()
+	pending := p.pending
+	p.mu.Unlock()
+	if w := p.remoteWork.Load(); w != nil {
+		pending += w.PendingLoad
+	}
+	return pending
 }
 
 // Queue is what a routing decision reads of a pod's prefill queue.
@@ -103,7 +141,9 @@ type Queue struct {
 	// Prefills and Tokens count the queued prefills and their predicted
 	// uncached tokens.
 	Prefills, Tokens int
-	// Seconds is the prefill work predicted ahead of an attempt sent now.
+	// Seconds is the prefill work predicted ahead of an attempt sent now:
+	// this gateway's queue and, as last set with SetRemoteWork, the other
+	// replicas'.
 	Seconds float64
 	// WaitingEnded estimates how many of the requests a scrape counted as
 	// waiting were this gateway's prefills that have left the queue since.
@@ -123,6 +163,9 @@ func (p *PodLoad) Queue(now, scrapedAt time.Time, waiting float64) Queue {
 	q := Queue{Prefills: p.n, Tokens: p.tokens}
 	if p.n > 0 && p.finish.After(now) {
 		q.Seconds = p.finish.Sub(now).Seconds()
+	}
+	if w := p.remoteWork.Load(); w != nil && w.PrefillDone.After(now) {
+		q.Seconds += w.PrefillDone.Sub(now).Seconds()
 	}
 	if !scrapedAt.IsZero() {
 		ended := p.prefilled.since(scrapedAt)

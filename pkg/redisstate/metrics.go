@@ -22,6 +22,7 @@ type Metrics struct {
 	traceFlushes    *prometheus.CounterVec
 	traceFlushDelay prometheus.Histogram
 	profileRejects  prometheus.Counter
+	localOnly       prometheus.Counter
 }
 
 // NewMetrics returns the metrics, registered on reg (none when nil). It
@@ -38,11 +39,14 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Buckets: []float64{.001, .005, .01, .05, .1, .25, .5, 1, 5}}),
 		profileRejects: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "gpu_profile_rejects_total",
 			Help: "GPU profiles read from Redis that could not be decoded."}),
+		localOnly: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "shared_counts_local_only_total",
+			Help: "Times the other gateway replicas' requests stopped counting in routing because Redis could not be read " +
+				"for longer than the shared counts' TTL: routing then goes on with this replica's requests alone."}),
 	}
 	if reg == nil {
 		return m, nil
 	}
-	if err := promreg.Register(reg, "Redis state", m.redisErrors, m.traceFlushes, m.traceFlushDelay, m.profileRejects); err != nil {
+	if err := promreg.Register(reg, "Redis state", m.redisErrors, m.traceFlushes, m.traceFlushDelay, m.profileRejects, m.localOnly); err != nil {
 		return nil, err
 	}
 	return m, nil

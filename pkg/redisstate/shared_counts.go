@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"strconv"
 	"strings"
@@ -21,8 +22,11 @@ import (
 // Redis keys of the running-request counts shared by gateway replicas.
 //
 // Each replica keeps its counts in a hash SharedCountsKeyPrefix+<gateway
-// id>, field "<namespace>/<pod>" holding its requests running on the pod and
-// field "<namespace>/<pod>|<model>" those for one model. Every
+// id>, field "<namespace>/<pod>" holding its requests running on the pod,
+// field "<namespace>/<pod>|<model>" those for one model, field
+// "<namespace>/<pod>#pending" their pending load by the GPU profiles and
+// field "<namespace>/<pod>#prefill" the seconds of prefill work it predicts
+// left in the prefills it sent to the pod. Every
 // SharedCountsInterval it replaces the whole hash in one MULTI/EXEC and
 // renews its expiry to SharedCountsTTL, so the hash always holds a
 // consistent snapshot and disappears soon after its replica dies. Replicas
@@ -64,11 +68,17 @@ type SharedCountsConfig struct {
 	Logger klog.Logger
 }
 
-// SharedCounts shares the running requests of gateway replicas through
-// Redis: it publishes this replica's requests running on each pod (from the
-// pods' load records) and sets on each record what the other replicas run
-// there (inflight.PodLoad.SetRemote), so that RealtimeNumRequestsRunning
-// and the routing algorithms count the whole fleet's requests.
+// SharedCounts shares the requests of gateway replicas through Redis: it
+// publishes this replica's requests running on each pod, their pending
+// load and the prefill work they queued there (from the pods' load
+// records), and sets on each record what the other replicas have there
+// (inflight.PodLoad.SetRemote, SetRemoteWork), so that
+// RealtimeNumRequestsRunning and the routing algorithms count the whole
+// fleet's requests and the SLO-aware ones do not admit into capacity
+// another replica has taken. Routing never waits for Redis: what it reads
+// is at most about two intervals old, and when Redis cannot be read for
+// longer than the TTL each replica routes on its own requests alone,
+// counted in kvgate_cache_shared_counts_local_only_total.
 type SharedCounts struct {
 	client  *redis.Client
 	pods    PodLoads
@@ -78,8 +88,18 @@ type SharedCounts struct {
 	key     string
 }
 
-// remoteCounts sums the other replicas' counts by hash field.
-type remoteCounts map[string]int64
+// remoteCounts sums the other replicas' counts (integer fields) and work
+// (float fields) by hash field.
+type remoteCounts struct {
+	counts map[string]int64
+	work   map[string]float64
+}
+
+// Suffixes of the fields of a pod's work in a replica's hash.
+const (
+	fieldPending = "#pending"
+	fieldPrefill = "#prefill"
+)
 
 // NewSharedCounts returns the component sharing the counts of pods through
 // client. It fails when the TTL does not exceed the interval.
@@ -133,6 +153,7 @@ func (c *SharedCounts) Run(ctx context.Context) error {
 			if time.Since(lastRead) > c.cfg.TTL && remote {
 				c.apply(remoteCounts{})
 				remote = false
+				c.metrics.localOnly.Inc()
 				c.log.Info("Dropped other gateways' running-request counts: Redis unreadable", "gateway", c.cfg.GatewayID, "for", time.Since(lastRead))
 			}
 		}
@@ -157,6 +178,7 @@ func (c *SharedCounts) Run(ctx context.Context) error {
 // publish replaces this replica's hash with its current counts.
 func (c *SharedCounts) publish(ctx context.Context) error {
 	fields := map[string]any{}
+	now := time.Now()
 	for _, p := range c.pods.PodLoads() {
 		var total int64
 		for model, n := range p.Local() {
@@ -166,10 +188,16 @@ func (c *SharedCounts) publish(ctx context.Context) error {
 		if total > 0 {
 			fields[p.ID()] = total
 		}
+		pending, prefill := p.LocalWork(now)
+		if pending > 0 {
+			fields[p.ID()+fieldPending] = strconv.FormatFloat(pending, 'g', 6, 64)
+		}
+		if prefill > 0 {
+			fields[p.ID()+fieldPrefill] = strconv.FormatFloat(prefill.Seconds(), 'g', 6, 64)
+		}
 	}
 	ctx, cancel := context.WithTimeout(ctx, sharedRedisTimeout)
 	defer cancel()
-	now := time.Now()
 	prune := max(10*c.cfg.TTL, time.Minute)
 	_, err := c.client.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		p.Del(ctx, c.key)
@@ -202,7 +230,7 @@ func (c *SharedCounts) read(ctx context.Context) error {
 			cmds = append(cmds, pipe.HGetAll(ctx, SharedCountsKeyPrefix+id))
 		}
 	}
-	sum := remoteCounts{}
+	sum := remoteCounts{counts: map[string]int64{}, work: map[string]float64{}}
 	if len(cmds) > 0 {
 		if _, err := pipe.Exec(ctx); err != nil {
 			return fmt.Errorf("read %d gateways' counts: %w", len(cmds), err)
@@ -210,9 +238,16 @@ func (c *SharedCounts) read(ctx context.Context) error {
 	}
 	for _, cmd := range cmds {
 		for field, v := range cmd.Val() {
+			if strings.HasSuffix(field, fieldPending) || strings.HasSuffix(field, fieldPrefill) {
+				x, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+				if err == nil && x > 0 && !math.IsInf(x, 0) {
+					sum.work[field] += x
+				}
+				continue
+			}
 			n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
 			if err == nil && n > 0 {
-				sum[field] += n
+				sum.counts[field] += n
 			}
 		}
 	}
@@ -220,8 +255,10 @@ func (c *SharedCounts) read(ctx context.Context) error {
 	return nil
 }
 
-// apply sets on every registered pod what the other replicas run there.
+// apply sets on every registered pod what the other replicas have there;
+// their prefill work is taken to drain from now.
 func (c *SharedCounts) apply(sum remoteCounts) {
+	now := time.Now()
 	type podCounts struct {
 		total  int64
 		models map[string]int64
@@ -235,7 +272,7 @@ func (c *SharedCounts) apply(sum remoteCounts) {
 		}
 		return pc
 	}
-	for field, n := range sum {
+	for field, n := range sum.counts {
 		id, model, perModel := strings.Cut(field, "|")
 		pc := get(id)
 		if !perModel {
@@ -253,6 +290,11 @@ func (c *SharedCounts) apply(sum remoteCounts) {
 		} else {
 			p.SetRemote(0, nil)
 		}
+		w := inflight.RemoteWork{PendingLoad: sum.work[p.ID()+fieldPending]}
+		if s := sum.work[p.ID()+fieldPrefill]; s > 0 {
+			w.PrefillDone = now.Add(time.Duration(s * float64(time.Second)))
+		}
+		p.SetRemoteWork(w)
 	}
 }
 

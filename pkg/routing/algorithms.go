@@ -18,9 +18,16 @@ const (
 	LeastLatency = "least-latency"
 	PrefixCache  = "prefix-cache"
 	KVAware      = "kv-aware"
+	// The SLO-aware algorithms, AIBrix's names: slo is
+	// slo-least-load-pulling.
+	SLO                 = "slo"
+	SLOLeastLoad        = "slo-least-load"
+	SLOLeastLoadPulling = "slo-least-load-pulling"
+	SLOPackLoad         = "slo-pack-load"
 )
 
-var algorithmNames = []string{Random, LeastRequest, LeastKVCache, LeastLatency, PrefixCache, KVAware}
+var algorithmNames = []string{Random, LeastRequest, LeastKVCache, LeastLatency, PrefixCache, KVAware,
+	SLO, SLOLeastLoad, SLOLeastLoadPulling, SLOPackLoad}
 
 var knownAlgorithms = strings.Join(algorithmNames, ", ")
 
@@ -46,6 +53,26 @@ func canonicalName(name string) (string, bool) {
 func IsAlgorithm(name string) bool {
 	_, ok := canonicalName(name)
 	return ok
+}
+
+// IsSLOAware reports whether name names one of the SLO-aware algorithms,
+// which read the request's SLO and may choose no pod (see SLOError).
+func IsSLOAware(name string) bool {
+	n, _ := canonicalName(name)
+	switch n {
+	case SLO, SLOLeastLoad, SLOLeastLoadPulling, SLOPackLoad:
+		return true
+	}
+	return false
+}
+
+// HoldsRequests reports whether the algorithm name names keeps a request
+// that no pod can take within its SLO now waiting until one can (the
+// pulling algorithms: slo, slo-least-load-pulling, slo-pack-load), rather
+// than refusing it at once (slo-least-load, which pushes).
+func HoldsRequests(name string) bool {
+	n, _ := canonicalName(name)
+	return IsSLOAware(n) && n != SLOLeastLoad
 }
 
 // needs says which inputs an algorithm reads, so that a decision gathers
@@ -88,6 +115,10 @@ func newAlgorithms(cfg *Config) map[string]algorithm {
 			factor:    cfg.StdDevFactor,
 			cpuWeight: cfg.CPUCacheWeight,
 		},
-		KVAware: kvAware{tolerance: cfg.TieTolerance},
+		KVAware:             kvAware{tolerance: cfg.TieTolerance},
+		SLO:                 sloAware{tolerance: cfg.TieTolerance, profiles: cfg.Profiles, defaultSpeed: cfg.DefaultPrefillTokensPerSecond},
+		SLOLeastLoad:        sloAware{tolerance: cfg.TieTolerance, profiles: cfg.Profiles, defaultSpeed: cfg.DefaultPrefillTokensPerSecond},
+		SLOLeastLoadPulling: sloAware{tolerance: cfg.TieTolerance, profiles: cfg.Profiles, defaultSpeed: cfg.DefaultPrefillTokensPerSecond},
+		SLOPackLoad:         sloAware{tolerance: cfg.TieTolerance, profiles: cfg.Profiles, defaultSpeed: cfg.DefaultPrefillTokensPerSecond, pack: true},
 	}
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/kvgate/kvgate/pkg/cache"
 	"github.com/kvgate/kvgate/pkg/kvevent"
+	"github.com/kvgate/kvgate/pkg/types"
 )
 
 // BenchmarkRoute measures one decision after tokenization, the candidates'
@@ -15,7 +16,8 @@ import (
 // pods: the real Store (pod metrics scraped from fake engines, and their
 // scrape states) and a warm index where pod i holds the first 512·i tokens
 // of the prompt among 80,000 blocks of other prompts, with four prefills in
-// flight per pod.
+// flight per pod. The SLO-aware algorithms judge a time-to-first-token
+// objective every pod meets.
 func BenchmarkRoute(b *testing.B) {
 	const pods, promptTokens, otherBlocksPerPod = 16, 8192, 5000
 	fleet := newStoreFleetScraping(b, pods, time.Second)
@@ -30,11 +32,13 @@ func BenchmarkRoute(b *testing.B) {
 			holds(b, idx, pod, prompt(1_000_000*(i+1)+j*4096, 64*testBlockSize), kvevent.MediumGPU)
 		}
 	}
-	for _, alg := range []string{KVAware, PrefixCache, LeastRequest, Random} {
+	for _, alg := range []string{KVAware, SLOLeastLoad, SLOPackLoad, PrefixCache, LeastRequest, Random} {
 		b.Run(alg, func(b *testing.B) {
 			r, _ := newTestRouter(b, fleet.store, idx)
 			podList := fleet.pods(b)
 			ctx := request("bench", alg, p)
+			ctx.SLO = types.SLO{TTFT: time.Minute}
+			ctx.ReceivedAt = time.Now()
 			var d Decision
 			var snaps []cache.PodSnapshot
 			for i := range pods * 4 {

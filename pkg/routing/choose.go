@@ -9,9 +9,11 @@ import (
 // choose returns the index of the candidate with the lowest key among those
 // in considers and eligible admits (every one when eligible is nil), or -1
 // when none is. Candidates whose key is within tolerance (relative to the
-// lowest key) of the lowest are tied; ties go to the pod with the fewest
-// running requests, then to one drawn at random.
-func choose(in input, eligible func(*Candidate) bool, key func(*Candidate) float64, tolerance float64) int {
+// lowest key) of the lowest are tied; ties go to the lowest tie key (when
+// tie is not nil), then to the pod with the fewest running requests, then
+// to one drawn at random.
+func choose(in input, eligible func(*Candidate) bool, key func(*Candidate) float64, tolerance float64,
+	tie func(*Candidate) float64) int {
 	cs := in.d.Candidates
 	ok := func(i int) bool { return in.considers(&cs[i]) && (eligible == nil || eligible(&cs[i])) }
 	lo := math.Inf(1)
@@ -26,6 +28,16 @@ func choose(in input, eligible func(*Candidate) bool, key func(*Candidate) float
 	}
 	limit := lo + tolerance*math.Abs(lo)
 	tied := func(i int) bool { return ok(i) && key(&cs[i]) <= limit }
+	if tie != nil {
+		least := math.Inf(1)
+		for i := range cs {
+			if tied(i) {
+				least = min(least, tie(&cs[i]))
+			}
+		}
+		inWindow := tied
+		tied = func(i int) bool { return inWindow(i) && tie(&cs[i]) == least }
+	}
 	fewest := math.Inf(1)
 	for i := range cs {
 		if tied(i) && cs[i].Running < fewest {
@@ -59,4 +71,4 @@ func byRunning(c *Candidate) float64 { return c.Running }
 // leastRunning chooses the candidate with the fewest running requests,
 // ties at random: least-request's rule, which the prefix algorithms fall
 // back to.
-func leastRunning(in input) int { return choose(in, nil, byRunning, 0) }
+func leastRunning(in input) int { return choose(in, nil, byRunning, 0, nil) }

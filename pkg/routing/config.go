@@ -70,6 +70,17 @@ type Config struct {
 	// (KVGATE_ROUTING_TTFT_TIE_TOLERANCE, default 0.05: within 5% of the
 	// least).
 	TieTolerance float64
+	// MaxInFlightPrefixBlocks bounds the distinct prompt blocks the Router
+	// remembers for the attempts in flight (see
+	// Candidate.InFlightMatchedBlocks), about 100 bytes each
+	// (KVGATE_ROUTING_MAX_INFLIGHT_PREFIX_BLOCKS, default 1Mi). An attempt
+	// that would exceed it is not remembered, and counted in
+	// kvgate_routing_inflight_prefix_dropped_total.
+	MaxInFlightPrefixBlocks int
+
+	// Profiles gives the GPU profiles the SLO-aware algorithms read (a
+	// pod's profiled inter-token latency and capacity); nil reads none.
+	Profiles ProfileSource
 
 	// Rand is the source of random choices (the random algorithm and
 	// ties). Nil means a source seeded at random; a seeded source makes
@@ -95,6 +106,7 @@ func (c Config) withDefaults() Config {
 	c.CPUCacheWeight = cmp.Or(c.CPUCacheWeight, DefaultCPUCacheWeight)
 	c.DefaultPrefillTokensPerSecond = cmp.Or(c.DefaultPrefillTokensPerSecond, DefaultPrefillTokensPerSecond)
 	c.TieTolerance = cmp.Or(c.TieTolerance, DefaultTieTolerance)
+	c.MaxInFlightPrefixBlocks = cmp.Or(c.MaxInFlightPrefixBlocks, DefaultMaxInFlightPrefixBlocks)
 	if c.Rand == nil {
 		c.Rand = rand.NewPCG(rand.Uint64(), rand.Uint64())
 	}
@@ -124,6 +136,9 @@ func (c Config) validate() error {
 	}
 	if c.DefaultPrefillTokensPerSecond < 0 {
 		errs = append(errs, fmt.Errorf("DefaultPrefillTokensPerSecond %v is negative", c.DefaultPrefillTokensPerSecond))
+	}
+	if c.MaxInFlightPrefixBlocks < 0 {
+		errs = append(errs, fmt.Errorf("MaxInFlightPrefixBlocks %d is negative", c.MaxInFlightPrefixBlocks))
 	}
 	if c.TieTolerance < 0 {
 		errs = append(errs, fmt.Errorf("TieTolerance %v is negative", c.TieTolerance))

@@ -1,6 +1,8 @@
 package routing
 
 import (
+	"slices"
+
 	"github.com/kvgate/kvgate/pkg/cache"
 	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/inflight"
@@ -33,6 +35,13 @@ const (
 	// OutcomeNoTokens: the request carries no token ids (tokenization
 	// failed or is off), so a prefix algorithm chose on load.
 	OutcomeNoTokens Outcome = "no_tokens"
+	// OutcomeSLOWait: an SLO-aware algorithm found no pod predicted to
+	// meet the request's SLO now, though one could once its queue drains:
+	// no pod was chosen.
+	OutcomeSLOWait Outcome = "slo_wait"
+	// OutcomeSLOUnmeetable: an SLO-aware algorithm found no pod that could
+	// meet the request's SLO even with nothing queued: no pod was chosen.
+	OutcomeSLOUnmeetable Outcome = "slo_unmeetable"
 )
 
 // Decision is a routing decision and the inputs that justified it. Route
@@ -63,6 +72,11 @@ type Decision struct {
 	Candidates []Candidate `json:"candidates"`
 
 	chosen int
+	// sloErr is why an SLO-aware algorithm chose no pod, nil otherwise.
+	sloErr *SLOError
+	// promptBlocks are the keys of the prompt's whole blocks, for the
+	// in-flight prefixes (see inFlightPrefixes); empty when not computed.
+	promptBlocks []uint64
 }
 
 // Route returns the route of an attempt sent to the chosen pod, for the
@@ -78,13 +92,21 @@ func (d *Decision) Route() inflight.Route {
 	}
 	rt := inflight.Route{Pod: c.load, Endpoint: c.ep, PromptTokens: d.PromptTokens, UncachedTokens: c.uncached,
 		PredictedTTFTSeconds: c.PredictedTTFTSeconds}
+	if len(d.promptBlocks) > 0 {
+		rt.PromptBlocks = slices.Clone(d.promptBlocks)
+	}
 	if c.PrefillTokensPerSecond > 0 {
 		rt.PrefillSeconds = c.uncached / c.PrefillTokensPerSecond
 	}
 	return rt
 }
 
-// Chosen returns the chosen pod's candidate entry, nil before a decision.
+// SLOError returns why an SLO-aware algorithm chose no pod, nil when it
+// chose one or another algorithm decided.
+func (d *Decision) SLOError() *SLOError { return d.sloErr }
+
+// Chosen returns the chosen pod's candidate entry, nil before a decision
+// and when none was chosen.
 func (d *Decision) Chosen() *Candidate {
 	if d.Endpoint == nil || d.chosen >= len(d.Candidates) {
 		return nil
@@ -149,12 +171,38 @@ type Candidate struct {
 	MatchedGPUBlocks int `json:"matchedGPUBlocks"`
 	MatchedTokens    int `json:"matchedTokens"`
 	MatchedGPUTokens int `json:"matchedGPUTokens"`
+	// InFlightMatchedBlocks is the number of the prompt's leading blocks
+	// that requests in flight on the pod hold: sent there, not yet ended,
+	// and so computed before this request or running with their blocks
+	// kept. The index learns of them only once their prefill ends.
+	// InFlightMatchedTokens is the same in tokens. The prefill work
+	// (UncachedTokens) counts the longer of the two prefixes as cached,
+	// in-flight blocks as GPU-resident.
+	InFlightMatchedBlocks int `json:"inFlightMatchedBlocks"`
+	InFlightMatchedTokens int `json:"inFlightMatchedTokens"`
 	// UncachedTokens is the prefill work predicted for the prompt on the
 	// pod, in tokens: the prompt less its cached prefix, CPU-only tokens
 	// discounted by the CPU cache weight.
 	UncachedTokens int `json:"uncachedTokens"`
 	// PredictedTTFTSeconds is kv-aware's predicted time to first token.
 	PredictedTTFTSeconds float64 `json:"predictedTTFTSeconds,omitempty"`
+	// PredictedTPOTSeconds and PredictedE2ESeconds are the SLO-aware
+	// algorithms' predicted inter-token and end-to-end latencies: the
+	// pod's measured inter-token latency, or its GPU profile's when
+	// higher, and the time to first token plus that latency for each
+	// further predicted output token.
+	PredictedTPOTSeconds float64 `json:"predictedTPOTSeconds,omitempty"`
+	PredictedE2ESeconds  float64 `json:"predictedE2ESeconds,omitempty"`
+	// PendingLoad is the share of the pod's profiled capacity the requests
+	// in flight on it take, every gateway's (see
+	// cache.PendingLoadProvider); 0 without GPU profiles.
+	PendingLoad float64 `json:"pendingLoad,omitempty"`
+	// SLOBudget is the largest share of one of the request's SLO targets
+	// the predictions use, its wait so far included: at most 1 (plus the
+	// tie tolerance, within which predictions are equal) meets the
+	// SLO. SLOVerdict is the SLO-aware algorithms' verdict on the pod.
+	SLOBudget  float64    `json:"sloBudget,omitempty"`
+	SLOVerdict SLOVerdict `json:"sloVerdict,omitempty"`
 	// Scrape says how current the pod's scraped metrics are (fresh,
 	// stale or none), as its snapshot tells; empty for random.
 	Scrape cache.ScrapeState `json:"scrape,omitempty"`

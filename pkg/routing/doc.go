@@ -1,6 +1,6 @@
 // Package routing chooses the pod that serves each inference request.
 //
-// A Router holds six algorithms. A request names one in the routing-strategy
+// A Router holds ten algorithms. A request names one in the routing-strategy
 // header (HeaderRoutingStrategy), as with AIBrix; a request naming none gets
 // Config.DefaultAlgorithm (KVGATE_ROUTING_ALGORITHM, or AIBrix's
 // ROUTING_ALGORITHM; kv-aware unless set); an unknown name is an
@@ -27,6 +27,10 @@
 //   - kv-aware: the least cost of the request in seconds of delay: its
 //     predicted time to first token and what its prefill delays other
 //     requests (below).
+//   - slo-least-load, slo-least-load-pulling (also named slo) and
+//     slo-pack-load, AIBrix's SLO-aware family: a pod predicted to serve
+//     the request within its service-level objective, or none (see SLOs
+//     below).
 //
 // Ties go to the pod with the fewest requests in flight, then to one drawn
 // from Config.Rand, so a seeded source makes decisions reproducible.
@@ -164,7 +168,8 @@
 // request goes to a pod that computes the prefix, and holds it from then
 // on, so that a hot prefix is replicated as far as its load needs and no
 // further. Costs within Config.TieTolerance of the lowest are ties, broken
-// by running requests then at random, so that prompts no pod holds spread
+// by the least prefill work (see Prompts in flight), then by running
+// requests, then at random, so that prompts no pod holds spread
 // over the idle pods (whose caches then hold different prefixes) instead of
 // all going to the pod measured marginally faster.
 //
@@ -203,19 +208,84 @@
 // uncached tokens feed the running mean T, and their first tokens the
 // prediction ratio.
 //
+// # Prompts in flight
+//
+// The index learns that a pod holds a prefix when the pod's prefill of it
+// ends, which under load is many seconds after the request was routed. The
+// engine, though, prefills its requests first come first served and keeps
+// a running request's blocks, so a request sharing the prefix of one sent
+// to a pod before it will find that prefix cached there. The Router
+// therefore remembers the prompt blocks of every attempt open on each pod,
+// from the attempt's opening to its close (at most
+// Config.MaxInFlightPrefixBlocks; an attempt beyond it is not remembered,
+// and counted), and kv-aware and the SLO-aware algorithms take M(p) as the
+// longer of the index's match and the in-flight one
+// (Candidate.InFlightMatchedBlocks). Within the tie tolerance, the pod with
+// the least prefill work left (the longest cached prefix) wins before the
+// fewest requests in flight: once queues grow to seconds, 5% of a predicted
+// TTFT is more than a cached prefix saves, and the tie rule would
+// otherwise decide.
+//
+// # SLOs
+//
+// A request routed by an SLO-aware algorithm carries its model's objective
+// (RoutingContext.SLO, set by the caller, see package slo): a time to first
+// token, optionally growing with the prompt's length, a mean time per
+// output token, an end-to-end latency, each counted from the request's
+// arrival at the gateway. For each candidate the algorithm predicts
+//
+//	TTFT(p) as kv-aware does, after the time the request already spent;
+//	TPOT(p) = max(p's measured inter-token latency, its GPU profile's TPOT
+//	          at the request's output and prompt lengths);
+//	E2E(p)  = TTFT(p) + TPOT(p) x (predicted output tokens - 1),
+//
+// the output length coming from the model's output predictor
+// (RoutingContext.PredictedOutputTokens). The SLO budget is the largest
+// share of a target the predictions use; a pod meets the SLO when its
+// budget is at most 1 + Config.TieTolerance (Candidate.SLOBudget,
+// SLOVerdict). A pod that meets it is full when the request's pending load
+// by the GPU profile of the pod's deployment (1/(throughput x latency) at
+// its shape, cache.ProfilePoint.PendingLoad) added to the pending load of
+// the requests in flight there, this gateway's and, as shared through
+// Redis, the other replicas' (inflight.PodLoad.PendingLoad), exceeds 1; or
+// when, while the model's queue is contended (a request waited or was
+// refused within the last two seconds, RoutingContext.SLOContended), more
+// prefill work than the SLO's base TTFT is queued on it: the gateway then
+// holds, in deadline order, what the engine's first-come first-served
+// queue would make every later request wait behind.
+//
+// Among the pods that meet the SLO and are not full, slo-least-load and
+// slo-least-load-pulling choose as kv-aware does (the earliest first token,
+// ties as above); slo-pack-load, while the queue is contended, chooses the
+// pod whose budget is the most used, keeping the others' headroom, and
+// otherwise chooses as least-load. A request without an objective is
+// routed as kv-aware routes it. When no pod qualifies, Route fails with an
+// *SLOError: Unmeetable (wrapping cache.ErrSLOFailureRequest) when no
+// candidate could meet the SLO even with nothing queued, prefilling at the
+// fastest speed measured or configured; otherwise (wrapping
+// cache.ErrLoadCapacityReached) with the Slack the request can still wait
+// and the Drain of the shortest queue, from which the caller's queue
+// decides how long the request waits and what Retry-After to answer. The
+// outcomes slo_wait and slo_unmeetable count these decisions. The pulling
+// algorithms (HoldsRequests: slo, slo-least-load-pulling, slo-pack-load)
+// wait in the queue; slo-least-load refuses at once.
+//
 // # Outcomes and metrics
 //
 // Each decision has an Outcome: random, load (a load algorithm's metric),
 // prefix_hit (the chosen pod holds the longest cached prefix), load_over_prefix
 // (a pod holding more of the prompt was passed over for its load),
 // load_fallback (no candidate holds any of a tokenized prompt, or there is no
-// index), imbalance_guard (prefix-cache's guard) or no_tokens (no token ids:
-// a prefix algorithm routed on load). New registers on Config.Registerer:
+// index), imbalance_guard (prefix-cache's guard), no_tokens (no token ids:
+// a prefix algorithm routed on load), slo_wait or slo_unmeetable (no pod
+// for an SLO-aware algorithm, see SLOs). New registers on
+// Config.Registerer:
 //
 //	kvgate_routing_decisions_total{algorithm,outcome}   decisions
 //	kvgate_routing_matched_fraction{algorithm}          share of a tokenized prompt the chosen pod holds
 //	kvgate_routing_decision_duration_seconds{algorithm} time to decide, after tokenization
 //	kvgate_routing_ttft_prediction_ratio                TTFT seen at FirstToken / kv-aware's prediction
+//	kvgate_routing_inflight_prefix_dropped_total        attempts whose prompt blocks were not remembered
 //
 // The request ledger registers the in-flight prefill gauges
 // (kvgate_routing_inflight_prefills, kvgate_routing_inflight_prefill_tokens)

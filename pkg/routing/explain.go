@@ -50,7 +50,9 @@ func (r *Router) Explain(rc *types.RoutingContext, pods []cache.PodSnapshot) (*E
 		in := base
 		in.d = &d
 		r.algs[name].pick(in)
-		r.settle(rc, &in, s)
+		if d.chosen >= 0 {
+			r.settle(rc, &in, s)
+		}
 		e.Decisions = append(e.Decisions, d)
 	}
 	return e, nil

@@ -19,6 +19,7 @@ type scratch struct {
 	speeds []float64
 	scores []float64
 	models []string
+	bytes  []byte
 }
 
 // Candidate.measured bits: which of the pod's metrics had a value.
@@ -39,8 +40,14 @@ func (r *Router) gather(rc *types.RoutingContext, pods []cache.PodSnapshot, nd n
 		hasTokens:    len(rc.PromptTokenIDs) > 0,
 		meanUncached: math.Float64frombits(r.meanUncached.Load()),
 		outputTokens: rc.PredictedOutputTokens,
+		model:        rc.Model,
+		slo:          rc.SLO,
+		sloContended: rc.SLOContended,
 	}
 	now := r.cfg.Now()
+	if !rc.ReceivedAt.IsZero() {
+		in.elapsed = max(now.Sub(rc.ReceivedAt).Seconds(), 0)
+	}
 	var fresh, unfresh bool
 	for i := range pods {
 		sp := &pods[i]
@@ -62,6 +69,15 @@ func (r *Router) gather(rc *types.RoutingContext, pods []cache.PodSnapshot, nd n
 	if nd&needMatch != 0 && in.hasTokens && r.cfg.Index != nil {
 		r.match(rc, d, d.Candidates, s)
 		in.matched = true
+		if d.BlockSize > 0 {
+			d.promptBlocks = r.inFlight.keys(d.promptBlocks[:0], &s.bytes, baseModel(d.Candidates[0].ep, rc.Model),
+				rc.LoraAdapter, rc.PromptTokenIDs, d.BlockSize)
+			r.inFlight.match(d.Candidates, d.promptBlocks)
+			for i := range d.Candidates {
+				c := &d.Candidates[i]
+				c.InFlightMatchedTokens = c.InFlightMatchedBlocks * d.BlockSize
+			}
+		}
 	}
 	for i := range d.Candidates {
 		d.Candidates[i].setUncached(d.PromptTokens, r.cfg.CPUCacheWeight)
@@ -178,10 +194,12 @@ func baseModel(ep *endpoint.Endpoint, requested string) string {
 
 // setUncached sets the prefill work of a prompt of promptTokens on the pod:
 // the tokens past the cached prefix, plus the share cpuWeight leaves of the
-// tokens cached only outside GPU memory.
+// tokens cached only outside GPU memory. The cached prefix is the longer of
+// the index's match and the in-flight one, which is in GPU memory.
 func (c *Candidate) setUncached(promptTokens int, cpuWeight float64) {
-	offGPU := float64(c.MatchedTokens - c.MatchedGPUTokens)
-	u := float64(promptTokens-c.MatchedTokens) + (1-cpuWeight)*offGPU
+	matched, gpu := max(c.MatchedTokens, c.InFlightMatchedTokens), max(c.MatchedGPUTokens, c.InFlightMatchedTokens)
+	offGPU := float64(matched - gpu)
+	u := float64(promptTokens-matched) + (1-cpuWeight)*offGPU
 	c.uncached = max(u, 0)
 	c.UncachedTokens = int(math.Round(c.uncached))
 }

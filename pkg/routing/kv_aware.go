@@ -6,8 +6,9 @@ import "math"
 // to first token plus the delay its prefill causes the other requests, the
 // ones decoding on the pod and, when every pod has prefills queued, those
 // queued across the fleet. The package documentation derives both.
-// Costs within the tie tolerance of the lowest are equal, and go to the
-// fewest running requests, then at random.
+// Costs within the tie tolerance of the lowest are equal, and go to the pod
+// with the least prefill work, then the fewest running requests, then at
+// random.
 type kvAware struct {
 	tolerance float64
 }
@@ -15,6 +16,16 @@ type kvAware struct {
 func (kvAware) needs() needs { return needRunning | needQueue | needMatch }
 
 func (a kvAware) pick(in input) {
+	bestCached := predictTTFT(in)
+	in.d.chosen = chooseKVAware(in, nil, a.tolerance)
+	in.d.Outcome = prefixOutcome(in, bestCached)
+}
+
+// predictTTFT sets every candidate's queue, predicted time to first token
+// and score (kv-aware's cost: that prediction and the delay the prefill
+// causes others), and returns the longest cached prefix, in
+// tokens, of a candidate the choice considers.
+func predictTTFT(in input) (bestCached float64) {
 	d := in.d
 	cs := d.Candidates
 	// perRequest estimates the prefill tokens of a request waiting in an
@@ -35,7 +46,6 @@ func (a kvAware) pick(in input) {
 		fleetSpeed += cs[i].PrefillTokensPerSecond / float64(len(cs))
 	}
 	prompt := float64(d.PromptTokens)
-	bestCached := 0.0
 	for i := range cs {
 		c := &cs[i]
 		speed := c.PrefillTokensPerSecond
@@ -49,15 +59,29 @@ func (a kvAware) pick(in input) {
 			bestCached = max(bestCached, prompt-c.uncached)
 		}
 	}
-	d.chosen = choose(in, nil, byScore, a.tolerance)
+	return bestCached
+}
+
+// chooseKVAware chooses, among the candidates eligible admits, the one of
+// least cost (Score, as predictTTFT sets it), costs within tolerance of the
+// lowest being equal; see kvAware for the ties.
+func chooseKVAware(in input, eligible func(*Candidate) bool, tolerance float64) int {
+	return choose(in, eligible, byScore, tolerance, byUncached)
+}
+
+func byUncached(c *Candidate) float64 { return c.uncached }
+
+// prefixOutcome says what decided a prefix-aware choice, given the longest
+// cached prefix of a considered candidate.
+func prefixOutcome(in input, bestCached float64) Outcome {
+	d := in.d
 	switch {
 	case !in.hasTokens:
-		d.Outcome = OutcomeNoTokens
+		return OutcomeNoTokens
 	case bestCached == 0:
-		d.Outcome = OutcomeLoadFallback
-	case prompt-cs[d.chosen].uncached < bestCached:
-		d.Outcome = OutcomeLoadOverPrefix
-	default:
-		d.Outcome = OutcomePrefixHit
+		return OutcomeLoadFallback
+	case float64(d.PromptTokens)-d.Candidates[d.chosen].uncached < bestCached:
+		return OutcomeLoadOverPrefix
 	}
+	return OutcomePrefixHit
 }

@@ -2,6 +2,7 @@ package routing
 
 import (
 	"math"
+	"slices"
 	"testing"
 	"time"
 
@@ -100,23 +101,29 @@ func TestKVAwareDoesNotCountItsOwnEndedRequestsAsWaiting(t *testing.T) {
 func TestKVAwareWeighsInFlightPrefillsUntilTheirFirstToken(t *testing.T) {
 	pods := testPods(4)
 	idx := newTestIndex(t)
-	p := prompt(0, 2000)
-	holds(t, idx, "p2", p[:1536], kvevent.MediumGPU)
+	shared := prompt(0, 1536)
+	holds(t, idx, "p2", shared, kvevent.MediumGPU)
 	clock := newManualClock()
 	r, _ := newTestRouter(t, uniformFleet(4), idx, func(c *Config) { c.Now = clock.Now })
+	// Every request shares the cached 1,536 tokens and has 464 of its own.
+	next := 0
+	p := func() []uint32 {
+		next++
+		return append(slices.Clone(shared), prompt(100_000*next, 464)...)
+	}
 
 	// Each request sent to p2 queues its 464 uncached tokens (0.0464 s)
 	// there: p2 (0.0664 s plus its queue) stays ahead of a cold pod
 	// (0.22 s) with three prefills queued, not with four.
 	var started []*inflight.Handle
 	for i := range 4 {
-		d := route(t, r, request("r", KVAware, p), pods)
+		d := route(t, r, request("r", KVAware, p()), pods)
 		if d.PodKey != key("p2") || d.Outcome != OutcomePrefixHit {
 			t.Fatalf("request %d went to %s (%s), want p2 with %d prefills queued; %+v", i, d.PodKey, d.Outcome, i, candidate(t, d, "p2"))
 		}
 		started = append(started, startPrefill(r, d))
 	}
-	d := route(t, r, request("r", KVAware, p), pods)
+	d := route(t, r, request("r", KVAware, p()), pods)
 	if d.PodKey == key("p2") || d.Outcome != OutcomeLoadOverPrefix {
 		t.Fatalf("with four prefills queued on p2 the request went to %s (%s); %+v", d.PodKey, d.Outcome, candidate(t, d, "p2"))
 	}
@@ -126,12 +133,12 @@ func TestKVAwareWeighsInFlightPrefillsUntilTheirFirstToken(t *testing.T) {
 
 	// The queue drains with time...
 	clock.Advance(100 * time.Millisecond)
-	if c := candidate(t, route(t, r, request("r", KVAware, p), pods), "p2"); !near(c.QueueSeconds, 4*0.0464-0.1) || c.InFlightPrefills != 4 {
+	if c := candidate(t, route(t, r, request("r", KVAware, p()), pods), "p2"); !near(c.QueueSeconds, 4*0.0464-0.1) || c.InFlightPrefills != 4 {
 		t.Fatalf("100 ms later p2's queue is %+v, want 0.0856 s left of 4 prefills", c)
 	}
 	// ...and the last prefill's first token proves all four done.
 	started[3].FirstToken()
-	if c := candidate(t, route(t, r, request("r", KVAware, p), pods), "p2"); c.QueueSeconds != 0 || c.InFlightPrefills != 0 {
+	if c := candidate(t, route(t, r, request("r", KVAware, p()), pods), "p2"); c.QueueSeconds != 0 || c.InFlightPrefills != 0 {
 		t.Fatalf("after the first token of the last prefill p2's queue is %+v, want empty", c)
 	}
 }
@@ -316,8 +323,11 @@ func TestKVAwareKeepsItsCacheHitsWhenEveryPodHasPrefillsQueued(t *testing.T) {
 	holds(t, idx, "p2", p[:1536], kvevent.MediumGPU)
 	clock := newManualClock()
 	r, _ := newTestRouter(t, uniformFleet(4), idx, func(c *Config) { c.Now = clock.Now })
-	for range 4 {
-		startPrefill(r, route(t, r, request("r", KVAware, p), pods))
+	// The queued prompts share the cached prefix but not the rest, so that
+	// no prompt in flight on p2 covers the request's uncached tail.
+	for i := range 4 {
+		q := append(slices.Clone(p[:1536]), prompt(50_000*(i+1), 464)...)
+		startPrefill(r, route(t, r, request("r", KVAware, q), pods))
 	}
 	d := route(t, r, request("r", KVAware, p), pods)
 	if d.PodKey == key("p2") {

@@ -38,9 +38,9 @@ func (leastKVCache) pick(in input) {
 	for i := range cs {
 		cs[i].Score = cs[i].KVCacheUsage
 	}
-	in.d.chosen = choose(in, func(c *Candidate) bool { return c.measured&hasKVCache != 0 }, byScore, 0)
+	in.d.chosen = choose(in, func(c *Candidate) bool { return c.measured&hasKVCache != 0 }, byScore, 0, nil)
 	if in.d.chosen < 0 {
-		in.d.chosen = choose(in, nil, byScore, 0)
+		in.d.chosen = choose(in, nil, byScore, 0, nil)
 	}
 	in.d.Outcome = OutcomeLoad
 }
@@ -91,6 +91,6 @@ func (leastLatency) pick(in input) {
 	for i := range cs {
 		cs[i].Score *= (1 + cs[i].Running) / (1 + meanRunning)
 	}
-	in.d.chosen = choose(in, nil, byScore, 0)
+	in.d.chosen = choose(in, nil, byScore, 0, nil)
 	in.d.Outcome = OutcomeLoad
 }

@@ -8,13 +8,20 @@ import (
 // outcomesOf lists the outcomes each algorithm can reach; their series are
 // created up front so that dashboards see zeros.
 var outcomesOf = map[string][]Outcome{
-	Random:       {OutcomeRandom},
-	LeastRequest: {OutcomeLoad},
-	LeastKVCache: {OutcomeLoad},
-	LeastLatency: {OutcomeLoad},
-	PrefixCache:  {OutcomePrefixHit, OutcomeLoadOverPrefix, OutcomeLoadFallback, OutcomeImbalanceGuard, OutcomeNoTokens},
-	KVAware:      {OutcomePrefixHit, OutcomeLoadOverPrefix, OutcomeLoadFallback, OutcomeNoTokens},
+	Random:              {OutcomeRandom},
+	LeastRequest:        {OutcomeLoad},
+	LeastKVCache:        {OutcomeLoad},
+	LeastLatency:        {OutcomeLoad},
+	PrefixCache:         {OutcomePrefixHit, OutcomeLoadOverPrefix, OutcomeLoadFallback, OutcomeImbalanceGuard, OutcomeNoTokens},
+	KVAware:             {OutcomePrefixHit, OutcomeLoadOverPrefix, OutcomeLoadFallback, OutcomeNoTokens},
+	SLO:                 sloOutcomes,
+	SLOLeastLoad:        sloOutcomes,
+	SLOLeastLoadPulling: sloOutcomes,
+	SLOPackLoad:         sloOutcomes,
 }
+
+var sloOutcomes = []Outcome{OutcomePrefixHit, OutcomeLoadOverPrefix, OutcomeLoadFallback, OutcomeNoTokens,
+	OutcomeSLOWait, OutcomeSLOUnmeetable}
 
 // routerMetrics are the Prometheus metrics of a Router.
 type routerMetrics struct {
@@ -22,6 +29,7 @@ type routerMetrics struct {
 	matchedFraction *prometheus.HistogramVec
 	duration        *prometheus.HistogramVec
 	ttftRatio       prometheus.Histogram
+	prefixDropped   prometheus.CounterFunc
 
 	// per algorithm, resolved once
 	byAlg map[string]*algMetrics
@@ -33,7 +41,9 @@ type algMetrics struct {
 	duration        prometheus.Observer
 }
 
-func newRouterMetrics(reg prometheus.Registerer) (*routerMetrics, error) {
+// newRouterMetrics registers the Router's metrics on reg; dropped reads
+// how many attempts the in-flight prompt blocks did not record.
+func newRouterMetrics(reg prometheus.Registerer, dropped func() float64) (*routerMetrics, error) {
 	const ns, sub = "kvgate", "routing"
 	m := &routerMetrics{
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -55,6 +65,11 @@ func newRouterMetrics(reg prometheus.Registerer) (*routerMetrics, error) {
 			Help:    "Time to first token the gateway saw divided by kv-aware's prediction, for requests whose first token it relayed (streamed responses).",
 			Buckets: []float64{.125, .25, .5, .67, .8, .9, 1, 1.1, 1.25, 1.5, 2, 4, 8},
 		}),
+		prefixDropped: prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "inflight_prefix_dropped_total",
+			Help: "Attempts whose prompt blocks were not remembered as in flight on their pod: the blocks " +
+				"remembered had reached their bound.",
+		}, dropped),
 		byAlg: map[string]*algMetrics{},
 	}
 	for alg, outcomes := range outcomesOf {
@@ -68,7 +83,7 @@ func newRouterMetrics(reg prometheus.Registerer) (*routerMetrics, error) {
 		}
 		m.byAlg[alg] = am
 	}
-	if err := promreg.Register(reg, "routing", m.decisions, m.matchedFraction, m.duration, m.ttftRatio); err != nil {
+	if err := promreg.Register(reg, "routing", m.decisions, m.matchedFraction, m.duration, m.ttftRatio, m.prefixDropped); err != nil {
 		return nil, err
 	}
 	return m, nil

@@ -71,7 +71,7 @@ func (a prefixCache) pick(in input) {
 		return
 	}
 	eligible := func(c *Candidate) bool { return c.Score > 0 && c.Running <= d.LoadLimit }
-	d.chosen = choose(in, eligible, func(c *Candidate) float64 { return -c.Score }, 0)
+	d.chosen = choose(in, eligible, func(c *Candidate) float64 { return -c.Score }, 0, nil)
 	switch {
 	case d.chosen < 0:
 		d.chosen, d.Outcome = leastRunning(in), OutcomeLoadOverPrefix

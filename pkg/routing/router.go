@@ -33,6 +33,8 @@ type Router struct {
 	scratch sync.Pool // *scratch
 	metrics *routerMetrics
 	log     klog.Logger
+	// inFlight holds the prompt blocks of the attempts open.
+	inFlight *inFlightPrefixes
 	// meanUncached holds the float64 bits of a running mean of the
 	// uncached tokens of started prefills, 0 before the first.
 	meanUncached atomic.Uint64
@@ -54,6 +56,13 @@ type input struct {
 	meanUncached float64
 	// outputTokens is the request's predicted output length, 0 if unknown.
 	outputTokens int
+	// model is the requested model; slo its SLO and elapsed the seconds
+	// since it arrived.
+	model   string
+	slo     types.SLO
+	elapsed float64
+	// sloContended is rc.SLOContended.
+	sloContended bool
 }
 
 // New returns a Router configured by cfg, with its metrics registered on
@@ -66,12 +75,13 @@ func New(cfg Config) (*Router, error) {
 	}
 	cfg.DefaultAlgorithm, _ = canonicalName(cfg.DefaultAlgorithm)
 	r := &Router{
-		cfg:  cfg,
-		algs: newAlgorithms(&cfg),
-		rng:  newLockedRand(cfg.Rand),
-		log:  cfg.Logger.WithName("routing"),
+		cfg:      cfg,
+		algs:     newAlgorithms(&cfg),
+		rng:      newLockedRand(cfg.Rand),
+		log:      cfg.Logger.WithName("routing"),
+		inFlight: newInFlightPrefixes(cfg.MaxInFlightPrefixBlocks),
 	}
-	m, err := newRouterMetrics(cfg.Registerer)
+	m, err := newRouterMetrics(cfg.Registerer, func() float64 { return float64(r.inFlight.dropped.Load()) })
 	if err != nil {
 		return nil, err
 	}
@@ -109,7 +119,9 @@ func (r *Router) Resolve(name string) (string, error) {
 // model (endpoint.Endpoint.Model) and rc.LoraAdapter; without token ids
 // they route on load. Route fails with an *UnknownAlgorithmError, or with an
 // error wrapping ErrNoPods when pods is empty; d is then left describing no
-// pod.
+// pod. An SLO-aware algorithm that finds no pod predicted to meet the
+// request's SLO fails with an *SLOError, d describing the candidates and no
+// chosen pod.
 func (r *Router) Route(ctx context.Context, rc *types.RoutingContext, pods []cache.PodSnapshot, d *Decision) error {
 	start := time.Now()
 	name, err := r.Resolve(rc.Algorithm)
@@ -128,10 +140,19 @@ func (r *Router) Route(ctx context.Context, rc *types.RoutingContext, pods []cac
 	in := r.gather(rc, pods, alg.needs(), d, s)
 	d.Algorithm = name
 	alg.pick(in)
+	am := r.metrics.byAlg[name]
+	if d.chosen < 0 {
+		am.duration.Observe(time.Since(start).Seconds())
+		r.metrics.decided(name, d.Outcome)
+		r.logDecision(ctx, rc, d)
+		if d.sloErr == nil {
+			return fmt.Errorf("route request %s for model %q with %s: %w", rc.RequestID, rc.Model, name, ErrNoPods)
+		}
+		return d.sloErr
+	}
 	r.settle(rc, &in, s)
 	rc.SetTargetPod(d.Endpoint.Pod)
 
-	am := r.metrics.byAlg[name]
 	am.duration.Observe(time.Since(start).Seconds())
 	r.metrics.decided(name, d.Outcome)
 	if in.hasTokens && r.cfg.Index != nil {
@@ -157,16 +178,21 @@ func (r *Router) settle(rc *types.RoutingContext, in *input, s *scratch) {
 // Observer returns the request ledger observer through which the Router
 // follows the attempts it routed: each opened attempt's uncached tokens
 // feed the running mean kv-aware charges a request waiting in an engine's
-// queue, and each first token is compared with kv-aware's prediction
-// (kvgate_routing_ttft_prediction_ratio).
+// queue, its prompt's blocks count as held on its pod until it closes (see
+// Candidate.InFlightMatchedBlocks), and each first token is compared with
+// kv-aware's prediction (kvgate_routing_ttft_prediction_ratio).
 func (r *Router) Observer() inflight.Observer {
 	return inflight.Observer{
-		Opened: func(h *inflight.Handle) { r.noteUncached(h.Route().UncachedTokens) },
+		Opened: func(h *inflight.Handle) {
+			r.noteUncached(h.Route().UncachedTokens)
+			r.inFlight.add(h)
+		},
 		FirstToken: func(h *inflight.Handle) {
 			if p := h.Route().PredictedTTFTSeconds; p > 0 {
 				r.metrics.ttftRatio.Observe(h.FirstTokenAt().Sub(h.Opened()).Seconds() / p)
 			}
 		},
+		Closed: r.inFlight.remove,
 	}
 }
 
@@ -187,7 +213,10 @@ func (r *Router) noteUncached(tokens float64) {
 // logDecision logs the decision at verbosity 4 and its candidates at 5.
 func (r *Router) logDecision(ctx context.Context, rc *types.RoutingContext, d *Decision) {
 	l := r.logger(ctx)
-	if v := l.V(4); v.Enabled() {
+	if v := l.V(4); v.Enabled() && d.chosen < 0 {
+		v.Info("No pod meets the request's SLO", "requestID", rc.RequestID, "model", rc.Model, "algorithm", d.Algorithm,
+			"outcome", d.Outcome, "err", d.sloErr)
+	} else if v.Enabled() {
 		c := d.Chosen()
 		v.Info("Routed request", "requestID", rc.RequestID, "model", rc.Model, "lora", rc.LoraAdapter,
 			"algorithm", d.Algorithm, "outcome", d.Outcome, "pod", d.PodKey,
@@ -211,7 +240,7 @@ func (r *Router) logger(ctx context.Context) klog.Logger {
 	return r.log
 }
 
-// reset makes d describe no decision, keeping its candidate slice.
+// reset makes d describe no decision, keeping its slices.
 func (d *Decision) reset() {
-	*d = Decision{Candidates: d.Candidates[:0]}
+	*d = Decision{Candidates: d.Candidates[:0], promptBlocks: d.promptBlocks[:0]}
 }

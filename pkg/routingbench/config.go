@@ -12,6 +12,8 @@ import (
 	"github.com/kvgate/kvgate/pkg/cache"
 	"github.com/kvgate/kvgate/pkg/routing"
 	"github.com/kvgate/kvgate/pkg/sim"
+	"github.com/kvgate/kvgate/pkg/slo"
+	"github.com/kvgate/kvgate/pkg/types"
 )
 
 // TTFTOracle names the policy that sees the engines: a greedy minimiser of
@@ -132,6 +134,14 @@ type Config struct {
 	// Parallel bounds the policies simulated at once; default 1. Results
 	// do not depend on it.
 	Parallel int
+	// SLO is every request's service-level objective: the SLO-aware
+	// policies route by it, and every policy's goodput and attainment are
+	// counted against it (PolicyResult.SLOMet). Zero counts none.
+	SLO types.SLO
+	// QueueMaxLength and QueueMaxWait bound the SLO-aware policies' queue
+	// (slo.DefaultMaxQueueLength and slo.DefaultMaxWait when 0).
+	QueueMaxLength int
+	QueueMaxWait   time.Duration
 }
 
 func (c Config) withDefaults() Config {
@@ -153,6 +163,8 @@ func (c Config) withDefaults() Config {
 		c.Policies = Policies()
 	}
 	c.Parallel = cmp.Or(c.Parallel, 1)
+	c.QueueMaxLength = cmp.Or(c.QueueMaxLength, slo.DefaultMaxQueueLength)
+	c.QueueMaxWait = cmp.Or(c.QueueMaxWait, slo.DefaultMaxWait)
 	return c
 }
 
@@ -175,10 +187,16 @@ func (c Config) validate() error {
 			errs = append(errs, fmt.Errorf("engine speed %v, want a positive number", v))
 		}
 	}
+	if err := c.SLO.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if c.QueueMaxLength < 0 || c.QueueMaxWait < 0 {
+		errs = append(errs, errors.New("queue bounds must not be negative"))
+	}
 	if c.Parallel < 1 {
 		errs = append(errs, fmt.Errorf("parallel %d, want at least 1", c.Parallel))
 	}
-	known := AllPolicies()
+	known := append(AllPolicies(), routing.SLO, routing.SLOLeastLoad, routing.SLOLeastLoadPulling, routing.SLOPackLoad)
 	for i, p := range c.Policies {
 		if !slices.Contains(known, p) {
 			errs = append(errs, fmt.Errorf("unknown policy %q (known: %s)", p, strings.Join(known, ", ")))

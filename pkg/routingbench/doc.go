@@ -105,6 +105,29 @@
 // sustains). At 1x, policies that reuse prefixes have room to spare, as
 // much as their hits save; at 1.5x only they keep up, if they do.
 //
+// slo-least-load, slo-least-load-pulling and slo-pack-load are the
+// SLO-aware algorithms of a routing.Router routed through the gateway's
+// per-model queue (slo.QueueRouter) on the simulation's clock: each request
+// carries Config.SLO, one no engine is predicted to serve within it waits
+// (slo-least-load refuses it at once), and every first token, completion
+// and scrape makes a pass over the waiting requests, as in the gateway.
+// Requests refused, or that leave the queue without an engine, count as
+// refused or expired, never served. They draw from kv-aware's random
+// stream: where every engine meets the SLO they decide exactly as kv-aware
+// does.
+//
+// # Overload
+//
+// RunOverload measures the fleet's capacity within Config.SLO
+// (MeasureCapacity: the highest arrival rate, found by bisection, at which
+// kv-aware serves CapacityAttainment of the requests in time) unless given
+// one, then replays the workload with its arrival times compressed to each
+// of OverloadConfig.Loads times that rate under every policy, and reports
+// per load and policy the goodput (requests served within the SLO per
+// second), the SLO attainment, the TTFT percentiles of the requests served,
+// and the requests queued, refused and expired (OverloadReport, with the
+// issue's targets in Targets).
+//
 // # Metrics
 //
 //   - hit ratio: the prompt tokens engines took from their prefix cache over

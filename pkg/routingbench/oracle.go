@@ -61,6 +61,10 @@ func (o *oracle) predict(e *engine, prompt []uint32) time.Duration {
 	return wait + time.Duration(steps)*lat.Time(decoding) + prefill + lat.PrefillTime(hit, len(prompt))
 }
 
-func (*oracle) firstToken(int) {}
+func (*oracle) firstToken(int) error { return nil }
 
-func (*oracle) ended(int, inflight.Usage) {}
+func (*oracle) ended(int, inflight.Usage) error { return nil }
+
+func (*oracle) changed() error { return nil }
+
+func (*oracle) holding() bool { return false }

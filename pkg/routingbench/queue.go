@@ -7,7 +7,8 @@ import (
 
 // eventKind orders the events due at the same instant: an engine's step
 // ends (its tokens exist) before event batches reach the index, before the
-// Store scrapes, before requests arrive and are routed. Routing thus sees
+// Store scrapes, before requests arrive and are routed, before the gateway's
+// queue looks for requests that can no longer wait. Routing thus sees
 // everything that happened up to and including its instant.
 type eventKind uint8
 
@@ -16,6 +17,7 @@ const (
 	evDeliver
 	evScrape
 	evArrival
+	evQueue
 )
 
 // event is one thing due at a virtual time.

@@ -141,24 +141,29 @@ func (r *Report) WriteTable(w io.Writer) error {
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	for i, c := range columns {
-		fmt.Fprint(tw, c.head, sep(i))
+		fmt.Fprint(tw, c.head, sep(i, len(columns)))
 	}
 	for _, res := range r.Results {
 		for i, c := range columns {
-			fmt.Fprint(tw, c.cell(res), sep(i))
+			fmt.Fprint(tw, c.cell(res), sep(i, len(columns)))
 		}
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	for _, t := range r.Targets() {
+	writeTargets(w, r.Targets(), 44)
+	return nil
+}
+
+// writeTargets writes one line per target, its name padded to width.
+func writeTargets(w io.Writer, targets []Target, width int) {
+	for _, t := range targets {
 		verdict := "MISSED"
 		if t.Met {
 			verdict = "met"
 		}
-		fmt.Fprintf(w, "target %-58s %s: %.3f against a bound of %.3f (ratio %.3f)\n", t.Name, verdict, t.Value, t.Bound, t.Ratio)
+		fmt.Fprintf(w, "target %-*s %s: %.3f against a bound of %.3f (ratio %.3f)\n", width, t.Name, verdict, t.Value, t.Bound, t.Ratio)
 	}
-	return nil
 }
 
 // speedList formats engine speeds, "1" for none.
@@ -173,9 +178,9 @@ func speedList(speeds []float64) string {
 	return strings.Join(parts, ",")
 }
 
-// sep ends cell i of a table row.
-func sep(i int) string {
-	if i == len(columns)-1 {
+// sep ends cell i of a table row of n cells.
+func sep(i, n int) string {
+	if i == n-1 {
 		return "\t\n"
 	}
 	return "\t"

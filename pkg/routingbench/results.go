@@ -4,6 +4,8 @@ import (
 	"math"
 	"slices"
 	"time"
+
+	"github.com/kvgate/kvgate/pkg/slo"
 )
 
 // Latency summarises a distribution of durations, in seconds.
@@ -77,23 +79,55 @@ type PolicyResult struct {
 	// Preemptions counts the requests engines preempted for KV space.
 	Preemptions int            `json:"preemptions"`
 	Engines     []EngineResult `json:"engines"`
+
+	// The SLO-aware policies' queue: Queued counts the requests that
+	// waited in it, Refused those it refused on arrival (full, or no
+	// engine could meet the SLO), Expired those that left it unsent once
+	// they could no longer meet their SLO or had waited the longest
+	// allowed. Wait is how long the requests sent after waiting waited.
+	Queued  int     `json:"queued"`
+	Refused int     `json:"refused"`
+	Expired int     `json:"expired"`
+	Wait    Latency `json:"waitSeconds"`
+	// SLOMet counts the requests served within Config.SLO; SLOAttainment
+	// is their share of all requests and Goodput their number per second
+	// of the workload's duration (first to last arrival). All three are 0
+	// without an SLO.
+	SLOMet        int     `json:"sloMet"`
+	SLOAttainment float64 `json:"sloAttainment"`
+	Goodput       float64 `json:"goodput"`
 }
 
 // result summarises the simulation once it has run.
 func (s *simulation) result() *PolicyResult {
 	r := &PolicyResult{Policy: s.name, Requests: len(s.reqs)}
-	var ttft, queue, e2e []float64
+	var ttft, queue, e2e, wait []float64
 	var outputTokens int64
 	end := time.Duration(0)
 	for i := range s.reqs {
 		st := &s.reqs[i]
 		arrival := simEpoch.Add(s.w.Requests[i].Arrival)
+		if st.queued {
+			r.Queued++
+		}
 		switch {
+		case st.refused == slo.ReasonExpired || st.refused == slo.ReasonModelGone || st.refused == slo.ReasonStopped:
+			r.Expired++
+			continue
+		case st.refused != "":
+			r.Refused++
+			continue
 		case st.rejected:
 			r.Rejected++
 			continue
 		case st.stats.OutputTokens == 0:
 			continue
+		}
+		if st.queued {
+			wait = append(wait, (st.sent - s.w.Requests[i].Arrival).Seconds())
+		}
+		if s.metSLO(i) {
+			r.SLOMet++
 		}
 		tm := st.stats.Timings
 		r.PromptTokens += int64(st.stats.PromptTokens)
@@ -110,7 +144,17 @@ func (s *simulation) result() *PolicyResult {
 	if r.PromptTokens > 0 {
 		r.HitRatio = float64(r.CachedTokens) / float64(r.PromptTokens)
 	}
-	r.TTFT, r.Queue, r.E2E = summarize(ttft), summarize(queue), summarize(e2e)
+	r.TTFT, r.Queue, r.E2E, r.Wait = summarize(ttft), summarize(queue), summarize(e2e), summarize(wait)
+	if !s.cfg.SLO.IsZero() {
+		r.SLOAttainment = float64(r.SLOMet) / float64(r.Requests)
+		span := s.w.Requests[len(s.w.Requests)-1].Arrival - s.w.Requests[0].Arrival
+		if span <= 0 {
+			span = end - s.w.Requests[0].Arrival
+		}
+		if span > 0 {
+			r.Goodput = float64(r.SLOMet) / span.Seconds()
+		}
+	}
 	if span := end - s.w.Requests[0].Arrival; span > 0 {
 		r.Makespan = span.Seconds()
 		r.RequestsPerSecond = float64(r.Completed) / r.Makespan
@@ -150,6 +194,34 @@ func spreadWithinSpeeds(engines []EngineResult) float64 {
 		}
 	}
 	return spread
+}
+
+// metSLO reports whether request i, which got a first token, was served
+// within the configured SLO: its first token in time, its last in time, and
+// its mean time per output token within the target, for each target set.
+func (s *simulation) metSLO(i int) bool {
+	o := s.cfg.SLO
+	if o.IsZero() {
+		return false
+	}
+	st, r := &s.reqs[i], &s.w.Requests[i]
+	tm := st.stats.Timings
+	arrival := simEpoch.Add(r.Arrival)
+	if t := o.TTFTFor(len(r.Prompt)); t > 0 && tm.FirstToken.Sub(arrival) > t {
+		return false
+	}
+	if o.E2E > 0 && (!st.finished || tm.LastToken.Sub(arrival) > o.E2E) {
+		return false
+	}
+	if o.TPOT > 0 {
+		if !st.finished {
+			return false
+		}
+		if n := st.stats.OutputTokens - 1; n > 0 && tm.LastToken.Sub(tm.FirstToken)/time.Duration(n) > o.TPOT {
+			return false
+		}
+	}
+	return true
 }
 
 // summarize returns the mean and nearest-rank percentiles of v, which it

@@ -49,8 +49,11 @@ type Report struct {
 }
 
 // Result returns the result of the named policy, or nil.
-func (r *Report) Result(policy string) *PolicyResult {
-	for _, res := range r.Results {
+func (r *Report) Result(policy string) *PolicyResult { return resultOf(r.Results, policy) }
+
+// resultOf returns the result of the named policy among results, or nil.
+func resultOf(results []*PolicyResult, policy string) *PolicyResult {
+	for _, res := range results {
 		if res.Policy == policy {
 			return res
 		}

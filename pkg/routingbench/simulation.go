@@ -15,6 +15,12 @@ import (
 type requestState struct {
 	rejected bool
 	finished bool
+	// refused is why the gateway's queue refused the request or let it go
+	// without sending it ("" when it was sent); queued reports that it
+	// waited in the queue, and sent when it was sent to its engine.
+	refused string
+	queued  bool
+	sent    time.Duration
 	// lastToken is when the request's latest token came out.
 	lastToken time.Duration
 	// stats are the engine's statistics of the request at its first token
@@ -36,6 +42,8 @@ type simulation struct {
 	// next is the next request to arrive; deliveries counts the event
 	// batches on their way to the index.
 	next, busy, deliveries int
+	// nextWake is when the next look at the policy's queue is due.
+	nextWake time.Duration
 }
 
 // cancelCheckEvents is how many events a simulation processes between
@@ -49,14 +57,13 @@ func simulate(ctx context.Context, cfg Config, w *Workload, name string) (*Polic
 	if err != nil {
 		return nil, err
 	}
-	p, err := newPolicy(name, f, cfg)
-	if err != nil {
-		return nil, err
-	}
 	s := &simulation{
-		cfg: cfg, w: w, name: name, policy: p, fleet: f,
+		cfg: cfg, w: w, name: name, fleet: f,
 		reqs: make([]requestState, len(w.Requests)),
 		byID: make(map[string]int, len(w.Requests)),
+	}
+	if s.policy, err = newPolicy(name, s); err != nil {
+		return nil, err
 	}
 	for i, r := range w.Requests {
 		s.byID[r.ID] = i
@@ -86,27 +93,36 @@ func (s *simulation) handle(ev event) error {
 		return s.deliver(s.engines[ev.engine], ev.payload)
 	case evScrape:
 		s.scrape()
+		return s.policy.changed()
+	case evQueue:
+		return s.policy.changed()
 	}
 	return nil
 }
 
-// arrive routes request i, sends it, and schedules the next arrival.
+// arrive routes request i, sends it unless its policy holds or refuses it,
+// and schedules the next arrival.
 func (s *simulation) arrive(i int) error {
 	if s.next = i + 1; s.next < len(s.w.Requests) {
 		s.queue.push(event{at: s.w.Requests[s.next].Arrival, kind: evArrival, req: s.next})
 	}
-	r := &s.w.Requests[i]
-	idx, err := s.policy.route(i, r)
-	if err != nil {
+	idx, err := s.policy.route(i, &s.w.Requests[i])
+	if err != nil || idx < 0 {
 		return err
 	}
+	return s.send(i, idx)
+}
+
+// send sends request i to engine idx now.
+func (s *simulation) send(i, idx int) error {
+	r := &s.w.Requests[i]
+	s.reqs[i].sent = s.now
 	e := s.engines[idx]
-	err = e.eng.Add(sim.RequestSpec{ID: r.ID, Prompt: r.Prompt, MaxTokens: r.OutputTokens}, s.clock())
+	err := e.eng.Add(sim.RequestSpec{ID: r.ID, Prompt: r.Prompt, MaxTokens: r.OutputTokens}, s.clock())
 	switch {
 	case errors.Is(err, sim.ErrTooLong):
 		s.reqs[i].rejected = true
-		s.policy.ended(i, inflight.Usage{})
-		return nil
+		return s.policy.ended(i, inflight.Usage{})
 	case err != nil:
 		return err
 	}
@@ -177,7 +193,9 @@ func (s *simulation) output(e *engine, out sim.RequestOutput) error {
 		e.counters.ttftSum += tm.TTFT().Seconds()
 		e.counters.ttftCount++
 		e.counters.prefillSum += tm.FirstToken.Sub(tm.Scheduled).Seconds()
-		s.policy.firstToken(i)
+		if err := s.policy.firstToken(i); err != nil {
+			return err
+		}
 	} else {
 		e.counters.itlSum += (s.now - st.lastToken).Seconds()
 		e.counters.itlCount++
@@ -189,9 +207,23 @@ func (s *simulation) output(e *engine, out sim.RequestOutput) error {
 		st.stats.Preemptions = out.Stats.Preemptions
 		st.stats.Timings.LastToken = tm.LastToken
 		e.inFlight--
-		s.policy.ended(i, inflight.Usage{PromptTokens: int64(st.stats.PromptTokens), CompletionTokens: int64(st.stats.OutputTokens)})
+		return s.policy.ended(i, inflight.Usage{PromptTokens: int64(st.stats.PromptTokens), CompletionTokens: int64(st.stats.OutputTokens)})
 	}
 	return nil
+}
+
+// refuse records that the gateway's queue refused request i, or let it go
+// without sending it, for reason.
+func (s *simulation) refuse(i int, reason string) { s.reqs[i].refused = reason }
+
+// wakeAt schedules a look at the policy's queue at at, unless one is due
+// by then.
+func (s *simulation) wakeAt(at time.Duration) {
+	if s.nextWake > s.now && s.nextWake <= at {
+		return
+	}
+	s.nextWake = at
+	s.queue.push(event{at: at, kind: evQueue})
 }
 
 // deliver decodes an event batch of e and applies it to the index.
@@ -213,7 +245,7 @@ func (s *simulation) scrape() {
 	for _, e := range s.engines {
 		e.metrics.scrape(s.now, e.eng.QueueState(), e.counters)
 	}
-	if s.next < len(s.w.Requests) || s.busy > 0 || s.deliveries > 0 {
+	if s.next < len(s.w.Requests) || s.busy > 0 || s.deliveries > 0 || s.policy.holding() {
 		s.queue.push(event{at: s.now + s.cfg.ScrapeInterval, kind: evScrape})
 	}
 }

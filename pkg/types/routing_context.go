@@ -43,6 +43,17 @@ type RoutingContext struct {
 	PredictedOutputTokens int
 	// ReceivedAt is when the gateway received the request.
 	ReceivedAt time.Time
+	// SLO is the service-level objective the request is to be served
+	// within, counted from ReceivedAt; zero for none. The SLO-aware
+	// routing algorithms read it.
+	SLO SLO
+	// SLOContended reports that the model's SLO queue is contended as the
+	// request is routed: requests wait in it, or one was refused for want
+	// of capacity moments ago (see package slo). The SLO-aware algorithms
+	// then keep the prefill work queued on a pod within the SLO's base
+	// time to first token, so that the gateway, not the engines, holds
+	// what the fleet cannot serve at once.
+	SLOContended bool
 
 	target atomic.Pointer[routingTarget]
 }

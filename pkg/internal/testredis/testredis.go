@@ -12,6 +12,7 @@ import (
 	"net"
 	"os/exec"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -32,7 +33,13 @@ const attempts = 3
 type Server struct {
 	// Addr is the server's host:port on 127.0.0.1.
 	Addr string
+
+	stop func()
 }
+
+// Stop kills the server now, for a test of what happens when Redis goes
+// away; it is also stopped when the test ends.
+func (s *Server) Stop() { s.stop() }
 
 // Start runs a redis-server for t and stops it when t ends. It fails t when
 // no server can be started.
@@ -81,9 +88,12 @@ func start(t testing.TB, bin string) (*Server, error) {
 		waitErr = cmd.Wait()
 		close(exited)
 	}()
+	var once sync.Once
 	stop := func() {
-		_ = cmd.Process.Kill()
-		<-exited
+		once.Do(func() {
+			_ = cmd.Process.Kill()
+			<-exited
+		})
 	}
 
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
@@ -92,7 +102,7 @@ func start(t testing.TB, bin string) (*Server, error) {
 		return nil, fmt.Errorf("redis-server on %s: %w", addr, err)
 	}
 	t.Cleanup(stop)
-	return &Server{Addr: addr}, nil
+	return &Server{Addr: addr, stop: stop}, nil
 }
 
 // waitReady polls PING until the server answers, exits or startTimeout passes.

@@ -1,0 +1,58 @@
+package config
+
+// SectionSLO is the configuration reference's section on service-level
+// objectives and the queue of the SLO-aware routing algorithms.
+const SectionSLO = "SLOs and queueing"
+
+// SLOs and the per-model queue.
+var (
+	SLOTTFT = Var{
+		Name:    "KVGATE_SLO_TTFT",
+		Default: "0",
+		Section: SectionSLO,
+		Doc: "Time-to-first-token objective of every model, in seconds or with a unit (\"1.5s\"); 0 sets none. A GPU profile's " +
+			"slos.ttft wins for its model, KVGATE_SLO_MODELS for the models it names. Read by the SLO-aware algorithms (slo, " +
+			"slo-least-load, slo-least-load-pulling, slo-pack-load).",
+	}
+	SLOTTFTPerPromptToken = Var{
+		Name:    "KVGATE_SLO_TTFT_PER_PROMPT_TOKEN",
+		Default: "0",
+		Section: SectionSLO,
+		Doc: "Added to the time-to-first-token objective for each prompt token (e.g. \"200us\": 2 s more for a " +
+			"10,000-token prompt), so that one objective fits short and long prompts; 0 adds nothing.",
+	}
+	SLOTPOT = Var{
+		Name:    "KVGATE_SLO_TPOT",
+		Default: "0",
+		Section: SectionSLO,
+		Doc:     "Objective on the mean time between output tokens, in seconds or with a unit (\"50ms\"); 0 sets none. A GPU profile's slos.tpot wins.",
+	}
+	SLOE2E = Var{
+		Name:    "KVGATE_SLO_E2E",
+		Default: "0",
+		Section: SectionSLO,
+		Doc:     "End-to-end latency objective, arrival to last token, in seconds or with a unit; 0 sets none. A GPU profile's slos.e2e wins.",
+	}
+	SLOModels = Var{
+		Name:    "KVGATE_SLO_MODELS",
+		Default: "",
+		Section: SectionSLO,
+		Doc: "Objectives of named models, replacing the defaults above for them: model=kind:duration,... separated by " +
+			"semicolons, kinds ttft, ttft-per-token, tpot and e2e, e.g. \"llama=ttft:2s,tpot:50ms;qwen=e2e:30s\". " +
+			"A model named with \"none\" has no objective.",
+	}
+	SLOQueueMaxLength = Var{
+		Name:    "KVGATE_SLO_QUEUE_MAX_LENGTH",
+		Default: "1024",
+		Section: SectionSLO,
+		Doc: "Most requests one model's queue holds while no pod can serve them within their objective; a request " +
+			"arriving at a full queue is answered 429 with Retry-After.",
+	}
+	SLOQueueMaxWait = Var{
+		Name:    "KVGATE_SLO_QUEUE_MAX_WAIT",
+		Default: "60",
+		Section: SectionSLO,
+		Doc: "Longest a request waits in its model's queue, in seconds or with a unit; it leaves earlier, answered 429 " +
+			"with Retry-After, once it can no longer meet its objective.",
+	}
+)

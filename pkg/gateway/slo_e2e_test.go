@@ -1,0 +1,442 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8stypes "k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
+
+	"github.com/kvgate/kvgate/internal/testsupport"
+	"github.com/kvgate/kvgate/pkg/cache"
+	"github.com/kvgate/kvgate/pkg/endpoint"
+	"github.com/kvgate/kvgate/pkg/inflight"
+	"github.com/kvgate/kvgate/pkg/internal/testredis"
+	"github.com/kvgate/kvgate/pkg/sim"
+	"github.com/kvgate/kvgate/pkg/sim/simserver"
+	"github.com/kvgate/kvgate/pkg/sim/simtest"
+	"github.com/kvgate/kvgate/pkg/slo"
+	"github.com/kvgate/kvgate/pkg/types"
+)
+
+// simDeployment is the deployment of the simulated engines' pods, whose
+// GPU profile a test may set.
+const simDeployment = "sim-a100"
+
+// startSimFleet runs n simulated vLLM engines (startSims) serving model
+// llama with latency lat, and a gateway in front of them (serveSims).
+func startSimFleet(t *testing.T, n int, lat sim.LatencyModel, env map[string]string) *testFleet {
+	t.Helper()
+	return serveSims(t, startSims(t, n, lat), env)
+}
+
+// startSims runs n simulated vLLM engines (the vllm-sim server, in
+// process) serving model llama with latency lat until the test ends, and
+// returns their pods, of deployment simDeployment.
+func startSims(t *testing.T, n int, lat sim.LatencyModel) staticPods {
+	t.Helper()
+	var pods staticPods
+	for i := range n {
+		e := simtest.Serve(t, simserver.Config{Model: "llama", Ranks: []simserver.Rank{{
+			Engine: sim.EngineConfig{BlockSize: 16, NumGPUBlocks: 8192, Latency: lat},
+		}}})
+		port := e.Port
+		name := fmt.Sprint("sim-", i)
+		pods = append(pods, &v1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name, UID: k8stypes.UID("uid-" + name),
+				Labels: map[string]string{endpoint.ModelNameLabel: "llama", endpoint.ModelPortLabel: strconv.Itoa(port),
+					endpoint.DefaultDeploymentLabel: simDeployment}},
+			Status: v1.PodStatus{Phase: v1.PodRunning, PodIP: "127.0.0.1",
+				Conditions: []v1.PodCondition{{Type: v1.PodReady, Status: v1.ConditionTrue}}},
+		})
+	}
+	return pods
+}
+
+// serveSims runs a gateway in front of the simulated engines' pods,
+// configured by env on top of the fleet's. The pods come from a pod source
+// of the test's; KV event sync is off (the engines publish none): requests
+// are tokenized by the engines and routed on load and time predictions
+// alone.
+func serveSims(t *testing.T, pods staticPods, env map[string]string) *testFleet {
+	t.Helper()
+	f := &testFleet{t: t}
+	full := map[string]string{
+		"KVGATE_POD_DISCOVERY":                      "static",
+		"KVGATE_STATIC_ENDPOINTS_FILE":              writeEndpoints(t, "endpoints: []\n"),
+		"AIBRIX_POD_METRIC_REFRESH_INTERVAL_MS":     "20",
+		"KVGATE_SHUTDOWN_TIMEOUT":                   "10s",
+		"AIBRIX_PREFIX_CACHE_KV_EVENT_SYNC_ENABLED": "false",
+	}
+	for k, v := range env {
+		full[k] = v
+	}
+	cfg := loadTestConfig(t, full)
+	cfg.PodSource = pods
+	f.serve(cfg)
+	f.waitReady()
+	return f
+}
+
+// staticPods is a pod source delivering fixed pods.
+type staticPods []*v1.Pod
+
+func (p staticPods) Run(ctx context.Context, _ *rest.Config, sink cache.PodSink, synced func()) error {
+	for _, pod := range p {
+		sink.AddOrUpdatePod(pod)
+	}
+	synced()
+	<-ctx.Done()
+	return nil
+}
+
+// simPrompt is a prompt of about n tokens of the simulator's tokenizer,
+// distinct per i.
+func simPrompt(i, n int) string {
+	var b strings.Builder
+	for j := range n {
+		fmt.Fprintf(&b, "w%d_%d ", i, j)
+	}
+	return b.String()
+}
+
+// openedOrder records the order in which the gateway's request ledger
+// opens attempts, by the number of the request id (ids grow with the order
+// the gateway received the requests in).
+type openedOrder struct {
+	mu  sync.Mutex
+	ids []int
+}
+
+func (o *openedOrder) observer() inflight.Observer {
+	return inflight.Observer{Opened: func(h *inflight.Handle) {
+		id := h.Request().ID()
+		n, _ := strconv.Atoi(id[strings.LastIndexByte(id, '-')+1:])
+		o.mu.Lock()
+		o.ids = append(o.ids, n)
+		o.mu.Unlock()
+	}}
+}
+
+func (o *openedOrder) len() int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return len(o.ids)
+}
+
+func (o *openedOrder) list() []int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return append([]int(nil), o.ids...)
+}
+
+func TestSLOQueueAdmitsABurstAsCapacityFreesInDeadlineOrderAndLetsDisconnectsGo(t *testing.T) {
+	// The deployment's GPU profile gives each request a quarter of a pod:
+	// the two engines serve eight at once. Twenty-four requests, sent one
+	// after the other, exceed that: the rest wait in the gateway and are
+	// sent as requests complete, earliest deadline (here, earliest arrival)
+	// first, well within their 60 s objective.
+	lat := sim.LatencyModel{StepOverhead: 20 * time.Millisecond, PrefillPerToken: 50 * time.Microsecond}
+	f := startSimFleet(t, 2, lat, map[string]string{
+		"KVGATE_ROUTING_ALGORITHM": "slo-least-load-pulling",
+		"KVGATE_SLO_TTFT":          "60s",
+	})
+	f.gw.profiles.UpdateModelProfile(cache.ModelGPUProfileKey("llama", simDeployment), &cache.ModelGPUProfile{
+		Indexes: [][]float64{{1}, {1}}, Tputs: [][]float64{{4}}, E2E: [][]float64{{1}}}, true)
+	var order openedOrder
+	f.gw.ledger.Observe(order.observer())
+	q, err := f.gw.queues.GetRouter(&types.RoutingContext{Model: "llama"})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	const n = 24
+	const cancelled = 20 // this request's client goes away while it waits
+	type result struct {
+		status int
+		err    error
+	}
+	results := make([]chan result, n)
+	var cancel context.CancelFunc
+	for i := range n {
+		results[i] = make(chan result, 1)
+		ctx := context.Background()
+		if i == cancelled {
+			ctx, cancel = context.WithCancel(ctx)
+		}
+		opened, waiting := order.len(), q.Len()
+		go func() {
+			body := completion(simPrompt(i, 20), `,"max_tokens":40`)
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, f.url+"/v1/completions", strings.NewReader(body))
+			req.Header.Set("Content-Type", "application/json")
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				results[i] <- result{err: err}
+				return
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			results[i] <- result{status: resp.StatusCode}
+		}()
+		// The next request is sent once this one is sent on or waits: a
+		// pass sending a waiting request on leaves the sum as it was.
+		testsupport.Eventually(t, fmt.Sprintf("request %d to be routed or queued", i), func() bool {
+			return order.len()+q.Len() > opened+waiting
+		})
+		if i == cancelled && q.Len() == 0 {
+			t.Fatalf("request %d was sent at once: the burst did not exceed the fleet", i)
+		}
+	}
+	// What waits now is sent as capacity frees, in this order.
+	var waiting []int
+	for _, w := range q.Status().Waiting {
+		n, _ := strconv.Atoi(w.RequestID[strings.LastIndexByte(w.RequestID, '-')+1:])
+		waiting = append(waiting, n)
+	}
+	if len(waiting) < 2 {
+		t.Fatalf("%d requests wait, want a burst beyond the fleet", len(waiting))
+	}
+	cancel()
+	if r := <-results[cancelled]; !errors.Is(r.err, context.Canceled) {
+		t.Fatalf("the cancelled request ended with %+v", r)
+	}
+	testsupport.EventuallyWhy(t, "the cancelled request to leave the queue", func() (string, bool) {
+		n := testsupport.MetricValue(t, f.gw.registry, "kvgate_slo_requests_total", map[string]string{"outcome": "cancelled"})
+		return fmt.Sprint(n), n == 1
+	})
+	for i := range n {
+		if i == cancelled {
+			continue
+		}
+		if r := <-results[i]; r.err != nil || r.status != http.StatusOK {
+			t.Errorf("request %d: %+v, want 200", i, r)
+		}
+	}
+	ids := order.list()
+	if len(ids) != n-1 {
+		t.Fatalf("%d attempts opened, want %d: every request but the cancelled one, once", len(ids), n-1)
+	}
+	var sent []int
+	for _, id := range ids {
+		if slices.Contains(waiting, id) {
+			sent = append(sent, id)
+		}
+	}
+	if want := slices.DeleteFunc(slices.Clone(waiting), func(id int) bool { return !slices.Contains(sent, id) }); len(sent) != len(waiting)-1 ||
+		!slices.Equal(sent, want) {
+		t.Fatalf("the requests waiting in deadline order %v were sent in the order %v; want all but the cancelled one, in that order",
+			waiting, sent)
+	}
+	admitted := testsupport.MetricValue(t, f.gw.registry, "kvgate_slo_requests_total", map[string]string{"outcome": "admitted"})
+	queued := testsupport.MetricValue(t, f.gw.registry, "kvgate_slo_queued_total", nil)
+	if admitted != n-1 || queued < n-8 || q.Len() != 0 {
+		t.Fatalf("admitted %v, queued %v, %d still waiting; want %d admitted, at least %d of them after waiting, none left",
+			admitted, queued, q.Len(), n-1, n-8)
+	}
+}
+
+func TestSLOAlgorithmsAnswer429WithRetryAfterWhatTheyCannotServe(t *testing.T) {
+	lat := sim.LatencyModel{StepOverhead: 5 * time.Millisecond, PrefillPerToken: 2 * time.Millisecond}
+	f := startSimFleet(t, 1, lat, map[string]string{
+		"KVGATE_SLO_MODELS": "llama=ttft:100ms",
+		"KVGATE_ROUTING_DEFAULT_PREFILL_TOKENS_PER_SECOND": "500",
+	})
+	// A prompt of some 1,100 tokens takes 2.2 s to prefill: no pod can
+	// return its first token within 100 ms.
+	for _, alg := range []string{"slo", "slo-least-load", "slo-pack-load"} {
+		resp, body := post(t, f.url+"/v1/completions", completion(simPrompt(0, 200), `,"max_tokens":2`),
+			map[string]string{"routing-strategy": alg})
+		var e apiError
+		if resp.StatusCode != http.StatusTooManyRequests || json.Unmarshal(body, &e) != nil || e.Error.Code != codeSLOUnmeetable ||
+			resp.Header.Get(HeaderRetryAfter) == "" {
+			t.Errorf("%s: %d %s (Retry-After %q), want 429 %s with Retry-After", alg, resp.StatusCode, body,
+				resp.Header.Get(HeaderRetryAfter), codeSLOUnmeetable)
+		}
+	}
+	// kv-aware does not read the objective.
+	if resp, body := post(t, f.url+"/v1/completions", completion(simPrompt(0, 200), `,"max_tokens":2`), nil); resp.StatusCode != http.StatusOK {
+		t.Errorf("kv-aware: %d %s, want 200", resp.StatusCode, body)
+	}
+	var v sloView
+	status, body := get(t, f.url+"/debug/slo")
+	if status != http.StatusOK || json.Unmarshal([]byte(body), &v) != nil || len(v.Models) != 1 ||
+		v.Models[0].SLO != "ttft:100ms" || v.Models[0].Source != "model" || v.Models[0].Queue == nil {
+		t.Fatalf("GET /debug/slo: %d %s", status, body)
+	}
+}
+
+func TestSLOQueueCountsTheLoadOtherGatewayReplicasSentThroughRedis(t *testing.T) {
+	// Two gateway replicas share one engine and one Redis. The GPU profile
+	// in Redis gives each request the whole pod and an objective of 60 s to
+	// the first token. A request sent through replica A takes the pod;
+	// replica B learns it from A's shared pending load, so it refuses a
+	// slo-least-load request (429) and holds a slo-least-load-pulling one
+	// until A's request ends, then sends it on.
+	srv := testredis.Start(t)
+	rc := srv.NewClient(t)
+	profile, err := json.Marshal(cache.ModelGPUProfile{Deployment: simDeployment, Indexes: [][]float64{{1}, {1}},
+		Tputs: [][]float64{{1}}, E2E: [][]float64{{1}}, SLOs: cache.ModelSLOs{TTFT: 60}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rc.Set(context.Background(), cache.ModelGPUProfileKey("llama", simDeployment), profile, 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	pods := startSims(t, 1, sim.LatencyModel{StepOverhead: 20 * time.Millisecond, PrefillPerToken: 50 * time.Microsecond})
+	env := map[string]string{"KVGATE_REDIS_ADDRESS": srv.Addr, "KVGATE_ROUTING_ALGORITHM": "slo-least-load-pulling"}
+	a, b := serveSims(t, pods, env), serveSims(t, pods, env)
+	for _, f := range []*testFleet{a, b} {
+		testsupport.Eventually(t, "the GPU profile to load from Redis", func() bool {
+			return f.gw.profiles.Lookup("llama", simDeployment) != nil
+		})
+	}
+
+	// A's request generates for minutes (8,000 steps of 20 ms): it holds
+	// the pod until its client goes away.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	held := make(chan error, 1)
+	go func() {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, a.url+"/v1/completions",
+			strings.NewReader(completion(simPrompt(0, 20), `,"max_tokens":8000,"stream":true`)))
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			_, err = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+		held <- err
+	}()
+	testsupport.Eventually(t, "replica B to count the pending load replica A sent to the pod", func() bool {
+		loads := b.gw.store.PodLoads()
+		return len(loads) == 1 && loads[0].PendingLoad() >= 1
+	})
+
+	resp, body := post(t, b.url+"/v1/completions", completion(simPrompt(1, 20), `,"max_tokens":4`),
+		map[string]string{"routing-strategy": "slo-least-load"})
+	var e apiError
+	if resp.StatusCode != http.StatusTooManyRequests || json.Unmarshal(body, &e) != nil || e.Error.Code != codeSLONoCapacity ||
+		resp.Header.Get(HeaderRetryAfter) == "" {
+		t.Fatalf("slo-least-load on replica B: %d %s (Retry-After %q), want 429 %s with Retry-After", resp.StatusCode, body,
+			resp.Header.Get(HeaderRetryAfter), codeSLONoCapacity)
+	}
+
+	q, err := b.gw.queues.GetRouter(&types.RoutingContext{Model: "llama"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pulled := make(chan int, 1)
+	go func() {
+		resp, _ := post(t, b.url+"/v1/completions", completion(simPrompt(2, 20), `,"max_tokens":4`), nil)
+		pulled <- resp.StatusCode
+	}()
+	testsupport.Eventually(t, "the request to wait in replica B's queue", func() bool { return q.Len() == 1 })
+	var v sloView
+	if status, body := get(t, b.url+"/debug/slo"); status != http.StatusOK || json.Unmarshal([]byte(body), &v) != nil ||
+		len(v.Models) != 1 || v.Models[0].SLO != "ttft:1m0s" || v.Models[0].Source != slo.SourceProfile ||
+		v.Models[0].Queue == nil || v.Models[0].Queue.Length != 1 {
+		t.Fatalf("GET /debug/slo on replica B: %d %s; want the profile's objective and one request waiting", status, body)
+	}
+
+	cancel()
+	if err := <-held; !errors.Is(err, context.Canceled) {
+		t.Fatalf("replica A's request ended with %v", err)
+	}
+	if status := <-pulled; status != http.StatusOK {
+		t.Fatalf("the request that waited in replica B: %d, want 200", status)
+	}
+	for outcome, want := range map[string]float64{"admitted": 1, "rejected": 1, "expired": 0} {
+		if n := testsupport.MetricValue(t, b.gw.registry, "kvgate_slo_requests_total", map[string]string{"outcome": outcome}); n != want {
+			t.Errorf("replica B: kvgate_slo_requests_total{outcome=%q} = %v, want %v", outcome, n, want)
+		}
+	}
+	if n := testsupport.MetricValue(t, b.gw.registry, "kvgate_slo_queued_total", nil); n != 1 {
+		t.Errorf("replica B: kvgate_slo_queued_total = %v, want 1", n)
+	}
+}
+
+func TestAModelLeavingTheFleetDropsItsQueueAndPredictor(t *testing.T) {
+	// The profile gives each request the whole pod: a request held on it
+	// makes the next one wait in the queue.
+	f := startSimFleet(t, 1, sim.LatencyModel{StepOverhead: 20 * time.Millisecond}, map[string]string{
+		"KVGATE_ROUTING_ALGORITHM": "slo-least-load-pulling",
+		"KVGATE_SLO_TTFT":          "60s",
+	})
+	f.gw.profiles.UpdateModelProfile(cache.ModelGPUProfileKey("llama", simDeployment), &cache.ModelGPUProfile{
+		Indexes: [][]float64{{1}, {1}}, Tputs: [][]float64{{1}}, E2E: [][]float64{{1}}}, true)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	held := make(chan struct{})
+	go func() {
+		defer close(held)
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, f.url+"/v1/completions",
+			strings.NewReader(completion(simPrompt(0, 20), `,"max_tokens":8000,"stream":true`)))
+		req.Header.Set("Content-Type", "application/json")
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+	}()
+	q, err := f.gw.queues.GetRouter(&types.RoutingContext{Model: "llama"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testsupport.Eventually(t, "the first request to take the pod", func() bool {
+		loads := f.gw.store.PodLoads()
+		return len(loads) == 1 && loads[0].PendingLoad() >= 1
+	})
+	type result struct {
+		status int
+		body   []byte
+	}
+	waited := make(chan result, 1)
+	go func() {
+		resp, body := post(t, f.url+"/v1/completions", completion(simPrompt(1, 20), `,"max_tokens":4`), nil)
+		waited <- result{resp.StatusCode, body}
+	}()
+	testsupport.Eventually(t, "the second request to wait", func() bool { return q.Len() == 1 })
+	predictor, err := f.gw.predictors.GetOutputPredictor("llama")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod := f.gw.store.ListPods()[0].Pod
+
+	f.gw.store.DeletePod(endpoint.KeyOf(pod))
+	r := <-waited
+	var e apiError
+	if r.status != http.StatusServiceUnavailable || json.Unmarshal(r.body, &e) != nil || e.Error.Code != codeNoReadyPod {
+		t.Fatalf("the request waiting when its model left: %d %s, want 503 %s", r.status, r.body, codeNoReadyPod)
+	}
+	if models := f.gw.queues.Models(); len(models) != 0 {
+		t.Errorf("queues of %v remain after their model left", models)
+	}
+	for _, name := range []string{"kvgate_slo_queue_length", "kvgate_slo_requests_total", "kvgate_slo_queued_total"} {
+		if n := testsupport.MetricSeries(t, f.gw.registry, name, map[string]string{"model": "llama"}); n != 0 {
+			t.Errorf("%s has %d series of the model that left", name, n)
+		}
+	}
+	cancel()
+	<-held
+
+	// The model comes back with a fresh predictor and queue.
+	f.gw.store.AddOrUpdatePod(pod)
+	again, err := f.gw.predictors.GetOutputPredictor("llama")
+	if err != nil || again == predictor {
+		t.Errorf("the model's predictor after it came back: %p, %v; want a new one", again, err)
+	}
+	if q2, err := f.gw.queues.GetRouter(&types.RoutingContext{Model: "llama"}); err != nil || q2 == q {
+		t.Errorf("the model's queue after it came back: %p, %v; want a new one", q2, err)
+	}
+}

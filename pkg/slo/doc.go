@@ -1,0 +1,52 @@
+// Package slo holds requests that no pod can serve within their
+// service-level objective (SLO) until one can: the per-model queues of the
+// SLO-aware routing algorithms (slo, slo-least-load, slo-least-load-pulling
+// and slo-pack-load, see package routing), after AIBrix's QueueRouter.
+//
+// # Objectives
+//
+// A model's objective (types.SLO: time to first token, optionally growing
+// with the prompt's length, mean time per output token, end-to-end latency)
+// comes from the SLO fields of the GPU profiles of the deployments serving
+// it where they set one, the strictest when they differ, and from the
+// configuration otherwise (Config, Objectives), target by target. A request
+// carries its model's objective in its routing context, counted from its
+// arrival at the gateway.
+//
+// # The queue
+//
+// A QueueRouter is one model's queue. A request arriving when none waits
+// is routed at once if a pod is predicted to meet its SLO; otherwise, with
+// a pulling algorithm, it waits, earliest deadline first (DeadlineOf), and
+// passes over the queue (Dispatch) route each waiting request as soon as a
+// pod is predicted to meet its SLO: on a first token, a completion, a
+// scrape of the pods' metrics, an arrival (see Routers.Trigger). A request
+// leaves the queue without a pod when it can no longer meet its SLO even on
+// the best pod once that pod's queue has drained, after Config.MaxWait, or
+// when its model leaves the fleet; one arriving at a full queue
+// (Config.MaxQueueLength), or that no pod could serve within its SLO even
+// idle, is refused at once. Front ends answer both with 429 and a
+// Retry-After (*Error). A front end waits on a request with its own
+// context (QueueRouter.Route): a client that goes away leaves the queue at
+// once. The queue never routes by itself: each request brings the function
+// that routes it (Entry.Try), which the HTTP proxy, an Envoy external
+// processor and the routing benchmark's simulation each write their own
+// way, one decision at a time per model so that each sees the load the
+// previous one added.
+//
+// A pass tries the waiting requests in deadline order; after
+// maxWaitsPerPass requests in a row that no pod can take, it stops trying
+// and only lets go of those that can no longer meet their SLO, so that a
+// pass over a long queue on a full fleet costs a few decisions.
+//
+// # Metrics
+//
+// NewMetrics registers, per model:
+//
+//	kvgate_slo_queue_length{model}            requests waiting
+//	kvgate_slo_queue_wait_seconds{model}      time waited, by requests leaving the queue
+//	kvgate_slo_requests_total{model,outcome}  admitted, rejected, expired, cancelled, dropped
+//	kvgate_slo_queued_total{model}            requests that had to wait
+//
+// A model's series are deleted when it leaves the fleet.
+package slo

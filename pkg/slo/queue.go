@@ -1,0 +1,594 @@
+package slo
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvgate/kvgate/pkg/cache"
+	"github.com/kvgate/kvgate/pkg/routing"
+	"github.com/kvgate/kvgate/pkg/types"
+)
+
+// contendedFor is how long a queue counts as contended after a request
+// last waited in it or was refused for want of capacity (see
+// types.RoutingContext's SLOContended): a queue that just emptied is
+// likely to fill again.
+const contendedFor = 2 * time.Second
+
+// maxWaitsPerPass bounds how many waiting requests one pass tries, in
+// deadline order, after the last it could route: a pass that finds the
+// fleet full stops trying instead of predicting for every request queued.
+const maxWaitsPerPass = 8
+
+// maxRestartsPerPass bounds how many times one Dispatch goes back to the
+// first waiting request because capacity may have freed while it tried
+// the ones after it (see Dispatch).
+const maxRestartsPerPass = 4
+
+// Entry is one request in a QueueRouter: its deadline, and how to route it.
+type Entry struct {
+	// Request is the request's routing context, for logs and the debug
+	// API; the queue reads its ID, its arrival and its prompt's length.
+	Request *types.RoutingContext
+	// Deadline orders the queue, earliest first: when the request's SLO
+	// expires (see DeadlineOf).
+	Deadline time.Time
+	// Try routes the request now. It returns nil when it routed it (the
+	// request's attempt is open), an error wrapping
+	// cache.ErrLoadCapacityReached (an *routing.SLOError says how long the
+	// request can still wait) when no pod can take it yet, and any other
+	// error when it can never be routed. The queue calls it with no lock
+	// of its own held but one decision at a time per model, so that each
+	// sees the load the previous one added; it must not block.
+	Try func() error
+	// Done, when set, is called once the request left the queue: routed
+	// (nil), or refused or expired (an *Error). It is not called for a
+	// request its caller cancelled (see Cancel).
+	Done func(error)
+
+	// guarded by the QueueRouter's mu
+	queued    bool
+	trying    bool
+	cancelled bool
+	closing   string // Close's reason, for an entry a pass was trying
+	enqueued  time.Time
+	latest    time.Time // when it can no longer meet its SLO
+	drain     time.Duration
+	tries     int
+
+	done chan struct{}
+	err  error
+}
+
+// DeadlineOf returns when rc's SLO expires: its arrival plus its
+// time-to-first-token target, else its end-to-end target, else maxWait.
+func DeadlineOf(rc *types.RoutingContext, maxWait time.Duration) time.Time {
+	switch {
+	case rc.SLO.TTFTFor(rc.InputTokens()) > 0:
+		return rc.ReceivedAt.Add(rc.SLO.TTFTFor(rc.InputTokens()))
+	case rc.SLO.E2E > 0:
+		return rc.ReceivedAt.Add(rc.SLO.E2E)
+	}
+	return rc.ReceivedAt.Add(maxWait)
+}
+
+// Reasons a request is refused or leaves a queue without a pod.
+const (
+	// ReasonQueueFull: the model's queue holds its maximum.
+	ReasonQueueFull = "queue_full"
+	// ReasonUnmeetable: no pod could meet the request's SLO even idle.
+	ReasonUnmeetable = "slo_unmeetable"
+	// ReasonNoCapacity: no pod can take the request within its SLO now,
+	// and its algorithm does not wait (slo-least-load).
+	ReasonNoCapacity = "no_capacity"
+	// ReasonExpired: the request waited until it could no longer meet its
+	// SLO, or for the longest wait allowed.
+	ReasonExpired = "expired"
+	// ReasonModelGone: the model left the fleet while the request waited.
+	ReasonModelGone = "model_gone"
+	// ReasonStopped: the gateway is shutting down.
+	ReasonStopped = "stopped"
+)
+
+// Error reports a request that a queue refused or that left it without a
+// pod. Front ends answer it with 429 and a Retry-After of RetryAfter,
+// except ReasonModelGone and ReasonStopped (503).
+type Error struct {
+	Model  string
+	Reason string
+	// RetryAfter estimates when a pod could take a request again.
+	RetryAfter time.Duration
+	// Waited is how long the request was queued.
+	Waited time.Duration
+	// Err is the routing error that decided, if any.
+	Err error
+}
+
+func (e *Error) Error() string {
+	msg := fmt.Sprintf("model %q: ", e.Model)
+	switch e.Reason {
+	case ReasonQueueFull:
+		msg += "the queue of requests waiting for capacity is full"
+	case ReasonUnmeetable:
+		msg += "no pod can serve the request within its service-level objective"
+	case ReasonNoCapacity:
+		msg += "no pod can serve the request within its service-level objective now"
+	case ReasonExpired:
+		msg += fmt.Sprintf("no pod could serve the request within its service-level objective after waiting %v",
+			e.Waited.Round(time.Millisecond))
+	case ReasonModelGone:
+		msg += "the model left the fleet while the request waited"
+	default:
+		msg += "the gateway is shutting down"
+	}
+	return msg
+}
+
+// Unwrap returns the routing error that decided, if any.
+func (e *Error) Unwrap() error { return e.Err }
+
+// QueueConfig bounds one QueueRouter.
+type QueueConfig struct {
+	// MaxLength bounds the requests waiting (default 1024).
+	MaxLength int
+	// MaxWait bounds how long a request waits (default 60 s).
+	MaxWait time.Duration
+	// Now is the queue's clock (default time.Now); a simulation passes its
+	// virtual clock.
+	Now func() time.Time
+}
+
+// QueueRouter routes the requests of one model that use an SLO-aware
+// algorithm: a request no pod can take within its SLO waits in the queue,
+// earliest deadline first, and is routed by a later pass as soon as a pod
+// can (Dispatch: on a first token, a completion, a scrape, an arrival), or
+// leaves it when it can no longer meet its SLO, after MaxWait, or when its
+// caller gives up. Its methods are safe for concurrent use.
+type QueueRouter struct {
+	model   string
+	cfg     QueueConfig
+	metrics *modelMetrics
+
+	// routeMu serializes the model's decisions; mu guards the entries.
+	routeMu sync.Mutex
+	mu      sync.Mutex
+	entries []*Entry // by deadline, then arrival
+	closed  string   // the reason, once closed
+	lastTry time.Time
+	// busy is when a request last waited, or was refused for want of
+	// capacity.
+	busy time.Time
+
+	wake chan struct{}
+	// triggers counts Trigger's calls: a pass that sees it move knows
+	// capacity may have freed since it tried the requests before.
+	triggers atomic.Uint64
+}
+
+// NewQueueRouter returns the empty queue of model. metrics may be nil.
+func NewQueueRouter(model string, cfg QueueConfig, metrics *Metrics) *QueueRouter {
+	if cfg.MaxLength <= 0 {
+		cfg.MaxLength = DefaultMaxQueueLength
+	}
+	if cfg.MaxWait <= 0 {
+		cfg.MaxWait = DefaultMaxWait
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	return &QueueRouter{model: model, cfg: cfg, metrics: metrics.forModel(model), wake: make(chan struct{}, 1)}
+}
+
+// Model returns the queue's model.
+func (q *QueueRouter) Model() string { return q.model }
+
+// Len returns the number of requests waiting.
+func (q *QueueRouter) Len() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.entries)
+}
+
+// Route routes e: at once when no request of the model waits and a pod can
+// take it, else after waiting in the queue (hold) until a pass routes it.
+// It returns nil once e.Try routed it, an *Error when it was refused or
+// left the queue, or ctx's error when ctx ended first: the request then
+// left the queue at once. A request Try routed just as ctx ended counts as
+// routed: Route returns nil and the caller closes the attempt. Without
+// hold (slo-least-load) a request no pod can take now is refused at once.
+func (q *QueueRouter) Route(ctx context.Context, e *Entry, hold bool) error {
+	e.done = make(chan struct{})
+	queued, err := q.Submit(e, hold)
+	if !queued {
+		return err
+	}
+	select {
+	case <-e.done:
+		return e.err
+	case <-ctx.Done():
+		if q.Cancel(e) {
+			return ctx.Err()
+		}
+		<-e.done
+		return e.err
+	}
+}
+
+// Submit tries e at once when no request of the model waits (or without
+// hold), else queues it and wakes the queue's loop. It reports whether e
+// was queued: its outcome is then told by e.Done (and Route's wait). When
+// it was not queued, the error is nil when e was routed, an *Error when it
+// was refused, and Try's own error when that is neither (no pod to route
+// to, an unknown algorithm).
+func (q *QueueRouter) Submit(e *Entry, hold bool) (queued bool, err error) {
+	q.routeMu.Lock()
+	defer q.routeMu.Unlock()
+	now := q.cfg.Now()
+	q.mu.Lock()
+	closed, waiting := q.closed, len(q.entries)
+	q.mu.Unlock()
+	if closed != "" {
+		return false, q.refuse(e, closed, 0, nil)
+	}
+	e.enqueued, e.latest = now, now.Add(q.cfg.MaxWait)
+	if waiting == 0 || !hold {
+		err := q.try(e, now)
+		switch {
+		case err == nil:
+			q.metrics.outcome(outcomeAdmitted)
+			return false, nil
+		case errors.Is(err, cache.ErrSLOFailureRequest):
+			return false, q.refuse(e, ReasonUnmeetable, e.drain, err)
+		case !errors.Is(err, cache.ErrLoadCapacityReached):
+			e.err = err
+			return false, err
+		case !hold:
+			return false, q.refuse(e, ReasonNoCapacity, e.drain, err)
+		}
+	}
+	q.mu.Lock()
+	if len(q.entries) >= q.cfg.MaxLength {
+		retry := q.retryAfterLocked(now)
+		q.mu.Unlock()
+		return false, q.refuse(e, ReasonQueueFull, retry, nil)
+	}
+	e.queued = true
+	i, _ := slices.BinarySearchFunc(q.entries, e, compareEntries)
+	q.entries = slices.Insert(q.entries, i, e)
+	q.metrics.queued(len(q.entries))
+	q.mu.Unlock()
+	if waiting > 0 {
+		q.Trigger()
+	}
+	return true, nil
+}
+
+// compareEntries orders entries by deadline, then arrival.
+func compareEntries(a, b *Entry) int {
+	if c := a.Deadline.Compare(b.Deadline); c != 0 {
+		return c
+	}
+	return a.Request.ReceivedAt.Compare(b.Request.ReceivedAt)
+}
+
+// Cancel takes e out of the queue, for a caller that no longer waits for
+// it, and reports whether it did. It fails when a pass is routing e or has
+// finished with it; its outcome (and Route's) is then about to be told.
+func (q *QueueRouter) Cancel(e *Entry) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if !e.queued {
+		return false
+	}
+	if e.trying {
+		e.cancelled = true
+		return false
+	}
+	q.removeLocked(e)
+	q.metrics.left(outcomeCancelled, q.cfg.Now().Sub(e.enqueued), len(q.entries))
+	return true
+}
+
+// removeLocked takes queued e out of the entries; q.mu is held.
+func (q *QueueRouter) removeLocked(e *Entry) {
+	if i := slices.Index(q.entries, e); i >= 0 {
+		q.entries = slices.Delete(q.entries, i, i+1)
+	}
+	e.queued = false
+}
+
+// Trigger wakes the queue's loop (Run) for a pass, unless one is pending.
+// It never blocks.
+func (q *QueueRouter) Trigger() {
+	q.triggers.Add(1)
+	select {
+	case q.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Run makes a pass (Dispatch) whenever Trigger wakes it and when the first
+// waiting request can no longer meet its SLO, until ctx ends; it then
+// refuses the requests still waiting (ReasonStopped) and returns nil.
+func (q *QueueRouter) Run(ctx context.Context) error {
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		if at, ok := q.NextExpiry(); ok {
+			timer.Reset(max(time.Until(at), 0))
+		} else {
+			timer.Reset(time.Hour)
+		}
+		select {
+		case <-ctx.Done():
+			q.Close(ReasonStopped)
+			return nil
+		case <-q.wake:
+		case <-timer.C:
+		}
+		q.Dispatch()
+	}
+}
+
+// NextExpiry returns when the first waiting request will have to leave
+// the queue, false when none waits.
+func (q *QueueRouter) NextExpiry() (time.Time, bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	var at time.Time
+	for _, e := range q.entries {
+		if at.IsZero() || e.latest.Before(at) {
+			at = e.latest
+		}
+	}
+	return at, !at.IsZero()
+}
+
+// Dispatch makes one pass over the waiting requests, earliest deadline
+// first: it lets go of those that can no longer meet their SLO or waited
+// the longest allowed, and routes those a pod can take now. After
+// maxWaitsPerPass requests in a row that no pod can take, it only checks
+// the rest for expiry. A request that no pod could take does not hold up
+// the later ones, which may need less; but when Trigger reports, during
+// the pass, that capacity may have freed, the pass starts again from the
+// first waiting request (up to maxRestartsPerPass times), so that a later
+// request does not take what an earlier one could now have. The only
+// reordering left is a pod freeing during the one decision in progress.
+func (q *QueueRouter) Dispatch() {
+	q.routeMu.Lock()
+	defer q.routeMu.Unlock()
+	for restarts := 0; ; restarts++ {
+		if !q.pass(restarts < maxRestartsPerPass) {
+			return
+		}
+	}
+}
+
+// pass makes one pass over the waiting requests (see Dispatch); q.routeMu
+// is held. It reports whether it stopped to start again: restartable, a
+// request waited, and Trigger was called since the pass began.
+func (q *QueueRouter) pass(restartable bool) (restart bool) {
+	q.mu.Lock()
+	pass := slices.Clone(q.entries)
+	q.mu.Unlock()
+	triggers := q.triggers.Load()
+	now := q.cfg.Now()
+	waits, waited := 0, false
+	for _, e := range pass {
+		if restartable && waited && q.triggers.Load() != triggers {
+			return true
+		}
+		q.mu.Lock()
+		if !e.queued {
+			q.mu.Unlock()
+			continue
+		}
+		if !now.Before(e.latest) {
+			q.removeLocked(e)
+			drain, n := e.drain, len(q.entries)
+			q.mu.Unlock()
+			q.leave(e, ReasonExpired, drain, n, nil)
+			continue
+		}
+		if waits >= maxWaitsPerPass {
+			q.mu.Unlock()
+			continue
+		}
+		e.trying = true
+		q.mu.Unlock()
+
+		err := q.try(e, now)
+
+		q.mu.Lock()
+		e.trying = false
+		routed, waiting := err == nil, errors.Is(err, cache.ErrLoadCapacityReached)
+		cancelled, closing := e.cancelled && !routed, e.closing
+		if waiting && !cancelled && closing == "" {
+			q.mu.Unlock()
+			waits++
+			waited = true
+			continue
+		}
+		q.removeLocked(e)
+		n := len(q.entries)
+		q.mu.Unlock()
+		switch {
+		case routed:
+			waits = 0
+			q.metrics.left(outcomeAdmitted, now.Sub(e.enqueued), n)
+			e.finish(nil)
+		case cancelled:
+			q.metrics.left(outcomeCancelled, now.Sub(e.enqueued), n)
+			e.finish(context.Canceled)
+		case closing != "":
+			q.leave(e, closing, 0, n, nil)
+		default:
+			q.leave(e, ReasonExpired, e.drain, n, err)
+		}
+	}
+	q.mu.Lock()
+	q.lastTry = now
+	q.mu.Unlock()
+	return false
+}
+
+// try runs e.Try and records what it tells of e's wait: how long it can
+// still wait, and when a pod could take it.
+func (q *QueueRouter) try(e *Entry, now time.Time) error {
+	e.tries++
+	q.mu.Lock()
+	if len(q.entries) > 0 {
+		q.busy = now
+	}
+	e.Request.SLOContended = now.Sub(q.busy) < contendedFor
+	q.mu.Unlock()
+	err := e.Try()
+	var se *routing.SLOError
+	if errors.As(err, &se) {
+		if !se.Unmeetable {
+			latest := now.Add(se.Slack)
+			if se.Slack < 0 || latest.Before(now) { // overflow: no time target
+				latest = e.enqueued.Add(q.cfg.MaxWait)
+			}
+			q.mu.Lock()
+			e.latest = earliest(e.enqueued.Add(q.cfg.MaxWait), latest)
+			q.mu.Unlock()
+		}
+		e.drain = se.Drain
+	}
+	return err
+}
+
+func earliest(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
+}
+
+// Close refuses every waiting request with reason (ReasonModelGone,
+// ReasonStopped), and every request submitted from then on.
+func (q *QueueRouter) Close(reason string) {
+	q.mu.Lock()
+	if q.closed == "" {
+		q.closed = reason
+	}
+	left := q.entries
+	q.entries = nil
+	var gone []*Entry
+	for _, e := range left {
+		if e.trying {
+			e.closing = reason // the pass in progress tells it
+			continue
+		}
+		e.queued = false
+		gone = append(gone, e)
+	}
+	q.mu.Unlock()
+	for _, e := range gone {
+		q.leave(e, reason, 0, 0, nil)
+	}
+}
+
+// refuse refuses e, which never waited, and returns the error it gets.
+func (q *QueueRouter) refuse(e *Entry, reason string, retry time.Duration, cause error) error {
+	q.metrics.outcome(outcomeRejected)
+	if reason == ReasonNoCapacity || reason == ReasonQueueFull {
+		q.mu.Lock()
+		q.busy = q.cfg.Now()
+		q.mu.Unlock()
+	}
+	err := &Error{Model: q.model, Reason: reason, RetryAfter: retryAfter(retry), Err: cause}
+	e.err = err
+	return err
+}
+
+// leave tells e, taken out of the queue, that it leaves without a pod.
+func (q *QueueRouter) leave(e *Entry, reason string, retry time.Duration, left int, cause error) {
+	waited := q.cfg.Now().Sub(e.enqueued)
+	outcome := outcomeExpired
+	if reason == ReasonModelGone || reason == ReasonStopped {
+		outcome = outcomeDropped
+	}
+	q.metrics.left(outcome, waited, left)
+	e.finish(&Error{Model: q.model, Reason: reason, RetryAfter: retryAfter(retry), Waited: waited, Err: cause})
+}
+
+// finish records e's outcome and tells it.
+func (e *Entry) finish(err error) {
+	e.err = err
+	if e.done != nil {
+		close(e.done)
+	}
+	if e.Done != nil && !errors.Is(err, context.Canceled) {
+		e.Done(err)
+	}
+}
+
+// retryAfterLocked estimates when a pod frees up, from the waiting
+// requests' last tries; q.mu is held.
+func (q *QueueRouter) retryAfterLocked(now time.Time) time.Duration {
+	var d time.Duration
+	for _, e := range q.entries {
+		if e.drain > 0 && (d == 0 || e.drain < d) {
+			d = e.drain
+		}
+	}
+	return d
+}
+
+// retryAfter rounds an estimate up to whole seconds, at least one.
+func retryAfter(d time.Duration) time.Duration {
+	return max(1, (d+time.Second-1)/time.Second) * time.Second
+}
+
+// Status describes a queue for the debug API.
+type Status struct {
+	Model   string          `json:"model"`
+	Closed  string          `json:"closed,omitempty"`
+	Length  int             `json:"length"`
+	MaxLen  int             `json:"maxLength"`
+	MaxWait float64         `json:"maxWaitSeconds"`
+	LastTry *time.Time      `json:"lastPass,omitempty"`
+	Waiting []WaitingStatus `json:"waiting"`
+}
+
+// WaitingStatus describes one waiting request.
+type WaitingStatus struct {
+	RequestID      string  `json:"requestID"`
+	PromptTokens   int     `json:"promptTokens"`
+	WaitedSeconds  float64 `json:"waitedSeconds"`
+	DeadlineIn     float64 `json:"deadlineInSeconds"`
+	LeavesIn       float64 `json:"leavesInSeconds"`
+	SLO            string  `json:"slo"`
+	Tries          int     `json:"tries"`
+	DrainEstimateS float64 `json:"drainEstimateSeconds"`
+}
+
+// Status returns the queue's state, its waiting requests in deadline
+// order.
+func (q *QueueRouter) Status() Status {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	now := q.cfg.Now()
+	s := Status{Model: q.model, Closed: q.closed, Length: len(q.entries), MaxLen: q.cfg.MaxLength,
+		MaxWait: q.cfg.MaxWait.Seconds(), Waiting: []WaitingStatus{}}
+	if !q.lastTry.IsZero() {
+		t := q.lastTry
+		s.LastTry = &t
+	}
+	for _, e := range q.entries {
+		s.Waiting = append(s.Waiting, WaitingStatus{
+			RequestID: e.Request.RequestID, PromptTokens: e.Request.InputTokens(),
+			WaitedSeconds: now.Sub(e.enqueued).Seconds(), DeadlineIn: e.Deadline.Sub(now).Seconds(),
+			LeavesIn: e.latest.Sub(now).Seconds(), SLO: e.Request.SLO.String(), Tries: e.tries,
+			DrainEstimateS: e.drain.Seconds(),
+		})
+	}
+	return s
+}

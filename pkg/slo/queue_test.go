@@ -1,0 +1,414 @@
+package slo
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvgate/kvgate/internal/testsupport"
+	"github.com/kvgate/kvgate/pkg/routing"
+	"github.com/kvgate/kvgate/pkg/types"
+)
+
+// fleet stands for the pods of a model in unit tests: it has some free
+// slots, and a request it cannot take may wait until its deadline less
+// service (slack, without a deadline) before its SLO is lost. The real routing decisions are tested with the router in
+// routing's tests and with vllm-sim engines in the gateway's.
+type fleet struct {
+	mu         sync.Mutex
+	free       int
+	slack      time.Duration
+	clock      *clock
+	service    time.Duration
+	unmeetable bool
+	routed     []string
+}
+
+func (f *fleet) try(id string) func() error { return f.tryBy(id, time.Time{}) }
+
+func (f *fleet) tryBy(id string, deadline time.Time) func() error {
+	return func() error {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		switch {
+		case f.unmeetable:
+			return &routing.SLOError{Model: "m", Unmeetable: true}
+		case f.free == 0:
+			slack := f.slack
+			if !deadline.IsZero() {
+				slack = deadline.Sub(f.clock.Now()) - f.service
+			}
+			return &routing.SLOError{Model: "m", Slack: slack, Drain: 1500 * time.Millisecond}
+		}
+		f.free--
+		f.routed = append(f.routed, id)
+		return nil
+	}
+}
+
+func (f *fleet) release(n int) {
+	f.mu.Lock()
+	f.free += n
+	f.mu.Unlock()
+}
+
+func (f *fleet) order() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string(nil), f.routed...)
+}
+
+// clock is the manual clock of the queue tests.
+type clock = testsupport.Clock
+
+func newClock() *clock { return testsupport.NewClock(time.Unix(1_800_000_000, 0)) }
+
+func entry(f *fleet, c *clock, id string, deadlineIn time.Duration, done func(error)) *Entry {
+	rc := types.NewRoutingContext(id, "m")
+	rc.ReceivedAt = c.Now()
+	return &Entry{Request: rc, Deadline: c.Now().Add(deadlineIn), Try: f.try(id), Done: done}
+}
+
+func newTestQueue(t *testing.T, c *clock, cfg QueueConfig) (*QueueRouter, *prometheus.Registry) {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	m, err := NewMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Now = c.Now
+	return NewQueueRouter("m", cfg, m), reg
+}
+
+func outcomeCounts(t *testing.T, reg *prometheus.Registry) map[string]float64 {
+	t.Helper()
+	out := map[string]float64{}
+	for _, o := range outcomes {
+		out[o] = testsupport.MetricValue(t, reg, "kvgate_slo_requests_total", map[string]string{"model": "m", "outcome": o})
+	}
+	return out
+}
+
+func TestQueueRoutesWaitingRequestsEarliestDeadlineFirstAsCapacityFrees(t *testing.T) {
+	c := newClock()
+	f := &fleet{slack: time.Minute}
+	q, reg := newTestQueue(t, c, QueueConfig{})
+	var mu sync.Mutex
+	var done []string
+	for _, e := range []struct {
+		id       string
+		deadline time.Duration
+	}{{"late", 30 * time.Second}, {"soon", 10 * time.Second}, {"middle", 20 * time.Second}} {
+		id := e.id
+		queued, err := q.Submit(entry(f, c, id, e.deadline, func(err error) {
+			if err != nil {
+				t.Errorf("%s left with %v", id, err)
+			}
+			mu.Lock()
+			done = append(done, id)
+			mu.Unlock()
+		}), true)
+		if !queued || err != nil {
+			t.Fatalf("%s: queued %v, %v; want queued on a full fleet", id, queued, err)
+		}
+	}
+	if q.Len() != 3 {
+		t.Fatalf("%d waiting, want 3", q.Len())
+	}
+	q.Dispatch()
+	if q.Len() != 3 {
+		t.Fatalf("a pass on a full fleet routed something: %d waiting", q.Len())
+	}
+	for range 3 {
+		f.release(1)
+		q.Dispatch()
+	}
+	if got := fmt.Sprint(f.order()); got != "[soon middle late]" {
+		t.Fatalf("routed %s, want earliest deadline first", got)
+	}
+	if got := fmt.Sprint(done); got != "[soon middle late]" || q.Len() != 0 {
+		t.Fatalf("told %s, %d left; want all three routed", got, q.Len())
+	}
+	if o := outcomeCounts(t, reg); o[outcomeAdmitted] != 3 || o[outcomeRejected]+o[outcomeExpired] != 0 {
+		t.Fatalf("outcomes %v, want 3 admitted", o)
+	}
+	if n := testsupport.MetricValue(t, reg, "kvgate_slo_queued_total", map[string]string{"model": "m"}); n != 3 {
+		t.Fatalf("kvgate_slo_queued_total %v, want 3", n)
+	}
+}
+
+func TestQueueRoutesAtOnceWhenNothingWaitsAndAPodCanTakeTheRequest(t *testing.T) {
+	c := newClock()
+	f := &fleet{free: 1}
+	q, reg := newTestQueue(t, c, QueueConfig{})
+	if err := q.Route(context.Background(), entry(f, c, "a", time.Second, nil), true); err != nil {
+		t.Fatal(err)
+	}
+	if o := outcomeCounts(t, reg); o[outcomeAdmitted] != 1 {
+		t.Fatalf("outcomes %v", o)
+	}
+	if n := testsupport.MetricValue(t, reg, "kvgate_slo_queued_total", map[string]string{"model": "m"}); n != 0 {
+		t.Fatalf("a request routed at once counted as queued")
+	}
+}
+
+func TestQueueRefusesWhatItCannotServe(t *testing.T) {
+	tests := []struct {
+		name       string
+		fleet      *fleet
+		hold       bool
+		maxLen     int
+		wantReason string
+	}{
+		{"queue full", &fleet{slack: time.Minute}, true, 1, ReasonQueueFull},
+		{"unmeetable", &fleet{unmeetable: true}, true, 0, ReasonUnmeetable},
+		{"push without capacity", &fleet{slack: time.Minute}, false, 0, ReasonNoCapacity},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := newClock()
+			q, reg := newTestQueue(t, c, QueueConfig{MaxLength: tt.maxLen})
+			f := tt.fleet
+			if tt.wantReason == ReasonQueueFull {
+				if queued, _ := q.Submit(entry(f, c, "first", time.Minute, nil), true); !queued {
+					t.Fatal("the first request did not wait")
+				}
+			}
+			err := q.Route(context.Background(), entry(f, c, "r", time.Minute, nil), tt.hold)
+			var qe *Error
+			if !errors.As(err, &qe) || qe.Reason != tt.wantReason || qe.RetryAfter < time.Second || qe.RetryAfter%time.Second != 0 {
+				t.Fatalf("Route = %v (%+v), want %s with a Retry-After of whole seconds", err, qe, tt.wantReason)
+			}
+			if o := outcomeCounts(t, reg); o[outcomeRejected] != 1 {
+				t.Fatalf("outcomes %v, want 1 rejected", o)
+			}
+		})
+	}
+}
+
+func TestQueueLetsGoOfRequestsThatCanNoLongerMeetTheirSLO(t *testing.T) {
+	c := newClock()
+	f := &fleet{clock: c, service: 800 * time.Millisecond}
+	q, reg := newTestQueue(t, c, QueueConfig{MaxWait: time.Minute})
+	var got error
+	e := entry(f, c, "r", time.Second, func(err error) { got = err })
+	e.Try = f.tryBy("r", e.Deadline)
+	if queued, _ := q.Submit(e, true); !queued {
+		t.Fatal("not queued")
+	}
+	if at, ok := q.NextExpiry(); !ok || !at.Equal(c.Now().Add(200*time.Millisecond)) {
+		t.Fatalf("next expiry %v %v, want in 200 ms (the slack)", at, ok)
+	}
+	c.Advance(150 * time.Millisecond)
+	q.Dispatch()
+	if got != nil || q.Len() != 1 {
+		t.Fatalf("let go before its slack ran out: %v", got)
+	}
+	c.Advance(100 * time.Millisecond)
+	f.release(1) // too late: the request cannot meet its SLO any more
+	q.Dispatch()
+	var qe *Error
+	if !errors.As(got, &qe) || qe.Reason != ReasonExpired || qe.Waited != 250*time.Millisecond || q.Len() != 0 {
+		t.Fatalf("left with %v (%+v), %d waiting; want expired after 250 ms", got, qe, q.Len())
+	}
+	if o := outcomeCounts(t, reg); o[outcomeExpired] != 1 || o[outcomeAdmitted] != 0 {
+		t.Fatalf("outcomes %v", o)
+	}
+}
+
+func TestQueueBoundsTheWaitOfRequestsWithoutATimeTarget(t *testing.T) {
+	c := newClock()
+	f := &fleet{slack: time.Duration(1<<63 - 1)} // a TPOT-only objective: no deadline of its own
+	q, _ := newTestQueue(t, c, QueueConfig{MaxWait: 2 * time.Second})
+	var got error
+	q.Submit(entry(f, c, "r", time.Hour, func(err error) { got = err }), true)
+	c.Advance(2 * time.Second)
+	q.Dispatch()
+	var qe *Error
+	if !errors.As(got, &qe) || qe.Reason != ReasonExpired {
+		t.Fatalf("after the longest wait the request left with %v, want expired", got)
+	}
+}
+
+// newTestRouters returns Routers with default bounds, the queue of model
+// "m" on clock c, and the registry of their metrics.
+func newTestRouters(t *testing.T, c *clock) (*Routers, *QueueRouter, *prometheus.Registry) {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	m, err := NewMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs := NewRouters(NewProvider(Config{}, m), m)
+	q, err := rs.GetRouter(&types.RoutingContext{Model: "m"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	q.cfg.Now = c.Now
+	return rs, q, reg
+}
+
+func TestQueueDropsWaitingRequestsOfAModelThatLeft(t *testing.T) {
+	c := newClock()
+	f := &fleet{slack: time.Minute}
+	rs, q, reg := newTestRouters(t, c)
+	var got error
+	q.Submit(entry(f, c, "r", time.Minute, func(err error) { got = err }), true)
+	rs.Forget("m")
+	var qe *Error
+	if !errors.As(got, &qe) || qe.Reason != ReasonModelGone {
+		t.Fatalf("waiting request left with %v, want model_gone", got)
+	}
+	if n := testutilCount(t, reg, "kvgate_slo_requests_total"); n != 0 {
+		t.Fatalf("%d series of the forgotten model remain", n)
+	}
+	if q2, _ := rs.GetRouter(&types.RoutingContext{Model: "m"}); q2 == q {
+		t.Fatal("the forgotten model's queue was handed out again")
+	}
+}
+
+// testutilCount returns how many series of name reg holds.
+func testutilCount(t *testing.T, reg *prometheus.Registry, name string) int {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			return len(mf.GetMetric())
+		}
+	}
+	return 0
+}
+
+func TestQueueRouteLeavesTheQueueAtOnceWhenItsContextEnds(t *testing.T) {
+	c := newClock()
+	f := &fleet{slack: time.Minute}
+	q, reg := newTestQueue(t, c, QueueConfig{})
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() { errc <- q.Route(ctx, entry(f, c, "r", time.Minute, nil), true) }()
+	testsupport.Eventually(t, "the request never queued", func() bool { return q.Len() == 1 })
+	cancel()
+	if err := <-errc; !errors.Is(err, context.Canceled) {
+		t.Fatalf("Route = %v, want the context's error", err)
+	}
+	if q.Len() != 0 {
+		t.Fatalf("%d still waiting after the client left", q.Len())
+	}
+	f.release(1)
+	q.Dispatch()
+	if len(f.order()) != 0 {
+		t.Fatal("a cancelled request was routed")
+	}
+	if o := outcomeCounts(t, reg); o[outcomeCancelled] != 1 {
+		t.Fatalf("outcomes %v, want 1 cancelled", o)
+	}
+}
+
+func TestQueueRunRoutesConcurrentRequestsAsCapacityFreesAndLosesNone(t *testing.T) {
+	f := &fleet{slack: time.Minute}
+	reg := prometheus.NewRegistry()
+	m, _ := NewMetrics(reg)
+	q := NewQueueRouter("m", QueueConfig{}, m)
+	ctx, stop := context.WithCancel(context.Background())
+	ran := make(chan error, 1)
+	go func() { ran <- q.Run(ctx) }()
+
+	const n = 64
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for i := range n {
+		wg.Go(func() {
+			rc := types.NewRoutingContext(fmt.Sprint("r", i), "m")
+			errs <- q.Route(context.Background(), &Entry{Request: rc, Deadline: rc.ReceivedAt.Add(time.Minute),
+				Try: f.try(rc.RequestID)}, true)
+		})
+	}
+	testsupport.Eventually(t, "not every request queued", func() bool { return q.Len() == n })
+	for range n / 8 {
+		f.release(8)
+		q.Trigger()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := len(f.order()); got != n {
+		t.Fatalf("%d routed, want %d", got, n)
+	}
+	stop()
+	if err := <-ran; err != nil {
+		t.Fatal(err)
+	}
+	if o := outcomeCounts(t, reg); o[outcomeAdmitted] != n {
+		t.Fatalf("outcomes %v", o)
+	}
+}
+
+func TestRoutersCloseRefusesWhatWaitsAndWhatComesAfter(t *testing.T) {
+	c := newClock()
+	f := &fleet{slack: time.Minute}
+	rs, q, reg := newTestRouters(t, c)
+	var got error
+	if queued, err := q.Submit(entry(f, c, "r", time.Minute, func(err error) { got = err }), true); !queued {
+		t.Fatalf("the request was not queued: %v", err)
+	}
+	rs.Close()
+	var qe *Error
+	if !errors.As(got, &qe) || qe.Reason != ReasonStopped {
+		t.Fatalf("waiting request left with %v, want stopped", got)
+	}
+	f.release(1)
+	if _, err := q.Submit(entry(f, c, "late", time.Minute, nil), true); !errors.As(err, &qe) || qe.Reason != ReasonStopped {
+		t.Errorf("a request submitted after Close: %v, want stopped", err)
+	}
+	if _, err := rs.GetRouter(&types.RoutingContext{Model: "other"}); !errors.Is(err, ErrStopped) {
+		t.Errorf("GetRouter after Close: %v, want ErrStopped", err)
+	}
+	if o := outcomeCounts(t, reg); o[outcomeDropped] != 1 || o[outcomeRejected] != 1 || o[outcomeAdmitted] != 0 {
+		t.Errorf("outcomes %v, want one dropped and one rejected", o)
+	}
+}
+
+func TestQueueGoesBackToTheEarliestRequestWhenCapacityFreesDuringAPass(t *testing.T) {
+	// The fleet is full. A pass tries the earliest request, which waits;
+	// a request completes just then (capacity frees and the queue is
+	// triggered) before the pass tries the next one. The pass starts
+	// again from the earliest, which takes the room; the next one waits.
+	c := newClock()
+	f := &fleet{slack: time.Minute, clock: c}
+	q, _ := newTestQueue(t, c, QueueConfig{})
+	first := entry(f, c, "first", time.Minute, nil)
+	armed := false
+	try := first.Try
+	first.Try = func() error {
+		err := try()
+		if err != nil && armed {
+			armed = false
+			f.release(1)
+			q.Trigger()
+		}
+		return err
+	}
+	for _, e := range []*Entry{first, entry(f, c, "second", 2*time.Minute, nil)} {
+		if queued, err := q.Submit(e, true); !queued {
+			t.Fatalf("%s was not queued: %v", e.Request.RequestID, err)
+		}
+	}
+	armed = true
+	q.Dispatch()
+	if got := f.order(); !slices.Equal(got, []string{"first"}) || q.Len() != 1 {
+		t.Fatalf("routed %v with %d waiting; want the earliest request routed and the other waiting", got, q.Len())
+	}
+}
