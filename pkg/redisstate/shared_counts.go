@@ -66,6 +66,19 @@ type SharedCountsConfig struct {
 	TTL time.Duration
 	// Logger receives the component's logs (default klog.Background()).
 	Logger klog.Logger
+
+	// Prefixes, when set, also shares the prompt blocks that this
+	// replica's attempts hold on each pod, at most MaxBlocks keys (default
+	// DefaultSharedMaxBlocks; publications that leave some out are counted
+	// in kvgate_cache_shared_blocks_truncated_total), and sets the other
+	// replicas' on the pods' load records, for kv-aware's credit of
+	// prefixes in flight.
+	Prefixes  InFlightBlocks
+	MaxBlocks int
+	// Predictors, when set, also shares the history of the output
+	// predictors, so that each replica predicts from the whole fleet's
+	// completed requests.
+	Predictors OutputHistograms
 }
 
 // SharedCounts shares the requests of gateway replicas through Redis: it
@@ -93,6 +106,10 @@ type SharedCounts struct {
 type remoteCounts struct {
 	counts map[string]int64
 	work   map[string]float64
+	// blocks are the prompt block keys per pod, hists the output
+	// histories per model (see shared_routing.go).
+	blocks map[string][]uint64
+	hists  map[string][]int32
 }
 
 // Suffixes of the fields of a pod's work in a replica's hash.
@@ -106,6 +123,10 @@ const (
 func NewSharedCounts(client *redis.Client, pods PodLoads, m *Metrics, cfg SharedCountsConfig) (*SharedCounts, error) {
 	cfg.Interval = cmp.Or(cfg.Interval, DefaultSharedCountsInterval)
 	cfg.TTL = cmp.Or(cfg.TTL, DefaultSharedCountsTTL)
+	cfg.MaxBlocks = cmp.Or(cfg.MaxBlocks, DefaultSharedMaxBlocks)
+	if cfg.MaxBlocks < 0 {
+		return nil, fmt.Errorf("shared counts: MaxBlocks %d is negative", cfg.MaxBlocks)
+	}
 	if cfg.Interval < 0 || cfg.TTL <= cfg.Interval {
 		return nil, fmt.Errorf("shared counts: TTL %v must exceed the interval %v", cfg.TTL, cfg.Interval)
 	}
@@ -196,6 +217,7 @@ func (c *SharedCounts) publish(ctx context.Context) error {
 			fields[p.ID()+fieldPrefill] = strconv.FormatFloat(prefill.Seconds(), 'g', 6, 64)
 		}
 	}
+	c.publishRouting(fields)
 	ctx, cancel := context.WithTimeout(ctx, sharedRedisTimeout)
 	defer cancel()
 	prune := max(10*c.cfg.TTL, time.Minute)
@@ -238,6 +260,9 @@ func (c *SharedCounts) read(ctx context.Context) error {
 	}
 	for _, cmd := range cmds {
 		for field, v := range cmd.Val() {
+			if c.readRouting(field, v, &sum) {
+				continue
+			}
 			if strings.HasSuffix(field, fieldPending) || strings.HasSuffix(field, fieldPrefill) {
 				x, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
 				if err == nil && x > 0 && !math.IsInf(x, 0) {
@@ -296,6 +321,7 @@ func (c *SharedCounts) apply(sum remoteCounts) {
 		}
 		p.SetRemoteWork(w)
 	}
+	c.applyRouting(sum)
 }
 
 // withdraw removes this replica's counts so the others stop counting them
