@@ -58,13 +58,15 @@ func TestLoadConfigListsEveryProblem(t *testing.T) {
 		"AIBRIX_PREFIX_CACHE_USE_REMOTE_TOKENIZER": "false",
 		"KVGATE_SHUTDOWN_DELAY":                    "-1",
 		"KVGATE_ADMIN_LISTEN_ADDRESS":              "9090",
+		"KVGATE_SHARED_STATE_INTERVAL_MS":          "500",
+		"KVGATE_SHARED_STATE_TTL_MS":               "500",
 	})
 	LoadConfig(e)
 	err := e.Err()
 	for _, want := range []string{"KVGATE_LISTEN_ADDRESS", `KVGATE_ROUTING_ALGORITHM="fastest"`,
 		"AIBRIX_VLLM_TOKENIZER_ENDPOINT_TEMPLATE", "AIBRIX_GPU_OPTIMIZER_TRACING_FLAG is true but needs Redis",
 		"KVGATE_ROUTING_CPU_CACHE_WEIGHT", "/does/not/exist.yaml", "AIBRIX_PREFIX_CACHE_USE_REMOTE_TOKENIZER is false",
-		"KVGATE_SHUTDOWN_DELAY", `KVGATE_ADMIN_LISTEN_ADDRESS="9090"`} {
+		"KVGATE_SHUTDOWN_DELAY", `KVGATE_ADMIN_LISTEN_ADDRESS="9090"`, "KVGATE_SHARED_STATE_TTL_MS (500ms) must exceed"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("error %v does not mention %s", err, want)
 		}

@@ -255,7 +255,7 @@ func (g *Gateway) newRedisState() error {
 	}
 	if rcfg.SharedCounts {
 		sc := rcfg.Shared
-		sc.Logger = g.cfg.Logger
+		sc.Logger, sc.Prefixes, sc.Predictors = g.cfg.Logger, g.router, g.predictors
 		if g.shared, err = redisstate.NewSharedCounts(g.redis, g.store, m, sc); err != nil {
 			return fmt.Errorf("gateway: %w", err)
 		}
