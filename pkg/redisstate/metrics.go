@@ -25,6 +25,7 @@ type Metrics struct {
 	localOnly       prometheus.Counter
 	blocksTruncated prometheus.Counter
 	sharedRejects   *prometheus.CounterVec
+	gateways        prometheus.Gauge
 }
 
 // NewMetrics returns the metrics, registered on reg (none when nil). It
@@ -50,12 +51,14 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		sharedRejects: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "shared_state_rejects_total",
 			Help: "Values other gateway replicas shared through Redis that could not be decoded and were dropped, by kind " +
 				"(blocks, output_histogram)."}, []string{"kind"}),
+		gateways: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "shared_gateways",
+			Help: "Gateway replicas sharing state through Redis, this one included, as of the last read; 0 until the first."}),
 	}
 	if reg == nil {
 		return m, nil
 	}
 	if err := promreg.Register(reg, "Redis state", m.redisErrors, m.traceFlushes, m.traceFlushDelay, m.profileRejects, m.localOnly,
-		m.blocksTruncated, m.sharedRejects); err != nil {
+		m.blocksTruncated, m.sharedRejects, m.gateways); err != nil {
 		return nil, err
 	}
 	return m, nil

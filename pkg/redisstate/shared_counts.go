@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -79,6 +80,11 @@ type SharedCountsConfig struct {
 	// predictors, so that each replica predicts from the whole fleet's
 	// completed requests.
 	Predictors OutputHistograms
+	// SoleReplica, when set, says why this replica must be the only one
+	// (a gateway in bind mode: each engine's stream reaches one replica):
+	// when other live replicas share state, the component logs an error
+	// with it, once each time they appear.
+	SoleReplica string
 }
 
 // SharedCounts shares the requests of gateway replicas through Redis: it
@@ -99,6 +105,8 @@ type SharedCounts struct {
 	cfg     SharedCountsConfig
 	log     klog.Logger
 	key     string
+	// others tells whether other live replicas were seen at the last read.
+	others bool
 }
 
 // remoteCounts sums the other replicas' counts (integer fields) and work
@@ -241,10 +249,12 @@ func (c *SharedCounts) publish(ctx context.Context) error {
 func (c *SharedCounts) read(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, sharedRedisTimeout)
 	defer cancel()
-	ids, err := c.client.ZRange(ctx, SharedGatewaysKey, 0, -1).Result()
+	since := time.Now().Add(-c.cfg.TTL).UnixMilli()
+	ids, err := c.client.ZRangeByScore(ctx, SharedGatewaysKey, &redis.ZRangeBy{Min: strconv.FormatInt(since, 10), Max: "+inf"}).Result()
 	if err != nil {
 		return fmt.Errorf("list gateways in %s: %w", SharedGatewaysKey, err)
 	}
+	c.noteReplicas(ids)
 	pipe := c.client.Pipeline()
 	var cmds []*redis.MapStringStringCmd
 	for _, id := range ids {
@@ -278,6 +288,22 @@ func (c *SharedCounts) read(ctx context.Context) error {
 	}
 	c.apply(sum)
 	return nil
+}
+
+// noteReplicas records the live replicas ids, and logs an error when other
+// replicas appear beside one that must be the only one.
+func (c *SharedCounts) noteReplicas(ids []string) {
+	n := len(ids)
+	if !slices.Contains(ids, c.cfg.GatewayID) {
+		n++
+	}
+	c.metrics.gateways.Set(float64(n))
+	others := n > 1
+	if others && !c.others && c.cfg.SoleReplica != "" {
+		c.log.Error(nil, "Other gateway replicas run beside one that must be the only one", "gateway", c.cfg.GatewayID,
+			"replicas", n, "why", c.cfg.SoleReplica)
+	}
+	c.others = others
 }
 
 // apply sets on every registered pod what the other replicas have there;

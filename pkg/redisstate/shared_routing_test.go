@@ -4,9 +4,12 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr/funcr"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
@@ -286,5 +289,45 @@ func TestUndecodableSharedStateIsDroppedAndCounted(t *testing.T) {
 		testsupport.Eventually(t, kind+" rejects counted", func() bool {
 			return testsupport.MetricValue(t, a.reg, "kvgate_cache_shared_state_rejects_total", map[string]string{"kind": kind}) > 0
 		})
+	}
+}
+
+func TestASoleReplicaComplainsWhenOthersAppear(t *testing.T) {
+	rc := testredis.Start(t).NewClient(t)
+	var mu sync.Mutex
+	var lines []string
+	reg := prometheus.NewRegistry()
+	c, err := NewSharedCounts(rc, newTestStore(t), newTestMetrics(t, reg), SharedCountsConfig{GatewayID: "gw-bind",
+		Interval: 20 * time.Millisecond, TTL: time.Second, SoleReplica: "bind mode",
+		Logger: funcr.New(func(prefix, args string) { mu.Lock(); lines = append(lines, args); mu.Unlock() }, funcr.Options{})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, c)
+	complaints := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		n := 0
+		for _, l := range lines {
+			if strings.Contains(l, "must be the only one") && strings.Contains(l, `"why"="bind mode"`) {
+				n++
+			}
+		}
+		return n
+	}
+	gauge := func() float64 { return testsupport.MetricValue(t, reg, "kvgate_cache_shared_gateways", nil) }
+	testsupport.Eventually(t, "the replica counts itself", func() bool { return gauge() == 1 })
+	if n := complaints(); n != 0 {
+		t.Fatalf("%d complaints while alone", n)
+	}
+	other, lo, _ := sharedStore(t, rc, "gw-other")
+	testsupport.Eventually(t, "two replicas counted", func() bool { return gauge() == 2 })
+	testsupport.Eventually(t, "the sole replica complains", func() bool { return complaints() == 1 })
+	// Later reads, which see the other replica's new request, do not
+	// complain again.
+	lo.Admit("o", "m").Route(inflight.Route{Pod: other.PodLoad(podP)})
+	testsupport.Eventually(t, "a later read", func() bool { return c.pods.PodLoads()[0].Running()+c.pods.PodLoads()[1].Running() == 1 })
+	if n := complaints(); n != 1 {
+		t.Fatalf("%d complaints with the same replicas, want 1", n)
 	}
 }
