@@ -44,6 +44,21 @@ func scrapeDecisions(ctx context.Context, client *http.Client, gatewayURL string
 	return d, nil
 }
 
+// scrapeAllDecisions sums the decision counters of the gateways at urls.
+func scrapeAllDecisions(ctx context.Context, client *http.Client, urls []string) (decisions, error) {
+	sum := decisions{}
+	for _, u := range urls {
+		d, err := scrapeDecisions(ctx, client, u)
+		if err != nil {
+			return nil, err
+		}
+		for k, v := range d {
+			sum[k] += v
+		}
+	}
+	return sum, nil
+}
+
 // scrapeMetrics reads and parses the gateway's /metrics.
 func scrapeMetrics(ctx context.Context, client *http.Client, gatewayURL string) (map[string]*dto.MetricFamily, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, gatewayURL+"/metrics", nil)

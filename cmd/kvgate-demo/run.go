@@ -65,7 +65,7 @@ func (d *demo) runOne(ctx context.Context, alg string) (runResult, error) {
 	if err != nil {
 		return runResult{}, fmt.Errorf("reset the engines' caches: %w", err)
 	}
-	before, err := scrapeDecisions(ctx, d.client.http, d.fleet.GatewayURL())
+	before, err := scrapeAllDecisions(ctx, d.client.http, d.fleet.GatewayURLs())
 	if err != nil {
 		return runResult{}, err
 	}
@@ -115,7 +115,7 @@ func (d *demo) watch(ctx context.Context, alg string, rec *recorder, before deci
 			rate := float64(s.requests-lastCount) / now.Sub(lastAt).Seconds()
 			lastCount, lastAt = s.requests, now
 			var decided []decisionCount
-			if cur, err := scrapeDecisions(ctx, d.client.http, d.fleet.GatewayURL()); err == nil {
+			if cur, err := scrapeAllDecisions(ctx, d.client.http, d.fleet.GatewayURLs()); err == nil {
 				decided = cur.since(before)
 			}
 			printLive(d.out, alg, s, rate, decided)
