@@ -80,6 +80,9 @@ type SharedCountsConfig struct {
 	// predictors, so that each replica predicts from the whole fleet's
 	// completed requests.
 	Predictors OutputHistograms
+	// Now is the component's clock (default time.Now); a virtual clock
+	// suits only ShareInProcess, since Redis keeps wall-clock times.
+	Now func() time.Time
 	// SoleReplica, when set, says why this replica must be the only one
 	// (a gateway in bind mode: each engine's stream reaches one replica):
 	// when other live replicas share state, the component logs an error
@@ -127,7 +130,8 @@ const (
 )
 
 // NewSharedCounts returns the component sharing the counts of pods through
-// client. It fails when the TTL does not exceed the interval.
+// client, which may be nil for a component used only with ShareInProcess.
+// It fails when the TTL does not exceed the interval.
 func NewSharedCounts(client *redis.Client, pods PodLoads, m *Metrics, cfg SharedCountsConfig) (*SharedCounts, error) {
 	cfg.Interval = cmp.Or(cfg.Interval, DefaultSharedCountsInterval)
 	cfg.TTL = cmp.Or(cfg.TTL, DefaultSharedCountsTTL)
@@ -143,6 +147,9 @@ func NewSharedCounts(client *redis.Client, pods PodLoads, m *Metrics, cfg Shared
 	}
 	if cfg.Logger.GetSink() == nil {
 		cfg.Logger = klog.Background()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
 	}
 	return &SharedCounts{client: client, pods: pods, metrics: m, cfg: cfg, log: cfg.Logger.WithName("shared-counts"),
 		key: SharedCountsKeyPrefix + cfg.GatewayID}, nil
@@ -180,7 +187,7 @@ func (c *SharedCounts) Run(ctx context.Context) error {
 			c.metrics.redisErrors.WithLabelValues(opSharedRead).Inc()
 			err = errors.Join(err, readErr)
 			if time.Since(lastRead) > c.cfg.TTL && remote {
-				c.apply(remoteCounts{})
+				c.apply(remoteCounts{}, c.cfg.Now())
 				remote = false
 				c.metrics.localOnly.Inc()
 				c.log.Info("Dropped other gateways' running-request counts: Redis unreadable", "gateway", c.cfg.GatewayID, "for", time.Since(lastRead))
@@ -204,28 +211,10 @@ func (c *SharedCounts) Run(ctx context.Context) error {
 	}
 }
 
-// publish replaces this replica's hash with its current counts.
+// publish replaces this replica's hash with its current state.
 func (c *SharedCounts) publish(ctx context.Context) error {
-	fields := map[string]any{}
-	now := time.Now()
-	for _, p := range c.pods.PodLoads() {
-		var total int64
-		for model, n := range p.Local() {
-			fields[p.ID()+"|"+model] = n
-			total += n
-		}
-		if total > 0 {
-			fields[p.ID()] = total
-		}
-		pending, prefill := p.LocalWork(now)
-		if pending > 0 {
-			fields[p.ID()+fieldPending] = strconv.FormatFloat(pending, 'g', 6, 64)
-		}
-		if prefill > 0 {
-			fields[p.ID()+fieldPrefill] = strconv.FormatFloat(prefill.Seconds(), 'g', 6, 64)
-		}
-	}
-	c.publishRouting(fields)
+	now := c.cfg.Now()
+	fields := c.state(now)
 	ctx, cancel := context.WithTimeout(ctx, sharedRedisTimeout)
 	defer cancel()
 	prune := max(10*c.cfg.TTL, time.Minute)
@@ -245,11 +234,35 @@ func (c *SharedCounts) publish(ctx context.Context) error {
 	return nil
 }
 
-// read sums the hashes of the other replicas and sets them on the pods.
+// state returns this replica's state at now, the fields of its hash.
+func (c *SharedCounts) state(now time.Time) map[string]string {
+	fields := map[string]string{}
+	for _, p := range c.pods.PodLoads() {
+		var total int64
+		for model, n := range p.Local() {
+			fields[p.ID()+"|"+model] = strconv.FormatInt(n, 10)
+			total += n
+		}
+		if total > 0 {
+			fields[p.ID()] = strconv.FormatInt(total, 10)
+		}
+		pending, prefill := p.LocalWork(now)
+		if pending > 0 {
+			fields[p.ID()+fieldPending] = strconv.FormatFloat(pending, 'g', 6, 64)
+		}
+		if prefill > 0 {
+			fields[p.ID()+fieldPrefill] = strconv.FormatFloat(prefill.Seconds(), 'g', 6, 64)
+		}
+	}
+	c.publishRouting(fields)
+	return fields
+}
+
+// read reads the hashes of the other replicas and adopts them.
 func (c *SharedCounts) read(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, sharedRedisTimeout)
 	defer cancel()
-	since := time.Now().Add(-c.cfg.TTL).UnixMilli()
+	since := c.cfg.Now().Add(-c.cfg.TTL).UnixMilli()
 	ids, err := c.client.ZRangeByScore(ctx, SharedGatewaysKey, &redis.ZRangeBy{Min: strconv.FormatInt(since, 10), Max: "+inf"}).Result()
 	if err != nil {
 		return fmt.Errorf("list gateways in %s: %w", SharedGatewaysKey, err)
@@ -262,14 +275,25 @@ func (c *SharedCounts) read(ctx context.Context) error {
 			cmds = append(cmds, pipe.HGetAll(ctx, SharedCountsKeyPrefix+id))
 		}
 	}
-	sum := remoteCounts{counts: map[string]int64{}, work: map[string]float64{}}
 	if len(cmds) > 0 {
 		if _, err := pipe.Exec(ctx); err != nil {
 			return fmt.Errorf("read %d gateways' counts: %w", len(cmds), err)
 		}
 	}
-	for _, cmd := range cmds {
-		for field, v := range cmd.Val() {
+	hashes := make([]map[string]string, len(cmds))
+	for i, cmd := range cmds {
+		hashes[i] = cmd.Val()
+	}
+	c.adopt(hashes, c.cfg.Now())
+	return nil
+}
+
+// adopt sums the states of the other replicas, their hashes, and sets the
+// sum on the pods and predictors at now.
+func (c *SharedCounts) adopt(hashes []map[string]string, now time.Time) {
+	sum := remoteCounts{counts: map[string]int64{}, work: map[string]float64{}}
+	for _, h := range hashes {
+		for field, v := range h {
 			if c.readRouting(field, v, &sum) {
 				continue
 			}
@@ -286,8 +310,24 @@ func (c *SharedCounts) read(ctx context.Context) error {
 			}
 		}
 	}
-	c.apply(sum)
-	return nil
+	c.apply(sum, now)
+}
+
+// ShareInProcess has each of replicas adopt the state of the others as a
+// read through Redis would give it at the moment each one's clock
+// (SharedCountsConfig.Now) reads: for simulations of several gateway
+// replicas in one process, which call it every interval of their virtual
+// time. Their Redis clients, which may be nil, are not used.
+func ShareInProcess(replicas ...*SharedCounts) {
+	states := make([]map[string]string, len(replicas))
+	for i, c := range replicas {
+		states[i] = c.state(c.cfg.Now())
+	}
+	others := make([]map[string]string, 0, len(replicas))
+	for i, c := range replicas {
+		others = append(append(others[:0], states[:i]...), states[i+1:]...)
+		c.adopt(others, c.cfg.Now())
+	}
 }
 
 // noteReplicas records the live replicas ids, and logs an error when other
@@ -308,8 +348,7 @@ func (c *SharedCounts) noteReplicas(ids []string) {
 
 // apply sets on every registered pod what the other replicas have there;
 // their prefill work is taken to drain from now.
-func (c *SharedCounts) apply(sum remoteCounts) {
-	now := time.Now()
+func (c *SharedCounts) apply(sum remoteCounts, now time.Time) {
 	type podCounts struct {
 		total  int64
 		models map[string]int64

@@ -43,7 +43,7 @@ const (
 
 // publishRouting adds to fields the prompt blocks in flight and the output
 // histories, those the configuration shares.
-func (c *SharedCounts) publishRouting(fields map[string]any) {
+func (c *SharedCounts) publishRouting(fields map[string]string) {
 	if c.cfg.Prefixes != nil {
 		blocks, truncated := c.cfg.Prefixes.InFlightBlocks(c.cfg.MaxBlocks)
 		if truncated {
@@ -54,7 +54,7 @@ func (c *SharedCounts) publishRouting(fields map[string]any) {
 			for _, k := range keys {
 				b = binary.LittleEndian.AppendUint64(b, k)
 			}
-			fields[pod+fieldBlocks] = b
+			fields[pod+fieldBlocks] = string(b)
 		}
 	}
 	if c.cfg.Predictors != nil {
@@ -66,7 +66,7 @@ func (c *SharedCounts) publishRouting(fields map[string]any) {
 				b = binary.LittleEndian.AppendUint32(b, uint32(n))
 			}
 			if !empty {
-				fields[fieldOutputPrefix+model] = b
+				fields[fieldOutputPrefix+model] = string(b)
 			}
 		}
 	}
