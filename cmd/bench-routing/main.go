@@ -33,6 +33,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvgate/kvgate/pkg/redisstate"
 	"github.com/kvgate/kvgate/pkg/routingbench"
 )
 
@@ -110,6 +111,10 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.DurationVar(&e.Latency.DecodePerToken, "decode-per-token", e.Latency.DecodePerToken, "cost of a decoding sequence in a step")
 	fs.DurationVar(&b.ScrapeInterval, "scrape-interval", routingbench.DefaultScrapeInterval, "how often the gateway scrapes engine metrics")
 	fs.DurationVar(&b.EventDelay, "event-delay", routingbench.DefaultEventDelay, "delay of KV events from engine to index")
+	fs.IntVar(&b.Replicas, "replicas", 1, "gateway replicas every policy but the oracle runs as, requests spread over them in turn")
+	fs.DurationVar(&b.ShareInterval, "share-interval", redisstate.DefaultSharedCountsInterval,
+		"how often the replicas share what they have in flight, as KVGATE_SHARED_STATE_INTERVAL_MS")
+	shared := fs.Bool("shared-state", true, "replicas share what they have in flight; false: each routes on its own requests alone")
 
 	s := &o.shared
 	*s = routingbench.DefaultSharedPrefix
@@ -134,6 +139,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		o.bench.Policies = routingbench.Policies()
 	}
 	s.Seed = o.bench.Seed
+	o.bench.Unshared = !*shared
 	return o, nil
 }
 
