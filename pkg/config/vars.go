@@ -280,7 +280,8 @@ var (
 		Default: "true",
 		Section: SectionRedis,
 		Doc: "Share each pod's running-request count with the other gateway replicas through Redis, so that " +
-			"load-aware routing sees the requests of the whole fleet. Off without Redis unless set explicitly.",
+			"load-aware routing sees the requests of the whole fleet, with their pending load, queued prefill work and " +
+			"prompt blocks, and the output predictors' history. Off without Redis unless set explicitly.",
 	}
 	SharedStateInterval = Var{
 		Name:    "KVGATE_SHARED_STATE_INTERVAL_MS",
