@@ -304,8 +304,9 @@ var (
 		Default: "32768",
 		Section: SectionRedis,
 		Doc: "Most prompt-block keys of its requests in flight a replica publishes per interval (8 bytes each), so that " +
-			"the others' kv-aware credits a pod with the prefixes sent there; each request's leading blocks go first " +
-			"and publications cut short are counted (kvgate_cache_shared_blocks_truncated_total).",
+			"the others' kv-aware credits a pod with the prefixes sent there; a cut keeps each request's leading blocks " +
+			"and is counted (kvgate_cache_shared_blocks_truncated_total). Replicas must agree on it: a longer list from " +
+			"another replica is dropped (kvgate_cache_shared_state_rejects_total).",
 	}
 	PodDeploymentLabel = Var{
 		Name:    "AIBRIX_POD_DEPLOYMENT_LABEL",

@@ -29,6 +29,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"sigs.k8s.io/yaml"
 
+	"github.com/kvgate/kvgate/pkg/config"
 	"github.com/kvgate/kvgate/pkg/discovery"
 )
 
@@ -188,7 +189,7 @@ func (f *Fleet) start(ctx context.Context) error {
 		if err := f.startRedis(ctx, ports[3*e+g]); err != nil {
 			return err
 		}
-		gwEnv = append([]string{"KVGATE_REDIS_ADDRESS=" + f.redisAdr}, gwEnv...)
+		gwEnv = append([]string{config.RedisAddress.Name + "=" + f.redisAdr}, gwEnv...)
 	}
 	var static discovery.StaticFile
 	for i := range e {

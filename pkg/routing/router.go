@@ -247,9 +247,9 @@ func (d *Decision) reset() {
 
 // InFlightBlocks returns, per pod ("namespace/name"), the keys of the
 // prompt blocks that the attempts this Router follows hold there (see
-// Candidate.InFlightMatchedBlocks): each attempt's leading blocks first, at
-// most max keys in all. It reports whether some were left out for lack of
-// room. Another gateway replica hands them to the pod's load record
+// Candidate.InFlightMatchedBlocks): each attempt's in prompt order, so that
+// a cut at most max keys in all leaves its leading blocks. It reports
+// whether some were left out for lack of room. Another gateway replica hands them to the pod's load record
 // (inflight.PodLoad.SetRemoteBlocks), so that its kv-aware credits the pod
 // with the prefixes this one sent there; the keys are the same in every
 // process.
