@@ -34,6 +34,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvgate/kvgate/pkg/redisstate"
 	"github.com/kvgate/kvgate/pkg/routingbench"
 	"github.com/kvgate/kvgate/pkg/sim"
 	"github.com/kvgate/kvgate/pkg/tokenizer/hf"
@@ -150,6 +151,10 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&c.MeanOutputTokens, "conv-output-tokens", c.MeanOutputTokens, "conversation: mean tokens of an answer")
 	fs.Float64Var(&c.ConversationsPerSecond, "conv-rate", c.ConversationsPerSecond, "conversation: conversations started per second on average")
 	fs.DurationVar(&c.MeanTurnGap, "conv-turn-gap", c.MeanTurnGap, "conversation: mean time between a conversation's requests")
+	fs.IntVar(&b.Replicas, "replicas", 1, "gateway replicas every policy but the oracle runs as, requests spread over them in turn")
+	fs.DurationVar(&b.ShareInterval, "share-interval", redisstate.DefaultSharedCountsInterval,
+		"how often the replicas share what they have in flight, as KVGATE_SHARED_STATE_INTERVAL_MS")
+	shared := fs.Bool("shared-state", true, "replicas share what they have in flight; false: each routes on its own requests alone")
 
 	s := &o.shared
 	*s = routingbench.DefaultSharedPrefix
@@ -194,6 +199,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		}
 		o.bench.Engine.VocabSize = max(tk.VocabSize(), sim.VocabSize)
 	}
+	o.bench.Unshared = !*shared
 	return o, nil
 }
 

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"errors"
 	"net"
 	"os"
@@ -117,8 +118,15 @@ var (
 )
 
 // checkNothingLeft asserts that no process the demo started runs and its
-// temporary directory is gone.
+// temporary directory is gone: two engines and the gateway.
 func checkNothingLeft(t *testing.T, out string) {
+	t.Helper()
+	checkNoneLeft(t, out, 3, false)
+}
+
+// checkNoneLeft asserts that none of the n processes the demo started
+// runs and, unless it was given (kept), its directory is gone.
+func checkNoneLeft(t *testing.T, out string, n int, kept bool) {
 	t.Helper()
 	m := processesLine.FindStringSubmatch(out)
 	if m == nil {
@@ -129,8 +137,8 @@ func checkNothingLeft(t *testing.T, out string) {
 		t.Errorf("process group %d still has processes (kill: %v)", pgid, err)
 	}
 	pids := processPID.FindAllStringSubmatch(m[2], -1)
-	if len(pids) != 3 {
-		t.Errorf("processes %q, want two engines and the gateway", m[2])
+	if len(pids) != n {
+		t.Errorf("processes %q, want %d", m[2], n)
 	}
 	for _, p := range pids {
 		pid, _ := strconv.Atoi(p[2])
@@ -138,7 +146,7 @@ func checkNothingLeft(t *testing.T, out string) {
 			t.Errorf("%s (pid %d) still runs (kill: %v)", p[1], pid, err)
 		}
 	}
-	if _, err := os.Stat(m[3]); !errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Stat(m[3]); !kept && !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("temporary directory %s is left (%v)", m[3], err)
 	}
 }
@@ -276,4 +284,36 @@ func TestDemoOverloadReportsWhatTheSLOAwareAlgorithmRefuses(t *testing.T) {
 		t.Errorf("want kv-aware serving every request, none within 1 ms, and slo-least-load-pulling refusing every one:\n%s", table)
 	}
 	checkNothingLeft(t, out)
+}
+
+func TestDemoSpreadsRequestsOverReplicasSharingStateThroughRedis(t *testing.T) {
+	work := t.TempDir()
+	d := startDemo(t, append(append([]string{}, shortRun...), "-algorithms", "kv-aware,random", "-gateways", "2",
+		"-work-dir", work)...)
+	code := d.exitCode(t)
+	out := d.output()
+	if code != exitOK {
+		t.Fatalf("exit %d, want 0; output:\n%s", code, out)
+	}
+	if !strings.Contains(out, "2 gateway replicas sharing state through Redis, requests spread over them") ||
+		!regexp.MustCompile(`gateway-1 \d+, redis-server \d+`).MatchString(out) {
+		t.Errorf("the setup does not name both replicas and Redis; output:\n%s", out)
+	}
+	_, table, ok := strings.Cut(out, "== comparison")
+	if !ok {
+		t.Fatalf("no comparison table; output:\n%s", out)
+	}
+	if kv, random := hitRatio(t, table, "kv-aware"), hitRatio(t, table, "random"); kv <= random {
+		t.Errorf("kv-aware's hit ratio %.2f is not above random's %.2f; output:\n%s", kv, random, out)
+	}
+	for _, name := range []string{"gateway.log", "gateway-1.log"} {
+		log, err := os.ReadFile(filepath.Join(work, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if bytes.Contains(log, []byte("through Redis failed")) {
+			t.Errorf("%s: sharing through Redis failed:\n%s", name, log)
+		}
+	}
+	checkNoneLeft(t, out, 5, true)
 }

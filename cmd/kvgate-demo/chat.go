@@ -12,17 +12,30 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvgate/kvgate/pkg/gateway"
 	"github.com/kvgate/kvgate/pkg/routing"
 )
 
-// chatClient sends streaming chat requests to the gateway.
+// chatClient sends streaming chat requests to the gateway: to url, or in
+// turn to each of urls, the /v1/chat/completions of several replicas, as a
+// Service spreads requests over them; next must then be set.
 type chatClient struct {
 	http  *http.Client
 	url   string // the gateway's /v1/chat/completions
+	urls  []string
+	next  *atomic.Uint64 // counts the requests sent to urls
 	model string
+}
+
+// target returns the URL of the next request.
+func (c *chatClient) target() string {
+	if len(c.urls) == 0 {
+		return c.url
+	}
+	return c.urls[c.next.Add(1)%uint64(len(c.urls))]
 }
 
 // result is what one chat request measured.
@@ -80,7 +93,7 @@ func (c *chatClient) send(ctx context.Context, alg string, messages []chatMessag
 	if err != nil {
 		return result{}, err
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.url, bytes.NewReader(data))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.target(), bytes.NewReader(data))
 	if err != nil {
 		return result{}, err
 	}

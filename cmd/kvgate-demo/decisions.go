@@ -59,6 +59,23 @@ func scrapeCounts(ctx context.Context, client *http.Client, gatewayURL string) (
 	return c, nil
 }
 
+// scrapeAllCounts sums the decision counters and queue lengths of the
+// gateways at urls.
+func scrapeAllCounts(ctx context.Context, client *http.Client, urls []string) (gatewayCounts, error) {
+	sum := gatewayCounts{decisions: decisions{}}
+	for _, u := range urls {
+		c, err := scrapeCounts(ctx, client, u)
+		if err != nil {
+			return gatewayCounts{}, err
+		}
+		for k, v := range c.decisions {
+			sum.decisions[k] += v
+		}
+		sum.queued += c.queued
+	}
+	return sum, nil
+}
+
 // scrapeMetrics reads and parses the gateway's /metrics.
 func scrapeMetrics(ctx context.Context, client *http.Client, gatewayURL string) (map[string]*dto.MetricFamily, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, gatewayURL+"/metrics", nil)

@@ -20,6 +20,7 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -75,7 +76,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "kvgate-demo:", err)
 		return exitFailed
 	}
-	fmt.Fprintf(stdout, "Starting %d simulated engines and the gateway (binaries in %s)...\n", o.engines, o.binDir)
+	fmt.Fprintf(stdout, "Starting %d simulated engines and %s (binaries in %s)...\n", o.engines, gatewaysNoun(o), o.binDir)
 	fleet, err := localfleet.Start(ctx, localfleet.Config{
 		BinDir:         o.binDir,
 		Engines:        o.engines,
@@ -83,6 +84,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		GatewayArgs:    gatewayArgs,
 		GatewayEnv:     o.gatewayEnv(),
 		GatewayAddress: o.gatewayAdr,
+		Gateways:       o.gateways,
+		Redis:          o.gateways > 1 && o.sharedState,
 		Dir:            o.workDir,
 	})
 	if err != nil {
@@ -90,10 +93,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	defer func() {
 		fleet.Close()
-		fmt.Fprintf(stdout, "Stopped the engines and the gateway (process group %d).\n", fleet.ProcessGroup())
+		fmt.Fprintf(stdout, "Stopped the engines and %s (process group %d).\n", gatewaysNoun(o), fleet.ProcessGroup())
 	}()
 	d := &demo{opts: o, out: stdout, fleet: fleet, work: work,
 		client: chatClient{http: newHTTPClient(o.users), url: fleet.GatewayURL() + "/v1/chat/completions", model: fleet.Model()}}
+	if o.gateways > 1 {
+		d.client.next = new(atomic.Uint64)
+		for _, u := range fleet.GatewayURLs() {
+			d.client.urls = append(d.client.urls, u+"/v1/chat/completions")
+		}
+	}
 	for _, e := range fleet.Engines() {
 		d.pods = append(d.pods, e.PodKey)
 	}
@@ -113,6 +122,17 @@ func failed(ctx context.Context, stdout, stderr io.Writer, err error) int {
 	}
 	fmt.Fprintln(stderr, "kvgate-demo:", err)
 	return exitFailed
+}
+
+// gatewaysNoun names the gateways the demo runs.
+func gatewaysNoun(o options) string {
+	switch {
+	case o.gateways == 1:
+		return "the gateway"
+	case o.sharedState:
+		return fmt.Sprintf("%d gateway replicas sharing state through Redis", o.gateways)
+	}
+	return fmt.Sprintf("%d gateway replicas that share no state", o.gateways)
 }
 
 // printSetup describes the fleet and the workload.
@@ -135,6 +155,9 @@ func printSetup(w io.Writer, o options, f *localfleet.Fleet) {
 		fmt.Fprintf(w, "  at once with the tokens of the turns before (make demo sets up a real model's tokenizer files).\n")
 	}
 	fmt.Fprintf(w, "Gateway: %s (try %s/debug/kvcache while it runs)\n", f.GatewayURL(), f.GatewayURL())
+	if o.gateways > 1 {
+		fmt.Fprintf(w, "  %s, requests spread over them in turn: %s\n", gatewaysNoun(o), strings.Join(f.GatewayURLs(), ", "))
+	}
 	if o.overload {
 		fmt.Fprintf(w, "Overload: %d users, more than the fleet serves within the objective of %v to the first token\n", o.users, o.sloTTFT)
 		fmt.Fprintf(w, "  (KVGATE_SLO_TTFT). kv-aware sends every request on; the SLO-aware algorithms hold in the gateway's\n")
@@ -144,7 +167,12 @@ func printSetup(w io.Writer, o options, f *localfleet.Fleet) {
 	for _, e := range f.Engines() {
 		procs = append(procs, fmt.Sprintf("%s %d", e.Name, e.PID))
 	}
-	procs = append(procs, fmt.Sprintf("gateway %d", f.Gateway().PID))
+	for _, g := range f.Gateways() {
+		procs = append(procs, fmt.Sprintf("%s %d", g.Name, g.PID))
+	}
+	if r := f.Redis(); r != nil {
+		procs = append(procs, fmt.Sprintf("redis-server %d (%s)", r.PID, f.RedisAddress()))
+	}
 	fmt.Fprintf(w, "Processes (group %d): %s; logs in %s\n", f.ProcessGroup(), strings.Join(procs, ", "), f.Dir())
 	fmt.Fprintf(w, "Per run: pods show their prefix-cache hit ratio (cached / prompt tokens) and requests served;\n")
 	fmt.Fprintf(w, "  decisions are the gateway's routing decisions by algorithm and outcome.\n")

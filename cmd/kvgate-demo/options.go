@@ -26,6 +26,10 @@ type options struct {
 	drain      time.Duration
 	users      int
 	engines    int
+	// gateways is the number of gateway replicas; sharedState has them
+	// share state through a redis-server the demo starts.
+	gateways    int
+	sharedState bool
 	// tokenizer is the directory of a model's tokenizer files, "" for the
 	// simulator's own tokenizer.
 	tokenizer string
@@ -78,6 +82,10 @@ func parseOptions(fs *flag.FlagSet, args []string) (options, error) {
 	fs.DurationVar(&o.drain, "drain-timeout", time.Minute, "how long the requests in flight at the end of a run may take to finish")
 	fs.IntVar(&o.users, "users", 24, "concurrent users, each holding one conversation at a time")
 	fs.IntVar(&o.engines, "engines", 4, "simulated engines")
+	fs.IntVar(&o.gateways, "gateways", 1, "gateway replicas over the same engines, requests spread over them in turn")
+	fs.BoolVar(&o.sharedState, "shared-state", true,
+		"with several gateways, start a redis-server on 127.0.0.1 and have the replicas share what they have in flight through it; "+
+			"false: each replica routes on its own requests alone")
 	fs.StringVar(&o.tokenizer, "tokenizer", "",
 		"directory of a model's Hugging Face tokenizer files (tokenizer.json, tokenizer_config.json with a chat template): "+
 			"the engines tokenize with them and the gateway tokenizes in process with them, verified against the engines "+
@@ -151,6 +159,7 @@ func (o *options) validate() error {
 	check(o.users < 1, "-users must be at least 1")
 	check(o.overload && o.sloTTFT <= 0, "-slo-ttft must be positive")
 	check(o.engines < 1, "-engines must be at least 1")
+	check(o.gateways < 1, "-gateways must be at least 1")
 	check(o.chats.Groups < 1 || o.chats.SystemPromptTokens < 1 || o.chats.Turns < 1,
 		"-system-prompts, -system-tokens and -turns must be at least 1")
 	check(o.chats.MinUserTokens < 1 || o.chats.MinAnswerTokens < 1, "-min-user-tokens and -min-answer-tokens must be at least 1")

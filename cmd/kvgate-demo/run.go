@@ -65,7 +65,7 @@ func (d *demo) runOne(ctx context.Context, alg string) (runResult, error) {
 	if err != nil {
 		return runResult{}, fmt.Errorf("reset the engines' caches: %w", err)
 	}
-	before, err := scrapeCounts(ctx, d.client.http, d.fleet.GatewayURL())
+	before, err := scrapeAllCounts(ctx, d.client.http, d.fleet.GatewayURLs())
 	if err != nil {
 		return runResult{}, err
 	}
@@ -126,7 +126,7 @@ func (d *demo) watch(ctx context.Context, alg string, rec *recorder, before gate
 			lastCount, lastAt = s.requests, now
 			var decided []decisionCount
 			queued := -1.0
-			if cur, err := scrapeCounts(ctx, d.client.http, d.fleet.GatewayURL()); err == nil {
+			if cur, err := scrapeAllCounts(ctx, d.client.http, d.fleet.GatewayURLs()); err == nil {
 				decided, queued = cur.decisions.since(before.decisions), cur.queued
 			}
 			printLive(d.out, alg, s, rate, decided, d.slo(queued))

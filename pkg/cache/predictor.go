@@ -59,6 +59,10 @@ type SimpleOutputPredictor struct {
 	// per input bucket.
 	hist []int32
 	sums []int32
+	// remote and remoteSums are the other gateway replicas' histogram and
+	// its per input bucket totals (see SetRemoteHistogram), nil when none.
+	remote     []int32
+	remoteSums []int32
 }
 
 // PredictorOption configures a SimpleOutputPredictor.
@@ -149,6 +153,11 @@ func (p *SimpleOutputPredictor) Predict(inputTokens int) int {
 	p.advanceLocked(p.now())
 	in := min(log2Bucket(inputTokens), p.inBuckets-1)
 	total := p.sums[in]
+	var remote []int32
+	if p.remote != nil {
+		total += p.remoteSums[in]
+		remote = p.remote[in*p.outBuckets : (in+1)*p.outBuckets]
+	}
 	if total <= 0 {
 		return p.coldLocked(inputTokens)
 	}
@@ -156,6 +165,9 @@ func (p *SimpleOutputPredictor) Predict(inputTokens int) int {
 	row := p.hist[in*p.outBuckets : (in+1)*p.outBuckets]
 	out := len(row) - 1
 	for b, n := range row {
+		if remote != nil {
+			n += remote[b]
+		}
 		if cursor < n {
 			out = b
 			break
@@ -163,6 +175,49 @@ func (p *SimpleOutputPredictor) Predict(inputTokens int) int {
 		cursor -= n
 	}
 	return min(1<<out, p.maxOutput)
+}
+
+// Histogram returns a copy of the predictor's own history over its window
+// (not what SetRemoteHistogram added): the count of requests per input
+// bucket (row) and output bucket (column), row after row. Another gateway
+// replica's predictor of the same size adds it with SetRemoteHistogram.
+func (p *SimpleOutputPredictor) Histogram() []int32 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.advanceLocked(p.now())
+	return append([]int32(nil), p.hist...)
+}
+
+// SetRemoteHistogram sets the history of other gateway replicas, the sum
+// of their Histograms, which predictions then draw from with the
+// predictor's own; nil clears it. It fails, changing nothing, when h is
+// not the size of the predictor's histogram or holds a negative count.
+func (p *SimpleOutputPredictor) SetRemoteHistogram(h []int32) error {
+	if h == nil {
+		p.mu.Lock()
+		p.remote, p.remoteSums = nil, nil
+		p.mu.Unlock()
+		return nil
+	}
+	if len(h) != p.inBuckets*p.outBuckets {
+		return fmt.Errorf("remote output histogram has %d counts, want %d input by %d output buckets", len(h), p.inBuckets, p.outBuckets)
+	}
+	sums := make([]int32, p.inBuckets)
+	for i, n := range h {
+		if n < 0 {
+			return fmt.Errorf("remote output histogram has negative count %d", n)
+		}
+		s := int64(sums[i/p.outBuckets]) + int64(n)
+		if s > math.MaxInt32/2 {
+			return fmt.Errorf("remote output histogram counts overflow: %d", s)
+		}
+		sums[i/p.outBuckets] = int32(s)
+	}
+	remote := append([]int32(nil), h...)
+	p.mu.Lock()
+	p.remote, p.remoteSums = remote, sums
+	p.mu.Unlock()
+	return nil
 }
 
 func (p *SimpleOutputPredictor) coldLocked(inputTokens int) int {

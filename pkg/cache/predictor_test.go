@@ -2,6 +2,7 @@ package cache
 
 import (
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -173,5 +174,39 @@ func BenchmarkAddTrace(b *testing.B) {
 	b.ReportAllocs()
 	for i := 0; b.Loop(); i++ {
 		p.AddTrace(1000+i%5000, 1+i%3000, 1)
+	}
+}
+
+func TestPredictDrawsFromRemoteHistoryToo(t *testing.T) {
+	local := NewSimpleOutputPredictor(8192, 8192, time.Minute, seeded(1))
+	other := NewSimpleOutputPredictor(8192, 8192, time.Minute, seeded(2))
+	other.AddTrace(1000, 4096, 10)
+	if err := local.SetRemoteHistogram(other.Histogram()); err != nil {
+		t.Fatal(err)
+	}
+	if got := local.Predict(1000); got != 4096 {
+		t.Fatalf("Predict(1000) = %d with only remote history of 4096-token outputs", got)
+	}
+	if h := local.Histogram(); slices.ContainsFunc(h, func(n int32) bool { return n != 0 }) {
+		t.Fatal("the remote history shows in the predictor's own")
+	}
+	local.AddTrace(1000, 16, 10)
+	seen := map[int]bool{}
+	for range 200 {
+		seen[local.Predict(1000)] = true
+	}
+	if !seen[16] || !seen[4096] || len(seen) != 2 {
+		t.Fatalf("predictions %v, want both 16 (own) and 4096 (remote)", seen)
+	}
+	if err := local.SetRemoteHistogram(nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := local.Predict(1000); got != 16 {
+		t.Fatalf("Predict(1000) = %d after clearing the remote history", got)
+	}
+	for _, bad := range [][]int32{{1, 2}, append(make([]int32, len(other.Histogram())-1), -1)} {
+		if err := local.SetRemoteHistogram(bad); err == nil {
+			t.Errorf("SetRemoteHistogram(%d counts) accepted", len(bad))
+		}
 	}
 }

@@ -3,6 +3,7 @@ package cache
 import (
 	"cmp"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -86,4 +87,40 @@ func (p *OutputPredictors) Observer() inflight.Observer {
 			pr.AddTrace(int(u.PromptTokens), int(u.CompletionTokens), 1)
 		}
 	}}
+}
+
+// Histograms returns, per model, the own history of its predictor (see
+// SimpleOutputPredictor.Histogram), for the other gateway replicas.
+func (p *OutputPredictors) Histograms() map[string][]int32 {
+	out := map[string][]int32{}
+	p.predictors.Range(func(k, v any) bool {
+		out[k.(string)] = v.(*SimpleOutputPredictor).Histogram()
+		return true
+	})
+	return out
+}
+
+// SetRemoteHistograms sets, per model, the other gateway replicas' history
+// on its predictor (created for a model served here and not yet
+// predicted), and clears it on the predictors of models h leaves out. It
+// returns the error of every histogram that did not fit its predictor,
+// which then keeps its previous setting.
+func (p *OutputPredictors) SetRemoteHistograms(h map[string][]int32) error {
+	var errs []error
+	p.predictors.Range(func(k, v any) bool {
+		if _, ok := h[k.(string)]; !ok {
+			_ = v.(*SimpleOutputPredictor).SetRemoteHistogram(nil)
+		}
+		return true
+	})
+	for model, hist := range h {
+		pr, err := p.GetOutputPredictor(model)
+		if err != nil {
+			continue
+		}
+		if err := pr.SetRemoteHistogram(hist); err != nil {
+			errs = append(errs, fmt.Errorf("model %q: %w", model, err))
+		}
+	}
+	return errors.Join(errs...)
 }

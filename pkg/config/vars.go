@@ -349,7 +349,33 @@ var (
 		Default: "true",
 		Section: SectionRedis,
 		Doc: "Share each pod's running-request count with the other gateway replicas through Redis, so that " +
-			"load-aware routing sees the requests of the whole fleet. Off without Redis unless set explicitly.",
+			"load-aware routing sees the requests of the whole fleet, with their pending load, queued prefill work and " +
+			"prompt blocks, and the output predictors' history. Off without Redis unless set explicitly.",
+	}
+	SharedStateInterval = Var{
+		Name:    "KVGATE_SHARED_STATE_INTERVAL_MS",
+		Default: "200",
+		Section: SectionRedis,
+		Doc: "How often, in milliseconds, each gateway replica publishes to Redis what it has in flight (running requests, " +
+			"pending load, queued prefill work, prompt blocks) and its output predictors' history, and reads the other " +
+			"replicas'. Routing never waits for Redis: what it reads of the others is at most about two intervals old.",
+	}
+	SharedStateTTL = Var{
+		Name:    "KVGATE_SHARED_STATE_TTL_MS",
+		Default: "5000",
+		Section: SectionRedis,
+		Doc: "How long, in milliseconds, a replica's shared state outlives its last publication, so that a crashed " +
+			"replica's requests stop counting; also how long a replica keeps the others' state while Redis cannot be read " +
+			"before routing on its own alone (kvgate_cache_shared_counts_local_only_total). Must exceed the interval.",
+	}
+	SharedMaxBlocks = Var{
+		Name:    "KVGATE_SHARED_MAX_BLOCKS",
+		Default: "32768",
+		Section: SectionRedis,
+		Doc: "Most prompt-block keys of its requests in flight a replica publishes per interval (8 bytes each), so that " +
+			"the others' kv-aware credits a pod with the prefixes sent there; a cut keeps each request's leading blocks " +
+			"and is counted (kvgate_cache_shared_blocks_truncated_total). Replicas must agree on it: a longer list from " +
+			"another replica is dropped (kvgate_cache_shared_state_rejects_total).",
 	}
 	PodDeploymentLabel = Var{
 		Name:    "AIBRIX_POD_DEPLOYMENT_LABEL",
@@ -440,6 +466,9 @@ var Vars = []Var{
 	RequestTracing,
 	ProfileCaching,
 	SharedRequestCounts,
+	SharedStateInterval,
+	SharedStateTTL,
+	SharedMaxBlocks,
 	PodDeploymentLabel,
 	PodRayClusterFleetLabel,
 }

@@ -168,8 +168,10 @@ type RedisConfig struct {
 	// Profiles.RefreshInterval.
 	GPUProfiles bool
 	Profiles    redisstate.ProfileLoaderConfig
-	// SharedCounts shares the running requests of gateway replicas
-	// (KVGATE_SHARED_REQUEST_COUNTS), configured by Shared.
+	// SharedCounts shares the running requests of gateway replicas, their
+	// prompt blocks in flight and output histories
+	// (KVGATE_SHARED_REQUEST_COUNTS), configured by Shared
+	// (KVGATE_SHARED_STATE_*, KVGATE_SHARED_MAX_BLOCKS).
 	SharedCounts bool
 	Shared       redisstate.SharedCountsConfig
 }
@@ -335,6 +337,12 @@ func loadRedis(e *config.Env) RedisConfig {
 	rc.RequestTraces = feature(config.RequestTracing)
 	rc.GPUProfiles = feature(config.ProfileCaching)
 	rc.SharedCounts = feature(config.SharedRequestCounts)
+	rc.Shared.Interval = e.Duration(config.SharedStateInterval, time.Millisecond)
+	rc.Shared.TTL = e.Duration(config.SharedStateTTL, time.Millisecond)
+	rc.Shared.MaxBlocks = e.Int(config.SharedMaxBlocks, 1)
+	if rc.Shared.TTL <= rc.Shared.Interval {
+		e.Errorf("%s (%v) must exceed %s (%v)", config.SharedStateTTL.Name, rc.Shared.TTL, config.SharedStateInterval.Name, rc.Shared.Interval)
+	}
 	return rc
 }
 

@@ -94,6 +94,8 @@ func TestLoadConfigListsEveryProblem(t *testing.T) {
 		"KVGATE_SLO_TTFT":                          "-2s",
 		"KVGATE_SLO_MODELS":                        "llama=ttft:2s;llama=e2e:30s",
 		"KVGATE_SLO_QUEUE_MAX_LENGTH":              "0",
+		"KVGATE_SHARED_STATE_INTERVAL_MS":          "500",
+		"KVGATE_SHARED_STATE_TTL_MS":               "500",
 	})
 	LoadConfig(e)
 	err := e.Err()
@@ -101,7 +103,8 @@ func TestLoadConfigListsEveryProblem(t *testing.T) {
 		"AIBRIX_VLLM_TOKENIZER_ENDPOINT_TEMPLATE", "AIBRIX_GPU_OPTIMIZER_TRACING_FLAG is true but needs Redis",
 		"KVGATE_ROUTING_CPU_CACHE_WEIGHT", "/does/not/exist.yaml", "AIBRIX_PREFIX_CACHE_USE_REMOTE_TOKENIZER is false",
 		"KVGATE_SHUTDOWN_DELAY", `KVGATE_ADMIN_LISTEN_ADDRESS="9090"`, `KVGATE_SLO_TTFT="-2s"`,
-		`KVGATE_SLO_MODELS: model "llama" named twice`, `KVGATE_SLO_QUEUE_MAX_LENGTH="0"`} {
+		`KVGATE_SLO_MODELS: model "llama" named twice`, `KVGATE_SLO_QUEUE_MAX_LENGTH="0"`,
+		"KVGATE_SHARED_STATE_TTL_MS (500ms) must exceed"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("error %v does not mention %s", err, want)
 		}

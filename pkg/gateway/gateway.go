@@ -294,7 +294,11 @@ func (g *Gateway) newRedisState() error {
 	}
 	if rcfg.SharedCounts {
 		sc := rcfg.Shared
-		sc.Logger = g.cfg.Logger
+		sc.Logger, sc.Prefixes, sc.Predictors = g.cfg.Logger, g.router, g.predictors
+		if g.cfg.KVSync.Enabled && g.cfg.KVSync.BindEndpoint != "" {
+			sc.SoleReplica = "in bind mode each engine publishes its KV events to one replica, so the others route " +
+				"without its blocks: run one replica in bind mode, or use connect mode (see docs/discovery-modes.md)"
+		}
 		if g.shared, err = redisstate.NewSharedCounts(g.redis, g.store, m, sc); err != nil {
 			return fmt.Errorf("gateway: %w", err)
 		}

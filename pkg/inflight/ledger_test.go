@@ -455,3 +455,22 @@ func BenchmarkAdmitRouteClose(b *testing.B) {
 		}
 	})
 }
+
+func TestRemoteBlocksReplaceOneAnother(t *testing.T) {
+	p := NewPodLoad("ns/p")
+	if p.HasRemoteBlocks() || p.RemoteBlock(1) {
+		t.Fatal("a new record holds remote blocks")
+	}
+	p.SetRemoteBlocks([]uint64{1, 2})
+	if !p.HasRemoteBlocks() || !p.RemoteBlock(1) || !p.RemoteBlock(2) || p.RemoteBlock(3) {
+		t.Fatal("remote blocks 1 and 2 not held as set")
+	}
+	p.SetRemoteBlocks([]uint64{3})
+	if p.RemoteBlock(1) || !p.RemoteBlock(3) {
+		t.Fatal("a setting did not replace the previous one")
+	}
+	p.SetRemoteBlocks(nil)
+	if p.HasRemoteBlocks() {
+		t.Fatal("an empty setting left blocks")
+	}
+}

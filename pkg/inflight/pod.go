@@ -18,6 +18,9 @@ type PodLoad struct {
 	remote  atomic.Pointer[remoteLoad]
 	// remoteWork is the pending load and prefill work of other replicas.
 	remoteWork atomic.Pointer[RemoteWork]
+	// remoteBlocks is the set of prompt block keys other replicas' attempts
+	// hold on the pod.
+	remoteBlocks atomic.Pointer[map[uint64]struct{}]
 
 	mu      sync.Mutex
 	models  map[string]int64 // open attempts per requested model
@@ -109,6 +112,37 @@ func (p *PodLoad) SetRemoteWork(w RemoteWork) {
 		return
 	}
 	p.remoteWork.Store(&w)
+}
+
+// SetRemoteBlocks sets the keys of the prompt blocks that other gateway
+// replicas' attempts hold on the pod, replacing the previous setting. The
+// keys are the routing package's (routing.Router.InFlightBlocks); the
+// record only answers RemoteBlock with them.
+func (p *PodLoad) SetRemoteBlocks(keys []uint64) {
+	if len(keys) == 0 {
+		p.remoteBlocks.Store(nil)
+		return
+	}
+	set := make(map[uint64]struct{}, len(keys))
+	for _, k := range keys {
+		set[k] = struct{}{}
+	}
+	p.remoteBlocks.Store(&set)
+}
+
+// HasRemoteBlocks reports whether other replicas hold prompt blocks on the
+// pod, as last set with SetRemoteBlocks.
+func (p *PodLoad) HasRemoteBlocks() bool { return p.remoteBlocks.Load() != nil }
+
+// RemoteBlock reports whether an attempt of another replica holds the
+// prompt block of key on the pod, as last set with SetRemoteBlocks.
+func (p *PodLoad) RemoteBlock(key uint64) bool {
+	set := p.remoteBlocks.Load()
+	if set == nil {
+		return false
+	}
+	_, ok := (*set)[key]
+	return ok
 }
 
 // LocalWork returns this gateway's share of the pod's pending load and of

@@ -1,11 +1,13 @@
 // Package localfleet runs a fleet of simulated vLLM engines (vllm-sim) and
 // kvgate's gateway in static discovery mode as child processes on
-// 127.0.0.1, for demos and end-to-end benchmarks without Kubernetes.
+// 127.0.0.1, for demos and end-to-end benchmarks without Kubernetes; with
+// several gateway replicas over the same engines, and a redis-server
+// through which they share state.
 //
-// Start picks free ports, starts the engines with their KV events
-// published on loopback, writes the gateway's endpoints file, starts the
-// gateway and returns once the gateway is ready and follows every engine's
-// KV event stream. The children run in a process group of their own (a
+// Start picks free ports, starts redis-server when asked, starts the
+// engines with their KV events published on loopback, writes the gateways'
+// endpoints file, starts the gateways and returns once every gateway is
+// ready and follows every engine's KV event stream. The children run in a process group of their own (a
 // terminal's Ctrl-C reaches only the parent) and die with the parent should
 // it die without stopping them. Close stops them all and removes the
 // fleet's temporary files.
@@ -18,11 +20,13 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"sync"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"sigs.k8s.io/yaml"
 
 	"github.com/kvgate/kvgate/pkg/config"
@@ -59,14 +63,25 @@ type Config struct {
 	// itself, and KVGATE_SHUTDOWN_DELAY to 0 unless GatewayEnv sets it.
 	GatewayArgs []string
 	GatewayEnv  []string
-	// GatewayAddress is where the gateway listens, as host:port; empty
-	// picks a free port on 127.0.0.1. Start fails at once, saying so, when
-	// the address is in use.
+	// GatewayAddress is where the (first) gateway listens, as host:port;
+	// empty picks a free port on 127.0.0.1. Start fails at once, saying so,
+	// when the address is in use.
 	GatewayAddress string
 	// AdminAddress, when set (host:port, "127.0.0.1:0" for a free port),
-	// is the gateway's admin listen address, where it serves /metrics,
-	// /debug/* and Go's profiles instead of on GatewayAddress.
+	// is the first gateway's admin listen address, where it serves
+	// /metrics, /debug/* and Go's profiles instead of on its API address;
+	// the other replicas then take a free port of their own each.
 	AdminAddress string
+	// Gateways is the number of gateway replicas following the same
+	// engines, each on a port of its own (gateway, gateway-1, ...); default
+	// 1.
+	Gateways int
+	// Redis starts a redis-server on a free 127.0.0.1 port, keeping nothing
+	// on disk, and points every gateway at it (KVGATE_REDIS_ADDRESS), so
+	// that the replicas share their state. RedisServer is its binary;
+	// default the redis-server on PATH (hack/install-deps.sh installs it).
+	Redis       bool
+	RedisServer string
 	// Dir receives the endpoints file and one log per process, and is kept.
 	// Empty uses a new temporary directory that Close removes.
 	Dir string
@@ -94,10 +109,14 @@ type Fleet struct {
 	tempDir bool
 	group   *group
 	engines []Engine
-	gateway *Process
-	gwURL   string
-	// adminURL serves /metrics and /debug: gwURL, or the admin address.
-	adminURL string
+	// gateways and gwURLs are the gateway replicas, the first one first;
+	// adminURLs serve their /metrics and /debug: gwURLs, or their admin
+	// addresses.
+	gateways  []*Process
+	gwURLs    []string
+	adminURLs []string
+	redis     *Process
+	redisAdr  string
 
 	closeOnce sync.Once
 	closing   chan struct{}
@@ -113,8 +132,15 @@ type Fleet struct {
 // of a process that exited quotes the end of its log.
 func Start(ctx context.Context, cfg Config) (*Fleet, error) {
 	cfg = cfg.withDefaults()
-	if cfg.Engines < 1 {
-		return nil, fmt.Errorf("localfleet: %d engines, want at least 1", cfg.Engines)
+	if cfg.Engines < 1 || cfg.Gateways < 1 {
+		return nil, fmt.Errorf("localfleet: %d engines and %d gateways, want at least 1 of each", cfg.Engines, cfg.Gateways)
+	}
+	if cfg.Redis {
+		bin, err := exec.LookPath(cfg.RedisServer)
+		if err != nil {
+			return nil, fmt.Errorf("localfleet: %w (install it with hack/install-deps.sh)", err)
+		}
+		cfg.RedisServer = bin
 	}
 	for _, bin := range []string{"vllm-sim", "gateway"} {
 		if _, err := os.Stat(filepath.Join(cfg.BinDir, bin)); err != nil {
@@ -145,10 +171,13 @@ func (c Config) withDefaults() Config {
 	c.Model = cmp.Or(c.Model, DefaultModel)
 	c.StartTimeout = cmp.Or(c.StartTimeout, DefaultStartTimeout)
 	c.StopTimeout = cmp.Or(c.StopTimeout, DefaultStopTimeout)
+	c.Gateways = cmp.Or(c.Gateways, 1)
+	c.RedisServer = cmp.Or(c.RedisServer, "redis-server")
 	return c
 }
 
-// start starts the engines, then the gateway, waiting for each stage.
+// start starts Redis, the engines, then the gateways, waiting for each
+// stage.
 func (f *Fleet) start(ctx context.Context) error {
 	gwAddr := f.cfg.GatewayAddress
 	if gwAddr != "" {
@@ -158,15 +187,21 @@ func (f *Fleet) start(ctx context.Context) error {
 		}
 		ln.Close()
 	}
-	ports, err := freePorts(3*f.cfg.Engines + 1)
+	e, g := f.cfg.Engines, f.cfg.Gateways
+	ports, err := freePorts(3*e + g + 1)
 	if err != nil {
 		return err
 	}
-	if gwAddr == "" {
-		gwAddr = net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[3*f.cfg.Engines]))
+	// A fleet on one machine has no load balancer to tell of a shutdown.
+	gwEnv := append([]string{config.ShutdownDelay.Name + "=0"}, f.cfg.GatewayEnv...)
+	if f.cfg.Redis {
+		if err := f.startRedis(ctx, ports[3*e+g]); err != nil {
+			return err
+		}
+		gwEnv = append([]string{gwEnv[0], config.RedisAddress.Name + "=" + f.redisAdr}, gwEnv[1:]...)
 	}
 	var static discovery.StaticFile
-	for i := range f.cfg.Engines {
+	for i := range e {
 		e, ep, err := f.startEngine(i, ports[3*i], ports[3*i+1], ports[3*i+2])
 		if err != nil {
 			return err
@@ -189,27 +224,66 @@ func (f *Fleet) start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("write the endpoints file: %w", err)
 	}
-	args := []string{"--discovery", "static", "--static-endpoints-file", file, "--listen-address", gwAddr}
-	f.gwURL, f.adminURL = "http://"+gwAddr, "http://"+gwAddr
-	if admin := f.cfg.AdminAddress; admin != "" {
-		if admin, err = freeAddress(admin); err != nil {
+	for i := range g {
+		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[3*e+i]))
+		name := "gateway"
+		if i == 0 && gwAddr != "" {
+			addr = gwAddr
+		}
+		if i > 0 {
+			name += "-" + strconv.Itoa(i)
+		}
+		args := []string{"--discovery", "static", "--static-endpoints-file", file, "--listen-address", addr}
+		adminURL := "http://" + addr
+		if admin := f.cfg.AdminAddress; admin != "" {
+			if i > 0 {
+				admin = "127.0.0.1:0"
+			}
+			if admin, err = freeAddress(admin); err != nil {
+				return err
+			}
+			args = append(args, "--admin-listen-address", admin)
+			adminURL = "http://" + admin
+		}
+		args = append(args, f.cfg.GatewayArgs...)
+		p, err := f.group.start(f.dir, name, filepath.Join(f.cfg.BinDir, "gateway"), args, gwEnv)
+		if err != nil {
 			return err
 		}
-		args = append(args, "--admin-listen-address", admin)
-		f.adminURL = "http://" + admin
+		f.gateways, f.gwURLs = append(f.gateways, p), append(f.gwURLs, "http://"+addr)
+		f.adminURLs = append(f.adminURLs, adminURL)
 	}
-	args = append(args, f.cfg.GatewayArgs...)
-	// A fleet on one machine has no load balancer to tell of a shutdown.
-	env := append([]string{config.ShutdownDelay.Name + "=0"}, f.cfg.GatewayEnv...)
-	if f.gateway, err = f.group.start(f.dir, "gateway", filepath.Join(f.cfg.BinDir, "gateway"), args, env); err != nil {
+	for i, p := range f.gateways {
+		url, admin := f.gwURLs[i], f.adminURLs[i]
+		if err := f.waitFor(ctx, p, p.Name+" to be ready", func(ctx context.Context) (bool, error) {
+			return httpOK(ctx, url+"/readyz")
+		}); err != nil {
+			return err
+		}
+		if err := f.waitFor(ctx, p, p.Name+" to follow every engine's KV events", func(ctx context.Context) (bool, error) {
+			return f.allFollowed(ctx, admin)
+		}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// startRedis starts redis-server on port and waits until it answers PING.
+func (f *Fleet) startRedis(ctx context.Context, port int) error {
+	args := []string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+		"--dir", f.dir, "--loglevel", "warning"}
+	p, err := f.group.start(f.dir, "redis", f.cfg.RedisServer, args, nil)
+	if err != nil {
 		return err
 	}
-	if err := f.waitFor(ctx, f.gateway, "the gateway to be ready", func(ctx context.Context) (bool, error) {
-		return httpOK(ctx, f.gwURL+"/readyz")
-	}); err != nil {
-		return err
-	}
-	return f.waitFor(ctx, f.gateway, "the gateway to follow every engine's KV events", f.allFollowed)
+	f.redis, f.redisAdr = p, net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	c := redis.NewClient(&redis.Options{Addr: f.redisAdr, MaxRetries: -1, DialTimeout: time.Second})
+	defer c.Close()
+	return f.waitFor(ctx, p, "redis-server to answer PING", func(ctx context.Context) (bool, error) {
+		err := c.Ping(ctx).Err()
+		return err == nil, err
+	})
 }
 
 // startEngine starts engine i serving HTTP on port and publishing KV
@@ -261,12 +335,22 @@ func freePorts(n int) ([]int, error) {
 	return ports, nil
 }
 
-// GatewayURL returns the gateway's base URL, e.g. http://127.0.0.1:8080.
-func (f *Fleet) GatewayURL() string { return f.gwURL }
+// GatewayURL returns the first gateway's base URL, e.g.
+// http://127.0.0.1:8080.
+func (f *Fleet) GatewayURL() string { return f.gwURLs[0] }
 
-// AdminURL returns the base URL of the gateway's /metrics and /debug/*:
-// its admin address when Config.AdminAddress is set, GatewayURL otherwise.
-func (f *Fleet) AdminURL() string { return f.adminURL }
+// GatewayURLs returns the base URLs of every gateway replica, the first
+// one first.
+func (f *Fleet) GatewayURLs() []string { return append([]string(nil), f.gwURLs...) }
+
+// RedisAddress returns the host:port of the fleet's redis-server, "" when
+// Config.Redis is off.
+func (f *Fleet) RedisAddress() string { return f.redisAdr }
+
+// AdminURL returns the base URL of the first gateway's /metrics and
+// /debug/*: its admin address when Config.AdminAddress is set, GatewayURL
+// otherwise.
+func (f *Fleet) AdminURL() string { return f.adminURLs[0] }
 
 // Model returns the model the engines serve.
 func (f *Fleet) Model() string { return f.cfg.Model }
@@ -274,8 +358,15 @@ func (f *Fleet) Model() string { return f.cfg.Model }
 // Engines returns the engines in order.
 func (f *Fleet) Engines() []Engine { return append([]Engine(nil), f.engines...) }
 
-// Gateway returns the gateway's process.
-func (f *Fleet) Gateway() *Process { return f.gateway }
+// Gateway returns the first gateway's process.
+func (f *Fleet) Gateway() *Process { return f.gateways[0] }
+
+// Gateways returns the processes of every gateway replica, the first one
+// first.
+func (f *Fleet) Gateways() []*Process { return append([]*Process(nil), f.gateways...) }
+
+// Redis returns the redis-server's process, nil when Config.Redis is off.
+func (f *Fleet) Redis() *Process { return f.redis }
 
 // ProcessGroup returns the id of the process group of the fleet's
 // processes.

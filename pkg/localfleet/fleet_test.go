@@ -80,8 +80,8 @@ func TestStartServesThroughTheGatewayAndCloseLeavesNothing(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
 	defer cancel()
 	// The engine's events reach the index shortly after the request.
-	if err := f.waitFor(ctx, f.gateway, "the index to hold the request's blocks", func(ctx context.Context) (bool, error) {
-		n, err := f.indexedBlocks(ctx)
+	if err := f.waitFor(ctx, f.Gateway(), "the index to hold the request's blocks", func(ctx context.Context) (bool, error) {
+		n, err := indexedBlocks(ctx, f.GatewayURL())
 		return n > 0, err
 	}); err != nil {
 		t.Fatal(err)
@@ -89,7 +89,7 @@ func TestStartServesThroughTheGatewayAndCloseLeavesNothing(t *testing.T) {
 	if err := f.ResetPrefixCaches(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := f.indexedBlocks(ctx); err != nil || n != 0 {
+	if n, err := indexedBlocks(ctx, f.GatewayURL()); err != nil || n != 0 {
 		t.Fatalf("index holds %d blocks (%v) after the reset, want none", n, err)
 	}
 	f.Close()
@@ -221,4 +221,50 @@ func children(t *testing.T) []string {
 		}
 	}
 	return kids
+}
+
+func TestReplicasShareStateThroughTheFleetsRedis(t *testing.T) {
+	f, err := startFleet(t, Config{Gateways: 2, Redis: true, EngineArgs: []string{"-step-overhead", "1ms"},
+		GatewayEnv: []string{"KVGATE_SHARED_STATE_INTERVAL_MS=50"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	urls := f.GatewayURLs()
+	if len(urls) != 2 || urls[0] == urls[1] || len(f.Gateways()) != 2 || f.RedisAddress() == "" || f.Redis() == nil {
+		t.Fatalf("gateways %v, redis %q: want two gateways on ports of their own and a Redis", urls, f.RedisAddress())
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	for _, url := range urls {
+		if err := f.waitFor(ctx, f.Gateway(), url+" to count both replicas", func(ctx context.Context) (bool, error) {
+			return metricIs(ctx, url, "kvgate_cache_shared_gateways 2")
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pgid := f.ProcessGroup()
+	f.Close()
+	if !groupGone(pgid) || !f.Redis().Exited() {
+		t.Errorf("processes of group %d, or redis-server, left after Close", pgid)
+	}
+}
+
+// metricIs reports whether the /metrics of the gateway at url has the line
+// want.
+func metricIs(ctx context.Context, url, want string) (bool, error) {
+	resp, err := get(ctx, url+"/metrics")
+	if err != nil {
+		return false, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return false, err
+	}
+	for _, line := range strings.Split(string(body), "\n") {
+		if line == want {
+			return true, nil
+		}
+	}
+	return false, fmt.Errorf("no line %q in %s/metrics", want, url)
 }

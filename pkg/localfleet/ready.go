@@ -86,10 +86,11 @@ type kvCacheView struct {
 	} `json:"models"`
 }
 
-// kvCache reads the gateway's view of the prefix index and its streams.
-func (f *Fleet) kvCache(ctx context.Context) (kvCacheView, error) {
+// kvCache reads the view of the gateway at url of the prefix index and its
+// streams.
+func kvCache(ctx context.Context, url string) (kvCacheView, error) {
 	var v kvCacheView
-	resp, err := get(ctx, f.adminURL+"/debug/kvcache")
+	resp, err := get(ctx, url+"/debug/kvcache")
 	if err != nil {
 		return v, err
 	}
@@ -103,10 +104,10 @@ func (f *Fleet) kvCache(ctx context.Context) (kvCacheView, error) {
 	return v, nil
 }
 
-// allFollowed reports whether the gateway follows every engine's KV event
-// stream with a connected client.
-func (f *Fleet) allFollowed(ctx context.Context) (bool, error) {
-	v, err := f.kvCache(ctx)
+// allFollowed reports whether the gateway at url follows every engine's KV
+// event stream with a connected client.
+func (f *Fleet) allFollowed(ctx context.Context, url string) (bool, error) {
+	v, err := kvCache(ctx, url)
 	if err != nil {
 		return false, err
 	}
@@ -122,16 +123,16 @@ func (f *Fleet) allFollowed(ctx context.Context) (bool, error) {
 	}
 	for _, e := range f.engines {
 		if !connected[e.PodKey] {
-			return false, fmt.Errorf("the gateway does not follow %s yet", e.PodKey)
+			return false, fmt.Errorf("the gateway at %s does not follow %s yet", url, e.PodKey)
 		}
 	}
 	return true, nil
 }
 
-// indexedBlocks returns how many blocks the gateway's index holds over all
-// pods and media.
-func (f *Fleet) indexedBlocks(ctx context.Context) (int, error) {
-	v, err := f.kvCache(ctx)
+// indexedBlocks returns how many blocks the index of the gateway at url
+// holds over all pods and media.
+func indexedBlocks(ctx context.Context, url string) (int, error) {
+	v, err := kvCache(ctx, url)
 	if err != nil {
 		return 0, err
 	}
@@ -148,8 +149,8 @@ func (f *Fleet) indexedBlocks(ctx context.Context) (int, error) {
 
 // ResetPrefixCaches empties every engine's prefix cache (POST
 // /reset_prefix_cache, retried while an engine refuses because requests
-// still hold blocks) and waits until the gateway's index holds no block of
-// any engine. Requests must have stopped; ctx bounds the wait.
+// still hold blocks) and waits until every gateway's index holds no block
+// of any engine. Requests must have stopped; ctx bounds the wait.
 func (f *Fleet) ResetPrefixCaches(ctx context.Context) error {
 	for _, e := range f.engines {
 		if err := f.waitFor(ctx, e.Process, e.Name+" to reset its prefix cache", func(ctx context.Context) (bool, error) {
@@ -158,13 +159,19 @@ func (f *Fleet) ResetPrefixCaches(ctx context.Context) error {
 			return err
 		}
 	}
-	return f.waitFor(ctx, f.gateway, "the index to drop every block", func(ctx context.Context) (bool, error) {
-		n, err := f.indexedBlocks(ctx)
-		if err == nil && n > 0 {
-			err = fmt.Errorf("the index still holds %d blocks", n)
+	for i, p := range f.gateways {
+		url := f.gwURLs[i]
+		if err := f.waitFor(ctx, p, "the index of "+p.Name+" to drop every block", func(ctx context.Context) (bool, error) {
+			n, err := indexedBlocks(ctx, url)
+			if err == nil && n > 0 {
+				err = fmt.Errorf("the index still holds %d blocks", n)
+			}
+			return err == nil, err
+		}); err != nil {
+			return err
 		}
-		return err == nil, err
-	})
+	}
+	return nil
 }
 
 // post reports whether POST url answers 200.

@@ -6,8 +6,10 @@
 //     optimizer), fed by the request ledger;
 //   - ProfileLoader loads the GPU profiles the optimizer writes into
 //     cache.Profiles;
-//   - SharedCounts shares the running requests of gateway replicas, so
-//     that each replica's routing counts the whole fleet's requests.
+//   - SharedCounts shares what gateway replicas have in flight (running
+//     requests, pending load, queued prefill work, prompt blocks) and their
+//     output predictors' history, so that each replica routes on the whole
+//     fleet's requests.
 //
 // Redis keys:
 //   - aibrix:<model>_request_trace_<window end, Unix seconds>: a JSON object
@@ -16,7 +18,8 @@
 //   - aibrix:profile_<model>_<deployment>: a cache.ModelGPUProfile as
 //     JSON, read only;
 //   - kvgate:running_requests:<gateway id> and kvgate:gateways: the shared
-//     running-request counts (see SharedCountsKeyPrefix).
+//     state of each replica (see SharedCountsKeyPrefix and
+//     DefaultSharedMaxBlocks).
 //
 // Nothing on the request path waits for Redis: the components write and
 // read in the background and publish what they read. Their failures are

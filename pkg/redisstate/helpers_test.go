@@ -38,11 +38,18 @@ func newTestLedger(t testing.TB) *inflight.Ledger {
 // p and q of model m.
 func newTestStore(t testing.TB) *cache.Store {
 	t.Helper()
+	return storeWithPods(t, "p", "q")
+}
+
+// storeWithPods returns a Store reading nothing from its pods, holding the
+// pods of names in namespace ns, serving model m.
+func storeWithPods(t testing.TB, names ...string) *cache.Store {
+	t.Helper()
 	s, err := cache.New(cache.Config{PodMetricRefreshInterval: -1, AdapterRefreshInterval: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{"p", "q"} {
+	for _, name := range names {
 		s.AddOrUpdatePod(&v1.Pod{
 			ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name, UID: k8stypes.UID("uid-" + name),
 				Labels: map[string]string{endpoint.ModelNameLabel: "m"}},

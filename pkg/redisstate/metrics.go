@@ -23,6 +23,9 @@ type Metrics struct {
 	traceFlushDelay prometheus.Histogram
 	profileRejects  prometheus.Counter
 	localOnly       prometheus.Counter
+	blocksTruncated prometheus.Counter
+	sharedRejects   *prometheus.CounterVec
+	gateways        prometheus.Gauge
 }
 
 // NewMetrics returns the metrics, registered on reg (none when nil). It
@@ -42,11 +45,20 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		localOnly: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "shared_counts_local_only_total",
 			Help: "Times the other gateway replicas' requests stopped counting in routing because Redis could not be read " +
 				"for longer than the shared counts' TTL: routing then goes on with this replica's requests alone."}),
+		blocksTruncated: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "shared_blocks_truncated_total",
+			Help: "Publications of this replica's prompt blocks in flight that left some out to stay within the bound " +
+				"(KVGATE_SHARED_MAX_BLOCKS): other replicas then credit its pods with shorter prefixes."}),
+		sharedRejects: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "shared_state_rejects_total",
+			Help: "Values other gateway replicas shared through Redis that could not be decoded and were dropped, by kind " +
+				"(blocks, output_histogram)."}, []string{"kind"}),
+		gateways: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "shared_gateways",
+			Help: "Gateway replicas sharing state through Redis, this one included, as of the last read; 0 until the first."}),
 	}
 	if reg == nil {
 		return m, nil
 	}
-	if err := promreg.Register(reg, "Redis state", m.redisErrors, m.traceFlushes, m.traceFlushDelay, m.profileRejects, m.localOnly); err != nil {
+	if err := promreg.Register(reg, "Redis state", m.redisErrors, m.traceFlushes, m.traceFlushDelay, m.profileRejects, m.localOnly,
+		m.blocksTruncated, m.sharedRejects, m.gateways); err != nil {
 		return nil, err
 	}
 	return m, nil

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -66,6 +67,27 @@ type SharedCountsConfig struct {
 	TTL time.Duration
 	// Logger receives the component's logs (default klog.Background()).
 	Logger klog.Logger
+
+	// Prefixes, when set, also shares the prompt blocks that this
+	// replica's attempts hold on each pod, at most MaxBlocks keys (default
+	// DefaultSharedMaxBlocks; publications that leave some out are counted
+	// in kvgate_cache_shared_blocks_truncated_total), and sets the other
+	// replicas' on the pods' load records, for kv-aware's credit of
+	// prefixes in flight.
+	Prefixes  InFlightBlocks
+	MaxBlocks int
+	// Predictors, when set, also shares the history of the output
+	// predictors, so that each replica predicts from the whole fleet's
+	// completed requests.
+	Predictors OutputHistograms
+	// Now is the component's clock (default time.Now); a virtual clock
+	// suits only ShareInProcess, since Redis keeps wall-clock times.
+	Now func() time.Time
+	// SoleReplica, when set, says why this replica must be the only one
+	// (a gateway in bind mode: each engine's stream reaches one replica):
+	// when other live replicas share state, the component logs an error
+	// with it, once each time they appear.
+	SoleReplica string
 }
 
 // SharedCounts shares the requests of gateway replicas through Redis: it
@@ -86,6 +108,8 @@ type SharedCounts struct {
 	cfg     SharedCountsConfig
 	log     klog.Logger
 	key     string
+	// others tells whether other live replicas were seen at the last read.
+	others bool
 }
 
 // remoteCounts sums the other replicas' counts (integer fields) and work
@@ -93,6 +117,10 @@ type SharedCounts struct {
 type remoteCounts struct {
 	counts map[string]int64
 	work   map[string]float64
+	// blocks are the prompt block keys per pod, hists the output
+	// histories per model (see shared_routing.go).
+	blocks map[string][]uint64
+	hists  map[string][]int32
 }
 
 // Suffixes of the fields of a pod's work in a replica's hash.
@@ -102,10 +130,15 @@ const (
 )
 
 // NewSharedCounts returns the component sharing the counts of pods through
-// client. It fails when the TTL does not exceed the interval.
+// client, which may be nil for a component used only with ShareInProcess.
+// It fails when the TTL does not exceed the interval.
 func NewSharedCounts(client *redis.Client, pods PodLoads, m *Metrics, cfg SharedCountsConfig) (*SharedCounts, error) {
 	cfg.Interval = cmp.Or(cfg.Interval, DefaultSharedCountsInterval)
 	cfg.TTL = cmp.Or(cfg.TTL, DefaultSharedCountsTTL)
+	cfg.MaxBlocks = cmp.Or(cfg.MaxBlocks, DefaultSharedMaxBlocks)
+	if cfg.MaxBlocks < 0 {
+		return nil, fmt.Errorf("shared counts: MaxBlocks %d is negative", cfg.MaxBlocks)
+	}
 	if cfg.Interval < 0 || cfg.TTL <= cfg.Interval {
 		return nil, fmt.Errorf("shared counts: TTL %v must exceed the interval %v", cfg.TTL, cfg.Interval)
 	}
@@ -114,6 +147,9 @@ func NewSharedCounts(client *redis.Client, pods PodLoads, m *Metrics, cfg Shared
 	}
 	if cfg.Logger.GetSink() == nil {
 		cfg.Logger = klog.Background()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
 	}
 	return &SharedCounts{client: client, pods: pods, metrics: m, cfg: cfg, log: cfg.Logger.WithName("shared-counts"),
 		key: SharedCountsKeyPrefix + cfg.GatewayID}, nil
@@ -151,7 +187,7 @@ func (c *SharedCounts) Run(ctx context.Context) error {
 			c.metrics.redisErrors.WithLabelValues(opSharedRead).Inc()
 			err = errors.Join(err, readErr)
 			if time.Since(lastRead) > c.cfg.TTL && remote {
-				c.apply(remoteCounts{})
+				c.apply(remoteCounts{}, c.cfg.Now())
 				remote = false
 				c.metrics.localOnly.Inc()
 				c.log.Info("Dropped other gateways' running-request counts: Redis unreadable", "gateway", c.cfg.GatewayID, "for", time.Since(lastRead))
@@ -175,27 +211,10 @@ func (c *SharedCounts) Run(ctx context.Context) error {
 	}
 }
 
-// publish replaces this replica's hash with its current counts.
+// publish replaces this replica's hash with its current state.
 func (c *SharedCounts) publish(ctx context.Context) error {
-	fields := map[string]any{}
-	now := time.Now()
-	for _, p := range c.pods.PodLoads() {
-		var total int64
-		for model, n := range p.Local() {
-			fields[p.ID()+"|"+model] = n
-			total += n
-		}
-		if total > 0 {
-			fields[p.ID()] = total
-		}
-		pending, prefill := p.LocalWork(now)
-		if pending > 0 {
-			fields[p.ID()+fieldPending] = strconv.FormatFloat(pending, 'g', 6, 64)
-		}
-		if prefill > 0 {
-			fields[p.ID()+fieldPrefill] = strconv.FormatFloat(prefill.Seconds(), 'g', 6, 64)
-		}
-	}
+	now := c.cfg.Now()
+	fields := c.state(now)
 	ctx, cancel := context.WithTimeout(ctx, sharedRedisTimeout)
 	defer cancel()
 	prune := max(10*c.cfg.TTL, time.Minute)
@@ -215,14 +234,40 @@ func (c *SharedCounts) publish(ctx context.Context) error {
 	return nil
 }
 
-// read sums the hashes of the other replicas and sets them on the pods.
+// state returns this replica's state at now, the fields of its hash.
+func (c *SharedCounts) state(now time.Time) map[string]string {
+	fields := map[string]string{}
+	for _, p := range c.pods.PodLoads() {
+		var total int64
+		for model, n := range p.Local() {
+			fields[p.ID()+"|"+model] = strconv.FormatInt(n, 10)
+			total += n
+		}
+		if total > 0 {
+			fields[p.ID()] = strconv.FormatInt(total, 10)
+		}
+		pending, prefill := p.LocalWork(now)
+		if pending > 0 {
+			fields[p.ID()+fieldPending] = strconv.FormatFloat(pending, 'g', 6, 64)
+		}
+		if prefill > 0 {
+			fields[p.ID()+fieldPrefill] = strconv.FormatFloat(prefill.Seconds(), 'g', 6, 64)
+		}
+	}
+	c.publishRouting(fields)
+	return fields
+}
+
+// read reads the hashes of the other replicas and adopts them.
 func (c *SharedCounts) read(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, sharedRedisTimeout)
 	defer cancel()
-	ids, err := c.client.ZRange(ctx, SharedGatewaysKey, 0, -1).Result()
+	since := c.cfg.Now().Add(-c.cfg.TTL).UnixMilli()
+	ids, err := c.client.ZRangeByScore(ctx, SharedGatewaysKey, &redis.ZRangeBy{Min: strconv.FormatInt(since, 10), Max: "+inf"}).Result()
 	if err != nil {
 		return fmt.Errorf("list gateways in %s: %w", SharedGatewaysKey, err)
 	}
+	c.noteReplicas(ids)
 	pipe := c.client.Pipeline()
 	var cmds []*redis.MapStringStringCmd
 	for _, id := range ids {
@@ -230,14 +275,28 @@ func (c *SharedCounts) read(ctx context.Context) error {
 			cmds = append(cmds, pipe.HGetAll(ctx, SharedCountsKeyPrefix+id))
 		}
 	}
-	sum := remoteCounts{counts: map[string]int64{}, work: map[string]float64{}}
 	if len(cmds) > 0 {
 		if _, err := pipe.Exec(ctx); err != nil {
 			return fmt.Errorf("read %d gateways' counts: %w", len(cmds), err)
 		}
 	}
-	for _, cmd := range cmds {
-		for field, v := range cmd.Val() {
+	hashes := make([]map[string]string, len(cmds))
+	for i, cmd := range cmds {
+		hashes[i] = cmd.Val()
+	}
+	c.adopt(hashes, c.cfg.Now())
+	return nil
+}
+
+// adopt sums the states of the other replicas, their hashes, and sets the
+// sum on the pods and predictors at now.
+func (c *SharedCounts) adopt(hashes []map[string]string, now time.Time) {
+	sum := remoteCounts{counts: map[string]int64{}, work: map[string]float64{}}
+	for _, h := range hashes {
+		for field, v := range h {
+			if c.readRouting(field, v, &sum) {
+				continue
+			}
 			if strings.HasSuffix(field, fieldPending) || strings.HasSuffix(field, fieldPrefill) {
 				x, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
 				if err == nil && x > 0 && !math.IsInf(x, 0) {
@@ -251,14 +310,45 @@ func (c *SharedCounts) read(ctx context.Context) error {
 			}
 		}
 	}
-	c.apply(sum)
-	return nil
+	c.apply(sum, now)
+}
+
+// ShareInProcess has each of replicas adopt the state of the others as a
+// read through Redis would give it at the moment each one's clock
+// (SharedCountsConfig.Now) reads: for simulations of several gateway
+// replicas in one process, which call it every interval of their virtual
+// time. Their Redis clients, which may be nil, are not used.
+func ShareInProcess(replicas ...*SharedCounts) {
+	states := make([]map[string]string, len(replicas))
+	for i, c := range replicas {
+		states[i] = c.state(c.cfg.Now())
+	}
+	others := make([]map[string]string, 0, len(replicas))
+	for i, c := range replicas {
+		others = append(append(others[:0], states[:i]...), states[i+1:]...)
+		c.adopt(others, c.cfg.Now())
+	}
+}
+
+// noteReplicas records the live replicas ids, and logs an error when other
+// replicas appear beside one that must be the only one.
+func (c *SharedCounts) noteReplicas(ids []string) {
+	n := len(ids)
+	if !slices.Contains(ids, c.cfg.GatewayID) {
+		n++
+	}
+	c.metrics.gateways.Set(float64(n))
+	others := n > 1
+	if others && !c.others && c.cfg.SoleReplica != "" {
+		c.log.Error(nil, "Other gateway replicas run beside one that must be the only one", "gateway", c.cfg.GatewayID,
+			"replicas", n, "why", c.cfg.SoleReplica)
+	}
+	c.others = others
 }
 
 // apply sets on every registered pod what the other replicas have there;
 // their prefill work is taken to drain from now.
-func (c *SharedCounts) apply(sum remoteCounts) {
-	now := time.Now()
+func (c *SharedCounts) apply(sum remoteCounts, now time.Time) {
 	type podCounts struct {
 		total  int64
 		models map[string]int64
@@ -296,6 +386,7 @@ func (c *SharedCounts) apply(sum remoteCounts) {
 		}
 		p.SetRemoteWork(w)
 	}
+	c.applyRouting(sum)
 }
 
 // withdraw removes this replica's counts so the others stop counting them

@@ -2,9 +2,11 @@ package routing
 
 import (
 	"encoding/binary"
-	"hash/maphash"
+	"slices"
 	"sync"
 	"sync/atomic"
+
+	"github.com/zeebo/xxh3"
 
 	"github.com/kvgate/kvgate/pkg/inflight"
 )
@@ -24,13 +26,14 @@ const DefaultMaxInFlightPrefixBlocks = 1 << 20
 //
 // Blocks are keyed by a chain of hashes of their tokens (block i's key
 // hashes block i-1's key and its own tokens), rooted in the model and the
-// LoRA adapter, so that equal keys mean equal prefixes. An attempt's blocks
-// are added when it opens and removed when it closes. At most max distinct
-// blocks are remembered; an attempt that would exceed it is not recorded,
-// and counted.
+// LoRA adapter, so that equal keys mean equal prefixes. The hash (XXH3,
+// unseeded) is the same in every process, so that gateway replicas can
+// share the keys of their attempts (see Router.InFlightBlocks and
+// inflight.PodLoad.SetRemoteBlocks). An attempt's blocks are added when it
+// opens and removed when it closes. At most max distinct blocks are
+// remembered; an attempt that would exceed it is not recorded, and counted.
 type inFlightPrefixes struct {
-	seed maphash.Seed
-	max  int
+	max int
 
 	mu     sync.RWMutex
 	blocks map[uint64][]podRef
@@ -47,7 +50,7 @@ type podRef struct {
 }
 
 func newInFlightPrefixes(max int) *inFlightPrefixes {
-	return &inFlightPrefixes{seed: maphash.MakeSeed(), max: max, blocks: map[uint64][]podRef{},
+	return &inFlightPrefixes{max: max, blocks: map[uint64][]podRef{},
 		attempts: map[*inflight.Handle]struct{}{}}
 }
 
@@ -58,19 +61,16 @@ func (f *inFlightPrefixes) keys(dst []uint64, buf *[]byte, model, lora string, t
 	if blockSize <= 0 {
 		return dst
 	}
-	var h maphash.Hash
-	h.SetSeed(f.seed)
-	h.WriteString(model)
-	h.WriteByte(0)
-	h.WriteString(lora)
-	parent := h.Sum64()
-	b := *buf
+	b := append((*buf)[:0], model...)
+	b = append(b, 0)
+	b = append(b, lora...)
+	parent := xxh3.Hash(b)
 	for i := 0; i+blockSize <= len(tokens); i += blockSize {
 		b = binary.LittleEndian.AppendUint64(b[:0], parent)
 		for _, t := range tokens[i : i+blockSize] {
 			b = binary.LittleEndian.AppendUint32(b, t)
 		}
-		parent = maphash.Bytes(f.seed, b)
+		parent = xxh3.Hash(b)
 		dst = append(dst, parent)
 	}
 	*buf = b
@@ -147,20 +147,25 @@ func (f *inFlightPrefixes) len() int {
 }
 
 // match sets, for each candidate, InFlightMatchedBlocks: how many leading
-// blocks of keys attempts in flight on its pod hold.
+// blocks of keys attempts in flight on its pod hold, this gateway's or, as
+// the pod's load record last heard, other replicas'.
 func (f *inFlightPrefixes) match(cs []Candidate, keys []uint64) {
 	if len(keys) == 0 {
 		return
 	}
+	remote := false
+	for j := range cs {
+		remote = remote || cs[j].load.HasRemoteBlocks()
+	}
 	f.mu.RLock()
 	defer f.mu.RUnlock()
-	if len(f.blocks) == 0 {
+	if len(f.blocks) == 0 && !remote {
 		return
 	}
 	alive := len(cs)
-	for i := range keys {
-		refs := f.blocks[keys[i]]
-		if len(refs) == 0 {
+	for i, k := range keys {
+		refs := f.blocks[k]
+		if len(refs) == 0 && !remote {
 			return
 		}
 		for j := range cs {
@@ -168,13 +173,16 @@ func (f *inFlightPrefixes) match(cs []Candidate, keys []uint64) {
 			if c.InFlightMatchedBlocks != i {
 				continue
 			}
+			held := false
 			for _, r := range refs {
 				if r.pod == c.load {
-					c.InFlightMatchedBlocks++
+					held = true
 					break
 				}
 			}
-			if c.InFlightMatchedBlocks == i {
+			if held || c.load.RemoteBlock(k) {
+				c.InFlightMatchedBlocks++
+			} else {
 				alive--
 			}
 		}
@@ -182,4 +190,35 @@ func (f *inFlightPrefixes) match(cs []Candidate, keys []uint64) {
 			return
 		}
 	}
+}
+
+// snapshot returns, per pod, the distinct keys of the blocks its recorded
+// attempts hold, each attempt's in prompt order, at most max in all; it
+// reports whether some were left out for lack of room.
+func (f *inFlightPrefixes) snapshot(max int) (map[string][]uint64, bool) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	out := map[string][]uint64{}
+	seen := make(map[uint64][]*inflight.PodLoad, min(len(f.blocks), max))
+	n, truncated := 0, false
+	for h := range f.attempts {
+		if truncated {
+			break
+		}
+		rt := h.Route()
+		id := rt.Pod.ID()
+		for _, k := range rt.PromptBlocks {
+			if slices.Contains(seen[k], rt.Pod) {
+				continue
+			}
+			if n == max {
+				truncated = true
+				break
+			}
+			seen[k] = append(seen[k], rt.Pod)
+			out[id] = append(out[id], k)
+			n++
+		}
+	}
+	return out, truncated
 }

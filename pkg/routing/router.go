@@ -244,3 +244,15 @@ func (r *Router) logger(ctx context.Context) klog.Logger {
 func (d *Decision) reset() {
 	*d = Decision{Candidates: d.Candidates[:0], promptBlocks: d.promptBlocks[:0]}
 }
+
+// InFlightBlocks returns, per pod ("namespace/name"), the keys of the
+// prompt blocks that the attempts this Router follows hold there (see
+// Candidate.InFlightMatchedBlocks): each attempt's in prompt order, so that
+// a cut at most max keys in all leaves its leading blocks. It reports
+// whether some were left out for lack of room. Another gateway replica hands them to the pod's load record
+// (inflight.PodLoad.SetRemoteBlocks), so that its kv-aware credits the pod
+// with the prefixes this one sent there; the keys are the same in every
+// process.
+func (r *Router) InFlightBlocks(max int) (blocks map[string][]uint64, truncated bool) {
+	return r.inFlight.snapshot(max)
+}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/pkg/cache"
+	"github.com/kvgate/kvgate/pkg/redisstate"
 	"github.com/kvgate/kvgate/pkg/routing"
 	"github.com/kvgate/kvgate/pkg/sim"
 	"github.com/kvgate/kvgate/pkg/slo"
@@ -142,6 +143,19 @@ type Config struct {
 	// (slo.DefaultMaxQueueLength and slo.DefaultMaxWait when 0).
 	QueueMaxLength int
 	QueueMaxWait   time.Duration
+	// Replicas is how many gateway replicas every policy but the oracle
+	// runs as (default 1): request i arrives at replica i mod Replicas, and
+	// each replica is a Router of its own with its own request ledger and
+	// load records, following the same index.
+	Replicas int
+	// ShareInterval is how often the replicas share what they have in
+	// flight (requests, prefill work, prompt blocks), as the gateway's
+	// KVGATE_SHARED_STATE_INTERVAL_MS; each replica's view of the others is
+	// then at most that old. Default redisstate.DefaultSharedCountsInterval
+	// (200 ms). Unshared has them share nothing: each routes on its own
+	// requests alone, as replicas without Redis do.
+	ShareInterval time.Duration
+	Unshared      bool
 }
 
 func (c Config) withDefaults() Config {
@@ -165,6 +179,8 @@ func (c Config) withDefaults() Config {
 	c.Parallel = cmp.Or(c.Parallel, 1)
 	c.QueueMaxLength = cmp.Or(c.QueueMaxLength, slo.DefaultMaxQueueLength)
 	c.QueueMaxWait = cmp.Or(c.QueueMaxWait, slo.DefaultMaxWait)
+	c.Replicas = cmp.Or(c.Replicas, 1)
+	c.ShareInterval = cmp.Or(c.ShareInterval, redisstate.DefaultSharedCountsInterval)
 	return c
 }
 
@@ -192,6 +208,9 @@ func (c Config) validate() error {
 	}
 	if c.QueueMaxLength < 0 || c.QueueMaxWait < 0 {
 		errs = append(errs, errors.New("queue bounds must not be negative"))
+	}
+	if c.Replicas < 1 || c.ShareInterval < 0 {
+		errs = append(errs, fmt.Errorf("%d replicas sharing every %v: want at least 1, and an interval not negative", c.Replicas, c.ShareInterval))
 	}
 	if c.Parallel < 1 {
 		errs = append(errs, fmt.Errorf("parallel %d, want at least 1", c.Parallel))

@@ -128,6 +128,20 @@
 // and the requests queued, refused and expired (OverloadReport, with the
 // issue's targets in Targets).
 //
+// # Gateway replicas
+//
+// With Config.Replicas n > 1, every policy but the oracle runs as n gateway
+// replicas following the same index: request i arrives at replica i mod n,
+// and each replica routes with a Router, request ledger and load records of
+// its own, so that it counts only the requests it sent. Every
+// Config.ShareInterval of virtual time the replicas share what they have in
+// flight (running requests, queued prefill work, prompt blocks) through
+// redisstate.ShareInProcess, as the gateway's redisstate.SharedCounts does
+// through Redis; each replica's view of the others is then at most one
+// interval old (a real replica's, which publishes and reads on its own
+// ticker, up to about two). With Config.Unshared they share nothing, as
+// replicas without Redis.
+//
 // # Metrics
 //
 //   - hit ratio: the prompt tokens engines took from their prefix cache over

@@ -35,22 +35,39 @@ type policy interface {
 	holding() bool
 }
 
-// newPolicy returns the named policy over s's fleet.
+// newPolicy returns the named policy over s's fleet, run as
+// Config.Replicas gateway replicas.
 func newPolicy(name string, s *simulation) (policy, error) {
 	if name == TTFTOracle {
 		return newOracle(s.fleet, s.cfg.Seed), nil
 	}
+	if s.cfg.Replicas > 1 {
+		return newReplicated(name, s)
+	}
+	p, _, err := newGatewayPolicy(name, s, "", nil)
+	return p, err
+}
+
+// newGatewayPolicy returns the named policy of one gateway over s's fleet,
+// and the router policy it routes with. The gateway's random stream is the
+// policy's, distinguished by replica, and loads are its load records of
+// the engines (nil: the engines' own).
+func newGatewayPolicy(name string, s *simulation, replica string, loads []*inflight.PodLoad) (policy, *routerPolicy, error) {
 	// The SLO-aware policies draw from kv-aware's random stream: where
 	// every pod meets the SLO they decide exactly as kv-aware does.
 	stream := name
 	if routing.IsSLOAware(name) {
 		stream = routing.KVAware
 	}
-	rp, err := newRouterPolicy(name, stream, s.fleet, s.cfg)
-	if err != nil || !routing.IsSLOAware(name) {
-		return rp, err
+	rp, err := newRouterPolicy(name, stream+replica, s.fleet, s.cfg)
+	if err != nil {
+		return nil, nil, err
 	}
-	return newQueuedPolicy(rp, s), nil
+	rp.loads = loads
+	if !routing.IsSLOAware(name) {
+		return rp, rp, nil
+	}
+	return newQueuedPolicy(rp, s), rp, nil
 }
 
 // policySeed derives the random stream of one policy from the benchmark's
@@ -72,6 +89,9 @@ type routerPolicy struct {
 	decision routing.Decision
 	snaps    []cache.PodSnapshot
 	attempts map[int]*inflight.Handle
+	// loads are the gateway's load records of the engines, in order; nil
+	// for the engines' own.
+	loads []*inflight.PodLoad
 }
 
 func newRouterPolicy(alg, stream string, f *fleet, cfg Config) (*routerPolicy, error) {
@@ -113,7 +133,7 @@ func (p *routerPolicy) route(i int, r *Request) (int, error) {
 // routeContext routes request i, whose routing context is ctx, and opens
 // its attempt on the chosen engine.
 func (p *routerPolicy) routeContext(i int, ctx *types.RoutingContext) (int, error) {
-	p.snaps = storeView{p.f}.snapshots(p.snaps[:0])
+	p.snaps = storeView{p.f, p.loads}.snapshots(p.snaps[:0])
 	if err := p.router.Route(context.Background(), ctx, p.snaps, &p.decision); err != nil {
 		return 0, err
 	}

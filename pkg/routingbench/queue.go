@@ -7,15 +7,17 @@ import (
 
 // eventKind orders the events due at the same instant: an engine's step
 // ends (its tokens exist) before event batches reach the index, before the
-// Store scrapes, before requests arrive and are routed, before the gateway's
-// queue looks for requests that can no longer wait. Routing thus sees
-// everything that happened up to and including its instant.
+// Store scrapes, before gateway replicas share their state, before requests
+// arrive and are routed, before the gateway's queue looks for requests that
+// can no longer wait. Routing thus sees everything that happened up to and
+// including its instant.
 type eventKind uint8
 
 const (
 	evStepEnd eventKind = iota
 	evDeliver
 	evScrape
+	evShare
 	evArrival
 	evQueue
 )

@@ -70,6 +70,9 @@ func simulate(ctx context.Context, cfg Config, w *Workload, name string) (*Polic
 	}
 	s.queue.push(event{at: w.Requests[0].Arrival, kind: evArrival})
 	s.queue.push(event{at: 0, kind: evScrape})
+	if r, ok := s.policy.(*replicated); ok && len(r.shared) > 0 {
+		s.queue.push(event{at: 0, kind: evShare})
+	}
 	for n := 0; s.queue.len() > 0; n++ {
 		if n%cancelCheckEvents == 0 && ctx.Err() != nil {
 			return nil, fmt.Errorf("simulate %s under %s: %w", w.Name, name, ctx.Err())
@@ -94,6 +97,11 @@ func (s *simulation) handle(ev event) error {
 	case evScrape:
 		s.scrape()
 		return s.policy.changed()
+	case evShare:
+		s.policy.(*replicated).share()
+		if s.pending() {
+			s.queue.push(event{at: s.now + s.cfg.ShareInterval, kind: evShare})
+		}
 	case evQueue:
 		return s.policy.changed()
 	}
@@ -245,7 +253,13 @@ func (s *simulation) scrape() {
 	for _, e := range s.engines {
 		e.metrics.scrape(s.now, e.eng.QueueState(), e.counters)
 	}
-	if s.next < len(s.w.Requests) || s.busy > 0 || s.deliveries > 0 || s.policy.holding() {
+	if s.pending() {
 		s.queue.push(event{at: s.now + s.cfg.ScrapeInterval, kind: evScrape})
 	}
+}
+
+// pending reports whether anything is left to happen: requests to arrive,
+// engines busy, event batches on their way, requests held.
+func (s *simulation) pending() bool {
+	return s.next < len(s.w.Requests) || s.busy > 0 || s.deliveries > 0 || s.policy.holding()
 }

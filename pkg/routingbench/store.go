@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/pkg/cache"
+	"github.com/kvgate/kvgate/pkg/inflight"
 	"github.com/kvgate/kvgate/pkg/sim"
 )
 
@@ -174,6 +175,9 @@ func (s *scraped) value(metric string) (float64, bool) {
 // ledger counts on the engine's load record at once.
 type storeView struct {
 	f *fleet
+	// loads are the gateway's load records of the engines, in order; nil
+	// for the engines' own.
+	loads []*inflight.PodLoad
 }
 
 // builtins are the Store's built-in metrics routing reads, and where they
@@ -205,7 +209,11 @@ func (v storeView) snapshots(out []cache.PodSnapshot) []cache.PodSnapshot {
 				m.Measured |= b.bit
 			}
 		}
-		out = append(out, cache.PodSnapshot{Endpoint: e.pod, Metrics: m, Load: e.load})
+		load := e.load
+		if v.loads != nil {
+			load = v.loads[e.index]
+		}
+		out = append(out, cache.PodSnapshot{Endpoint: e.pod, Metrics: m, Load: load})
 	}
 	return out
 }

@@ -92,7 +92,7 @@ func TestStoreViewServesTheGatewaysCountsAtOnceAndScrapesOnceScraped(t *testing.
 	if err != nil {
 		t.Fatal(err)
 	}
-	v := storeView{f}
+	v := storeView{f: f}
 	e := f.engines[1]
 	ledger, err := inflight.New(inflight.Config{Now: f.clock})
 	if err != nil {
