@@ -9,7 +9,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -33,6 +32,7 @@ import (
 	"github.com/kvgate/kvgate/pkg/kvevent/publisher"
 	"github.com/kvgate/kvgate/pkg/sim"
 	"github.com/kvgate/kvgate/pkg/sim/simserver"
+	"github.com/kvgate/kvgate/pkg/sim/simtest"
 )
 
 // simModel is the model the test engines serve.
@@ -45,7 +45,6 @@ type simEngine struct {
 	name                      string
 	url, address              string
 	port, pubPort, replayPort int
-	srv                       *httptest.Server
 }
 
 // startEngine runs a simulated engine named name until the test ends.
@@ -61,7 +60,10 @@ func startEngine(t testing.TB, name string) *simEngine {
 	if err != nil {
 		t.Fatalf("engine %s: %v", name, err)
 	}
-	s, err := simserver.New(simserver.Config{Model: simModel, Ranks: []simserver.Rank{{
+	// Registered before the engine's cleanup, it runs after the engine
+	// stopped.
+	t.Cleanup(func() { _ = pub.Close() })
+	srv := simtest.Serve(t, simserver.Config{Model: simModel, Ranks: []simserver.Rank{{
 		// A prefill speed of 1,000 tokens per second: an uncached prompt of
 		// a few hundred tokens costs far more than the inter-token latency
 		// a loaded test machine measures, so that kv-aware's predictions
@@ -71,26 +73,8 @@ func startEngine(t testing.TB, name string) *simEngine {
 				DecodePerToken: 100 * time.Microsecond}},
 		Sink: pub,
 	}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		s.Run(ctx)
-	}()
-	hs := httptest.NewServer(s.Handler())
-	t.Cleanup(func() {
-		hs.Close()
-		cancel()
-		<-done
-		_ = pub.Close()
-	})
-	_, port, _ := net.SplitHostPort(hs.Listener.Addr().String())
-	e := &simEngine{name: name, url: hs.URL, address: hs.Listener.Addr().String(), pubPort: ports[0], replayPort: ports[1], srv: hs}
-	e.port, _ = strconv.Atoi(port)
-	return e
+	return &simEngine{name: name, url: srv.URL, address: net.JoinHostPort("127.0.0.1", strconv.Itoa(srv.Port)), port: srv.Port,
+		pubPort: ports[0], replayPort: ports[1]}
 }
 
 // endpointYAML is the engine's entry in a static endpoints file.
