@@ -120,7 +120,7 @@ bench-routing: deps ## Compare routing policies on simulated engines (Mooncake t
 
 .PHONY: bench-routing-overload
 bench-routing-overload: deps ## The overload scenario: arrival rates from 0.5x to 3x the fleet's capacity, seeds 1-3, kv-aware against the SLO-aware algorithms (about an hour on two cores).
-	$(GO) run ./cmd/bench-routing -overload -seeds 1,2,3 -out '$(BENCH_ROUTING_OUT)' $(BENCH_ROUTING_FLAGS)
+	$(GO) run ./cmd/bench-routing -overload -workload mooncake,shared-prefix -seeds 1,2,3 -out '$(BENCH_ROUTING_OUT)' $(BENCH_ROUTING_FLAGS)
 
 ##@ Build
 
