@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -48,6 +49,10 @@ type Gateway struct {
 	store    *cache.Store
 	router   *routing.Router
 	ledger   *inflight.Ledger
+	// capacity is held for writing while the ledger frees a pod's capacity
+	// and tells the SLO queues, and for reading while a queue tries a
+	// request (slo.Config.Capacity).
+	capacity sync.RWMutex
 	// profiles, predictors and pendingLoad serve the request path: the
 	// pending load of a request from its pod's GPU profile, its predicted
 	// output length.
@@ -231,7 +236,8 @@ func (g *Gateway) newStore() error {
 	if g.store, err = cache.New(cc); err != nil {
 		return fmt.Errorf("gateway: %w", err)
 	}
-	if g.ledger, err = inflight.New(inflight.Config{TTL: g.cfg.RequestTTL, Registerer: g.registry, Logger: g.cfg.Logger}); err != nil {
+	if g.ledger, err = inflight.New(inflight.Config{TTL: g.cfg.RequestTTL, Registerer: g.registry, Logger: g.cfg.Logger,
+		Frees: &g.capacity}); err != nil {
 		return fmt.Errorf("gateway: %w", err)
 	}
 	if g.profiles, err = cache.NewProfiles(g.cfg.Cache.EndpointOptions(), g.registry); err != nil {

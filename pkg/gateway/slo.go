@@ -39,7 +39,9 @@ func (g *Gateway) newSLO() error {
 		return fmt.Errorf("gateway: %w", err)
 	}
 	g.objectives = slo.NewObjectives(g.cfg.SLO, g.profiles)
-	g.queues = slo.NewRouters(slo.NewProvider(g.cfg.SLO, g.sloMetrics), g.sloMetrics)
+	sc := g.cfg.SLO
+	sc.Capacity = &g.capacity
+	g.queues = slo.NewRouters(slo.NewProvider(sc, g.sloMetrics), g.sloMetrics)
 	trigger := func(*inflight.Handle) { g.queues.Trigger() }
 	g.ledger.Observe(inflight.Observer{FirstToken: trigger, Closed: trigger})
 	g.store.AddPodListener(modelDepartures{g})

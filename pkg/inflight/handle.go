@@ -134,6 +134,10 @@ func (h *Handle) FirstToken() {
 	}
 	h.firstToken = now
 	h.mu.Unlock()
+	if f := l.frees; f != nil {
+		f.Lock()
+		defer f.Unlock()
+	}
 	h.route.Pod.endPrefill(l, h, now, true)
 	for _, o := range *l.observers.Load() {
 		if o.FirstToken != nil {
@@ -168,6 +172,10 @@ func (h *Handle) Close(outcome Outcome, reason string) bool {
 	h.mu.Lock()
 	h.outcome, h.reason = outcome, reason
 	h.mu.Unlock()
+	if f := l.frees; f != nil {
+		f.Lock()
+		defer f.Unlock()
+	}
 	if h.route.Pod != nil {
 		h.route.Pod.close(l, h, l.now())
 	}

@@ -31,6 +31,11 @@ type Config struct {
 	Registerer prometheus.Registerer
 	// Logger receives the ledger's logs (default klog.Background()).
 	Logger klog.Logger
+	// Frees, when set, is locked while an attempt frees capacity (its
+	// first token ends its prefill, its close ends it) and the observers
+	// hear of it, so that a reader holding it sees a pod's load and the
+	// news of its change together (the SLO queues do, see slo.Config).
+	Frees sync.Locker
 }
 
 // Observer is told of the requests and attempts of a ledger; any of its
@@ -66,6 +71,7 @@ type Ledger struct {
 	ttl     time.Duration
 	now     func() time.Time
 	log     klog.Logger
+	frees   sync.Locker
 	metrics *ledgerMetrics
 
 	observers atomic.Pointer[[]Observer]
@@ -97,6 +103,7 @@ func New(cfg Config) (*Ledger, error) {
 		ttl:    cmp.Or(cfg.TTL, DefaultTTL),
 		now:    cfg.Now,
 		log:    cfg.Logger,
+		frees:  cfg.Frees,
 		models: map[string]ModelCounts{},
 	}
 	if l.now == nil {

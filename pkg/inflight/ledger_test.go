@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -472,5 +473,43 @@ func TestRemoteBlocksReplaceOneAnother(t *testing.T) {
 	p.SetRemoteBlocks(nil)
 	if p.HasRemoteBlocks() {
 		t.Fatal("an empty setting left blocks")
+	}
+}
+
+func TestFreeingCapacityHoldsFreesUntilTheObserversHeardOfIt(t *testing.T) {
+	var frees sync.RWMutex
+	l, err := New(Config{TTL: time.Minute, Frees: &frees})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod := NewPodLoad("ns/p")
+	var heard []string
+	held := func(what string) func(*Handle) {
+		return func(*Handle) {
+			// A reader of the pods' load cannot look while capacity is
+			// freed: the pod's counts and this news come together.
+			if frees.TryRLock() {
+				frees.RUnlock()
+				t.Errorf("%s: Frees is not held while the observers run", what)
+			}
+			heard = append(heard, fmt.Sprintf("%s running=%d prefills=%d", what, pod.Running(), l.prefills.Load()))
+		}
+	}
+	l.Observe(Observer{FirstToken: held("first token"), Closed: held("closed"),
+		Opened: func(*Handle) {
+			if !frees.TryRLock() {
+				t.Error("Frees is held while an attempt opens, which frees nothing")
+				return
+			}
+			frees.RUnlock()
+		}})
+	h := l.Admit("r", "m").Route(Route{Pod: pod, UncachedTokens: 10, PrefillSeconds: 0.001})
+	h.FirstToken()
+	h.Close(Done, "")
+	if want := []string{"first token running=1 prefills=0", "closed running=0 prefills=0"}; !slices.Equal(heard, want) {
+		t.Errorf("observers heard %q, want %q", heard, want)
+	}
+	if !frees.TryLock() {
+		t.Fatal("Frees is still held after the attempt closed")
 	}
 }

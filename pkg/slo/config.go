@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/kvgate/kvgate/pkg/routing"
@@ -33,6 +34,13 @@ type Config struct {
 	// MaxWait bounds how long a request waits in a queue
 	// (KVGATE_SLO_QUEUE_MAX_WAIT, default 60 s).
 	MaxWait time.Duration
+	// Capacity, when set, is what frees capacity holds for writing until
+	// it has called Trigger (the gateway's request ledger, through
+	// inflight.Config.Frees); the queues hold it for reading while they
+	// check for a Trigger and try a request, so that a later request never
+	// takes capacity an earlier one could have. It is set by the gateway,
+	// not read from the environment.
+	Capacity *sync.RWMutex
 }
 
 // withDefaults returns c with its zero bounds defaulted.

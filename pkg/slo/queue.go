@@ -141,6 +141,9 @@ type QueueConfig struct {
 	// Now is the queue's clock (default time.Now); a simulation passes its
 	// virtual clock.
 	Now func() time.Time
+	// Capacity, when set, is held for reading while a pass checks for a
+	// Trigger and tries a request (see Config.Capacity).
+	Capacity *sync.RWMutex
 }
 
 // QueueRouter routes the requests of one model that use an SLO-aware
@@ -356,9 +359,10 @@ func (q *QueueRouter) NextExpiry() (time.Time, bool) {
 // the rest for expiry. A request that no pod could take does not hold up
 // the later ones, which may need less; but when Trigger reports, during
 // the pass, that capacity may have freed, the pass starts again from the
-// first waiting request (up to maxRestartsPerPass times), so that a later
-// request does not take what an earlier one could now have. The only
-// reordering left is a pod freeing during the one decision in progress.
+// first waiting request (up to maxRestartsPerPass times; after that it
+// stops, and Run makes the pass Trigger asked for), so that a later request
+// does not take what an earlier one could now have. The only reordering
+// left is a pod freeing during the one decision in progress.
 func (q *QueueRouter) Dispatch() {
 	q.routeMu.Lock()
 	defer q.routeMu.Unlock()
@@ -370,8 +374,8 @@ func (q *QueueRouter) Dispatch() {
 }
 
 // pass makes one pass over the waiting requests (see Dispatch); q.routeMu
-// is held. It reports whether it stopped to start again: restartable, a
-// request waited, and Trigger was called since the pass began.
+// is held. Once a request waited and Trigger was called since the pass
+// began, it stops, and reports whether to start again: restartable.
 func (q *QueueRouter) pass(restartable bool) (restart bool) {
 	q.mu.Lock()
 	pass := slices.Clone(q.entries)
@@ -380,8 +384,11 @@ func (q *QueueRouter) pass(restartable bool) (restart bool) {
 	now := q.cfg.Now()
 	waits, waited := 0, false
 	for _, e := range pass {
-		if restartable && waited && q.triggers.Load() != triggers {
-			return true
+		// Capacity may have freed since a request waited: a later request
+		// must not take it first. Without restarts left, the pass ends,
+		// and the queue's loop makes the pass that Trigger asked for.
+		if waited && q.triggers.Load() != triggers {
+			return restartable
 		}
 		q.mu.Lock()
 		if !e.queued {
@@ -402,10 +409,14 @@ func (q *QueueRouter) pass(restartable bool) (restart bool) {
 		e.trying = true
 		q.mu.Unlock()
 
-		err := q.try(e, now)
+		freed, err := q.tryUnlessFreed(e, now, waited, triggers)
 
 		q.mu.Lock()
 		e.trying = false
+		if freed {
+			q.mu.Unlock()
+			return restartable
+		}
 		routed, waiting := err == nil, errors.Is(err, cache.ErrLoadCapacityReached)
 		cancelled, closing := e.cancelled && !routed, e.closing
 		if waiting && !cancelled && closing == "" {
@@ -435,6 +446,22 @@ func (q *QueueRouter) pass(restartable bool) (restart bool) {
 	q.lastTry = now
 	q.mu.Unlock()
 	return false
+}
+
+// tryUnlessFreed tries e (try), unless an earlier request waited in this
+// pass (waited) and capacity may have freed since it began (Trigger was
+// called since triggers): then it reports freed instead. The check and
+// the try hold QueueConfig.Capacity for reading, so that nothing frees
+// capacity between them.
+func (q *QueueRouter) tryUnlessFreed(e *Entry, now time.Time, waited bool, triggers uint64) (freed bool, err error) {
+	if c := q.cfg.Capacity; c != nil {
+		c.RLock()
+		defer c.RUnlock()
+	}
+	if waited && q.triggers.Load() != triggers {
+		return true, nil
+	}
+	return false, q.try(e, now)
 }
 
 // try runs e.Try and records what it tells of e's wait: how long it can

@@ -51,7 +51,7 @@ func NewRouters(provider ModelRouterProvider, metrics *Metrics) *Routers {
 func NewProvider(cfg Config, metrics *Metrics) ModelRouterProvider {
 	cfg = cfg.withDefaults()
 	return func(model string) (*QueueRouter, error) {
-		return NewQueueRouter(model, QueueConfig{MaxLength: cfg.MaxQueueLength, MaxWait: cfg.MaxWait}, metrics), nil
+		return NewQueueRouter(model, QueueConfig{MaxLength: cfg.MaxQueueLength, MaxWait: cfg.MaxWait, Capacity: cfg.Capacity}, metrics), nil
 	}
 }
 
