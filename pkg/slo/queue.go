@@ -361,8 +361,10 @@ func (q *QueueRouter) NextExpiry() (time.Time, bool) {
 // the pass, that capacity may have freed, the pass starts again from the
 // first waiting request (up to maxRestartsPerPass times; after that it
 // stops, and Run makes the pass Trigger asked for), so that a later request
-// does not take what an earlier one could now have. The only reordering
-// left is a pod freeing during the one decision in progress.
+// does not take what an earlier one could now have. With
+// QueueConfig.Capacity set, a request ending or producing its first token
+// cannot slip between the check and the decision; a scrape that changes
+// the predictions during the one decision in progress still can.
 func (q *QueueRouter) Dispatch() {
 	q.routeMu.Lock()
 	defer q.routeMu.Unlock()
