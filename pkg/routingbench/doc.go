@@ -125,8 +125,9 @@
 // of OverloadConfig.Loads times that rate under every policy, and reports
 // per load and policy the goodput (requests served within the SLO per
 // second), the SLO attainment, the TTFT percentiles of the requests served,
-// and the requests queued, refused and expired (OverloadReport, with the
-// issue's targets in Targets).
+// and the requests queued, refused and expired (OverloadReport; Targets
+// checks the SLO-aware algorithms' goodput at 2x and their decisions below
+// capacity against kv-aware's).
 //
 // # Gateway replicas
 //
