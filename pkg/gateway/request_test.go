@@ -103,6 +103,14 @@ func FuzzDecodeAgreesWithEncodingJSON(f *testing.F) {
 		jerr := json.Unmarshal([]byte(body), want)
 		var in inference
 		err := in.decode(k, []byte(body))
+		if strings.Trim(body, " \t\r\n") == "null" {
+			// encoding/json reads null as nothing to set; decode refuses
+			// it, as it refuses every body that is not an object.
+			if err == nil {
+				t.Fatalf("decode(%q) accepted a body that is not an object", body)
+			}
+			return
+		}
 		if (err == nil) != (jerr == nil) {
 			// encoding/json refuses a body that is not an object, as decode does, with a different error.
 			t.Fatalf("decode(%q) = %v, encoding/json %v", body, err, jerr)
