@@ -38,8 +38,9 @@ type Config struct {
 	// it has called Trigger (the gateway's request ledger, through
 	// inflight.Config.Frees); the queues hold it for reading while they
 	// check for a Trigger and try a request, so that a later request never
-	// takes capacity an earlier one could have. It is set by the gateway,
-	// not read from the environment.
+	// takes capacity an earlier one could have. Entry.Try runs under it,
+	// so it must not free capacity itself (close an attempt). It is set by
+	// the gateway, not read from the environment.
 	Capacity *sync.RWMutex
 }
 
