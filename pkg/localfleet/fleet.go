@@ -411,14 +411,16 @@ func (f *Fleet) exited(p *Process) {
 	})
 }
 
-// Close stops every process of the fleet (SIGTERM to the group, SIGKILL to
-// what is left after Config.StopTimeout), waits for them to exit, and
+// Close stops every process of the fleet, the gateways first so that they
+// drain against live engines and Redis, then the engines and Redis (SIGTERM,
+// then SIGKILL to what is left after Config.StopTimeout at each step),
+// waits for them to exit, and
 // removes the fleet's directory when it is a temporary one. It is safe to
 // call more than once; later calls wait for nothing.
 func (f *Fleet) Close() {
 	f.closeOnce.Do(func() {
 		close(f.closing)
-		f.group.stop(f.cfg.StopTimeout)
+		f.group.stop(f.cfg.StopTimeout, f.gateways)
 		if f.tempDir {
 			_ = os.RemoveAll(f.dir)
 		}

@@ -1,6 +1,7 @@
 package localfleet
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -224,7 +225,7 @@ func children(t *testing.T) []string {
 }
 
 func TestReplicasShareStateThroughTheFleetsRedis(t *testing.T) {
-	f, err := startFleet(t, Config{Gateways: 2, Redis: true, EngineArgs: []string{"-step-overhead", "1ms"},
+	f, err := startFleet(t, Config{Dir: t.TempDir(), Gateways: 2, Redis: true, EngineArgs: []string{"-step-overhead", "1ms"},
 		GatewayEnv: []string{"KVGATE_SHARED_STATE_INTERVAL_MS=50"}})
 	if err != nil {
 		t.Fatal(err)
@@ -245,7 +246,25 @@ func TestReplicasShareStateThroughTheFleetsRedis(t *testing.T) {
 	pgid := f.ProcessGroup()
 	f.Close()
 	if !groupGone(pgid) || !f.Redis().Exited() {
-		t.Errorf("processes of group %d, or redis-server, left after Close", pgid)
+		t.Fatalf("processes of group %d, or redis-server, left after Close", pgid)
+	}
+	// The gateways drain against live engines and Redis: they exit first,
+	// and withdraw what they shared.
+	others := []*Process{f.Redis()}
+	for _, e := range f.Engines() {
+		others = append(others, e.Process)
+	}
+	for _, gw := range f.Gateways() {
+		for _, p := range others {
+			if gw.exitAt.After(p.exitAt) {
+				t.Errorf("%s exited at %v, after %s at %v", gw.Name, gw.exitAt, p.Name, p.exitAt)
+			}
+		}
+		if log, err := os.ReadFile(gw.LogPath); err != nil {
+			t.Error(err)
+		} else if bytes.Contains(log, []byte("through Redis failed")) || bytes.Contains(log, []byte("not withdrawn")) {
+			t.Errorf("%s could not reach Redis while it shut down:\n%s", gw.Name, log)
+		}
 	}
 }
 

@@ -23,9 +23,10 @@ type Process struct {
 	// LogPath is the file its standard output and error go to.
 	LogPath string
 
-	cmd  *exec.Cmd
-	done chan struct{} // closed once Wait returned
-	err  error         // Wait's error, set before done is closed
+	cmd    *exec.Cmd
+	done   chan struct{} // closed once Wait returned
+	err    error         // Wait's error, set before done is closed
+	exitAt time.Time     // when Wait returned, set before done is closed
 }
 
 // Exited reports whether the process has exited.
@@ -92,45 +93,68 @@ func (g *group) start(dir, name, bin string, args []string, env []string) (*Proc
 	g.procs = append(g.procs, p)
 	go func() {
 		p.err = cmd.Wait()
+		p.exitAt = time.Now()
 		close(p.done)
 		g.onExit(p)
 	}()
 	return p, nil
 }
 
-// stop sends SIGTERM to the group, waits up to grace for every process to
-// exit, then kills the group and waits for the rest. It returns when every
-// process has exited and been reaped. The group is signalled only while a
-// process of it is running, so that its id cannot have been reused.
-func (g *group) stop(grace time.Duration) {
+// stop stops the group's processes in two steps, so that the processes in
+// first can still reach the others while they shut down: SIGTERM to each
+// process in first, then, once they exited, SIGTERM to the whole group.
+// Each step waits up to grace before it kills the group. stop returns when
+// every process exited.
+func (g *group) stop(grace time.Duration, first []*Process) {
 	g.mu.Lock()
 	pgid, procs := g.pgid, g.procs
 	g.mu.Unlock()
-	running := func() bool {
-		for _, p := range procs {
-			if !p.Exited() {
-				return true
-			}
-		}
-		return false
+	if pgid == 0 {
+		return
 	}
-	if !running() {
+	for _, p := range first {
+		if !p.Exited() {
+			_ = p.cmd.Process.Signal(syscall.SIGTERM)
+		}
+	}
+	if !waitExited(first, grace) {
+		_ = syscall.Kill(-pgid, syscall.SIGKILL)
+		waitExited(procs, -1)
+		return
+	}
+	if waitExited(procs, 0) {
 		return
 	}
 	_ = syscall.Kill(-pgid, syscall.SIGTERM)
-	deadline := time.NewTimer(grace)
-	defer deadline.Stop()
+	if !waitExited(procs, grace) {
+		_ = syscall.Kill(-pgid, syscall.SIGKILL)
+		waitExited(procs, -1)
+	}
+}
+
+// waitExited waits up to grace for every process in procs to exit, with
+// no bound when grace is negative, and reports whether they all did.
+func waitExited(procs []*Process, grace time.Duration) bool {
+	var deadline <-chan time.Time
+	if grace >= 0 {
+		t := time.NewTimer(grace)
+		defer t.Stop()
+		deadline = t.C
+	}
 	for _, p := range procs {
+		if grace == 0 {
+			if !p.Exited() {
+				return false
+			}
+			continue
+		}
 		select {
 		case <-p.done:
-		case <-deadline.C:
-			_ = syscall.Kill(-pgid, syscall.SIGKILL)
-			for _, p := range procs {
-				<-p.done
-			}
-			return
+		case <-deadline:
+			return false
 		}
 	}
+	return true
 }
 
 // tailFile returns the last n lines of the file at path, or a note saying
