@@ -97,6 +97,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}()
 	d := &demo{opts: o, out: stdout, fleet: fleet, work: work,
 		client: chatClient{http: newHTTPClient(o.users), url: fleet.GatewayURL() + "/v1/chat/completions", model: fleet.Model()}}
+	// A connection the client dialed but never used holds a gateway's
+	// shutdown up for seconds, as if a request were on it.
+	defer d.client.http.CloseIdleConnections()
 	if o.gateways > 1 {
 		d.client.next = new(atomic.Uint64)
 		for _, u := range fleet.GatewayURLs() {
