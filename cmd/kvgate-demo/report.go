@@ -86,11 +86,6 @@ func fmtMs(d time.Duration) string {
 	return fmt.Sprintf("%.2f", ms)
 }
 
-// fmtMillis formats a short duration in milliseconds.
-func fmtMillis(d time.Duration) string {
-	return fmt.Sprintf("%.2f ms", float64(d.Microseconds())/1000)
-}
-
 // fmtRatio formats a hit ratio, "-" when nothing was measured.
 func fmtRatio(r float64) string {
 	if math.IsNaN(r) {

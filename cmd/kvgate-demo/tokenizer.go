@@ -47,7 +47,7 @@ func setUpTokenizer(dir, model string) (*realTokenizer, error) {
 		return nil, err
 	}
 	link := filepath.Join(gw, filepath.FromSlash(model))
-	if err := os.MkdirAll(filepath.Dir(link), 0o755); err == nil {
+	if err = os.MkdirAll(filepath.Dir(link), 0o755); err == nil {
 		err = os.Symlink(abs, link)
 	}
 	if err != nil {

@@ -65,7 +65,7 @@ func TestKubernetesPodsDriveTheKVEventManagerThroughTheStore(t *testing.T) {
 
 	pod = f.relabel(t, pod, false)
 	check("label removed", "", 0, 0)
-	pod = f.relabel(t, pod, true)
+	f.relabel(t, pod, true)
 	check("relabelled", "127.0.0.1", 1, 5)
 
 	f.deletePod(t, "vllm-a")

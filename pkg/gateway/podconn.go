@@ -438,9 +438,6 @@ type podBody struct {
 	err error
 }
 
-// maxChunkSizeLine bounds a chunk's size line, extensions included.
-const maxChunkSizeLine = 4 << 10
-
 func (b *podBody) Read(p []byte) (int, error) {
 	if b.err != nil {
 		return 0, b.err
@@ -507,6 +504,8 @@ func (b *podBody) nextChunk() error {
 		}
 		b.chunkEnded = false
 	}
+	// A size line longer than the read buffer fails ReadSlice: the buffer
+	// bounds it, extensions included.
 	line, err := br.ReadSlice('\n')
 	if err != nil {
 		return unexpected(err, "chunk size line")

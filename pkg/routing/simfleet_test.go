@@ -22,7 +22,6 @@ import (
 type workload struct {
 	requests, docs           int
 	docTokens, questionToken int
-	outputTokens             int
 	ratePerSecond            float64
 	zipf                     float64
 	seed                     uint64
