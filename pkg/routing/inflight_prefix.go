@@ -149,6 +149,13 @@ func (f *inFlightPrefixes) len() int {
 // match sets, for each candidate, InFlightMatchedBlocks: how many leading
 // blocks of keys attempts in flight on its pod hold, this gateway's or, as
 // the pod's load record last heard, other replicas'.
+//
+// What a pod holds is closed under prefixes: a key names a block and every
+// block before it (keys chain), and an attempt records all its prompt's
+// blocks, as does a replica's snapshot, each attempt's in prompt order. So
+// whether a pod holds keys[i] falls from true to false once along keys, and
+// match finds where for each candidate by galloping then bisecting: a few
+// probes a candidate, where a scan of the keys would take one a block.
 func (f *inFlightPrefixes) match(cs []Candidate, keys []uint64) {
 	if len(keys) == 0 {
 		return
@@ -159,37 +166,48 @@ func (f *inFlightPrefixes) match(cs []Candidate, keys []uint64) {
 	}
 	f.mu.RLock()
 	defer f.mu.RUnlock()
-	if len(f.blocks) == 0 && !remote {
+	if !remote && len(f.blocks[keys[0]]) == 0 {
 		return
 	}
-	alive := len(cs)
-	for i, k := range keys {
-		refs := f.blocks[k]
-		if len(refs) == 0 && !remote {
-			return
-		}
-		for j := range cs {
-			c := &cs[j]
-			if c.InFlightMatchedBlocks != i {
-				continue
-			}
-			held := false
-			for _, r := range refs {
-				if r.pod == c.load {
-					held = true
-					break
-				}
-			}
-			if held || c.load.RemoteBlock(k) {
-				c.InFlightMatchedBlocks++
-			} else {
-				alive--
+	for j := range cs {
+		c := &cs[j]
+		c.InFlightMatchedBlocks = f.leading(c.load, keys)
+	}
+}
+
+// leading returns how many leading blocks of keys attempts in flight on
+// pod hold; f.mu is read-held.
+func (f *inFlightPrefixes) leading(pod *inflight.PodLoad, keys []uint64) int {
+	holds := func(i int) bool {
+		k := keys[i]
+		for _, r := range f.blocks[k] {
+			if r.pod == pod {
+				return true
 			}
 		}
-		if alive == 0 {
-			return
+		return pod.RemoteBlock(k)
+	}
+	// Gallop: held below lo, not held at hi (len(keys) stands for past
+	// the end).
+	lo, hi := 0, len(keys)
+	for step := 1; lo < len(keys); step *= 2 {
+		probe := min(lo+step-1, len(keys)-1)
+		if !holds(probe) {
+			hi = probe
+			break
+		}
+		lo = probe + 1
+	}
+	// Bisect [lo, hi): the first block not held.
+	for lo < hi {
+		mid := int(uint(lo+hi) >> 1)
+		if holds(mid) {
+			lo = mid + 1
+		} else {
+			hi = mid
 		}
 	}
+	return lo
 }
 
 // snapshot returns, per pod, the distinct keys of the blocks its recorded

@@ -1,0 +1,69 @@
+package routing
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/kvgate/kvgate/pkg/inflight"
+)
+
+// TestInFlightMatchCountsTheLeadingBlocksEachPodHolds checks match against
+// its definition, a scan of the prompt's keys for each pod, on random
+// fleets: attempts in flight on several pods hold prefixes of a few chains
+// of blocks, this gateway's and other replicas'.
+func TestInFlightMatchCountsTheLeadingBlocksEachPodHolds(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 11))
+	var buf []byte
+	for round := range 500 {
+		f := newInFlightPrefixes(DefaultMaxInFlightPrefixBlocks)
+		chains := make([][]uint64, 1+rng.IntN(3))
+		for c := range chains {
+			toks := make([]uint32, 16*(1+rng.IntN(40)))
+			for i := range toks {
+				// Chains share their first blocks now and then.
+				toks[i] = uint32(i)
+				if i >= 16*rng.IntN(4) {
+					toks[i] += uint32(1000 * (c + 1))
+				}
+			}
+			chains[c] = f.keys(nil, &buf, "m", "", toks, 16)
+		}
+		cs := make([]Candidate, 1+rng.IntN(6))
+		for j := range cs {
+			cs[j].load = inflight.NewPodLoad(fmt.Sprintf("p%d", j))
+			var remote []uint64
+			for range rng.IntN(4) {
+				chain := chains[rng.IntN(len(chains))]
+				prefix := chain[:rng.IntN(len(chain)+1)]
+				if rng.IntN(3) == 0 {
+					remote = append(remote, prefix...)
+					continue
+				}
+				for _, k := range prefix {
+					f.blocks[k] = append(f.blocks[k], podRef{pod: cs[j].load, n: 1})
+				}
+			}
+			cs[j].load.SetRemoteBlocks(remote)
+		}
+		prompt := chains[rng.IntN(len(chains))]
+		prompt = prompt[:rng.IntN(len(prompt)+1)]
+		f.match(cs, prompt)
+		for j, c := range cs {
+			want := 0
+			for _, k := range prompt {
+				held := c.load.RemoteBlock(k)
+				for _, r := range f.blocks[k] {
+					held = held || r.pod == c.load
+				}
+				if !held {
+					break
+				}
+				want++
+			}
+			if c.InFlightMatchedBlocks != want {
+				t.Fatalf("round %d, pod %d: %d leading blocks in flight, want %d", round, j, c.InFlightMatchedBlocks, want)
+			}
+		}
+	}
+}
