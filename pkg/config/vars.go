@@ -273,8 +273,8 @@ var (
 		Default: "1048576",
 		Section: SectionRouting,
 		Doc: "kv-aware and the SLO-aware algorithms credit a pod with the prompt blocks of the requests in flight on it, " +
-			"which it computes before any request sent after them; this bounds the distinct blocks remembered (about 100 " +
-			"bytes each). Requests beyond it are not remembered, and counted.",
+			"which it computes before any request sent after them; this bounds the blocks remembered, counted per request " +
+			"(8 bytes each). Requests beyond it are not remembered, and counted.",
 	}
 	PrefixCacheImbalanceAbsCount = Var{
 		Name:    "AIBRIX_PREFIX_CACHE_POD_RUNNING_REQUEST_IMBALANCE_ABS_COUNT",

@@ -7,6 +7,9 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/pkg/cache"
+	"github.com/kvgate/kvgate/pkg/endpoint"
+	"github.com/kvgate/kvgate/pkg/indexer"
+	"github.com/kvgate/kvgate/pkg/inflight"
 	"github.com/kvgate/kvgate/pkg/kvevent"
 	"github.com/kvgate/kvgate/pkg/types"
 )
@@ -19,44 +22,84 @@ import (
 // flight per pod. The SLO-aware algorithms judge a time-to-first-token
 // objective every pod meets.
 func BenchmarkRoute(b *testing.B) {
-	const pods, promptTokens, otherBlocksPerPod = 16, 8192, 5000
-	fleet := newStoreFleetScraping(b, pods, time.Second)
-	idx := newTestIndex(b)
-	p := prompt(0, promptTokens)
-	for i := range pods {
-		pod := fmt.Sprintf("p%d", i)
-		if i > 0 {
-			holds(b, idx, pod, p[:512*i], kvevent.MediumGPU)
-		}
-		for j := range otherBlocksPerPod / 64 {
-			holds(b, idx, pod, prompt(1_000_000*(i+1)+j*4096, 64*testBlockSize), kvevent.MediumGPU)
-		}
-	}
+	bench := newRouteBench(b)
 	for _, alg := range []string{KVAware, SLOLeastLoad, SLOPackLoad, PrefixCache, LeastRequest, Random} {
 		b.Run(alg, func(b *testing.B) {
-			r, _ := newTestRouter(b, fleet.store, idx)
-			podList := fleet.pods(b)
-			ctx := request("bench", alg, p)
-			ctx.SLO = types.SLO{TTFT: time.Minute}
-			ctx.ReceivedAt = time.Now()
+			r, ctx := bench.router(b, alg)
 			var d Decision
 			var snaps []cache.PodSnapshot
-			for i := range pods * 4 {
-				snaps = fleet.store.Snapshots(podList, snaps[:0])
-				if err := r.Route(context.Background(), ctx, snaps, &d); err != nil {
-					b.Fatal(err)
-				}
-				d.chosen, d.Endpoint = i%pods, podList[i%pods]
-				startPrefill(r, &d)
-			}
 			b.ReportAllocs()
 			b.ResetTimer()
 			for b.Loop() {
-				snaps = fleet.store.Snapshots(podList, snaps[:0])
+				snaps = bench.fleet.store.Snapshots(bench.pods, snaps[:0])
 				if err := r.Route(context.Background(), ctx, snaps, &d); err != nil {
 					b.Fatal(err)
 				}
 			}
 		})
 	}
+}
+
+// BenchmarkRouteAttempt measures what routing costs a request that is
+// sent: BenchmarkRoute's kv-aware decision, then its attempt opened and
+// closed in the request ledger, with the Router remembering the prompt's
+// blocks as in flight on the chosen pod meanwhile.
+func BenchmarkRouteAttempt(b *testing.B) {
+	bench := newRouteBench(b)
+	r, ctx := bench.router(b, KVAware)
+	var d Decision
+	var snaps []cache.PodSnapshot
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		snaps = bench.fleet.store.Snapshots(bench.pods, snaps[:0])
+		if err := r.Route(context.Background(), ctx, snaps, &d); err != nil {
+			b.Fatal(err)
+		}
+		startPrefill(r, &d).Close(inflight.Done, "")
+	}
+}
+
+// routeBench is the fleet, index and prompt of the route benchmarks.
+type routeBench struct {
+	fleet *storeFleet
+	idx   *indexer.SyncPrefixHashTable
+	pods  []*endpoint.Endpoint
+	p     []uint32
+}
+
+func newRouteBench(b *testing.B) *routeBench {
+	const pods, promptTokens, otherBlocksPerPod = 16, 8192, 5000
+	rb := &routeBench{fleet: newStoreFleetScraping(b, pods, time.Second), idx: newTestIndex(b), p: prompt(0, promptTokens)}
+	for i := range pods {
+		pod := fmt.Sprintf("p%d", i)
+		if i > 0 {
+			holds(b, rb.idx, pod, rb.p[:512*i], kvevent.MediumGPU)
+		}
+		for j := range otherBlocksPerPod / 64 {
+			holds(b, rb.idx, pod, prompt(1_000_000*(i+1)+j*4096, 64*testBlockSize), kvevent.MediumGPU)
+		}
+	}
+	rb.pods = rb.fleet.pods(b)
+	return rb
+}
+
+// router returns a Router over the bench's fleet, with four prefills of
+// the prompt in flight per pod, and a request for the prompt under alg.
+func (rb *routeBench) router(b *testing.B, alg string) (*Router, *types.RoutingContext) {
+	r, _ := newTestRouter(b, rb.fleet.store, rb.idx)
+	ctx := request("bench", alg, rb.p)
+	ctx.SLO = types.SLO{TTFT: time.Minute}
+	ctx.ReceivedAt = time.Now()
+	var d Decision
+	var snaps []cache.PodSnapshot
+	for i := range len(rb.pods) * 4 {
+		snaps = rb.fleet.store.Snapshots(rb.pods, snaps[:0])
+		if err := r.Route(context.Background(), ctx, snaps, &d); err != nil {
+			b.Fatal(err)
+		}
+		d.chosen, d.Endpoint = i%len(rb.pods), rb.pods[i%len(rb.pods)]
+		startPrefill(r, &d)
+	}
+	return r, ctx
 }

@@ -70,9 +70,9 @@ type Config struct {
 	// (KVGATE_ROUTING_TTFT_TIE_TOLERANCE, default 0.05: within 5% of the
 	// least).
 	TieTolerance float64
-	// MaxInFlightPrefixBlocks bounds the distinct prompt blocks the Router
+	// MaxInFlightPrefixBlocks bounds the prompt blocks the Router
 	// remembers for the attempts in flight (see
-	// Candidate.InFlightMatchedBlocks), about 100 bytes each
+	// Candidate.InFlightMatchedBlocks), counted per attempt, 8 bytes each
 	// (KVGATE_ROUTING_MAX_INFLIGHT_PREFIX_BLOCKS, default 1Mi). An attempt
 	// that would exceed it is not remembered, and counted in
 	// kvgate_routing_inflight_prefix_dropped_total.

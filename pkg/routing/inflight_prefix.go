@@ -29,29 +29,33 @@ const DefaultMaxInFlightPrefixBlocks = 1 << 20
 // LoRA adapter, so that equal keys mean equal prefixes. The hash (XXH3,
 // unseeded) is the same in every process, so that gateway replicas can
 // share the keys of their attempts (see Router.InFlightBlocks and
-// inflight.PodLoad.SetRemoteBlocks). An attempt's blocks are added when it
-// opens and removed when it closes. At most max distinct blocks are
-// remembered; an attempt that would exceed it is not recorded, and counted.
+// inflight.PodLoad.SetRemoteBlocks).
+//
+// An attempt is remembered as its route's keys, on its pod's list, from
+// when it opens to when it closes: recording and forgetting it cost no
+// work per block. Because keys chain, an attempt shares a prompt's first n
+// blocks exactly when their keys agree up to n, which a bisection finds. At
+// most max blocks (the attempts' keys, counted per attempt) are remembered;
+// an attempt that would exceed it is not recorded, and counted. A match
+// costs a comparison per attempt in flight on the candidates, and a
+// bisection per attempt that shares more of the prompt than those before.
 type inFlightPrefixes struct {
 	max int
 
-	mu     sync.RWMutex
-	blocks map[uint64][]podRef
-	// attempts are the attempts recorded.
-	attempts map[*inflight.Handle]struct{}
+	mu sync.RWMutex
+	// pods has the attempts recorded on each pod, in no order.
+	pods map[*inflight.PodLoad][]*inflight.Handle
+	// attempts are the attempts recorded, with their keys.
+	attempts map[*inflight.Handle][]uint64
+	// blocks counts the keys of the attempts recorded.
+	blocks int
 	// dropped counts attempts not recorded for lack of room.
 	dropped atomic.Int64
 }
 
-// podRef counts the attempts on one pod holding a block.
-type podRef struct {
-	pod *inflight.PodLoad
-	n   int32
-}
-
 func newInFlightPrefixes(max int) *inFlightPrefixes {
-	return &inFlightPrefixes{max: max, blocks: map[uint64][]podRef{},
-		attempts: map[*inflight.Handle]struct{}{}}
+	return &inFlightPrefixes{max: max, pods: map[*inflight.PodLoad][]*inflight.Handle{},
+		attempts: map[*inflight.Handle][]uint64{}}
 }
 
 // keys appends to dst the keys of the whole blocks of tokens, of blockSize
@@ -86,122 +90,110 @@ func (f *inFlightPrefixes) add(h *inflight.Handle) {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if len(f.blocks)+len(rt.PromptBlocks) > f.max {
+	if f.blocks+len(rt.PromptBlocks) > f.max {
 		f.dropped.Add(1)
 		return
 	}
-	f.attempts[h] = struct{}{}
-	for _, k := range rt.PromptBlocks {
-		refs := f.blocks[k]
-		found := false
-		for i := range refs {
-			if refs[i].pod == rt.Pod {
-				refs[i].n++
-				found = true
-				break
-			}
-		}
-		if !found {
-			f.blocks[k] = append(refs, podRef{pod: rt.Pod, n: 1})
-		}
-	}
+	f.attempts[h] = rt.PromptBlocks
+	f.pods[rt.Pod] = append(f.pods[rt.Pod], h)
+	f.blocks += len(rt.PromptBlocks)
 }
 
 // remove forgets the blocks of attempt h, if add recorded them.
 func (f *inFlightPrefixes) remove(h *inflight.Handle) {
-	rt := h.Route()
-	if rt.Pod == nil || len(rt.PromptBlocks) == 0 {
-		return
-	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if _, ok := f.attempts[h]; !ok {
+	keys, ok := f.attempts[h]
+	if !ok {
 		return
 	}
 	delete(f.attempts, h)
-	for _, k := range rt.PromptBlocks {
-		refs := f.blocks[k]
-		for i := range refs {
-			if refs[i].pod != rt.Pod {
-				continue
-			}
-			if refs[i].n--; refs[i].n <= 0 {
-				refs[i] = refs[len(refs)-1]
-				refs = refs[:len(refs)-1]
-			}
-			break
-		}
-		if len(refs) == 0 {
-			delete(f.blocks, k)
-		} else {
-			f.blocks[k] = refs
-		}
+	f.blocks -= len(keys)
+	pod := h.Route().Pod
+	hs := f.pods[pod]
+	if i := slices.Index(hs, h); i >= 0 {
+		hs[i] = hs[len(hs)-1]
+		hs[len(hs)-1] = nil
+		hs = hs[:len(hs)-1]
+	}
+	if len(hs) == 0 {
+		delete(f.pods, pod)
+	} else {
+		f.pods[pod] = hs
 	}
 }
 
-// len returns the number of distinct blocks remembered.
+// len returns the number of blocks remembered, counted per attempt.
 func (f *inFlightPrefixes) len() int {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
-	return len(f.blocks)
+	return f.blocks
 }
 
 // match sets, for each candidate, InFlightMatchedBlocks: how many leading
 // blocks of keys attempts in flight on its pod hold, this gateway's or, as
 // the pod's load record last heard, other replicas'.
-//
-// What a pod holds is closed under prefixes: a key names a block and every
-// block before it (keys chain), and an attempt records all its prompt's
-// blocks, as does a replica's snapshot, each attempt's in prompt order. So
-// whether a pod holds keys[i] falls from true to false once along keys, and
-// match finds where for each candidate by galloping then bisecting: a few
-// probes a candidate, where a scan of the keys would take one a block.
 func (f *inFlightPrefixes) match(cs []Candidate, keys []uint64) {
 	if len(keys) == 0 {
 		return
 	}
-	remote := false
-	for j := range cs {
-		remote = remote || cs[j].load.HasRemoteBlocks()
-	}
 	f.mu.RLock()
 	defer f.mu.RUnlock()
-	if !remote && len(f.blocks[keys[0]]) == 0 {
-		return
-	}
 	for j := range cs {
 		c := &cs[j]
-		c.InFlightMatchedBlocks = f.leading(c.load, keys)
+		n := 0
+		for _, h := range f.pods[c.load] {
+			if n = max(n, sharedBlocks(f.attempts[h], keys, n)); n == len(keys) {
+				break
+			}
+		}
+		if n < len(keys) && c.load.HasRemoteBlocks() {
+			n = remoteLeading(c.load, keys, n)
+		}
+		c.InFlightMatchedBlocks = n
 	}
 }
 
-// leading returns how many leading blocks of keys attempts in flight on
-// pod hold; f.mu is read-held.
-func (f *inFlightPrefixes) leading(pod *inflight.PodLoad, keys []uint64) int {
-	holds := func(i int) bool {
-		k := keys[i]
-		for _, r := range f.blocks[k] {
-			if r.pod == pod {
-				return true
-			}
-		}
-		return pod.RemoteBlock(k)
+// sharedBlocks returns how many leading keys a and b share when that is
+// more than atLeast, and atLeast otherwise. Keys chain, so they agree up to
+// some length and differ from there on: one comparison tells an attempt
+// that cannot share more, and a bisection finds the length.
+func sharedBlocks(a, b []uint64, atLeast int) int {
+	n := min(len(a), len(b))
+	if atLeast >= n || a[atLeast] != b[atLeast] {
+		return atLeast
 	}
-	// Gallop: held below lo, not held at hi (len(keys) stands for past
-	// the end).
-	lo, hi := 0, len(keys)
+	// a and b agree below lo and differ at hi (n stands for past the end).
+	lo, hi := atLeast+1, n
+	for lo < hi {
+		mid := int(uint(lo+hi) >> 1)
+		if a[mid] == b[mid] {
+			lo = mid + 1
+		} else {
+			hi = mid
+		}
+	}
+	return lo
+}
+
+// remoteLeading returns how many leading blocks of keys other replicas'
+// attempts hold on pod, given that the first from are held. A replica's
+// record of a pod is closed under prefixes (each attempt's keys in prompt
+// order, see snapshot), so whether a key is held falls from true to false
+// once along keys: remoteLeading gallops then bisects to find where.
+func remoteLeading(pod *inflight.PodLoad, keys []uint64, from int) int {
+	lo, hi := from, len(keys)
 	for step := 1; lo < len(keys); step *= 2 {
 		probe := min(lo+step-1, len(keys)-1)
-		if !holds(probe) {
+		if !pod.RemoteBlock(keys[probe]) {
 			hi = probe
 			break
 		}
 		lo = probe + 1
 	}
-	// Bisect [lo, hi): the first block not held.
 	for lo < hi {
 		mid := int(uint(lo+hi) >> 1)
-		if holds(mid) {
+		if pod.RemoteBlock(keys[mid]) {
 			lo = mid + 1
 		} else {
 			hi = mid
@@ -217,23 +209,23 @@ func (f *inFlightPrefixes) snapshot(max int) (map[string][]uint64, bool) {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	out := map[string][]uint64{}
-	seen := make(map[uint64][]*inflight.PodLoad, min(len(f.blocks), max))
+	seen := make(map[uint64][]*inflight.PodLoad, min(f.blocks, max))
 	n, truncated := 0, false
-	for h := range f.attempts {
+	for h, keys := range f.attempts {
 		if truncated {
 			break
 		}
-		rt := h.Route()
-		id := rt.Pod.ID()
-		for _, k := range rt.PromptBlocks {
-			if slices.Contains(seen[k], rt.Pod) {
+		pod := h.Route().Pod
+		id := pod.ID()
+		for _, k := range keys {
+			if slices.Contains(seen[k], pod) {
 				continue
 			}
 			if n == max {
 				truncated = true
 				break
 			}
-			seen[k] = append(seen[k], rt.Pod)
+			seen[k] = append(seen[k], pod)
 			out[id] = append(out[id], k)
 			n++
 		}

@@ -30,18 +30,25 @@ func TestInFlightMatchCountsTheLeadingBlocksEachPodHolds(t *testing.T) {
 			chains[c] = f.keys(nil, &buf, "m", "", toks, 16)
 		}
 		cs := make([]Candidate, 1+rng.IntN(6))
+		held := make([]map[uint64]bool, len(cs))
 		for j := range cs {
 			cs[j].load = inflight.NewPodLoad(fmt.Sprintf("p%d", j))
+			held[j] = map[uint64]bool{}
 			var remote []uint64
 			for range rng.IntN(4) {
 				chain := chains[rng.IntN(len(chains))]
 				prefix := chain[:rng.IntN(len(chain)+1)]
+				for _, k := range prefix {
+					held[j][k] = true
+				}
 				if rng.IntN(3) == 0 {
 					remote = append(remote, prefix...)
 					continue
 				}
-				for _, k := range prefix {
-					f.blocks[k] = append(f.blocks[k], podRef{pod: cs[j].load, n: 1})
+				if len(prefix) > 0 {
+					h := new(inflight.Handle)
+					f.attempts[h] = prefix
+					f.pods[cs[j].load] = append(f.pods[cs[j].load], h)
 				}
 			}
 			cs[j].load.SetRemoteBlocks(remote)
@@ -51,14 +58,7 @@ func TestInFlightMatchCountsTheLeadingBlocksEachPodHolds(t *testing.T) {
 		f.match(cs, prompt)
 		for j, c := range cs {
 			want := 0
-			for _, k := range prompt {
-				held := c.load.RemoteBlock(k)
-				for _, r := range f.blocks[k] {
-					held = held || r.pod == c.load
-				}
-				if !held {
-					break
-				}
+			for want < len(prompt) && held[j][prompt[want]] {
 				want++
 			}
 			if c.InFlightMatchedBlocks != want {
