@@ -31,3 +31,42 @@ func FuzzParseValue(f *testing.F) {
 		}
 	})
 }
+
+// TestPlainRunStopsAtTheFirstByteAStringCannotHold checks the eight-bytes-
+// at-a-time scan against a byte-by-byte one, with each kind of stop byte
+// at every position of a word, behind bytes that are just above, below or
+// far from the stop bytes.
+func TestPlainRunStopsAtTheFirstByteAStringCannotHold(t *testing.T) {
+	want := func(b []byte, i int) int {
+		for ; i < len(b); i++ {
+			if c := b[i]; c == '"' || c == '\\' || c < 0x20 {
+				return i
+			}
+		}
+		return len(b)
+	}
+	fills := []byte{'a', 0x20, '!', '#', '[', ']', 0x7f, 0x80, 0xa2, 0xdc, 0xff}
+	stops := []byte{'"', '\\', 0x00, 0x1f, '\n'}
+	for _, fill := range fills {
+		for n := range 24 {
+			b := bytes.Repeat([]byte{fill}, n)
+			if got := plainRun(b, 0); got != n {
+				t.Fatalf("plainRun(%q, 0) = %d, want %d", b, got, n)
+			}
+			for at := range n {
+				for _, stop := range stops {
+					c := bytes.Clone(b)
+					c[at] = stop
+					if at+1 < n {
+						c[n-1] = '"' // a later stop must not win
+					}
+					for from := range at + 1 {
+						if got, w := plainRun(c, from), want(c, from); got != w {
+							t.Fatalf("plainRun(%q, %d) = %d, want %d", c, from, got, w)
+						}
+					}
+				}
+			}
+		}
+	}
+}

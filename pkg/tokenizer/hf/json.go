@@ -1,8 +1,10 @@
 package hf
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"math/bits"
 	"strconv"
 	"unicode/utf16"
 	"unicode/utf8"
@@ -214,31 +216,30 @@ func (p *jsonParser) number() (jinja.Value, error) {
 func (p *jsonParser) str() (string, error) {
 	p.i++
 	start := p.i
-	for p.i < len(p.b) {
-		c := p.b[p.i]
-		if c == '"' {
-			s := string(p.b[start:p.i])
-			p.i++
-			if !utf8.ValidString(s) {
-				s = string([]rune(s))
-			}
-			return s, nil
-		}
-		if c == '\\' {
-			return p.escaped(start)
-		}
-		if c < 0x20 {
-			return "", p.errorf("control character in string")
-		}
+	p.i = plainRun(p.b, p.i)
+	switch {
+	case p.i == len(p.b):
+		return "", p.errorf("unterminated string")
+	case p.b[p.i] == '"':
+		s := string(p.b[start:p.i])
 		p.i++
+		if !utf8.ValidString(s) {
+			s = string([]rune(s))
+		}
+		return s, nil
+	case p.b[p.i] == '\\':
+		return p.escaped(start)
 	}
-	return "", p.errorf("unterminated string")
+	return "", p.errorf("control character in string")
 }
 
 // escaped decodes the rest of a string that holds escapes, from start.
 func (p *jsonParser) escaped(start int) (string, error) {
 	end := p.i
-	for end < len(p.b) && p.b[end] != '"' {
+	for end < len(p.b) {
+		if end = plainRun(p.b, end); end == len(p.b) || p.b[end] == '"' {
+			break
+		}
 		if p.b[end] == '\\' {
 			end++
 		}
@@ -259,9 +260,7 @@ func (p *jsonParser) escaped(start int) (string, error) {
 			return "", p.errorf("control character in string")
 		case c != '\\':
 			run := p.i
-			for p.i < len(p.b) && p.b[p.i] != '\\' && p.b[p.i] != '"' && p.b[p.i] >= 0x20 {
-				p.i++
-			}
+			p.i = plainRun(p.b, p.i)
 			out = append(out, p.b[run:p.i]...)
 			continue
 		}
@@ -310,6 +309,29 @@ func (p *jsonParser) escaped(start int) (string, error) {
 		}
 	}
 	return "", errors.New("invalid JSON: unterminated string")
+}
+
+// plainRun returns the index of the first byte of b from i on that a
+// string cannot hold as it is: a quote, a backslash or a control
+// character; len(b) if there is none. It tests eight bytes at a time: in
+// x-lo*c&^x&hi, the lowest byte flagged is the first byte of x below c (a
+// borrow only flags bytes above one that is), so that x=v^q*lo finds a
+// byte equal to q, and x=v a byte below 0x20.
+func plainRun(b []byte, i int) int {
+	const lo, hi = 0x0101010101010101, 0x8080808080808080
+	for ; i+8 <= len(b); i += 8 {
+		v := binary.LittleEndian.Uint64(b[i:])
+		q, s := v^('"'*lo), v^('\\'*lo)
+		if t := (q-lo)&^q&hi | (s-lo)&^s&hi | (v-0x20*lo)&^v&hi; t != 0 {
+			return i + bits.TrailingZeros64(t)/8
+		}
+	}
+	for ; i < len(b); i++ {
+		if c := b[i]; c == '"' || c == '\\' || c < 0x20 {
+			return i
+		}
+	}
+	return len(b)
 }
 
 func (p *jsonParser) hex4() (rune, bool) {
