@@ -414,9 +414,9 @@ func (f *Fleet) exited(p *Process) {
 // Close stops every process of the fleet, the gateways first so that they
 // drain against live engines and Redis, then the engines and Redis (SIGTERM,
 // then SIGKILL to what is left after Config.StopTimeout at each step),
-// waits for them to exit, and
-// removes the fleet's directory when it is a temporary one. It is safe to
-// call more than once; later calls wait for nothing.
+// waits for them to exit, and removes the fleet's directory when it is a
+// temporary one. It is safe to call more than once; later calls wait for
+// nothing.
 func (f *Fleet) Close() {
 	f.closeOnce.Do(func() {
 		close(f.closing)

@@ -104,7 +104,8 @@ func (g *group) start(dir, name, bin string, args []string, env []string) (*Proc
 // first can still reach the others while they shut down: SIGTERM to each
 // process in first, then, once they exited, SIGTERM to the whole group.
 // Each step waits up to grace before it kills the group. stop returns when
-// every process exited.
+// every process has exited and been reaped. The group is signalled only
+// while a process of it is running, so that its id cannot have been reused.
 func (g *group) stop(grace time.Duration, first []*Process) {
 	g.mu.Lock()
 	pgid, procs := g.pgid, g.procs

@@ -313,10 +313,11 @@ func (p *jsonParser) escaped(start int) (string, error) {
 
 // plainRun returns the index of the first byte of b from i on that a
 // string cannot hold as it is: a quote, a backslash or a control
-// character; len(b) if there is none. It tests eight bytes at a time: in
-// x-lo*c&^x&hi, the lowest byte flagged is the first byte of x below c (a
-// borrow only flags bytes above one that is), so that x=v^q*lo finds a
-// byte equal to q, and x=v a byte below 0x20.
+// character; len(b) if there is none. It tests eight bytes v at a time:
+// (x - c*lo) &^ x & hi flags the bytes of x below c (c <= 0x80), and the
+// lowest byte flagged is the first of them, since a borrow only flags bytes
+// above one that is below c. With c = 1 and x = v ^ q*lo it finds the bytes
+// equal to q; with c = 0x20 and x = v, the control characters.
 func plainRun(b []byte, i int) int {
 	const lo, hi = 0x0101010101010101, 0x8080808080808080
 	for ; i+8 <= len(b); i += 8 {
