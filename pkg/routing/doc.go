@@ -254,9 +254,11 @@
 // holds, in deadline order, what the engine's first-come first-served
 // queue would make every later request wait behind.
 //
-// Among the pods that meet the SLO and are not full, slo-least-load and
-// slo-least-load-pulling choose as kv-aware does (the earliest first token,
-// ties as above); slo-pack-load, while the queue is contended, chooses the
+// slo-least-load and slo-least-load-pulling take kv-aware's choice when it
+// meets the SLO and is not full, so that below capacity they decide
+// exactly as kv-aware does, ties included; otherwise they choose as
+// kv-aware does among the pods that meet the SLO and are not full.
+// slo-pack-load, while the queue is contended, chooses the
 // pod whose budget is the most used, keeping the others' headroom, and
 // otherwise chooses as least-load. A request without an objective is
 // routed as kv-aware routes it. When no pod qualifies, Route fails with an

@@ -72,9 +72,10 @@ func (e *SLOError) Unwrap() error {
 // inter-token and end-to-end latency from the pod's measured inter-token
 // latency, its GPU profile and the predicted output length, and chooses
 // among the pods predicted to meet the request's SLO within the capacity
-// their profiles allow: kv-aware's choice among them (least load) or the
-// pod whose SLO budget is the most used (pack load). A request without an
-// SLO is routed as kv-aware routes it.
+// their profiles allow: kv-aware's own choice when it is one of them, else
+// kv-aware's choice among them (least load), or the pod whose SLO budget is
+// the most used (pack load). A request without an SLO is routed as kv-aware
+// routes it.
 type sloAware struct {
 	tolerance float64
 	pack      bool
@@ -113,10 +114,16 @@ func (a sloAware) pick(in input) {
 		}
 	}
 	meets := func(c *Candidate) bool { return c.SLOVerdict == SLOMeets }
-	if a.pack && in.sloContended {
+	switch {
+	case a.pack && in.sloContended:
 		d.chosen = choose(in, meets, func(c *Candidate) float64 { return -c.SLOBudget }, 0, nil)
-	} else {
-		d.chosen = chooseKVAware(in, meets, a.tolerance)
+	default:
+		// kv-aware's own choice, when it meets the objective: below
+		// capacity the family then decides exactly as kv-aware does, ties
+		// included.
+		if d.chosen = chooseKVAware(in, nil, a.tolerance); d.chosen < 0 || !meets(&d.Candidates[d.chosen]) {
+			d.chosen = chooseKVAware(in, meets, a.tolerance)
+		}
 	}
 	if d.chosen >= 0 {
 		d.Outcome = prefixOutcome(in, bestCached)

@@ -55,6 +55,47 @@ func TestSLOLeastLoadChoosesAsKVAwareWhileEveryPodMeetsTheSLO(t *testing.T) {
 	}
 }
 
+func TestSLOLeastLoadTakesKVAwaresChoiceWhenItMeetsTheSLO(t *testing.T) {
+	// Every pod holds the whole prompt, so that a pod's cost is its queue
+	// and its inter-token latency. p0 costs least but misses the 250 ms
+	// inter-token objective; p1 costs within kv-aware's 5% of p0 and runs
+	// fewer requests, so kv-aware chooses it, and it meets the objective;
+	// p2 costs more than 5% over p0 but within 5% of p1, and runs the
+	// fewest. Choosing among the pods that meet alone would take p2.
+	for _, alg := range []string{SLO, SLOLeastLoad, SLOLeastLoadPulling} {
+		clock := newManualClock()
+		pods := testPods(3)
+		idx := newTestIndex(t)
+		p := prompt(0, 2048)
+		for _, pod := range pods {
+			holds(t, idx, pod.Key.Name, p, kvevent.MediumGPU)
+		}
+		m := uniformFleet(3).set("p0", cache.AvgTPOTSeconds, 0.3).
+			set("p1", cache.AvgTPOTSeconds, 0.105).set("p1", cache.NumRequestsWaiting, 1).
+			set("p2", cache.AvgTPOTSeconds, 0.115).set("p2", cache.NumRequestsWaiting, 1).scraped(clock.Now())
+		r, _ := newTestRouter(t, m, idx, func(c *Config) { c.Now = clock.Now })
+		for i, running := range []int{3, 2, 1} {
+			for j := range running {
+				d := route(t, r, request("busy", KVAware, prompt(100_000*(3*i+j+1), 2048)), pods)
+				d.chosen, d.Endpoint = i, pods[i]
+				startPrefill(r, d).FirstToken()
+			}
+		}
+		kv := route(t, r, request("r", KVAware, p), pods)
+		c0, c1, c2 := candidate(t, kv, "p0"), candidate(t, kv, "p1"), candidate(t, kv, "p2")
+		if !(c0.Score < c1.Score && c1.Score <= 1.05*c0.Score && 1.05*c0.Score < c2.Score && c2.Score <= 1.05*c1.Score) ||
+			kv.PodKey != key("p1") {
+			t.Fatalf("kv-aware chose %s with costs %.4f, %.4f, %.4f; want p1, the set-up this test needs", kv.PodKey,
+				c0.Score, c1.Score, c2.Score)
+		}
+		d := route(t, r, sloRequest("r", alg, p, types.SLO{TTFT: 10 * time.Second, TPOT: 250 * time.Millisecond}, clock.Now()), pods)
+		if d.PodKey != kv.PodKey || candidate(t, d, "p0").SLOVerdict != SLOMisses {
+			t.Errorf("%s chose %s, p0 %s; want kv-aware's choice %s, p0 missing the objective", alg, d.PodKey,
+				candidate(t, d, "p0").SLOVerdict, kv.PodKey)
+		}
+	}
+}
+
 func TestSLOAlgorithmsChooseNoPodWhenNoneMeetsTheSLONow(t *testing.T) {
 	// Every pod has 20 requests of 2,048 tokens waiting, 4.1 s of prefill.
 	// Idle, a pod would return the first token of the 2,048-token prompt
