@@ -293,6 +293,12 @@ func TestGatewayPurgesADeadEngineUnderTrafficAndRebuildsItWhenItReturns(t *testi
 	f.waitRebuilt(b, pb)
 	f.keepMatching(pa, pb)
 
+	// The death below is judged from a's last scrape: there must be one.
+	testsupport.EventuallyWhy(t, "a scraped", func() (string, bool) {
+		_, p := f.podBlocks("a")
+		return mustJSON(p), p.Liveness != nil && p.Liveness.LastScrapeAgeSeconds != nil
+	})
+
 	// a vanishes from the network, events and metrics alike, while
 	// requests keep matching its blocks; it keeps running and serving.
 	died := time.Now()
