@@ -25,7 +25,7 @@ func BenchmarkRoute(b *testing.B) {
 	bench := newRouteBench(b)
 	for _, alg := range []string{KVAware, SLOLeastLoad, SLOPackLoad, PrefixCache, LeastRequest, Random} {
 		b.Run(alg, func(b *testing.B) {
-			r, ctx := bench.router(b, alg)
+			r, ctx := bench.router(b, alg, 4)
 			var d Decision
 			var snaps []cache.PodSnapshot
 			b.ReportAllocs()
@@ -46,7 +46,7 @@ func BenchmarkRoute(b *testing.B) {
 // blocks as in flight on the chosen pod meanwhile.
 func BenchmarkRouteAttempt(b *testing.B) {
 	bench := newRouteBench(b)
-	r, ctx := bench.router(b, KVAware)
+	r, ctx := bench.router(b, KVAware, 4)
 	var d Decision
 	var snaps []cache.PodSnapshot
 	b.ReportAllocs()
@@ -57,6 +57,34 @@ func BenchmarkRouteAttempt(b *testing.B) {
 			b.Fatal(err)
 		}
 		startPrefill(r, &d).Close(inflight.Done, "")
+	}
+}
+
+// BenchmarkRouteBusy measures BenchmarkRoute's kv-aware decision with 64
+// attempts in flight per pod, as busy engines have: 1,024 in all, a
+// quarter of them sharing the prompt's first 512·i tokens on pod i, the
+// others prompts of their own.
+func BenchmarkRouteBusy(b *testing.B) {
+	bench := newRouteBench(b)
+	r, ctx := bench.router(b, KVAware, 16)
+	var d Decision
+	var snaps []cache.PodSnapshot
+	for i := range len(bench.pods) * 48 {
+		snaps = bench.fleet.store.Snapshots(bench.pods, snaps[:0])
+		other := request("other", KVAware, prompt(2_000_000+i*8192, 1024))
+		if err := r.Route(context.Background(), other, snaps, &d); err != nil {
+			b.Fatal(err)
+		}
+		d.chosen, d.Endpoint = i%len(bench.pods), bench.pods[i%len(bench.pods)]
+		startPrefill(r, &d)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		snaps = bench.fleet.store.Snapshots(bench.pods, snaps[:0])
+		if err := r.Route(context.Background(), ctx, snaps, &d); err != nil {
+			b.Fatal(err)
+		}
 	}
 }
 
@@ -84,16 +112,16 @@ func newRouteBench(b *testing.B) *routeBench {
 	return rb
 }
 
-// router returns a Router over the bench's fleet, with four prefills of
+// router returns a Router over the bench's fleet, with perPod prefills of
 // the prompt in flight per pod, and a request for the prompt under alg.
-func (rb *routeBench) router(b *testing.B, alg string) (*Router, *types.RoutingContext) {
+func (rb *routeBench) router(b *testing.B, alg string, perPod int) (*Router, *types.RoutingContext) {
 	r, _ := newTestRouter(b, rb.fleet.store, rb.idx)
 	ctx := request("bench", alg, rb.p)
 	ctx.SLO = types.SLO{TTFT: time.Minute}
 	ctx.ReceivedAt = time.Now()
 	var d Decision
 	var snaps []cache.PodSnapshot
-	for i := range len(rb.pods) * 4 {
+	for i := range len(rb.pods) * perPod {
 		snaps = rb.fleet.store.Snapshots(rb.pods, snaps[:0])
 		if err := r.Route(context.Background(), ctx, snaps, &d); err != nil {
 			b.Fatal(err)

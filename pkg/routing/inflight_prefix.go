@@ -44,18 +44,21 @@ type inFlightPrefixes struct {
 
 	mu sync.RWMutex
 	// pods has the attempts recorded on each pod, in no order.
-	pods map[*inflight.PodLoad][]*inflight.Handle
-	// attempts are the attempts recorded, with their keys.
-	attempts map[*inflight.Handle][]uint64
+	pods map[*inflight.PodLoad][]attempt
 	// blocks counts the keys of the attempts recorded.
 	blocks int
 	// dropped counts attempts not recorded for lack of room.
 	dropped atomic.Int64
 }
 
+// attempt is an attempt recorded, with its route's keys.
+type attempt struct {
+	h    *inflight.Handle
+	keys []uint64
+}
+
 func newInFlightPrefixes(max int) *inFlightPrefixes {
-	return &inFlightPrefixes{max: max, pods: map[*inflight.PodLoad][]*inflight.Handle{},
-		attempts: map[*inflight.Handle][]uint64{}}
+	return &inFlightPrefixes{max: max, pods: map[*inflight.PodLoad][]attempt{}}
 }
 
 // keys appends to dst the keys of the whole blocks of tokens, of blockSize
@@ -94,32 +97,30 @@ func (f *inFlightPrefixes) add(h *inflight.Handle) {
 		f.dropped.Add(1)
 		return
 	}
-	f.attempts[h] = rt.PromptBlocks
-	f.pods[rt.Pod] = append(f.pods[rt.Pod], h)
+	f.pods[rt.Pod] = append(f.pods[rt.Pod], attempt{h, rt.PromptBlocks})
 	f.blocks += len(rt.PromptBlocks)
 }
 
 // remove forgets the blocks of attempt h, if add recorded them.
 func (f *inFlightPrefixes) remove(h *inflight.Handle) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	keys, ok := f.attempts[h]
-	if !ok {
+	pod := h.Route().Pod
+	if pod == nil {
 		return
 	}
-	delete(f.attempts, h)
-	f.blocks -= len(keys)
-	pod := h.Route().Pod
-	hs := f.pods[pod]
-	if i := slices.Index(hs, h); i >= 0 {
-		hs[i] = hs[len(hs)-1]
-		hs[len(hs)-1] = nil
-		hs = hs[:len(hs)-1]
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	as := f.pods[pod]
+	i := slices.IndexFunc(as, func(a attempt) bool { return a.h == h })
+	if i < 0 {
+		return
 	}
-	if len(hs) == 0 {
+	f.blocks -= len(as[i].keys)
+	as[i] = as[len(as)-1]
+	as[len(as)-1] = attempt{}
+	if as = as[:len(as)-1]; len(as) == 0 {
 		delete(f.pods, pod)
 	} else {
-		f.pods[pod] = hs
+		f.pods[pod] = as
 	}
 }
 
@@ -142,8 +143,8 @@ func (f *inFlightPrefixes) match(cs []Candidate, keys []uint64) {
 	for j := range cs {
 		c := &cs[j]
 		n := 0
-		for _, h := range f.pods[c.load] {
-			if n = max(n, sharedBlocks(f.attempts[h], keys, n)); n == len(keys) {
+		for _, a := range f.pods[c.load] {
+			if n = max(n, sharedBlocks(a.keys, keys, n)); n == len(keys) {
 				break
 			}
 		}
@@ -210,25 +211,22 @@ func (f *inFlightPrefixes) snapshot(max int) (map[string][]uint64, bool) {
 	defer f.mu.RUnlock()
 	out := map[string][]uint64{}
 	seen := make(map[uint64][]*inflight.PodLoad, min(f.blocks, max))
-	n, truncated := 0, false
-	for h, keys := range f.attempts {
-		if truncated {
-			break
-		}
-		pod := h.Route().Pod
+	n := 0
+	for pod, as := range f.pods {
 		id := pod.ID()
-		for _, k := range keys {
-			if slices.Contains(seen[k], pod) {
-				continue
+		for _, a := range as {
+			for _, k := range a.keys {
+				if slices.Contains(seen[k], pod) {
+					continue
+				}
+				if n == max {
+					return out, true
+				}
+				seen[k] = append(seen[k], pod)
+				out[id] = append(out[id], k)
+				n++
 			}
-			if n == max {
-				truncated = true
-				break
-			}
-			seen[k] = append(seen[k], pod)
-			out[id] = append(out[id], k)
-			n++
 		}
 	}
-	return out, truncated
+	return out, false
 }

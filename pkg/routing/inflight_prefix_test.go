@@ -46,9 +46,7 @@ func TestInFlightMatchCountsTheLeadingBlocksEachPodHolds(t *testing.T) {
 					continue
 				}
 				if len(prefix) > 0 {
-					h := new(inflight.Handle)
-					f.attempts[h] = prefix
-					f.pods[cs[j].load] = append(f.pods[cs[j].load], h)
+					f.pods[cs[j].load] = append(f.pods[cs[j].load], attempt{new(inflight.Handle), prefix})
 				}
 			}
 			cs[j].load.SetRemoteBlocks(remote)
