@@ -255,9 +255,10 @@
 // queue would make every later request wait behind.
 //
 // slo-least-load and slo-least-load-pulling take kv-aware's choice when it
-// meets the SLO and is not full, so that below capacity they decide
-// exactly as kv-aware does, ties included; otherwise they choose as
-// kv-aware does among the pods that meet the SLO and are not full.
+// meets the SLO and is not full, ties included, so that below capacity
+// they decide as kv-aware does but for the requests kv-aware would send to
+// a pod predicted to miss; otherwise they choose as kv-aware does among the
+// pods that meet the SLO and are not full.
 // slo-pack-load, while the queue is contended, chooses the
 // pod whose budget is the most used, keeping the others' headroom, and
 // otherwise chooses as least-load. A request without an objective is
