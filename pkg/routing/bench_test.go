@@ -31,10 +31,7 @@ func BenchmarkRoute(b *testing.B) {
 			b.ReportAllocs()
 			b.ResetTimer()
 			for b.Loop() {
-				snaps = bench.fleet.store.Snapshots(bench.pods, snaps[:0])
-				if err := r.Route(context.Background(), ctx, snaps, &d); err != nil {
-					b.Fatal(err)
-				}
+				bench.decide(b, r, ctx, &d, &snaps)
 			}
 		})
 	}
@@ -52,10 +49,7 @@ func BenchmarkRouteAttempt(b *testing.B) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for b.Loop() {
-		snaps = bench.fleet.store.Snapshots(bench.pods, snaps[:0])
-		if err := r.Route(context.Background(), ctx, snaps, &d); err != nil {
-			b.Fatal(err)
-		}
+		bench.decide(b, r, ctx, &d, &snaps)
 		startPrefill(r, &d).Close(inflight.Done, "")
 	}
 }
@@ -70,21 +64,12 @@ func BenchmarkRouteBusy(b *testing.B) {
 	var d Decision
 	var snaps []cache.PodSnapshot
 	for i := range len(bench.pods) * 48 {
-		snaps = bench.fleet.store.Snapshots(bench.pods, snaps[:0])
-		other := request("other", KVAware, prompt(2_000_000+i*8192, 1024))
-		if err := r.Route(context.Background(), other, snaps, &d); err != nil {
-			b.Fatal(err)
-		}
-		d.chosen, d.Endpoint = i%len(bench.pods), bench.pods[i%len(bench.pods)]
-		startPrefill(r, &d)
+		bench.occupy(b, r, request("other", KVAware, prompt(2_000_000+i*8192, 1024)), i%len(bench.pods), &d, &snaps)
 	}
 	b.ReportAllocs()
 	b.ResetTimer()
 	for b.Loop() {
-		snaps = bench.fleet.store.Snapshots(bench.pods, snaps[:0])
-		if err := r.Route(context.Background(), ctx, snaps, &d); err != nil {
-			b.Fatal(err)
-		}
+		bench.decide(b, r, ctx, &d, &snaps)
 	}
 }
 
@@ -122,12 +107,23 @@ func (rb *routeBench) router(b *testing.B, alg string, perPod int) (*Router, *ty
 	var d Decision
 	var snaps []cache.PodSnapshot
 	for i := range len(rb.pods) * perPod {
-		snaps = rb.fleet.store.Snapshots(rb.pods, snaps[:0])
-		if err := r.Route(context.Background(), ctx, snaps, &d); err != nil {
-			b.Fatal(err)
-		}
-		d.chosen, d.Endpoint = i%len(rb.pods), rb.pods[i%len(rb.pods)]
-		startPrefill(r, &d)
+		rb.occupy(b, r, ctx, i%len(rb.pods), &d, &snaps)
 	}
 	return r, ctx
+}
+
+// decide routes rc among the bench's pods into d; snaps is scratch.
+func (rb *routeBench) decide(b *testing.B, r *Router, rc *types.RoutingContext, d *Decision, snaps *[]cache.PodSnapshot) {
+	*snaps = rb.fleet.store.Snapshots(rb.pods, (*snaps)[:0])
+	if err := r.Route(context.Background(), rc, *snaps, d); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// occupy routes rc and opens its attempt on pod i, whichever pod the
+// decision chose, leaving it in flight.
+func (rb *routeBench) occupy(b *testing.B, r *Router, rc *types.RoutingContext, i int, d *Decision, snaps *[]cache.PodSnapshot) {
+	rb.decide(b, r, rc, d, snaps)
+	d.chosen, d.Endpoint = i, rb.pods[i]
+	startPrefill(r, d)
 }
