@@ -250,9 +250,12 @@
 // Redis, the other replicas' (inflight.PodLoad.PendingLoad), exceeds 1; or
 // when, while the model's queue is contended (a request waited or was
 // refused within the last two seconds, RoutingContext.SLOContended), more
-// prefill work than the SLO's base TTFT is queued on it: the gateway then
-// holds, in deadline order, what the engine's first-come first-served
-// queue would make every later request wait behind.
+// prefill work than the SLO's base TTFT is queued on it and the request's
+// own prefill there would take more than a tenth of that base: the gateway
+// then holds, in deadline order, what the engine's first-come first-served
+// queue would make every later request wait behind, and lets on what adds
+// little to it, mostly cache hits, which holding back would turn away the
+// cheapest work there is.
 //
 // slo-least-load and slo-least-load-pulling take kv-aware's choice when it
 // meets the SLO and is not full, ties included, so that below capacity

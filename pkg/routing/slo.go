@@ -21,8 +21,10 @@ const (
 	SLOMisses SLOVerdict = "misses"
 	// SLOFull: the pod is predicted to meet the SLO but is at capacity:
 	// the request would take it past its profiled capacity (pending load
-	// above 1), or prefill work beyond the SLO's base time to first token
-	// is queued on it (see the package documentation).
+	// above 1), or, while the model's queue is contended, prefill work
+	// beyond the SLO's base time to first token is queued on it and the
+	// request's own prefill there is not cheap (see the package
+	// documentation).
 	SLOFull SLOVerdict = "full"
 )
 
@@ -66,6 +68,12 @@ func (e *SLOError) Unwrap() error {
 	}
 	return cache.ErrLoadCapacityReached
 }
+
+// cheapPrefillShare is the share of an SLO's base time to first token up
+// to which a request's own prefill on a pod is cheap: while the model's
+// queue is contended, a long prefill queue does not make the pod full for
+// it (see the package documentation).
+const cheapPrefillShare = 0.1
 
 // sloAware is the SLO-aware family (see the package documentation): it
 // predicts each candidate's time to first token as kv-aware does, and its
@@ -165,7 +173,8 @@ func (a sloAware) judge(in input, c *Candidate, fastest float64) (idleBudget flo
 			}
 		}
 	}
-	if base := in.slo.TTFT.Seconds(); base > 0 && c.QueueSeconds > base && in.sloContended {
+	if base := in.slo.TTFT.Seconds(); base > 0 && in.sloContended && c.QueueSeconds > base &&
+		c.uncached/c.PrefillTokensPerSecond > cheapPrefillShare*base {
 		capacityOK = false
 	}
 	decode := c.PredictedTPOTSeconds * float64(max(in.outputTokens-1, 0))

@@ -186,14 +186,16 @@ func TestSLOPackLoadPacksWhereLeastLoadSpreadsWhileTheQueueIsContended(t *testin
 }
 
 func TestSLOAlgorithmsKeepEngineQueuesShortWhileTheQueueIsContended(t *testing.T) {
-	// p0 has 1.5 s of prefill queued, p1 2.5 s; the objective allows 2 s
-	// plus 4 ms a prompt token, 6 s for this prompt: both pods meet it.
+	// p0 has 1.5 s of prefill queued, p1 2.4 s (requests of the prompt's
+	// 3,000 tokens waiting); the objective allows 2 s plus 4 ms a prompt
+	// token, 14 s for this prompt: both pods meet it. The prompt's own
+	// prefill, 0.3 s, is more than a tenth of the base 2 s.
 	clock := newManualClock()
 	pods := testPods(2)
-	m := uniformFleet(2).set("p0", cache.NumRequestsWaiting, 15).set("p1", cache.NumRequestsWaiting, 25).scraped(clock.Now())
+	m := uniformFleet(2).set("p0", cache.NumRequestsWaiting, 5).set("p1", cache.NumRequestsWaiting, 8).scraped(clock.Now())
 	r, _ := newTestRouter(t, m, newTestIndex(t), func(c *Config) { c.Now = clock.Now })
 	slo := types.SLO{TTFT: 2 * time.Second, TTFTPerPromptToken: 4 * time.Millisecond}
-	rc := sloRequest("r", SLOPackLoad, prompt(0, 1000), slo, clock.Now())
+	rc := sloRequest("r", SLOPackLoad, prompt(0, 3000), slo, clock.Now())
 	if d := route(t, r, rc, pods); d.PodKey != key("p0") {
 		t.Fatalf("uncontended: chose %s, want p0", d.PodKey)
 	}
@@ -202,9 +204,41 @@ func TestSLOAlgorithmsKeepEngineQueuesShortWhileTheQueueIsContended(t *testing.T
 	if d.PodKey != key("p0") || candidate(t, d, "p1").SLOVerdict != SLOFull {
 		t.Fatalf("contended: chose %s, p1 %+v; want p0, p1 full with more than the base 2 s queued", d.PodKey, candidate(t, d, "p1"))
 	}
-	m.set("p0", cache.NumRequestsWaiting, 21)
+	m.set("p0", cache.NumRequestsWaiting, 7)
 	if _, err := routeErr(r, rc, pods); !errors.Is(err, cache.ErrLoadCapacityReached) {
 		t.Fatalf("contended with both queues past 2 s: Route = %v, want ErrLoadCapacityReached", err)
+	}
+}
+
+func TestSLOAlgorithmsLetCacheHitsOnWhileTheQueueIsContended(t *testing.T) {
+	// Both pods have more than the base 2 s of prefill queued: 2.4 s on p0,
+	// 2.7 s on p1 (requests of the prompts' 3,000 tokens waiting), within
+	// the 14 s the objective allows these prompts. p0 holds the first
+	// prompt: its prefill there is a block's, less than a tenth of the
+	// base, and adds next to nothing to what waits behind it.
+	for _, alg := range []string{SLOLeastLoad, SLOLeastLoadPulling, SLOPackLoad} {
+		clock := newManualClock()
+		pods := testPods(2)
+		idx := newTestIndex(t)
+		hit, cold := prompt(0, 3000), prompt(100_000, 3000)
+		holds(t, idx, "p0", hit, kvevent.MediumGPU)
+		m := uniformFleet(2).set("p0", cache.NumRequestsWaiting, 8).set("p1", cache.NumRequestsWaiting, 9).scraped(clock.Now())
+		r, _ := newTestRouter(t, m, idx, func(c *Config) { c.Now = clock.Now })
+		slo := types.SLO{TTFT: 2 * time.Second, TTFTPerPromptToken: 4 * time.Millisecond}
+		contended := func(id string, p []uint32) *types.RoutingContext {
+			rc := sloRequest(id, alg, p, slo, clock.Now())
+			rc.SLOContended = true
+			return rc
+		}
+		d, err := routeErr(r, contended("cold", cold), pods)
+		if !errors.Is(err, cache.ErrLoadCapacityReached) {
+			t.Fatalf("%s: a prompt no pod holds: Route = %v (%s), want ErrLoadCapacityReached", alg, err, d.PodKey)
+		}
+		d = route(t, r, contended("hit", hit), pods)
+		if d.PodKey != key("p0") || candidate(t, d, "p0").SLOVerdict != SLOMeets || candidate(t, d, "p1").SLOVerdict != SLOFull {
+			t.Errorf("%s: the prompt p0 holds went to %s (p0 %s, p1 %s); want p0, which meets, p1 full", alg, d.PodKey,
+				candidate(t, d, "p0").SLOVerdict, candidate(t, d, "p1").SLOVerdict)
+		}
 	}
 }
 
