@@ -41,6 +41,9 @@ import (
 )
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "forward" {
+		os.Exit(runForwarder(os.Args[2:], os.Stderr))
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	code := runMain(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
@@ -83,7 +86,8 @@ func parseOptions(fs *flag.FlagSet, args []string) (options, error) {
 	wls := fs.String("workloads", strings.Join([]string{wlCompletions, wlStream, wlKVSeen, wlKVNew}, ","),
 		"workloads: completions (short prompts, random and least-request), stream, kv-seen (kv-aware on prompts seen "+
 			"before), kv-new (kv-aware on a new prompt each time)")
-	proxies := fs.String("proxies", "nginx,haproxy", "reverse proxies to compare with, where installed")
+	proxies := fs.String("proxies", "nginx,haproxy,go-raw,go-nethttp", "reverse proxies to compare with, where installed: "+
+		"nginx, haproxy, and the Go reference forwarders go-raw (without net/http) and go-nethttp (net/http's server)")
 	fs.Func("gateway-env", "NAME=value added to the gateway's environment; repeat for more", func(s string) error {
 		if !strings.Contains(s, "=") {
 			return errors.New("want NAME=value")
@@ -192,6 +196,11 @@ func bench(ctx context.Context, o options, stdout, stderr io.Writer) error {
 			continue
 		}
 		bin := findBinary(spec.bin)
+		if spec.self {
+			if bin, err = os.Executable(); err != nil {
+				return err
+			}
+		}
 		if bin == "" {
 			fmt.Fprintf(stderr, "bench-proxy: %s is %v (hack/install-proxies.sh installs it): left out\n", spec.name, errNoProxy)
 			continue
@@ -204,7 +213,11 @@ func bench(ctx context.Context, o options, stdout, stderr io.Writer) error {
 		targets[spec.name] = target{name: spec.name, addrs: []string{p.addr}, pids: p.pids}
 		hasProxy[spec.name] = true
 		found = append(found, spec.name)
-		versions = append(versions, version(bin, spec.name))
+		if spec.self {
+			versions = append(versions, spec.name+" ("+runtime.Version()+")")
+		} else {
+			versions = append(versions, version(bin, spec.name))
+		}
 	}
 	wls, err := workloads(workloadOptions{model: fleet.Model(), concurrency: o.concurrency, streamConc: o.streamConcurrency,
 		streamTokens: o.streamTokens, longWords: o.longWords, seenPrompts: o.seenPrompts, proxies: found}, o.workloads)

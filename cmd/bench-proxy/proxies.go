@@ -23,6 +23,8 @@ type proxySpec struct {
 	config string
 	// args returns the command line running the configuration at path.
 	args func(path, dir string) []string
+	// self marks a reference forwarder this command runs (see forward.go).
+	self bool
 }
 
 var proxySpecs = []proxySpec{
@@ -31,6 +33,12 @@ var proxySpecs = []proxySpec{
 	}},
 	{name: "haproxy", bin: "haproxy", config: "haproxy.cfg", args: func(path, _ string) []string {
 		return []string{"-f", path, "-db"}
+	}},
+	{name: "go-raw", self: true, config: "go-forward.conf", args: func(path, _ string) []string {
+		return []string{"forward", forwardRaw, path}
+	}},
+	{name: "go-nethttp", self: true, config: "go-forward.conf", args: func(path, _ string) []string {
+		return []string{"forward", forwardNetHTTP, path}
 	}},
 }
 
