@@ -120,7 +120,9 @@
 //
 // Streams are relayed as server-sent events, event by event as the pod
 // sends them, flushed whenever the gateway has relayed all it received, and
-// byte for byte. To learn a stream's usage, the gateway asks the pod for the
+// byte for byte. The headers go out as soon as the pod's do, or with the
+// first event when it came with them; the last events go out with the end
+// of the response, in one write. To learn a stream's usage, the gateway asks the pod for the
 // usage chunk (stream_options.include_usage) when the client did not, and
 // withholds that chunk (the chunk with an empty choices list and a usage
 // object) from the client, which receives exactly what it would have

@@ -589,6 +589,9 @@ func (b *podBody) buffered() int {
 	return int(min(b.remaining, int64(br.Buffered())))
 }
 
+// ended reports that the body was read to its proper end.
+func (b *podBody) ended() bool { return b.done && b.err == nil }
+
 // sizeLineBuffered reports whether the connection's buffer holds the end
 // of the chunk read, if any, and the whole size line of the next chunk:
 // and, when that chunk is the last, its trailers.

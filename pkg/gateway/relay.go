@@ -106,6 +106,10 @@ type sseRelay struct {
 	// more returns how many bytes the engine sent that src has yet to
 	// read (none when nil): the relay flushes only when there are none.
 	more func() int
+	// ended reports that the engine's body has ended (never when nil): the
+	// last events then go out with the end of the response, in one write,
+	// rather than flushed on their own.
+	ended func() bool
 	// maxEvent bounds an event, in bytes; 0 means no bound.
 	maxEvent int
 	eventReader
@@ -161,7 +165,8 @@ func (s *sseRelay) run() error {
 }
 
 // endEvent relays the complete event in s.event, unless it is a withheld
-// usage chunk, and flushes when the engine has sent nothing more yet.
+// usage chunk, and flushes when the engine has sent nothing more yet and
+// has not ended its body.
 func (s *sseRelay) endEvent() error {
 	if !s.inspect(s.event) {
 		if err := s.write(s.event); err != nil {
@@ -169,7 +174,7 @@ func (s *sseRelay) endEvent() error {
 		}
 	}
 	s.event = s.event[:0]
-	if s.src.Buffered() == 0 && (s.more == nil || s.more() == 0) {
+	if s.src.Buffered() == 0 && (s.more == nil || s.more() == 0) && (s.ended == nil || !s.ended()) {
 		if err := s.flush(); err != nil {
 			return errClientGone
 		}
@@ -469,13 +474,18 @@ func (g *Gateway) relayStream(w http.ResponseWriter, r *http.Request, res *podRe
 	c.status = http.StatusOK
 	w.WriteHeader(http.StatusOK)
 	rcw := http.NewResponseController(w)
-	if err := rcw.Flush(); err != nil {
-		return g.clientGone(c, h)
+	// The headers go out at once, unless the body has begun with them (an
+	// engine writes an event at a time: its first event): then they go
+	// out with it.
+	if res.body.buffered() == 0 {
+		if err := rcw.Flush(); err != nil {
+			return g.clientGone(c, h)
+		}
 	}
 	x.reader.Reset(&res.body)
 	s := &x.relay
-	*s = sseRelay{dst: w, flush: rcw.Flush, src: x.reader, more: res.body.buffered, maxEvent: g.cfg.MaxStreamEventBytes,
-		event: s.event[:0], eventReader: eventReader{dropUsage: dropUsage,
+	*s = sseRelay{dst: w, flush: rcw.Flush, src: x.reader, more: res.body.buffered, ended: res.body.ended,
+		maxEvent: g.cfg.MaxStreamEventBytes, event: s.event[:0], eventReader: eventReader{dropUsage: dropUsage,
 			firstToken: func() {
 				h.FirstToken()
 				g.metrics.ttft.WithLabelValues(rc.Model).Observe(time.Since(c.start).Seconds())

@@ -68,6 +68,37 @@ func TestSSERelayStopsWhenTheClientLeaves(t *testing.T) {
 	}
 }
 
+func TestSSERelayLeavesTheLastEventToTheEndOfTheResponse(t *testing.T) {
+	// The engine's events come one read at a time. Each is flushed as it
+	// comes, but the last: the engine's body has ended by then, and the
+	// event goes out with the end of the response.
+	events := &eventSource{events: []string{"data: a\n\n", "data: b\n\n", "data: [DONE]\n\n"}}
+	var out bytes.Buffer
+	var flushed []string
+	s := &sseRelay{dst: &out, flush: func() error { flushed = append(flushed, out.String()); return nil },
+		src: bufio.NewReader(events), more: func() int { return 0 }, ended: func() bool { return len(events.events) == 0 },
+		eventReader: eventReader{firstToken: func() {}}}
+	if err := s.run(); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"data: a\n\n", "data: a\n\ndata: b\n\n"}
+	if out.String() != "data: a\n\ndata: b\n\ndata: [DONE]\n\n" || strings.Join(flushed, "|") != strings.Join(want, "|") {
+		t.Errorf("relayed %q, flushed after %q; want flushes after %q", out.String(), flushed, want)
+	}
+}
+
+// eventSource returns one event a read, then io.EOF.
+type eventSource struct{ events []string }
+
+func (e *eventSource) Read(p []byte) (int, error) {
+	if len(e.events) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p, e.events[0])
+	e.events = e.events[1:]
+	return n, nil
+}
+
 type failingWriter struct{}
 
 func (failingWriter) Write([]byte) (int, error) { return 0, errors.New("broken pipe") }

@@ -131,6 +131,43 @@ func TestStreamsPassThroughByteForByteAsTheyCome(t *testing.T) {
 	}
 }
 
+func TestStreamHeadersReachTheClientBeforeTheFirstEvent(t *testing.T) {
+	// The engine answers with its headers alone and holds its events back
+	// until the client has the headers: a relay that waited for the first
+	// event to send the headers with it would wait out the deadline.
+	f := startFleet(t, []string{"a"}, fleetOptions{})
+	events := []string{"data: {\"choices\":[{\"index\":0,\"text\":\"a\"}]}\n\n", usageChunk, "data: [DONE]\n\n"}
+	proceed := make(chan struct{})
+	f.engine("a").setAnswer(func(w http.ResponseWriter, r *http.Request, _ []byte) {
+		w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
+		w.WriteHeader(http.StatusOK)
+		w.(http.Flusher).Flush()
+		select {
+		case <-proceed:
+		case <-r.Context().Done():
+			return
+		}
+		for _, ev := range events {
+			_, _ = io.WriteString(w, ev)
+			w.(http.Flusher).Flush()
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), testsupport.WaitTimeout)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, f.url+"/v1/completions",
+		strings.NewReader(`{"model":"llama","prompt":[1,2,3],"stream":true,"stream_options":{"include_usage":true}}`))
+	resp, err := http.DefaultClient.Do(req)
+	close(proceed)
+	if err != nil {
+		t.Fatalf("no headers while the engine held its events back: %v", err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if want := strings.Join(events, ""); err != nil || string(body) != want {
+		t.Errorf("client received %q, %v; want %q", body, err, want)
+	}
+}
+
 func TestBodyWithoutStreamOptionsGetsOnlyTheMemberInserted(t *testing.T) {
 	f := startFleet(t, []string{"a"}, fleetOptions{})
 	body := " {\n  \"model\" : \"llama\",\t\"prompt\":[5,6],\"stream\":true, \"x\":{\"y\":[1,2]}}\n"
