@@ -110,7 +110,7 @@ bench: deps tokenizers ## Run the Go benchmarks with -benchmem: hot paths, KV ev
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -benchtime $(BENCHTIME) -count $(COUNT) $(PKGS)
 
 .PHONY: bench-proxy
-bench-proxy: build ## Measure the gateway's cost per request against the engines directly, nginx and haproxy (installed from Debian's packages) and two Go reference forwarders; a Markdown table, some 20 minutes.
+bench-proxy: build ## Measure the gateway's cost per request against the engines directly, nginx and haproxy (installed from Debian's packages) and two Go reference forwarders; a Markdown table, some 12 minutes.
 	@hack/install-proxies.sh || echo "bench-proxy: nginx and haproxy could not be installed: measuring against the engines only" >&2
 	$(BIN_DIR)/bench-proxy -bin $(BIN_DIR) -configs hack/bench-proxy $(BENCH_PROXY_FLAGS)
 
