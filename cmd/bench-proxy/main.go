@@ -195,12 +195,7 @@ func bench(ctx context.Context, o options, stdout, stderr io.Writer) error {
 		if !slices.Contains(o.proxies, spec.name) {
 			continue
 		}
-		bin := findBinary(spec.bin)
-		if spec.self {
-			if bin, err = os.Executable(); err != nil {
-				return err
-			}
-		}
+		bin := proxyBinary(spec)
 		if bin == "" {
 			fmt.Fprintf(stderr, "bench-proxy: %s is %v (hack/install-proxies.sh installs it): left out\n", spec.name, errNoProxy)
 			continue

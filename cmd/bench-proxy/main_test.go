@@ -18,6 +18,10 @@ import (
 var binDir string
 
 func TestMain(m *testing.M) {
+	// The test binary runs the reference forwarders as bench-proxy does.
+	if len(os.Args) > 1 && os.Args[1] == "forward" {
+		os.Exit(runForwarder(os.Args[2:], os.Stderr))
+	}
 	os.Exit(testsupport.RunInTempDir(m, "kvgate-bench-proxy-bin-", func(dir string) error {
 		binDir = dir
 		return localfleet.Build(dir)
@@ -109,7 +113,7 @@ func TestMediansAndAddedLatencyComeFromTheSameRound(t *testing.T) {
 func TestProxyConfigurationsAreValid(t *testing.T) {
 	for _, spec := range proxySpecs {
 		t.Run(spec.name, func(t *testing.T) {
-			bin := findBinary(spec.bin)
+			bin := proxyBinary(spec)
 			if bin == "" {
 				t.Skipf("%s is not installed (hack/install-proxies.sh installs it)", spec.name)
 			}

@@ -60,6 +60,17 @@ type runningProxy struct {
 	done chan struct{}
 }
 
+// proxyBinary returns the path of the binary running spec: this command's
+// own for a reference forwarder, else the proxy's, "" when it is not
+// installed.
+func proxyBinary(spec proxySpec) string {
+	if spec.self {
+		p, _ := os.Executable()
+		return p
+	}
+	return findBinary(spec.bin)
+}
+
 // findBinary returns the path of bin, "" when it is not installed.
 func findBinary(bin string) string {
 	if p, err := exec.LookPath(bin); err == nil {
