@@ -132,13 +132,9 @@ func (c *conn) chunkedBody(res *response, keepTiming bool) error {
 		if err != nil {
 			return err
 		}
-		size := bytes.TrimSpace(line)
-		if i := bytes.IndexByte(size, ';'); i >= 0 {
-			size = size[:i]
-		}
-		n, err := strconv.ParseUint(string(size), 16, 31)
+		n, err := chunkSize(line)
 		if err != nil {
-			return fmt.Errorf("%w: chunk size %q", errProtocol, line)
+			return err
 		}
 		if n == 0 {
 			break

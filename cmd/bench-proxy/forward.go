@@ -350,14 +350,15 @@ func appendChunk(buf []byte, r *bufio.Reader) (_ []byte, at int, size int64, err
 	return buf, at, size, err
 }
 
-// chunkSize parses a chunk's size line.
+// chunkSize parses a chunk's size line, extensions aside; a size of 2 GiB
+// or more is refused.
 func chunkSize(line []byte) (int64, error) {
 	s, _, _ := bytes.Cut(bytes.TrimSpace(line), []byte(";"))
-	n, err := strconv.ParseInt(string(s), 16, 64)
-	if err != nil || n < 0 {
-		return 0, fmt.Errorf("bad chunk size %q", line)
+	n, err := strconv.ParseUint(string(s), 16, 31)
+	if err != nil {
+		return 0, fmt.Errorf("%w: chunk size %q", errProtocol, line)
 	}
-	return n, nil
+	return int64(n), nil
 }
 
 // statusOf returns the status code of a response head.

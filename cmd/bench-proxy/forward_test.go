@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -121,9 +122,9 @@ func TestChunkSize(t *testing.T) {
 			t.Errorf("chunkSize(%q) = %d, %v; want %d", line, n, err, want)
 		}
 	}
-	for _, line := range []string{"\r\n", "zz\r\n", "-1\r\n"} {
-		if _, err := chunkSize([]byte(line)); err == nil {
-			t.Errorf("chunkSize(%q): no error", line)
+	for _, line := range []string{"\r\n", "zz\r\n", "-1\r\n", "80000000\r\n"} {
+		if _, err := chunkSize([]byte(line)); !errors.Is(err, errProtocol) {
+			t.Errorf("chunkSize(%q) = %v, want a protocol error", line, err)
 		}
 	}
 }
