@@ -92,7 +92,9 @@
 // counted in kvgate_gateway_upstream_failures_total by reason. A client
 // that goes away ends its request's connection to the pod, which cancels
 // the engine's request; the attempt is closed as cancelled and the request
-// counted with status 499, never as a failure of the pod.
+// counted with status 499, never as a failure of the pod. A client that
+// goes away while its request waits (for a pod, in the SLO queue, for the
+// pod's first byte) is noticed within a few milliseconds (see leanhttp).
 //
 // # Server-Timing
 //
@@ -197,6 +199,12 @@
 // answer 404: requests come through an attached front end only. On
 // shutdown both fail /readyz, and the admin listener closes after the
 // API's requests have drained, so that metrics can be read meanwhile.
+//
+// The API's listener reads the inference requests (POST
+// /v1/completions and /v1/chat/completions over HTTP/1.1 with a plain
+// Content-Length body) itself, through pkg/leanhttp, which costs less per
+// request than net/http's server; it hands every other request, and the
+// rest of its connection, to net/http's server before reading any of it.
 //
 // # Health
 //

@@ -468,3 +468,46 @@ func TestReadinessAnswers503ThroughTheDefaultShutdownDelay(t *testing.T) {
 	}
 	waitStopped(t, stopped)
 }
+
+// TestInferenceRequestsAreServedWhicheverServerReadsThem: on one
+// connection, completions with a Content-Length (read by leanhttp), one
+// with a chunked body (which takes the connection to net/http's server) and
+// one after it are each routed, forwarded whole and answered.
+func TestInferenceRequestsAreServedWhicheverServerReadsThem(t *testing.T) {
+	f := startFleet(t, []string{"a"}, fleetOptions{})
+	c, err := net.Dial("tcp", strings.TrimPrefix(f.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(testsupport.WaitTimeout))
+	br := bufio.NewReader(c)
+	bodies := []string{completion("one", ""), completion("two", ""), completion("three", "")}
+	for i, body := range bodies {
+		framing := "Content-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body
+		if i == 1 {
+			framing = "Transfer-Encoding: chunked\r\n\r\n" + strconv.FormatInt(int64(len(body)), 16) + "\r\n" + body + "\r\n0\r\n\r\n"
+		}
+		if _, err := io.WriteString(c, "POST /v1/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"+framing); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		_, err = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != http.StatusOK || resp.Header.Get(HeaderTargetPodName) != "static/a" {
+			t.Fatalf("request %d: %d from %q, %v; want 200 from static/a", i, resp.StatusCode, resp.Header.Get(HeaderTargetPodName), err)
+		}
+	}
+	got := f.engine("a").received()
+	if len(got) != len(bodies) {
+		t.Fatalf("the engine received %d requests, want %d", len(got), len(bodies))
+	}
+	for i, r := range got {
+		if string(r.body) != bodies[i] {
+			t.Errorf("request %d reached the engine as %q, want %q", i, r.body, bodies[i])
+		}
+	}
+}

@@ -357,7 +357,7 @@ func (g *Gateway) sourceName() string {
 // the shutdown timeout, the API's and the frontends' first so that the admin
 // listener serves metrics while they drain, then stops the components, in the reverse
 // order of their start, and releases what the gateway holds.
-func (g *Gateway) shutdown(servers []*http.Server, comps *components, served bool) {
+func (g *Gateway) shutdown(servers []httpServer, comps *components, served bool) {
 	g.draining.Store(true)
 	if served && g.cfg.ShutdownDelay > 0 {
 		g.log.Info("Failing readiness before closing the listeners", "delay", g.cfg.ShutdownDelay)

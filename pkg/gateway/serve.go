@@ -15,6 +15,7 @@ import (
 	"github.com/kvgate/kvgate/pkg/cache"
 	"github.com/kvgate/kvgate/pkg/config"
 	"github.com/kvgate/kvgate/pkg/discovery"
+	"github.com/kvgate/kvgate/pkg/leanhttp"
 )
 
 // newPodSource returns the pod source cfg describes, and the Kubernetes
@@ -217,8 +218,9 @@ func (g *Gateway) startFollower(ctx context.Context) (<-chan error, error) {
 
 // startServers serves the API on ln and, with an admin listen address, the
 // admin endpoints there. served receives the error of a server that stopped
-// serving.
-func (g *Gateway) startServers(ln net.Listener) (servers []*http.Server, served <-chan error, err error) {
+// serving. The API's inference requests are read by a leanhttp.Server,
+// which hands every other request to net/http's.
+func (g *Gateway) startServers(ln net.Listener) (servers []httpServer, served <-chan error, err error) {
 	listeners := []net.Listener{ln}
 	handlers := []http.Handler{g.handler}
 	if g.adminHandler != nil {
@@ -231,13 +233,18 @@ func (g *Gateway) startServers(ln net.Listener) (servers []*http.Server, served 
 	errs := make(chan error, len(listeners)+len(g.frontends))
 	for i, l := range listeners {
 		srv := &http.Server{Handler: handlers[i], ReadHeaderTimeout: readHeaderTimeout, IdleTimeout: 2 * time.Minute}
+		var server httpServer = srv
 		if i == 0 {
 			// The API's connections tell the handlers when a request's
 			// first byte was read.
 			srv.ConnContext, l = withConn, timedListener{l}
+			if !g.cfg.DisableProxy {
+				server = &leanhttp.Server{HTTP: srv, Hot: []string{
+					http.MethodPost + " " + PathCompletions, http.MethodPost + " " + PathChatCompletions}}
+			}
 		}
-		servers = append(servers, srv)
-		go func() { errs <- fmt.Errorf("gateway: serve on %s: %w", l.Addr(), srv.Serve(l)) }()
+		servers = append(servers, server)
+		go func() { errs <- fmt.Errorf("gateway: serve on %s: %w", l.Addr(), server.Serve(l)) }()
 	}
 	g.startFrontends(errs)
 	admin := ""
@@ -265,6 +272,13 @@ func (g *Gateway) logRedisFeatures() {
 	if err := g.redis.Ping(ctx).Err(); err != nil {
 		g.log.Error(err, "Redis does not answer; the features using it retry in the background", "address", g.cfg.Redis.Address)
 	}
+}
+
+// httpServer is a server of the gateway's HTTP listeners.
+type httpServer interface {
+	Serve(net.Listener) error
+	Shutdown(context.Context) error
+	Close() error
 }
 
 // readHeaderTimeout bounds reading a request's headers.

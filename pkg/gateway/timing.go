@@ -124,8 +124,11 @@ func (l timedListener) Accept() (net.Conn, error) {
 }
 
 // withConn is the http.Server.ConnContext that hands a request its
-// timedConn.
+// timedConn, which a connection leanhttp hands to net/http wraps.
 func withConn(ctx context.Context, c net.Conn) context.Context {
+	if w, ok := c.(interface{ NetConn() net.Conn }); ok {
+		c = w.NetConn()
+	}
 	if tc, ok := c.(*timedConn); ok {
 		return context.WithValue(ctx, connKey{}, tc)
 	}
