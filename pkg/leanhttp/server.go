@@ -26,7 +26,14 @@
 // ReadHeaderTimeout bounds reading a head and its IdleTimeout the wait for
 // the next request on a connection. Reading a body is bounded by the
 // deadline that bounded its head until the handler sets its own (with
-// http.ResponseController), as the gateway's handler does.
+// http.ResponseController), as the gateway's handler does; the server's
+// ReadTimeout and WriteTimeout do not bound the bodies of the requests
+// served here, nor their responses. A client that goes away is noticed
+// within watchAfter plus the time its connection takes to report it.
+//
+// What a handler does not get on the requests served here: informational
+// responses (1xx; WriteHeader ignores them), Hijack, and the Content-Type
+// net/http sniffs for a response that sets none.
 package leanhttp
 
 import (
@@ -266,6 +273,7 @@ type conn struct {
 	watchMu    sync.Mutex
 	watchCond  sync.Cond
 	watching   bool // a watch read is in flight
+	watched    bool // the request's watch read started
 	watchDone  bool // the request ended: no watch read starts
 	stash      [1]byte
 	stashed    bool // the watch read a byte of the next request
@@ -515,7 +523,7 @@ func (c *conn) armWatch() {
 		return
 	}
 	c.watchMu.Lock()
-	c.watchDone = false
+	c.watchDone, c.watched = false, false
 	c.watchMu.Unlock()
 	c.watchArmed = true
 	c.watchTimer.Reset(watchAfter)
@@ -523,16 +531,17 @@ func (c *conn) armWatch() {
 
 // watch reads the connection in the background until the client sends a
 // byte (kept for the next request), goes away (the request's context is
-// cancelled) or stopWatch ends the read. One read at most is in flight: a
-// run of the timer's function left over from an earlier request may start
-// the read early, but never after stopWatch, and never twice.
+// cancelled) or stopWatch ends the read. A request gets one read at most:
+// a run of the timer's function left over from an earlier request may
+// start it early, but never after stopWatch, and never a second one, which
+// would take the place of the byte the first kept.
 func (c *conn) watch() {
 	c.watchMu.Lock()
-	if c.watchDone || c.watching {
+	if c.watchDone || c.watched {
 		c.watchMu.Unlock()
 		return
 	}
-	c.watching = true
+	c.watching, c.watched = true, true
 	_ = c.rwc.SetReadDeadline(time.Time{})
 	c.watchMu.Unlock()
 	n, err := c.rwc.Read(c.stash[:])

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"strconv"
 	"testing"
 	"time"
 )
@@ -60,4 +61,46 @@ func TestWatchNeverReadsTheNextRequest(t *testing.T) {
 			t.Fatalf("request %d: %d %q %v, want 200 %q", i, resp.StatusCode, got, err, body)
 		}
 	}
+}
+
+// TestAWatchReadsOnceARequest: a client that sends its next request as
+// soon as it has the response, while the handler still runs, has that
+// request's first byte kept by the watch. A second run of the watch for the
+// same request (a run of the timer's function left over from an earlier
+// request) must not read again: it would keep the second byte in the
+// first's place, and the next request would lose its first byte.
+func TestAWatchReadsOnceARequest(t *testing.T) {
+	first := true
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost {
+			http.Error(w, "a request line cut short: "+r.Method, http.StatusMethodNotAllowed)
+			return
+		}
+		body, _ := io.ReadAll(r.Body)
+		w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+		_, _ = w.Write(body)
+		if !first {
+			return
+		}
+		first = false
+		_ = http.NewResponseController(w).Flush()
+		c := w.(*response).c
+		waitUntil(t, "the watch to keep the next request's first byte", func() bool {
+			c.watchMu.Lock()
+			defer c.watchMu.Unlock()
+			return c.stashed
+		})
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			c.watch()
+		}()
+		receive(t, done, "the second run of the watch")
+	})
+	ts := startLean(t, newHTTP(handler))
+	c := dialRaw(t, ts.addr)
+	c.send(hotRequest("one"))
+	c.expect("POST", 200, "", "one")
+	c.send(hotRequest("two"))
+	c.expect("POST", 200, "", "two")
 }
