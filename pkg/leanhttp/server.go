@@ -141,16 +141,22 @@ func (s *Server) Serve(ln net.Listener) error {
 
 // Shutdown stops accepting connections, closes the idle ones, waits for
 // the requests in flight to end (here and in the HTTP server) until ctx
-// ends, and returns ctx's error when they did not.
+// ends, and returns ctx's error when they did not. As under net/http, a
+// connection that has not sent a byte yet counts as in flight for
+// newConnGrace after its accept: its client may be sending its first
+// request.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.stop()
-	tick := time.NewTicker(time.Millisecond)
-	defer tick.Stop()
+	wait := time.Millisecond
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
 	for s.wakeIdle() > 0 {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-tick.C:
+		case <-timer.C:
+			wait = min(2*wait, 100*time.Millisecond)
+			timer.Reset(wait)
 		}
 	}
 	err := s.HTTP.Shutdown(ctx)
@@ -193,12 +199,15 @@ func (s *Server) wakeIdle() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for c := range s.conns {
-		if c.idle.Load() {
+		if c.idle.Load() && !(c.fresh.Load() && time.Since(c.accepted) < newConnGrace) {
 			_ = c.rwc.SetReadDeadline(aLongTimeAgo)
 		}
 	}
 	return len(s.conns)
 }
+
+// newConnGrace is how long Shutdown waits for a connection's first byte.
+const newConnGrace = 5 * time.Second
 
 // aLongTimeAgo is a deadline in the past: it makes a pending read return.
 var aLongTimeAgo = time.Unix(1, 0)
@@ -209,8 +218,9 @@ func (s *Server) newConn(rwc net.Conn) *conn {
 	if s.closing.Load() {
 		return nil
 	}
-	c := &conn{s: s, rwc: rwc, remote: rwc.RemoteAddr().String()}
+	c := &conn{s: s, rwc: rwc, remote: rwc.RemoteAddr().String(), accepted: time.Now()}
 	c.idle.Store(true)
+	c.fresh.Store(true)
 	c.ctx = context.Background()
 	if s.HTTP.BaseContext != nil {
 		c.ctx = s.HTTP.BaseContext(s.ln)
@@ -261,6 +271,9 @@ type conn struct {
 	h      head
 	// idle is set while the connection waits for a request's first byte.
 	idle atomic.Bool
+	// fresh is set until the connection's first byte arrives.
+	fresh    atomic.Bool
+	accepted time.Time
 	// lastPost is set when the last request served was a POST.
 	lastPost bool
 	// cancel cancels the current request's context.
@@ -308,7 +321,7 @@ func (c *conn) serve() {
 	c.setReadTimeout(s.readHeaderTimeout())
 	for first := true; ; first = false {
 		c.idle.Store(true)
-		if s.closing.Load() {
+		if s.closing.Load() && !first {
 			return
 		}
 		if !first {
@@ -321,6 +334,7 @@ func (c *conn) serve() {
 			continue
 		}
 		c.idle.Store(false)
+		c.fresh.Store(false)
 		n, ok := c.readHead(first)
 		if !ok {
 			return

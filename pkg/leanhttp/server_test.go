@@ -545,9 +545,10 @@ func blockingMux(started chan<- struct{}, release <-chan struct{}) *http.ServeMu
 	return mux
 }
 
-// TestShutdown checks that Shutdown closes idle connections at once, lets
-// the requests in flight end and be answered, then returns, and that Serve
-// then returns http.ErrServerClosed.
+// TestShutdown checks that Shutdown closes idle connections at once (one
+// that has sent nothing yet after newConnGrace), lets the requests in
+// flight end and be answered, then returns, and that Serve then returns
+// http.ErrServerClosed.
 func TestShutdown(t *testing.T) {
 	shutdown := func(ts *testServer) <-chan error {
 		done := make(chan error, 1)
@@ -576,6 +577,33 @@ func TestShutdown(t *testing.T) {
 		}
 		if err := ts.serveErr(t); !errors.Is(err, http.ErrServerClosed) {
 			t.Errorf("Serve returned %v, want http.ErrServerClosed", err)
+		}
+	})
+	t.Run("new connection", func(t *testing.T) {
+		ts := startLean(t, newHTTP(echoMux()))
+		c := dialRaw(t, ts.addr)
+		waitUntil(t, "the connection accepted", func() bool {
+			ts.mu.Lock()
+			defer ts.mu.Unlock()
+			return len(ts.conns) == 1
+		})
+		done := shutdown(ts)
+		waitUntil(t, "refusing connections", func() bool {
+			nc, err := net.Dial("tcp", ts.addr)
+			if err == nil {
+				_ = nc.Close()
+			}
+			return err != nil
+		})
+		// The client sends its first request after Shutdown began: it is
+		// served, and the connection closes after it.
+		c.send(hotRequest("late"))
+		if resp := c.expect("POST", 200, "lean", "late"); !resp.Close {
+			t.Error("the response to a request served during Shutdown does not close the connection")
+		}
+		c.expectClosed()
+		if err := receive(t, done, "return from Shutdown"); err != nil {
+			t.Errorf("Shutdown: %v", err)
 		}
 	})
 	t.Run("in flight", func(t *testing.T) {
