@@ -373,16 +373,20 @@ func peeked(br *bufio.Reader, n int) []byte {
 // its length; 0 when the buffer fills first or the bytes cannot be the head
 // of a request served here (a bare LF, which may end net/http's head
 // earlier, cannot). It reports false when the connection failed or timed
-// out first. timed says the read deadline already bounds the head.
+// out first. timed says the read deadline already bounds the head. Each
+// byte is scanned once however the head arrives, byte by byte included.
 func (c *conn) readHead(timed bool) (int, bool) {
+	scanned := 0 // the bytes before hold no head end and no bare LF
 	for {
 		b, _ := c.br.Peek(c.br.Buffered())
-		if i := bytes.Index(b, crlfcrlf); i >= 0 {
-			return i + 4, true
+		from := max(scanned-len(crlfcrlf)+1, 0)
+		if i := bytes.Index(b[from:], crlfcrlf); i >= 0 {
+			return from + i + len(crlfcrlf), true
 		}
-		if len(b) == readBufferSize || hasBareLF(b) {
+		if len(b) == readBufferSize || hasBareLF(b, scanned) {
 			return 0, true
 		}
+		scanned = len(b)
 		if !timed {
 			c.setReadTimeout(c.s.readHeaderTimeout())
 			timed = true
@@ -397,11 +401,11 @@ func (c *conn) readHead(timed bool) (int, bool) {
 
 var crlfcrlf = []byte("\r\n\r\n")
 
-// hasBareLF reports whether b holds a line feed that no carriage return
-// precedes.
-func hasBareLF(b []byte) bool {
-	for i, c := range b {
-		if c == '\n' && (i == 0 || b[i-1] != '\r') {
+// hasBareLF reports whether b, from its byte at from on, holds a line feed
+// that no carriage return precedes.
+func hasBareLF(b []byte, from int) bool {
+	for i := from; i < len(b); i++ {
+		if b[i] == '\n' && (i == 0 || b[i-1] != '\r') {
 			return true
 		}
 	}

@@ -321,6 +321,22 @@ func TestLineBreakAfterPost(t *testing.T) {
 	c.expect("POST", 200, "lean", "four")
 }
 
+// TestHeadsSentByteByByte checks that a head arriving a byte at a time,
+// its end split across reads, is read on the lean path, and that one with a
+// bare LF arriving the same way still goes to net/http.
+func TestHeadsSentByteByByte(t *testing.T) {
+	ts := startLean(t, newHTTP(echoMux()))
+	c := dialRaw(t, ts.addr)
+	for _, b := range []byte(hotRequest("slow")) {
+		c.send(string(b))
+	}
+	c.expect("POST", 200, "lean", "slow")
+	for _, b := range []byte("GET /healthz HTTP/1.1\nHost: test\n\n") {
+		c.send(string(b))
+	}
+	c.expect("GET", 200, "net/http", "ok")
+}
+
 // TestRequestBody checks that a handler reads a body whole, that a small
 // body the handler leaves unread is skipped to serve the next request, and
 // that the connection of a large one is closed after the response.
