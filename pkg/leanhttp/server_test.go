@@ -453,22 +453,16 @@ func TestConnectionClose(t *testing.T) {
 		echo(w, r)
 	})
 	ts := startLean(t, newHTTP(mux))
-	t.Run("client", func(t *testing.T) {
-		c := dialRaw(t, ts.addr)
-		c.send(hotRequest("bye", "Connection: close"))
-		if resp := c.expect("POST", 200, "lean", "bye"); !resp.Close {
-			t.Errorf("the response's Connection is %q, want close", resp.Header.Get("Connection"))
-		}
-		c.expectClosed()
-	})
-	t.Run("handler", func(t *testing.T) {
-		c := dialRaw(t, ts.addr)
-		c.send(hotRequest("bye", "X-Close: 1"))
-		if resp := c.expect("POST", 200, "lean", "bye"); !resp.Close {
-			t.Errorf("the response's Connection is %q, want close", resp.Header.Get("Connection"))
-		}
-		c.expectClosed()
-	})
+	for who, field := range map[string]string{"client": "Connection: close", "handler": "X-Close: 1"} {
+		t.Run(who, func(t *testing.T) {
+			c := dialRaw(t, ts.addr)
+			c.send(hotRequest("bye", field))
+			if resp := c.expect("POST", 200, "lean", "bye"); !resp.Close {
+				t.Errorf("the response's Connection is %q, want close", resp.Header.Get("Connection"))
+			}
+			c.expectClosed()
+		})
+	}
 }
 
 // TestHandlerPanics checks that a handler panicking with
@@ -604,13 +598,7 @@ func TestShutdown(t *testing.T) {
 			return len(ts.conns) == 1
 		})
 		done := shutdown(ts)
-		waitUntil(t, "refusing connections", func() bool {
-			nc, err := net.Dial("tcp", ts.addr)
-			if err == nil {
-				_ = nc.Close()
-			}
-			return err != nil
-		})
+		waitRefusing(t, ts.addr)
 		// The client sends its first request after Shutdown began: it is
 		// served, and the connection closes after it.
 		c.send(hotRequest("late"))
@@ -629,13 +617,7 @@ func TestShutdown(t *testing.T) {
 		c.send(hotRequest("last", "X-Block: 1"))
 		receive(t, started, "start of the handler")
 		done := shutdown(ts)
-		waitUntil(t, "refusing connections", func() bool {
-			nc, err := net.Dial("tcp", ts.addr)
-			if err == nil {
-				_ = nc.Close()
-			}
-			return err != nil
-		})
+		waitRefusing(t, ts.addr)
 		select {
 		case err := <-done:
 			t.Fatalf("Shutdown returned %v while a request ran", err)
@@ -652,6 +634,18 @@ func TestShutdown(t *testing.T) {
 		if err := ts.serveErr(t); !errors.Is(err, http.ErrServerClosed) {
 			t.Errorf("Serve returned %v, want http.ErrServerClosed", err)
 		}
+	})
+}
+
+// waitRefusing waits until the listener at addr refuses connections.
+func waitRefusing(t *testing.T, addr string) {
+	t.Helper()
+	waitUntil(t, "refusing connections", func() bool {
+		nc, err := net.Dial("tcp", addr)
+		if err == nil {
+			_ = nc.Close()
+		}
+		return err != nil
 	})
 }
 
