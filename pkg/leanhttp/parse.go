@@ -184,13 +184,16 @@ var tchar = func() (t [256]bool) {
 	return t
 }()
 
-func validName(s string) bool {
+func validName(s string) bool { return s != "" && allIn(&tchar, s) }
+
+// allIn reports whether every byte of s is marked in set.
+func allIn(set *[256]bool, s string) bool {
 	for i := 0; i < len(s); i++ {
-		if !tchar[s[i]] {
+		if !set[s[i]] {
 			return false
 		}
 	}
-	return s != ""
+	return true
 }
 
 // validValue reports whether s holds no control byte but tabs.
@@ -212,14 +215,7 @@ var hostByte = func() (t [256]bool) {
 	return t
 }()
 
-func validHost(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if !hostByte[s[i]] {
-			return false
-		}
-	}
-	return true
-}
+func validHost(s string) bool { return allIn(&hostByte, s) }
 
 // hasToken reports whether the comma-separated list v holds token,
 // compared without case in ASCII only, as net/http does.

@@ -147,6 +147,9 @@ func (s *Server) Serve(ln net.Listener) error {
 // request.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.stop()
+	// The connections handed to the HTTP server drain meanwhile.
+	drained := make(chan error, 1)
+	go func() { drained <- s.HTTP.Shutdown(ctx) }()
 	wait := time.Millisecond
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
@@ -159,7 +162,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 			timer.Reset(wait)
 		}
 	}
-	err := s.HTTP.Shutdown(ctx)
+	err := <-drained
 	s.served.Wait()
 	return err
 }

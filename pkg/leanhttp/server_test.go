@@ -224,13 +224,22 @@ func joinFields(fields []string) string {
 // within waitFor.
 func waitUntil(t *testing.T, what string, cond func() bool) {
 	t.Helper()
+	if !eventually(cond) {
+		t.Fatalf("not %s after %v", what, waitFor)
+	}
+}
+
+// eventually polls cond until it holds, and reports whether it did within
+// waitFor; handlers, which must not fail the test themselves, call it.
+func eventually(cond func() bool) bool {
 	deadline := time.Now().Add(waitFor)
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("not %s after %v", what, waitFor)
+			return false
 		}
 		time.Sleep(time.Millisecond)
 	}
+	return true
 }
 
 // receive returns what ch receives, and fails the test when it receives
@@ -746,11 +755,7 @@ func watchReading(c *conn) bool {
 func TestKeepAliveAfterWatch(t *testing.T) {
 	handler := func(w http.ResponseWriter, r *http.Request) {
 		if rw, ok := w.(*response); ok && r.Header.Get("X-Wait-Watch") != "" {
-			deadline := time.Now().Add(waitFor)
-			for !watchReading(rw.c) && time.Now().Before(deadline) {
-				time.Sleep(time.Millisecond)
-			}
-			w.Header().Set("X-Watched", strconv.FormatBool(watchReading(rw.c)))
+			w.Header().Set("X-Watched", strconv.FormatBool(eventually(func() bool { return watchReading(rw.c) })))
 		}
 		echo(w, r)
 	}

@@ -1,11 +1,9 @@
 package leanhttp
 
 import (
-	"bufio"
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"strconv"
 	"testing"
@@ -20,7 +18,7 @@ import (
 // answered whole and in order.
 func TestWatchNeverReadsTheNextRequest(t *testing.T) {
 	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method != http.MethodPost || r.URL.Path != "/v1/completions" {
+		if r.Method != http.MethodPost || r.URL.Path != hotPath {
 			http.Error(w, "unexpected "+r.Method+" "+r.URL.Path, http.StatusBadRequest)
 			return
 		}
@@ -31,12 +29,7 @@ func TestWatchNeverReadsTheNextRequest(t *testing.T) {
 		_, _ = w.Write(body)
 	})
 	ts := startLean(t, newHTTP(handler))
-	nc, err := net.Dial("tcp", ts.addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	br := bufio.NewReader(nc)
+	c := dialRaw(t, ts.addr)
 	rng := rand.New(rand.NewPCG(1, 2))
 	for i := range 300 {
 		// Around watchAfter, and sometimes not at all.
@@ -45,21 +38,9 @@ func TestWatchNeverReadsTheNextRequest(t *testing.T) {
 			sleep = watchAfter - time.Millisecond + time.Duration(rng.Int64N(int64(2*time.Millisecond)))
 		}
 		body := fmt.Sprintf(`{"n":%d}`, i)
-		req := fmt.Sprintf("POST /v1/completions HTTP/1.1\r\nHost: x\r\nSleep: %v\r\nContent-Length: %d\r\n\r\n%s",
-			sleep, len(body), body)
-		_ = nc.SetDeadline(time.Now().Add(10 * time.Second))
-		if _, err := io.WriteString(nc, req); err != nil {
-			t.Fatalf("request %d: %v", i, err)
-		}
-		resp, err := http.ReadResponse(br, nil)
-		if err != nil {
-			t.Fatalf("request %d: %v", i, err)
-		}
-		got, err := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if err != nil || resp.StatusCode != http.StatusOK || string(got) != body {
-			t.Fatalf("request %d: %d %q %v, want 200 %q", i, resp.StatusCode, got, err, body)
-		}
+		_ = c.SetDeadline(time.Now().Add(waitFor))
+		c.send(hotRequest(body, "Sleep: "+sleep.String()))
+		c.expect("POST", 200, "", body)
 	}
 }
 
@@ -71,6 +52,7 @@ func TestWatchNeverReadsTheNextRequest(t *testing.T) {
 // first's place, and the next request would lose its first byte.
 func TestAWatchReadsOnceARequest(t *testing.T) {
 	first := true
+	kept := make(chan bool, 1) // whether the watch kept the next request's first byte
 	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodPost {
 			http.Error(w, "a request line cut short: "+r.Method, http.StatusMethodNotAllowed)
@@ -85,22 +67,23 @@ func TestAWatchReadsOnceARequest(t *testing.T) {
 		first = false
 		_ = http.NewResponseController(w).Flush()
 		c := w.(*response).c
-		waitUntil(t, "the watch to keep the next request's first byte", func() bool {
+		ok := eventually(func() bool {
 			c.watchMu.Lock()
 			defer c.watchMu.Unlock()
 			return c.stashed
 		})
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			c.watch()
-		}()
-		receive(t, done, "the second run of the watch")
+		if ok {
+			c.watch() // the second run, which must return without reading
+		}
+		kept <- ok
 	})
 	ts := startLean(t, newHTTP(handler))
 	c := dialRaw(t, ts.addr)
 	c.send(hotRequest("one"))
 	c.expect("POST", 200, "", "one")
 	c.send(hotRequest("two"))
+	if !receive(t, kept, "the first request's end") {
+		t.Fatal("the watch did not keep the next request's first byte")
+	}
 	c.expect("POST", 200, "", "two")
 }
