@@ -13,6 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/kvgate/kvgate/internal/testapiserver"
+	"github.com/kvgate/kvgate/internal/testsupport"
 )
 
 // access is one request the gateway's ServiceAccount might make.
@@ -134,10 +135,13 @@ func TestGatewayMayOnlyReadPods(t *testing.T) {
 			} else {
 				denied = slices.Concat(denied, readPools(ns))
 			}
+			// The apiserver authorizes from caches of the roles and bindings
+			// just applied: what they allow may take a moment to be allowed.
+			// Once it all is, the denials are the bindings' own.
 			for _, a := range allowed {
-				if !mayDo(t, c, ns, sa, a) {
-					t.Errorf("%s/%s may not %s", ns, sa, a)
-				}
+				testsupport.Eventually(t, fmt.Sprintf("%s/%s allowed to %s", ns, sa, a), func() bool {
+					return mayDo(t, c, ns, sa, a)
+				})
 			}
 			for _, a := range denied {
 				if mayDo(t, c, ns, sa, a) {
