@@ -96,23 +96,27 @@ func (s *Server) Serve(ln net.Listener) error {
 	if s.HTTP == nil || s.HTTP.Handler == nil {
 		return errors.New("leanhttp: the Server needs an http.Server with a Handler")
 	}
-	s.mu.Lock()
-	if s.shutdown == nil {
-		s.shutdown = make(chan struct{})
-	}
-	s.ln = ln
-	s.conns = map[*conn]struct{}{}
-	s.handoff = &handoffListener{addr: ln.Addr(), conns: make(chan net.Conn), done: s.shutdown}
-	s.mu.Unlock()
+	defer ln.Close()
 	lines, err := hotLines(s.Hot)
 	if err != nil {
 		return err
 	}
-	s.lines = lines
-	s.served.Go(func() { _ = s.HTTP.Serve(s.handoff) })
+	s.mu.Lock()
 	if s.closing.Load() {
-		_ = ln.Close()
+		// Shutdown or Close came first: as under net/http, there is
+		// nothing to serve.
+		s.mu.Unlock()
+		return http.ErrServerClosed
 	}
+	s.lines = lines
+	s.shutdown = make(chan struct{})
+	s.ln = ln
+	s.conns = map[*conn]struct{}{}
+	s.handoff = &handoffListener{addr: ln.Addr(), conns: make(chan net.Conn), done: s.shutdown}
+	// Added under the lock that stop takes, so that Shutdown and Close,
+	// which wait for it after stop, never wait before it is added.
+	s.served.Go(func() { _ = s.HTTP.Serve(s.handoff) })
+	s.mu.Unlock()
 	var delay time.Duration
 	for {
 		rwc, err := ln.Accept()
@@ -187,10 +191,9 @@ func (s *Server) stop() {
 	if s.closing.Swap(true) {
 		return
 	}
-	if s.shutdown == nil {
-		s.shutdown = make(chan struct{})
+	if s.shutdown != nil {
+		close(s.shutdown)
 	}
-	close(s.shutdown)
 	if s.ln != nil {
 		_ = s.ln.Close()
 	}

@@ -688,6 +688,53 @@ func TestClose(t *testing.T) {
 	}
 }
 
+// TestStoppedBeforeServe checks that Serve, called after Shutdown or Close
+// or racing them, returns http.ErrServerClosed and closes its listener, as
+// under net/http, and that Shutdown and Close return meanwhile.
+func TestStoppedBeforeServe(t *testing.T) {
+	for _, stop := range []struct {
+		name string
+		f    func(*Server) error
+	}{
+		{"Shutdown", func(s *Server) error { return s.Shutdown(context.Background()) }},
+		{"Close", (*Server).Close},
+	} {
+		t.Run(stop.name+" first", func(t *testing.T) {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := &Server{HTTP: newHTTP(echoMux()), Hot: []string{"POST " + hotPath}}
+			if err := stop.f(s); err != nil {
+				t.Errorf("%s: %v", stop.name, err)
+			}
+			if err := s.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+				t.Errorf("Serve returned %v, want http.ErrServerClosed", err)
+			}
+			if _, err := net.Dial("tcp", ln.Addr().String()); err == nil {
+				t.Error("the listener accepts connections after Serve returned")
+			}
+		})
+		t.Run(stop.name+" racing", func(t *testing.T) {
+			for range 50 {
+				ln, err := net.Listen("tcp", "127.0.0.1:0")
+				if err != nil {
+					t.Fatal(err)
+				}
+				s := &Server{HTTP: newHTTP(echoMux()), Hot: []string{"POST " + hotPath}}
+				served := make(chan error, 1)
+				go func() { served <- s.Serve(ln) }()
+				if err := stop.f(s); err != nil {
+					t.Errorf("%s: %v", stop.name, err)
+				}
+				if err := receive(t, served, "Serve's return"); !errors.Is(err, http.ErrServerClosed) {
+					t.Errorf("Serve returned %v, want http.ErrServerClosed", err)
+				}
+			}
+		})
+	}
+}
+
 // TestReadHeaderTimeout checks that a client that sends a head partly, or
 // nothing, has its connection closed once the ReadHeaderTimeout passed (or
 // the ReadTimeout, when that is zero, as net/http does).
