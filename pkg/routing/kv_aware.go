@@ -35,9 +35,9 @@ func predictTTFT(in input) (bestCached float64) {
 		perRequest = float64(d.PromptTokens)
 	}
 	// congestion counts the prefills queued on the least queued candidate,
-	// and fleetSpeed is the candidates' mean prefill speed: the fleet's
-	// backlog grows by a prefill's tokens wherever it runs, and drains at
-	// the fleet's speed.
+	// at least minCongestion, and fleetSpeed is the candidates' mean
+	// prefill speed: the fleet's backlog grows by a prefill's tokens
+	// wherever it runs, and drains at the fleet's speed.
 	congestion, fleetSpeed := math.Inf(1), 0.0
 	for i := range cs {
 		if in.considers(&cs[i]) {
@@ -45,6 +45,7 @@ func predictTTFT(in input) (bestCached float64) {
 		}
 		fleetSpeed += cs[i].PrefillTokensPerSecond / float64(len(cs))
 	}
+	congestion = max(congestion, minCongestion)
 	prompt := float64(d.PromptTokens)
 	for i := range cs {
 		c := &cs[i]
@@ -61,6 +62,12 @@ func predictTTFT(in input) (bestCached float64) {
 	}
 	return bestCached
 }
+
+// minCongestion is the least number of requests kv-aware counts as held
+// up by a prefill's work across the fleet (K in the package documentation):
+// computing a prompt costs the fleet prefill capacity even while a pod has
+// nothing queued.
+const minCongestion = 0.5
 
 // chooseKVAware chooses, among the candidates eligible admits, the one of
 // least cost (Score, as predictTTFT sets it), costs within tolerance of the

@@ -23,9 +23,11 @@ func uniformFleet(n int) *fakeMetrics {
 
 func TestKVAwarePrefersThePodHoldingThePrefixUntilItsQueueIsSlower(t *testing.T) {
 	// p2 holds 1,536 of the 2,048 prompt tokens: it saves 0.1536 s of
-	// prefill, so it wins until queued work ahead of the request exceeds
-	// that. A waiting request counts as the prompt's 2,048 tokens (no
-	// prefill has been started yet to learn the mean from), 0.2048 s.
+	// prefill, and half of that again in the fleet's capacity (no pod has
+	// a prefill queued: K is its floor of one half), 0.2304 s in all, so
+	// it wins until queued work ahead of the request exceeds that. A
+	// waiting request counts as the prompt's 2,048 tokens (no prefill has
+	// been started yet to learn the mean from), 0.2048 s.
 	tests := []struct {
 		name    string
 		waiting float64
@@ -33,7 +35,8 @@ func TestKVAwarePrefersThePodHoldingThePrefixUntilItsQueueIsSlower(t *testing.T)
 		outcome Outcome
 	}{
 		{"idle holder", 0, "p2", OutcomePrefixHit},
-		{"one waiting request costs more than the cache saves", 1, "", OutcomeLoadOverPrefix},
+		{"one waiting request costs less than the cache saves", 1, "p2", OutcomePrefixHit},
+		{"two waiting requests cost more than the cache saves", 2, "", OutcomeLoadOverPrefix},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -113,10 +116,11 @@ func TestKVAwareWeighsInFlightPrefillsUntilTheirFirstToken(t *testing.T) {
 	}
 
 	// Each request sent to p2 queues its 464 uncached tokens (0.0464 s)
-	// there: p2 (0.0664 s plus its queue) stays ahead of a cold pod
-	// (0.22 s) with three prefills queued, not with four.
+	// there: p2 (0.0896 s with half its prefill for the fleet's capacity,
+	// plus its queue) stays within the tie tolerance of a cold pod (0.32
+	// s) with five prefills queued, not with six.
 	var started []*inflight.Handle
-	for i := range 4 {
+	for i := range 6 {
 		d := route(t, r, request("r", KVAware, p()), pods)
 		if d.PodKey != key("p2") || d.Outcome != OutcomePrefixHit {
 			t.Fatalf("request %d went to %s (%s), want p2 with %d prefills queued; %+v", i, d.PodKey, d.Outcome, i, candidate(t, d, "p2"))
@@ -125,19 +129,19 @@ func TestKVAwareWeighsInFlightPrefillsUntilTheirFirstToken(t *testing.T) {
 	}
 	d := route(t, r, request("r", KVAware, p()), pods)
 	if d.PodKey == key("p2") || d.Outcome != OutcomeLoadOverPrefix {
-		t.Fatalf("with four prefills queued on p2 the request went to %s (%s); %+v", d.PodKey, d.Outcome, candidate(t, d, "p2"))
+		t.Fatalf("with six prefills queued on p2 the request went to %s (%s); %+v", d.PodKey, d.Outcome, candidate(t, d, "p2"))
 	}
-	if c := candidate(t, d, "p2"); c.InFlightPrefills != 4 || c.InFlightPrefillTokens != 4*464 || !near(c.QueueSeconds, 4*0.0464) {
-		t.Fatalf("p2's queue %+v, want 4 prefills of 464 tokens, 0.1856 s", c)
+	if c := candidate(t, d, "p2"); c.InFlightPrefills != 6 || c.InFlightPrefillTokens != 6*464 || !near(c.QueueSeconds, 6*0.0464) {
+		t.Fatalf("p2's queue %+v, want 6 prefills of 464 tokens, 0.2784 s", c)
 	}
 
 	// The queue drains with time...
 	clock.Advance(100 * time.Millisecond)
-	if c := candidate(t, route(t, r, request("r", KVAware, p()), pods), "p2"); !near(c.QueueSeconds, 4*0.0464-0.1) || c.InFlightPrefills != 4 {
-		t.Fatalf("100 ms later p2's queue is %+v, want 0.0856 s left of 4 prefills", c)
+	if c := candidate(t, route(t, r, request("r", KVAware, p()), pods), "p2"); !near(c.QueueSeconds, 6*0.0464-0.1) || c.InFlightPrefills != 6 {
+		t.Fatalf("100 ms later p2's queue is %+v, want 0.1784 s left of 6 prefills", c)
 	}
-	// ...and the last prefill's first token proves all four done.
-	started[3].FirstToken()
+	// ...and the last prefill's first token proves all six done.
+	started[5].FirstToken()
 	if c := candidate(t, route(t, r, request("r", KVAware, p()), pods), "p2"); c.QueueSeconds != 0 || c.InFlightPrefills != 0 {
 		t.Fatalf("after the first token of the last prefill p2's queue is %+v, want empty", c)
 	}
@@ -283,16 +287,18 @@ func TestKVAwareReadsNonFiniteMetricsAsUnmeasured(t *testing.T) {
 
 func TestKVAwareSparesTheRequestsDecodingOnAPodAPrefill(t *testing.T) {
 	// p0 holds 1,536 of the 2,048 prompt tokens: 512 to prefill there
-	// (0.0512 s), 2,048 on the idle p1 (0.2048 s). Every request decoding
-	// on p0 waits for p0's prefill too: with two, p0 costs 0.0712 +
-	// 2 x 0.0512 = 0.1736 s against p1's 0.2248 s; with four, 0.2760 s.
+	// (0.0512 s), 2,048 on the idle p1 (0.2048 s); half of each counts
+	// again for the fleet's capacity. Every request decoding on p0 waits
+	// for p0's prefill too: with four, p0 costs 0.0712 + 0.0256 +
+	// 4 x 0.0512 = 0.3016 s against p1's 0.2248 + 0.1024 = 0.3272 s; with
+	// five, 0.3528 s, beyond the tie tolerance.
 	tests := []struct {
 		decoding float64
 		want     string
 		outcome  Outcome
 	}{
-		{2, "p0", OutcomePrefixHit},
-		{4, "p1", OutcomeLoadOverPrefix},
+		{4, "p0", OutcomePrefixHit},
+		{5, "p1", OutcomeLoadOverPrefix},
 	}
 	for _, tt := range tests {
 		pods := testPods(2)
@@ -304,7 +310,7 @@ func TestKVAwareSparesTheRequestsDecodingOnAPodAPrefill(t *testing.T) {
 		d := route(t, r, request("r", KVAware, p), pods)
 		holder := candidate(t, d, "p0")
 		if d.PodKey != key(tt.want) || d.Outcome != tt.outcome || holder.Decoding != tt.decoding ||
-			!near(holder.PredictedTTFTSeconds, 0.0712) || !near(holder.Score, 0.0712+tt.decoding*0.0512) {
+			!near(holder.PredictedTTFTSeconds, 0.0712) || !near(holder.Score, 0.0712+0.0256+tt.decoding*0.0512) {
 			t.Fatalf("with %v requests decoding on the holder: chose %s (%s); holder %+v", tt.decoding, d.PodKey, d.Outcome, holder)
 		}
 	}
@@ -312,7 +318,7 @@ func TestKVAwareSparesTheRequestsDecodingOnAPodAPrefill(t *testing.T) {
 
 func TestKVAwareKeepsItsCacheHitsWhenEveryPodHasPrefillsQueued(t *testing.T) {
 	// As in TestKVAwareWeighsInFlightPrefillsUntilTheirFirstToken, p2
-	// holds 1,536 of the 2,000-token prompt and has four prefills queued.
+	// holds 1,536 of the 2,000-token prompt and has six prefills queued.
 	// While the other pods are idle the request goes to one of them; once
 	// each has a prefill queued too, a cold prefill there grows the
 	// fleet's backlog by 2,000 tokens, which every queued request waits
@@ -325,7 +331,7 @@ func TestKVAwareKeepsItsCacheHitsWhenEveryPodHasPrefillsQueued(t *testing.T) {
 	r, _ := newTestRouter(t, uniformFleet(4), idx, func(c *Config) { c.Now = clock.Now })
 	// The queued prompts share the cached prefix but not the rest, so that
 	// no prompt in flight on p2 covers the request's uncached tail.
-	for i := range 4 {
+	for i := range 6 {
 		q := append(slices.Clone(p[:1536]), prompt(50_000*(i+1), 464)...)
 		startPrefill(r, route(t, r, request("r", KVAware, q), pods))
 	}

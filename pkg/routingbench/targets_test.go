@@ -62,7 +62,7 @@ func TestKVAwareMeetsItsTargetsAcrossSeeds(t *testing.T) {
 		{WorkloadSource{Name: "conversation", Make: func(seed uint64) (Workload, error) {
 			return GenerateConversations(ConversationConfig{Seed: seed})
 		}}, 0.9, maxRequestsSpread},
-		{WorkloadSource{Name: "mooncake", Make: func(uint64) (Workload, error) { return mooncake, nil }}, 0.85, 0.35},
+		{WorkloadSource{Name: "mooncake", Make: func(uint64) (Workload, error) { return mooncake, nil }}, 0.9, 0.35},
 	}
 	base := Config{
 		Speeds:   DefaultSpeeds,
