@@ -35,6 +35,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/pkg/redisstate"
+	"github.com/kvgate/kvgate/pkg/routing"
 	"github.com/kvgate/kvgate/pkg/routingbench"
 	"github.com/kvgate/kvgate/pkg/sim"
 	"github.com/kvgate/kvgate/pkg/tokenizer/hf"
@@ -141,6 +142,9 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.Float64Var(&b.Events.LossRate, "event-loss", b.Events.LossRate, "share of KV event batches that never reach the index")
 	fs.Float64Var(&b.RouterPrefillTokensPerSecond, "router-prefill-speed", routingbench.DefaultRouterPrefillTokensPerSecond,
 		"prefill tokens per second the routers assume until they measure one")
+	fs.Float64Var(&b.RouterMinFleetQueue, "router-min-fleet-queue", routing.DefaultMinFleetQueue,
+		"prefills kv-aware and the SLO-aware algorithms take every pod to have queued at least, when pricing what a "+
+			"prefill costs the fleet (KVGATE_ROUTING_MIN_FLEET_QUEUE; 0: none)")
 
 	c := &o.conv
 	*c = routingbench.DefaultConversation
@@ -169,6 +173,12 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	}
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if o.bench.RouterMinFleetQueue < 0 {
+		return o, fmt.Errorf("-router-min-fleet-queue %v: want a number >= 0", o.bench.RouterMinFleetQueue)
+	}
+	if o.bench.RouterMinFleetQueue == 0 {
+		o.bench.RouterMinFleetQueue = -1 // routing's "no floor"
 	}
 	switch {
 	case o.policies != "":

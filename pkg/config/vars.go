@@ -268,6 +268,15 @@ var (
 			"of the lowest count as equal, and the request goes to the one of those pods with the least prefill work " +
 			"(the longest cached prefix), then the fewest requests in flight.",
 	}
+	RoutingMinFleetQueue = Var{
+		Name:    "KVGATE_ROUTING_MIN_FLEET_QUEUE",
+		Default: "0.5",
+		Section: SectionRouting,
+		Doc: "kv-aware and the SLO-aware algorithms: the least number of prefills every pod is taken to have queued when " +
+			"pricing the delay a prefill's work adds across the fleet. Higher keeps more cache hits at and below the fleet's " +
+			"capacity, for longer queues on the pods holding hot prefixes beyond it; 0 counts that delay only once every " +
+			"pod has a prefill queued. A number >= 0.",
+	}
 	RoutingMaxInFlightPrefixBlocks = Var{
 		Name:    "KVGATE_ROUTING_MAX_INFLIGHT_PREFIX_BLOCKS",
 		Default: "1048576",
@@ -448,6 +457,7 @@ var Vars = []Var{
 	RoutingCPUCacheWeight,
 	RoutingDefaultPrefillSpeed,
 	RoutingTieTolerance,
+	RoutingMinFleetQueue,
 	PrefixCacheImbalanceAbsCount,
 	PrefixCacheStdDevFactor,
 	RoutingMaxInFlightPrefixBlocks,

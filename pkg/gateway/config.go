@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"cmp"
+	"math"
 	"net"
 	"os"
 	"path/filepath"
@@ -254,6 +255,7 @@ func loadRouting(e *config.Env) routing.Config {
 		CPUCacheWeight:                e.Float(config.RoutingCPUCacheWeight, 0),
 		DefaultPrefillTokensPerSecond: e.Float(config.RoutingDefaultPrefillSpeed, 0),
 		TieTolerance:                  e.Float(config.RoutingTieTolerance, 0),
+		MinFleetQueue:                 e.Float(config.RoutingMinFleetQueue, 0),
 		ImbalanceAbsCount:             e.Int(config.PrefixCacheImbalanceAbsCount, 1),
 		StdDevFactor:                  e.Float(config.PrefixCacheStdDevFactor, 0),
 		MaxInFlightPrefixBlocks:       e.Int(config.RoutingMaxInFlightPrefixBlocks, 1),
@@ -267,6 +269,14 @@ func loadRouting(e *config.Env) routing.Config {
 	}
 	if r.DefaultPrefillTokensPerSecond <= 0 {
 		e.Errorf("%s=%v: want a positive number", config.RoutingDefaultPrefillSpeed.Name, r.DefaultPrefillTokensPerSecond)
+	}
+	if math.IsNaN(r.MinFleetQueue) || math.IsInf(r.MinFleetQueue, 0) {
+		e.Errorf("%s=%v: want a finite number", config.RoutingMinFleetQueue.Name, r.MinFleetQueue)
+	}
+	if r.MinFleetQueue == 0 {
+		// routing.Config reads zero as its default and a negative value as
+		// no floor.
+		r.MinFleetQueue = -1
 	}
 	return r
 }

@@ -29,12 +29,16 @@ func TestLoadConfigDefaults(t *testing.T) {
 	if cfg.ListenAddress != ":8080" || cfg.AdminListenAddress != "" || cfg.MaxRequestBodyBytes != 16<<20 || cfg.ShutdownTimeout != 30*time.Second ||
 		cfg.ShutdownDelay != 5*time.Second || cfg.Discovery.Mode != config.DiscoveryKubernetes || !cfg.KVSync.Enabled ||
 		!cfg.RemoteTokenizer || cfg.TokenizerEndpointTemplate != "http://%s:8000" || cfg.Tokenizer.Timeout != 5*time.Second ||
-		cfg.Routing.DefaultAlgorithm != "kv-aware" || cfg.RequestTTL != time.Hour ||
+		cfg.Routing.DefaultAlgorithm != "kv-aware" || cfg.Routing.MinFleetQueue != 0.5 || cfg.RequestTTL != time.Hour ||
 		cfg.Cache.PodMetricRefreshInterval != 50*time.Millisecond || cfg.Cache.AdapterRefreshInterval != 10*time.Second {
 		t.Errorf("defaults: %+v", cfg)
 	}
 	if cfg.Redis.RequestTraces || cfg.Redis.GPUProfiles || cfg.Redis.SharedCounts {
 		t.Errorf("Redis features on without Redis: %+v", cfg.Redis)
+	}
+	e = envOf(map[string]string{"KVGATE_ROUTING_MIN_FLEET_QUEUE": "0"})
+	if cfg = LoadConfig(e); e.Err() != nil || cfg.Routing.MinFleetQueue >= 0 {
+		t.Errorf("fleet queue floor set to 0: %v, %v; want none (negative for routing.Config)", cfg.Routing.MinFleetQueue, e.Err())
 	}
 	e = envOf(map[string]string{"KVGATE_ADAPTER_REFRESH_INTERVAL": "0"})
 	if cfg = LoadConfig(e); e.Err() != nil || cfg.Cache.AdapterRefreshInterval >= 0 {
@@ -86,6 +90,7 @@ func TestLoadConfigListsEveryProblem(t *testing.T) {
 		"AIBRIX_VLLM_TOKENIZER_ENDPOINT_TEMPLATE":  "http://pods:8000",
 		"AIBRIX_GPU_OPTIMIZER_TRACING_FLAG":        "true",
 		"KVGATE_ROUTING_CPU_CACHE_WEIGHT":          "1.5",
+		"KVGATE_ROUTING_MIN_FLEET_QUEUE":           "-1",
 		"KVGATE_POD_DISCOVERY":                     "static",
 		"KVGATE_STATIC_ENDPOINTS_FILE":             "/does/not/exist.yaml",
 		"AIBRIX_PREFIX_CACHE_USE_REMOTE_TOKENIZER": "false",
@@ -101,7 +106,7 @@ func TestLoadConfigListsEveryProblem(t *testing.T) {
 	err := e.Err()
 	for _, want := range []string{"KVGATE_LISTEN_ADDRESS", `KVGATE_ROUTING_ALGORITHM="fastest"`,
 		"AIBRIX_VLLM_TOKENIZER_ENDPOINT_TEMPLATE", "AIBRIX_GPU_OPTIMIZER_TRACING_FLAG is true but needs Redis",
-		"KVGATE_ROUTING_CPU_CACHE_WEIGHT", "/does/not/exist.yaml", "AIBRIX_PREFIX_CACHE_USE_REMOTE_TOKENIZER is false",
+		"KVGATE_ROUTING_CPU_CACHE_WEIGHT", `KVGATE_ROUTING_MIN_FLEET_QUEUE="-1"`, "/does/not/exist.yaml", "AIBRIX_PREFIX_CACHE_USE_REMOTE_TOKENIZER is false",
 		"KVGATE_SHUTDOWN_DELAY", `KVGATE_ADMIN_LISTEN_ADDRESS="9090"`, `KVGATE_SLO_TTFT="-2s"`,
 		`KVGATE_SLO_MODELS: model "llama" named twice`, `KVGATE_SLO_QUEUE_MAX_LENGTH="0"`,
 		"KVGATE_SHARED_STATE_TTL_MS (500ms) must exceed"} {

@@ -105,6 +105,10 @@ type algorithm interface {
 
 // newAlgorithms returns every algorithm configured by cfg, by name.
 func newAlgorithms(cfg *Config) map[string]algorithm {
+	slo := sloAware{tolerance: cfg.TieTolerance, minQueue: cfg.MinFleetQueue, profiles: cfg.Profiles,
+		defaultSpeed: cfg.DefaultPrefillTokensPerSecond}
+	pack := slo
+	pack.pack = true
 	return map[string]algorithm{
 		Random:       randomChoice{},
 		LeastRequest: leastRequest{},
@@ -115,10 +119,10 @@ func newAlgorithms(cfg *Config) map[string]algorithm {
 			factor:    cfg.StdDevFactor,
 			cpuWeight: cfg.CPUCacheWeight,
 		},
-		KVAware:             kvAware{tolerance: cfg.TieTolerance},
-		SLO:                 sloAware{tolerance: cfg.TieTolerance, profiles: cfg.Profiles, defaultSpeed: cfg.DefaultPrefillTokensPerSecond},
-		SLOLeastLoad:        sloAware{tolerance: cfg.TieTolerance, profiles: cfg.Profiles, defaultSpeed: cfg.DefaultPrefillTokensPerSecond},
-		SLOLeastLoadPulling: sloAware{tolerance: cfg.TieTolerance, profiles: cfg.Profiles, defaultSpeed: cfg.DefaultPrefillTokensPerSecond},
-		SLOPackLoad:         sloAware{tolerance: cfg.TieTolerance, profiles: cfg.Profiles, defaultSpeed: cfg.DefaultPrefillTokensPerSecond, pack: true},
+		KVAware:             kvAware{tolerance: cfg.TieTolerance, minQueue: cfg.MinFleetQueue},
+		SLO:                 slo,
+		SLOLeastLoad:        slo,
+		SLOLeastLoadPulling: slo,
+		SLOPackLoad:         pack,
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"time"
 
@@ -21,6 +22,7 @@ const (
 	DefaultCPUCacheWeight         = 0.8
 	DefaultPrefillTokensPerSecond = 10000.0
 	DefaultTieTolerance           = 0.05
+	DefaultMinFleetQueue          = 0.5
 )
 
 // PrefixIndex reports how much of a prompt each pod holds in its KV cache.
@@ -70,6 +72,15 @@ type Config struct {
 	// (KVGATE_ROUTING_TTFT_TIE_TOLERANCE, default 0.05: within 5% of the
 	// least).
 	TieTolerance float64
+	// MinFleetQueue is the least number of prefills kv-aware and the
+	// SLO-aware algorithms take every pod to have queued when they price
+	// what a prefill costs the fleet (K in the package documentation's
+	// cost model; KVGATE_ROUTING_MIN_FLEET_QUEUE, default 0.5). Higher
+	// keeps more cache hits at and below the fleet's capacity, for longer
+	// queues on the pods holding hot prefixes beyond it. Zero means the
+	// default; a negative value sets no floor, so that a prefill costs the
+	// fleet only once every pod has one queued.
+	MinFleetQueue float64
 	// MaxInFlightPrefixBlocks bounds the prompt blocks the Router
 	// remembers for the attempts in flight (see
 	// Candidate.InFlightMatchedBlocks), counted per attempt, 8 bytes each
@@ -106,6 +117,7 @@ func (c Config) withDefaults() Config {
 	c.CPUCacheWeight = cmp.Or(c.CPUCacheWeight, DefaultCPUCacheWeight)
 	c.DefaultPrefillTokensPerSecond = cmp.Or(c.DefaultPrefillTokensPerSecond, DefaultPrefillTokensPerSecond)
 	c.TieTolerance = cmp.Or(c.TieTolerance, DefaultTieTolerance)
+	c.MinFleetQueue = cmp.Or(c.MinFleetQueue, DefaultMinFleetQueue)
 	c.MaxInFlightPrefixBlocks = cmp.Or(c.MaxInFlightPrefixBlocks, DefaultMaxInFlightPrefixBlocks)
 	if c.Rand == nil {
 		c.Rand = rand.NewPCG(rand.Uint64(), rand.Uint64())
@@ -142,6 +154,9 @@ func (c Config) validate() error {
 	}
 	if c.TieTolerance < 0 {
 		errs = append(errs, fmt.Errorf("TieTolerance %v is negative", c.TieTolerance))
+	}
+	if math.IsNaN(c.MinFleetQueue) || math.IsInf(c.MinFleetQueue, 0) {
+		errs = append(errs, fmt.Errorf("MinFleetQueue %v is not a finite number", c.MinFleetQueue))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("invalid routing config: %w", err)

@@ -157,19 +157,19 @@
 // cached then costs the fleet more than the wait in the queue of the pod
 // that holds it, and kv-aware keeps its cache hits under overload, where
 // minimising each request's own first token alone would trade them for
-// shorter queues and make every queue longer. K is never less than one
-// half, even while a pod has no prefill queued: a fleet busy enough for
-// routing to matter is seldom idle for long, and the requests arriving
-// while a prefill runs find less capacity free, wherever it ran. This
-// floor is the model's one constant, set on the routing benchmark (see
-// the README): with K at 0 while a pod is idle, kv-aware computed prefixes
-// again on idle pods, and the requests arriving next waited for that work;
-// with the floor it keeps more of its cache hits at and below the fleet's
-// capacity, for somewhat longer queues on the pods holding hot prefixes
-// beyond it.
+// shorter queues and make every queue longer. K is never less than
+// Config.MinFleetQueue, one half by default, even while a pod has no
+// prefill queued: a fleet busy enough for routing to matter is seldom idle
+// for long, and the requests arriving while a prefill runs find less
+// capacity free, wherever it ran. This floor is the model's one weight,
+// set on the routing benchmark (see the README): with K at 0 while a pod
+// is idle, kv-aware computed prefixes again on idle pods, and the requests
+// arriving next waited for that work; with the floor it keeps more of its
+// cache hits at and below the fleet's capacity, for somewhat longer queues
+// on the pods holding hot prefixes beyond it.
 //
-// Every other term is a time, so the model trades cache hits against load
-// with no weight to tune: a cached prefix is worth the prefill time it
+// Every other term is a time, so the model otherwise trades cache hits
+// against load with no weight to tune: a cached prefix is worth the prefill time it
 // saves, to the request and to those it would hold up, and a queue costs
 // the time it takes to drain. A pod holding the prompt's prefix keeps its requests
 // until the work queued on it outweighs what its cache saves; then the

@@ -11,21 +11,24 @@ import "math"
 // random.
 type kvAware struct {
 	tolerance float64
+	// minQueue is Config.MinFleetQueue.
+	minQueue float64
 }
 
 func (kvAware) needs() needs { return needRunning | needQueue | needMatch }
 
 func (a kvAware) pick(in input) {
-	bestCached := predictTTFT(in)
+	bestCached := predictTTFT(in, a.minQueue)
 	in.d.chosen = chooseKVAware(in, nil, a.tolerance)
 	in.d.Outcome = prefixOutcome(in, bestCached)
 }
 
 // predictTTFT sets every candidate's queue, predicted time to first token
 // and score (kv-aware's cost: that prediction and the delay the prefill
-// causes others), and returns the longest cached prefix, in
-// tokens, of a candidate the choice considers.
-func predictTTFT(in input) (bestCached float64) {
+// causes others, counting at least minQueue prefills queued on every pod),
+// and returns the longest cached prefix, in tokens, of a candidate the
+// choice considers.
+func predictTTFT(in input, minQueue float64) (bestCached float64) {
 	d := in.d
 	cs := d.Candidates
 	// perRequest estimates the prefill tokens of a request waiting in an
@@ -35,7 +38,7 @@ func predictTTFT(in input) (bestCached float64) {
 		perRequest = float64(d.PromptTokens)
 	}
 	// congestion counts the prefills queued on the least queued candidate,
-	// at least minCongestion, and fleetSpeed is the candidates' mean
+	// at least minQueue, and fleetSpeed is the candidates' mean
 	// prefill speed: the fleet's backlog grows by a prefill's tokens
 	// wherever it runs, and drains at the fleet's speed.
 	congestion, fleetSpeed := math.Inf(1), 0.0
@@ -45,7 +48,7 @@ func predictTTFT(in input) (bestCached float64) {
 		}
 		fleetSpeed += cs[i].PrefillTokensPerSecond / float64(len(cs))
 	}
-	congestion = max(congestion, minCongestion)
+	congestion = max(congestion, minQueue)
 	prompt := float64(d.PromptTokens)
 	for i := range cs {
 		c := &cs[i]
@@ -62,12 +65,6 @@ func predictTTFT(in input) (bestCached float64) {
 	}
 	return bestCached
 }
-
-// minCongestion is the least number of requests kv-aware counts as held
-// up by a prefill's work across the fleet (K in the package documentation):
-// computing a prompt costs the fleet prefill capacity even while a pod has
-// nothing queued.
-const minCongestion = 0.5
 
 // chooseKVAware chooses, among the candidates eligible admits, the one of
 // least cost (Score, as predictTTFT sets it), costs within tolerance of the

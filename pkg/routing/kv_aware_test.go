@@ -28,15 +28,19 @@ func TestKVAwarePrefersThePodHoldingThePrefixUntilItsQueueIsSlower(t *testing.T)
 	// it wins until queued work ahead of the request exceeds that. A
 	// waiting request counts as the prompt's 2,048 tokens (no prefill has
 	// been started yet to learn the mean from), 0.2048 s.
+	// Without the floor (MinFleetQueue negative), p2 saves only its own
+	// 0.1536 s, less than one waiting request.
 	tests := []struct {
-		name    string
-		waiting float64
-		want    string
-		outcome Outcome
+		name     string
+		waiting  float64
+		minQueue float64
+		want     string
+		outcome  Outcome
 	}{
-		{"idle holder", 0, "p2", OutcomePrefixHit},
-		{"one waiting request costs less than the cache saves", 1, "p2", OutcomePrefixHit},
-		{"two waiting requests cost more than the cache saves", 2, "", OutcomeLoadOverPrefix},
+		{"idle holder", 0, 0, "p2", OutcomePrefixHit},
+		{"one waiting request costs less than the cache saves", 1, 0, "p2", OutcomePrefixHit},
+		{"two waiting requests cost more than the cache saves", 2, 0, "", OutcomeLoadOverPrefix},
+		{"without the floor one waiting request costs more", 1, -1, "", OutcomeLoadOverPrefix},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -45,7 +49,7 @@ func TestKVAwarePrefersThePodHoldingThePrefixUntilItsQueueIsSlower(t *testing.T)
 			p := prompt(0, 2048)
 			holds(t, idx, "p2", p[:1536], kvevent.MediumGPU)
 			m := uniformFleet(4).set("p2", cache.NumRequestsWaiting, tt.waiting)
-			r, _ := newTestRouter(t, m, idx)
+			r, _ := newTestRouter(t, m, idx, func(c *Config) { c.MinFleetQueue = tt.minQueue })
 
 			d := route(t, r, request("r", KVAware, p), pods)
 			if d.Outcome != tt.outcome || (tt.want != "" && d.PodKey != key(tt.want)) || (tt.want == "" && d.PodKey == key("p2")) {

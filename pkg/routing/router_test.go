@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"sync"
 	"testing"
@@ -53,6 +54,7 @@ func TestNewRejectsInvalidConfig(t *testing.T) {
 		{"negative stddev factor", Config{StdDevFactor: -1}, "StdDevFactor"},
 		{"negative prefill speed", Config{DefaultPrefillTokensPerSecond: -1}, "DefaultPrefillTokensPerSecond"},
 		{"negative tolerance", Config{TieTolerance: -0.1}, "TieTolerance"},
+		{"fleet queue floor not a number", Config{MinFleetQueue: math.NaN()}, "MinFleetQueue"},
 	}
 	for _, tt := range tests {
 		if _, err := New(tt.cfg); err == nil || !strings.Contains(err.Error(), tt.want) {

@@ -87,6 +87,8 @@ const cheapPrefillShare = 0.1
 type sloAware struct {
 	tolerance float64
 	pack      bool
+	// minQueue is Config.MinFleetQueue.
+	minQueue float64
 
 	profiles ProfileSource
 	// defaultSpeed is Config.DefaultPrefillTokensPerSecond.
@@ -97,7 +99,7 @@ func (sloAware) needs() needs { return needRunning | needQueue | needMatch }
 
 func (a sloAware) pick(in input) {
 	d := in.d
-	bestCached := predictTTFT(in)
+	bestCached := predictTTFT(in, a.minQueue)
 	if in.slo.IsZero() {
 		d.chosen = chooseKVAware(in, nil, a.tolerance)
 		d.Outcome = prefixOutcome(in, bestCached)

@@ -126,6 +126,9 @@ type Config struct {
 	// any is measured (routing.Config.DefaultPrefillTokensPerSecond);
 	// default DefaultRouterPrefillTokensPerSecond.
 	RouterPrefillTokensPerSecond float64
+	// RouterMinFleetQueue is the routers' routing.Config.MinFleetQueue:
+	// zero means routing's default, a negative value no floor.
+	RouterMinFleetQueue float64
 	// Policies names the policies to compare, in report order; default
 	// Policies().
 	Policies []string

@@ -99,6 +99,7 @@ func newRouterPolicy(alg, stream string, f *fleet, cfg Config) (*routerPolicy, e
 		Index:                         f.index,
 		DefaultAlgorithm:              alg,
 		DefaultPrefillTokensPerSecond: cfg.RouterPrefillTokensPerSecond,
+		MinFleetQueue:                 cfg.RouterMinFleetQueue,
 		Rand:                          policySeed(cfg.Seed, stream),
 		Now:                           f.clock,
 	})

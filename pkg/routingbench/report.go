@@ -126,8 +126,9 @@ func (r *Report) WriteTable(w io.Writer) error {
 		s.Engines, s.NumGPUBlocks, s.BlockSize, (s.NumGPUBlocks-1)*s.BlockSize, s.MaxNumBatchedTokens, speedList(s.Speeds))
 	fmt.Fprintf(w, "step %.1f ms + %.0f us/prefill token + %.2f ns per token it attends to + %.0f us/decode token + %.0f ns per token of its context\n",
 		s.StepOverhead*1e3, s.PrefillPerToken*1e6, s.AttentionPerContextToken*1e9, s.DecodePerToken*1e6, s.DecodePerContextToken*1e9)
-	fmt.Fprintf(w, "scrape every %.0f ms; events after %.0f ms + %.0f ms on average, %.1f%% lost; routers assume %.0f prefill tokens/s until measured; seed %d\n",
-		s.ScrapeInterval*1e3, s.EventDelay*1e3, s.EventJitter*1e3, s.EventLossRate*100, s.RouterPrefillSpeed, s.Seed)
+	fmt.Fprintf(w, "scrape every %.0f ms; events after %.0f ms + %.0f ms on average, %.1f%% lost; routers assume %.0f prefill tokens/s until measured "+
+		"and at least %g prefills queued on every pod; seed %d\n",
+		s.ScrapeInterval*1e3, s.EventDelay*1e3, s.EventJitter*1e3, s.EventLossRate*100, s.RouterPrefillSpeed, s.RouterMinFleetQueue, s.Seed)
 	if r.Bound != nil {
 		fmt.Fprintf(w, "pooled bound: hit ratio %.3f with one LRU cache of %d blocks\n", r.Bound.HitRatio, r.Bound.Blocks)
 	}

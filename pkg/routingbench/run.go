@@ -5,6 +5,8 @@ import (
 	"errors"
 	"sync"
 	"time"
+
+	"github.com/kvgate/kvgate/pkg/routing"
 )
 
 // Setup records the configuration a report was produced with.
@@ -28,6 +30,7 @@ type Setup struct {
 	EventJitter              float64   `json:"eventJitterSeconds"`
 	EventLossRate            float64   `json:"eventLossRate"`
 	RouterPrefillSpeed       float64   `json:"routerPrefillTokensPerSecond"`
+	RouterMinFleetQueue      float64   `json:"routerMinFleetQueue"`
 	Seed                     uint64    `json:"seed"`
 }
 
@@ -115,6 +118,19 @@ func setupOf(cfg Config) Setup {
 		ScrapeInterval: sec(cfg.ScrapeInterval), MetricsWindow: sec(cfg.MetricsWindow),
 		PrefillSpeedWindow: sec(cfg.PrefillSpeedWindow), EventDelay: sec(cfg.Events.Delay),
 		EventJitter: sec(cfg.Events.Jitter), EventLossRate: cfg.Events.LossRate,
-		RouterPrefillSpeed: cfg.RouterPrefillTokensPerSecond, Seed: cfg.Seed,
+		RouterPrefillSpeed: cfg.RouterPrefillTokensPerSecond, RouterMinFleetQueue: minFleetQueue(cfg.RouterMinFleetQueue),
+		Seed: cfg.Seed,
 	}
+}
+
+// minFleetQueue returns the floor routing.Config.MinFleetQueue v sets:
+// routing's default for zero, none for a negative value.
+func minFleetQueue(v float64) float64 {
+	switch {
+	case v == 0:
+		return routing.DefaultMinFleetQueue
+	case v < 0:
+		return 0
+	}
+	return v
 }
