@@ -4,8 +4,9 @@ import "math"
 
 // kvAware chooses the pod where the request costs least: its predicted time
 // to first token plus the delay its prefill causes the other requests, the
-// ones decoding on the pod and, when every pod has prefills queued, those
-// queued across the fleet. The package documentation derives both.
+// ones decoding on the pod and those queued across the fleet (at least
+// Config.MinFleetQueue on every pod). The package documentation derives
+// both.
 // Costs within the tie tolerance of the lowest are equal, and go to the pod
 // with the least prefill work, then the fewest running requests, then at
 // random.
