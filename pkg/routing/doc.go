@@ -162,24 +162,24 @@
 // prefill queued: a fleet busy enough for routing to matter is seldom idle
 // for long, and the requests arriving while a prefill runs find less
 // capacity free, wherever it ran. This floor is the model's one weight,
-// set on the routing benchmark (see the README): with K at 0 while a pod
-// is idle, kv-aware computed prefixes again on idle pods, and the requests
-// arriving next waited for that work; with the floor it keeps more of its
-// cache hits at and below the fleet's capacity, for somewhat longer queues
-// on the pods holding hot prefixes beyond it.
+// set on the routing benchmark (see the README). Without it (a negative
+// MinFleetQueue), kv-aware computes prefixes again on idle pods and the
+// requests arriving next wait for that work; with it, kv-aware keeps more
+// of its cache hits at and below the fleet's capacity, for somewhat longer
+// queues on the pods holding hot prefixes beyond it.
 //
 // Every other term is a time, so the model otherwise trades cache hits
-// against load with no weight to tune: a cached prefix is worth the prefill time it
-// saves, to the request and to those it would hold up, and a queue costs
-// the time it takes to drain. A pod holding the prompt's prefix keeps its requests
-// until the work queued on it outweighs what its cache saves; then the
-// request goes to a pod that computes the prefix, and holds it from then
-// on, so that a hot prefix is replicated as far as its load needs and no
-// further. Costs within Config.TieTolerance of the lowest are ties, broken
-// by the least prefill work (see Prompts in flight), then by running
-// requests, then at random, so that prompts no pod holds spread
-// over the idle pods (whose caches then hold different prefixes) instead of
-// all going to the pod measured marginally faster.
+// against load with no weight to tune: a cached prefix is worth the
+// prefill time it saves, to the request and to those it would hold up,
+// and a queue costs the time it takes to drain. A pod holding the prompt's
+// prefix keeps its requests until the work queued on it outweighs what its
+// cache saves; then the request goes to a pod that computes the prefix,
+// and holds it from then on, so that a hot prefix is replicated as far as
+// its load needs and no further. Costs within Config.TieTolerance of the
+// lowest are ties, broken by the least prefill work (see Prompts in
+// flight), then by running requests, then at random, so that prompts no
+// pod holds spread over the idle pods (whose caches then hold different
+// prefixes) instead of all going to the pod measured marginally faster.
 //
 // What the model leaves out: the request's own decoding, whose length the
 // gateway does not know when it routes and whose pace differs between pods
