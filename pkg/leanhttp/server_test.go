@@ -96,9 +96,7 @@ func startLean(t *testing.T, srv *http.Server) *testServer {
 	}()
 	t.Cleanup(func() {
 		_ = ts.Close()
-		if err := ts.serveErr(t); !errors.Is(err, http.ErrServerClosed) {
-			t.Errorf("Serve returned %v, want http.ErrServerClosed", err)
-		}
+		wantServerClosed(t, ts.serveErr(t))
 	})
 	return ts
 }
@@ -112,6 +110,14 @@ func (ts *testServer) serveErr(t *testing.T) error {
 	case <-time.After(waitFor):
 		t.Fatal("Serve did not return")
 		return nil
+	}
+}
+
+// wantServerClosed checks that Serve returned http.ErrServerClosed.
+func wantServerClosed(t *testing.T, err error) {
+	t.Helper()
+	if !errors.Is(err, http.ErrServerClosed) {
+		t.Errorf("Serve returned %v, want http.ErrServerClosed", err)
 	}
 }
 
@@ -580,12 +586,7 @@ func TestShutdown(t *testing.T) {
 	}
 	t.Run("idle", func(t *testing.T) {
 		ts := startLean(t, newHTTP(echoMux()))
-		lean := dialRaw(t, ts.addr)
-		lean.send(hotRequest("x"))
-		lean.expect("POST", 200, "lean", "x")
-		handed := dialRaw(t, ts.addr)
-		handed.send(getRequest("/healthz"))
-		handed.expect("GET", 200, "net/http", "ok")
+		lean, handed := answeredPair(t, ts)
 		silent := dialRaw(t, ts.addr)
 		done := shutdown(ts)
 		lean.expectClosed()
@@ -594,9 +595,7 @@ func TestShutdown(t *testing.T) {
 		if err := receive(t, done, "return from Shutdown"); err != nil {
 			t.Errorf("Shutdown: %v", err)
 		}
-		if err := ts.serveErr(t); !errors.Is(err, http.ErrServerClosed) {
-			t.Errorf("Serve returned %v, want http.ErrServerClosed", err)
-		}
+		wantServerClosed(t, ts.serveErr(t))
 	})
 	t.Run("new connection", func(t *testing.T) {
 		ts := startLean(t, newHTTP(echoMux()))
@@ -640,10 +639,21 @@ func TestShutdown(t *testing.T) {
 		if err := receive(t, done, "return from Shutdown"); err != nil {
 			t.Errorf("Shutdown: %v", err)
 		}
-		if err := ts.serveErr(t); !errors.Is(err, http.ErrServerClosed) {
-			t.Errorf("Serve returned %v, want http.ErrServerClosed", err)
-		}
+		wantServerClosed(t, ts.serveErr(t))
 	})
+}
+
+// answeredPair opens two idle connections to ts, one answered on the lean
+// path and one handed to net/http.
+func answeredPair(t *testing.T, ts *testServer) (lean, handed *rawConn) {
+	t.Helper()
+	lean = dialRaw(t, ts.addr)
+	lean.send(hotRequest("x"))
+	lean.expect("POST", 200, "lean", "x")
+	handed = dialRaw(t, ts.addr)
+	handed.send(getRequest("/healthz"))
+	handed.expect("GET", 200, "net/http", "ok")
+	return lean, handed
 }
 
 // waitRefusing waits until the listener at addr refuses connections.
@@ -668,21 +678,14 @@ func TestClose(t *testing.T) {
 	busy := dialRaw(t, ts.addr)
 	busy.send(hotRequest("", "X-Block: 1"))
 	receive(t, started, "start of the handler")
-	idle := dialRaw(t, ts.addr)
-	idle.send(hotRequest("x"))
-	idle.expect("POST", 200, "lean", "x")
-	handed := dialRaw(t, ts.addr)
-	handed.send(getRequest("/healthz"))
-	handed.expect("GET", 200, "net/http", "ok")
+	idle, handed := answeredPair(t, ts)
 	if err := ts.Close(); err != nil {
 		t.Errorf("Close: %v", err)
 	}
 	busy.expectClosed()
 	idle.expectClosed()
 	handed.expectClosed()
-	if err := ts.serveErr(t); !errors.Is(err, http.ErrServerClosed) {
-		t.Errorf("Serve returned %v, want http.ErrServerClosed", err)
-	}
+	wantServerClosed(t, ts.serveErr(t))
 	if _, err := net.Dial("tcp", ts.addr); err == nil {
 		t.Error("the listener accepts connections after Close")
 	}
@@ -708,9 +711,7 @@ func TestStoppedBeforeServe(t *testing.T) {
 			if err := stop.f(s); err != nil {
 				t.Errorf("%s: %v", stop.name, err)
 			}
-			if err := s.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
-				t.Errorf("Serve returned %v, want http.ErrServerClosed", err)
-			}
+			wantServerClosed(t, s.Serve(ln))
 			if _, err := net.Dial("tcp", ln.Addr().String()); err == nil {
 				t.Error("the listener accepts connections after Serve returned")
 			}
@@ -727,9 +728,7 @@ func TestStoppedBeforeServe(t *testing.T) {
 				if err := stop.f(s); err != nil {
 					t.Errorf("%s: %v", stop.name, err)
 				}
-				if err := receive(t, served, "Serve's return"); !errors.Is(err, http.ErrServerClosed) {
-					t.Errorf("Serve returned %v, want http.ErrServerClosed", err)
-				}
+				wantServerClosed(t, receive(t, served, "Serve's return"))
 			}
 		})
 	}
