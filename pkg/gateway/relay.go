@@ -22,10 +22,15 @@ import (
 	"github.com/kvgate/kvgate/pkg/types"
 )
 
-// usage is the token usage an engine reports in a response.
+// usage is the token usage an engine reports in a response: OpenAI's
+// prompt and completion tokens and, when the engine reports
+// prompt_tokens_details (vLLM with --enable-prompt-tokens-details), the
+// prompt tokens it found cached.
 type usage struct {
 	PromptTokens     int64 `json:"prompt_tokens"`
 	CompletionTokens int64 `json:"completion_tokens"`
+	CachedTokens     int64 `json:"-"`
+	CachedReported   bool  `json:"-"`
 }
 
 // responseUsage reads the usage of a whole (not streamed) response body:
@@ -50,23 +55,42 @@ func readUsage(value []byte) (usage, bool) {
 		return u, false
 	}
 	err := jsonscan.Members(value, func(name, v []byte) error {
-		var dst *int64
 		switch string(jsonscan.Name(name)) {
 		case "prompt_tokens":
-			dst = &u.PromptTokens
+			return readCount(v, &u.PromptTokens, nil)
 		case "completion_tokens":
-			dst = &u.CompletionTokens
-		default:
-			return nil
+			return readCount(v, &u.CompletionTokens, nil)
+		case "prompt_tokens_details":
+			if v[0] != '{' {
+				return nil
+			}
+			return jsonscan.Members(v, func(name, v []byte) error {
+				if string(jsonscan.Name(name)) == "cached_tokens" {
+					return readCount(v, &u.CachedTokens, &u.CachedReported)
+				}
+				return nil
+			})
 		}
-		if v[0] == 'n' {
-			return nil
-		}
-		n, err := jsonscan.Int(v)
-		*dst = int64(n)
-		return err
+		return nil
 	})
 	return u, err == nil
+}
+
+// readCount reads a token count into dst, and sets *set (when not nil)
+// when there is one; null leaves both alone.
+func readCount(v []byte, dst *int64, set *bool) error {
+	if v[0] == 'n' {
+		return nil
+	}
+	n, err := jsonscan.Int(v)
+	if err != nil {
+		return err
+	}
+	*dst = int64(n)
+	if set != nil {
+		*set = true
+	}
+	return nil
 }
 
 // errClientGone reports that writing to the client failed: it went away.
@@ -453,7 +477,8 @@ func isEventStream(stream bool, status int, contentType string) bool {
 func (g *Gateway) closeDone(h *inflight.Handle, status int, u usage, ok bool) {
 	if status == http.StatusOK {
 		if ok {
-			h.ReportUsage(inflight.Usage{PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens})
+			h.ReportUsage(inflight.Usage{PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens,
+				CachedTokens: u.CachedTokens, CachedReported: u.CachedReported})
 		} else {
 			g.metrics.usageMissing.Inc()
 		}

@@ -197,3 +197,28 @@ func FuzzWithStreamUsageChangesOnlyStreamOptions(f *testing.F) {
 		}
 	})
 }
+
+func TestReadUsageTakesTheCachedTokensWhenReported(t *testing.T) {
+	for _, tc := range []struct {
+		body string
+		want usage
+		ok   bool
+	}{
+		{`{"prompt_tokens":2048,"completion_tokens":5}`, usage{PromptTokens: 2048, CompletionTokens: 5}, true},
+		{`{"prompt_tokens":2048,"completion_tokens":5,"prompt_tokens_details":{"cached_tokens":1536}}`,
+			usage{PromptTokens: 2048, CompletionTokens: 5, CachedTokens: 1536, CachedReported: true}, true},
+		{`{"prompt_tokens_details":{"audio_tokens":null,"cached_tokens":0},"prompt_tokens":9,"completion_tokens":1}`,
+			usage{PromptTokens: 9, CompletionTokens: 1, CachedReported: true}, true},
+		// vLLM without --enable-prompt-tokens-details writes null.
+		{`{"prompt_tokens":9,"completion_tokens":1,"prompt_tokens_details":null}`, usage{PromptTokens: 9, CompletionTokens: 1}, true},
+		{`{"prompt_tokens":9,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":null}}`,
+			usage{PromptTokens: 9, CompletionTokens: 1}, true},
+		{`{"prompt_tokens":9,"prompt_tokens_details":{"cached_tokens":"many"}}`, usage{PromptTokens: 9}, false},
+		{`{"prompt_tokens":9,"prompt_tokens_details":{"cached_tokens":1`, usage{}, false},
+	} {
+		got, ok := readUsage([]byte(tc.body))
+		if ok != tc.ok || (ok && got != tc.want) {
+			t.Errorf("readUsage(%s) = %+v, %v; want %+v, %v", tc.body, got, ok, tc.want, tc.ok)
+		}
+	}
+}

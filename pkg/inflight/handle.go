@@ -58,6 +58,11 @@ type Route struct {
 // Usage is the token usage an engine reported for a request.
 type Usage struct {
 	PromptTokens, CompletionTokens int64
+	// CachedTokens is how many of the prompt's tokens the engine found in
+	// its prefix cache (vLLM's prompt_tokens_details.cached_tokens), when
+	// CachedReported says the engine reported it.
+	CachedTokens   int64
+	CachedReported bool
 }
 
 // Handle is one attempt to serve a request on a pod, from Request.Route to

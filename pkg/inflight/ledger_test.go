@@ -368,7 +368,7 @@ func TestObserversSeeEveryStep(t *testing.T) {
 		Closed: func(h *Handle) {
 			o, reason := h.Outcome()
 			u, ok := h.Usage()
-			note(fmt.Sprintf("closed %s (%s) usage %v %v", o, reason, u, ok))
+			note(fmt.Sprintf("closed %s (%s) usage {%d %d} %v", o, reason, u.PromptTokens, u.CompletionTokens, ok))
 		},
 	})
 	l.Observe(Observer{Closed: func(*Handle) { note("second observer") }})
