@@ -55,7 +55,7 @@ func parseEngineArgs(args []string) (engineArgs, error) {
 		}
 		name, value, ok := strings.Cut(strings.TrimLeft(a, "-"), "=")
 		if !ok {
-			if name == "enable-prefix-caching" {
+			if name == "enable-prefix-caching" || name == "enable-prompt-tokens-details" {
 				continue
 			}
 			return engineArgs{}, fmt.Errorf("argument %q: write flags as -flag=value", a)

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -257,6 +258,15 @@ func TestBinaryRoutesToTwoSimulatedEnginesInStaticMode(t *testing.T) {
 			t.Fatalf("repeated prompt with prefix-cache: %d from %q, want %s: %s", status, pod, first, data)
 		}
 	}
+	// The engines report the cached tokens they found: the four repeats
+	// found the cache the gateway counted on.
+	cached := map[string]float64{}
+	for _, name := range []string{"predicted", "found", "reported"} {
+		cached[name] = metricOf(t, url, "kvgate_routing_cached_tokens_"+name+"_total")
+	}
+	if p, f := cached["predicted"], cached["found"]; p < 4*256 || f < 0.9*p || f > p || cached["reported"] < f {
+		t.Errorf("cached tokens predicted, found, reported = %v; want at least 4 x 256 predicted, nearly all found", cached)
+	}
 	status, _, data = completion(t, url, `{"model":"sim","prompt":"hi","max_tokens":3,"stream":true}`)
 	if status != http.StatusOK || strings.Count(data, "data: ") != 4 || strings.Contains(data, `"usage"`) ||
 		!strings.HasSuffix(data, "data: [DONE]\n\n") {
@@ -494,4 +504,30 @@ func TestBinaryServesEnvoysExternalProcessorInsteadOfTheProxy(t *testing.T) {
 	if code := gw.exited(t); code != 0 {
 		t.Fatalf("gateway exited with %d after SIGTERM; output:\n%s", code, gw.output)
 	}
+}
+
+// metricOf returns the value of the unlabelled metric name on the /metrics
+// page of the gateway at url.
+func metricOf(t *testing.T, url, name string) float64 {
+	t.Helper()
+	resp, err := http.Get(url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	page, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(page), "\n") {
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			return f
+		}
+	}
+	t.Fatalf("%s/metrics has no %s", url, name)
+	return 0
 }

@@ -300,6 +300,17 @@
 //	kvgate_routing_decision_duration_seconds{algorithm} time to decide, after tokenization
 //	kvgate_routing_ttft_prediction_ratio                TTFT seen at FirstToken / kv-aware's prediction
 //	kvgate_routing_inflight_prefix_dropped_total        attempts whose prompt blocks were not remembered
+//	kvgate_routing_cached_tokens_predicted_total        prompt tokens a decision counted as cached on its pod
+//	kvgate_routing_cached_tokens_found_total            the part of them the engine found cached
+//	kvgate_routing_cached_tokens_reported_total         cached tokens the engines reported
+//
+// The three cached-token counters cover the attempts whose engine reported
+// usage.prompt_tokens_details.cached_tokens (vLLM with
+// --enable-prompt-tokens-details). Found below predicted means hits routing
+// counted on were gone when the prefill started: evicted while the request
+// waited in a long queue on a pod short of KV memory, or never where the
+// index said. A prompt cached whole shows one block short, as vLLM
+// computes at least its last token.
 //
 // The request ledger registers the in-flight prefill gauges
 // (kvgate_routing_inflight_prefills, kvgate_routing_inflight_prefill_tokens)

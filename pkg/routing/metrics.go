@@ -1,6 +1,9 @@
 package routing
 
 import (
+	"math"
+
+	"github.com/kvgate/kvgate/pkg/inflight"
 	"github.com/kvgate/kvgate/pkg/internal/promreg"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -30,6 +33,10 @@ type routerMetrics struct {
 	duration        *prometheus.HistogramVec
 	ttftRatio       prometheus.Histogram
 	prefixDropped   prometheus.CounterFunc
+	// cachedPredicted, cachedFound and cachedReported compare the cached
+	// prefixes routing counted on with what the engines found (see
+	// Router.Observer).
+	cachedPredicted, cachedFound, cachedReported prometheus.Counter
 
 	// per algorithm, resolved once
 	byAlg map[string]*algMetrics
@@ -70,6 +77,18 @@ func newRouterMetrics(reg prometheus.Registerer, dropped func() float64) (*route
 			Help: "Attempts whose prompt blocks were not remembered as in flight on their pod: the blocks " +
 				"remembered had reached their bound.",
 		}, dropped),
+		cachedPredicted: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "cached_tokens_predicted_total",
+			Help: "Prompt tokens routing predicted the chosen pod had cached, for the attempts whose engine reported its cached tokens (prompt_tokens_details.cached_tokens).",
+		}),
+		cachedFound: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "cached_tokens_found_total",
+			Help: "The part of kvgate_routing_cached_tokens_predicted_total the engines found cached: below it, predicted hits were evicted before the prefill started, or the index was wrong.",
+		}),
+		cachedReported: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "cached_tokens_reported_total",
+			Help: "Cached prompt tokens the engines reported, for the same attempts as kvgate_routing_cached_tokens_predicted_total.",
+		}),
 		byAlg: map[string]*algMetrics{},
 	}
 	for alg, outcomes := range outcomesOf {
@@ -83,7 +102,8 @@ func newRouterMetrics(reg prometheus.Registerer, dropped func() float64) (*route
 		}
 		m.byAlg[alg] = am
 	}
-	if err := promreg.Register(reg, "routing", m.decisions, m.matchedFraction, m.duration, m.ttftRatio, m.prefixDropped); err != nil {
+	if err := promreg.Register(reg, "routing", m.decisions, m.matchedFraction, m.duration, m.ttftRatio, m.prefixDropped,
+		m.cachedPredicted, m.cachedFound, m.cachedReported); err != nil {
 		return nil, err
 	}
 	return m, nil
@@ -96,4 +116,24 @@ func (m *routerMetrics) decided(alg string, o Outcome) {
 		return
 	}
 	m.decisions.WithLabelValues(alg, string(o)).Inc()
+}
+
+// countCached compares the cached prefix routing predicted for an attempt
+// on its pod with the cached tokens its engine reported, if it did.
+func (m *routerMetrics) countCached(h *inflight.Handle) {
+	u, ok := h.Usage()
+	rt := h.Route()
+	if !ok || !u.CachedReported || rt.PromptTokens == 0 {
+		return
+	}
+	predicted, reported := CachedPrediction(rt), float64(max(u.CachedTokens, 0))
+	m.cachedPredicted.Add(predicted)
+	m.cachedFound.Add(min(reported, predicted))
+	m.cachedReported.Add(reported)
+}
+
+// CachedPrediction returns the prompt tokens the decision that made rt
+// predicted cached on its pod: the prompt less the predicted prefill work.
+func CachedPrediction(rt inflight.Route) float64 {
+	return max(float64(rt.PromptTokens)-math.Round(rt.UncachedTokens), 0)
 }
