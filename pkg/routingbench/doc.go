@@ -7,8 +7,10 @@
 //
 // Run plays a Workload under each policy of a Config, each on a fleet of its
 // own, and returns a Report: per policy the token prefix-hit ratio and its
-// share of the pooled bound, time to first token, end-to-end latency,
-// queueing, throughput, preemptions and load imbalance, as a text table,
+// share of the pooled bound, the share of the hits routing predicted that
+// the engines found when the prefill started, time to first token,
+// end-to-end latency, queueing, throughput, preemptions and load
+// imbalance, as a text table,
 // CSV, JSON and a PNG plot, and whether kv-aware meets its targets
 // (Report.Targets). RunSweep runs workloads at several loads, fleet sizes
 // and seeds and summarises each point over the seeds. The same workload,

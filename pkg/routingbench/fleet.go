@@ -61,6 +61,10 @@ type fleet struct {
 	engines []*engine
 	byName  map[string]*engine
 	index   *indexer.SyncPrefixHashTable
+	// cachedPredicted sums the prompt tokens routing predicted cached on
+	// the engines the requests went to, cachedFound the part of them the
+	// engines found (see PolicyResult.PredictedHitsFound).
+	cachedPredicted, cachedFound float64
 }
 
 // clock returns the virtual time as a time.Time.

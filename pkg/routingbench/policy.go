@@ -152,6 +152,11 @@ func (p *routerPolicy) ended(i int, usage inflight.Usage) error {
 	if usage.CompletionTokens > 0 {
 		h.ReportUsage(usage)
 	}
+	if usage.CachedReported {
+		predicted := routing.CachedPrediction(h.Route())
+		p.f.cachedPredicted += predicted
+		p.f.cachedFound += min(float64(usage.CachedTokens), predicted)
+	}
 	h.Close(inflight.Done, "")
 	h.Request().End()
 	delete(p.attempts, i)

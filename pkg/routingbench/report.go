@@ -93,6 +93,7 @@ var columns = []struct {
 	{"policy", "policy", func(r *PolicyResult) string { return r.Policy }},
 	{"hit ratio", "hit_ratio", func(r *PolicyResult) string { return ratio(r.HitRatio) }},
 	{"of bound", "hit_ratio_of_bound", func(r *PolicyResult) string { return ratio(r.HitRatioOfBound) }},
+	{"hits found", "predicted_hits_found", func(r *PolicyResult) string { return ratio(r.PredictedHitsFound) }},
 	{"TTFT p50", "ttft_p50_s", func(r *PolicyResult) string { return seconds(r.TTFT.P50) }},
 	{"TTFT p90", "ttft_p90_s", func(r *PolicyResult) string { return seconds(r.TTFT.P90) }},
 	{"TTFT p99", "ttft_p99_s", func(r *PolicyResult) string { return seconds(r.TTFT.P99) }},

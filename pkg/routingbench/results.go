@@ -76,6 +76,12 @@ type PolicyResult struct {
 	// requests from the mean of the engines of its speed: 0.25 means some
 	// engine got 25% more or fewer requests than its identical peers.
 	RequestsSpread float64 `json:"requestsSpread"`
+	// PredictedHitsFound is the share of the prompt tokens routing
+	// predicted cached on the chosen engines that the engines found cached
+	// when the prefill started (the rest were evicted while the request
+	// waited, or the index was wrong); 0 for a policy that predicts none
+	// (the oracle reads the engines themselves).
+	PredictedHitsFound float64 `json:"predictedHitsFound"`
 	// Preemptions counts the requests engines preempted for KV space.
 	Preemptions int            `json:"preemptions"`
 	Engines     []EngineResult `json:"engines"`
@@ -171,6 +177,9 @@ func (s *simulation) result() *PolicyResult {
 		r.Preemptions += e.preemptions
 		routed = append(routed, float64(e.routed))
 		prefilled = append(prefilled, float64(e.prefillTokens))
+	}
+	if s.cachedPredicted > 0 {
+		r.PredictedHitsFound = s.cachedFound / s.cachedPredicted
 	}
 	r.RequestsCV, r.PrefillCV = variation(routed), variation(prefilled)
 	r.RequestsSpread = spreadWithinSpeeds(r.Engines)

@@ -215,7 +215,8 @@ func (s *simulation) output(e *engine, out sim.RequestOutput) error {
 		st.stats.Preemptions = out.Stats.Preemptions
 		st.stats.Timings.LastToken = tm.LastToken
 		e.inFlight--
-		return s.policy.ended(i, inflight.Usage{PromptTokens: int64(st.stats.PromptTokens), CompletionTokens: int64(st.stats.OutputTokens)})
+		return s.policy.ended(i, inflight.Usage{PromptTokens: int64(st.stats.PromptTokens), CompletionTokens: int64(st.stats.OutputTokens),
+			CachedTokens: int64(st.stats.CachedTokens), CachedReported: true})
 	}
 	return nil
 }
