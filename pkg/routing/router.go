@@ -179,10 +179,11 @@ func (r *Router) settle(rc *types.RoutingContext, in *input, s *scratch) {
 // follows the attempts it routed: each opened attempt's uncached tokens
 // feed the running mean kv-aware charges a request waiting in an engine's
 // queue, its prompt's blocks count as held on its pod until it closes (see
-// Candidate.InFlightMatchedBlocks), and each first token is compared with
+// Candidate.InFlightMatchedBlocks), each first token is compared with
 // kv-aware's prediction (kvgate_routing_ttft_prediction_ratio), and each
-// closed attempt's cached tokens, as its engine reported them, with the
-// prefix the decision counted on (kvgate_routing_cached_tokens_*_total).
+// closed attempt's cached tokens, as its engine reported them, are compared
+// with the prefix the decision counted on
+// (kvgate_routing_cached_tokens_*_total).
 func (r *Router) Observer() inflight.Observer {
 	return inflight.Observer{
 		Opened: func(h *inflight.Handle) {
