@@ -10,11 +10,11 @@
 // share of the pooled bound, the share of the hits routing predicted that
 // the engines found when the prefill started, time to first token,
 // end-to-end latency, queueing, throughput, preemptions and load
-// imbalance, as a text table,
-// CSV, JSON and a PNG plot, and whether kv-aware meets its targets
-// (Report.Targets). RunSweep runs workloads at several loads, fleet sizes
-// and seeds and summarises each point over the seeds. The same workload,
-// configuration and seed give the same report, byte for byte.
+// imbalance, as a text table, CSV, JSON and a PNG plot, and whether
+// kv-aware meets its targets (Report.Targets). RunSweep runs workloads at
+// several loads, fleet sizes and seeds and summarises each point over the
+// seeds. The same workload, configuration and seed give the same report,
+// byte for byte.
 //
 // # The simulation
 //
