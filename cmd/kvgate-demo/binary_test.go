@@ -114,6 +114,7 @@ func (d *demoProcess) waitOutput(t *testing.T, re *regexp.Regexp) {
 var (
 	processesLine = regexp.MustCompile(`Processes \(group (\d+)\): (.+); logs in (\S+)`)
 	liveLine      = regexp.MustCompile(`(?m)^kv-aware\s+\d+s\s+[\d.]+ req/s\s+\d+ done`)
+	foundLine     = regexp.MustCompile(`decisions: kv-aware: [^\n]*\n\s+predicted cache hits the engines found: ([\d.]+)`)
 	processPID    = regexp.MustCompile(`(\S+) (\d+)`)
 )
 
@@ -171,6 +172,13 @@ func TestDemoComparesTheAlgorithmsAndLeavesNothing(t *testing.T) {
 	}
 	if !liveLine.MatchString(out) || !strings.Contains(out, "pods:  vllm-0") || !strings.Contains(out, "decisions: kv-aware: prefix_hit") {
 		t.Errorf("no live summary with pods and decisions; output:\n%s", out)
+	}
+	// The engines report the cached tokens they found: most of the hits
+	// kv-aware counts on are there.
+	if m := foundLine.FindStringSubmatch(out); m == nil {
+		t.Errorf("no live summary of the predicted cache hits the engines found; output:\n%s", out)
+	} else if f, _ := strconv.ParseFloat(m[1], 64); f < 0.5 || f > 1 {
+		t.Errorf("the engines found %v of the predicted cache hits, want most; output:\n%s", f, out)
 	}
 	_, table, ok := strings.Cut(out, "== comparison")
 	if !ok {

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"math"
 	"net/http"
 	"slices"
 
@@ -26,15 +27,34 @@ type decisions map[decision]float64
 // queues, per model.
 const queueMetric = "kvgate_slo_queue_length"
 
+// Counters of the prompt tokens routing predicted cached on the chosen
+// pods, and of the part the engines found cached.
+const (
+	cachedPredictedMetric = "kvgate_routing_cached_tokens_predicted_total"
+	cachedFoundMetric     = "kvgate_routing_cached_tokens_found_total"
+)
+
 // gatewayCounts is what the demo reads of the gateway's metrics: its
-// routing decisions, and the requests waiting in its SLO queues.
+// routing decisions, the requests waiting in its SLO queues, and the
+// cached tokens routing predicted and the engines found.
 type gatewayCounts struct {
-	decisions decisions
-	queued    float64
+	decisions                    decisions
+	queued                       float64
+	cachedPredicted, cachedFound float64
 }
 
-// scrapeCounts reads the decision counters and the SLO queues' lengths
-// from the gateway's /metrics.
+// foundSince returns the share of the cached tokens routing predicted
+// since before that the engines found, NaN when it predicted none.
+func (c gatewayCounts) foundSince(before gatewayCounts) float64 {
+	predicted := c.cachedPredicted - before.cachedPredicted
+	if predicted <= 0 {
+		return math.NaN()
+	}
+	return (c.cachedFound - before.cachedFound) / predicted
+}
+
+// scrapeCounts reads the decision counters, the SLO queues' lengths and
+// the cached-token counters from the gateway's /metrics.
 func scrapeCounts(ctx context.Context, client *http.Client, gatewayURL string) (gatewayCounts, error) {
 	families, err := scrapeMetrics(ctx, client, gatewayURL)
 	if err != nil {
@@ -56,11 +76,16 @@ func scrapeCounts(ctx context.Context, client *http.Client, gatewayURL string) (
 	for _, m := range families[queueMetric].GetMetric() {
 		c.queued += m.GetGauge().GetValue()
 	}
+	for _, m := range families[cachedPredictedMetric].GetMetric() {
+		c.cachedPredicted += m.GetCounter().GetValue()
+	}
+	for _, m := range families[cachedFoundMetric].GetMetric() {
+		c.cachedFound += m.GetCounter().GetValue()
+	}
 	return c, nil
 }
 
-// scrapeAllCounts sums the decision counters and queue lengths of the
-// gateways at urls.
+// scrapeAllCounts sums the counts of the gateways at urls.
 func scrapeAllCounts(ctx context.Context, client *http.Client, urls []string) (gatewayCounts, error) {
 	sum := gatewayCounts{decisions: decisions{}}
 	for _, u := range urls {
@@ -72,6 +97,8 @@ func scrapeAllCounts(ctx context.Context, client *http.Client, urls []string) (g
 			sum.decisions[k] += v
 		}
 		sum.queued += c.queued
+		sum.cachedPredicted += c.cachedPredicted
+		sum.cachedFound += c.cachedFound
 	}
 	return sum, nil
 }

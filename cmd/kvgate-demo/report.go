@@ -116,8 +116,9 @@ const labelWidth = 15
 
 // printLive writes the live summary of a run: its progress, the requests
 // per second since the previous summary (rate), each pod's hit ratio and
-// requests, and the gateway's decisions.
-func printLive(w io.Writer, alg string, s summary, rate float64, decided []decisionCount, slo *sloLive) {
+// requests, the gateway's decisions, and the share of the cached tokens
+// routing counted on that the engines found (found, NaN when unknown).
+func printLive(w io.Writer, alg string, s summary, rate float64, decided []decisionCount, found float64, slo *sloLive) {
 	fmt.Fprintf(w, "%-*s %4.0fs  %5.1f req/s  %5d done  %3d in flight  hit %s  %s",
 		labelWidth, alg, s.elapsed.Seconds(), rate, s.requests, s.inFlight, fmtRatio(s.hit()), fmtTTFT(s.ttft))
 	if s.errors > 0 {
@@ -139,6 +140,7 @@ func printLive(w io.Writer, alg string, s summary, rate float64, decided []decis
 	}
 	fmt.Fprintf(w, "%*s pods:%s\n", labelWidth, "", pods.String())
 	fmt.Fprintf(w, "%*s decisions: %s\n", labelWidth, "", fmtDecisions(decided))
+	fmt.Fprintf(w, "%*s predicted cache hits the engines found: %s\n", labelWidth, "", fmtRatio(found))
 }
 
 // fmtDecisions formats decision counts as "algorithm: outcome n, ...".

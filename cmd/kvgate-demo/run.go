@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"runtime/debug"
 	"sync"
@@ -125,11 +126,11 @@ func (d *demo) watch(ctx context.Context, alg string, rec *recorder, before gate
 			rate := float64(s.requests-lastCount) / now.Sub(lastAt).Seconds()
 			lastCount, lastAt = s.requests, now
 			var decided []decisionCount
-			queued := -1.0
+			queued, found := -1.0, math.NaN()
 			if cur, err := scrapeAllCounts(ctx, d.client.http, d.fleet.GatewayURLs()); err == nil {
-				decided, queued = cur.decisions.since(before.decisions), cur.queued
+				decided, queued, found = cur.decisions.since(before.decisions), cur.queued, cur.foundSince(before)
 			}
-			printLive(d.out, alg, s, rate, decided, d.slo(queued))
+			printLive(d.out, alg, s, rate, decided, found, d.slo(queued))
 		case <-phase.C:
 			close(stop)
 			s := rec.summarize(time.Now(), d.pods)
