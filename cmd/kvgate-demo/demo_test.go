@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"regexp"
 	"slices"
@@ -149,6 +150,16 @@ func TestDecisionsSinceCountsOnlyTheRun(t *testing.T) {
 	got := fmtDecisions(after.since(before))
 	if got != "kv-aware: prefix_hit 20, load_fallback 2" {
 		t.Errorf("decisions %q", got)
+	}
+}
+
+func TestFoundSinceCountsOnlyTheRun(t *testing.T) {
+	before := gatewayCounts{cachedPredicted: 1000, cachedFound: 900}
+	if f := (gatewayCounts{cachedPredicted: 1000, cachedFound: 900}).foundSince(before); !math.IsNaN(f) {
+		t.Errorf("found %v with nothing predicted since, want NaN", f)
+	}
+	if f := (gatewayCounts{cachedPredicted: 3000, cachedFound: 2400}).foundSince(before); f != 0.75 {
+		t.Errorf("found %v of the run's predicted hits, want 0.75 (1500 of 2000)", f)
 	}
 }
 
