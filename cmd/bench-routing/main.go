@@ -177,9 +177,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	if o.bench.RouterMinFleetQueue < 0 {
 		return o, fmt.Errorf("-router-min-fleet-queue %v: want a number >= 0", o.bench.RouterMinFleetQueue)
 	}
-	if o.bench.RouterMinFleetQueue == 0 {
-		o.bench.RouterMinFleetQueue = -1 // routing's "no floor"
-	}
+	o.bench.RouterMinFleetQueue = routing.MinFleetQueueSetting(o.bench.RouterMinFleetQueue)
 	switch {
 	case o.policies != "":
 		o.bench.Policies = strings.Split(o.policies, ",")

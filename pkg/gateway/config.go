@@ -273,11 +273,7 @@ func loadRouting(e *config.Env) routing.Config {
 	if math.IsNaN(r.MinFleetQueue) || math.IsInf(r.MinFleetQueue, 0) {
 		e.Errorf("%s=%v: want a finite number", config.RoutingMinFleetQueue.Name, r.MinFleetQueue)
 	}
-	if r.MinFleetQueue == 0 {
-		// routing.Config reads zero as its default and a negative value as
-		// no floor.
-		r.MinFleetQueue = -1
-	}
+	r.MinFleetQueue = routing.MinFleetQueueSetting(r.MinFleetQueue)
 	return r
 }
 

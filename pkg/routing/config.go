@@ -25,6 +25,22 @@ const (
 	DefaultMinFleetQueue          = 0.5
 )
 
+// MinFleetQueueSetting returns the Config.MinFleetQueue of a floor as
+// operators set it (KVGATE_ROUTING_MIN_FLEET_QUEUE, bench-routing's
+// -router-min-fleet-queue), where 0 means no floor.
+func MinFleetQueueSetting(floor float64) float64 {
+	if floor == 0 {
+		return -1
+	}
+	return floor
+}
+
+// FleetQueueFloor returns the floor c.MinFleetQueue sets: the default for
+// zero, none (0) for a negative value.
+func (c Config) FleetQueueFloor() float64 {
+	return max(cmp.Or(c.MinFleetQueue, DefaultMinFleetQueue), 0)
+}
+
 // PrefixIndex reports how much of a prompt each pod holds in its KV cache.
 // *indexer.SyncPrefixHashTable implements it; see its MatchPrefix for the
 // contract.

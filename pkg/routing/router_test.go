@@ -236,3 +236,19 @@ func TestRouterIsSafeForConcurrentUse(t *testing.T) {
 		t.Fatalf("%v prefills left in flight, want 0", n)
 	}
 }
+
+func TestTheFleetQueueFloorAsOperatorsSetIt(t *testing.T) {
+	for _, tt := range []struct{ setting, config, floor float64 }{
+		{0, -1, 0},
+		{0.25, 0.25, 0.25},
+		{2, 2, 2},
+	} {
+		c := Config{MinFleetQueue: MinFleetQueueSetting(tt.setting)}
+		if c.MinFleetQueue != tt.config || c.FleetQueueFloor() != tt.floor {
+			t.Errorf("setting %v: MinFleetQueue %v, floor %v; want %v, %v", tt.setting, c.MinFleetQueue, c.FleetQueueFloor(), tt.config, tt.floor)
+		}
+	}
+	if f := (Config{}).FleetQueueFloor(); f != DefaultMinFleetQueue {
+		t.Errorf("an unset MinFleetQueue floors at %v, want the default %v", f, DefaultMinFleetQueue)
+	}
+}

@@ -118,19 +118,7 @@ func setupOf(cfg Config) Setup {
 		ScrapeInterval: sec(cfg.ScrapeInterval), MetricsWindow: sec(cfg.MetricsWindow),
 		PrefillSpeedWindow: sec(cfg.PrefillSpeedWindow), EventDelay: sec(cfg.Events.Delay),
 		EventJitter: sec(cfg.Events.Jitter), EventLossRate: cfg.Events.LossRate,
-		RouterPrefillSpeed: cfg.RouterPrefillTokensPerSecond, RouterMinFleetQueue: minFleetQueue(cfg.RouterMinFleetQueue),
+		RouterPrefillSpeed: cfg.RouterPrefillTokensPerSecond, RouterMinFleetQueue: routing.Config{MinFleetQueue: cfg.RouterMinFleetQueue}.FleetQueueFloor(),
 		Seed: cfg.Seed,
 	}
-}
-
-// minFleetQueue returns the floor routing.Config.MinFleetQueue v sets:
-// routing's default for zero, none for a negative value.
-func minFleetQueue(v float64) float64 {
-	switch {
-	case v == 0:
-		return routing.DefaultMinFleetQueue
-	case v < 0:
-		return 0
-	}
-	return v
 }
