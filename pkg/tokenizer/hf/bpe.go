@@ -1,6 +1,7 @@
 package hf
 
 import (
+	"strings"
 	"sync"
 	"unicode/utf8"
 )
@@ -28,7 +29,55 @@ type bpe struct {
 	// ignoreMerges takes a word that is a token of the vocabulary as that
 	// token, without merging.
 	ignoreMerges bool
-	words        *wordCache
+	// splitWords: the vocabulary holds SentencePiece's word-start mark
+	// (wordStart) as a token, and no token holds the mark after another
+	// character (see startsWords). No merge can then join a symbol to a
+	// mark that follows another character, so a word's merges are those
+	// of its pieces, split before each such mark: a long word (a whole
+	// segment, for Llama 2's and Mistral's tokenizers, which do not
+	// pre-tokenize) is merged a piece at a time, each piece through the
+	// word cache, rather than as one list of thousands of symbols.
+	splitWords bool
+	words      *wordCache
+}
+
+// wordStart is SentencePiece's mark of a word's start (U+2581), which its
+// normalizer writes for each space.
+const wordStart = "\u2581"
+
+// startsWords reports whether vocab holds wordStart as a token and holds
+// it nowhere after another character, each id naming one token: then a
+// symbol that ends before a mark, where the mark follows another
+// character, never merges with the symbol that starts at the mark.
+func startsWords(vocab map[string]uint32) bool {
+	if _, ok := vocab[wordStart]; !ok {
+		return false
+	}
+	ids := make(map[uint32]struct{}, len(vocab))
+	for tok, id := range vocab {
+		ids[id] = struct{}{}
+		if wordStartAfterOther(tok, 1) >= 0 {
+			return false
+		}
+	}
+	return len(ids) == len(vocab)
+}
+
+// wordStartAfterOther returns the index of the first wordStart in s at or
+// after from that follows a character other than wordStart, or -1.
+func wordStartAfterOther(s string, from int) int {
+	for from < len(s) {
+		i := strings.Index(s[from:], wordStart)
+		if i < 0 {
+			return -1
+		}
+		i += from
+		if i > 0 && !strings.HasSuffix(s[:i], wordStart) {
+			return i
+		}
+		from = i + len(wordStart)
+	}
+	return -1
 }
 
 // symbol is a token of a word being merged: a doubly linked list over the
@@ -65,6 +114,23 @@ func (m *bpe) appendWord(dst []uint32, word string) []uint32 {
 			return append(dst, id)
 		}
 	}
+	if m.splitWords && len(word) > maxCachedWord {
+		for start := 0; start < len(word); {
+			end := wordStartAfterOther(word, start+1)
+			if end < 0 {
+				end = len(word)
+			}
+			dst = m.appendMerged(dst, word[start:end])
+			start = end
+		}
+		return dst
+	}
+	return m.appendMerged(dst, word)
+}
+
+// appendMerged appends the ids of word after its merges, from the word
+// cache when it holds them.
+func (m *bpe) appendMerged(dst []uint32, word string) []uint32 {
 	cacheable := len(word) <= maxCachedWord
 	if cacheable {
 		if ids, ok := m.words.get(word); ok {

@@ -43,6 +43,14 @@
 // and of the text segments between added tokens (DefaultSegmentCacheTokens
 // ids), which in a rendered chat are whole messages: a new turn of a
 // conversation encodes only its new messages. Both caches are bounded.
+// SentencePiece-style tokenizers (Llama 2, Mistral) do not pre-tokenize:
+// the model gets a whole segment as one word. Where no token of the
+// vocabulary holds "▁" after another character (Load checks), no merge
+// joins a symbol to a "▁" that follows another character, so such a word
+// is merged a piece at a time, split before each such "▁", each piece
+// through the word cache, with the same result
+// (BenchmarkEncode: an 8K-token Llama 2 prompt in 1 ms, 0.4 ms when its
+// words were seen before, where merging it whole took 14 ms).
 // The chat's JSON is decoded by a small parser that keeps the order of
 // object keys, as the template's tojson must.
 //

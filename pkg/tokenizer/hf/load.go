@@ -146,6 +146,7 @@ func newBPE(j modelJSON, byteLevel bool) (*bpe, error) {
 		}
 		m.unk, m.hasUnk = id, true
 	}
+	m.splitWords = !byteLevel && startsWords(m.vocab)
 	for b := range 256 {
 		var tok string
 		switch {
