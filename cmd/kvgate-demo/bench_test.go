@@ -89,7 +89,7 @@ func BenchmarkGatewayUnderLoad(b *testing.B) {
 
 // tokenizerMisses reads the gateway's count of tokenizer cache misses.
 func tokenizerMisses(ctx context.Context, b *testing.B, client *http.Client, gatewayURL string) float64 {
-	families, err := scrapeMetrics(ctx, client, gatewayURL)
+	families, err := localfleet.Metrics(ctx, client, gatewayURL)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -3,14 +3,11 @@ package main
 import (
 	"cmp"
 	"context"
-	"fmt"
 	"math"
 	"net/http"
 	"slices"
 
-	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
+	"github.com/kvgate/kvgate/pkg/localfleet"
 )
 
 // decisionsMetric counts the gateway's routing decisions by algorithm and
@@ -56,7 +53,7 @@ func (c gatewayCounts) foundSince(before gatewayCounts) float64 {
 // scrapeCounts reads the decision counters, the SLO queues' lengths and
 // the cached-token counters from the gateway's /metrics.
 func scrapeCounts(ctx context.Context, client *http.Client, gatewayURL string) (gatewayCounts, error) {
-	families, err := scrapeMetrics(ctx, client, gatewayURL)
+	families, err := localfleet.Metrics(ctx, client, gatewayURL)
 	if err != nil {
 		return gatewayCounts{}, err
 	}
@@ -101,28 +98,6 @@ func scrapeAllCounts(ctx context.Context, client *http.Client, urls []string) (g
 		sum.cachedFound += c.cachedFound
 	}
 	return sum, nil
-}
-
-// scrapeMetrics reads and parses the gateway's /metrics.
-func scrapeMetrics(ctx context.Context, client *http.Client, gatewayURL string) (map[string]*dto.MetricFamily, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, gatewayURL+"/metrics", nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := client.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("read the gateway's metrics: %w", err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("read the gateway's metrics: %s", resp.Status)
-	}
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := parser.TextToMetricFamilies(resp.Body)
-	if err != nil {
-		return nil, fmt.Errorf("parse the gateway's metrics: %w", err)
-	}
-	return families, nil
 }
 
 // decisionCount is one series' count over a run.

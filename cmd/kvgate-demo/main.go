@@ -61,15 +61,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var tx texter = routingbench.SimTexter{}
 	engineArgs, gatewayArgs := o.engineArgs(), []string{"--shutdown-timeout", "5s"}
 	if o.tokenizer != "" {
-		tok, err := setUpTokenizer(o.tokenizer, localfleet.DefaultModel)
+		wt, err := loadTexter(o.tokenizer)
 		if err != nil {
 			fmt.Fprintln(stderr, "kvgate-demo:", err)
 			return exitFailed
 		}
-		defer os.RemoveAll(tok.gatewayDir)
-		tx = tok.texter
-		engineArgs = append(engineArgs, tokenizerArgs(tok.dir)...)
-		gatewayArgs = append(gatewayArgs, "--tokenizer-dir", tok.gatewayDir)
+		tx = wt
 	}
 	work, err := newWorkload(o.chats, tx)
 	if err != nil {
@@ -83,6 +80,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		EngineArgs:     engineArgs,
 		GatewayArgs:    gatewayArgs,
 		GatewayEnv:     o.gatewayEnv(),
+		Tokenizer:      o.tokenizer,
 		GatewayAddress: o.gatewayAdr,
 		Gateways:       o.gateways,
 		Redis:          o.gateways > 1 && o.sharedState,

@@ -234,14 +234,6 @@ func (o *options) engineArgs() []string {
 	}
 }
 
-// tokenizerArgs are the vllm-sim flags for tokenizer files in dir.
-func tokenizerArgs(dir string) []string {
-	if dir == "" {
-		return nil
-	}
-	return []string{"-tokenizer", dir}
-}
-
 // defaultBinDir is the directory of the running executable (make build
 // puts kvgate-demo beside the gateway and vllm-sim), or bin.
 func defaultBinDir() string {

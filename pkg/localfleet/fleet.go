@@ -18,6 +18,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"os"
 	"os/exec"
@@ -63,6 +64,14 @@ type Config struct {
 	// itself, and KVGATE_SHUTDOWN_DELAY to 0 unless GatewayEnv sets it.
 	GatewayArgs []string
 	GatewayEnv  []string
+	// Tokenizer, when set, is the directory of the model's Hugging Face
+	// tokenizer files (tokenizer.json, tokenizer_config.json): the engines
+	// tokenize with them (vllm-sim -tokenizer), and the gateways in
+	// process (--tokenizer-dir, a directory in the fleet's that holds them
+	// under the model's name), once the engines' /tokenize agreed with
+	// them. Empty: the simulator's own tokenizer, which the gateways ask
+	// the engines for.
+	Tokenizer string
 	// GatewayAddress is where the (first) gateway listens, as host:port;
 	// empty picks a free port on 127.0.0.1. Start fails at once, saying so,
 	// when the address is in use.
@@ -169,6 +178,11 @@ func Start(ctx context.Context, cfg Config) (*Fleet, error) {
 
 func (c Config) withDefaults() Config {
 	c.Model = cmp.Or(c.Model, DefaultModel)
+	if c.Tokenizer != "" {
+		if abs, err := filepath.Abs(c.Tokenizer); err == nil {
+			c.Tokenizer = abs
+		}
+	}
 	c.StartTimeout = cmp.Or(c.StartTimeout, DefaultStartTimeout)
 	c.StopTimeout = cmp.Or(c.StopTimeout, DefaultStopTimeout)
 	c.Gateways = cmp.Or(c.Gateways, 1)
@@ -200,6 +214,15 @@ func (f *Fleet) start(ctx context.Context) error {
 		}
 		gwEnv = append([]string{gwEnv[0], config.RedisAddress.Name + "=" + f.redisAdr}, gwEnv[1:]...)
 	}
+	var gwArgs []string
+	if f.cfg.Tokenizer != "" {
+		dir, err := f.layOutTokenizer()
+		if err != nil {
+			return err
+		}
+		gwArgs = append(gwArgs, "--tokenizer-dir", dir)
+	}
+	gwArgs = append(gwArgs, f.cfg.GatewayArgs...)
 	var static discovery.StaticFile
 	for i := range e {
 		e, ep, err := f.startEngine(i, ports[3*i], ports[3*i+1], ports[3*i+2])
@@ -245,7 +268,7 @@ func (f *Fleet) start(ctx context.Context) error {
 			args = append(args, "--admin-listen-address", admin)
 			adminURL = "http://" + admin
 		}
-		args = append(args, f.cfg.GatewayArgs...)
+		args = append(args, gwArgs...)
 		p, err := f.group.start(f.dir, name, filepath.Join(f.cfg.BinDir, "gateway"), args, gwEnv)
 		if err != nil {
 			return err
@@ -267,6 +290,27 @@ func (f *Fleet) start(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// layOutTokenizer returns a gateway tokenizer directory in the fleet's
+// directory that holds the tokenizer files under the model's name.
+func (f *Fleet) layOutTokenizer() (string, error) {
+	dir := filepath.Join(f.dir, "tokenizers")
+	link := filepath.Join(dir, filepath.FromSlash(f.cfg.Model))
+	err := os.MkdirAll(filepath.Dir(link), 0o755)
+	if err == nil {
+		// A fleet directory used before holds the link already.
+		if err = os.Remove(link); errors.Is(err, fs.ErrNotExist) {
+			err = nil
+		}
+	}
+	if err == nil {
+		err = os.Symlink(f.cfg.Tokenizer, link)
+	}
+	if err != nil {
+		return "", fmt.Errorf("lay out the gateway's tokenizer directory: %w", err)
+	}
+	return dir, nil
 }
 
 // startRedis starts redis-server on port and waits until it answers PING.
@@ -293,8 +337,11 @@ func (f *Fleet) startEngine(i, port, pub, replay int) (Engine, discovery.StaticE
 	name := "vllm-" + strconv.Itoa(i)
 	events := fmt.Sprintf(`{"enable_kv_cache_events":true,"endpoint":"tcp://[::ffff:127.0.0.1]:%d","replay_endpoint":"tcp://[::ffff:127.0.0.1]:%d"}`,
 		pub, replay)
-	args := append([]string{"-host", "127.0.0.1", "-port", strconv.Itoa(port), "-model", f.cfg.Model,
-		"-kv-events-config", events}, f.cfg.EngineArgs...)
+	args := []string{"-host", "127.0.0.1", "-port", strconv.Itoa(port), "-model", f.cfg.Model, "-kv-events-config", events}
+	if f.cfg.Tokenizer != "" {
+		args = append(args, "-tokenizer", f.cfg.Tokenizer)
+	}
+	args = append(args, f.cfg.EngineArgs...)
 	p, err := f.group.start(f.dir, name, filepath.Join(f.cfg.BinDir, "vllm-sim"), args, nil)
 	if err != nil {
 		return Engine{}, discovery.StaticEndpoint{}, err

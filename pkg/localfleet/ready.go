@@ -8,6 +8,10 @@ import (
 	"io"
 	"net/http"
 	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 )
 
 // pollInterval is how often the fleet polls a process while it waits.
@@ -190,4 +194,27 @@ func post(ctx context.Context, url string) (bool, error) {
 		return false, fmt.Errorf("POST %s: %s %s", url, resp.Status, body)
 	}
 	return true, nil
+}
+
+// Metrics reads and parses the /metrics of a gateway, url being its base
+// URL for them (Fleet.AdminURL for the first).
+func Metrics(ctx context.Context, client *http.Client, url string) (map[string]*dto.MetricFamily, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url+"/metrics", nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("read the gateway's metrics: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("read the gateway's metrics: %s", resp.Status)
+	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		return nil, fmt.Errorf("parse the gateway's metrics: %w", err)
+	}
+	return families, nil
 }
