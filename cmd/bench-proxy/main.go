@@ -26,6 +26,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -66,6 +67,10 @@ type options struct {
 	proxies                []string
 	// gatewayEnv is added to the gateway's environment.
 	gatewayEnv []string
+	// tokenizer, when set, is the directory of a model's tokenizer files,
+	// which the engines and the gateway tokenize with (see
+	// localfleet.Config.Tokenizer).
+	tokenizer string
 }
 
 func parseOptions(fs *flag.FlagSet, args []string) (options, error) {
@@ -88,6 +93,9 @@ func parseOptions(fs *flag.FlagSet, args []string) (options, error) {
 			"before), kv-new (kv-aware on a new prompt each time)")
 	proxies := fs.String("proxies", "nginx,haproxy,go-raw,go-nethttp", "reverse proxies to compare with, where installed: "+
 		"nginx, haproxy, and the Go reference forwarders go-raw (without net/http) and go-nethttp (net/http's server)")
+	fs.StringVar(&o.tokenizer, "tokenizer", "", "directory of a model's Hugging Face tokenizer files (tokenizer.json): the "+
+		"engines tokenize with them and the gateway in process (make tokenizers installs Qwen3's, Llama 3's and Llama 2's "+
+		"under hack/tokenizers/models); empty: the simulator's tokenizer, which the gateway asks the engines for")
 	fs.Func("gateway-env", "NAME=value added to the gateway's environment; repeat for more", func(s string) error {
 		if !strings.Contains(s, "=") {
 			return errors.New("want NAME=value")
@@ -169,7 +177,7 @@ var engineArgs = []string{"-step-overhead", "0", "-prefill-time-per-token", "0",
 func bench(ctx context.Context, o options, stdout, stderr io.Writer) error {
 	fleet, err := localfleet.Start(ctx, localfleet.Config{
 		BinDir: o.binDir, Engines: 2, EngineArgs: engineArgs, AdminAddress: "127.0.0.1:0",
-		GatewayEnv: append([]string{"KVGATE_SHUTDOWN_TIMEOUT=5s"}, o.gatewayEnv...),
+		GatewayEnv: append([]string{"KVGATE_SHUTDOWN_TIMEOUT=5s"}, o.gatewayEnv...), Tokenizer: o.tokenizer,
 	})
 	if err != nil {
 		return err
@@ -259,6 +267,19 @@ func bench(ctx context.Context, o options, stdout, stderr io.Writer) error {
 	fmt.Fprintf(&report, "Two vllm-sim engines answering at once; %d rounds of %v per run after %v of warm-up, medians; "+
 		"%d CPUs shared by the engines, the proxy measured and the load generator; %s.\n",
 		o.rounds, o.duration, o.warmup, runtime.NumCPU(), strings.Join(append([]string{"kvgate gateway"}, versions...), ", "))
+	if o.tokenizer != "" {
+		fmt.Fprintf(&report, "Tokenizer: the files in %s, in the engines and in the gateway's process.\n", o.tokenizer)
+	} else {
+		fmt.Fprintf(&report, "Tokenizer: the simulator's, in the engines; the gateway asks their /tokenize.\n")
+	}
+	local, remote, err := tokenizations(ctx, fleet.AdminURL())
+	if err != nil {
+		return err
+	}
+	if local+remote > 0 {
+		fmt.Fprintf(&report, "The gateway tokenized %.0f prompts in process and called the engines' /tokenize %.0f times.\n",
+			local, remote)
+	}
 	printReport(&report, &res, wls, hasProxy)
 	fmt.Fprint(stdout, report.String())
 	if o.out != "" {
@@ -277,4 +298,22 @@ func version(bin, name string) string {
 		return name
 	}
 	return line
+}
+
+// tokenizations returns how many prompts the gateway whose metrics are at
+// adminURL tokenized in process, and how many times it called the
+// engines' /tokenize.
+func tokenizations(ctx context.Context, adminURL string) (local, remote float64, err error) {
+	families, err := localfleet.Metrics(ctx, http.DefaultClient, adminURL)
+	if err != nil {
+		return 0, 0, err
+	}
+	sum := func(name string) float64 {
+		total := 0.0
+		for _, m := range families[name].GetMetric() {
+			total += m.GetCounter().GetValue()
+		}
+		return total
+	}
+	return sum("kvgate_tokenizer_local_tokenizations_total"), sum("kvgate_tokenizer_calls_total"), nil
 }

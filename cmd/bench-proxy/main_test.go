@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -163,6 +164,35 @@ func TestBenchmarkReportsTheGatewayAgainstTheEngines(t *testing.T) {
 	}
 	if strings.Contains(report, "errors, the first") {
 		t.Errorf("requests failed:\n%s", report)
+	}
+	if !regexp.MustCompile(`(?m)^Tokenizer: the simulator's.*\nThe gateway tokenized 0 prompts in process and called the engines' /tokenize [1-9]\d* times\.$`).
+		MatchString(report) {
+		t.Errorf("the report does not say the engines tokenized every prompt:\n%s", report)
+	}
+}
+
+// TestBenchmarkTokenizesInTheGatewayWithTheModelsFiles runs kv-aware on new
+// prompts with Qwen3's tokenizer files: the engines tokenize with them, and
+// the gateway, once they agreed, in process.
+func TestBenchmarkTokenizesInTheGatewayWithTheModelsFiles(t *testing.T) {
+	dir := filepath.Join(testsupport.TokenizerModels(t), "qwen3")
+	var out, errs bytes.Buffer
+	// The warm-up leaves the gateway time to check the files against the
+	// engines' /tokenize before it uses them.
+	args := []string{"-bin", binDir, "-rounds", "1", "-duration", "300ms", "-warmup", "1s", "-concurrency", "2",
+		"-workloads", "kv-new", "-prompt-words", "200", "-proxies", "none", "-tokenizer", dir}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	if code := runMain(ctx, args, &out, &errs); code != 0 {
+		t.Fatalf("bench-proxy exited %d: %s", code, errs.String())
+	}
+	report := out.String()
+	if !strings.Contains(report, "| 2 | gateway kv-aware |") || strings.Contains(report, "errors, the first") {
+		t.Errorf("no run of kv-aware without errors:\n%s", report)
+	}
+	if !regexp.MustCompile(`(?m)^Tokenizer: the files in .*qwen3, .*\nThe gateway tokenized [1-9]\d* prompts in process`).
+		MatchString(report) {
+		t.Errorf("the report does not say the gateway tokenized prompts in process:\n%s", report)
 	}
 }
 
