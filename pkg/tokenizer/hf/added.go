@@ -1,8 +1,6 @@
 package hf
 
 import (
-	"cmp"
-	"slices"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -21,19 +19,35 @@ type addedToken struct {
 }
 
 // matcher finds added tokens in a text: leftmost first, and the longest
-// of those that start there, as Hugging Face's AddedVocabulary does.
+// of those that start there, as Hugging Face's AddedVocabulary does. The
+// tokens are kept in a trie of their bytes, so that a position costs a
+// step per byte the text shares with some token, however many tokens
+// share a first byte (Llama 3's 256 all start with "<|").
 type matcher struct {
-	byFirst [256][]addedToken // longest first
+	tokens []addedToken
+	// root has the child of the root node (0) for each first byte, 0 for
+	// none; nodes are numbered from 1.
+	root  [256]int32
+	nodes []trieNode
 	// only is the first byte of every token when they all share it, -1
 	// otherwise.
 	only int
 }
 
+// trieNode is a node of a matcher's trie: its children, and the tokens
+// (indexes into tokens, in the order given) whose content ends there.
+type trieNode struct {
+	kids []trieEdge
+	ends []int32
+}
+
+type trieEdge struct {
+	b    byte
+	node int32
+}
+
 func newMatcher(tokens []addedToken) *matcher {
-	if len(tokens) == 0 {
-		return nil
-	}
-	m := &matcher{only: -2}
+	m := &matcher{nodes: []trieNode{{}}, only: -2}
 	for _, t := range tokens {
 		if t.Content == "" {
 			continue
@@ -45,15 +59,45 @@ func newMatcher(tokens []addedToken) *matcher {
 		case m.only != int(b):
 			m.only = -1
 		}
-		m.byFirst[b] = append(m.byFirst[b], t)
+		node := int32(0)
+		for k := 0; k < len(t.Content); k++ {
+			node = m.child(node, t.Content[k], true)
+		}
+		m.nodes[node].ends = append(m.nodes[node].ends, int32(len(m.tokens)))
+		m.tokens = append(m.tokens, t)
 	}
 	if m.only == -2 {
 		return nil
 	}
-	for b := range m.byFirst {
-		slices.SortStableFunc(m.byFirst[b], func(x, y addedToken) int { return cmp.Compare(len(y.Content), len(x.Content)) })
-	}
 	return m
+}
+
+// child returns node's child on byte b, adding it when add is set; 0 when
+// there is none. Below the root, nodes have few children (a handful after
+// "<|"), which a scan finds sooner than a map.
+func (m *matcher) child(node int32, b byte, add bool) int32 {
+	if node == 0 {
+		if c := m.root[b]; c != 0 || !add {
+			return c
+		}
+	} else {
+		for _, e := range m.nodes[node].kids {
+			if e.b == b {
+				return e.node
+			}
+		}
+		if !add {
+			return 0
+		}
+	}
+	c := int32(len(m.nodes))
+	m.nodes = append(m.nodes, trieNode{})
+	if node == 0 {
+		m.root[b] = c
+	} else {
+		m.nodes[node].kids = append(m.nodes[node].kids, trieEdge{b, c})
+	}
+	return c
 }
 
 // next finds the first added token in s at or after from. It returns the
@@ -63,6 +107,7 @@ func (m *matcher) next(s string, from int) (tok addedToken, start, end int, ok b
 	if m == nil {
 		return tok, 0, 0, false
 	}
+	var buf [16]int32
 	for i := from; i < len(s); {
 		j := i
 		if m.only >= 0 {
@@ -72,29 +117,39 @@ func (m *matcher) next(s string, from int) (tok addedToken, start, end int, ok b
 			}
 			j = i + k
 		} else {
-			for j < len(s) && m.byFirst[s[j]] == nil {
+			for j < len(s) && m.root[s[j]] == 0 {
 				j++
 			}
 			if j == len(s) {
 				return tok, 0, 0, false
 			}
 		}
-		for _, t := range m.byFirst[s[j]] {
-			if !strings.HasPrefix(s[j:], t.Content) {
-				continue
+		// The nodes along s[j:] where tokens end, shortest first.
+		matched := buf[:0]
+		for k, node := j, int32(0); k < len(s); k++ {
+			if node = m.child(node, s[k], false); node == 0 {
+				break
 			}
-			e := j + len(t.Content)
-			if t.SingleWord && (j > 0 && isWordChar(lastRune(s[:j])) || e < len(s) && isWordChar(firstRune(s[e:]))) {
-				continue
+			if len(m.nodes[node].ends) > 0 {
+				matched = append(matched, node)
 			}
-			start, end = j, e
-			if t.LStrip {
-				start = len(strings.TrimRightFunc(s[:j], unicode.IsSpace))
+		}
+		for n := len(matched) - 1; n >= 0; n-- {
+			for _, ti := range m.nodes[matched[n]].ends {
+				t := m.tokens[ti]
+				e := j + len(t.Content)
+				if t.SingleWord && (j > 0 && isWordChar(lastRune(s[:j])) || e < len(s) && isWordChar(firstRune(s[e:]))) {
+					continue
+				}
+				start, end = j, e
+				if t.LStrip {
+					start = len(strings.TrimRightFunc(s[:j], unicode.IsSpace))
+				}
+				if t.RStrip {
+					end = len(s) - len(strings.TrimLeftFunc(s[e:], unicode.IsSpace))
+				}
+				return t, start, end, true
 			}
-			if t.RStrip {
-				end = len(s) - len(strings.TrimLeftFunc(s[e:], unicode.IsSpace))
-			}
-			return t, start, end, true
 		}
 		i = j + 1
 	}

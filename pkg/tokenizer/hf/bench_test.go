@@ -79,6 +79,25 @@ func benchChat(turns int) json.RawMessage {
 	return raw
 }
 
+// BenchmarkEncodeMarkup encodes 32 KB of HTML, whose every "<" is where an
+// added token could start (Llama 3's 256 all start with "<|"), its segment
+// not cached and its words cached.
+func BenchmarkEncodeMarkup(b *testing.B) {
+	text := strings.Repeat(`<div class="row"><span id="a1">value</span><a href="/x?y=1">link</a></div>`+"\n", 400)
+	for _, model := range []string{"qwen3", "llama3", "llama2"} {
+		tk := loadModel(b, model)
+		tk.Encode(text, false)
+		b.Run(model, func(b *testing.B) {
+			b.ReportAllocs()
+			b.SetBytes(int64(len(text)))
+			for b.Loop() {
+				tk.segments = newSegmentCache(DefaultSegmentCacheTokens)
+				tk.Encode(text, false)
+			}
+		})
+	}
+}
+
 // BenchmarkEncodeChatNextTurn renders and encodes the last turn of a
 // 20-turn chat of about 8k tokens whose earlier turns were encoded before:
 // the cost of a new turn.
