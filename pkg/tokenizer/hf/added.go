@@ -137,23 +137,32 @@ func (m *matcher) next(s string, from int) (tok addedToken, start, end int, ok b
 		for n := len(matched) - 1; n >= 0; n-- {
 			for _, ti := range m.nodes[matched[n]].ends {
 				t := m.tokens[ti]
-				e := j + len(t.Content)
-				if t.SingleWord && (j > 0 && isWordChar(lastRune(s[:j])) || e < len(s) && isWordChar(firstRune(s[e:]))) {
-					continue
+				if start, end, ok := t.span(s, j); ok {
+					return t, start, end, true
 				}
-				start, end = j, e
-				if t.LStrip {
-					start = len(strings.TrimRightFunc(s[:j], unicode.IsSpace))
-				}
-				if t.RStrip {
-					end = len(s) - len(strings.TrimLeftFunc(s[e:], unicode.IsSpace))
-				}
-				return t, start, end, true
 			}
 		}
 		i = j + 1
 	}
 	return tok, 0, 0, false
+}
+
+// span returns the span t takes in s where its content starts at j,
+// whitespace it strips included; ok is false when t must be a single word
+// and is not one there.
+func (t addedToken) span(s string, j int) (start, end int, ok bool) {
+	e := j + len(t.Content)
+	if t.SingleWord && (j > 0 && isWordChar(lastRune(s[:j])) || e < len(s) && isWordChar(firstRune(s[e:]))) {
+		return 0, 0, false
+	}
+	start, end = j, e
+	if t.LStrip {
+		start = len(strings.TrimRightFunc(s[:j], unicode.IsSpace))
+	}
+	if t.RStrip {
+		end = len(s) - len(strings.TrimLeftFunc(s[e:], unicode.IsSpace))
+	}
+	return start, end, true
 }
 
 func isWordChar(r rune) bool { return r == '_' || unicode.IsLetter(r) || unicode.IsDigit(r) }

@@ -5,13 +5,12 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"unicode"
 )
 
 // scanMatch finds the first added token in s at or after from as the
 // definition reads: at each position from the left, every token that
 // starts there, longest first (in the given order among equal lengths),
-// the first one whose single_word condition holds.
+// the first one whose single_word condition holds (span).
 func scanMatch(tokens []addedToken, s string, from int) (tok addedToken, start, end int, ok bool) {
 	byLength := slices.Clone(tokens)
 	slices.SortStableFunc(byLength, func(x, y addedToken) int { return cmp.Compare(len(y.Content), len(x.Content)) })
@@ -20,18 +19,9 @@ func scanMatch(tokens []addedToken, s string, from int) (tok addedToken, start, 
 			if t.Content == "" || !strings.HasPrefix(s[j:], t.Content) {
 				continue
 			}
-			e := j + len(t.Content)
-			if t.SingleWord && (j > 0 && isWordChar(lastRune(s[:j])) || e < len(s) && isWordChar(firstRune(s[e:]))) {
-				continue
+			if start, end, ok := t.span(s, j); ok {
+				return t, start, end, true
 			}
-			start, end = j, e
-			if t.LStrip {
-				start = len(strings.TrimRightFunc(s[:j], unicode.IsSpace))
-			}
-			if t.RStrip {
-				end = len(s) - len(strings.TrimLeftFunc(s[e:], unicode.IsSpace))
-			}
-			return t, start, end, true
 		}
 	}
 	return tok, 0, 0, false
