@@ -121,19 +121,25 @@ func (m *routerMetrics) decided(alg string, o Outcome) {
 // countCached compares the cached prefix routing predicted for an attempt
 // on its pod with the cached tokens its engine reported, if it did.
 func (m *routerMetrics) countCached(h *inflight.Handle) {
-	u, ok := h.Usage()
-	rt := h.Route()
-	if !ok || !u.CachedReported || rt.PromptTokens == 0 {
+	u, _ := h.Usage()
+	predicted, found, ok := CachedComparison(h.Route(), u)
+	if !ok {
 		return
 	}
-	predicted, reported := CachedPrediction(rt), float64(max(u.CachedTokens, 0))
 	m.cachedPredicted.Add(predicted)
-	m.cachedFound.Add(min(reported, predicted))
-	m.cachedReported.Add(reported)
+	m.cachedFound.Add(found)
+	m.cachedReported.Add(float64(max(u.CachedTokens, 0)))
 }
 
-// CachedPrediction returns the prompt tokens the decision that made rt
-// predicted cached on its pod: the prompt less the predicted prefill work.
-func CachedPrediction(rt inflight.Route) float64 {
-	return max(float64(rt.PromptTokens)-math.Round(rt.UncachedTokens), 0)
+// CachedComparison returns, for an attempt routed as rt whose engine
+// reported usage u, the prompt tokens the decision predicted cached on its
+// pod (the prompt less the predicted prefill work) and the part of them
+// the engine found cached; ok is false when the engine reported no cached
+// tokens or the prompt's length is unknown.
+func CachedComparison(rt inflight.Route, u inflight.Usage) (predicted, found float64, ok bool) {
+	if !u.CachedReported || rt.PromptTokens == 0 {
+		return 0, 0, false
+	}
+	predicted = max(float64(rt.PromptTokens)-math.Round(rt.UncachedTokens), 0)
+	return predicted, min(float64(max(u.CachedTokens, 0)), predicted), true
 }

@@ -152,10 +152,9 @@ func (p *routerPolicy) ended(i int, usage inflight.Usage) error {
 	if usage.CompletionTokens > 0 {
 		h.ReportUsage(usage)
 	}
-	if usage.CachedReported {
-		predicted := routing.CachedPrediction(h.Route())
+	if predicted, found, ok := routing.CachedComparison(h.Route(), usage); ok {
 		p.f.cachedPredicted += predicted
-		p.f.cachedFound += min(float64(usage.CachedTokens), predicted)
+		p.f.cachedFound += found
 	}
 	h.Close(inflight.Done, "")
 	h.Request().End()
