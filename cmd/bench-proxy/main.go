@@ -308,12 +308,6 @@ func tokenizations(ctx context.Context, adminURL string) (local, remote float64,
 	if err != nil {
 		return 0, 0, err
 	}
-	sum := func(name string) float64 {
-		total := 0.0
-		for _, m := range families[name].GetMetric() {
-			total += m.GetCounter().GetValue()
-		}
-		return total
-	}
-	return sum("kvgate_tokenizer_local_tokenizations_total"), sum("kvgate_tokenizer_calls_total"), nil
+	return localfleet.Sum(families, "kvgate_tokenizer_local_tokenizations_total"),
+		localfleet.Sum(families, "kvgate_tokenizer_calls_total"), nil
 }

@@ -11,7 +11,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -510,24 +509,12 @@ func TestBinaryServesEnvoysExternalProcessorInsteadOfTheProxy(t *testing.T) {
 // page of the gateway at url.
 func metricOf(t *testing.T, url, name string) float64 {
 	t.Helper()
-	resp, err := http.Get(url + "/metrics")
+	families, err := localfleet.Metrics(context.Background(), http.DefaultClient, url)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer resp.Body.Close()
-	page, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
+	if families[name] == nil {
+		t.Fatalf("%s/metrics has no %s", url, name)
 	}
-	for _, line := range strings.Split(string(page), "\n") {
-		if v, ok := strings.CutPrefix(line, name+" "); ok {
-			f, err := strconv.ParseFloat(v, 64)
-			if err != nil {
-				t.Fatalf("%s: %v", name, err)
-			}
-			return f
-		}
-	}
-	t.Fatalf("%s/metrics has no %s", url, name)
-	return 0
+	return localfleet.Sum(families, name)
 }

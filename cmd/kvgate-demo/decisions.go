@@ -70,15 +70,9 @@ func scrapeCounts(ctx context.Context, client *http.Client, gatewayURL string) (
 		}
 		c.decisions[k] = m.GetCounter().GetValue()
 	}
-	for _, m := range families[queueMetric].GetMetric() {
-		c.queued += m.GetGauge().GetValue()
-	}
-	for _, m := range families[cachedPredictedMetric].GetMetric() {
-		c.cachedPredicted += m.GetCounter().GetValue()
-	}
-	for _, m := range families[cachedFoundMetric].GetMetric() {
-		c.cachedFound += m.GetCounter().GetValue()
-	}
+	c.queued = localfleet.Sum(families, queueMetric)
+	c.cachedPredicted = localfleet.Sum(families, cachedPredictedMetric)
+	c.cachedFound = localfleet.Sum(families, cachedFoundMetric)
 	return c, nil
 }
 

@@ -218,3 +218,14 @@ func Metrics(ctx context.Context, client *http.Client, url string) (map[string]*
 	}
 	return families, nil
 }
+
+// Sum returns the sum of the values of the metric name in families (what
+// Metrics returns) over its series, counters, gauges and untyped alike; 0
+// when there is none.
+func Sum(families map[string]*dto.MetricFamily, name string) float64 {
+	total := 0.0
+	for _, m := range families[name].GetMetric() {
+		total += m.GetCounter().GetValue() + m.GetGauge().GetValue() + m.GetUntyped().GetValue()
+	}
+	return total
+}
