@@ -105,6 +105,16 @@ func TestStartServesThroughTheGatewayAndCloseLeavesNothing(t *testing.T) {
 	}
 }
 
+func TestStartServesAGatewayWithoutKVEventSync(t *testing.T) {
+	f, err := startFleet(t, Config{Engines: 1, GatewayEnv: []string{"AIBRIX_PREFIX_CACHE_KV_EVENT_SYNC_ENABLED=false"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if status, pod := chat(t, f); status != http.StatusOK || pod != f.Engines()[0].PodKey {
+		t.Fatalf("chat through the gateway: %d from %q", status, pod)
+	}
+}
+
 func TestAnAdminAddressServesTheGatewaysDebugEndpointsApart(t *testing.T) {
 	f, err := startFleet(t, Config{Engines: 1, AdminAddress: "127.0.0.1:0"})
 	if err != nil {

@@ -74,7 +74,8 @@ func get(ctx context.Context, url string) (*http.Response, error) {
 
 // kvCacheView is what the fleet reads of the gateway's GET /debug/kvcache.
 type kvCacheView struct {
-	Models []struct {
+	KVEventSync bool `json:"kvEventSync"`
+	Models      []struct {
 		Model   string `json:"model"`
 		Entries int    `json:"entries"`
 		Pods    []struct {
@@ -109,11 +110,11 @@ func kvCache(ctx context.Context, url string) (kvCacheView, error) {
 }
 
 // allFollowed reports whether the gateway at url follows every engine's KV
-// event stream with a connected client.
+// event stream with a connected client, or runs without KV event sync.
 func (f *Fleet) allFollowed(ctx context.Context, url string) (bool, error) {
 	v, err := kvCache(ctx, url)
-	if err != nil {
-		return false, err
+	if err != nil || !v.KVEventSync {
+		return err == nil, err
 	}
 	connected := map[string]bool{}
 	for _, m := range v.Models {
