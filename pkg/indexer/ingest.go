@@ -131,7 +131,7 @@ func (m *modelTable) store(st *stream, e *kvevent.BlockStoredEvent, now uint32) 
 	if n == 0 {
 		return nil
 	}
-	if bs <= 0 || len(e.TokenIDs) != n*bs {
+	if bs <= 0 || len(e.TokenIDs)%bs != 0 || len(e.TokenIDs)/bs != n {
 		m.t.metrics.skipped(reasonTokens, n)
 		return fmt.Errorf("BlockStored has %d block hashes, block size %d and %d tokens, which do not align: %d blocks skipped",
 			n, bs, len(e.TokenIDs), n)

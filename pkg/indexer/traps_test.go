@@ -259,6 +259,24 @@ func TestMisalignedTokensAreSkippedWithAnError(t *testing.T) {
 	}
 }
 
+func TestABlockSizeThatOverflowsTheTokenCountIsSkipped(t *testing.T) {
+	idx, reg := newTestTable(t, Config{})
+	// 4 blocks of 2^62 tokens are 2^64: a product that wraps to the 0
+	// tokens sent.
+	bad := stored(hashSeq(1, 4), nil, nil, 1<<62)
+	good := stored(hashSeq(7, 1), nil, tokenRange(500, 16), 16)
+	err := idx.ApplyBatch(podA, &kvevent.EventBatch{Events: []kvevent.KVEvent{bad, good}})
+	if err == nil || !strings.Contains(err.Error(), "event 0") {
+		t.Fatalf("ApplyBatch error = %v, want one naming event 0", err)
+	}
+	if got := testsupport.MetricValue(t, reg, "kvgate_indexer_skipped_blocks_total", map[string]string{"reason": reasonTokens}); got != 4 {
+		t.Errorf("skipped token_mismatch blocks = %v, want 4", got)
+	}
+	if blocks, _ := match(idx, "llama", "", tokenRange(500, 16), "ns/a"); blocks["ns/a"] != 1 {
+		t.Fatalf("the good event after a bad one was lost: %d blocks, want 1", blocks["ns/a"])
+	}
+}
+
 func TestReannouncedBlocksAreIdempotent(t *testing.T) {
 	idx, _ := newTestTable(t, Config{})
 	toks := tokenRange(0, 64)
