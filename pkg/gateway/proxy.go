@@ -70,6 +70,10 @@ var exchanges = sync.Pool{New: func() any {
 // the pool, so that one huge request does not pin its memory.
 const maxPooledBuffer = 1 << 20
 
+// maxPooledFields is the most header fields of a pod's response an
+// exchange keeps room for when returned to the pool.
+const maxPooledFields = 1 << 10
+
 func putExchange(x *exchange) {
 	for _, b := range []*bytes.Buffer{&x.body, &x.sent, &x.resp} {
 		if b.Cap() > maxPooledBuffer {
@@ -89,7 +93,13 @@ func putExchange(x *exchange) {
 	if cap(x.res.headerBytes) > maxPooledBuffer {
 		x.res.headerBytes = nil
 	}
+	if cap(x.res.fields) > maxPooledFields {
+		x.res.fields = nil
+	}
 	x.head = x.head[:0]
+	if cap(x.head) > maxPooledBuffer {
+		x.head = nil
+	}
 	exchanges.Put(x)
 }
 
@@ -296,9 +306,7 @@ func (g *Gateway) readBody(w http.ResponseWriter, r *http.Request, x *exchange, 
 		tooLarge()
 		return nil, false
 	}
-	if r.ContentLength > 0 {
-		x.body.Grow(int(r.ContentLength))
-	}
+	growForDeclared(&x.body, r.ContentLength)
 	rcw := http.NewResponseController(w)
 	timeout := g.cfg.RequestBodyTimeout
 	if r.ContentLength != 0 {

@@ -100,12 +100,26 @@ var errClientGone = errors.New("client went away")
 // bound.
 var errEventTooLarge = errors.New("a server-sent event exceeds the gateway's bound")
 
+// maxPreGrow bounds the room made for a body from its declared length
+// before any of it has arrived: beyond it the buffer grows as bytes come,
+// so that a peer declaring a large body and sending none holds no more
+// than this.
+const maxPreGrow = 64 << 10
+
+// growForDeclared makes room in buf for a body of the declared length (-1
+// when unknown), up to maxPreGrow.
+func growForDeclared(buf *bytes.Buffer, declared int64) {
+	if declared > 0 {
+		buf.Grow(int(min(declared, maxPreGrow)))
+	}
+}
+
 // readWhole reads body into keep, which is empty, until its end or until
 // keep holds more than max bytes; complete reports the former. size is the
 // body's length when known, -1 otherwise.
 func readWhole(body io.Reader, keep *bytes.Buffer, size int64, max int) (complete bool, err error) {
-	if size >= 0 && size <= int64(max) {
-		keep.Grow(int(size))
+	if size <= int64(max) {
+		growForDeclared(keep, size)
 	}
 	lr := io.LimitedReader{R: body, N: int64(max) + 1}
 	if _, err := keep.ReadFrom(&lr); err != nil {

@@ -222,3 +222,23 @@ func TestReadUsageTakesTheCachedTokensWhenReported(t *testing.T) {
 		}
 	}
 }
+
+func TestADeclaredLengthReservesLittleBeforeItsBytesArrive(t *testing.T) {
+	var buf bytes.Buffer
+	growForDeclared(&buf, 16<<20)
+	if buf.Cap() > 2*maxPreGrow {
+		t.Errorf("16 MiB declared: %d bytes reserved, want at most %d", buf.Cap(), 2*maxPreGrow)
+	}
+	var small bytes.Buffer
+	growForDeclared(&small, 3000)
+	if small.Cap() < 3000 {
+		t.Errorf("3000 bytes declared: %d bytes reserved, want room for all", small.Cap())
+	}
+	// A body longer than the room made still arrives whole.
+	var keep bytes.Buffer
+	body := strings.Repeat("x", 3*maxPreGrow)
+	complete, err := readWhole(strings.NewReader(body), &keep, 16<<20, 4<<20)
+	if err != nil || !complete || keep.String() != body {
+		t.Errorf("readWhole: complete %v, %v, %d bytes of %d", complete, err, keep.Len(), len(body))
+	}
+}
