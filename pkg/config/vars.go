@@ -76,6 +76,16 @@ var (
 			"hold connections. Headers must arrive within 10 s.",
 		Flag: "request-body-timeout",
 	}
+	ClientWriteTimeout = Var{
+		Name:    "KVGATE_CLIENT_WRITE_TIMEOUT",
+		Default: "60",
+		Section: SectionGateway,
+		Doc: "Longest time one write to a client may block, in seconds or with a unit (\"30s\"): a client that reads " +
+			"nothing of its response for this long has its connection closed and its request ended, so that it " +
+			"cannot hold a pod's generation, a connection and the request's buffers. Each write has the whole time: " +
+			"a slow reader that keeps reading is not cut.",
+		Flag: "client-write-timeout",
+	}
 	UpstreamConnectTimeout = Var{
 		Name:    "KVGATE_UPSTREAM_CONNECT_TIMEOUT",
 		Default: "5",
@@ -409,6 +419,7 @@ var Vars = []Var{
 	ShutdownTimeout,
 	ShutdownDelay,
 	RequestBodyTimeout,
+	ClientWriteTimeout,
 	UpstreamConnectTimeout,
 	UpstreamFirstByteTimeout,
 	UpstreamIdleTimeout,

@@ -29,6 +29,8 @@ const (
 	DefaultShutdownTimeout     = 30 * time.Second
 	// DefaultRequestBodyTimeout bounds reading a request's body.
 	DefaultRequestBodyTimeout = 30 * time.Second
+	// DefaultClientWriteTimeout bounds each write to a client.
+	DefaultClientWriteTimeout = time.Minute
 	// DefaultDialTimeout bounds connecting to a pod; a pod that does not
 	// accept within it is treated as unreachable and the request is
 	// retried on another pod.
@@ -79,6 +81,11 @@ type Config struct {
 	// closed (KVGATE_REQUEST_BODY_TIMEOUT, DefaultRequestBodyTimeout when
 	// 0).
 	RequestBodyTimeout time.Duration
+	// ClientWriteTimeout bounds each write to a client of the API
+	// listener: a client that reads nothing for this long has its
+	// connection closed and its request ended
+	// (KVGATE_CLIENT_WRITE_TIMEOUT, DefaultClientWriteTimeout when 0).
+	ClientWriteTimeout time.Duration
 	// DialTimeout bounds connecting to a pod
 	// (KVGATE_UPSTREAM_CONNECT_TIMEOUT, DefaultDialTimeout when 0).
 	DialTimeout time.Duration
@@ -193,6 +200,7 @@ func LoadConfig(e *config.Env) Config {
 		ShutdownDelay:             e.DurationOrZero(config.ShutdownDelay, time.Second),
 		ShutdownTimeout:           e.Duration(config.ShutdownTimeout, time.Second),
 		RequestBodyTimeout:        e.Duration(config.RequestBodyTimeout, time.Second),
+		ClientWriteTimeout:        e.Duration(config.ClientWriteTimeout, time.Second),
 		DialTimeout:               e.Duration(config.UpstreamConnectTimeout, time.Second),
 		FirstByteTimeout:          e.Duration(config.UpstreamFirstByteTimeout, time.Second),
 		UpstreamIdleTimeout:       e.Duration(config.UpstreamIdleTimeout, time.Second),

@@ -95,6 +95,9 @@
 // counted with status 499, never as a failure of the pod. A client that
 // goes away while its request waits (for a pod, in the SLO queue, for the
 // pod's first byte) is noticed within a few milliseconds (see leanhttp).
+// A client that reads nothing is treated as gone once a write to it blocks
+// for Config.ClientWriteTimeout: its connection is closed and counted in
+// kvgate_gateway_client_write_timeouts_total.
 //
 // # Server-Timing
 //

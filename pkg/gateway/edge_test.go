@@ -511,3 +511,58 @@ func TestInferenceRequestsAreServedWhicheverServerReadsThem(t *testing.T) {
 		}
 	}
 }
+
+// TestAClientThatReadsNothingIsCutAfterTheWriteTimeout: a client that
+// sends a request and reads nothing of its response, streamed or whole,
+// has its connection closed once a write to it blocks for the write
+// timeout; its attempt ends and the engine's request is cancelled.
+func TestAClientThatReadsNothingIsCutAfterTheWriteTimeout(t *testing.T) {
+	f := startFleet(t, []string{"a"}, fleetOptions{env: map[string]string{"KVGATE_CLIENT_WRITE_TIMEOUT": "300ms"}})
+	seen := watchOutcomes(f.gw)
+	const most = 1 << 30
+	var written atomic.Int64
+	cancelled := make(chan struct{}, 2)
+	f.engine("a").setAnswer(func(w http.ResponseWriter, r *http.Request, body []byte) {
+		defer func() { cancelled <- struct{}{} }()
+		chunk := []byte("data: {\"choices\":[{\"index\":0,\"text\":\"" + strings.Repeat("x", 16<<10) + "\"}]}\n\n")
+		if !strings.Contains(string(body), `"stream":true`) {
+			w.Header().Set("Content-Length", strconv.Itoa(most))
+		}
+		for written.Load() < most {
+			if _, err := w.Write(chunk); err != nil {
+				return
+			}
+			w.(http.Flusher).Flush()
+			written.Add(int64(len(chunk)))
+		}
+	})
+	addr := strings.TrimPrefix(f.url, "http://")
+	for i, extra := range []string{`,"stream":true`, ""} {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		_ = c.(*net.TCPConn).SetReadBuffer(4 << 10)
+		body := completion("hi", extra)
+		if _, err := fmt.Fprintf(c, "POST /v1/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
+			len(body), body); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-cancelled:
+		case <-time.After(testsupport.WaitTimeout):
+			t.Fatalf("request %d: the engine's request was not cancelled (%d bytes written)", i, written.Load())
+		}
+		if got := seen.wait(t, i+1); got[i] != "cancelled client went away" {
+			t.Errorf("request %d: attempt ended %q, want cancelled", i, got[i])
+		}
+		testsupport.EventuallyWhy(t, "the write timeout to be counted", func() (string, bool) {
+			n := f.metric("kvgate_gateway_client_write_timeouts_total")
+			return fmt.Sprint(n), n == float64(i+1)
+		})
+	}
+	if n := written.Load(); n >= most {
+		t.Errorf("the engine wrote %d bytes, want its writes to fail well before %d", n, most)
+	}
+}

@@ -168,6 +168,7 @@ func (c Config) withDefaults() Config {
 	c.MaxRequestBodyBytes = cmp.Or(c.MaxRequestBodyBytes, DefaultMaxRequestBodyBytes)
 	c.ShutdownTimeout = cmp.Or(c.ShutdownTimeout, DefaultShutdownTimeout)
 	c.RequestBodyTimeout = cmp.Or(c.RequestBodyTimeout, DefaultRequestBodyTimeout)
+	c.ClientWriteTimeout = cmp.Or(c.ClientWriteTimeout, DefaultClientWriteTimeout)
 	c.DialTimeout = cmp.Or(c.DialTimeout, DefaultDialTimeout)
 	c.FirstByteTimeout = cmp.Or(c.FirstByteTimeout, DefaultFirstByteTimeout)
 	c.UpstreamIdleTimeout = cmp.Or(c.UpstreamIdleTimeout, DefaultUpstreamIdleTimeout)

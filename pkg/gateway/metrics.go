@@ -21,6 +21,7 @@ type metrics struct {
 	tokenizeFails *prometheus.CounterVec
 	usageMissing  prometheus.Counter
 	bodyTimeouts  prometheus.Counter
+	writeTimeouts prometheus.Counter
 	matchRefusals *prometheus.CounterVec
 	// phases observe each phase of the gateway's time on a request, by
 	// phase; phaseVec holds them.
@@ -91,6 +92,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "kvgate_gateway_request_body_timeouts_total",
 			Help: "Requests whose body did not arrive within KVGATE_REQUEST_BODY_TIMEOUT, answered 408 and their connection closed.",
 		}),
+		writeTimeouts: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvgate_gateway_client_write_timeouts_total",
+			Help: "Client connections closed because a write to them blocked for KVGATE_CLIENT_WRITE_TIMEOUT: the client read nothing of its response.",
+		}),
 		matchRefusals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvgate_gateway_debug_match_refusals_total",
 			Help: "POST /debug/match requests refused by reason: busy (the most served at once already are, 429), " +
@@ -124,7 +129,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return m, nil
 	}
 	for _, c := range []prometheus.Collector{m.requests, m.duration, m.overhead, m.ttft, m.inFlight,
-		m.retries, m.upstreamFails, m.tokenizeFails, m.usageMissing, m.bodyTimeouts, m.matchRefusals, m.phaseVec} {
+		m.retries, m.upstreamFails, m.tokenizeFails, m.usageMissing, m.bodyTimeouts, m.writeTimeouts, m.matchRefusals, m.phaseVec} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register gateway metrics: %w", err)
 		}

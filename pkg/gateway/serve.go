@@ -237,7 +237,8 @@ func (g *Gateway) startServers(ln net.Listener) (servers []httpServer, served <-
 		if i == 0 {
 			// The API's connections tell the handlers when a request's
 			// first byte was read.
-			srv.ConnContext, l = withConn, timedListener{l}
+			srv.ConnContext = withConn
+			l = timedListener{Listener: l, writeTimeout: g.cfg.ClientWriteTimeout, writeTimeouts: g.metrics.writeTimeouts}
 			if !g.cfg.DisableProxy {
 				server = &leanhttp.Server{HTTP: srv, Hot: []string{
 					http.MethodPost + " " + PathCompletions, http.MethodPost + " " + PathChatCompletions}}

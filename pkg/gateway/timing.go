@@ -2,11 +2,16 @@ package gateway
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"net"
 	"net/http"
+	"os"
 	"strconv"
 	"sync/atomic"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // phase is a part of the gateway's time on a request. The parts follow
@@ -112,15 +117,20 @@ type connKey struct{}
 // timedListener accepts connections that remember when the first byte of
 // their current request was read, for the gateway's Server-Timing and
 // phase metrics to start there rather than when net/http runs the
-// handler.
-type timedListener struct{ net.Listener }
+// handler, and that bound each write by writeTimeout, counting in
+// writeTimeouts the connections it closed.
+type timedListener struct {
+	net.Listener
+	writeTimeout  time.Duration
+	writeTimeouts prometheus.Counter
+}
 
 func (l timedListener) Accept() (net.Conn, error) {
 	c, err := l.Listener.Accept()
 	if err != nil {
 		return nil, err
 	}
-	return &timedConn{Conn: c}, nil
+	return &timedConn{Conn: c, writeTimeout: l.writeTimeout, writeTimeouts: l.writeTimeouts}, nil
 }
 
 // withConn is the http.Server.ConnContext that hands a request its
@@ -136,12 +146,41 @@ func withConn(ctx context.Context, c net.Conn) context.Context {
 }
 
 // timedConn is a client connection that records when a read first
-// returned bytes since the last request ended.
+// returned bytes since the last request ended, and closes itself when a
+// write blocks for writeTimeout.
 type timedConn struct {
 	net.Conn
 	// first is the time of that read in Unix nanoseconds, 0 when none
 	// returned bytes since.
-	first atomic.Int64
+	first         atomic.Int64
+	writeTimeout  time.Duration
+	writeTimeouts prometheus.Counter
+	// timedOut is set once a write met the timeout: the connection is
+	// closed and every later write fails.
+	timedOut atomic.Bool
+}
+
+// Write writes p within the write timeout.
+func (c *timedConn) Write(p []byte) (int, error) {
+	if c.timedOut.Load() {
+		return 0, c.writeTimeoutError()
+	}
+	if err := c.Conn.SetWriteDeadline(time.Now().Add(c.writeTimeout)); err != nil {
+		return 0, err
+	}
+	n, err := c.Conn.Write(p)
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		if !c.timedOut.Swap(true) {
+			c.writeTimeouts.Inc()
+			_ = c.Conn.Close()
+		}
+		return n, c.writeTimeoutError()
+	}
+	return n, err
+}
+
+func (c *timedConn) writeTimeoutError() error {
+	return fmt.Errorf("the client read nothing for %v: %w", c.writeTimeout, os.ErrDeadlineExceeded)
 }
 
 func (c *timedConn) Read(p []byte) (int, error) {
