@@ -41,6 +41,16 @@ var (
 		Doc:     "Largest request body accepted, in bytes; a larger one is refused with 413.",
 		Flag:    "max-request-body-bytes",
 	}
+	MaxHeldRequestBytes = Var{
+		Name:    "KVGATE_MAX_HELD_REQUEST_BYTES",
+		Default: "268435456",
+		Section: SectionGateway,
+		Doc: "Most bytes of request bodies the gateway holds at once, over every request being read, waiting for a " +
+			"pod or in an SLO queue, and being forwarded, through the proxy and ext_proc alike; a request that would " +
+			"pass it is refused with 503 gateway_overloaded and a Retry-After. At least " +
+			"KVGATE_MAX_REQUEST_BODY_BYTES.",
+		Flag: "max-held-request-bytes",
+	}
 	ShutdownTimeout = Var{
 		Name:    "KVGATE_SHUTDOWN_TIMEOUT",
 		Default: "30",
@@ -416,6 +426,7 @@ var Vars = []Var{
 	ListenAddress,
 	AdminListenAddress,
 	MaxRequestBodyBytes,
+	MaxHeldRequestBytes,
 	ShutdownTimeout,
 	ShutdownDelay,
 	RequestBodyTimeout,

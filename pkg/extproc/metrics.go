@@ -13,6 +13,7 @@ const (
 	errSend         = "send"               // a response could not be sent: Envoy went away
 	errMisconfigure = "misconfigured_mode" // a body mode in which no endpoint can be picked
 	errTooLarge     = "too_large"          // a body beyond the gateway's limit
+	errOverloaded   = "overloaded"         // a body beyond the request bytes the gateway holds at once
 )
 
 // statusClosedEarly labels streams that ended before a response (nginx's
@@ -54,10 +55,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"code"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvgate_extproc_stream_errors_total",
-			Help: "External processing streams ended by an error, by reason: protocol, send, misconfigured_mode, too_large.",
+			Help: "External processing streams ended by an error, by reason: protocol, send, misconfigured_mode, too_large, overloaded (a body beyond the request bytes the gateway holds at once, KVGATE_MAX_HELD_REQUEST_BYTES).",
 		}, []string{"reason"}),
 	}
-	for _, r := range []string{errProtocol, errSend, errMisconfigure, errTooLarge} {
+	for _, r := range []string{errProtocol, errSend, errMisconfigure, errTooLarge, errOverloaded} {
 		m.errors.WithLabelValues(r)
 	}
 	for _, c := range []prometheus.Collector{m.requests, m.decision, m.ttft, m.inFlight, m.failOpen, m.errors} {

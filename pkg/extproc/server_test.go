@@ -335,6 +335,39 @@ func TestABodyBeyondTheLimitIsRefused(t *testing.T) {
 	}
 }
 
+func TestABodyBeyondTheBytesTheGatewayHoldsIsRefused(t *testing.T) {
+	f := start(t, 1, options{env: map[string]string{
+		"KVGATE_MAX_REQUEST_BODY_BYTES": "2000", "KVGATE_MAX_HELD_REQUEST_BYTES": "3000"}})
+	picker := f.gw.Picker()
+	// Other requests hold all but 1000 bytes.
+	if e := picker.HoldBody(2000); e != nil {
+		t.Fatal(e)
+	}
+	r := completionRequest(words("big", 250), "")
+	r.pieces = 4
+	x := f.envoy.start(t, duplex, r)
+	if x.immediate == nil || x.immediate.GetStatus().GetCode() != http.StatusServiceUnavailable {
+		t.Fatalf("want 503, got %v", x.immediate)
+	}
+	if _, code := errorOf(t, x.immediate.GetBody()); code != "gateway_overloaded" {
+		t.Errorf("code %q, want gateway_overloaded", code)
+	}
+	picker.ReleaseBody(2000)
+	x = f.envoy.start(t, duplex, r)
+	x.destination()
+	x.forward(128)
+	if x.status != http.StatusOK {
+		t.Fatalf("with the bytes given back: %d %s", x.status, x.respBody)
+	}
+	if n := f.metric(t, "kvgate_extproc_stream_errors_total", map[string]string{"reason": errOverloaded}); n != 1 {
+		t.Errorf("overloaded streams %v, want 1", n)
+	}
+	testsupport.EventuallyWhy(t, "the streams to give their bytes back", func() (string, bool) {
+		n := f.metric(t, "kvgate_gateway_held_request_bytes", nil)
+		return fmt.Sprint(n), n == 0
+	})
+}
+
 func TestEnvoysReportOfAnUnreachablePodEjectsIt(t *testing.T) {
 	// Without scrapes only requests eject or readmit a pod, and an ejection
 	// outlasts the test.

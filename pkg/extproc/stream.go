@@ -48,8 +48,11 @@ type stream struct {
 
 	// The request's body and the lengths of its messages, answered once
 	// the endpoint is known when the headers' answer waits for the body.
-	body     []byte
-	pieces   []int
+	body   []byte
+	pieces []int
+	// held is the bytes of the gateway's request byte bound the body
+	// holds (Picker.HoldBody), given back when the stream ends.
+	held     int
 	trailers bool // trailers ended the request body
 
 	algorithm string
@@ -196,6 +199,11 @@ func (st *stream) requestBody(b *extprocv3.HttpBody) error {
 		return st.refuse(&gateway.Error{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error",
 			Code: "request_too_large", Message: fmt.Sprintf("the request body exceeds %d bytes", limit)})
 	}
+	if e := st.s.picker.HoldBody(len(b.GetBody())); e != nil {
+		st.s.metrics.errors.WithLabelValues(errOverloaded).Inc()
+		return st.refuse(e)
+	}
+	st.held += len(b.GetBody())
 	st.body = append(st.body, b.GetBody()...)
 	if !st.waitBody {
 		// BUFFERED and BUFFERED_PARTIAL send the body in one message, the
@@ -496,6 +504,7 @@ func (st *stream) ended(err error) error {
 func (st *stream) finish() {
 	m := st.s.metrics
 	m.inFlight.Dec()
+	st.s.picker.ReleaseBody(st.held)
 	code := st.answered
 	if code == 0 && st.respEnded && !st.cancelled {
 		code = st.status

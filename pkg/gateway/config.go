@@ -26,6 +26,8 @@ import (
 // Defaults of Config's zero fields.
 const (
 	DefaultMaxRequestBodyBytes = 16 << 20
+	// DefaultMaxHeldRequestBytes bounds the request bytes held at once.
+	DefaultMaxHeldRequestBytes = 256 << 20
 	DefaultShutdownTimeout     = 30 * time.Second
 	// DefaultRequestBodyTimeout bounds reading a request's body.
 	DefaultRequestBodyTimeout = 30 * time.Second
@@ -81,6 +83,10 @@ type Config struct {
 	// closed (KVGATE_REQUEST_BODY_TIMEOUT, DefaultRequestBodyTimeout when
 	// 0).
 	RequestBodyTimeout time.Duration
+	// MaxHeldRequestBytes bounds the bytes of request bodies held at once,
+	// over every request; one that would pass it is refused with 503
+	// (KVGATE_MAX_HELD_REQUEST_BYTES, DefaultMaxHeldRequestBytes when 0).
+	MaxHeldRequestBytes int64
 	// ClientWriteTimeout bounds each write to a client of the API
 	// listener: a client that reads nothing for this long has its
 	// connection closed and its request ended
@@ -197,6 +203,7 @@ func LoadConfig(e *config.Env) Config {
 		ListenAddress:             e.String(config.ListenAddress),
 		AdminListenAddress:        e.String(config.AdminListenAddress),
 		MaxRequestBodyBytes:       int64(e.Int(config.MaxRequestBodyBytes, 1)),
+		MaxHeldRequestBytes:       int64(e.Int(config.MaxHeldRequestBytes, 1)),
 		ShutdownDelay:             e.DurationOrZero(config.ShutdownDelay, time.Second),
 		ShutdownTimeout:           e.Duration(config.ShutdownTimeout, time.Second),
 		RequestBodyTimeout:        e.Duration(config.RequestBodyTimeout, time.Second),

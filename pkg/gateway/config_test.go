@@ -30,7 +30,8 @@ func TestLoadConfigDefaults(t *testing.T) {
 		cfg.ShutdownDelay != 5*time.Second || cfg.Discovery.Mode != config.DiscoveryKubernetes || !cfg.KVSync.Enabled ||
 		!cfg.RemoteTokenizer || cfg.TokenizerEndpointTemplate != "http://%s:8000" || cfg.Tokenizer.Timeout != 5*time.Second ||
 		cfg.Routing.DefaultAlgorithm != "kv-aware" || cfg.Routing.MinFleetQueue != 0.5 || cfg.RequestTTL != time.Hour ||
-		cfg.Cache.PodMetricRefreshInterval != 50*time.Millisecond || cfg.Cache.AdapterRefreshInterval != 10*time.Second {
+		cfg.Cache.PodMetricRefreshInterval != 50*time.Millisecond || cfg.Cache.AdapterRefreshInterval != 10*time.Second ||
+		cfg.MaxHeldRequestBytes != 256<<20 || cfg.ClientWriteTimeout != time.Minute {
 		t.Errorf("defaults: %+v", cfg)
 	}
 	if cfg.Redis.RequestTraces || cfg.Redis.GPUProfiles || cfg.Redis.SharedCounts {
@@ -56,6 +57,13 @@ func TestLoadConfigDefaults(t *testing.T) {
 	cfg = LoadConfig(e)
 	if e.Err() != nil || cfg.Redis.RequestTraces || !cfg.Redis.GPUProfiles || !cfg.Redis.SharedCounts {
 		t.Errorf("with Redis: %+v, %v; want profiles and shared counts on, traces off", cfg.Redis, e.Err())
+	}
+}
+
+func TestNewRefusesToHoldLessThanTheLargestBody(t *testing.T) {
+	cfg := Config{MaxRequestBodyBytes: 1 << 20, MaxHeldRequestBytes: 1 << 19}
+	if _, err := New(cfg); err == nil || !strings.Contains(err.Error(), "largest request body") {
+		t.Errorf("New with %d bytes held and bodies of %d: %v, want an error", cfg.MaxHeldRequestBytes, cfg.MaxRequestBodyBytes, err)
 	}
 }
 

@@ -566,3 +566,71 @@ func TestAClientThatReadsNothingIsCutAfterTheWriteTimeout(t *testing.T) {
 		t.Errorf("the engine wrote %d bytes, want its writes to fail well before %d", n, most)
 	}
 }
+
+// TestRequestBytesHeldAtOnceAreBounded: bodies on their way hold the
+// gateway's budget of request bytes; a request that would pass it, with a
+// length declared or in chunks, is refused with 503 and a Retry-After,
+// and the bytes come back when the requests end.
+func TestRequestBytesHeldAtOnceAreBounded(t *testing.T) {
+	f := startFleet(t, []string{"a"}, fleetOptions{env: map[string]string{
+		"KVGATE_MAX_REQUEST_BODY_BYTES": "40000", "KVGATE_MAX_HELD_REQUEST_BYTES": "65536"}})
+	addr := strings.TrimPrefix(f.url, "http://")
+	send := func(head, body string) net.Conn {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		if _, err := io.WriteString(c, "POST /v1/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"+head+"\r\n"+body); err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	answer := func(c net.Conn) *http.Response {
+		_ = c.SetReadDeadline(time.Now().Add(testsupport.WaitTimeout))
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+	prompt := strings.Repeat("a ", 14000)
+	whole := completion(prompt, "")
+	declared := fmt.Sprintf("Content-Length: %d\r\n", len(whole))
+	// Two bodies on their way hold 2 x 28 KB of the 64 KiB.
+	first, second := send(declared, whole[:100]), send(declared, whole[:100])
+	testsupport.EventuallyWhy(t, "both bodies to be held", func() (string, bool) {
+		n := f.metric("kvgate_gateway_held_request_bytes")
+		return fmt.Sprint(n), n == float64(2*len(whole))
+	})
+	for _, c := range []net.Conn{
+		send(declared, ""),
+		send("Transfer-Encoding: chunked\r\n", fmt.Sprintf("%x\r\n%s\r\n0\r\n\r\n", len(whole), whole)),
+	} {
+		resp := answer(c)
+		data, _ := io.ReadAll(resp.Body)
+		if e := decodeError(t, data); resp.StatusCode != http.StatusServiceUnavailable || e.Code != codeOverloaded ||
+			resp.Header.Get("Retry-After") != "1" {
+			t.Errorf("a third body: %d %s (Retry-After %q), want 503 %s with Retry-After 1", resp.StatusCode, data,
+				resp.Header.Get("Retry-After"), codeOverloaded)
+		}
+	}
+	if n := f.metric("kvgate_gateway_held_request_bytes_refusals_total"); n != 2 {
+		t.Errorf("refusals counted %v, want 2", n)
+	}
+	for _, c := range []net.Conn{first, second} {
+		if _, err := io.WriteString(c, whole[100:]); err != nil {
+			t.Fatal(err)
+		}
+		if resp := answer(c); resp.StatusCode != http.StatusOK {
+			t.Errorf("a held body once whole: %d, want 200", resp.StatusCode)
+		}
+	}
+	testsupport.EventuallyWhy(t, "the held bytes to come back", func() (string, bool) {
+		n := f.metric("kvgate_gateway_held_request_bytes")
+		return fmt.Sprint(n), n == 0
+	})
+	if resp, data := postBounded(t, f.url+"/v1/completions", whole); resp.StatusCode != http.StatusOK {
+		t.Errorf("after the others ended: %d %s, want 200", resp.StatusCode, data)
+	}
+}

@@ -35,6 +35,7 @@ const (
 	codeRequestTimeout    = "request_timeout"
 	codeTooManyRequests   = "too_many_requests"
 	codeTokenizerDisabled = "tokenizer_disabled"
+	codeOverloaded        = "gateway_overloaded"
 )
 
 // apiError is an OpenAI-style error body: {"error": {...}}.

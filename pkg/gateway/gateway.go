@@ -94,6 +94,9 @@ type Gateway struct {
 	// draining is set when shutdown begins.
 	draining atomic.Bool
 
+	// bodies bounds the request bytes held at once.
+	bodies bodyBudget
+
 	// matchSlots holds a token per /debug/match request being served.
 	matchSlots chan struct{}
 
@@ -119,8 +122,12 @@ func New(cfg Config) (*Gateway, error) {
 	if err := cfg.SLO.Validate(); err != nil {
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
+	if cfg.MaxHeldRequestBytes < cfg.MaxRequestBodyBytes {
+		return nil, fmt.Errorf("gateway: the request bytes held at once (%d) must be at least the largest request body (%d)",
+			cfg.MaxHeldRequestBytes, cfg.MaxRequestBodyBytes)
+	}
 	g := &Gateway{cfg: cfg, log: cfg.Logger.WithName("gateway"), registry: prometheus.NewRegistry(), started: time.Now(),
-		matchSlots: make(chan struct{}, maxConcurrentMatches)}
+		matchSlots: make(chan struct{}, maxConcurrentMatches), bodies: bodyBudget{limit: cfg.MaxHeldRequestBytes}}
 	g.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	var err error
 	if g.tokenURL, err = parseTokenizerTemplate(cfg.TokenizerEndpointTemplate); err != nil {
@@ -129,7 +136,7 @@ func New(cfg Config) (*Gateway, error) {
 	if cfg.KVSync.Enabled && !cfg.RemoteTokenizer {
 		return nil, errors.New("gateway: KV event sync needs the remote tokenizer: the prefix index holds the engines' token ids")
 	}
-	if g.metrics, err = newMetrics(g.registry); err != nil {
+	if g.metrics, err = newMetrics(g.registry, &g.bodies); err != nil {
 		return nil, err
 	}
 	if cfg.KVSync.Enabled {
@@ -166,6 +173,7 @@ func New(cfg Config) (*Gateway, error) {
 // withDefaults returns c with its zero fields defaulted.
 func (c Config) withDefaults() Config {
 	c.MaxRequestBodyBytes = cmp.Or(c.MaxRequestBodyBytes, DefaultMaxRequestBodyBytes)
+	c.MaxHeldRequestBytes = cmp.Or(c.MaxHeldRequestBytes, DefaultMaxHeldRequestBytes)
 	c.ShutdownTimeout = cmp.Or(c.ShutdownTimeout, DefaultShutdownTimeout)
 	c.RequestBodyTimeout = cmp.Or(c.RequestBodyTimeout, DefaultRequestBodyTimeout)
 	c.ClientWriteTimeout = cmp.Or(c.ClientWriteTimeout, DefaultClientWriteTimeout)

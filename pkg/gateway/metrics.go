@@ -22,6 +22,8 @@ type metrics struct {
 	usageMissing  prometheus.Counter
 	bodyTimeouts  prometheus.Counter
 	writeTimeouts prometheus.Counter
+	heldRefusals  prometheus.Counter
+	heldBytes     prometheus.GaugeFunc
 	matchRefusals *prometheus.CounterVec
 	// phases observe each phase of the gateway's time on a request, by
 	// phase; phaseVec holds them.
@@ -44,7 +46,7 @@ const (
 	failOversizedEvent   = "oversized_event"                    // a server-sent event beyond Config.MaxStreamEventBytes
 )
 
-func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+func newMetrics(reg prometheus.Registerer, bodies *bodyBudget) (*metrics, error) {
 	latency := prometheus.ExponentialBuckets(0.0005, 2, 18) // 0.5 ms to 65 s
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -96,6 +98,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "kvgate_gateway_client_write_timeouts_total",
 			Help: "Client connections closed because a write to them blocked for KVGATE_CLIENT_WRITE_TIMEOUT: the client read nothing of its response.",
 		}),
+		heldRefusals: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvgate_gateway_held_request_bytes_refusals_total",
+			Help: "Requests refused with 503 gateway_overloaded because their body would pass KVGATE_MAX_HELD_REQUEST_BYTES, the request bytes the gateway holds at once.",
+		}),
+		heldBytes: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "kvgate_gateway_held_request_bytes",
+			Help: "Bytes of request bodies the gateway holds: being read, waiting for a pod or in an SLO queue, being forwarded.",
+		}, func() float64 { return float64(bodies.held.Load()) }),
 		matchRefusals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvgate_gateway_debug_match_refusals_total",
 			Help: "POST /debug/match requests refused by reason: busy (the most served at once already are, 429), " +
@@ -129,7 +139,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return m, nil
 	}
 	for _, c := range []prometheus.Collector{m.requests, m.duration, m.overhead, m.ttft, m.inFlight,
-		m.retries, m.upstreamFails, m.tokenizeFails, m.usageMissing, m.bodyTimeouts, m.writeTimeouts, m.matchRefusals, m.phaseVec} {
+		m.retries, m.upstreamFails, m.tokenizeFails, m.usageMissing, m.bodyTimeouts, m.writeTimeouts, m.heldRefusals, m.heldBytes, m.matchRefusals, m.phaseVec} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register gateway metrics: %w", err)
 		}

@@ -37,6 +37,23 @@ func (g *Gateway) Picker() *Picker { return &Picker{g: g} }
 // Ready reports whether the gateway should receive traffic, and why not.
 func (p *Picker) Ready() (bool, string) { return p.g.readiness() }
 
+// HoldBody takes n bytes of the gateway's bound on the request bytes it
+// holds at once (Config.MaxHeldRequestBytes) for a body a front end
+// buffers. It returns the 503 to answer, counted, when they would pass the
+// bound; otherwise the front end gives them back with ReleaseBody once it
+// drops the body.
+func (p *Picker) HoldBody(n int) *Error {
+	if p.g.bodies.take(int64(n)) {
+		return nil
+	}
+	p.g.metrics.heldRefusals.Inc()
+	return &Error{Status: http.StatusServiceUnavailable, Type: typeServiceUnavailable, Code: codeOverloaded,
+		Message: fmt.Sprintf("the gateway holds as many request bytes as it may (%d): retry later", p.g.cfg.MaxHeldRequestBytes)}
+}
+
+// ReleaseBody gives back n bytes taken with HoldBody.
+func (p *Picker) ReleaseBody(n int) { p.g.bodies.give(int64(n)) }
+
 // Registerer is the gateway's metrics registry, for a front end's own
 // metrics.
 func (p *Picker) Registerer() prometheus.Registerer { return p.g.registry }

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strings"
@@ -60,6 +61,10 @@ type exchange struct {
 	buf    []byte
 	reader *bufio.Reader
 	relay  sseRelay
+	// held is the bytes of budget taken for the body, given back when
+	// the exchange returns to the pool.
+	held   int64
+	budget *bodyBudget
 }
 
 var exchanges = sync.Pool{New: func() any {
@@ -75,6 +80,10 @@ const maxPooledBuffer = 1 << 20
 const maxPooledFields = 1 << 10
 
 func putExchange(x *exchange) {
+	if x.held > 0 {
+		x.budget.give(x.held)
+		x.held = 0
+	}
 	for _, b := range []*bytes.Buffer{&x.body, &x.sent, &x.resp} {
 		if b.Cap() > maxPooledBuffer {
 			*b = bytes.Buffer{}
@@ -306,16 +315,33 @@ func (g *Gateway) readBody(w http.ResponseWriter, r *http.Request, x *exchange, 
 		tooLarge()
 		return nil, false
 	}
+	overloaded := func() {
+		g.metrics.heldRefusals.Inc()
+		w.Header().Set(HeaderRetryAfter, "1")
+		c.fail(w, http.StatusServiceUnavailable, typeServiceUnavailable, codeOverloaded, "",
+			fmt.Sprintf("the gateway holds as many request bytes as it may (%d): retry later", g.cfg.MaxHeldRequestBytes))
+	}
+	var body io.Reader = http.MaxBytesReader(w, r.Body, limit)
+	if r.ContentLength > 0 {
+		if !g.holdBody(x, r.ContentLength) {
+			overloaded()
+			return nil, false
+		}
+	} else {
+		body = &heldReader{r: body, g: g, x: x}
+	}
 	growForDeclared(&x.body, r.ContentLength)
 	rcw := http.NewResponseController(w)
 	timeout := g.cfg.RequestBodyTimeout
 	if r.ContentLength != 0 {
 		_ = rcw.SetReadDeadline(time.Now().Add(timeout))
 	}
-	_, err := x.body.ReadFrom(http.MaxBytesReader(w, r.Body, limit))
+	_, err := x.body.ReadFrom(body)
 	var mbe *http.MaxBytesError
 	var ne net.Error
 	switch {
+	case errors.Is(err, errBodyBudget):
+		overloaded()
 	case err == nil:
 		if r.ContentLength != 0 {
 			_ = rcw.SetReadDeadline(time.Time{})
