@@ -53,7 +53,7 @@ func (l *adapterLoop) refresh(ctx context.Context) {
 		return // stopping: the listing was cut short, not failed
 	}
 	if err != nil {
-		l.counter.WithLabelValues(l.id).Inc()
+		l.counter.WithLabelValues(l.id, readReason(err)).Inc()
 		l.failures.failed(err, "keeping the LoRA adapters it listed last")
 		return
 	}
@@ -72,7 +72,7 @@ func (l *adapterLoop) fetch(ctx context.Context) ([]string, error) {
 	}
 	adapters, err := adaptersOfModelList(l.body.Bytes())
 	if err != nil {
-		return nil, fmt.Errorf("list models at %s: %w", l.url, err)
+		return nil, &readError{reason: readBadBody, err: fmt.Errorf("list models at %s: %w", l.url, err)}
 	}
 	return adapters, nil
 }

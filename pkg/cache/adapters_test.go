@@ -154,8 +154,9 @@ func TestStoreMergesDeclaredSetAndListedAdapters(t *testing.T) {
 	// An engine that fails keeps the adapters it listed last.
 	engine.set(http.StatusServiceUnavailable)
 	testsupport.EventuallyWhy(t, "two failed listings of ns/a's models", func() (string, bool) {
-		n := testsupport.MetricValue(t, reg, "kvgate_cache_pod_model_list_failures_total", map[string]string{"pod": "ns/a"})
-		return "failures " + strconv.FormatFloat(n, 'g', -1, 64), n >= 2
+		n := testsupport.MetricValue(t, reg, "kvgate_cache_pod_model_list_failures_total",
+			map[string]string{"pod": "ns/a", "reason": readStatus})
+		return "failures for status " + strconv.FormatFloat(n, 'g', -1, 64), n >= 2
 	})
 	if models, _ := s.ListModelsByPod(pkey("ns", "a")); !slices.Contains(models, "runtime-lora") {
 		t.Fatalf("models while the engine fails = %v, want runtime-lora kept", models)

@@ -12,8 +12,11 @@ import (
 	"github.com/prometheus/common/model"
 )
 
-// maxScrapeBytes bounds the /metrics body read from one pod.
-const maxScrapeBytes = 16 << 20
+// maxScrapeBytes bounds the /metrics page read from one pod: a vLLM
+// server's page is around 100 KB. A larger page fails the scrape (reason
+// too_large), so that a broken or hostile engine costs the parser no more
+// than this.
+const maxScrapeBytes = 4 << 20
 
 // scrapeLoop scrapes one pod's /metrics every interval and publishes what it
 // derives in the pod's state. Its fields are owned by its goroutine.
@@ -63,7 +66,7 @@ func (l *scrapeLoop) scrapeOnce(ctx context.Context) {
 	}
 	l.metrics.scrapeDuration.Observe(time.Since(start).Seconds())
 	if err != nil {
-		l.metrics.scrapeFailures.WithLabelValues(l.podLabel).Inc()
+		l.metrics.scrapeFailures.WithLabelValues(l.podLabel, readReason(err)).Inc()
 		l.state.markStale()
 		l.failures.failed(err, "keeping its last values as stale")
 		return
@@ -85,7 +88,7 @@ func (l *scrapeLoop) fetch(ctx context.Context, f *lineFilter) (map[string]*dto.
 	}
 	families, err := l.decode(l.body.Bytes(), f)
 	if err != nil {
-		return nil, fmt.Errorf("scrape %s: %w", l.url, err)
+		return nil, &readError{reason: readBadBody, err: fmt.Errorf("scrape %s: %w", l.url, err)}
 	}
 	return families, nil
 }

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/klog/v2"
 
 	"github.com/kvgate/kvgate/pkg/endpoint"
@@ -159,8 +160,9 @@ func (p *scrapePool) stop(key endpoint.Key, l *runningLoop) {
 	delete(p.loops, key)
 	l.state.markStale()
 	if p.reg.entry(key) == nil {
-		p.metrics.scrapeFailures.DeleteLabelValues(key.String())
-		p.metrics.modelListFailures.DeleteLabelValues(key.String())
+		pod := prometheus.Labels{"pod": key.String()}
+		p.metrics.scrapeFailures.DeletePartialMatch(pod)
+		p.metrics.modelListFailures.DeletePartialMatch(pod)
 	}
 	p.log.V(2).Info("Stopped reading pod metrics and models", "pod", key)
 }

@@ -2,10 +2,12 @@ package cache
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -61,8 +63,31 @@ func newEngine(t *testing.T, file string) *fakeEngine {
 }
 
 func (e *fakeEngine) serve(t *testing.T, file string) {
+	e.serveBytes(readExposition(t, file))
+}
+
+func (e *fakeEngine) serveBytes(b []byte) { e.body.Store(&b) }
+
+// padded returns the exposition in testdata file followed by comment lines
+// up to exactly size bytes.
+func padded(t *testing.T, file string, size int) []byte {
+	t.Helper()
 	b := readExposition(t, file)
-	e.body.Store(&b)
+	if len(b) > size {
+		t.Fatalf("%s has %d bytes, more than %d", file, len(b), size)
+	}
+	line := "# " + strings.Repeat("x", 1021) + "\n"
+	for len(b)+len(line) <= size {
+		b = append(b, line...)
+	}
+	switch rest := size - len(b); rest {
+	case 0:
+	case 1:
+		b = append(b, '\n')
+	default:
+		b = append(b, "#"+strings.Repeat("x", rest-2)+"\n"...)
+	}
+	return b
 }
 
 // pod returns a routable pod whose engine is e.
@@ -137,6 +162,7 @@ func TestFailingScrapeKeepsLastValuesMarkedStale(t *testing.T) {
 	if n := failures(); n < 1 {
 		t.Fatalf("scrape failures = %v, want at least 1", n)
 	}
+	checkOnlyFailureReason(t, reg, "ns/p", readStatus)
 	n0 := failures()
 	testsupport.Eventually(t, "two more failed scrapes", func() bool { return failures() >= n0+2 })
 	if again, err := s.GetMetricValueByPod(pkey("ns", "p"), NumRequestsRunning); err != nil || again != v {
@@ -295,5 +321,77 @@ func TestPodModelMetricsFollowModelNameLabel(t *testing.T) {
 				t.Fatalf("got %s, want %v", describe(v, err), tt.want)
 			}
 		})
+	}
+}
+
+// documentedPageBound is the bound on a /metrics page that docs/metrics.md
+// gives.
+const documentedPageBound = 4 << 20
+
+func TestPageUpToTheBoundIsReadAndALargerOneFails(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	e := newEngine(t, "vllm_v1_t0.txt")
+	e.serveBytes(padded(t, "vllm_v1_t1.txt", documentedPageBound))
+	cfg := scrapeConfig(reg)
+	cfg.PodMetricScrapeTimeout = 10 * time.Second // pages of megabytes on a busy machine
+	s := newTestStore(t, cfg)
+	s.AddOrUpdatePod(e.pod("p", llama))
+	waitMetric(t, s, "p", NumRequestsRunning, equals(6))
+
+	e.serveBytes(padded(t, "vllm_v1_t0.txt", documentedPageBound+1))
+	v := waitMetric(t, s, "p", NumRequestsRunning, func(v MetricValue) bool { return v.Stale })
+	if v.Value != 6 {
+		t.Fatalf("stale value %v, want the last page's 6, not the oversized one's 4", v.Value)
+	}
+	checkOnlyFailureReason(t, reg, "ns/p", readTooLarge)
+}
+
+func TestScrapeFailuresAreCountedByReason(t *testing.T) {
+	tests := []struct {
+		reason string
+		engine func(t *testing.T, e *fakeEngine)
+	}{
+		{readStatus, func(_ *testing.T, e *fakeEngine) { e.mode.Store(serveError) }},
+		{readTimeout, func(_ *testing.T, e *fakeEngine) { e.mode.Store(serveHang) }},
+		{readTooLarge, func(t *testing.T, e *fakeEngine) { e.serveBytes(padded(t, "vllm_v1_t0.txt", maxScrapeBytes+1)) }},
+		{readBadBody, func(_ *testing.T, e *fakeEngine) { e.serveBytes([]byte("vllm:num_requests_running{engine=\"0\" 4\n")) }},
+		{readConnection, func(_ *testing.T, e *fakeEngine) { e.srv.Close() }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.reason, func(t *testing.T) {
+			reg := prometheus.NewRegistry()
+			e := newEngine(t, "vllm_v1_t0.txt")
+			tt.engine(t, e)
+			cfg := scrapeConfig(reg)
+			if tt.reason != readTimeout {
+				cfg.PodMetricScrapeTimeout = 10 * time.Second
+			}
+			s := newTestStore(t, cfg)
+			s.AddOrUpdatePod(e.pod("p", llama))
+			testsupport.EventuallyWhy(t, "a failed scrape of ns/p", func() (string, bool) {
+				all := testsupport.MetricValue(t, reg, "kvgate_cache_pod_scrape_failures_total", map[string]string{"pod": "ns/p"})
+				return "failures " + strconv.FormatFloat(all, 'g', -1, 64), all >= 1
+			})
+			checkOnlyFailureReason(t, reg, "ns/p", tt.reason)
+		})
+	}
+}
+
+// checkOnlyFailureReason fails t unless the scrapes of pod failed, all of
+// them for reason.
+func checkOnlyFailureReason(t *testing.T, reg prometheus.Gatherer, pod, reason string) {
+	t.Helper()
+	const name = "kvgate_cache_pod_scrape_failures_total"
+	if n := testsupport.MetricSeries(t, reg, name, map[string]string{"pod": pod}); n != 1 {
+		var seen []string
+		for _, r := range []string{readStatus, readTimeout, readConnection, readTooLarge, readBadBody} {
+			if v := testsupport.MetricValue(t, reg, name, map[string]string{"pod": pod, "reason": r}); v > 0 {
+				seen = append(seen, fmt.Sprintf("%s %v", r, v))
+			}
+		}
+		t.Fatalf("scrapes of %s failed for %s, want %s only", pod, strings.Join(seen, ", "), reason)
+	}
+	if n := testsupport.MetricValue(t, reg, name, map[string]string{"pod": pod, "reason": reason}); n < 1 {
+		t.Fatalf("scrape failures of %s with reason %s = %v, want at least 1", pod, reason, n)
 	}
 }

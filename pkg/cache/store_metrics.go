@@ -1,6 +1,8 @@
 package cache
 
 import (
+	"fmt"
+
 	"github.com/kvgate/kvgate/pkg/internal/promreg"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -31,10 +33,13 @@ func newStoreMetrics(reg prometheus.Registerer, g storeGauges) (*storeMetrics, e
 	}
 	m := &storeMetrics{
 		scrapeFailures: counters("pod_scrape_failures_total",
-			"Scrapes of a pod's /metrics that failed (connection, timeout, HTTP status or parse error).", "pod"),
+			fmt.Sprintf("Scrapes of a pod's /metrics that failed, by reason: connection, timeout, status (not 200), "+
+				"too_large (a page beyond %d MiB) or bad_body (a page that does not parse); the pod keeps its last values, "+
+				"marked stale.", maxScrapeBytes>>20), "pod", "reason"),
 		modelListFailures: counters("pod_model_list_failures_total",
-			"Reads of a pod's /v1/models, which lists its LoRA adapters, that failed (connection, timeout, HTTP status or "+
-				"decode error); the pod keeps the adapters it listed last.", "pod"),
+			fmt.Sprintf("Reads of a pod's /v1/models, which lists its LoRA adapters, that failed, by reason: connection, "+
+				"timeout, status (not 200), too_large (a body beyond %d MiB) or bad_body (not a model list); the pod keeps "+
+				"the adapters it listed last.", maxModelListBytes>>20), "pod", "reason"),
 		podEjections: counters("pod_ejections_total",
 			"Times a pod was taken out of routing for a backoff (by default 1 s doubling to 30 s) because a request could not "+
 				"connect to it, by reason: connection_refused, dial.", "pod", "reason"),
