@@ -49,6 +49,7 @@ func (l *adapterLoop) run(ctx context.Context) {
 // them.
 func (l *adapterLoop) refresh(ctx context.Context) {
 	adapters, err := l.fetch(ctx)
+	trimBuffer(&l.body)
 	if ctx.Err() != nil {
 		return // stopping: the listing was cut short, not failed
 	}

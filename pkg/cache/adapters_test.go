@@ -2,6 +2,7 @@ package cache
 
 import (
 	"encoding/json"
+	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/klog/v2"
 
 	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/endpoint"
@@ -208,5 +210,55 @@ func TestAdapterListingIsOffWhenDisabled(t *testing.T) {
 	testsupport.Eventually(t, "two scrapes of the engine", func() bool { return engine.others.Load() >= 2 })
 	if n := engine.hits.Load(); n != 0 || s.HasModel("sql-lora") {
 		t.Fatalf("models listed %d times with listing disabled", n)
+	}
+}
+
+// newTestAdapterLoop returns the adapter loop the Store would run for the
+// pod of engine m, recording what it publishes in published, for tests that
+// look inside it.
+func newTestAdapterLoop(m *modelServer, reg prometheus.Registerer, published *[]string) *adapterLoop {
+	ep := epOf(testPod("ns", "a", llama, "127.0.0.1", withPort(m.port)))
+	counter := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "model_list_failures_total"}, []string{"pod", "reason"})
+	if reg != nil {
+		reg.MustRegister(counter)
+	}
+	return &adapterLoop{
+		key: ep.Key, id: ep.ID, model: ep.Model, url: modelsURL(ep), state: newPodState(ep.ID),
+		client: newScrapeClient(10 * time.Second), interval: time.Hour, timeout: 10 * time.Second,
+		publish: func(_ endpoint.Key, _ *podState, adapters []string) ([]string, bool) {
+			prev := *published
+			*published = adapters
+			return prev, !slices.Equal(prev, adapters)
+		},
+		counter:  counter,
+		failures: failureLog{log: klog.Background(), pod: klog.KObj(ep.Pod), url: modelsURL(ep), what: "Listing the pod's models"},
+	}
+}
+
+func TestAdapterListingReleasesTheBufferALargeListGrew(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	engine := newModelServer(t, "sql-lora")
+	var published []string
+	l := newTestAdapterLoop(engine, reg, &published)
+	l.refresh(t.Context())
+	if !slices.Equal(published, []string{"sql-lora"}) || l.body.Cap() == 0 {
+		t.Fatalf("adapters %q with a buffer of %d bytes kept; want sql-lora, and the buffer kept", published, l.body.Cap())
+	}
+
+	// 20000 cards of about 90 bytes: beyond the 1 MiB a listing may take.
+	many := make([]string, 20000)
+	for i := range many {
+		many[i] = fmt.Sprintf("adapter-%05d", i)
+	}
+	engine.set(http.StatusOK, many...)
+	l.refresh(t.Context())
+	if n := testsupport.MetricValue(t, reg, "model_list_failures_total", map[string]string{"reason": readTooLarge}); n != 1 {
+		t.Fatalf("too_large failures = %v, want 1", n)
+	}
+	if !slices.Equal(published, []string{"sql-lora"}) {
+		t.Fatalf("adapters after a failed listing = %q, want sql-lora kept", published)
+	}
+	if l.body.Cap() > 1<<20 {
+		t.Fatalf("after a listing beyond its bound the loop keeps a buffer of %d bytes, want at most 1 MiB", l.body.Cap())
 	}
 }

@@ -31,6 +31,22 @@ func pollEvery(ctx context.Context, interval time.Duration, poll func(context.Co
 	}
 }
 
+// maxKeptBufferBytes is the most memory a pod's loop keeps in one buffer
+// between two reads: a buffer that a larger page grew is released after
+// use, so that one large page does not hold its memory for as long as the
+// pod is read.
+const maxKeptBufferBytes = 1 << 20
+
+// trimBuffer releases buf's memory when it is larger than
+// maxKeptBufferBytes, and reports whether it did.
+func trimBuffer(buf *bytes.Buffer) bool {
+	if buf.Cap() <= maxKeptBufferBytes {
+		return false
+	}
+	*buf = bytes.Buffer{}
+	return true
+}
+
 // Why a read of a pod's /metrics or /v1/models failed: the reason label of
 // the Store's failure counters.
 const (

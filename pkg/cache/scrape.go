@@ -58,6 +58,7 @@ func (l *scrapeLoop) run(ctx context.Context) {
 }
 
 func (l *scrapeLoop) scrapeOnce(ctx context.Context) {
+	defer l.trim()
 	start := time.Now()
 	sel := l.selection()
 	families, err := l.fetch(ctx, sel.filter)
@@ -102,6 +103,15 @@ func (l *scrapeLoop) decode(body []byte, f *lineFilter) (map[string]*dto.MetricF
 		return nil, fmt.Errorf("parse exposition: %w", err)
 	}
 	return families, nil
+}
+
+// trim releases the memory a large page grew: the buffers, and the parser,
+// which keeps its longest token and the families it parsed last.
+func (l *scrapeLoop) trim() {
+	trimBuffer(&l.body)
+	if trimBuffer(&l.filtered) {
+		l.parser = newTextParser()
+	}
 }
 
 func newTextParser() expfmt.TextParser {

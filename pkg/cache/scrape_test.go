@@ -14,6 +14,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/klog/v2"
 
 	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/endpoint"
@@ -393,5 +394,59 @@ func checkOnlyFailureReason(t *testing.T, reg prometheus.Gatherer, pod, reason s
 	}
 	if n := testsupport.MetricValue(t, reg, name, map[string]string{"pod": pod, "reason": reason}); n < 1 {
 		t.Fatalf("scrape failures of %s with reason %s = %v, want at least 1", pod, reason, n)
+	}
+}
+
+// newTestScrapeLoop returns the scrape loop the Store would run for the pod
+// of engine e, for tests that look inside it.
+func newTestScrapeLoop(t *testing.T, e *fakeEngine) *scrapeLoop {
+	t.Helper()
+	m, err := newStoreMetrics(nil, storeGauges{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep := epOf(e.pod("p", llama))
+	return &scrapeLoop{
+		podLabel: ep.ID, url: metricsURL(ep), state: newPodState(ep.ID), client: newScrapeClient(10 * time.Second),
+		interval: time.Hour, timeout: 10 * time.Second, metrics: m,
+		selection: func() *metricSelection { return newMetricSelection(map[string]struct{}{}) },
+		proj:      newProjector(time.Nanosecond, time.Nanosecond), parser: newTextParser(),
+		failures: failureLog{log: klog.Background(), pod: klog.KObj(ep.Pod), url: metricsURL(ep), what: "Pod metrics scrape"},
+	}
+}
+
+func TestBuffersALargePageGrewAreReleased(t *testing.T) {
+	e := newEngine(t, "vllm_v1_t0.txt")
+	l := newTestScrapeLoop(t, e)
+	scrape := func(wantRunning float64, wantStale bool) {
+		t.Helper()
+		l.scrapeOnce(t.Context())
+		m := l.state.metrics.Load()
+		if m == nil || m.stale != wantStale || m.pod[NumRequestsRunning].Value != wantRunning {
+			t.Fatalf("after the scrape: %+v, want %v running, stale %v", m, wantRunning, wantStale)
+		}
+	}
+	scrape(4, false)
+	if l.body.Cap() == 0 || l.filtered.Cap() == 0 {
+		t.Fatalf("buffers of a small page released: %d and %d bytes kept, want them kept for the next scrape",
+			l.body.Cap(), l.filtered.Cap())
+	}
+
+	// A page of 3 MiB whose every line the Store reads: the body, the
+	// lines kept and the parser's token all grow to megabytes.
+	page := append(readExposition(t, "vllm_v1_t1.txt"),
+		`vllm:num_requests_running{engine="1",pad="`+strings.Repeat("x", 3<<20)+`"} 1`+"\n"...)
+	e.serveBytes(page)
+	scrape(7, false)
+	if l.body.Cap() > 1<<20 || l.filtered.Cap() > 1<<20 {
+		t.Fatalf("after a 3 MiB page the loop keeps buffers of %d and %d bytes, want at most 1 MiB each",
+			l.body.Cap(), l.filtered.Cap())
+	}
+
+	// A page beyond the bound fails, and leaves no more behind.
+	e.serveBytes(padded(t, "vllm_v1_t0.txt", maxScrapeBytes+1))
+	scrape(7, true)
+	if l.body.Cap() > 1<<20 {
+		t.Fatalf("after an oversized page the loop keeps a buffer of %d bytes, want at most 1 MiB", l.body.Cap())
 	}
 }
