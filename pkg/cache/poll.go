@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"time"
 
 	"k8s.io/klog/v2"
@@ -117,6 +118,17 @@ func getBody(ctx context.Context, client *http.Client, url, accept string, timeo
 		return failed(readTooLarge, fmt.Errorf("GET %s: body exceeds %d bytes", url, limit))
 	}
 	return nil
+}
+
+// maxLoggedNameBytes bounds a name a pod sent that a log line quotes.
+const maxLoggedNameBytes = 128
+
+// clipForLog returns s cut to maxLoggedNameBytes, marked when cut.
+func clipForLog(s string) string {
+	if len(s) <= maxLoggedNameBytes {
+		return s
+	}
+	return strings.ToValidUTF8(s[:maxLoggedNameBytes], "") + "…"
 }
 
 // failureLog logs a run of failures of a pod's poll once at info level

@@ -22,13 +22,17 @@ const maxScrapeBytes = 4 << 20
 // derives in the pod's state. Its fields are owned by its goroutine.
 type scrapeLoop struct {
 	podLabel  string
+	model     string // the pod's base model, for logs
 	url       string
 	state     *podState
 	client    *http.Client
 	interval  time.Duration
 	timeout   time.Duration
 	selection func() *metricSelection
-	metrics   *storeMetrics
+	// served returns the models the pod serves now: series of other
+	// model_name values are not broken down.
+	served  func() []string
+	metrics *storeMetrics
 	// reached, when set, is called after every successful scrape: it
 	// readmits the pod to routing. scraped, when set, is called after it.
 	reached, scraped func()
@@ -38,6 +42,9 @@ type scrapeLoop struct {
 	body     bytes.Buffer
 	filtered bytes.Buffer
 	failures failureLog
+	// unservedLogged is set once the loop has logged series of models the
+	// pod does not serve.
+	unservedLogged bool
 }
 
 // metricSelection is what scrapes keep: the subscribed families and the
@@ -73,13 +80,30 @@ func (l *scrapeLoop) scrapeOnce(ctx context.Context) {
 		return
 	}
 	l.failures.succeeded()
-	l.state.metrics.Store(l.proj.project(start, families, sel.subscribed))
+	m, unserved := l.proj.project(start, families, sel.subscribed, l.served())
+	l.state.metrics.Store(m)
+	if unserved.n > 0 {
+		l.dropUnserved(unserved)
+	}
 	if l.reached != nil {
 		l.reached()
 	}
 	if l.scraped != nil {
 		l.scraped()
 	}
+}
+
+// dropUnserved counts the series of a scrape labelled with models the pod
+// does not serve, and logs the first scrape that had some.
+func (l *scrapeLoop) dropUnserved(u unservedSeries) {
+	l.metrics.seriesDropped.WithLabelValues(l.podLabel, dropUnservedModel).Add(float64(u.n))
+	if l.unservedLogged {
+		return
+	}
+	l.unservedLogged = true
+	l.failures.log.Info("The pod's /metrics has series of models it does not serve: they count for the pod as a "+
+		"whole, not for a model (does the engine's --served-model-name differ from the pod's model?)",
+		"pod", l.failures.pod, "model", l.model, "modelName", clipForLog(u.example), "series", u.n)
 }
 
 // fetch GETs and parses the pod's /metrics within the scrape timeout.

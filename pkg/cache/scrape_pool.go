@@ -112,12 +112,14 @@ func (p *scrapePool) start(ctx context.Context, e *podEntry) {
 	if p.interval > 0 {
 		l := &scrapeLoop{
 			podLabel:  ep.ID,
+			model:     ep.Model,
 			url:       r.metricsURL,
 			state:     e.state,
 			client:    p.client,
 			interval:  p.interval,
 			timeout:   p.timeout,
 			selection: p.selection,
+			served:    p.servedBy(e),
 			metrics:   p.metrics,
 			proj:      newProjector(p.window, p.prefillWindow),
 			parser:    newTextParser(),
@@ -163,6 +165,7 @@ func (p *scrapePool) stop(key endpoint.Key, l *runningLoop) {
 		pod := prometheus.Labels{"pod": key.String()}
 		p.metrics.scrapeFailures.DeletePartialMatch(pod)
 		p.metrics.modelListFailures.DeletePartialMatch(pod)
+		p.metrics.seriesDropped.DeletePartialMatch(pod)
 	}
 	p.log.V(2).Info("Stopped reading pod metrics and models", "pod", key)
 }
@@ -175,6 +178,17 @@ func (p *scrapePool) reachedBy(e *podEntry) func() {
 		return nil
 	}
 	return func() { p.readmit(e, "scrape") }
+}
+
+// servedBy returns what the scrapes of e read the pod's models with: those
+// of its entry in the registry now, none once it is replaced or gone.
+func (p *scrapePool) servedBy(e *podEntry) func() []string {
+	return func() []string {
+		if cur := p.reg.entry(e.ep.Key); cur != nil && cur.state == e.state {
+			return cur.models
+		}
+		return nil
+	}
 }
 
 // targets returns the number of pods whose /metrics are scraped.

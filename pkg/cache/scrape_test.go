@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 	v1 "k8s.io/api/core/v1"
@@ -116,6 +117,15 @@ func waitMetric(t *testing.T, s *Store, pod, metric string, ok func(MetricValue)
 		return describe(v, err), err == nil && ok(v)
 	})
 	return v
+}
+
+// waitModelMetric waits until the metric of model on the pod satisfies ok.
+func waitModelMetric(t *testing.T, s *Store, pod, model, metric string, ok func(MetricValue) bool) {
+	t.Helper()
+	testsupport.EventuallyWhy(t, "metric "+metric+" of model "+model+" on pod "+pod, func() (string, bool) {
+		v, err := s.GetMetricValueByPodModel(pkey("ns", pod), model, metric)
+		return describe(v, err), err == nil && ok(v)
+	})
 }
 
 func equals(want float64) func(MetricValue) bool {
@@ -292,7 +302,9 @@ func TestPodModelMetricsFollowModelNameLabel(t *testing.T) {
 	if err := s.SetPodAdapters(pkey("ns", "single"), []string{"sql-lora"}); err != nil {
 		t.Fatal(err)
 	}
-	waitMetric(t, s, "multi", NumRequestsRunning, equals(8))
+	// The first scrape may come before the adapter is set: llama-3-8b's
+	// series are broken down from the first scrape after.
+	waitModelMetric(t, s, "multi", "llama-3-8b", NumRequestsRunning, equals(1))
 	waitMetric(t, s, "single", NumRequestsRunning, equals(4))
 
 	tests := []struct {
@@ -410,7 +422,8 @@ func newTestScrapeLoop(t *testing.T, e *fakeEngine) *scrapeLoop {
 		podLabel: ep.ID, url: metricsURL(ep), state: newPodState(ep.ID), client: newScrapeClient(10 * time.Second),
 		interval: time.Hour, timeout: 10 * time.Second, metrics: m,
 		selection: func() *metricSelection { return newMetricSelection(map[string]struct{}{}) },
-		proj:      newProjector(time.Nanosecond, time.Nanosecond), parser: newTextParser(),
+		served:    func() []string { return []string{llama} }, model: llama,
+		proj: newProjector(time.Nanosecond, time.Nanosecond), parser: newTextParser(),
 		failures: failureLog{log: klog.Background(), pod: klog.KObj(ep.Pod), url: metricsURL(ep), what: "Pod metrics scrape"},
 	}
 }
@@ -448,5 +461,50 @@ func TestBuffersALargePageGrewAreReleased(t *testing.T) {
 	scrape(7, true)
 	if l.body.Cap() > 1<<20 {
 		t.Fatalf("after an oversized page the loop keeps a buffer of %d bytes, want at most 1 MiB", l.body.Cap())
+	}
+}
+
+func TestSeriesOfModelsThePodDoesNotServeAreCountedNotBrokenDown(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	e := newEngine(t, "vllm_v1_two_models.txt")
+	e.serveBytes(pageWithMadeUpModels(t, "vllm_v1_two_models.txt", 100))
+	s := newTestStore(t, scrapeConfig(reg))
+	s.AddOrUpdatePod(e.pod("p", "qwen2.5-7b"))
+	waitMetric(t, s, "p", NumRequestsWaiting, equals(3+100))
+	waitModelMetric(t, s, "p", "qwen2.5-7b", NumRequestsWaiting, equals(3))
+	dropped := func() float64 {
+		return testsupport.MetricValue(t, reg, "kvgate_cache_pod_metric_series_dropped_total",
+			map[string]string{"pod": "ns/p", "reason": dropUnservedModel})
+	}
+	testsupport.EventuallyWhy(t, "a scrape's unserved series counted", func() (string, bool) {
+		n := dropped()
+		return "dropped " + strconv.FormatFloat(n, 'g', -1, 64), n >= 2*100
+	})
+	if _, err := s.GetMetricValueByPodModel(pkey("ns", "p"), "llama-3-8b", NumRequestsRunning); !errors.Is(err, ErrMetricNotFound) {
+		t.Fatalf("metric of a model the pod does not serve: %v", err)
+	}
+
+	// A model the pod comes to serve is broken down from its next scrape.
+	if err := s.SetPodAdapters(pkey("ns", "p"), []string{"llama-3-8b"}); err != nil {
+		t.Fatal(err)
+	}
+	waitModelMetric(t, s, "p", "llama-3-8b", NumRequestsRunning, equals(1))
+
+	s.DeletePod(pkey("ns", "p"))
+	testsupport.Eventually(t, "the deleted pod's dropped series to leave the metrics", func() bool {
+		return testsupport.MetricSeries(t, reg, "kvgate_cache_pod_metric_series_dropped_total", map[string]string{"pod": "ns/p"}) == 0
+	})
+}
+
+func TestClipForLogBoundsNamesAPodSent(t *testing.T) {
+	if got := clipForLog("sql-lora"); got != "sql-lora" {
+		t.Fatalf("short name clipped to %q", got)
+	}
+	long := strings.Repeat("€", 1000) // three bytes each: the cut falls inside one
+	got := clipForLog(long)
+	if body, ok := strings.CutSuffix(got, "…"); !ok || len(body) > maxLoggedNameBytes || !strings.HasPrefix(long, body) ||
+		!utf8.ValidString(got) {
+		t.Fatalf("a name of %d bytes clipped to %q (%d bytes), want a valid prefix of at most %d bytes and a mark",
+			len(long), got, len(got), maxLoggedNameBytes)
 	}
 }

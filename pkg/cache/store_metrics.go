@@ -7,12 +7,16 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
+// Reasons of kvgate_cache_pod_metric_series_dropped_total.
+const dropUnservedModel = "unserved_model"
+
 // storeMetrics are the Prometheus metrics the Store exports about itself.
 type storeMetrics struct {
 	scrapeFailures    *prometheus.CounterVec
 	modelListFailures *prometheus.CounterVec
 	podEjections      *prometheus.CounterVec
 	scrapeDuration    prometheus.Histogram
+	seriesDropped     *prometheus.CounterVec
 
 	reg        prometheus.Registerer
 	registered []prometheus.Collector
@@ -43,6 +47,9 @@ func newStoreMetrics(reg prometheus.Registerer, g storeGauges) (*storeMetrics, e
 		podEjections: counters("pod_ejections_total",
 			"Times a pod was taken out of routing for a backoff (by default 1 s doubling to 30 s) because a request could not "+
 				"connect to it, by reason: connection_refused, dial.", "pod", "reason"),
+		seriesDropped: counters("pod_metric_series_dropped_total",
+			"Series of a pod's /metrics not broken down by model, counted at every scrape, by reason: unserved_model "+
+				"(labelled with a model_name the pod does not serve; they count for the pod as a whole).", "pod", "reason"),
 		scrapeDuration: histogram("pod_scrape_duration_seconds",
 			"Time to fetch and parse one pod's /metrics, failures included.",
 			.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5),
@@ -55,7 +62,7 @@ func newStoreMetrics(reg prometheus.Registerer, g storeGauges) (*storeMetrics, e
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: name, Help: help}, f)
 	}
 	collectors := []prometheus.Collector{
-		m.scrapeFailures, m.modelListFailures, m.podEjections, m.scrapeDuration,
+		m.scrapeFailures, m.modelListFailures, m.podEjections, m.scrapeDuration, m.seriesDropped,
 		gauge("pod_scrape_targets", "Pods whose /metrics are being scraped.", g.scrapeTargets),
 		gauge("stale_pods", "Routable pods whose latest scrape failed: their metrics, if any, are the last measured, "+
 			"and routing prefers pods with fresh metrics.", g.stalePods),
