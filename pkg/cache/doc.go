@@ -12,8 +12,8 @@
 //     SetPodAdapters, and those its engine lists on GET /v1/models (vLLM
 //     lists every loaded adapter, runtime-loaded ones included, with the
 //     base model as "parent"), read from every routable pod every
-//     AdapterRefreshInterval. A request for an adapter is routed among the
-//     pods serving it;
+//     AdapterRefreshInterval, at most MaxAdaptersPerPod a pod. A request
+//     for an adapter is routed among the pods serving it;
 //   - the metrics of every routable pod, scraped from its vLLM /metrics in a
 //     loop per pod and derived into load, KV-cache usage, prefix-cache hit
 //     rate, recent latencies and prefill speed, for the pod as a whole and

@@ -26,6 +26,7 @@ type scrapePool struct {
 	client          *http.Client
 	interval        time.Duration
 	adapterInterval time.Duration
+	maxAdapters     int
 	timeout         time.Duration
 	window          time.Duration
 	// prefillWindow is the window of PrefillTokensPerSecond.
@@ -131,17 +132,19 @@ func (p *scrapePool) start(ctx context.Context, e *podEntry) {
 	}
 	if p.adapterInterval > 0 {
 		a := &adapterLoop{
-			key:      ep.Key,
-			id:       ep.ID,
-			model:    ep.Model,
-			url:      r.modelsURL,
-			state:    e.state,
-			client:   p.client,
-			interval: p.adapterInterval,
-			timeout:  p.timeout,
-			publish:  p.publishAdapters,
-			counter:  p.metrics.modelListFailures,
-			failures: failureLog{log: p.log, pod: klog.KObj(ep.Pod), url: r.modelsURL, what: "Listing the pod's models"},
+			key:         ep.Key,
+			id:          ep.ID,
+			model:       ep.Model,
+			url:         r.modelsURL,
+			state:       e.state,
+			client:      p.client,
+			interval:    p.adapterInterval,
+			timeout:     p.timeout,
+			maxAdapters: p.maxAdapters,
+			publish:     p.publishAdapters,
+			counter:     p.metrics.modelListFailures,
+			dropped:     p.metrics.adaptersDropped,
+			failures:    failureLog{log: p.log, pod: klog.KObj(ep.Pod), url: r.modelsURL, what: "Listing the pod's models"},
 		}
 		wg.Go(func() { a.run(ctx) })
 	}
@@ -166,6 +169,7 @@ func (p *scrapePool) stop(key endpoint.Key, l *runningLoop) {
 		p.metrics.scrapeFailures.DeletePartialMatch(pod)
 		p.metrics.modelListFailures.DeletePartialMatch(pod)
 		p.metrics.seriesDropped.DeletePartialMatch(pod)
+		p.metrics.adaptersDropped.DeletePartialMatch(pod)
 	}
 	p.log.V(2).Info("Stopped reading pod metrics and models", "pod", key)
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/go-logr/logr/funcr"
 	"github.com/prometheus/client_golang/prometheus"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
@@ -468,7 +469,10 @@ func TestSeriesOfModelsThePodDoesNotServeAreCountedNotBrokenDown(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	e := newEngine(t, "vllm_v1_two_models.txt")
 	e.serveBytes(pageWithMadeUpModels(t, "vllm_v1_two_models.txt", 100))
-	s := newTestStore(t, scrapeConfig(reg))
+	var logs testsupport.LogLines
+	cfg := scrapeConfig(reg)
+	cfg.Logger = funcr.New(logs.Add, funcr.Options{})
+	s := newTestStore(t, cfg)
 	s.AddOrUpdatePod(e.pod("p", "qwen2.5-7b"))
 	waitMetric(t, s, "p", NumRequestsWaiting, equals(3+100))
 	waitModelMetric(t, s, "p", "qwen2.5-7b", NumRequestsWaiting, equals(3))
@@ -476,10 +480,14 @@ func TestSeriesOfModelsThePodDoesNotServeAreCountedNotBrokenDown(t *testing.T) {
 		return testsupport.MetricValue(t, reg, "kvgate_cache_pod_metric_series_dropped_total",
 			map[string]string{"pod": "ns/p", "reason": dropUnservedModel})
 	}
-	testsupport.EventuallyWhy(t, "a scrape's unserved series counted", func() (string, bool) {
+	testsupport.EventuallyWhy(t, "three scrapes' unserved series counted", func() (string, bool) {
 		n := dropped()
-		return "dropped " + strconv.FormatFloat(n, 'g', -1, 64), n >= 2*100
+		return "dropped " + strconv.FormatFloat(n, 'g', -1, 64), n >= 3*2*100
 	})
+	if logged := logs.Containing("series of models it does not serve"); len(logged) != 1 ||
+		!strings.Contains(logged[0], `"pod"={"name"="p" "namespace"="ns"}`) || !strings.Contains(logged[0], `"model"="qwen2.5-7b"`) {
+		t.Fatalf("after three scrapes logged %q, want one line naming the pod and its model", logged)
+	}
 	if _, err := s.GetMetricValueByPodModel(pkey("ns", "p"), "llama-3-8b", NumRequestsRunning); !errors.Is(err, ErrMetricNotFound) {
 		t.Fatalf("metric of a model the pod does not serve: %v", err)
 	}

@@ -17,6 +17,7 @@ type storeMetrics struct {
 	podEjections      *prometheus.CounterVec
 	scrapeDuration    prometheus.Histogram
 	seriesDropped     *prometheus.CounterVec
+	adaptersDropped   *prometheus.CounterVec
 
 	reg        prometheus.Registerer
 	registered []prometheus.Collector
@@ -50,6 +51,9 @@ func newStoreMetrics(reg prometheus.Registerer, g storeGauges) (*storeMetrics, e
 		seriesDropped: counters("pod_metric_series_dropped_total",
 			"Series of a pod's /metrics not broken down by model, counted at every scrape, by reason: unserved_model "+
 				"(labelled with a model_name the pod does not serve; they count for the pod as a whole).", "pod", "reason"),
+		adaptersDropped: counters("pod_adapters_dropped_total",
+			"LoRA adapters a pod's /v1/models listed beyond the most the gateway takes from one pod "+
+				"(KVGATE_MAX_ADAPTERS_PER_POD), counted at every listing: requests for them are not routed to the pod.", "pod"),
 		scrapeDuration: histogram("pod_scrape_duration_seconds",
 			"Time to fetch and parse one pod's /metrics, failures included.",
 			.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5),
@@ -62,7 +66,7 @@ func newStoreMetrics(reg prometheus.Registerer, g storeGauges) (*storeMetrics, e
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: name, Help: help}, f)
 	}
 	collectors := []prometheus.Collector{
-		m.scrapeFailures, m.modelListFailures, m.podEjections, m.scrapeDuration, m.seriesDropped,
+		m.scrapeFailures, m.modelListFailures, m.podEjections, m.scrapeDuration, m.seriesDropped, m.adaptersDropped,
 		gauge("pod_scrape_targets", "Pods whose /metrics are being scraped.", g.scrapeTargets),
 		gauge("stale_pods", "Routable pods whose latest scrape failed: their metrics, if any, are the last measured, "+
 			"and routing prefers pods with fresh metrics.", g.stalePods),

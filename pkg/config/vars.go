@@ -441,6 +441,7 @@ var Vars = []Var{
 	PodLabelSelector,
 	InferencePools,
 	AdapterRefreshInterval,
+	MaxAdaptersPerPod,
 	SyncMaxContexts,
 	SyncMaxPrefixesPerContext,
 	SyncMaxPrefixes,
