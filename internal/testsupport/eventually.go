@@ -1,7 +1,8 @@
 // Package testsupport holds what the tests of several kvgate packages need
 // alike: waiting for a condition with one generous deadline, a clock the
 // test moves by hand, free loopback ports, reading a metric from a
-// Prometheus registry, and a TestMain that prepares a temporary directory.
+// Prometheus registry, capturing what a logger writes, and a TestMain that
+// prepares a temporary directory.
 //
 // It is imported only by tests.
 package testsupport

@@ -18,6 +18,9 @@ import (
 // maxModelListBytes bounds the /v1/models body read from one pod.
 const maxModelListBytes = 1 << 20
 
+// maxLoggedNames bounds the names a log line lists.
+const maxLoggedNames = 16
+
 // adapterLoop reads one pod's /v1/models every interval and records the
 // LoRA adapters it lists, runtime-loaded ones included, in the registry.
 // Its fields are owned by its goroutine.
@@ -30,12 +33,20 @@ type adapterLoop struct {
 	client   *http.Client
 	interval time.Duration
 	timeout  time.Duration
+	// maxAdapters bounds the adapters taken from one listing.
+	maxAdapters int
 	// publish records the adapters of the pod of key whose state is state,
 	// and returns the previous ones and whether they changed.
-	publish  func(key endpoint.Key, state *podState, adapters []string) ([]string, bool)
-	counter  *prometheus.CounterVec
+	publish func(key endpoint.Key, state *podState, adapters []string) ([]string, bool)
+	counter *prometheus.CounterVec
+	// dropped counts the adapters listed beyond maxAdapters.
+	dropped  *prometheus.CounterVec
 	failures failureLog
 	body     bytes.Buffer
+	// kept is what the loop published last; droppedLogged is set once it
+	// has logged adapters left out.
+	kept          []string
+	droppedLogged bool
 }
 
 // run lists the pod's models right away and then on every tick until ctx is
@@ -49,19 +60,68 @@ func (l *adapterLoop) run(ctx context.Context) {
 // them.
 func (l *adapterLoop) refresh(ctx context.Context) {
 	adapters, err := l.fetch(ctx)
+	trimBuffer(&l.body)
 	if ctx.Err() != nil {
 		return // stopping: the listing was cut short, not failed
 	}
 	if err != nil {
-		l.counter.WithLabelValues(l.id).Inc()
+		l.counter.WithLabelValues(l.id, readReason(err)).Inc()
 		l.failures.failed(err, "keeping the LoRA adapters it listed last")
 		return
 	}
 	l.failures.succeeded()
+	listed := len(adapters)
+	adapters = capAdapters(adapters, l.kept, l.maxAdapters)
+	l.kept = adapters
+	if n := listed - len(adapters); n > 0 {
+		l.dropped.WithLabelValues(l.id).Add(float64(n))
+		if !l.droppedLogged {
+			l.droppedLogged = true
+			l.failures.log.Info("The pod's engine lists more LoRA adapters than the gateway takes from one pod; "+
+				"requests for the others are not routed to it", "pod", l.failures.pod, "model", l.model,
+				"listed", listed, "kept", len(adapters))
+		}
+	}
 	if prev, changed := l.publish(l.key, l.state, adapters); changed {
 		l.failures.log.Info("The pod's LoRA adapters changed", "pod", l.failures.pod, "model", l.model,
-			"adapters", adapters, "previous", prev)
+			"adapters", namesForLog(adapters), "previous", namesForLog(prev))
 	}
+}
+
+// capAdapters returns at most limit of listed, sorted and distinct: those
+// of prev, which the pod was last known to serve, first, so that an adapter
+// routed to keeps its place when others are loaded, then the others in
+// order.
+func capAdapters(listed, prev []string, limit int) []string {
+	if len(listed) <= limit {
+		return listed
+	}
+	kept := make([]string, 0, limit)
+	for _, keepPrev := range [...]bool{true, false} {
+		for _, a := range listed {
+			if len(kept) == limit {
+				break
+			}
+			if _, inPrev := slices.BinarySearch(prev, a); inPrev == keepPrev {
+				kept = append(kept, a)
+			}
+		}
+	}
+	slices.Sort(kept)
+	return kept
+}
+
+// namesForLog returns the first maxLoggedNames of names, each clipped, and
+// how many more there are.
+func namesForLog(names []string) []string {
+	out := make([]string, 0, min(len(names), maxLoggedNames+1))
+	for _, n := range names[:min(len(names), maxLoggedNames)] {
+		out = append(out, clipForLog(n))
+	}
+	if more := len(names) - maxLoggedNames; more > 0 {
+		out = append(out, fmt.Sprintf("and %d more", more))
+	}
+	return out
 }
 
 // fetch GETs the pod's /v1/models within the timeout and returns the
@@ -72,7 +132,7 @@ func (l *adapterLoop) fetch(ctx context.Context) ([]string, error) {
 	}
 	adapters, err := adaptersOfModelList(l.body.Bytes())
 	if err != nil {
-		return nil, fmt.Errorf("list models at %s: %w", l.url, err)
+		return nil, &readError{reason: readBadBody, err: fmt.Errorf("list models at %s: %w", l.url, err)}
 	}
 	return adapters, nil
 }

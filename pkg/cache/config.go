@@ -17,6 +17,7 @@ const (
 	DefaultPodMetricRefreshInterval = 50 * time.Millisecond
 	DefaultPodMetricScrapeTimeout   = time.Second
 	DefaultAdapterRefreshInterval   = 10 * time.Second
+	DefaultMaxAdaptersPerPod        = 256
 	DefaultRecentMetricsWindow      = 10 * time.Second
 	DefaultPrefillSpeedWindow       = time.Minute
 	DefaultEjectionBackoff          = time.Second
@@ -43,6 +44,15 @@ type Config struct {
 	// Zero means DefaultAdapterRefreshInterval (10 s); negative disables
 	// the listing.
 	AdapterRefreshInterval time.Duration
+	// MaxAdaptersPerPod bounds the adapters taken from one pod's
+	// /v1/models (KVGATE_MAX_ADAPTERS_PER_POD, default 256): each becomes
+	// a model of the registry, with state of its own in the gateway
+	// (queues, predictors, metric series). The adapters the pod was last
+	// known to serve are kept first, then the others in name order;
+	// requests for those left out are not routed to the pod. vLLM lists
+	// every adapter it was started with or loaded at runtime, however few
+	// it keeps loaded.
+	MaxAdaptersPerPod int
 	// RecentMetricsWindow is how far back the recent rates and means
 	// (PrefixCacheHitRate, the Avg* latencies) reach (default 10 s). A
 	// window shorter than the refresh interval compares each scrape with
@@ -91,6 +101,7 @@ func (c Config) withDefaults() Config {
 	c.PodMetricRefreshInterval = cmp.Or(c.PodMetricRefreshInterval, DefaultPodMetricRefreshInterval)
 	c.PodMetricScrapeTimeout = cmp.Or(c.PodMetricScrapeTimeout, DefaultPodMetricScrapeTimeout)
 	c.AdapterRefreshInterval = cmp.Or(c.AdapterRefreshInterval, DefaultAdapterRefreshInterval)
+	c.MaxAdaptersPerPod = cmp.Or(c.MaxAdaptersPerPod, DefaultMaxAdaptersPerPod)
 	c.RecentMetricsWindow = cmp.Or(c.RecentMetricsWindow, DefaultRecentMetricsWindow)
 	c.PrefillSpeedWindow = cmp.Or(c.PrefillSpeedWindow, DefaultPrefillSpeedWindow)
 	c.EjectionBackoff = cmp.Or(c.EjectionBackoff, DefaultEjectionBackoff)
@@ -121,6 +132,9 @@ func (c Config) validate() error {
 	if c.EjectionBackoff < 0 || c.MaxEjectionBackoff < c.EjectionBackoff {
 		errs = append(errs, fmt.Errorf("EjectionBackoff %v must not be negative nor above MaxEjectionBackoff %v",
 			c.EjectionBackoff, c.MaxEjectionBackoff))
+	}
+	if c.MaxAdaptersPerPod < 0 {
+		errs = append(errs, fmt.Errorf("MaxAdaptersPerPod %d is negative", c.MaxAdaptersPerPod))
 	}
 	if c.DefaultEnginePort <= 0 || c.DefaultEnginePort >= 1<<16 {
 		errs = append(errs, fmt.Errorf("DefaultEnginePort %d is not a port", c.DefaultEnginePort))

@@ -12,12 +12,16 @@
 //     SetPodAdapters, and those its engine lists on GET /v1/models (vLLM
 //     lists every loaded adapter, runtime-loaded ones included, with the
 //     base model as "parent"), read from every routable pod every
-//     AdapterRefreshInterval. A request for an adapter is routed among the
-//     pods serving it;
+//     AdapterRefreshInterval, at most MaxAdaptersPerPod a pod. A request
+//     for an adapter is routed among the pods serving it;
 //   - the metrics of every routable pod, scraped from its vLLM /metrics in a
 //     loop per pod and derived into load, KV-cache usage, prefix-cache hit
-//     rate, recent latencies and prefill speed (GetMetricValueByPod,
-//     GetMetricValueByPodModel). A pod whose scrape fails keeps its last
+//     rate, recent latencies and prefill speed, for the pod as a whole and
+//     for each model it serves (GetMetricValueByPod,
+//     GetMetricValueByPodModel). A page is read up to 4 MiB, and its series
+//     of models the pod does not serve count for the pod as a whole only,
+//     so that an engine cannot make the Store keep state for models it
+//     makes up. A pod whose scrape fails keeps its last
 //     values, marked Stale, PodScrapeState tells fresh, stale and not
 //     yet scraped pods apart, and PodLastScraped says when the latest
 //     successful scrape was (the KV event manager reads it to tell a dead

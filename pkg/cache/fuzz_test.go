@@ -40,7 +40,7 @@ func FuzzScrapeDecode(f *testing.F) {
 			if err != nil {
 				return
 			}
-			m := l.proj.project(time.Unix(int64(100+i), 0), families, sel.subscribed)
+			m, _ := l.proj.project(time.Unix(int64(100+i), 0), families, sel.subscribed, []string{"m"})
 			if m.pod == nil || m.models == nil {
 				t.Fatal("projection without maps")
 			}

@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/kvgate/kvgate/pkg/endpoint"
+	dto "github.com/prometheus/client_model/go"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8stypes "k8s.io/apimachinery/pkg/types"
@@ -96,3 +98,10 @@ func pkey(namespace, name string) endpoint.Key { return endpoint.Key{Namespace: 
 
 // epOf parses pod as the Store does by default.
 func epOf(pod *v1.Pod) *endpoint.Endpoint { return endpoint.Parse(pod, endpoint.Options{}) }
+
+// projectedOnce returns what a pod's first scrape publishes when its page
+// parses to families and the pod serves served.
+func projectedOnce(at time.Time, families map[string]*dto.MetricFamily, served ...string) *podMetrics {
+	m, _ := newProjector(time.Second, time.Second).project(at, families, nil, served)
+	return m
+}

@@ -15,7 +15,7 @@ func TestCachedLoadProviderModels(t *testing.T) {
 	s := newTestStore(t, noScrape())
 	pod := testPod("ns", "p", "m", "10.0.0.1")
 	s.AddOrUpdatePod(pod)
-	s.reg.entry(pkey("ns", "p")).state.metrics.Store(newProjector(time.Second, time.Second).project(time.Now(), parseExposition(t, "vllm_v1_t0.txt"), nil))
+	s.reg.entry(pkey("ns", "p")).state.metrics.Store(projectedOnce(time.Now(), parseExposition(t, "vllm_v1_t0.txt"), "m"))
 	ctx := types.NewRoutingContext("r", "m")
 	ctx.PromptTokenCount, ctx.PredictedOutputTokens = 1000, 600
 

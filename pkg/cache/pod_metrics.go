@@ -15,7 +15,10 @@ type podMetrics struct {
 	at     time.Time
 	stale  bool
 	pod    map[string]MetricValue
-	models map[string]map[string]MetricValue // by model_name label
+	models map[string]map[string]MetricValue // by model_name label, of the models the pod serves
+	// split is set when the page broke series down by more than one
+	// model_name: the pod's values then do not stand for each model.
+	split bool
 	// builtin holds the values of pod that routing reads.
 	builtin PodMetrics
 }
@@ -138,7 +141,7 @@ func (s *Store) GetMetricValueByPodModel(key endpoint.Key, modelName, metricName
 		return MetricValue{}, notFound
 	}
 	v, ok := m.models[modelName][metricName]
-	if !ok && len(m.models) <= 1 {
+	if !ok && !m.split {
 		v, ok = m.pod[metricName]
 	}
 	if !ok {

@@ -3,9 +3,11 @@ package cache
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"time"
 
 	"k8s.io/klog/v2"
@@ -30,35 +32,103 @@ func pollEvery(ctx context.Context, interval time.Duration, poll func(context.Co
 	}
 }
 
+// maxKeptBufferBytes is the most memory a pod's loop keeps in one buffer
+// between two reads: a buffer that a larger page grew is released after
+// use, so that one large page does not hold its memory for as long as the
+// pod is read.
+const maxKeptBufferBytes = 1 << 20
+
+// trimBuffer releases buf's memory when it is larger than
+// maxKeptBufferBytes, and reports whether it did.
+func trimBuffer(buf *bytes.Buffer) bool {
+	if buf.Cap() <= maxKeptBufferBytes {
+		return false
+	}
+	*buf = bytes.Buffer{}
+	return true
+}
+
+// Why a read of a pod's /metrics or /v1/models failed: the reason label of
+// the Store's failure counters.
+const (
+	// readTimeout: no complete answer within the scrape timeout.
+	readTimeout = "timeout"
+	// readConnection: the connection failed or broke.
+	readConnection = "connection"
+	// readStatus: an answer with another status than 200.
+	readStatus = "status"
+	// readTooLarge: a body beyond the page's bound.
+	readTooLarge = "too_large"
+	// readBadBody: a body that does not parse.
+	readBadBody = "bad_body"
+)
+
+// readError is a failed read of a pod's page; reason is one of the read*
+// reasons.
+type readError struct {
+	reason string
+	err    error
+}
+
+func (e *readError) Error() string { return e.err.Error() }
+
+func (e *readError) Unwrap() error { return e.err }
+
+// readReason returns why err, returned by getBody or a loop's fetch, failed
+// the read.
+func readReason(err error) string {
+	if re, ok := errors.AsType[*readError](err); ok {
+		return re.reason
+	}
+	return readConnection
+}
+
 // getBody GETs url with the Accept header accept within timeout and reads
 // the body, at most limit bytes, into buf. Any status but 200 is an error.
-// Errors name the URL.
+// Errors are *readError and name the URL.
 func getBody(ctx context.Context, client *http.Client, url, accept string, timeout time.Duration, limit int64, buf *bytes.Buffer) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
+	failed := func(reason string, err error) error {
+		if reason == readConnection && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			reason = readTimeout
+		}
+		return &readError{reason: reason, err: err}
+	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
-		return fmt.Errorf("build request for %s: %w", url, err)
+		return failed(readConnection, fmt.Errorf("build request for %s: %w", url, err))
 	}
 	req.Header.Set("Accept", accept)
 	resp, err := client.Do(req)
 	if err != nil {
-		return fmt.Errorf("GET %s: %w", url, err)
+		return failed(readConnection, fmt.Errorf("GET %s: %w", url, err))
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10))
-		return fmt.Errorf("GET %s: HTTP status %s", url, resp.Status)
+		return failed(readStatus, fmt.Errorf("GET %s: HTTP status %s", url, resp.Status))
 	}
 	buf.Reset()
 	n, err := buf.ReadFrom(io.LimitReader(resp.Body, limit+1))
 	if err != nil {
-		return fmt.Errorf("GET %s: read body: %w", url, err)
+		return failed(readConnection, fmt.Errorf("GET %s: read body: %w", url, err))
 	}
 	if n > limit {
-		return fmt.Errorf("GET %s: body exceeds %d bytes", url, limit)
+		return failed(readTooLarge, fmt.Errorf("GET %s: body exceeds %d bytes", url, limit))
 	}
 	return nil
+}
+
+// maxLoggedNameBytes bounds a name a pod sent that a log line quotes.
+const maxLoggedNameBytes = 128
+
+// clipForLog returns s cut to maxLoggedNameBytes, marked when cut.
+func clipForLog(s string) string {
+	if len(s) <= maxLoggedNameBytes {
+		return s
+	}
+	return strings.ToValidUTF8(s[:maxLoggedNameBytes], "") + "…"
 }
 
 // failureLog logs a run of failures of a pod's poll once at info level

@@ -12,20 +12,27 @@ import (
 	"github.com/prometheus/common/model"
 )
 
-// maxScrapeBytes bounds the /metrics body read from one pod.
-const maxScrapeBytes = 16 << 20
+// maxScrapeBytes bounds the /metrics page read from one pod: a vLLM
+// server's page is around 100 KB. A larger page fails the scrape (reason
+// too_large), so that a broken or hostile engine costs the parser no more
+// than this.
+const maxScrapeBytes = 4 << 20
 
 // scrapeLoop scrapes one pod's /metrics every interval and publishes what it
 // derives in the pod's state. Its fields are owned by its goroutine.
 type scrapeLoop struct {
 	podLabel  string
+	model     string // the pod's base model, for logs
 	url       string
 	state     *podState
 	client    *http.Client
 	interval  time.Duration
 	timeout   time.Duration
 	selection func() *metricSelection
-	metrics   *storeMetrics
+	// served returns the models the pod serves now: series of other
+	// model_name values are not broken down.
+	served  func() []string
+	metrics *storeMetrics
 	// reached, when set, is called after every successful scrape: it
 	// readmits the pod to routing. scraped, when set, is called after it.
 	reached, scraped func()
@@ -35,6 +42,9 @@ type scrapeLoop struct {
 	body     bytes.Buffer
 	filtered bytes.Buffer
 	failures failureLog
+	// unservedLogged is set once the loop has logged series of models the
+	// pod does not serve.
+	unservedLogged bool
 }
 
 // metricSelection is what scrapes keep: the subscribed families and the
@@ -55,6 +65,7 @@ func (l *scrapeLoop) run(ctx context.Context) {
 }
 
 func (l *scrapeLoop) scrapeOnce(ctx context.Context) {
+	defer l.trim()
 	start := time.Now()
 	sel := l.selection()
 	families, err := l.fetch(ctx, sel.filter)
@@ -63,19 +74,36 @@ func (l *scrapeLoop) scrapeOnce(ctx context.Context) {
 	}
 	l.metrics.scrapeDuration.Observe(time.Since(start).Seconds())
 	if err != nil {
-		l.metrics.scrapeFailures.WithLabelValues(l.podLabel).Inc()
+		l.metrics.scrapeFailures.WithLabelValues(l.podLabel, readReason(err)).Inc()
 		l.state.markStale()
 		l.failures.failed(err, "keeping its last values as stale")
 		return
 	}
 	l.failures.succeeded()
-	l.state.metrics.Store(l.proj.project(start, families, sel.subscribed))
+	m, unserved := l.proj.project(start, families, sel.subscribed, l.served())
+	l.state.metrics.Store(m)
+	if unserved.n > 0 {
+		l.dropUnserved(unserved)
+	}
 	if l.reached != nil {
 		l.reached()
 	}
 	if l.scraped != nil {
 		l.scraped()
 	}
+}
+
+// dropUnserved counts the series of a scrape labelled with models the pod
+// does not serve, and logs the first scrape that had some.
+func (l *scrapeLoop) dropUnserved(u unservedSeries) {
+	l.metrics.seriesDropped.WithLabelValues(l.podLabel, dropUnservedModel).Add(float64(u.n))
+	if l.unservedLogged {
+		return
+	}
+	l.unservedLogged = true
+	l.failures.log.Info("The pod's /metrics has series of models it does not serve: they count for the pod as a "+
+		"whole, not for a model (does the engine's --served-model-name differ from the pod's model?)",
+		"pod", l.failures.pod, "model", l.model, "modelName", clipForLog(u.example), "series", u.n)
 }
 
 // fetch GETs and parses the pod's /metrics within the scrape timeout.
@@ -85,7 +113,7 @@ func (l *scrapeLoop) fetch(ctx context.Context, f *lineFilter) (map[string]*dto.
 	}
 	families, err := l.decode(l.body.Bytes(), f)
 	if err != nil {
-		return nil, fmt.Errorf("scrape %s: %w", l.url, err)
+		return nil, &readError{reason: readBadBody, err: fmt.Errorf("scrape %s: %w", l.url, err)}
 	}
 	return families, nil
 }
@@ -99,6 +127,15 @@ func (l *scrapeLoop) decode(body []byte, f *lineFilter) (map[string]*dto.MetricF
 		return nil, fmt.Errorf("parse exposition: %w", err)
 	}
 	return families, nil
+}
+
+// trim releases the memory a large page grew: the buffers, and the parser,
+// which keeps its longest token and the families it parsed last.
+func (l *scrapeLoop) trim() {
+	trimBuffer(&l.body)
+	if trimBuffer(&l.filtered) {
+		l.parser = newTextParser()
+	}
 }
 
 func newTextParser() expfmt.TextParser {

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/klog/v2"
 
 	"github.com/kvgate/kvgate/pkg/endpoint"
@@ -25,6 +26,7 @@ type scrapePool struct {
 	client          *http.Client
 	interval        time.Duration
 	adapterInterval time.Duration
+	maxAdapters     int
 	timeout         time.Duration
 	window          time.Duration
 	// prefillWindow is the window of PrefillTokensPerSecond.
@@ -111,12 +113,14 @@ func (p *scrapePool) start(ctx context.Context, e *podEntry) {
 	if p.interval > 0 {
 		l := &scrapeLoop{
 			podLabel:  ep.ID,
+			model:     ep.Model,
 			url:       r.metricsURL,
 			state:     e.state,
 			client:    p.client,
 			interval:  p.interval,
 			timeout:   p.timeout,
 			selection: p.selection,
+			served:    p.servedBy(e),
 			metrics:   p.metrics,
 			proj:      newProjector(p.window, p.prefillWindow),
 			parser:    newTextParser(),
@@ -128,17 +132,19 @@ func (p *scrapePool) start(ctx context.Context, e *podEntry) {
 	}
 	if p.adapterInterval > 0 {
 		a := &adapterLoop{
-			key:      ep.Key,
-			id:       ep.ID,
-			model:    ep.Model,
-			url:      r.modelsURL,
-			state:    e.state,
-			client:   p.client,
-			interval: p.adapterInterval,
-			timeout:  p.timeout,
-			publish:  p.publishAdapters,
-			counter:  p.metrics.modelListFailures,
-			failures: failureLog{log: p.log, pod: klog.KObj(ep.Pod), url: r.modelsURL, what: "Listing the pod's models"},
+			key:         ep.Key,
+			id:          ep.ID,
+			model:       ep.Model,
+			url:         r.modelsURL,
+			state:       e.state,
+			client:      p.client,
+			interval:    p.adapterInterval,
+			timeout:     p.timeout,
+			maxAdapters: p.maxAdapters,
+			publish:     p.publishAdapters,
+			counter:     p.metrics.modelListFailures,
+			dropped:     p.metrics.adaptersDropped,
+			failures:    failureLog{log: p.log, pod: klog.KObj(ep.Pod), url: r.modelsURL, what: "Listing the pod's models"},
 		}
 		wg.Go(func() { a.run(ctx) })
 	}
@@ -159,8 +165,11 @@ func (p *scrapePool) stop(key endpoint.Key, l *runningLoop) {
 	delete(p.loops, key)
 	l.state.markStale()
 	if p.reg.entry(key) == nil {
-		p.metrics.scrapeFailures.DeleteLabelValues(key.String())
-		p.metrics.modelListFailures.DeleteLabelValues(key.String())
+		pod := prometheus.Labels{"pod": key.String()}
+		p.metrics.scrapeFailures.DeletePartialMatch(pod)
+		p.metrics.modelListFailures.DeletePartialMatch(pod)
+		p.metrics.seriesDropped.DeletePartialMatch(pod)
+		p.metrics.adaptersDropped.DeletePartialMatch(pod)
 	}
 	p.log.V(2).Info("Stopped reading pod metrics and models", "pod", key)
 }
@@ -173,6 +182,17 @@ func (p *scrapePool) reachedBy(e *podEntry) func() {
 		return nil
 	}
 	return func() { p.readmit(e, "scrape") }
+}
+
+// servedBy returns what the scrapes of e read the pod's models with: those
+// of its entry in the registry now, none once it is replaced or gone.
+func (p *scrapePool) servedBy(e *podEntry) func() []string {
+	return func() []string {
+		if cur := p.reg.entry(e.ep.Key); cur != nil && cur.state == e.state {
+			return cur.models
+		}
+		return nil
+	}
 }
 
 // targets returns the number of pods whose /metrics are scraped.

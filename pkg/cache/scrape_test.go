@@ -2,16 +2,21 @@ package cache
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+	"unicode/utf8"
 
+	"github.com/go-logr/logr/funcr"
 	"github.com/prometheus/client_golang/prometheus"
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/klog/v2"
 
 	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/endpoint"
@@ -61,8 +66,31 @@ func newEngine(t *testing.T, file string) *fakeEngine {
 }
 
 func (e *fakeEngine) serve(t *testing.T, file string) {
+	e.serveBytes(readExposition(t, file))
+}
+
+func (e *fakeEngine) serveBytes(b []byte) { e.body.Store(&b) }
+
+// padded returns the exposition in testdata file followed by comment lines
+// up to exactly size bytes.
+func padded(t *testing.T, file string, size int) []byte {
+	t.Helper()
 	b := readExposition(t, file)
-	e.body.Store(&b)
+	if len(b) > size {
+		t.Fatalf("%s has %d bytes, more than %d", file, len(b), size)
+	}
+	line := "# " + strings.Repeat("x", 1021) + "\n"
+	for len(b)+len(line) <= size {
+		b = append(b, line...)
+	}
+	switch rest := size - len(b); rest {
+	case 0:
+	case 1:
+		b = append(b, '\n')
+	default:
+		b = append(b, "#"+strings.Repeat("x", rest-2)+"\n"...)
+	}
+	return b
 }
 
 // pod returns a routable pod whose engine is e.
@@ -90,6 +118,15 @@ func waitMetric(t *testing.T, s *Store, pod, metric string, ok func(MetricValue)
 		return describe(v, err), err == nil && ok(v)
 	})
 	return v
+}
+
+// waitModelMetric waits until the metric of model on the pod satisfies ok.
+func waitModelMetric(t *testing.T, s *Store, pod, model, metric string, ok func(MetricValue) bool) {
+	t.Helper()
+	testsupport.EventuallyWhy(t, "metric "+metric+" of model "+model+" on pod "+pod, func() (string, bool) {
+		v, err := s.GetMetricValueByPodModel(pkey("ns", pod), model, metric)
+		return describe(v, err), err == nil && ok(v)
+	})
 }
 
 func equals(want float64) func(MetricValue) bool {
@@ -137,6 +174,7 @@ func TestFailingScrapeKeepsLastValuesMarkedStale(t *testing.T) {
 	if n := failures(); n < 1 {
 		t.Fatalf("scrape failures = %v, want at least 1", n)
 	}
+	checkOnlyFailureReason(t, reg, "ns/p", readStatus)
 	n0 := failures()
 	testsupport.Eventually(t, "two more failed scrapes", func() bool { return failures() >= n0+2 })
 	if again, err := s.GetMetricValueByPod(pkey("ns", "p"), NumRequestsRunning); err != nil || again != v {
@@ -265,7 +303,9 @@ func TestPodModelMetricsFollowModelNameLabel(t *testing.T) {
 	if err := s.SetPodAdapters(pkey("ns", "single"), []string{"sql-lora"}); err != nil {
 		t.Fatal(err)
 	}
-	waitMetric(t, s, "multi", NumRequestsRunning, equals(8))
+	// The first scrape may come before the adapter is set: llama-3-8b's
+	// series are broken down from the first scrape after.
+	waitModelMetric(t, s, "multi", "llama-3-8b", NumRequestsRunning, equals(1))
 	waitMetric(t, s, "single", NumRequestsRunning, equals(4))
 
 	tests := []struct {
@@ -295,5 +335,184 @@ func TestPodModelMetricsFollowModelNameLabel(t *testing.T) {
 				t.Fatalf("got %s, want %v", describe(v, err), tt.want)
 			}
 		})
+	}
+}
+
+// documentedPageBound is the bound on a /metrics page that docs/metrics.md
+// gives.
+const documentedPageBound = 4 << 20
+
+func TestPageUpToTheBoundIsReadAndALargerOneFails(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	e := newEngine(t, "vllm_v1_t0.txt")
+	e.serveBytes(padded(t, "vllm_v1_t1.txt", documentedPageBound))
+	cfg := scrapeConfig(reg)
+	cfg.PodMetricScrapeTimeout = 10 * time.Second // pages of megabytes on a busy machine
+	s := newTestStore(t, cfg)
+	s.AddOrUpdatePod(e.pod("p", llama))
+	waitMetric(t, s, "p", NumRequestsRunning, equals(6))
+
+	e.serveBytes(padded(t, "vllm_v1_t0.txt", documentedPageBound+1))
+	v := waitMetric(t, s, "p", NumRequestsRunning, func(v MetricValue) bool { return v.Stale })
+	if v.Value != 6 {
+		t.Fatalf("stale value %v, want the last page's 6, not the oversized one's 4", v.Value)
+	}
+	checkOnlyFailureReason(t, reg, "ns/p", readTooLarge)
+}
+
+func TestScrapeFailuresAreCountedByReason(t *testing.T) {
+	tests := []struct {
+		reason string
+		engine func(t *testing.T, e *fakeEngine)
+	}{
+		{readStatus, func(_ *testing.T, e *fakeEngine) { e.mode.Store(serveError) }},
+		{readTimeout, func(_ *testing.T, e *fakeEngine) { e.mode.Store(serveHang) }},
+		{readTooLarge, func(t *testing.T, e *fakeEngine) { e.serveBytes(padded(t, "vllm_v1_t0.txt", maxScrapeBytes+1)) }},
+		{readBadBody, func(_ *testing.T, e *fakeEngine) { e.serveBytes([]byte("vllm:num_requests_running{engine=\"0\" 4\n")) }},
+		{readConnection, func(_ *testing.T, e *fakeEngine) { e.srv.Close() }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.reason, func(t *testing.T) {
+			reg := prometheus.NewRegistry()
+			e := newEngine(t, "vllm_v1_t0.txt")
+			tt.engine(t, e)
+			cfg := scrapeConfig(reg)
+			if tt.reason != readTimeout {
+				cfg.PodMetricScrapeTimeout = 10 * time.Second
+			}
+			s := newTestStore(t, cfg)
+			s.AddOrUpdatePod(e.pod("p", llama))
+			testsupport.EventuallyWhy(t, "a failed scrape of ns/p", func() (string, bool) {
+				all := testsupport.MetricValue(t, reg, "kvgate_cache_pod_scrape_failures_total", map[string]string{"pod": "ns/p"})
+				return "failures " + strconv.FormatFloat(all, 'g', -1, 64), all >= 1
+			})
+			checkOnlyFailureReason(t, reg, "ns/p", tt.reason)
+		})
+	}
+}
+
+// checkOnlyFailureReason fails t unless the scrapes of pod failed, all of
+// them for reason.
+func checkOnlyFailureReason(t *testing.T, reg prometheus.Gatherer, pod, reason string) {
+	t.Helper()
+	const name = "kvgate_cache_pod_scrape_failures_total"
+	if n := testsupport.MetricSeries(t, reg, name, map[string]string{"pod": pod}); n != 1 {
+		var seen []string
+		for _, r := range []string{readStatus, readTimeout, readConnection, readTooLarge, readBadBody} {
+			if v := testsupport.MetricValue(t, reg, name, map[string]string{"pod": pod, "reason": r}); v > 0 {
+				seen = append(seen, fmt.Sprintf("%s %v", r, v))
+			}
+		}
+		t.Fatalf("scrapes of %s failed for %s, want %s only", pod, strings.Join(seen, ", "), reason)
+	}
+	if n := testsupport.MetricValue(t, reg, name, map[string]string{"pod": pod, "reason": reason}); n < 1 {
+		t.Fatalf("scrape failures of %s with reason %s = %v, want at least 1", pod, reason, n)
+	}
+}
+
+// newTestScrapeLoop returns the scrape loop the Store would run for the pod
+// of engine e, for tests that look inside it.
+func newTestScrapeLoop(t *testing.T, e *fakeEngine) *scrapeLoop {
+	t.Helper()
+	m, err := newStoreMetrics(nil, storeGauges{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep := epOf(e.pod("p", llama))
+	return &scrapeLoop{
+		podLabel: ep.ID, url: metricsURL(ep), state: newPodState(ep.ID), client: newScrapeClient(10 * time.Second),
+		interval: time.Hour, timeout: 10 * time.Second, metrics: m,
+		selection: func() *metricSelection { return newMetricSelection(map[string]struct{}{}) },
+		served:    func() []string { return []string{llama} }, model: llama,
+		proj: newProjector(time.Nanosecond, time.Nanosecond), parser: newTextParser(),
+		failures: failureLog{log: klog.Background(), pod: klog.KObj(ep.Pod), url: metricsURL(ep), what: "Pod metrics scrape"},
+	}
+}
+
+func TestBuffersALargePageGrewAreReleased(t *testing.T) {
+	e := newEngine(t, "vllm_v1_t0.txt")
+	l := newTestScrapeLoop(t, e)
+	scrape := func(wantRunning float64, wantStale bool) {
+		t.Helper()
+		l.scrapeOnce(t.Context())
+		m := l.state.metrics.Load()
+		if m == nil || m.stale != wantStale || m.pod[NumRequestsRunning].Value != wantRunning {
+			t.Fatalf("after the scrape: %+v, want %v running, stale %v", m, wantRunning, wantStale)
+		}
+	}
+	scrape(4, false)
+	if l.body.Cap() == 0 || l.filtered.Cap() == 0 {
+		t.Fatalf("buffers of a small page released: %d and %d bytes kept, want them kept for the next scrape",
+			l.body.Cap(), l.filtered.Cap())
+	}
+
+	// A page of 3 MiB whose every line the Store reads: the body, the
+	// lines kept and the parser's token all grow to megabytes.
+	page := append(readExposition(t, "vllm_v1_t1.txt"),
+		`vllm:num_requests_running{engine="1",pad="`+strings.Repeat("x", 3<<20)+`"} 1`+"\n"...)
+	e.serveBytes(page)
+	scrape(7, false)
+	if l.body.Cap() > 1<<20 || l.filtered.Cap() > 1<<20 {
+		t.Fatalf("after a 3 MiB page the loop keeps buffers of %d and %d bytes, want at most 1 MiB each",
+			l.body.Cap(), l.filtered.Cap())
+	}
+
+	// A page beyond the bound fails, and leaves no more behind.
+	e.serveBytes(padded(t, "vllm_v1_t0.txt", maxScrapeBytes+1))
+	scrape(7, true)
+	if l.body.Cap() > 1<<20 {
+		t.Fatalf("after an oversized page the loop keeps a buffer of %d bytes, want at most 1 MiB", l.body.Cap())
+	}
+}
+
+func TestSeriesOfModelsThePodDoesNotServeAreCountedNotBrokenDown(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	e := newEngine(t, "vllm_v1_two_models.txt")
+	e.serveBytes(pageWithMadeUpModels(t, "vllm_v1_two_models.txt", 100))
+	var logs testsupport.LogLines
+	cfg := scrapeConfig(reg)
+	cfg.Logger = funcr.New(logs.Add, funcr.Options{})
+	s := newTestStore(t, cfg)
+	s.AddOrUpdatePod(e.pod("p", "qwen2.5-7b"))
+	waitMetric(t, s, "p", NumRequestsWaiting, equals(3+100))
+	waitModelMetric(t, s, "p", "qwen2.5-7b", NumRequestsWaiting, equals(3))
+	dropped := func() float64 {
+		return testsupport.MetricValue(t, reg, "kvgate_cache_pod_metric_series_dropped_total",
+			map[string]string{"pod": "ns/p", "reason": dropUnservedModel})
+	}
+	testsupport.EventuallyWhy(t, "three scrapes' unserved series counted", func() (string, bool) {
+		n := dropped()
+		return "dropped " + strconv.FormatFloat(n, 'g', -1, 64), n >= 3*2*100
+	})
+	if logged := logs.Containing("series of models it does not serve"); len(logged) != 1 ||
+		!strings.Contains(logged[0], `"pod"={"name"="p" "namespace"="ns"}`) || !strings.Contains(logged[0], `"model"="qwen2.5-7b"`) {
+		t.Fatalf("after three scrapes logged %q, want one line naming the pod and its model", logged)
+	}
+	if _, err := s.GetMetricValueByPodModel(pkey("ns", "p"), "llama-3-8b", NumRequestsRunning); !errors.Is(err, ErrMetricNotFound) {
+		t.Fatalf("metric of a model the pod does not serve: %v", err)
+	}
+
+	// A model the pod comes to serve is broken down from its next scrape.
+	if err := s.SetPodAdapters(pkey("ns", "p"), []string{"llama-3-8b"}); err != nil {
+		t.Fatal(err)
+	}
+	waitModelMetric(t, s, "p", "llama-3-8b", NumRequestsRunning, equals(1))
+
+	s.DeletePod(pkey("ns", "p"))
+	testsupport.Eventually(t, "the deleted pod's dropped series to leave the metrics", func() bool {
+		return testsupport.MetricSeries(t, reg, "kvgate_cache_pod_metric_series_dropped_total", map[string]string{"pod": "ns/p"}) == 0
+	})
+}
+
+func TestClipForLogBoundsNamesAPodSent(t *testing.T) {
+	if got := clipForLog("sql-lora"); got != "sql-lora" {
+		t.Fatalf("short name clipped to %q", got)
+	}
+	long := strings.Repeat("€", 1000) // three bytes each: the cut falls inside one
+	got := clipForLog(long)
+	if body, ok := strings.CutSuffix(got, "…"); !ok || len(body) > maxLoggedNameBytes || !strings.HasPrefix(long, body) ||
+		!utf8.ValidString(got) {
+		t.Fatalf("a name of %d bytes clipped to %q (%d bytes), want a valid prefix of at most %d bytes and a mark",
+			len(long), got, len(got), maxLoggedNameBytes)
 	}
 }

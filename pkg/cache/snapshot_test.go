@@ -17,7 +17,7 @@ func TestSnapshotsGatherWhatRoutingReadsOfEachPod(t *testing.T) {
 	}
 	at := time.Unix(100, 0)
 	fam := parseExposition(t, "vllm_v1_t0.txt")
-	s.reg.entry(pkey("ns", "a")).state.metrics.Store(newProjector(time.Second, time.Second).project(at, fam, nil))
+	s.reg.entry(pkey("ns", "a")).state.metrics.Store(projectedOnce(at, fam, "m"))
 	s.EjectPod(epOf(ejected), EjectConnectionRefused)
 	l := newTestLedger(t)
 	routeTo(t, s, l, "r", "m", pkey("ns", "a"), 0)
@@ -67,7 +67,7 @@ func BenchmarkSnapshots(b *testing.B) {
 	for i := range 16 {
 		p := testPod("ns", "p"+string(rune('a'+i)), "m", "10.0.0.1")
 		s.AddOrUpdatePod(p)
-		s.reg.entry(endpoint.KeyOf(p)).state.metrics.Store(newProjector(time.Second, time.Second).project(time.Now(), fam, nil))
+		s.reg.entry(endpoint.KeyOf(p)).state.metrics.Store(projectedOnce(time.Now(), fam, "m"))
 	}
 	pods, _ := s.ListPodsByModel("m")
 	var out []PodSnapshot

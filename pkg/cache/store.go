@@ -63,7 +63,7 @@ func New(cfg Config) (*Store, error) {
 	if cfg.PodMetricRefreshInterval > 0 || cfg.AdapterRefreshInterval > 0 {
 		s.scraper = &scrapePool{
 			reg: s.reg, client: newScrapeClient(cfg.PodMetricScrapeTimeout),
-			interval: cfg.PodMetricRefreshInterval, adapterInterval: cfg.AdapterRefreshInterval,
+			interval: cfg.PodMetricRefreshInterval, adapterInterval: cfg.AdapterRefreshInterval, maxAdapters: cfg.MaxAdaptersPerPod,
 			timeout: cfg.PodMetricScrapeTimeout, window: cfg.RecentMetricsWindow, prefillWindow: cfg.PrefillSpeedWindow,
 			selection: s.selection.Load, publishAdapters: s.setDiscoveredAdapters, readmit: s.readmit, onScrape: cfg.OnScrape,
 			log: s.log, nudge: make(chan struct{}, 1), loops: map[endpoint.Key]*runningLoop{},

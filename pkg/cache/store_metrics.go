@@ -1,9 +1,14 @@
 package cache
 
 import (
+	"fmt"
+
 	"github.com/kvgate/kvgate/pkg/internal/promreg"
 	"github.com/prometheus/client_golang/prometheus"
 )
+
+// Reasons of kvgate_cache_pod_metric_series_dropped_total.
+const dropUnservedModel = "unserved_model"
 
 // storeMetrics are the Prometheus metrics the Store exports about itself.
 type storeMetrics struct {
@@ -11,6 +16,8 @@ type storeMetrics struct {
 	modelListFailures *prometheus.CounterVec
 	podEjections      *prometheus.CounterVec
 	scrapeDuration    prometheus.Histogram
+	seriesDropped     *prometheus.CounterVec
+	adaptersDropped   *prometheus.CounterVec
 
 	reg        prometheus.Registerer
 	registered []prometheus.Collector
@@ -31,13 +38,22 @@ func newStoreMetrics(reg prometheus.Registerer, g storeGauges) (*storeMetrics, e
 	}
 	m := &storeMetrics{
 		scrapeFailures: counters("pod_scrape_failures_total",
-			"Scrapes of a pod's /metrics that failed (connection, timeout, HTTP status or parse error).", "pod"),
+			fmt.Sprintf("Scrapes of a pod's /metrics that failed, by reason: connection, timeout, status (not 200), "+
+				"too_large (a page beyond %d MiB) or bad_body (a page that does not parse); the pod keeps its last values, "+
+				"marked stale.", maxScrapeBytes>>20), "pod", "reason"),
 		modelListFailures: counters("pod_model_list_failures_total",
-			"Reads of a pod's /v1/models, which lists its LoRA adapters, that failed (connection, timeout, HTTP status or "+
-				"decode error); the pod keeps the adapters it listed last.", "pod"),
+			fmt.Sprintf("Reads of a pod's /v1/models, which lists its LoRA adapters, that failed, by reason: connection, "+
+				"timeout, status (not 200), too_large (a body beyond %d MiB) or bad_body (not a model list); the pod keeps "+
+				"the adapters it listed last.", maxModelListBytes>>20), "pod", "reason"),
 		podEjections: counters("pod_ejections_total",
 			"Times a pod was taken out of routing for a backoff (by default 1 s doubling to 30 s) because a request could not "+
 				"connect to it, by reason: connection_refused, dial.", "pod", "reason"),
+		seriesDropped: counters("pod_metric_series_dropped_total",
+			"Series of a pod's /metrics not broken down by model, counted at every scrape, by reason: unserved_model "+
+				"(labelled with a model_name the pod does not serve; they count for the pod as a whole).", "pod", "reason"),
+		adaptersDropped: counters("pod_adapters_dropped_total",
+			"LoRA adapters a pod's /v1/models listed beyond the most the gateway takes from one pod "+
+				"(KVGATE_MAX_ADAPTERS_PER_POD), counted at every listing: requests for them are not routed to the pod.", "pod"),
 		scrapeDuration: histogram("pod_scrape_duration_seconds",
 			"Time to fetch and parse one pod's /metrics, failures included.",
 			.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5),
@@ -50,7 +66,7 @@ func newStoreMetrics(reg prometheus.Registerer, g storeGauges) (*storeMetrics, e
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: name, Help: help}, f)
 	}
 	collectors := []prometheus.Collector{
-		m.scrapeFailures, m.modelListFailures, m.podEjections, m.scrapeDuration,
+		m.scrapeFailures, m.modelListFailures, m.podEjections, m.scrapeDuration, m.seriesDropped, m.adaptersDropped,
 		gauge("pod_scrape_targets", "Pods whose /metrics are being scraped.", g.scrapeTargets),
 		gauge("stale_pods", "Routable pods whose latest scrape failed: their metrics, if any, are the last measured, "+
 			"and routing prefers pods with fresh metrics.", g.stalePods),

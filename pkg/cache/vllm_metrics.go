@@ -95,11 +95,29 @@ func newProjector(window, prefillWindow time.Duration) *projector {
 		groups: map[string]*groupState{}}
 }
 
+// unservedSeries counts the series of one scrape whose model_name the pod
+// does not serve.
+type unservedSeries struct {
+	n       int
+	example string // the first such model_name
+}
+
 // project derives the pod's metrics from one scrape taken at now. subscribed
-// names extra families to keep as they are.
-func (p *projector) project(now time.Time, families map[string]*dto.MetricFamily, subscribed map[string]struct{}) *podMetrics {
+// names extra families to keep as they are. Series are broken down by their
+// model_name among served, the models the pod serves, only: the others count
+// for the pod as a whole, and project returns how many there were, so that
+// an engine cannot make the Store keep state for models it makes up.
+func (p *projector) project(now time.Time, families map[string]*dto.MetricFamily, subscribed map[string]struct{},
+	served []string) (*podMetrics, unservedSeries) {
 	pod := &groupAcc{}
 	models := map[string]*groupAcc{}
+	keep := make(map[string]bool, len(served))
+	for _, name := range served {
+		keep[name] = true
+	}
+	var unserved unservedSeries
+	var firstModel string
+	split := false
 	visit := func(family string, fn func(a *groupAcc, m *dto.Metric)) {
 		mf := families[family]
 		if mf == nil {
@@ -107,14 +125,28 @@ func (p *projector) project(now time.Time, families map[string]*dto.MetricFamily
 		}
 		for _, m := range mf.Metric {
 			fn(pod, m)
-			if name := labelValue(m, modelNameLabel); name != "" {
-				a := models[name]
-				if a == nil {
-					a = &groupAcc{}
-					models[name] = a
-				}
-				fn(a, m)
+			name := labelValue(m, modelNameLabel)
+			if name == "" {
+				continue
 			}
+			if firstModel == "" {
+				firstModel = name
+			} else if name != firstModel {
+				split = true
+			}
+			if !keep[name] {
+				if unserved.n == 0 {
+					unserved.example = name
+				}
+				unserved.n++
+				continue
+			}
+			a := models[name]
+			if a == nil {
+				a = &groupAcc{}
+				models[name] = a
+			}
+			fn(a, m)
 		}
 	}
 	gather(families, visit)
@@ -122,7 +154,8 @@ func (p *projector) project(now time.Time, families map[string]*dto.MetricFamily
 		visit(name, func(a *groupAcc, m *dto.Metric) { a.addRaw(name, m) })
 	}
 
-	out := &podMetrics{at: now, pod: p.finish("", pod, now), models: make(map[string]map[string]MetricValue, len(models))}
+	out := &podMetrics{at: now, pod: p.finish("", pod, now), models: make(map[string]map[string]MetricValue, len(models)),
+		split: split}
 	out.builtin = podMetricsOf(out.pod, now)
 	for name, a := range models {
 		mv := p.finish(name, a, now)
@@ -142,7 +175,7 @@ func (p *projector) project(now time.Time, families map[string]*dto.MetricFamily
 			delete(p.groups, name)
 		}
 	}
-	return out
+	return out, unserved
 }
 
 // gather feeds every built-in family to visit.

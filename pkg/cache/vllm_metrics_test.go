@@ -2,6 +2,7 @@ package cache
 
 import (
 	"bytes"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -59,7 +60,7 @@ func checkValues(t *testing.T, what string, got map[string]MetricValue, w want) 
 
 func TestProjectCurrentVLLMExposition(t *testing.T) {
 	p := newProjector(time.Nanosecond, time.Nanosecond)
-	m := p.project(time.Unix(100, 0), parseExposition(t, "vllm_v1_t0.txt"), nil)
+	m, _ := p.project(time.Unix(100, 0), parseExposition(t, "vllm_v1_t0.txt"), nil, []string{llama})
 	w := want{
 		NumRequestsRunning:   4,
 		NumRequestsWaiting:   1,
@@ -103,7 +104,7 @@ func TestProjectRecentValuesAcrossScrapesAndRestart(t *testing.T) {
 			PrefillTokensPerSecond: (3000 - 500) / (2 - 10*0.04)}},
 	}
 	for i, st := range steps {
-		m := p.project(time.Unix(100+int64(i), 0), parseExposition(t, st.file), nil)
+		m, _ := p.project(time.Unix(100+int64(i), 0), parseExposition(t, st.file), nil, []string{llama})
 		checkValues(t, st.file, m.pod, st.want)
 		checkValues(t, st.file+" model", m.models[llama], st.want)
 	}
@@ -111,7 +112,7 @@ func TestProjectRecentValuesAcrossScrapesAndRestart(t *testing.T) {
 
 func TestProjectOldVLLMFallsBackToGPUCacheAndTTFT(t *testing.T) {
 	p := newProjector(time.Nanosecond, time.Nanosecond)
-	m := p.project(time.Unix(100, 0), parseExposition(t, "vllm_v0_gpu_cache.txt"), nil)
+	m, _ := p.project(time.Unix(100, 0), parseExposition(t, "vllm_v0_gpu_cache.txt"), nil, []string{llama})
 	checkValues(t, "pod", m.pod, want{
 		KVCacheUsagePerc:       0.31, // gpu_cache_usage_perc, ahead of cpu_cache_usage_perc
 		NumRequestsRunning:     2,
@@ -128,7 +129,7 @@ func TestProjectOldVLLMFallsBackToGPUCacheAndTTFT(t *testing.T) {
 
 func TestProjectSumsDataParallelEngines(t *testing.T) {
 	p := newProjector(time.Nanosecond, time.Nanosecond)
-	m := p.project(time.Unix(100, 0), parseExposition(t, "vllm_v1_dp2.txt"), nil)
+	m, _ := p.project(time.Unix(100, 0), parseExposition(t, "vllm_v1_dp2.txt"), nil, []string{llama})
 	w := want{
 		NumRequestsRunning:     7,
 		NumRequestsWaiting:     3,
@@ -144,10 +145,59 @@ func TestProjectSumsDataParallelEngines(t *testing.T) {
 
 func TestProjectSplitsSeriesByModelName(t *testing.T) {
 	p := newProjector(time.Nanosecond, time.Nanosecond)
-	m := p.project(time.Unix(100, 0), parseExposition(t, "vllm_v1_two_models.txt"), nil)
+	m, _ := p.project(time.Unix(100, 0), parseExposition(t, "vllm_v1_two_models.txt"), nil, []string{"qwen2.5-7b", "llama-3-8b"})
 	checkValues(t, "pod", m.pod, want{NumRequestsRunning: 8, NumRequestsWaiting: 3, KVCacheUsagePerc: 0.4, AvgTTFTSeconds: 6.0 / 20})
 	checkValues(t, "qwen", m.models["qwen2.5-7b"], want{NumRequestsRunning: 7, NumRequestsWaiting: 3, KVCacheUsagePerc: 0.7, AvgTTFTSeconds: 0.1})
 	checkValues(t, "llama", m.models["llama-3-8b"], want{NumRequestsRunning: 1, NumRequestsWaiting: 0, KVCacheUsagePerc: 0.1, AvgTTFTSeconds: 0.5})
+}
+
+// pageWithMadeUpModels returns the exposition in testdata file, which has
+// the two families below, with n more series of each, each labelled with a
+// model_name of its own.
+func pageWithMadeUpModels(t testing.TB, file string, n int) []byte {
+	t.Helper()
+	b := readExposition(t, file)
+	for i := range n {
+		b = fmt.Appendf(b, "vllm:num_requests_waiting{engine=\"0\",model_name=\"made-up-%d\"} 1\n", i)
+	}
+	for i := range n {
+		b = fmt.Appendf(b, "vllm:prompt_tokens_total{engine=\"0\",model_name=\"made-up-%d\"} %d\n", i, i)
+	}
+	return b
+}
+
+func TestProjectBreaksDownOnlyTheModelsThePodServes(t *testing.T) {
+	served := []string{"qwen2.5-7b", "not-on-the-page"}
+	// Without made-up models, the series of llama-3-8b are the pod's but
+	// not of a model it serves.
+	_, base := newProjector(time.Nanosecond, time.Nanosecond).project(time.Unix(100, 0),
+		parseExposition(t, "vllm_v1_two_models.txt"), nil, served)
+
+	page := pageWithMadeUpModels(t, "vllm_v1_two_models.txt", 1000)
+	p := newProjector(time.Nanosecond, time.Nanosecond)
+	for i := range 3 {
+		parser := newTextParser()
+		families, err := parser.TextToMetricFamilies(bytes.NewReader(page))
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, unserved := p.project(time.Unix(100+int64(i), 0), families, nil, served)
+		checkValues(t, "pod", m.pod, want{NumRequestsRunning: 8, NumRequestsWaiting: 3 + 1000})
+		checkValues(t, "qwen", m.models["qwen2.5-7b"], want{NumRequestsRunning: 7, NumRequestsWaiting: 3, KVCacheUsagePerc: 0.7})
+		if len(m.models) != 1 || !m.split {
+			t.Fatalf("scrape %d: %d models broken down, split %v; want qwen2.5-7b only, and the page split", i, len(m.models), m.split)
+		}
+		if len(p.groups) != 2 {
+			t.Fatalf("scrape %d: the projector remembers %d groups, want the pod and qwen2.5-7b", i, len(p.groups))
+		}
+		if base.n == 0 || base.example != "llama-3-8b" {
+			t.Fatalf("unserved series of the two-model page: %d, %q first; want those of llama-3-8b", base.n, base.example)
+		}
+		if unserved.n != base.n+2*1000 {
+			t.Fatalf("scrape %d: %d unserved series, want %d: llama-3-8b's and two of each made-up model", i, unserved.n,
+				base.n+2*1000)
+		}
+	}
 }
 
 func TestProjectKeepsSubscribedFamilies(t *testing.T) {
@@ -158,7 +208,7 @@ func TestProjectKeepsSubscribedFamilies(t *testing.T) {
 		"vllm:not_exposed_by_this_engine":  {},
 		NumRequestsRunning /* built in */ : {},
 	}
-	m := p.project(time.Unix(100, 0), parseExposition(t, "vllm_v1_dp2.txt"), subscribed)
+	m, _ := p.project(time.Unix(100, 0), parseExposition(t, "vllm_v1_dp2.txt"), subscribed, []string{llama})
 	checkValues(t, "pod", m.pod, want{
 		"vllm:generation_tokens_total":    20000/4 + 8000/4,
 		"vllm:not_exposed_by_this_engine": math.NaN(),
@@ -222,7 +272,7 @@ func BenchmarkScrapeDecodeAndProject(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		l.proj.project(now.Add(time.Duration(i)*50*time.Millisecond), families, nil)
+		l.proj.project(now.Add(time.Duration(i)*50*time.Millisecond), families, nil, []string{llama})
 	}
 }
 
@@ -248,7 +298,7 @@ func BenchmarkProjectOnly(b *testing.B) {
 	b.ReportAllocs()
 	now := time.Now()
 	for i := 0; b.Loop(); i++ {
-		p.project(now.Add(time.Duration(i)*50*time.Millisecond), families, nil)
+		p.project(now.Add(time.Duration(i)*50*time.Millisecond), families, nil, []string{llama})
 	}
 }
 
@@ -268,8 +318,9 @@ func TestLineFilterKeepsWhatProjectionReads(t *testing.T) {
 				t.Errorf("filter kept %d of %d bytes", len(l.filtered.Bytes()), len(body))
 			}
 			now := time.Unix(100, 0)
-			got := newProjector(time.Second, time.Second).project(now, filtered, subscribed)
-			wantM := newProjector(time.Second, time.Second).project(now, parseExposition(t, name), subscribed)
+			served := []string{llama, "qwen2.5-7b", "llama-3-8b"}
+			got, _ := newProjector(time.Second, time.Second).project(now, filtered, subscribed, served)
+			wantM, _ := newProjector(time.Second, time.Second).project(now, parseExposition(t, name), subscribed, served)
 			if !reflect.DeepEqual(got, wantM) {
 				t.Fatalf("projection of the filtered exposition differs:\n got %+v\nwant %+v", got, wantM)
 			}

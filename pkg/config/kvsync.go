@@ -168,6 +168,15 @@ var (
 			"They add to the adapters a pod declares in its kvgate.io/lora-adapters annotation (loraAdapters in the " +
 			"endpoints file); 0 turns the listing off.",
 	}
+	MaxAdaptersPerPod = Var{
+		Name:    "KVGATE_MAX_ADAPTERS_PER_POD",
+		Default: "256",
+		Section: SectionDiscovery,
+		Doc: "Most LoRA adapters taken from one pod's GET /v1/models, each a model routed to with state of its own in " +
+			"the gateway. vLLM lists every adapter it was started with (--lora-modules) or loaded at runtime, whatever " +
+			"--max-loras and --max-cpu-loras; those beyond this are not routed to the pod, and are counted in " +
+			"kvgate_cache_pod_adapters_dropped_total and logged. Adapters a pod declares do not count.",
+	}
 )
 
 // Discovery modes of PodDiscovery.

@@ -463,6 +463,7 @@ var Vars = []Var{
 	PodLabelSelector,
 	InferencePools,
 	AdapterRefreshInterval,
+	MaxAdaptersPerPod,
 	SyncMaxContexts,
 	SyncMaxPrefixesPerContext,
 	SyncMaxPrefixes,

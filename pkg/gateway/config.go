@@ -321,6 +321,7 @@ func loadCache(e *config.Env) cache.Config {
 	return cache.Config{
 		PodMetricRefreshInterval: e.Duration(config.PodMetricRefreshInterval, time.Millisecond),
 		AdapterRefreshInterval:   adapters,
+		MaxAdaptersPerPod:        e.Int(config.MaxAdaptersPerPod, 1),
 		DeploymentLabel:          e.String(config.PodDeploymentLabel),
 		RayClusterFleetLabel:     e.String(config.PodRayClusterFleetLabel),
 	}

@@ -31,7 +31,8 @@ func TestLoadConfigDefaults(t *testing.T) {
 		!cfg.RemoteTokenizer || cfg.TokenizerEndpointTemplate != "http://%s:8000" || cfg.Tokenizer.Timeout != 5*time.Second ||
 		cfg.Routing.DefaultAlgorithm != "kv-aware" || cfg.Routing.MinFleetQueue != 0.5 || cfg.RequestTTL != time.Hour ||
 		cfg.Cache.PodMetricRefreshInterval != 50*time.Millisecond || cfg.Cache.AdapterRefreshInterval != 10*time.Second ||
-		cfg.MaxHeldRequestBytes != 256<<20 || cfg.ClientWriteTimeout != time.Minute {
+		cfg.MaxHeldRequestBytes != 256<<20 || cfg.ClientWriteTimeout != time.Minute ||
+		cfg.Cache.MaxAdaptersPerPod != 256 {
 		t.Errorf("defaults: %+v", cfg)
 	}
 	if cfg.Redis.RequestTraces || cfg.Redis.GPUProfiles || cfg.Redis.SharedCounts {
@@ -44,6 +45,14 @@ func TestLoadConfigDefaults(t *testing.T) {
 	e = envOf(map[string]string{"KVGATE_ADAPTER_REFRESH_INTERVAL": "0"})
 	if cfg = LoadConfig(e); e.Err() != nil || cfg.Cache.AdapterRefreshInterval >= 0 {
 		t.Errorf("adapter listing set to 0: interval %v, %v; want it off", cfg.Cache.AdapterRefreshInterval, e.Err())
+	}
+	e = envOf(map[string]string{"KVGATE_MAX_ADAPTERS_PER_POD": "1000"})
+	if cfg = LoadConfig(e); e.Err() != nil || cfg.Cache.MaxAdaptersPerPod != 1000 {
+		t.Errorf("adapters per pod set to 1000: %v, %v", cfg.Cache.MaxAdaptersPerPod, e.Err())
+	}
+	e = envOf(map[string]string{"KVGATE_MAX_ADAPTERS_PER_POD": "0"})
+	if LoadConfig(e); e.Err() == nil || !strings.Contains(e.Err().Error(), "KVGATE_MAX_ADAPTERS_PER_POD") {
+		t.Errorf("adapters per pod set to 0: %v, want an error naming the variable", e.Err())
 	}
 	e = envOf(map[string]string{"KVGATE_SLO_TTFT": "1.5s", "KVGATE_SLO_TPOT": "0.05s", "KVGATE_SLO_QUEUE_MAX_WAIT": "30",
 		"KVGATE_SLO_MODELS": "llama=ttft:2s,ttft-per-token:200us; qwen=none"})

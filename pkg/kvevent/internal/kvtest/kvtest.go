@@ -6,7 +6,6 @@ package kvtest
 
 import (
 	"fmt"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -243,30 +242,7 @@ func (s *Socket) Close() {
 
 // LogLines captures the lines of a funcr logger: pass its Add to
 // funcr.New.
-type LogLines struct {
-	mu    sync.Mutex
-	lines []string
-}
-
-// Add records one line.
-func (l *LogLines) Add(prefix, args string) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.lines = append(l.lines, args)
-}
-
-// Containing returns the lines that contain s.
-func (l *LogLines) Containing(s string) []string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var out []string
-	for _, line := range l.lines {
-		if strings.Contains(line, s) {
-			out = append(out, line)
-		}
-	}
-	return out
-}
+type LogLines = testsupport.LogLines
 
 // RepeatUntil repeats act until cond holds, giving each round a moment to
 // take effect, and fails after testsupport.WaitTimeout.
