@@ -33,6 +33,9 @@ const (
 	// reasonLoraID: the blocks name their LoRA adapter by the engine's id
 	// only, which no request names.
 	reasonLoraID = "lora_id_only"
+	// reasonLaneLimit: the blocks' medium and group would be a lane past
+	// maxLanesPerStream, and every lane of the stream holds blocks.
+	reasonLaneLimit = "lane_limit"
 )
 
 // metrics are the index's Prometheus metrics. Counters and the match
@@ -61,7 +64,7 @@ func newMetrics(t *SyncPrefixHashTable) *metrics {
 		}, []string{"reason"}),
 		skippedVec: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "kvgate", Subsystem: "indexer", Name: "skipped_blocks_total",
-			Help: "Stored blocks not indexed, by reason: unknown_parent, token_mismatch, extra_keys_mismatch, duplicate_key, lora_id_only.",
+			Help: "Stored blocks not indexed, by reason: unknown_parent, token_mismatch, extra_keys_mismatch, duplicate_key, lora_id_only, lane_limit.",
 		}, []string{"reason"}),
 		parentMisses: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: "kvgate", Subsystem: "indexer", Name: "parent_misses_total",
