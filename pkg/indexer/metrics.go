@@ -5,6 +5,8 @@ import (
 	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvgate/kvgate/pkg/kvevent"
 )
 
 // Reasons of the evicted and skipped block counters.
@@ -83,7 +85,8 @@ func newMetrics(t *SyncPrefixHashTable) *metrics {
 			"Engine streams (a pod's data-parallel ranks) holding blocks of a model's primary KV-cache group, by block size in tokens; a model with more than one block_size is matched at each pod's own.",
 			[]string{"model", "block_size"}, nil),
 		residentDesc: prometheus.NewDesc("kvgate_indexer_resident_blocks",
-			"Blocks a pod holds in a medium, all ranks and KV-cache groups together.", []string{"model", "pod", "medium"}, nil),
+			"Blocks a pod holds in a medium (GPU, CPU, STORAGE, FS, OBJ, or other for any other name), all ranks and KV-cache groups together.",
+			[]string{"model", "pod", "medium"}, nil),
 	}
 }
 
@@ -134,7 +137,7 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 			media := map[string]int{}
 			for _, ss := range ps.Streams {
 				for _, ls := range ss.Lanes {
-					media[ls.Medium] += ls.Blocks
+					media[mediumLabel(ls.Medium)] += ls.Blocks
 				}
 			}
 			for medium, n := range media {
@@ -142,4 +145,18 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 			}
 		}
 	}
+}
+
+// mediumOther is the medium label of blocks in a medium vLLM does not name.
+const mediumOther = "other"
+
+// mediumLabel is the medium label of a lane's blocks: vLLM's media by name
+// (FS and OBJ before STORAGE replaced them), any other as mediumOther, so
+// that the names engines choose do not choose the gauge's series.
+func mediumLabel(medium string) string {
+	switch medium {
+	case kvevent.MediumGPU, kvevent.MediumCPU, kvevent.MediumStorage, "FS", "OBJ":
+		return medium
+	}
+	return mediumOther
 }
