@@ -143,6 +143,14 @@
 // grows with the pod's entries. It delays only the writers of the pod's
 // models. AllBlocksCleared finds a stream's residencies the same two ways.
 //
+// A released holder id goes to a new lane only 10 seconds later, so that a
+// match still reading the released lane's pod cannot credit that pod with
+// the new lane's blocks. Once that is over, the sweep that Run performs
+// forgets the released ids above the model's last lane and, when that
+// leaves a word of every holder set unused, rebuilds the key table without
+// it: the lanes of purged pods stop widening every slot and every match.
+// Ids are not renumbered, so a live lane keeps the width its id needs.
+//
 // A match keys the prompt a batch of blocks ahead of its lookups and asks the
 // CPU to prefetch the slots of the batch it has keyed, so that the memory
 // latency of one batch's lookups hides behind the hashing of the next.

@@ -33,11 +33,13 @@ type modelTable struct {
 	// queue holds the work later queued for the holder of mu; queueMu
 	// guards it, and queued counts its entries for unlock to read without
 	// taking queueMu. It holds at most one entry per stream the model ever
-	// had and one for the model's drop.
-	queueMu sync.Mutex
-	queue   []func()
-	queued  atomic.Int32
-	keys    keyTable
+	// had, one for the model's drop and one narrow: narrowing is set while
+	// a sweep's narrow is queued.
+	queueMu   sync.Mutex
+	queue     []func()
+	queued    atomic.Int32
+	narrowing atomic.Bool
+	keys      keyTable
 	// lanes is indexed by holder id; nil marks a free id.
 	lanes []*lane
 	free  []freeHolder
@@ -245,6 +247,7 @@ func (m *modelTable) addLane(st *stream, medium string, group int, blockSize int
 // scrubbed instead.
 func (m *modelTable) allocHolder() int {
 	now := m.t.now()
+	m.trimHolders(now)
 	best, at := -1, -1
 	for i, f := range m.free {
 		if now.Sub(f.released) < holderReuseDelay {
@@ -261,11 +264,40 @@ func (m *modelTable) allocHolder() int {
 		id = best
 		m.free = append(m.free[:at], m.free[at+1:]...)
 	} else {
+		// A trimmed id may still have bits in some shards.
+		m.keys.scrub(id)
 		m.lanes = append(m.lanes, nil)
 	}
 	m.keys.widen(id>>6 + 1)
 	m.keys.setLive(id)
 	return id
+}
+
+// trimHolders forgets the released holder ids past the model's last lane
+// whose grace period is over, so that the next new id follows the lanes;
+// m.mu is held. A trimmed id's bits may stay in slots, stale, until the
+// shards are rebuilt or the id is taken again.
+func (m *modelTable) trimHolders(now time.Time) {
+	for n := len(m.lanes); n > 0 && m.lanes[n-1] == nil; n-- {
+		i := slices.IndexFunc(m.free, func(f freeHolder) bool { return f.id == n-1 })
+		if i < 0 || now.Sub(m.free[i].released) < holderReuseDelay {
+			return
+		}
+		m.free = slices.Delete(m.free, i, i+1)
+		m.lanes = m.lanes[:n-1]
+	}
+}
+
+// narrow trims the released holder ids (see trimHolders) and, when the key
+// table is then wider than the remaining ids need, rebuilds it narrower, so
+// that the lanes of purged pods stop widening every slot and every match;
+// m.mu is held.
+func (m *modelTable) narrow(now time.Time) {
+	m.trimHolders(now)
+	if width := max(1, (len(m.lanes)+63)>>6); width < m.keys.width {
+		m.keys.narrow(width)
+		m.publishPods()
+	}
 }
 
 // publishPods rebuilds the pod index from the lanes of the primary group
