@@ -88,6 +88,18 @@ func TestGaugesDescribeTheIndexAndForgetPurgedPods(t *testing.T) {
 			t.Errorf("%s%v = %v, want %v", tc.name, tc.labels, got, tc.want)
 		}
 	}
+	// Media vLLM does not name share one series, whatever engines call them.
+	for i := range 3 {
+		e := stored(hashSeq(1, 1), nil, tokenRange(0, 16), 16)
+		e.Medium = "tier-" + itoa(i)
+		mustApply(t, idx, podB, e)
+	}
+	if got := gauge("kvgate_indexer_resident_blocks", map[string]string{"pod": "ns/b", "medium": mediumOther}); got != 3 {
+		t.Errorf("resident blocks of ns/b in other media = %v, want 3", got)
+	}
+	if got := testsupport.MetricSeries(t, reg, "kvgate_indexer_resident_blocks", map[string]string{"pod": "ns/b"}); got != 2 {
+		t.Errorf("ns/b has %d resident_blocks series, want 2 (GPU and %s)", got, mediumOther)
+	}
 	match(idx, "llama", "", tokenRange(0, 48), "ns/a")
 	if got := testsupport.MetricValue(t, reg, "kvgate_indexer_match_duration_seconds", nil); got != 1 {
 		t.Errorf("match histogram count = %v, want 1", got)

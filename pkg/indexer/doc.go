@@ -65,6 +65,18 @@
 // a coarse clock, in whole seconds, refreshed when a block is stored
 // (re-announced blocks included) or matched.
 //
+// So is the number of lanes per stream: 32, room for four media of eight
+// KV-cache groups, more than vLLM's engines use. Each lane is a holder id of
+// its model's key table, and every 64 ids add a word to every slot of the
+// table and to what a match copies per block, for every pod's keys, so an
+// engine naming a new medium or group in every event would otherwise make
+// the whole model slower and larger. A stream's blocks in a further medium
+// or group take one of its lanes that holds no block (after an
+// AllBlocksCleared, all of them), or else are skipped and counted in
+// kvgate_indexer_skipped_blocks_total{reason="lane_limit"}. A lane keeps at
+// most 64 bytes of its medium's name: a longer one is cut and followed by a
+// hash of the whole.
+//
 // When a model is full, the index evicts residencies, not whole keys, and
 // makes the streams that hold the most pay: a stream (one engine: a pod's
 // data-parallel rank) is charged one unit per block it holds, once per
@@ -130,6 +142,14 @@
 // nanosecond a slot where a lookup misses the cache; either way its time
 // grows with the pod's entries. It delays only the writers of the pod's
 // models. AllBlocksCleared finds a stream's residencies the same two ways.
+//
+// A released holder id goes to a new lane only 10 seconds later, so that a
+// match still reading the released lane's pod cannot credit that pod with
+// the new lane's blocks. Once that is over, the sweep that Run performs
+// forgets the released ids above the model's last lane and, when that
+// leaves a word of every holder set unused, rebuilds the key table without
+// it: the lanes of purged pods stop widening every slot and every match.
+// Ids are not renumbered, so a live lane keeps the width its id needs.
 //
 // A match keys the prompt a batch of blocks ahead of its lookups and asks the
 // CPU to prefetch the slots of the batch it has keyed, so that the memory

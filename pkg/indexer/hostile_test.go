@@ -3,8 +3,10 @@ package indexer
 import (
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 
+	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/kvevent"
 )
 
@@ -109,5 +111,103 @@ func TestEvictionBatchesDoNotShareAProbeSequence(t *testing.T) {
 	}
 	if set.has(keys[0] + 1) {
 		t.Fatal("a key never added is in the set")
+	}
+}
+
+// TestLanesPerStreamAreBounded plays an engine that names a new medium or
+// KV-cache group in every event. Each lane is a holder id, and every 64 ids
+// widen every slot of the model's table: unbounded, one batch of such events
+// rebuilt the whole table again and again and made every match copy more
+// words per block, for the other pods' keys too.
+func TestLanesPerStreamAreBounded(t *testing.T) {
+	const events = 1000
+	idx, reg := newTestTable(t, Config{})
+	mustApply(t, idx, podA, stored(hashSeq(1, 2), nil, tokenRange(0, 32), 16))
+	mustApply(t, idx, podB, stored(hashSeq(1, 2), nil, tokenRange(0, 32), 16))
+	batch := &kvevent.EventBatch{}
+	for i := range events {
+		e := stored([]uint64{uint64(1000 + i)}, nil, tokenRange(10000+16*i, 16), 16)
+		if i%2 == 0 {
+			e.Medium = "tier-" + itoa(i)
+		} else {
+			e.GroupIdx = i
+		}
+		batch.Events = append(batch.Events, e)
+	}
+	if err := idx.ApplyBatch(podA, batch); err == nil {
+		t.Error("a batch whose blocks were skipped at the lane limit returned no error")
+	}
+	m := idx.model("llama")
+	if n := len(idx.pods["ns/a"].streams[0].lanes); n != maxLanesPerStream {
+		t.Fatalf("the stream has %d lanes, want %d", n, maxLanesPerStream)
+	}
+	if len(m.lanes) != maxLanesPerStream+1 || m.keys.width != 1 {
+		t.Fatalf("%d holder ids in %d words, want %d in 1", len(m.lanes), m.keys.width, maxLanesPerStream+1)
+	}
+	want := float64(events - (maxLanesPerStream - 1))
+	if got := testsupport.MetricValue(t, reg, "kvgate_indexer_skipped_blocks_total", map[string]string{"reason": reasonLaneLimit}); got != want {
+		t.Errorf("skipped lane_limit blocks = %v, want %v", got, want)
+	}
+	// The engine's blocks in its first lanes stay indexed; a new medium
+	// finds no lane while every lane holds blocks.
+	blocks, _ := match(idx, "llama", "", tokenRange(0, 32), "ns/a", "ns/b")
+	if blocks["ns/a"] != 2 || blocks["ns/b"] != 2 {
+		t.Fatalf("a=%d b=%d, want 2 2", blocks["ns/a"], blocks["ns/b"])
+	}
+	cpu := stored(hashSeq(50, 1), nil, tokenRange(500, 16), 16)
+	cpu.Medium = kvevent.MediumCPU
+	if err := idx.ApplyBatch(podA, &kvevent.EventBatch{Events: []kvevent.KVEvent{cpu}}); err == nil {
+		t.Error("a block past the lane limit was stored without an error")
+	}
+	if blocks, _ := match(idx, "llama", "", tokenRange(500, 16), "ns/a"); blocks["ns/a"] != 0 {
+		t.Fatalf("a block past the lane limit matched %d blocks", blocks["ns/a"])
+	}
+	if err := checkInvariants(idx); err != nil {
+		t.Fatal(err)
+	}
+	// Once cleared, the stream's empty lanes take new media and groups,
+	// with the holder ids the stream already has.
+	mustApply(t, idx, podA, &kvevent.AllBlocksClearedEvent{}, cpu)
+	if blocks, gpu := match(idx, "llama", "", tokenRange(500, 16), "ns/a"); blocks["ns/a"] != 1 || gpu["ns/a"] != 0 {
+		t.Fatalf("after a clear, a CPU block matched %d blocks (%d on GPU), want 1 (0)", blocks["ns/a"], gpu["ns/a"])
+	}
+	if len(m.lanes) != maxLanesPerStream+1 {
+		t.Fatalf("%d holder ids after the clear, want %d", len(m.lanes), maxLanesPerStream+1)
+	}
+	if err := checkInvariants(idx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestLongMediumNamesAreKeptCut plays an engine that names its media with
+// megabytes: each lane kept the whole name for as long as the stream lived.
+func TestLongMediumNamesAreKeptCut(t *testing.T) {
+	idx, _ := newTestTable(t, Config{})
+	long := strings.Repeat("x", 1<<20)
+	for _, medium := range []string{long + "a", long + "b"} {
+		e := stored(hashSeq(1, 1), nil, tokenRange(0, 16), 16)
+		e.Medium = medium
+		mustApply(t, idx, podA, e)
+	}
+	lanes := idx.Stats()[0].Pods[0].Streams[0].Lanes
+	if len(lanes) != 2 || lanes[0].Medium == lanes[1].Medium {
+		t.Fatalf("two long media made %d lanes: %+v", len(lanes), lanes)
+	}
+	for _, ls := range lanes {
+		if len(ls.Medium) > maxMediumBytes || !strings.HasPrefix(ls.Medium, "xxxx") {
+			t.Fatalf("a lane keeps a medium name of %d bytes (%.8q...), want at most %d from the name", len(ls.Medium), ls.Medium, maxMediumBytes)
+		}
+	}
+	// The names still tell the lanes apart.
+	mustApply(t, idx, podA, removed(long+"a", kvevent.NoGroup, 1))
+	if blocks, _ := match(idx, "llama", "", tokenRange(0, 16), "ns/a"); blocks["ns/a"] != 1 {
+		t.Fatalf("removing a block from one long medium left %d blocks, want the other medium's 1", blocks["ns/a"])
+	}
+	mustApply(t, idx, podA, removed(long+"b", kvevent.NoGroup, 1))
+	if st := idx.Stats(); st[0].Entries != 0 {
+		t.Fatalf("%d entries left after both media removed the block", st[0].Entries)
+	}
+	if err := checkInvariants(idx); err != nil {
+		t.Fatal(err)
 	}
 }

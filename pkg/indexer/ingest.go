@@ -17,11 +17,12 @@ import (
 // the publisher.
 //
 // Malformed events (tokens that do not align to blocks, a per-block list of
-// extra keys of the wrong length, an unknown event type) are skipped and
-// counted, every other event is applied, and the returned error describes the
-// skipped ones; it is for logging, the stream needs no recovery. Blocks whose
-// parent the index never saw are skipped and counted without an error (see
-// the package documentation).
+// extra keys of the wrong length, an unknown event type) and stored blocks
+// in a medium or KV-cache group past the stream's lane limit are skipped and
+// counted, every other event is applied, and the returned error describes
+// the skipped ones; it is for logging, the stream needs no recovery. Blocks
+// whose parent the index never saw are skipped and counted without an error
+// (see the package documentation).
 func (t *SyncPrefixHashTable) ApplyBatch(s Stream, batch *kvevent.EventBatch) error {
 	if batch == nil {
 		return fmt.Errorf("apply batch from %s rank %d: nil batch", s.Pod, s.Rank)
@@ -148,7 +149,12 @@ func (m *modelTable) store(st *stream, e *kvevent.BlockStoredEvent, now uint32) 
 		return nil
 	}
 	medium, group := normMedium(e.Medium), normGroup(e.GroupIdx)
-	ln := m.laneOf(st, medium, group, bs, false)
+	ln := m.laneOf(st, medium, group)
+	if ln == nil && st.spareLane() < 0 {
+		m.t.metrics.skipped(reasonLaneLimit, n)
+		return fmt.Errorf("BlockStored in medium %q group %d would take a lane past the stream's %d, which all hold blocks: %d blocks skipped",
+			medium, group, maxLanesPerStream, n)
+	}
 	if ln != nil && int(ln.blockSize.Load()) != bs {
 		m.resize(ln, bs)
 	}
@@ -171,7 +177,7 @@ func (m *modelTable) store(st *stream, e *kvevent.BlockStoredEvent, now uint32) 
 		}
 	}
 	if ln == nil {
-		ln = m.laneOf(st, medium, group, bs, true)
+		ln = m.addLane(st, medium, group, bs)
 	}
 	for i, h := range e.BlockHashes {
 		var extra uint64
@@ -277,7 +283,7 @@ func (m *modelTable) dropResidency(ln *lane, hash uint64) {
 // remove applies a BlockRemoved event: only st's residencies in the event's
 // medium and group go.
 func (m *modelTable) remove(st *stream, e *kvevent.BlockRemovedEvent) {
-	ln := m.laneOf(st, normMedium(e.Medium), normGroup(e.GroupIdx), 0, false)
+	ln := m.laneOf(st, normMedium(e.Medium), normGroup(e.GroupIdx))
 	if ln == nil {
 		return
 	}

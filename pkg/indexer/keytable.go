@@ -472,7 +472,7 @@ func (t *keyTable) rebuild(s, capacity int) *keySlots {
 			}
 		}
 		a.slots[i] = keySlot{key: k, holders: old.slots[j].holders & t.live[0], clock: old.clock(j)}
-		for w := range old.more {
+		for w := range min(len(old.more), len(a.more)) {
 			if w+1 < len(t.live) {
 				a.more[w][i] = old.more[w][j] & t.live[w+1]
 			}
@@ -506,6 +506,20 @@ func (t *keyTable) widen(width int) {
 		return
 	}
 	t.width = width
+	for i := range t.shards {
+		t.rebuild(i, t.shards[i].arr.Load().cap())
+	}
+}
+
+// narrow drops the holder-set words from word width on, which no live
+// holder id reaches, rebuilding every shard; the rebuilds also clean every
+// released id's bits.
+func (t *keyTable) narrow(width int) {
+	if width >= t.width {
+		return
+	}
+	t.width = width
+	t.live = t.live[:min(len(t.live), width)]
 	for i := range t.shards {
 		t.rebuild(i, t.shards[i].arr.Load().cap())
 	}

@@ -5,6 +5,8 @@ import (
 	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvgate/kvgate/pkg/kvevent"
 )
 
 // Reasons of the evicted and skipped block counters.
@@ -33,6 +35,9 @@ const (
 	// reasonLoraID: the blocks name their LoRA adapter by the engine's id
 	// only, which no request names.
 	reasonLoraID = "lora_id_only"
+	// reasonLaneLimit: the blocks' medium and group would be a lane past
+	// maxLanesPerStream, and every lane of the stream holds blocks.
+	reasonLaneLimit = "lane_limit"
 )
 
 // metrics are the index's Prometheus metrics. Counters and the match
@@ -61,7 +66,7 @@ func newMetrics(t *SyncPrefixHashTable) *metrics {
 		}, []string{"reason"}),
 		skippedVec: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "kvgate", Subsystem: "indexer", Name: "skipped_blocks_total",
-			Help: "Stored blocks not indexed, by reason: unknown_parent, token_mismatch, extra_keys_mismatch, duplicate_key, lora_id_only.",
+			Help: "Stored blocks not indexed, by reason: unknown_parent, token_mismatch, extra_keys_mismatch, duplicate_key, lora_id_only, lane_limit.",
 		}, []string{"reason"}),
 		parentMisses: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: "kvgate", Subsystem: "indexer", Name: "parent_misses_total",
@@ -80,7 +85,8 @@ func newMetrics(t *SyncPrefixHashTable) *metrics {
 			"Engine streams (a pod's data-parallel ranks) holding blocks of a model's primary KV-cache group, by block size in tokens; a model with more than one block_size is matched at each pod's own.",
 			[]string{"model", "block_size"}, nil),
 		residentDesc: prometheus.NewDesc("kvgate_indexer_resident_blocks",
-			"Blocks a pod holds in a medium, all ranks and KV-cache groups together.", []string{"model", "pod", "medium"}, nil),
+			"Blocks a pod holds in a medium (GPU, CPU, STORAGE, FS, OBJ, or other for any other name), all ranks and KV-cache groups together.",
+			[]string{"model", "pod", "medium"}, nil),
 	}
 }
 
@@ -131,7 +137,7 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 			media := map[string]int{}
 			for _, ss := range ps.Streams {
 				for _, ls := range ss.Lanes {
-					media[ls.Medium] += ls.Blocks
+					media[mediumLabel(ls.Medium)] += ls.Blocks
 				}
 			}
 			for medium, n := range media {
@@ -139,4 +145,18 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 			}
 		}
 	}
+}
+
+// mediumOther is the medium label of blocks in a medium vLLM does not name.
+const mediumOther = "other"
+
+// mediumLabel is the medium label of a lane's blocks: vLLM's media by name
+// (FS and OBJ before STORAGE replaced them), any other as mediumOther, so
+// that the names engines choose do not choose the gauge's series.
+func mediumLabel(medium string) string {
+	switch medium {
+	case kvevent.MediumGPU, kvevent.MediumCPU, kvevent.MediumStorage, "FS", "OBJ":
+		return medium
+	}
+	return mediumOther
 }

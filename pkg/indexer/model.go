@@ -2,10 +2,14 @@ package indexer
 
 import (
 	"cmp"
+	"fmt"
+	"hash/maphash"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/kvgate/kvgate/pkg/kvevent"
 )
@@ -29,11 +33,13 @@ type modelTable struct {
 	// queue holds the work later queued for the holder of mu; queueMu
 	// guards it, and queued counts its entries for unlock to read without
 	// taking queueMu. It holds at most one entry per stream the model ever
-	// had and one for the model's drop.
-	queueMu sync.Mutex
-	queue   []func()
-	queued  atomic.Int32
-	keys    keyTable
+	// had, one for the model's drop and one narrow: narrowing is set while
+	// a sweep's narrow is queued.
+	queueMu   sync.Mutex
+	queue     []func()
+	queued    atomic.Int32
+	narrowing atomic.Bool
+	keys      keyTable
 	// lanes is indexed by holder id; nil marks a free id.
 	lanes []*lane
 	free  []freeHolder
@@ -147,13 +153,39 @@ func (m *modelTable) use(now uint32) {
 	}
 }
 
-// normMedium names the medium of an event; events without one describe the
-// GPU cache.
+// maxLanesPerStream bounds the lanes of one stream. Each lane is a holder
+// id of its model's key table, and every 64 ids widen every slot of the
+// table by a word, for the keys of every pod. vLLM's engines use a few media
+// (GPU, CPU, STORAGE, or FS and OBJ before STORAGE) and, for hybrid models, a
+// handful of KV-cache groups (about eight at most): 32 lanes hold four media
+// of eight groups. Past it, a stream's blocks in a further medium or group
+// take one of its empty lanes, or are skipped and counted
+// (skipped_blocks_total{reason="lane_limit"}).
+const maxLanesPerStream = 32
+
+// maxMediumBytes bounds the medium name a lane keeps (see normMedium).
+const maxMediumBytes = 64
+
+// mediumSeed seeds the hash that tells long medium names apart.
+var mediumSeed = maphash.MakeSeed()
+
+// normMedium names the medium of an event: events without one describe the
+// GPU cache, and a name longer than maxMediumBytes is cut and followed by a
+// hash of the whole, so that a lane keeps at most maxMediumBytes of whatever
+// name an engine sends and two long names still name two lanes (unless
+// their 64-bit hashes collide, which merges the engine's own lanes).
 func normMedium(medium string) string {
-	if medium == "" {
+	switch {
+	case medium == "":
 		return kvevent.MediumGPU
+	case len(medium) <= maxMediumBytes:
+		return medium
 	}
-	return medium
+	cut := maxMediumBytes - 17
+	for cut > 0 && !utf8.RuneStart(medium[cut]) {
+		cut--
+	}
+	return fmt.Sprintf("%s~%016x", medium[:cut], maphash.String(mediumSeed, medium))
 }
 
 // normGroup names the group of an event; an event without one belongs to
@@ -165,21 +197,45 @@ func normGroup(group int) int {
 	return group
 }
 
-// laneOf returns st's lane for a medium and group, creating it for blocks
-// of blockSize tokens when create is set; m.mu is held.
-func (m *modelTable) laneOf(st *stream, medium string, group int, blockSize int, create bool) *lane {
+// laneOf returns st's lane for a medium and group, or nil; m.mu is held.
+func (m *modelTable) laneOf(st *stream, medium string, group int) *lane {
 	for _, ln := range st.lanes {
 		if ln.medium == medium && ln.group == group {
 			return ln
 		}
 	}
-	if !create {
-		return nil
+	return nil
+}
+
+// spareLane is where addLane puts st's next lane: len(st.lanes) while st has
+// fewer than maxLanesPerStream, else the index of a lane that holds no
+// block, or -1 when every lane holds blocks; m.mu is held.
+func (st *stream) spareLane() int {
+	if len(st.lanes) < maxLanesPerStream {
+		return len(st.lanes)
 	}
-	ln := &lane{id: m.allocHolder(), stream: st, medium: medium, group: group, m: laneMap{salt: m.t.keyer.lane}}
+	return slices.IndexFunc(st.lanes, func(ln *lane) bool { return ln.m.n == 0 })
+}
+
+// addLane gives st a lane for a medium and group, of blocks of blockSize
+// tokens, at st.spareLane(), which must not be -1. An empty lane it replaces
+// leaves its holder id to the new one at once: the id has no bit in any
+// slot, and a match still reading the pod index of the old lane may at most
+// count the new lane's blocks as the same stream's in the old lane's medium,
+// group and block size, as after a resize. m.mu is held.
+func (m *modelTable) addLane(st *stream, medium string, group int, blockSize int) *lane {
+	at := st.spareLane()
+	var id int
+	if at < len(st.lanes) {
+		id = st.lanes[at].id
+	} else {
+		id = m.allocHolder()
+		st.lanes = append(st.lanes, nil)
+	}
+	ln := &lane{id: id, stream: st, medium: strings.Clone(medium), group: group, m: laneMap{salt: m.t.keyer.lane}}
 	ln.blockSize.Store(int64(blockSize))
-	m.lanes[ln.id] = ln
-	st.lanes = append(st.lanes, ln)
+	m.lanes[id] = ln
+	st.lanes[at] = ln
 	st.publishLanes()
 	m.publishPods()
 	return ln
@@ -191,6 +247,7 @@ func (m *modelTable) laneOf(st *stream, medium string, group int, blockSize int,
 // scrubbed instead.
 func (m *modelTable) allocHolder() int {
 	now := m.t.now()
+	m.trimHolders(now)
 	best, at := -1, -1
 	for i, f := range m.free {
 		if now.Sub(f.released) < holderReuseDelay {
@@ -207,11 +264,40 @@ func (m *modelTable) allocHolder() int {
 		id = best
 		m.free = append(m.free[:at], m.free[at+1:]...)
 	} else {
+		// A trimmed id may still have bits in some shards.
+		m.keys.scrub(id)
 		m.lanes = append(m.lanes, nil)
 	}
 	m.keys.widen(id>>6 + 1)
 	m.keys.setLive(id)
 	return id
+}
+
+// trimHolders forgets the released holder ids past the model's last lane
+// whose grace period is over, so that the next new id follows the lanes;
+// m.mu is held. A trimmed id's bits may stay in slots, stale, until the
+// shards are rebuilt or the id is taken again.
+func (m *modelTable) trimHolders(now time.Time) {
+	for n := len(m.lanes); n > 0 && m.lanes[n-1] == nil; n-- {
+		i := slices.IndexFunc(m.free, func(f freeHolder) bool { return f.id == n-1 })
+		if i < 0 || now.Sub(m.free[i].released) < holderReuseDelay {
+			return
+		}
+		m.free = slices.Delete(m.free, i, i+1)
+		m.lanes = m.lanes[:n-1]
+	}
+}
+
+// narrow trims the released holder ids (see trimHolders) and, when the key
+// table is then wider than the remaining ids need, rebuilds it narrower, so
+// that the lanes of purged pods stop widening every slot and every match;
+// m.mu is held.
+func (m *modelTable) narrow(now time.Time) {
+	m.trimHolders(now)
+	if width := max(1, (len(m.lanes)+63)>>6); width < m.keys.width {
+		m.keys.narrow(width)
+		m.publishPods()
+	}
 }
 
 // publishPods rebuilds the pod index from the lanes of the primary group

@@ -7,8 +7,9 @@ import (
 
 // Run sweeps the index every EvictionInterval until ctx is done, then
 // returns nil. A sweep purges the pods that sent no event and were credited
-// by no match for EvictionDuration, and forgets models left without pods and
-// blocks.
+// by no match for EvictionDuration, forgets models left without pods and
+// blocks, and narrows the key tables that released holder ids left wider
+// than their lanes need.
 func (t *SyncPrefixHashTable) Run(ctx context.Context) error {
 	tk := time.NewTicker(t.cfg.EvictionInterval)
 	defer tk.Stop()
@@ -48,6 +49,16 @@ func (t *SyncPrefixHashTable) sweep(now time.Time) {
 		}
 	}
 	t.forgetEmptyModels()
+	for _, m := range *t.models.Load() {
+		if m.narrowing.CompareAndSwap(false, true) {
+			m.later(func() {
+				m.narrowing.Store(false)
+				if !m.isDropped() {
+					m.narrow(now)
+				}
+			})
+		}
+	}
 }
 
 // lastActive is the unix nanoseconds of the pod's last event or credited

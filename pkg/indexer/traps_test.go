@@ -506,3 +506,97 @@ func TestAPodWhoseMediaUseTwoBlockSizesIsCreditedItsLongestRuns(t *testing.T) {
 		t.Fatalf("match = %+v, want %+v", res.Pods[0], want)
 	}
 }
+
+// TestPurgedLanesStopWideningTheTable purges the pods whose lanes have the
+// highest holder ids. Their ids kept every slot of the model's table one
+// word wider, and every match copying it, for as long as the model lived.
+func TestPurgedLanesStopWideningTheTable(t *testing.T) {
+	idx, _, clock := newClockedTable(t, Config{})
+	const pods = 100
+	names := make([]string, pods)
+	for i := range pods {
+		names[i] = "ns/p" + itoa(i)
+		n := i%7 + 1
+		mustApply(t, idx, Stream{Pod: names[i], Model: "llama"}, stored(hashSeq(1, n), nil, tokenRange(0, 16*n), 16))
+	}
+	m := idx.model("llama")
+	if m.keys.width != 2 {
+		t.Fatalf("%d pods' lanes take %d words, want 2", pods, m.keys.width)
+	}
+	for i := 64; i < pods; i++ {
+		idx.PurgePod(names[i])
+	}
+	width := func() (table int, shards []int, matches int) {
+		for s := range m.keys.shards {
+			shards = append(shards, m.keys.shards[s].arr.Load().width())
+		}
+		return m.keys.width, shards, m.pods.Load().width
+	}
+	checkMatches := func(when string, live int) {
+		t.Helper()
+		var res MatchResult
+		idx.MatchPrefix("llama", "", tokenRange(0, 16*8), names, &res)
+		for i, p := range res.Pods {
+			want := i%7 + 1
+			if i >= live {
+				want = 0
+			}
+			if p.Blocks != want {
+				t.Fatalf("%s: pod %s credited %d blocks, want %d", when, p.Pod, p.Blocks, want)
+			}
+		}
+		if err := checkInvariants(idx); err != nil {
+			t.Fatalf("%s: %v", when, err)
+		}
+	}
+	// The released ids keep their grace period, and the width with it.
+	idx.sweep(clock.Now())
+	if w, _, _ := width(); w != 2 {
+		t.Fatalf("a sweep within the ids' grace period narrowed the table to %d words", w)
+	}
+	checkMatches("after the purge", 64)
+	clock.Advance(holderReuseDelay)
+	idx.sweep(clock.Now())
+	w, shards, mw := width()
+	if w != 1 || mw != 1 || slices.Max(shards) != 1 || len(m.lanes) != 64 {
+		t.Fatalf("after the grace period: table %d words, shards %v, matches %d, %d holder ids; want 1, all 1, 1, 64",
+			w, shards, mw, len(m.lanes))
+	}
+	checkMatches("after narrowing", 64)
+	// New pods take the next ids and widen the table again.
+	for i := 64; i < pods; i++ {
+		names[i] = "ns/q" + itoa(i)
+		n := i%7 + 1
+		mustApply(t, idx, Stream{Pod: names[i], Model: "llama"}, stored(hashSeq(1, n), nil, tokenRange(0, 16*n), 16))
+	}
+	if len(m.lanes) != pods || m.keys.width != 2 {
+		t.Fatalf("%d holder ids in %d words for %d pods, want %d in 2", len(m.lanes), m.keys.width, pods, pods)
+	}
+	checkMatches("after new pods", pods)
+}
+
+// TestTrimmedHolderIdsAreScrubbedBeforeReuse purges the pods with the
+// highest holder ids, whose bits stay in the slots of the blocks they held,
+// and gives their ids to new pods holding other blocks.
+func TestTrimmedHolderIdsAreScrubbedBeforeReuse(t *testing.T) {
+	idx, _, clock := newClockedTable(t, Config{})
+	for i := range 10 {
+		mustApply(t, idx, Stream{Pod: "ns/p" + itoa(i), Model: "llama"}, stored(hashSeq(1, 3), nil, tokenRange(0, 48), 16))
+	}
+	for i := 5; i < 10; i++ {
+		idx.PurgePod("ns/p" + itoa(i))
+	}
+	clock.Advance(holderReuseDelay)
+	for i := 5; i < 10; i++ {
+		mustApply(t, idx, Stream{Pod: "ns/q" + itoa(i), Model: "llama"}, stored(hashSeq(1, 1), nil, tokenRange(1000, 16), 16))
+		if err := checkInvariants(idx); err != nil {
+			t.Fatalf("new pod %d: %v", i, err)
+		}
+	}
+	if m := idx.model("llama"); len(m.lanes) != 10 {
+		t.Fatalf("%d holder ids for 10 pods, want the purged pods' 10 reused", len(m.lanes))
+	}
+	if blocks, _ := match(idx, "llama", "", tokenRange(0, 48), "ns/q5", "ns/p4"); blocks["ns/q5"] != 0 || blocks["ns/p4"] != 3 {
+		t.Fatalf("q5=%d p4=%d, want 0 (a new pod credited with a purged one's blocks) and 3", blocks["ns/q5"], blocks["ns/p4"])
+	}
+}
