@@ -21,6 +21,17 @@
 //     state of each replica (see SharedCountsKeyPrefix and
 //     DefaultSharedMaxBlocks).
 //
+// What other replicas and the GPU optimizer write may come from buggy or
+// older versions, or from hosts whose clocks are off: every read is bounded,
+// and what it leaves out is counted.
+//   - Replicas: SharedCounts reads the state of at most 63 other replicas
+//     (DefaultSharedMaxReplicas, 64 with itself), the latest to publish,
+//     and only of those whose last publication lies within the TTL of its
+//     own clock, behind or ahead; the others are left out, counted in
+//     kvgate_cache_shared_gateways_skipped_total{reason="limit"} and
+//     {reason="clock_ahead"} at each read. Replicas listed more than
+//     max(10 TTL, 1 min) behind or ahead are pruned from kvgate:gateways.
+//
 // Nothing on the request path waits for Redis: the components write and
 // read in the background and publish what they read. Their failures are
 // counted in kvgate_cache_redis_errors_total{operation} (see Metrics).

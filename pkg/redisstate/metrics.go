@@ -13,6 +13,12 @@ const (
 	opSharedRead    = "shared_counts_read"
 )
 
+// Reason label values of kvgate_cache_shared_gateways_skipped_total.
+const (
+	skipLimit      = "limit"
+	skipClockAhead = "clock_ahead"
+)
+
 // Metrics are the Prometheus metrics of the components that keep state in
 // Redis, shared by them. Their names keep the Store's subsystem, which
 // counted them before these components had a package of their own. One
@@ -26,6 +32,7 @@ type Metrics struct {
 	blocksTruncated prometheus.Counter
 	sharedRejects   *prometheus.CounterVec
 	gateways        prometheus.Gauge
+	gatewaysSkipped *prometheus.CounterVec
 }
 
 // NewMetrics returns the metrics, registered on reg (none when nil). It
@@ -53,12 +60,19 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 				"(blocks, output_histogram)."}, []string{"kind"}),
 		gateways: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "shared_gateways",
 			Help: "Gateway replicas sharing state through Redis, this one included, as of the last read; 0 until the first."}),
+		gatewaysSkipped: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "shared_gateways_skipped_total",
+			Help: "Other gateway replicas whose shared state a read left out, at each read, by reason: limit (beyond the " +
+				"64 replicas a read takes, this one included: the least recently published), clock_ahead (published at a " +
+				"time further ahead of this replica's clock than the shared state's TTL)."}, []string{"reason"}),
+	}
+	for _, r := range []string{skipLimit, skipClockAhead} {
+		m.gatewaysSkipped.WithLabelValues(r)
 	}
 	if reg == nil {
 		return m, nil
 	}
 	if err := promreg.Register(reg, "Redis state", m.redisErrors, m.traceFlushes, m.traceFlushDelay, m.profileRejects, m.localOnly,
-		m.blocksTruncated, m.sharedRejects, m.gateways); err != nil {
+		m.blocksTruncated, m.sharedRejects, m.gateways, m.gatewaysSkipped); err != nil {
 		return nil, err
 	}
 	return m, nil

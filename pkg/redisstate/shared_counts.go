@@ -32,7 +32,12 @@ import (
 // renews its expiry to SharedCountsTTL, so the hash always holds a
 // consistent snapshot and disappears soon after its replica dies. Replicas
 // list themselves in the sorted set SharedGatewaysKey (scored by the Unix
-// milliseconds of their last publication) and read each other's hashes.
+// milliseconds of their last publication) and read each other's hashes:
+// those of at most MaxReplicas-1 others, the latest to publish, whose
+// publications are no older than the TTL and no further ahead of the
+// reader's clock than the TTL. A replica whose clock runs further ahead is
+// left out, and removed from the set with the dead ones once its
+// publication lies more than max(10 TTL, 1 min) from the reader's clock.
 const (
 	SharedCountsKeyPrefix = "kvgate:running_requests:"
 	SharedGatewaysKey     = "kvgate:gateways"
@@ -42,6 +47,9 @@ const (
 const (
 	DefaultSharedCountsInterval = 200 * time.Millisecond
 	DefaultSharedCountsTTL      = 5 * time.Second
+	// DefaultSharedMaxReplicas bounds the replicas sharing state, this one
+	// included: each read takes the hashes of at most 63 others.
+	DefaultSharedMaxReplicas = 64
 )
 
 // sharedRedisTimeout bounds one publication or read.
@@ -67,6 +75,11 @@ type SharedCountsConfig struct {
 	TTL time.Duration
 	// Logger receives the component's logs (default klog.Background()).
 	Logger klog.Logger
+	// MaxReplicas is the most replicas whose state is read, this one
+	// included (default DefaultSharedMaxReplicas): a read takes the
+	// latest to publish and counts the others it leaves out in
+	// kvgate_cache_shared_gateways_skipped_total{reason="limit"}.
+	MaxReplicas int
 
 	// Prefixes, when set, also shares the prompt blocks that this
 	// replica's attempts hold on each pod, at most MaxBlocks keys (default
@@ -110,6 +123,8 @@ type SharedCounts struct {
 	key     string
 	// others tells whether other live replicas were seen at the last read.
 	others bool
+	// published is when the last publication that succeeded was made.
+	published time.Time
 }
 
 // remoteCounts sums the other replicas' counts (integer fields) and work
@@ -136,8 +151,12 @@ func NewSharedCounts(client *redis.Client, pods PodLoads, m *Metrics, cfg Shared
 	cfg.Interval = cmp.Or(cfg.Interval, DefaultSharedCountsInterval)
 	cfg.TTL = cmp.Or(cfg.TTL, DefaultSharedCountsTTL)
 	cfg.MaxBlocks = cmp.Or(cfg.MaxBlocks, DefaultSharedMaxBlocks)
+	cfg.MaxReplicas = cmp.Or(cfg.MaxReplicas, DefaultSharedMaxReplicas)
 	if cfg.MaxBlocks < 0 {
 		return nil, fmt.Errorf("shared counts: MaxBlocks %d is negative", cfg.MaxBlocks)
+	}
+	if cfg.MaxReplicas < 2 {
+		return nil, fmt.Errorf("shared counts: MaxReplicas %d leaves no other replica to share with", cfg.MaxReplicas)
 	}
 	if cfg.Interval < 0 || cfg.TTL <= cfg.Interval {
 		return nil, fmt.Errorf("shared counts: TTL %v must exceed the interval %v", cfg.TTL, cfg.Interval)
@@ -225,14 +244,19 @@ func (c *SharedCounts) publish(ctx context.Context) error {
 			p.PExpire(ctx, c.key, c.cfg.TTL)
 		}
 		p.ZAdd(ctx, SharedGatewaysKey, redis.Z{Score: float64(now.UnixMilli()), Member: c.cfg.GatewayID})
-		p.ZRemRangeByScore(ctx, SharedGatewaysKey, "-inf", strconv.FormatInt(now.Add(-prune).UnixMilli(), 10))
+		p.ZRemRangeByScore(ctx, SharedGatewaysKey, "-inf", "("+millis(now.Add(-prune)))
+		p.ZRemRangeByScore(ctx, SharedGatewaysKey, "("+millis(now.Add(prune)), "+inf")
 		return nil
 	})
 	if err != nil {
 		return fmt.Errorf("publish %s: %w", c.key, err)
 	}
+	c.published = now
 	return nil
 }
+
+// millis returns t in Unix milliseconds, a score of SharedGatewaysKey.
+func millis(t time.Time) string { return strconv.FormatInt(t.UnixMilli(), 10) }
 
 // state returns this replica's state at now, the fields of its hash.
 func (c *SharedCounts) state(now time.Time) map[string]string {
@@ -262,20 +286,14 @@ func (c *SharedCounts) state(now time.Time) map[string]string {
 func (c *SharedCounts) read(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, sharedRedisTimeout)
 	defer cancel()
-	since := c.cfg.Now().Add(-c.cfg.TTL).UnixMilli()
-	// ZRANGEBYSCORE rather than ZRANGE BYSCORE, which needs Redis 6.2.
-	//lint:ignore SA1019 it serves every Redis version operators run.
-	ids, err := c.client.ZRangeByScore(ctx, SharedGatewaysKey, &redis.ZRangeBy{Min: strconv.FormatInt(since, 10), Max: "+inf"}).Result()
+	ids, err := c.listReplicas(ctx)
 	if err != nil {
-		return fmt.Errorf("list gateways in %s: %w", SharedGatewaysKey, err)
+		return err
 	}
-	c.noteReplicas(ids)
 	pipe := c.client.Pipeline()
-	var cmds []*redis.MapStringStringCmd
-	for _, id := range ids {
-		if id != c.cfg.GatewayID {
-			cmds = append(cmds, pipe.HGetAll(ctx, SharedCountsKeyPrefix+id))
-		}
+	cmds := make([]*redis.MapStringStringCmd, len(ids))
+	for i, id := range ids {
+		cmds[i] = pipe.HGetAll(ctx, SharedCountsKeyPrefix+id)
 	}
 	if len(cmds) > 0 {
 		if _, err := pipe.Exec(ctx); err != nil {
@@ -288,6 +306,34 @@ func (c *SharedCounts) read(ctx context.Context) error {
 	}
 	c.adopt(hashes, c.cfg.Now())
 	return nil
+}
+
+// listReplicas returns the ids of the other replicas whose hashes a read
+// takes: those whose last publication lies within the TTL of now, the
+// latest first, at most MaxReplicas-1. It counts the live replicas it
+// leaves out, and those whose publications lie further ahead.
+func (c *SharedCounts) listReplicas(ctx context.Context) ([]string, error) {
+	now := c.cfg.Now()
+	oldest, newest := millis(now.Add(-c.cfg.TTL)), millis(now.Add(c.cfg.TTL))
+	pipe := c.client.Pipeline()
+	// ZREVRANGEBYSCORE rather than ZRANGE BYSCORE REV, which needs Redis 6.2.
+	latest := pipe.ZRevRangeByScore(ctx, SharedGatewaysKey, &redis.ZRangeBy{Min: oldest, Max: newest,
+		Count: int64(c.cfg.MaxReplicas)})
+	live := pipe.ZCount(ctx, SharedGatewaysKey, oldest, newest)
+	ahead := pipe.ZCount(ctx, SharedGatewaysKey, "("+newest, "+inf")
+	if _, err := pipe.Exec(ctx); err != nil {
+		return nil, fmt.Errorf("list gateways in %s: %w", SharedGatewaysKey, err)
+	}
+	others := live.Val()
+	if self := c.published; !self.IsZero() && self.After(now.Add(-c.cfg.TTL)) && !self.After(now.Add(c.cfg.TTL)) {
+		others--
+	}
+	ids := slices.DeleteFunc(latest.Val(), func(id string) bool { return id == c.cfg.GatewayID })
+	ids = ids[:min(len(ids), c.cfg.MaxReplicas-1)]
+	c.metrics.gatewaysSkipped.WithLabelValues(skipLimit).Add(float64(max(others-int64(len(ids)), 0)))
+	c.metrics.gatewaysSkipped.WithLabelValues(skipClockAhead).Add(float64(ahead.Val()))
+	c.noteReplicas(int(others) + 1)
+	return ids, nil
 }
 
 // adopt sums the states of the other replicas, their hashes, and sets the
@@ -332,13 +378,10 @@ func ShareInProcess(replicas ...*SharedCounts) {
 	}
 }
 
-// noteReplicas records the live replicas ids, and logs an error when other
-// replicas appear beside one that must be the only one.
-func (c *SharedCounts) noteReplicas(ids []string) {
-	n := len(ids)
-	if !slices.Contains(ids, c.cfg.GatewayID) {
-		n++
-	}
+// noteReplicas records the number of live replicas, this one included, and
+// logs an error when other replicas appear beside one that must be the only
+// one.
+func (c *SharedCounts) noteReplicas(n int) {
 	c.metrics.gateways.Set(float64(n))
 	others := n > 1
 	if others && !c.others && c.cfg.SoleReplica != "" {

@@ -1,0 +1,124 @@
+package redisstate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/kvgate/kvgate/internal/testsupport"
+	"github.com/kvgate/kvgate/pkg/cache"
+	"github.com/kvgate/kvgate/pkg/internal/testredis"
+)
+
+// boundedReader returns the shared counts of s read as gateway "gw-self"
+// at the fixed time now, configured by cfg, and the registry of its
+// metrics. Tests call its read and publish themselves.
+func boundedReader(t *testing.T, rc *redis.Client, s *cache.Store, now time.Time, cfg SharedCountsConfig) (*SharedCounts, *prometheus.Registry) {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	cfg.GatewayID, cfg.Now = "gw-self", func() time.Time { return now }
+	c, err := NewSharedCounts(rc, s, newTestMetrics(t, reg), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, reg
+}
+
+// fakeReplica writes the hash of gateway id, holding fields and values, and
+// lists it as published at at.
+func fakeReplica(t *testing.T, rc *redis.Client, id string, at time.Time, fieldsAndValues ...any) {
+	t.Helper()
+	ctx := context.Background()
+	key := SharedCountsKeyPrefix + id
+	if err := rc.HSet(ctx, key, fieldsAndValues...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rc.Expire(ctx, key, time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rc.ZAdd(ctx, SharedGatewaysKey, redis.Z{Score: float64(at.UnixMilli()), Member: id}).Err(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func mustRead(t *testing.T, c *SharedCounts) {
+	t.Helper()
+	if err := c.read(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func skipped(t *testing.T, reg *prometheus.Registry, reason string) float64 {
+	t.Helper()
+	return testsupport.MetricValue(t, reg, "kvgate_cache_shared_gateways_skipped_total", map[string]string{"reason": reason})
+}
+
+func TestReadTakesTheLatestReplicasUpToTheBound(t *testing.T) {
+	rc := testredis.Start(t).NewClient(t)
+	s := storeWithPods(t, "p")
+	now := time.Now()
+	c, reg := boundedReader(t, rc, s, now, SharedCountsConfig{MaxReplicas: 4})
+	// Six other replicas; gw-i published i tenths of a second ago and runs
+	// 2^i requests on p.
+	for i := range 6 {
+		fakeReplica(t, rc, fmt.Sprint("gw-", i), now.Add(-time.Duration(i)*100*time.Millisecond), "ns/p", 1<<i)
+	}
+	mustRead(t, c)
+	if got := s.PodLoad(podP).Running(); got != 1+2+4 {
+		t.Fatalf("running on p = %d, want 7: the three latest of the six other replicas", got)
+	}
+	if n := skipped(t, reg, skipLimit); n != 3 {
+		t.Fatalf("replicas left out = %v, want 3", n)
+	}
+	if n := testsupport.MetricValue(t, reg, "kvgate_cache_shared_gateways", nil); n != 7 {
+		t.Fatalf("shared gateways = %v, want 7: every live replica and this one", n)
+	}
+
+	// Once this replica has published, it takes one of the slots itself.
+	if err := c.publish(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	mustRead(t, c)
+	if got := s.PodLoad(podP).Running(); got != 7 {
+		t.Fatalf("running on p = %d after publishing, want 7", got)
+	}
+	if n := skipped(t, reg, skipLimit); n != 6 {
+		t.Fatalf("replicas left out after two reads = %v, want 6", n)
+	}
+}
+
+func TestReadLeavesOutReplicasWhoseClockRunsAhead(t *testing.T) {
+	rc := testredis.Start(t).NewClient(t)
+	s := storeWithPods(t, "p")
+	now := time.Now()
+	c, reg := boundedReader(t, rc, s, now, SharedCountsConfig{Interval: 100 * time.Millisecond, TTL: time.Second})
+	fakeReplica(t, rc, "gw-ok", now.Add(900*time.Millisecond), "ns/p", 2)
+	fakeReplica(t, rc, "gw-ahead", now.Add(1100*time.Millisecond), "ns/p", 5)
+	fakeReplica(t, rc, "gw-far-ahead", now.Add(time.Hour), "ns/p", 11)
+	mustRead(t, c)
+	if got := s.PodLoad(podP).Running(); got != 2 {
+		t.Fatalf("running on p = %d, want 2: only the replica within the TTL of now", got)
+	}
+	if n := skipped(t, reg, skipClockAhead); n != 2 {
+		t.Fatalf("replicas left out for their clock = %v, want 2", n)
+	}
+
+	// A publication prunes the replicas listed beyond a minute ahead, as
+	// it prunes those a minute behind.
+	fakeReplica(t, rc, "gw-dead", now.Add(-2*time.Minute), "ns/p", 1)
+	if err := c.publish(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for id, listed := range map[string]bool{"gw-ok": true, "gw-ahead": true, "gw-self": true, "gw-far-ahead": false, "gw-dead": false} {
+		err := rc.ZScore(ctx, SharedGatewaysKey, id).Err()
+		if (err == nil) != listed || (err != nil && !errors.Is(err, redis.Nil)) {
+			t.Errorf("%s listed: %v, want %v", id, err == nil, listed)
+		}
+	}
+}
