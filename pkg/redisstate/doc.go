@@ -31,6 +31,14 @@
 //     kvgate_cache_shared_gateways_skipped_total{reason="limit"} and
 //     {reason="clock_ahead"} at each read. Replicas listed more than
 //     max(10 TTL, 1 min) behind or ahead are pruned from kvgate:gateways.
+//   - Replicas' hashes: one script per hash checks it and reads it at once,
+//     so it cannot grow in between; a hash of more than 16384 fields
+//     (DefaultSharedMaxHashFields), larger by MEMORY USAGE than 8 bytes per
+//     MaxBlocks plus 2 MiB (DefaultSharedHashBytes; 2.25 MiB by default), or
+//     a key that holds no hash, is left out whole, counted in
+//     kvgate_cache_shared_gateways_skipped_total{reason="fields"},
+//     {reason="bytes"} or {reason="not_hash"}. A read thus holds at most 63
+//     hashes of 2.25 MiB.
 //
 // Nothing on the request path waits for Redis: the components write and
 // read in the background and publish what they read. Their failures are

@@ -17,6 +17,9 @@ const (
 const (
 	skipLimit      = "limit"
 	skipClockAhead = "clock_ahead"
+	skipFields     = "fields"
+	skipBytes      = "bytes"
+	skipNotHash    = "not_hash"
 )
 
 // Metrics are the Prometheus metrics of the components that keep state in
@@ -63,9 +66,11 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		gatewaysSkipped: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "shared_gateways_skipped_total",
 			Help: "Other gateway replicas whose shared state a read left out, at each read, by reason: limit (beyond the " +
 				"64 replicas a read takes, this one included: the least recently published), clock_ahead (published at a " +
-				"time further ahead of this replica's clock than the shared state's TTL)."}, []string{"reason"}),
+				"time further ahead of this replica's clock than the shared state's TTL), fields (a hash of more than 16384 " +
+				"fields), bytes (a hash larger, by Redis's MEMORY USAGE, than 8 bytes per KVGATE_SHARED_MAX_BLOCKS plus " +
+				"2 MiB: 2.25 MiB by default), not_hash (a key that holds no hash)."}, []string{"reason"}),
 	}
-	for _, r := range []string{skipLimit, skipClockAhead} {
+	for _, r := range []string{skipLimit, skipClockAhead, skipFields, skipBytes, skipNotHash} {
 		m.gatewaysSkipped.WithLabelValues(r)
 	}
 	if reg == nil {

@@ -122,3 +122,48 @@ func TestReadLeavesOutReplicasWhoseClockRunsAhead(t *testing.T) {
 		}
 	}
 }
+
+func TestReadLeavesOutHashesBeyondTheBounds(t *testing.T) {
+	rc := testredis.Start(t).NewClient(t)
+	ctx := context.Background()
+	s := storeWithPods(t, "p")
+	now := time.Now()
+	c, reg := boundedReader(t, rc, s, now, SharedCountsConfig{MaxHashFields: 10, MaxHashBytes: 16 << 10})
+	fakeReplica(t, rc, "gw-ok", now, "ns/p", 2)
+	wide := []any{"ns/p", 4}
+	for i := range 10 {
+		wide = append(wide, fmt.Sprintf("ns/p|model-%d", i), 1)
+	}
+	fakeReplica(t, rc, "gw-wide", now, wide...)
+	fakeReplica(t, rc, "gw-big", now, "ns/p", 8, "ns/p#blocks", string(make([]byte, 64<<10)))
+	// A key that holds no hash, listed as a replica.
+	if err := rc.Set(ctx, SharedCountsKeyPrefix+"gw-string", "ns/p", time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rc.ZAdd(ctx, SharedGatewaysKey, redis.Z{Score: float64(now.UnixMilli()), Member: "gw-string"}).Err(); err != nil {
+		t.Fatal(err)
+	}
+
+	mustRead(t, c)
+	if got := s.PodLoad(podP).Running(); got != 2 {
+		t.Fatalf("running on p = %d, want 2: the hashes beyond the bounds left out whole", got)
+	}
+	for _, reason := range []string{skipFields, skipBytes, skipNotHash} {
+		if n := skipped(t, reg, reason); n != 1 {
+			t.Errorf("replicas left out for %s = %v, want 1", reason, n)
+		}
+	}
+
+	// A hash within the bounds again is read again, and a Redis that lost
+	// the script is given it again.
+	if err := rc.HDel(ctx, SharedCountsKeyPrefix+"gw-big", "ns/p#blocks").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rc.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	mustRead(t, c)
+	if got := s.PodLoad(podP).Running(); got != 2+8 {
+		t.Fatalf("running on p = %d, want 10 once gw-big's hash fits", got)
+	}
+}

@@ -50,6 +50,14 @@ const (
 	// DefaultSharedMaxReplicas bounds the replicas sharing state, this one
 	// included: each read takes the hashes of at most 63 others.
 	DefaultSharedMaxReplicas = 64
+	// DefaultSharedMaxHashFields bounds the fields of another replica's
+	// hash: about 5 per pod (counts, work, prompt blocks) and 1 per model
+	// served and pod, 2000 pods of 3 models each.
+	DefaultSharedMaxHashFields = 1 << 14
+	// DefaultSharedHashBytes is what SharedCountsConfig.MaxHashBytes'
+	// default allows beyond the prompt blocks: 16Ki fields of counts as
+	// Redis stores them (about 60 bytes each) and output histories.
+	DefaultSharedHashBytes = 2 << 20
 )
 
 // sharedRedisTimeout bounds one publication or read.
@@ -80,6 +88,15 @@ type SharedCountsConfig struct {
 	// latest to publish and counts the others it leaves out in
 	// kvgate_cache_shared_gateways_skipped_total{reason="limit"}.
 	MaxReplicas int
+	// MaxHashFields and MaxHashBytes bound the hash of another replica a
+	// read takes: its fields, and its size as Redis measures it (MEMORY
+	// USAGE: its fields and values and their overhead). A larger hash is
+	// left out whole, counted in
+	// kvgate_cache_shared_gateways_skipped_total{reason="fields"} or
+	// {reason="bytes"}. Defaults: DefaultSharedMaxHashFields, and 8 bytes
+	// per MaxBlocks plus DefaultSharedHashBytes (2.25 MiB).
+	MaxHashFields int
+	MaxHashBytes  int
 
 	// Prefixes, when set, also shares the prompt blocks that this
 	// replica's attempts hold on each pod, at most MaxBlocks keys (default
@@ -152,8 +169,13 @@ func NewSharedCounts(client *redis.Client, pods PodLoads, m *Metrics, cfg Shared
 	cfg.TTL = cmp.Or(cfg.TTL, DefaultSharedCountsTTL)
 	cfg.MaxBlocks = cmp.Or(cfg.MaxBlocks, DefaultSharedMaxBlocks)
 	cfg.MaxReplicas = cmp.Or(cfg.MaxReplicas, DefaultSharedMaxReplicas)
+	cfg.MaxHashFields = cmp.Or(cfg.MaxHashFields, DefaultSharedMaxHashFields)
+	cfg.MaxHashBytes = cmp.Or(cfg.MaxHashBytes, 8*cfg.MaxBlocks+DefaultSharedHashBytes)
 	if cfg.MaxBlocks < 0 {
 		return nil, fmt.Errorf("shared counts: MaxBlocks %d is negative", cfg.MaxBlocks)
+	}
+	if cfg.MaxHashFields < 0 || cfg.MaxHashBytes < 0 {
+		return nil, fmt.Errorf("shared counts: MaxHashFields %d or MaxHashBytes %d is negative", cfg.MaxHashFields, cfg.MaxHashBytes)
 	}
 	if cfg.MaxReplicas < 2 {
 		return nil, fmt.Errorf("shared counts: MaxReplicas %d leaves no other replica to share with", cfg.MaxReplicas)
@@ -290,22 +312,102 @@ func (c *SharedCounts) read(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	pipe := c.client.Pipeline()
-	cmds := make([]*redis.MapStringStringCmd, len(ids))
-	for i, id := range ids {
-		cmds[i] = pipe.HGetAll(ctx, SharedCountsKeyPrefix+id)
-	}
-	if len(cmds) > 0 {
-		if _, err := pipe.Exec(ctx); err != nil {
-			return fmt.Errorf("read %d gateways' counts: %w", len(cmds), err)
-		}
-	}
-	hashes := make([]map[string]string, len(cmds))
-	for i, cmd := range cmds {
-		hashes[i] = cmd.Val()
+	hashes, err := c.readHashes(ctx, ids)
+	if err != nil {
+		return err
 	}
 	c.adopt(hashes, c.cfg.Now())
 	return nil
+}
+
+// readHash returns, of the hash KEYS[1], a 0 followed by its fields and
+// values; or, leaving them out, 1 and its number of fields when it has more
+// than ARGV[1], 2 and its size when MEMORY USAGE exceeds ARGV[2] bytes, 3
+// when the key holds no hash. A missing key gives a lone 0. Checked and read
+// in one script, the hash cannot grow in between.
+var readHash = redis.NewScript(`
+local t = redis.call('TYPE', KEYS[1]).ok
+if t == 'none' then return {0} end
+if t ~= 'hash' then return {3} end
+local n = redis.call('HLEN', KEYS[1])
+if n > tonumber(ARGV[1]) then return {1, n} end
+local size = redis.call('MEMORY', 'USAGE', KEYS[1], 'SAMPLES', '0')
+if size > tonumber(ARGV[2]) then return {2, size} end
+local h = redis.call('HGETALL', KEYS[1])
+table.insert(h, 1, 0)
+return h
+`)
+
+// readHashes returns the hashes of the replicas ids that fit the bounds,
+// counting those left out.
+func (c *SharedCounts) readHashes(ctx context.Context, ids []string) ([]map[string]string, error) {
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	exec := func() ([]*redis.Cmd, error) {
+		pipe := c.client.Pipeline()
+		cmds := make([]*redis.Cmd, len(ids))
+		for i, id := range ids {
+			cmds[i] = readHash.EvalSha(ctx, pipe, []string{SharedCountsKeyPrefix + id}, c.cfg.MaxHashFields, c.cfg.MaxHashBytes)
+		}
+		_, err := pipe.Exec(ctx)
+		return cmds, err
+	}
+	cmds, err := exec()
+	if redis.HasErrorPrefix(err, "NOSCRIPT") {
+		if err = readHash.Load(ctx, c.client).Err(); err == nil {
+			cmds, err = exec()
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read %d gateways' counts: %w", len(ids), err)
+	}
+	hashes := make([]map[string]string, 0, len(cmds))
+	for i, cmd := range cmds {
+		h, skip, err := hashReply(cmd.Val())
+		switch {
+		case err != nil:
+			return nil, fmt.Errorf("read gateway %s's counts: %w", ids[i], err)
+		case skip != "":
+			c.metrics.gatewaysSkipped.WithLabelValues(skip).Inc()
+			c.log.V(2).Info("Left out another gateway's shared state", "gateway", ids[i], "reason", skip, "reply", cmd.Val())
+		case len(h) > 0:
+			hashes = append(hashes, h)
+		}
+	}
+	return hashes, nil
+}
+
+// hashReply decodes a reply of readHash: the hash, or the reason it was left
+// out.
+func hashReply(v any) (hash map[string]string, skip string, err error) {
+	reply, _ := v.([]any)
+	if len(reply) == 0 {
+		return nil, "", fmt.Errorf("unexpected reply %v", v)
+	}
+	switch reply[0] {
+	case int64(0):
+		if len(reply)%2 != 1 {
+			return nil, "", fmt.Errorf("hash reply of %d elements", len(reply))
+		}
+		hash = make(map[string]string, len(reply)/2)
+		for i := 1; i < len(reply); i += 2 {
+			field, fok := reply[i].(string)
+			value, vok := reply[i+1].(string)
+			if !fok || !vok {
+				return nil, "", errors.New("hash reply holds a field or value that is not a string")
+			}
+			hash[field] = value
+		}
+		return hash, "", nil
+	case int64(1):
+		return nil, skipFields, nil
+	case int64(2):
+		return nil, skipBytes, nil
+	case int64(3):
+		return nil, skipNotHash, nil
+	}
+	return nil, "", fmt.Errorf("unexpected reply %v", v)
 }
 
 // listReplicas returns the ids of the other replicas whose hashes a read
