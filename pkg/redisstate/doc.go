@@ -39,6 +39,12 @@
 //     kvgate_cache_shared_gateways_skipped_total{reason="fields"},
 //     {reason="bytes"} or {reason="not_hash"}. A read thus holds at most 63
 //     hashes of 2.25 MiB.
+//   - Pods and models: of the hashes read, only the fields about pods
+//     registered here, and models they serve, are kept; the others are
+//     counted in kvgate_cache_shared_fields_ignored_total{reason} at each
+//     read, and count from the read after their pod or model is
+//     registered. What a pod's load record keeps of the other replicas is
+//     thus bounded by the registry.
 //
 // Nothing on the request path waits for Redis: the components write and
 // read in the background and publish what they read. Their failures are

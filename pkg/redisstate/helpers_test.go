@@ -50,14 +50,20 @@ func storeWithPods(t testing.TB, names ...string) *cache.Store {
 		t.Fatal(err)
 	}
 	for _, name := range names {
-		s.AddOrUpdatePod(&v1.Pod{
-			ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name, UID: k8stypes.UID("uid-" + name),
-				Labels: map[string]string{endpoint.ModelNameLabel: "m"}},
-			Status: v1.PodStatus{Phase: v1.PodRunning, PodIP: "10.0.0.1",
-				Conditions: []v1.PodCondition{{Type: v1.PodReady, Status: v1.ConditionTrue}}},
-		})
+		addPod(s, name)
 	}
 	return s
+}
+
+// addPod registers with s the ready pod name in namespace ns, serving
+// model m.
+func addPod(s *cache.Store, name string) {
+	s.AddOrUpdatePod(&v1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name, UID: k8stypes.UID("uid-" + name),
+			Labels: map[string]string{endpoint.ModelNameLabel: "m"}},
+		Status: v1.PodStatus{Phase: v1.PodRunning, PodIP: "10.0.0.1",
+			Conditions: []v1.PodCondition{{Type: v1.PodReady, Status: v1.ConditionTrue}}},
+	})
 }
 
 // run runs component until the returned function is called, which returns

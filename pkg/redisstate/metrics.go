@@ -22,6 +22,12 @@ const (
 	skipNotHash    = "not_hash"
 )
 
+// Reason label values of kvgate_cache_shared_fields_ignored_total.
+const (
+	ignoreUnknownPod   = "unknown_pod"
+	ignoreUnknownModel = "unknown_model"
+)
+
 // Metrics are the Prometheus metrics of the components that keep state in
 // Redis, shared by them. Their names keep the Store's subsystem, which
 // counted them before these components had a package of their own. One
@@ -36,6 +42,7 @@ type Metrics struct {
 	sharedRejects   *prometheus.CounterVec
 	gateways        prometheus.Gauge
 	gatewaysSkipped *prometheus.CounterVec
+	fieldsIgnored   *prometheus.CounterVec
 }
 
 // NewMetrics returns the metrics, registered on reg (none when nil). It
@@ -70,14 +77,21 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 				"fields), bytes (a hash larger, by Redis's MEMORY USAGE, than 8 bytes per KVGATE_SHARED_MAX_BLOCKS plus " +
 				"2 MiB: 2.25 MiB by default), not_hash (a key that holds no hash)."}, []string{"reason"}),
 	}
+	m.fieldsIgnored = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "shared_fields_ignored_total",
+		Help: "Fields of other gateway replicas' shared state ignored, at each read, by reason: unknown_pod (about a pod " +
+			"this replica has not registered), unknown_model (about a model the pod, or any pod, does not serve here). " +
+			"They count from the read after the pod or model is registered."}, []string{"reason"})
 	for _, r := range []string{skipLimit, skipClockAhead, skipFields, skipBytes, skipNotHash} {
 		m.gatewaysSkipped.WithLabelValues(r)
+	}
+	for _, r := range []string{ignoreUnknownPod, ignoreUnknownModel} {
+		m.fieldsIgnored.WithLabelValues(r)
 	}
 	if reg == nil {
 		return m, nil
 	}
 	if err := promreg.Register(reg, "Redis state", m.redisErrors, m.traceFlushes, m.traceFlushDelay, m.profileRejects, m.localOnly,
-		m.blocksTruncated, m.sharedRejects, m.gateways, m.gatewaysSkipped); err != nil {
+		m.blocksTruncated, m.sharedRejects, m.gateways, m.gatewaysSkipped, m.fieldsIgnored); err != nil {
 		return nil, err
 	}
 	return m, nil

@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/cache"
+	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/internal/testredis"
 )
 
@@ -165,5 +166,59 @@ func TestReadLeavesOutHashesBeyondTheBounds(t *testing.T) {
 	mustRead(t, c)
 	if got := s.PodLoad(podP).Running(); got != 2+8 {
 		t.Fatalf("running on p = %d, want 10 once gw-big's hash fits", got)
+	}
+}
+
+func TestReadIgnoresPodsAndModelsNotRegisteredHere(t *testing.T) {
+	rc := testredis.Start(t).NewClient(t)
+	s := storeWithPods(t, "p")
+	preds, err := cache.NewOutputPredictors(s, cache.PredictorConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	c, reg := boundedReader(t, rc, s, now, SharedCountsConfig{Predictors: preds})
+	// An output history of one request of up to 1 input token and 1024
+	// output tokens.
+	hist := make([]byte, 4*21*21)
+	hist[4*10] = 1
+	fakeReplica(t, rc, "gw-x", now,
+		"ns/p", 5, "ns/p|m", 3, "ns/p|lora", 2,
+		"ns/r", 4, "ns/r|m", 4, "ns/r#pending", "0.5", "ns/r#prefill", "2",
+		fieldOutputPrefix+"lora", string(hist))
+	ignored := func(reason string) float64 {
+		t.Helper()
+		return testsupport.MetricValue(t, reg, "kvgate_cache_shared_fields_ignored_total", map[string]string{"reason": reason})
+	}
+
+	mustRead(t, c)
+	p := s.PodLoad(podP)
+	if got := [3]int64{p.Running(), p.RunningModel("m"), p.RunningModel("lora")}; got != [3]int64{5, 3, 0} {
+		t.Fatalf("running on p in total, for m, for lora = %v, want [5 3 0]: lora is not served here", got)
+	}
+	if n, m := ignored(ignoreUnknownPod), ignored(ignoreUnknownModel); n != 4 || m != 2 {
+		t.Fatalf("fields ignored for an unknown pod, model = %v, %v; want 4, 2", n, m)
+	}
+
+	// Once registered here, the pod and the adapter count from the next
+	// read on.
+	addPod(s, "r")
+	if err := s.SetPodAdapters(podP, []string{"lora"}); err != nil {
+		t.Fatal(err)
+	}
+	mustRead(t, c)
+	if got := p.RunningModel("lora"); got != 2 {
+		t.Fatalf("running on p for lora = %d once p serves it, want 2", got)
+	}
+	r := s.PodLoad(endpoint.Key{Namespace: "ns", Name: "r"})
+	if r.Running() != 4 || r.RunningModel("m") != 4 || r.PendingLoad() != 0.5 {
+		t.Fatalf("r once registered: running %d, for m %d, pending %v; want 4, 4, 0.5", r.Running(), r.RunningModel("m"), r.PendingLoad())
+	}
+	pr, err := preds.GetOutputPredictor("lora")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := pr.Predict(1); got != 1024 {
+		t.Fatalf("lora's predictor predicts %d output tokens, want 1024 from gw-x's history", got)
 	}
 }

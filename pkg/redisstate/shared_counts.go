@@ -63,10 +63,13 @@ const (
 // sharedRedisTimeout bounds one publication or read.
 const sharedRedisTimeout = 2 * time.Second
 
-// PodLoads lists the load records of the registered pods; *cache.Store
-// implements it.
+// PodLoads lists the load records of the registered pods and the models
+// each serves; *cache.Store implements it.
 type PodLoads interface {
 	PodLoads() []*inflight.PodLoad
+	// PodModels returns the models the registered pod whose load record's
+	// ID is id serves.
+	PodModels(id string) []string
 }
 
 // SharedCountsConfig configures SharedCounts.
@@ -439,11 +442,24 @@ func (c *SharedCounts) listReplicas(ctx context.Context) ([]string, error) {
 }
 
 // adopt sums the states of the other replicas, their hashes, and sets the
-// sum on the pods and predictors at now.
+// sum on the pods and predictors at now. Fields about pods this replica
+// has not registered, or models they do not serve, are ignored and
+// counted: the registry bounds what the sum keeps, and a pod or model
+// registered later counts from the next read on.
 func (c *SharedCounts) adopt(hashes []map[string]string, now time.Time) {
+	known := c.knownPods()
+	var unknownPods, unknownModels int
 	sum := remoteCounts{counts: map[string]int64{}, work: map[string]float64{}}
 	for _, h := range hashes {
 		for field, v := range h {
+			switch known.of(field) {
+			case ignoreUnknownPod:
+				unknownPods++
+				continue
+			case ignoreUnknownModel:
+				unknownModels++
+				continue
+			}
 			if c.readRouting(field, v, &sum) {
 				continue
 			}
@@ -460,7 +476,54 @@ func (c *SharedCounts) adopt(hashes []map[string]string, now time.Time) {
 			}
 		}
 	}
+	c.metrics.fieldsIgnored.WithLabelValues(ignoreUnknownPod).Add(float64(unknownPods))
+	c.metrics.fieldsIgnored.WithLabelValues(ignoreUnknownModel).Add(float64(unknownModels))
 	c.apply(sum, now)
+}
+
+// knownPods are the pods registered with a replica, by load record ID, and
+// the models they serve; models is every model served.
+type knownPods struct {
+	pods   map[string][]string
+	models map[string]bool
+}
+
+func (c *SharedCounts) knownPods() knownPods {
+	k := knownPods{pods: map[string][]string{}, models: map[string]bool{}}
+	for _, p := range c.pods.PodLoads() {
+		served := c.pods.PodModels(p.ID())
+		k.pods[p.ID()] = served
+		for _, m := range served {
+			k.models[m] = true
+		}
+	}
+	return k
+}
+
+// of returns why field of another replica's hash is to be ignored (see
+// ignoreUnknownPod), "" when it is about a known pod and model.
+func (k knownPods) of(field string) string {
+	if model, ok := strings.CutPrefix(field, fieldOutputPrefix); ok {
+		if !k.models[model] {
+			return ignoreUnknownModel
+		}
+		return ""
+	}
+	pod, model, perModel := strings.Cut(field, "|")
+	for _, suffix := range []string{fieldPending, fieldPrefill, fieldBlocks} {
+		if p, ok := strings.CutSuffix(field, suffix); ok {
+			pod, perModel = p, false
+			break
+		}
+	}
+	served, ok := k.pods[pod]
+	switch {
+	case !ok:
+		return ignoreUnknownPod
+	case perModel && !slices.Contains(served, model):
+		return ignoreUnknownModel
+	}
+	return ""
 }
 
 // ShareInProcess has each of replicas adopt the state of the others as a
