@@ -9,6 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8stypes "k8s.io/apimachinery/pkg/types"
 
+	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/cache"
 	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/inflight"
@@ -100,4 +101,18 @@ func complete(l *inflight.Ledger, id, model string, prompt, completion int64) {
 	h.ReportUsage(inflight.Usage{PromptTokens: prompt, CompletionTokens: completion})
 	h.Close(inflight.Done, "")
 	h.Request().End()
+}
+
+// must fails t with err, unless nil.
+func must(t testing.TB, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// byReason returns the value of counter name's series for reason in reg.
+func byReason(t testing.TB, reg prometheus.Gatherer, name, reason string) float64 {
+	t.Helper()
+	return testsupport.MetricValue(t, reg, name, map[string]string{"reason": reason})
 }

@@ -47,17 +47,7 @@ func fakeReplica(t *testing.T, rc *redis.Client, id string, at time.Time, fields
 	}
 }
 
-func mustRead(t *testing.T, c *SharedCounts) {
-	t.Helper()
-	if err := c.read(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-}
-
-func skipped(t *testing.T, reg *prometheus.Registry, reason string) float64 {
-	t.Helper()
-	return testsupport.MetricValue(t, reg, "kvgate_cache_shared_gateways_skipped_total", map[string]string{"reason": reason})
-}
+const skippedMetric = "kvgate_cache_shared_gateways_skipped_total"
 
 func TestReadTakesTheLatestReplicasUpToTheBound(t *testing.T) {
 	rc := testredis.Start(t).NewClient(t)
@@ -69,11 +59,11 @@ func TestReadTakesTheLatestReplicasUpToTheBound(t *testing.T) {
 	for i := range 6 {
 		fakeReplica(t, rc, fmt.Sprint("gw-", i), now.Add(-time.Duration(i)*100*time.Millisecond), "ns/p", 1<<i)
 	}
-	mustRead(t, c)
+	must(t, c.read(context.Background()))
 	if got := s.PodLoad(podP).Running(); got != 1+2+4 {
 		t.Fatalf("running on p = %d, want 7: the three latest of the six other replicas", got)
 	}
-	if n := skipped(t, reg, skipLimit); n != 3 {
+	if n := byReason(t, reg, skippedMetric, skipLimit); n != 3 {
 		t.Fatalf("replicas left out = %v, want 3", n)
 	}
 	if n := testsupport.MetricValue(t, reg, "kvgate_cache_shared_gateways", nil); n != 7 {
@@ -84,11 +74,11 @@ func TestReadTakesTheLatestReplicasUpToTheBound(t *testing.T) {
 	if err := c.publish(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	mustRead(t, c)
+	must(t, c.read(context.Background()))
 	if got := s.PodLoad(podP).Running(); got != 7 {
 		t.Fatalf("running on p = %d after publishing, want 7", got)
 	}
-	if n := skipped(t, reg, skipLimit); n != 6 {
+	if n := byReason(t, reg, skippedMetric, skipLimit); n != 6 {
 		t.Fatalf("replicas left out after two reads = %v, want 6", n)
 	}
 }
@@ -101,11 +91,11 @@ func TestReadLeavesOutReplicasWhoseClockRunsAhead(t *testing.T) {
 	fakeReplica(t, rc, "gw-ok", now.Add(900*time.Millisecond), "ns/p", 2)
 	fakeReplica(t, rc, "gw-ahead", now.Add(1100*time.Millisecond), "ns/p", 5)
 	fakeReplica(t, rc, "gw-far-ahead", now.Add(time.Hour), "ns/p", 11)
-	mustRead(t, c)
+	must(t, c.read(context.Background()))
 	if got := s.PodLoad(podP).Running(); got != 2 {
 		t.Fatalf("running on p = %d, want 2: only the replica within the TTL of now", got)
 	}
-	if n := skipped(t, reg, skipClockAhead); n != 2 {
+	if n := byReason(t, reg, skippedMetric, skipClockAhead); n != 2 {
 		t.Fatalf("replicas left out for their clock = %v, want 2", n)
 	}
 
@@ -145,12 +135,12 @@ func TestReadLeavesOutHashesBeyondTheBounds(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	mustRead(t, c)
+	must(t, c.read(context.Background()))
 	if got := s.PodLoad(podP).Running(); got != 2 {
 		t.Fatalf("running on p = %d, want 2: the hashes beyond the bounds left out whole", got)
 	}
 	for _, reason := range []string{skipFields, skipBytes, skipNotHash} {
-		if n := skipped(t, reg, reason); n != 1 {
+		if n := byReason(t, reg, skippedMetric, reason); n != 1 {
 			t.Errorf("replicas left out for %s = %v, want 1", reason, n)
 		}
 	}
@@ -163,7 +153,7 @@ func TestReadLeavesOutHashesBeyondTheBounds(t *testing.T) {
 	if err := rc.ScriptFlush(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
-	mustRead(t, c)
+	must(t, c.read(context.Background()))
 	if got := s.PodLoad(podP).Running(); got != 2+8 {
 		t.Fatalf("running on p = %d, want 10 once gw-big's hash fits", got)
 	}
@@ -186,17 +176,14 @@ func TestReadIgnoresPodsAndModelsNotRegisteredHere(t *testing.T) {
 		"ns/p", 5, "ns/p|m", 3, "ns/p|lora", 2,
 		"ns/r", 4, "ns/r|m", 4, "ns/r#pending", "0.5", "ns/r#prefill", "2",
 		fieldOutputPrefix+"lora", string(hist))
-	ignored := func(reason string) float64 {
-		t.Helper()
-		return testsupport.MetricValue(t, reg, "kvgate_cache_shared_fields_ignored_total", map[string]string{"reason": reason})
-	}
 
-	mustRead(t, c)
+	must(t, c.read(context.Background()))
 	p := s.PodLoad(podP)
 	if got := [3]int64{p.Running(), p.RunningModel("m"), p.RunningModel("lora")}; got != [3]int64{5, 3, 0} {
 		t.Fatalf("running on p in total, for m, for lora = %v, want [5 3 0]: lora is not served here", got)
 	}
-	if n, m := ignored(ignoreUnknownPod), ignored(ignoreUnknownModel); n != 4 || m != 2 {
+	const ignored = "kvgate_cache_shared_fields_ignored_total"
+	if n, m := byReason(t, reg, ignored, ignoreUnknownPod), byReason(t, reg, ignored, ignoreUnknownModel); n != 4 || m != 2 {
 		t.Fatalf("fields ignored for an unknown pod, model = %v, %v; want 4, 2", n, m)
 	}
 
@@ -206,7 +193,7 @@ func TestReadIgnoresPodsAndModelsNotRegisteredHere(t *testing.T) {
 	if err := s.SetPodAdapters(podP, []string{"lora"}); err != nil {
 		t.Fatal(err)
 	}
-	mustRead(t, c)
+	must(t, c.read(context.Background()))
 	if got := p.RunningModel("lora"); got != 2 {
 		t.Fatalf("running on p for lora = %d once p serves it, want 2", got)
 	}
