@@ -45,6 +45,14 @@
 //     read, and count from the read after their pod or model is
 //     registered. What a pod's load record keeps of the other replicas is
 //     thus bounded by the registry.
+//   - GPU profiles: ProfileLoader loads at most 256 profiles
+//     (DefaultMaxProfiles), the first the scan finds, reads at most 256 KiB
+//     of each (DefaultMaxProfileBytes), 16 at a time, and decodes them
+//     within cache.MaxProfileIndexDimensions and cache.MaxProfileIndexValues;
+//     what it skips is counted in
+//     kvgate_cache_gpu_profile_rejects_total{reason}. A profile skipped for
+//     its size or content keeps the version loaded before; one beyond the
+//     256 is forgotten.
 //
 // Nothing on the request path waits for Redis: the components write and
 // read in the background and publish what they read. Their failures are

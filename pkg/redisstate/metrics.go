@@ -13,6 +13,13 @@ const (
 	opSharedRead    = "shared_counts_read"
 )
 
+// Reason label values of kvgate_cache_gpu_profile_rejects_total.
+const (
+	profileRejectDecode = "decode"
+	profileRejectSize   = "size"
+	profileRejectLimit  = "limit"
+)
+
 // Reason label values of kvgate_cache_shared_gateways_skipped_total.
 const (
 	skipLimit      = "limit"
@@ -36,7 +43,7 @@ type Metrics struct {
 	redisErrors     *prometheus.CounterVec
 	traceFlushes    *prometheus.CounterVec
 	traceFlushDelay prometheus.Histogram
-	profileRejects  prometheus.Counter
+	profileRejects  *prometheus.CounterVec
 	localOnly       prometheus.Counter
 	blocksTruncated prometheus.Counter
 	sharedRejects   *prometheus.CounterVec
@@ -57,8 +64,10 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		traceFlushDelay: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub,
 			Name: "request_trace_flush_delay_seconds", Help: "How long after the end of its window a request trace flush started.",
 			Buckets: []float64{.001, .005, .01, .05, .1, .25, .5, 1, 5}}),
-		profileRejects: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "gpu_profile_rejects_total",
-			Help: "GPU profiles read from Redis that could not be decoded."}),
+		profileRejects: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "gpu_profile_rejects_total",
+			Help: "GPU profiles in Redis skipped, at each refresh, by reason: decode (not a string, not JSON, more than 2 " +
+				"index dimensions, or more than 64 values in an index, a table or a table's row), size (a value longer than 256 KiB), limit (beyond the 256 " +
+				"profiles a refresh loads). A skipped profile keeps the version loaded before, but for limit."}, []string{"reason"}),
 		localOnly: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "shared_counts_local_only_total",
 			Help: "Times the other gateway replicas' requests stopped counting in routing because Redis could not be read " +
 				"for longer than the shared counts' TTL: routing then goes on with this replica's requests alone."}),
@@ -81,6 +90,9 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		Help: "Fields of other gateway replicas' shared state ignored, at each read, by reason: unknown_pod (about a pod " +
 			"this replica has not registered), unknown_model (about a model the pod, or any pod, does not serve here). " +
 			"They count from the read after the pod or model is registered."}, []string{"reason"})
+	for _, r := range []string{profileRejectDecode, profileRejectSize, profileRejectLimit} {
+		m.profileRejects.WithLabelValues(r)
+	}
 	for _, r := range []string{skipLimit, skipClockAhead, skipFields, skipBytes, skipNotHash} {
 		m.gatewaysSkipped.WithLabelValues(r)
 	}
