@@ -143,8 +143,6 @@ type SharedCounts struct {
 	key     string
 	// others tells whether other live replicas were seen at the last read.
 	others bool
-	// published is when the last publication that succeeded was made.
-	published time.Time
 }
 
 // remoteCounts sums the other replicas' counts (integer fields) and work
@@ -276,7 +274,6 @@ func (c *SharedCounts) publish(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("publish %s: %w", c.key, err)
 	}
-	c.published = now
 	return nil
 }
 
@@ -419,18 +416,20 @@ func hashReply(v any) (hash map[string]string, skip string, err error) {
 // leaves out, and those whose publications lie further ahead.
 func (c *SharedCounts) listReplicas(ctx context.Context) ([]string, error) {
 	now := c.cfg.Now()
-	oldest, newest := millis(now.Add(-c.cfg.TTL)), millis(now.Add(c.cfg.TTL))
+	lo, hi := now.Add(-c.cfg.TTL).UnixMilli(), now.Add(c.cfg.TTL).UnixMilli()
+	oldest, newest := strconv.FormatInt(lo, 10), strconv.FormatInt(hi, 10)
 	pipe := c.client.Pipeline()
 	// ZREVRANGEBYSCORE rather than ZRANGE BYSCORE REV, which needs Redis 6.2.
 	latest := pipe.ZRevRangeByScore(ctx, SharedGatewaysKey, &redis.ZRangeBy{Min: oldest, Max: newest,
 		Count: int64(c.cfg.MaxReplicas)})
 	live := pipe.ZCount(ctx, SharedGatewaysKey, oldest, newest)
 	ahead := pipe.ZCount(ctx, SharedGatewaysKey, "("+newest, "+inf")
-	if _, err := pipe.Exec(ctx); err != nil {
+	self := pipe.ZScore(ctx, SharedGatewaysKey, c.cfg.GatewayID)
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return nil, fmt.Errorf("list gateways in %s: %w", SharedGatewaysKey, err)
 	}
 	others := live.Val()
-	if self := c.published; !self.IsZero() && self.After(now.Add(-c.cfg.TTL)) && !self.After(now.Add(c.cfg.TTL)) {
+	if at, err := self.Result(); err == nil && at >= float64(lo) && at <= float64(hi) {
 		others--
 	}
 	ids := slices.DeleteFunc(latest.Val(), func(id string) bool { return id == c.cfg.GatewayID })
