@@ -48,7 +48,8 @@
 //
 // Beside the Store, components of their own:
 //   - Profiles holds the GPU profiles of deployments (ModelGPUProfile),
-//     set by hand or loaded from Redis (package redisstate);
+//     set by hand or loaded from Redis (package redisstate), which decodes
+//     them within MaxProfileIndexDimensions and MaxProfileIndexValues;
 //   - OutputPredictors keeps a SimpleOutputPredictor per model, fed with
 //     the usage of completed requests through the request ledger;
 //   - CachedLoadProvider and PendingLoadProvider measure a pod's load and

@@ -58,6 +58,19 @@ func FuzzProfileUnmarshal(f *testing.F) {
 		if err := p.Unmarshal(data); err != nil {
 			return
 		}
+		if len(p.Indexes) > MaxProfileIndexDimensions {
+			t.Fatalf("%d index dimensions decoded", len(p.Indexes))
+		}
+		for _, table := range [][][]float64{p.Indexes, p.Tputs, p.E2E, p.TTFT, p.TPOT} {
+			if len(table) > MaxProfileIndexValues {
+				t.Fatalf("%d rows decoded", len(table))
+			}
+			for _, row := range table {
+				if len(row) > MaxProfileIndexValues {
+					t.Fatalf("%d values in a row decoded", len(row))
+				}
+			}
+		}
 		sig, err := p.GetSignature(out, in)
 		if err != nil {
 			return

@@ -2,6 +2,7 @@ package cache
 
 import (
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/kvgate/kvgate/pkg/endpoint"
@@ -174,6 +175,21 @@ func (s *Store) PodLoads() []*inflight.PodLoad {
 		out[i] = e.state.load
 	}
 	return out
+}
+
+// PodModels returns the models the registered pod named id serves (its
+// "namespace/name", the ID of its load record), as ListModelsByPod does;
+// nil when no pod of that name is registered. The slice is shared: treat
+// it as read-only.
+func (s *Store) PodModels(id string) []string {
+	ns, name, ok := strings.Cut(id, "/")
+	if !ok {
+		return nil
+	}
+	if e := s.reg.entry(endpoint.Key{Namespace: ns, Name: name}); e != nil {
+		return e.models
+	}
+	return nil
 }
 
 // AddSubscriber makes the Store keep the metrics subscriber names from the

@@ -18,6 +18,15 @@ const ModelGPUNameTemplate = "aibrix:profile_%s_%s"
 // neutral; smaller values prefer the upper index.
 const SignatureTolerance = 0.5
 
+// Bounds of a decoded profile, which Unmarshal refuses to exceed: the
+// optimizer writes two index dimensions (output tokens, input tokens) of a
+// dozen values each, and tables of as many rows and columns. A profile
+// within them holds at most 4 tables of 64 by 64 values, 128 KiB.
+const (
+	MaxProfileIndexDimensions = 2
+	MaxProfileIndexValues     = 64
+)
+
 // Errors of a profile lacking the table asked for.
 var (
 	ErrProfileNoThroughput = errors.New("profile has no throughput data")
@@ -60,16 +69,36 @@ func ModelGPUProfileKey(modelName, deploymentName string) string {
 }
 
 // Unmarshal decodes a profile from its JSON form and checks that every
-// index dimension is non-empty, positive and ascending. On error pf is left
-// unchanged.
+// index dimension is non-empty, positive and ascending, and that the
+// indexes and tables are within MaxProfileIndexDimensions and
+// MaxProfileIndexValues. On error pf is left unchanged.
 func (pf *ModelGPUProfile) Unmarshal(data []byte) error {
 	var p ModelGPUProfile
 	if err := json.Unmarshal(data, &p); err != nil {
 		return fmt.Errorf("decode GPU profile: %w", err)
 	}
+	if len(p.Indexes) > MaxProfileIndexDimensions {
+		return fmt.Errorf("decode GPU profile: %d index dimensions, more than %d", len(p.Indexes), MaxProfileIndexDimensions)
+	}
+	for _, t := range []struct {
+		name  string
+		table [][]float64
+	}{{"tputs", p.Tputs}, {"e2e", p.E2E}, {"ttft", p.TTFT}, {"tpot", p.TPOT}} {
+		if len(t.table) > MaxProfileIndexValues {
+			return fmt.Errorf("decode GPU profile: table %s has %d rows, more than %d", t.name, len(t.table), MaxProfileIndexValues)
+		}
+		for r, row := range t.table {
+			if len(row) > MaxProfileIndexValues {
+				return fmt.Errorf("decode GPU profile: row %d of table %s has %d values, more than %d", r, t.name, len(row), MaxProfileIndexValues)
+			}
+		}
+	}
 	for d, idx := range p.Indexes {
 		if len(idx) == 0 {
 			return fmt.Errorf("decode GPU profile: index dimension %d is empty", d)
+		}
+		if len(idx) > MaxProfileIndexValues {
+			return fmt.Errorf("decode GPU profile: index dimension %d has %d values, more than %d", d, len(idx), MaxProfileIndexValues)
 		}
 		for i, v := range idx {
 			if !(v > 0) || (i > 0 && v <= idx[i-1]) {

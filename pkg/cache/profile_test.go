@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -39,13 +40,39 @@ func TestUnmarshalReadsTheOptimizerFormat(t *testing.T) {
 	}
 }
 
-func TestUnmarshalRejectsUnusableIndexes(t *testing.T) {
+// ascending returns the JSON values 1 to n, comma-separated.
+func ascending(n int) string {
+	v := make([]string, n)
+	for i := range v {
+		v[i] = strconv.Itoa(i + 1)
+	}
+	return strings.Join(v, ",")
+}
+
+func TestUnmarshalTakesProfilesUpToTheBounds(t *testing.T) {
+	values := ascending(MaxProfileIndexValues)
+	table := `[` + strings.Repeat(`[`+values+`],`, MaxProfileIndexValues-1) + `[` + values + `]]`
+	var p ModelGPUProfile
+	if err := p.Unmarshal([]byte(`{"indexes": [[` + values + `], [` + values + `]], "tputs": ` + table +
+		`, "e2e": ` + table + `, "ttft": ` + table + `, "tpot": ` + table + `}`)); err != nil {
+		t.Fatal(err)
+	}
+	if pt, err := p.Point(64, 64); err != nil || pt.TPOTSeconds != 64 {
+		t.Fatalf("point at the last signature: %+v, %v", pt, err)
+	}
+}
+
+func TestUnmarshalRejectsUnusableOrOversizedTables(t *testing.T) {
 	tests := map[string]string{
 		"not json":       `{"indexes": [`,
 		"empty dim":      `{"indexes": [[], [1, 2]]}`,
 		"not ascending":  `{"indexes": [[1, 4, 2]]}`,
 		"repeated value": `{"indexes": [[1, 2, 2]]}`,
 		"zero":           `{"indexes": [[0, 2]]}`,
+		"three dims":     `{"indexes": [[1], [1], [1]]}`,
+		"long dim":       `{"indexes": [[` + ascending(MaxProfileIndexValues+1) + `]]}`,
+		"tall table":     `{"tputs": [` + strings.Repeat(`[1],`, MaxProfileIndexValues) + `[1]]}`,
+		"wide table":     `{"e2e": [[1], [` + ascending(MaxProfileIndexValues+1) + `]]}`,
 	}
 	for name, data := range tests {
 		t.Run(name, func(t *testing.T) {

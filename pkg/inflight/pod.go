@@ -86,7 +86,8 @@ func (p *PodLoad) Local() map[string]int64 {
 
 // SetRemote sets what other gateway replicas run on the pod: total
 // attempts, and per model; it replaces the previous setting. perModel is
-// kept: do not modify it afterwards.
+// kept as given: do not modify it afterwards, and give only models the pod
+// serves (as redisstate does), which bounds it.
 func (p *PodLoad) SetRemote(total int64, perModel map[string]int64) {
 	if total == 0 && len(perModel) == 0 {
 		p.remote.Store(nil)

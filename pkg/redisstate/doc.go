@@ -21,6 +21,39 @@
 //     state of each replica (see SharedCountsKeyPrefix and
 //     DefaultSharedMaxBlocks).
 //
+// What other replicas and the GPU optimizer write may come from buggy or
+// older versions, or from hosts whose clocks are off: every read is bounded,
+// and what it leaves out is counted.
+//   - Replicas: SharedCounts reads the state of at most 63 other replicas
+//     (DefaultSharedMaxReplicas, 64 with itself), the latest to publish,
+//     and only of those whose last publication lies within the TTL of its
+//     own clock, behind or ahead; the others are left out, counted in
+//     kvgate_cache_shared_gateways_skipped_total{reason="limit"} and
+//     {reason="clock_ahead"} at each read. Replicas listed more than
+//     max(10 TTL, 1 min) behind or ahead are pruned from kvgate:gateways.
+//   - Replicas' hashes: one script per hash checks it and reads it at once,
+//     so it cannot grow in between; a hash of more than 16384 fields
+//     (DefaultSharedMaxHashFields), larger by MEMORY USAGE than 8 bytes per
+//     MaxBlocks plus 2 MiB (DefaultSharedHashBytes; 2.25 MiB by default), or
+//     a key that holds no hash, is left out whole, counted in
+//     kvgate_cache_shared_gateways_skipped_total{reason="fields"},
+//     {reason="bytes"} or {reason="not_hash"}. A read thus holds at most 63
+//     hashes of 2.25 MiB.
+//   - Pods and models: of the hashes read, only the fields about pods
+//     registered here, and models they serve, are kept; the others are
+//     counted in kvgate_cache_shared_fields_ignored_total{reason} at each
+//     read, and count from the read after their pod or model is
+//     registered. What a pod's load record keeps of the other replicas is
+//     thus bounded by the registry.
+//   - GPU profiles: ProfileLoader loads at most 256 profiles
+//     (DefaultMaxProfiles), the first the scan finds, reads at most 256 KiB
+//     of each (DefaultMaxProfileBytes), 16 at a time, and decodes them
+//     within cache.MaxProfileIndexDimensions and cache.MaxProfileIndexValues;
+//     what it skips is counted in
+//     kvgate_cache_gpu_profile_rejects_total{reason}. A profile skipped for
+//     its size or content keeps the version loaded before; one beyond the
+//     256 is forgotten.
+//
 // Nothing on the request path waits for Redis: the components write and
 // read in the background and publish what they read. Their failures are
 // counted in kvgate_cache_redis_errors_total{operation} (see Metrics).

@@ -9,6 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8stypes "k8s.io/apimachinery/pkg/types"
 
+	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/cache"
 	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/inflight"
@@ -50,14 +51,20 @@ func storeWithPods(t testing.TB, names ...string) *cache.Store {
 		t.Fatal(err)
 	}
 	for _, name := range names {
-		s.AddOrUpdatePod(&v1.Pod{
-			ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name, UID: k8stypes.UID("uid-" + name),
-				Labels: map[string]string{endpoint.ModelNameLabel: "m"}},
-			Status: v1.PodStatus{Phase: v1.PodRunning, PodIP: "10.0.0.1",
-				Conditions: []v1.PodCondition{{Type: v1.PodReady, Status: v1.ConditionTrue}}},
-		})
+		addPod(s, name)
 	}
 	return s
+}
+
+// addPod registers with s the ready pod name in namespace ns, serving
+// model m.
+func addPod(s *cache.Store, name string) {
+	s.AddOrUpdatePod(&v1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name, UID: k8stypes.UID("uid-" + name),
+			Labels: map[string]string{endpoint.ModelNameLabel: "m"}},
+		Status: v1.PodStatus{Phase: v1.PodRunning, PodIP: "10.0.0.1",
+			Conditions: []v1.PodCondition{{Type: v1.PodReady, Status: v1.ConditionTrue}}},
+	})
 }
 
 // run runs component until the returned function is called, which returns
@@ -94,4 +101,18 @@ func complete(l *inflight.Ledger, id, model string, prompt, completion int64) {
 	h.ReportUsage(inflight.Usage{PromptTokens: prompt, CompletionTokens: completion})
 	h.Close(inflight.Done, "")
 	h.Request().End()
+}
+
+// must fails t with err, unless nil.
+func must(t testing.TB, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// byReason returns the value of counter name's series for reason in reg.
+func byReason(t testing.TB, reg prometheus.Gatherer, name, reason string) float64 {
+	t.Helper()
+	return testsupport.MetricValue(t, reg, name, map[string]string{"reason": reason})
 }

@@ -13,6 +13,28 @@ const (
 	opSharedRead    = "shared_counts_read"
 )
 
+// Reason label values of kvgate_cache_gpu_profile_rejects_total.
+const (
+	profileRejectDecode = "decode"
+	profileRejectSize   = "size"
+	profileRejectLimit  = "limit"
+)
+
+// Reason label values of kvgate_cache_shared_gateways_skipped_total.
+const (
+	skipLimit      = "limit"
+	skipClockAhead = "clock_ahead"
+	skipFields     = "fields"
+	skipBytes      = "bytes"
+	skipNotHash    = "not_hash"
+)
+
+// Reason label values of kvgate_cache_shared_fields_ignored_total.
+const (
+	ignoreUnknownPod   = "unknown_pod"
+	ignoreUnknownModel = "unknown_model"
+)
+
 // Metrics are the Prometheus metrics of the components that keep state in
 // Redis, shared by them. Their names keep the Store's subsystem, which
 // counted them before these components had a package of their own. One
@@ -21,11 +43,13 @@ type Metrics struct {
 	redisErrors     *prometheus.CounterVec
 	traceFlushes    *prometheus.CounterVec
 	traceFlushDelay prometheus.Histogram
-	profileRejects  prometheus.Counter
+	profileRejects  *prometheus.CounterVec
 	localOnly       prometheus.Counter
 	blocksTruncated prometheus.Counter
 	sharedRejects   *prometheus.CounterVec
 	gateways        prometheus.Gauge
+	gatewaysSkipped *prometheus.CounterVec
+	fieldsIgnored   *prometheus.CounterVec
 }
 
 // NewMetrics returns the metrics, registered on reg (none when nil). It
@@ -40,8 +64,10 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		traceFlushDelay: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub,
 			Name: "request_trace_flush_delay_seconds", Help: "How long after the end of its window a request trace flush started.",
 			Buckets: []float64{.001, .005, .01, .05, .1, .25, .5, 1, 5}}),
-		profileRejects: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "gpu_profile_rejects_total",
-			Help: "GPU profiles read from Redis that could not be decoded."}),
+		profileRejects: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "gpu_profile_rejects_total",
+			Help: "GPU profiles in Redis skipped, at each refresh, by reason: decode (not a string, not JSON, more than 2 " +
+				"index dimensions, or more than 64 values in an index, a table or a table's row), size (a value longer than 256 KiB), limit (beyond the 256 " +
+				"profiles a refresh loads). A skipped profile keeps the version loaded before, but for limit."}, []string{"reason"}),
 		localOnly: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "shared_counts_local_only_total",
 			Help: "Times the other gateway replicas' requests stopped counting in routing because Redis could not be read " +
 				"for longer than the shared counts' TTL: routing then goes on with this replica's requests alone."}),
@@ -53,12 +79,31 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 				"(blocks, output_histogram)."}, []string{"kind"}),
 		gateways: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "shared_gateways",
 			Help: "Gateway replicas sharing state through Redis, this one included, as of the last read; 0 until the first."}),
+		gatewaysSkipped: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "shared_gateways_skipped_total",
+			Help: "Other gateway replicas whose shared state a read left out, at each read, by reason: limit (beyond the " +
+				"64 replicas a read takes, this one included: the least recently published), clock_ahead (published at a " +
+				"time further ahead of this replica's clock than the shared state's TTL), fields (a hash of more than 16384 " +
+				"fields), bytes (a hash larger, by Redis's MEMORY USAGE, than 8 bytes per KVGATE_SHARED_MAX_BLOCKS plus " +
+				"2 MiB: 2.25 MiB by default), not_hash (a key that holds no hash)."}, []string{"reason"}),
+	}
+	m.fieldsIgnored = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "shared_fields_ignored_total",
+		Help: "Fields of other gateway replicas' shared state ignored, at each read, by reason: unknown_pod (about a pod " +
+			"this replica has not registered), unknown_model (about a model the pod, or any pod, does not serve here). " +
+			"They count from the read after the pod or model is registered."}, []string{"reason"})
+	for _, r := range []string{profileRejectDecode, profileRejectSize, profileRejectLimit} {
+		m.profileRejects.WithLabelValues(r)
+	}
+	for _, r := range []string{skipLimit, skipClockAhead, skipFields, skipBytes, skipNotHash} {
+		m.gatewaysSkipped.WithLabelValues(r)
+	}
+	for _, r := range []string{ignoreUnknownPod, ignoreUnknownModel} {
+		m.fieldsIgnored.WithLabelValues(r)
 	}
 	if reg == nil {
 		return m, nil
 	}
 	if err := promreg.Register(reg, "Redis state", m.redisErrors, m.traceFlushes, m.traceFlushDelay, m.profileRejects, m.localOnly,
-		m.blocksTruncated, m.sharedRejects, m.gateways); err != nil {
+		m.blocksTruncated, m.sharedRejects, m.gateways, m.gatewaysSkipped, m.fieldsIgnored); err != nil {
 		return nil, err
 	}
 	return m, nil

@@ -3,7 +3,9 @@ package redisstate
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -20,6 +22,17 @@ const DefaultProfileRefreshInterval = 10 * time.Second
 // profileScanCount is the COUNT hint of each SCAN for profile keys.
 const profileScanCount = 100
 
+// Defaults of ProfileLoaderConfig's bounds: the optimizer writes one
+// profile per model and deployment, of a few kilobytes.
+const (
+	DefaultMaxProfiles     = 256
+	DefaultMaxProfileBytes = 256 << 10
+)
+
+// profileFetchBatch is how many profiles one round trip reads: with
+// DefaultMaxProfileBytes, at most 4 MiB.
+const profileFetchBatch = 16
+
 // profileRefreshTimeout bounds one refresh of the profiles from Redis.
 const profileRefreshTimeout = 30 * time.Second
 
@@ -27,42 +40,56 @@ const profileRefreshTimeout = 30 * time.Second
 type ProfileLoaderConfig struct {
 	// RefreshInterval is how often profiles are reloaded (default 10 s).
 	RefreshInterval time.Duration
+	// MaxProfiles is the most profiles a refresh loads (default
+	// DefaultMaxProfiles), those the scan finds first; the keys beyond
+	// are skipped, and their profiles forgotten.
+	MaxProfiles int
+	// MaxProfileBytes is the longest value read as a profile (default
+	// DefaultMaxProfileBytes): no more is read of a longer one, which is
+	// skipped, keeping the version loaded before.
+	MaxProfileBytes int
 	// Logger receives the loader's logs (default klog.Background()).
 	Logger klog.Logger
 }
 
 // ProfileLoader keeps cache.Profiles equal to the GPU profiles AIBrix's
 // GPU optimizer writes to Redis (the keys of cache.ModelGPUNameTemplate):
-// it loads them at start and then every refresh interval. A profile that
-// fails to decode is skipped and counted, keeping the version loaded
-// before; profiles whose keys vanished are forgotten once a scan completes;
-// profiles set by hand (UpdateModelProfile) are kept unless Redis has a
-// newer one.
+// it loads them at start and then every refresh interval, at most
+// MaxProfiles of at most MaxProfileBytes each. A profile that fails to
+// decode (see cache.ModelGPUProfile.Unmarshal), or is longer, is skipped and
+// counted in kvgate_cache_gpu_profile_rejects_total{reason}, keeping the
+// version loaded before; profiles whose keys vanished, or lie beyond
+// MaxProfiles, are forgotten once a scan completes; profiles set by hand
+// (UpdateModelProfile) are kept unless Redis has a newer one.
 type ProfileLoader struct {
 	client   *redis.Client
 	profiles *cache.Profiles
 	metrics  *Metrics
-	interval time.Duration
+	cfg      ProfileLoaderConfig
 	log      klog.Logger
 }
 
 // NewProfileLoader returns a loader reading from client into profiles.
 func NewProfileLoader(client *redis.Client, profiles *cache.Profiles, m *Metrics, cfg ProfileLoaderConfig) (*ProfileLoader, error) {
 	cfg.RefreshInterval = cmp.Or(cfg.RefreshInterval, DefaultProfileRefreshInterval)
+	cfg.MaxProfiles = cmp.Or(cfg.MaxProfiles, DefaultMaxProfiles)
+	cfg.MaxProfileBytes = cmp.Or(cfg.MaxProfileBytes, DefaultMaxProfileBytes)
 	if cfg.RefreshInterval < 0 {
 		return nil, fmt.Errorf("GPU profiles: refresh interval %v is negative", cfg.RefreshInterval)
+	}
+	if cfg.MaxProfiles < 0 || cfg.MaxProfileBytes < 0 {
+		return nil, fmt.Errorf("GPU profiles: MaxProfiles %d or MaxProfileBytes %d is negative", cfg.MaxProfiles, cfg.MaxProfileBytes)
 	}
 	if cfg.Logger.GetSink() == nil {
 		cfg.Logger = klog.Background()
 	}
-	return &ProfileLoader{client: client, profiles: profiles, metrics: m, interval: cfg.RefreshInterval,
-		log: cfg.Logger.WithName("gpu-profiles")}, nil
+	return &ProfileLoader{client: client, profiles: profiles, metrics: m, cfg: cfg, log: cfg.Logger.WithName("gpu-profiles")}, nil
 }
 
 // Run loads the profiles from Redis now and then every refresh interval
 // until ctx ends; it then returns nil.
 func (p *ProfileLoader) Run(ctx context.Context) error {
-	t := time.NewTicker(p.interval)
+	t := time.NewTicker(p.cfg.RefreshInterval)
 	defer t.Stop()
 	for {
 		if err := p.refresh(ctx); err != nil && ctx.Err() == nil {
@@ -77,36 +104,69 @@ func (p *ProfileLoader) Run(ctx context.Context) error {
 	}
 }
 
-// refresh reads every key matching cache.ModelGPUNameTemplate from Redis.
+// refresh reads the keys matching cache.ModelGPUNameTemplate from Redis,
+// the first MaxProfiles the scan finds.
 func (p *ProfileLoader) refresh(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, profileRefreshTimeout)
 	defer cancel()
 	prefix, _, _ := strings.Cut(cache.ModelGPUNameTemplate, "%s")
 	pattern := prefix + "*"
 	seen := map[string]bool{}
+	var taken, beyond int
 	var cursor uint64
 	for {
 		keys, next, err := p.client.Scan(ctx, cursor, pattern, profileScanCount).Result()
 		if err != nil {
 			return fmt.Errorf("scan %s: %w", pattern, err)
 		}
-		if len(keys) > 0 {
-			values, err := p.client.MGet(ctx, keys...).Result()
-			if err != nil {
-				return fmt.Errorf("read %d GPU profiles: %w", len(keys), err)
-			}
-			for i, v := range values {
-				if str, ok := v.(string); ok {
-					seen[keys[i]] = true
-					p.load(keys[i], str)
-				}
+		take := min(len(keys), p.cfg.MaxProfiles-taken)
+		taken, beyond = taken+take, beyond+len(keys)-take
+		for batch := range slices.Chunk(keys[:take], profileFetchBatch) {
+			if err := p.fetch(ctx, batch, seen); err != nil {
+				return err
 			}
 		}
 		if cursor = next; cursor == 0 {
 			break
 		}
 	}
+	if beyond > 0 {
+		p.metrics.profileRejects.WithLabelValues(profileRejectLimit).Add(float64(beyond))
+		p.log.V(2).Info("Skipping GPU profiles beyond the most loaded", "skipped", beyond, "max", p.cfg.MaxProfiles)
+	}
 	p.profiles.ForgetLoadedExcept(seen)
+	return nil
+}
+
+// fetch reads the profiles of keys, at most MaxProfileBytes of each, loads
+// those that decode, and marks in seen the keys that still hold a value.
+func (p *ProfileLoader) fetch(ctx context.Context, keys []string, seen map[string]bool) error {
+	pipe := p.client.Pipeline()
+	cmds := make([]*redis.StringCmd, len(keys))
+	for i, key := range keys {
+		cmds[i] = pipe.GetRange(ctx, key, 0, int64(p.cfg.MaxProfileBytes))
+	}
+	var reply redis.Error
+	if _, err := pipe.Exec(ctx); err != nil && !errors.As(err, &reply) {
+		return fmt.Errorf("read %d GPU profiles: %w", len(keys), err)
+	}
+	for i, cmd := range cmds {
+		key := keys[i]
+		data, err := cmd.Result()
+		switch {
+		case err != nil:
+			seen[key] = true
+			p.reject(key, profileRejectDecode, err)
+		case data == "":
+			// Deleted since the scan, or empty: no profile.
+		case len(data) > p.cfg.MaxProfileBytes:
+			seen[key] = true
+			p.reject(key, profileRejectSize, fmt.Errorf("value longer than %d bytes", p.cfg.MaxProfileBytes))
+		default:
+			seen[key] = true
+			p.load(key, data)
+		}
+	}
 	return nil
 }
 
@@ -114,9 +174,14 @@ func (p *ProfileLoader) refresh(ctx context.Context) error {
 func (p *ProfileLoader) load(key, data string) {
 	var prof cache.ModelGPUProfile
 	if err := prof.Unmarshal([]byte(data)); err != nil {
-		p.metrics.profileRejects.Inc()
-		p.log.V(2).Info("Skipping undecodable GPU profile", "key", key, "err", err)
+		p.reject(key, profileRejectDecode, err)
 		return
 	}
 	p.profiles.LoadProfile(key, &prof)
+}
+
+// reject counts the profile of key skipped for reason.
+func (p *ProfileLoader) reject(key, reason string, err error) {
+	p.metrics.profileRejects.WithLabelValues(reason).Inc()
+	p.log.V(2).Info("Skipping GPU profile", "key", key, "reason", reason, "err", err)
 }

@@ -1,6 +1,7 @@
 package redisstate
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -15,6 +16,7 @@ import (
 	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/internal/testredis"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
 )
 
 func TestProfilesRefreshFromRedis(t *testing.T) {
@@ -114,4 +116,97 @@ func profileJSON(t testing.TB) []byte {
 		t.Fatal(err)
 	}
 	return data
+}
+
+// boundedLoader returns profiles loaded from rc by a loader configured by
+// cfg, the loader, whose refresh tests call themselves, and the registry
+// of its metrics.
+func boundedLoader(t *testing.T, rc *redis.Client, cfg ProfileLoaderConfig) (*cache.Profiles, *ProfileLoader, *prometheus.Registry) {
+	t.Helper()
+	s, err := cache.NewProfiles(endpoint.Options{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	loader, err := NewProfileLoader(rc, s, newTestMetrics(t, reg), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, loader, reg
+}
+
+const profileRejectsMetric = "kvgate_cache_gpu_profile_rejects_total"
+
+func TestProfileLoaderLoadsAtMostMaxProfiles(t *testing.T) {
+	rc := testredis.Start(t).NewClient(t)
+	ctx := context.Background()
+	for i := range 5 {
+		if err := rc.Set(ctx, cache.ModelGPUProfileKey("m", ftoa(float64(i))), profileJSON(t), 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s, loader, reg := boundedLoader(t, rc, ProfileLoaderConfig{MaxProfiles: 3})
+	must(t, loader.refresh(ctx))
+	if s.Len() != 3 {
+		t.Fatalf("%d profiles loaded, want 3", s.Len())
+	}
+	if n := byReason(t, reg, profileRejectsMetric, profileRejectLimit); n != 2 {
+		t.Fatalf("profiles skipped beyond the bound = %v, want 2", n)
+	}
+	must(t, loader.refresh(ctx))
+	if s.Len() != 3 {
+		t.Fatalf("%d profiles loaded after another refresh, want 3", s.Len())
+	}
+}
+
+func TestProfileLoaderSkipsValuesBeyondTheBound(t *testing.T) {
+	rc := testredis.Start(t).NewClient(t)
+	ctx := context.Background()
+	good := profileJSON(t)
+	s, loader, reg := boundedLoader(t, rc, ProfileLoaderConfig{MaxProfileBytes: len(good)})
+	// A key of the profiles' pattern that holds no string.
+	if err := rc.HSet(ctx, cache.ModelGPUProfileKey("hash", "x"), "gpu", "x").Err(); err != nil {
+		t.Fatal(err)
+	}
+	// costAfter sets llama's profile to value, refreshes, and returns the
+	// cost of the llama profile loaded.
+	costAfter := func(value []byte) float64 {
+		t.Helper()
+		if err := rc.Set(ctx, cache.ModelGPUProfileKey("llama", "llama-a100"), value, 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+		must(t, loader.refresh(ctx))
+		p := s.Lookup("llama", "llama-a100")
+		if p == nil {
+			t.Fatal("no llama profile loaded")
+		}
+		return p.Cost
+	}
+	if c := costAfter(good); c != 1.8 {
+		t.Fatalf("cost %v, want 1.8: the profile within the bound", c)
+	}
+	if n := byReason(t, reg, profileRejectsMetric, profileRejectDecode); n != 1 {
+		t.Fatalf("profiles skipped as undecodable = %v, want 1: the hash", n)
+	}
+
+	// A newer profile one byte too long is skipped, and the one loaded
+	// before kept; within the bound again, it loads.
+	var m map[string]any
+	if err := json.Unmarshal(good, &m); err != nil {
+		t.Fatal(err)
+	}
+	m["created"], m["cost"] = 2e9, 9
+	newer, err := json.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := costAfter(append(newer, bytes.Repeat([]byte{' '}, len(good)+1-len(newer))...)); c != 1.8 {
+		t.Fatalf("cost %v, want 1.8: a profile beyond the bound replaced the one loaded", c)
+	}
+	if n := byReason(t, reg, profileRejectsMetric, profileRejectSize); n != 1 {
+		t.Fatalf("profiles skipped for their size = %v, want 1", n)
+	}
+	if c := costAfter(newer); c != 9 {
+		t.Fatalf("cost %v, want 9: the newer profile within the bound", c)
+	}
 }

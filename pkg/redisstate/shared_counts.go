@@ -32,7 +32,12 @@ import (
 // renews its expiry to SharedCountsTTL, so the hash always holds a
 // consistent snapshot and disappears soon after its replica dies. Replicas
 // list themselves in the sorted set SharedGatewaysKey (scored by the Unix
-// milliseconds of their last publication) and read each other's hashes.
+// milliseconds of their last publication) and read each other's hashes:
+// those of at most MaxReplicas-1 others, the latest to publish, whose
+// publications are no older than the TTL and no further ahead of the
+// reader's clock than the TTL. A replica whose clock runs further ahead is
+// left out, and removed from the set with the dead ones once its
+// publication lies more than max(10 TTL, 1 min) from the reader's clock.
 const (
 	SharedCountsKeyPrefix = "kvgate:running_requests:"
 	SharedGatewaysKey     = "kvgate:gateways"
@@ -42,15 +47,29 @@ const (
 const (
 	DefaultSharedCountsInterval = 200 * time.Millisecond
 	DefaultSharedCountsTTL      = 5 * time.Second
+	// DefaultSharedMaxReplicas bounds the replicas sharing state, this one
+	// included: each read takes the hashes of at most 63 others.
+	DefaultSharedMaxReplicas = 64
+	// DefaultSharedMaxHashFields bounds the fields of another replica's
+	// hash: about 5 per pod (counts, work, prompt blocks) and 1 per model
+	// served and pod, 2000 pods of 3 models each.
+	DefaultSharedMaxHashFields = 1 << 14
+	// DefaultSharedHashBytes is what SharedCountsConfig.MaxHashBytes'
+	// default allows beyond the prompt blocks: 16Ki fields of counts as
+	// Redis stores them (about 60 bytes each) and output histories.
+	DefaultSharedHashBytes = 2 << 20
 )
 
 // sharedRedisTimeout bounds one publication or read.
 const sharedRedisTimeout = 2 * time.Second
 
-// PodLoads lists the load records of the registered pods; *cache.Store
-// implements it.
+// PodLoads lists the load records of the registered pods and the models
+// each serves; *cache.Store implements it.
 type PodLoads interface {
 	PodLoads() []*inflight.PodLoad
+	// PodModels returns the models the registered pod whose load record's
+	// ID is id serves.
+	PodModels(id string) []string
 }
 
 // SharedCountsConfig configures SharedCounts.
@@ -67,6 +86,20 @@ type SharedCountsConfig struct {
 	TTL time.Duration
 	// Logger receives the component's logs (default klog.Background()).
 	Logger klog.Logger
+	// MaxReplicas is the most replicas whose state is read, this one
+	// included (default DefaultSharedMaxReplicas): a read takes the
+	// latest to publish and counts the others it leaves out in
+	// kvgate_cache_shared_gateways_skipped_total{reason="limit"}.
+	MaxReplicas int
+	// MaxHashFields and MaxHashBytes bound the hash of another replica a
+	// read takes: its fields, and its size as Redis measures it (MEMORY
+	// USAGE: its fields and values and their overhead). A larger hash is
+	// left out whole, counted in
+	// kvgate_cache_shared_gateways_skipped_total{reason="fields"} or
+	// {reason="bytes"}. Defaults: DefaultSharedMaxHashFields, and 8 bytes
+	// per MaxBlocks plus DefaultSharedHashBytes (2.25 MiB).
+	MaxHashFields int
+	MaxHashBytes  int
 
 	// Prefixes, when set, also shares the prompt blocks that this
 	// replica's attempts hold on each pod, at most MaxBlocks keys (default
@@ -136,8 +169,17 @@ func NewSharedCounts(client *redis.Client, pods PodLoads, m *Metrics, cfg Shared
 	cfg.Interval = cmp.Or(cfg.Interval, DefaultSharedCountsInterval)
 	cfg.TTL = cmp.Or(cfg.TTL, DefaultSharedCountsTTL)
 	cfg.MaxBlocks = cmp.Or(cfg.MaxBlocks, DefaultSharedMaxBlocks)
+	cfg.MaxReplicas = cmp.Or(cfg.MaxReplicas, DefaultSharedMaxReplicas)
+	cfg.MaxHashFields = cmp.Or(cfg.MaxHashFields, DefaultSharedMaxHashFields)
+	cfg.MaxHashBytes = cmp.Or(cfg.MaxHashBytes, 8*cfg.MaxBlocks+DefaultSharedHashBytes)
 	if cfg.MaxBlocks < 0 {
 		return nil, fmt.Errorf("shared counts: MaxBlocks %d is negative", cfg.MaxBlocks)
+	}
+	if cfg.MaxHashFields < 0 || cfg.MaxHashBytes < 0 {
+		return nil, fmt.Errorf("shared counts: MaxHashFields %d or MaxHashBytes %d is negative", cfg.MaxHashFields, cfg.MaxHashBytes)
+	}
+	if cfg.MaxReplicas < 2 {
+		return nil, fmt.Errorf("shared counts: MaxReplicas %d leaves no other replica to share with", cfg.MaxReplicas)
 	}
 	if cfg.Interval < 0 || cfg.TTL <= cfg.Interval {
 		return nil, fmt.Errorf("shared counts: TTL %v must exceed the interval %v", cfg.TTL, cfg.Interval)
@@ -225,7 +267,8 @@ func (c *SharedCounts) publish(ctx context.Context) error {
 			p.PExpire(ctx, c.key, c.cfg.TTL)
 		}
 		p.ZAdd(ctx, SharedGatewaysKey, redis.Z{Score: float64(now.UnixMilli()), Member: c.cfg.GatewayID})
-		p.ZRemRangeByScore(ctx, SharedGatewaysKey, "-inf", strconv.FormatInt(now.Add(-prune).UnixMilli(), 10))
+		p.ZRemRangeByScore(ctx, SharedGatewaysKey, "-inf", "("+millis(now.Add(-prune)))
+		p.ZRemRangeByScore(ctx, SharedGatewaysKey, "("+millis(now.Add(prune)), "+inf")
 		return nil
 	})
 	if err != nil {
@@ -233,6 +276,9 @@ func (c *SharedCounts) publish(ctx context.Context) error {
 	}
 	return nil
 }
+
+// millis returns t in Unix milliseconds, a score of SharedGatewaysKey.
+func millis(t time.Time) string { return strconv.FormatInt(t.UnixMilli(), 10) }
 
 // state returns this replica's state at now, the fields of its hash.
 func (c *SharedCounts) state(now time.Time) map[string]string {
@@ -262,40 +308,157 @@ func (c *SharedCounts) state(now time.Time) map[string]string {
 func (c *SharedCounts) read(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, sharedRedisTimeout)
 	defer cancel()
-	since := c.cfg.Now().Add(-c.cfg.TTL).UnixMilli()
-	// ZRANGEBYSCORE rather than ZRANGE BYSCORE, which needs Redis 6.2.
-	//lint:ignore SA1019 it serves every Redis version operators run.
-	ids, err := c.client.ZRangeByScore(ctx, SharedGatewaysKey, &redis.ZRangeBy{Min: strconv.FormatInt(since, 10), Max: "+inf"}).Result()
+	ids, err := c.listReplicas(ctx)
 	if err != nil {
-		return fmt.Errorf("list gateways in %s: %w", SharedGatewaysKey, err)
+		return err
 	}
-	c.noteReplicas(ids)
-	pipe := c.client.Pipeline()
-	var cmds []*redis.MapStringStringCmd
-	for _, id := range ids {
-		if id != c.cfg.GatewayID {
-			cmds = append(cmds, pipe.HGetAll(ctx, SharedCountsKeyPrefix+id))
-		}
-	}
-	if len(cmds) > 0 {
-		if _, err := pipe.Exec(ctx); err != nil {
-			return fmt.Errorf("read %d gateways' counts: %w", len(cmds), err)
-		}
-	}
-	hashes := make([]map[string]string, len(cmds))
-	for i, cmd := range cmds {
-		hashes[i] = cmd.Val()
+	hashes, err := c.readHashes(ctx, ids)
+	if err != nil {
+		return err
 	}
 	c.adopt(hashes, c.cfg.Now())
 	return nil
 }
 
+// readHash returns, of the hash KEYS[1], a 0 followed by its fields and
+// values; or, leaving them out, 1 and its number of fields when it has more
+// than ARGV[1], 2 and its size when MEMORY USAGE exceeds ARGV[2] bytes, 3
+// when the key holds no hash. A missing key gives a lone 0. Checked and read
+// in one script, the hash cannot grow in between.
+var readHash = redis.NewScript(`
+local t = redis.call('TYPE', KEYS[1]).ok
+if t == 'none' then return {0} end
+if t ~= 'hash' then return {3} end
+local n = redis.call('HLEN', KEYS[1])
+if n > tonumber(ARGV[1]) then return {1, n} end
+local size = redis.call('MEMORY', 'USAGE', KEYS[1], 'SAMPLES', '0')
+if size > tonumber(ARGV[2]) then return {2, size} end
+local h = redis.call('HGETALL', KEYS[1])
+table.insert(h, 1, 0)
+return h
+`)
+
+// readHashes returns the hashes of the replicas ids that fit the bounds,
+// counting those left out.
+func (c *SharedCounts) readHashes(ctx context.Context, ids []string) ([]map[string]string, error) {
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	exec := func() ([]*redis.Cmd, error) {
+		pipe := c.client.Pipeline()
+		cmds := make([]*redis.Cmd, len(ids))
+		for i, id := range ids {
+			cmds[i] = readHash.EvalSha(ctx, pipe, []string{SharedCountsKeyPrefix + id}, c.cfg.MaxHashFields, c.cfg.MaxHashBytes)
+		}
+		_, err := pipe.Exec(ctx)
+		return cmds, err
+	}
+	cmds, err := exec()
+	if redis.HasErrorPrefix(err, "NOSCRIPT") {
+		if err = readHash.Load(ctx, c.client).Err(); err == nil {
+			cmds, err = exec()
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read %d gateways' counts: %w", len(ids), err)
+	}
+	hashes := make([]map[string]string, 0, len(cmds))
+	for i, cmd := range cmds {
+		h, skip, err := hashReply(cmd.Val())
+		switch {
+		case err != nil:
+			return nil, fmt.Errorf("read gateway %s's counts: %w", ids[i], err)
+		case skip != "":
+			c.metrics.gatewaysSkipped.WithLabelValues(skip).Inc()
+			c.log.V(2).Info("Left out another gateway's shared state", "gateway", ids[i], "reason", skip, "reply", cmd.Val())
+		case len(h) > 0:
+			hashes = append(hashes, h)
+		}
+	}
+	return hashes, nil
+}
+
+// hashReply decodes a reply of readHash: the hash, or the reason it was left
+// out.
+func hashReply(v any) (hash map[string]string, skip string, err error) {
+	reply, _ := v.([]any)
+	if len(reply) == 0 {
+		return nil, "", fmt.Errorf("unexpected reply %v", v)
+	}
+	switch reply[0] {
+	case int64(0):
+		if len(reply)%2 != 1 {
+			return nil, "", fmt.Errorf("hash reply of %d elements", len(reply))
+		}
+		hash = make(map[string]string, len(reply)/2)
+		for i := 1; i < len(reply); i += 2 {
+			field, fok := reply[i].(string)
+			value, vok := reply[i+1].(string)
+			if !fok || !vok {
+				return nil, "", errors.New("hash reply holds a field or value that is not a string")
+			}
+			hash[field] = value
+		}
+		return hash, "", nil
+	case int64(1):
+		return nil, skipFields, nil
+	case int64(2):
+		return nil, skipBytes, nil
+	case int64(3):
+		return nil, skipNotHash, nil
+	}
+	return nil, "", fmt.Errorf("unexpected reply %v", v)
+}
+
+// listReplicas returns the ids of the other replicas whose hashes a read
+// takes: those whose last publication lies within the TTL of now, the
+// latest first, at most MaxReplicas-1. It counts the live replicas it
+// leaves out, and those whose publications lie further ahead.
+func (c *SharedCounts) listReplicas(ctx context.Context) ([]string, error) {
+	now := c.cfg.Now()
+	lo, hi := now.Add(-c.cfg.TTL).UnixMilli(), now.Add(c.cfg.TTL).UnixMilli()
+	oldest, newest := strconv.FormatInt(lo, 10), strconv.FormatInt(hi, 10)
+	pipe := c.client.Pipeline()
+	// ZREVRANGEBYSCORE rather than ZRANGE BYSCORE REV, which needs Redis 6.2.
+	latest := pipe.ZRevRangeByScore(ctx, SharedGatewaysKey, &redis.ZRangeBy{Min: oldest, Max: newest,
+		Count: int64(c.cfg.MaxReplicas)})
+	live := pipe.ZCount(ctx, SharedGatewaysKey, oldest, newest)
+	ahead := pipe.ZCount(ctx, SharedGatewaysKey, "("+newest, "+inf")
+	self := pipe.ZScore(ctx, SharedGatewaysKey, c.cfg.GatewayID)
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("list gateways in %s: %w", SharedGatewaysKey, err)
+	}
+	others := live.Val()
+	if at, err := self.Result(); err == nil && at >= float64(lo) && at <= float64(hi) {
+		others--
+	}
+	ids := slices.DeleteFunc(latest.Val(), func(id string) bool { return id == c.cfg.GatewayID })
+	ids = ids[:min(len(ids), c.cfg.MaxReplicas-1)]
+	c.metrics.gatewaysSkipped.WithLabelValues(skipLimit).Add(float64(max(others-int64(len(ids)), 0)))
+	c.metrics.gatewaysSkipped.WithLabelValues(skipClockAhead).Add(float64(ahead.Val()))
+	c.noteReplicas(int(others) + 1)
+	return ids, nil
+}
+
 // adopt sums the states of the other replicas, their hashes, and sets the
-// sum on the pods and predictors at now.
+// sum on the pods and predictors at now. Fields about pods this replica
+// has not registered, or models they do not serve, are ignored and
+// counted: the registry bounds what the sum keeps, and a pod or model
+// registered later counts from the next read on.
 func (c *SharedCounts) adopt(hashes []map[string]string, now time.Time) {
+	known := c.knownPods()
+	var unknownPods, unknownModels int
 	sum := remoteCounts{counts: map[string]int64{}, work: map[string]float64{}}
 	for _, h := range hashes {
 		for field, v := range h {
+			switch known.of(field) {
+			case ignoreUnknownPod:
+				unknownPods++
+				continue
+			case ignoreUnknownModel:
+				unknownModels++
+				continue
+			}
 			if c.readRouting(field, v, &sum) {
 				continue
 			}
@@ -312,7 +475,54 @@ func (c *SharedCounts) adopt(hashes []map[string]string, now time.Time) {
 			}
 		}
 	}
+	c.metrics.fieldsIgnored.WithLabelValues(ignoreUnknownPod).Add(float64(unknownPods))
+	c.metrics.fieldsIgnored.WithLabelValues(ignoreUnknownModel).Add(float64(unknownModels))
 	c.apply(sum, now)
+}
+
+// knownPods are the pods registered with a replica, by load record ID, and
+// the models they serve; models is every model served.
+type knownPods struct {
+	pods   map[string][]string
+	models map[string]bool
+}
+
+func (c *SharedCounts) knownPods() knownPods {
+	k := knownPods{pods: map[string][]string{}, models: map[string]bool{}}
+	for _, p := range c.pods.PodLoads() {
+		served := c.pods.PodModels(p.ID())
+		k.pods[p.ID()] = served
+		for _, m := range served {
+			k.models[m] = true
+		}
+	}
+	return k
+}
+
+// of returns why field of another replica's hash is to be ignored (see
+// ignoreUnknownPod), "" when it is about a known pod and model.
+func (k knownPods) of(field string) string {
+	if model, ok := strings.CutPrefix(field, fieldOutputPrefix); ok {
+		if !k.models[model] {
+			return ignoreUnknownModel
+		}
+		return ""
+	}
+	pod, model, perModel := strings.Cut(field, "|")
+	for _, suffix := range []string{fieldPending, fieldPrefill, fieldBlocks} {
+		if p, ok := strings.CutSuffix(field, suffix); ok {
+			pod, perModel = p, false
+			break
+		}
+	}
+	served, ok := k.pods[pod]
+	switch {
+	case !ok:
+		return ignoreUnknownPod
+	case perModel && !slices.Contains(served, model):
+		return ignoreUnknownModel
+	}
+	return ""
 }
 
 // ShareInProcess has each of replicas adopt the state of the others as a
@@ -332,13 +542,10 @@ func ShareInProcess(replicas ...*SharedCounts) {
 	}
 }
 
-// noteReplicas records the live replicas ids, and logs an error when other
-// replicas appear beside one that must be the only one.
-func (c *SharedCounts) noteReplicas(ids []string) {
-	n := len(ids)
-	if !slices.Contains(ids, c.cfg.GatewayID) {
-		n++
-	}
+// noteReplicas records the number of live replicas, this one included, and
+// logs an error when other replicas appear beside one that must be the only
+// one.
+func (c *SharedCounts) noteReplicas(n int) {
 	c.metrics.gateways.Set(float64(n))
 	others := n > 1
 	if others && !c.others && c.cfg.SoleReplica != "" {

@@ -28,6 +28,9 @@ type loadList []*inflight.PodLoad
 
 func (l loadList) PodLoads() []*inflight.PodLoad { return l }
 
+// PodModels returns the one model every engine of the fleet serves.
+func (l loadList) PodModels(string) []string { return []string{benchModel} }
+
 // sharedTTLIntervals is the replicas' state TTL, in intervals: far beyond any
 // staleness, since the simulation loses no publication.
 const sharedTTLIntervals = 25
