@@ -1,6 +1,9 @@
 package transport
 
 import (
+	"bytes"
+	"encoding/binary"
+	"errors"
 	"math"
 	"sync/atomic"
 	"testing"
@@ -335,5 +338,60 @@ func TestClientDisconnectsAnEngineThatFloodsIt(t *testing.T) {
 	testsupport.Eventually(t, "the well-behaved engine's batch", func() bool { return h.Has(2, int(seq)) })
 	if st := c.Stats(); st.Connections < 2 {
 		t.Errorf("%d connections, want the flooding engine redialled", st.Connections)
+	}
+}
+
+// expandingPayload is a batch of about size bytes that would decode to some
+// 40 times its size: one BlockStored whose extra_keys are size nils.
+func expandingPayload(size int) []byte {
+	p := []byte{0x92, 0xcb, 0x41, 0xda, 0x30, 0x54, 0x98, 0x10, 0, 0, 0x91, 0x99, 0xab}
+	p = append(p, "BlockStored"...)
+	p = append(p, 0x90, 0xc0, 0x90, 0x10, 0xc0, 0xc0, 0xc0, 0xdd)
+	p = binary.BigEndian.AppendUint32(p, uint32(size))
+	return append(p, bytes.Repeat([]byte{0xc0}, size)...)
+}
+
+func TestClientDropsABatchThatWouldDecodeBeyondItsBudget(t *testing.T) {
+	t.Parallel()
+	payload := expandingPayload(1 << 20)
+	if _, err := kvevent.DecodeEventBatch(payload); !errors.Is(err, kvevent.ErrBatchTooLarge) {
+		t.Fatalf("the expanding payload decodes with error %v, want ErrBatchTooLarge", err)
+	}
+	reg := prometheus.NewPedanticRegistry()
+	metrics, err := NewKVCacheMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ports := kvtest.NewPorts(t)
+	pub := kvtest.NewPublisher(t, ports, nil)
+	cfg := testClientConfig(ports)
+	cfg.Metrics = metrics
+	rec := &kvtest.Recorder{}
+	c := startClient(t, cfg, rec)
+	if err := c.WaitForConnection(testsupport.WaitTimeout); err != nil {
+		t.Fatal(err)
+	}
+	if err := pub.PublishRaw(payload); err != nil {
+		t.Fatal(err)
+	}
+	kvtest.Publish(t, pub, 1, 1, 4)
+	testsupport.Eventually(t, "the batches after the expanding one", func() bool { return rec.Count() >= 3 })
+
+	got, _ := rec.Snapshot()
+	kvtest.CheckSequence(t, got, 1, 1, 4)
+	if st := c.Stats(); st.DecodeErrors != 1 || st.BatchesReceived != 4 {
+		t.Errorf("stats report %d decode errors of %d batches, want 1 of 4", st.DecodeErrors, st.BatchesReceived)
+	}
+	stream := "dp_rank=0,"
+	for labels, want := range map[string]float64{
+		stream + "limit=" + LimitDecodedBatch + ",pod_key=" + cfg.PodKey:  1,
+		stream + "limit=" + LimitReceiveBuffer + ",pod_key=" + cfg.PodKey: 0,
+	} {
+		if got := series(t, reg, "limit_hits_total")[labels]; got != want {
+			t.Errorf("limit_hits_total{%s} = %v, want %v", labels, got, want)
+		}
+	}
+	if got := series(t, reg, "errors_total")[stream+"error_type=decode,pod_key="+cfg.PodKey]; got != 1 {
+		t.Errorf("errors_total{error_type=decode} = %v, want 1", got)
 	}
 }

@@ -102,6 +102,10 @@
 //     128k-token prefill, see DefaultMaxMessageBytes): ZeroMQ drops the
 //     connection of an engine that sends a larger one, and the batch is
 //     lost.
+//   - A batch decodes to at most 16 bytes per payload byte, plus 64 KiB
+//     (256 MiB for a frame of 16 MiB; see kvevent.DecodeEventBatchStats).
+//     vLLM's batches need 2 to 15; one that would need more is dropped as
+//     a decode error (decoded_batch), and the stream goes on with the next.
 //   - A stream reads its sockets as soon as they are readable and applies
 //     what it read in slices of a few milliseconds, so that ZeroMQ's
 //     queues stay short; what it has read and not applied is bounded by
@@ -128,7 +132,8 @@
 //
 // A stream thus holds at most about 2 x ReceiveBufferBytes +
 // MaxPendingBytes of its engine's data (some 200 MiB by default), plus what
-// ZeroMQ queues between two reads. One limit is beyond any subscriber of
+// ZeroMQ queues between two reads, and, while it decodes a batch, 16 x
+// MaxMessageBytes at most (256 MiB by default) of decoded batch. One limit is beyond any subscriber of
 // libzmq 4.3: it buffers a multipart message until its last frame, with no
 // bound on the number of frames, so an engine that never ends a message
 // grows the gateway until its connection is cut. Follow only engines on a

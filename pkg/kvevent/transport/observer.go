@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -367,6 +368,9 @@ func (o *observer) batchDelivered(seq uint64, replayed bool, start time.Time, ev
 // and dropped: its payload of size bytes did not decode.
 func (o *observer) batchUndecodable(seq uint64, replayed bool, start time.Time, size int, err error) {
 	o.error(kindDecode)
+	if errors.Is(err, kvevent.ErrBatchTooLarge) {
+		o.limitHit(LimitDecodedBatch)
+	}
 	if o.m != nil {
 		o.m.recordBatch(seq, replayed, &eventCounts{}, &eventCounts{})
 	}
