@@ -15,7 +15,7 @@ import (
 func (l *bindLoop) readLive(rank int) {
 	sub := l.subs[rank]
 	for range maxReadBurst {
-		frames, peer, err := zmqwire.RecvFramesFrom(sub, zmq.DONTWAIT, l.frames)
+		frames, n, peer, err := zmqwire.RecvFramesFrom(sub, zmq.DONTWAIT, l.frames, 3)
 		l.frames = frames
 		if err != nil {
 			if !zmqwire.IsAgain(err) {
@@ -24,12 +24,12 @@ func (l *bindLoop) readLive(rank int) {
 			return
 		}
 		var seq uint64
-		ok := len(frames) == 3
+		ok := n == 3
 		if ok {
 			seq, ok = zmqwire.ParseSeqFrame(frames[1])
 		}
 		if !ok {
-			l.ignore(IgnoredMalformed, "", peer, rank, errMalformed(frames))
+			l.ignore(IgnoredMalformed, "", peer, rank, errMalformed(frames, n))
 			continue
 		}
 		l.onMessage(rank, string(frames[0]), peer, seq, frames[2])

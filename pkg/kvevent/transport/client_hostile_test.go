@@ -395,3 +395,60 @@ func TestClientDropsABatchThatWouldDecodeBeyondItsBudget(t *testing.T) {
 		t.Errorf("errors_total{error_type=decode} = %v, want 1", got)
 	}
 }
+
+// checkFrameSlice fails the test if frames, a driver's reused frame slice,
+// grew for a message of many frames or still holds frames beyond its
+// length.
+func checkFrameSlice(t *testing.T, name string, frames [][]byte) {
+	t.Helper()
+	if cap(frames) > 8 {
+		t.Errorf("%s has room for %d frames", name, cap(frames))
+	}
+	for i, f := range frames[len(frames):cap(frames)] {
+		if f != nil {
+			t.Errorf("%s holds a frame of %d bytes at %d, beyond its length %d", name, len(f), len(frames)+i, len(frames))
+		}
+	}
+}
+
+func TestClientKeepsNoFrameOfAMessageOfTooManyFrames(t *testing.T) {
+	t.Parallel()
+	many := make([][]byte, 1000)
+	for i := range many {
+		many[i] = make([]byte, 1024)
+	}
+	t.Run("live", func(t *testing.T) {
+		t.Parallel()
+		ports := kvtest.NewPorts(t)
+		eng := kvtest.NewEngine(t, ports)
+		rec := &kvtest.Recorder{}
+		c := startClient(t, testClientConfig(ports), rec)
+		eng.AwaitSubscriber(t)
+		eng.Frames(t, many...)
+		eng.Publish(t, 0, kvtest.Payload(t, 1, 0))
+		testsupport.Eventually(t, "the batch after the malformed message", func() bool { return rec.Has(1, 0) })
+		if st := c.Stats(); st.MalformedMessages != 1 {
+			t.Errorf("stats report %d malformed messages, want 1", st.MalformedMessages)
+		}
+		if err := c.do(func(d *dialer) error {
+			checkFrameSlice(t, "the live frame slice", d.frames)
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Run("replay", func(t *testing.T) {
+		t.Parallel()
+		ports := kvtest.NewPorts(t)
+		eng := kvtest.NewEngine(t, ports)
+		eng.SetReplay(func(_ uint64, _ []kvtest.Buffered, w *kvtest.ReplayWriter) { w.Frames(many...) })
+		c := startClient(t, testClientConfig(ports), &kvtest.Recorder{})
+		testsupport.Eventually(t, "a failed replay", func() bool { return c.Stats().ReplayFailures > 0 })
+		if err := c.do(func(d *dialer) error {
+			checkFrameSlice(t, "the replay frame slice", d.s.replyFrames)
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	})
+}

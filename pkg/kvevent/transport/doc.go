@@ -102,6 +102,9 @@
 //     128k-token prefill, see DefaultMaxMessageBytes): ZeroMQ drops the
 //     connection of an engine that sends a larger one, and the batch is
 //     lost.
+//   - A message keeps at most the frames vLLM sends (3 live, 4 in a
+//     replay reply) once read: the frames of a longer one beyond those are
+//     read and dropped one by one, and the message is dropped as malformed.
 //   - A batch decodes to at most 16 bytes per payload byte, plus 64 KiB
 //     (256 MiB for a frame of 16 MiB; see kvevent.DecodeEventBatchStats).
 //     vLLM's batches need 2 to 15; one that would need more is dropped as

@@ -175,12 +175,12 @@ func (o *observer) handshakeFailed(endpoint, event string, errno int) {
 }
 
 // malformed counts and logs a dropped live message that is not [topic,
-// seq, payload].
-func (o *observer) malformed(frames [][]byte) {
+// seq, payload]: n frames, the first of which are frames.
+func (o *observer) malformed(frames [][]byte, n int) {
 	o.error(kindMalformed)
 	o.counters.malformed.Add(1)
 	if o.limited(logMalformed) {
-		o.logger.Error(errMalformed(frames), "Dropping malformed KV event message")
+		o.logger.Error(errMalformed(frames, n), "Dropping malformed KV event message")
 	}
 }
 

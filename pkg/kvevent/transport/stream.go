@@ -259,11 +259,14 @@ func (s *stream) quietFrom(now time.Time) {
 }
 
 // errMalformed describes a message that is not vLLM's [topic, seq,
-// payload].
-func errMalformed(frames [][]byte) error {
+// payload]: n frames, the first of which are frames.
+func errMalformed(frames [][]byte, n int) error {
 	lens := make([]int, len(frames))
 	for i, f := range frames {
 		lens[i] = len(f)
+	}
+	if n > len(frames) {
+		return fmt.Errorf("want 3 frames [topic, 8-byte seq, payload], got %d frames, the first of lengths %v", n, lens)
 	}
 	return fmt.Errorf("want 3 frames [topic, 8-byte seq, payload], got frame lengths %v", lens)
 }
