@@ -134,9 +134,13 @@
 //     minute, then one line that sums up the rest.
 //
 // A stream thus holds at most about 2 x ReceiveBufferBytes +
-// MaxPendingBytes of its engine's data (some 200 MiB by default), plus what
-// ZeroMQ queues between two reads, and, while it decodes a batch, 16 x
-// MaxMessageBytes at most (256 MiB by default) of decoded batch. One limit is beyond any subscriber of
+// MaxPendingBytes of its engine's data (some 200 MiB by default), and,
+// while it decodes a batch, 16 x MaxMessageBytes (256 MiB by default) of
+// decoded batch, plus what ZeroMQ queues between two reads. ZeroMQ's queues
+// count messages, not bytes (ReceiveHWM, and MaxReplayBatches + 1 for a
+// replay, which vLLM's ROUTER sends in one go); a driver reads its sockets
+// after every round of work, a slice of 2 ms plus one batch per stream, so
+// they hold what arrives meanwhile. One limit is beyond any subscriber of
 // libzmq 4.3: it buffers a multipart message until its last frame, with no
 // bound on the number of frames, so an engine that never ends a message
 // grows the gateway until its connection is cut. Follow only engines on a

@@ -52,7 +52,14 @@ func (s *stream) startReplay(from uint64, force bool) bool {
 // openDealer creates and connects the replay socket of one replay. Its
 // receive high-water mark holds a whole replay of MaxReplayBatches replies,
 // so that the engine's ROUTER, which drops what its peer does not take in
-// time, can send it all even while the stream is busy.
+// time, can send it all even while the stream is busy: vLLM sends a whole
+// replay in one loop and its ROUTER drops what its own queue cannot hold,
+// so a mark derived from bytes (ReceiveBufferBytes / MaxMessageBytes, 4 by
+// default) would lose most of a replay of small batches and have it
+// replayed again, round after round. ZeroMQ counts messages, not bytes; what it queues is bounded in
+// time instead: the stream reads the socket after every slice of work
+// (processSlice plus one batch), and cuts the replay, closing the socket
+// and dropping its queue, once the replies read fill ReceiveBufferBytes.
 func (s *stream) openDealer() error {
 	ep := s.replayEndpoint
 	d, err := s.ctx.NewSocket(zmq.DEALER)
