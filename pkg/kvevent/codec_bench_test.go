@@ -36,6 +36,17 @@ func storedBatch(blocks int) *EventBatch {
 	}
 }
 
+// removedBatch is the batch of a step that evicted n blocks from the GPU:
+// one BlockRemoved per block, as vLLM's block pool sends them.
+func removedBatch(n int) *EventBatch {
+	rng := rand.New(rand.NewPCG(3, 4))
+	b := &EventBatch{TS: 1757500000.25, DataParallelRank: 0, Events: make([]KVEvent, n)}
+	for i := range b.Events {
+		b.Events[i] = &BlockRemovedEvent{BlockHashes: []BlockHash{rng.Uint64()}, Medium: MediumGPU, GroupIdx: 0}
+	}
+	return b
+}
+
 func mustAppend(tb testing.TB, b *EventBatch, layout Layout) []byte {
 	tb.Helper()
 	p, err := AppendEventBatch(nil, b, layout)
@@ -47,16 +58,21 @@ func mustAppend(tb testing.TB, b *EventBatch, layout Layout) []byte {
 
 func BenchmarkDecodeEventBatch(b *testing.B) {
 	for _, layout := range []Layout{LayoutCurrent, LayoutPositional} {
-		payload := mustAppend(b, storedBatch(16), layout)
-		b.Run("stored16x16/"+layout.String(), func(b *testing.B) {
-			b.SetBytes(int64(len(payload)))
-			b.ReportAllocs()
-			for b.Loop() {
-				if _, err := DecodeEventBatch(payload); err != nil {
-					b.Fatal(err)
+		for _, c := range []struct {
+			name  string
+			batch *EventBatch
+		}{{"stored16x16", storedBatch(16)}, {"removed64", removedBatch(64)}} {
+			payload := mustAppend(b, c.batch, layout)
+			b.Run(c.name+"/"+layout.String(), func(b *testing.B) {
+				b.SetBytes(int64(len(payload)))
+				b.ReportAllocs()
+				for b.Loop() {
+					if _, err := DecodeEventBatch(payload); err != nil {
+						b.Fatal(err)
+					}
 				}
-			}
-		})
+			})
+		}
 	}
 }
 

@@ -1,8 +1,10 @@
 package kvevent
 
 import (
+	"errors"
 	"fmt"
 	"sync"
+	"unsafe"
 )
 
 // DecodeError describes why a payload is not a valid vLLM event batch and
@@ -35,6 +37,44 @@ func (e *DecodeError) Error() string {
 
 // Unwrap returns the underlying problem.
 func (e *DecodeError) Unwrap() error { return e.Err }
+
+// ErrBatchTooLarge is the error a *DecodeError wraps when a batch would
+// decode to more memory than DecodeEventBatchStats allows for its size.
+var ErrBatchTooLarge = errors.New("batch decodes to more memory than its size allows")
+
+// The decode budget: a batch of n payload bytes may decode to at most
+// budgetPerByte*n + budgetFloor bytes. vLLM's densest event, a v0.9
+// BlockRemoved of one 64-bit hash, takes 24 bytes on the wire and 352
+// decoded; a batch crafted to expand (extra_keys of nils, tag-only events)
+// would take up to 60 times its size.
+const (
+	budgetPerByte = 16
+	budgetFloor   = 64 << 10
+)
+
+// What the decoder charges to the budget, in bytes of its scratch buffers
+// and of the decoded batch: for each event the batch declares, its record
+// and its slot in EventBatch.Events; for each known event, its struct (see
+// eventSize); for each block hash, token id and extra_keys element, its
+// scratch entry and its place in the batch; and the bytes of strings and
+// extra keys copied from the payload.
+const (
+	eventCost = int(unsafe.Sizeof(eventRec{}) + unsafe.Sizeof(KVEvent(nil)))
+	hashCost  = 2 * int(unsafe.Sizeof(BlockHash(0)))
+	tokenCost = 2 * int(unsafe.Sizeof(uint32(0)))
+	extraCost = int(unsafe.Sizeof(span{}) + unsafe.Sizeof([]byte(nil)))
+)
+
+// eventSize is the size of the struct of a known event of type typ.
+func eventSize(typ EventType) int {
+	switch typ {
+	case EventTypeBlockStored:
+		return int(unsafe.Sizeof(BlockStoredEvent{}))
+	case EventTypeBlockRemoved:
+		return int(unsafe.Sizeof(BlockRemovedEvent{}))
+	}
+	return int(unsafe.Sizeof(AllBlocksClearedEvent{}))
+}
 
 // DecodeStats counts what a decoder skipped in a batch it accepted. Non-zero
 // counts mean the engine speaks a newer dialect than this package knows:
@@ -84,6 +124,17 @@ func DecodeEventBatch(payload []byte) (*EventBatch, error) {
 // A payload that is not a well-formed batch (truncated, wrong types, token ids
 // outside uint32, empty digests, trailing bytes, ...) yields a nil batch, zero
 // stats and a *DecodeError saying what is wrong and where.
+//
+// The memory a batch decodes to is bounded by its size: the decoded batch
+// and what the decoder's scratch buffers hold for it take at most 16 bytes
+// per payload byte, plus 64 KiB (256 MiB for a 16 MiB payload); the spare
+// capacity of the scratch buffers adds at most a quarter of what they hold.
+// Every batch vLLM publishes fits: a prefill takes 2 to 8 bytes per payload
+// byte, a step's evictions 5.5 (12 in the positional layout of v0.10 to
+// v0.23, 15 in v0.9's, the densest). A payload crafted to expand further
+// (long arrays of nils, tiny events) is refused with a *DecodeError that
+// wraps ErrBatchTooLarge before the decoder allocates for the element that
+// would exceed the budget.
 func DecodeEventBatchStats(payload []byte) (*EventBatch, DecodeStats, error) {
 	d := decoderPool.Get().(*decoder)
 	defer d.release()
@@ -108,8 +159,9 @@ const maxPooledScratch = 1 << 16
 // scratch buffers that it reuses across batches, then copies them into
 // allocations sized exactly for the batch (see build).
 type decoder struct {
-	r     reader
-	stats DecodeStats
+	r      reader
+	stats  DecodeStats
+	budget int // bytes the batch may still decode to
 
 	// Where the decoder is, for errors.
 	event int    // index of the event being decoded, -1 in the envelope
@@ -159,15 +211,37 @@ func trimScratch[T any](s []T) []T {
 	return s[:0]
 }
 
+// maxKeyInError bounds the bytes of an unknown map key that a DecodeError
+// names, so that an error about a huge key stays small.
+const maxKeyInError = 256
+
 func (d *decoder) fieldName() string {
 	if d.field == "" && d.key != nil {
+		if len(d.key) > maxKeyInError {
+			return string(d.key[:maxKeyInError]) + "..."
+		}
 		return string(d.key)
 	}
 	return d.field
 }
 
+// charge takes n bytes from the batch's decode budget, failing for the
+// element at off when they are not left.
+func (d *decoder) charge(off, n int) error {
+	if d.budget -= n; d.budget < 0 {
+		return d.overBudget(off)
+	}
+	return nil
+}
+
+func (d *decoder) overBudget(off int) error {
+	size := len(d.r.buf)
+	return d.r.failf(off, "%w: a payload of %d bytes may decode to %d bytes", ErrBatchTooLarge, size, budgetPerByte*size+budgetFloor)
+}
+
 func (d *decoder) decode(payload []byte) (*EventBatch, error) {
 	d.r = reader{buf: payload}
+	d.budget = budgetPerByte*len(payload) + budgetFloor
 	d.event, d.field = -1, ""
 	c, err := d.r.peek()
 	if err != nil {
@@ -312,12 +386,20 @@ func (d *decoder) mapEnvelope() (ts float64, rank int, err error) {
 	return ts, rank, nil
 }
 
-// events decodes the list of events.
+// events decodes the list of events. It charges every event's record
+// before it makes room for them.
 func (d *decoder) events() error {
 	d.field = envelopeEvents
+	start := d.r.off
 	n, err := d.r.arrayLen()
 	if err != nil {
 		return err
+	}
+	if err := d.charge(start, n*eventCost); err != nil {
+		return err
+	}
+	if cap(d.recs) < n {
+		d.recs = make([]eventRec, 0, n)
 	}
 	d.field = ""
 	for d.event = 0; d.event < n; d.event++ {
@@ -348,8 +430,11 @@ func (d *decoder) decodeEvent() error {
 	default:
 		return d.r.failf(start, "expected event as map or array, got %s", typeName(c))
 	}
-	if err != nil || known {
+	if err != nil {
 		return err
+	}
+	if known {
+		return d.charge(start, eventSize(rec.typ))
 	}
 	d.recs = d.recs[:len(d.recs)-1]
 	d.stats.UnknownEvents++

@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
-	"slices"
 )
 
 // The readers of event fields. Each reads one value into the event record or
@@ -80,8 +79,12 @@ func (d *decoder) hash() (BlockHash, error) {
 
 // hashList reads an array of block hashes into the scratch buffer.
 func (d *decoder) hashList() (span, error) {
+	start := d.r.off
 	n, err := d.r.arrayLen()
 	if err != nil {
+		return span{}, err
+	}
+	if err := d.charge(start, n*hashCost); err != nil {
 		return span{}, err
 	}
 	lo, dst := extend(&d.hashes, n)
@@ -94,16 +97,29 @@ func (d *decoder) hashList() (span, error) {
 }
 
 // extend lengthens *s by n elements and returns where they start and them.
+// It grows *s by a quarter of its capacity at a time (at least 16 elements),
+// or exactly to what it must hold if that is more, so that filling it list
+// by list stays linear and its spare capacity stays within a quarter of
+// what it holds, once it holds more than 64 elements.
 func extend[T any](s *[]T, n int) (int, []T) {
 	lo := len(*s)
-	*s = slices.Grow(*s, n)[:lo+n]
+	if c := cap(*s); c-lo < n {
+		grown := make([]T, lo, max(lo+n, c+max(c/4, 16)))
+		copy(grown, *s)
+		*s = grown
+	}
+	*s = (*s)[:lo+n]
 	return lo, (*s)[lo:]
 }
 
 // tokenList reads an array of token ids into the scratch buffer.
 func (d *decoder) tokenList() (span, error) {
+	start := d.r.off
 	n, err := d.r.arrayLen()
 	if err != nil {
+		return span{}, err
+	}
+	if err := d.charge(start, n*tokenCost); err != nil {
 		return span{}, err
 	}
 	lo, dst := extend(&d.tokens, n)
@@ -153,21 +169,28 @@ func (d *decoder) extraKeys() (span, bool, error) {
 	if d.r.tryNil() {
 		return span{}, false, nil
 	}
+	start := d.r.off
 	n, err := d.r.arrayLen()
 	if err != nil {
 		return span{}, false, err
 	}
-	lo := len(d.extras)
-	for range n {
+	if err := d.charge(start, n*extraCost); err != nil {
+		return span{}, false, err
+	}
+	lo, dst := extend(&d.extras, n)
+	for i := range dst {
 		if d.r.tryNil() {
-			d.extras = append(d.extras, span{-1, -1})
+			dst[i] = span{-1, -1}
 			continue
 		}
-		start := d.r.off
+		off := d.r.off
 		if err := d.r.skip(); err != nil {
 			return span{}, false, err
 		}
-		d.extras = append(d.extras, span{start, d.r.off})
+		dst[i] = span{off, d.r.off}
+	}
+	if err := d.charge(start, d.r.off-start); err != nil {
+		return span{}, false, err
 	}
 	return span{lo, lo + n}, true, nil
 }
@@ -202,11 +225,13 @@ func (d *decoder) optString() (string, error) {
 	if d.r.tryNil() {
 		return "", nil
 	}
+	start := d.r.off
 	b, err := d.r.data(&strHeader)
 	if err != nil {
 		return "", err
 	}
-	return internString(b), nil
+	s, copied := internString(b)
+	return s, d.charge(start, copied)
 }
 
 // formatInt formats an integer read by reader.integer, for errors.

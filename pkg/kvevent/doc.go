@@ -29,9 +29,11 @@
 // *AllBlocksClearedEvent. DecodeEventBatch accepts every envelope and event
 // layout vLLM has sent since v0.9 (the envelope as a positional array or as
 // a map of its fields, events as tagged maps or positional arrays, block
-// hashes as integers of any width or as raw digests, see BlockHash) and
+// hashes as integers of any width or as raw digests, see BlockHash),
 // never allocates from a length it has not checked against the bytes that
-// remain; DecodeEventBatchStats also counts what it skipped as unknown.
+// remain, and refuses a batch that would decode to more than 16 bytes per
+// payload byte (ErrBatchTooLarge; every batch vLLM sends needs less);
+// DecodeEventBatchStats also counts what it skipped as unknown.
 // EncodeEventBatch and AppendEventBatch write a batch in the layout of a
 // chosen vLLM version (Layout).
 //

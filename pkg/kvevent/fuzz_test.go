@@ -2,6 +2,7 @@ package kvevent
 
 import (
 	"bytes"
+	"errors"
 	"testing"
 
 	"github.com/vmihailenco/msgpack/v5"
@@ -11,7 +12,9 @@ import (
 // and that a batch it accepts
 //   - is well-formed msgpack to the reference decoder, which reads the same
 //     values whenever it can decode every element;
-//   - survives re-encoding in LayoutCurrent and decoding again unchanged.
+//   - survives re-encoding in LayoutCurrent and decoding again unchanged,
+//     unless the re-encoding is smaller and too small for the batch's
+//     decode budget.
 func FuzzDecodeEventBatch(f *testing.F) {
 	for _, g := range loadGoldens(f) {
 		f.Add(g.Payload)
@@ -49,6 +52,9 @@ func FuzzDecodeEventBatch(f *testing.F) {
 			t.Fatalf("cannot re-encode %+v: %v", b, err)
 		}
 		again, err := DecodeEventBatch(enc)
+		if errors.Is(err, ErrBatchTooLarge) && len(enc) < len(payload) {
+			return // the re-encoding is denser: its smaller budget may not hold the same batch
+		}
 		if err != nil {
 			t.Fatalf("cannot decode the re-encoding %x: %v", enc, err)
 		}

@@ -130,10 +130,11 @@ var commonStrings = func() map[string]string {
 	return m
 }()
 
-// internString returns b as a string, sharing the common values.
-func internString(b []byte) string {
+// internString returns b as a string, sharing the common values, and the
+// bytes it copied.
+func internString(b []byte) (string, int) {
 	if s, ok := commonStrings[string(b)]; ok {
-		return s
+		return s, 0
 	}
-	return string(b)
+	return string(b), len(b)
 }

@@ -69,7 +69,7 @@ func (p *Publisher) serviceReplay() {
 		return
 	}
 	for {
-		frames, err := zmqwire.RecvFrames(p.router, zmq.DONTWAIT, p.frames)
+		frames, n, err := zmqwire.RecvFrames(p.router, zmq.DONTWAIT, p.frames, 3)
 		p.frames = frames
 		if err != nil {
 			if !zmqwire.IsAgain(err) {
@@ -77,8 +77,8 @@ func (p *Publisher) serviceReplay() {
 			}
 			return
 		}
-		if len(frames) != 3 {
-			p.logger.Info("Ignoring invalid replay request", "frames", len(frames))
+		if n != 3 {
+			p.logger.Info("Ignoring invalid replay request", "frames", n)
 			continue
 		}
 		p.replay(frames[0], parseStartSeq(frames[2]))

@@ -163,23 +163,33 @@ func newBindIdentity(ip string, port int, model string) (bindIdentity, error) {
 func parseBindTopic(topic string) (bindIdentity, error) {
 	rest, ok := strings.CutPrefix(topic, bindTopicPrefix)
 	if !ok {
-		return bindIdentity{}, fmt.Errorf("topic %q does not start with %q", topic, bindTopicPrefix)
+		return bindIdentity{}, &topicError{topic, `does not start with "` + bindTopicPrefix + `"`}
 	}
 	addr, model, ok := strings.Cut(rest, "@")
 	if !ok || model == "" {
-		return bindIdentity{}, fmt.Errorf("topic %q has no @<model> after the address", topic)
+		return bindIdentity{}, &topicError{topic, "has no @<model> after the address"}
 	}
 	host, p, err := net.SplitHostPort(addr)
 	if err != nil {
-		return bindIdentity{}, fmt.Errorf("topic %q: address: %w", topic, err)
+		return bindIdentity{}, &topicError{topic, "has no <ip>:<port> after " + bindTopicPrefix}
 	}
 	port, perr := strconv.Atoi(p)
 	id, err := newBindIdentity(host, port, model)
 	if perr != nil || err != nil {
-		return bindIdentity{}, fmt.Errorf("topic %q: want <ip>:<port>, got %q", topic, addr)
+		return bindIdentity{}, &topicError{topic, "has no <ip>:<port> after " + bindTopicPrefix}
 	}
 	return id, nil
 }
+
+// topicError says why a topic names no engine. The topic comes from the
+// engine and may be megabytes long: the error shows at most maxShown bytes
+// of it, and formats nothing until its message is asked for.
+type topicError struct {
+	topic   string
+	problem string
+}
+
+func (e *topicError) Error() string { return fmt.Sprintf("topic %q %s", shown(e.topic), e.problem) }
 
 // BindTopic is the topic the engine at ip whose HTTP server listens on
 // port and which serves model publishes with: kv@<ip>:<port>@<model>, an

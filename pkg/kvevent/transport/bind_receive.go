@@ -15,7 +15,7 @@ import (
 func (l *bindLoop) readLive(rank int) {
 	sub := l.subs[rank]
 	for range maxReadBurst {
-		frames, peer, err := zmqwire.RecvFramesFrom(sub, zmq.DONTWAIT, l.frames)
+		frames, n, peer, err := zmqwire.RecvFramesFrom(sub, zmq.DONTWAIT, l.frames, 3)
 		l.frames = frames
 		if err != nil {
 			if !zmqwire.IsAgain(err) {
@@ -24,12 +24,12 @@ func (l *bindLoop) readLive(rank int) {
 			return
 		}
 		var seq uint64
-		ok := len(frames) == 3
+		ok := n == 3
 		if ok {
 			seq, ok = zmqwire.ParseSeqFrame(frames[1])
 		}
 		if !ok {
-			l.ignore(IgnoredMalformed, "", peer, rank, errMalformed(frames))
+			l.ignore(IgnoredMalformed, "", peer, rank, func() error { return errMalformed(frames, n) })
 			continue
 		}
 		l.onMessage(rank, string(frames[0]), peer, seq, frames[2])
@@ -41,12 +41,13 @@ func (l *bindLoop) readLive(rank int) {
 func (l *bindLoop) onMessage(rank int, topic, peer string, seq uint64, payload []byte) {
 	id, err := parseBindTopic(topic)
 	if err != nil {
-		l.ignore(IgnoredBadTopic, topic, peer, rank, err)
+		l.ignore(IgnoredBadTopic, topic, peer, rank, func() error { return err })
 		return
 	}
 	if !l.cfg.AllowAnyPeer && !samePeer(peer, id.ip) {
-		l.ignore(IgnoredPeerMismatch, topic, peer, rank,
-			fmt.Errorf("the topic names %s but the message came from %s", id.ip, peer))
+		l.ignore(IgnoredPeerMismatch, topic, peer, rank, func() error {
+			return fmt.Errorf("the topic names %s but the message came from %s", id.ip, peer)
+		})
 		return
 	}
 	pod, ok := l.byIdentity[id]
@@ -89,8 +90,10 @@ func (l *bindLoop) attach(e *boundEntry, now time.Time) {
 }
 
 // ignore counts a dropped message and logs it, rate-limited per reason
-// (see logLimiter).
-func (l *bindLoop) ignore(reason, topic, peer string, rank int, err error) {
+// (see logLimiter), with the error explain returns (none when it is nil),
+// which it asks for only to log it. The log shows at most maxShown bytes
+// of the topic.
+func (l *bindLoop) ignore(reason, topic, peer string, rank int, explain func() error) {
 	if l.cfg.Ignored != nil {
 		l.cfg.Ignored(reason)
 	}
@@ -104,7 +107,11 @@ func (l *bindLoop) ignore(reason, topic, peer string, rank int, err error) {
 		l.logSuppressedIgnores(reason, summary)
 	}
 	if ok {
-		l.logger.Info("Ignoring KV events received on a bound socket", "reason", reason, "topic", topic,
+		var err error
+		if explain != nil {
+			err = explain()
+		}
+		l.logger.Info("Ignoring KV events received on a bound socket", "reason", reason, "topic", shown(topic),
 			"peer", peer, "endpoint", l.bound[rank], "error", err)
 	}
 }

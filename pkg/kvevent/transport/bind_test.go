@@ -1,6 +1,14 @@
 package transport
 
-import "testing"
+import (
+	"runtime"
+	"strings"
+	"testing"
+
+	"github.com/go-logr/logr/funcr"
+
+	"github.com/kvgate/kvgate/pkg/kvevent/internal/kvtest"
+)
 
 func TestParseBindTopic(t *testing.T) {
 	tests := []struct {
@@ -47,6 +55,41 @@ func TestSamePeer(t *testing.T) {
 	for _, tt := range tests {
 		if got := samePeer(tt.peer, tt.ip); got != tt.want {
 			t.Errorf("samePeer(%q, %q) = %v", tt.peer, tt.ip, got)
+		}
+	}
+}
+
+func TestIgnoringAHugeTopicCopiesNoMoreOfItThanTheLogShows(t *testing.T) {
+	logs := &kvtest.LogLines{}
+	l := &bindLoop{logger: funcr.New(logs.Add, funcr.Options{}), byIdentity: map[bindIdentity]string{},
+		streams: map[boundKey]*boundEntry{}, ignoreLimits: map[string]*logLimiter{}, bound: []string{"tcp://*:5557"}}
+	for reason, topic := range map[string]string{
+		IgnoredBadTopic:   strings.Repeat("x", 1<<20),
+		IgnoredUnknownPod: "kv@10.0.0.1:8000@" + strings.Repeat("m", 1<<20),
+	} {
+		for range logBurst {
+			l.onMessage(0, topic, "10.0.0.1", 0, nil)
+		}
+		// The log is rate-limited from here on.
+		const runs = 100
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		for range runs {
+			l.onMessage(0, topic, "10.0.0.1", 0, nil)
+		}
+		runtime.ReadMemStats(&after)
+		if per := (after.TotalAlloc - before.TotalAlloc) / runs; per > 1024 {
+			t.Errorf("%s: ignoring a message without logging it allocated %d bytes", reason, per)
+		}
+		lines := logs.Containing(`"reason"="` + reason + `"`)
+		if len(lines) != logBurst {
+			t.Fatalf("%s: %d lines logged, want %d", reason, len(lines), logBurst)
+		}
+		for _, line := range lines {
+			if len(line) > 2*maxShown+512 {
+				t.Errorf("%s: a log line of %d bytes: %.300s...", reason, len(line), line)
+				break
+			}
 		}
 	}
 }

@@ -1,6 +1,9 @@
 package transport
 
 import (
+	"bytes"
+	"encoding/binary"
+	"errors"
 	"math"
 	"sync/atomic"
 	"testing"
@@ -336,4 +339,116 @@ func TestClientDisconnectsAnEngineThatFloodsIt(t *testing.T) {
 	if st := c.Stats(); st.Connections < 2 {
 		t.Errorf("%d connections, want the flooding engine redialled", st.Connections)
 	}
+}
+
+// expandingPayload is a batch of about size bytes that would decode to some
+// 40 times its size: one BlockStored whose extra_keys are size nils.
+func expandingPayload(size int) []byte {
+	p := []byte{0x92, 0xcb, 0x41, 0xda, 0x30, 0x54, 0x98, 0x10, 0, 0, 0x91, 0x99, 0xab}
+	p = append(p, "BlockStored"...)
+	p = append(p, 0x90, 0xc0, 0x90, 0x10, 0xc0, 0xc0, 0xc0, 0xdd)
+	p = binary.BigEndian.AppendUint32(p, uint32(size))
+	return append(p, bytes.Repeat([]byte{0xc0}, size)...)
+}
+
+func TestClientDropsABatchThatWouldDecodeBeyondItsBudget(t *testing.T) {
+	t.Parallel()
+	payload := expandingPayload(1 << 20)
+	if _, err := kvevent.DecodeEventBatch(payload); !errors.Is(err, kvevent.ErrBatchTooLarge) {
+		t.Fatalf("the expanding payload decodes with error %v, want ErrBatchTooLarge", err)
+	}
+	reg := prometheus.NewPedanticRegistry()
+	metrics, err := NewKVCacheMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ports := kvtest.NewPorts(t)
+	pub := kvtest.NewPublisher(t, ports, nil)
+	cfg := testClientConfig(ports)
+	cfg.Metrics = metrics
+	rec := &kvtest.Recorder{}
+	c := startClient(t, cfg, rec)
+	if err := c.WaitForConnection(testsupport.WaitTimeout); err != nil {
+		t.Fatal(err)
+	}
+	if err := pub.PublishRaw(payload); err != nil {
+		t.Fatal(err)
+	}
+	kvtest.Publish(t, pub, 1, 1, 4)
+	testsupport.Eventually(t, "the batches after the expanding one", func() bool { return rec.Count() >= 3 })
+
+	got, _ := rec.Snapshot()
+	kvtest.CheckSequence(t, got, 1, 1, 4)
+	if st := c.Stats(); st.DecodeErrors != 1 || st.BatchesReceived != 4 {
+		t.Errorf("stats report %d decode errors of %d batches, want 1 of 4", st.DecodeErrors, st.BatchesReceived)
+	}
+	stream := "dp_rank=0,"
+	for labels, want := range map[string]float64{
+		stream + "limit=" + LimitDecodedBatch + ",pod_key=" + cfg.PodKey:  1,
+		stream + "limit=" + LimitReceiveBuffer + ",pod_key=" + cfg.PodKey: 0,
+	} {
+		if got := series(t, reg, "limit_hits_total")[labels]; got != want {
+			t.Errorf("limit_hits_total{%s} = %v, want %v", labels, got, want)
+		}
+	}
+	if got := series(t, reg, "errors_total")[stream+"error_type=decode,pod_key="+cfg.PodKey]; got != 1 {
+		t.Errorf("errors_total{error_type=decode} = %v, want 1", got)
+	}
+}
+
+// checkFrameSlice fails the test if frames, a driver's reused frame slice,
+// grew for a message of many frames or still holds frames beyond its
+// length.
+func checkFrameSlice(t *testing.T, name string, frames [][]byte) {
+	t.Helper()
+	if cap(frames) > 8 {
+		t.Errorf("%s has room for %d frames", name, cap(frames))
+	}
+	for i, f := range frames[len(frames):cap(frames)] {
+		if f != nil {
+			t.Errorf("%s holds a frame of %d bytes at %d, beyond its length %d", name, len(f), len(frames)+i, len(frames))
+		}
+	}
+}
+
+func TestClientKeepsNoFrameOfAMessageOfTooManyFrames(t *testing.T) {
+	t.Parallel()
+	many := make([][]byte, 1000)
+	for i := range many {
+		many[i] = make([]byte, 1024)
+	}
+	t.Run("live", func(t *testing.T) {
+		t.Parallel()
+		ports := kvtest.NewPorts(t)
+		eng := kvtest.NewEngine(t, ports)
+		rec := &kvtest.Recorder{}
+		c := startClient(t, testClientConfig(ports), rec)
+		eng.AwaitSubscriber(t)
+		eng.Frames(t, many...)
+		eng.Publish(t, 0, kvtest.Payload(t, 1, 0))
+		testsupport.Eventually(t, "the batch after the malformed message", func() bool { return rec.Has(1, 0) })
+		if st := c.Stats(); st.MalformedMessages != 1 {
+			t.Errorf("stats report %d malformed messages, want 1", st.MalformedMessages)
+		}
+		if err := c.do(func(d *dialer) error {
+			checkFrameSlice(t, "the live frame slice", d.frames)
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Run("replay", func(t *testing.T) {
+		t.Parallel()
+		ports := kvtest.NewPorts(t)
+		eng := kvtest.NewEngine(t, ports)
+		eng.SetReplay(func(_ uint64, _ []kvtest.Buffered, w *kvtest.ReplayWriter) { w.Frames(many...) })
+		c := startClient(t, testClientConfig(ports), &kvtest.Recorder{})
+		testsupport.Eventually(t, "a failed replay", func() bool { return c.Stats().ReplayFailures > 0 })
+		if err := c.do(func(d *dialer) error {
+			checkFrameSlice(t, "the replay frame slice", d.s.replyFrames)
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	})
 }

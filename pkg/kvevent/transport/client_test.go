@@ -359,7 +359,7 @@ func TestParseReplayReply(t *testing.T) {
 		{"short seq", [][]byte{{}, []byte{1, 2}, []byte("p")}, 0, "", "", false, false, true},
 	}
 	for _, tt := range tests {
-		r, err := parseReplayReply(tt.frames)
+		r, err := parseReplayReply(tt.frames[:min(len(tt.frames), 4)], len(tt.frames))
 		if (err != nil) != tt.err || r.seq != tt.seq || string(r.payload) != tt.payload || string(r.topic) != tt.topic ||
 			r.hasTopic != tt.hasTopic || r.end != tt.end {
 			t.Errorf("%s: got %+v, %v", tt.name, r, err)

@@ -110,6 +110,10 @@ func TestTopicMismatchNeedsReplaysInARowThatTheTopicExplains(t *testing.T) {
 		{"three replays, topic differs", "other", ptr("kv-events"), []string{replay, replay, replay}, true},
 		{"three replays, topic is a prefix", "kv", ptr("kv-events"), []string{replay, replay, replay}, false},
 		{"three replays, empty topic matches all", "", ptr("kv-events"), []string{replay, replay, replay}, false},
+		{"three replays, a long topic is a prefix of a longer one", strings.Repeat("k", 300), ptr(strings.Repeat("k", 1<<20)),
+			[]string{replay, replay, replay}, false},
+		{"three replays, a long topic differs late", strings.Repeat("k", 300), ptr(strings.Repeat("k", 299) + "x"),
+			[]string{replay, replay, replay}, true},
 		{"two replays", "other", nil, []string{replay, replay}, false},
 		{"a live message between", "other", nil, []string{replay, replay, live, replay, replay}, false},
 		{"a live message after", "other", nil, []string{replay, replay, replay, live}, false},
@@ -152,4 +156,26 @@ func publishUntil(t testing.TB, pub *publisher.Publisher, next *int, what string
 		kvtest.Publish(t, pub, 1, *next, *next+1)
 		*next++
 	}, cond)
+}
+
+func TestStatsShowAtMostTheStartOfAHugePublisherTopic(t *testing.T) {
+	t.Parallel()
+	cfg := DefaultZMQClientConfig("default/p", "127.0.0.1", "llama")
+	cfg.Logger = logr.Discard()
+	c, err := NewZMQClient(cfg, &kvtest.Recorder{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for _, topic := range []string{strings.Repeat("t", 1<<20), "kv-events", strings.Repeat("u", 1<<20)} {
+		c.obs.publisherTopic([]byte(topic))
+		want := topic
+		if len(topic) > maxShown {
+			want = topic[:maxShown] + "..."
+		}
+		if s := c.Stats(); !s.PublisherTopicKnown || s.PublisherTopic != want {
+			t.Errorf("after a topic of %d bytes, stats show one of %d bytes (%.8q...), want %d", len(topic), len(s.PublisherTopic),
+				s.PublisherTopic, len(want))
+		}
+	}
 }

@@ -315,7 +315,7 @@ func (d *dialer) drainMonitor() {
 func (d *dialer) readLive() {
 	dropped := 0
 	for i := range maxReadBurst {
-		frames, err := zmqwire.RecvFrames(d.sub, zmq.DONTWAIT, d.frames)
+		frames, n, err := zmqwire.RecvFrames(d.sub, zmq.DONTWAIT, d.frames, 3)
 		d.frames = frames
 		if err != nil {
 			if !zmqwire.IsAgain(err) {
@@ -327,12 +327,12 @@ func (d *dialer) readLive() {
 			d.s.liveArrived(time.Now())
 		}
 		var seq uint64
-		ok := len(frames) == 3
+		ok := n == 3
 		if ok {
 			seq, ok = zmqwire.ParseSeqFrame(frames[1])
 		}
 		if !ok {
-			d.obs.malformed(frames)
+			d.obs.malformed(frames, n)
 			continue
 		}
 		if dropped += d.s.pushLive(seq, frames[2]); dropped > d.cfg.ReceiveBufferBytes {

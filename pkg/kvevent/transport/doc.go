@@ -102,6 +102,13 @@
 //     128k-token prefill, see DefaultMaxMessageBytes): ZeroMQ drops the
 //     connection of an engine that sends a larger one, and the batch is
 //     lost.
+//   - A message keeps at most the frames vLLM sends (3 live, 4 in a
+//     replay reply) once read: the frames of a longer one beyond those are
+//     read and dropped one by one, and the message is dropped as malformed.
+//   - A batch decodes to at most 16 bytes per payload byte, plus 64 KiB
+//     (256 MiB for a frame of 16 MiB; see kvevent.DecodeEventBatchStats).
+//     vLLM's batches need 2 to 15; one that would need more is dropped as
+//     a decode error (decoded_batch), and the stream goes on with the next.
 //   - A stream reads its sockets as soon as they are readable and applies
 //     what it read in slices of a few milliseconds, so that ZeroMQ's
 //     queues stay short; what it has read and not applied is bounded by
@@ -127,8 +134,13 @@
 //     minute, then one line that sums up the rest.
 //
 // A stream thus holds at most about 2 x ReceiveBufferBytes +
-// MaxPendingBytes of its engine's data (some 200 MiB by default), plus what
-// ZeroMQ queues between two reads. One limit is beyond any subscriber of
+// MaxPendingBytes of its engine's data (some 200 MiB by default), and,
+// while it decodes a batch, 16 x MaxMessageBytes (256 MiB by default) of
+// decoded batch, plus what ZeroMQ queues between two reads. ZeroMQ's queues
+// count messages, not bytes (ReceiveHWM, and MaxReplayBatches + 1 for a
+// replay, which vLLM's ROUTER sends in one go); a driver reads its sockets
+// after every round of work, a slice of 2 ms plus one batch per stream, so
+// they hold what arrives meanwhile. One limit is beyond any subscriber of
 // libzmq 4.3: it buffers a multipart message until its last frame, with no
 // bound on the number of frames, so an engine that never ends a message
 // grows the gateway until its connection is cut. Follow only engines on a

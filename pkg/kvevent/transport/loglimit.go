@@ -12,6 +12,19 @@ const (
 	logInterval = time.Minute
 )
 
+// maxShown bounds the bytes of a string from an engine (a topic) that logs,
+// errors and statistics show, so that a frame of megabytes is not copied
+// into them: a longer string is cut there and ends with "...".
+const maxShown = 256
+
+// shown returns s as logs, errors and statistics show it (see maxShown).
+func shown[T ~string | ~[]byte](s T) string {
+	if len(s) > maxShown {
+		return string(s[:maxShown]) + "..."
+	}
+	return string(s)
+}
+
 // logLimiter decides which lines of one kind are logged. Its owner
 // goroutine alone uses it.
 type logLimiter struct {

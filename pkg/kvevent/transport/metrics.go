@@ -53,11 +53,15 @@ const (
 	// LimitFlood counts disconnections from a dialled engine that sent
 	// more than twice ReceiveBufferBytes faster than the stream read it.
 	LimitFlood = "flood"
+	// LimitDecodedBatch counts batches dropped because they would decode
+	// to more memory than their size allows (kvevent.ErrBatchTooLarge);
+	// each is also a decode error.
+	LimitDecodedBatch = "decoded_batch"
 )
 
 // limits are the limit label values, in streamMetrics.limits order.
 var limits = [...]string{LimitReceiveBuffer, LimitReplayBuffer, LimitReplayBatches, LimitReplayDuration,
-	LimitPendingBuffer, LimitResetRate, LimitFlood}
+	LimitPendingBuffer, LimitResetRate, LimitFlood, LimitDecodedBatch}
 
 // Values of the kind label of aibrix_kvcache_zmq_decode_skips_total.
 const (
@@ -154,7 +158,8 @@ func NewKVCacheMetrics(reg prometheus.Registerer) (*KVCacheMetrics, error) {
 		limitHits: counter("limit_hits_total", "Times a stream held its engine to a bound, by limit: receive_buffer (a live "+
 			"message dropped, then replayed), replay_buffer, replay_batches and replay_duration (a replay cut short, the rest "+
 			"replayed again), pending_buffer (an unrecoverable gap), reset_rate (the stream suspended), flood (a dialled "+
-			"engine disconnected for a while).", with(LabelLimit)),
+			"engine disconnected for a while), decoded_batch (a batch dropped that would decode to more than 16 bytes "+
+			"per payload byte).", with(LabelLimit)),
 		suspended: gauge("suspended", "1 while the stream ignores its engine because it reset too often, else 0."),
 	}
 	var err error

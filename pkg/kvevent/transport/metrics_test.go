@@ -99,7 +99,7 @@ func observeEverything(o *observer) {
 	o.reconnectAttempt()
 	o.socketFailed(errors.New("refused"), "Cannot set up sockets")
 	o.handshakeFailed("tcp://127.0.0.1:1", "EVENT_HANDSHAKE_FAILED_PROTOCOL", 1)
-	o.malformed([][]byte{{1}})
+	o.malformed([][]byte{{1}}, 1)
 	o.replayRequested(0, "tcp://127.0.0.1:2")
 	o.replaySucceeded()
 	o.replayFailed(kindUncounted, errors.New("silent"), "tcp://127.0.0.1:2", time.Second)

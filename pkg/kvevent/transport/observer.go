@@ -1,8 +1,8 @@
 package transport
 
 import (
+	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"time"
 
@@ -174,12 +174,12 @@ func (o *observer) handshakeFailed(endpoint, event string, errno int) {
 }
 
 // malformed counts and logs a dropped live message that is not [topic,
-// seq, payload].
-func (o *observer) malformed(frames [][]byte) {
+// seq, payload]: n frames, the first of which are frames.
+func (o *observer) malformed(frames [][]byte, n int) {
 	o.error(kindMalformed)
 	o.counters.malformed.Add(1)
 	if o.limited(logMalformed) {
-		o.logger.Error(errMalformed(frames), "Dropping malformed KV event message")
+		o.logger.Error(errMalformed(frames, n), "Dropping malformed KV event message")
 	}
 }
 
@@ -367,6 +367,9 @@ func (o *observer) batchDelivered(seq uint64, replayed bool, start time.Time, ev
 // and dropped: its payload of size bytes did not decode.
 func (o *observer) batchUndecodable(seq uint64, replayed bool, start time.Time, size int, err error) {
 	o.error(kindDecode)
+	if errors.Is(err, kvevent.ErrBatchTooLarge) {
+		o.limitHit(LimitDecodedBatch)
+	}
 	if o.m != nil {
 		o.m.recordBatch(seq, replayed, &eventCounts{}, &eventCounts{})
 	}
@@ -428,16 +431,32 @@ func (o *observer) topicMismatch() bool { return o.counters.topicMismatch.Load()
 // subscribed one, as ZeroMQ's prefix filter requires.
 func (o *observer) topicExplainsSilence() bool {
 	pt := o.counters.publisherTopic.Load()
-	return pt == nil || !strings.HasPrefix(*pt, o.topic)
+	return pt == nil || !pt.prefixed
+}
+
+// seenTopic is the topic frame of a publisher's replay replies as a stream
+// keeps it: as logs and statistics show it (see shown), and whether the
+// subscribed topic is a prefix of the whole of it.
+type seenTopic struct {
+	shown    string
+	prefixed bool
 }
 
 // publisherTopic records the topic frame of a replay reply.
 func (o *observer) publisherTopic(topic []byte) {
-	if cur := o.counters.publisherTopic.Load(); cur != nil && *cur == string(topic) {
+	prefixed := len(topic) >= len(o.topic) && string(topic[:len(o.topic)]) == o.topic
+	if cur := o.counters.publisherTopic.Load(); cur != nil && cur.prefixed == prefixed && shownAs(cur.shown, topic) {
 		return
 	}
-	s := string(topic)
-	o.counters.publisherTopic.Store(&s)
+	o.counters.publisherTopic.Store(&seenTopic{shown: shown(topic), prefixed: prefixed})
+}
+
+// shownAs reports whether s is how topic is shown, without copying topic.
+func shownAs(s string, topic []byte) bool {
+	if len(topic) <= maxShown {
+		return s == string(topic)
+	}
+	return len(s) == maxShown+len("...") && s[:maxShown] == string(topic[:maxShown]) && s[maxShown:] == "..."
 }
 
 // setTopicMismatch records whether the stream's live messages are filtered
@@ -455,8 +474,8 @@ func (o *observer) setTopicMismatch(on bool) {
 	}
 	const msg = "KV events arrive only through replay: the subscription filters out every live message"
 	if pt := o.counters.publisherTopic.Load(); pt != nil {
-		o.logger.Error(fmt.Errorf("subscribed to topic %q, but the publisher's replay replies carry topic %q", o.topic, *pt),
-			msg, "topic", o.topic, "publisherTopic", *pt, "maxDelay", o.maxDelay)
+		o.logger.Error(fmt.Errorf("subscribed to topic %q, but the publisher's replay replies carry topic %q", o.topic, pt.shown),
+			msg, "topic", o.topic, "publisherTopic", pt.shown, "maxDelay", o.maxDelay)
 		return
 	}
 	o.logger.Error(fmt.Errorf("no live message arrived while %d replays delivered new batches; the publisher's replay "+

@@ -67,8 +67,8 @@ type ClientStats struct {
 	// show an idle engine alive. Zero before the first.
 	LastHeardTime time.Time
 	// PublisherTopic is the topic frame of the publisher's replay replies
-	// (vLLM v0.26 and later send one); PublisherTopicKnown is false until a
-	// reply carried one.
+	// (vLLM v0.26 and later send one), its first 256 bytes and "..." when
+	// it is longer; PublisherTopicKnown is false until a reply carried one.
 	PublisherTopic      string
 	PublisherTopicKnown bool
 	// DroppedMessages counts live messages dropped unapplied, because the
@@ -113,7 +113,7 @@ type clientCounters struct {
 	dropped, replaysCut, pendingOverflows, suspensions           atomic.Uint64
 	suspended                                                    atomic.Bool
 	lastEventNanos, lastHeardNanos                               atomic.Int64
-	publisherTopic                                               atomic.Pointer[string]
+	publisherTopic                                               atomic.Pointer[seenTopic]
 	topicMismatch                                                atomic.Bool
 }
 
@@ -161,7 +161,7 @@ func (o *observer) stats() ClientStats {
 		s.LastHeardTime = time.Unix(0, n)
 	}
 	if t := k.publisherTopic.Load(); t != nil {
-		s.PublisherTopic, s.PublisherTopicKnown = *t, true
+		s.PublisherTopic, s.PublisherTopicKnown = t.shown, true
 	}
 	return s
 }

@@ -12,7 +12,8 @@ import (
 
 // processSlice bounds how long a stream applies what it has read before its
 // driver reads the sockets again, so that ZeroMQ's queues stay short while a
-// stream is busy.
+// stream is busy. The stream looks at the clock after every batch, so a
+// slice runs over by one batch at most.
 const processSlice = 2 * time.Millisecond
 
 // stream is one engine's stream (one pod, one data-parallel rank): its
@@ -169,11 +170,12 @@ func (s *stream) hasWork() bool {
 }
 
 // process applies what the stream has read, replies first, until it is
-// done or the time slice from now is used up.
+// done or the time slice from now is used up; it applies one batch at
+// least.
 func (s *stream) process(now time.Time) {
 	until := now.Add(processSlice)
 	for n := 0; ; n++ {
-		if n%16 == 15 && time.Now().After(until) {
+		if n > 0 && time.Now().After(until) {
 			return
 		}
 		if s.resets.suspended {
@@ -207,7 +209,8 @@ func (s *stream) rewind(seq uint64) error {
 
 // runTimers fails or cuts a replay that stayed silent or ran past its
 // deadline, resumes a suspended stream, and probes a stream that stayed
-// quiet past its probe time.
+// quiet past its probe time. A stream with live messages still to apply is
+// not quiet: its probe waits until they are applied.
 func (s *stream) runTimers(now time.Time) {
 	s.obs.flushLogs(now)
 	if s.resets.suspended {
@@ -227,7 +230,7 @@ func (s *stream) runTimers(now time.Time) {
 			s.failReplay(kindUncounted, fmt.Errorf("no reply within %v", s.cfg.ReplayTimeout))
 		}
 	}
-	if s.connected && !now.Before(s.probeAt) {
+	if s.connected && !now.Before(s.probeAt) && s.live.empty() {
 		s.seq.probe()
 		s.probeDelay = min(time.Duration(float64(s.probeDelay)*ReconnectBackoffFactor), s.cfg.MaxReconnectDelay)
 		s.probeAt = now.Add(s.probeDelay)
@@ -259,11 +262,14 @@ func (s *stream) quietFrom(now time.Time) {
 }
 
 // errMalformed describes a message that is not vLLM's [topic, seq,
-// payload].
-func errMalformed(frames [][]byte) error {
+// payload]: n frames, the first of which are frames.
+func errMalformed(frames [][]byte, n int) error {
 	lens := make([]int, len(frames))
 	for i, f := range frames {
 		lens[i] = len(f)
+	}
+	if n > len(frames) {
+		return fmt.Errorf("want 3 frames [topic, 8-byte seq, payload], got %d frames, the first of lengths %v", n, lens)
 	}
 	return fmt.Errorf("want 3 frames [topic, 8-byte seq, payload], got frame lengths %v", lens)
 }

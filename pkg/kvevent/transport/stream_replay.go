@@ -52,7 +52,14 @@ func (s *stream) startReplay(from uint64, force bool) bool {
 // openDealer creates and connects the replay socket of one replay. Its
 // receive high-water mark holds a whole replay of MaxReplayBatches replies,
 // so that the engine's ROUTER, which drops what its peer does not take in
-// time, can send it all even while the stream is busy.
+// time, can send it all even while the stream is busy: vLLM sends a whole
+// replay in one loop and its ROUTER drops what its own queue cannot hold,
+// so a mark derived from bytes (ReceiveBufferBytes / MaxMessageBytes, 4 by
+// default) would lose most of a replay of small batches and have it
+// replayed again, round after round. ZeroMQ counts messages, not bytes; what it queues is bounded in
+// time instead: the stream reads the socket after every slice of work
+// (processSlice plus one batch), and cuts the replay, closing the socket
+// and dropping its queue, once the replies read fill ReceiveBufferBytes.
 func (s *stream) openDealer() error {
 	ep := s.replayEndpoint
 	d, err := s.ctx.NewSocket(zmq.DEALER)
@@ -122,7 +129,7 @@ func (s *stream) readReplies() {
 		if s.dealer == nil {
 			return
 		}
-		frames, err := zmqwire.RecvFrames(s.dealer, zmq.DONTWAIT, s.replyFrames)
+		frames, n, err := zmqwire.RecvFrames(s.dealer, zmq.DONTWAIT, s.replyFrames, 4)
 		s.replyFrames = frames
 		if err != nil {
 			if !zmqwire.IsAgain(err) {
@@ -130,7 +137,7 @@ func (s *stream) readReplies() {
 			}
 			return
 		}
-		r, err := parseReplayReply(frames)
+		r, err := parseReplayReply(frames, n)
 		if err != nil {
 			s.failReplay(kindReplayProtocol, err)
 			return
@@ -224,20 +231,21 @@ type replayReply struct {
 
 // parseReplayReply reads one reply of vLLM's replay ROUTER as a DEALER sees
 // it: ["", topic, seq, payload] since vLLM v0.26, ["", seq, payload] before.
-func parseReplayReply(frames [][]byte) (replayReply, error) {
+// The reply had n frames, the first of which are frames.
+func parseReplayReply(frames [][]byte, n int) (replayReply, error) {
 	if len(frames) == 0 || len(frames[0]) != 0 {
 		return replayReply{}, errors.New("replay reply does not start with an empty delimiter frame")
 	}
 	var r replayReply
 	var seqFrame []byte
-	switch len(frames) {
+	switch n {
 	case 4:
 		r.topic, r.hasTopic = frames[1], true
 		seqFrame, r.payload = frames[2], frames[3]
 	case 3:
 		seqFrame, r.payload = frames[1], frames[2]
 	default:
-		return replayReply{}, fmt.Errorf("replay reply has %d frames, want 3 or 4", len(frames))
+		return replayReply{}, fmt.Errorf("replay reply has %d frames, want 3 or 4", n)
 	}
 	seq, ok := zmqwire.ParseSeqFrame(seqFrame)
 	if !ok {

@@ -223,9 +223,10 @@ func (e *Engine) serve(router *Socket) {
 		if ready, err := poller.Poll(10 * time.Millisecond); err != nil || len(ready) == 0 {
 			continue
 		}
+		var n int
 		var err error
-		frames, err = zmqwire.RecvFrames(router.Socket, zmq.DONTWAIT, frames)
-		if err != nil || len(frames) != 3 {
+		frames, n, err = zmqwire.RecvFrames(router.Socket, zmq.DONTWAIT, frames, 3)
+		if err != nil || n != 3 {
 			continue
 		}
 		start, ok := zmqwire.ParseSeqFrame(frames[2])

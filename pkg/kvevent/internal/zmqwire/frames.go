@@ -29,26 +29,21 @@ func ParseSeqFrame(frame []byte) (uint64, bool) {
 	return binary.BigEndian.Uint64(frame), true
 }
 
-// RecvFrames receives one whole multipart message into dst[:0]. flags apply
-// to the first frame (zmq.DONTWAIT to return syscall.EAGAIN when nothing is
-// queued); the others are already there when the first one is.
-func RecvFrames(s *zmq.Socket, flags zmq.Flag, dst [][]byte) ([][]byte, error) {
-	dst = dst[:0]
-	for {
-		frame, err := s.RecvBytes(flags)
-		if err != nil {
-			return dst, err
-		}
-		dst = append(dst, frame)
-		more, err := s.GetRcvmore()
-		if err != nil {
-			return dst, err
-		}
-		if !more {
-			return dst, nil
-		}
-		flags = 0
+// RecvFrames receives one whole multipart message into dst[:0], keeping
+// its first keep frames, and returns them and the number of frames the
+// message had. Frames beyond keep are received and dropped at once, so
+// that a message of many frames, which is malformed for every caller, holds
+// no more than keep frames in memory; and the elements of dst beyond those
+// returned are cleared, so that dst keeps nothing of an earlier message.
+// flags apply to the first frame (zmq.DONTWAIT to return syscall.EAGAIN
+// when nothing is queued); the others are already there when the first one
+// is.
+func RecvFrames(s *zmq.Socket, flags zmq.Flag, dst [][]byte, keep int) ([][]byte, int, error) {
+	frame, err := s.RecvBytes(flags)
+	if err != nil {
+		return clearFrames(dst[:0]), 0, err
 	}
+	return recvRest(s, frame, dst, keep)
 }
 
 // PeerAddress is the message property of the address of the peer a message
@@ -57,26 +52,42 @@ const PeerAddress = "Peer-Address"
 
 // RecvFramesFrom is RecvFrames that also returns the address of the peer
 // the message came from ("" when the transport has none, as ipc and inproc).
-func RecvFramesFrom(s *zmq.Socket, flags zmq.Flag, dst [][]byte) ([][]byte, string, error) {
+func RecvFramesFrom(s *zmq.Socket, flags zmq.Flag, dst [][]byte, keep int) ([][]byte, int, string, error) {
 	first, meta, err := s.RecvBytesWithMetadata(flags, PeerAddress)
 	if err != nil {
-		return dst[:0], "", err
+		return clearFrames(dst[:0]), 0, "", err
 	}
-	dst = append(dst[:0], first)
-	for {
+	frames, n, err := recvRest(s, first, dst, keep)
+	if err != nil {
+		return frames, n, "", err
+	}
+	return frames, n, meta[PeerAddress], nil
+}
+
+// recvRest receives the frames of a message after its first, received
+// already, as RecvFrames describes.
+func recvRest(s *zmq.Socket, first []byte, dst [][]byte, keep int) ([][]byte, int, error) {
+	dst = dst[:0]
+	frame := first
+	for n := 1; ; n++ {
+		if len(dst) < keep {
+			dst = append(dst, frame)
+		}
 		more, err := s.GetRcvmore()
-		if err != nil {
-			return dst, "", err
+		if err != nil || !more {
+			return clearFrames(dst), n, err
 		}
-		if !more {
-			return dst, meta[PeerAddress], nil
+		if frame, err = s.RecvBytes(0); err != nil {
+			return clearFrames(dst), n, err
 		}
-		frame, err := s.RecvBytes(0)
-		if err != nil {
-			return dst, "", err
-		}
-		dst = append(dst, frame)
 	}
+}
+
+// clearFrames clears the elements of dst between its length and its
+// capacity.
+func clearFrames(dst [][]byte) [][]byte {
+	clear(dst[len(dst):cap(dst)])
+	return dst
 }
 
 // SendFrames sends frames as one multipart message.
