@@ -232,6 +232,17 @@ var (
 		Doc: "Most /tokenize calls made off the request path at once (whole chats answered from a prefix, " +
 			"comparisons of the in-process tokenizer); beyond it a chat waits for its own ids and a comparison is skipped.",
 	}
+	TokenizerLocalMaxBytes = Var{
+		Name:    "KVGATE_TOKENIZER_LOCAL_MAX_BYTES",
+		Default: "1048576",
+		Section: SectionTokenizer,
+		Doc: "Most bytes of text of one request tokenized in process (KVGATE_TOKENIZER_DIR): a completion's prompt, " +
+			"a chat's messages, tools, documents and chat_template_kwargs as sent, and the chat they render. A larger " +
+			"request of a model tokenized in process is routed on load alone, tokenized neither by the gateway nor by the " +
+			"engine, and counted in kvgate_tokenizer_local_fallbacks_total{reason=\"too_large\"}. The default holds a " +
+			"128k-token context in any language; raise it for models with longer contexts. A MiB costs about 15 ms of CPU " +
+			"for prose, a quarter of a second at most.",
+	}
 )
 
 // Routing.
@@ -453,6 +464,7 @@ var Vars = []Var{
 	TokenizerVerifyFraction,
 	TokenizerPrefixReuse,
 	TokenizerMaxBackgroundCalls,
+	TokenizerLocalMaxBytes,
 	RoutingAlgorithm,
 	RoutingCPUCacheWeight,
 	RoutingDefaultPrefillSpeed,

@@ -52,6 +52,21 @@
 // the files cannot render (content other than text, a chat_template of its
 // own, multimodal settings) is tokenized by the engine.
 //
+// The work of one request in process is bounded. Its text, a prompt or a
+// chat's JSON and the chat it renders, is at most Config.LocalMaxBytes
+// (1 MiB by default, a 128k-token context in any language): a larger
+// request fails with ReasonTooLarge and is tokenized by no one, since
+// sending megabytes to the engine's /tokenize would cost more than the
+// routing it allows; the caller routes it on load alone. A text holding a
+// word longer than 2 KiB (hf.MaxWordBytes), such as a long run of letters,
+// goes to the engine without being merged: the merges of one word cost
+// more per byte the longer it is. The text is tokenized on the caller's
+// goroutine, which looks at the request's context every 16 KiB of text and
+// stops once it ended; callers that shared that tokenization tokenize the
+// prompt again themselves. Each is counted in
+// kvgate_tokenizer_local_fallbacks_total, with reason too_large or
+// long_word.
+//
 // # Prefix reuse
 //
 // A chat the engine must tokenize whose first k messages were tokenized
@@ -104,7 +119,7 @@
 //	kvgate_tokenizer_cache_partial_hits_total  chats answered from a message prefix
 //	kvgate_tokenizer_background_dropped_total  chats that waited: no background slot free
 //	kvgate_tokenizer_local_tokenizations_total{form}         prompts tokenized in process
-//	kvgate_tokenizer_local_fallbacks_total{reason}           prompts of models with files the engine tokenized
+//	kvgate_tokenizer_local_fallbacks_total{reason}           prompts of models with files not tokenized in process
 //	kvgate_tokenizer_local_forms{state}                      models' forms by state: active, unverified, ...
 //	kvgate_tokenizer_verifications_total{model,form,result}  comparisons with the engine: match, mismatch, error, skipped
 //	kvgate_tokenizer_mismatches_total{model,form}            prompts the engine tokenized differently

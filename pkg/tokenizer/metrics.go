@@ -27,13 +27,16 @@ type metrics struct {
 	mismatchesVec      *prometheus.CounterVec
 }
 
-// Reasons a request of a model with tokenizer files is tokenized by the
-// engine, as kvgate_tokenizer_local_fallbacks_total labels them.
+// Reasons a request of a model with tokenizer files is not tokenized in
+// process, as kvgate_tokenizer_local_fallbacks_total labels them. The
+// engine tokenizes it, but for fallbackTooLarge.
 const (
 	fallbackUnverified = "unverified" // not yet compared with the engine
 	fallbackMismatch   = "mismatch"   // the engine's ids differed
 	fallbackRequest    = "request"    // chat_template or multimodal settings in the request
 	fallbackRender     = "render"     // the conversation does not render in process
+	fallbackLongWord   = "long_word"  // a word longer than hf.MaxWordBytes
+	fallbackTooLarge   = "too_large"  // beyond Config.LocalMaxBytes: routed without tokens
 )
 
 // Results of a comparison with the engine.
@@ -125,9 +128,11 @@ func newMetrics(reg prometheus.Registerer, local map[string]*localModel) (*metri
 	}
 	fallbacks := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: ns, Subsystem: sub, Name: "local_fallbacks_total",
-		Help: "Prompts of models with tokenizer files that the engine tokenized, by reason: unverified, mismatch, request or render.",
+		Help: "Prompts of models with tokenizer files not tokenized in process, by reason: unverified, mismatch, request, render " +
+			"or long_word (a word longer than 2 KiB), which the engine tokenized, or too_large (beyond KVGATE_TOKENIZER_LOCAL_MAX_BYTES), " +
+			"routed on load alone.",
 	}, []string{"reason"})
-	for _, r := range []string{fallbackUnverified, fallbackMismatch, fallbackRequest, fallbackRender} {
+	for _, r := range []string{fallbackUnverified, fallbackMismatch, fallbackRequest, fallbackRender, fallbackLongWord, fallbackTooLarge} {
 		m.localFallbacks[r] = fallbacks.WithLabelValues(r)
 	}
 	for _, r := range callReasons {
