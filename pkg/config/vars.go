@@ -197,8 +197,10 @@ var (
 		Name:    "KVGATE_TOKENIZER_CACHE_MAX_TOKENS",
 		Default: "8388608",
 		Section: SectionTokenizer,
-		Doc: "Most token ids the cache of recent tokenizations holds (4 bytes each); the least recently used " +
-			"tokenizations are evicted beyond it. A repeated prompt found in the cache costs no /tokenize call.",
+		Doc: "Memory of the cache of recent tokenizations, in token ids of 4 bytes (the default is 32 MiB): each " +
+			"tokenization is charged 4 bytes per id and 192 bytes of bookkeeping, so that the bound holds however short " +
+			"they are, and the least recently used are evicted beyond it. A repeated prompt found in the cache costs no " +
+			"/tokenize call.",
 	}
 	TokenizerDir = Var{
 		Name:    "KVGATE_TOKENIZER_DIR",

@@ -22,13 +22,16 @@
 // # Cache
 //
 // Results, in process or from the engine, are cached in an LRU cache
-// bounded by the total number of token ids it holds. The key is a 128-bit
-// digest of the form, the model and the fields that change the result, not
-// the text itself, so that a long prompt is not held twice. A hit costs the
-// digest and a map lookup and allocates nothing; the returned slice is
-// shared and must not be modified. Concurrent identical misses share one
-// call. Failed calls are not cached. The engine's reply is decoded by hand,
-// without reflection.
+// bounded in bytes (Config.CacheMaxTokens times 4): each result is charged
+// 4 bytes per id and 192 bytes for the entry and its share of the map,
+// what they take at most, so that many short results cannot hold more
+// memory than the bound says. The key is a 128-bit digest of the form,
+// the model and the fields that change the result, not the text itself,
+// so that a long prompt is not held twice. A hit costs the digest and a
+// map lookup and allocates nothing; the returned slice is shared and must
+// not be modified. Concurrent identical misses share one call. Failed
+// calls are not cached. The engine's reply is decoded by hand, without
+// reflection.
 //
 // # In-process tokenization
 //
@@ -115,6 +118,7 @@
 //	kvgate_tokenizer_cache_misses_total        tokenizations not in the cache
 //	kvgate_tokenizer_cache_evictions_total     tokenizations evicted to stay within the budget
 //	kvgate_tokenizer_cache_tokens              token ids held by the cache
+//	kvgate_tokenizer_cache_bytes               bytes charged against the cache's budget
 //	kvgate_tokenizer_cache_entries             tokenizations held by the cache
 //	kvgate_tokenizer_cache_partial_hits_total  chats answered from a message prefix
 //	kvgate_tokenizer_background_dropped_total  chats that waited: no background slot free

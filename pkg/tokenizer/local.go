@@ -228,7 +228,7 @@ func (t *Tokenizer) localCompletion(ctx context.Context, req *CompletionRequest,
 	if err != nil {
 		return result{}, false, t.localFailure(req.Model, err)
 	}
-	res = result{tokens: ids, maxModelLen: int(lm.maxModelLen.Load())}
+	res = result{tokens: exactIDs(ids), maxModelLen: int(lm.maxModelLen.Load())}
 	t.m.localTokenizations[formIndexCompletion].Inc()
 	if t.sample() {
 		body, err := req.body(text)
@@ -276,6 +276,7 @@ func (t *Tokenizer) localChat(ctx context.Context, req *ChatRequest, baseURL str
 	if err != nil {
 		return result{}, false, t.localFailure(req.Model, err)
 	}
+	ids = exactIDs(ids)
 	t.m.localTokenizations[formIndexChat].Inc()
 	if t.sample() {
 		if body, err := req.body(); err == nil {

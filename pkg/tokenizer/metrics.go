@@ -17,6 +17,7 @@ type metrics struct {
 	misses        prometheus.Counter
 	evictions     prometheus.Counter
 	cachedTokens  prometheus.Gauge
+	cachedBytes   prometheus.Gauge
 	cachedEntries prometheus.Gauge
 
 	partialHits        prometheus.Counter
@@ -102,8 +103,10 @@ func newMetrics(reg prometheus.Registerer, local map[string]*localModel) (*metri
 		hits:   counter("cache_hits_total", "Tokenizations served from the cache."),
 		misses: counter("cache_misses_total", "Tokenizations not in the cache; concurrent identical misses share one call."),
 		evictions: counter("cache_evictions_total",
-			"Tokenizations evicted from the cache to stay within its token budget."),
-		cachedTokens:  gauge("cache_tokens", "Token ids held by the cache."),
+			"Tokenizations evicted from the cache to stay within its memory budget, KVGATE_TOKENIZER_CACHE_MAX_TOKENS times 4 bytes."),
+		cachedTokens: gauge("cache_tokens", "Token ids held by the cache."),
+		cachedBytes: gauge("cache_bytes",
+			"Bytes the cache's tokenizations take, as charged against its budget: 4 per token id and 192 per tokenization."),
 		cachedEntries: gauge("cache_entries", "Tokenizations held by the cache."),
 		partialHits: counter("cache_partial_hits_total",
 			"Chat tokenizations answered at once with the tokens of the longest message prefix in the cache, while the engine tokenizes the whole chat in the background."),
@@ -138,7 +141,7 @@ func newMetrics(reg prometheus.Registerer, local map[string]*localModel) (*metri
 	for _, r := range callReasons {
 		m.calls[string(r)] = calls.WithLabelValues(string(r))
 	}
-	collectors := []prometheus.Collector{calls, m.callDuration, m.hits, m.misses, m.evictions, m.cachedTokens, m.cachedEntries,
+	collectors := []prometheus.Collector{calls, m.callDuration, m.hits, m.misses, m.evictions, m.cachedTokens, m.cachedBytes, m.cachedEntries,
 		m.partialHits, m.backgroundDropped, localCount, fallbacks, m.verificationsVec, m.mismatchesVec}
 	collectors = append(collectors, localFormsCollectors(local)...)
 	for i, c := range collectors {

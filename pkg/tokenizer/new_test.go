@@ -84,6 +84,7 @@ func TestMetricsAreRegisteredAndUpdated(t *testing.T) {
 		"kvgate_tokenizer_cache_misses_total":             1,
 		"kvgate_tokenizer_cache_evictions_total":          0,
 		"kvgate_tokenizer_cache_tokens":                   tokens,
+		"kvgate_tokenizer_cache_bytes":                    4*tokens + entryOverhead,
 		"kvgate_tokenizer_cache_entries":                  1,
 		// Nothing is tokenized in process without tokenizer files, and a
 		// single-message chat has no message prefix to answer from.

@@ -18,7 +18,7 @@ import (
 // Defaults used for the zero fields of a Config.
 const (
 	DefaultTimeout          = 5 * time.Second
-	DefaultCacheMaxTokens   = 1 << 23 // 32 MiB of token ids
+	DefaultCacheMaxTokens   = 1 << 23 // a cache of 32 MiB
 	DefaultMaxResponseBytes = 16 << 20
 	// DefaultVerifyFraction is the share of in-process tokenizations
 	// compared with the engine's.
@@ -39,9 +39,12 @@ type Config struct {
 	// the response (AIBRIX_TOKENIZER_REQUEST_TIMEOUT). Zero means
 	// DefaultTimeout.
 	Timeout time.Duration
-	// CacheMaxTokens bounds the token ids the cache of recent tokenizations
-	// holds, 4 bytes each; the least recently used are evicted beyond it.
-	// Zero means DefaultCacheMaxTokens.
+	// CacheMaxTokens bounds the memory of the cache of recent
+	// tokenizations to 4 bytes times CacheMaxTokens
+	// (KVGATE_TOKENIZER_CACHE_MAX_TOKENS): each tokenization is charged 4
+	// bytes per id and 192 bytes for its bookkeeping, so that the bound
+	// holds however short they are; the least recently used are evicted
+	// beyond it. Zero means DefaultCacheMaxTokens.
 	CacheMaxTokens int
 	// MaxResponseBytes bounds the body of a /tokenize response; a larger one
 	// fails with ReasonBadBody. Zero means DefaultMaxResponseBytes, room for
@@ -151,7 +154,7 @@ func New(cfg Config, reg prometheus.Registerer) (*Tokenizer, error) {
 		timeout:          cfg.Timeout,
 		maxResponseBytes: cfg.MaxResponseBytes,
 		seed:             rand.Uint64(),
-		cache:            newCache(cfg.CacheMaxTokens, m),
+		cache:            newCache(4*cfg.CacheMaxTokens, m),
 		m:                m,
 		log:              cfg.Logger.WithName("tokenizer"),
 		local:            local,
