@@ -37,7 +37,7 @@ func TestEncodeContextMatchesEncode(t *testing.T) {
 				}
 			}
 			for _, text := range slices.Concat(texts, mayRefuse) {
-				tk.segments = newSegmentCache(DefaultSegmentCacheTokens)
+				tk.segments = newSegmentCache(DefaultSegmentCacheBytes)
 				got, err := tk.EncodeContext(context.Background(), text, true)
 				if errors.Is(err, ErrWordTooLong) && slices.Contains(mayRefuse, text) {
 					continue
@@ -96,7 +96,7 @@ func TestEncodeContextLooksAtTheContextAsItGoes(t *testing.T) {
 			// One segment, with no added token to stop at: the looks
 			// happen within it.
 			text := benchText(11, size)
-			tk.segments = newSegmentCache(DefaultSegmentCacheTokens)
+			tk.segments = newSegmentCache(DefaultSegmentCacheBytes)
 			never := &countingContext{Context: context.Background(), limit: 1 << 62}
 			if _, err := tk.EncodeContext(never, text, false); err != nil {
 				t.Fatal(err)
@@ -105,7 +105,7 @@ func TestEncodeContextLooksAtTheContextAsItGoes(t *testing.T) {
 				t.Fatalf("%d looks at the context in %d bytes, want at least %d", n, size, want)
 			}
 
-			tk.segments = newSegmentCache(DefaultSegmentCacheTokens)
+			tk.segments = newSegmentCache(DefaultSegmentCacheBytes)
 			ctx := &countingContext{Context: context.Background(), limit: 3}
 			ids, err := tk.EncodeContext(ctx, text, false)
 			if !errors.Is(err, context.Canceled) || ids != nil {

@@ -40,9 +40,10 @@
 // # Speed
 //
 // Encoding caches the ids of the words the BPE merges produced (64K words)
-// and of the text segments between added tokens (DefaultSegmentCacheTokens
-// ids), which in a rendered chat are whole messages: a new turn of a
-// conversation encodes only its new messages. Both caches are bounded.
+// and of the text segments between added tokens (DefaultSegmentCacheBytes,
+// 4 MiB, each segment charged its ids and 128 bytes), which in a rendered
+// chat are whole messages: a new turn of a conversation encodes only its
+// new messages. Both caches are bounded.
 // SentencePiece-style tokenizers (Llama 2, Mistral) do not pre-tokenize:
 // the model gets a whole segment as one word. Where no token of the
 // vocabulary holds "▁" after another character (Load checks), no merge
