@@ -217,8 +217,10 @@ var (
 		Name:    "KVGATE_TOKENIZER_CACHE_MAX_TOKENS",
 		Default: "8388608",
 		Section: SectionTokenizer,
-		Doc: "Most token ids the cache of recent tokenizations holds (4 bytes each); the least recently used " +
-			"tokenizations are evicted beyond it. A repeated prompt found in the cache costs no /tokenize call.",
+		Doc: "Memory of the cache of recent tokenizations, in token ids of 4 bytes (the default is 32 MiB): each " +
+			"tokenization is charged 4 bytes per id and 192 bytes of bookkeeping, so that the bound holds however short " +
+			"they are, and the least recently used are evicted beyond it. A repeated prompt found in the cache costs no " +
+			"/tokenize call.",
 	}
 	TokenizerDir = Var{
 		Name:    "KVGATE_TOKENIZER_DIR",
@@ -251,6 +253,17 @@ var (
 		Section: SectionTokenizer,
 		Doc: "Most /tokenize calls made off the request path at once (whole chats answered from a prefix, " +
 			"comparisons of the in-process tokenizer); beyond it a chat waits for its own ids and a comparison is skipped.",
+	}
+	TokenizerLocalMaxBytes = Var{
+		Name:    "KVGATE_TOKENIZER_LOCAL_MAX_BYTES",
+		Default: "1048576",
+		Section: SectionTokenizer,
+		Doc: "Most bytes of text of one request tokenized in process (KVGATE_TOKENIZER_DIR): a completion's prompt, " +
+			"a chat's messages, tools, documents and chat_template_kwargs as sent, and the chat they render. A larger " +
+			"request of a model tokenized in process is routed on load alone, tokenized neither by the gateway nor by the " +
+			"engine, and counted in kvgate_tokenizer_local_fallbacks_total{reason=\"too_large\"}. The default holds a " +
+			"128k-token context in any language; raise it for models with longer contexts. A MiB costs about 15 ms of CPU " +
+			"for prose, a quarter of a second at most.",
 	}
 )
 
@@ -478,6 +491,7 @@ var Vars = []Var{
 	TokenizerVerifyFraction,
 	TokenizerPrefixReuse,
 	TokenizerMaxBackgroundCalls,
+	TokenizerLocalMaxBytes,
 	RoutingAlgorithm,
 	RoutingCPUCacheWeight,
 	RoutingDefaultPrefillSpeed,

@@ -402,6 +402,7 @@ func loadTokenizer(e *config.Env) tokenizer.Config {
 		VerifyFraction:     e.Float(config.TokenizerVerifyFraction, 0),
 		NoPrefixReuse:      !e.Bool(config.TokenizerPrefixReuse),
 		MaxBackgroundCalls: e.Int(config.TokenizerMaxBackgroundCalls, 1),
+		LocalMaxBytes:      e.Int(config.TokenizerLocalMaxBytes, 1),
 	}
 	switch {
 	case c.VerifyFraction > 1:

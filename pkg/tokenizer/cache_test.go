@@ -3,6 +3,7 @@ package tokenizer
 import (
 	"context"
 	"errors"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -170,9 +171,13 @@ func TestCallerThatGivesUpDoesNotFailTheSharedCall(t *testing.T) {
 	}
 }
 
-func TestCacheEvictsTheLeastRecentlyUsedBeyondItsTokenBudget(t *testing.T) {
+// budgetFor returns the CacheMaxTokens of a cache that holds n results of
+// 4 ids each, and no more.
+func budgetFor(n int) int { return n * entryBytes(make([]uint32, 4)) / 4 }
+
+func TestCacheEvictsTheLeastRecentlyUsedBeyondItsBudget(t *testing.T) {
 	f := newFakeVLLM(t, "m")
-	tk, _ := newTestTokenizer(t, Config{CacheMaxTokens: 12})
+	tk, _ := newTestTokenizer(t, Config{CacheMaxTokens: budgetFor(3)})
 	prompt := func(p string) string { return `{"model":"m","prompt":"` + p + `","add_special_tokens":false}` }
 
 	for _, p := range []string{"aaaa", "bbbb", "cccc"} {
@@ -196,6 +201,7 @@ func TestCacheEvictsTheLeastRecentlyUsedBeyondItsTokenBudget(t *testing.T) {
 	for metric, v := range map[string]struct{ got, want int }{
 		"evictions": {count(t, tk.m.evictions), 2},
 		"tokens":    {count(t, tk.m.cachedTokens), 12},
+		"bytes":     {count(t, tk.m.cachedBytes), 4 * budgetFor(3)},
 		"entries":   {count(t, tk.m.cachedEntries), 3},
 		"hits":      {count(t, tk.m.hits), 4},
 		"misses":    {count(t, tk.m.misses), 5},
@@ -214,7 +220,7 @@ func TestResultsTheBudgetCannotHoldAreNotCached(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			f := newFakeVLLM(t, "m")
-			tk, _ := newTestTokenizer(t, Config{CacheMaxTokens: 4})
+			tk, _ := newTestTokenizer(t, Config{CacheMaxTokens: budgetFor(1)})
 			first := mustTokenize(t, tk, f.URL, tt.body)
 			wantTokens(t, mustTokenize(t, tk, f.URL, tt.body), first)
 			if n := f.calls.Load(); n != 2 {
@@ -248,5 +254,33 @@ func TestCachedIDsHoldNoSpareCapacity(t *testing.T) {
 	e := tk.cache.root.next
 	if len(e.res.tokens) != 1001 || cap(e.res.tokens) != len(e.res.tokens) {
 		t.Fatalf("cached %d ids with capacity %d, want 1001 with no spare capacity", len(e.res.tokens), cap(e.res.tokens))
+	}
+}
+
+// TestCacheStaysWithinItsBudget fills a cache with many more tiny results
+// than it holds, the case where what an entry takes besides its ids
+// matters most, and long enough for the evictions' churn to show in the
+// map, and checks on the heap that it takes no more than its budget.
+func TestCacheStaysWithinItsBudget(t *testing.T) {
+	const budget = 256 << 10
+	tk, _ := newTestTokenizer(t, Config{})
+	for _, ids := range []int{1, 5, 32} {
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		c := newCache(budget, tk.m)
+		holds := budget / entryBytes(make([]uint32, ids))
+		for i := range 200 * holds {
+			c.store(digest{hi: uint64(i), lo: uint64(i) * 0x9e3779b97f4a7c15}, result{tokens: make([]uint32, ids)})
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		if heap := int(after.HeapAlloc) - int(before.HeapAlloc); heap > budget {
+			t.Errorf("a cache of %d bytes holding %d results of %d ids takes %d bytes of heap", budget, len(c.entries), ids, heap)
+		}
+		if c.bytes > budget || len(c.entries) != holds {
+			t.Errorf("a cache of %d bytes charges %d for %d results of %d ids, want %d results", budget, c.bytes, len(c.entries), ids, holds)
+		}
+		runtime.KeepAlive(c)
 	}
 }

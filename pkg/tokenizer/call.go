@@ -130,12 +130,17 @@ func decodeResponse(body []byte) (result, error) {
 	case count != len(tokens):
 		return result{}, fmt.Errorf("TokenizeResponse count %d does not match its %d tokens", count, len(tokens))
 	}
-	if cap(tokens) > len(tokens) {
-		// The slice grew as it was read; the cache's budget counts len, so
-		// keep no spare capacity behind it.
-		tokens = append(make([]uint32, 0, len(tokens)), tokens...)
+	// The slice grew as it was read.
+	return result{tokens: exactIDs(tokens), maxModelLen: maxLen}, nil
+}
+
+// exactIDs returns ids in an array of their length: the cache charges the
+// capacity of the ids it holds, which spare capacity would only waste.
+func exactIDs(ids []uint32) []uint32 {
+	if cap(ids) == len(ids) {
+		return ids
 	}
-	return result{tokens: tokens, maxModelLen: maxLen}, nil
+	return append(make([]uint32, 0, len(ids)), ids...)
 }
 
 // scanResponse reads the members of a TokenizeResponse; count is -1 and

@@ -22,13 +22,16 @@
 // # Cache
 //
 // Results, in process or from the engine, are cached in an LRU cache
-// bounded by the total number of token ids it holds. The key is a 128-bit
-// digest of the form, the model and the fields that change the result, not
-// the text itself, so that a long prompt is not held twice. A hit costs the
-// digest and a map lookup and allocates nothing; the returned slice is
-// shared and must not be modified. Concurrent identical misses share one
-// call. Failed calls are not cached. The engine's reply is decoded by hand,
-// without reflection.
+// bounded in bytes (Config.CacheMaxTokens times 4): each result is charged
+// 4 bytes per id and 192 bytes for the entry and its share of the map,
+// what they take at most, so that many short results cannot hold more
+// memory than the bound says. The key is a 128-bit digest of the form,
+// the model and the fields that change the result, not the text itself,
+// so that a long prompt is not held twice. A hit costs the digest and a
+// map lookup and allocates nothing; the returned slice is shared and must
+// not be modified. Concurrent identical misses share one call. Failed
+// calls are not cached. The engine's reply is decoded by hand, without
+// reflection.
 //
 // # In-process tokenization
 //
@@ -51,6 +54,21 @@
 // one that refuses a sample sends the form back to the engine. A request
 // the files cannot render (content other than text, a chat_template of its
 // own, multimodal settings) is tokenized by the engine.
+//
+// The work of one request in process is bounded. Its text, a prompt or a
+// chat's JSON and the chat it renders, is at most Config.LocalMaxBytes
+// (1 MiB by default, a 128k-token context in any language): a larger
+// request fails with ReasonTooLarge and is tokenized by no one, since
+// sending megabytes to the engine's /tokenize would cost more than the
+// routing it allows; the caller routes it on load alone. A text holding a
+// word longer than 2 KiB (hf.MaxWordBytes), such as a long run of letters,
+// goes to the engine without being merged: the merges of one word cost
+// more per byte the longer it is. The text is tokenized on the caller's
+// goroutine, which looks at the request's context every 16 KiB of text and
+// stops once it ended; callers that shared that tokenization tokenize the
+// prompt again themselves. Each is counted in
+// kvgate_tokenizer_local_fallbacks_total, with reason too_large or
+// long_word.
 //
 // # Prefix reuse
 //
@@ -100,11 +118,12 @@
 //	kvgate_tokenizer_cache_misses_total        tokenizations not in the cache
 //	kvgate_tokenizer_cache_evictions_total     tokenizations evicted to stay within the budget
 //	kvgate_tokenizer_cache_tokens              token ids held by the cache
+//	kvgate_tokenizer_cache_bytes               bytes charged against the cache's budget
 //	kvgate_tokenizer_cache_entries             tokenizations held by the cache
 //	kvgate_tokenizer_cache_partial_hits_total  chats answered from a message prefix
 //	kvgate_tokenizer_background_dropped_total  chats that waited: no background slot free
 //	kvgate_tokenizer_local_tokenizations_total{form}         prompts tokenized in process
-//	kvgate_tokenizer_local_fallbacks_total{reason}           prompts of models with files the engine tokenized
+//	kvgate_tokenizer_local_fallbacks_total{reason}           prompts of models with files not tokenized in process
 //	kvgate_tokenizer_local_forms{state}                      models' forms by state: active, unverified, ...
 //	kvgate_tokenizer_verifications_total{model,form,result}  comparisons with the engine: match, mismatch, error, skipped
 //	kvgate_tokenizer_mismatches_total{model,form}            prompts the engine tokenized differently

@@ -30,6 +30,10 @@ const (
 	// ReasonBadBody means the server answered 200 with a body that is not a
 	// valid vLLM TokenizeResponse, or one larger than Config.MaxResponseBytes.
 	ReasonBadBody Reason = "bad_body"
+	// ReasonTooLarge means the request's model is tokenized in process and
+	// its text exceeds Config.LocalMaxBytes: it is tokenized neither in
+	// process nor by the engine, and is best routed on load alone.
+	ReasonTooLarge Reason = "too_large"
 )
 
 // callReasons lists the reasons an HTTP call can end with, besides success.

@@ -1,6 +1,7 @@
 package tokenizer
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -207,18 +208,27 @@ func (t *Tokenizer) localFor(model string, form int, baseURL string) *localModel
 	return nil
 }
 
-// localCompletion tokenizes a text prompt in process; ok is false when the
-// engine must.
-func (t *Tokenizer) localCompletion(req *CompletionRequest, text json.RawMessage, baseURL string) (result, bool) {
+// localCompletion tokenizes a text prompt in process. ok is false when
+// the engine must; err is an *Error when the prompt is tokenized by
+// neither: it is larger than Config.LocalMaxBytes (ReasonTooLarge), or ctx
+// ended first (ReasonCanceled).
+func (t *Tokenizer) localCompletion(ctx context.Context, req *CompletionRequest, text json.RawMessage, baseURL string) (res result, ok bool, err error) {
 	lm := t.localFor(req.Model, formIndexCompletion, baseURL)
 	if lm == nil {
-		return result{}, false
+		return result{}, false, nil
+	}
+	if len(text) > t.localMaxBytes {
+		return result{}, false, t.tooLarge(req.Model, "prompt", len(text))
 	}
 	var s string
 	if err := json.Unmarshal(text, &s); err != nil {
-		return result{}, false
+		return result{}, false, nil
 	}
-	res := result{tokens: lm.tk.Encode(s, boolOr(req.AddSpecialTokens, true)), maxModelLen: int(lm.maxModelLen.Load())}
+	ids, err := lm.tk.EncodeContext(ctx, s, boolOr(req.AddSpecialTokens, true))
+	if err != nil {
+		return result{}, false, t.localFailure(req.Model, err)
+	}
+	res = result{tokens: exactIDs(ids), maxModelLen: int(lm.maxModelLen.Load())}
 	t.m.localTokenizations[formIndexCompletion].Inc()
 	if t.sample() {
 		body, err := req.body(text)
@@ -226,42 +236,78 @@ func (t *Tokenizer) localCompletion(req *CompletionRequest, text json.RawMessage
 			t.verifyLive(lm, formIndexCompletion, baseURL, body, res.tokens)
 		}
 	}
-	return res, true
+	return res, true, nil
 }
 
-// localChat renders and tokenizes a chat in process; ok is false when the
+// localChat renders and tokenizes a chat in process. ok is false when the
 // engine must: requests that replace the chat template or carry
 // multimodal settings, and conversations the template cannot render here
-// (content other than text, for example).
-func (t *Tokenizer) localChat(req *ChatRequest, baseURL string) (result, bool) {
+// (content other than text, for example). err is as for localCompletion;
+// both the chat's JSON and the rendered chat must fit
+// Config.LocalMaxBytes.
+func (t *Tokenizer) localChat(ctx context.Context, req *ChatRequest, baseURL string) (res result, ok bool, err error) {
 	lm := t.localFor(req.Model, formIndexChat, baseURL)
 	if lm == nil {
-		return result{}, false
+		return result{}, false, nil
 	}
 	if req.ChatTemplate != "" || present(req.MMProcessorKwargs) || present(req.MediaIOKwargs) {
 		t.m.localFallbacks[fallbackRequest].Inc()
-		return result{}, false
+		return result{}, false, nil
+	}
+	if n := len(req.Messages) + len(req.Tools) + len(req.Documents) + len(req.ChatTemplateKwargs); n > t.localMaxBytes {
+		return result{}, false, t.tooLarge(req.Model, "chat", n)
 	}
 	chat, err := req.localChat()
-	var ids []uint32
+	var text string
 	if err == nil {
-		ids, err = lm.tk.EncodeChat(chat, boolOr(req.AddSpecialTokens, false))
+		text, err = lm.tk.RenderChat(chat)
 	}
 	if err != nil {
 		t.m.localFallbacks[fallbackRender].Inc()
 		if log := t.log.V(4); log.Enabled() {
 			log.Info("Tokenizing a chat with the engine: it does not render in process", "model", req.Model, "err", err)
 		}
-		return result{}, false
+		return result{}, false, nil
 	}
+	if len(text) > t.localMaxBytes {
+		return result{}, false, t.tooLarge(req.Model, "rendered chat", len(text))
+	}
+	ids, err := lm.tk.EncodeContext(ctx, text, boolOr(req.AddSpecialTokens, false))
+	if err != nil {
+		return result{}, false, t.localFailure(req.Model, err)
+	}
+	ids = exactIDs(ids)
 	t.m.localTokenizations[formIndexChat].Inc()
 	if t.sample() {
 		if body, err := req.body(); err == nil {
 			t.verifyLive(lm, formIndexChat, baseURL, body, ids)
 		}
 	}
-	return result{tokens: ids, maxModelLen: int(lm.maxModelLen.Load())}, true
+	return result{tokens: ids, maxModelLen: int(lm.maxModelLen.Load())}, true, nil
 }
+
+// tooLarge counts and returns the error of a request whose text, what, of
+// n bytes exceeds Config.LocalMaxBytes.
+func (t *Tokenizer) tooLarge(model, what string, n int) error {
+	t.m.localFallbacks[fallbackTooLarge].Inc()
+	return &Error{Reason: ReasonTooLarge, Model: model,
+		Err: fmt.Errorf("%s of %d bytes exceeds the %d bytes tokenized in process", what, n, t.localMaxBytes)}
+}
+
+// localFailure handles an in-process encoding that did not finish: a word
+// too long to merge sends the request to the engine (nil), and the end of
+// the caller's context fails it.
+func (t *Tokenizer) localFailure(model string, err error) error {
+	if errors.Is(err, hf.ErrWordTooLong) {
+		t.m.localFallbacks[fallbackLongWord].Inc()
+		return nil
+	}
+	return &Error{Reason: ReasonCanceled, Model: model, Err: fmt.Errorf("%w: %w", errLeft, err)}
+}
+
+// errLeft marks the error of a request whose caller left while it was
+// tokenized in process: callers that shared its tokenization try again.
+var errLeft = errors.New("the caller stopped waiting while the prompt was tokenized in process")
 
 // localChat returns r as the in-process tokenizer renders it, with the
 // template variables vLLM passes.

@@ -17,6 +17,7 @@ type metrics struct {
 	misses        prometheus.Counter
 	evictions     prometheus.Counter
 	cachedTokens  prometheus.Gauge
+	cachedBytes   prometheus.Gauge
 	cachedEntries prometheus.Gauge
 
 	partialHits        prometheus.Counter
@@ -27,13 +28,16 @@ type metrics struct {
 	mismatchesVec      *prometheus.CounterVec
 }
 
-// Reasons a request of a model with tokenizer files is tokenized by the
-// engine, as kvgate_tokenizer_local_fallbacks_total labels them.
+// Reasons a request of a model with tokenizer files is not tokenized in
+// process, as kvgate_tokenizer_local_fallbacks_total labels them. The
+// engine tokenizes it, but for fallbackTooLarge.
 const (
 	fallbackUnverified = "unverified" // not yet compared with the engine
 	fallbackMismatch   = "mismatch"   // the engine's ids differed
 	fallbackRequest    = "request"    // chat_template or multimodal settings in the request
 	fallbackRender     = "render"     // the conversation does not render in process
+	fallbackLongWord   = "long_word"  // a word longer than hf.MaxWordBytes
+	fallbackTooLarge   = "too_large"  // beyond Config.LocalMaxBytes: routed without tokens
 )
 
 // Results of a comparison with the engine.
@@ -99,8 +103,10 @@ func newMetrics(reg prometheus.Registerer, local map[string]*localModel) (*metri
 		hits:   counter("cache_hits_total", "Tokenizations served from the cache."),
 		misses: counter("cache_misses_total", "Tokenizations not in the cache; concurrent identical misses share one call."),
 		evictions: counter("cache_evictions_total",
-			"Tokenizations evicted from the cache to stay within its token budget."),
-		cachedTokens:  gauge("cache_tokens", "Token ids held by the cache."),
+			"Tokenizations evicted from the cache to stay within its memory budget, KVGATE_TOKENIZER_CACHE_MAX_TOKENS times 4 bytes."),
+		cachedTokens: gauge("cache_tokens", "Token ids held by the cache."),
+		cachedBytes: gauge("cache_bytes",
+			"Bytes the cache's tokenizations take, as charged against its budget: 4 per token id and 192 per tokenization."),
 		cachedEntries: gauge("cache_entries", "Tokenizations held by the cache."),
 		partialHits: counter("cache_partial_hits_total",
 			"Chat tokenizations answered at once with the tokens of the longest message prefix in the cache, while the engine tokenizes the whole chat in the background."),
@@ -125,15 +131,17 @@ func newMetrics(reg prometheus.Registerer, local map[string]*localModel) (*metri
 	}
 	fallbacks := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: ns, Subsystem: sub, Name: "local_fallbacks_total",
-		Help: "Prompts of models with tokenizer files that the engine tokenized, by reason: unverified, mismatch, request or render.",
+		Help: "Prompts of models with tokenizer files not tokenized in process, by reason: unverified, mismatch, request, render " +
+			"or long_word (a word longer than 2 KiB), which the engine tokenized, or too_large (beyond KVGATE_TOKENIZER_LOCAL_MAX_BYTES), " +
+			"routed on load alone.",
 	}, []string{"reason"})
-	for _, r := range []string{fallbackUnverified, fallbackMismatch, fallbackRequest, fallbackRender} {
+	for _, r := range []string{fallbackUnverified, fallbackMismatch, fallbackRequest, fallbackRender, fallbackLongWord, fallbackTooLarge} {
 		m.localFallbacks[r] = fallbacks.WithLabelValues(r)
 	}
 	for _, r := range callReasons {
 		m.calls[string(r)] = calls.WithLabelValues(string(r))
 	}
-	collectors := []prometheus.Collector{calls, m.callDuration, m.hits, m.misses, m.evictions, m.cachedTokens, m.cachedEntries,
+	collectors := []prometheus.Collector{calls, m.callDuration, m.hits, m.misses, m.evictions, m.cachedTokens, m.cachedBytes, m.cachedEntries,
 		m.partialHits, m.backgroundDropped, localCount, fallbacks, m.verificationsVec, m.mismatchesVec}
 	collectors = append(collectors, localFormsCollectors(local)...)
 	for i, c := range collectors {

@@ -12,7 +12,7 @@ import (
 )
 
 func TestNewRejectsNegativeConfigValues(t *testing.T) {
-	for _, cfg := range []Config{{Timeout: -time.Second}, {CacheMaxTokens: -1}, {MaxResponseBytes: -1}} {
+	for _, cfg := range []Config{{Timeout: -time.Second}, {CacheMaxTokens: -1}, {MaxResponseBytes: -1}, {LocalMaxBytes: -1}} {
 		if tk, err := New(cfg, prometheus.NewRegistry()); err == nil {
 			tk.Close()
 			t.Errorf("New(%+v) succeeded, want an error", cfg)
@@ -84,6 +84,7 @@ func TestMetricsAreRegisteredAndUpdated(t *testing.T) {
 		"kvgate_tokenizer_cache_misses_total":             1,
 		"kvgate_tokenizer_cache_evictions_total":          0,
 		"kvgate_tokenizer_cache_tokens":                   tokens,
+		"kvgate_tokenizer_cache_bytes":                    4*tokens + entryOverhead,
 		"kvgate_tokenizer_cache_entries":                  1,
 		// Nothing is tokenized in process without tokenizer files, and a
 		// single-message chat has no message prefix to answer from.
@@ -95,6 +96,8 @@ func TestMetricsAreRegisteredAndUpdated(t *testing.T) {
 		"kvgate_tokenizer_local_fallbacks_total{reason=mismatch}":     0,
 		"kvgate_tokenizer_local_fallbacks_total{reason=request}":      0,
 		"kvgate_tokenizer_local_fallbacks_total{reason=render}":       0,
+		"kvgate_tokenizer_local_fallbacks_total{reason=long_word}":    0,
+		"kvgate_tokenizer_local_fallbacks_total{reason=too_large}":    0,
 		"kvgate_tokenizer_local_forms{state=active}":                  0,
 		"kvgate_tokenizer_local_forms{state=unverified}":              0,
 		"kvgate_tokenizer_local_forms{state=verifying}":               0,
@@ -133,6 +136,9 @@ func TestDefaultsMatchTheEnvironmentVariables(t *testing.T) {
 	}
 	if got := env.Int(config.TokenizerMaxBackgroundCalls, 1); got != DefaultMaxBackgroundCalls {
 		t.Errorf("%s defaults to %d, DefaultMaxBackgroundCalls is %d", config.TokenizerMaxBackgroundCalls.Name, got, DefaultMaxBackgroundCalls)
+	}
+	if got := env.Int(config.TokenizerLocalMaxBytes, 1); got != DefaultLocalMaxBytes {
+		t.Errorf("%s defaults to %d, DefaultLocalMaxBytes is %d", config.TokenizerLocalMaxBytes.Name, got, DefaultLocalMaxBytes)
 	}
 	if err := env.Err(); err != nil {
 		t.Fatal(err)

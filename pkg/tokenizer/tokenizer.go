@@ -18,7 +18,7 @@ import (
 // Defaults used for the zero fields of a Config.
 const (
 	DefaultTimeout          = 5 * time.Second
-	DefaultCacheMaxTokens   = 1 << 23 // 32 MiB of token ids
+	DefaultCacheMaxTokens   = 1 << 23 // a cache of 32 MiB
 	DefaultMaxResponseBytes = 16 << 20
 	// DefaultVerifyFraction is the share of in-process tokenizations
 	// compared with the engine's.
@@ -26,6 +26,10 @@ const (
 	// DefaultMaxBackgroundCalls bounds the /tokenize calls made off the
 	// request path.
 	DefaultMaxBackgroundCalls = 8
+	// DefaultLocalMaxBytes bounds the text of one request tokenized in
+	// process: 1 MiB holds a 128k-token context in any language, and
+	// about 256k tokens of English.
+	DefaultLocalMaxBytes = 1 << 20
 )
 
 // Config configures a Tokenizer. The zero value is usable: every zero field
@@ -35,9 +39,12 @@ type Config struct {
 	// the response (AIBRIX_TOKENIZER_REQUEST_TIMEOUT). Zero means
 	// DefaultTimeout.
 	Timeout time.Duration
-	// CacheMaxTokens bounds the token ids the cache of recent tokenizations
-	// holds, 4 bytes each; the least recently used are evicted beyond it.
-	// Zero means DefaultCacheMaxTokens.
+	// CacheMaxTokens bounds the memory of the cache of recent
+	// tokenizations to 4 bytes times CacheMaxTokens
+	// (KVGATE_TOKENIZER_CACHE_MAX_TOKENS): each tokenization is charged 4
+	// bytes per id and 192 bytes for its bookkeeping, so that the bound
+	// holds however short they are; the least recently used are evicted
+	// beyond it. Zero means DefaultCacheMaxTokens.
 	CacheMaxTokens int
 	// MaxResponseBytes bounds the body of a /tokenize response; a larger one
 	// fails with ReasonBadBody. Zero means DefaultMaxResponseBytes, room for
@@ -73,6 +80,15 @@ type Config struct {
 	// (KVGATE_TOKENIZER_MAX_BACKGROUND_CALLS). Zero means
 	// DefaultMaxBackgroundCalls.
 	MaxBackgroundCalls int
+	// LocalMaxBytes bounds the text of one request tokenized in process
+	// (KVGATE_TOKENIZER_LOCAL_MAX_BYTES): a completion's prompt as sent (a
+	// JSON string), a chat's messages, tools, documents and
+	// chat_template_kwargs as sent, and the chat they render. A larger
+	// request of a model tokenized in process is tokenized by neither the
+	// gateway nor the engine: it fails with ReasonTooLarge, to be routed on
+	// load alone. Zero means DefaultLocalMaxBytes. See In-process
+	// tokenization in the package documentation.
+	LocalMaxBytes int
 }
 
 // Tokenizer computes prompts' token ids with vLLM's own tokenizer, through
@@ -98,6 +114,7 @@ type Tokenizer struct {
 	local            map[string]*localModel // by model name
 	verifyFraction   float64
 	prefixReuse      bool
+	localMaxBytes    int
 	background       chan struct{} // a token per background call in flight
 
 	ctx    context.Context // ends on Close; parent of every call
@@ -112,7 +129,8 @@ type Tokenizer struct {
 // be registered, for example because reg already holds another
 // Tokenizer's.
 func New(cfg Config, reg prometheus.Registerer) (*Tokenizer, error) {
-	if cfg.Timeout < 0 || cfg.CacheMaxTokens < 0 || cfg.MaxResponseBytes < 0 || cfg.MaxBackgroundCalls < 0 || cfg.VerifyFraction > 1 {
+	if cfg.Timeout < 0 || cfg.CacheMaxTokens < 0 || cfg.MaxResponseBytes < 0 || cfg.MaxBackgroundCalls < 0 || cfg.VerifyFraction > 1 ||
+		cfg.LocalMaxBytes < 0 {
 		return nil, fmt.Errorf("tokenizer config: negative value in %+v", cfg)
 	}
 	if reg == nil {
@@ -136,12 +154,13 @@ func New(cfg Config, reg prometheus.Registerer) (*Tokenizer, error) {
 		timeout:          cfg.Timeout,
 		maxResponseBytes: cfg.MaxResponseBytes,
 		seed:             rand.Uint64(),
-		cache:            newCache(cfg.CacheMaxTokens, m),
+		cache:            newCache(4*cfg.CacheMaxTokens, m),
 		m:                m,
 		log:              cfg.Logger.WithName("tokenizer"),
 		local:            local,
 		verifyFraction:   max(cfg.VerifyFraction, 0),
 		prefixReuse:      !cfg.NoPrefixReuse,
+		localMaxBytes:    cfg.LocalMaxBytes,
 		background:       make(chan struct{}, cfg.MaxBackgroundCalls),
 		ctx:              ctx,
 		cancel:           cancel,
@@ -154,6 +173,7 @@ func (cfg Config) withDefaults() Config {
 	cfg.MaxResponseBytes = cmp.Or(cfg.MaxResponseBytes, DefaultMaxResponseBytes)
 	cfg.VerifyFraction = cmp.Or(cfg.VerifyFraction, DefaultVerifyFraction)
 	cfg.MaxBackgroundCalls = cmp.Or(cfg.MaxBackgroundCalls, DefaultMaxBackgroundCalls)
+	cfg.LocalMaxBytes = cmp.Or(cfg.LocalMaxBytes, DefaultLocalMaxBytes)
 	if cfg.Transport == nil {
 		cfg.Transport = podTransport()
 	}
@@ -193,8 +213,9 @@ func (t *Tokenizer) Close() {
 //
 // At most one call is made, bounded by Config.Timeout; concurrent identical
 // requests share it. If ctx ends first, TokenizeCompletion returns at once
-// and the call completes in the background, still filling the cache. Every
-// error is an *Error.
+// and the call completes in the background, still filling the cache. A
+// prompt tokenized in process is tokenized on the caller's goroutine,
+// until ctx ends. Every error is an *Error.
 func (t *Tokenizer) TokenizeCompletion(ctx context.Context, baseURL string, req *CompletionRequest) ([]uint32, error) {
 	if err := checkTruncation(req.Model, req.TruncatePromptTokens, req.TruncationSide); err != nil {
 		return nil, err
@@ -207,22 +228,22 @@ func (t *Tokenizer) TokenizeCompletion(ctx context.Context, baseURL string, req 
 		return req.truncate(result{tokens: ids})
 	}
 	key := req.key(t.seed, text)
-	res, cl, leader, hit := t.cache.acquire(key)
-	if hit {
-		return req.truncate(res)
-	}
-	if leader {
-		if res, ok := t.localCompletion(req, text, baseURL); ok {
-			t.cache.complete(key, cl, res, nil)
+	for {
+		res, cl, leader, hit := t.cache.acquire(key)
+		if hit {
 			return req.truncate(res)
 		}
-		body, err := req.body(text)
-		t.start(key, cl, baseURL, req.Model, body, err, false)
+		if leader {
+			if res, ok, err := t.localCompletion(ctx, req, text, baseURL); ok || err != nil {
+				return t.completeLocal(key, cl, req, res, err)
+			}
+			body, err := req.body(text)
+			t.start(key, cl, baseURL, req.Model, body, err, false)
+		}
+		if ids, again, err := t.await(ctx, cl, req.Model, req); !again {
+			return ids, err
+		}
 	}
-	if res, err = t.wait(ctx, cl, req.Model); err != nil {
-		return nil, err
-	}
-	return req.truncate(res)
 }
 
 // TokenizeChat returns the token ids vLLM computes for req's conversation
@@ -237,28 +258,57 @@ func (t *Tokenizer) TokenizeChat(ctx context.Context, baseURL string, req *ChatR
 		return nil, err
 	}
 	key := req.key(t.seed)
-	res, cl, leader, hit := t.cache.acquire(key)
-	if hit {
-		return req.truncate(res)
-	}
-	if leader {
-		if res, ok := t.localChat(req, baseURL); ok {
-			t.cache.complete(key, cl, res, nil)
+	for {
+		res, cl, leader, hit := t.cache.acquire(key)
+		if hit {
 			return req.truncate(res)
 		}
+		if leader {
+			if res, ok, err := t.localChat(ctx, req, baseURL); ok || err != nil {
+				return t.completeLocal(key, cl, req, res, err)
+			}
+		}
+		if ids, ok := t.prefix(req, key, cl, leader, baseURL); ok {
+			return ids, nil
+		}
+		if leader {
+			body, err := req.body()
+			t.start(key, cl, baseURL, req.Model, body, err, false)
+		}
+		if ids, again, err := t.await(ctx, cl, req.Model, req); !again {
+			return ids, err
+		}
 	}
-	if ids, ok := t.prefix(req, key, cl, leader, baseURL); ok {
-		return ids, nil
-	}
-	if leader {
-		body, err := req.body()
-		t.start(key, cl, baseURL, req.Model, body, err, false)
-	}
-	res, err := t.wait(ctx, cl, req.Model)
+}
+
+// truncater is a request whose ids are truncated as vLLM truncates them.
+type truncater interface {
+	truncate(result) ([]uint32, error)
+}
+
+// completeLocal ends the leader's call with the outcome of its
+// tokenization in process, and returns what the leader gets.
+func (t *Tokenizer) completeLocal(key digest, cl *call, req truncater, res result, err error) ([]uint32, error) {
+	t.cache.complete(key, cl, res, err)
 	if err != nil {
 		return nil, err
 	}
 	return req.truncate(res)
+}
+
+// await returns what a caller that waits for cl gets. again reports that
+// it should try again instead: it shared the tokenization in process of a
+// caller that left, and is still waiting itself.
+func (t *Tokenizer) await(ctx context.Context, cl *call, model string, req truncater) (ids []uint32, again bool, err error) {
+	res, err := t.wait(ctx, cl, model)
+	switch {
+	case errors.Is(err, errLeft) && ctx.Err() == nil:
+		return nil, true, nil
+	case err != nil:
+		return nil, false, err
+	}
+	ids, err = req.truncate(res)
+	return ids, false, err
 }
 
 // start completes cl: at once with an input error when the request could

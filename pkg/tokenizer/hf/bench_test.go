@@ -37,7 +37,7 @@ func BenchmarkEncode(b *testing.B) {
 			b.ReportAllocs()
 			b.SetBytes(int64(len(text)))
 			for b.Loop() {
-				tk.segments = newSegmentCache(DefaultSegmentCacheTokens)
+				tk.segments = newSegmentCache(DefaultSegmentCacheBytes)
 				tk.model.words = newWordCache()
 				tk.Encode(text, false)
 			}
@@ -48,7 +48,7 @@ func BenchmarkEncode(b *testing.B) {
 			b.SetBytes(int64(len(text)))
 			tk.Encode(text, false)
 			for b.Loop() {
-				tk.segments = newSegmentCache(DefaultSegmentCacheTokens)
+				tk.segments = newSegmentCache(DefaultSegmentCacheBytes)
 				tk.Encode(text, false)
 			}
 			b.ReportMetric(float64(tokens)*float64(b.N)/b.Elapsed().Seconds(), "tokens/s")
@@ -91,7 +91,7 @@ func BenchmarkEncodeMarkup(b *testing.B) {
 			b.ReportAllocs()
 			b.SetBytes(int64(len(text)))
 			for b.Loop() {
-				tk.segments = newSegmentCache(DefaultSegmentCacheTokens)
+				tk.segments = newSegmentCache(DefaultSegmentCacheBytes)
 				tk.Encode(text, false)
 			}
 		})
@@ -166,7 +166,7 @@ func BenchmarkEncodeChatNewSystemPrompt(b *testing.B) {
 	for b.Loop() {
 		if i == len(chats) {
 			b.StopTimer()
-			tk.segments = newSegmentCache(DefaultSegmentCacheTokens)
+			tk.segments = newSegmentCache(DefaultSegmentCacheBytes)
 			i = 0
 			b.StartTimer()
 		}

@@ -107,35 +107,45 @@ type scratch struct {
 
 var scratches = sync.Pool{New: func() any { return &scratch{} }}
 
-// appendWord appends the ids of word, one pre-tokenized piece, to dst.
-func (m *bpe) appendWord(dst []uint32, word string) []uint32 {
+// appendWord appends the ids of word, one pre-tokenized piece, to dst. It
+// stops, setting b.err, at a piece to merge longer than b.maxWord.
+func (m *bpe) appendWord(dst []uint32, word string, b *bound) []uint32 {
 	if m.ignoreMerges {
 		if id, ok := m.vocab[word]; ok {
 			return append(dst, id)
 		}
 	}
 	if m.splitWords && len(word) > maxCachedWord {
+		// A word here can be a whole segment: its pieces count towards
+		// the next look at the context.
 		for start := 0; start < len(word); {
 			end := wordStartAfterOther(word, start+1)
 			if end < 0 {
 				end = len(word)
 			}
-			dst = m.appendMerged(dst, word[start:end])
+			if !b.spend(end - start) {
+				return dst
+			}
+			dst = m.appendMerged(dst, word[start:end], b)
 			start = end
 		}
 		return dst
 	}
-	return m.appendMerged(dst, word)
+	return m.appendMerged(dst, word, b)
 }
 
 // appendMerged appends the ids of word after its merges, from the word
-// cache when it holds them.
-func (m *bpe) appendMerged(dst []uint32, word string) []uint32 {
+// cache when it holds them. It merges no word longer than b.maxWord: it
+// sets b.err instead.
+func (m *bpe) appendMerged(dst []uint32, word string, b *bound) []uint32 {
 	cacheable := len(word) <= maxCachedWord
 	if cacheable {
 		if ids, ok := m.words.get(word); ok {
 			return append(dst, ids...)
 		}
+	} else if len(word) > b.maxWord {
+		b.err = ErrWordTooLong
+		return dst
 	}
 	sc := scratches.Get().(*scratch)
 	sc.syms = m.initial(sc.syms[:0], word)

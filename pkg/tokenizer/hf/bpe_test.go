@@ -79,7 +79,8 @@ func TestSplitWordsMergeAsTheWholeWord(t *testing.T) {
 		if len(word) > maxCachedWord && wordStartAfterOther(word, 1) >= 0 {
 			split++
 		}
-		got, want := tk.model.appendWord(nil, word), mergedWhole(tk.model, word)
+		b := unbounded()
+		got, want := tk.model.appendWord(nil, word, &b), mergedWhole(tk.model, word)
 		if !slices.Equal(got, want) {
 			t.Errorf("%s: merged a piece at a time: %s", quote(text), firstDiff(got, want))
 		}
@@ -99,7 +100,8 @@ func FuzzSplitWordsMergeAsTheWholeWord(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, text string) {
 		word := normalized(tk, text)
-		got, want := tk.model.appendWord(nil, word), mergedWhole(tk.model, word)
+		b := unbounded()
+		got, want := tk.model.appendWord(nil, word, &b), mergedWhole(tk.model, word)
 		if !slices.Equal(got, want) {
 			t.Fatalf("%s: merged a piece at a time: %s", quote(text), firstDiff(got, want))
 		}

@@ -104,7 +104,7 @@ func Parse(tokenizerJSON, configJSON []byte, template string) (*Tokenizer, error
 		}
 	}
 	t.rawAdded, t.normAdded = newMatcher(raw), newMatcher(normalized)
-	t.segments = newSegmentCache(DefaultSegmentCacheTokens)
+	t.segments = newSegmentCache(DefaultSegmentCacheBytes)
 	if err := t.parseConfig(configJSON, template); err != nil {
 		return nil, err
 	}

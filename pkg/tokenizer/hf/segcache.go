@@ -7,9 +7,18 @@ import (
 	"github.com/zeebo/xxh3"
 )
 
-// DefaultSegmentCacheTokens bounds the token ids a Tokenizer's segment
-// cache holds: 4 MiB of them.
-const DefaultSegmentCacheTokens = 1 << 20
+// DefaultSegmentCacheBytes bounds the memory of a Tokenizer's segment
+// cache.
+const DefaultSegmentCacheBytes = 4 << 20
+
+// segmentOverhead is what an entry of the segment cache takes besides its
+// ids, in bytes, at most: its slot in a map (41 bytes, in a map between
+// 7/16 and 7/8 full) and the rounding of its array of ids to its
+// allocation's size.
+const segmentOverhead = 128
+
+// segmentBytes is what an entry of ids is charged against the budget.
+func segmentBytes(ids []uint32) int { return 4*cap(ids) + segmentOverhead }
 
 // minCachedSegment is the shortest segment worth a cache entry: shorter
 // ones encode about as fast as they hash.
@@ -23,17 +32,18 @@ const minCachedSegment = 64
 // It keeps two generations of entries: new entries go to the current one,
 // and when it holds half the budget it becomes the previous one, replacing
 // the older; a hit in the previous generation moves the entry to the
-// current one. The token ids held never exceed the budget.
+// current one. Each entry is charged its ids, 4 bytes each, and
+// segmentOverhead: the memory held never exceeds the budget.
 type segmentCache struct {
 	seed      uint64
 	mu        sync.Mutex
 	cur, prev map[xxh3.Uint128][]uint32
-	curTokens int
+	curBytes  int
 	half      int
 }
 
-func newSegmentCache(maxTokens int) *segmentCache {
-	return &segmentCache{seed: rand.Uint64(), cur: map[xxh3.Uint128][]uint32{}, half: maxTokens / 2}
+func newSegmentCache(maxBytes int) *segmentCache {
+	return &segmentCache{seed: rand.Uint64(), cur: map[xxh3.Uint128][]uint32{}, half: maxBytes / 2}
 }
 
 // key digests a segment; first marks the first segment of a text, which
@@ -62,19 +72,24 @@ func (c *segmentCache) get(k xxh3.Uint128) ([]uint32, bool) {
 
 // put stores a copy of ids under k.
 func (c *segmentCache) put(k xxh3.Uint128, ids []uint32) {
-	if len(ids) > c.half {
+	if 4*len(ids)+segmentOverhead > c.half {
 		return
 	}
-	own := append([]uint32(nil), ids...)
+	own := make([]uint32, len(ids))
+	copy(own, ids)
 	c.mu.Lock()
 	c.add(k, own)
 	c.mu.Unlock()
 }
 
+// add stores ids under k in the current generation. The new one starts
+// empty, rather than the size of the one before, so that its map takes
+// the room of the entries it holds.
 func (c *segmentCache) add(k xxh3.Uint128, ids []uint32) {
-	if c.curTokens+len(ids) > c.half {
-		c.prev, c.cur, c.curTokens = c.cur, make(map[xxh3.Uint128][]uint32, len(c.cur)), 0
+	n := segmentBytes(ids)
+	if c.curBytes+n > c.half {
+		c.prev, c.cur, c.curBytes = c.cur, map[xxh3.Uint128][]uint32{}, 0
 	}
 	c.cur[k] = ids
-	c.curTokens += len(ids)
+	c.curBytes += n
 }
