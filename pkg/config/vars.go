@@ -127,7 +127,8 @@ var (
 		Default: "1048576",
 		Section: SectionGateway,
 		Doc: "Longest server-sent event of a pod's stream, in bytes; the gateway holds each event whole to read it, " +
-			"and a longer one fails the response with an error event and a cut connection.",
+			"and a longer one fails the response with an error event and a cut connection. Under ext_proc, where " +
+			"Envoy relays the response, a longer event is passed on unread and counted.",
 		Flag: "max-stream-event-bytes",
 	}
 	Kubeconfig = Var{

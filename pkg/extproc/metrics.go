@@ -27,6 +27,8 @@ type metrics struct {
 	inFlight prometheus.Gauge
 	failOpen *prometheus.CounterVec
 	errors   *prometheus.CounterVec
+	// oversized counts server-sent events relayed uninspected.
+	oversized prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -57,11 +59,15 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "kvgate_extproc_stream_errors_total",
 			Help: "External processing streams ended by an error, by reason: protocol, send, misconfigured_mode, too_large, overloaded (a body beyond the request bytes the gateway holds at once, KVGATE_MAX_HELD_REQUEST_BYTES).",
 		}, []string{"reason"}),
+		oversized: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvgate_extproc_oversized_events_total",
+			Help: "Server-sent events of pods' streams longer than KVGATE_MAX_STREAM_EVENT_BYTES, passed on as they came without being read: a first token or usage they carry is missed.",
+		}),
 	}
 	for _, r := range []string{errProtocol, errSend, errMisconfigure, errTooLarge, errOverloaded} {
 		m.errors.WithLabelValues(r)
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.decision, m.ttft, m.inFlight, m.failOpen, m.errors} {
+	for _, c := range []prometheus.Collector{m.requests, m.decision, m.ttft, m.inFlight, m.failOpen, m.errors, m.oversized} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register extproc metrics: %w", err)
 		}

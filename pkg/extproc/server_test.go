@@ -146,6 +146,24 @@ func TestAStreamedResponseIsRelayedEventByEventWithoutTheUsageKvgateAskedFor(t *
 	}
 }
 
+func TestEventsBeyondTheBoundArePassedOnUnreadAndCounted(t *testing.T) {
+	f := start(t, 1, options{env: map[string]string{"KVGATE_MAX_STREAM_EVENT_BYTES": "16"}})
+	ttft := f.metric(t, "kvgate_extproc_time_to_first_token_seconds", nil)
+	x := f.envoy.start(t, duplex, completionRequest("oversized events", `,"stream":true,"stream_options":{"include_usage":true}`))
+	x.forward(8) // every event but [DONE] outgrows 16 bytes before it ends
+	out := string(x.respBody)
+	if x.status != http.StatusOK || !strings.HasSuffix(out, "data: [DONE]\n\n") || !strings.Contains(out, `"usage"`) {
+		t.Fatalf("relayed %d %q", x.status, out)
+	}
+	events := strings.Count(out, "\n\n")
+	if n := f.metric(t, "kvgate_extproc_oversized_events_total", nil); n != float64(events-1) {
+		t.Errorf("oversized events counted %v, want %d (every event of %q but the last)", n, events-1, out)
+	}
+	if n := f.metric(t, "kvgate_extproc_time_to_first_token_seconds", nil); n != ttft {
+		t.Errorf("a first token was read from events beyond the bound")
+	}
+}
+
 func TestRefusalsAreImmediateResponsesWithOpenAIErrors(t *testing.T) {
 	f := start(t, 2, options{})
 	tests := []struct {

@@ -63,11 +63,13 @@ type stream struct {
 	pick *gateway.Pick
 
 	// The response: its status (0 before its headers), the Response
-	// following an attempt's, and whether it ended.
+	// following an attempt's, whether it ended, and the oversized events
+	// counted so far.
 	status    int
 	resp      *gateway.Response
 	respEnded bool
 	firstSeen bool
+	oversized int
 	// answered is the status of an immediate response sent, 0 for none,
 	// and refusedModel the model the refusal named; closed reports that
 	// the stream has nothing more to do.
@@ -423,6 +425,7 @@ func (st *stream) responseBody(b *extprocv3.HttpBody) error {
 		out = st.resp.Body(st.out[:0], piece, end)
 		if st.resp.EventStream() {
 			st.out = out[:0]
+			st.countOversized()
 		}
 		if !st.firstSeen && st.resp.FirstToken() {
 			st.firstSeen = true
@@ -462,6 +465,15 @@ func (st *stream) responseTrailers() error {
 	}
 	st.respEnded = true
 	return st.send(trailersResponse(true))
+}
+
+// countOversized counts the events of the response found oversized since
+// the last call.
+func (st *stream) countOversized() {
+	if n := st.resp.OversizedEvents(); n > st.oversized {
+		st.s.metrics.oversized.Add(float64(n - st.oversized))
+		st.oversized = n
+	}
 }
 
 // endResponse closes the attempt: its response ended.

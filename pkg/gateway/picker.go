@@ -334,20 +334,18 @@ type Response struct {
 	sse    bool
 	// events reads the events of an event stream; partial holds the bytes
 	// of an event not complete yet, and oversized reports that the event
-	// being read outgrew maxEventBytes and is relayed as it comes.
-	events    eventReader
-	partial   []byte
-	oversized bool
+	// being read outgrew maxEvent and is relayed as it comes, uninspected;
+	// oversizedEvents counts such events.
+	events          eventReader
+	partial         []byte
+	maxEvent        int
+	oversized       bool
+	oversizedEvents int
 	// whole keeps the first maxUsageScanBytes of any other successful
 	// body, to read its usage; over reports a longer one.
 	whole bytes.Buffer
 	over  bool
 }
-
-// maxEventBytes bounds the bytes of one server-sent event a Response holds
-// back until the event is complete; a longer event is relayed as its bytes
-// come, without being read.
-const maxEventBytes = 1 << 20
 
 // Response records that the response has status and the content type
 // contentType, and returns the Response that reads its body's pieces. The
@@ -359,7 +357,7 @@ func (k *Pick) Response(status int, contentType string) *Response {
 	default:
 		k.a.b.store.PodReachable(k.x.d.Endpoint)
 	}
-	r := &Response{k: k, status: status, sse: isEventStream(k.stream, status, contentType)}
+	r := &Response{k: k, status: status, sse: isEventStream(k.stream, status, contentType), maxEvent: k.g.cfg.MaxStreamEventBytes}
 	r.events = eventReader{dropUsage: k.a.dropUsage, firstToken: k.h.FirstToken}
 	return r
 }
@@ -367,6 +365,12 @@ func (k *Pick) Response(status int, contentType string) *Response {
 // EventStream reports whether the body is relayed event by event (Body
 // then returns what to relay in place of each piece).
 func (r *Response) EventStream() bool { return r.sse }
+
+// OversizedEvents reports how many events so far were longer than
+// Config.MaxStreamEventBytes: a Response holds an event back until it is
+// complete, to read it, up to that bound; a longer one is relayed as its
+// bytes come, and a first token or usage it carries is not read.
+func (r *Response) OversizedEvents() int { return r.oversizedEvents }
 
 // FirstToken reports whether a generated token has been relayed.
 func (r *Response) FirstToken() bool { return r.events.seenToken }
@@ -408,8 +412,11 @@ func (r *Response) Body(dst, piece []byte, last bool) []byte {
 		}
 		data = data[end:]
 	}
-	if last || len(data) > maxEventBytes {
+	if last || len(data) > r.maxEvent {
 		dst = append(dst, data...)
+		if !last && !r.oversized {
+			r.oversizedEvents++
+		}
 		r.oversized = !last && len(data) > 0
 		data = nil
 	}

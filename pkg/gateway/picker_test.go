@@ -11,7 +11,8 @@ import (
 // the Response and the number of first-token reports.
 func relayPieces(input string, drop bool, sizes []int) (string, *Response, int) {
 	firsts := 0
-	r := &Response{status: 200, sse: true, events: eventReader{dropUsage: drop, firstToken: func() { firsts++ }}}
+	r := &Response{status: 200, sse: true, maxEvent: DefaultMaxStreamEventBytes,
+		events: eventReader{dropUsage: drop, firstToken: func() { firsts++ }}}
 	var out, dst []byte
 	rest := []byte(input)
 	for _, n := range sizes {
@@ -56,14 +57,17 @@ func TestResponseRelaysWhatTheProxyRelaysWhateverThePieces(t *testing.T) {
 }
 
 func TestResponseRelaysAnOversizedEventAsItComes(t *testing.T) {
-	big := "data: " + strings.Repeat("x", maxEventBytes) + "\n\n"
-	input := big + `data: {"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1}}` + "\n\n"
-	out, r, _ := relayPieces(input, true, []int{len(big) / 2, len(big)/2 - 1})
-	if out != big {
-		t.Fatalf("relayed %d bytes, want the oversized event (%d bytes) whole and the usage chunk withheld", len(out), len(big))
+	big := "data: " + strings.Repeat("x", DefaultMaxStreamEventBytes) + "\n\n"
+	input := big + big + `data: {"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1}}` + "\n\n"
+	out, r, _ := relayPieces(input, true, []int{len(big) / 2, len(big)/2 - 1, 1, len(big) - 1, 1})
+	if out != big+big {
+		t.Fatalf("relayed %d bytes, want the oversized events (%d bytes each) whole and the usage chunk withheld", len(out), len(big))
 	}
 	if !r.events.hasUsage || len(r.partial) != 0 {
 		t.Errorf("usage read %v, %d bytes held at the end", r.events.hasUsage, len(r.partial))
+	}
+	if n := r.OversizedEvents(); n != 2 {
+		t.Errorf("%d oversized events counted, want 2", n)
 	}
 }
 
