@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -497,5 +498,31 @@ func TestWithTheProxyOffEnvoyIsTheOnlyWayIn(t *testing.T) {
 	x.forward(256)
 	if x.status != http.StatusOK {
 		t.Fatalf("through Envoy: %d %s", x.status, x.respBody)
+	}
+}
+
+func TestAnSLORefusalSaysWhenToRetry(t *testing.T) {
+	f := start(t, 1, options{env: map[string]string{
+		"KVGATE_SLO_MODELS": simModel + "=ttft:1ms",
+		"KVGATE_ROUTING_DEFAULT_PREFILL_TOKENS_PER_SECOND": "500",
+	}})
+	r := completionRequest(words("slow", 300), "")
+	r.headers = map[string]string{routing.HeaderRoutingStrategy: "slo-least-load"}
+	x := f.envoy.start(t, buffered, r)
+	ir := x.immediate
+	if ir == nil || ir.GetStatus().GetCode() != http.StatusTooManyRequests {
+		t.Fatalf("want 429, got %v", ir)
+	}
+	if _, code := errorOf(t, ir.GetBody()); code != "slo_unmeetable" {
+		t.Errorf("code %q, want slo_unmeetable", code)
+	}
+	retry := ""
+	for _, h := range ir.GetHeaders().GetSetHeaders() {
+		if h.GetHeader().GetKey() == "retry-after" {
+			retry = string(h.GetHeader().GetRawValue())
+		}
+	}
+	if _, err := strconv.Atoi(retry); err != nil {
+		t.Errorf("retry-after %q, want whole seconds", retry)
 	}
 }

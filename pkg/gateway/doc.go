@@ -181,10 +181,12 @@
 // steps 1 to 4 on a request's path, body and routing-strategy header (a
 // request to another path than the two above is routed by the model its
 // JSON body names, on load alone) and refuses with the status and error the
-// proxy would answer with; the Pick it returns names the pod and the body
-// to forward, and takes what becomes of the request (Response with its
-// body's pieces, Unreachable, Served, Fail, Cancel, End), driving the
-// request ledger as steps 5 to 7 do. Attach makes Serve run such a front
+// proxy would answer with; a request naming an SLO-aware algorithm waits in
+// its model's queue for as long as the context Pick is given lasts, and a
+// refusal's Error carries its Retry-After. The Pick it returns names the
+// pod and the body to forward, and takes what becomes of the request
+// (Response with its body's pieces, Unreachable, Served, Fail, Cancel,
+// End), driving the request ledger as steps 5 to 7 do. Attach makes Serve run such a front
 // end (a Frontend) on a listener of its own, from the start until the
 // shutdown, when it drains with the API's listener.
 //

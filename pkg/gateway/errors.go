@@ -3,6 +3,8 @@ package gateway
 import (
 	"encoding/json"
 	"net/http"
+	"strconv"
+	"time"
 )
 
 // Error types of the JSON errors the gateway answers with, OpenAI's where
@@ -36,6 +38,7 @@ const (
 	codeTooManyRequests   = "too_many_requests"
 	codeTokenizerDisabled = "tokenizer_disabled"
 	codeOverloaded        = "gateway_overloaded"
+	codeClientClosed      = "client_closed"
 )
 
 // apiError is an OpenAI-style error body: {"error": {...}}.
@@ -61,6 +64,15 @@ type Error struct {
 	Type, Code, Param string
 	Message           string
 	Model, Algorithm  string
+	// RetryAfter is when the request may be sent again, for a 429 and for
+	// a 503 that says: the Retry-After header's value, in whole seconds.
+	RetryAfter time.Duration
+}
+
+// RetryAfterHeader returns the value of the Retry-After header the error
+// is answered with, and whether it has one: a 429 always has.
+func (e *Error) RetryAfterHeader() (string, bool) {
+	return strconv.Itoa(int(e.RetryAfter.Seconds())), e.Status == http.StatusTooManyRequests || e.RetryAfter > 0
 }
 
 // Error returns the message.

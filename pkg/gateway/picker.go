@@ -47,7 +47,7 @@ func (p *Picker) HoldBody(n int) *Error {
 		return nil
 	}
 	p.g.metrics.heldRefusals.Inc()
-	return &Error{Status: http.StatusServiceUnavailable, Type: typeServiceUnavailable, Code: codeOverloaded,
+	return &Error{Status: http.StatusServiceUnavailable, Type: typeServiceUnavailable, Code: codeOverloaded, RetryAfter: time.Second,
 		Message: fmt.Sprintf("the gateway holds as many request bytes as it may (%d): retry later", p.g.cfg.MaxHeldRequestBytes)}
 }
 
@@ -135,7 +135,10 @@ type Pick struct {
 // gateway is not ready (503), the body cannot be read or names no model
 // (400), the routing-strategy header names no algorithm (400), no pod
 // serves the model (404) or none is ready (503), or the subset holds no
-// candidate (503).
+// candidate (503). A completion or chat request naming an SLO-aware
+// algorithm waits in its model's queue as through the proxy, for as long as
+// ctx lasts: it fails with 429 and a RetryAfter when the queue refuses it or
+// it can no longer meet its objective, and with 499 when ctx ends first.
 func (p *Picker) Pick(ctx context.Context, in PickRequest) (*Pick, *Error) {
 	g := p.g
 	b := g.ready()
@@ -175,6 +178,20 @@ func (p *Picker) Pick(ctx context.Context, in PickRequest) (*Pick, *Error) {
 		k.rc.ReceivedAt, k.rc.Algorithm = start, k.a.algorithm
 		k.rc.LoraAdapter = adapterOf(k.a.model, k.a.pods)
 		k.req = g.ledger.Admit(k.rc.RequestID, k.rc.Model)
+	}
+	if (path == PathCompletions || path == PathChatCompletions) && routing.IsSLOAware(k.a.algorithm) {
+		h, err := g.queueSLO(ctx, &k.a, k.rc, k.req, k.x)
+		if h == nil {
+			k.End()
+			if err == nil {
+				err = &Error{Status: statusClientClosed, Type: typeInvalidRequest, Code: codeClientClosed,
+					Message: "the request ended while it waited for a pod"}
+			}
+			err.Model, err.Algorithm = k.a.model, k.a.algorithm
+			return nil, err
+		}
+		k.h = h
+		return k, nil
 	}
 	h, rerr := g.open(ctx, b, k.rc, k.a.pods, k.x, k.req)
 	if rerr != nil {

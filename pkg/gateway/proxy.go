@@ -587,8 +587,8 @@ func (g *Gateway) open(ctx context.Context, b *backend, rc *types.RoutingContext
 	x.snaps = b.store.Snapshots(candidates, x.snaps[:0])
 	err := b.router.Route(ctx, rc, x.snaps, &x.d)
 	if errors.Is(err, cache.ErrLoadCapacityReached) || errors.Is(err, cache.ErrSLOFailureRequest) {
-		// No pod is predicted to meet the SLO: the request is not held (a
-		// retry, or a front end without the model's queue) and goes where
+		// No pod is predicted to meet the SLO: the request, a retry after
+		// its queue let it through, is not held again and goes where
 		// kv-aware sends it.
 		rc.Algorithm = routing.KVAware
 		err = b.router.Route(ctx, rc, x.snaps, &x.d)

@@ -1,11 +1,11 @@
 package gateway
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
 	"slices"
-	"strconv"
 
 	v1 "k8s.io/api/core/v1"
 
@@ -67,19 +67,45 @@ func (m modelDepartures) OnPodDelete(*v1.Pod) {
 }
 
 // routeSLO routes a request that names an SLO-aware algorithm through its
-// model's queue: at once when a pod is predicted to meet its objective,
-// else, with a pulling algorithm, once one is, for as long as the client
-// waits. It returns the attempt opened on the chosen pod, or answers the
-// client and returns false: 429 with Retry-After when the queue refused the
-// request or it could no longer meet its objective, 503 when its model
-// left the fleet or no pod is ready.
+// model's queue (see queueSLO). It returns the attempt opened on the chosen
+// pod, or answers the client and returns false.
 func (g *Gateway) routeSLO(w http.ResponseWriter, r *http.Request, a *admitted, rc *types.RoutingContext,
 	req *inflight.Request, x *exchange, c *call) (*inflight.Handle, bool) {
+	h, e := g.queueSLO(r.Context(), a, rc, req, x)
+	switch {
+	case h != nil:
+		return h, true
+	case e == nil:
+		c.status = statusClientClosed
+		return nil, false
+	}
+	if v, ok := e.RetryAfterHeader(); ok {
+		w.Header().Set(HeaderRetryAfter, v)
+	}
+	c.fail(w, e.Status, e.Type, e.Code, e.Param, e.Message)
+	return nil, false
+}
+
+// sloCodes are the error codes of the requests the queues refuse, by reason.
+var sloCodes = map[string]string{
+	slo.ReasonQueueFull: codeSLOQueueFull, slo.ReasonUnmeetable: codeSLOUnmeetable,
+	slo.ReasonNoCapacity: codeSLONoCapacity, slo.ReasonExpired: codeSLOExpired,
+}
+
+// queueSLO routes a request that names an SLO-aware algorithm through its
+// model's queue: at once when a pod is predicted to meet its objective,
+// else, with a pulling algorithm, once one is, for as long as ctx lasts.
+// It returns the attempt opened on the chosen pod, or the error to answer
+// the client with: 429 with a RetryAfter when the queue refused the request
+// or it could no longer meet its objective, 503 when its model left the
+// fleet, no pod is ready or the gateway stops. It returns neither when ctx
+// ended first: the client went away.
+func (g *Gateway) queueSLO(ctx context.Context, a *admitted, rc *types.RoutingContext, req *inflight.Request,
+	x *exchange) (*inflight.Handle, *Error) {
 	rc.SLO, _ = g.objectives.For(rc.Model, deployments(a.pods))
 	q, err := g.queues.GetRouter(rc)
 	if err != nil {
-		c.fail(w, http.StatusServiceUnavailable, typeServiceUnavailable, codeShuttingDown, "", err.Error())
-		return nil, false
+		return nil, &Error{Status: http.StatusServiceUnavailable, Type: typeServiceUnavailable, Code: codeShuttingDown, Message: err.Error()}
 	}
 	var h *inflight.Handle
 	e := &slo.Entry{Request: rc, Deadline: slo.DeadlineOf(rc, g.cfg.SLO.MaxWait)}
@@ -92,7 +118,7 @@ func (g *Gateway) routeSLO(w http.ResponseWriter, r *http.Request, a *admitted, 
 		if a.pods = withoutEjected(pods, x.snaps); len(a.pods) < len(pods) {
 			x.snaps = a.b.store.Snapshots(a.pods, x.snaps[:0])
 		}
-		if err := a.b.router.Route(r.Context(), rc, x.snaps, &x.d); err != nil {
+		if err := a.b.router.Route(ctx, rc, x.snaps, &x.d); err != nil {
 			return err
 		}
 		route := x.d.Route()
@@ -100,37 +126,29 @@ func (g *Gateway) routeSLO(w http.ResponseWriter, r *http.Request, a *admitted, 
 		h = req.Route(route)
 		return nil
 	}
-	err = q.Route(r.Context(), e, routing.HoldsRequests(c.algorithm))
+	err = q.Route(ctx, e, routing.HoldsRequests(a.algorithm))
 	switch {
-	case err == nil && r.Context().Err() != nil:
+	case err == nil && ctx.Err() != nil:
 		h.Close(inflight.Cancelled, "client went away")
-		c.status = statusClientClosed
-		return nil, false
+		return nil, nil
 	case err == nil:
-		return h, true
-	case r.Context().Err() != nil:
-		c.status = statusClientClosed
-		return nil, false
+		return h, nil
+	case ctx.Err() != nil:
+		return nil, nil
 	}
 	var qe *slo.Error
 	if !errors.As(err, &qe) {
-		c.fail(w, http.StatusServiceUnavailable, typeServiceUnavailable, codeNoReadyPod, "", err.Error())
-		return nil, false
+		return nil, &Error{Status: http.StatusServiceUnavailable, Type: typeServiceUnavailable, Code: codeNoReadyPod, Message: err.Error()}
 	}
-	code := map[string]string{
-		slo.ReasonQueueFull: codeSLOQueueFull, slo.ReasonUnmeetable: codeSLOUnmeetable,
-		slo.ReasonNoCapacity: codeSLONoCapacity, slo.ReasonExpired: codeSLOExpired,
-	}[qe.Reason]
 	switch qe.Reason {
 	case slo.ReasonModelGone:
-		c.fail(w, http.StatusServiceUnavailable, typeServiceUnavailable, codeNoReadyPod, "model", qe.Error())
+		return nil, &Error{Status: http.StatusServiceUnavailable, Type: typeServiceUnavailable, Code: codeNoReadyPod, Param: "model",
+			Message: qe.Error()}
 	case slo.ReasonStopped:
-		c.fail(w, http.StatusServiceUnavailable, typeServiceUnavailable, codeShuttingDown, "", qe.Error())
-	default:
-		w.Header().Set(HeaderRetryAfter, strconv.Itoa(int(qe.RetryAfter.Seconds())))
-		c.fail(w, http.StatusTooManyRequests, typeRateLimit, code, "", qe.Error()+" (objective "+rc.SLO.String()+")")
+		return nil, &Error{Status: http.StatusServiceUnavailable, Type: typeServiceUnavailable, Code: codeShuttingDown, Message: qe.Error()}
 	}
-	return nil, false
+	return nil, &Error{Status: http.StatusTooManyRequests, Type: typeRateLimit, Code: sloCodes[qe.Reason],
+		Message: qe.Error() + " (objective " + rc.SLO.String() + ")", RetryAfter: qe.RetryAfter}
 }
 
 // deployments returns the deployments of pods, each once.

@@ -440,3 +440,90 @@ func TestAModelLeavingTheFleetDropsItsQueueAndPredictor(t *testing.T) {
 		t.Errorf("the model's queue after it came back: %p, %v; want a new one", q2, err)
 	}
 }
+
+func TestThePickerHoldsSLORequestsInTheModelsQueue(t *testing.T) {
+	// As in the burst above, each request takes a quarter of a pod: the two
+	// engines take eight at once, picked by a front end such as ext_proc.
+	lat := sim.LatencyModel{StepOverhead: 20 * time.Millisecond, PrefillPerToken: 50 * time.Microsecond}
+	f := startSimFleet(t, 2, lat, map[string]string{
+		"KVGATE_ROUTING_ALGORITHM": "slo-least-load-pulling",
+		"KVGATE_SLO_TTFT":          "60s",
+	})
+	f.gw.profiles.UpdateModelProfile(cache.ModelGPUProfileKey("llama", simDeployment), &cache.ModelGPUProfile{
+		Indexes: [][]float64{{1}, {1}}, Tputs: [][]float64{{4}}, E2E: [][]float64{{1}}}, true)
+	q, err := f.gw.queues.GetRouter(&types.RoutingContext{Model: "llama"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := f.gw.Picker()
+	type result struct {
+		k   *Pick
+		err *Error
+	}
+	pick := func(ctx context.Context, i int, strategy string) chan result {
+		ch := make(chan result, 1)
+		go func() {
+			k, err := p.Pick(ctx, PickRequest{Path: PathCompletions, Strategy: strategy,
+				Body: []byte(completion(simPrompt(i, 20), `,"max_tokens":40`))})
+			ch <- result{k, err}
+		}()
+		return ch
+	}
+
+	// Fill the fleet until a request waits.
+	var held []*Pick
+	var waiting chan result
+	for i := 0; waiting == nil; i++ {
+		if i > 16 {
+			t.Fatalf("%d requests were picked at once: the fleet did not fill", len(held))
+		}
+		ch := pick(context.Background(), i, "")
+		testsupport.Eventually(t, fmt.Sprintf("request %d to be picked or queued", i), func() bool { return len(ch) == 1 || q.Len() == 1 })
+		if q.Len() == 1 {
+			waiting = ch
+			continue
+		}
+		r := <-ch
+		if r.err != nil {
+			t.Fatalf("request %d: %v", i, r.err)
+		}
+		held = append(held, r.k)
+	}
+	defer func() {
+		for _, k := range held {
+			k.End()
+		}
+	}()
+
+	// A request whose front end gives up leaves the queue at once.
+	ctx, cancel := context.WithCancel(context.Background())
+	gone := pick(ctx, 100, "")
+	testsupport.Eventually(t, "a second request to wait", func() bool { return q.Len() == 2 })
+	cancel()
+	if r := <-gone; r.k != nil || r.err == nil || r.err.Status != statusClientClosed {
+		t.Fatalf("the request given up ended with %+v, want 499", r)
+	}
+	if q.Len() != 1 {
+		t.Fatalf("%d requests wait, want the first one only", q.Len())
+	}
+
+	// An algorithm that does not hold refuses, saying when to retry.
+	r := <-pick(context.Background(), 101, "slo-least-load")
+	if v, ok := r.err.RetryAfterHeader(); r.k != nil || r.err.Status != http.StatusTooManyRequests || r.err.Code != codeSLONoCapacity || !ok || v == "" {
+		t.Fatalf("slo-least-load on a full fleet: %+v, want 429 %s with a Retry-After", r, codeSLONoCapacity)
+	}
+
+	// The request waiting is picked once a request ends.
+	held[0].End()
+	held = held[1:]
+	r = <-waiting
+	if r.err != nil || r.k.Endpoint() == nil {
+		t.Fatalf("the waiting request ended with %+v, want a pod", r)
+	}
+	held = append(held, r.k)
+	for outcome, want := range map[string]float64{"cancelled": 1, "rejected": 1} {
+		if n := testsupport.MetricValue(t, f.gw.registry, "kvgate_slo_requests_total", map[string]string{"outcome": outcome}); n != want {
+			t.Errorf("%s requests %v, want %v", outcome, n, want)
+		}
+	}
+}
