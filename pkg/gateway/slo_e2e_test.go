@@ -142,12 +142,12 @@ func (o *openedOrder) list() []int {
 	return append([]int(nil), o.ids...)
 }
 
-func TestSLOQueueAdmitsABurstAsCapacityFreesInDeadlineOrderAndLetsDisconnectsGo(t *testing.T) {
-	// The deployment's GPU profile gives each request a quarter of a pod:
-	// the two engines serve eight at once. Twenty-four requests, sent one
-	// after the other, exceed that: the rest wait in the gateway and are
-	// sent as requests complete, earliest deadline (here, earliest arrival)
-	// first, well within their 60 s objective.
+// startQuarterPodFleet runs two engines under slo-least-load-pulling with a
+// 60 s objective, and a GPU profile that gives each request a quarter of a
+// pod: the fleet serves eight at once. It returns the fleet and its
+// model's queue.
+func startQuarterPodFleet(t *testing.T) (*testFleet, *slo.QueueRouter) {
+	t.Helper()
 	lat := sim.LatencyModel{StepOverhead: 20 * time.Millisecond, PrefillPerToken: 50 * time.Microsecond}
 	f := startSimFleet(t, 2, lat, map[string]string{
 		"KVGATE_ROUTING_ALGORITHM": "slo-least-load-pulling",
@@ -155,12 +155,21 @@ func TestSLOQueueAdmitsABurstAsCapacityFreesInDeadlineOrderAndLetsDisconnectsGo(
 	})
 	f.gw.profiles.UpdateModelProfile(cache.ModelGPUProfileKey("llama", simDeployment), &cache.ModelGPUProfile{
 		Indexes: [][]float64{{1}, {1}}, Tputs: [][]float64{{4}}, E2E: [][]float64{{1}}}, true)
-	var order openedOrder
-	f.gw.ledger.Observe(order.observer())
 	q, err := f.gw.queues.GetRouter(&types.RoutingContext{Model: "llama"})
 	if err != nil {
 		t.Fatal(err)
 	}
+	return f, q
+}
+
+func TestSLOQueueAdmitsABurstAsCapacityFreesInDeadlineOrderAndLetsDisconnectsGo(t *testing.T) {
+	// Twenty-four requests, sent one after the other, exceed the eight the
+	// fleet serves at once: the rest wait in the gateway and are sent as
+	// requests complete, earliest deadline (here, earliest arrival) first,
+	// well within their 60 s objective.
+	f, q := startQuarterPodFleet(t)
+	var order openedOrder
+	f.gw.ledger.Observe(order.observer())
 
 	const n = 24
 	const cancelled = 20 // this request's client goes away while it waits
@@ -442,19 +451,8 @@ func TestAModelLeavingTheFleetDropsItsQueueAndPredictor(t *testing.T) {
 }
 
 func TestThePickerHoldsSLORequestsInTheModelsQueue(t *testing.T) {
-	// As in the burst above, each request takes a quarter of a pod: the two
-	// engines take eight at once, picked by a front end such as ext_proc.
-	lat := sim.LatencyModel{StepOverhead: 20 * time.Millisecond, PrefillPerToken: 50 * time.Microsecond}
-	f := startSimFleet(t, 2, lat, map[string]string{
-		"KVGATE_ROUTING_ALGORITHM": "slo-least-load-pulling",
-		"KVGATE_SLO_TTFT":          "60s",
-	})
-	f.gw.profiles.UpdateModelProfile(cache.ModelGPUProfileKey("llama", simDeployment), &cache.ModelGPUProfile{
-		Indexes: [][]float64{{1}, {1}}, Tputs: [][]float64{{4}}, E2E: [][]float64{{1}}}, true)
-	q, err := f.gw.queues.GetRouter(&types.RoutingContext{Model: "llama"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	// Requests picked by a front end such as ext_proc, eight at most at once.
+	f, q := startQuarterPodFleet(t)
 	p := f.gw.Picker()
 	type result struct {
 		k   *Pick
