@@ -39,7 +39,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"model", "code", "algorithm"}),
 		decision: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "kvgate_extproc_decision_seconds",
-			Help:    "Time from a request's last message (its body complete) to its endpoint answer: decoding, tokenization, routing and recording.",
+			Help:    "Time from a request's last message (its body complete) to its endpoint answer: decoding, tokenization, routing (with any wait in its model's SLO queue) and recording.",
 			Buckets: prometheus.ExponentialBuckets(0.00001, 2, 20), // 10 us to 5 s
 		}),
 		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{
