@@ -6,6 +6,7 @@ import (
 
 	"github.com/kvgate/kvgate/pkg/kvevent"
 	"github.com/kvgate/kvgate/pkg/kvevent/internal/kvtest"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // testClientConfig follows the publisher on ports with short timers.
@@ -31,4 +32,16 @@ func startClient(t testing.TB, cfg *ZMQClientConfig, h kvevent.EventHandler) *ZM
 	}
 	t.Cleanup(c.Close)
 	return c
+}
+
+// newTestMetrics returns the client metrics registered on a registry of
+// their own.
+func newTestMetrics(t testing.TB) (*prometheus.Registry, *KVCacheMetrics) {
+	t.Helper()
+	reg := prometheus.NewPedanticRegistry()
+	m, err := NewKVCacheMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return reg, m
 }

@@ -9,8 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/kvevent"
 	"github.com/kvgate/kvgate/pkg/kvevent/internal/kvtest"
@@ -219,11 +217,7 @@ func TestClientCutsShortAReplayThatAnswersForever(t *testing.T) {
 				}
 			})
 			eng.Buffer(0, kvtest.Payload(t, 1, 0))
-			reg := prometheus.NewPedanticRegistry()
-			metrics, err := NewKVCacheMetrics(reg)
-			if err != nil {
-				t.Fatal(err)
-			}
+			reg, metrics := newTestMetrics(t)
 			cfg := testClientConfig(ports)
 			cfg.Metrics = metrics
 			tc.adjust(cfg)
@@ -308,11 +302,7 @@ func TestClientDisconnectsAnEngineThatFloodsIt(t *testing.T) {
 	t.Parallel()
 	ports := kvtest.NewPorts(t)
 	eng := kvtest.NewEngine(t, ports)
-	reg := prometheus.NewPedanticRegistry()
-	metrics, err := NewKVCacheMetrics(reg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	reg, metrics := newTestMetrics(t)
 	h := &slowHandler{pause: 5 * time.Millisecond}
 	cfg := testClientConfig(ports)
 	cfg.Metrics = metrics
@@ -357,11 +347,7 @@ func TestClientDropsABatchThatWouldDecodeBeyondItsBudget(t *testing.T) {
 	if _, err := kvevent.DecodeEventBatch(payload); !errors.Is(err, kvevent.ErrBatchTooLarge) {
 		t.Fatalf("the expanding payload decodes with error %v, want ErrBatchTooLarge", err)
 	}
-	reg := prometheus.NewPedanticRegistry()
-	metrics, err := NewKVCacheMetrics(reg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	reg, metrics := newTestMetrics(t)
 	ports := kvtest.NewPorts(t)
 	pub := kvtest.NewPublisher(t, ports, nil)
 	cfg := testClientConfig(ports)

@@ -4,19 +4,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/kvevent/internal/kvtest"
 )
 
 func TestClientExportsItsMetrics(t *testing.T) {
 	t.Parallel()
-	reg := prometheus.NewPedanticRegistry()
-	metrics, err := NewKVCacheMetrics(reg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	reg, metrics := newTestMetrics(t)
 	ports := kvtest.NewPorts(t)
 	pub := kvtest.NewPublisher(t, ports, nil)
 	kvtest.Publish(t, pub, 1, 0, 4)

@@ -6,7 +6,6 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/kvevent/internal/kvtest"
@@ -30,11 +29,7 @@ func TestClientReportsLiveMessagesItsTopicFiltersOut(t *testing.T) {
 			pub := kvtest.NewPublisher(t, ports, func(c *publisher.PublisherConfig) {
 				c.Topic, c.ReplayLayout = "kv-events", tc.layout
 			})
-			reg := prometheus.NewPedanticRegistry()
-			metrics, err := NewKVCacheMetrics(reg)
-			if err != nil {
-				t.Fatal(err)
-			}
+			reg, metrics := newTestMetrics(t)
 			logs := &kvtest.LogLines{}
 			cfg := testClientConfig(ports)
 			cfg.Topic, cfg.Metrics, cfg.Logger = "other", metrics, funcr.New(logs.Add, funcr.Options{})

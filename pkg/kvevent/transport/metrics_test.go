@@ -63,11 +63,7 @@ func testObserver(pod string, dpRank int, metrics *KVCacheMetrics) *observer {
 
 func TestKVCacheMetricsRegisterTwiceOnOneRegistryShareSeries(t *testing.T) {
 	t.Parallel()
-	reg := prometheus.NewPedanticRegistry()
-	m1, err := NewKVCacheMetrics(reg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	reg, m1 := newTestMetrics(t)
 	m2, err := NewKVCacheMetrics(reg)
 	if err != nil {
 		t.Fatalf("second registration: %v", err)
@@ -120,11 +116,7 @@ func observeEverything(o *observer) {
 
 func TestObserverRecordsStatsAndMetricsOnceEachAndDeletes(t *testing.T) {
 	t.Parallel()
-	reg := prometheus.NewPedanticRegistry()
-	m, err := NewKVCacheMetrics(reg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	reg, m := newTestMetrics(t)
 	a, b := testObserver("ns/a", 1, m), testObserver("ns/b", 0, m)
 	observeEverything(a)
 	b.replayRequested(0, "tcp://127.0.0.1:2")
