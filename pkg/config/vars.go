@@ -51,6 +51,21 @@ var (
 			"KVGATE_MAX_REQUEST_BODY_BYTES.",
 		Flag: "max-held-request-bytes",
 	}
+	MaxClientConnections = Var{
+		Name:    "KVGATE_MAX_CLIENT_CONNECTIONS",
+		Default: "10000",
+		Section: SectionGateway,
+		Doc: "Most client connections the API listener (KVGATE_LISTEN_ADDRESS) holds open at once. At the bound the " +
+			"gateway accepts no more until one closes: new connections wait in the kernel's listen backlog " +
+			"(net.core.somaxconn) and their clients for the connection's first answer; beyond the backlog the " +
+			"kernel drops connection attempts, which clients retry for seconds before they time out. Each time " +
+			"the bound is reached is counted in kvgate_gateway_client_connection_limit_waits_total. An idle " +
+			"keep-alive connection costs the gateway about 27 KB of memory (its read and write buffers and its " +
+			"goroutine's stack: 270 MB at the default); one reading or answering a request holds that request's " +
+			"buffers besides. The admin listener (KVGATE_ADMIN_LISTEN_ADDRESS), for " +
+			"operators, has no bound. At least 1.",
+		Flag: "max-client-connections",
+	}
 	ShutdownTimeout = Var{
 		Name:    "KVGATE_SHUTDOWN_TIMEOUT",
 		Default: "30",
@@ -443,6 +458,7 @@ var Vars = []Var{
 	AdminListenAddress,
 	MaxRequestBodyBytes,
 	MaxHeldRequestBytes,
+	MaxClientConnections,
 	ShutdownTimeout,
 	ShutdownDelay,
 	RequestBodyTimeout,

@@ -28,7 +28,10 @@ const (
 	DefaultMaxRequestBodyBytes = 16 << 20
 	// DefaultMaxHeldRequestBytes bounds the request bytes held at once.
 	DefaultMaxHeldRequestBytes = 256 << 20
-	DefaultShutdownTimeout     = 30 * time.Second
+	// DefaultMaxClientConnections bounds the client connections the API
+	// listener holds open at once.
+	DefaultMaxClientConnections = 10000
+	DefaultShutdownTimeout      = 30 * time.Second
 	// DefaultRequestBodyTimeout bounds reading a request's body.
 	DefaultRequestBodyTimeout = 30 * time.Second
 	// DefaultClientWriteTimeout bounds each write to a client.
@@ -87,6 +90,12 @@ type Config struct {
 	// over every request; one that would pass it is refused with 503
 	// (KVGATE_MAX_HELD_REQUEST_BYTES, DefaultMaxHeldRequestBytes when 0).
 	MaxHeldRequestBytes int64
+	// MaxClientConnections bounds the client connections the API listener
+	// holds open at once: at the bound, Serve accepts no more until one
+	// closes, and the others wait in the kernel's listen backlog
+	// (KVGATE_MAX_CLIENT_CONNECTIONS, DefaultMaxClientConnections when 0).
+	// The admin listener has no bound.
+	MaxClientConnections int
 	// ClientWriteTimeout bounds each write to a client of the API
 	// listener: a client that reads nothing for this long has its
 	// connection closed and its request ended
@@ -204,6 +213,7 @@ func LoadConfig(e *config.Env) Config {
 		AdminListenAddress:        e.String(config.AdminListenAddress),
 		MaxRequestBodyBytes:       int64(e.Int(config.MaxRequestBodyBytes, 1)),
 		MaxHeldRequestBytes:       int64(e.Int(config.MaxHeldRequestBytes, 1)),
+		MaxClientConnections:      e.Int(config.MaxClientConnections, 1),
 		ShutdownDelay:             e.DurationOrZero(config.ShutdownDelay, time.Second),
 		ShutdownTimeout:           e.Duration(config.ShutdownTimeout, time.Second),
 		RequestBodyTimeout:        e.Duration(config.RequestBodyTimeout, time.Second),

@@ -32,7 +32,7 @@ func TestLoadConfigDefaults(t *testing.T) {
 		cfg.Routing.DefaultAlgorithm != "kv-aware" || cfg.Routing.MinFleetQueue != 0.5 || cfg.RequestTTL != time.Hour ||
 		cfg.Cache.PodMetricRefreshInterval != 50*time.Millisecond || cfg.Cache.AdapterRefreshInterval != 10*time.Second ||
 		cfg.MaxHeldRequestBytes != 256<<20 || cfg.ClientWriteTimeout != time.Minute ||
-		cfg.Cache.MaxAdaptersPerPod != 256 {
+		cfg.Cache.MaxAdaptersPerPod != 256 || cfg.MaxClientConnections != 10000 {
 		t.Errorf("defaults: %+v", cfg)
 	}
 	if cfg.Redis.RequestTraces || cfg.Redis.GPUProfiles || cfg.Redis.SharedCounts {
@@ -73,6 +73,17 @@ func TestNewRefusesToHoldLessThanTheLargestBody(t *testing.T) {
 	cfg := Config{MaxRequestBodyBytes: 1 << 20, MaxHeldRequestBytes: 1 << 19}
 	if _, err := New(cfg); err == nil || !strings.Contains(err.Error(), "largest request body") {
 		t.Errorf("New with %d bytes held and bodies of %d: %v, want an error", cfg.MaxHeldRequestBytes, cfg.MaxRequestBodyBytes, err)
+	}
+}
+
+func TestNewRefusesToHoldNoClientConnection(t *testing.T) {
+	cfg := Config{MaxClientConnections: -1}
+	if _, err := New(cfg); err == nil || !strings.Contains(err.Error(), "client connections") {
+		t.Errorf("New with %d client connections: %v, want an error", cfg.MaxClientConnections, err)
+	}
+	e := envOf(map[string]string{"KVGATE_MAX_CLIENT_CONNECTIONS": "0"})
+	if LoadConfig(e); e.Err() == nil || !strings.Contains(e.Err().Error(), "KVGATE_MAX_CLIENT_CONNECTIONS") {
+		t.Errorf("client connections set to 0: %v, want an error naming the variable", e.Err())
 	}
 }
 

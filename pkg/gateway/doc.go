@@ -98,6 +98,12 @@
 // A client that reads nothing is treated as gone once a write to it blocks
 // for Config.ClientWriteTimeout: its connection is closed and counted in
 // kvgate_gateway_client_write_timeouts_total.
+// The API listener holds at most Config.MaxClientConnections client
+// connections open: at the bound it accepts none until one closes, new
+// connections waiting in the kernel's listen backlog, and counts the wait
+// in kvgate_gateway_client_connection_limit_waits_total;
+// kvgate_gateway_client_connections is how many it holds. The admin
+// listener has no bound.
 //
 // # Server-Timing
 //

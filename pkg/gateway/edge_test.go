@@ -4,10 +4,12 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -632,5 +634,111 @@ func TestRequestBytesHeldAtOnceAreBounded(t *testing.T) {
 	})
 	if resp, data := postBounded(t, f.url+"/v1/completions", whole); resp.StatusCode != http.StatusOK {
 		t.Errorf("after the others ended: %d %s, want 200", resp.StatusCode, data)
+	}
+}
+
+// TestClientConnectionsHeldAtOnceAreBounded: with the API listener holding
+// as many client connections as it may, the next client's connection
+// waits unanswered, the wait counted, until one of them closes; then it is
+// served.
+func TestClientConnectionsHeldAtOnceAreBounded(t *testing.T) {
+	const most = 4
+	f := startFleet(t, []string{"a"}, fleetOptions{env: map[string]string{
+		"KVGATE_MAX_CLIENT_CONNECTIONS": strconv.Itoa(most),
+		// The metrics are read there: the API listener has no connection
+		// to spare.
+		"KVGATE_ADMIN_LISTEN_ADDRESS": fmt.Sprintf("127.0.0.1:%d", testsupport.FreePorts(t, 1)[0])}})
+	http.DefaultClient.CloseIdleConnections() // the readiness checks' connection
+	addr := strings.TrimPrefix(f.url, "http://")
+	body := completion("hi", "")
+	request := fmt.Sprintf("POST /v1/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
+		len(body), body)
+	send := func() (net.Conn, *bufio.Reader) {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		if _, err := io.WriteString(c, request); err != nil {
+			t.Fatal(err)
+		}
+		return c, bufio.NewReader(c)
+	}
+	answered := func(c net.Conn, r *bufio.Reader, within time.Duration) (*http.Response, error) {
+		_ = c.SetReadDeadline(time.Now().Add(within))
+		resp, err := http.ReadResponse(r, nil)
+		if err == nil {
+			_, err = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+		return resp, err
+	}
+	connections := func(want float64) {
+		t.Helper()
+		testsupport.EventuallyWhy(t, fmt.Sprintf("%v client connections to be counted open", want), func() (string, bool) {
+			n := f.metric("kvgate_gateway_client_connections")
+			return fmt.Sprint(n), n == want
+		})
+	}
+	// Each held connection was answered and stays open, idle.
+	held := make([]net.Conn, most)
+	for i := range held {
+		c, r := send()
+		if resp, err := answered(c, r, testsupport.WaitTimeout); err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("held connection %d: %v, %v; want 200", i, resp, err)
+		}
+		held[i] = c
+	}
+	connections(most)
+	next, r := send()
+	testsupport.EventuallyWhy(t, "the listener to wait at the bound", func() (string, bool) {
+		n := f.metric("kvgate_gateway_client_connection_limit_waits_total")
+		return fmt.Sprint(n), n >= 1
+	})
+	if resp, err := answered(next, r, 300*time.Millisecond); err == nil {
+		t.Fatalf("a connection beyond the bound was answered %d while %d others were held", resp.StatusCode, most)
+	} else if !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("a connection beyond the bound: %v, want no answer yet", err)
+	}
+	connections(most)
+	_ = held[0].Close()
+	if resp, err := answered(next, r, testsupport.WaitTimeout); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("once a held connection closed, the waiting one got %v, %v; want 200", resp, err)
+	}
+	connections(most)
+	for _, c := range append(held[1:], next) {
+		_ = c.Close()
+	}
+	connections(0)
+}
+
+// TestShutdownEndsTheWaitForAConnectionSlot: a gateway holding as many
+// client connections as it may, its listener waiting for one to close,
+// shuts down, through leanhttp and net/http alike.
+func TestShutdownEndsTheWaitForAConnectionSlot(t *testing.T) {
+	for _, disableProxy := range []bool{false, true} {
+		t.Run(fmt.Sprintf("DisableProxy=%v", disableProxy), func(t *testing.T) {
+			f := startFleet(t, []string{"a"}, fleetOptions{
+				env: map[string]string{"KVGATE_MAX_CLIENT_CONNECTIONS": "1",
+					"KVGATE_ADMIN_LISTEN_ADDRESS": fmt.Sprintf("127.0.0.1:%d", testsupport.FreePorts(t, 1)[0])},
+				configure: func(c *Config) { c.DisableProxy = disableProxy }})
+			http.DefaultClient.CloseIdleConnections() // the readiness checks' connection
+			held := &http.Client{Timeout: testsupport.WaitTimeout, Transport: &http.Transport{}}
+			defer held.CloseIdleConnections()
+			if resp, err := held.Get(f.url + "/healthz"); err != nil || resp.StatusCode != http.StatusOK {
+				t.Fatalf("GET /healthz: %v, %v; want 200", resp, err)
+			} else {
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+			testsupport.EventuallyWhy(t, "the listener to wait at the bound", func() (string, bool) {
+				n := f.metric("kvgate_gateway_client_connection_limit_waits_total")
+				return fmt.Sprint(n), n >= 1
+			})
+			// stop fails the test when Serve does not return.
+			if err := f.stop(); err != nil {
+				t.Errorf("Serve: %v", err)
+			}
+		})
 	}
 }

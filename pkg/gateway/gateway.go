@@ -99,6 +99,9 @@ type Gateway struct {
 
 	// matchSlots holds a token per /debug/match request being served.
 	matchSlots chan struct{}
+	// connSlots holds a token per client connection the API listener
+	// holds open (Config.MaxClientConnections).
+	connSlots chan struct{}
 
 	idPrefix     string
 	nextID       atomic.Uint64
@@ -126,8 +129,13 @@ func New(cfg Config) (*Gateway, error) {
 		return nil, fmt.Errorf("gateway: the request bytes held at once (%d) must be at least the largest request body (%d)",
 			cfg.MaxHeldRequestBytes, cfg.MaxRequestBodyBytes)
 	}
+	if cfg.MaxClientConnections < 1 {
+		return nil, fmt.Errorf("gateway: the client connections held open at once (%d) must be at least 1",
+			cfg.MaxClientConnections)
+	}
 	g := &Gateway{cfg: cfg, log: cfg.Logger.WithName("gateway"), registry: prometheus.NewRegistry(), started: time.Now(),
-		matchSlots: make(chan struct{}, maxConcurrentMatches), bodies: bodyBudget{limit: cfg.MaxHeldRequestBytes}}
+		matchSlots: make(chan struct{}, maxConcurrentMatches), bodies: bodyBudget{limit: cfg.MaxHeldRequestBytes},
+		connSlots: make(chan struct{}, cfg.MaxClientConnections)}
 	g.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	var err error
 	if g.tokenURL, err = parseTokenizerTemplate(cfg.TokenizerEndpointTemplate); err != nil {
@@ -174,6 +182,7 @@ func New(cfg Config) (*Gateway, error) {
 func (c Config) withDefaults() Config {
 	c.MaxRequestBodyBytes = cmp.Or(c.MaxRequestBodyBytes, DefaultMaxRequestBodyBytes)
 	c.MaxHeldRequestBytes = cmp.Or(c.MaxHeldRequestBytes, DefaultMaxHeldRequestBytes)
+	c.MaxClientConnections = cmp.Or(c.MaxClientConnections, DefaultMaxClientConnections)
 	c.ShutdownTimeout = cmp.Or(c.ShutdownTimeout, DefaultShutdownTimeout)
 	c.RequestBodyTimeout = cmp.Or(c.RequestBodyTimeout, DefaultRequestBodyTimeout)
 	c.ClientWriteTimeout = cmp.Or(c.ClientWriteTimeout, DefaultClientWriteTimeout)

@@ -22,6 +22,8 @@ type metrics struct {
 	usageMissing  prometheus.Counter
 	bodyTimeouts  prometheus.Counter
 	writeTimeouts prometheus.Counter
+	connWaits     prometheus.Counter
+	conns         prometheus.Gauge
 	heldRefusals  prometheus.Counter
 	heldBytes     prometheus.GaugeFunc
 	matchRefusals *prometheus.CounterVec
@@ -98,6 +100,15 @@ func newMetrics(reg prometheus.Registerer, bodies *bodyBudget) (*metrics, error)
 			Name: "kvgate_gateway_client_write_timeouts_total",
 			Help: "Client connections closed because a write to them blocked for KVGATE_CLIENT_WRITE_TIMEOUT: the client read nothing of its response.",
 		}),
+		connWaits: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvgate_gateway_client_connection_limit_waits_total",
+			Help: "Times the API listener held KVGATE_MAX_CLIENT_CONNECTIONS client connections open and stopped " +
+				"accepting until one closed; meanwhile new connections wait in the kernel's listen backlog.",
+		}),
+		conns: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kvgate_gateway_client_connections",
+			Help: "Client connections the API listener holds open, at most KVGATE_MAX_CLIENT_CONNECTIONS.",
+		}),
 		heldRefusals: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kvgate_gateway_held_request_bytes_refusals_total",
 			Help: "Requests refused with 503 gateway_overloaded because their body would pass KVGATE_MAX_HELD_REQUEST_BYTES, the request bytes the gateway holds at once.",
@@ -139,7 +150,8 @@ func newMetrics(reg prometheus.Registerer, bodies *bodyBudget) (*metrics, error)
 		return m, nil
 	}
 	for _, c := range []prometheus.Collector{m.requests, m.duration, m.overhead, m.ttft, m.inFlight,
-		m.retries, m.upstreamFails, m.tokenizeFails, m.usageMissing, m.bodyTimeouts, m.writeTimeouts, m.heldRefusals, m.heldBytes, m.matchRefusals, m.phaseVec} {
+		m.retries, m.upstreamFails, m.tokenizeFails, m.usageMissing, m.bodyTimeouts, m.writeTimeouts,
+		m.connWaits, m.conns, m.heldRefusals, m.heldBytes, m.matchRefusals, m.phaseVec} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register gateway metrics: %w", err)
 		}

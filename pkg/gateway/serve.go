@@ -236,9 +236,10 @@ func (g *Gateway) startServers(ln net.Listener) (servers []httpServer, served <-
 		var server httpServer = srv
 		if i == 0 {
 			// The API's connections tell the handlers when a request's
-			// first byte was read.
+			// first byte was read; the listener holds at most
+			// MaxClientConnections of them open.
 			srv.ConnContext = withConn
-			l = timedListener{Listener: l, writeTimeout: g.cfg.ClientWriteTimeout, writeTimeouts: g.metrics.writeTimeouts}
+			l = newTimedListener(l, g.cfg.ClientWriteTimeout, g.connSlots, g.metrics)
 			if !g.cfg.DisableProxy {
 				server = &leanhttp.Server{HTTP: srv, Hot: []string{
 					http.MethodPost + " " + PathCompletions, http.MethodPost + " " + PathChatCompletions}}

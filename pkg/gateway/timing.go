@@ -8,10 +8,9 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
 )
 
 // phase is a part of the gateway's time on a request. The parts follow
@@ -117,20 +116,51 @@ type connKey struct{}
 // timedListener accepts connections that remember when the first byte of
 // their current request was read, for the gateway's Server-Timing and
 // phase metrics to start there rather than when net/http runs the
-// handler, and that bound each write by writeTimeout, counting in
-// writeTimeouts the connections it closed.
+// handler, and that bound each write by writeTimeout, counting the
+// connections it closed.
+//
+// It holds at most cap(slots) connections open: Accept takes a slot
+// before accepting, the connection gives it back when closed. At the
+// bound, Accept waits for a slot, counting the wait, and leaves the
+// connections to accept in the kernel's listen backlog; Close ends the
+// wait.
 type timedListener struct {
 	net.Listener
-	writeTimeout  time.Duration
-	writeTimeouts prometheus.Counter
+	writeTimeout time.Duration
+	metrics      *metrics
+	slots        chan struct{}
+	closed       chan struct{}
+	closeOnce    sync.Once
 }
 
-func (l timedListener) Accept() (net.Conn, error) {
+func newTimedListener(ln net.Listener, writeTimeout time.Duration, slots chan struct{}, m *metrics) *timedListener {
+	return &timedListener{Listener: ln, writeTimeout: writeTimeout, metrics: m, slots: slots, closed: make(chan struct{})}
+}
+
+func (l *timedListener) Accept() (net.Conn, error) {
+	select {
+	case l.slots <- struct{}{}:
+	default:
+		l.metrics.connWaits.Inc()
+		select {
+		case l.slots <- struct{}{}:
+		case <-l.closed:
+			return nil, net.ErrClosed
+		}
+	}
 	c, err := l.Listener.Accept()
 	if err != nil {
+		<-l.slots
 		return nil, err
 	}
-	return &timedConn{Conn: c, writeTimeout: l.writeTimeout, writeTimeouts: l.writeTimeouts}, nil
+	l.metrics.conns.Inc()
+	return &timedConn{Conn: c, l: l}, nil
+}
+
+// Close closes the listener and ends Accept's wait for a slot.
+func (l *timedListener) Close() error {
+	l.closeOnce.Do(func() { close(l.closed) })
+	return l.Listener.Close()
 }
 
 // withConn is the http.Server.ConnContext that hands a request its
@@ -152,12 +182,24 @@ type timedConn struct {
 	net.Conn
 	// first is the time of that read in Unix nanoseconds, 0 when none
 	// returned bytes since.
-	first         atomic.Int64
-	writeTimeout  time.Duration
-	writeTimeouts prometheus.Counter
+	first atomic.Int64
+	l     *timedListener
 	// timedOut is set once a write met the timeout: the connection is
 	// closed and every later write fails.
 	timedOut atomic.Bool
+	// closed is set by the first Close, which gives the connection's slot
+	// back.
+	closed atomic.Bool
+}
+
+// Close closes the connection and, the first time, gives its slot back.
+func (c *timedConn) Close() error {
+	err := c.Conn.Close()
+	if !c.closed.Swap(true) {
+		c.l.metrics.conns.Dec()
+		<-c.l.slots
+	}
+	return err
 }
 
 // Write writes p within the write timeout.
@@ -165,14 +207,14 @@ func (c *timedConn) Write(p []byte) (int, error) {
 	if c.timedOut.Load() {
 		return 0, c.writeTimeoutError()
 	}
-	if err := c.Conn.SetWriteDeadline(time.Now().Add(c.writeTimeout)); err != nil {
+	if err := c.Conn.SetWriteDeadline(time.Now().Add(c.l.writeTimeout)); err != nil {
 		return 0, err
 	}
 	n, err := c.Conn.Write(p)
 	if errors.Is(err, os.ErrDeadlineExceeded) {
 		if !c.timedOut.Swap(true) {
-			c.writeTimeouts.Inc()
-			_ = c.Conn.Close()
+			c.l.metrics.writeTimeouts.Inc()
+			_ = c.Close()
 		}
 		return n, c.writeTimeoutError()
 	}
@@ -180,7 +222,7 @@ func (c *timedConn) Write(p []byte) (int, error) {
 }
 
 func (c *timedConn) writeTimeoutError() error {
-	return fmt.Errorf("the client read nothing for %v: %w", c.writeTimeout, os.ErrDeadlineExceeded)
+	return fmt.Errorf("the client read nothing for %v: %w", c.l.writeTimeout, os.ErrDeadlineExceeded)
 }
 
 func (c *timedConn) Read(p []byte) (int, error) {
