@@ -90,10 +90,25 @@ func TestParseStatReadsUserAndSystemTime(t *testing.T) {
 	if parentOf(stat) != 1 {
 		t.Errorf("parentOf = %d, want 1", parentOf(stat))
 	}
-	if own, err := cpuTime(os.Getpid()); err != nil || own <= 0 {
-		t.Errorf("cpuTime(self) = %v, %v", own, err)
+	// The kernel counts CPU time in clock ticks: spin until this process
+	// has used one.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		own, err := cpuTime(os.Getpid())
+		if err != nil || own < 0 || (own == 0 && time.Now().After(deadline)) {
+			t.Fatalf("cpuTime(self) = %v, %v", own, err)
+		}
+		if own > 0 {
+			break
+		}
+		for i := 0; i < 1e6; i++ {
+			spin += i
+		}
 	}
 }
+
+// spin keeps the loop above from being optimized away.
+var spin int
 
 func TestMediansAndAddedLatencyComeFromTheSameRound(t *testing.T) {
 	var r results
