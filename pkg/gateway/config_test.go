@@ -31,7 +31,7 @@ func TestLoadConfigDefaults(t *testing.T) {
 		!cfg.RemoteTokenizer || cfg.TokenizerEndpointTemplate != "http://%s:8000" || cfg.Tokenizer.Timeout != 5*time.Second ||
 		cfg.Routing.DefaultAlgorithm != "kv-aware" || cfg.Routing.MinFleetQueue != 0.5 || cfg.RequestTTL != time.Hour ||
 		cfg.Cache.PodMetricRefreshInterval != 50*time.Millisecond || cfg.Cache.AdapterRefreshInterval != 10*time.Second ||
-		cfg.MaxHeldRequestBytes != 256<<20 || cfg.ClientWriteTimeout != time.Minute ||
+		cfg.MaxHeldRequestBytes != 256<<20 || cfg.ClientWriteTimeout != time.Minute || cfg.ResponseTimeout != time.Hour ||
 		cfg.Cache.MaxAdaptersPerPod != 256 {
 		t.Errorf("defaults: %+v", cfg)
 	}
@@ -73,6 +73,22 @@ func TestNewRefusesToHoldLessThanTheLargestBody(t *testing.T) {
 	cfg := Config{MaxRequestBodyBytes: 1 << 20, MaxHeldRequestBytes: 1 << 19}
 	if _, err := New(cfg); err == nil || !strings.Contains(err.Error(), "largest request body") {
 		t.Errorf("New with %d bytes held and bodies of %d: %v, want an error", cfg.MaxHeldRequestBytes, cfg.MaxRequestBodyBytes, err)
+	}
+}
+
+func TestNewRefusesAResponseTimeoutBelowTheFirstByteTimeout(t *testing.T) {
+	cfg := Config{FirstByteTimeout: 10 * time.Minute, ResponseTimeout: time.Minute}
+	_, err := New(cfg)
+	if err == nil || !strings.Contains(err.Error(), "KVGATE_UPSTREAM_RESPONSE_TIMEOUT") ||
+		!strings.Contains(err.Error(), "KVGATE_UPSTREAM_FIRST_BYTE_TIMEOUT") {
+		t.Errorf("New with a response timeout of %v and a first-byte timeout of %v: %v, want an error naming both",
+			cfg.ResponseTimeout, cfg.FirstByteTimeout, err)
+	}
+	e := envOf(map[string]string{"KVGATE_UPSTREAM_FIRST_BYTE_TIMEOUT": "90s", "KVGATE_UPSTREAM_RESPONSE_TIMEOUT": "1m"})
+	if cfg := LoadConfig(e); e.Err() != nil || cfg.ResponseTimeout != time.Minute {
+		t.Fatalf("LoadConfig: %v, %v", cfg.ResponseTimeout, e.Err())
+	} else if _, err := New(cfg); err == nil {
+		t.Error("New with the response timeout below the first-byte timeout from the environment: no error")
 	}
 }
 

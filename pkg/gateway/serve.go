@@ -238,7 +238,8 @@ func (g *Gateway) startServers(ln net.Listener) (servers []httpServer, served <-
 			// The API's connections tell the handlers when a request's
 			// first byte was read.
 			srv.ConnContext = withConn
-			l = timedListener{Listener: l, writeTimeout: g.cfg.ClientWriteTimeout, writeTimeouts: g.metrics.writeTimeouts}
+			l = timedListener{Listener: l, writeTimeout: g.cfg.ClientWriteTimeout, writeTimeouts: g.metrics.writeTimeouts,
+				responseTimeouts: g.metrics.upstreamFails.WithLabelValues(failResponseTimeout)}
 			if !g.cfg.DisableProxy {
 				server = &leanhttp.Server{HTTP: srv, Hot: []string{
 					http.MethodPost + " " + PathCompletions, http.MethodPost + " " + PathChatCompletions}}
