@@ -137,6 +137,17 @@ var (
 			"error event and a cut connection otherwise.",
 		Flag: "upstream-idle-timeout",
 	}
+	UpstreamResponseTimeout = Var{
+		Name:    "KVGATE_UPSTREAM_RESPONSE_TIMEOUT",
+		Default: "3600",
+		Section: SectionGateway,
+		Doc: "Longest time a response may take, from the request sent to a pod to the last byte written to the " +
+			"client, in seconds or with a unit (\"30m\"), however steadily the engine sends and the client reads; " +
+			"beyond it the response fails and the pod's connection is closed, which cancels the generation: 504 " +
+			"upstream_timeout when nothing was relayed yet, an error event and a cut connection otherwise. At least " +
+			"KVGATE_UPSTREAM_FIRST_BYTE_TIMEOUT.",
+		Flag: "upstream-response-timeout",
+	}
 	MaxStreamEventBytes = Var{
 		Name:    "KVGATE_MAX_STREAM_EVENT_BYTES",
 		Default: "1048576",
@@ -466,6 +477,7 @@ var Vars = []Var{
 	UpstreamConnectTimeout,
 	UpstreamFirstByteTimeout,
 	UpstreamIdleTimeout,
+	UpstreamResponseTimeout,
 	MaxStreamEventBytes,
 	RequestTTL,
 	ExtProcListenAddress,

@@ -47,6 +47,9 @@ const (
 	// DefaultUpstreamIdleTimeout bounds each wait for more of a response's
 	// body, the next event of a stream among them.
 	DefaultUpstreamIdleTimeout = 5 * time.Minute
+	// DefaultResponseTimeout bounds a whole response, from the request
+	// sent to a pod to the last byte written to the client.
+	DefaultResponseTimeout = time.Hour
 	// DefaultMaxStreamEventBytes bounds one server-sent event of a pod's
 	// stream.
 	DefaultMaxStreamEventBytes = 1 << 20
@@ -113,6 +116,13 @@ type Config struct {
 	// beyond it the response fails, with 504 when nothing was relayed yet
 	// (KVGATE_UPSTREAM_IDLE_TIMEOUT, DefaultUpstreamIdleTimeout when 0).
 	UpstreamIdleTimeout time.Duration
+	// ResponseTimeout bounds a whole response, from the request sent to a
+	// pod to the last byte written to the client, however steadily the pod
+	// sends and the client reads: beyond it the response fails as after
+	// UpstreamIdleTimeout, and the pod's connection is closed. It must be
+	// at least FirstByteTimeout (KVGATE_UPSTREAM_RESPONSE_TIMEOUT,
+	// DefaultResponseTimeout when 0).
+	ResponseTimeout time.Duration
 	// MaxStreamEventBytes bounds one server-sent event of a stream, which
 	// the gateway holds whole to read it; a longer one fails the response
 	// (KVGATE_MAX_STREAM_EVENT_BYTES, DefaultMaxStreamEventBytes when 0).
@@ -221,6 +231,7 @@ func LoadConfig(e *config.Env) Config {
 		DialTimeout:               e.Duration(config.UpstreamConnectTimeout, time.Second),
 		FirstByteTimeout:          e.Duration(config.UpstreamFirstByteTimeout, time.Second),
 		UpstreamIdleTimeout:       e.Duration(config.UpstreamIdleTimeout, time.Second),
+		ResponseTimeout:           e.Duration(config.UpstreamResponseTimeout, time.Second),
 		MaxStreamEventBytes:       e.Int(config.MaxStreamEventBytes, 1),
 		DisableProxy:              !e.Bool(config.ProxyEnabled),
 		Discovery:                 config.LoadDiscovery(e),

@@ -31,7 +31,7 @@ func TestLoadConfigDefaults(t *testing.T) {
 		!cfg.RemoteTokenizer || cfg.TokenizerEndpointTemplate != "http://%s:8000" || cfg.Tokenizer.Timeout != 5*time.Second ||
 		cfg.Routing.DefaultAlgorithm != "kv-aware" || cfg.Routing.MinFleetQueue != 0.5 || cfg.RequestTTL != time.Hour ||
 		cfg.Cache.PodMetricRefreshInterval != 50*time.Millisecond || cfg.Cache.AdapterRefreshInterval != 10*time.Second ||
-		cfg.MaxHeldRequestBytes != 256<<20 || cfg.ClientWriteTimeout != time.Minute ||
+		cfg.MaxHeldRequestBytes != 256<<20 || cfg.ClientWriteTimeout != time.Minute || cfg.ResponseTimeout != time.Hour ||
 		cfg.Cache.MaxAdaptersPerPod != 256 || cfg.MaxClientConnections != 10000 {
 		t.Errorf("defaults: %+v", cfg)
 	}
@@ -84,6 +84,22 @@ func TestNewRefusesToHoldNoClientConnection(t *testing.T) {
 	e := envOf(map[string]string{"KVGATE_MAX_CLIENT_CONNECTIONS": "0"})
 	if LoadConfig(e); e.Err() == nil || !strings.Contains(e.Err().Error(), "KVGATE_MAX_CLIENT_CONNECTIONS") {
 		t.Errorf("client connections set to 0: %v, want an error naming the variable", e.Err())
+	}
+}
+
+func TestNewRefusesAResponseTimeoutBelowTheFirstByteTimeout(t *testing.T) {
+	cfg := Config{FirstByteTimeout: 10 * time.Minute, ResponseTimeout: time.Minute}
+	_, err := New(cfg)
+	if err == nil || !strings.Contains(err.Error(), "KVGATE_UPSTREAM_RESPONSE_TIMEOUT") ||
+		!strings.Contains(err.Error(), "KVGATE_UPSTREAM_FIRST_BYTE_TIMEOUT") {
+		t.Errorf("New with a response timeout of %v and a first-byte timeout of %v: %v, want an error naming both",
+			cfg.ResponseTimeout, cfg.FirstByteTimeout, err)
+	}
+	e := envOf(map[string]string{"KVGATE_UPSTREAM_FIRST_BYTE_TIMEOUT": "90s", "KVGATE_UPSTREAM_RESPONSE_TIMEOUT": "1m"})
+	if cfg := LoadConfig(e); e.Err() != nil || cfg.ResponseTimeout != time.Minute {
+		t.Fatalf("LoadConfig: %v, %v", cfg.ResponseTimeout, e.Err())
+	} else if _, err := New(cfg); err == nil {
+		t.Error("New with the response timeout below the first-byte timeout from the environment: no error")
 	}
 }
 

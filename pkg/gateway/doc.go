@@ -78,14 +78,19 @@
 //     read whole (up to 4 MiB) before its headers are written, so that one
 //     the pod cuts short is answered with a 502 rather than relayed
 //     truncated; each wait for more of a body is bounded by
-//     Config.UpstreamIdleTimeout (504 when nothing was relayed yet);
+//     Config.UpstreamIdleTimeout (504 when nothing was relayed yet), and
+//     the whole response, from the request sent to the pod to its last
+//     byte written to the client, by Config.ResponseTimeout (504 when
+//     nothing was relayed yet; the pod's connection is closed, which
+//     cancels the generation);
 //  7. closes the attempt with the token usage of the response, which the
 //     request traces and the output predictor read, or without when the
 //     response reports none, and ends the request.
 //
 // A response that breaks off after its headers were written (the pod cut
-// the connection or its framing, went quiet beyond the idle timeout, or
-// sent a stream event beyond Config.MaxStreamEventBytes) reaches the client
+// the connection or its framing, went quiet beyond the idle timeout, sent
+// a stream event beyond Config.MaxStreamEventBytes, or went on beyond the
+// response timeout) reaches the client
 // broken, never as a response that ended well: a stream gets an error
 // event in OpenAI's shape ({"error": {...}}), then the connection is cut,
 // so that its chunked body never ends; the attempt is closed as failed and
@@ -97,7 +102,11 @@
 // pod's first byte) is noticed within a few milliseconds (see leanhttp).
 // A client that reads nothing is treated as gone once a write to it blocks
 // for Config.ClientWriteTimeout: its connection is closed and counted in
-// kvgate_gateway_client_write_timeouts_total.
+// kvgate_gateway_client_write_timeouts_total. No write of a response to
+// the client may pass the response timeout either, however steadily the
+// client reads (only the error telling it of a failure may, within the
+// write timeout): a client still being written to then has its connection
+// closed, and the attempt fails as response_timeout.
 // The API listener holds at most Config.MaxClientConnections client
 // connections open: at the bound it accepts none until one closes, new
 // connections waiting in the kernel's listen backlog, and counts the wait
@@ -176,7 +185,7 @@
 //	429 rate_limit_error          too_many_requests (POST /debug/match only)
 //	502 upstream_error            upstream_failed (the pod failed after the request was sent, or cut its response)
 //	503 service_unavailable_error no_ready_pod, pods_unreachable, gateway_not_ready (the pods are not known yet)
-//	504 upstream_error            upstream_timeout (no response headers, or no more of the body, in time)
+//	504 upstream_error            upstream_timeout (no response headers, no more of the body, or not the whole body, in time)
 //
 // Errors a pod answers with are relayed as the pod sent them.
 //
@@ -307,7 +316,7 @@
 //	kvgate_gateway_time_to_first_token_seconds{model}     first byte read to the first token relayed, streams
 //	kvgate_gateway_requests_in_flight                     requests being served
 //	kvgate_gateway_retries_total{reason}                  requests sent to another pod: connection_refused, dial
-//	kvgate_gateway_upstream_failures_total{reason}        connection_refused, dial, send, first_byte_timeout, body, idle_timeout, oversized_event
+//	kvgate_gateway_upstream_failures_total{reason}        connection_refused, dial, send, first_byte_timeout, body, idle_timeout, oversized_event, response_timeout
 //	kvgate_gateway_tokenization_failures_total{reason}    requests routed without tokens, by tokenizer.Reason
 //	kvgate_gateway_responses_without_usage_total          successes whose usage could not be read
 //	kvgate_gateway_request_body_timeouts_total            bodies that did not arrive within the body timeout (408)

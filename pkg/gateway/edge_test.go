@@ -569,6 +569,199 @@ func TestAClientThatReadsNothingIsCutAfterTheWriteTimeout(t *testing.T) {
 	}
 }
 
+// responseTimeoutEnv bounds responses to 1 s, the headers among them,
+// while an engine that sends something every 100 ms never meets the idle
+// timeout.
+var responseTimeoutEnv = map[string]string{"KVGATE_UPSTREAM_FIRST_BYTE_TIMEOUT": "1s",
+	"KVGATE_UPSTREAM_IDLE_TIMEOUT": "10s", "KVGATE_UPSTREAM_RESPONSE_TIMEOUT": "1s"}
+
+// TestAResponseLongerThanItsBoundIsCut: an engine that streams an event
+// every 100 ms, and one that sends a whole response a byte every 100 ms,
+// each well within the idle timeout, are cut once the response timeout
+// passes: the stream with an error event and a broken end, the response
+// nothing was relayed of with 504. The pod's connection is closed, the
+// attempts fail and are counted.
+func TestAResponseLongerThanItsBoundIsCut(t *testing.T) {
+	f := startFleet(t, []string{"a"}, fleetOptions{env: responseTimeoutEnv})
+	seen := watchOutcomes(f.gw)
+	// Without the bound, the engine would end each response properly
+	// after 15 s.
+	const drips = 150
+	ended := make(chan string, 2)
+	first := "data: {\"choices\":[{\"index\":0,\"text\":\"a\"}]}\n\n"
+	f.engine("a").setAnswer(func(w http.ResponseWriter, r *http.Request, body []byte) {
+		stream := strings.Contains(string(body), `"stream":true`)
+		if stream {
+			writeSSE(w, nil)
+		} else {
+			w.Header().Set("Content-Type", "application/json")
+			w.Header().Set("Content-Length", strconv.Itoa(drips))
+		}
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		for range drips {
+			drip := "x"
+			if stream {
+				drip = first
+			}
+			if _, err := io.WriteString(w, drip); err != nil {
+				ended <- "write failed"
+				return
+			}
+			w.(http.Flusher).Flush()
+			select {
+			case <-tick.C:
+			case <-r.Context().Done():
+				ended <- "cancelled"
+				return
+			}
+		}
+		ended <- "ended"
+	})
+	engineEnd := func(what string) {
+		t.Helper()
+		select {
+		case how := <-ended:
+			if how == "ended" {
+				t.Errorf("%s: the engine sent its whole response, want its connection closed", what)
+			}
+		case <-time.After(testsupport.WaitTimeout):
+			t.Fatalf("%s: the engine's connection was not closed", what)
+		}
+	}
+
+	start := time.Now()
+	data, err := readStream(openStream(t, f.url+"/v1/completions", completion("hi", `,"stream":true`)))
+	took := time.Since(start)
+	if err == nil || !strings.HasPrefix(data, first) || streamError(data) != codeUpstreamTimeout {
+		t.Errorf("slow stream after %v: %q, %v; want its first events, an %s error event and a broken end", took, data,
+			err, codeUpstreamTimeout)
+	}
+	engineEnd("stream")
+	if got := seen.wait(t, 1); got[0] != "failed "+failResponseTimeout {
+		t.Errorf("stream: attempt ended %q, want failed %s", got[0], failResponseTimeout)
+	}
+	if n := f.metric(`kvgate_gateway_upstream_failures_total{reason="response_timeout"}`); n != 1 {
+		t.Errorf("stream: response timeouts = %v, want 1", n)
+	}
+
+	resp, body := postBounded(t, f.url+"/v1/completions", completion("hi", ""))
+	if e := decodeError(t, body); resp.StatusCode != http.StatusGatewayTimeout || e.Code != codeUpstreamTimeout ||
+		!strings.Contains(e.Message, "did not end its response within 1s") {
+		t.Errorf("slow whole response: %d %s; want 504 %s", resp.StatusCode, body, codeUpstreamTimeout)
+	}
+	engineEnd("whole response")
+	if got := seen.wait(t, 2); got[1] != "failed "+failResponseTimeout {
+		t.Errorf("whole response: attempt ended %q, want failed %s", got[1], failResponseTimeout)
+	}
+	for reason, n := range map[string]float64{failResponseTimeout: 2, failIdleTimeout: 0, failFirstByteTimeout: 0} {
+		if got := f.metric(`kvgate_gateway_upstream_failures_total{reason="` + reason + `"}`); got != n {
+			t.Errorf("upstream failures %s = %v, want %v", reason, got, n)
+		}
+	}
+}
+
+// TestAClientThatReadsTooSlowlyIsCutAtTheResponseTimeout: a client that
+// reads nothing of its response, streamed or whole, has its connection
+// closed once the response timeout passes, well before the write timeout;
+// the pod's connection is closed, and the attempt fails and is counted.
+func TestAClientThatReadsTooSlowlyIsCutAtTheResponseTimeout(t *testing.T) {
+	env := map[string]string{"KVGATE_CLIENT_WRITE_TIMEOUT": "10m"}
+	for k, v := range responseTimeoutEnv {
+		env[k] = v
+	}
+	f := startFleet(t, []string{"a"}, fleetOptions{env: env})
+	seen := watchOutcomes(f.gw)
+	const most = 1 << 30
+	var written atomic.Int64
+	cancelled := make(chan struct{}, 2)
+	f.engine("a").setAnswer(func(w http.ResponseWriter, r *http.Request, body []byte) {
+		defer func() { cancelled <- struct{}{} }()
+		chunk := []byte("data: {\"choices\":[{\"index\":0,\"text\":\"" + strings.Repeat("x", 16<<10) + "\"}]}\n\n")
+		if !strings.Contains(string(body), `"stream":true`) {
+			w.Header().Set("Content-Length", strconv.Itoa(most))
+		}
+		for written.Load() < most {
+			if _, err := w.Write(chunk); err != nil {
+				return
+			}
+			w.(http.Flusher).Flush()
+			written.Add(int64(len(chunk)))
+		}
+	})
+	addr := strings.TrimPrefix(f.url, "http://")
+	for i, extra := range []string{`,"stream":true`, ""} {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		_ = c.(*net.TCPConn).SetReadBuffer(4 << 10)
+		body := completion("hi", extra)
+		if _, err := fmt.Fprintf(c, "POST /v1/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
+			len(body), body); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-cancelled:
+		case <-time.After(testsupport.WaitTimeout):
+			t.Fatalf("request %d: the engine's request was not cancelled (%d bytes written)", i, written.Load())
+		}
+		if got := seen.wait(t, i+1); got[i] != "failed "+failResponseTimeout {
+			t.Errorf("request %d: attempt ended %q, want failed %s", i, got[i], failResponseTimeout)
+		}
+		testsupport.EventuallyWhy(t, "the response timeout to be counted", func() (string, bool) {
+			n := f.metric(`kvgate_gateway_upstream_failures_total{reason="response_timeout"}`)
+			return fmt.Sprint(n), n == float64(i+1)
+		})
+	}
+	if n := f.metric("kvgate_gateway_client_write_timeouts_total"); n != 0 {
+		t.Errorf("write timeouts = %v, want none", n)
+	}
+}
+
+// TestTheResponseTimeoutBoundsOnlyItsResponse: once a response has ended,
+// its bound passing does not cut the next answer on the same connection,
+// though that answer never reaches a pod.
+func TestTheResponseTimeoutBoundsOnlyItsResponse(t *testing.T) {
+	f := startFleet(t, []string{"a"}, fleetOptions{env: responseTimeoutEnv})
+	c, err := net.Dial("tcp", strings.TrimPrefix(f.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(testsupport.WaitTimeout))
+	br := bufio.NewReader(c)
+	ask := func(body string) (int, string) {
+		t.Helper()
+		if _, err := fmt.Fprintf(c, "POST /v1/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
+			len(body), body); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("%s: %v", body, err)
+		}
+		data, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil {
+			t.Fatalf("%s: %v", body, err)
+		}
+		return resp.StatusCode, string(data)
+	}
+	if status, data := ask(completion("hi", "")); status != http.StatusOK {
+		t.Fatalf("first request: %d %s", status, data)
+	}
+	// Not a synchronization: the first response's bound is to pass.
+	time.Sleep(1500 * time.Millisecond)
+	if status, data := ask(`{"model":"llama","prompt":`); status != http.StatusBadRequest || !strings.Contains(data, codeInvalidJSON) {
+		t.Errorf("request after the first one's bound: %d %s; want 400 %s", status, data, codeInvalidJSON)
+	}
+	if n := f.metric(`kvgate_gateway_upstream_failures_total{reason="response_timeout"}`); n != 0 {
+		t.Errorf("response timeouts = %v, want none", n)
+	}
+}
+
 // TestRequestBytesHeldAtOnceAreBounded: bodies on their way hold the
 // gateway's budget of request bytes; a request that would pass it, with a
 // length declared or in chunks, is refused with 503 and a Retry-After,

@@ -20,6 +20,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/kvgate/kvgate/pkg/cache"
+	"github.com/kvgate/kvgate/pkg/config"
 	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/indexer"
 	"github.com/kvgate/kvgate/pkg/inflight"
@@ -133,6 +134,10 @@ func New(cfg Config) (*Gateway, error) {
 		return nil, fmt.Errorf("gateway: the client connections held open at once (%d) must be at least 1",
 			cfg.MaxClientConnections)
 	}
+	if cfg.ResponseTimeout < cfg.FirstByteTimeout {
+		return nil, fmt.Errorf("gateway: the response timeout %s (%v) must be at least the first-byte timeout %s (%v)",
+			config.UpstreamResponseTimeout.Name, cfg.ResponseTimeout, config.UpstreamFirstByteTimeout.Name, cfg.FirstByteTimeout)
+	}
 	g := &Gateway{cfg: cfg, log: cfg.Logger.WithName("gateway"), registry: prometheus.NewRegistry(), started: time.Now(),
 		matchSlots: make(chan struct{}, maxConcurrentMatches), bodies: bodyBudget{limit: cfg.MaxHeldRequestBytes},
 		connSlots: make(chan struct{}, cfg.MaxClientConnections)}
@@ -189,6 +194,7 @@ func (c Config) withDefaults() Config {
 	c.DialTimeout = cmp.Or(c.DialTimeout, DefaultDialTimeout)
 	c.FirstByteTimeout = cmp.Or(c.FirstByteTimeout, DefaultFirstByteTimeout)
 	c.UpstreamIdleTimeout = cmp.Or(c.UpstreamIdleTimeout, DefaultUpstreamIdleTimeout)
+	c.ResponseTimeout = cmp.Or(c.ResponseTimeout, DefaultResponseTimeout)
 	c.MaxStreamEventBytes = cmp.Or(c.MaxStreamEventBytes, DefaultMaxStreamEventBytes)
 	c.MaxIdleConnsPerPod = cmp.Or(c.MaxIdleConnsPerPod, DefaultMaxIdleConnsPerPod)
 	c.SLO.MaxWait = cmp.Or(c.SLO.MaxWait, slo.DefaultMaxWait)

@@ -46,6 +46,7 @@ const (
 	failBody             = "body"                               // the response broke off after its headers
 	failIdleTimeout      = "idle_timeout"                       // nothing more of the body within Config.UpstreamIdleTimeout
 	failOversizedEvent   = "oversized_event"                    // a server-sent event beyond Config.MaxStreamEventBytes
+	failResponseTimeout  = "response_timeout"                   // the response not written to its end within Config.ResponseTimeout
 )
 
 func newMetrics(reg prometheus.Registerer, bodies *bodyBudget) (*metrics, error) {
@@ -82,7 +83,9 @@ func newMetrics(reg prometheus.Registerer, bodies *bodyBudget) (*metrics, error)
 		upstreamFails: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvgate_gateway_upstream_failures_total",
 			Help: "Attempts to get a response from a pod that failed, by reason: connection_refused, dial, send, " +
-				"first_byte_timeout, body, idle_timeout, oversized_event.",
+				"first_byte_timeout, body, idle_timeout, oversized_event, response_timeout (the response, relayed to the " +
+				"client, did not end within KVGATE_UPSTREAM_RESPONSE_TIMEOUT of its request sent, whether the pod or the " +
+				"client was slow).",
 		}, []string{"reason"}),
 		tokenizeFails: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvgate_gateway_tokenization_failures_total",
@@ -134,7 +137,8 @@ func newMetrics(reg prometheus.Registerer, bodies *bodyBudget) (*metrics, error)
 	for _, r := range []string{failRefused, failDial} {
 		m.retries.WithLabelValues(r)
 	}
-	for _, r := range []string{failRefused, failDial, failSend, failFirstByteTimeout, failBody, failIdleTimeout, failOversizedEvent} {
+	for _, r := range []string{failRefused, failDial, failSend, failFirstByteTimeout, failBody, failIdleTimeout, failOversizedEvent,
+		failResponseTimeout} {
 		m.upstreamFails.WithLabelValues(r)
 	}
 	for p := range numPhases {

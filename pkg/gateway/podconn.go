@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"strconv"
 	"sync"
 	"syscall"
@@ -79,19 +80,36 @@ type podConn struct {
 }
 
 // deadlineReader reads a connection, renewing its read deadline before
-// each read when idle is set: idle then bounds every wait for more bytes.
+// each read when idle is set: idle then bounds every wait for more bytes,
+// and end, when set, the whole response: no deadline is set beyond it, and
+// a read that meets it fails with errResponseTimeout.
 type deadlineReader struct {
 	nc   net.Conn
 	idle time.Duration
+	end  time.Time
 }
 
+// errResponseTimeout reports a response that did not end within its
+// bound, Config.ResponseTimeout.
+var errResponseTimeout = errors.New("the response did not end within its bound")
+
 func (d *deadlineReader) Read(p []byte) (int, error) {
-	if d.idle > 0 {
-		if err := d.nc.SetReadDeadline(time.Now().Add(d.idle)); err != nil {
-			return 0, err
-		}
+	if d.idle <= 0 {
+		return d.nc.Read(p)
 	}
-	return d.nc.Read(p)
+	deadline := time.Now().Add(d.idle)
+	atEnd := !d.end.IsZero() && deadline.After(d.end)
+	if atEnd {
+		deadline = d.end
+	}
+	if err := d.nc.SetReadDeadline(deadline); err != nil {
+		return 0, err
+	}
+	n, err := d.nc.Read(p)
+	if atEnd && err != nil && errors.Is(err, os.ErrDeadlineExceeded) {
+		err = fmt.Errorf("%w: %w", errResponseTimeout, err)
+	}
+	return n, err
 }
 
 // errPoolClosed reports a request sent after the pool was closed.
@@ -230,13 +248,14 @@ func (p *podPool) close() {
 }
 
 // send writes the request, head then body, in one system call when it
-// can; the pod must answer within firstByte of the write's start.
-func (c *podConn) send(head, body []byte, firstByte time.Duration) error {
-	deadline := time.Now().Add(firstByte)
-	if err := c.nc.SetDeadline(deadline); err != nil {
+// can; the pod must answer within firstByte of the write's start, and end
+// its response within total, by c.dr.end (see deadlineReader).
+func (c *podConn) send(head, body []byte, firstByte, total time.Duration) error {
+	start := time.Now()
+	if err := c.nc.SetDeadline(start.Add(min(firstByte, total))); err != nil {
 		return err
 	}
-	c.dr.idle = 0
+	c.dr.idle, c.dr.end = 0, start.Add(total)
 	bufs := net.Buffers{head, body}
 	_, err := bufs.WriteTo(c.nc)
 	return err

@@ -177,7 +177,7 @@ func TestPodPoolReusesConnectionsAndDropsThoseThePodClosed(t *testing.T) {
 			t.Fatal(err)
 		}
 		head := []byte("POST /v1/completions HTTP/1.1\r\nHost: " + addr + "\r\nContent-Length: 2\r\n\r\n")
-		if err := c.send(head, []byte("{}"), time.Minute); err != nil {
+		if err := c.send(head, []byte("{}"), time.Minute, time.Hour); err != nil {
 			t.Fatal(err)
 		}
 		var res podResponse

@@ -561,7 +561,7 @@ func (g *Gateway) send(ctx context.Context, addr string, head, body []byte) (*po
 		if err != nil {
 			return nil, err
 		}
-		err = pc.send(head, body, g.cfg.FirstByteTimeout)
+		err = pc.send(head, body, g.cfg.FirstByteTimeout, g.cfg.ResponseTimeout)
 		if err == nil {
 			return pc, nil
 		}

@@ -377,12 +377,15 @@ func isBlankLine(line []byte) bool {
 // whole otherwise. It closes the attempt h once the response ended: done
 // when it was relayed to its end (with the usage the engine reported,
 // when it was a success that reported one), cancelled when the client went
-// away, failed when the pod failed to answer or its response broke off.
+// away, failed when the pod failed to answer or its response broke off or
+// was not written to its end within the response timeout, whose end the
+// reads of the pod's connection and the writes to the client's both meet.
 // It reports whether the response broke off after its headers were
 // written, so that the client's connection must be cut.
 func (g *Gateway) respond(w http.ResponseWriter, r *http.Request, pc *podConn, rc *types.RoutingContext, x *exchange, c *call,
 	h *inflight.Handle, dropUsage bool, pod *endpoint.Endpoint) (abort bool) {
 	res := &x.res
+	c.boundResponse(pc.dr.end)
 	// A client that goes away closes the connection to the pod, which
 	// ends any wait for it.
 	stop := context.AfterFunc(r.Context(), pc.close)
@@ -546,8 +549,14 @@ func (g *Gateway) relayStream(w http.ResponseWriter, r *http.Request, res *podRe
 }
 
 // clientGone records a request whose client went away: its attempt is
-// cancelled, and nothing more is written.
+// cancelled, and nothing more is written. A client whose connection was
+// closed because the response's end passed while it was written to fails
+// the attempt instead, counted by the connection.
 func (g *Gateway) clientGone(c *call, h *inflight.Handle) (abort bool) {
+	if c.pastResponseEnd() {
+		h.Close(inflight.Failed, failResponseTimeout)
+		return false
+	}
 	h.Close(inflight.Cancelled, "client went away")
 	c.status = statusClientClosed
 	return false
@@ -578,6 +587,9 @@ func (g *Gateway) failResponse(w http.ResponseWriter, r *http.Request, err error
 	reason, status, code := failBody, http.StatusBadGateway, codeUpstreamFailed
 	msg := fmt.Sprintf("pod %s broke off its response: %v", pod, err)
 	switch {
+	case errors.Is(err, errResponseTimeout):
+		reason, status, code = failResponseTimeout, http.StatusGatewayTimeout, codeUpstreamTimeout
+		msg = fmt.Sprintf("pod %s did not end its response within %v", pod, g.cfg.ResponseTimeout)
 	case errors.Is(err, errEventTooLarge):
 		reason = failOversizedEvent
 		msg = fmt.Sprintf("pod %s sent a server-sent event longer than %d bytes", pod, g.cfg.MaxStreamEventBytes)
@@ -597,6 +609,9 @@ func (g *Gateway) failResponse(w http.ResponseWriter, r *http.Request, err error
 		l.Info("The pod's response failed", "requestID", rc.RequestID, "model", rc.Model, "pod", x.d.PodKey,
 			"reason", reason, "headersSent", stage == stageRelay, "err", err)
 	}
+	// The error has the write timeout to reach the client, past the
+	// response's end if need be.
+	c.unboundResponse()
 	if stage != stageRelay {
 		c.fail(w, status, typeUpstream, code, "", msg)
 		return false

@@ -46,13 +46,11 @@ func (g *Gateway) routes() (api, admin http.Handler) {
 	return endingRequests(apiMux), adminMux
 }
 
-// endingRequests tells each request's connection when the request ended,
-// so that the next one's time starts at its own first byte.
+// endingRequests tells each request's connection when the request's
+// handler starts and when it ended, so that the next one's time starts at
+// its own first byte and its writes are not bound by the response before.
 func endingRequests(h http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		h.ServeHTTP(w, r)
-		endRequest(r)
-	})
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { serveRequest(h, w, r) })
 }
 
 // probes returns a mux answering /healthz and /readyz, and 404 for paths it

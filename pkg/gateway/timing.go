@@ -11,6 +11,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // phase is a part of the gateway's time on a request. The parts follow
@@ -55,6 +57,9 @@ const (
 type clock struct {
 	// start is when the request's first byte was read.
 	start time.Time
+	// conn is the request's client connection, nil when it is no
+	// timedConn.
+	conn  *timedConn
 	mark  time.Time // the end of the last phase timed
 	spent [numPhases]time.Duration
 	// reached says which phases were timed.
@@ -67,12 +72,33 @@ func (c *clock) begin(r *http.Request) {
 	now := time.Now()
 	c.start = now
 	if tc, ok := r.Context().Value(connKey{}).(*timedConn); ok {
+		c.conn = tc
 		if t := tc.firstRead(); !t.IsZero() && t.Before(now) {
 			c.start = t
 		}
 	}
 	c.mark = c.start
 }
+
+// boundResponse makes end the latest moment a write of the response to the
+// client may end.
+func (c *clock) boundResponse(end time.Time) {
+	if c.conn != nil {
+		c.conn.end.Store(end.UnixNano())
+	}
+}
+
+// unboundResponse lifts the bound of boundResponse: the writes that follow
+// have the write timeout each.
+func (c *clock) unboundResponse() {
+	if c.conn != nil {
+		c.conn.end.Store(0)
+	}
+}
+
+// pastResponseEnd reports whether the client's connection was closed
+// because a write to it met the bound of boundResponse.
+func (c *clock) pastResponseEnd() bool { return c.conn != nil && c.conn.pastEnd.Load() }
 
 // lap ends phase p now: the time since the last lap is p's.
 func (c *clock) lap(p phase) {
@@ -116,8 +142,8 @@ type connKey struct{}
 // timedListener accepts connections that remember when the first byte of
 // their current request was read, for the gateway's Server-Timing and
 // phase metrics to start there rather than when net/http runs the
-// handler, and that bound each write by writeTimeout, counting the
-// connections it closed.
+// handler, and that bound each write by writeTimeout, and by the end of
+// the response being relayed, counting the connections they closed.
 //
 // It holds at most cap(slots) connections open: Accept takes a slot
 // before accepting, the connection gives it back when closed. At the
@@ -128,13 +154,16 @@ type timedListener struct {
 	net.Listener
 	writeTimeout time.Duration
 	metrics      *metrics
-	slots        chan struct{}
-	closed       chan struct{}
-	closeOnce    sync.Once
+	// responseTimeouts counts the connections closed at a response's end.
+	responseTimeouts prometheus.Counter
+	slots            chan struct{}
+	closed           chan struct{}
+	closeOnce        sync.Once
 }
 
 func newTimedListener(ln net.Listener, writeTimeout time.Duration, slots chan struct{}, m *metrics) *timedListener {
-	return &timedListener{Listener: ln, writeTimeout: writeTimeout, metrics: m, slots: slots, closed: make(chan struct{})}
+	return &timedListener{Listener: ln, writeTimeout: writeTimeout, metrics: m,
+		responseTimeouts: m.upstreamFails.WithLabelValues(failResponseTimeout), slots: slots, closed: make(chan struct{})}
 }
 
 func (l *timedListener) Accept() (net.Conn, error) {
@@ -177,16 +206,24 @@ func withConn(ctx context.Context, c net.Conn) context.Context {
 
 // timedConn is a client connection that records when a read first
 // returned bytes since the last request ended, and closes itself when a
-// write blocks for writeTimeout.
+// write blocks for writeTimeout or reaches end.
 type timedConn struct {
 	net.Conn
 	// first is the time of that read in Unix nanoseconds, 0 when none
 	// returned bytes since.
 	first atomic.Int64
-	l     *timedListener
-	// timedOut is set once a write met the timeout: the connection is
-	// closed and every later write fails.
+	// end, in Unix nanoseconds, is when the response being relayed must
+	// have been written, 0 when unbounded: no write's deadline passes it.
+	// It is set once the request was sent to a pod, and lifted when the
+	// next request's first byte is read or its handler starts, so that it
+	// bounds the response's last writes after its handler returned.
+	end atomic.Int64
+	l   *timedListener
+	// timedOut is set once a write met its deadline: the connection is
+	// closed and every later write fails. pastEnd is set first when the
+	// deadline was end.
 	timedOut atomic.Bool
+	pastEnd  atomic.Bool
 	// closed is set by the first Close, which gives the connection's slot
 	// back.
 	closed atomic.Bool
@@ -202,18 +239,31 @@ func (c *timedConn) Close() error {
 	return err
 }
 
-// Write writes p within the write timeout.
+// Write writes p within the write timeout, and by end.
 func (c *timedConn) Write(p []byte) (int, error) {
 	if c.timedOut.Load() {
 		return 0, c.writeTimeoutError()
 	}
-	if err := c.Conn.SetWriteDeadline(time.Now().Add(c.l.writeTimeout)); err != nil {
+	deadline := time.Now().Add(c.l.writeTimeout)
+	end := c.end.Load()
+	atEnd := end != 0 && deadline.UnixNano() > end
+	if atEnd {
+		deadline = time.Unix(0, end)
+	}
+	if err := c.Conn.SetWriteDeadline(deadline); err != nil {
 		return 0, err
 	}
 	n, err := c.Conn.Write(p)
 	if errors.Is(err, os.ErrDeadlineExceeded) {
+		if atEnd {
+			c.pastEnd.Store(true)
+		}
 		if !c.timedOut.Swap(true) {
-			c.l.metrics.writeTimeouts.Inc()
+			if atEnd {
+				c.l.responseTimeouts.Inc()
+			} else {
+				c.l.metrics.writeTimeouts.Inc()
+			}
 			_ = c.Close()
 		}
 		return n, c.writeTimeoutError()
@@ -222,6 +272,9 @@ func (c *timedConn) Write(p []byte) (int, error) {
 }
 
 func (c *timedConn) writeTimeoutError() error {
+	if c.pastEnd.Load() {
+		return fmt.Errorf("the response was not written within its bound: %w", os.ErrDeadlineExceeded)
+	}
 	return fmt.Errorf("the client read nothing for %v: %w", c.l.writeTimeout, os.ErrDeadlineExceeded)
 }
 
@@ -229,6 +282,7 @@ func (c *timedConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
 	if n > 0 && c.first.Load() == 0 {
 		c.first.Store(time.Now().UnixNano())
+		c.end.Store(0)
 	}
 	return n, err
 }
@@ -242,8 +296,8 @@ func (c *timedConn) firstRead() time.Time {
 	return time.Time{}
 }
 
-// requestDone marks the end of a request: the next read that returns bytes
-// starts the next one.
+// requestDone marks the end of a request's handler: the next read that
+// returns bytes starts the next request.
 func (c *timedConn) requestDone() { c.first.Store(0) }
 
 // CloseWrite half-closes a TCP connection, as net/http does before closing
@@ -255,9 +309,16 @@ func (c *timedConn) CloseWrite() error {
 	return nil
 }
 
-// endRequest tells r's connection that r ended.
-func endRequest(r *http.Request) {
-	if tc, ok := r.Context().Value(connKey{}).(*timedConn); ok {
+// serveRequest serves r with h, telling r's connection when r's handler
+// starts, which lifts the bound of the response before (see timedConn.end),
+// and when it ended.
+func serveRequest(h http.Handler, w http.ResponseWriter, r *http.Request) {
+	tc, _ := r.Context().Value(connKey{}).(*timedConn)
+	if tc != nil {
+		tc.end.Store(0)
+	}
+	h.ServeHTTP(w, r)
+	if tc != nil {
 		tc.requestDone()
 	}
 }
