@@ -455,6 +455,7 @@ var Vars = []Var{
 	ExtProcFailOpen,
 	ExtProcTLS,
 	ExtProcCertDir,
+	ExtProcMaxStreams,
 	ProxyEnabled,
 	Kubeconfig,
 	KVEventSyncEnabled,
