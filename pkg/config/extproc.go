@@ -43,6 +43,18 @@ var (
 		Doc: "Directory holding tls.crt and tls.key (a mounted kubernetes.io/tls Secret) for external processing " +
 			"over TLS; a renewed pair is served without a restart.",
 	}
+	ExtProcMaxStreams = Var{
+		Name:    "KVGATE_EXTPROC_MAX_STREAMS",
+		Default: "4096",
+		Section: SectionExtProc,
+		Doc: "Most external processing streams (one per request Envoy has in flight) served at once over all " +
+			"connections, and on one connection (gRPC's MAX_CONCURRENT_STREAMS, so that Envoy opens another " +
+			"connection or waits); a stream beyond it is refused with gRPC status RESOURCE_EXHAUSTED, on which " +
+			"Envoy applies the filter's failure_mode_allow. A stream costs a goroutine and its state, and the " +
+			"message gRPC is receiving for it: at most KVGATE_MAX_REQUEST_BODY_BYTES + 1 MiB, charged to " +
+			"KVGATE_MAX_HELD_REQUEST_BYTES only once received. At least 1.",
+		Flag: "extproc-max-streams",
+	}
 	ProxyEnabled = Var{
 		Name:    "KVGATE_PROXY_ENABLED",
 		Default: "true",
@@ -57,21 +69,24 @@ var (
 type ExtProc struct {
 	// ListenAddress is where it serves, "" for nowhere.
 	ListenAddress string
-	// FailOpen, TLS and CertDir are ExtProcFailOpen, ExtProcTLS and
-	// ExtProcCertDir.
-	FailOpen bool
-	TLS      bool
-	CertDir  string
+	// FailOpen, TLS, CertDir and MaxStreams are ExtProcFailOpen,
+	// ExtProcTLS, ExtProcCertDir and ExtProcMaxStreams.
+	FailOpen   bool
+	TLS        bool
+	CertDir    string
+	MaxStreams int
 }
 
 // LoadExtProc reads the external processing settings from e, recording a
-// malformed address and a certificate directory without TLS in e.
+// malformed address, a stream bound below 1 and a certificate directory
+// without TLS in e.
 func LoadExtProc(e *Env) ExtProc {
 	x := ExtProc{
 		ListenAddress: e.String(ExtProcListenAddress),
 		FailOpen:      e.Bool(ExtProcFailOpen),
 		TLS:           e.Bool(ExtProcTLS),
 		CertDir:       e.String(ExtProcCertDir),
+		MaxStreams:    e.Int(ExtProcMaxStreams, 1),
 	}
 	if x.ListenAddress != "" {
 		if _, _, err := net.SplitHostPort(x.ListenAddress); err != nil {

@@ -7,18 +7,20 @@ import (
 
 func TestLoadExtProc(t *testing.T) {
 	e := NewEnv(lookupFrom(nil))
-	if x := LoadExtProc(e); e.Err() != nil || x != (ExtProc{TLS: true}) {
+	if x := LoadExtProc(e); e.Err() != nil || x != (ExtProc{TLS: true, MaxStreams: 4096}) {
 		t.Errorf("defaults: %+v, %v; want no server, TLS on", x, e.Err())
 	}
 	e = NewEnv(lookupFrom(map[string]string{"KVGATE_EXTPROC_LISTEN_ADDRESS": ":9002", "KVGATE_EXTPROC_FAIL_OPEN": "true",
-		"KVGATE_EXTPROC_CERT_DIR": "/etc/kvgate/tls", "KVGATE_PROXY_ENABLED": "false"}))
-	if x := LoadExtProc(e); e.Err() != nil || x != (ExtProc{ListenAddress: ":9002", FailOpen: true, TLS: true, CertDir: "/etc/kvgate/tls"}) {
+		"KVGATE_EXTPROC_CERT_DIR": "/etc/kvgate/tls", "KVGATE_PROXY_ENABLED": "false", "KVGATE_EXTPROC_MAX_STREAMS": "64"}))
+	if x := LoadExtProc(e); e.Err() != nil || x != (ExtProc{ListenAddress: ":9002", FailOpen: true, TLS: true, CertDir: "/etc/kvgate/tls",
+		MaxStreams: 64}) {
 		t.Errorf("set: %+v, %v", x, e.Err())
 	}
 	e = NewEnv(lookupFrom(map[string]string{"KVGATE_EXTPROC_LISTEN_ADDRESS": "9002", "KVGATE_EXTPROC_TLS": "false",
-		"KVGATE_EXTPROC_CERT_DIR": "/etc/kvgate/tls"}))
+		"KVGATE_EXTPROC_CERT_DIR": "/etc/kvgate/tls", "KVGATE_EXTPROC_MAX_STREAMS": "0"}))
 	LoadExtProc(e)
-	for _, want := range []string{`KVGATE_EXTPROC_LISTEN_ADDRESS="9002"`, "KVGATE_EXTPROC_CERT_DIR is set but KVGATE_EXTPROC_TLS is false"} {
+	for _, want := range []string{`KVGATE_EXTPROC_LISTEN_ADDRESS="9002"`, "KVGATE_EXTPROC_CERT_DIR is set but KVGATE_EXTPROC_TLS is false",
+		`KVGATE_EXTPROC_MAX_STREAMS="0": want an integer >= 1`} {
 		if e.Err() == nil || !strings.Contains(e.Err().Error(), want) {
 			t.Errorf("error %v, want one mentioning %s", e.Err(), want)
 		}

@@ -484,6 +484,7 @@ var Vars = []Var{
 	ExtProcFailOpen,
 	ExtProcTLS,
 	ExtProcCertDir,
+	ExtProcMaxStreams,
 	ProxyEnabled,
 	Kubeconfig,
 	KVEventSyncEnabled,

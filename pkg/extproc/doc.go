@@ -98,6 +98,21 @@
 // as it comes) and, to read its usage, the first 4 MiB of a body that is
 // no event stream. gRPC messages are bounded by the body limit plus 1 MiB.
 //
+// The Server serves at most Config.MaxStreams streams at once
+// (KVGATE_EXTPROC_MAX_STREAMS, 4096 by default) over all connections; a
+// stream beyond them is refused at once with RESOURCE_EXHAUSTED, counted in
+// kvgate_extproc_stream_errors_total{reason="too_many_streams"}, and Envoy
+// applies its failure_mode_allow. One connection takes no more
+// (MAX_CONCURRENT_STREAMS): Envoy opens another or waits. A stream costs a
+// goroutine, its state, and the message gRPC is receiving for it: gRPC
+// allocates a message's bytes as they arrive, not the length its prefix
+// declares, but opens the stream's flow-control window to the whole
+// message, so a stream holds at most the body limit plus 1 MiB before its
+// body is charged to the gateway's held request bytes. What gRPC holds for
+// messages in reception is thus at most MaxStreams times that; the windows
+// cannot lower it, and what bounds it in practice is what the peer sends:
+// Envoy sends a buffered body once it has buffered it.
+//
 // # Health
 //
 // The gRPC health service answers for "" (the server),
@@ -114,7 +129,7 @@
 //	kvgate_extproc_time_to_first_token_seconds{model}       from the request headers to the first generated token
 //	kvgate_extproc_streams_in_flight                        streams open
 //	kvgate_extproc_fail_open_total{code}                    requests continued without an endpoint (Config.FailOpen)
-//	kvgate_extproc_stream_errors_total{reason}              streams ended by an error: protocol, send, misconfigured_mode, too_large
+//	kvgate_extproc_stream_errors_total{reason}              streams ended by an error: protocol, send, misconfigured_mode, too_large, overloaded, too_many_streams
 //
 // Tokenization failures, upstream failures and ejections are counted where
 // the proxy counts them (kvgate_gateway_tokenization_failures_total,

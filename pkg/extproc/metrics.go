@@ -14,6 +14,7 @@ const (
 	errMisconfigure = "misconfigured_mode" // a body mode in which no endpoint can be picked
 	errTooLarge     = "too_large"          // a body beyond the gateway's limit
 	errOverloaded   = "overloaded"         // a body beyond the request bytes the gateway holds at once
+	errTooMany      = "too_many_streams"   // a stream beyond the streams served at once, refused
 )
 
 // statusClosedEarly labels streams that ended before a response (nginx's
@@ -29,6 +30,8 @@ type metrics struct {
 	errors   *prometheus.CounterVec
 	// oversized counts server-sent events relayed uninspected.
 	oversized prometheus.Counter
+	// refusedStream is errors{reason="too_many_streams"}.
+	refusedStream prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -57,16 +60,17 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"code"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvgate_extproc_stream_errors_total",
-			Help: "External processing streams ended by an error, by reason: protocol, send, misconfigured_mode, too_large, overloaded (a body beyond the request bytes the gateway holds at once, KVGATE_MAX_HELD_REQUEST_BYTES).",
+			Help: "External processing streams ended by an error, by reason: protocol, send, misconfigured_mode, too_large, overloaded (a body beyond the request bytes the gateway holds at once, KVGATE_MAX_HELD_REQUEST_BYTES), too_many_streams (a stream refused with RESOURCE_EXHAUSTED beyond KVGATE_EXTPROC_MAX_STREAMS).",
 		}, []string{"reason"}),
 		oversized: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kvgate_extproc_oversized_events_total",
 			Help: "Server-sent events of pods' streams longer than KVGATE_MAX_STREAM_EVENT_BYTES, passed on as they came without being read: a first token or usage they carry is missed.",
 		}),
 	}
-	for _, r := range []string{errProtocol, errSend, errMisconfigure, errTooLarge, errOverloaded} {
+	for _, r := range []string{errProtocol, errSend, errMisconfigure, errTooLarge, errOverloaded, errTooMany} {
 		m.errors.WithLabelValues(r)
 	}
+	m.refusedStream = m.errors.WithLabelValues(errTooMany)
 	for _, c := range []prometheus.Collector{m.requests, m.decision, m.ttft, m.inFlight, m.failOpen, m.errors, m.oversized} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register extproc metrics: %w", err)

@@ -5,16 +5,20 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2"
 
 	"github.com/kvgate/kvgate/pkg/gateway"
@@ -30,12 +34,20 @@ type Config struct {
 	FailOpen bool
 	// TLS, when set, serves TLS with it; nil serves plaintext gRPC.
 	TLS *tls.Config
+	// MaxStreams is the most ExternalProcessor streams served at once,
+	// over all connections and on each (KVGATE_EXTPROC_MAX_STREAMS);
+	// DefaultMaxStreams when zero. A stream beyond it is refused with
+	// RESOURCE_EXHAUSTED.
+	MaxStreams int
 	// HealthInterval is how often the health service's readiness is
 	// refreshed from the gateway's (default one second).
 	HealthInterval time.Duration
 	// Logger receives the server's logs (the Picker's when zero).
 	Logger klog.Logger
 }
+
+// DefaultMaxStreams is Config.MaxStreams when zero.
+const DefaultMaxStreams = 4096
 
 // Health service names of a Server besides "" (the server as a whole).
 const (
@@ -56,6 +68,10 @@ type Server struct {
 	grpc    *grpc.Server
 	health  *health.Server
 
+	// streams counts the ExternalProcessor streams being served, at most
+	// cfg.MaxStreams.
+	streams atomic.Int64
+
 	stopHealth chan struct{}
 	stopOnce   sync.Once
 	served     chan struct{}
@@ -66,6 +82,9 @@ var _ gateway.Frontend = (*Server)(nil)
 // New returns a Server deciding with p, its metrics registered on p's
 // registry. It fails when the metrics cannot be registered.
 func New(p *gateway.Picker, cfg Config) (*Server, error) {
+	if cfg.MaxStreams <= 0 {
+		cfg.MaxStreams = DefaultMaxStreams
+	}
 	if cfg.HealthInterval <= 0 {
 		cfg.HealthInterval = time.Second
 	}
@@ -79,11 +98,19 @@ func New(p *gateway.Picker, cfg Config) (*Server, error) {
 	s := &Server{picker: p, cfg: cfg, log: cfg.Logger.WithName("extproc"), metrics: m, health: health.NewServer(),
 		stopHealth: make(chan struct{}), served: make(chan struct{})}
 	// A buffered body comes in one message, and goes back in one when it
-	// changes: room for the largest body and its headers.
+	// changes: room for the largest body and its headers. gRPC allocates a
+	// message as its bytes arrive, not as its prefix declares, but opens
+	// the stream's flow-control window to the whole message once Process
+	// reads: a stream holds at most maxMsg before Process charges the body
+	// to the gateway's held bytes, and the windows cannot lower that.
 	maxMsg := int(p.MaxBodyBytes()) + 1<<20
 	opts := []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(maxMsg),
 		grpc.MaxSendMsgSize(maxMsg),
+		// One connection opens no more streams than all may: Envoy opens
+		// another connection or waits, where a stream beyond the bound
+		// over all connections is refused in Process.
+		grpc.MaxConcurrentStreams(uint32(min(int64(cfg.MaxStreams), math.MaxUint32))),
 		// Envoy keeps its connections open and may ping them; a peer gone
 		// silent is found within Time+Timeout, which ends its streams.
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
@@ -156,9 +183,29 @@ func (s *Server) refreshHealth() {
 	}
 }
 
-// Process serves one request's stream: see the package documentation.
+// Process serves one request's stream: see the package documentation. A
+// stream beyond Config.MaxStreams is refused with RESOURCE_EXHAUSTED.
 func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
 	st := s.newStream(srv)
+	if st == nil {
+		s.metrics.refusedStream.Inc()
+		return status.Errorf(codes.ResourceExhausted,
+			"kvgate serves at most %d external processing streams at once (KVGATE_EXTPROC_MAX_STREAMS)", s.cfg.MaxStreams)
+	}
 	defer st.finish()
 	return st.run()
+}
+
+// acquireStream takes one of the MaxStreams slots, or reports that all
+// are taken.
+func (s *Server) acquireStream() bool {
+	for {
+		n := s.streams.Load()
+		if n >= int64(s.cfg.MaxStreams) {
+			return false
+		}
+		if s.streams.CompareAndSwap(n, n+1) {
+			return true
+		}
+	}
 }

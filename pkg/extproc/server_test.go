@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -12,7 +13,9 @@ import (
 	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
 
 	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/gateway"
@@ -524,5 +527,118 @@ func TestAnSLORefusalSaysWhenToRetry(t *testing.T) {
 	}
 	if _, err := strconv.Atoi(retry); err != nil {
 		t.Errorf("retry-after %q, want whole seconds", retry)
+	}
+}
+
+// holdStream opens a stream on e and sends full-duplex request headers, as
+// Envoy does before the body arrives; the stream then waits for the body.
+// It returns the stream and what cancels it.
+func holdStream(t *testing.T, e *envoy) (extprocv3.ExternalProcessor_ProcessClient, context.CancelFunc) {
+	t.Helper()
+	return holdStreamUntil(t, e, time.Time{})
+}
+
+// holdStreamUntil is holdStream, the stream cancelled at deadline unless
+// it is zero.
+func holdStreamUntil(t *testing.T, e *envoy, deadline time.Time) (extprocv3.ExternalProcessor_ProcessClient, context.CancelFunc) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	if !deadline.IsZero() {
+		ctx, cancel = context.WithDeadline(context.Background(), deadline)
+	}
+	t.Cleanup(cancel)
+	s, err := e.client.Process(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Send(&extprocv3.ProcessingRequest{
+		ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: duplex.req, ResponseBodyMode: duplex.resp},
+		Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{
+			Headers: headerMap(map[string]string{":method": "POST", ":path": gateway.PathCompletions})}},
+	}); err != nil && err != io.EOF { // io.EOF: refused already, which Recv tells
+		t.Fatal(err)
+	}
+	return s, cancel
+}
+
+func TestStreamsBeyondTheBoundAreRefusedAndEachEndGivesItsSlotBack(t *testing.T) {
+	f := start(t, 1, options{env: map[string]string{"KVGATE_EXTPROC_MAX_STREAMS": "2"}})
+	refused := func() float64 {
+		return f.metric(t, "kvgate_extproc_stream_errors_total", map[string]string{"reason": errTooMany})
+	}
+	inFlight := func(n float64) {
+		t.Helper()
+		testsupport.EventuallyWhy(t, fmt.Sprintf("%v streams in flight", n), func() (string, bool) {
+			got := f.metric(t, "kvgate_extproc_streams_in_flight", nil)
+			return fmt.Sprint(got), got == n
+		})
+	}
+	// wantRefused opens a stream on e and wants it refused at once.
+	wantRefused := func(e *envoy) {
+		t.Helper()
+		s, _ := holdStreamUntil(t, e, time.Now().Add(testsupport.WaitTimeout))
+		_, err := s.Recv()
+		if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "KVGATE_EXTPROC_MAX_STREAMS") {
+			t.Fatalf("a stream beyond the bound ended with %v, want RESOURCE_EXHAUSTED naming KVGATE_EXTPROC_MAX_STREAMS", err)
+		}
+	}
+	// Two streams wait for their bodies on Envoy's connection.
+	_, cancelA := holdStream(t, f.envoy)
+	b, _ := holdStream(t, f.envoy)
+	inFlight(2)
+	// A third on that connection waits until one of them ends
+	// (MAX_CONCURRENT_STREAMS); one on another connection is refused.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	queued := make(chan error, 1)
+	go func() {
+		_, err := f.envoy.client.Process(ctx)
+		queued <- err
+	}()
+	other := dialEnvoy(t, f.extAddr, true)
+	wantRefused(other)
+	if n := refused(); n != 1 {
+		t.Fatalf("refused streams %v, want 1", n)
+	}
+	select {
+	case err := <-queued:
+		t.Fatalf("a third stream opened on a connection serving the most streams (%v)", err)
+	default:
+	}
+	// b breaks the protocol and ends with an error: the queued stream takes
+	// its slot.
+	if err := b.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{
+		RequestHeaders: &extprocv3.HttpHeaders{Headers: headerMap(map[string]string{":method": "POST"})}}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Recv(); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("headers twice: %v, want INVALID_ARGUMENT", err)
+	}
+	select {
+	case err := <-queued:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(testsupport.WaitTimeout):
+		t.Fatal("the stream queued on the connection was not opened once another ended")
+	}
+	inFlight(2)
+	// Envoy resets the first: a new stream is served.
+	cancelA()
+	inFlight(1)
+	x := other.start(t, buffered, completionRequest("served again", ""))
+	x.forward(64)
+	if x.status != http.StatusOK {
+		t.Fatalf("a stream within the bound: %d %s", x.status, x.respBody)
+	}
+	// The broken, reset and ended streams gave their slots back once each:
+	// the queued stream holds one, a new one the other, and the next is
+	// refused.
+	inFlight(1)
+	holdStream(t, other)
+	inFlight(2)
+	wantRefused(other)
+	if n := refused(); n != 2 {
+		t.Errorf("refused streams %v, want 2", n)
 	}
 }

@@ -82,7 +82,12 @@ type stream struct {
 	out []byte // scratch for the pieces of a response body
 }
 
+// newStream returns the stream of srv, holding one of the Server's
+// MaxStreams slots until finish, or nil when all are taken.
 func (s *Server) newStream(srv extprocv3.ExternalProcessor_ProcessServer) *stream {
+	if !s.acquireStream() {
+		return nil
+	}
 	s.metrics.inFlight.Inc()
 	return &stream{s: s, srv: srv, ctx: srv.Context(), log: s.log, start: time.Now(),
 		reqMode: filterv3.ProcessingMode_BUFFERED, respMode: filterv3.ProcessingMode_STREAMED}
@@ -515,6 +520,8 @@ func (st *stream) ended(err error) error {
 // for a stream that ended before either.
 func (st *stream) finish() {
 	m := st.s.metrics
+	// The slot is free once the gauge shows it.
+	st.s.streams.Add(-1)
 	m.inFlight.Dec()
 	st.s.picker.ReleaseBody(st.held)
 	code := st.answered
