@@ -477,13 +477,7 @@ func TestReadinessAnswers503ThroughTheDefaultShutdownDelay(t *testing.T) {
 // one after it are each routed, forwarded whole and answered.
 func TestInferenceRequestsAreServedWhicheverServerReadsThem(t *testing.T) {
 	f := startFleet(t, []string{"a"}, fleetOptions{})
-	c, err := net.Dial("tcp", strings.TrimPrefix(f.url, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(testsupport.WaitTimeout))
-	br := bufio.NewReader(c)
+	c, br := dialGateway(t, f)
 	bodies := []string{completion("one", ""), completion("two", ""), completion("three", "")}
 	for i, body := range bodies {
 		framing := "Content-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body
@@ -519,18 +513,36 @@ func TestInferenceRequestsAreServedWhicheverServerReadsThem(t *testing.T) {
 // has its connection closed once a write to it blocks for the write
 // timeout; its attempt ends and the engine's request is cancelled.
 func TestAClientThatReadsNothingIsCutAfterTheWriteTimeout(t *testing.T) {
-	f := startFleet(t, []string{"a"}, fleetOptions{env: map[string]string{"KVGATE_CLIENT_WRITE_TIMEOUT": "300ms"}})
+	_, written := cutClientsThatReadNothing(t, map[string]string{"KVGATE_CLIENT_WRITE_TIMEOUT": "300ms"},
+		"cancelled client went away", "kvgate_gateway_client_write_timeouts_total")
+	if n := written.Load(); n >= clientCutAfter {
+		t.Errorf("the engine wrote %d bytes, want its writes to fail well before %d", n, clientCutAfter)
+	}
+}
+
+// clientCutAfter is the most bytes the engine of cutClientsThatReadNothing
+// writes of one response.
+const clientCutAfter = 1 << 30
+
+// cutClientsThatReadNothing runs a gateway configured by env in front of an
+// engine that answers each request with up to clientCutAfter bytes, sends a
+// streamed then a whole request on connections that read nothing of their
+// responses, and wants each cut: the engine's request cancelled, the
+// attempt ended as outcome and the counter named counted. It returns the
+// fleet and the bytes the engine wrote.
+func cutClientsThatReadNothing(t *testing.T, env map[string]string, outcome, counter string) (*testFleet, *atomic.Int64) {
+	t.Helper()
+	f := startFleet(t, []string{"a"}, fleetOptions{env: env})
 	seen := watchOutcomes(f.gw)
-	const most = 1 << 30
-	var written atomic.Int64
+	written := new(atomic.Int64)
 	cancelled := make(chan struct{}, 2)
 	f.engine("a").setAnswer(func(w http.ResponseWriter, r *http.Request, body []byte) {
 		defer func() { cancelled <- struct{}{} }()
 		chunk := []byte("data: {\"choices\":[{\"index\":0,\"text\":\"" + strings.Repeat("x", 16<<10) + "\"}]}\n\n")
 		if !strings.Contains(string(body), `"stream":true`) {
-			w.Header().Set("Content-Length", strconv.Itoa(most))
+			w.Header().Set("Content-Length", strconv.Itoa(clientCutAfter))
 		}
-		for written.Load() < most {
+		for written.Load() < clientCutAfter {
 			if _, err := w.Write(chunk); err != nil {
 				return
 			}
@@ -556,17 +568,15 @@ func TestAClientThatReadsNothingIsCutAfterTheWriteTimeout(t *testing.T) {
 		case <-time.After(testsupport.WaitTimeout):
 			t.Fatalf("request %d: the engine's request was not cancelled (%d bytes written)", i, written.Load())
 		}
-		if got := seen.wait(t, i+1); got[i] != "cancelled client went away" {
-			t.Errorf("request %d: attempt ended %q, want cancelled", i, got[i])
+		if got := seen.wait(t, i+1); got[i] != outcome {
+			t.Errorf("request %d: attempt ended %q, want %s", i, got[i], outcome)
 		}
-		testsupport.EventuallyWhy(t, "the write timeout to be counted", func() (string, bool) {
-			n := f.metric("kvgate_gateway_client_write_timeouts_total")
+		testsupport.EventuallyWhy(t, counter+" to count the cut", func() (string, bool) {
+			n := f.metric(counter)
 			return fmt.Sprint(n), n == float64(i+1)
 		})
 	}
-	if n := written.Load(); n >= most {
-		t.Errorf("the engine wrote %d bytes, want its writes to fail well before %d", n, most)
-	}
+	return f, written
 }
 
 // responseTimeoutEnv bounds responses to 1 s, the headers among them,
@@ -670,51 +680,8 @@ func TestAClientThatReadsTooSlowlyIsCutAtTheResponseTimeout(t *testing.T) {
 	for k, v := range responseTimeoutEnv {
 		env[k] = v
 	}
-	f := startFleet(t, []string{"a"}, fleetOptions{env: env})
-	seen := watchOutcomes(f.gw)
-	const most = 1 << 30
-	var written atomic.Int64
-	cancelled := make(chan struct{}, 2)
-	f.engine("a").setAnswer(func(w http.ResponseWriter, r *http.Request, body []byte) {
-		defer func() { cancelled <- struct{}{} }()
-		chunk := []byte("data: {\"choices\":[{\"index\":0,\"text\":\"" + strings.Repeat("x", 16<<10) + "\"}]}\n\n")
-		if !strings.Contains(string(body), `"stream":true`) {
-			w.Header().Set("Content-Length", strconv.Itoa(most))
-		}
-		for written.Load() < most {
-			if _, err := w.Write(chunk); err != nil {
-				return
-			}
-			w.(http.Flusher).Flush()
-			written.Add(int64(len(chunk)))
-		}
-	})
-	addr := strings.TrimPrefix(f.url, "http://")
-	for i, extra := range []string{`,"stream":true`, ""} {
-		c, err := net.Dial("tcp", addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		_ = c.(*net.TCPConn).SetReadBuffer(4 << 10)
-		body := completion("hi", extra)
-		if _, err := fmt.Fprintf(c, "POST /v1/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
-			len(body), body); err != nil {
-			t.Fatal(err)
-		}
-		select {
-		case <-cancelled:
-		case <-time.After(testsupport.WaitTimeout):
-			t.Fatalf("request %d: the engine's request was not cancelled (%d bytes written)", i, written.Load())
-		}
-		if got := seen.wait(t, i+1); got[i] != "failed "+failResponseTimeout {
-			t.Errorf("request %d: attempt ended %q, want failed %s", i, got[i], failResponseTimeout)
-		}
-		testsupport.EventuallyWhy(t, "the response timeout to be counted", func() (string, bool) {
-			n := f.metric(`kvgate_gateway_upstream_failures_total{reason="response_timeout"}`)
-			return fmt.Sprint(n), n == float64(i+1)
-		})
-	}
+	f, _ := cutClientsThatReadNothing(t, env, "failed "+failResponseTimeout,
+		`kvgate_gateway_upstream_failures_total{reason="response_timeout"}`)
 	if n := f.metric("kvgate_gateway_client_write_timeouts_total"); n != 0 {
 		t.Errorf("write timeouts = %v, want none", n)
 	}
@@ -725,13 +692,7 @@ func TestAClientThatReadsTooSlowlyIsCutAtTheResponseTimeout(t *testing.T) {
 // though that answer never reaches a pod.
 func TestTheResponseTimeoutBoundsOnlyItsResponse(t *testing.T) {
 	f := startFleet(t, []string{"a"}, fleetOptions{env: responseTimeoutEnv})
-	c, err := net.Dial("tcp", strings.TrimPrefix(f.url, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(testsupport.WaitTimeout))
-	br := bufio.NewReader(c)
+	c, br := dialGateway(t, f)
 	ask := func(body string) (int, string) {
 		t.Helper()
 		if _, err := fmt.Fprintf(c, "POST /v1/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
@@ -934,4 +895,18 @@ func TestShutdownEndsTheWaitForAConnectionSlot(t *testing.T) {
 			}
 		})
 	}
+}
+
+// dialGateway opens a connection to f's gateway, closed when the test
+// ends, whose reads and writes fail after testsupport.WaitTimeout, and a
+// reader of it.
+func dialGateway(t *testing.T, f *testFleet) (net.Conn, *bufio.Reader) {
+	t.Helper()
+	c, err := net.Dial("tcp", strings.TrimPrefix(f.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	_ = c.SetDeadline(time.Now().Add(testsupport.WaitTimeout))
+	return c, bufio.NewReader(c)
 }
