@@ -397,8 +397,6 @@ func (t *Tokenizer) callBody(baseURL, model string, body []byte) (result, error)
 // makes the engine tokenize the model's requests of that form from then
 // on.
 func (t *Tokenizer) mismatch(lm *localModel, form int, phase string, body []byte, local, engine []uint32) {
-	t.m.verifications(lm.name, form, verifyMismatch).Inc()
-	t.m.mismatches(lm.name, form).Inc()
 	reason := fmt.Sprintf("%s: the engine's ids differ (%s)", phase, firstDifference(local, engine))
 	lm.mu.Lock()
 	if lm.reason[form] == "" {
@@ -406,6 +404,10 @@ func (t *Tokenizer) mismatch(lm *localModel, form int, phase string, body []byte
 	}
 	lm.mu.Unlock()
 	lm.state[form].Store(stateFallback)
+	// Counted once the form fell back, so that what the counters show
+	// LocalModels shows too.
+	t.m.verifications(lm.name, form, verifyMismatch).Inc()
+	t.m.mismatches(lm.name, form).Inc()
 	now := time.Now().UnixNano()
 	if last := lm.lastLog[form].Load(); now-last >= int64(mismatchLogEvery) && lm.lastLog[form].CompareAndSwap(last, now) {
 		t.log.Error(nil, "In-process tokenizer differs from the engine's: the engine tokenizes this model's requests from now on",
