@@ -99,6 +99,13 @@ func TestEnvoyConfigurationRoutesThroughKvgate(t *testing.T) {
 	if got := ep.GetMessageTimeout().AsDuration(); got <= time.Duration(tokenizer)*time.Second {
 		t.Errorf("message_timeout %v: a request whose tokenization takes up to %d s would fail", got, tokenizer)
 	}
+	maxWait, err := strconv.Atoi(config.SLOQueueMaxWait.Default)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := ep.GetMaxMessageTimeout().AsDuration(); got <= time.Duration(maxWait)*time.Second {
+		t.Errorf("max_message_timeout %v: a request waiting up to %d s in an SLO queue could not extend message_timeout", got, maxWait)
+	}
 
 	kvgate := clusters[ep.GetGrpcService().GetEnvoyGrpc().GetClusterName()]
 	if kvgate == nil {

@@ -2,6 +2,7 @@ package config
 
 import (
 	"net"
+	"time"
 )
 
 // SectionExtProc is the configuration reference's section on serving
@@ -55,6 +56,16 @@ var (
 			"KVGATE_MAX_HELD_REQUEST_BYTES only once received. At least 1.",
 		Flag: "extproc-max-streams",
 	}
+	ExtProcMaxMessageTimeout = Var{
+		Name:    "KVGATE_EXTPROC_MAX_MESSAGE_TIMEOUT",
+		Default: "0",
+		Section: SectionExtProc,
+		Doc: "The ext_proc filter's max_message_timeout in Envoy, in seconds or with a unit (\"70s\"). When above 0, a " +
+			"request that waits in its model's SLO queue asks Envoy (override_message_timeout) to wait for its answer " +
+			"until it leaves the queue, at most this long, rather than message_timeout. Envoy ignores an override " +
+			"beyond its max_message_timeout, or any without one: set both. 0 never asks.",
+		Flag: "extproc-max-message-timeout",
+	}
 	ProxyEnabled = Var{
 		Name:    "KVGATE_PROXY_ENABLED",
 		Default: "true",
@@ -69,12 +80,14 @@ var (
 type ExtProc struct {
 	// ListenAddress is where it serves, "" for nowhere.
 	ListenAddress string
-	// FailOpen, TLS, CertDir and MaxStreams are ExtProcFailOpen,
-	// ExtProcTLS, ExtProcCertDir and ExtProcMaxStreams.
-	FailOpen   bool
-	TLS        bool
-	CertDir    string
-	MaxStreams int
+	// FailOpen, TLS, CertDir, MaxStreams and MaxMessageTimeout are
+	// ExtProcFailOpen, ExtProcTLS, ExtProcCertDir, ExtProcMaxStreams and
+	// ExtProcMaxMessageTimeout.
+	FailOpen          bool
+	TLS               bool
+	CertDir           string
+	MaxStreams        int
+	MaxMessageTimeout time.Duration
 }
 
 // LoadExtProc reads the external processing settings from e, recording a
@@ -82,11 +95,12 @@ type ExtProc struct {
 // without TLS in e.
 func LoadExtProc(e *Env) ExtProc {
 	x := ExtProc{
-		ListenAddress: e.String(ExtProcListenAddress),
-		FailOpen:      e.Bool(ExtProcFailOpen),
-		TLS:           e.Bool(ExtProcTLS),
-		CertDir:       e.String(ExtProcCertDir),
-		MaxStreams:    e.Int(ExtProcMaxStreams, 1),
+		ListenAddress:     e.String(ExtProcListenAddress),
+		FailOpen:          e.Bool(ExtProcFailOpen),
+		TLS:               e.Bool(ExtProcTLS),
+		CertDir:           e.String(ExtProcCertDir),
+		MaxStreams:        e.Int(ExtProcMaxStreams, 1),
+		MaxMessageTimeout: e.DurationOrZero(ExtProcMaxMessageTimeout, time.Second),
 	}
 	if x.ListenAddress != "" {
 		if _, _, err := net.SplitHostPort(x.ListenAddress); err != nil {

@@ -3,6 +3,7 @@ package config
 import (
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestLoadExtProc(t *testing.T) {
@@ -11,16 +12,18 @@ func TestLoadExtProc(t *testing.T) {
 		t.Errorf("defaults: %+v, %v; want no server, TLS on", x, e.Err())
 	}
 	e = NewEnv(lookupFrom(map[string]string{"KVGATE_EXTPROC_LISTEN_ADDRESS": ":9002", "KVGATE_EXTPROC_FAIL_OPEN": "true",
-		"KVGATE_EXTPROC_CERT_DIR": "/etc/kvgate/tls", "KVGATE_PROXY_ENABLED": "false", "KVGATE_EXTPROC_MAX_STREAMS": "64"}))
+		"KVGATE_EXTPROC_CERT_DIR": "/etc/kvgate/tls", "KVGATE_PROXY_ENABLED": "false", "KVGATE_EXTPROC_MAX_STREAMS": "64",
+		"KVGATE_EXTPROC_MAX_MESSAGE_TIMEOUT": "70s"}))
 	if x := LoadExtProc(e); e.Err() != nil || x != (ExtProc{ListenAddress: ":9002", FailOpen: true, TLS: true, CertDir: "/etc/kvgate/tls",
-		MaxStreams: 64}) {
+		MaxStreams: 64, MaxMessageTimeout: 70 * time.Second}) {
 		t.Errorf("set: %+v, %v", x, e.Err())
 	}
 	e = NewEnv(lookupFrom(map[string]string{"KVGATE_EXTPROC_LISTEN_ADDRESS": "9002", "KVGATE_EXTPROC_TLS": "false",
-		"KVGATE_EXTPROC_CERT_DIR": "/etc/kvgate/tls", "KVGATE_EXTPROC_MAX_STREAMS": "0"}))
+		"KVGATE_EXTPROC_CERT_DIR": "/etc/kvgate/tls", "KVGATE_EXTPROC_MAX_STREAMS": "0",
+		"KVGATE_EXTPROC_MAX_MESSAGE_TIMEOUT": "-1s"}))
 	LoadExtProc(e)
 	for _, want := range []string{`KVGATE_EXTPROC_LISTEN_ADDRESS="9002"`, "KVGATE_EXTPROC_CERT_DIR is set but KVGATE_EXTPROC_TLS is false",
-		`KVGATE_EXTPROC_MAX_STREAMS="0": want an integer >= 1`} {
+		`KVGATE_EXTPROC_MAX_STREAMS="0": want an integer >= 1`, `KVGATE_EXTPROC_MAX_MESSAGE_TIMEOUT="-1s"`} {
 		if e.Err() == nil || !strings.Contains(e.Err().Error(), want) {
 			t.Errorf("error %v, want one mentioning %s", e.Err(), want)
 		}

@@ -485,6 +485,7 @@ var Vars = []Var{
 	ExtProcTLS,
 	ExtProcCertDir,
 	ExtProcMaxStreams,
+	ExtProcMaxMessageTimeout,
 	ProxyEnabled,
 	Kubeconfig,
 	KVEventSyncEnabled,

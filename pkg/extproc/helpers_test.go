@@ -153,7 +153,8 @@ func start(t testing.TB, n int, o options) *fixture {
 		t.Fatal(err)
 	}
 	f.gw = g
-	sc := Config{FailOpen: o.failOpen, MaxStreams: cfg.ExtProc.MaxStreams, HealthInterval: 10 * time.Millisecond}
+	sc := Config{FailOpen: o.failOpen, MaxStreams: cfg.ExtProc.MaxStreams, MaxMessageTimeout: cfg.ExtProc.MaxMessageTimeout,
+		HealthInterval: 10 * time.Millisecond}
 	if !o.plaintext {
 		if sc.TLS, err = TLSConfig("", klog.Background()); err != nil {
 			t.Fatal(err)
@@ -360,6 +361,9 @@ type exchange struct {
 	status      int
 	respHeaders map[string]string
 	respBody    []byte
+
+	// overrides are the override_message_timeout values kvgate sent.
+	overrides []time.Duration
 }
 
 // start opens a stream and sends the request's messages, applying the
@@ -691,16 +695,24 @@ func (x *exchange) send(m *extprocv3.ProcessingRequest) {
 // next returns kvgate's next answer.
 func (x *exchange) next() *extprocv3.ProcessingResponse {
 	x.t.Helper()
-	select {
-	case m, ok := <-x.recv:
-		if !ok {
-			x.t.Fatalf("%s: the stream ended: %v", x.mode.name, <-x.errs)
+	for {
+		select {
+		case m, ok := <-x.recv:
+			if !ok {
+				x.t.Fatalf("%s: the stream ended: %v", x.mode.name, <-x.errs)
+			}
+			// Envoy restarts the message's timer with an override, ignoring
+			// the rest of its message, and waits on for the answer.
+			if d := m.GetOverrideMessageTimeout(); d != nil {
+				x.overrides = append(x.overrides, d.AsDuration())
+				continue
+			}
+			return m
+		case <-time.After(testsupport.WaitTimeout):
+			x.t.Fatalf("%s: no answer within %v", x.mode.name, testsupport.WaitTimeout)
 		}
-		return m
-	case <-time.After(testsupport.WaitTimeout):
-		x.t.Fatalf("%s: no answer within %v", x.mode.name, testsupport.WaitTimeout)
+		return nil
 	}
-	return nil
 }
 
 // applyMutation applies a header mutation to h as Envoy does.

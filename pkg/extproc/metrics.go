@@ -30,6 +30,8 @@ type metrics struct {
 	errors   *prometheus.CounterVec
 	// oversized counts server-sent events relayed uninspected.
 	oversized prometheus.Counter
+	// timeoutOverrides counts the override_message_timeout messages sent.
+	timeoutOverrides prometheus.Counter
 	// refusedStream is errors{reason="too_many_streams"}.
 	refusedStream prometheus.Counter
 }
@@ -66,12 +68,16 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "kvgate_extproc_oversized_events_total",
 			Help: "Server-sent events of pods' streams longer than KVGATE_MAX_STREAM_EVENT_BYTES, passed on as they came without being read: a first token or usage they carry is missed.",
 		}),
+		timeoutOverrides: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvgate_extproc_message_timeout_overrides_total",
+			Help: "Requests waiting in their model's SLO queue for which Envoy was asked to wait longer for the answer (override_message_timeout, KVGATE_EXTPROC_MAX_MESSAGE_TIMEOUT).",
+		}),
 	}
 	for _, r := range []string{errProtocol, errSend, errMisconfigure, errTooLarge, errOverloaded, errTooMany} {
 		m.errors.WithLabelValues(r)
 	}
 	m.refusedStream = m.errors.WithLabelValues(errTooMany)
-	for _, c := range []prometheus.Collector{m.requests, m.decision, m.ttft, m.inFlight, m.failOpen, m.errors, m.oversized} {
+	for _, c := range []prometheus.Collector{m.requests, m.decision, m.ttft, m.inFlight, m.failOpen, m.errors, m.oversized, m.timeoutOverrides} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register extproc metrics: %w", err)
 		}

@@ -39,6 +39,11 @@ type Config struct {
 	// DefaultMaxStreams when zero. A stream beyond it is refused with
 	// RESOURCE_EXHAUSTED.
 	MaxStreams int
+	// MaxMessageTimeout, when above zero, is Envoy's max_message_timeout
+	// (KVGATE_EXTPROC_MAX_MESSAGE_TIMEOUT): a request that waits in its
+	// model's SLO queue asks Envoy, with override_message_timeout, to wait
+	// for its answer until it leaves the queue, at most this long.
+	MaxMessageTimeout time.Duration
 	// HealthInterval is how often the health service's readiness is
 	// refreshed from the gateway's (default one second).
 	HealthInterval time.Duration

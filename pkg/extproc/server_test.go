@@ -642,3 +642,54 @@ func TestStreamsBeyondTheBoundAreRefusedAndEachEndGivesItsSlotBack(t *testing.T)
 		t.Errorf("refused streams %v, want 2", n)
 	}
 }
+
+func TestARequestWaitingInItsQueueAsksEnvoyToWaitForIt(t *testing.T) {
+	// At 90 tokens a second, each prompt (some 490 tokens) takes about
+	// 5.4 s to prefill: a pod can meet the 10 s objective of one, not of two,
+	// and the second can wait some 4.5 s for the first to leave.
+	f := start(t, 1, options{env: map[string]string{
+		"KVGATE_ROUTING_ALGORITHM":                         "slo-least-load-pulling",
+		"KVGATE_SLO_MODELS":                                simModel + "=ttft:10s",
+		"KVGATE_ROUTING_DEFAULT_PREFILL_TOKENS_PER_SECOND": "90",
+		"KVGATE_EXTPROC_MAX_MESSAGE_TIMEOUT":               "20s",
+	}})
+	first := f.envoy.start(t, buffered, completionRequest(words("first", 150), ""))
+	first.destination()
+	if len(first.overrides) != 0 {
+		t.Fatalf("the first request, routed at once, asked Envoy to wait %v", first.overrides)
+	}
+	// The second waits until the first's stream ends; Envoy was asked to
+	// wait for it first.
+	overridden := func() bool {
+		mfs, err := f.reg.Gather()
+		if err != nil {
+			return false
+		}
+		for _, mf := range mfs {
+			if mf.GetName() == "kvgate_extproc_message_timeout_overrides_total" {
+				return mf.GetMetric()[0].GetCounter().GetValue() >= 1
+			}
+		}
+		return false
+	}
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		for !overridden() {
+			select {
+			case <-done:
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+		first.cancel()
+	}()
+	second := f.envoy.start(t, buffered, completionRequest(words("second", 150), ""))
+	second.destination()
+	if len(second.overrides) != 1 || second.overrides[0] <= time.Second || second.overrides[0] > 20*time.Second {
+		t.Errorf("the request that waited asked Envoy to wait %v, want once, more than a second and at most 20 s", second.overrides)
+	}
+	if n := f.metric(t, "kvgate_slo_requests_total", map[string]string{"outcome": "admitted"}); n != 2 {
+		t.Errorf("admitted %v requests, want 2", n)
+	}
+}

@@ -16,6 +16,7 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
 	"k8s.io/klog/v2"
 
@@ -264,8 +265,11 @@ const (
 func (st *stream) decideAndAnswer(at answerPoint) error {
 	st.decided = true
 	t0 := time.Now()
-	pick, perr := st.s.picker.Pick(st.ctx, gateway.PickRequest{Path: st.hdr.path, Body: st.body, Strategy: st.hdr.strategy,
-		Subset: st.subset, Received: st.start})
+	in := gateway.PickRequest{Path: st.hdr.path, Body: st.body, Strategy: st.hdr.strategy, Subset: st.subset, Received: st.start}
+	if st.s.cfg.MaxMessageTimeout > 0 {
+		in.Waiting = st.extendMessageTimeout
+	}
+	pick, perr := st.s.picker.Pick(st.ctx, in)
 	if perr != nil {
 		if perr.Status != http.StatusServiceUnavailable || !st.s.cfg.FailOpen {
 			return st.refuse(perr)
@@ -283,6 +287,20 @@ func (st *stream) decideAndAnswer(at answerPoint) error {
 	err := st.answerDecision(at)
 	st.s.metrics.decision.Observe(time.Since(t0).Seconds())
 	return err
+}
+
+// extendMessageTimeout asks Envoy to wait for the decision until the
+// request leaves its model's SLO queue at the latest, and a second more to
+// route and answer it, within Config.MaxMessageTimeout. Envoy takes one
+// override per message it waits on; a stream that cannot take it ends
+// through the decision's own answer.
+func (st *stream) extendMessageTimeout(until time.Time) {
+	d := min(time.Until(until)+time.Second, st.s.cfg.MaxMessageTimeout)
+	if d < time.Millisecond {
+		return
+	}
+	st.s.metrics.timeoutOverrides.Inc()
+	_ = st.send(&extprocv3.ProcessingResponse{OverrideMessageTimeout: durationpb.New(d)})
 }
 
 // answerDecision sends the answers the decision was waiting for: the

@@ -111,6 +111,11 @@ type PickRequest struct {
 	Subset []string
 	// Received is when the request arrived; the zero time means now.
 	Received time.Time
+	// Waiting, when set, is called on Pick's goroutine when the request
+	// starts waiting in its model's SLO queue, with the latest time Pick
+	// returns for it: a front end whose peer bounds the wait can extend
+	// the bound.
+	Waiting func(until time.Time)
 }
 
 // Pick is a routed request: the pod chosen, the attempt opened on it in the
@@ -180,7 +185,7 @@ func (p *Picker) Pick(ctx context.Context, in PickRequest) (*Pick, *Error) {
 		k.req = g.ledger.Admit(k.rc.RequestID, k.rc.Model)
 	}
 	if (path == PathCompletions || path == PathChatCompletions) && routing.IsSLOAware(k.a.algorithm) {
-		h, err := g.queueSLO(ctx, &k.a, k.rc, k.req, k.x)
+		h, err := g.queueSLO(ctx, &k.a, k.rc, k.req, k.x, in.Waiting)
 		if h == nil {
 			k.End()
 			if err == nil {

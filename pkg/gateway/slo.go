@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 
@@ -71,7 +72,7 @@ func (m modelDepartures) OnPodDelete(*v1.Pod) {
 // pod, or answers the client and returns false.
 func (g *Gateway) routeSLO(w http.ResponseWriter, r *http.Request, a *admitted, rc *types.RoutingContext,
 	req *inflight.Request, x *exchange, c *call) (*inflight.Handle, bool) {
-	h, e := g.queueSLO(r.Context(), a, rc, req, x)
+	h, e := g.queueSLO(r.Context(), a, rc, req, x, nil)
 	switch {
 	case h != nil:
 		return h, true
@@ -99,16 +100,17 @@ var sloCodes = map[string]string{
 // the client with: 429 with a RetryAfter when the queue refused the request
 // or it could no longer meet its objective, 503 when its model left the
 // fleet, no pod is ready or the gateway stops. It returns neither when ctx
-// ended first: the client went away.
+// ended first: the client went away. waiting, when set, is told when the
+// request starts waiting (see slo.Entry.Waiting).
 func (g *Gateway) queueSLO(ctx context.Context, a *admitted, rc *types.RoutingContext, req *inflight.Request,
-	x *exchange) (*inflight.Handle, *Error) {
+	x *exchange, waiting func(time.Time)) (*inflight.Handle, *Error) {
 	rc.SLO, _ = g.objectives.For(rc.Model, deployments(a.pods))
 	q, err := g.queues.GetRouter(rc)
 	if err != nil {
 		return nil, &Error{Status: http.StatusServiceUnavailable, Type: typeServiceUnavailable, Code: codeShuttingDown, Message: err.Error()}
 	}
 	var h *inflight.Handle
-	e := &slo.Entry{Request: rc, Deadline: slo.DeadlineOf(rc, g.cfg.SLO.MaxWait)}
+	e := &slo.Entry{Request: rc, Deadline: slo.DeadlineOf(rc, g.cfg.SLO.MaxWait), Waiting: waiting}
 	e.Try = func() error {
 		pods, err := a.b.store.ListPodsByModel(rc.Model)
 		if err != nil {

@@ -50,6 +50,10 @@ type Entry struct {
 	// (nil), or refused or expired (an *Error). It is not called for a
 	// request its caller cancelled (see Cancel).
 	Done func(error)
+	// Waiting, when set, is called by Route once the request waits in the
+	// queue, on Route's goroutine before it waits, with the latest time it
+	// leaves the queue: routed, refused or expired.
+	Waiting func(until time.Time)
 
 	// guarded by the QueueRouter's mu
 	queued    bool
@@ -209,6 +213,9 @@ func (q *QueueRouter) Route(ctx context.Context, e *Entry, hold bool) error {
 	queued, err := q.Submit(e, hold)
 	if !queued {
 		return err
+	}
+	if e.Waiting != nil {
+		e.Waiting(e.enqueued.Add(q.cfg.MaxWait))
 	}
 	select {
 	case <-e.done:
