@@ -100,9 +100,6 @@ type Gateway struct {
 
 	// matchSlots holds a token per /debug/match request being served.
 	matchSlots chan struct{}
-	// connSlots holds a token per client connection the API listener
-	// holds open (Config.MaxClientConnections).
-	connSlots chan struct{}
 
 	idPrefix     string
 	nextID       atomic.Uint64
@@ -139,8 +136,7 @@ func New(cfg Config) (*Gateway, error) {
 			config.UpstreamResponseTimeout.Name, cfg.ResponseTimeout, config.UpstreamFirstByteTimeout.Name, cfg.FirstByteTimeout)
 	}
 	g := &Gateway{cfg: cfg, log: cfg.Logger.WithName("gateway"), registry: prometheus.NewRegistry(), started: time.Now(),
-		matchSlots: make(chan struct{}, maxConcurrentMatches), bodies: bodyBudget{limit: cfg.MaxHeldRequestBytes},
-		connSlots: make(chan struct{}, cfg.MaxClientConnections)}
+		matchSlots: make(chan struct{}, maxConcurrentMatches), bodies: bodyBudget{limit: cfg.MaxHeldRequestBytes}}
 	g.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	var err error
 	if g.tokenURL, err = parseTokenizerTemplate(cfg.TokenizerEndpointTemplate); err != nil {

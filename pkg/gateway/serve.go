@@ -239,7 +239,7 @@ func (g *Gateway) startServers(ln net.Listener) (servers []httpServer, served <-
 			// first byte was read; the listener holds at most
 			// MaxClientConnections of them open.
 			srv.ConnContext = withConn
-			l = newTimedListener(l, g.cfg.ClientWriteTimeout, g.connSlots, g.metrics)
+			l = newTimedListener(l, g.cfg.ClientWriteTimeout, g.cfg.MaxClientConnections, g.metrics)
 			if !g.cfg.DisableProxy {
 				server = &leanhttp.Server{HTTP: srv, Hot: []string{
 					http.MethodPost + " " + PathCompletions, http.MethodPost + " " + PathChatCompletions}}

@@ -8,11 +8,12 @@ import (
 	"net/http"
 	"os"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvgate/kvgate/pkg/connlimit"
 )
 
 // phase is a part of the gateway's time on a request. The parts follow
@@ -143,53 +144,27 @@ type connKey struct{}
 // their current request was read, for the gateway's Server-Timing and
 // phase metrics to start there rather than when net/http runs the
 // handler, and that bound each write by writeTimeout, and by the end of
-// the response being relayed, counting the connections they closed.
-//
-// It holds at most cap(slots) connections open: Accept takes a slot
-// before accepting, the connection gives it back when closed. At the
-// bound, Accept waits for a slot, counting the wait, and leaves the
-// connections to accept in the kernel's listen backlog; Close ends the
-// wait.
+// the response being relayed, counting the connections they closed. It
+// holds at most maxConns connections open (see package connlimit).
 type timedListener struct {
-	net.Listener
+	*connlimit.Listener
 	writeTimeout time.Duration
 	metrics      *metrics
 	// responseTimeouts counts the connections closed at a response's end.
 	responseTimeouts prometheus.Counter
-	slots            chan struct{}
-	closed           chan struct{}
-	closeOnce        sync.Once
 }
 
-func newTimedListener(ln net.Listener, writeTimeout time.Duration, slots chan struct{}, m *metrics) *timedListener {
-	return &timedListener{Listener: ln, writeTimeout: writeTimeout, metrics: m,
-		responseTimeouts: m.upstreamFails.WithLabelValues(failResponseTimeout), slots: slots, closed: make(chan struct{})}
+func newTimedListener(ln net.Listener, writeTimeout time.Duration, maxConns int, m *metrics) *timedListener {
+	return &timedListener{Listener: connlimit.New(ln, maxConns, m.connWaits, m.conns), writeTimeout: writeTimeout, metrics: m,
+		responseTimeouts: m.upstreamFails.WithLabelValues(failResponseTimeout)}
 }
 
 func (l *timedListener) Accept() (net.Conn, error) {
-	select {
-	case l.slots <- struct{}{}:
-	default:
-		l.metrics.connWaits.Inc()
-		select {
-		case l.slots <- struct{}{}:
-		case <-l.closed:
-			return nil, net.ErrClosed
-		}
-	}
 	c, err := l.Listener.Accept()
 	if err != nil {
-		<-l.slots
 		return nil, err
 	}
-	l.metrics.conns.Inc()
 	return &timedConn{Conn: c, l: l}, nil
-}
-
-// Close closes the listener and ends Accept's wait for a slot.
-func (l *timedListener) Close() error {
-	l.closeOnce.Do(func() { close(l.closed) })
-	return l.Listener.Close()
 }
 
 // withConn is the http.Server.ConnContext that hands a request its
@@ -224,19 +199,6 @@ type timedConn struct {
 	// deadline was end.
 	timedOut atomic.Bool
 	pastEnd  atomic.Bool
-	// closed is set by the first Close, which gives the connection's slot
-	// back.
-	closed atomic.Bool
-}
-
-// Close closes the connection and, the first time, gives its slot back.
-func (c *timedConn) Close() error {
-	err := c.Conn.Close()
-	if !c.closed.Swap(true) {
-		c.l.metrics.conns.Dec()
-		<-c.l.slots
-	}
-	return err
 }
 
 // Write writes p within the write timeout, and by end.
@@ -264,7 +226,7 @@ func (c *timedConn) Write(p []byte) (int, error) {
 			} else {
 				c.l.metrics.writeTimeouts.Inc()
 			}
-			_ = c.Close()
+			_ = c.Conn.Close()
 		}
 		return n, c.writeTimeoutError()
 	}

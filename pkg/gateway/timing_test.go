@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -67,77 +66,9 @@ func slotListener(t *testing.T, n int) (*timedListener, *prometheus.Registry) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := newTimedListener(ln, time.Minute, make(chan struct{}, n), m)
+	l := newTimedListener(ln, time.Minute, n, m)
 	t.Cleanup(func() { l.Close() })
 	return l, reg
-}
-
-// dialAccept connects to l and returns the connection l accepted.
-func dialAccept(t *testing.T, l net.Listener) net.Conn {
-	t.Helper()
-	c, err := net.Dial("tcp", l.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	s, err := l.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s
-}
-
-func TestAConnectionClosedTwiceGivesBackOneSlot(t *testing.T) {
-	l, reg := slotListener(t, 2)
-	a, b := dialAccept(t, l), dialAccept(t, l)
-	if n := len(l.slots); n != 2 {
-		t.Fatalf("%d slots taken by two connections, want 2", n)
-	}
-	for range 2 {
-		_ = a.Close()
-	}
-	if n := len(l.slots); n != 1 {
-		t.Fatalf("%d slots taken once a connection was closed twice, want 1 (the other's)", n)
-	}
-	if n := testsupport.MetricValue(t, reg, "kvgate_gateway_client_connections", nil); n != 1 {
-		t.Errorf("%v connections counted open, want 1", n)
-	}
-	c := dialAccept(t, l)
-	if n := testsupport.MetricValue(t, reg, "kvgate_gateway_client_connection_limit_waits_total", nil); n != 0 {
-		t.Errorf("accepting within the bound waited %v times, want 0", n)
-	}
-	for _, c := range []net.Conn{b, c} {
-		_ = c.Close()
-	}
-	if n := len(l.slots); n != 0 {
-		t.Errorf("%d slots taken once every connection closed, want 0", n)
-	}
-}
-
-func TestClosingTheListenerEndsAcceptsWaitForASlot(t *testing.T) {
-	l, reg := slotListener(t, 1)
-	dialAccept(t, l)
-	accepted := make(chan error, 1)
-	go func() {
-		c, err := l.Accept()
-		if err == nil {
-			c.Close()
-		}
-		accepted <- err
-	}()
-	testsupport.EventuallyWhy(t, "Accept to wait for a slot", func() (string, bool) {
-		n := testsupport.MetricValue(t, reg, "kvgate_gateway_client_connection_limit_waits_total", nil)
-		return fmt.Sprint(n), n == 1
-	})
-	_ = l.Close()
-	select {
-	case err := <-accepted:
-		if !errors.Is(err, net.ErrClosed) {
-			t.Errorf("Accept returned %v once the listener closed, want %v", err, net.ErrClosed)
-		}
-	case <-time.After(testsupport.WaitTimeout):
-		t.Fatalf("Accept still waits for a slot %v after the listener closed", testsupport.WaitTimeout)
-	}
 }
 
 // TestAHijackedConnectionGivesBackItsSlotWhenClosed: net/http hands a
