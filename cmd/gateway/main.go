@@ -78,7 +78,7 @@ func attachExtProc(g *gateway.Gateway, cfg gateway.Config) error {
 	if x.ListenAddress == "" {
 		return nil
 	}
-	ec := extproc.Config{FailOpen: x.FailOpen, MaxStreams: x.MaxStreams, MaxMessageTimeout: x.MaxMessageTimeout, Logger: cfg.Logger}
+	ec := extproc.Config{FailOpen: x.FailOpen, MaxStreams: x.MaxStreams, MaxConnections: x.MaxConnections, MaxMessageTimeout: x.MaxMessageTimeout, Logger: cfg.Logger}
 	if x.TLS {
 		var err error
 		if ec.TLS, err = extproc.TLSConfig(x.CertDir, klog.Background()); err != nil {

@@ -56,6 +56,16 @@ var (
 			"KVGATE_MAX_HELD_REQUEST_BYTES only once received. At least 1.",
 		Flag: "extproc-max-streams",
 	}
+	ExtProcMaxConnections = Var{
+		Name:    "KVGATE_EXTPROC_MAX_CONNECTIONS",
+		Default: "1024",
+		Section: SectionExtProc,
+		Doc: "Most connections the external processing listener holds open; at the bound it accepts none until one " +
+			"closes, new ones waiting in the kernel's listen backlog. An idle connection costs about 100 KB (TLS and " +
+			"HTTP/2 buffers, goroutines); Envoy carries many streams on each of a few connections per worker. At " +
+			"least 1.",
+		Flag: "extproc-max-connections",
+	}
 	ExtProcMaxMessageTimeout = Var{
 		Name:    "KVGATE_EXTPROC_MAX_MESSAGE_TIMEOUT",
 		Default: "0",
@@ -80,13 +90,14 @@ var (
 type ExtProc struct {
 	// ListenAddress is where it serves, "" for nowhere.
 	ListenAddress string
-	// FailOpen, TLS, CertDir, MaxStreams and MaxMessageTimeout are
-	// ExtProcFailOpen, ExtProcTLS, ExtProcCertDir, ExtProcMaxStreams and
-	// ExtProcMaxMessageTimeout.
+	// FailOpen, TLS, CertDir, MaxStreams, MaxConnections and
+	// MaxMessageTimeout are ExtProcFailOpen, ExtProcTLS, ExtProcCertDir,
+	// ExtProcMaxStreams, ExtProcMaxConnections and ExtProcMaxMessageTimeout.
 	FailOpen          bool
 	TLS               bool
 	CertDir           string
 	MaxStreams        int
+	MaxConnections    int
 	MaxMessageTimeout time.Duration
 }
 
@@ -100,6 +111,7 @@ func LoadExtProc(e *Env) ExtProc {
 		TLS:               e.Bool(ExtProcTLS),
 		CertDir:           e.String(ExtProcCertDir),
 		MaxStreams:        e.Int(ExtProcMaxStreams, 1),
+		MaxConnections:    e.Int(ExtProcMaxConnections, 1),
 		MaxMessageTimeout: e.DurationOrZero(ExtProcMaxMessageTimeout, time.Second),
 	}
 	if x.ListenAddress != "" {

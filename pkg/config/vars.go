@@ -485,6 +485,7 @@ var Vars = []Var{
 	ExtProcTLS,
 	ExtProcCertDir,
 	ExtProcMaxStreams,
+	ExtProcMaxConnections,
 	ExtProcMaxMessageTimeout,
 	ProxyEnabled,
 	Kubeconfig,

@@ -153,7 +153,7 @@ func start(t testing.TB, n int, o options) *fixture {
 		t.Fatal(err)
 	}
 	f.gw = g
-	sc := Config{FailOpen: o.failOpen, MaxStreams: cfg.ExtProc.MaxStreams, MaxMessageTimeout: cfg.ExtProc.MaxMessageTimeout,
+	sc := Config{FailOpen: o.failOpen, MaxStreams: cfg.ExtProc.MaxStreams, MaxConnections: cfg.ExtProc.MaxConnections, MaxMessageTimeout: cfg.ExtProc.MaxMessageTimeout,
 		HealthInterval: 10 * time.Millisecond}
 	if !o.plaintext {
 		if sc.TLS, err = TLSConfig("", klog.Background()); err != nil {

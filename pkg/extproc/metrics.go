@@ -32,6 +32,10 @@ type metrics struct {
 	oversized prometheus.Counter
 	// timeoutOverrides counts the override_message_timeout messages sent.
 	timeoutOverrides prometheus.Counter
+	// conns and connWaits are the connections open and the waits of the
+	// listener at its bound.
+	conns     prometheus.Gauge
+	connWaits prometheus.Counter
 	// refusedStream is errors{reason="too_many_streams"}.
 	refusedStream prometheus.Counter
 }
@@ -72,12 +76,20 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "kvgate_extproc_message_timeout_overrides_total",
 			Help: "Requests waiting in their model's SLO queue for which Envoy was asked to wait longer for the answer (override_message_timeout, KVGATE_EXTPROC_MAX_MESSAGE_TIMEOUT).",
 		}),
+		conns: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kvgate_extproc_connections",
+			Help: "Connections the external processing listener holds open (at most KVGATE_EXTPROC_MAX_CONNECTIONS).",
+		}),
+		connWaits: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvgate_extproc_connection_limit_waits_total",
+			Help: "Times the external processing listener held KVGATE_EXTPROC_MAX_CONNECTIONS connections and waited for one to close before accepting another.",
+		}),
 	}
 	for _, r := range []string{errProtocol, errSend, errMisconfigure, errTooLarge, errOverloaded, errTooMany} {
 		m.errors.WithLabelValues(r)
 	}
 	m.refusedStream = m.errors.WithLabelValues(errTooMany)
-	for _, c := range []prometheus.Collector{m.requests, m.decision, m.ttft, m.inFlight, m.failOpen, m.errors, m.oversized, m.timeoutOverrides} {
+	for _, c := range []prometheus.Collector{m.requests, m.decision, m.ttft, m.inFlight, m.failOpen, m.errors, m.oversized, m.timeoutOverrides, m.conns, m.connWaits} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register extproc metrics: %w", err)
 		}

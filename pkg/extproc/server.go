@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2"
 
+	"github.com/kvgate/kvgate/pkg/connlimit"
 	"github.com/kvgate/kvgate/pkg/gateway"
 )
 
@@ -39,6 +40,10 @@ type Config struct {
 	// DefaultMaxStreams when zero. A stream beyond it is refused with
 	// RESOURCE_EXHAUSTED.
 	MaxStreams int
+	// MaxConnections is the most connections Serve's listener holds open
+	// (KVGATE_EXTPROC_MAX_CONNECTIONS); DefaultMaxConnections when zero. At
+	// the bound it accepts none until one closes.
+	MaxConnections int
 	// MaxMessageTimeout, when above zero, is Envoy's max_message_timeout
 	// (KVGATE_EXTPROC_MAX_MESSAGE_TIMEOUT): a request that waits in its
 	// model's SLO queue asks Envoy, with override_message_timeout, to wait
@@ -51,8 +56,11 @@ type Config struct {
 	Logger klog.Logger
 }
 
-// DefaultMaxStreams is Config.MaxStreams when zero.
-const DefaultMaxStreams = 4096
+// Config.MaxStreams and Config.MaxConnections when zero.
+const (
+	DefaultMaxStreams     = 4096
+	DefaultMaxConnections = 1024
+)
 
 // Health service names of a Server besides "" (the server as a whole).
 const (
@@ -89,6 +97,9 @@ var _ gateway.Frontend = (*Server)(nil)
 func New(p *gateway.Picker, cfg Config) (*Server, error) {
 	if cfg.MaxStreams <= 0 {
 		cfg.MaxStreams = DefaultMaxStreams
+	}
+	if cfg.MaxConnections <= 0 {
+		cfg.MaxConnections = DefaultMaxConnections
 	}
 	if cfg.HealthInterval <= 0 {
 		cfg.HealthInterval = time.Second
@@ -132,11 +143,12 @@ func New(p *gateway.Picker, cfg Config) (*Server, error) {
 	return s, nil
 }
 
-// Serve serves on ln, which it closes, until Shutdown.
+// Serve serves on ln, which it closes, until Shutdown, holding at most
+// Config.MaxConnections of its connections open.
 func (s *Server) Serve(ln net.Listener) error {
 	go s.followReadiness()
 	defer close(s.served)
-	if err := s.grpc.Serve(ln); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+	if err := s.grpc.Serve(connlimit.New(ln, s.cfg.MaxConnections, s.metrics.connWaits, s.metrics.conns)); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 		return fmt.Errorf("extproc: %w", err)
 	}
 	return nil

@@ -693,3 +693,44 @@ func TestARequestWaitingInItsQueueAsksEnvoyToWaitForIt(t *testing.T) {
 		t.Errorf("admitted %v requests, want 2", n)
 	}
 }
+
+func TestConnectionsBeyondTheBoundWaitForOneToClose(t *testing.T) {
+	f := start(t, 1, options{env: map[string]string{"KVGATE_EXTPROC_MAX_CONNECTIONS": "1"}})
+	x := f.envoy.start(t, buffered, completionRequest("one connection", ""))
+	x.destination()
+	// A second connection is not accepted while the first is open: its
+	// call does not complete.
+	other := dialEnvoy(t, f.extAddr, true)
+	checked := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), testsupport.WaitTimeout)
+		defer cancel()
+		_, err := healthpb.NewHealthClient(other.conn).Check(ctx, &healthpb.HealthCheckRequest{})
+		checked <- err
+	}()
+	select {
+	case err := <-checked:
+		t.Fatalf("a connection beyond the bound was served (%v)", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	if n := f.metric(t, "kvgate_extproc_connections", nil); n != 1 {
+		t.Errorf("%v connections open, want 1", n)
+	}
+	if n := f.metric(t, "kvgate_extproc_connection_limit_waits_total", nil); n < 1 {
+		t.Errorf("the listener waited %v times, want at least once", n)
+	}
+	// Once the first closes, the second is served.
+	x.cancel()
+	_ = f.envoy.conn.Close()
+	select {
+	case err := <-checked:
+		if err != nil {
+			t.Fatalf("the connection after the first closed: %v", err)
+		}
+	case <-time.After(testsupport.WaitTimeout):
+		t.Fatal("the connection waiting for a slot was not served once the first closed")
+	}
+	if n := f.metric(t, "kvgate_extproc_connections", nil); n != 1 {
+		t.Errorf("%v connections open, want the second only", n)
+	}
+}
