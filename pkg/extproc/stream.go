@@ -292,8 +292,9 @@ func (st *stream) decideAndAnswer(at answerPoint) error {
 // extendMessageTimeout asks Envoy to wait for the decision until the
 // request leaves its model's SLO queue at the latest, and a second more to
 // route and answer it, within Config.MaxMessageTimeout. Envoy takes one
-// override per message it waits on; a stream that cannot take it ends
-// through the decision's own answer.
+// override per message it waits on. A send that fails is counted by send
+// and not acted on here: the stream is gone, its context ends the wait,
+// and the decision's answer fails the same way.
 func (st *stream) extendMessageTimeout(until time.Time) {
 	d := min(time.Until(until)+time.Second, st.s.cfg.MaxMessageTimeout)
 	if d < time.Millisecond {
