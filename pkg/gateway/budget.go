@@ -2,8 +2,11 @@ package gateway
 
 import (
 	"errors"
+	"fmt"
 	"io"
+	"net/http"
 	"sync/atomic"
+	"time"
 )
 
 // bodyBudget bounds the bytes of request bodies the gateway holds at once,
@@ -43,6 +46,14 @@ func (g *Gateway) holdBody(x *exchange, n int64) bool {
 	}
 	x.budget, x.held = &g.bodies, x.held+n
 	return true
+}
+
+// heldRefusal counts a request refused because its body would pass the
+// bound, and returns the 503 it is answered with.
+func (g *Gateway) heldRefusal() *Error {
+	g.metrics.heldRefusals.Inc()
+	return &Error{Status: http.StatusServiceUnavailable, Type: typeServiceUnavailable, Code: codeOverloaded, RetryAfter: time.Second,
+		Message: fmt.Sprintf("the gateway holds as many request bytes as it may (%d): retry later", g.cfg.MaxHeldRequestBytes)}
 }
 
 // heldReader takes the budget for a body of unknown length as its bytes

@@ -46,9 +46,7 @@ func (p *Picker) HoldBody(n int) *Error {
 	if p.g.bodies.take(int64(n)) {
 		return nil
 	}
-	p.g.metrics.heldRefusals.Inc()
-	return &Error{Status: http.StatusServiceUnavailable, Type: typeServiceUnavailable, Code: codeOverloaded, RetryAfter: time.Second,
-		Message: fmt.Sprintf("the gateway holds as many request bytes as it may (%d): retry later", p.g.cfg.MaxHeldRequestBytes)}
+	return p.g.heldRefusal()
 }
 
 // ReleaseBody gives back n bytes taken with HoldBody.

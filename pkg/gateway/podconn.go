@@ -106,7 +106,7 @@ func (d *deadlineReader) Read(p []byte) (int, error) {
 		return 0, err
 	}
 	n, err := d.nc.Read(p)
-	if atEnd && err != nil && errors.Is(err, os.ErrDeadlineExceeded) {
+	if atEnd && errors.Is(err, os.ErrDeadlineExceeded) {
 		err = fmt.Errorf("%w: %w", errResponseTimeout, err)
 	}
 	return n, err

@@ -126,6 +126,14 @@ func (c *call) fail(w http.ResponseWriter, status int, typ, code, param, message
 	writeError(w, status, typ, code, param, message)
 }
 
+// failWith answers the request with e, and e's Retry-After when it has one.
+func (c *call) failWith(w http.ResponseWriter, e *Error) {
+	if v, ok := e.RetryAfterHeader(); ok {
+		w.Header().Set(HeaderRetryAfter, v)
+	}
+	c.fail(w, e.Status, e.Type, e.Code, e.Param, e.Message)
+}
+
 // serveInference returns the handler of an OpenAI inference endpoint.
 func (g *Gateway) serveInference(k kind) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
@@ -315,12 +323,7 @@ func (g *Gateway) readBody(w http.ResponseWriter, r *http.Request, x *exchange, 
 		tooLarge()
 		return nil, false
 	}
-	overloaded := func() {
-		g.metrics.heldRefusals.Inc()
-		w.Header().Set(HeaderRetryAfter, "1")
-		c.fail(w, http.StatusServiceUnavailable, typeServiceUnavailable, codeOverloaded, "",
-			fmt.Sprintf("the gateway holds as many request bytes as it may (%d): retry later", g.cfg.MaxHeldRequestBytes))
-	}
+	overloaded := func() { c.failWith(w, g.heldRefusal()) }
 	var body io.Reader = http.MaxBytesReader(w, r.Body, limit)
 	if r.ContentLength > 0 {
 		if !g.holdBody(x, r.ContentLength) {

@@ -80,10 +80,7 @@ func (g *Gateway) routeSLO(w http.ResponseWriter, r *http.Request, a *admitted, 
 		c.status = statusClientClosed
 		return nil, false
 	}
-	if v, ok := e.RetryAfterHeader(); ok {
-		w.Header().Set(HeaderRetryAfter, v)
-	}
-	c.fail(w, e.Status, e.Type, e.Code, e.Param, e.Message)
+	c.failWith(w, e)
 	return nil, false
 }
 
