@@ -21,6 +21,10 @@ const targetDirect = "direct"
 // gatewayTarget names the gateway with a routing algorithm.
 func gatewayTarget(algorithm string) string { return "gateway " + algorithm }
 
+// baselineTarget names the baseline build of the gateway (-baseline) with
+// a routing algorithm.
+func baselineTarget(algorithm string) string { return "baseline " + algorithm }
+
 // target is where a run sends its requests.
 type target struct {
 	name string
@@ -32,8 +36,10 @@ type target struct {
 	// header is extra request header lines (the gateway's
 	// routing-strategy).
 	header string
-	// gateway marks the gateway, whose Server-Timing is read.
-	gateway bool
+	// gateway marks the gateway, whose Server-Timing is read; adminURL is
+	// where it serves its profiles.
+	gateway  bool
+	adminURL string
 }
 
 // sample is what one run measured.

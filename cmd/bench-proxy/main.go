@@ -67,6 +67,9 @@ type options struct {
 	proxies                []string
 	// gatewayEnv is added to the gateway's environment.
 	gatewayEnv []string
+	// baseline, when set, is a directory holding another build's gateway
+	// binary, measured beside this one (see baselineTarget).
+	baseline string
 	// tokenizer, when set, is the directory of a model's tokenizer files,
 	// which the engines and the gateway tokenize with (see
 	// localfleet.Config.Tokenizer).
@@ -93,6 +96,8 @@ func parseOptions(fs *flag.FlagSet, args []string) (options, error) {
 			"before), kv-new (kv-aware on a new prompt each time)")
 	proxies := fs.String("proxies", "nginx,haproxy,go-raw,go-nethttp", "reverse proxies to compare with, where installed: "+
 		"nginx, haproxy, and the Go reference forwarders go-raw (without net/http) and go-nethttp (net/http's server)")
+	fs.StringVar(&o.baseline, "baseline", "", "directory holding another build's gateway binary (e.g. the previous commit's "+
+		"bin/): a second gateway runs it on the same engines, measured right after this one in every round and compared with it")
 	fs.StringVar(&o.tokenizer, "tokenizer", "", "directory of a model's Hugging Face tokenizer files (tokenizer.json): the "+
 		"engines tokenize with them and the gateway in process (make tokenizers installs Qwen3's, Llama 3's and Llama 2's "+
 		"under hack/tokenizers/models); empty: the simulator's tokenizer, which the gateway asks the engines for")
@@ -175,10 +180,14 @@ var engineArgs = []string{"-step-overhead", "0", "-prefill-time-per-token", "0",
 	"-num-gpu-blocks", "16384", "-max-num-seqs", "512"}
 
 func bench(ctx context.Context, o options, stdout, stderr io.Writer) error {
-	fleet, err := localfleet.Start(ctx, localfleet.Config{
+	cfg := localfleet.Config{
 		BinDir: o.binDir, Engines: 2, EngineArgs: engineArgs, AdminAddress: "127.0.0.1:0",
 		GatewayEnv: append([]string{"KVGATE_SHUTDOWN_TIMEOUT=5s"}, o.gatewayEnv...), Tokenizer: o.tokenizer,
-	})
+	}
+	if o.baseline != "" {
+		cfg.Gateways, cfg.GatewayBinaries = 2, []string{"", filepath.Join(o.baseline, "gateway")}
+	}
+	fleet, err := localfleet.Start(ctx, cfg)
 	if err != nil {
 		return err
 	}
@@ -189,12 +198,13 @@ func bench(ctx context.Context, o options, stdout, stderr io.Writer) error {
 		upstreams = append(upstreams, strings.TrimPrefix(e.URL, "http://"))
 		enginePIDs = append(enginePIDs, e.PID)
 	}
-	gwAddr := strings.TrimPrefix(fleet.GatewayURL(), "http://")
 	targets := map[string]target{targetDirect: {name: targetDirect, addrs: upstreams}}
-	for _, alg := range []string{"random", "least-request", "kv-aware"} {
-		name := gatewayTarget(alg)
-		targets[name] = target{name: name, addrs: []string{gwAddr}, pids: []int{fleet.Gateway().PID},
-			header: "routing-strategy: " + alg + "\r\n", gateway: true}
+	gateways, urls, admins := fleet.Gateways(), fleet.GatewayURLs(), fleet.AdminURLs()
+	for i, name := range []func(string) string{gatewayTarget, baselineTarget}[:len(gateways)] {
+		for _, alg := range []string{"random", "least-request", "kv-aware"} {
+			targets[name(alg)] = target{name: name(alg), addrs: []string{strings.TrimPrefix(urls[i], "http://")},
+				pids: []int{gateways[i].PID}, header: "routing-strategy: " + alg + "\r\n", gateway: true, adminURL: admins[i]}
+		}
 	}
 	hasProxy := map[string]bool{}
 	var found []string
@@ -223,7 +233,8 @@ func bench(ctx context.Context, o options, stdout, stderr io.Writer) error {
 		}
 	}
 	wls, err := workloads(workloadOptions{model: fleet.Model(), concurrency: o.concurrency, streamConc: o.streamConcurrency,
-		streamTokens: o.streamTokens, longWords: o.longWords, seenPrompts: o.seenPrompts, proxies: found}, o.workloads)
+		streamTokens: o.streamTokens, longWords: o.longWords, seenPrompts: o.seenPrompts, proxies: found,
+		baseline: o.baseline != ""}, o.workloads)
 	if err != nil {
 		return err
 	}
@@ -250,7 +261,7 @@ func bench(ctx context.Context, o options, stdout, stderr io.Writer) error {
 					if o.profileDir != "" && round == 1 && targets[name].gateway {
 						ro.profile = filepath.Join(o.profileDir, fmt.Sprintf("%s-c%d-%s.pprof", wl.name, c,
 							strings.ReplaceAll(name, " ", "-")))
-						ro.profileURL = fleet.AdminURL() + "/debug/pprof/profile"
+						ro.profileURL = targets[name].adminURL + "/debug/pprof/profile"
 					}
 					s := run(ctx, targets[name], wl, c, ro)
 					res.add(caseKey{wl.name, c, name}, s)

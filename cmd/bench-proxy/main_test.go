@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -183,6 +184,65 @@ func TestBenchmarkReportsTheGatewayAgainstTheEngines(t *testing.T) {
 	if !regexp.MustCompile(`(?m)^Tokenizer: the simulator's.*\nThe gateway tokenized 0 prompts in process and called the engines' /tokenize [1-9]\d* times\.$`).
 		MatchString(report) {
 		t.Errorf("the report does not say the engines tokenized every prompt:\n%s", report)
+	}
+}
+
+// TestBenchmarkComparesTheGatewayWithABaselineBuild measures a second
+// gateway, here the same build, beside the first, round after round.
+func TestBenchmarkComparesTheGatewayWithABaselineBuild(t *testing.T) {
+	var out, errs bytes.Buffer
+	args := []string{"-bin", binDir, "-baseline", binDir, "-rounds", "2", "-duration", "200ms", "-warmup", "100ms",
+		"-concurrency", "2", "-workloads", "completions", "-proxies", "none"}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	if code := runMain(ctx, args, &out, &errs); code != 0 {
+		t.Fatalf("bench-proxy exited %d: %s", code, errs.String())
+	}
+	report := out.String()
+	for _, want := range []string{"| 2 | gateway random |", "| 2 | baseline random |", "| 2 | baseline least-request |",
+		"This build against the baseline"} {
+		if !strings.Contains(report, want) {
+			t.Errorf("the report lacks %q:\n%s", want, report)
+		}
+	}
+	if !regexp.MustCompile(`(?m)^- completions, c=2, least-request: CPU/request \d+\.\d{3}x the baseline's \(rounds: \S+ \S+\), req/s \d`).
+		MatchString(report) || strings.Contains(report, "errors, the first") {
+		t.Errorf("no comparison of two rounds without errors:\n%s", report)
+	}
+}
+
+func TestTheBaselineComparisonPairsEachRoundsRuns(t *testing.T) {
+	var r results
+	ms := func(n int) time.Duration { return time.Duration(n) * time.Millisecond }
+	// Round 2 is slower for both builds: paired, the gateway costs 0.8 of
+	// the baseline in each round, which medians taken apart would hide.
+	for i, cpu := range []time.Duration{ms(8), ms(16), ms(9)} {
+		base := []time.Duration{ms(10), ms(20), ms(11)}[i]
+		r.add(caseKey{wlCompletions, 1, gatewayTarget("random")}, sample{requests: 10, elapsed: time.Second, targetCPU: cpu})
+		r.add(caseKey{wlCompletions, 1, baselineTarget("random")}, sample{requests: 10, elapsed: time.Second, targetCPU: base})
+	}
+	var out bytes.Buffer
+	printBaseline(&out, &r, []workload{{name: wlCompletions, concurrency: []int{1},
+		targets: []string{gatewayTarget("random"), baselineTarget("random")}}})
+	if want := "- completions, c=1, random: CPU/request 0.800x the baseline's (rounds: 0.800 0.800 0.818), req/s 1.000x"; !strings.Contains(out.String(), want) {
+		t.Errorf("printBaseline wrote\n%s\nwant the line %q", out.String(), want)
+	}
+}
+
+func TestABaselineFollowsEachOfTheGatewaysTargets(t *testing.T) {
+	wls, err := workloads(workloadOptions{model: "m", concurrency: []int{1}, streamConc: []int{1}, streamTokens: 1, longWords: 1,
+		seenPrompts: 1, proxies: []string{"nginx"}, baseline: true}, []string{wlCompletions, wlKVSeen})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := [][]string{
+		{targetDirect, "nginx", "gateway random", "baseline random", "gateway least-request", "baseline least-request"},
+		{targetDirect, "gateway least-request", "baseline least-request", "gateway kv-aware", "baseline kv-aware"},
+	}
+	for i, wl := range wls {
+		if !slices.Equal(wl.targets, want[i]) {
+			t.Errorf("%s: targets %q, want %q", wl.name, wl.targets, want[i])
+		}
 	}
 }
 

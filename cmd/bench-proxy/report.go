@@ -144,6 +144,52 @@ func printReport(w io.Writer, r *results, wls []workload, hasProxy map[string]bo
 		}
 	}
 	printGoals(w, r, wls, hasProxy)
+	printBaseline(w, r, wls)
+}
+
+// printBaseline compares the gateway with its baseline build, where one was
+// measured: the median over the rounds of each round's ratio, the two runs
+// of a round being back to back.
+func printBaseline(w io.Writer, r *results, wls []workload) {
+	header := false
+	for _, wl := range wls {
+		for _, c := range wl.concurrency {
+			for _, t := range wl.targets {
+				alg, ok := strings.CutPrefix(t, gatewayTarget(""))
+				if !ok {
+					continue
+				}
+				g, b := r.samples[caseKey{wl.name, c, t}], r.samples[caseKey{wl.name, c, baselineTarget(alg)}]
+				var cpu, rps []float64
+				for i := range min(len(g), len(b)) {
+					if g[i].requests > 0 && b[i].requests > 0 && b[i].targetCPU > 0 {
+						gn, bn := float64(g[i].requests), float64(b[i].requests)
+						cpu = append(cpu, float64(g[i].targetCPU)/gn/(float64(b[i].targetCPU)/bn))
+						rps = append(rps, gn/g[i].elapsed.Seconds()/(bn/b[i].elapsed.Seconds()))
+					}
+				}
+				if len(cpu) == 0 {
+					continue
+				}
+				if !header {
+					fmt.Fprintln(w, "\n#### This build against the baseline (medians of each round's ratio)")
+					fmt.Fprintln(w)
+					header = true
+				}
+				fmt.Fprintf(w, "- %s, c=%d, %s: CPU/request %.3fx the baseline's (rounds: %s), req/s %.3fx\n",
+					wl.name, c, alg, median(cpu), ratios(cpu), median(rps))
+			}
+		}
+	}
+}
+
+// ratios formats each round's ratio.
+func ratios(xs []float64) string {
+	parts := make([]string, len(xs))
+	for i, x := range xs {
+		parts[i] = fmt.Sprintf("%.3f", x)
+	}
+	return strings.Join(parts, " ")
 }
 
 // formatTimings lists the Server-Timing medians, by name.

@@ -84,6 +84,9 @@ type workloadOptions struct {
 	seenPrompts int
 	// proxies are the reverse proxies found, by name.
 	proxies []string
+	// baseline adds, after each of the gateway's targets, the same through
+	// the baseline build.
+	baseline bool
 }
 
 // workloads returns the workloads named in names.
@@ -115,6 +118,16 @@ func workloads(o workloadOptions, names []string) ([]workload, error) {
 			w.targets = []string{targetDirect, gatewayTarget("least-request"), gatewayTarget("kv-aware")}
 		default:
 			return nil, fmt.Errorf("unknown workload %q: want %s, %s, %s or %s", name, wlCompletions, wlStream, wlKVSeen, wlKVNew)
+		}
+		if o.baseline {
+			var ts []string
+			for _, t := range w.targets {
+				ts = append(ts, t)
+				if alg, ok := strings.CutPrefix(t, gatewayTarget("")); ok {
+					ts = append(ts, baselineTarget(alg))
+				}
+			}
+			w.targets = ts
 		}
 		out = append(out, w)
 	}

@@ -64,6 +64,10 @@ type Config struct {
 	// itself, and KVGATE_SHUTDOWN_DELAY to 0 unless GatewayEnv sets it.
 	GatewayArgs []string
 	GatewayEnv  []string
+	// GatewayBinaries, when set, name the gateway binary of each replica
+	// by its index, so that two builds can be measured side by side on
+	// the same engines; a missing or empty entry takes BinDir's gateway.
+	GatewayBinaries []string
 	// Tokenizer, when set, is the directory of the model's Hugging Face
 	// tokenizer files (tokenizer.json, tokenizer_config.json): the engines
 	// tokenize with them (vllm-sim -tokenizer), and the gateways in
@@ -269,7 +273,11 @@ func (f *Fleet) start(ctx context.Context) error {
 			adminURL = "http://" + admin
 		}
 		args = append(args, gwArgs...)
-		p, err := f.group.start(f.dir, name, filepath.Join(f.cfg.BinDir, "gateway"), args, gwEnv)
+		bin := filepath.Join(f.cfg.BinDir, "gateway")
+		if i < len(f.cfg.GatewayBinaries) && f.cfg.GatewayBinaries[i] != "" {
+			bin = f.cfg.GatewayBinaries[i]
+		}
+		p, err := f.group.start(f.dir, name, bin, args, gwEnv)
 		if err != nil {
 			return err
 		}
@@ -398,6 +406,9 @@ func (f *Fleet) RedisAddress() string { return f.redisAdr }
 // /debug/*: its admin address when Config.AdminAddress is set, GatewayURL
 // otherwise.
 func (f *Fleet) AdminURL() string { return f.adminURLs[0] }
+
+// AdminURLs returns every gateway's admin base URL, in replica order.
+func (f *Fleet) AdminURLs() []string { return append([]string(nil), f.adminURLs...) }
 
 // Model returns the model the engines serve.
 func (f *Fleet) Model() string { return f.cfg.Model }

@@ -278,6 +278,31 @@ func TestReplicasShareStateThroughTheFleetsRedis(t *testing.T) {
 	}
 }
 
+func TestEachReplicaRunsTheGatewayBinaryNamedForIt(t *testing.T) {
+	other := filepath.Join(t.TempDir(), "gateway")
+	data, err := os.ReadFile(filepath.Join(binDir, "gateway"))
+	if err == nil {
+		err = os.WriteFile(other, data, 0o755)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := startFleet(t, Config{Engines: 1, Gateways: 2, GatewayBinaries: []string{"", other}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{filepath.Join(binDir, "gateway"), other}
+	for i, gw := range f.Gateways() {
+		exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", gw.PID))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if abs, _ := filepath.Abs(want[i]); exe != abs {
+			t.Errorf("%s runs %s, want %s", gw.Name, exe, abs)
+		}
+	}
+}
+
 // metricIs reports whether the /metrics of the gateway at url has the line
 // want.
 func metricIs(ctx context.Context, url, want string) (bool, error) {
