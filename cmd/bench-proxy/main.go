@@ -97,7 +97,7 @@ func parseOptions(fs *flag.FlagSet, args []string) (options, error) {
 	proxies := fs.String("proxies", "nginx,haproxy,go-raw,go-nethttp", "reverse proxies to compare with, where installed: "+
 		"nginx, haproxy, and the Go reference forwarders go-raw (without net/http) and go-nethttp (net/http's server)")
 	fs.StringVar(&o.baseline, "baseline", "", "directory holding another build's gateway binary (e.g. the previous commit's "+
-		"bin/): a second gateway runs it on the same engines, measured right after this one in every round and compared with it")
+		"bin/): a second gateway runs it on the same engines, measured next to this one in every round (first every other round) and compared with it")
 	fs.StringVar(&o.tokenizer, "tokenizer", "", "directory of a model's Hugging Face tokenizer files (tokenizer.json): the "+
 		"engines tokenize with them and the gateway in process (make tokenizers installs Qwen3's, Llama 3's and Llama 2's "+
 		"under hack/tokenizers/models); empty: the simulator's tokenizer, which the gateway asks the engines for")
@@ -250,7 +250,7 @@ func bench(ctx context.Context, o options, stdout, stderr io.Writer) error {
 	for round := 1; round <= o.rounds; round++ {
 		for _, wl := range wls {
 			for _, c := range wl.concurrency {
-				for _, name := range wl.targets {
+				for _, name := range roundOrder(wl.targets, round) {
 					if ctx.Err() != nil {
 						return ctx.Err()
 					}
@@ -299,6 +299,23 @@ func bench(ctx context.Context, o options, stdout, stderr io.Writer) error {
 		}
 	}
 	return nil
+}
+
+// roundOrder returns the order of a round's runs: the targets', but every
+// other round with the baseline's runs before the gateway's, so that
+// neither build always runs on the machine the other left.
+func roundOrder(targets []string, round int) []string {
+	if round%2 == 1 {
+		return targets
+	}
+	out := slices.Clone(targets)
+	for i := 0; i+1 < len(out); i++ {
+		if alg, ok := strings.CutPrefix(out[i], gatewayTarget("")); ok && out[i+1] == baselineTarget(alg) {
+			out[i], out[i+1] = out[i+1], out[i]
+			i++
+		}
+	}
+	return out
 }
 
 // version returns the first line a proxy prints of its version.

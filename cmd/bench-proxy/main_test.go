@@ -229,6 +229,17 @@ func TestTheBaselineComparisonPairsEachRoundsRuns(t *testing.T) {
 	}
 }
 
+func TestEveryOtherRoundRunsTheBaselineFirst(t *testing.T) {
+	targets := []string{targetDirect, "gateway random", "baseline random", "gateway kv-aware", "baseline kv-aware"}
+	if got := roundOrder(targets, 1); !slices.Equal(got, targets) {
+		t.Errorf("round 1: %q, want %q", got, targets)
+	}
+	want := []string{targetDirect, "baseline random", "gateway random", "baseline kv-aware", "gateway kv-aware"}
+	if got := roundOrder(targets, 2); !slices.Equal(got, want) || targets[1] != "gateway random" {
+		t.Errorf("round 2: %q, want %q, the targets unchanged", got, want)
+	}
+}
+
 func TestABaselineFollowsEachOfTheGatewaysTargets(t *testing.T) {
 	wls, err := workloads(workloadOptions{model: "m", concurrency: []int{1}, streamConc: []int{1}, streamTokens: 1, longWords: 1,
 		seenPrompts: 1, proxies: []string{"nginx"}, baseline: true}, []string{wlCompletions, wlKVSeen})
