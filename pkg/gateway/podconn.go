@@ -77,6 +77,10 @@ type podConn struct {
 	// reused is set once a response was read on the connection.
 	reused    bool
 	idleSince time.Time
+	// bufs and vec hold a request's head and body for one write, without
+	// allocating.
+	bufs net.Buffers
+	vec  [2][]byte
 }
 
 // deadlineReader reads a connection, renewing its read deadline before
@@ -190,6 +194,9 @@ func (c *podConn) release() {
 
 func (c *podConn) close() { _ = c.nc.Close() }
 
+// Close is close, for leanhttp.GoneCloser.
+func (c *podConn) Close() error { return c.nc.Close() }
+
 // sweep closes the connections idle for longer than the pool's idle TTL.
 func (p *podPool) sweep(now time.Time) {
 	var stale []*podConn
@@ -256,8 +263,10 @@ func (c *podConn) send(head, body []byte, firstByte, total time.Duration) error 
 		return err
 	}
 	c.dr.idle, c.dr.end = 0, start.Add(total)
-	bufs := net.Buffers{head, body}
-	_, err := bufs.WriteTo(c.nc)
+	c.vec = [2][]byte{head, body}
+	c.bufs = c.vec[:]
+	_, err := c.bufs.WriteTo(c.nc)
+	c.vec, c.bufs = [2][]byte{}, nil
 	return err
 }
 

@@ -55,6 +55,7 @@ type exchange struct {
 	head   []byte       // the head of the request to the pod
 	res    podResponse  // the pod's response
 	timing []byte       // a Server-Timing value being written
+	vals   headerValues // the values of the response's headers
 	in     inference
 	d      routing.Decision
 	snaps  []cache.PodSnapshot // the candidates' snapshots
@@ -99,6 +100,7 @@ func putExchange(x *exchange) {
 		x.relay.event = nil
 	}
 	x.res.body = podBody{}
+	x.vals.reset()
 	if cap(x.res.headerBytes) > maxPooledBuffer {
 		x.res.headerBytes = nil
 	}
@@ -324,14 +326,16 @@ func (g *Gateway) readBody(w http.ResponseWriter, r *http.Request, x *exchange, 
 		return nil, false
 	}
 	overloaded := func() { c.failWith(w, g.heldRefusal()) }
-	var body io.Reader = http.MaxBytesReader(w, r.Body, limit)
+	// A body of a declared length within the limit ends there: the HTTP
+	// server reads no further.
+	var body io.Reader = r.Body
 	if r.ContentLength > 0 {
 		if !g.holdBody(x, r.ContentLength) {
 			overloaded()
 			return nil, false
 		}
 	} else {
-		body = &heldReader{r: body, g: g, x: x}
+		body = &heldReader{r: http.MaxBytesReader(w, r.Body, limit), g: g, x: x}
 	}
 	growForDeclared(&x.body, r.ContentLength)
 	rcw := http.NewResponseController(w)

@@ -18,6 +18,7 @@ import (
 	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/inflight"
 	"github.com/kvgate/kvgate/pkg/internal/jsonscan"
+	"github.com/kvgate/kvgate/pkg/leanhttp"
 	"github.com/kvgate/kvgate/pkg/routing"
 	"github.com/kvgate/kvgate/pkg/types"
 )
@@ -388,9 +389,15 @@ func (g *Gateway) respond(w http.ResponseWriter, r *http.Request, pc *podConn, r
 	c.boundResponse(pc.dr.end)
 	// A client that goes away closes the connection to the pod, which
 	// ends any wait for it.
-	stop := context.AfterFunc(r.Context(), pc.close)
+	gc, lean := w.(leanhttp.GoneCloser)
+	var stop func() bool
+	if lean {
+		gc.CloseWhenGone(pc)
+	} else {
+		stop = context.AfterFunc(r.Context(), pc.close)
+	}
 	defer func() {
-		if !stop() {
+		if lean && !gc.StopClosing() || !lean && !stop() {
 			res.keepAlive = false
 		}
 		if res.body.conn == nil {
@@ -412,12 +419,14 @@ func (g *Gateway) respond(w http.ResponseWriter, r *http.Request, pc *podConn, r
 }
 
 // setHeader sets the response's headers: the pod's end-to-end headers,
-// then the gateway's.
-func setHeader(hd http.Header, res *podResponse, d *routing.Decision, addr string) {
-	copyResponseHeader(hd, res)
-	hd[HeaderTargetPod] = []string{addr}
-	hd[HeaderTargetPodName] = []string{d.PodKey}
-	hd[routing.HeaderRoutingStrategy] = []string{d.Algorithm}
+// then the gateway's. Their values are held by vs, which the exchange
+// keeps: the response's head must be written (WriteHeader, which fixes
+// it) before the exchange returns to the pool.
+func setHeader(hd http.Header, res *podResponse, d *routing.Decision, addr string, vs *headerValues) {
+	copyResponseHeader(hd, res, vs)
+	hd[HeaderTargetPod] = vs.one(addr)
+	hd[HeaderTargetPodName] = vs.one(d.PodKey)
+	hd[routing.HeaderRoutingStrategy] = vs.one(d.Algorithm)
 }
 
 // addServerTiming adds the gateway's Server-Timing value, for the phases
@@ -442,12 +451,12 @@ func (g *Gateway) relayWhole(w http.ResponseWriter, r *http.Request, res *podRes
 		return g.failResponse(w, r, err, stageBody, rc, x, c, h)
 	}
 	hd := w.Header()
-	setHeader(hd, res, &x.d, addr)
+	setHeader(hd, res, &x.d, addr, &x.vals)
 	switch {
 	case complete:
-		hd["Content-Length"] = []string{strconv.Itoa(x.resp.Len())}
+		hd["Content-Length"] = x.vals.one(strconv.Itoa(x.resp.Len()))
 	case size >= 0:
-		hd["Content-Length"] = []string{strconv.FormatInt(size, 10)}
+		hd["Content-Length"] = x.vals.one(strconv.FormatInt(size, 10))
 	}
 	c.lap(phaseRelay)
 	addServerTiming(hd, c, x)
@@ -510,7 +519,7 @@ func (g *Gateway) closeDone(h *inflight.Handle, status int, u usage, ok bool) {
 func (g *Gateway) relayStream(w http.ResponseWriter, r *http.Request, res *podResponse, rc *types.RoutingContext, x *exchange,
 	c *call, h *inflight.Handle, dropUsage bool, addr string) (abort bool) {
 	hd := w.Header()
-	setHeader(hd, res, &x.d, addr)
+	setHeader(hd, res, &x.d, addr, &x.vals)
 	addServerTiming(hd, c, x)
 	hd["Trailer"] = []string{HeaderServerTiming}
 	c.status = http.StatusOK

@@ -6,6 +6,9 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"net/http"
+	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 	"testing/iotest"
@@ -240,5 +243,76 @@ func TestADeclaredLengthReservesLittleBeforeItsBytesArrive(t *testing.T) {
 	complete, err := readWhole(strings.NewReader(body), &keep, 16<<20, 4<<20)
 	if err != nil || !complete || keep.String() != body {
 		t.Errorf("readWhole: complete %v, %v, %d bytes of %d", complete, err, keep.Len(), len(body))
+	}
+}
+
+// podResponseWith returns a pod's response whose header lines are lines,
+// each "Name: value".
+func podResponseWith(lines ...string) *podResponse {
+	res := &podResponse{status: 200}
+	for _, l := range lines {
+		start := len(res.headerBytes)
+		res.headerBytes = append(res.headerBytes, l...)
+		res.fields = append(res.fields, headerField{start: start, colon: start + strings.Index(l, ":"), end: len(res.headerBytes)})
+	}
+	return res
+}
+
+func TestTheEndToEndHeadersOfAPodsResponseAreCopied(t *testing.T) {
+	var vs headerValues
+	res := podResponseWith("Content-Type: application/json", "Connection: X-Hop", "X-Hop: a", "Keep-Alive: timeout=5",
+		"set-cookie: a=1", "Set-Cookie: b=2", "Content-Length: 10", "Server: engine")
+	for range 2 { // the second response's values are the first's, seen
+		hd := http.Header{}
+		copyResponseHeader(hd, res, &vs)
+		want := http.Header{"Content-Type": {"application/json"}, "Set-Cookie": {"a=1", "b=2"}, "Server": {"engine"}}
+		if !reflect.DeepEqual(hd, want) {
+			t.Fatalf("copied %v, want %v", hd, want)
+		}
+		// Appending to one value slice leaves the others be.
+		hd["Content-Type"] = append(hd["Content-Type"], "text/plain")
+		if hd.Get("Server") != "engine" {
+			t.Errorf("appending to Content-Type changed Server to %q", hd.Get("Server"))
+		}
+		vs.reset()
+	}
+}
+
+func TestHeaderValuesReuseTheStringsOfValuesSeen(t *testing.T) {
+	var vs headerValues
+	common := []byte("application/json")
+	first := vs.str(common)
+	if n := testing.AllocsPerRun(100, func() {
+		if vs.str(common) != first {
+			t.Fatal("a different value")
+		}
+	}); n != 0 {
+		t.Errorf("a value seen before costs %v allocations, want 0", n)
+	}
+	long := bytes.Repeat([]byte("v"), maxSeenValue+1)
+	vs.str(long)
+	if n := testing.AllocsPerRun(10, func() { vs.str(long) }); n != 1 {
+		t.Errorf("a value over %d bytes costs %v allocations, want 1: it is not kept", maxSeenValue, n)
+	}
+	// More values than it keeps: the oldest go, and every value is right.
+	for i := range 3 * len(vs.seen) {
+		v := []byte(strings.Repeat("x", i+1))
+		if got := vs.str(v); got != string(v) {
+			t.Fatalf("str(%q) = %q", v, got)
+		}
+	}
+	// One-element slices: more than the slots still work.
+	var all [][]string
+	for i := range len(vs.slots) + 2 {
+		all = append(all, vs.one(strconv.Itoa(i)))
+	}
+	for i, s := range all {
+		if len(s) != 1 || cap(s) != 1 || s[0] != strconv.Itoa(i) {
+			t.Errorf("slice %d = %q (cap %d)", i, s, cap(s))
+		}
+	}
+	vs.reset()
+	if vs.used != 0 || vs.slots[0] != "" {
+		t.Error("reset kept the slots")
 	}
 }

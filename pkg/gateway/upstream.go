@@ -88,8 +88,9 @@ func appendRequestHead(dst []byte, r *http.Request, addr string, n int, id strin
 }
 
 // copyResponseHeader sets in dst the end-to-end headers of the pod's
-// response res, all but Content-Length, which the gateway sets itself.
-func copyResponseHeader(dst http.Header, res *podResponse) {
+// response res, all but Content-Length, which the gateway sets itself,
+// their values from vs.
+func copyResponseHeader(dst http.Header, res *podResponse, vs *headerValues) {
 	var buf [4]string
 	var connection []string
 	for _, f := range res.fields {
@@ -98,21 +99,63 @@ func copyResponseHeader(dst http.Header, res *podResponse) {
 		}
 	}
 	named := connectionNamed(buf[:], connection)
-	// One backing array holds the values; each header gets a slice of it
-	// whose capacity ends with it, so that appending to one copies it.
-	values := make([]string, 0, len(res.fields))
 	for _, f := range res.fields {
 		k := canonicalName(res.name(f))
 		if k == "Content-Length" || slices.Contains(hopHeaders, k) || slices.Contains(named, k) {
 			continue
 		}
-		if vs, ok := dst[k]; ok {
-			dst[k] = append(vs, string(res.value(f)))
+		if have, ok := dst[k]; ok {
+			dst[k] = append(have, vs.str(res.value(f)))
 			continue
 		}
-		values = append(values, string(res.value(f)))
-		dst[k] = values[len(values)-1 : len(values) : len(values)]
+		dst[k] = vs.one(vs.str(res.value(f)))
 	}
+}
+
+// headerValues gives the header values of a response without allocating
+// for the common ones: one-element value slices cut from a backing array,
+// each slice's capacity ending with it so that appending to one copies
+// it, and the strings of the values seen last, which the responses of
+// engines mostly repeat (Content-Type, Server, Date within a second).
+type headerValues struct {
+	slots [16]string
+	used  int
+	seen  [8]string
+	next  int
+}
+
+// maxSeenValue bounds the values headerValues keeps between responses.
+const maxSeenValue = 256
+
+// one returns a slice holding v alone.
+func (h *headerValues) one(v string) []string {
+	if h.used == len(h.slots) {
+		return []string{v}
+	}
+	h.slots[h.used] = v
+	h.used++
+	return h.slots[h.used-1 : h.used : h.used]
+}
+
+// str returns b as a string, one seen before when they are alike.
+func (h *headerValues) str(b []byte) string {
+	for _, s := range h.seen {
+		if s == string(b) && s != "" {
+			return s
+		}
+	}
+	s := string(b)
+	if len(s) <= maxSeenValue {
+		h.seen[h.next] = s
+		h.next = (h.next + 1) % len(h.seen)
+	}
+	return s
+}
+
+// reset frees the slots for the next response; the values seen stay.
+func (h *headerValues) reset() {
+	clear(h.slots[:h.used])
+	h.used = 0
 }
 
 // commonHeaders maps the names of the headers engines send, as they send

@@ -1,6 +1,7 @@
 package leanhttp
 
 import (
+	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -54,6 +55,26 @@ func (w *response) reset(closeAfter bool) {
 }
 
 func (w *response) Header() http.Header { return w.header }
+
+// GoneCloser is implemented by the http.ResponseWriter of a request served
+// here. CloseWhenGone arranges for cl to be closed once the client goes
+// away before the handler returns (when the request's context is
+// cancelled), at once when it already did; StopClosing withdraws that, and
+// reports whether it did so before cl was closed. Together they do what
+// context.AfterFunc(r.Context(), close) and its stop function do, without
+// allocating.
+type GoneCloser interface {
+	CloseWhenGone(cl io.Closer)
+	StopClosing() bool
+}
+
+var _ GoneCloser = (*response)(nil)
+
+// CloseWhenGone is GoneCloser's.
+func (w *response) CloseWhenGone(cl io.Closer) { w.c.closeWhenGone(cl) }
+
+// StopClosing is GoneCloser's.
+func (w *response) StopClosing() bool { return w.c.stopClosing() }
 
 // WriteHeader fixes the response's status and head. Informational statuses
 // (1xx) are not sent.

@@ -296,6 +296,12 @@ type conn struct {
 	watchDone  bool // the request ended: no watch read starts
 	stash      [1]byte
 	stashed    bool // the watch read a byte of the next request
+	// Under watchMu: left is set once the watch saw the client of the
+	// current request go away; gone is what to close then (CloseWhenGone),
+	// and goneClosed is set once it was closed.
+	left       bool
+	gone       io.Closer
+	goneClosed bool
 }
 
 // connReader reads the connection, the byte a watch read first.
@@ -468,6 +474,9 @@ func (c *conn) handOff() bool {
 // whether the connection serves another.
 func (c *conn) serveRequest() (keep bool) {
 	h := &c.h
+	c.watchMu.Lock()
+	c.left, c.gone, c.goneClosed = false, nil, false
+	c.watchMu.Unlock()
 	ctx, cancel := context.WithCancel(c.ctx)
 	c.cancel = cancel
 	defer cancel()
@@ -574,11 +583,40 @@ func (c *conn) watch() {
 	if n > 0 {
 		c.stashed = true
 	}
+	var gone io.Closer
 	if err != nil && !c.watchDone {
 		c.cancel()
+		c.left = true
+		gone, c.gone, c.goneClosed = c.gone, nil, c.gone != nil
 	}
 	c.watchCond.Broadcast()
 	c.watchMu.Unlock()
+	if gone != nil {
+		_ = gone.Close()
+	}
+}
+
+// closeWhenGone closes cl once the watch sees the client go away, at once
+// when it already did.
+func (c *conn) closeWhenGone(cl io.Closer) {
+	c.watchMu.Lock()
+	if !c.left {
+		c.gone = cl
+		c.watchMu.Unlock()
+		return
+	}
+	c.goneClosed = true
+	c.watchMu.Unlock()
+	_ = cl.Close()
+}
+
+// stopClosing withdraws closeWhenGone's closer, and reports whether it did
+// so before the closer was closed.
+func (c *conn) stopClosing() bool {
+	c.watchMu.Lock()
+	defer c.watchMu.Unlock()
+	c.gone = nil
+	return !c.goneClosed
 }
 
 // stopWatch ends the watch of the connection, waiting for its read.

@@ -556,6 +556,73 @@ func TestClientGoneCancelsContext(t *testing.T) {
 	}
 }
 
+// closerFunc is an io.Closer that runs a function.
+type closerFunc func()
+
+func (f closerFunc) Close() error { f(); return nil }
+
+// TestClientGoneClosesWhatTheHandlerNamed checks GoneCloser: what a handler
+// asks to be closed is closed when its client goes away, whether before or
+// after it asked, and StopClosing says so; a request that ends with its
+// client there closes nothing.
+func TestClientGoneClosesWhatTheHandlerNamed(t *testing.T) {
+	for _, tc := range []struct {
+		name                  string
+		askAfterGone, goAway bool
+	}{
+		{"client gone while the handler waits", false, true},
+		{"client gone before the handler asks", true, true},
+		{"client stays", false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			started, closed := make(chan struct{}, 1), make(chan struct{}, 1)
+			ended := make(chan bool, 1)
+			ts := startLean(t, newHTTP(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				gc, ok := w.(GoneCloser)
+				if !ok || servedBy(w) != "lean" {
+					t.Error("the request was not served here")
+					return
+				}
+				started <- struct{}{}
+				closer := closerFunc(func() { closed <- struct{}{} })
+				if tc.askAfterGone {
+					<-r.Context().Done()
+					gc.CloseWhenGone(closer)
+				} else {
+					gc.CloseWhenGone(closer)
+					select {
+					case <-closed:
+						closed <- struct{}{}
+					case <-time.After(watchAfter + 100*time.Millisecond):
+					}
+				}
+				ended <- gc.StopClosing()
+				if !tc.goAway {
+					echo(w, r)
+				}
+			})))
+			c := dialRaw(t, ts.addr)
+			c.send(hotRequest(""))
+			receive(t, started, "start of the handler")
+			if tc.goAway {
+				_ = c.Close()
+			}
+			stopped := receive(t, ended, "end of the handler")
+			if tc.goAway {
+				receive(t, closed, "the close")
+				if stopped {
+					t.Error("StopClosing reports it withdrew a closer that was closed")
+				}
+				return
+			}
+			c.expect("POST", 200, "lean", "")
+			if !stopped || len(closed) != 0 {
+				t.Errorf("StopClosing = %v, %d closes; want true and none with the client still there", stopped, len(closed))
+			}
+		})
+	}
+}
+
 // blockingMux is echoMux with a hot request whose handler, when the request
 // says X-Block, tells started and waits for release.
 func blockingMux(started chan<- struct{}, release <-chan struct{}) *http.ServeMux {
