@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -348,6 +349,51 @@ func TestPrefilledLogKeepsTheLatestEnds(t *testing.T) {
 	}
 	if n := l.since(t0.Add(time.Nanosecond)); n != kept {
 		t.Fatalf("since the start: %d, want all %d kept", n, kept)
+	}
+}
+
+// TestPrefilledLogCountsAsAScanWould checks the count kept between scrapes
+// against a scan of every prefill the log was given, through adds and
+// scrapes in random order: repeated scrapes, newer ones, an older one read
+// late, ends at and before a scrape, and the log's halving.
+func TestPrefilledLogCountsAsAScanWould(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	var l prefilledLog
+	var all []prefilled
+	t0 := time.Unix(1000, 0)
+	now, scrape := t0, t0
+	for i := range 20000 {
+		switch r := rng.IntN(10); {
+		case r < 6:
+			now = now.Add(time.Duration(rng.IntN(3)) * time.Millisecond)
+			start := now.Add(-time.Duration(rng.IntN(200)) * time.Millisecond)
+			l.add(start, now)
+			all = append(all, prefilled{start, now})
+		case r < 8:
+			scrape = now.Add(-time.Duration(rng.IntN(20)) * time.Millisecond)
+		}
+		at := scrape
+		if rng.IntN(20) == 0 {
+			at = scrape.Add(-time.Duration(rng.IntN(50)) * time.Millisecond) // a decision reading an older scrape
+		}
+		got := l.since(at)
+		// The log forgets what ended by a scrape it was asked about, and
+		// the oldest half past its bound: a scan of what it still holds
+		// must agree, and never count more than every prefill given would.
+		want, bound := 0, 0
+		for _, e := range l.entries {
+			if e.start.Before(at) && e.end.After(at) {
+				want++
+			}
+		}
+		for _, e := range all {
+			if e.start.Before(at) && e.end.After(at) {
+				bound++
+			}
+		}
+		if got != want || got > bound {
+			t.Fatalf("step %d: since(%v) = %d, a scan of the log gives %d, of every prefill %d", i, at.Sub(t0), got, want, bound)
+		}
 	}
 }
 
