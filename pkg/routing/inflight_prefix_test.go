@@ -3,10 +3,36 @@ package routing
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/kvgate/kvgate/pkg/inflight"
 )
+
+// TestInFlightKeysAreTheSameInEveryRelease pins the keys of two prompts:
+// replicas share them through Redis, so a fleet in the middle of a rollout
+// runs two releases that must agree on them.
+func TestInFlightKeysAreTheSameInEveryRelease(t *testing.T) {
+	f := newInFlightPrefixes(DefaultMaxInFlightPrefixBlocks)
+	var buf []byte
+	toks := make([]uint32, 40)
+	for i := range toks {
+		toks[i] = uint32(i*2654435761) ^ 0x9e3779b9
+	}
+	for _, tc := range []struct {
+		model, lora string
+		tokens      []uint32
+		blockSize   int
+		want        []uint64
+	}{
+		{"meta-llama/Llama-3.1-8B", "", toks, 16, []uint64{0x69543695c3df6f2d, 0xd4efe96ebea1c7d7}},
+		{"m", "sql-lora", toks[:32], 8, []uint64{0xac24178f2307494c, 0xe0074373d7526539, 0x686d8e5b86229a32, 0x7f1f55158d00a78a}},
+	} {
+		if got := f.keys([]uint64{7}, &buf, tc.model, tc.lora, tc.tokens, tc.blockSize); !slices.Equal(got, append([]uint64{7}, tc.want...)) {
+			t.Errorf("keys of %s/%s = %#x, want 7 then %#x", tc.model, tc.lora, got, tc.want)
+		}
+	}
+}
 
 // TestInFlightMatchCountsTheLeadingBlocksEachPodHolds checks match against
 // its definition, a scan of the prompt's keys for each pod, on random
