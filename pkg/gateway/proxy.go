@@ -168,6 +168,11 @@ func (g *Gateway) serveInference(k kind) http.HandlerFunc {
 	}
 }
 
+// routingStrategyKey is the routing-strategy header's canonical name, which
+// the request header map is keyed by: looking it up as such allocates
+// nothing.
+var routingStrategyKey = http.CanonicalHeaderKey(routing.HeaderRoutingStrategy)
+
 // admitted is a request that passed the gateway's checks.
 type admitted struct {
 	b *backend
@@ -219,7 +224,7 @@ func (g *Gateway) admit(w http.ResponseWriter, r *http.Request, k kind, x *excha
 	if !ok {
 		return a, false
 	}
-	err := g.check(&a, k, body, r.Header.Get(routing.HeaderRoutingStrategy), x)
+	err := g.check(&a, k, body, r.Header.Get(routingStrategyKey), x)
 	c.model, c.algorithm = a.model, a.algorithm
 	if err != nil {
 		c.fail(w, err.Status, err.Type, err.Code, err.Param, err.Message)

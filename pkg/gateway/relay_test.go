@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"testing/iotest"
+
+	"github.com/kvgate/kvgate/pkg/routing"
 )
 
 // relayAll runs an sseRelay over input read in pieces by wrap, and returns
@@ -314,5 +316,17 @@ func TestHeaderValuesReuseTheStringsOfValuesSeen(t *testing.T) {
 	vs.reset()
 	if vs.used != 0 || vs.slots[0] != "" {
 		t.Error("reset kept the slots")
+	}
+}
+
+func TestTheRoutingStrategyHeaderIsReadWithoutAllocating(t *testing.T) {
+	h := http.Header{}
+	h.Set(routing.HeaderRoutingStrategy, "kv-aware")
+	if n := testing.AllocsPerRun(100, func() {
+		if h.Get(routingStrategyKey) != "kv-aware" {
+			t.Fatal("header not found")
+		}
+	}); n != 0 {
+		t.Errorf("reading it costs %v allocations, want 0", n)
 	}
 }
