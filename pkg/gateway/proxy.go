@@ -56,6 +56,7 @@ type exchange struct {
 	res    podResponse  // the pod's response
 	timing []byte       // a Server-Timing value being written
 	vals   headerValues // the values of the response's headers
+	limit  io.LimitedReader
 	in     inference
 	d      routing.Decision
 	snaps  []cache.PodSnapshot // the candidates' snapshots

@@ -117,16 +117,19 @@ func growForDeclared(buf *bytes.Buffer, declared int64) {
 
 // readWhole reads body into keep, which is empty, until its end or until
 // keep holds more than max bytes; complete reports the former. size is the
-// body's length when known, -1 otherwise.
-func readWhole(body io.Reader, keep *bytes.Buffer, size int64, max int) (complete bool, err error) {
+// body's length when known, -1 otherwise. lr is scratch space.
+func readWhole(body io.Reader, keep *bytes.Buffer, size int64, max int, lr *io.LimitedReader) (complete bool, err error) {
 	if size <= int64(max) {
 		growForDeclared(keep, size)
 	}
-	lr := io.LimitedReader{R: body, N: int64(max) + 1}
-	if _, err := keep.ReadFrom(&lr); err != nil {
+	*lr = io.LimitedReader{R: body, N: int64(max) + 1}
+	_, err = keep.ReadFrom(lr)
+	complete = lr.N > 0
+	lr.R = nil
+	if err != nil {
 		return false, err
 	}
-	return lr.N > 0, nil
+	return complete, nil
 }
 
 // sseRelay copies an engine's server-sent events to the client one event
@@ -433,7 +436,11 @@ func setHeader(hd http.Header, res *podResponse, d *routing.Decision, addr strin
 // timed so far, after the pod's.
 func addServerTiming(hd http.Header, c *call, x *exchange) {
 	x.timing = c.appendServerTiming(x.timing[:0])
-	hd[HeaderServerTiming] = append(slices.Clip(hd[HeaderServerTiming]), string(x.timing))
+	if pods := hd[HeaderServerTiming]; len(pods) > 0 {
+		hd[HeaderServerTiming] = append(slices.Clip(pods), string(x.timing))
+		return
+	}
+	hd[HeaderServerTiming] = x.vals.one(string(x.timing))
 }
 
 // relayWhole relays a response that does not stream: it reads the body
@@ -446,7 +453,7 @@ func (g *Gateway) relayWhole(w http.ResponseWriter, r *http.Request, res *podRes
 	if res.body.mode == bodyLength {
 		size = res.body.remaining
 	}
-	complete, err := readWhole(&res.body, &x.resp, size, maxUsageScanBytes)
+	complete, err := readWhole(&res.body, &x.resp, size, maxUsageScanBytes, &x.limit)
 	if err != nil {
 		return g.failResponse(w, r, err, stageBody, rc, x, c, h)
 	}

@@ -242,7 +242,7 @@ func TestADeclaredLengthReservesLittleBeforeItsBytesArrive(t *testing.T) {
 	// A body longer than the room made still arrives whole.
 	var keep bytes.Buffer
 	body := strings.Repeat("x", 3*maxPreGrow)
-	complete, err := readWhole(strings.NewReader(body), &keep, 16<<20, 4<<20)
+	complete, err := readWhole(strings.NewReader(body), &keep, 16<<20, 4<<20, new(io.LimitedReader))
 	if err != nil || !complete || keep.String() != body {
 		t.Errorf("readWhole: complete %v, %v, %d bytes of %d", complete, err, keep.Len(), len(body))
 	}
