@@ -567,7 +567,7 @@ func (f closerFunc) Close() error { f(); return nil }
 // client there closes nothing.
 func TestClientGoneClosesWhatTheHandlerNamed(t *testing.T) {
 	for _, tc := range []struct {
-		name                  string
+		name                 string
 		askAfterGone, goAway bool
 	}{
 		{"client gone while the handler waits", false, true},
@@ -585,15 +585,18 @@ func TestClientGoneClosesWhatTheHandlerNamed(t *testing.T) {
 				}
 				started <- struct{}{}
 				closer := closerFunc(func() { closed <- struct{}{} })
-				if tc.askAfterGone {
+				switch {
+				case tc.askAfterGone:
 					<-r.Context().Done()
 					gc.CloseWhenGone(closer)
-				} else {
+				case tc.goAway:
 					gc.CloseWhenGone(closer)
-					select {
-					case <-closed:
-						closed <- struct{}{}
-					case <-time.After(watchAfter + 100*time.Millisecond):
+					<-r.Context().Done()
+				default:
+					// The watch reads the connection, the client there.
+					gc.CloseWhenGone(closer)
+					if !eventually(func() bool { return watchReading(w.(*response).c) }) {
+						t.Error("the watch did not start")
 					}
 				}
 				ended <- gc.StopClosing()
