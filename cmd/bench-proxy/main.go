@@ -96,8 +96,9 @@ func parseOptions(fs *flag.FlagSet, args []string) (options, error) {
 			"before), kv-new (kv-aware on a new prompt each time)")
 	proxies := fs.String("proxies", "nginx,haproxy,go-raw,go-nethttp", "reverse proxies to compare with, where installed: "+
 		"nginx, haproxy, and the Go reference forwarders go-raw (without net/http) and go-nethttp (net/http's server)")
-	fs.StringVar(&o.baseline, "baseline", "", "directory holding another build's gateway binary (e.g. the previous commit's "+
-		"bin/): a second gateway runs it on the same engines, measured next to this one in every round (first every other round) and compared with it")
+	fs.StringVar(&o.baseline, "baseline", "", "directory holding another build's gateway binary (e.g. the previous "+
+		"commit's bin/): a second gateway runs it on the same engines, measured next to this one in every round (first "+
+		"every other round) and compared with it")
 	fs.StringVar(&o.tokenizer, "tokenizer", "", "directory of a model's Hugging Face tokenizer files (tokenizer.json): the "+
 		"engines tokenize with them and the gateway in process (make tokenizers installs Qwen3's, Llama 3's and Llama 2's "+
 		"under hack/tokenizers/models); empty: the simulator's tokenizer, which the gateway asks the engines for")
@@ -278,6 +279,9 @@ func bench(ctx context.Context, o options, stdout, stderr io.Writer) error {
 	fmt.Fprintf(&report, "Two vllm-sim engines answering at once; %d rounds of %v per run after %v of warm-up, medians; "+
 		"%d CPUs shared by the engines, the proxy measured and the load generator; %s.\n",
 		o.rounds, o.duration, o.warmup, runtime.NumCPU(), strings.Join(append([]string{"kvgate gateway"}, versions...), ", "))
+	if o.baseline != "" {
+		fmt.Fprintf(&report, "Baseline: the gateway in %s, beside this build's on the same engines.\n", o.baseline)
+	}
 	if o.tokenizer != "" {
 		fmt.Fprintf(&report, "Tokenizer: the files in %s, in the engines and in the gateway's process.\n", o.tokenizer)
 	} else {

@@ -200,7 +200,7 @@ func TestBenchmarkComparesTheGatewayWithABaselineBuild(t *testing.T) {
 	}
 	report := out.String()
 	for _, want := range []string{"| 2 | gateway random |", "| 2 | baseline random |", "| 2 | baseline least-request |",
-		"This build against the baseline"} {
+		"This build against the baseline", "Baseline: the gateway in " + binDir + ", beside"} {
 		if !strings.Contains(report, want) {
 			t.Errorf("the report lacks %q:\n%s", want, report)
 		}
