@@ -70,6 +70,9 @@ type options struct {
 	// baseline, when set, is a directory holding another build's gateway
 	// binary, measured beside this one (see baselineTarget).
 	baseline string
+	// baselineEnv is added to the baseline gateway's environment only; set
+	// without baseline, the baseline is this build under it.
+	baselineEnv []string
 	// tokenizer, when set, is the directory of a model's tokenizer files,
 	// which the engines and the gateway tokenize with (see
 	// localfleet.Config.Tokenizer).
@@ -102,13 +105,11 @@ func parseOptions(fs *flag.FlagSet, args []string) (options, error) {
 	fs.StringVar(&o.tokenizer, "tokenizer", "", "directory of a model's Hugging Face tokenizer files (tokenizer.json): the "+
 		"engines tokenize with them and the gateway in process (make tokenizers installs Qwen3's, Llama 3's and Llama 2's "+
 		"under hack/tokenizers/models); empty: the simulator's tokenizer, which the gateway asks the engines for")
-	fs.Func("gateway-env", "NAME=value added to the gateway's environment; repeat for more", func(s string) error {
-		if !strings.Contains(s, "=") {
-			return errors.New("want NAME=value")
-		}
-		o.gatewayEnv = append(o.gatewayEnv, s)
-		return nil
-	})
+	fs.Func("gateway-env", "NAME=value added to the gateway's environment (the baseline's too); repeat for more",
+		envSetting(&o.gatewayEnv))
+	fs.Func("baseline-env", "NAME=value added to the baseline gateway's environment only; repeat for more; without "+
+		"-baseline, the baseline is this build run with these settings, to measure what a setting costs",
+		envSetting(&o.baselineEnv))
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -130,6 +131,33 @@ func parseOptions(fs *flag.FlagSet, args []string) (options, error) {
 	}
 	o.proxies = splitList(*proxies)
 	return o, nil
+}
+
+// envSetting returns a flag's function that appends a NAME=value setting
+// to env.
+func envSetting(env *[]string) func(string) error {
+	return func(s string) error {
+		if name, _, ok := strings.Cut(s, "="); !ok || name == "" {
+			return errors.New("want NAME=value")
+		}
+		*env = append(*env, s)
+		return nil
+	}
+}
+
+// hasBaseline reports whether a second gateway runs beside the first.
+func (o options) hasBaseline() bool { return o.baseline != "" || len(o.baselineEnv) > 0 }
+
+// baselineDescription says what the baseline gateway runs, for the report.
+func (o options) baselineDescription() string {
+	what := "this build"
+	if o.baseline != "" {
+		what = "the gateway in " + o.baseline
+	}
+	if len(o.baselineEnv) > 0 {
+		what += " with " + strings.Join(o.baselineEnv, " ")
+	}
+	return what
 }
 
 func parseInts(s string) ([]int, error) {
@@ -185,8 +213,11 @@ func bench(ctx context.Context, o options, stdout, stderr io.Writer) error {
 		BinDir: o.binDir, Engines: 2, EngineArgs: engineArgs, AdminAddress: "127.0.0.1:0",
 		GatewayEnv: append([]string{"KVGATE_SHUTDOWN_TIMEOUT=5s"}, o.gatewayEnv...), Tokenizer: o.tokenizer,
 	}
-	if o.baseline != "" {
-		cfg.Gateways, cfg.GatewayBinaries = 2, []string{"", filepath.Join(o.baseline, "gateway")}
+	if o.hasBaseline() {
+		cfg.Gateways, cfg.GatewayReplicaEnv = 2, [][]string{nil, o.baselineEnv}
+		if o.baseline != "" {
+			cfg.GatewayBinaries = []string{"", filepath.Join(o.baseline, "gateway")}
+		}
 	}
 	fleet, err := localfleet.Start(ctx, cfg)
 	if err != nil {
@@ -235,7 +266,7 @@ func bench(ctx context.Context, o options, stdout, stderr io.Writer) error {
 	}
 	wls, err := workloads(workloadOptions{model: fleet.Model(), concurrency: o.concurrency, streamConc: o.streamConcurrency,
 		streamTokens: o.streamTokens, longWords: o.longWords, seenPrompts: o.seenPrompts, proxies: found,
-		baseline: o.baseline != ""}, o.workloads)
+		baseline: o.hasBaseline()}, o.workloads)
 	if err != nil {
 		return err
 	}
@@ -279,8 +310,8 @@ func bench(ctx context.Context, o options, stdout, stderr io.Writer) error {
 	fmt.Fprintf(&report, "Two vllm-sim engines answering at once; %d rounds of %v per run after %v of warm-up, medians; "+
 		"%d CPUs shared by the engines, the proxy measured and the load generator; %s.\n",
 		o.rounds, o.duration, o.warmup, runtime.NumCPU(), strings.Join(append([]string{"kvgate gateway"}, versions...), ", "))
-	if o.baseline != "" {
-		fmt.Fprintf(&report, "Baseline: the gateway in %s, beside this build's on the same engines.\n", o.baseline)
+	if o.hasBaseline() {
+		fmt.Fprintf(&report, "Baseline: %s, beside this build's gateway on the same engines.\n", o.baselineDescription())
 	}
 	if o.tokenizer != "" {
 		fmt.Fprintf(&report, "Tokenizer: the files in %s, in the engines and in the gateway's process.\n", o.tokenizer)

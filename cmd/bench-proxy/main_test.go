@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"flag"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -191,8 +193,8 @@ func TestBenchmarkReportsTheGatewayAgainstTheEngines(t *testing.T) {
 // gateway, here the same build, beside the first, round after round.
 func TestBenchmarkComparesTheGatewayWithABaselineBuild(t *testing.T) {
 	var out, errs bytes.Buffer
-	args := []string{"-bin", binDir, "-baseline", binDir, "-rounds", "2", "-duration", "200ms", "-warmup", "100ms",
-		"-concurrency", "2", "-workloads", "completions", "-proxies", "none"}
+	args := []string{"-bin", binDir, "-baseline", binDir, "-baseline-env", "KVGATE_ROUTING_MIN_FLEET_QUEUE=0.25",
+		"-rounds", "2", "-duration", "200ms", "-warmup", "100ms", "-concurrency", "2", "-workloads", "completions", "-proxies", "none"}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	if code := runMain(ctx, args, &out, &errs); code != 0 {
@@ -200,7 +202,8 @@ func TestBenchmarkComparesTheGatewayWithABaselineBuild(t *testing.T) {
 	}
 	report := out.String()
 	for _, want := range []string{"| 2 | gateway random |", "| 2 | baseline random |", "| 2 | baseline least-request |",
-		"This build against the baseline", "Baseline: the gateway in " + binDir + ", beside"} {
+		"This build against the baseline",
+		"Baseline: the gateway in " + binDir + " with KVGATE_ROUTING_MIN_FLEET_QUEUE=0.25, beside"} {
 		if !strings.Contains(report, want) {
 			t.Errorf("the report lacks %q:\n%s", want, report)
 		}
@@ -208,6 +211,30 @@ func TestBenchmarkComparesTheGatewayWithABaselineBuild(t *testing.T) {
 	if !regexp.MustCompile(`(?m)^- completions, c=2, least-request: CPU/request \d+\.\d{3}x the baseline's \(rounds: \S+ \S+\), req/s \d`).
 		MatchString(report) || strings.Contains(report, "errors, the first") {
 		t.Errorf("no comparison of two rounds without errors:\n%s", report)
+	}
+}
+
+func TestBaselineSettingsAloneRunThisBuildUnderThem(t *testing.T) {
+	o, err := parseOptions(flag.NewFlagSet("bench-proxy", flag.ContinueOnError),
+		[]string{"-baseline-env", "AIBRIX_KV_EVENT_SYNC_ENABLED=false", "-baseline-env", "A=b=c", "-gateway-env", "G=1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !o.hasBaseline() || o.baseline != "" || !slices.Equal(o.gatewayEnv, []string{"G=1"}) {
+		t.Errorf("options %+v: want a baseline of this build", o)
+	}
+	if got, want := o.baselineDescription(), "this build with AIBRIX_KV_EVENT_SYNC_ENABLED=false A=b=c"; got != want {
+		t.Errorf("baseline %q, want %q", got, want)
+	}
+	for _, bad := range []string{"novalue", "=1"} {
+		fs := flag.NewFlagSet("bench-proxy", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		if _, err := parseOptions(fs, []string{"-baseline-env", bad}); err == nil {
+			t.Errorf("-baseline-env %q accepted", bad)
+		}
+	}
+	if o, err := parseOptions(flag.NewFlagSet("bench-proxy", flag.ContinueOnError), nil); err != nil || o.hasBaseline() {
+		t.Errorf("no flags: baseline %v, %v", o.hasBaseline(), err)
 	}
 }
 

@@ -23,6 +23,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -68,6 +69,10 @@ type Config struct {
 	// by its index, so that two builds can be measured side by side on
 	// the same engines; a missing or empty entry takes BinDir's gateway.
 	GatewayBinaries []string
+	// GatewayReplicaEnv, when set, is added to the environment of each
+	// replica by its index, after GatewayEnv, so that two configurations
+	// can be measured side by side on the same engines.
+	GatewayReplicaEnv [][]string
 	// Tokenizer, when set, is the directory of the model's Hugging Face
 	// tokenizer files (tokenizer.json, tokenizer_config.json): the engines
 	// tokenize with them (vllm-sim -tokenizer), and the gateways in
@@ -277,7 +282,11 @@ func (f *Fleet) start(ctx context.Context) error {
 		if i < len(f.cfg.GatewayBinaries) && f.cfg.GatewayBinaries[i] != "" {
 			bin = f.cfg.GatewayBinaries[i]
 		}
-		p, err := f.group.start(f.dir, name, bin, args, gwEnv)
+		env := gwEnv
+		if i < len(f.cfg.GatewayReplicaEnv) {
+			env = append(slices.Clip(gwEnv), f.cfg.GatewayReplicaEnv[i]...)
+		}
+		p, err := f.group.start(f.dir, name, bin, args, env)
 		if err != nil {
 			return err
 		}

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -278,7 +279,7 @@ func TestReplicasShareStateThroughTheFleetsRedis(t *testing.T) {
 	}
 }
 
-func TestEachReplicaRunsTheGatewayBinaryNamedForIt(t *testing.T) {
+func TestEachReplicaRunsTheGatewayBinaryAndEnvironmentNamedForIt(t *testing.T) {
 	// A second name for the binary (a hard link, or a copy across file
 	// systems): the process shows the name it was started by.
 	other := filepath.Join(t.TempDir(), "gateway")
@@ -291,7 +292,9 @@ func TestEachReplicaRunsTheGatewayBinaryNamedForIt(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	f, err := startFleet(t, Config{Engines: 1, Gateways: 2, GatewayBinaries: []string{"", other}})
+	const setting = "KVGATE_ROUTING_MIN_FLEET_QUEUE=0.25"
+	f, err := startFleet(t, Config{Engines: 1, Gateways: 2, GatewayBinaries: []string{"", other},
+		GatewayReplicaEnv: [][]string{nil, {setting}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -303,6 +306,13 @@ func TestEachReplicaRunsTheGatewayBinaryNamedForIt(t *testing.T) {
 		}
 		if abs, _ := filepath.Abs(want[i]); exe != abs {
 			t.Errorf("%s runs %s, want %s", gw.Name, exe, abs)
+		}
+		environ, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", gw.PID))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if has := slices.Contains(strings.Split(string(environ), "\x00"), setting); has != (i == 1) {
+			t.Errorf("%s has %s in its environment: %v, want %v", gw.Name, setting, has, i == 1)
 		}
 	}
 }
