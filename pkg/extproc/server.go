@@ -8,7 +8,6 @@ import (
 	"math"
 	"net"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
@@ -23,6 +22,7 @@ import (
 
 	"github.com/kvgate/kvgate/pkg/connlimit"
 	"github.com/kvgate/kvgate/pkg/gateway"
+	"github.com/kvgate/kvgate/pkg/internal/budget"
 )
 
 // Config configures a Server.
@@ -81,9 +81,9 @@ type Server struct {
 	grpc    *grpc.Server
 	health  *health.Server
 
-	// streams counts the ExternalProcessor streams being served, at most
-	// cfg.MaxStreams.
-	streams atomic.Int64
+	// streams holds a slot per ExternalProcessor stream being served, at
+	// most cfg.MaxStreams.
+	streams *budget.Budget
 
 	stopHealth chan struct{}
 	stopOnce   sync.Once
@@ -112,7 +112,7 @@ func New(p *gateway.Picker, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{picker: p, cfg: cfg, log: cfg.Logger.WithName("extproc"), metrics: m, health: health.NewServer(),
-		stopHealth: make(chan struct{}), served: make(chan struct{})}
+		streams: budget.New(int64(cfg.MaxStreams)), stopHealth: make(chan struct{}), served: make(chan struct{})}
 	// A buffered body comes in one message, and goes back in one when it
 	// changes: room for the largest body and its headers. gRPC allocates a
 	// message as its bytes arrive, not as its prefix declares, but opens
@@ -211,18 +211,4 @@ func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
 	}
 	defer st.finish()
 	return st.run()
-}
-
-// acquireStream takes one of the MaxStreams slots, or reports that all
-// are taken.
-func (s *Server) acquireStream() bool {
-	for {
-		n := s.streams.Load()
-		if n >= int64(s.cfg.MaxStreams) {
-			return false
-		}
-		if s.streams.CompareAndSwap(n, n+1) {
-			return true
-		}
-	}
 }

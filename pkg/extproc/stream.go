@@ -86,7 +86,7 @@ type stream struct {
 // newStream returns the stream of srv, holding one of the Server's
 // MaxStreams slots until finish, or nil when all are taken.
 func (s *Server) newStream(srv extprocv3.ExternalProcessor_ProcessServer) *stream {
-	if !s.acquireStream() {
+	if !s.streams.Take(1) {
 		return nil
 	}
 	s.metrics.inFlight.Inc()
@@ -540,7 +540,7 @@ func (st *stream) ended(err error) error {
 func (st *stream) finish() {
 	m := st.s.metrics
 	// The slot is free once the gauge shows it.
-	st.s.streams.Add(-1)
+	st.s.streams.Give(1)
 	m.inFlight.Dec()
 	st.s.picker.ReleaseBody(st.held)
 	code := st.answered

@@ -5,34 +5,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"sync/atomic"
 	"time"
 )
-
-// bodyBudget bounds the bytes of request bodies the gateway holds at once,
-// over every request: those being read, waiting for a pod or in an SLO
-// queue, and being forwarded (Config.MaxHeldRequestBytes). A request that
-// would pass it is refused with 503.
-type bodyBudget struct {
-	limit int64
-	held  atomic.Int64
-}
-
-// take holds n more bytes, unless that would pass the limit.
-func (b *bodyBudget) take(n int64) bool {
-	for {
-		held := b.held.Load()
-		if held+n > b.limit {
-			return false
-		}
-		if b.held.CompareAndSwap(held, held+n) {
-			return true
-		}
-	}
-}
-
-// give returns n bytes taken.
-func (b *bodyBudget) give(n int64) { b.held.Add(-n) }
 
 // errBodyBudget reports a body that would pass the gateway's bound on the
 // request bytes it holds.
@@ -41,10 +15,10 @@ var errBodyBudget = errors.New("the gateway holds as many request bytes as it ma
 // holdBody takes n bytes of the budget for x's body; x gives them back when
 // returned to the pool.
 func (g *Gateway) holdBody(x *exchange, n int64) bool {
-	if !g.bodies.take(n) {
+	if !g.bodies.Take(n) {
 		return false
 	}
-	x.budget, x.held = &g.bodies, x.held+n
+	x.budget, x.held = g.bodies, x.held+n
 	return true
 }
 

@@ -24,6 +24,7 @@ import (
 	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/indexer"
 	"github.com/kvgate/kvgate/pkg/inflight"
+	"github.com/kvgate/kvgate/pkg/internal/budget"
 	"github.com/kvgate/kvgate/pkg/kvevent/manager"
 	"github.com/kvgate/kvgate/pkg/kvevent/transport"
 	"github.com/kvgate/kvgate/pkg/redisstate"
@@ -95,8 +96,11 @@ type Gateway struct {
 	// draining is set when shutdown begins.
 	draining atomic.Bool
 
-	// bodies bounds the request bytes held at once.
-	bodies bodyBudget
+	// bodies bounds the bytes of request bodies held at once, over every
+	// request: those being read, waiting for a pod or in an SLO queue, and
+	// being forwarded (Config.MaxHeldRequestBytes). A request that would
+	// pass it is refused with 503.
+	bodies *budget.Budget
 
 	// matchSlots holds a token per /debug/match request being served.
 	matchSlots chan struct{}
@@ -136,7 +140,7 @@ func New(cfg Config) (*Gateway, error) {
 			config.UpstreamResponseTimeout.Name, cfg.ResponseTimeout, config.UpstreamFirstByteTimeout.Name, cfg.FirstByteTimeout)
 	}
 	g := &Gateway{cfg: cfg, log: cfg.Logger.WithName("gateway"), registry: prometheus.NewRegistry(), started: time.Now(),
-		matchSlots: make(chan struct{}, maxConcurrentMatches), bodies: bodyBudget{limit: cfg.MaxHeldRequestBytes}}
+		matchSlots: make(chan struct{}, maxConcurrentMatches), bodies: budget.New(cfg.MaxHeldRequestBytes)}
 	g.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	var err error
 	if g.tokenURL, err = parseTokenizerTemplate(cfg.TokenizerEndpointTemplate); err != nil {
@@ -145,7 +149,7 @@ func New(cfg Config) (*Gateway, error) {
 	if cfg.KVSync.Enabled && !cfg.RemoteTokenizer {
 		return nil, errors.New("gateway: KV event sync needs the remote tokenizer: the prefix index holds the engines' token ids")
 	}
-	if g.metrics, err = newMetrics(g.registry, &g.bodies); err != nil {
+	if g.metrics, err = newMetrics(g.registry, g.bodies); err != nil {
 		return nil, err
 	}
 	if cfg.KVSync.Enabled {

@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvgate/kvgate/pkg/cache"
+	"github.com/kvgate/kvgate/pkg/internal/budget"
 )
 
 // metrics are the gateway's own Prometheus metrics.
@@ -49,7 +50,7 @@ const (
 	failResponseTimeout  = "response_timeout"                   // the response not written to its end within Config.ResponseTimeout
 )
 
-func newMetrics(reg prometheus.Registerer, bodies *bodyBudget) (*metrics, error) {
+func newMetrics(reg prometheus.Registerer, bodies *budget.Budget) (*metrics, error) {
 	latency := prometheus.ExponentialBuckets(0.0005, 2, 18) // 0.5 ms to 65 s
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -119,7 +120,7 @@ func newMetrics(reg prometheus.Registerer, bodies *bodyBudget) (*metrics, error)
 		heldBytes: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "kvgate_gateway_held_request_bytes",
 			Help: "Bytes of request bodies the gateway holds: being read, waiting for a pod or in an SLO queue, being forwarded.",
-		}, func() float64 { return float64(bodies.held.Load()) }),
+		}, func() float64 { return float64(bodies.Held()) }),
 		matchRefusals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvgate_gateway_debug_match_refusals_total",
 			Help: "POST /debug/match requests refused by reason: busy (the most served at once already are, 429), " +

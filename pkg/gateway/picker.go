@@ -43,14 +43,14 @@ func (p *Picker) Ready() (bool, string) { return p.g.readiness() }
 // bound; otherwise the front end gives them back with ReleaseBody once it
 // drops the body.
 func (p *Picker) HoldBody(n int) *Error {
-	if p.g.bodies.take(int64(n)) {
+	if p.g.bodies.Take(int64(n)) {
 		return nil
 	}
 	return p.g.heldRefusal()
 }
 
 // ReleaseBody gives back n bytes taken with HoldBody.
-func (p *Picker) ReleaseBody(n int) { p.g.bodies.give(int64(n)) }
+func (p *Picker) ReleaseBody(n int) { p.g.bodies.Give(int64(n)) }
 
 // Registerer is the gateway's metrics registry, for a front end's own
 // metrics.

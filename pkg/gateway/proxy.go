@@ -17,6 +17,7 @@ import (
 	"github.com/kvgate/kvgate/pkg/cache"
 	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/inflight"
+	"github.com/kvgate/kvgate/pkg/internal/budget"
 	"github.com/kvgate/kvgate/pkg/routing"
 	"github.com/kvgate/kvgate/pkg/tokenizer"
 	"github.com/kvgate/kvgate/pkg/types"
@@ -66,7 +67,7 @@ type exchange struct {
 	// held is the bytes of budget taken for the body, given back when
 	// the exchange returns to the pool.
 	held   int64
-	budget *bodyBudget
+	budget *budget.Budget
 }
 
 var exchanges = sync.Pool{New: func() any {
@@ -83,7 +84,7 @@ const maxPooledFields = 1 << 10
 
 func putExchange(x *exchange) {
 	if x.held > 0 {
-		x.budget.give(x.held)
+		x.budget.Give(x.held)
 		x.held = 0
 	}
 	for _, b := range []*bytes.Buffer{&x.body, &x.sent, &x.resp} {

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvgate/kvgate/internal/testsupport"
+	"github.com/kvgate/kvgate/pkg/internal/budget"
 )
 
 func TestServerTimingFormatsMillisecondsToTheMicrosecond(t *testing.T) {
@@ -62,7 +63,7 @@ func slotListener(t *testing.T, n int) (*timedListener, *prometheus.Registry) {
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	m, err := newMetrics(reg, &bodyBudget{})
+	m, err := newMetrics(reg, budget.New(0))
 	if err != nil {
 		t.Fatal(err)
 	}
