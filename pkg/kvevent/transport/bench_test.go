@@ -1,7 +1,14 @@
 package transport
 
 import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -11,6 +18,7 @@ import (
 	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/kvevent"
 	"github.com/kvgate/kvgate/pkg/kvevent/internal/kvtest"
+	"github.com/kvgate/kvgate/pkg/kvevent/publisher"
 )
 
 // blockCounter counts the blocks of the BlockStored events it receives.
@@ -37,6 +45,14 @@ func (h *blockCounter) HandleBatch(_ uint64, b *kvevent.EventBatch) error {
 // sixteenBlockBatch is what vLLM publishes for a 256-token prefill with
 // 16-token blocks: one BlockStored event of 16 chained hashes.
 func sixteenBlockBatch(b testing.TB) []byte {
+	payload, err := sixteenBlockPayload()
+	if err != nil {
+		b.Fatal(err)
+	}
+	return payload
+}
+
+func sixteenBlockPayload() ([]byte, error) {
 	hashes := make([]kvevent.BlockHash, 16)
 	for i := range hashes {
 		hashes[i] = 0x9e3779b97f4a7c15 * uint64(i+1)
@@ -49,11 +65,7 @@ func sixteenBlockBatch(b testing.TB) []byte {
 		BlockHashes: hashes, ParentBlockHash: 0x1234, HasParent: true, TokenIDs: tokens, BlockSize: 16,
 		Medium: kvevent.MediumGPU, GroupIdx: 0,
 	}}}
-	payload, err := kvevent.EncodeEventBatch(batch)
-	if err != nil {
-		b.Fatal(err)
-	}
-	return payload
+	return kvevent.EncodeEventBatch(batch)
 }
 
 // loopbackWindow bounds the batches published but not yet handled in
@@ -169,3 +181,131 @@ func (discardSink) joined(uint64, uint64)         {}
 func (discardSink) startReplay(uint64, bool) bool { return false }
 func (discardSink) abortReplay()                  {}
 func (discardSink) pendingOverflow()              {}
+
+// pacedPublisherEnv, set in the test binary's environment to
+// "pubPort,routerPort,period", makes it a publisher of sixteen-block
+// batches, one every period, until it is killed (see TestMain).
+const pacedPublisherEnv = "KVGATE_TEST_PACED_PUBLISHER"
+
+// pacedPeriod is the time between BenchmarkPacedBatches's batches: vLLM
+// publishes a batch per scheduler step, milliseconds apart or more.
+const pacedPeriod = 2 * time.Millisecond
+
+// runPacedPublisher publishes as pacedPublisherEnv's value spec says.
+func runPacedPublisher(spec string) error {
+	var pub, router int
+	var period time.Duration
+	parts := strings.Split(spec, ",")
+	if len(parts) != 3 {
+		return fmt.Errorf("%s=%q: want pubPort,routerPort,period", pacedPublisherEnv, spec)
+	}
+	var errs [3]error
+	pub, errs[0] = strconv.Atoi(parts[0])
+	router, errs[1] = strconv.Atoi(parts[1])
+	period, errs[2] = time.ParseDuration(parts[2])
+	if err := errors.Join(errs[:]...); err != nil {
+		return err
+	}
+	cfg := publisher.DefaultPublisherConfig()
+	cfg.Endpoint = kvtest.BindEndpoint(pub)
+	cfg.ReplayEndpoint = fmt.Sprintf("tcp://127.0.0.1:%d", router)
+	cfg.Logger = klog.Background().V(4)
+	p, err := publisher.NewPublisher(cfg)
+	if err != nil {
+		return err
+	}
+	defer p.Close()
+	payload, err := sixteenBlockPayload()
+	if err != nil {
+		return err
+	}
+	tick := time.NewTicker(period)
+	defer tick.Stop()
+	for range tick.C {
+		if err := p.PublishRaw(payload); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// pacedCounter counts the batches it handles, and signals once when the
+// count reaches a mark, so that no goroutine wakes for each batch but the
+// client's own.
+type pacedCounter struct {
+	handled atomic.Uint64
+	mark    atomic.Uint64
+	armed   atomic.Bool
+	reached chan struct{}
+}
+
+func (h *pacedCounter) HandleEvent(kvevent.KVEvent) error { return nil }
+
+func (h *pacedCounter) HandleBatch(uint64, *kvevent.EventBatch) error {
+	if h.handled.Add(1) >= h.mark.Load() && h.armed.CompareAndSwap(true, false) {
+		h.reached <- struct{}{}
+	}
+	return nil
+}
+
+// await waits until n more batches were handled. A batch handled while
+// the mark is being set may go unsignalled; the next one signals.
+func (h *pacedCounter) await(b *testing.B, n int) {
+	h.mark.Store(h.handled.Load() + uint64(n))
+	h.armed.Store(true)
+	select {
+	case <-h.reached:
+	case <-time.After(testsupport.WaitTimeout + time.Duration(n)*pacedPeriod):
+		b.Fatalf("%d batches handled, short of %d", h.handled.Load(), h.mark.Load())
+	}
+}
+
+// BenchmarkPacedBatches measures what receiving a batch costs when batches
+// come one at a time, as from an engine: a publisher in another process
+// sends a sixteen-block batch every pacedPeriod, and cpu-ns/batch is this
+// process's CPU time per batch handled, over all its threads (libzmq's
+// too). Between batches the client waits on its sockets, so each batch
+// pays the wake-ups a batch costs a gateway following engines at their
+// pace.
+func BenchmarkPacedBatches(b *testing.B) {
+	ports := kvtest.NewPorts(b)
+	h := &pacedCounter{reached: make(chan struct{}, 1)}
+	cfg := testClientConfig(ports)
+	cfg.Logger = klog.Background().V(1) // errors only
+	cfg.PollTimeout = DefaultPollTimeout
+	c := startClient(b, cfg, h)
+	exe, err := os.Executable()
+	if err != nil {
+		b.Fatal(err)
+	}
+	cmd := exec.Command(exe)
+	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%d,%d,%v", pacedPublisherEnv, ports.Pub, ports.Router, pacedPeriod))
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	if err := c.WaitForConnection(testsupport.WaitTimeout); err != nil {
+		b.Fatal(err)
+	}
+	// Warm up past the replay of what was published before the
+	// subscription was in place.
+	h.await(b, 100)
+	cpu0 := processCPU()
+	b.ResetTimer()
+	h.await(b, b.N)
+	b.StopTimer()
+	b.ReportMetric(float64(processCPU()-cpu0)/float64(b.N), "cpu-ns/batch")
+}
+
+// processCPU returns the CPU time the process has used, over its threads.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}

@@ -3,6 +3,7 @@ package transport
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -25,7 +26,7 @@ type bindLoop struct {
 	byIdentity   map[bindIdentity]string  // engine identity -> pod key
 	streams      map[boundKey]*boundEntry // followed streams
 	ignoreLimits map[string]*logLimiter   // log limits of ignored messages, by reason
-	poller       *zmq.Poller
+	poller       *zmqwire.Poller
 	dirty        bool // the set of sockets changed: rebuild poller
 	frames       [][]byte
 }
@@ -95,6 +96,8 @@ func (l *bindLoop) bind(ep string) error {
 // closeSockets closes the bound sockets and, when the receiver created it,
 // terminates the context.
 func (l *bindLoop) closeSockets() {
+	_ = l.poller.Close()
+	l.poller = nil
 	for _, s := range l.subs {
 		s.Close()
 	}
@@ -189,7 +192,11 @@ func (l *bindLoop) run(r *BindReceiver) {
 // timers and liveness.
 func (l *bindLoop) poll() {
 	if l.dirty {
-		l.rebuildPoller()
+		if err := l.rebuildPoller(); err != nil {
+			l.logger.Error(err, "Polling the bound KV event sockets failed")
+			time.Sleep(l.cfg.PollTimeout)
+			return
+		}
 	}
 	wait := l.cfg.PollTimeout
 	for _, e := range l.streams {
@@ -256,15 +263,14 @@ func (l *bindLoop) track(e *boundEntry) {
 	}
 }
 
-func (l *bindLoop) rebuildPoller() {
-	l.poller = zmq.NewPoller()
-	for _, s := range l.subs {
-		l.poller.Add(s, zmq.POLLIN)
-	}
+func (l *bindLoop) rebuildPoller() error {
+	_ = l.poller.Close()
+	socks := slices.Clone(l.subs)
 	for _, e := range l.streams {
-		if e.polled != nil {
-			l.poller.Add(e.polled, zmq.POLLIN)
-		}
+		socks = append(socks, e.polled)
 	}
-	l.dirty = false
+	var err error
+	l.poller, err = zmqwire.NewPoller(socks...)
+	l.dirty = err != nil
+	return err
 }

@@ -41,7 +41,7 @@ type dialer struct {
 
 	sub    *zmq.Socket
 	mon    *zmq.Socket
-	poller *zmq.Poller
+	poller *zmqwire.Poller
 	polled *zmq.Socket // the replay socket the poller holds
 
 	frames      [][]byte // reused frame slices of live messages
@@ -121,7 +121,10 @@ func (d *dialer) run(rs *runState) {
 // slice, and runs its timers.
 func (d *dialer) poll() {
 	if d.s.replaySocket() != d.polled {
-		d.rebuildPoller()
+		if err := d.rebuildPoller(); err != nil {
+			d.socketFailed(err)
+			return
+		}
 	}
 	wait := d.s.timerWait(d.cfg.PollTimeout)
 	if !d.downAt.IsZero() {
@@ -182,7 +185,10 @@ func (d *dialer) open() error {
 		return fmt.Errorf("kvevent: set up SUB socket for %s: %w", d.pubEndpoint, err)
 	}
 	d.s.attach(d.ctx)
-	d.rebuildPoller()
+	if err := d.rebuildPoller(); err != nil {
+		d.close()
+		return fmt.Errorf("kvevent: poll the sockets of %s: %w", d.pubEndpoint, err)
+	}
 	d.reopenDelay = d.cfg.ReconnectDelay
 	if l := d.obs.debug(); l.Enabled() {
 		l.Info("Dialling KV event publisher", "endpoint", d.pubEndpoint, "replayEndpoint", d.s.replayEndpoint)
@@ -229,14 +235,12 @@ func (d *dialer) setupSub() error {
 	return s.Connect(d.pubEndpoint)
 }
 
-func (d *dialer) rebuildPoller() {
+func (d *dialer) rebuildPoller() error {
+	_ = d.poller.Close()
 	d.polled = d.s.replaySocket()
-	d.poller = zmq.NewPoller()
-	for _, s := range []*zmq.Socket{d.mon, d.polled, d.sub} {
-		if s != nil {
-			d.poller.Add(s, zmq.POLLIN)
-		}
-	}
+	var err error
+	d.poller, err = zmqwire.NewPoller(d.mon, d.polled, d.sub)
+	return err
 }
 
 // close closes every socket, the stream's replay socket included. The
@@ -254,6 +258,7 @@ func (d *dialer) close() {
 	if d.sub != nil {
 		d.sub.Close()
 	}
+	_ = d.poller.Close()
 	d.mon, d.sub, d.poller, d.polled = nil, nil, nil, nil
 	d.downAt = time.Time{}
 }
