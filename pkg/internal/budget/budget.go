@@ -33,6 +33,3 @@ func (b *Budget) Give(n int64) { b.held.Add(-n) }
 
 // Held returns the units held.
 func (b *Budget) Held() int64 { return b.held.Load() }
-
-// Limit returns the most units the budget holds at once.
-func (b *Budget) Limit() int64 { return b.limit }

@@ -206,11 +206,7 @@ func runPacedPublisher(spec string) error {
 	if err := errors.Join(errs[:]...); err != nil {
 		return err
 	}
-	cfg := publisher.DefaultPublisherConfig()
-	cfg.Endpoint = kvtest.BindEndpoint(pub)
-	cfg.ReplayEndpoint = fmt.Sprintf("tcp://127.0.0.1:%d", router)
-	cfg.Logger = klog.Background().V(4)
-	p, err := publisher.NewPublisher(cfg)
+	p, err := publisher.NewPublisher(kvtest.PublisherConfig(kvtest.Ports{Pub: pub, Router: router}))
 	if err != nil {
 		return err
 	}

@@ -32,16 +32,22 @@ func NewPorts(t testing.TB) Ports {
 	return Ports{Pub: p[0], Router: p[1]}
 }
 
-// NewPublisher starts a publisher on ports with replay, answering replay
-// requests quickly; adjust may change its configuration first. It is closed
-// at cleanup.
-func NewPublisher(t testing.TB, ports Ports, adjust func(*publisher.PublisherConfig)) *publisher.Publisher {
-	t.Helper()
+// PublisherConfig configures a publisher on ports with replay, answering
+// replay requests quickly.
+func PublisherConfig(ports Ports) publisher.PublisherConfig {
 	cfg := publisher.DefaultPublisherConfig()
 	cfg.Endpoint = BindEndpoint(ports.Pub)
 	cfg.ReplayEndpoint = fmt.Sprintf("tcp://127.0.0.1:%d", ports.Router)
 	cfg.ReplayPollInterval = 5 * time.Millisecond
 	cfg.Logger = klog.Background().V(4)
+	return cfg
+}
+
+// NewPublisher starts a publisher of PublisherConfig(ports); adjust may
+// change its configuration first. It is closed at cleanup.
+func NewPublisher(t testing.TB, ports Ports, adjust func(*publisher.PublisherConfig)) *publisher.Publisher {
+	t.Helper()
+	cfg := PublisherConfig(ports)
 	if adjust != nil {
 		adjust(&cfg)
 	}

@@ -105,9 +105,6 @@ func (p *Poller) check() ([]zmq.Polled, error) {
 	p.ready = p.ready[:0]
 	for _, s := range p.socks {
 		ev, err := s.GetEvents()
-		for zmq.AsErrno(err) == zmq.Errno(syscall.EINTR) {
-			ev, err = s.GetEvents()
-		}
 		if err != nil {
 			return nil, err
 		}
