@@ -18,7 +18,9 @@ func (l *bindLoop) readLive(rank int) {
 		frames, n, peer, err := zmqwire.RecvFramesFrom(sub, zmq.DONTWAIT, l.frames, 3)
 		l.frames = frames
 		if err != nil {
-			if !zmqwire.IsAgain(err) {
+			if zmqwire.IsAgain(err) {
+				l.poller.Drained(sub)
+			} else {
 				l.logger.Error(err, "Receiving from a bound KV event socket failed", "endpoint", l.bound[rank])
 			}
 			return

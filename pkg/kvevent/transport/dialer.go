@@ -290,7 +290,9 @@ func (d *dialer) drainMonitor() {
 	for {
 		ev, addr, value, err := d.mon.RecvEvent(zmq.DONTWAIT)
 		if err != nil {
-			if !zmqwire.IsAgain(err) {
+			if zmqwire.IsAgain(err) {
+				d.poller.Drained(d.mon)
+			} else {
 				d.socketFailed(fmt.Errorf("read socket monitor: %w", err))
 			}
 			return
@@ -323,7 +325,9 @@ func (d *dialer) readLive() {
 		frames, n, err := zmqwire.RecvFrames(d.sub, zmq.DONTWAIT, d.frames, 3)
 		d.frames = frames
 		if err != nil {
-			if !zmqwire.IsAgain(err) {
+			if zmqwire.IsAgain(err) {
+				d.poller.Drained(d.sub)
+			} else {
 				d.socketFailed(fmt.Errorf("receive from %s: %w", d.pubEndpoint, err))
 			}
 			return

@@ -18,15 +18,28 @@ import (
 // back to the scheduler for every batch.
 //
 // ZMQ_FD only says that a socket's state may have changed: ZMQ_EVENTS says
-// whether a message is there, and reading it consumes the signal. Poll asks
-// ZMQ_EVENTS of every socket after the runtime's readiness flag is reset
-// and before it parks, so that a signal sent after the question wakes it.
+// whether a message is there, and reading it consumes the signal. After the
+// runtime's readiness flag is reset and before it parks, Poll asks
+// ZMQ_EVENTS of every socket that may hold a message without a signal
+// pending: one it has not asked since it last named it ready, unless the
+// caller reported it drained. A socket found empty, or drained, is signalled
+// again by the next message, so Poll asks the others only when epoll finds
+// their signal: a question costs ZeroMQ two system calls (its fork check
+// and a poll of the socket's mailbox), epoll one for all the sockets.
 // A Poller belongs to one goroutine, as its sockets do.
 type Poller struct {
 	socks []*zmq.Socket
-	ep    *os.File
-	rc    syscall.RawConn
-	ready []zmq.Polled
+	// quiet[i] is set while socks[i] holds no message its ZMQ_FD would not
+	// signal: ZMQ_EVENTS said it held none, or the caller reported it
+	// drained, and nothing was done on it since.
+	quiet []bool
+	// signalled[i] is set while check handles a signal of socks[i].
+	signalled []bool
+	events    []syscall.EpollEvent
+	epfd      int
+	ep        *os.File
+	rc        syscall.RawConn
+	ready     []zmq.Polled
 }
 
 // NewPoller returns a Poller of socks, in that order; nil entries are left
@@ -44,8 +57,8 @@ func NewPoller(socks ...*zmq.Socket) (*Poller, error) {
 		zfd, err := s.GetFd()
 		if err == nil {
 			// Level-triggered: the instance is readable while a socket's
-			// signal is unread.
-			ev := syscall.EpollEvent{Events: syscall.EPOLLIN, Fd: int32(zfd)}
+			// signal is unread. The event's data is the socket's index.
+			ev := syscall.EpollEvent{Events: syscall.EPOLLIN, Fd: int32(len(p.socks))}
 			err = syscall.EpollCtl(fd, syscall.EPOLL_CTL_ADD, zfd, &ev)
 		}
 		if err != nil {
@@ -54,6 +67,10 @@ func NewPoller(socks ...*zmq.Socket) (*Poller, error) {
 		}
 		p.socks = append(p.socks, s)
 	}
+	p.quiet = make([]bool, len(p.socks))
+	p.signalled = make([]bool, len(p.socks))
+	p.events = make([]syscall.EpollEvent, len(p.socks))
+	p.epfd = fd
 	// A non-blocking descriptor joins the runtime's poller.
 	if err := syscall.SetNonblock(fd, true); err != nil {
 		_ = syscall.Close(fd)
@@ -100,15 +117,52 @@ func (p *Poller) Poll(timeout time.Duration) ([]zmq.Polled, error) {
 	return ready, nil
 }
 
-// check asks every socket whether it holds a message.
+// Drained tells the Poller that a receive on s, one of its sockets, found
+// nothing (ZeroMQ's EAGAIN) and that nothing was done on s since: until the
+// next message signals it, Poll need not ask it. Anything else done on s
+// before the next Poll (a send, a receive that found a message, an option
+// set) breaks that promise and may leave a message unseen until the wait
+// runs out. A nil Poller's Drained does nothing.
+func (p *Poller) Drained(s *zmq.Socket) {
+	if p == nil {
+		return
+	}
+	for i, ps := range p.socks {
+		if ps == s {
+			p.quiet[i] = true
+		}
+	}
+}
+
+// check asks ZMQ_EVENTS of the sockets that may hold a message: those not
+// known to be quiet, and those whose signal epoll finds.
 func (p *Poller) check() ([]zmq.Polled, error) {
 	p.ready = p.ready[:0]
-	for _, s := range p.socks {
+	if len(p.socks) == 0 {
+		return p.ready, nil
+	}
+	clear(p.signalled)
+	n, err := syscall.EpollWait(p.epfd, p.events, 0)
+	switch {
+	case err == syscall.EINTR:
+		clear(p.quiet)
+	case err != nil:
+		return nil, fmt.Errorf("zmqwire: epoll_wait: %w", err)
+	}
+	for _, ev := range p.events[:max(n, 0)] {
+		p.signalled[ev.Fd] = true
+	}
+	for i, s := range p.socks {
+		if p.quiet[i] && !p.signalled[i] {
+			continue
+		}
 		ev, err := s.GetEvents()
 		if err != nil {
+			p.quiet[i] = false
 			return nil, err
 		}
-		if ev&zmq.POLLIN != 0 {
+		p.quiet[i] = ev&zmq.POLLIN == 0
+		if !p.quiet[i] {
 			p.ready = append(p.ready, zmq.Polled{Socket: s, Events: ev})
 		}
 	}

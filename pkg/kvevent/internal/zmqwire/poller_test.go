@@ -1,6 +1,7 @@
 package zmqwire
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -27,21 +28,31 @@ func TestPollerTimesOutWithNothingToRead(t *testing.T) {
 	}
 }
 
-// TestPollerWakesForEveryMessage sends thousands of messages in bursts and
-// pauses while the receiver polls with a long timeout: a wake-up lost
-// between ZMQ_EVENTS's answer and the wait would leave the receiver
-// waiting out the timeout with messages queued.
+// TestPollerWakesForEveryMessage sends thousands of messages in bursts to
+// two sockets and pauses while the receiver polls with a long timeout: a
+// wake-up lost between ZMQ_EVENTS's answer, or a receive's EAGAIN, and the
+// wait would leave the receiver waiting out the timeout with messages
+// queued. The receiver reports the sockets it drained or not: a Poller that
+// trusted a drained socket to be signalled when it is not, or that skipped
+// a socket signalled, fails it.
 func TestPollerWakesForEveryMessage(t *testing.T) {
-	push, pull := pair(t)
+	for _, report := range []bool{false, true} {
+		t.Run(fmt.Sprintf("drained-reported=%v", report), func(t *testing.T) { testPollerWakes(t, report) })
+	}
+}
+
+func testPollerWakes(t *testing.T, reportDrained bool) {
+	pushA, pullA := pair(t)
+	pushB, pullB := pair(t)
 	_, idle := pair(t)
-	p, err := NewPoller(idle, nil, pull)
+	p, err := NewPoller(idle, pullA, nil, pullB)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer p.Close()
-	const n = 3000
-	sent := make(chan error, 1)
-	go func() {
+	const n = 2000 // messages per sender
+	sent := make(chan error, 2)
+	send := func(push *zmq.Socket) {
 		for i := range n {
 			if i%8 == 0 {
 				time.Sleep(time.Duration(rand.IntN(300)) * time.Microsecond)
@@ -52,47 +63,54 @@ func TestPollerWakesForEveryMessage(t *testing.T) {
 			}
 		}
 		sent <- nil
-	}()
-	got := 0
-	for got < n {
+	}
+	go send(pushA)
+	go send(pushB)
+	got := map[*zmq.Socket]int{}
+	for got[pullA]+got[pullB] < 2*n {
 		ready, err := p.Poll(10 * time.Second)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if len(ready) == 0 {
-			t.Fatalf("Poll waited 10 s with %d of %d messages received", got, n)
+			t.Fatalf("Poll waited 10 s with %d and %d of %d messages received", got[pullA], got[pullB], n)
 		}
 		for _, r := range ready {
-			if r.Socket != pull || r.Events&zmq.POLLIN == 0 {
-				t.Fatalf("Poll named %v (%v), want only the socket sent to", r.Socket, r.Events)
+			if (r.Socket != pullA && r.Socket != pullB) || r.Events&zmq.POLLIN == 0 {
+				t.Fatalf("Poll named %v (%v), want only the sockets sent to", r.Socket, r.Events)
 			}
-		}
-		for {
-			b, err := pull.RecvBytes(zmq.DONTWAIT)
-			if err != nil {
-				if !IsAgain(err) {
-					t.Fatal(err)
+			for {
+				b, err := r.Socket.RecvBytes(zmq.DONTWAIT)
+				if err != nil {
+					if !IsAgain(err) {
+						t.Fatal(err)
+					}
+					if reportDrained {
+						p.Drained(r.Socket)
+					}
+					break
 				}
-				break
+				if b[0] != byte(got[r.Socket]) {
+					t.Fatalf("message %d reads %d", got[r.Socket], b[0])
+				}
+				got[r.Socket]++
 			}
-			if b[0] != byte(got) {
-				t.Fatalf("message %d reads %d", got, b[0])
-			}
-			got++
 		}
 	}
-	if err := <-sent; err != nil {
-		t.Fatal(err)
+	for range 2 {
+		if err := <-sent; err != nil {
+			t.Fatal(err)
+		}
 	}
 	// A message already queued is named at once, even without a wait.
-	if _, err := push.SendBytes([]byte{1}, 0); err != nil {
+	if _, err := pushA.SendBytes([]byte{1}, 0); err != nil {
 		t.Fatal(err)
 	}
 	ready, err := p.Poll(10 * time.Second)
 	if err != nil || len(ready) != 1 {
 		t.Fatalf("Poll = %v, %v with a message sent", ready, err)
 	}
-	if ready, err = p.Poll(0); err != nil || len(ready) != 1 || ready[0].Socket != pull {
+	if ready, err = p.Poll(0); err != nil || len(ready) != 1 || ready[0].Socket != pullA {
 		t.Fatalf("Poll(0) = %v, %v with a message queued", ready, err)
 	}
 }
