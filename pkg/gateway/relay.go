@@ -154,6 +154,9 @@ type sseRelay struct {
 	ended func() bool
 	// maxEvent bounds an event, in bytes; 0 means no bound.
 	maxEvent int
+	// bound, when not nil, holds the response's bound: once it passed,
+	// the relay ends with errResponseTimeout instead of flushing.
+	bound *clock
 	eventReader
 
 	event []byte
@@ -175,8 +178,9 @@ type eventReader struct {
 
 // run relays until the engine ends the stream. It returns errClientGone
 // when the client cannot be written to, errEventTooLarge when an event
-// exceeds maxEvent, and the engine's read error when the stream broke off;
-// what was read of a final incomplete event is relayed first.
+// exceeds maxEvent, errResponseTimeout when the response's bound passed
+// before an event was flushed, and the engine's read error when the stream
+// broke off; what was read of a final incomplete event is relayed first.
 func (s *sseRelay) run() error {
 	s.event = s.event[:0]
 	for {
@@ -217,6 +221,9 @@ func (s *sseRelay) endEvent() error {
 	}
 	s.event = s.event[:0]
 	if s.src.Buffered() == 0 && (s.more == nil || s.more() == 0) && (s.ended == nil || !s.ended()) {
+		if s.bound != nil && s.bound.overBound() {
+			return errResponseTimeout
+		}
 		if err := s.flush(); err != nil {
 			return errClientGone
 		}
@@ -454,6 +461,9 @@ func (g *Gateway) relayWhole(w http.ResponseWriter, r *http.Request, res *podRes
 		size = res.body.remaining
 	}
 	complete, err := readWhole(&res.body, &x.resp, size, maxUsageScanBytes, &x.limit)
+	if err == nil && c.overBound() {
+		err = errResponseTimeout
+	}
 	if err != nil {
 		return g.failResponse(w, r, err, stageBody, rc, x, c, h)
 	}
@@ -543,7 +553,7 @@ func (g *Gateway) relayStream(w http.ResponseWriter, r *http.Request, res *podRe
 	x.reader.Reset(&res.body)
 	s := &x.relay
 	*s = sseRelay{dst: w, flush: rcw.Flush, src: x.reader, more: res.body.buffered, ended: res.body.ended,
-		maxEvent: g.cfg.MaxStreamEventBytes, event: s.event[:0], eventReader: eventReader{dropUsage: dropUsage,
+		maxEvent: g.cfg.MaxStreamEventBytes, bound: &c.clock, event: s.event[:0], eventReader: eventReader{dropUsage: dropUsage,
 			firstToken: func() {
 				h.FirstToken()
 				g.metrics.ttft.WithLabelValues(rc.Model).Observe(time.Since(c.start).Seconds())

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"testing"
 	"testing/iotest"
+	"time"
 
 	"github.com/kvgate/kvgate/pkg/routing"
 )
@@ -89,6 +90,31 @@ func TestSSERelayLeavesTheLastEventToTheEndOfTheResponse(t *testing.T) {
 	want := []string{"data: a\n\n", "data: a\n\ndata: b\n\n"}
 	if out.String() != "data: a\n\ndata: b\n\ndata: [DONE]\n\n" || strings.Join(flushed, "|") != strings.Join(want, "|") {
 		t.Errorf("relayed %q, flushed after %q; want flushes after %q", out.String(), flushed, want)
+	}
+}
+
+// TestSSERelayEndsWithTheBoundsErrorOncePastIt: an event read after the
+// response's bound passed is not flushed, whose write would fail at the
+// client's connection and close it; the relay ends with errResponseTimeout,
+// for the gateway to write the error event the bound calls for.
+func TestSSERelayEndsWithTheBoundsErrorOncePastIt(t *testing.T) {
+	var bound clock
+	bound.boundResponse(time.Now().Add(time.Hour))
+	events := &eventSource{events: []string{"data: a\n\n", "data: b\n\n", "data: c\n\n"}}
+	var out bytes.Buffer
+	var flushed []string
+	s := &sseRelay{dst: &out, src: bufio.NewReader(events), more: func() int { return 0 }, bound: &bound,
+		eventReader: eventReader{firstToken: func() {}}}
+	s.flush = func() error {
+		flushed = append(flushed, out.String())
+		bound.boundResponse(time.Now().Add(-time.Millisecond)) // passed while the engine sent the next event
+		return nil
+	}
+	if err := s.run(); !errors.Is(err, errResponseTimeout) {
+		t.Fatalf("run = %v, want errResponseTimeout", err)
+	}
+	if strings.Join(flushed, "|") != "data: a\n\n" {
+		t.Errorf("flushed after %q, want once, after the first event", flushed)
 	}
 }
 

@@ -60,8 +60,10 @@ type clock struct {
 	start time.Time
 	// conn is the request's client connection, nil when it is no
 	// timedConn.
-	conn  *timedConn
-	mark  time.Time // the end of the last phase timed
+	conn *timedConn
+	mark time.Time // the end of the last phase timed
+	// end is the response's bound, set by boundResponse: zero until then.
+	end   time.Time
 	spent [numPhases]time.Duration
 	// reached says which phases were timed.
 	reached [numPhases]bool
@@ -84,6 +86,7 @@ func (c *clock) begin(r *http.Request) {
 // boundResponse makes end the latest moment a write of the response to the
 // client may end.
 func (c *clock) boundResponse(end time.Time) {
+	c.end = end
 	if c.conn != nil {
 		c.conn.end.Store(end.UnixNano())
 	}
@@ -92,10 +95,17 @@ func (c *clock) boundResponse(end time.Time) {
 // unboundResponse lifts the bound of boundResponse: the writes that follow
 // have the write timeout each.
 func (c *clock) unboundResponse() {
+	c.end = time.Time{}
 	if c.conn != nil {
 		c.conn.end.Store(0)
 	}
 }
+
+// overBound reports whether the response's bound (boundResponse) has
+// passed. The relay asks before it writes to the client: past the bound, a
+// write would fail at once and close the connection, where the response is
+// to end with the error the bound calls for.
+func (c *clock) overBound() bool { return !c.end.IsZero() && !time.Now().Before(c.end) }
 
 // pastResponseEnd reports whether the client's connection was closed
 // because a write to it met the bound of boundResponse.
