@@ -18,14 +18,15 @@ import (
 // back to the scheduler for every batch.
 //
 // ZMQ_FD only says that a socket's state may have changed: ZMQ_EVENTS says
-// whether a message is there, and reading it consumes the signal. After the
-// runtime's readiness flag is reset and before it parks, Poll asks
-// ZMQ_EVENTS of every socket that may hold a message without a signal
-// pending: one it has not asked since it last named it ready, unless the
-// caller reported it drained. A socket found empty, or drained, is signalled
-// again by the next message, so Poll asks the others only when epoll finds
-// their signal: a question costs ZeroMQ two system calls (its fork check
-// and a poll of the socket's mailbox), epoll one for all the sockets.
+// whether a message is there, and asking consumes the signal. A socket
+// that ZMQ_EVENTS found empty, or whose receive found nothing (the caller
+// reports those with Drained), is signalled again by its next message; any
+// other may hold a message whose signal was consumed already. So after the
+// runtime's readiness flag is reset, and before it parks, Poll asks
+// ZMQ_EVENTS of the sockets of the second kind and of those whose signal
+// one epoll_wait on its instance finds: a signal sent after the question
+// wakes it. A question costs libzmq two system calls (its fork check and a
+// poll of the socket's mailbox), the epoll_wait one for all the sockets.
 // A Poller belongs to one goroutine, as its sockets do.
 type Poller struct {
 	socks []*zmq.Socket
