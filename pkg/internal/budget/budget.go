@@ -5,7 +5,7 @@ package budget
 
 import "sync/atomic"
 
-// Budget holds at most Limit units at once. Its zero value refuses
+// Budget holds at most its limit of units at once. Its zero value refuses
 // everything but an empty Take.
 type Budget struct {
 	limit int64
