@@ -34,7 +34,7 @@ func FuzzScrapeDecode(f *testing.F) {
 		f.Add([]byte(seed))
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
-		l := &scrapeLoop{proj: newProjector(time.Second, time.Second), parser: newTextParser()}
+		l := &scrapeLoop{proj: newProjector(time.Second, time.Second), pages: newPageMemo()}
 		for i := range 2 {
 			families, err := l.decode(body, sel.filter)
 			if err != nil {

@@ -38,7 +38,7 @@ type scrapeLoop struct {
 	reached, scraped func()
 
 	proj     *projector
-	parser   expfmt.TextParser
+	pages    *pageMemo
 	body     bytes.Buffer
 	filtered bytes.Buffer
 	failures failureLog
@@ -122,7 +122,7 @@ func (l *scrapeLoop) fetch(ctx context.Context, f *lineFilter) (map[string]*dto.
 func (l *scrapeLoop) decode(body []byte, f *lineFilter) (map[string]*dto.MetricFamily, error) {
 	l.filtered.Reset()
 	f.filter(&l.filtered, body)
-	families, err := l.parser.TextToMetricFamilies(&l.filtered)
+	families, err := l.pages.parse(l.filtered.Bytes())
 	if err != nil {
 		return nil, fmt.Errorf("parse exposition: %w", err)
 	}
@@ -134,7 +134,7 @@ func (l *scrapeLoop) decode(body []byte, f *lineFilter) (map[string]*dto.MetricF
 func (l *scrapeLoop) trim() {
 	trimBuffer(&l.body)
 	if trimBuffer(&l.filtered) {
-		l.parser = newTextParser()
+		l.pages = newPageMemo()
 	}
 }
 

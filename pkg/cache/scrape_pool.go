@@ -123,7 +123,7 @@ func (p *scrapePool) start(ctx context.Context, e *podEntry) {
 			served:    p.servedBy(e),
 			metrics:   p.metrics,
 			proj:      newProjector(p.window, p.prefillWindow),
-			parser:    newTextParser(),
+			pages:     newPageMemo(),
 			reached:   p.reachedBy(e),
 			scraped:   p.onScrape,
 			failures:  failureLog{log: p.log, pod: klog.KObj(ep.Pod), url: r.metricsURL, what: "Pod metrics scrape"},

@@ -424,7 +424,7 @@ func newTestScrapeLoop(t *testing.T, e *fakeEngine) *scrapeLoop {
 		interval: time.Hour, timeout: 10 * time.Second, metrics: m,
 		selection: func() *metricSelection { return newMetricSelection(map[string]struct{}{}) },
 		served:    func() []string { return []string{llama} }, model: llama,
-		proj: newProjector(time.Nanosecond, time.Nanosecond), parser: newTextParser(),
+		proj: newProjector(time.Nanosecond, time.Nanosecond), pages: newPageMemo(),
 		failures: failureLog{log: klog.Background(), pod: klog.KObj(ep.Pod), url: metricsURL(ep), what: "Pod metrics scrape"},
 	}
 }

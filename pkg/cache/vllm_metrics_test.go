@@ -262,7 +262,7 @@ func TestRecentWindowSlidesOverTheWindow(t *testing.T) {
 // body has arrived: filtering, parsing and deriving the pod's metrics.
 func BenchmarkScrapeDecodeAndProject(b *testing.B) {
 	body := readExposition(b, "vllm_v1_dp2.txt")
-	l := &scrapeLoop{proj: newProjector(DefaultRecentMetricsWindow, DefaultPrefillSpeedWindow), parser: newTextParser()}
+	l := &scrapeLoop{proj: newProjector(DefaultRecentMetricsWindow, DefaultPrefillSpeedWindow), pages: newPageMemo()}
 	sel := newMetricSelection(nil)
 	b.SetBytes(int64(len(body)))
 	b.ReportAllocs()
@@ -273,6 +273,22 @@ func BenchmarkScrapeDecodeAndProject(b *testing.B) {
 			b.Fatal(err)
 		}
 		l.proj.project(now.Add(time.Duration(i)*50*time.Millisecond), families, nil, []string{llama})
+	}
+}
+
+// BenchmarkScrapeDecodeChangingShape measures a scrape's decoding when
+// every page has another shape than the one before (two golden pages in
+// turn), as when series come and go at every scrape: the worst case of
+// reading only the values of a page like the last.
+func BenchmarkScrapeDecodeChangingShape(b *testing.B) {
+	bodies := [][]byte{readExposition(b, "vllm_v1_dp2.txt"), readExposition(b, "vllm_v1_t0.txt")}
+	l := &scrapeLoop{pages: newPageMemo()}
+	sel := newMetricSelection(nil)
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		if _, err := l.decode(bodies[i%2], sel.filter); err != nil {
+			b.Fatal(err)
+		}
 	}
 }
 
@@ -309,7 +325,7 @@ func TestLineFilterKeepsWhatProjectionReads(t *testing.T) {
 	for _, name := range files {
 		t.Run(name, func(t *testing.T) {
 			body := readExposition(t, name)
-			l := &scrapeLoop{parser: newTextParser()}
+			l := &scrapeLoop{pages: newPageMemo()}
 			filtered, err := l.decode(body, sel.filter)
 			if err != nil {
 				t.Fatal(err)
