@@ -41,6 +41,11 @@ func newLineFilter(subscribed map[string]struct{}) *lineFilter {
 // lines are dropped; so are samples whose metric name is quoted inside the
 // braces, which vLLM does not emit.
 func (f *lineFilter) filter(dst *bytes.Buffer, src []byte) {
+	// A page lists a family's samples together (a histogram's buckets,
+	// one line each, are most of vLLM's), so a sample with the name of
+	// the one before is decided as that one was, without a lookup.
+	var last []byte
+	lastKept := false
 	for len(src) > 0 {
 		line := src
 		if i := bytes.IndexByte(src, '\n'); i >= 0 {
@@ -48,7 +53,20 @@ func (f *lineFilter) filter(dst *bytes.Buffer, src []byte) {
 		} else {
 			src = nil
 		}
-		if f.keep(line) {
+		var kept bool
+		switch {
+		case len(line) > 0 && line[0] != '#':
+			if last != nil && len(line) > len(last) && bytes.HasPrefix(line, last) && endsToken(line[len(last)]) {
+				kept = lastKept
+			} else {
+				last = firstToken(line)
+				kept = f.samples[string(last)]
+				lastKept = kept
+			}
+		case bytes.HasPrefix(line, []byte("# TYPE ")):
+			kept = f.types[string(firstToken(line[len("# TYPE "):]))]
+		}
+		if kept {
 			dst.Write(line)
 			if line[len(line)-1] != '\n' {
 				dst.WriteByte('\n')
@@ -57,23 +75,21 @@ func (f *lineFilter) filter(dst *bytes.Buffer, src []byte) {
 	}
 }
 
-func (f *lineFilter) keep(line []byte) bool {
-	if rest, ok := bytes.CutPrefix(line, []byte("# TYPE ")); ok {
-		return f.types[string(firstToken(rest))]
-	}
-	if len(line) == 0 || line[0] == '#' {
-		return false
-	}
-	return f.samples[string(firstToken(line))]
-}
-
 // firstToken returns line up to the first brace, blank, tab or line end.
 func firstToken(line []byte) []byte {
 	for i, c := range line {
-		switch c {
-		case '{', ' ', '\t', '\n', '\r':
+		if endsToken(c) {
 			return line[:i]
 		}
 	}
 	return line
+}
+
+// endsToken reports whether c ends a metric name.
+func endsToken(c byte) bool {
+	switch c {
+	case '{', ' ', '\t', '\n', '\r':
+		return true
+	}
+	return false
 }

@@ -368,3 +368,29 @@ func TestLineFilterDropsUnwantedLines(t *testing.T) {
 		t.Fatalf("filtered:\n%s\nwant:\n%s", out.String(), want)
 	}
 }
+
+func TestLineFilterDecidesEachSampleByItsOwnName(t *testing.T) {
+	// Runs of one name, and names that begin with the one before.
+	in := "vllm:num_requests_running{engine=\"0\"} 3.0\n" +
+		"vllm:num_requests_running{engine=\"1\"} 2.0\n" +
+		"vllm:num_requests_running_max{engine=\"1\"} 9.0\n" +
+		"vllm:num_requests_running\t4.0\n" +
+		"vllm:num_requests_running_max 9.0\n" +
+		"vllm:num_requests_waiting 1.0\n" +
+		"vllm:num_requests_waiting 2.0\n" +
+		"vllm:num_requests_waitingx 2.0\n" +
+		"{engine=\"0\"} 1.0\n" +
+		"{engine=\"1\"} 1.0\n" +
+		"vllm:num_requests_waiting{} 3.0\n"
+	want := "vllm:num_requests_running{engine=\"0\"} 3.0\n" +
+		"vllm:num_requests_running{engine=\"1\"} 2.0\n" +
+		"vllm:num_requests_running\t4.0\n" +
+		"vllm:num_requests_waiting 1.0\n" +
+		"vllm:num_requests_waiting 2.0\n" +
+		"vllm:num_requests_waiting{} 3.0\n"
+	var out bytes.Buffer
+	newLineFilter(nil).filter(&out, []byte(in))
+	if out.String() != want {
+		t.Fatalf("filtered:\n%s\nwant:\n%s", out.String(), want)
+	}
+}
