@@ -1,6 +1,8 @@
 package cache
 
 import (
+	"bytes"
+	"compress/gzip"
 	"errors"
 	"fmt"
 	"net"
@@ -18,6 +20,8 @@ import (
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
 
+	dto "github.com/prometheus/client_model/go"
+
 	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/endpoint"
 )
@@ -29,14 +33,24 @@ const (
 	serveHang
 )
 
+// Encodings of a fakeEngine's /metrics.
+const (
+	encodeIdentity = iota
+	// encodeGzip: gzip, when the request accepts it, as vLLM's.
+	encodeGzip
+	// encodeFalseGzip: said to be gzip, but not encoded.
+	encodeFalseGzip
+)
+
 // fakeEngine serves a vLLM exposition from testdata on /metrics of its own
 // 127.0.0.1 port.
 type fakeEngine struct {
-	srv  *httptest.Server
-	port int
-	body atomic.Pointer[[]byte]
-	mode atomic.Int32
-	hits atomic.Int64
+	srv      *httptest.Server
+	port     int
+	body     atomic.Pointer[[]byte]
+	mode     atomic.Int32
+	encoding atomic.Int32
+	hits     atomic.Int64
 }
 
 func newEngine(t *testing.T, file string) *fakeEngine {
@@ -56,7 +70,22 @@ func newEngine(t *testing.T, file string) *fakeEngine {
 			<-r.Context().Done()
 		default:
 			w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-			_, _ = w.Write(*e.body.Load())
+			body := *e.body.Load()
+			switch e.encoding.Load() {
+			case encodeGzip:
+				if r.Header.Get("Accept-Encoding") != "gzip" {
+					break
+				}
+				var z bytes.Buffer
+				zw := gzip.NewWriter(&z)
+				_, _ = zw.Write(body)
+				_ = zw.Close()
+				body = z.Bytes()
+				w.Header().Set("Content-Encoding", "gzip")
+			case encodeFalseGzip:
+				w.Header().Set("Content-Encoding", "gzip")
+			}
+			_, _ = w.Write(body)
 		}
 	}))
 	t.Cleanup(e.srv.Close)
@@ -426,6 +455,43 @@ func newTestScrapeLoop(t *testing.T, e *fakeEngine) *scrapeLoop {
 		served:    func() []string { return []string{llama} }, model: llama,
 		proj: newProjector(time.Nanosecond, time.Nanosecond), pages: newPageMemo(),
 		failures: failureLog{log: klog.Background(), pod: klog.KObj(ep.Pod), url: metricsURL(ep), what: "Pod metrics scrape"},
+	}
+}
+
+func TestGzipEncodedPagesAreInflatedWithinTheBound(t *testing.T) {
+	e := newEngine(t, "vllm_v1_t0.txt")
+	e.encoding.Store(encodeGzip)
+	l := newTestScrapeLoop(t, e)
+	scrape := func(wantRunning float64, wantStale bool) {
+		t.Helper()
+		l.scrapeOnce(t.Context())
+		m := l.state.metrics.Load()
+		if m == nil || m.stale != wantStale || m.pod[NumRequestsRunning].Value != wantRunning {
+			t.Fatalf("after the scrape: %+v, want %v running, stale %v", m, wantRunning, wantStale)
+		}
+	}
+	for _, page := range []struct {
+		file    string
+		running float64
+	}{{"vllm_v1_t0.txt", 4}, {"vllm_v1_t1.txt", 6}, {"vllm_v1_t0.txt", 4}} {
+		e.serve(t, page.file)
+		scrape(page.running, false)
+	}
+	// Some kilobytes that inflate past the bound fail the scrape.
+	e.serveBytes(padded(t, "vllm_v1_t1.txt", maxScrapeBytes+1))
+	scrape(4, true)
+	// So does a body said to be gzip that is not, and the next page reads.
+	e.encoding.Store(encodeFalseGzip)
+	e.serve(t, "vllm_v1_t1.txt")
+	scrape(4, true)
+	e.encoding.Store(encodeGzip)
+	scrape(6, false)
+	var failed dto.Metric
+	if err := l.metrics.scrapeFailures.WithLabelValues(l.podLabel, readTooLarge).Write(&failed); err != nil {
+		t.Fatal(err)
+	}
+	if n := failed.GetCounter().GetValue(); n != 1 {
+		t.Fatalf("%v scrapes failed as too large, want 1", n)
 	}
 }
 
