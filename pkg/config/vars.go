@@ -367,7 +367,8 @@ var (
 		Name:    "AIBRIX_POD_METRIC_REFRESH_INTERVAL_MS",
 		Default: "50",
 		Section: SectionMetrics,
-		Doc:     "How often each ready pod's /metrics is scraped, in milliseconds.",
+		Doc: "How often each ready pod's /metrics is scraped, in milliseconds. Each scrape costs every gateway " +
+			"replica about 0.15 ms of CPU (measured against vllm-sim's page): at the default, some 0.3% of a core per pod.",
 	}
 )
 
