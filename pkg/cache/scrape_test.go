@@ -458,11 +458,11 @@ func newTestScrapeLoop(t *testing.T, e *fakeEngine) *scrapeLoop {
 	}
 }
 
-func TestGzipEncodedPagesAreInflatedWithinTheBound(t *testing.T) {
-	e := newEngine(t, "vllm_v1_t0.txt")
-	e.encoding.Store(encodeGzip)
-	l := newTestScrapeLoop(t, e)
-	scrape := func(wantRunning float64, wantStale bool) {
+// scrapeChecking returns a function that scrapes with l, then fails t
+// unless the pod's metrics count wantRunning requests running, stale or
+// not as wantStale says.
+func scrapeChecking(t *testing.T, l *scrapeLoop) func(wantRunning float64, wantStale bool) {
+	return func(wantRunning float64, wantStale bool) {
 		t.Helper()
 		l.scrapeOnce(t.Context())
 		m := l.state.metrics.Load()
@@ -470,6 +470,13 @@ func TestGzipEncodedPagesAreInflatedWithinTheBound(t *testing.T) {
 			t.Fatalf("after the scrape: %+v, want %v running, stale %v", m, wantRunning, wantStale)
 		}
 	}
+}
+
+func TestGzipEncodedPagesAreInflatedWithinTheBound(t *testing.T) {
+	e := newEngine(t, "vllm_v1_t0.txt")
+	e.encoding.Store(encodeGzip)
+	l := newTestScrapeLoop(t, e)
+	scrape := scrapeChecking(t, l)
 	for _, page := range []struct {
 		file    string
 		running float64
@@ -498,14 +505,7 @@ func TestGzipEncodedPagesAreInflatedWithinTheBound(t *testing.T) {
 func TestBuffersALargePageGrewAreReleased(t *testing.T) {
 	e := newEngine(t, "vllm_v1_t0.txt")
 	l := newTestScrapeLoop(t, e)
-	scrape := func(wantRunning float64, wantStale bool) {
-		t.Helper()
-		l.scrapeOnce(t.Context())
-		m := l.state.metrics.Load()
-		if m == nil || m.stale != wantStale || m.pod[NumRequestsRunning].Value != wantRunning {
-			t.Fatalf("after the scrape: %+v, want %v running, stale %v", m, wantRunning, wantStale)
-		}
-	}
+	scrape := scrapeChecking(t, l)
 	scrape(4, false)
 	if l.body.Cap() == 0 || l.filtered.Cap() == 0 {
 		t.Fatalf("buffers of a small page released: %d and %d bytes kept, want them kept for the next scrape",
