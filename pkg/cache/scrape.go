@@ -129,8 +129,9 @@ func (l *scrapeLoop) decode(body []byte, f *lineFilter) (map[string]*dto.MetricF
 	return families, nil
 }
 
-// trim releases the memory a large page grew: the buffers, and the parser,
-// which keeps its longest token and the families it parsed last.
+// trim releases the memory a large page grew: the buffers, and the page
+// memo, whose parsers keep their longest token and the families they parsed
+// last.
 func (l *scrapeLoop) trim() {
 	trimBuffer(&l.body)
 	if trimBuffer(&l.filtered) {
