@@ -309,9 +309,9 @@ func histogramSlot(line, h *dto.Histogram) (sampleSlot, bool) {
 		return sampleSlot{u: h.SampleCount}, h.SampleCount != nil
 	case len(line.Bucket) == 1 && line.Bucket[0].CumulativeCount != nil:
 		bound := math.Float64bits(line.Bucket[0].GetUpperBound())
-		i := slices.IndexFunc(h.Bucket, func(b *dto.Bucket) bool { return math.Float64bits(b.GetUpperBound()) == bound })
-		if i < 0 || h.Bucket[i].CumulativeCount == nil || slices.IndexFunc(h.Bucket[i+1:],
-			func(b *dto.Bucket) bool { return math.Float64bits(b.GetUpperBound()) == bound }) >= 0 {
+		same := func(b *dto.Bucket) bool { return math.Float64bits(b.GetUpperBound()) == bound }
+		i := slices.IndexFunc(h.Bucket, same)
+		if i < 0 || h.Bucket[i].CumulativeCount == nil || slices.ContainsFunc(h.Bucket[i+1:], same) {
 			return sampleSlot{}, false
 		}
 		return sampleSlot{u: h.Bucket[i].CumulativeCount}, true
