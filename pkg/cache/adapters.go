@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
 	"slices"
 	"time"
 
@@ -28,11 +27,9 @@ type adapterLoop struct {
 	key      endpoint.Key
 	id       string // key's "namespace/name", for the failure counter
 	model    string
-	url      string
+	page     *pageClient
 	state    *podState
-	client   *http.Client
 	interval time.Duration
-	timeout  time.Duration
 	// maxAdapters bounds the adapters taken from one listing.
 	maxAdapters int
 	// publish records the adapters of the pod of key whose state is state,
@@ -52,6 +49,7 @@ type adapterLoop struct {
 // run lists the pod's models right away and then on every tick until ctx is
 // cancelled.
 func (l *adapterLoop) run(ctx context.Context) {
+	defer l.page.close()
 	pollEvery(ctx, l.interval, l.refresh)
 }
 
@@ -127,12 +125,12 @@ func namesForLog(names []string) []string {
 // fetch GETs the pod's /v1/models within the timeout and returns the
 // adapters it lists.
 func (l *adapterLoop) fetch(ctx context.Context) ([]string, error) {
-	if err := getBody(ctx, l.client, l.url, "application/json", l.timeout, maxModelListBytes, &l.body); err != nil {
+	if err := l.page.get(ctx, &l.body); err != nil {
 		return nil, fmt.Errorf("list models: %w", err)
 	}
 	adapters, err := adaptersOfModelList(l.body.Bytes())
 	if err != nil {
-		return nil, &readError{reason: readBadBody, err: fmt.Errorf("list models at %s: %w", l.url, err)}
+		return nil, &readError{reason: readBadBody, err: fmt.Errorf("list models at %s: %w", l.page.url, err)}
 	}
 	return adapters, nil
 }
@@ -166,6 +164,7 @@ func adaptersOfModelList(body []byte) ([]string, error) {
 }
 
 // modelsURL is where the pod lists its models: its engine's address.
-func modelsURL(ep *endpoint.Endpoint) string {
-	return "http://" + ep.Address + "/v1/models"
-}
+func modelsURL(ep *endpoint.Endpoint) string { return "http://" + ep.Address + modelsPath }
+
+// modelsPath is the path of the model list of vLLM's OpenAI-compatible API.
+const modelsPath = "/v1/models"

@@ -224,8 +224,9 @@ func newTestAdapterLoop(m *modelServer, reg prometheus.Registerer, published *[]
 		reg.MustRegister(counter)
 	}
 	return &adapterLoop{
-		key: ep.Key, id: ep.ID, model: ep.Model, url: modelsURL(ep), state: newPodState(ep.ID),
-		client: newScrapeClient(10 * time.Second), interval: time.Hour, timeout: 10 * time.Second,
+		key: ep.Key, id: ep.ID, model: ep.Model, state: newPodState(ep.ID),
+		page:        newPageClient(ep.Address, modelsPath, "application/json", 10*time.Second, maxModelListBytes),
+		interval:    time.Hour,
 		maxAdapters: DefaultMaxAdaptersPerPod,
 		publish: func(_ endpoint.Key, _ *podState, adapters []string) ([]string, bool) {
 			prev := *published

@@ -4,9 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
-	"io"
-	"net/http"
 	"strings"
 	"time"
 
@@ -74,50 +71,13 @@ func (e *readError) Error() string { return e.err.Error() }
 
 func (e *readError) Unwrap() error { return e.err }
 
-// readReason returns why err, returned by getBody or a loop's fetch, failed
+// readReason returns why err, returned by a pageClient or a loop's fetch, failed
 // the read.
 func readReason(err error) string {
 	if re, ok := errors.AsType[*readError](err); ok {
 		return re.reason
 	}
 	return readConnection
-}
-
-// getBody GETs url with the Accept header accept within timeout and reads
-// the body, at most limit bytes, into buf. Any status but 200 is an error.
-// Errors are *readError and name the URL.
-func getBody(ctx context.Context, client *http.Client, url, accept string, timeout time.Duration, limit int64, buf *bytes.Buffer) error {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	failed := func(reason string, err error) error {
-		if reason == readConnection && errors.Is(ctx.Err(), context.DeadlineExceeded) {
-			reason = readTimeout
-		}
-		return &readError{reason: reason, err: err}
-	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return failed(readConnection, fmt.Errorf("build request for %s: %w", url, err))
-	}
-	req.Header.Set("Accept", accept)
-	resp, err := client.Do(req)
-	if err != nil {
-		return failed(readConnection, fmt.Errorf("GET %s: %w", url, err))
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10))
-		return failed(readStatus, fmt.Errorf("GET %s: HTTP status %s", url, resp.Status))
-	}
-	buf.Reset()
-	n, err := buf.ReadFrom(io.LimitReader(resp.Body, limit+1))
-	if err != nil {
-		return failed(readConnection, fmt.Errorf("GET %s: read body: %w", url, err))
-	}
-	if n > limit {
-		return failed(readTooLarge, fmt.Errorf("GET %s: body exceeds %d bytes", url, limit))
-	}
-	return nil
 }
 
 // maxLoggedNameBytes bounds a name a pod sent that a log line quotes.

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"net/http"
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
@@ -23,11 +22,9 @@ const maxScrapeBytes = 4 << 20
 type scrapeLoop struct {
 	podLabel  string
 	model     string // the pod's base model, for logs
-	url       string
+	page      *pageClient
 	state     *podState
-	client    *http.Client
 	interval  time.Duration
-	timeout   time.Duration
 	selection func() *metricSelection
 	// served returns the models the pod serves now: series of other
 	// model_name values are not broken down.
@@ -61,6 +58,7 @@ func newMetricSelection(subscribed map[string]struct{}) *metricSelection {
 
 // run scrapes right away and then on every tick until ctx is cancelled.
 func (l *scrapeLoop) run(ctx context.Context) {
+	defer l.page.close()
 	pollEvery(ctx, l.interval, l.scrapeOnce)
 }
 
@@ -108,12 +106,12 @@ func (l *scrapeLoop) dropUnserved(u unservedSeries) {
 
 // fetch GETs and parses the pod's /metrics within the scrape timeout.
 func (l *scrapeLoop) fetch(ctx context.Context, f *lineFilter) (map[string]*dto.MetricFamily, error) {
-	if err := getBody(ctx, l.client, l.url, "text/plain;version=0.0.4", l.timeout, maxScrapeBytes, &l.body); err != nil {
+	if err := l.page.get(ctx, &l.body); err != nil {
 		return nil, fmt.Errorf("scrape: %w", err)
 	}
 	families, err := l.decode(l.body.Bytes(), f)
 	if err != nil {
-		return nil, &readError{reason: readBadBody, err: fmt.Errorf("scrape %s: %w", l.url, err)}
+		return nil, &readError{reason: readBadBody, err: fmt.Errorf("scrape %s: %w", l.page.url, err)}
 	}
 	return families, nil
 }

@@ -3,7 +3,6 @@ package cache
 import (
 	"context"
 	"net"
-	"net/http"
 	"strconv"
 	"sync"
 	"time"
@@ -23,7 +22,6 @@ import (
 // own loops.
 type scrapePool struct {
 	reg             *registry
-	client          *http.Client
 	interval        time.Duration
 	adapterInterval time.Duration
 	maxAdapters     int
@@ -114,11 +112,9 @@ func (p *scrapePool) start(ctx context.Context, e *podEntry) {
 		l := &scrapeLoop{
 			podLabel:  ep.ID,
 			model:     ep.Model,
-			url:       r.metricsURL,
+			page:      newPageClient(metricsHost(ep), metricsPath, metricsAccept, p.timeout, maxScrapeBytes),
 			state:     e.state,
-			client:    p.client,
 			interval:  p.interval,
-			timeout:   p.timeout,
 			selection: p.selection,
 			served:    p.servedBy(e),
 			metrics:   p.metrics,
@@ -135,11 +131,9 @@ func (p *scrapePool) start(ctx context.Context, e *podEntry) {
 			key:         ep.Key,
 			id:          ep.ID,
 			model:       ep.Model,
-			url:         r.modelsURL,
+			page:        newPageClient(ep.Address, modelsPath, "application/json", p.timeout, maxModelListBytes),
 			state:       e.state,
-			client:      p.client,
 			interval:    p.adapterInterval,
-			timeout:     p.timeout,
 			maxAdapters: p.maxAdapters,
 			publish:     p.publishAdapters,
 			counter:     p.metrics.modelListFailures,
@@ -206,18 +200,14 @@ func (p *scrapePool) targets() int {
 }
 
 // metricsURL is where the pod serves /metrics: its IP and MetricsPort.
-func metricsURL(ep *endpoint.Endpoint) string {
-	return "http://" + net.JoinHostPort(ep.IP, strconv.Itoa(ep.MetricsPort)) + "/metrics"
+func metricsURL(ep *endpoint.Endpoint) string { return "http://" + metricsHost(ep) + metricsPath }
+
+func metricsHost(ep *endpoint.Endpoint) string {
+	return net.JoinHostPort(ep.IP, strconv.Itoa(ep.MetricsPort))
 }
 
-func newScrapeClient(timeout time.Duration) *http.Client {
-	return &http.Client{
-		Timeout: timeout,
-		Transport: &http.Transport{
-			Proxy:               nil,
-			DialContext:         (&net.Dialer{Timeout: timeout, KeepAlive: 30 * time.Second}).DialContext,
-			MaxIdleConnsPerHost: 2,
-			IdleConnTimeout:     90 * time.Second,
-		},
-	}
-}
+// The page the scrapes read, in Prometheus's text format.
+const (
+	metricsPath   = "/metrics"
+	metricsAccept = "text/plain;version=0.0.4"
+)

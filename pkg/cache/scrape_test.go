@@ -449,8 +449,9 @@ func newTestScrapeLoop(t *testing.T, e *fakeEngine) *scrapeLoop {
 	}
 	ep := epOf(e.pod("p", llama))
 	return &scrapeLoop{
-		podLabel: ep.ID, url: metricsURL(ep), state: newPodState(ep.ID), client: newScrapeClient(10 * time.Second),
-		interval: time.Hour, timeout: 10 * time.Second, metrics: m,
+		podLabel: ep.ID, state: newPodState(ep.ID),
+		page:     newPageClient(metricsHost(ep), metricsPath, metricsAccept, 10*time.Second, maxScrapeBytes),
+		interval: time.Hour, metrics: m,
 		selection: func() *metricSelection { return newMetricSelection(map[string]struct{}{}) },
 		served:    func() []string { return []string{llama} }, model: llama,
 		proj: newProjector(time.Nanosecond, time.Nanosecond), pages: newPageMemo(),

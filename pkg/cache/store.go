@@ -62,7 +62,7 @@ func New(cfg Config) (*Store, error) {
 	s.selection.Store(newMetricSelection(map[string]struct{}{}))
 	if cfg.PodMetricRefreshInterval > 0 || cfg.AdapterRefreshInterval > 0 {
 		s.scraper = &scrapePool{
-			reg: s.reg, client: newScrapeClient(cfg.PodMetricScrapeTimeout),
+			reg:      s.reg,
 			interval: cfg.PodMetricRefreshInterval, adapterInterval: cfg.AdapterRefreshInterval, maxAdapters: cfg.MaxAdaptersPerPod,
 			timeout: cfg.PodMetricScrapeTimeout, window: cfg.RecentMetricsWindow, prefillWindow: cfg.PrefillSpeedWindow,
 			selection: s.selection.Load, publishAdapters: s.setDiscoveredAdapters, readmit: s.readmit, onScrape: cfg.OnScrape,
@@ -89,7 +89,6 @@ func (s *Store) Run(ctx context.Context) error {
 		"adapterRefreshInterval", s.cfg.AdapterRefreshInterval)
 	if s.scraper != nil {
 		s.scraper.run(ctx)
-		s.scraper.client.CloseIdleConnections()
 	} else {
 		<-ctx.Done()
 	}

@@ -38,9 +38,11 @@ func newStoreMetrics(reg prometheus.Registerer, g storeGauges) (*storeMetrics, e
 	}
 	m := &storeMetrics{
 		scrapeFailures: counters("pod_scrape_failures_total",
-			fmt.Sprintf("Scrapes of a pod's /metrics that failed, by reason: connection, timeout, status (not 200), "+
-				"too_large (a page beyond %d MiB) or bad_body (a page that does not parse); the pod keeps its last values, "+
-				"marked stale.", maxScrapeBytes>>20), "pod", "reason"),
+			fmt.Sprintf("Scrapes of a pod's /metrics that failed, by reason: connection, timeout, status (not 200, "+
+				"after at most %d redirects within the pod's address), too_large (a page beyond %d MiB once inflated, or an "+
+				"answer beyond %d MiB as sent) or bad_body (a page that does not parse, or whose encoding is not gzip or not what it says); "+
+				"the pod keeps its last values, marked stale.", maxPageRedirects, maxScrapeBytes>>20,
+				pageWireBytes(maxScrapeBytes)>>20), "pod", "reason"),
 		modelListFailures: counters("pod_model_list_failures_total",
 			fmt.Sprintf("Reads of a pod's /v1/models, which lists its LoRA adapters, that failed, by reason: connection, "+
 				"timeout, status (not 200), too_large (a body beyond %d MiB) or bad_body (not a model list); the pod keeps "+
