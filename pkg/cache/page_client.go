@@ -51,6 +51,12 @@ func pageWireBytes(limit int64) int64 { return 2*limit + 64<<10 }
 // with more left closes the connection instead.
 const maxDrainedBytes = 4 << 10
 
+// maxIdleKept is the longest a connection waits between two reads and is
+// still used for the next: servers close idle connections, vLLM's
+// (uvicorn) after 5 s, and a request sent on one the server closed is
+// lost and sent again. Longer intervals (the model list's) dial anew.
+const maxIdleKept = 4 * time.Second
+
 // pageClient reads pages from one pod's address. It is used by one
 // goroutine at a time, but for interrupt, which a context's end calls.
 type pageClient struct {
@@ -69,6 +75,8 @@ type pageClient struct {
 	wire wireBudget
 	br   *bufio.Reader
 	req  []byte
+	// idleSince is when the connection's last answer ended.
+	idleSince time.Time
 }
 
 // gzipReaders holds the readers that inflated pages, for the next ones: a
@@ -125,6 +133,9 @@ func (c *pageClient) failed(ctx context.Context, err error) error {
 // read that turns out closed before any byte of the answer is replaced and
 // the request sent again.
 func (c *pageClient) exchange(ctx context.Context, path string, deadline time.Time, buf *bytes.Buffer) (string, error) {
+	if c.nc != nil && time.Since(c.idleSince) > maxIdleKept {
+		c.closeConn()
+	}
 	reused := c.nc != nil
 	if !reused {
 		if err := c.connect(ctx, deadline); err != nil {
@@ -334,6 +345,7 @@ func (c *pageClient) finish(resp *http.Response) {
 	if err != nil || n > maxDrainedBytes || resp.Close || c.br.Buffered() > 0 {
 		c.closeConn()
 	}
+	c.idleSince = time.Now()
 }
 
 // errWireBudget reports an answer longer on the wire than its bound.

@@ -221,6 +221,22 @@ func TestPageClientRedialsAConnectionThePodClosed(t *testing.T) {
 	}
 }
 
+func TestPageClientDialsAnewAfterALongIdle(t *testing.T) {
+	pod := newScriptedPod(t, func(n int, _ string) ([]byte, bool) { return okAnswer(fmt.Sprint("page ", n)), false })
+	c := pod.client(maxScrapeBytes)
+	defer c.close()
+	getPage(t, c, "page 1")
+	getPage(t, c, "page 2")
+	c.idleSince = time.Now().Add(-maxIdleKept - time.Second)
+	getPage(t, c, "page 3")
+	if n := pod.conns.Load(); n != 2 {
+		t.Fatalf("%d connections, want a second one after the idle", n)
+	}
+	if n := pod.requests.Load(); n != 3 {
+		t.Fatalf("%d requests for three reads, want none sent twice", n)
+	}
+}
+
 func TestPageClientFollowsRedirectsWithinThePodOnly(t *testing.T) {
 	pod := newScriptedPod(t, nil)
 	addr := pod.ln.Addr().String()
