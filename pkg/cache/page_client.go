@@ -275,10 +275,10 @@ func (c *pageClient) redirect(path string, resp *http.Response) (string, error) 
 	switch resp.StatusCode {
 	case http.StatusMovedPermanently, http.StatusFound, http.StatusSeeOther,
 		http.StatusTemporaryRedirect, http.StatusPermanentRedirect:
-		loc, err := url.Parse(resp.Header.Get("Location"))
-		if err == nil && resp.Header.Get("Location") != "" {
-			to := (&url.URL{Scheme: "http", Host: c.host, Path: path}).ResolveReference(loc)
-			if to.Scheme == "http" && to.Host == c.host {
+		base, err := url.Parse("http://" + c.host + path)
+		loc, locErr := url.Parse(resp.Header.Get("Location"))
+		if err == nil && locErr == nil && resp.Header.Get("Location") != "" {
+			if to := base.ResolveReference(loc); to.Scheme == "http" && to.Host == c.host {
 				return to.RequestURI(), nil
 			}
 		}

@@ -247,6 +247,8 @@ func TestPageClientFollowsRedirectsWithinThePodOnly(t *testing.T) {
 		case strings.HasPrefix(head, "GET /metrics/ "):
 			return []byte("HTTP/1.1 301 Moved Permanently\r\nLocation: http://" + addr + "/v2/metrics?x=1\r\nContent-Length: 3\r\n\r\nabc"), false
 		case strings.HasPrefix(head, "GET /v2/metrics?x=1 "):
+			return []byte("HTTP/1.1 308 Permanent Redirect\r\nLocation: ?x=2\r\nContent-Length: 0\r\n\r\n"), false
+		case strings.HasPrefix(head, "GET /v2/metrics?x=2 "):
 			return okAnswer("moved"), false
 		}
 		return []byte("HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n"), false
