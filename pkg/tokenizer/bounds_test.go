@@ -3,6 +3,7 @@ package tokenizer
 import (
 	"context"
 	"encoding/json"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -206,5 +207,42 @@ func TestCallersThatSharedAStoppedTokenizationTryAgain(t *testing.T) {
 	wantTokens(t, shared, want)
 	if n := eng.calls.Load() - callsBefore; n != 0 {
 		t.Errorf("the engine received %d /tokenize calls", n)
+	}
+}
+
+func TestResponseIDsTakeOneAllocationOfTheirCount(t *testing.T) {
+	ids := make([]int, 1000)
+	for i := range ids {
+		ids[i] = 100000 + i
+	}
+	tokens, err := json.Marshal(ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	countFirst := []byte(`{"count":1000,"max_model_len":4096,"tokens":` + string(tokens) + `}`)
+	countLast := []byte(`{"max_model_len":4096,"tokens":` + string(tokens) + `,"count":1000}`)
+	for _, body := range [][]byte{countFirst, countLast} {
+		res, err := decodeResponse(body)
+		if err != nil || len(res.tokens) != 1000 || cap(res.tokens) != 1000 || res.tokens[999] != 100999 {
+			t.Fatalf("decoded %d ids (capacity %d), %v; want the 1000 ids in an array of their length",
+				len(res.tokens), cap(res.tokens), err)
+		}
+	}
+	first := testing.AllocsPerRun(20, func() { _, _ = decodeResponse(countFirst) })
+	last := testing.AllocsPerRun(20, func() { _, _ = decodeResponse(countLast) })
+	if first != 1 || last <= first {
+		t.Fatalf("%v allocations with the count before the ids, %v after; want 1, and more after", first, last)
+	}
+
+	// A count the bytes cannot hold is no size to allocate.
+	hostile := []byte(`{"count":2000000000,"max_model_len":4096,"tokens":[1,2,3]}`)
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	if _, err := decodeResponse(hostile); err == nil {
+		t.Fatal("a count that does not match the ids was accepted")
+	}
+	runtime.ReadMemStats(&after)
+	if n := after.TotalAlloc - before.TotalAlloc; n > 1<<20 {
+		t.Fatalf("decoding a response of 3 ids said to be 2e9 allocated %d bytes", n)
 	}
 }

@@ -130,7 +130,7 @@ func decodeResponse(body []byte) (result, error) {
 	case count != len(tokens):
 		return result{}, fmt.Errorf("TokenizeResponse count %d does not match its %d tokens", count, len(tokens))
 	}
-	// The slice grew as it was read.
+	// Without a count before them, the ids grew as they were read.
 	return result{tokens: exactIDs(tokens), maxModelLen: maxLen}, nil
 }
 
@@ -141,6 +141,17 @@ func exactIDs(ids []uint32) []uint32 {
 		return ids
 	}
 	return append(make([]uint32, 0, len(ids)), ids...)
+}
+
+// idsFor returns room for the token ids of a response whose count, -1 when
+// not read yet, came before an array of at most left bytes: vLLM sends the
+// count first, and the ids then take one allocation of their exact length.
+// A count the bytes left cannot hold (an id and a comma each) gets none.
+func idsFor(count, left int) []uint32 {
+	if count < 0 || count > left/2+1 {
+		return nil
+	}
+	return make([]uint32, 0, count)
 }
 
 // scanResponse reads the members of a TokenizeResponse; count is -1 and
@@ -163,15 +174,15 @@ func scanResponse(b []byte) (count, maxLen int, tokens []uint32, err error) {
 		if err != nil {
 			return 0, 0, nil, err
 		}
-		name := string(b[i+1 : end-1])
+		name := b[i+1 : end-1]
 		i = jsonscan.SkipSpace(b, end)
 		if i >= len(b) || b[i] != ':' {
 			return 0, 0, nil, fmt.Errorf("want ':' at byte %d", i)
 		}
 		i = jsonscan.SkipSpace(b, i+1)
-		switch name {
+		switch string(name) {
 		case "tokens":
-			tokens, i, err = jsonscan.ParseTokenIDs(b, i, nil)
+			tokens, i, err = jsonscan.ParseTokenIDs(b, i, idsFor(count, len(b)-i))
 		case "count", "max_model_len":
 			var n uint64
 			if bytes.HasPrefix(b[i:], jsonNull) {
@@ -181,7 +192,7 @@ func scanResponse(b []byte) (count, maxLen int, tokens []uint32, err error) {
 				err = fmt.Errorf("%s: %w", name, err)
 			}
 			if err == nil && n <= math.MaxInt32 {
-				if name == "count" {
+				if string(name) == "count" {
 					count = int(n)
 				} else {
 					maxLen = int(n)
