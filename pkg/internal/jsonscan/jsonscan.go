@@ -376,6 +376,24 @@ func ParseUint(b []byte, i int, max uint64) (uint64, int, error) {
 	return n, i, nil
 }
 
+// parseTokenID is ParseUint(b, i, math.MaxUint32) in one loop over the
+// digits: a token id has at most 10 of them, so its value is checked once,
+// after them. Anything but a well-formed id within range is left to
+// ParseUint, whose verdict and error it returns.
+func parseTokenID(b []byte, i int) (uint32, int, error) {
+	start := i
+	var n uint64
+	for end := min(len(b), i+10); i < end && b[i]-'0' <= 9; i++ {
+		n = n*10 + uint64(b[i]-'0')
+	}
+	if i == start || n > math.MaxUint32 || b[start] == '0' && i-start > 1 ||
+		i < len(b) && (b[i]-'0' <= 9 || b[i] == '.' || b[i] == 'e' || b[i] == 'E') {
+		v, j, err := ParseUint(b, start, math.MaxUint32)
+		return uint32(v), j, err
+	}
+	return uint32(n), i, nil
+}
+
 // Int decodes value, a whole JSON value, as an int, as encoding/json
 // decodes into one: an integer within int's range.
 func Int(value []byte) (int, error) {
@@ -464,11 +482,11 @@ func ParseTokenIDs(b []byte, i int, dst []uint32) ([]uint32, int, error) {
 		return ids, i + 1, nil
 	}
 	for {
-		n, j, err := ParseUint(b, i, math.MaxUint32)
+		n, j, err := parseTokenID(b, i)
 		if err != nil {
 			return nil, j, fmt.Errorf("token id: %w", err)
 		}
-		ids = append(ids, uint32(n))
+		ids = append(ids, n)
 		i = SkipSpace(b, j)
 		if i >= len(b) {
 			return nil, i, errAt(i, "unterminated array of token ids")
