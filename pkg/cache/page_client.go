@@ -99,14 +99,14 @@ func (c *pageClient) get(ctx context.Context, buf *bytes.Buffer) error {
 	for redirects := 0; ; redirects++ {
 		next, err := c.exchange(ctx, path, deadline, buf)
 		if err != nil {
-			c.closeConn()
+			c.close()
 			return c.failed(ctx, err)
 		}
 		if next == "" {
 			return nil
 		}
 		if redirects == maxPageRedirects {
-			c.closeConn()
+			c.close()
 			return &readError{reason: readStatus, err: fmt.Errorf("GET %s: more than %d redirects", c.url, maxPageRedirects)}
 		}
 		path = next
@@ -134,7 +134,7 @@ func (c *pageClient) failed(ctx context.Context, err error) error {
 // the request sent again.
 func (c *pageClient) exchange(ctx context.Context, path string, deadline time.Time, buf *bytes.Buffer) (string, error) {
 	if c.nc != nil && time.Since(c.idleSince) > maxIdleKept {
-		c.closeConn()
+		c.close()
 	}
 	reused := c.nc != nil
 	if !reused {
@@ -146,7 +146,7 @@ func (c *pageClient) exchange(ctx context.Context, path string, deadline time.Ti
 	}
 	next, err := c.roundTrip(path, buf)
 	if err != nil && reused && c.wire.untouched() && closedByPeer(err) {
-		c.closeConn()
+		c.close()
 		if err := c.connect(ctx, deadline); err != nil {
 			return "", err
 		}
@@ -211,8 +211,8 @@ func (c *pageClient) interrupt() {
 // aLongTimeAgo is a deadline in the past: it ends a pending read or write.
 var aLongTimeAgo = time.Unix(1, 0)
 
-// closeConn closes the connection, if any; the next read dials anew.
-func (c *pageClient) closeConn() {
+// close closes the connection, if any; the next read dials anew.
+func (c *pageClient) close() {
 	c.mu.Lock()
 	nc := c.nc
 	c.nc = nil
@@ -221,9 +221,6 @@ func (c *pageClient) closeConn() {
 		_ = nc.Close()
 	}
 }
-
-// close releases the connection; the client may read again after.
-func (c *pageClient) close() { c.closeConn() }
 
 // roundTrip writes a GET of path and reads the answer on the connection.
 func (c *pageClient) roundTrip(path string, buf *bytes.Buffer) (string, error) {
@@ -343,7 +340,7 @@ func (c *pageClient) bodyError(err error) error {
 func (c *pageClient) finish(resp *http.Response) {
 	n, err := io.Copy(io.Discard, io.LimitReader(resp.Body, maxDrainedBytes+1))
 	if err != nil || n > maxDrainedBytes || resp.Close || c.br.Buffered() > 0 {
-		c.closeConn()
+		c.close()
 	}
 	c.idleSince = time.Now()
 }
