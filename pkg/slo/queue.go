@@ -476,8 +476,8 @@ func (q *QueueRouter) tryUnlessFreed(e *Entry, now time.Time, waited bool, trigg
 // try runs e.Try and records what it tells of e's wait: how long it can
 // still wait, and when a pod could take it.
 func (q *QueueRouter) try(e *Entry, now time.Time) error {
-	e.tries++
 	q.mu.Lock()
+	e.tries++
 	if len(q.entries) > 0 {
 		q.busy = now
 	}
@@ -486,16 +486,16 @@ func (q *QueueRouter) try(e *Entry, now time.Time) error {
 	err := e.Try()
 	var se *routing.SLOError
 	if errors.As(err, &se) {
+		q.mu.Lock()
 		if !se.Unmeetable {
 			latest := now.Add(se.Slack)
 			if se.Slack < 0 || latest.Before(now) { // overflow: no time target
 				latest = e.enqueued.Add(q.cfg.MaxWait)
 			}
-			q.mu.Lock()
 			e.latest = earliest(e.enqueued.Add(q.cfg.MaxWait), latest)
-			q.mu.Unlock()
 		}
 		e.drain = se.Drain
+		q.mu.Unlock()
 	}
 	return err
 }
