@@ -16,6 +16,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/kvgate/kvgate/pkg/internal/rawsock"
 )
 
 // A pod's loop reads one page at a time from one address, every interval:
@@ -169,7 +171,9 @@ func (c *pageClient) connect(ctx context.Context, deadline time.Time) error {
 		nc, err = c.dial(ctx, deadline)
 	} else {
 		d := net.Dialer{Deadline: deadline, KeepAlive: 30 * time.Second}
-		nc, err = d.DialContext(ctx, "tcp", c.host)
+		if nc, err = d.DialContext(ctx, "tcp", c.host); err == nil {
+			nc = rawsock.Wrap(nc)
+		}
 	}
 	if err != nil {
 		return err

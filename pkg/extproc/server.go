@@ -23,6 +23,7 @@ import (
 	"github.com/kvgate/kvgate/pkg/connlimit"
 	"github.com/kvgate/kvgate/pkg/gateway"
 	"github.com/kvgate/kvgate/pkg/internal/budget"
+	"github.com/kvgate/kvgate/pkg/internal/rawsock"
 )
 
 // Config configures a Server.
@@ -148,7 +149,7 @@ func New(p *gateway.Picker, cfg Config) (*Server, error) {
 func (s *Server) Serve(ln net.Listener) error {
 	go s.followReadiness()
 	defer close(s.served)
-	if err := s.grpc.Serve(connlimit.New(ln, s.cfg.MaxConnections, s.metrics.connWaits, s.metrics.conns)); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+	if err := s.grpc.Serve(connlimit.New(rawsock.Listener{Listener: ln}, s.cfg.MaxConnections, s.metrics.connWaits, s.metrics.conns)); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 		return fmt.Errorf("extproc: %w", err)
 	}
 	return nil

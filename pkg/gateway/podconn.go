@@ -13,6 +13,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/kvgate/kvgate/pkg/internal/rawsock"
 )
 
 // podPool sends requests to pods over keep-alive HTTP/1.1 connections it
@@ -70,15 +72,17 @@ func newPodPool(connectTimeout time.Duration, maxIdle int, idleTTL time.Duration
 type podConn struct {
 	pool *podPool
 	addr string
-	nc   net.Conn
-	raw  syscall.RawConn // to check an idle connection without reading it
-	dr   deadlineReader
-	br   *bufio.Reader
+	// nc reads and writes with raw system calls (a *rawsock.Conn) unless
+	// the dial returned something other than a TCP connection.
+	nc  net.Conn
+	raw syscall.RawConn // to check an idle connection without reading it
+	dr  deadlineReader
+	br  *bufio.Reader
 	// reused is set once a response was read on the connection.
 	reused    bool
 	idleSince time.Time
 	// bufs and vec hold a request's head and body for one write, without
-	// allocating.
+	// allocating, when nc is not a *rawsock.Conn.
 	bufs net.Buffers
 	vec  [2][]byte
 }
@@ -147,11 +151,11 @@ func (p *podPool) conn(ctx context.Context, addr string) (*podConn, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &podConn{pool: p, addr: addr, nc: nc}
+	c := &podConn{pool: p, addr: addr, nc: rawsock.Wrap(nc)}
 	if sc, ok := nc.(syscall.Conn); ok {
 		c.raw, _ = sc.SyscallConn()
 	}
-	c.dr.nc = nc
+	c.dr.nc = c.nc
 	c.br = bufio.NewReaderSize(&c.dr, podConnReadBuffer)
 	return c, nil
 }
@@ -263,6 +267,10 @@ func (c *podConn) send(head, body []byte, firstByte, total time.Duration) error 
 		return err
 	}
 	c.dr.idle, c.dr.end = 0, start.Add(total)
+	if rs, ok := c.nc.(*rawsock.Conn); ok {
+		_, err := rs.WriteTwo(head, body)
+		return err
+	}
 	c.vec = [2][]byte{head, body}
 	c.bufs = c.vec[:]
 	_, err := c.bufs.WriteTo(c.nc)

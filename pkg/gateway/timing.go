@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvgate/kvgate/pkg/connlimit"
+	"github.com/kvgate/kvgate/pkg/internal/rawsock"
 )
 
 // phase is a part of the gateway's time on a request. The parts follow
@@ -165,7 +166,7 @@ type timedListener struct {
 }
 
 func newTimedListener(ln net.Listener, writeTimeout time.Duration, maxConns int, m *metrics) *timedListener {
-	return &timedListener{Listener: connlimit.New(ln, maxConns, m.connWaits, m.conns), writeTimeout: writeTimeout, metrics: m,
+	return &timedListener{Listener: connlimit.New(rawsock.Listener{Listener: ln}, maxConns, m.connWaits, m.conns), writeTimeout: writeTimeout, metrics: m,
 		responseTimeouts: m.upstreamFails.WithLabelValues(failResponseTimeout)}
 }
 

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvgate/kvgate/pkg/internal/rawsock"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/klog/v2"
 )
@@ -184,11 +186,19 @@ func (cfg Config) withDefaults() Config {
 }
 
 // podTransport returns the default transport: pods are dialled directly by
-// IP, so environment proxies do not apply, and a busy gateway keeps enough
-// idle connections per pod to avoid a handshake per call.
+// IP, so environment proxies do not apply, a busy gateway keeps enough
+// idle connections per pod to avoid a handshake per call, and the
+// connections read and write with raw system calls (package rawsock).
 func podTransport() *http.Transport {
+	d := &net.Dialer{KeepAlive: 30 * time.Second}
 	return &http.Transport{
-		DialContext:         (&net.Dialer{KeepAlive: 30 * time.Second}).DialContext,
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			c, err := d.DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			return rawsock.Wrap(c), nil
+		},
 		MaxIdleConnsPerHost: 64,
 		IdleConnTimeout:     90 * time.Second,
 	}
