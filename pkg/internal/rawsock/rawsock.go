@@ -18,7 +18,9 @@
 // connection's deadlines, with system calls the scheduler is not told
 // about. Such a call holds its thread's P until the kernel returns, so
 // each moves at most MaxIO bytes: a garbage collection's stop-the-world
-// phase waits for one at most as long as copying MaxIO bytes takes.
+// phase waits for one at most as long as copying MaxIO bytes takes. In an
+// execution trace (the admin listener's /debug/pprof/trace), the time of
+// such a call shows as the goroutine running, not as a system call.
 package rawsock
 
 import (

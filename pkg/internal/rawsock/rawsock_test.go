@@ -155,7 +155,7 @@ func TestCloseWriteEndsThePeersRead(t *testing.T) {
 }
 
 func TestDeadlinesEndReadsAndWritesAsTheNetPackagesDo(t *testing.T) {
-	c, _ := pair(t)
+	c, peer := pair(t)
 	_ = c.SetReadDeadline(time.Now().Add(20 * time.Millisecond))
 	n, err := c.Read(make([]byte, 8))
 	var ne net.Error
@@ -167,14 +167,33 @@ func TestDeadlinesEndReadsAndWritesAsTheNetPackagesDo(t *testing.T) {
 		t.Errorf("Read's error %#v is not a read's *net.OpError with both addresses", err)
 	}
 
-	// The peer reads nothing: the socket's buffers fill and the write
-	// waits until its deadline, having written part.
+	// The peer reads one byte and no more: the socket's buffers fill and
+	// the write waits for room until a deadline set in the past ends it,
+	// having written part, which the peer then reads in full.
 	_ = c.Conn.(*net.TCPConn).SetWriteBuffer(16 << 10)
-	_ = c.SetWriteDeadline(time.Now().Add(50 * time.Millisecond))
-	big := make([]byte, 64<<20)
-	w, err := c.Write(big)
-	if !errors.Is(err, os.ErrDeadlineExceeded) || w <= 0 || w >= len(big) {
-		t.Errorf("Write past its deadline = %d of %d bytes, %v; want part and a timeout", w, len(big), err)
+	_ = peer.SetReadBuffer(16 << 10)
+	big := randomBytes(4<<20, 4)
+	type result struct {
+		n   int
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		n, err := c.Write(big)
+		done <- result{n, err}
+	}()
+	first := make([]byte, 1)
+	if _, err := io.ReadFull(peer, first); err != nil || first[0] != big[0] {
+		t.Fatalf("the peer read %x, %v; want the first byte", first, err)
+	}
+	_ = c.SetWriteDeadline(time.Unix(1, 0))
+	r := <-done
+	if !errors.Is(r.err, os.ErrDeadlineExceeded) || r.n < 1 || r.n >= len(big) {
+		t.Fatalf("Write past its deadline = %d of %d bytes, %v; want part and a timeout", r.n, len(big), r.err)
+	}
+	rest := make([]byte, r.n-1)
+	if _, err := io.ReadFull(peer, rest); err != nil || !bytes.Equal(rest, big[1:r.n]) {
+		t.Errorf("the peer read other bytes than the %d Write reported, %v", r.n, err)
 	}
 }
 
