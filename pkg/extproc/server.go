@@ -145,7 +145,8 @@ func New(p *gateway.Picker, cfg Config) (*Server, error) {
 }
 
 // Serve serves on ln, which it closes, until Shutdown, holding at most
-// Config.MaxConnections of its connections open.
+// Config.MaxConnections of its connections open and reading and writing
+// their TCP sockets with raw system calls (package rawsock).
 func (s *Server) Serve(ln net.Listener) error {
 	go s.followReadiness()
 	defer close(s.served)

@@ -156,7 +156,9 @@ type connKey struct{}
 // phase metrics to start there rather than when net/http runs the
 // handler, and that bound each write by writeTimeout, and by the end of
 // the response being relayed, counting the connections they closed. It
-// holds at most maxConns connections open (see package connlimit).
+// holds at most maxConns connections open (see package connlimit), whose
+// TCP sockets are read and written with raw system calls (package
+// rawsock).
 type timedListener struct {
 	*connlimit.Listener
 	writeTimeout time.Duration
