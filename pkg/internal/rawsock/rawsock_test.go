@@ -315,29 +315,22 @@ func TestWrapKeepsOtherConnectionsAsTheyAre(t *testing.T) {
 // two of the net package's: a proxy's tests hand requests to handlers so.
 func TestTheRaceDetectorOrdersAWriteBeforeTheReadOfItsBytes(t *testing.T) {
 	c, peer := pair(t)
-	var sent, answered int
-	go func() {
-		sent = 1
-		if _, err := c.Write([]byte{1}); err != nil {
-			t.Error(err)
+	for _, dir := range []struct {
+		name     string
+		from, to net.Conn
+	}{{"Conn to net", c, peer}, {"net to Conn", peer, c}} {
+		var set int
+		go func() {
+			set = 1
+			if _, err := dir.from.Write([]byte{1}); err != nil {
+				t.Error(err)
+			}
+		}()
+		if _, err := io.ReadFull(dir.to, make([]byte, 1)); err != nil {
+			t.Fatal(err)
 		}
-	}()
-	if _, err := io.ReadFull(peer, make([]byte, 1)); err != nil {
-		t.Fatal(err)
-	}
-	if sent != 1 {
-		t.Error("the peer read the byte before the write that preceded it")
-	}
-	go func() {
-		answered = 1
-		if _, err := peer.Write([]byte{2}); err != nil {
-			t.Error(err)
+		if set != 1 {
+			t.Errorf("%s: the byte was read before the write that preceded it", dir.name)
 		}
-	}()
-	if _, err := io.ReadFull(c, make([]byte, 1)); err != nil {
-		t.Fatal(err)
-	}
-	if answered != 1 {
-		t.Error("Read returned the byte before the write that preceded it")
 	}
 }
