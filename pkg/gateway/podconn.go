@@ -81,10 +81,6 @@ type podConn struct {
 	// reused is set once a response was read on the connection.
 	reused    bool
 	idleSince time.Time
-	// bufs and vec hold a request's head and body for one write, without
-	// allocating, when nc is not a *rawsock.Conn.
-	bufs net.Buffers
-	vec  [2][]byte
 }
 
 // deadlineReader reads a connection, renewing its read deadline before
@@ -152,7 +148,7 @@ func (p *podPool) conn(ctx context.Context, addr string) (*podConn, error) {
 		return nil, err
 	}
 	c := &podConn{pool: p, addr: addr, nc: rawsock.Wrap(nc)}
-	if sc, ok := nc.(syscall.Conn); ok {
+	if sc, ok := c.nc.(syscall.Conn); ok {
 		c.raw, _ = sc.SyscallConn()
 	}
 	c.dr.nc = c.nc
@@ -271,10 +267,8 @@ func (c *podConn) send(head, body []byte, firstByte, total time.Duration) error 
 		_, err := rs.WriteTwo(head, body)
 		return err
 	}
-	c.vec = [2][]byte{head, body}
-	c.bufs = c.vec[:]
-	_, err := c.bufs.WriteTo(c.nc)
-	c.vec, c.bufs = [2][]byte{}, nil
+	bufs := net.Buffers{head, body}
+	_, err := bufs.WriteTo(c.nc)
 	return err
 }
 

@@ -180,6 +180,10 @@ func (c *Conn) write(fd uintptr) bool {
 	}
 }
 
+// SyscallConn returns the raw connection the Conn reads and writes
+// through, for calls of the caller's own (a peek at the socket).
+func (c *Conn) SyscallConn() (syscall.RawConn, error) { return c.rc, nil }
+
 // CloseWrite shuts down the writing side of the connection.
 func (c *Conn) CloseWrite() error { return c.Conn.(*net.TCPConn).CloseWrite() }
 

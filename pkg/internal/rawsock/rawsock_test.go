@@ -334,3 +334,28 @@ func TestTheRaceDetectorOrdersAWriteBeforeTheReadOfItsBytes(t *testing.T) {
 		}
 	}
 }
+
+func TestSyscallConnPeeksAtTheSameSocket(t *testing.T) {
+	c, peer := pair(t)
+	if _, err := peer.Write([]byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	rc, err := c.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b [1]byte
+	var n int
+	var peekErr error
+	err = rc.Read(func(fd uintptr) bool {
+		n, _, peekErr = syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		return peekErr != syscall.EAGAIN
+	})
+	if err != nil || peekErr != nil || n != 1 || b[0] != 'x' {
+		t.Fatalf("peek = %d, %v, %v; want the peer's byte", n, err, peekErr)
+	}
+	got := make([]byte, 1)
+	if _, err := io.ReadFull(c, got); err != nil || got[0] != 'x' {
+		t.Errorf("Read after the peek = %q, %v; want the byte still there", got, err)
+	}
+}
