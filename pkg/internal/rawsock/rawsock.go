@@ -145,12 +145,14 @@ func (c *Conn) WriteTwo(a, b []byte) (int64, error) {
 func (c *Conn) write(fd uintptr) bool {
 	for {
 		var iov [2]syscall.Iovec
+		var sent [2][]byte // what this call may send of each buffer
 		k, room := 0, MaxIO
-		for _, b := range c.wbufs {
+		for i, b := range c.wbufs {
 			if len(b) == 0 || room == 0 {
 				continue
 			}
 			b = b[:min(len(b), room)]
+			sent[i] = b
 			iov[k].Base = &b[0]
 			iov[k].SetLen(len(b))
 			room -= len(b)
@@ -159,7 +161,7 @@ func (c *Conn) write(fd uintptr) bool {
 		if k == 0 {
 			return true
 		}
-		raceWrite(fd, c.wbufs[0], c.wbufs[1])
+		raceWrite(fd, sent[0], sent[1])
 		n, _, errno := syscall.RawSyscall(syscall.SYS_WRITEV, fd, uintptr(unsafe.Pointer(&iov[0])), uintptr(k))
 		switch errno {
 		case 0:
