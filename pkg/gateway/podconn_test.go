@@ -219,6 +219,48 @@ func TestPodPoolReusesConnectionsAndDropsThoseThePodClosed(t *testing.T) {
 	}
 }
 
+// A connection's deadline for its last response passes while it idles in
+// the pool: the peek still finds it open, and the next request on it is
+// answered. The engine takes 10 ms to answer, so that the read waits for
+// it under its deadline.
+func TestPodPoolReusesAConnectionWhoseLastDeadlinePassed(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		time.Sleep(10 * time.Millisecond)
+		_, _ = io.WriteString(w, "ok")
+	}))
+	defer srv.Close()
+	addr := strings.TrimPrefix(srv.URL, "http://")
+	p := newPodPool(time.Second, 4, time.Minute)
+	defer p.close()
+	const firstByte = 50 * time.Millisecond
+	roundTrip := func() *podConn {
+		t.Helper()
+		c, err := p.conn(t.Context(), addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		head := []byte("POST /v1/completions HTTP/1.1\r\nHost: " + addr + "\r\nContent-Length: 2\r\n\r\n")
+		if err := c.send(head, []byte("{}"), firstByte, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+		var res podResponse
+		if err := c.readResponse(&res, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		if data, err := io.ReadAll(&res.body); err != nil || string(data) != "ok" {
+			t.Fatalf("body %q, %v", data, err)
+		}
+		res.finish()
+		return c
+	}
+	first := roundTrip()
+	time.Sleep(3 * firstByte)                      // the first response's deadline passes
+	first.idleSince = time.Now().Add(-time.Second) // idle long enough to be peeked at
+	if second := roundTrip(); second != first {
+		t.Error("the idle connection was not reused")
+	}
+}
+
 func FuzzPodResponseReadsWhatNetHTTPReads(f *testing.F) {
 	f.Add("HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello")
 	f.Add("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n")
