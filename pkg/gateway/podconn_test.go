@@ -154,6 +154,30 @@ func TestPodBodyBufferedNeverPromisesWhatIsNotThere(t *testing.T) {
 	}
 }
 
+// podRoundTrip sends a request to addr on a connection of p, the first
+// byte of its answer due within firstByte, and wants "ok" back; it returns
+// the connection, released to p.
+func podRoundTrip(t *testing.T, p *podPool, addr string, firstByte time.Duration) *podConn {
+	t.Helper()
+	c, err := p.conn(t.Context(), addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	head := []byte("POST /v1/completions HTTP/1.1\r\nHost: " + addr + "\r\nContent-Length: 2\r\n\r\n")
+	if err := c.send(head, []byte("{}"), firstByte, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	var res podResponse
+	if err := c.readResponse(&res, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if data, err := io.ReadAll(&res.body); err != nil || string(data) != "ok" {
+		t.Fatalf("body %q, %v", data, err)
+	}
+	res.finish()
+	return c
+}
+
 func TestPodPoolReusesConnectionsAndDropsThoseThePodClosed(t *testing.T) {
 	var mu sync.Mutex
 	conns := map[net.Conn]http.ConnState{}
@@ -170,26 +194,7 @@ func TestPodPoolReusesConnectionsAndDropsThoseThePodClosed(t *testing.T) {
 	addr := strings.TrimPrefix(srv.URL, "http://")
 	p := newPodPool(time.Second, 4, time.Minute)
 	defer p.close()
-	roundTrip := func() *podConn {
-		t.Helper()
-		c, err := p.conn(t.Context(), addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		head := []byte("POST /v1/completions HTTP/1.1\r\nHost: " + addr + "\r\nContent-Length: 2\r\n\r\n")
-		if err := c.send(head, []byte("{}"), time.Minute, time.Hour); err != nil {
-			t.Fatal(err)
-		}
-		var res podResponse
-		if err := c.readResponse(&res, time.Minute); err != nil {
-			t.Fatal(err)
-		}
-		if data, err := io.ReadAll(&res.body); err != nil || string(data) != "ok" {
-			t.Fatalf("body %q, %v", data, err)
-		}
-		res.finish()
-		return c
-	}
+	roundTrip := func() *podConn { return podRoundTrip(t, p, addr, time.Minute) }
 	first := roundTrip()
 	if second := roundTrip(); second != first {
 		t.Fatal("a second request dialled a new connection, want the idle one reused")
@@ -233,26 +238,7 @@ func TestPodPoolReusesAConnectionWhoseLastDeadlinePassed(t *testing.T) {
 	p := newPodPool(time.Second, 4, time.Minute)
 	defer p.close()
 	const firstByte = 50 * time.Millisecond
-	roundTrip := func() *podConn {
-		t.Helper()
-		c, err := p.conn(t.Context(), addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		head := []byte("POST /v1/completions HTTP/1.1\r\nHost: " + addr + "\r\nContent-Length: 2\r\n\r\n")
-		if err := c.send(head, []byte("{}"), firstByte, time.Hour); err != nil {
-			t.Fatal(err)
-		}
-		var res podResponse
-		if err := c.readResponse(&res, time.Minute); err != nil {
-			t.Fatal(err)
-		}
-		if data, err := io.ReadAll(&res.body); err != nil || string(data) != "ok" {
-			t.Fatalf("body %q, %v", data, err)
-		}
-		res.finish()
-		return c
-	}
+	roundTrip := func() *podConn { return podRoundTrip(t, p, addr, firstByte) }
 	first := roundTrip()
 	time.Sleep(3 * firstByte)                      // the first response's deadline passes
 	first.idleSince = time.Now().Add(-time.Second) // idle long enough to be peeked at
