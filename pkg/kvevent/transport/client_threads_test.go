@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -77,6 +78,14 @@ func TestWaitingClientsHoldNoThreads(t *testing.T) {
 	poller := zmq.NewPoller()
 	poller.Add(probe, zmq.POLLIN)
 	stop, done := make(chan struct{}), make(chan struct{})
+	// Stopped and closed before the context ends, on a skip too: Term waits
+	// for every socket to close.
+	stopProbe := sync.OnceFunc(func() {
+		close(stop)
+		<-done
+		probe.Close()
+	})
+	defer stopProbe()
 	go func() {
 		defer close(done)
 		for {
@@ -92,9 +101,7 @@ func TestWaitingClientsHoldNoThreads(t *testing.T) {
 		}
 	}()
 	seen := mostPollingThreads(t, 200*time.Millisecond)
-	close(stop)
-	<-done
-	probe.Close()
+	stopProbe()
 	if seen < 1 {
 		t.Fatalf("a thread in zmq_poll for 200 ms was never seen asleep in poll(2)")
 	}
