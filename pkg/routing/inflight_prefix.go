@@ -5,6 +5,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 
 	"github.com/zeebo/xxh3"
 
@@ -74,14 +75,33 @@ func (f *inFlightPrefixes) keys(dst []uint64, buf *[]byte, model, lora string, t
 	parent := xxh3.Hash(b)
 	for i := 0; i+blockSize <= len(tokens); i += blockSize {
 		b = binary.LittleEndian.AppendUint64(b[:0], parent)
-		for _, t := range tokens[i : i+blockSize] {
-			b = binary.LittleEndian.AppendUint32(b, t)
-		}
+		b = appendTokens(b, tokens[i:i+blockSize])
 		parent = xxh3.Hash(b)
 		dst = append(dst, parent)
 	}
 	*buf = b
 	return dst
+}
+
+// littleEndian reports whether the machine stores integers least
+// significant byte first, as the keys' input does.
+var littleEndian = binary.NativeEndian.Uint16([]byte{1, 0}) == 1
+
+// appendTokens appends toks to b, each as 4 bytes, little-endian. Where
+// the machine is little-endian, that is the tokens' memory as it is.
+func appendTokens(b []byte, toks []uint32) []byte {
+	if littleEndian && len(toks) > 0 {
+		return append(b, unsafe.Slice((*byte)(unsafe.Pointer(&toks[0])), 4*len(toks))...)
+	}
+	return appendTokensByteByByte(b, toks)
+}
+
+// appendTokensByteByByte is appendTokens on any machine.
+func appendTokensByteByByte(b []byte, toks []uint32) []byte {
+	for _, t := range toks {
+		b = binary.LittleEndian.AppendUint32(b, t)
+	}
+	return b
 }
 
 // add records the blocks of attempt h (its route's PromptBlocks) as held

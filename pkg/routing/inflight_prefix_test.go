@@ -34,6 +34,24 @@ func TestInFlightKeysAreTheSameInEveryRelease(t *testing.T) {
 	}
 }
 
+// TestInFlightKeysReadTokensLittleEndian checks the tokens' bytes that
+// keys hash against their encoding one by one, which a machine of either
+// byte order gets.
+func TestInFlightKeysReadTokensLittleEndian(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 5))
+	for n := range 40 {
+		toks := make([]uint32, n)
+		for i := range toks {
+			toks[i] = rng.Uint32()
+		}
+		prefix := []byte{9, 8, 7}
+		got := appendTokens(slices.Clone(prefix), toks)
+		if want := appendTokensByteByByte(slices.Clone(prefix), toks); !slices.Equal(got, want) {
+			t.Fatalf("%d tokens: appendTokens = %x, want %x", n, got, want)
+		}
+	}
+}
+
 // TestInFlightMatchCountsTheLeadingBlocksEachPodHolds checks match against
 // its definition, a scan of the prompt's keys for each pod, on random
 // fleets: attempts in flight on several pods hold prefixes of a few chains
@@ -89,5 +107,21 @@ func TestInFlightMatchCountsTheLeadingBlocksEachPodHolds(t *testing.T) {
 				t.Fatalf("round %d, pod %d: %d leading blocks in flight, want %d", round, j, c.InFlightMatchedBlocks, want)
 			}
 		}
+	}
+}
+
+// BenchmarkInFlightKeys measures the keys of an 8,192-token prompt in
+// blocks of 16, which every kv-aware decision computes.
+func BenchmarkInFlightKeys(b *testing.B) {
+	f := newInFlightPrefixes(DefaultMaxInFlightPrefixBlocks)
+	toks := make([]uint32, 8192)
+	for i := range toks {
+		toks[i] = uint32(i*2654435761) ^ 0x9e3779b9
+	}
+	var buf []byte
+	var keys []uint64
+	b.ReportAllocs()
+	for b.Loop() {
+		keys = f.keys(keys[:0], &buf, "meta-llama/Llama-3.1-8B", "", toks, 16)
 	}
 }
