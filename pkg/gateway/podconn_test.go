@@ -237,10 +237,11 @@ func TestPodPoolReusesAConnectionWhoseLastDeadlinePassed(t *testing.T) {
 	addr := strings.TrimPrefix(srv.URL, "http://")
 	p := newPodPool(time.Second, 4, time.Minute)
 	defer p.close()
-	const firstByte = 250 * time.Millisecond
+	// Long enough for a round trip on a loaded machine.
+	const firstByte = time.Second
 	roundTrip := func() *podConn { return podRoundTrip(t, p, addr, firstByte) }
 	first := roundTrip()
-	time.Sleep(2 * firstByte)                      // the first response's deadline passes
+	time.Sleep(firstByte)                          // the first response's deadline, set before it was sent, passes
 	first.idleSince = time.Now().Add(-time.Second) // idle long enough to be peeked at
 	if second := roundTrip(); second != first {
 		t.Error("the idle connection was not reused")
