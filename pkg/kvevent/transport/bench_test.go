@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	zmq "github.com/pebbe/zmq4"
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/klog/v2"
 
@@ -229,10 +230,12 @@ func runPacedPublisher(spec string) error {
 // count reaches a mark, so that no goroutine wakes for each batch but the
 // client's own.
 type pacedCounter struct {
-	handled atomic.Uint64
-	mark    atomic.Uint64
-	armed   atomic.Bool
-	reached chan struct{}
+	// interval is the mean time between batches over all publishers.
+	interval time.Duration
+	handled  atomic.Uint64
+	mark     atomic.Uint64
+	armed    atomic.Bool
+	reached  chan struct{}
 }
 
 func (h *pacedCounter) HandleEvent(kvevent.KVEvent) error { return nil }
@@ -251,7 +254,7 @@ func (h *pacedCounter) await(b *testing.B, n int) {
 	h.armed.Store(true)
 	select {
 	case <-h.reached:
-	case <-time.After(testsupport.WaitTimeout + time.Duration(n)*pacedPeriod):
+	case <-time.After(testsupport.WaitTimeout + time.Duration(n)*h.interval):
 		b.Fatalf("%d batches handled, short of %d", h.handled.Load(), h.mark.Load())
 	}
 }
@@ -264,32 +267,62 @@ func (h *pacedCounter) await(b *testing.B, n int) {
 // pays the wake-ups a batch costs a gateway following engines at their
 // pace.
 func BenchmarkPacedBatches(b *testing.B) {
-	ports := kvtest.NewPorts(b)
-	h := &pacedCounter{reached: make(chan struct{}, 1)}
-	cfg := testClientConfig(ports)
-	cfg.Logger = klog.Background().V(1) // errors only
-	cfg.PollTimeout = DefaultPollTimeout
-	c := startClient(b, cfg, h)
+	benchmarkPacedBatches(b, 1, pacedPeriod)
+}
+
+// BenchmarkPacedBatchesFleet is BenchmarkPacedBatches for a gateway
+// following a fleet: 16 engines, each in a process of its own publishing
+// a batch every fleetPeriod, followed by 16 clients sharing a ZeroMQ
+// context, as the KVEventManager's do.
+func BenchmarkPacedBatchesFleet(b *testing.B) {
+	benchmarkPacedBatches(b, 16, fleetPeriod)
+}
+
+// fleetPeriod is the time between an engine's batches in
+// BenchmarkPacedBatchesFleet: a busy engine's scheduler step.
+const fleetPeriod = 20 * time.Millisecond
+
+// benchmarkPacedBatches follows engines publishers, each publishing a
+// batch every period, and reports this process's CPU time per batch.
+func benchmarkPacedBatches(b *testing.B, engines int, period time.Duration) {
+	zctx, err := zmq.NewContext()
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = zctx.Term() })
 	exe, err := os.Executable()
 	if err != nil {
 		b.Fatal(err)
 	}
-	cmd := exec.Command(exe)
-	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%d,%d,%v", pacedPublisherEnv, ports.Pub, ports.Router, pacedPeriod))
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		b.Fatal(err)
+	h := &pacedCounter{reached: make(chan struct{}, 1), interval: period / time.Duration(engines)}
+	clients := make([]*ZMQClient, engines)
+	for i := range clients {
+		ports := kvtest.NewPorts(b)
+		cfg := testClientConfig(ports)
+		cfg.PodKey = fmt.Sprintf("default/vllm-%d", i)
+		cfg.Logger = klog.Background().V(1) // errors only
+		cfg.PollTimeout = DefaultPollTimeout
+		cfg.Context = zctx
+		clients[i] = startClient(b, cfg, h)
+		cmd := exec.Command(exe)
+		cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%d,%d,%v", pacedPublisherEnv, ports.Pub, ports.Router, period))
+		cmd.Stderr = os.Stderr
+		if err := cmd.Start(); err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		})
 	}
-	b.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-	})
-	if err := c.WaitForConnection(testsupport.WaitTimeout); err != nil {
-		b.Fatal(err)
+	for _, c := range clients {
+		if err := c.WaitForConnection(testsupport.WaitTimeout); err != nil {
+			b.Fatal(err)
+		}
 	}
-	// Warm up past the replay of what was published before the
-	// subscription was in place.
-	h.await(b, 100)
+	// Warm up past the replays of what was published before the
+	// subscriptions were in place.
+	h.await(b, 100*engines)
 	cpu0 := processCPU()
 	b.ResetTimer()
 	h.await(b, b.N)
