@@ -273,7 +273,7 @@ func BenchmarkPacedBatches(b *testing.B) {
 // BenchmarkPacedBatchesFleet is BenchmarkPacedBatches for a gateway
 // following a fleet: 16 engines, each in a process of its own publishing
 // a batch every fleetPeriod, followed by 16 clients sharing a ZeroMQ
-// context, as the KVEventManager's do.
+// context, as a KVEventManager's clients do.
 func BenchmarkPacedBatchesFleet(b *testing.B) {
 	benchmarkPacedBatches(b, 16, fleetPeriod)
 }
@@ -282,8 +282,9 @@ func BenchmarkPacedBatchesFleet(b *testing.B) {
 // BenchmarkPacedBatchesFleet: a busy engine's scheduler step.
 const fleetPeriod = 20 * time.Millisecond
 
-// benchmarkPacedBatches follows engines publishers, each publishing a
-// batch every period, and reports this process's CPU time per batch.
+// benchmarkPacedBatches follows the given number of engines, each a
+// publisher in another process sending a batch every period, and reports
+// this process's CPU time per batch handled.
 func benchmarkPacedBatches(b *testing.B, engines int, period time.Duration) {
 	zctx, err := zmq.NewContext()
 	if err != nil {
