@@ -185,7 +185,9 @@ func (discardSink) pendingOverflow()              {}
 
 // pacedPublisherEnv, set in the test binary's environment to
 // "pubPort,routerPort,period", makes it a publisher of sixteen-block
-// batches, one every period, until it is killed (see TestMain).
+// batches, one every period, until it is killed (see TestMain). With a
+// fourth field, "pubPort,routerPort,period,topic", it connects to a
+// receiver bound at 127.0.0.1:pubPort and publishes with that topic.
 const pacedPublisherEnv = "KVGATE_TEST_PACED_PUBLISHER"
 
 // pacedPeriod is the time between BenchmarkPacedBatches's batches: vLLM
@@ -197,8 +199,8 @@ func runPacedPublisher(spec string) error {
 	var pub, router int
 	var period time.Duration
 	parts := strings.Split(spec, ",")
-	if len(parts) != 3 {
-		return fmt.Errorf("%s=%q: want pubPort,routerPort,period", pacedPublisherEnv, spec)
+	if len(parts) != 3 && len(parts) != 4 {
+		return fmt.Errorf("%s=%q: want pubPort,routerPort,period[,topic]", pacedPublisherEnv, spec)
 	}
 	var errs [3]error
 	pub, errs[0] = strconv.Atoi(parts[0])
@@ -207,7 +209,11 @@ func runPacedPublisher(spec string) error {
 	if err := errors.Join(errs[:]...); err != nil {
 		return err
 	}
-	p, err := publisher.NewPublisher(kvtest.PublisherConfig(kvtest.Ports{Pub: pub, Router: router}))
+	cfg := kvtest.PublisherConfig(kvtest.Ports{Pub: pub, Router: router})
+	if len(parts) == 4 {
+		cfg.Endpoint, cfg.Topic = fmt.Sprintf("tcp://127.0.0.1:%d", pub), parts[3]
+	}
+	p, err := publisher.NewPublisher(cfg)
 	if err != nil {
 		return err
 	}
@@ -282,47 +288,118 @@ func BenchmarkPacedBatchesFleet(b *testing.B) {
 // BenchmarkPacedBatchesFleet: a busy engine's scheduler step.
 const fleetPeriod = 20 * time.Millisecond
 
+// BenchmarkPacedBatchesFleetBound is BenchmarkPacedBatchesFleet with the
+// engines dialling into a BindReceiver: one socket and one goroutine
+// receive every engine's batches, reading them as they come (at-once) or
+// at most once per DefaultBindReadInterval (default).
+func BenchmarkPacedBatchesFleetBound(b *testing.B) {
+	for _, tc := range []struct {
+		name     string
+		interval time.Duration
+	}{{"at-once", -1}, {"default", 0}} {
+		b.Run(tc.name, func(b *testing.B) { benchmarkPacedBatchesFleetBound(b, tc.interval) })
+	}
+}
+
+func benchmarkPacedBatchesFleetBound(b *testing.B, readInterval time.Duration) {
+	zctx := newBenchContext(b)
+	h := &pacedCounter{reached: make(chan struct{}, 1), interval: fleetPeriod / 16}
+	port := testsupport.FreePorts(b, 1)[0]
+	recv, err := NewBindReceiver(BindConfig{Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", port), Context: zctx,
+		Logger: klog.Background().V(1), ReadInterval: readInterval})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(recv.Close)
+	streams := make([]*BoundStream, 16)
+	for i := range streams {
+		cfg, ports := pacedEngineConfig(b, i)
+		cfg.ReplayEndpoint = fmt.Sprintf("tcp://127.0.0.1:%d", ports.Router)
+		enginePort := 8000 + i
+		followed, err := recv.Follow(BoundStreamConfig{Config: cfg, EnginePort: enginePort, Handler: h})
+		if err != nil {
+			b.Fatal(err)
+		}
+		streams[i] = followed[0]
+		startPacedPublisher(b, fmt.Sprintf("%d,%d,%v,%s", port, ports.Router, fleetPeriod,
+			BindTopic("127.0.0.1", enginePort, cfg.ModelName)))
+	}
+	testsupport.Eventually(b, "every engine heard", func() bool {
+		for _, s := range streams {
+			if !s.Stats().Connected {
+				return false
+			}
+		}
+		return true
+	})
+	measurePacedBatches(b, h, len(streams))
+}
+
 // benchmarkPacedBatches follows the given number of engines, each a
 // publisher in another process sending a batch every period, and reports
 // this process's CPU time per batch handled.
 func benchmarkPacedBatches(b *testing.B, engines int, period time.Duration) {
-	zctx, err := zmq.NewContext()
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = zctx.Term() })
-	exe, err := os.Executable()
-	if err != nil {
-		b.Fatal(err)
-	}
+	zctx := newBenchContext(b)
 	h := &pacedCounter{reached: make(chan struct{}, 1), interval: period / time.Duration(engines)}
 	clients := make([]*ZMQClient, engines)
 	for i := range clients {
-		ports := kvtest.NewPorts(b)
-		cfg := testClientConfig(ports)
-		cfg.PodKey = fmt.Sprintf("default/vllm-%d", i)
-		cfg.Logger = klog.Background().V(1) // errors only
-		cfg.PollTimeout = DefaultPollTimeout
+		cfg, ports := pacedEngineConfig(b, i)
 		cfg.Context = zctx
 		clients[i] = startClient(b, cfg, h)
-		cmd := exec.Command(exe)
-		cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%d,%d,%v", pacedPublisherEnv, ports.Pub, ports.Router, period))
-		cmd.Stderr = os.Stderr
-		if err := cmd.Start(); err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() {
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-		})
+		startPacedPublisher(b, fmt.Sprintf("%d,%d,%v", ports.Pub, ports.Router, period))
 	}
 	for _, c := range clients {
 		if err := c.WaitForConnection(testsupport.WaitTimeout); err != nil {
 			b.Fatal(err)
 		}
 	}
-	// Warm up past the replays of what was published before the
-	// subscriptions were in place.
+	measurePacedBatches(b, h, engines)
+}
+
+// pacedEngineConfig returns the configuration of the stream of engine i of
+// a paced benchmark, and the ports of its publisher.
+func pacedEngineConfig(b *testing.B, i int) (*ZMQClientConfig, kvtest.Ports) {
+	ports := kvtest.NewPorts(b)
+	cfg := testClientConfig(ports)
+	cfg.PodKey = fmt.Sprintf("default/vllm-%d", i)
+	cfg.Logger = klog.Background().V(1) // errors only
+	cfg.PollTimeout = DefaultPollTimeout
+	return cfg, ports
+}
+
+// newBenchContext returns a ZeroMQ context terminated at cleanup.
+func newBenchContext(b *testing.B) *zmq.Context {
+	zctx, err := zmq.NewContext()
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = zctx.Term() })
+	return zctx
+}
+
+// startPacedPublisher runs this test binary as a publisher of spec (see
+// pacedPublisherEnv) until cleanup.
+func startPacedPublisher(b *testing.B, spec string) {
+	exe, err := os.Executable()
+	if err != nil {
+		b.Fatal(err)
+	}
+	cmd := exec.Command(exe)
+	cmd.Env = append(os.Environ(), pacedPublisherEnv+"="+spec)
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+}
+
+// measurePacedBatches waits past the replays of what the engines
+// published before they were followed, then reports this process's CPU
+// time per batch h handles.
+func measurePacedBatches(b *testing.B, h *pacedCounter, engines int) {
 	h.await(b, 100*engines)
 	cpu0 := processCPU()
 	b.ResetTimer()

@@ -29,6 +29,12 @@ type bindLoop struct {
 	poller       *zmqwire.Poller
 	dirty        bool // the set of sockets changed: rebuild poller
 	frames       [][]byte
+	// nextRead is when the sockets may next be read, ReadInterval after
+	// the last read that found live messages.
+	nextRead time.Time
+	pause    *time.Timer
+	// liveReads counts the reads that found live messages.
+	liveReads int
 }
 
 // boundKey identifies a followed stream: its pod and rank.
@@ -175,6 +181,9 @@ func (l *bindLoop) run(r *BindReceiver) {
 		}
 	}()
 	for {
+		if !l.waitToRead(r) {
+			return
+		}
 		select {
 		case <-r.stop:
 			return
@@ -184,6 +193,32 @@ func (l *bindLoop) run(r *BindReceiver) {
 		default:
 		}
 		l.poll()
+	}
+}
+
+// waitToRead waits until the sockets may be read again, running the
+// commands that come meanwhile, and reports false when the receiver
+// stops.
+func (l *bindLoop) waitToRead(r *BindReceiver) bool {
+	for {
+		wait := time.Until(l.nextRead)
+		if wait <= 0 {
+			return true
+		}
+		if l.pause == nil {
+			l.pause = time.NewTimer(wait)
+		} else {
+			l.pause.Reset(wait)
+		}
+		select {
+		case <-r.stop:
+			return false
+		case cmd := <-r.cmds:
+			l.pause.Stop()
+			cmd(l)
+		case <-l.pause.C:
+			return true
+		}
 	}
 }
 
@@ -212,9 +247,10 @@ func (l *bindLoop) poll() {
 		}
 		return
 	}
+	live := false
 	for _, p := range ready {
 		if rank := l.subRank(p.Socket); rank >= 0 {
-			l.readLive(rank)
+			live = l.readLive(rank) || live
 			continue
 		}
 		for _, e := range l.streams {
@@ -224,15 +260,33 @@ func (l *bindLoop) poll() {
 		}
 	}
 	now := time.Now()
+	backlog := false
 	for _, e := range l.streams {
 		if e.attached {
 			e.s.process(now)
+			backlog = backlog || e.s.hasWork()
 			e.s.runTimers(now)
 			l.checkLiveness(e, now)
 			l.track(e)
 		}
 	}
+	if live {
+		l.liveReads++
+	}
+	l.nextRead = nextReadAt(now, l.cfg.ReadInterval, live, backlog)
 	l.flushIgnoreLogs(now)
+}
+
+// nextReadAt returns when the bound sockets may be read again after a read
+// at now: interval later when the read found live messages and every
+// stream applied all it had, at once otherwise, so that a stream left with
+// a backlog (more than its time slice could apply) is fed as fast as it
+// applies.
+func nextReadAt(now time.Time, interval time.Duration, live, backlog bool) time.Time {
+	if !live || backlog || interval <= 0 {
+		return time.Time{}
+	}
+	return now.Add(interval)
 }
 
 // checkLiveness marks e disconnected when it has not heard from its engine

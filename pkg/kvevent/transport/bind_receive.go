@@ -11,10 +11,10 @@ import (
 )
 
 // readLive reads the messages waiting on rank's bound socket and hands
-// each to its stream.
-func (l *bindLoop) readLive(rank int) {
+// each to its stream, and reports whether there were any.
+func (l *bindLoop) readLive(rank int) (read bool) {
 	sub := l.subs[rank]
-	for range maxReadBurst {
+	for i := range maxReadBurst {
 		frames, n, peer, err := zmqwire.RecvFramesFrom(sub, zmq.DONTWAIT, l.frames, 3)
 		l.frames = frames
 		if err != nil {
@@ -23,7 +23,7 @@ func (l *bindLoop) readLive(rank int) {
 			} else {
 				l.logger.Error(err, "Receiving from a bound KV event socket failed", "endpoint", l.bound[rank])
 			}
-			return
+			return i > 0
 		}
 		var seq uint64
 		ok := n == 3
@@ -36,6 +36,7 @@ func (l *bindLoop) readLive(rank int) {
 		}
 		l.onMessage(rank, string(frames[0]), peer, seq, frames[2])
 	}
+	return true
 }
 
 // onMessage hands one live message to the stream its topic and rank name,

@@ -1,13 +1,17 @@
 package transport
 
 import (
+	"fmt"
 	"runtime"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/go-logr/logr/funcr"
 
+	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/kvevent/internal/kvtest"
+	"github.com/kvgate/kvgate/pkg/kvevent/publisher"
 )
 
 func TestParseBindTopic(t *testing.T) {
@@ -90,6 +94,81 @@ func TestIgnoringAHugeTopicCopiesNoMoreOfItThanTheLogShows(t *testing.T) {
 				t.Errorf("%s: a log line of %d bytes: %.300s...", reason, len(line), line)
 				break
 			}
+		}
+	}
+}
+
+func TestBindReceiverReadsABusyEngineAGroupAtATime(t *testing.T) {
+	const interval = 300 * time.Millisecond
+	port := testsupport.FreePorts(t, 1)[0]
+	recv, err := NewBindReceiver(BindConfig{Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", port), ReadInterval: interval})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(recv.Close)
+	ports := kvtest.NewPorts(t)
+	cfg := testClientConfig(ports)
+	cfg.ReplayEndpoint = fmt.Sprintf("tcp://127.0.0.1:%d", ports.Router)
+	rec := &kvtest.Recorder{}
+	if _, err := recv.Follow(BoundStreamConfig{Config: cfg, EnginePort: 8000, Handler: rec}); err != nil {
+		t.Fatal(err)
+	}
+	pub := kvtest.NewPublisher(t, ports, func(c *publisher.PublisherConfig) {
+		c.Endpoint, c.Topic = fmt.Sprintf("tcp://127.0.0.1:%d", port), BindTopic("127.0.0.1", 8000, cfg.ModelName)
+	})
+	next := 0
+	kvtest.RepeatUntil(t, "the engine heard", func() {
+		kvtest.Publish(t, pub, 1, next, next+1)
+		next++
+	}, func() bool { return rec.Count() > 0 })
+	testsupport.Eventually(t, "what was published so far delivered", func() bool { return rec.Count() == next })
+
+	// Ten batches 20 ms apart, published within the interval (unless the
+	// machine stalls): the receiver reads the first as it comes, the rest
+	// together once the interval has passed.
+	reads := liveReads(t, recv)
+	for range 10 {
+		kvtest.Publish(t, pub, 1, next, next+1)
+		next++
+		time.Sleep(20 * time.Millisecond)
+	}
+	testsupport.Eventually(t, "every batch delivered", func() bool { return rec.Count() == next })
+	got, _ := rec.Snapshot()
+	kvtest.CheckSequence(t, got, 1, 0, next)
+	if n := liveReads(t, recv) - reads; n > 3 {
+		t.Errorf("ten batches 20 ms apart took %d reads, want at most 3 with a read interval of %v", n, interval)
+	}
+}
+
+// liveReads returns how many reads of r's sockets found live messages.
+func liveReads(t *testing.T, r *BindReceiver) int {
+	var n int
+	if err := r.do(func(l *bindLoop) error {
+		n = l.liveReads
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func TestBindReceiverPausesOnlyWhenAllIsApplied(t *testing.T) {
+	now := time.Unix(1_700_000_000, 0)
+	tests := []struct {
+		name     string
+		interval time.Duration
+		live     bool
+		backlog  bool
+		want     time.Time
+	}{
+		{"live messages, all applied", 5 * time.Millisecond, true, false, now.Add(5 * time.Millisecond)},
+		{"a stream left with a backlog", 5 * time.Millisecond, true, true, time.Time{}},
+		{"no live message (replies, timers)", 5 * time.Millisecond, false, false, time.Time{}},
+		{"reading each message as it comes", -1, true, false, time.Time{}},
+	}
+	for _, tt := range tests {
+		if got := nextReadAt(now, tt.interval, tt.live, tt.backlog); !got.Equal(tt.want) {
+			t.Errorf("%s: next read at %v, want %v", tt.name, got, tt.want)
 		}
 	}
 }
