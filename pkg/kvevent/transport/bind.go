@@ -105,7 +105,8 @@ type BindConfig struct {
 	// as it comes (BenchmarkPacedBatchesFleetBound). The first message
 	// after a quiet interval is read at once, none waits longer than the
 	// interval, and the receiver does not pause while a stream has more
-	// than it applied in its time slice.
+	// than it applied in its time slice, or got as many messages as its
+	// ReceiveHWM (ZeroMQ holds the engine's next ones back).
 	ReadInterval time.Duration
 	// Logger receives the receiver's logs; the zero value logs through
 	// klog's global logger.

@@ -51,6 +51,8 @@ type boundEntry struct {
 	attached bool         // its engine has sent
 	alive    bool         // heard from within the liveness timeout
 	polled   *zmq.Socket  // the replay socket the poller holds
+	// received counts the live messages of the current read.
+	received int
 }
 
 // newBindLoop creates the context (unless cfg has one) and binds the
@@ -264,7 +266,10 @@ func (l *bindLoop) poll() {
 	for _, e := range l.streams {
 		if e.attached {
 			e.s.process(now)
-			backlog = backlog || e.s.hasWork()
+			// A stream that got a high-water mark's worth may have more
+			// waiting on its engine's side of the connection.
+			backlog = backlog || e.s.hasWork() || e.received >= l.cfg.ReceiveHWM
+			e.received = 0
 			e.s.runTimers(now)
 			l.checkLiveness(e, now)
 			l.track(e)
@@ -278,10 +283,11 @@ func (l *bindLoop) poll() {
 }
 
 // nextReadAt returns when the bound sockets may be read again after a read
-// at now: interval later when the read found live messages and every
-// stream applied all it had, at once otherwise, so that a stream left with
-// a backlog (more than its time slice could apply) is fed as fast as it
-// applies.
+// at now: interval later when the read found live messages and no stream
+// is left with a backlog, at once otherwise, so that a stream with more
+// than its time slice could apply, or with as many messages as ZeroMQ
+// queues for its engine (BindConfig.ReceiveHWM, beyond which the engine
+// is held back), is fed as fast as it applies.
 func nextReadAt(now time.Time, interval time.Duration, live, backlog bool) time.Time {
 	if !live || backlog || interval <= 0 {
 		return time.Time{}

@@ -67,6 +67,7 @@ func (l *bindLoop) onMessage(rank int, topic, peer string, seq uint64, payload [
 	if !e.attached {
 		l.attach(e, now)
 	}
+	e.received++
 	e.s.liveArrived(now)
 	e.s.pushLive(seq, payload)
 }
