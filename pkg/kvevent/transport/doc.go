@@ -15,9 +15,9 @@
 //     follows every stream registered with Follow from one goroutine, which
 //     owns the bound sockets and every stream's replay DEALERs, and which
 //     reads a busy fleet's batches a group at a time
-//     (BindConfig.ReadInterval). A bound stream counts as connected from its engine's first message until it
-//     has not heard from its engine, live or through replay, for
-//     BindConfig.LivenessTimeout. ClientStats.DisconnectedSince says, for
+//     (BindConfig.ReadInterval). A bound stream counts as connected from
+//     its engine's first message until it has not heard from its engine,
+//     live or through replay, for BindConfig.LivenessTimeout. ClientStats.DisconnectedSince says, for
 //     either kind, since when a stream has been without its engine.
 //
 // Either way one goroutine owns a stream and the sockets it is fed from: a
