@@ -8,10 +8,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"syscall"
 	"text/template"
 	"time"
+
+	"github.com/kvgate/kvgate/internal/freeport"
 )
 
 // proxySpec is a reverse proxy the benchmark compares the gateway with.
@@ -98,7 +99,7 @@ func startProxy(ctx context.Context, spec proxySpec, binary, configDir, workDir 
 	// nginx run by root serves as nobody, which writes its temporary files
 	// here.
 	_ = os.Chmod(dir, 0o777)
-	addr, err := freeAddress()
+	addr, err := freeport.Address("127.0.0.1")
 	if err != nil {
 		return nil, err
 	}
@@ -169,16 +170,6 @@ func (p *runningProxy) stop() {
 		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
 		<-p.done
 	}
-}
-
-// freeAddress returns a loopback address free a moment ago.
-func freeAddress() (string, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer ln.Close()
-	return "127.0.0.1:" + strconv.Itoa(ln.Addr().(*net.TCPAddr).Port), nil
 }
 
 // errNoProxy marks a proxy that is not installed.

@@ -31,6 +31,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"sigs.k8s.io/yaml"
 
+	"github.com/kvgate/kvgate/internal/freeport"
 	"github.com/kvgate/kvgate/pkg/config"
 	"github.com/kvgate/kvgate/pkg/discovery"
 )
@@ -211,7 +212,7 @@ func (f *Fleet) start(ctx context.Context) error {
 		ln.Close()
 	}
 	e, g := f.cfg.Engines, f.cfg.Gateways
-	ports, err := freePorts(3*e + g + 1)
+	ports, err := freeport.Distinct(3*e + g + 1)
 	if err != nil {
 		return err
 	}
@@ -377,26 +378,11 @@ func freeAddress(addr string) (string, error) {
 	if port != "0" {
 		return addr, nil
 	}
-	ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	free, err := freeport.Address(host)
 	if err != nil {
 		return "", fmt.Errorf("find a free admin port: %w", err)
 	}
-	defer ln.Close()
-	return ln.Addr().String(), nil
-}
-
-// freePorts returns n distinct ports free on 127.0.0.1 a moment ago.
-func freePorts(n int) ([]int, error) {
-	ports := make([]int, 0, n)
-	for range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, fmt.Errorf("find a free port: %w", err)
-		}
-		defer ln.Close()
-		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
+	return free, nil
 }
 
 // GatewayURL returns the first gateway's base URL, e.g.
