@@ -22,8 +22,8 @@ const (
 	outcomeExpired = "expired"
 	// outcomeCancelled: its client went away while it waited.
 	outcomeCancelled = "cancelled"
-	// outcomeDropped: its model left the fleet, or the gateway stopped,
-	// while it waited.
+	// outcomeDropped: its model left the fleet (or no pod was left to
+	// route it to), or the gateway stopped, while it waited.
 	outcomeDropped = "dropped"
 )
 
@@ -56,7 +56,8 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "Requests routed with an SLO-aware algorithm, by outcome: admitted (sent to a pod, at once or after waiting), " +
 				"rejected (refused on arrival: queue full, SLO unmeetable, or no capacity for slo-least-load), " +
 				"expired (left the queue when it could no longer meet its SLO or waited the longest allowed), " +
-				"cancelled (the client went away while it waited), dropped (the model left the fleet or the gateway stopped)."},
+				"cancelled (the client went away while it waited), dropped (the model left the fleet, or no pod was left " +
+				"to route it to, or the gateway stopped, while it waited)."},
 			[]string{"model", "outcome"}),
 		queued: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "queued_total",
 			Help: "Requests that waited in their model's queue because no pod could serve them within their SLO on arrival."},

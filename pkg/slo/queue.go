@@ -47,8 +47,9 @@ type Entry struct {
 	// sees the load the previous one added; it must not block.
 	Try func() error
 	// Done, when set, is called once the request left the queue: routed
-	// (nil), or refused or expired (an *Error). It is not called for a
-	// request its caller cancelled (see Cancel).
+	// (nil), refused or expired (an *Error), or with Try's own error when
+	// Try found it could never be routed (no pod is left to route to). It
+	// is not called for a request its caller cancelled (see Cancel).
 	Done func(error)
 	// Waiting, when set, is called by Route once the request waits in the
 	// queue, on Route's goroutine before it waits, with the latest time it
@@ -447,8 +448,14 @@ func (q *QueueRouter) pass(restartable bool) (restart bool) {
 			e.finish(context.Canceled)
 		case closing != "":
 			q.leave(e, closing, 0, n, nil)
-		default:
+		case errors.Is(err, cache.ErrSLOFailureRequest):
 			q.leave(e, ReasonExpired, e.drain, n, err)
+		default:
+			// Nothing to route to any more (the model's last pod left
+			// before Forget closed the queue): Try's own error, as Submit
+			// returns it.
+			q.metrics.left(outcomeDropped, now.Sub(e.enqueued), n)
+			e.finish(err)
 		}
 	}
 	q.mu.Lock()

@@ -412,3 +412,27 @@ func TestQueueGoesBackToTheEarliestRequestWhenCapacityFreesDuringAPass(t *testin
 		t.Fatalf("routed %v with %d waiting; want the earliest request routed and the other waiting", got, q.Len())
 	}
 }
+
+func TestQueueHandsOnTheErrorOfARequestNoPodIsLeftToRoute(t *testing.T) {
+	// The model's last pod left and a pass tried the waiting request before
+	// Forget closed the queue: the request leaves with Try's own error, as
+	// Submit returns it, not as one that could not meet its SLO.
+	c := newClock()
+	f := &fleet{slack: time.Minute}
+	q, reg := newTestQueue(t, c, QueueConfig{})
+	var got error
+	e := entry(f, c, "r", time.Minute, func(err error) { got = err })
+	if queued, _ := q.Submit(e, true); !queued {
+		t.Fatal("not queued")
+	}
+	e.Try = func() error { return routing.ErrNoPods }
+	c.Advance(5 * time.Millisecond)
+	q.Dispatch()
+	var qe *Error
+	if !errors.Is(got, routing.ErrNoPods) || errors.As(got, &qe) || q.Len() != 0 {
+		t.Fatalf("left with %v, %d waiting; want routing.ErrNoPods itself", got, q.Len())
+	}
+	if o := outcomeCounts(t, reg); o[outcomeDropped] != 1 || o[outcomeExpired] != 0 {
+		t.Fatalf("outcomes %v, want one dropped", o)
+	}
+}
