@@ -46,15 +46,6 @@ func (e simEngine) complete(t testing.TB, prompt []uint32, outputTokens int) {
 	}
 }
 
-// randomTokens returns n token ids drawn from rng.
-func randomTokens(rng *rand.Rand, n int) []uint32 {
-	out := make([]uint32, n)
-	for i := range out {
-		out[i] = sim.FirstPieceID + uint32(rng.IntN(int(sim.VocabSize-sim.FirstPieceID)))
-	}
-	return out
-}
-
 // BenchmarkPrefillSpeedOfSimulatedEngines scrapes simulated vLLM engines
 // that compute 10,000 prompt tokens per second, in steps of 10 ms plus 0.2
 // ms per decoding request, under requests arriving at random that keep them
@@ -78,7 +69,7 @@ func BenchmarkPrefillSpeedOfSimulatedEngines(b *testing.B) {
 	rng := rand.New(rand.NewPCG(1, 1))
 	docs := make([][]uint32, 4)
 	for i := range docs {
-		docs[i] = randomTokens(rng, 1024)
+		docs[i] = sim.RandomPieces(rng, 1024)
 	}
 	workloads := []struct {
 		name   string
@@ -86,10 +77,10 @@ func BenchmarkPrefillSpeedOfSimulatedEngines(b *testing.B) {
 		prime  [][]uint32
 		prompt func() []uint32
 	}{
-		{"cold", 6, nil, func() []uint32 { return randomTokens(rng, 300+rng.IntN(400)) }},
+		{"cold", 6, nil, func() []uint32 { return sim.RandomPieces(rng, 300+rng.IntN(400)) }},
 		{"cached-documents", 8, docs, func() []uint32 {
 			d := docs[rng.IntN(len(docs))]
-			return append(append([]uint32(nil), d...), randomTokens(rng, 200+rng.IntN(200))...)
+			return append(append([]uint32(nil), d...), sim.RandomPieces(rng, 200+rng.IntN(200))...)
 		}},
 	}
 	for _, w := range workloads {

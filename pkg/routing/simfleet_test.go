@@ -36,13 +36,9 @@ type simRequest struct {
 // trace generates the workload's requests.
 func (w workload) trace() []simRequest {
 	rng := rand.New(rand.NewPCG(w.seed, 7))
-	token := func() uint32 { return sim.FirstPieceID + uint32(rng.IntN(int(sim.VocabSize-sim.FirstPieceID))) }
 	docs := make([][]uint32, w.docs)
 	for i := range docs {
-		docs[i] = make([]uint32, w.docTokens)
-		for j := range docs[i] {
-			docs[i][j] = token()
-		}
+		docs[i] = sim.RandomPieces(rng, w.docTokens)
 	}
 	// Zipf weights over the documents.
 	cdf := make([]float64, w.docs)
@@ -56,10 +52,7 @@ func (w workload) trace() []simRequest {
 	for i := range w.requests {
 		at += time.Duration(rng.ExpFloat64() / w.ratePerSecond * float64(time.Second))
 		doc, _ := slices.BinarySearch(cdf, rng.Float64()*sum)
-		p := slices.Clone(docs[min(doc, w.docs-1)])
-		for range w.questionToken {
-			p = append(p, token())
-		}
+		p := append(slices.Clone(docs[min(doc, w.docs-1)]), sim.RandomPieces(rng, w.questionToken)...)
 		out = append(out, simRequest{id: fmt.Sprint("req-", i), arrival: at, prompt: p})
 	}
 	return out

@@ -143,13 +143,7 @@ func GenerateConversations(cfg ConversationConfig) (Workload, error) {
 		return Workload{}, err
 	}
 	rng := rand.New(rand.NewPCG(cfg.Seed, 0xc0de))
-	tokens := func(n int) []uint32 {
-		out := make([]uint32, n)
-		for i := range out {
-			out[i] = sim.FirstPieceID + uint32(rng.IntN(int(sim.VocabSize-sim.FirstPieceID)))
-		}
-		return out
-	}
+	tokens := func(n int) []uint32 { return sim.RandomPieces(rng, n) }
 	// logNormal draws a log-normal length of the given mean.
 	logNormal := func(mean int, sigma float64) int {
 		return int(math.Round(float64(mean) * math.Exp(sigma*rng.NormFloat64()-sigma*sigma/2)))

@@ -39,13 +39,7 @@ func smallFleet() Config {
 // own, arriving as a Poisson process of rate requests per second.
 func docsWorkload(requests, docs, docTokens, questionTokens int, rate float64, seed uint64) Workload {
 	rng := rand.New(rand.NewPCG(seed, 1))
-	tokens := func(n int) []uint32 {
-		out := make([]uint32, n)
-		for i := range out {
-			out[i] = sim.FirstPieceID + uint32(rng.IntN(int(sim.VocabSize-sim.FirstPieceID)))
-		}
-		return out
-	}
+	tokens := func(n int) []uint32 { return sim.RandomPieces(rng, n) }
 	texts := make([][]uint32, docs)
 	for i := range texts {
 		texts[i] = tokens(docTokens)

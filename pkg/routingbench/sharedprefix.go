@@ -138,13 +138,7 @@ func GenerateSharedPrefixChats(cfg SharedPrefixConfig) (SharedPrefixChats, error
 		return SharedPrefixChats{}, err
 	}
 	rng := rand.New(rand.NewPCG(cfg.Seed, 0x5eed))
-	tokens := func(n int) []uint32 {
-		out := make([]uint32, n)
-		for i := range out {
-			out[i] = sim.FirstPieceID + uint32(rng.IntN(int(sim.VocabSize-sim.FirstPieceID)))
-		}
-		return out
-	}
+	tokens := func(n int) []uint32 { return sim.RandomPieces(rng, n) }
 	between := func(lo, hi int) int { return lo + rng.IntN(hi-lo+1) }
 	chats := SharedPrefixChats{Systems: make([][]uint32, cfg.Groups), Conversations: make([]Conversation, cfg.Conversations)}
 	for i := range chats.Systems {

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"math/rand/v2"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -18,6 +19,16 @@ const (
 	FirstPieceID uint32 = 256
 	VocabSize    uint32 = 32000
 )
+
+// RandomPieces returns n ordinary piece ids (FirstPieceID to VocabSize-1)
+// drawn uniformly from rng: the token ids of a synthetic prompt.
+func RandomPieces(rng *rand.Rand, n int) []uint32 {
+	out := make([]uint32, n)
+	for i := range out {
+		out[i] = FirstPieceID + uint32(rng.IntN(int(VocabSize-FirstPieceID)))
+	}
+	return out
+}
 
 // specialTokens maps the text of each special token to its id. Special
 // tokens are recognised anywhere in a text, as Hugging Face tokenizers do.
