@@ -106,7 +106,8 @@ type BindConfig struct {
 	// after a quiet interval is read at once, none waits longer than the
 	// interval, and the receiver does not pause while a stream has more
 	// than it applied in its time slice, or got as many messages as its
-	// ReceiveHWM (ZeroMQ holds the engine's next ones back).
+	// ReceiveHWM (ZeroMQ holds the engine's next ones back), or after a
+	// read that stopped at its limit of 1,024 messages.
 	ReadInterval time.Duration
 	// Logger receives the receiver's logs; the zero value logs through
 	// klog's global logger.

@@ -249,10 +249,13 @@ func (l *bindLoop) poll() {
 		}
 		return
 	}
-	live := false
+	// live: the read found live messages; backlog: more wait to be read or
+	// applied at once.
+	live, backlog := false, false
 	for _, p := range ready {
 		if rank := l.subRank(p.Socket); rank >= 0 {
-			live = l.readLive(rank) || live
+			read, more := l.readLive(rank)
+			live, backlog = live || read, backlog || more
 			continue
 		}
 		for _, e := range l.streams {
@@ -262,7 +265,6 @@ func (l *bindLoop) poll() {
 		}
 	}
 	now := time.Now()
-	backlog := false
 	for _, e := range l.streams {
 		if e.attached {
 			e.s.process(now)
@@ -283,11 +285,12 @@ func (l *bindLoop) poll() {
 }
 
 // nextReadAt returns when the bound sockets may be read again after a read
-// at now: interval later when the read found live messages and no stream
-// is left with a backlog, at once otherwise, so that a stream with more
-// than its time slice could apply, or with as many messages as ZeroMQ
-// queues for its engine (BindConfig.ReceiveHWM, beyond which the engine
-// is held back), is fed as fast as it applies.
+// at now: interval later when the read found live messages and left no
+// backlog, at once otherwise, so that a stream with more than its time
+// slice could apply, or with as many messages as ZeroMQ queues for its
+// engine (BindConfig.ReceiveHWM, beyond which the engine is held back),
+// and a socket a read left at maxReadBurst messages, are fed as fast as
+// they are applied.
 func nextReadAt(now time.Time, interval time.Duration, live, backlog bool) time.Time {
 	if !live || backlog || interval <= 0 {
 		return time.Time{}

@@ -11,8 +11,9 @@ import (
 )
 
 // readLive reads the messages waiting on rank's bound socket and hands
-// each to its stream, and reports whether there were any.
-func (l *bindLoop) readLive(rank int) (read bool) {
+// each to its stream, and reports whether there were any, and whether it
+// stopped at maxReadBurst with more perhaps waiting.
+func (l *bindLoop) readLive(rank int) (read, more bool) {
 	sub := l.subs[rank]
 	for i := range maxReadBurst {
 		frames, n, peer, err := zmqwire.RecvFramesFrom(sub, zmq.DONTWAIT, l.frames, 3)
@@ -23,7 +24,7 @@ func (l *bindLoop) readLive(rank int) (read bool) {
 			} else {
 				l.logger.Error(err, "Receiving from a bound KV event socket failed", "endpoint", l.bound[rank])
 			}
-			return i > 0
+			return i > 0, false
 		}
 		var seq uint64
 		ok := n == 3
@@ -36,7 +37,7 @@ func (l *bindLoop) readLive(rank int) (read bool) {
 		}
 		l.onMessage(rank, string(frames[0]), peer, seq, frames[2])
 	}
-	return true
+	return true, true
 }
 
 // onMessage hands one live message to the stream its topic and rank name,
