@@ -26,7 +26,8 @@
 // when its model leaves the fleet; one arriving at a full queue
 // (Config.MaxQueueLength), or that no pod could serve within its SLO even
 // idle, is refused at once. Front ends answer both with 429 and a
-// Retry-After (*Error). A front end waits on a request with its own
+// Retry-After (*Error), except a request whose model left, or that no pod
+// is left to route to (Entry.Try's own error), with 503. A front end waits on a request with its own
 // context (QueueRouter.Route): a client that goes away leaves the queue at
 // once. The queue never routes by itself: each request brings the function
 // that routes it (Entry.Try), which the HTTP proxy, an Envoy external
