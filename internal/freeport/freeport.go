@@ -74,19 +74,16 @@ func random() int {
 func Distinct(n int) ([]int, error) {
 	ports := make([]int, 0, n)
 	taken := make(map[int]bool, n)
-	for range attempts * n {
-		if len(ports) == n {
-			return ports, nil
+	for attempt := 0; len(ports) < n; attempt++ {
+		if attempt == attempts*n {
+			return nil, fmt.Errorf("found %d of %d free ports on 127.0.0.1 in %d attempts", len(ports), n, attempt)
 		}
 		if p := random(); !taken[p] && free(p, 1, []string{"127.0.0.1"}) {
 			taken[p] = true
 			ports = append(ports, p)
 		}
 	}
-	if len(ports) == n {
-		return ports, nil
-	}
-	return nil, fmt.Errorf("found %d of %d free ports on 127.0.0.1 in %d attempts", len(ports), n, attempts*n)
+	return ports, nil
 }
 
 // Consecutive returns n consecutive ports, p to p+n-1, that were all free
