@@ -17,8 +17,9 @@
 //     reads a busy fleet's batches a group at a time
 //     (BindConfig.ReadInterval). A bound stream counts as connected from
 //     its engine's first message until it has not heard from its engine,
-//     live or through replay, for BindConfig.LivenessTimeout. ClientStats.DisconnectedSince says, for
-//     either kind, since when a stream has been without its engine.
+//     live or through replay, for BindConfig.LivenessTimeout.
+//     ClientStats.DisconnectedSince says, for either kind, since when a
+//     stream has been without its engine.
 //
 // Either way one goroutine owns a stream and the sockets it is fed from: a
 // client hands its stream to its goroutine on Start and takes it back on
