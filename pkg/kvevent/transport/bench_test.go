@@ -271,17 +271,30 @@ func (h *pacedCounter) await(b *testing.B, n int) {
 // process's CPU time per batch handled, over all its threads (libzmq's
 // too). Between batches the client waits on its sockets, so each batch
 // pays the wake-ups a batch costs a gateway following engines at their
-// pace.
+// pace: reading each batch as it comes (at-once), or those that come
+// within DefaultReadInterval of a read together (default).
 func BenchmarkPacedBatches(b *testing.B) {
-	benchmarkPacedBatches(b, 1, pacedPeriod)
+	for _, tc := range readIntervals {
+		b.Run(tc.name, func(b *testing.B) { benchmarkPacedBatches(b, 1, pacedPeriod, tc.interval) })
+	}
 }
+
+// readIntervals are the read intervals the paced benchmarks compare:
+// every message read as it comes, and the default.
+var readIntervals = []struct {
+	name     string
+	interval time.Duration
+}{{"at-once", 0}, {"default", DefaultReadInterval}}
 
 // BenchmarkPacedBatchesFleet is BenchmarkPacedBatches for a gateway
 // following a fleet: 16 engines, each in a process of its own publishing
 // a batch every fleetPeriod, followed by 16 clients sharing a ZeroMQ
-// context, as a KVEventManager's clients do.
+// context, as a KVEventManager's clients do. An engine's batches come
+// further apart than the read interval: pacing them must cost nothing.
 func BenchmarkPacedBatchesFleet(b *testing.B) {
-	benchmarkPacedBatches(b, 16, fleetPeriod)
+	for _, tc := range readIntervals {
+		b.Run(tc.name, func(b *testing.B) { benchmarkPacedBatches(b, 16, fleetPeriod, tc.interval) })
+	}
 }
 
 // fleetPeriod is the time between an engine's batches in
@@ -291,7 +304,7 @@ const fleetPeriod = 20 * time.Millisecond
 // BenchmarkPacedBatchesFleetBound is BenchmarkPacedBatchesFleet with the
 // engines dialling into a BindReceiver: one socket and one goroutine
 // receive every engine's batches, reading them as they come (at-once) or
-// at most once per DefaultBindReadInterval (default).
+// at most once per DefaultReadInterval (default).
 func BenchmarkPacedBatchesFleetBound(b *testing.B) {
 	for _, tc := range []struct {
 		name     string
@@ -338,13 +351,13 @@ func benchmarkPacedBatchesFleetBound(b *testing.B, readInterval time.Duration) {
 // benchmarkPacedBatches follows the given number of engines, each a
 // publisher in another process sending a batch every period, and reports
 // this process's CPU time per batch handled.
-func benchmarkPacedBatches(b *testing.B, engines int, period time.Duration) {
+func benchmarkPacedBatches(b *testing.B, engines int, period, readInterval time.Duration) {
 	zctx := newBenchContext(b)
 	h := &pacedCounter{reached: make(chan struct{}, 1), interval: period / time.Duration(engines)}
 	clients := make([]*ZMQClient, engines)
 	for i := range clients {
 		cfg, ports := pacedEngineConfig(b, i)
-		cfg.Context = zctx
+		cfg.Context, cfg.ReadInterval = zctx, readInterval
 		clients[i] = startClient(b, cfg, h)
 		startPacedPublisher(b, fmt.Sprintf("%d,%d,%v", ports.Pub, ports.Router, period))
 	}

@@ -21,11 +21,6 @@ import (
 // receiver: kv@<ip>:<port>@<model>.
 const bindTopicPrefix = "kv@"
 
-// DefaultBindReadInterval is BindConfig.ReadInterval's default: a small
-// share of a busy engine's scheduler step (10-30 ms), which is as often as
-// it publishes.
-const DefaultBindReadInterval = 5 * time.Millisecond
-
 // DefaultLivenessTimeout is how long a bound stream may go without hearing
 // from its engine before it counts as disconnected: twice the longest wait
 // between two quiet-stream probes by default (MaxReconnectInterval), whose
@@ -96,18 +91,19 @@ type BindConfig struct {
 	// receiver's goroutine (DefaultPollTimeout when 0).
 	PollTimeout time.Duration
 	// ReadInterval is the least time between two reads of the bound
-	// sockets while engines keep sending (DefaultBindReadInterval when 0;
-	// negative: every read as soon as a message arrives). After a read
-	// that found messages the receiver waits out the interval, then reads
-	// everything that came meanwhile: a fleet's batches are read a group
-	// at a time, one wake-up of the receiver for many, which costs the
-	// receiver's process about a third less CPU a batch than reading each
-	// as it comes (BenchmarkPacedBatchesFleetBound). The first message
-	// after a quiet interval is read at once, none waits longer than the
-	// interval, and the receiver does not pause while a stream has more
-	// than it applied in its time slice, or got as many messages as its
-	// ReceiveHWM (ZeroMQ holds the engine's next ones back), or after a
-	// read that stopped at its limit of 1,024 messages.
+	// sockets while engines keep sending (DefaultReadInterval when 0;
+	// negative: every read as soon as a message arrives; at most
+	// MaxReadInterval). A message that arrives within the interval after
+	// a read that found messages waits out the rest of it and is read
+	// with everything that came meanwhile: a fleet's batches are read a
+	// group at a time, one wake-up of the receiver for many, which costs
+	// the receiver's process about a third less CPU a batch than reading
+	// each as it comes (BenchmarkPacedBatchesFleetBound). A message that
+	// comes later is read at once, so none waits longer than the interval,
+	// and the receiver does not wait while a stream has more than it
+	// applied in its time slice, or got as many messages as its ReceiveHWM
+	// (ZeroMQ holds the engine's next ones back), or after a read that
+	// stopped at its limit of 1,024 messages.
 	ReadInterval time.Duration
 	// Logger receives the receiver's logs; the zero value logs through
 	// klog's global logger.
@@ -129,6 +125,9 @@ func (c *BindConfig) Validate() error {
 	if c.ReceiveHWM < 0 || c.PollTimeout < 0 || c.MaxMessageBytes < 0 || c.ReceiveBufferBytes < 0 || c.LivenessTimeout < 0 {
 		return fmt.Errorf("bind: ReceiveHWM %d, MaxMessageBytes %d, ReceiveBufferBytes %d, PollTimeout %v and LivenessTimeout %v "+
 			"must not be negative", c.ReceiveHWM, c.MaxMessageBytes, c.ReceiveBufferBytes, c.PollTimeout, c.LivenessTimeout)
+	}
+	if c.ReadInterval > MaxReadInterval {
+		return fmt.Errorf("bind: ReadInterval %v is above %v", c.ReadInterval, MaxReadInterval)
 	}
 	for r := range max(c.Ranks, 1) {
 		if _, err := zmqwire.OffsetEndpointPort(c.Endpoint, r); err != nil {
@@ -249,7 +248,7 @@ func NewBindReceiver(cfg BindConfig) (*BindReceiver, error) {
 	cfg.ReceiveBufferBytes = cmp.Or(cfg.ReceiveBufferBytes, DefaultReceiveBufferBytes)
 	cfg.ReceiveHWM = cmp.Or(cfg.ReceiveHWM, max(1, cfg.ReceiveBufferBytes/cfg.MaxMessageBytes))
 	cfg.LivenessTimeout = cmp.Or(cfg.LivenessTimeout, DefaultLivenessTimeout)
-	cfg.ReadInterval = cmp.Or(cfg.ReadInterval, DefaultBindReadInterval)
+	cfg.ReadInterval = cmp.Or(cfg.ReadInterval, DefaultReadInterval)
 	l, err := newBindLoop(cfg)
 	if err != nil {
 		return nil, err

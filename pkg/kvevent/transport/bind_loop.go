@@ -29,12 +29,8 @@ type bindLoop struct {
 	poller       *zmqwire.Poller
 	dirty        bool // the set of sockets changed: rebuild poller
 	frames       [][]byte
-	// nextRead is when the sockets may next be read, ReadInterval after
-	// the last read that found live messages.
-	nextRead time.Time
-	pause    *time.Timer
-	// liveReads counts the reads that found live messages.
-	liveReads int
+	// pacer spaces the reads of the bound sockets.
+	pacer readPacer
 }
 
 // boundKey identifies a followed stream: its pod and rank.
@@ -59,7 +55,8 @@ type boundEntry struct {
 // sockets of every rank.
 func newBindLoop(cfg BindConfig) (*bindLoop, error) {
 	l := &bindLoop{cfg: cfg, logger: cfg.Logger, ctx: cfg.Context, byIdentity: map[bindIdentity]string{},
-		streams: map[boundKey]*boundEntry{}, ignoreLimits: map[string]*logLimiter{}, dirty: true}
+		streams: map[boundKey]*boundEntry{}, ignoreLimits: map[string]*logLimiter{}, dirty: true,
+		pacer: readPacer{interval: max(cfg.ReadInterval, 0)}}
 	if l.logger.GetSink() == nil {
 		l.logger = klog.Background()
 	}
@@ -198,27 +195,24 @@ func (l *bindLoop) run(r *BindReceiver) {
 	}
 }
 
-// waitToRead waits until the sockets may be read again, running the
-// commands that come meanwhile, and reports false when the receiver
-// stops.
+// waitToRead waits until the pacer lets the sockets be polled again,
+// running the commands that come meanwhile, and reports false when the
+// receiver stops.
 func (l *bindLoop) waitToRead(r *BindReceiver) bool {
 	for {
-		wait := time.Until(l.nextRead)
-		if wait <= 0 {
+		pause := l.pacer.wait()
+		if pause == nil {
 			return true
-		}
-		if l.pause == nil {
-			l.pause = time.NewTimer(wait)
-		} else {
-			l.pause.Reset(wait)
 		}
 		select {
 		case <-r.stop:
+			l.pacer.stop()
 			return false
 		case cmd := <-r.cmds:
-			l.pause.Stop()
+			l.pacer.stop()
 			cmd(l)
-		case <-l.pause.C:
+		case <-pause:
+			l.pacer.resume()
 			return true
 		}
 	}
@@ -241,7 +235,7 @@ func (l *bindLoop) poll() {
 			wait = e.s.timerWait(wait)
 		}
 	}
-	ready, err := l.poller.Poll(wait)
+	ready, err := l.poller.Poll(l.pacer.pollTimeout(wait))
 	if err != nil {
 		if zmq.AsErrno(err) != zmq.Errno(syscall.EINTR) {
 			l.logger.Error(err, "Polling the bound KV event sockets failed")
@@ -249,13 +243,18 @@ func (l *bindLoop) poll() {
 		}
 		return
 	}
-	// live: the read found live messages; backlog: more wait to be read or
-	// applied at once.
-	live, backlog := false, false
+	now := time.Now()
+	// read: a bound socket was read; live: the read found messages;
+	// backlog: more wait to be read or applied at once.
+	read, live, backlog := false, false, false
+	l.pacer.polled(slices.ContainsFunc(ready, func(p zmq.Polled) bool { return l.subRank(p.Socket) >= 0 }))
 	for _, p := range ready {
 		if rank := l.subRank(p.Socket); rank >= 0 {
-			read, more := l.readLive(rank)
-			live, backlog = live || read, backlog || more
+			if !l.pacer.mayRead(now) {
+				continue
+			}
+			found, more := l.readLive(rank)
+			read, live, backlog = true, live || found, backlog || more
 			continue
 		}
 		for _, e := range l.streams {
@@ -264,7 +263,6 @@ func (l *bindLoop) poll() {
 			}
 		}
 	}
-	now := time.Now()
 	for _, e := range l.streams {
 		if e.attached {
 			e.s.process(now)
@@ -277,25 +275,10 @@ func (l *bindLoop) poll() {
 			l.track(e)
 		}
 	}
-	if live {
-		l.liveReads++
+	if read {
+		l.pacer.read(now, live, backlog)
 	}
-	l.nextRead = nextReadAt(now, l.cfg.ReadInterval, live, backlog)
 	l.flushIgnoreLogs(now)
-}
-
-// nextReadAt returns when the bound sockets may be read again after a read
-// at now: interval later when the read found live messages and left no
-// backlog, at once otherwise, so that a stream with more than its time
-// slice could apply, or with as many messages as ZeroMQ queues for its
-// engine (BindConfig.ReceiveHWM, beyond which the engine is held back),
-// and a socket a read left at maxReadBurst messages, are fed as fast as
-// they are applied.
-func nextReadAt(now time.Time, interval time.Duration, live, backlog bool) time.Time {
-	if !live || backlog || interval <= 0 {
-		return time.Time{}
-	}
-	return now.Add(interval)
 }
 
 // checkLiveness marks e disconnected when it has not heard from its engine

@@ -119,63 +119,36 @@ func TestBindReceiverReadsABusyEngineAGroupAtATime(t *testing.T) {
 	pub := kvtest.NewPublisher(t, ports, func(c *publisher.PublisherConfig) {
 		c.Endpoint, c.Topic = fmt.Sprintf("tcp://127.0.0.1:%d", port), BindTopic("127.0.0.1", 8000, cfg.ModelName)
 	})
-	next := 0
-	kvtest.RepeatUntil(t, "the engine heard", func() {
-		kvtest.Publish(t, pub, 1, next, next+1)
-		next++
-	}, func() bool { return rec.Count() > 0 })
-	testsupport.Eventually(t, "what was published so far delivered", func() bool { return rec.Count() == next })
-
-	// Ten batches 20 ms apart: the receiver reads what comes within an
-	// interval of its last read together once the interval has passed,
-	// so it reads them at most once per interval they span and once more.
-	reads := liveReads(t, recv)
-	start := time.Now()
-	for i := range 10 {
-		if i > 0 {
-			time.Sleep(20 * time.Millisecond)
-		}
-		kvtest.Publish(t, pub, 1, next, next+1)
-		next++
-	}
-	span := time.Since(start)
-	testsupport.Eventually(t, "every batch delivered", func() bool { return rec.Count() == next })
-	got, _ := rec.Snapshot()
-	kvtest.CheckSequence(t, got, 1, 0, next)
-	if n, limit := liveReads(t, recv)-reads, 2+int(span/interval); n > limit {
-		t.Errorf("ten batches published over %v took %d reads, want at most %d with a read interval of %v", span, n, limit, interval)
-	}
+	checkReadsAGroupAtATime(t, pub, rec, interval, func(f func(*readPacer)) error {
+		return recv.do(func(l *bindLoop) error {
+			f(&l.pacer)
+			return nil
+		})
+	})
 }
 
-// liveReads returns how many reads of r's sockets found live messages.
-func liveReads(t *testing.T, r *BindReceiver) int {
-	var n int
-	if err := r.do(func(l *bindLoop) error {
-		n = l.liveReads
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
-	return n
-}
-
-func TestBindReceiverPausesOnlyWhenAllIsApplied(t *testing.T) {
-	now := time.Unix(1_700_000_000, 0)
+func TestBindConfigValidate(t *testing.T) {
 	tests := []struct {
-		name     string
-		interval time.Duration
-		live     bool
-		backlog  bool
-		want     time.Time
+		name string
+		cfg  BindConfig
+		want string // substring of the error; "" for a valid config
 	}{
-		{"live messages, all applied", 5 * time.Millisecond, true, false, now.Add(5 * time.Millisecond)},
-		{"a stream left with a backlog", 5 * time.Millisecond, true, true, time.Time{}},
-		{"no live message (replies, timers)", 5 * time.Millisecond, false, false, time.Time{}},
-		{"reading each message as it comes", -1, true, false, time.Time{}},
+		{"defaults", BindConfig{Endpoint: "tcp://*:5557"}, ""},
+		{"each message as it comes", BindConfig{Endpoint: "tcp://*:5557", ReadInterval: -1}, ""},
+		{"read interval at its bound", BindConfig{Endpoint: "tcp://*:5557", ReadInterval: MaxReadInterval}, ""},
+		{"read interval past its bound", BindConfig{Endpoint: "tcp://*:5557", ReadInterval: MaxReadInterval + 1}, "ReadInterval"},
+		{"no endpoint", BindConfig{}, "bind"},
+		{"negative ranks", BindConfig{Endpoint: "tcp://*:5557", Ranks: -1}, "Ranks -1"},
+		{"negative bound", BindConfig{Endpoint: "tcp://*:5557", ReceiveHWM: -1}, "must not be negative"},
+		{"ranks past the last port", BindConfig{Endpoint: "tcp://*:65535", Ranks: 2}, "bind"},
 	}
 	for _, tt := range tests {
-		if got := nextReadAt(now, tt.interval, tt.live, tt.backlog); !got.Equal(tt.want) {
-			t.Errorf("%s: next read at %v, want %v", tt.name, got, tt.want)
+		err := tt.cfg.Validate()
+		switch {
+		case tt.want == "" && err != nil:
+			t.Errorf("%s: unexpected error: %v", tt.name, err)
+		case tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)):
+			t.Errorf("%s: error %v, want one mentioning %q", tt.name, err, tt.want)
 		}
 	}
 }

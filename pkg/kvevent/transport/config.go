@@ -143,8 +143,9 @@ type ZMQClientConfig struct {
 	MaxPendingBytes   int
 	// ReceiveHWM is the SUB socket's receive high-water mark in messages;
 	// 0 means no limit. The stream reads its sockets as soon as they are
-	// readable, so what ZeroMQ queues stays small and the bytes waiting
-	// are bounded by ReceiveBufferBytes instead.
+	// readable, or ReadInterval after its last read, so what ZeroMQ queues
+	// stays small and the bytes waiting are bounded by ReceiveBufferBytes
+	// instead.
 	ReceiveHWM int
 	// MaxMessageBytes bounds one frame of a live message or a replay
 	// reply (ZeroMQ's ZMQ_MAXMSGSIZE): an engine that sends a larger one
@@ -172,6 +173,18 @@ type ZMQClientConfig struct {
 	// disables the bound.
 	MaxResets   int
 	ResetWindow time.Duration
+	// ReadInterval is the least time between two reads of the live
+	// socket while the engine keeps sending, at most MaxReadInterval; 0
+	// reads every message as it comes. A message that arrives within the
+	// interval after a read that found messages waits out the rest of it
+	// and is read with those that came meanwhile: an engine that publishes
+	// every few milliseconds has its batches read a few at a time, one
+	// wake-up of the client for several, which costs this process about
+	// 40% less CPU a batch at a batch every 2 ms (BenchmarkPacedBatches).
+	// A message that comes later is read at once, and the client does not
+	// wait while its stream has more than it applied in its time slice or
+	// after a read that stopped at its limit of 1,024 messages.
+	ReadInterval time.Duration
 
 	// Context is the ZeroMQ context of the client's sockets. When nil the
 	// client creates its own and terminates it on Close. A shared context
@@ -210,6 +223,7 @@ func DefaultZMQClientConfig(podKey, podIP, modelName string) *ZMQClientConfig {
 		MaxPendingBatches:  DefaultMaxPendingBatches,
 		MaxPendingBytes:    DefaultMaxPendingBytes,
 		ReceiveHWM:         DefaultReceiveHWM,
+		ReadInterval:       DefaultReadInterval,
 		MaxMessageBytes:    DefaultMaxMessageBytes,
 		ReceiveBufferBytes: DefaultReceiveBufferBytes,
 		MaxReplayBatches:   DefaultMaxReplayBatches,
@@ -260,6 +274,7 @@ func ValidateConfig(config *ZMQClientConfig) error {
 	check(c.HeartbeatTTL < 0, "HeartbeatTTL %v is negative", c.HeartbeatTTL)
 	check(c.MaxPendingBatches < 1, "MaxPendingBatches %d must be at least 1", c.MaxPendingBatches)
 	check(c.ReceiveHWM < 0, "ReceiveHWM %d is negative", c.ReceiveHWM)
+	check(c.ReadInterval < 0 || c.ReadInterval > MaxReadInterval, "ReadInterval %v is not between 0 and %v", c.ReadInterval, MaxReadInterval)
 	check(c.MaxMessageBytes < 1, "MaxMessageBytes %d must be at least 1", c.MaxMessageBytes)
 	check(c.ReceiveBufferBytes < c.MaxMessageBytes, "ReceiveBufferBytes %d is below MaxMessageBytes %d", c.ReceiveBufferBytes, c.MaxMessageBytes)
 	check(c.MaxPendingBytes < c.MaxMessageBytes, "MaxPendingBytes %d is below MaxMessageBytes %d", c.MaxPendingBytes, c.MaxMessageBytes)

@@ -32,6 +32,9 @@ func TestValidateConfig(t *testing.T) {
 		{"heartbeat timeout below interval", func(c *ZMQClientConfig) { c.HeartbeatTimeout = c.HeartbeatInterval / 2 }, "HeartbeatTimeout"},
 		{"no pending buffer", func(c *ZMQClientConfig) { c.MaxPendingBatches = 0 }, "MaxPendingBatches"},
 		{"negative HWM", func(c *ZMQClientConfig) { c.ReceiveHWM = -1 }, "ReceiveHWM"},
+		{"reading each message as it comes", func(c *ZMQClientConfig) { c.ReadInterval = 0 }, ""},
+		{"negative read interval", func(c *ZMQClientConfig) { c.ReadInterval = -1 }, "ReadInterval"},
+		{"read interval past its bound", func(c *ZMQClientConfig) { c.ReadInterval = MaxReadInterval + 1 }, "ReadInterval"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

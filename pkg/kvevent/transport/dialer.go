@@ -54,10 +54,13 @@ type dialer struct {
 	// wait before redialling after the next flood.
 	floodAt    time.Time
 	floodDelay time.Duration
+	// pacer spaces the reads of the live socket.
+	pacer readPacer
 }
 
 func newDialer(cfg *ZMQClientConfig, pubEndpoint string, s *stream, obs *observer) *dialer {
-	return &dialer{cfg: cfg, pubEndpoint: pubEndpoint, s: s, obs: obs, reopenDelay: cfg.ReconnectDelay}
+	return &dialer{cfg: cfg, pubEndpoint: pubEndpoint, s: s, obs: obs, reopenDelay: cfg.ReconnectDelay,
+		pacer: readPacer{interval: cfg.ReadInterval}}
 }
 
 // runState is one run of a client's goroutine.
@@ -96,6 +99,19 @@ func (d *dialer) run(rs *runState) {
 		default:
 		}
 		if d.sub != nil {
+			if pause := d.pacer.wait(); pause != nil {
+				select {
+				case <-rs.stop:
+					d.pacer.stop()
+					return
+				case cmd := <-rs.cmds:
+					d.pacer.stop()
+					cmd.reply <- cmd.fn(d)
+					continue
+				case <-pause:
+					d.pacer.resume()
+				}
+			}
 			d.poll()
 			continue
 		}
@@ -130,7 +146,7 @@ func (d *dialer) poll() {
 	if !d.downAt.IsZero() {
 		wait = min(wait, max(time.Until(d.downAt.Add(d.redialWait())), 0))
 	}
-	ready, err := d.poller.Poll(wait)
+	ready, err := d.poller.Poll(d.pacer.pollTimeout(wait))
 	if err != nil {
 		if zmq.AsErrno(err) != zmq.Errno(syscall.EINTR) {
 			d.socketFailed(fmt.Errorf("poll: %w", err))
@@ -148,14 +164,18 @@ func (d *dialer) poll() {
 			subReady = true
 		}
 	}
+	d.pacer.polled(subReady)
 	if dealerReady && d.polled == d.s.replaySocket() {
 		d.s.readReplies()
 	}
-	if subReady && d.sub != nil {
-		d.readLive()
-	}
 	now := time.Now()
-	d.s.process(now)
+	if subReady && d.sub != nil && d.pacer.mayRead(now) {
+		live, more := d.readLive()
+		d.s.process(now)
+		d.pacer.read(now, live, more || d.s.hasWork())
+	} else {
+		d.s.process(now)
+	}
 	d.s.runTimers(now)
 	if !d.downAt.IsZero() && now.Sub(d.downAt) > d.redialWait() {
 		d.obs.socketFailed(fmt.Errorf("not redialled %v after the connection was lost", now.Sub(d.downAt).Round(time.Millisecond)),
@@ -318,8 +338,10 @@ func (d *dialer) drainMonitor() {
 	}
 }
 
-// readLive reads the live messages waiting and hands them to the stream.
-func (d *dialer) readLive() {
+// readLive reads the live messages waiting and hands them to the stream,
+// and reports whether there were any, and whether it stopped at
+// maxReadBurst with more perhaps waiting.
+func (d *dialer) readLive() (read, more bool) {
 	dropped := 0
 	for i := range maxReadBurst {
 		frames, n, err := zmqwire.RecvFrames(d.sub, zmq.DONTWAIT, d.frames, 3)
@@ -330,7 +352,7 @@ func (d *dialer) readLive() {
 			} else {
 				d.socketFailed(fmt.Errorf("receive from %s: %w", d.pubEndpoint, err))
 			}
-			return
+			return i > 0, false
 		}
 		if i == 0 {
 			d.s.liveArrived(time.Now())
@@ -346,9 +368,10 @@ func (d *dialer) readLive() {
 		}
 		if dropped += d.s.pushLive(seq, frames[2]); dropped > d.cfg.ReceiveBufferBytes {
 			d.flooded()
-			return
+			return true, false
 		}
 	}
+	return true, true
 }
 
 // flooded disconnects from an engine that sent more than a second receive

@@ -7,7 +7,8 @@
 //
 //   - ZMQClient dials one engine: a SUB socket on its PUB endpoint, a
 //     DEALER on its replay ROUTER and a socket monitor for the connection
-//     state, owned by one goroutine per client.
+//     state, owned by one goroutine per client, which reads a busy
+//     engine's batches a few at a time (ZMQClientConfig.ReadInterval).
 //   - BindReceiver binds one SUB socket per data-parallel rank that engines
 //     dial into, publishing with topic kv@<ip>:<port>@<model> (their own
 //     address, HTTP port and model: the whole identity names a stream, and
