@@ -8,7 +8,9 @@
 // listener on port 0) would go to the next outgoing connection of any
 // process on the machine, and busy machines make such connections all the
 // time; below the ephemeral range a port is taken only by a process that
-// binds it by number.
+// binds it by number. A process is never handed the same port twice, so
+// ports picked one after another for servers that have yet to start do
+// not collide.
 package freeport
 
 import (
@@ -69,17 +71,38 @@ func random() int {
 	return lo + rand.IntN(hi-lo)
 }
 
+// handedOut holds every port this process was handed, at most the whole
+// range.
+var handedOut = struct {
+	sync.Mutex
+	ports map[int]bool
+}{ports: map[int]bool{}}
+
+// claim records ports base to base+n-1 as handed out, unless one of them
+// was already.
+func claim(base, n int) bool {
+	handedOut.Lock()
+	defer handedOut.Unlock()
+	for p := base; p < base+n; p++ {
+		if handedOut.ports[p] {
+			return false
+		}
+	}
+	for p := base; p < base+n; p++ {
+		handedOut.ports[p] = true
+	}
+	return true
+}
+
 // Distinct returns n distinct ports that were free on 127.0.0.1 when it
 // was called.
 func Distinct(n int) ([]int, error) {
 	ports := make([]int, 0, n)
-	taken := make(map[int]bool, n)
 	for attempt := 0; len(ports) < n; attempt++ {
 		if attempt == attempts*n {
 			return nil, fmt.Errorf("found %d of %d free ports on 127.0.0.1 in %d attempts", len(ports), n, attempt)
 		}
-		if p := random(); !taken[p] && free(p, 1, []string{"127.0.0.1"}) {
-			taken[p] = true
+		if p := random(); free(p, 1, []string{"127.0.0.1"}) && claim(p, 1) {
 			ports = append(ports, p)
 		}
 	}
@@ -96,7 +119,7 @@ func Consecutive(n int, hosts ...string) ([]int, error) {
 	}
 	_, hi := pickRange()
 	for range attempts {
-		if base := random(); base+n <= hi && free(base, n, hosts) {
+		if base := random(); base+n <= hi && free(base, n, hosts) && claim(base, n) {
 			ports := make([]int, n)
 			for i := range ports {
 				ports[i] = base + i

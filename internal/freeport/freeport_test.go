@@ -98,3 +98,25 @@ func TestRangeOutsideTheEphemeralRange(t *testing.T) {
 		}
 	}
 }
+
+// Servers are often told their ports one after another and start later:
+// a port picked twice would have the second fail to bind.
+func TestNoPortIsHandedOutTwice(t *testing.T) {
+	seen := map[int]bool{}
+	for range 1000 {
+		ports, err := Consecutive(2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		more, err := Distinct(1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range append(ports, more...) {
+			if seen[p] {
+				t.Fatalf("port %d handed out twice", p)
+			}
+			seen[p] = true
+		}
+	}
+}
