@@ -107,6 +107,15 @@ var (
 		Doc: "Most batches one replay may send, twice vLLM's default buffer_steps; a replay beyond it is cut short and the " +
 			"rest replayed again. Raise it with the engines' buffer_steps.",
 	}
+	KVEventsReadInterval = Var{
+		Name:    "KVGATE_KV_EVENTS_READ_INTERVAL",
+		Default: "5",
+		Section: SectionKVSync,
+		Doc: "Least time between two reads of an engine's live batches (a bind mode socket's, in bind mode) while it keeps " +
+			"sending, in milliseconds or with a unit (\"2ms\"), at most 1s: a batch that comes sooner after a read waits " +
+			"for the rest of the interval and is read with those that came meanwhile, one wake-up of the gateway for " +
+			"many; one that comes later is read at once. 0 reads every batch as it comes.",
+	}
 	KVEventsMaxReplayDuration = Var{
 		Name:    "KVGATE_KV_EVENTS_MAX_REPLAY_DURATION",
 		Default: "60",
@@ -213,6 +222,9 @@ type KVSync struct {
 	PendingBufferBytes int
 	MaxReplayBatches   int
 	MaxReplayDuration  time.Duration
+	// ReadInterval spaces the reads of a busy engine's batches (0: the
+	// transport's default; negative: each as it comes).
+	ReadInterval time.Duration
 	// Index settings (AIBRIX_SYNC_*, KVGATE_SYNC_MAX_PREFIXES).
 	MaxContexts           int
 	MaxPrefixesPerContext int
@@ -220,6 +232,10 @@ type KVSync struct {
 	EvictionInterval      time.Duration
 	EvictionDuration      time.Duration
 }
+
+// maxReadInterval is the longest KVEventsReadInterval: the transport's
+// bound.
+const maxReadInterval = time.Second
 
 // LoadKVSync reads the KV event sync settings from e, recording malformed
 // values and impossible combinations in e: KV sync without the remote
@@ -242,6 +258,7 @@ func LoadKVSync(e *Env) KVSync {
 		PendingBufferBytes:    e.Int(KVEventsPendingBufferBytes, 1),
 		MaxReplayBatches:      e.Int(KVEventsMaxReplayBatches, 1),
 		MaxReplayDuration:     e.Duration(KVEventsMaxReplayDuration, time.Second),
+		ReadInterval:          e.DurationOrZero(KVEventsReadInterval, time.Millisecond),
 		MaxContexts:           e.Int(SyncMaxContexts, 1),
 		MaxPrefixesPerContext: e.Int(SyncMaxPrefixesPerContext, 1),
 		MaxPrefixes:           e.Int(SyncMaxPrefixes, 1),
@@ -270,6 +287,13 @@ func LoadKVSync(e *Env) KVSync {
 			e.Errorf("%s=%d is below %s=%d: the buffer must hold the largest batch", b.v.Name, b.bytes,
 				KVEventsMaxMessageBytes.Name, k.MaxMessageBytes)
 		}
+	}
+	if k.ReadInterval == 0 {
+		k.ReadInterval = -1
+	}
+	if k.ReadInterval > maxReadInterval {
+		e.Errorf("%s=%v: want at most %v, or the index would lag that far behind the engines", KVEventsReadInterval.Name,
+			k.ReadInterval, maxReadInterval)
 	}
 	if k.BindEndpoint != "" && !strings.HasPrefix(k.BindEndpoint, "tcp://") {
 		e.Errorf("%s=%q: want a tcp:// endpoint such as tcp://*:5557", KVEventsBindEndpoint.Name, k.BindEndpoint)

@@ -18,7 +18,7 @@ func TestLoadKVSyncDefaults(t *testing.T) {
 	want := KVSync{Enabled: true, PubPort: 5557, ReplayPort: 5558, BindRanks: 1, BindLivenessTimeout: time.Minute,
 		DeadPodTimeout:  30 * time.Second,
 		MaxMessageBytes: 16 << 20, ReceiveBufferBytes: 64 << 20, PendingBufferBytes: 64 << 20, MaxReplayBatches: 20000,
-		MaxReplayDuration: time.Minute, MaxContexts: 1000,
+		MaxReplayDuration: time.Minute, ReadInterval: 5 * time.Millisecond, MaxContexts: 1000,
 		MaxPrefixesPerContext: 4 << 20, MaxPrefixes: 8 << 20, EvictionInterval: time.Minute, EvictionDuration: 20 * time.Minute}
 	if e.Err() != nil || k != want {
 		t.Fatalf("LoadKVSync = %+v, %v; want %+v", k, e.Err(), want)
@@ -39,10 +39,14 @@ func TestKVEventBoundDefaultsAreTheTransports(t *testing.T) {
 		{KVEventsMaxReplayDuration, strconv.Itoa(int(transport.DefaultMaxReplayDuration / time.Second))},
 		{KVEventsBindLivenessTimeout, strconv.Itoa(int(transport.DefaultLivenessTimeout / time.Second))},
 		{KVEventsDeadPodTimeout, strconv.Itoa(int(manager.DefaultDeadPodTimeout / time.Second))},
+		{KVEventsReadInterval, strconv.Itoa(int(transport.DefaultReadInterval / time.Millisecond))},
 	} {
 		if c.v.Default != c.want {
 			t.Errorf("%s defaults to %s, the transport to %s", c.v.Name, c.v.Default, c.want)
 		}
+	}
+	if maxReadInterval != transport.MaxReadInterval {
+		t.Errorf("%s is bounded by %v, the transport by %v", KVEventsReadInterval.Name, maxReadInterval, transport.MaxReadInterval)
 	}
 }
 
@@ -74,12 +78,14 @@ func TestLoadKVSyncReadsAliasesAndOverrides(t *testing.T) {
 		"KVGATE_KV_EVENTS_MAX_MESSAGE_BYTES": "1048576", "KVGATE_KV_EVENTS_RECEIVE_BUFFER_BYTES": "2097152",
 		"KVGATE_KV_EVENTS_PENDING_BUFFER_BYTES": "4194304", "KVGATE_KV_EVENTS_MAX_REPLAY_BATCHES": "100000",
 		"KVGATE_KV_EVENTS_MAX_REPLAY_DURATION": "2m", "KVGATE_KV_EVENTS_DEAD_POD_TIMEOUT": "45",
+		"KVGATE_KV_EVENTS_READ_INTERVAL": "0",
 	}))
 	k := LoadKVSync(e)
 	if e.Err() != nil || !k.Enabled || k.PubPort != 6000 || k.ReplayPort != 0 || k.Topic != "kv" ||
 		k.BindEndpoint != "tcp://*:7000" || k.BindRanks != 4 || !k.BindAllowAnyPeer || k.BindLivenessTimeout != 90*time.Second ||
 		k.MaxMessageBytes != 1<<20 || k.ReceiveBufferBytes != 2<<20 || k.PendingBufferBytes != 4<<20 ||
-		k.MaxReplayBatches != 100000 || k.MaxReplayDuration != 2*time.Minute || k.DeadPodTimeout != 45*time.Second {
+		k.MaxReplayBatches != 100000 || k.MaxReplayDuration != 2*time.Minute || k.DeadPodTimeout != 45*time.Second ||
+		k.ReadInterval >= 0 {
 		t.Fatalf("LoadKVSync = %+v, %v", k, e.Err())
 	}
 }
@@ -99,6 +105,10 @@ func TestLoadKVSyncRejectsWhatCannotWork(t *testing.T) {
 		{"bad bind endpoint", map[string]string{"KVGATE_KV_EVENTS_BIND_ENDPOINT": "*:5557"}, []string{"KVGATE_KV_EVENTS_BIND_ENDPOINT"}},
 		{"buffers below the largest batch", map[string]string{"KVGATE_KV_EVENTS_MAX_MESSAGE_BYTES": "100000000"},
 			[]string{"KVGATE_KV_EVENTS_RECEIVE_BUFFER_BYTES=67108864 is below", "KVGATE_KV_EVENTS_PENDING_BUFFER_BYTES=67108864 is below"}},
+		{"a read interval past its bound", map[string]string{"KVGATE_KV_EVENTS_READ_INTERVAL": "2s"},
+			[]string{"KVGATE_KV_EVENTS_READ_INTERVAL=2s: want at most 1s"}},
+		{"a negative read interval", map[string]string{"KVGATE_KV_EVENTS_READ_INTERVAL": "-5"},
+			[]string{"KVGATE_KV_EVENTS_READ_INTERVAL"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

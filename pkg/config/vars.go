@@ -505,6 +505,7 @@ var Vars = []Var{
 	KVEventsPendingBufferBytes,
 	KVEventsMaxReplayBatches,
 	KVEventsMaxReplayDuration,
+	KVEventsReadInterval,
 	PodDiscovery,
 	StaticEndpointsFile,
 	PodNamespace,

@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvgate/kvgate/pkg/config"
 	"github.com/kvgate/kvgate/pkg/endpoint"
+	"github.com/kvgate/kvgate/pkg/kvevent/transport"
 	"github.com/kvgate/kvgate/pkg/types"
 )
 
@@ -239,5 +240,35 @@ func TestLoadConfigRefusesADeadPodTimeoutShorterThanTwoScrapes(t *testing.T) {
 		if c.env == nil && cfg.KVSync.DeadPodTimeout != 30*time.Second {
 			t.Errorf("default dead-pod timeout %v, want 30s", cfg.KVSync.DeadPodTimeout)
 		}
+	}
+}
+
+func TestStreamsStartFromTheKVSyncSettings(t *testing.T) {
+	tests := []struct {
+		env  map[string]string
+		want time.Duration
+	}{
+		{nil, transport.DefaultReadInterval},
+		{map[string]string{"KVGATE_KV_EVENTS_READ_INTERVAL": "20ms"}, 20 * time.Millisecond},
+		{map[string]string{"KVGATE_KV_EVENTS_READ_INTERVAL": "0"}, 0},
+	}
+	for _, tt := range tests {
+		e := envOf(tt.env)
+		cfg := LoadConfig(e)
+		if err := e.Err(); err != nil {
+			t.Fatal(err)
+		}
+		c := streamClientConfig(cfg.KVSync)
+		if c.ReadInterval != tt.want {
+			t.Errorf("%v: streams read every %v, want %v", tt.env, c.ReadInterval, tt.want)
+		}
+		c.PodKey, c.PodIP = "default/vllm-0", "10.0.0.1"
+		if err := transport.ValidateConfig(c); err != nil {
+			t.Errorf("%v: %v", tt.env, err)
+		}
+	}
+	// A zero value (a Config built in code) keeps the transport's default.
+	if c := streamClientConfig(config.KVSync{}); c.ReadInterval != transport.DefaultReadInterval {
+		t.Errorf("a zero read interval reads every %v, want the default %v", c.ReadInterval, transport.DefaultReadInterval)
 	}
 }

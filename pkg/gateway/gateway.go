@@ -219,17 +219,11 @@ func (g *Gateway) newKVSync() error {
 	if err != nil {
 		return fmt.Errorf("gateway: prefix index: %w", err)
 	}
-	client := transport.DefaultZMQClientConfig("", "", "")
-	client.MaxMessageBytes = cmp.Or(k.MaxMessageBytes, client.MaxMessageBytes)
-	client.ReceiveBufferBytes = cmp.Or(k.ReceiveBufferBytes, client.ReceiveBufferBytes)
-	client.MaxPendingBytes = cmp.Or(k.PendingBufferBytes, client.MaxPendingBytes)
-	client.MaxReplayBatches = cmp.Or(k.MaxReplayBatches, client.MaxReplayBatches)
-	client.MaxReplayDuration = cmp.Or(k.MaxReplayDuration, client.MaxReplayDuration)
 	mc := manager.ManagerConfig{
 		Index: kvIndex{table: g.index},
 		Streams: manager.StreamDefaults{PubPort: k.PubPort, ReplayPort: k.ReplayPort, Topic: k.Topic,
 			EnginePort: cmp.Or(g.cfg.Cache.DefaultEnginePort, endpoint.DefaultEnginePort)},
-		Client:         client,
+		Client:         streamClientConfig(k),
 		DeadPodTimeout: k.DeadPodTimeout,
 		// The Store is built after the manager, which reads it only
 		// once started.
@@ -239,13 +233,30 @@ func (g *Gateway) newKVSync() error {
 	}
 	if k.BindEndpoint != "" {
 		mc.Bind = &transport.BindConfig{Endpoint: k.BindEndpoint, Ranks: k.BindRanks,
-			AllowAnyPeer: k.BindAllowAnyPeer, LivenessTimeout: k.BindLivenessTimeout}
+			AllowAnyPeer: k.BindAllowAnyPeer, LivenessTimeout: k.BindLivenessTimeout, ReadInterval: k.ReadInterval}
 	}
 	if g.manager, err = manager.NewKVEventManager(mc); err != nil {
 		return fmt.Errorf("gateway: %w", err)
 	}
 	g.follower = g.manager
 	return nil
+}
+
+// streamClientConfig returns the configuration every connect-mode stream
+// starts from: the transport's defaults, with the bounds and the read
+// interval k sets (a zero leaves the default; a negative read interval
+// reads each batch as it comes, as in BindConfig).
+func streamClientConfig(k config.KVSync) *transport.ZMQClientConfig {
+	client := transport.DefaultZMQClientConfig("", "", "")
+	client.MaxMessageBytes = cmp.Or(k.MaxMessageBytes, client.MaxMessageBytes)
+	client.ReceiveBufferBytes = cmp.Or(k.ReceiveBufferBytes, client.ReceiveBufferBytes)
+	client.MaxPendingBytes = cmp.Or(k.PendingBufferBytes, client.MaxPendingBytes)
+	client.MaxReplayBatches = cmp.Or(k.MaxReplayBatches, client.MaxReplayBatches)
+	client.MaxReplayDuration = cmp.Or(k.MaxReplayDuration, client.MaxReplayDuration)
+	if k.ReadInterval != 0 {
+		client.ReadInterval = max(k.ReadInterval, 0)
+	}
+	return client
 }
 
 // newStore builds the Store, the request ledger, the router reading both,
