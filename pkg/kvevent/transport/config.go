@@ -179,8 +179,8 @@ type ZMQClientConfig struct {
 	// interval after a read that found messages waits out the rest of it
 	// and is read with those that came meanwhile: an engine that publishes
 	// every few milliseconds has its batches read a few at a time, one
-	// wake-up of the client for several, which costs this process about
-	// 40% less CPU a batch at a batch every 2 ms (BenchmarkPacedBatches).
+	// wake-up of the client for several, which costs this process about a
+	// third less CPU a batch at a batch every 2 ms (BenchmarkPacedBatches).
 	// A message that comes later is read at once, and the client does not
 	// wait while its stream has more than it applied in its time slice or
 	// after a read that stopped at its limit of 1,024 messages.
