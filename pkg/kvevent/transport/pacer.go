@@ -4,8 +4,8 @@ import "time"
 
 // DefaultReadInterval is ZMQClientConfig.ReadInterval's and
 // BindConfig.ReadInterval's default: a batch waits at most this long
-// before it is read, and an engine publishing every step or faster has its
-// batches read a few at a time.
+// before it is read, and the batches of an engine that publishes more
+// often (scheduler steps shorter than this) are read a few at a time.
 const DefaultReadInterval = 5 * time.Millisecond
 
 // MaxReadInterval bounds ZMQClientConfig.ReadInterval and
