@@ -12,9 +12,13 @@
 // and reports the medians over the rounds: requests per second, latency
 // percentiles, the latency added to going directly, and the CPU time per
 // request of the target's processes and of the engines, read from
-// /proc/<pid>/stat. The load generator is lean (prepared requests, no
-// allocation per request) but shares the machine: compare targets within
-// one report, not across machines.
+// /proc/<pid>/stat. The comparisons with the gateway's goals (and with a
+// baseline build) divide each round's two runs, seconds apart, and report
+// the median of those ratios and each round's: a machine busier in one
+// round than the next moves both runs of the round alike.
+// The load generator is lean (prepared requests, no allocation per
+// request) but shares the machine: compare targets within one report, not
+// across machines.
 //
 // make bench-proxy builds the binaries, installs the proxies and runs it;
 // bench-proxy -help lists the flags.

@@ -256,6 +256,29 @@ func TestTheBaselineComparisonPairsEachRoundsRuns(t *testing.T) {
 	}
 }
 
+func TestTheGoalsPairEachRoundsRuns(t *testing.T) {
+	var r results
+	// Round 2 runs on a busier machine, where both cost twice as much and
+	// serve half as many requests, and round 3's gateway run meets a burst
+	// of other work. Paired, the gateway costs 1.6 times nginx's CPU per
+	// request in two rounds of three; the medians taken apart would say
+	// 32/12 = 2.67.
+	us := func(n int) time.Duration { return time.Duration(n) * time.Microsecond }
+	for i := range 3 {
+		n := []int{1000, 500, 1000}[i]
+		r.add(caseKey{wlCompletions, 16, "nginx"}, sample{requests: n, elapsed: time.Second, targetCPU: us([]int{10, 20, 12}[i] * n)})
+		r.add(caseKey{wlCompletions, 16, gatewayTarget("random")}, sample{requests: n * 4 / 5, elapsed: time.Second,
+			targetCPU: us([]int{16, 32, 40}[i] * n * 4 / 5)})
+	}
+	var out bytes.Buffer
+	printGoals(&out, &r, []workload{{name: wlCompletions, concurrency: []int{16}}}, map[string]bool{"nginx": true})
+	want := "- completions, c=16, random: CPU/request 1.60x nginx's (goal ≤ 1.5x; rounds: 1.600 1.600 3.333), " +
+		"req/s 0.80x nginx's (goal ≥ 1x; rounds: 0.800 0.800 0.800)"
+	if !strings.Contains(out.String(), want) {
+		t.Errorf("printGoals wrote\n%s\nwant the line %q", out.String(), want)
+	}
+}
+
 func TestEveryOtherRoundRunsTheBaselineFirst(t *testing.T) {
 	targets := []string{targetDirect, "gateway random", "baseline random", "gateway kv-aware", "baseline kv-aware"}
 	if got := roundOrder(targets, 1); !slices.Equal(got, targets) {

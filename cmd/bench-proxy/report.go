@@ -159,15 +159,7 @@ func printBaseline(w io.Writer, r *results, wls []workload) {
 				if !ok {
 					continue
 				}
-				g, b := r.samples[caseKey{wl.name, c, t}], r.samples[caseKey{wl.name, c, baselineTarget(alg)}]
-				var cpu, rps []float64
-				for i := range min(len(g), len(b)) {
-					if g[i].requests > 0 && b[i].requests > 0 && b[i].targetCPU > 0 {
-						gn, bn := float64(g[i].requests), float64(b[i].requests)
-						cpu = append(cpu, float64(g[i].targetCPU)/gn/(float64(b[i].targetCPU)/bn))
-						rps = append(rps, gn/g[i].elapsed.Seconds()/(bn/b[i].elapsed.Seconds()))
-					}
-				}
+				cpu, rps := r.paired(caseKey{wl.name, c, t}, caseKey{wl.name, c, baselineTarget(alg)})
 				if len(cpu) == 0 {
 					continue
 				}
@@ -181,6 +173,23 @@ func printBaseline(w io.Writer, r *results, wls []workload) {
 			}
 		}
 	}
+}
+
+// paired returns, for each round that measured both a and b, a's CPU per
+// request over b's and a's requests per second over b's: the two runs of a
+// round are close in time, so the ratios do not move with what the machine
+// does from one round to the next, as a ratio of medians would.
+func (r *results) paired(a, b caseKey) (cpu, rps []float64) {
+	as, bs := r.samples[a], r.samples[b]
+	for i := range min(len(as), len(bs)) {
+		x, y := as[i], bs[i]
+		if x.requests > 0 && y.requests > 0 && y.targetCPU > 0 && y.elapsed > 0 && x.elapsed > 0 {
+			xn, yn := float64(x.requests), float64(y.requests)
+			cpu = append(cpu, float64(x.targetCPU)/xn/(float64(y.targetCPU)/yn))
+			rps = append(rps, xn/x.elapsed.Seconds()/(yn/y.elapsed.Seconds()))
+		}
+	}
+	return cpu, rps
 }
 
 // ratios formats each round's ratio.
@@ -210,39 +219,44 @@ func formatTimings(t map[string]time.Duration) string {
 }
 
 // printGoals compares the gateway with the proxies as the gateway's
-// performance goals read.
+// performance goals read, each ratio the median over the rounds of the
+// round's own (see paired).
 func printGoals(w io.Writer, r *results, wls []workload, hasProxy map[string]bool) {
-	fmt.Fprintln(w, "\n#### The gateway against its goals (ratios of medians)")
+	fmt.Fprintln(w, "\n#### The gateway against its goals (medians of each round's ratio)")
 	fmt.Fprintln(w)
 	for _, wl := range wls {
 		for _, c := range wl.concurrency {
+			key := func(target string) caseKey { return caseKey{wl.name, c, target} }
 			switch wl.name {
 			case wlCompletions:
 				if !hasProxy["nginx"] {
 					continue
 				}
-				n := r.stats(caseKey{wl.name, c, "nginx"})
 				for _, alg := range []string{"random", "least-request"} {
-					g := r.stats(caseKey{wl.name, c, gatewayTarget(alg)})
-					fmt.Fprintf(w, "- %s, c=%d, %s: CPU/request %.2fx nginx's (goal ≤ 1.5x), req/s %.2fx nginx's (goal ≥ 1x)\n",
-						wl.name, c, alg, float64(g.targetCPU)/float64(n.targetCPU), g.rps/n.rps)
+					cpu, rps := r.paired(key(gatewayTarget(alg)), key("nginx"))
+					if len(cpu) > 0 {
+						fmt.Fprintf(w, "- %s, c=%d, %s: CPU/request %.2fx nginx's (goal ≤ 1.5x; rounds: %s), req/s %.2fx nginx's (goal ≥ 1x; rounds: %s)\n",
+							wl.name, c, alg, median(cpu), ratios(cpu), median(rps), ratios(rps))
+					}
 				}
 			case wlStream:
 				if !hasProxy["haproxy"] {
 					continue
 				}
-				h := r.stats(caseKey{wl.name, c, "haproxy"})
-				g := r.stats(caseKey{wl.name, c, gatewayTarget("least-request")})
-				fmt.Fprintf(w, "- %s, c=%d: CPU/request %.2fx haproxy's (goal ≤ 1x)\n", wl.name, c, float64(g.targetCPU)/float64(h.targetCPU))
+				if cpu, _ := r.paired(key(gatewayTarget("least-request")), key("haproxy")); len(cpu) > 0 {
+					fmt.Fprintf(w, "- %s, c=%d: CPU/request %.2fx haproxy's (goal ≤ 1x; rounds: %s)\n", wl.name, c, median(cpu), ratios(cpu))
+				}
 			case wlKVSeen, wlKVNew:
-				lr := r.stats(caseKey{wl.name, c, gatewayTarget("least-request")})
-				kv := r.stats(caseKey{wl.name, c, gatewayTarget("kv-aware")})
+				cpu, rps := r.paired(key(gatewayTarget("kv-aware")), key(gatewayTarget("least-request")))
+				if len(cpu) == 0 {
+					continue
+				}
 				goal := ""
 				if wl.name == wlKVSeen {
-					goal = " (goal ≤ 1.2x)"
+					goal = "goal ≤ 1.2x; "
 				}
-				fmt.Fprintf(w, "- %s, c=%d: kv-aware's CPU/request %.2fx least-request's%s, req/s %.2fx\n",
-					wl.name, c, float64(kv.targetCPU)/float64(lr.targetCPU), goal, kv.rps/lr.rps)
+				fmt.Fprintf(w, "- %s, c=%d: kv-aware's CPU/request %.2fx least-request's (%srounds: %s), req/s %.2fx\n",
+					wl.name, c, median(cpu), goal, ratios(cpu), median(rps))
 			}
 		}
 	}
