@@ -18,6 +18,7 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/redis/go-redis/v9"
 	"k8s.io/klog/v2"
 
 	"github.com/kvgate/kvgate/pkg/config"
@@ -26,11 +27,23 @@ import (
 )
 
 func main() {
+	redis.SetLogger(redisLog{klog.Background().WithName("redis")})
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	code := run(ctx, os.Args[1:], os.LookupEnv, os.Stderr)
 	stop()
 	klog.Flush()
 	os.Exit(code)
+}
+
+// redisLog takes the Redis client's own logs (a dial that failed, a pool
+// that ran out) to klog at verbosity 2: the gateway's components log when
+// Redis starts and stops failing, and count each failure.
+type redisLog struct{ log klog.Logger }
+
+func (r redisLog) Printf(_ context.Context, format string, v ...any) {
+	if l := r.log.V(2); l.Enabled() {
+		l.Info(fmt.Sprintf(format, v...))
+	}
 }
 
 // run runs the gateway until ctx ends and returns the process's exit code:
