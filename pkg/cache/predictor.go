@@ -1,9 +1,11 @@
 package cache
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 )
@@ -190,30 +192,44 @@ func (p *SimpleOutputPredictor) Histogram() []int32 {
 
 // SetRemoteHistogram sets the history of other gateway replicas, the sum
 // of their Histograms, which predictions then draw from with the
-// predictor's own; nil clears it. It fails, changing nothing, when h is
-// not the size of the predictor's histogram or holds a negative count.
+// predictor's own; nil clears it. A row of counts (one input bucket's)
+// whose sum would overflow is halved until it fits, which keeps its
+// shape. It fails, clearing the remote history so that no stale one
+// stays, when h is not the size of the predictor's histogram (see
+// HistogramSize) or holds a negative count.
 func (p *SimpleOutputPredictor) SetRemoteHistogram(h []int32) error {
-	if h == nil {
+	var err error
+	switch {
+	case h == nil:
+	case len(h) != p.inBuckets*p.outBuckets:
+		err = fmt.Errorf("remote output histogram has %d counts, want %d input by %d output buckets", len(h), p.inBuckets, p.outBuckets)
+	case slices.ContainsFunc(h, func(n int32) bool { return n < 0 }):
+		err = errors.New("remote output histogram has a negative count")
+	}
+	if h == nil || err != nil {
 		p.mu.Lock()
 		p.remote, p.remoteSums = nil, nil
 		p.mu.Unlock()
-		return nil
-	}
-	if len(h) != p.inBuckets*p.outBuckets {
-		return fmt.Errorf("remote output histogram has %d counts, want %d input by %d output buckets", len(h), p.inBuckets, p.outBuckets)
-	}
-	sums := make([]int32, p.inBuckets)
-	for i, n := range h {
-		if n < 0 {
-			return fmt.Errorf("remote output histogram has negative count %d", n)
-		}
-		s := int64(sums[i/p.outBuckets]) + int64(n)
-		if s > math.MaxInt32/2 {
-			return fmt.Errorf("remote output histogram counts overflow: %d", s)
-		}
-		sums[i/p.outBuckets] = int32(s)
+		return err
 	}
 	remote := append([]int32(nil), h...)
+	sums := make([]int32, p.inBuckets)
+	for i := range sums {
+		row := remote[i*p.outBuckets : (i+1)*p.outBuckets]
+		for {
+			var s int64
+			for _, n := range row {
+				s += int64(n)
+			}
+			if s <= math.MaxInt32/2 {
+				sums[i] = int32(s)
+				break
+			}
+			for j := range row {
+				row[j] /= 2
+			}
+		}
+	}
 	p.mu.Lock()
 	p.remote, p.remoteSums = remote, sums
 	p.mu.Unlock()

@@ -89,6 +89,12 @@ func (p *OutputPredictors) Observer() inflight.Observer {
 	}}
 }
 
+// HistogramSize is the number of counts of every predictor's histogram
+// (see SimpleOutputPredictor.Histogram): input by output buckets.
+func (p *OutputPredictors) HistogramSize() int {
+	return (log2Bucket(p.cfg.MaxInputTokens) + 1) * (log2Bucket(p.cfg.MaxOutputTokens) + 1)
+}
+
 // Histograms returns, per model, the own history of its predictor (see
 // SimpleOutputPredictor.Histogram), for the other gateway replicas.
 func (p *OutputPredictors) Histograms() map[string][]int32 {

@@ -26,11 +26,20 @@
 // and what it leaves out is counted.
 //   - Replicas: SharedCounts reads the state of at most 63 other replicas
 //     (DefaultSharedMaxReplicas, 64 with itself), the latest to publish,
-//     and only of those whose last publication lies within the TTL of its
-//     own clock, behind or ahead; the others are left out, counted in
-//     kvgate_cache_shared_gateways_skipped_total{reason="limit"} and
-//     {reason="clock_ahead"} at each read. Replicas listed more than
-//     max(10 TTL, 1 min) behind or ahead are pruned from kvgate:gateways.
+//     and only of those whose last publication lies within the TTL of the
+//     Redis server's clock, which times every publication: the replicas'
+//     own clocks may disagree by any amount. The others are left out,
+//     counted in kvgate_cache_shared_gateways_skipped_total{reason="limit"}
+//     and, for entries another writer listed ahead of the server's clock,
+//     {reason="clock_ahead"} at each read. Entries more than max(10 TTL,
+//     1 min) behind or ahead are pruned from kvgate:gateways, and a
+//     kvgate:gateways of another type than a sorted set is replaced (an
+//     error logged).
+//   - Values: a count above 2^24 or a load or prefill value above 1e6 in
+//     another replica's hash is dropped, counted in
+//     kvgate_cache_shared_state_rejects_total{kind="value"}, so that no sum
+//     can overflow; an output history of another shape than this replica's
+//     predictors' is dropped alone ({kind="output_histogram"}).
 //   - Replicas' hashes: one script per hash checks it and reads it at once,
 //     so it cannot grow in between; a hash of more than 16384 fields
 //     (DefaultSharedMaxHashFields), larger by MEMORY USAGE than 8 bytes per

@@ -75,14 +75,16 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "Publications of this replica's prompt blocks in flight that left some out to stay within the bound " +
 				"(KVGATE_SHARED_MAX_BLOCKS): other replicas then credit its pods with shorter prefixes."}),
 		sharedRejects: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "shared_state_rejects_total",
-			Help: "Values other gateway replicas shared through Redis that could not be decoded and were dropped, by kind " +
-				"(blocks, output_histogram)."}, []string{"kind"}),
+			Help: "Values other gateway replicas shared through Redis that could not be decoded and were dropped, by kind: " +
+				"blocks, output_histogram (one replica's history, of another shape than this replica's predictors'), value " +
+				"(a count above 16777216 or a load or prefill value above 1e6)."}, []string{"kind"}),
 		gateways: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "shared_gateways",
 			Help: "Gateway replicas sharing state through Redis, this one included, as of the last read; 0 until the first."}),
 		gatewaysSkipped: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "shared_gateways_skipped_total",
 			Help: "Other gateway replicas whose shared state a read left out, at each read, by reason: limit (beyond the " +
-				"64 replicas a read takes, this one included: the least recently published), clock_ahead (published at a " +
-				"time further ahead of this replica's clock than the shared state's TTL), fields (a hash of more than 16384 " +
+				"64 replicas a read takes, this one included: the least recently published), clock_ahead (listed at a " +
+				"time further ahead of the Redis server's clock than the shared state's TTL, which only another writer of " +
+				"the list could cause), fields (a hash of more than 16384 " +
 				"fields), bytes (a hash larger, by Redis's MEMORY USAGE, than 8 bytes per KVGATE_SHARED_MAX_BLOCKS plus " +
 				"2 MiB: 2.25 MiB by default), not_hash (a key that holds no hash)."}, []string{"reason"}),
 	}

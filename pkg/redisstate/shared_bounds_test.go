@@ -87,9 +87,12 @@ func TestReadLeavesOutReplicasWhoseClockRunsAhead(t *testing.T) {
 	rc := testredis.Start(t).NewClient(t)
 	s := storeWithPods(t, "p")
 	now := time.Now()
-	c, reg := boundedReader(t, rc, s, now, SharedCountsConfig{Interval: 100 * time.Millisecond, TTL: time.Second})
-	fakeReplica(t, rc, "gw-ok", now.Add(900*time.Millisecond), "ns/p", 2)
-	fakeReplica(t, rc, "gw-ahead", now.Add(1100*time.Millisecond), "ns/p", 5)
+	// Listed ahead of the Redis server's clock, which only another writer
+	// of the list could do; the server's clock is read when c reads, at
+	// most a second after now here.
+	c, reg := boundedReader(t, rc, s, now, SharedCountsConfig{Interval: 100 * time.Millisecond, TTL: 2 * time.Second})
+	fakeReplica(t, rc, "gw-ok", now.Add(time.Second), "ns/p", 2)
+	fakeReplica(t, rc, "gw-ahead", now.Add(3*time.Second), "ns/p", 5)
 	fakeReplica(t, rc, "gw-far-ahead", now.Add(time.Hour), "ns/p", 11)
 	must(t, c.read(context.Background()))
 	if got := s.PodLoad(podP).Running(); got != 2 {

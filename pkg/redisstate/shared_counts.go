@@ -7,7 +7,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"math"
 	"os"
 	"slices"
 	"strconv"
@@ -31,13 +30,14 @@ import (
 // SharedCountsInterval it replaces the whole hash in one MULTI/EXEC and
 // renews its expiry to SharedCountsTTL, so the hash always holds a
 // consistent snapshot and disappears soon after its replica dies. Replicas
-// list themselves in the sorted set SharedGatewaysKey (scored by the Unix
-// milliseconds of their last publication) and read each other's hashes:
-// those of at most MaxReplicas-1 others, the latest to publish, whose
-// publications are no older than the TTL and no further ahead of the
-// reader's clock than the TTL. A replica whose clock runs further ahead is
-// left out, and removed from the set with the dead ones once its
-// publication lies more than max(10 TTL, 1 min) from the reader's clock.
+// list themselves in the sorted set SharedGatewaysKey, scored by the Unix
+// milliseconds of their last publication by the Redis server's clock, and
+// read each other's hashes: those of at most MaxReplicas-1 others, the
+// latest to publish, whose publications are no older than the TTL by the
+// server's clock (nor further ahead of it, which only another writer of
+// the set could cause). Every time compared is the server's, so that the
+// replicas' own clocks may disagree by any amount. Entries more than
+// max(10 TTL, 1 min) from the server's clock are removed from the set.
 const (
 	SharedCountsKeyPrefix = "kvgate:running_requests:"
 	SharedGatewaysKey     = "kvgate:gateways"
@@ -62,6 +62,16 @@ const (
 
 // sharedRedisTimeout bounds one publication or read.
 const sharedRedisTimeout = 2 * time.Second
+
+// maxSharedCount and maxSharedWork bound a count (requests on a pod) and a
+// work value (pending load, seconds of prefill) of another replica's hash:
+// far beyond what one replica can hold, and low enough that the sum of
+// every replica's cannot overflow. A larger value is dropped as corrupt,
+// counted in kvgate_cache_shared_state_rejects_total{kind="value"}.
+const (
+	maxSharedCount = 1 << 24
+	maxSharedWork  = 1e6
+)
 
 // PodLoads lists the load records of the registered pods and the models
 // each serves; *cache.Store implements it.
@@ -260,25 +270,71 @@ func (c *SharedCounts) publish(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, sharedRedisTimeout)
 	defer cancel()
 	prune := max(10*c.cfg.TTL, time.Minute)
+	var listed *redis.Cmd
 	_, err := c.client.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		p.Del(ctx, c.key)
 		if len(fields) > 0 {
 			p.HSet(ctx, c.key, fields)
 			p.PExpire(ctx, c.key, c.cfg.TTL)
 		}
-		p.ZAdd(ctx, SharedGatewaysKey, redis.Z{Score: float64(now.UnixMilli()), Member: c.cfg.GatewayID})
-		p.ZRemRangeByScore(ctx, SharedGatewaysKey, "-inf", "("+millis(now.Add(-prune)))
-		p.ZRemRangeByScore(ctx, SharedGatewaysKey, "("+millis(now.Add(prune)), "+inf")
+		// EVAL, not EVALSHA: a script missing from the server's cache
+		// would fail inside the transaction, past retrying.
+		listed = listSelf.Eval(ctx, p, []string{SharedGatewaysKey}, c.cfg.GatewayID, prune.Milliseconds())
 		return nil
 	})
 	if err != nil {
 		return fmt.Errorf("publish %s: %w", c.key, err)
 	}
+	if replaced, _ := listed.Int64(); replaced != 0 {
+		c.log.Error(nil, "Replaced a key that held no sorted set with the list of gateway replicas", "gateway", c.cfg.GatewayID,
+			"key", SharedGatewaysKey)
+	}
 	return nil
 }
 
-// millis returns t in Unix milliseconds, a score of SharedGatewaysKey.
-func millis(t time.Time) string { return strconv.FormatInt(t.UnixMilli(), 10) }
+// serverMillis is a Lua statement setting now to the Redis server's clock
+// in Unix milliseconds. A script that writes after reading the clock must
+// have its effects replicated rather than itself, which Redis 7 always
+// does and earlier versions from 3.2 do when asked.
+const serverMillis = `
+if redis.replicate_commands then redis.replicate_commands() end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local function score(x) return string.format('%.0f', x) end
+`
+
+// listSelf lists the replica ARGV[1] in the sorted set KEYS[1] at the
+// server's clock and removes the entries more than ARGV[2] milliseconds
+// from it. A key of another type, which no replica could use, is replaced;
+// the script then returns 1, else 0.
+var listSelf = redis.NewScript(serverMillis + `
+local replaced = 0
+local kind = redis.call('TYPE', KEYS[1]).ok
+if kind ~= 'zset' and kind ~= 'none' then
+	redis.call('DEL', KEYS[1])
+	replaced = 1
+end
+redis.call('ZADD', KEYS[1], score(now), ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. score(now - ARGV[2]))
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '(' .. score(now + ARGV[2]), '+inf')
+return replaced
+`)
+
+// listLive returns, of the sorted set KEYS[1], the replicas whose last
+// publication lies within ARGV[1] milliseconds of the server's clock, as
+// {live, ahead, self, ids}: how many there are, how many lie further ahead,
+// 1 when replica ARGV[3] is among the live, and the ids of the latest
+// ARGV[2] to publish, the latest first.
+var listLive = redis.NewScript(serverMillis + `
+local lo, hi = score(now - ARGV[1]), score(now + ARGV[1])
+local ids = redis.call('ZREVRANGEBYSCORE', KEYS[1], hi, lo, 'LIMIT', 0, ARGV[2])
+local live = redis.call('ZCOUNT', KEYS[1], lo, hi)
+local ahead = redis.call('ZCOUNT', KEYS[1], '(' .. hi, '+inf')
+local at = redis.call('ZSCORE', KEYS[1], ARGV[3])
+local self = 0
+if at and tonumber(at) >= tonumber(lo) and tonumber(at) <= tonumber(hi) then self = 1 end
+return {live, ahead, self, ids}
+`)
 
 // state returns this replica's state at now, the fields of its hash.
 func (c *SharedCounts) state(now time.Time) map[string]string {
@@ -411,33 +467,49 @@ func hashReply(v any) (hash map[string]string, skip string, err error) {
 }
 
 // listReplicas returns the ids of the other replicas whose hashes a read
-// takes: those whose last publication lies within the TTL of now, the
-// latest first, at most MaxReplicas-1. It counts the live replicas it
-// leaves out, and those whose publications lie further ahead.
+// takes: those whose last publication lies within the TTL of the Redis
+// server's clock, the latest first, at most MaxReplicas-1. It counts the
+// live replicas it leaves out, and those whose publications lie further
+// ahead.
 func (c *SharedCounts) listReplicas(ctx context.Context) ([]string, error) {
-	now := c.cfg.Now()
-	lo, hi := now.Add(-c.cfg.TTL).UnixMilli(), now.Add(c.cfg.TTL).UnixMilli()
-	oldest, newest := strconv.FormatInt(lo, 10), strconv.FormatInt(hi, 10)
-	pipe := c.client.Pipeline()
-	// ZREVRANGEBYSCORE rather than ZRANGE BYSCORE REV, which needs Redis 6.2.
-	latest := pipe.ZRevRangeByScore(ctx, SharedGatewaysKey, &redis.ZRangeBy{Min: oldest, Max: newest,
-		Count: int64(c.cfg.MaxReplicas)})
-	live := pipe.ZCount(ctx, SharedGatewaysKey, oldest, newest)
-	ahead := pipe.ZCount(ctx, SharedGatewaysKey, "("+newest, "+inf")
-	self := pipe.ZScore(ctx, SharedGatewaysKey, c.cfg.GatewayID)
-	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+	reply, err := listLive.Run(ctx, c.client, []string{SharedGatewaysKey}, c.cfg.TTL.Milliseconds(), c.cfg.MaxReplicas,
+		c.cfg.GatewayID).Slice()
+	if err != nil {
 		return nil, fmt.Errorf("list gateways in %s: %w", SharedGatewaysKey, err)
 	}
-	others := live.Val()
-	if at, err := self.Result(); err == nil && at >= float64(lo) && at <= float64(hi) {
-		others--
+	live, ahead, self, ids, err := liveReply(reply)
+	if err != nil {
+		return nil, fmt.Errorf("list gateways in %s: %w", SharedGatewaysKey, err)
 	}
-	ids := slices.DeleteFunc(latest.Val(), func(id string) bool { return id == c.cfg.GatewayID })
+	others := live - self
+	ids = slices.DeleteFunc(ids, func(id string) bool { return id == c.cfg.GatewayID })
 	ids = ids[:min(len(ids), c.cfg.MaxReplicas-1)]
 	c.metrics.gatewaysSkipped.WithLabelValues(skipLimit).Add(float64(max(others-int64(len(ids)), 0)))
-	c.metrics.gatewaysSkipped.WithLabelValues(skipClockAhead).Add(float64(ahead.Val()))
+	c.metrics.gatewaysSkipped.WithLabelValues(skipClockAhead).Add(float64(ahead))
 	c.noteReplicas(int(others) + 1)
 	return ids, nil
+}
+
+// liveReply decodes a reply of listLive.
+func liveReply(reply []any) (live, ahead, self int64, ids []string, err error) {
+	if len(reply) != 4 {
+		return 0, 0, 0, nil, fmt.Errorf("unexpected reply %v", reply)
+	}
+	var ok [4]bool
+	live, ok[0] = reply[0].(int64)
+	ahead, ok[1] = reply[1].(int64)
+	self, ok[2] = reply[2].(int64)
+	list, ok3 := reply[3].([]any)
+	ok[3] = ok3
+	for _, v := range list {
+		id, isString := v.(string)
+		ok[3] = ok[3] && isString
+		ids = append(ids, id)
+	}
+	if ok != [4]bool{true, true, true, true} {
+		return 0, 0, 0, nil, fmt.Errorf("unexpected reply %v", reply)
+	}
+	return live, ahead, self, ids, nil
 }
 
 // adopt sums the states of the other replicas, their hashes, and sets the
@@ -447,7 +519,7 @@ func (c *SharedCounts) listReplicas(ctx context.Context) ([]string, error) {
 // registered later counts from the next read on.
 func (c *SharedCounts) adopt(hashes []map[string]string, now time.Time) {
 	known := c.knownPods()
-	var unknownPods, unknownModels int
+	var unknownPods, unknownModels, outOfRange int
 	sum := remoteCounts{counts: map[string]int64{}, work: map[string]float64{}}
 	for _, h := range hashes {
 		for field, v := range h {
@@ -464,19 +536,28 @@ func (c *SharedCounts) adopt(hashes []map[string]string, now time.Time) {
 			}
 			if strings.HasSuffix(field, fieldPending) || strings.HasSuffix(field, fieldPrefill) {
 				x, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
-				if err == nil && x > 0 && !math.IsInf(x, 0) {
+				switch {
+				case err != nil || !(x > 0):
+				case x > maxSharedWork:
+					outOfRange++
+				default:
 					sum.work[field] += x
 				}
 				continue
 			}
 			n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
-			if err == nil && n > 0 {
+			switch {
+			case err != nil || n <= 0:
+			case n > maxSharedCount:
+				outOfRange++
+			default:
 				sum.counts[field] += n
 			}
 		}
 	}
 	c.metrics.fieldsIgnored.WithLabelValues(ignoreUnknownPod).Add(float64(unknownPods))
 	c.metrics.fieldsIgnored.WithLabelValues(ignoreUnknownModel).Add(float64(unknownModels))
+	c.metrics.sharedRejects.WithLabelValues(rejectValue).Add(float64(outOfRange))
 	c.apply(sum, now)
 }
 

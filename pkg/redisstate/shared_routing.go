@@ -13,11 +13,12 @@ type InFlightBlocks interface {
 	InFlightBlocks(max int) (blocks map[string][]uint64, truncated bool)
 }
 
-// OutputHistograms are the output predictors' histories per model;
-// *cache.OutputPredictors implements it.
+// OutputHistograms are the output predictors' histories per model, each
+// of HistogramSize counts; *cache.OutputPredictors implements it.
 type OutputHistograms interface {
 	Histograms() map[string][]int32
 	SetRemoteHistograms(map[string][]int32) error
+	HistogramSize() int
 }
 
 // DefaultSharedMaxBlocks is SharedCountsConfig.MaxBlocks' default: 32Ki keys
@@ -39,6 +40,7 @@ const (
 const (
 	rejectBlocks    = "blocks"
 	rejectHistogram = "output_histogram"
+	rejectValue     = "value"
 )
 
 // publishRouting adds to fields the prompt blocks in flight and the output
@@ -92,7 +94,10 @@ func (c *SharedCounts) readRouting(field, v string, sum *remoteCounts) bool {
 		return true
 	case strings.HasPrefix(field, fieldOutputPrefix):
 		model := strings.TrimPrefix(field, fieldOutputPrefix)
-		if err := addHistogram(sum, model, v); err != nil {
+		if c.cfg.Predictors == nil {
+			return true
+		}
+		if err := addHistogram(sum, model, v, c.cfg.Predictors.HistogramSize()); err != nil {
 			c.metrics.sharedRejects.WithLabelValues(rejectHistogram).Inc()
 			c.log.V(2).Info("Dropped another gateway's output history", "model", model, "err", err)
 		}
@@ -101,16 +106,18 @@ func (c *SharedCounts) readRouting(field, v string, sum *remoteCounts) bool {
 	return false
 }
 
-// maxHistogramCounts bounds the counts of one output history read: far
-// more than the 21 by 21 buckets of the default predictor.
-const maxHistogramCounts = 64 * 64
+// maxHistogramCount bounds each count of the sum of the other replicas'
+// output histories.
+const maxHistogramCount = 1 << 30
 
-// addHistogram adds the encoded history v of model to sum's.
-func addHistogram(sum *remoteCounts, model, v string) error {
-	if len(v)%4 != 0 || len(v) > 4*maxHistogramCounts {
-		return fmt.Errorf("history of %d bytes is not a whole number of at most %d counts", len(v), maxHistogramCounts)
+// addHistogram adds the encoded history v of model, which must hold size
+// counts, to sum's. A history of another shape (another version's, or a
+// replica configured otherwise) is left out alone: the others still sum.
+func addHistogram(sum *remoteCounts, model, v string, size int) error {
+	if len(v) != 4*size {
+		return fmt.Errorf("history of %d bytes, where this gateway's predictors hold %d counts of 4 bytes", len(v), size)
 	}
-	hist := make([]int32, len(v)/4)
+	hist := make([]int32, size)
 	for i := range hist {
 		n := int32(binary.LittleEndian.Uint32([]byte(v[4*i : 4*i+4])))
 		if n < 0 {
@@ -122,15 +129,12 @@ func addHistogram(sum *remoteCounts, model, v string) error {
 		sum.hists = map[string][]int32{}
 	}
 	old, ok := sum.hists[model]
-	switch {
-	case !ok:
+	if !ok {
 		sum.hists[model] = hist
-	case len(old) != len(hist):
-		return fmt.Errorf("history of %d counts where another gateway's has %d", len(hist), len(old))
-	default:
-		for i, n := range hist {
-			old[i] = min(old[i]+n, 1<<30)
-		}
+		return nil
+	}
+	for i, n := range hist {
+		old[i] = min(old[i]+n, maxHistogramCount)
 	}
 	return nil
 }
