@@ -51,7 +51,12 @@
 //   - BUFFERED (and BUFFERED_PARTIAL) request bodies: the request headers
 //     are answered at once (removing client-set destination headers and
 //     setting routing-strategy); the one body message gets the endpoint
-//     answer, its header mutation applied before Envoy picks the host.
+//     answer, its header mutation applied before Envoy picks the host. A
+//     body that trailers end comes without end_of_stream, once the
+//     trailers arrived, and the trailers follow its answer with
+//     request_trailer_mode SEND. Without the announced mode, such a body
+//     cannot be told from the first piece of a streamed one, and is
+//     answered with 500 naming the setting.
 //   - STREAMED request bodies with send_body_without_waiting_for_header_response,
 //     and FULL_DUPLEX_STREAMED ones: the headers' answer waits until the
 //     body is complete (its last chunk, or the trailers); then the headers
@@ -60,6 +65,19 @@
 //     STREAMED without that flag, and NONE for a request with a body,
 //     cannot work: Envoy picks the host before the body arrives. Such a
 //     request is answered with 500 naming the setting.
+//   - STREAMED request bodies have two limits. Envoy queues the pieces it
+//     streams, waiting for their answers, only up to its buffer limit
+//     (per_connection_buffer_limit_bytes, 1 MiB by default), then stops
+//     reading the request; and it holds the request's trailers while the
+//     headers' answer is pending (and never sends them with
+//     request_trailer_mode SKIP, the default). The headers' answer cannot
+//     come first: it carries the endpoint, and Envoy picks the host as soon
+//     as it applies it. A body beyond Envoy's buffer limit, or a request
+//     with trailers, thus never completes, and Envoy fails it at its
+//     message_timeout as failure_mode_allow says. STREAMED suits bodies
+//     within Envoy's buffer limit and requests without trailers;
+//     FULL_DUPLEX_STREAMED and BUFFERED do not stall on either (Envoy
+//     refuses a BUFFERED body beyond its buffer limit with 413 itself).
 //   - Response headers: the response's status and content type open the
 //     attempt's response, and target-pod, target-pod-name and
 //     routing-strategy are added, as the proxy adds them.
@@ -67,8 +85,15 @@
 //     stream is read event by event (first token, usage chunk); each chunk
 //     is answered with the complete events it ends, so an event split over
 //     chunks leaves with the chunk that completes it. Other bodies pass
-//     unchanged, their usage read at the end.
-//   - Trailers are answered unchanged.
+//     unchanged, their usage read at the end. The one message of the
+//     BUFFERED modes is answered whole; in BUFFERED it ends the response
+//     even without end_of_stream, which then means that trailers end it.
+//   - Trailers are answered unchanged. In FULL_DUPLEX_STREAMED the start
+//     of an event that the last body piece left unfinished is sent before
+//     them; in STREAMED it is lost, every piece having been answered
+//     before the trailers come and a trailers answer carrying no body. An
+//     upstream that ends each event with its blank line, as vLLM does,
+//     leaves none.
 //
 // # Lifecycle
 //
@@ -78,7 +103,13 @@
 // the response ends: with its last body chunk, its trailers, or, when Envoy
 // sends no response body (response_body_mode NONE), the response headers.
 // A stream that ends before the response does (the client went away, or
-// Envoy reset the request) closes the attempt as cancelled. When Envoy
+// Envoy reset the request) closes the attempt as cancelled. So does, in
+// STREAMED response mode, a response whose upstream sends trailers that
+// Envoy does not pass on (response_trailer_mode SKIP, the default): its
+// last piece comes without end_of_stream and the stream then closes, as
+// when the client goes away, and its usage is not read. Set
+// response_trailer_mode SEND for such upstreams (FULL_DUPLEX_STREAMED
+// requires it; vLLM sends no trailers). When Envoy
 // reports that it could not reach the pod, through the
 // response.code_details attribute of the response headers
 // (response_attributes in the filter's configuration), the pod is ejected
@@ -96,7 +127,16 @@
 // maxBodyPieces messages, and of the response only the start of an event
 // that a later piece completes (at most 1 MiB; a longer event is relayed
 // as it comes) and, to read its usage, the first 4 MiB of a body that is
-// no event stream. gRPC messages are bounded by the body limit plus 1 MiB.
+// no event stream. gRPC messages are bounded by the body limit plus 1 MiB:
+// gRPC itself refuses a buffered body beyond that before the Server reads
+// it, failing the stream with RESOURCE_EXHAUSTED, and Envoy then answers
+// its status_on_error (500 by default), or with failure_mode_allow
+// forwards the request unrouted, rather than the 413. Envoy's buffer limit
+// for a request (the listener's per_connection_buffer_limit_bytes, and a
+// route's request body buffer limit where one is set) set to at most the
+// body limit keeps such bodies from the Server: Envoy answers a buffered
+// body beyond it with 413 itself. The streamed modes send bodies in pieces
+// of Envoy's reads, far below the bound.
 //
 // The Server serves at most Config.MaxStreams streams at once
 // (KVGATE_EXTPROC_MAX_STREAMS, 4096 by default) over all connections; a

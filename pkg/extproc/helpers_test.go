@@ -428,12 +428,14 @@ func (e *envoy) start(t testing.TB, mode envoyMode, r request) *exchange {
 		return x
 	case mode.req == filterv3.ProcessingMode_BUFFERED || mode.req == filterv3.ProcessingMode_BUFFERED_PARTIAL:
 		// Envoy waits for the headers' answer, buffers the body, and
-		// sends it in one message.
+		// sends it in one message; when trailers end the body, it sends
+		// the body once they arrive, without end_of_stream, and the
+		// trailers once the body's answer came.
 		if !x.applyRequestHeaders(x.next()) {
 			return x
 		}
 		x.send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{
-			RequestBody: &extprocv3.HttpBody{Body: []byte(r.body), EndOfStream: true}}})
+			RequestBody: &extprocv3.HttpBody{Body: []byte(r.body), EndOfStream: !r.trailers}}})
 		m := x.next()
 		if x.isImmediate(m) {
 			return x
@@ -445,6 +447,9 @@ func (e *envoy) start(t testing.TB, mode envoyMode, r request) *exchange {
 		x.applyMutation(x.headers, c.GetHeaderMutation())
 		x.body = mutated([]byte(r.body), c.GetBodyMutation())
 		x.takeMetadata(m)
+		if r.trailers {
+			x.sendRequestTrailers()
+		}
 		return x
 	case mode.req == filterv3.ProcessingMode_STREAMED && !mode.withoutWaiting:
 		// Envoy waits for the headers' answer before it streams the body.
@@ -494,6 +499,37 @@ func (e *envoy) start(t testing.TB, mode envoyMode, r request) *exchange {
 		}
 	}
 	return x
+}
+
+// sendRequestTrailers sends the request's trailers, as Envoy does with
+// request_trailer_mode SEND, and takes their answer.
+func (x *exchange) sendRequestTrailers() {
+	x.t.Helper()
+	x.send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestTrailers{
+		RequestTrailers: &extprocv3.HttpTrailers{Trailers: &corev3.HeaderMap{}}}})
+	if m := x.next(); m.GetRequestTrailers() == nil {
+		x.t.Fatalf("%s: want the request trailers answered, got %v", x.mode.name, m)
+	}
+}
+
+// sendResponseTrailers sends the response's trailers, as Envoy does with
+// response_trailer_mode SEND, and takes their answer: in
+// FULL_DUPLEX_STREAMED, what kvgate sends of the body before it.
+func (x *exchange) sendResponseTrailers() {
+	x.t.Helper()
+	x.send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseTrailers{
+		ResponseTrailers: &extprocv3.HttpTrailers{Trailers: &corev3.HeaderMap{}}}})
+	for {
+		m := x.next()
+		if m.GetResponseTrailers() != nil {
+			return
+		}
+		sb := m.GetResponseBody().GetResponse().GetBodyMutation().GetStreamedResponse()
+		if sb == nil || x.mode.resp != filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
+			x.t.Fatalf("%s: want the response trailers answered, got %v", x.mode.name, m)
+		}
+		x.respBody = append(x.respBody, sb.GetBody()...)
+	}
 }
 
 // applyRequestHeaders applies the answer to the request headers and

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -344,6 +345,70 @@ func TestTrailersEndAFullDuplexBody(t *testing.T) {
 	x.forward(128)
 	if x.status != http.StatusOK {
 		t.Fatalf("%d %s", x.status, x.respBody)
+	}
+}
+
+func TestTrailersEndABufferedBody(t *testing.T) {
+	f := start(t, 1, options{})
+	r := completionRequest("a buffered body ended by trailers", "")
+	r.trailers = true
+	x := f.envoy.start(t, buffered, r)
+	x.destination()
+	if string(x.body) != r.body {
+		t.Fatalf("body forwarded %q, want %q", x.body, r.body)
+	}
+	x.forward(128)
+	if x.status != http.StatusOK {
+		t.Fatalf("%d %s", x.status, x.respBody)
+	}
+}
+
+// A response whose upstream sends trailers ends without end_of_stream on
+// its last body piece. The BUFFERED response mode sends the whole body in
+// that one piece; the trailers follow with response_trailer_mode SEND, and
+// never come with SKIP.
+func TestAResponseThatTrailersEndIsRelayedWholeAndDone(t *testing.T) {
+	f := start(t, 1, options{})
+	bufferedResponse := envoyMode{name: "buffered response", req: filterv3.ProcessingMode_BUFFERED,
+		resp: filterv3.ProcessingMode_BUFFERED}
+	// The last event lacks the blank line that would end it.
+	sent := "data: {\"choices\":[{\"text\":\"a\"}]}\n\n" +
+		"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":4}}\n\ndata: [DONE]"
+	for _, tc := range []struct {
+		name     string
+		mode     envoyMode
+		trailers bool
+	}{
+		{"full-duplex", duplex, true},
+		{"buffered, trailers sent", bufferedResponse, true},
+		{"buffered, trailers skipped", bufferedResponse, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			done := f.metric(t, "kvgate_extproc_requests_total", map[string]string{"code": "200"})
+			early := f.metric(t, "kvgate_extproc_requests_total", map[string]string{"code": "499"})
+			noUsage := f.metric(t, "kvgate_gateway_responses_without_usage_total", nil)
+			x := f.envoy.start(t, tc.mode, completionRequest("ended by trailers "+tc.name,
+				`,"stream":true,"stream_options":{"include_usage":true}`))
+			x.destination()
+			x.relayHeaders(&http.Response{StatusCode: http.StatusOK, Header: http.Header{"Content-Type": {"text/event-stream"}}}, nil)
+			x.sendResponsePiece([]byte(sent), false)
+			if tc.trailers {
+				x.sendResponseTrailers()
+			}
+			x.close()
+			if string(x.respBody) != sent {
+				t.Errorf("client received %q, upstream sent %q", x.respBody, sent)
+			}
+			if n := f.metric(t, "kvgate_extproc_requests_total", map[string]string{"code": "200"}); n != done+1 {
+				t.Errorf("requests done %v, want %v", n, done+1)
+			}
+			if n := f.metric(t, "kvgate_extproc_requests_total", map[string]string{"code": "499"}); n != early {
+				t.Errorf("the complete response counted as ended early")
+			}
+			if n := f.metric(t, "kvgate_gateway_responses_without_usage_total", nil); n != noUsage {
+				t.Errorf("the attempt closed without the usage the engine reported")
+			}
+		})
 	}
 }
 

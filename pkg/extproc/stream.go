@@ -214,11 +214,16 @@ func (st *stream) requestBody(b *extprocv3.HttpBody) error {
 	st.held += len(b.GetBody())
 	st.body = append(st.body, b.GetBody()...)
 	if !st.waitBody {
-		// BUFFERED and BUFFERED_PARTIAL send the body in one message, the
-		// latter cut at Envoy's buffer limit without end_of_stream.
-		if !b.GetEndOfStream() && st.reqMode != filterv3.ProcessingMode_BUFFERED_PARTIAL {
-			return st.misconfigured("the request body comes in pieces after its headers were answered: Envoy streams it " +
-				"without announcing its mode (Envoy before 1.34); use request_body_mode BUFFERED")
+		// BUFFERED and BUFFERED_PARTIAL send the body in one message: the
+		// whole body, without end_of_stream when trailers follow it (Envoy
+		// sends a buffered body once the trailers arrive), or, in
+		// BUFFERED_PARTIAL, the body cut at Envoy's buffer limit. Without
+		// the announced mode, a piece without end_of_stream may as well be
+		// the first of a streamed body.
+		if !b.GetEndOfStream() && !st.configured {
+			return st.misconfigured("the request body comes without end_of_stream after its headers were answered, and " +
+				"Envoy (before 1.34) does not say whether it streams it or trailers end it: use request_body_mode BUFFERED " +
+				"and Envoy 1.34 or later for requests with trailers")
 		}
 		return st.decideAndAnswer(atBody)
 	}
@@ -441,12 +446,21 @@ func (st *stream) upstreamFailed(details string) bool {
 }
 
 // responseBody relays a piece of the response body.
+//
+// BUFFERED and BUFFERED_PARTIAL send one body message, the last kvgate
+// sees: it is relayed whole, event held back or not. Without end_of_stream
+// it is, in BUFFERED, a body that trailers end (Envoy sends a buffered body
+// once the trailers arrive, and sends the trailers only with
+// response_trailer_mode SEND): the response ends with it. In
+// BUFFERED_PARTIAL it may be a body cut at Envoy's buffer limit, whose
+// rest passes unseen.
 func (st *stream) responseBody(b *extprocv3.HttpBody) error {
 	piece := b.GetBody()
-	end := b.GetEndOfStream()
+	end := b.GetEndOfStream() || st.respMode == filterv3.ProcessingMode_BUFFERED
+	last := end || st.respMode == filterv3.ProcessingMode_BUFFERED_PARTIAL
 	out := piece
 	if st.resp != nil && !st.respEnded {
-		out = st.resp.Body(st.out[:0], piece, end)
+		out = st.resp.Body(st.out[:0], piece, last)
 		if st.resp.EventStream() {
 			st.out = out[:0]
 			st.countOversized()
@@ -475,14 +489,25 @@ func (st *stream) responseBody(b *extprocv3.HttpBody) error {
 }
 
 // responseTrailers answers the response's trailers, which end it.
+//
+// In FULL_DUPLEX_STREAMED, the start of an event held back from the last
+// piece is sent before the trailers. In STREAMED every piece was answered
+// before Envoy sent the trailers, and a trailers answer carries no body:
+// held bytes, the start of an event the upstream never ended with a blank
+// line, are lost. The BUFFERED modes hold none back (see responseBody).
 func (st *stream) responseTrailers() error {
 	if st.resp != nil && !st.respEnded {
-		if st.respMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
-			// What an unfinished event held back goes before the trailers.
-			if rest := st.resp.Body(st.out[:0], nil, true); len(rest) > 0 {
-				if err := st.sendStreamed(rest, false, true); err != nil {
-					return err
-				}
+		rest := st.resp.Body(st.out[:0], nil, true)
+		switch {
+		case len(rest) == 0:
+		case st.respMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED:
+			if err := st.sendStreamed(rest, false, true); err != nil {
+				return err
+			}
+		default:
+			if l := st.log.V(2); l.Enabled() {
+				l.Info("Trailers ended the response within an event: its start, held back, is lost", "requestID",
+					st.pick.RequestID(), "model", st.pick.Model(), "bytes", len(rest))
 			}
 		}
 		st.endResponse()
