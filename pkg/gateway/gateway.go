@@ -164,7 +164,7 @@ func New(cfg Config) (*Gateway, error) {
 			return nil, fmt.Errorf("gateway: %w", err)
 		}
 	}
-	g.pods = newPodPool(cfg.DialTimeout, cfg.MaxIdleConnsPerPod, DefaultPodConnIdleTTL)
+	g.pods = newPodPool(cfg.DialTimeout, cfg.MaxIdleConnsPerPod, DefaultPodConnIdleTTL, g.log)
 	if g.source, g.restConfig, err = newPodSource(cfg); err != nil {
 		g.release()
 		return nil, fmt.Errorf("gateway: %w", err)

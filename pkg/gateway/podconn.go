@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"time"
 
+	"k8s.io/klog/v2"
+
 	"github.com/kvgate/kvgate/pkg/internal/rawsock"
 )
 
@@ -34,6 +36,7 @@ type podPool struct {
 	dialer  net.Dialer
 	maxIdle int
 	idleTTL time.Duration
+	log     klog.Logger
 
 	mu     sync.Mutex
 	idle   map[string][]*podConn // by address, the most recently used last
@@ -59,11 +62,12 @@ const maxResponseHeaderBytes = 256 << 10
 // pod's response.
 const maxInformationalResponses = 8
 
-func newPodPool(connectTimeout time.Duration, maxIdle int, idleTTL time.Duration) *podPool {
+func newPodPool(connectTimeout time.Duration, maxIdle int, idleTTL time.Duration, log klog.Logger) *podPool {
 	return &podPool{
 		dialer:  net.Dialer{Timeout: connectTimeout, KeepAlive: 30 * time.Second},
 		maxIdle: maxIdle,
 		idleTTL: idleTTL,
+		log:     log,
 		idle:    map[string][]*podConn{},
 	}
 }
@@ -176,9 +180,20 @@ func (c *podConn) open() bool {
 }
 
 // release returns the connection to its pool, or closes it when the pool
-// has enough idle connections to the pod or is closed.
+// has enough idle connections to the pod or is closed, or when the pod sent
+// bytes beyond the response just read: no request asked for them, and the
+// next request on the connection would read them as its response (a
+// connection idle for long enough is checked for them in open, one just
+// used is not). net/http's Transport drops such a connection too.
 func (c *podConn) release() {
 	p := c.pool
+	if n := c.br.Buffered(); n > 0 {
+		if l := p.log.V(2); l.Enabled() {
+			l.Info("Closing a connection to a pod that sent more than its response", "pod", c.addr, "bytes", n)
+		}
+		c.close()
+		return
+	}
 	c.reused = true
 	c.idleSince = time.Now()
 	p.mu.Lock()
@@ -352,7 +367,7 @@ func (c *podConn) readHead(res *podResponse) error {
 		return fmt.Errorf("%w: status line %q", errBadResponse, clip(line))
 	}
 	res.status = status
-	length, chunked, te := int64(-1), false, false
+	length, chunked := int64(-1), false
 	for {
 		line, err := c.br.ReadSlice('\n')
 		if err != nil {
@@ -373,6 +388,9 @@ func (c *podConn) readHead(res *podResponse) error {
 			return fmt.Errorf("%w: header line %q", errBadResponse, clip(line))
 		}
 		value = bytes.Trim(value, " \t")
+		if !validHeaderValue(value) {
+			return fmt.Errorf("%w: a control byte in header line %q", errBadResponse, clip(line))
+		}
 		f := headerField{start: len(res.headerBytes), colon: len(res.headerBytes) + len(name)}
 		res.headerBytes = append(append(append(res.headerBytes, name...), ": "...), value...)
 		f.end = len(res.headerBytes)
@@ -385,8 +403,13 @@ func (c *podConn) readHead(res *podResponse) error {
 			}
 			length = n
 		case bytes.EqualFold(name, []byte("Transfer-Encoding")):
-			te = true
-			chunked = bytes.EqualFold(lastToken(value), []byte("chunked"))
+			// As under net/http, one field saying chunked alone: the
+			// gateway drops the field, so another coding would reach the
+			// client as if the body were not coded.
+			if chunked || !bytes.EqualFold(value, []byte("chunked")) {
+				return fmt.Errorf("%w: unsupported Transfer-Encoding %q", errBadResponse, clip(value))
+			}
+			chunked = true
 		case bytes.EqualFold(name, []byte("Connection")):
 			for tok := range bytes.SplitSeq(value, []byte(",")) {
 				switch tok = bytes.TrimSpace(tok); {
@@ -400,14 +423,18 @@ func (c *podConn) readHead(res *podResponse) error {
 			res.contentType = string(value)
 		}
 	}
+	if http10 && chunked {
+		// HTTP/1.0 has no Transfer-Encoding: its framing is not to be
+		// trusted, and the connection closes after it (RFC 9112, 6.1).
+		res.keepAlive = false
+	}
 	res.body = podBody{}
 	switch {
-	case te && !chunked:
-		return fmt.Errorf("%w: a Transfer-Encoding that does not end in chunked", errBadResponse)
+	case status == 204 || status == 304 || status < 200:
+		// No body, whatever the framing headers say (RFC 9112, 6.3).
+		res.body.mode = bodyLength
 	case chunked:
 		res.body.mode = bodyChunked
-	case status == 204 || status == 304 || status < 200:
-		res.body.mode = bodyLength
 	case length >= 0:
 		res.body.mode, res.body.remaining = bodyLength, length
 	default:
@@ -417,14 +444,6 @@ func (c *podConn) readHead(res *podResponse) error {
 	return nil
 }
 
-// lastToken returns the last comma-separated token of a header value.
-func lastToken(v []byte) []byte {
-	if i := bytes.LastIndexByte(v, ','); i >= 0 {
-		v = v[i+1:]
-	}
-	return bytes.TrimSpace(v)
-}
-
 // validHeaderName reports whether name is an HTTP token.
 func validHeaderName(name []byte) bool {
 	if len(name) == 0 {
@@ -432,6 +451,18 @@ func validHeaderName(name []byte) bool {
 	}
 	for _, c := range name {
 		if c <= ' ' || c >= 0x7f || bytes.IndexByte([]byte(`"(),/:;<=>?@[\]{}`), c) >= 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// validHeaderValue reports whether a header value holds no control byte
+// but HTAB, as RFC 9110 (5.5) has it and net/http checks: a NUL or a bare
+// CR relayed to a client could be read there as the end of the field.
+func validHeaderValue(v []byte) bool {
+	for _, c := range v {
+		if (c < ' ' && c != '\t') || c == 0x7f {
 			return false
 		}
 	}

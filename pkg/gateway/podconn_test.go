@@ -14,6 +14,8 @@ import (
 	"testing/iotest"
 	"time"
 
+	"k8s.io/klog/v2"
+
 	"github.com/kvgate/kvgate/internal/testsupport"
 )
 
@@ -107,6 +109,86 @@ func TestPodResponseRefusesBrokenHeads(t *testing.T) {
 	}
 }
 
+// TestPodResponsesWithoutABodyIgnoreTheirFraming: a 204 or a 304 has no
+// body whatever its headers say (RFC 9112, 6.3), as net/http reads it; the
+// bytes after its head are not its body.
+func TestPodResponsesWithoutABodyIgnoreTheirFraming(t *testing.T) {
+	for _, head := range []string{
+		"HTTP/1.1 204 No Content\r\nTransfer-Encoding: chunked\r\n\r\n",
+		"HTTP/1.1 304 Not Modified\r\nTransfer-Encoding: chunked\r\n\r\n",
+		"HTTP/1.1 204 No Content\r\nContent-Length: 3\r\n\r\n",
+	} {
+		status, _, body, err := readAll(head+"3\r\nabc\r\n0\r\n\r\n", func(r io.Reader) io.Reader { return r })
+		if status < 204 || body != "" || err != nil {
+			t.Errorf("%q: %d with body %q, %v; want no body", head, status, body, err)
+		}
+	}
+}
+
+// TestPodResponseRefusesControlBytesInHeaderValues: a header value holding
+// a control byte other than HTAB is refused, as net/http refuses it, rather
+// than relayed to the client; HTAB and bytes beyond ASCII pass.
+func TestPodResponseRefusesControlBytesInHeaderValues(t *testing.T) {
+	for _, v := range []string{"a\x00b", "a\rb", "a\x01b", "a\x1fb", "a\x7fb"} {
+		c := pipeConn(strings.NewReader("HTTP/1.1 200 OK\r\nX-A: " + v + "\r\nContent-Length: 0\r\n\r\n"))
+		var res podResponse
+		if err := c.readHead(&res); !errors.Is(err, errBadResponse) {
+			t.Errorf("value %q: %v, want errBadResponse", v, err)
+		}
+	}
+	_, header, _, err := readAll("HTTP/1.1 200 OK\r\nX-A: a\tb\xc3\xa9\r\nContent-Length: 0\r\n\r\n",
+		func(r io.Reader) io.Reader { return r })
+	if err != nil || len(header) != 2 || header[0] != "X-A: a\tb\xc3\xa9" {
+		t.Errorf("a value with HTAB and UTF-8: %q, %v", header, err)
+	}
+}
+
+// TestPodResponseRefusesTransferCodingsOtherThanChunked: the gateway drops
+// Transfer-Encoding, so a coding besides chunked would reach the client
+// undone; like net/http it takes one field saying chunked, in any case,
+// and refuses any other.
+func TestPodResponseRefusesTransferCodingsOtherThanChunked(t *testing.T) {
+	for _, te := range []string{"gzip, chunked", "chunked, chunked", "identity", "chunked\r\nTransfer-Encoding: chunked"} {
+		c := pipeConn(strings.NewReader("HTTP/1.1 200 OK\r\nTransfer-Encoding: " + te + "\r\n\r\n0\r\n\r\n"))
+		var res podResponse
+		if err := c.readHead(&res); !errors.Is(err, errBadResponse) {
+			t.Errorf("Transfer-Encoding %q: %v, want errBadResponse", te, err)
+		}
+	}
+	for _, te := range []string{"chunked", "Chunked"} {
+		_, _, body, err := readAll("HTTP/1.1 200 OK\r\nTransfer-Encoding: "+te+"\r\n\r\n2\r\nok\r\n0\r\n\r\n",
+			func(r io.Reader) io.Reader { return r })
+		if body != "ok" || err != nil {
+			t.Errorf("Transfer-Encoding %q: body %q, %v; want \"ok\"", te, body, err)
+		}
+	}
+}
+
+// TestAnHTTP10ResponseWithTransferEncodingClosesItsConnection: HTTP/1.0
+// has no Transfer-Encoding, so a response that carries one has framing not
+// to be trusted, and its connection closes after it even when it asks to
+// be kept alive (RFC 9112, 6.1).
+func TestAnHTTP10ResponseWithTransferEncodingClosesItsConnection(t *testing.T) {
+	for _, raw := range []string{
+		"HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n",
+		"HTTP/1.0 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 2\r\nConnection: keep-alive\r\n\r\nok",
+	} {
+		c := pipeConn(strings.NewReader(raw))
+		var res podResponse
+		if err := c.readHead(&res); err != nil {
+			t.Fatalf("%q: %v", raw, err)
+		}
+		if res.keepAlive {
+			t.Errorf("%q: the connection is kept alive", raw)
+		}
+	}
+	c := pipeConn(strings.NewReader("HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 2\r\n\r\nok"))
+	var res podResponse
+	if err := c.readHead(&res); err != nil || !res.keepAlive {
+		t.Errorf("HTTP/1.0 with Content-Length and keep-alive: kept alive %v, %v; want kept", res.keepAlive, err)
+	}
+}
+
 // nopConn is a net.Conn whose deadlines are ignored.
 type nopConn struct{ net.Conn }
 
@@ -192,7 +274,7 @@ func TestPodPoolReusesConnectionsAndDropsThoseThePodClosed(t *testing.T) {
 	srv.Start()
 	defer srv.Close()
 	addr := strings.TrimPrefix(srv.URL, "http://")
-	p := newPodPool(time.Second, 4, time.Minute)
+	p := newPodPool(time.Second, 4, time.Minute, klog.Logger{})
 	defer p.close()
 	roundTrip := func() *podConn { return podRoundTrip(t, p, addr, time.Minute) }
 	first := roundTrip()
@@ -224,6 +306,53 @@ func TestPodPoolReusesConnectionsAndDropsThoseThePodClosed(t *testing.T) {
 	}
 }
 
+// TestPodPoolClosesAConnectionWithBytesBeyondItsResponse: an engine that
+// sends more than its response leaves bytes no request asked for; the
+// connection is closed rather than pooled, so that the next request, sent
+// at once (too soon to be checked), does not read them as its response.
+func TestPodPoolClosesAConnectionWithBytesBeyondItsResponse(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	// Every answer, "ok", comes with a second response in the same write.
+	go func() {
+		for {
+			nc, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer nc.Close()
+				br := bufio.NewReader(nc)
+				for {
+					req, err := http.ReadRequest(br)
+					if err != nil {
+						return
+					}
+					_, _ = io.Copy(io.Discard, req.Body)
+					_, _ = io.WriteString(nc, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"+
+						"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nforged")
+				}
+			}()
+		}
+	}()
+	addr := ln.Addr().String()
+	p := newPodPool(time.Second, 4, time.Minute, klog.Logger{})
+	defer p.close()
+	first := podRoundTrip(t, p, addr, time.Minute)
+	if second := podRoundTrip(t, p, addr, time.Minute); second == first {
+		t.Error("the connection with bytes beyond its response was reused")
+	}
+	p.mu.Lock()
+	idle := len(p.idle[addr])
+	p.mu.Unlock()
+	if idle != 0 {
+		t.Errorf("%d connections with bytes beyond their response pooled", idle)
+	}
+}
+
 // A connection's deadline for its last response passes while it idles in
 // the pool: the peek still finds it open, and the next request on it is
 // answered. The engine takes 10 ms to answer, so that the read waits for
@@ -235,7 +364,7 @@ func TestPodPoolReusesAConnectionWhoseLastDeadlinePassed(t *testing.T) {
 	}))
 	defer srv.Close()
 	addr := strings.TrimPrefix(srv.URL, "http://")
-	p := newPodPool(time.Second, 4, time.Minute)
+	p := newPodPool(time.Second, 4, time.Minute, klog.Logger{})
 	defer p.close()
 	// Long enough for a round trip on a loaded machine.
 	const firstByte = time.Second
@@ -252,6 +381,7 @@ func FuzzPodResponseReadsWhatNetHTTPReads(f *testing.F) {
 	f.Add("HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello")
 	f.Add("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n")
 	f.Add("HTTP/1.1 404 Not Found\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\nno")
+	f.Add("HTTP/1.1 204 No Content\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n")
 	f.Fuzz(func(t *testing.T, raw string) {
 		status, _, body, err := readAll(raw, func(r io.Reader) io.Reader { return r })
 		resp, herr := http.ReadResponse(bufio.NewReader(strings.NewReader(raw)), &http.Request{Method: http.MethodPost})
