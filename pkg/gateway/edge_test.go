@@ -375,6 +375,42 @@ func TestAClientThatLeavesIsNoUpstreamFailure(t *testing.T) {
 	}
 }
 
+// TestAPodsNoContentIsRelayedAsASuccess: a pod's 204 has an empty body,
+// whose relay is no write error: the client gets the 204, and the request
+// counts as answered, not as a client gone (499).
+func TestAPodsNoContentIsRelayedAsASuccess(t *testing.T) {
+	f := startFleet(t, []string{"a"}, fleetOptions{})
+	seen := watchOutcomes(f.gw)
+	f.engine("a").setAnswer(func(w http.ResponseWriter, _ *http.Request, _ []byte) {
+		w.WriteHeader(http.StatusNoContent)
+	})
+	// A connection of its own, read by leanhttp.
+	c, br := dialGateway(t, f)
+	body := completion("hi", "")
+	if _, err := io.WriteString(c, "POST /v1/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"+
+		"Content-Length: "+strconv.Itoa(len(body))+"\r\n\r\n"+body); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNoContent || resp.Header.Get(HeaderTargetPodName) != "static/a" {
+		t.Fatalf("got %d from %q, want 204 from static/a", resp.StatusCode, resp.Header.Get(HeaderTargetPodName))
+	}
+	if got := seen.wait(t, 1); got[0] != "done " {
+		t.Fatalf("the attempt ended %q, want done", got[0])
+	}
+	testsupport.EventuallyWhy(t, "the request to count as 204", func() (string, bool) {
+		n := f.metric(`kvgate_gateway_requests_total{algorithm="kv-aware",code="204",model="llama"}`)
+		return fmt.Sprint(n), n == 1
+	})
+	if n := f.metric(`kvgate_gateway_requests_total{algorithm="kv-aware",code="499",model="llama"}`); n != 0 {
+		t.Errorf("%v requests counted as 499", n)
+	}
+}
+
 // TestDebugMatchIsBounded: a prompt beyond the bound is refused at once,
 // and requests beyond those served at once are answered 429.
 func TestDebugMatchIsBounded(t *testing.T) {

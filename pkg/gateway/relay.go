@@ -428,6 +428,13 @@ func (g *Gateway) respond(w http.ResponseWriter, r *http.Request, pc *podConn, r
 	return g.relayWhole(w, r, res, rc, x, c, h, pod.Address)
 }
 
+// gatewayHeaderKeys are the canonical names of the response headers the
+// gateway sets (setHeader) under keys of its own spelling: a pod's fields
+// of those names, in any case, are not copied, so that the client gets
+// the gateway's values alone.
+var gatewayHeaderKeys = []string{http.CanonicalHeaderKey(HeaderTargetPod), http.CanonicalHeaderKey(HeaderTargetPodName),
+	routingStrategyKey}
+
 // setHeader sets the response's headers: the pod's end-to-end headers,
 // then the gateway's. Their values are held by vs, which the exchange
 // keeps: the response's head must be written (WriteHeader, which fixes

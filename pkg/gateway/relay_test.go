@@ -306,6 +306,23 @@ func TestTheEndToEndHeadersOfAPodsResponseAreCopied(t *testing.T) {
 	}
 }
 
+// TestThePodsCopiesOfTheGatewaysHeadersAreDropped: a pod's Target-Pod,
+// Target-Pod-Name or Routing-Strategy, in any case, is not copied beside
+// the gateway's own: the client gets the gateway's values alone.
+func TestThePodsCopiesOfTheGatewaysHeadersAreDropped(t *testing.T) {
+	var vs headerValues
+	res := podResponseWith("Target-Pod: 6.6.6.6:80", "target-pod-name: evil/pod", "ROUTING-STRATEGY: forged",
+		"Content-Type: application/json")
+	hd := http.Header{}
+	d := routing.Decision{PodKey: "static/a", Algorithm: "kv-aware"}
+	setHeader(hd, res, &d, "10.0.0.1:8000", &vs)
+	want := http.Header{HeaderTargetPod: {"10.0.0.1:8000"}, HeaderTargetPodName: {"static/a"},
+		routing.HeaderRoutingStrategy: {"kv-aware"}, "Content-Type": {"application/json"}}
+	if !reflect.DeepEqual(hd, want) {
+		t.Errorf("response headers %v, want %v", hd, want)
+	}
+}
+
 func TestHeaderValuesReuseTheStringsOfValuesSeen(t *testing.T) {
 	var vs headerValues
 	common := []byte("application/json")

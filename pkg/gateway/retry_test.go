@@ -152,6 +152,19 @@ func TestForwardedRequestsKeepEndToEndHeadersAndCarryARequestID(t *testing.T) {
 	}
 }
 
+// TestAHopByHopRequestIDIsReplacedByTheGatewaysOwn: a client's X-Request-Id
+// that its Connection header names is hop-by-hop, not forwarded; the engine
+// gets the gateway's id in its place, never none.
+func TestAHopByHopRequestIDIsReplacedByTheGatewaysOwn(t *testing.T) {
+	f := startFleet(t, []string{"a"}, fleetOptions{})
+	post(t, f.url+"/v1/completions", completion("hi", ""), map[string]string{"X-Request-Id": "client-42",
+		"Connection": "X-Request-Id"})
+	got := f.engine("a").received()
+	if ids := got[0].header.Values("X-Request-Id"); len(ids) != 1 || !strings.HasPrefix(ids[0], "kvgate-") {
+		t.Errorf("the engine got X-Request-Id %q, want the gateway's kvgate-...", ids)
+	}
+}
+
 func TestRequestIsRetriedOnEachPodUntilOneAnswers(t *testing.T) {
 	f := startFleet(t, []string{"dead1", "dead2", "live"}, fleetOptions{configure: requestsOnlyEject})
 	tokens := f.holdPrompt("dead1")

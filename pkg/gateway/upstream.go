@@ -57,6 +57,11 @@ func appendRequestHead(dst []byte, r *http.Request, addr string, n int, id strin
 	named := connectionNamed(buf[:], r.Header["Connection"])
 	hasID := false
 	for k, vs := range r.Header {
+		// A hop-by-hop X-Request-Id is not the client's to forward: the
+		// engine gets id instead.
+		if slices.Contains(hopHeaders, k) || slices.Contains(named, k) {
+			continue
+		}
 		switch k {
 		case "Accept-Encoding", "Content-Length", "Host", "Expect":
 			continue
@@ -65,9 +70,6 @@ func appendRequestHead(dst []byte, r *http.Request, addr string, n int, id strin
 				continue
 			}
 			hasID = true
-		}
-		if slices.Contains(hopHeaders, k) || slices.Contains(named, k) {
-			continue
 		}
 		for _, v := range vs {
 			dst = append(dst, k...)
@@ -88,8 +90,9 @@ func appendRequestHead(dst []byte, r *http.Request, addr string, n int, id strin
 }
 
 // copyResponseHeader sets in dst the end-to-end headers of the pod's
-// response res, all but Content-Length, which the gateway sets itself,
-// their values from vs.
+// response res, all but Content-Length and the gateway's own response
+// headers (gatewayHeaderKeys), which the gateway sets itself, their values
+// from vs.
 func copyResponseHeader(dst http.Header, res *podResponse, vs *headerValues) {
 	var buf [4]string
 	var connection []string
@@ -101,7 +104,8 @@ func copyResponseHeader(dst http.Header, res *podResponse, vs *headerValues) {
 	named := connectionNamed(buf[:], connection)
 	for _, f := range res.fields {
 		k := canonicalName(res.name(f))
-		if k == "Content-Length" || slices.Contains(hopHeaders, k) || slices.Contains(named, k) {
+		if k == "Content-Length" || slices.Contains(hopHeaders, k) || slices.Contains(named, k) ||
+			slices.Contains(gatewayHeaderKeys, k) {
 			continue
 		}
 		if have, ok := dst[k]; ok {

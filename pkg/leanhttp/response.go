@@ -154,6 +154,10 @@ func (w *response) Write(p []byte) (int, error) {
 	switch {
 	case w.err != nil:
 		return 0, w.err
+	case len(p) == 0:
+		// As under net/http, writing nothing succeeds whatever the
+		// status: a proxy relays a 204's empty body with no error.
+		return 0, nil
 	case w.noBody:
 		return 0, http.ErrBodyNotAllowed
 	case w.clen >= 0 && w.written+int64(len(p)) > w.clen:

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -152,6 +153,33 @@ func TestResponseFraming(t *testing.T) {
 			t.Errorf("read the body %q whole, want it cut short", body)
 		}
 	})
+}
+
+// TestWritingNothingAfterNoContentSucceeds checks that after a 204 or a
+// 304, a Write of no bytes succeeds, as under net/http (a proxy relays the
+// empty body of such a response), while one of some bytes still fails with
+// http.ErrBodyNotAllowed.
+func TestWritingNothingAfterNoContentSucceeds(t *testing.T) {
+	type writeErrs struct{ empty, some error }
+	errs := make(chan writeErrs, 1)
+	ts := startLean(t, newHTTP(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set(servedByField, servedBy(w))
+		status, _ := strconv.Atoi(r.Header.Get("X-Status"))
+		w.WriteHeader(status)
+		var e writeErrs
+		_, e.empty = w.Write(nil)
+		_, e.some = w.Write([]byte("body"))
+		errs <- e
+	})))
+	c := dialRaw(t, ts.addr)
+	for _, status := range []int{http.StatusNoContent, http.StatusNotModified} {
+		c.send(hotRequest("", "X-Status: "+strconv.Itoa(status)))
+		c.expect("POST", status, "lean", "")
+		if e := receive(t, errs, "write errors"); e.empty != nil || !errors.Is(e.some, http.ErrBodyNotAllowed) {
+			t.Errorf("after %d: writing nothing: %v, want nil; writing a body: %v, want http.ErrBodyNotAllowed",
+				status, e.empty, e.some)
+		}
+	}
 }
 
 // TestTrailers checks, with net/http's client, that the fields a response

@@ -342,8 +342,14 @@ func (c *conn) serve() {
 		if _, err := c.br.Peek(1); err != nil {
 			return
 		}
-		if c.lastPost && c.skipLineBreaks() {
-			continue
+		if c.lastPost {
+			emptied, ok := c.skipLineBreaks()
+			if !ok {
+				return
+			}
+			if emptied {
+				continue
+			}
 		}
 		c.idle.Store(false)
 		c.fresh.Store(false)
@@ -364,16 +370,22 @@ func (c *conn) serve() {
 
 // skipLineBreaks drops the line breaks some old clients send after a POST
 // body, as net/http does (RFC 9112, 2.2), and reports whether that emptied
-// the buffer.
-func (c *conn) skipLineBreaks() bool {
+// the buffer. Like net/http it waits for 4 bytes, so that line breaks
+// arriving apart from the next request are dropped all the same: every
+// request is longer. ok is false when the connection ended or timed out
+// before them, as net/http then serves nothing more.
+func (c *conn) skipLineBreaks() (emptied, ok bool) {
 	c.lastPost = false
-	b, _ := c.br.Peek(min(4, c.br.Buffered()))
+	b, err := c.br.Peek(4)
+	if err != nil {
+		return false, false
+	}
 	n := 0
 	for n < len(b) && (b[n] == '\r' || b[n] == '\n') {
 		n++
 	}
 	_, _ = c.br.Discard(n)
-	return n > 0 && c.br.Buffered() == 0
+	return n > 0 && c.br.Buffered() == 0, true
 }
 
 func peeked(br *bufio.Reader, n int) []byte {

@@ -336,6 +336,21 @@ func TestLineBreakAfterPost(t *testing.T) {
 	c.expect("POST", 200, "lean", "four")
 }
 
+// TestLineBreaksAfterPostArrivingApart checks that the line breaks after a
+// POST body are skipped, up to four as net/http skips them, when they
+// arrive apart from each other and from the next request: that request is
+// still served on the lean path, not handed to net/http as a malformed one.
+func TestLineBreaksAfterPostArrivingApart(t *testing.T) {
+	ts := startLean(t, newHTTP(echoMux()))
+	c := dialRaw(t, ts.addr)
+	c.send(hotRequest("one"))
+	c.expect("POST", 200, "lean", "one")
+	c.send("\r\n")
+	time.Sleep(50 * time.Millisecond) // for the server to read the line break alone
+	c.send("\r\n" + hotRequest("two"))
+	c.expect("POST", 200, "lean", "two")
+}
+
 // TestHeadsSentByteByByte checks that a head arriving a byte at a time,
 // its end split across reads, is read on the lean path, and that one with a
 // bare LF arriving the same way still goes to net/http.
