@@ -31,8 +31,9 @@ type Config struct {
 	// MaxQueueLength bounds the requests one model's queue holds
 	// (KVGATE_SLO_QUEUE_MAX_LENGTH, default 1024).
 	MaxQueueLength int
-	// MaxWait bounds how long a request waits in a queue
-	// (KVGATE_SLO_QUEUE_MAX_WAIT, default 60 s).
+	// MaxWait bounds how long a request waits in a queue, and the
+	// Retry-After the queue answers (KVGATE_SLO_QUEUE_MAX_WAIT, default
+	// 60 s).
 	MaxWait time.Duration
 	// Capacity, when set, is what frees capacity holds for writing until
 	// it has called Trigger (the gateway's request ledger, through

@@ -26,14 +26,25 @@
 // when its model leaves the fleet; one arriving at a full queue
 // (Config.MaxQueueLength), or that no pod could serve within its SLO even
 // idle, is refused at once. Front ends answer both with 429 and a
-// Retry-After (*Error), except a request whose model left, or that no pod
-// is left to route to (Entry.Try's own error), with 503. A front end waits on a request with its own
-// context (QueueRouter.Route): a client that goes away leaves the queue at
-// once. The queue never routes by itself: each request brings the function
-// that routes it (Entry.Try), which the HTTP proxy, an Envoy external
-// processor and the routing benchmark's simulation each write their own
-// way, one decision at a time per model so that each sees the load the
-// previous one added.
+// Retry-After (*Error: whole seconds, at most Config.MaxWait), except a
+// request whose model left, or that no pod is left to route to
+// (Entry.Try's own error), with 503. A front end waits on a request with
+// its own context (QueueRouter.Route): a client that goes away leaves the
+// queue at once. The queue never routes by itself: each request brings
+// the function that routes it (Entry.Try), which the HTTP proxy, an Envoy
+// external processor and the routing benchmark's simulation each write
+// their own way, one decision at a time per model so that each sees the
+// load the previous one added.
+//
+// A request of slo-least-load, which never waits (Route without hold), is
+// tried at once even while requests of its model wait: it cannot queue
+// behind them, and refusing it while a pod can serve it within its SLO
+// would turn away work the fleet has room for (AIBrix's slo-least-load
+// pushes the same way). It may so take capacity that freed for an
+// earlier-deadline waiting request, before the pass the freeing triggered
+// gives it to that request. The pulling algorithms keep deadline order
+// among themselves: a request arriving while others wait queues behind
+// those due earlier.
 //
 // A pass tries the waiting requests in deadline order; after
 // maxWaitsPerPass requests in a row that no pod can take, it stops trying

@@ -69,7 +69,8 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	return m, nil
 }
 
-// forget deletes model's series.
+// forget deletes model's series. A queue that resolved them before (see
+// forModel) keeps counting on series no longer exported.
 func (m *Metrics) forget(model string) {
 	if m == nil {
 		return

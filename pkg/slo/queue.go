@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -106,7 +107,8 @@ const (
 type Error struct {
 	Model  string
 	Reason string
-	// RetryAfter estimates when a pod could take a request again.
+	// RetryAfter estimates when a pod could take a request again, in
+	// whole seconds, from one second to the queue's MaxWait.
 	RetryAfter time.Duration
 	// Waited is how long the request was queued.
 	Waited time.Duration
@@ -141,7 +143,8 @@ func (e *Error) Unwrap() error { return e.Err }
 type QueueConfig struct {
 	// MaxLength bounds the requests waiting (default 1024).
 	MaxLength int
-	// MaxWait bounds how long a request waits (default 60 s).
+	// MaxWait bounds how long a request waits (default 60 s), and the
+	// Retry-After of the requests the queue refuses or lets go.
 	MaxWait time.Duration
 	// Now is the queue's clock (default time.Now); a simulation passes its
 	// virtual clock.
@@ -156,7 +159,10 @@ type QueueConfig struct {
 // earliest deadline first, and is routed by a later pass as soon as a pod
 // can (Dispatch: on a first token, a completion, a scrape, an arrival), or
 // leaves it when it can no longer meet its SLO, after MaxWait, or when its
-// caller gives up. Its methods are safe for concurrent use.
+// caller gives up. A request that does not wait (Route without hold:
+// slo-least-load) is tried at once even while others wait, and may take
+// capacity freed for them before their pass (see the package doc). Its
+// methods are safe for concurrent use.
 type QueueRouter struct {
 	model   string
 	cfg     QueueConfig
@@ -231,11 +237,12 @@ func (q *QueueRouter) Route(ctx context.Context, e *Entry, hold bool) error {
 }
 
 // Submit tries e at once when no request of the model waits (or without
-// hold), else queues it and wakes the queue's loop. It reports whether e
-// was queued: its outcome is then told by e.Done (and Route's wait). When
-// it was not queued, the error is nil when e was routed, an *Error when it
-// was refused, and Try's own error when that is neither (no pod to route
-// to, an unknown algorithm).
+// hold); when e has to wait, it queues it and wakes the queue's loop for a
+// pass. It reports whether e was queued: its outcome is then told by
+// e.Done (and Route's wait). When it was not queued, the error is nil when
+// e was routed, an *Error when it was refused (with Close's reason when
+// the queue was closed, even while e was tried), and Try's own error when
+// that is neither (no pod to route to, an unknown algorithm).
 func (q *QueueRouter) Submit(e *Entry, hold bool) (queued bool, err error) {
 	q.routeMu.Lock()
 	defer q.routeMu.Unlock()
@@ -263,6 +270,13 @@ func (q *QueueRouter) Submit(e *Entry, hold bool) (queued bool, err error) {
 		}
 	}
 	q.mu.Lock()
+	// Close may have run while e was tried: nothing would pass over, expire
+	// or close the queue again, and e would wait for its caller to give up.
+	if q.closed != "" {
+		closed := q.closed
+		q.mu.Unlock()
+		return false, q.refuse(e, closed, 0, nil)
+	}
 	if len(q.entries) >= q.cfg.MaxLength {
 		retry := q.retryAfterLocked(now)
 		q.mu.Unlock()
@@ -273,9 +287,10 @@ func (q *QueueRouter) Submit(e *Entry, hold bool) (queued bool, err error) {
 	q.entries = slices.Insert(q.entries, i, e)
 	q.metrics.queued(len(q.entries))
 	q.mu.Unlock()
-	if waiting > 0 {
-		q.Trigger()
-	}
+	// A pass, even when e is the only request waiting: capacity freed
+	// since e was tried woke no loop (Routers.Trigger passes over empty
+	// queues), and the loop must arm its timer for e's expiry.
+	q.Trigger()
 	return true, nil
 }
 
@@ -546,7 +561,7 @@ func (q *QueueRouter) refuse(e *Entry, reason string, retry time.Duration, cause
 		q.busy = q.cfg.Now()
 		q.mu.Unlock()
 	}
-	err := &Error{Model: q.model, Reason: reason, RetryAfter: retryAfter(retry), Err: cause}
+	err := &Error{Model: q.model, Reason: reason, RetryAfter: q.retryAfter(retry), Err: cause}
 	e.err = err
 	return err
 }
@@ -559,7 +574,7 @@ func (q *QueueRouter) leave(e *Entry, reason string, retry time.Duration, left i
 		outcome = outcomeDropped
 	}
 	q.metrics.left(outcome, waited, left)
-	e.finish(&Error{Model: q.model, Reason: reason, RetryAfter: retryAfter(retry), Waited: waited, Err: cause})
+	e.finish(&Error{Model: q.model, Reason: reason, RetryAfter: q.retryAfter(retry), Waited: waited, Err: cause})
 }
 
 // finish records e's outcome and tells it.
@@ -585,9 +600,21 @@ func (q *QueueRouter) retryAfterLocked(now time.Time) time.Duration {
 	return d
 }
 
-// retryAfter rounds an estimate up to whole seconds, at least one.
-func retryAfter(d time.Duration) time.Duration {
-	return max(1, (d+time.Second-1)/time.Second) * time.Second
+// retryAfter turns an estimate of when a pod frees up (a Drain, which is
+// time.Duration(math.MaxInt64) when routing found no pod to estimate from)
+// into a Retry-After: rounded up to whole seconds, at least one second and
+// at most the queue's MaxWait (rounded up), so that a client is never told
+// to stay away longer than the queue would have held its request.
+func (q *QueueRouter) retryAfter(d time.Duration) time.Duration {
+	d = min(d, q.cfg.MaxWait)
+	if d <= time.Second {
+		return time.Second
+	}
+	r := d.Truncate(time.Second)
+	if r < d && r <= math.MaxInt64-time.Second {
+		r += time.Second
+	}
+	return r
 }
 
 // Status describes a queue for the debug API.

@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
+	"math/rand/v2"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -434,5 +437,289 @@ func TestQueueHandsOnTheErrorOfARequestNoPodIsLeftToRoute(t *testing.T) {
 	}
 	if o := outcomeCounts(t, reg); o[outcomeDropped] != 1 || o[outcomeExpired] != 0 {
 		t.Fatalf("outcomes %v, want one dropped", o)
+	}
+}
+
+// runningTestRouters returns Routers on the real clock with their loops
+// running until the test ends, the queue of model "m", and the Capacity
+// lock its passes hold for reading.
+func runningTestRouters(t *testing.T, cfg Config) (*Routers, *QueueRouter, *sync.RWMutex) {
+	t.Helper()
+	m, err := NewMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	capacity := &sync.RWMutex{}
+	cfg.Capacity = capacity
+	rs := NewRouters(NewProvider(cfg, m), m)
+	ctx, stop := context.WithCancel(context.Background())
+	ran := make(chan struct{})
+	go func() { _ = rs.Run(ctx); close(ran) }()
+	t.Cleanup(func() { stop(); <-ran })
+	q, err := rs.GetRouter(&types.RoutingContext{Model: "m"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rs, q, capacity
+}
+
+func TestQueueRefusesARequestWhoseModelLeftWhileItWasTried(t *testing.T) {
+	// Forget closes the queue between Submit's check of it and the
+	// request's insertion: the request must not wait in a queue nothing
+	// passes over any more, until its client gives up.
+	c := newClock()
+	f := &fleet{slack: time.Minute}
+	rs, q, _ := newTestRouters(t, c)
+	e := entry(f, c, "r", time.Minute, nil)
+	try := e.Try
+	e.Try = func() error {
+		rs.Forget("m") // the model's last pod leaves meanwhile
+		return try()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	err := q.Route(ctx, e, true)
+	var qe *Error
+	if !errors.As(err, &qe) || qe.Reason != ReasonModelGone || q.Len() != 0 {
+		t.Fatalf("Route = %v, %d waiting; want model_gone at once", err, q.Len())
+	}
+}
+
+func TestQueuePassesOverARequestWhenCapacityFreedAsItWasFirstTried(t *testing.T) {
+	// The first try of a request arriving at an empty queue finds the
+	// fleet full; a request completes before it is queued, and the
+	// completion's Trigger finds no request waiting. The request is routed
+	// by the pass its queueing makes, not left waiting with a pod free.
+	rs, q, capacity := runningTestRouters(t, Config{MaxWait: time.Minute})
+	f := &fleet{slack: time.Minute}
+	rc := types.NewRoutingContext("r", "m")
+	e := &Entry{Request: rc, Deadline: rc.ReceivedAt.Add(time.Minute)}
+	try, first := f.try("r"), true
+	e.Try = func() error {
+		err := try()
+		if err != nil && first {
+			first = false
+			done := make(chan struct{})
+			go func() { // as the request ledger frees capacity
+				capacity.Lock()
+				f.release(1)
+				rs.Trigger()
+				capacity.Unlock()
+				close(done)
+			}()
+			<-done
+		}
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := q.Route(ctx, e, true); err != nil {
+		t.Fatalf("Route = %v with a pod free (routed %v); want routed", err, f.order())
+	}
+}
+
+func TestQueueLetsGoOfARequestQueuedAtAnEmptyQueueWithoutAnotherTrigger(t *testing.T) {
+	// The queue's loop, idle on an empty queue, must arm its timer for the
+	// expiry of the first request queued, by its slack or MaxWait.
+	tests := []struct {
+		name           string
+		slack, maxWait time.Duration
+	}{
+		{"slack", 300 * time.Millisecond, time.Minute},
+		{"max wait", time.Minute, 300 * time.Millisecond},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, q, _ := runningTestRouters(t, Config{MaxWait: tt.maxWait})
+			q.Trigger()
+			testsupport.Eventually(t, "the loop made no pass", func() bool { return q.Status().LastTry != nil })
+			time.Sleep(10 * time.Millisecond) // the loop waits again
+			f := &fleet{slack: tt.slack}
+			rc := types.NewRoutingContext("r", "m")
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			start := time.Now()
+			err := q.Route(ctx, &Entry{Request: rc, Deadline: rc.ReceivedAt.Add(time.Minute), Try: f.try("r")}, true)
+			var qe *Error
+			if !errors.As(err, &qe) || qe.Reason != ReasonExpired {
+				t.Fatalf("Route = %v after %v; want expired after 300 ms", err, time.Since(start).Round(time.Millisecond))
+			}
+		})
+	}
+}
+
+func TestRoutersForgetLeavesTheSeriesOfTheModelsNextQueue(t *testing.T) {
+	// A request for the model arrives while Forget refuses what waited in
+	// its old queue, and waits in a new one: that queue's series stay.
+	c := newClock()
+	f := &fleet{slack: time.Minute}
+	rs, q, reg := newTestRouters(t, c)
+	var q2 *QueueRouter
+	old := entry(f, c, "old", time.Minute, func(error) {
+		var err error
+		if q2, err = rs.GetRouter(&types.RoutingContext{Model: "m"}); err != nil {
+			t.Error(err)
+			return
+		}
+		if queued, err := q2.Submit(entry(f, c, "new", time.Minute, nil), true); !queued {
+			t.Errorf("the new request was not queued: %v", err)
+		}
+	})
+	if queued, _ := q.Submit(old, true); !queued {
+		t.Fatal("the old request was not queued")
+	}
+	rs.Forget("m")
+	if q2 == nil || q2.Len() != 1 {
+		t.Fatal("no request waits in the model's new queue")
+	}
+	if g := testsupport.MetricValue(t, reg, "kvgate_slo_queue_length", map[string]string{"model": "m"}); g != 1 {
+		t.Fatalf("kvgate_slo_queue_length of the new queue = %v, want 1", g)
+	}
+	if n := testsupport.MetricValue(t, reg, "kvgate_slo_queued_total", map[string]string{"model": "m"}); n != 1 {
+		t.Fatalf("kvgate_slo_queued_total of the new queue = %v, want 1", n)
+	}
+}
+
+func TestQueueRetryAfterIsWholeSecondsFromOneToMaxWait(t *testing.T) {
+	const maxDrain = time.Duration(math.MaxInt64) // routing's "no pod to estimate from"
+	tests := []struct {
+		maxWait, drain, want time.Duration
+	}{
+		{time.Minute, -time.Hour, time.Second},
+		{time.Minute, 0, time.Second},
+		{time.Minute, 1500 * time.Millisecond, 2 * time.Second},
+		{time.Minute, 30 * time.Second, 30 * time.Second},
+		{time.Minute, 10 * time.Hour, time.Minute},
+		{time.Minute, maxDrain, time.Minute},
+		{90500 * time.Millisecond, maxDrain, 91 * time.Second},
+		{500 * time.Millisecond, 10 * time.Second, time.Second},
+		{maxDrain, maxDrain, maxDrain.Truncate(time.Second)},
+	}
+	for _, tt := range tests {
+		q := NewQueueRouter("m", QueueConfig{MaxWait: tt.maxWait}, nil)
+		if got := q.retryAfter(tt.drain); got != tt.want {
+			t.Errorf("MaxWait %v: retryAfter(%v) = %v, want %v", tt.maxWait, tt.drain, got, tt.want)
+		}
+	}
+}
+
+func TestQueueTellsEveryRequestOneOutcomeUnderConcurrentRoutesCancelsAndCompletions(t *testing.T) {
+	// Requests arrive, wait, give up (a third of them, after up to 2 ms),
+	// expire and are routed as completions free capacity, while passes,
+	// Trigger, Status and NextExpiry run from other goroutines: every Route
+	// returns, every request is counted once, none is routed that Route
+	// did not report routed, and the gauge ends at the queue's length.
+	reg := prometheus.NewRegistry()
+	m, err := NewMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	capacity := &sync.RWMutex{}
+	q := NewQueueRouter("m", QueueConfig{MaxLength: 256, MaxWait: 300 * time.Millisecond, Capacity: capacity}, m)
+	ctx, stop := context.WithCancel(context.Background())
+	ran := make(chan error, 1)
+	go func() { ran <- q.Run(ctx) }()
+
+	f := &fleet{slack: time.Minute, free: 2}
+	stopBackground := make(chan struct{})
+	var background sync.WaitGroup
+	every := func(d func() time.Duration, do func()) {
+		background.Go(func() {
+			for {
+				select {
+				case <-stopBackground:
+					return
+				case <-time.After(d()):
+					do()
+				}
+			}
+		})
+	}
+	every(func() time.Duration { return time.Duration(rand.IntN(300)) * time.Microsecond }, func() {
+		capacity.Lock() // a completion, as the request ledger frees capacity
+		f.release(1)
+		q.Trigger()
+		capacity.Unlock()
+	})
+	every(func() time.Duration { return time.Millisecond }, func() { q.Status(); q.NextExpiry() })
+
+	const n = 1000
+	var wg sync.WaitGroup
+	var routed, refused, expired, gaveUp atomic.Int64
+	var toldMu sync.Mutex
+	told := map[string]int{}
+	for i := range n {
+		if i%20 == 0 {
+			time.Sleep(2 * time.Millisecond)
+		}
+		wg.Go(func() {
+			id := fmt.Sprint("r", i)
+			rctx, cancel := context.Background(), context.CancelFunc(func() {})
+			if i%3 == 0 {
+				rctx, cancel = context.WithTimeout(rctx, time.Duration(rand.IntN(2000))*time.Microsecond)
+			}
+			defer cancel()
+			rc := types.NewRoutingContext(id, "m")
+			e := &Entry{Request: rc, Deadline: rc.ReceivedAt.Add(time.Duration(rand.IntN(1000)) * time.Millisecond),
+				Try: f.try(id), Done: func(error) {
+					toldMu.Lock()
+					told[id]++
+					toldMu.Unlock()
+				}}
+			err := q.Route(rctx, e, true)
+			var qe *Error
+			switch {
+			case err == nil:
+				routed.Add(1)
+			case errors.As(err, &qe) && qe.Reason == ReasonExpired:
+				expired.Add(1)
+			case errors.As(err, &qe):
+				refused.Add(1)
+			case rctx.Err() != nil && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)):
+				// context.Canceled when its context ended as a pass tried
+				// it (see Cancel)
+				gaveUp.Add(1)
+			default:
+				t.Errorf("%s: %v", id, err)
+			}
+			if i%7 == 0 {
+				wg.Go(q.Dispatch)
+			}
+		})
+	}
+	returned := make(chan struct{})
+	go func() { wg.Wait(); close(returned) }()
+	select {
+	case <-returned:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("Route calls stuck with %d waiting", q.Len())
+	}
+	close(stopBackground)
+	background.Wait()
+	stop()
+	if err := <-ran; err != nil {
+		t.Fatal(err)
+	}
+
+	if total := routed.Load() + refused.Load() + expired.Load() + gaveUp.Load(); total != n {
+		t.Errorf("%d Route outcomes, want %d", total, n)
+	}
+	if got := int64(len(f.order())); got != routed.Load() {
+		t.Errorf("the fleet took %d requests, Route reported %d routed", got, routed.Load())
+	}
+	for id, k := range told {
+		if k != 1 {
+			t.Errorf("%s told %d times", id, k)
+		}
+	}
+	if q.Len() != 0 {
+		t.Errorf("%d left in the queue", q.Len())
+	}
+	if g := testsupport.MetricValue(t, reg, "kvgate_slo_queue_length", map[string]string{"model": "m"}); g != 0 {
+		t.Errorf("kvgate_slo_queue_length %v, want 0", g)
+	}
+	o := outcomeCounts(t, reg)
+	if sum := o[outcomeAdmitted] + o[outcomeRejected] + o[outcomeExpired] + o[outcomeCancelled] + o[outcomeDropped]; sum != n {
+		t.Errorf("outcome counters sum to %v (%v), want %d", sum, o, n)
 	}
 }

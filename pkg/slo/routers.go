@@ -129,7 +129,13 @@ func (r *Routers) Close() {
 func (r *Routers) Forget(model string) {
 	r.mu.Lock()
 	rr, ok := r.routers[model]
-	delete(r.routers, model)
+	if ok {
+		// Under r.mu, so that a queue GetRouter creates for the model
+		// from now on keeps its series; what the old queue still counts
+		// (Close refusing what waits) is no longer exported.
+		delete(r.routers, model)
+		r.metrics.forget(model)
+	}
 	r.mu.Unlock()
 	if !ok {
 		return
@@ -138,7 +144,6 @@ func (r *Routers) Forget(model string) {
 	if rr.cancel != nil {
 		rr.cancel()
 	}
-	r.metrics.forget(model)
 }
 
 // Trigger wakes the loop of every queue with requests waiting, for a pass:
