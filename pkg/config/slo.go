@@ -53,6 +53,7 @@ var (
 		Default: "60",
 		Section: SectionSLO,
 		Doc: "Longest a request waits in its model's queue, in seconds or with a unit; it leaves earlier, answered 429 " +
-			"with Retry-After, once it can no longer meet its objective.",
+			"with Retry-After, once it can no longer meet its objective. Also the longest Retry-After the queues answer " +
+			"(their estimate of when a pod frees up, in whole seconds).",
 	}
 )
