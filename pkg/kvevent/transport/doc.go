@@ -72,10 +72,16 @@
 //     a row that deliver nothing declare the hole lost.
 //   - Replays are anchored: they start at the last delivered batch, whose
 //     payload must come back unchanged. A live seq that does not increase, a
-//     changed anchor, or an engine that no longer has the anchor at all means
-//     the engine restarted: the handler gets a kvevent.StreamReset with
-//     reason kvevent.ResetPublisherRestart and the stream is rebuilt from seq
-//     0. (Without replay, only a seq going back reveals a restart.)
+//     changed anchor, or an engine whose replay holds neither the anchor nor
+//     anything after it means the engine restarted: the handler gets a
+//     kvevent.StreamReset with reason kvevent.ResetPublisherRestart and the
+//     stream is rebuilt from seq 0. A replay that begins past the anchor is
+//     taken for the same engine, whose buffer no longer holds the anchor: it
+//     continues the stream when it begins with the next seq, and declares
+//     the seqs in between lost otherwise. An engine that restarted while
+//     the stream was away, and published past the anchor's seq before the
+//     replay, is then taken for the same one. (Without replay, only a seq
+//     going back reveals a restart.)
 //   - A batch that does not decode is counted, logged with its seq, and
 //     dropped; its seq still counts as delivered and the stream goes on.
 //   - The replay ROUTER ignores topics, so a subscription whose topic is not
