@@ -67,5 +67,20 @@ func (s PrefillSample) TokensPerSecond() (float64, bool) {
 	if !(compute >= minPrefillComputeShare*s.PrefillSeconds) {
 		return 0, false
 	}
-	return s.ComputedTokens / compute, true
+	speed := s.ComputedTokens / compute
+	if speed < MinPrefillTokensPerSecond || speed > MaxPrefillTokensPerSecond {
+		return 0, false
+	}
+	return speed, true
 }
+
+// MinPrefillTokensPerSecond and MaxPrefillTokensPerSecond bound the prefill
+// speed a scrape is believed: no engine prefills less than a token a
+// second or more than a hundred million. A speed beyond them comes of
+// counters no engine writes, and would make its pod look idle whatever
+// its queue (or, near zero, overflow the prediction of its queue); it is
+// not measured, and the pod gets the fleet's median.
+const (
+	MinPrefillTokensPerSecond = 1
+	MaxPrefillTokensPerSecond = 1e8
+)

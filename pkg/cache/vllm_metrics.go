@@ -279,19 +279,25 @@ func (p *projector) finish(group string, a *groupAcc, now time.Time) map[string]
 
 // ratio returns the windowed ratio dn/dd when the window saw new
 // observations, else the previous windowed ratio, else the lifetime ratio
-// ln/ld.
+// ln/ld: a mean latency, in seconds. A mean below minMeanLatency, which no
+// engine takes for a token, comes of counters no engine writes (a count
+// of 2^62 on one page) and is not taken: a pod would look infinitely fast.
 func (g *groupState) ratio(slot int, dn, dd float64, okd bool, ln, ld float64, okl bool) (float64, bool) {
-	if okd && dd > 0 && dn > 0 {
+	if okd && dd > 0 && dn > 0 && dn/dd >= minMeanLatency {
 		g.last[slot], g.hasLast[slot] = dn/dd, true
 	}
 	if g.hasLast[slot] {
 		return g.last[slot], true
 	}
-	if okl && ld > 0 && ln > 0 {
+	if okl && ld > 0 && ln > 0 && ln/ld >= minMeanLatency {
 		return ln / ld, true
 	}
 	return 0, false
 }
+
+// minMeanLatency is the least mean latency (time to first token, between
+// tokens, end to end) a scrape is believed: a microsecond.
+const minMeanLatency = 1e-6
 
 // prefillSpeed computes PrefillTokensPerSecond from the group's counters
 // cur scraped at now: the speed over the prefill-speed window when it
