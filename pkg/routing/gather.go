@@ -65,7 +65,7 @@ func (r *Router) gather(rc *types.RoutingContext, pods []cache.PodSnapshot, nd n
 		d.Candidates = append(d.Candidates, c)
 	}
 	in.freshOnly = fresh && unfresh
-	r.fillSpeeds(d.Candidates, s)
+	r.fillSpeeds(in, d.Candidates, s)
 	if nd&needMatch != 0 && in.hasTokens && r.cfg.Index != nil {
 		r.match(rc, d, d.Candidates, s)
 		in.matched = true
@@ -127,12 +127,17 @@ func readMetrics(c *Candidate, sp *cache.PodSnapshot, nd needs) (waitingAt time.
 
 // fillSpeeds gives every candidate without a measured prefill speed the
 // median of the measured ones, or the configured default when none is.
-func (r *Router) fillSpeeds(cs []Candidate, s *scratch) {
+// While some candidates' metrics are current and others' are not, the
+// median is of the current ones: a pod whose scrapes fail keeps its last
+// speed, which says nothing of the others.
+func (r *Router) fillSpeeds(in input, cs []Candidate, s *scratch) {
 	s.speeds = s.speeds[:0]
 	for i := range cs {
 		if cs[i].PrefillTokensPerSecond > 0 {
 			cs[i].SpeedSource = SpeedMeasured
-			s.speeds = append(s.speeds, cs[i].PrefillTokensPerSecond)
+			if in.considers(&cs[i]) {
+				s.speeds = append(s.speeds, cs[i].PrefillTokensPerSecond)
+			}
 		}
 	}
 	fallback, source := r.cfg.DefaultPrefillTokensPerSecond, SpeedDefault

@@ -39,15 +39,20 @@ func predictTTFT(in input, minQueue float64) (bestCached float64) {
 		perRequest = float64(d.PromptTokens)
 	}
 	// congestion counts the prefills queued on the least queued candidate,
-	// at least minQueue, and fleetSpeed is the candidates' mean
-	// prefill speed: the fleet's backlog grows by a prefill's tokens
-	// wherever it runs, and drains at the fleet's speed.
-	congestion, fleetSpeed := math.Inf(1), 0.0
+	// at least minQueue, and fleetSpeed is the mean prefill speed of the
+	// candidates it may choose: the fleet's backlog grows by a prefill's
+	// tokens wherever it runs, and drains at the fleet's speed.
+	congestion, fleetSpeed, considered := math.Inf(1), 0.0, 0
 	for i := range cs {
 		if in.considers(&cs[i]) {
 			congestion = min(congestion, float64(cs[i].InFlightPrefills))
+			considered++
 		}
-		fleetSpeed += cs[i].PrefillTokensPerSecond / float64(len(cs))
+	}
+	for i := range cs {
+		if in.considers(&cs[i]) {
+			fleetSpeed += cs[i].PrefillTokensPerSecond / float64(considered)
+		}
 	}
 	congestion = max(congestion, minQueue)
 	prompt := float64(d.PromptTokens)

@@ -357,3 +357,19 @@ func TestKVAwareKeepsItsCacheHitsWhenEveryPodHasPrefillsQueued(t *testing.T) {
 		t.Fatalf("with prefills queued on every pod the request went to %s (%s); %+v", d.PodKey, d.Outcome, d.Candidates)
 	}
 }
+
+// A pod whose scrapes fail keeps its last prefill speed, which says nothing
+// of the others: while some pods' metrics are current, a pod without a
+// measured speed gets the median of the current ones.
+func TestStaleSpeedsDoNotSetTheMedian(t *testing.T) {
+	pods := testPods(4)
+	m := newFakeMetrics().
+		set("p0", cache.PrefillTokensPerSecond, 1e6).setScrape("p0", cache.ScrapeStale).
+		set("p1", cache.PrefillTokensPerSecond, 1e6).setScrape("p1", cache.ScrapeStale).
+		set("p2", cache.PrefillTokensPerSecond, 1000)
+	r, _ := newTestRouter(t, m, newTestIndex(t))
+	d := route(t, r, request("r", KVAware, prompt(0, 3000)), pods)
+	if c := candidate(t, d, "p3"); c.PrefillTokensPerSecond != 1000 || c.SpeedSource != SpeedModelMedian {
+		t.Fatalf("p3, unmeasured, given %g tokens/s (%s); want 1000, the median of the current pods", c.PrefillTokensPerSecond, c.SpeedSource)
+	}
+}
