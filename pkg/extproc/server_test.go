@@ -333,33 +333,28 @@ func TestModesThatCannotPickAreRefusedNamingTheSetting(t *testing.T) {
 	}
 }
 
-func TestTrailersEndAFullDuplexBody(t *testing.T) {
+// Trailers end a request body: the full-duplex mode streams it back with
+// the trailers after it; the buffered mode sends the whole body, without
+// end_of_stream, once the trailers have come.
+func TestTrailersEndARequestBody(t *testing.T) {
 	f := start(t, 1, options{})
-	r := completionRequest("ended by trailers", "")
-	r.pieces, r.trailers = 2, true
-	x := f.envoy.start(t, duplex, r)
-	x.destination()
-	if string(x.body) != r.body {
-		t.Fatalf("body streamed back %q, want %q", x.body, r.body)
-	}
-	x.forward(128)
-	if x.status != http.StatusOK {
-		t.Fatalf("%d %s", x.status, x.respBody)
-	}
-}
-
-func TestTrailersEndABufferedBody(t *testing.T) {
-	f := start(t, 1, options{})
-	r := completionRequest("a buffered body ended by trailers", "")
-	r.trailers = true
-	x := f.envoy.start(t, buffered, r)
-	x.destination()
-	if string(x.body) != r.body {
-		t.Fatalf("body forwarded %q, want %q", x.body, r.body)
-	}
-	x.forward(128)
-	if x.status != http.StatusOK {
-		t.Fatalf("%d %s", x.status, x.respBody)
+	for _, tc := range []struct {
+		mode   envoyMode
+		pieces int
+	}{{duplex, 2}, {buffered, 0}} {
+		t.Run(tc.mode.name, func(t *testing.T) {
+			r := completionRequest("ended by trailers in "+tc.mode.name, "")
+			r.pieces, r.trailers = tc.pieces, true
+			x := f.envoy.start(t, tc.mode, r)
+			x.destination()
+			if string(x.body) != r.body {
+				t.Fatalf("body forwarded %q, want %q", x.body, r.body)
+			}
+			x.forward(128)
+			if x.status != http.StatusOK {
+				t.Fatalf("%d %s", x.status, x.respBody)
+			}
+		})
 	}
 }
 
