@@ -136,13 +136,15 @@ func (e *Env) Int(v Var, min int) int {
 	return n
 }
 
-// Float returns the value of v, which must be a number of at least min.
+// Float returns the value of v, which must be a finite number of at least
+// min: NaN, infinities and values beyond the range of a float64 are
+// refused, and min is returned in their place.
 func (e *Env) Float(v Var, min float64) float64 {
 	s, name, _ := e.raw(v)
 	f, err := strconv.ParseFloat(s, 64)
-	if err != nil || f < min {
-		e.fail(name, s, fmt.Sprintf("a number >= %g", min))
-		return max(f, min)
+	if err != nil || math.IsNaN(f) || math.IsInf(f, 0) || f < min {
+		e.fail(name, s, fmt.Sprintf("a finite number >= %g", min))
+		return min
 	}
 	return f
 }

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -130,6 +131,24 @@ func TestEnvCollectsEveryMalformedValue(t *testing.T) {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not mention %s", err, want)
 		}
+	}
+}
+
+func TestEnvFloatRefusesValuesThatAreNotFiniteNumbers(t *testing.T) {
+	v := Var{Name: "F", Default: "1"}
+	for _, value := range []string{"NaN", "nan", "Inf", "+Inf", "-Inf", "infinity", "1e400"} {
+		e := NewEnv(lookupFrom(map[string]string{"F": value}))
+		got := e.Float(v, 0)
+		if err := e.Err(); err == nil || !strings.Contains(err.Error(), `F="`+value+`"`) || !strings.Contains(err.Error(), "finite") {
+			t.Errorf("Float(%q) = %v, err %v; want an error naming F and asking for a finite number", value, got, err)
+		}
+		if math.IsNaN(got) || math.IsInf(got, 0) {
+			t.Errorf("Float(%q) returned %v with its error, want a finite value", value, got)
+		}
+	}
+	e := NewEnv(lookupFrom(map[string]string{"F": "1e300"}))
+	if got := e.Float(v, 0); got != 1e300 || e.Err() != nil {
+		t.Errorf("Float(1e300) = %v, err %v", got, e.Err())
 	}
 }
 

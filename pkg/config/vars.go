@@ -318,7 +318,7 @@ var (
 		Default: "10000",
 		Section: SectionRouting,
 		Doc: "kv-aware: prefill speed assumed for the pods of a model until one of them has a measured speed " +
-			"(pods not yet measured otherwise take the median of the measured ones).",
+			"(pods not yet measured otherwise take the median of the measured ones). A number >= 1.",
 	}
 	RoutingTieTolerance = Var{
 		Name:    "KVGATE_ROUTING_TTFT_TIE_TOLERANCE",

@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"cmp"
-	"math"
 	"net"
 	"os"
 	"path/filepath"
@@ -289,7 +288,7 @@ func loadRouting(e *config.Env) routing.Config {
 	r := routing.Config{
 		DefaultAlgorithm:              e.String(config.RoutingAlgorithm),
 		CPUCacheWeight:                e.Float(config.RoutingCPUCacheWeight, 0),
-		DefaultPrefillTokensPerSecond: e.Float(config.RoutingDefaultPrefillSpeed, 0),
+		DefaultPrefillTokensPerSecond: e.Float(config.RoutingDefaultPrefillSpeed, routing.MinPrefillTokensPerSecond),
 		TieTolerance:                  e.Float(config.RoutingTieTolerance, 0),
 		MinFleetQueue:                 e.Float(config.RoutingMinFleetQueue, 0),
 		ImbalanceAbsCount:             e.Int(config.PrefixCacheImbalanceAbsCount, 1),
@@ -302,12 +301,6 @@ func loadRouting(e *config.Env) routing.Config {
 	}
 	if r.CPUCacheWeight <= 0 || r.CPUCacheWeight > 1 {
 		e.Errorf("%s=%v: want a number in (0, 1]", config.RoutingCPUCacheWeight.Name, r.CPUCacheWeight)
-	}
-	if r.DefaultPrefillTokensPerSecond <= 0 {
-		e.Errorf("%s=%v: want a positive number", config.RoutingDefaultPrefillSpeed.Name, r.DefaultPrefillTokensPerSecond)
-	}
-	if math.IsNaN(r.MinFleetQueue) || math.IsInf(r.MinFleetQueue, 0) {
-		e.Errorf("%s=%v: want a finite number", config.RoutingMinFleetQueue.Name, r.MinFleetQueue)
 	}
 	r.MinFleetQueue = routing.MinFleetQueueSetting(r.MinFleetQueue)
 	return r

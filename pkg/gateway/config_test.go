@@ -272,3 +272,32 @@ func TestStreamsStartFromTheKVSyncSettings(t *testing.T) {
 		t.Errorf("a zero read interval reads every %v, want the default %v", c.ReadInterval, transport.DefaultReadInterval)
 	}
 }
+
+func TestLoadConfigRefusesRoutingNumbersThatCannotPriceARequest(t *testing.T) {
+	tests := []struct{ name, value string }{
+		{"KVGATE_ROUTING_TTFT_TIE_TOLERANCE", "NaN"},
+		{"KVGATE_ROUTING_TTFT_TIE_TOLERANCE", "Inf"},
+		{"KVGATE_ROUTING_CPU_CACHE_WEIGHT", "NaN"},
+		{"KVGATE_ROUTING_DEFAULT_PREFILL_TOKENS_PER_SECOND", "NaN"},
+		{"KVGATE_ROUTING_DEFAULT_PREFILL_TOKENS_PER_SECOND", "+Inf"},
+		{"KVGATE_ROUTING_DEFAULT_PREFILL_TOKENS_PER_SECOND", "1e-320"},
+		{"KVGATE_ROUTING_DEFAULT_PREFILL_TOKENS_PER_SECOND", "0.5"},
+		{"KVGATE_ROUTING_MIN_FLEET_QUEUE", "NaN"},
+		{"AIBRIX_PREFIX_CACHE_STANDARD_DEVIATION_FACTOR", "+Inf"},
+		{"AIBRIX_PREFIX_CACHE_STANDARD_DEVIATION_FACTOR", "NaN"},
+		{"KVGATE_TOKENIZER_VERIFY_FRACTION", "NaN"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name+"="+tt.value, func(t *testing.T) {
+			e := envOf(map[string]string{tt.name: tt.value})
+			LoadConfig(e)
+			if err := e.Err(); err == nil || !strings.Contains(err.Error(), tt.name+`="`+tt.value+`"`) {
+				t.Fatalf("LoadConfig: %v, want an error naming %s=%q", err, tt.name, tt.value)
+			}
+		})
+	}
+	e := envOf(map[string]string{"KVGATE_ROUTING_DEFAULT_PREFILL_TOKENS_PER_SECOND": "1"})
+	if cfg := LoadConfig(e); e.Err() != nil || cfg.Routing.DefaultPrefillTokensPerSecond != 1 {
+		t.Errorf("a prefill speed of 1 token a second: %v, %v", cfg.Routing.DefaultPrefillTokensPerSecond, e.Err())
+	}
+}

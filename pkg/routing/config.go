@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/klog/v2"
 
+	"github.com/kvgate/kvgate/pkg/cache"
 	"github.com/kvgate/kvgate/pkg/indexer"
 )
 
@@ -50,6 +51,7 @@ type PrefixIndex interface {
 
 // Config configures a Router. Fields name the environment variable that sets
 // them; the variables are parsed by the gateway's configuration, not here.
+// New refuses a number field that is NaN or infinite.
 type Config struct {
 	// Index is the prefix index. Without one, prefix-cache and kv-aware
 	// route on load alone, as they do for a request without tokens.
@@ -82,6 +84,7 @@ type Config struct {
 	// DefaultPrefillTokensPerSecond is the prefill speed assumed for a pod
 	// when no candidate pod of the request has a measured speed
 	// (KVGATE_ROUTING_DEFAULT_PREFILL_TOKENS_PER_SECOND, default 10000).
+	// Zero means the default; below MinPrefillTokensPerSecond is invalid.
 	DefaultPrefillTokensPerSecond float64
 	// TieTolerance is the relative margin within which kv-aware treats
 	// costs as equal and chooses among the pods by load
@@ -147,33 +150,48 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// validate checks a defaulted Config.
+// MinPrefillTokensPerSecond is the least Config.DefaultPrefillTokensPerSecond
+// New accepts, the least speed a scrape is believed
+// (cache.MinPrefillTokensPerSecond): no engine prefills slower, and a speed
+// close enough to zero makes every pod's cost infinite, leaving none to
+// choose.
+const MinPrefillTokensPerSecond = cache.MinPrefillTokensPerSecond
+
+// validate checks a defaulted Config: every number must be finite, and
+// within its field's range.
 func (c Config) validate() error {
 	var errs []error
+	finite := func(name string, v float64) bool {
+		if math.IsNaN(v) || math.IsInf(v, 0) {
+			errs = append(errs, fmt.Errorf("%s %v is not a finite number", name, v))
+			return false
+		}
+		return true
+	}
 	if !IsAlgorithm(c.DefaultAlgorithm) {
 		errs = append(errs, fmt.Errorf("DefaultAlgorithm: %w", &UnknownAlgorithmError{Name: c.DefaultAlgorithm}))
 	}
 	if c.ImbalanceAbsCount < 0 {
 		errs = append(errs, fmt.Errorf("ImbalanceAbsCount %d is negative", c.ImbalanceAbsCount))
 	}
-	if c.StdDevFactor < 0 {
+	if finite("StdDevFactor", c.StdDevFactor) && c.StdDevFactor < 0 {
 		errs = append(errs, fmt.Errorf("StdDevFactor %v is negative", c.StdDevFactor))
 	}
-	if c.CPUCacheWeight < 0 || c.CPUCacheWeight > 1 {
+	if finite("CPUCacheWeight", c.CPUCacheWeight) && (c.CPUCacheWeight < 0 || c.CPUCacheWeight > 1) {
 		errs = append(errs, fmt.Errorf("CPUCacheWeight %v is not within [0, 1]", c.CPUCacheWeight))
 	}
-	if c.DefaultPrefillTokensPerSecond < 0 {
-		errs = append(errs, fmt.Errorf("DefaultPrefillTokensPerSecond %v is negative", c.DefaultPrefillTokensPerSecond))
+	if finite("DefaultPrefillTokensPerSecond", c.DefaultPrefillTokensPerSecond) &&
+		c.DefaultPrefillTokensPerSecond < MinPrefillTokensPerSecond {
+		errs = append(errs, fmt.Errorf("DefaultPrefillTokensPerSecond %v is below %v token a second",
+			c.DefaultPrefillTokensPerSecond, MinPrefillTokensPerSecond))
 	}
 	if c.MaxInFlightPrefixBlocks < 0 {
 		errs = append(errs, fmt.Errorf("MaxInFlightPrefixBlocks %d is negative", c.MaxInFlightPrefixBlocks))
 	}
-	if c.TieTolerance < 0 {
+	if finite("TieTolerance", c.TieTolerance) && c.TieTolerance < 0 {
 		errs = append(errs, fmt.Errorf("TieTolerance %v is negative", c.TieTolerance))
 	}
-	if math.IsNaN(c.MinFleetQueue) || math.IsInf(c.MinFleetQueue, 0) {
-		errs = append(errs, fmt.Errorf("MinFleetQueue %v is not a finite number", c.MinFleetQueue))
-	}
+	finite("MinFleetQueue", c.MinFleetQueue)
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("invalid routing config: %w", err)
 	}

@@ -55,6 +55,15 @@ func TestNewRejectsInvalidConfig(t *testing.T) {
 		{"negative prefill speed", Config{DefaultPrefillTokensPerSecond: -1}, "DefaultPrefillTokensPerSecond"},
 		{"negative tolerance", Config{TieTolerance: -0.1}, "TieTolerance"},
 		{"fleet queue floor not a number", Config{MinFleetQueue: math.NaN()}, "MinFleetQueue"},
+		{"stddev factor not a number", Config{StdDevFactor: math.NaN()}, "StdDevFactor"},
+		{"infinite stddev factor", Config{StdDevFactor: math.Inf(1)}, "StdDevFactor"},
+		{"CPU weight not a number", Config{CPUCacheWeight: math.NaN()}, "CPUCacheWeight"},
+		{"prefill speed not a number", Config{DefaultPrefillTokensPerSecond: math.NaN()}, "DefaultPrefillTokensPerSecond"},
+		{"infinite prefill speed", Config{DefaultPrefillTokensPerSecond: math.Inf(1)}, "DefaultPrefillTokensPerSecond"},
+		{"prefill speed below a token a second", Config{DefaultPrefillTokensPerSecond: 0.5}, "DefaultPrefillTokensPerSecond"},
+		{"subnormal prefill speed", Config{DefaultPrefillTokensPerSecond: 1e-320}, "DefaultPrefillTokensPerSecond"},
+		{"tolerance not a number", Config{TieTolerance: math.NaN()}, "TieTolerance"},
+		{"infinite tolerance", Config{TieTolerance: math.Inf(1)}, "TieTolerance"},
 	}
 	for _, tt := range tests {
 		if _, err := New(tt.cfg); err == nil || !strings.Contains(err.Error(), tt.want) {
