@@ -20,7 +20,9 @@ func (kvAware) needs() needs { return needRunning | needQueue | needMatch }
 
 func (a kvAware) pick(in input) {
 	bestCached := predictTTFT(in, a.minQueue)
-	in.d.chosen = chooseKVAware(in, nil, a.tolerance)
+	if in.d.chosen = chooseKVAware(in, nil, a.tolerance); in.d.chosen < 0 {
+		return
+	}
 	in.d.Outcome = prefixOutcome(in, bestCached)
 }
 
@@ -82,7 +84,7 @@ func chooseKVAware(in input, eligible func(*Candidate) bool, tolerance float64) 
 func byUncached(c *Candidate) float64 { return c.uncached }
 
 // prefixOutcome says what decided a prefix-aware choice, given the longest
-// cached prefix of a considered candidate.
+// cached prefix of a considered candidate. A pod must have been chosen.
 func prefixOutcome(in input, bestCached float64) Outcome {
 	d := in.d
 	switch {

@@ -1,6 +1,8 @@
 package routing
 
 import (
+	"context"
+	"errors"
 	"math"
 	"slices"
 	"testing"
@@ -371,5 +373,27 @@ func TestStaleSpeedsDoNotSetTheMedian(t *testing.T) {
 	d := route(t, r, request("r", KVAware, prompt(0, 3000)), pods)
 	if c := candidate(t, d, "p3"); c.PrefillTokensPerSecond != 1000 || c.SpeedSource != SpeedModelMedian {
 		t.Fatalf("p3, unmeasured, given %g tokens/s (%s); want 1000, the median of the current pods", c.PrefillTokensPerSecond, c.SpeedSource)
+	}
+}
+
+func TestPrefixAwareAlgorithmsFailWithoutAPodWhenNoCostIsANumber(t *testing.T) {
+	// New refuses a CPU cache weight that is not a number; set after it,
+	// the weight makes every candidate's cost NaN, so that no pod can be
+	// chosen. Route must then fail as it does without pods, not index the
+	// missing choice.
+	for _, alg := range []string{KVAware, SLO} {
+		t.Run(alg, func(t *testing.T) {
+			pods := testPods(2)
+			idx := newTestIndex(t)
+			p := prompt(0, 256)
+			holds(t, idx, "p1", p[:128], kvevent.MediumGPU)
+			r, _ := newTestRouter(t, uniformFleet(2), idx)
+			r.cfg.CPUCacheWeight = math.NaN()
+			var d Decision
+			err := r.Route(context.Background(), request("r", alg, p), snaps(r, pods), &d)
+			if !errors.Is(err, ErrNoPods) || d.Endpoint != nil {
+				t.Fatalf("Route = %v, chose %s; want ErrNoPods and no pod", err, d.PodKey)
+			}
+		})
 	}
 }

@@ -101,8 +101,9 @@ func (a sloAware) pick(in input) {
 	d := in.d
 	bestCached := predictTTFT(in, a.minQueue)
 	if in.slo.IsZero() {
-		d.chosen = chooseKVAware(in, nil, a.tolerance)
-		d.Outcome = prefixOutcome(in, bestCached)
+		if d.chosen = chooseKVAware(in, nil, a.tolerance); d.chosen >= 0 {
+			d.Outcome = prefixOutcome(in, bestCached)
+		}
 		return
 	}
 	// Whether waiting can help is judged optimistically, at the fastest
