@@ -153,6 +153,12 @@
 // cannot lower it, and what bounds it in practice is what the peer sends:
 // Envoy sends a buffered body once it has buffered it.
 //
+// A panic while serving a stream ends that stream alone with INTERNAL (Envoy
+// then applies its failure_mode_allow), cancels its request, is logged with
+// its stack, and is counted in
+// kvgate_extproc_stream_errors_total{reason="panic"}; the other streams and
+// the process carry on.
+//
 // # Health
 //
 // The gRPC health service answers for "" (the server),
@@ -169,7 +175,7 @@
 //	kvgate_extproc_time_to_first_token_seconds{model}       from the request headers to the first generated token
 //	kvgate_extproc_streams_in_flight                        streams open
 //	kvgate_extproc_fail_open_total{code}                    requests continued without an endpoint (Config.FailOpen)
-//	kvgate_extproc_stream_errors_total{reason}              streams ended by an error: protocol, send, misconfigured_mode, too_large, overloaded, too_many_streams
+//	kvgate_extproc_stream_errors_total{reason}              streams ended by an error: protocol, send, misconfigured_mode, too_large, overloaded, too_many_streams, panic
 //
 // Tokenization failures, upstream failures and ejections are counted where
 // the proxy counts them (kvgate_gateway_tokenization_failures_total,

@@ -15,6 +15,7 @@ const (
 	errTooLarge     = "too_large"          // a body beyond the gateway's limit
 	errOverloaded   = "overloaded"         // a body beyond the request bytes the gateway holds at once
 	errTooMany      = "too_many_streams"   // a stream beyond the streams served at once, refused
+	errPanic        = "panic"              // serving the stream panicked
 )
 
 // statusClosedEarly labels streams that ended before a response (nginx's
@@ -66,7 +67,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"code"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvgate_extproc_stream_errors_total",
-			Help: "External processing streams ended by an error, by reason: protocol, send, misconfigured_mode, too_large, overloaded (a body beyond the request bytes the gateway holds at once, KVGATE_MAX_HELD_REQUEST_BYTES), too_many_streams (a stream refused with RESOURCE_EXHAUSTED beyond KVGATE_EXTPROC_MAX_STREAMS).",
+			Help: "External processing streams ended by an error, by reason: protocol, send, misconfigured_mode, too_large, overloaded (a body beyond the request bytes the gateway holds at once, KVGATE_MAX_HELD_REQUEST_BYTES), too_many_streams (a stream refused with RESOURCE_EXHAUSTED beyond KVGATE_EXTPROC_MAX_STREAMS), panic (serving the stream panicked: it ended with INTERNAL, the panic logged with its stack).",
 		}, []string{"reason"}),
 		oversized: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kvgate_extproc_oversized_events_total",
@@ -85,7 +86,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Times the external processing listener held KVGATE_EXTPROC_MAX_CONNECTIONS connections and waited for one to close before accepting another.",
 		}),
 	}
-	for _, r := range []string{errProtocol, errSend, errMisconfigure, errTooLarge, errOverloaded, errTooMany} {
+	for _, r := range []string{errProtocol, errSend, errMisconfigure, errTooLarge, errOverloaded, errTooMany, errPanic} {
 		m.errors.WithLabelValues(r)
 	}
 	m.refusedStream = m.errors.WithLabelValues(errTooMany)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"net"
+	"runtime/debug"
 	"sync"
 	"time"
 
@@ -203,8 +204,11 @@ func (s *Server) refreshHealth() {
 }
 
 // Process serves one request's stream: see the package documentation. A
-// stream beyond Config.MaxStreams is refused with RESOURCE_EXHAUSTED.
-func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
+// stream beyond Config.MaxStreams is refused with RESOURCE_EXHAUSTED. A
+// panic while serving the stream ends that stream alone with INTERNAL, its
+// request cancelled; it is logged with its stack and counted in
+// kvgate_extproc_stream_errors_total{reason="panic"}.
+func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) (err error) {
 	st := s.newStream(srv)
 	if st == nil {
 		s.metrics.refusedStream.Inc()
@@ -212,5 +216,12 @@ func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
 			"kvgate serves at most %d external processing streams at once (KVGATE_EXTPROC_MAX_STREAMS)", s.cfg.MaxStreams)
 	}
 	defer st.finish()
+	// gRPC does not recover a handler's panic: unrecovered, one stream
+	// would end the process and every other stream with it.
+	defer func() {
+		if v := recover(); v != nil {
+			err = st.panicked(v, debug.Stack())
+		}
+	}()
 	return st.run()
 }

@@ -14,6 +14,7 @@ import (
 
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
@@ -792,5 +793,56 @@ func TestConnectionsBeyondTheBoundWaitForOneToClose(t *testing.T) {
 	}
 	if n := f.metric(t, "kvgate_extproc_connections", nil); n != 1 {
 		t.Errorf("%v connections open, want the second only", n)
+	}
+}
+
+// answerPanics is a stream carrying one buffered request whose answer
+// panics as the Server sends it.
+type answerPanics struct {
+	grpc.ServerStream
+	ctx  context.Context
+	msgs []*extprocv3.ProcessingRequest
+}
+
+func (a *answerPanics) Context() context.Context { return a.ctx }
+
+func (a *answerPanics) Recv() (*extprocv3.ProcessingRequest, error) {
+	if len(a.msgs) == 0 {
+		return nil, io.EOF
+	}
+	m := a.msgs[0]
+	a.msgs = a.msgs[1:]
+	return m, nil
+}
+
+func (a *answerPanics) Send(*extprocv3.ProcessingResponse) error { panic("the answer cannot be sent") }
+
+func TestAPanicServingAStreamEndsThatStreamAloneWithInternal(t *testing.T) {
+	f := start(t, 2, options{})
+	body := completionRequest("a stream that panics", "").body
+	st := &answerPanics{ctx: context.Background(), msgs: []*extprocv3.ProcessingRequest{
+		{
+			ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: buffered.req, ResponseBodyMode: buffered.resp},
+			Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{
+				Headers: headerMap(map[string]string{":method": "POST", ":path": gateway.PathCompletions,
+					"content-type": "application/json", "content-length": strconv.Itoa(len(body))})}},
+		},
+		{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: []byte(body), EndOfStream: true}}},
+	}}
+	if err := f.srv.Process(st); status.Code(err) != codes.Internal {
+		t.Fatalf("Process = %v, want INTERNAL", err)
+	}
+	if n := f.metric(t, "kvgate_extproc_stream_errors_total", map[string]string{"reason": errPanic}); n != 1 {
+		t.Errorf("panics counted %v, want 1", n)
+	}
+	testsupport.EventuallyWhy(t, "the stream's slot and its request to be released", func() (string, bool) {
+		streams := f.metric(t, "kvgate_extproc_streams_in_flight", nil)
+		tracked := f.metric(t, "kvgate_cache_tracked_requests", nil)
+		return fmt.Sprintf("%v streams in flight, %v requests tracked", streams, tracked), streams == 0 && tracked == 0
+	})
+	x := f.envoy.start(t, buffered, completionRequest("a stream after the panic", ""))
+	x.forward(64)
+	if x.status != http.StatusOK {
+		t.Fatalf("a request after the panic: %d", x.status)
 	}
 }

@@ -611,6 +611,25 @@ func (st *stream) misconfigured(why string) error {
 		Message: "the proxy's external processing configuration keeps the gateway from picking a pod: " + why})
 }
 
+// panicked ends a stream whose handling panicked with v, stack being where:
+// it cancels the stream's request, counts and logs the panic, and returns
+// the status that ends the stream.
+func (st *stream) panicked(v any, stack []byte) error {
+	st.s.metrics.errors.WithLabelValues(errPanic).Inc()
+	st.closed = true
+	requestID := ""
+	if st.pick != nil {
+		requestID = st.pick.RequestID()
+		if !st.respEnded && !st.cancelled {
+			st.cancelled = true
+			st.pick.Cancel("the gateway failed while serving the request's external processing stream")
+		}
+	}
+	st.log.Error(fmt.Errorf("panic: %v", v), "Serving an external processing stream panicked: the stream ends with INTERNAL",
+		"requestID", requestID, "stack", string(stack))
+	return status.Error(codes.Internal, "kvgate failed while serving this stream; the gateway's log has the details")
+}
+
 // protocolError ends a stream whose messages break the protocol.
 func (st *stream) protocolError(what string) error {
 	st.s.metrics.errors.WithLabelValues(errProtocol).Inc()
