@@ -120,8 +120,11 @@ func New(p *gateway.Picker, cfg Config) (*Server, error) {
 	// message as its bytes arrive, not as its prefix declares, but opens
 	// the stream's flow-control window to the whole message once Process
 	// reads: a stream holds at most maxMsg before Process charges the body
-	// to the gateway's held bytes, and the windows cannot lower that.
-	maxMsg := int(p.MaxBodyBytes()) + 1<<20
+	// to the gateway's held bytes, and the windows cannot lower that. The
+	// sum saturates at the largest int rather than wrap around to a bound
+	// no message meets.
+	const headroom = 1 << 20
+	maxMsg := int(min(p.MaxBodyBytes(), math.MaxInt-headroom)) + headroom
 	opts := []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(maxMsg),
 		grpc.MaxSendMsgSize(maxMsg),

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -415,6 +416,20 @@ func TestABodyBeyondTheLimitIsRefused(t *testing.T) {
 	x := f.envoy.start(t, duplex, r)
 	if x.immediate == nil || x.immediate.GetStatus().GetCode() != http.StatusRequestEntityTooLarge {
 		t.Fatalf("want 413, got %v", x.immediate)
+	}
+}
+
+func TestTheLargestBodyLimitStillLetsMessagesThrough(t *testing.T) {
+	// The gRPC message bound is the body limit plus room for headers; at
+	// the largest limit the sum must not wrap around to a bound no
+	// message meets.
+	largest := strconv.FormatInt(math.MaxInt64, 10)
+	f := start(t, 1, options{env: map[string]string{
+		"KVGATE_MAX_REQUEST_BODY_BYTES": largest, "KVGATE_MAX_HELD_REQUEST_BYTES": largest}})
+	x := f.envoy.start(t, buffered, completionRequest("under the largest limit", ""))
+	x.forward(64)
+	if x.status != http.StatusOK {
+		t.Fatalf("a request under the largest body limit: %d %s", x.status, x.respBody)
 	}
 }
 
