@@ -88,8 +88,9 @@ var (
 		Section: SectionGateway,
 		Doc: "On SIGINT or SIGTERM, how long the gateway keeps serving, with /readyz answering 503, before it stops " +
 			"accepting connections, in seconds or with a unit (\"500ms\"): load balancers and Kubernetes endpoints " +
-			"see the drain and stop sending requests before connections are refused. Kubernetes takes a few seconds to " +
-			"remove a terminating pod's endpoint everywhere; 0 stops at once.",
+			"see the drain and stop sending requests before connections are refused. Meanwhile every API response carries " +
+			"Connection: close and its connection closes, so that keep-alive clients reconnect elsewhere. Kubernetes takes " +
+			"a few seconds to remove a terminating pod's endpoint everywhere; 0 stops at once.",
 		Flag: "shutdown-delay",
 	}
 	RequestBodyTimeout = Var{

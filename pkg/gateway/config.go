@@ -78,7 +78,8 @@ type Config struct {
 	// ShutdownDelay is how long Serve goes on serving, with /readyz
 	// answering 503, once its context ends, so that load balancers stop
 	// sending requests before the listener closes (KVGATE_SHUTDOWN_DELAY,
-	// which LoadConfig defaults to 5 s; zero stops at once).
+	// which LoadConfig defaults to 5 s; zero stops at once). Responses of
+	// the API listener meanwhile carry Connection: close.
 	ShutdownDelay time.Duration
 	// ShutdownTimeout bounds how long Serve then waits for requests in
 	// flight (KVGATE_SHUTDOWN_TIMEOUT, default 30 s).

@@ -235,7 +235,11 @@
 // serving, /readyz answering 503, for Config.ShutdownDelay
 // (KVGATE_SHUTDOWN_DELAY, 5 s by default) before it stops accepting
 // connections, so that load balancers see the drain rather than refused
-// connections. GET /metrics serves every metric of
+// connections. Meanwhile every response of the API listener carries
+// Connection: close, and its connection closes once it is sent: a
+// keep-alive client opens a new connection for its next request, which
+// goes to another gateway, rather than send it on a connection the end of
+// the delay would cut. GET /metrics serves every metric of
 // the process from one registry: the gateway's, the Store's, the index's,
 // the KV event manager's and its clients', the tokenizer's, the router's,
 // Go's and the process's.

@@ -1,12 +1,14 @@
 package gateway
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"slices"
 	"strings"
 	"sync"
@@ -347,5 +349,138 @@ func TestServeFailsCleanly(t *testing.T) {
 				t.Error("still serving after Serve returned")
 			}
 		})
+	}
+}
+
+func TestResponsesDuringTheShutdownDelayCloseTheirConnections(t *testing.T) {
+	f := startFleet(t, []string{"a"}, fleetOptions{env: map[string]string{
+		"AIBRIX_PREFIX_CACHE_KV_EVENT_SYNC_ENABLED": "false",
+		"KVGATE_SHUTDOWN_DELAY":                     "3s",
+	}})
+	// Keep-alive clients, each on one connection at a time, send whole and
+	// streamed completions (served by the lean HTTP server) and model
+	// listings (by net/http) throughout the shutdown.
+	requests := []func() *http.Request{
+		func() *http.Request {
+			r, _ := http.NewRequest(http.MethodPost, f.url+PathCompletions, strings.NewReader(completion("hi", "")))
+			return r
+		},
+		func() *http.Request {
+			r, _ := http.NewRequest(http.MethodPost, f.url+PathCompletions, strings.NewReader(completion("hi", `,"stream":true`)))
+			return r
+		},
+		func() *http.Request {
+			r, _ := http.NewRequest(http.MethodGet, f.url+PathModels, nil)
+			return r
+		},
+	}
+	var (
+		mu                                  sync.Mutex
+		served, reusedBefore, servedInDrain int
+		keptAlive, lost                     []string
+	)
+	stopClients := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range 6 {
+		wg.Go(func() {
+			c := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1}}
+			defer c.CloseIdleConnections()
+			for {
+				select {
+				case <-stopClients:
+					return
+				default:
+				}
+				draining := f.gw.draining.Load()
+				var reused bool
+				req := requests[i%len(requests)]()
+				req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
+					GotConn: func(c httptrace.GotConnInfo) { reused = c.Reused }}))
+				resp, err := c.Do(req)
+				if err == nil {
+					_, err = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+				}
+				mu.Lock()
+				switch {
+				case err != nil && reused:
+					lost = append(lost, fmt.Sprintf("%s %s: %v", req.Method, req.URL.Path, err))
+				case err != nil:
+					// A new connection once the listener closed: the
+					// gateway is gone, and the load balancer's to avoid.
+					mu.Unlock()
+					return
+				default:
+					served++
+					if reused && !draining {
+						reusedBefore++
+					}
+					if draining {
+						servedInDrain++
+						// Set by the response's Connection: close, which
+						// the client takes out of the header.
+						if !resp.Close {
+							keptAlive = append(keptAlive, req.Method+" "+req.URL.Path)
+						}
+					}
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	testsupport.EventuallyWhy(t, "keep-alive traffic", func() (string, bool) {
+		mu.Lock()
+		defer mu.Unlock()
+		return fmt.Sprintf("%d served, %d on reused connections", served, reusedBefore), served > 50 && reusedBefore > 0
+	})
+	stopped := make(chan error, 1)
+	go func() { stopped <- f.stop() }()
+	testsupport.EventuallyWhy(t, "the shutdown to begin", func() (string, bool) { return "", f.gw.draining.Load() })
+
+	// Each server closes a connection once its response is sent.
+	host := strings.TrimPrefix(f.url, "http://")
+	for _, head := range []string{
+		"POST " + PathCompletions + " HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
+		"GET " + PathModels + " HTTP/1.1\r\nHost: gw\r\n\r\n",
+	} {
+		conn, err := net.Dial("tcp", host)
+		if err != nil {
+			t.Fatal(err)
+		}
+		msg := head
+		if strings.HasPrefix(head, "POST") {
+			body := completion("on a connection of its own", "")
+			msg = fmt.Sprintf(head, len(body), body)
+		}
+		_ = conn.SetDeadline(time.Now().Add(testsupport.WaitTimeout))
+		if _, err := io.WriteString(conn, msg); err != nil {
+			t.Fatal(err)
+		}
+		br := bufio.NewReader(conn)
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("%s: %v", msg[:strings.IndexByte(msg, '\r')], err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if _, err := br.ReadByte(); resp.StatusCode != http.StatusOK || !resp.Close || err != io.EOF {
+			t.Errorf("%s while draining: %d, Connection: close %v, then read %v; want 200, close, and the connection closed",
+				msg[:strings.IndexByte(msg, '\r')], resp.StatusCode, resp.Close, err)
+		}
+		conn.Close()
+	}
+
+	waitStopped(t, stopped)
+	close(stopClients)
+	wg.Wait()
+	if servedInDrain == 0 {
+		t.Fatal("no request was served during the shutdown delay")
+	}
+	if len(keptAlive) > 0 {
+		t.Errorf("%d of %d responses during the shutdown delay kept their connection alive, e.g. %v",
+			len(keptAlive), servedInDrain, keptAlive[0])
+	}
+	if len(lost) > 0 {
+		t.Errorf("%d requests were lost on a kept-alive connection, e.g. %v", len(lost), lost[:min(3, len(lost))])
 	}
 }

@@ -476,6 +476,7 @@ func (g *Gateway) relayWhole(w http.ResponseWriter, r *http.Request, res *podRes
 	}
 	hd := w.Header()
 	setHeader(hd, res, &x.d, addr, &x.vals)
+	g.closeWhenDraining(hd)
 	switch {
 	case complete:
 		hd["Content-Length"] = x.vals.one(strconv.Itoa(x.resp.Len()))
@@ -544,6 +545,7 @@ func (g *Gateway) relayStream(w http.ResponseWriter, r *http.Request, res *podRe
 	c *call, h *inflight.Handle, dropUsage bool, addr string) (abort bool) {
 	hd := w.Header()
 	setHeader(hd, res, &x.d, addr, &x.vals)
+	g.closeWhenDraining(hd)
 	addServerTiming(hd, c, x)
 	hd["Trailer"] = []string{HeaderServerTiming}
 	c.status = http.StatusOK

@@ -34,7 +34,7 @@ func (g *Gateway) routes() (api, admin http.Handler) {
 	adminMux.HandleFunc("/debug/match", g.serveMatch)
 	adminMux.HandleFunc("/debug/slo", g.serveSLO)
 	if adminMux == apiMux {
-		return endingRequests(apiMux), nil
+		return g.endingRequests(apiMux), nil
 	}
 	// Profiles cost CPU to take and show the program's internals: only an
 	// address of their own serves them.
@@ -43,14 +43,36 @@ func (g *Gateway) routes() (api, admin http.Handler) {
 	adminMux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	adminMux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	adminMux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	return endingRequests(apiMux), adminMux
+	return g.endingRequests(apiMux), adminMux
 }
 
 // endingRequests tells each request's connection when the request's
 // handler starts and when it ended, so that the next one's time starts at
 // its own first byte and its writes are not bound by the response before.
-func endingRequests(h http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { serveRequest(h, w, r) })
+// A request that arrives once shutdown has begun is answered with
+// Connection: close (see closeWhenDraining).
+func (g *Gateway) endingRequests(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		g.closeWhenDraining(w.Header())
+		serveRequest(h, w, r)
+	})
+}
+
+// connectionClose is the value of a Connection: close header. Header
+// values are never modified in place, so responses share it.
+var connectionClose = []string{"close"}
+
+// closeWhenDraining sets Connection: close in the response header hd once
+// shutdown has begun, before the response's head is written: the server
+// closes the connection after the response, and a keep-alive client opens
+// its next request's connection afresh, which the load balancer sends to
+// a gateway that is not shutting down. Without it, such a client would
+// keep sending on its connection through the shutdown delay, and a request
+// sent as the connection is closed at the delay's end would be lost.
+func (g *Gateway) closeWhenDraining(hd http.Header) {
+	if g.draining.Load() {
+		hd["Connection"] = connectionClose
+	}
 }
 
 // probes returns a mux answering /healthz and /readyz, and 404 for paths it
