@@ -327,7 +327,7 @@ var (
 		Section: SectionRouting,
 		Doc: "kv-aware: costs (the predicted time to first token and what the prefill holds up) within this fraction " +
 			"of the lowest count as equal, and the request goes to the one of those pods with the least prefill work " +
-			"(the longest cached prefix), then the fewest requests in flight.",
+			"(the longest cached prefix), then the fewest requests in flight. A number >= 0; 0 counts only equal costs as equal.",
 	}
 	RoutingMinFleetQueue = Var{
 		Name:    "KVGATE_ROUTING_MIN_FLEET_QUEUE",
@@ -358,7 +358,7 @@ var (
 		Default: "1",
 		Section: SectionRouting,
 		Doc: "prefix-cache algorithm: a pod with more running requests than mean + factor x standard deviation is not chosen " +
-			"for its prefix match.",
+			"for its prefix match. A number >= 0; 0 bounds the load at the mean.",
 	}
 )
 

@@ -290,10 +290,10 @@ func loadRouting(e *config.Env) routing.Config {
 		DefaultAlgorithm:              e.String(config.RoutingAlgorithm),
 		CPUCacheWeight:                e.Float(config.RoutingCPUCacheWeight, 0),
 		DefaultPrefillTokensPerSecond: e.Float(config.RoutingDefaultPrefillSpeed, routing.MinPrefillTokensPerSecond),
-		TieTolerance:                  e.Float(config.RoutingTieTolerance, 0),
+		TieTolerance:                  routing.TieToleranceSetting(e.Float(config.RoutingTieTolerance, 0)),
 		MinFleetQueue:                 e.Float(config.RoutingMinFleetQueue, 0),
 		ImbalanceAbsCount:             e.Int(config.PrefixCacheImbalanceAbsCount, 1),
-		StdDevFactor:                  e.Float(config.PrefixCacheStdDevFactor, 0),
+		StdDevFactor:                  routing.StdDevFactorSetting(e.Float(config.PrefixCacheStdDevFactor, 0)),
 		MaxInFlightPrefixBlocks:       e.Int(config.RoutingMaxInFlightPrefixBlocks, 1),
 	}
 	if !routing.IsAlgorithm(r.DefaultAlgorithm) {

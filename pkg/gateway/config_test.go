@@ -11,6 +11,7 @@ import (
 	"github.com/kvgate/kvgate/pkg/config"
 	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/kvevent/transport"
+	"github.com/kvgate/kvgate/pkg/routing"
 	"github.com/kvgate/kvgate/pkg/types"
 )
 
@@ -299,5 +300,32 @@ func TestLoadConfigRefusesRoutingNumbersThatCannotPriceARequest(t *testing.T) {
 	e := envOf(map[string]string{"KVGATE_ROUTING_DEFAULT_PREFILL_TOKENS_PER_SECOND": "1"})
 	if cfg := LoadConfig(e); e.Err() != nil || cfg.Routing.DefaultPrefillTokensPerSecond != 1 {
 		t.Errorf("a prefill speed of 1 token a second: %v, %v", cfg.Routing.DefaultPrefillTokensPerSecond, e.Err())
+	}
+}
+
+func TestLoadConfigHonoursAnExplicitZeroTieToleranceAndStdDevFactor(t *testing.T) {
+	// Zero in routing.Config means the default; the operator's 0 is
+	// carried as a negative value, which routing reads as zero.
+	tests := []struct {
+		name  string
+		value func(routing.Config) float64
+	}{
+		{"KVGATE_ROUTING_TTFT_TIE_TOLERANCE", func(c routing.Config) float64 { return c.TieTolerance }},
+		{"AIBRIX_PREFIX_CACHE_STANDARD_DEVIATION_FACTOR", func(c routing.Config) float64 { return c.StdDevFactor }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := envOf(map[string]string{tt.name: "0"})
+			cfg := LoadConfig(e)
+			if err := e.Err(); err != nil {
+				t.Fatalf("%s=0 refused: %v", tt.name, err)
+			}
+			if v := tt.value(cfg.Routing); v >= 0 {
+				t.Errorf("%s=0 gave routing %v, which stands for the default", tt.name, v)
+			}
+			if _, err := routing.New(cfg.Routing); err != nil {
+				t.Errorf("routing.New: %v", err)
+			}
+		})
 	}
 }

@@ -105,7 +105,9 @@ type algorithm interface {
 
 // newAlgorithms returns every algorithm configured by cfg, by name.
 func newAlgorithms(cfg *Config) map[string]algorithm {
-	slo := sloAware{tolerance: cfg.TieTolerance, minQueue: cfg.MinFleetQueue, profiles: cfg.Profiles,
+	// A negative tolerance or factor stands for zero (see Config).
+	tolerance := max(cfg.TieTolerance, 0)
+	slo := sloAware{tolerance: tolerance, minQueue: cfg.MinFleetQueue, profiles: cfg.Profiles,
 		defaultSpeed: cfg.DefaultPrefillTokensPerSecond}
 	pack := slo
 	pack.pack = true
@@ -116,10 +118,10 @@ func newAlgorithms(cfg *Config) map[string]algorithm {
 		LeastLatency: leastLatency{},
 		PrefixCache: prefixCache{
 			absCount:  float64(cfg.ImbalanceAbsCount),
-			factor:    cfg.StdDevFactor,
+			factor:    max(cfg.StdDevFactor, 0),
 			cpuWeight: cfg.CPUCacheWeight,
 		},
-		KVAware:             kvAware{tolerance: cfg.TieTolerance, minQueue: cfg.MinFleetQueue},
+		KVAware:             kvAware{tolerance: tolerance, minQueue: cfg.MinFleetQueue},
 		SLO:                 slo,
 		SLOLeastLoad:        slo,
 		SLOLeastLoadPulling: slo,

@@ -26,6 +26,26 @@ const (
 	DefaultMinFleetQueue          = 0.5
 )
 
+// TieToleranceSetting returns the Config.TieTolerance of a tolerance as
+// operators set it (KVGATE_ROUTING_TTFT_TIE_TOLERANCE), where 0 means that
+// only equal costs tie.
+func TieToleranceSetting(tolerance float64) float64 {
+	if tolerance == 0 {
+		return -1
+	}
+	return tolerance
+}
+
+// StdDevFactorSetting returns the Config.StdDevFactor of a factor as
+// operators set it (AIBRIX_PREFIX_CACHE_STANDARD_DEVIATION_FACTOR), where 0
+// bounds the load at the mean.
+func StdDevFactorSetting(factor float64) float64 {
+	if factor == 0 {
+		return -1
+	}
+	return factor
+}
+
 // MinFleetQueueSetting returns the Config.MinFleetQueue of a floor as
 // operators set it (KVGATE_ROUTING_MIN_FLEET_QUEUE, bench-routing's
 // -router-min-fleet-queue), where 0 means no floor.
@@ -71,8 +91,8 @@ type Config struct {
 	// StdDevFactor bounds the load of a pod prefix-cache chooses for its
 	// match: running <= mean + StdDevFactor x standard deviation
 	// (AIBRIX_PREFIX_CACHE_STANDARD_DEVIATION_FACTOR, default 1). Zero means
-	// the default, so a bound at the mean itself takes a small positive
-	// factor; negative is invalid.
+	// the default; a negative value means a factor of zero, the bound at
+	// the mean itself (see StdDevFactorSetting).
 	StdDevFactor float64
 	// CPUCacheWeight is the share of a token's prefill time saved when its
 	// KV cache is held only outside GPU memory (CPU or storage tiers) and
@@ -89,7 +109,8 @@ type Config struct {
 	// TieTolerance is the relative margin within which kv-aware treats
 	// costs as equal and chooses among the pods by load
 	// (KVGATE_ROUTING_TTFT_TIE_TOLERANCE, default 0.05: within 5% of the
-	// least).
+	// least). Zero means the default; a negative value means none, only
+	// equal costs being equal (see TieToleranceSetting).
 	TieTolerance float64
 	// MinFleetQueue is the least number of prefills kv-aware and the
 	// SLO-aware algorithms take every pod to have queued when they price
@@ -174,9 +195,7 @@ func (c Config) validate() error {
 	if c.ImbalanceAbsCount < 0 {
 		errs = append(errs, fmt.Errorf("ImbalanceAbsCount %d is negative", c.ImbalanceAbsCount))
 	}
-	if finite("StdDevFactor", c.StdDevFactor) && c.StdDevFactor < 0 {
-		errs = append(errs, fmt.Errorf("StdDevFactor %v is negative", c.StdDevFactor))
-	}
+	finite("StdDevFactor", c.StdDevFactor)
 	if finite("CPUCacheWeight", c.CPUCacheWeight) && (c.CPUCacheWeight < 0 || c.CPUCacheWeight > 1) {
 		errs = append(errs, fmt.Errorf("CPUCacheWeight %v is not within [0, 1]", c.CPUCacheWeight))
 	}
@@ -188,9 +207,7 @@ func (c Config) validate() error {
 	if c.MaxInFlightPrefixBlocks < 0 {
 		errs = append(errs, fmt.Errorf("MaxInFlightPrefixBlocks %d is negative", c.MaxInFlightPrefixBlocks))
 	}
-	if finite("TieTolerance", c.TieTolerance) && c.TieTolerance < 0 {
-		errs = append(errs, fmt.Errorf("TieTolerance %v is negative", c.TieTolerance))
-	}
+	finite("TieTolerance", c.TieTolerance)
 	finite("MinFleetQueue", c.MinFleetQueue)
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("invalid routing config: %w", err)

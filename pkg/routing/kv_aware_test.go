@@ -397,3 +397,37 @@ func TestPrefixAwareAlgorithmsFailWithoutAPodWhenNoCostIsANumber(t *testing.T) {
 		})
 	}
 }
+
+func TestKVAwareTiesOnlyEqualCostsWithAToleranceOfZero(t *testing.T) {
+	// p1 holds 96 of the 1,000 prompt tokens but prefills at 8,500 tokens
+	// a second against the others' 10,000: its cost, 0.1739 s, is 0.75%
+	// above theirs, 0.1726 s. Within the default 5% it ties with them and
+	// wins on the least prefill work; without a tolerance, p0 and p2 are
+	// cheaper.
+	tests := []struct {
+		name      string
+		tolerance float64
+		want      []string
+	}{
+		{"default tolerance", 0, []string{"p1"}},
+		{"tolerance set to 0", TieToleranceSetting(0), []string{"p0", "p2"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			pods := testPods(3)
+			idx := newTestIndex(t)
+			p := prompt(0, 1000)
+			holds(t, idx, "p1", p[:96], kvevent.MediumGPU)
+			m := uniformFleet(3).set("p1", cache.PrefillTokensPerSecond, 8500)
+			r, _ := newTestRouter(t, m, idx, func(c *Config) { c.TieTolerance = tt.tolerance })
+
+			d := route(t, r, request("r", KVAware, p), pods)
+			if !slices.ContainsFunc(tt.want, func(p string) bool { return d.PodKey == key(p) }) {
+				t.Fatalf("chose %s, want one of %v; %+v", d.PodKey, tt.want, d.Candidates)
+			}
+			if c := candidate(t, d, "p1"); c.UncachedTokens != 904 || !near(c.Score, 904.0/8500+0.02+904/(28500.0/3)*0.5) {
+				t.Fatalf("p1 %+v, want 904 uncached tokens and a cost of 0.1739 s", c)
+			}
+		})
+	}
+}

@@ -1,6 +1,7 @@
 package routing
 
 import (
+	"slices"
 	"testing"
 
 	"github.com/kvgate/kvgate/pkg/cache"
@@ -114,6 +115,38 @@ func TestPrefixCacheFollowsAIBrixRules(t *testing.T) {
 			}
 			if tt.loadLimit != 0 && !near(d.LoadLimit, tt.loadLimit) {
 				t.Fatalf("load limit %v, want %v", d.LoadLimit, tt.loadLimit)
+			}
+		})
+	}
+}
+
+func TestPrefixCacheBoundsTheLoadAtTheMeanWithAFactorOfZero(t *testing.T) {
+	// Running 0, 0, 2, 2: mean 1, standard deviation 1. p3, the holder,
+	// is within the default bound of 2, above the mean.
+	tests := []struct {
+		name      string
+		factor    float64
+		want      []string
+		outcome   Outcome
+		loadLimit float64
+	}{
+		{"default factor", 0, []string{"p3"}, OutcomePrefixHit, 2},
+		{"factor set to 0", StdDevFactorSetting(0), []string{"p0", "p1"}, OutcomeLoadOverPrefix, 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			pods := testPods(4)
+			idx := newTestIndex(t)
+			p := prompt(0, 2048)
+			holds(t, idx, "p3", p, kvevent.MediumGPU)
+			m := uniformFleet(4).set("p2", cache.RealtimeNumRequestsRunning, 2).set("p3", cache.RealtimeNumRequestsRunning, 2)
+			r, _ := newTestRouter(t, m, idx, func(c *Config) { c.StdDevFactor = tt.factor })
+
+			d := route(t, r, request("r", PrefixCache, p), pods)
+			if !slices.ContainsFunc(tt.want, func(p string) bool { return d.PodKey == key(p) }) || d.Outcome != tt.outcome ||
+				!near(d.LoadLimit, tt.loadLimit) {
+				t.Fatalf("chose %s (%s) under a load limit of %v, want one of %v (%s) under %v", d.PodKey, d.Outcome,
+					d.LoadLimit, tt.want, tt.outcome, tt.loadLimit)
 			}
 		})
 	}
