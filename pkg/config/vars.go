@@ -76,11 +76,14 @@ var (
 	}
 	RequestTTL = Var{
 		Name:    "KVGATE_REQUEST_TTL_SECONDS",
-		Default: "3600",
+		Default: "3700",
 		Section: SectionGateway,
 		Doc: "A request in flight whose end the gateway never recorded stops counting after this long, in seconds or " +
 			"with a unit (\"1h\"): as load on its pod, as prefill work queued there, in request traces and shared " +
-			"counts. Requests that outlive it are counted in kvgate_cache_requests_expired_total.",
+			"counts. Requests that outlive it are counted in kvgate_cache_requests_expired_total. It must exceed the " +
+			"longest a request is served: AIBRIX_TOKENIZER_REQUEST_TIMEOUT (with the remote tokenizer) + " +
+			"KVGATE_SLO_QUEUE_MAX_WAIT + KVGATE_UPSTREAM_RESPONSE_TIMEOUT. Under ext_proc, Envoy's route timeout bounds a " +
+			"response instead, and must leave the same margin.",
 	}
 	ShutdownDelay = Var{
 		Name:    "KVGATE_SHUTDOWN_DELAY",

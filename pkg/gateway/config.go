@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"cmp"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -49,6 +50,11 @@ const (
 	// DefaultResponseTimeout bounds a whole response, from the request
 	// sent to a pod to the last byte written to the client.
 	DefaultResponseTimeout = time.Hour
+	// DefaultRequestTTL is how long a request may stay in flight without
+	// an end before the request ledger reaps it: beyond the longest a
+	// request is served with the default timeouts (see
+	// Config.LongestRequest), 1 h 1 min 5 s.
+	DefaultRequestTTL = 3700 * time.Second
 	// DefaultMaxStreamEventBytes bounds one server-sent event of a pod's
 	// stream.
 	DefaultMaxStreamEventBytes = 1 << 20
@@ -169,7 +175,8 @@ type Config struct {
 	SLO slo.Config
 	// RequestTTL is how long a request may stay in flight without an end
 	// before the request ledger reaps it (KVGATE_REQUEST_TTL_SECONDS,
-	// default inflight.DefaultTTL).
+	// DefaultRequestTTL when 0). It must exceed LongestRequest, so that
+	// no request still being served is reaped.
 	RequestTTL time.Duration
 	// Redis is the Redis server and the state the gateway keeps there.
 	Redis RedisConfig
@@ -266,8 +273,40 @@ func LoadConfig(e *config.Env) Config {
 		e.Errorf("%s=%q: %v", config.TokenizerEndpointTemplate.Name, cfg.TokenizerEndpointTemplate, err)
 	}
 	checkDeadPodTimeout(e, cfg)
+	if err := cfg.withDefaults().checkRequestTTL(); err != nil {
+		e.Errorf("%v", err)
+	}
 	checkFiles(e, cfg)
 	return cfg
+}
+
+// LongestRequest returns the longest the gateway serves a request, of a
+// Config with its defaults, from its admission to the request ledger
+// (once its body was read) to its end: its tokenization with the remote
+// tokenizer, its wait in its model's SLO queue, and its response.
+func (c Config) LongestRequest() time.Duration {
+	d := c.SLO.MaxWait + c.ResponseTimeout
+	if c.RemoteTokenizer {
+		d += cmp.Or(c.Tokenizer.Timeout, tokenizer.DefaultTimeout)
+	}
+	return d
+}
+
+// checkRequestTTL refuses, in a Config with its defaults, a request TTL
+// that does not exceed LongestRequest: the ledger would reap a request
+// still being served, and forget its load on its pod.
+func (c Config) checkRequestTTL() error {
+	longest := c.LongestRequest()
+	if c.RequestTTL > longest {
+		return nil
+	}
+	parts := ""
+	if c.RemoteTokenizer {
+		parts = fmt.Sprintf("%s (%v) + ", config.TokenizerRequestTimeout.Name, cmp.Or(c.Tokenizer.Timeout, tokenizer.DefaultTimeout))
+	}
+	return fmt.Errorf("%s (%v) must exceed %v, the longest a request is served once admitted: %s%s (%v) + %s (%v); "+
+		"a request still served beyond the TTL is dropped from its pod's load", config.RequestTTL.Name, c.RequestTTL, longest,
+		parts, config.SLOQueueMaxWait.Name, c.SLO.MaxWait, config.UpstreamResponseTimeout.Name, c.ResponseTimeout)
 }
 
 // checkDeadPodTimeout records a dead-pod timeout too short for the scrapes

@@ -31,7 +31,7 @@ func TestLoadConfigDefaults(t *testing.T) {
 	if cfg.ListenAddress != ":8080" || cfg.AdminListenAddress != "" || cfg.MaxRequestBodyBytes != 16<<20 || cfg.ShutdownTimeout != 30*time.Second ||
 		cfg.ShutdownDelay != 5*time.Second || cfg.Discovery.Mode != config.DiscoveryKubernetes || !cfg.KVSync.Enabled ||
 		!cfg.RemoteTokenizer || cfg.TokenizerEndpointTemplate != "http://%s:8000" || cfg.Tokenizer.Timeout != 5*time.Second ||
-		cfg.Routing.DefaultAlgorithm != "kv-aware" || cfg.Routing.MinFleetQueue != 0.5 || cfg.RequestTTL != time.Hour ||
+		cfg.Routing.DefaultAlgorithm != "kv-aware" || cfg.Routing.MinFleetQueue != 0.5 || cfg.RequestTTL != DefaultRequestTTL ||
 		cfg.Cache.PodMetricRefreshInterval != 50*time.Millisecond || cfg.Cache.AdapterRefreshInterval != 10*time.Second ||
 		cfg.MaxHeldRequestBytes != 256<<20 || cfg.ClientWriteTimeout != time.Minute || cfg.ResponseTimeout != time.Hour ||
 		cfg.Cache.MaxAdaptersPerPod != 256 || cfg.MaxClientConnections != 10000 {
@@ -325,6 +325,53 @@ func TestLoadConfigHonoursAnExplicitZeroTieToleranceAndStdDevFactor(t *testing.T
 			}
 			if _, err := routing.New(cfg.Routing); err != nil {
 				t.Errorf("routing.New: %v", err)
+			}
+		})
+	}
+}
+
+func TestARequestTTLMustOutlastTheLongestRequest(t *testing.T) {
+	// With the defaults a request is served for at most 5 s of
+	// tokenization, 1 min in its SLO queue and 1 h of response.
+	tests := []struct {
+		name string
+		env  map[string]string
+		want []string // in the error; none when accepted
+	}{
+		{"the defaults", nil, nil},
+		{"the former default of an hour", map[string]string{"KVGATE_REQUEST_TTL_SECONDS": "3600"},
+			[]string{"KVGATE_REQUEST_TTL_SECONDS (1h0m0s) must exceed 1h1m5s", "AIBRIX_TOKENIZER_REQUEST_TIMEOUT (5s)",
+				"KVGATE_SLO_QUEUE_MAX_WAIT (1m0s)", "KVGATE_UPSTREAM_RESPONSE_TIMEOUT (1h0m0s)"}},
+		{"a TTL equal to the longest request", map[string]string{"KVGATE_REQUEST_TTL_SECONDS": "3665"},
+			[]string{"KVGATE_REQUEST_TTL_SECONDS"}},
+		{"a response timeout raised alone", map[string]string{"KVGATE_UPSTREAM_RESPONSE_TIMEOUT": "2h"},
+			[]string{"KVGATE_REQUEST_TTL_SECONDS (1h1m40s) must exceed 2h1m5s"}},
+		{"a response timeout and TTL raised together", map[string]string{"KVGATE_UPSTREAM_RESPONSE_TIMEOUT": "2h",
+			"KVGATE_REQUEST_TTL_SECONDS": "2h2m"}, nil},
+		{"without the remote tokenizer", map[string]string{"AIBRIX_PREFIX_CACHE_USE_REMOTE_TOKENIZER": "false",
+			"AIBRIX_PREFIX_CACHE_KV_EVENT_SYNC_ENABLED": "false", "KVGATE_REQUEST_TTL_SECONDS": "3661"}, nil},
+		{"a short response timeout and a shorter TTL", map[string]string{"KVGATE_UPSTREAM_RESPONSE_TIMEOUT": "30s",
+			"KVGATE_UPSTREAM_FIRST_BYTE_TIMEOUT": "30s", "KVGATE_REQUEST_TTL_SECONDS": "1"},
+			[]string{"KVGATE_REQUEST_TTL_SECONDS (1s) must exceed 1m35s"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := envOf(tt.env)
+			cfg := LoadConfig(e)
+			err := e.Err()
+			if tt.want == nil {
+				if err != nil {
+					t.Fatalf("LoadConfig: %v", err)
+				}
+				return
+			}
+			for _, w := range tt.want {
+				if err == nil || !strings.Contains(err.Error(), w) {
+					t.Errorf("LoadConfig: %v, want an error mentioning %s", err, w)
+				}
+			}
+			if _, err := New(cfg); err == nil || !strings.Contains(err.Error(), "KVGATE_REQUEST_TTL_SECONDS") {
+				t.Errorf("New: %v, want the TTL refused", err)
 			}
 		})
 	}

@@ -135,6 +135,9 @@ func New(cfg Config) (*Gateway, error) {
 		return nil, fmt.Errorf("gateway: the client connections held open at once (%d) must be at least 1",
 			cfg.MaxClientConnections)
 	}
+	if err := cfg.checkRequestTTL(); err != nil {
+		return nil, fmt.Errorf("gateway: %w", err)
+	}
 	if cfg.ResponseTimeout < cfg.FirstByteTimeout {
 		return nil, fmt.Errorf("gateway: the response timeout %s (%v) must be at least the first-byte timeout %s (%v)",
 			config.UpstreamResponseTimeout.Name, cfg.ResponseTimeout, config.UpstreamFirstByteTimeout.Name, cfg.FirstByteTimeout)
@@ -198,6 +201,7 @@ func (c Config) withDefaults() Config {
 	c.MaxStreamEventBytes = cmp.Or(c.MaxStreamEventBytes, DefaultMaxStreamEventBytes)
 	c.MaxIdleConnsPerPod = cmp.Or(c.MaxIdleConnsPerPod, DefaultMaxIdleConnsPerPod)
 	c.SLO.MaxWait = cmp.Or(c.SLO.MaxWait, slo.DefaultMaxWait)
+	c.RequestTTL = cmp.Or(c.RequestTTL, DefaultRequestTTL)
 	if c.Logger.GetSink() == nil {
 		c.Logger = klog.Background()
 	}
