@@ -3,6 +3,7 @@ package tokenizer
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"runtime"
 	"strings"
 	"sync"
@@ -244,5 +245,39 @@ func TestResponseIDsTakeOneAllocationOfTheirCount(t *testing.T) {
 	runtime.ReadMemStats(&after)
 	if n := after.TotalAlloc - before.TotalAlloc; n > 1<<20 {
 		t.Fatalf("decoding a response of 3 ids said to be 2e9 allocated %d bytes", n)
+	}
+}
+
+// repeatedTokensReply returns a TokenizeResponse of about n bytes whose
+// count, n/4, comes first and whose "tokens" member, null but for the
+// last, is repeated until the reply is n bytes long.
+func repeatedTokensReply(n int) []byte {
+	var b strings.Builder
+	fmt.Fprintf(&b, `{"count":%d,"max_model_len":4096`, n/4)
+	for b.Len() < n-32 {
+		b.WriteString(`,"tokens":null`)
+	}
+	b.WriteString(`,"tokens":[1]}`)
+	return []byte(b.String())
+}
+
+func TestRepliesWithRepeatedTokensAreRefusedInAllocationsLinearInTheirSize(t *testing.T) {
+	for _, body := range [][]byte{
+		repeatedTokensReply(64 << 10),
+		repeatedTokensReply(256 << 10),
+		[]byte(`{"count":1,"max_model_len":4096,"tokens":[1],"tokens":[1]}`),
+		[]byte(`{"count":1,"max_model_len":4096,"tokens":[1],"tokens":null}`),
+	} {
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		_, err := decodeResponse(body)
+		runtime.ReadMemStats(&after)
+		if err == nil || !strings.Contains(err.Error(), `repeated "tokens"`) {
+			t.Errorf("reply of %d bytes with repeated \"tokens\": %v, want it refused for the repetition", len(body), err)
+		}
+		if n := after.TotalAlloc - before.TotalAlloc; n > 16*uint64(len(body))+64<<10 {
+			t.Errorf("decoding a reply of %d bytes allocated %d bytes, more than 16 times its size", len(body), n)
+		}
 	}
 }

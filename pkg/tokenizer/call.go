@@ -155,9 +155,12 @@ func idsFor(count, left int) []uint32 {
 }
 
 // scanResponse reads the members of a TokenizeResponse; count is -1 and
-// tokens nil when absent or null, maxLen 0 when absent.
+// tokens nil when absent or null, maxLen 0 when absent. A repeated "tokens"
+// member is an error, and room for the ids is made only for an array, so
+// that decoding allocates at most in proportion to the reply.
 func scanResponse(b []byte) (count, maxLen int, tokens []uint32, err error) {
 	count = -1
+	seenTokens := false
 	i := jsonscan.SkipSpace(b, 0)
 	if i >= len(b) || b[i] != '{' {
 		return 0, 0, nil, errors.New("not a JSON object")
@@ -182,7 +185,15 @@ func scanResponse(b []byte) (count, maxLen int, tokens []uint32, err error) {
 		i = jsonscan.SkipSpace(b, i+1)
 		switch string(name) {
 		case "tokens":
-			tokens, i, err = jsonscan.ParseTokenIDs(b, i, idsFor(count, len(b)-i))
+			if seenTokens {
+				return 0, 0, nil, errors.New(`repeated "tokens" member`)
+			}
+			seenTokens = true
+			var room []uint32
+			if i < len(b) && b[i] == '[' {
+				room = idsFor(count, len(b)-i)
+			}
+			tokens, i, err = jsonscan.ParseTokenIDs(b, i, room)
 		case "count", "max_model_len":
 			var n uint64
 			if bytes.HasPrefix(b[i:], jsonNull) {

@@ -28,7 +28,8 @@ const (
 	// ReasonStatus means the server answered with a status other than 200.
 	ReasonStatus Reason = "status"
 	// ReasonBadBody means the server answered 200 with a body that is not a
-	// valid vLLM TokenizeResponse, or one larger than Config.MaxResponseBytes.
+	// valid vLLM TokenizeResponse (one naming "tokens" twice included), or
+	// one larger than Config.MaxResponseBytes.
 	ReasonBadBody Reason = "bad_body"
 	// ReasonTooLarge means the request's model is tokenized in process and
 	// its text exceeds Config.LocalMaxBytes: it is tokenized neither in
