@@ -83,6 +83,9 @@ func TestRequestsThatTokenizeDifferentlyDoNotShareEntries(t *testing.T) {
 		{"reasoning_effort", chat, `{"model":"m",` + msgs + `,"reasoning_effort":"low"}`},
 		{"mm_processor_kwargs", chat, `{"model":"m",` + msgs + `,"mm_processor_kwargs":{"a":1}}`},
 		{"media_io_kwargs", chat, `{"model":"m",` + msgs + `,"media_io_kwargs":{"image":{}}}`},
+		{"model, no messages", `{"model":"m","messages":[]}`, `{"model":"m-lora","messages":[]}`},
+		{"tools, no messages", `{"model":"m","messages":[]}`, `{"model":"m","messages":[],"tools":[{"type":"function","function":{"name":"f"}}]}`},
+		{"add_generation_prompt, no messages", `{"model":"m","messages":[]}`, `{"model":"m","messages":[],"add_generation_prompt":false}`},
 		{"completion add_special_tokens", `{"model":"m","prompt":"hi"}`, `{"model":"m","prompt":"hi","add_special_tokens":false}`},
 		{"completion model", `{"model":"m","prompt":"hi"}`, `{"model":"m-lora","prompt":"hi"}`},
 	}

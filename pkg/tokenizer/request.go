@@ -136,10 +136,11 @@ func (r *CompletionRequest) body(text json.RawMessage) ([]byte, error) {
 // vLLM, with defaults applied, so that requests vLLM renders alike share it.
 // The messages are chained one by one (see messageKeys), so that the key
 // of a conversation's first k messages is the key a request holding just
-// those messages had.
+// those messages had. With no messages the key is the digest of the other
+// fields alone.
 func (r *ChatRequest) key(seed uint64) digest {
 	base := r.base(seed)
-	var d digest
+	d := base
 	if !r.chainMessages(base, func(k digest) { d = k }) {
 		return r.rawKey(base)
 	}
