@@ -102,19 +102,39 @@ const chats = [
       ],
     },
   },
+  {
+    name: "tool_calls_without_arguments", request: {
+      tools, messages: [
+        { role: "user", content: "Weather here and there?" },
+        {
+          role: "assistant", content: "", tool_calls: [
+            { id: "call_1", type: "function", function: { name: "get_weather", arguments: "" } },
+            { id: "call_2", type: "function", function: { name: "get_weather", arguments: null } },
+            { id: "call_3", type: "function", function: { name: "get_weather" } },
+          ],
+        },
+        { role: "tool", tool_call_id: "call_1", content: "sunny" },
+      ],
+    },
+  },
+  { name: "empty_tool_calls", request: { messages: [{ role: "user", content: "Hi" }, { role: "assistant", content: "Hello", tool_calls: [] }, { role: "user", content: "Bye" }] } },
 ];
 
 // toTemplateMessages converts messages as vLLM does before rendering:
 // content as one string (text parts joined with newlines, null as ""),
-// tool call arguments decoded from their JSON strings.
+// tool call arguments decoded from their JSON strings, absent, null or
+// empty arguments as {}, and an empty list of tool calls left out.
 function toTemplateMessages(messages) {
   return messages.map((m) => {
     let content = m.content;
     if (content == null) content = "";
     if (Array.isArray(content)) content = content.map((p) => p.text).join("\n");
     const out = { role: m.role, content };
-    if (m.role === "assistant" && m.tool_calls) {
-      out.tool_calls = m.tool_calls.map((c) => ({ ...c, function: { ...c.function, arguments: JSON.parse(c.function.arguments) } }));
+    if (m.role === "assistant" && m.tool_calls && m.tool_calls.length > 0) {
+      out.tool_calls = m.tool_calls.map((c) => {
+        const args = c.function.arguments;
+        return { ...c, function: { ...c.function, arguments: args ? JSON.parse(args) : {} } };
+      });
     }
     if (m.role === "tool" && m.tool_call_id !== undefined) out.tool_call_id = m.tool_call_id;
     return out;

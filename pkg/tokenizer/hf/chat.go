@@ -115,11 +115,13 @@ func (t *Tokenizer) HasChatTemplate() bool { return t.template != nil }
 
 // RenderChat renders c with the chat template as vLLM's chat endpoints
 // do: message contents given as lists of text parts are joined with
-// newlines, assistant tool call arguments given as JSON strings are
-// decoded, and the template sees the special tokens of tokenizer_config
-// (bos_token, eos_token, ...), tools, documents, add_generation_prompt and
-// the extra variables. It fails on a message with content other than text,
-// on invalid JSON, and when the template fails.
+// newlines, assistant tool calls are passed as vLLM passes them (see
+// decodeArguments; an empty list of tool calls is left out), and the
+// template sees the special tokens of tokenizer_config (bos_token,
+// eos_token, ...), tools, documents, add_generation_prompt and the extra
+// variables. It fails on a message with content other than text, on
+// invalid JSON, on tool calls vLLM would not render alike in all its
+// versions, and when the template fails.
 func (t *Tokenizer) RenderChat(c Chat) (string, error) {
 	if t.template == nil {
 		return "", ErrNoChatTemplate
@@ -239,10 +241,16 @@ func chatMessage(m *jinja.Dict) (jinja.Value, string, error) {
 		if !calls.IsList() {
 			return out, "", errors.New("tool_calls is not a list")
 		}
-		for _, c := range calls.AsList().Items {
-			decodeArguments(c)
+		for i, c := range calls.AsList().Items {
+			if err := decodeArguments(c); err != nil {
+				return out, "", fmt.Errorf("tool_calls[%d]: %w", i, err)
+			}
 		}
-		d.Set("tool_calls", calls)
+		// vLLM drops an empty list, so that templates take the path of an
+		// assistant message without tool calls.
+		if calls.AsList().Len() > 0 {
+			d.Set("tool_calls", calls)
+		}
 	}
 	if id, ok := m.Get("tool_call_id"); ok && role.AsString() == "tool" {
 		d.Set("tool_call_id", id)
@@ -282,21 +290,41 @@ func contentText(content jinja.Value) (string, error) {
 	return "", errors.New("content is neither a string nor a list of parts")
 }
 
-// decodeArguments replaces a tool call's function arguments given as a
-// JSON string by the value it holds, as vLLM does for templates.
-func decodeArguments(call jinja.Value) {
+// decodeArguments gives a tool call's function arguments the value vLLM
+// passes to templates: absent, null, empty or otherwise false arguments
+// become an empty object, a JSON string holding an object becomes that
+// object, and an object stays as it is. It fails on what vLLM versions
+// disagree on or refuse, so that the engine renders such a chat itself: a
+// call that is not an object, a function that is absent or not an object,
+// a type other than "function", and arguments of another kind, including
+// a string that is not valid JSON or holds no object.
+func decodeArguments(call jinja.Value) error {
 	if !call.IsDict() {
-		return
+		return errors.New("not an object")
+	}
+	if typ, ok := call.AsDict().Get("type"); ok && (!typ.IsString() || typ.AsString() != "function") {
+		return errors.New(`type is not "function"`)
 	}
 	fn, ok := call.AsDict().Get("function")
 	if !ok || !fn.IsDict() {
-		return
+		return errors.New("function is not an object")
 	}
-	args, ok := fn.AsDict().Get("arguments")
-	if !ok || !args.IsString() {
-		return
-	}
-	if v, err := parseValue([]byte(args.AsString())); err == nil {
+	args, _ := fn.AsDict().Get("arguments")
+	switch {
+	case !args.IsTruthy():
+		fn.AsDict().Set("arguments", jinja.NewDict())
+	case args.IsDict():
+	case args.IsString():
+		v, err := parseValue([]byte(args.AsString()))
+		if err != nil {
+			return fmt.Errorf("function arguments: %w", err)
+		}
+		if !v.IsDict() {
+			return errors.New("function arguments do not hold a JSON object")
+		}
 		fn.AsDict().Set("arguments", v)
+	default:
+		return errors.New("function arguments are neither an object nor a JSON string")
 	}
+	return nil
 }

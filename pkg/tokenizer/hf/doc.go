@@ -32,7 +32,9 @@
 // Chat templates are rendered with github.com/ardanlabs/jinja, given what
 // vLLM's chat endpoint gives them: the messages with their content as one
 // string (text parts joined with newlines) and tool call arguments decoded
-// from JSON, tools, add_generation_prompt, the special tokens of
+// from JSON (absent, null or empty arguments as an empty object; arguments
+// that do not decode to an object make RenderChat fail, leaving such chats
+// to the engine), tools, add_generation_prompt, the special tokens of
 // tokenizer_config.json (bos_token, eos_token, unk_token, pad_token) and
 // the request's extra template variables. continue_final_message cuts the
 // rendered chat after the last message, as transformers does.
