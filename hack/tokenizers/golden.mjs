@@ -87,6 +87,7 @@ const chats = [
   { name: "twenty_turns", request: { messages: [system, ...turns.slice(0, 39)] } },
   { name: "no_generation_prompt", request: { messages: [system, ...turns.slice(0, 4)], add_generation_prompt: false } },
   { name: "continue_final_message", request: { messages: [system, { role: "user", content: "Count to three." }, { role: "assistant", content: "One, two," }], add_generation_prompt: false, continue_final_message: true } },
+  { name: "continue_final_message_with_trailing_space", request: { messages: [{ role: "user", content: "Count to three." }, { role: "assistant", content: "One, two, " }], add_generation_prompt: false, continue_final_message: true } },
   { name: "content_parts", request: { messages: [{ role: "user", content: [{ type: "text", text: "first part" }, { type: "text", text: "second part" }] }] } },
   { name: "unicode_and_specials", request: { messages: [system, { role: "user", content: texts[11] + "\n" + texts[8] + "\n" + texts[9] }] } },
   { name: "whitespace_edges", request: { messages: [{ role: "user", content: "  padded  \n\n" }, { role: "assistant", content: "\n\nreply\n" }, { role: "user", content: "\tnext" }] } },
@@ -141,13 +142,21 @@ function toTemplateMessages(messages) {
   });
 }
 
+// pyStrip and pyLstrip strip what Python's str.strip() and str.lstrip()
+// do: Unicode white space and U+001C to U+001F (JavaScript's trim differs).
+const pySpace = "[\\s\\x1c-\\x1f\\x85]";
+const pyStrip = (s) => s.replace(new RegExp(`^(?:(?!\\ufeff)${pySpace})+|(?:(?!\\ufeff)${pySpace})+$`, "gu"), "");
+const pyLstrip = (s) => s.replace(new RegExp(`^(?:(?!\\ufeff)${pySpace})+`, "u"), "");
+
 // continueFinal cuts the rendered chat after the final message, as
-// transformers' apply_chat_template does for continue_final_message.
+// transformers' apply_chat_template does for continue_final_message: it
+// keeps the message's trailing white space only when the whole message,
+// unchanged, follows the last occurrence of the stripped message.
 function continueFinal(rendered, final) {
-  const trimmed = final.trim();
+  const trimmed = pyStrip(final);
   const loc = rendered.lastIndexOf(trimmed);
-  const lead = final.replace(/^\s+/, "");
-  if (rendered.slice(loc, loc + lead.length) === lead) return rendered.slice(0, loc + lead.length);
+  const lead = pyLstrip(final);
+  if (rendered.slice(loc, loc + lead.length) === final) return rendered.slice(0, loc + lead.length);
   return rendered.slice(0, loc + trimmed.length);
 }
 

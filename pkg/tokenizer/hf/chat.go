@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"unicode"
 
 	"github.com/ardanlabs/jinja"
 )
@@ -182,17 +183,26 @@ func (t *Tokenizer) EncodeChat(c Chat, addSpecialTokens bool) ([]uint32, error) 
 }
 
 // continueFinal cuts rendered after the final message's content, as
-// transformers' apply_chat_template does for continue_final_message.
+// transformers' apply_chat_template does for continue_final_message: at
+// the last occurrence of the content stripped of white space, it keeps the
+// content's trailing white space only when the rendered chat holds the
+// whole content, unchanged, there.
 func continueFinal(rendered, final string) (string, error) {
-	trimmed := strings.TrimSpace(final)
+	trimmed := strings.TrimFunc(final, pythonSpace)
 	loc := strings.LastIndex(rendered, trimmed)
 	if loc < 0 {
 		return "", errors.New("continue_final_message: the final message does not appear in the rendered chat")
 	}
-	if lead := strings.TrimLeft(final, " \t\n\r\v\f"); strings.HasPrefix(rendered[loc:], lead) {
-		return rendered[:loc+len(lead)], nil
+	if lead := strings.TrimLeftFunc(final, pythonSpace); lead == final && strings.HasPrefix(rendered[loc:], final) {
+		return rendered[:loc+len(final)], nil
 	}
 	return rendered[:loc+len(trimmed)], nil
+}
+
+// pythonSpace reports whether Python's str.strip() removes r: Unicode
+// white space and the separators U+001C to U+001F.
+func pythonSpace(r rune) bool {
+	return unicode.IsSpace(r) || r >= 0x1c && r <= 0x1f
 }
 
 // chatMessages converts the messages as vLLM does before rendering, and

@@ -60,3 +60,36 @@ func TestToolCallsVLLMVersionsRenderDifferentlyAreRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestContinueFinalMessageCutsWhereTransformersDoes checks the cut of a
+// prefill with white space at its ends. want is the end of what
+// transformers' apply_chat_template renders with Qwen3's template, which
+// strips only leading newlines from the message: the trailing white
+// space stays only when the message has no leading white space and
+// appears whole in the rendered chat; Python's strip also removes U+001C.
+func TestContinueFinalMessageCutsWhereTransformersDoes(t *testing.T) {
+	tk := loadModel(t, "qwen3")
+	const head = "<|im_start|>user\nCount to three.<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+	for _, tt := range []struct{ final, want string }{
+		{" One, two, ", " One, two,"},
+		{"One, two, ", "One, two, "},
+		{" One, two,", " One, two,"},
+		{"\n One, two,\n", " One, two,"},
+		{"One, two,\n\n", "One, two,\n\n"},
+		{"\u3000One, two,\u3000", "\u3000One, two,"},
+		{"\x1cOne, two,\x1c", "\x1cOne, two,"},
+		{"\tOne, two,", "\tOne, two,"},
+	} {
+		final, err := json.Marshal(tt.final)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := tk.RenderChat(Chat{
+			Messages:             json.RawMessage(`[{"role":"user","content":"Count to three."},{"role":"assistant","content":` + string(final) + `}]`),
+			ContinueFinalMessage: true,
+		})
+		if err != nil || got != head+tt.want {
+			t.Errorf("final message %q: rendered %q (%v), want %q", tt.final, got, err, head+tt.want)
+		}
+	}
+}
