@@ -53,7 +53,8 @@
 // reached leaves the model unverified, to be tried again 30 seconds later;
 // one that refuses a sample sends the form back to the engine. A request
 // the files cannot render (content other than text, a chat_template of its
-// own, multimodal settings) is tokenized by the engine.
+// own, multimodal settings, a JSON number that is not an int64 integer,
+// which templates would print unlike Python) is tokenized by the engine.
 //
 // The work of one request in process is bounded. Its text, a prompt or a
 // chat's JSON and the chat it renders, is at most Config.LocalMaxBytes

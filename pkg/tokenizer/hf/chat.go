@@ -121,7 +121,8 @@ func (t *Tokenizer) HasChatTemplate() bool { return t.template != nil }
 // template sees the special tokens of tokenizer_config (bos_token,
 // eos_token, ...), tools, documents, add_generation_prompt and the extra
 // variables. It fails on a message with content other than text, on
-// invalid JSON, on tool calls vLLM would not render alike in all its
+// invalid JSON, on a number that is not an int64 integer
+// (ErrInexactNumber), on tool calls vLLM would not render alike in all its
 // versions, and when the template fails.
 func (t *Tokenizer) RenderChat(c Chat) (string, error) {
 	if t.template == nil {
@@ -136,7 +137,7 @@ func (t *Tokenizer) RenderChat(c Chat) (string, error) {
 		vars[k] = v
 	}
 	if present(c.TemplateKwargs) {
-		kw, err := parseValue(c.TemplateKwargs)
+		kw, err := templateValue(c.TemplateKwargs)
 		if err != nil {
 			return "", fmt.Errorf("chat_template_kwargs: %w", err)
 		}
@@ -151,12 +152,12 @@ func (t *Tokenizer) RenderChat(c Chat) (string, error) {
 	vars["messages"] = msgs
 	vars["tools"] = jinja.None()
 	if present(c.Tools) {
-		if vars["tools"], err = parseValue(c.Tools); err != nil {
+		if vars["tools"], err = templateValue(c.Tools); err != nil {
 			return "", fmt.Errorf("tools: %w", err)
 		}
 	}
 	if present(c.Documents) {
-		if vars["documents"], err = parseValue(c.Documents); err != nil {
+		if vars["documents"], err = templateValue(c.Documents); err != nil {
 			return "", fmt.Errorf("documents: %w", err)
 		}
 	}
@@ -208,7 +209,7 @@ func pythonSpace(r rune) bool {
 // chatMessages converts the messages as vLLM does before rendering, and
 // returns the text of the last one.
 func chatMessages(raw json.RawMessage) (jinja.Value, string, error) {
-	v, err := parseValue(raw)
+	v, err := templateValue(raw)
 	if err != nil {
 		return jinja.Value{}, "", fmt.Errorf("messages: %w", err)
 	}
@@ -325,7 +326,7 @@ func decodeArguments(call jinja.Value) error {
 		fn.AsDict().Set("arguments", jinja.NewDict())
 	case args.IsDict():
 	case args.IsString():
-		v, err := parseValue([]byte(args.AsString()))
+		v, err := templateValue([]byte(args.AsString()))
 		if err != nil {
 			return fmt.Errorf("function arguments: %w", err)
 		}

@@ -2,6 +2,7 @@ package hf
 
 import (
 	"encoding/json"
+	"errors"
 	"testing"
 )
 
@@ -90,6 +91,34 @@ func TestContinueFinalMessageCutsWhereTransformersDoes(t *testing.T) {
 		})
 		if err != nil || got != head+tt.want {
 			t.Errorf("final message %q: rendered %q (%v), want %q", tt.final, got, err, head+tt.want)
+		}
+	}
+}
+
+func TestChatsHoldingNumbersOtherThanInt64IntegersAreRefused(t *testing.T) {
+	tk := loadModel(t, "qwen3")
+	chat := func(n string) []Chat {
+		msgs := json.RawMessage(`[{"role":"user","content":"hi"}]`)
+		return []Chat{
+			{Messages: msgs, Tools: json.RawMessage(`[{"type":"function","function":{"name":"f","parameters":{"default":` + n + `}}}]`)},
+			{Messages: msgs, Documents: json.RawMessage(`[{"text":"d","score":` + n + `}]`)},
+			{Messages: msgs, TemplateKwargs: json.RawMessage(`{"n":` + n + `}`)},
+			toolCallChat(`{"function":{"name":"f","arguments":{"t":` + n + `}}}`),
+			toolCallChat(`{"function":{"name":"f","arguments":"{\"t\":` + n + `}"}}`),
+		}
+	}
+	for _, n := range []string{"1.0", "0.5", "-0.0", "1e6", "1E2", "2e-5", "9223372036854775808", "-9223372036854775809"} {
+		for i, c := range chat(n) {
+			if got, err := tk.RenderChat(c); !errors.Is(err, ErrInexactNumber) {
+				t.Errorf("number %s in chat %d: rendered %q (%v), want ErrInexactNumber", n, i, got, err)
+			}
+		}
+	}
+	for _, n := range []string{"0", "-0", "42", "9223372036854775807", "-9223372036854775808"} {
+		for i, c := range chat(n) {
+			if _, err := tk.RenderChat(c); err != nil {
+				t.Errorf("integer %s in chat %d: %v", n, i, err)
+			}
 		}
 	}
 }

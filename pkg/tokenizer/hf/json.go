@@ -15,12 +15,36 @@ import (
 // maxJSONDepth bounds the nesting parseValue accepts.
 const maxJSONDepth = 128
 
+// ErrInexactNumber is returned by RenderChat for a chat whose JSON holds a
+// number that is not an integer in the int64 range (one written with a
+// fraction or an exponent, or a larger integer). Templates print such
+// numbers unlike Python, with which vLLM renders them (1.0 as "1", 1e6 as
+// "1e+06", not "1.0" and "1000000.0"), so the engine renders such chats.
+var ErrInexactNumber = errors.New("a JSON number that is not an int64 integer; the engine renders it")
+
+// templateValue decodes a JSON document as parseValue does, and fails
+// with ErrInexactNumber when it holds a number that is not an int64
+// integer.
+func templateValue(raw []byte) (jinja.Value, error) {
+	p := jsonParser{b: raw}
+	v, err := p.document()
+	if err == nil && p.inexact {
+		return v, ErrInexactNumber
+	}
+	return v, err
+}
+
 // parseValue decodes a JSON document into template values, keeping the
 // order of object keys. It is a small hand-written parser: chat requests
 // are decoded on the request path, and encoding/json's token stream costs
 // more than rendering the template.
 func parseValue(raw []byte) (jinja.Value, error) {
 	p := jsonParser{b: raw}
+	return p.document()
+}
+
+// document decodes the whole input as one JSON value.
+func (p *jsonParser) document() (jinja.Value, error) {
 	p.space()
 	v, err := p.value(0)
 	if err != nil {
@@ -35,6 +59,8 @@ func parseValue(raw []byte) (jinja.Value, error) {
 type jsonParser struct {
 	b []byte
 	i int
+	// inexact records a number that is not an int64 integer.
+	inexact bool
 }
 
 func (p *jsonParser) errorf(format string, args ...any) error {
@@ -205,6 +231,7 @@ func (p *jsonParser) number() (jinja.Value, error) {
 			return jinja.NewInt(n), nil
 		}
 	}
+	p.inexact = true
 	f, err := strconv.ParseFloat(text, 64)
 	if err != nil && !errors.Is(err, strconv.ErrRange) {
 		return jinja.Value{}, fmt.Errorf("invalid JSON number %q", text)
