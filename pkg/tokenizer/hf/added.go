@@ -100,15 +100,29 @@ func (m *matcher) child(node int32, b byte, add bool) int32 {
 	return c
 }
 
+// MaxAddedTokenBytes bounds the content of an added token, which Parse
+// refuses beyond it: finding added tokens costs, per byte of text, up to a
+// step per byte of the longest token. Real tokenizers' added tokens are
+// markers of a few dozen bytes (Llama 3's longest has 30).
+const MaxAddedTokenBytes = 256
+
 // next finds the first added token in s at or after from. It returns the
 // token and the span it takes, whitespace it strips included; ok is false
-// when there is none. A nil matcher finds none.
-func (m *matcher) next(s string, from int) (tok addedToken, start, end int, ok bool) {
+// when there is none, or when b stopped the search, which it looks at
+// every checkEvery steps. A nil matcher finds none.
+func (m *matcher) next(s string, from int, b *bound) (tok addedToken, start, end int, ok bool) {
 	if m == nil {
 		return tok, 0, 0, false
 	}
 	var buf [16]int32
+	steps := 0
 	for i := from; i < len(s); {
+		if steps > checkEvery {
+			if !b.check() {
+				return tok, 0, 0, false
+			}
+			steps = 0
+		}
 		j := i
 		if m.only >= 0 {
 			k := strings.IndexByte(s[i:], byte(m.only))
@@ -127,6 +141,7 @@ func (m *matcher) next(s string, from int) (tok addedToken, start, end int, ok b
 		// The nodes along s[j:] where tokens end, shortest first.
 		matched := buf[:0]
 		for k, node := j, int32(0); k < len(s); k++ {
+			steps++
 			if node = m.child(node, s[k], false); node == 0 {
 				break
 			}

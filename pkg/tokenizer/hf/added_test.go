@@ -45,7 +45,8 @@ func matchAll(m *matcher, tokens []addedToken, s string) [][4]int {
 		var start, end int
 		var ok bool
 		if m != nil {
-			tok, start, end, ok = m.next(s, i)
+			b := unbounded()
+			tok, start, end, ok = m.next(s, i, &b)
 		} else {
 			tok, start, end, ok = scanMatch(tokens, s, i)
 		}

@@ -2,6 +2,7 @@ package hf
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"slices"
 	"strings"
@@ -131,4 +132,52 @@ func loadFresh(t *testing.T, model string) *Tokenizer {
 		t.Fatal(err)
 	}
 	return tk
+}
+
+// byteLevelTokenizer returns a byte-level tokenizer.json of the 256 byte
+// tokens, without merges, and one added token.
+func byteLevelTokenizer(t *testing.T, added string) []byte {
+	t.Helper()
+	vocab := map[string]int{}
+	for b, r := range byteLevelChars {
+		vocab[string(r)] = b
+	}
+	f, err := json.Marshal(map[string]any{
+		"added_tokens":  []map[string]any{{"content": added, "id": 256, "special": true}},
+		"pre_tokenizer": map[string]any{"type": "ByteLevel", "add_prefix_space": false, "use_regex": true},
+		"model":         map[string]any{"type": "BPE", "vocab": vocab, "merges": []string{}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+func TestParseRefusesAnAddedTokenLongerThanTheBound(t *testing.T) {
+	if _, err := Parse(byteLevelTokenizer(t, strings.Repeat("a", MaxAddedTokenBytes)), nil, ""); err != nil {
+		t.Fatalf("an added token of %d bytes: %v", MaxAddedTokenBytes, err)
+	}
+	_, err := Parse(byteLevelTokenizer(t, strings.Repeat("a", MaxAddedTokenBytes+1)), nil, "")
+	if err == nil || !strings.Contains(err.Error(), "added token 256") {
+		t.Fatalf("an added token of %d bytes: %v, want it refused", MaxAddedTokenBytes+1, err)
+	}
+}
+
+func TestEncodeContextLooksAtTheContextWhileFindingAddedTokens(t *testing.T) {
+	// Every position of the text starts the longest added token allowed
+	// without completing it: finding none takes a step per byte of the
+	// token at each.
+	tk, err := Parse(byteLevelTokenizer(t, strings.Repeat("a", MaxAddedTokenBytes-1)+"b"), nil, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := strings.Repeat("a", 64<<10)
+	ctx := &countingContext{Context: context.Background(), limit: 3}
+	ids, err := tk.EncodeContext(ctx, text, false)
+	if !errors.Is(err, context.Canceled) || ids != nil {
+		t.Fatalf("EncodeContext with a context canceled midway: %d ids, %v; want it stopped", len(ids), err)
+	}
+	if n := ctx.looks.Load(); n != 3 {
+		t.Errorf("%d looks at the context, want 3: it stops at the first that sees it canceled", n)
+	}
 }

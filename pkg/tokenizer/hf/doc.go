@@ -70,7 +70,11 @@
 // text from requests, refuses a text holding a word longer than
 // MaxWordBytes (2 KiB, beyond the words of real text) with
 // ErrWordTooLong, without merging it, and stops with the context's error
-// once its context ends, looking at it every 16 KiB of text.
+// once its context ends, looking at it every 16 KiB of text and every 16K
+// steps of the search for added tokens. That search costs, per byte of
+// text, up to a step per byte of the longest added token, so Parse refuses
+// added tokens longer than MaxAddedTokenBytes (256 bytes; real ones are
+// markers of a few dozen).
 //
 // # Tests
 //

@@ -111,7 +111,10 @@ func (t *Tokenizer) appendEncode(dst []uint32, text string, addSpecialTokens boo
 		if !b.check() {
 			return dst
 		}
-		tok, start, end, ok := t.rawAdded.next(text, i)
+		tok, start, end, ok := t.rawAdded.next(text, i, b)
+		if b.err != nil {
+			return dst
+		}
 		if !ok {
 			start, end = len(text), len(text)
 		}
@@ -154,7 +157,10 @@ func (t *Tokenizer) encodeSegment(dst []uint32, seg string, first bool, b *bound
 	}
 	split, direct := t.pre.(splitter)
 	for i := 0; i < len(seg); {
-		tok, start, end, ok := t.normAdded.next(seg, i)
+		tok, start, end, ok := t.normAdded.next(seg, i, b)
+		if b.err != nil {
+			return dst
+		}
 		if !ok {
 			start, end = len(seg), len(seg)
 		}

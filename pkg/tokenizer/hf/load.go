@@ -96,6 +96,10 @@ func Parse(tokenizerJSON, configJSON []byte, template string) (*Tokenizer, error
 	}
 	var raw, normalized []addedToken
 	for _, a := range f.AddedTokens {
+		if len(a.Content) > MaxAddedTokenBytes {
+			return nil, fmt.Errorf("%s: added token %d is %d bytes long, more than the %d implemented",
+				TokenizerFile, a.ID, len(a.Content), MaxAddedTokenBytes)
+		}
 		t.vocabSize = max(t.vocabSize, a.ID+1)
 		if a.Normalized && !a.Special {
 			normalized = append(normalized, a)
