@@ -276,7 +276,8 @@ var (
 		Default: "true",
 		Section: SectionTokenizer,
 		Doc: "Answer a chat the engine must tokenize at once with the cached ids of its longest message prefix " +
-			"(the earlier turns), tokenizing the whole chat in the background for the next turn.",
+			"(the earlier turns; only prefixes that leave out at most its last 64 messages are looked up), " +
+			"tokenizing the whole chat in the background for the next turn.",
 	}
 	TokenizerMaxBackgroundCalls = Var{
 		Name:    "KVGATE_TOKENIZER_MAX_BACKGROUND_CALLS",

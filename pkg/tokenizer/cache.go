@@ -86,17 +86,19 @@ func (c *cache) acquire(key digest) (res result, cl *call, leader, hit bool) {
 	return result{}, cl, !ok, false
 }
 
-// peek returns the cached result of key, counting nothing.
-func (c *cache) peek(key digest) (result, bool) {
+// peekFirst returns the cached result of the first of keys the cache
+// holds, counting nothing, under one hold of the lock.
+func (c *cache) peekFirst(keys []digest) (result, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	e, ok := c.entries[key]
-	if !ok {
-		return result{}, false
+	for _, key := range keys {
+		if e, ok := c.entries[key]; ok {
+			c.unlink(e)
+			c.pushFront(e)
+			return e.res, true
+		}
 	}
-	c.unlink(e)
-	c.pushFront(e)
-	return e.res, true
+	return result{}, false
 }
 
 // complete ends cl with res or err, caches a successful result, and wakes

@@ -80,7 +80,10 @@
 // beyond it the chat waits) so that the next turn finds it. A follow-up
 // turn extends the conversation it follows, so on the request path it
 // costs no engine call. The cache keys chain the messages one by one,
-// which makes the key of a prefix the key its own request had.
+// which makes the key of a prefix the key its own request had. Only the
+// prefixes that leave out at most the chat's last 64 messages are looked
+// up, in one hold of the cache's lock, so that a chat of millions of
+// messages costs no more lookups than a turn.
 //
 // The ids of a prefix never make a router pick a pod with confidence that
 // it does not deserve. The prefix index keys a block by a hash chained

@@ -2,8 +2,15 @@ package tokenizer
 
 import "errors"
 
+// maxPrefixMessages bounds the message prefixes of a chat that prefix
+// looks up: those that leave out at most its last 64 messages. A follow-up
+// turn adds a few messages to the conversation it follows, and the bound
+// keeps a chat of millions of messages to as many lookups.
+const maxPrefixMessages = 64
+
 // prefix answers a chat that the engine must tokenize with the cached ids
-// of its longest message prefix, if any, when the request allows it: no
+// of its longest message prefix, if any, among those that leave out at
+// most its last maxPrefixMessages messages, when the request allows it: no
 // truncation, since the prefix's ids are not the prompt's head once the
 // prompt is truncated. The leader of the whole chat's call then makes it in
 // the background, in one of the Config.MaxBackgroundCalls slots, so that
@@ -13,17 +20,13 @@ func (t *Tokenizer) prefix(req *ChatRequest, key digest, cl *call, leader bool, 
 	if !t.prefixReuse || req.TruncatePromptTokens != nil {
 		return nil, false
 	}
-	var buf [32]digest
-	keys := req.messageKeys(t.seed, buf[:0])
-	var ids []uint32
-	for k := len(keys) - 2; k >= 0 && ids == nil; k-- {
-		if res, ok := t.cache.peek(keys[k]); ok {
-			ids = res.tokens[:len(res.tokens):len(res.tokens)]
-		}
-	}
-	if ids == nil {
+	var buf [maxPrefixMessages]digest
+	keys := req.prefixKeys(t.seed, &buf)
+	res, ok := t.cache.peekFirst(keys)
+	if !ok {
 		return nil, false
 	}
+	ids := res.tokens[:len(res.tokens):len(res.tokens)]
 	if leader {
 		if !t.tryBackgroundSlot() {
 			t.m.backgroundDropped.Inc()

@@ -2,7 +2,9 @@ package tokenizer
 
 import (
 	"context"
+	"fmt"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/kvgate/kvgate/internal/testsupport"
@@ -97,4 +99,47 @@ func TestWithoutABackgroundSlotTheTurnWaits(t *testing.T) {
 	got := <-done
 	exact, _ := newTestTokenizer(t, Config{NoPrefixReuse: true})
 	wantTokens(t, got, mustTokenize(t, exact, f.URL, second("y")))
+}
+
+// manyMessages returns a chat of model m whose first message is first,
+// followed by n-1 more.
+func manyMessages(first string, n int) string {
+	var b strings.Builder
+	b.WriteString(`{"model":"m","messages":[{"role":"user","content":"` + first + `"}`)
+	for i := 1; i < n; i++ {
+		fmt.Fprintf(&b, `,{"role":"user","content":"m%d"}`, i)
+	}
+	b.WriteString(`]}`)
+	return b.String()
+}
+
+func TestPrefixesAreLookedUpAmongTheLastMessagesOnly(t *testing.T) {
+	f := newFakeVLLM(t, "m")
+	tk, _ := newTestTokenizer(t, Config{})
+	mustTokenize(t, tk, f.URL, manyMessages("first", 1))
+
+	// Its one-message prefix leaves out one message more than looked up.
+	before := f.calls.Load()
+	mustTokenize(t, tk, f.URL, manyMessages("first", maxPrefixMessages+2))
+	if n := count(t, tk.m.partialHits); n != 0 || f.calls.Load() != before+1 {
+		t.Errorf("a chat whose cached prefix leaves out %d messages: %d partial hits, %d calls; want its own call on the request path",
+			maxPrefixMessages+1, n, f.calls.Load()-before)
+	}
+	// This one leaves out as many as are looked up.
+	mustTokenize(t, tk, f.URL, manyMessages("first", maxPrefixMessages+1))
+	if n := count(t, tk.m.partialHits); n != 1 {
+		t.Fatalf("a chat whose cached prefix leaves out %d messages: %d partial hits, want 1", maxPrefixMessages, n)
+	}
+
+	// However many messages a chat holds, it costs as many lookups, in one
+	// hold of the cache's lock, and no allocation.
+	huge := chatRequest(t, manyMessages("x", 100_000))
+	var buf [maxPrefixMessages]digest
+	if n := len(huge.prefixKeys(tk.seed, &buf)); n != maxPrefixMessages {
+		t.Errorf("a chat of 100000 messages has %d prefix keys to look up, want %d", n, maxPrefixMessages)
+	}
+	key := huge.key(tk.seed)
+	if allocs := testing.AllocsPerRun(3, func() { tk.prefix(huge, key, nil, false, f.URL) }); allocs != 0 {
+		t.Errorf("looking up the prefixes of a chat of 100000 messages made %v allocations, want none", allocs)
+	}
 }

@@ -134,7 +134,7 @@ func (r *CompletionRequest) body(text json.RawMessage) ([]byte, error) {
 
 // key returns the cache key of r: a digest of every field that reaches
 // vLLM, with defaults applied, so that requests vLLM renders alike share it.
-// The messages are chained one by one (see messageKeys), so that the key
+// The messages are chained one by one (see prefixKeys), so that the key
 // of a conversation's first k messages is the key a request holding just
 // those messages had. With no messages the key is the digest of the other
 // fields alone.
@@ -147,13 +147,25 @@ func (r *ChatRequest) key(seed uint64) digest {
 	return d
 }
 
-// messageKeys returns the keys of r's message prefixes: keys[k] is the key
-// of the request with the first k+1 messages and r's other fields. It
-// returns nil when the messages are not a JSON array.
-func (r *ChatRequest) messageKeys(seed uint64, keys []digest) []digest {
-	keys = keys[:0]
-	if !r.chainMessages(r.base(seed), func(k digest) { keys = append(keys, k) }) {
+// prefixKeys returns the keys of r's proper message prefixes that leave
+// out at most len(buf) messages, longest first, in buf: the request with
+// all its messages but the last, then all but the last two, and so on. It
+// returns none when the messages are not a JSON array.
+func (r *ChatRequest) prefixKeys(seed uint64, buf *[maxPrefixMessages]digest) []digest {
+	// ring holds the keys of the last len(ring) prefixes chained, the
+	// whole chat's included: the key of the first i+1 messages is at
+	// i%len(ring).
+	var ring [maxPrefixMessages + 1]digest
+	n := 0
+	if !r.chainMessages(r.base(seed), func(k digest) {
+		ring[n%len(ring)] = k
+		n++
+	}) {
 		return nil
+	}
+	keys := buf[:0]
+	for m := n - 1; m >= 1 && len(keys) < len(buf); m-- {
+		keys = append(keys, ring[(m-1)%len(ring)])
 	}
 	return keys
 }
