@@ -82,7 +82,10 @@ func (s *KubernetesSource) Run(ctx context.Context, config *rest.Config, sink ca
 		informers.WithNamespace(s.Namespace),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = s.LabelSelector }))
 	informer := factory.Core().V1().Pods().Informer()
-	if _, err := informer.AddEventHandler(podHandler(sink, log)); err != nil {
+	// The registration, unlike the informer, has synced only once its
+	// handler was given every pod of the initial list.
+	reg, err := informer.AddEventHandler(podHandler(sink, log))
+	if err != nil {
 		return fmt.Errorf("kubernetes pod source: %w", err)
 	}
 	// The informers stop when informerCtx ends, which must happen before
@@ -91,7 +94,7 @@ func (s *KubernetesSource) Run(ctx context.Context, config *rest.Config, sink ca
 	defer factory.Shutdown()
 	defer cancel()
 	factory.Start(informerCtx.Done())
-	if !toolscache.WaitForCacheSync(informerCtx.Done(), informer.HasSynced) {
+	if !toolscache.WaitForCacheSync(informerCtx.Done(), reg.HasSynced) {
 		return fmt.Errorf("kubernetes pod source: stopped before the pod informer synced: %w", context.Cause(ctx))
 	}
 	log.Info("Pod informer synced", "namespace", s.Namespace, "selector", s.LabelSelector, "pods", len(informer.GetStore().ListKeys()))

@@ -1,12 +1,21 @@
 package discovery
 
 import (
+	"context"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/klog/v2"
 
 	"github.com/kvgate/kvgate/internal/testapiserver"
 	"github.com/kvgate/kvgate/internal/testsupport"
+	"github.com/kvgate/kvgate/pkg/cache"
 	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/kvevent/manager"
 )
@@ -89,6 +98,58 @@ func TestKubernetesPodsDriveTheKVEventManagerThroughTheStore(t *testing.T) {
 	check("all deleted", "", 0, 0)
 	if n := f.index.entries(); n != 0 {
 		t.Fatalf("the index holds %d blocks once every pod is deleted", n)
+	}
+}
+
+// slowSink is a recordingSink whose additions take a moment, as a Store's
+// do under load while its listeners and model index are updated.
+type slowSink struct{ *recordingSink }
+
+func (s slowSink) AddOrUpdatePod(pod *v1.Pod) {
+	time.Sleep(20 * millisecond) // the cost of the addition, not a wait for anything
+	s.recordingSink.AddOrUpdatePod(pod)
+}
+
+// The gateway starts serving once RunPodSource returns: by then every pod
+// that existed when the source started has reached the sink, however slow
+// the sink is.
+func TestKubernetesSourceReportsSyncedOnceEveryExistingPodIsDelivered(t *testing.T) {
+	cfg := testapiserver.Config(t)
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	ns := fmt.Sprintf("sync-%d", rand.Uint32())
+	if _, err := client.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	const pods = 20
+	for i := range pods {
+		pod := &v1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("vllm-%d", i),
+				Labels: map[string]string{endpoint.ModelNameLabel: testModel}},
+			Spec: v1.PodSpec{Containers: []v1.Container{{Name: "vllm", Image: "vllm/vllm-openai"}}},
+		}
+		if _, err := client.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sink := slowSink{newRecordingSink()}
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done, err := cache.RunPodSource(runCtx, &KubernetesSource{Namespace: ns, LabelSelector: endpoint.ModelNameLabel,
+		Logger: klog.Background().V(4)}, cfg, sink)
+	if err != nil {
+		t.Fatal(err)
+	}
+	delivered := sink.count()
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("pod source: %v", err)
+	}
+	if delivered != pods {
+		t.Fatalf("the source reported synced with %d of the %d existing pods delivered", delivered, pods)
 	}
 }
 
