@@ -19,7 +19,8 @@ import (
 // compares the pods that should have loops with the ones that do, starts
 // what is new, stops what is gone and restarts the loops of a pod that moved
 // to another address or was replaced. A slow or failing pod only delays its
-// own loops.
+// own loops. A pod's failure series go once it has left the registry and
+// its loops have stopped, in whichever order the two happen.
 type scrapePool struct {
 	reg             *registry
 	interval        time.Duration
@@ -40,8 +41,11 @@ type scrapePool struct {
 
 	nudge chan struct{}
 
-	mu    sync.Mutex // guards loops; held by sync and by the targets gauge
+	mu    sync.Mutex // guards loops and idle; held by sync and by the targets gauge
 	loops map[endpoint.Key]*runningLoop
+	// idle holds the registered pods whose loops stopped (the pod became
+	// unroutable): their series stay until the pod leaves the registry.
+	idle map[endpoint.Key]struct{}
 }
 
 // runningLoop is the loops of one pod.
@@ -94,6 +98,12 @@ func (p *scrapePool) sync(ctx context.Context) {
 			p.stop(key, l)
 		}
 	}
+	for key := range p.idle {
+		if p.reg.entry(key) == nil {
+			delete(p.idle, key)
+			p.deleteSeries(key)
+		}
+	}
 	for key, e := range desired {
 		if p.loops[key] == nil {
 			p.start(ctx, e)
@@ -107,6 +117,7 @@ func (p *scrapePool) start(ctx context.Context, e *podEntry) {
 	r := &runningLoop{metricsURL: metricsURL(ep), modelsURL: modelsURL(ep),
 		state: e.state, cancel: cancel, done: make(chan struct{})}
 	p.loops[ep.Key] = r
+	delete(p.idle, ep.Key)
 	var wg sync.WaitGroup
 	if p.interval > 0 {
 		l := &scrapeLoop{
@@ -152,20 +163,30 @@ func (p *scrapePool) start(ctx context.Context, e *podEntry) {
 
 // stop cancels the pod's loops and waits for them. The pod's values and
 // adapters stay, its metrics marked stale; a pod that left the registry
-// takes its failure series with it.
+// takes its failure series with it, one still registered keeps them until
+// it leaves (see idle). p.mu must be held.
 func (p *scrapePool) stop(key endpoint.Key, l *runningLoop) {
 	l.cancel()
 	<-l.done
 	delete(p.loops, key)
 	l.state.markStale()
 	if p.reg.entry(key) == nil {
-		pod := prometheus.Labels{"pod": key.String()}
-		p.metrics.scrapeFailures.DeletePartialMatch(pod)
-		p.metrics.modelListFailures.DeletePartialMatch(pod)
-		p.metrics.seriesDropped.DeletePartialMatch(pod)
-		p.metrics.adaptersDropped.DeletePartialMatch(pod)
+		p.deleteSeries(key)
+	} else {
+		p.idle[key] = struct{}{}
 	}
 	p.log.V(2).Info("Stopped reading pod metrics and models", "pod", key)
+}
+
+// deleteSeries drops the per-pod series the loops of the pod of key wrote.
+// p.mu must be held with no loop of the pod running, so that none writes
+// them again.
+func (p *scrapePool) deleteSeries(key endpoint.Key) {
+	pod := prometheus.Labels{"pod": key.String()}
+	p.metrics.scrapeFailures.DeletePartialMatch(pod)
+	p.metrics.modelListFailures.DeletePartialMatch(pod)
+	p.metrics.seriesDropped.DeletePartialMatch(pod)
+	p.metrics.adaptersDropped.DeletePartialMatch(pod)
 }
 
 // reachedBy returns what a successful scrape of e calls: it readmits the pod

@@ -18,6 +18,7 @@ import (
 	"github.com/go-logr/logr/funcr"
 	"github.com/prometheus/client_golang/prometheus"
 	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/klog/v2"
 
 	dto "github.com/prometheus/client_model/go"
@@ -298,6 +299,60 @@ func TestUnreadyOrDeletedPodIsNoLongerScraped(t *testing.T) {
 	s.DeletePod(pkey("ns", "p"))
 	if _, err := s.GetMetricValueByPod(pkey("ns", "p"), NumRequestsRunning); !errors.Is(err, ErrPodNotFound) {
 		t.Fatalf("metric of a deleted pod: %v", err)
+	}
+}
+
+// A pod often stops being routable before it is deleted: its readiness
+// probe fails, or Kubernetes marks it terminating and deletes the object
+// after the grace period. Its scrapes stop at the first step; its failure
+// series go at the second.
+func TestFailureSeriesGoWhenAPodIsDeletedAfterItStoppedBeingRoutable(t *testing.T) {
+	tests := []struct {
+		name       string
+		unroutable podOpt
+	}{
+		{"unready", notReady},
+		{"terminating", func(p *v1.Pod) {
+			now := metav1.Now()
+			p.DeletionTimestamp = &now
+		}},
+	}
+	families := []string{"kvgate_cache_pod_scrape_failures_total", "kvgate_cache_pod_model_list_failures_total"}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			reg := prometheus.NewRegistry()
+			e := newEngine(t, "vllm_v1_t0.txt")
+			e.mode.Store(serveError) // and /v1/models is not found
+			cfg := scrapeConfig(reg)
+			cfg.AdapterRefreshInterval = 20 * time.Millisecond
+			s := newTestStore(t, cfg)
+			pod := map[string]string{"pod": "ns/p"}
+			s.AddOrUpdatePod(e.pod("p", llama))
+			for _, name := range families {
+				testsupport.Eventually(t, name+" of ns/p", func() bool { return testsupport.MetricSeries(t, reg, name, pod) > 0 })
+			}
+
+			s.AddOrUpdatePod(e.pod("p", llama, tt.unroutable))
+			testsupport.Eventually(t, "no scrape targets", func() bool {
+				return testsupport.MetricValue(t, reg, "kvgate_cache_pod_scrape_targets", nil) == 0
+			})
+			for _, name := range families {
+				if testsupport.MetricSeries(t, reg, name, pod) == 0 {
+					t.Fatalf("%s of ns/p dropped while the pod is still registered", name)
+				}
+			}
+
+			s.DeletePod(pkey("ns", "p"))
+			testsupport.EventuallyWhy(t, "the deleted pod's failure series to go", func() (string, bool) {
+				var left []string
+				for _, name := range families {
+					if testsupport.MetricSeries(t, reg, name, pod) > 0 {
+						left = append(left, name)
+					}
+				}
+				return "left: " + strings.Join(left, ", "), len(left) == 0
+			})
+		})
 	}
 }
 

@@ -67,6 +67,7 @@ func New(cfg Config) (*Store, error) {
 			timeout: cfg.PodMetricScrapeTimeout, window: cfg.RecentMetricsWindow, prefillWindow: cfg.PrefillSpeedWindow,
 			selection: s.selection.Load, publishAdapters: s.setDiscoveredAdapters, readmit: s.readmit, onScrape: cfg.OnScrape,
 			log: s.log, nudge: make(chan struct{}, 1), loops: map[endpoint.Key]*runningLoop{},
+			idle: map[endpoint.Key]struct{}{},
 		}
 	}
 	m, err := newStoreMetrics(cfg.Registerer, s.gauges())
