@@ -125,9 +125,22 @@ func (s *Store) EjectPod(pod *endpoint.Endpoint, reason EjectionReason) {
 	if !started {
 		return
 	}
-	s.metrics.podEjections.WithLabelValues(e.ep.ID, string(reason)).Inc()
+	s.countEjection(e, reason)
 	s.log.Info("Ejected pod from routing: a request could not connect to it", "pod", klog.KObj(e.ep.Pod),
 		"model", e.ep.Model, "reason", reason, "for", ej.Backoff, "ejectionsInARow", ej.Count)
+}
+
+// countEjection counts an ejection of the pod of e unless the pod left the
+// registry meanwhile. It holds notifyMu, under which DeletePod unregisters a
+// pod and deletes its series, so that no series of a deleted pod is
+// recreated.
+func (s *Store) countEjection(e *podEntry, reason EjectionReason) {
+	s.reg.notifyMu.Lock()
+	defer s.reg.notifyMu.Unlock()
+	if s.reg.entry(e.ep.Key) == nil {
+		return
+	}
+	s.metrics.podEjections.WithLabelValues(e.ep.ID, string(reason)).Inc()
 }
 
 // PodReachable records that a request reached pod (it answered, whatever

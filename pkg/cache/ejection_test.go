@@ -104,6 +104,35 @@ func TestEjectionBelongsToOnePodVersion(t *testing.T) {
 	}
 }
 
+// A request fails to connect to a pod whose deletion the informer delivers
+// at the same moment: the deletion lands while EjectPod is under way, after
+// it found the pod registered (here: as EjectPod reads the Store's clock).
+// No ejection series of the deleted pod is left, since nothing would ever
+// delete it.
+func TestEjectionRacingTheDeletionOfItsPodLeavesNoSeries(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	s, clock := ejectionStore(t, reg)
+	p := testPod("ns", "p", llama, "10.0.0.1")
+	s.AddOrUpdatePod(p)
+	var deleted atomic.Bool
+	s.now = func() time.Time {
+		if deleted.CompareAndSwap(false, true) {
+			s.DeletePod(pkey("ns", "p"))
+		}
+		return clock.Now()
+	}
+	s.EjectPod(epOf(p), EjectConnectionRefused)
+	if !deleted.Load() {
+		t.Fatal("EjectPod did not read the clock: the deletion never landed")
+	}
+	if _, err := s.GetPod(pkey("ns", "p")); err == nil {
+		t.Fatal("the pod is still registered")
+	}
+	if n := testsupport.MetricSeries(t, reg, "kvgate_cache_pod_ejections_total", map[string]string{"pod": "ns/p"}); n != 0 {
+		t.Errorf("%d ejection series of a deleted pod, want none", n)
+	}
+}
+
 func TestSuccessfulScrapeReadmitsAPodServingMetricsOnItsPort(t *testing.T) {
 	same, other := newEngine(t, "vllm_v1_t0.txt"), newEngine(t, "vllm_v1_t0.txt")
 	cfg := scrapeConfig(nil)
