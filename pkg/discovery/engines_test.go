@@ -82,7 +82,21 @@ func enginePublisher(t testing.TB, ip string, pub int) *publisher.Publisher {
 // and its replay ROUTER on replay.
 func rankPublisher(t testing.TB, ip string, pub, replay int) *publisher.Publisher {
 	t.Helper()
+	return newPublisher(t, ip, pub, replay, publisher.DefaultPublisherConfig().BufferSteps)
+}
+
+// bufferedPublisher is enginePublisher with a replay buffer of the latest
+// steps batches (vLLM's buffer_steps, which a busy engine rolls over in
+// minutes).
+func bufferedPublisher(t testing.TB, ip string, pub, steps int) *publisher.Publisher {
+	t.Helper()
+	return newPublisher(t, ip, pub, pub+1, steps)
+}
+
+func newPublisher(t testing.TB, ip string, pub, replay, steps int) *publisher.Publisher {
+	t.Helper()
 	cfg := publisher.DefaultPublisherConfig()
+	cfg.BufferSteps = steps
 	cfg.Endpoint = fmt.Sprintf("tcp://[::ffff:%s]:%d", ip, pub)
 	cfg.ReplayEndpoint = fmt.Sprintf("tcp://%s:%d", ip, replay)
 	cfg.ReplayPollInterval = 5 * time.Millisecond

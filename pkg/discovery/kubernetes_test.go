@@ -63,11 +63,14 @@ func TestKubernetesPodsDriveTheKVEventManagerThroughTheStore(t *testing.T) {
 		t.Fatalf("the Store lost the unlabelled pod: %v", err)
 	}
 
+	// A failing readiness probe takes the pod out of routing, not its
+	// engine's KV cache out of the index.
 	pod = f.setStatus(t, pod, "127.0.0.1", false)
-	check("not ready", "", 0, 0)
-	if st := podStatus(f, a); st.Reason != manager.ReasonNotReady {
-		t.Fatalf("unready pod: %+v", st)
-	}
+	testsupport.Eventually(t, "not ready: out of routing", func() bool {
+		pods, _ := f.store.ListPodsByModel(testModel)
+		return !slices.ContainsFunc(pods, func(p *endpoint.Endpoint) bool { return p.ID == a })
+	})
+	check("not ready", "127.0.0.1", 1, 5)
 
 	pod = f.setStatus(t, pod, "127.0.0.1", true)
 	check("ready again", "127.0.0.1", 1, 5)
@@ -98,6 +101,53 @@ func TestKubernetesPodsDriveTheKVEventManagerThroughTheStore(t *testing.T) {
 	check("all deleted", "", 0, 0)
 	if n := f.index.entries(); n != 0 {
 		t.Fatalf("the index holds %d blocks once every pod is deleted", n)
+	}
+}
+
+// A readiness probe that fails for a while (vLLM's /health timing out under
+// load) takes the pod out of routing but leaves its engine's KV cache as it
+// is. The pod's streams go on meanwhile, so that once the pod is ready again
+// the index holds the blocks stored before and during the failure, although
+// the engine's replay buffer no longer reaches back to them.
+func TestUnreadyPodKeepsItsStreamsAndItsIndex(t *testing.T) {
+	cfg := testapiserver.Config(t)
+	port := freePortPair(t)
+	const bufferSteps = 4
+	pub := bufferedPublisher(t, "127.0.0.1", port, bufferSteps)
+	f := newFleet(t, cfg)
+	a := f.key("vllm-a")
+
+	pod := f.createPod(t, "vllm-a", "127.0.0.1", port, false)
+	testsupport.Eventually(t, "followed", func() bool { return slices.Equal(f.followed(), []string{a + "@127.0.0.1"}) })
+	// The first batches are within the replay buffer: the stream's first
+	// contact replays those it missed while connecting.
+	publishBatches(t, pub, 1, 0, bufferSteps)
+	testsupport.Eventually(t, "the first blocks indexed", func() bool { return f.index.holds(a, 1, bufferSteps) })
+	publishBatches(t, pub, 1, bufferSteps, 10)
+	testsupport.Eventually(t, "the 10 blocks stored while ready indexed", func() bool { return f.index.holds(a, 1, 10) })
+	since := podStatus(f, a).Streams[0].Since
+
+	pod = f.setStatus(t, pod, "127.0.0.1", false)
+	testsupport.Eventually(t, "not ready: out of routing", func() bool {
+		pods, _ := f.store.ListPodsByModel(testModel)
+		return len(pods) == 0
+	})
+	publishBatches(t, pub, 1, 10, 20)
+	testsupport.Eventually(t, "the 10 blocks stored while not ready indexed", func() bool { return f.index.holds(a, 1, 20) })
+
+	f.setStatus(t, pod, "127.0.0.1", true)
+	testsupport.Eventually(t, "ready again: routed", func() bool {
+		pods, _ := f.store.ListPodsByModel(testModel)
+		return len(pods) == 1
+	})
+	publishBatches(t, pub, 1, 20, 20+bufferSteps)
+	testsupport.EventuallyWhy(t, "every block the engine stored indexed", func() (string, bool) {
+		st := podStatus(f, a)
+		return fmt.Sprintf("state %s, reason %s; a prompt of the chain matches %d blocks",
+			st.State, st.Reason, f.index.matched(a, "", 1, 20+bufferSteps)), f.index.holds(a, 1, 20+bufferSteps)
+	})
+	if st := podStatus(f, a); st.State != manager.PodStateFollowed || len(st.Streams) != 1 || !st.Streams[0].Since.Equal(since) {
+		t.Fatalf("the pod's stream changed across the readiness failure: %+v, want the stream since %v", st, since)
 	}
 }
 

@@ -116,7 +116,7 @@ const (
 // Readiness returns why requests may not be sent to pod, "" when they may:
 // the pod is not being deleted, is Running, has an IP, its Ready condition
 // is True, and it is not the worker of a multi-node engine. It is the one readiness check of kvgate: the Store
-// routes only to ready pods, and a KV event manager follows only them.
+// routes only to ready pods, and a KV event manager starts following only them.
 func Readiness(pod *v1.Pod) UnreadyReason {
 	switch {
 	case pod.DeletionTimestamp != nil:

@@ -19,7 +19,9 @@
 //
 // Ports and topic default to the manager's StreamDefaults. With several
 // ranks the PUB and replay port ranges must not overlap, which rules out
-// 5557/5558. Pods that are not followed are counted by reason in
+// 5557/5558. A followed pod whose Ready condition turns false stays followed:
+// a failed readiness probe takes it out of routing, not its engine's KV
+// cache out of the index. Pods that are not followed are counted by reason in
 // kvgate_kv_event_ineligible_pods. In bind mode (ManagerConfig.Bind)
 // engines dial into the gateway instead.
 //

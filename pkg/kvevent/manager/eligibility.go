@@ -24,7 +24,8 @@ import (
 type IneligibleReason string
 
 // Reasons a pod is not followed. A pod that is not ready is not followed for
-// the reason endpoint.Readiness gives.
+// the reason endpoint.Readiness gives, except that a followed pod whose Ready
+// condition turns false (ReasonNotReady) stays followed: see TargetForPod.
 const (
 	ReasonKVEventsDisabled IneligibleReason = "kv_events_disabled"
 	ReasonNoModel          IneligibleReason = "no_model"
@@ -107,9 +108,18 @@ func (t PodTarget) streamID(rank int) kvevent.StreamID {
 // ReasonInvalidConfig, an error naming the bad label or annotation.
 //
 // A pod is followed when endpoint.KVEventsEnabledLabel is "true", it names a
-// model (endpoint.ModelNameLabel), it is ready (endpoint.Readiness), and its port, topic and DP-size overrides are valid:
-// ports in range, and with several ranks the PUB and replay port ranges
-// must not overlap (vLLM could not bind them).
+// model (endpoint.ModelNameLabel), it is ready (endpoint.Readiness), and its
+// port, topic and DP-size overrides are valid: ports in range, and with
+// several ranks the PUB and replay port ranges must not overlap (vLLM could
+// not bind them).
+//
+// A pod that would be followed but for its Ready condition gets its target
+// together with ReasonNotReady: a KVEventManager does not start following
+// it, and keeps following it when it already follows that target. A failed
+// readiness probe takes the pod out of routing (the Store routes only to
+// ready pods) but leaves its engine's KV cache as it is; stopping the
+// streams would lose the blocks the engine stores meanwhile, and those its
+// replay buffer no longer holds when the pod is ready again.
 func TargetForPod(pod *v1.Pod, d StreamDefaults) (PodTarget, IneligibleReason, error) {
 	if v, _ := endpoint.Value(pod, endpoint.KVEventsEnabledLabel); v != "true" {
 		return PodTarget{}, ReasonKVEventsDisabled, nil
@@ -118,8 +128,9 @@ func TargetForPod(pod *v1.Pod, d StreamDefaults) (PodTarget, IneligibleReason, e
 	if model == "" {
 		return PodTarget{}, ReasonNoModel, nil
 	}
-	if r := endpoint.Readiness(pod); r != "" {
-		return PodTarget{}, IneligibleReason(r), nil
+	readiness := IneligibleReason(endpoint.Readiness(pod))
+	if readiness != "" && readiness != ReasonNotReady {
+		return PodTarget{}, readiness, nil
 	}
 	lora, _ := endpoint.Value(pod, endpoint.LoraIDLabel)
 	t := PodTarget{
@@ -142,7 +153,7 @@ func TargetForPod(pod *v1.Pod, d StreamDefaults) (PodTarget, IneligibleReason, e
 	if err != nil {
 		return PodTarget{}, ReasonInvalidConfig, fmt.Errorf("pod %s: %w", t.PodKey, err)
 	}
-	return t, "", nil
+	return t, readiness, nil
 }
 
 // checkPorts verifies that every rank's ports exist and do not collide.

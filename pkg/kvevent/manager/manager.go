@@ -109,7 +109,7 @@ type ManagerConfig struct {
 // A reconcile that fails is retried with a rate-limited backoff; reconciles
 // are idempotent, so a missed or repeated event heals itself.
 //
-// Whenever a pod's streams stop (deleted, no longer Running or Ready,
+// Whenever a pod's streams stop (deleted, terminating, no longer Running,
 // relabelled, address or ports changed, dead), the pod is purged from the
 // index before new streams start. A stream's client rebuilds the stream
 // through replay and tells the index to reset the stream when its engine

@@ -62,6 +62,9 @@ func (m *KVEventManager) reconcile(key string) error {
 		var reason IneligibleReason
 		var err error
 		target, reason, err = TargetForPod(pod, m.cfg.Streams)
+		if reason == ReasonNotReady && prev != nil && len(prev.streams) > 0 && prev.target == target {
+			reason = "" // followed already: keep following it
+		}
 		model, _ := endpoint.Value(pod, endpoint.ModelNameLabel)
 		next = &podStatus{key: endpoint.KeyOf(pod), model: model, reason: reason, err: err}
 		if prev != nil && len(prev.streams) > 0 && reason == "" && prev.target == target && !restart {

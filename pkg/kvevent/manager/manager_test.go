@@ -83,9 +83,14 @@ func TestTargetForPodDecidesEligibility(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, reason, err := TargetForPod(tt.pod(), DefaultStreamDefaults())
+			target, reason, err := TargetForPod(tt.pod(), DefaultStreamDefaults())
 			if reason != tt.reason {
 				t.Fatalf("reason = %q (%v), want %q", reason, err, tt.reason)
+			}
+			// An unready pod has its target, which a manager following it
+			// keeps following.
+			if wantTarget := reason == "" || reason == ReasonNotReady; (target != PodTarget{}) != wantTarget {
+				t.Fatalf("target = %+v, want one: %v", target, wantTarget)
 			}
 			if (err != nil) != (tt.errHas != "") || err != nil && !strings.Contains(err.Error(), tt.errHas) {
 				t.Fatalf("err = %v, want one mentioning %q", err, tt.errHas)
@@ -170,9 +175,12 @@ func TestManagerStopsAndPurgesOnEveryTransition(t *testing.T) {
 		reason IneligibleReason
 		purged bool // the pod was followed before the step
 	}{
-		{"not ready", makePod(podSpec{name: "vllm-0", ports: ports, notReady: true}), PodStateIneligible, nil, ReasonNotReady, true},
+		// A failed readiness probe leaves the engine's KV cache as it is.
+		{"not ready", makePod(podSpec{name: "vllm-0", ports: ports, notReady: true}), PodStateFollowed, func() bool { return idx.holdsExactly(s0, 1, 0, 3) }, "", false},
 		{"ready again", makePod(podSpec{name: "vllm-0", ports: ports}), PodStateFollowed, func() bool { return idx.holdsExactly(s0, 1, 0, 3) }, "", false},
-		{"IP changed", makePod(podSpec{name: "vllm-0", ip: "127.0.0.2", ports: ports}), PodStateFollowed, func() bool { return idx.holdsExactly(s0, 2, 0, 4) }, "", true},
+		// An unready pod is not followed afresh.
+		{"IP changed while not ready", makePod(podSpec{name: "vllm-0", ip: "127.0.0.2", ports: ports, notReady: true}), PodStateIneligible, nil, ReasonNotReady, true},
+		{"ready at the new IP", makePod(podSpec{name: "vllm-0", ip: "127.0.0.2", ports: ports}), PodStateFollowed, func() bool { return idx.holdsExactly(s0, 2, 0, 4) }, "", false},
 		{"label removed", makePod(podSpec{name: "vllm-0", ip: "127.0.0.2", ports: ports, unlabelled: true}), PodStateIneligible, nil, ReasonKVEventsDisabled, true},
 		{"relabelled", makePod(podSpec{name: "vllm-0", ip: "127.0.0.2", ports: ports}), PodStateFollowed, func() bool { return idx.holdsExactly(s0, 2, 0, 4) }, "", false},
 		{"deleted", nil, "", nil, "", true},
@@ -203,8 +211,8 @@ func TestManagerStopsAndPurgesOnEveryTransition(t *testing.T) {
 	if g := testsupport.MetricValue(t, reg, "kvgate_kv_event_streams", nil); g != 0 {
 		t.Fatalf("streams gauge after delete = %v", g)
 	}
-	if g := testsupport.MetricValue(t, reg, "kvgate_kv_event_stream_stops_total", nil); g != 4 {
-		t.Fatalf("stream stops = %v, want 4", g)
+	if g := testsupport.MetricValue(t, reg, "kvgate_kv_event_stream_stops_total", nil); g != 3 {
+		t.Fatalf("stream stops = %v, want 3", g)
 	}
 }
 
