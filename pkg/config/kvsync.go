@@ -47,7 +47,7 @@ var (
 		Name:    "KVGATE_KV_EVENTS_BIND_RANKS",
 		Default: "1",
 		Section: SectionKVSync,
-		Doc:     "In bind mode, how many data-parallel ranks get a bound endpoint: the largest kvgate.io/dp-size of the fleet.",
+		Doc:     "In bind mode, how many data-parallel ranks get a bound endpoint: at least the largest kvgate.io/dp-start-rank plus kvgate.io/dp-size of the fleet (the number of target ports of an InferencePool whose members are data-parallel ranks).",
 	}
 	KVEventsBindAllowAnyPeer = Var{
 		Name:    "KVGATE_KV_EVENTS_BIND_ALLOW_ANY_PEER",

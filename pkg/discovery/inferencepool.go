@@ -74,8 +74,10 @@ var poolDefaults = []string{
 // of the pool's selector. Each member is delivered once per target port, as
 // a pod serving on that port (model.aibrix.ai/port): under the pod's own
 // name for a pool with one target port, as <name>-rank-<i> for the i-th of
-// several, whose KV events are taken on the pod's PUB and replay ports plus
-// i, as vLLM offsets the ports of its data-parallel ranks. The labels and
+// several: data-parallel rank i (endpoint.DPStartRankAnnotation, added to
+// the pod's own), whose KV events are taken on the pod's PUB and replay
+// ports plus i as vLLM offsets the ports of its ranks, or in bind mode on
+// the gateway's bound socket of rank i. The labels and
 // annotations kvgate reads of a pod (model.aibrix.ai/name,
 // model.aibrix.ai/kv-events-enabled, kvgate.io/...) may be set on the pool,
 // as defaults for its members; a member's own value wins. A pod selected
@@ -92,8 +94,8 @@ type InferencePoolSource struct {
 	Pools []string
 	// PubPort and ReplayPort are the KV event ports of rank 0 for pods that
 	// declare none (KVGATE_KV_EVENTS_PUB_PORT and
-	// KVGATE_KV_EVENTS_REPLAY_PORT); a pool with several target ports
-	// offsets them per port.
+	// KVGATE_KV_EVENTS_REPLAY_PORT); with several target ports, the
+	// member of the i-th port is rank i and uses them plus i.
 	PubPort, ReplayPort int
 	// Resync is the informers' resync period; 0 disables resyncs.
 	Resync time.Duration
@@ -441,9 +443,10 @@ func (pool *InferencePool) Members(pod *v1.Pod, pubPort, replayPort int) []*v1.P
 		delete(m.Annotations, endpoint.ModelPortLabel)
 		if len(ports) > 1 {
 			m.Name = pod.Name + "-rank-" + strconv.Itoa(i)
-			setValue(&m, endpoint.PubPortAnnotation, strconv.Itoa(offsetPort(&m, endpoint.PubPortAnnotation, pubPort, i)))
-			if base := offsetPort(&m, endpoint.ReplayPortAnnotation, replayPort, 0); base != 0 {
-				setValue(&m, endpoint.ReplayPortAnnotation, strconv.Itoa(base+i))
+			setValue(&m, endpoint.DPStartRankAnnotation, strconv.Itoa(offsetValue(&m, endpoint.DPStartRankAnnotation, 0, i)))
+			setValue(&m, endpoint.PubPortAnnotation, strconv.Itoa(offsetValue(&m, endpoint.PubPortAnnotation, pubPort, 0)))
+			if base := offsetValue(&m, endpoint.ReplayPortAnnotation, replayPort, 0); base != 0 {
+				setValue(&m, endpoint.ReplayPortAnnotation, strconv.Itoa(base))
 			}
 			// Each port is an engine of its own: its own /metrics.
 			delete(m.Labels, endpoint.MetricPortLabel)
@@ -461,9 +464,9 @@ func setValue(pod *v1.Pod, key, value string) {
 	pod.Annotations[key] = value
 }
 
-// offsetPort returns the port the pod's key holds (def when it holds no
-// integer) plus i.
-func offsetPort(pod *v1.Pod, key string, def, i int) int {
+// offsetValue returns the integer the pod's key holds (def when it holds
+// none) plus i.
+func offsetValue(pod *v1.Pod, key string, def, i int) int {
 	if v, ok := endpoint.Value(pod, key); ok {
 		if n, err := strconv.Atoi(v); err == nil {
 			return n + i

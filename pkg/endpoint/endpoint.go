@@ -52,7 +52,14 @@ const (
 	// DPSizeAnnotation is the number of data-parallel ranks of the pod's
 	// engine, one KV-event stream each (default 1).
 	DPSizeAnnotation = "kvgate.io/dp-size"
-	// MaxDPSize bounds the data-parallel size a pod may declare.
+	// DPStartRankAnnotation is the data-parallel rank of the first of the
+	// pod's ranks, as vLLM's --data-parallel-start-rank (default 0): the
+	// pod's ranks are start..start+size-1, each publishing on the ports of
+	// its rank and, in bind mode, dialling the bound socket of its rank.
+	// Start plus size must not exceed MaxDPSize.
+	DPStartRankAnnotation = "kvgate.io/dp-start-rank"
+	// MaxDPSize bounds the data-parallel size a pod may declare, and the
+	// ranks it may have.
 	MaxDPSize = 256
 	// LoraAdaptersAnnotation lists the LoRA adapters the pod's engine
 	// serves besides its base model, separated by commas, e.g.

@@ -9,8 +9,11 @@ import (
 
 	"github.com/go-logr/logr/funcr"
 	"github.com/prometheus/client_golang/prometheus"
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kvgate/kvgate/internal/testsupport"
+	"github.com/kvgate/kvgate/pkg/discovery"
 	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/kvevent"
 	"github.com/kvgate/kvgate/pkg/kvevent/internal/kvtest"
@@ -104,6 +107,81 @@ func TestBindModeReceivesEnginesThatDialIn(t *testing.T) {
 	if held := idx.held(streams[0].id); len(held) != 0 {
 		t.Fatalf("deleted pod still indexed: %v", held)
 	}
+}
+
+// An InferencePool with several target ports stands for one engine whose
+// data-parallel ranks each serve HTTP on a port of their own (vLLM's
+// external load balancing); the pool's member <pod>-rank-<i> is rank i. In
+// bind mode rank i dials bound socket i with the topic of its own HTTP
+// port, and its member's stream receives it there.
+func TestBindModeFollowsEachMemberOfAMultiPortPoolOnItsRank(t *testing.T) {
+	bind := testsupport.ConsecutivePorts(t, 2)
+	routers := testsupport.ConsecutivePorts(t, 2)
+	idx := newMemIndex()
+	m, reg := newTestManager(t, idx, func(c *ManagerConfig) {
+		c.Bind = &transport.BindConfig{Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", bind[0]), Ranks: 2}
+	})
+	const ip = "127.0.0.2"
+	rank0 := engineDialingFrom(t, ip, fmt.Sprintf("kv@%s:8000@llama", ip), bind[0], routers[0], 0)
+	rank1 := engineDialingFrom(t, ip, fmt.Sprintf("kv@%s:8001@llama", ip), bind[0], routers[0], 1)
+	kvtest.Publish(t, rank0, 1, 0, 2)
+	kvtest.Publish(t, rank1, 2, 0, 3)
+
+	pool := &discovery.InferencePool{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "dp",
+		Labels: map[string]string{endpoint.ModelNameLabel: "llama", endpoint.KVEventsEnabledLabel: "true"}}}
+	pool.Spec.Selector.MatchLabels = map[string]string{"app": "dp"}
+	pool.Spec.TargetPorts = []struct {
+		Number int32 `json:"number"`
+	}{{Number: 8000}, {Number: 8001}}
+	pod := &v1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "engine", UID: "uid-engine", Labels: map[string]string{"app": "dp"}},
+		Status: v1.PodStatus{Phase: v1.PodRunning, PodIP: ip,
+			Conditions: []v1.PodCondition{{Type: v1.PodReady, Status: v1.ConditionTrue}}},
+	}
+	for _, member := range pool.Members(pod, transport.DefaultPubPort, routers[0]) {
+		m.OnPodAdd(member)
+	}
+	streams := []struct {
+		id   kvevent.StreamID
+		pub  *publisher.Publisher
+		tag  int
+		next int
+	}{
+		{kvevent.StreamID{PodKey: "default/engine-rank-0", Model: "llama"}, rank0, 1, 2},
+		{kvevent.StreamID{PodKey: "default/engine-rank-1", DPRank: 1, Model: "llama"}, rank1, 2, 3},
+	}
+	kvtest.RepeatUntil(t, "each rank's batches indexed under its member", func() {
+		for i := range streams {
+			s := &streams[i]
+			kvtest.Publish(t, s.pub, s.tag, s.next, s.next+1)
+			s.next++
+		}
+	}, func() bool {
+		for _, s := range streams {
+			if !idx.holdsExactly(s.id, s.tag, 0, s.next) {
+				return false
+			}
+		}
+		return true
+	})
+	if n := testsupport.MetricValue(t, reg, "kvgate_kv_event_bind_ignored_messages_total",
+		map[string]string{"reason": transport.IgnoredRankOutOfRange}); n != 0 {
+		t.Errorf("%v messages ignored as %s", n, transport.IgnoredRankOutOfRange)
+	}
+	for i, s := range streams {
+		st := podState(m, s.id.PodKey)
+		if len(st.Streams) != 1 || st.Streams[0].PubEndpoint != fmt.Sprintf("tcp://127.0.0.1:%d", bind[i]) {
+			t.Errorf("%s: %+v, want one stream on bound socket %d", s.id.PodKey, st, i)
+		}
+	}
+
+	// A pod whose ranks reach beyond the bound sockets cannot be followed.
+	m.OnPodAdd(makePod(podSpec{name: "beyond", ip: "127.0.0.3", ports: kvtest.Ports{Pub: 1, Router: routers[0]}, dpSize: 2,
+		extra: map[string]string{endpoint.DPStartRankAnnotation: "1"}}))
+	testsupport.EventuallyWhy(t, "the pod beyond the bound ranks failed", func() (string, bool) {
+		st := podState(m, "default/beyond")
+		return fmt.Sprintf("%+v", st), st.State == PodStateFailed && strings.Contains(st.Error, "ranks 1 to 2")
+	})
 }
 
 func TestFollowingLogNamesTheEndpointsAndTopicInUse(t *testing.T) {

@@ -16,6 +16,7 @@
 //	kvgate.io/kv-events-replay-port: "5558"      rank 0's replay port, "0" = no replay
 //	kvgate.io/kv-events-topic: ""                SUB topic prefix
 //	kvgate.io/dp-size: "1"                       data-parallel ranks, one stream each
+//	kvgate.io/dp-start-rank: "0"                 the first of them (vLLM's --data-parallel-start-rank)
 //
 // Ports and topic default to the manager's StreamDefaults. With several
 // ranks the PUB and replay port ranges must not overlap, which rules out

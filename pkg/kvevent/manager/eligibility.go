@@ -15,8 +15,8 @@ import (
 // endpoint: endpoint.KVEventsEnabledLabel, endpoint.ModelNameLabel,
 // endpoint.LoraIDLabel (part of the identity of the pod's streams: changing
 // it restarts them), the stream overrides endpoint.PubPortAnnotation,
-// endpoint.ReplayPortAnnotation, endpoint.TopicAnnotation and
-// endpoint.DPSizeAnnotation, and endpoint.ModelPortLabel (the engine's HTTP
+// endpoint.ReplayPortAnnotation, endpoint.TopicAnnotation,
+// endpoint.DPSizeAnnotation and endpoint.DPStartRankAnnotation, and endpoint.ModelPortLabel (the engine's HTTP
 // port, which names it in bind mode).
 
 // IneligibleReason tells why a KVEventManager does not follow a pod; ""
@@ -80,7 +80,7 @@ func (d StreamDefaults) validate() error {
 }
 
 // PodTarget is what a KVEventManager follows for one eligible pod: one
-// stream per data-parallel rank. Two pods with equal targets are followed
+// stream per data-parallel rank, ranks FirstRank to FirstRank+DPSize-1. Two pods with equal targets are followed
 // the same way; any change restarts the pod's streams.
 type PodTarget struct {
 	PodKey string
@@ -94,6 +94,9 @@ type PodTarget struct {
 	ReplayPort int // 0: replay disabled
 	Topic      string
 	DPSize     int
+	// FirstRank is the pod's first data-parallel rank: rank r publishes
+	// on PubPort+r and replays on ReplayPort+r.
+	FirstRank int
 	// EnginePort is the engine's HTTP port, which names it in bind mode.
 	EnginePort int
 }
@@ -109,9 +112,9 @@ func (t PodTarget) streamID(rank int) kvevent.StreamID {
 //
 // A pod is followed when endpoint.KVEventsEnabledLabel is "true", it names a
 // model (endpoint.ModelNameLabel), it is ready (endpoint.Readiness), and its
-// port, topic and DP-size overrides are valid: ports in range, and with
-// several ranks the PUB and replay port ranges must not overlap (vLLM could
-// not bind them).
+// port, topic and data-parallel overrides are valid: ports in range, ranks
+// below endpoint.MaxDPSize, and with several ranks the PUB and replay port
+// ranges must not overlap (vLLM could not bind them).
 //
 // A pod that would be followed but for its Ready condition gets its target
 // together with ReasonNotReady: a KVEventManager does not start following
@@ -148,6 +151,9 @@ func TargetForPod(pod *v1.Pod, d StreamDefaults) (PodTarget, IneligibleReason, e
 		}
 	}
 	if err == nil {
+		t.FirstRank, err = intValue(pod, endpoint.DPStartRankAnnotation, 0, 0, endpoint.MaxDPSize-t.DPSize)
+	}
+	if err == nil {
 		err = t.checkPorts()
 	}
 	if err != nil {
@@ -156,9 +162,12 @@ func TargetForPod(pod *v1.Pod, d StreamDefaults) (PodTarget, IneligibleReason, e
 	return t, readiness, nil
 }
 
+// lastRank returns the pod's last data-parallel rank.
+func (t PodTarget) lastRank() int { return t.FirstRank + t.DPSize - 1 }
+
 // checkPorts verifies that every rank's ports exist and do not collide.
 func (t PodTarget) checkPorts() error {
-	last := t.DPSize - 1
+	last := t.lastRank()
 	if t.PubPort+last > 65535 {
 		return fmt.Errorf("%s %d with %s %d: rank %d's port is beyond 65535", endpoint.PubPortAnnotation, t.PubPort, endpoint.DPSizeAnnotation, t.DPSize, last)
 	}
@@ -168,9 +177,10 @@ func (t PodTarget) checkPorts() error {
 	if t.ReplayPort+last > 65535 {
 		return fmt.Errorf("%s %d with %s %d: rank %d's port is beyond 65535", endpoint.ReplayPortAnnotation, t.ReplayPort, endpoint.DPSizeAnnotation, t.DPSize, last)
 	}
-	if t.PubPort <= t.ReplayPort+last && t.ReplayPort <= t.PubPort+last {
+	first := t.FirstRank
+	if t.PubPort+first <= t.ReplayPort+last && t.ReplayPort+first <= t.PubPort+last {
 		return fmt.Errorf("PUB ports %d-%d and replay ports %d-%d of %d ranks overlap: rank 0's ports must be at least %d apart",
-			t.PubPort, t.PubPort+last, t.ReplayPort, t.ReplayPort+last, t.DPSize, t.DPSize)
+			t.PubPort+first, t.PubPort+last, t.ReplayPort+first, t.ReplayPort+last, t.DPSize, t.DPSize)
 	}
 	return nil
 }

@@ -67,7 +67,7 @@ type clientFollower struct {
 
 func (f *clientFollower) follow(t PodTarget) ([]*followedStream, error) {
 	streams := make([]*followedStream, 0, t.DPSize)
-	for rank := range t.DPSize {
+	for rank := t.FirstRank; rank <= t.lastRank(); rank++ {
 		s, err := f.start(t, rank)
 		if err != nil {
 			f.unfollow(streams)
@@ -124,25 +124,27 @@ func newBindFollower(m *KVEventManager, zctx *zmq.Context) (*bindFollower, error
 }
 
 func (f *bindFollower) follow(t PodTarget) ([]*followedStream, error) {
-	if t.DPSize > f.ranks {
-		return nil, fmt.Errorf("pod %s has %s %d but the gateway binds %d rank endpoints", t.PodKey, endpoint.DPSizeAnnotation, t.DPSize, f.ranks)
+	if t.lastRank() >= f.ranks {
+		return nil, fmt.Errorf("pod %s has ranks %d to %d (%s %d, %s %d) but the gateway binds %d rank endpoints",
+			t.PodKey, t.FirstRank, t.lastRank(), endpoint.DPStartRankAnnotation, t.FirstRank, endpoint.DPSizeAnnotation, t.DPSize, f.ranks)
 	}
 	specs := make([]transport.BoundStreamConfig, t.DPSize)
-	for rank := range t.DPSize {
+	for i := range specs {
+		rank := t.FirstRank + i
 		cfg := f.m.streamConfig(t, rank, nil)
 		if t.ReplayPort != 0 {
 			cfg.ReplayEndpoint = zmqwire.TCPEndpoint(t.IP, t.ReplayPort+rank)
 		}
-		specs[rank] = transport.BoundStreamConfig{Config: cfg, EnginePort: t.EnginePort, Handler: f.m.handler(t, rank)}
+		specs[i] = transport.BoundStreamConfig{Config: cfg, EnginePort: t.EnginePort, Handler: f.m.handler(t, rank)}
 	}
 	bound, err := f.r.Follow(specs...)
 	if err != nil {
 		return nil, err
 	}
 	streams := make([]*followedStream, len(bound))
-	for rank, b := range bound {
+	for i, b := range bound {
 		pub, replay := b.Endpoints()
-		streams[rank] = &followedStream{id: t.streamID(rank), pubEndpoint: pub, replayEndpoint: replay,
+		streams[i] = &followedStream{id: t.streamID(t.FirstRank + i), pubEndpoint: pub, replayEndpoint: replay,
 			topic: b.Topic(), since: time.Now(), stats: b}
 	}
 	return streams, nil

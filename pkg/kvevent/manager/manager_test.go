@@ -1,6 +1,7 @@
 package manager
 
 import (
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -77,6 +78,25 @@ func TestTargetForPodDecidesEligibility(t *testing.T) {
 		{"dp ports spaced", func() *v1.Pod {
 			return makePod(podSpec{name: "a", ports: kvtest.Ports{Pub: 5557, Router: 5559}, dpSize: 2})
 		}, "", ""},
+		{"dp start rank", func() *v1.Pod {
+			return makePod(podSpec{name: "a", ports: kvtest.Ports{Pub: 5557, Router: 5559}, dpSize: 2,
+				extra: map[string]string{endpoint.DPStartRankAnnotation: "6"}})
+		}, "", ""},
+		{"last rank at the bound", func() *v1.Pod {
+			return makePod(podSpec{name: "a", ports: ports, dpSize: 2,
+				extra: map[string]string{endpoint.DPStartRankAnnotation: strconv.Itoa(endpoint.MaxDPSize - 2)}})
+		}, "", ""},
+		{"last rank beyond the bound", func() *v1.Pod {
+			return makePod(podSpec{name: "a", ports: ports, dpSize: 2,
+				extra: map[string]string{endpoint.DPStartRankAnnotation: strconv.Itoa(endpoint.MaxDPSize - 1)}})
+		}, ReasonInvalidConfig, endpoint.DPStartRankAnnotation},
+		{"negative dp start rank", func() *v1.Pod {
+			return makePod(podSpec{name: "a", ports: ports, extra: map[string]string{endpoint.DPStartRankAnnotation: "-1"}})
+		}, ReasonInvalidConfig, endpoint.DPStartRankAnnotation},
+		{"dp start rank's ports beyond 65535", func() *v1.Pod {
+			return makePod(podSpec{name: "a", ports: kvtest.Ports{Pub: 65530, Router: 0},
+				extra: map[string]string{endpoint.DPStartRankAnnotation: "6"}})
+		}, ReasonInvalidConfig, "beyond 65535"},
 		{"replay disabled with any dp size", func() *v1.Pod {
 			return makePod(podSpec{name: "a", ports: kvtest.Ports{Pub: 5557, Router: 0}, dpSize: 8})
 		}, "", ""},

@@ -52,8 +52,8 @@ type BindConfig struct {
 	// rank r offsets its endpoint: the port plus r for tcp, the suffix
 	// "_dp<r>" for inproc.
 	Endpoint string
-	// Ranks is how many ranks are bound: the largest data-parallel size of
-	// the engines (1 when 0).
+	// Ranks is how many ranks are bound, 0 to Ranks-1: above the largest
+	// data-parallel rank of the engines (1 when 0).
 	Ranks int
 	// AllowAnyPeer accepts a message from any address, trusting its topic
 	// alone. Set it only when engines reach the gateway through address
