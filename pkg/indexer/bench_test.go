@@ -205,6 +205,47 @@ func BenchmarkProcessBlockStored(b *testing.B) {
 	b.ReportMetric(float64(b.N*benchEventBlocks)/b.Elapsed().Seconds(), "blocks/s")
 }
 
+// BenchmarkProcessBlockRemoved removes 16-block runs of 512-block chains
+// from an index that holds the workload, as an engine evicting a prompt
+// does, and stores each chain again untimed once it is gone, so the index
+// keeps its size.
+func BenchmarkProcessBlockRemoved(b *testing.B) {
+	idx, _ := newTestTable(b, Config{})
+	loadWorkload(b, idx, 256)
+	s := benchStream(0)
+	const pool = 64
+	events := make([][]*kvevent.BlockStoredEvent, pool)
+	removals := make([][]*kvevent.BlockRemovedEvent, pool)
+	for p := range events {
+		events[p] = benchEvents(1000+p, benchPrompt(1000+p))
+		for _, ev := range events[p] {
+			if err := idx.ProcessBlockStored(s, ev); err != nil {
+				b.Fatal(err)
+			}
+			removals[p] = append(removals[p], removed("GPU", 0, ev.BlockHashes...))
+		}
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		p, e := (i/32)%pool, i%32
+		if err := idx.ProcessBlockRemoved(s, removals[p][e]); err != nil {
+			b.Fatal(err)
+		}
+		if e == 31 {
+			b.StopTimer()
+			for _, ev := range events[p] {
+				if err := idx.ProcessBlockStored(s, ev); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.StartTimer()
+		}
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(b.N*benchEventBlocks)/b.Elapsed().Seconds(), "blocks/s")
+}
+
 // BenchmarkMemoryPerResidency loads 1,000,000 (block, pod) residencies and
 // reports the heap they take, measured after garbage collection; "churned"
 // then replaces a third of the prompts, as engines evicting and storing do,
