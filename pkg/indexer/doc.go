@@ -38,6 +38,19 @@
 // engine hashes by a keyed mix of the same secret, so that an engine
 // choosing its hashes cannot pile them onto one probe sequence.
 //
+// A lane may name one block by several engine hashes. An engine that
+// restarted with another hash seed (PYTHONHASHSEED unset) while its stream
+// went on stores blocks the lane holds under new hashes, and an engine whose
+// events leave out inputs its hashes include (older vLLM sends no extra
+// keys, so blocks that differ only in images or cache salts look alike)
+// names equal content by several hashes. Each new hash becomes a further
+// name of the lane's block, so that the engine's later events find it by
+// any of them; the block is resident once, is counted and evicted once, and
+// stays until a BlockRemoved has named each of its hashes. A lane names a
+// block by at most 8 hashes: further ones are skipped and counted in
+// kvgate_indexer_skipped_blocks_total{reason="name_limit"}, and blocks
+// stored under them are unknown parents.
+//
 // Blocks that name their LoRA adapter by the engine's adapter id alone
 // (vLLM 0.9 sends no name) are not indexed and are counted in
 // kvgate_indexer_skipped_blocks_total{reason="lora_id_only"}: requests name

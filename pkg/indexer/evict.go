@@ -121,8 +121,8 @@ func (m *modelTable) payers(need int) ([]*payer, []int32) {
 		}
 		p.lanes = append(p.lanes, ln)
 		p.mask[ln.id>>6] |= 1 << (ln.id & 63)
-		p.charge += ln.m.n
-		total += ln.m.n
+		p.charge += ln.m.blocks()
+		total += ln.m.blocks()
 	}
 	slices.SortFunc(all, func(a, b *payer) int { return cmp.Compare(b.charge, a.charge) })
 	charges := make([]int, len(all))

@@ -204,7 +204,7 @@ func residents(idx *SyncPrefixHashTable, model string) map[Stream]int {
 	out := map[Stream]int{}
 	for _, ln := range idx.model(model).lanes {
 		if ln != nil {
-			out[Stream{Pod: ln.stream.id.pod, Rank: ln.stream.id.rank, Model: model}] += ln.m.n
+			out[Stream{Pod: ln.stream.id.pod, Rank: ln.stream.id.rank, Model: model}] += ln.m.blocks()
 		}
 	}
 	return out

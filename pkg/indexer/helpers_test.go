@@ -125,7 +125,7 @@ func (m *modelTable) checkInvariants() error {
 		if ln.id != id {
 			return fmt.Errorf("lane at %d has id %d", id, ln.id)
 		}
-		n := 0
+		n, names := 0, map[uint64]int32{}
 		for i := range ln.m.slots() {
 			k := ln.m.key(i)
 			if k == 0 {
@@ -138,13 +138,21 @@ func (m *modelTable) checkInvariants() error {
 			if holders[k] == nil {
 				holders[k] = map[int]bool{}
 			}
-			if holders[k][id] {
-				return fmt.Errorf("lane %d holds key %x twice", id, k)
-			}
 			holders[k][id] = true
+			names[k]++
 		}
 		if n != ln.m.n {
 			return fmt.Errorf("lane %d counts %d entries, has %d", id, ln.m.n, n)
+		}
+		extra := 0
+		for k, c := range names {
+			if c > 1 && ln.m.aliases[k] != c-1 {
+				return fmt.Errorf("lane %d names key %x %d times, counts %d more names", id, k, c, ln.m.aliases[k])
+			}
+			extra += int(c - 1)
+		}
+		if extra != ln.m.extra || len(ln.m.aliases) > len(names) {
+			return fmt.Errorf("lane %d counts %d extra names of %d keys, has %d", id, ln.m.extra, len(ln.m.aliases), extra)
 		}
 	}
 	isLive := func(id int) bool { return m.lanes[id] != nil }

@@ -227,7 +227,9 @@ func translate(st *stream, ln *lane, bs int, hash uint64) (uint64, bool) {
 }
 
 // addResidency records that ln holds the block named hash by its engine and
-// key by the index. Storing a block again refreshes it.
+// key by the index. Storing a block again refreshes it; storing one that ln
+// holds under another engine hash adds hash as a further name of it (see
+// laneMap).
 func (m *modelTable) addResidency(ln *lane, hash, key uint64, now uint32) {
 	// at is where the lane's probe sequence for hash ends, for the insert
 	// below, unless the lane changes in between.
@@ -257,10 +259,16 @@ func (m *modelTable) addResidency(ln *lane, hash, key uint64, now uint32) {
 		}
 		m.keys.revive(r, now)
 	case r.has(ln.id):
-		// A second engine hash for content the lane already holds: only a
-		// 64-bit collision does this. Keeping one residency per key and lane
-		// keeps removals exact.
-		m.t.metrics.skipped(reasonDuplicate, 1)
+		// Content the lane holds under another engine hash: the engine
+		// restarted with another hash seed, or its events leave out inputs
+		// its hashes include. The lane keeps one residency of the key,
+		// named by both.
+		r.touch(now)
+		if ln.m.aliases[key] >= maxNamesPerBlock-1 {
+			m.t.metrics.skipped(reasonNameLimit, 1)
+			return
+		}
+		ln.m.alias(at, hash, key)
 		return
 	default:
 		r.touch(now)
@@ -269,10 +277,11 @@ func (m *modelTable) addResidency(ln *lane, hash, key uint64, now uint32) {
 	ln.m.add(at, hash, key)
 }
 
-// dropResidency removes ln's residency of the block its engine names hash.
+// dropResidency removes the name hash of a block of ln, and ln's residency
+// of the block when that was its last name.
 func (m *modelTable) dropResidency(ln *lane, hash uint64) {
-	key, ok := ln.m.del(hash)
-	if !ok {
+	key, last, ok := ln.m.del(hash)
+	if !ok || !last {
 		return
 	}
 	if r, ok := m.keys.find(key); ok {

@@ -30,11 +30,12 @@ const (
 	reasonTokens = "token_mismatch"
 	// reasonExtraKeys: the event's extra keys are not one list per block.
 	reasonExtraKeys = "extra_keys_mismatch"
-	// reasonDuplicate: a second engine hash for a block the lane holds.
-	reasonDuplicate = "duplicate_key"
 	// reasonLoraID: the blocks name their LoRA adapter by the engine's id
 	// only, which no request names.
 	reasonLoraID = "lora_id_only"
+	// reasonNameLimit: the block is one the lane holds under
+	// maxNamesPerBlock other engine hashes.
+	reasonNameLimit = "name_limit"
 	// reasonLaneLimit: the blocks' medium and group would be a lane past
 	// maxLanesPerStream, and every lane of the stream holds blocks.
 	reasonLaneLimit = "lane_limit"
@@ -66,7 +67,7 @@ func newMetrics(t *SyncPrefixHashTable) *metrics {
 		}, []string{"reason"}),
 		skippedVec: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "kvgate", Subsystem: "indexer", Name: "skipped_blocks_total",
-			Help: "Stored blocks not indexed, by reason: unknown_parent, token_mismatch, extra_keys_mismatch, duplicate_key, lora_id_only, lane_limit.",
+			Help: "Stored blocks not indexed, by reason: unknown_parent, token_mismatch, extra_keys_mismatch, lora_id_only, lane_limit, name_limit.",
 		}, []string{"reason"}),
 		parentMisses: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: "kvgate", Subsystem: "indexer", Name: "parent_misses_total",

@@ -163,6 +163,15 @@ func (m *modelTable) use(now uint32) {
 // (skipped_blocks_total{reason="lane_limit"}).
 const maxLanesPerStream = 32
 
+// maxNamesPerBlock bounds the engine hashes by which one lane names one
+// block (see laneMap). An engine that restarts unseen adds a name per
+// restart, and an engine whose events leave out its hashes' inputs one per
+// look-alike block, which an engine could otherwise repeat without end, each
+// name taking lane memory but no key. Past it, a further name is skipped
+// and counted (skipped_blocks_total{reason="name_limit"}), and the blocks
+// stored after it under that name are unknown parents.
+const maxNamesPerBlock = 8
+
 // maxMediumBytes bounds the medium name a lane keeps (see normMedium).
 const maxMediumBytes = 64
 
@@ -380,7 +389,7 @@ func (m *modelTable) discard(streams []*stream) int {
 	blocks := 0
 	for _, ln := range m.lanes {
 		if ln != nil {
-			blocks += ln.m.n
+			blocks += ln.m.blocks()
 		}
 	}
 	m.t.total.Add(-int64(m.keys.n))
@@ -390,7 +399,7 @@ func (m *modelTable) discard(streams []*stream) int {
 // clearLane removes every residency of ln and returns how many there were;
 // m.mu is held.
 func (m *modelTable) clearLane(ln *lane) int {
-	n := ln.m.n
+	n := ln.m.blocks()
 	m.keys.dropHolder(&ln.m, ln.id)
 	ln.publish()
 	m.keys.shrink()
@@ -421,7 +430,7 @@ func (m *modelTable) releaseStreamLocked(st *stream) int {
 	n := 0
 	now := m.t.now()
 	for _, ln := range st.lanes {
-		n += ln.m.n
+		n += ln.m.blocks()
 		m.keys.release(&ln.m, ln.id)
 		m.free = append(m.free, freeHolder{ln.id, now})
 	}
