@@ -61,15 +61,34 @@
 //
 // A BlockStored event whose parent hash the stream does not hold (the parent
 // was stored before the index started, before the stream was reset or
-// cleared, evicted by the index, or lost in a gap) is skipped whole and
-// counted in kvgate_indexer_parent_misses_total: indexing its blocks from
-// the root would credit pods with prefixes they do not hold. The chain heals when the engine stores the prefix again from its
-// first block, which vLLM does whenever a request recomputes it.
+// cleared, evicted by the index, removed while the engine kept another copy
+// of it, or lost in a gap) is skipped whole and counted in
+// kvgate_indexer_parent_misses_total: indexing its blocks from the root
+// would credit pods with prefixes they do not hold. The chain heals when the
+// engine stores the prefix again from its first block, which vLLM does
+// whenever a request recomputes it.
 //
 // A parent hash of 0 that the stream does not hold means "no parent", as a
 // nil one does: engines that always send a parent (llm-d-inference-sim)
 // send 0 for a prompt's first block. A stream that holds a block named 0 is
 // taken at its word.
+//
+// # Copies of a block
+//
+// vLLM does not deduplicate its cache. A request that fills a block whose
+// content the cache already holds caches a second copy under the same hash,
+// announced by a second BlockStored: a prefill continued in a later step or
+// a decode never looks the cache up again, and requests of one step that
+// fill equal blocks each keep their own. Evicting either copy sends a
+// BlockRemoved of the hash. The index keeps one residency per block and
+// lane, so the first removal drops the block while the engine may still
+// serve it from the other copy, and the blocks the engine then chains from
+// it are unknown parents until it stores the prefix again. Counting
+// copies would need to tell a second copy from a re-announcement
+// (kv_cache_report_mode "full" stores reused blocks again, with no removal
+// to match), and the events do not: both come in the step that cached the
+// first copy as well as in later ones. So a duplicated block can make the
+// index under-credit its pod; it never credits a block no copy holds.
 //
 // # Bounds and eviction
 //
