@@ -16,8 +16,9 @@ import (
 // endpoint.LoraIDLabel (part of the identity of the pod's streams: changing
 // it restarts them), the stream overrides endpoint.PubPortAnnotation,
 // endpoint.ReplayPortAnnotation, endpoint.TopicAnnotation,
-// endpoint.DPSizeAnnotation and endpoint.DPStartRankAnnotation, and endpoint.ModelPortLabel (the engine's HTTP
-// port, which names it in bind mode).
+// endpoint.DPSizeAnnotation and endpoint.DPStartRankAnnotation, and
+// endpoint.ModelPortLabel (the engine's HTTP port, which names it in bind
+// mode).
 
 // IneligibleReason tells why a KVEventManager does not follow a pod; ""
 // means it does.
@@ -80,8 +81,9 @@ func (d StreamDefaults) validate() error {
 }
 
 // PodTarget is what a KVEventManager follows for one eligible pod: one
-// stream per data-parallel rank, ranks FirstRank to FirstRank+DPSize-1. Two pods with equal targets are followed
-// the same way; any change restarts the pod's streams.
+// stream per data-parallel rank, ranks FirstRank to FirstRank+DPSize-1.
+// Two pods with equal targets are followed the same way; any change
+// restarts the pod's streams.
 type PodTarget struct {
 	PodKey string
 	// UID tells a pod from a later pod of the same name, whose engine is
