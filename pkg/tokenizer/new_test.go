@@ -1,6 +1,7 @@
 package tokenizer
 
 import (
+	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -11,8 +12,9 @@ import (
 	"github.com/kvgate/kvgate/pkg/config"
 )
 
-func TestNewRejectsNegativeConfigValues(t *testing.T) {
-	for _, cfg := range []Config{{Timeout: -time.Second}, {CacheMaxTokens: -1}, {MaxResponseBytes: -1}, {LocalMaxBytes: -1}} {
+func TestNewRejectsConfigValuesOutOfRange(t *testing.T) {
+	for _, cfg := range []Config{{Timeout: -time.Second}, {CacheMaxTokens: -1}, {MaxResponseBytes: -1}, {LocalMaxBytes: -1},
+		{VerifyFraction: 1.5}, {VerifyFraction: math.NaN()}, {VerifyFraction: math.Inf(1)}} {
 		if tk, err := New(cfg, prometheus.NewRegistry()); err == nil {
 			tk.Close()
 			t.Errorf("New(%+v) succeeded, want an error", cfg)

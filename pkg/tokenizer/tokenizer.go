@@ -127,13 +127,15 @@ type Tokenizer struct {
 }
 
 // New returns a Tokenizer configured by cfg whose metrics are registered
-// on reg. It fails if cfg holds a negative value or if the metrics cannot
-// be registered, for example because reg already holds another
-// Tokenizer's.
+// on reg. It fails if cfg holds a negative value, a VerifyFraction above 1
+// or not a number, or if the metrics cannot be registered, for example
+// because reg already holds another Tokenizer's.
 func New(cfg Config, reg prometheus.Registerer) (*Tokenizer, error) {
-	if cfg.Timeout < 0 || cfg.CacheMaxTokens < 0 || cfg.MaxResponseBytes < 0 || cfg.MaxBackgroundCalls < 0 || cfg.VerifyFraction > 1 ||
-		cfg.LocalMaxBytes < 0 {
+	if cfg.Timeout < 0 || cfg.CacheMaxTokens < 0 || cfg.MaxResponseBytes < 0 || cfg.MaxBackgroundCalls < 0 || cfg.LocalMaxBytes < 0 {
 		return nil, fmt.Errorf("tokenizer config: negative value in %+v", cfg)
+	}
+	if !(cfg.VerifyFraction <= 1) {
+		return nil, fmt.Errorf("tokenizer config: VerifyFraction %v is not a number at most 1", cfg.VerifyFraction)
 	}
 	if reg == nil {
 		return nil, errors.New("tokenizer: nil prometheus.Registerer")
