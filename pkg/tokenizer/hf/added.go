@@ -108,21 +108,14 @@ const MaxAddedTokenBytes = 256
 
 // next finds the first added token in s at or after from. It returns the
 // token and the span it takes, whitespace it strips included; ok is false
-// when there is none, or when b stopped the search, which it looks at
-// every checkEvery steps. A nil matcher finds none.
+// when there is none, or when b stopped the search: each step of the
+// search is spent from b (see bound.spend). A nil matcher finds none.
 func (m *matcher) next(s string, from int, b *bound) (tok addedToken, start, end int, ok bool) {
 	if m == nil {
 		return tok, 0, 0, false
 	}
 	var buf [16]int32
-	steps := 0
 	for i := from; i < len(s); {
-		if steps > checkEvery {
-			if !b.check() {
-				return tok, 0, 0, false
-			}
-			steps = 0
-		}
 		j := i
 		if m.only >= 0 {
 			k := strings.IndexByte(s[i:], byte(m.only))
@@ -140,14 +133,18 @@ func (m *matcher) next(s string, from int, b *bound) (tok addedToken, start, end
 		}
 		// The nodes along s[j:] where tokens end, shortest first.
 		matched := buf[:0]
-		for k, node := j, int32(0); k < len(s); k++ {
-			steps++
+		k := j
+		for node := int32(0); k < len(s); k++ {
 			if node = m.child(node, s[k], false); node == 0 {
 				break
 			}
 			if len(m.nodes[node].ends) > 0 {
 				matched = append(matched, node)
 			}
+		}
+		// The walk's steps count against b's budget like bytes encoded.
+		if !b.spend(k - j + 1) {
+			return tok, 0, 0, false
 		}
 		for n := len(matched) - 1; n >= 0; n-- {
 			for _, ti := range m.nodes[matched[n]].ends {
