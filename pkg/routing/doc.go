@@ -104,7 +104,11 @@
 // P is the prompt's length, M(p) the length of its prefix that p holds in any
 // medium and G(p) the part of it in GPU memory (both from the index, in whole
 // blocks, so a trailing partial block always counts as work, as vLLM
-// recomputes it). GPU-resident tokens cost nothing to reuse. Tokens held only
+// recomputes it). For a pod that serves several data-parallel ranks behind
+// one port, both are of the rank holding the longest prefix, although the
+// engine, not the gateway, chooses the rank a request runs on, by load; a
+// request for a prefix one rank holds may run on another and compute it
+// again. GPU-resident tokens cost nothing to reuse. Tokens held only
 // in CPU memory or storage must be copied back, which is cheaper than
 // computing them but not free; w, Config.CPUCacheWeight, is the share of
 // their prefill time the copy saves.
