@@ -22,9 +22,12 @@
 //     lengths it happened to serve; but they lag by the Store's window, and
 //     the count of requests in flight, which moves with every request the
 //     gateway routes, keeps the pod measured fastest from getting every
-//     request until its means catch up. A pod's means move only when it
-//     serves requests, so one that was slow keeps its mean until traffic
-//     measures it again.
+//     request until its means catch up; the prefill work the gateway has
+//     queued on a pod is a floor on its time to first token, so that a pod
+//     measured while idle, a pod that just joined above all, takes a
+//     burst only until that work reaches the others' latency. A pod's
+//     means move only when it serves requests, so one that was slow keeps
+//     its mean until traffic measures it again.
 //   - prefix-cache: AIBrix's prefix-cache routing on the sync prefix index,
 //     with its load-imbalance guard and standard-deviation bound. As in
 //     AIBrix, when every prompt opens alike a pod that holds nothing may get

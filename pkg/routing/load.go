@@ -68,10 +68,15 @@ func (leastKVCache) pick(in input) {
 // the requests in it (Little's law), so the count stands in for the load the
 // means have not measured yet. A pod without a measured TTFT is scored at
 // the median of the measured ones, so that a new pod is neither flooded nor
-// starved. Ties go by running requests.
+// starved. A pod's mean TTFT measured while it was idle can be many times
+// the busy pods' lower, so that scaling by the count alone sends it
+// hundreds of requests before its means catch up; the prefill work the
+// gateway has queued on the pod (Candidate.QueueSeconds), which its next
+// first token waits for, is therefore a floor on its expected TTFT. Ties
+// go by running requests.
 type leastLatency struct{}
 
-func (leastLatency) needs() needs { return needRunning | needLatency }
+func (leastLatency) needs() needs { return needRunning | needQueue | needLatency }
 
 func (leastLatency) pick(in input) {
 	cs := in.d.Candidates
@@ -96,7 +101,8 @@ func (leastLatency) pick(in input) {
 		}
 	}
 	for i := range cs {
-		cs[i].Score *= (1 + cs[i].Running) / (1 + meanRunning)
+		c := &cs[i]
+		c.Score = max(c.Score, c.QueueSeconds+c.AvgTPOTSeconds*tokens) * (1 + c.Running) / (1 + meanRunning)
 	}
 	in.d.chosen = choose(in, nil, byScore, 0, nil)
 	in.d.Outcome = OutcomeLoad

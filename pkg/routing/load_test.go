@@ -193,3 +193,32 @@ func TestLeastKVCacheCountsThePromptsSentSinceTheScrape(t *testing.T) {
 		})
 	}
 }
+
+// TestLeastLatencyCountsThePrefillsQueuedOnAPodMeasuredIdle routes a burst
+// to a fleet where p2 just joined: its means were measured on the few
+// requests it served idle, twenty times below the busy pods', and they
+// stay so until the requests sent to it since complete. Scaling them by
+// the requests in flight alone leaves p2 the fastest for hundreds of
+// requests; the prefill work the gateway has queued on it, which its next
+// first tokens wait for, is a floor on its time to first token.
+func TestLeastLatencyCountsThePrefillsQueuedOnAPodMeasuredIdle(t *testing.T) {
+	m := newFakeMetrics()
+	for i, ttft := range []float64{1, 1, 0.05} {
+		pod := fmt.Sprintf("p%d", i)
+		m.set(pod, cache.AvgTTFTSeconds, ttft).set(pod, cache.PrefillTokensPerSecond, 10_000)
+	}
+	m.set("p0", cache.RealtimeNumRequestsRunning, 10).set("p1", cache.RealtimeNumRequestsRunning, 10)
+	clock := newManualClock()
+	r, _ := newTestRouter(t, m, nil, func(c *Config) { c.Now = clock.Now })
+	pods := testPods(3)
+	got := map[string]int{}
+	for i := range 40 {
+		// 1,000-token prompts take 0.1 s each to prefill.
+		d := route(t, r, request(fmt.Sprint(i), LeastLatency, prompt(i*1000, 1000)), pods)
+		startPrefill(r, d) // in flight until the test ends
+		got[d.PodKey]++
+	}
+	if got[key("p2")] > 25 || got[key("p0")] < 5 || got[key("p1")] < 5 {
+		t.Errorf("40 requests went %v; want the busy pods to get some once p2 has a second of prefills queued", got)
+	}
+}
