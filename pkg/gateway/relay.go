@@ -49,7 +49,9 @@ func responseUsage(body []byte) (usage, bool) {
 }
 
 // readUsage reads a usage object's token counts; false when value is not
-// an object (null, for one).
+// an object (null, for one) or a count is not a non-negative integer, so
+// that a usage no engine could mean feeds neither the request traces nor
+// the output predictors.
 func readUsage(value []byte) (usage, bool) {
 	var u usage
 	if len(value) == 0 || value[0] != '{' {
@@ -77,8 +79,12 @@ func readUsage(value []byte) (usage, bool) {
 	return u, err == nil
 }
 
+// errNegativeCount reports a token count below zero.
+var errNegativeCount = errors.New("negative token count")
+
 // readCount reads a token count into dst, and sets *set (when not nil)
-// when there is one; null leaves both alone.
+// when there is one; null leaves both alone. It fails for a count that is
+// not an integer or is negative.
 func readCount(v []byte, dst *int64, set *bool) error {
 	if v[0] == 'n' {
 		return nil
@@ -86,6 +92,9 @@ func readCount(v []byte, dst *int64, set *bool) error {
 	n, err := jsonscan.Int(v)
 	if err != nil {
 		return err
+	}
+	if n < 0 {
+		return errNegativeCount
 	}
 	*dst = int64(n)
 	if set != nil {

@@ -254,6 +254,21 @@ func TestReadUsageTakesTheCachedTokensWhenReported(t *testing.T) {
 	}
 }
 
+func TestReadUsageRefusesNegativeTokenCounts(t *testing.T) {
+	for _, body := range []string{
+		`{"prompt_tokens":-1,"completion_tokens":5}`,
+		`{"prompt_tokens":9,"completion_tokens":-300}`,
+		`{"prompt_tokens":9,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":-4}}`,
+	} {
+		if got, ok := readUsage([]byte(body)); ok {
+			t.Errorf("readUsage(%s) = %+v, read; want it refused", body, got)
+		}
+		if got, ok := responseUsage([]byte(`{"choices":[],"usage":` + body + `}`)); ok {
+			t.Errorf("responseUsage with usage %s = %+v, read; want it refused", body, got)
+		}
+	}
+}
+
 func TestADeclaredLengthReservesLittleBeforeItsBytesArrive(t *testing.T) {
 	var buf bytes.Buffer
 	growForDeclared(&buf, 16<<20)
