@@ -13,7 +13,9 @@
 //     lists every loaded adapter, runtime-loaded ones included, with the
 //     base model as "parent"), read from every routable pod every
 //     AdapterRefreshInterval, at most MaxAdaptersPerPod a pod. A request
-//     for an adapter is routed among the pods serving it;
+//     for an adapter is routed among the pods serving it. A change of a
+//     pod's adapters that changes the models it serves is announced to the
+//     PodListeners that are ModelsListeners;
 //   - the metrics of every routable pod, scraped from its vLLM /metrics in a
 //     loop per pod and derived into load, KV-cache usage, prefix-cache hit
 //     rate, recent latencies and prefill speed, for the pod as a whole and

@@ -30,6 +30,18 @@ type PodListener interface {
 	OnPodDelete(pod *v1.Pod)
 }
 
+// ModelsListener is a PodListener that is also told when the models a
+// registered pod serves change while the pod itself does not: its LoRA
+// adapters, set with Store.SetPodAdapters or listed by its /v1/models,
+// which PodListener's methods do not report. Calls follow PodListener's
+// rules.
+type ModelsListener interface {
+	PodListener
+	// OnPodModelsChange reports that pod serves other models than before
+	// (see Store.ListModelsByPod).
+	OnPodModelsChange(pod *v1.Pod)
+}
+
 // podEntry is one version of a registered pod. Entries are immutable: a
 // change replaces the entry, carrying state over while the pod keeps its UID.
 type podEntry struct {
@@ -114,30 +126,33 @@ func (r *registry) remove(key endpoint.Key) *podEntry {
 	return old
 }
 
-// setAdapters replaces the pod's adapters and reports whether it is known.
-func (r *registry) setAdapters(key endpoint.Key, adapters []string) bool {
+// setAdapters replaces the pod's adapters and returns the entry it
+// replaced and the new one; both are nil when the pod is unknown.
+func (r *registry) setAdapters(key endpoint.Key, adapters []string) (old, cur *podEntry) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	old := r.pods[key]
+	old = r.pods[key]
 	if old == nil {
-		return false
+		return nil, nil
 	}
-	r.replaceLocked(old, newPodEntry(old.ep, slices.Clone(adapters), old.discovered, old.state))
-	return true
+	cur = newPodEntry(old.ep, slices.Clone(adapters), old.discovered, old.state)
+	r.replaceLocked(old, cur)
+	return old, cur
 }
 
 // setDiscovered replaces the adapters discovered on the pod of key, when it
-// is still the pod whose state is state, and returns the previous ones and
-// whether they changed.
-func (r *registry) setDiscovered(key endpoint.Key, state *podState, adapters []string) ([]string, bool) {
+// is still the pod whose state is state and they changed, and returns the
+// entry it replaced and the new one; both are nil when nothing changed.
+func (r *registry) setDiscovered(key endpoint.Key, state *podState, adapters []string) (old, cur *podEntry) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	old := r.pods[key]
+	old = r.pods[key]
 	if old == nil || old.state != state || slices.Equal(old.discovered, adapters) {
-		return nil, false
+		return nil, nil
 	}
-	r.replaceLocked(old, newPodEntry(old.ep, old.adapters, adapters, old.state))
-	return old.discovered, true
+	cur = newPodEntry(old.ep, old.adapters, adapters, old.state)
+	r.replaceLocked(old, cur)
+	return old, cur
 }
 
 // replaceLocked swaps old for cur (either may be nil) in the pod map and in

@@ -195,6 +195,35 @@ func TestPodListenersSeeEveryChangeInOrder(t *testing.T) {
 	}
 }
 
+// modelsRecorder is a recorder that is also a ModelsListener.
+type modelsRecorder struct{ recorder }
+
+func (r *modelsRecorder) OnPodModelsChange(p *v1.Pod) { r.add("models " + p.Name) }
+
+func TestModelsListenersAreToldWhenAPodsAdaptersChangeItsModels(t *testing.T) {
+	s := newTestStore(t, noScrape())
+	s.AddOrUpdatePod(testPod("ns", "a", "base", "10.0.0.1"))
+	r, plain := &modelsRecorder{}, &recorder{}
+	s.AddPodListener(r)
+	s.AddPodListener(plain)
+	for _, adapters := range [][]string{
+		{"lora-1"},
+		{"lora-1"},         // the same models: nothing to tell
+		{"lora-1", "base"}, // the base model again: the same models
+		{},
+	} {
+		if err := s.SetPodAdapters(pkey("ns", "a"), adapters); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got, want := r.got(), []string{"add a 10.0.0.1", "models a", "models a"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("models listener saw %v, want %v", got, want)
+	}
+	if got, want := plain.got(), []string{"add a 10.0.0.1"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("pod listener saw %v, want %v", got, want)
+	}
+}
+
 func TestPodListenerMayReadTheStore(t *testing.T) {
 	s := newTestStore(t, noScrape())
 	r := &recorder{}

@@ -44,28 +44,50 @@ func (s *Store) DeletePod(key endpoint.Key) {
 }
 
 // SetPodAdapters sets LoRA adapters the registered pod of key serves
-// besides its base model, replacing the set given by the previous call;
-// listeners are not told. The pod serves these adapters in addition to
-// those it declares (endpoint.LoraAdaptersAnnotation) and those its
-// /v1/models lists. They last until changed or until the pod is replaced by
-// one with another UID. It fails with a *PodNotFoundError for an unknown
-// pod.
+// besides its base model, replacing the set given by the previous call.
+// The pod serves these adapters in addition to those it declares
+// (endpoint.LoraAdaptersAnnotation) and those its /v1/models lists. They
+// last until changed or until the pod is replaced by one with another UID.
+// When the models the pod serves change, the listeners that are
+// ModelsListeners are told; the others are not. It fails with a
+// *PodNotFoundError for an unknown pod.
 func (s *Store) SetPodAdapters(key endpoint.Key, adapters []string) error {
 	s.reg.notifyMu.Lock()
 	defer s.reg.notifyMu.Unlock()
-	if !s.reg.setAdapters(key, adapters) {
+	old, cur := s.reg.setAdapters(key, adapters)
+	if old == nil {
 		return &PodNotFoundError{Key: key}
 	}
+	s.modelsChanged(old, cur)
 	return nil
 }
 
 // setDiscoveredAdapters records the adapters listed by the /v1/models of the
 // pod of key whose state is state, and returns the previous ones and whether
-// they changed; a pod replaced or deleted meanwhile is left alone.
+// they changed; a pod replaced or deleted meanwhile is left alone. When the
+// models the pod serves change, the ModelsListeners are told.
 func (s *Store) setDiscoveredAdapters(key endpoint.Key, state *podState, adapters []string) ([]string, bool) {
 	s.reg.notifyMu.Lock()
 	defer s.reg.notifyMu.Unlock()
-	return s.reg.setDiscovered(key, state, adapters)
+	old, cur := s.reg.setDiscovered(key, state, adapters)
+	if old == nil {
+		return nil, false
+	}
+	s.modelsChanged(old, cur)
+	return old.discovered, true
+}
+
+// modelsChanged tells the ModelsListeners about the pod of cur, which
+// replaced old, when it serves other models; the caller holds notifyMu.
+func (s *Store) modelsChanged(old, cur *podEntry) {
+	if slices.Equal(old.models, cur.models) {
+		return
+	}
+	s.eachListener(func(l PodListener) {
+		if ml, ok := l.(ModelsListener); ok {
+			ml.OnPodModelsChange(cur.ep.Pod)
+		}
+	})
 }
 
 // AddPodListener subscribes l to pod changes (see PodListener). l is first

@@ -10,6 +10,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 
+	"github.com/kvgate/kvgate/pkg/cache"
 	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/inflight"
 	"github.com/kvgate/kvgate/pkg/routing"
@@ -49,13 +50,18 @@ func (g *Gateway) newSLO() error {
 	return nil
 }
 
+var _ cache.ModelsListener = modelDepartures{}
+
 // modelDepartures drops the per-model state of the models no pod serves
-// any more: their queues (refusing what waits) and output predictors.
+// any more, whether their pods left or changed or unloaded an adapter:
+// their queues (refusing what waits) and output predictors.
 type modelDepartures struct{ g *Gateway }
 
 func (modelDepartures) OnPodAdd(*v1.Pod) {}
 
 func (m modelDepartures) OnPodUpdate(_, _ *v1.Pod) { m.OnPodDelete(nil) }
+
+func (m modelDepartures) OnPodModelsChange(*v1.Pod) { m.OnPodDelete(nil) }
 
 func (m modelDepartures) OnPodDelete(*v1.Pod) {
 	g := m.g

@@ -450,6 +450,36 @@ func TestAModelLeavingTheFleetDropsItsQueueAndPredictor(t *testing.T) {
 	}
 }
 
+func TestAnAdapterUnloadedFromEveryPodDropsItsQueueAndPredictor(t *testing.T) {
+	f := startFleet(t, []string{"a"}, fleetOptions{env: map[string]string{"KVGATE_ADAPTER_REFRESH_INTERVAL": "20ms"}})
+	a := f.engine("a")
+	a.setAdapters("sql-lora")
+	testsupport.Eventually(t, "sql-lora to be served", func() bool { return f.gw.store.HasModel("sql-lora") })
+	body := `{"model":"sql-lora","prompt":"hello","max_tokens":4}`
+	if resp, data := post(t, f.url+"/v1/completions", body, map[string]string{"routing-strategy": "slo-least-load"}); resp.StatusCode != http.StatusOK {
+		t.Fatalf("request for sql-lora: %d %s", resp.StatusCode, data)
+	}
+	if !slices.Contains(f.gw.queues.Models(), "sql-lora") {
+		t.Fatalf("no queue for sql-lora after its request: %v", f.gw.queues.Models())
+	}
+	testsupport.Eventually(t, "the request's usage to reach sql-lora's predictor", func() bool {
+		_, ok := f.gw.predictors.Histograms()["sql-lora"]
+		return ok
+	})
+
+	// The engine unloads the adapter: no pod serves it any more.
+	a.setAdapters()
+	testsupport.Eventually(t, "sql-lora to leave the fleet", func() bool { return !f.gw.store.HasModel("sql-lora") })
+	testsupport.EventuallyWhy(t, "sql-lora's queue and predictor to go", func() (string, bool) {
+		_, predicted := f.gw.predictors.Histograms()["sql-lora"]
+		queued := slices.Contains(f.gw.queues.Models(), "sql-lora")
+		return fmt.Sprintf("queue %v, predictor %v", queued, predicted), !queued && !predicted
+	})
+	if n := testsupport.MetricSeries(t, f.gw.registry, "kvgate_slo_requests_total", map[string]string{"model": "sql-lora"}); n != 0 {
+		t.Errorf("kvgate_slo_requests_total has %d series of the adapter that left", n)
+	}
+}
+
 func TestThePickerHoldsSLORequestsInTheModelsQueue(t *testing.T) {
 	// Requests picked by a front end such as ext_proc, eight at most at once.
 	f, q := startQuarterPodFleet(t)
