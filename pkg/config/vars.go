@@ -417,8 +417,8 @@ var (
 		Name:    "AIBRIX_MODEL_GPU_PROFILE_CACHING_FLAG",
 		Default: "true",
 		Section: SectionRedis,
-		Doc: "Load the GPU profiles of deployments from Redis and refresh them every 10 s: at most 256 profiles of at most " +
-			"256 KiB, with at most 2 index dimensions of 64 values; the others are skipped and counted " +
+		Doc: "Load the GPU profiles of deployments from Redis and refresh them every 10 s: at most 256 profiles (those of the " +
+			"models and deployments the fleet serves first) of at most 256 KiB, with at most 2 index dimensions of 64 values; the others are skipped and counted " +
 			"(kvgate_cache_gpu_profile_rejects_total{reason}). Off without Redis unless set explicitly.",
 	}
 	SharedRequestCounts = Var{

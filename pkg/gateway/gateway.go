@@ -302,6 +302,22 @@ func (g *Gateway) newStore() error {
 	return g.newRedisState()
 }
 
+// servedProfileKeys returns the GPU profile keys of the models the
+// registered pods serve on their deployments (see cache.ModelGPUProfileKey).
+func (g *Gateway) servedProfileKeys() []string {
+	var keys []string
+	for _, ep := range g.store.ListPods() {
+		if ep.Deployment == "" {
+			continue
+		}
+		models, _ := g.store.ListModelsByPod(ep.Key)
+		for _, m := range models {
+			keys = append(keys, cache.ModelGPUProfileKey(m, ep.Deployment))
+		}
+	}
+	return keys
+}
+
 // newRedisState builds the components that keep state in Redis, those the
 // configuration turns on; each needs a Redis address.
 func (g *Gateway) newRedisState() error {
@@ -332,7 +348,7 @@ func (g *Gateway) newRedisState() error {
 	}
 	if rcfg.GPUProfiles {
 		pc := rcfg.Profiles
-		pc.Logger = g.cfg.Logger
+		pc.Logger, pc.Served = g.cfg.Logger, g.servedProfileKeys
 		if g.profileLoader, err = redisstate.NewProfileLoader(g.redis, g.profiles, m, pc); err != nil {
 			return fmt.Errorf("gateway: %w", err)
 		}

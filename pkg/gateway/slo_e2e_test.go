@@ -480,6 +480,50 @@ func TestAnAdapterUnloadedFromEveryPodDropsItsQueueAndPredictor(t *testing.T) {
 	}
 }
 
+func TestTheServedDeploymentsProfilesLoadWhateverOtherProfilesRedisHolds(t *testing.T) {
+	srv := testredis.Start(t)
+	rc := srv.NewClient(t)
+	ctx := context.Background()
+	profile := func(cost float64) string {
+		return fmt.Sprintf(`{"gpu":"x","cost":%v,"indexes":[[1],[1]],"tputs":[[1]],"e2e":[[1]],"created":1}`, cost)
+	}
+	// Profiles of deployments this fleet does not run, far more than a
+	// refresh loads.
+	for i := range 200 {
+		if err := rc.Set(ctx, cache.ModelGPUProfileKey("llama", fmt.Sprint("elsewhere-", i)), profile(1), 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := rc.Set(ctx, cache.ModelGPUProfileKey("llama", simDeployment), profile(7), 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	f := &testFleet{t: t}
+	cfg := loadTestConfig(t, map[string]string{
+		"KVGATE_POD_DISCOVERY":                      "static",
+		"KVGATE_STATIC_ENDPOINTS_FILE":              writeEndpoints(t, "endpoints: []\n"),
+		"KVGATE_SHUTDOWN_TIMEOUT":                   "10s",
+		"AIBRIX_PREFIX_CACHE_KV_EVENT_SYNC_ENABLED": "false",
+		"KVGATE_REDIS_ADDRESS":                      srv.Addr,
+	})
+	cfg.Redis.Profiles.MaxProfiles = 4
+	cfg.Redis.Profiles.RefreshInterval = 20 * time.Millisecond
+	cfg.PodSource = staticPods{&v1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "a", UID: "uid-a",
+			Labels: map[string]string{endpoint.ModelNameLabel: "llama", endpoint.DefaultDeploymentLabel: simDeployment}},
+		Status: v1.PodStatus{Phase: v1.PodRunning, PodIP: "127.0.0.1",
+			Conditions: []v1.PodCondition{{Type: v1.PodReady, Status: v1.ConditionTrue}}},
+	}}
+	f.serve(cfg)
+	f.waitReady()
+	testsupport.EventuallyWhy(t, "the profile of the fleet's deployment to load", func() (string, bool) {
+		p := f.gw.profiles.Lookup("llama", simDeployment)
+		return fmt.Sprintf("%d profiles held, the fleet's: %v", f.gw.profiles.Len(), p != nil), p != nil && p.Cost == 7
+	})
+	if n := f.gw.profiles.Len(); n > 4 {
+		t.Errorf("%d profiles held, more than the 4 a refresh loads", n)
+	}
+}
+
 func TestThePickerHoldsSLORequestsInTheModelsQueue(t *testing.T) {
 	// Requests picked by a front end such as ext_proc, eight at most at once.
 	f, q := startQuarterPodFleet(t)

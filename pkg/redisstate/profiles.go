@@ -41,9 +41,16 @@ type ProfileLoaderConfig struct {
 	// RefreshInterval is how often profiles are reloaded (default 10 s).
 	RefreshInterval time.Duration
 	// MaxProfiles is the most profiles a refresh loads (default
-	// DefaultMaxProfiles), those the scan finds first; the keys beyond
-	// are skipped, and their profiles forgotten.
+	// DefaultMaxProfiles): first those of the keys Served returns, then
+	// those the scan finds first; the keys beyond are skipped, and their
+	// profiles forgotten.
 	MaxProfiles int
+	// Served, when set, returns the keys (see cache.ModelGPUProfileKey)
+	// of the profiles the fleet reads: those of the models its pods serve
+	// on their deployments. A refresh loads them before any other, so that
+	// profiles of models or deployments not served, however many Redis
+	// holds, do not take their place under MaxProfiles.
+	Served func() []string
 	// MaxProfileBytes is the longest value read as a profile (default
 	// DefaultMaxProfileBytes): no more is read of a longer one, which is
 	// skipped, keeping the version loaded before.
@@ -55,7 +62,8 @@ type ProfileLoaderConfig struct {
 // ProfileLoader keeps cache.Profiles equal to the GPU profiles AIBrix's
 // GPU optimizer writes to Redis (the keys of cache.ModelGPUNameTemplate):
 // it loads them at start and then every refresh interval, at most
-// MaxProfiles of at most MaxProfileBytes each. A profile that fails to
+// MaxProfiles of at most MaxProfileBytes each, the served ones (see
+// ProfileLoaderConfig.Served) first. A profile that fails to
 // decode (see cache.ModelGPUProfile.Unmarshal), or is longer, is skipped and
 // counted in kvgate_cache_gpu_profile_rejects_total{reason}, keeping the
 // version loaded before; profiles whose keys vanished, or lie beyond
@@ -105,7 +113,7 @@ func (p *ProfileLoader) Run(ctx context.Context) error {
 }
 
 // refresh reads the keys matching cache.ModelGPUNameTemplate from Redis,
-// the first MaxProfiles the scan finds.
+// at most MaxProfiles: the served ones, then the first the scan finds.
 func (p *ProfileLoader) refresh(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, profileRefreshTimeout)
 	defer cancel()
@@ -113,12 +121,25 @@ func (p *ProfileLoader) refresh(ctx context.Context) error {
 	pattern := prefix + "*"
 	seen := map[string]bool{}
 	var taken, beyond int
+	served := p.served(prefix)
+	if len(served) > 0 {
+		take := min(len(served), p.cfg.MaxProfiles)
+		for batch := range slices.Chunk(served[:take], profileFetchBatch) {
+			if err := p.fetch(ctx, batch, seen); err != nil {
+				return err
+			}
+		}
+		// Served keys Redis holds no profile for take no room; those
+		// beyond the bound are met, and counted, by the scan.
+		taken = len(seen)
+	}
 	var cursor uint64
 	for {
 		keys, next, err := p.client.Scan(ctx, cursor, pattern, profileScanCount).Result()
 		if err != nil {
 			return fmt.Errorf("scan %s: %w", pattern, err)
 		}
+		keys = slices.DeleteFunc(keys, func(k string) bool { return seen[k] })
 		take := min(len(keys), p.cfg.MaxProfiles-taken)
 		taken, beyond = taken+take, beyond+len(keys)-take
 		for batch := range slices.Chunk(keys[:take], profileFetchBatch) {
@@ -136,6 +157,17 @@ func (p *ProfileLoader) refresh(ctx context.Context) error {
 	}
 	p.profiles.ForgetLoadedExcept(seen)
 	return nil
+}
+
+// served returns the keys Served gives that match the profiles' prefix,
+// sorted and each once.
+func (p *ProfileLoader) served(prefix string) []string {
+	if p.cfg.Served == nil {
+		return nil
+	}
+	keys := slices.DeleteFunc(p.cfg.Served(), func(k string) bool { return !strings.HasPrefix(k, prefix) })
+	slices.Sort(keys)
+	return slices.Compact(keys)
 }
 
 // fetch reads the profiles of keys, at most MaxProfileBytes of each, loads

@@ -159,6 +159,35 @@ func TestProfileLoaderLoadsAtMostMaxProfiles(t *testing.T) {
 	}
 }
 
+func TestProfileLoaderLoadsTheServedProfilesBeforeTheOthers(t *testing.T) {
+	rc := testredis.Start(t).NewClient(t)
+	ctx := context.Background()
+	for i := range 50 {
+		if err := rc.Set(ctx, cache.ModelGPUProfileKey("m", ftoa(float64(i))), profileJSON(t), 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	served := cache.ModelGPUProfileKey("llama", "served")
+	if err := rc.Set(ctx, served, profileJSON(t), 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	s, loader, reg := boundedLoader(t, rc, ProfileLoaderConfig{MaxProfiles: 3, Served: func() []string {
+		// A served key without a profile in Redis takes no room; a key
+		// of another form is not read.
+		return []string{cache.ModelGPUProfileKey("llama", "no-profile"), served, served, "aibrix:unrelated"}
+	}})
+	for refresh := range 2 {
+		must(t, loader.refresh(ctx))
+		if s.Lookup("llama", "served") == nil || s.Len() != 3 {
+			t.Fatalf("refresh %d: the served profile loaded: %v, %d profiles held; want it and 2 others",
+				refresh, s.Lookup("llama", "served") != nil, s.Len())
+		}
+		if n := byReason(t, reg, profileRejectsMetric, profileRejectLimit); n != float64(48*(refresh+1)) {
+			t.Fatalf("refresh %d: profiles skipped beyond the bound = %v, want %d", refresh, n, 48*(refresh+1))
+		}
+	}
+}
+
 func TestProfileLoaderSkipsValuesBeyondTheBound(t *testing.T) {
 	rc := testredis.Start(t).NewClient(t)
 	ctx := context.Background()
