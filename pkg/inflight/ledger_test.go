@@ -433,6 +433,52 @@ func TestObserversSeeEveryStep(t *testing.T) {
 	}
 }
 
+func TestARequestReapedWhileItIsReroutedLeavesNothingOnThePods(t *testing.T) {
+	clock := newManualClock()
+	l, _ := newTestLedger(t, clock)
+	a, b := NewPodLoad("ns/a"), NewPodLoad("ns/b")
+	r := l.Admit("r1", "m")
+	first := r.Route(Route{Pod: a, UncachedTokens: 100, PrefillSeconds: 0.01, PendingLoad: 0.5})
+	clock.Advance(2 * time.Minute) // past the TTL
+	var mu sync.Mutex
+	var seen []string
+	note := func(what string, h *Handle) {
+		mu.Lock()
+		defer mu.Unlock()
+		seen = append(seen, what+" "+h.Route().Pod.ID())
+	}
+	l.Observe(Observer{
+		Opened: func(h *Handle) { note("opened", h) },
+		Closed: func(h *Handle) {
+			note("closed", h)
+			if h == first {
+				// The reaper's goroutine runs while the request is routed
+				// again, as its first attempt closes.
+				l.reap(clock.Now())
+			}
+		},
+	})
+	second := r.Route(Route{Pod: b, UncachedTokens: 100, PrefillSeconds: 0.01, PendingLoad: 0.5})
+	if o, _ := second.Outcome(); o == "" {
+		t.Errorf("the attempt of the reaped request is open")
+	}
+	for _, p := range []*PodLoad{a, b} {
+		if q := p.Queue(clock.Now(), time.Time{}, 0); p.Running() != 0 || p.RunningModel("m") != 0 || p.PendingLoad() != 0 || q.Prefills != 0 {
+			t.Errorf("%s: running %d, for m %d, pending %v, queue %+v; want nothing left", p.ID(), p.Running(),
+				p.RunningModel("m"), p.PendingLoad(), q)
+		}
+	}
+	if l.Tracked() != 0 || len(l.Models()) != 0 || l.prefills.Load() != 0 {
+		t.Errorf("left: tracked %d, models %v, prefills %d", l.Tracked(), l.Models(), l.prefills.Load())
+	}
+	// Observers see an attempt closed after it opened, or not at all.
+	mu.Lock()
+	defer mu.Unlock()
+	if i, j := slices.Index(seen, "opened ns/b"), slices.Index(seen, "closed ns/b"); (i < 0) != (j < 0) || j < i {
+		t.Errorf("observers saw %q: the attempt on b closed before it opened", seen)
+	}
+}
+
 func TestLedgerIsConsistentUnderConcurrency(t *testing.T) {
 	l, err := New(Config{TTL: time.Minute})
 	if err != nil {

@@ -41,28 +41,33 @@ func (r *Request) Admitted() time.Time { return r.admitted }
 // with rt.PendingLoad, and its prefill as work queued on the pod until its
 // FirstToken or Close. An attempt still open is closed first, as Failed
 // with reason "rerouted". Routing a request that has ended (it was reaped,
-// or End was called) opens nothing: the handle returned is closed already.
+// or End was called, before or while its previous attempt closed) opens
+// nothing: the handle returned is closed already. An End racing with Route
+// closes the new attempt only once it is open and its Opened observers
+// have run.
 func (r *Request) Route(rt Route) *Handle {
 	l := r.ledger
 	h := &Handle{req: r, route: rt}
 	r.mu.Lock()
-	prev := r.attempt
-	if r.ended {
+	if prev := r.attempt; prev != nil && !r.ended {
+		r.attempt = nil
 		r.mu.Unlock()
+		prev.Close(Failed, "rerouted")
+		r.mu.Lock()
+	}
+	defer r.mu.Unlock()
+	if r.ended {
 		h.closed.Store(true)
 		h.outcome, h.reason = Expired, "request ended before routing"
 		return h
 	}
 	r.attempt = h
-	first := !r.routed
-	r.routed = true
-	r.mu.Unlock()
-	if prev != nil {
-		prev.Close(Failed, "rerouted")
-	}
-	if first {
+	if !r.routed {
+		r.routed = true
 		l.adjustModel(r.model, 0, 1)
 	}
+	// Under r.mu, so that end, which closes the open attempt, finds h
+	// counted on its pod and announced.
 	h.open(l.now())
 	for _, o := range *l.observers.Load() {
 		if o.Opened != nil {
