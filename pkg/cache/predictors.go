@@ -50,7 +50,8 @@ func NewOutputPredictors(models interface{ HasModel(string) bool }, cfg Predicto
 
 // GetOutputPredictor returns the output predictor of modelName, created on
 // first use. It fails with a *ModelNotFoundError when no registered pod
-// serves the model.
+// serves the model, also when the model leaves the fleet (and Prune runs)
+// as its predictor is created: no predictor outlives it.
 func (p *OutputPredictors) GetOutputPredictor(modelName string) (*SimpleOutputPredictor, error) {
 	if pr, ok := p.predictors.Load(modelName); ok {
 		return pr.(*SimpleOutputPredictor), nil
@@ -58,8 +59,14 @@ func (p *OutputPredictors) GetOutputPredictor(modelName string) (*SimpleOutputPr
 	if !p.models.HasModel(modelName) {
 		return nil, &ModelNotFoundError{Model: modelName}
 	}
-	pr, _ := p.predictors.LoadOrStore(modelName, NewSimpleOutputPredictor(
+	pr, loaded := p.predictors.LoadOrStore(modelName, NewSimpleOutputPredictor(
 		p.cfg.MaxInputTokens, p.cfg.MaxOutputTokens, p.cfg.Window, WithColdPrediction(p.cfg.ColdPrediction)))
+	if !loaded && !p.models.HasModel(modelName) {
+		// The model left between the check and the store, and a Prune
+		// may have run before the store: drop what it could not see.
+		p.predictors.CompareAndDelete(modelName, pr)
+		return nil, &ModelNotFoundError{Model: modelName}
+	}
 	return pr.(*SimpleOutputPredictor), nil
 }
 

@@ -28,3 +28,33 @@ func TestPruneDropsThePredictorsOfModelsThatLeft(t *testing.T) {
 		t.Errorf("the predictor of a model back in the fleet: %p, %v; want a new one", p, err)
 	}
 }
+
+// leavingModels serves a model until the first check that it is served:
+// it then leaves the fleet, which prunes the predictors, before the
+// answer reaches the caller.
+type leavingModels struct {
+	served bool
+	left   func()
+}
+
+func (m *leavingModels) HasModel(string) bool {
+	if !m.served {
+		return false
+	}
+	m.served = false
+	m.left()
+	return true
+}
+
+func TestAModelLeavingAsItsPredictorIsCreatedKeepsNone(t *testing.T) {
+	models := &leavingModels{served: true}
+	ps, err := NewOutputPredictors(models, PredictorConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	models.left = ps.Prune
+	_, _ = ps.GetOutputPredictor("llama")
+	if h := ps.Histograms(); len(h) != 0 {
+		t.Errorf("predictors of %d models kept after the model left; want none", len(h))
+	}
+}
