@@ -117,7 +117,8 @@ func (p *OutputPredictors) Histograms() map[string][]int32 {
 // on its predictor (created for a model served here and not yet
 // predicted), and clears it on the predictors of models h leaves out. It
 // returns the error of every histogram that did not fit its predictor,
-// which then keeps its previous setting.
+// whose remote history is then cleared (see
+// SimpleOutputPredictor.SetRemoteHistogram).
 func (p *OutputPredictors) SetRemoteHistograms(h map[string][]int32) error {
 	var errs []error
 	p.predictors.Range(func(k, v any) bool {
