@@ -61,6 +61,14 @@
 //  5. forwards the body as received to http://<pod-ip>:<serving port>
 //     over the gateway's own keep-alive HTTP/1.1 connections to the pod,
 //     head and body in one write, within Config.DialTimeout to connect.
+//     The head carries the client's end-to-end headers: not the hop-by-hop
+//     ones (Connection, Keep-Alive, Proxy-Connection, Proxy-Authenticate,
+//     Proxy-Authorization, TE, Trailer, Transfer-Encoding, Upgrade and the
+//     fields Connection names), Expect, Accept-Encoding (the gateway reads
+//     the response, so it must come uncompressed) or Host, which names the
+//     pod; the client's X-Request-Id, or the gateway's request id when it
+//     sent none; and X-Forwarded-For, the addresses the client's own field
+//     listed followed by the client's address, in one field.
 //     When the pod refuses the connection (or cannot be dialled), nothing
 //     was sent: the Store ejects the pod from
 //     routing for a backoff (cache.Store.EjectPod: 1 s doubling to 30 s

@@ -3,6 +3,7 @@ package gateway
 import (
 	"bytes"
 	"errors"
+	"net"
 	"net/http"
 	"net/textproto"
 	"slices"
@@ -39,11 +40,17 @@ func connectionNamed(buf []string, values []string) []string {
 // (vLLM uses it as the request id).
 const headerRequestID = "X-Request-Id"
 
+// headerForwardedFor is the header listing the addresses a request came
+// through, the client's last.
+const headerForwardedFor = "X-Forwarded-For"
+
 // appendRequestHead appends to dst the head of the request that forwards
 // r, with a body of n bytes, to the engine at addr: its request line, Host,
-// the client's end-to-end headers, Content-Length, and X-Request-Id set to
-// id when the client sent none. Accept-Encoding is left out: the gateway
-// reads the response, so it must come uncompressed.
+// the client's end-to-end headers, Content-Length, X-Request-Id set to id
+// when the client sent none, and X-Forwarded-For listing the addresses of
+// the client's own X-Forwarded-For fields and then the client's address
+// (r.RemoteAddr's host). Accept-Encoding is left out: the gateway reads the
+// response, so it must come uncompressed.
 func appendRequestHead(dst []byte, r *http.Request, addr string, n int, id string) []byte {
 	dst = append(dst, "POST "...)
 	dst = append(dst, r.URL.EscapedPath()...)
@@ -56,6 +63,7 @@ func appendRequestHead(dst []byte, r *http.Request, addr string, n int, id strin
 	var buf [4]string
 	named := connectionNamed(buf[:], r.Header["Connection"])
 	hasID := false
+	var forwardedFor []string
 	for k, vs := range r.Header {
 		// A hop-by-hop X-Request-Id is not the client's to forward: the
 		// engine gets id instead.
@@ -64,6 +72,9 @@ func appendRequestHead(dst []byte, r *http.Request, addr string, n int, id strin
 		}
 		switch k {
 		case "Accept-Encoding", "Content-Length", "Host", "Expect":
+			continue
+		case headerForwardedFor:
+			forwardedFor = vs
 			continue
 		case headerRequestID:
 			if len(vs) == 0 || vs[0] == "" {
@@ -85,6 +96,38 @@ func appendRequestHead(dst []byte, r *http.Request, addr string, n int, id strin
 		dst = append(dst, headerRequestID+": "...)
 		dst = append(dst, id...)
 		dst = append(dst, "\r\n"...)
+	}
+	dst = appendForwardedFor(dst, forwardedFor, r.RemoteAddr)
+	return append(dst, "\r\n"...)
+}
+
+// appendForwardedFor appends the X-Forwarded-For field of a request the
+// client at remote (host:port) sent with the X-Forwarded-For values prior:
+// prior's non-empty values, then the client's host, in one field. A remote
+// that is no host:port adds nothing; without prior values either, no field
+// is appended.
+func appendForwardedFor(dst []byte, prior []string, remote string) []byte {
+	client, _, err := net.SplitHostPort(remote)
+	if err != nil {
+		client = ""
+	}
+	start, first := len(dst), true
+	dst = append(dst, headerForwardedFor+": "...)
+	add := func(v string) {
+		if v == "" {
+			return
+		}
+		if !first {
+			dst = append(dst, ", "...)
+		}
+		dst, first = append(dst, v...), false
+	}
+	for _, v := range prior {
+		add(v)
+	}
+	add(client)
+	if first {
+		return dst[:start]
 	}
 	return append(dst, "\r\n"...)
 }
