@@ -82,7 +82,9 @@ func (d StreamDefaults) validate() error {
 
 // PodTarget is what a KVEventManager follows for one eligible pod: one
 // stream per data-parallel rank, ranks FirstRank to FirstRank+DPSize-1.
-// Two pods with equal targets are followed the same way; any change
+// A KVEventManager keeps only the fields its mode reads (EnginePort is 0 in
+// connect mode, PubPort and Topic are zero in bind mode); two pods with
+// equal kept fields are followed the same way, and a change of any of them
 // restarts the pod's streams.
 type PodTarget struct {
 	PodKey string
@@ -100,6 +102,7 @@ type PodTarget struct {
 	// on PubPort+r and replays on ReplayPort+r.
 	FirstRank int
 	// EnginePort is the engine's HTTP port, which names it in bind mode.
+	// Connect mode does not use it.
 	EnginePort int
 }
 

@@ -14,8 +14,9 @@ const (
 const (
 	// PurgeDead: the pod's streams and scrapes stopped for DeadPodTimeout.
 	PurgeDead = "dead"
-	// PurgeChanged: the pod's address, ports, topic, ranks or LoRA id
-	// changed, and it is followed anew.
+	// PurgeChanged: something the pod's streams use changed (its
+	// address, UID, model, LoRA id, ranks, or a port or topic the
+	// manager's mode reads), and it is followed anew.
 	PurgeChanged = "changed"
 	// PurgeStopped: the pod was deleted or is no longer eligible.
 	PurgeStopped = "stopped"
@@ -62,6 +63,7 @@ func (m *KVEventManager) reconcile(key string) error {
 		var reason IneligibleReason
 		var err error
 		target, reason, err = TargetForPod(pod, m.cfg.Streams)
+		target = m.followedTarget(target)
 		if reason == ReasonNotReady && prev != nil && len(prev.streams) > 0 && prev.target == target {
 			reason = "" // followed already: keep following it
 		}
@@ -99,6 +101,21 @@ func (m *KVEventManager) reconcile(key string) error {
 	m.mu.Unlock()
 	m.logTransition(key, prev, next)
 	return startErr
+}
+
+// followedTarget returns t without the fields the manager's mode does not
+// read, so that a pod update changing only those keeps the pod's streams:
+// connect mode dials the PUB and replay ports and subscribes to the topic
+// but never uses the engine's HTTP port (EnginePort 0); bind mode names the
+// engine by its HTTP port and dials its replay port but neither dials a PUB
+// port nor subscribes to a topic (PubPort 0, Topic "").
+func (m *KVEventManager) followedTarget(t PodTarget) PodTarget {
+	if m.cfg.Bind != nil {
+		t.PubPort, t.Topic = 0, ""
+	} else {
+		t.EnginePort = 0
+	}
+	return t
 }
 
 // purgeReason says why the followed pod prev is purged on its way to next

@@ -1,6 +1,7 @@
 package manager
 
 import (
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
@@ -380,4 +381,62 @@ func btoi(b bool) int {
 		return 1
 	}
 	return 0
+}
+
+// A pod update restarts the pod's streams only when it changes something
+// the manager's mode reads: connect mode dials the PUB and replay ports and
+// subscribes to the topic, but never uses the engine's HTTP port; bind mode
+// names the engine by its HTTP port and dials its replay port, but neither
+// dials the PUB port nor subscribes to the pod's topic.
+func TestManagerRestartsStreamsOnlyForChangesItsModeUses(t *testing.T) {
+	for _, mode := range []string{"connect", "bind"} {
+		t.Run(mode, func(t *testing.T) {
+			ports := kvtest.NewPorts(t)
+			idx := newMemIndex()
+			m, reg := newTestManager(t, idx, func(c *ManagerConfig) {
+				c.DeadPodTimeout = time.Hour
+				if mode == "bind" {
+					c.Bind = &transport.BindConfig{Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", testsupport.ConsecutivePorts(t, 1)[0])}
+				}
+			})
+			key := "default/vllm-0"
+			pod := makePod(podSpec{name: "vllm-0", ports: ports})
+			m.OnPodAdd(pod)
+			testsupport.Eventually(t, "pod followed", func() bool { return podState(m, key).State == PodStateFollowed })
+
+			set := func(k, v string) func(*v1.Pod) { return func(p *v1.Pod) { p.Annotations[k] = v } }
+			steps := []struct {
+				name    string
+				change  func(*v1.Pod)
+				restart map[string]bool // by mode
+			}{
+				{"engine HTTP port", set(endpoint.ModelPortLabel, "8011"), map[string]bool{"connect": false, "bind": true}},
+				{"PUB port", set(endpoint.PubPortAnnotation, strconv.Itoa(ports.Pub+100)), map[string]bool{"connect": true, "bind": false}},
+				{"topic", set(endpoint.TopicAnnotation, "kv"), map[string]bool{"connect": true, "bind": false}},
+				{"replay port", set(endpoint.ReplayPortAnnotation, strconv.Itoa(ports.Router+100)), map[string]bool{"connect": true, "bind": true}},
+				{"LoRA id", func(p *v1.Pod) { p.Labels[endpoint.LoraIDLabel] = "7" }, map[string]bool{"connect": true, "bind": true}},
+				{"unrelated label", func(p *v1.Pod) { p.Labels["team"] = "infra" }, map[string]bool{"connect": false, "bind": false}},
+			}
+			for _, step := range steps {
+				purges := idx.purgeCount(key)
+				starts := testsupport.MetricValue(t, reg, "kvgate_kv_event_stream_starts_total", nil)
+				reconciled := testsupport.MetricValue(t, reg, "kvgate_kv_event_reconciles_total", map[string]string{"result": "ok"})
+				next := pod.DeepCopy()
+				step.change(next)
+				m.OnPodUpdate(pod, next)
+				pod = next
+				testsupport.Eventually(t, step.name+": reconciled", func() bool {
+					return testsupport.MetricValue(t, reg, "kvgate_kv_event_reconciles_total", map[string]string{"result": "ok"}) > reconciled
+				})
+				restarted := idx.purgeCount(key) != purges ||
+					testsupport.MetricValue(t, reg, "kvgate_kv_event_stream_starts_total", nil) != starts
+				if want := step.restart[mode]; restarted != want {
+					t.Errorf("%s changed: streams restarted = %v, want %v", step.name, restarted, want)
+				}
+				if st := podState(m, key); st.State != PodStateFollowed {
+					t.Fatalf("%s changed: pod state %+v", step.name, st)
+				}
+			}
+		})
+	}
 }
