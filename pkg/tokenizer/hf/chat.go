@@ -117,13 +117,14 @@ func (t *Tokenizer) HasChatTemplate() bool { return t.template != nil }
 // RenderChat renders c with the chat template as vLLM's chat endpoints
 // do: message contents given as lists of text parts are joined with
 // newlines, assistant tool calls are passed as vLLM passes them (see
-// decodeArguments; an empty list of tool calls is left out), and the
-// template sees the special tokens of tokenizer_config (bos_token,
-// eos_token, ...), tools, documents, add_generation_prompt and the extra
-// variables. It fails on a message with content other than text, on
-// invalid JSON, on a number that is not an int64 integer
-// (ErrInexactNumber), on tool calls vLLM would not render alike in all its
-// versions, and when the template fails.
+// decodeArguments; an empty list of tool calls is left out), tools as
+// vLLM dumps them (see toolsValue), and the template sees the special
+// tokens of tokenizer_config (bos_token, eos_token, ...), tools,
+// documents, add_generation_prompt and the extra variables. It fails on a
+// message with content other than text, on invalid JSON, on a number that
+// is not an int64 integer (ErrInexactNumber), on tool calls or tools vLLM
+// would refuse or not render alike in all its versions, and when the
+// template fails.
 func (t *Tokenizer) RenderChat(c Chat) (string, error) {
 	if t.template == nil {
 		return "", ErrNoChatTemplate
@@ -152,7 +153,7 @@ func (t *Tokenizer) RenderChat(c Chat) (string, error) {
 	vars["messages"] = msgs
 	vars["tools"] = jinja.None()
 	if present(c.Tools) {
-		if vars["tools"], err = templateValue(c.Tools); err != nil {
+		if vars["tools"], err = toolsValue(c.Tools); err != nil {
 			return "", fmt.Errorf("tools: %w", err)
 		}
 	}
@@ -204,6 +205,86 @@ func continueFinal(rendered, final string) (string, error) {
 // white space and the separators U+001C to U+001F.
 func pythonSpace(r rune) bool {
 	return unicode.IsSpace(r) || r >= 0x1c && r <= 0x1f
+}
+
+// toolsValue returns the tools as vLLM hands them to templates: each
+// validated as its ChatCompletionToolsParam and dumped by pydantic, so
+// type ("function" when absent) comes first, then function with name,
+// description and parameters (null when absent), then the keys vLLM does
+// not know, in the request's order, inside function and after it. It
+// fails on what vLLM refuses: tools that are not a list of objects, a
+// type other than "function", a function that is not an object, a name
+// that is not a string, a description that is not a string or null,
+// parameters that are not an object or null.
+func toolsValue(raw json.RawMessage) (jinja.Value, error) {
+	v, err := templateValue(raw)
+	if err != nil {
+		return v, err
+	}
+	if !v.IsList() {
+		return v, errors.New("not a JSON array")
+	}
+	items := v.AsList().Items
+	out := make([]jinja.Value, len(items))
+	for i, item := range items {
+		if out[i], err = toolValue(item); err != nil {
+			return v, fmt.Errorf("tools[%d]: %w", i, err)
+		}
+	}
+	return jinja.NewList(out), nil
+}
+
+// toolValue dumps one tool as toolsValue does.
+func toolValue(tool jinja.Value) (jinja.Value, error) {
+	if !tool.IsDict() {
+		return tool, errors.New("not an object")
+	}
+	in := tool.AsDict()
+	if typ, ok := in.Get("type"); ok && (!typ.IsString() || typ.AsString() != "function") {
+		return tool, errors.New(`type is not "function"`)
+	}
+	fn, ok := in.Get("function")
+	if !ok || !fn.IsDict() {
+		return tool, errors.New("function is not an object")
+	}
+	f := fn.AsDict()
+	name, _ := f.Get("name")
+	if !name.IsString() {
+		return tool, errors.New("function name is not a string")
+	}
+	dumped := jinja.NewDict()
+	d := dumped.AsDict()
+	d.Set("name", name)
+	for _, field := range []struct {
+		key string
+		ok  func(jinja.Value) bool
+	}{{"description", jinja.Value.IsString}, {"parameters", jinja.Value.IsDict}} {
+		v, given := f.Get(field.key)
+		switch {
+		case !given || v.IsNone():
+			v = jinja.None()
+		case !field.ok(v):
+			return tool, fmt.Errorf("function %s has the wrong type", field.key)
+		}
+		d.Set(field.key, v)
+	}
+	for _, k := range f.OrderedKeys() {
+		if k != "name" && k != "description" && k != "parameters" {
+			v, _ := f.Get(k)
+			d.Set(k, v)
+		}
+	}
+	out := jinja.NewDict()
+	o := out.AsDict()
+	o.Set("type", jinja.NewString("function"))
+	o.Set("function", dumped)
+	for _, k := range in.OrderedKeys() {
+		if k != "type" && k != "function" {
+			v, _ := in.Get(k)
+			o.Set(k, v)
+		}
+	}
+	return out, nil
 }
 
 // chatMessages converts the messages as vLLM does before rendering, and

@@ -34,13 +34,15 @@
 // string (text parts joined with newlines) and tool call arguments decoded
 // from JSON (absent, null or empty arguments as an empty object; arguments
 // that do not decode to an object make RenderChat fail, leaving such chats
-// to the engine), tools, add_generation_prompt, the special tokens of
-// tokenizer_config.json (bos_token, eos_token, unk_token, pad_token) and
-// the request's extra template variables. continue_final_message cuts the
-// rendered chat after the last message, as transformers does. A chat
-// holding a JSON number other than an int64 integer fails with
-// ErrInexactNumber: templates here print floats as Go does (1.0 as "1"),
-// vLLM's as Python does ("1.0").
+// to the engine), tools as vLLM's pydantic model dumps them (type first,
+// then function's name, description and parameters, null when absent,
+// then the keys vLLM does not know), add_generation_prompt, the special
+// tokens of tokenizer_config.json (bos_token, eos_token, unk_token,
+// pad_token) and the request's extra template variables.
+// continue_final_message cuts the rendered chat after the last message,
+// as transformers does. A chat holding a JSON number other than an int64
+// integer fails with ErrInexactNumber: templates here print floats as Go
+// does (1.0 as "1"), vLLM's as Python does ("1.0").
 //
 // # Speed
 //
