@@ -54,7 +54,10 @@
 // one that refuses a sample sends the form back to the engine. A request
 // the files cannot render (content other than text, a chat_template of its
 // own, multimodal settings, a JSON number that is not an int64 integer,
-// which templates would print unlike Python) is tokenized by the engine.
+// which templates would print unlike Python) or could render unlike vLLM
+// (an assistant's reasoning, which vLLM versions pass differently, and
+// white space Python strips and the template engine here does not; see
+// package hf) is tokenized by the engine.
 //
 // The work of one request in process is bounded. Its text, a prompt or a
 // chat's JSON and the chat it renders, is at most Config.LocalMaxBytes

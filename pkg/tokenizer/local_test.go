@@ -263,6 +263,9 @@ func TestRequestsTheTemplateCannotRenderGoToTheEngine(t *testing.T) {
 		`{"model":"` + localModelName + `","messages":[` + user + `],"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{"t":{"type":"number","default":1.0}}}}}]}`,
 		`{"model":"` + localModelName + `","messages":[` + user + `,{"role":"assistant","tool_calls":[{"type":"function","function":{"name":"f","arguments":"{\"t\":0.5}"}}]}]}`,
 		`{"model":"` + localModelName + `","messages":[` + user + `],"chat_template_kwargs":{"n":1e6}}`,
+		// vLLM versions pass an assistant's reasoning to the template
+		// differently, and Qwen3's template reads it.
+		`{"model":"` + localModelName + `","messages":[` + user + `,{"role":"assistant","content":"Sunny.","reasoning":"Look it up."},` + user + `]}`,
 	} {
 		before := eng.calls.Load()
 		_, _ = tokenize(t, tk, eng.url, req)

@@ -4,8 +4,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"regexp"
 	"strings"
 	"unicode"
+	"unicode/utf8"
 
 	"github.com/ardanlabs/jinja"
 )
@@ -66,8 +68,38 @@ func (t *Tokenizer) parseConfig(config []byte, template string) error {
 	if err != nil {
 		return fmt.Errorf("chat template: %w", err)
 	}
-	t.template = tmpl
+	t.template, t.reads = tmpl, readsOf(template)
 	return nil
+}
+
+// templateReads tells which of the values and string methods that could
+// make a rendering here differ from vLLM's a chat template's source
+// mentions. Each is judged from the source text, erring towards yes.
+type templateReads struct {
+	// reasoning: the source mentions reasoning, so it may read a
+	// message's reasoning or reasoning_content.
+	reasoning bool
+	// strip: the trim filter, or strip() or split() without arguments,
+	// which Python applies to U+001C to U+001F as well.
+	strip bool
+	// sideStrip: lstrip() or rstrip() without arguments, which Python
+	// applies to all Unicode white space, and the template engine here
+	// only to space, tab, newline and carriage return.
+	sideStrip bool
+}
+
+var (
+	stripCall     = regexp.MustCompile(`\btrim\b|\b(?:strip|split)\(\s*\)`)
+	sideStripCall = regexp.MustCompile(`\b[lr]strip\(\s*\)`)
+)
+
+// readsOf judges a chat template's source (see templateReads).
+func readsOf(template string) templateReads {
+	return templateReads{
+		reasoning: strings.Contains(template, "reasoning"),
+		strip:     stripCall.MatchString(template),
+		sideStrip: sideStripCall.MatchString(template),
+	}
 }
 
 // tokenContent reads a special token given as a string or as an added
@@ -123,13 +155,15 @@ func (t *Tokenizer) HasChatTemplate() bool { return t.template != nil }
 // documents, add_generation_prompt and the extra variables. It fails on a
 // message with content other than text, on invalid JSON, on a number that
 // is not an int64 integer (ErrInexactNumber), on tool calls or tools vLLM
-// would refuse or not render alike in all its versions, and when the
+// would refuse or not render alike in all its versions, and with
+// ErrEngineRenders on chats that vLLM versions or Python would render
+// differently from the template here (see templateReads); and when the
 // template fails.
 func (t *Tokenizer) RenderChat(c Chat) (string, error) {
 	if t.template == nil {
 		return "", ErrNoChatTemplate
 	}
-	msgs, final, err := chatMessages(c.Messages)
+	msgs, final, err := chatMessages(c.Messages, t.reads.reasoning)
 	if err != nil {
 		return "", err
 	}
@@ -161,6 +195,9 @@ func (t *Tokenizer) RenderChat(c Chat) (string, error) {
 		if vars["documents"], err = templateValue(c.Documents); err != nil {
 			return "", fmt.Errorf("documents: %w", err)
 		}
+	}
+	if err := t.checkStrips(vars); err != nil {
+		return "", err
 	}
 	vars["add_generation_prompt"] = jinja.NewBool(c.AddGenerationPrompt && !c.ContinueFinalMessage)
 	out, err := t.template.RenderValues(vars)
@@ -205,6 +242,79 @@ func continueFinal(rendered, final string) (string, error) {
 // white space and the separators U+001C to U+001F.
 func pythonSpace(r rune) bool {
 	return unicode.IsSpace(r) || r >= 0x1c && r <= 0x1f
+}
+
+// ErrEngineRenders is the error of RenderChat for a chat that vLLM, in
+// some of its versions, or Python's string methods would render otherwise
+// than the template here: the engine renders it.
+var ErrEngineRenders = errors.New("vLLM could render this chat otherwise; the engine renders it")
+
+// checkStrips fails with ErrEngineRenders when a string the template sees
+// holds white space its strip methods treat unlike Python's: U+001C to
+// U+001F where it trims or strips, any white space but space, tab,
+// newline and carriage return where it calls lstrip() or rstrip().
+func (t *Tokenizer) checkStrips(vars map[string]jinja.Value) error {
+	if !t.reads.strip && !t.reads.sideStrip {
+		return nil
+	}
+	for _, v := range vars {
+		if holdsSpace(v, t.reads.sideStrip) {
+			return fmt.Errorf("%w: a string holds white space the template strips unlike Python", ErrEngineRenders)
+		}
+	}
+	return nil
+}
+
+// holdsSpace reports whether a string of v, a key of its dicts included,
+// holds one of U+001C to U+001F, which Python's strip() and split() take
+// for white space and the template engine's do not, or with side any
+// white space Python's lstrip() and rstrip() remove and the template
+// engine's do not (all but space, tab, newline and carriage return).
+func holdsSpace(v jinja.Value, side bool) bool {
+	switch {
+	case v.IsString():
+		return stringHoldsSpace(v.AsString(), side)
+	case v.IsList():
+		for _, item := range v.AsList().Items {
+			if holdsSpace(item, side) {
+				return true
+			}
+		}
+	case v.IsDict():
+		d := v.AsDict()
+		for _, k := range d.OrderedKeys() {
+			if stringHoldsSpace(k, side) {
+				return true
+			}
+			if item, _ := d.Get(k); holdsSpace(item, side) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// stringHoldsSpace is holdsSpace for one string. U+001C to U+001F,
+// vertical tab and form feed are single bytes that no multi-byte sequence
+// contains.
+func stringHoldsSpace(s string, side bool) bool {
+	for c := byte(0x1c); c <= 0x1f; c++ {
+		if strings.IndexByte(s, c) >= 0 {
+			return true
+		}
+	}
+	if !side {
+		return false
+	}
+	if strings.IndexByte(s, '\v') >= 0 || strings.IndexByte(s, '\f') >= 0 {
+		return true
+	}
+	for _, r := range s {
+		if r >= utf8.RuneSelf && unicode.IsSpace(r) {
+			return true
+		}
+	}
+	return false
 }
 
 // toolsValue returns the tools as vLLM hands them to templates: each
@@ -288,8 +398,9 @@ func toolValue(tool jinja.Value) (jinja.Value, error) {
 }
 
 // chatMessages converts the messages as vLLM does before rendering, and
-// returns the text of the last one.
-func chatMessages(raw json.RawMessage) (jinja.Value, string, error) {
+// returns the text of the last one. With reasoning (the template reads
+// it), an assistant message carrying reasoning fails (see chatMessage).
+func chatMessages(raw json.RawMessage, reasoning bool) (jinja.Value, string, error) {
 	v, err := templateValue(raw)
 	if err != nil {
 		return jinja.Value{}, "", fmt.Errorf("messages: %w", err)
@@ -304,7 +415,7 @@ func chatMessages(raw json.RawMessage) (jinja.Value, string, error) {
 		if !m.IsDict() {
 			return jinja.Value{}, "", fmt.Errorf("messages[%d] is not an object", i)
 		}
-		msg, text, err := chatMessage(m.AsDict())
+		msg, text, err := chatMessage(m.AsDict(), reasoning)
 		if err != nil {
 			return jinja.Value{}, "", fmt.Errorf("messages[%d]: %w", i, err)
 		}
@@ -314,8 +425,14 @@ func chatMessages(raw json.RawMessage) (jinja.Value, string, error) {
 }
 
 // chatMessage builds the message the template sees: role, content as a
-// string, and tool_calls, tool_call_id and name when present.
-func chatMessage(m *jinja.Dict) (jinja.Value, string, error) {
+// string, and tool_calls, tool_call_id and name when present. An
+// assistant's reasoning is passed differently by vLLM's versions (earlier
+// ones pass reasoning_content; later ones pass reasoning as both
+// reasoning and reasoning_content, and drop reasoning_content), so with
+// reasoning (the template reads it) an assistant message with a
+// reasoning or reasoning_content that is not null fails with
+// ErrEngineRenders; without, the template cannot tell.
+func chatMessage(m *jinja.Dict, reasoning bool) (jinja.Value, string, error) {
 	out := jinja.NewDict()
 	d := out.AsDict()
 	role, _ := m.Get("role")
@@ -350,8 +467,12 @@ func chatMessage(m *jinja.Dict) (jinja.Value, string, error) {
 	if name, ok := m.Get("name"); ok && name.IsString() {
 		d.Set("name", name)
 	}
-	if r, ok := m.Get("reasoning_content"); ok && role.AsString() == "assistant" && r.IsString() {
-		d.Set("reasoning_content", r)
+	if reasoning && role.AsString() == "assistant" {
+		for _, k := range []string{"reasoning", "reasoning_content"} {
+			if r, ok := m.Get(k); ok && !r.IsNone() {
+				return out, "", fmt.Errorf("%w: an assistant message carries %s, which vLLM versions pass to templates differently", ErrEngineRenders, k)
+			}
+		}
 	}
 	return out, text, nil
 }

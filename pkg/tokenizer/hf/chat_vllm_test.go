@@ -2,6 +2,8 @@ package hf
 
 import (
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"testing"
 )
 
@@ -56,6 +58,85 @@ func TestToolsVLLMRefusesAreRefused(t *testing.T) {
 	} {
 		if got, err := tk.RenderChat(toolsChat(tools)); err == nil {
 			t.Errorf("tools %s rendered %q, want an error", tools, got)
+		}
+	}
+}
+
+// vLLM versions pass an assistant message's reasoning to templates
+// differently: earlier ones its reasoning_content, later ones its
+// reasoning, as both reasoning and reasoning_content, dropping a
+// reasoning_content. A template that reads reasoning (Qwen3's does) would
+// render such a chat by one version's rules, so the engine renders it; a
+// template that never mentions reasoning (Llama 3's) renders it here.
+func TestAssistantReasoningGoesToTheEngineWhenTheTemplateReadsIt(t *testing.T) {
+	chat := func(field string) Chat {
+		return Chat{AddGenerationPrompt: true, Messages: json.RawMessage(`[{"role":"user","content":"Hi"},` +
+			`{"role":"assistant","content":"Hello."` + field + `},{"role":"user","content":"Bye"}]`)}
+	}
+	qwen, llama := loadModel(t, "qwen3"), loadModel(t, "llama3")
+	for _, field := range []string{`,"reasoning":"greet"`, `,"reasoning_content":"greet"`} {
+		if got, err := qwen.RenderChat(chat(field)); err == nil {
+			t.Errorf("qwen3 with %s rendered %q, want an error", field, got)
+		}
+		want, err := llama.RenderChat(chat(""))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, err := llama.RenderChat(chat(field)); err != nil || got != want {
+			t.Errorf("llama3 with %s: rendered %q (%v), want %q", field, got, err, want)
+		}
+	}
+	for _, field := range []string{`,"reasoning":null`, `,"reasoning_content":null`} {
+		if _, err := qwen.RenderChat(chat(field)); err != nil {
+			t.Errorf("qwen3 with %s: %v, want it rendered as without", field, err)
+		}
+	}
+}
+
+// templateWith returns the Qwen3 tokenizer with another chat template.
+func templateWith(t *testing.T, template string) *Tokenizer {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join(modelsDir(t), "qwen3", "tokenizer.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tk, err := Parse(raw, nil, template)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tk
+}
+
+// Python's str.strip(), which Jinja's trim filter and a template's
+// .strip() call, also strips U+001C to U+001F, and its lstrip() and
+// rstrip() every Unicode white space; the template engine here strips
+// less. A chat holding such a character where the template strips it
+// would render unlike vLLM, so the engine renders it.
+func TestWhiteSpacePythonStripsUnlikeTheTemplatesGoesToTheEngine(t *testing.T) {
+	llama := loadModel(t, "llama3") // content | trim
+	sides := templateWith(t, "{% for m in messages %}[{{ m.content.lstrip() }}|{{ m.content.rstrip() }}]{% endfor %}")
+	user := func(content string) Chat {
+		b, _ := json.Marshal(content)
+		return Chat{Messages: json.RawMessage(`[{"role":"user","content":` + string(b) + `}]`)}
+	}
+	for _, tt := range []struct {
+		name    string
+		tk      *Tokenizer
+		content string
+		refused bool
+	}{
+		{"trim, U+001C", llama, "\x1cHi", true},
+		{"trim, U+001F", llama, "Hi\x1f", true},
+		{"trim, U+3000", llama, "\u3000Hi\u3000", false},
+		{"trim, vertical tab", llama, "\vHi\f", false},
+		{"lstrip, U+3000", sides, "\u3000Hi", true},
+		{"rstrip, no-break space", sides, "Hi\u00a0", true},
+		{"lstrip, vertical tab", sides, "\vHi", true},
+		{"lstrip, ASCII white space", sides, " \t\r\nHi \t\r\n", false},
+	} {
+		got, err := tt.tk.RenderChat(user(tt.content))
+		if (err != nil) != tt.refused {
+			t.Errorf("%s: rendered %q (%v), want refused %v", tt.name, got, err, tt.refused)
 		}
 	}
 }

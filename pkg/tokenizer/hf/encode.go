@@ -20,7 +20,10 @@ type Tokenizer struct {
 	rawAdded, normAdded *matcher
 	segments            *segmentCache
 
-	template  *jinja.Template // nil without a chat template
+	template *jinja.Template // nil without a chat template
+	// reads tells what the template's source reads that vLLM's own
+	// rendering could give differently (see templateReads).
+	reads     templateReads
 	specials  map[string]jinja.Value
 	vocabSize uint32
 }
