@@ -143,7 +143,17 @@
 //
 // Memory follows the residencies: a key costs about 38 bytes in its model's
 // table and each (block, holder) pair about 25 bytes in its lane, some 41
-// bytes per residency when blocks have two holders.
+// bytes per residency when blocks have two holders. A key's holder set has
+// one word per 64 lanes of its model (the highest holder id in use, purged
+// pods' ids until the sweep narrows the table), whichever lanes hold the
+// key, so each key costs about 10 bytes more (a word at the tables' load
+// factor) per 64 lanes beyond the first 64: with one holder per block,
+// about 58 bytes per block at 1 lane, 63 at 64, 71 at 65, 98 at 256 and
+// 260 at 1024 (BenchmarkMemoryPerBlockByLanes). A model's memory is
+// therefore bounded by MaxPrefixesPerContext keys of that size, and grows
+// with the product of its keys and its lanes: a model followed by many
+// streams (pods times data-parallel ranks times media and groups) should
+// be given a MaxPrefixesPerContext that fits the memory it may take.
 //
 // # Concurrency
 //
