@@ -33,8 +33,9 @@ type blockPool struct {
 	head, tail int32
 	numFree    int
 	// cached maps a digest to the first block cached under it. Like vLLM,
-	// the pool does not deduplicate: two requests that compute the same
-	// block in the same step each cache their own copy (see dupNext).
+	// the pool does not deduplicate: a running request, which never looks
+	// the cache up again, that fills a block another request cached since
+	// caches its own copy (see dupNext).
 	cached map[digest]int32
 }
 

@@ -312,28 +312,47 @@ func TestResetPrefixCacheRefusedWhileBlocksAreInUse(t *testing.T) {
 	}
 }
 
+// vLLM looks the prefix cache up only when it schedules a waiting request,
+// and caches a block as soon as a request is allocated the tokens that fill
+// it, so identical prompts admitted in one step share their blocks. A
+// second copy arises when a running request, which never looks the cache up
+// again, fills a block that another request cached since: here A's prefill
+// is chunked, B takes A's first block from the cache and computes the
+// second itself, and A's next chunk computes that second block again.
 func TestDuplicateBlocksAreCachedAndEvictedSeparately(t *testing.T) {
-	c := newTestCache(t, 5) // usable 1..4
-	a := c.NewSequence(seqTokens(0, 5), nil)
-	b := c.NewSequence(seqTokens(0, 5), nil)
-	// Both scheduled before either is cached, as in one vLLM step.
-	hitA, hitB := c.ComputedBlocks(a), c.ComputedBlocks(b)
-	if !c.AllocateSlots(a, 0, hitA, 5) || !c.AllocateSlots(b, 0, hitB, 5) {
-		t.Fatal("allocate")
+	c := newTestCache(t, 6) // usable 1..5, allocated in that order
+	a := c.NewSequence(seqTokens(0, 9), nil)
+	b := c.NewSequence(seqTokens(0, 9), nil)
+	h := hashesOf(a)
+	// Step 1: A's first chunk fills and caches its block 0 (block 1).
+	if hit := c.ComputedBlocks(a); hit != 0 || !c.AllocateSlots(a, 0, 0, testBS) {
+		t.Fatalf("allocate A's first chunk (hit %d)", hit)
+	}
+	// B, admitted in the same step, takes it from the cache and caches
+	// its block 1 (block 2); its block 2 (block 3) is partial.
+	hitB := c.ComputedBlocks(b)
+	if hitB != 1 || !c.AllocateSlots(b, 0, hitB, 9-testBS) {
+		t.Fatalf("allocate B (hit %d), want a hit on A's first block", hitB)
+	}
+	// Step 2: A, running, computes the rest of its prompt without looking
+	// the cache up, and caches a second copy of block 1 (block 4).
+	if !c.AllocateSlots(a, testBS, 0, 9-testBS) {
+		t.Fatal("allocate A's second chunk")
 	}
 	evs := c.TakeEvents()
-	if len(evs) != 2 || !slices.Equal(stored(t, evs[0]).BlockHashes, stored(t, evs[1]).BlockHashes) {
-		t.Fatalf("events %v: want the same block stored twice", evs)
+	if len(evs) != 3 || !slices.Equal(stored(t, evs[0]).BlockHashes, h[:1]) ||
+		!slices.Equal(stored(t, evs[1]).BlockHashes, h[1:2]) || !slices.Equal(stored(t, evs[2]).BlockHashes, h[1:2]) {
+		t.Fatalf("events %v: want block 0 stored once and block 1 twice", evs)
 	}
-	c.Free(a) // queue: a's blocks 2, 1
-	c.Free(b) // then b's: 4, 3
-	d := c.NewSequence(seqTokens(100, 5), nil)
-	admit(t, c, d) // evicts a's partial block 2 (uncached) and a's block 1
-	if got := removedHashes(t, c.TakeEvents()[:1]); !slices.Equal(got, hashesOf(a)[:1]) {
-		t.Errorf("removed %x, want the first copy %x", got, hashesOf(a)[:1])
+	c.Free(a) // queue: A's partial block 5, its copy 4 (block 1 is B's too)
+	c.Free(b) // then B's: 3, 2, 1
+	d := c.NewSequence(seqTokens(100, 8), nil)
+	admit(t, c, d) // evicts block 5 (uncached) and A's copy, block 4
+	if got := removedHashes(t, c.TakeEvents()[:1]); !slices.Equal(got, h[1:2]) {
+		t.Errorf("removed %x, want A's copy %x", got, h[1:2])
 	}
-	if c.CachedPrefixBlocks(seqTokens(0, 4), nil) != 1 {
-		t.Error("second copy was lost with the first")
+	if n := c.CachedPrefixBlocks(seqTokens(0, 8), nil); n != 2 {
+		t.Errorf("cached prefix blocks = %d after one copy was evicted, want 2: B's copy was lost with A's", n)
 	}
 }
 
