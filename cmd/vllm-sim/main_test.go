@@ -60,6 +60,28 @@ func TestOptionsBuildOneEnginePerRank(t *testing.T) {
 	}
 }
 
+func TestAPIKeyFlagMakesTheServerRequireTheKey(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want []string
+	}{
+		{nil, nil},
+		{[]string{"--api-key", "s3cret"}, []string{"s3cret"}},
+	} {
+		o, err := parse(t, tc.args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := o.serverConfig(rand.Reader)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(cfg.APIKeys, tc.want) {
+			t.Errorf("%q: APIKeys %q, want %q", tc.args, cfg.APIKeys, tc.want)
+		}
+	}
+}
+
 func TestOptionsSetTheLatencyModelAndEventDelivery(t *testing.T) {
 	o, err := parse(t, "--attention-ns-per-context-token", "3.5", "--decode-ns-per-context-token", "64", "--speed", "1.8",
 		"--kv-events-delay", "5ms", "--kv-events-jitter", "20ms", "--kv-events-loss", "0.01")

@@ -37,6 +37,9 @@ type options struct {
 	// shutdownGrace bounds how long in-flight requests may take to finish
 	// on SIGINT or SIGTERM.
 	shutdownGrace time.Duration
+	// apiKey, when set, is the key requests must present, as vLLM's
+	// --api-key.
+	apiKey string
 }
 
 const usageHeader = `vllm-sim simulates a vLLM OpenAI-compatible server without GPUs: a paged KV
@@ -106,6 +109,8 @@ func parseOptions(fs *flag.FlagSet, args []string) (options, error) {
 	fs.Float64Var(&o.delivery.LossRate, "kv-events-loss", 0,
 		"share of KV-event batches withheld from the live stream (0 to 1): subscribers see a gap in the sequence numbers "+
 			"and replay the batch from the replay endpoint if there is one, or lose it")
+	fs.StringVar(&o.apiKey, "api-key", "",
+		"require \"Authorization: Bearer <key>\" on every path but /health and /metrics, as vLLM's --api-key does; empty for none")
 	fs.DurationVar(&o.shutdownGrace, "shutdown-grace", 10*time.Second,
 		"on SIGINT or SIGTERM, how long running requests may take to finish before they are failed")
 	fs.Usage = func() {
@@ -155,6 +160,9 @@ func (o *options) loraModules() []simserver.LoRAModule {
 // hash seeds from random when -hash-seed is empty.
 func (o *options) serverConfig(random io.Reader) (simserver.Config, error) {
 	cfg := simserver.Config{Model: o.model, LoRAModules: o.loraModules(), AllowRuntimeLoRAUpdating: o.runtimeLoRA}
+	if o.apiKey != "" {
+		cfg.APIKeys = []string{o.apiKey}
+	}
 	if o.tokenizer != "" {
 		tk, err := hf.Load(o.tokenizer)
 		if err != nil {

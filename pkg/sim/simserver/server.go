@@ -26,6 +26,14 @@
 //     completions; one with max_tokens generates exactly that many;
 //   - a LoRA adapter named like the base model is refused, at start or
 //     when loaded.
+//
+// With Config.APIKeys, as vLLM with --api-key (or VLLM_API_KEY), every
+// request but GET /health and GET /metrics must carry "Authorization:
+// Bearer <key>" with one of the keys; others are answered 401 with
+// {"error": "Unauthorized"}. This is what vLLM's recent versions guard:
+// every route but its public ones (/health, /ping, /load, /version,
+// /metrics and the API docs), /tokenize included. Older versions guard
+// only the paths under /v1 (and later /v2, /inference and /cohere).
 package simserver
 
 import (
@@ -81,6 +89,10 @@ type Config struct {
 	// engines cache and publish are then that model's. The simulated model
 	// still generates from the simulator's output vocabulary.
 	Tokenizer *hf.Tokenizer
+	// APIKeys, when not empty, are the keys requests must present, as
+	// vLLM's --api-key: see the package documentation for the paths
+	// guarded.
+	APIKeys []string
 }
 
 // Server is a simulated vLLM API server.
@@ -141,6 +153,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	s.maxModelLen = s.runners[0].engine.Config().MaxModelLen
 	s.handler = s.routes(cfg.AllowRuntimeLoRAUpdating)
+	if len(cfg.APIKeys) > 0 {
+		s.handler = requireAPIKey(s.handler, cfg.APIKeys)
+	}
 	return s, nil
 }
 
