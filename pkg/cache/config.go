@@ -10,6 +10,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/kvgate/kvgate/pkg/endpoint"
+	"github.com/kvgate/kvgate/pkg/internal/apikey"
 )
 
 // Defaults of Config's zero fields.
@@ -89,6 +90,13 @@ type Config struct {
 	// where it found none. It must return quickly.
 	OnScrape func()
 
+	// EngineAPIKey, when set, is sent as "Authorization: Bearer
+	// <EngineAPIKey>" on each read of a pod's /v1/models
+	// (KVGATE_ENGINE_API_KEY), which vLLM started with --api-key refuses
+	// without it. The scrapes of /metrics, which vLLM serves to anyone,
+	// go without it. The key is never logged nor put in errors.
+	EngineAPIKey string
+
 	// Registerer receives the Store's own metrics; nil registers none.
 	// Run unregisters them when it returns.
 	Registerer prometheus.Registerer
@@ -135,6 +143,9 @@ func (c Config) validate() error {
 	}
 	if c.MaxAdaptersPerPod < 0 {
 		errs = append(errs, fmt.Errorf("MaxAdaptersPerPod %d is negative", c.MaxAdaptersPerPod))
+	}
+	if err := apikey.Check(c.EngineAPIKey); err != nil {
+		errs = append(errs, fmt.Errorf("EngineAPIKey: %w", err))
 	}
 	if c.DefaultEnginePort <= 0 || c.DefaultEnginePort >= 1<<16 {
 		errs = append(errs, fmt.Errorf("DefaultEnginePort %d is not a port", c.DefaultEnginePort))

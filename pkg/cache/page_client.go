@@ -62,12 +62,15 @@ const maxIdleKept = 4 * time.Second
 // pageClient reads pages from one pod's address. It is used by one
 // goroutine at a time, but for interrupt, which a context's end calls.
 type pageClient struct {
-	url     string // for errors
-	host    string // host:port, dialled and named in the Host header
-	path    string // the page's path and query
-	accept  string
-	timeout time.Duration
-	limit   int64
+	url    string // for errors
+	host   string // host:port, dialled and named in the Host header
+	path   string // the page's path and query
+	accept string
+	// authorization, when set, is the value of the Authorization header
+	// sent with every request; never logged nor put in errors.
+	authorization string
+	timeout       time.Duration
+	limit         int64
 	// dial, when set, replaces the TCP dial: a test's connections.
 	dial func(ctx context.Context, deadline time.Time) (net.Conn, error)
 
@@ -234,6 +237,10 @@ func (c *pageClient) roundTrip(path string, buf *bytes.Buffer) (string, error) {
 	c.req = append(c.req, c.host...)
 	c.req = append(c.req, "\r\nUser-Agent: kvgate\r\nAccept: "...)
 	c.req = append(c.req, c.accept...)
+	if c.authorization != "" {
+		c.req = append(c.req, "\r\nAuthorization: "...)
+		c.req = append(c.req, c.authorization...)
+	}
 	c.req = append(c.req, "\r\nAccept-Encoding: gzip\r\n\r\n"...)
 	c.wire.n = pageWireBytes(c.limit)
 	c.wire.start = c.wire.n

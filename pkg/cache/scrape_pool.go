@@ -27,7 +27,10 @@ type scrapePool struct {
 	adapterInterval time.Duration
 	maxAdapters     int
 	timeout         time.Duration
-	window          time.Duration
+	// modelsAuthorization is the Authorization header of the reads of
+	// /v1/models, "" for none.
+	modelsAuthorization string
+	window              time.Duration
 	// prefillWindow is the window of PrefillTokensPerSecond.
 	prefillWindow   time.Duration
 	selection       func() *metricSelection
@@ -138,11 +141,13 @@ func (p *scrapePool) start(ctx context.Context, e *podEntry) {
 		wg.Go(func() { l.run(ctx) })
 	}
 	if p.adapterInterval > 0 {
+		page := newPageClient(ep.Address, modelsPath, "application/json", p.timeout, maxModelListBytes)
+		page.authorization = p.modelsAuthorization
 		a := &adapterLoop{
 			key:         ep.Key,
 			id:          ep.ID,
 			model:       ep.Model,
-			page:        newPageClient(ep.Address, modelsPath, "application/json", p.timeout, maxModelListBytes),
+			page:        page,
 			state:       e.state,
 			interval:    p.adapterInterval,
 			maxAdapters: p.maxAdapters,

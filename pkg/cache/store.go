@@ -69,6 +69,9 @@ func New(cfg Config) (*Store, error) {
 			log: s.log, nudge: make(chan struct{}, 1), loops: map[endpoint.Key]*runningLoop{},
 			idle: map[endpoint.Key]struct{}{},
 		}
+		if cfg.EngineAPIKey != "" {
+			s.scraper.modelsAuthorization = "Bearer " + cfg.EngineAPIKey
+		}
 	}
 	m, err := newStoreMetrics(cfg.Registerer, s.gauges())
 	if err != nil {

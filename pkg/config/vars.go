@@ -161,6 +161,17 @@ var (
 			"Envoy relays the response, a longer event is passed on unread and counted.",
 		Flag: "max-stream-event-bytes",
 	}
+	EngineAPIKey = Var{
+		Name:    "KVGATE_ENGINE_API_KEY",
+		Default: "",
+		Section: SectionGateway,
+		Doc: "API key of engines started with vLLM's --api-key (or VLLM_API_KEY), sent as \"Authorization: Bearer " +
+			"<key>\" on the gateway's own requests to the paths vLLM refuses without it: the reads of GET /v1/models " +
+			"that discover LoRA adapters, and the remote tokenizer's POST /tokenize (refused by recent vLLM versions). " +
+			"The scrapes of /metrics, which vLLM serves to anyone, go without it, and client requests keep the " +
+			"client's own Authorization header, never this key. Printable ASCII, never logged; set it from a Secret. " +
+			"Empty sends none.",
+	}
 	Kubeconfig = Var{
 		Name:    "KUBECONFIG",
 		Default: "",
@@ -485,6 +496,7 @@ var Vars = []Var{
 	UpstreamIdleTimeout,
 	UpstreamResponseTimeout,
 	MaxStreamEventBytes,
+	EngineAPIKey,
 	RequestTTL,
 	ExtProcListenAddress,
 	ExtProcFailOpen,

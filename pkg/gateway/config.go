@@ -16,6 +16,7 @@ import (
 	"github.com/kvgate/kvgate/pkg/cache"
 	"github.com/kvgate/kvgate/pkg/config"
 	"github.com/kvgate/kvgate/pkg/discovery"
+	"github.com/kvgate/kvgate/pkg/internal/apikey"
 	"github.com/kvgate/kvgate/pkg/redisstate"
 	"github.com/kvgate/kvgate/pkg/routing"
 	"github.com/kvgate/kvgate/pkg/slo"
@@ -254,6 +255,11 @@ func LoadConfig(e *config.Env) Config {
 		ExtProc:                   config.LoadExtProc(e),
 	}
 	cfg.Cache = loadCache(e)
+	cfg.Cache.EngineAPIKey = e.String(config.EngineAPIKey)
+	cfg.Tokenizer.APIKey = cfg.Cache.EngineAPIKey
+	if err := apikey.Check(cfg.Cache.EngineAPIKey); err != nil {
+		e.Errorf("%s: %v", config.EngineAPIKey.Name, err) // never the key itself
+	}
 	if _, _, err := net.SplitHostPort(cfg.ListenAddress); err != nil {
 		e.Errorf("%s=%q: want host:port, e.g. :8080: %v", config.ListenAddress.Name, cfg.ListenAddress, err)
 	}

@@ -105,6 +105,33 @@ func TestNewRefusesAResponseTimeoutBelowTheFirstByteTimeout(t *testing.T) {
 	}
 }
 
+func TestLoadConfigGivesTheEngineAPIKeyToTheModelListingAndTheTokenizer(t *testing.T) {
+	for _, tc := range []struct {
+		value, want string
+		ok          bool
+	}{
+		{"", "", true},
+		{"sk-s3cret", "sk-s3cret", true},
+		{"  sk-s3cret\n", "sk-s3cret", true}, // surrounding white space is trimmed, as for every variable
+		{"sk-s3cret\r\nX-Injected: 1", "", false},
+		{"sk-s3cr\u00e9t", "", false},
+	} {
+		e := envOf(map[string]string{"KVGATE_ENGINE_API_KEY": tc.value})
+		cfg := LoadConfig(e)
+		if !tc.ok {
+			if err := e.Err(); err == nil || !strings.Contains(err.Error(), "KVGATE_ENGINE_API_KEY") ||
+				strings.Contains(err.Error(), "s3cr") {
+				t.Errorf("%q: error %v, want one naming KVGATE_ENGINE_API_KEY and not the key", tc.value, err)
+			}
+			continue
+		}
+		if e.Err() != nil || cfg.Cache.EngineAPIKey != tc.want || cfg.Tokenizer.APIKey != tc.want {
+			t.Errorf("%q: model listing key %q, tokenizer key %q, %v; want %q for both", tc.value,
+				cfg.Cache.EngineAPIKey, cfg.Tokenizer.APIKey, e.Err(), tc.want)
+		}
+	}
+}
+
 func TestLoadConfigReadsAIBrixsRedisVariables(t *testing.T) {
 	tests := []struct {
 		env               map[string]string

@@ -66,7 +66,9 @@
 //     Proxy-Authorization, TE, Trailer, Transfer-Encoding, Upgrade and the
 //     fields Connection names), Expect, Accept-Encoding (the gateway reads
 //     the response, so it must come uncompressed) or Host, which names the
-//     pod; the client's X-Request-Id, or the gateway's request id when it
+//     pod; Authorization as the client sent it, never the engines' key
+//     (Config.Cache.EngineAPIKey), which serves the gateway's own
+//     requests only; the client's X-Request-Id, or the gateway's request id when it
 //     sent none; and X-Forwarded-For, the addresses the client's own field
 //     listed followed by the client's address, in one field.
 //     When the pod refuses the connection (or cannot be dialled), nothing

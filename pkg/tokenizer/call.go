@@ -23,8 +23,9 @@ const tokenizePath = "/tokenize"
 // maxErrorBody is how much of an error response is read for its message.
 const maxErrorBody = 4 << 10
 
-// newCallRequest returns the POST of body to baseURL's /tokenize.
-func newCallRequest(baseURL string, body []byte) (*http.Request, error) {
+// newCallRequest returns the POST of body to baseURL's /tokenize, with the
+// engines' API key when one is set.
+func (t *Tokenizer) newCallRequest(baseURL string, body []byte) (*http.Request, error) {
 	endpoint := strings.TrimRight(baseURL, "/") + tokenizePath
 	req, err := http.NewRequest(http.MethodPost, endpoint, bytes.NewReader(body))
 	if err != nil {
@@ -35,6 +36,9 @@ func newCallRequest(baseURL string, body []byte) (*http.Request, error) {
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Accept", "application/json")
+	if t.authorization != nil {
+		req.Header["Authorization"] = t.authorization
+	}
 	return req, nil
 }
 

@@ -386,7 +386,7 @@ func (t *Tokenizer) verifyLive(lm *localModel, form int, baseURL string, body []
 
 // callBody posts body to baseURL's /tokenize.
 func (t *Tokenizer) callBody(baseURL, model string, body []byte) (result, error) {
-	req, err := newCallRequest(baseURL, body)
+	req, err := t.newCallRequest(baseURL, body)
 	if err != nil {
 		return result{}, inputError(model, err)
 	}

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvgate/kvgate/pkg/internal/apikey"
 	"github.com/kvgate/kvgate/pkg/internal/rawsock"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -91,6 +92,12 @@ type Config struct {
 	// load alone. Zero means DefaultLocalMaxBytes. See In-process
 	// tokenization in the package documentation.
 	LocalMaxBytes int
+	// APIKey, when set, is sent as "Authorization: Bearer <APIKey>" on
+	// every /tokenize call (KVGATE_ENGINE_API_KEY), for engines started
+	// with vLLM's --api-key: recent vLLM versions refuse /tokenize
+	// without it (older ones guard only the paths under /v1). The key is
+	// never logged nor put in errors.
+	APIKey string
 }
 
 // Tokenizer computes prompts' token ids with vLLM's own tokenizer, through
@@ -106,7 +113,10 @@ type Config struct {
 // A slice returned by a Tokenizer is shared with its cache and with other
 // callers: it must not be modified.
 type Tokenizer struct {
-	client           *http.Client
+	client *http.Client
+	// authorization is the Authorization header of every call, shared by
+	// them and never modified; nil without an API key.
+	authorization    []string
 	timeout          time.Duration
 	maxResponseBytes int64
 	seed             uint64
@@ -132,10 +142,15 @@ type Tokenizer struct {
 // because reg already holds another Tokenizer's.
 func New(cfg Config, reg prometheus.Registerer) (*Tokenizer, error) {
 	if cfg.Timeout < 0 || cfg.CacheMaxTokens < 0 || cfg.MaxResponseBytes < 0 || cfg.MaxBackgroundCalls < 0 || cfg.LocalMaxBytes < 0 {
-		return nil, fmt.Errorf("tokenizer config: negative value in %+v", cfg)
+		return nil, fmt.Errorf("tokenizer config: negative value among Timeout %v, CacheMaxTokens %d, MaxResponseBytes %d, "+
+			"MaxBackgroundCalls %d, LocalMaxBytes %d", cfg.Timeout, cfg.CacheMaxTokens, cfg.MaxResponseBytes,
+			cfg.MaxBackgroundCalls, cfg.LocalMaxBytes)
 	}
 	if !(cfg.VerifyFraction <= 1) {
 		return nil, fmt.Errorf("tokenizer config: VerifyFraction %v is not a number at most 1", cfg.VerifyFraction)
+	}
+	if err := apikey.Check(cfg.APIKey); err != nil {
+		return nil, fmt.Errorf("tokenizer config: APIKey: %w", err)
 	}
 	if reg == nil {
 		return nil, errors.New("tokenizer: nil prometheus.Registerer")
@@ -152,8 +167,13 @@ func New(cfg Config, reg prometheus.Registerer) (*Tokenizer, error) {
 	if err != nil {
 		return nil, err
 	}
+	var authorization []string
+	if cfg.APIKey != "" {
+		authorization = []string{"Bearer " + cfg.APIKey}
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Tokenizer{
+		authorization:    authorization,
 		client:           &http.Client{Transport: cfg.Transport, Timeout: cfg.Timeout},
 		timeout:          cfg.Timeout,
 		maxResponseBytes: cfg.MaxResponseBytes,
@@ -331,7 +351,7 @@ func (t *Tokenizer) await(ctx context.Context, cl *call, model string, req trunc
 func (t *Tokenizer) start(key digest, cl *call, baseURL, model string, body []byte, err error, slot bool) bool {
 	var req *http.Request
 	if err == nil {
-		req, err = newCallRequest(baseURL, body)
+		req, err = t.newCallRequest(baseURL, body)
 	}
 	if err != nil {
 		t.cache.complete(key, cl, result{}, inputError(model, err))
