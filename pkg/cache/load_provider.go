@@ -104,8 +104,11 @@ func NewPendingLoadProvider(metrics MetricCache, profiles *Profiles) *PendingLoa
 // Cap returns 1: a pod's whole capacity.
 func (p *PendingLoadProvider) Cap() float64 { return 1 }
 
-// GetUtilization returns the pod's pending load, 0 for a pod the Store
-// holds no load for.
+// GetUtilization returns the pod's pending load: 0 for a pod with no
+// request in flight, or whose MetricCache holds no value for it (fails
+// with ErrMetricNotFound). It fails with a *PodNotFoundError for a pod the
+// MetricCache does not hold, such as one deleted since the candidates were
+// listed, as AIBrix's does: a pod that is gone is not an idle one.
 func (p *PendingLoadProvider) GetUtilization(_ *types.RoutingContext, pod *v1.Pod) (float64, error) {
 	v, err := p.metrics.GetMetricValueByPod(endpoint.KeyOf(pod), RealtimeNormalizedPendings)
 	if errors.Is(err, ErrMetricNotFound) {

@@ -56,6 +56,22 @@ func TestCachedLoadProviderModels(t *testing.T) {
 	}
 }
 
+func TestPendingLoadIsZeroForAnIdlePodAndAnErrorForADeletedOne(t *testing.T) {
+	s := newTestStore(t, noScrape())
+	pod := testPod("ns", "a", "llama", "10.0.0.1")
+	s.AddOrUpdatePod(pod)
+	p := NewPendingLoadProvider(s, newTestProfiles(t, ""))
+	ctx := types.NewRoutingContext("r", "llama")
+	if u, err := p.GetUtilization(ctx, pod); err != nil || u != 0 {
+		t.Fatalf("utilization of an idle pod = %v, %v; want 0", u, err)
+	}
+	s.DeletePod(pkey("ns", "a"))
+	u, err := p.GetUtilization(ctx, pod)
+	if _, ok := errors.AsType[*PodNotFoundError](err); !ok || u != 0 {
+		t.Fatalf("utilization of a deleted pod = %v, %v; want a *PodNotFoundError", u, err)
+	}
+}
+
 func TestPendingLoadFollowsLittlesLaw(t *testing.T) {
 	s := newTestStore(t, noScrape())
 	l := newTestLedger(t)
