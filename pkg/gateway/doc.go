@@ -313,13 +313,29 @@
 //
 // GET /debug/slo shows each model's objective, where it comes from
 // (profile, model, default or none), and its queue: bounds, last pass and
-// the waiting requests in deadline order with their waits and deadlines:
+// the waiting requests in deadline order with their waits and deadlines,
+// and the client's X-Request-Id beside the gateway's id when it sent one
+// (see Request ids):
 //
 //	{"models": [{"model": "llama", "slo": "ttft:2s", "source": "model",
 //	  "queue": {"model": "llama", "length": 1, "maxLength": 1024, "maxWaitSeconds": 60,
-//	            "waiting": [{"requestID": "gw-7", "promptTokens": 352, "waitedSeconds": 0.4,
+//	            "waiting": [{"requestID": "kvgate-05d6e9fa-7", "clientRequestID": "app-42", "promptTokens": 352, "waitedSeconds": 0.4,
 //	                         "deadlineInSeconds": 1.6, "leavesInSeconds": 1.1, "slo": "ttft:2s",
 //	                         "tries": 3, "drainEstimateSeconds": 0.9}]}}]}
+//
+// # Request ids
+//
+// Each request gets an id of the gateway's own, unique in its process
+// ("kvgate-<process>-<n>"), which its logs, GET /debug/slo and the request
+// ledger use: a client never chooses it, lest two clients' requests
+// collide. The engine is sent the client's X-Request-Id, which vLLM names
+// the request after, or the gateway's id when the client sent none. The
+// client's id is shown beside the gateway's, as clientRequestID, in the
+// per-request logs (the proxy's and routing's, at verbosity 2 and up) and
+// in GET /debug/slo, to join them with the engine's logs: its first 128
+// bytes (types.MaxLoggedClientRequestIDBytes), each byte that is not
+// printable ASCII replaced with '?'. The external processor's requests
+// show none: Envoy's x-request-id reaches the engine instead.
 //
 // # Metrics
 //

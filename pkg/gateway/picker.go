@@ -175,7 +175,7 @@ func (p *Picker) Pick(ctx context.Context, in PickRequest) (*Pick, *Error) {
 		return nil, err
 	}
 	if path == PathCompletions || path == PathChatCompletions {
-		k.rc, k.req = g.begin(ctx, &k.a, k.x, start)
+		k.rc, k.req = g.begin(ctx, &k.a, k.x, start, "")
 	} else {
 		k.rc = types.NewRoutingContext(g.requestID(), k.a.model)
 		k.rc.ReceivedAt, k.rc.Algorithm = start, k.a.algorithm

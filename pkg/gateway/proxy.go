@@ -200,7 +200,7 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, k kind, x *excha
 	if !ok {
 		return false
 	}
-	rc, req := g.begin(r.Context(), &a, x, c.start)
+	rc, req := g.begin(r.Context(), &a, x, c.start, r.Header.Get(headerRequestID))
 	defer req.End()
 	c.lap(phaseTokenize)
 	var first *inflight.Handle
@@ -303,11 +303,13 @@ func resolveAlgorithm(r *routing.Router, strategy string) (string, *Error) {
 }
 
 // begin records an admitted request in the request ledger and prepares what
-// routing reads of it: its routing context, with the prompt's token ids
-// when the algorithm reads them, and its predicted output length. The
-// caller ends the returned request.
-func (g *Gateway) begin(ctx context.Context, a *admitted, x *exchange, start time.Time) (*types.RoutingContext, *inflight.Request) {
+// routing reads of it: its routing context, with the client's request id
+// clientID ("" for none), the prompt's token ids when the algorithm reads
+// them, and its predicted output length. The caller ends the returned
+// request.
+func (g *Gateway) begin(ctx context.Context, a *admitted, x *exchange, start time.Time, clientID string) (*types.RoutingContext, *inflight.Request) {
 	rc := types.NewRoutingContext(g.requestID(), a.model)
+	rc.ClientRequestID = clientID
 	rc.ReceivedAt = start
 	rc.Algorithm = a.algorithm
 	rc.LoraAdapter = adapterOf(a.model, a.pods)
@@ -428,7 +430,7 @@ func (g *Gateway) tokenize(ctx context.Context, rc *types.RoutingContext, in *in
 	g.metrics.tokenizeFails.WithLabelValues(reason).Inc()
 	if l := g.log.V(2); l.Enabled() {
 		l.Info("Routing without prefix information: tokenization failed", "requestID", rc.RequestID,
-			"model", rc.Model, "pod", pod.ID, "reason", reason, "err", err)
+			"clientRequestID", rc.LoggedClientRequestID(), "model", rc.Model, "pod", pod.ID, "reason", reason, "err", err)
 	}
 	return nil
 }
@@ -560,7 +562,7 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, a admitted, rc
 		g.metrics.retries.WithLabelValues(reason).Inc()
 		if l := g.log.V(2); l.Enabled() {
 			l.Info("Pod unreachable; routing the request to another pod", "requestID", rc.RequestID,
-				"model", rc.Model, "pod", pod.ID, "err", err)
+				"clientRequestID", rc.LoggedClientRequestID(), "model", rc.Model, "pod", pod.ID, "err", err)
 		}
 	}
 }
@@ -621,7 +623,8 @@ func (g *Gateway) requestLoad(rc *types.RoutingContext, pod *endpoint.Endpoint) 
 	load, err := g.pendingLoad.RequestLoad(rc, pod)
 	if err != nil {
 		if l := g.log.V(2); l.Enabled() {
-			l.Info("No pending load for request", "requestID", rc.RequestID, "pod", pod.ID, "err", err)
+			l.Info("No pending load for request", "requestID", rc.RequestID,
+				"clientRequestID", rc.LoggedClientRequestID(), "pod", pod.ID, "err", err)
 		}
 		return 0
 	}

@@ -650,7 +650,8 @@ func (g *Gateway) failResponse(w http.ResponseWriter, r *http.Request, err error
 	h.Close(inflight.Failed, reason)
 	g.metrics.upstreamFails.WithLabelValues(reason).Inc()
 	if l := g.log.V(2); l.Enabled() {
-		l.Info("The pod's response failed", "requestID", rc.RequestID, "model", rc.Model, "pod", x.d.PodKey,
+		l.Info("The pod's response failed", "requestID", rc.RequestID,
+			"clientRequestID", rc.LoggedClientRequestID(), "model", rc.Model, "pod", x.d.PodKey,
 			"reason", reason, "headersSent", stage == stageRelay, "err", err)
 	}
 	// The error has the write timeout to reach the client, past the

@@ -190,6 +190,7 @@ func TestSLOQueueAdmitsABurstAsCapacityFreesInDeadlineOrderAndLetsDisconnectsGo(
 			body := completion(simPrompt(i, 20), `,"max_tokens":40`)
 			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, f.url+"/v1/completions", strings.NewReader(body))
 			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("X-Request-Id", fmt.Sprint("client-", i))
 			resp, err := http.DefaultClient.Do(req)
 			if err != nil {
 				results[i] <- result{err: err}
@@ -213,6 +214,10 @@ func TestSLOQueueAdmitsABurstAsCapacityFreesInDeadlineOrderAndLetsDisconnectsGo(
 	for _, w := range q.Status().Waiting {
 		n, _ := strconv.Atoi(w.RequestID[strings.LastIndexByte(w.RequestID, '-')+1:])
 		waiting = append(waiting, n)
+		// The client's own id is shown beside the gateway's.
+		if c, ok := strings.CutPrefix(w.ClientRequestID, "client-"); !ok || c == "" {
+			t.Errorf("waiting request %s shows client request id %q, want the client's client-<i>", w.RequestID, w.ClientRequestID)
+		}
 	}
 	if len(waiting) < 2 {
 		t.Fatalf("%d requests wait, want a burst beyond the fleet", len(waiting))

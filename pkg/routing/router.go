@@ -220,11 +220,13 @@ func (r *Router) noteUncached(tokens float64) {
 func (r *Router) logDecision(ctx context.Context, rc *types.RoutingContext, d *Decision) {
 	l := r.logger(ctx)
 	if v := l.V(4); v.Enabled() && d.chosen < 0 {
-		v.Info("No pod meets the request's SLO", "requestID", rc.RequestID, "model", rc.Model, "algorithm", d.Algorithm,
+		v.Info("No pod meets the request's SLO", "requestID", rc.RequestID,
+			"clientRequestID", rc.LoggedClientRequestID(), "model", rc.Model, "algorithm", d.Algorithm,
 			"outcome", d.Outcome, "err", d.sloErr)
 	} else if v.Enabled() {
 		c := d.Chosen()
-		v.Info("Routed request", "requestID", rc.RequestID, "model", rc.Model, "lora", rc.LoraAdapter,
+		v.Info("Routed request", "requestID", rc.RequestID,
+			"clientRequestID", rc.LoggedClientRequestID(), "model", rc.Model, "lora", rc.LoraAdapter,
 			"algorithm", d.Algorithm, "outcome", d.Outcome, "pod", d.PodKey,
 			"promptTokens", d.PromptTokens, "matchedTokens", c.MatchedTokens, "matchedGPUTokens", c.MatchedGPUTokens,
 			"uncachedTokens", c.UncachedTokens, "running", c.Running, "waiting", c.Waiting,
@@ -232,7 +234,8 @@ func (r *Router) logDecision(ctx context.Context, rc *types.RoutingContext, d *D
 			"predictedTTFTSeconds", c.PredictedTTFTSeconds, "score", c.Score)
 	}
 	if v := l.V(5); v.Enabled() {
-		v.Info("Routing candidates", "requestID", rc.RequestID, "algorithm", d.Algorithm, "candidates", d.Candidates)
+		v.Info("Routing candidates", "requestID", rc.RequestID,
+			"clientRequestID", rc.LoggedClientRequestID(), "algorithm", d.Algorithm, "candidates", d.Candidates)
 	}
 }
 

@@ -630,14 +630,18 @@ type Status struct {
 
 // WaitingStatus describes one waiting request.
 type WaitingStatus struct {
-	RequestID      string  `json:"requestID"`
-	PromptTokens   int     `json:"promptTokens"`
-	WaitedSeconds  float64 `json:"waitedSeconds"`
-	DeadlineIn     float64 `json:"deadlineInSeconds"`
-	LeavesIn       float64 `json:"leavesInSeconds"`
-	SLO            string  `json:"slo"`
-	Tries          int     `json:"tries"`
-	DrainEstimateS float64 `json:"drainEstimateSeconds"`
+	RequestID string `json:"requestID"`
+	// ClientRequestID is the client's X-Request-Id as logs show it
+	// (types.RoutingContext.LoggedClientRequestID), left out when it sent
+	// none.
+	ClientRequestID string  `json:"clientRequestID,omitempty"`
+	PromptTokens    int     `json:"promptTokens"`
+	WaitedSeconds   float64 `json:"waitedSeconds"`
+	DeadlineIn      float64 `json:"deadlineInSeconds"`
+	LeavesIn        float64 `json:"leavesInSeconds"`
+	SLO             string  `json:"slo"`
+	Tries           int     `json:"tries"`
+	DrainEstimateS  float64 `json:"drainEstimateSeconds"`
 }
 
 // Status returns the queue's state, its waiting requests in deadline
@@ -654,7 +658,7 @@ func (q *QueueRouter) Status() Status {
 	}
 	for _, e := range q.entries {
 		s.Waiting = append(s.Waiting, WaitingStatus{
-			RequestID: e.Request.RequestID, PromptTokens: e.Request.InputTokens(),
+			RequestID: e.Request.RequestID, ClientRequestID: e.Request.LoggedClientRequestID(), PromptTokens: e.Request.InputTokens(),
 			WaitedSeconds: now.Sub(e.enqueued).Seconds(), DeadlineIn: e.Deadline.Sub(now).Seconds(),
 			LeavesIn: e.latest.Sub(now).Seconds(), SLO: e.Request.SLO.String(), Tries: e.tries,
 			DrainEstimateS: e.drain.Seconds(),

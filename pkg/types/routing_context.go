@@ -24,6 +24,12 @@ type RoutingContext struct {
 	// RequestID identifies the request uniquely among the requests in
 	// flight through this gateway.
 	RequestID string
+	// ClientRequestID is the X-Request-Id the client sent, "" for none,
+	// as sent. vLLM names the request after it, so the gateway's logs and
+	// /debug pages show it beside RequestID (see LoggedClientRequestID)
+	// for operators to join the two. It never identifies the request to
+	// the gateway: clients choose it, and two may choose the same.
+	ClientRequestID string
 	// Model is the model name the client asked for: a base model or a LoRA
 	// adapter.
 	Model string
@@ -67,6 +73,42 @@ type routingTarget struct {
 // for model, received now.
 func NewRoutingContext(requestID, model string) *RoutingContext {
 	return &RoutingContext{RequestID: requestID, Model: model, ReceivedAt: time.Now()}
+}
+
+// MaxLoggedClientRequestIDBytes bounds the client's request id logs and
+// /debug pages show: longer ones are cut to their first
+// MaxLoggedClientRequestIDBytes bytes.
+const MaxLoggedClientRequestIDBytes = 128
+
+// LoggedClientRequestID returns ClientRequestID as logs and /debug pages
+// show it: its first MaxLoggedClientRequestIDBytes bytes, each byte that is
+// not printable ASCII replaced with '?', so that a client's id cannot
+// forge log lines. It allocates only when it replaces a byte.
+func (r *RoutingContext) LoggedClientRequestID() string {
+	id := r.ClientRequestID
+	if len(id) > MaxLoggedClientRequestIDBytes {
+		id = id[:MaxLoggedClientRequestIDBytes]
+	}
+	for i := range len(id) {
+		if !printableASCII(id[i]) {
+			return sanitized(id, i)
+		}
+	}
+	return id
+}
+
+func printableASCII(b byte) bool { return b >= ' ' && b <= '~' }
+
+// sanitized returns id with each byte from the i-th on that is not
+// printable ASCII replaced with '?'.
+func sanitized(id string, i int) string {
+	b := []byte(id)
+	for ; i < len(b); i++ {
+		if !printableASCII(b[i]) {
+			b[i] = '?'
+		}
+	}
+	return string(b)
 }
 
 // InputTokens reports the number of prompt tokens: len(PromptTokenIDs) when

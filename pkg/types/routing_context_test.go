@@ -1,6 +1,7 @@
 package types
 
 import (
+	"strings"
 	"sync"
 	"testing"
 
@@ -60,4 +61,30 @@ func TestSetTargetPodIsSafeWithConcurrentReaders(t *testing.T) {
 		}()
 	}
 	wg.Wait()
+}
+
+func TestLoggedClientRequestIDIsBoundedAndPrintable(t *testing.T) {
+	long := strings.Repeat("a", MaxLoggedClientRequestIDBytes+1)
+	for _, tc := range []struct{ sent, want string }{
+		{"", ""},
+		{"req-42 from app", "req-42 from app"},
+		{"a\tb\x1b[31mc", "a?b?[31mc"},
+		{"caf\u00e9", "caf??"},
+		{long, long[:MaxLoggedClientRequestIDBytes]},
+		{long[:MaxLoggedClientRequestIDBytes-1] + "\u00e9", long[:MaxLoggedClientRequestIDBytes-1] + "?"},
+	} {
+		r := NewRoutingContext("r1", "m")
+		r.ClientRequestID = tc.sent
+		if got := r.LoggedClientRequestID(); got != tc.want {
+			t.Errorf("LoggedClientRequestID of %q = %q, want %q", tc.sent, got, tc.want)
+		}
+	}
+}
+
+func TestLoggedClientRequestIDOfAPrintableIDDoesNotAllocate(t *testing.T) {
+	r := NewRoutingContext("r1", "m")
+	r.ClientRequestID = strings.Repeat("id-", 100)
+	if n := testing.AllocsPerRun(100, func() { _ = r.LoggedClientRequestID() }); n != 0 {
+		t.Fatalf("LoggedClientRequestID allocates %v times for a printable id", n)
+	}
 }
