@@ -36,6 +36,9 @@ type Var struct {
 	// Flag is the name, without dashes, of the gateway's command-line flag
 	// that overrides the variable; "" when it has none.
 	Flag string
+	// Secret marks a password or key: its values are never put in errors,
+	// and its names must agree exactly, case included.
+	Secret bool
 }
 
 // LookupFunc reports the value of an environment variable and whether it is
@@ -68,7 +71,8 @@ func (e *Env) Errorf(format string, args ...any) {
 // raw returns the value of v, the name it was read from, and whether it was
 // set at all. Surrounding white space is ignored. When several names of v
 // are set, the first in declaration order is read, and an error is recorded
-// unless they all agree (ignoring case).
+// unless they all agree (ignoring case, but for a Secret; a Secret's error
+// names the variables, never their values).
 func (e *Env) raw(v Var) (value, name string, set bool) {
 	value, name = v.Default, v.Name
 	for _, n := range append([]string{v.Name}, v.Aliases...) {
@@ -80,7 +84,9 @@ func (e *Env) raw(v Var) (value, name string, set bool) {
 		switch {
 		case !set:
 			value, name, set = s, n, true
-		case !strings.EqualFold(s, value):
+		case v.Secret && s != value:
+			e.record(fmt.Errorf("%s and %s set the same secret to different values: set only one of them", name, n))
+		case !v.Secret && !strings.EqualFold(s, value):
 			e.record(fmt.Errorf("%s=%q and %s=%q set the same setting to different values: set only one of them", name, value, n, s))
 		}
 	}

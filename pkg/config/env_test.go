@@ -220,3 +220,31 @@ func TestMarkdownListsEveryVariableWithItsDefault(t *testing.T) {
 		t.Errorf("reference does not show flags and defaults:\n%s", md)
 	}
 }
+
+func TestEnvNeverPrintsASecretsValuesAndComparesThemExactly(t *testing.T) {
+	v := Var{Name: "NEW_PASSWORD", Aliases: []string{"OLD_PASSWORD"}, Secret: true}
+	e := NewEnv(lookupFrom(map[string]string{"NEW_PASSWORD": "hunter2", "OLD_PASSWORD": "correct-horse"}))
+	if got := e.String(v); got != "hunter2" {
+		t.Errorf("String = %q, want the value of NEW_PASSWORD", got)
+	}
+	err := e.Err()
+	if err == nil || !strings.Contains(err.Error(), "NEW_PASSWORD and OLD_PASSWORD") {
+		t.Fatalf("Err() = %v, want the disagreement named", err)
+	}
+	if strings.Contains(err.Error(), "hunter2") || strings.Contains(err.Error(), "correct-horse") {
+		t.Errorf("Err() = %v: prints a secret", err)
+	}
+	// Secrets differing only in case are different secrets.
+	e = NewEnv(lookupFrom(map[string]string{"NEW_PASSWORD": "Secret", "OLD_PASSWORD": "secret"}))
+	if e.String(v); e.Err() == nil {
+		t.Error("two names set to secrets that differ in case: no error")
+	}
+}
+
+func TestSecretsAreDeclaredSecret(t *testing.T) {
+	for _, v := range []Var{RedisPassword, EngineAPIKey} {
+		if !v.Secret {
+			t.Errorf("%s is not declared Secret", v.Name)
+		}
+	}
+}

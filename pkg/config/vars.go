@@ -171,6 +171,7 @@ var (
 			"The scrapes of /metrics, which vLLM serves to anyone, go without it, and client requests keep the " +
 			"client's own Authorization header, never this key. Printable ASCII, never logged; set it from a Secret. " +
 			"Empty sends none.",
+		Secret: true,
 	}
 	Kubeconfig = Var{
 		Name:    "KUBECONFIG",
@@ -416,6 +417,7 @@ var (
 		Default: "",
 		Section: SectionRedis,
 		Doc:     "Password of the Redis server; empty for none.",
+		Secret:  true,
 	}
 	RequestTracing = Var{
 		Name:    "AIBRIX_GPU_OPTIMIZER_TRACING_FLAG",
