@@ -18,7 +18,6 @@ const (
 	HasAvgTTFT
 	HasAvgTPOT
 	HasPrefillSpeed
-	HasKVCacheTokens
 )
 
 // PodMetrics are the built-in metrics of a pod as of its latest scrape
@@ -33,11 +32,7 @@ type PodMetrics struct {
 	// AvgTTFTSeconds and AvgTPOTSeconds the recent mean latencies, and
 	// PrefillTokensPerSecond the pod's prefill speed.
 	Waiting, KVCacheUsage, AvgTTFTSeconds, AvgTPOTSeconds, PrefillTokensPerSecond float64
-	// KVCacheTokens is the pod's GPU KV-cache capacity in tokens:
-	// CacheNumGPUBlocks times CacheBlockSize, measured when both are and
-	// their product is positive.
-	KVCacheTokens float64
-	Measured      MetricBits
+	Measured                                                                      MetricBits
 }
 
 // podMetricsOf picks the built-in metrics routing reads out of a scrape's
@@ -58,13 +53,6 @@ func podMetricsOf(values map[string]MetricValue, at time.Time) PodMetrics {
 		if v, ok := values[f.name]; ok && !math.IsNaN(v.Value) && !math.IsInf(v.Value, 0) {
 			*f.dst = v.Value
 			m.Measured |= f.bit
-		}
-	}
-	blocks, okBlocks := values[CacheNumGPUBlocks]
-	if size, ok := values[CacheBlockSize]; ok && okBlocks {
-		if c := blocks.Value * size.Value; c > 0 && !math.IsInf(c, 0) {
-			m.KVCacheTokens = c
-			m.Measured |= HasKVCacheTokens
 		}
 	}
 	return m

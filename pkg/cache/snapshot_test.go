@@ -61,27 +61,6 @@ func TestSnapshotsLeaveOutValuesThatAreNotNumbers(t *testing.T) {
 	}
 }
 
-func TestSnapshotsGiveTheKVCacheCapacityInTokens(t *testing.T) {
-	tests := []struct {
-		name   string
-		values map[string]MetricValue
-		want   float64
-	}{
-		{"blocks times their size", map[string]MetricValue{CacheNumGPUBlocks: {Value: 1000}, CacheBlockSize: {Value: 16}}, 16000},
-		{"no block size", map[string]MetricValue{CacheNumGPUBlocks: {Value: 1000}}, 0},
-		{"no blocks", map[string]MetricValue{CacheNumGPUBlocks: {Value: 0}, CacheBlockSize: {Value: 16}}, 0},
-		{"not a number", map[string]MetricValue{CacheNumGPUBlocks: {Value: math.NaN()}, CacheBlockSize: {Value: 16}}, 0},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			m := podMetricsOf(tt.values, time.Unix(1, 0))
-			if m.KVCacheTokens != tt.want || (m.Measured&HasKVCacheTokens != 0) != (tt.want > 0) {
-				t.Fatalf("podMetricsOf = %+v, want a capacity of %v tokens", m, tt.want)
-			}
-		})
-	}
-}
-
 func BenchmarkSnapshots(b *testing.B) {
 	s := newTestStore(b, noScrape())
 	fam := parseExposition(b, "vllm_v1_t0.txt")

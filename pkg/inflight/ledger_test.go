@@ -605,32 +605,3 @@ func TestFreeingCapacityHoldsFreesUntilTheObserversHeardOfIt(t *testing.T) {
 		t.Fatal("Frees is still held after the attempt closed")
 	}
 }
-
-func TestSentSinceCountsThePromptsQueuedSinceATime(t *testing.T) {
-	clock := newManualClock()
-	l, _ := newTestLedger(t, clock)
-	pod := NewPodLoad("ns/a")
-	t0 := clock.Now()
-	sendPrompt := func(prompt int) *Handle {
-		return l.Admit("r", "m").Route(Route{Pod: pod, PromptTokens: prompt, UncachedTokens: 10, PrefillSeconds: 0.01})
-	}
-	sendPrompt(100)
-	clock.Advance(10 * time.Millisecond)
-	second := sendPrompt(200)
-	clock.Advance(10 * time.Millisecond)
-	sendPrompt(400)
-	if n, tokens := pod.SentSince(t0.Add(5 * time.Millisecond)); n != 2 || tokens != 600 {
-		t.Fatalf("since 5 ms: %d attempts, %d tokens; want the last two, 600 tokens", n, tokens)
-	}
-	if n, tokens := pod.SentSince(t0); n != 3 || tokens != 700 {
-		t.Fatalf("since the first: %d attempts, %d tokens; want all three, 700 tokens", n, tokens)
-	}
-	// A first token ends the prefills up to it: only the last is left.
-	second.FirstToken()
-	if n, tokens := pod.SentSince(t0); n != 1 || tokens != 400 {
-		t.Fatalf("after the second's first token: %d attempts, %d tokens; want the last, 400 tokens", n, tokens)
-	}
-	if n, tokens := pod.SentSince(clock.Now().Add(time.Millisecond)); n != 0 || tokens != 0 {
-		t.Fatalf("since after the last: %d attempts, %d tokens; want none", n, tokens)
-	}
-}

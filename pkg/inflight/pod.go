@@ -214,20 +214,6 @@ func (p *PodLoad) Queue(now, scrapedAt time.Time, waiting float64) Queue {
 	return q
 }
 
-// SentSince returns how many of the prefills queued on the pod were
-// started at or after t, and the prompt tokens of their requests: the
-// attempts this gateway sent to the pod since t that have not reported a
-// first token. It reads only those attempts, newest first.
-func (p *PodLoad) SentSince(t time.Time) (attempts, promptTokens int) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for e := p.tail; e != nil && !e.opened.Before(t); e = e.prev {
-		attempts++
-		promptTokens += e.route.PromptTokens
-	}
-	return attempts, promptTokens
-}
-
 // open counts h on the pod and queues its prefill behind the others.
 func (p *PodLoad) open(l *Ledger, h *Handle, now time.Time) {
 	p.running.Add(1)

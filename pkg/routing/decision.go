@@ -122,8 +122,7 @@ type Candidate struct {
 	// Pod is the pod's "namespace/name".
 	Pod string `json:"pod"`
 	// Score is the value the algorithm ranked the pod by: running
-	// requests (least-request), KV-cache usage as scraped and since sent
-	// (least-kv-cache), expected
+	// requests (least-request), KV-cache usage (least-kv-cache), expected
 	// latency in seconds scaled by the requests in flight (least-latency),
 	// weighted matched share of the prompt (prefix-cache), the cost of the
 	// request in seconds of delay, its own time to first token and what its
@@ -145,12 +144,6 @@ type Candidate struct {
 	WaitingEnded int     `json:"waitingEnded"`
 	// KVCacheUsage is the engine's KV-cache usage (0..1), as last scraped.
 	KVCacheUsage float64 `json:"kvCacheUsage"`
-	// KVCacheUsageSent is the share of the pod's KV-cache capacity that
-	// the prompts of the requests this gateway sent to the pod since that
-	// scrape, and that have not reported a first token, take: usage the
-	// scrape could not show. 0 when the capacity is not known
-	// (least-kv-cache only).
-	KVCacheUsageSent float64 `json:"kvCacheUsageSent,omitempty"`
 	// AvgTTFTSeconds and AvgTPOTSeconds are the engine's recent mean time
 	// to first token and inter-token latency; 0 when not measured.
 	AvgTTFTSeconds float64 `json:"avgTTFTSeconds"`

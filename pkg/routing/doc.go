@@ -8,12 +8,7 @@
 //
 //   - random: a pod drawn uniformly.
 //   - least-request: the fewest requests in flight from the gateway.
-//   - least-kv-cache: the lowest KV-cache usage: as last scraped, plus
-//     the share of the pod's KV-cache capacity the prompts this gateway
-//     sent it since that scrape take (until their first token), so that
-//     the requests between two scrapes do not all go to the pod least
-//     used at the last one. Without a capacity scraped
-//     (vllm:cache_config_info), the scraped usage alone.
+//   - least-kv-cache: the lowest KV-cache usage.
 //   - least-latency: the lowest expected latency of the request, the pod's
 //     mean TTFT plus its mean inter-token latency times the predicted output
 //     tokens, scaled by the gateway's requests in flight on the pod against

@@ -120,10 +120,6 @@ func readMetrics(c *Candidate, sp *cache.PodSnapshot, nd needs) (waitingAt time.
 		var ok bool
 		if c.KVCacheUsage, ok = read(m.KVCacheUsage, cache.HasKVCacheUsage); ok {
 			c.measured |= hasKVCache
-			if capacity, ok := read(m.KVCacheTokens, cache.HasKVCacheTokens); ok && capacity > 0 && sp.Load != nil {
-				_, tokens := sp.Load.SentSince(m.At)
-				c.KVCacheUsageSent = float64(tokens) / capacity
-			}
 		}
 	}
 	return waitingAt

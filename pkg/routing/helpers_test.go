@@ -107,11 +107,6 @@ func (f *fakeMetrics) Snapshots(pods []*endpoint.Endpoint, out []cache.PodSnapsh
 				m.Measured |= field.bit
 			}
 		}
-		blocks, okBlocks := v[cache.CacheNumGPUBlocks]
-		if size, ok := v[cache.CacheBlockSize]; ok && okBlocks {
-			m.KVCacheTokens = blocks * size
-			m.Measured |= cache.HasKVCacheTokens
-		}
 		scrape, ok := f.states[name]
 		if !ok {
 			scrape = cache.ScrapeFresh

@@ -28,14 +28,7 @@ func (leastRequest) pick(in input) {
 
 // leastKVCache chooses the pod with the lowest KV-cache usage
 // (cache.KVCacheUsagePerc), ties by running requests. Pods whose usage has
-// not been scraped yet are chosen only when no pod's has. A scrape shows
-// none of the requests sent since it was taken, and usage alone would send
-// every request until the next scrape to the pod least used at this one (a
-// pod that just joined the fleet above all); so a pod's usage counts, as
-// well as the scraped share, the prompt tokens of the requests this
-// gateway sent it since the scrape and that have not reported a first
-// token, over its KV-cache capacity in tokens (cache.PodMetrics.
-// KVCacheTokens), when the pod reports it.
+// not been scraped yet are chosen only when no pod's has.
 type leastKVCache struct{}
 
 func (leastKVCache) needs() needs { return needRunning | needKVCache }
@@ -43,7 +36,7 @@ func (leastKVCache) needs() needs { return needRunning | needKVCache }
 func (leastKVCache) pick(in input) {
 	cs := in.d.Candidates
 	for i := range cs {
-		cs[i].Score = cs[i].KVCacheUsage + cs[i].KVCacheUsageSent
+		cs[i].Score = cs[i].KVCacheUsage
 	}
 	in.d.chosen = choose(in, func(c *Candidate) bool { return c.measured&hasKVCache != 0 }, byScore, 0, nil)
 	if in.d.chosen < 0 {

@@ -3,7 +3,6 @@ package routing
 import (
 	"fmt"
 	"testing"
-	"time"
 
 	"github.com/kvgate/kvgate/pkg/cache"
 )
@@ -141,56 +140,6 @@ func TestLeastLatencyStopsSendingEverythingToThePodMeasuredFastest(t *testing.T)
 	}
 	if got[key("p0")] < got[key("p2")] {
 		t.Errorf("the pod measured fastest got fewer requests than the slowest: %v", got)
-	}
-}
-
-// TestLeastKVCacheCountsThePromptsSentSinceTheScrape routes a burst of
-// requests between two scrapes: the KV-cache usage scraped says nothing of
-// them, and choosing by it alone sends every one to the pod that was the
-// least used at the scrape, a pod that just joined the fleet above all.
-// Counting the prompts sent to each pod since its scrape against the
-// pod's KV-cache capacity spreads them as their KV cache fills the pods.
-func TestLeastKVCacheCountsThePromptsSentSinceTheScrape(t *testing.T) {
-	tests := []struct {
-		name     string
-		usage    [3]float64
-		capacity bool
-		wantMax  int // the most requests one pod may get of 30
-	}{
-		// 2,000-token prompts take 0.0125 of a 10,000-block cache of
-		// 16-token blocks: p0, scraped at 0, holds 0.1 of KV cache more
-		// than it after 8 of them.
-		{name: "a new pod gets its share", usage: [3]float64{0.1, 0.1, 0}, capacity: true, wantMax: 18},
-		{name: "close usages are spread", usage: [3]float64{0.30, 0.31, 0.32}, capacity: true, wantMax: 12},
-		{name: "without a known capacity, the scraped usage", usage: [3]float64{0.30, 0.31, 0.32}, wantMax: 30},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			m := newFakeMetrics()
-			for i, u := range tt.usage {
-				pod := fmt.Sprintf("p%d", i)
-				m.set(pod, cache.KVCacheUsagePerc, u)
-				if tt.capacity {
-					m.set(pod, cache.CacheNumGPUBlocks, 10_000).set(pod, cache.CacheBlockSize, 16)
-				}
-			}
-			m.scraped(time.Now().Add(-time.Millisecond))
-			r, _ := newTestRouter(t, m, nil)
-			pods := testPods(3)
-			seen := map[string]int{}
-			for i := range 30 {
-				d := route(t, r, request(fmt.Sprint(i), LeastKVCache, prompt(i*2000, 2000)), pods)
-				startPrefill(r, d)
-				seen[d.PodKey]++
-			}
-			most := 0
-			for _, n := range seen {
-				most = max(most, n)
-			}
-			if most > tt.wantMax || (tt.wantMax == 30 && seen[key("p0")] != 30) {
-				t.Errorf("30 requests went %v; want at most %d to one pod", seen, tt.wantMax)
-			}
-		})
 	}
 }
 
