@@ -11,7 +11,7 @@ import (
 // when none is. Candidates whose key is within tolerance (relative to the
 // lowest key) of the lowest are tied; ties go to the lowest tie key (when
 // tie is not nil), then to the pod with the fewest running requests, then
-// to one drawn at random, with a single draw from in.rng.
+// to one drawn at random.
 func choose(in input, eligible func(*Candidate) bool, key func(*Candidate) float64, tolerance float64,
 	tie func(*Candidate) float64) int {
 	cs := in.d.Candidates
@@ -44,28 +44,18 @@ func choose(in input, eligible func(*Candidate) bool, key func(*Candidate) float
 			fewest = cs[i].Running
 		}
 	}
-	inDraw := func(i int) bool { return tied(i) && cs[i].Running == fewest }
-	n := 0
+	chosen, n := -1, 0
 	for i := range cs {
-		if inDraw(i) {
-			n++
+		if !tied(i) || cs[i].Running != fewest {
+			continue
+		}
+		// Reservoir sampling: the n-th tie replaces the choice with
+		// probability 1/n, so that every tie is equally likely.
+		if n++; n == 1 || in.rng.IntN(n) == 0 {
+			chosen = i
 		}
 	}
-	// One draw among the n ties makes each equally likely, and takes the
-	// shared random source once per decision.
-	k := 0
-	if n > 1 {
-		k = in.rng.IntN(n)
-	}
-	for i := range cs {
-		if inDraw(i) {
-			if k == 0 {
-				return i
-			}
-			k--
-		}
-	}
-	return -1
+	return chosen
 }
 
 // considers reports whether a load algorithm may choose c: any candidate,
