@@ -21,8 +21,14 @@
 //     queued on a pod is a floor on its time to first token, so that a pod
 //     measured while idle, a pod that just joined above all, takes a
 //     burst only until that work reaches the others' latency. A pod's
-//     means move only when it serves requests, so one that was slow keeps
-//     its mean until traffic measures it again.
+//     means move only when it serves requests, and may be those of a few
+//     long prompts: a pod with no request in flight is scored at most at
+//     the candidates' median expected latency, so that it gets a request
+//     that measures it again rather than none for as long as its last
+//     means exceed the others'. AIBrix's least-latency reads other
+//     metrics and counts no request in flight: the engine's mean queue
+//     time plus its mean prefill and decode times, each scaled to the
+//     fleet's mean prompt and output lengths (see docs/aibrix.md).
 //   - prefix-cache: AIBrix's prefix-cache routing on the sync prefix index,
 //     with its load-imbalance guard and standard-deviation bound. As in
 //     AIBrix, when every prompt opens alike a pod that holds nothing may get

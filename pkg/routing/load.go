@@ -61,7 +61,12 @@ func (leastKVCache) pick(in input) {
 // the requests in it (Little's law), so the count stands in for the load the
 // means have not measured yet. A pod without a measured TTFT is scored at
 // the median of the measured ones, so that a new pod is neither flooded nor
-// starved. A pod's mean TTFT measured while it was idle can be many times
+// starved; a pod with no request in flight is scored at most at that
+// median, since its means are those of the last requests it served, kept
+// through windows that measure nothing, and the mean of a few long prompts
+// would keep it from every request until it served again (it gets one,
+// which measures it again, and its own means count once that request is in
+// flight). A pod's mean TTFT measured while it was idle can be many times
 // the busy pods' lower, so that scaling by the count alone sends it
 // hundreds of requests before its means catch up; the prefill work the
 // gateway has queued on the pod (Candidate.QueueSeconds), which its next
@@ -85,11 +90,14 @@ func (leastLatency) pick(in input) {
 		meanRunning += c.Running / float64(len(cs))
 	}
 	in.s.scores = measured
-	if len(measured) > 0 && len(measured) < len(cs) {
+	if len(measured) > 0 {
 		m := median(measured)
 		for i := range cs {
-			if cs[i].measured&hasTTFT == 0 {
-				cs[i].Score = m
+			c := &cs[i]
+			if c.measured&hasTTFT == 0 {
+				c.Score = m
+			} else if c.Running == 0 {
+				c.Score = min(c.Score, m)
 			}
 		}
 	}

@@ -143,6 +143,33 @@ func TestLeastLatencyStopsSendingEverythingToThePodMeasuredFastest(t *testing.T)
 	}
 }
 
+// TestLeastLatencyScoresAnIdlePodAtMostTheMedian routes requests while p0
+// has nothing in flight and keeps the mean time to first token of the last
+// request it served, a prompt a hundred times the others': its mean moves
+// only when it serves again, and scored by it p0 would get no request for
+// as long as the others' latencies stay below it.
+func TestLeastLatencyScoresAnIdlePodAtMostTheMedian(t *testing.T) {
+	m := newFakeMetrics()
+	for i, ttft := range []float64{100, 1, 1.2} {
+		pod := fmt.Sprintf("p%d", i)
+		m.set(pod, cache.AvgTTFTSeconds, ttft).set(pod, cache.AvgTPOTSeconds, 0.02)
+	}
+	r, _ := newTestRouter(t, m, nil)
+	pods := testPods(3)
+	got := map[string]int{}
+	for range 30 {
+		d := route(t, r, request("r", LeastLatency, nil), pods)
+		startPrefill(r, d) // in flight until the test ends
+		got[d.PodKey]++
+	}
+	if got[key("p0")] == 0 {
+		t.Errorf("30 requests went %v; want the idle p0 to get one, which measures it again", got)
+	}
+	if got[key("p0")] > 3 {
+		t.Errorf("30 requests went %v; want p0, once busy, scored by its mean again", got)
+	}
+}
+
 // TestLeastLatencyCountsThePrefillsQueuedOnAPodMeasuredIdle routes a burst
 // to a fleet where p2 just joined: its means were measured on the few
 // requests it served idle, twenty times below the busy pods', and they
