@@ -120,12 +120,15 @@ func (p *ProfileLoader) refresh(ctx context.Context) error {
 	prefix, _, _ := strings.Cut(cache.ModelGPUNameTemplate, "%s")
 	pattern := prefix + "*"
 	seen := map[string]bool{}
+	// Profiles are stored once the refresh knows which to forget, so that
+	// the Store never holds more than MaxProfiles, not even mid-refresh.
+	read := map[string]*cache.ModelGPUProfile{}
 	var taken, beyond int
 	served := p.served(prefix)
 	if len(served) > 0 {
 		take := min(len(served), p.cfg.MaxProfiles)
 		for batch := range slices.Chunk(served[:take], profileFetchBatch) {
-			if err := p.fetch(ctx, batch, seen); err != nil {
+			if err := p.fetch(ctx, batch, seen, read); err != nil {
 				return err
 			}
 		}
@@ -143,7 +146,7 @@ func (p *ProfileLoader) refresh(ctx context.Context) error {
 		take := min(len(keys), p.cfg.MaxProfiles-taken)
 		taken, beyond = taken+take, beyond+len(keys)-take
 		for batch := range slices.Chunk(keys[:take], profileFetchBatch) {
-			if err := p.fetch(ctx, batch, seen); err != nil {
+			if err := p.fetch(ctx, batch, seen, read); err != nil {
 				return err
 			}
 		}
@@ -156,6 +159,9 @@ func (p *ProfileLoader) refresh(ctx context.Context) error {
 		p.log.V(2).Info("Skipping GPU profiles beyond the most loaded", "skipped", beyond, "max", p.cfg.MaxProfiles)
 	}
 	p.profiles.ForgetLoadedExcept(seen)
+	for key, prof := range read {
+		p.profiles.LoadProfile(key, prof)
+	}
 	return nil
 }
 
@@ -170,9 +176,10 @@ func (p *ProfileLoader) served(prefix string) []string {
 	return slices.Compact(keys)
 }
 
-// fetch reads the profiles of keys, at most MaxProfileBytes of each, loads
-// those that decode, and marks in seen the keys that still hold a value.
-func (p *ProfileLoader) fetch(ctx context.Context, keys []string, seen map[string]bool) error {
+// fetch reads the profiles of keys, at most MaxProfileBytes of each, puts
+// those that decode in read, and marks in seen the keys that still hold a
+// value.
+func (p *ProfileLoader) fetch(ctx context.Context, keys []string, seen map[string]bool, read map[string]*cache.ModelGPUProfile) error {
 	pipe := p.client.Pipeline()
 	cmds := make([]*redis.StringCmd, len(keys))
 	for i, key := range keys {
@@ -196,20 +203,23 @@ func (p *ProfileLoader) fetch(ctx context.Context, keys []string, seen map[strin
 			p.reject(key, profileRejectSize, fmt.Errorf("value longer than %d bytes", p.cfg.MaxProfileBytes))
 		default:
 			seen[key] = true
-			p.load(key, data)
+			if prof, ok := p.decode(key, data); ok {
+				read[key] = prof
+			}
 		}
 	}
 	return nil
 }
 
-// load decodes and stores one profile read from Redis.
-func (p *ProfileLoader) load(key, data string) {
+// decode decodes one profile read from Redis, counting it rejected when it
+// does not decode.
+func (p *ProfileLoader) decode(key, data string) (*cache.ModelGPUProfile, bool) {
 	var prof cache.ModelGPUProfile
 	if err := prof.Unmarshal([]byte(data)); err != nil {
 		p.reject(key, profileRejectDecode, err)
-		return
+		return nil, false
 	}
-	p.profiles.LoadProfile(key, &prof)
+	return &prof, true
 }
 
 // reject counts the profile of key skipped for reason.
