@@ -861,3 +861,36 @@ func TestAPanicServingAStreamEndsThatStreamAloneWithInternal(t *testing.T) {
 		t.Fatalf("a request after the panic: %d", x.status)
 	}
 }
+
+// TestValuesVLLMAcceptsInAnyFormAreReadAsVLLMReadsThem sends a request
+// whose stream and max_tokens are strings, as vLLM's validation accepts
+// them: it is routed as a stream, asks the engine for the usage chunk
+// without any other change to the body, and the client is relayed the
+// stream without that chunk.
+func TestValuesVLLMAcceptsInAnyFormAreReadAsVLLMReadsThem(t *testing.T) {
+	f := start(t, 1, options{})
+	events := `data: {"id":"c","object":"text_completion","created":1,"model":"sim","choices":[{"index":0,"text":" a","finish_reason":"length"}]}` + "\n\n"
+	usage := `data: {"id":"c","object":"text_completion","created":1,"model":"sim","choices":[],` +
+		`"usage":{"prompt_tokens":3,"total_tokens":4,"completion_tokens":1}}` + "\n\n"
+	done := "data: [DONE]\n\n"
+	for _, mode := range modes {
+		t.Run(mode.name, func(t *testing.T) {
+			body := `{"model":"` + simModel + `","prompt":"lax values","stream":"true","max_tokens":"8"}`
+			x := f.envoy.start(t, mode, request{method: http.MethodPost, path: gateway.PathCompletions, body: body})
+			if x.immediate != nil {
+				t.Fatalf("refused with %d: %s", x.immediate.GetStatus().GetCode(), x.immediate.GetBody())
+			}
+			want := `{"stream_options":{"include_usage":true},` + body[1:]
+			if string(x.body) != want {
+				t.Errorf("forwarded body %s, want %s", x.body, want)
+			}
+			x.destination()
+			x.relayHeaders(&http.Response{StatusCode: http.StatusOK, Header: http.Header{"Content-Type": {"text/event-stream"}}}, nil)
+			x.sendResponsePiece([]byte(events+usage+done), true)
+			x.close()
+			if string(x.respBody) != events+done {
+				t.Errorf("client received %q, want %q", x.respBody, events+done)
+			}
+		})
+	}
+}

@@ -20,8 +20,10 @@
 //  1. reads the body (413 beyond Config.MaxRequestBodyBytes; 408, and the
 //     connection closed, when it takes longer than
 //     Config.RequestBodyTimeout) and decodes the members it needs, by hand
-//     and without decoding the others, checking the whole body as
-//     encoding/json would (400 for a body that is not a JSON object);
+//     and without decoding the others, checking the whole body's syntax as
+//     encoding/json would and reading each member as vLLM does (see Request
+//     members; 400 for a body that is not a JSON object, or a member vLLM
+//     would refuse too);
 //  2. resolves the routing algorithm from the routing-strategy header (400
 //     for an unknown name) and the model's pods from the Store (404 for a
 //     model no pod serves, 503 when none of its pods is ready), leaving out
@@ -123,6 +125,40 @@
 // in kvgate_gateway_client_connection_limit_waits_total;
 // kvgate_gateway_client_connections is how many it holds. The admin
 // listener has no bound.
+//
+// # Request members
+//
+// The gateway reads these members of a request, and forwards the body as
+// the client wrote it (but for stream_options, below):
+//
+//   - model (both endpoints), chat_template, truncation_side and
+//     reasoning_effort (chat): a string, or null;
+//   - prompt (completions), messages, tools, documents,
+//     chat_template_kwargs, mm_processor_kwargs and media_io_kwargs
+//     (chat): any JSON value, passed to the tokenizer as written;
+//   - max_tokens, truncate_prompt_tokens (both) and max_completion_tokens
+//     (chat): an integer;
+//   - stream, add_special_tokens (both), add_generation_prompt and
+//     continue_final_message (chat): a boolean;
+//   - stream_options: an object whose include_usage is a boolean.
+//
+// vLLM validates requests with pydantic in its default (lax) mode, and the
+// gateway reads integers and booleans as it does, so that a client that
+// works against vLLM works through the gateway, and the gateway acts on
+// the value the engine will: an integer may also be a number whose value
+// is whole (100.0, 1e3), a string holding an integer (with white space, a
+// + sign, leading zeros, underscores between digits or a fraction of
+// zeros: " 1_000.0 "), or true or false (1 and 0); one beyond the range of
+// int reads as the nearest int, one of more than 4,300 digits is refused,
+// as Python refuses it. A boolean may also be 0 or 1 (1.0 too), or one of
+// the strings "0", "1", "f", "n", "no", "off", "false", "t", "y", "on",
+// "yes" and "true" in any case. null reads as the member being absent. So
+// {"stream": "true"} is streamed, and asked for the usage chunk as any
+// stream is, and {"max_tokens": "100"} predicts 100 tokens. A member of
+// another type (a string that is none of these, a fraction, an array, an
+// object) is refused with 400 (invalid_json), naming the member: vLLM
+// refuses it too, and the gateway never routes on a reading the engine
+// would not make.
 //
 // # Server-Timing
 //

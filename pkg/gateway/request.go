@@ -62,10 +62,24 @@ func (e *typeError) Error() string {
 
 // decode reads body, which must be a JSON object, into in. It reads only
 // the members that route the request, shape its response or tokenize its
-// prompt, by hand (package jsonscan), checking the whole body as
+// prompt, by hand (package jsonscan), checking the whole body's syntax as
 // encoding/json would; values it does not read are skipped, not decoded.
 // Member names match exactly, as in vLLM, and the last of a repeated name
 // wins.
+//
+// Each member is read as vLLM reads it: vLLM validates a request with
+// pydantic in its lax mode, so an integer member (max_tokens,
+// max_completion_tokens, truncate_prompt_tokens) may also be a whole
+// number written as a float (100.0, 1e3), a string holding an integer
+// ("100"), true or false (see jsonscan.LaxInt), and a boolean member
+// (stream, add_special_tokens, add_generation_prompt,
+// continue_final_message) the numbers 0 and 1 or a string such as "true",
+// "0" or "no" in any case (see jsonscan.LaxBool). null reads as absent.
+// String members (model, chat_template, truncation_side,
+// reasoning_effort) must be strings or null, as in vLLM. A value that no
+// such reading accepts, which vLLM refuses too, fails with a *typeError:
+// the gateway never routes on a reading the engine would not make. The
+// body is forwarded as the client wrote it, values included.
 func (in *inference) decode(k kind, body []byte) error {
 	in.kind = k
 	in.comp, in.chat = completionBody{}, chatBody{}
@@ -150,13 +164,11 @@ func (b *chatBody) member(name, value []byte) error {
 func (s *streamFields) member(name, value []byte) error {
 	switch string(name) {
 	case "stream":
-		v, null, err := jsonscan.Bool(value)
+		v, _, err := jsonscan.LaxBool(value)
 		if err != nil {
 			return wrongType(name, "a boolean", value)
 		}
-		if !null {
-			s.Stream = v
-		}
+		s.Stream = v
 	case "stream_options":
 		s.StreamOptions = value
 	}
@@ -199,7 +211,7 @@ func decodeString(name, value []byte, dst *string) error {
 }
 
 func decodeOptBool(name, value []byte, dst **bool) error {
-	v, null, err := jsonscan.Bool(value)
+	v, null, err := jsonscan.LaxBool(value)
 	switch {
 	case err != nil:
 		return wrongType(name, "a boolean", value)
@@ -212,15 +224,15 @@ func decodeOptBool(name, value []byte, dst **bool) error {
 }
 
 func decodeOptInt(name, value []byte, dst **int) error {
-	if value[0] == 'n' {
-		*dst = nil
-		return nil
-	}
-	n, err := jsonscan.Int(value)
-	if err != nil {
+	n, null, err := jsonscan.LaxInt(value)
+	switch {
+	case err != nil:
 		return wrongType(name, "an integer", value)
+	case null:
+		*dst = nil
+	default:
+		*dst = &n
 	}
-	*dst = &n
 	return nil
 }
 
@@ -267,7 +279,8 @@ func (in *inference) tokenize(ctx context.Context, tk *tokenizer.Tokenizer, base
 }
 
 // clientWantsUsage reports whether a streamed request asks for the usage
-// chunk itself (stream_options.include_usage true).
+// chunk itself: stream_options.include_usage true, in any form vLLM reads
+// as true (see jsonscan.LaxBool).
 func (s *streamFields) clientWantsUsage() bool {
 	wants := false
 	if len(s.StreamOptions) == 0 || s.StreamOptions[0] != '{' {
@@ -275,7 +288,7 @@ func (s *streamFields) clientWantsUsage() bool {
 	}
 	_ = jsonscan.Members(s.StreamOptions, func(name, value []byte) error {
 		if string(jsonscan.Name(name)) == "include_usage" {
-			wants, _, _ = jsonscan.Bool(value)
+			wants, _, _ = jsonscan.LaxBool(value)
 		}
 		return nil
 	})

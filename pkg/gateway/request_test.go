@@ -5,58 +5,81 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/kvgate/kvgate/pkg/internal/jsonscan"
 )
 
-// memberNames lists the members of the bodies decode reads.
-var memberNames = func() []string {
-	var names []string
-	for _, t := range []reflect.Type{reflect.TypeFor[completionBody](), reflect.TypeFor[chatBody]()} {
-		for f := range allFields(t) {
-			if name, _, _ := strings.Cut(f.Tag.Get("json"), ","); name != "" {
-				names = append(names, name)
-			}
-		}
+// laxReference reads body as decode must, another way: the members as
+// encoding/json reads a JSON object into a map (names matched exactly, the
+// last of a repeated name winning), then each member decode reads by the
+// type of its field: a string or null for a string, the value as written
+// for a JSON value, and the lax reading of jsonscan.LaxInt and
+// jsonscan.LaxBool for an integer or a boolean.
+func laxReference(body []byte, chat bool) (any, error) {
+	var members map[string]json.RawMessage
+	if err := json.Unmarshal(body, &members); err != nil {
+		return nil, err
 	}
-	return names
-}()
-
-// allFields yields the fields of struct type t, those of embedded structs
-// included.
-func allFields(t reflect.Type) func(func(reflect.StructField) bool) {
-	return func(yield func(reflect.StructField) bool) {
-		for i := range t.NumField() {
-			f := t.Field(i)
-			if f.Anonymous {
-				for g := range allFields(f.Type) {
-					if !yield(g) {
-						return
-					}
-				}
-				continue
-			}
-			if !yield(f) {
-				return
-			}
-		}
+	if members == nil {
+		return nil, errNotObject
 	}
+	var out any = &completionBody{}
+	if chat {
+		out = &chatBody{}
+	}
+	v := reflect.ValueOf(out).Elem()
+	var fail error
+	setFields(v, func(name string, f reflect.Value) {
+		raw, ok := members[name]
+		if !ok || fail != nil {
+			return
+		}
+		switch f.Interface().(type) {
+		case string:
+			var s string
+			if err := json.Unmarshal(raw, &s); err != nil {
+				fail = err
+			}
+			f.SetString(s)
+		case json.RawMessage:
+			f.SetBytes(raw)
+		case *int:
+			n, null, err := jsonscan.LaxInt(raw)
+			if err != nil {
+				fail = err
+			} else if !null {
+				f.Set(reflect.ValueOf(&n))
+			}
+		case *bool, bool:
+			b, null, err := jsonscan.LaxBool(raw)
+			switch {
+			case err != nil:
+				fail = err
+			case f.Kind() == reflect.Bool:
+				f.SetBool(b)
+			case !null:
+				f.Set(reflect.ValueOf(&b))
+			}
+		default:
+			panic("a field of type " + f.Type().String())
+		}
+	})
+	return out, fail
 }
 
-// caseVariant reports whether body has a top-level member whose name
-// matches one decode reads only when case is ignored, which encoding/json
-// accepts and vLLM does not.
-func caseVariant(body []byte) bool {
-	var members map[string]json.RawMessage
-	if json.Unmarshal(body, &members) != nil {
-		return false
-	}
-	for name := range members {
-		for _, known := range memberNames {
-			if name != known && strings.EqualFold(name, known) {
-				return true
-			}
+// setFields calls set with the JSON name and the value of each field of
+// struct v, those of embedded structs included.
+func setFields(v reflect.Value, set func(name string, f reflect.Value)) {
+	for i := range v.NumField() {
+		sf := v.Type().Field(i)
+		if sf.Anonymous {
+			setFields(v.Field(i), set)
+			continue
+		}
+		if name, _, _ := strings.Cut(sf.Tag.Get("json"), ","); name != "" {
+			set(name, v.Field(i))
 		}
 	}
-	return false
 }
 
 func TestDecodeReadsTheMembersThatRouteAndTokenize(t *testing.T) {
@@ -73,8 +96,11 @@ func TestDecodeReadsTheMembersThatRouteAndTokenize(t *testing.T) {
 	}
 	for _, tc := range []struct{ body, msg string }{
 		{`{"model":7}`, `"model" must be a string, not number`},
-		{`{"model":"m","stream":"yes"}`, `"stream" must be a boolean, not string`},
+		{`{"model":"m","stream":"maybe"}`, `"stream" must be a boolean, not string`},
+		{`{"model":"m","stream":2}`, `"stream" must be a boolean, not number`},
 		{`{"model":"m","max_tokens":1.5}`, `"max_tokens" must be an integer, not number`},
+		{`{"model":"m","max_tokens":"many"}`, `"max_tokens" must be an integer, not string`},
+		{`{"model":"m","max_tokens":[1]}`, `"max_tokens" must be an integer, not array`},
 		{`{"model":"m",}`, `not valid JSON`},
 		{`[{"model":"m"}]`, `must be a JSON object`},
 		{`{"model":"m"} x`, `not valid JSON`},
@@ -86,34 +112,75 @@ func TestDecodeReadsTheMembersThatRouteAndTokenize(t *testing.T) {
 	}
 }
 
-func FuzzDecodeAgreesWithEncodingJSON(f *testing.F) {
+// TestDecodeReadsMembersAsVLLMValidatesThem pins decode to vLLM's
+// reading of a request (pydantic's lax mode): values encoding/json refuses
+// for an integer or a boolean that vLLM accepts, read as vLLM reads them.
+func TestDecodeReadsMembersAsVLLMValidatesThem(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		chat       bool
+		members    string
+		stream     bool
+		maxTokens  int
+		addSpecial *bool
+	}{
+		{name: "stream as a string", members: `"stream":"true"`, stream: true},
+		{name: "stream as a capitalised word", members: `"stream":"Yes"`, stream: true},
+		{name: "stream as one", members: `"stream":1`, stream: true},
+		{name: "stream as one point zero", members: `"stream":1.0`, stream: true},
+		{name: "stream as the string zero", members: `"stream":"0","max_tokens":3`, maxTokens: 3},
+		{name: "stream off", members: `"stream":"off","max_tokens":3`, maxTokens: 3},
+		{name: "max_tokens as a whole float", members: `"max_tokens":100.0`, maxTokens: 100},
+		{name: "max_tokens in exponent form", members: `"max_tokens":1e3`, maxTokens: 1000},
+		{name: "max_tokens as a string", members: `"max_tokens":"100"`, maxTokens: 100},
+		{name: "max_tokens as a padded string", members: `"max_tokens":" 1_000 "`, maxTokens: 1000},
+		{name: "max_tokens beyond int64", members: `"max_tokens":99999999999999999999`, maxTokens: int(^uint(0) >> 1)},
+		{name: "max_completion_tokens as a string", chat: true, members: `"max_completion_tokens":"64","max_tokens":8`, maxTokens: 64},
+		{name: "add_special_tokens as a string", chat: true, members: `"add_special_tokens":"true"`, addSpecial: new(true)},
+		{name: "add_special_tokens as zero", members: `"add_special_tokens":0`, addSpecial: new(false)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			k, body := kindCompletion, `{"model":"m","prompt":"hi",`+tc.members+`}`
+			if tc.chat {
+				k, body = kindChat, `{"model":"m","messages":[],`+tc.members+`}`
+			}
+			var in inference
+			if err := in.decode(k, []byte(body)); err != nil {
+				t.Fatalf("decode(%s): %s", body, jsonError(err))
+			}
+			add := in.comp.AddSpecialTokens
+			if tc.chat {
+				add = in.chat.AddSpecialTokens
+			}
+			if in.stream().Stream != tc.stream || in.maxTokens() != tc.maxTokens || !reflect.DeepEqual(add, tc.addSpecial) {
+				t.Errorf("decode(%s): stream %v, max tokens %d, add_special_tokens %v; want %v, %d, %v", body,
+					in.stream().Stream, in.maxTokens(), add, tc.stream, tc.maxTokens, tc.addSpecial)
+			}
+		})
+	}
+}
+
+// FuzzDecodeAgreesWithTheLaxReading checks decode against laxReference:
+// the same verdict on any body, and the same members read.
+func FuzzDecodeAgreesWithTheLaxReading(f *testing.F) {
 	f.Add(`{"model":"m","prompt":"hi","stream":true,"max_tokens":3}`, false)
 	f.Add(`{"model":"m","messages":[{"role":"user","content":"hi"}],"tools":null,"add_generation_prompt":false,`+
 		`"max_completion_tokens":null,"chat_template_kwargs":{"a":1},"reasoning_effort":"low"}`, true)
 	f.Add(`{"model":null,"stream":null,"stream_options":null,"truncation_side":"left","truncate_prompt_tokens":-1}`, false)
 	f.Add(`{"model":"a\u0000\"b","prompt":[[1,2],[3]],"n":1e400}`, true)
+	f.Add(`{"model":"m","stream":"TRUE","max_tokens":"1_000","max_completion_tokens":1e3,"add_special_tokens":0}`, true)
+	f.Add(`{"model":"m","stream":1.0,"max_tokens":" +7 ","truncate_prompt_tokens":true,"add_special_tokens":"off"}`, false)
+	f.Add(`{"Model":"m","max_tokens":99999999999999999999,"stream":"1"}`, false)
 	f.Fuzz(func(t *testing.T, body string, chat bool) {
-		if caseVariant([]byte(body)) {
-			return
-		}
-		k, want := kindCompletion, any(&completionBody{})
+		k := kindCompletion
 		if chat {
-			k, want = kindChat, &chatBody{}
+			k = kindChat
 		}
-		jerr := json.Unmarshal([]byte(body), want)
+		want, werr := laxReference([]byte(body), chat)
 		var in inference
 		err := in.decode(k, []byte(body))
-		if strings.Trim(body, " \t\r\n") == "null" {
-			// encoding/json reads null as nothing to set; decode refuses
-			// it, as it refuses every body that is not an object.
-			if err == nil {
-				t.Fatalf("decode(%q) accepted a body that is not an object", body)
-			}
-			return
-		}
-		if (err == nil) != (jerr == nil) {
-			// encoding/json refuses a body that is not an object, as decode does, with a different error.
-			t.Fatalf("decode(%q) = %v, encoding/json %v", body, err, jerr)
+		if (err == nil) != (werr == nil) {
+			t.Fatalf("decode(%q) = %v, the lax reading %v", body, err, werr)
 		}
 		if err != nil {
 			return
@@ -123,7 +190,7 @@ func FuzzDecodeAgreesWithEncodingJSON(f *testing.F) {
 			got = &in.chat
 		}
 		if !reflect.DeepEqual(normalize(got), normalize(want)) {
-			t.Fatalf("decode(%q) = %+v, encoding/json %+v", body, got, want)
+			t.Fatalf("decode(%q) = %+v, the lax reading %+v", body, got, want)
 		}
 	})
 }

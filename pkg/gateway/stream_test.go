@@ -63,6 +63,14 @@ func streamCases() []streamCase {
 		{name: "chat without stream_options", path: "/v1/chat/completions",
 			body:        `{"model":"llama","messages":[{"role":"user","content":"hi"}],"stream":true}`,
 			wantOptions: `{"include_usage":true}`, events: chatEvents, usage: 2},
+		// vLLM reads a boolean as pydantic's lax mode does: the gateway
+		// reads these as streamed, and the second as asking for usage.
+		{name: "completion streamed by a string", path: "/v1/completions",
+			body:        `{"model":"llama","prompt":[1,2,3],"stream":"true","max_tokens":"16"}`,
+			wantOptions: `{"include_usage":true}`, events: completionEvents, usage: 4},
+		{name: "chat streamed by one asking for usage in a string", path: "/v1/chat/completions",
+			body:        `{"model":"llama","messages":[{"role":"user","content":"hi"}],"stream":1,"stream_options":{"include_usage":"Yes"}}`,
+			wantOptions: `{"include_usage":"Yes"}`, events: chatEvents, usage: 2, clientGetsUsage: true},
 	}
 }
 

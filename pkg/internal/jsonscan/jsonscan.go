@@ -5,6 +5,11 @@
 // values it skips. A request body of kilobytes of prompt costs a few
 // microseconds to read this way.
 //
+// Int, Bool and String decode a value as encoding/json does; LaxInt and
+// LaxBool as vLLM's request validation (pydantic's lax mode) does, which
+// also takes, say, 1e3 or "100" for an integer and "true" or 1 for a
+// boolean.
+//
 // Indexes are byte offsets into the document. Every function checks what
 // it reads against the bytes that remain and fails with an *Error rather
 // than reading past them; nesting deeper than MaxDepth is refused.
@@ -17,6 +22,9 @@ import (
 	"fmt"
 	"math"
 	"math/bits"
+	"strconv"
+	"strings"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -427,6 +435,290 @@ func Bool(value []byte) (v, null bool, err error) {
 		return false, true, nil
 	}
 	return false, false, errAt(0, "want true or false")
+}
+
+// MaxIntDigits bounds the digits of an integer LaxInt reads, as Python
+// bounds the digits of an int it converts from or to a string.
+const MaxIntDigits = 4300
+
+// LaxInt decodes value, a whole JSON value, as pydantic's lax mode (the
+// default, which vLLM validates requests in) reads an int field, or null,
+// which reports null:
+//   - an integer; one beyond int's range reads as the nearest int (Python's
+//     are unbounded), one of more than MaxIntDigits digits is refused;
+//   - a number whose value is a whole number in (-2⁶³, 2⁶³) once rounded
+//     to a float64, such as 100.0 or 1e3;
+//   - true (1) and false (0);
+//   - a string that holds an integer, with surrounding white space, a
+//     leading + or -, leading zeros, underscores between digits and a
+//     fraction of zeros allowed: " +1_000.00 " reads 1000.
+//
+// Anything else fails. An integer that encoding/json reads into an int is
+// read without allocating; the other forms may allocate.
+func LaxInt(value []byte) (n int, null bool, err error) {
+	if n, err := Int(value); err == nil {
+		return n, false, nil
+	}
+	if len(value) == 0 {
+		return 0, false, errAt(0, "want an integer")
+	}
+	switch c := value[0]; {
+	case c == 'n' || c == 't' || c == 'f':
+		switch string(value) {
+		case "null":
+			return 0, true, nil
+		case "true":
+			return 1, false, nil
+		case "false":
+			return 0, false, nil
+		}
+	case c == '"':
+		s, err := String(value)
+		if err != nil {
+			return 0, false, err
+		}
+		n, err := laxIntString(s)
+		return n, false, err
+	case c == '-' || c >= '0' && c <= '9':
+		n, err := laxIntNumber(value)
+		return n, false, err
+	}
+	return 0, false, errAt(0, "want an integer")
+}
+
+// laxIntNumber reads the JSON number value, which Int refused, as LaxInt
+// does.
+func laxIntNumber(value []byte) (int, error) {
+	if end, err := skipNumber(value, 0); err != nil || end != len(value) {
+		return 0, errAt(0, "want an integer")
+	}
+	if bytes.IndexAny(value, ".eE") < 0 {
+		// An integer Int refused is beyond int's range.
+		neg := value[0] == '-'
+		if digits := len(value) - btoi(neg); digits > MaxIntDigits {
+			return 0, errAt(0, "integer of more than %d digits", MaxIntDigits)
+		}
+		if neg {
+			return math.MinInt, nil
+		}
+		return math.MaxInt, nil
+	}
+	f, err := strconv.ParseFloat(string(value), 64)
+	if err != nil && !math.IsInf(f, 0) {
+		return 0, errAt(0, "want an integer")
+	}
+	return floatInt(f)
+}
+
+// floatInt returns f as an int when it is a whole number in (-2⁶³, 2⁶³),
+// as pydantic converts a float to an int.
+func floatInt(f float64) (int, error) {
+	switch {
+	case math.IsInf(f, 0) || math.IsNaN(f):
+		return 0, errAt(0, "want a finite number")
+	case f != math.Trunc(f):
+		return 0, errAt(0, "want an integer, not a number with a fraction")
+	case !(f > math.MinInt64 && f < math.MaxInt64):
+		return 0, errAt(0, "integer out of range")
+	}
+	return clampInt(int64(f)), nil
+}
+
+func clampInt(n int64) int {
+	switch {
+	case n > math.MaxInt:
+		return math.MaxInt
+	case n < math.MinInt:
+		return math.MinInt
+	}
+	return int(n)
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// laxIntString reads the integer a string holds, as pydantic does: first
+// as a JSON integer, then once cleaned of white space, sign, leading
+// zeros, a fraction of zeros and underscores (see cleanIntString).
+func laxIntString(s string) (int, error) {
+	n, ok, err := jsonInt(s)
+	if ok || err != nil {
+		return n, err
+	}
+	if c, cleaned := cleanIntString(s); cleaned {
+		if n, ok, err := jsonInt(c); ok || err != nil {
+			return n, err
+		}
+	}
+	return 0, errAt(0, "want a string holding an integer")
+}
+
+// jsonInt reads s when it is a JSON integer, as LaxInt reads one: ok
+// reports that it is, err one of more than MaxIntDigits digits.
+func jsonInt(s string) (n int, ok bool, err error) {
+	digits := strings.TrimPrefix(s, "-")
+	if digits == "" || digits[0] == '0' && len(digits) > 1 {
+		return 0, false, nil
+	}
+	for i := 0; i < len(digits); i++ {
+		if digits[i] < '0' || digits[i] > '9' {
+			return 0, false, nil
+		}
+	}
+	if len(digits) > MaxIntDigits {
+		return 0, false, errAt(0, "integer of more than %d digits", MaxIntDigits)
+	}
+	v, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		// Only a range error: the digits are checked.
+		if s[0] == '-' {
+			return math.MinInt, true, nil
+		}
+		return math.MaxInt, true, nil
+	}
+	return clampInt(v), true, nil
+}
+
+// cleanIntString returns s cleaned as pydantic cleans a string it reads
+// as an int, reporting whether cleaning applies: white space (Unicode's)
+// trimmed, a leading + dropped, leading zeros dropped (underscores among
+// them too), a fraction of zeros dropped, then underscores between digits
+// dropped, the sign kept. A string cleaning leaves as it was does not
+// apply.
+func cleanIntString(orig string) (string, bool) {
+	s := strings.TrimFunc(orig, unicode.IsSpace)
+	if rest, ok := strings.CutPrefix(s, "+"); ok {
+		if strings.HasPrefix(rest, "-") {
+			return "", false
+		}
+		s = rest
+	}
+	neg := false
+	if rest, ok := strings.CutPrefix(s, "-"); ok {
+		if strings.HasPrefix(rest, "-") || strings.HasPrefix(rest, "+") {
+			return "", false
+		}
+		neg, s = true, rest
+	}
+	s, ok := stripLeadingZeros(s)
+	if !ok {
+		return "", false
+	}
+	if i := strings.IndexByte(s, '.'); i >= 0 {
+		if frac := s[i+1:]; frac != "" && strings.Trim(frac, "0") == "" {
+			s = s[:i]
+		}
+	}
+	switch {
+	case s != "" && s[0] != '_' && s[len(s)-1] != '_' && strings.Contains(s, "_") && !strings.Contains(s, "__"):
+		s = strings.ReplaceAll(s, "_", "")
+	case len(s) == len(orig):
+		return "", false
+	}
+	if neg {
+		s = "-" + s
+	}
+	return s, true
+}
+
+// stripLeadingZeros drops the zeros s starts with, and the underscores
+// among them, keeping a zero before a '.' or ending s. It fails for s not
+// starting with a digit or '-'.
+func stripLeadingZeros(s string) (string, bool) {
+	if s == "" {
+		return "", false
+	}
+	switch c := s[0]; {
+	case c == '0':
+	case c >= '1' && c <= '9' || c == '-':
+		return s, true
+	default:
+		return "", false
+	}
+	for i := 1; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '0' || c == '_':
+		case c >= '1' && c <= '9' || c == '-':
+			return s[i:], true
+		case c == '.':
+			return s[i-1:], true
+		default:
+			return "", false
+		}
+	}
+	return s[len(s)-1:], true
+}
+
+// LaxBool decodes value, a whole JSON value, as pydantic's lax mode reads
+// a bool field, or null, which reports null: true and false; the numbers
+// 0 and 1 in any form (0, 1, 1.0, 1e0, -0.0); and the strings "0" and "1"
+// and, in any case of ASCII letters, "f", "n", "no", "off", "false", "t",
+// "y", "on", "yes" and "true", without surrounding white space. Anything
+// else fails. true, false and null are read without allocating.
+func LaxBool(value []byte) (v, null bool, err error) {
+	if v, null, err := Bool(value); err == nil {
+		return v, null, nil
+	}
+	fail := errAt(0, "want a boolean")
+	if len(value) == 0 {
+		return false, false, fail
+	}
+	switch c := value[0]; {
+	case c == '"':
+		s, err := String(value)
+		if err != nil {
+			return false, false, err
+		}
+		switch {
+		case s == "0" || foldedIn(s, "f", "n", "no", "off", "false"):
+			return false, false, nil
+		case s == "1" || foldedIn(s, "t", "y", "on", "yes", "true"):
+			return true, false, nil
+		}
+	case c == '-' || c >= '0' && c <= '9':
+		if n, err := laxIntNumber(value); err == nil && (n == 0 || n == 1) && bytes.IndexAny(value, ".eE") >= 0 {
+			return n == 1, false, nil
+		}
+		switch string(value) {
+		case "0", "-0":
+			return false, false, nil
+		case "1":
+			return true, false, nil
+		}
+	}
+	return false, false, fail
+}
+
+// foldedIn reports whether s equals one of words, ASCII letters compared
+// without case.
+func foldedIn(s string, words ...string) bool {
+	for _, w := range words {
+		if len(s) == len(w) && asciiFold(s) == w {
+			return true
+		}
+	}
+	return false
+}
+
+// asciiFold returns s with its ASCII upper-case letters lowered; other
+// bytes are kept.
+func asciiFold(s string) string {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c >= 'A' && c <= 'Z' {
+			b := []byte(s)
+			for j := i; j < len(b); j++ {
+				if b[j] >= 'A' && b[j] <= 'Z' {
+					b[j] += 'a' - 'A'
+				}
+			}
+			return string(b)
+		}
+	}
+	return s
 }
 
 // String decodes value, a whole JSON string, as encoding/json does; null

@@ -3,7 +3,9 @@ package jsonscan
 import (
 	"bytes"
 	"encoding/json"
+	"math"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -184,6 +186,104 @@ func FuzzSkipValueAgreesWithEncodingJSON(f *testing.F) {
 		}
 		if got, err := String(bytes.TrimSpace(b)); err != nil || got != want {
 			t.Fatalf("String(%q) = %q, %v; want %q", b, got, err, want)
+		}
+	})
+}
+
+// TestLaxIntReadsWhatPydanticReadsAsAnInt pins LaxInt to pydantic's lax
+// reading of an int field, which vLLM validates requests with.
+func TestLaxIntReadsWhatPydanticReadsAsAnInt(t *testing.T) {
+	const maxInt = int(^uint(0) >> 1)
+	for _, tc := range []struct {
+		in   string
+		want int
+	}{
+		{`100`, 100}, {`-7`, -7}, {`-0`, 0}, {`100.0`, 100}, {`1e3`, 1000}, {`1E+2`, 100}, {`-2.50e1`, -25}, {`0.0`, 0},
+		{`1e-400`, 0}, {`9223372036854774784.0`, 9223372036854774784}, {`99999999999999999999`, maxInt},
+		{`-99999999999999999999`, -maxInt - 1}, {`true`, 1}, {`false`, 0},
+		{`"100"`, 100}, {`"-7"`, -7}, {`" 100 "`, 100}, {"\"\\t42\\n\"", 42}, {"\"\u00a042\"", 42}, {`"+5"`, 5},
+		{`"007"`, 7}, {`"-007"`, -7}, {`"1_000"`, 1000}, {`"1_000.00"`, 1000}, {`"100.0"`, 100}, {`"0_0_1"`, 1},
+		{`"0.0"`, 0}, {`"-0.0"`, 0}, {`"0-1"`, -1}, {`"\u0031\u0030"`, 10}, {`"99999999999999999999"`, maxInt},
+	} {
+		n, null, err := LaxInt([]byte(tc.in))
+		if err != nil || null || n != tc.want {
+			t.Errorf("LaxInt(%s) = %d, %v, %v; want %d", tc.in, n, null, err, tc.want)
+		}
+	}
+	if _, null, err := LaxInt([]byte(`null`)); !null || err != nil {
+		t.Errorf("LaxInt(null) = null %v, %v", null, err)
+	}
+	for _, in := range []string{
+		`1.5`, `1e400`, `-1e400`, `9223372036854775808.0`, `-9223372036854775808.0`, `1e-1`, `"1.5"`, `"1e3"`, `"abc"`,
+		`""`, `" "`, `"+-1"`, `"--1"`, `"-+1"`, `"1_"`, `"_1"`, `"1__0"`, `"1."`, `"0x10"`, `"1 0"`, `"١"`, `[1]`, `{}`,
+		`"` + strings.Repeat("1", MaxIntDigits+1) + `"`, strings.Repeat("1", MaxIntDigits+1), `01`, `1.`, ``, `nul`,
+	} {
+		if n, null, err := LaxInt([]byte(in)); err == nil {
+			t.Errorf("LaxInt(%.40s) = %d, %v; want an error", in, n, null)
+		}
+	}
+}
+
+// TestLaxBoolReadsWhatPydanticReadsAsABool pins LaxBool to pydantic's lax
+// reading of a bool field.
+func TestLaxBoolReadsWhatPydanticReadsAsABool(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want bool
+	}{
+		{`true`, true}, {`false`, false}, {`1`, true}, {`0`, false}, {`-0`, false}, {`1.0`, true}, {`1e0`, true},
+		{`-0.0`, false}, {`0e5`, false}, {`"1"`, true}, {`"0"`, false}, {`"true"`, true}, {`"FALSE"`, false},
+		{`"True"`, true}, {`"yes"`, true}, {`"No"`, false}, {`"on"`, true}, {`"OFF"`, false}, {`"t"`, true},
+		{`"F"`, false}, {`"y"`, true}, {`"n"`, false}, {`"tRuE"`, true}, {`"\u0079es"`, true},
+	} {
+		v, null, err := LaxBool([]byte(tc.in))
+		if err != nil || null || v != tc.want {
+			t.Errorf("LaxBool(%s) = %v, %v, %v; want %v", tc.in, v, null, err, tc.want)
+		}
+	}
+	if _, null, err := LaxBool([]byte(`null`)); !null || err != nil {
+		t.Errorf("LaxBool(null) = null %v, %v", null, err)
+	}
+	for _, in := range []string{`2`, `-1`, `0.5`, `1e400`, `"2"`, `"01"`, `" true"`, `"true "`, `"yeſ"`, `"maybe"`,
+		`""`, `"1.0"`, `[]`, `{}`, `tru`, ``} {
+		if v, null, err := LaxBool([]byte(in)); err == nil {
+			t.Errorf("LaxBool(%s) = %v, %v; want an error", in, v, null)
+		}
+	}
+}
+
+// FuzzLaxIntAgreesWithEncodingJSONAndStrconv checks LaxInt where another
+// reader gives the answer: an integer encoding/json reads into an int, a
+// number it reads into a float64 (a whole one within range reads as
+// that), and a string strconv.Atoi reads.
+func FuzzLaxIntAgreesWithEncodingJSONAndStrconv(f *testing.F) {
+	for _, s := range []string{`7`, `-0`, `1e3`, `1.5`, `"+007"`, `" 12 "`, `"1_0"`, `1e400`, `true`, `null`, `"x"`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		got, null, err := LaxInt(b)
+		var i int
+		if json.Unmarshal(b, &i) == nil && !bytes.Equal(bytes.TrimSpace(b), []byte("null")) && bytes.Equal(bytes.TrimSpace(b), b) {
+			if err != nil || null || got != i {
+				t.Fatalf("LaxInt(%s) = %d, %v, %v; encoding/json reads %d", b, got, null, err, i)
+			}
+			return
+		}
+		var fl float64
+		if json.Unmarshal(b, &fl) == nil && bytes.Equal(bytes.TrimSpace(b), b) && bytes.ContainsAny(b, ".eE") {
+			whole := fl == math.Trunc(fl) && fl > math.MinInt64 && fl < math.MaxInt64
+			if (err == nil) != whole || whole && got != int(fl) {
+				t.Fatalf("LaxInt(%s) = %d, %v; encoding/json reads %v", b, got, err, fl)
+			}
+			return
+		}
+		var s string
+		if json.Unmarshal(b, &s) == nil && bytes.Equal(bytes.TrimSpace(b), b) && b[0] == '"' {
+			if n, aerr := strconv.Atoi(s); aerr == nil && len(s) <= MaxIntDigits {
+				if err != nil || got != n {
+					t.Fatalf("LaxInt(%s) = %d, %v; strconv.Atoi reads %d", b, got, err, n)
+				}
+			}
 		}
 	})
 }
