@@ -894,3 +894,33 @@ func TestValuesVLLMAcceptsInAnyFormAreReadAsVLLMReadsThem(t *testing.T) {
 		})
 	}
 }
+
+// TestStreamOptionsWithoutIncludeUsageAskForUsageAsInVLLM sends a stream
+// whose stream_options leave include_usage out, which vLLM reads as true:
+// the body goes to the engine unchanged and the client receives the usage
+// chunk.
+func TestStreamOptionsWithoutIncludeUsageAskForUsageAsInVLLM(t *testing.T) {
+	f := start(t, 1, options{})
+	events := `data: {"id":"c","object":"text_completion","created":1,"model":"sim","choices":[{"index":0,"text":" a","finish_reason":"length"}]}` + "\n\n" +
+		`data: {"id":"c","object":"text_completion","created":1,"model":"sim","choices":[],` +
+		`"usage":{"prompt_tokens":3,"total_tokens":4,"completion_tokens":1}}` + "\n\n" + "data: [DONE]\n\n"
+	for _, mode := range modes {
+		t.Run(mode.name, func(t *testing.T) {
+			r := completionRequest("default usage", `,"stream":true,"stream_options":{}`)
+			x := f.envoy.start(t, mode, r)
+			if x.immediate != nil {
+				t.Fatalf("refused with %d: %s", x.immediate.GetStatus().GetCode(), x.immediate.GetBody())
+			}
+			if string(x.body) != r.body {
+				t.Errorf("forwarded body %s, want it unchanged: %s", x.body, r.body)
+			}
+			x.destination()
+			x.relayHeaders(&http.Response{StatusCode: http.StatusOK, Header: http.Header{"Content-Type": {"text/event-stream"}}}, nil)
+			x.sendResponsePiece([]byte(events), true)
+			x.close()
+			if string(x.respBody) != events {
+				t.Errorf("client received %q, want %q", x.respBody, events)
+			}
+		})
+	}
+}

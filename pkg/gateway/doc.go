@@ -140,7 +140,10 @@
 //     (chat): an integer;
 //   - stream, add_special_tokens (both), add_generation_prompt and
 //     continue_final_message (chat): a boolean;
-//   - stream_options: an object whose include_usage is a boolean.
+//   - stream_options: an object whose include_usage and
+//     continuous_usage_stats are booleans; an absent include_usage reads
+//     as true, vLLM's default, so {"stream_options": {}} asks for usage,
+//     and a null one as false.
 //
 // vLLM validates requests with pydantic in its default (lax) mode, and the
 // gateway reads integers and booleans as it does, so that a client that
@@ -189,7 +192,9 @@
 // byte for byte. The headers go out as soon as the pod's do, or with the
 // first event when it came with them; the last events go out with the end
 // of the response, in one write. To learn a stream's usage, the gateway asks the pod for the
-// usage chunk (stream_options.include_usage) when the client did not, and
+// usage chunk (stream_options.include_usage) when the client did not (its
+// stream_options, as vLLM reads them, leave usage off: see Request
+// members), and
 // withholds that chunk (the chunk with an empty choices list and a usage
 // object) from the client, which receives exactly what it would have
 // received from the pod directly. The body of such a request is forwarded

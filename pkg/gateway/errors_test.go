@@ -50,6 +50,8 @@ func TestErrorsAreOpenAIStyleJSON(t *testing.T) {
 		{"oversized chunked body", "POST", "/v1/completions", big, nil, true, 413, codeRequestTooLarge, ""},
 		{"bad stream_options", "POST", "/v1/completions", completion("hi", `,"stream":true,"stream_options":[1]`), nil, false,
 			400, codeInvalidField, "stream_options"},
+		{"include_usage no boolean reading takes", "POST", "/v1/completions",
+			completion("hi", `,"stream":true,"stream_options":{"include_usage":"maybe"}`), nil, false, 400, codeInvalidField, "stream_options"},
 		{"wrong method", "GET", "/v1/completions", "", nil, false, 405, codeMethodNotAllowed, ""},
 		{"wrong method for models", "POST", "/v1/models", "", nil, false, 405, codeMethodNotAllowed, ""},
 		{"no such endpoint", "GET", "/v1/embeddings", "", nil, false, 404, codeNotFound, ""},

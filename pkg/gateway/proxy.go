@@ -248,9 +248,17 @@ func (g *Gateway) check(a *admitted, k kind, body []byte, strategy string, x *ex
 		return err
 	}
 	a.body = body
-	if sf := x.in.stream(); sf.Stream && !sf.clientWantsUsage() {
+	sf := x.in.stream()
+	if !sf.Stream {
+		return nil
+	}
+	wants, err := sf.clientWantsUsage()
+	if err != nil {
+		return &Error{Status: http.StatusBadRequest, Type: typeInvalidRequest, Code: codeInvalidField, Param: "stream_options",
+			Message: jsonError(err)}
+	}
+	if !wants {
 		a.dropUsage = true
-		var err error
 		if a.body, err = withStreamUsage(&x.sent, body, sf.StreamOptions); err != nil {
 			return &Error{Status: http.StatusBadRequest, Type: typeInvalidRequest, Code: codeInvalidField, Param: "stream_options",
 				Message: "stream_options: " + err.Error()}

@@ -279,20 +279,30 @@ func (in *inference) tokenize(ctx context.Context, tk *tokenizer.Tokenizer, base
 }
 
 // clientWantsUsage reports whether a streamed request asks for the usage
-// chunk itself: stream_options.include_usage true, in any form vLLM reads
-// as true (see jsonscan.LaxBool).
-func (s *streamFields) clientWantsUsage() bool {
-	wants := false
+// chunk itself, as vLLM reads stream_options: an object whose
+// include_usage is absent (vLLM's default is true) or reads as true (see
+// jsonscan.LaxBool); null reads as false. It fails when include_usage or
+// continuous_usage_stats does not read as a boolean, which the engine
+// would refuse.
+func (s *streamFields) clientWantsUsage() (bool, error) {
 	if len(s.StreamOptions) == 0 || s.StreamOptions[0] != '{' {
-		return false
+		return false, nil
 	}
-	_ = jsonscan.Members(s.StreamOptions, func(name, value []byte) error {
-		if string(jsonscan.Name(name)) == "include_usage" {
-			wants, _, _ = jsonscan.LaxBool(value)
+	wants := true
+	err := jsonscan.Members(s.StreamOptions, func(name, value []byte) error {
+		switch n := string(jsonscan.Name(name)); n {
+		case "include_usage", "continuous_usage_stats":
+			v, _, err := jsonscan.LaxBool(value)
+			if err != nil {
+				return &typeError{field: "stream_options." + n, want: "a boolean", got: jsonKind(value)}
+			}
+			if n == "include_usage" {
+				wants = v
+			}
 		}
 		return nil
 	})
-	return wants
+	return wants && err == nil, err
 }
 
 // usageOption is the stream_options member the gateway adds to a streamed

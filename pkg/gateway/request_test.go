@@ -91,7 +91,7 @@ func TestDecodeReadsTheMembersThatRouteAndTokenize(t *testing.T) {
 	}
 	c := in.comp
 	if c.Model != "llama" || string(c.Prompt) != `["a"]` || !c.Stream || string(c.StreamOptions) != `{"include_usage":false}` ||
-		*c.MaxTokens != 7 || c.TruncatePromptTokens != nil || *c.AddSpecialTokens || in.maxTokens() != 7 || c.clientWantsUsage() {
+		*c.MaxTokens != 7 || c.TruncatePromptTokens != nil || *c.AddSpecialTokens || in.maxTokens() != 7 {
 		t.Errorf("decoded %+v", c)
 	}
 	for _, tc := range []struct{ body, msg string }{
@@ -108,6 +108,28 @@ func TestDecodeReadsTheMembersThatRouteAndTokenize(t *testing.T) {
 		err := in.decode(kindChat, []byte(tc.body))
 		if err == nil || !strings.Contains(jsonError(err), tc.msg) {
 			t.Errorf("decode(%s) = %v (%q), want %q", tc.body, err, jsonError(err), tc.msg)
+		}
+	}
+}
+
+// TestStreamOptionsAreReadAsVLLMReadsThem pins whether a streamed request
+// asks for the usage chunk itself to vLLM's reading of stream_options,
+// whose include_usage defaults to true.
+func TestStreamOptionsAreReadAsVLLMReadsThem(t *testing.T) {
+	for _, tc := range []struct {
+		opts       string
+		wants, bad bool
+	}{
+		{opts: ``}, {opts: `null`}, {opts: `{}`, wants: true}, {opts: `{"continuous_usage_stats":true}`, wants: true},
+		{opts: `{"include_usage":true}`, wants: true}, {opts: `{"include_usage":"Yes"}`, wants: true},
+		{opts: `{"include_usage":1}`, wants: true}, {opts: `{"include_usage":false}`}, {opts: `{"include_usage":null}`},
+		{opts: `{"include_usage":"off","continuous_usage_stats":"1"}`},
+		{opts: `{"include_usage":"maybe"}`, bad: true}, {opts: `{"include_usage":true,"continuous_usage_stats":[]}`, bad: true},
+	} {
+		s := streamFields{Stream: true, StreamOptions: json.RawMessage(tc.opts)}
+		wants, err := s.clientWantsUsage()
+		if wants != tc.wants || (err != nil) != tc.bad {
+			t.Errorf("stream_options %s: wants usage %v, %v; want %v, error %v", tc.opts, wants, err, tc.wants, tc.bad)
 		}
 	}
 }

@@ -54,8 +54,13 @@ func streamCases() []streamCase {
 		{name: "completion without stream_options", path: "/v1/completions",
 			body:        `{"model":"llama","prompt":[1,2,3],"stream":true}`,
 			wantOptions: `{"include_usage":true}`, events: completionEvents, usage: 4},
-		{name: "completion with other stream_options", path: "/v1/completions",
+		// vLLM's include_usage defaults to true: stream_options without
+		// it ask for usage, null does not.
+		{name: "completion with stream_options but include_usage", path: "/v1/completions",
 			body:        `{"model":"llama","prompt":[1,2,3],"stream":true,"stream_options":{"continuous_usage_stats":true}}`,
+			wantOptions: `{"continuous_usage_stats":true}`, events: completionEvents, usage: 4, clientGetsUsage: true},
+		{name: "completion with include_usage null", path: "/v1/completions",
+			body:        `{"model":"llama","prompt":[1,2,3],"stream":true,"stream_options":{"include_usage":null,"continuous_usage_stats":true}}`,
 			wantOptions: `{"continuous_usage_stats":false,"include_usage":true}`, events: completionEvents, usage: 4},
 		{name: "chat asking for usage", path: "/v1/chat/completions",
 			body:        `{"model":"llama","messages":[{"role":"user","content":"hi"}],"stream":true,"stream_options":{"include_usage":true}}`,
