@@ -65,7 +65,7 @@ func (e *typeError) Error() string {
 // prompt, by hand (package jsonscan), checking the whole body's syntax as
 // encoding/json would; values it does not read are skipped, not decoded.
 // Member names match exactly, as in vLLM, and the last of a repeated name
-// wins.
+// wins, a last null included.
 //
 // Each member is read as vLLM reads it: vLLM validates a request with
 // pydantic in its lax mode, so an integer member (max_tokens,
@@ -204,9 +204,7 @@ func decodeString(name, value []byte, dst *string) error {
 	if err != nil {
 		return wrongType(name, "a string", value)
 	}
-	if value[0] == '"' {
-		*dst = s
-	}
+	*dst = s
 	return nil
 }
 

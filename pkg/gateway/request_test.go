@@ -182,6 +182,22 @@ func TestDecodeReadsMembersAsVLLMValidatesThem(t *testing.T) {
 	}
 }
 
+// TestARepeatedMemberReadsAsItsLastValueNullIncluded pins decode to
+// vLLM's reading of a repeated member, the last one, when that one is
+// null: the member reads as absent.
+func TestARepeatedMemberReadsAsItsLastValueNullIncluded(t *testing.T) {
+	body := `{"model":"m","messages":[],"chat_template":"t","stream":true,"max_tokens":5,` +
+		`"model":null,"chat_template":null,"stream":null,"max_tokens":null}`
+	var in inference
+	if err := in.decode(kindChat, []byte(body)); err != nil {
+		t.Fatal(err)
+	}
+	if in.model() != "" || in.chat.ChatTemplate != "" || in.stream().Stream || in.chat.MaxTokens != nil {
+		t.Errorf("decode(%s): model %q, chat_template %q, stream %v, max_tokens %v; want all absent",
+			body, in.model(), in.chat.ChatTemplate, in.stream().Stream, in.chat.MaxTokens)
+	}
+}
+
 // FuzzDecodeAgreesWithTheLaxReading checks decode against laxReference:
 // the same verdict on any body, and the same members read.
 func FuzzDecodeAgreesWithTheLaxReading(f *testing.F) {
@@ -193,6 +209,7 @@ func FuzzDecodeAgreesWithTheLaxReading(f *testing.F) {
 	f.Add(`{"model":"m","stream":"TRUE","max_tokens":"1_000","max_completion_tokens":1e3,"add_special_tokens":0}`, true)
 	f.Add(`{"model":"m","stream":1.0,"max_tokens":" +7 ","truncate_prompt_tokens":true,"add_special_tokens":"off"}`, false)
 	f.Add(`{"Model":"m","max_tokens":99999999999999999999,"stream":"1"}`, false)
+	f.Add(`{"model":"m","model":null,"stream":true,"stream":null,"max_tokens":5,"max_tokens":null}`, false)
 	f.Fuzz(func(t *testing.T, body string, chat bool) {
 		k := kindCompletion
 		if chat {
