@@ -80,7 +80,7 @@ func (s *Server) serveGeneration(w http.ResponseWriter, r *http.Request, p gener
 		return
 	}
 	if p.Stream {
-		s.stream(w, r, g, f, p.StreamOptions != nil && p.StreamOptions.IncludeUsage)
+		s.stream(w, r, g, f, p.StreamOptions.wantsUsage())
 		return
 	}
 	s.answer(w, r, g, f)

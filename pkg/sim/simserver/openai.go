@@ -11,9 +11,16 @@ import (
 	"github.com/kvgate/kvgate/pkg/sim"
 )
 
-// streamOptions is OpenAI's stream_options.
+// streamOptions is OpenAI's stream_options, read as vLLM reads them.
 type streamOptions struct {
-	IncludeUsage bool `json:"include_usage"`
+	// IncludeUsage is include_usage as given: absent (nil) means true,
+	// vLLM's default, and null means false.
+	IncludeUsage json.RawMessage `json:"include_usage"`
+}
+
+// wantsUsage reports whether o asks for the usage chunk.
+func (o *streamOptions) wantsUsage() bool {
+	return o != nil && (o.IncludeUsage == nil || string(o.IncludeUsage) == "true")
 }
 
 // generationParams are the fields completions and chat requests share.

@@ -539,3 +539,38 @@ func TestLoRARequestsAreHashedApartAndNamedInEvents(t *testing.T) {
 		t.Errorf("adapter event names %q id %d, want chat-lora id 2", st.LoraName, st.LoraID)
 	}
 }
+
+// TestStreamOptionsAskForUsageUnlessIncludeUsageIsFalse follows vLLM's
+// StreamOptions, whose include_usage defaults to true: stream_options
+// without it ask for the usage chunk, and false or null do not.
+func TestStreamOptionsAskForUsageUnlessIncludeUsageIsFalse(t *testing.T) {
+	ts := startServer(t, 1, nil)
+	for _, tt := range []struct {
+		name    string
+		options any
+		usage   bool
+	}{
+		{"no stream_options", nil, false},
+		{"empty stream_options", map[string]any{}, true},
+		{"continuous_usage_stats only", map[string]any{"continuous_usage_stats": false}, true},
+		{"include_usage true", map[string]any{"include_usage": true}, true},
+		{"include_usage false", map[string]any{"include_usage": false}, false},
+		{"include_usage null", map[string]any{"include_usage": nil}, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			req := map[string]any{"prompt": "stream me", "max_tokens": 2, "stream": true}
+			if tt.options != nil {
+				req["stream_options"] = tt.options
+			}
+			status, body := ts.post(t, "/v1/completions", req)
+			if status != http.StatusOK {
+				t.Fatalf("status %d: %s", status, body)
+			}
+			events := sseEvents(t, body)
+			usage := len(events) > 1 && decode[completionResp](t, []byte(events[len(events)-2])).Usage != nil
+			if usage != tt.usage {
+				t.Errorf("events %q: usage chunk %v, want %v", events, usage, tt.usage)
+			}
+		})
+	}
+}
