@@ -278,6 +278,20 @@ func route(t testing.TB, r *Router, ctx *types.RoutingContext, pods []*endpoint.
 	return &d
 }
 
+// routeBurst routes n requests, the i-th ctx(i), among pods, sending each
+// to its pod (startPrefill), where it stays in flight until the test ends,
+// and returns how many each pod got, by key.
+func routeBurst(t testing.TB, r *Router, pods []*endpoint.Endpoint, n int, ctx func(i int) *types.RoutingContext) map[string]int {
+	t.Helper()
+	got := map[string]int{}
+	for i := range n {
+		d := route(t, r, ctx(i), pods)
+		startPrefill(r, d)
+		got[d.PodKey]++
+	}
+	return got
+}
+
 // candidate returns the candidate entry of pod name.
 func candidate(t testing.TB, d *Decision, name string) *Candidate {
 	t.Helper()

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/kvgate/kvgate/pkg/cache"
+	"github.com/kvgate/kvgate/pkg/types"
 )
 
 func TestLoadAlgorithmsChooseByTheirMetric(t *testing.T) {
@@ -126,13 +127,7 @@ func TestLeastLatencyStopsSendingEverythingToThePodMeasuredFastest(t *testing.T)
 		m.set(fmt.Sprintf("p%d", i), cache.AvgTTFTSeconds, ttft).set(fmt.Sprintf("p%d", i), cache.AvgTPOTSeconds, 0.02)
 	}
 	r, _ := newTestRouter(t, m, nil)
-	pods := testPods(3)
-	got := map[string]int{}
-	for range 30 {
-		d := route(t, r, request("r", LeastLatency, nil), pods)
-		startPrefill(r, d) // in flight until the test ends
-		got[d.PodKey]++
-	}
+	got := routeBurst(t, r, testPods(3), 30, func(int) *types.RoutingContext { return request("r", LeastLatency, nil) })
 	for _, p := range []string{"p0", "p1", "p2"} {
 		if n := got[key(p)]; n < 7 || n > 13 {
 			t.Errorf("%s got %d of 30 requests, want about a third: %v", p, n, got)
@@ -155,13 +150,7 @@ func TestLeastLatencyScoresAnIdlePodAtMostTheMedian(t *testing.T) {
 		m.set(pod, cache.AvgTTFTSeconds, ttft).set(pod, cache.AvgTPOTSeconds, 0.02)
 	}
 	r, _ := newTestRouter(t, m, nil)
-	pods := testPods(3)
-	got := map[string]int{}
-	for range 30 {
-		d := route(t, r, request("r", LeastLatency, nil), pods)
-		startPrefill(r, d) // in flight until the test ends
-		got[d.PodKey]++
-	}
+	got := routeBurst(t, r, testPods(3), 30, func(int) *types.RoutingContext { return request("r", LeastLatency, nil) })
 	if got[key("p0")] == 0 {
 		t.Errorf("30 requests went %v; want the idle p0 to get one, which measures it again", got)
 	}
@@ -186,14 +175,10 @@ func TestLeastLatencyCountsThePrefillsQueuedOnAPodMeasuredIdle(t *testing.T) {
 	m.set("p0", cache.RealtimeNumRequestsRunning, 10).set("p1", cache.RealtimeNumRequestsRunning, 10)
 	clock := newManualClock()
 	r, _ := newTestRouter(t, m, nil, func(c *Config) { c.Now = clock.Now })
-	pods := testPods(3)
-	got := map[string]int{}
-	for i := range 40 {
-		// 1,000-token prompts take 0.1 s each to prefill.
-		d := route(t, r, request(fmt.Sprint(i), LeastLatency, prompt(i*1000, 1000)), pods)
-		startPrefill(r, d) // in flight until the test ends
-		got[d.PodKey]++
-	}
+	// 1,000-token prompts take 0.1 s each to prefill.
+	got := routeBurst(t, r, testPods(3), 40, func(i int) *types.RoutingContext {
+		return request(fmt.Sprint(i), LeastLatency, prompt(i*1000, 1000))
+	})
 	if got[key("p2")] > 25 || got[key("p0")] < 5 || got[key("p1")] < 5 {
 		t.Errorf("40 requests went %v; want the busy pods to get some once p2 has a second of prefills queued", got)
 	}
