@@ -22,6 +22,7 @@ import (
 	"fmt"
 	"math"
 	"math/bits"
+	"slices"
 	"strconv"
 	"strings"
 	"unicode"
@@ -673,10 +674,10 @@ func LaxBool(value []byte) (v, null bool, err error) {
 		if err != nil {
 			return false, false, err
 		}
-		switch {
-		case s == "0" || foldedIn(s, "f", "n", "no", "off", "false"):
+		switch f := asciiFold(s); {
+		case f == "0" || slices.Contains(falseWords, f):
 			return false, false, nil
-		case s == "1" || foldedIn(s, "t", "y", "on", "yes", "true"):
+		case f == "1" || slices.Contains(trueWords, f):
 			return true, false, nil
 		}
 	case c == '-' || c >= '0' && c <= '9':
@@ -693,16 +694,12 @@ func LaxBool(value []byte) (v, null bool, err error) {
 	return false, false, fail
 }
 
-// foldedIn reports whether s equals one of words, ASCII letters compared
-// without case.
-func foldedIn(s string, words ...string) bool {
-	for _, w := range words {
-		if len(s) == len(w) && asciiFold(s) == w {
-			return true
-		}
-	}
-	return false
-}
+// falseWords and trueWords are the strings LaxBool reads as false and
+// true, in lower case.
+var (
+	falseWords = []string{"f", "n", "no", "off", "false"}
+	trueWords  = []string{"t", "y", "on", "yes", "true"}
+)
 
 // asciiFold returns s with its ASCII upper-case letters lowered; other
 // bytes are kept.
