@@ -165,9 +165,10 @@ func (e *Engine) checkPrompt(spec RequestSpec) error {
 	if spec.MaxTokens < 0 {
 		return fmt.Errorf("%w: max tokens %d is negative", ErrInvalidPrompt, spec.MaxTokens)
 	}
-	if n := len(spec.Prompt) + max(spec.MaxTokens, 1); n > e.cfg.MaxModelLen {
+	// Compared so that no MaxTokens, however large, overflows the sum.
+	if out := max(spec.MaxTokens, 1); out > e.cfg.MaxModelLen-len(spec.Prompt) {
 		return fmt.Errorf("%w: maximum context length is %d tokens, the request needs %d (%d in the prompt, %d to generate)",
-			ErrTooLong, e.cfg.MaxModelLen, n, len(spec.Prompt), max(spec.MaxTokens, 1))
+			ErrTooLong, e.cfg.MaxModelLen, uint64(len(spec.Prompt))+uint64(out), len(spec.Prompt), out)
 	}
 	return nil
 }

@@ -2,6 +2,7 @@ package sim
 
 import (
 	"errors"
+	"math"
 	"reflect"
 	"slices"
 	"strconv"
@@ -341,6 +342,7 @@ func TestAddRejectsBadRequests(t *testing.T) {
 		{"negative max tokens", RequestSpec{ID: "b", Prompt: seqTokens(1, 4), MaxTokens: -1}, ErrInvalidPrompt},
 		{"prompt fills the model length", RequestSpec{ID: "b", Prompt: seqTokens(1, 16)}, ErrTooLong},
 		{"prompt and max tokens exceed it", RequestSpec{ID: "b", Prompt: seqTokens(1, 10), MaxTokens: 7}, ErrTooLong},
+		{"max tokens at int's bound", RequestSpec{ID: "b", Prompt: seqTokens(1, 4), MaxTokens: math.MaxInt}, ErrTooLong},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if err := e.Add(tc.spec, t0); !errors.Is(err, tc.want) {
