@@ -23,7 +23,7 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	prompts, err := parsePrompts(s.tokenizer, req.Prompt, boolOr(req.AddSpecialTokens, true))
+	prompts, err := parsePrompts(s.tokenizer, req.Prompt, req.AddSpecialTokens.or(true))
 	if err != nil {
 		s.writeError(w, err)
 		return
@@ -43,7 +43,7 @@ func (s *Server) handleChatCompletions(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	maxTokens := req.MaxCompletionTokens
-	if maxTokens == nil {
+	if !maxTokens.given() {
 		maxTokens = req.MaxTokens
 	}
 	s.serveGeneration(w, r, req.generationParams, "chatcmpl-", lora, [][]uint32{prompt}, maxTokens, chatFormat)
@@ -52,34 +52,31 @@ func (s *Server) handleChatCompletions(w http.ResponseWriter, r *http.Request) {
 // serveGeneration runs the engine requests of a completions or chat request
 // and answers with the whole result or, for stream, with server-sent events.
 func (s *Server) serveGeneration(w http.ResponseWriter, r *http.Request, p generationParams, idPrefix string,
-	lora *sim.LoRA, prompts [][]uint32, maxTokens *int, f *format) {
+	lora *sim.LoRA, prompts [][]uint32, maxTokens laxInt, f *format) {
 	spec := generationSpec{idPrefix: idPrefix, model: p.Model, lora: lora, prompts: prompts, n: 1}
 	if spec.model == "" {
 		spec.model = s.model
 	}
-	if p.N != nil {
-		if *p.N < 1 || *p.N > maxChoices {
-			s.writeError(w, badRequestf("n must be between 1 and %d, got %d", maxChoices, *p.N))
+	if spec.n = p.N.or(1); spec.n < 1 || spec.n > maxChoices {
+		s.writeError(w, badRequestf("n must be between 1 and %d, got %d", maxChoices, spec.n))
+		return
+	}
+	if maxTokens.given() {
+		if maxTokens.n < 1 {
+			s.writeError(w, badRequestf("max_tokens must be at least 1, got %d", maxTokens.n))
 			return
 		}
-		spec.n = *p.N
+		spec.maxTokens = maxTokens.n
 	}
-	if maxTokens != nil {
-		if *maxTokens < 1 {
-			s.writeError(w, badRequestf("max_tokens must be at least 1, got %d", *maxTokens))
-			return
-		}
-		spec.maxTokens = *maxTokens
-	}
-	if p.Seed != nil {
-		spec.seed = uint64(*p.Seed)
+	if p.Seed.given() {
+		spec.seed = uint64(p.Seed.n)
 	}
 	g, err := s.startGeneration(spec)
 	if err != nil {
 		s.writeError(w, err)
 		return
 	}
-	if p.Stream {
+	if p.Stream.or(false) {
 		s.stream(w, r, g, f, p.StreamOptions.wantsUsage())
 		return
 	}
@@ -131,7 +128,7 @@ func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) {
 	var tokens []uint32
 	switch {
 	case req.Prompt != nil && req.Messages == nil:
-		tokens = s.tokenizer.encode(*req.Prompt, boolOr(req.AddSpecialTokens, true))
+		tokens = s.tokenizer.encode(*req.Prompt, req.AddSpecialTokens.or(true))
 	case req.Messages != nil && req.Prompt == nil:
 		var err error
 		if tokens, err = s.tokenizer.encodeChat(req.prompt()); err != nil {
@@ -181,8 +178,9 @@ func (s *Server) readRequest(w http.ResponseWriter, r *http.Request, req any, mo
 	return lora, true
 }
 
-// readBody decodes the request body into req; when it fails it answers
-// with the error and returns false.
+// readBody decodes the request body into req and, when req has a check
+// method, checks it; when either fails it answers with the error and
+// returns false.
 func (s *Server) readBody(w http.ResponseWriter, r *http.Request, req any) bool {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
 	if err != nil {
@@ -192,6 +190,12 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request, req any) bool 
 	if err := decodeBody(body, req); err != nil {
 		s.writeError(w, err)
 		return false
+	}
+	if c, ok := req.(interface{ check() error }); ok {
+		if err := c.check(); err != nil {
+			s.writeError(w, err)
+			return false
+		}
 	}
 	return true
 }
@@ -219,13 +223,6 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	_ = json.NewEncoder(w).Encode(v)
-}
-
-func boolOr(b *bool, def bool) bool {
-	if b == nil {
-		return def
-	}
-	return *b
 }
 
 func finishReason(r sim.FinishReason) *string {

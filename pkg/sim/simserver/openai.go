@@ -13,24 +13,52 @@ import (
 
 // streamOptions is OpenAI's stream_options, read as vLLM reads them.
 type streamOptions struct {
-	// IncludeUsage is include_usage as given: absent (nil) means true,
-	// vLLM's default, and null means false.
-	IncludeUsage json.RawMessage `json:"include_usage"`
+	// IncludeUsage is include_usage: absent means true, vLLM's default,
+	// and null means false.
+	IncludeUsage laxBool `json:"include_usage"`
+	// ContinuousUsageStats is checked as vLLM checks it, and otherwise
+	// ignored.
+	ContinuousUsageStats laxBool `json:"continuous_usage_stats"`
 }
 
 // wantsUsage reports whether o asks for the usage chunk.
 func (o *streamOptions) wantsUsage() bool {
-	return o != nil && (o.IncludeUsage == nil || string(o.IncludeUsage) == "true")
+	return o != nil && (!o.IncludeUsage.set || o.IncludeUsage.v)
+}
+
+// check fails for options vLLM refuses.
+func (o *streamOptions) check() error {
+	if o == nil {
+		return nil
+	}
+	return checkAll(o.IncludeUsage.check("stream_options.include_usage", true),
+		o.ContinuousUsageStats.check("stream_options.continuous_usage_stats", true))
 }
 
 // generationParams are the fields completions and chat requests share.
+// Integer and boolean members are read as vLLM reads them (see laxInt and
+// laxBool).
 type generationParams struct {
 	Model         string         `json:"model"`
-	MaxTokens     *int           `json:"max_tokens"`
-	N             *int           `json:"n"`
-	Seed          *int64         `json:"seed"`
-	Stream        bool           `json:"stream"`
+	MaxTokens     laxInt         `json:"max_tokens"`
+	N             laxInt         `json:"n"`
+	Seed          laxInt         `json:"seed"`
+	Stream        laxBool        `json:"stream"`
 	StreamOptions *streamOptions `json:"stream_options"`
+}
+
+// check fails for members vLLM refuses; nullableN says whether n may be
+// null (it may in chat requests, not in completions). A seed must lie in
+// int64's range.
+func (p *generationParams) check(nullableN bool) error {
+	if err := checkAll(p.MaxTokens.check("max_tokens", true), p.N.check("n", nullableN),
+		p.Seed.check("seed", true), p.Stream.check("stream", true), p.StreamOptions.check()); err != nil {
+		return err
+	}
+	if p.Seed.beyond {
+		return badRequestf("seed: want an integer in int64's range")
+	}
+	return nil
 }
 
 // completionRequest is the body of POST /v1/completions. Sampling fields
@@ -39,14 +67,23 @@ type generationParams struct {
 type completionRequest struct {
 	generationParams
 	Prompt           json.RawMessage `json:"prompt"`
-	AddSpecialTokens *bool           `json:"add_special_tokens"`
+	AddSpecialTokens laxBool         `json:"add_special_tokens"`
+}
+
+func (r *completionRequest) check() error {
+	return checkAll(r.generationParams.check(false), r.AddSpecialTokens.check("add_special_tokens", false))
 }
 
 // chatRequest is the body of POST /v1/chat/completions.
 type chatRequest struct {
 	generationParams
 	chatFields
-	MaxCompletionTokens *int `json:"max_completion_tokens"`
+	MaxCompletionTokens laxInt `json:"max_completion_tokens"`
+}
+
+func (r *chatRequest) check() error {
+	return checkAll(r.generationParams.check(true), r.chatFields.check(),
+		r.MaxCompletionTokens.check("max_completion_tokens", true))
 }
 
 // chatFields are the fields of chat and /tokenize requests that shape the
@@ -55,18 +92,25 @@ type chatFields struct {
 	Messages             json.RawMessage `json:"messages"`
 	Tools                json.RawMessage `json:"tools"`
 	ChatTemplateKwargs   json.RawMessage `json:"chat_template_kwargs"`
-	AddGenerationPrompt  *bool           `json:"add_generation_prompt"`
-	ContinueFinalMessage *bool           `json:"continue_final_message"`
-	AddSpecialTokens     *bool           `json:"add_special_tokens"`
+	AddGenerationPrompt  laxBool         `json:"add_generation_prompt"`
+	ContinueFinalMessage laxBool         `json:"continue_final_message"`
+	AddSpecialTokens     laxBool         `json:"add_special_tokens"`
+}
+
+// check fails for members vLLM refuses; none of f's booleans may be null.
+func (f *chatFields) check() error {
+	return checkAll(f.AddGenerationPrompt.check("add_generation_prompt", false),
+		f.ContinueFinalMessage.check("continue_final_message", false),
+		f.AddSpecialTokens.check("add_special_tokens", false))
 }
 
 // prompt returns the chat prompt of f.
 func (f *chatFields) prompt() chatPrompt {
 	return chatPrompt{
 		messages: f.Messages, tools: f.Tools, kwargs: f.ChatTemplateKwargs,
-		addGenerationPrompt:  boolOr(f.AddGenerationPrompt, true),
-		continueFinalMessage: boolOr(f.ContinueFinalMessage, false),
-		addSpecialTokens:     boolOr(f.AddSpecialTokens, false),
+		addGenerationPrompt:  f.AddGenerationPrompt.or(true),
+		continueFinalMessage: f.ContinueFinalMessage.or(false),
+		addSpecialTokens:     f.AddSpecialTokens.or(false),
 	}
 }
 
@@ -76,6 +120,8 @@ type tokenizeRequest struct {
 	Prompt *string `json:"prompt"`
 	chatFields
 }
+
+func (r *tokenizeRequest) check() error { return r.chatFields.check() }
 
 // chatMessage is an OpenAI chat message; content is a string, an array of
 // content parts, or null.

@@ -14,6 +14,15 @@
 // With Config.AllowRuntimeLoRAUpdating, POST /v1/load_lora_adapter and POST
 // /v1/unload_lora_adapter load and unload LoRA adapters as vLLM's do.
 //
+// The request members the simulator reads (max_tokens,
+// max_completion_tokens, n, seed, stream, stream_options' include_usage and
+// continuous_usage_stats, add_special_tokens, add_generation_prompt and
+// continue_final_message) are read as vLLM's request validation (pydantic
+// in lax mode) reads them: an integer may also be written 100.0, 1e2,
+// "100" or true, a boolean 1, "true", "yes" or "off"; what vLLM refuses
+// (max_tokens 1.5, stream "maybe", a seed beyond int64, null for a member
+// vLLM does not declare optional) is answered 400.
+//
 // Where the API differs from vLLM's:
 //   - usage always carries prompt_tokens_details.cached_tokens, which vLLM
 //     sends only with --enable-prompt-tokens-details;
