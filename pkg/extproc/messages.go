@@ -58,6 +58,9 @@ func headerValue(h *corev3.HeaderValue) string {
 // requestHeaders is what the Server reads of a request's headers.
 type requestHeaders struct {
 	method, path, strategy string
+	// requestID is x-request-id, which Envoy sets or passes on, the first
+	// when there are several.
+	requestID string
 }
 
 func readRequestHeaders(m *corev3.HeaderMap) requestHeaders {
@@ -70,6 +73,10 @@ func readRequestHeaders(m *corev3.HeaderMap) requestHeaders {
 			r.path = headerValue(h)
 		case routing.HeaderRoutingStrategy:
 			r.strategy = strings.TrimSpace(headerValue(h))
+		case "x-request-id":
+			if r.requestID == "" {
+				r.requestID = headerValue(h)
+			}
 		}
 	}
 	return r

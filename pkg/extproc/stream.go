@@ -270,7 +270,8 @@ const (
 func (st *stream) decideAndAnswer(at answerPoint) error {
 	st.decided = true
 	t0 := time.Now()
-	in := gateway.PickRequest{Path: st.hdr.path, Body: st.body, Strategy: st.hdr.strategy, Subset: st.subset, Received: st.start}
+	in := gateway.PickRequest{Path: st.hdr.path, Body: st.body, Strategy: st.hdr.strategy, ClientRequestID: st.hdr.requestID,
+		Subset: st.subset, Received: st.start}
 	if st.s.cfg.MaxMessageTimeout > 0 {
 		in.Waiting = st.extendMessageTimeout
 	}
@@ -286,7 +287,7 @@ func (st *stream) decideAndAnswer(at answerPoint) error {
 	}
 	st.pick = pick
 	if l := st.log.V(4); l.Enabled() && pick != nil {
-		l.Info("Picked", "requestID", pick.RequestID(), "model", pick.Model(), "pod", pick.Endpoint().ID,
+		l.Info("Picked", "requestID", pick.RequestID(), "clientRequestID", pick.LoggedClientRequestID(), "model", pick.Model(), "pod", pick.Endpoint().ID,
 			"address", pick.Endpoint().Address, "algorithm", pick.Algorithm())
 	}
 	err := st.answerDecision(at)
@@ -397,7 +398,7 @@ func (st *stream) responseHeaders(req *extprocv3.ProcessingRequest, h *extprocv3
 	}
 	if addr := served(req.GetMetadataContext()); addr != "" && st.pick.Served(addr) {
 		st.log.V(2).Info("The proxy served the request from another endpoint", "requestID", st.pick.RequestID(),
-			"model", st.pick.Model(), "pod", st.pick.Endpoint().ID, "address", addr)
+			"clientRequestID", st.pick.LoggedClientRequestID(), "model", st.pick.Model(), "pod", st.pick.Endpoint().ID, "address", addr)
 	}
 	st.resp = st.pick.Response(rh.status, rh.contentType)
 	ep := st.pick.Endpoint()
@@ -440,8 +441,8 @@ func (st *stream) upstreamFailed(details string) bool {
 	} else {
 		st.pick.Fail(gateway.FailSend)
 	}
-	st.log.V(2).Info("Envoy reports an upstream failure", "requestID", st.pick.RequestID(), "model", st.pick.Model(),
-		"pod", st.pick.Endpoint().ID, "details", details, "ejected", eject != "")
+	st.log.V(2).Info("Envoy reports an upstream failure", "requestID", st.pick.RequestID(),
+		"clientRequestID", st.pick.LoggedClientRequestID(), "model", st.pick.Model(), "pod", st.pick.Endpoint().ID, "details", details, "ejected", eject != "")
 	return true
 }
 
@@ -507,7 +508,8 @@ func (st *stream) responseTrailers() error {
 		default:
 			if l := st.log.V(2); l.Enabled() {
 				l.Info("Trailers ended the response within an event: its start, held back, is lost", "requestID",
-					st.pick.RequestID(), "model", st.pick.Model(), "bytes", len(rest))
+					st.pick.RequestID(), "clientRequestID", st.pick.LoggedClientRequestID(), "model", st.pick.Model(),
+					"bytes", len(rest))
 			}
 		}
 		st.endResponse()
@@ -554,7 +556,8 @@ func (st *stream) ended(err error) error {
 		return nil
 	}
 	if st.pick != nil {
-		st.log.V(2).Info("The stream broke off", "requestID", st.pick.RequestID(), "model", st.pick.Model(), "err", err)
+		st.log.V(2).Info("The stream broke off", "requestID", st.pick.RequestID(),
+			"clientRequestID", st.pick.LoggedClientRequestID(), "model", st.pick.Model(), "err", err)
 	}
 	return err
 }
@@ -617,16 +620,16 @@ func (st *stream) misconfigured(why string) error {
 func (st *stream) panicked(v any, stack []byte) error {
 	st.s.metrics.errors.WithLabelValues(errPanic).Inc()
 	st.closed = true
-	requestID := ""
+	requestID, clientRequestID := "", ""
 	if st.pick != nil {
-		requestID = st.pick.RequestID()
+		requestID, clientRequestID = st.pick.RequestID(), st.pick.LoggedClientRequestID()
 		if !st.respEnded && !st.cancelled {
 			st.cancelled = true
 			st.pick.Cancel("the gateway failed while serving the request's external processing stream")
 		}
 	}
 	st.log.Error(fmt.Errorf("panic: %v", v), "Serving an external processing stream panicked: the stream ends with INTERNAL",
-		"requestID", requestID, "stack", string(stack))
+		"requestID", requestID, "clientRequestID", clientRequestID, "stack", string(stack))
 	return status.Error(codes.Internal, "kvgate failed while serving this stream; the gateway's log has the details")
 }
 

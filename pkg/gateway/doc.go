@@ -372,11 +372,12 @@
 // collide. The engine is sent the client's X-Request-Id, which vLLM names
 // the request after, or the gateway's id when the client sent none. The
 // client's id is shown beside the gateway's, as clientRequestID, in the
-// per-request logs (the proxy's and routing's, at verbosity 2 and up) and
-// in GET /debug/slo, to join them with the engine's logs: its first 128
-// bytes (types.MaxLoggedClientRequestIDBytes), each byte that is not
-// printable ASCII replaced with '?'. The external processor's requests
-// show none: Envoy's x-request-id reaches the engine instead.
+// per-request logs (the proxy's, the external processor's and routing's, at
+// verbosity 2 and up) and in GET /debug/slo, to join them with the
+// engine's logs: its first 128 bytes (types.MaxLoggedClientRequestIDBytes),
+// each byte that is not printable ASCII replaced with '?'. Behind Envoy,
+// the external processor shows the x-request-id Envoy sets or passes on,
+// which is the id the engine receives (PickRequest.ClientRequestID).
 //
 // # Metrics
 //

@@ -103,6 +103,10 @@ type PickRequest struct {
 	Body []byte
 	// Strategy is the request's routing-strategy header, "" for none.
 	Strategy string
+	// ClientRequestID is the request id the client or its proxy sent
+	// (X-Request-Id), "" for none: logs and GET /debug/slo show it beside
+	// the gateway's own id, as the proxy's requests show theirs.
+	ClientRequestID string
 	// Subset, when not nil, restricts the candidates to the pods at these
 	// addresses (ip:port): a request whose subset holds no candidate is
 	// refused with 503.
@@ -175,10 +179,11 @@ func (p *Picker) Pick(ctx context.Context, in PickRequest) (*Pick, *Error) {
 		return nil, err
 	}
 	if path == PathCompletions || path == PathChatCompletions {
-		k.rc, k.req = g.begin(ctx, &k.a, k.x, start, "")
+		k.rc, k.req = g.begin(ctx, &k.a, k.x, start, in.ClientRequestID)
 	} else {
 		k.rc = types.NewRoutingContext(g.requestID(), k.a.model)
 		k.rc.ReceivedAt, k.rc.Algorithm = start, k.a.algorithm
+		k.rc.ClientRequestID = in.ClientRequestID
 		k.rc.LoraAdapter = adapterOf(k.a.model, k.a.pods)
 		k.req = g.ledger.Admit(k.rc.RequestID, k.rc.Model)
 	}
@@ -259,6 +264,10 @@ func (k *Pick) Decision() *routing.Decision { return &k.x.d }
 
 // RequestID returns the id the request is recorded under.
 func (k *Pick) RequestID() string { return k.rc.RequestID }
+
+// LoggedClientRequestID returns PickRequest.ClientRequestID as logs show it
+// (see types.RoutingContext.LoggedClientRequestID).
+func (k *Pick) LoggedClientRequestID() string { return k.rc.LoggedClientRequestID() }
 
 // Model returns the model the request asks for.
 func (k *Pick) Model() string { return k.a.model }
