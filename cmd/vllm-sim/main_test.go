@@ -82,6 +82,30 @@ func TestAPIKeyFlagMakesTheServerRequireTheKey(t *testing.T) {
 	}
 }
 
+func TestServedModelNameNamesTheModelAndModelItsRoot(t *testing.T) {
+	tests := []struct {
+		args            []string
+		model, rootPath string
+	}{
+		{[]string{"--model", "llama"}, "llama", ""},
+		{[]string{"--model", "/models/Llama-3.1-8B", "--served-model-name", "llama"}, "llama", "/models/Llama-3.1-8B"},
+		{[]string{"--served-model-name", "llama"}, "llama", "sim-model"},
+	}
+	for _, tt := range tests {
+		o, err := parse(t, tt.args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := o.serverConfig(rand.Reader)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cfg.Model != tt.model || cfg.ModelPath != tt.rootPath {
+			t.Errorf("%q: model %q at %q, want %q at %q", tt.args, cfg.Model, cfg.ModelPath, tt.model, tt.rootPath)
+		}
+	}
+}
+
 func TestOptionsSetTheLatencyModelAndEventDelivery(t *testing.T) {
 	o, err := parse(t, "--attention-ns-per-context-token", "3.5", "--decode-ns-per-context-token", "64", "--speed", "1.8",
 		"--kv-events-delay", "5ms", "--kv-events-jitter", "20ms", "--kv-events-loss", "0.01")

@@ -15,10 +15,13 @@ import (
 
 // options are the command-line settings of vllm-sim.
 type options struct {
-	model string
-	host  string
-	port  int
-	loras string
+	// model is the served model name; modelPath, when set, the model's
+	// path listed as its root (-model given with -served-model-name).
+	model     string
+	modelPath string
+	host      string
+	port      int
+	loras     string
 	// runtimeLoRA serves the runtime LoRA loading endpoints.
 	runtimeLoRA bool
 	dpSize      int
@@ -56,7 +59,10 @@ Flags:
 func parseOptions(fs *flag.FlagSet, args []string) (options, error) {
 	var o options
 	e := &o.engine
-	fs.StringVar(&o.model, "model", "sim-model", "served model name")
+	fs.StringVar(&o.model, "model", "sim-model",
+		"served model name; with -served-model-name, the model's path or Hugging Face name, listed as its root in /v1/models")
+	servedName := fs.String("served-model-name", "",
+		"served model name, which requests name, as vLLM's --served-model-name; empty for -model")
 	fs.StringVar(&o.host, "host", "0.0.0.0", "address to listen on")
 	fs.IntVar(&o.port, "port", 8000, "port to serve the HTTP API on")
 	fs.StringVar(&o.loras, "lora-modules", "",
@@ -123,6 +129,9 @@ func parseOptions(fs *flag.FlagSet, args []string) (options, error) {
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
+	if *servedName != "" {
+		o.model, o.modelPath = *servedName, o.model
+	}
 	if o.dpSize < 1 {
 		return o, fmt.Errorf("-data-parallel-size must be at least 1, got %d", o.dpSize)
 	}
@@ -159,7 +168,7 @@ func (o *options) loraModules() []simserver.LoRAModule {
 // serverConfig builds the simulated server's configuration, drawing random
 // hash seeds from random when -hash-seed is empty.
 func (o *options) serverConfig(random io.Reader) (simserver.Config, error) {
-	cfg := simserver.Config{Model: o.model, LoRAModules: o.loraModules(), AllowRuntimeLoRAUpdating: o.runtimeLoRA}
+	cfg := simserver.Config{Model: o.model, ModelPath: o.modelPath, LoRAModules: o.loraModules(), AllowRuntimeLoRAUpdating: o.runtimeLoRA}
 	if o.apiKey != "" {
 		cfg.APIKeys = []string{o.apiKey}
 	}

@@ -102,15 +102,15 @@ func (s *Server) answer(w http.ResponseWriter, r *http.Request, g *generation, f
 }
 
 // handleModels lists the model and the adapters loaded now as vLLM does:
-// the model with its max_model_len, each adapter with its path as root and
-// the model as parent.
+// the model with its path as root and its max_model_len, each adapter with
+// its path as root and the model as parent.
 func (s *Server) handleModels(w http.ResponseWriter, _ *http.Request) {
 	maxLen := s.maxModelLen
 	card := func(id, root string, parent *string, maxLen *int) modelCard {
 		return modelCard{ID: id, Object: "model", Created: s.created, OwnedBy: "vllm", Root: root, Parent: parent,
 			MaxModelLen: maxLen, Permission: []modelPermission{newModelPermission(s.created)}}
 	}
-	cards := []modelCard{card(s.model, s.model, nil, &maxLen)}
+	cards := []modelCard{card(s.model, s.modelPath, nil, &maxLen)}
 	for _, l := range s.loras.list() {
 		cards = append(cards, card(l.lora.Name, l.path, &s.model, nil))
 	}

@@ -46,6 +46,7 @@
 package simserver
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -75,6 +76,10 @@ type Rank struct {
 type Config struct {
 	// Model is the served model name, which requests must name (or omit).
 	Model string
+	// ModelPath is the model's path or Hugging Face name, which
+	// /v1/models lists as the root of Model's card, as vLLM started with
+	// --model ModelPath --served-model-name Model does; empty for Model.
+	ModelPath string
 	// LoRAModules are the LoRA adapters served on top of Model from the
 	// start. A request naming adapter i runs with it (engine adapter id
 	// i+1): its blocks are hashed apart from the base model's and its
@@ -107,6 +112,7 @@ type Config struct {
 // Server is a simulated vLLM API server.
 type Server struct {
 	model       string
+	modelPath   string
 	loras       loraRegistry
 	maxModelLen int
 	runners     []*runner
@@ -126,10 +132,11 @@ func New(cfg Config) (*Server, error) {
 		return nil, errors.New("simserver: at least one rank is required")
 	}
 	s := &Server{
-		model:    cfg.Model,
-		registry: cfg.Registry,
-		log:      cfg.Logger.WithValues("model", cfg.Model),
-		created:  time.Now().Unix(),
+		model:     cfg.Model,
+		modelPath: cmp.Or(cfg.ModelPath, cfg.Model),
+		registry:  cfg.Registry,
+		log:       cfg.Logger.WithValues("model", cfg.Model),
+		created:   time.Now().Unix(),
 	}
 	s.tokenizer = simTokenizer{}
 	if cfg.Tokenizer != nil {

@@ -465,6 +465,21 @@ func TestModelsListsTheModelAndItsAdaptersAsVLLMDoes(t *testing.T) {
 	}
 }
 
+func TestModelsListsTheModelsPathAsRootWhenItIsServedUnderAnotherName(t *testing.T) {
+	ts := startServer(t, 1, func(c *Config) { c.ModelPath = "/models/Llama-3.1-8B" })
+	var got []string
+	for _, c := range ts.models(t) {
+		got = append(got, cardSummary(c))
+	}
+	// As vLLM's --served-model-name: the card's id is the served name, its
+	// root the model's path, and adapters name the served name as parent.
+	want := []string{testModel + " /models/Llama-3.1-8B null 512", "sql-lora /adapters/sql " + testModel + " null",
+		"chat-lora chat-lora " + testModel + " null"}
+	if !slices.Equal(got, want) {
+		t.Errorf("model cards %q, want %q", got, want)
+	}
+}
+
 func TestLoRAAdaptersLoadAndUnloadAtRuntime(t *testing.T) {
 	ts := startServer(t, 1, func(c *Config) { c.AllowRuntimeLoRAUpdating = true })
 	steps := []struct {
