@@ -3,8 +3,6 @@ package cache
 import (
 	"bytes"
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -21,8 +19,9 @@ const maxModelListBytes = 1 << 20
 const maxLoggedNames = 16
 
 // adapterLoop reads one pod's /v1/models every interval and records the
-// LoRA adapters it lists, runtime-loaded ones included, in the registry.
-// Its fields are owned by its goroutine.
+// LoRA adapters it lists, runtime-loaded ones included, in the registry,
+// and the model cards of the base model and of the adapters taken in the
+// pod's state. Its fields are owned by its goroutine.
 type adapterLoop struct {
 	key      endpoint.Key
 	id       string // key's "namespace/name", for the failure counter
@@ -53,11 +52,11 @@ func (l *adapterLoop) run(ctx context.Context) {
 	pollEvery(ctx, l.interval, l.refresh)
 }
 
-// refresh lists the pod's models once. A failure keeps the adapters the pod
-// listed last: an engine that does not answer for a while has not unloaded
-// them.
+// refresh lists the pod's models once. A failure keeps the adapters and the
+// cards the pod listed last: an engine that does not answer for a while has
+// not unloaded them.
 func (l *adapterLoop) refresh(ctx context.Context) {
-	adapters, err := l.fetch(ctx)
+	cards, adapters, err := l.fetch(ctx)
 	trimBuffer(&l.body)
 	if ctx.Err() != nil {
 		return // stopping: the listing was cut short, not failed
@@ -80,6 +79,8 @@ func (l *adapterLoop) refresh(ctx context.Context) {
 				"listed", listed, "kept", len(adapters))
 		}
 	}
+	// The cards go first, so that an adapter is routed to with its card.
+	l.state.setCards(podCards(cards, l.model, adapters))
 	if prev, changed := l.publish(l.key, l.state, adapters); changed {
 		l.failures.log.Info("The pod's LoRA adapters changed", "pod", l.failures.pod, "model", l.model,
 			"adapters", namesForLog(adapters), "previous", namesForLog(prev))
@@ -123,44 +124,16 @@ func namesForLog(names []string) []string {
 }
 
 // fetch GETs the pod's /v1/models within the timeout and returns the
-// adapters it lists.
-func (l *adapterLoop) fetch(ctx context.Context) ([]string, error) {
+// cards and the adapters it lists (see cardsOfModelList).
+func (l *adapterLoop) fetch(ctx context.Context) ([]ModelCard, []string, error) {
 	if err := l.page.get(ctx, &l.body); err != nil {
-		return nil, fmt.Errorf("list models: %w", err)
+		return nil, nil, fmt.Errorf("list models: %w", err)
 	}
-	adapters, err := adaptersOfModelList(l.body.Bytes())
+	cards, adapters, err := cardsOfModelList(l.body.Bytes())
 	if err != nil {
-		return nil, &readError{reason: readBadBody, err: fmt.Errorf("list models at %s: %w", l.page.url, err)}
+		return nil, nil, &readError{reason: readBadBody, err: fmt.Errorf("list models at %s: %w", l.page.url, err)}
 	}
-	return adapters, nil
-}
-
-// adaptersOfModelList returns the LoRA adapters a vLLM server lists in its
-// answer to GET /v1/models: the ids of the model cards that name a parent
-// (the base model the adapter applies to), sorted and without duplicates.
-// Cards without a parent are base models. It fails when body is not a JSON
-// object with a "data" list of cards.
-func adaptersOfModelList(body []byte) ([]string, error) {
-	var list struct {
-		Data *[]struct {
-			ID     string  `json:"id"`
-			Parent *string `json:"parent"`
-		} `json:"data"`
-	}
-	if err := json.Unmarshal(body, &list); err != nil {
-		return nil, fmt.Errorf("decode model list: %w", err)
-	}
-	if list.Data == nil {
-		return nil, errors.New(`decode model list: no "data" list of models`)
-	}
-	var adapters []string
-	for _, c := range *list.Data {
-		if c.ID != "" && c.Parent != nil && *c.Parent != "" {
-			adapters = append(adapters, c.ID)
-		}
-	}
-	slices.Sort(adapters)
-	return slices.Compact(adapters), nil
+	return cards, adapters, nil
 }
 
 // modelsURL is where the pod lists its models: its engine's address.

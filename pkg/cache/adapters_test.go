@@ -24,7 +24,7 @@ import (
 	"github.com/kvgate/kvgate/pkg/endpoint"
 )
 
-func TestAdaptersOfModelListReadsTheCardsWithAParent(t *testing.T) {
+func TestModelListsAdaptersAreTheCardsWithAParent(t *testing.T) {
 	golden, err := os.ReadFile("testdata/models/vllm_lora.json")
 	if err != nil {
 		t.Fatal(err)
@@ -46,7 +46,7 @@ func TestAdaptersOfModelListReadsTheCardsWithAParent(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := adaptersOfModelList([]byte(tt.body))
+			_, got, err := cardsOfModelList([]byte(tt.body))
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
 					t.Fatalf("error = %v, want one containing %q", err, tt.wantErr)
@@ -72,6 +72,10 @@ type modelServer struct {
 	mu       sync.Mutex
 	adapters []string
 	status   int
+	// root and maxModelLen are those of the base model's card, left out
+	// when empty or 0.
+	root        string
+	maxModelLen int
 }
 
 func newModelServer(t *testing.T, adapters ...string) *modelServer {
@@ -91,14 +95,16 @@ func newModelServer(t *testing.T, adapters ...string) *modelServer {
 			return
 		}
 		type card struct {
-			ID     string  `json:"id"`
-			Object string  `json:"object"`
-			Parent *string `json:"parent"`
+			ID          string  `json:"id"`
+			Object      string  `json:"object"`
+			Root        string  `json:"root,omitempty"`
+			Parent      *string `json:"parent"`
+			MaxModelLen int     `json:"max_model_len,omitempty"`
 		}
 		base := llama
-		cards := []card{{ID: base, Object: "model"}}
+		cards := []card{{ID: base, Object: "model", Root: m.root, MaxModelLen: m.maxModelLen}}
 		for _, a := range m.adapters {
-			cards = append(cards, card{ID: a, Object: "model", Parent: &base})
+			cards = append(cards, card{ID: a, Object: "model", Root: "/adapters/" + a, Parent: &base})
 		}
 		_ = json.NewEncoder(w).Encode(map[string]any{"object": "list", "data": cards})
 	}))
@@ -106,6 +112,13 @@ func newModelServer(t *testing.T, adapters ...string) *modelServer {
 	_, port, _ := net.SplitHostPort(m.srv.Listener.Addr().String())
 	m.port, _ = strconv.Atoi(port)
 	return m
+}
+
+// setBase changes the root and max_model_len of the base model's card.
+func (m *modelServer) setBase(root string, maxModelLen int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.root, m.maxModelLen = root, maxModelLen
 }
 
 // set changes what the engine answers: the adapters it lists, or an error

@@ -15,7 +15,11 @@
 //     AdapterRefreshInterval, at most MaxAdaptersPerPod a pod. A request
 //     for an adapter is routed among the pods serving it. A change of a
 //     pod's adapters that changes the models it serves is announced to the
-//     PodListeners that are ModelsListeners;
+//     PodListeners that are ModelsListeners. The same listing gives each
+//     pod's model cards (ModelCard: root, parent, max_model_len, owned_by),
+//     those of its base model and of the adapters taken, each string at
+//     most MaxModelCardStringBytes (a longer one is dropped); ModelCard
+//     serves a model's card from its ready pods;
 //   - the metrics of every routable pod, scraped from its vLLM /metrics in a
 //     loop per pod and derived into load, KV-cache usage, prefix-cache hit
 //     rate, recent latencies and prefill speed, for the pod as a whole and

@@ -87,21 +87,29 @@ func FuzzProfileUnmarshal(f *testing.F) {
 	})
 }
 
-// FuzzAdaptersOfModelList feeds arbitrary /v1/models bodies to the adapter
-// listing decoder. A pod controls its body: none may panic, and whatever
-// decodes is a sorted list of distinct, non-empty adapter names.
-func FuzzAdaptersOfModelList(f *testing.F) {
+// FuzzCardsOfModelList feeds arbitrary /v1/models bodies to the model list
+// decoder. A pod controls its body: none may panic, and whatever decodes is
+// a sorted list of distinct, non-empty adapter names and of cards of
+// distinct, non-empty IDs whose strings are within their bound.
+func FuzzCardsOfModelList(f *testing.F) {
 	f.Add([]byte(`{"object":"list","data":[{"id":"m","parent":null},{"id":"sql-lora","root":"/a","parent":"m"}]}`))
 	f.Add([]byte(`{"data":[{"id":"b","parent":"m"},{"id":"a","parent":"m"},{"id":"b","parent":"m"}]}`))
 	f.Add([]byte(`{"data":null}`))
+	f.Add([]byte(`{"data":[{"id":"m","root":"/m","owned_by":"vllm","max_model_len":8192},{"id":"a","root":7,"max_model_len":1.5}]}`))
 	f.Fuzz(func(t *testing.T, body []byte) {
-		adapters, err := adaptersOfModelList(body)
+		cards, adapters, err := cardsOfModelList(body)
 		if err != nil {
 			return
 		}
 		for i, a := range adapters {
 			if a == "" || (i > 0 && adapters[i-1] >= a) {
 				t.Fatalf("adapters %q are not sorted, distinct and named", adapters)
+			}
+		}
+		for i, c := range cards {
+			if c.ID == "" || (i > 0 && cards[i-1].ID >= c.ID) || c.MaxModelLen < 0 ||
+				max(len(c.Root), len(c.Parent), len(c.OwnedBy)) > MaxModelCardStringBytes {
+				t.Fatalf("card %d of %d, %+v: cards are not sorted, distinct, named and bounded", i, len(cards), c)
 			}
 		}
 	})

@@ -243,6 +243,22 @@ func (r *registry) model(name string) ([]*endpoint.Endpoint, bool) {
 	return m.routable, true
 }
 
+// routableStates returns the model's ready pods ordered by ID, and the
+// state of each.
+func (r *registry) routableStates(name string) ([]*podState, []*endpoint.Endpoint) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	m := r.models[name]
+	if m == nil {
+		return nil, nil
+	}
+	states := make([]*podState, len(m.routable))
+	for i, ep := range m.routable {
+		states[i] = m.pods[ep.Key].state
+	}
+	return states, m.routable
+}
+
 func (r *registry) modelList() []string {
 	r.mu.RLock()
 	defer r.mu.RUnlock()

@@ -34,11 +34,13 @@ type Store struct {
 }
 
 // podState is what the Store keeps about a pod for as long as it keeps its
-// UID: its latest metrics, its load and its ejection.
+// UID: its latest metrics, its load, its ejection and the model cards its
+// engine listed last (those of the models it serves, sorted by ID).
 type podState struct {
 	metrics atomic.Pointer[podMetrics]
 	load    *inflight.PodLoad
 	health  podHealth
+	cards   atomic.Pointer[[]ModelCard]
 }
 
 func newPodState(id string) *podState { return &podState{load: inflight.NewPodLoad(id)} }
