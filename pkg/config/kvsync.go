@@ -175,7 +175,9 @@ var (
 		Doc: "How often each ready pod's GET /v1/models is read to learn the LoRA adapters its engine serves, runtime-loaded " +
 			"ones included (vLLM lists them with the base model as parent), in seconds or with a unit (\"500ms\"). " +
 			"They add to the adapters a pod declares in its kvgate.io/lora-adapters annotation (loraAdapters in the " +
-			"endpoints file); 0 turns the listing off.",
+			"endpoints file). The same listing gives the model cards (root, parent, max_model_len) the gateway's own " +
+			"GET /v1/models shows. 0 turns the listing off: the gateway then lists each model with its name as root " +
+			"and no max_model_len.",
 	}
 	MaxAdaptersPerPod = Var{
 		Name:    "KVGATE_MAX_ADAPTERS_PER_POD",

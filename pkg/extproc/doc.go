@@ -39,7 +39,8 @@
 // With Config.FailOpen, a request refused with 503 continues without a
 // destination instead (Envoy's own load balancing then applies, or its
 // fail-open behaviour). GET /v1/models is answered by the Server itself,
-// with the models of the ready pods, as the proxy answers it.
+// with the models of the ready pods and the cards their engines list, as
+// the proxy answers it.
 //
 // # Processing modes
 //

@@ -117,7 +117,7 @@ func TestWithoutKVSyncOrTokenizerRequestsRouteOnLoad(t *testing.T) {
 		t.Errorf("/debug/match with a prompt and no tokenizer: %d %s", resp.StatusCode, data)
 	}
 	if status, list := get(t, f.url+"/v1/models"); status != http.StatusOK ||
-		list != `{"object":"list","data":[{"id":"llama","object":"model","created":`+mustJSON(f.gw.started.Unix())+`,"owned_by":"kvgate"}]}`+"\n" {
+		len(listedModels(t, []byte(list))) != 1 || listedModels(t, []byte(list))[0]["id"] != "llama" {
 		t.Errorf("/v1/models: %d %s", status, list)
 	}
 }

@@ -218,8 +218,21 @@
 // and never requests for the base model or another adapter.
 //
 // GET /v1/models lists the models with at least one ready pod, adapters
-// included, in OpenAI's format
-// ({"object":"list","data":[{"id","object":"model","created","owned_by":"kvgate"}]}).
+// included, sorted, each with the model card its engines list, in vLLM's
+// shape: {"object":"list","data":[{"id", "object":"model", "created",
+// "owned_by", "root", "parent", "max_model_len", "permission"}]}. root
+// (the model's path or Hugging Face name, an adapter's path), parent (an
+// adapter's base model, null for a base model) and owned_by are those of
+// the card the first of the model's ready pods (by namespace and name)
+// lists; max_model_len is the smallest any of them lists, since a request
+// may be routed to any of them; created is when the gateway started, and
+// permission vLLM's default. Until an engine's listing is read (at
+// KVGATE_ADAPTER_REFRESH_INTERVAL, never when it is 0), a model's card has
+// root = its id, parent = its base model for an adapter (null otherwise),
+// max_model_len null and owned_by "kvgate". The Store keeps the cards of a
+// pod's base model and of the adapters it takes from the pod, each root,
+// parent and owned_by of at most 1 KiB (a longer one is dropped, showing
+// the fallback).
 //
 // Errors the gateway answers itself are OpenAI-style JSON:
 //

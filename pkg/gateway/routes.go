@@ -137,19 +137,6 @@ func writeJSON(w http.ResponseWriter, v any) {
 	_, _ = w.Write(append(data, '\n'))
 }
 
-// modelList is the answer of GET /v1/models.
-type modelList struct {
-	Object string      `json:"object"`
-	Data   []modelCard `json:"data"`
-}
-
-type modelCard struct {
-	ID      string `json:"id"`
-	Object  string `json:"object"`
-	Created int64  `json:"created"`
-	OwnedBy string `json:"owned_by"`
-}
-
 // serveModels lists the models served by at least one ready pod.
 func (g *Gateway) serveModels(w http.ResponseWriter, r *http.Request) {
 	if !allowMethod(w, r, http.MethodGet) {
@@ -160,15 +147,4 @@ func (g *Gateway) serveModels(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, g.modelList(b))
-}
-
-// modelList lists the models served by at least one ready pod.
-func (g *Gateway) modelList(b *backend) modelList {
-	list := modelList{Object: "list", Data: []modelCard{}}
-	for _, m := range b.store.ListModels() {
-		if pods, err := b.store.ListPodsByModel(m); err == nil && len(pods) > 0 {
-			list.Data = append(list.Data, modelCard{ID: m, Object: "model", Created: g.started.Unix(), OwnedBy: "kvgate"})
-		}
-	}
-	return list
 }

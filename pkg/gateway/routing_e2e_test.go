@@ -186,8 +186,8 @@ func TestAModelLabelWithSpacesServesTheTrimmedModel(t *testing.T) {
 	f.waitReady()
 	f.waitFollowed("ns/a")
 	f.waitFollowed("ns/b")
-	if status, list := get(t, f.url+"/v1/models"); status != http.StatusOK || strings.Count(list, `"id"`) != 1 ||
-		!strings.Contains(list, `"id":"llama"`) {
+	if status, list := get(t, f.url+"/v1/models"); status != http.StatusOK || len(listedModels(t, []byte(list))) != 1 ||
+		listedModels(t, []byte(list))[0]["id"] != "llama" {
 		t.Fatalf("/v1/models = %d %s; want llama, once", status, list)
 	}
 
