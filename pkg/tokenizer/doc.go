@@ -19,6 +19,27 @@
 // those absent. The package imports no Kubernetes types: the caller picks a
 // ready pod of the model and passes its base URL.
 //
+// # Anthropic Messages
+//
+// vLLM also serves Anthropic's Messages API (/v1/messages and
+// /v1/messages/count_tokens) by converting each body into an OpenAI chat
+// request and rendering that. ChatFromAnthropic and
+// ChatFromAnthropicCountTokens make the same conversion, current vLLM's, so
+// that TokenizeChat gives such a request the ids of the prompt vLLM
+// renders for it: the system blocks joined, tool_use blocks as tool calls
+// whose arguments are Python's json.dumps of the input byte for byte,
+// tool_result blocks as tool messages, thinking as the assistant's
+// reasoning, tools as OpenAI function tools, output_config.effort as
+// reasoning_effort. What vLLM renders in a way that cannot be reproduced
+// exactly (images, a tool_use block without an id, which vLLM names after
+// the current time, system messages inside messages, JSON values Python
+// reads unlike Go) fails with ReasonUnsupported, and a body vLLM refuses
+// with ReasonInput: a wrong prompt would credit pods with blocks they do
+// not hold, so such requests are best routed on load alone. The
+// conversion reads the body once and is bounded by it: its result is at
+// most five times larger, and free-form values (tool inputs, input
+// schemas, chat_template_kwargs) nested deeper than 100 are refused.
+//
 // # Cache
 //
 // Results, in process or from the engine, are cached in an LRU cache

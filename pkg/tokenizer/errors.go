@@ -35,6 +35,12 @@ const (
 	// its text exceeds Config.LocalMaxBytes: it is tokenized neither in
 	// process nor by the engine, and is best routed on load alone.
 	ReasonTooLarge Reason = "too_large"
+	// ReasonUnsupported means the request is one vLLM accepts but renders
+	// into a prompt that cannot be reproduced exactly: for example an
+	// Anthropic Messages request holding images, or a tool_use block
+	// without an id, which vLLM names after the current time. It is best
+	// routed on load alone.
+	ReasonUnsupported Reason = "unsupported"
 )
 
 // callReasons lists the reasons an HTTP call can end with, besides success.
@@ -75,6 +81,10 @@ func (e *Error) Unwrap() error { return e.Err }
 
 func inputError(model string, err error) *Error {
 	return &Error{Reason: ReasonInput, Model: model, Err: err}
+}
+
+func unsupportedError(model string, err error) *Error {
+	return &Error{Reason: ReasonUnsupported, Model: model, Err: err}
 }
 
 // transportReason classifies an error from sending a request or reading its

@@ -2,6 +2,7 @@ package tokenizer
 
 import (
 	"encoding/json"
+	"errors"
 	"slices"
 	"testing"
 	"unicode/utf8"
@@ -87,6 +88,54 @@ func FuzzErrorMessage(f *testing.F) {
 		msg := errorMessage(body)
 		if msg == "" || !utf8.ValidString(msg) || len(msg) > maxErrorMessage+len("…") {
 			t.Fatalf("errorMessage(%q) = %q", body, msg)
+		}
+	})
+}
+
+// FuzzChatFromAnthropic checks that no body makes the conversion panic,
+// that it returns either a chat request or an *Error, never both, and
+// that what it returns is a chat request with a /tokenize body, whose JSON
+// values are valid and at most five times larger than the body.
+func FuzzChatFromAnthropic(f *testing.F) {
+	for _, c := range anthropicCases {
+		f.Add([]byte(c.body), c.countTokens)
+	}
+	f.Add([]byte(claudeCodeTurnAnthropic), false)
+	for _, seed := range []string{
+		`{"model":"m","max_tokens":1,"messages":[{"role":"assistant","content":[{"type":"tool_use","id":"t","input":{"a":[1e308,-0.0,"\ud800"]}}]}]}`,
+		`{"model":"m","max_tokens":1,"messages":[{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":[{"type":"text","text":"x"},{"type":"image"}]}]}]}`,
+		`{"model":"m","max_tokens":1,"messages":[],"tools":[{"name":"f","input_schema":{"a":{"b":{}}}}]}`,
+		`{"model":"m","max_tokens":1,"system":[{"type":"text","text":"a"}],"messages":[{"role":"system","content":"s"}]}`,
+		`null`, `{}`, `[]`, `"x"`,
+	} {
+		f.Add([]byte(seed), false)
+	}
+	f.Fuzz(func(t *testing.T, body []byte, countTokens bool) {
+		convert := ChatFromAnthropic
+		if countTokens {
+			convert = ChatFromAnthropicCountTokens
+		}
+		req, err := convert(body)
+		if err != nil {
+			var e *Error
+			if req != nil || !errors.As(err, &e) || (e.Reason != ReasonInput && e.Reason != ReasonUnsupported) {
+				t.Fatalf("convert(%q) = %+v, %v", body, req, err)
+			}
+			return
+		}
+		if req == nil || req.Model == "" {
+			t.Fatalf("convert(%q) = %+v, no error", body, req)
+		}
+		for _, v := range [][]byte{req.Messages, req.Tools, req.ChatTemplateKwargs} {
+			if v != nil && !json.Valid(v) {
+				t.Fatalf("convert(%q) wrote invalid JSON %q", body, v)
+			}
+		}
+		if n := len(req.Messages) + len(req.Tools) + len(req.ChatTemplateKwargs); n > 5*len(body) {
+			t.Fatalf("convert(%q) wrote %d bytes of JSON, more than five times the body's %d", body, n, len(body))
+		}
+		if _, err := req.body(); err != nil {
+			t.Fatalf("convert(%q) gave a request without a /tokenize body: %v", body, err)
 		}
 	})
 }
