@@ -126,6 +126,49 @@
 // kvgate_gateway_client_connections is how many it holds. The admin
 // listener has no bound.
 //
+// # Other endpoints
+//
+// vLLM's other endpoints whose POST body is a JSON object naming the model
+// are proxied too, each request routed by that model: /v1/responses
+// (OpenAI's Responses API), /v1/messages and /v1/messages/count_tokens
+// (Anthropic's Messages API), /v1/embeddings, /pooling, /classify, /score,
+// /v1/score, /rerank, /v1/rerank, /v2/rerank, /tokenize, /detokenize,
+// /v1/chat/completions/render and /v1/completions/render. Their requests
+// take the steps above but the third: the body is read within the same
+// bounds and forwarded byte for byte, only its model is read (a string:
+// 400 when the body is not a JSON object or names no model), and no prompt
+// is tokenized, whatever the algorithm, so that prefix-cache, kv-aware and
+// least-latency route them on load alone and an SLO-aware algorithm routes
+// them at once, without its model's queue (there is no prompt to predict
+// their latency from; when no pod is predicted to meet the objective they
+// go where kv-aware sends them). Any other method than POST is a 405. They
+// count as running on their pod until their response ends, are retried on
+// another pod when theirs cannot be connected to, and their responses are
+// relayed as the pod sent them: a 200 event stream (/v1/responses or
+// /v1/messages with "stream": true) event by event, each flushed and
+// bounded by Config.MaxStreamEventBytes, any other body as step 6 relays
+// it. The gateway reads no usage or first token from them: they feed
+// neither the output predictor, the request traces nor the TTFT metric.
+// kvgate_gateway_requests_total and the duration, overhead and phase
+// histograms count them with the completions of their model.
+//
+// The endpoints that act on one engine (/v1/load_lora_adapter,
+// /v1/unload_lora_adapter, /reset_prefix_cache, /reset_mm_cache, /sleep,
+// /wake_up, /collective_rpc, /start_profile, /stop_profile,
+// /scale_elastic_ep, ...) are not proxied, nor is SageMaker's /invocations:
+// a gateway would send them to whichever pod it picked. They answer 404;
+// send them to the engine itself.
+//
+// vLLM keeps a Responses API response it stores (store,
+// previous_response_id, background mode; only with
+// VLLM_ENABLE_RESPONSES_API_STORE=1, off by default, which vLLM warns
+// leaks memory) in the memory of the engine that made it. The gateway does
+// not route a follow-up to that engine: a request naming a
+// previous_response_id is routed by its model like any other, and an
+// engine that does not hold the response refuses it. GET
+// /v1/responses/{id} and POST /v1/responses/{id}/cancel name no model and
+// are not routed: they answer 404 not_found saying why.
+//
 // # Request members
 //
 // The gateway reads these members of a request, and forwards the body as

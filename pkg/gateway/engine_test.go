@@ -50,7 +50,8 @@ type recorded struct {
 }
 
 // testEngine is a vLLM engine for the gateway's tests: an httptest server
-// answering /v1/completions, /v1/chat/completions, /tokenize, /v1/models
+// answering /v1/completions, /v1/chat/completions and the other endpoints
+// the gateway routes by model (recording what reached them), /tokenize, /v1/models
 // and /metrics, and a publisher.Publisher on loopback whose events the test
 // publishes.
 type testEngine struct {
@@ -239,7 +240,9 @@ func (e *testEngine) serve(w http.ResponseWriter, r *http.Request) {
 		e.serveTokenize(w, body)
 	case "/v1/models":
 		e.serveModels(w)
-	case "/v1/completions", "/v1/chat/completions":
+	case "/v1/completions", "/v1/chat/completions", "/detokenize", "/v1/embeddings", "/pooling", "/classify", "/score",
+		"/v1/score", "/rerank", "/v1/rerank", "/v2/rerank", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens",
+		"/v1/chat/completions/render", "/v1/completions/render":
 		e.mu.Lock()
 		if !e.forget {
 			e.requests = append(e.requests, recorded{path: r.URL.Path, header: r.Header.Clone(), body: body})

@@ -54,7 +54,7 @@ func TestErrorsAreOpenAIStyleJSON(t *testing.T) {
 			completion("hi", `,"stream":true,"stream_options":{"include_usage":"maybe"}`), nil, false, 400, codeInvalidField, "stream_options"},
 		{"wrong method", "GET", "/v1/completions", "", nil, false, 405, codeMethodNotAllowed, ""},
 		{"wrong method for models", "POST", "/v1/models", "", nil, false, 405, codeMethodNotAllowed, ""},
-		{"no such endpoint", "GET", "/v1/embeddings", "", nil, false, 404, codeNotFound, ""},
+		{"no such endpoint", "GET", "/v1/assistants", "", nil, false, 404, codeNotFound, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

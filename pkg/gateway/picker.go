@@ -158,18 +158,15 @@ func (p *Picker) Pick(ctx context.Context, in PickRequest) (*Pick, *Error) {
 	}
 	k := &Pick{g: g, x: exchanges.Get().(*exchange), a: admitted{b: b}}
 	path, _, _ := strings.Cut(in.Path, "?")
-	var err *Error
+	kd := kindModel
 	switch path {
-	case PathCompletions, PathChatCompletions:
-		kd := kindCompletion
-		if path == PathChatCompletions {
-			kd = kindChat
-		}
-		err = g.check(&k.a, kd, in.Body, in.Strategy, k.x)
-		k.stream = k.x.in.stream().Stream
-	default:
-		err = g.checkModel(&k.a, in.Body, in.Strategy, k.x)
+	case PathCompletions:
+		kd = kindCompletion
+	case PathChatCompletions:
+		kd = kindChat
 	}
+	err := g.check(&k.a, kd, in.Body, in.Strategy, k.x)
+	k.stream = k.x.in.stream().Stream
 	if err == nil && in.Subset != nil {
 		err = k.restrict(in.Subset)
 	}
@@ -178,16 +175,8 @@ func (p *Picker) Pick(ctx context.Context, in PickRequest) (*Pick, *Error) {
 		putExchange(k.x)
 		return nil, err
 	}
-	if path == PathCompletions || path == PathChatCompletions {
-		k.rc, k.req = g.begin(ctx, &k.a, k.x, start, in.ClientRequestID)
-	} else {
-		k.rc = types.NewRoutingContext(g.requestID(), k.a.model)
-		k.rc.ReceivedAt, k.rc.Algorithm = start, k.a.algorithm
-		k.rc.ClientRequestID = in.ClientRequestID
-		k.rc.LoraAdapter = adapterOf(k.a.model, k.a.pods)
-		k.req = g.ledger.Admit(k.rc.RequestID, k.rc.Model)
-	}
-	if (path == PathCompletions || path == PathChatCompletions) && routing.IsSLOAware(k.a.algorithm) {
+	k.rc, k.req = g.begin(ctx, &k.a, k.x, start, in.ClientRequestID)
+	if queuesForSLO(kd, k.a.algorithm) {
 		h, err := g.queueSLO(ctx, &k.a, k.rc, k.req, k.x, in.Waiting)
 		if h == nil {
 			k.End()
@@ -212,11 +201,27 @@ func (p *Picker) Pick(ctx context.Context, in PickRequest) (*Pick, *Error) {
 }
 
 // checkModel checks the body of a request to an endpoint the gateway does
-// not tokenize, as check does the others: the body must be a JSON object
-// naming a model a ready pod serves. The body is forwarded as received.
+// not tokenize (kindModel), as check does the others: the body must be a
+// JSON object naming a model a ready pod serves. The body is forwarded as
+// received.
 func (g *Gateway) checkModel(a *admitted, body []byte, strategy string, x *exchange) *Error {
+	x.in = inference{kind: kindModel}
+	model, e := jsonModel(body)
+	if e != nil {
+		return e
+	}
+	if err := g.candidates(a, model, strategy, x); err != nil {
+		return err
+	}
+	a.body = body
+	return nil
+}
+
+// jsonModel returns the model a JSON body names, "" for none, failing when
+// the body is not a JSON object or its model is not a string.
+func jsonModel(body []byte) (string, *Error) {
 	if i := jsonscan.SkipSpace(body, 0); i == len(body) || body[i] != '{' {
-		return &Error{Status: http.StatusBadRequest, Type: typeInvalidRequest, Code: codeMissingField, Param: "model",
+		return "", &Error{Status: http.StatusBadRequest, Type: typeInvalidRequest, Code: codeMissingField, Param: "model",
 			Message: "the request names no model: its body is not a JSON object"}
 	}
 	var model string
@@ -226,13 +231,9 @@ func (g *Gateway) checkModel(a *admitted, body []byte, strategy string, x *excha
 		}
 		return nil
 	}); err != nil {
-		return &Error{Status: http.StatusBadRequest, Type: typeInvalidRequest, Code: codeInvalidJSON, Message: jsonError(err)}
+		return "", &Error{Status: http.StatusBadRequest, Type: typeInvalidRequest, Code: codeInvalidJSON, Message: jsonError(err)}
 	}
-	if err := g.candidates(a, model, strategy, x); err != nil {
-		return err
-	}
-	a.body = body
-	return nil
+	return model, nil
 }
 
 // restrict keeps the candidates whose address is in subset.
@@ -374,6 +375,9 @@ type Response struct {
 	// body, to read its usage; over reports a longer one.
 	whole bytes.Buffer
 	over  bool
+	// uninspected reports the response of an endpoint other than the
+	// completions: its body is passed on unread, and carries no usage.
+	uninspected bool
 }
 
 // Response records that the response has status and the content type
@@ -386,7 +390,8 @@ func (k *Pick) Response(status int, contentType string) *Response {
 	default:
 		k.a.b.store.PodReachable(k.x.d.Endpoint)
 	}
-	r := &Response{k: k, status: status, sse: isEventStream(k.stream, status, contentType), maxEvent: k.g.cfg.MaxStreamEventBytes}
+	r := &Response{k: k, status: status, sse: isEventStream(k.stream, status, contentType), maxEvent: k.g.cfg.MaxStreamEventBytes,
+		uninspected: !k.x.in.kind.generates()}
 	r.events = eventReader{dropUsage: k.a.dropUsage, firstToken: k.h.FirstToken}
 	return r
 }
@@ -410,10 +415,11 @@ func (r *Response) FirstToken() bool { return r.events.seenToken }
 // withheld when the gateway asked for it, and a final incomplete event at
 // the end; the rest of an incomplete event waits for the next piece. The
 // first generated token is reported to the request ledger as it passes.
-// For any other body it returns piece itself, unchanged.
+// For any other body, and for every body of an endpoint other than the
+// completions, it returns piece itself, unchanged.
 func (r *Response) Body(dst, piece []byte, last bool) []byte {
 	if !r.sse {
-		if r.status == http.StatusOK && !r.over {
+		if r.status == http.StatusOK && !r.over && !r.uninspected {
 			if r.whole.Len()+len(piece) <= maxUsageScanBytes {
 				r.whole.Write(piece)
 			} else {
@@ -470,15 +476,16 @@ func eventEnd(data []byte) int {
 }
 
 // Done closes the attempt, the response having ended: done, with the usage
-// the engine reported in a successful response.
+// the engine reported in a successful completion response. The responses
+// of other endpoints are not read for usage.
 func (r *Response) Done() {
 	var u usage
 	var ok bool
 	switch {
 	case r.sse:
 		u, ok = r.events.usage, r.events.hasUsage
-	case r.status == http.StatusOK && !r.over:
+	case r.status == http.StatusOK && !r.over && !r.uninspected:
 		u, ok = responseUsage(r.whole.Bytes())
 	}
-	r.k.g.closeDone(r.k.h, r.status, u, ok)
+	r.k.g.closeDone(r.k.h, !r.uninspected, r.status, u, ok)
 }

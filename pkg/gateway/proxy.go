@@ -204,7 +204,7 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, k kind, x *excha
 	defer req.End()
 	c.lap(phaseTokenize)
 	var first *inflight.Handle
-	if routing.IsSLOAware(a.algorithm) {
+	if queuesForSLO(k, a.algorithm) {
 		// The time waiting in the model's queue counts as routing.
 		var ok bool
 		if first, ok = g.routeSLO(w, r, &a, rc, req, x, c); !ok {
@@ -239,8 +239,12 @@ func (g *Gateway) admit(w http.ResponseWriter, r *http.Request, k kind, x *excha
 // routing-strategy header is strategy, into a and x: the body decodes, the
 // routing algorithm is known, and a ready pod serves the model. It sets
 // a's algorithm and model as they become known, and fails with the error
-// the client is answered with.
+// the client is answered with. A request of kindModel is checked by
+// checkModel.
 func (g *Gateway) check(a *admitted, k kind, body []byte, strategy string, x *exchange) *Error {
+	if !k.generates() {
+		return g.checkModel(a, body, strategy, x)
+	}
 	if err := x.in.decode(k, body); err != nil {
 		return &Error{Status: http.StatusBadRequest, Type: typeInvalidRequest, Code: codeInvalidJSON, Message: jsonError(err)}
 	}
@@ -312,9 +316,9 @@ func resolveAlgorithm(r *routing.Router, strategy string) (string, *Error) {
 
 // begin records an admitted request in the request ledger and prepares what
 // routing reads of it: its routing context, with the client's request id
-// clientID ("" for none), the prompt's token ids when the algorithm reads
-// them, and its predicted output length. The caller ends the returned
-// request.
+// clientID ("" for none), the prompt's token ids when the request is a
+// completion and the algorithm reads them, and its predicted output length.
+// The caller ends the returned request.
 func (g *Gateway) begin(ctx context.Context, a *admitted, x *exchange, start time.Time, clientID string) (*types.RoutingContext, *inflight.Request) {
 	rc := types.NewRoutingContext(g.requestID(), a.model)
 	rc.ClientRequestID = clientID
@@ -322,7 +326,7 @@ func (g *Gateway) begin(ctx context.Context, a *admitted, x *exchange, start tim
 	rc.Algorithm = a.algorithm
 	rc.LoraAdapter = adapterOf(a.model, a.pods)
 	req := g.ledger.Admit(rc.RequestID, rc.Model)
-	if g.tokenizer != nil && readsPrompt(a.algorithm) {
+	if g.tokenizer != nil && x.in.kind.generates() && readsPrompt(a.algorithm) {
 		rc.PromptTokenIDs = g.tokenize(ctx, rc, &x.in, a.pods)
 	}
 	g.predictOutput(rc, x.in.maxTokens())
@@ -385,6 +389,14 @@ func (g *Gateway) readBody(w http.ResponseWriter, r *http.Request, x *exchange, 
 		c.fail(w, http.StatusBadRequest, typeInvalidRequest, codeUnreadableBody, "", "reading the request body failed: "+err.Error())
 	}
 	return nil, false
+}
+
+// queuesForSLO reports whether a request of kind k routed by alg waits in
+// its model's SLO queue: a completion naming an SLO-aware algorithm. A
+// request to another endpoint has no prompt to predict its latency from:
+// it is routed at once, on load alone, as any algorithm routes it.
+func queuesForSLO(k kind, alg string) bool {
+	return k.generates() && routing.IsSLOAware(alg)
 }
 
 // readsPrompt reports whether an algorithm reads the prompt's tokens: the

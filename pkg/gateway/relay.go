@@ -179,6 +179,9 @@ type eventReader struct {
 	// the first event carrying generated output.
 	dropUsage  bool
 	firstToken func()
+	// uninspected relays every event as it is, reading none: the stream
+	// of an endpoint other than the completions (kindModel).
+	uninspected bool
 
 	seenToken bool
 	usage     usage
@@ -271,6 +274,9 @@ var usageKey = []byte(`"usage"`)
 // inspect reads an event and reports whether it is to be withheld. It
 // reads a chunk's choices and usage by hand, without decoding the rest.
 func (s *eventReader) inspect(event []byte) (withhold bool) {
+	if s.uninspected {
+		return false
+	}
 	payload, ok := dataPayload(event)
 	if !ok || len(payload) == 0 || payload[0] != '{' {
 		return false
@@ -431,7 +437,9 @@ func (g *Gateway) respond(w http.ResponseWriter, r *http.Request, pc *podConn, r
 		return g.failResponse(w, r, err, stageHead, rc, x, c, h)
 	}
 	g.store.PodReachable(pod)
-	if isEventStream(x.in.stream().Stream, res.status, res.contentType) {
+	// The response of an endpoint other than the completions streams when
+	// the engine answers with an event stream, whatever asked for it.
+	if isEventStream(x.in.stream().Stream || !x.in.kind.generates(), res.status, res.contentType) {
 		return g.relayStream(w, r, res, rc, x, c, h, dropUsage, pod.Address)
 	}
 	return g.relayWhole(w, r, res, rc, x, c, h, pod.Address)
@@ -519,8 +527,12 @@ func (g *Gateway) relayWhole(w http.ResponseWriter, r *http.Request, res *podRes
 		return g.clientGone(c, h)
 	}
 	c.lap(phaseRelay)
-	u, ok := responseUsage(x.resp.Bytes())
-	g.closeDone(h, res.status, u, complete && ok)
+	var u usage
+	ok := false
+	if x.in.kind.generates() {
+		u, ok = responseUsage(x.resp.Bytes())
+	}
+	g.closeDone(h, x.in.kind.generates(), res.status, u, complete && ok)
 	return false
 }
 
@@ -533,9 +545,11 @@ func isEventStream(stream bool, status int, contentType string) bool {
 
 // closeDone closes an attempt whose response was relayed to its end, with
 // status: done, with the usage the engine reported (u, when ok) if it
-// succeeded; a success without usage is counted.
-func (g *Gateway) closeDone(h *inflight.Handle, status int, u usage, ok bool) {
-	if status == http.StatusOK {
+// succeeded; a completion's (generates) success without usage is counted.
+// The response of another endpoint reports no usage the gateway reads: its
+// attempt is closed as done alone.
+func (g *Gateway) closeDone(h *inflight.Handle, generates bool, status int, u usage, ok bool) {
+	if status == http.StatusOK && generates {
 		if ok {
 			h.ReportUsage(inflight.Usage{PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens,
 				CachedTokens: u.CachedTokens, CachedReported: u.CachedReported})
@@ -572,6 +586,7 @@ func (g *Gateway) relayStream(w http.ResponseWriter, r *http.Request, res *podRe
 	s := &x.relay
 	*s = sseRelay{dst: w, flush: rcw.Flush, src: x.reader, more: res.body.buffered, ended: res.body.ended,
 		maxEvent: g.cfg.MaxStreamEventBytes, bound: &c.clock, event: s.event[:0], eventReader: eventReader{dropUsage: dropUsage,
+			uninspected: !x.in.kind.generates(),
 			firstToken: func() {
 				h.FirstToken()
 				g.metrics.ttft.WithLabelValues(rc.Model).Observe(time.Since(c.start).Seconds())
@@ -588,7 +603,7 @@ func (g *Gateway) relayStream(w http.ResponseWriter, r *http.Request, res *podRe
 	x.timing = append(x.timing, ", "...)
 	x.timing = appendTiming(x.timing, serverTimingTotal, c.total())
 	hd[HeaderServerTiming] = []string{string(x.timing)}
-	g.closeDone(h, http.StatusOK, s.usage, s.hasUsage)
+	g.closeDone(h, x.in.kind.generates(), http.StatusOK, s.usage, s.hasUsage)
 	return false
 }
 

@@ -17,7 +17,16 @@ type kind uint8
 const (
 	kindCompletion kind = iota
 	kindChat
+	// kindModel is any other endpoint whose JSON body names its model
+	// (modelPaths): the gateway reads the model alone, neither a prompt nor
+	// the response's usage, and routes the request on load alone.
+	kindModel
 )
+
+// generates reports whether requests of kind k are completions whose
+// prompt the gateway reads: their algorithm may tokenize them, an
+// SLO-aware one queue them, and their responses' usage is read.
+func (k kind) generates() bool { return k != kindModel }
 
 // streamFields are the fields of an OpenAI body that shape a streamed
 // response.

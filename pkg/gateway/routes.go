@@ -24,6 +24,11 @@ func (g *Gateway) routes() (api, admin http.Handler) {
 		apiMux.Handle(PathCompletions, g.serveInference(kindCompletion))
 		apiMux.Handle(PathChatCompletions, g.serveInference(kindChat))
 		apiMux.HandleFunc(PathModels, g.serveModels)
+		model := g.serveInference(kindModel)
+		for _, p := range modelPaths {
+			apiMux.Handle(p, model)
+		}
+		apiMux.HandleFunc(pathResponses+"/", serveStoredResponse)
 	}
 	adminMux := apiMux
 	if g.cfg.AdminListenAddress != "" {
@@ -44,6 +49,36 @@ func (g *Gateway) routes() (api, admin http.Handler) {
 	adminMux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	adminMux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	return g.endingRequests(apiMux), adminMux
+}
+
+// modelPaths are the paths of vLLM's endpoints, besides the completions,
+// whose POST body is a JSON object naming the model: the proxy routes each
+// request by that model, on load alone, and forwards its body as received.
+// Endpoints that act on one engine (its adapters, prefix cache, sleep,
+// profiler, scaling) are not among them: a gateway must not send them to
+// whichever pod it picks, and they answer 404.
+var modelPaths = []string{
+	pathResponses,                               // OpenAI's Responses API
+	"/v1/messages", "/v1/messages/count_tokens", // Anthropic's Messages API
+	"/v1/embeddings", "/pooling", "/classify", // pooling models
+	"/score", "/v1/score", // cross-encoders and embedding models
+	"/rerank", "/v1/rerank", "/v2/rerank", // Jina's and Cohere's rerank APIs
+	"/tokenize", "/detokenize", // the model's tokenizer
+	"/v1/chat/completions/render", "/v1/completions/render", // a prompt rendered, not generated
+}
+
+// pathResponses is the path of OpenAI's Responses API.
+const pathResponses = "/v1/responses"
+
+// serveStoredResponse answers the requests for a response vLLM stored
+// (GET /v1/responses/{id}, POST /v1/responses/{id}/cancel, ...) with 404:
+// they name no model, and the engine that made the response keeps it in
+// its own memory, which no other engine shares, so the gateway cannot
+// tell where to send them.
+func serveStoredResponse(w http.ResponseWriter, r *http.Request) {
+	writeError(w, http.StatusNotFound, typeNotFound, codeNotFound, "",
+		"no endpoint at "+r.URL.Path+": the gateway does not route requests for a stored response, "+
+			"which only the engine that made it holds; send them to that engine")
 }
 
 // endingRequests tells each request's connection when the request's
