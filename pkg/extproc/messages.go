@@ -61,6 +61,9 @@ type requestHeaders struct {
 	// requestID is x-request-id, which Envoy sets or passes on, the first
 	// when there are several.
 	requestID string
+	// contentType tells how a body names its model (see
+	// gateway.PickRequest.ContentType).
+	contentType string
 }
 
 func readRequestHeaders(m *corev3.HeaderMap) requestHeaders {
@@ -77,6 +80,8 @@ func readRequestHeaders(m *corev3.HeaderMap) requestHeaders {
 			if r.requestID == "" {
 				r.requestID = headerValue(h)
 			}
+		case "content-type":
+			r.contentType = headerValue(h)
 		}
 	}
 	return r

@@ -270,8 +270,9 @@ const (
 func (st *stream) decideAndAnswer(at answerPoint) error {
 	st.decided = true
 	t0 := time.Now()
-	in := gateway.PickRequest{Path: st.hdr.path, Body: st.body, Strategy: st.hdr.strategy, ClientRequestID: st.hdr.requestID,
-		Subset: st.subset, Received: st.start}
+	in := gateway.PickRequest{Path: st.hdr.path, Body: st.body, ContentType: st.hdr.contentType, Strategy: st.hdr.strategy,
+		ClientRequestID: st.hdr.requestID,
+		Subset:          st.subset, Received: st.start}
 	if st.s.cfg.MaxMessageTimeout > 0 {
 		in.Waiting = st.extendMessageTimeout
 	}

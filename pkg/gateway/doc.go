@@ -128,16 +128,21 @@
 //
 // # Other endpoints
 //
-// vLLM's other endpoints whose POST body is a JSON object naming the model
-// are proxied too, each request routed by that model: /v1/responses
-// (OpenAI's Responses API), /v1/messages and /v1/messages/count_tokens
-// (Anthropic's Messages API), /v1/embeddings, /pooling, /classify, /score,
-// /v1/score, /rerank, /v1/rerank, /v2/rerank, /tokenize, /detokenize,
-// /v1/chat/completions/render and /v1/completions/render. Their requests
-// take the steps above but the third: the body is read within the same
-// bounds and forwarded byte for byte, only its model is read (a string:
-// 400 when the body is not a JSON object or names no model), and no prompt
-// is tokenized, whatever the algorithm, so that prefix-cache, kv-aware and
+// vLLM's other endpoints whose POST body names the model are proxied too,
+// each request routed by that model: /v1/responses (OpenAI's Responses
+// API), /v1/messages and /v1/messages/count_tokens (Anthropic's Messages
+// API), /v1/embeddings, /pooling, /classify, /score, /v1/score, /rerank,
+// /v1/rerank, /v2/rerank, /tokenize, /detokenize,
+// /v1/chat/completions/render and /v1/completions/render, whose bodies are
+// JSON objects, and /v1/audio/transcriptions and /v1/audio/translations,
+// whose bodies are multipart/form-data with the model in a field. Their
+// requests take the steps above but the third: the body is read within the
+// same bounds and forwarded byte for byte, only its model is read (a JSON
+// string member; a form field, looked for among the form's first 64 parts
+// with the boundary its Content-Type gives, read in place, the parts
+// before it skipped unkept, its value at most 4 KiB), 400 when the body is
+// not a JSON object or a form that can be read, or names no model, and no
+// prompt is tokenized, whatever the algorithm, so that prefix-cache, kv-aware and
 // least-latency route them on load alone and an SLO-aware algorithm routes
 // them at once, without its model's queue (there is no prompt to predict
 // their latency from; when no pod is predicted to meet the objective they

@@ -242,7 +242,7 @@ func (e *testEngine) serve(w http.ResponseWriter, r *http.Request) {
 		e.serveModels(w)
 	case "/v1/completions", "/v1/chat/completions", "/detokenize", "/v1/embeddings", "/pooling", "/classify", "/score",
 		"/v1/score", "/rerank", "/v1/rerank", "/v2/rerank", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens",
-		"/v1/chat/completions/render", "/v1/completions/render":
+		"/v1/chat/completions/render", "/v1/completions/render", "/v1/audio/transcriptions", "/v1/audio/translations":
 		e.mu.Lock()
 		if !e.forget {
 			e.requests = append(e.requests, recorded{path: r.URL.Path, header: r.Header.Clone(), body: body})
@@ -333,8 +333,13 @@ type engineRequest struct {
 
 // defaultAnswer generates three tokens, as vLLM would answer: a whole
 // response with usage, or a stream of chunks, with the usage chunk when
-// asked for.
+// asked for; an audio form gets a transcription.
 func defaultAnswer(w http.ResponseWriter, r *http.Request, body []byte) {
+	if strings.HasPrefix(r.URL.Path, "/v1/audio/") {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"text":"hello"}`)
+		return
+	}
 	var req engineRequest
 	if err := json.Unmarshal(body, &req); err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)

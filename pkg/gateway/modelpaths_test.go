@@ -2,9 +2,12 @@ package gateway
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
+	"mime/multipart"
 	"net/http"
 	"strings"
 	"sync"
@@ -268,5 +271,92 @@ func TestThePickerReadsNoUsageFromTheResponsesOfModelRoutedEndpoints(t *testing.
 	}
 	if missing := f.metric("kvgate_gateway_responses_without_usage_total"); missing != 0 {
 		t.Errorf("responses without usage counted %v times", missing)
+	}
+}
+
+// audioForm is a multipart/form-data body as OpenAI's SDKs send to the
+// audio endpoints: the file first, then fields (model among them when
+// model is not empty, after others more parts); it returns the body and
+// its Content-Type.
+func audioForm(t *testing.T, model string, others int) (string, string) {
+	t.Helper()
+	var buf bytes.Buffer
+	w := multipart.NewWriter(&buf)
+	fw, err := w.CreateFormFile("file", "speech.wav")
+	if err != nil {
+		t.Fatal(err)
+	}
+	audio := make([]byte, 64<<10)
+	for i := range audio {
+		audio[i] = byte(i * 7)
+	}
+	// A line in the file that looks like a field must not be taken for
+	// one.
+	copy(audio[1000:], "\r\n--"+w.Boundary()+"x\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nnope\r\n")
+	_, _ = fw.Write(audio)
+	for i := range others {
+		_ = w.WriteField(fmt.Sprintf("field%d", i), "v")
+	}
+	_ = w.WriteField("language", "en")
+	if model != "" {
+		_ = w.WriteField("model", model)
+	}
+	_ = w.WriteField("response_format", "json")
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return buf.String(), w.FormDataContentType()
+}
+
+func TestAudioFormsAreRoutedByTheirModelField(t *testing.T) {
+	f := startFleet(t, []string{"a", "b"}, fleetOptions{
+		env:     map[string]string{"KVGATE_ADAPTER_REFRESH_INTERVAL": "20ms"},
+		declare: map[string][]string{"a": {"sql-lora"}},
+	})
+	a := f.engine("a")
+	a.setAdapters("sql-lora")
+	f.waitAdapterPods("static/a")
+
+	for _, path := range []string{"/v1/audio/transcriptions", "/v1/audio/translations"} {
+		body, contentType := audioForm(t, "sql-lora", 0)
+		resp, data := post(t, f.url+path, body, map[string]string{"Content-Type": contentType})
+		if resp.StatusCode != http.StatusOK || resp.Header.Get(HeaderTargetPodName) != "static/a" {
+			t.Fatalf("%s: %d from %q: %s", path, resp.StatusCode, resp.Header.Get(HeaderTargetPodName), data)
+		}
+		got := a.received()
+		if last := got[len(got)-1]; last.path != path || string(last.body) != body || last.header.Get("Content-Type") != contentType {
+			t.Errorf("%s: engine a received %s, %d bytes of %q; want the form as sent", path, last.path, len(last.body),
+				last.header.Get("Content-Type"))
+		}
+	}
+
+	noModel, noModelType := audioForm(t, "", 0)
+	late, lateType := audioForm(t, "sql-lora", maxFormParts)
+	long, longType := audioForm(t, strings.Repeat("m", maxFormModelBytes+1), 0)
+	unknown, unknownType := audioForm(t, "nope", 0)
+	good, goodType := audioForm(t, "llama", 0)
+	for _, tc := range []struct {
+		name, body, contentType string
+		status                  int
+		code                    string
+	}{
+		{"no model field", noModel, noModelType, http.StatusBadRequest, codeMissingField},
+		{"the model field beyond the parts read", late, lateType, http.StatusBadRequest, codeMissingField},
+		{"a model field beyond its bound", long, longType, http.StatusBadRequest, codeUnreadableBody},
+		{"an unknown model", unknown, unknownType, http.StatusNotFound, codeModelNotFound},
+		{"a form cut short", good[:len(good)/2], goodType, http.StatusBadRequest, codeUnreadableBody},
+		{"a form without its boundary", good, "multipart/form-data", http.StatusBadRequest, codeMissingField},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := len(a.received()) + len(f.engine("b").received())
+			resp, data := post(t, f.url+"/v1/audio/transcriptions", tc.body, map[string]string{"Content-Type": tc.contentType})
+			var e apiError
+			if resp.StatusCode != tc.status || json.Unmarshal(data, &e) != nil || e.Error.Code != tc.code {
+				t.Fatalf("%d %s; want %d %s", resp.StatusCode, data, tc.status, tc.code)
+			}
+			if after := len(a.received()) + len(f.engine("b").received()); after != before {
+				t.Errorf("the refused form reached an engine")
+			}
+		})
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"slices"
@@ -96,11 +97,16 @@ func (p *Picker) Models() ([]byte, *Error) {
 type PickRequest struct {
 	// Path is the request's path, with or without its query: the OpenAI
 	// completion and chat endpoints are tokenized as the proxy tokenizes
-	// them; a request to any other path is routed by the model its JSON
-	// body names, on load alone.
+	// them; a request to any other path is routed by the model its body
+	// names (a JSON object's model member, a multipart/form-data body's
+	// model field), on load alone.
 	Path string
 	// Body is the request's body, whole.
 	Body []byte
+	// ContentType is the request's Content-Type header: a body of another
+	// path than the completions' that is multipart/form-data names its
+	// model in its model field, as vLLM's audio endpoints take it.
+	ContentType string
 	// Strategy is the request's routing-strategy header, "" for none.
 	Strategy string
 	// ClientRequestID is the request id the client or its proxy sent
@@ -165,7 +171,7 @@ func (p *Picker) Pick(ctx context.Context, in PickRequest) (*Pick, *Error) {
 	case PathChatCompletions:
 		kd = kindChat
 	}
-	err := g.check(&k.a, kd, in.Body, in.Strategy, k.x)
+	err := g.check(&k.a, kd, in.Body, in.ContentType, in.Strategy, k.x)
 	k.stream = k.x.in.stream().Stream
 	if err == nil && in.Subset != nil {
 		err = k.restrict(in.Subset)
@@ -201,14 +207,26 @@ func (p *Picker) Pick(ctx context.Context, in PickRequest) (*Pick, *Error) {
 }
 
 // checkModel checks the body of a request to an endpoint the gateway does
-// not tokenize (kindModel), as check does the others: the body must be a
-// JSON object naming a model a ready pod serves. The body is forwarded as
-// received.
-func (g *Gateway) checkModel(a *admitted, body []byte, strategy string, x *exchange) *Error {
+// not tokenize (kindModel), as check does the others: the body, whose
+// Content-Type is contentType, must name a model a ready pod serves, in
+// its model member when it is a JSON object, in its model field when it is
+// a multipart/form-data body (as vLLM's audio endpoints take), among its
+// first maxFormParts parts. The body is forwarded as received.
+func (g *Gateway) checkModel(a *admitted, body []byte, contentType, strategy string, x *exchange) *Error {
 	x.in = inference{kind: kindModel}
-	model, e := jsonModel(body)
-	if e != nil {
-		return e
+	model, found, err := formModel(body, contentType)
+	switch {
+	case errors.Is(err, errNotForm):
+		var e *Error
+		if model, e = jsonModel(body); e != nil {
+			return e
+		}
+	case err != nil:
+		return &Error{Status: http.StatusBadRequest, Type: typeInvalidRequest, Code: codeUnreadableBody,
+			Message: "reading the multipart form failed: " + err.Error()}
+	case !found:
+		return &Error{Status: http.StatusBadRequest, Type: typeInvalidRequest, Code: codeMissingField, Param: "model",
+			Message: fmt.Sprintf("the request names no model: its form has no model field among its first %d parts", maxFormParts)}
 	}
 	if err := g.candidates(a, model, strategy, x); err != nil {
 		return err

@@ -226,7 +226,11 @@ func (g *Gateway) admit(w http.ResponseWriter, r *http.Request, k kind, x *excha
 	if !ok {
 		return a, false
 	}
-	err := g.check(&a, k, body, r.Header.Get(routingStrategyKey), x)
+	contentType := ""
+	if !k.generates() {
+		contentType = r.Header.Get("Content-Type")
+	}
+	err := g.check(&a, k, body, contentType, r.Header.Get(routingStrategyKey), x)
 	c.model, c.algorithm = a.model, a.algorithm
 	if err != nil {
 		c.fail(w, err.Status, err.Type, err.Code, err.Param, err.Message)
@@ -239,11 +243,11 @@ func (g *Gateway) admit(w http.ResponseWriter, r *http.Request, k kind, x *excha
 // routing-strategy header is strategy, into a and x: the body decodes, the
 // routing algorithm is known, and a ready pod serves the model. It sets
 // a's algorithm and model as they become known, and fails with the error
-// the client is answered with. A request of kindModel is checked by
-// checkModel.
-func (g *Gateway) check(a *admitted, k kind, body []byte, strategy string, x *exchange) *Error {
+// the client is answered with. A request of kindModel, whose Content-Type
+// is contentType, is checked by checkModel.
+func (g *Gateway) check(a *admitted, k kind, body []byte, contentType, strategy string, x *exchange) *Error {
 	if !k.generates() {
-		return g.checkModel(a, body, strategy, x)
+		return g.checkModel(a, body, contentType, strategy, x)
 	}
 	if err := x.in.decode(k, body); err != nil {
 		return &Error{Status: http.StatusBadRequest, Type: typeInvalidRequest, Code: codeInvalidJSON, Message: jsonError(err)}

@@ -52,7 +52,8 @@ func (g *Gateway) routes() (api, admin http.Handler) {
 }
 
 // modelPaths are the paths of vLLM's endpoints, besides the completions,
-// whose POST body is a JSON object naming the model: the proxy routes each
+// whose POST body names the model (a JSON object's model member; the model
+// field of the audio endpoints' multipart/form-data): the proxy routes each
 // request by that model, on load alone, and forwards its body as received.
 // Endpoints that act on one engine (its adapters, prefix cache, sleep,
 // profiler, scaling) are not among them: a gateway must not send them to
@@ -64,6 +65,7 @@ var modelPaths = []string{
 	"/score", "/v1/score", // cross-encoders and embedding models
 	"/rerank", "/v1/rerank", "/v2/rerank", // Jina's and Cohere's rerank APIs
 	"/tokenize", "/detokenize", // the model's tokenizer
+	"/v1/audio/transcriptions", "/v1/audio/translations", // speech to text: multipart/form-data, the model a field
 	"/v1/chat/completions/render", "/v1/completions/render", // a prompt rendered, not generated
 }
 
