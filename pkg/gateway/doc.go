@@ -290,7 +290,7 @@
 //
 //	400 invalid_request_error     invalid_json, unreadable_body, missing_field, invalid_field, unknown_routing_strategy, tokenizer_disabled
 //	404 invalid_request_error     model_not_found
-//	404 not_found_error           not_found (no such endpoint)
+//	404 not_found_error           not_found (no such endpoint, an engine's own endpoint, a stored response)
 //	405 invalid_request_error     method_not_allowed
 //	408 invalid_request_error     request_timeout (the body did not arrive in time; the connection is closed)
 //	413 invalid_request_error     request_too_large

@@ -55,8 +55,9 @@ func newMetrics(reg prometheus.Registerer, bodies *budget.Budget) (*metrics, err
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvgate_gateway_requests_total",
-			Help: "Inference requests answered, by model (empty when unknown), HTTP status (499 when the client went away " +
-				"before the response ended) and routing algorithm (empty when not routed).",
+			Help: "Inference requests answered (completions, chat and the other endpoints routed by model), by model " +
+				"(empty when unknown), HTTP status (499 when the client went away before the response ended) and routing " +
+				"algorithm (empty when not routed).",
 		}, []string{"model", "code", "algorithm"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "kvgate_gateway_request_duration_seconds",
@@ -94,7 +95,8 @@ func newMetrics(reg prometheus.Registerer, bodies *budget.Budget) (*metrics, err
 		}, []string{"reason"}),
 		usageMissing: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kvgate_gateway_responses_without_usage_total",
-			Help: "Successful responses whose token usage could not be read; their requests end untraced.",
+			Help: "Successful completion and chat responses whose token usage could not be read; their requests end untraced. " +
+				"The responses of the other endpoints routed by model are not read for usage, and not counted.",
 		}),
 		bodyTimeouts: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kvgate_gateway_request_body_timeouts_total",
