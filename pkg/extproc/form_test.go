@@ -56,9 +56,25 @@ func TestAnAudioFormIsPickedByItsModelField(t *testing.T) {
 			if _, code := errorOf(t, x.immediate.GetBody()); code != "missing_field" {
 				t.Errorf("error code %q, want missing_field", code)
 			}
+
+			// A path the gateway does not name is routed by its model too,
+			// and counted as "other".
+			x = f.envoy.start(t, mode, request{method: http.MethodPost, path: "/v1/somewhere-else?x=1",
+				body: `{"model":"` + simModel + `"}`})
+			if x.immediate != nil {
+				t.Fatalf("refused: %d %s", x.immediate.GetStatus().GetCode(), x.immediate.GetBody())
+			}
+			x.forward(512)
 		})
 	}
 	if n := f.metric(t, "kvgate_cache_tracked_requests", nil); n != 0 {
 		t.Errorf("%v requests still tracked", n)
+	}
+	// Each request is counted under its endpoint; paths clients make up
+	// share one series.
+	for endpoint, want := range map[string]int{"/v1/audio/transcriptions": len(modes), "/v1/audio/translations": len(modes), "other": len(modes)} {
+		if n := f.metric(t, "kvgate_extproc_requests_total", map[string]string{"endpoint": endpoint}); n != float64(want) {
+			t.Errorf("kvgate_extproc_requests_total{endpoint=%q} = %v, want %d", endpoint, n, want)
+		}
 	}
 }

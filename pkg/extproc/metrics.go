@@ -45,8 +45,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvgate_extproc_requests_total",
-			Help: "Requests whose external processing stream ended, by model (empty when unknown), response status (499 when the stream ended before a response) and routing algorithm.",
-		}, []string{"model", "code", "algorithm"}),
+			Help: "Requests whose external processing stream ended, by model (empty when unknown), response status (499 when the stream ended before a response), routing algorithm and endpoint (the request's path when it is one of vLLM's endpoints the gateway routes, such as /v1/chat/completions or /v1/embeddings, else other).",
+		}, []string{"model", "code", "algorithm", "endpoint"}),
 		decision: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "kvgate_extproc_decision_seconds",
 			Help:    "Time from a request's last message (its body complete) to its endpoint answer: decoding, tokenization, routing (with any wait in its model's SLO queue) and recording.",

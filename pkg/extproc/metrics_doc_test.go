@@ -36,7 +36,7 @@ func TestMetricsReferenceListsTheExternalProcessorsMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Every family gets a series, so that Gather reports it.
-	m.requests.WithLabelValues("", "200", "").Inc()
+	m.requests.WithLabelValues("", "200", "", "").Inc()
 	m.decision.Observe(0)
 	m.ttft.WithLabelValues("").Observe(0)
 	m.failOpen.WithLabelValues("503").Inc()

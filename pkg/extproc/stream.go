@@ -585,7 +585,7 @@ func (st *stream) finish() {
 		st.pick.End()
 	}
 	if st.headers {
-		m.requests.WithLabelValues(model, m.status(code), alg).Inc()
+		m.requests.WithLabelValues(model, m.status(code), alg, gateway.Endpoint(st.hdr.path)).Inc()
 	}
 }
 

@@ -365,7 +365,7 @@ func TestAClientThatLeavesIsNoUpstreamFailure(t *testing.T) {
 		t.Errorf("attempts ended %q, want both cancelled", got)
 	}
 	testsupport.EventuallyWhy(t, "both requests to count as 499", func() (string, bool) {
-		n := f.metric(`kvgate_gateway_requests_total{algorithm="kv-aware",code="499",model="llama"}`)
+		n := f.metric(`kvgate_gateway_requests_total{algorithm="kv-aware",code="499",endpoint="/v1/completions",model="llama"}`)
 		return fmt.Sprint(n), n == 2
 	})
 	for _, reason := range []string{failBody, failSend, failIdleTimeout} {
@@ -403,10 +403,10 @@ func TestAPodsNoContentIsRelayedAsASuccess(t *testing.T) {
 		t.Fatalf("the attempt ended %q, want done", got[0])
 	}
 	testsupport.EventuallyWhy(t, "the request to count as 204", func() (string, bool) {
-		n := f.metric(`kvgate_gateway_requests_total{algorithm="kv-aware",code="204",model="llama"}`)
+		n := f.metric(`kvgate_gateway_requests_total{algorithm="kv-aware",code="204",endpoint="/v1/completions",model="llama"}`)
 		return fmt.Sprint(n), n == 1
 	})
-	if n := f.metric(`kvgate_gateway_requests_total{algorithm="kv-aware",code="499",model="llama"}`); n != 0 {
+	if n := f.metric(`kvgate_gateway_requests_total{algorithm="kv-aware",code="499",endpoint="/v1/completions",model="llama"}`); n != 0 {
 		t.Errorf("%v requests counted as 499", n)
 	}
 }

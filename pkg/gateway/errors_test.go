@@ -89,10 +89,11 @@ func TestErrorsAreOpenAIStyleJSON(t *testing.T) {
 	if got := len(f.engine("a").received()); got != 0 {
 		t.Errorf("the engine received %d requests, want none", got)
 	}
-	if n := f.metric(`kvgate_gateway_requests_total{algorithm="",code="400",model=""}`); n != 5 {
+	if n := testsupport.MetricValue(t, f.gw.registry, "kvgate_gateway_requests_total",
+		map[string]string{"algorithm": "", "code": "400", "model": ""}); n != 5 {
 		t.Errorf("400s counted without model and algorithm = %v, want 5", n)
 	}
-	if n := f.metric(`kvgate_gateway_requests_total{algorithm="kv-aware",code="404",model=""}`); n != 1 {
+	if n := f.metric(`kvgate_gateway_requests_total{algorithm="kv-aware",code="404",endpoint="/v1/completions",model=""}`); n != 1 {
 		t.Errorf("404 for an unknown model counted %v times without its model label, want 1", n)
 	}
 }

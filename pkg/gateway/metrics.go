@@ -56,14 +56,14 @@ func newMetrics(reg prometheus.Registerer, bodies *budget.Budget) (*metrics, err
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvgate_gateway_requests_total",
 			Help: "Inference requests answered (completions, chat and the other endpoints routed by model), by model " +
-				"(empty when unknown), HTTP status (499 when the client went away before the response ended) and routing " +
-				"algorithm (empty when not routed).",
-		}, []string{"model", "code", "algorithm"}),
+				"(empty when unknown), HTTP status (499 when the client went away before the response ended), routing " +
+				"algorithm (empty when not routed) and endpoint (the request's path, such as /v1/chat/completions or /v1/embeddings).",
+		}, []string{"model", "code", "algorithm", "endpoint"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "kvgate_gateway_request_duration_seconds",
-			Help:    "Time from the first byte of an inference request read to the last byte of its response written.",
+			Help:    "Time from the first byte of an inference request read to the last byte of its response written, by model and endpoint (the request's path).",
 			Buckets: latency,
-		}, []string{"model"}),
+		}, []string{"model", "endpoint"}),
 		overhead: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "kvgate_gateway_overhead_seconds",
 			Help:    "Time from the first byte of an inference request read to the request sent to its first pod: reading, decoding, tokenization and routing.",

@@ -69,6 +69,14 @@ func TestModelRoutedEndpointsReachAPodOfTheNamedModelWithTheBodyAsSent(t *testin
 				t.Errorf("%s: the engine received no X-Forwarded-For", path)
 			}
 		}
+		// Each endpoint's requests are counted and timed under its own path,
+		// once the handler has returned.
+		for _, name := range []string{"kvgate_gateway_requests_total", "kvgate_gateway_request_duration_seconds"} {
+			testsupport.EventuallyWhy(t, name+"{endpoint="+path+"} to count one request a routing algorithm", func() (string, bool) {
+				n := testsupport.MetricValue(t, f.gw.registry, name, map[string]string{"endpoint": path, "model": "sql-lora"})
+				return fmt.Sprint(n), n == 6
+			})
+		}
 	}
 	if n := len(b.received()); n != 0 {
 		t.Errorf("engine b, which does not serve sql-lora, received %d requests", n)
@@ -358,5 +366,23 @@ func TestAudioFormsAreRoutedByTheirModelField(t *testing.T) {
 				t.Errorf("the refused form reached an engine")
 			}
 		})
+	}
+}
+
+func TestTheEndpointLabelIsAPathTheGatewayRoutesOrOther(t *testing.T) {
+	for path, want := range map[string]string{
+		PathChatCompletions:            PathChatCompletions,
+		PathCompletions + "?x=1":       PathCompletions,
+		PathModels:                     PathModels,
+		"/v1/embeddings":               "/v1/embeddings",
+		"/v1/audio/transcriptions":     "/v1/audio/transcriptions",
+		"/v1/load_lora_adapter":        "other",
+		"/v1/embeddings/":              "other",
+		"/" + strings.Repeat("x", 300): "other",
+		"":                             "other",
+	} {
+		if got := Endpoint(path); got != want {
+			t.Errorf("Endpoint(%.40q) = %q, want %q", path, got, want)
+		}
 	}
 }

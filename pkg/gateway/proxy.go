@@ -143,13 +143,15 @@ func (g *Gateway) serveInference(k kind) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		c := call{status: http.StatusOK}
 		c.begin(r)
+		// The mux calls this handler for its own paths alone.
+		endpoint := r.URL.Path
 		g.metrics.inFlight.Inc()
 		x := exchanges.Get().(*exchange)
 		defer func() {
 			putExchange(x)
 			g.metrics.inFlight.Dec()
-			g.metrics.requests.WithLabelValues(c.model, g.metrics.status(c.status), c.algorithm).Inc()
-			g.metrics.duration.WithLabelValues(c.model).Observe(c.total().Seconds())
+			g.metrics.requests.WithLabelValues(c.model, g.metrics.status(c.status), c.algorithm, endpoint).Inc()
+			g.metrics.duration.WithLabelValues(c.model, endpoint).Observe(c.total().Seconds())
 			for p := range numPhases {
 				if c.reached[p] {
 					g.metrics.phases[p].Observe(c.spent[p].Seconds())

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/pprof"
+	"strings"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
@@ -67,6 +68,29 @@ var modelPaths = []string{
 	"/tokenize", "/detokenize", // the model's tokenizer
 	"/v1/audio/transcriptions", "/v1/audio/translations", // speech to text: multipart/form-data, the model a field
 	"/v1/chat/completions/render", "/v1/completions/render", // a prompt rendered, not generated
+}
+
+// endpointOther is the endpoint label of a request to a path the gateway
+// does not name (see Endpoint).
+const endpointOther = "other"
+
+// Endpoint returns the value of the endpoint label of a request to path
+// (with or without its query) in the request metrics: the path itself when
+// it is one of vLLM's endpoints the gateway routes (the completions, chat
+// and model list, and modelPaths), else "other", so that the paths clients
+// write never grow a metric's series.
+func Endpoint(path string) string {
+	path, _, _ = strings.Cut(path, "?")
+	switch path {
+	case PathCompletions, PathChatCompletions, PathModels:
+		return path
+	}
+	for _, p := range modelPaths {
+		if p == path {
+			return p
+		}
+	}
+	return endpointOther
 }
 
 // pathResponses is the path of OpenAI's Responses API.
