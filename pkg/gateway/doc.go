@@ -14,8 +14,9 @@
 //
 // # Inference
 //
-// POST /v1/completions and POST /v1/chat/completions take OpenAI bodies.
-// For each request the gateway:
+// POST /v1/completions and POST /v1/chat/completions take OpenAI bodies,
+// POST /v1/messages Anthropic's Messages API bodies (see Anthropic
+// Messages). For each request the gateway:
 //
 //  1. reads the body (413 beyond Config.MaxRequestBodyBytes; 408, and the
 //     connection closed, when it takes longer than
@@ -130,8 +131,8 @@
 //
 // vLLM's other endpoints whose POST body names the model are proxied too,
 // each request routed by that model: /v1/responses (OpenAI's Responses
-// API), /v1/messages and /v1/messages/count_tokens (Anthropic's Messages
-// API), /v1/embeddings, /pooling, /classify, /score, /v1/score, /rerank,
+// API), /v1/messages/count_tokens (Anthropic's token count),
+// /v1/embeddings, /pooling, /classify, /score, /v1/score, /rerank,
 // /v1/rerank, /v2/rerank, /tokenize, /detokenize,
 // /v1/chat/completions/render and /v1/completions/render, whose bodies are
 // JSON objects, and /v1/audio/transcriptions and /v1/audio/translations,
@@ -149,8 +150,8 @@
 // go where kv-aware sends them). Any other method than POST is a 405. They
 // count as running on their pod until their response ends, are retried on
 // another pod when theirs cannot be connected to, and their responses are
-// relayed as the pod sent them: a 200 event stream (/v1/responses or
-// /v1/messages with "stream": true) event by event, each flushed and
+// relayed as the pod sent them: a 200 event stream (/v1/responses with
+// "stream": true) event by event, each flushed and
 // bounded by Config.MaxStreamEventBytes, any other body as step 6 relays
 // it. The gateway reads no usage or first token from them: they feed
 // neither the output predictor, the request traces nor the TTFT metric.
@@ -174,10 +175,38 @@
 // /v1/responses/{id} and POST /v1/responses/{id}/cancel name no model and
 // are not routed: they answer 404 not_found saying why.
 //
+// # Anthropic Messages
+//
+// vLLM serves POST /v1/messages by converting the body into an OpenAI chat
+// completion request and serving that chat; the gateway serves it as a
+// chat, through the steps above. It reads the body's model (a string),
+// max_tokens (an integer, which caps the predicted output length as a
+// chat's max_tokens does) and stream (a boolean), each as vLLM reads it
+// (see Request members), and refuses a body as it refuses a chat's. When
+// the algorithm reads the prompt, the body is converted into the chat vLLM
+// renders (tokenizer.ChatFromAnthropic) and that chat tokenized as
+// /v1/chat/completions' are, its tokenizations shared with the same
+// conversation sent as a chat; a body whose prompt cannot be reproduced
+// exactly (images, among others) is counted in
+// kvgate_gateway_tokenization_failures_total{reason="unsupported"}, one
+// vLLM refuses (no max_tokens, say) under reason "input", and either is
+// routed on load alone. An SLO-aware algorithm queues it as a chat. The
+// body is forwarded byte for byte: vLLM streams a Messages response's
+// usage whatever the client asked, so no stream_options is added. The
+// response is read in Anthropic's shapes, as vLLM writes them: a stream's
+// first event (message_start, which vLLM sends once the first token is
+// generated; an error event excepted) is its first token, the usage of its
+// message_delta event, or the top-level usage of a whole response, its
+// usage (input_tokens as the prompt's tokens, output_tokens as the
+// completion's); no event is withheld. /v1/messages/count_tokens
+// generates nothing and is routed on load alone (see Other endpoints).
+//
 // # Request members
 //
-// The gateway reads these members of a request, and forwards the body as
-// the client wrote it (but for stream_options, below):
+// The gateway reads these members of a completion or chat request (of a
+// Messages request: model, max_tokens and stream, read alike), and
+// forwards the body as the client wrote it (but for stream_options,
+// below):
 //
 //   - model (both endpoints), chat_template, truncation_side and
 //     reasoning_effort (chat): a string, or null;
@@ -250,8 +279,9 @@
 // a body that has stream_options is re-encoded with include_usage set (and
 // continuous_usage_stats off). A stream's first token is the first event
 // with generated output (text, a chat delta other than the opening role, or
-// a finish reason): it ends the request's prefill for routing and is the
-// time to first token the gateway observes.
+// a finish reason; of a Messages stream, its first event): it ends the
+// request's prefill for routing and is the time to first token the gateway
+// observes.
 //
 // A request's model may name a LoRA adapter rather than a base model. The
 // pods serving an adapter are those declaring it (the kvgate.io/lora-adapters
@@ -450,7 +480,7 @@
 //	kvgate_gateway_requests_in_flight                     requests being served
 //	kvgate_gateway_retries_total{reason}                  requests sent to another pod: connection_refused, dial
 //	kvgate_gateway_upstream_failures_total{reason}        connection_refused, dial, send, first_byte_timeout, body, idle_timeout, oversized_event, response_timeout
-//	kvgate_gateway_tokenization_failures_total{reason}    requests routed without tokens, by tokenizer.Reason
+//	kvgate_gateway_tokenization_failures_total{reason}    requests routed without tokens, by tokenizer.Reason (unsupported: a Messages prompt not reproducible)
 //	kvgate_gateway_responses_without_usage_total          successes whose usage could not be read
 //	kvgate_gateway_request_body_timeouts_total            bodies that did not arrive within the body timeout (408)
 //	kvgate_gateway_debug_match_refusals_total{reason}     /debug/match requests refused: busy, too_large

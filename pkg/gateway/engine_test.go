@@ -345,6 +345,10 @@ func defaultAnswer(w http.ResponseWriter, r *http.Request, body []byte) {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
+	if r.URL.Path == PathMessages {
+		answerMessages(w, req.Model, req.Stream, len(body))
+		return
+	}
 	prompt, _ := req.Prompt.(string)
 	promptTokens := len(prompt)
 	if !req.Stream {
@@ -388,6 +392,37 @@ func streamEvents(model string, chat bool, promptTokens int, usage bool) []strin
 			`"usage":{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":3}}`+"\n\n", model, promptTokens, promptTokens+3))
 	}
 	return append(events, "data: [DONE]\n\n")
+}
+
+// answerMessages answers a Messages request as vLLM does, generating three
+// tokens: a whole message, or its stream of events, each with the usage
+// input_tokens promptTokens and output_tokens 3.
+func answerMessages(w http.ResponseWriter, model string, stream bool, promptTokens int) {
+	if !stream {
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"id":"msg-1","type":"message","role":"assistant","content":[{"type":"text","text":" a b c"}],`+
+			`"model":%q,"stop_reason":"max_tokens","stop_sequence":null,"usage":{"input_tokens":%d,"output_tokens":3}}`, model, promptTokens)
+		return
+	}
+	writeSSE(w, messagesEvents(model, promptTokens))
+}
+
+// messagesEvents returns the events of a three-token Messages stream as
+// vLLM sends them: message_start (its usage not yet known), a text block,
+// then message_delta with the usage, and message_stop.
+func messagesEvents(model string, promptTokens int) []string {
+	event := func(typ, data string) string { return "event: " + typ + "\ndata: " + data + "\n\n" }
+	events := []string{event("message_start", fmt.Sprintf(`{"type":"message_start","message":{"id":"msg-1","type":"message",`+
+		`"role":"assistant","content":[],"model":%q,"stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":0,"output_tokens":0}}}`, model)),
+		event("content_block_start", `{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}`)}
+	for _, tok := range []string{" a", " b", " c"} {
+		events = append(events, event("content_block_delta",
+			fmt.Sprintf(`{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":%q}}`, tok)))
+	}
+	return append(events, event("content_block_stop", `{"type":"content_block_stop","index":0}`),
+		event("message_delta", fmt.Sprintf(`{"type":"message_delta","delta":{"stop_reason":"max_tokens"},`+
+			`"usage":{"input_tokens":%d,"output_tokens":3}}`, promptTokens)),
+		event("message_stop", `{"type":"message_stop"}`))
 }
 
 // writeSSE answers with events, flushing each.

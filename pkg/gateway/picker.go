@@ -71,10 +71,13 @@ func (p *Picker) Algorithm(strategy string) (string, *Error) {
 	return resolveAlgorithm(p.g.router, strategy)
 }
 
-// Paths of the OpenAI endpoints whose bodies the gateway tokenizes.
+// Paths of the endpoints whose bodies the gateway tokenizes (OpenAI's
+// completions and chat completions, Anthropic's Messages), and of the
+// model list it answers itself.
 const (
 	PathCompletions     = "/v1/completions"
 	PathChatCompletions = "/v1/chat/completions"
+	PathMessages        = "/v1/messages"
 	PathModels          = "/v1/models"
 )
 
@@ -170,6 +173,8 @@ func (p *Picker) Pick(ctx context.Context, in PickRequest) (*Pick, *Error) {
 		kd = kindCompletion
 	case PathChatCompletions:
 		kd = kindChat
+	case PathMessages:
+		kd = kindMessages
 	}
 	err := g.check(&k.a, kd, in.Body, in.ContentType, in.Strategy, k.x)
 	k.stream = k.x.in.stream().Stream
@@ -396,6 +401,8 @@ type Response struct {
 	// uninspected reports the response of an endpoint other than the
 	// completions: its body is passed on unread, and carries no usage.
 	uninspected bool
+	// kind is the request's, whose shape the response's usage has.
+	kind kind
 }
 
 // Response records that the response has status and the content type
@@ -409,8 +416,8 @@ func (k *Pick) Response(status int, contentType string) *Response {
 		k.a.b.store.PodReachable(k.x.d.Endpoint)
 	}
 	r := &Response{k: k, status: status, sse: isEventStream(k.stream, status, contentType), maxEvent: k.g.cfg.MaxStreamEventBytes,
-		uninspected: !k.x.in.kind.generates()}
-	r.events = eventReader{dropUsage: k.a.dropUsage, firstToken: k.h.FirstToken}
+		uninspected: !k.x.in.kind.generates(), kind: k.x.in.kind}
+	r.events = eventReader{dropUsage: k.a.dropUsage, firstToken: k.h.FirstToken, messages: k.x.in.kind == kindMessages}
 	return r
 }
 
@@ -503,7 +510,7 @@ func (r *Response) Done() {
 	case r.sse:
 		u, ok = r.events.usage, r.events.hasUsage
 	case r.status == http.StatusOK && !r.over && !r.uninspected:
-		u, ok = responseUsage(r.whole.Bytes())
+		u, ok = responseUsage(r.whole.Bytes(), r.kind)
 	}
 	r.k.g.closeDone(r.k.h, !r.uninspected, r.status, u, ok)
 }

@@ -82,7 +82,7 @@ func TestResponseKeepsOtherBodiesAsTheyAreAndReadsTheirUsage(t *testing.T) {
 		}
 		got = append(got, out...)
 	}
-	if u, ok := responseUsage(r.whole.Bytes()); !ok || u != (usage{PromptTokens: 3, CompletionTokens: 4}) || string(got) != body {
+	if u, ok := responseUsage(r.whole.Bytes(), kindCompletion); !ok || u != (usage{PromptTokens: 3, CompletionTokens: 4}) || string(got) != body {
 		t.Errorf("usage %+v %v from %q", u, ok, got)
 	}
 }

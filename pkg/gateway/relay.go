@@ -34,18 +34,46 @@ type usage struct {
 	CachedReported   bool  `json:"-"`
 }
 
-// responseUsage reads the usage of a whole (not streamed) response body:
-// the top-level "usage" object, found without decoding the rest.
-func responseUsage(body []byte) (usage, bool) {
+// responseUsage reads the usage of a whole (not streamed) response body
+// to a request of kind k: the top-level "usage" object, found without
+// decoding the rest, in OpenAI's shape or, for a Messages response,
+// Anthropic's (see readMessagesUsage).
+func responseUsage(body []byte, k kind) (usage, bool) {
 	var u usage
 	found := false
 	err := jsonscan.Members(body, func(name, value []byte) error {
 		if string(jsonscan.Name(name)) == "usage" {
-			u, found = readUsage(value)
+			if k == kindMessages {
+				u, found = readMessagesUsage(value)
+			} else {
+				u, found = readUsage(value)
+			}
 		}
 		return nil
 	})
 	return u, found && err == nil
+}
+
+// readMessagesUsage reads the usage object of an Anthropic Messages
+// response as vLLM writes it: input_tokens, the prompt's tokens, and
+// output_tokens, the generated ones. It fails as readUsage does, and when
+// the object has neither count.
+func readMessagesUsage(value []byte) (usage, bool) {
+	var u usage
+	if len(value) == 0 || value[0] != '{' {
+		return u, false
+	}
+	var in, out bool
+	err := jsonscan.Members(value, func(name, v []byte) error {
+		switch string(jsonscan.Name(name)) {
+		case "input_tokens":
+			return readCount(v, &u.PromptTokens, &in)
+		case "output_tokens":
+			return readCount(v, &u.CompletionTokens, &out)
+		}
+		return nil
+	})
+	return u, err == nil && (in || out)
 }
 
 // readUsage reads a usage object's token counts; false when value is not
@@ -182,6 +210,9 @@ type eventReader struct {
 	// uninspected relays every event as it is, reading none: the stream
 	// of an endpoint other than the completions (kindModel).
 	uninspected bool
+	// messages reads the events in Anthropic's Messages shapes (see
+	// inspectMessages) rather than OpenAI's chunks.
+	messages bool
 
 	seenToken bool
 	usage     usage
@@ -281,6 +312,10 @@ func (s *eventReader) inspect(event []byte) (withhold bool) {
 	if !ok || len(payload) == 0 || payload[0] != '{' {
 		return false
 	}
+	if s.messages {
+		s.inspectMessages(payload)
+		return false
+	}
 	if s.seenToken && !bytes.Contains(payload, usageKey) {
 		return false
 	}
@@ -307,6 +342,50 @@ func (s *eventReader) inspect(event []byte) (withhold bool) {
 		}
 	}
 	return false
+}
+
+// messageDelta is the type of the Messages event that carries the
+// response's usage, at its end.
+const messageDelta = "message_delta"
+
+// inspectMessages reads the data of an event of a Messages stream, as vLLM
+// writes them: it converts its chat stream into events (message_start,
+// content_block_start, content_block_delta, content_block_stop,
+// message_delta, message_stop) whose data is an object naming its type,
+// the first of them once the chat's first chunk, which comes with the
+// first generated token, exists. So the first event of any type but error
+// (and ping, which Anthropic's own API sends) marks the first token, and
+// message_delta's usage is the response's. No event is withheld: vLLM
+// sends the usage whatever the client asked.
+func (s *eventReader) inspectMessages(payload []byte) {
+	if s.seenToken && !bytes.Contains(payload, usageKey) {
+		return
+	}
+	var typ, use []byte
+	if jsonscan.Members(payload, func(name, value []byte) error {
+		switch string(jsonscan.Name(name)) {
+		case "type":
+			typ = value
+		case "usage":
+			use = value
+		}
+		return nil
+	}) != nil || len(typ) == 0 || typ[0] != '"' {
+		return
+	}
+	t, err := jsonscan.String(typ)
+	if err != nil {
+		return
+	}
+	if !s.seenToken && t != "error" && t != "ping" {
+		s.seenToken = true
+		s.firstToken()
+	}
+	if t == messageDelta {
+		if u, ok := readMessagesUsage(use); ok {
+			s.usage, s.hasUsage = u, true
+		}
+	}
 }
 
 // emptyArray reports whether raw, a JSON array, has no element.
@@ -530,7 +609,7 @@ func (g *Gateway) relayWhole(w http.ResponseWriter, r *http.Request, res *podRes
 	var u usage
 	ok := false
 	if x.in.kind.generates() {
-		u, ok = responseUsage(x.resp.Bytes())
+		u, ok = responseUsage(x.resp.Bytes(), x.in.kind)
 	}
 	g.closeDone(h, x.in.kind.generates(), res.status, u, complete && ok)
 	return false
@@ -586,7 +665,7 @@ func (g *Gateway) relayStream(w http.ResponseWriter, r *http.Request, res *podRe
 	s := &x.relay
 	*s = sseRelay{dst: w, flush: rcw.Flush, src: x.reader, more: res.body.buffered, ended: res.body.ended,
 		maxEvent: g.cfg.MaxStreamEventBytes, bound: &c.clock, event: s.event[:0], eventReader: eventReader{dropUsage: dropUsage,
-			uninspected: !x.in.kind.generates(),
+			uninspected: !x.in.kind.generates(), messages: x.in.kind == kindMessages,
 			firstToken: func() {
 				h.FirstToken()
 				g.metrics.ttft.WithLabelValues(rc.Model).Observe(time.Since(c.start).Seconds())

@@ -263,7 +263,7 @@ func TestReadUsageRefusesNegativeTokenCounts(t *testing.T) {
 		if got, ok := readUsage([]byte(body)); ok {
 			t.Errorf("readUsage(%s) = %+v, read; want it refused", body, got)
 		}
-		if got, ok := responseUsage([]byte(`{"choices":[],"usage":` + body + `}`)); ok {
+		if got, ok := responseUsage([]byte(`{"choices":[],"usage":`+body+`}`), kindCompletion); ok {
 			t.Errorf("responseUsage with usage %s = %+v, read; want it refused", body, got)
 		}
 	}

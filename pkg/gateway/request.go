@@ -17,6 +17,10 @@ type kind uint8
 const (
 	kindCompletion kind = iota
 	kindChat
+	// kindMessages is Anthropic's Messages API (POST /v1/messages), which
+	// vLLM serves by converting the body into a chat: its prompt is that
+	// chat's, and its response is in Anthropic's shapes.
+	kindMessages
 	// kindModel is any other endpoint whose JSON body names its model
 	// (modelPaths): the gateway reads the model alone, neither a prompt nor
 	// the response's usage, and routes the request on load alone.
@@ -47,7 +51,22 @@ type chatBody struct {
 	streamFields
 }
 
-// inference is a decoded request body of either kind. The body itself is
+// messagesBody is what the gateway reads of a /v1/messages body: the
+// members that route it and shape its response. Its prompt is read from
+// the whole body when it is tokenized (see tokenizer.ChatFromAnthropic).
+// vLLM streams such a request's usage whatever the client asked, so
+// stream_options is not read.
+type messagesBody struct {
+	Model     string
+	MaxTokens *int
+	streamFields
+	// body is the whole body, which chat is converted from when the
+	// prompt is first tokenized.
+	body []byte
+	chat *tokenizer.ChatRequest
+}
+
+// inference is a decoded request body of any kind but kindModel. The body itself is
 // forwarded as received, except for stream_options (see withStreamUsage).
 // Its JSON values (the prompt, the messages, ...) alias the body decode
 // read them from.
@@ -55,6 +74,7 @@ type inference struct {
 	kind kind
 	comp completionBody
 	chat chatBody
+	msg  messagesBody
 }
 
 // errNotObject reports a body that is valid JSON but not an object.
@@ -71,8 +91,10 @@ func (e *typeError) Error() string {
 
 // decode reads body, which must be a JSON object, into in. It reads only
 // the members that route the request, shape its response or tokenize its
-// prompt, by hand (package jsonscan), checking the whole body's syntax as
-// encoding/json would; values it does not read are skipped, not decoded.
+// prompt (of a Messages body: model, max_tokens and stream; its prompt is
+// converted from the whole body when it is tokenized), by hand (package
+// jsonscan), checking the whole body's syntax as encoding/json would;
+// values it does not read are skipped, not decoded.
 // Member names match exactly, as in vLLM, and the last of a repeated name
 // wins, a last null included.
 //
@@ -91,15 +113,21 @@ func (e *typeError) Error() string {
 // body is forwarded as the client wrote it, values included.
 func (in *inference) decode(k kind, body []byte) error {
 	in.kind = k
-	in.comp, in.chat = completionBody{}, chatBody{}
+	in.comp, in.chat, in.msg = completionBody{}, chatBody{}, messagesBody{}
 	if i := jsonscan.SkipSpace(body, 0); i < len(body) && body[i] != '{' {
 		if end, err := jsonscan.SkipValue(body, i); err == nil && jsonscan.Trailing(body, end) == nil {
 			return errNotObject
 		}
 	}
+	if k == kindMessages {
+		in.msg.body = body
+	}
 	return jsonscan.Members(body, func(name, value []byte) error {
-		if k == kindChat {
+		switch k {
+		case kindChat:
 			return in.chat.member(jsonscan.Name(name), value)
+		case kindMessages:
+			return in.msg.member(jsonscan.Name(name), value)
 		}
 		return in.comp.member(jsonscan.Name(name), value)
 	})
@@ -169,7 +197,20 @@ func (b *chatBody) member(name, value []byte) error {
 	return nil
 }
 
-// member decodes one member of either body that shapes a stream.
+// member decodes one member of a /v1/messages body.
+func (b *messagesBody) member(name, value []byte) error {
+	switch string(name) {
+	case "model":
+		return decodeString(name, value, &b.Model)
+	case "max_tokens":
+		return decodeOptInt(name, value, &b.MaxTokens)
+	case "stream":
+		return b.streamFields.member(name, value)
+	}
+	return nil
+}
+
+// member decodes one member of any body that shapes a stream.
 func (s *streamFields) member(name, value []byte) error {
 	switch string(name) {
 	case "stream":
@@ -245,15 +286,21 @@ func decodeOptInt(name, value []byte, dst **int) error {
 
 // model returns the requested model.
 func (in *inference) model() string {
-	if in.kind == kindChat {
+	switch in.kind {
+	case kindChat:
 		return in.chat.Model
+	case kindMessages:
+		return in.msg.Model
 	}
 	return in.comp.Model
 }
 
 func (in *inference) stream() *streamFields {
-	if in.kind == kindChat {
+	switch in.kind {
+	case kindChat:
 		return &in.chat.streamFields
+	case kindMessages:
+		return &in.msg.streamFields
 	}
 	return &in.comp.streamFields
 }
@@ -262,12 +309,15 @@ func (in *inference) stream() *streamFields {
 // does not say.
 func (in *inference) maxTokens() int {
 	var p *int
-	if in.kind == kindChat {
+	switch in.kind {
+	case kindChat:
 		p = in.chat.MaxCompletionTokens
 		if p == nil {
 			p = in.chat.MaxTokens
 		}
-	} else {
+	case kindMessages:
+		p = in.msg.MaxTokens
+	default:
 		p = in.comp.MaxTokens
 	}
 	if p == nil || *p < 0 {
@@ -277,10 +327,24 @@ func (in *inference) maxTokens() int {
 }
 
 // tokenize returns the prompt's token ids, asking the vLLM server at
-// baseURL when tk has not cached them. The ids must not be modified.
+// baseURL when tk has not cached them. The ids must not be modified. A
+// Messages request is tokenized as the chat vLLM converts it into (see
+// tokenizer.ChatFromAnthropic), converted once; a body whose conversion
+// fails, or whose prompt cannot be reproduced, fails with the conversion's
+// *tokenizer.Error (ReasonInput, ReasonUnsupported).
 func (in *inference) tokenize(ctx context.Context, tk *tokenizer.Tokenizer, baseURL string) ([]uint32, error) {
-	if in.kind == kindChat {
+	switch in.kind {
+	case kindChat:
 		return tk.TokenizeChat(ctx, baseURL, &in.chat.ChatRequest)
+	case kindMessages:
+		if in.msg.chat == nil {
+			chat, err := tokenizer.ChatFromAnthropic(in.msg.body)
+			if err != nil {
+				return nil, err
+			}
+			in.msg.chat = chat
+		}
+		return tk.TokenizeChat(ctx, baseURL, in.msg.chat)
 	}
 	return tk.TokenizeCompletion(ctx, baseURL, &in.comp.CompletionRequest)
 }

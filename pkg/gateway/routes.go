@@ -24,6 +24,7 @@ func (g *Gateway) routes() (api, admin http.Handler) {
 	} else {
 		apiMux.Handle(PathCompletions, g.serveInference(kindCompletion))
 		apiMux.Handle(PathChatCompletions, g.serveInference(kindChat))
+		apiMux.Handle(PathMessages, g.serveInference(kindMessages))
 		apiMux.HandleFunc(PathModels, g.serveModels)
 		model := g.serveInference(kindModel)
 		for _, p := range modelPaths {
@@ -53,15 +54,16 @@ func (g *Gateway) routes() (api, admin http.Handler) {
 }
 
 // modelPaths are the paths of vLLM's endpoints, besides the completions,
-// whose POST body names the model (a JSON object's model member; the model
-// field of the audio endpoints' multipart/form-data): the proxy routes each
-// request by that model, on load alone, and forwards its body as received.
+// the chat completions and Anthropic's Messages, whose POST body names the
+// model (a JSON object's model member; the model field of the audio
+// endpoints' multipart/form-data): the proxy routes each request by that
+// model, on load alone, and forwards its body as received.
 // Endpoints that act on one engine (its adapters, prefix cache, sleep,
 // profiler, scaling) are not among them: a gateway must not send them to
 // whichever pod it picks, and they answer 404.
 var modelPaths = []string{
-	pathResponses,                               // OpenAI's Responses API
-	"/v1/messages", "/v1/messages/count_tokens", // Anthropic's Messages API
+	pathResponses,                             // OpenAI's Responses API
+	"/v1/messages/count_tokens",               // Anthropic's token count: no generation
 	"/v1/embeddings", "/pooling", "/classify", // pooling models
 	"/score", "/v1/score", // cross-encoders and embedding models
 	"/rerank", "/v1/rerank", "/v2/rerank", // Jina's and Cohere's rerank APIs

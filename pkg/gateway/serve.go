@@ -242,7 +242,8 @@ func (g *Gateway) startServers(ln net.Listener) (servers []httpServer, served <-
 			l = newTimedListener(l, g.cfg.ClientWriteTimeout, g.cfg.MaxClientConnections, g.metrics)
 			if !g.cfg.DisableProxy {
 				server = &leanhttp.Server{HTTP: srv, Hot: []string{
-					http.MethodPost + " " + PathCompletions, http.MethodPost + " " + PathChatCompletions}}
+					http.MethodPost + " " + PathCompletions, http.MethodPost + " " + PathChatCompletions,
+					http.MethodPost + " " + PathMessages}}
 			}
 		}
 		servers = append(servers, server)

@@ -1,0 +1,136 @@
+package extproc
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/kvgate/kvgate/pkg/gateway"
+	"github.com/kvgate/kvgate/pkg/routing"
+)
+
+// messagesRequest is a POST /v1/messages with one user message, user.
+func messagesRequest(user, extra string) request {
+	u, _ := json.Marshal(user)
+	return request{method: http.MethodPost, path: gateway.PathMessages, headers: map[string]string{routing.HeaderRoutingStrategy: routing.KVAware},
+		body: `{"model":"` + simModel + `","max_tokens":8,"system":"Be brief.","messages":[{"role":"user","content":` + string(u) + `}]` + extra + `}`}
+}
+
+// messagesEngine answers POST /v1/messages as vLLM does, three tokens
+// generated: a whole message, or its events; withUsage false leaves the
+// usage out of the stream's message_delta.
+func messagesEngine(t *testing.T, withUsage bool) *httptest.Server {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var req struct {
+			Stream bool `json:"stream"`
+		}
+		if r.URL.Path != gateway.PathMessages || json.NewDecoder(r.Body).Decode(&req) != nil {
+			http.Error(w, "bad request", http.StatusBadRequest)
+			return
+		}
+		if !req.Stream {
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = fmt.Fprint(w, `{"id":"msg-1","type":"message","role":"assistant","content":[{"type":"text","text":" a b c"}],`+
+				`"model":"sim","stop_reason":"max_tokens","stop_sequence":null,"usage":{"input_tokens":17,"output_tokens":3}}`)
+			return
+		}
+		usage := `,"usage":{"input_tokens":17,"output_tokens":3}`
+		if !withUsage {
+			usage = ""
+		}
+		w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
+		for _, ev := range []string{
+			`event: message_start` + "\n" + `data: {"type":"message_start","message":{"id":"msg-1","type":"message","role":"assistant",` +
+				`"content":[],"model":"sim","stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":0,"output_tokens":0}}}`,
+			`event: content_block_start` + "\n" + `data: {"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}`,
+			`event: content_block_delta` + "\n" + `data: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":" a b c"}}`,
+			`event: content_block_stop` + "\n" + `data: {"type":"content_block_stop","index":0}`,
+			`event: message_delta` + "\n" + `data: {"type":"message_delta","delta":{"stop_reason":"max_tokens"}` + usage + `}`,
+			`event: message_stop` + "\n" + `data: {"type":"message_stop"}`,
+		} {
+			_, _ = fmt.Fprint(w, ev+"\n\n")
+			w.(http.Flusher).Flush()
+		}
+	}))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// forwardTo sends the request as forwarded to engine rather than to the
+// endpoint picked, and relays the response as forward does.
+func (x *exchange) forwardTo(engine string, chunk int) {
+	x.t.Helper()
+	x.destination()
+	resp, err := http.Post(engine+x.headers[":path"], "application/json", bytes.NewReader(x.body))
+	if err != nil {
+		x.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	x.relayHeaders(resp, nil)
+	x.relayBody(resp.Body, chunk, -1)
+	x.close()
+}
+
+func TestMessagesResponsesAreReadForTheFirstTokenAndUsage(t *testing.T) {
+	f := start(t, 1, options{})
+	withUsage, withoutUsage := messagesEngine(t, true), messagesEngine(t, false)
+	for _, mode := range modes {
+		for _, c := range []struct {
+			name, extra, engine string
+			stream, usage       bool
+		}{
+			{"whole", "", withUsage.URL, false, true},
+			{"stream", `,"stream":true`, withUsage.URL, true, true},
+			{"stream without usage", `,"stream":true`, withoutUsage.URL, true, false},
+		} {
+			t.Run(mode.name+"/"+c.name, func(t *testing.T) {
+				missing := f.metric(t, "kvgate_gateway_responses_without_usage_total", nil)
+				ttft := f.metric(t, "kvgate_extproc_time_to_first_token_seconds", nil)
+				r := messagesRequest(words(mode.name+c.name, 30), c.extra)
+				r.pieces = 2
+				x := f.envoy.start(t, mode, r)
+				if string(x.body) != r.body {
+					t.Fatalf("forwarded body %s; want the client's %s", x.body, r.body)
+				}
+				x.forwardTo(c.engine, 37)
+				if x.status != http.StatusOK || c.stream != strings.HasPrefix(string(x.respBody), "event: message_start\n") ||
+					!strings.Contains(string(x.respBody), `" a b c"`) {
+					t.Fatalf("relayed %d %q", x.status, x.respBody)
+				}
+				wantMissing, wantTTFT := missing, ttft
+				if !c.usage {
+					wantMissing++
+				}
+				if c.stream {
+					wantTTFT++
+				}
+				if n := f.metric(t, "kvgate_gateway_responses_without_usage_total", nil); n != wantMissing {
+					t.Errorf("responses without usage = %v, want %v", n, wantMissing)
+				}
+				if n := f.metric(t, "kvgate_extproc_time_to_first_token_seconds", nil); n != wantTTFT {
+					t.Errorf("first tokens observed: %v, want %v", n, wantTTFT)
+				}
+			})
+		}
+	}
+}
+
+func TestMessagesWhosePromptCannotBeReproducedArePickedOnLoadAlone(t *testing.T) {
+	f := start(t, 1, options{})
+	r := request{method: http.MethodPost, path: gateway.PathMessages, headers: map[string]string{routing.HeaderRoutingStrategy: routing.KVAware},
+		body: `{"model":"sim","max_tokens":8,"messages":[{"role":"user","content":[{"type":"image","source":` +
+			`{"type":"base64","media_type":"image/png","data":"iVBORw0KGgo="}}]}]}`}
+	x := f.envoy.start(t, buffered, r)
+	if x.destination() != f.engines[0].address {
+		t.Errorf("picked %s, want the only engine", x.destination())
+	}
+	x.close()
+	labels := map[string]string{"reason": "unsupported"}
+	if n := f.metric(t, "kvgate_gateway_tokenization_failures_total", labels); n != 1 {
+		t.Errorf("unsupported tokenizations = %v, want 1", n)
+	}
+}
