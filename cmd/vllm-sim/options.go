@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/pkg/sim"
+	"github.com/kvgate/kvgate/pkg/sim/simanthropic"
 	"github.com/kvgate/kvgate/pkg/sim/simserver"
 	"github.com/kvgate/kvgate/pkg/tokenizer/hf"
 )
@@ -47,7 +48,9 @@ type options struct {
 
 const usageHeader = `vllm-sim simulates a vLLM OpenAI-compatible server without GPUs: a paged KV
 cache with prefix caching, vLLM's scheduler, a latency model, and vLLM's HTTP
-API and metrics.
+API and metrics. It serves /v1/completions, /v1/chat/completions, Anthropic's
+/v1/messages and /v1/messages/count_tokens, /v1/models, /tokenize,
+/reset_prefix_cache, /health and /metrics.
 
 Usage: vllm-sim [flags]
 
@@ -168,7 +171,8 @@ func (o *options) loraModules() []simserver.LoRAModule {
 // serverConfig builds the simulated server's configuration, drawing random
 // hash seeds from random when -hash-seed is empty.
 func (o *options) serverConfig(random io.Reader) (simserver.Config, error) {
-	cfg := simserver.Config{Model: o.model, ModelPath: o.modelPath, LoRAModules: o.loraModules(), AllowRuntimeLoRAUpdating: o.runtimeLoRA}
+	cfg := simserver.Config{Model: o.model, ModelPath: o.modelPath, LoRAModules: o.loraModules(), AllowRuntimeLoRAUpdating: o.runtimeLoRA,
+		Anthropic: simanthropic.Convert}
 	if o.apiKey != "" {
 		cfg.APIKeys = []string{o.apiKey}
 	}

@@ -9,6 +9,7 @@ import (
 func TestAPIKeysGuardEveryPathButHealthAndMetricsAsVLLMDoes(t *testing.T) {
 	ts := startServer(t, 1, func(c *Config) { c.APIKeys = []string{"k1", "k2"} })
 	tokenize := `{"model":"` + testModel + `","prompt":"hi"}`
+	messages := `{"model":"` + testModel + `","max_tokens":1,"messages":[{"role":"user","content":"hi"}]}`
 	for _, tc := range []struct {
 		method, path, body, authorization string
 		want                              int
@@ -25,6 +26,10 @@ func TestAPIKeysGuardEveryPathButHealthAndMetricsAsVLLMDoes(t *testing.T) {
 		{"POST", "/tokenize", tokenize, "Bearer k2", http.StatusOK},
 		{"POST", "/v1/completions", `{"prompt":"hi","max_tokens":1}`, "", http.StatusUnauthorized},
 		{"POST", "/v1/completions", `{"prompt":"hi","max_tokens":1}`, "Bearer k1", http.StatusOK},
+		{"POST", "/v1/messages", messages, "", http.StatusUnauthorized},
+		{"POST", "/v1/messages", messages, "Bearer k1", http.StatusOK},
+		{"POST", "/v1/messages/count_tokens", messages, "", http.StatusUnauthorized},
+		{"POST", "/v1/messages/count_tokens", messages, "Bearer k2", http.StatusOK},
 		{"OPTIONS", "/v1/models", "", "", http.StatusMethodNotAllowed},
 	} {
 		req, err := http.NewRequest(tc.method, ts.url+tc.path, strings.NewReader(tc.body))

@@ -108,6 +108,17 @@ func (g *generation) next(ctx context.Context) ([]sim.RequestOutput, error) {
 	return outs, nil
 }
 
+// wait applies outputs until every choice has finished. It aborts the
+// generation when ctx ends or an engine stops.
+func (g *generation) wait(ctx context.Context) error {
+	for g.pending > 0 {
+		if _, err := g.next(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // choiceOf returns the index of the choice an output belongs to.
 func (g *generation) choiceOf(out sim.RequestOutput) int { return g.index[out.RequestID] }
 

@@ -85,13 +85,11 @@ func (s *Server) serveGeneration(w http.ResponseWriter, r *http.Request, p gener
 
 // answer waits for every choice of g and answers with the whole response.
 func (s *Server) answer(w http.ResponseWriter, r *http.Request, g *generation, f *format) {
-	for g.pending > 0 {
-		if _, err := g.next(r.Context()); err != nil {
-			if r.Context().Err() == nil {
-				s.writeError(w, err)
-			}
-			return
+	if err := g.wait(r.Context()); err != nil {
+		if r.Context().Err() == nil {
+			s.writeError(w, err)
 		}
+		return
 	}
 	choices := make([]any, len(g.choices))
 	for i, c := range g.choices {
@@ -202,7 +200,14 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request, req any) bool 
 
 // writeError answers with the status and OpenAI error body err calls for.
 func (s *Server) writeError(w http.ResponseWriter, err error) {
-	status, kind := http.StatusInternalServerError, "InternalServerError"
+	status, kind := s.errorStatus(err)
+	writeJSON(w, status, apiError{Error: apiErrorBody{Message: err.Error(), Type: kind, Code: status}})
+}
+
+// errorStatus returns the HTTP status and the error type err calls for,
+// logging internal errors.
+func (s *Server) errorStatus(err error) (status int, kind string) {
+	status, kind = http.StatusInternalServerError, "InternalServerError"
 	var br *badRequest
 	var nf *notFound
 	switch {
@@ -216,7 +221,7 @@ func (s *Server) writeError(w http.ResponseWriter, err error) {
 	if status == http.StatusInternalServerError {
 		s.log.Error(err, "Request failed")
 	}
-	writeJSON(w, status, apiError{Error: apiErrorBody{Message: err.Error(), Type: kind, Code: status}})
+	return status, kind
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

@@ -1,5 +1,6 @@
 // Package simserver serves simulated vLLM engines over vLLM's HTTP API: the
 // OpenAI-compatible completions, chat completions and models endpoints,
+// Anthropic's Messages API (/v1/messages and /v1/messages/count_tokens),
 // /tokenize, /metrics with vLLM's metric names, /health and
 // /reset_prefix_cache. Each data-parallel rank is an engine core from
 // package sim, stepped in wall time by its own loop and publishing its
@@ -10,6 +11,24 @@
 // tokenizer and ChatML template, or with a model's own tokenizer files
 // (Config.Tokenizer, package hf), whose ids the engines then cache and
 // publish.
+//
+// POST /v1/messages is served as vLLM serves it: the body becomes the chat
+// completion request vLLM builds from it (Config.Anthropic, which package
+// simanthropic sets to tokenizer.ChatFromAnthropic),
+// which is rendered, generated and published as that chat would be, so
+// its prompt's token ids and KV events are the chat's; the answer is an
+// Anthropic message or, with stream, vLLM's Anthropic events
+// (message_start, content_block_start, content_block_delta,
+// content_block_stop, message_delta with the usage, message_stop). Its
+// errors, and those of /v1/messages/count_tokens, which answers the
+// prompt's length, are Anthropic's error objects whose type is the OpenAI
+// error's (BadRequestError, ...). A body vLLM refuses (no max_tokens, say)
+// is answered 400, and so is one vLLM would render in a way the simulator
+// cannot reproduce (images, among others: see tokenizer.ChatFromAnthropic),
+// with a message saying so. The stream member is read as laxly as the
+// OpenAI requests' members are; output_config.effort, which vLLM passes to
+// the chat template as reasoning_effort, is not passed, as the simulator
+// passes no reasoning_effort of a chat either.
 //
 // With Config.AllowRuntimeLoRAUpdating, POST /v1/load_lora_adapter and POST
 // /v1/unload_lora_adapter load and unload LoRA adapters as vLLM's do.
@@ -103,6 +122,13 @@ type Config struct {
 	// engines cache and publish are then that model's. The simulated model
 	// still generates from the simulator's output vocabulary.
 	Tokenizer *hf.Tokenizer
+	// Anthropic converts the body of an Anthropic Messages request into
+	// the chat completion request vLLM serves it as (package simanthropic
+	// gives vLLM's conversion); without it, /v1/messages and
+	// /v1/messages/count_tokens answer 404. It is a setting rather than an
+	// import so that the tokenizer, whose conversion it is, may run
+	// simulated engines in its own tests.
+	Anthropic AnthropicConverter
 	// APIKeys, when not empty, are the keys requests must present, as
 	// vLLM's --api-key: see the package documentation for the paths
 	// guarded.
@@ -119,6 +145,7 @@ type Server struct {
 	registry    *prometheus.Registry
 	log         klog.Logger
 	tokenizer   promptTokenizer
+	anthropic   AnthropicConverter
 	created     int64
 	handler     http.Handler
 }
@@ -135,6 +162,7 @@ func New(cfg Config) (*Server, error) {
 		model:     cfg.Model,
 		modelPath: cmp.Or(cfg.ModelPath, cfg.Model),
 		registry:  cfg.Registry,
+		anthropic: cfg.Anthropic,
 		log:       cfg.Logger.WithValues("model", cfg.Model),
 		created:   time.Now().Unix(),
 	}
@@ -197,6 +225,10 @@ func (s *Server) routes(runtimeLoRA bool) http.Handler {
 	}
 	mux.HandleFunc("POST /v1/completions", s.handleCompletions)
 	mux.HandleFunc("POST /v1/chat/completions", s.handleChatCompletions)
+	if s.anthropic != nil {
+		mux.HandleFunc("POST /v1/messages", s.handleMessages)
+		mux.HandleFunc("POST /v1/messages/count_tokens", s.handleCountTokens)
+	}
 	mux.HandleFunc("GET /v1/models", s.handleModels)
 	mux.HandleFunc("POST /tokenize", s.handleTokenize)
 	mux.HandleFunc("POST /reset_prefix_cache", s.handleResetPrefixCache)

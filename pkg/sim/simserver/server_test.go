@@ -69,7 +69,8 @@ var fastLatency = sim.LatencyModel{StepOverhead: 500 * time.Microsecond, Prefill
 func startServer(t *testing.T, ranks int, mod func(*Config)) *testServer {
 	t.Helper()
 	ts := &testServer{}
-	cfg := Config{Model: testModel, LoRAModules: []LoRAModule{{Name: "sql-lora", Path: "/adapters/sql"}, {Name: "chat-lora"}}}
+	cfg := Config{Model: testModel, LoRAModules: []LoRAModule{{Name: "sql-lora", Path: "/adapters/sql"}, {Name: "chat-lora"}},
+		Anthropic: convertAnthropic}
 	for range ranks {
 		sink := &memSink{}
 		ts.sinks = append(ts.sinks, sink)

@@ -51,10 +51,7 @@ var chatFormat = &format{
 // event per token and choice, a usage chunk with no choices when asked for,
 // then "data: [DONE]". If the client goes away the generation is aborted.
 func (s *Server) stream(w http.ResponseWriter, r *http.Request, g *generation, f *format, includeUsage bool) {
-	w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
-	w.Header().Set("Cache-Control", "no-cache")
-	w.WriteHeader(http.StatusOK)
-	sse := &sseWriter{w: w, rc: http.NewResponseController(w)}
+	sse := startEvents(w)
 	chunk := func(choices []any, u *usage) response {
 		return response{ID: g.id, Object: f.chunkObject, Created: g.created, Model: g.model, Choices: choices, Usage: u}
 	}
@@ -87,6 +84,14 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, g *generation, f
 	sse.done()
 }
 
+// startEvents answers 200 with an event stream and returns its writer.
+func startEvents(w http.ResponseWriter) *sseWriter {
+	w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-cache")
+	w.WriteHeader(http.StatusOK)
+	return &sseWriter{w: w, rc: http.NewResponseController(w)}
+}
+
 // sseWriter writes server-sent events, flushing each, and remembers the
 // first write error.
 type sseWriter struct {
@@ -103,6 +108,18 @@ func (s *sseWriter) send(v any) {
 		return
 	}
 	s.buf = append(append(append(s.buf[:0], "data: "...), data...), "\n\n"...)
+	s.write()
+}
+
+// event writes v as an event named name, as Anthropic's streams frame
+// them: "event: <name>", then "data: <json>".
+func (s *sseWriter) event(name string, v any) {
+	data, err := json.Marshal(v)
+	if err != nil {
+		s.err = err
+		return
+	}
+	s.buf = append(append(append(append(append(s.buf[:0], "event: "...), name...), "\ndata: "...), data...), "\n\n"...)
 	s.write()
 }
 

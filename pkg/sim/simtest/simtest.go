@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"testing"
 
+	"github.com/kvgate/kvgate/pkg/sim/simanthropic"
 	"github.com/kvgate/kvgate/pkg/sim/simserver"
 )
 
@@ -20,9 +21,14 @@ type Engine struct {
 }
 
 // Serve runs the engine cfg describes until the test ends, its HTTP API on
-// a free loopback port. It fails the test when cfg is invalid.
+// a free loopback port, serving Anthropic's Messages API with vLLM's
+// conversion (simanthropic.Convert) unless cfg.Anthropic says otherwise.
+// It fails the test when cfg is invalid.
 func Serve(t testing.TB, cfg simserver.Config) Engine {
 	t.Helper()
+	if cfg.Anthropic == nil {
+		cfg.Anthropic = simanthropic.Convert
+	}
 	srv, err := simserver.New(cfg)
 	if err != nil {
 		t.Fatal(err)
