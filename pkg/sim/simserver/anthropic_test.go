@@ -1,6 +1,8 @@
 package simserver
 
 import (
+	"bufio"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -337,4 +339,68 @@ func TestMessagesRequestsTheSimulatorCannotServeGetAnthropicErrors(t *testing.T)
 			}
 		})
 	}
+}
+
+func TestStoppingTheEnginesFailsOpenMessagesRequestsInAnthropicsForm(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		stream bool
+	}{{"whole", false}, {"streamed", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			ts := startServer(t, 1, func(c *Config) { c.Ranks[0].Engine.Latency.StepOverhead = 50 * time.Millisecond })
+			body := strings.Replace(plainMessages, `"max_tokens":4`, `"max_tokens":400`, 1)
+			if tc.stream {
+				body = strings.Replace(body, `{`, `{"stream":true,`, 1)
+			}
+			done := make(chan struct{})
+			var status int
+			var out []byte
+			go func() {
+				defer close(done)
+				status, out = ts.postRaw(t, "/v1/messages", body)
+			}()
+			testsupport.Eventually(t, "the request to start", func() bool { return ts.queue(0).Running == 1 })
+			ts.runners[0].stop()
+			<-done
+			if !tc.stream {
+				e := decode[anthropicError](t, out)
+				if status != http.StatusServiceUnavailable || e.Type != "error" || e.Error.Type != "ServiceUnavailableError" ||
+					e.Error.Message != errStopped.Error() {
+					t.Errorf("open request got %d %s, want 503 with an Anthropic error %q", status, out, errStopped)
+				}
+				return
+			}
+			events := anthropicEvents(t, out)
+			last := events[len(events)-1]
+			want := `{"type":"error","error":{"type":"internal_error","message":"` + errStopped.Error() + `"}}`
+			if status != http.StatusOK || events[0].name != "message_start" || last.name != "error" || last.data != want {
+				t.Errorf("open stream got %d with events %+v, want message_start first and the error event %s last", status, events, want)
+			}
+		})
+	}
+}
+
+func TestHangingUpAMessagesStreamAbortsItsEngineRequest(t *testing.T) {
+	ts := startServer(t, 1, func(c *Config) { c.Ranks[0].Engine.Latency.StepOverhead = 20 * time.Millisecond })
+	body := strings.Replace(strings.Replace(plainMessages, `"max_tokens":4`, `"max_tokens":400`, 1), `{`, `{"stream":true,`, 1)
+	ctx, hangUp := context.WithCancel(context.Background())
+	defer hangUp()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, ts.url+"/v1/messages", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if line, err := bufio.NewReader(resp.Body).ReadString('\n'); err != nil || line != "event: message_start\n" {
+		t.Fatalf("first line %q: %v", line, err)
+	}
+	testsupport.Eventually(t, "the request to start", func() bool { return ts.queue(0).Running == 1 })
+	hangUp()
+	testsupport.Eventually(t, "the engine request to be aborted", func() bool {
+		q := ts.queue(0)
+		return q.Running == 0 && q.Waiting == 0
+	})
 }
