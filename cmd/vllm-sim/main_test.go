@@ -82,6 +82,57 @@ func TestAPIKeyFlagMakesTheServerRequireTheKey(t *testing.T) {
 	}
 }
 
+func TestCORSFlagsSetThePolicyWithVLLMsDefaults(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want simserver.CORS
+	}{
+		{nil, simserver.DefaultCORS()},
+		{[]string{"--allowed-origins", "https://a.example, https://b.example", "--allowed-methods", "POST,GET",
+			"--allowed-headers", "", "--allow-credentials"},
+			simserver.CORS{AllowedOrigins: []string{"https://a.example", "https://b.example"}, AllowedMethods: []string{"POST", "GET"},
+				AllowedHeaders: []string{}, AllowCredentials: true}},
+		{[]string{"--allowed-origins", `["https://a.example"]`, "--allowed-headers", `["X-Custom", "Authorization"]`},
+			simserver.CORS{AllowedOrigins: []string{"https://a.example"}, AllowedMethods: []string{"*"},
+				AllowedHeaders: []string{"X-Custom", "Authorization"}}},
+	} {
+		o, err := parse(t, tc.args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := o.serverConfig(rand.Reader)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := *cfg.CORS
+		if !slices.Equal(got.AllowedOrigins, tc.want.AllowedOrigins) || !slices.Equal(got.AllowedMethods, tc.want.AllowedMethods) ||
+			!slices.Equal(got.AllowedHeaders, tc.want.AllowedHeaders) || got.AllowCredentials != tc.want.AllowCredentials {
+			t.Errorf("%q: CORS %+v, want %+v", tc.args, got, tc.want)
+		}
+	}
+}
+
+func TestAllowedOriginsFlagRefusesOtherOriginsPreflights(t *testing.T) {
+	url, stop := startServe(t, "--allowed-origins", "https://app.example")
+	defer func() { _ = stop() }()
+	for origin, want := range map[string]int{"https://app.example": http.StatusOK, "https://evil.example": http.StatusBadRequest} {
+		req, err := http.NewRequest(http.MethodOptions, url+"/v1/completions", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Origin", origin)
+		req.Header.Set("Access-Control-Request-Method", "POST")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Errorf("preflight from %s: HTTP %d, want %d", origin, resp.StatusCode, want)
+		}
+	}
+}
+
 func TestServedModelNameNamesTheModelAndModelItsRoot(t *testing.T) {
 	tests := []struct {
 		args            []string
@@ -132,6 +183,8 @@ func TestOptionsRejectBadValues(t *testing.T) {
 		{"--kv-events-loss", "1.5"},
 		{"--kv-events-delay", "-1s"},
 		{"--speed", "0"},
+		{"--allowed-origins", `["https://a.example"`},
+		{"--allowed-headers", `[1]`},
 		{"positional"},
 	} {
 		if _, err := parse(t, args...); err == nil {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/hex"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -44,6 +45,9 @@ type options struct {
 	// apiKey, when set, is the key requests must present, as vLLM's
 	// --api-key.
 	apiKey string
+	// cors is the CORS policy of -allowed-origins, -allowed-methods,
+	// -allowed-headers and -allow-credentials.
+	cors simserver.CORS
 }
 
 const usageHeader = `vllm-sim simulates a vLLM OpenAI-compatible server without GPUs: a paged KV
@@ -120,6 +124,16 @@ func parseOptions(fs *flag.FlagSet, args []string) (options, error) {
 			"and replay the batch from the replay endpoint if there is one, or lose it")
 	fs.StringVar(&o.apiKey, "api-key", "",
 		"require \"Authorization: Bearer <key>\" on every path but /health and /metrics, as vLLM's --api-key does; empty for none")
+	origins := fs.String("allowed-origins", "*",
+		`origins browsers' cross-origin requests may come from, as vLLM's --allowed-origins: comma-separated, or a JSON list `+
+			`as vLLM takes it (["https://app.example"]); "*" for any, empty for none`)
+	methods := fs.String("allowed-methods", "*",
+		`methods a CORS preflight may ask for, as vLLM's --allowed-methods: comma-separated or a JSON list; "*" for any`)
+	headers := fs.String("allowed-headers", "*",
+		`request headers a CORS preflight may ask for, besides the CORS-safelisted ones, as vLLM's --allowed-headers: `+
+			`comma-separated or a JSON list; "*" for any`)
+	fs.BoolVar(&o.cors.AllowCredentials, "allow-credentials", false,
+		"allow cross-origin requests with credentials (Access-Control-Allow-Credentials: true), as vLLM's --allow-credentials")
 	fs.DurationVar(&o.shutdownGrace, "shutdown-grace", 10*time.Second,
 		"on SIGINT or SIGTERM, how long running requests may take to finish before they are failed")
 	fs.Usage = func() {
@@ -151,9 +165,40 @@ func parseOptions(fs *flag.FlagSet, args []string) (options, error) {
 	if !(o.engine.Latency.Speed > 0) {
 		return o, fmt.Errorf("-speed must be positive, got %v", o.engine.Latency.Speed)
 	}
+	for _, l := range []struct {
+		flag  string
+		value string
+		dst   *[]string
+	}{{"allowed-origins", *origins, &o.cors.AllowedOrigins}, {"allowed-methods", *methods, &o.cors.AllowedMethods},
+		{"allowed-headers", *headers, &o.cors.AllowedHeaders}} {
+		list, err := parseList(l.value)
+		if err != nil {
+			return o, fmt.Errorf("-%s: %w", l.flag, err)
+		}
+		*l.dst = list
+	}
 	var err error
 	o.events, o.eventsOn, err = parseKVEventsConfig(*eventsJSON)
 	return o, err
+}
+
+// parseList parses a list flag: a JSON list of strings when it starts
+// with "[", as vLLM's list flags are written, else comma-separated
+// values, blanks trimmed and empty ones dropped.
+func parseList(v string) ([]string, error) {
+	list := []string{}
+	if strings.HasPrefix(strings.TrimSpace(v), "[") {
+		if err := json.Unmarshal([]byte(v), &list); err != nil {
+			return nil, fmt.Errorf("not a JSON list of strings: %w", err)
+		}
+		return list, nil
+	}
+	for item := range strings.SplitSeq(v, ",") {
+		if item = strings.TrimSpace(item); item != "" {
+			list = append(list, item)
+		}
+	}
+	return list, nil
 }
 
 // loraModules returns the adapters of -lora-modules.
@@ -171,8 +216,9 @@ func (o *options) loraModules() []simserver.LoRAModule {
 // serverConfig builds the simulated server's configuration, drawing random
 // hash seeds from random when -hash-seed is empty.
 func (o *options) serverConfig(random io.Reader) (simserver.Config, error) {
+	cors := o.cors
 	cfg := simserver.Config{Model: o.model, ModelPath: o.modelPath, LoRAModules: o.loraModules(), AllowRuntimeLoRAUpdating: o.runtimeLoRA,
-		Anthropic: simanthropic.Convert}
+		Anthropic: simanthropic.Convert, CORS: &cors}
 	if o.apiKey != "" {
 		cfg.APIKeys = []string{o.apiKey}
 	}

@@ -62,6 +62,21 @@
 // every route but its public ones (/health, /ping, /load, /version,
 // /metrics and the API docs), /tokenize included. Older versions guard
 // only the paths under /v1 (and later /v2, /inference and /cohere).
+// OPTIONS requests are never guarded, as in vLLM.
+//
+// As vLLM's API server, with its CORS middleware (Config.CORS, the
+// policy of vLLM's --allowed-origins, --allowed-methods,
+// --allowed-headers and --allow-credentials), the server answers a
+// browser's CORS preflight (OPTIONS with Origin and
+// Access-Control-Request-Method) to any path itself: 200 "OK" with the
+// Access-Control-Allow-* headers and Access-Control-Max-Age 600 when the
+// policy allows the origin, the method and the requested headers (echoed
+// back when every header is allowed), else 400 "Disallowed CORS origin",
+// "method" or "headers". The responses to other requests carrying Origin
+// get Access-Control-Allow-Origin ("*", or the origin when the policy
+// names origins or the request carries cookies). A request refused for
+// its key gets none, as the key check precedes the CORS middleware in
+// vLLM.
 package simserver
 
 import (
@@ -133,6 +148,10 @@ type Config struct {
 	// vLLM's --api-key: see the package documentation for the paths
 	// guarded.
 	APIKeys []string
+	// CORS is the cross-origin policy the server answers browsers' CORS
+	// preflights with and marks responses by, as vLLM's CORS flags set
+	// it; nil for vLLM's default, DefaultCORS.
+	CORS *CORS
 }
 
 // Server is a simulated vLLM API server.
@@ -196,7 +215,14 @@ func New(cfg Config) (*Server, error) {
 		s.runners = append(s.runners, newRunner(i, engine, rank.Sink, m.forRank(i, engine.Config()), s.log.WithValues("rank", i)))
 	}
 	s.maxModelLen = s.runners[0].engine.Config().MaxModelLen
-	s.handler = s.routes(cfg.AllowRuntimeLoRAUpdating)
+	cors := DefaultCORS()
+	if cfg.CORS != nil {
+		cors = *cfg.CORS
+	}
+	// As in vLLM, the key check comes first and lets every OPTIONS
+	// request through: preflights, which browsers send without
+	// credentials, are answered by the CORS policy alone.
+	s.handler = withCORS(s.routes(cfg.AllowRuntimeLoRAUpdating), cors)
 	if len(cfg.APIKeys) > 0 {
 		s.handler = requireAPIKey(s.handler, cfg.APIKeys)
 	}
