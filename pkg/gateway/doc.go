@@ -175,6 +175,24 @@
 // /v1/responses/{id} and POST /v1/responses/{id}/cancel name no model and
 // are not routed: they answer 404 not_found saying why.
 //
+// A browser's CORS preflight (OPTIONS with both Origin and
+// Access-Control-Request-Method) to one of the paths above, or to
+// /v1/models, names no model: it is forwarded to one ready pod of any
+// model, drawn at random among those not ejected, and the engine's answer
+// relayed (its status, its headers but the hop-by-hop ones, its body of at
+// most 64 KiB; a longer one is a 502), so that the engines' own CORS
+// policy (vLLM's --allowed-origins, --allowed-methods, --allowed-headers,
+// --allow-credentials) answers it, the policy that marks their responses
+// to the requests that follow, whose headers the gateway relays. vLLM's
+// API-key check lets every OPTIONS request through, so the preflight,
+// which browsers send without credentials, is forwarded as it came. A pod
+// that cannot be connected to is ejected and the next one tried; the
+// answer must come whole within Config.FirstByteTimeout (and
+// Config.ResponseTimeout), else 504. No ready pod: 503 no_ready_pod.
+// Preflights are counted in kvgate_gateway_requests_total under their
+// endpoint with an empty model and algorithm, and not timed. Any other
+// OPTIONS request is answered 405.
+//
 // # Anthropic Messages
 //
 // vLLM serves POST /v1/messages by converting the body into an OpenAI chat

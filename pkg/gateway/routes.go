@@ -31,6 +31,7 @@ func (g *Gateway) routes() (api, admin http.Handler) {
 			apiMux.Handle(p, model)
 		}
 		apiMux.HandleFunc(pathResponses+"/", serveStoredResponse)
+		g.routePreflights(apiMux)
 	}
 	adminMux := apiMux
 	if g.cfg.AdminListenAddress != "" {
