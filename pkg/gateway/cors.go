@@ -34,12 +34,11 @@ func isPreflight(r *http.Request) bool {
 }
 
 // routePreflights has mux answer the CORS preflights to the paths the
-// proxy serves (the completions, chat, the model list and modelPaths) with
-// servePreflight; any other OPTIONS request to them goes to the handler
-// mux has for it, as before. It is called once, after those paths are
+// proxy serves (apiPaths) with servePreflight; any other OPTIONS request
+// to them goes to the handler mux has for it. It is called once, after those paths are
 // registered.
 func (g *Gateway) routePreflights(mux *http.ServeMux) {
-	for _, p := range slices.Concat([]string{PathCompletions, PathChatCompletions, PathModels}, modelPaths) {
+	for _, p := range apiPaths {
 		other, _ := mux.Handler(&http.Request{Method: http.MethodOptions, URL: &url.URL{Path: p}})
 		mux.HandleFunc(http.MethodOptions+" "+p, func(w http.ResponseWriter, r *http.Request) {
 			if !isPreflight(r) {

@@ -374,6 +374,7 @@ func TestTheEndpointLabelIsAPathTheGatewayRoutesOrOther(t *testing.T) {
 		PathChatCompletions:            PathChatCompletions,
 		PathCompletions + "?x=1":       PathCompletions,
 		PathModels:                     PathModels,
+		PathMessages:                   PathMessages,
 		"/v1/embeddings":               "/v1/embeddings",
 		"/v1/audio/transcriptions":     "/v1/audio/transcriptions",
 		"/v1/load_lora_adapter":        "other",

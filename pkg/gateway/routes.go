@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/pprof"
+	"slices"
 	"strings"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -79,22 +80,20 @@ const endpointOther = "other"
 
 // Endpoint returns the value of the endpoint label of a request to path
 // (with or without its query) in the request metrics: the path itself when
-// it is one of vLLM's endpoints the gateway routes (the completions, chat
-// and model list, and modelPaths), else "other", so that the paths clients
+// it is one of vLLM's endpoints the gateway routes (apiPaths), else "other", so that the paths clients
 // write never grow a metric's series.
 func Endpoint(path string) string {
 	path, _, _ = strings.Cut(path, "?")
-	switch path {
-	case PathCompletions, PathChatCompletions, PathModels:
-		return path
-	}
-	for _, p := range modelPaths {
+	for _, p := range apiPaths {
 		if p == path {
 			return p
 		}
 	}
 	return endpointOther
 }
+
+// apiPaths are the paths of every vLLM endpoint the proxy serves.
+var apiPaths = slices.Concat([]string{PathCompletions, PathChatCompletions, PathMessages, PathModels}, modelPaths)
 
 // pathResponses is the path of OpenAI's Responses API.
 const pathResponses = "/v1/responses"
