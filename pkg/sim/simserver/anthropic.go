@@ -162,18 +162,23 @@ func anthropicStream(body []byte) (bool, error) {
 }
 
 // streamMessage answers with the events vLLM sends for a streamed Messages
-// request: message_start; for the text, content_block_start, a
+// request: message_start, once the first token is generated; for the text, content_block_start, a
 // content_block_delta per token with text, content_block_stop;
 // message_delta with the stop reason and usage; message_stop. An engine
 // that fails mid-stream ends it with an error event. If the client goes
 // away the generation is aborted.
 func (s *Server) streamMessage(w http.ResponseWriter, r *http.Request, g *generation) {
 	sse := startEvents(w)
-	promptTokens := len(g.prompts[0])
-	sse.event("message_start", anthropicStreamEvent{Type: "message_start", Message: &anthropicMessageStart{
-		ID: g.id, Content: []anthropicContentBlock{}, Model: g.model,
-		Usage: anthropicUsage{InputTokens: promptTokens},
-	}})
+	started := false
+	start := func() {
+		if !started {
+			started = true
+			sse.event("message_start", anthropicStreamEvent{Type: "message_start", Message: &anthropicMessageStart{
+				ID: g.id, Content: []anthropicContentBlock{}, Model: g.model,
+				Usage: anthropicUsage{InputTokens: len(g.prompts[0])},
+			}})
+		}
+	}
 	var finish sim.FinishReason
 	open := false
 	for g.pending > 0 && sse.err == nil {
@@ -184,6 +189,9 @@ func (s *Server) streamMessage(w http.ResponseWriter, r *http.Request, g *genera
 			}
 			return
 		}
+		// vLLM sends message_start with the chat stream's first chunk,
+		// which comes with the first generated token.
+		start()
 		for _, out := range outs {
 			if out.Finished {
 				finish = out.FinishReason
@@ -212,6 +220,7 @@ func (s *Server) streamMessage(w http.ResponseWriter, r *http.Request, g *genera
 	if finish == "" {
 		finish = sim.FinishStop
 	}
+	start()
 	u := g.usage()
 	sse.event("message_delta", anthropicMessageDelta{Type: "message_delta",
 		Delta: anthropicStopDelta{StopReason: anthropicStopReason(finish)},
