@@ -176,31 +176,5 @@ func (g *Gateway) relayPreflight(w http.ResponseWriter, r *http.Request, pod *en
 // X-Request-Id only when the client sent one) and X-Forwarded-For. The
 // request has no body.
 func appendPreflightHead(dst []byte, r *http.Request, addr string) []byte {
-	dst = append(dst, "OPTIONS "...)
-	dst = append(dst, r.URL.EscapedPath()...)
-	if r.URL.RawQuery != "" {
-		dst = append(append(dst, '?'), r.URL.RawQuery...)
-	}
-	dst = append(dst, " HTTP/1.1\r\nHost: "...)
-	dst = append(dst, addr...)
-	dst = append(dst, "\r\n"...)
-	named := connectionNamed(nil, r.Header["Connection"])
-	var forwardedFor []string
-	for k, vs := range r.Header {
-		if slices.Contains(hopHeaders, k) || slices.Contains(named, k) {
-			continue
-		}
-		switch k {
-		case "Accept-Encoding", "Content-Length", "Host", "Expect":
-			continue
-		case headerForwardedFor:
-			forwardedFor = vs
-			continue
-		}
-		for _, v := range vs {
-			dst = append(append(append(append(dst, k...), ": "...), v...), "\r\n"...)
-		}
-	}
-	dst = appendForwardedFor(dst, forwardedFor, r.RemoteAddr)
-	return append(dst, "\r\n"...)
+	return appendHead(dst, http.MethodOptions, r, addr, -1, "")
 }

@@ -44,15 +44,23 @@ const headerRequestID = "X-Request-Id"
 // through, the client's last.
 const headerForwardedFor = "X-Forwarded-For"
 
-// appendRequestHead appends to dst the head of the request that forwards
-// r, with a body of n bytes, to the engine at addr: its request line, Host,
-// the client's end-to-end headers, Content-Length, X-Request-Id set to id
-// when the client sent none, and X-Forwarded-For listing the addresses of
-// the client's own X-Forwarded-For fields and then the client's address
-// (r.RemoteAddr's host). Accept-Encoding is left out: the gateway reads the
-// response, so it must come uncompressed.
+// appendRequestHead appends to dst the head of the POST request that
+// forwards r, with a body of n bytes, to the engine at addr: its request
+// line, Host, the client's end-to-end headers, Content-Length, X-Request-Id
+// set to id when the client sent none, and X-Forwarded-For listing the
+// addresses of the client's own X-Forwarded-For fields and then the
+// client's address (r.RemoteAddr's host). Accept-Encoding is left out: the
+// gateway reads the response, so it must come uncompressed.
 func appendRequestHead(dst []byte, r *http.Request, addr string, n int, id string) []byte {
-	dst = append(dst, "POST "...)
+	return appendHead(dst, http.MethodPost, r, addr, n, id)
+}
+
+// appendHead is appendRequestHead for a request of any method; one with n
+// < 0 has no body and no Content-Length, and one with id "" gets no
+// X-Request-Id but the client's.
+func appendHead(dst []byte, method string, r *http.Request, addr string, n int, id string) []byte {
+	dst = append(dst, method...)
+	dst = append(dst, ' ')
 	dst = append(dst, r.URL.EscapedPath()...)
 	if r.URL.RawQuery != "" {
 		dst = append(append(dst, '?'), r.URL.RawQuery...)
@@ -89,10 +97,12 @@ func appendRequestHead(dst []byte, r *http.Request, addr string, n int, id strin
 			dst = append(dst, "\r\n"...)
 		}
 	}
-	dst = append(dst, "Content-Length: "...)
-	dst = strconv.AppendInt(dst, int64(n), 10)
-	dst = append(dst, "\r\n"...)
-	if !hasID {
+	if n >= 0 {
+		dst = append(dst, "Content-Length: "...)
+		dst = strconv.AppendInt(dst, int64(n), 10)
+		dst = append(dst, "\r\n"...)
+	}
+	if !hasID && id != "" {
 		dst = append(dst, headerRequestID+": "...)
 		dst = append(dst, id...)
 		dst = append(dst, "\r\n"...)
