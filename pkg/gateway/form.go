@@ -25,12 +25,6 @@ var errFormModelTooLong = fmt.Errorf("the model field is longer than %d bytes", 
 // boundary.
 var errNotForm = errors.New("not a multipart/form-data body with a boundary")
 
-// isForm reports whether contentType is multipart/form-data, in any case.
-func isForm(contentType string) bool {
-	mt, _, err := mime.ParseMediaType(contentType)
-	return err == nil && mt == "multipart/form-data"
-}
-
 // formModel returns the value of the model field of body, a
 // multipart/form-data body whose Content-Type is contentType, and whether
 // the body has one among its first maxFormParts parts. It reads the body
