@@ -946,3 +946,29 @@ func dialGateway(t *testing.T, f *testFleet) (net.Conn, *bufio.Reader) {
 	_ = c.SetDeadline(time.Now().Add(testsupport.WaitTimeout))
 	return c, bufio.NewReader(c)
 }
+
+// TestAnHTTP10ExpectContinueIsIgnored: HTTP/1.0 has no 100 Continue; a
+// server that receives that expectation in an HTTP/1.0 request must ignore
+// it (RFC 9110 10.1.1). The request is served, its body read without a 100
+// response, not refused with 417.
+func TestAnHTTP10ExpectContinueIsIgnored(t *testing.T) {
+	f := startFleet(t, []string{"a"}, fleetOptions{})
+	c, br := dialGateway(t, f)
+	body := completion("one point oh", "")
+	if _, err := io.WriteString(c, "POST /v1/completions HTTP/1.0\r\nHost: gw\r\nContent-Type: application/json\r\n"+
+		"Expect: 100-continue\r\nContent-Length: "+strconv.Itoa(len(body))+"\r\n\r\n"+body); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != http.StatusOK || resp.Header.Get(HeaderTargetPodName) != "static/a" {
+		t.Fatalf("got %d from %q (%v): %s; want 200 from static/a", resp.StatusCode, resp.Header.Get(HeaderTargetPodName), err, data)
+	}
+	if got := f.engine("a").received(); len(got) != 1 || string(got[0].body) != body {
+		t.Errorf("the engine received %d requests, want the one sent", len(got))
+	}
+}
