@@ -33,9 +33,11 @@
 // ip:port) restricts the candidates.
 //
 // A request the gateway refuses is answered with an immediate response
-// carrying the status and the OpenAI-style error body the proxy would
-// answer with: 503 when no pod can serve it (no ready pod, none in the
-// subset, the gateway not ready), 400, 404 or 413 for the client's errors.
+// carrying the status and the error body the proxy would answer with
+// (OpenAI-style; in Anthropic's shape to /v1/messages and
+// /v1/messages/count_tokens, see gateway.Error.BodyFor): 503 when no pod
+// can serve it (no ready pod, none in the subset, the gateway not ready),
+// 400, 404 or 413 for the client's errors.
 // With Config.FailOpen, a request refused with 503 continues without a
 // destination instead (Envoy's own load balancing then applies, or its
 // fail-open behaviour). GET /v1/models is answered by the Server itself,

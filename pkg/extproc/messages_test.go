@@ -134,3 +134,51 @@ func TestMessagesWhosePromptCannotBeReproducedArePickedOnLoadAlone(t *testing.T)
 		t.Errorf("unsupported tokenizations = %v, want 1", n)
 	}
 }
+
+func TestRefusalsOfMessagesRequestsAreImmediateResponsesWithAnthropicErrors(t *testing.T) {
+	f := start(t, 2, options{})
+	tests := []struct {
+		name   string
+		r      request
+		status int
+		typ    string
+	}{
+		{"unknown model", request{method: http.MethodPost, path: gateway.PathMessages,
+			body: `{"model":"nope","max_tokens":8,"messages":[]}`}, http.StatusNotFound, "invalid_request_error"},
+		{"token count without a model", request{method: http.MethodPost, path: "/v1/messages/count_tokens",
+			body: `{"messages":[]}`}, http.StatusBadRequest, "invalid_request_error"},
+		{"not JSON", request{method: http.MethodPost, path: gateway.PathMessages + "?beta=true", body: `{"model":`},
+			http.StatusBadRequest, "invalid_request_error"},
+		{"empty subset", request{method: http.MethodPost, path: gateway.PathMessages,
+			body: `{"model":"` + simModel + `","max_tokens":8,"messages":[]}`, subset: []string{}},
+			http.StatusServiceUnavailable, "service_unavailable_error"},
+	}
+	for _, mode := range modes {
+		for _, tt := range tests {
+			t.Run(mode.name+"/"+tt.name, func(t *testing.T) {
+				x := f.envoy.start(t, mode, tt.r)
+				ir := x.immediate
+				if ir == nil {
+					t.Fatalf("no immediate response; the request went to %s", x.headers[HeaderDestination])
+				}
+				var outer map[string]json.RawMessage
+				var inner map[string]string
+				if err := json.Unmarshal(ir.GetBody(), &outer); err != nil || len(outer) != 2 || string(outer["type"]) != `"error"` ||
+					json.Unmarshal(outer["error"], &inner) != nil || len(inner) != 2 || inner["message"] == "" {
+					t.Fatalf("body %s is not an Anthropic error (%v)", ir.GetBody(), err)
+				}
+				if int(ir.GetStatus().GetCode()) != tt.status || inner["type"] != tt.typ {
+					t.Errorf("%d %s, want %d of type %s", ir.GetStatus().GetCode(), ir.GetBody(), tt.status, tt.typ)
+				}
+			})
+		}
+	}
+	// A chat completion's refusal keeps OpenAI's shape.
+	x := f.envoy.start(t, buffered, request{method: http.MethodPost, path: gateway.PathChatCompletions, body: `{"model":"nope","messages":[]}`})
+	if x.immediate == nil {
+		t.Fatal("a chat completion of an unknown model was not refused")
+	}
+	if _, code := errorOf(t, x.immediate.GetBody()); code != "model_not_found" {
+		t.Errorf("a chat completion's refusal has code %q, want model_not_found", code)
+	}
+}

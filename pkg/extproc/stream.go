@@ -598,7 +598,7 @@ func (st *stream) refuse(e *gateway.Error) error {
 	if l := st.log.V(2); l.Enabled() {
 		l.Info("Refused a request", "model", e.Model, "status", e.Status, "code", e.Code, "reason", e.Message)
 	}
-	resp := immediate(e.Status, e.Body(), "kvgate_"+e.Code)
+	resp := immediate(e.Status, e.BodyFor(st.hdr.path), "kvgate_"+e.Code)
 	if v, ok := e.RetryAfterHeader(); ok {
 		h := resp.GetImmediateResponse().GetHeaders()
 		h.SetHeaders = append(h.SetHeaders, set("retry-after", v))

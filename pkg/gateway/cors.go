@@ -70,7 +70,7 @@ func (g *Gateway) servePreflight(w http.ResponseWriter, r *http.Request) {
 	}()
 	fail := func(s int, typ, code, msg string) {
 		status = s
-		writeError(w, s, typ, code, "", msg)
+		writeErrorShaped(w, IsAnthropicPath(r.URL.Path), s, typ, code, "", msg)
 	}
 	b := g.ready()
 	if b == nil {

@@ -152,6 +152,10 @@ func TestCORSPreflightWithoutAReadyPodIsAnswered503(t *testing.T) {
 	if err := json.Unmarshal([]byte(a.body), &e); err != nil || a.status != http.StatusServiceUnavailable || e.Error.Code != codeNoReadyPod {
 		t.Fatalf("preflight without a ready pod: %d %s, want 503 %s", a.status, a.body, codeNoReadyPod)
 	}
+	a = options(t, f.url+PathMessages, preflight("https://app.example", ""))
+	if e := decodeAnthropicError(t, []byte(a.body)); a.status != http.StatusServiceUnavailable || e.Type != typeServiceUnavailable {
+		t.Fatalf("Messages preflight without a ready pod: %d %s, want 503 %s in Anthropic's shape", a.status, a.body, typeServiceUnavailable)
+	}
 }
 
 func TestCORSPreflightAnswersAreRelayedUpToTheirBound(t *testing.T) {

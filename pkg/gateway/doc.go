@@ -105,7 +105,8 @@
 // a stream event beyond Config.MaxStreamEventBytes, or went on beyond the
 // response timeout) reaches the client
 // broken, never as a response that ended well: a stream gets an error
-// event in OpenAI's shape ({"error": {...}}), then the connection is cut,
+// event in OpenAI's shape ({"error": {...}}; Anthropic's for a Messages
+// stream: see Anthropic Messages), then the connection is cut,
 // so that its chunked body never ends; the attempt is closed as failed and
 // counted in kvgate_gateway_upstream_failures_total by reason. A client
 // that goes away ends its request's connection to the pod, which cancels
@@ -219,6 +220,19 @@
 // completion's); no event is withheld. /v1/messages/count_tokens
 // generates nothing and is routed on load alone (see Other endpoints).
 //
+// The errors the gateway answers itself to /v1/messages and
+// /v1/messages/count_tokens (see Errors), through the proxy and through
+// the Picker's refusals (Error.BodyFor), are in Anthropic's shape, as vLLM
+// answers its own there:
+//
+//	{"type": "error", "error": {"type": "...", "message": "..."}}
+//
+// the type that of the OpenAI-style error, the status and headers
+// (Retry-After among them) the same, no code or param. A Messages stream
+// that breaks off after its headers ends with an "event: error" event
+// whose data is that object. Errors vLLM answers are relayed as it sent
+// them.
+//
 // # Request members
 //
 // The gateway reads these members of a completion or chat request (of a
@@ -330,7 +344,9 @@
 // parent and owned_by of at most 1 KiB (a longer one is dropped, showing
 // the fallback).
 //
-// Errors the gateway answers itself are OpenAI-style JSON:
+// Errors the gateway answers itself are OpenAI-style JSON (in Anthropic's
+// shape, with the same types, to Anthropic's Messages endpoints: see
+// Anthropic Messages):
 //
 //	{"error": {"message": "...", "type": "...", "param": "model" or null, "code": "..."}}
 //

@@ -240,6 +240,31 @@ func cutAfter(e *testEngine, header http.Header, body string) {
 	})
 }
 
+// TestAMessagesResponseCutByThePodIsReportedInAnthropicsShape: a
+// Messages stream the engine cuts ends with an Anthropic error event, and
+// a whole response cut before its end is answered 502 with an Anthropic
+// error.
+func TestAMessagesResponseCutByThePodIsReportedInAnthropicsShape(t *testing.T) {
+	f := startFleet(t, []string{"a"}, fleetOptions{})
+	e := f.engine("a")
+	first := "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg-1\"}}\n\n"
+	cutAfter(e, http.Header{"Content-Type": {"text/event-stream"}}, first+"event: content_block_delta\ndata: {\"ty")
+	data, err := readStream(openStream(t, f.url+PathMessages, anthropicBody("hi", `,"stream":true`)))
+	_, payload, isError := strings.Cut(data, "\n\nevent: error\ndata: ")
+	if err == nil || !strings.HasPrefix(data, first) || !isError || !strings.HasSuffix(payload, "\n\n") {
+		t.Fatalf("cut stream: %q, %v; want its first event, an Anthropic error event and a broken end", data, err)
+	}
+	if ev := decodeAnthropicError(t, []byte(payload)); ev.Type != typeUpstream {
+		t.Errorf("the stream's error event is of type %q, want %q", ev.Type, typeUpstream)
+	}
+
+	cutAfter(e, http.Header{"Content-Type": {"application/json"}, "Content-Length": {"500"}}, `{"id":"msg-1","content":[`)
+	resp, body := post(t, f.url+PathMessages, anthropicBody("hi", ""), nil)
+	if ev := decodeAnthropicError(t, body); resp.StatusCode != http.StatusBadGateway || ev.Type != typeUpstream {
+		t.Errorf("cut response: %d %s; want 502 %s in Anthropic's shape", resp.StatusCode, body, typeUpstream)
+	}
+}
+
 // TestAResponseCutByThePodReachesTheClientBroken: a stream the engine cuts
 // reaches the client with an error event and without a proper end; a
 // response that is not streamed is answered 502. Each attempt is recorded

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -54,7 +55,8 @@ type apiErrorBody struct {
 }
 
 // Error is a request the gateway refuses: the HTTP status and the
-// OpenAI-style error it answers with. Model and Algorithm are what was known
+// OpenAI-style error it answers with (in Anthropic's shape to Anthropic's
+// Messages endpoints: see BodyFor). Model and Algorithm are what was known
 // of the request when it was refused ("" before each was resolved), for the
 // labels of a front end's metrics.
 type Error struct {
@@ -82,6 +84,49 @@ func (e *Error) Error() string { return e.Message }
 // {"error": {"message", "type", "param", "code"}} and a newline.
 func (e *Error) Body() []byte { return errorBody(e.Type, e.Code, e.Param, e.Message) }
 
+// BodyFor returns the error as the gateway answers it to a request to path
+// (with or without its query): in Anthropic's shape,
+// {"type": "error", "error": {"type", "message"}} and a newline, for
+// Anthropic's Messages endpoints (see IsAnthropicPath), as vLLM answers
+// its own errors there; else as Body.
+func (e *Error) BodyFor(path string) []byte {
+	if IsAnthropicPath(path) {
+		return anthropicErrorBody(e.Type, e.Message)
+	}
+	return e.Body()
+}
+
+// IsAnthropicPath reports whether path (with or without its query) is one
+// of Anthropic's Messages endpoints, /v1/messages and
+// /v1/messages/count_tokens, whose errors are in Anthropic's shape.
+func IsAnthropicPath(path string) bool {
+	path, _, _ = strings.Cut(path, "?")
+	return path == PathMessages || path == pathCountTokens
+}
+
+// anthropicError is an Anthropic-style error body:
+// {"type": "error", "error": {"type", "message"}}.
+type anthropicError struct {
+	Type  string              `json:"type"`
+	Error anthropicErrorInner `json:"error"`
+}
+
+type anthropicErrorInner struct {
+	Type    string `json:"type"`
+	Message string `json:"message"`
+}
+
+// anthropicErrorBody encodes an Anthropic-style error of type typ (the
+// type the OpenAI-style error would have, as vLLM keeps it).
+func anthropicErrorBody(typ, message string) []byte {
+	data, err := json.Marshal(anthropicError{Type: "error", Error: anthropicErrorInner{Type: typ, Message: message}})
+	if err != nil {
+		// A struct of strings always encodes.
+		panic(err)
+	}
+	return append(data, '\n')
+}
+
 // errorBody encodes an OpenAI-style error, param "" encoding as null.
 func errorBody(typ, code, param, message string) []byte {
 	body := apiError{Error: apiErrorBody{Message: message, Type: typ, Code: code}}
@@ -104,4 +149,18 @@ func writeError(w http.ResponseWriter, status int, typ, code, param, message str
 	h.Del("Content-Length")
 	w.WriteHeader(status)
 	_, _ = w.Write(errorBody(typ, code, param, message))
+}
+
+// writeErrorShaped answers as writeError, in Anthropic's shape instead
+// when anthropic is set: type and message alone, code and param left out.
+func writeErrorShaped(w http.ResponseWriter, anthropic bool, status int, typ, code, param, message string) {
+	if !anthropic {
+		writeError(w, status, typ, code, param, message)
+		return
+	}
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Del("Content-Length")
+	w.WriteHeader(status)
+	_, _ = w.Write(anthropicErrorBody(typ, message))
 }

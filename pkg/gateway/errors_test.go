@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -150,7 +151,75 @@ func TestModelWithoutReadyPodIs503(t *testing.T) {
 	if e := decodeError(t, body); resp.StatusCode != http.StatusServiceUnavailable || e.Code != codeNoReadyPod {
 		t.Errorf("got %d %s, want 503 %s", resp.StatusCode, body, codeNoReadyPod)
 	}
+	for _, path := range []string{PathMessages, pathCountTokens} {
+		resp, body := post(t, url+path, anthropicBody("hi", ""), nil)
+		if e := decodeAnthropicError(t, body); resp.StatusCode != http.StatusServiceUnavailable || e.Type != typeServiceUnavailable {
+			t.Errorf("%s: got %d %s, want 503 %s in Anthropic's shape", path, resp.StatusCode, body, typeServiceUnavailable)
+		}
+	}
 	if status, list := get(t, url+"/v1/models"); status != http.StatusOK || list != `{"object":"list","data":[]}`+"\n" {
 		t.Errorf("/v1/models with no ready pod: %d %s", status, list)
+	}
+}
+
+// decodeAnthropicError checks an Anthropic-style error body, its members
+// those of Anthropic's shape and no others, and returns its error.
+func decodeAnthropicError(t *testing.T, body []byte) anthropicErrorInner {
+	t.Helper()
+	var outer map[string]json.RawMessage
+	var inner map[string]string
+	if err := json.Unmarshal(body, &outer); err != nil || len(outer) != 2 || string(outer["type"]) != `"error"` ||
+		json.Unmarshal(outer["error"], &inner) != nil || len(inner) != 2 || inner["type"] == "" || inner["message"] == "" {
+		t.Fatalf("not an Anthropic error: %s (%v)", body, err)
+	}
+	return anthropicErrorInner{Type: inner["type"], Message: inner["message"]}
+}
+
+func TestTheGatewaysErrorsToAnthropicRequestsAreInAnthropicsShape(t *testing.T) {
+	f := startFleet(t, []string{"a"}, fleetOptions{env: map[string]string{"KVGATE_MAX_REQUEST_BODY_BYTES": "1024"}})
+	tests := []struct {
+		name, method, path, body string
+		status                   int
+		typ                      string
+		header                   string // a header the answer must have
+	}{
+		{"unknown model", "POST", PathMessages, `{"model":"nope","max_tokens":16,"messages":[]}`, 404, typeInvalidRequest, ""},
+		{"unknown model's token count", "POST", pathCountTokens, `{"model":"nope","messages":[]}`, 404, typeInvalidRequest, ""},
+		{"no model", "POST", PathMessages, `{"max_tokens":16,"messages":[]}`, 400, typeInvalidRequest, ""},
+		{"token count without a model", "POST", pathCountTokens, `{"messages":[]}`, 400, typeInvalidRequest, ""},
+		{"bad JSON", "POST", PathMessages, `{"model":`, 400, typeInvalidRequest, ""},
+		{"oversized body", "POST", PathMessages, anthropicBody(strings.Repeat("x", 2000), ""), 413, typeInvalidRequest, ""},
+		{"wrong method", "GET", PathMessages, "", 405, typeInvalidRequest, "Allow"},
+		{"wrong method for the token count", "GET", pathCountTokens, "", 405, typeInvalidRequest, "Allow"},
+	}
+	do := func(t *testing.T, method, url, body string) (*http.Response, []byte) {
+		t.Helper()
+		req, _ := http.NewRequest(method, url, strings.NewReader(body))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		data, _ := io.ReadAll(resp.Body)
+		return resp, data
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			resp, body := do(t, tt.method, f.url+tt.path, tt.body)
+			e := decodeAnthropicError(t, body)
+			if resp.StatusCode != tt.status || e.Type != tt.typ || resp.Header.Get("Content-Type") != "application/json" ||
+				(tt.header != "" && resp.Header.Get(tt.header) == "") {
+				t.Errorf("%s %s: %d %s %v, want %d type %s with %s", tt.method, tt.path, resp.StatusCode, body, resp.Header,
+					tt.status, tt.typ, tt.header)
+			}
+			// The same refusal of a chat completion keeps OpenAI's shape.
+			chat, body := do(t, tt.method, f.url+PathChatCompletions, tt.body)
+			if o := decodeError(t, body); chat.StatusCode != tt.status || o.Type != tt.typ || o.Code == "" {
+				t.Errorf("%s %s: %d %s, want %d type %s", tt.method, PathChatCompletions, chat.StatusCode, body, tt.status, tt.typ)
+			}
+		})
+	}
+	if got := len(f.engine("a").received()); got != 0 {
+		t.Errorf("the engine received %d requests, want none", got)
 	}
 }

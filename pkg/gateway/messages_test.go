@@ -216,11 +216,11 @@ func TestMessagesBodiesAreCheckedAsChatsAre(t *testing.T) {
 		{"not an object", `["llama"]`, http.StatusBadRequest, codeInvalidJSON},
 		{"unknown model", `{"model":"nope","max_tokens":16,"messages":[]}`, http.StatusNotFound, codeModelNotFound},
 	} {
-		chat, _ := post(t, f.url+PathChatCompletions, strings.Replace(c.body, `"max_tokens"`, `"max_completion_tokens"`, 1), nil)
+		chat, chatBody := post(t, f.url+PathChatCompletions, strings.Replace(c.body, `"max_tokens"`, `"max_completion_tokens"`, 1), nil)
 		resp, body := post(t, f.url+PathMessages, c.body, nil)
-		var e apiError
-		if err := json.Unmarshal(body, &e); err != nil || resp.StatusCode != c.status || e.Error.Code != c.code || chat.StatusCode != c.status {
-			t.Errorf("%s: %d %s (a chat: %d); want %d %s", c.name, resp.StatusCode, body, chat.StatusCode, c.status, c.code)
+		e, ce := decodeAnthropicError(t, body), decodeError(t, chatBody)
+		if resp.StatusCode != c.status || e.Type != ce.Type || chat.StatusCode != c.status || ce.Code != c.code {
+			t.Errorf("%s: %d %s (a chat: %d %s); want %d %s", c.name, resp.StatusCode, body, chat.StatusCode, chatBody, c.status, c.code)
 		}
 	}
 	if n := len(f.engine("a").received()); n != 0 {

@@ -122,12 +122,15 @@ type call struct {
 	model     string // "" until the model is known to serve
 	algorithm string // "" until resolved
 	status    int
+	// anthropic answers errors in Anthropic's shape (see IsAnthropicPath).
+	anthropic bool
 }
 
-// fail answers with a JSON error and records its status.
+// fail answers with a JSON error, in the shape of the request's API, and
+// records its status.
 func (c *call) fail(w http.ResponseWriter, status int, typ, code, param, message string) {
 	c.status = status
-	writeError(w, status, typ, code, param, message)
+	writeErrorShaped(w, c.anthropic, status, typ, code, param, message)
 }
 
 // failWith answers the request with e, and e's Retry-After when it has one.
@@ -141,10 +144,10 @@ func (c *call) failWith(w http.ResponseWriter, e *Error) {
 // serveInference returns the handler of an OpenAI inference endpoint.
 func (g *Gateway) serveInference(k kind) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		c := call{status: http.StatusOK}
-		c.begin(r)
 		// The mux calls this handler for its own paths alone.
 		endpoint := r.URL.Path
+		c := call{status: http.StatusOK, anthropic: IsAnthropicPath(endpoint)}
+		c.begin(r)
 		g.metrics.inFlight.Inc()
 		x := exchanges.Get().(*exchange)
 		defer func() {

@@ -275,14 +275,20 @@ func (s *sseRelay) endEvent() error {
 }
 
 // writeError tells the client, in an event of its own, that the stream
-// broke off: an OpenAI error object as vLLM sends one in a stream. What
-// was read of an incomplete event is dropped.
-func (s *sseRelay) writeError(typ, code, message string) {
-	data, err := json.Marshal(apiError{Error: apiErrorBody{Message: message, Type: typ, Code: code}})
-	if err != nil {
-		return
+// broke off: an OpenAI error object as vLLM sends one in a stream, or,
+// when anthropic is set, an error event in Anthropic's shape (event: error,
+// its data {"type": "error", "error": {"type", "message"}}). What was read
+// of an incomplete event is dropped.
+func (s *sseRelay) writeError(anthropic bool, typ, code, message string) {
+	if anthropic {
+		s.event = append(append(append(s.event[:0], "\n\nevent: error\ndata: "...), anthropicErrorBody(typ, message)...), '\n')
+	} else {
+		data, err := json.Marshal(apiError{Error: apiErrorBody{Message: message, Type: typ, Code: code}})
+		if err != nil {
+			return
+		}
+		s.event = append(append(append(s.event[:0], "\n\ndata: "...), data...), "\n\n"...)
 	}
-	s.event = append(append(append(s.event[:0], "\n\ndata: "...), data...), "\n\n"...)
 	if s.write(s.event) == nil {
 		_ = s.flush()
 	}
@@ -711,7 +717,8 @@ const (
 )
 
 // failResponse records that the pod's response failed with err at stage,
-// and tells the client: an OpenAI error when nothing was written yet;
+// and tells the client: a JSON error in the shape of the request's API
+// when nothing was written yet;
 // after the headers, an error event on a stream and a cut connection
 // (abort) either way, so that no client takes the broken response for a
 // whole one. A client that went away meanwhile is no failure of the pod.
@@ -756,7 +763,7 @@ func (g *Gateway) failResponse(w http.ResponseWriter, r *http.Request, err error
 		return false
 	}
 	if x.relay.dst != nil {
-		x.relay.writeError(typeUpstream, code, msg)
+		x.relay.writeError(c.anthropic, typeUpstream, code, msg)
 	}
 	return true
 }

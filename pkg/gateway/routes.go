@@ -65,7 +65,7 @@ func (g *Gateway) routes() (api, admin http.Handler) {
 // whichever pod it picks, and they answer 404.
 var modelPaths = []string{
 	pathResponses,                             // OpenAI's Responses API
-	"/v1/messages/count_tokens",               // Anthropic's token count: no generation
+	pathCountTokens,                           // Anthropic's token count: no generation
 	"/v1/embeddings", "/pooling", "/classify", // pooling models
 	"/score", "/v1/score", // cross-encoders and embedding models
 	"/rerank", "/v1/rerank", "/v2/rerank", // Jina's and Cohere's rerank APIs
@@ -94,6 +94,9 @@ func Endpoint(path string) string {
 
 // apiPaths are the paths of every vLLM endpoint the proxy serves.
 var apiPaths = slices.Concat([]string{PathCompletions, PathChatCompletions, PathMessages, PathModels}, modelPaths)
+
+// pathCountTokens is the path of Anthropic's token count.
+const pathCountTokens = "/v1/messages/count_tokens"
 
 // pathResponses is the path of OpenAI's Responses API.
 const pathResponses = "/v1/responses"

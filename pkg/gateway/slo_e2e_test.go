@@ -279,6 +279,13 @@ func TestSLOAlgorithmsAnswer429WithRetryAfterWhatTheyCannotServe(t *testing.T) {
 				resp.Header.Get(HeaderRetryAfter), codeSLOUnmeetable)
 		}
 	}
+	// A Messages request is refused alike, in Anthropic's shape.
+	resp, mbody := post(t, f.url+PathMessages, anthropicBody(simPrompt(0, 200), ""), map[string]string{"routing-strategy": "slo"})
+	if e := decodeAnthropicError(t, mbody); resp.StatusCode != http.StatusTooManyRequests || e.Type != typeRateLimit ||
+		resp.Header.Get(HeaderRetryAfter) == "" {
+		t.Errorf("Messages: %d %s (Retry-After %q), want 429 %s in Anthropic's shape with Retry-After", resp.StatusCode, mbody,
+			resp.Header.Get(HeaderRetryAfter), typeRateLimit)
+	}
 	// kv-aware does not read the objective.
 	if resp, body := post(t, f.url+"/v1/completions", completion(simPrompt(0, 200), `,"max_tokens":2`), nil); resp.StatusCode != http.StatusOK {
 		t.Errorf("kv-aware: %d %s, want 200", resp.StatusCode, body)
