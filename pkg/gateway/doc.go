@@ -106,7 +106,8 @@
 // response timeout) reaches the client
 // broken, never as a response that ended well: a stream gets an error
 // event in OpenAI's shape ({"error": {...}}; Anthropic's for a Messages
-// stream: see Anthropic Messages), then the connection is cut,
+// stream: see Anthropic Messages), an event the pod left incomplete
+// dropped before it, then the connection is cut,
 // so that its chunked body never ends; the attempt is closed as failed and
 // counted in kvgate_gateway_upstream_failures_total by reason. A client
 // that goes away ends its request's connection to the pod, which cancels

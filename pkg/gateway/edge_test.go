@@ -257,6 +257,9 @@ func TestAMessagesResponseCutByThePodIsReportedInAnthropicsShape(t *testing.T) {
 	if ev := decodeAnthropicError(t, []byte(payload)); ev.Type != typeUpstream {
 		t.Errorf("the stream's error event is of type %q, want %q", ev.Type, typeUpstream)
 	}
+	if strings.Contains(data, "content_block_delta") {
+		t.Errorf("cut stream: %q; the event the engine left incomplete reached the client", data)
+	}
 
 	cutAfter(e, http.Header{"Content-Type": {"application/json"}, "Content-Length": {"500"}}, `{"id":"msg-1","content":[`)
 	resp, body := post(t, f.url+PathMessages, anthropicBody("hi", ""), nil)

@@ -235,13 +235,12 @@ func (s *sseRelay) run() error {
 		switch {
 		case errors.Is(err, bufio.ErrBufferFull):
 			continue
+		case err == io.EOF:
+			// The body ended: what it ended with goes on as it came.
+			return s.write(s.event)
 		case err != nil:
-			if werr := s.write(s.event); werr != nil {
-				return werr
-			}
-			if err == io.EOF {
-				return nil
-			}
+			// The body broke off: an incomplete event is dropped, so that
+			// the client's next event is the error the caller writes.
 			return err
 		}
 		if !isBlankLine(line) {
