@@ -40,6 +40,28 @@
 // most five times larger, and free-form values (tool inputs, input
 // schemas, chat_template_kwargs) nested deeper than 100 are refused.
 //
+// # OpenAI Responses
+//
+// vLLM serves OpenAI's Responses API (/v1/responses) for models it renders
+// with their chat template (all but gpt-oss) by converting the body's
+// instructions, input items and tools into chat messages and tools.
+// ChatFromResponses makes the same conversion, current vLLM's: the
+// instructions as a leading system message, input messages as they are,
+// an assistant message as its first part's text, reasoning items as the
+// assistant's reasoning and function calls as its tool calls (merged into
+// the preceding assistant message as vLLM merges them, namespaced names
+// flattened), function call outputs as tool messages, function and
+// namespace tools as OpenAI function tools, chat_template_kwargs and
+// reasoning.effort as a chat's, and a last item in progress continued. A
+// request that continues a conversation the engine holds
+// (previous_response_id and the like), or holds images, files, audio,
+// tool search or items of other types, fails with ReasonUnsupported, and
+// a body vLLM refuses (encrypted reasoning, a missing model or input)
+// with ReasonInput. The conversion reads the body once; its result is at
+// most five times larger, namespaces whose names repeated in each of
+// their functions would make it larger are refused, and function
+// parameters nested deeper than 100 are refused.
+//
 // # Cache
 //
 // Results, in process or from the engine, are cached in an LRU cache

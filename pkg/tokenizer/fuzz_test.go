@@ -139,3 +139,47 @@ func FuzzChatFromAnthropic(f *testing.F) {
 		}
 	})
 }
+
+// FuzzChatFromResponses checks that no body makes the conversion panic,
+// that it returns either a chat request or an *Error, never both, and
+// that what it returns is a chat request with a /tokenize body, whose JSON
+// values are valid and at most five times larger than the body.
+func FuzzChatFromResponses(f *testing.F) {
+	for _, c := range responsesCases {
+		f.Add([]byte(c.body))
+	}
+	f.Add([]byte(codexTurnResponses))
+	for _, seed := range []string{
+		`{"model":"m","input":[{"type":"function_call","call_id":"c","name":"f","namespace":"n","arguments":"{\"a\":[1e308,-0.0]}"}]}`,
+		`{"model":"m","input":[{"type":"reasoning","id":"r","summary":[],"encrypted_content":"x"}]}`,
+		`{"model":"m","input":"q","tools":[{"type":"namespace","name":"n","description":"","tools":[{"type":"function","name":"f","parameters":{"a":{"b":"\ud800"}}}]}]}`,
+		`{"model":"m","input":[{"type":"message","id":"m","role":"assistant","status":"in_progress","content":[{"type":"refusal","refusal":"no"}]}]}`,
+		`null`, `{}`, `[]`, `"x"`,
+	} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		req, err := ChatFromResponses(body)
+		if err != nil {
+			var e *Error
+			if req != nil || !errors.As(err, &e) || (e.Reason != ReasonInput && e.Reason != ReasonUnsupported) {
+				t.Fatalf("ChatFromResponses(%q) = %+v, %v", body, req, err)
+			}
+			return
+		}
+		if req == nil || req.Model == "" {
+			t.Fatalf("ChatFromResponses(%q) = %+v, no error", body, req)
+		}
+		for _, v := range [][]byte{req.Messages, req.Tools, req.ChatTemplateKwargs} {
+			if v != nil && !json.Valid(v) {
+				t.Fatalf("ChatFromResponses(%q) wrote invalid JSON %q", body, v)
+			}
+		}
+		if n := len(req.Messages) + len(req.Tools) + len(req.ChatTemplateKwargs); n > 5*len(body) {
+			t.Fatalf("ChatFromResponses(%q) wrote %d bytes of JSON, more than five times the body's %d", body, n, len(body))
+		}
+		if _, err := req.body(); err != nil {
+			t.Fatalf("ChatFromResponses(%q) gave a request without a /tokenize body: %v", body, err)
+		}
+	})
+}
