@@ -1,6 +1,7 @@
 // Package simserver serves simulated vLLM engines over vLLM's HTTP API: the
-// OpenAI-compatible completions, chat completions and models endpoints,
-// Anthropic's Messages API (/v1/messages and /v1/messages/count_tokens),
+// OpenAI-compatible completions, chat completions, Responses
+// (/v1/responses) and models endpoints, Anthropic's Messages API
+// (/v1/messages and /v1/messages/count_tokens),
 // /tokenize, /metrics with vLLM's metric names, /health and
 // /reset_prefix_cache. Each data-parallel rank is an engine core from
 // package sim, stepped in wall time by its own loop and publishing its
@@ -29,6 +30,40 @@
 // OpenAI requests' members are; output_config.effort, which vLLM passes to
 // the chat template as reasoning_effort, is not passed, as the simulator
 // passes no reasoning_effort of a chat either.
+//
+// POST /v1/responses is served as vLLM serves it for models it does not
+// render with harmony (all but gpt-oss): the body becomes the chat vLLM
+// renders it as (Config.Responses, which package simresponses sets to
+// tokenizer.ChatFromResponses), which is rendered, generated and published
+// as that chat would be. The answer is vLLM's response object (id resp_...,
+// status "completed", or "incomplete" with incomplete_details when
+// max_output_tokens ran out; one assistant message with an output_text
+// part, none when no text was generated; usage with input_tokens,
+// input_tokens_details.cached_tokens, output_tokens,
+// output_tokens_details.reasoning_tokens, always 0, and total_tokens) or,
+// with stream, vLLM's events, each framed "event: <type>" and
+// "data: <json>" with a sequence_number and no closing [DONE]:
+// response.created and response.in_progress at once, before the request
+// reaches an engine; response.output_item.added and
+// response.content_part.added with the first text, a
+// response.output_text.delta per token with text; then
+// response.output_text.done, response.content_part.done,
+// response.output_item.done and response.completed with the whole
+// response. A stream whose engine stops is broken off, as vLLM's is.
+// max_output_tokens bounds the generation (without it the engine's
+// DefaultOutputTokens are generated, and the response reports the room the
+// prompt leaves, as vLLM does). The request's other members (instructions,
+// tools, tool_choice, temperature, ...) are echoed back as sent, where vLLM
+// echoes them as its request models re-serialize them, with vLLM's
+// defaults for those left out; reasoning.effort, which vLLM passes to the
+// chat template as reasoning_effort, is not passed, as the simulator passes
+// no reasoning_effort of a chat either. store is ignored and no response is kept,
+// as in vLLM without VLLM_ENABLE_RESPONSES_API_STORE: previous_response_id
+// is answered 404 "Response with id '...' not found.", and background 400.
+// Errors are OpenAI error objects with vLLM's status and wording: 400 for a
+// body vLLM refuses, for one the simulator cannot render (as for
+// /v1/messages), for max_output_tokens beyond the model length and for a
+// prompt that does not fit with it; 404 for an unknown model.
 //
 // With Config.AllowRuntimeLoRAUpdating, POST /v1/load_lora_adapter and POST
 // /v1/unload_lora_adapter load and unload LoRA adapters as vLLM's do.
@@ -144,6 +179,11 @@ type Config struct {
 	// import so that the tokenizer, whose conversion it is, may run
 	// simulated engines in its own tests.
 	Anthropic AnthropicConverter
+	// Responses converts the body of a Responses request into the chat
+	// vLLM renders it as (package simresponses gives vLLM's conversion);
+	// without it, /v1/responses answers 404. It is a setting for the same
+	// reason as Anthropic.
+	Responses ResponsesConverter
 	// APIKeys, when not empty, are the keys requests must present, as
 	// vLLM's --api-key: see the package documentation for the paths
 	// guarded.
@@ -165,6 +205,7 @@ type Server struct {
 	log         klog.Logger
 	tokenizer   promptTokenizer
 	anthropic   AnthropicConverter
+	responses   ResponsesConverter
 	created     int64
 	handler     http.Handler
 }
@@ -182,6 +223,7 @@ func New(cfg Config) (*Server, error) {
 		modelPath: cmp.Or(cfg.ModelPath, cfg.Model),
 		registry:  cfg.Registry,
 		anthropic: cfg.Anthropic,
+		responses: cfg.Responses,
 		log:       cfg.Logger.WithValues("model", cfg.Model),
 		created:   time.Now().Unix(),
 	}
@@ -254,6 +296,9 @@ func (s *Server) routes(runtimeLoRA bool) http.Handler {
 	if s.anthropic != nil {
 		mux.HandleFunc("POST /v1/messages", s.handleMessages)
 		mux.HandleFunc("POST /v1/messages/count_tokens", s.handleCountTokens)
+	}
+	if s.responses != nil {
+		mux.HandleFunc("POST /v1/responses", s.handleResponses)
 	}
 	mux.HandleFunc("GET /v1/models", s.handleModels)
 	mux.HandleFunc("POST /tokenize", s.handleTokenize)

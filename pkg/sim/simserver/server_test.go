@@ -70,7 +70,7 @@ func startServer(t *testing.T, ranks int, mod func(*Config)) *testServer {
 	t.Helper()
 	ts := &testServer{}
 	cfg := Config{Model: testModel, LoRAModules: []LoRAModule{{Name: "sql-lora", Path: "/adapters/sql"}, {Name: "chat-lora"}},
-		Anthropic: convertAnthropic}
+		Anthropic: convertAnthropic, Responses: convertResponses}
 	for range ranks {
 		sink := &memSink{}
 		ts.sinks = append(ts.sinks, sink)
