@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvgate/kvgate/pkg/sim"
 	"github.com/kvgate/kvgate/pkg/sim/simanthropic"
+	"github.com/kvgate/kvgate/pkg/sim/simresponses"
 	"github.com/kvgate/kvgate/pkg/sim/simserver"
 	"github.com/kvgate/kvgate/pkg/tokenizer/hf"
 )
@@ -52,7 +53,8 @@ type options struct {
 
 const usageHeader = `vllm-sim simulates a vLLM OpenAI-compatible server without GPUs: a paged KV
 cache with prefix caching, vLLM's scheduler, a latency model, and vLLM's HTTP
-API and metrics. It serves /v1/completions, /v1/chat/completions, Anthropic's
+API and metrics. It serves /v1/completions, /v1/chat/completions,
+/v1/responses (as vLLM serves it for models other than gpt-oss), Anthropic's
 /v1/messages and /v1/messages/count_tokens, /v1/models, /tokenize,
 /reset_prefix_cache, /health and /metrics.
 
@@ -218,7 +220,7 @@ func (o *options) loraModules() []simserver.LoRAModule {
 func (o *options) serverConfig(random io.Reader) (simserver.Config, error) {
 	cors := o.cors
 	cfg := simserver.Config{Model: o.model, ModelPath: o.modelPath, LoRAModules: o.loraModules(), AllowRuntimeLoRAUpdating: o.runtimeLoRA,
-		Anthropic: simanthropic.Convert, CORS: &cors}
+		Anthropic: simanthropic.Convert, Responses: simresponses.Convert, CORS: &cors}
 	if o.apiKey != "" {
 		cfg.APIKeys = []string{o.apiKey}
 	}

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/kvgate/kvgate/pkg/sim/simanthropic"
+	"github.com/kvgate/kvgate/pkg/sim/simresponses"
 	"github.com/kvgate/kvgate/pkg/sim/simserver"
 )
 
@@ -21,13 +22,18 @@ type Engine struct {
 }
 
 // Serve runs the engine cfg describes until the test ends, its HTTP API on
-// a free loopback port, serving Anthropic's Messages API with vLLM's
-// conversion (simanthropic.Convert) unless cfg.Anthropic says otherwise.
+// a free loopback port, serving Anthropic's Messages API and OpenAI's
+// Responses API with vLLM's conversions (simanthropic.Convert,
+// simresponses.Convert) unless cfg.Anthropic and cfg.Responses say
+// otherwise.
 // It fails the test when cfg is invalid.
 func Serve(t testing.TB, cfg simserver.Config) Engine {
 	t.Helper()
 	if cfg.Anthropic == nil {
 		cfg.Anthropic = simanthropic.Convert
+	}
+	if cfg.Responses == nil {
+		cfg.Responses = simresponses.Convert
 	}
 	srv, err := simserver.New(cfg)
 	if err != nil {
