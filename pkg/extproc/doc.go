@@ -87,7 +87,10 @@
 //   - STREAMED, FULL_DUPLEX_STREAMED and BUFFERED response bodies: an event
 //     stream is read event by event (first token, usage chunk; of an
 //     Anthropic Messages stream, POST /v1/messages, its first event and its
-//     message_delta's usage, as the proxy reads them); each chunk
+//     message_delta's usage; of an OpenAI Responses stream, POST
+//     /v1/responses, its first event after response.created and
+//     response.in_progress and its response.completed's usage; as the proxy
+//     reads them); each chunk
 //     is answered with the complete events it ends, so an event split over
 //     chunks leaves with the chunk that completes it. Other bodies pass
 //     unchanged, their usage read at the end. The one message of the

@@ -101,7 +101,7 @@ func TestCORSPreflightsThroughTheGatewayGetTheEnginesOwnAnswer(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			engine, pod := startCORSSim(t, tc.cors, true, tc.keys...)
 			f := serveSims(t, staticPods{pod}, nil)
-			for _, path := range []string{PathChatCompletions, PathCompletions, PathMessages, PathModels, "/v1/embeddings", "/tokenize"} {
+			for _, path := range []string{PathChatCompletions, PathCompletions, PathMessages, PathResponses, PathModels, "/v1/embeddings", "/tokenize"} {
 				direct := options(t, engine+path, preflight(tc.origin, tc.headers))
 				if direct.status != tc.want {
 					t.Fatalf("%s: the engine answers %d %q, want %d", path, direct.status, direct.body, tc.want)

@@ -15,6 +15,7 @@
 // # Inference
 //
 // POST /v1/completions and POST /v1/chat/completions take OpenAI bodies,
+// POST /v1/responses OpenAI's Responses API bodies (see OpenAI Responses),
 // POST /v1/messages Anthropic's Messages API bodies (see Anthropic
 // Messages). For each request the gateway:
 //
@@ -132,8 +133,8 @@
 // # Other endpoints
 //
 // vLLM's other endpoints whose POST body names the model are proxied too,
-// each request routed by that model: /v1/responses (OpenAI's Responses
-// API), /v1/messages/count_tokens (Anthropic's token count),
+// each request routed by that model: /v1/messages/count_tokens
+// (Anthropic's token count),
 // /v1/embeddings, /pooling, /classify, /score, /v1/score, /rerank,
 // /v1/rerank, /v2/rerank, /tokenize, /detokenize,
 // /v1/chat/completions/render and /v1/completions/render, whose bodies are
@@ -152,8 +153,8 @@
 // go where kv-aware sends them). Any other method than POST is a 405. They
 // count as running on their pod until their response ends, are retried on
 // another pod when theirs cannot be connected to, and their responses are
-// relayed as the pod sent them: a 200 event stream (/v1/responses with
-// "stream": true) event by event, each flushed and
+// relayed as the pod sent them: a 200 event stream event by event, each
+// flushed and
 // bounded by Config.MaxStreamEventBytes, any other body as step 6 relays
 // it. The gateway reads no usage or first token from them: they feed
 // neither the output predictor, the request traces nor the TTFT metric.
@@ -167,18 +168,9 @@
 // a gateway would send them to whichever pod it picked. They answer 404;
 // send them to the engine itself.
 //
-// vLLM keeps a Responses API response it stores (store,
-// previous_response_id, background mode; only with
-// VLLM_ENABLE_RESPONSES_API_STORE=1, off by default, which vLLM warns
-// leaks memory) in the memory of the engine that made it. The gateway does
-// not route a follow-up to that engine: a request naming a
-// previous_response_id is routed by its model like any other, and an
-// engine that does not hold the response refuses it. GET
-// /v1/responses/{id} and POST /v1/responses/{id}/cancel name no model and
-// are not routed: they answer 404 not_found saying why.
-//
 // A browser's CORS preflight (OPTIONS with both Origin and
 // Access-Control-Request-Method) to one of the paths above, or to
+// /v1/completions, /v1/chat/completions, /v1/responses, /v1/messages or
 // /v1/models, names no model: it is forwarded to one ready pod of any
 // model, drawn at random among those not ejected, and the engine's answer
 // relayed (its status, its headers but the hop-by-hop ones, its body of at
@@ -234,10 +226,55 @@
 // whose data is that object. Errors vLLM answers are relayed as it sent
 // them.
 //
+// # OpenAI Responses
+//
+// vLLM serves POST /v1/responses, for models other than gpt-oss, by
+// converting the body into chat messages and rendering them as a chat's;
+// the gateway serves it as a chat, through the steps above. It reads the
+// body's model (a string), max_output_tokens (an integer, which caps the
+// predicted output length as a chat's max_tokens does) and stream (a
+// boolean), each as vLLM reads it (see Request members), and refuses a
+// body as it refuses a chat's, in OpenAI's shape. When the algorithm reads
+// the prompt, the body is converted into the chat vLLM renders
+// (tokenizer.ChatFromResponses) and that chat tokenized as
+// /v1/chat/completions' are, its tokenizations shared with the same
+// conversation sent as a chat; a body whose prompt cannot be reproduced
+// exactly is counted in
+// kvgate_gateway_tokenization_failures_total{reason="unsupported"}, one
+// vLLM refuses under reason "input", and either is routed on load alone.
+// (vLLM renders gpt-oss models' prompts in its harmony format, which the
+// gateway does not reproduce: they match no cached prefix.) An SLO-aware
+// algorithm queues it as a chat. The body is forwarded byte for byte:
+// vLLM ends every Responses stream with its usage whatever the client
+// asked, so no stream_options is added. The response is read in the
+// Responses API's shapes, as vLLM writes them: server-sent events each
+// naming its type (event: <type>), without a closing [DONE]. vLLM sends
+// response.created and response.in_progress before anything is generated;
+// the first event after them (an error event excepted) is the stream's
+// first token. The usage is the response's that the final event carries
+// (response.completed; response.incomplete or response.failed, which
+// OpenAI's API also sends), or the top-level usage of a whole response:
+// input_tokens as the prompt's tokens, output_tokens as the completion's,
+// input_tokens_details.cached_tokens as the prompt tokens the engine found
+// cached. No event is withheld. The events are bounded by
+// Config.MaxStreamEventBytes as any stream's: response.completed carries
+// the whole output.
+//
+// vLLM keeps a Responses API response it stores (store,
+// previous_response_id, background mode; only with
+// VLLM_ENABLE_RESPONSES_API_STORE=1, off by default, which vLLM warns
+// leaks memory) in the memory of the engine that made it. The gateway does
+// not route a follow-up to that engine: a request naming a
+// previous_response_id is routed as any other, and an engine that does not
+// hold the response refuses it. GET /v1/responses/{id} and POST
+// /v1/responses/{id}/cancel name no model and are not routed: they answer
+// 404 not_found saying why.
+//
 // # Request members
 //
 // The gateway reads these members of a completion or chat request (of a
-// Messages request: model, max_tokens and stream, read alike), and
+// Messages request: model, max_tokens and stream, read alike; of a
+// Responses request: model, max_output_tokens and stream), and
 // forwards the body as the client wrote it (but for stream_options,
 // below):
 //
@@ -312,7 +349,9 @@
 // a body that has stream_options is re-encoded with include_usage set (and
 // continuous_usage_stats off). A stream's first token is the first event
 // with generated output (text, a chat delta other than the opening role, or
-// a finish reason; of a Messages stream, its first event): it ends the
+// a finish reason; of a Messages stream, its first event; of a Responses
+// stream, its first event after response.created and
+// response.in_progress): it ends the
 // request's prefill for routing and is the time to first token the gateway
 // observes.
 //
@@ -515,7 +554,7 @@
 //	kvgate_gateway_requests_in_flight                     requests being served
 //	kvgate_gateway_retries_total{reason}                  requests sent to another pod: connection_refused, dial
 //	kvgate_gateway_upstream_failures_total{reason}        connection_refused, dial, send, first_byte_timeout, body, idle_timeout, oversized_event, response_timeout
-//	kvgate_gateway_tokenization_failures_total{reason}    requests routed without tokens, by tokenizer.Reason (unsupported: a Messages prompt not reproducible)
+//	kvgate_gateway_tokenization_failures_total{reason}    requests routed without tokens, by tokenizer.Reason (unsupported: a Messages or Responses prompt not reproducible)
 //	kvgate_gateway_responses_without_usage_total          successes whose usage could not be read
 //	kvgate_gateway_request_body_timeouts_total            bodies that did not arrive within the body timeout (408)
 //	kvgate_gateway_debug_match_refusals_total{reason}     /debug/match requests refused: busy, too_large

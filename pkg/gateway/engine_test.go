@@ -345,8 +345,12 @@ func defaultAnswer(w http.ResponseWriter, r *http.Request, body []byte) {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
-	if r.URL.Path == PathMessages {
+	switch r.URL.Path {
+	case PathMessages:
 		answerMessages(w, req.Model, req.Stream, len(body))
+		return
+	case PathResponses:
+		answerResponses(w, req.Model, req.Stream, len(body))
 		return
 	}
 	prompt, _ := req.Prompt.(string)
@@ -423,6 +427,75 @@ func messagesEvents(model string, promptTokens int) []string {
 		event("message_delta", fmt.Sprintf(`{"type":"message_delta","delta":{"stop_reason":"max_tokens"},`+
 			`"usage":{"input_tokens":%d,"output_tokens":3}}`, promptTokens)),
 		event("message_stop", `{"type":"message_stop"}`))
+}
+
+// responsesCached is the input_tokens_details.cached_tokens of the test
+// engines' Responses usage.
+const responsesCached = 2
+
+// responsesUsage is the usage object of the test engines' Responses
+// answers: input_tokens promptTokens, output_tokens 3.
+func responsesUsage(promptTokens int) string {
+	return fmt.Sprintf(`{"input_tokens":%d,"input_tokens_details":{"cached_tokens":%d},"output_tokens":3,`+
+		`"output_tokens_details":{"reasoning_tokens":0},"total_tokens":%d}`, promptTokens, responsesCached, promptTokens+3)
+}
+
+// responsesObject is a Responses API response object as vLLM writes it,
+// with status, output and usage (JSON values).
+func responsesObject(model, status, output, usage string) string {
+	return fmt.Sprintf(`{"id":"resp_1","created_at":1,"incomplete_details":null,"instructions":null,"metadata":null,`+
+		`"model":%q,"object":"response","output":%s,"parallel_tool_calls":true,"temperature":1.0,"tool_choice":"auto",`+
+		`"tools":[],"top_p":1.0,"background":false,"max_output_tokens":16,"max_tool_calls":null,"previous_response_id":null,`+
+		`"prompt":null,"reasoning":null,"service_tier":"auto","status":%q,"text":null,"top_logprobs":null,"truncation":"disabled",`+
+		`"usage":%s,"user":null}`, model, output, status, usage)
+}
+
+// responsesOutput is the output of the test engines' Responses answers:
+// one message holding the three generated tokens.
+const responsesOutput = `[{"id":"msg_1","content":[{"annotations":[],"text":" a b c","type":"output_text","logprobs":null}],` +
+	`"role":"assistant","status":"completed","type":"message"}]`
+
+// answerResponses answers a Responses request as vLLM does, generating
+// three tokens: a whole response, or its stream of events, each with
+// the usage of responsesUsage(promptTokens).
+func answerResponses(w http.ResponseWriter, model string, stream bool, promptTokens int) {
+	if !stream {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, responsesObject(model, "completed", responsesOutput, responsesUsage(promptTokens)))
+		return
+	}
+	writeSSE(w, responsesEvents(model, responsesUsage(promptTokens)))
+}
+
+// responsesEvents returns the events of a three-token Responses stream as
+// vLLM sends them: response.created and response.in_progress as the
+// request is scheduled, the output item and its content part opened with
+// the first token, a delta per token, the part and item closed, and
+// response.completed carrying the whole response, its usage usage (a JSON
+// value).
+func responsesEvents(model, usage string) []string {
+	seq := 0
+	event := func(typ, members string) string {
+		ev := fmt.Sprintf("event: %s\ndata: {\"type\":%q,%s,\"sequence_number\":%d}\n\n", typ, typ, members, seq)
+		seq++
+		return ev
+	}
+	start := responsesObject(model, "in_progress", "[]", "null")
+	events := []string{event("response.created", `"response":`+start), event("response.in_progress", `"response":`+start),
+		event("response.output_item.added", `"output_index":0,"item":{"id":"msg_1","content":[],"role":"assistant",`+
+			`"status":"in_progress","type":"message"}`),
+		event("response.content_part.added", `"output_index":0,"item_id":"msg_1","content_index":0,`+
+			`"part":{"annotations":[],"text":"","type":"output_text","logprobs":[]}`)}
+	for _, tok := range []string{" a", " b", " c"} {
+		events = append(events, event("response.output_text.delta",
+			fmt.Sprintf(`"content_index":0,"delta":%q,"item_id":"msg_1","logprobs":[],"output_index":0`, tok)))
+	}
+	return append(events,
+		event("response.output_text.done", `"content_index":0,"item_id":"msg_1","logprobs":[],"output_index":0,"text":" a b c"`),
+		event("response.content_part.done", `"content_index":0,"item_id":"msg_1","output_index":0,`+
+			`"part":{"annotations":[],"text":" a b c","type":"output_text","logprobs":null}`),
+		event("response.output_item.done", `"output_index":0,"item":`+responsesOutput[1:len(responsesOutput)-1]),
+		event("response.completed", `"response":`+responsesObject(model, "completed", responsesOutput, usage)))
 }
 
 // writeSSE answers with events, flushing each.

@@ -300,6 +300,14 @@ func TestThePickerReadsMessagesResponsesInAnthropicsShapes(t *testing.T) {
 }
 
 func TestThePickerHoldsMessagesInTheSLOQueueAsChats(t *testing.T) {
+	holdsInTheSLOQueue(t, PathMessages, anthropicBody(simPrompt(99, 20), ""))
+}
+
+// holdsInTheSLOQueue checks that a request to path with body, picked on a
+// fleet full of completions, waits in the SLO queue as a chat would, and
+// is picked once a completion ends.
+func holdsInTheSLOQueue(t *testing.T, path, body string) {
+	t.Helper()
 	f, q := startQuarterPodFleet(t)
 	p := f.gw.Picker()
 	type result struct {
@@ -338,13 +346,13 @@ func TestThePickerHoldsMessagesInTheSLOQueueAsChats(t *testing.T) {
 		}
 		held = append(held, r.k)
 	}
-	msg := pick(PathMessages, anthropicBody(simPrompt(99, 20), ""))
-	testsupport.Eventually(t, "the Messages request to wait or be picked", func() bool { return q.Len() == 2 || len(msg) == 1 })
+	msg := pick(path, body)
+	testsupport.Eventually(t, "the "+path+" request to wait or be picked", func() bool { return q.Len() == 2 || len(msg) == 1 })
 	if len(msg) == 1 {
 		if r := <-msg; r.k != nil {
 			held = append(held, r.k)
 		}
-		t.Fatal("a Messages request was picked on a full fleet without waiting in the queue")
+		t.Fatalf("a %s request was picked on a full fleet without waiting in the queue", path)
 	}
 	waiting = append(waiting, msg)
 	for _, ch := range waiting {

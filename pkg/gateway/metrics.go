@@ -55,7 +55,7 @@ func newMetrics(reg prometheus.Registerer, bodies *budget.Budget) (*metrics, err
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvgate_gateway_requests_total",
-			Help: "Inference requests answered (completions, chat, Anthropic Messages and the other endpoints routed by model), by model " +
+			Help: "Inference requests answered (completions, chat, Anthropic Messages, OpenAI Responses and the other endpoints routed by model), by model " +
 				"(empty when unknown), HTTP status (499 when the client went away before the response ended), routing " +
 				"algorithm (empty when not routed) and endpoint (the request's path, such as /v1/chat/completions or /v1/embeddings).",
 		}, []string{"model", "code", "algorithm", "endpoint"}),
@@ -92,13 +92,13 @@ func newMetrics(reg prometheus.Registerer, bodies *budget.Budget) (*metrics, err
 		tokenizeFails: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvgate_gateway_tokenization_failures_total",
 			Help: "Requests routed without prefix information because tokenization failed, by reason: input (a request vLLM " +
-				"would refuse, or that carries several prompts), unsupported (an Anthropic Messages request whose prompt the " +
+				"would refuse, or that carries several prompts), unsupported (an Anthropic Messages or OpenAI Responses request whose prompt the " +
 				"gateway cannot reproduce exactly, such as one with images), too_large (beyond KVGATE_TOKENIZER_LOCAL_MAX_BYTES), " +
 				"timeout, canceled, connection, status, bad_body (the engine's /tokenize call) or other.",
 		}, []string{"reason"}),
 		usageMissing: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kvgate_gateway_responses_without_usage_total",
-			Help: "Successful completion, chat and Anthropic Messages responses whose token usage could not be read; their requests end untraced. " +
+			Help: "Successful completion, chat, Anthropic Messages and OpenAI Responses responses whose token usage could not be read; their requests end untraced. " +
 				"The responses of the other endpoints routed by model are not read for usage, and not counted.",
 		}),
 		bodyTimeouts: prometheus.NewCounter(prometheus.CounterOpts{

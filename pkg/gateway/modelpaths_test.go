@@ -375,6 +375,8 @@ func TestTheEndpointLabelIsAPathTheGatewayRoutesOrOther(t *testing.T) {
 		PathCompletions + "?x=1":       PathCompletions,
 		PathModels:                     PathModels,
 		PathMessages:                   PathMessages,
+		PathResponses:                  PathResponses,
+		PathResponses + "/resp_1":      "other",
 		"/v1/embeddings":               "/v1/embeddings",
 		"/v1/audio/transcriptions":     "/v1/audio/transcriptions",
 		"/v1/load_lora_adapter":        "other",

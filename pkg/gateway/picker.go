@@ -72,12 +72,13 @@ func (p *Picker) Algorithm(strategy string) (string, *Error) {
 }
 
 // Paths of the endpoints whose bodies the gateway tokenizes (OpenAI's
-// completions and chat completions, Anthropic's Messages), and of the
-// model list it answers itself.
+// completions, chat completions and Responses, Anthropic's Messages), and
+// of the model list it answers itself.
 const (
 	PathCompletions     = "/v1/completions"
 	PathChatCompletions = "/v1/chat/completions"
 	PathMessages        = "/v1/messages"
+	PathResponses       = "/v1/responses"
 	PathModels          = "/v1/models"
 )
 
@@ -175,6 +176,8 @@ func (p *Picker) Pick(ctx context.Context, in PickRequest) (*Pick, *Error) {
 		kd = kindChat
 	case PathMessages:
 		kd = kindMessages
+	case PathResponses:
+		kd = kindResponses
 	}
 	err := g.check(&k.a, kd, in.Body, in.ContentType, in.Strategy, k.x)
 	k.stream = k.x.in.stream().Stream
@@ -417,7 +420,7 @@ func (k *Pick) Response(status int, contentType string) *Response {
 	}
 	r := &Response{k: k, status: status, sse: isEventStream(k.stream, status, contentType), maxEvent: k.g.cfg.MaxStreamEventBytes,
 		uninspected: !k.x.in.kind.generates(), kind: k.x.in.kind}
-	r.events = eventReader{dropUsage: k.a.dropUsage, firstToken: k.h.FirstToken, messages: k.x.in.kind == kindMessages}
+	r.events = eventReader{dropUsage: k.a.dropUsage, firstToken: k.h.FirstToken, kind: k.x.in.kind}
 	return r
 }
 

@@ -262,8 +262,9 @@ func (g *Gateway) check(a *admitted, k kind, body []byte, contentType, strategy 
 	}
 	a.body = body
 	sf := x.in.stream()
-	if !sf.Stream || k == kindMessages {
-		// vLLM ends every Messages stream with its usage (message_delta).
+	if !sf.Stream || k.converted() {
+		// vLLM ends every Messages stream with its usage (message_delta),
+		// every Responses stream with it (response.completed).
 		return nil
 	}
 	wants, err := sf.clientWantsUsage()
@@ -402,8 +403,8 @@ func (g *Gateway) readBody(w http.ResponseWriter, r *http.Request, x *exchange, 
 }
 
 // queuesForSLO reports whether a request of kind k routed by alg waits in
-// its model's SLO queue: a completion, chat or Messages request naming an
-// SLO-aware algorithm. A request to another endpoint has no prompt to
+// its model's SLO queue: a completion, chat, Messages or Responses request
+// naming an SLO-aware algorithm. A request to another endpoint has no prompt to
 // predict its latency from: it is routed at once, on load alone, as any
 // algorithm routes it.
 func queuesForSLO(k kind, alg string) bool {

@@ -36,22 +36,65 @@ type usage struct {
 
 // responseUsage reads the usage of a whole (not streamed) response body
 // to a request of kind k: the top-level "usage" object, found without
-// decoding the rest, in OpenAI's shape or, for a Messages response,
-// Anthropic's (see readMessagesUsage).
+// decoding the rest, in the shape of the request's API: OpenAI's chat and
+// completions (see readUsage), Anthropic's Messages (see
+// readMessagesUsage) or OpenAI's Responses (see readResponsesUsage).
 func responseUsage(body []byte, k kind) (usage, bool) {
 	var u usage
 	found := false
 	err := jsonscan.Members(body, func(name, value []byte) error {
 		if string(jsonscan.Name(name)) == "usage" {
-			if k == kindMessages {
-				u, found = readMessagesUsage(value)
-			} else {
-				u, found = readUsage(value)
-			}
+			u, found = readUsageOf(k, value)
 		}
 		return nil
 	})
 	return u, found && err == nil
+}
+
+// readUsageOf reads a usage object in the shape of the API of requests of
+// kind k.
+func readUsageOf(k kind, value []byte) (usage, bool) {
+	switch k {
+	case kindMessages:
+		return readMessagesUsage(value)
+	case kindResponses:
+		return readResponsesUsage(value)
+	}
+	return readUsage(value)
+}
+
+// readResponsesUsage reads the usage object of an OpenAI Responses
+// response as vLLM writes it: input_tokens, the prompt's tokens,
+// output_tokens, the generated ones (reasoning included), and
+// input_tokens_details.cached_tokens, the prompt tokens the engine found
+// cached. It fails as readUsage does, and when the object has neither
+// input_tokens nor output_tokens.
+func readResponsesUsage(value []byte) (usage, bool) {
+	var u usage
+	if len(value) == 0 || value[0] != '{' {
+		return u, false
+	}
+	var in, out bool
+	err := jsonscan.Members(value, func(name, v []byte) error {
+		switch string(jsonscan.Name(name)) {
+		case "input_tokens":
+			return readCount(v, &u.PromptTokens, &in)
+		case "output_tokens":
+			return readCount(v, &u.CompletionTokens, &out)
+		case "input_tokens_details":
+			if v[0] != '{' {
+				return nil
+			}
+			return jsonscan.Members(v, func(name, v []byte) error {
+				if string(jsonscan.Name(name)) == "cached_tokens" {
+					return readCount(v, &u.CachedTokens, &u.CachedReported)
+				}
+				return nil
+			})
+		}
+		return nil
+	})
+	return u, err == nil && (in || out)
 }
 
 // readMessagesUsage reads the usage object of an Anthropic Messages
@@ -210,9 +253,11 @@ type eventReader struct {
 	// uninspected relays every event as it is, reading none: the stream
 	// of an endpoint other than the completions (kindModel).
 	uninspected bool
-	// messages reads the events in Anthropic's Messages shapes (see
-	// inspectMessages) rather than OpenAI's chunks.
-	messages bool
+	// kind is the request's: the events of a Messages stream are read in
+	// Anthropic's shapes (see inspectMessages), those of a Responses
+	// stream in the Responses API's (see inspectResponses), any other's as
+	// OpenAI's chunks.
+	kind kind
 
 	seenToken bool
 	usage     usage
@@ -317,8 +362,12 @@ func (s *eventReader) inspect(event []byte) (withhold bool) {
 	if !ok || len(payload) == 0 || payload[0] != '{' {
 		return false
 	}
-	if s.messages {
+	switch s.kind {
+	case kindMessages:
 		s.inspectMessages(payload)
+		return false
+	case kindResponses:
+		s.inspectResponses(payload)
 		return false
 	}
 	if s.seenToken && !bytes.Contains(payload, usageKey) {
@@ -391,6 +440,64 @@ func (s *eventReader) inspectMessages(payload []byte) {
 			s.usage, s.hasUsage = u, true
 		}
 	}
+}
+
+// inspectResponses reads the data of an event of a Responses stream, as
+// vLLM writes them (event: <type>, its data an object naming that type).
+// vLLM sends response.created and response.in_progress as the request is
+// scheduled, before anything is generated; every later event (an output
+// item added, a content part added, a text, reasoning or function call
+// delta, ...) comes with or after the first generated token, which the
+// first of them marks (an error event marks none). The usage is that of
+// the whole response the final event carries: response.completed as vLLM
+// ends every stream, response.incomplete or response.failed as OpenAI's
+// API also ends some, its response member's usage (see
+// readResponsesUsage). No event is withheld: vLLM sends the usage whatever
+// the client asked.
+func (s *eventReader) inspectResponses(payload []byte) {
+	if s.seenToken && !bytes.Contains(payload, usageKey) {
+		return
+	}
+	var typ, resp []byte
+	if jsonscan.Members(payload, func(name, value []byte) error {
+		switch string(jsonscan.Name(name)) {
+		case "type":
+			typ = value
+		case "response":
+			resp = value
+		}
+		return nil
+	}) != nil || len(typ) == 0 || typ[0] != '"' {
+		return
+	}
+	t, err := jsonscan.String(typ)
+	if err != nil {
+		return
+	}
+	switch t {
+	case "response.created", "response.in_progress", "response.queued", "error":
+		return
+	}
+	if !s.seenToken {
+		s.seenToken = true
+		s.firstToken()
+	}
+	switch t {
+	case "response.completed", "response.incomplete", "response.failed":
+	default:
+		return
+	}
+	if len(resp) == 0 || resp[0] != '{' {
+		return
+	}
+	_ = jsonscan.Members(resp, func(name, value []byte) error {
+		if string(jsonscan.Name(name)) == "usage" {
+			if u, ok := readResponsesUsage(value); ok {
+				s.usage, s.hasUsage = u, true
+			}
+		}
+		return nil
+	})
 }
 
 // emptyArray reports whether raw, a JSON array, has no element.
@@ -670,7 +777,7 @@ func (g *Gateway) relayStream(w http.ResponseWriter, r *http.Request, res *podRe
 	s := &x.relay
 	*s = sseRelay{dst: w, flush: rcw.Flush, src: x.reader, more: res.body.buffered, ended: res.body.ended,
 		maxEvent: g.cfg.MaxStreamEventBytes, bound: &c.clock, event: s.event[:0], eventReader: eventReader{dropUsage: dropUsage,
-			uninspected: !x.in.kind.generates(), messages: x.in.kind == kindMessages,
+			uninspected: !x.in.kind.generates(), kind: x.in.kind,
 			firstToken: func() {
 				h.FirstToken()
 				g.metrics.ttft.WithLabelValues(rc.Model).Observe(time.Since(c.start).Seconds())

@@ -21,6 +21,11 @@ const (
 	// vLLM serves by converting the body into a chat: its prompt is that
 	// chat's, and its response is in Anthropic's shapes.
 	kindMessages
+	// kindResponses is OpenAI's Responses API (POST /v1/responses), which
+	// vLLM serves, for models other than gpt-oss, by converting the body
+	// into a chat: its prompt is that chat's, and its response is in the
+	// Responses API's shapes.
+	kindResponses
 	// kindModel is any other endpoint whose JSON body names its model
 	// (modelPaths): the gateway reads the model alone, neither a prompt nor
 	// the response's usage, and routes the request on load alone.
@@ -31,6 +36,12 @@ const (
 // prompt the gateway reads: their algorithm may tokenize them, an
 // SLO-aware one queue them, and their responses' usage is read.
 func (k kind) generates() bool { return k != kindModel }
+
+// converted reports whether vLLM converts the bodies of requests of kind
+// k into chats (Anthropic's Messages and OpenAI's Responses): the gateway
+// reads their model, stream and output bound alone, and their prompt from
+// the chat the whole body converts into (see convertedBody).
+func (k kind) converted() bool { return k == kindMessages || k == kindResponses }
 
 // streamFields are the fields of an OpenAI body that shape a streamed
 // response.
@@ -51,12 +62,14 @@ type chatBody struct {
 	streamFields
 }
 
-// messagesBody is what the gateway reads of a /v1/messages body: the
-// members that route it and shape its response. Its prompt is read from
-// the whole body when it is tokenized (see tokenizer.ChatFromAnthropic).
-// vLLM streams such a request's usage whatever the client asked, so
-// stream_options is not read.
-type messagesBody struct {
+// convertedBody is what the gateway reads of a body vLLM converts into a
+// chat, a /v1/messages or /v1/responses body: the members that route it
+// and shape its response (model, stream, and max_tokens or
+// max_output_tokens, its bound on the output). Its prompt is read from the
+// whole body when it is tokenized (see tokenizer.ChatFromAnthropic and
+// tokenizer.ChatFromResponses). vLLM streams such a request's usage
+// whatever the client asked, so stream_options is not read.
+type convertedBody struct {
 	Model     string
 	MaxTokens *int
 	streamFields
@@ -74,7 +87,7 @@ type inference struct {
 	kind kind
 	comp completionBody
 	chat chatBody
-	msg  messagesBody
+	conv convertedBody
 }
 
 // errNotObject reports a body that is valid JSON but not an object.
@@ -91,7 +104,8 @@ func (e *typeError) Error() string {
 
 // decode reads body, which must be a JSON object, into in. It reads only
 // the members that route the request, shape its response or tokenize its
-// prompt (of a Messages body: model, max_tokens and stream; its prompt is
+// prompt (of a Messages body: model, max_tokens and stream; of a Responses
+// body: model, max_output_tokens and stream; the prompt of either is
 // converted from the whole body when it is tokenized), by hand (package
 // jsonscan), checking the whole body's syntax as encoding/json would;
 // values it does not read are skipped, not decoded.
@@ -100,7 +114,7 @@ func (e *typeError) Error() string {
 //
 // Each member is read as vLLM reads it: vLLM validates a request with
 // pydantic in its lax mode, so an integer member (max_tokens,
-// max_completion_tokens, truncate_prompt_tokens) may also be a whole
+// max_completion_tokens, max_output_tokens, truncate_prompt_tokens) may also be a whole
 // number written as a float (100.0, 1e3), a string holding an integer
 // ("100"), true or false (see jsonscan.LaxInt), and a boolean member
 // (stream, add_special_tokens, add_generation_prompt,
@@ -113,21 +127,23 @@ func (e *typeError) Error() string {
 // body is forwarded as the client wrote it, values included.
 func (in *inference) decode(k kind, body []byte) error {
 	in.kind = k
-	in.comp, in.chat, in.msg = completionBody{}, chatBody{}, messagesBody{}
+	in.comp, in.chat, in.conv = completionBody{}, chatBody{}, convertedBody{}
 	if i := jsonscan.SkipSpace(body, 0); i < len(body) && body[i] != '{' {
 		if end, err := jsonscan.SkipValue(body, i); err == nil && jsonscan.Trailing(body, end) == nil {
 			return errNotObject
 		}
 	}
-	if k == kindMessages {
-		in.msg.body = body
+	if k.converted() {
+		in.conv.body = body
 	}
 	return jsonscan.Members(body, func(name, value []byte) error {
 		switch k {
 		case kindChat:
 			return in.chat.member(jsonscan.Name(name), value)
 		case kindMessages:
-			return in.msg.member(jsonscan.Name(name), value)
+			return in.conv.member(jsonscan.Name(name), value, "max_tokens")
+		case kindResponses:
+			return in.conv.member(jsonscan.Name(name), value, "max_output_tokens")
 		}
 		return in.comp.member(jsonscan.Name(name), value)
 	})
@@ -197,12 +213,13 @@ func (b *chatBody) member(name, value []byte) error {
 	return nil
 }
 
-// member decodes one member of a /v1/messages body.
-func (b *messagesBody) member(name, value []byte) error {
+// member decodes one member of a converted body, whose bound on the
+// output is the member named maxTokens.
+func (b *convertedBody) member(name, value []byte, maxTokens string) error {
 	switch string(name) {
 	case "model":
 		return decodeString(name, value, &b.Model)
-	case "max_tokens":
+	case maxTokens:
 		return decodeOptInt(name, value, &b.MaxTokens)
 	case "stream":
 		return b.streamFields.member(name, value)
@@ -289,8 +306,8 @@ func (in *inference) model() string {
 	switch in.kind {
 	case kindChat:
 		return in.chat.Model
-	case kindMessages:
-		return in.msg.Model
+	case kindMessages, kindResponses:
+		return in.conv.Model
 	}
 	return in.comp.Model
 }
@@ -299,8 +316,8 @@ func (in *inference) stream() *streamFields {
 	switch in.kind {
 	case kindChat:
 		return &in.chat.streamFields
-	case kindMessages:
-		return &in.msg.streamFields
+	case kindMessages, kindResponses:
+		return &in.conv.streamFields
 	}
 	return &in.comp.streamFields
 }
@@ -315,8 +332,8 @@ func (in *inference) maxTokens() int {
 		if p == nil {
 			p = in.chat.MaxTokens
 		}
-	case kindMessages:
-		p = in.msg.MaxTokens
+	case kindMessages, kindResponses:
+		p = in.conv.MaxTokens
 	default:
 		p = in.comp.MaxTokens
 	}
@@ -328,23 +345,28 @@ func (in *inference) maxTokens() int {
 
 // tokenize returns the prompt's token ids, asking the vLLM server at
 // baseURL when tk has not cached them. The ids must not be modified. A
-// Messages request is tokenized as the chat vLLM converts it into (see
-// tokenizer.ChatFromAnthropic), converted once; a body whose conversion
-// fails, or whose prompt cannot be reproduced, fails with the conversion's
-// *tokenizer.Error (ReasonInput, ReasonUnsupported).
+// Messages or Responses request is tokenized as the chat vLLM converts it
+// into (see tokenizer.ChatFromAnthropic and tokenizer.ChatFromResponses),
+// converted once; a body whose conversion fails, or whose prompt cannot be
+// reproduced, fails with the conversion's *tokenizer.Error (ReasonInput,
+// ReasonUnsupported).
 func (in *inference) tokenize(ctx context.Context, tk *tokenizer.Tokenizer, baseURL string) ([]uint32, error) {
 	switch in.kind {
 	case kindChat:
 		return tk.TokenizeChat(ctx, baseURL, &in.chat.ChatRequest)
-	case kindMessages:
-		if in.msg.chat == nil {
-			chat, err := tokenizer.ChatFromAnthropic(in.msg.body)
+	case kindMessages, kindResponses:
+		if in.conv.chat == nil {
+			convert := tokenizer.ChatFromAnthropic
+			if in.kind == kindResponses {
+				convert = tokenizer.ChatFromResponses
+			}
+			chat, err := convert(in.conv.body)
 			if err != nil {
 				return nil, err
 			}
-			in.msg.chat = chat
+			in.conv.chat = chat
 		}
-		return tk.TokenizeChat(ctx, baseURL, in.msg.chat)
+		return tk.TokenizeChat(ctx, baseURL, in.conv.chat)
 	}
 	return tk.TokenizeCompletion(ctx, baseURL, &in.comp.CompletionRequest)
 }

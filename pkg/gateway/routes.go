@@ -26,12 +26,13 @@ func (g *Gateway) routes() (api, admin http.Handler) {
 		apiMux.Handle(PathCompletions, g.serveInference(kindCompletion))
 		apiMux.Handle(PathChatCompletions, g.serveInference(kindChat))
 		apiMux.Handle(PathMessages, g.serveInference(kindMessages))
+		apiMux.Handle(PathResponses, g.serveInference(kindResponses))
 		apiMux.HandleFunc(PathModels, g.serveModels)
 		model := g.serveInference(kindModel)
 		for _, p := range modelPaths {
 			apiMux.Handle(p, model)
 		}
-		apiMux.HandleFunc(pathResponses+"/", serveStoredResponse)
+		apiMux.HandleFunc(PathResponses+"/", serveStoredResponse)
 		g.routePreflights(apiMux)
 	}
 	adminMux := apiMux
@@ -56,15 +57,14 @@ func (g *Gateway) routes() (api, admin http.Handler) {
 }
 
 // modelPaths are the paths of vLLM's endpoints, besides the completions,
-// the chat completions and Anthropic's Messages, whose POST body names the
-// model (a JSON object's model member; the model field of the audio
-// endpoints' multipart/form-data): the proxy routes each request by that
-// model, on load alone, and forwards its body as received.
+// the chat completions, OpenAI's Responses and Anthropic's Messages, whose
+// POST body names the model (a JSON object's model member; the model field
+// of the audio endpoints' multipart/form-data): the proxy routes each
+// request by that model, on load alone, and forwards its body as received.
 // Endpoints that act on one engine (its adapters, prefix cache, sleep,
 // profiler, scaling) are not among them: a gateway must not send them to
 // whichever pod it picks, and they answer 404.
 var modelPaths = []string{
-	pathResponses,                             // OpenAI's Responses API
 	pathCountTokens,                           // Anthropic's token count: no generation
 	"/v1/embeddings", "/pooling", "/classify", // pooling models
 	"/score", "/v1/score", // cross-encoders and embedding models
@@ -93,13 +93,10 @@ func Endpoint(path string) string {
 }
 
 // apiPaths are the paths of every vLLM endpoint the proxy serves.
-var apiPaths = slices.Concat([]string{PathCompletions, PathChatCompletions, PathMessages, PathModels}, modelPaths)
+var apiPaths = slices.Concat([]string{PathCompletions, PathChatCompletions, PathMessages, PathResponses, PathModels}, modelPaths)
 
 // pathCountTokens is the path of Anthropic's token count.
 const pathCountTokens = "/v1/messages/count_tokens"
-
-// pathResponses is the path of OpenAI's Responses API.
-const pathResponses = "/v1/responses"
 
 // serveStoredResponse answers the requests for a response vLLM stored
 // (GET /v1/responses/{id}, POST /v1/responses/{id}/cancel, ...) with 404:

@@ -243,7 +243,7 @@ func (g *Gateway) startServers(ln net.Listener) (servers []httpServer, served <-
 			if !g.cfg.DisableProxy {
 				server = &leanhttp.Server{HTTP: srv, Hot: []string{
 					http.MethodPost + " " + PathCompletions, http.MethodPost + " " + PathChatCompletions,
-					http.MethodPost + " " + PathMessages}}
+					http.MethodPost + " " + PathMessages, http.MethodPost + " " + PathResponses}}
 			}
 		}
 		servers = append(servers, server)
