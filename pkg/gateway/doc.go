@@ -106,8 +106,9 @@
 // a stream event beyond Config.MaxStreamEventBytes, or went on beyond the
 // response timeout) reaches the client
 // broken, never as a response that ended well: a stream gets an error
-// event in OpenAI's shape ({"error": {...}}; Anthropic's for a Messages
-// stream: see Anthropic Messages), an event the pod left incomplete
+// event in OpenAI's shape ({"error": {...}}, in an event named error on a
+// Responses stream; Anthropic's for a Messages stream: see Anthropic
+// Messages), an event the pod left incomplete
 // dropped before it, then the connection is cut,
 // so that its chunked body never ends; the attempt is closed as failed and
 // counted in kvgate_gateway_upstream_failures_total by reason. A client
@@ -258,7 +259,9 @@
 // input_tokens_details.cached_tokens as the prompt tokens the engine found
 // cached. No event is withheld. The events are bounded by
 // Config.MaxStreamEventBytes as any stream's: response.completed carries
-// the whole output.
+// the whole output. A Responses stream that breaks off after its headers
+// ends with an OpenAI error object in an event named error ("event:
+// error", data {"error": {...}}), which OpenAI's SDKs raise.
 //
 // vLLM keeps a Responses API response it stores (store,
 // previous_response_id, background mode; only with

@@ -319,11 +319,13 @@ func (s *sseRelay) endEvent() error {
 }
 
 // writeError tells the client, in an event of its own, that the stream
-// broke off: an OpenAI error object as vLLM sends one in a stream, or,
-// when anthropic is set, an error event in Anthropic's shape (event: error,
-// its data {"type": "error", "error": {"type", "message"}}). What was read
-// of an incomplete event is dropped.
-func (s *sseRelay) writeError(anthropic bool, typ, code, message string) {
+// broke off: an OpenAI error object as vLLM sends one in a stream, in an
+// event named error when named is set (a Responses stream, whose events
+// all have a name: OpenAI's SDKs raise the error of an error event's
+// data), or, when anthropic is set, an error event in Anthropic's shape
+// (event: error, its data {"type": "error", "error": {"type", "message"}}).
+// What was read of an incomplete event is dropped.
+func (s *sseRelay) writeError(anthropic, named bool, typ, code, message string) {
 	if anthropic {
 		s.event = append(append(append(s.event[:0], "\n\nevent: error\ndata: "...), anthropicErrorBody(typ, message)...), '\n')
 	} else {
@@ -331,7 +333,11 @@ func (s *sseRelay) writeError(anthropic bool, typ, code, message string) {
 		if err != nil {
 			return
 		}
-		s.event = append(append(append(s.event[:0], "\n\ndata: "...), data...), "\n\n"...)
+		s.event = append(s.event[:0], "\n\n"...)
+		if named {
+			s.event = append(s.event, "event: error\n"...)
+		}
+		s.event = append(append(append(s.event, "data: "...), data...), "\n\n"...)
 	}
 	if s.write(s.event) == nil {
 		_ = s.flush()
@@ -869,7 +875,7 @@ func (g *Gateway) failResponse(w http.ResponseWriter, r *http.Request, err error
 		return false
 	}
 	if x.relay.dst != nil {
-		x.relay.writeError(c.anthropic, typeUpstream, code, msg)
+		x.relay.writeError(c.anthropic, x.in.kind == kindResponses, typeUpstream, code, msg)
 	}
 	return true
 }

@@ -253,6 +253,32 @@ func TestResponsesBodiesAreCheckedAsChatsAre(t *testing.T) {
 	}
 }
 
+// TestAResponsesStreamCutByThePodEndsWithAnErrorEvent: a Responses stream
+// the engine cuts ends with an event named error whose data is an OpenAI
+// error object, which OpenAI's SDKs raise, and a whole response cut
+// before its end is answered 502 with an OpenAI error.
+func TestAResponsesStreamCutByThePodEndsWithAnErrorEvent(t *testing.T) {
+	f := startFleet(t, []string{"a"}, fleetOptions{})
+	e := f.engine("a")
+	events := responsesEvents("llama", responsesUsage(5))
+	first := events[0] + events[1] + events[2]
+	cutAfter(e, http.Header{"Content-Type": {"text/event-stream"}}, first+"event: response.content_part.added\ndata: {\"ty")
+	data, err := readStream(openStream(t, f.url+PathResponses, responsesBody("hi", `,"stream":true`)))
+	_, payload, isError := strings.Cut(data, "\n\nevent: error\ndata: ")
+	if err == nil || !strings.HasPrefix(data, first) || !isError || !strings.HasSuffix(payload, "\n\n") {
+		t.Fatalf("cut stream: %q, %v; want its first events, an error event and a broken end", data, err)
+	}
+	if ev := decodeError(t, []byte(payload)); ev.Type != typeUpstream || ev.Code != codeUpstreamFailed {
+		t.Errorf("the stream's error event is %+v, want an OpenAI error of type %q", ev, typeUpstream)
+	}
+
+	cutAfter(e, http.Header{"Content-Type": {"application/json"}, "Content-Length": {"500"}}, `{"id":"resp_1","output":[`)
+	resp, body := post(t, f.url+PathResponses, responsesBody("hi", ""), nil)
+	if ev := decodeError(t, body); resp.StatusCode != http.StatusBadGateway || ev.Type != typeUpstream {
+		t.Errorf("cut response: %d %s; want 502 %s in OpenAI's shape", resp.StatusCode, body, typeUpstream)
+	}
+}
+
 // TestThePickerReadsResponsesInTheResponsesAPIShapes feeds the Picker's
 // Response the bodies vLLM answers Responses requests with, in pieces
 // that cut the events apart, as a front end relays them.
