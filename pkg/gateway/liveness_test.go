@@ -18,6 +18,7 @@ import (
 	"github.com/kvgate/kvgate/pkg/kvevent/publisher"
 	"github.com/kvgate/kvgate/pkg/sim"
 	"github.com/kvgate/kvgate/pkg/sim/simanthropic"
+	"github.com/kvgate/kvgate/pkg/sim/simresponses"
 	"github.com/kvgate/kvgate/pkg/sim/simserver"
 )
 
@@ -72,7 +73,7 @@ func (e *simEngine) start() {
 	e.mu.Lock()
 	e.blocks = map[kvevent.BlockHash]struct{}{}
 	e.mu.Unlock()
-	srv, err := simserver.New(simserver.Config{Model: "llama", Anthropic: simanthropic.Convert, Ranks: []simserver.Rank{{
+	srv, err := simserver.New(simserver.Config{Model: "llama", Anthropic: simanthropic.Convert, Responses: simresponses.Convert, Ranks: []simserver.Rank{{
 		Engine: sim.EngineConfig{BlockSize: testBlockSize, NumGPUBlocks: 4096},
 		Sink:   &recordingSink{e: e, pub: pub},
 	}}})
