@@ -268,8 +268,10 @@
 // VLLM_ENABLE_RESPONSES_API_STORE=1, off by default, which vLLM warns
 // leaks memory) in the memory of the engine that made it. The gateway does
 // not route a follow-up to that engine: a request naming a
-// previous_response_id is routed as any other, and an engine that does not
-// hold the response refuses it. GET /v1/responses/{id} and POST
+// previous_response_id, whose earlier turns only that engine holds, is
+// routed on load alone (its prompt cannot be reproduced, and is counted
+// as unsupported), and an engine that does not hold the response refuses
+// it. GET /v1/responses/{id} and POST
 // /v1/responses/{id}/cancel name no model and are not routed: they answer
 // 404 not_found saying why.
 //
