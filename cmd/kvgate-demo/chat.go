@@ -19,15 +19,17 @@ import (
 	"github.com/kvgate/kvgate/pkg/routing"
 )
 
-// chatClient sends streaming chat requests to the gateway: to url, or in
-// turn to each of urls, the /v1/chat/completions of several replicas, as a
-// Service spreads requests over them; next must then be set.
+// chatClient sends streaming requests of a conversation to the gateway,
+// through api (apiChat when empty): to url, or in turn to each of urls, the
+// API's path on several replicas, as a Service spreads requests over them;
+// next must then be set.
 type chatClient struct {
 	http  *http.Client
-	url   string // the gateway's /v1/chat/completions
+	url   string // the API's path on the gateway, e.g. /v1/chat/completions
 	urls  []string
 	next  *atomic.Uint64 // counts the requests sent to urls
 	model string
+	api   string
 }
 
 // target returns the URL of the next request.
@@ -45,14 +47,18 @@ type result struct {
 	// ttft is the time from sending the request to the first token; e2e
 	// to the end of the stream.
 	ttft, e2e time.Duration
-	// promptTokens and cachedTokens are the usage the engine reported.
+	// promptTokens and cachedTokens are the usage the engine reported;
+	// cachedUnknown tells an API that reports no cached tokens (Anthropic's
+	// Messages), whose cachedTokens is then 0.
 	promptTokens, cachedTokens int
+	cachedUnknown              bool
 	// timing is the gateway's Server-Timing, header and trailer, by
 	// metric: its own time ("gateway") and that of each phase; empty when
 	// the response did not come through the gateway.
 	timing map[string]time.Duration
-	// answer is the generated text.
-	answer string
+	// answer is the generated text; answerID the id of the output message
+	// holding it, for the Responses API, which the next turn sends back.
+	answer, answerID string
 }
 
 type chatRequest struct {
@@ -84,12 +90,25 @@ type chatChunk struct {
 	} `json:"error"`
 }
 
-// send sends messages with the routing algorithm alg and reads the
-// streamed answer, asking for maxTokens tokens.
-func (c *chatClient) send(ctx context.Context, alg string, messages []chatMessage, maxTokens int) (result, error) {
-	body := chatRequest{Model: c.model, Messages: messages, MaxTokens: maxTokens, Stream: true}
+// chatBody returns the body of a streamed chat completion request of
+// messages asking for maxTokens tokens, with the usage at the end.
+func chatBody(model string, messages []chatMessage, maxTokens int) ([]byte, error) {
+	body := chatRequest{Model: model, Messages: messages, MaxTokens: maxTokens, Stream: true}
 	body.StreamOptions.IncludeUsage = true
-	data, err := json.Marshal(&body)
+	return json.Marshal(&body)
+}
+
+// send sends messages through the client's API with the routing algorithm
+// alg and reads the streamed answer, asking for maxTokens tokens.
+func (c *chatClient) send(ctx context.Context, alg string, messages []chatMessage, maxTokens int) (result, error) {
+	encode, read := chatBody, readStream
+	switch c.api {
+	case apiResponses:
+		encode, read = responsesBody, readResponsesStream
+	case apiMessages:
+		encode, read = messagesBody, readMessagesStream
+	}
+	data, err := encode(c.model, messages, maxTokens)
 	if err != nil {
 		return result{}, err
 	}
@@ -115,7 +134,7 @@ func (c *chatClient) send(ctx context.Context, alg string, messages []chatMessag
 		return result{}, err
 	}
 	r := result{pod: resp.Header.Get(gateway.HeaderTargetPodName)}
-	answer, err := readStream(resp.Body, &r, func() { r.ttft = time.Since(start) })
+	err = read(resp.Body, &r, func() { r.ttft = time.Since(start) })
 	if err != nil {
 		return result{}, err
 	}
@@ -124,7 +143,6 @@ func (c *chatClient) send(ctx context.Context, alg string, messages []chatMessag
 	_, _ = io.Copy(io.Discard, resp.Body)
 	r.timing = serverTimings(resp.Header, resp.Trailer)
 	r.e2e = time.Since(start)
-	r.answer = answer
 	return r, nil
 }
 
@@ -137,30 +155,51 @@ type refusedError struct {
 
 func (e *refusedError) Error() string { return e.err.Error() }
 
-// readStream reads a chat stream's events up to [DONE], calling firstToken
-// at the first generated token, and returns the answer, setting r's usage.
-func readStream(body io.Reader, r *result, firstToken func()) (string, error) {
-	var answer strings.Builder
-	seen, usage := false, false
+// maxEventBytes bounds an event of a stream the client reads: a Responses
+// stream's lifecycle events echo the request's instructions, the whole
+// system prompt.
+const maxEventBytes = 64 << 20
+
+// readEvents calls handle with the data of each of body's server-sent
+// events in turn, until handle reports the stream's last event or fails;
+// last names that event in the error of a stream cut before it.
+func readEvents(body io.Reader, last string, handle func(data []byte) (bool, error)) error {
 	sc := bufio.NewScanner(body)
-	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
+	sc.Buffer(make([]byte, 0, 64<<10), maxEventBytes)
 	for sc.Scan() {
-		payload, ok := strings.CutPrefix(sc.Text(), "data: ")
+		data, ok := bytes.CutPrefix(sc.Bytes(), []byte("data:"))
 		if !ok {
 			continue
 		}
-		if payload == "[DONE]" {
+		done, err := handle(bytes.TrimPrefix(data, []byte(" ")))
+		if err != nil || done {
+			return err
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return fmt.Errorf("read the stream: %w", err)
+	}
+	return fmt.Errorf("the stream ended before %s", last)
+}
+
+// readStream reads a chat stream's events up to [DONE], calling firstToken
+// at the first generated token, and sets r's answer and usage.
+func readStream(body io.Reader, r *result, firstToken func()) error {
+	var answer strings.Builder
+	seen, usage := false, false
+	err := readEvents(body, "[DONE]", func(data []byte) (bool, error) {
+		if string(data) == "[DONE]" {
 			if !usage {
-				return "", errors.New("the stream ended without its usage")
+				return true, errors.New("the stream ended without its usage")
 			}
-			return answer.String(), nil
+			return true, nil
 		}
 		var c chatChunk
-		if err := json.Unmarshal([]byte(payload), &c); err != nil {
-			return "", fmt.Errorf("undecodable chunk %.80q: %w", payload, err)
+		if err := json.Unmarshal(data, &c); err != nil {
+			return false, fmt.Errorf("undecodable chunk %.80q: %w", data, err)
 		}
 		if c.Error != nil {
-			return "", fmt.Errorf("the stream failed: %s", c.Error.Message)
+			return false, fmt.Errorf("the stream failed: %s", c.Error.Message)
 		}
 		for _, ch := range c.Choices {
 			if !seen && (ch.Delta.Content != "" || ch.FinishReason != nil) {
@@ -176,11 +215,10 @@ func readStream(body io.Reader, r *result, firstToken func()) (string, error) {
 				r.cachedTokens = u.PromptTokensDetails.CachedTokens
 			}
 		}
-	}
-	if err := sc.Err(); err != nil {
-		return "", fmt.Errorf("read the stream: %w", err)
-	}
-	return "", errors.New("the stream ended before [DONE]")
+		return false, nil
+	})
+	r.answer = answer.String()
+	return err
 }
 
 // serverTimings returns the durations of the Server-Timing metrics in

@@ -53,7 +53,7 @@ func TestDialogSendsTheWorkloadsTokens(t *testing.T) {
 			t.Fatalf("turn %d sends contents of tokens %v, want %v", turn, got, want)
 		}
 		answer := " the cache"
-		d.answered(answer)
+		d.answered(answer, "")
 		want = append(want, sim.Tokenizer{}.Encode(answer, false)...)
 	}
 	if !d.done() {
@@ -85,11 +85,10 @@ func TestReadStreamMeasuresTheFirstTokenAndTheUsage(t *testing.T) {
 		"data: [DONE]\n\n"
 	var r result
 	first := 0
-	answer, err := readStream(strings.NewReader(stream), &r, func() { first++ })
-	if err != nil {
+	if err := readStream(strings.NewReader(stream), &r, func() { first++ }); err != nil {
 		t.Fatal(err)
 	}
-	if answer != " the cache" || r.promptTokens != 100 || r.cachedTokens != 64 || first != 1 {
+	if answer := r.answer; answer != " the cache" || r.promptTokens != 100 || r.cachedTokens != 64 || first != 1 {
 		t.Errorf("answer %q, usage %d/%d, first token seen %d times; want \" the cache\", 64/100, once",
 			answer, r.cachedTokens, r.promptTokens, first)
 	}
@@ -103,7 +102,7 @@ func TestReadStreamRefusesBrokenStreams(t *testing.T) {
 		{"not JSON", "data: {oops\n\n", "undecodable chunk"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if _, err := readStream(strings.NewReader(tc.stream), &result{}, func() {}); err == nil || !strings.Contains(err.Error(), tc.want) {
+			if err := readStream(strings.NewReader(tc.stream), &result{}, func() {}); err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("err %v, want one saying %q", err, tc.want)
 			}
 		})
@@ -173,6 +172,7 @@ func TestOptionsRefuseWhatCannotRun(t *testing.T) {
 		{"conversation beyond the cache", []string{"-engine-blocks", "100"}, "does not fit in an engine's KV cache"},
 		{"no users", []string{"-users", "0"}, "-users"},
 		{"user range", []string{"-min-user-tokens", "500"}, "-min-user-tokens exceeds"},
+		{"unknown API", []string{"-api", "completions"}, `-api: unknown API "completions" (want one of chat, responses, messages)`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			fs := flag.NewFlagSet("kvgate-demo", flag.ContinueOnError)

@@ -2,7 +2,9 @@
 // it starts simulated vLLM engines (vllm-sim) and the gateway in static
 // mode on 127.0.0.1, drives a shared-prefix chat workload through the
 // gateway (users holding multi-turn conversations under a few shared
-// system prompts, streaming their answers), prints a live summary every few
+// system prompts, streaming their answers as chat completions or, with
+// -api, through OpenAI's Responses or Anthropic's Messages API as Codex
+// CLI and Claude Code send them), prints a live summary every few
 // seconds, then runs the same workload under each routing algorithm in
 // turn and ends with a comparison table.
 //
@@ -94,14 +96,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stdout, "Stopped the engines and %s (process group %d).\n", gatewaysNoun(o), fleet.ProcessGroup())
 	}()
 	d := &demo{opts: o, out: stdout, fleet: fleet, work: work,
-		client: chatClient{http: newHTTPClient(o.users), url: fleet.GatewayURL() + "/v1/chat/completions", model: fleet.Model()}}
+		client: chatClient{http: newHTTPClient(o.users), url: fleet.GatewayURL() + apiPaths[o.api], model: fleet.Model(), api: o.api}}
 	// A connection the client dialed but never used holds a gateway's
 	// shutdown up for seconds, as if a request were on it.
 	defer d.client.http.CloseIdleConnections()
 	if o.gateways > 1 {
 		d.client.next = new(atomic.Uint64)
 		for _, u := range fleet.GatewayURLs() {
-			d.client.urls = append(d.client.urls, u+"/v1/chat/completions")
+			d.client.urls = append(d.client.urls, u+apiPaths[o.api])
 		}
 	}
 	for _, e := range fleet.Engines() {
@@ -147,7 +149,7 @@ func printSetup(w io.Writer, o options, f *localfleet.Fleet) {
 		o.users, c.Turns, c.Groups, c.SystemPromptTokens)
 	fmt.Fprintf(w, "  (an engine's cache holds %d of them); user messages of %d-%d tokens, answers of %d-%d,\n",
 		e.blocks*e.blockSize/c.SystemPromptTokens, c.MinUserTokens, c.MaxUserTokens, c.MinAnswerTokens, c.MaxAnswerTokens)
-	fmt.Fprintf(w, "  think time %v on average; streamed chat completions, TTFT measured by the client.\n", c.MeanTurnGap)
+	fmt.Fprintf(w, "  think time %v on average; %s, TTFT measured by the client.\n", c.MeanTurnGap, apiNoun(o.api))
 	if o.tokenizer != "" {
 		fmt.Fprintf(w, "Tokenizer: the model's own files in %s; the engines tokenize with them and the gateway in process,\n", o.tokenizer)
 		fmt.Fprintf(w, "  once the engines' /tokenize agreed with it on sample prompts.\n")

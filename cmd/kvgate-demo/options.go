@@ -30,6 +30,9 @@ type options struct {
 	// share state through a redis-server the demo starts.
 	gateways    int
 	sharedState bool
+	// api is the API the users send their conversations through: apiChat,
+	// apiResponses or apiMessages.
+	api string
 	// tokenizer is the directory of a model's tokenizer files, "" for the
 	// simulator's own tokenizer.
 	tokenizer string
@@ -53,10 +56,11 @@ type engineOptions struct {
 }
 
 const usageHeader = `kvgate-demo runs simulated vLLM engines and the kvgate gateway on 127.0.0.1,
-drives a shared-prefix chat workload through the gateway with each routing
-algorithm in turn (the engines' caches reset in between), prints a live
-summary every few seconds and ends with a comparison table. Ctrl-C stops
-everything it started.
+drives a shared-prefix chat workload through the gateway (as chat
+completions, or through the Responses or Messages API: -api) with each
+routing algorithm in turn (the engines' caches reset in between), prints a
+live summary every few seconds and ends with a comparison table. Ctrl-C
+stops everything it started.
 
 Usage: kvgate-demo [flags]
 
@@ -86,6 +90,11 @@ func parseOptions(fs *flag.FlagSet, args []string) (options, error) {
 	fs.BoolVar(&o.sharedState, "shared-state", true,
 		"with several gateways, start a redis-server on 127.0.0.1 and have the replicas share what they have in flight through it; "+
 			"false: each replica routes on its own requests alone")
+	fs.StringVar(&o.api, "api", apiChat,
+		"API the users send their conversations through: chat (POST /v1/chat/completions), responses (OpenAI's Responses API, "+
+			"POST /v1/responses, shaped as Codex CLI sends it: the system prompt as instructions, the history as input items, "+
+			"nothing stored) or messages (Anthropic's Messages API, POST /v1/messages, shaped as Claude Code sends it; it "+
+			"reports no cached tokens, so the hit ratios show -)")
 	fs.StringVar(&o.tokenizer, "tokenizer", "",
 		"directory of a model's Hugging Face tokenizer files (tokenizer.json, tokenizer_config.json with a chat template): "+
 			"the engines tokenize with them and the gateway tokenizes in process with them, verified against the engines "+
@@ -151,6 +160,7 @@ func (o *options) validate() error {
 			errs = append(errs, fmt.Errorf(format, args...))
 		}
 	}
+	check(!slices.Contains(apiNames, o.api), "-api: unknown API %q (want one of %s)", o.api, strings.Join(apiNames, ", "))
 	check(len(o.algorithms) == 0, "-algorithms names none")
 	for _, a := range o.algorithms {
 		check(!slices.Contains(routing.Algorithms(), a), "-algorithms: unknown algorithm %q", a)

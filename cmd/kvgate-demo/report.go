@@ -185,6 +185,9 @@ func printComparison(w io.Writer, runs []runResult) {
 		}
 		fmt.Fprintln(w)
 	}
+	if slices.ContainsFunc(runs, func(r runResult) bool { return r.summary.requests > 0 && math.IsNaN(r.summary.hit()) }) {
+		fmt.Fprintln(w, "hit ratio -: the engines reported no cached tokens (the usage of Anthropic's Messages API has none).")
+	}
 	if overload {
 		fmt.Fprintf(w, "SLO met: the share of the requests answered (served or refused) whose first token came within %v;\n",
 			runs[0].slo)
@@ -199,7 +202,10 @@ func printComparison(w io.Writer, runs []runResult) {
 	if !a.summary.ttft.ok || !b.summary.ttft.ok || a.summary.ttft.p90 == 0 || b.summary.perSecond() == 0 {
 		return
 	}
-	fmt.Fprintf(w, "\n%s vs %s: hit ratio %s vs %s, TTFT p90 %.1fx lower, %.2fx the requests per second.\n",
-		a.algorithm, b.algorithm, fmtRatio(a.summary.hit()), fmtRatio(b.summary.hit()),
-		float64(b.summary.ttft.p90)/float64(a.summary.ttft.p90), a.summary.perSecond()/b.summary.perSecond())
+	hits := ""
+	if !math.IsNaN(a.summary.hit()) || !math.IsNaN(b.summary.hit()) {
+		hits = fmt.Sprintf("hit ratio %s vs %s, ", fmtRatio(a.summary.hit()), fmtRatio(b.summary.hit()))
+	}
+	fmt.Fprintf(w, "\n%s vs %s: %sTTFT p90 %.1fx lower, %.2fx the requests per second.\n",
+		a.algorithm, b.algorithm, hits, float64(b.summary.ttft.p90)/float64(a.summary.ttft.p90), a.summary.perSecond()/b.summary.perSecond())
 }

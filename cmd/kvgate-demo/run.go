@@ -205,7 +205,7 @@ func (d *demo) user(ctx context.Context, stop <-chan struct{}, delay time.Durati
 				break
 			}
 			rec.end(res)
-			dlg.answered(res.answer)
+			dlg.answered(res.answer, res.answerID)
 		}
 	}
 }

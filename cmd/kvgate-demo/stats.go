@@ -31,7 +31,7 @@ func (r *recorder) begin() {
 }
 
 func (r *recorder) end(res result) {
-	res.answer = ""
+	res.answer, res.answerID = "", ""
 	r.mu.Lock()
 	r.inFlight--
 	r.results = append(r.results, res)
@@ -63,9 +63,10 @@ type summary struct {
 	refused  int
 	lastErr  error
 	inFlight int
-	// promptTokens and cachedTokens sum the usage of the requests; hit is
-	// their ratio.
-	promptTokens, cachedTokens int
+	// promptTokens and cachedTokens sum the usage of the requests;
+	// cachedOf sums the prompt tokens of those that reported their cached
+	// tokens, and hit is the ratio of cachedTokens to it.
+	promptTokens, cachedTokens, cachedOf int
 	// ttft and e2e hold the client's times to the first token and to the
 	// end.
 	ttft, e2e percentiles
@@ -79,12 +80,14 @@ type summary struct {
 
 // podSummary is one pod's share of a run.
 type podSummary struct {
-	pod                        string
-	requests                   int
-	promptTokens, cachedTokens int
+	pod                                  string
+	requests                             int
+	promptTokens, cachedTokens, cachedOf int
 }
 
-func (s summary) hit() float64 { return ratio(s.cachedTokens, s.promptTokens) }
+// hit is the share of the prompt tokens the engines found cached, NaN
+// when no request reported its cached tokens.
+func (s summary) hit() float64 { return ratio(s.cachedTokens, s.cachedOf) }
 
 // withinSLO counts the requests served whose first token came within
 // objective.
@@ -108,7 +111,7 @@ func (s summary) attainment(objective time.Duration) float64 {
 func (s summary) goodput(objective time.Duration) float64 {
 	return float64(s.withinSLO(objective)) / max(s.elapsed.Seconds(), 1e-3)
 }
-func (p podSummary) hit() float64    { return ratio(p.cachedTokens, p.promptTokens) }
+func (p podSummary) hit() float64    { return ratio(p.cachedTokens, p.cachedOf) }
 func (s summary) perSecond() float64 { return float64(s.requests) / max(s.elapsed.Seconds(), 1e-3) }
 
 func ratio(a, b int) float64 {
@@ -136,8 +139,13 @@ func (r *recorder) summarize(now time.Time, pods []string) summary {
 		for name, d := range res.timing {
 			timings[name] = append(timings[name], d)
 		}
+		cachedOf := res.promptTokens
+		if res.cachedUnknown {
+			cachedOf = 0
+		}
 		s.promptTokens += res.promptTokens
 		s.cachedTokens += res.cachedTokens
+		s.cachedOf += cachedOf
 		p := byPod[res.pod]
 		if p == nil {
 			p = &podSummary{pod: res.pod}
@@ -146,6 +154,7 @@ func (r *recorder) summarize(now time.Time, pods []string) summary {
 		p.requests++
 		p.promptTokens += res.promptTokens
 		p.cachedTokens += res.cachedTokens
+		p.cachedOf += cachedOf
 	}
 	r.mu.Unlock()
 	s.ttft, s.e2e = percentilesOf(ttfts), percentilesOf(e2es)

@@ -52,10 +52,12 @@ func (w *workload) conversation() (routingbench.Conversation, bool) {
 	return w.convs[i], true
 }
 
-// chatMessage is a message of an OpenAI chat request.
+// chatMessage is a message of an OpenAI chat request. id, which the chat
+// does not send, is an answer's output message id in the Responses API.
 type chatMessage struct {
 	Role    string `json:"role"`
 	Content string `json:"content"`
+	id      string
 }
 
 // dialog is a conversation in progress: the messages sent so far and the
@@ -90,8 +92,9 @@ func (d *dialog) nextTurn() ([]chatMessage, int, error) {
 	return d.messages, len(t.Answer), nil
 }
 
-// answered records the assistant's answer to the turn just sent.
-func (d *dialog) answered(answer string) {
-	d.messages = append(d.messages, chatMessage{Role: "assistant", Content: answer})
+// answered records the assistant's answer to the turn just sent, and the
+// id of the output message that held it (Responses API; "" otherwise).
+func (d *dialog) answered(answer, id string) {
+	d.messages = append(d.messages, chatMessage{Role: "assistant", Content: answer, id: id})
 	d.turn++
 }
