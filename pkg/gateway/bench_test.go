@@ -74,3 +74,36 @@ func BenchmarkProxy(b *testing.B) {
 		b.Fatalf("%v tokenization failures", n)
 	}
 }
+
+// BenchmarkRelayInspect measures reading one whole three-token stream of
+// each API's events as the relay reads them, in process: the first token
+// found and the usage read, every event relayed.
+func BenchmarkRelayInspect(b *testing.B) {
+	for _, bc := range []struct {
+		name   string
+		kind   kind
+		events []string
+	}{
+		{"chat", kindChat, streamEvents("llama", true, 352, true)},
+		{"messages", kindMessages, messagesEvents("llama", 352)},
+		{"responses", kindResponses, responsesEvents("llama", responsesUsage(352))},
+	} {
+		events := make([][]byte, len(bc.events))
+		for i, ev := range bc.events {
+			events[i] = []byte(ev)
+		}
+		b.Run(bc.name, func(b *testing.B) {
+			firsts := 0
+			b.ReportAllocs()
+			for b.Loop() {
+				r := eventReader{kind: bc.kind, firstToken: func() { firsts++ }}
+				for _, ev := range events {
+					r.inspect(ev)
+				}
+				if !r.hasUsage || !r.seenToken {
+					b.Fatalf("usage %v, first token %v", r.hasUsage, r.seenToken)
+				}
+			}
+		})
+	}
+}
