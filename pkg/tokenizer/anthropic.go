@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"unicode/utf8"
 
 	"github.com/kvgate/kvgate/pkg/internal/jsonscan"
 )
@@ -98,16 +97,11 @@ func chatFromAnthropic(body []byte, countTokens bool) (req *ChatRequest, err err
 	c := &anthropicConverter{}
 	defer func() {
 		if err != nil {
-			req = nil
-			if errors.Is(err, errNotReproducible) {
-				err = unsupportedError(c.model, fmt.Errorf("anthropic request: %w", err))
-			} else {
-				err = inputError(c.model, fmt.Errorf("anthropic request: %w", err))
-			}
+			req, err = nil, conversionError(c.model, "anthropic", err)
 		}
 	}()
-	if !utf8.Valid(body) || !json.Valid(body) {
-		return nil, errors.New("the body is not valid JSON")
+	if err := checkBody(body); err != nil {
+		return nil, err
 	}
 	var r anthropicRequest
 	err = jsonscan.Members(body, func(name, value []byte) error {
@@ -132,11 +126,8 @@ func chatFromAnthropic(body []byte, countTokens bool) (req *ChatRequest, err err
 	if err != nil {
 		return nil, err
 	}
-	if c.model, err = stringField(r.model, "model"); err != nil {
+	if c.model, err = requestModel(r.model); err != nil {
 		return nil, err
-	}
-	if c.model == "" {
-		return nil, errors.New("model is required")
 	}
 	out := &ChatRequest{Model: c.model}
 	if !countTokens {
@@ -168,13 +159,8 @@ func chatFromAnthropic(body []byte, countTokens bool) (req *ChatRequest, err err
 	if out.Tools, err = anthropicTools(r.tools); err != nil {
 		return nil, err
 	}
-	if present(r.chatTemplateKwargs) {
-		if !isObject(r.chatTemplateKwargs) {
-			return nil, errors.New("chat_template_kwargs is not an object")
-		}
-		if out.ChatTemplateKwargs, err = appendPyDumps(nil, r.chatTemplateKwargs); err != nil {
-			return nil, fmt.Errorf("chat_template_kwargs: %w", err)
-		}
+	if out.ChatTemplateKwargs, err = chatTemplateKwargs(r.chatTemplateKwargs); err != nil {
+		return nil, err
 	}
 	return out, nil
 }
@@ -199,22 +185,7 @@ func isArray(raw []byte) bool  { return len(raw) > 0 && raw[0] == '[' }
 
 // anthropicEffort reads output_config.effort.
 func anthropicEffort(raw []byte) (string, error) {
-	if !present(raw) {
-		return "", nil
-	}
-	if !isObject(raw) {
-		return "", errors.New("output_config is not an object")
-	}
-	var effort []byte
-	if err := jsonscan.Members(raw, func(name, value []byte) error {
-		if string(jsonscan.Name(name)) == "effort" {
-			effort = value
-		}
-		return nil
-	}); err != nil {
-		return "", err
-	}
-	e, err := stringField(effort, "output_config.effort")
+	e, _, err := stringMember(raw, "output_config", "effort")
 	if err != nil {
 		return "", err
 	}
@@ -325,26 +296,19 @@ func (c *anthropicConverter) system(raw []byte) error {
 		}
 		text.WriteString(s)
 	case isArray(raw):
-		var ferr error
-		err := jsonscan.ArrayElements(raw, func(elem []byte) {
-			if ferr != nil {
-				return
-			}
+		if err := eachElement(raw, "", func(_ int, elem []byte) error {
 			b, err := decodeBlock(elem)
 			switch {
 			case err != nil:
-				ferr = fmt.Errorf("system: %w", err)
+				return fmt.Errorf("system: %w", err)
 			case b.typ == "image":
-				ferr = notReproducible("system holds an image")
+				return notReproducible("system holds an image")
 			case b.typ == "text" && b.text != nil && !strings.HasPrefix(*b.text, billingHeader):
 				text.WriteString(*b.text)
 			}
-		})
-		if err != nil {
+			return nil
+		}); err != nil {
 			return err
-		}
-		if ferr != nil {
-			return ferr
 		}
 	default:
 		return errors.New("system is neither a string nor a list")
@@ -362,20 +326,7 @@ func (c *anthropicConverter) messages(raw []byte) error {
 	if !isArray(raw) {
 		return errors.New("messages is not a list")
 	}
-	i := 0
-	var ferr error
-	err := jsonscan.ArrayElements(raw, func(elem []byte) {
-		if ferr == nil {
-			if err := c.message(elem); err != nil {
-				ferr = fmt.Errorf("messages[%d]: %w", i, err)
-			}
-		}
-		i++
-	})
-	if err != nil {
-		return err
-	}
-	return ferr
+	return eachElement(raw, "messages", func(_ int, elem []byte) error { return c.message(elem) })
 }
 
 // message writes one Anthropic message: the tool messages of its
@@ -431,23 +382,11 @@ func (c *anthropicConverter) message(raw []byte) error {
 		calls        []byte // the tool_calls array's elements
 		reasoning    strings.Builder
 		hasReasoning bool
-		ferr         error
-		k            int
 	)
-	err = jsonscan.ArrayElements(content, func(elem []byte) {
-		if ferr != nil {
-			return
-		}
-		defer func() {
-			if ferr != nil {
-				ferr = fmt.Errorf("content[%d]: %w", k, ferr)
-			}
-			k++
-		}()
+	err = eachElement(content, "content", func(_ int, elem []byte) error {
 		b, err := decodeBlock(elem)
 		if err != nil {
-			ferr = err
-			return
+			return err
 		}
 		switch b.typ {
 		case "text":
@@ -455,7 +394,7 @@ func (c *anthropicConverter) message(raw []byte) error {
 				parts = append(parts, *b.text)
 			}
 		case "image":
-			ferr = notReproducible("an image")
+			return notReproducible("an image")
 		case "thinking":
 			if b.thinking != nil {
 				reasoning.WriteString(*b.thinking)
@@ -463,8 +402,7 @@ func (c *anthropicConverter) message(raw []byte) error {
 			}
 		case "tool_use":
 			if b.id == "" {
-				ferr = notReproducible("a tool_use block without an id, which vLLM names after the current time")
-				return
+				return notReproducible("a tool_use block without an id, which vLLM names after the current time")
 			}
 			input := b.input
 			if input == nil {
@@ -472,37 +410,26 @@ func (c *anthropicConverter) message(raw []byte) error {
 			}
 			args, err := appendPyDumps(nil, input)
 			if err != nil {
-				ferr = fmt.Errorf("tool_use input: %w", err)
-				return
+				return fmt.Errorf("tool_use input: %w", err)
 			}
 			if len(calls) > 0 {
 				calls = append(calls, ',')
 			}
-			calls = append(calls, `{"id":`...)
-			calls = appendJSONString(calls, b.id)
-			calls = append(calls, `,"type":"function","function":{"name":`...)
-			calls = appendJSONString(calls, b.name)
-			calls = append(calls, `,"arguments":`...)
-			calls = appendJSONString(calls, string(args))
-			calls = append(calls, '}', '}')
+			calls = appendToolCall(calls, b.id, b.name, string(args))
 		case "tool_result":
 			if role == "user" {
-				ferr = c.toolResult(b)
-				return
+				return c.toolResult(b)
 			}
 			text, err := assistantToolResult(b.content)
 			if err != nil {
-				ferr = err
-				return
+				return err
 			}
 			parts = append(parts, "Tool result: "+text)
 		}
+		return nil
 	})
 	if err != nil {
 		return err
-	}
-	if ferr != nil {
-		return ferr
 	}
 	if role == "user" && len(parts) == 0 {
 		return nil
@@ -520,16 +447,7 @@ func (c *anthropicConverter) message(raw []byte) error {
 	case len(parts) == 1:
 		c.member("content", parts[0])
 	case len(parts) > 1:
-		c.msgs = append(c.msgs, `,"content":[`...)
-		for i, p := range parts {
-			if i > 0 {
-				c.msgs = append(c.msgs, ',')
-			}
-			c.msgs = append(c.msgs, `{"type":"text","text":`...)
-			c.msgs = appendJSONString(c.msgs, p)
-			c.msgs = append(c.msgs, '}')
-		}
-		c.msgs = append(c.msgs, ']')
+		c.msgs = appendTextParts(append(c.msgs, `,"content":`...), parts)
 	}
 	c.endMessage()
 	return nil
@@ -549,18 +467,13 @@ func (c *anthropicConverter) toolResult(b anthropicBlock) error {
 		text = s
 	default:
 		var texts []string
-		var ferr error
-		err := jsonscan.ArrayElements(b.content, func(item []byte) {
-			if ferr != nil {
-				return
-			}
+		if err := eachElement(b.content, "", func(_ int, item []byte) error {
 			if !isObject(item) {
-				ferr = errors.New("tool_result content item is not an object")
-				return
+				return errors.New("tool_result content item is not an object")
 			}
 			var typ, itemText []byte
 			hasText := false
-			ferr = jsonscan.Members(item, func(name, value []byte) error {
+			if err := jsonscan.Members(item, func(name, value []byte) error {
 				switch string(jsonscan.Name(name)) {
 				case "type":
 					typ = value
@@ -568,31 +481,26 @@ func (c *anthropicConverter) toolResult(b anthropicBlock) error {
 					itemText, hasText = value, true
 				}
 				return nil
-			})
-			if ferr != nil {
-				return
+			}); err != nil {
+				return err
 			}
 			if string(typ) != `"text"` {
-				ferr = notReproducible("a tool_result content item of type %.40s", typ)
-				return
+				return notReproducible("a tool_result content item of type %.40s", typ)
 			}
 			s := ""
 			if hasText {
 				if len(itemText) == 0 || itemText[0] != '"' {
-					ferr = errors.New("tool_result text is not a string")
-					return
+					return errors.New("tool_result text is not a string")
 				}
-				if s, ferr = stringField(itemText, "tool_result text"); ferr != nil {
-					return
+				var err error
+				if s, err = stringField(itemText, "tool_result text"); err != nil {
+					return err
 				}
 			}
 			texts = append(texts, s)
-		})
-		if err != nil {
+			return nil
+		}); err != nil {
 			return err
-		}
-		if ferr != nil {
-			return ferr
 		}
 		text = strings.Join(texts, "\n")
 	}
@@ -633,25 +541,14 @@ func anthropicTools(raw []byte) (json.RawMessage, error) {
 		return nil, errors.New("tools is not a list")
 	}
 	out := []byte{'['}
-	var ferr error
-	i := 0
-	err := jsonscan.ArrayElements(raw, func(elem []byte) {
-		if ferr != nil {
-			return
-		}
+	if err := eachElement(raw, "tools", func(i int, elem []byte) (err error) {
 		if i > 0 {
 			out = append(out, ',')
 		}
-		if out, ferr = appendAnthropicTool(out, elem); ferr != nil {
-			ferr = fmt.Errorf("tools[%d]: %w", i, ferr)
-		}
-		i++
-	})
-	if err != nil {
+		out, err = appendAnthropicTool(out, elem)
+		return err
+	}); err != nil {
 		return nil, err
-	}
-	if ferr != nil {
-		return nil, ferr
 	}
 	return append(out, ']'), nil
 }
@@ -687,17 +584,8 @@ func appendAnthropicTool(out, raw []byte) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	out = append(out, `{"type":"function","function":{"name":`...)
-	out = appendJSONString(out, toolName)
-	out = append(out, `,"description":`...)
-	if present(description) {
-		d, err := stringField(description, "description")
-		if err != nil {
-			return nil, err
-		}
-		out = appendJSONString(out, d)
-	} else {
-		out = append(out, "null"...)
+	if out, err = appendFunctionHead(out, toolName, description, stringField); err != nil {
+		return nil, err
 	}
 	if !present(schema) || !isObject(schema) {
 		return nil, errors.New("input_schema is required and must be an object")
@@ -722,14 +610,8 @@ func appendAnthropicTool(out, raw []byte) ([]byte, error) {
 		}
 		out = append(out, `"type": "object"}`...)
 	}
-	out = append(out, `,"defer_loading":`...)
-	switch v, null, err := jsonscan.LaxBool(deferLoading); {
-	case deferLoading == nil || null:
-		out = append(out, "null"...)
-	case err != nil:
-		return nil, fmt.Errorf("defer_loading: %w", err)
-	default:
-		out = append(out, jsonBool(v)...)
+	if out, err = appendBoolMember(out, "defer_loading", deferLoading); err != nil {
+		return nil, err
 	}
 	return append(out, '}', '}'), nil
 }

@@ -1,10 +1,8 @@
 package tokenizer
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
-	"unicode/utf8"
 
 	"github.com/kvgate/kvgate/pkg/internal/jsonscan"
 )
@@ -100,16 +98,11 @@ func ChatFromResponses(body []byte) (req *ChatRequest, err error) {
 	c := &responsesConverter{limit: 5 * len(body)}
 	defer func() {
 		if err != nil {
-			req = nil
-			if errors.Is(err, errNotReproducible) {
-				err = unsupportedError(c.model, fmt.Errorf("responses request: %w", err))
-			} else {
-				err = inputError(c.model, fmt.Errorf("responses request: %w", err))
-			}
+			req, err = nil, conversionError(c.model, "responses", err)
 		}
 	}()
-	if !utf8.Valid(body) || !json.Valid(body) {
-		return nil, errors.New("the body is not valid JSON")
+	if err := checkBody(body); err != nil {
+		return nil, err
 	}
 	var r responsesRequest
 	if err := jsonscan.Members(body, func(name, value []byte) error {
@@ -141,11 +134,8 @@ func ChatFromResponses(body []byte) (req *ChatRequest, err error) {
 	}); err != nil {
 		return nil, err
 	}
-	if c.model, err = stringField(r.model, "model"); err != nil {
+	if c.model, err = requestModel(r.model); err != nil {
 		return nil, err
-	}
-	if c.model == "" {
-		return nil, errors.New("model is required")
 	}
 	if r.stored != "" {
 		return nil, notReproducible("%s continues a conversation the engine holds", r.stored)
@@ -160,13 +150,8 @@ func ChatFromResponses(body []byte) (req *ChatRequest, err error) {
 	if out.ReasoningEffort, err = responsesEffort(r.reasoning); err != nil {
 		return nil, err
 	}
-	if present(r.chatTemplateKwargs) {
-		if !isObject(r.chatTemplateKwargs) {
-			return nil, errors.New("chat_template_kwargs is not an object")
-		}
-		if out.ChatTemplateKwargs, err = appendPyDumps(nil, r.chatTemplateKwargs); err != nil {
-			return nil, fmt.Errorf("chat_template_kwargs: %w", err)
-		}
+	if out.ChatTemplateKwargs, err = chatTemplateKwargs(r.chatTemplateKwargs); err != nil {
+		return nil, err
 	}
 	instructions, err := stringField(r.instructions, "instructions")
 	if err != nil {
@@ -251,26 +236,8 @@ func responsesTruncation(out *ChatRequest, maxRaw, truncRaw []byte) error {
 
 // responsesEffort returns reasoning.effort, "" when there is none.
 func responsesEffort(raw []byte) (string, error) {
-	if !present(raw) {
-		return "", nil
-	}
-	if !isObject(raw) {
-		return "", errors.New("reasoning is not an object")
-	}
-	var effort []byte
-	if err := jsonscan.Members(raw, func(name, value []byte) error {
-		if string(jsonscan.Name(name)) == "effort" {
-			effort = value
-		}
-		return nil
-	}); err != nil {
-		return "", err
-	}
-	if !present(effort) {
-		return "", nil
-	}
-	e, err := stringField(effort, "reasoning.effort")
-	if err != nil {
+	e, ok, err := stringMember(raw, "reasoning", "effort")
+	if err != nil || !ok {
 		return "", err
 	}
 	switch e {
@@ -297,23 +264,11 @@ func (c *responsesConverter) input(raw []byte) (bool, error) {
 		return false, errors.New("input is neither a string nor a list")
 	}
 	continueFinal := false
-	i := 0
-	var ferr error
-	err := jsonscan.ArrayElements(raw, func(elem []byte) {
-		if ferr != nil {
-			return
-		}
-		cont, err := c.item(elem)
-		if err != nil {
-			ferr = fmt.Errorf("input[%d]: %w", i, err)
-		}
-		continueFinal = cont
-		i++
+	err := eachElement(raw, "input", func(_ int, elem []byte) (err error) {
+		continueFinal, err = c.item(elem)
+		return err
 	})
-	if err != nil {
-		return false, err
-	}
-	return continueFinal, ferr
+	return continueFinal, err
 }
 
 // responseItem holds the members of an input item that the conversion
@@ -448,16 +403,7 @@ func (c *responsesConverter) message(it responseItem) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	parts := []byte{'['}
-	for i, t := range texts {
-		if i > 0 {
-			parts = append(parts, ',')
-		}
-		parts = append(parts, `{"type":"text","text":`...)
-		parts = appendJSONString(parts, t)
-		parts = append(parts, '}')
-	}
-	c.msgs = append(c.msgs, chatMessage{role: role, content: append(parts, ']')})
+	c.msgs = append(c.msgs, chatMessage{role: role, content: appendTextParts(nil, texts)})
 	// The status survives validation only as that of an input message with
 	// a list of content, and only when it is a valid one.
 	status, err := itemStatus(it.status)
@@ -471,32 +417,21 @@ func inputParts(raw []byte) ([]string, error) {
 		return nil, errors.New("content is neither a string nor a list")
 	}
 	var texts []string
-	var ferr error
-	k := 0
-	err := jsonscan.ArrayElements(raw, func(elem []byte) {
-		if ferr != nil {
-			return
-		}
+	err := eachElement(raw, "content", func(_ int, elem []byte) error {
 		typ, text, _, err := contentPart(elem)
 		switch {
 		case err != nil:
-			ferr = err
+			return err
 		case typ == "input_text":
 			texts = append(texts, text)
 		case typ == "input_image", typ == "input_file", typ == "input_audio":
-			ferr = notReproducible("an %s part", typ)
+			return notReproducible("an %s part", typ)
 		default:
-			ferr = fmt.Errorf("content part type %q is not an input part", typ)
+			return fmt.Errorf("content part type %q is not an input part", typ)
 		}
-		if ferr != nil {
-			ferr = fmt.Errorf("content[%d]: %w", k, ferr)
-		}
-		k++
+		return nil
 	})
-	if err != nil {
-		return nil, err
-	}
-	return texts, ferr
+	return texts, err
 }
 
 // contentPart decodes a content part's type and, for a text part
@@ -596,37 +531,30 @@ func outputMessage(it responseItem) (text string, cont, output bool, err error) 
 		return "", false, false, nil
 	}
 	model := it.id != nil && it.status != nil
-	var ferr error
-	first := true
 	firstRefusal := false
-	err = jsonscan.ArrayElements(it.content, func(elem []byte) {
-		if ferr != nil {
-			return
-		}
+	err = eachElement(it.content, "", func(i int, elem []byte) error {
 		typ, t, annotated, err := contentPart(elem)
 		switch {
 		case err != nil:
-			ferr = err
+			return err
 		case typ == "output_text" && annotated:
-			ferr = notReproducible("an output_text part with annotations")
+			return notReproducible("an output_text part with annotations")
 		case typ == "output_text":
-			if first {
+			if i == 0 {
 				text = t
 			}
 		case typ == "refusal":
-			firstRefusal = firstRefusal || first
+			firstRefusal = firstRefusal || i == 0
 		default:
-			ferr = errNotOutput
+			return errNotOutput
 		}
-		first = false
+		return nil
 	})
 	switch {
+	case errors.Is(err, errNotOutput):
+		return "", false, false, nil
 	case err != nil:
 		return "", false, false, err
-	case errors.Is(ferr, errNotOutput):
-		return "", false, false, nil
-	case ferr != nil:
-		return "", false, false, ferr
 	case firstRefusal && model:
 		return "", false, false, errors.New("an output message starting with a refusal, which vLLM fails on")
 	}
@@ -672,13 +600,7 @@ func (c *responsesConverter) functionCall(it responseItem) error {
 	if namespace != "" {
 		name = namespace + namespaceSeparator + name
 	}
-	call := []byte(`{"id":`)
-	call = appendJSONString(call, callID)
-	call = append(call, `,"type":"function","function":{"name":`...)
-	call = appendJSONString(call, name)
-	call = append(call, `,"arguments":`...)
-	call = appendJSONString(call, args)
-	call = append(call, '}', '}')
+	call := appendToolCall(nil, callID, name, args)
 	if prev := c.prevAssistant(); prev != nil {
 		if prev.toolCalls != nil {
 			prev.toolCalls = append(prev.toolCalls, ',')
@@ -718,16 +640,7 @@ func (c *responsesConverter) functionCallOutput(it responseItem) error {
 		if err != nil {
 			return fmt.Errorf("output: %w", err)
 		}
-		content = []byte{'['}
-		for i, t := range texts {
-			if i > 0 {
-				content = append(content, ',')
-			}
-			content = append(content, `{"type":"text","text":`...)
-			content = appendJSONString(content, t)
-			content = append(content, '}')
-		}
-		content = append(content, ']')
+		content = appendTextParts(nil, texts)
 	}
 	c.msgs = append(c.msgs, chatMessage{role: "tool", toolCallID: &callID, content: content})
 	return nil
@@ -789,17 +702,12 @@ func (c *responsesConverter) reasoning(it responseItem) (bool, error) {
 // content parts, each of type typ.
 func reasoningTexts(raw []byte, typ string) ([]string, error) {
 	var texts []string
-	var ferr error
-	err := jsonscan.ArrayElements(raw, func(elem []byte) {
-		if ferr != nil {
-			return
-		}
+	err := eachElement(raw, "", func(_ int, elem []byte) error {
 		if !isObject(elem) {
-			ferr = errors.New("part is not an object")
-			return
+			return errors.New("part is not an object")
 		}
 		var typRaw, textRaw []byte
-		if ferr = jsonscan.Members(elem, func(name, value []byte) error {
+		if err := jsonscan.Members(elem, func(name, value []byte) error {
 			switch string(jsonscan.Name(name)) {
 			case "type":
 				typRaw = value
@@ -807,24 +715,20 @@ func reasoningTexts(raw []byte, typ string) ([]string, error) {
 				textRaw = value
 			}
 			return nil
-		}); ferr != nil {
-			return
+		}); err != nil {
+			return err
 		}
 		if t, err := requiredString(typRaw, "type"); err != nil || t != typ {
-			ferr = fmt.Errorf("part type is not %s", typ)
-			return
+			return fmt.Errorf("part type is not %s", typ)
 		}
 		t, err := requiredString(textRaw, "text")
 		if err != nil {
-			ferr = err
-			return
+			return err
 		}
 		texts = append(texts, t)
+		return nil
 	})
-	if err != nil {
-		return nil, err
-	}
-	return texts, ferr
+	return texts, err
 }
 
 // messagesJSON writes the messages array.
@@ -872,21 +776,11 @@ func tools(raw []byte, budget int) ([]byte, error) {
 		return nil, nil
 	}
 	out := []byte{'['}
-	var ferr error
-	i := 0
-	err := jsonscan.ArrayElements(raw, func(elem []byte) {
-		if ferr == nil {
-			if out, ferr = appendResponsesTool(out, elem, budget); ferr != nil {
-				ferr = fmt.Errorf("tools[%d]: %w", i, ferr)
-			}
-		}
-		i++
-	})
-	if err != nil {
+	if err := eachElement(raw, "tools", func(_ int, elem []byte) (err error) {
+		out, err = appendResponsesTool(out, elem, budget)
+		return err
+	}); err != nil {
 		return nil, err
-	}
-	if ferr != nil {
-		return nil, ferr
 	}
 	return append(out, ']'), nil
 }
@@ -937,24 +831,12 @@ func appendResponsesTool(out, raw []byte, budget int) ([]byte, error) {
 	if !isArray(toolsRaw) {
 		return nil, errors.New("a namespace's tools is required and must be a list")
 	}
-	var ferr error
-	k := 0
-	err = jsonscan.ArrayElements(toolsRaw, func(elem []byte) {
-		if ferr != nil {
-			return
-		}
-		defer func() {
-			if ferr != nil {
-				ferr = fmt.Errorf("tools[%d]: %w", k, ferr)
-			}
-			k++
-		}()
+	if err := eachElement(toolsRaw, "tools", func(_ int, elem []byte) error {
 		if !isObject(elem) {
-			ferr = errors.New("tool is not an object")
-			return
+			return errors.New("tool is not an object")
 		}
 		var innerType, innerName []byte
-		if ferr = jsonscan.Members(elem, func(name, value []byte) error {
+		if err := jsonscan.Members(elem, func(name, value []byte) error {
 			switch string(jsonscan.Name(name)) {
 			case "type":
 				innerType = value
@@ -962,28 +844,24 @@ func appendResponsesTool(out, raw []byte, budget int) ([]byte, error) {
 				innerName = value
 			}
 			return nil
-		}); ferr != nil {
-			return
+		}); err != nil {
+			return err
 		}
 		t, err := requiredString(innerType, "type")
 		if err != nil {
-			ferr = err
-			return
+			return err
 		}
 		switch t {
 		case "function":
-			out, ferr = appendFunctionTool(out, elem, namespace, budget)
+			out, err = appendFunctionTool(out, elem, namespace, budget)
+			return err
 		case "custom":
-			_, ferr = requiredString(innerName, "name")
-		default:
-			ferr = fmt.Errorf("a namespace's tool of type %q is neither function nor custom", t)
+			_, err = requiredString(innerName, "name")
+			return err
 		}
-	})
-	if err != nil {
+		return fmt.Errorf("a namespace's tool of type %q is neither function nor custom", t)
+	}); err != nil {
 		return nil, err
-	}
-	if ferr != nil {
-		return nil, ferr
 	}
 	return out, nil
 }
@@ -1034,17 +912,8 @@ func appendFunctionTool(out, raw []byte, namespace string, budget int) ([]byte, 
 	if len(out) > 1 {
 		out = append(out, ',')
 	}
-	out = append(out, `{"type":"function","function":{"name":`...)
-	out = appendJSONString(out, toolName)
-	out = append(out, `,"description":`...)
-	if present(desc) {
-		d, err := requiredString(desc, "description")
-		if err != nil {
-			return nil, err
-		}
-		out = appendJSONString(out, d)
-	} else {
-		out = append(out, "null"...)
+	if out, err = appendFunctionHead(out, toolName, desc, requiredString); err != nil {
+		return nil, err
 	}
 	out = append(out, `,"parameters":`...)
 	switch {
@@ -1057,21 +926,11 @@ func appendFunctionTool(out, raw []byte, namespace string, budget int) ([]byte, 
 			return nil, fmt.Errorf("parameters: %w", err)
 		}
 	}
-	for _, m := range []struct {
-		name  string
-		value []byte
-	}{{"strict", strict}, {"defer_loading", deferLoading}} {
-		out = append(out, ',', '"')
-		out = append(out, m.name...)
-		out = append(out, '"', ':')
-		switch v, null, err := jsonscan.LaxBool(m.value); {
-		case m.value == nil || null:
-			out = append(out, "null"...)
-		case err != nil:
-			return nil, fmt.Errorf("%s: %w", m.name, err)
-		default:
-			out = append(out, jsonBool(v)...)
-		}
+	if out, err = appendBoolMember(out, "strict", strict); err != nil {
+		return nil, err
+	}
+	if out, err = appendBoolMember(out, "defer_loading", deferLoading); err != nil {
+		return nil, err
 	}
 	out = append(out, '}', '}')
 	if len(out) > budget {

@@ -1,0 +1,167 @@
+package tokenizer
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"unicode/utf8"
+
+	"github.com/kvgate/kvgate/pkg/internal/jsonscan"
+)
+
+// The helpers below serve the conversions of request bodies of other APIs
+// (ChatFromAnthropic, ChatFromResponses) into the chat vLLM renders for
+// them, where the two read or write alike.
+
+// conversionError returns err, met converting a request body of api for
+// model, as an *Error: ReasonUnsupported when it wraps errNotReproducible,
+// else ReasonInput. Its message starts with "<api> request: ".
+func conversionError(model, api string, err error) error {
+	err = fmt.Errorf("%s request: %w", api, err)
+	if errors.Is(err, errNotReproducible) {
+		return unsupportedError(model, err)
+	}
+	return inputError(model, err)
+}
+
+// checkBody fails unless body is valid UTF-8 and valid JSON.
+func checkBody(body []byte) error {
+	if !utf8.Valid(body) || !json.Valid(body) {
+		return errors.New("the body is not valid JSON")
+	}
+	return nil
+}
+
+// requestModel decodes the model member, which must be a non-empty string.
+func requestModel(raw []byte) (string, error) {
+	model, err := stringField(raw, "model")
+	if err != nil {
+		return "", err
+	}
+	if model == "" {
+		return "", errors.New("model is required")
+	}
+	return model, nil
+}
+
+// chatTemplateKwargs returns the chat_template_kwargs member, an object
+// that may be absent or null (nil then), as Python's json.dumps writes it.
+func chatTemplateKwargs(raw []byte) (json.RawMessage, error) {
+	if !present(raw) {
+		return nil, nil
+	}
+	if !isObject(raw) {
+		return nil, errors.New("chat_template_kwargs is not an object")
+	}
+	out, err := appendPyDumps(nil, raw)
+	if err != nil {
+		return nil, fmt.Errorf("chat_template_kwargs: %w", err)
+	}
+	return out, nil
+}
+
+// stringMember decodes the string member named member of raw, the value of
+// the member named object: an object, or absent or null, which gives "".
+// ok reports whether the member is there and not null.
+func stringMember(raw []byte, object, member string) (s string, ok bool, err error) {
+	if !present(raw) {
+		return "", false, nil
+	}
+	if !isObject(raw) {
+		return "", false, fmt.Errorf("%s is not an object", object)
+	}
+	var v []byte
+	if err := jsonscan.Members(raw, func(name, value []byte) error {
+		if string(jsonscan.Name(name)) == member {
+			v = value
+		}
+		return nil
+	}); err != nil {
+		return "", false, err
+	}
+	if s, err = stringField(v, object+"."+member); err != nil {
+		return "", false, err
+	}
+	return s, present(v), nil
+}
+
+// eachElement calls fn with each element of raw, a JSON array, and its
+// index, until fn fails. When label is not empty, fn's error is returned
+// as "<label>[<index>]: <error>"; an error reading raw comes first.
+func eachElement(raw []byte, label string, fn func(i int, elem []byte) error) error {
+	var ferr error
+	i := 0
+	err := jsonscan.ArrayElements(raw, func(elem []byte) {
+		if ferr == nil {
+			if ferr = fn(i, elem); ferr != nil && label != "" {
+				ferr = fmt.Errorf("%s[%d]: %w", label, i, ferr)
+			}
+		}
+		i++
+	})
+	if err != nil {
+		return err
+	}
+	return ferr
+}
+
+// appendTextParts appends a JSON array of the chat text parts
+// {"type":"text","text":...} of texts, in order.
+func appendTextParts(out []byte, texts []string) []byte {
+	out = append(out, '[')
+	for i, t := range texts {
+		if i > 0 {
+			out = append(out, ',')
+		}
+		out = append(out, `{"type":"text","text":`...)
+		out = appendJSONString(out, t)
+		out = append(out, '}')
+	}
+	return append(out, ']')
+}
+
+// appendToolCall appends the chat tool call {"id","type":"function",
+// "function":{"name","arguments"}}.
+func appendToolCall(out []byte, id, name, arguments string) []byte {
+	out = append(out, `{"id":`...)
+	out = appendJSONString(out, id)
+	out = append(out, `,"type":"function","function":{"name":`...)
+	out = appendJSONString(out, name)
+	out = append(out, `,"arguments":`...)
+	out = appendJSONString(out, arguments)
+	return append(out, '}', '}')
+}
+
+// appendFunctionHead opens an OpenAI function tool named name, up to its
+// description: {"type":"function","function":{"name":...,"description":...
+// The description is desc decoded by decode, or null when desc is absent
+// or null.
+func appendFunctionHead(out []byte, name string, desc []byte, decode func(raw []byte, what string) (string, error)) ([]byte, error) {
+	out = append(out, `{"type":"function","function":{"name":`...)
+	out = appendJSONString(out, name)
+	out = append(out, `,"description":`...)
+	if !present(desc) {
+		return append(out, "null"...), nil
+	}
+	d, err := decode(desc, "description")
+	if err != nil {
+		return nil, err
+	}
+	return appendJSONString(out, d), nil
+}
+
+// appendBoolMember appends the member ,"<name>":<raw read as pydantic reads
+// a bool>, null when raw is absent or null.
+func appendBoolMember(out []byte, name string, raw []byte) ([]byte, error) {
+	out = append(out, ',', '"')
+	out = append(out, name...)
+	out = append(out, '"', ':')
+	switch v, null, err := jsonscan.LaxBool(raw); {
+	case raw == nil || null:
+		return append(out, "null"...), nil
+	case err != nil:
+		return nil, fmt.Errorf("%s: %w", name, err)
+	default:
+		return append(out, jsonBool(v)...), nil
+	}
+}
