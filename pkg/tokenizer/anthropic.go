@@ -89,8 +89,7 @@ type anthropicRequest struct {
 // anthropicConverter builds the OpenAI chat request of one body.
 type anthropicConverter struct {
 	model string
-	msgs  []byte // the messages array written so far, without its closing bracket
-	n     int    // messages written
+	msgs  []chatMessage
 }
 
 func chatFromAnthropic(body []byte, countTokens bool) (req *ChatRequest, err error) {
@@ -145,7 +144,6 @@ func chatFromAnthropic(body []byte, countTokens bool) (req *ChatRequest, err err
 			return nil, err
 		}
 	}
-	c.msgs = append(c.msgs, '[')
 	if err := c.system(r.system); err != nil {
 		return nil, err
 	}
@@ -155,7 +153,7 @@ func chatFromAnthropic(body []byte, countTokens bool) (req *ChatRequest, err err
 	if err := c.messages(r.messages); err != nil {
 		return nil, err
 	}
-	out.Messages = append(c.msgs, ']')
+	out.Messages = appendChatMessages(nil, c.msgs)
 	if out.Tools, err = anthropicTools(r.tools); err != nil {
 		return nil, err
 	}
@@ -314,9 +312,7 @@ func (c *anthropicConverter) system(raw []byte) error {
 		return errors.New("system is neither a string nor a list")
 	}
 	if text.Len() > 0 {
-		c.startMessage("system")
-		c.member("content", text.String())
-		c.endMessage()
+		c.msgs = append(c.msgs, chatMessage{role: "system", content: appendJSONString(nil, text.String())})
 	}
 	return nil
 }
@@ -369,9 +365,7 @@ func (c *anthropicConverter) message(raw []byte) error {
 		if err != nil {
 			return err
 		}
-		c.startMessage(role)
-		c.member("content", s)
-		c.endMessage()
+		c.msgs = append(c.msgs, chatMessage{role: role, content: appendJSONString(nil, s)})
 		return nil
 	}
 	if !isArray(content) {
@@ -434,22 +428,18 @@ func (c *anthropicConverter) message(raw []byte) error {
 	if role == "user" && len(parts) == 0 {
 		return nil
 	}
-	c.startMessage(role)
+	m := chatMessage{role: role, toolCalls: calls}
 	if hasReasoning {
-		c.member("reasoning", reasoning.String())
-	}
-	if len(calls) > 0 {
-		c.msgs = append(c.msgs, `,"tool_calls":[`...)
-		c.msgs = append(c.msgs, calls...)
-		c.msgs = append(c.msgs, ']')
+		r := reasoning.String()
+		m.reasoning = &r
 	}
 	switch {
 	case len(parts) == 1:
-		c.member("content", parts[0])
+		m.content = appendJSONString(nil, parts[0])
 	case len(parts) > 1:
-		c.msgs = appendTextParts(append(c.msgs, `,"content":`...), parts)
+		m.content = appendTextParts(nil, parts)
 	}
-	c.endMessage()
+	c.msgs = append(c.msgs, m)
 	return nil
 }
 
@@ -504,10 +494,7 @@ func (c *anthropicConverter) toolResult(b anthropicBlock) error {
 		}
 		text = strings.Join(texts, "\n")
 	}
-	c.startMessage("tool")
-	c.member("tool_call_id", b.toolUseID)
-	c.member("content", text)
-	c.endMessage()
+	c.msgs = append(c.msgs, chatMessage{role: "tool", toolCallID: &b.toolUseID, content: appendJSONString(nil, text)})
 	return nil
 }
 
@@ -615,23 +602,3 @@ func appendAnthropicTool(out, raw []byte) ([]byte, error) {
 	}
 	return append(out, '}', '}'), nil
 }
-
-// startMessage opens a message of role in the messages array.
-func (c *anthropicConverter) startMessage(role string) {
-	if c.n > 0 {
-		c.msgs = append(c.msgs, ',')
-	}
-	c.n++
-	c.msgs = append(c.msgs, `{"role":`...)
-	c.msgs = appendJSONString(c.msgs, role)
-}
-
-// member appends a string member to the open message.
-func (c *anthropicConverter) member(name, s string) {
-	c.msgs = append(c.msgs, ',', '"')
-	c.msgs = append(c.msgs, name...)
-	c.msgs = append(c.msgs, '"', ':')
-	c.msgs = appendJSONString(c.msgs, s)
-}
-
-func (c *anthropicConverter) endMessage() { c.msgs = append(c.msgs, '}') }

@@ -165,3 +165,46 @@ func appendBoolMember(out []byte, name string, raw []byte) ([]byte, error) {
 		return append(out, jsonBool(v)...), nil
 	}
 }
+
+// chatMessage is one chat message being built; a conversion may change it
+// (merging later items into it) until the next message starts.
+type chatMessage struct {
+	role       string
+	content    []byte // a JSON string or array, nil when absent
+	reasoning  *string
+	toolCalls  []byte // the tool_calls array's elements, nil when absent
+	toolCallID *string
+}
+
+// appendChatMessages appends msgs as a JSON array of chat messages, each
+// {"role","tool_call_id","reasoning","tool_calls","content"} in that order,
+// its absent members left out.
+func appendChatMessages(out []byte, msgs []chatMessage) []byte {
+	out = append(out, '[')
+	for i, m := range msgs {
+		if i > 0 {
+			out = append(out, ',')
+		}
+		out = append(out, `{"role":`...)
+		out = appendJSONString(out, m.role)
+		if m.toolCallID != nil {
+			out = append(out, `,"tool_call_id":`...)
+			out = appendJSONString(out, *m.toolCallID)
+		}
+		if m.reasoning != nil {
+			out = append(out, `,"reasoning":`...)
+			out = appendJSONString(out, *m.reasoning)
+		}
+		if m.toolCalls != nil {
+			out = append(out, `,"tool_calls":[`...)
+			out = append(out, m.toolCalls...)
+			out = append(out, ']')
+		}
+		if m.content != nil {
+			out = append(out, `,"content":`...)
+			out = append(out, m.content...)
+		}
+		out = append(out, '}')
+	}
+	return append(out, ']')
+}

@@ -168,7 +168,7 @@ func ChatFromResponses(body []byte) (req *ChatRequest, err error) {
 		f, t := false, true
 		out.AddGenerationPrompt, out.ContinueFinalMessage = &f, &t
 	}
-	out.Messages = c.messagesJSON()
+	out.Messages = appendChatMessages(nil, c.msgs)
 	if out.Tools, err = tools(r.tools, c.limit-len(out.Messages)); err != nil {
 		return nil, err
 	}
@@ -181,16 +181,6 @@ func ChatFromResponses(body []byte) (req *ChatRequest, err error) {
 type responsesRequest struct {
 	model, input, instructions, tools, reasoning, maxOutputTokens, truncation, prompt, chatTemplateKwargs []byte
 	stored                                                                                                string
-}
-
-// chatMessage is one chat message being built; merging items into it
-// changes it until the next message starts.
-type chatMessage struct {
-	role       string
-	content    []byte // a JSON string or array, nil when absent
-	reasoning  *string
-	toolCalls  []byte // the tool_calls array's elements, nil when absent
-	toolCallID *string
 }
 
 // responsesConverter builds the chat request of one body.
@@ -729,37 +719,6 @@ func reasoningTexts(raw []byte, typ string) ([]string, error) {
 		return nil
 	})
 	return texts, err
-}
-
-// messagesJSON writes the messages array.
-func (c *responsesConverter) messagesJSON() []byte {
-	out := []byte{'['}
-	for i, m := range c.msgs {
-		if i > 0 {
-			out = append(out, ',')
-		}
-		out = append(out, `{"role":`...)
-		out = appendJSONString(out, m.role)
-		if m.toolCallID != nil {
-			out = append(out, `,"tool_call_id":`...)
-			out = appendJSONString(out, *m.toolCallID)
-		}
-		if m.reasoning != nil {
-			out = append(out, `,"reasoning":`...)
-			out = appendJSONString(out, *m.reasoning)
-		}
-		if m.toolCalls != nil {
-			out = append(out, `,"tool_calls":[`...)
-			out = append(out, m.toolCalls...)
-			out = append(out, ']')
-		}
-		if m.content != nil {
-			out = append(out, `,"content":`...)
-			out = append(out, m.content...)
-		}
-		out = append(out, '}')
-	}
-	return append(out, ']')
 }
 
 // tools returns the OpenAI function tools of the request's tools
