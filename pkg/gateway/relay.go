@@ -69,7 +69,19 @@ func readUsageOf(k kind, value []byte) (usage, bool) {
 // input_tokens_details.cached_tokens, the prompt tokens the engine found
 // cached. It fails as readUsage does, and when the object has neither
 // input_tokens nor output_tokens.
-func readResponsesUsage(value []byte) (usage, bool) {
+func readResponsesUsage(value []byte) (usage, bool) { return readTokensUsage(value, true) }
+
+// readMessagesUsage reads the usage object of an Anthropic Messages
+// response as vLLM writes it: input_tokens, the prompt's tokens, and
+// output_tokens, the generated ones. It fails as readUsage does, and when
+// the object has neither count.
+func readMessagesUsage(value []byte) (usage, bool) { return readTokensUsage(value, false) }
+
+// readTokensUsage reads a usage object counting input_tokens and
+// output_tokens, the shape of both Anthropic's Messages and OpenAI's
+// Responses, and, when details is set, input_tokens_details.cached_tokens.
+// It fails as readUsage does, and when the object has neither count.
+func readTokensUsage(value []byte, details bool) (usage, bool) {
 	var u usage
 	if len(value) == 0 || value[0] != '{' {
 		return u, false
@@ -82,7 +94,7 @@ func readResponsesUsage(value []byte) (usage, bool) {
 		case "output_tokens":
 			return readCount(v, &u.CompletionTokens, &out)
 		case "input_tokens_details":
-			if v[0] != '{' {
+			if !details || v[0] != '{' {
 				return nil
 			}
 			return jsonscan.Members(v, func(name, v []byte) error {
@@ -91,28 +103,6 @@ func readResponsesUsage(value []byte) (usage, bool) {
 				}
 				return nil
 			})
-		}
-		return nil
-	})
-	return u, err == nil && (in || out)
-}
-
-// readMessagesUsage reads the usage object of an Anthropic Messages
-// response as vLLM writes it: input_tokens, the prompt's tokens, and
-// output_tokens, the generated ones. It fails as readUsage does, and when
-// the object has neither count.
-func readMessagesUsage(value []byte) (usage, bool) {
-	var u usage
-	if len(value) == 0 || value[0] != '{' {
-		return u, false
-	}
-	var in, out bool
-	err := jsonscan.Members(value, func(name, v []byte) error {
-		switch string(jsonscan.Name(name)) {
-		case "input_tokens":
-			return readCount(v, &u.PromptTokens, &in)
-		case "output_tokens":
-			return readCount(v, &u.CompletionTokens, &out)
 		}
 		return nil
 	})
@@ -391,9 +381,8 @@ func (s *eventReader) inspect(event []byte) (withhold bool) {
 	}) != nil {
 		return false
 	}
-	if !s.seenToken && hasOutput(choices) {
-		s.seenToken = true
-		s.firstToken()
+	if hasOutput(choices) {
+		s.tokenSeen()
 	}
 	if len(choices) > 0 && choices[0] == '[' && emptyArray(choices) {
 		if u, ok := readUsage(use); ok {
@@ -418,28 +407,12 @@ const messageDelta = "message_delta"
 // message_delta's usage is the response's. No event is withheld: vLLM
 // sends the usage whatever the client asked.
 func (s *eventReader) inspectMessages(payload []byte) {
-	if s.seenToken && !bytes.Contains(payload, usageKey) {
+	t, use, ok := s.typedEvent(payload, "usage")
+	if !ok {
 		return
 	}
-	var typ, use []byte
-	if jsonscan.Members(payload, func(name, value []byte) error {
-		switch string(jsonscan.Name(name)) {
-		case "type":
-			typ = value
-		case "usage":
-			use = value
-		}
-		return nil
-	}) != nil || len(typ) == 0 || typ[0] != '"' {
-		return
-	}
-	t, err := jsonscan.String(typ)
-	if err != nil {
-		return
-	}
-	if !s.seenToken && t != "error" && t != "ping" {
-		s.seenToken = true
-		s.firstToken()
+	if t != "error" && t != "ping" {
+		s.tokenSeen()
 	}
 	if t == messageDelta {
 		if u, ok := readMessagesUsage(use); ok {
@@ -461,33 +434,15 @@ func (s *eventReader) inspectMessages(payload []byte) {
 // readResponsesUsage). No event is withheld: vLLM sends the usage whatever
 // the client asked.
 func (s *eventReader) inspectResponses(payload []byte) {
-	if s.seenToken && !bytes.Contains(payload, usageKey) {
-		return
-	}
-	var typ, resp []byte
-	if jsonscan.Members(payload, func(name, value []byte) error {
-		switch string(jsonscan.Name(name)) {
-		case "type":
-			typ = value
-		case "response":
-			resp = value
-		}
-		return nil
-	}) != nil || len(typ) == 0 || typ[0] != '"' {
-		return
-	}
-	t, err := jsonscan.String(typ)
-	if err != nil {
+	t, resp, ok := s.typedEvent(payload, "response")
+	if !ok {
 		return
 	}
 	switch t {
 	case "response.created", "response.in_progress", "response.queued", "error":
 		return
 	}
-	if !s.seenToken {
-		s.seenToken = true
-		s.firstToken()
-	}
+	s.tokenSeen()
 	switch t {
 	case "response.completed", "response.incomplete", "response.failed":
 	default:
@@ -504,6 +459,44 @@ func (s *eventReader) inspectResponses(payload []byte) {
 		}
 		return nil
 	})
+}
+
+// typedEvent reads payload, the data object of an event of a Messages or
+// Responses stream, whose type member names the event's type: it returns
+// that type and the value of the member named member (nil when absent).
+// ok is false when the event is not to be read further: the payload is
+// not an object of those members, its type is not a string, or the first
+// token was seen and the payload does not mention a usage.
+func (s *eventReader) typedEvent(payload []byte, member string) (typ string, value []byte, ok bool) {
+	if s.seenToken && !bytes.Contains(payload, usageKey) {
+		return "", nil, false
+	}
+	var rawType []byte
+	if jsonscan.Members(payload, func(name, v []byte) error {
+		switch n := jsonscan.Name(name); {
+		case string(n) == "type":
+			rawType = v
+		case string(n) == member:
+			value = v
+		}
+		return nil
+	}) != nil || len(rawType) == 0 || rawType[0] != '"' {
+		return "", nil, false
+	}
+	typ, err := jsonscan.String(rawType)
+	if err != nil {
+		return "", nil, false
+	}
+	return typ, value, true
+}
+
+// tokenSeen marks the first generated token, calling firstToken the first
+// time only.
+func (s *eventReader) tokenSeen() {
+	if !s.seenToken {
+		s.seenToken = true
+		s.firstToken()
+	}
 }
 
 // emptyArray reports whether raw, a JSON array, has no element.
