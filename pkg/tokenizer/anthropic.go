@@ -458,31 +458,18 @@ func (c *anthropicConverter) toolResult(b anthropicBlock) error {
 	default:
 		var texts []string
 		if err := eachElement(b.content, "", func(_ int, item []byte) error {
-			if !isObject(item) {
-				return errors.New("tool_result content item is not an object")
-			}
-			var typ, itemText []byte
-			hasText := false
-			if err := jsonscan.Members(item, func(name, value []byte) error {
-				switch string(jsonscan.Name(name)) {
-				case "type":
-					typ = value
-				case "text":
-					itemText, hasText = value, true
-				}
-				return nil
-			}); err != nil {
+			typ, itemText, err := typeAnd(item, "tool_result content item", "text")
+			if err != nil {
 				return err
 			}
 			if string(typ) != `"text"` {
 				return notReproducible("a tool_result content item of type %.40s", typ)
 			}
 			s := ""
-			if hasText {
+			if itemText != nil {
 				if len(itemText) == 0 || itemText[0] != '"' {
 					return errors.New("tool_result text is not a string")
 				}
-				var err error
 				if s, err = stringField(itemText, "tool_result text"); err != nil {
 					return err
 				}

@@ -85,6 +85,25 @@ func stringMember(raw []byte, object, member string) (s string, ok bool, err err
 	return s, present(v), nil
 }
 
+// typeAnd returns the values of raw's members type and member, nil when
+// absent (the last, when one is named twice); raw must be an object, what
+// names it in the error when it is not.
+func typeAnd(raw []byte, what, member string) (typ, value []byte, err error) {
+	if !isObject(raw) {
+		return nil, nil, fmt.Errorf("%s is not an object", what)
+	}
+	err = jsonscan.Members(raw, func(name, v []byte) error {
+		switch n := jsonscan.Name(name); {
+		case string(n) == "type":
+			typ = v
+		case string(n) == member:
+			value = v
+		}
+		return nil
+	})
+	return typ, value, err
+}
+
 // eachElement calls fn with each element of raw, a JSON array, and its
 // index, until fn fails. When label is not empty, fn's error is returned
 // as "<label>[<index>]: <error>"; an error reading raw comes first.

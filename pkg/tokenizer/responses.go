@@ -693,19 +693,8 @@ func (c *responsesConverter) reasoning(it responseItem) (bool, error) {
 func reasoningTexts(raw []byte, typ string) ([]string, error) {
 	var texts []string
 	err := eachElement(raw, "", func(_ int, elem []byte) error {
-		if !isObject(elem) {
-			return errors.New("part is not an object")
-		}
-		var typRaw, textRaw []byte
-		if err := jsonscan.Members(elem, func(name, value []byte) error {
-			switch string(jsonscan.Name(name)) {
-			case "type":
-				typRaw = value
-			case "text":
-				textRaw = value
-			}
-			return nil
-		}); err != nil {
+		typRaw, textRaw, err := typeAnd(elem, "part", "text")
+		if err != nil {
 			return err
 		}
 		if t, err := requiredString(typRaw, "type"); err != nil || t != typ {
@@ -791,19 +780,8 @@ func appendResponsesTool(out, raw []byte, budget int) ([]byte, error) {
 		return nil, errors.New("a namespace's tools is required and must be a list")
 	}
 	if err := eachElement(toolsRaw, "tools", func(_ int, elem []byte) error {
-		if !isObject(elem) {
-			return errors.New("tool is not an object")
-		}
-		var innerType, innerName []byte
-		if err := jsonscan.Members(elem, func(name, value []byte) error {
-			switch string(jsonscan.Name(name)) {
-			case "type":
-				innerType = value
-			case "name":
-				innerName = value
-			}
-			return nil
-		}); err != nil {
+		innerType, innerName, err := typeAnd(elem, "tool", "name")
+		if err != nil {
 			return err
 		}
 		t, err := requiredString(innerType, "type")
