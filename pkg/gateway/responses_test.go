@@ -1,16 +1,11 @@
 package gateway
 
 import (
-	"context"
 	"encoding/json"
-	"fmt"
 	"io"
 	"net/http"
 	"strings"
 	"testing"
-
-	"github.com/kvgate/kvgate/pkg/inflight"
-	"github.com/kvgate/kvgate/pkg/routing"
 )
 
 // responsesInstructions are the instructions of the test Responses
@@ -48,92 +43,7 @@ func predictedTraces(t *testing.T, f *testFleet, model string) int32 {
 }
 
 func TestResponsesReportTheirFirstTokenAndUsageToTheLedger(t *testing.T) {
-	f := startFleet(t, []string{"a"}, fleetOptions{})
-	seen := watchAttempts(f.gw)
-	e := f.engine("a")
-	noUsage := func(w http.ResponseWriter, _ *http.Request, _ []byte) {
-		writeSSE(w, responsesEvents("llama", "null"))
-	}
-	cases := []struct {
-		name, extra string
-		answer      func(http.ResponseWriter, *http.Request, []byte)
-		// stream: the response streams, and its first output event is a
-		// first token; usage: it reports one.
-		stream, usage bool
-	}{
-		{name: "whole", usage: true},
-		{name: "stream", extra: `,"stream":true`, stream: true, usage: true},
-		{name: "stream without usage", extra: `,"stream":true`, answer: noUsage, stream: true},
-	}
-	for i, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			e.setAnswer(c.answer)
-			ttft := f.metric(`kvgate_gateway_time_to_first_token_seconds_count{model="llama"}`)
-			missing := f.metric("kvgate_gateway_responses_without_usage_total")
-			learned := predictedTraces(t, f, "llama")
-			tokenized := len(e.tokenizedModels())
-			body := responsesBody(strings.Repeat("tell me more about "+c.name+" ", 8), c.extra)
-			resp, got := post(t, f.url+PathResponses, body, map[string]string{routing.HeaderRoutingStrategy: routing.KVAware})
-			if resp.StatusCode != http.StatusOK {
-				t.Fatalf("%d %s", resp.StatusCode, got)
-			}
-			if c.stream != strings.HasPrefix(string(got), "event: response.created\n") {
-				t.Fatalf("the client received %q", got)
-			}
-			if c.usage && c.stream && !strings.Contains(string(got), `"usage":{"input_tokens":`+fmt.Sprint(len(body))) {
-				t.Errorf("the client did not receive the stream's usage: %q", got)
-			}
-			if r := e.received(); string(r[len(r)-1].body) != body {
-				t.Errorf("the engine received %s; want the client's body as sent", r[len(r)-1].body)
-			}
-			if n := len(e.tokenizedModels()); n != tokenized+1 {
-				t.Errorf("the prompt was tokenized %d times, want once", n-tokenized)
-			}
-			h, first := seen.wait(t, i+1)
-			if o, reason := h.Outcome(); o != inflight.Done {
-				t.Errorf("the attempt closed %v (%s), want done", o, reason)
-			}
-			u, ok := h.Usage()
-			switch {
-			case c.usage && (!ok || u.PromptTokens != int64(len(body)) || u.CompletionTokens != 3 ||
-				!u.CachedReported || u.CachedTokens != responsesCached):
-				t.Errorf("usage %+v (reported %v); want input_tokens %d as the prompt's, output_tokens 3 as the completion's, "+
-					"%d cached", u, ok, len(body), responsesCached)
-			case !c.usage && ok:
-				t.Errorf("usage %+v reported for a response without one", u)
-			}
-			wantMissing, wantLearned := missing, learned
-			if c.usage {
-				wantLearned++
-			} else {
-				wantMissing++
-			}
-			if n := f.metric("kvgate_gateway_responses_without_usage_total"); n != wantMissing {
-				t.Errorf("responses without usage = %v, want %v", n, wantMissing)
-			}
-			if n := predictedTraces(t, f, "llama"); n != wantLearned {
-				t.Errorf("the output predictor learned from %d responses, want %d", n, wantLearned)
-			}
-			wantFirst, wantTTFT := 0, ttft
-			for _, c := range cases[:i+1] {
-				if c.stream {
-					wantFirst++
-				}
-			}
-			if c.stream {
-				wantTTFT++
-				if h.FirstTokenAt().IsZero() {
-					t.Error("the attempt has no first token")
-				}
-			}
-			if first != wantFirst {
-				t.Errorf("%d first tokens reported to the ledger, want %d", first, wantFirst)
-			}
-			if n := f.metric(`kvgate_gateway_time_to_first_token_seconds_count{model="llama"}`); n != wantTTFT {
-				t.Errorf("time to first token observed %v times, want %v", n, wantTTFT)
-			}
-		})
-	}
+	reportsFirstTokenAndUsageToTheLedger(t, responsesAPI)
 }
 
 // TestAResponsesStreamsFirstTokenIsItsFirstOutputEvent: vLLM sends
@@ -183,74 +93,33 @@ func TestAResponsesStreamsFirstTokenIsItsFirstOutputEvent(t *testing.T) {
 }
 
 func TestResponsesGoToThePodHoldingTheirConvertedPromptsPrefix(t *testing.T) {
-	f := startFleet(t, []string{"a", "b"}, fleetOptions{})
-	tokens := responsesPromptTokens(sharedPrompt)
-	b := f.engine("b")
-	f.waitMatched(tokens, "b", len(b.storePrompt(tokens)))
-	for _, extra := range []string{"", `,"stream":true`} {
-		for range 3 {
-			resp, body := post(t, f.url+PathResponses, responsesBody(sharedPrompt, extra),
-				map[string]string{routing.HeaderRoutingStrategy: routing.KVAware})
-			if resp.StatusCode != http.StatusOK || resp.Header.Get(HeaderTargetPodName) != "static/b" {
-				t.Fatalf("%d from %q: %s; want b, which holds the prompt", resp.StatusCode, resp.Header.Get(HeaderTargetPodName), body)
-			}
-		}
-	}
-	if n := f.metric(`kvgate_routing_decisions_total{algorithm="kv-aware",outcome="prefix_hit"}`); n != 6 {
-		t.Errorf("kv-aware prefix hits = %v, want 6", n)
-	}
+	goesToThePodHoldingItsConvertedPromptsPrefix(t, responsesAPI)
 }
 
 func TestResponsesWhosePromptCannotBeReproducedAreRoutedOnLoadAloneAndCounted(t *testing.T) {
-	f := startFleet(t, []string{"a"}, fleetOptions{})
 	// vLLM renders an image into the prompt in a way the gateway does not
 	// reproduce: the conversion refuses it as unsupported.
 	image := `{"model":"llama","input":[{"type":"message","role":"user","content":[` +
 		`{"type":"input_image","image_url":"data:image/png;base64,iVBORw0KGgo="},{"type":"input_text","text":"what is this?"}]}]}`
+	var bodies []string
 	for _, extra := range []string{"", `,"stream":true`} {
-		body := strings.Replace(image, `}]}]}`, `}]}]`+extra+`}`, 1)
-		resp, got := post(t, f.url+PathResponses, body, map[string]string{routing.HeaderRoutingStrategy: routing.KVAware})
-		if resp.StatusCode != http.StatusOK || resp.Header.Get(HeaderTargetPodName) != "static/a" {
-			t.Fatalf("%d from %q: %s", resp.StatusCode, resp.Header.Get(HeaderTargetPodName), got)
-		}
+		bodies = append(bodies, strings.Replace(image, `}]}]}`, `}]}]`+extra+`}`, 1))
 	}
-	if n := len(f.engine("a").tokenizedModels()); n != 0 {
-		t.Errorf("the engine was asked to tokenize %d prompts; want none", n)
-	}
-	if n := f.metric(`kvgate_gateway_tokenization_failures_total{reason="unsupported"}`); n != 2 {
-		t.Errorf("unsupported tokenizations = %v, want 2", n)
-	}
-	if n := f.metric(`kvgate_routing_decisions_total{algorithm="kv-aware",outcome="no_tokens"}`); n != 2 {
-		t.Errorf("kv-aware no_tokens decisions = %v, want 2", n)
-	}
+	routedOnLoadAloneAndCounted(t, PathResponses, bodies, map[string]float64{"unsupported": 2})
 }
 
 func TestResponsesBodiesAreCheckedAsChatsAre(t *testing.T) {
-	f := startFleet(t, []string{"a"}, fleetOptions{})
-	for _, c := range []struct {
-		name, body string
-		status     int
-		code       string
-	}{
+	asChat := func(body string) string {
+		return strings.Replace(strings.Replace(body, `"max_output_tokens"`, `"max_tokens"`, 1), `"input":"hi"`, `"messages":[]`, 1)
+	}
+	bodiesAreCheckedAsChatsAre(t, responsesAPI, asChat, []refusedBody{
 		{"no model", `{"input":"hi"}`, http.StatusBadRequest, codeMissingField},
 		{"model of another type", `{"model":7,"input":"hi"}`, http.StatusBadRequest, codeInvalidJSON},
 		{"stream of another type", `{"model":"llama","stream":"maybe","input":"hi"}`, http.StatusBadRequest, codeInvalidJSON},
 		{"max_output_tokens of another type", `{"model":"llama","max_output_tokens":[16],"input":"hi"}`, http.StatusBadRequest, codeInvalidJSON},
 		{"not an object", `["llama"]`, http.StatusBadRequest, codeInvalidJSON},
 		{"unknown model", `{"model":"nope","input":"hi"}`, http.StatusNotFound, codeModelNotFound},
-	} {
-		chatBody := strings.Replace(strings.Replace(c.body, `"max_output_tokens"`, `"max_tokens"`, 1), `"input":"hi"`, `"messages":[]`, 1)
-		chat, chatGot := post(t, f.url+PathChatCompletions, chatBody, nil)
-		resp, got := post(t, f.url+PathResponses, c.body, nil)
-		e, ce := decodeError(t, got), decodeError(t, chatGot)
-		if resp.StatusCode != c.status || e.Code != c.code || e.Type != ce.Type || chat.StatusCode != c.status || ce.Code != c.code {
-			t.Errorf("%s: %d %s (a chat: %d %s); want %d %s in OpenAI's shape", c.name, resp.StatusCode, got, chat.StatusCode,
-				chatGot, c.status, c.code)
-		}
-	}
-	if n := len(f.engine("a").received()); n != 0 {
-		t.Errorf("the engine received %d refused requests", n)
-	}
+	})
 }
 
 // TestAResponsesStreamCutByThePodEndsWithAnErrorEvent: a Responses stream
@@ -283,51 +152,9 @@ func TestAResponsesStreamCutByThePodEndsWithAnErrorEvent(t *testing.T) {
 // Response the bodies vLLM answers Responses requests with, in pieces
 // that cut the events apart, as a front end relays them.
 func TestThePickerReadsResponsesInTheResponsesAPIShapes(t *testing.T) {
-	f := startFleet(t, []string{"a"}, fleetOptions{})
-	seen := watchAttempts(f.gw)
-	p := f.gw.Picker()
 	events := responsesEvents("llama", responsesUsage(41))
-	opening := len(events[0] + events[1])
-	for i, c := range []struct {
-		name, extra, contentType, body string
-	}{
-		{"whole", "", "application/json", responsesObject("llama", "completed", responsesOutput, responsesUsage(41))},
-		{"stream", `,"stream":true`, "text/event-stream; charset=utf-8", strings.Join(events, "")},
-	} {
-		k, err := p.Pick(context.Background(), PickRequest{Path: PathResponses, Body: []byte(responsesBody("hello", c.extra)),
-			Strategy: routing.KVAware})
-		if err != nil {
-			t.Fatalf("%s: Pick: %v", c.name, err)
-		}
-		if body, changed := k.Body(); changed || string(body) != responsesBody("hello", c.extra) {
-			t.Errorf("%s: the body to forward is %s (changed %v); want the client's", c.name, body, changed)
-		}
-		r := k.Response(http.StatusOK, c.contentType)
-		var out []byte
-		for rest := []byte(c.body); len(rest) > 0; {
-			n := min(len(rest), 29)
-			out = append(out, r.Body(nil, rest[:n], n == len(rest))...)
-			rest = rest[n:]
-			if sent := len(c.body) - len(rest); c.extra != "" && sent <= opening && r.FirstToken() {
-				t.Fatalf("%s: a first token after the first %d bytes, within response.created and response.in_progress", c.name, sent)
-			}
-		}
-		if string(out) != c.body {
-			t.Errorf("%s: the client receives %q; want the engine's body", c.name, out)
-		}
-		if r.FirstToken() != (c.extra != "") {
-			t.Errorf("%s: first token %v", c.name, r.FirstToken())
-		}
-		r.Done()
-		k.End()
-		h, _ := seen.wait(t, i+1)
-		if u, ok := h.Usage(); !ok || u.PromptTokens != 41 || u.CompletionTokens != 3 || u.CachedTokens != responsesCached {
-			t.Errorf("%s: usage %+v (reported %v); want 41 prompt, 3 completion and %d cached tokens", c.name, u, ok, responsesCached)
-		}
-	}
-	if n := f.metric("kvgate_gateway_responses_without_usage_total"); n != 0 {
-		t.Errorf("responses without usage = %v, want 0", n)
-	}
+	pickerReadsShapes(t, responsesAPI, responsesObject("llama", "completed", responsesOutput, responsesUsage(41)),
+		strings.Join(events, ""), len(events[0]+events[1]), "")
 }
 
 func TestThePickerHoldsResponsesInTheSLOQueueAsChats(t *testing.T) {
@@ -335,11 +162,7 @@ func TestThePickerHoldsResponsesInTheSLOQueueAsChats(t *testing.T) {
 }
 
 func TestResponsesUsageIsReadOnlyWhenAnEngineCouldMeanIt(t *testing.T) {
-	for _, c := range []struct {
-		usage string
-		want  usage
-		ok    bool
-	}{
+	readsUsage(t, kindResponses, `"object":"response"`, []usageCase{
 		{responsesUsage(12), usage{PromptTokens: 12, CompletionTokens: 3, CachedTokens: responsesCached, CachedReported: true}, true},
 		{`{"input_tokens":12,"output_tokens":3,"input_tokens_details":null}`, usage{PromptTokens: 12, CompletionTokens: 3}, true},
 		{`{"input_tokens":12,"output_tokens":3,"input_tokens_details":{"cached_tokens":null}}`,
@@ -352,12 +175,7 @@ func TestResponsesUsageIsReadOnlyWhenAnEngineCouldMeanIt(t *testing.T) {
 		{`{"input_tokens":12,"output_tokens":3,"input_tokens_details":{"cached_tokens":-2}}`, usage{}, false},
 		// OpenAI's chat names are no Responses usage.
 		{`{"prompt_tokens":12,"completion_tokens":3}`, usage{}, false},
-	} {
-		got, ok := responseUsage([]byte(`{"object":"response","usage":`+c.usage+`}`), kindResponses)
-		if ok != c.ok || (ok && got != c.want) {
-			t.Errorf("usage %s read as %+v (%v); want %+v (%v)", c.usage, got, ok, c.want, c.ok)
-		}
-	}
+	})
 }
 
 func TestDecodeReadsMaxOutputTokensAsAResponsesBound(t *testing.T) {
