@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"strings"
 	"testing"
 
 	"github.com/kvgate/kvgate/pkg/gateway"
@@ -68,63 +67,13 @@ func responsesEngine(t *testing.T, withUsage bool) *httptest.Server {
 }
 
 func TestResponsesAPIResponsesAreReadForTheFirstTokenAndUsage(t *testing.T) {
-	f := start(t, 1, options{})
-	withUsage, withoutUsage := responsesEngine(t, true), responsesEngine(t, false)
-	for _, mode := range modes {
-		for _, c := range []struct {
-			name, extra, engine string
-			stream, usage       bool
-		}{
-			{"whole", "", withUsage.URL, false, true},
-			{"stream", `,"stream":true`, withUsage.URL, true, true},
-			{"stream without usage", `,"stream":true`, withoutUsage.URL, true, false},
-		} {
-			t.Run(mode.name+"/"+c.name, func(t *testing.T) {
-				missing := f.metric(t, "kvgate_gateway_responses_without_usage_total", nil)
-				ttft := f.metric(t, "kvgate_extproc_time_to_first_token_seconds", nil)
-				r := responsesRequest(words(mode.name+c.name, 30), c.extra)
-				r.pieces = 2
-				x := f.envoy.start(t, mode, r)
-				if string(x.body) != r.body {
-					t.Fatalf("forwarded body %s; want the client's %s", x.body, r.body)
-				}
-				x.forwardTo(c.engine, 37)
-				if x.status != http.StatusOK || c.stream != strings.HasPrefix(string(x.respBody), "event: response.created\n") ||
-					!strings.Contains(string(x.respBody), `" a b c"`) {
-					t.Fatalf("relayed %d %q", x.status, x.respBody)
-				}
-				wantMissing, wantTTFT := missing, ttft
-				if !c.usage {
-					wantMissing++
-				}
-				if c.stream {
-					wantTTFT++
-				}
-				if n := f.metric(t, "kvgate_gateway_responses_without_usage_total", nil); n != wantMissing {
-					t.Errorf("responses without usage = %v, want %v", n, wantMissing)
-				}
-				if n := f.metric(t, "kvgate_extproc_time_to_first_token_seconds", nil); n != wantTTFT {
-					t.Errorf("first tokens observed: %v, want %v", n, wantTTFT)
-				}
-			})
-		}
-	}
+	readsFirstTokenAndUsage(t, responsesRequest, responsesEngine, "event: response.created\n")
 }
 
 func TestResponsesWhosePromptCannotBeReproducedArePickedOnLoadAlone(t *testing.T) {
-	f := start(t, 1, options{})
-	r := request{method: http.MethodPost, path: gateway.PathResponses, headers: map[string]string{routing.HeaderRoutingStrategy: routing.KVAware},
+	pickedOnLoadAlone(t, request{method: http.MethodPost, path: gateway.PathResponses, headers: map[string]string{routing.HeaderRoutingStrategy: routing.KVAware},
 		body: `{"model":"sim","input":[{"type":"message","role":"user","content":[{"type":"input_image",` +
-			`"image_url":"data:image/png;base64,iVBORw0KGgo="}]}]}`}
-	x := f.envoy.start(t, buffered, r)
-	if x.destination() != f.engines[0].address {
-		t.Errorf("picked %s, want the only engine", x.destination())
-	}
-	x.close()
-	labels := map[string]string{"reason": "unsupported"}
-	if n := f.metric(t, "kvgate_gateway_tokenization_failures_total", labels); n != 1 {
-		t.Errorf("unsupported tokenizations = %v, want 1", n)
-	}
+			`"image_url":"data:image/png;base64,iVBORw0KGgo="}]}]}`})
 }
 
 func TestRefusalsOfResponsesRequestsAreImmediateResponsesWithOpenAIErrors(t *testing.T) {
