@@ -3,9 +3,7 @@ package tokenizer
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"path/filepath"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -27,6 +25,10 @@ type anthropicCase struct {
 	messages, tools, kwargs string
 	effort                  string
 	maxTokens               int
+}
+
+func (c anthropicCase) chat() wantChat {
+	return wantChat{c.messages, c.tools, c.kwargs, c.effort, c.maxTokens}
 }
 
 var anthropicCases = []anthropicCase{
@@ -242,40 +244,7 @@ func TestChatFromAnthropicConvertsAsVLLM(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got.Model != "m" {
-				t.Errorf("model %q, want m", got.Model)
-			}
-			for _, f := range []struct {
-				name      string
-				got, want string
-			}{
-				{"messages", string(got.Messages), tt.messages},
-				{"tools", string(got.Tools), tt.tools},
-				{"chat_template_kwargs", string(got.ChatTemplateKwargs), tt.kwargs},
-			} {
-				if g, w := compactJSON(t, f.got), compactJSON(t, f.want); g != w {
-					t.Errorf("%s:\n got %s\nwant %s", f.name, g, w)
-				}
-			}
-			if tt.kwargs != "" && string(got.ChatTemplateKwargs) != tt.kwargs {
-				t.Errorf("chat_template_kwargs %s, want as json.dumps writes it: %s", got.ChatTemplateKwargs, tt.kwargs)
-			}
-			if got.ReasoningEffort != tt.effort {
-				t.Errorf("reasoning_effort %q, want %q", got.ReasoningEffort, tt.effort)
-			}
-			wantMax := func(name string, p *int) {
-				switch {
-				case tt.maxTokens == 0 && p != nil:
-					t.Errorf("%s %d, want none", name, *p)
-				case tt.maxTokens != 0 && (p == nil || *p != tt.maxTokens):
-					t.Errorf("%s %v, want %d", name, p, tt.maxTokens)
-				}
-			}
-			wantMax("max_tokens", got.MaxTokens)
-			wantMax("max_completion_tokens", got.MaxCompletionTokens)
-			if _, err := got.body(); err != nil {
-				t.Errorf("the converted request has no /tokenize body: %v", err)
-			}
+			checkConverted(t, got, tt.chat())
 		})
 	}
 }
@@ -293,10 +262,7 @@ func TestChatFromAnthropicRefusesWhatItCannotReproduce(t *testing.T) {
 	tool := func(schema string) string {
 		return `{"model":"m","max_tokens":8,"messages":[],"tools":[{"name":"f","input_schema":` + schema + `}]}`
 	}
-	for _, tt := range []struct {
-		name, body string
-		reason     Reason
-	}{
+	checkRefusals(t, ChatFromAnthropic, []refusal{
 		// Accepted by vLLM, rendered unlike anything reproducible here.
 		{"image", user(`[{"type":"image","source":{"type":"base64","media_type":"image/png","data":"AA=="}}]`), ReasonUnsupported},
 		{"image_without_source", user(`[{"type":"image"}]`), ReasonUnsupported},
@@ -351,21 +317,7 @@ func TestChatFromAnthropicRefusesWhatItCannotReproduce(t *testing.T) {
 		{"schema_a_list", tool(`[]`), ReasonInput},
 		{"tools_not_a_list", `{"model":"m","max_tokens":8,"messages":[],"tools":{}}`, ReasonInput},
 		{"kwargs_a_list", `{"model":"m","max_tokens":8,"messages":[],"chat_template_kwargs":[]}`, ReasonInput},
-	} {
-		t.Run(tt.name, func(t *testing.T) {
-			got, err := ChatFromAnthropic([]byte(tt.body))
-			if err == nil {
-				t.Fatalf("converted to %s, want a %s error", got.Messages, tt.reason)
-			}
-			if got != nil {
-				t.Errorf("returned %+v with error %v", got, err)
-			}
-			var e *Error
-			if !errors.As(err, &e) || e.Reason != tt.reason {
-				t.Fatalf("error %v, want reason %s", err, tt.reason)
-			}
-		})
-	}
+	})
 }
 
 var anthropicModels struct {
@@ -461,46 +413,17 @@ const claudeCodeTurnAnthropic = `{
 // alike (a template that reads an assistant's reasoning, for one).
 func TestChatFromAnthropicTokenizesAsTheEquivalentOpenAIChat(t *testing.T) {
 	tks := anthropicTokenizers(t)
-	type pair struct {
-		name         string
-		anthropic    *ChatRequest
-		openAI       *ChatRequest
-		mustTokenize bool
-	}
-	var pairs []pair
 	ccTurn, err := ChatFromAnthropic([]byte(claudeCodeTurnAnthropic))
 	if err != nil {
 		t.Fatal(err)
 	}
-	pairs = append(pairs, pair{name: "claude_code_turn", anthropic: ccTurn, openAI: chatRequest(t, claudeCodeTurn), mustTokenize: true})
+	pairs := []chatPair{{name: "claude_code_turn", converted: ccTurn, openAI: chatRequest(t, claudeCodeTurn), mustTokenize: true}}
 	for _, c := range anthropicCases {
 		got, err := convertAnthropic(c)
 		if err != nil {
 			t.Fatalf("%s: %v", c.name, err)
 		}
-		want := &ChatRequest{Model: "m", Messages: json.RawMessage(c.messages), ReasoningEffort: c.effort}
-		if c.tools != "" {
-			want.Tools = json.RawMessage(c.tools)
-		}
-		if c.kwargs != "" {
-			want.ChatTemplateKwargs = json.RawMessage(c.kwargs)
-		}
-		pairs = append(pairs, pair{name: c.name, anthropic: got, openAI: want})
+		pairs = append(pairs, chatPair{name: c.name, converted: got, openAI: c.chat().request()})
 	}
-	for _, p := range pairs {
-		for name, tk := range tks {
-			t.Run(p.name+"/"+name, func(t *testing.T) {
-				want, wantErr := chatIDs(tk, p.openAI)
-				got, err := chatIDs(tk, p.anthropic)
-				switch {
-				case (err == nil) != (wantErr == nil):
-					t.Fatalf("converted request: %v; equivalent OpenAI chat: %v", err, wantErr)
-				case err != nil && p.mustTokenize:
-					t.Fatalf("not rendered in process: %v", err)
-				case !slices.Equal(got, want):
-					t.Fatalf("ids differ from the equivalent OpenAI chat's: %s", firstDifference(got, want))
-				}
-			})
-		}
-	}
+	tokenizesAsTheEquivalentChat(t, tks, pairs)
 }

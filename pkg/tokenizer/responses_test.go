@@ -1,10 +1,7 @@
 package tokenizer
 
 import (
-	"encoding/json"
-	"errors"
 	"fmt"
-	"slices"
 	"strings"
 	"testing"
 )
@@ -23,6 +20,10 @@ type responsesCase struct {
 	effort                  string
 	maxTokens               int
 	truncated, continued    bool
+}
+
+func (c responsesCase) chat() wantChat {
+	return wantChat{c.messages, c.tools, c.kwargs, c.effort, c.maxTokens}
 }
 
 var responsesCases = []responsesCase{
@@ -232,40 +233,9 @@ func TestChatFromResponsesConvertsAsVLLM(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got.Model != "m" {
-				t.Errorf("model %q, want m", got.Model)
-			}
-			for _, f := range []struct {
-				name      string
-				got, want string
-			}{
-				{"messages", string(got.Messages), tt.messages},
-				{"tools", string(got.Tools), tt.tools},
-				{"chat_template_kwargs", string(got.ChatTemplateKwargs), tt.kwargs},
-			} {
-				if g, w := compactJSON(t, f.got), compactJSON(t, f.want); g != w {
-					t.Errorf("%s:\n got %s\nwant %s", f.name, g, w)
-				}
-			}
-			if tt.kwargs != "" && string(got.ChatTemplateKwargs) != tt.kwargs {
-				t.Errorf("chat_template_kwargs %s, want as json.dumps writes it: %s", got.ChatTemplateKwargs, tt.kwargs)
-			}
+			checkConverted(t, got, tt.chat())
 			if tt.tools != "" && compactJSON(t, string(got.Tools)) != compactJSON(t, tt.tools) {
 				t.Errorf("tools %s, want %s", got.Tools, tt.tools)
-			}
-			if got.ReasoningEffort != tt.effort {
-				t.Errorf("reasoning_effort %q, want %q", got.ReasoningEffort, tt.effort)
-			}
-			for _, m := range []struct {
-				name string
-				p    *int
-			}{{"max_tokens", got.MaxTokens}, {"max_completion_tokens", got.MaxCompletionTokens}} {
-				switch {
-				case tt.maxTokens == 0 && m.p != nil:
-					t.Errorf("%s %d, want none", m.name, *m.p)
-				case tt.maxTokens != 0 && (m.p == nil || *m.p != tt.maxTokens):
-					t.Errorf("%s %v, want %d", m.name, m.p, tt.maxTokens)
-				}
 			}
 			if truncated := got.TruncatePromptTokens != nil && *got.TruncatePromptTokens == -1; truncated != tt.truncated ||
 				!truncated && got.TruncatePromptTokens != nil {
@@ -273,9 +243,6 @@ func TestChatFromResponsesConvertsAsVLLM(t *testing.T) {
 			}
 			if cont, gen := boolOr(got.ContinueFinalMessage, false), boolOr(got.AddGenerationPrompt, true); cont != tt.continued || gen == tt.continued {
 				t.Errorf("continue_final_message %v, add_generation_prompt %v; want continued %v", cont, gen, tt.continued)
-			}
-			if _, err := got.body(); err != nil {
-				t.Errorf("the converted request has no /tokenize body: %v", err)
 			}
 		})
 	}
@@ -296,10 +263,7 @@ func TestChatFromResponsesRefusesWhatItCannotReproduce(t *testing.T) {
 	}
 	hugeNamespace := `{"type":"namespace","name":"` + strings.Repeat("n", 4096) + `","description":"d","tools":[` +
 		strings.TrimSuffix(strings.Repeat(`{"type":"function","name":""},`, 64), ",") + `]}`
-	for _, tt := range []struct {
-		name, body string
-		reason     Reason
-	}{
+	checkRefusals(t, ChatFromResponses, []refusal{
 		// Accepted by vLLM, rendered unlike anything reproducible here.
 		{"previous_response_id", `{"model":"m","input":"q","previous_response_id":"resp_1"}`, ReasonUnsupported},
 		{"previous_response", `{"model":"m","input":"q","previous_response":{"id":"resp_1"}}`, ReasonUnsupported},
@@ -374,21 +338,7 @@ func TestChatFromResponsesRefusesWhatItCannotReproduce(t *testing.T) {
 		{"strict_not_a_bool", tool(`{"type":"function","name":"f","strict":"maybe"}`), ReasonInput},
 		{"namespace_without_description", tool(`{"type":"namespace","name":"n","tools":[]}`), ReasonInput},
 		{"namespace_with_a_builtin_tool", tool(`{"type":"namespace","name":"n","description":"d","tools":[{"type":"web_search"}]}`), ReasonInput},
-	} {
-		t.Run(tt.name, func(t *testing.T) {
-			got, err := ChatFromResponses([]byte(tt.body))
-			if err == nil {
-				t.Fatalf("converted to %s, want a %s error", got.Messages, tt.reason)
-			}
-			if got != nil {
-				t.Errorf("returned %+v with error %v", got, err)
-			}
-			var e *Error
-			if !errors.As(err, &e) || e.Reason != tt.reason {
-				t.Fatalf("error %v, want reason %s", err, tt.reason)
-			}
-		})
-	}
+	})
 }
 
 // TestChatFromResponsesResultIsBoundedByTheBody feeds bodies made of what
@@ -466,51 +416,24 @@ const codexTurnChat = `{
 // alike (a template that reads an assistant's reasoning, for one).
 func TestChatFromResponsesTokenizesAsTheEquivalentOpenAIChat(t *testing.T) {
 	tks := anthropicTokenizers(t)
-	type pair struct {
-		name         string
-		responses    *ChatRequest
-		openAI       *ChatRequest
-		mustTokenize bool
-	}
 	turn, err := ChatFromResponses([]byte(codexTurnResponses))
 	if err != nil {
 		t.Fatal(err)
 	}
-	pairs := []pair{{name: "codex_turn", responses: turn, openAI: chatRequest(t, codexTurnChat), mustTokenize: true}}
+	pairs := []chatPair{{name: "codex_turn", converted: turn, openAI: chatRequest(t, codexTurnChat), mustTokenize: true}}
 	for _, c := range responsesCases {
 		got, err := ChatFromResponses([]byte(c.body))
 		if err != nil {
 			t.Fatalf("%s: %v", c.name, err)
 		}
-		want := &ChatRequest{Model: "m", Messages: json.RawMessage(c.messages), ReasoningEffort: c.effort}
-		if c.tools != "" {
-			want.Tools = json.RawMessage(c.tools)
-		}
-		if c.kwargs != "" {
-			want.ChatTemplateKwargs = json.RawMessage(c.kwargs)
-		}
+		want := c.chat().request()
 		if c.continued {
 			f, t := false, true
 			want.AddGenerationPrompt, want.ContinueFinalMessage = &f, &t
 		}
-		pairs = append(pairs, pair{name: c.name, responses: got, openAI: want})
+		pairs = append(pairs, chatPair{name: c.name, converted: got, openAI: want})
 	}
-	for _, p := range pairs {
-		for name, tk := range tks {
-			t.Run(p.name+"/"+name, func(t *testing.T) {
-				want, wantErr := chatIDs(tk, p.openAI)
-				got, err := chatIDs(tk, p.responses)
-				switch {
-				case (err == nil) != (wantErr == nil):
-					t.Fatalf("converted request: %v; equivalent OpenAI chat: %v", err, wantErr)
-				case err != nil && p.mustTokenize:
-					t.Fatalf("not rendered in process: %v", err)
-				case !slices.Equal(got, want):
-					t.Fatalf("ids differ from the equivalent OpenAI chat's: %s", firstDifference(got, want))
-				}
-			})
-		}
-	}
+	tokenizesAsTheEquivalentChat(t, tks, pairs)
 }
 
 func ExampleChatFromResponses() {
