@@ -254,13 +254,7 @@ func chatID(t *testing.T, data string) string {
 }
 
 func TestMessagesPublishTheEquivalentChatsKVEvents(t *testing.T) {
-	qwen3 := func(c *Config) {
-		tk, err := hf.Load(filepath.Join(testsupport.TokenizerModels(t), "qwen3"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		c.Tokenizer = tk
-	}
+	qwen3 := qwen3Template(t)
 	for _, tc := range []struct {
 		name      string
 		tokenizer func(*Config)
@@ -278,19 +272,39 @@ func TestMessagesPublishTheEquivalentChatsKVEvents(t *testing.T) {
 			if chat == nil {
 				chat = equivalentChat(t, tc.messages)
 			}
-			viaChat := startServer(t, 1, tc.tokenizer)
-			if status, body := viaChat.post(t, "/v1/chat/completions", chat); status != http.StatusOK {
-				t.Fatalf("chat: status %d: %s", status, body)
-			}
-			viaMessages := startServer(t, 1, tc.tokenizer)
-			if status, body := viaMessages.postRaw(t, "/v1/messages", tc.messages); status != http.StatusOK {
-				t.Fatalf("messages: status %d: %s", status, body)
-			}
-			want, got := viaChat.sinks[0].storedBlocks(), viaMessages.sinks[0].storedBlocks()
-			if len(want) == 0 || !reflect.DeepEqual(got, want) {
-				t.Errorf("messages request stored blocks\n%+v\nthe equivalent chat\n%+v", got, want)
-			}
+			publishesTheEquivalentChatsKVEvents(t, tc.tokenizer, "/v1/messages", tc.messages, chat)
 		})
+	}
+}
+
+// qwen3Template configures a server to render with Qwen3's tokenizer and
+// chat template.
+func qwen3Template(t *testing.T) func(*Config) {
+	return func(c *Config) {
+		tk, err := hf.Load(filepath.Join(testsupport.TokenizerModels(t), "qwen3"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Tokenizer = tk
+	}
+}
+
+// publishesTheEquivalentChatsKVEvents checks that body, posted to path on
+// a server configured by tokenizer, stores the blocks chat, its equivalent
+// chat completion request, stores on another such server.
+func publishesTheEquivalentChatsKVEvents(t *testing.T, tokenizer func(*Config), path, body string, chat map[string]any) {
+	t.Helper()
+	viaChat := startServer(t, 1, tokenizer)
+	if status, out := viaChat.post(t, "/v1/chat/completions", chat); status != http.StatusOK {
+		t.Fatalf("chat: status %d: %s", status, out)
+	}
+	viaPath := startServer(t, 1, tokenizer)
+	if status, out := viaPath.postRaw(t, path, body); status != http.StatusOK {
+		t.Fatalf("%s: status %d: %s", path, status, out)
+	}
+	want, got := viaChat.sinks[0].storedBlocks(), viaPath.sinks[0].storedBlocks()
+	if len(want) == 0 || !reflect.DeepEqual(got, want) {
+		t.Errorf("%s request stored blocks\n%+v\nthe equivalent chat\n%+v", path, got, want)
 	}
 }
 

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"path/filepath"
 	"reflect"
 	"regexp"
 	"strings"
@@ -16,7 +15,6 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/internal/testsupport"
-	"github.com/kvgate/kvgate/pkg/tokenizer/hf"
 )
 
 // convertResponses converts the Responses bodies these tests send, a
@@ -331,14 +329,21 @@ func TestResponsesStreamAnnouncesTheResponseBeforeTheFirstToken(t *testing.T) {
 	}
 }
 
+// longResponses is plainResponses generating 400 tokens, streamed when
+// stream is set.
+func longResponses(stream bool) string {
+	body := strings.Replace(plainResponses, `"max_output_tokens":4`, `"max_output_tokens":400`, 1)
+	if stream {
+		body = strings.Replace(body, `{`, `{"stream":true,`, 1)
+	}
+	return body
+}
+
 func TestHangingUpAResponsesRequestAbortsItsEngineRequest(t *testing.T) {
 	for _, stream := range []bool{false, true} {
 		t.Run(fmt.Sprintf("stream %v", stream), func(t *testing.T) {
 			ts := startServer(t, 1, func(c *Config) { c.Ranks[0].Engine.Latency.StepOverhead = 20 * time.Millisecond })
-			body := strings.Replace(plainResponses, `"max_output_tokens":4`, `"max_output_tokens":400`, 1)
-			if stream {
-				body = strings.Replace(body, `{`, `{"stream":true,`, 1)
-			}
+			body := longResponses(stream)
 			ctx, hangUp := context.WithCancel(context.Background())
 			defer hangUp()
 			req, err := http.NewRequestWithContext(ctx, http.MethodPost, ts.url+"/v1/responses", strings.NewReader(body))
@@ -368,10 +373,7 @@ func TestStoppingTheEnginesFailsOpenResponsesRequests(t *testing.T) {
 	for _, stream := range []bool{false, true} {
 		t.Run(fmt.Sprintf("stream %v", stream), func(t *testing.T) {
 			ts := startServer(t, 1, func(c *Config) { c.Ranks[0].Engine.Latency.StepOverhead = 50 * time.Millisecond })
-			body := strings.Replace(plainResponses, `"max_output_tokens":4`, `"max_output_tokens":400`, 1)
-			if stream {
-				body = strings.Replace(body, `{`, `{"stream":true,`, 1)
-			}
+			body := longResponses(stream)
 			type result struct {
 				status  int
 				out     []byte
@@ -409,13 +411,7 @@ func TestStoppingTheEnginesFailsOpenResponsesRequests(t *testing.T) {
 }
 
 func TestResponsesPublishTheEquivalentChatsKVEvents(t *testing.T) {
-	qwen3 := func(c *Config) {
-		tk, err := hf.Load(filepath.Join(testsupport.TokenizerModels(t), "qwen3"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		c.Tokenizer = tk
-	}
+	qwen3 := qwen3Template(t)
 	for _, tc := range []struct {
 		name      string
 		tokenizer func(*Config)
@@ -426,18 +422,7 @@ func TestResponsesPublishTheEquivalentChatsKVEvents(t *testing.T) {
 		{"streamed, Qwen3's template", qwen3, strings.Replace(plainResponses, `{`, `{"stream":true,`, 1)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			viaChat := startServer(t, 1, tc.tokenizer)
-			if status, body := viaChat.post(t, "/v1/chat/completions", plainChat); status != http.StatusOK {
-				t.Fatalf("chat: status %d: %s", status, body)
-			}
-			viaResponses := startServer(t, 1, tc.tokenizer)
-			if status, body := viaResponses.postRaw(t, "/v1/responses", tc.body); status != http.StatusOK {
-				t.Fatalf("responses: status %d: %s", status, body)
-			}
-			want, got := viaChat.sinks[0].storedBlocks(), viaResponses.sinks[0].storedBlocks()
-			if len(want) == 0 || !reflect.DeepEqual(got, want) {
-				t.Errorf("responses request stored blocks\n%+v\nthe equivalent chat\n%+v", got, want)
-			}
+			publishesTheEquivalentChatsKVEvents(t, tc.tokenizer, "/v1/responses", tc.body, plainChat)
 		})
 	}
 }
