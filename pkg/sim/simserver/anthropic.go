@@ -69,10 +69,7 @@ func (s *Server) handleMessages(w http.ResponseWriter, r *http.Request) {
 		s.streamMessage(w, r, g)
 		return
 	}
-	if err := g.wait(r.Context()); err != nil {
-		if r.Context().Err() == nil {
-			s.writeAnthropicError(w, err)
-		}
+	if !g.waitFor(r, w, s.writeAnthropicError) {
 		return
 	}
 	c := g.choices[0]

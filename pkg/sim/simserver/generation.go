@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"net/http"
 	"strconv"
 	"time"
 
@@ -117,6 +118,18 @@ func (g *generation) wait(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// waitFor waits for the generation of r, a whole (not streamed) response
+// to be written to w, and reports whether it finished. When it did not,
+// the failure is written with fail, in the shape of the request's API,
+// unless r's client left, which leaves nobody to answer.
+func (g *generation) waitFor(r *http.Request, w http.ResponseWriter, fail func(http.ResponseWriter, error)) bool {
+	err := g.wait(r.Context())
+	if err != nil && r.Context().Err() == nil {
+		fail(w, err)
+	}
+	return err == nil
 }
 
 // choiceOf returns the index of the choice an output belongs to.

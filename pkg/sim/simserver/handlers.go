@@ -85,10 +85,7 @@ func (s *Server) serveGeneration(w http.ResponseWriter, r *http.Request, p gener
 
 // answer waits for every choice of g and answers with the whole response.
 func (s *Server) answer(w http.ResponseWriter, r *http.Request, g *generation, f *format) {
-	if err := g.wait(r.Context()); err != nil {
-		if r.Context().Err() == nil {
-			s.writeError(w, err)
-		}
+	if !g.waitFor(r, w, s.writeError) {
 		return
 	}
 	choices := make([]any, len(g.choices))

@@ -171,10 +171,7 @@ func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
 		s.streamResponse(w, r, g, resp)
 		return
 	}
-	if err := g.wait(r.Context()); err != nil {
-		if r.Context().Err() == nil {
-			s.writeResponsesError(w, err)
-		}
+	if !g.waitFor(r, w, s.writeResponsesError) {
 		return
 	}
 	c := g.choices[0]
