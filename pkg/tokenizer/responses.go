@@ -356,9 +356,14 @@ func requiredString(raw []byte, what string) (string, error) {
 	return stringField(raw, what)
 }
 
-// optionalString checks a member that may be absent, null or a string.
-func optionalString(raw []byte, what string) error {
-	_, err := stringField(raw, what)
+// checkIDAndStatus checks the members a function call or function call
+// output item may carry but the conversion does not use: an id (absent,
+// null or a string) and a status.
+func checkIDAndStatus(it responseItem) error {
+	if _, err := stringField(it.id, "id"); err != nil {
+		return err
+	}
+	_, err := itemStatus(it.status)
 	return err
 }
 
@@ -577,10 +582,7 @@ func (c *responsesConverter) functionCall(it responseItem) error {
 	if err != nil {
 		return err
 	}
-	if err := optionalString(it.id, "id"); err != nil {
-		return err
-	}
-	if _, err := itemStatus(it.status); err != nil {
+	if err := checkIDAndStatus(it); err != nil {
 		return err
 	}
 	namespace, err := stringField(it.namespace, "namespace")
@@ -609,10 +611,7 @@ func (c *responsesConverter) functionCallOutput(it responseItem) error {
 	if err != nil {
 		return err
 	}
-	if err := optionalString(it.id, "id"); err != nil {
-		return err
-	}
-	if _, err := itemStatus(it.status); err != nil {
+	if err := checkIDAndStatus(it); err != nil {
 		return err
 	}
 	var content []byte
