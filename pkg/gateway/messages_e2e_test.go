@@ -35,18 +35,35 @@ func (r *routes) last() inflight.Route {
 // or streamed (its message_delta event's usage).
 func messagesInputTokens(t *testing.T, body []byte) int {
 	t.Helper()
+	data, _ := answerData(t, body, "message_delta")
+	return usageInputTokens(t, data)
+}
+
+// answerData returns body, a whole answer, or the data of its event named
+// event when it is a stream (streamed then set), failing t when it has
+// none.
+func answerData(t *testing.T, body []byte, event string) (data string, streamed bool) {
+	t.Helper()
+	data = string(body)
+	if !strings.HasPrefix(data, "event:") {
+		return data, false
+	}
+	_, after, ok := strings.Cut(data, "event: "+event+"\ndata: ")
+	if !ok {
+		t.Fatalf("no %s in %q", event, data)
+	}
+	data, _, _ = strings.Cut(after, "\n")
+	return data, true
+}
+
+// usageInputTokens reads the usage.input_tokens of data, a JSON object,
+// failing t when there are none.
+func usageInputTokens(t *testing.T, data string) int {
+	t.Helper()
 	var u struct {
 		Usage struct {
 			Input int `json:"input_tokens"`
 		} `json:"usage"`
-	}
-	data := string(body)
-	if strings.HasPrefix(data, "event:") {
-		_, after, ok := strings.Cut(data, "event: message_delta\ndata: ")
-		if !ok {
-			t.Fatalf("no message_delta in %q", data)
-		}
-		data, _, _ = strings.Cut(after, "\n")
 	}
 	if err := json.Unmarshal([]byte(data), &u); err != nil || u.Usage.Input == 0 {
 		t.Fatalf("no usage in %q: %v", data, err)

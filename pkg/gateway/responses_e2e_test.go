@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"encoding/json"
-	"strings"
 	"testing"
 )
 
@@ -10,18 +9,8 @@ import (
 // streamed (its response.completed event's response).
 func responsesInputTokens(t *testing.T, body []byte) int {
 	t.Helper()
-	var u struct {
-		Usage struct {
-			Input int `json:"input_tokens"`
-		} `json:"usage"`
-	}
-	data := string(body)
-	if strings.HasPrefix(data, "event:") {
-		_, after, ok := strings.Cut(data, "event: response.completed\ndata: ")
-		if !ok {
-			t.Fatalf("no response.completed in %q", data)
-		}
-		data, _, _ = strings.Cut(after, "\n")
+	data, streamed := answerData(t, body, "response.completed")
+	if streamed {
 		var completed struct {
 			Response json.RawMessage `json:"response"`
 		}
@@ -30,10 +19,7 @@ func responsesInputTokens(t *testing.T, body []byte) int {
 		}
 		data = string(completed.Response)
 	}
-	if err := json.Unmarshal([]byte(data), &u); err != nil || u.Usage.Input == 0 {
-		t.Fatalf("no usage in %q: %v", data, err)
-	}
-	return u.Usage.Input
+	return usageInputTokens(t, data)
 }
 
 // TestAResponsesConversationStaysOnThePodHoldingItsPrefix runs an agent's
