@@ -116,28 +116,37 @@ func FuzzChatFromAnthropic(f *testing.F) {
 			convert = ChatFromAnthropicCountTokens
 		}
 		req, err := convert(body)
-		if err != nil {
-			var e *Error
-			if req != nil || !errors.As(err, &e) || (e.Reason != ReasonInput && e.Reason != ReasonUnsupported) {
-				t.Fatalf("convert(%q) = %+v, %v", body, req, err)
-			}
-			return
-		}
-		if req == nil || req.Model == "" {
-			t.Fatalf("convert(%q) = %+v, no error", body, req)
-		}
-		for _, v := range [][]byte{req.Messages, req.Tools, req.ChatTemplateKwargs} {
-			if v != nil && !json.Valid(v) {
-				t.Fatalf("convert(%q) wrote invalid JSON %q", body, v)
-			}
-		}
-		if n := len(req.Messages) + len(req.Tools) + len(req.ChatTemplateKwargs); n > 5*len(body) {
-			t.Fatalf("convert(%q) wrote %d bytes of JSON, more than five times the body's %d", body, n, len(body))
-		}
-		if _, err := req.body(); err != nil {
-			t.Fatalf("convert(%q) gave a request without a /tokenize body: %v", body, err)
-		}
+		checkConversionResult(t, "convert", body, req, err)
 	})
+}
+
+// checkConversionResult checks what a conversion, name, made of body: an
+// *Error of ReasonInput or ReasonUnsupported and no request, or else a
+// request with a model and a /tokenize body, whose JSON values are valid
+// and at most five times larger than body.
+func checkConversionResult(t *testing.T, name string, body []byte, req *ChatRequest, err error) {
+	t.Helper()
+	if err != nil {
+		var e *Error
+		if req != nil || !errors.As(err, &e) || (e.Reason != ReasonInput && e.Reason != ReasonUnsupported) {
+			t.Fatalf("%s(%q) = %+v, %v", name, body, req, err)
+		}
+		return
+	}
+	if req == nil || req.Model == "" {
+		t.Fatalf("%s(%q) = %+v, no error", name, body, req)
+	}
+	for _, v := range [][]byte{req.Messages, req.Tools, req.ChatTemplateKwargs} {
+		if v != nil && !json.Valid(v) {
+			t.Fatalf("%s(%q) wrote invalid JSON %q", name, body, v)
+		}
+	}
+	if n := len(req.Messages) + len(req.Tools) + len(req.ChatTemplateKwargs); n > 5*len(body) {
+		t.Fatalf("%s(%q) wrote %d bytes of JSON, more than five times the body's %d", name, body, n, len(body))
+	}
+	if _, err := req.body(); err != nil {
+		t.Fatalf("%s(%q) gave a request without a /tokenize body: %v", name, body, err)
+	}
 }
 
 // FuzzChatFromResponses checks that no body makes the conversion panic,
@@ -160,26 +169,6 @@ func FuzzChatFromResponses(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
 		req, err := ChatFromResponses(body)
-		if err != nil {
-			var e *Error
-			if req != nil || !errors.As(err, &e) || (e.Reason != ReasonInput && e.Reason != ReasonUnsupported) {
-				t.Fatalf("ChatFromResponses(%q) = %+v, %v", body, req, err)
-			}
-			return
-		}
-		if req == nil || req.Model == "" {
-			t.Fatalf("ChatFromResponses(%q) = %+v, no error", body, req)
-		}
-		for _, v := range [][]byte{req.Messages, req.Tools, req.ChatTemplateKwargs} {
-			if v != nil && !json.Valid(v) {
-				t.Fatalf("ChatFromResponses(%q) wrote invalid JSON %q", body, v)
-			}
-		}
-		if n := len(req.Messages) + len(req.Tools) + len(req.ChatTemplateKwargs); n > 5*len(body) {
-			t.Fatalf("ChatFromResponses(%q) wrote %d bytes of JSON, more than five times the body's %d", body, n, len(body))
-		}
-		if _, err := req.body(); err != nil {
-			t.Fatalf("ChatFromResponses(%q) gave a request without a /tokenize body: %v", body, err)
-		}
+		checkConversionResult(t, "ChatFromResponses", body, req, err)
 	})
 }
