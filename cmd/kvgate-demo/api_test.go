@@ -1,10 +1,8 @@
 package main
 
 import (
-	"context"
 	"flag"
 	"io"
-	"net/http/httptest"
 	"reflect"
 	"regexp"
 	"strings"
@@ -14,9 +12,8 @@ import (
 	"github.com/kvgate/kvgate/pkg/routing"
 	"github.com/kvgate/kvgate/pkg/routingbench"
 	"github.com/kvgate/kvgate/pkg/sim"
-	"github.com/kvgate/kvgate/pkg/sim/simanthropic"
-	"github.com/kvgate/kvgate/pkg/sim/simresponses"
 	"github.com/kvgate/kvgate/pkg/sim/simserver"
+	"github.com/kvgate/kvgate/pkg/sim/simtest"
 )
 
 // history is a conversation's second turn: the system prompt, a turn and
@@ -66,25 +63,10 @@ func TestRequestBodiesAreShapedAsTheirClientsSendThem(t *testing.T) {
 // vllm-sim does, until the test ends, and returns its URL.
 func startSimServer(t *testing.T) string {
 	t.Helper()
-	srv, err := simserver.New(simserver.Config{Model: "llama", Anthropic: simanthropic.Convert, Responses: simresponses.Convert,
-		Ranks: []simserver.Rank{{Engine: sim.EngineConfig{BlockSize: 16, NumGPUBlocks: 512, MaxModelLen: 4096,
-			Latency: sim.LatencyModel{StepOverhead: 500 * time.Microsecond, PrefillPerToken: time.Microsecond, DecodePerToken: 10 * time.Microsecond}}}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		srv.Run(ctx)
-	}()
-	hs := httptest.NewServer(srv.Handler())
-	t.Cleanup(func() {
-		hs.Close()
-		cancel()
-		<-done
-	})
-	return hs.URL
+	return simtest.Serve(t, simserver.Config{Model: "llama", Ranks: []simserver.Rank{{Engine: sim.EngineConfig{
+		BlockSize: 16, NumGPUBlocks: 512, MaxModelLen: 4096,
+		Latency: sim.LatencyModel{StepOverhead: 500 * time.Microsecond, PrefillPerToken: time.Microsecond, DecodePerToken: 10 * time.Microsecond},
+	}}}}).URL
 }
 
 // TestEachAPIReadsTheEnginesStreamAndRendersTheChatsPrompt holds a
