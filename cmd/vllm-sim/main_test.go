@@ -240,6 +240,29 @@ func TestServeAnswersUntilCancelled(t *testing.T) {
 	}
 }
 
+// TestServeAnswersEveryAPI holds that the binary serves, besides the
+// completions, the APIs vLLM converts into chats: OpenAI's Responses and
+// Anthropic's Messages.
+func TestServeAnswersEveryAPI(t *testing.T) {
+	url, stop := startServe(t, "--num-gpu-blocks", "64", "--step-overhead", "1ms")
+	defer func() { _ = stop() }()
+	for _, tc := range []struct{ path, body, want string }{
+		{"/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"max_tokens":2}`, `"completion_tokens":2`},
+		{"/v1/responses", `{"model":"sim-model","input":"hi","max_output_tokens":2}`, `"output_tokens":2`},
+		{"/v1/messages", `{"model":"sim-model","messages":[{"role":"user","content":"hi"}],"max_tokens":2}`, `"output_tokens":2`},
+	} {
+		resp, err := http.Post(url+tc.path, "application/json", strings.NewReader(tc.body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), tc.want) {
+			t.Errorf("%s: %d %s, want 200 with %s", tc.path, resp.StatusCode, body, tc.want)
+		}
+	}
+}
+
 func TestShutdownFailsRequestsThatOutliveTheGrace(t *testing.T) {
 	url, stop := startServe(t, "--num-gpu-blocks", "64", "--step-overhead", "20ms", "--shutdown-grace", "100ms")
 	// 200 tokens at 20 ms a step take 4 s, far beyond the grace.
