@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"unicode/utf8"
 
 	"github.com/kvgate/kvgate/pkg/internal/jsonscan"
@@ -127,6 +128,11 @@ func eachElement(raw []byte, label string, fn func(i int, elem []byte) error) er
 // appendTextParts appends a JSON array of the chat text parts
 // {"type":"text","text":...} of texts, in order.
 func appendTextParts(out []byte, texts []string) []byte {
+	n := 2
+	for _, t := range texts {
+		n += len(`{"type":"text","text":""},`) + len(t)
+	}
+	out = slices.Grow(out, n)
 	out = append(out, '[')
 	for i, t := range texts {
 		if i > 0 {
@@ -142,6 +148,7 @@ func appendTextParts(out []byte, texts []string) []byte {
 // appendToolCall appends the chat tool call {"id","type":"function",
 // "function":{"name","arguments"}}.
 func appendToolCall(out []byte, id, name, arguments string) []byte {
+	out = slices.Grow(out, len(`{"id":"","type":"function","function":{"name":"","arguments":""}}`)+len(id)+len(name)+len(arguments))
 	out = append(out, `{"id":`...)
 	out = appendJSONString(out, id)
 	out = append(out, `,"type":"function","function":{"name":`...)
@@ -199,6 +206,7 @@ type chatMessage struct {
 // {"role","tool_call_id","reasoning","tool_calls","content"} in that order,
 // its absent members left out.
 func appendChatMessages(out []byte, msgs []chatMessage) []byte {
+	out = slices.Grow(out, chatMessagesSize(msgs))
 	out = append(out, '[')
 	for i, m := range msgs {
 		if i > 0 {
@@ -226,4 +234,22 @@ func appendChatMessages(out []byte, msgs []chatMessage) []byte {
 		out = append(out, '}')
 	}
 	return append(out, ']')
+}
+
+// chatMessagesSize returns the bytes appendChatMessages writes for msgs
+// when their strings need no escapes, so that its buffer is allocated
+// once.
+func chatMessagesSize(msgs []chatMessage) int {
+	n := 2
+	for _, m := range msgs {
+		n += len(`{"role":"","tool_call_id":"","reasoning":"","tool_calls":[],"content":},`) +
+			len(m.role) + len(m.content) + len(m.toolCalls)
+		if m.reasoning != nil {
+			n += len(*m.reasoning)
+		}
+		if m.toolCallID != nil {
+			n += len(*m.toolCallID)
+		}
+	}
+	return n
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"unicode/utf16"
 	"unicode/utf8"
@@ -316,23 +317,30 @@ func appendU4(dst []byte, r rune) []byte {
 // appendJSONString appends s as a JSON string, escaping only what JSON
 // requires, so that text keeps its UTF-8 bytes.
 func appendJSONString(dst []byte, s string) []byte {
+	dst = slices.Grow(dst, len(s)+2)
 	dst = append(dst, '"')
+	start := 0
 	for i := 0; i < len(s); i++ {
-		switch c := s[i]; {
-		case c == '"' || c == '\\':
+		c := s[i]
+		if c >= ' ' && c != '"' && c != '\\' {
+			continue
+		}
+		dst = append(dst, s[start:i]...)
+		start = i + 1
+		switch c {
+		case '"', '\\':
 			dst = append(dst, '\\', c)
-		case c == '\n':
+		case '\n':
 			dst = append(dst, '\\', 'n')
-		case c == '\r':
+		case '\r':
 			dst = append(dst, '\\', 'r')
-		case c == '\t':
+		case '\t':
 			dst = append(dst, '\\', 't')
-		case c < ' ':
-			dst = appendU4(dst, rune(c))
 		default:
-			dst = append(dst, c)
+			dst = appendU4(dst, rune(c))
 		}
 	}
+	dst = append(dst, s[start:]...)
 	return append(dst, '"')
 }
 
