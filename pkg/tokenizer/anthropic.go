@@ -195,11 +195,12 @@ func anthropicEffort(raw []byte) (string, error) {
 }
 
 // anthropicBlock holds the members of a content block that the conversion
-// reads, decoded; text, thinking and input are nil when absent or null.
+// reads, decoded; text and thinking (as JSON strings) and input are nil
+// when absent or null.
 type anthropicBlock struct {
 	typ       string
-	text      *string
-	thinking  *string
+	text      []byte
+	thinking  []byte
 	id, name  string
 	toolUseID string
 	input     []byte // a JSON object, or nil
@@ -249,17 +250,14 @@ func decodeBlock(raw []byte) (anthropicBlock, error) {
 	if !blockTypes[b.typ] {
 		return b, fmt.Errorf("content block type %q is not one vLLM accepts", b.typ)
 	}
-	for _, f := range []struct {
-		raw  []byte
-		name string
-		dst  **string
-	}{{text, "text", &b.text}, {thinking, "thinking", &b.thinking}} {
-		if present(f.raw) {
-			s, err := stringField(f.raw, f.name)
-			if err != nil {
-				return b, err
-			}
-			*f.dst = &s
+	if present(text) {
+		if b.text, err = stringJSON(text, "text"); err != nil {
+			return b, err
+		}
+	}
+	if present(thinking) {
+		if b.thinking, err = stringJSON(thinking, "thinking"); err != nil {
+			return b, err
 		}
 	}
 	if b.id, err = stringField(id, "id"); err != nil {
@@ -301,8 +299,11 @@ func (c *anthropicConverter) system(raw []byte) error {
 				return fmt.Errorf("system: %w", err)
 			case b.typ == "image":
 				return notReproducible("system holds an image")
-			case b.typ == "text" && b.text != nil && !strings.HasPrefix(*b.text, billingHeader):
-				text.WriteString(*b.text)
+			case b.typ == "text" && b.text != nil:
+				// b.text was read as stringField reads it.
+				if s, _ := stringField(b.text, "text"); !strings.HasPrefix(s, billingHeader) {
+					text.WriteString(s)
+				}
 			}
 			return nil
 		}); err != nil {
@@ -361,20 +362,20 @@ func (c *anthropicConverter) message(raw []byte) error {
 		return errors.New("content is required")
 	}
 	if content[0] == '"' {
-		s, err := stringField(content, "content")
+		s, err := stringJSON(content, "content")
 		if err != nil {
 			return err
 		}
-		c.msgs = append(c.msgs, chatMessage{role: role, content: appendJSONString(nil, s)})
+		c.msgs = append(c.msgs, chatMessage{role: role, content: s})
 		return nil
 	}
 	if !isArray(content) {
 		return errors.New("content is neither a string nor a list")
 	}
 	var (
-		parts        []string
-		calls        []byte // the tool_calls array's elements
-		reasoning    strings.Builder
+		parts        [][]byte // JSON strings
+		calls        []byte   // the tool_calls array's elements
+		reasoning    []byte   // the inner of a JSON string
 		hasReasoning bool
 	)
 	err = eachElement(content, "content", func(_ int, elem []byte) error {
@@ -384,14 +385,14 @@ func (c *anthropicConverter) message(raw []byte) error {
 		}
 		switch b.typ {
 		case "text":
-			if b.text != nil && *b.text != "" {
-				parts = append(parts, *b.text)
+			if b.text != nil && len(jsonInner(b.text)) > 0 {
+				parts = append(parts, b.text)
 			}
 		case "image":
 			return notReproducible("an image")
 		case "thinking":
 			if b.thinking != nil {
-				reasoning.WriteString(*b.thinking)
+				reasoning = append(reasoning, jsonInner(b.thinking)...)
 				hasReasoning = true
 			}
 		case "tool_use":
@@ -409,7 +410,7 @@ func (c *anthropicConverter) message(raw []byte) error {
 			if len(calls) > 0 {
 				calls = append(calls, ',')
 			}
-			calls = appendToolCall(calls, b.id, b.name, string(args))
+			calls = appendToolCall(calls, b.id, b.name, appendJSONString(nil, string(args)))
 		case "tool_result":
 			if role == "user" {
 				return c.toolResult(b)
@@ -418,7 +419,7 @@ func (c *anthropicConverter) message(raw []byte) error {
 			if err != nil {
 				return err
 			}
-			parts = append(parts, "Tool result: "+text)
+			parts = append(parts, appendJSONString(nil, "Tool result: "+text))
 		}
 		return nil
 	})
@@ -430,12 +431,12 @@ func (c *anthropicConverter) message(raw []byte) error {
 	}
 	m := chatMessage{role: role, toolCalls: calls}
 	if hasReasoning {
-		r := reasoning.String()
-		m.reasoning = &r
+		m.reasoning = make([]byte, 0, len(reasoning)+2)
+		m.reasoning = append(append(append(m.reasoning, '"'), reasoning...), '"')
 	}
 	switch {
 	case len(parts) == 1:
-		m.content = appendJSONString(nil, parts[0])
+		m.content = parts[0]
 	case len(parts) > 1:
 		m.content = appendTextParts(nil, parts)
 	}
@@ -446,17 +447,17 @@ func (c *anthropicConverter) message(raw []byte) error {
 // toolResult writes the tool message of a user's tool_result block
 // (_convert_user_tool_result).
 func (c *anthropicConverter) toolResult(b anthropicBlock) error {
-	var text string
+	text := emptyJSONString
 	switch {
 	case b.content == nil:
 	case b.content[0] == '"':
-		s, err := stringField(b.content, "tool_result content")
+		s, err := stringJSON(b.content, "tool_result content")
 		if err != nil {
 			return err
 		}
 		text = s
 	default:
-		var texts []string
+		var texts [][]byte
 		if err := eachElement(b.content, "", func(_ int, item []byte) error {
 			typ, itemText, err := typeAnd(item, "tool_result content item", "text")
 			if err != nil {
@@ -465,12 +466,12 @@ func (c *anthropicConverter) toolResult(b anthropicBlock) error {
 			if string(typ) != `"text"` {
 				return notReproducible("a tool_result content item of type %.40s", typ)
 			}
-			s := ""
+			s := emptyJSONString
 			if itemText != nil {
 				if len(itemText) == 0 || itemText[0] != '"' {
 					return errors.New("tool_result text is not a string")
 				}
-				if s, err = stringField(itemText, "tool_result text"); err != nil {
+				if s, err = stringJSON(itemText, "tool_result text"); err != nil {
 					return err
 				}
 			}
@@ -479,9 +480,9 @@ func (c *anthropicConverter) toolResult(b anthropicBlock) error {
 		}); err != nil {
 			return err
 		}
-		text = strings.Join(texts, "\n")
+		text = joinJSONStrings(texts, `\n`)
 	}
-	c.msgs = append(c.msgs, chatMessage{role: "tool", toolCallID: &b.toolUseID, content: appendJSONString(nil, text)})
+	c.msgs = append(c.msgs, chatMessage{role: "tool", toolCallID: &b.toolUseID, content: text})
 	return nil
 }
 
@@ -588,4 +589,22 @@ func appendAnthropicTool(out, raw []byte) ([]byte, error) {
 		return nil, err
 	}
 	return append(out, '}', '}'), nil
+}
+
+// joinJSONStrings returns the JSON string of the texts of the JSON strings
+// texts joined with the text whose JSON string holds sep between its
+// quotes.
+func joinJSONStrings(texts [][]byte, sep string) []byte {
+	n := 2
+	for _, t := range texts {
+		n += len(t) + len(sep)
+	}
+	out := append(make([]byte, 0, n), '"')
+	for i, t := range texts {
+		if i > 0 {
+			out = append(out, sep...)
+		}
+		out = append(out, jsonInner(t)...)
+	}
+	return append(out, '"')
 }

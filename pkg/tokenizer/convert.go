@@ -1,6 +1,7 @@
 package tokenizer
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -74,6 +75,42 @@ func chatTemplateKwargs(raw []byte) (json.RawMessage, error) {
 	return out, nil
 }
 
+// stringJSON returns the JSON string appendJSONString writes for the
+// string member raw, read as stringField reads it ("" when absent or
+// null), failing as stringField does. A string without escapes is
+// returned as written, which is what appendJSONString writes for it
+// (valid JSON strings hold no control characters), sharing raw's bytes:
+// the caller copies it before returning it.
+func stringJSON(raw []byte, what string) ([]byte, error) {
+	if present(raw) && raw[0] == '"' && bytes.IndexByte(raw, '\\') < 0 {
+		if end, err := jsonscan.SkipString(raw, 0); err == nil && utf8.Valid(raw[1:end-1]) {
+			return raw[:end:end], nil
+		}
+	}
+	s, err := stringField(raw, what)
+	if err != nil {
+		return nil, err
+	}
+	return appendJSONString(nil, s), nil
+}
+
+// requiredStringJSON is stringJSON for a member that must be a string,
+// failing as requiredString does.
+func requiredStringJSON(raw []byte, what string) ([]byte, error) {
+	if !present(raw) || raw[0] != '"' {
+		return nil, fmt.Errorf("%s is required and must be a string", what)
+	}
+	return stringJSON(raw, what)
+}
+
+// jsonInner returns what JSON string s, as appendJSONString writes it,
+// holds between its quotes; since appendJSONString escapes byte by byte,
+// the inners of the strings of a and b make that of a+b.
+func jsonInner(s []byte) []byte { return s[1 : len(s)-1] }
+
+// emptyJSONString is the JSON string "".
+var emptyJSONString = []byte(`""`)[:2:2]
+
 // stringMember decodes the string member named member of raw, the value of
 // the member named object: an object, or absent or null, which gives "".
 // ok reports whether the member is there and not null.
@@ -139,8 +176,8 @@ func eachElement(raw []byte, label string, fn func(i int, elem []byte) error) er
 }
 
 // appendTextParts appends a JSON array of the chat text parts
-// {"type":"text","text":...} of texts, in order.
-func appendTextParts(out []byte, texts []string) []byte {
+// {"type":"text","text":...} of texts, JSON strings, in order.
+func appendTextParts(out []byte, texts [][]byte) []byte {
 	n := 2
 	for _, t := range texts {
 		n += len(`{"type":"text","text":""},`) + len(t)
@@ -152,22 +189,22 @@ func appendTextParts(out []byte, texts []string) []byte {
 			out = append(out, ',')
 		}
 		out = append(out, `{"type":"text","text":`...)
-		out = appendJSONString(out, t)
+		out = append(out, t...)
 		out = append(out, '}')
 	}
 	return append(out, ']')
 }
 
 // appendToolCall appends the chat tool call {"id","type":"function",
-// "function":{"name","arguments"}}.
-func appendToolCall(out []byte, id, name, arguments string) []byte {
+// "function":{"name","arguments"}}, arguments a JSON string.
+func appendToolCall(out []byte, id, name string, arguments []byte) []byte {
 	out = slices.Grow(out, len(`{"id":"","type":"function","function":{"name":"","arguments":""}}`)+len(id)+len(name)+len(arguments))
 	out = append(out, `{"id":`...)
 	out = appendJSONString(out, id)
 	out = append(out, `,"type":"function","function":{"name":`...)
 	out = appendJSONString(out, name)
 	out = append(out, `,"arguments":`...)
-	out = appendJSONString(out, arguments)
+	out = append(out, arguments...)
 	return append(out, '}', '}')
 }
 
@@ -210,7 +247,7 @@ func appendBoolMember(out []byte, name string, raw []byte) ([]byte, error) {
 type chatMessage struct {
 	role       string
 	content    []byte // a JSON string or array, nil when absent
-	reasoning  *string
+	reasoning  []byte // a JSON string, nil when absent
 	toolCalls  []byte // the tool_calls array's elements, nil when absent
 	toolCallID *string
 }
@@ -233,7 +270,7 @@ func appendChatMessages(out []byte, msgs []chatMessage) []byte {
 		}
 		if m.reasoning != nil {
 			out = append(out, `,"reasoning":`...)
-			out = appendJSONString(out, *m.reasoning)
+			out = append(out, m.reasoning...)
 		}
 		if m.toolCalls != nil {
 			out = append(out, `,"tool_calls":[`...)
@@ -256,10 +293,7 @@ func chatMessagesSize(msgs []chatMessage) int {
 	n := 2
 	for _, m := range msgs {
 		n += len(`{"role":"","tool_call_id":"","reasoning":"","tool_calls":[],"content":},`) +
-			len(m.role) + len(m.content) + len(m.toolCalls)
-		if m.reasoning != nil {
-			n += len(*m.reasoning)
-		}
+			len(m.role) + len(m.content) + len(m.toolCalls) + len(m.reasoning)
 		if m.toolCallID != nil {
 			n += len(*m.toolCallID)
 		}

@@ -153,12 +153,12 @@ func ChatFromResponses(body []byte) (req *ChatRequest, err error) {
 	if out.ChatTemplateKwargs, err = chatTemplateKwargs(r.chatTemplateKwargs); err != nil {
 		return nil, err
 	}
-	instructions, err := stringField(r.instructions, "instructions")
+	instructions, err := stringJSON(r.instructions, "instructions")
 	if err != nil {
 		return nil, err
 	}
-	if instructions != "" {
-		c.msgs = append(c.msgs, chatMessage{role: "system", content: appendJSONString(nil, instructions)})
+	if len(jsonInner(instructions)) > 0 {
+		c.msgs = append(c.msgs, chatMessage{role: "system", content: instructions})
 	}
 	continueFinal, err := c.input(r.input)
 	if err != nil {
@@ -244,11 +244,11 @@ func (c *responsesConverter) input(raw []byte) (bool, error) {
 	case !present(raw):
 		return false, errors.New("input is required")
 	case raw[0] == '"':
-		s, err := stringField(raw, "input")
+		s, err := stringJSON(raw, "input")
 		if err != nil {
 			return false, err
 		}
-		c.msgs = append(c.msgs, chatMessage{role: "user", content: appendJSONString(nil, s)})
+		c.msgs = append(c.msgs, chatMessage{role: "user", content: s})
 		return false, nil
 	case !isArray(raw):
 		return false, errors.New("input is neither a string nor a list")
@@ -387,11 +387,11 @@ func (c *responsesConverter) message(it responseItem) (bool, error) {
 		return false, errors.New("content is required")
 	}
 	if it.content[0] == '"' {
-		s, err := stringField(it.content, "content")
+		s, err := stringJSON(it.content, "content")
 		if err != nil {
 			return false, err
 		}
-		c.msgs = append(c.msgs, chatMessage{role: role, content: appendJSONString(nil, s)})
+		c.msgs = append(c.msgs, chatMessage{role: role, content: s})
 		return false, nil
 	}
 	texts, err := inputParts(it.content)
@@ -405,13 +405,13 @@ func (c *responsesConverter) message(it responseItem) (bool, error) {
 	return err == nil && continues(status), nil
 }
 
-// inputParts returns the texts of a list of input content parts, refusing
-// media.
-func inputParts(raw []byte) ([]string, error) {
+// inputParts returns the texts of a list of input content parts, as JSON
+// strings, refusing media.
+func inputParts(raw []byte) ([][]byte, error) {
 	if !isArray(raw) {
 		return nil, errors.New("content is neither a string nor a list")
 	}
-	var texts []string
+	var texts [][]byte
 	err := eachElement(raw, "content", func(_ int, elem []byte) error {
 		typ, text, _, err := contentPart(elem)
 		switch {
@@ -430,11 +430,11 @@ func inputParts(raw []byte) ([]string, error) {
 }
 
 // contentPart decodes a content part's type and, for a text part
-// (input_text, output_text), its text, which it requires, and reports
-// whether it holds annotations.
-func contentPart(raw []byte) (typ, text string, annotated bool, err error) {
+// (input_text, output_text), its text as a JSON string, which it
+// requires, and reports whether it holds annotations.
+func contentPart(raw []byte) (typ string, text []byte, annotated bool, err error) {
 	if !isObject(raw) {
-		return "", "", false, errors.New("content part is not an object")
+		return "", nil, false, errors.New("content part is not an object")
 	}
 	var typRaw, textRaw, annotations []byte
 	if err := jsonscan.Members(raw, func(name, value []byte) error {
@@ -448,20 +448,20 @@ func contentPart(raw []byte) (typ, text string, annotated bool, err error) {
 		}
 		return nil
 	}); err != nil {
-		return "", "", false, err
+		return "", nil, false, err
 	}
 	if typ, err = requiredString(typRaw, "content part type"); err != nil {
-		return "", "", false, err
+		return "", nil, false, err
 	}
 	switch typ {
 	case "input_text", "output_text":
-		if text, err = requiredString(textRaw, "text"); err != nil {
-			return "", "", false, err
+		if text, err = requiredStringJSON(textRaw, "text"); err != nil {
+			return "", nil, false, err
 		}
 	}
 	if typ == "output_text" {
 		if !isArray(annotations) {
-			return "", "", false, errors.New("output_text annotations is required and must be a list")
+			return "", nil, false, errors.New("output_text annotations is required and must be a list")
 		}
 		annotated = jsonscan.ArrayElements(annotations, func([]byte) {}) == nil && !emptyArray(annotations)
 	}
@@ -488,7 +488,7 @@ func (c *responsesConverter) assistantMessage(it responseItem) (bool, error) {
 			return false, errors.New("content is required")
 		}
 		if it.content[0] == '"' {
-			if text, err = stringField(it.content, "content"); err != nil {
+			if text, err = stringJSON(it.content, "content"); err != nil {
 				return false, err
 			}
 		} else {
@@ -501,11 +501,14 @@ func (c *responsesConverter) assistantMessage(it responseItem) (bool, error) {
 			}
 		}
 	}
+	if text == nil {
+		text = emptyJSONString
+	}
 	if prev := c.prevAssistant(); prev != nil && prev.content == nil {
-		prev.content = appendJSONString(nil, text)
+		prev.content = text
 		return cont, nil
 	}
-	c.msgs = append(c.msgs, chatMessage{role: "assistant", content: appendJSONString(nil, text)})
+	c.msgs = append(c.msgs, chatMessage{role: "assistant", content: text})
 	return cont, nil
 }
 
@@ -514,16 +517,16 @@ func (c *responsesConverter) assistantMessage(it responseItem) (bool, error) {
 // content is a list of output_text and refusal parts. With an id and a
 // status it is vLLM's ResponseOutputMessage, which fails on a first part
 // that is a refusal; without either it is the output message param, read
-// as a dict, whose text is then "".
-func outputMessage(it responseItem) (text string, cont, output bool, err error) {
+// as a dict, whose text is then "". The text is a JSON string, nil for "".
+func outputMessage(it responseItem) (text []byte, cont, output bool, err error) {
 	if !it.typed || !isArray(it.content) {
-		return "", false, false, nil
+		return nil, false, false, nil
 	}
 	status, serr := itemStatus(it.status)
 	idOK := it.id == nil || present(it.id) && it.id[0] == '"'
 	statusOK := serr == nil && (it.status == nil || status != "")
 	if !idOK || !statusOK {
-		return "", false, false, nil
+		return nil, false, false, nil
 	}
 	model := it.id != nil && it.status != nil
 	firstRefusal := false
@@ -547,11 +550,11 @@ func outputMessage(it responseItem) (text string, cont, output bool, err error) 
 	})
 	switch {
 	case errors.Is(err, errNotOutput):
-		return "", false, false, nil
+		return nil, false, false, nil
 	case err != nil:
-		return "", false, false, err
+		return nil, false, false, err
 	case firstRefusal && model:
-		return "", false, false, errors.New("an output message starting with a refusal, which vLLM fails on")
+		return nil, false, false, errors.New("an output message starting with a refusal, which vLLM fails on")
 	}
 	return text, continues(status), true, nil
 }
@@ -570,7 +573,7 @@ func (c *responsesConverter) prevAssistant() *chatMessage {
 // functionCall converts a function_call item (ResponseFunctionToolCall)
 // into a tool call, added to the preceding assistant message if any.
 func (c *responsesConverter) functionCall(it responseItem) error {
-	args, err := requiredString(it.arguments, "arguments")
+	args, err := requiredStringJSON(it.arguments, "arguments")
 	if err != nil {
 		return err
 	}
@@ -619,11 +622,9 @@ func (c *responsesConverter) functionCallOutput(it responseItem) error {
 	case !present(it.output):
 		return errors.New("output is required")
 	case it.output[0] == '"':
-		s, err := stringField(it.output, "output")
-		if err != nil {
+		if content, err = stringJSON(it.output, "output"); err != nil {
 			return err
 		}
-		content = appendJSONString(nil, s)
 	default:
 		texts, err := inputParts(it.output)
 		if err != nil {
@@ -660,7 +661,7 @@ func (c *responsesConverter) reasoning(it responseItem) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("summary: %w", err)
 	}
-	var content []string
+	var content [][]byte
 	if present(it.content) {
 		if !isArray(it.content) {
 			return false, errors.New("content is not a list")
@@ -672,7 +673,7 @@ func (c *responsesConverter) reasoning(it responseItem) (bool, error) {
 	if encrypted != "" {
 		return false, errors.New("a reasoning item with encrypted_content, which vLLM does not read")
 	}
-	text := ""
+	text := emptyJSONString
 	switch {
 	case len(content) > 0:
 		text = content[0]
@@ -680,17 +681,17 @@ func (c *responsesConverter) reasoning(it responseItem) (bool, error) {
 		text = summary[0]
 	}
 	if prev := c.prevAssistant(); prev != nil && prev.reasoning == nil {
-		prev.reasoning = &text
+		prev.reasoning = text
 		return continues(status), nil
 	}
-	c.msgs = append(c.msgs, chatMessage{role: "assistant", reasoning: &text})
+	c.msgs = append(c.msgs, chatMessage{role: "assistant", reasoning: text})
 	return continues(status), nil
 }
 
 // reasoningTexts returns the texts of a reasoning item's summary or
-// content parts, each of type typ.
-func reasoningTexts(raw []byte, typ string) ([]string, error) {
-	var texts []string
+// content parts, each of type typ, as JSON strings.
+func reasoningTexts(raw []byte, typ string) ([][]byte, error) {
+	var texts [][]byte
 	err := eachElement(raw, "", func(_ int, elem []byte) error {
 		typRaw, textRaw, err := typeAnd(elem, "part", "text")
 		if err != nil {
@@ -699,7 +700,7 @@ func reasoningTexts(raw []byte, typ string) ([]string, error) {
 		if t, err := requiredString(typRaw, "type"); err != nil || t != typ {
 			return fmt.Errorf("part type is not %s", typ)
 		}
-		t, err := requiredString(textRaw, "text")
+		t, err := requiredStringJSON(textRaw, "text")
 		if err != nil {
 			return err
 		}
