@@ -99,11 +99,8 @@ func chatFromAnthropic(body []byte, countTokens bool) (req *ChatRequest, err err
 			req, err = nil, conversionError(c.model, "anthropic", err)
 		}
 	}()
-	if err := checkBody(body); err != nil {
-		return nil, err
-	}
 	var r anthropicRequest
-	err = jsonscan.Members(body, func(name, value []byte) error {
+	err = bodyMembers(body, func(name, value []byte) error {
 		switch string(jsonscan.Name(name)) {
 		case "model":
 			r.model = value

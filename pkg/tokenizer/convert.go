@@ -26,25 +26,18 @@ func conversionError(model, api string, err error) error {
 	return inputError(model, err)
 }
 
-// checkBody fails unless body is valid UTF-8 and valid JSON, as
-// json.Valid checks it.
-func checkBody(body []byte) error {
-	if !utf8.Valid(body) || !validJSON(body) {
+// bodyMembers calls fn with the name and value of each member of body, as
+// jsonscan.Members does, but fails first unless body is valid UTF-8 and
+// valid JSON, as json.Valid checks it. A body jsonscan reads whole is
+// valid JSON (it checks the same grammar, only to a lesser depth), so
+// that json.Valid is asked only about a body jsonscan refuses, to tell
+// an invalid body from one that is not an object or nests too deep.
+func bodyMembers(body []byte, fn func(name, value []byte) error) error {
+	err := jsonscan.Members(body, fn)
+	if !utf8.Valid(body) || err != nil && !json.Valid(body) {
 		return errors.New("the body is not valid JSON")
 	}
-	return nil
-}
-
-// validJSON reports whether json.Valid accepts b. jsonscan checks the
-// same grammar faster but follows nesting only to jsonscan.MaxDepth,
-// where json.Valid goes deeper, so that json.Valid decides what it
-// refuses.
-func validJSON(b []byte) bool {
-	end, err := jsonscan.SkipValue(b, jsonscan.SkipSpace(b, 0))
-	if err == nil && jsonscan.Trailing(b, end) == nil {
-		return true
-	}
-	return json.Valid(b)
+	return err
 }
 
 // requestModel decodes the model member, which must be a non-empty string.

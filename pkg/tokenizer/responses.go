@@ -101,11 +101,8 @@ func ChatFromResponses(body []byte) (req *ChatRequest, err error) {
 			req, err = nil, conversionError(c.model, "responses", err)
 		}
 	}()
-	if err := checkBody(body); err != nil {
-		return nil, err
-	}
 	var r responsesRequest
-	if err := jsonscan.Members(body, func(name, value []byte) error {
+	if err := bodyMembers(body, func(name, value []byte) error {
 		switch string(jsonscan.Name(name)) {
 		case "model":
 			r.model = value
