@@ -280,14 +280,14 @@ func (c *anthropicConverter) system(raw []byte) error {
 	if !present(raw) {
 		return nil
 	}
-	var text strings.Builder
+	var texts [][]byte // JSON strings
 	switch {
 	case raw[0] == '"':
-		s, err := stringField(raw, "system")
+		s, err := stringJSON(raw, "system")
 		if err != nil {
 			return err
 		}
-		text.WriteString(s)
+		texts = append(texts, s)
 	case isArray(raw):
 		if err := eachElement(raw, "", func(_ int, elem []byte) error {
 			b, err := decodeBlock(elem)
@@ -296,11 +296,8 @@ func (c *anthropicConverter) system(raw []byte) error {
 				return fmt.Errorf("system: %w", err)
 			case b.typ == "image":
 				return notReproducible("system holds an image")
-			case b.typ == "text" && b.text != nil:
-				// b.text was read as stringField reads it.
-				if s, _ := stringField(b.text, "text"); !strings.HasPrefix(s, billingHeader) {
-					text.WriteString(s)
-				}
+			case b.typ == "text" && b.text != nil && !startsWithBillingHeader(b.text):
+				texts = append(texts, b.text)
 			}
 			return nil
 		}); err != nil {
@@ -309,10 +306,29 @@ func (c *anthropicConverter) system(raw []byte) error {
 	default:
 		return errors.New("system is neither a string nor a list")
 	}
-	if text.Len() > 0 {
-		c.msgs = append(c.msgs, chatMessage{role: "system", content: appendJSONString(nil, text.String())})
+	n := 0
+	for _, t := range texts {
+		n += len(jsonInner(t))
+	}
+	switch {
+	case n == 0:
+	case len(texts) == 1:
+		c.msgs = append(c.msgs, chatMessage{role: "system", content: texts[0]})
+	default:
+		c.msgs = append(c.msgs, chatMessage{role: "system", content: joinJSONStrings(texts, "")})
 	}
 	return nil
+}
+
+// startsWithBillingHeader reports whether the text of JSON string s, as
+// appendJSONString writes it, starts with billingHeader.
+func startsWithBillingHeader(s []byte) bool {
+	inner := jsonInner(s)
+	if bytes.IndexByte(inner[:min(len(inner), len(billingHeader))], '\\') < 0 {
+		return bytes.HasPrefix(inner, []byte(billingHeader))
+	}
+	text, _ := stringField(s, "text")
+	return strings.HasPrefix(text, billingHeader)
 }
 
 // messages writes the conversation (_convert_messages).
