@@ -225,8 +225,11 @@ func appendBoolMember(out []byte, name string, raw []byte) ([]byte, error) {
 	out = append(out, ',', '"')
 	out = append(out, name...)
 	out = append(out, '"', ':')
+	if raw == nil {
+		return append(out, "null"...), nil
+	}
 	switch v, null, err := jsonscan.LaxBool(raw); {
-	case raw == nil || null:
+	case null:
 		return append(out, "null"...), nil
 	case err != nil:
 		return nil, fmt.Errorf("%s: %w", name, err)

@@ -63,6 +63,9 @@ func pyValue(dst, b []byte, i, depth int) ([]byte, int, error) {
 		}
 		return pyArray(dst, b, i, depth+1)
 	case c == '"':
+		if n := pyPlainString(b, i); n > 0 {
+			return append(dst, b[i:i+n]...), i + n, nil
+		}
 		s, end, err := decodeString(b, i)
 		if err != nil {
 			return nil, i, err
@@ -283,31 +286,63 @@ const lowerHex = "0123456789abcdef"
 // ensure_ascii: quotes and backslashes escaped, \n, \r, \t, \b and \f by
 // name, and every other character outside space to tilde as \uXXXX.
 func appendPyString(dst []byte, s string) []byte {
+	dst = slices.Grow(dst, len(s)+2)
 	dst = append(dst, '"')
-	for _, r := range s {
-		switch {
-		case r == '"' || r == '\\':
-			dst = append(dst, '\\', byte(r))
-		case r == '\n':
+	start := 0
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c >= ' ' && c <= '~' && c != '"' && c != '\\' {
+			i++
+			continue
+		}
+		dst = append(dst, s[start:i]...)
+		i++
+		switch c {
+		case '"', '\\':
+			dst = append(dst, '\\', c)
+		case '\n':
 			dst = append(dst, '\\', 'n')
-		case r == '\r':
+		case '\r':
 			dst = append(dst, '\\', 'r')
-		case r == '\t':
+		case '\t':
 			dst = append(dst, '\\', 't')
-		case r == '\b':
+		case '\b':
 			dst = append(dst, '\\', 'b')
-		case r == '\f':
+		case '\f':
 			dst = append(dst, '\\', 'f')
-		case r >= ' ' && r <= '~':
-			dst = append(dst, byte(r))
-		case r > 0xffff:
-			hi, lo := utf16.EncodeRune(r)
-			dst = appendU4(appendU4(dst, hi), lo)
 		default:
-			dst = appendU4(dst, r)
+			r := rune(c)
+			if c >= utf8.RuneSelf {
+				var n int
+				r, n = utf8.DecodeRuneInString(s[i-1:])
+				i += n - 1
+			}
+			if r > 0xffff {
+				hi, lo := utf16.EncodeRune(r)
+				dst = appendU4(appendU4(dst, hi), lo)
+			} else {
+				dst = appendU4(dst, r)
+			}
+		}
+		start = i
+	}
+	dst = append(dst, s[start:]...)
+	return append(dst, '"')
+}
+
+// pyPlainString returns the length of the JSON string at b[i] when it
+// holds only printable ASCII and no escapes, which appendPyString writes
+// as it is; 0 otherwise.
+func pyPlainString(b []byte, i int) int {
+	for k := i + 1; k < len(b); k++ {
+		switch c := b[k]; {
+		case c == '"':
+			return k + 1 - i
+		case c < ' ' || c > '~' || c == '\\':
+			return 0
 		}
 	}
-	return append(dst, '"')
+	return 0
 }
 
 func appendU4(dst []byte, r rune) []byte {
