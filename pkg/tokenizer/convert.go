@@ -70,15 +70,15 @@ func chatTemplateKwargs(raw []byte) (json.RawMessage, error) {
 
 // stringJSON returns the JSON string appendJSONString writes for the
 // string member raw, read as stringField reads it ("" when absent or
-// null), failing as stringField does. A string without escapes is
-// returned as written, which is what appendJSONString writes for it
-// (valid JSON strings hold no control characters), sharing raw's bytes:
-// the caller copies it before returning it.
+// null), failing as stringField does. raw is a value jsonscan read from a
+// body bodyMembers accepted, so that a string is valid JSON and UTF-8: one
+// without escapes, which then holds no quote, backslash or control
+// character, is what appendJSONString writes for its text and is returned
+// as written, sharing raw's bytes (the caller copies it before returning
+// it).
 func stringJSON(raw []byte, what string) ([]byte, error) {
 	if present(raw) && raw[0] == '"' && bytes.IndexByte(raw, '\\') < 0 {
-		if end, err := jsonscan.SkipString(raw, 0); err == nil && utf8.Valid(raw[1:end-1]) {
-			return raw[:end:end], nil
-		}
+		return raw[:len(raw):len(raw)], nil
 	}
 	s, err := stringField(raw, what)
 	if err != nil {
