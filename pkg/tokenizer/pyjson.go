@@ -397,6 +397,11 @@ func decodeString(b []byte, i int) (string, int, error) {
 		k++
 	}
 	if k == len(inner) {
+		if len(inner) <= maxCommonString {
+			if s, ok := commonStrings[string(inner)]; ok {
+				return s, end, nil
+			}
+		}
 		return string(inner), end, nil
 	}
 	out := make([]byte, 0, len(inner))
@@ -450,6 +455,29 @@ func decodeString(b []byte, i int) (string, int, error) {
 	}
 	return string(out), end, nil
 }
+
+// commonStrings are the strings request bodies repeat (types, roles,
+// statuses, schema keywords), which decodeString returns without copying.
+var commonStrings = func() map[string]string {
+	m := map[string]string{}
+	for _, s := range []string{
+		"", "message", "function_call", "function_call_output", "reasoning", "summary_text", "reasoning_text",
+		"user", "assistant", "system", "developer", "tool", "input_text", "output_text", "refusal",
+		"text", "tool_use", "tool_result", "thinking", "redacted_thinking", "image",
+		"completed", "in_progress", "incomplete", "function", "namespace", "custom", "auto", "disabled",
+		"none", "minimal", "low", "medium", "high", "xhigh", "max",
+		"type", "object", "string", "integer", "number", "boolean", "array", "null",
+		"description", "properties", "required", "items", "enum", "default", "additionalProperties",
+		"minimum", "maximum", "format", "title", "anyOf", "oneOf", "allOf", "$schema",
+	} {
+		m[s] = s
+	}
+	return m
+}()
+
+// maxCommonString is the length of the longest of commonStrings that
+// decodeString looks for.
+const maxCommonString = 24
 
 func hex4(b []byte, k int) (rune, bool) {
 	if k+4 > len(b) {
