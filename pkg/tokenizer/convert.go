@@ -239,7 +239,9 @@ func appendBoolMember(out []byte, name string, raw []byte) ([]byte, error) {
 }
 
 // chatMessage is one chat message being built; a conversion may change it
-// (merging later items into it) until the next message starts.
+// (merging later items into it) until the next message starts. Its
+// content and reasoning may share the body's bytes: they are replaced,
+// never appended to, and copied into the result.
 type chatMessage struct {
 	role       string
 	content    []byte // a JSON string or array, nil when absent
