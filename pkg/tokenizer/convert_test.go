@@ -129,3 +129,46 @@ func tokenizesAsTheEquivalentChat(t *testing.T, tks map[string]*hf.Tokenizer, pa
 		}
 	}
 }
+
+// TestConversionsDoNotShareTheBodysBytes overwrites each body once
+// converted and checks that the chat request made of it holds the same
+// JSON: the conversions copy texts as written but do not retain the body.
+func TestConversionsDoNotShareTheBodysBytes(t *testing.T) {
+	type conversion struct {
+		name    string
+		body    string
+		convert func([]byte) (*ChatRequest, error)
+	}
+	cases := []conversion{
+		{"codex_turn", codexTurnResponses, ChatFromResponses},
+		{"claude_code_turn", claudeCodeTurnAnthropic, ChatFromAnthropic},
+	}
+	for _, c := range responsesCases {
+		cases = append(cases, conversion{"responses/" + c.name, c.body, ChatFromResponses})
+	}
+	for _, c := range anthropicCases {
+		convert := ChatFromAnthropic
+		if c.countTokens {
+			convert = ChatFromAnthropicCountTokens
+		}
+		cases = append(cases, conversion{"anthropic/" + c.name, c.body, convert})
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			body := []byte(c.body)
+			req, err := c.convert(body)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := [][]byte{slices.Clone(req.Messages), slices.Clone(req.Tools), slices.Clone(req.ChatTemplateKwargs)}
+			for i := range body {
+				body[i] = '#'
+			}
+			for i, got := range [][]byte{req.Messages, req.Tools, req.ChatTemplateKwargs} {
+				if string(got) != string(want[i]) {
+					t.Errorf("overwriting the body changed the request's JSON from %s to %s", want[i], got)
+				}
+			}
+		})
+	}
+}
