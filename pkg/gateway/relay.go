@@ -94,15 +94,10 @@ func readTokensUsage(value []byte, details bool) (usage, bool) {
 		case "output_tokens":
 			return readCount(v, &u.CompletionTokens, &out)
 		case "input_tokens_details":
-			if !details || v[0] != '{' {
+			if !details {
 				return nil
 			}
-			return jsonscan.Members(v, func(name, v []byte) error {
-				if string(jsonscan.Name(name)) == "cached_tokens" {
-					return readCount(v, &u.CachedTokens, &u.CachedReported)
-				}
-				return nil
-			})
+			return readCachedTokens(v, &u)
 		}
 		return nil
 	})
@@ -125,19 +120,27 @@ func readUsage(value []byte) (usage, bool) {
 		case "completion_tokens":
 			return readCount(v, &u.CompletionTokens, nil)
 		case "prompt_tokens_details":
-			if v[0] != '{' {
-				return nil
-			}
-			return jsonscan.Members(v, func(name, v []byte) error {
-				if string(jsonscan.Name(name)) == "cached_tokens" {
-					return readCount(v, &u.CachedTokens, &u.CachedReported)
-				}
-				return nil
-			})
+			return readCachedTokens(v, &u)
 		}
 		return nil
 	})
 	return u, err == nil
+}
+
+// readCachedTokens reads the cached_tokens member of details, a usage's
+// prompt_tokens_details (OpenAI's chats and completions) or
+// input_tokens_details (OpenAI's Responses), into u; details that are not
+// an object are ignored.
+func readCachedTokens(details []byte, u *usage) error {
+	if details[0] != '{' {
+		return nil
+	}
+	return jsonscan.Members(details, func(name, v []byte) error {
+		if string(jsonscan.Name(name)) == "cached_tokens" {
+			return readCount(v, &u.CachedTokens, &u.CachedReported)
+		}
+		return nil
+	})
 }
 
 // errNegativeCount reports a token count below zero.

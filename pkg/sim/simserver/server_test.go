@@ -1,7 +1,6 @@
 package simserver
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -119,16 +118,7 @@ func (ts *testServer) post(t *testing.T, path string, body any) (int, []byte) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	resp, err := http.Post(ts.url+path, "application/json", bytes.NewReader(data))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	out, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp.StatusCode, out
+	return ts.postRaw(t, path, string(data))
 }
 
 func decode[T any](t *testing.T, data []byte) T {
