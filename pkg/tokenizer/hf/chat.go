@@ -29,6 +29,76 @@ type Chat struct {
 	// assistant's answer; ContinueFinalMessage ends it with the last
 	// message, left open.
 	AddGenerationPrompt, ContinueFinalMessage bool
+	// Reasoning is how the engine passes an assistant message's
+	// reasoning to the template. When it is not Known and the template
+	// mentions reasoning, an assistant message carrying a reasoning or
+	// reasoning_content that is not null fails with ErrEngineRenders.
+	Reasoning ReasoningPassing
+}
+
+// ReasoningKeys is a set of the names under which a chat template sees an
+// assistant message's reasoning.
+type ReasoningKeys uint8
+
+const (
+	// KeyReasoning is the message's reasoning.
+	KeyReasoning ReasoningKeys = 1 << iota
+	// KeyReasoningContent is the message's reasoning_content.
+	KeyReasoningContent
+)
+
+// ReasoningPassing is how an engine passes the reasoning of an assistant
+// message to the chat template, which vLLM's versions do differently:
+// earlier ones pass the message's reasoning_content as it is
+// (VLLMReasoningContent); later ones pass its reasoning as both reasoning
+// and reasoning_content, and drop its reasoning_content (VLLMReasoning).
+// The zero value knows neither.
+type ReasoningPassing struct {
+	// Known tells that Reasoning and ReasoningContent hold.
+	Known bool
+	// Reasoning and ReasoningContent are the keys under which the
+	// template sees a message's reasoning and reasoning_content members;
+	// none drops the member. A message carrying both, not null, whose
+	// keys overlap fails with ErrEngineRenders: which one the template
+	// sees is not known.
+	Reasoning, ReasoningContent ReasoningKeys
+}
+
+var (
+	// VLLMReasoning is how recent vLLM versions pass reasoning.
+	VLLMReasoning = ReasoningPassing{Known: true, Reasoning: KeyReasoning | KeyReasoningContent}
+	// VLLMReasoningContent is how earlier vLLM versions pass it.
+	VLLMReasoningContent = ReasoningPassing{Known: true, ReasoningContent: KeyReasoningContent}
+)
+
+// String names p as the configuration and the metrics do: "reasoning"
+// (VLLMReasoning), "reasoning_content" (VLLMReasoningContent), "none"
+// (both dropped), "unknown", or the keys of each member otherwise.
+func (p ReasoningPassing) String() string {
+	switch {
+	case !p.Known:
+		return "unknown"
+	case p == VLLMReasoning:
+		return "reasoning"
+	case p == VLLMReasoningContent:
+		return "reasoning_content"
+	case p.Reasoning == 0 && p.ReasoningContent == 0:
+		return "none"
+	}
+	return "reasoning as " + p.Reasoning.String() + ", reasoning_content as " + p.ReasoningContent.String()
+}
+
+// String lists the keys of k, "nothing" for none.
+func (k ReasoningKeys) String() string {
+	switch k {
+	case 0:
+		return "nothing"
+	case KeyReasoning:
+		return "reasoning"
+	case KeyReasoningContent:
+		return "reasoning_content"
+	}
+	return "reasoning and reasoning_content"
 }
 
 // configJSON is what Parse reads of tokenizer_config.json.
@@ -163,7 +233,13 @@ func (t *Tokenizer) RenderChat(c Chat) (string, error) {
 	if t.template == nil {
 		return "", ErrNoChatTemplate
 	}
-	msgs, final, err := chatMessages(c.Messages, t.reads.reasoning)
+	passing := c.Reasoning
+	if !t.reads.reasoning {
+		// A template that never mentions reasoning renders alike
+		// whatever the engine passes.
+		passing = ReasoningPassing{Known: true}
+	}
+	msgs, final, err := chatMessages(c.Messages, passing)
 	if err != nil {
 		return "", err
 	}
@@ -398,9 +474,9 @@ func toolValue(tool jinja.Value) (jinja.Value, error) {
 }
 
 // chatMessages converts the messages as vLLM does before rendering, and
-// returns the text of the last one. With reasoning (the template reads
-// it), an assistant message carrying reasoning fails (see chatMessage).
-func chatMessages(raw json.RawMessage, reasoning bool) (jinja.Value, string, error) {
+// returns the text of the last one. An assistant message's reasoning is
+// passed as reasoning says (see chatMessage).
+func chatMessages(raw json.RawMessage, reasoning ReasoningPassing) (jinja.Value, string, error) {
 	v, err := templateValue(raw)
 	if err != nil {
 		return jinja.Value{}, "", fmt.Errorf("messages: %w", err)
@@ -425,14 +501,11 @@ func chatMessages(raw json.RawMessage, reasoning bool) (jinja.Value, string, err
 }
 
 // chatMessage builds the message the template sees: role, content as a
-// string, and tool_calls, tool_call_id and name when present. An
-// assistant's reasoning is passed differently by vLLM's versions (earlier
-// ones pass reasoning_content; later ones pass reasoning as both
-// reasoning and reasoning_content, and drop reasoning_content), so with
-// reasoning (the template reads it) an assistant message with a
-// reasoning or reasoning_content that is not null fails with
-// ErrEngineRenders; without, the template cannot tell.
-func chatMessage(m *jinja.Dict, reasoning bool) (jinja.Value, string, error) {
+// string, tool_calls, an assistant's reasoning under the keys reasoning
+// gives, and tool_call_id and name when present. When reasoning is not
+// known, an assistant message with a reasoning or reasoning_content that
+// is not null fails with ErrEngineRenders.
+func chatMessage(m *jinja.Dict, reasoning ReasoningPassing) (jinja.Value, string, error) {
 	out := jinja.NewDict()
 	d := out.AsDict()
 	role, _ := m.Get("role")
@@ -461,20 +534,62 @@ func chatMessage(m *jinja.Dict, reasoning bool) (jinja.Value, string, error) {
 			d.Set("tool_calls", calls)
 		}
 	}
+	if role.AsString() == "assistant" {
+		if err := passReasoning(m, d, reasoning); err != nil {
+			return out, "", err
+		}
+	}
 	if id, ok := m.Get("tool_call_id"); ok && role.AsString() == "tool" {
 		d.Set("tool_call_id", id)
 	}
 	if name, ok := m.Get("name"); ok && name.IsString() {
 		d.Set("name", name)
 	}
-	if reasoning && role.AsString() == "assistant" {
-		for _, k := range []string{"reasoning", "reasoning_content"} {
-			if r, ok := m.Get(k); ok && !r.IsNone() {
-				return out, "", fmt.Errorf("%w: an assistant message carries %s, which vLLM versions pass to templates differently", ErrEngineRenders, k)
+	return out, text, nil
+}
+
+// passReasoning sets on out, the message the template sees, the reasoning
+// and reasoning_content members of the assistant message m under the keys
+// p gives them.
+func passReasoning(m, out *jinja.Dict, p ReasoningPassing) error {
+	members := [2]struct {
+		name string
+		keys ReasoningKeys
+		v    jinja.Value
+	}{{name: "reasoning", keys: p.Reasoning}, {name: "reasoning_content", keys: p.ReasoningContent}}
+	var seen ReasoningKeys
+	for i := range members {
+		r := &members[i]
+		v, ok := m.Get(r.name)
+		if !ok || v.IsNone() {
+			continue
+		}
+		if !p.Known {
+			return fmt.Errorf("%w: an assistant message carries %s, which vLLM versions pass to templates differently", ErrEngineRenders, r.name)
+		}
+		if r.keys == 0 {
+			continue
+		}
+		if !v.IsString() {
+			return fmt.Errorf("%s is not a string", r.name)
+		}
+		if seen&r.keys != 0 {
+			return fmt.Errorf("%w: an assistant message carries both reasoning and reasoning_content, which the template sees under one name", ErrEngineRenders)
+		}
+		seen |= r.keys
+		r.v = v
+	}
+	for _, key := range []struct {
+		name string
+		k    ReasoningKeys
+	}{{"reasoning", KeyReasoning}, {"reasoning_content", KeyReasoningContent}} {
+		for _, r := range members {
+			if r.keys&key.k != 0 && r.v.IsString() {
+				out.Set(key.name, r.v)
 			}
 		}
 	}
-	return out, text, nil
+	return nil
 }
 
 // contentText returns a message's content as one string: the string

@@ -2,8 +2,10 @@ package hf
 
 import (
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -90,6 +92,58 @@ func TestAssistantReasoningGoesToTheEngineWhenTheTemplateReadsIt(t *testing.T) {
 		if _, err := qwen.RenderChat(chat(field)); err != nil {
 			t.Errorf("qwen3 with %s: %v, want it rendered as without", field, err)
 		}
+	}
+}
+
+// Told how the engine passes reasoning, the template sees it as vLLM's
+// versions show it: recent ones a message's reasoning under both names
+// (its reasoning_content dropped), earlier ones its reasoning_content
+// alone. Qwen3's template writes the reasoning of an assistant message
+// after the last user message in a think block.
+func TestAssistantReasoningIsPassedAsTheEngineDoes(t *testing.T) {
+	chat := func(fields string, p ReasoningPassing) Chat {
+		return Chat{Reasoning: p, Messages: json.RawMessage(`[{"role":"user","content":"Hi"},` +
+			`{"role":"assistant","content":"Hello."` + fields + `}]`)}
+	}
+	qwen := loadModel(t, "qwen3")
+	render := func(c Chat) string {
+		t.Helper()
+		got, err := qwen.RenderChat(c)
+		if err != nil {
+			t.Fatalf("%s: %v", c.Messages, err)
+		}
+		return got
+	}
+	const think = "<think>\ngreet\n</think>\n\nHello."
+	without := render(chat("", VLLMReasoning))
+	if strings.Contains(without, "greet") {
+		t.Fatalf("rendered %q without reasoning", without)
+	}
+	for _, c := range []struct {
+		fields  string
+		passing ReasoningPassing
+		thinks  bool
+	}{
+		{`,"reasoning":"greet"`, VLLMReasoning, true},
+		{`,"reasoning_content":"greet"`, VLLMReasoning, false},
+		{`,"reasoning":"greet","reasoning_content":"other"`, VLLMReasoning, true},
+		{`,"reasoning_content":"greet"`, VLLMReasoningContent, true},
+		{`,"reasoning":"greet"`, VLLMReasoningContent, false},
+		{`,"reasoning":"greet"`, ReasoningPassing{Known: true}, false},
+		{`,"reasoning":"greet"`, ReasoningPassing{Known: true, Reasoning: KeyReasoningContent}, true},
+		{`,"reasoning":"greet"`, ReasoningPassing{Known: true, Reasoning: KeyReasoning}, false},
+	} {
+		got := render(chat(c.fields, c.passing))
+		if c.thinks != strings.Contains(got, think) || !c.thinks && got != without {
+			t.Errorf("%s passed as %v: rendered %q, want the reasoning in a think block: %v", c.fields, c.passing, got, c.thinks)
+		}
+	}
+	overlap := ReasoningPassing{Known: true, Reasoning: KeyReasoningContent, ReasoningContent: KeyReasoningContent}
+	if got, err := qwen.RenderChat(chat(`,"reasoning":"a","reasoning_content":"b"`, overlap)); !errors.Is(err, ErrEngineRenders) {
+		t.Errorf("both members under one name: rendered %q (%v), want ErrEngineRenders", got, err)
+	}
+	if got, err := qwen.RenderChat(chat(`,"reasoning":7`, VLLMReasoning)); err == nil {
+		t.Errorf("a reasoning that is not a string rendered %q, want an error", got)
 	}
 }
 

@@ -45,7 +45,8 @@
 // does (1.0 as "1"), vLLM's as Python does ("1.0"). RenderChat fails with
 // ErrEngineRenders where vLLM could render the chat otherwise: an
 // assistant message carrying reasoning or reasoning_content, when the
-// template mentions reasoning (vLLM versions pass one or the other), and
+// template mentions reasoning and the chat does not say how the engine
+// passes them (Chat.Reasoning: vLLM's versions pass one or the other), and
 // a string holding U+001C to U+001F when the template trims, strips or
 // splits on white space, or any white space but space, tab, newline and
 // carriage return when it calls lstrip() or rstrip() (Python strips more
