@@ -55,14 +55,16 @@ type responsesRequest struct {
 	Store           bool            `json:"store"`
 }
 
-// responsesItem is a message item of a Responses request's input: a user
-// message of input_text parts, or an earlier answer as the output message
-// it came as, with its id and status.
+// responsesItem is an item of a Responses request's input: a user message
+// of input_text parts, an earlier answer as the output message it came
+// as, with its id and status, or the reasoning item that preceded that
+// answer, whose text is a reasoning_text part.
 type responsesItem struct {
 	Type    string             `json:"type"`
-	Role    string             `json:"role"`
+	Role    string             `json:"role,omitempty"`
 	ID      string             `json:"id,omitempty"`
 	Status  string             `json:"status,omitempty"`
+	Summary json.RawMessage    `json:"summary,omitempty"`
 	Content []responsesContent `json:"content"`
 }
 
@@ -76,7 +78,8 @@ type responsesContent struct {
 
 // responsesBody returns the body of a streamed Responses request of
 // messages asking for maxTokens tokens: a leading system message becomes
-// the instructions, the other messages the input items.
+// the instructions, the other messages the input items, an answer's
+// reasoning a reasoning item before it.
 func responsesBody(model string, messages []chatMessage, maxTokens int) ([]byte, error) {
 	body := responsesRequest{Model: model, MaxOutputTokens: maxTokens, Stream: true, Input: []responsesItem{}}
 	if len(messages) > 0 && messages[0].Role == "system" {
@@ -88,6 +91,10 @@ func responsesBody(model string, messages []chatMessage, maxTokens int) ([]byte,
 		if m.Role == "assistant" {
 			item.ID, item.Status = m.id, "completed"
 			item.Content[0] = responsesContent{Type: "output_text", Text: m.Content, Annotations: json.RawMessage(`[]`)}
+			if m.Reasoning != "" {
+				body.Input = append(body.Input, responsesItem{Type: "reasoning", ID: "rs_" + strings.TrimPrefix(m.id, "msg_"),
+					Summary: json.RawMessage(`[]`), Content: []responsesContent{{Type: "reasoning_text", Text: m.Reasoning}}})
+			}
 		}
 		body.Input = append(body.Input, item)
 	}
@@ -203,22 +210,30 @@ type messagesMessage struct {
 	Content []messagesText `json:"content"`
 }
 
-// messagesText is a text block.
+// messagesText is a text block, or a thinking block with its signature.
 type messagesText struct {
-	Type string `json:"type"`
-	Text string `json:"text"`
+	Type      string `json:"type"`
+	Text      string `json:"text,omitempty"`
+	Thinking  string `json:"thinking,omitempty"`
+	Signature string `json:"signature,omitempty"`
 }
 
 // messagesBody returns the body of a streamed Messages request of
 // messages asking for maxTokens tokens: a leading system message becomes
-// the system blocks, the other messages the messages.
+// the system blocks, the other messages the messages, an answer's
+// reasoning a thinking block before its text.
 func messagesBody(model string, messages []chatMessage, maxTokens int) ([]byte, error) {
 	body := messagesRequest{Model: model, MaxTokens: maxTokens, Stream: true, Messages: []messagesMessage{}}
 	if len(messages) > 0 && messages[0].Role == "system" {
 		body.System, messages = []messagesText{{Type: "text", Text: messages[0].Content}}, messages[1:]
 	}
 	for _, m := range messages {
-		body.Messages = append(body.Messages, messagesMessage{Role: m.Role, Content: []messagesText{{Type: "text", Text: m.Content}}})
+		msg := messagesMessage{Role: m.Role}
+		if m.Reasoning != "" {
+			msg.Content = append(msg.Content, messagesText{Type: "thinking", Thinking: m.Reasoning, Signature: "kvgate-demo"})
+		}
+		msg.Content = append(msg.Content, messagesText{Type: "text", Text: m.Content})
+		body.Messages = append(body.Messages, msg)
 	}
 	return json.Marshal(&body)
 }

@@ -1,10 +1,12 @@
 package main
 
 import (
+	"encoding/json"
 	"flag"
 	"io"
 	"reflect"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +16,7 @@ import (
 	"github.com/kvgate/kvgate/pkg/sim"
 	"github.com/kvgate/kvgate/pkg/sim/simserver"
 	"github.com/kvgate/kvgate/pkg/sim/simtest"
+	"github.com/kvgate/kvgate/pkg/tokenizer"
 )
 
 // history is a conversation's second turn: the system prompt, a turn and
@@ -247,5 +250,70 @@ func TestComparisonShowsNoHitRatioWithoutCachedTokens(t *testing.T) {
 	printLive(&live, "kv-aware", s, 1, nil, 0.9, nil)
 	if !strings.Contains(live.String(), "hit -") || !strings.Contains(live.String(), "pods:  a - (2)  b - (0)") {
 		t.Errorf("live summary:\n%s", live.String())
+	}
+}
+
+// With -reasoning an answer goes back with the reasoning that preceded it,
+// each API in its own shape (a chat's reasoning member, a Responses
+// reasoning item, a Messages thinking block), and each body converts into
+// the chat the engine renders with that reasoning on the answer.
+func TestAnswersCarryTheirReasoningInEveryAPI(t *testing.T) {
+	thought := slices.Clone(history)
+	thought[2].Reasoning = "Run make first."
+	want := []map[string]any{
+		{"role": "system", "content": "You are a coding agent."},
+		{"role": "user", "content": "Fix the build."},
+		{"role": "assistant", "content": "Done.", "reasoning": "Run make first."},
+		{"role": "user", "content": "Now the tests."},
+	}
+	for _, tc := range []struct {
+		api     string
+		encode  func(string, []chatMessage, int) ([]byte, error)
+		convert func([]byte) (json.RawMessage, error)
+	}{
+		{apiChat, chatBody, func(body []byte) (json.RawMessage, error) {
+			var chat struct{ Messages json.RawMessage }
+			return chat.Messages, json.Unmarshal(body, &chat)
+		}},
+		{apiResponses, responsesBody, func(body []byte) (json.RawMessage, error) {
+			chat, err := tokenizer.ChatFromResponses(body)
+			if err != nil {
+				return nil, err
+			}
+			return chat.Messages, nil
+		}},
+		{apiMessages, messagesBody, func(body []byte) (json.RawMessage, error) {
+			chat, err := tokenizer.ChatFromAnthropic(body)
+			if err != nil {
+				return nil, err
+			}
+			return chat.Messages, nil
+		}},
+	} {
+		t.Run(tc.api, func(t *testing.T) {
+			body, err := tc.encode("llama", thought, 16)
+			if err != nil {
+				t.Fatal(err)
+			}
+			raw, err := tc.convert(body)
+			if err != nil {
+				t.Fatalf("%s: %v", body, err)
+			}
+			var got []map[string]any
+			if err := json.Unmarshal(raw, &got); err != nil {
+				t.Fatal(err)
+			}
+			// A content of one text part renders as its text.
+			for _, m := range got {
+				if parts, ok := m["content"].([]any); ok && len(parts) == 1 {
+					if part, ok := parts[0].(map[string]any); ok && part["type"] == "text" {
+						m["content"] = part["text"]
+					}
+				}
+			}
+			if !reflect.DeepEqual(got, want) {
+				t.Errorf("%s converts into\n%s\nwant the answer's reasoning on it", body, raw)
+			}
+		})
 	}
 }

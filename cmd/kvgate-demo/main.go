@@ -75,6 +75,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "kvgate-demo:", err)
 		return exitFailed
 	}
+	work.reasoning = o.reasoning
 	fmt.Fprintf(stdout, "Starting %d simulated engines and %s (binaries in %s)...\n", o.engines, gatewaysNoun(o), o.binDir)
 	fleet, err := localfleet.Start(ctx, localfleet.Config{
 		BinDir:         o.binDir,

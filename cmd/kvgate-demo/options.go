@@ -33,6 +33,9 @@ type options struct {
 	// api is the API the users send their conversations through: apiChat,
 	// apiResponses or apiMessages.
 	api string
+	// reasoning sends every answer back with the reasoning that preceded
+	// it, as clients of thinking models do.
+	reasoning bool
 	// tokenizer is the directory of a model's tokenizer files, "" for the
 	// simulator's own tokenizer.
 	tokenizer string
@@ -95,6 +98,10 @@ func parseOptions(fs *flag.FlagSet, args []string) (options, error) {
 			"POST /v1/responses, shaped as Codex CLI sends it: the system prompt as instructions, the history as input items, "+
 			"nothing stored) or messages (Anthropic's Messages API, POST /v1/messages, shaped as Claude Code sends it; it "+
 			"reports no cached tokens, so the hit ratios show -)")
+	fs.BoolVar(&o.reasoning, "reasoning", false,
+		"send every answer back with the reasoning a thinking model gave before it, as its clients do (a chat's reasoning, "+
+			"a Responses reasoning item, a Messages thinking block); with a template that reads reasoning (Qwen3's), the "+
+			"gateway renders such chats in process as it learned the engines pass reasoning")
 	fs.StringVar(&o.tokenizer, "tokenizer", "",
 		"directory of a model's Hugging Face tokenizer files (tokenizer.json, tokenizer_config.json with a chat template): "+
 			"the engines tokenize with them and the gateway tokenizes in process with them, verified against the engines "+

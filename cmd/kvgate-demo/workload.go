@@ -19,6 +19,9 @@ type workload struct {
 	convs   []routingbench.Conversation
 	texter  texter
 	next    atomic.Int64
+	// reasoning has every answer sent back with the reasoning a thinking
+	// model gave before it (-reasoning).
+	reasoning bool
 }
 
 // newWorkload generates cfg's conversations and renders the system
@@ -57,20 +60,24 @@ func (w *workload) conversation() (routingbench.Conversation, bool) {
 type chatMessage struct {
 	Role    string `json:"role"`
 	Content string `json:"content"`
-	id      string
+	// Reasoning is what a thinking model reasoned before an answer, which
+	// its clients send back with the answer.
+	Reasoning string `json:"reasoning,omitempty"`
+	id        string
 }
 
 // dialog is a conversation in progress: the messages sent so far and the
 // answers received.
 type dialog struct {
-	texter   texter
-	conv     routingbench.Conversation
-	messages []chatMessage
-	turn     int
+	texter    texter
+	conv      routingbench.Conversation
+	messages  []chatMessage
+	turn      int
+	reasoning bool
 }
 
 func (w *workload) startDialog(c routingbench.Conversation) *dialog {
-	return &dialog{texter: w.texter, conv: c, messages: []chatMessage{{Role: "system", Content: w.systems[c.System]}}}
+	return &dialog{texter: w.texter, conv: c, messages: []chatMessage{{Role: "system", Content: w.systems[c.System]}}, reasoning: w.reasoning}
 }
 
 // done reports whether every turn was sent.
@@ -94,7 +101,12 @@ func (d *dialog) nextTurn() ([]chatMessage, int, error) {
 
 // answered records the assistant's answer to the turn just sent, and the
 // id of the output message that held it (Responses API; "" otherwise).
+// With reasoning, the answer carries the reasoning that preceded it.
 func (d *dialog) answered(answer, id string) {
-	d.messages = append(d.messages, chatMessage{Role: "assistant", Content: answer, id: id})
+	m := chatMessage{Role: "assistant", Content: answer, id: id}
+	if d.reasoning {
+		m.Reasoning = fmt.Sprintf("Turn %d asks for more of the same; answer it directly.", d.turn+1)
+	}
+	d.messages = append(d.messages, m)
 	d.turn++
 }
