@@ -4,8 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
-	"fmt"
 
+	"github.com/kvgate/kvgate/pkg/internal/chatkwargs"
 	"github.com/kvgate/kvgate/pkg/internal/jsonscan"
 )
 
@@ -286,31 +286,7 @@ func (r *ChatRequest) detach() *ChatRequest {
 
 // templateKwargs returns the chat_template_kwargs to send: the request's,
 // with documents, reasoning_effort and enable_thinking merged in as vLLM's
-// chat endpoint merges them.
+// chat endpoint merges them (chatkwargs.Merge).
 func (r *ChatRequest) templateKwargs() (json.RawMessage, error) {
-	own := value(r.ChatTemplateKwargs)
-	if !present(r.Documents) && r.ReasoningEffort == "" {
-		return own, nil
-	}
-	kwargs := map[string]json.RawMessage{}
-	if own != nil {
-		if err := json.Unmarshal(own, &kwargs); err != nil {
-			return nil, fmt.Errorf("chat_template_kwargs is not a JSON object: %w", err)
-		}
-	}
-	_, userSetThinking := kwargs["enable_thinking"]
-	if present(r.Documents) {
-		kwargs["documents"] = r.Documents
-	}
-	if r.ReasoningEffort != "" {
-		effort, err := json.Marshal(r.ReasoningEffort)
-		if err != nil {
-			return nil, err
-		}
-		kwargs["reasoning_effort"] = effort
-		if !userSetThinking {
-			kwargs["enable_thinking"] = json.RawMessage(fmt.Sprint(r.ReasoningEffort != "none"))
-		}
-	}
-	return json.Marshal(kwargs)
+	return chatkwargs.Merge(r.ChatTemplateKwargs, r.Documents, r.ReasoningEffort)
 }
