@@ -37,7 +37,12 @@ func (s *Server) handleChatCompletions(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	prompt, err := s.tokenizer.encodeChat(req.prompt())
+	chat, err := req.chatPrompt()
+	if err != nil {
+		s.writeError(w, err)
+		return
+	}
+	prompt, err := s.tokenizer.encodeChat(chat)
 	if err != nil {
 		s.writeError(w, err)
 		return

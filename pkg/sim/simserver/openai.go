@@ -8,6 +8,7 @@ import (
 	"math"
 	"strings"
 
+	"github.com/kvgate/kvgate/pkg/internal/chatkwargs"
 	"github.com/kvgate/kvgate/pkg/sim"
 )
 
@@ -79,6 +80,32 @@ type chatRequest struct {
 	generationParams
 	chatFields
 	MaxCompletionTokens laxInt `json:"max_completion_tokens"`
+	// Documents and ReasoningEffort reach the chat template as vLLM's
+	// chat endpoint passes them (see templateKwargs); /tokenize, as
+	// vLLM's, reads neither.
+	Documents       json.RawMessage `json:"documents"`
+	ReasoningEffort string          `json:"reasoning_effort"`
+}
+
+// chatPrompt returns the chat prompt of r, with the template variables
+// vLLM's chat endpoint passes.
+func (r *chatRequest) chatPrompt() (chatPrompt, error) {
+	p := r.prompt()
+	var err error
+	p.kwargs, err = templateKwargs(p.kwargs, r.Documents, r.ReasoningEffort)
+	return p, err
+}
+
+// templateKwargs returns the chat_template_kwargs vLLM's chat endpoint
+// renders a chat with: kwargs with documents, reasoning_effort and the
+// enable_thinking it implies merged in (chatkwargs.Merge). It fails as a
+// bad request when kwargs, to be merged into, is not a JSON object.
+func templateKwargs(kwargs, documents json.RawMessage, reasoningEffort string) (json.RawMessage, error) {
+	merged, err := chatkwargs.Merge(kwargs, documents, reasoningEffort)
+	if err != nil {
+		return nil, badRequestf("%v", err)
+	}
+	return merged, nil
 }
 
 func (r *chatRequest) check() error {

@@ -11,7 +11,13 @@
 // Prompts are tokenized, and chats rendered, with the simulator's own
 // tokenizer and ChatML template, or with a model's own tokenizer files
 // (Config.Tokenizer, package hf), whose ids the engines then cache and
-// publish.
+// publish. A chat's template sees what vLLM's chat endpoint gives it, as
+// the gateway's tokenizer does (package tokenizer): chat_template_kwargs
+// with the chat's documents and reasoning_effort set over its own members
+// of those names, and enable_thinking set to reasoning_effort != "none"
+// when there is a reasoning effort and chat_template_kwargs does not set
+// it. POST /tokenize, as vLLM's, reads neither documents nor
+// reasoning_effort.
 //
 // POST /v1/messages is served as vLLM serves it: the body becomes the chat
 // completion request vLLM builds from it (Config.Anthropic, which package
@@ -28,8 +34,7 @@
 // cannot reproduce (images, among others: see tokenizer.ChatFromAnthropic),
 // with a message saying so. The stream member is read as laxly as the
 // OpenAI requests' members are; output_config.effort, which vLLM passes to
-// the chat template as reasoning_effort, is not passed, as the simulator
-// passes no reasoning_effort of a chat either.
+// the chat template as reasoning_effort, is not passed.
 //
 // POST /v1/responses is served as vLLM serves it for models it does not
 // render with harmony (all but gpt-oss): the body becomes the chat vLLM
@@ -56,8 +61,7 @@
 // tools, tool_choice, temperature, ...) are echoed back as sent, where vLLM
 // echoes them as its request models re-serialize them, with vLLM's
 // defaults for those left out; reasoning.effort, which vLLM passes to the
-// chat template as reasoning_effort, is not passed, as the simulator passes
-// no reasoning_effort of a chat either. store is ignored and no response is kept,
+// chat template as reasoning_effort, is not passed. store is ignored and no response is kept,
 // as in vLLM without VLLM_ENABLE_RESPONSES_API_STORE: previous_response_id
 // is answered 404 "Response with id '...' not found.", and background 400.
 // Errors are OpenAI error objects with vLLM's status and wording: 400 for a
