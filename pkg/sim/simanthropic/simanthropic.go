@@ -35,7 +35,7 @@ func Convert(body []byte, countTokens bool) (*simserver.AnthropicChat, error) {
 		return nil, te.Err
 	}
 	out := &simserver.AnthropicChat{Model: chat.Model, Messages: chat.Messages, Tools: chat.Tools,
-		ChatTemplateKwargs: chat.ChatTemplateKwargs}
+		ChatTemplateKwargs: chat.ChatTemplateKwargs, ReasoningEffort: chat.ReasoningEffort}
 	if chat.MaxTokens != nil {
 		out.MaxTokens = *chat.MaxTokens
 	}

@@ -29,3 +29,19 @@ func TestConvertTellsUnsupportedBodiesFromRefusedOnes(t *testing.T) {
 		}
 	}
 }
+
+func TestConvertGivesOutputConfigEffortAsTheReasoningEffort(t *testing.T) {
+	body := `{"model":"m","max_tokens":7,"output_config":{"effort":"low"},"messages":[{"role":"user","content":"hi"}]}`
+	for _, c := range []struct {
+		countTokens bool
+		want        string
+	}{
+		{false, "low"},
+		{true, ""}, // vLLM's token count reads no output_config
+	} {
+		chat, err := Convert([]byte(body), c.countTokens)
+		if err != nil || chat.ReasoningEffort != c.want {
+			t.Errorf("countTokens %v: %+v, %v; want reasoning effort %q", c.countTokens, chat, err, c.want)
+		}
+	}
+}

@@ -17,8 +17,7 @@ import (
 // as, by tokenizer.ChatFromResponses. A body the tokenizer refuses as
 // unsupported fails with an error wrapping
 // simserver.ErrResponsesUnsupported; one vLLM refuses with the
-// conversion's reason. The chat's reasoning_effort is dropped, as the
-// simulator renders no chat with one.
+// conversion's reason.
 func Convert(body []byte) (*simserver.ResponsesChat, error) {
 	chat, err := tokenizer.ChatFromResponses(body)
 	if err != nil {
@@ -33,5 +32,5 @@ func Convert(body []byte) (*simserver.ResponsesChat, error) {
 	}
 	return &simserver.ResponsesChat{Messages: chat.Messages, Tools: chat.Tools,
 		ChatTemplateKwargs: chat.ChatTemplateKwargs, AddGenerationPrompt: chat.AddGenerationPrompt,
-		ContinueFinalMessage: chat.ContinueFinalMessage}, nil
+		ContinueFinalMessage: chat.ContinueFinalMessage, ReasoningEffort: chat.ReasoningEffort}, nil
 }

@@ -26,3 +26,10 @@ func TestConvertTellsUnsupportedBodiesFromRefusedOnes(t *testing.T) {
 		}
 	}
 }
+
+func TestConvertGivesReasoningEffortAsTheChats(t *testing.T) {
+	chat, err := Convert([]byte(`{"model":"m","input":"hi","reasoning":{"effort":"none"}}`))
+	if err != nil || chat.ReasoningEffort != "none" {
+		t.Errorf("converted into %+v, %v; want reasoning effort none", chat, err)
+	}
+}

@@ -20,6 +20,10 @@ type AnthropicChat struct {
 	// the chat template reads them; Tools and ChatTemplateKwargs are nil
 	// when absent.
 	Messages, Tools, ChatTemplateKwargs json.RawMessage
+	// ReasoningEffort is the chat's reasoning_effort, vLLM's reading of
+	// output_config.effort; empty for none. It reaches the chat template
+	// as a chat completion request's does.
+	ReasoningEffort string
 }
 
 // AnthropicConverter converts the body of an Anthropic Messages request
@@ -124,8 +128,12 @@ func (s *Server) renderAnthropic(chat *AnthropicChat) (*sim.LoRA, []uint32, erro
 	if err != nil {
 		return nil, nil, err
 	}
+	kwargs, err := templateKwargs(chat.ChatTemplateKwargs, nil, chat.ReasoningEffort)
+	if err != nil {
+		return nil, nil, err
+	}
 	prompt, err := s.tokenizer.encodeChat(chatPrompt{messages: chat.Messages, tools: chat.Tools,
-		kwargs: chat.ChatTemplateKwargs, addGenerationPrompt: true})
+		kwargs: kwargs, addGenerationPrompt: true})
 	if err != nil {
 		return nil, nil, err
 	}

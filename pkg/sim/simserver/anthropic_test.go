@@ -37,7 +37,8 @@ func convertAnthropic(body []byte, countTokens bool) (*AnthropicChat, error) {
 		}
 		return nil, err
 	}
-	out := &AnthropicChat{Model: chat.Model, Messages: chat.Messages, Tools: chat.Tools, ChatTemplateKwargs: chat.ChatTemplateKwargs}
+	out := &AnthropicChat{Model: chat.Model, Messages: chat.Messages, Tools: chat.Tools, ChatTemplateKwargs: chat.ChatTemplateKwargs,
+		ReasoningEffort: chat.ReasoningEffort}
 	if chat.MaxTokens != nil {
 		out.MaxTokens = *chat.MaxTokens
 	}

@@ -3,6 +3,7 @@ package simserver
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -29,15 +30,18 @@ enable_thinking={{ enable_thinking if enable_thinking is defined else "absent" }
 {% endif %}`
 
 // TestChatsRenderWithTheVariablesTheGatewaysTokenizerPasses checks that
-// the prompt a server renders for a chat completion body, as its usage
-// and KV events show it, is the one the gateway's in-process tokenizer
-// computes for the same body: with the chat's documents, its reasoning
-// effort and the enable_thinking vLLM derives from it among the template's
-// variables.
+// the prompt a server renders for a chat completion, Messages, token count
+// or Responses body, as its usage and KV events show it, is the one the
+// gateway's in-process tokenizer computes for the same body: with the
+// chat's documents, its reasoning effort and the enable_thinking vLLM
+// derives from it among the template's variables.
 func TestChatsRenderWithTheVariablesTheGatewaysTokenizerPasses(t *testing.T) {
 	const (
-		user = `[{"role":"user","content":"Why route requests by prefix?"}]`
-		chat = `{"model":"` + testModel + `","max_tokens":1,"messages":` + user
+		user  = `[{"role":"user","content":"Why route requests by prefix?"}]`
+		chat  = `{"model":"` + testModel + `","max_tokens":1,"messages":` + user
+		msgs  = `{"model":"` + testModel + `","max_tokens":1,"system":"Be brief.","messages":` + user
+		count = `{"model":"` + testModel + `","system":"Be brief.","messages":` + user
+		resp  = `{"model":"` + testModel + `","max_output_tokens":1,"instructions":"Be brief.","input":"Why route requests by prefix?"`
 	)
 	qwen3 := filepath.Join(testsupport.TokenizerModels(t), "qwen3")
 	variables := modelFiles(t, qwen3, variablesTemplate)
@@ -54,10 +58,19 @@ func TestChatsRenderWithTheVariablesTheGatewaysTokenizerPasses(t *testing.T) {
 			chat + `,"reasoning_effort":"none"}`, chat + `}`},
 		{"Qwen3, a chat whose chat_template_kwargs set enable_thinking", qwen3, "/v1/chat/completions",
 			chat + `,"reasoning_effort":"none","chat_template_kwargs":{"enable_thinking":true}}`, chat + `,"reasoning_effort":"none"}`},
+		{"Qwen3, a Responses request with reasoning.effort none", qwen3, "/v1/responses",
+			resp + `,"reasoning":{"effort":"none"}}`, resp + `}`},
 		{"a chat with documents and reasoning_effort", variables, "/v1/chat/completions",
 			chat + `,"documents":[{"title":"a","text":"b"}],"reasoning_effort":"high",` +
 				`"chat_template_kwargs":{"documents":[{"text":"old"}],"enable_thinking":false}}`,
 			chat + `,"chat_template_kwargs":{"documents":[{"text":"old"}],"enable_thinking":false}}`},
+		{"a Messages request with output_config.effort", variables, "/v1/messages",
+			msgs + `,"output_config":{"effort":"low"}}`, msgs + `}`},
+		// vLLM's token count reads no output_config.
+		{"a token count with output_config.effort", variables, "/v1/messages/count_tokens",
+			count + `,"output_config":{"effort":"high"}}`, ""},
+		{"a Responses request with reasoning.effort", variables, "/v1/responses",
+			resp + `,"reasoning":{"effort":"medium"}}`, resp + `}`},
 	} {
 		m := models[tc.files]
 		if m == nil {
@@ -191,7 +204,25 @@ type filesModel struct {
 	gateway *tokenizer.Tokenizer
 }
 
-// withFiles configures a server to render with m's files.
+// withFiles configures a server to render with m's files and vLLM's
+// conversion of Responses requests.
 func (m *filesModel) withFiles(c *Config) {
 	c.Tokenizer = m.engine
+	c.Responses = convertResponsesAsVLLM
+}
+
+// convertResponsesAsVLLM is the ResponsesConverter package simresponses
+// gives, vLLM's conversion by tokenizer.ChatFromResponses.
+func convertResponsesAsVLLM(body []byte) (*ResponsesChat, error) {
+	chat, err := tokenizer.ChatFromResponses(body)
+	if err != nil {
+		var te *tokenizer.Error
+		if errors.As(err, &te) && te.Reason == tokenizer.ReasonUnsupported {
+			return nil, fmt.Errorf("%w: %v", ErrResponsesUnsupported, te.Err)
+		}
+		return nil, err
+	}
+	return &ResponsesChat{Messages: chat.Messages, Tools: chat.Tools, ChatTemplateKwargs: chat.ChatTemplateKwargs,
+		AddGenerationPrompt: chat.AddGenerationPrompt, ContinueFinalMessage: chat.ContinueFinalMessage,
+		ReasoningEffort: chat.ReasoningEffort}, nil
 }

@@ -28,6 +28,10 @@ type ResponsesChat struct {
 	// nil for their defaults (true and false): vLLM continues a final
 	// assistant message the input ends with instead of opening a new one.
 	AddGenerationPrompt, ContinueFinalMessage *bool
+	// ReasoningEffort is the chat's reasoning_effort, vLLM's reading of
+	// reasoning.effort; empty for none. It reaches the chat template as a
+	// chat completion request's does.
+	ReasoningEffort string
 }
 
 // ResponsesConverter converts the body of a Responses request into the
@@ -140,7 +144,12 @@ func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
 			"Please request fewer output tokens. (parameter=max_output_tokens, value=%d)", maxOut, s.maxModelLen, maxOut))
 		return
 	}
-	prompt, err := s.tokenizer.encodeChat(chatPrompt{messages: chat.Messages, tools: chat.Tools, kwargs: chat.ChatTemplateKwargs,
+	kwargs, err := templateKwargs(chat.ChatTemplateKwargs, nil, chat.ReasoningEffort)
+	if err != nil {
+		s.writeResponsesError(w, err)
+		return
+	}
+	prompt, err := s.tokenizer.encodeChat(chatPrompt{messages: chat.Messages, tools: chat.Tools, kwargs: kwargs,
 		addGenerationPrompt:  chat.AddGenerationPrompt == nil || *chat.AddGenerationPrompt,
 		continueFinalMessage: chat.ContinueFinalMessage != nil && *chat.ContinueFinalMessage})
 	if err != nil {

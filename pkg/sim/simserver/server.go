@@ -33,8 +33,8 @@
 // is answered 400, and so is one vLLM would render in a way the simulator
 // cannot reproduce (images, among others: see tokenizer.ChatFromAnthropic),
 // with a message saying so. The stream member is read as laxly as the
-// OpenAI requests' members are; output_config.effort, which vLLM passes to
-// the chat template as reasoning_effort, is not passed.
+// OpenAI requests' members are; output_config.effort becomes the chat's
+// reasoning_effort, as in vLLM, whose token count reads no output_config.
 //
 // POST /v1/responses is served as vLLM serves it for models it does not
 // render with harmony (all but gpt-oss): the body becomes the chat vLLM
@@ -60,8 +60,8 @@
 // prompt leaves, as vLLM does). The request's other members (instructions,
 // tools, tool_choice, temperature, ...) are echoed back as sent, where vLLM
 // echoes them as its request models re-serialize them, with vLLM's
-// defaults for those left out; reasoning.effort, which vLLM passes to the
-// chat template as reasoning_effort, is not passed. store is ignored and no response is kept,
+// defaults for those left out; reasoning.effort becomes the chat's
+// reasoning_effort, as in vLLM. store is ignored and no response is kept,
 // as in vLLM without VLLM_ENABLE_RESPONSES_API_STORE: previous_response_id
 // is answered 404 "Response with id '...' not found.", and background 400.
 // Errors are OpenAI error objects with vLLM's status and wording: 400 for a
