@@ -185,6 +185,7 @@ func TestOptionsRejectBadValues(t *testing.T) {
 		{"--speed", "0"},
 		{"--allowed-origins", `["https://a.example"`},
 		{"--allowed-headers", `[1]`},
+		{"--reasoning-passing", "think"},
 		{"positional"},
 	} {
 		if _, err := parse(t, args...); err == nil {
@@ -312,5 +313,46 @@ func TestTokenizerFlagLoadsTheModelsFiles(t *testing.T) {
 	}
 	if _, err := o.serverConfig(rand.Reader); err == nil || !strings.Contains(err.Error(), "-tokenizer") {
 		t.Errorf("a directory without tokenizer.json: %v, want a -tokenizer error", err)
+	}
+}
+
+func TestReasoningPassingFlagChoosesHowTheTemplateSeesReasoning(t *testing.T) {
+	dir := filepath.Join(testsupport.TokenizerModels(t), "qwen3")
+	for _, c := range []struct {
+		args   []string
+		member string // the member the template sees
+	}{
+		{nil, "reasoning"},
+		{[]string{"--reasoning-passing", "reasoning"}, "reasoning"},
+		{[]string{"--reasoning-passing", "reasoning_content"}, "reasoning_content"},
+	} {
+		url, stop := startServe(t, append([]string{"--tokenizer", dir}, c.args...)...)
+		count := func(member string) int {
+			t.Helper()
+			body := `{"add_generation_prompt":false,"messages":[{"role":"user","content":"Hi"},` +
+				`{"role":"assistant","content":"Hello.","` + member + `":"a long thought about greetings"}]}`
+			resp, err := http.Post(url+"/tokenize", "application/json", strings.NewReader(body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			var got struct{ Count int }
+			if err := json.NewDecoder(resp.Body).Decode(&got); err != nil || resp.StatusCode != http.StatusOK {
+				t.Fatalf("%q: /tokenize with %s: status %d, %v", c.args, member, resp.StatusCode, err)
+			}
+			return got.Count
+		}
+		// Qwen3's template writes the reasoning the engine passes in the
+		// think block of the last turn, which is otherwise empty.
+		seen, other := count("reasoning"), count("reasoning_content")
+		if c.member == "reasoning_content" {
+			seen, other = other, seen
+		}
+		if seen <= other {
+			t.Errorf("%q: %s gave %d tokens, the other member %d; want the template to see %s", c.args, c.member, seen, other, c.member)
+		}
+		if err := stop(); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

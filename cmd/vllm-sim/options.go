@@ -32,6 +32,9 @@ type options struct {
 	// tokenizer is the directory of the model's tokenizer files, "" for
 	// the simulator's own tokenizer.
 	tokenizer string
+	// reasoning is how assistant reasoning reaches the tokenizer's chat
+	// template (-reasoning-passing).
+	reasoning hf.ReasoningPassing
 	engine    sim.EngineConfig
 	// events configures the KV-event publishers when eventsOn; wire is
 	// their wire format.
@@ -108,6 +111,10 @@ func parseOptions(fs *flag.FlagSet, args []string) (options, error) {
 		"directory of the model's Hugging Face tokenizer files (tokenizer.json, and tokenizer_config.json or chat_template.jinja "+
 			"for chats) to tokenize prompts and render chats with, for /tokenize and the engines; empty: the simulator's own word-piece "+
 			"tokenizer and ChatML template")
+	reasoning := fs.String("reasoning-passing", "reasoning",
+		"how an assistant message's reasoning reaches the -tokenizer's chat template, as vLLM's versions pass it: reasoning "+
+			"(recent versions: the message's reasoning as both reasoning and reasoning_content, its reasoning_content dropped) "+
+			"or reasoning_content (earlier versions: its reasoning_content as it is, its reasoning dropped)")
 	eventsJSON := fs.String("kv-events-config", "",
 		`KV-cache events, as vLLM's --kv-events-config JSON: {"enable_kv_cache_events": true, "publisher": "zmq", `+
 			`"endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558", "topic": "", "buffer_steps": 10000, `+
@@ -161,6 +168,9 @@ func parseOptions(fs *flag.FlagSet, args []string) (options, error) {
 	if o.wire, ok = wireFormats[*wire]; !ok {
 		return o, fmt.Errorf("-kv-events-wire %q: want v0.26, v0.24 or v0.10", *wire)
 	}
+	if o.reasoning, ok = reasoningPassings[*reasoning]; !ok {
+		return o, fmt.Errorf("-reasoning-passing %q: want reasoning or reasoning_content", *reasoning)
+	}
 	if err := o.delivery.Validate(); err != nil {
 		return o, fmt.Errorf("-kv-events-delay, -kv-events-jitter, -kv-events-loss: %w", err)
 	}
@@ -182,6 +192,12 @@ func parseOptions(fs *flag.FlagSet, args []string) (options, error) {
 	var err error
 	o.events, o.eventsOn, err = parseKVEventsConfig(*eventsJSON)
 	return o, err
+}
+
+// reasoningPassings are the values of -reasoning-passing.
+var reasoningPassings = map[string]hf.ReasoningPassing{
+	"reasoning":         hf.VLLMReasoning,
+	"reasoning_content": hf.VLLMReasoningContent,
 }
 
 // parseList parses a list flag: a JSON list of strings when it starts
@@ -231,6 +247,7 @@ func (o *options) serverConfig(random io.Reader) (simserver.Config, error) {
 		}
 		cfg.Tokenizer = tk
 	}
+	cfg.Reasoning = o.reasoning
 	for range o.dpSize {
 		ec := o.engine
 		ec.HashSeed = o.hashSeed

@@ -17,7 +17,12 @@
 // of those names, and enable_thinking set to reasoning_effort != "none"
 // when there is a reasoning effort and chat_template_kwargs does not set
 // it. POST /tokenize, as vLLM's, reads neither documents nor
-// reasoning_effort.
+// reasoning_effort. An assistant message's reasoning reaches the model's
+// template as Config.Reasoning says, recent vLLM's way by default (its
+// reasoning under both reasoning and reasoning_content) or earlier vLLM's
+// (its reasoning_content alone), in every chat rendered: chat
+// completions, /tokenize, and the chats of Messages and Responses
+// requests.
 //
 // POST /v1/messages is served as vLLM serves it: the body becomes the chat
 // completion request vLLM builds from it (Config.Anthropic, which package
@@ -176,6 +181,13 @@ type Config struct {
 	// engines cache and publish are then that model's. The simulated model
 	// still generates from the simulator's output vocabulary.
 	Tokenizer *hf.Tokenizer
+	// Reasoning is how the engine passes an assistant message's reasoning
+	// to Tokenizer's chat template, as vLLM's versions do differently:
+	// hf.VLLMReasoning, recent versions' (a message's reasoning under both
+	// reasoning and reasoning_content, its reasoning_content dropped), or
+	// hf.VLLMReasoningContent, earlier versions' (its reasoning_content as
+	// it is, its reasoning dropped). The zero value is hf.VLLMReasoning.
+	Reasoning hf.ReasoningPassing
 	// Anthropic converts the body of an Anthropic Messages request into
 	// the chat completion request vLLM serves it as (package simanthropic
 	// gives vLLM's conversion); without it, /v1/messages and
@@ -233,7 +245,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	s.tokenizer = simTokenizer{}
 	if cfg.Tokenizer != nil {
-		s.tokenizer = hfTokenizer{cfg.Tokenizer}
+		s.tokenizer = hfTokenizer{tk: cfg.Tokenizer, reasoning: cmp.Or(cfg.Reasoning, hf.VLLMReasoning)}
 	}
 	if s.registry == nil {
 		s.registry = prometheus.NewRegistry()

@@ -45,8 +45,12 @@ func (simTokenizer) encodeChat(c chatPrompt) ([]uint32, error) {
 }
 
 // hfTokenizer is a model's own tokenizer and chat template, from its
-// Hugging Face tokenizer files.
-type hfTokenizer struct{ tk *hf.Tokenizer }
+// Hugging Face tokenizer files, and how assistant reasoning reaches the
+// template.
+type hfTokenizer struct {
+	tk        *hf.Tokenizer
+	reasoning hf.ReasoningPassing
+}
 
 func (h hfTokenizer) encode(text string, addSpecialTokens bool) []uint32 {
 	return h.tk.Encode(text, addSpecialTokens)
@@ -59,6 +63,7 @@ func (h hfTokenizer) encodeChat(c chatPrompt) ([]uint32, error) {
 	ids, err := h.tk.EncodeChat(hf.Chat{
 		Messages: c.messages, Tools: c.tools, TemplateKwargs: c.kwargs,
 		AddGenerationPrompt: c.addGenerationPrompt, ContinueFinalMessage: c.continueFinalMessage,
+		Reasoning: h.reasoning,
 	}, c.addSpecialTokens)
 	if err != nil {
 		return nil, badRequestf("chat template: %v", err)
