@@ -350,7 +350,7 @@ func anthropicTokenizers(t testing.TB) map[string]*hf.Tokenizer {
 
 // chatIDs renders and tokenizes req in process as TokenizeChat does.
 func chatIDs(tk *hf.Tokenizer, req *ChatRequest) ([]uint32, error) {
-	chat, err := req.localChat()
+	chat, err := req.localChat(hf.ReasoningPassing{})
 	if err != nil {
 		return nil, err
 	}

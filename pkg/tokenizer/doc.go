@@ -98,9 +98,27 @@
 // the files cannot render (content other than text, a chat_template of its
 // own, multimodal settings, a JSON number that is not an int64 integer,
 // which templates would print unlike Python) or could render unlike vLLM
-// (an assistant's reasoning, which vLLM versions pass differently, and
-// white space Python strips and the template engine here does not; see
-// package hf) is tokenized by the engine.
+// (white space Python strips and the template engine here does not, an
+// assistant's reasoning while the engine's way of passing it is not known;
+// see package hf) is tokenized by the engine.
+//
+// vLLM's versions pass an assistant message's reasoning to the chat
+// template differently: recent ones its reasoning as both reasoning and
+// reasoning_content (its reasoning_content dropped), earlier ones its
+// reasoning_content as it is. When the model's template mentions
+// reasoning, the chat form's verification therefore asks the engine too:
+// probe chats carrying only reasoning, then only reasoning_content, on an
+// assistant message (its last message; one calling a tool whose result
+// follows; an earlier turn) are tokenized by the engine and rendered here
+// with the member under each set of names (none, reasoning,
+// reasoning_content, both). The names that give the engine's ids on every
+// probe are adopted (vLLM's conventions first, among names that render
+// every probe alike), shown by LocalModels (Reasoning) and logged, and
+// chats carrying reasoning are then tokenized in process and compared on
+// a share of the traffic as any other. When no names fit, or the engine
+// refuses a probe or does not answer it, the way stays unknown until the
+// gateway restarts and such chats are tokenized by the engine. Every probe
+// is counted in kvgate_tokenizer_reasoning_probes_total{model,result}.
 //
 // The work of one request in process is bounded. Its text, a prompt or a
 // chat's JSON and the chat it renders, is at most Config.LocalMaxBytes

@@ -77,6 +77,10 @@ type localModel struct {
 	retryAt     [2]atomic.Int64 // unix nanoseconds
 	lastLog     [2]atomic.Int64 // unix nanoseconds of the last mismatch log
 	maxModelLen atomic.Int64    // learned from the engine's answers
+	// reasoning is how the engine passes an assistant message's
+	// reasoning to the chat template, learned when the chat form is
+	// verified; nil while it is not known.
+	reasoning atomic.Pointer[hf.ReasoningPassing]
 
 	mu     sync.Mutex
 	reason [2]string // why the form falls back, or ""
@@ -94,6 +98,22 @@ type LocalModel struct {
 	// engine.
 	CompletionReason string `json:"completionReason,omitempty"`
 	ChatReason       string `json:"chatReason,omitempty"`
+	// Reasoning is how the engine passes an assistant message's reasoning
+	// to the chat template, learned when the chat form was verified
+	// (hf.ReasoningPassing's names: "reasoning" for recent vLLM versions,
+	// "reasoning_content" for earlier ones); "unknown" while it is not
+	// known, when chats carrying reasoning are tokenized by the engine.
+	// Absent when the chat template does not mention reasoning.
+	Reasoning string `json:"reasoning,omitempty"`
+}
+
+// reasoningPassing returns how the engine passes assistant reasoning, the
+// zero value while it is not known.
+func (lm *localModel) reasoningPassing() hf.ReasoningPassing {
+	if p := lm.reasoning.Load(); p != nil {
+		return *p
+	}
+	return hf.ReasoningPassing{}
 }
 
 // maxLocalDepth bounds how deep model directories are looked for: model
@@ -167,12 +187,16 @@ func (t *Tokenizer) LocalModels() []LocalModel {
 	out := make([]LocalModel, 0, len(t.local))
 	for _, lm := range t.local {
 		lm.mu.Lock()
-		out = append(out, LocalModel{
+		m := LocalModel{
 			Model: lm.name, Dir: lm.dir,
 			Completion: stateNames[lm.state[formIndexCompletion].Load()], Chat: stateNames[lm.state[formIndexChat].Load()],
 			CompletionReason: lm.reason[formIndexCompletion], ChatReason: lm.reason[formIndexChat],
-		})
+		}
 		lm.mu.Unlock()
+		if lm.tk.MentionsReasoning() {
+			m.Reasoning = lm.reasoningPassing().String()
+		}
+		out = append(out, m)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Model < out[j].Model })
 	return out
@@ -257,7 +281,7 @@ func (t *Tokenizer) localChat(ctx context.Context, req *ChatRequest, baseURL str
 	if n := len(req.Messages) + len(req.Tools) + len(req.Documents) + len(req.ChatTemplateKwargs); n > t.localMaxBytes {
 		return result{}, false, t.tooLarge(req.Model, "chat", n)
 	}
-	chat, err := req.localChat()
+	chat, err := req.localChat(lm.reasoningPassing())
 	var text string
 	if err == nil {
 		text, err = lm.tk.RenderChat(chat)
@@ -310,8 +334,9 @@ func (t *Tokenizer) localFailure(model string, err error) error {
 var errLeft = errors.New("the caller stopped waiting while the prompt was tokenized in process")
 
 // localChat returns r as the in-process tokenizer renders it, with the
-// template variables vLLM passes.
-func (r *ChatRequest) localChat() (hf.Chat, error) {
+// template variables vLLM passes and assistant reasoning passed as
+// reasoning says.
+func (r *ChatRequest) localChat(reasoning hf.ReasoningPassing) (hf.Chat, error) {
 	kwargs, err := r.templateKwargs()
 	if err != nil {
 		return hf.Chat{}, err
@@ -320,6 +345,7 @@ func (r *ChatRequest) localChat() (hf.Chat, error) {
 		Messages: r.Messages, Tools: value(r.Tools), TemplateKwargs: kwargs,
 		AddGenerationPrompt:  boolOr(r.AddGenerationPrompt, true),
 		ContinueFinalMessage: boolOr(r.ContinueFinalMessage, false),
+		Reasoning:            reasoning,
 	}, nil
 }
 
@@ -473,9 +499,28 @@ func (t *Tokenizer) verifyAtStart(lm *localModel, form int, baseURL string) {
 		}
 		t.m.verifications(lm.name, form, verifyMatch).Inc()
 	}
+	if form == formIndexChat && lm.tk.MentionsReasoning() {
+		t.verifyReasoning(lm, baseURL)
+	}
 	lm.state[form].Store(stateActive)
 	t.log.Info("Tokenizing in process: the engine's /tokenize agreed on every sample",
 		"model", lm.name, "form", forms[form], "samples", len(verifySamples(form)), "dir", lm.dir)
+}
+
+// verifyReasoning learns how the engine at baseURL passes assistant
+// reasoning to the model's chat template (see learnReasoning), for the
+// chats the chat form then renders; unlearned, chats carrying reasoning
+// are left to the engine.
+func (t *Tokenizer) verifyReasoning(lm *localModel, baseURL string) {
+	p, reason, ok := t.learnReasoning(lm, baseURL)
+	if !ok {
+		lm.reasoning.Store(nil)
+		t.log.Info("How the engine passes assistant reasoning to the chat template is not known: the engine tokenizes chats carrying it",
+			"model", lm.name, "reason", reason)
+		return
+	}
+	lm.reasoning.Store(&p)
+	t.log.Info("Learned how the engine passes assistant reasoning to the chat template", "model", lm.name, "reasoning", p.String())
 }
 
 // fail makes the engine tokenize the model's requests of form for good.

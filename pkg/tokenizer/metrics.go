@@ -26,6 +26,7 @@ type metrics struct {
 	localFallbacks     map[string]prometheus.Counter
 	verificationsVec   *prometheus.CounterVec
 	mismatchesVec      *prometheus.CounterVec
+	reasoningProbesVec *prometheus.CounterVec
 }
 
 // Reasons a request of a model with tokenizer files is not tokenized in
@@ -50,6 +51,10 @@ const (
 
 func (m *metrics) verifications(model string, form int, result string) prometheus.Counter {
 	return m.verificationsVec.WithLabelValues(model, forms[form], result)
+}
+
+func (m *metrics) reasoningProbes(model, result string) prometheus.Counter {
+	return m.reasoningProbesVec.WithLabelValues(model, result)
 }
 
 func (m *metrics) mismatches(model string, form int) prometheus.Counter {
@@ -121,6 +126,12 @@ func newMetrics(reg prometheus.Registerer, local map[string]*localModel) (*metri
 			Namespace: ns, Subsystem: sub, Name: "mismatches_total",
 			Help: "Requests the in-process tokenizer tokenized differently from the engine, by model and form; the engine tokenizes that model and form from the first one on.",
 		}, []string{"model", "form"}),
+		reasoningProbesVec: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "reasoning_probes_total",
+			Help: "Chats carrying assistant reasoning sent to the engine's /tokenize, when a model's chat form is verified, to learn how it passes " +
+				"reasoning to the chat template, by model and result: match (the engine's ids are those of a way of passing it), nomatch, " +
+				"refused or error (no answer); a result other than match leaves the model's chats carrying reasoning to the engine.",
+		}, []string{"model", "result"}),
 	}
 	localCount := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: ns, Subsystem: sub, Name: "local_tokenizations_total",
@@ -142,7 +153,7 @@ func newMetrics(reg prometheus.Registerer, local map[string]*localModel) (*metri
 		m.calls[string(r)] = calls.WithLabelValues(string(r))
 	}
 	collectors := []prometheus.Collector{calls, m.callDuration, m.hits, m.misses, m.evictions, m.cachedTokens, m.cachedBytes, m.cachedEntries,
-		m.partialHits, m.backgroundDropped, localCount, fallbacks, m.verificationsVec, m.mismatchesVec}
+		m.partialHits, m.backgroundDropped, localCount, fallbacks, m.verificationsVec, m.mismatchesVec, m.reasoningProbesVec}
 	collectors = append(collectors, localFormsCollectors(local)...)
 	for i, c := range collectors {
 		if err := reg.Register(c); err != nil {

@@ -32,7 +32,7 @@ func (s verifySample) run(lm *localModel) ([]uint32, []byte, error) {
 	}
 	req := *s.chat
 	req.Model = lm.name
-	chat, err := req.localChat()
+	chat, err := req.localChat(lm.reasoningPassing())
 	if err != nil {
 		return nil, nil, err
 	}

@@ -216,6 +216,12 @@ func chooseTemplate(raw json.RawMessage) (string, error) {
 // HasChatTemplate reports whether the files held a chat template.
 func (t *Tokenizer) HasChatTemplate() bool { return t.template != nil }
 
+// MentionsReasoning reports whether the chat template's source mentions
+// reasoning, so that how the engine passes an assistant message's
+// reasoning (Chat.Reasoning) may change its rendering. A template that
+// does not renders every chat alike whatever Chat.Reasoning says.
+func (t *Tokenizer) MentionsReasoning() bool { return t.template != nil && t.reads.reasoning }
+
 // RenderChat renders c with the chat template as vLLM's chat endpoints
 // do: message contents given as lists of text parts are joined with
 // newlines, assistant tool calls are passed as vLLM passes them (see

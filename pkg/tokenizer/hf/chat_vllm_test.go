@@ -147,6 +147,22 @@ func TestAssistantReasoningIsPassedAsTheEngineDoes(t *testing.T) {
 	}
 }
 
+func TestMentionsReasoningTellsTemplatesThatMayReadReasoning(t *testing.T) {
+	for template, want := range map[string]bool{
+		"":                                    false,
+		"{{ messages[0].content }}":           false,
+		"{{ messages[0].reasoning_content }}": true,
+		"{% if m.reasoning %}{{ m.reasoning }}{% endif %}": true,
+	} {
+		if got := templateWith(t, template).MentionsReasoning(); got != want {
+			t.Errorf("template %q: MentionsReasoning %v, want %v", template, got, want)
+		}
+	}
+	if !loadModel(t, "qwen3").MentionsReasoning() {
+		t.Error("Qwen3's template: MentionsReasoning false")
+	}
+}
+
 // templateWith returns the Qwen3 tokenizer with another chat template.
 func templateWith(t *testing.T, template string) *Tokenizer {
 	t.Helper()
