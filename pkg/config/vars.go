@@ -283,6 +283,17 @@ var (
 		Doc: "Share of the prompts tokenized in process that are also sent to the engine's /tokenize, off the " +
 			"request path, to compare; a difference sends the model back to the engine. 0 compares none after the start.",
 	}
+	TokenizerReasoning = Var{
+		Name:    "KVGATE_TOKENIZER_REASONING",
+		Default: "auto",
+		Section: SectionTokenizer,
+		Doc: "How the engines pass an assistant message's reasoning to the chat template of a model tokenized in process " +
+			"whose template mentions reasoning, which vLLM versions do differently: auto learns it from the engine's " +
+			"/tokenize when the model's chats are verified (kvgate_tokenizer_reasoning_probes_total); reasoning takes " +
+			"recent vLLM's way (the message's reasoning as both reasoning and reasoning_content) and reasoning_content " +
+			"earlier vLLM's (its reasoning_content as it is) for every model, without asking; engine leaves chats " +
+			"carrying reasoning to the engines. /debug/kvcache shows each model's.",
+	}
 	TokenizerPrefixReuse = Var{
 		Name:    "KVGATE_TOKENIZER_PREFIX_REUSE",
 		Default: "true",
@@ -542,6 +553,7 @@ var Vars = []Var{
 	TokenizerCacheMaxTokens,
 	TokenizerDir,
 	TokenizerVerifyFraction,
+	TokenizerReasoning,
 	TokenizerPrefixReuse,
 	TokenizerMaxBackgroundCalls,
 	TokenizerLocalMaxBytes,

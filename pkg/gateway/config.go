@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -463,6 +464,10 @@ func loadTokenizer(e *config.Env) tokenizer.Config {
 		NoPrefixReuse:      !e.Bool(config.TokenizerPrefixReuse),
 		MaxBackgroundCalls: e.Int(config.TokenizerMaxBackgroundCalls, 1),
 		LocalMaxBytes:      e.Int(config.TokenizerLocalMaxBytes, 1),
+		Reasoning:          e.String(config.TokenizerReasoning),
+	}
+	if !slices.Contains(tokenizer.ReasoningSettings, c.Reasoning) {
+		e.Errorf("%s=%q: want one of %s", config.TokenizerReasoning.Name, c.Reasoning, strings.Join(tokenizer.ReasoningSettings, ", "))
 	}
 	switch {
 	case c.VerifyFraction > 1:

@@ -12,6 +12,7 @@ import (
 	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/kvevent/transport"
 	"github.com/kvgate/kvgate/pkg/routing"
+	"github.com/kvgate/kvgate/pkg/tokenizer"
 	"github.com/kvgate/kvgate/pkg/types"
 )
 
@@ -401,5 +402,29 @@ func TestARequestTTLMustOutlastTheLongestRequest(t *testing.T) {
 				t.Errorf("New: %v, want the TTL refused", err)
 			}
 		})
+	}
+}
+
+func TestLoadConfigReadsHowEnginesPassReasoning(t *testing.T) {
+	for value, want := range map[string]string{
+		"":                  tokenizer.ReasoningAuto,
+		"auto":              tokenizer.ReasoningAuto,
+		"reasoning":         tokenizer.ReasoningRecent,
+		"reasoning_content": tokenizer.ReasoningEarlier,
+		"engine":            tokenizer.ReasoningEngine,
+	} {
+		env := map[string]string{}
+		if value != "" {
+			env["KVGATE_TOKENIZER_REASONING"] = value
+		}
+		e := envOf(env)
+		if cfg := LoadConfig(e); e.Err() != nil || cfg.Tokenizer.Reasoning != want {
+			t.Errorf("KVGATE_TOKENIZER_REASONING=%q: %q, %v; want %q", value, cfg.Tokenizer.Reasoning, e.Err(), want)
+		}
+	}
+	e := envOf(map[string]string{"KVGATE_TOKENIZER_REASONING": "think"})
+	LoadConfig(e)
+	if err := e.Err(); err == nil || !strings.Contains(err.Error(), `KVGATE_TOKENIZER_REASONING="think"`) {
+		t.Errorf("KVGATE_TOKENIZER_REASONING=think: %v, want an error naming it", err)
 	}
 }

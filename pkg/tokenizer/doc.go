@@ -119,6 +119,9 @@
 // refuses a probe or does not answer it, the way stays unknown until the
 // gateway restarts and such chats are tokenized by the engine. Every probe
 // is counted in kvgate_tokenizer_reasoning_probes_total{model,result}.
+// Config.Reasoning (KVGATE_TOKENIZER_REASONING) may instead set vLLM's
+// recent or earlier way for every model, without probing, or leave chats
+// carrying reasoning to the engines.
 //
 // The work of one request in process is bounded. Its text, a prompt or a
 // chat's JSON and the chat it renders, is at most Config.LocalMaxBytes

@@ -99,11 +99,12 @@ type LocalModel struct {
 	CompletionReason string `json:"completionReason,omitempty"`
 	ChatReason       string `json:"chatReason,omitempty"`
 	// Reasoning is how the engine passes an assistant message's reasoning
-	// to the chat template, learned when the chat form was verified
-	// (hf.ReasoningPassing's names: "reasoning" for recent vLLM versions,
-	// "reasoning_content" for earlier ones); "unknown" while it is not
-	// known, when chats carrying reasoning are tokenized by the engine.
-	// Absent when the chat template does not mention reasoning.
+	// to the chat template, learned when the chat form was verified or set
+	// by Config.Reasoning (hf.ReasoningPassing's names: "reasoning" for
+	// recent vLLM versions, "reasoning_content" for earlier ones);
+	// "unknown" while it is not known, when chats carrying reasoning are
+	// tokenized by the engine. Absent when the chat template does not
+	// mention reasoning.
 	Reasoning string `json:"reasoning,omitempty"`
 }
 
@@ -507,11 +508,27 @@ func (t *Tokenizer) verifyAtStart(lm *localModel, form int, baseURL string) {
 		"model", lm.name, "form", forms[form], "samples", len(verifySamples(form)), "dir", lm.dir)
 }
 
-// verifyReasoning learns how the engine at baseURL passes assistant
-// reasoning to the model's chat template (see learnReasoning), for the
-// chats the chat form then renders; unlearned, chats carrying reasoning
-// are left to the engine.
+// verifyReasoning sets how the engine passes assistant reasoning to the
+// model's chat template, for the chats the chat form then renders: as
+// Config.Reasoning says, or learned from the engine at baseURL (see
+// learnReasoning). Unknown, chats carrying reasoning are left to the
+// engine.
 func (t *Tokenizer) verifyReasoning(lm *localModel, baseURL string) {
+	var p hf.ReasoningPassing
+	switch t.reasoning {
+	case ReasoningEngine:
+		lm.reasoning.Store(nil)
+		t.log.V(2).Info("The engine tokenizes chats carrying assistant reasoning, as configured", "model", lm.name)
+		return
+	case ReasoningRecent, ReasoningEarlier:
+		p = hf.VLLMReasoning
+		if t.reasoning == ReasoningEarlier {
+			p = hf.VLLMReasoningContent
+		}
+		lm.reasoning.Store(&p)
+		t.log.Info("Passing assistant reasoning to the chat template as configured", "model", lm.name, "reasoning", p.String())
+		return
+	}
 	p, reason, ok := t.learnReasoning(lm, baseURL)
 	if !ok {
 		lm.reasoning.Store(nil)

@@ -9,6 +9,24 @@ import (
 	"github.com/kvgate/kvgate/pkg/tokenizer/hf"
 )
 
+// Settings of Config.Reasoning.
+const (
+	// ReasoningAuto learns how a model's engine passes reasoning when
+	// its chat form is verified.
+	ReasoningAuto = "auto"
+	// ReasoningRecent takes recent vLLM versions' way
+	// (hf.VLLMReasoning) for every model.
+	ReasoningRecent = "reasoning"
+	// ReasoningEarlier takes earlier vLLM versions' way
+	// (hf.VLLMReasoningContent) for every model.
+	ReasoningEarlier = "reasoning_content"
+	// ReasoningEngine leaves chats carrying reasoning to the engines.
+	ReasoningEngine = "engine"
+)
+
+// ReasoningSettings are the settings of Config.Reasoning.
+var ReasoningSettings = []string{ReasoningAuto, ReasoningRecent, ReasoningEarlier, ReasoningEngine}
+
 // Results of a reasoning probe, as kvgate_tokenizer_reasoning_probes_total
 // labels them.
 const (

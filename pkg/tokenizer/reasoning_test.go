@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/sim/simserver"
 	"github.com/kvgate/kvgate/pkg/tokenizer/hf"
@@ -188,6 +190,53 @@ func proxy(t testing.TB, w http.ResponseWriter, r *http.Request, base string) {
 	w.Header().Set("Content-Type", resp.Header.Get("Content-Type"))
 	w.WriteHeader(resp.StatusCode)
 	io.Copy(w, resp.Body)
+}
+
+// Config.Reasoning other than ReasoningAuto sets the way for every model
+// without probing the engine; ReasoningEngine leaves chats carrying
+// reasoning to the engine.
+func TestConfiguredReasoningIsTakenWithoutProbing(t *testing.T) {
+	localDir, _ := qwen3Dir(t)
+	for _, c := range []struct {
+		setting string
+		engine  hf.ReasoningPassing
+		body    string
+		local   bool // the chat is tokenized in process
+	}{
+		{ReasoningRecent, hf.VLLMReasoning, agentLoop("reasoning"), true},
+		{ReasoningEarlier, hf.VLLMReasoningContent, agentLoop("reasoning_content"), true},
+		{ReasoningEngine, hf.VLLMReasoning, agentLoop("reasoning"), false},
+	} {
+		t.Run(c.setting, func(t *testing.T) {
+			eng := startEngine(t, loadQwen3(t), withReasoning(c.engine))
+			tk, reg := newTestTokenizer(t, Config{LocalDir: localDir, VerifyFraction: -1, NoPrefixReuse: true, Reasoning: c.setting})
+			mustTokenize(t, tk, eng.url, conversation(1))
+			waitVerified(t, tk)
+			want := c.setting
+			if !c.local {
+				want = "unknown"
+			}
+			if lm := tk.LocalModels()[0]; lm.Reasoning != want {
+				t.Fatalf("LocalModels: %+v, want reasoning %q", lm, want)
+			}
+			for _, result := range []string{probeMatch, probeNoMatch, probeRefused, probeError} {
+				if n := testsupport.MetricValue(t, reg, "kvgate_tokenizer_reasoning_probes_total",
+					map[string]string{"model": localModelName, "result": result}); n != 0 {
+					t.Errorf("reasoning_probes_total{result=%s} = %v, want no probe", result, n)
+				}
+			}
+			before := eng.calls.Load()
+			got := mustTokenize(t, tk, eng.url, c.body)
+			if sent := eng.calls.Load() != before; sent == c.local {
+				t.Fatalf("chat sent to the engine: %v, want %v", sent, !c.local)
+			}
+			remote, _ := newTestTokenizer(t, Config{NoPrefixReuse: true})
+			wantTokens(t, got, mustTokenize(t, remote, eng.url, c.body))
+		})
+	}
+	if _, err := New(Config{Reasoning: "think"}, prometheus.NewRegistry()); err == nil {
+		t.Error("New accepted Reasoning \"think\"")
+	}
 }
 
 // waitVerified waits for both forms of the model to be verified, so that

@@ -8,6 +8,8 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -92,6 +94,15 @@ type Config struct {
 	// load alone. Zero means DefaultLocalMaxBytes. See In-process
 	// tokenization in the package documentation.
 	LocalMaxBytes int
+	// Reasoning is how the in-process tokenizer knows the way the engines
+	// pass an assistant message's reasoning to a chat template that
+	// mentions reasoning (KVGATE_TOKENIZER_REASONING): ReasoningAuto, or
+	// empty, learns it from the model's engine when the chat form is
+	// verified; ReasoningRecent and ReasoningEarlier take recent or
+	// earlier vLLM versions' way for every model, without asking;
+	// ReasoningEngine leaves chats carrying reasoning to the engines. See
+	// In-process tokenization in the package documentation.
+	Reasoning string
 	// APIKey, when set, is sent as "Authorization: Bearer <APIKey>" on
 	// every /tokenize call (KVGATE_ENGINE_API_KEY), for engines started
 	// with vLLM's --api-key: recent vLLM versions refuse /tokenize
@@ -127,6 +138,7 @@ type Tokenizer struct {
 	verifyFraction   float64
 	prefixReuse      bool
 	localMaxBytes    int
+	reasoning        string        // Config.Reasoning, ReasoningAuto when empty
 	background       chan struct{} // a token per background call in flight
 
 	ctx    context.Context // ends on Close; parent of every call
@@ -138,7 +150,7 @@ type Tokenizer struct {
 
 // New returns a Tokenizer configured by cfg whose metrics are registered
 // on reg. It fails if cfg holds a negative value, a VerifyFraction above 1
-// or not a number, or if the metrics cannot be registered, for example
+// or not a number, a Reasoning not among ReasoningSettings, or if the metrics cannot be registered, for example
 // because reg already holds another Tokenizer's.
 func New(cfg Config, reg prometheus.Registerer) (*Tokenizer, error) {
 	if cfg.Timeout < 0 || cfg.CacheMaxTokens < 0 || cfg.MaxResponseBytes < 0 || cfg.MaxBackgroundCalls < 0 || cfg.LocalMaxBytes < 0 {
@@ -148,6 +160,9 @@ func New(cfg Config, reg prometheus.Registerer) (*Tokenizer, error) {
 	}
 	if !(cfg.VerifyFraction <= 1) {
 		return nil, fmt.Errorf("tokenizer config: VerifyFraction %v is not a number at most 1", cfg.VerifyFraction)
+	}
+	if !slices.Contains(ReasoningSettings, cmp.Or(cfg.Reasoning, ReasoningAuto)) {
+		return nil, fmt.Errorf("tokenizer config: Reasoning %q is not one of %s", cfg.Reasoning, strings.Join(ReasoningSettings, ", "))
 	}
 	if err := apikey.Check(cfg.APIKey); err != nil {
 		return nil, fmt.Errorf("tokenizer config: APIKey: %w", err)
@@ -185,6 +200,7 @@ func New(cfg Config, reg prometheus.Registerer) (*Tokenizer, error) {
 		verifyFraction:   max(cfg.VerifyFraction, 0),
 		prefixReuse:      !cfg.NoPrefixReuse,
 		localMaxBytes:    cfg.LocalMaxBytes,
+		reasoning:        cmp.Or(cfg.Reasoning, ReasoningAuto),
 		background:       make(chan struct{}, cfg.MaxBackgroundCalls),
 		ctx:              ctx,
 		cancel:           cancel,
