@@ -500,8 +500,10 @@ func (t *Tokenizer) verifyAtStart(lm *localModel, form int, baseURL string) {
 		}
 		t.m.verifications(lm.name, form, verifyMatch).Inc()
 	}
-	if form == formIndexChat && lm.tk.MentionsReasoning() {
-		t.verifyReasoning(lm, baseURL)
+	if form == formIndexChat && lm.tk.MentionsReasoning() && !t.verifyReasoning(lm, baseURL) {
+		lm.retryAt[form].Store(time.Now().Add(verifyRetry).UnixNano())
+		lm.state[form].Store(stateUnverified)
+		return
 	}
 	lm.state[form].Store(stateActive)
 	t.log.Info("Tokenizing in process: the engine's /tokenize agreed on every sample",
@@ -512,14 +514,16 @@ func (t *Tokenizer) verifyAtStart(lm *localModel, form int, baseURL string) {
 // model's chat template, for the chats the chat form then renders: as
 // Config.Reasoning says, or learned from the engine at baseURL (see
 // learnReasoning). Unknown, chats carrying reasoning are left to the
-// engine.
-func (t *Tokenizer) verifyReasoning(lm *localModel, baseURL string) {
+// engine. It returns false when the engine did not answer a probe: the
+// chat form's verification is then tried again after verifyRetry, as when
+// the engine does not answer a sample.
+func (t *Tokenizer) verifyReasoning(lm *localModel, baseURL string) bool {
 	var p hf.ReasoningPassing
 	switch t.reasoning {
 	case ReasoningEngine:
 		lm.reasoning.Store(nil)
 		t.log.V(2).Info("The engine tokenizes chats carrying assistant reasoning, as configured", "model", lm.name)
-		return
+		return true
 	case ReasoningRecent, ReasoningEarlier:
 		p = hf.VLLMReasoning
 		if t.reasoning == ReasoningEarlier {
@@ -527,17 +531,24 @@ func (t *Tokenizer) verifyReasoning(lm *localModel, baseURL string) {
 		}
 		lm.reasoning.Store(&p)
 		t.log.Info("Passing assistant reasoning to the chat template as configured", "model", lm.name, "reasoning", p.String())
-		return
+		return true
 	}
-	p, reason, ok := t.learnReasoning(lm, baseURL)
-	if !ok {
+	p, reason, outcome := t.learnReasoning(lm, baseURL)
+	switch outcome {
+	case learnRetry:
+		lm.reasoning.Store(nil)
+		t.log.Info("In-process tokenizer not verified yet: the engine did not answer a reasoning probe; the engine tokenizes meanwhile",
+			"model", lm.name, "form", forms[formIndexChat], "retryIn", verifyRetry, "reason", reason)
+		return false
+	case learnUnknown:
 		lm.reasoning.Store(nil)
 		t.log.Info("How the engine passes assistant reasoning to the chat template is not known: the engine tokenizes chats carrying it",
 			"model", lm.name, "reason", reason)
-		return
+		return true
 	}
 	lm.reasoning.Store(&p)
 	t.log.Info("Learned how the engine passes assistant reasoning to the chat template", "model", lm.name, "reasoning", p.String())
+	return true
 }
 
 // fail makes the engine tokenize the model's requests of form for good.

@@ -110,6 +110,15 @@ func withKeys(member int, k hf.ReasoningKeys) hf.ReasoningPassing {
 	return p
 }
 
+// learnOutcome is how learnReasoning ended.
+type learnOutcome int
+
+const (
+	learnLearned learnOutcome = iota // the way was learned
+	learnUnknown                     // the engine's answers tell no way
+	learnRetry                       // the engine did not answer: ask again later
+)
+
 // learnReasoning asks the engine at baseURL how it passes an assistant
 // message's reasoning to the model's chat template: for each member
 // (reasoning, reasoning_content), every probe carrying it alone is
@@ -117,9 +126,10 @@ func withKeys(member int, k hf.ReasoningKeys) hf.ReasoningPassing {
 // candidate key set. A member's keys are those of a candidate whose ids
 // equal the engine's on every probe; candidates that do on every probe
 // render alike here, and the known vLLM conventions are preferred among
-// them. It returns false with the reason when a member has no such
-// candidate, or the engine refused a probe or did not answer.
-func (t *Tokenizer) learnReasoning(lm *localModel, baseURL string) (hf.ReasoningPassing, string, bool) {
+// them. It returns learnUnknown with the reason when a member has no such
+// candidate or the engine refused a probe, and learnRetry when the engine
+// did not answer one.
+func (t *Tokenizer) learnReasoning(lm *localModel, baseURL string) (hf.ReasoningPassing, string, learnOutcome) {
 	var fits [2]uint8 // by member, a bit per candidate
 	for m, member := range reasoningMembers {
 		fits[m] = 1<<len(reasoningCandidates) - 1
@@ -127,17 +137,17 @@ func (t *Tokenizer) learnReasoning(lm *localModel, baseURL string) (hf.Reasoning
 			req := probe.request(lm.name, member)
 			body, err := req.body()
 			if err != nil {
-				return hf.ReasoningPassing{}, fmt.Sprintf("probe %q with %s: %v", probe.name, member, err), false
+				return hf.ReasoningPassing{}, fmt.Sprintf("probe %q with %s: %v", probe.name, member, err), learnUnknown
 			}
 			res, err := t.callBody(baseURL, lm.name, body)
 			var terr *Error
 			switch {
 			case errors.As(err, &terr) && terr.Reason == ReasonStatus && terr.StatusCode < 500:
 				t.m.reasoningProbes(lm.name, probeRefused).Inc()
-				return hf.ReasoningPassing{}, fmt.Sprintf("the engine refused probe %q with %s: %v", probe.name, member, err), false
+				return hf.ReasoningPassing{}, fmt.Sprintf("the engine refused probe %q with %s: %v", probe.name, member, err), learnUnknown
 			case err != nil:
 				t.m.reasoningProbes(lm.name, probeError).Inc()
-				return hf.ReasoningPassing{}, fmt.Sprintf("the engine did not answer probe %q with %s: %v", probe.name, member, err), false
+				return hf.ReasoningPassing{}, fmt.Sprintf("the engine did not answer probe %q with %s: %v", probe.name, member, err), learnRetry
 			}
 			var matched uint8
 			for c, keys := range reasoningCandidates {
@@ -151,13 +161,13 @@ func (t *Tokenizer) learnReasoning(lm *localModel, baseURL string) (hf.Reasoning
 			}
 			if matched == 0 {
 				t.m.reasoningProbes(lm.name, probeNoMatch).Inc()
-				return hf.ReasoningPassing{}, fmt.Sprintf("the engine's ids for probe %q with %s are no candidate's", probe.name, member), false
+				return hf.ReasoningPassing{}, fmt.Sprintf("the engine's ids for probe %q with %s are no candidate's", probe.name, member), learnUnknown
 			}
 			t.m.reasoningProbes(lm.name, probeMatch).Inc()
 			fits[m] &= matched
 		}
 		if fits[m] == 0 {
-			return hf.ReasoningPassing{}, fmt.Sprintf("no way of passing %s fits every probe", member), false
+			return hf.ReasoningPassing{}, fmt.Sprintf("no way of passing %s fits every probe", member), learnUnknown
 		}
 	}
 	fit := func(m int, k hf.ReasoningKeys) bool {
@@ -165,7 +175,7 @@ func (t *Tokenizer) learnReasoning(lm *localModel, baseURL string) (hf.Reasoning
 	}
 	for _, p := range []hf.ReasoningPassing{hf.VLLMReasoning, hf.VLLMReasoningContent} {
 		if fit(0, p.Reasoning) && fit(1, p.ReasoningContent) {
-			return p, "", true
+			return p, "", learnLearned
 		}
 	}
 	p := hf.ReasoningPassing{Known: true}
@@ -181,5 +191,5 @@ func (t *Tokenizer) learnReasoning(lm *localModel, baseURL string) (hf.Reasoning
 			}
 		}
 	}
-	return p, "", true
+	return p, "", learnLearned
 }

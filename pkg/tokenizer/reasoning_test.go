@@ -8,7 +8,9 @@ import (
 	"net/http/httptest"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -175,6 +177,52 @@ func TestEngineRefusingTheReasoningProbesTokenizesChatsCarryingReasoning(t *test
 	mustTokenize(t, tk, refusing.URL, conversation(3))
 	if eng.calls.Load() != before {
 		t.Error("a chat without reasoning was tokenized by the engine")
+	}
+}
+
+// An engine that does not answer a reasoning probe (a restart, an
+// overloaded server) leaves the chat form unverified, the engine
+// tokenizing meanwhile, and the verification with its probes is tried
+// again after verifyRetry, as when the engine does not answer a sample.
+func TestReasoningProbeTheEngineDidNotAnswerIsAskedAgain(t *testing.T) {
+	localDir, _ := qwen3Dir(t)
+	eng := startEngine(t, loadQwen3(t))
+	var failing atomic.Bool
+	failing.Store(true)
+	flaky := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		if failing.Load() && strings.Contains(string(body), probeThought) {
+			http.Error(w, "overloaded", http.StatusServiceUnavailable)
+			return
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		proxy(t, w, r, eng.url)
+	}))
+	t.Cleanup(flaky.Close)
+	tk, reg := newTestTokenizer(t, Config{LocalDir: localDir, VerifyFraction: -1, NoPrefixReuse: true})
+	mustTokenize(t, tk, flaky.URL, conversation(1))
+	probeErrors := func() float64 {
+		return testsupport.MetricValue(t, reg, "kvgate_tokenizer_reasoning_probes_total",
+			map[string]string{"model": localModelName, "result": probeError})
+	}
+	testsupport.Eventually(t, "a reasoning probe the engine did not answer", func() bool { return probeErrors() == 1 })
+	lm := tk.local[localModelName]
+	testsupport.Eventually(t, "the chat form left unverified", func() bool {
+		return lm.state[formIndexChat].Load() == stateUnverified
+	})
+	if got := tk.LocalModels()[0]; got.Chat != "unverified" || got.Reasoning != "unknown" || got.ChatReason != "" {
+		t.Fatalf("LocalModels: %+v, want the chat form unverified, reasoning unknown", got)
+	}
+	if lm.retryAt[formIndexChat].Load() <= time.Now().UnixNano() {
+		t.Fatal("no retry scheduled")
+	}
+	// The engine answers again, and the retry is due.
+	failing.Store(false)
+	lm.retryAt[formIndexChat].Store(0)
+	mustTokenize(t, tk, flaky.URL, conversation(2))
+	waitVerified(t, tk)
+	if got := tk.LocalModels()[0]; got.Reasoning != "reasoning" {
+		t.Fatalf("LocalModels: %+v, want reasoning learned once the engine answered", got)
 	}
 }
 
