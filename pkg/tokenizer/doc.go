@@ -116,8 +116,14 @@
 // every probe alike), shown by LocalModels (Reasoning) and logged, and
 // chats carrying reasoning are then tokenized in process and compared on
 // a share of the traffic as any other. When no names fit, or the engine
-// refuses a probe or does not answer it, the way stays unknown until the
-// gateway restarts and such chats are tokenized by the engine. Every probe
+// refuses a probe, the way stays unknown until the gateway restarts and
+// such chats are tokenized by the engine; when the engine does not answer
+// a probe, the chat form's verification is tried again later, as for a
+// sample. A template that renders no probe's reasoning (one that drops
+// the reasoning of every message but in shapes no probe has, or only with
+// a template variable set) leaves every name fitting, and vLLM's recent
+// way is taken; the sampled comparisons with the engine watch such a
+// choice as any other. Every probe
 // is counted in kvgate_tokenizer_reasoning_probes_total{model,result}.
 // Config.Reasoning (KVGATE_TOKENIZER_REASONING) may instead set vLLM's
 // recent or earlier way for every model, without probing, or leave chats
