@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bufio"
 	"io"
 	"net/http"
 	"strings"
@@ -102,6 +103,38 @@ func BenchmarkRelayInspect(b *testing.B) {
 				}
 				if !r.hasUsage || !r.seenToken {
 					b.Fatalf("usage %v, first token %v", r.hasUsage, r.seenToken)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkRelayRun measures relaying one whole three-token stream of each
+// API's events as the proxy does, in process: every event held within
+// DefaultMaxStreamEventBytes, read and written, the usage found.
+func BenchmarkRelayRun(b *testing.B) {
+	for _, bc := range []struct {
+		name   string
+		kind   kind
+		events []string
+	}{
+		{"chat", kindChat, streamEvents("llama", true, 352, true)},
+		{"messages", kindMessages, messagesEvents("llama", 352)},
+		{"responses", kindResponses, responsesEvents("llama", responsesUsage(352))},
+	} {
+		input := strings.NewReader(strings.Join(bc.events, ""))
+		src := bufio.NewReaderSize(input, 64<<10)
+		b.Run(bc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			s := &sseRelay{}
+			firstToken := func() {}
+			for b.Loop() {
+				_, _ = input.Seek(0, io.SeekStart)
+				src.Reset(input)
+				*s = sseRelay{dst: io.Discard, flush: func() error { return nil }, src: src, maxEvent: DefaultMaxStreamEventBytes,
+					event: s.event[:0], eventReader: eventReader{kind: bc.kind, dropUsage: true, firstToken: firstToken}}
+				if err := s.run(); err != nil || !s.hasUsage {
+					b.Fatalf("run: %v, usage %v", err, s.hasUsage)
 				}
 			}
 		})
