@@ -264,14 +264,20 @@ type eventReader struct {
 // broke off; what was read of a final incomplete event is relayed first.
 func (s *sseRelay) run() error {
 	s.event = s.event[:0]
+	// midLine reports that the last read ended within a line (the
+	// reader's buffer filled): a line ending read next ends that line, not
+	// the event.
+	midLine := false
 	for {
 		line, err := s.src.ReadSlice('\n')
+		ends := err == nil && !midLine && isBlankLine(line)
+		midLine = errors.Is(err, bufio.ErrBufferFull)
 		s.event = append(s.event, line...)
 		if s.maxEvent > 0 && len(s.event) > s.maxEvent {
 			return errEventTooLarge
 		}
 		switch {
-		case errors.Is(err, bufio.ErrBufferFull):
+		case midLine:
 			continue
 		case err == io.EOF:
 			// The body ended: what it ended with goes on as it came.
@@ -281,7 +287,7 @@ func (s *sseRelay) run() error {
 			// the client's next event is the error the caller writes.
 			return err
 		}
-		if !isBlankLine(line) {
+		if !ends {
 			continue
 		}
 		if err := s.endEvent(); err != nil {

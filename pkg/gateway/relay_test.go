@@ -53,6 +53,27 @@ func TestSSERelayFindsTheFirstTokenAndTheUsageChunk(t *testing.T) {
 	}
 }
 
+// TestSSERelayEndsAnEventOnlyAtABlankLine: a line ending that a read
+// returns alone, the rest of its line read before, ends the line, not the
+// event.
+func TestSSERelayEndsAnEventOnlyAtABlankLine(t *testing.T) {
+	// The usage chunk's data line is 80 bytes before its ending: the
+	// relay's reader, of 16 bytes, returns its ending alone.
+	token := "data: {\"choices\":[{\"index\":0,\"text\":\"a\"}]}\n\n"
+	data := `data: {"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":2}}`
+	data = data[:len(data)-1] + strings.Repeat(" ", 80-len(data)) + "}"
+	for _, end := range []string{"\n", "\r\n"} {
+		usageEvent := data + end + end
+		if len(data) != 80 {
+			t.Fatalf("data line of %d bytes", len(data))
+		}
+		out, s, _ := relayAll(t, token+usageEvent+"data: [DONE]"+end+end, true, iotest.OneByteReader)
+		if out != token+"data: [DONE]"+end+end || !s.hasUsage {
+			t.Errorf("line ending %q: relayed %q, usage %v; want the usage chunk read and withheld whole", end, out, s.hasUsage)
+		}
+	}
+}
+
 func TestSSERelayReportsAStreamThatBreaksOff(t *testing.T) {
 	var out bytes.Buffer
 	broken := errors.New("connection reset")
