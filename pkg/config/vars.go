@@ -156,9 +156,11 @@ var (
 		Name:    "KVGATE_MAX_STREAM_EVENT_BYTES",
 		Default: "1048576",
 		Section: SectionGateway,
-		Doc: "Longest server-sent event of a pod's stream, in bytes; the gateway holds each event whole to read it, " +
-			"and a longer one fails the response with an error event and a cut connection. Under ext_proc, where " +
-			"Envoy relays the response, a longer event is passed on unread and counted.",
+		Doc: "Longest server-sent event of a pod's stream the gateway holds whole to read it (its first token, its " +
+			"usage), in bytes. A longer event is passed on to the client as it comes, unread, and counted (by the " +
+			"proxy and under ext_proc alike): the first token or usage it carries is missed, and a usage chunk the " +
+			"gateway asked for on the client's behalf reaches the client. Raise it when long answers end in " +
+			"oversized events (OpenAI Responses' response.completed carries the whole output).",
 		Flag: "max-stream-event-bytes",
 	}
 	EngineAPIKey = Var{

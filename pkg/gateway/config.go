@@ -57,8 +57,8 @@ const (
 	// request is served with the default timeouts (see
 	// Config.LongestRequest), 1 h 1 min 5 s.
 	DefaultRequestTTL = 3700 * time.Second
-	// DefaultMaxStreamEventBytes bounds one server-sent event of a pod's
-	// stream.
+	// DefaultMaxStreamEventBytes bounds the bytes of one server-sent event
+	// of a pod's stream the gateway holds to read it.
 	DefaultMaxStreamEventBytes = 1 << 20
 	// DefaultMaxIdleConnsPerPod is how many keep-alive connections to each
 	// pod are kept open between requests.
@@ -131,9 +131,11 @@ type Config struct {
 	// at least FirstByteTimeout (KVGATE_UPSTREAM_RESPONSE_TIMEOUT,
 	// DefaultResponseTimeout when 0).
 	ResponseTimeout time.Duration
-	// MaxStreamEventBytes bounds one server-sent event of a stream, which
-	// the gateway holds whole to read it; a longer one fails the response
-	// (KVGATE_MAX_STREAM_EVENT_BYTES, DefaultMaxStreamEventBytes when 0).
+	// MaxStreamEventBytes bounds the bytes of a server-sent event of a
+	// stream the gateway holds whole to read it; a longer event is relayed
+	// as it comes, unread (a first token or usage it carries missed), and
+	// counted (KVGATE_MAX_STREAM_EVENT_BYTES, DefaultMaxStreamEventBytes
+	// when 0).
 	MaxStreamEventBytes int
 	// MaxIdleConnsPerPod bounds the keep-alive connections kept to each
 	// pod (DefaultMaxIdleConnsPerPod when 0).

@@ -102,9 +102,8 @@
 //     response reports none, and ends the request.
 //
 // A response that breaks off after its headers were written (the pod cut
-// the connection or its framing, went quiet beyond the idle timeout, sent
-// a stream event beyond Config.MaxStreamEventBytes, or went on beyond the
-// response timeout) reaches the client
+// the connection or its framing, went quiet beyond the idle timeout, or
+// went on beyond the response timeout) reaches the client
 // broken, never as a response that ended well: a stream gets an error
 // event in OpenAI's shape ({"error": {...}}, in an event named error on a
 // Responses stream; Anthropic's for a Messages stream: see Anthropic
@@ -155,9 +154,8 @@
 // count as running on their pod until their response ends, are retried on
 // another pod when theirs cannot be connected to, and their responses are
 // relayed as the pod sent them: a 200 event stream event by event, each
-// flushed and
-// bounded by Config.MaxStreamEventBytes, any other body as step 6 relays
-// it. The gateway reads no usage or first token from them: they feed
+// flushed and held within Config.MaxStreamEventBytes as any stream's
+// events are (see below), any other body as step 6 relays it. The gateway reads no usage or first token from them: they feed
 // neither the output predictor, the request traces nor the TTFT metric.
 // kvgate_gateway_requests_total and the duration, overhead and phase
 // histograms count them with the completions of their model.
@@ -257,11 +255,14 @@
 // OpenAI's API also sends), or the top-level usage of a whole response:
 // input_tokens as the prompt's tokens, output_tokens as the completion's,
 // input_tokens_details.cached_tokens as the prompt tokens the engine found
-// cached. No event is withheld. The events are bounded by
+// cached. No event is withheld. The events are held to be read up to
 // Config.MaxStreamEventBytes as any stream's: response.completed carries
-// the whole output. A Responses stream that breaks off after its headers
-// ends with an OpenAI error object in an event named error ("event:
-// error", data {"error": {...}}), which OpenAI's SDKs raise.
+// the whole output (vLLM's events also echo the instructions and tools),
+// so a long answer's can be longer, and is then relayed unread, its usage
+// missed (see the relay of streams below). A Responses stream that breaks
+// off after its headers ends with an OpenAI error object in an event named
+// error ("event: error", data {"error": {...}}), which OpenAI's SDKs
+// raise.
 //
 // vLLM keeps a Responses API response it stores (store,
 // previous_response_id, background mode; only with
@@ -359,6 +360,22 @@
 // response.in_progress): it ends the
 // request's prefill for routing and is the time to first token the gateway
 // observes.
+//
+// To read a stream's events, the gateway holds each whole, up to
+// Config.MaxStreamEventBytes (KVGATE_MAX_STREAM_EVENT_BYTES, 1 MiB). Once
+// an event holds more, what was held is relayed and the rest of the event
+// is relayed as it comes, unread, to the blank line that ends it; the
+// events after it are read again. What the gateway holds of a stream stays
+// within the bound (and a read of 64 KiB), an event without end is bound in
+// time by the idle and response timeouts, and the client still receives
+// every byte the pod sent. A first token or usage an oversized event
+// carries is missed (the time to first token is then taken at a later
+// event, and a response without usage is counted in
+// kvgate_gateway_responses_without_usage_total), and a usage chunk the
+// gateway asked for on the client's behalf reaches the client, as it cannot
+// be told apart unread. Each such event is counted in
+// kvgate_gateway_oversized_events_total and logged at verbosity 2 with
+// the request's model and pod.
 //
 // A request's model may name a LoRA adapter rather than a base model. The
 // pods serving an adapter are those declaring it (the kvgate.io/lora-adapters
@@ -558,7 +575,8 @@
 //	kvgate_gateway_time_to_first_token_seconds{model}     first byte read to the first token relayed, streams
 //	kvgate_gateway_requests_in_flight                     requests being served
 //	kvgate_gateway_retries_total{reason}                  requests sent to another pod: connection_refused, dial
-//	kvgate_gateway_upstream_failures_total{reason}        connection_refused, dial, send, first_byte_timeout, body, idle_timeout, oversized_event, response_timeout
+//	kvgate_gateway_upstream_failures_total{reason}        connection_refused, dial, send, first_byte_timeout, body, idle_timeout, response_timeout
+//	kvgate_gateway_oversized_events_total                 stream events beyond Config.MaxStreamEventBytes, relayed unread
 //	kvgate_gateway_tokenization_failures_total{reason}    requests routed without tokens, by tokenizer.Reason (unsupported: a Messages or Responses prompt not reproducible)
 //	kvgate_gateway_responses_without_usage_total          successes whose usage could not be read
 //	kvgate_gateway_request_body_timeouts_total            bodies that did not arrive within the body timeout (408)

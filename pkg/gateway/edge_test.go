@@ -27,6 +27,8 @@ import (
 type outcomes struct {
 	mu   sync.Mutex
 	list []string // "outcome reason"
+	// usage holds each attempt's usage as fmt prints it, "" for none.
+	usage []string
 }
 
 func watchOutcomes(g *Gateway) *outcomes {
@@ -35,9 +37,22 @@ func watchOutcomes(g *Gateway) *outcomes {
 		outcome, reason := h.Outcome()
 		o.mu.Lock()
 		o.list = append(o.list, string(outcome)+" "+reason)
+		if u, ok := h.Usage(); ok {
+			o.usage = append(o.usage, fmt.Sprint(u))
+		} else {
+			o.usage = append(o.usage, "")
+		}
 		o.mu.Unlock()
 	}})
 	return o
+}
+
+// usageAt returns the usage of the i-th attempt to end, as fmt prints
+// it, "" when it reported none.
+func (o *outcomes) usageAt(i int) string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.usage[i]
 }
 
 // wait waits for n attempts to have ended and returns how.
@@ -306,39 +321,140 @@ func TestAResponseCutByThePodReachesTheClientBroken(t *testing.T) {
 	}
 }
 
-// TestAnEventWithoutEndFailsTheStreamWithinItsBound: an engine that sends
-// a line without end is cut off once the event exceeds the bound; what the
-// gateway holds of it never exceeds the bound.
-func TestAnEventWithoutEndFailsTheStreamWithinItsBound(t *testing.T) {
-	f := startFleet(t, []string{"a"}, fleetOptions{env: map[string]string{"KVGATE_MAX_STREAM_EVENT_BYTES": "65536"}})
+// TestAnOversizedEventIsPassedOnUnreadAndTheStreamGoesOn: an event longer
+// than KVGATE_MAX_STREAM_EVENT_BYTES, arriving in pieces, reaches the
+// client whole, in its place, and the stream ends well; it is counted, and
+// the events after it are read as any: a chat's usage after it is
+// recorded. One the gateway cannot read is relayed even when it is the
+// usage chunk the gateway asked for itself, and a Responses stream whose
+// final event is oversized ends without its usage.
+func TestAnOversizedEventIsPassedOnUnreadAndTheStreamGoesOn(t *testing.T) {
+	const bound = 4 << 10
+	f := startFleet(t, []string{"a"}, fleetOptions{env: map[string]string{"KVGATE_MAX_STREAM_EVENT_BYTES": strconv.Itoa(bound)}})
 	seen := watchOutcomes(f.gw)
-	const most = 256 << 20
-	var written atomic.Int64
-	f.engine("a").setAnswer(func(w http.ResponseWriter, _ *http.Request, _ []byte) {
-		writeSSE(w, []string{"data: {\"choices\":[{\"index\":0,\"text\":\"a\"}]}\n\n"})
-		chunk := []byte("data: " + strings.Repeat("x", 16<<10))
-		for written.Load() < most {
-			if _, err := w.Write(chunk); err != nil {
-				return
-			}
-			w.(http.Flusher).Flush()
-			written.Add(int64(len(chunk)))
+	chatChunk := func(delta string) string {
+		return `data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"llama","choices":[{"index":0,"delta":` +
+			delta + `,"finish_reason":null}]}` + "\n\n"
+	}
+	usageChunk := func(pad int) string {
+		return `data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"llama","choices":[],` +
+			`"system_fingerprint":"` + strings.Repeat("f", pad) + `",` +
+			`"usage":{"prompt_tokens":12,"total_tokens":15,"completion_tokens":3}}` + "\n\n"
+	}
+	chat := func(middle, usage string) []string {
+		return []string{chatChunk(`{"role":"assistant","content":""}`), chatChunk(`{"content":" a"}`), middle,
+			chatChunk(`{"content":" c"}`), usage, "data: [DONE]\n\n"}
+	}
+	bigText := strings.Repeat("long reasoning ", 2*bound/15)
+	responses := responsesEvents("llama", responsesUsage(5))
+	last := len(responses) - 1
+	responses[last] = "event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":" +
+		responsesObject("llama", "completed", `[{"id":"msg_1","content":[{"annotations":[],"text":`+strconv.Quote(bigText)+
+			`,"type":"output_text","logprobs":null}],"role":"assistant","status":"completed","type":"message"}]`,
+			responsesUsage(5)) + ",\"sequence_number\":" + strconv.Itoa(last) + "}\n\n"
+	chatBody := `{"model":"llama","messages":[{"role":"user","content":"hi"}],"stream":true}`
+	cases := []struct {
+		name, path, body string
+		events           []string
+		// oversized is the index of the oversized event, withheld that of
+		// the usage chunk the client does not get (-1: none).
+		oversized, withheld int
+		usage               bool
+	}{
+		{"an oversized chat chunk in the middle", PathChatCompletions, chatBody,
+			chat(chatChunk(`{"content":`+strconv.Quote(strings.Repeat("b", 2*bound))+`}`), usageChunk(0)), 2, 4, true},
+		{"an oversized usage chunk the gateway asked for", PathChatCompletions, chatBody,
+			chat(chatChunk(`{"content":" b"}`), usageChunk(2*bound)), 4, -1, false},
+		{"an oversized response.completed", PathResponses, responsesBody("hi", `,"stream":true`), responses, last, -1, false},
+	}
+	want, unread := 0.0, 0.0
+	for _, tc := range cases {
+		if len(tc.events[tc.oversized]) <= bound {
+			t.Fatalf("%s: event %d is %d bytes, want it beyond %d", tc.name, tc.oversized, len(tc.events[tc.oversized]), bound)
+		}
+		for _, crlf := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s, CRLF %v", tc.name, crlf), func(t *testing.T) {
+				var pieces []string
+				var wantBody strings.Builder
+				for i, ev := range tc.events {
+					if crlf {
+						ev = strings.ReplaceAll(ev, "\n", "\r\n")
+					}
+					if i != tc.withheld {
+						wantBody.WriteString(ev)
+					}
+					if i == tc.oversized { // in pieces, each cut within a line
+						pieces = append(pieces, ev[:bound/2], ev[bound/2:bound+bound/2], ev[bound+bound/2:])
+						continue
+					}
+					pieces = append(pieces, ev)
+				}
+				f.engine("a").setAnswer(func(w http.ResponseWriter, _ *http.Request, _ []byte) { writeSSE(w, pieces) })
+				before := int(want) // the attempts of the streams before
+				data, err := readStream(openStream(t, f.url+tc.path, tc.body))
+				if err != nil || data != wantBody.String() {
+					t.Errorf("client received %d bytes, %v; want the %d bytes the pod sent (the usage withheld), a proper end:\n got %.400q\nwant %.400q",
+						len(data), err, wantBody.Len(), data, wantBody.String())
+				}
+				if got := seen.wait(t, before+1)[before]; got != "done " {
+					t.Errorf("attempt ended %q, want done", got)
+				}
+				wantUsage := ""
+				if tc.usage {
+					wantUsage = fmt.Sprint(inflight.Usage{PromptTokens: 12, CompletionTokens: 3})
+				} else {
+					unread++
+				}
+				if u := seen.usageAt(before); u != wantUsage {
+					t.Errorf("attempt's usage %q, want %q", u, wantUsage)
+				}
+			})
+			want++
+		}
+	}
+	if n := f.metric("kvgate_gateway_oversized_events_total"); n != want {
+		t.Errorf("oversized events counted %v, want %v (one a stream)", n, want)
+	}
+	if n := f.metric(`kvgate_gateway_time_to_first_token_seconds_count{model="llama"}`); n != want {
+		t.Errorf("first tokens observed %v, want %v", n, want)
+	}
+	if n := f.metric("kvgate_gateway_responses_without_usage_total"); n != unread {
+		t.Errorf("responses without usage %v, want %v", n, unread)
+	}
+}
+
+// TestAnEventWithoutEndIsPassedOnUntilThePodGoesQuiet: an engine that
+// sends a line without end has it relayed as it comes, beyond the bound
+// the gateway holds, until the idle timeout cuts the stream off.
+func TestAnEventWithoutEndIsPassedOnUntilThePodGoesQuiet(t *testing.T) {
+	f := startFleet(t, []string{"a"}, fleetOptions{env: map[string]string{
+		"KVGATE_MAX_STREAM_EVENT_BYTES": "4096", "KVGATE_UPSTREAM_IDLE_TIMEOUT": "300ms"}})
+	seen := watchOutcomes(f.gw)
+	first := "data: {\"choices\":[{\"index\":0,\"text\":\"a\"}]}\n\n"
+	endless := "data: " + strings.Repeat("x", 64<<10)
+	pieces := []string{first}
+	for len(pieces) < 17 {
+		pieces = append(pieces, endless[:len(endless)/2], endless[len(endless)/2:])
+	}
+	release := make(chan struct{})
+	defer close(release)
+	f.engine("a").setAnswer(func(w http.ResponseWriter, r *http.Request, _ []byte) {
+		writeSSE(w, pieces)
+		select {
+		case <-release:
+		case <-r.Context().Done():
 		}
 	})
 	data, err := readStream(openStream(t, f.url+"/v1/completions", completion("hi", `,"stream":true`)))
-	if err == nil || streamError(data) != codeUpstreamFailed || len(data) > 64<<10 {
-		t.Errorf("endless event: %d bytes (error event %q), %v; want the first event, an error event and a broken end",
-			len(data), streamError(data), err)
+	sent := strings.Join(pieces, "")
+	if err == nil || !strings.HasPrefix(data, sent+"\n\n") || streamError(data) != codeUpstreamTimeout {
+		t.Errorf("endless event: %d bytes (error event %q), %v; want the %d bytes sent, an %s error event and a broken end",
+			len(data), streamError(data), err, len(sent), codeUpstreamTimeout)
 	}
-	if got := seen.wait(t, 1); got[0] != "failed "+failOversizedEvent {
-		t.Errorf("attempt ended %q, want failed %s", got[0], failOversizedEvent)
+	if got := seen.wait(t, 1); got[0] != "failed "+failIdleTimeout {
+		t.Errorf("attempt ended %q, want failed %s", got[0], failIdleTimeout)
 	}
-	// The gateway closed the connection: the engine could not write its
-	// endless event.
-	if n := written.Load(); n >= most {
-		t.Errorf("the engine wrote %d bytes, want its writes to fail well before %d", n, most)
-	}
-	if n := f.metric(`kvgate_gateway_upstream_failures_total{reason="oversized_event"}`); n != 1 {
+	if n := f.metric("kvgate_gateway_oversized_events_total"); n != 1 {
 		t.Errorf("oversized events = %v, want 1", n)
 	}
 }

@@ -21,13 +21,16 @@ type metrics struct {
 	upstreamFails *prometheus.CounterVec
 	tokenizeFails *prometheus.CounterVec
 	usageMissing  prometheus.Counter
-	bodyTimeouts  prometheus.Counter
-	writeTimeouts prometheus.Counter
-	connWaits     prometheus.Counter
-	conns         prometheus.Gauge
-	heldRefusals  prometheus.Counter
-	heldBytes     prometheus.GaugeFunc
-	matchRefusals *prometheus.CounterVec
+	// oversizedEvents counts the events of pods' streams relayed unread,
+	// beyond Config.MaxStreamEventBytes.
+	oversizedEvents prometheus.Counter
+	bodyTimeouts    prometheus.Counter
+	writeTimeouts   prometheus.Counter
+	connWaits       prometheus.Counter
+	conns           prometheus.Gauge
+	heldRefusals    prometheus.Counter
+	heldBytes       prometheus.GaugeFunc
+	matchRefusals   *prometheus.CounterVec
 	// phases observe each phase of the gateway's time on a request, by
 	// phase; phaseVec holds them.
 	phases   [numPhases]prometheus.Observer
@@ -46,7 +49,6 @@ const (
 	failFirstByteTimeout = "first_byte_timeout"                 // no response headers within Config.FirstByteTimeout
 	failBody             = "body"                               // the response broke off after its headers
 	failIdleTimeout      = "idle_timeout"                       // nothing more of the body within Config.UpstreamIdleTimeout
-	failOversizedEvent   = "oversized_event"                    // a server-sent event beyond Config.MaxStreamEventBytes
 	failResponseTimeout  = "response_timeout"                   // the response not written to its end within Config.ResponseTimeout
 )
 
@@ -85,7 +87,7 @@ func newMetrics(reg prometheus.Registerer, bodies *budget.Budget) (*metrics, err
 		upstreamFails: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvgate_gateway_upstream_failures_total",
 			Help: "Attempts to get a response from a pod that failed, by reason: connection_refused, dial, send, " +
-				"first_byte_timeout, body, idle_timeout, oversized_event, response_timeout (the response, relayed to the " +
+				"first_byte_timeout, body, idle_timeout, response_timeout (the response, relayed to the " +
 				"client, did not end within KVGATE_UPSTREAM_RESPONSE_TIMEOUT of its request sent, whether the pod or the " +
 				"client was slow).",
 		}, []string{"reason"}),
@@ -100,6 +102,12 @@ func newMetrics(reg prometheus.Registerer, bodies *budget.Budget) (*metrics, err
 			Name: "kvgate_gateway_responses_without_usage_total",
 			Help: "Successful completion, chat, Anthropic Messages and OpenAI Responses responses whose token usage could not be read; their requests end untraced. " +
 				"The responses of the other endpoints routed by model are not read for usage, and not counted.",
+		}),
+		oversizedEvents: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvgate_gateway_oversized_events_total",
+			Help: "Server-sent events of pods' streams longer than KVGATE_MAX_STREAM_EVENT_BYTES, relayed by the proxy as they came " +
+				"without being read: a first token or usage they carry is missed, and a usage chunk the gateway asked for on the " +
+				"client's behalf reaches the client.",
 		}),
 		bodyTimeouts: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kvgate_gateway_request_body_timeouts_total",
@@ -143,8 +151,7 @@ func newMetrics(reg prometheus.Registerer, bodies *budget.Budget) (*metrics, err
 	for _, r := range []string{failRefused, failDial} {
 		m.retries.WithLabelValues(r)
 	}
-	for _, r := range []string{failRefused, failDial, failSend, failFirstByteTimeout, failBody, failIdleTimeout, failOversizedEvent,
-		failResponseTimeout} {
+	for _, r := range []string{failRefused, failDial, failSend, failFirstByteTimeout, failBody, failIdleTimeout, failResponseTimeout} {
 		m.upstreamFails.WithLabelValues(r)
 	}
 	for p := range numPhases {
@@ -160,7 +167,7 @@ func newMetrics(reg prometheus.Registerer, bodies *budget.Budget) (*metrics, err
 		return m, nil
 	}
 	for _, c := range []prometheus.Collector{m.requests, m.duration, m.overhead, m.ttft, m.inFlight,
-		m.retries, m.upstreamFails, m.tokenizeFails, m.usageMissing, m.bodyTimeouts, m.writeTimeouts,
+		m.retries, m.upstreamFails, m.tokenizeFails, m.usageMissing, m.oversizedEvents, m.bodyTimeouts, m.writeTimeouts,
 		m.connWaits, m.conns, m.heldRefusals, m.heldBytes, m.matchRefusals, m.phaseVec} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register gateway metrics: %w", err)

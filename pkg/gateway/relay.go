@@ -15,6 +15,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/klog/v2"
+
 	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/inflight"
 	"github.com/kvgate/kvgate/pkg/internal/jsonscan"
@@ -170,10 +173,6 @@ func readCount(v []byte, dst *int64, set *bool) error {
 // errClientGone reports that writing to the client failed: it went away.
 var errClientGone = errors.New("client went away")
 
-// errEventTooLarge reports a server-sent event longer than the relay's
-// bound.
-var errEventTooLarge = errors.New("a server-sent event exceeds the gateway's bound")
-
 // maxPreGrow bounds the room made for a body from its declared length
 // before any of it has arrived: beyond it the buffer grows as bytes come,
 // so that a peer declaring a large body and sending none holds no more
@@ -213,7 +212,12 @@ func readWhole(body io.Reader, keep *bytes.Buffer, size int64, max int, lr *io.L
 // dropUsage is set because the gateway asked for it on the client's behalf.
 //
 // Only events with a single data line holding a JSON object are read;
-// every other event (comments, [DONE], errors) is relayed untouched.
+// every other event (comments, [DONE], errors) is relayed untouched. An
+// event is held whole to be read, up to maxEvent bytes: once it holds
+// more, what it holds is relayed and the rest of the event is relayed as
+// it comes, unread, to the blank line that ends it (a first token or usage
+// it carries is missed, and a usage chunk is relayed, not withheld); the
+// events after it are read again.
 type sseRelay struct {
 	dst   io.Writer
 	flush func() error
@@ -225,8 +229,16 @@ type sseRelay struct {
 	// last events then go out with the end of the response, in one write,
 	// rather than flushed on their own.
 	ended func() bool
-	// maxEvent bounds an event, in bytes; 0 means no bound.
+	// maxEvent bounds the bytes of an event held to read it; 0 means no
+	// bound.
 	maxEvent int
+	// oversized, when not nil, counts the events that outgrow maxEvent,
+	// which are logged at verbosity 2 with the request's model and pod
+	// (rc, when not nil, and pod).
+	oversized prometheus.Counter
+	log       klog.Logger
+	rc        *types.RoutingContext
+	pod       string
 	// bound, when not nil, holds the response's bound: once it passed,
 	// the relay ends with errResponseTimeout instead of flushing.
 	bound *clock
@@ -258,41 +270,71 @@ type eventReader struct {
 }
 
 // run relays until the engine ends the stream. It returns errClientGone
-// when the client cannot be written to, errEventTooLarge when an event
-// exceeds maxEvent, errResponseTimeout when the response's bound passed
-// before an event was flushed, and the engine's read error when the stream
-// broke off; what was read of a final incomplete event is relayed first.
+// when the client cannot be written to, errResponseTimeout when the
+// response's bound passed before an event was flushed, and the engine's
+// read error when the stream broke off; what was read of a final
+// incomplete event is relayed first when the body ended.
 func (s *sseRelay) run() error {
 	s.event = s.event[:0]
 	// midLine reports that the last read ended within a line (the
 	// reader's buffer filled): a line ending read next ends that line, not
-	// the event.
-	midLine := false
+	// the event. passing reports that the event outgrew maxEvent and is
+	// being relayed as it comes.
+	midLine, passing := false, false
 	for {
 		line, err := s.src.ReadSlice('\n')
 		ends := err == nil && !midLine && isBlankLine(line)
 		midLine = errors.Is(err, bufio.ErrBufferFull)
-		s.event = append(s.event, line...)
-		if s.maxEvent > 0 && len(s.event) > s.maxEvent {
-			return errEventTooLarge
+		if passing {
+			if err := s.write(line); err != nil {
+				return err
+			}
+		} else {
+			s.event = append(s.event, line...)
+			if s.maxEvent > 0 && len(s.event) > s.maxEvent {
+				s.passOn()
+				if err := s.write(s.event); err != nil {
+					return err
+				}
+				s.event, passing = s.event[:0], true
+			}
 		}
 		switch {
 		case midLine:
-			continue
+			// The line goes on.
 		case err == io.EOF:
 			// The body ended: what it ended with goes on as it came.
 			return s.write(s.event)
 		case err != nil:
 			// The body broke off: an incomplete event is dropped, so that
-			// the client's next event is the error the caller writes.
+			// the client's next event is the error the caller writes (one
+			// passed on unread was relayed as far as it came).
 			return err
-		}
-		if !ends {
+		case ends && !passing:
+			if err := s.endEvent(); err != nil {
+				return err
+			}
 			continue
+		case ends:
+			passing = false
 		}
-		if err := s.endEvent(); err != nil {
-			return err
+		if passing || ends {
+			if err := s.flushIfIdle(); err != nil {
+				return err
+			}
 		}
+	}
+}
+
+// passOn counts and logs an event that outgrew maxEvent.
+func (s *sseRelay) passOn() {
+	if s.oversized == nil {
+		return
+	}
+	s.oversized.Inc()
+	if l := s.log.V(2); l.Enabled() && s.rc != nil {
+		l.Info("A server-sent event of the pod's stream exceeds the bound: relaying it unread", "requestID", s.rc.RequestID,
+			"clientRequestID", s.rc.LoggedClientRequestID(), "model", s.rc.Model, "pod", s.pod, "maxEventBytes", s.maxEvent)
 	}
 }
 
@@ -306,6 +348,12 @@ func (s *sseRelay) endEvent() error {
 		}
 	}
 	s.event = s.event[:0]
+	return s.flushIfIdle()
+}
+
+// flushIfIdle flushes what was relayed when the engine has sent nothing
+// more yet and has not ended its body.
+func (s *sseRelay) flushIfIdle() error {
 	if s.src.Buffered() == 0 && (s.more == nil || s.more() == 0) && (s.ended == nil || !s.ended()) {
 		if s.bound != nil && s.bound.overBound() {
 			return errResponseTimeout
@@ -784,7 +832,8 @@ func (g *Gateway) relayStream(w http.ResponseWriter, r *http.Request, res *podRe
 	x.reader.Reset(&res.body)
 	s := &x.relay
 	*s = sseRelay{dst: w, flush: rcw.Flush, src: x.reader, more: res.body.buffered, ended: res.body.ended,
-		maxEvent: g.cfg.MaxStreamEventBytes, bound: &c.clock, event: s.event[:0], eventReader: eventReader{dropUsage: dropUsage,
+		maxEvent: g.cfg.MaxStreamEventBytes, oversized: g.metrics.oversizedEvents, log: g.log, rc: rc, pod: x.d.PodKey,
+		bound: &c.clock, event: s.event[:0], eventReader: eventReader{dropUsage: dropUsage,
 			uninspected: !x.in.kind.generates(), kind: x.in.kind,
 			firstToken: func() {
 				h.FirstToken()
@@ -849,9 +898,6 @@ func (g *Gateway) failResponse(w http.ResponseWriter, r *http.Request, err error
 	case errors.Is(err, errResponseTimeout):
 		reason, status, code = failResponseTimeout, http.StatusGatewayTimeout, codeUpstreamTimeout
 		msg = fmt.Sprintf("pod %s did not end its response within %v", pod, g.cfg.ResponseTimeout)
-	case errors.Is(err, errEventTooLarge):
-		reason = failOversizedEvent
-		msg = fmt.Sprintf("pod %s sent a server-sent event longer than %d bytes", pod, g.cfg.MaxStreamEventBytes)
 	case timeout && stage == stageHead:
 		reason, status, code = failFirstByteTimeout, http.StatusGatewayTimeout, codeUpstreamTimeout
 		msg = fmt.Sprintf("pod %s sent no response within %v", pod, g.cfg.FirstByteTimeout)

@@ -14,6 +14,9 @@ import (
 	"testing/iotest"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
 	"github.com/kvgate/kvgate/pkg/routing"
 )
 
@@ -21,9 +24,15 @@ import (
 // what the client received, the usage found and the number of first-token
 // calls.
 func relayAll(t testing.TB, input string, dropUsage bool, wrap func(io.Reader) io.Reader) (string, *sseRelay, int) {
+	return relayBounded(t, input, dropUsage, 0, wrap)
+}
+
+// relayBounded is relayAll with the relay's maxEvent.
+func relayBounded(t testing.TB, input string, dropUsage bool, maxEvent int, wrap func(io.Reader) io.Reader) (string, *sseRelay, int) {
 	var out bytes.Buffer
 	firsts := 0
-	s := &sseRelay{dst: &out, flush: func() error { return nil }, src: bufio.NewReaderSize(wrap(strings.NewReader(input)), 16),
+	s := &sseRelay{dst: &out, flush: func() error { return nil }, maxEvent: maxEvent,
+		src:         bufio.NewReaderSize(wrap(strings.NewReader(input)), 16),
 		eventReader: eventReader{dropUsage: dropUsage, firstToken: func() { firsts++ }}}
 	if err := s.run(); err != nil {
 		t.Fatalf("run: %v", err)
@@ -48,6 +57,76 @@ func TestSSERelayFindsTheFirstTokenAndTheUsageChunk(t *testing.T) {
 			}
 			if out != want || !s.hasUsage || s.usage != (usage{PromptTokens: 7, CompletionTokens: 2}) || firsts != 1 {
 				t.Errorf("%s, drop %v: out %q, usage %+v %v, first tokens %d", name, drop, out, s.usage, s.hasUsage, firsts)
+			}
+		}
+	}
+}
+
+// TestSSERelayPassesAnOversizedEventOnUnread: an event beyond maxEvent is
+// relayed as it comes, unread, to the blank line ending it, in either line
+// ending, however the reads cut it; the events after it are read again,
+// and what the relay holds stays within the bound and a read.
+func TestSSERelayPassesAnOversizedEventOnUnread(t *testing.T) {
+	const bound = 128
+	role := `data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}` + "\n\n"
+	token := `data: {"choices":[{"index":0,"delta":{"content":"Hi"},"finish_reason":null}]}` + "\n\n"
+	big := "event: x\nid: 1\ndata: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"" + strings.Repeat("\\n", bound) + "\"}}]}\n\n"
+	usageEvent := `data: {"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":2}}` + "\n\n"
+	bigUsage := `data: {"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":2},"pad":"` + strings.Repeat("p", 2*bound) + "\"}\n\n"
+	done := "data: [DONE]\n\n"
+	for _, tc := range []struct {
+		name       string
+		events     []string
+		withheld   int // the index of the event withheld, -1 for none
+		oversized  int
+		usage      bool
+		firstToken bool
+	}{
+		{"an oversized event amid the stream", []string{role, big, token, usageEvent, done}, 3, 1, true, true},
+		{"the first token in an oversized event", []string{role, big, usageEvent, done}, 2, 1, true, false},
+		{"an oversized usage chunk", []string{role, token, bigUsage, done}, -1, 1, false, true},
+		{"oversized events in a row", []string{big, big, bigUsage, token, done}, -1, 3, false, true},
+		{"an oversized event at the end without its blank line", []string{role, token, usageEvent, big[:len(big)-1]}, 2, 1, true, true},
+	} {
+		for _, crlf := range []bool{false, true} {
+			for name, wrap := range map[string]func(io.Reader) io.Reader{
+				"whole": func(r io.Reader) io.Reader { return r }, "byte by byte": iotest.OneByteReader, "halves": iotest.HalfReader,
+			} {
+				var input, want strings.Builder
+				for i, ev := range tc.events {
+					if crlf {
+						ev = strings.ReplaceAll(ev, "\n", "\r\n")
+					}
+					input.WriteString(ev)
+					if i != tc.withheld {
+						want.WriteString(ev)
+					}
+				}
+				var out bytes.Buffer
+				firsts := 0
+				counted := prometheus.NewCounter(prometheus.CounterOpts{Name: "oversized"})
+				s := &sseRelay{dst: &out, flush: func() error { return nil }, maxEvent: bound, oversized: counted,
+					src:         bufio.NewReaderSize(wrap(strings.NewReader(input.String())), 16),
+					eventReader: eventReader{dropUsage: true, firstToken: func() { firsts++ }}}
+				err := s.run()
+				wantFirsts := 0
+				if tc.firstToken {
+					wantFirsts = 1
+				}
+				if err != nil || out.String() != want.String() || s.hasUsage != tc.usage || firsts != wantFirsts {
+					t.Errorf("%s, CRLF %v, %s: %v, relayed %q, usage %v, %d first tokens; want %q, usage %v, %d first tokens",
+						tc.name, crlf, name, err, out.String(), s.hasUsage, firsts, want.String(), tc.usage, wantFirsts)
+				}
+				var m dto.Metric
+				if err := counted.Write(&m); err != nil {
+					t.Fatal(err)
+				}
+				if n := m.GetCounter().GetValue(); n != float64(tc.oversized) {
+					t.Errorf("%s, CRLF %v, %s: %v oversized events counted, want %d", tc.name, crlf, name, n, tc.oversized)
+				}
+				if c := cap(s.event); c > 2*(bound+16) {
+					t.Errorf("%s, CRLF %v, %s: the relay held %d bytes, want at most the bound and a read", tc.name, crlf, name, c)
+				}
 			}
 		}
 	}
@@ -190,6 +269,10 @@ func FuzzSSERelayPassesEveryByteThrough(f *testing.F) {
 		dropped, ds, _ := relayAll(t, input, true, iotest.OneByteReader)
 		if ds.hasUsage != s.hasUsage || (!s.hasUsage && dropped != input) || len(dropped) > len(input) {
 			t.Fatalf("withholding usage relayed %q of %q", dropped, input)
+		}
+		// Events beyond a small bound are relayed unread, whole.
+		if bounded, _, _ := relayBounded(t, input, false, 24, iotest.HalfReader); bounded != input {
+			t.Fatalf("bounded to 24 bytes an event, relayed %q, want %q", bounded, input)
 		}
 	})
 }
