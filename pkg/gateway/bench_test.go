@@ -76,19 +76,28 @@ func BenchmarkProxy(b *testing.B) {
 	}
 }
 
+// relayBenchStream is a whole three-token stream of one API's events.
+type relayBenchStream struct {
+	name   string
+	kind   kind
+	events []string
+}
+
+// relayBenchStreams are the streams the relay benchmarks read, one per
+// API that streams events.
+func relayBenchStreams() []relayBenchStream {
+	return []relayBenchStream{
+		{"chat", kindChat, streamEvents("llama", true, 352, true)},
+		{"messages", kindMessages, messagesEvents("llama", 352)},
+		{"responses", kindResponses, responsesEvents("llama", responsesUsage(352))},
+	}
+}
+
 // BenchmarkRelayInspect measures reading one whole three-token stream of
 // each API's events as the relay reads them, in process: the first token
 // found and the usage read, every event relayed.
 func BenchmarkRelayInspect(b *testing.B) {
-	for _, bc := range []struct {
-		name   string
-		kind   kind
-		events []string
-	}{
-		{"chat", kindChat, streamEvents("llama", true, 352, true)},
-		{"messages", kindMessages, messagesEvents("llama", 352)},
-		{"responses", kindResponses, responsesEvents("llama", responsesUsage(352))},
-	} {
+	for _, bc := range relayBenchStreams() {
 		events := make([][]byte, len(bc.events))
 		for i, ev := range bc.events {
 			events[i] = []byte(ev)
@@ -113,15 +122,7 @@ func BenchmarkRelayInspect(b *testing.B) {
 // API's events as the proxy does, in process: every event held within
 // DefaultMaxStreamEventBytes, read and written, the usage found.
 func BenchmarkRelayRun(b *testing.B) {
-	for _, bc := range []struct {
-		name   string
-		kind   kind
-		events []string
-	}{
-		{"chat", kindChat, streamEvents("llama", true, 352, true)},
-		{"messages", kindMessages, messagesEvents("llama", 352)},
-		{"responses", kindResponses, responsesEvents("llama", responsesUsage(352))},
-	} {
+	for _, bc := range relayBenchStreams() {
 		input := strings.NewReader(strings.Join(bc.events, ""))
 		src := bufio.NewReaderSize(input, 64<<10)
 		b.Run(bc.name, func(b *testing.B) {
