@@ -145,16 +145,10 @@ func TestLiveVerificationComparesChatsCarryingReasoning(t *testing.T) {
 func TestEngineRefusingTheReasoningProbesTokenizesChatsCarryingReasoning(t *testing.T) {
 	localDir, _ := qwen3Dir(t)
 	eng := startEngine(t, loadQwen3(t))
-	refusing := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		body, _ := io.ReadAll(r.Body)
-		if strings.Contains(string(body), probeThought) {
-			http.Error(w, `{"error":{"message":"no","type":"BadRequestError","code":400}}`, http.StatusBadRequest)
-			return
-		}
-		r.Body = io.NopCloser(bytes.NewReader(body))
-		proxy(t, w, r, eng.url)
-	}))
-	t.Cleanup(refusing.Close)
+	refusing := probeAnswering(t, eng.url, func(w http.ResponseWriter) bool {
+		http.Error(w, `{"error":{"message":"no","type":"BadRequestError","code":400}}`, http.StatusBadRequest)
+		return true
+	})
 	tk, reg := newTestTokenizer(t, Config{LocalDir: localDir, VerifyFraction: -1, NoPrefixReuse: true})
 	mustTokenize(t, tk, refusing.URL, conversation(1))
 	waitVerified(t, tk)
@@ -189,16 +183,13 @@ func TestReasoningProbeTheEngineDidNotAnswerIsAskedAgain(t *testing.T) {
 	eng := startEngine(t, loadQwen3(t))
 	var failing atomic.Bool
 	failing.Store(true)
-	flaky := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		body, _ := io.ReadAll(r.Body)
-		if failing.Load() && strings.Contains(string(body), probeThought) {
-			http.Error(w, "overloaded", http.StatusServiceUnavailable)
-			return
+	flaky := probeAnswering(t, eng.url, func(w http.ResponseWriter) bool {
+		if !failing.Load() {
+			return false
 		}
-		r.Body = io.NopCloser(bytes.NewReader(body))
-		proxy(t, w, r, eng.url)
-	}))
-	t.Cleanup(flaky.Close)
+		http.Error(w, "overloaded", http.StatusServiceUnavailable)
+		return true
+	})
 	tk, reg := newTestTokenizer(t, Config{LocalDir: localDir, VerifyFraction: -1, NoPrefixReuse: true})
 	mustTokenize(t, tk, flaky.URL, conversation(1))
 	probeErrors := func() float64 {
@@ -224,6 +215,22 @@ func TestReasoningProbeTheEngineDidNotAnswerIsAskedAgain(t *testing.T) {
 	if got := tk.LocalModels()[0]; got.Reasoning != "reasoning" {
 		t.Fatalf("LocalModels: %+v, want reasoning learned once the engine answered", got)
 	}
+}
+
+// probeAnswering returns a server in front of the engine at base whose
+// answer to a reasoning probe is answer's, when it writes one (true); it
+// forwards every other request, and probes answer leaves, to the engine.
+func probeAnswering(t testing.TB, base string, answer func(w http.ResponseWriter) bool) *httptest.Server {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		if strings.Contains(string(body), probeThought) && answer(w) {
+			return
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		proxy(t, w, r, base)
+	}))
+	t.Cleanup(srv.Close)
+	return srv
 }
 
 // proxy forwards r to base and copies the answer to w.
