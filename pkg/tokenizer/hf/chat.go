@@ -558,6 +558,9 @@ func chatMessage(m *jinja.Dict, reasoning ReasoningPassing) (jinja.Value, string
 // and reasoning_content members of the assistant message m under the keys
 // p gives them.
 func passReasoning(m, out *jinja.Dict, p ReasoningPassing) error {
+	if p.Known && p.Reasoning == 0 && p.ReasoningContent == 0 {
+		return nil
+	}
 	members := [2]struct {
 		name string
 		keys ReasoningKeys
