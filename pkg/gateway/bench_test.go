@@ -141,3 +141,43 @@ func BenchmarkRelayRun(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkResponseBody measures reading one whole three-token chat
+// stream through Response.Body as the external processor hands it over, in
+// pieces of a given size (about a token event, and a few events): every
+// event held within DefaultMaxStreamEventBytes, read and relayed, the
+// usage found. "oversized" adds two events of 4 KiB read with a bound of
+// 1 KiB, relayed unread.
+func BenchmarkResponseBody(b *testing.B) {
+	events := streamEvents("llama", true, 352, true)
+	big := "data: " + strings.Repeat("x", 4<<10) + "\n\n"
+	for _, bc := range []struct {
+		name     string
+		input    string
+		maxEvent int
+		piece    int
+	}{
+		{"pieces=64", strings.Join(events, ""), DefaultMaxStreamEventBytes, 64},
+		{"pieces=512", strings.Join(events, ""), DefaultMaxStreamEventBytes, 512},
+		{"oversized/pieces=512", events[0] + big + big + strings.Join(events[1:], ""), 1 << 10, 512},
+	} {
+		input := []byte(bc.input)
+		b.Run(bc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			r := &Response{}
+			var dst []byte
+			for b.Loop() {
+				*r = Response{status: 200, sse: true, maxEvent: bc.maxEvent, partial: r.partial[:0],
+					events: eventReader{kind: kindChat, dropUsage: true, firstToken: func() {}}}
+				for rest := input; len(rest) > 0; {
+					n := min(bc.piece, len(rest))
+					dst = r.Body(dst[:0], rest[:n], n == len(rest))
+					rest = rest[n:]
+				}
+				if !r.events.hasUsage {
+					b.Fatal("no usage read")
+				}
+			}
+		})
+	}
+}
