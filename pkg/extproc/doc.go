@@ -92,7 +92,9 @@
 //     response.in_progress and its response.completed's usage; as the proxy
 //     reads them); each chunk
 //     is answered with the complete events it ends, so an event split over
-//     chunks leaves with the chunk that completes it. Other bodies pass
+//     chunks leaves with the chunk that completes it (an event ends only at
+//     a blank line, wherever the chunks split its lines and line endings;
+//     one outgrowing the bound below leaves as it comes). Other bodies pass
 //     unchanged, their usage read at the end. The one message of the
 //     BUFFERED modes is answered whole; in BUFFERED it ends the response
 //     even without end_of_stream, which then means that trailers end it.

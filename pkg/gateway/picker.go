@@ -390,12 +390,14 @@ type Response struct {
 	sse    bool
 	// events reads the events of an event stream; partial holds the bytes
 	// of an event not complete yet, and oversized reports that the event
-	// being read outgrew maxEvent and is relayed as it comes, uninspected;
+	// being read outgrew maxEvent and is relayed as it comes, uninspected,
+	// the bytes relayed of it leaving off within a line as passed says;
 	// oversizedEvents counts such events.
 	events          eventReader
 	partial         []byte
 	maxEvent        int
 	oversized       bool
+	passed          linePos
 	oversizedEvents int
 	// whole keeps the first maxUsageScanBytes of any other successful
 	// body, to read its usage; over reports a longer one.
@@ -441,10 +443,13 @@ func (r *Response) FirstToken() bool { return r.events.seenToken }
 // body. For an event stream it appends to dst and returns what the client
 // is to receive in its place: the events it completes, the usage chunk
 // withheld when the gateway asked for it, and a final incomplete event at
-// the end; the rest of an incomplete event waits for the next piece. The
-// first generated token is reported to the request ledger as it passes.
-// For any other body, and for every body of an endpoint other than the
-// completions, it returns piece itself, unchanged.
+// the end; the rest of an incomplete event waits for the next piece, up to
+// Config.MaxStreamEventBytes, beyond which it is relayed as it comes (see
+// OversizedEvents). An event ends only at a blank line, wherever the
+// pieces split its lines and line endings. The first generated token is
+// reported to the request ledger as it passes. For any other body, and for
+// every body of an endpoint other than the completions, it returns piece
+// itself, unchanged.
 func (r *Response) Body(dst, piece []byte, last bool) []byte {
 	if !r.sse {
 		if r.status == http.StatusOK && !r.over && !r.uninspected {
@@ -462,24 +467,34 @@ func (r *Response) Body(dst, piece []byte, last bool) []byte {
 		data = r.partial
 	}
 	for len(data) > 0 {
+		if r.oversized {
+			end := eventEndAfter(r.passed, data)
+			if end < 0 {
+				break
+			}
+			dst = append(dst, data[:end]...)
+			r.oversized = false
+			data = data[end:]
+			continue
+		}
 		end := eventEnd(data)
 		if end < 0 {
 			break
 		}
-		event := data[:end]
-		if r.oversized {
-			dst = append(dst, event...)
-			r.oversized = false
-		} else if !r.events.inspect(event) {
+		if event := data[:end]; !r.events.inspect(event) {
 			dst = append(dst, event...)
 		}
 		data = data[end:]
 	}
-	if last || len(data) > r.maxEvent {
+	if last || (r.oversized && len(data) > 0) || len(data) > r.maxEvent {
 		dst = append(dst, data...)
-		if !last && !r.oversized {
-			r.oversizedEvents++
+		if !r.oversized {
+			r.passed = lineStart // an event starts a line
+			if !last {
+				r.oversizedEvents++
+			}
 		}
+		r.passed = r.passed.after(data)
 		r.oversized = !last && len(data) > 0
 		data = nil
 	}
@@ -501,6 +516,58 @@ func eventEnd(data []byte) int {
 			return i
 		}
 	}
+}
+
+// linePos tells where within a line the bytes of an event relayed so far
+// left off.
+type linePos uint8
+
+const (
+	// lineStart: at the start of a line (after a line feed).
+	lineStart linePos = iota
+	// lineCR: after a carriage return that starts a line, which a line
+	// feed makes a blank line.
+	lineCR
+	// lineMid: within a line holding more than a carriage return.
+	lineMid
+)
+
+// after returns where the line stands once b follows p.
+func (p linePos) after(b []byte) linePos {
+	n := len(b)
+	switch {
+	case n == 0:
+		return p
+	case b[n-1] == '\n':
+		return lineStart
+	case b[n-1] != '\r':
+		return lineMid
+	case n > 1 && b[n-2] == '\n', n == 1 && p == lineStart:
+		return lineCR
+	}
+	return lineMid
+}
+
+// eventEndAfter is eventEnd for data that continues an event at p: a line
+// feed ends the line under way first, and a blank line only when it starts
+// its line.
+func eventEndAfter(p linePos, data []byte) int {
+	i := 0
+	switch {
+	case p == lineCR && data[0] == '\n':
+		return 1
+	case p != lineStart:
+		j := bytes.IndexByte(data, '\n')
+		if j < 0 {
+			return -1
+		}
+		i = j + 1
+	}
+	end := eventEnd(data[i:])
+	if end < 0 {
+		return -1
+	}
+	return i + end
 }
 
 // Done closes the attempt, the response having ended: done, with the usage
