@@ -130,7 +130,8 @@ func newMetrics(reg prometheus.Registerer, local map[string]*localModel) (*metri
 			Namespace: ns, Subsystem: sub, Name: "reasoning_probes_total",
 			Help: "Chats carrying assistant reasoning sent to the engine's /tokenize, when a model's chat form is verified, to learn how it passes " +
 				"reasoning to the chat template, by model and result: match (the engine's ids are those of a way of passing it), nomatch, " +
-				"refused or error (no answer); a result other than match leaves the model's chats carrying reasoning to the engine.",
+				"refused or error (no answer, asked again with the chat form's verification); nomatch or refused leaves the model's chats " +
+				"carrying reasoning to the engine.",
 		}, []string{"model", "result"}),
 	}
 	localCount := prometheus.NewCounterVec(prometheus.CounterOpts{
