@@ -160,6 +160,12 @@ func BenchmarkResponseBody(b *testing.B) {
 		{"pieces=64", strings.Join(events, ""), DefaultMaxStreamEventBytes, 64},
 		{"pieces=512", strings.Join(events, ""), DefaultMaxStreamEventBytes, 512},
 		{"oversized/pieces=512", events[0] + big + big + strings.Join(events[1:], ""), 1 << 10, 512},
+		// Events held whole in many pieces: one of 256 KiB on one line, one
+		// of 256 KiB on many lines.
+		{"held/line/pieces=512", events[0] + "data: " + strings.Repeat("x", 256<<10) + "\n\n" + strings.Join(events[1:], ""),
+			DefaultMaxStreamEventBytes, 512},
+		{"held/lines/pieces=512", events[0] + strings.Repeat("data: "+strings.Repeat("x", 250)+"\n", 1<<10) + "\n" +
+			strings.Join(events[1:], ""), DefaultMaxStreamEventBytes, 512},
 	} {
 		input := []byte(bc.input)
 		b.Run(bc.name, func(b *testing.B) {
