@@ -399,6 +399,10 @@ type Response struct {
 	oversized       bool
 	passed          linePos
 	oversizedEvents int
+	// partialLine is where the line under way of partial starts and
+	// partialSeen how much of partial was searched for the event's end,
+	// so that each piece is searched once however many an event takes.
+	partialLine, partialSeen int
 	// whole keeps the first maxUsageScanBytes of any other successful
 	// body, to read its usage; over reports a longer one.
 	whole bytes.Buffer
@@ -462,9 +466,13 @@ func (r *Response) Body(dst, piece []byte, last bool) []byte {
 		return piece
 	}
 	data := piece
+	// The search for the first event's end resumes where the held bytes'
+	// left off; the events after it are searched from their start.
+	lineAt, seen := 0, 0
 	if len(r.partial) > 0 {
 		r.partial = append(r.partial, piece...)
 		data = r.partial
+		lineAt, seen = r.partialLine, r.partialSeen
 	}
 	for len(data) > 0 {
 		if r.oversized {
@@ -477,14 +485,16 @@ func (r *Response) Body(dst, piece []byte, last bool) []byte {
 			data = data[end:]
 			continue
 		}
-		end := eventEnd(data)
+		end, line := eventEndFrom(data, lineAt, seen)
 		if end < 0 {
+			lineAt, seen = line, len(data)
 			break
 		}
 		if event := data[:end]; !r.events.inspect(event) {
 			dst = append(dst, event...)
 		}
 		data = data[end:]
+		lineAt, seen = 0, 0
 	}
 	if last || (r.oversized && len(data) > 0) || len(data) > r.maxEvent {
 		dst = append(dst, data...)
@@ -498,23 +508,40 @@ func (r *Response) Body(dst, piece []byte, last bool) []byte {
 		r.oversized = !last && len(data) > 0
 		data = nil
 	}
-	r.partial = append(r.partial[:0], data...)
+	if len(data) == 0 {
+		lineAt, seen = 0, 0
+	}
+	// Held bytes none of which went out stay where they are.
+	if len(data) != len(r.partial) || len(data) > 0 && &data[0] != &r.partial[0] {
+		r.partial = append(r.partial[:0], data...)
+	}
+	r.partialLine, r.partialSeen = lineAt, seen
 	return dst
 }
 
 // eventEnd returns the length of the first complete event of data, up to
 // and including the blank line ending it, or -1 when data holds none.
 func eventEnd(data []byte) int {
-	for i := 0; ; {
+	end, _ := eventEndFrom(data, 0, 0)
+	return end
+}
+
+// eventEndFrom is eventEnd for data of which the first seen bytes were
+// searched already: their lines before lineAt, where the line under way
+// starts, are not blank, and that line has no line feed before seen. When
+// data holds no event's end, it returns -1 and where data's last line
+// starts.
+func eventEndFrom(data []byte, lineAt, seen int) (end, line int) {
+	for i := seen; ; {
 		j := bytes.IndexByte(data[i:], '\n')
 		if j < 0 {
-			return -1
+			return -1, lineAt
 		}
-		line := data[i : i+j+1]
 		i += j + 1
-		if isBlankLine(line) {
-			return i
+		if isBlankLine(data[lineAt:i]) {
+			return i, i
 		}
+		lineAt = i
 	}
 }
 
