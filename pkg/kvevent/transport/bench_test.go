@@ -431,3 +431,34 @@ func processCPU() time.Duration {
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
+
+// replayingSink is discardSink with replays available.
+type replayingSink struct{ discardSink }
+
+func (replayingSink) startReplay(uint64, bool) bool { return true }
+
+// BenchmarkSequencerGappyOverflow measures the sequencer's cost per live
+// batch when a replay stays unanswered while the live stream skips every
+// other seq: the buffer fills with batches that do not follow on from each
+// other, and its overflow declares each gap lost. The cost per batch should
+// not grow with the buffer's bound.
+func BenchmarkSequencerGappyOverflow(b *testing.B) {
+	for _, maxPending := range []int{1000, DefaultMaxPendingBatches} {
+		b.Run(fmt.Sprintf("pending=%d", maxPending), func(b *testing.B) {
+			s := newSequencer(replayingSink{}, maxPending, DefaultMaxPendingBytes)
+			payload := []byte{1}
+			s.onConnected()
+			s.onReplayBatch(0, payload)
+			s.onReplayEnd()
+			seq := uint64(1)
+			b.ReportAllocs()
+			for b.Loop() {
+				if !s.replay.active {
+					s.requestReplay(false)
+				}
+				seq += 2
+				s.onLive(seq, payload)
+			}
+		})
+	}
+}
