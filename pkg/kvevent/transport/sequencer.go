@@ -280,10 +280,21 @@ func (s *sequencer) settle(failed bool) {
 		return
 	}
 	s.followUps = 0
-	for len(s.pending) > 0 {
-		s.skipTo(s.pending[0].seq)
-		s.drainPending()
+	s.skipPending()
+}
+
+// skipPending applies every buffered batch in seq order, declaring the
+// batches missing before each lost (see skipTo), and empties the buffer.
+// It walks the buffer once, however many gaps it holds.
+func (s *sequencer) skipPending() {
+	for i := range s.pending {
+		p := s.pending[i]
+		s.skipTo(p.seq)
+		if p.seq == s.next {
+			s.apply(p.seq, p.payload, p.replayed)
+		}
 	}
+	s.clearPending()
 }
 
 // restart resets the stream because live seq went back.

@@ -178,6 +178,12 @@ func TestSequencer(t *testing.T) {
 		steps:      []string{"connect", "end", "live 0", "live 2", "live 3", "live 4", "reply 0", "live 5"},
 		want:       []string{"replay 0", "deliver a0 live", "replay 0", "overflow", "abort", "gap 1-1", "deliver a2 live", "deliver a3 live", "deliver a4 live", "deliver a5 live"},
 	}, {
+		name:       "an overflowing buffer of batches apart declares each gap lost and applies them in order",
+		maxPending: 3,
+		steps:      []string{"connect", "end", "live 0", "live 2", "live 4", "live 5", "live 7", "live 8"},
+		want: []string{"replay 0", "deliver a0 live", "replay 0", "overflow", "abort", "gap 1-1", "deliver a2 live",
+			"gap 3-3", "deliver a4 live", "deliver a5 live", "gap 6-6", "deliver a7 live", "deliver a8 live"},
+	}, {
 		name:            "overflowing the pending buffer's bytes abandons the replay",
 		maxPendingBytes: 5, // payloads are 2 bytes each
 		steps:           []string{"connect", "end", "live 0", "live 2", "live 3", "live 4", "reply 0", "live 5"},
