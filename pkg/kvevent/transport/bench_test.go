@@ -462,3 +462,35 @@ func BenchmarkSequencerGappyOverflow(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkSequencerReplayFillsHoles measures the sequencer's cost per
+// batch when the live stream lost every other batch (as a publisher's
+// queue drops them once full) and a replay fills the holes in order: each
+// replayed batch lets one buffered batch follow on. The cost per batch
+// should not grow with the number buffered.
+func BenchmarkSequencerReplayFillsHoles(b *testing.B) {
+	for _, held := range []int{1000, DefaultMaxPendingBatches} {
+		b.Run(fmt.Sprintf("pending=%d", held), func(b *testing.B) {
+			s := newSequencer(replayingSink{}, DefaultMaxPendingBatches, DefaultMaxPendingBytes)
+			payload := []byte{1}
+			s.onConnected()
+			s.onReplayBatch(0, payload)
+			s.onReplayEnd()
+			seq := uint64(0) // the last seq delivered or buffered
+			b.ReportAllocs()
+			for b.Loop() {
+				if len(s.pending) == 0 {
+					b.StopTimer()
+					first := seq + 1
+					for range held {
+						seq += 2
+						s.onLive(seq, payload)
+					}
+					s.onReplayBatch(first-1, payload)
+					b.StartTimer()
+				}
+				s.onReplayBatch(s.next, payload)
+			}
+		})
+	}
+}
