@@ -104,7 +104,8 @@ type sequencer struct {
 	replay       replayState
 	replayedFrom uint64 // next when the last replay was asked for
 	followUps    int
-	pending      []pendingBatch // sorted by seq, all >= next
+	pending      []pendingBatch // sorted by seq, all >= next: a window of pendingBuf
+	pendingBuf   []pendingBatch // the array pending is a window of, from its start
 	pendingBytes int            // payload bytes in pending
 }
 
@@ -361,7 +362,18 @@ func (s *sequencer) addPending(seq uint64, payload []byte, replayed bool) {
 	if i < len(s.pending) && s.pending[i].seq == seq {
 		return
 	}
+	if len(s.pending) == cap(s.pending) && cap(s.pendingBuf)-cap(s.pending) >= len(s.pending) {
+		// The batches drained from the front left at least as much room
+		// as the buffer holds: move it there rather than grow.
+		n := copy(s.pendingBuf[:len(s.pending)], s.pending)
+		clear(s.pending)
+		s.pending = s.pendingBuf[:n]
+	}
+	before := cap(s.pending)
 	s.pending = append(s.pending, pendingBatch{})
+	if cap(s.pending) != before {
+		s.pendingBuf = s.pending[:0]
+	}
 	copy(s.pending[i+1:], s.pending[i:])
 	s.pending[i] = pendingBatch{seq: seq, payload: payload, replayed: replayed}
 	s.pendingBytes += len(payload)
@@ -387,12 +399,17 @@ func (s *sequencer) drainPending() {
 	if n == 0 {
 		return
 	}
-	rest := copy(s.pending, s.pending[n:])
-	clear(s.pending[rest:])
-	s.pending = s.pending[:rest]
+	// The batches after stay where they are: the buffer's window moves on
+	// (see addPending), so that filling holes one at a time costs no more
+	// than the batches it applies.
+	clear(s.pending[:n])
+	s.pending = s.pending[n:]
+	if len(s.pending) == 0 {
+		s.pending = s.pendingBuf[:0]
+	}
 }
 
 func (s *sequencer) clearPending() {
 	clear(s.pending)
-	s.pending, s.pendingBytes = s.pending[:0], 0
+	s.pending, s.pendingBytes = s.pendingBuf[:0], 0
 }

@@ -130,6 +130,10 @@ func FuzzSequencer(f *testing.F) {
 			if len(s.pending) > 0 && s.pending[0].seq < s.next {
 				t.Fatalf("pending seq %d below next %d", s.pending[0].seq, s.next)
 			}
+			if off := cap(s.pendingBuf) - cap(s.pending); len(s.pending) > 0 &&
+				(off < 0 || &s.pendingBuf[:cap(s.pendingBuf)][off] != &s.pending[0]) {
+				t.Fatalf("pending is not a window ending where pendingBuf ends")
+			}
 		}
 	})
 }

@@ -184,6 +184,13 @@ func TestSequencer(t *testing.T) {
 		want: []string{"replay 0", "deliver a0 live", "replay 0", "overflow", "abort", "gap 1-1", "deliver a2 live",
 			"gap 3-3", "deliver a4 live", "deliver a5 live", "gap 6-6", "deliver a7 live", "deliver a8 live"},
 	}, {
+		name: "a replay filling the holes between live batches applies each as it follows on",
+		steps: []string{"connect", "end", "live 0", "live 2", "live 4", "live 6", "live 8", "reply 0", "reply 1", "reply 3",
+			"live 10", "live 12", "reply 5", "reply 7", "reply 9", "reply 11", "end", "live 13"},
+		want: []string{"replay 0", "deliver a0 live", "replay 0", "deliver a1 replay", "deliver a2 live", "deliver a3 replay",
+			"deliver a4 live", "deliver a5 replay", "deliver a6 live", "deliver a7 replay", "deliver a8 live", "deliver a9 replay",
+			"deliver a10 live", "deliver a11 replay", "deliver a12 live", "deliver a13 live"},
+	}, {
 		name:            "overflowing the pending buffer's bytes abandons the replay",
 		maxPendingBytes: 5, // payloads are 2 bytes each
 		steps:           []string{"connect", "end", "live 0", "live 2", "live 3", "live 4", "reply 0", "live 5"},
