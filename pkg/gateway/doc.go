@@ -155,8 +155,9 @@
 // another pod when theirs cannot be connected to, and their responses are
 // relayed as the pod sent them: a 200 event stream event by event, each
 // flushed and held within Config.MaxStreamEventBytes as any stream's
-// events are (see below), any other body as step 6 relays it. The gateway reads no usage or first token from them: they feed
-// neither the output predictor, the request traces nor the TTFT metric.
+// events are (see below), any other body as step 6 relays it. The gateway
+// reads no usage or first token from them: they feed neither the output
+// predictor, the request traces nor the TTFT metric.
 // kvgate_gateway_requests_total and the duration, overhead and phase
 // histograms count them with the completions of their model.
 //
