@@ -528,20 +528,11 @@ func (s *eventReader) typedEvent(payload []byte, member string) (typ string, val
 	if s.seenToken && !bytes.Contains(payload, usageKey) {
 		return "", nil, false
 	}
-	var rawType []byte
-	if jsonscan.Members(payload, func(name, v []byte) error {
-		switch n := jsonscan.Name(name); {
-		case string(n) == "type":
-			rawType = v
-		case string(n) == member:
-			value = v
-		}
-		return nil
-	}) != nil || len(rawType) == 0 || rawType[0] != '"' {
+	rawType, value, err := jsonscan.TypeAnd(payload, member)
+	if err != nil || len(rawType) == 0 || rawType[0] != '"' {
 		return "", nil, false
 	}
-	typ, err := jsonscan.String(rawType)
-	if err != nil {
+	if typ, err = jsonscan.String(rawType); err != nil {
 		return "", nil, false
 	}
 	return typ, value, true

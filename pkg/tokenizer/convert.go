@@ -136,16 +136,7 @@ func typeAnd(raw []byte, what, member string) (typ, value []byte, err error) {
 	if !isObject(raw) {
 		return nil, nil, fmt.Errorf("%s is not an object", what)
 	}
-	err = jsonscan.Members(raw, func(name, v []byte) error {
-		switch n := jsonscan.Name(name); {
-		case string(n) == "type":
-			typ = v
-		case string(n) == member:
-			value = v
-		}
-		return nil
-	})
-	return typ, value, err
+	return jsonscan.TypeAnd(raw, member)
 }
 
 // eachElement calls fn with each element of raw, a JSON array, and its

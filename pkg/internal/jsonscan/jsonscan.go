@@ -329,6 +329,24 @@ func Members(raw []byte, fn func(name, value []byte) error) error {
 	}
 }
 
+// TypeAnd returns the values, exactly as written, of the members named
+// type and member of the JSON object raw (the last of each when one is
+// named twice, nil when absent), checking the whole object as Members does.
+// Objects of tagged unions (a content part, an event, a tool) are read
+// with it.
+func TypeAnd(raw []byte, member string) (typ, value []byte, err error) {
+	err = Members(raw, func(name, v []byte) error {
+		switch n := Name(name); {
+		case string(n) == "type":
+			typ = v
+		case string(n) == member:
+			value = v
+		}
+		return nil
+	})
+	return typ, value, err
+}
+
 // ArrayElements calls fn with each element of the JSON array raw, exactly
 // as written, checking the whole array. It fails when raw is not an array.
 func ArrayElements(raw []byte, fn func(elem []byte)) error {

@@ -287,3 +287,22 @@ func FuzzLaxIntAgreesWithEncodingJSONAndStrconv(f *testing.F) {
 		}
 	})
 }
+
+func TestTypeAndReadsTheTagAndOneMember(t *testing.T) {
+	for _, c := range []struct {
+		raw, typ, value string
+		fails           bool
+	}{
+		{raw: `{"type":"text","text":"hi","x":1}`, typ: `"text"`, value: `"hi"`},
+		{raw: `{"text":{"a":[1]} , "type" : "text"}`, typ: `"text"`, value: `{"a":[1]}`},
+		{raw: `{"\u0074ype":"a","type":"b"}`, typ: `"b"`},
+		{raw: `{"other":1}`},
+		{raw: `[1]`, fails: true},
+		{raw: `{"type":"text",}`, fails: true},
+	} {
+		typ, value, err := TypeAnd([]byte(c.raw), "text")
+		if (err != nil) != c.fails || !c.fails && (string(typ) != c.typ || string(value) != c.value) {
+			t.Errorf("TypeAnd(%s) = %s, %s, %v; want %s, %s, failing %v", c.raw, typ, value, err, c.typ, c.value, c.fails)
+		}
+	}
+}
