@@ -101,30 +101,24 @@ func anthropicBenchBody(b *testing.B, tokens int) []byte {
 // Responses request, which the gateway makes for each such request it
 // routes by its prompt.
 func BenchmarkChatFromResponses(b *testing.B) {
-	for _, tokens := range benchSizes {
-		body := responsesBenchBody(b, tokens)
-		b.Run(fmt.Sprintf("tokens=%d", tokens), func(b *testing.B) {
-			b.SetBytes(int64(len(body)))
-			b.ReportAllocs()
-			for b.Loop() {
-				if _, err := ChatFromResponses(body); err != nil {
-					b.Fatal(err)
-				}
-			}
-		})
-	}
+	benchConversion(b, responsesBenchBody, ChatFromResponses)
 }
 
 // BenchmarkChatFromAnthropic measures the conversion of an agent's
 // Messages request, as BenchmarkChatFromResponses does a Responses one's.
 func BenchmarkChatFromAnthropic(b *testing.B) {
+	benchConversion(b, anthropicBenchBody, ChatFromAnthropic)
+}
+
+// benchConversion measures convert on the body of each of benchSizes.
+func benchConversion(b *testing.B, body func(*testing.B, int) []byte, convert func([]byte) (*ChatRequest, error)) {
 	for _, tokens := range benchSizes {
-		body := anthropicBenchBody(b, tokens)
+		body := body(b, tokens)
 		b.Run(fmt.Sprintf("tokens=%d", tokens), func(b *testing.B) {
 			b.SetBytes(int64(len(body)))
 			b.ReportAllocs()
 			for b.Loop() {
-				if _, err := ChatFromAnthropic(body); err != nil {
+				if _, err := convert(body); err != nil {
 					b.Fatal(err)
 				}
 			}
