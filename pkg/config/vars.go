@@ -163,6 +163,17 @@ var (
 			"oversized events (OpenAI Responses' response.completed carries the whole output).",
 		Flag: "max-stream-event-bytes",
 	}
+	MaxStoredResponses = Var{
+		Name:    "KVGATE_MAX_STORED_RESPONSES",
+		Default: "100000",
+		Section: SectionGateway,
+		Doc: "Most OpenAI Responses API responses whose engine the gateway remembers (about 200 bytes each), the oldest " +
+			"forgotten first. vLLM started with VLLM_ENABLE_RESPONSES_API_STORE=1 keeps the responses it makes in its own " +
+			"memory: a request naming one as its previous_response_id goes to the engine that made it, and so do GET " +
+			"/v1/responses/{id} and POST /v1/responses/{id}/cancel; a response the gateway forgot is answered 404 by them, " +
+			"and its follow-up is routed as any request. Each gateway replica remembers the responses it relayed.",
+		Flag: "max-stored-responses",
+	}
 	EngineAPIKey = Var{
 		Name:    "KVGATE_ENGINE_API_KEY",
 		Default: "",
@@ -511,6 +522,7 @@ var Vars = []Var{
 	UpstreamIdleTimeout,
 	UpstreamResponseTimeout,
 	MaxStreamEventBytes,
+	MaxStoredResponses,
 	EngineAPIKey,
 	RequestTTL,
 	ExtProcListenAddress,

@@ -270,7 +270,7 @@ const (
 func (st *stream) decideAndAnswer(at answerPoint) error {
 	st.decided = true
 	t0 := time.Now()
-	in := gateway.PickRequest{Path: st.hdr.path, Body: st.body, ContentType: st.hdr.contentType, Strategy: st.hdr.strategy,
+	in := gateway.PickRequest{Path: st.hdr.path, Method: st.hdr.method, Body: st.body, ContentType: st.hdr.contentType, Strategy: st.hdr.strategy,
 		ClientRequestID: st.hdr.requestID,
 		Subset:          st.subset, Received: st.start}
 	if st.s.cfg.MaxMessageTimeout > 0 {

@@ -137,6 +137,12 @@ type Config struct {
 	// counted (KVGATE_MAX_STREAM_EVENT_BYTES, DefaultMaxStreamEventBytes
 	// when 0).
 	MaxStreamEventBytes int
+	// MaxStoredResponses bounds the OpenAI Responses API responses whose
+	// engine the gateway remembers, so that the requests needing a
+	// response an engine stored go to that engine: beyond it the oldest
+	// are forgotten, and counted (KVGATE_MAX_STORED_RESPONSES,
+	// DefaultMaxStoredResponses when 0).
+	MaxStoredResponses int
 	// MaxIdleConnsPerPod bounds the keep-alive connections kept to each
 	// pod (DefaultMaxIdleConnsPerPod when 0).
 	MaxIdleConnsPerPod int
@@ -244,6 +250,7 @@ func LoadConfig(e *config.Env) Config {
 		UpstreamIdleTimeout:       e.Duration(config.UpstreamIdleTimeout, time.Second),
 		ResponseTimeout:           e.Duration(config.UpstreamResponseTimeout, time.Second),
 		MaxStreamEventBytes:       e.Int(config.MaxStreamEventBytes, 1),
+		MaxStoredResponses:        e.Int(config.MaxStoredResponses, 1),
 		DisableProxy:              !e.Bool(config.ProxyEnabled),
 		Discovery:                 config.LoadDiscovery(e),
 		Kubeconfig:                e.String(config.Kubeconfig),

@@ -265,25 +265,48 @@
 // error ("event: error", data {"error": {...}}), which OpenAI's SDKs
 // raise.
 //
-// vLLM keeps a Responses API response it stores (store,
-// previous_response_id, background mode; only with
-// VLLM_ENABLE_RESPONSES_API_STORE=1, off by default, which vLLM warns
-// leaks memory) in the memory of the engine that made it. The gateway does
-// not route a follow-up to that engine: a request naming a
-// previous_response_id, whose earlier turns only that engine holds, is
-// routed on load alone (its prompt cannot be reproduced, and is counted
-// as unsupported), and an engine that does not hold the response refuses
-// it. GET /v1/responses/{id} and POST
-// /v1/responses/{id}/cancel name no model and are not routed: they answer
-// 404 not_found saying why.
+// # Stored responses
+//
+// vLLM keeps a Responses API response it stores (store true, its default;
+// only with VLLM_ENABLE_RESPONSES_API_STORE=1, off by default, which vLLM
+// warns leaks memory) in the memory of the API server that made it, and
+// needs it for a follow-up naming it as its previous_response_id (whose
+// earlier turns only that engine holds), for GET /v1/responses/{id} (the
+// response, or with stream=true a background response's events) and for
+// POST /v1/responses/{id}/cancel (a background response). Any other
+// engine answers 404. So the gateway remembers which engine made each
+// response it relays to a Responses request whose store is not false
+// (false or null: vLLM keeps none), from the id of a whole response or of
+// the event a stream opens with (response.created), before the client can
+// see it: the pod's namespace, name, UID and address, and the model the
+// request named. A request for a response the gateway remembers goes to
+// that engine, whatever the routing algorithm, even when the engine is
+// ejected, and is neither tokenized nor held in an SLO queue: a
+// follow-up's prompt cannot be reproduced (the queue predicts from it),
+// and the engine holds its prefix. A follow-up whose response the gateway does not remember, or
+// whose engine no longer is a ready pod of the model (deleted, replaced by
+// a pod of another UID or address, whose store is empty, or not ready),
+// is routed on load alone as before (its tokenization counted as
+// unsupported), and the engine it reaches answers 404 unless it holds the
+// response. GET /v1/responses/{id} and POST /v1/responses/{id}/cancel,
+// which name no model, are answered 404 not_found by the gateway itself
+// in those cases, saying why; through the external processor alike.
+// Each gateway replica remembers the responses it relayed, up to
+// Config.MaxStoredResponses (KVGATE_MAX_STORED_RESPONSES, 100,000, about
+// 200 bytes each), the oldest forgotten first: behind several replicas, a
+// client's follow-ups reach the engine that made the response when they
+// come through the same replica (session affinity on the load balancer).
+// Engines without the store answer every such request 404 as they would
+// directly.
 //
 // # Request members
 //
 // The gateway reads these members of a completion or chat request (of a
 // Messages request: model, max_tokens and stream, read alike; of a
-// Responses request: model, max_output_tokens and stream), and
-// forwards the body as the client wrote it (but for stream_options,
-// below):
+// Responses request: model, max_output_tokens and stream alike,
+// previous_response_id, a string or null, and store, a boolean or null;
+// see Stored responses), and forwards the body as the client wrote it (but
+// for stream_options, below):
 //
 //   - model (both endpoints), chat_template, truncation_side and
 //     reasoning_effort (chat): a string, or null;
@@ -582,6 +605,9 @@
 //	kvgate_gateway_responses_without_usage_total          successes whose usage could not be read
 //	kvgate_gateway_request_body_timeouts_total            bodies that did not arrive within the body timeout (408)
 //	kvgate_gateway_debug_match_refusals_total{reason}     /debug/match requests refused: busy, too_large
+//	kvgate_gateway_stored_responses                       Responses API responses whose engine is remembered
+//	kvgate_gateway_stored_responses_total{event}          of those: recorded, evicted (beyond the bound), refused (id empty or too long)
+//	kvgate_gateway_stored_response_requests_total{endpoint,result}  requests needing one: owner, gone, unknown
 //
 // The model label is empty for requests rejected before their model was
 // found, and the algorithm label for requests rejected before it was

@@ -48,9 +48,11 @@ type Gateway struct {
 	log      klog.Logger
 	registry *prometheus.Registry
 	metrics  *metrics
-	store    *cache.Store
-	router   *routing.Router
-	ledger   *inflight.Ledger
+	// stored remembers the engine of each Responses API response relayed.
+	stored *storedResponses
+	store  *cache.Store
+	router *routing.Router
+	ledger *inflight.Ledger
 	// capacity is held for writing while the ledger frees a pod's capacity
 	// and tells the SLO queues, and for reading while a queue tries a
 	// request (slo.Config.Capacity).
@@ -155,6 +157,9 @@ func New(cfg Config) (*Gateway, error) {
 	if g.metrics, err = newMetrics(g.registry, g.bodies); err != nil {
 		return nil, err
 	}
+	if g.stored, err = newStoredResponses(cfg.MaxStoredResponses, g.registry); err != nil {
+		return nil, err
+	}
 	if cfg.KVSync.Enabled {
 		if err := g.newKVSync(); err != nil {
 			return nil, err
@@ -199,6 +204,7 @@ func (c Config) withDefaults() Config {
 	c.UpstreamIdleTimeout = cmp.Or(c.UpstreamIdleTimeout, DefaultUpstreamIdleTimeout)
 	c.ResponseTimeout = cmp.Or(c.ResponseTimeout, DefaultResponseTimeout)
 	c.MaxStreamEventBytes = cmp.Or(c.MaxStreamEventBytes, DefaultMaxStreamEventBytes)
+	c.MaxStoredResponses = cmp.Or(c.MaxStoredResponses, DefaultMaxStoredResponses)
 	c.MaxIdleConnsPerPod = cmp.Or(c.MaxIdleConnsPerPod, DefaultMaxIdleConnsPerPod)
 	c.SLO.MaxWait = cmp.Or(c.SLO.MaxWait, slo.DefaultMaxWait)
 	c.RequestTTL = cmp.Or(c.RequestTTL, DefaultRequestTTL)

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -105,6 +106,12 @@ type PickRequest struct {
 	// names (a JSON object's model member, a multipart/form-data body's
 	// model field), on load alone.
 	Path string
+	// Method is the request's method, "" for POST: a request for a
+	// Responses API response an engine stored (GET /v1/responses/{id},
+	// POST /v1/responses/{id}/cancel) goes to the engine that made it
+	// (see the package documentation), and is refused with 405 for
+	// another method.
+	Method string
 	// Body is the request's body, whole.
 	Body []byte
 	// ContentType is the request's Content-Type header: a body of another
@@ -178,6 +185,15 @@ func (p *Picker) Pick(ctx context.Context, in PickRequest) (*Pick, *Error) {
 		kd = kindMessages
 	case PathResponses:
 		kd = kindResponses
+	default:
+		if id, method, label, ok := storedPath(path); ok {
+			if m := cmp.Or(in.Method, http.MethodPost); m != method {
+				putExchange(k.x)
+				return nil, &Error{Status: http.StatusMethodNotAllowed, Type: typeInvalidRequest, Code: codeMethodNotAllowed,
+					Message: m + " is not allowed; use " + method}
+			}
+			kd, k.x.in.storedID, k.x.in.storedLabel = kindStored, id, label
+		}
 	}
 	err := g.check(&k.a, kd, in.Body, in.ContentType, in.Strategy, k.x)
 	k.stream = k.x.in.stream().Stream
@@ -190,7 +206,7 @@ func (p *Picker) Pick(ctx context.Context, in PickRequest) (*Pick, *Error) {
 		return nil, err
 	}
 	k.rc, k.req = g.begin(ctx, &k.a, k.x, start, in.ClientRequestID)
-	if queuesForSLO(kd, k.a.algorithm) {
+	if queuesForSLO(kd, k.a.algorithm) && !k.a.pinned {
 		h, err := g.queueSLO(ctx, &k.a, k.rc, k.req, k.x, in.Waiting)
 		if h == nil {
 			k.End()
@@ -427,6 +443,9 @@ func (k *Pick) Response(status int, contentType string) *Response {
 	r := &Response{k: k, status: status, sse: isEventStream(k.stream, status, contentType), maxEvent: k.g.cfg.MaxStreamEventBytes,
 		uninspected: !k.x.in.kind.generates(), kind: k.x.in.kind}
 	r.events = eventReader{dropUsage: k.a.dropUsage, firstToken: k.h.FirstToken, kind: k.x.in.kind}
+	if status == http.StatusOK {
+		r.events.stored = k.g.recorder(&k.x.in, k.x.d.Endpoint, k.a.model)
+	}
 	return r
 }
 
@@ -461,6 +480,12 @@ func (r *Response) Body(dst, piece []byte, last bool) []byte {
 				r.whole.Write(piece)
 			} else {
 				r.over = true
+			}
+			if last && !r.over && r.events.stored != nil {
+				// The client gets the response's id with this piece: a
+				// follow-up naming it finds the record.
+				r.events.stored(responseID(r.whole.Bytes()))
+				r.events.stored = nil
 			}
 		}
 		return piece

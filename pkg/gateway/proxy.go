@@ -145,33 +145,40 @@ func (c *call) failWith(w http.ResponseWriter, e *Error) {
 func (g *Gateway) serveInference(k kind) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		// The mux calls this handler for its own paths alone.
-		endpoint := r.URL.Path
-		c := call{status: http.StatusOK, anthropic: IsAnthropicPath(endpoint)}
-		c.begin(r)
-		g.metrics.inFlight.Inc()
-		x := exchanges.Get().(*exchange)
-		defer func() {
-			putExchange(x)
-			g.metrics.inFlight.Dec()
-			g.metrics.requests.WithLabelValues(c.model, g.metrics.status(c.status), c.algorithm, endpoint).Inc()
-			g.metrics.duration.WithLabelValues(c.model, endpoint).Observe(c.total().Seconds())
-			for p := range numPhases {
-				if c.reached[p] {
-					g.metrics.phases[p].Observe(c.spent[p].Seconds())
-				}
+		g.serveRequest(w, r, k, r.URL.Path, http.MethodPost, "")
+	}
+}
+
+// serveRequest serves a request of kind k that takes method, counted under
+// the endpoint label endpoint; storedID is the response a request of
+// kindStored asks for.
+func (g *Gateway) serveRequest(w http.ResponseWriter, r *http.Request, k kind, endpoint, method, storedID string) {
+	c := call{status: http.StatusOK, anthropic: IsAnthropicPath(endpoint)}
+	c.begin(r)
+	g.metrics.inFlight.Inc()
+	x := exchanges.Get().(*exchange)
+	x.in.storedID, x.in.storedLabel = storedID, endpoint
+	defer func() {
+		putExchange(x)
+		g.metrics.inFlight.Dec()
+		g.metrics.requests.WithLabelValues(c.model, g.metrics.status(c.status), c.algorithm, endpoint).Inc()
+		g.metrics.duration.WithLabelValues(c.model, endpoint).Observe(c.total().Seconds())
+		for p := range numPhases {
+			if c.reached[p] {
+				g.metrics.phases[p].Observe(c.spent[p].Seconds())
 			}
-		}()
-		if r.Method != http.MethodPost {
-			w.Header().Set("Allow", http.MethodPost)
-			c.fail(w, http.StatusMethodNotAllowed, typeInvalidRequest, codeMethodNotAllowed, "", r.Method+" is not allowed; use POST")
-			c.lap(phaseRead)
-			return
 		}
-		if g.proxy(w, r, k, x, &c) {
-			// The response broke off after its headers: the client must
-			// see it broken, not ended, so the connection is cut.
-			panic(http.ErrAbortHandler)
-		}
+	}()
+	if r.Method != method {
+		w.Header().Set("Allow", method)
+		c.fail(w, http.StatusMethodNotAllowed, typeInvalidRequest, codeMethodNotAllowed, "", r.Method+" is not allowed; use "+method)
+		c.lap(phaseRead)
+		return
+	}
+	if g.proxy(w, r, k, x, &c) {
+		// The response broke off after its headers: the client must
+		// see it broken, not ended, so the connection is cut.
+		panic(http.ErrAbortHandler)
 	}
 }
 
@@ -193,6 +200,11 @@ type admitted struct {
 	// usage chunk when dropUsage is set.
 	body      []byte
 	dropUsage bool
+	// pinned reports a request whose one candidate is the engine that
+	// made the stored response it needs (see storedResponses): it is
+	// neither tokenized nor held in an SLO queue, which predicts from the
+	// prompt.
+	pinned bool
 }
 
 // proxy serves one inference request: admit, record in the request
@@ -209,7 +221,7 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, k kind, x *excha
 	defer req.End()
 	c.lap(phaseTokenize)
 	var first *inflight.Handle
-	if queuesForSLO(k, a.algorithm) {
+	if queuesForSLO(k, a.algorithm) && !a.pinned {
 		// The time waiting in the model's queue counts as routing.
 		var ok bool
 		if first, ok = g.routeSLO(w, r, &a, rc, req, x, c); !ok {
@@ -251,14 +263,21 @@ func (g *Gateway) admit(w http.ResponseWriter, r *http.Request, k kind, x *excha
 // the client is answered with. A request of kindModel, whose Content-Type
 // is contentType, is checked by checkModel.
 func (g *Gateway) check(a *admitted, k kind, body []byte, contentType, strategy string, x *exchange) *Error {
-	if !k.generates() {
+	switch k {
+	case kindModel:
 		return g.checkModel(a, body, contentType, strategy, x)
+	case kindStored:
+		x.in.kind = kindStored
+		return g.checkStored(a, x.in.storedID, strategy, x.in.storedLabel, body)
 	}
 	if err := x.in.decode(k, body); err != nil {
 		return &Error{Status: http.StatusBadRequest, Type: typeInvalidRequest, Code: codeInvalidJSON, Message: jsonError(err)}
 	}
 	if err := g.candidates(a, x.in.model(), strategy, x); err != nil {
 		return err
+	}
+	if id := x.in.conv.PreviousResponseID; k == kindResponses && id != "" {
+		g.pinStored(a, id)
 	}
 	a.body = body
 	sf := x.in.stream()
@@ -337,7 +356,7 @@ func (g *Gateway) begin(ctx context.Context, a *admitted, x *exchange, start tim
 	rc.Algorithm = a.algorithm
 	rc.LoraAdapter = adapterOf(a.model, a.pods)
 	req := g.ledger.Admit(rc.RequestID, rc.Model)
-	if g.tokenizer != nil && x.in.kind.generates() && readsPrompt(a.algorithm) {
+	if g.tokenizer != nil && x.in.kind.generates() && readsPrompt(a.algorithm) && !a.pinned {
 		rc.PromptTokenIDs = g.tokenize(ctx, rc, &x.in, a.pods)
 	}
 	g.predictOutput(rc, x.in.maxTokens())
@@ -558,7 +577,7 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, a admitted, rc
 		}
 		pod := x.d.Endpoint
 		addr := pod.Address
-		x.head = appendRequestHead(x.head[:0], r, addr, len(a.body), rc.RequestID)
+		x.head = appendForwardHead(x.head[:0], r, x.in.kind, addr, len(a.body), rc.RequestID)
 		pc, err := g.send(r.Context(), addr, x.head, a.body)
 		c.lap(phaseRoute)
 		if attempt == 0 {

@@ -264,6 +264,10 @@ type eventReader struct {
 	// OpenAI's chunks.
 	kind kind
 
+	// stored, when not nil, is called once with the id of the response
+	// a Responses stream opens with (see storedResponses).
+	stored func(id string)
+
 	seenToken bool
 	usage     usage
 	hasUsage  bool
@@ -496,7 +500,15 @@ func (s *eventReader) inspectResponses(payload []byte) {
 		return
 	}
 	switch t {
-	case "response.created", "response.in_progress", "response.queued", "error":
+	case "response.created", "response.in_progress", "response.queued":
+		if s.stored != nil {
+			if id := responseID(resp); id != "" {
+				s.stored(id)
+				s.stored = nil
+			}
+		}
+		return
+	case "error":
 		return
 	}
 	s.tokenSeen()
@@ -729,6 +741,11 @@ func (g *Gateway) relayWhole(w http.ResponseWriter, r *http.Request, res *podRes
 	if err != nil {
 		return g.failResponse(w, r, err, stageBody, rc, x, c, h)
 	}
+	if complete && res.status == http.StatusOK {
+		if record := g.recorder(&x.in, x.d.Endpoint, rc.Model); record != nil {
+			record(responseID(x.resp.Bytes()))
+		}
+	}
 	hd := w.Header()
 	setHeader(hd, res, &x.d, addr, &x.vals)
 	g.closeWhenDraining(hd)
@@ -825,7 +842,7 @@ func (g *Gateway) relayStream(w http.ResponseWriter, r *http.Request, res *podRe
 	*s = sseRelay{dst: w, flush: rcw.Flush, src: x.reader, more: res.body.buffered, ended: res.body.ended,
 		maxEvent: g.cfg.MaxStreamEventBytes, oversized: g.metrics.oversizedEvents, log: g.log, rc: rc, pod: x.d.PodKey,
 		bound: &c.clock, event: s.event[:0], eventReader: eventReader{dropUsage: dropUsage,
-			uninspected: !x.in.kind.generates(), kind: x.in.kind,
+			uninspected: !x.in.kind.generates(), kind: x.in.kind, stored: g.recorder(&x.in, x.d.Endpoint, rc.Model),
 			firstToken: func() {
 				h.FirstToken()
 				g.metrics.ttft.WithLabelValues(rc.Model).Observe(time.Since(c.start).Seconds())

@@ -30,12 +30,17 @@ const (
 	// (modelPaths): the gateway reads the model alone, neither a prompt nor
 	// the response's usage, and routes the request on load alone.
 	kindModel
+	// kindStored is a request for a Responses API response an engine
+	// stored (GET /v1/responses/{id}, POST /v1/responses/{id}/cancel):
+	// it names no model, and goes to the engine that made the response
+	// (see storedResponses), its body and response passed on unread.
+	kindStored
 )
 
 // generates reports whether requests of kind k are completions whose
 // prompt the gateway reads: their algorithm may tokenize them, an
 // SLO-aware one queue them, and their responses' usage is read.
-func (k kind) generates() bool { return k != kindModel }
+func (k kind) generates() bool { return k < kindModel }
 
 // converted reports whether vLLM converts the bodies of requests of kind
 // k into chats (Anthropic's Messages and OpenAI's Responses): the gateway
@@ -73,6 +78,13 @@ type convertedBody struct {
 	Model     string
 	MaxTokens *int
 	streamFields
+	// PreviousResponseID is a Responses request's previous_response_id,
+	// "" for none: the stored response it continues, which only the
+	// engine that made it holds (see storedResponses). NotStored reports
+	// a Responses request whose store is false, whose response no engine
+	// keeps.
+	PreviousResponseID string
+	NotStored          bool
 	// body is the whole body, which chat is converted from when the
 	// prompt is first tokenized.
 	body []byte
@@ -88,6 +100,9 @@ type inference struct {
 	comp completionBody
 	chat chatBody
 	conv convertedBody
+	// storedID and storedLabel are, for a request of kindStored, the
+	// response it asks for and its endpoint label.
+	storedID, storedLabel string
 }
 
 // errNotObject reports a body that is valid JSON but not an object.
@@ -105,7 +120,8 @@ func (e *typeError) Error() string {
 // decode reads body, which must be a JSON object, into in. It reads only
 // the members that route the request, shape its response or tokenize its
 // prompt (of a Messages body: model, max_tokens and stream; of a Responses
-// body: model, max_output_tokens and stream; the prompt of either is
+// body: model, max_output_tokens, stream, previous_response_id and store;
+// the prompt of either is
 // converted from the whole body when it is tokenized), by hand (package
 // jsonscan), checking the whole body's syntax as encoding/json would;
 // values it does not read are skipped, not decoded.
@@ -117,11 +133,11 @@ func (e *typeError) Error() string {
 // max_completion_tokens, max_output_tokens, truncate_prompt_tokens) may also be a whole
 // number written as a float (100.0, 1e3), a string holding an integer
 // ("100"), true or false (see jsonscan.LaxInt), and a boolean member
-// (stream, add_special_tokens, add_generation_prompt,
+// (stream, store, add_special_tokens, add_generation_prompt,
 // continue_final_message) the numbers 0 and 1 or a string such as "true",
 // "0" or "no" in any case (see jsonscan.LaxBool). null reads as absent.
-// String members (model, chat_template, truncation_side,
-// reasoning_effort) must be strings or null, as in vLLM. A value that no
+// String members (model, previous_response_id, chat_template,
+// truncation_side, reasoning_effort) must be strings or null, as in vLLM. A value that no
 // such reading accepts, which vLLM refuses too, fails with a *typeError:
 // the gateway never routes on a reading the engine would not make. The
 // body is forwarded as the client wrote it, values included.
@@ -143,7 +159,7 @@ func (in *inference) decode(k kind, body []byte) error {
 		case kindMessages:
 			return in.conv.member(jsonscan.Name(name), value, "max_tokens")
 		case kindResponses:
-			return in.conv.member(jsonscan.Name(name), value, "max_output_tokens")
+			return in.conv.responsesMember(jsonscan.Name(name), value)
 		}
 		return in.comp.member(jsonscan.Name(name), value)
 	})
@@ -225,6 +241,24 @@ func (b *convertedBody) member(name, value []byte, maxTokens string) error {
 		return b.streamFields.member(name, value)
 	}
 	return nil
+}
+
+// responsesMember decodes one member of a Responses body.
+func (b *convertedBody) responsesMember(name, value []byte) error {
+	switch string(name) {
+	case "previous_response_id":
+		return decodeString(name, value, &b.PreviousResponseID)
+	case "store":
+		// vLLM keeps the response when store is true, its default: a
+		// null, which its request model accepts, keeps none.
+		v, null, err := jsonscan.LaxBool(value)
+		if err != nil {
+			return wrongType(name, "a boolean", value)
+		}
+		b.NotStored = null || !v
+		return nil
+	}
+	return b.member(name, value, "max_output_tokens")
 }
 
 // member decodes one member of any body that shapes a stream.

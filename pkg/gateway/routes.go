@@ -32,7 +32,7 @@ func (g *Gateway) routes() (api, admin http.Handler) {
 		for _, p := range modelPaths {
 			apiMux.Handle(p, model)
 		}
-		apiMux.HandleFunc(PathResponses+"/", serveStoredResponse)
+		apiMux.HandleFunc(PathResponses+"/", g.serveStoredResponse)
 		g.routePreflights(apiMux)
 	}
 	adminMux := apiMux
@@ -97,17 +97,6 @@ var apiPaths = slices.Concat([]string{PathCompletions, PathChatCompletions, Path
 
 // pathCountTokens is the path of Anthropic's token count.
 const pathCountTokens = "/v1/messages/count_tokens"
-
-// serveStoredResponse answers the requests for a response vLLM stored
-// (GET /v1/responses/{id}, POST /v1/responses/{id}/cancel, ...) with 404:
-// they name no model, and the engine that made the response keeps it in
-// its own memory, which no other engine shares, so the gateway cannot
-// tell where to send them.
-func serveStoredResponse(w http.ResponseWriter, r *http.Request) {
-	writeError(w, http.StatusNotFound, typeNotFound, codeNotFound, "",
-		"no endpoint at "+r.URL.Path+": the gateway does not route requests for a stored response, "+
-			"which only the engine that made it holds; send them to that engine")
-}
 
 // endingRequests tells each request's connection when the request's
 // handler starts and when it ended, so that the next one's time starts at

@@ -55,6 +55,19 @@ func appendRequestHead(dst []byte, r *http.Request, addr string, n int, id strin
 	return appendHead(dst, http.MethodPost, r, addr, n, id)
 }
 
+// appendForwardHead appends to dst the head of the request of kind k that
+// forwards r (see appendRequestHead): a request for a stored response
+// keeps its method, and a GET without a body has no Content-Length.
+func appendForwardHead(dst []byte, r *http.Request, k kind, addr string, n int, id string) []byte {
+	if k != kindStored {
+		return appendRequestHead(dst, r, addr, n, id)
+	}
+	if r.Method == http.MethodGet && n == 0 {
+		n = -1
+	}
+	return appendHead(dst, r.Method, r, addr, n, id)
+}
+
 // appendHead is appendRequestHead for a request of any method; one with n
 // < 0 has no body and no Content-Length, and one with id "" gets no
 // X-Request-Id but the client's.

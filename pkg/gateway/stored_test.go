@@ -1,0 +1,169 @@
+package gateway
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/kvgate/kvgate/pkg/endpoint"
+	"github.com/kvgate/kvgate/pkg/routing"
+)
+
+func TestStoredResponsesRememberTheNewestWithinTheBound(t *testing.T) {
+	s, err := newStoredResponses(3, prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &endpoint.Endpoint{Key: endpoint.Key{Namespace: "ns", Name: "a"}, UID: "uid-a", Address: "10.0.0.1:8000"}
+	b := &endpoint.Endpoint{Key: endpoint.Key{Namespace: "ns", Name: "b"}, UID: "uid-b", Address: "10.0.0.2:8000"}
+	for i := range 5 {
+		s.record(fmt.Sprintf("resp_%d", i), a, "m")
+	}
+	// resp_4 recorded again, on another pod: when its first place in the
+	// order is overwritten, it is not forgotten.
+	s.record("resp_4", b, "m")
+	s.record("resp_5", a, "m")
+	s.record("resp_6", a, "m")
+	for id, want := range map[string]*endpoint.Endpoint{"resp_0": nil, "resp_1": nil, "resp_2": nil, "resp_3": nil,
+		"resp_4": b, "resp_5": a, "resp_6": a} {
+		o, ok := s.lookup(id)
+		switch {
+		case want == nil && ok:
+			t.Errorf("%s is remembered on %s; the oldest beyond the bound of 3 must be forgotten", id, o.pod)
+		case want != nil && (!ok || !o.is(want)):
+			t.Errorf("%s: remembered %v on %+v, want %s", id, ok, o, want.Key)
+		}
+	}
+	if n := s.len(); n != 3 {
+		t.Errorf("%d responses remembered, want 3", n)
+	}
+	if got := counted(t, s.evicted); got != 4 {
+		t.Errorf("%v evictions counted, want 4 (resp_0 to resp_3)", got)
+	}
+	s.record("", a, "m")
+	s.record(strings.Repeat("x", maxResponseIDBytes+1), a, "m")
+	if got := counted(t, s.refused); got != 2 {
+		t.Errorf("%v refusals counted, want 2 (an empty id, one too long)", got)
+	}
+	if _, ok := s.lookup(strings.Repeat("x", maxResponseIDBytes+1)); ok {
+		t.Error("an id beyond the bound is remembered")
+	}
+	// A pod that replaced the one that made a response is not its engine.
+	o, _ := s.lookup("resp_4")
+	if o.is(&endpoint.Endpoint{Key: a.Key, UID: "uid-a2", Address: a.Address}) {
+		t.Error("a pod of the same name and address but another UID is taken for the engine that made the response")
+	}
+}
+
+// responseIDs answers the fleet's Responses requests as vLLM does, each
+// response with an id naming the engine that made it, and records the
+// requests for stored responses each engine received.
+type responseIDs struct {
+	mu     sync.Mutex
+	n      int
+	stored map[string][]string // engine -> "METHOD path" of the requests for stored responses
+}
+
+var responseIDPattern = regexp.MustCompile(`"id":"(resp_[a-z]+_[0-9]+)"`)
+
+func (ids *responseIDs) answer(name string) func(w http.ResponseWriter, r *http.Request, body []byte) {
+	return func(w http.ResponseWriter, r *http.Request, body []byte) {
+		if r.URL.Path != PathResponses {
+			defaultAnswer(w, r, body)
+			return
+		}
+		ids.mu.Lock()
+		ids.n++
+		id := fmt.Sprintf(`"id":"resp_%s_%d"`, name, ids.n)
+		ids.mu.Unlock()
+		rec := &rewriter{ResponseWriter: w, from: `"id":"resp_1"`, to: id}
+		defaultAnswer(rec, r, body)
+	}
+}
+
+// rewriter replaces from with to in what is written through it (each
+// write holds whole events and objects).
+type rewriter struct {
+	http.ResponseWriter
+	from, to string
+}
+
+func (w *rewriter) Write(b []byte) (int, error) {
+	_, err := io.WriteString(w.ResponseWriter, strings.ReplaceAll(string(b), w.from, w.to))
+	return len(b), err
+}
+
+func (w *rewriter) Flush() { w.ResponseWriter.(http.Flusher).Flush() }
+
+// TestAFollowUpGoesToTheEngineThatMadeItsResponse routes the follow-ups of
+// stored responses, which only the engine that made them holds, by random
+// choice among three engines, or by an SLO-aware algorithm: each goes to
+// that engine, whether the response was streamed or not; a response not
+// stored, or unknown, is
+// routed as any request, and counted.
+func TestAFollowUpGoesToTheEngineThatMadeItsResponse(t *testing.T) {
+	f := startFleet(t, []string{"a", "b", "c"}, fleetOptions{})
+	ids := &responseIDs{}
+	for _, e := range f.engines {
+		e.setAnswer(ids.answer(e.name))
+	}
+	random := map[string]string{routing.HeaderRoutingStrategy: routing.Random}
+	turn := func(extra string, strategy ...string) (pod, id string) {
+		t.Helper()
+		headers := random
+		if len(strategy) > 0 {
+			headers = map[string]string{routing.HeaderRoutingStrategy: strategy[0]}
+		}
+		resp, body := post(t, f.url+PathResponses, `{"model":"llama","input":"hi"`+extra+`}`, headers)
+		m := responseIDPattern.FindSubmatch(body)
+		if resp.StatusCode != http.StatusOK || m == nil {
+			t.Fatalf("%d %s", resp.StatusCode, body)
+		}
+		return resp.Header.Get(HeaderTargetPodName), string(m[1])
+	}
+	for _, stream := range []string{`,"stream":false`, `,"stream":true`} {
+		owner, id := turn(stream)
+		for i := range 12 {
+			// Each follow-up continues the same response, streamed or not,
+			// some routed by an SLO-aware algorithm, which routes the
+			// others among the engines meeting their objective.
+			strategy := routing.Random
+			if i%3 == 2 {
+				strategy = routing.SLOPackLoad
+			}
+			pod, _ := turn(fmt.Sprintf(`,"previous_response_id":%q,"stream":%v`, id, i%2 == 0), strategy)
+			if pod != owner {
+				t.Fatalf("follow-up %d of %s (%s) went to %s; only %s, which made the response, holds it", i, id, stream, pod, owner)
+			}
+		}
+	}
+	owners := `kvgate_gateway_stored_response_requests_total{endpoint="/v1/responses",result="owner"}`
+	if got := f.metric(owners); got != 24 {
+		t.Errorf("%s = %v, want 24", owners, got)
+	}
+
+	unknown := `kvgate_gateway_stored_response_requests_total{endpoint="/v1/responses",result="unknown"}`
+	_, notStored := turn(`,"store":false`)
+	turn(fmt.Sprintf(`,"previous_response_id":%q`, notStored))
+	turn(`,"previous_response_id":"resp_never_made"`)
+	if got := f.metric(unknown); got != 2 {
+		t.Errorf("%s = %v, want 2: a response with store false, and one never made", unknown, got)
+	}
+}
+
+// counted returns a counter's value.
+func counted(t *testing.T, c prometheus.Counter) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetCounter().GetValue()
+}
