@@ -89,15 +89,17 @@
 //     Anthropic Messages stream, POST /v1/messages, its first event and its
 //     message_delta's usage; of an OpenAI Responses stream, POST
 //     /v1/responses, its first event after response.created and
-//     response.in_progress and its response.completed's usage; as the proxy
-//     reads them); each chunk
-//     is answered with the complete events it ends, so an event split over
-//     chunks leaves with the chunk that completes it (an event ends only at
-//     a blank line, wherever the chunks split its lines and line endings;
-//     one outgrowing the bound below leaves as it comes). Other bodies pass
-//     unchanged, their usage read at the end. The one message of the
-//     BUFFERED modes is answered whole; in BUFFERED it ends the response
-//     even without end_of_stream, which then means that trailers end it.
+//     response.in_progress and its response.completed's usage, and the id
+//     response.created carries, which requests for the stored response
+//     are picked by; as the proxy reads them); each chunk is answered with
+//     the complete events it ends, so an event split over chunks leaves
+//     with the chunk that completes it (an event ends only at a blank
+//     line, wherever the chunks split its lines and line endings; one
+//     outgrowing the bound below leaves as it comes). Other bodies pass
+//     unchanged, their usage (and a Responses response's id) read with
+//     their last piece. The one message of the BUFFERED modes is answered
+//     whole; in BUFFERED it ends the response even without end_of_stream,
+//     which then means that trailers end it.
 //   - Trailers are answered unchanged. In FULL_DUPLEX_STREAMED the start
 //     of an event that the last body piece left unfinished is sent before
 //     them; in STREAMED it is lost, every piece having been answered

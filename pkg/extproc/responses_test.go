@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"regexp"
 	"testing"
 
 	"github.com/kvgate/kvgate/pkg/gateway"
@@ -98,5 +99,63 @@ func TestRefusalsOfResponsesRequestsAreImmediateResponsesWithOpenAIErrors(t *tes
 				t.Errorf("%d %s, want %d with code %s", x.immediate.GetStatus().GetCode(), x.immediate.GetBody(), tt.status, tt.code)
 			}
 		})
+	}
+}
+
+// TestRequestsForAStoredResponseArePickedOnTheEngineThatMadeIt makes
+// responses through Envoy on one of three engines, whole and streamed, in
+// each mode: every follow-up naming one as its previous_response_id, by
+// random choice, and every GET /v1/responses/{id} and cancel is picked on
+// the engine that made it, which alone holds it; a GET with another
+// method is refused, and one for a response the gateway never relayed is
+// answered 404 by kvgate itself.
+func TestRequestsForAStoredResponseArePickedOnTheEngineThatMadeIt(t *testing.T) {
+	f := start(t, 3, options{})
+	random := map[string]string{routing.HeaderRoutingStrategy: routing.Random}
+	idOf := regexp.MustCompile(`"id":"(resp_[0-9a-f]+)"`)
+	for _, mode := range modes {
+		for _, stream := range []bool{false, true} {
+			first := request{method: http.MethodPost, path: gateway.PathResponses, headers: random,
+				body: fmt.Sprintf(`{"model":%q,"max_output_tokens":4,"input":"hello","stream":%v}`, simModel, stream)}
+			x := f.envoy.start(t, mode, first)
+			owner := x.destination()
+			x.forward(64)
+			m := idOf.FindSubmatch(x.respBody)
+			if x.status != http.StatusOK || m == nil {
+				t.Fatalf("%s: %d %s", mode.name, x.status, x.respBody)
+			}
+			id := string(m[1])
+			for i := range 9 {
+				r := request{method: http.MethodPost, path: gateway.PathResponses, headers: random,
+					body: fmt.Sprintf(`{"model":%q,"input":"more","previous_response_id":%q}`, simModel, id)}
+				switch i % 3 {
+				case 1:
+					r = request{method: http.MethodGet, path: gateway.PathResponses + "/" + id, headers: random}
+				case 2:
+					r = request{method: http.MethodPost, path: gateway.PathResponses + "/" + id + "/cancel", headers: random}
+				}
+				if got := f.envoy.start(t, mode, r).destination(); got != owner {
+					t.Fatalf("%s %s (%s, stream %v) picked %s; only %s, which made the response, holds it",
+						r.method, r.path, mode.name, stream, got, owner)
+				}
+			}
+		}
+	}
+	for _, tt := range []struct {
+		r      request
+		status int
+		code   string
+	}{
+		{request{method: http.MethodGet, path: gateway.PathResponses + "/resp_unknown"}, http.StatusNotFound, "not_found"},
+		{request{method: http.MethodDelete, path: gateway.PathResponses + "/resp_unknown"}, http.StatusMethodNotAllowed, "method_not_allowed"},
+	} {
+		x := f.envoy.start(t, buffered, tt.r)
+		if x.immediate == nil {
+			t.Fatalf("%s %s went to %s", tt.r.method, tt.r.path, x.headers[HeaderDestination])
+		}
+		if _, code := errorOf(t, x.immediate.GetBody()); int(x.immediate.GetStatus().GetCode()) != tt.status || code != tt.code {
+			t.Errorf("%s %s: %d %s, want %d with code %s", tt.r.method, tt.r.path, x.immediate.GetStatus().GetCode(),
+				x.immediate.GetBody(), tt.status, tt.code)
+		}
 	}
 }
