@@ -279,7 +279,10 @@
 // (false or null: vLLM keeps none), from the id of a whole response or of
 // the event a stream opens with (response.created), before the client can
 // see it: the pod's namespace, name, UID and address, and the model the
-// request named. A request for a response the gateway remembers goes to
+// request named. An id's first record stands: vLLM names a response after
+// its request's request_id, which a client may set, and a later response
+// of the same id must not take another client's requests elsewhere. A
+// request for a response the gateway remembers goes to
 // that engine, whatever the routing algorithm, even when the engine is
 // ejected, and is neither tokenized nor held in an SLO queue: a
 // follow-up's prompt cannot be reproduced (the queue predicts from it),

@@ -44,9 +44,9 @@ type engineLoad struct {
 
 // recorded is a request a test engine received.
 type recorded struct {
-	path   string
-	header http.Header
-	body   []byte
+	method, path, query string
+	header              http.Header
+	body                []byte
 }
 
 // testEngine is a vLLM engine for the gateway's tests: an httptest server
@@ -243,19 +243,30 @@ func (e *testEngine) serve(w http.ResponseWriter, r *http.Request) {
 	case "/v1/completions", "/v1/chat/completions", "/detokenize", "/v1/embeddings", "/pooling", "/classify", "/score",
 		"/v1/score", "/rerank", "/v1/rerank", "/v2/rerank", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens",
 		"/v1/chat/completions/render", "/v1/completions/render", "/v1/audio/transcriptions", "/v1/audio/translations":
-		e.mu.Lock()
-		if !e.forget {
-			e.requests = append(e.requests, recorded{path: r.URL.Path, header: r.Header.Clone(), body: body})
-		}
-		answer := e.answer
-		e.mu.Unlock()
-		if answer == nil {
-			answer = defaultAnswer
-		}
-		answer(w, r, body)
+		e.answerInference(w, r, body)
 	default:
+		// The requests for a stored Responses API response.
+		if strings.HasPrefix(r.URL.Path, PathResponses+"/") {
+			e.answerInference(w, r, body)
+			return
+		}
 		http.NotFound(w, r)
 	}
+}
+
+// answerInference records an inference request and answers it.
+func (e *testEngine) answerInference(w http.ResponseWriter, r *http.Request, body []byte) {
+	e.mu.Lock()
+	if !e.forget {
+		e.requests = append(e.requests, recorded{method: r.Method, path: r.URL.Path, query: r.URL.RawQuery,
+			header: r.Header.Clone(), body: body})
+	}
+	answer := e.answer
+	e.mu.Unlock()
+	if answer == nil {
+		answer = defaultAnswer
+	}
+	answer(w, r, body)
 }
 
 // serveMetrics reports the engine's load with vLLM's metric names.

@@ -31,13 +31,17 @@ const maxResponseIDBytes = 256
 // it, which no other engine shares. It holds at most max records, the
 // oldest forgotten first; a record names the pod by its name, UID and
 // address, so that a pod that replaced it (its response store lost) is
-// not taken for it. Its methods are safe for concurrent use.
+// not taken for it. The first record of an id stands: vLLM names a
+// response after the request_id its client may choose, so a later
+// response of the same id, made by another client's request, must not
+// take the requests for the first one to another engine. Its methods are
+// safe for concurrent use.
 type storedResponses struct {
 	mu   sync.Mutex
 	max  int
 	byID map[string]responseOwner
-	// ring holds the ids in the order recorded, up to max; once full,
-	// ring[next] is the oldest, overwritten by the next record.
+	// ring holds the ids remembered in the order recorded, up to max;
+	// once full, ring[next] is the oldest, forgotten for the next record.
 	ring []string
 	next int
 
@@ -54,9 +58,6 @@ type responseOwner struct {
 	uid     k8stypes.UID
 	address string
 	model   string
-	// slot is the id's place in the ring: a record overwritten there is
-	// forgotten only if it was not recorded again since.
-	slot int
 }
 
 // Results of a request that names a stored response, in
@@ -78,7 +79,8 @@ func newStoredResponses(max int, reg prometheus.Registerer) (*storedResponses, e
 	events := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvgate_gateway_stored_responses_total",
 		Help: "OpenAI Responses API responses whose engine the gateway recorded, by event: recorded, evicted (forgotten, the " +
-			"oldest, to keep within KVGATE_MAX_STORED_RESPONSES), refused (an id empty or longer than 256 bytes, not recorded).",
+			"oldest, to keep within KVGATE_MAX_STORED_RESPONSES), refused (not recorded: an id empty, longer than 256 bytes, or " +
+			"recorded already for another engine, since a client may choose a response's id).",
 	}, []string{"event"})
 	s.recorded, s.evicted, s.refused = events.WithLabelValues("recorded"), events.WithLabelValues("evicted"),
 		events.WithLabelValues("refused")
@@ -108,28 +110,32 @@ func newStoredResponses(max int, reg prometheus.Registerer) (*storedResponses, e
 }
 
 // record remembers that pod made the response id to a request for model.
-// An empty id, or one longer than maxResponseIDBytes, is not remembered.
-func (s *storedResponses) record(key string, pod *endpoint.Endpoint, model string) {
-	if len(key) == 0 || len(key) > maxResponseIDBytes {
+// An empty id, one longer than maxResponseIDBytes, or one remembered for
+// another engine is refused; one remembered for pod already stays as it
+// is.
+func (s *storedResponses) record(id string, pod *endpoint.Endpoint, model string) {
+	if len(id) == 0 || len(id) > maxResponseIDBytes {
 		s.refused.Inc()
 		return
 	}
+	o := responseOwner{pod: pod.Key, uid: pod.UID, address: pod.Address, model: model}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	slot := len(s.ring)
-	if slot < s.max {
-		s.ring = append(s.ring, key)
-	} else {
-		slot = s.next
-		old := s.ring[slot]
-		if o, ok := s.byID[old]; ok && o.slot == slot && old != key {
-			delete(s.byID, old)
-			s.evicted.Inc()
+	if had, ok := s.byID[id]; ok {
+		if had != o {
+			s.refused.Inc()
 		}
-		s.ring[slot] = key
-		s.next = (slot + 1) % s.max
+		return
 	}
-	s.byID[key] = responseOwner{pod: pod.Key, uid: pod.UID, address: pod.Address, model: model, slot: slot}
+	if len(s.ring) < s.max {
+		s.ring = append(s.ring, id)
+	} else {
+		delete(s.byID, s.ring[s.next])
+		s.evicted.Inc()
+		s.ring[s.next] = id
+		s.next = (s.next + 1) % s.max
+	}
+	s.byID[id] = o
 	s.recorded.Inc()
 }
 

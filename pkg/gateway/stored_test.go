@@ -16,7 +16,7 @@ import (
 	"github.com/kvgate/kvgate/pkg/routing"
 )
 
-func TestStoredResponsesRememberTheNewestWithinTheBound(t *testing.T) {
+func TestStoredResponsesKeepTheNewestWithinTheBoundAndAnIDsFirstEngine(t *testing.T) {
 	s, err := newStoredResponses(3, prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
@@ -26,13 +26,13 @@ func TestStoredResponsesRememberTheNewestWithinTheBound(t *testing.T) {
 	for i := range 5 {
 		s.record(fmt.Sprintf("resp_%d", i), a, "m")
 	}
-	// resp_4 recorded again, on another pod: when its first place in the
-	// order is overwritten, it is not forgotten.
+	// resp_4 made again, on another pod (a client may choose the id): the
+	// requests for the first stay on its engine.
 	s.record("resp_4", b, "m")
-	s.record("resp_5", a, "m")
-	s.record("resp_6", a, "m")
-	for id, want := range map[string]*endpoint.Endpoint{"resp_0": nil, "resp_1": nil, "resp_2": nil, "resp_3": nil,
-		"resp_4": b, "resp_5": a, "resp_6": a} {
+	s.record("resp_4", a, "m")
+	s.record("resp_5", b, "m")
+	for id, want := range map[string]*endpoint.Endpoint{"resp_0": nil, "resp_1": nil, "resp_2": nil,
+		"resp_3": a, "resp_4": a, "resp_5": b} {
 		o, ok := s.lookup(id)
 		switch {
 		case want == nil && ok:
@@ -44,13 +44,13 @@ func TestStoredResponsesRememberTheNewestWithinTheBound(t *testing.T) {
 	if n := s.len(); n != 3 {
 		t.Errorf("%d responses remembered, want 3", n)
 	}
-	if got := counted(t, s.evicted); got != 4 {
-		t.Errorf("%v evictions counted, want 4 (resp_0 to resp_3)", got)
+	if got := counted(t, s.evicted); got != 3 {
+		t.Errorf("%v evictions counted, want 3 (resp_0 to resp_2)", got)
 	}
 	s.record("", a, "m")
 	s.record(strings.Repeat("x", maxResponseIDBytes+1), a, "m")
-	if got := counted(t, s.refused); got != 2 {
-		t.Errorf("%v refusals counted, want 2 (an empty id, one too long)", got)
+	if got := counted(t, s.refused); got != 3 {
+		t.Errorf("%v refusals counted, want 3 (resp_4 for another pod, an empty id, one too long)", got)
 	}
 	if _, ok := s.lookup(strings.Repeat("x", maxResponseIDBytes+1)); ok {
 		t.Error("an id beyond the bound is remembered")
@@ -62,19 +62,35 @@ func TestStoredResponsesRememberTheNewestWithinTheBound(t *testing.T) {
 	}
 }
 
-// responseIDs answers the fleet's Responses requests as vLLM does, each
-// response with an id naming the engine that made it, and records the
-// requests for stored responses each engine received.
+// responseIDs answers the fleet's Responses requests as vLLM with its
+// store does, each response with an id naming the engine that made it:
+// GET /v1/responses/{id} with the response (its events with stream=true),
+// and POST /v1/responses/{id}/cancel refused, the response not being a
+// background one.
 type responseIDs struct {
-	mu     sync.Mutex
-	n      int
-	stored map[string][]string // engine -> "METHOD path" of the requests for stored responses
+	mu sync.Mutex
+	n  int
 }
 
 var responseIDPattern = regexp.MustCompile(`"id":"(resp_[a-z]+_[0-9]+)"`)
 
 func (ids *responseIDs) answer(name string) func(w http.ResponseWriter, r *http.Request, body []byte) {
 	return func(w http.ResponseWriter, r *http.Request, body []byte) {
+		if id, ok := strings.CutPrefix(r.URL.Path, PathResponses+"/"); ok {
+			if id, ok = strings.CutSuffix(id, "/cancel"); ok {
+				http.Error(w, `{"error":{"message":"Cannot cancel a synchronous response.","type":"invalid_request_error"}}`,
+					http.StatusBadRequest)
+				return
+			}
+			rec := &rewriter{ResponseWriter: w, from: `"id":"resp_1"`, to: `"id":"` + id + `"`}
+			if r.URL.Query().Get("stream") == "true" {
+				writeSSE(rec, responsesEvents("llama", responsesUsage(3)))
+				return
+			}
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = io.WriteString(rec, responsesObject("llama", "completed", responsesOutput, responsesUsage(3)))
+			return
+		}
 		if r.URL.Path != PathResponses {
 			defaultAnswer(w, r, body)
 			return
@@ -144,6 +160,69 @@ func TestAFollowUpGoesToTheEngineThatMadeItsResponse(t *testing.T) {
 			}
 		}
 	}
+	// The stored response itself, and its cancellation, come from that
+	// engine too, with their method, query and answer.
+	owner, id := turn("")
+	engine := f.engine(strings.TrimPrefix(owner, "static/"))
+	for _, c := range []struct {
+		method, path, query string
+		status              int
+		want                string
+	}{
+		{http.MethodGet, PathResponses + "/" + id, "", http.StatusOK, `"id":"` + id + `"`},
+		{http.MethodGet, PathResponses + "/" + id, "stream=true&starting_after=2", http.StatusOK, "event: response.completed\n"},
+		{http.MethodPost, PathResponses + "/" + id + "/cancel", "", http.StatusBadRequest, "Cannot cancel a synchronous response."},
+	} {
+		url := f.url + c.path
+		if c.query != "" {
+			url += "?" + c.query
+		}
+		req, err := http.NewRequest(c.method, url, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set(routing.HeaderRoutingStrategy, routing.Random)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		data, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != c.status || !strings.Contains(string(data), c.want) ||
+			resp.Header.Get(HeaderTargetPodName) != owner {
+			t.Fatalf("%s %s: %d from %q: %s; want %d with %q from %s", c.method, url, resp.StatusCode,
+				resp.Header.Get(HeaderTargetPodName), data, c.status, c.want, owner)
+		}
+		got := engine.received()
+		last := got[len(got)-1]
+		if last.method != c.method || last.path != c.path || last.query != c.query {
+			t.Errorf("the engine received %s %s?%s; want %s %s?%s", last.method, last.path, last.query, c.method, c.path, c.query)
+		}
+		if c.method == http.MethodGet && (last.header.Get("Content-Length") != "" || len(last.body) != 0) {
+			t.Errorf("GET forwarded with Content-Length %q and a body of %d bytes", last.header.Get("Content-Length"), len(last.body))
+		}
+	}
+	for _, path := range []string{PathResponses + "/resp_never_made", PathResponses + "/resp_never_made/cancel"} {
+		method := http.MethodGet
+		if strings.HasSuffix(path, "/cancel") {
+			method = http.MethodPost
+		}
+		req, _ := http.NewRequest(method, f.url+path, nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		data, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusNotFound || !strings.Contains(string(data), "no record") {
+			t.Errorf("%s %s: %d %s; want 404 saying the gateway has no record of the response", method, path, resp.StatusCode, data)
+		}
+	}
+	served := `kvgate_gateway_requests_total{algorithm="random",code="200",endpoint="/v1/responses/{id}",model="llama"}`
+	if got := f.metric(served); got != 2 {
+		t.Errorf("%s = %v, want 2", served, got)
+	}
+
 	owners := `kvgate_gateway_stored_response_requests_total{endpoint="/v1/responses",result="owner"}`
 	if got := f.metric(owners); got != 24 {
 		t.Errorf("%s = %v, want 24", owners, got)
