@@ -186,6 +186,7 @@ func TestOptionsRejectBadValues(t *testing.T) {
 		{"--allowed-origins", `["https://a.example"`},
 		{"--allowed-headers", `[1]`},
 		{"--reasoning-passing", "think"},
+		{"--responses-store-max", "0"},
 		{"positional"},
 	} {
 		if _, err := parse(t, args...); err == nil {
@@ -354,5 +355,66 @@ func TestReasoningPassingFlagChoosesHowTheTemplateSeesReasoning(t *testing.T) {
 		if err := stop(); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestResponsesStoreFlagAndVLLMsVariableKeepResponses holds that
+// -responses-store, whose default VLLM_ENABLE_RESPONSES_API_STORE sets
+// as it enables vLLM's store, lets a request continue a stored response.
+func TestResponsesStoreFlagAndVLLMsVariableKeepResponses(t *testing.T) {
+	for _, tc := range []struct {
+		env  string
+		args []string
+		want bool
+	}{
+		{"", nil, false},
+		{"", []string{"--responses-store"}, true},
+		{"1", nil, true},
+		{"true", nil, true},
+		{"0", []string{"--responses-store-max", "5"}, false},
+		{"1", []string{"--responses-store=false"}, false},
+	} {
+		t.Setenv("VLLM_ENABLE_RESPONSES_API_STORE", tc.env)
+		url, stop := startServe(t, append([]string{"--num-gpu-blocks", "64", "--step-overhead", "1ms"}, tc.args...)...)
+		post := func(body string) (int, string) {
+			t.Helper()
+			resp, err := http.Post(url+"/v1/responses", "application/json", strings.NewReader(body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			out, _ := io.ReadAll(resp.Body)
+			return resp.StatusCode, string(out)
+		}
+		status, out := post(`{"model":"sim-model","input":"hi","max_output_tokens":2}`)
+		var first struct{ ID string }
+		if err := json.Unmarshal([]byte(out), &first); err != nil || status != http.StatusOK {
+			t.Fatalf("env %q %q: status %d %s", tc.env, tc.args, status, out)
+		}
+		status, out = post(`{"model":"sim-model","input":"and?","max_output_tokens":2,"previous_response_id":"` + first.ID + `"}`)
+		if got := status == http.StatusOK; got != tc.want {
+			t.Errorf("env %q %q: follow-up got %d %s, want it served: %v", tc.env, tc.args, status, out, tc.want)
+		}
+		if err := stop(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Setenv("VLLM_ENABLE_RESPONSES_API_STORE", "yes")
+	if _, err := parse(t); err == nil || !strings.Contains(err.Error(), "VLLM_ENABLE_RESPONSES_API_STORE") {
+		t.Errorf("VLLM_ENABLE_RESPONSES_API_STORE=yes: %v, want an error naming the variable", err)
+	}
+}
+
+func TestResponsesStoreMaxFlagBoundsTheStore(t *testing.T) {
+	o, err := parse(t, "--responses-store", "--responses-store-max", "5")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := o.serverConfig(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !cfg.ResponsesStore || cfg.ResponsesStoreMax != 5 {
+		t.Errorf("store %v, at most %d; want on, at most 5", cfg.ResponsesStore, cfg.ResponsesStoreMax)
 	}
 }

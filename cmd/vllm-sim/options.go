@@ -6,6 +6,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -49,6 +51,10 @@ type options struct {
 	// apiKey, when set, is the key requests must present, as vLLM's
 	// --api-key.
 	apiKey string
+	// responsesStore keeps Responses API responses (-responses-store, or
+	// VLLM_ENABLE_RESPONSES_API_STORE), at most responsesStoreMax.
+	responsesStore    bool
+	responsesStoreMax int
 	// cors is the CORS policy of -allowed-origins, -allowed-methods,
 	// -allowed-headers and -allow-credentials.
 	cors simserver.CORS
@@ -143,6 +149,16 @@ func parseOptions(fs *flag.FlagSet, args []string) (options, error) {
 			`comma-separated or a JSON list; "*" for any`)
 	fs.BoolVar(&o.cors.AllowCredentials, "allow-credentials", false,
 		"allow cross-origin requests with credentials (Access-Control-Allow-Credentials: true), as vLLM's --allow-credentials")
+	storeDefault, err := responsesStoreEnv(os.Getenv(responsesStoreVar))
+	if err != nil {
+		return o, err
+	}
+	fs.BoolVar(&o.responsesStore, "responses-store", storeDefault,
+		"keep Responses API responses, as vLLM does with "+responsesStoreVar+"=1 (which sets this flag's default): "+
+			"previous_response_id and GET /v1/responses/{id} work; "+
+			"without it store is ignored, previous_response_id answered 404 and background 400")
+	fs.IntVar(&o.responsesStoreMax, "responses-store-max", simserver.DefaultResponsesStoreMax,
+		"most responses -responses-store keeps, the oldest forgotten first (vLLM keeps every one)")
 	fs.DurationVar(&o.shutdownGrace, "shutdown-grace", 10*time.Second,
 		"on SIGINT or SIGTERM, how long running requests may take to finish before they are failed")
 	fs.Usage = func() {
@@ -163,6 +179,9 @@ func parseOptions(fs *flag.FlagSet, args []string) (options, error) {
 	}
 	if o.port < 0 || o.port > 65535 {
 		return o, fmt.Errorf("-port %d is not a port", o.port)
+	}
+	if o.responsesStoreMax < 1 {
+		return o, fmt.Errorf("-responses-store-max must be at least 1, got %d", o.responsesStoreMax)
 	}
 	var ok bool
 	if o.wire, ok = wireFormats[*wire]; !ok {
@@ -189,9 +208,28 @@ func parseOptions(fs *flag.FlagSet, args []string) (options, error) {
 		}
 		*l.dst = list
 	}
-	var err error
 	o.events, o.eventsOn, err = parseKVEventsConfig(*eventsJSON)
 	return o, err
+}
+
+// responsesStoreVar is vLLM's environment variable that keeps Responses
+// API responses.
+const responsesStoreVar = "VLLM_ENABLE_RESPONSES_API_STORE"
+
+// responsesStoreEnv reads the value of VLLM_ENABLE_RESPONSES_API_STORE:
+// unset or empty is false; vLLM reads an integer (0 or 1), and true and
+// false are taken too.
+func responsesStoreEnv(v string) (bool, error) {
+	if v = strings.TrimSpace(v); v == "" {
+		return false, nil
+	}
+	if n, err := strconv.Atoi(v); err == nil {
+		return n != 0, nil
+	}
+	if b, err := strconv.ParseBool(v); err == nil {
+		return b, nil
+	}
+	return false, fmt.Errorf("%s=%q: want 0 or 1", responsesStoreVar, v)
 }
 
 // reasoningPassings are the values of -reasoning-passing.
@@ -236,7 +274,8 @@ func (o *options) loraModules() []simserver.LoRAModule {
 func (o *options) serverConfig(random io.Reader) (simserver.Config, error) {
 	cors := o.cors
 	cfg := simserver.Config{Model: o.model, ModelPath: o.modelPath, LoRAModules: o.loraModules(), AllowRuntimeLoRAUpdating: o.runtimeLoRA,
-		Anthropic: simanthropic.Convert, Responses: simresponses.Convert, CORS: &cors}
+		Anthropic: simanthropic.Convert, Responses: simresponses.Convert, CORS: &cors,
+		ResponsesStore: o.responsesStore, ResponsesStoreMax: o.responsesStoreMax}
 	if o.apiKey != "" {
 		cfg.APIKeys = []string{o.apiKey}
 	}

@@ -1,14 +1,18 @@
 package simserver
 
 import (
+	"bytes"
 	"cmp"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 
+	"github.com/kvgate/kvgate/pkg/internal/jsonscan"
 	"github.com/kvgate/kvgate/pkg/sim"
 )
 
@@ -52,6 +56,7 @@ type responsesRequest struct {
 	Stream             laxBool         `json:"stream"`
 	MaxOutputTokens    laxInt          `json:"max_output_tokens"`
 	PreviousResponseID *string         `json:"previous_response_id"`
+	Input              json.RawMessage `json:"input"`
 	Background         laxBool         `json:"background"`
 	Store              laxBool         `json:"store"`
 	Instructions       json.RawMessage `json:"instructions"`
@@ -127,12 +132,22 @@ func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
 		s.writeResponsesError(w, err)
 		return
 	}
-	// vLLM keeps no response unless VLLM_ENABLE_RESPONSES_API_STORE is
-	// set (store is ignored otherwise), so it holds none to continue.
+	// Without store mode no response is kept (store is ignored), so none
+	// is found to continue.
+	var history []json.RawMessage
 	if req.PreviousResponseID != nil {
-		s.writeResponsesError(w, &responsesFailure{status: http.StatusNotFound, kind: "invalid_request_error",
-			param: "response_id", msg: fmt.Sprintf("Response with id '%s' not found.", *req.PreviousResponseID)})
-		return
+		prev, prevInput, ok := s.store.get(*req.PreviousResponseID)
+		if !ok {
+			s.writeResponsesError(w, responseNotFound(*req.PreviousResponseID))
+			return
+		}
+		history = continuedItems(prev, prevInput)
+		continued, err := continuationBody(body, history)
+		if err != nil {
+			s.writeResponsesError(w, badRequestf("%v", err))
+			return
+		}
+		chat, convErr = s.responses(continued)
 	}
 	if convErr != nil {
 		s.writeResponsesError(w, badRequestf("%v", convErr))
@@ -176,8 +191,16 @@ func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
 	if req.MaxOutputTokens.given() {
 		resp.MaxOutputTokens = maxOut
 	}
+	// The input items are kept with the response when it is stored.
+	var input []json.RawMessage
+	keep := s.store != nil && req.Store.or(true)
+	if keep {
+		input = requestItems(&req, history)
+	}
 	if req.Stream.or(false) {
-		s.streamResponse(w, r, g, resp)
+		if done := s.streamResponse(w, r, g, resp); done != nil && keep {
+			s.store.put(done, input)
+		}
 		return
 	}
 	if !g.waitFor(r, w, s.writeResponsesError) {
@@ -185,7 +208,127 @@ func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
 	}
 	c := g.choices[0]
 	resp.complete(sim.Tokenizer{}.Decode(c.tokens), c.finish, g.usage())
+	if keep {
+		s.store.put(resp, input)
+	}
 	writeJSON(w, http.StatusOK, resp)
+}
+
+// handleGetResponse answers GET /v1/responses/{response_id} as vLLM
+// does: the response kept under the id, or 404.
+func (s *Server) handleGetResponse(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("response_id")
+	resp, _, ok := s.store.get(id)
+	if !ok {
+		s.writeResponsesError(w, responseNotFound(id))
+		return
+	}
+	writeJSON(w, http.StatusOK, resp)
+}
+
+// continuedItems returns the input items a request continuing prev,
+// whose request was rendered from prevInput, inherits, as vLLM builds
+// them: prevInput as kept (its instructions' system message included),
+// then an assistant message of each content part of prev's output
+// messages.
+func continuedItems(prev *responsesObject, prevInput []json.RawMessage) []json.RawMessage {
+	items := slices.Clip(prevInput)
+	for _, out := range prev.Output {
+		if out.Type != "message" || out.Role != "assistant" {
+			continue
+		}
+		for _, part := range out.Content {
+			items = append(items, mustJSON(inputMessage{Role: "assistant", Content: part.Text}))
+		}
+	}
+	return items
+}
+
+// requestItems returns the input items req is rendered from, as vLLM
+// keeps them: its instructions, when not empty, as a system message, the
+// history it continues, then its input, a string as a user message.
+func requestItems(req *responsesRequest, history []json.RawMessage) []json.RawMessage {
+	var items []json.RawMessage
+	var instructions string
+	if json.Unmarshal(req.Instructions, &instructions) == nil && instructions != "" {
+		items = append(items, mustJSON(inputMessage{Role: "system", Content: instructions}))
+	}
+	items = append(items, history...)
+	return append(items, inputItems(req.Input)...)
+}
+
+// inputItems returns the items of a request's input: a string is one
+// user message, a list its elements; nil for any other value.
+func inputItems(input json.RawMessage) []json.RawMessage {
+	input = bytes.TrimSpace(input)
+	if len(input) == 0 {
+		return nil
+	}
+	switch input[0] {
+	case '"':
+		var text string
+		if json.Unmarshal(input, &text) == nil {
+			return []json.RawMessage{mustJSON(inputMessage{Role: "user", Content: text})}
+		}
+	case '[':
+		var items []json.RawMessage
+		if json.Unmarshal(input, &items) == nil {
+			return items
+		}
+	}
+	return nil
+}
+
+// continuationBody returns body as the request vLLM renders when it
+// continues a conversation: previous_response_id left out and the input
+// preceded by history, the items the conversation holds, so that the
+// converter renders the whole conversation. An input that is neither a
+// string nor a list is left as it is, for the converter to refuse.
+func continuationBody(body []byte, history []json.RawMessage) ([]byte, error) {
+	out := []byte{'{'}
+	var input []byte
+	err := jsonscan.Members(body, func(name, value []byte) error {
+		switch string(jsonscan.Name(name)) {
+		case "previous_response_id":
+			return nil
+		case "input":
+			input = value
+			return nil
+		}
+		if len(out) > 1 {
+			out = append(out, ',')
+		}
+		out = append(append(append(append(out, '"'), name...), `":`...), value...)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if input != nil {
+		if items := inputItems(input); items != nil {
+			input = mustJSON(append(slices.Clip(history), items...))
+		}
+		if len(out) > 1 {
+			out = append(out, ',')
+		}
+		out = append(append(out, `"input":`...), input...)
+	}
+	return append(out, '}'), nil
+}
+
+// inputMessage is an input message item with text content.
+type inputMessage struct {
+	Role    string `json:"role"`
+	Content string `json:"content"`
+}
+
+// mustJSON returns v, which always encodes, as JSON.
+func mustJSON(v any) json.RawMessage {
+	data, err := json.Marshal(v)
+	if err != nil {
+		panic(err)
+	}
+	return data
 }
 
 // checkResponsesBackground refuses background mode as vLLM without
@@ -232,35 +375,56 @@ func (s *Server) writeResponsesError(w http.ResponseWriter, err error) {
 }
 
 // streamResponse answers with the events vLLM sends for a streamed
-// Responses request, each framed "event: <type>" and "data: <json>" and
-// numbered by sequence_number, with no closing [DONE]: response.created
-// and response.in_progress at once, before any token; for the text,
-// response.output_item.added, response.content_part.added, a
-// response.output_text.delta per token with text, then
+// Responses request (see responseEvents) and returns the completed
+// response, nil when the stream did not complete. If the client goes away
+// the generation is aborted; if an engine fails mid-stream the stream is
+// broken off, as vLLM's is.
+func (s *Server) streamResponse(w http.ResponseWriter, r *http.Request, g *generation, resp *responsesObject) *responsesObject {
+	sse := startEvents(w)
+	done, err := responseEvents(r.Context(), g, resp, func(frame []byte) error {
+		sse.frame(frame)
+		return sse.err
+	})
+	if err != nil && sse.err == nil && r.Context().Err() == nil {
+		panic(http.ErrAbortHandler)
+	}
+	return done
+}
+
+// responseEvents generates the events vLLM sends for a streamed Responses
+// request, each framed "event: <type>" and "data: <json>" and numbered by
+// sequence_number, with no closing [DONE], passing each frame to emit:
+// response.created and response.in_progress at once, before any token;
+// for the text, response.output_item.added, response.content_part.added,
+// a response.output_text.delta per token with text, then
 // response.output_text.done, response.content_part.done and
 // response.output_item.done; response.completed with the whole response
-// and its usage. If the client goes away the generation is aborted; if an
-// engine fails mid-stream the stream is broken off, as vLLM's is.
-func (s *Server) streamResponse(w http.ResponseWriter, r *http.Request, g *generation, resp *responsesObject) {
-	sse := startEvents(w)
+// and its usage, which it returns. When ctx ends, an engine fails or emit
+// fails before the generation ends, it aborts the generation and returns
+// the error.
+func responseEvents(ctx context.Context, g *generation, resp *responsesObject, emit func(frame []byte) error) (*responsesObject, error) {
 	seq := 0
+	var err error
 	send := func(name string, ev responsesEvent) {
+		if err != nil {
+			return
+		}
 		ev.setSequence(seq)
 		seq++
-		sse.event(name, ev)
+		var frame []byte
+		if frame, err = eventFrame(name, ev); err == nil {
+			err = emit(frame)
+		}
 	}
 	send("response.created", &responsesLifecycleEvent{Response: resp, Type: "response.created"})
 	send("response.in_progress", &responsesLifecycleEvent{Response: resp, Type: "response.in_progress"})
 	var itemID string
 	var text strings.Builder
 	open := false
-	for g.pending > 0 && sse.err == nil {
-		outs, err := g.next(r.Context())
-		if err != nil {
-			if r.Context().Err() == nil {
-				panic(http.ErrAbortHandler)
-			}
-			return
+	for g.pending > 0 && err == nil {
+		outs, nextErr := g.next(ctx)
+		if nextErr != nil {
+			return nil, nextErr
 		}
 		for _, out := range outs {
 			delta := sim.Tokenizer{}.Decode([]uint32{out.Token})
@@ -280,9 +444,9 @@ func (s *Server) streamResponse(w http.ResponseWriter, r *http.Request, g *gener
 				Delta: delta, Logprobs: []any{}})
 		}
 	}
-	if sse.err != nil {
+	if err != nil {
 		g.abort()
-		return
+		return nil, err
 	}
 	if open {
 		part := responsesOutputText{Annotations: []any{}, Text: text.String(), Type: "output_text"}
@@ -299,6 +463,7 @@ func (s *Server) streamResponse(w http.ResponseWriter, r *http.Request, g *gener
 	done := *resp
 	done.complete(text.String(), c.finish, g.usage())
 	send("response.completed", &responsesLifecycleEvent{Response: &done, Type: "response.completed"})
+	return &done, nil
 }
 
 // emptyList is a JSON member that is an empty list.

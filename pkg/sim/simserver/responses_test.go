@@ -18,9 +18,11 @@ import (
 )
 
 // convertResponses converts the Responses bodies these tests send, a
-// string input with optional instructions, as vLLM does: the
-// instructions become a system message, the input a user message. It
-// refuses a body without input, and reports input items as unsupported.
+// string input, or a list of messages with string content, with optional
+// instructions, as vLLM does: the instructions become a system message,
+// a string input a user message and each input message a message of its
+// role. It refuses a body without input, and reports other input as
+// unsupported.
 func convertResponses(body []byte) (*ResponsesChat, error) {
 	var req struct {
 		Input        json.RawMessage `json:"input"`
@@ -32,15 +34,22 @@ func convertResponses(body []byte) (*ResponsesChat, error) {
 	if len(req.Input) == 0 {
 		return nil, errors.New("input is required")
 	}
-	var input string
-	if err := json.Unmarshal(req.Input, &input); err != nil {
-		return nil, fmt.Errorf("%w: input items", ErrResponsesUnsupported)
-	}
 	var msgs []map[string]string
-	if req.Instructions != nil {
+	if req.Instructions != nil && *req.Instructions != "" {
 		msgs = append(msgs, map[string]string{"role": "system", "content": *req.Instructions})
 	}
-	msgs = append(msgs, map[string]string{"role": "user", "content": input})
+	var input string
+	var items []map[string]string
+	switch {
+	case json.Unmarshal(req.Input, &input) == nil:
+		msgs = append(msgs, map[string]string{"role": "user", "content": input})
+	case json.Unmarshal(req.Input, &items) == nil:
+		for _, item := range items {
+			msgs = append(msgs, map[string]string{"role": item["role"], "content": item["content"]})
+		}
+	default:
+		return nil, fmt.Errorf("%w: input items", ErrResponsesUnsupported)
+	}
 	data, err := json.Marshal(msgs)
 	if err != nil {
 		return nil, err
@@ -441,7 +450,7 @@ func TestResponsesRequestsVLLMRefusesGetItsErrors(t *testing.T) {
 		{"no input", strings.Replace(plainResponses, `"input":"Why route requests by prefix?",`, "", 1),
 			http.StatusBadRequest, "BadRequestError", nil, "input is required"},
 		{"input the simulator cannot render", strings.Replace(plainResponses, `"Why route requests by prefix?"`,
-			`[{"role":"user","content":"hi"}]`, 1), http.StatusBadRequest, "BadRequestError", nil,
+			`[{"role":"user","content":[{"type":"input_image","image_url":"https://x.example/a.png"}]}]`, 1), http.StatusBadRequest, "BadRequestError", nil,
 			"the simulator cannot render this request as vLLM would"},
 		{"unknown model", strings.Replace(plainResponses, testModel, "other-model", 1),
 			http.StatusNotFound, "NotFoundError", nil, "The model `other-model` does not exist."},

@@ -66,13 +66,34 @@
 // tools, tool_choice, temperature, ...) are echoed back as sent, where vLLM
 // echoes them as its request models re-serialize them, with vLLM's
 // defaults for those left out; reasoning.effort becomes the chat's
-// reasoning_effort, as in vLLM. store is ignored and no response is kept,
-// as in vLLM without VLLM_ENABLE_RESPONSES_API_STORE: previous_response_id
-// is answered 404 "Response with id '...' not found.", and background 400.
+// reasoning_effort, as in vLLM. By default store is ignored and no
+// response is kept, as in vLLM without VLLM_ENABLE_RESPONSES_API_STORE:
+// previous_response_id and GET /v1/responses/{response_id} are answered
+// 404 "Response with id '...' not found.", and background 400.
 // Errors are OpenAI error objects with vLLM's status and wording: 400 for a
 // body vLLM refuses, for one the simulator cannot render (as for
 // /v1/messages), for max_output_tokens beyond the model length and for a
 // prompt that does not fit with it; 404 for an unknown model.
+//
+// With Config.ResponsesStore, responses are kept as vLLM with
+// VLLM_ENABLE_RESPONSES_API_STORE=1 keeps them: the response of a request
+// with store (true by default), whole or as its stream's
+// response.completed carries it, is kept under its id with the input
+// items the request was rendered from (its instructions as a system
+// message, the conversation it continued, then its input). A request
+// naming a kept previous_response_id is rendered from its own
+// instructions as a system message, the kept items of the previous
+// response (its own instructions' message included), an assistant message
+// of each content part of the previous response's output messages, then
+// its input (the body, previous_response_id left out and those items put
+// before its input, is converted by Config.Responses), so that the prompt
+// of a follow-up without instructions begins with the previous turn's and
+// finds it in the prefix cache of the engine that served it; an unknown
+// one is answered 404 as above. GET /v1/responses/{response_id} answers the kept
+// response. Where vLLM keeps every response, the server keeps at most
+// Config.ResponsesStoreMax (DefaultResponsesStoreMax), forgetting the
+// oldest kept first; what it keeps of each is bounded by the body size
+// limit (64 MiB) and the model length its prompt fits.
 //
 // With Config.AllowRuntimeLoRAUpdating, POST /v1/load_lora_adapter and POST
 // /v1/unload_lora_adapter load and unload LoRA adapters as vLLM's do.
@@ -200,6 +221,16 @@ type Config struct {
 	// without it, /v1/responses answers 404. It is a setting for the same
 	// reason as Anthropic.
 	Responses ResponsesConverter
+	// ResponsesStore keeps responses, as vLLM does with
+	// VLLM_ENABLE_RESPONSES_API_STORE=1: a Responses request with store
+	// (true by default) has its response kept, which later requests may
+	// continue (previous_response_id) and GET /v1/responses/{response_id}
+	// returns. Without it, store is ignored, previous_response_id answered
+	// 404 and background 400, as by vLLM without the variable.
+	ResponsesStore bool
+	// ResponsesStoreMax bounds the responses kept in store mode: beyond
+	// it the oldest kept is forgotten. 0 is DefaultResponsesStoreMax.
+	ResponsesStoreMax int
 	// APIKeys, when not empty, are the keys requests must present, as
 	// vLLM's --api-key: see the package documentation for the paths
 	// guarded.
@@ -222,6 +253,7 @@ type Server struct {
 	tokenizer   promptTokenizer
 	anthropic   AnthropicConverter
 	responses   ResponsesConverter
+	store       *responseStore // nil without store mode
 	created     int64
 	handler     http.Handler
 }
@@ -242,6 +274,12 @@ func New(cfg Config) (*Server, error) {
 		responses: cfg.Responses,
 		log:       cfg.Logger.WithValues("model", cfg.Model),
 		created:   time.Now().Unix(),
+	}
+	if cfg.ResponsesStoreMax < 0 {
+		return nil, fmt.Errorf("simserver: ResponsesStoreMax %d is negative", cfg.ResponsesStoreMax)
+	}
+	if cfg.ResponsesStore {
+		s.store = newResponseStore(cmp.Or(cfg.ResponsesStoreMax, DefaultResponsesStoreMax))
 	}
 	s.tokenizer = simTokenizer{}
 	if cfg.Tokenizer != nil {
@@ -315,6 +353,7 @@ func (s *Server) routes(runtimeLoRA bool) http.Handler {
 	}
 	if s.responses != nil {
 		mux.HandleFunc("POST /v1/responses", s.handleResponses)
+		mux.HandleFunc("GET /v1/responses/{response_id}", s.handleGetResponse)
 	}
 	mux.HandleFunc("GET /v1/models", s.handleModels)
 	mux.HandleFunc("POST /tokenize", s.handleTokenize)

@@ -123,6 +123,22 @@ func (s *sseWriter) event(name string, v any) {
 	s.write()
 }
 
+// frame writes an event already framed.
+func (s *sseWriter) frame(frame []byte) {
+	s.buf = append(s.buf[:0], frame...)
+	s.write()
+}
+
+// eventFrame returns v as an event named name: "event: <name>", then
+// "data: <json>" and a blank line.
+func eventFrame(name string, v any) ([]byte, error) {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
+	return append(append(append(append(append([]byte(nil), "event: "...), name...), "\ndata: "...), data...), "\n\n"...), nil
+}
+
 func (s *sseWriter) done() {
 	s.buf = append(s.buf[:0], "data: [DONE]\n\n"...)
 	s.write()

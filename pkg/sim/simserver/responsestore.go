@@ -1,0 +1,88 @@
+package simserver
+
+import (
+	"container/list"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"sync"
+)
+
+// DefaultResponsesStoreMax is the number of responses a server in store
+// mode keeps when Config.ResponsesStoreMax is 0.
+const DefaultResponsesStoreMax = 10000
+
+// responseStore keeps the responses of a server in store mode, as vLLM
+// with VLLM_ENABLE_RESPONSES_API_STORE keeps them in memory, each with
+// the input items its request was rendered from. Unlike vLLM's, it is
+// bounded: it keeps at most max responses and forgets the oldest stored
+// first.
+type responseStore struct {
+	mu      sync.Mutex
+	max     int
+	entries map[string]*storedResponse
+	order   list.List // of *storedResponse, the oldest stored first
+}
+
+// storedResponse is a kept response. Its members are read and written
+// under the store's lock; resp is replaced, never changed in place, so
+// that a response handed out may be written without the lock.
+type storedResponse struct {
+	elem *list.Element
+	resp *responsesObject
+	// input is the input items the request was rendered from: its
+	// instructions as a system message, the conversation it continued,
+	// then its own input.
+	input []json.RawMessage
+}
+
+func newResponseStore(max int) *responseStore {
+	return &responseStore{max: max, entries: make(map[string]*storedResponse)}
+}
+
+// responseNotFound is vLLM's answer for a response it does not hold.
+func responseNotFound(id string) error {
+	return &responsesFailure{status: http.StatusNotFound, kind: "invalid_request_error", param: "response_id",
+		msg: fmt.Sprintf("Response with id '%s' not found.", id)}
+}
+
+// get returns the response kept under id and its input items; a nil
+// store holds none.
+func (st *responseStore) get(id string) (*responsesObject, []json.RawMessage, bool) {
+	if st == nil {
+		return nil, nil, false
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	e, ok := st.entries[id]
+	if !ok {
+		return nil, nil, false
+	}
+	return e.resp, e.input, true
+}
+
+// put keeps resp with its input items as the newest response, forgetting
+// the oldest when the store is full.
+func (st *responseStore) put(resp *responsesObject, input []json.RawMessage) *storedResponse {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if old, ok := st.entries[resp.ID]; ok {
+		st.order.Remove(old.elem)
+		delete(st.entries, resp.ID)
+	}
+	for st.order.Len() >= st.max {
+		oldest := st.order.Remove(st.order.Front()).(*storedResponse)
+		delete(st.entries, oldest.resp.ID)
+	}
+	e := &storedResponse{resp: resp, input: input}
+	e.elem = st.order.PushBack(e)
+	st.entries[resp.ID] = e
+	return e
+}
+
+// len returns the number of responses kept.
+func (st *responseStore) len() int {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return len(st.entries)
+}

@@ -1,0 +1,223 @@
+package simserver
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+)
+
+// storeMode runs a server in store mode, converting Responses bodies with
+// convert (the tests' own conversion when nil).
+func storeMode(convert ResponsesConverter) func(*Config) {
+	return func(c *Config) {
+		c.ResponsesStore = true
+		if convert != nil {
+			c.Responses = convert
+		}
+	}
+}
+
+// get sends GET path and returns the status and response body.
+func (ts *testServer) get(t *testing.T, path string) (int, []byte) {
+	t.Helper()
+	resp, err := http.Get(ts.url + path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	out, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, out
+}
+
+// respond posts a Responses body and returns the response object it
+// answers with, whole or, for a stream, as its response.completed event
+// carries it, as written.
+func respond(t *testing.T, ts *testServer, body map[string]any) json.RawMessage {
+	t.Helper()
+	status, out := ts.post(t, "/v1/responses", body)
+	if status != http.StatusOK {
+		t.Fatalf("responses %v: status %d: %s", body, status, out)
+	}
+	if body["stream"] != true {
+		return json.RawMessage(strings.TrimSuffix(string(out), "\n"))
+	}
+	events := responsesStream(t, out)
+	last := events[len(events)-1]
+	if last.name != "response.completed" {
+		t.Fatalf("stream ended with %s, want response.completed", last.name)
+	}
+	return decode[struct {
+		Response json.RawMessage `json:"response"`
+	}](t, []byte(last.data)).Response
+}
+
+// responseText returns the text of a response object's output.
+func responseText(t *testing.T, resp json.RawMessage) string {
+	t.Helper()
+	var text strings.Builder
+	for _, item := range decode[responsesResp](t, resp).Output {
+		for _, part := range item.Content {
+			text.WriteString(part.Text)
+		}
+	}
+	return text.String()
+}
+
+func TestResponsesContinueAStoredConversationAsTheEquivalentChat(t *testing.T) {
+	type turn struct{ instructions, input string }
+	brief := turn{"Be brief.", "Why route requests by prefix?"}
+	for _, tc := range []struct {
+		name    string
+		convert ResponsesConverter
+		stream  bool
+		turns   []turn
+	}{
+		{"follow-ups without instructions", nil, false, []turn{brief, {"", "And by load?"}, {"", "Thanks."}}},
+		{"streamed", nil, true, []turn{brief, {"", "And by load?"}, {"", "Thanks."}}},
+		// vLLM puts a follow-up's instructions before the conversation,
+		// which keeps the earlier turns' own.
+		{"follow-ups with instructions", nil, false, []turn{brief, {"Answer in French.", "And by load?"}, {"", "Thanks."}}},
+		{"vLLM's conversion", convertResponsesAsVLLM, false, []turn{brief, {"", "And by load?"}, {"", "Thanks."}}},
+		{"vLLM's conversion, streamed", convertResponsesAsVLLM, true, []turn{brief, {"", "And by load?"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ts := startServer(t, 1, storeMode(tc.convert))
+			// The equivalent chats, sent in the same order to an engine of
+			// their own, find the same prefixes cached.
+			ref := startServer(t, 1, nil)
+			var history []map[string]any
+			prevID, prevPrompt := "", 0
+			for i, tn := range tc.turns {
+				var msgs []map[string]any
+				if tn.instructions != "" {
+					msgs = append(msgs, map[string]any{"role": "system", "content": tn.instructions})
+				}
+				msgs = append(append(msgs, history...), map[string]any{"role": "user", "content": tn.input})
+				status, out := ref.post(t, "/v1/chat/completions", map[string]any{"model": testModel, "max_tokens": 4, "messages": msgs})
+				if status != http.StatusOK {
+					t.Fatalf("turn %d: chat: status %d: %s", i, status, out)
+				}
+				chat := decode[completionResp](t, out)
+				answer := chat.Choices[0].Message.Content
+
+				body := map[string]any{"model": testModel, "input": tn.input, "max_output_tokens": 4, "stream": tc.stream}
+				if tn.instructions != "" {
+					body["instructions"] = tn.instructions
+				}
+				if prevID != "" {
+					body["previous_response_id"] = prevID
+				}
+				resp := respond(t, ts, body)
+				got := decode[responsesResp](t, resp)
+				u := chat.Usage
+				if want := responsesUsageJSON(u.PromptTokens, u.PromptTokensDetails.CachedTokens, u.CompletionTokens); string(got.Usage) != want {
+					t.Errorf("turn %d: usage %s, want the equivalent chat's %s", i, got.Usage, want)
+				}
+				if text := responseText(t, resp); text != answer {
+					t.Errorf("turn %d: answer %q, want the equivalent chat's %q", i, text, answer)
+				}
+				// A follow-up's prompt begins with the previous turn's, whose
+				// every full block the engine holds.
+				if held := prevPrompt / testBS * testBS; i > 0 && tn.instructions == "" && u.PromptTokensDetails.CachedTokens < held {
+					t.Errorf("turn %d: %d tokens cached, want at least the previous prompt's %d", i, u.PromptTokensDetails.CachedTokens, held)
+				}
+				prevPrompt = u.PromptTokens
+				status, stored := ts.get(t, "/v1/responses/"+got.ID)
+				if status != http.StatusOK || strings.TrimSuffix(string(stored), "\n") != string(resp) {
+					t.Errorf("turn %d: GET %s: %d %s, want the response %s", i, got.ID, status, stored, resp)
+				}
+				history = append(msgs, map[string]any{"role": "assistant", "content": answer})
+				prevID = got.ID
+			}
+		})
+	}
+}
+
+func TestResponsesNotKeptAreNotFound(t *testing.T) {
+	notFound := func(t *testing.T, ts *testServer, id string) {
+		t.Helper()
+		status, body := ts.get(t, "/v1/responses/"+id)
+		e := decode[apiError](t, body)
+		if want := "Response with id '" + id + "' not found."; status != http.StatusNotFound || e.Error.Message != want ||
+			e.Error.Type != "invalid_request_error" || e.Error.Param != "response_id" || e.Error.Code != http.StatusNotFound {
+			t.Errorf("GET %s: %d %s, want 404 %q", id, status, body, want)
+		}
+		status, body = ts.postRaw(t, "/v1/responses", strings.Replace(plainResponses, `{`, `{"previous_response_id":"`+id+`",`, 1))
+		if e := decode[apiError](t, body); status != http.StatusNotFound || e.Error.Message != "Response with id '"+id+"' not found." {
+			t.Errorf("continuing %s: %d %s, want 404", id, status, body)
+		}
+	}
+	stored := func(t *testing.T, ts *testServer, body string) string {
+		t.Helper()
+		status, out := ts.postRaw(t, "/v1/responses", body)
+		if status != http.StatusOK {
+			t.Fatalf("status %d: %s", status, out)
+		}
+		return decode[responsesResp](t, out).ID
+	}
+	storeTrue := strings.Replace(plainResponses, `"store":false`, `"store":true`, 1)
+	storeDefault := strings.Replace(plainResponses, `,"store":false`, ``, 1)
+	for _, tc := range []struct {
+		name   string
+		mod    func(*Config)
+		body   string
+		stream bool
+	}{
+		{"unknown", storeMode(nil), "", false},
+		{"store false", storeMode(nil), plainResponses, false},
+		{"store false, streamed", storeMode(nil), strings.Replace(plainResponses, `{`, `{"stream":true,`, 1), true},
+		{"without store mode", nil, storeTrue, false},
+		{"without store mode, store by default", nil, storeDefault, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ts := startServer(t, 1, tc.mod)
+			id := "resp_0123456789abcdef0123456789abcdef"
+			if tc.body != "" && !tc.stream {
+				id = stored(t, ts, tc.body)
+			}
+			if tc.stream {
+				_, out := ts.postRaw(t, "/v1/responses", tc.body)
+				events := responsesStream(t, out)
+				id = decode[struct {
+					Response responsesResp `json:"response"`
+				}](t, []byte(events[len(events)-1].data)).Response.ID
+			}
+			notFound(t, ts, id)
+		})
+	}
+}
+
+func TestResponsesStoreForgetsTheOldestBeyondItsBound(t *testing.T) {
+	ts := startServer(t, 1, func(c *Config) { c.ResponsesStore, c.ResponsesStoreMax = true, 2 })
+	var ids []string
+	for range 3 {
+		status, out := ts.postRaw(t, "/v1/responses", strings.Replace(plainResponses, `"store":false`, `"store":true`, 1))
+		if status != http.StatusOK {
+			t.Fatalf("status %d: %s", status, out)
+		}
+		ids = append(ids, decode[responsesResp](t, out).ID)
+	}
+	for i, id := range ids {
+		status, _ := ts.get(t, "/v1/responses/"+id)
+		if want := map[bool]int{true: http.StatusNotFound, false: http.StatusOK}[i == 0]; status != want {
+			t.Errorf("response %d of 3 kept at most 2: GET status %d, want %d", i, status, want)
+		}
+	}
+	if n := ts.store.len(); n != 2 {
+		t.Errorf("%d responses kept, want the bound, 2", n)
+	}
+}
+
+func TestResponsesFollowUpWithoutInputIsRefused(t *testing.T) {
+	ts := startServer(t, 1, storeMode(nil))
+	first := decode[responsesResp](t, respond(t, ts, map[string]any{"model": testModel, "input": "hi", "max_output_tokens": 2}))
+	status, body := ts.post(t, "/v1/responses", map[string]any{"model": testModel, "previous_response_id": first.ID})
+	if e := decode[apiError](t, body); status != http.StatusBadRequest || e.Error.Message != "input is required" {
+		t.Errorf("follow-up without input: %d %s, want 400 %q", status, body, "input is required")
+	}
+}
