@@ -119,7 +119,7 @@ func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
 		s.writeResponsesError(w, err)
 		return
 	}
-	if err := checkResponsesBackground(&req); err != nil {
+	if err := s.checkResponsesBackground(&req); err != nil {
 		s.writeResponsesError(w, err)
 		return
 	}
@@ -197,6 +197,15 @@ func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
 	if keep {
 		input = requestItems(&req, history)
 	}
+	if req.Background.or(false) {
+		queued := *resp
+		queued.Status = "queued"
+		ctx, cancel := context.WithCancel(context.Background())
+		e := s.store.putBackground(&queued, input, cancel)
+		go s.runBackground(ctx, cancel, g, resp, e)
+		writeJSON(w, http.StatusOK, &queued)
+		return
+	}
 	if req.Stream.or(false) {
 		if done := s.streamResponse(w, r, g, resp); done != nil && keep {
 			s.store.put(done, input)
@@ -210,6 +219,35 @@ func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
 	resp.complete(sim.Tokenizer{}.Decode(c.tokens), c.finish, g.usage())
 	if keep {
 		s.store.put(resp, input)
+	}
+	writeJSON(w, http.StatusOK, resp)
+}
+
+// runBackground waits for g, the generation of background response
+// resp kept as e, until ctx ends, and keeps its end: the completed
+// response, or the response failed.
+func (s *Server) runBackground(ctx context.Context, cancel context.CancelFunc, g *generation, resp *responsesObject,
+	e *storedResponse) {
+	defer cancel()
+	if err := g.wait(ctx); err != nil {
+		if ctx.Err() == nil {
+			s.log.Error(err, "Background response failed", "response", resp.ID)
+		}
+		s.store.fail(e)
+		return
+	}
+	c := g.choices[0]
+	resp.complete(sim.Tokenizer{}.Decode(c.tokens), c.finish, g.usage())
+	s.store.finish(e, resp)
+}
+
+// handleCancelResponse answers POST /v1/responses/{response_id}/cancel as
+// vLLM does (see responseStore.cancel).
+func (s *Server) handleCancelResponse(w http.ResponseWriter, r *http.Request) {
+	resp, err := s.store.cancel(r.PathValue("response_id"))
+	if err != nil {
+		s.writeResponsesError(w, err)
+		return
 	}
 	writeJSON(w, http.StatusOK, resp)
 }
@@ -331,14 +369,22 @@ func mustJSON(v any) json.RawMessage {
 	return data
 }
 
-// checkResponsesBackground refuses background mode as vLLM without
-// VLLM_ENABLE_RESPONSES_API_STORE does.
-func checkResponsesBackground(req *responsesRequest) error {
+// checkResponsesBackground refuses background mode without store, and
+// without store mode, as vLLM without VLLM_ENABLE_RESPONSES_API_STORE
+// does.
+func (s *Server) checkResponsesBackground(req *responsesRequest) error {
 	if !req.Background.or(false) {
 		return nil
 	}
 	if !req.Store.or(true) {
 		return badRequestf("background can only be used when `store` is true")
+	}
+	if s.store != nil {
+		if req.Stream.or(false) {
+			return &responsesFailure{status: http.StatusBadRequest, kind: "invalid_request_error", param: "stream",
+				msg: "The simulator does not stream background responses."}
+		}
+		return nil
 	}
 	return &responsesFailure{status: http.StatusBadRequest, kind: "invalid_request_error", param: "background",
 		msg: "This vLLM engine does not support `store=True` and therefore does not support the background mode. " +
@@ -526,7 +572,7 @@ func newResponsesObject(g *generation, req *responsesRequest, maxOutput int) *re
 		ID: g.id, CreatedAt: g.created, Instructions: req.Instructions, Metadata: req.Metadata, Model: g.model,
 		Object: "response", Output: []responsesMessage{}, ParallelToolCalls: or(req.ParallelToolCalls, `true`),
 		Temperature: or(req.Temperature, `1.0`), ToolChoice: toolChoice, Tools: tools, TopP: or(req.TopP, `1.0`),
-		MaxOutputTokens: maxOutput, MaxToolCalls: req.MaxToolCalls, PreviousResponseID: req.PreviousResponseID,
+		Background: req.Background.or(false), MaxOutputTokens: maxOutput, MaxToolCalls: req.MaxToolCalls, PreviousResponseID: req.PreviousResponseID,
 		Reasoning: req.Reasoning, ServiceTier: or(req.ServiceTier, `"auto"`), Status: "in_progress", Text: req.Text,
 		Truncation: or(req.Truncation, `"disabled"`), User: req.User,
 		PresencePenalty: or(req.PresencePenalty, `0.0`), FrequencyPenalty: or(req.FrequencyPenalty, `0.0`),

@@ -2,6 +2,7 @@ package simserver
 
 import (
 	"container/list"
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -34,6 +35,10 @@ type storedResponse struct {
 	// instructions as a system message, the conversation it continued,
 	// then its own input.
 	input []json.RawMessage
+	// cancel stops the generation of a background response, which closes
+	// done when it ends; both nil for other responses.
+	cancel context.CancelFunc
+	done   chan struct{}
 }
 
 func newResponseStore(max int) *responseStore {
@@ -64,6 +69,17 @@ func (st *responseStore) get(id string) (*responsesObject, []json.RawMessage, bo
 // put keeps resp with its input items as the newest response, forgetting
 // the oldest when the store is full.
 func (st *responseStore) put(resp *responsesObject, input []json.RawMessage) *storedResponse {
+	return st.putEntry(&storedResponse{resp: resp, input: input})
+}
+
+// putBackground keeps the queued response of a background generation,
+// which cancel stops, as put does.
+func (st *responseStore) putBackground(queued *responsesObject, input []json.RawMessage, cancel context.CancelFunc) *storedResponse {
+	return st.putEntry(&storedResponse{resp: queued, input: input, cancel: cancel, done: make(chan struct{})})
+}
+
+func (st *responseStore) putEntry(e *storedResponse) *storedResponse {
+	resp := e.resp
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if old, ok := st.entries[resp.ID]; ok {
@@ -74,7 +90,6 @@ func (st *responseStore) put(resp *responsesObject, input []json.RawMessage) *st
 		oldest := st.order.Remove(st.order.Front()).(*storedResponse)
 		delete(st.entries, oldest.resp.ID)
 	}
-	e := &storedResponse{resp: resp, input: input}
 	e.elem = st.order.PushBack(e)
 	st.entries[resp.ID] = e
 	return e
@@ -85,4 +100,59 @@ func (st *responseStore) len() int {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	return len(st.entries)
+}
+
+// finish replaces the queued response of background generation e with
+// resp, its end, unless e was cancelled or is no longer kept, and marks
+// the generation ended.
+func (st *responseStore) finish(e *storedResponse, resp *responsesObject) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.entries[resp.ID] == e && e.resp.Status != "cancelled" {
+		e.resp = resp
+	}
+	close(e.done)
+}
+
+// fail marks background generation e failed, as vLLM does, unless it
+// completed or was cancelled, and marks it ended.
+func (st *responseStore) fail(e *storedResponse) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if s := e.resp.Status; s != "completed" && s != "cancelled" {
+		failed := *e.resp
+		failed.Status = "failed"
+		e.resp = &failed
+	}
+	close(e.done)
+}
+
+// cancel cancels the background response kept under id, as vLLM does:
+// the response, its status now "cancelled", once its generation has been
+// aborted; 404 when none is kept under id, and 400 when it is neither
+// queued nor in progress.
+func (st *responseStore) cancel(id string) (*responsesObject, error) {
+	if st == nil {
+		return nil, responseNotFound(id)
+	}
+	st.mu.Lock()
+	e, ok := st.entries[id]
+	if !ok {
+		st.mu.Unlock()
+		return nil, responseNotFound(id)
+	}
+	if s := e.resp.Status; s != "queued" && s != "in_progress" {
+		st.mu.Unlock()
+		return nil, &responsesFailure{status: http.StatusBadRequest, kind: "invalid_request_error", param: "response_id",
+			msg: "Cannot cancel a synchronous response."}
+	}
+	cancelled := *e.resp
+	cancelled.Status = "cancelled"
+	e.resp = &cancelled
+	st.mu.Unlock()
+	if e.cancel != nil {
+		e.cancel()
+		<-e.done
+	}
+	return &cancelled, nil
 }

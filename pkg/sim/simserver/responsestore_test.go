@@ -6,6 +6,9 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/internal/testsupport"
 )
 
 // storeMode runs a server in store mode, converting Responses bodies with
@@ -219,5 +222,125 @@ func TestResponsesFollowUpWithoutInputIsRefused(t *testing.T) {
 	status, body := ts.post(t, "/v1/responses", map[string]any{"model": testModel, "previous_response_id": first.ID})
 	if e := decode[apiError](t, body); status != http.StatusBadRequest || e.Error.Message != "input is required" {
 		t.Errorf("follow-up without input: %d %s, want 400 %q", status, body, "input is required")
+	}
+}
+
+// backgroundResp mirrors the members of a background response these
+// tests read.
+type backgroundResp struct {
+	responsesResp
+	Background bool `json:"background"`
+}
+
+// storedStatus returns the status of the response kept under id.
+func storedStatus(t *testing.T, ts *testServer, id string) backgroundResp {
+	t.Helper()
+	status, body := ts.get(t, "/v1/responses/"+id)
+	if status != http.StatusOK {
+		t.Fatalf("GET %s: status %d: %s", id, status, body)
+	}
+	return decode[backgroundResp](t, body)
+}
+
+func TestResponsesInBackgroundAnswerQueuedThenKeepTheirEnd(t *testing.T) {
+	ts := startServer(t, 1, storeMode(nil))
+	answer := chatAnswer(t, ts, 4)
+	status, body := ts.postRaw(t, "/v1/responses", strings.Replace(plainResponses, `"store":false`, `"background":true`, 1))
+	queued := decode[backgroundResp](t, body)
+	if status != http.StatusOK || queued.Status != "queued" || len(queued.Output) != 0 || string(queued.Usage) != "null" ||
+		!queued.Background || !responseIDForm.MatchString(queued.ID) {
+		t.Fatalf("background request: %d %s, want the response queued, with no output or usage", status, body)
+	}
+	testsupport.Eventually(t, "the background response to end", func() bool {
+		return storedStatus(t, ts, queued.ID).Status != "queued"
+	})
+	done := storedStatus(t, ts, queued.ID)
+	u := answer.Usage
+	if done.Status != "incomplete" || !done.Background || len(done.Output) != 1 ||
+		done.Output[0].Content[0].Text != answer.Choices[0].Message.Content ||
+		string(done.Usage) != responsesUsageJSON(u.PromptTokens, (u.PromptTokens-1)/testBS*testBS, u.CompletionTokens) {
+		t.Errorf("kept response %+v, want the chat's answer %q, incomplete at max_output_tokens, its prompt cached",
+			done, answer.Choices[0].Message.Content)
+	}
+	if status, body := ts.post(t, "/v1/responses/"+queued.ID+"/cancel", nil); status != http.StatusBadRequest ||
+		decode[apiError](t, body).Error.Message != "Cannot cancel a synchronous response." {
+		t.Errorf("cancelling the ended response: %d %s, want 400", status, body)
+	}
+}
+
+func TestCancellingABackgroundResponseAbortsItsGeneration(t *testing.T) {
+	ts := startServer(t, 1, func(c *Config) {
+		c.ResponsesStore = true
+		c.Ranks[0].Engine.Latency.StepOverhead = 20 * time.Millisecond
+	})
+	status, body := ts.postRaw(t, "/v1/responses", strings.Replace(longResponses(false), `"store":false`, `"background":true`, 1))
+	id := decode[responsesResp](t, body).ID
+	if status != http.StatusOK {
+		t.Fatalf("background request: %d %s", status, body)
+	}
+	testsupport.Eventually(t, "the background generation to run", func() bool { return ts.queue(0).Running == 1 })
+	status, body = ts.post(t, "/v1/responses/"+id+"/cancel", nil)
+	if got := decode[backgroundResp](t, body); status != http.StatusOK || got.ID != id || got.Status != "cancelled" {
+		t.Fatalf("cancel: %d %s, want the response cancelled", status, body)
+	}
+	if q := ts.queue(0); q.Running != 0 || q.Waiting != 0 {
+		t.Errorf("queue %+v once cancelled, want the generation aborted", q)
+	}
+	if got := storedStatus(t, ts, id); got.Status != "cancelled" || len(got.Output) != 0 {
+		t.Errorf("kept response %+v, want it cancelled", got)
+	}
+	status, body = ts.post(t, "/v1/responses/"+id+"/cancel", nil)
+	if e := decode[apiError](t, body); status != http.StatusBadRequest || e.Error.Type != "invalid_request_error" ||
+		e.Error.Message != "Cannot cancel a synchronous response." {
+		t.Errorf("cancelling again: %d %s, want 400", status, body)
+	}
+}
+
+func TestABackgroundResponseWhoseEngineStopsFails(t *testing.T) {
+	ts := startServer(t, 1, func(c *Config) {
+		c.ResponsesStore = true
+		c.Ranks[0].Engine.Latency.StepOverhead = 50 * time.Millisecond
+	})
+	_, body := ts.postRaw(t, "/v1/responses", strings.Replace(longResponses(false), `"store":false`, `"background":true`, 1))
+	id := decode[responsesResp](t, body).ID
+	testsupport.Eventually(t, "the background generation to run", func() bool { return ts.queue(0).Running == 1 })
+	ts.runners[0].stop()
+	testsupport.Eventually(t, "the background response to fail", func() bool { return storedStatus(t, ts, id).Status == "failed" })
+}
+
+func TestCancellingResponsesNotInBackground(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		mod     func(*Config)
+		stored  bool
+		status  int
+		message string
+	}{
+		{"unknown", storeMode(nil), false, http.StatusNotFound, "Response with id '%s' not found."},
+		{"without store mode", nil, false, http.StatusNotFound, "Response with id '%s' not found."},
+		{"stored", storeMode(nil), true, http.StatusBadRequest, "Cannot cancel a synchronous response."},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ts := startServer(t, 1, tc.mod)
+			id := "resp_0123456789abcdef0123456789abcdef"
+			if tc.stored {
+				_, body := ts.postRaw(t, "/v1/responses", strings.Replace(plainResponses, `"store":false`, `"store":true`, 1))
+				id = decode[responsesResp](t, body).ID
+			}
+			status, body := ts.post(t, "/v1/responses/"+id+"/cancel", nil)
+			e := decode[apiError](t, body)
+			if want := strings.Replace(tc.message, "%s", id, 1); status != tc.status || e.Error.Message != want ||
+				e.Error.Type != "invalid_request_error" || e.Error.Param != "response_id" {
+				t.Errorf("cancel: %d %s, want %d %q", status, body, tc.status, want)
+			}
+		})
+	}
+}
+
+func TestBackgroundNeedsStore(t *testing.T) {
+	ts := startServer(t, 1, storeMode(nil))
+	status, body := ts.postRaw(t, "/v1/responses", strings.Replace(plainResponses, `{`, `{"background":true,`, 1))
+	if e := decode[apiError](t, body); status != http.StatusBadRequest || e.Error.Message != "background can only be used when `store` is true" {
+		t.Errorf("background with store false: %d %s, want 400", status, body)
 	}
 }

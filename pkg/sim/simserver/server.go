@@ -68,8 +68,9 @@
 // defaults for those left out; reasoning.effort becomes the chat's
 // reasoning_effort, as in vLLM. By default store is ignored and no
 // response is kept, as in vLLM without VLLM_ENABLE_RESPONSES_API_STORE:
-// previous_response_id and GET /v1/responses/{response_id} are answered
-// 404 "Response with id '...' not found.", and background 400.
+// previous_response_id, GET /v1/responses/{response_id} and POST
+// /v1/responses/{response_id}/cancel are answered 404 "Response with id
+// '...' not found.", and background 400.
 // Errors are OpenAI error objects with vLLM's status and wording: 400 for a
 // body vLLM refuses, for one the simulator cannot render (as for
 // /v1/messages), for max_output_tokens beyond the model length and for a
@@ -89,11 +90,23 @@
 // before its input, is converted by Config.Responses), so that the prompt
 // of a follow-up without instructions begins with the previous turn's and
 // finds it in the prefix cache of the engine that served it; an unknown
-// one is answered 404 as above. GET /v1/responses/{response_id} answers the kept
-// response. Where vLLM keeps every response, the server keeps at most
+// one is answered 404 as above. GET /v1/responses/{response_id} answers
+// the kept response. With background (which needs store: 400 "background
+// can only be used when `store` is true"), the request is answered at
+// once with the response queued (status "queued", output [], usage null),
+// which is kept, while its generation runs on (background with stream is
+// refused, 400: the simulator does not stream it); the kept response becomes
+// the completed one when it ends, or "failed" when its engine fails. POST
+// /v1/responses/{response_id}/cancel cancels a queued or in-progress
+// response: its status becomes "cancelled", its generation is aborted
+// (before the answer, 200 with the response) and it is not overwritten
+// when the generation ends; 404 for an unknown id and 400 "Cannot cancel
+// a synchronous response." for a response neither queued nor in
+// progress. Where vLLM keeps every response, the server keeps at most
 // Config.ResponsesStoreMax (DefaultResponsesStoreMax), forgetting the
-// oldest kept first; what it keeps of each is bounded by the body size
-// limit (64 MiB) and the model length its prompt fits.
+// oldest kept first (a forgotten background response's generation runs
+// on, its end not kept); what it keeps of each is bounded by the body
+// size limit (64 MiB) and the model length its prompt fits.
 //
 // With Config.AllowRuntimeLoRAUpdating, POST /v1/load_lora_adapter and POST
 // /v1/unload_lora_adapter load and unload LoRA adapters as vLLM's do.
@@ -354,6 +367,7 @@ func (s *Server) routes(runtimeLoRA bool) http.Handler {
 	if s.responses != nil {
 		mux.HandleFunc("POST /v1/responses", s.handleResponses)
 		mux.HandleFunc("GET /v1/responses/{response_id}", s.handleGetResponse)
+		mux.HandleFunc("POST /v1/responses/{response_id}/cancel", s.handleCancelResponse)
 	}
 	mux.HandleFunc("GET /v1/models", s.handleModels)
 	mux.HandleFunc("POST /tokenize", s.handleTokenize)
