@@ -155,7 +155,8 @@ func parseOptions(fs *flag.FlagSet, args []string) (options, error) {
 	}
 	fs.BoolVar(&o.responsesStore, "responses-store", storeDefault,
 		"keep Responses API responses, as vLLM does with "+responsesStoreVar+"=1 (which sets this flag's default): "+
-			"previous_response_id, background, GET /v1/responses/{id} and POST /v1/responses/{id}/cancel work; "+
+			"previous_response_id, background (streamed too), GET /v1/responses/{id} (?stream=true replays a background stream) "+
+			"and POST /v1/responses/{id}/cancel work; "+
 			"without it store is ignored, previous_response_id answered 404 and background 400")
 	fs.IntVar(&o.responsesStoreMax, "responses-store-max", simserver.DefaultResponsesStoreMax,
 		"most responses -responses-store keeps, the oldest forgotten first (vLLM keeps every one)")

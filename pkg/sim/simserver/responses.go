@@ -10,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/kvgate/kvgate/pkg/internal/jsonscan"
@@ -201,8 +202,13 @@ func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
 		queued := *resp
 		queued.Status = "queued"
 		ctx, cancel := context.WithCancel(context.Background())
-		e := s.store.putBackground(&queued, input, cancel)
+		stream := req.Stream.or(false)
+		e := s.store.putBackground(&queued, input, cancel, stream)
 		go s.runBackground(ctx, cancel, g, resp, e)
+		if stream {
+			s.replayEvents(w, r, e, 0)
+			return
+		}
 		writeJSON(w, http.StatusOK, &queued)
 		return
 	}
@@ -229,16 +235,53 @@ func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
 func (s *Server) runBackground(ctx context.Context, cancel context.CancelFunc, g *generation, resp *responsesObject,
 	e *storedResponse) {
 	defer cancel()
-	if err := g.wait(ctx); err != nil {
+	done, err := resp, error(nil)
+	if e.streamed {
+		done, err = responseEvents(ctx, g, resp, func(frame []byte) error {
+			s.store.addEvent(e, frame)
+			return nil
+		})
+	} else if err = g.wait(ctx); err == nil {
+		c := g.choices[0]
+		resp.complete(sim.Tokenizer{}.Decode(c.tokens), c.finish, g.usage())
+	}
+	if err != nil {
 		if ctx.Err() == nil {
 			s.log.Error(err, "Background response failed", "response", resp.ID)
 		}
 		s.store.fail(e)
 		return
 	}
-	c := g.choices[0]
-	resp.complete(sim.Tokenizer{}.Decode(c.tokens), c.finish, g.usage())
-	s.store.finish(e, resp)
+	s.store.finish(e, done)
+}
+
+// replayEvents answers with the events of background stream e from the
+// from-th on (its sequence numbers are its indexes), waiting for more
+// until its generation ends, as vLLM's replay does but that vLLM's waits
+// on when its generation is cancelled or fails. A response that is not a
+// background stream is broken off after the answer began, as vLLM's is,
+// which fails looking for its events.
+func (s *Server) replayEvents(w http.ResponseWriter, r *http.Request, e *storedResponse, from int) {
+	sse := startEvents(w)
+	if !e.streamed {
+		_ = sse.rc.Flush()
+		panic(http.ErrAbortHandler)
+	}
+	for {
+		frames, ended, wake := s.store.eventsFrom(e, from)
+		for _, f := range frames {
+			sse.frame(f)
+		}
+		from += len(frames)
+		if sse.err != nil || ended {
+			return
+		}
+		select {
+		case <-r.Context().Done():
+			return
+		case <-wake:
+		}
+	}
 }
 
 // handleCancelResponse answers POST /v1/responses/{response_id}/cancel as
@@ -254,14 +297,49 @@ func (s *Server) handleCancelResponse(w http.ResponseWriter, r *http.Request) {
 
 // handleGetResponse answers GET /v1/responses/{response_id} as vLLM
 // does: the response kept under the id, or 404.
+//
+// With the query stream=true it replays the events of a background stream
+// after the sequence number starting_after (from the first without it),
+// and those still to come (see replayEvents).
 func (s *Server) handleGetResponse(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("response_id")
-	resp, _, ok := s.store.get(id)
-	if !ok {
-		s.writeResponsesError(w, responseNotFound(id))
+	q := r.URL.Query()
+	stream, err := queryBool(q.Get("stream"))
+	if err != nil {
+		s.writeResponsesError(w, badRequestf("stream: %v", err))
 		return
 	}
-	writeJSON(w, http.StatusOK, resp)
+	from := 0
+	if v := q.Get("starting_after"); stream && v != "" {
+		after, err := strconv.Atoi(v)
+		if err != nil {
+			s.writeResponsesError(w, badRequestf("starting_after: want an integer, got %q", v))
+			return
+		}
+		from = max(after+1, 0)
+	}
+	if stream {
+		if e, ok := s.store.lookup(id); ok {
+			s.replayEvents(w, r, e, from)
+			return
+		}
+	} else if resp, _, ok := s.store.get(id); ok {
+		writeJSON(w, http.StatusOK, resp)
+		return
+	}
+	s.writeResponsesError(w, responseNotFound(id))
+}
+
+// queryBool reads a boolean query parameter as vLLM's (pydantic's) does;
+// "" is false.
+func queryBool(v string) (bool, error) {
+	switch strings.ToLower(v) {
+	case "", "0", "off", "f", "false", "n", "no":
+		return false, nil
+	case "1", "on", "t", "true", "y", "yes":
+		return true, nil
+	}
+	return false, fmt.Errorf("want a boolean, got %q", v)
 }
 
 // continuedItems returns the input items a request continuing prev,
@@ -380,10 +458,6 @@ func (s *Server) checkResponsesBackground(req *responsesRequest) error {
 		return badRequestf("background can only be used when `store` is true")
 	}
 	if s.store != nil {
-		if req.Stream.or(false) {
-			return &responsesFailure{status: http.StatusBadRequest, kind: "invalid_request_error", param: "stream",
-				msg: "The simulator does not stream background responses."}
-		}
 		return nil
 	}
 	return &responsesFailure{status: http.StatusBadRequest, kind: "invalid_request_error", param: "background",

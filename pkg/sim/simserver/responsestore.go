@@ -39,6 +39,12 @@ type storedResponse struct {
 	// done when it ends; both nil for other responses.
 	cancel context.CancelFunc
 	done   chan struct{}
+	// streamed marks a background stream, whose events are kept, framed,
+	// for its readers; wake is closed, and replaced, when events grow or
+	// the generation ends.
+	streamed bool
+	events   [][]byte
+	wake     chan struct{}
 }
 
 func newResponseStore(max int) *responseStore {
@@ -73,9 +79,56 @@ func (st *responseStore) put(resp *responsesObject, input []json.RawMessage) *st
 }
 
 // putBackground keeps the queued response of a background generation,
-// which cancel stops, as put does.
-func (st *responseStore) putBackground(queued *responsesObject, input []json.RawMessage, cancel context.CancelFunc) *storedResponse {
-	return st.putEntry(&storedResponse{resp: queued, input: input, cancel: cancel, done: make(chan struct{})})
+// which cancel stops, as put does; streamed keeps its events too.
+func (st *responseStore) putBackground(queued *responsesObject, input []json.RawMessage, cancel context.CancelFunc,
+	streamed bool) *storedResponse {
+	return st.putEntry(&storedResponse{resp: queued, input: input, cancel: cancel, done: make(chan struct{}),
+		streamed: streamed, wake: make(chan struct{})})
+}
+
+// lookup returns the entry kept under id; a nil store holds none.
+func (st *responseStore) lookup(id string) (*storedResponse, bool) {
+	if st == nil {
+		return nil, false
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	e, ok := st.entries[id]
+	return e, ok
+}
+
+// addEvent keeps frame, the next event of background stream e, and wakes
+// its readers.
+func (st *responseStore) addEvent(e *storedResponse, frame []byte) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	e.events = append(e.events, frame)
+	e.signal()
+}
+
+// eventsFrom returns the events of background stream e from the i-th on,
+// whether its generation has ended (no event comes after those), and a
+// channel closed when either changes.
+func (st *responseStore) eventsFrom(e *storedResponse, i int) (frames [][]byte, ended bool, wake <-chan struct{}) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if i < len(e.events) {
+		frames = e.events[i:len(e.events):len(e.events)]
+	}
+	select {
+	case <-e.done:
+		ended = true
+	default:
+	}
+	return frames, ended, e.wake
+}
+
+// signal wakes the readers of e's events; under the store's lock.
+func (e *storedResponse) signal() {
+	if e.wake != nil {
+		close(e.wake)
+		e.wake = make(chan struct{})
+	}
 }
 
 func (st *responseStore) putEntry(e *storedResponse) *storedResponse {
@@ -112,6 +165,7 @@ func (st *responseStore) finish(e *storedResponse, resp *responsesObject) {
 		e.resp = resp
 	}
 	close(e.done)
+	e.signal()
 }
 
 // fail marks background generation e failed, as vLLM does, unless it
@@ -125,6 +179,7 @@ func (st *responseStore) fail(e *storedResponse) {
 		e.resp = &failed
 	}
 	close(e.done)
+	e.signal()
 }
 
 // cancel cancels the background response kept under id, as vLLM does:

@@ -1,6 +1,8 @@
 package simserver
 
 import (
+	"bufio"
+	"context"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -342,5 +344,164 @@ func TestBackgroundNeedsStore(t *testing.T) {
 	status, body := ts.postRaw(t, "/v1/responses", strings.Replace(plainResponses, `{`, `{"background":true,`, 1))
 	if e := decode[apiError](t, body); status != http.StatusBadRequest || e.Error.Message != "background can only be used when `store` is true" {
 		t.Errorf("background with store false: %d %s, want 400", status, body)
+	}
+}
+
+// backgroundStream is plainResponses as a background stream generating
+// maxTokens tokens.
+func backgroundStream(maxTokens int) string {
+	return strings.Replace(strings.Replace(plainResponses, `"store":false`, `"background":true,"stream":true`, 1),
+		`"max_output_tokens":4`, `"max_output_tokens":`+itoa(maxTokens), 1)
+}
+
+// completedResponse returns the response of a stream's last event, which
+// must be response.completed.
+func completedResponse(t *testing.T, events []responsesEvt) backgroundResp {
+	t.Helper()
+	last := events[len(events)-1]
+	if last.name != "response.completed" {
+		t.Fatalf("stream ended with %s, want response.completed", last.name)
+	}
+	return decode[struct {
+		Response backgroundResp `json:"response"`
+	}](t, []byte(last.data)).Response
+}
+
+func TestBackgroundStreamsAreStreamedAndReplayed(t *testing.T) {
+	ts := startServer(t, 1, storeMode(nil))
+	answer := chatAnswer(t, ts, 4).Choices[0].Message.Content
+	status, body := ts.postRaw(t, "/v1/responses", backgroundStream(4))
+	if status != http.StatusOK {
+		t.Fatalf("background stream: %d %s", status, body)
+	}
+	events := responsesStream(t, body)
+	done := completedResponse(t, events)
+	if events[0].name != "response.created" || done.Status != "incomplete" || !done.Background ||
+		responseText(t, json.RawMessage(mustJSON(done.responsesResp))) != answer {
+		t.Fatalf("background stream %s: want vLLM's events, ending with the chat's answer %q", body, answer)
+	}
+	status, replay := ts.get(t, "/v1/responses/"+done.ID+"?stream=true")
+	if status != http.StatusOK || string(replay) != string(body) {
+		t.Errorf("replay: %d %s, want the stream's events %s", status, replay, body)
+	}
+	var rest strings.Builder
+	for _, ev := range events[3:] {
+		rest.WriteString("event: " + ev.name + "\ndata: " + ev.data + "\n\n")
+	}
+	if _, after := ts.get(t, "/v1/responses/"+done.ID+"?stream=true&starting_after=2"); string(after) != rest.String() {
+		t.Errorf("replay after 2: %s, want the events from 3 on %s", after, rest.String())
+	}
+	if kept := storedStatus(t, ts, done.ID); kept.Status != "incomplete" || kept.Usage == nil ||
+		string(kept.Usage) != string(done.Usage) {
+		t.Errorf("kept response %+v, want the completed one %+v", kept, done)
+	}
+}
+
+func TestABackgroundStreamOutlivesItsClientAndIsReplayedAsItGoes(t *testing.T) {
+	ts := startServer(t, 1, func(c *Config) {
+		c.ResponsesStore = true
+		c.Ranks[0].Engine.Latency.StepOverhead = 10 * time.Millisecond
+	})
+	ctx, hangUp := context.WithCancel(context.Background())
+	defer hangUp()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, ts.url+"/v1/responses", strings.NewReader(backgroundStream(30)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rd := bufio.NewReader(resp.Body)
+	var first string
+	for range 2 {
+		line, err := rd.ReadString('\n')
+		if err != nil {
+			t.Fatal(err)
+		}
+		first += line
+	}
+	hangUp()
+	resp.Body.Close()
+	data, _ := strings.CutPrefix(strings.Split(first, "\n")[1], "data: ")
+	id := decode[struct {
+		Response responsesResp `json:"response"`
+	}](t, []byte(data)).Response.ID
+
+	status, replay := ts.get(t, "/v1/responses/"+id+"?stream=true&starting_after=1")
+	if status != http.StatusOK {
+		t.Fatalf("replay: %d %s", status, replay)
+	}
+	// The replayed events keep their sequence numbers, from 2 on.
+	events := anthropicEvents(t, replay)
+	for i, ev := range events {
+		if n := decode[struct {
+			SequenceNumber int `json:"sequence_number"`
+		}](t, []byte(ev.data)).SequenceNumber; n != i+2 {
+			t.Fatalf("replayed event %d %s: sequence_number %d, want %d", i, ev.name, n, i+2)
+		}
+	}
+	done := completedResponse(t, []responsesEvt{responsesEvt(events[len(events)-1])})
+	if !strings.Contains(string(done.Usage), `"output_tokens":30,`) {
+		t.Errorf("completed response %+v, want all 30 tokens generated after the client left", done)
+	}
+}
+
+func TestCancellingABackgroundStreamEndsItsReplay(t *testing.T) {
+	ts := startServer(t, 1, func(c *Config) {
+		c.ResponsesStore = true
+		c.Ranks[0].Engine.Latency.StepOverhead = 20 * time.Millisecond
+	})
+	type result struct {
+		body []byte
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		resp, err := http.Post(ts.url+"/v1/responses", "application/json", strings.NewReader(backgroundStream(400)))
+		if err != nil {
+			done <- result{err: err}
+			return
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		done <- result{body, err}
+	}()
+	testsupport.Eventually(t, "the background stream to run", func() bool { return ts.queue(0).Running == 1 })
+	var id string
+	ts.store.mu.Lock()
+	for k := range ts.store.entries {
+		id = k
+	}
+	ts.store.mu.Unlock()
+	if status, body := ts.post(t, "/v1/responses/"+id+"/cancel", nil); status != http.StatusOK {
+		t.Fatalf("cancel: %d %s", status, body)
+	}
+	r := <-done
+	if r.err != nil || strings.Contains(string(r.body), "response.completed") || !strings.HasPrefix(string(r.body), "event: response.created\n") {
+		t.Errorf("cancelled stream: %q (%v), want it ended without response.completed", r.body, r.err)
+	}
+	if got := storedStatus(t, ts, id); got.Status != "cancelled" {
+		t.Errorf("kept response %+v, want it cancelled", got)
+	}
+}
+
+func TestReplayingAResponseThatWasNotABackgroundStream(t *testing.T) {
+	ts := startServer(t, 1, storeMode(nil))
+	_, body := ts.postRaw(t, "/v1/responses", strings.Replace(plainResponses, `"store":false`, `"store":true`, 1))
+	id := decode[responsesResp](t, body).ID
+	resp, err := http.Get(ts.url + "/v1/responses/" + id + "?stream=true")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if out, err := io.ReadAll(resp.Body); resp.StatusCode != http.StatusOK || err == nil {
+		t.Errorf("replaying a response without events: %d %q (%v), want the stream broken off, as vLLM's", resp.StatusCode, out, err)
+	}
+	if status, _ := ts.get(t, "/v1/responses/resp_0123456789abcdef0123456789abcdef?stream=true"); status != http.StatusNotFound {
+		t.Errorf("replaying an unknown response: status %d, want 404", status)
+	}
+	if status, _ := ts.get(t, "/v1/responses/"+id+"?stream=maybe"); status != http.StatusBadRequest {
+		t.Errorf("stream=maybe: status %d, want 400", status)
 	}
 }

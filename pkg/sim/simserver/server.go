@@ -78,35 +78,45 @@
 //
 // With Config.ResponsesStore, responses are kept as vLLM with
 // VLLM_ENABLE_RESPONSES_API_STORE=1 keeps them: the response of a request
-// with store (true by default), whole or as its stream's
-// response.completed carries it, is kept under its id with the input
-// items the request was rendered from (its instructions as a system
-// message, the conversation it continued, then its input). A request
-// naming a kept previous_response_id is rendered from its own
-// instructions as a system message, the kept items of the previous
-// response (its own instructions' message included), an assistant message
-// of each content part of the previous response's output messages, then
-// its input (the body, previous_response_id left out and those items put
-// before its input, is converted by Config.Responses), so that the prompt
-// of a follow-up without instructions begins with the previous turn's and
-// finds it in the prefix cache of the engine that served it; an unknown
-// one is answered 404 as above. GET /v1/responses/{response_id} answers
-// the kept response. With background (which needs store: 400 "background
-// can only be used when `store` is true"), the request is answered at
-// once with the response queued (status "queued", output [], usage null),
-// which is kept, while its generation runs on (background with stream is
-// refused, 400: the simulator does not stream it); the kept response becomes
-// the completed one when it ends, or "failed" when its engine fails. POST
-// /v1/responses/{response_id}/cancel cancels a queued or in-progress
-// response: its status becomes "cancelled", its generation is aborted
-// (before the answer, 200 with the response) and it is not overwritten
-// when the generation ends; 404 for an unknown id and 400 "Cannot cancel
-// a synchronous response." for a response neither queued nor in
-// progress. Where vLLM keeps every response, the server keeps at most
-// Config.ResponsesStoreMax (DefaultResponsesStoreMax), forgetting the
-// oldest kept first (a forgotten background response's generation runs
-// on, its end not kept); what it keeps of each is bounded by the body
-// size limit (64 MiB) and the model length its prompt fits.
+// with store (true by default), whole or as its stream's response.completed
+// carries it, is kept under its id with the input items the request was
+// rendered from (its instructions as a system message, the conversation it
+// continued, then its input). A request naming a kept previous_response_id
+// is rendered from its own instructions as a system message, the kept items
+// of the previous response (its own instructions' message included), an
+// assistant message of each content part of the previous response's output
+// messages, then its input (the body, previous_response_id left out and
+// those items put before its input, is converted by Config.Responses), so
+// that the prompt of a follow-up without instructions begins with the
+// previous turn's and finds it in the prefix cache of the engine that
+// served it; an unknown one is answered 404 as above. GET
+// /v1/responses/{response_id} answers the kept response. Where vLLM keeps
+// every response, the server keeps at most Config.ResponsesStoreMax
+// (DefaultResponsesStoreMax), forgetting the oldest kept first (a forgotten
+// background response's generation runs on, its end not kept); what it
+// keeps of each is bounded by the body size limit (64 MiB) and the model
+// length its prompt fits.
+//
+// In store mode a request with background (which needs store: 400
+// "background can only be used when `store` is true") is answered at once
+// with the response queued (status "queued", output [], usage null), which
+// is kept, while its generation runs on, its client gone or not; the kept
+// response becomes the completed one when it ends, or "failed" when its
+// engine fails. POST /v1/responses/{response_id}/cancel cancels a queued or
+// in-progress response: its status becomes "cancelled", its generation is
+// aborted (before the answer, 200 with the response) and it is not
+// overwritten when the generation ends; 404 for an unknown id and 400
+// "Cannot cancel a synchronous response." for a response neither queued nor
+// in progress.
+//
+// A background stream's events, streamed as usual, are kept with its
+// response: GET /v1/responses/{response_id}?stream=true replays them, after
+// the sequence number starting_after when given, and those still to come,
+// ending with response.completed or, where vLLM's replay waits on, when the
+// generation is cancelled or fails. Replaying a response that was not a
+// background stream breaks the answer off after it began, as vLLM's fails;
+// a stream or starting_after that reads as no boolean or integer is
+// answered 400 (vLLM: 422).
 //
 // With Config.AllowRuntimeLoRAUpdating, POST /v1/load_lora_adapter and POST
 // /v1/unload_lora_adapter load and unload LoRA adapters as vLLM's do.
@@ -238,8 +248,11 @@ type Config struct {
 	// VLLM_ENABLE_RESPONSES_API_STORE=1: a Responses request with store
 	// (true by default) has its response kept, which later requests may
 	// continue (previous_response_id) and GET /v1/responses/{response_id}
-	// returns. Without it, store is ignored, previous_response_id answered
-	// 404 and background 400, as by vLLM without the variable.
+	// returns, and background requests run on their own, streamed or not,
+	// until POST /v1/responses/{response_id}/cancel cancels them (see the
+	// package documentation). Without it, store is ignored,
+	// previous_response_id answered 404 and background 400, as by vLLM
+	// without the variable.
 	ResponsesStore bool
 	// ResponsesStoreMax bounds the responses kept in store mode: beyond
 	// it the oldest kept is forgotten. 0 is DefaultResponsesStoreMax.
