@@ -38,15 +38,23 @@ type simEngine struct {
 	httpPort, pubPort, replayPort int
 	http, pub, replay             *testsupport.Relay
 
+	// store runs the engine with vLLM's Responses API store
+	// (VLLM_ENABLE_RESPONSES_API_STORE=1).
+	store bool
+
 	mu     sync.Mutex
 	blocks map[kvevent.BlockHash]struct{} // the blocks the engine's events say it holds
 	stop   func()
 }
 
 // newSimEngine starts an engine named name and its relays.
-func newSimEngine(t *testing.T, name string) *simEngine {
+func newSimEngine(t *testing.T, name string) *simEngine { return startSimEngine(t, name, false) }
+
+// startSimEngine starts an engine named name and its relays, with vLLM's
+// Responses API store when store is set.
+func startSimEngine(t *testing.T, name string, store bool) *simEngine {
 	ports := testsupport.FreePorts(t, 3)
-	e := &simEngine{t: t, name: name, httpPort: ports[0], pubPort: ports[1], replayPort: ports[2]}
+	e := &simEngine{t: t, name: name, httpPort: ports[0], pubPort: ports[1], replayPort: ports[2], store: store}
 	e.start()
 	e.http = testsupport.NewRelay(t, e.addr(e.httpPort))
 	e.pub = testsupport.NewRelay(t, e.addr(e.pubPort))
@@ -73,10 +81,11 @@ func (e *simEngine) start() {
 	e.mu.Lock()
 	e.blocks = map[kvevent.BlockHash]struct{}{}
 	e.mu.Unlock()
-	srv, err := simserver.New(simserver.Config{Model: "llama", Anthropic: simanthropic.Convert, Responses: simresponses.Convert, Ranks: []simserver.Rank{{
-		Engine: sim.EngineConfig{BlockSize: testBlockSize, NumGPUBlocks: 4096},
-		Sink:   &recordingSink{e: e, pub: pub},
-	}}})
+	srv, err := simserver.New(simserver.Config{Model: "llama", Anthropic: simanthropic.Convert, Responses: simresponses.Convert,
+		ResponsesStore: e.store, Ranks: []simserver.Rank{{
+			Engine: sim.EngineConfig{BlockSize: testBlockSize, NumGPUBlocks: 4096},
+			Sink:   &recordingSink{e: e, pub: pub},
+		}}})
 	if err != nil {
 		e.t.Fatalf("engine %s: %v", e.name, err)
 	}
