@@ -604,7 +604,10 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, a admitted, rc
 		x.snaps = b.store.Snapshots(candidates, x.snaps[:0])
 		if candidates = untriedReachable(candidates, x.snaps, pod); len(candidates) == 0 {
 			msg := fmt.Sprintf("no pod of the model could be reached: %s: %v", strings.Join(tried, ", "), err)
-			if others := a.ready - len(tried); others > 0 {
+			if a.pinned {
+				msg = fmt.Sprintf("pod %s, which holds the stored response the request needs, could not be reached: %v",
+					tried[0], err)
+			} else if others := a.ready - len(tried); others > 0 {
 				msg += fmt.Sprintf("; the model's other ready pods (%d) are ejected after failed connections", others)
 			}
 			c.fail(w, http.StatusServiceUnavailable, typeServiceUnavailable, codePodsUnreachable, "", msg)

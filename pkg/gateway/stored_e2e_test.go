@@ -53,7 +53,8 @@ func readStoredResponse(t *testing.T, body []byte) storedResponse {
 // stored the conversation, which continues it from its prefix cache, and
 // so do the reads of the stored response and of a background one.
 func TestAConversationContinuedByIDStaysOnTheEngineThatStoredIt(t *testing.T) {
-	f := startLivenessFleet(t, startSimEngine(t, "a", true), startSimEngine(t, "b", true), startSimEngine(t, "c", true))
+	engines := []*simEngine{startSimEngine(t, "a", true), startSimEngine(t, "b", true), startSimEngine(t, "c", true)}
+	f := startLivenessFleet(t, engines...)
 	random := map[string]string{routing.HeaderRoutingStrategy: routing.Random}
 	resp, body := post(t, f.url+PathResponses, `{"model":"llama","max_output_tokens":8,"instructions":"You are a coding agent.",`+
 		`"input":`+jsonString(simPrompt(5, 80))+`}`, random)
@@ -124,5 +125,30 @@ func TestAConversationContinuedByIDStaysOnTheEngineThatStoredIt(t *testing.T) {
 	owned := `kvgate_gateway_stored_response_requests_total{endpoint="/v1/responses/{id}",result="owner"}`
 	if got := f.metric(owned); got < 7 {
 		t.Errorf("%s = %v, want at least 7", owned, got)
+	}
+
+	// The engine holding the conversation goes away: the follow-ups are
+	// sent to no other engine, and the client learns which engine it was
+	// (once a connection to it is refused, that it holds the response).
+	for _, e := range engines {
+		if "static/"+e.name == owner {
+			e.cut()
+		}
+	}
+	for i := 0; ; i++ {
+		resp, body = post(t, f.url+PathResponses, fmt.Sprintf(`{"model":"llama","max_output_tokens":8,"previous_response_id":%q,`+
+			`"input":"and now?"}`, last.ID), random)
+		if resp.StatusCode/100 != 5 || !strings.Contains(string(body), owner) {
+			t.Fatalf("a follow-up whose engine is unreachable: %d %s; want a 5xx naming %s", resp.StatusCode, body, owner)
+		}
+		if resp.StatusCode == http.StatusServiceUnavailable {
+			if !strings.Contains(string(body), "holds the stored response") {
+				t.Errorf("503 %s; want it to say the pod holds the stored response", body)
+			}
+			break
+		}
+		if i == 3 {
+			t.Fatalf("still %d %s after %d follow-ups; want the pod refused and ejected", resp.StatusCode, body, i+1)
+		}
 	}
 }
