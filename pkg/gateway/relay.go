@@ -931,7 +931,9 @@ func (g *Gateway) failResponse(w http.ResponseWriter, r *http.Request, err error
 		return false
 	}
 	if x.relay.dst != nil {
-		x.relay.writeError(c.anthropic, x.in.kind == kindResponses, typeUpstream, code, msg)
+		// A stored response's events are a Responses stream's.
+		named := x.in.kind == kindResponses || x.in.kind == kindStored
+		x.relay.writeError(c.anthropic, named, typeUpstream, code, msg)
 	}
 	return true
 }

@@ -121,26 +121,26 @@ func (e *typeError) Error() string {
 // the members that route the request, shape its response or tokenize its
 // prompt (of a Messages body: model, max_tokens and stream; of a Responses
 // body: model, max_output_tokens, stream, previous_response_id and store;
-// the prompt of either is
-// converted from the whole body when it is tokenized), by hand (package
-// jsonscan), checking the whole body's syntax as encoding/json would;
-// values it does not read are skipped, not decoded.
+// the prompt of either is converted from the whole body when it is
+// tokenized), by hand (package jsonscan), checking the whole body's syntax
+// as encoding/json would; values it does not read are skipped, not decoded.
 // Member names match exactly, as in vLLM, and the last of a repeated name
 // wins, a last null included.
 //
 // Each member is read as vLLM reads it: vLLM validates a request with
 // pydantic in its lax mode, so an integer member (max_tokens,
-// max_completion_tokens, max_output_tokens, truncate_prompt_tokens) may also be a whole
-// number written as a float (100.0, 1e3), a string holding an integer
-// ("100"), true or false (see jsonscan.LaxInt), and a boolean member
-// (stream, store, add_special_tokens, add_generation_prompt,
+// max_completion_tokens, max_output_tokens, truncate_prompt_tokens) may
+// also be a whole number written as a float (100.0, 1e3), a string holding
+// an integer ("100"), true or false (see jsonscan.LaxInt), and a boolean
+// member (stream, store, add_special_tokens, add_generation_prompt,
 // continue_final_message) the numbers 0 and 1 or a string such as "true",
-// "0" or "no" in any case (see jsonscan.LaxBool). null reads as absent.
-// String members (model, previous_response_id, chat_template,
-// truncation_side, reasoning_effort) must be strings or null, as in vLLM. A value that no
-// such reading accepts, which vLLM refuses too, fails with a *typeError:
-// the gateway never routes on a reading the engine would not make. The
-// body is forwarded as the client wrote it, values included.
+// "0" or "no" in any case (see jsonscan.LaxBool). null reads as absent,
+// but for store, which vLLM then reads as false. String members (model,
+// previous_response_id, chat_template, truncation_side, reasoning_effort)
+// must be strings or null, as in vLLM. A value that no such reading
+// accepts, which vLLM refuses too, fails with a *typeError: the gateway
+// never routes on a reading the engine would not make. The body is
+// forwarded as the client wrote it, values included.
 func (in *inference) decode(k kind, body []byte) error {
 	in.kind = k
 	in.comp, in.chat, in.conv = completionBody{}, chatBody{}, convertedBody{}

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"strings"
@@ -196,6 +197,36 @@ func TestDecodeReadsMaxOutputTokensAsAResponsesBound(t *testing.T) {
 		if in.model() != "llama" || in.maxTokens() != c.max || in.stream().Stream != c.stream {
 			t.Errorf("decode(%s): model %q, max tokens %d, stream %v; want llama, %d, %v", c.body, in.model(), in.maxTokens(),
 				in.stream().Stream, c.max, c.stream)
+		}
+	}
+}
+
+func TestDecodeReadsTheStoredResponseARequestContinuesAndWhetherItsOwnIsStored(t *testing.T) {
+	var in inference
+	for _, c := range []struct {
+		body      string
+		previous  string
+		notStored bool
+	}{
+		{`{"model":"llama","input":"hi"}`, "", false},
+		{`{"model":"llama","input":"hi","previous_response_id":"resp_1","store":true}`, "resp_1", false},
+		{`{"model":"llama","input":"hi","previous_response_id":null,"store":"off"}`, "", true},
+		// vLLM reads a null store as false: nothing is kept.
+		{`{"model":"llama","input":"hi","store":null}`, "", true},
+		{`{"model":"llama","input":"hi","store":0,"store":1}`, "", false},
+	} {
+		if err := in.decode(kindResponses, []byte(c.body)); err != nil {
+			t.Fatalf("decode(%s): %v", c.body, err)
+		}
+		if in.conv.PreviousResponseID != c.previous || in.conv.NotStored != c.notStored {
+			t.Errorf("decode(%s): previous %q, not stored %v; want %q, %v", c.body, in.conv.PreviousResponseID,
+				in.conv.NotStored, c.previous, c.notStored)
+		}
+	}
+	for _, body := range []string{`{"model":"llama","previous_response_id":7}`, `{"model":"llama","store":"maybe"}`} {
+		var te *typeError
+		if err := in.decode(kindResponses, []byte(body)); !errors.As(err, &te) {
+			t.Errorf("decode(%s) = %v; want a type error, as vLLM refuses it", body, err)
 		}
 	}
 }
