@@ -4,6 +4,8 @@ import (
 	"cmp"
 	"net/http"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/kvgate/kvgate/pkg/indexer"
@@ -264,4 +266,42 @@ func (b *viewBuilder) sorted() []modelView {
 	}
 	slices.SortFunc(out, func(a, b modelView) int { return cmp.Compare(a.Model, b.Model) })
 	return out
+}
+
+// storedResponseView is the answer of GET /debug/responses/{id}: the
+// engine the gateway recorded as the maker of a Responses API response,
+// and whether requests for it reach that engine.
+type storedResponseView struct {
+	ID string `json:"id"`
+	// Pod, UID and Address name the engine that made the response; Model
+	// is the model its request named.
+	Pod     string `json:"pod"`
+	UID     string `json:"uid"`
+	Address string `json:"address"`
+	Model   string `json:"model"`
+	// Result is what a request for the response meets now: owner (it is
+	// sent to that engine) or gone (that engine no longer serves the
+	// model).
+	Result string `json:"result"`
+}
+
+// serveStoredResponseDebug answers GET /debug/responses/{id} with the
+// gateway's record of the response id, 404 when it has none.
+func (g *Gateway) serveStoredResponseDebug(w http.ResponseWriter, r *http.Request) {
+	b := g.readyOr503(w)
+	if b == nil || !allowMethod(w, r, http.MethodGet) {
+		return
+	}
+	id := strings.TrimPrefix(r.URL.Path, "/debug/responses/")
+	o, ok := g.stored.lookup(id)
+	if !ok || id == "" {
+		writeError(w, http.StatusNotFound, typeNotFound, codeNotFound, "",
+			"the gateway has no record of the response "+strconv.Quote(id))
+		return
+	}
+	v := storedResponseView{ID: id, Pod: o.pod.String(), UID: string(o.uid), Address: o.address, Model: o.model, Result: storedGone}
+	if pods, err := b.store.ListPodsByModel(o.model); err == nil && slices.ContainsFunc(pods, o.is) {
+		v.Result = storedOwner
+	}
+	writeJSON(w, v)
 }

@@ -578,6 +578,15 @@
 //	                         "deadlineInSeconds": 1.6, "leavesInSeconds": 1.1, "slo": "ttft:2s",
 //	                         "tries": 3, "drainEstimateSeconds": 0.9}]}}]}
 //
+// GET /debug/responses/{id} shows the gateway's record of a Responses API
+// response (see Stored responses), and 404 when it has none: the engine
+// that made it, the model its request named, and whether requests for it
+// reach that engine now (result owner) or it no longer serves the model
+// (gone):
+//
+//	{"id": "resp_6f0d...", "pod": "default/llama-0", "uid": "2c1e...", "address": "10.0.0.7:8000",
+//	 "model": "llama", "result": "owner"}
+//
 // # Request ids
 //
 // Each request gets an id of the gateway's own, unique in its process

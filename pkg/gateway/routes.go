@@ -43,6 +43,7 @@ func (g *Gateway) routes() (api, admin http.Handler) {
 	adminMux.HandleFunc("/debug/kvcache", g.serveKVCache)
 	adminMux.HandleFunc("/debug/match", g.serveMatch)
 	adminMux.HandleFunc("/debug/slo", g.serveSLO)
+	adminMux.HandleFunc("/debug/responses/", g.serveStoredResponseDebug)
 	if adminMux == apiMux {
 		return g.endingRequests(apiMux), nil
 	}

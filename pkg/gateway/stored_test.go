@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -146,6 +147,11 @@ func TestAFollowUpGoesToTheEngineThatMadeItsResponse(t *testing.T) {
 	}
 	for _, stream := range []string{`,"stream":false`, `,"stream":true`} {
 		owner, id := turn(stream)
+		var record storedResponseView
+		if code, body := get(t, f.adminURL+"/debug/responses/"+id); code != http.StatusOK ||
+			json.Unmarshal([]byte(body), &record) != nil || record.Pod != owner || record.Result != storedOwner || record.Model != "llama" {
+			t.Fatalf("GET /debug/responses/%s: %d %s; want the record of %s", id, code, body, owner)
+		}
 		for i := range 12 {
 			// Each follow-up continues the same response, streamed or not,
 			// some routed by an SLO-aware algorithm, which routes the
@@ -232,6 +238,9 @@ func TestAFollowUpGoesToTheEngineThatMadeItsResponse(t *testing.T) {
 	_, notStored := turn(`,"store":false`)
 	turn(fmt.Sprintf(`,"previous_response_id":%q`, notStored))
 	turn(`,"previous_response_id":"resp_never_made"`)
+	if code, body := get(t, f.adminURL+"/debug/responses/"+notStored); code != http.StatusNotFound {
+		t.Errorf("GET /debug/responses/ of a response not stored: %d %s; want 404", code, body)
+	}
 	if got := f.metric(unknown); got != 2 {
 		t.Errorf("%s = %v, want 2: a response with store false, and one never made", unknown, got)
 	}
