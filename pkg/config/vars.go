@@ -171,7 +171,8 @@ var (
 			"forgotten first. vLLM started with VLLM_ENABLE_RESPONSES_API_STORE=1 keeps the responses it makes in its own " +
 			"memory: a request naming one as its previous_response_id goes to the engine that made it, and so do GET " +
 			"/v1/responses/{id} and POST /v1/responses/{id}/cancel; a response the gateway forgot is answered 404 by them, " +
-			"and its follow-up is routed as any request. Each gateway replica remembers the responses it relayed.",
+			"and its follow-up is routed as any request. Each gateway replica remembers the responses it relayed and, with " +
+			"Redis, those the others relayed within KVGATE_STORED_RESPONSE_TTL_SECONDS (KVGATE_SHARED_STORED_RESPONSES).",
 		Flag: "max-stored-responses",
 	}
 	EngineAPIKey = Var{
@@ -420,7 +421,7 @@ var (
 		Default: "",
 		Section: SectionRedis,
 		Doc: "Redis server as host:port (REDIS_HOST and REDIS_PORT when unset). Empty runs without Redis: request " +
-			"traces, shared request counts and GPU profiles are off.",
+			"traces, shared request counts, shared stored responses and GPU profiles are off.",
 		Flag: "redis-address",
 	}
 	RedisHost = Var{
@@ -490,6 +491,35 @@ var (
 			"the others' kv-aware credits a pod with the prefixes sent there; a cut keeps each request's leading blocks " +
 			"and is counted (kvgate_cache_shared_blocks_truncated_total). Replicas must agree on it: a longer list from " +
 			"another replica is dropped (kvgate_cache_shared_state_rejects_total).",
+	}
+	SharedStoredResponses = Var{
+		Name:    "KVGATE_SHARED_STORED_RESPONSES",
+		Default: "true",
+		Section: SectionRedis,
+		Doc: "Share through Redis which engine made each OpenAI Responses API response a gateway replica relayed " +
+			"(see KVGATE_MAX_STORED_RESPONSES), so that a follow-up naming it as its previous_response_id, GET " +
+			"/v1/responses/{id} and POST /v1/responses/{id}/cancel reach that engine through any replica. A replica " +
+			"writes each record in the background, and asks Redis only for a response it has no record of, waiting at " +
+			"most KVGATE_STORED_RESPONSE_LOOKUP_TIMEOUT_MS. Off without Redis unless set explicitly.",
+	}
+	StoredResponseTTL = Var{
+		Name:    "KVGATE_STORED_RESPONSE_TTL_SECONDS",
+		Default: "3600",
+		Section: SectionRedis,
+		Doc: "How long, in seconds, the record of a response's engine lives in Redis: a follow-up sent later through " +
+			"another replica than the one that relayed the response is routed as any request. Each record takes about " +
+			"330 bytes of Redis memory (measured on Redis 7.0: MEMORY USAGE 264 bytes for a vLLM response id and a " +
+			"141-byte record of pod, UID, address and model, plus the key and expiry tables), about 32 MiB per 100,000 " +
+			"responses made within the TTL.",
+	}
+	StoredResponseLookupTimeout = Var{
+		Name:    "KVGATE_STORED_RESPONSE_LOOKUP_TIMEOUT_MS",
+		Default: "50",
+		Section: SectionRedis,
+		Doc: "Longest wait, in milliseconds, for Redis to say which engine made a response a replica has no record of: " +
+			"a request naming the response waits for it. A look-up that times out or fails is counted " +
+			"(kvgate_cache_stored_response_lookups_total) and the request is served as one for a response the gateway " +
+			"has no record of.",
 	}
 	PodDeploymentLabel = Var{
 		Name:    "AIBRIX_POD_DEPLOYMENT_LABEL",
@@ -597,6 +627,9 @@ var Vars = []Var{
 	SharedStateInterval,
 	SharedStateTTL,
 	SharedMaxBlocks,
+	SharedStoredResponses,
+	StoredResponseTTL,
+	StoredResponseLookupTimeout,
 	PodDeploymentLabel,
 	PodRayClusterFleetLabel,
 }

@@ -224,6 +224,12 @@ type RedisConfig struct {
 	// (KVGATE_SHARED_STATE_*, KVGATE_SHARED_MAX_BLOCKS).
 	SharedCounts bool
 	Shared       redisstate.SharedCountsConfig
+	// StoredResponses shares which engine made each Responses API
+	// response the replicas relayed (KVGATE_SHARED_STORED_RESPONSES),
+	// configured by Stored (KVGATE_STORED_RESPONSE_TTL_SECONDS,
+	// KVGATE_STORED_RESPONSE_LOOKUP_TIMEOUT_MS).
+	StoredResponses bool
+	Stored          redisstate.StoredResponsesConfig
 }
 
 // LoadConfig reads a Config from e, recording in e every malformed value
@@ -432,6 +438,12 @@ func loadRedis(e *config.Env) RedisConfig {
 	rc.Shared.Interval = e.Duration(config.SharedStateInterval, time.Millisecond)
 	rc.Shared.TTL = e.Duration(config.SharedStateTTL, time.Millisecond)
 	rc.Shared.MaxBlocks = e.Int(config.SharedMaxBlocks, 1)
+	rc.StoredResponses = feature(config.SharedStoredResponses)
+	rc.Stored.TTL = e.Duration(config.StoredResponseTTL, time.Second)
+	rc.Stored.LookupTimeout = e.Duration(config.StoredResponseLookupTimeout, time.Millisecond)
+	if rc.Stored.TTL%time.Second != 0 {
+		e.Errorf("%s (%v) must be a whole number of seconds", config.StoredResponseTTL.Name, rc.Stored.TTL)
+	}
 	if rc.Shared.TTL <= rc.Shared.Interval {
 		e.Errorf("%s (%v) must exceed %s (%v)", config.SharedStateTTL.Name, rc.Shared.TTL, config.SharedStateInterval.Name, rc.Shared.Interval)
 	}

@@ -38,7 +38,7 @@ func TestLoadConfigDefaults(t *testing.T) {
 		cfg.Cache.MaxAdaptersPerPod != 256 || cfg.MaxClientConnections != 10000 {
 		t.Errorf("defaults: %+v", cfg)
 	}
-	if cfg.Redis.RequestTraces || cfg.Redis.GPUProfiles || cfg.Redis.SharedCounts {
+	if cfg.Redis.RequestTraces || cfg.Redis.GPUProfiles || cfg.Redis.SharedCounts || cfg.Redis.StoredResponses {
 		t.Errorf("Redis features on without Redis: %+v", cfg.Redis)
 	}
 	e = envOf(map[string]string{"KVGATE_ROUTING_MIN_FLEET_QUEUE": "0"})
@@ -67,8 +67,10 @@ func TestLoadConfigDefaults(t *testing.T) {
 	}
 	e = envOf(map[string]string{"KVGATE_REDIS_ADDRESS": "redis:6379"})
 	cfg = LoadConfig(e)
-	if e.Err() != nil || cfg.Redis.RequestTraces || !cfg.Redis.GPUProfiles || !cfg.Redis.SharedCounts {
-		t.Errorf("with Redis: %+v, %v; want profiles and shared counts on, traces off", cfg.Redis, e.Err())
+	if e.Err() != nil || cfg.Redis.RequestTraces || !cfg.Redis.GPUProfiles || !cfg.Redis.SharedCounts ||
+		!cfg.Redis.StoredResponses || cfg.Redis.Stored.TTL != time.Hour || cfg.Redis.Stored.LookupTimeout != 50*time.Millisecond {
+		t.Errorf("with Redis: %+v, %v; want profiles, shared counts and stored responses (for 1h, looked up within "+
+			"50ms) on, traces off", cfg.Redis, e.Err())
 	}
 }
 
@@ -175,6 +177,8 @@ func TestLoadConfigListsEveryProblem(t *testing.T) {
 		"KVGATE_SLO_QUEUE_MAX_LENGTH":              "0",
 		"KVGATE_SHARED_STATE_INTERVAL_MS":          "500",
 		"KVGATE_SHARED_STATE_TTL_MS":               "500",
+		"KVGATE_SHARED_STORED_RESPONSES":           "true",
+		"KVGATE_STORED_RESPONSE_TTL_SECONDS":       "1.5s",
 	})
 	LoadConfig(e)
 	err := e.Err()
@@ -183,7 +187,8 @@ func TestLoadConfigListsEveryProblem(t *testing.T) {
 		"KVGATE_ROUTING_CPU_CACHE_WEIGHT", `KVGATE_ROUTING_MIN_FLEET_QUEUE="-1"`, "/does/not/exist.yaml", "AIBRIX_PREFIX_CACHE_USE_REMOTE_TOKENIZER is false",
 		"KVGATE_SHUTDOWN_DELAY", `KVGATE_ADMIN_LISTEN_ADDRESS="9090"`, `KVGATE_SLO_TTFT="-2s"`,
 		`KVGATE_SLO_MODELS: model "llama" named twice`, `KVGATE_SLO_QUEUE_MAX_LENGTH="0"`,
-		"KVGATE_SHARED_STATE_TTL_MS (500ms) must exceed"} {
+		"KVGATE_SHARED_STATE_TTL_MS (500ms) must exceed", "KVGATE_SHARED_STORED_RESPONSES is true but needs Redis",
+		"KVGATE_STORED_RESPONSE_TTL_SECONDS (1.5s) must be a whole number of seconds"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("error %v does not mention %s", err, want)
 		}

@@ -273,34 +273,51 @@
 // needs it for a follow-up naming it as its previous_response_id (whose
 // earlier turns only that engine holds), for GET /v1/responses/{id} (the
 // response, or with stream=true a background response's events) and for
-// POST /v1/responses/{id}/cancel (a background response). Any other
-// engine answers 404. So the gateway remembers which engine made each
-// response it relays to a Responses request whose store is not false
-// (false or null: vLLM keeps none), from the id of a whole response or of
-// the event a stream opens with (response.created), before the client can
-// see it: the pod's namespace, name, UID and address, and the model the
-// request named. An id's first record stands: vLLM names a response after
-// its request's request_id, which a client may set, and a later response
-// of the same id must not take another client's requests elsewhere. A
-// request for a response the gateway remembers goes to
-// that engine, whatever the routing algorithm, even when the engine is
-// ejected, and is neither tokenized nor held in an SLO queue: a
-// follow-up's prompt cannot be reproduced (the queue predicts from it),
-// and the engine holds its prefix. A follow-up whose response the gateway does not remember, or
-// whose engine no longer is a ready pod of the model (deleted, replaced by
-// a pod of another UID or address, whose store is empty, or not ready),
-// is routed on load alone as before (its tokenization counted as
-// unsupported), and the engine it reaches answers 404 unless it holds the
-// response. GET /v1/responses/{id} and POST /v1/responses/{id}/cancel,
-// which name no model, are answered 404 not_found by the gateway itself
-// in those cases, saying why; through the external processor alike.
-// Each gateway replica remembers the responses it relayed, up to
-// Config.MaxStoredResponses (KVGATE_MAX_STORED_RESPONSES, 100,000, about
-// 200 bytes each), the oldest forgotten first: behind several replicas, a
-// client's follow-ups reach the engine that made the response when they
-// come through the same replica (session affinity on the load balancer).
-// Engines without the store answer every such request 404 as they would
-// directly.
+// POST /v1/responses/{id}/cancel (a background response). Any other engine
+// answers 404. So the gateway remembers which engine made each response it
+// relays to a Responses request whose store is not false (false or null:
+// vLLM keeps none), from the id of a whole response or of the event a
+// stream opens with (response.created), before the client can see it: the
+// pod's namespace, name, UID and address, and the model the request named.
+// An id's first record stands: vLLM names a response after its request's
+// request_id, which a client may set, and a later response of the same id
+// must not take another client's requests elsewhere. A request for a
+// response the gateway remembers goes to that engine, whatever the routing
+// algorithm, even when the engine is ejected, and is neither tokenized nor
+// held in an SLO queue: a follow-up's prompt cannot be reproduced (the
+// queue predicts from it), and the engine holds its prefix. A follow-up
+// whose response the gateway does not remember, or whose engine no longer
+// is a ready pod of the model (deleted, replaced by a pod of another UID or
+// address, whose store is empty, or not ready), is routed on load alone as
+// before (its tokenization counted as unsupported), and the engine it
+// reaches answers 404 unless it holds the response. GET /v1/responses/{id}
+// and POST /v1/responses/{id}/cancel, which name no model, are answered 404
+// not_found by the gateway itself in those cases, saying why; through the
+// external processor alike. Each gateway replica remembers the responses it
+// relayed, up to Config.MaxStoredResponses (KVGATE_MAX_STORED_RESPONSES,
+// 100,000, about 200 bytes each), the oldest forgotten first. With Redis
+// (Config.Redis.StoredResponses, KVGATE_SHARED_STORED_RESPONSES, on by
+// default with Redis), the replicas share these records, so that behind a
+// load balancer a client's follow-ups reach the engine that made the
+// response through any replica: each replica writes its records to Redis in
+// the background (key kvgate:stored_response:<id>, expiring after
+// KVGATE_STORED_RESPONSE_TTL_SECONDS, an hour, the first record of an id
+// standing there too; see package redisstate), and a replica with no record
+// of a response a request names asks Redis, waiting at most
+// KVGATE_STORED_RESPONSE_LOOKUP_TIMEOUT_MS (50 ms), and remembers what it
+// finds, so that it asks once per response. Only requests naming a response
+// ask: a follow-up, GET or cancel. A look-up that finds nothing, a record
+// longer than 1 KiB or malformed (ignored), or that times out or fails
+// (Redis unreachable) is counted in
+// kvgate_cache_stored_response_lookups_total{result}, and the request is
+// served as one for a response the gateway has no record of. A record is
+// written within moments of the response's id reaching the client, not
+// before: a follow-up sent at once through another replica may miss it, and
+// one sent after the TTL finds it only through the replica that relayed the
+// response. Without Redis, a client's follow-ups reach the engine that made
+// the response when they come through the same replica (session affinity on
+// the load balancer). Engines without the store answer every such request
+// 404 as they would directly.
 //
 // # Request members
 //

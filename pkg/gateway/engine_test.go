@@ -245,8 +245,12 @@ func (e *testEngine) serve(w http.ResponseWriter, r *http.Request) {
 		"/v1/chat/completions/render", "/v1/completions/render", "/v1/audio/transcriptions", "/v1/audio/translations":
 		e.answerInference(w, r, body)
 	default:
-		// The requests for a stored Responses API response.
-		if strings.HasPrefix(r.URL.Path, PathResponses+"/") {
+		// A stored response's GET and cancel reach the answer set, if
+		// any: vLLM answers 404 unless it holds the response.
+		e.mu.Lock()
+		answer := e.answer
+		e.mu.Unlock()
+		if answer != nil && strings.HasPrefix(r.URL.Path, PathResponses+"/") {
 			e.answerInference(w, r, body)
 			return
 		}

@@ -178,7 +178,10 @@ func New(cfg Config) (*Gateway, error) {
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
 	if cfg.Redis.Address != "" {
-		g.redis = redis.NewClient(&redis.Options{Addr: cfg.Redis.Address, Password: cfg.Redis.Password})
+		// Every operation's context bounds it: a stored response's
+		// look-up waits no longer than its timeout.
+		g.redis = redis.NewClient(&redis.Options{Addr: cfg.Redis.Address, Password: cfg.Redis.Password,
+			ContextTimeoutEnabled: true})
 	}
 	if err := g.newStore(); err != nil {
 		g.release()
@@ -332,7 +335,8 @@ func (g *Gateway) newRedisState() error {
 	for _, f := range []struct {
 		on   bool
 		name string
-	}{{rcfg.RequestTraces, "RequestTraces"}, {rcfg.GPUProfiles, "GPUProfiles"}, {rcfg.SharedCounts, "SharedCounts"}} {
+	}{{rcfg.RequestTraces, "RequestTraces"}, {rcfg.GPUProfiles, "GPUProfiles"}, {rcfg.SharedCounts, "SharedCounts"},
+		{rcfg.StoredResponses, "StoredResponses"}} {
 		if f.on && g.redis == nil {
 			errs = append(errs, fmt.Errorf("%s needs a Redis client: set Redis.Address", f.name))
 		}
@@ -367,6 +371,13 @@ func (g *Gateway) newRedisState() error {
 				"without its blocks: run one replica in bind mode, or use connect mode (see docs/discovery-modes.md)"
 		}
 		if g.shared, err = redisstate.NewSharedCounts(g.redis, g.store, m, sc); err != nil {
+			return fmt.Errorf("gateway: %w", err)
+		}
+	}
+	if rcfg.StoredResponses {
+		st := rcfg.Stored
+		st.Logger = g.cfg.Logger
+		if g.stored.shared, err = redisstate.NewStoredResponses(g.redis, m, st); err != nil {
 			return fmt.Errorf("gateway: %w", err)
 		}
 	}

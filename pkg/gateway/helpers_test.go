@@ -58,6 +58,25 @@ func startFleet(t testing.TB, names []string, o fleetOptions) *testFleet {
 		yaml += e.endpointYAML(o.declare[n])
 	}
 	f.file = writeEndpoints(t, yaml)
+	f.start(o)
+	return f
+}
+
+// replica starts another gateway, adjusted by o, in front of f's engines,
+// as a load balancer's second gateway replica, and waits until it is
+// ready. It shares nothing with f's gateway but what o configures.
+func (f *testFleet) replica(o fleetOptions) *testFleet {
+	f.t.Helper()
+	r := &testFleet{t: f.t, engines: f.engines, file: f.file}
+	r.start(o)
+	return r
+}
+
+// start starts the fleet's gateway, discovering its engines from its
+// endpoints file, and waits as startFleet does.
+func (f *testFleet) start(o fleetOptions) {
+	t := f.t
+	t.Helper()
 	env := map[string]string{
 		"KVGATE_POD_DISCOVERY":                  "static",
 		"KVGATE_STATIC_ENDPOINTS_FILE":          f.file,
@@ -73,7 +92,7 @@ func startFleet(t testing.TB, names []string, o fleetOptions) *testFleet {
 	}
 	f.serve(cfg)
 	if o.notReady {
-		return f
+		return
 	}
 	f.waitReady()
 	if cfg.KVSync.Enabled {
@@ -81,7 +100,6 @@ func startFleet(t testing.TB, names []string, o fleetOptions) *testFleet {
 			f.waitFollowed("static/" + e.name)
 		}
 	}
-	return f
 }
 
 // writeEndpoints writes a static endpoints file and returns its path.

@@ -82,10 +82,10 @@ func (g *Gateway) Run(ctx context.Context) error {
 // attached frontends (see Attach) on their listeners. It answers
 // /healthz at once, then starts the components in order: the prefix index's
 // sweep, the request ledger's reaper, the Store, the components keeping
-// state in Redis (request traces, GPU profiles, shared request counts), the
-// KV event manager (binding its endpoint in bind mode) subscribed to the
-// Store's pod changes, and the pod source, whose first delivery of pods
-// makes the gateway ready. When ctx ends it fails
+// state in Redis (request traces, GPU profiles, shared request counts and
+// stored responses), the KV event manager (binding its endpoint in bind
+// mode) subscribed to the Store's pod changes, and the pod source, whose
+// first delivery of pods makes the gateway ready. When ctx ends it fails
 // /readyz on both listeners, goes on serving for ShutdownDelay, stops
 // accepting connections, waits up to ShutdownTimeout for requests in flight
 // (the API's first, then the admin listener's), then stops the components
@@ -160,6 +160,7 @@ func (g *Gateway) start(ctx context.Context, comps *components) error {
 		{"request traces", g.tracer, g.tracer != nil},
 		{"GPU profiles", g.profileLoader, g.profileLoader != nil},
 		{"shared request counts", g.shared, g.shared != nil},
+		{"shared stored responses", g.stored.shared, g.stored.shared != nil},
 	} {
 		if !c.on {
 			continue
@@ -265,11 +266,12 @@ func (g *Gateway) startServers(ln net.Listener) (servers []httpServer, served <-
 func (g *Gateway) logRedisFeatures() {
 	c := g.cfg.Redis
 	if g.redis == nil {
-		g.log.Info("Running without Redis: request traces, shared request counts and GPU profiles from Redis are off")
+		g.log.Info("Running without Redis: request traces, shared request counts, shared stored responses and GPU profiles " +
+			"from Redis are off")
 		return
 	}
 	g.log.Info("Using Redis", "address", c.Address, "requestTraces", c.RequestTraces,
-		"sharedRequestCounts", c.SharedCounts, "gpuProfiles", c.GPUProfiles)
+		"sharedRequestCounts", c.SharedCounts, "sharedStoredResponses", c.StoredResponses, "gpuProfiles", c.GPUProfiles)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	if err := g.redis.Ping(ctx).Err(); err != nil {

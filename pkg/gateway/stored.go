@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/internal/jsonscan"
+	"github.com/kvgate/kvgate/pkg/redisstate"
 )
 
 // DefaultMaxStoredResponses is Config.MaxStoredResponses' default: about
@@ -49,6 +50,9 @@ type storedResponses struct {
 	// requests counts the requests that name a stored response, by
 	// endpoint label and result.
 	requests *prometheus.CounterVec
+	// shared, when set, shares the records with the other gateway
+	// replicas through Redis.
+	shared *redisstate.StoredResponses
 }
 
 // responseOwner is the engine that made a response, and the model the
@@ -78,9 +82,10 @@ func newStoredResponses(max int, reg prometheus.Registerer) (*storedResponses, e
 	s := &storedResponses{max: max, byID: make(map[string]responseOwner)}
 	events := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvgate_gateway_stored_responses_total",
-		Help: "OpenAI Responses API responses whose engine the gateway recorded, by event: recorded, evicted (forgotten, the " +
-			"oldest, to keep within KVGATE_MAX_STORED_RESPONSES), refused (not recorded: an id empty, longer than 256 bytes, or " +
-			"recorded already for another engine, since a client may choose a response's id).",
+		Help: "OpenAI Responses API responses whose engine the gateway recorded, by event: recorded (relayed by this " +
+			"replica, or found in Redis, relayed by another), evicted (forgotten, the oldest, to keep within " +
+			"KVGATE_MAX_STORED_RESPONSES), refused (not recorded: an id empty, longer than 256 bytes, or recorded already for " +
+			"another engine, since a client may choose a response's id).",
 	}, []string{"event"})
 	s.recorded, s.evicted, s.refused = events.WithLabelValues("recorded"), events.WithLabelValues("evicted"),
 		events.WithLabelValues("refused")
@@ -109,23 +114,33 @@ func newStoredResponses(max int, reg prometheus.Registerer) (*storedResponses, e
 	return s, nil
 }
 
-// record remembers that pod made the response id to a request for model.
-// An empty id, one longer than maxResponseIDBytes, or one remembered for
-// another engine is refused; one remembered for pod already stays as it
-// is.
+// record remembers that pod made the response id to a request for model,
+// and shares the record when the records are shared. An empty id, one
+// longer than maxResponseIDBytes, or one remembered for another engine is
+// refused; one remembered for pod already stays as it is.
 func (s *storedResponses) record(id string, pod *endpoint.Endpoint, model string) {
 	if len(id) == 0 || len(id) > maxResponseIDBytes {
 		s.refused.Inc()
 		return
 	}
 	o := responseOwner{pod: pod.Key, uid: pod.UID, address: pod.Address, model: model}
+	if s.remember(id, o) && s.shared != nil {
+		s.shared.Record(id, redisstate.StoredResponse{Namespace: o.pod.Namespace, Name: o.pod.Name, UID: string(o.uid),
+			Address: o.address, Model: o.model})
+	}
+}
+
+// remember records o as the engine of the response id, the newest record,
+// and reports whether it did: an id remembered already keeps its record,
+// and one remembered for another engine is counted as refused.
+func (s *storedResponses) remember(id string, o responseOwner) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if had, ok := s.byID[id]; ok {
 		if had != o {
 			s.refused.Inc()
 		}
-		return
+		return false
 	}
 	if len(s.ring) < s.max {
 		s.ring = append(s.ring, id)
@@ -137,13 +152,39 @@ func (s *storedResponses) record(id string, pod *endpoint.Endpoint, model string
 	}
 	s.byID[id] = o
 	s.recorded.Inc()
+	return true
 }
 
-// lookup returns the record of the response id.
+// lookup returns the record of the response id. Without one, when the
+// records are shared, it asks Redis, waiting at most the look-up timeout,
+// and remembers what Redis holds, so that it asks once per response. An
+// id no record may have (empty, or longer than maxResponseIDBytes) is not
+// asked for.
 func (s *storedResponses) lookup(id string) (responseOwner, bool) {
 	s.mu.Lock()
 	o, ok := s.byID[id]
 	s.mu.Unlock()
+	if ok || s.shared == nil || len(id) == 0 || len(id) > maxResponseIDBytes {
+		return o, ok
+	}
+	r, ok := s.shared.Lookup(id)
+	if !ok {
+		return o, false
+	}
+	o = responseOwner{pod: endpoint.Key{Namespace: r.Namespace, Name: r.Name}, uid: k8stypes.UID(r.UID), address: r.Address,
+		model: r.Model}
+	if !s.remember(id, o) {
+		// Recorded meanwhile, by a response relayed here: that stands.
+		return s.lookupLocal(id)
+	}
+	return o, true
+}
+
+// lookupLocal returns this replica's record of the response id.
+func (s *storedResponses) lookupLocal(id string) (responseOwner, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	o, ok := s.byID[id]
 	return o, ok
 }
 
@@ -154,6 +195,16 @@ func (s *storedResponses) len() int {
 	return len(s.byID)
 }
 
+// unknownWhy says why the gateway may have no record of a response.
+func (s *storedResponses) unknownWhy() string {
+	if s.shared == nil {
+		return fmt.Sprintf("made before the gateway started, through another gateway replica, or forgotten as older than the "+
+			"last %d responses", s.max)
+	}
+	return fmt.Sprintf("made before the gateway started, through another gateway replica longer ago than the records "+
+		"shared in Redis live or while Redis could not be reached, or forgotten as older than the last %d responses", s.max)
+}
+
 // is reports whether p is the engine o names.
 func (o *responseOwner) is(p *endpoint.Endpoint) bool {
 	return p.Key == o.pod && p.UID == o.uid && p.Address == o.address
@@ -162,6 +213,8 @@ func (o *responseOwner) is(p *endpoint.Endpoint) bool {
 // storedOwner returns the engine that made the response id among the
 // ready pods of model ("" for the model the record names), its record, and
 // the result of the search, counted under the request's endpoint label.
+// Without a record of its own, the gateway asks Redis when the records are
+// shared (see lookup).
 func (g *Gateway) storedOwner(b *backend, id, model, label string) (*endpoint.Endpoint, responseOwner, string) {
 	o, ok := g.stored.lookup(id)
 	if !ok {
@@ -250,8 +303,7 @@ func (g *Gateway) checkStored(a *admitted, id, strategy, label string, body []by
 	case storedUnknown:
 		return &Error{Status: http.StatusNotFound, Type: typeNotFound, Code: codeNotFound, Param: "response_id",
 			Message: fmt.Sprintf("Response with id '%s' not found: the gateway has no record of the engine holding this stored "+
-				"response (made before the gateway started, through another gateway replica, or forgotten as older than the "+
-				"last %d responses)", id, g.stored.max)}
+				"response (%s)", id, g.stored.unknownWhy())}
 	case storedGone:
 		a.model = o.model
 		return &Error{Status: http.StatusNotFound, Type: typeNotFound, Code: codeNotFound, Param: "response_id",

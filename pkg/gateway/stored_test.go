@@ -1,11 +1,13 @@
 package gateway
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -13,7 +15,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/endpoint"
+	"github.com/kvgate/kvgate/pkg/internal/testredis"
+	"github.com/kvgate/kvgate/pkg/redisstate"
 	"github.com/kvgate/kvgate/pkg/routing"
 )
 
@@ -67,10 +72,12 @@ func TestStoredResponsesKeepTheNewestWithinTheBoundAndAnIDsFirstEngine(t *testin
 // store does, each response with an id naming the engine that made it:
 // GET /v1/responses/{id} with the response (its events with stream=true),
 // and POST /v1/responses/{id}/cancel refused, the response not being a
-// background one.
+// background one. It records the requests for stored responses each
+// engine received.
 type responseIDs struct {
-	mu sync.Mutex
-	n  int
+	mu     sync.Mutex
+	n      int
+	stored map[string][]string // engine -> "METHOD path" of the requests for stored responses
 }
 
 var responseIDPattern = regexp.MustCompile(`"id":"(resp_[a-z]+_[0-9]+)"`)
@@ -78,6 +85,12 @@ var responseIDPattern = regexp.MustCompile(`"id":"(resp_[a-z]+_[0-9]+)"`)
 func (ids *responseIDs) answer(name string) func(w http.ResponseWriter, r *http.Request, body []byte) {
 	return func(w http.ResponseWriter, r *http.Request, body []byte) {
 		if id, ok := strings.CutPrefix(r.URL.Path, PathResponses+"/"); ok {
+			ids.mu.Lock()
+			if ids.stored == nil {
+				ids.stored = map[string][]string{}
+			}
+			ids.stored[name] = append(ids.stored[name], r.Method+" "+r.URL.Path)
+			ids.mu.Unlock()
 			if id, ok = strings.CutSuffix(id, "/cancel"); ok {
 				http.Error(w, `{"error":{"message":"Cannot cancel a synchronous response.","type":"invalid_request_error"}}`,
 					http.StatusBadRequest)
@@ -254,4 +267,149 @@ func counted(t *testing.T, c prometheus.Counter) float64 {
 		t.Fatal(err)
 	}
 	return m.GetCounter().GetValue()
+}
+
+// storedLookups returns the look-ups in Redis f's gateway counted, by
+// result.
+func storedLookups(f *testFleet) map[string]float64 {
+	f.t.Helper()
+	n := map[string]float64{}
+	for _, r := range []string{"hit", "miss", "invalid", "timeout", "error"} {
+		n[r] = f.metric(`kvgate_cache_stored_response_lookups_total{result="` + r + `"}`)
+	}
+	return n
+}
+
+// respond sends a Responses request through f, routed by strategy, and
+// returns the pod that served it and the id of its response.
+func respond(f *testFleet, extra, strategy string) (pod, id string) {
+	f.t.Helper()
+	resp, body := post(f.t, f.url+PathResponses, `{"model":"llama","input":"hi"`+extra+`}`,
+		map[string]string{routing.HeaderRoutingStrategy: strategy})
+	m := responseIDPattern.FindSubmatch(body)
+	if resp.StatusCode != http.StatusOK || m == nil {
+		f.t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+	return resp.Header.Get(HeaderTargetPodName), string(m[1])
+}
+
+// TestAFollowUpThroughAnotherReplicaGoesToTheEngineThatMadeItsResponse puts
+// two gateway replicas sharing one Redis in front of three engines, as
+// behind a load balancer: the responses made through replica 1 are
+// continued, fetched and cancelled through replica 2, and each of those
+// requests reaches the engine that made the response, which replica 2 asks
+// Redis for once per response.
+func TestAFollowUpThroughAnotherReplicaGoesToTheEngineThatMadeItsResponse(t *testing.T) {
+	srv := testredis.Start(t)
+	// The look-ups' bound here only keeps a loaded machine from failing
+	// them.
+	env := map[string]string{"KVGATE_REDIS_ADDRESS": srv.Addr, "KVGATE_STORED_RESPONSE_LOOKUP_TIMEOUT_MS": "10000"}
+	one := startFleet(t, []string{"a", "b", "c"}, fleetOptions{env: env})
+	two := one.replica(fleetOptions{env: env})
+	ids := &responseIDs{}
+	for _, e := range one.engines {
+		e.setAnswer(ids.answer(e.name))
+	}
+	owners := map[string]string{} // response id -> pod that made it
+	for _, stream := range []string{`,"stream":false`, `,"stream":true`} {
+		pod, id := respond(one, stream, routing.Random)
+		owners[id] = pod
+	}
+	testsupport.Eventually(t, "replica 1 to write the records of its 2 responses to Redis", func() bool {
+		return one.metric(`kvgate_cache_stored_response_writes_total{result="written"}`) == 2
+	})
+	if n := storedLookups(one); n["hit"]+n["miss"]+n["invalid"]+n["timeout"]+n["error"] != 0 {
+		t.Errorf("replica 1 asked Redis %v for requests naming no previous response", n)
+	}
+
+	for id, owner := range owners {
+		for i := range 12 {
+			strategy := routing.Random
+			if i%3 == 2 {
+				strategy = routing.SLOPackLoad
+			}
+			pod, _ := respond(two, fmt.Sprintf(`,"previous_response_id":%q,"stream":%v`, id, i%2 == 0), strategy)
+			if pod != owner {
+				t.Fatalf("follow-up %d of %s through replica 2 went to %s; only %s, which made the response, holds it", i, id, pod, owner)
+			}
+		}
+		if status, body := get(t, two.url+PathResponses+"/"+id); status != http.StatusOK || !strings.Contains(body, id) {
+			t.Errorf("GET %s through replica 2: %d %s", id, status, body)
+		}
+		if resp, body := post(t, two.url+PathResponses+"/"+id+"/cancel", `{}`, nil); resp.StatusCode != http.StatusBadRequest ||
+			!strings.Contains(string(body), "Cannot cancel a synchronous response.") {
+			t.Errorf("cancel %s through replica 2: %d %s; want the engine's refusal", id, resp.StatusCode, body)
+		}
+	}
+	ids.mu.Lock()
+	for engine, got := range ids.stored {
+		var want []string
+		for id := range owners {
+			if strings.HasPrefix(id, "resp_"+engine+"_") {
+				want = append(want, "GET "+PathResponses+"/"+id, "POST "+PathResponses+"/"+id+"/cancel")
+			}
+		}
+		slices.Sort(got)
+		slices.Sort(want)
+		if !slices.Equal(got, want) {
+			t.Errorf("engine %s received %v, want %v", engine, got, want)
+		}
+	}
+	ids.mu.Unlock()
+	if n := storedLookups(two); n["hit"] != 2 || n["miss"]+n["invalid"]+n["timeout"]+n["error"] != 0 {
+		t.Errorf("replica 2's look-ups in Redis: %v, want 2 hits, one per response", n)
+	}
+	for endpoint, want := range map[string]float64{PathResponses: 24, endpointStoredResponse: 2, endpointCancelResponse: 2} {
+		series := fmt.Sprintf(`kvgate_gateway_stored_response_requests_total{endpoint=%q,result="owner"}`, endpoint)
+		if got := two.metric(series); got != want {
+			t.Errorf("replica 2: %s = %v, want %v", series, got, want)
+		}
+	}
+}
+
+// TestAFollowUpWhoseRecordRedisCannotGiveIsServedAsUnknown asks a replica
+// for responses it did not relay: a record corrupted in Redis is ignored
+// and counted, and with Redis stopped the look-up fails, counted; either
+// way the follow-up is served, routed as one whose response the gateway
+// has no record of, and GET of the response is answered 404 by the
+// gateway. A request naming no previous response asks Redis nothing.
+func TestAFollowUpWhoseRecordRedisCannotGiveIsServedAsUnknown(t *testing.T) {
+	srv := testredis.Start(t)
+	f := startFleet(t, []string{"a", "b"}, fleetOptions{env: map[string]string{"KVGATE_REDIS_ADDRESS": srv.Addr,
+		"KVGATE_STORED_RESPONSE_LOOKUP_TIMEOUT_MS": "10000"}})
+	ids := &responseIDs{}
+	for _, e := range f.engines {
+		e.setAnswer(ids.answer(e.name))
+	}
+	respond(f, "", routing.Random)
+	if n := storedLookups(f); n["hit"]+n["miss"]+n["invalid"]+n["timeout"]+n["error"] != 0 {
+		t.Errorf("a request naming no previous response asked Redis: %v", n)
+	}
+	v, err := redisstate.EncodeStoredResponse(redisstate.StoredResponse{Namespace: "static", Name: "a", Address: "x:1", Model: "llama"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for id, value := range map[string]string{"resp_garbled_1": "static/a", "resp_long_1": v + strings.Repeat("m", 2048)} {
+		if err := srv.NewClient(t).Set(context.Background(), redisstate.StoredResponseKeyPrefix+id, value, 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+		respond(f, fmt.Sprintf(`,"previous_response_id":%q`, id), routing.Random)
+		if status, body := get(t, f.url+PathResponses+"/"+id); status != http.StatusNotFound ||
+			!strings.Contains(body, "no record of the engine") {
+			t.Errorf("GET %s: %d %s, want 404 from the gateway", id, status, body)
+		}
+	}
+	if n := storedLookups(f); n["invalid"] != 4 || n["hit"]+n["miss"]+n["timeout"]+n["error"] != 0 {
+		t.Errorf("look-ups of the corrupted records: %v, want 4 invalid", n)
+	}
+
+	srv.Stop()
+	respond(f, `,"previous_response_id":"resp_unreachable_1"`, routing.Random)
+	if n := storedLookups(f); n["timeout"]+n["error"] != 1 {
+		t.Errorf("look-ups with Redis stopped: %v, want 1 timeout or error", n)
+	}
+	unknown := `kvgate_gateway_stored_response_requests_total{endpoint="/v1/responses",result="unknown"}`
+	if got := f.metric(unknown); got != 3 {
+		t.Errorf("%s = %v, want 3", unknown, got)
+	}
 }

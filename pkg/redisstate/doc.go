@@ -9,7 +9,11 @@
 //   - SharedCounts shares what gateway replicas have in flight (running
 //     requests, pending load, queued prefill work, prompt blocks) and their
 //     output predictors' history, so that each replica routes on the whole
-//     fleet's requests.
+//     fleet's requests;
+//   - StoredResponses shares which engine made each OpenAI Responses API
+//     response a replica relayed, so that every replica sends the requests
+//     that need the response (vLLM keeps it in that engine's memory alone)
+//     there.
 //
 // Redis keys:
 //   - aibrix:<model>_request_trace_<window end, Unix seconds>: a JSON object
@@ -19,7 +23,12 @@
 //     JSON, read only;
 //   - kvgate:running_requests:<gateway id> and kvgate:gateways: the shared
 //     state of each replica (see SharedCountsKeyPrefix and
-//     DefaultSharedMaxBlocks).
+//     DefaultSharedMaxBlocks);
+//   - kvgate:stored_response:<response id>: the engine that made the
+//     response (see EncodeStoredResponse: pod namespace, name, UID and
+//     address, and model), expiring after StoredResponsesConfig.TTL (1 h
+//     by default); written only when absent, so that the first record of
+//     an id stands.
 //
 // What other replicas and the GPU optimizer write may come from buggy or
 // older versions, or from hosts whose clocks are off: every read is bounded,
@@ -62,8 +71,19 @@
 //     kvgate_cache_gpu_profile_rejects_total{reason}. A profile skipped for
 //     its size or content keeps the version loaded before; one beyond the
 //     256 is forgotten.
+//   - Stored responses: a look-up reads at most 1 KiB and one byte of a
+//     record (GETRANGE; MaxStoredResponseBytes); a longer value, a
+//     malformed one or a key of another type is ignored, counted in
+//     kvgate_cache_stored_response_lookups_total{result="invalid"}. Records
+//     wait to be written in a queue of 4096 (DefaultStoredResponseQueue);
+//     one that finds it full is dropped, counted in
+//     kvgate_cache_stored_response_writes_total{result="dropped"}.
 //
-// Nothing on the request path waits for Redis: the components write and
-// read in the background and publish what they read. Their failures are
-// counted in kvgate_cache_redis_errors_total{operation} (see Metrics).
+// Nothing on the request path waits for Redis, but for the look-up of a
+// stored response this replica has no record of, which a request naming
+// that response waits for, up to StoredResponsesConfig.LookupTimeout
+// (50 ms by default): the other components write and read in the
+// background and publish what they read, and StoredResponses writes in the
+// background. Their failures are counted in
+// kvgate_cache_redis_errors_total{operation} (see Metrics).
 package redisstate

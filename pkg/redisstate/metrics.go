@@ -11,6 +11,8 @@ const (
 	opProfileLoad   = "profile_load"
 	opSharedPublish = "shared_counts_publish"
 	opSharedRead    = "shared_counts_read"
+	opStoredWrite   = "stored_response_write"
+	opStoredLookup  = "stored_response_lookup"
 )
 
 // Reason label values of kvgate_cache_gpu_profile_rejects_total.
@@ -50,6 +52,8 @@ type Metrics struct {
 	gateways        prometheus.Gauge
 	gatewaysSkipped *prometheus.CounterVec
 	fieldsIgnored   *prometheus.CounterVec
+	storedWrites    *prometheus.CounterVec
+	storedLookups   *prometheus.CounterVec
 }
 
 // NewMetrics returns the metrics, registered on reg (none when nil). It
@@ -92,6 +96,22 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		Help: "Fields of other gateway replicas' shared state ignored, at each read, by reason: unknown_pod (about a pod " +
 			"this replica has not registered), unknown_model (about a model the pod, or any pod, does not serve here). " +
 			"They count from the read after the pod or model is registered."}, []string{"reason"})
+	m.storedWrites = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "stored_response_writes_total",
+		Help: "Records of the engine that made an OpenAI Responses API response, shared with the other gateway replicas " +
+			"through Redis, by result: written, exists (Redis holds a record of the id already, which stands), dropped (the " +
+			"queue of records to write was full), refused (a record longer " +
+			"than 1 KiB, or whose pod name, UID or address holds a line break), error (Redis failed)."}, []string{"result"})
+	m.storedLookups = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "stored_response_lookups_total",
+		Help: "Look-ups in Redis of the engine that made a stored response this gateway replica has no record of, by " +
+			"result: hit, miss (no record: never made through a replica, or expired), invalid (a value longer than 1 KiB, " +
+			"malformed or not a string, ignored), timeout (no answer within KVGATE_STORED_RESPONSE_LOOKUP_TIMEOUT_MS), " +
+			"error (Redis failed). But for a hit, the request is served as one for a response the gateway has no record of."}, []string{"result"})
+	for _, r := range []string{storedWritten, storedExists, storedDropped, storedRefused, storedError} {
+		m.storedWrites.WithLabelValues(r)
+	}
+	for _, r := range []string{lookupHit, lookupMiss, lookupInvalid, lookupTimeout, lookupError} {
+		m.storedLookups.WithLabelValues(r)
+	}
 	for _, r := range []string{profileRejectDecode, profileRejectSize, profileRejectLimit} {
 		m.profileRejects.WithLabelValues(r)
 	}
@@ -105,7 +125,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		return m, nil
 	}
 	if err := promreg.Register(reg, "Redis state", m.redisErrors, m.traceFlushes, m.traceFlushDelay, m.profileRejects, m.localOnly,
-		m.blocksTruncated, m.sharedRejects, m.gateways, m.gatewaysSkipped, m.fieldsIgnored); err != nil {
+		m.blocksTruncated, m.sharedRejects, m.gateways, m.gatewaysSkipped, m.fieldsIgnored, m.storedWrites, m.storedLookups); err != nil {
 		return nil, err
 	}
 	return m, nil
