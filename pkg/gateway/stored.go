@@ -83,9 +83,9 @@ func newStoredResponses(max int, reg prometheus.Registerer) (*storedResponses, e
 	events := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvgate_gateway_stored_responses_total",
 		Help: "OpenAI Responses API responses whose engine the gateway recorded, by event: recorded (relayed by this " +
-			"replica, or found in Redis, relayed by another), evicted (forgotten, the oldest, to keep within " +
-			"KVGATE_MAX_STORED_RESPONSES), refused (not recorded: an id empty, longer than 256 bytes, or recorded already for " +
-			"another engine, since a client may choose a response's id).",
+			"replica, or found in Redis, relayed by another), evicted (forgotten, the oldest, to keep " +
+			"within KVGATE_MAX_STORED_RESPONSES), refused (not recorded: an id empty, longer than 256 bytes, or recorded " +
+			"already for another engine, since a client may choose a response's id).",
 	}, []string{"event"})
 	s.recorded, s.evicted, s.refused = events.WithLabelValues("recorded"), events.WithLabelValues("evicted"),
 		events.WithLabelValues("refused")
