@@ -63,8 +63,13 @@ func (s *Server) handleMessages(w http.ResponseWriter, r *http.Request) {
 		s.writeAnthropicError(w, err)
 		return
 	}
+	rank, err := s.requestedRank(r)
+	if err != nil {
+		s.writeAnthropicError(w, err)
+		return
+	}
 	g, err := s.startGeneration(generationSpec{idPrefix: "chatcmpl-", model: chat.Model, lora: lora,
-		prompts: [][]uint32{prompt}, n: 1, maxTokens: chat.MaxTokens})
+		prompts: [][]uint32{prompt}, n: 1, maxTokens: chat.MaxTokens, rank: rank})
 	if err != nil {
 		s.writeAnthropicError(w, err)
 		return

@@ -44,10 +44,14 @@ type generationSpec struct {
 	n         int
 	maxTokens int
 	seed      uint64
+	// rank is the index of the rank the request asked for
+	// (HeaderDataParallelRank), -1 for the least loaded.
+	rank int
 }
 
-// startGeneration submits every choice of spec to the least loaded ranks.
-// On error it aborts what it submitted.
+// startGeneration submits every choice of spec to the rank it asked for,
+// or else to the least loaded ranks. On error it aborts what it
+// submitted.
 func (s *Server) startGeneration(spec generationSpec) (*generation, error) {
 	g := &generation{
 		id:      spec.idPrefix + randomHex(),
@@ -60,7 +64,7 @@ func (s *Server) startGeneration(spec generationSpec) (*generation, error) {
 	for p, prompt := range spec.prompts {
 		for j := range spec.n {
 			i := len(g.choices)
-			c := choice{runner: s.pickRunner(), engineID: g.id + "-" + strconv.Itoa(i), prompt: p}
+			c := choice{runner: s.pickRunner(spec.rank), engineID: g.id + "-" + strconv.Itoa(i), prompt: p}
 			err := c.runner.submit(sim.RequestSpec{
 				ID:        c.engineID,
 				Prompt:    prompt,

@@ -76,6 +76,11 @@ func (s *Server) serveGeneration(w http.ResponseWriter, r *http.Request, p gener
 	if p.Seed.given() {
 		spec.seed = uint64(p.Seed.n)
 	}
+	var err error
+	if spec.rank, err = s.requestedRank(r); err != nil {
+		s.writeError(w, err)
+		return
+	}
 	g, err := s.startGeneration(spec)
 	if err != nil {
 		s.writeError(w, err)

@@ -180,8 +180,13 @@ func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
 		s.writeResponsesError(w, badRequestf("max_tokens must be at least 1, got %d.", maxOut))
 		return
 	}
+	rank, err := s.requestedRank(r)
+	if err != nil {
+		s.writeResponsesError(w, err)
+		return
+	}
 	g, err := s.startGeneration(generationSpec{idPrefix: "resp_", model: cmp.Or(model, s.model), lora: lora,
-		prompts: [][]uint32{prompt}, n: 1, maxTokens: maxOut})
+		prompts: [][]uint32{prompt}, n: 1, maxTokens: maxOut, rank: rank})
 	if err != nil {
 		s.writeResponsesError(w, err)
 		return

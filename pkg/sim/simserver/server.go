@@ -6,7 +6,11 @@
 // /reset_prefix_cache. Each data-parallel rank is an engine core from
 // package sim, stepped in wall time by its own loop and publishing its
 // KV-cache events to its own EventSink; requests are spread over the ranks
-// as vLLM's data-parallel load balancer does.
+// as vLLM's data-parallel load balancer does, to the least loaded, but for
+// a request whose X-data-parallel-rank header (HeaderDataParallelRank, in
+// any case) names a rank: it runs there, on any generating endpoint, and a
+// value that is no integer or no rank's index is answered 400, as vLLM
+// refuses it.
 //
 // Prompts are tokenized, and chats rendered, with the simulator's own
 // tokenizer and ChatML template, or with a model's own tokenizer files
@@ -173,6 +177,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -408,8 +414,12 @@ type notFound struct{ msg string }
 
 func (e *notFound) Error() string { return e.msg }
 
-// pickRunner returns the least loaded rank, the lowest on ties.
-func (s *Server) pickRunner() *runner {
+// pickRunner returns the rank of index rank, or the least loaded rank (the
+// lowest on ties) when rank is -1.
+func (s *Server) pickRunner(rank int) *runner {
+	if rank >= 0 {
+		return s.runners[rank]
+	}
 	best, bestLoad := s.runners[0], s.runners[0].load()
 	for _, r := range s.runners[1:] {
 		if l := r.load(); l < bestLoad {
@@ -417,4 +427,29 @@ func (s *Server) pickRunner() *runner {
 		}
 	}
 	return best
+}
+
+// HeaderDataParallelRank is the request header naming the data-parallel
+// rank a request runs on, as vLLM reads it (X-data-parallel-rank, in any
+// case): a router that knows which rank caches a prompt's prefix sends
+// the request there, which vLLM's own balancing across ranks, by load,
+// does not.
+const HeaderDataParallelRank = "X-Data-Parallel-Rank"
+
+// requestedRank returns the index of the rank r asks for in
+// HeaderDataParallelRank, -1 when it names none; it fails, as vLLM does,
+// for a value that is no integer or no rank of the server.
+func (s *Server) requestedRank(r *http.Request) (int, error) {
+	v := r.Header.Get(HeaderDataParallelRank)
+	if v == "" {
+		return -1, nil
+	}
+	rank, err := strconv.Atoi(strings.TrimSpace(v))
+	if err != nil {
+		return -1, badRequestf("invalid literal for int() with base 10: %q", v)
+	}
+	if rank < 0 || rank >= len(s.runners) {
+		return -1, badRequestf("data_parallel_rank %d is out of range [0, %d).", rank, len(s.runners))
+	}
+	return rank, nil
 }
