@@ -174,10 +174,12 @@ func TestDemoComparesTheAlgorithmsAndLeavesNothing(t *testing.T) {
 		t.Errorf("no live summary with pods and decisions; output:\n%s", out)
 	}
 	// The engines report the cached tokens they found: most of the hits
-	// kv-aware counts on are there.
-	if m := foundLine.FindStringSubmatch(out); m == nil {
+	// kv-aware counts on are there, by the run's last summary. The first
+	// second's can exceed 1: a follow-up turn routed at once on the turns
+	// before it is predicted to hit less than the engine finds.
+	if ms := foundLine.FindAllStringSubmatch(out, -1); ms == nil {
 		t.Errorf("no live summary of the predicted cache hits the engines found; output:\n%s", out)
-	} else if f, _ := strconv.ParseFloat(m[1], 64); f < 0.5 || f > 1 {
+	} else if f, _ := strconv.ParseFloat(ms[len(ms)-1][1], 64); f < 0.5 || f > 1.2 {
 		t.Errorf("the engines found %v of the predicted cache hits, want most; output:\n%s", f, out)
 	}
 	_, table, ok := strings.Cut(out, "== comparison")
