@@ -11,7 +11,10 @@
 // adapter and with no extra inputs (images, cache salts, prompt embeddings)
 // that the prompt does not have. A pod is credited with the number of leading
 // blocks it holds without a gap, on one data-parallel rank: a prefix split
-// across ranks is usable by neither. Blocks in any medium count (GPU, CPU,
+// across ranks is usable by neither. The match names that rank and the
+// longest run of the pod's other ranks (PodMatch.Rank, OtherRankBlocks),
+// for a router that can send a request to the rank holding its prefix.
+// Blocks in any medium count (GPU, CPU,
 // storage tiers); the GPU-resident run is reported beside it. For hybrid
 // models only KV-cache group 0 (the group of events without a group) counts.
 // The index knows a block from the moment the engine's BlockStored event is

@@ -22,6 +22,7 @@ type MatchResult struct {
 	Pods []PodMatch
 
 	units   []matchUnit
+	runs    []rankRuns
 	masks   []uint64
 	holders []uint64
 	// seen is the holder set of the last block step checked.
@@ -48,6 +49,22 @@ type PodMatch struct {
 	// unless the pod's engines use several block sizes.
 	GPUBlocks int
 	GPUTokens int
+	// Rank is the data-parallel rank (as the index's streams number them,
+	// Stream.Rank) holding the pod's longest run: of equal runs, the one
+	// with the longer GPU run, then the lower rank; 0 when the pod holds
+	// none of the prefix. OtherRankBlocks is the longest run among the
+	// pod's other ranks, in whole blocks of BlockSize: a pod whose Blocks
+	// exceed it has one rank that holds more of the prefix than any other.
+	Rank            int
+	OtherRankBlocks int
+}
+
+// rankRuns is, during credit, the longest run of one pod's best rank so
+// far, in tokens (any medium and GPU), and the longest run of its other
+// ranks.
+type rankRuns struct {
+	tokens, gpu, other int
+	set                bool
 }
 
 // matchUnit is one rank of one candidate pod, at one block size, during a
@@ -56,6 +73,7 @@ type PodMatch struct {
 type matchUnit struct {
 	state            *podState
 	pod              int
+	rank             int
 	blockSize        int
 	off              int
 	anyLen, gpuLen   int
@@ -135,7 +153,7 @@ func (out *MatchResult) collectUnits(idx *podIndex, pods []string) (sizes int) {
 			continue
 		}
 		for _, u := range ph.units {
-			out.units = append(out.units, matchUnit{state: ph.state, pod: i, blockSize: u.blockSize, off: len(out.masks)})
+			out.units = append(out.units, matchUnit{state: ph.state, pod: i, rank: u.rank, blockSize: u.blockSize, off: len(out.masks)})
 			out.masks = append(out.masks, u.any...)
 			out.masks = append(out.masks, u.gpu...)
 		}
@@ -282,9 +300,11 @@ func (out *MatchResult) step(units []matchUnit, i, alive int) int {
 }
 
 // credit turns unit runs into per-pod results, keeping each pod's longest
-// runs in tokens, and records the match as activity of the credited pods.
-// mixed says that the units have more than one block size.
+// runs in tokens and the rank holding the longest, and records the match
+// as activity of the credited pods. mixed says that the units have more
+// than one block size.
 func (out *MatchResult) credit(mixed bool, nowNanos int64) {
+	ranked := false
 	for _, un := range out.units {
 		p := &out.Pods[un.pod]
 		if mixed {
@@ -298,6 +318,11 @@ func (out *MatchResult) credit(mixed bool, nowNanos int64) {
 			p.GPUBlocks = max(p.GPUBlocks, un.gpuLen)
 		}
 		if un.anyLen > 0 {
+			if !ranked {
+				out.resetRuns()
+				ranked = true
+			}
+			out.runs[un.pod].add(p, un.rank, un.anyLen*un.blockSize, un.gpuLen*un.blockSize)
 			un.state.matched(nowNanos)
 		}
 	}
@@ -308,6 +333,39 @@ func (out *MatchResult) credit(mixed bool, nowNanos int64) {
 		} else if p.BlockSize > 0 {
 			p.GPUBlocks = p.GPUTokens / p.BlockSize
 		}
+		if ranked && out.runs[i].other > 0 {
+			p.OtherRankBlocks = out.runs[i].other / p.BlockSize
+		}
+	}
+}
+
+// resetRuns makes out.runs one empty entry per pod.
+func (out *MatchResult) resetRuns() {
+	if cap(out.runs) < len(out.Pods) {
+		out.runs = make([]rankRuns, len(out.Pods))
+	}
+	out.runs = out.runs[:len(out.Pods)]
+	clear(out.runs)
+}
+
+// add counts a run of rank, tokens long in any medium and gpu in GPU
+// memory, keeping in p.Rank the rank of the longest run (then of the
+// longest GPU run, then the lowest) and in r.other the longest run of the
+// pod's other ranks. A rank may have runs at several block sizes; runs of
+// no block are not counted.
+func (r *rankRuns) add(p *PodMatch, rank, tokens, gpu int) {
+	switch {
+	case !r.set:
+		r.set, p.Rank, r.tokens, r.gpu = true, rank, tokens, gpu
+	case tokens > r.tokens || tokens == r.tokens && (gpu > r.gpu || gpu == r.gpu && rank < p.Rank):
+		if rank != p.Rank {
+			// The old best is the longest of the runs so far, all
+			// of which are now of other ranks or shorter.
+			r.other = max(r.other, r.tokens)
+		}
+		p.Rank, r.tokens, r.gpu = rank, tokens, gpu
+	case rank != p.Rank:
+		r.other = max(r.other, tokens)
 	}
 }
 

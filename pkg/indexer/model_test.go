@@ -469,9 +469,20 @@ func compareMatch(rng *rand.Rand, idx *SyncPrefixHashTable, ref *reference, m *r
 		want := PodMatch{Pod: pod}
 		if bs, ok := m.bs[pod]; ok && refKnows(ref, pod) {
 			want.BlockSize = bs
+			runs := make([][2]int, m.ranks)
+			bestGPU := 0
 			for rank := 0; rank < m.ranks; rank++ {
 				a, g := refRun(ref, m, lora, toks, pod, rank)
+				runs[rank] = [2]int{a, g}
+				if a > want.Blocks || a == want.Blocks && g > bestGPU {
+					want.Rank, bestGPU = rank, g
+				}
 				want.Blocks, want.GPUBlocks = max(want.Blocks, a), max(want.GPUBlocks, g)
+			}
+			for rank, r := range runs {
+				if rank != want.Rank {
+					want.OtherRankBlocks = max(want.OtherRankBlocks, r[0])
+				}
 			}
 			want.Tokens, want.GPUTokens = want.Blocks*bs, want.GPUBlocks*bs
 		}
