@@ -188,6 +188,11 @@ type Endpoint struct {
 	LoraID string
 	// KVEvents reports KVEventsEnabledLabel set to "true".
 	KVEvents bool
+	// DPSize is the number of data-parallel ranks the pod's engine serves
+	// behind Port (DPSizeAnnotation), 1 when it declares none or no valid
+	// one; DPStartRank is the first of them (DPStartRankAnnotation), 0
+	// when it declares none or no valid one.
+	DPSize, DPStartRank int
 	// Unready is why requests may not be sent to the pod, "" when they may
 	// (see Readiness).
 	Unready UnreadyReason
@@ -238,7 +243,22 @@ func Parse(pod *v1.Pod, o Options) *Endpoint {
 	e.LoraID, _ = Value(pod, LoraIDLabel)
 	kv, _ := Value(pod, KVEventsEnabledLabel)
 	e.KVEvents = kv == "true"
+	e.DPSize = intIn(pod, DPSizeAnnotation, 1, 1, MaxDPSize)
+	e.DPStartRank = intIn(pod, DPStartRankAnnotation, 0, 0, MaxDPSize-e.DPSize)
 	return e
+}
+
+// intIn returns the integer pod's key holds when it is one from lo to hi,
+// else def.
+func intIn(pod *v1.Pod, key string, def, lo, hi int) int {
+	v, ok := Value(pod, key)
+	if !ok {
+		return def
+	}
+	if n, err := strconv.Atoi(v); err == nil && n >= lo && n <= hi {
+		return n
+	}
+	return def
 }
 
 // port returns the port the pod's key holds, 0 when it holds none.

@@ -148,3 +148,26 @@ func TestAdaptersReadsTheCommaSeparatedList(t *testing.T) {
 		})
 	}
 }
+
+func TestParseReadsTheDataParallelRanks(t *testing.T) {
+	tests := []struct {
+		name            string
+		annotations     map[string]string
+		wantSize, start int
+	}{
+		{"none", nil, 1, 0},
+		{"size", map[string]string{DPSizeAnnotation: "4"}, 4, 0},
+		{"size and start", map[string]string{DPSizeAnnotation: "2", DPStartRankAnnotation: "2"}, 2, 2},
+		{"size out of range", map[string]string{DPSizeAnnotation: "0"}, 1, 0},
+		{"start past the last rank", map[string]string{DPSizeAnnotation: "2", DPStartRankAnnotation: "255"}, 2, 0},
+		{"not numbers", map[string]string{DPSizeAnnotation: "two", DPStartRankAnnotation: "one"}, 1, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := Parse(readyPod(nil, tt.annotations), Options{})
+			if e.DPSize != tt.wantSize || e.DPStartRank != tt.start {
+				t.Errorf("DPSize %d DPStartRank %d, want %d and %d", e.DPSize, e.DPStartRank, tt.wantSize, tt.start)
+			}
+		})
+	}
+}

@@ -70,6 +70,16 @@ type Decision struct {
 	LoadLimit float64 `json:"loadLimit,omitempty"`
 	// Candidates has one entry per candidate pod, in the order given.
 	Candidates []Candidate `json:"candidates"`
+	// DPRank is the data-parallel rank of the chosen pod that the request
+	// should run on, for vLLM's X-data-parallel-rank header; -1 for none.
+	// A decision that matched the prompt against the index (the prefix
+	// algorithms) names one when the pod serves several ranks behind its
+	// one port (endpoint.Endpoint.DPSize above 1), numbered from 0
+	// (DPStartRank 0: the header indexes the engine's own ranks), and one
+	// of its ranks holds strictly more of the prompt's prefix than any
+	// other (see indexer.PodMatch.Rank). Otherwise the engine balances the
+	// request over its ranks by load.
+	DPRank int `json:"dpRank"`
 
 	chosen int
 	// sloErr is why an SLO-aware algorithm chose no pod, nil otherwise.
@@ -211,6 +221,9 @@ type Candidate struct {
 	load     *inflight.PodLoad
 	uncached float64 // UncachedTokens before rounding
 	measured uint8   // has* bits
+	// rank is the index's rank of the pod holding MatchedBlocks, and
+	// otherRankBlocks the longest run of its other ranks.
+	rank, otherRankBlocks int
 }
 
 // SpeedSource says where a pod's prefill speed came from.

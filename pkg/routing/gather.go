@@ -183,6 +183,7 @@ func (r *Router) match(rc *types.RoutingContext, d *Decision, cs []Candidate, s 
 			if pm.Tokens > c.MatchedTokens || (pm.Tokens == c.MatchedTokens && pm.GPUTokens > c.MatchedGPUTokens) {
 				c.MatchedBlocks, c.MatchedGPUBlocks = pm.Blocks, pm.GPUBlocks
 				c.MatchedTokens, c.MatchedGPUTokens = pm.Tokens, pm.GPUTokens
+				c.rank, c.otherRankBlocks = pm.Rank, pm.OtherRankBlocks
 			}
 		}
 	}

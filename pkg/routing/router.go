@@ -173,6 +173,20 @@ func (r *Router) settle(rc *types.RoutingContext, in *input, s *scratch) {
 	}
 	c.setUncached(d.PromptTokens, r.cfg.CPUCacheWeight)
 	d.Endpoint, d.PodKey = c.ep, c.Pod
+	if in.matched && r.algs[d.Algorithm].needs()&needMatch != 0 {
+		d.DPRank = c.dpRank()
+	}
+}
+
+// dpRank returns the rank of the candidate's pod that holds strictly more
+// of the prompt's prefix than its other ranks, for a pod serving several
+// ranks behind its port from rank 0; -1 for none.
+func (c *Candidate) dpRank() int {
+	ep := c.ep
+	if ep.DPSize < 2 || ep.DPStartRank != 0 || c.MatchedBlocks <= c.otherRankBlocks || c.rank >= ep.DPSize {
+		return -1
+	}
+	return c.rank
 }
 
 // Observer returns the request ledger observer through which the Router
@@ -251,7 +265,7 @@ func (r *Router) logger(ctx context.Context) klog.Logger {
 
 // reset makes d describe no decision, keeping its slices.
 func (d *Decision) reset() {
-	*d = Decision{Candidates: d.Candidates[:0], promptBlocks: d.promptBlocks[:0]}
+	*d = Decision{Candidates: d.Candidates[:0], promptBlocks: d.promptBlocks[:0], DPRank: -1}
 }
 
 // InFlightBlocks returns, per pod ("namespace/name"), the keys of the
