@@ -387,6 +387,17 @@ var (
 			"which it computes before any request sent after them; this bounds the blocks remembered, counted per request " +
 			"(8 bytes each). Requests beyond it are not remembered, and counted.",
 	}
+	DPRankRouting = Var{
+		Name:    "KVGATE_DP_RANK_ROUTING",
+		Default: "true",
+		Section: SectionRouting,
+		Doc: "For a pod serving several data-parallel ranks behind one port from rank 0 (kvgate.io/dp-size above 1, " +
+			"kvgate.io/dp-start-rank 0), send a request routed by a prefix algorithm with X-Data-Parallel-Rank naming the " +
+			"rank that holds more of its prompt's prefix than the pod's other ranks, so that vLLM runs it there rather than " +
+			"where its load balancer would. A rank already running at least 2 requests the gateway pinned, and at least " +
+			"twice the mean of the pod's other ranks, gets none (kvgate_gateway_dp_rank_requests_total{result=\"balanced\"}). " +
+			"A request carrying its own X-Data-Parallel-Rank keeps it. false leaves every rank to the engine's balancer.",
+	}
 	PrefixCacheImbalanceAbsCount = Var{
 		Name:    "AIBRIX_PREFIX_CACHE_POD_RUNNING_REQUEST_IMBALANCE_ABS_COUNT",
 		Default: "8",
@@ -609,6 +620,7 @@ var Vars = []Var{
 	PrefixCacheImbalanceAbsCount,
 	PrefixCacheStdDevFactor,
 	RoutingMaxInFlightPrefixBlocks,
+	DPRankRouting,
 	SLOTTFT,
 	SLOTTFTPerPromptToken,
 	SLOTPOT,

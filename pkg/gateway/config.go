@@ -151,6 +151,11 @@ type Config struct {
 	// requests through an attached frontend only (KVGATE_PROXY_ENABLED
 	// false).
 	DisableProxy bool
+	// DisableDPRankRouting keeps the gateway from naming the data-parallel
+	// rank a request runs on (X-Data-Parallel-Rank) for pods serving
+	// several ranks behind one port (KVGATE_DP_RANK_ROUTING false): the
+	// engine then balances every request over its ranks by load.
+	DisableDPRankRouting bool
 
 	// Discovery says where pods come from, and Kubeconfig (KUBECONFIG, a
 	// list of files) how to reach Kubernetes; empty means in-cluster.
@@ -258,6 +263,7 @@ func LoadConfig(e *config.Env) Config {
 		MaxStreamEventBytes:       e.Int(config.MaxStreamEventBytes, 1),
 		MaxStoredResponses:        e.Int(config.MaxStoredResponses, 1),
 		DisableProxy:              !e.Bool(config.ProxyEnabled),
+		DisableDPRankRouting:      !e.Bool(config.DPRankRouting),
 		Discovery:                 config.LoadDiscovery(e),
 		Kubeconfig:                e.String(config.Kubeconfig),
 		KVSync:                    config.LoadKVSync(e),

@@ -176,5 +176,5 @@ func (g *Gateway) relayPreflight(w http.ResponseWriter, r *http.Request, pod *en
 // X-Request-Id only when the client sent one) and X-Forwarded-For. The
 // request has no body.
 func appendPreflightHead(dst []byte, r *http.Request, addr string) []byte {
-	return appendHead(dst, http.MethodOptions, r, addr, -1, "")
+	return appendHead(dst, http.MethodOptions, r, addr, -1, "", -1)
 }

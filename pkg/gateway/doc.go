@@ -73,8 +73,15 @@
 //     pod; Authorization as the client sent it, never the engines' key
 //     (Config.Cache.EngineAPIKey), which serves the gateway's own
 //     requests only; the client's X-Request-Id, or the gateway's request id when it
-//     sent none; and X-Forwarded-For, the addresses the client's own field
-//     listed followed by the client's address, in one field.
+//     sent none; X-Data-Parallel-Rank, the client's when it sent one, else
+//     the rank of a pod serving several data-parallel ranks behind its port
+//     that the decision named (routing.Decision.DPRank), unless that rank
+//     already runs at least 2 requests pinned to it and at least twice the
+//     mean of the pod's other ranks (counted in
+//     kvgate_gateway_dp_rank_requests_total; off with
+//     Config.DisableDPRankRouting); and X-Forwarded-For, the addresses the
+//     client's own field listed followed by the client's address, in one
+//     field.
 //     When the pod refuses the connection (or cannot be dialled), nothing
 //     was sent: the Store ejects the pod from
 //     routing for a backoff (cache.Store.EjectPod: 1 s doubling to 30 s

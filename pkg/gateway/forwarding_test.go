@@ -1,8 +1,10 @@
 package gateway
 
 import (
+	"bufio"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -92,12 +94,51 @@ func TestARequestHeadIsWrittenWithoutAllocating(t *testing.T) {
 	r.Header = http.Header{"Content-Type": {"application/json"}, "X-Forwarded-For": {"203.0.113.9"},
 		"Authorization": {"Bearer k"}}
 	dst := make([]byte, 0, 4096)
-	if n := testing.AllocsPerRun(100, func() {
-		dst = appendRequestHead(dst[:0], r, "10.0.0.1:8000", 42, "kvgate-1")
-	}); n != 0 {
-		t.Errorf("writing the head costs %v allocations, want 0", n)
+	for _, rank := range []int{-1, 3} {
+		if n := testing.AllocsPerRun(100, func() {
+			dst = appendRequestHead(dst[:0], r, "10.0.0.1:8000", 42, "kvgate-1", rank)
+		}); n != 0 {
+			t.Errorf("writing the head with rank %d costs %v allocations, want 0", rank, n)
+		}
 	}
 	if want := "X-Forwarded-For: 203.0.113.9, 2001:db8::7\r\n"; !strings.Contains(string(dst), want) {
 		t.Errorf("the head %q lacks %q", dst, want)
+	}
+}
+
+// TestAHeadNamesTheRankUnlessTheClientDid: the head of a forwarded request
+// carries X-Data-Parallel-Rank with the rank the gateway pinned, none
+// without one, and the client's own value, alone, when it sent one.
+func TestAHeadNamesTheRankUnlessTheClientDid(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		client []string // the client's X-Data-Parallel-Rank values
+		rank   int
+		want   []string
+	}{
+		{"pinned", nil, 1, []string{"1"}},
+		{"none", nil, -1, nil},
+		{"the client's", []string{"0"}, 1, []string{"0"}},
+		{"the client's without a pin", []string{"2"}, -1, []string{"2"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r, err := http.NewRequest(http.MethodPost, "/v1/completions", nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r.RemoteAddr = "192.0.2.1:5000"
+			r.Header = http.Header{"Content-Type": {"application/json"}}
+			if tc.client != nil {
+				r.Header[headerDPRank] = tc.client
+			}
+			head := appendRequestHead(nil, r, "10.0.0.1:8000", 2, "kvgate-1", tc.rank)
+			req, err := http.ReadRequest(bufio.NewReader(strings.NewReader(string(head) + "{}")))
+			if err != nil {
+				t.Fatalf("the head %q does not parse: %v", head, err)
+			}
+			if got := req.Header.Values("x-data-parallel-rank"); !slices.Equal(got, tc.want) {
+				t.Errorf("X-Data-Parallel-Rank %q, want %q", got, tc.want)
+			}
+		})
 	}
 }

@@ -53,6 +53,8 @@ type Gateway struct {
 	store  *cache.Store
 	router *routing.Router
 	ledger *inflight.Ledger
+	// pins counts the attempts in flight pinned to a data-parallel rank.
+	pins rankPins
 	// capacity is held for writing while the ledger frees a pod's capacity
 	// and tells the SLO queues, and for reading while a queue tries a
 	// request (slo.Config.Capacity).
@@ -300,6 +302,7 @@ func (g *Gateway) newStore() error {
 		return fmt.Errorf("gateway: %w", err)
 	}
 	g.ledger.Observe(g.router.Observer())
+	g.ledger.Observe(inflight.Observer{Closed: g.unpinRank})
 	g.pendingLoad = cache.NewPendingLoadProvider(g.store, g.profiles)
 	if g.predictors, err = cache.NewOutputPredictors(g.store, g.cfg.Predictor); err != nil {
 		return fmt.Errorf("gateway: %w", err)

@@ -31,6 +31,9 @@ type metrics struct {
 	heldRefusals    prometheus.Counter
 	heldBytes       prometheus.GaugeFunc
 	matchRefusals   *prometheus.CounterVec
+	// dpRanks counts the attempts whose decision named a data-parallel
+	// rank, by whether they were pinned to it.
+	dpRanks *prometheus.CounterVec
 	// phases observe each phase of the gateway's time on a request, by
 	// phase; phaseVec holds them.
 	phases   [numPhases]prometheus.Observer
@@ -139,6 +142,13 @@ func newMetrics(reg prometheus.Registerer, bodies *budget.Budget) (*metrics, err
 			Help: "POST /debug/match requests refused by reason: busy (the most served at once already are, 429), " +
 				"too_large (a body or prompt beyond the bounds, 413).",
 		}, []string{"reason"}),
+		dpRanks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvgate_gateway_dp_rank_requests_total",
+			Help: "Requests sent to a pod serving several data-parallel ranks behind one port whose routing decision named the " +
+				"rank holding more of the prompt's prefix than the others, by result: pinned (sent with X-Data-Parallel-Rank " +
+				"naming it) or balanced (sent without, the engine balancing by load, because the rank already ran at least " +
+				"2 pinned requests and at least twice the mean of the pod's other ranks). Off with KVGATE_DP_RANK_ROUTING=false.",
+		}, []string{"result"}),
 		phaseVec: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "kvgate_gateway_request_phase_seconds",
 			Help: "The gateway's time on an inference request by phase, from the first byte read to the last byte written: " +
@@ -160,6 +170,9 @@ func newMetrics(reg prometheus.Registerer, bodies *budget.Budget) (*metrics, err
 	for _, r := range []string{"busy", "too_large"} {
 		m.matchRefusals.WithLabelValues(r)
 	}
+	for _, r := range []string{dpRankPinned, dpRankBalanced} {
+		m.dpRanks.WithLabelValues(r)
+	}
 	for code := 100; code < 600; code++ {
 		m.statusLabels[code] = strconv.Itoa(code)
 	}
@@ -168,7 +181,7 @@ func newMetrics(reg prometheus.Registerer, bodies *budget.Budget) (*metrics, err
 	}
 	for _, c := range []prometheus.Collector{m.requests, m.duration, m.overhead, m.ttft, m.inFlight,
 		m.retries, m.upstreamFails, m.tokenizeFails, m.usageMissing, m.oversizedEvents, m.bodyTimeouts, m.writeTimeouts,
-		m.connWaits, m.conns, m.heldRefusals, m.heldBytes, m.matchRefusals, m.phaseVec} {
+		m.connWaits, m.conns, m.heldRefusals, m.heldBytes, m.matchRefusals, m.dpRanks, m.phaseVec} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register gateway metrics: %w", err)
 		}

@@ -68,6 +68,9 @@ type exchange struct {
 	// the exchange returns to the pool.
 	held   int64
 	budget *budget.Budget
+	// ownRank reports a client that named the data-parallel rank itself
+	// (X-Data-Parallel-Rank): the gateway pins none.
+	ownRank bool
 }
 
 var exchanges = sync.Pool{New: func() any {
@@ -94,6 +97,7 @@ func putExchange(x *exchange) {
 		b.Reset()
 	}
 	x.in = inference{}
+	x.ownRank = false
 	clear(x.snaps)
 	x.snaps = x.snaps[:0]
 	x.reader.Reset(nil)
@@ -158,6 +162,7 @@ func (g *Gateway) serveRequest(w http.ResponseWriter, r *http.Request, k kind, e
 	g.metrics.inFlight.Inc()
 	x := exchanges.Get().(*exchange)
 	x.in.storedID, x.in.storedLabel = storedID, endpoint
+	x.ownRank = namesRank(r.Header)
 	defer func() {
 		putExchange(x)
 		g.metrics.inFlight.Dec()
@@ -577,7 +582,7 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, a admitted, rc
 		}
 		pod := x.d.Endpoint
 		addr := pod.Address
-		x.head = appendForwardHead(x.head[:0], r, x.in.kind, addr, len(a.body), rc.RequestID)
+		x.head = appendForwardHead(x.head[:0], r, x.in.kind, addr, len(a.body), rc.RequestID, pinnedRank(h))
 		pc, err := g.send(r.Context(), addr, x.head, a.body)
 		c.lap(phaseRoute)
 		if attempt == 0 {
@@ -668,7 +673,7 @@ func (g *Gateway) open(ctx context.Context, b *backend, rc *types.RoutingContext
 	}
 	route := x.d.Route()
 	route.PendingLoad = g.requestLoad(rc, x.d.Endpoint)
-	return req.Route(route), nil
+	return g.openAttempt(x, req, route), nil
 }
 
 // requestLoad is the share of pod's capacity the request takes by the GPU

@@ -128,7 +128,7 @@ func (g *Gateway) queueSLO(ctx context.Context, a *admitted, rc *types.RoutingCo
 		}
 		route := x.d.Route()
 		route.PendingLoad = g.requestLoad(rc, x.d.Endpoint)
-		h = req.Route(route)
+		h = g.openAttempt(x, req, route)
 		return nil
 	}
 	err = q.Route(ctx, e, routing.HoldsRequests(a.algorithm))

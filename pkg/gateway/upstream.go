@@ -47,31 +47,33 @@ const headerForwardedFor = "X-Forwarded-For"
 // appendRequestHead appends to dst the head of the POST request that
 // forwards r, with a body of n bytes, to the engine at addr: its request
 // line, Host, the client's end-to-end headers, Content-Length, X-Request-Id
-// set to id when the client sent none, and X-Forwarded-For listing the
+// set to id when the client sent none, X-Data-Parallel-Rank set to rank
+// when rank >= 0 and the client sent none, and X-Forwarded-For listing the
 // addresses of the client's own X-Forwarded-For fields and then the
 // client's address (r.RemoteAddr's host). Accept-Encoding is left out: the
 // gateway reads the response, so it must come uncompressed.
-func appendRequestHead(dst []byte, r *http.Request, addr string, n int, id string) []byte {
-	return appendHead(dst, http.MethodPost, r, addr, n, id)
+func appendRequestHead(dst []byte, r *http.Request, addr string, n int, id string, rank int) []byte {
+	return appendHead(dst, http.MethodPost, r, addr, n, id, rank)
 }
 
 // appendForwardHead appends to dst the head of the request of kind k that
 // forwards r (see appendRequestHead): a request for a stored response
 // keeps its method, and a GET without a body has no Content-Length.
-func appendForwardHead(dst []byte, r *http.Request, k kind, addr string, n int, id string) []byte {
+func appendForwardHead(dst []byte, r *http.Request, k kind, addr string, n int, id string, rank int) []byte {
 	if k != kindStored {
-		return appendRequestHead(dst, r, addr, n, id)
+		return appendRequestHead(dst, r, addr, n, id, rank)
 	}
 	if r.Method == http.MethodGet && n == 0 {
 		n = -1
 	}
-	return appendHead(dst, r.Method, r, addr, n, id)
+	return appendHead(dst, r.Method, r, addr, n, id, rank)
 }
 
 // appendHead is appendRequestHead for a request of any method; one with n
-// < 0 has no body and no Content-Length, and one with id "" gets no
-// X-Request-Id but the client's.
-func appendHead(dst []byte, method string, r *http.Request, addr string, n int, id string) []byte {
+// < 0 has no body and no Content-Length, one with id "" gets no
+// X-Request-Id but the client's, and one with rank < 0 no
+// X-Data-Parallel-Rank but the client's.
+func appendHead(dst []byte, method string, r *http.Request, addr string, n int, id string, rank int) []byte {
 	dst = append(dst, method...)
 	dst = append(dst, ' ')
 	dst = append(dst, r.URL.EscapedPath()...)
@@ -83,7 +85,7 @@ func appendHead(dst []byte, method string, r *http.Request, addr string, n int, 
 	dst = append(dst, "\r\n"...)
 	var buf [4]string
 	named := connectionNamed(buf[:], r.Header["Connection"])
-	hasID := false
+	hasID, hasRank := false, false
 	var forwardedFor []string
 	for k, vs := range r.Header {
 		// A hop-by-hop X-Request-Id is not the client's to forward: the
@@ -102,6 +104,8 @@ func appendHead(dst []byte, method string, r *http.Request, addr string, n int, 
 				continue
 			}
 			hasID = true
+		case headerDPRank:
+			hasRank = len(vs) > 0
 		}
 		for _, v := range vs {
 			dst = append(dst, k...)
@@ -118,6 +122,11 @@ func appendHead(dst []byte, method string, r *http.Request, addr string, n int, 
 	if !hasID && id != "" {
 		dst = append(dst, headerRequestID+": "...)
 		dst = append(dst, id...)
+		dst = append(dst, "\r\n"...)
+	}
+	if !hasRank && rank >= 0 {
+		dst = append(dst, headerDPRank+": "...)
+		dst = strconv.AppendInt(dst, int64(rank), 10)
 		dst = append(dst, "\r\n"...)
 	}
 	dst = appendForwardedFor(dst, forwardedFor, r.RemoteAddr)

@@ -53,6 +53,12 @@ type Route struct {
 	// for the router to count them as held on the pod while the attempt is
 	// open; nil when the router keeps none. The ledger does not read them.
 	PromptBlocks []uint64
+	// DPRank is the data-parallel rank of the pod the attempt was sent to
+	// run on, when DPPinned: the gateway named it in the request (vLLM's
+	// X-data-parallel-rank) and counts the attempt on that rank until it
+	// closes. The ledger does not read them.
+	DPRank   int
+	DPPinned bool
 }
 
 // Usage is the token usage an engine reported for a request.
