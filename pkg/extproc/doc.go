@@ -23,6 +23,10 @@
 //     cleared route cache, as AIBrix's plugin does (its Envoy Gateway
 //     configuration routes requests with that header to its original_dst
 //     cluster);
+//   - the request header x-data-parallel-rank naming the data-parallel
+//     rank of the pod the request is pinned to (gateway.Pick.DPRank), as
+//     the proxy names it, unless the client sent the header itself, which
+//     is then forwarded as it came;
 //   - the body, when it changes: a streamed request that did not ask for
 //     the usage chunk is forwarded asking for it, and the chunk is withheld
 //     from the client, as the proxy does.

@@ -45,42 +45,53 @@ type simEngine struct {
 	name                      string
 	url, address              string
 	port, pubPort, replayPort int
+	// ranks is the number of data-parallel ranks behind the one port, rank
+	// r publishing on pubPort+r and replaying on replayPort+r.
+	ranks int
 }
 
 // startEngine runs a simulated engine named name until the test ends.
-func startEngine(t testing.TB, name string) *simEngine {
+func startEngine(t testing.TB, name string) *simEngine { return startRanks(t, name, 1) }
+
+// startRanks runs a simulated engine named name of ranks data-parallel
+// ranks until the test ends.
+func startRanks(t testing.TB, name string, ranks int) *simEngine {
 	t.Helper()
-	ports := testsupport.FreePorts(t, 2)
-	pc := publisher.DefaultPublisherConfig()
-	pc.Endpoint = fmt.Sprintf("tcp://[::ffff:127.0.0.1]:%d", ports[0])
-	pc.ReplayEndpoint = fmt.Sprintf("tcp://127.0.0.1:%d", ports[1])
-	pc.ReplayPollInterval = 5 * time.Millisecond
-	pc.Logger = klog.Background().V(5)
-	pub, err := publisher.NewPublisher(pc)
-	if err != nil {
-		t.Fatalf("engine %s: %v", name, err)
+	ports := testsupport.ConsecutivePorts(t, 2*ranks)
+	var rs []simserver.Rank
+	for r := range ranks {
+		pc := publisher.DefaultPublisherConfig()
+		pc.Endpoint = fmt.Sprintf("tcp://[::ffff:127.0.0.1]:%d", ports[r])
+		pc.ReplayEndpoint = fmt.Sprintf("tcp://127.0.0.1:%d", ports[ranks+r])
+		pc.ReplayPollInterval = 5 * time.Millisecond
+		pc.Logger = klog.Background().V(5)
+		pub, err := publisher.NewPublisher(pc)
+		if err != nil {
+			t.Fatalf("engine %s: %v", name, err)
+		}
+		// Registered before the engine's cleanup, it runs after the engine
+		// stopped.
+		t.Cleanup(func() { _ = pub.Close() })
+		rs = append(rs, simserver.Rank{
+			// A prefill speed of 1,000 tokens per second: an uncached prompt of
+			// a few hundred tokens costs far more than the inter-token latency
+			// a loaded test machine measures, so that kv-aware's predictions
+			// tell the pod holding it from the others.
+			Engine: sim.EngineConfig{BlockSize: 16, NumGPUBlocks: 4096, DefaultOutputTokens: 8,
+				Latency: sim.LatencyModel{StepOverhead: time.Millisecond, PrefillPerToken: time.Millisecond,
+					DecodePerToken: 100 * time.Microsecond}},
+			Sink: pub,
+		})
 	}
-	// Registered before the engine's cleanup, it runs after the engine
-	// stopped.
-	t.Cleanup(func() { _ = pub.Close() })
-	srv := simtest.Serve(t, simserver.Config{Model: simModel, Ranks: []simserver.Rank{{
-		// A prefill speed of 1,000 tokens per second: an uncached prompt of
-		// a few hundred tokens costs far more than the inter-token latency
-		// a loaded test machine measures, so that kv-aware's predictions
-		// tell the pod holding it from the others.
-		Engine: sim.EngineConfig{BlockSize: 16, NumGPUBlocks: 4096, DefaultOutputTokens: 8,
-			Latency: sim.LatencyModel{StepOverhead: time.Millisecond, PrefillPerToken: time.Millisecond,
-				DecodePerToken: 100 * time.Microsecond}},
-		Sink: pub,
-	}}})
+	srv := simtest.Serve(t, simserver.Config{Model: simModel, Ranks: rs})
 	return &simEngine{name: name, url: srv.URL, address: net.JoinHostPort("127.0.0.1", strconv.Itoa(srv.Port)), port: srv.Port,
-		pubPort: ports[0], replayPort: ports[1]}
+		pubPort: ports[0], replayPort: ports[ranks], ranks: ranks}
 }
 
 // endpointYAML is the engine's entry in a static endpoints file.
 func (e *simEngine) endpointYAML() string {
-	return fmt.Sprintf("- {name: %s, address: 127.0.0.1, model: %s, port: %d, pubPort: %d, replayPort: %d}\n",
-		e.name, simModel, e.port, e.pubPort, e.replayPort)
+	return fmt.Sprintf("- {name: %s, address: 127.0.0.1, model: %s, port: %d, pubPort: %d, replayPort: %d, dpSize: %d}\n",
+		e.name, simModel, e.port, e.pubPort, e.replayPort, e.ranks)
 }
 
 // fixture is a gateway over simulated engines, found through a static
@@ -107,6 +118,9 @@ type options struct {
 	env      map[string]string
 	// configure adjusts the loaded configuration.
 	configure func(*gateway.Config)
+	// ranks is the number of data-parallel ranks of each engine (1 when
+	// 0).
+	ranks int
 }
 
 // start runs n engines and the gateway, and waits until the gateway is
@@ -117,7 +131,7 @@ func start(t testing.TB, n int, o options) *fixture {
 	var yaml strings.Builder
 	yaml.WriteString("endpoints:\n")
 	for i := range n {
-		e := startEngine(t, string(rune('a'+i)))
+		e := startRanks(t, string(rune('a'+i)), max(o.ranks, 1))
 		f.engines = append(f.engines, e)
 		yaml.WriteString(e.endpointYAML())
 	}
@@ -202,7 +216,7 @@ func start(t testing.TB, n int, o options) *fixture {
 		}
 		defer resp.Body.Close()
 		data, _ := io.ReadAll(resp.Body)
-		return string(data), resp.StatusCode == http.StatusOK && strings.Count(string(data), `"connected":true`) == n
+		return string(data), resp.StatusCode == http.StatusOK && strings.Count(string(data), `"connected":true`) == n*max(o.ranks, 1)
 	})
 	return f
 }

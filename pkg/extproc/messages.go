@@ -61,6 +61,8 @@ type requestHeaders struct {
 	// requestID is x-request-id, which Envoy sets or passes on, the first
 	// when there are several.
 	requestID string
+	// namesRank reports the client's own x-data-parallel-rank.
+	namesRank bool
 	// contentType tells how a body names its model (see
 	// gateway.PickRequest.ContentType).
 	contentType string
@@ -82,10 +84,15 @@ func readRequestHeaders(m *corev3.HeaderMap) requestHeaders {
 			}
 		case "content-type":
 			r.contentType = headerValue(h)
+		case headerDPRank:
+			r.namesRank = true
 		}
 	}
 	return r
 }
+
+// headerDPRank is gateway.HeaderDataParallelRank as Envoy names headers.
+var headerDPRank = strings.ToLower(gateway.HeaderDataParallelRank)
 
 // responseHeaders is what the Server reads of a response's headers.
 type responseHeaders struct {

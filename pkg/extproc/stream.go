@@ -189,12 +189,17 @@ func (st *stream) headersAnswer(pick *gateway.Pick) *extprocv3.CommonResponse {
 	return &extprocv3.CommonResponse{HeaderMutation: hm, ClearRouteCache: true}
 }
 
-// endpointHeaders are the request headers naming the picked endpoint, and
-// the algorithm that picked it.
+// endpointHeaders are the request headers naming the picked endpoint, the
+// algorithm that picked it, and the data-parallel rank the request is
+// pinned to, if any (a client's own rank header is left as it is).
 func (st *stream) endpointHeaders() []*corev3.HeaderValueOption {
 	addr := st.pick.Endpoint().Address
-	return []*corev3.HeaderValueOption{set(HeaderDestination, addr), set(gateway.HeaderTargetPod, addr),
+	hs := []*corev3.HeaderValueOption{set(HeaderDestination, addr), set(gateway.HeaderTargetPod, addr),
 		set(routing.HeaderRoutingStrategy, st.pick.Algorithm())}
+	if r := st.pick.DPRank(); r >= 0 {
+		hs = append(hs, set(headerDPRank, strconv.Itoa(r)))
+	}
+	return hs
 }
 
 // requestBody takes a piece of the request's body; the last one decides.
@@ -271,8 +276,8 @@ func (st *stream) decideAndAnswer(at answerPoint) error {
 	st.decided = true
 	t0 := time.Now()
 	in := gateway.PickRequest{Path: st.hdr.path, Method: st.hdr.method, Body: st.body, ContentType: st.hdr.contentType, Strategy: st.hdr.strategy,
-		ClientRequestID: st.hdr.requestID,
-		Subset:          st.subset, Received: st.start}
+		ClientRequestID: st.hdr.requestID, NamesRank: st.hdr.namesRank,
+		Subset: st.subset, Received: st.start}
 	if st.s.cfg.MaxMessageTimeout > 0 {
 		in.Waiting = st.extendMessageTimeout
 	}

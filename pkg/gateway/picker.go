@@ -124,6 +124,10 @@ type PickRequest struct {
 	// (X-Request-Id), "" for none: logs and GET /debug/slo show it beside
 	// the gateway's own id, as the proxy's requests show theirs.
 	ClientRequestID string
+	// NamesRank reports a request carrying its own X-Data-Parallel-Rank
+	// header: the gateway pins it to no rank (Pick.DPRank is -1), and the
+	// front end forwards the client's header.
+	NamesRank bool
 	// Subset, when not nil, restricts the candidates to the pods at these
 	// addresses (ip:port): a request whose subset holds no candidate is
 	// refused with 503.
@@ -206,6 +210,7 @@ func (p *Picker) Pick(ctx context.Context, in PickRequest) (*Pick, *Error) {
 		return nil, err
 	}
 	k.rc, k.req = g.begin(ctx, &k.a, k.x, start, in.ClientRequestID)
+	k.x.ownRank = in.NamesRank
 	if queuesForSLO(kd, k.a.algorithm) && !k.a.pinned {
 		h, err := g.queueSLO(ctx, &k.a, k.rc, k.req, k.x, in.Waiting)
 		if h == nil {
@@ -320,6 +325,13 @@ func (k *Pick) Algorithm() string { return k.x.d.Algorithm }
 
 // Attempt returns the request's attempt on its pod.
 func (k *Pick) Attempt() *inflight.Handle { return k.h }
+
+// DPRank returns the data-parallel rank of the pod the request is pinned
+// to, which the front end names in the request's X-Data-Parallel-Rank
+// header (HeaderDataParallelRank), as the proxy does; -1 for none: the
+// engine then balances the request over its ranks (see the package
+// documentation).
+func (k *Pick) DPRank() int { return pinnedRank(k.h) }
 
 // Body returns the body to forward, and whether it differs from the
 // client's: a streamed request that did not ask for the usage chunk is
