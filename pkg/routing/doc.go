@@ -109,9 +109,13 @@
 // medium and G(p) the part of it in GPU memory (both from the index, in whole
 // blocks, so a trailing partial block always counts as work, as vLLM
 // recomputes it). For a pod that serves several data-parallel ranks behind
-// one port, both are of the rank holding the longest prefix, although the
-// engine, not the gateway, chooses the rank a request runs on, by load; a
-// request for a prefix one rank holds may run on another and compute it
+// one port, both are of the rank holding the longest prefix. The decision
+// names that rank (Decision.DPRank), for the gateway to send the request
+// there with vLLM's X-data-parallel-rank header, when the pod's ranks
+// start at 0 and the rank holds strictly more of the prefix than each
+// other rank; otherwise, and when the gateway leaves the rank to the
+// engine to spread a hot prefix, the engine chooses the rank by load, and
+// a request for a prefix one rank holds may run on another and compute it
 // again. GPU-resident tokens cost nothing to reuse. Tokens held only
 // in CPU memory or storage must be copied back, which is cheaper than
 // computing them but not free; w, Config.CPUCacheWeight, is the share of
