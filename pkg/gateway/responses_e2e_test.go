@@ -9,17 +9,24 @@ import (
 // streamed (its response.completed event's response).
 func responsesInputTokens(t *testing.T, body []byte) int {
 	t.Helper()
+	return usageInputTokens(t, responseObject(t, body))
+}
+
+// responseObject returns the Responses API response of body, a whole
+// response or a stream, whose response.completed event carries it.
+func responseObject(t *testing.T, body []byte) string {
+	t.Helper()
 	data, streamed := answerData(t, body, "response.completed")
-	if streamed {
-		var completed struct {
-			Response json.RawMessage `json:"response"`
-		}
-		if err := json.Unmarshal([]byte(data), &completed); err != nil {
-			t.Fatalf("response.completed %q: %v", data, err)
-		}
-		data = string(completed.Response)
+	if !streamed {
+		return data
 	}
-	return usageInputTokens(t, data)
+	var completed struct {
+		Response json.RawMessage `json:"response"`
+	}
+	if err := json.Unmarshal([]byte(data), &completed); err != nil {
+		t.Fatalf("response.completed %q: %v", data, err)
+	}
+	return string(completed.Response)
 }
 
 // TestAResponsesConversationStaysOnThePodHoldingItsPrefix runs an agent's

@@ -28,16 +28,7 @@ type storedResponse struct {
 // stream, whose response.completed event carries the response.
 func readStoredResponse(t *testing.T, body []byte) storedResponse {
 	t.Helper()
-	data, streamed := answerData(t, body, "response.completed")
-	if streamed {
-		var completed struct {
-			Response json.RawMessage `json:"response"`
-		}
-		if err := json.Unmarshal([]byte(data), &completed); err != nil {
-			t.Fatalf("response.completed %q: %v", data, err)
-		}
-		data = string(completed.Response)
-	}
+	data := responseObject(t, body)
 	var r storedResponse
 	if err := json.Unmarshal([]byte(data), &r); err != nil || r.ID == "" {
 		t.Fatalf("no response in %s: %v", body, err)
