@@ -295,10 +295,10 @@
 // queue predicts from it), and the engine holds its prefix. A follow-up
 // whose response the gateway does not remember, or whose engine no longer
 // is a ready pod of the model (deleted, replaced by a pod of another UID or
-// address, whose store is empty, or not ready), is routed on load alone as
-// before (its tokenization counted as unsupported), and the engine it
-// reaches answers 404 unless it holds the response. GET /v1/responses/{id}
-// and POST /v1/responses/{id}/cancel, which name no model, are answered 404
+// address, whose store is empty, or not ready), is routed on load alone
+// (its tokenization counted as unsupported), and the engine it reaches
+// answers 404 unless it holds the response. GET /v1/responses/{id} and POST
+// /v1/responses/{id}/cancel, which name no model, are answered 404
 // not_found by the gateway itself in those cases, saying why; through the
 // external processor alike. Each gateway replica remembers the responses it
 // relayed, up to Config.MaxStoredResponses (KVGATE_MAX_STORED_RESPONSES,
