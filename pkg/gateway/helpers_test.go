@@ -328,22 +328,41 @@ func post(t testing.TB, url, body string, headers map[string]string) (*http.Resp
 // tryPost is post for goroutines other than the test's, which must not
 // fail the test themselves.
 func tryPost(url, body string, headers map[string]string) (*http.Response, []byte, error) {
-	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	return trySend(http.MethodPost, url, body, headers)
+}
+
+// send sends a request of method without a body to url with headers, and
+// returns the response and its body.
+func send(t testing.TB, method, url string, headers map[string]string) (*http.Response, []byte) {
+	t.Helper()
+	resp, data, err := trySend(method, url, "", headers)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp, data
+}
+
+// trySend sends a request of method to url with headers and, unless body
+// is empty, the JSON body.
+func trySend(method, url, body string, headers map[string]string) (*http.Response, []byte, error) {
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
 	if err != nil {
 		return nil, nil, err
 	}
-	req.Header.Set("Content-Type", "application/json")
+	if body != "" || method == http.MethodPost {
+		req.Header.Set("Content-Type", "application/json")
+	}
 	for k, v := range headers {
 		req.Header.Set(k, v)
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return nil, nil, fmt.Errorf("POST %s: %w", url, err)
+		return nil, nil, fmt.Errorf("%s %s: %w", method, url, err)
 	}
 	defer resp.Body.Close()
 	data, err := io.ReadAll(resp.Body)
 	if err != nil {
-		return nil, nil, fmt.Errorf("POST %s: read body: %w", url, err)
+		return nil, nil, fmt.Errorf("%s %s: read body: %w", method, url, err)
 	}
 	return resp, data, nil
 }

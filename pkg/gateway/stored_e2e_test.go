@@ -3,7 +3,6 @@ package gateway
 import (
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -72,18 +71,7 @@ func TestAConversationContinuedByIDStaysOnTheEngineThatStoredIt(t *testing.T) {
 
 	get := func(method, path string) (*http.Response, []byte) {
 		t.Helper()
-		req, err := http.NewRequest(method, f.url+path, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		req.Header.Set(routing.HeaderRoutingStrategy, routing.Random)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		data, _ := io.ReadAll(resp.Body)
-		return resp, data
+		return send(t, method, f.url+path, random)
 	}
 	for range 6 {
 		resp, body := get(http.MethodGet, PathResponses+"/"+last.ID)

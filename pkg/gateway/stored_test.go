@@ -196,17 +196,7 @@ func TestAFollowUpGoesToTheEngineThatMadeItsResponse(t *testing.T) {
 		if c.query != "" {
 			url += "?" + c.query
 		}
-		req, err := http.NewRequest(c.method, url, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		req.Header.Set(routing.HeaderRoutingStrategy, routing.Random)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		data, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
+		resp, data := send(t, c.method, url, random)
 		if resp.StatusCode != c.status || !strings.Contains(string(data), c.want) ||
 			resp.Header.Get(HeaderTargetPodName) != owner {
 			t.Fatalf("%s %s: %d from %q: %s; want %d with %q from %s", c.method, url, resp.StatusCode,
@@ -226,13 +216,7 @@ func TestAFollowUpGoesToTheEngineThatMadeItsResponse(t *testing.T) {
 		if strings.HasSuffix(path, "/cancel") {
 			method = http.MethodPost
 		}
-		req, _ := http.NewRequest(method, f.url+path, nil)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		data, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
+		resp, data := send(t, method, f.url+path, nil)
 		if resp.StatusCode != http.StatusNotFound || !strings.Contains(string(data), "no record") {
 			t.Errorf("%s %s: %d %s; want 404 saying the gateway has no record of the response", method, path, resp.StatusCode, data)
 		}
