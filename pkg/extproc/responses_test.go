@@ -141,6 +141,10 @@ func TestRequestsForAStoredResponseArePickedOnTheEngineThatMadeIt(t *testing.T) 
 			}
 		}
 	}
+	// The usage of each response was read with its id.
+	if n := f.metric(t, "kvgate_gateway_responses_without_usage_total", nil); n != 0 {
+		t.Errorf("%v responses without usage, want none", n)
+	}
 	for _, tt := range []struct {
 		r      request
 		status int

@@ -435,6 +435,9 @@ type Response struct {
 	// body, to read its usage; over reports a longer one.
 	whole bytes.Buffer
 	over  bool
+	// read reports a whole body whose usage was read with its last piece
+	// (into events), as a Responses response's is with its id.
+	read bool
 	// uninspected reports the response of an endpoint other than the
 	// completions: its body is passed on unread, and carries no usage.
 	uninspected bool
@@ -495,8 +498,12 @@ func (r *Response) Body(dst, piece []byte, last bool) []byte {
 			}
 			if last && !r.over && r.events.stored != nil {
 				// The client gets the response's id with this piece: a
-				// follow-up naming it finds the record.
-				r.events.stored(responseID(r.whole.Bytes()))
+				// follow-up naming it finds the record. The same pass
+				// reads the usage Done reports.
+				var id string
+				r.events.usage, r.events.hasUsage, id = responseUsageAndID(r.whole.Bytes(), r.kind)
+				r.read = true
+				r.events.stored(id)
 				r.events.stored = nil
 			}
 		}
@@ -641,7 +648,7 @@ func (r *Response) Done() {
 	var u usage
 	var ok bool
 	switch {
-	case r.sse:
+	case r.sse, r.read:
 		u, ok = r.events.usage, r.events.hasUsage
 	case r.status == http.StatusOK && !r.over && !r.uninspected:
 		u, ok = responseUsage(r.whole.Bytes(), r.kind)

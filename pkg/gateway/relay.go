@@ -43,15 +43,27 @@ type usage struct {
 // completions (see readUsage), Anthropic's Messages (see
 // readMessagesUsage) or OpenAI's Responses (see readResponsesUsage).
 func responseUsage(body []byte, k kind) (usage, bool) {
-	var u usage
+	u, ok, _ := responseUsageAndID(body, k)
+	return u, ok
+}
+
+// responseUsageAndID is responseUsage that also returns, of a Responses
+// response, its id ("" when it has none that is a string; see
+// storedResponses), in the same pass over the body.
+func responseUsageAndID(body []byte, k kind) (u usage, ok bool, id string) {
 	found := false
 	err := jsonscan.Members(body, func(name, value []byte) error {
-		if string(jsonscan.Name(name)) == "usage" {
+		switch string(jsonscan.Name(name)) {
+		case "usage":
 			u, found = readUsageOf(k, value)
+		case "id":
+			if k == kindResponses && value[0] == '"' {
+				id, _ = jsonscan.String(value)
+			}
 		}
 		return nil
 	})
-	return u, found && err == nil
+	return u, found && err == nil, id
 }
 
 // readUsageOf reads a usage object in the shape of the API of requests of
@@ -741,9 +753,16 @@ func (g *Gateway) relayWhole(w http.ResponseWriter, r *http.Request, res *podRes
 	if err != nil {
 		return g.failResponse(w, r, err, stageBody, rc, x, c, h)
 	}
+	// The response's id is recorded before the client can read it; the
+	// same pass reads its usage.
+	var u usage
+	ok, read := false, false
 	if complete && res.status == http.StatusOK {
 		if record := g.recorder(&x.in, x.d.Endpoint, rc.Model); record != nil {
-			record(responseID(x.resp.Bytes()))
+			var id string
+			u, ok, id = responseUsageAndID(x.resp.Bytes(), x.in.kind)
+			read = true
+			record(id)
 		}
 	}
 	hd := w.Header()
@@ -782,9 +801,7 @@ func (g *Gateway) relayWhole(w http.ResponseWriter, r *http.Request, res *podRes
 		return g.clientGone(c, h)
 	}
 	c.lap(phaseRelay)
-	var u usage
-	ok := false
-	if x.in.kind.generates() {
+	if x.in.kind.generates() && !read {
 		u, ok = responseUsage(x.resp.Bytes(), x.in.kind)
 	}
 	g.closeDone(h, x.in.kind.generates(), res.status, u, complete && ok)

@@ -226,6 +226,11 @@ func TestAFollowUpGoesToTheEngineThatMadeItsResponse(t *testing.T) {
 		t.Errorf("%s = %v, want 2", served, got)
 	}
 
+	// The usage of each response was read with its id.
+	if got := f.metric("kvgate_gateway_responses_without_usage_total"); got != 0 {
+		t.Errorf("%v responses without usage, want none", got)
+	}
+
 	owners := `kvgate_gateway_stored_response_requests_total{endpoint="/v1/responses",result="owner"}`
 	if got := f.metric(owners); got != 24 {
 		t.Errorf("%s = %v, want 24", owners, got)
