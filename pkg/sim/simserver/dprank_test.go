@@ -1,9 +1,7 @@
 package simserver
 
 import (
-	"io"
 	"net/http"
-	"strings"
 	"testing"
 
 	"github.com/kvgate/kvgate/pkg/sim"
@@ -13,21 +11,11 @@ import (
 // ("" for none).
 func (ts *testServer) postToRank(t *testing.T, path, body, rank string) (int, []byte) {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, ts.url+path, strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Content-Type", "application/json")
+	var header map[string]string
 	if rank != "" {
-		req.Header.Set("x-data-parallel-rank", rank)
+		header = map[string]string{"x-data-parallel-rank": rank}
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	out, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, out
+	return ts.send(t, http.MethodPost, path, body, header)
 }
 
 // TestARequestRunsOnTheDataParallelRankItsHeaderNames runs a prompt on

@@ -12,7 +12,25 @@ import (
 // postRaw sends body, as written, and returns the status and response body.
 func (ts *testServer) postRaw(t *testing.T, path, body string) (int, []byte) {
 	t.Helper()
-	resp, err := http.Post(ts.url+path, "application/json", strings.NewReader(body))
+	return ts.send(t, http.MethodPost, path, body, nil)
+}
+
+// send sends a request of method to path, with body as JSON (a POST's
+// even when empty) and header's fields, and returns the status and
+// response body.
+func (ts *testServer) send(t *testing.T, method, path, body string, header map[string]string) (int, []byte) {
+	t.Helper()
+	req, err := http.NewRequest(method, ts.url+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if body != "" || method == http.MethodPost {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	for k, v := range header {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -27,16 +27,7 @@ func storeMode(convert ResponsesConverter) func(*Config) {
 // get sends GET path and returns the status and response body.
 func (ts *testServer) get(t *testing.T, path string) (int, []byte) {
 	t.Helper()
-	resp, err := http.Get(ts.url + path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	out, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp.StatusCode, out
+	return ts.send(t, http.MethodGet, path, "", nil)
 }
 
 // respond posts a Responses body and returns the response object it
