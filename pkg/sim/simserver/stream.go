@@ -119,7 +119,7 @@ func (s *sseWriter) event(name string, v any) {
 		s.err = err
 		return
 	}
-	s.buf = append(append(append(append(append(s.buf[:0], "event: "...), name...), "\ndata: "...), data...), "\n\n"...)
+	s.buf = appendEvent(s.buf[:0], name, data)
 	s.write()
 }
 
@@ -136,7 +136,12 @@ func eventFrame(name string, v any) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	return append(append(append(append(append([]byte(nil), "event: "...), name...), "\ndata: "...), data...), "\n\n"...), nil
+	return appendEvent(nil, name, data), nil
+}
+
+// appendEvent appends to dst the event named name of JSON data.
+func appendEvent(dst []byte, name string, data []byte) []byte {
+	return append(append(append(append(append(dst, "event: "...), name...), "\ndata: "...), data...), "\n\n"...)
 }
 
 func (s *sseWriter) done() {
