@@ -90,16 +90,6 @@ func (p *rankPins) give(pod string, rank int) {
 	}
 }
 
-// pinned returns the attempts in flight pinned to rank of pod.
-func (p *rankPins) pinned(pod string, rank int) int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if pp := p.pods[pod]; pp != nil && rank < len(pp.ranks) {
-		return pp.ranks[rank]
-	}
-	return 0
-}
-
 // pinRank pins the attempt of route to the rank the decision x.d names,
 // unless the client named one itself, DP-rank routing is off, or the rank
 // already runs too many pinned requests (see rankPins.take); it counts the

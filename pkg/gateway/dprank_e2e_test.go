@@ -329,3 +329,13 @@ func TestAnAttemptOfAnEndedRequestHoldsNoPin(t *testing.T) {
 		t.Errorf("rank 1 counts %d pinned requests, want none", n)
 	}
 }
+
+// pinned returns the attempts in flight pinned to rank of pod.
+func (p *rankPins) pinned(pod string, rank int) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if pp := p.pods[pod]; pp != nil && rank < len(pp.ranks) {
+		return pp.ranks[rank]
+	}
+	return 0
+}
