@@ -60,6 +60,12 @@ type RoutingContext struct {
 	// time to first token, so that the gateway, not the engines, holds
 	// what the fleet cannot serve at once.
 	SLOContended bool
+	// Priority ranks the request against the others of its pool when the
+	// fleet is short of capacity: higher first, 0 when the request names
+	// none. A negative priority marks it sheddable: refused rather than
+	// served late. The Gateway API Inference Extension's InferenceObjective
+	// the request names (its x-gateway-inference-objective header) sets it.
+	Priority int
 
 	target atomic.Pointer[routingTarget]
 }
