@@ -48,7 +48,8 @@
 //     Config.SLO): the request carries its model's objective, from the GPU
 //     profiles' SLO fields or the configuration, and goes to a pod
 //     predicted to meet it. When none is, a pulling algorithm holds it in
-//     the queue, earliest deadline first, until a pass finds one (passes
+//     the queue, highest priority first (types.RoutingContext's
+//     Priority), then earliest deadline, until a pass finds one (passes
 //     run on every first token, completion and scrape); slo-least-load
 //     refuses it at once. A request refused (queue full, no pod could meet
 //     its objective even idle, no capacity for slo-least-load) or that
@@ -592,13 +593,15 @@
 //
 // GET /debug/slo shows each model's objective, where it comes from
 // (profile, model, default or none), and its queue: bounds, last pass and
-// the waiting requests in deadline order with their waits and deadlines,
-// and the client's X-Request-Id beside the gateway's id when it sent one
+// the waiting requests in the order passes try them (highest priority
+// first, then earliest deadline) with their priorities, waits and
+// deadlines, and the client's X-Request-Id beside the gateway's id when it sent one
 // (see Request ids):
 //
 //	{"models": [{"model": "llama", "slo": "ttft:2s", "source": "model",
 //	  "queue": {"model": "llama", "length": 1, "maxLength": 1024, "maxWaitSeconds": 60,
-//	            "waiting": [{"requestID": "kvgate-05d6e9fa-7", "clientRequestID": "app-42", "promptTokens": 352, "waitedSeconds": 0.4,
+//	            "waiting": [{"requestID": "kvgate-05d6e9fa-7", "priority": 0, "clientRequestID": "app-42", "promptTokens": 352,
+//	                         "waitedSeconds": 0.4,
 //	                         "deadlineInSeconds": 1.6, "leavesInSeconds": 1.1, "slo": "ttft:2s",
 //	                         "tries": 3, "drainEstimateSeconds": 0.9}]}}]}
 //

@@ -17,8 +17,8 @@
 //
 // A QueueRouter is one model's queue. A request arriving when none waits
 // is routed at once if a pod is predicted to meet its SLO; otherwise, with
-// a pulling algorithm, it waits, earliest deadline first (DeadlineOf), and
-// passes over the queue (Dispatch) route each waiting request as soon as a
+// a pulling algorithm, it waits, highest priority first, then earliest
+// deadline (see Priorities, DeadlineOf), and passes over the queue (Dispatch) route each waiting request as soon as a
 // pod is predicted to meet its SLO: on a first token, a completion, a
 // scrape of the pods' metrics, an arrival (see Routers.Trigger). A request
 // leaves the queue without a pod when it can no longer meet its SLO even on
@@ -41,15 +41,26 @@
 // behind them, and refusing it while a pod can serve it within its SLO
 // would turn away work the fleet has room for (AIBrix's slo-least-load
 // pushes the same way). It may so take capacity that freed for an
-// earlier-deadline waiting request, before the pass the freeing triggered
-// gives it to that request. The pulling algorithms keep deadline order
-// among themselves: a request arriving while others wait queues behind
-// those due earlier.
+// earlier waiting request, before the pass the freeing triggered gives it
+// to that request. The pulling algorithms keep the queue's order among
+// themselves: a request arriving while others wait queues behind those of
+// a higher priority and those of its own due earlier.
 //
-// A pass tries the waiting requests in deadline order; after
+// A pass tries the waiting requests in the queue's order; after
 // maxWaitsPerPass requests in a row that no pod can take, it stops trying
 // and only lets go of those that can no longer meet their SLO, so that a
 // pass over a long queue on a full fleet costs a few decisions.
+//
+// # Priorities
+//
+// A request's priority (types.RoutingContext's Priority, from the Gateway
+// API Inference Extension's InferenceObjective it names) orders the queue
+// before its deadline: a pass tries every waiting request of a higher
+// priority before any of a lower one, whenever they arrived, and requests
+// of equal priority (all of them, by default: 0) earliest deadline first.
+// A request no pod can take yet does not hold up those after it, so one of
+// a lower priority that needs less may still be routed while one of a
+// higher priority waits.
 //
 // # Metrics
 //

@@ -1,6 +1,7 @@
 package slo
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -22,7 +23,7 @@ import (
 const contendedFor = 2 * time.Second
 
 // maxWaitsPerPass bounds how many waiting requests one pass tries, in
-// deadline order, after the last it could route: a pass that finds the
+// queue order, after the last it could route: a pass that finds the
 // fleet full stops trying instead of predicting for every request queued.
 const maxWaitsPerPass = 8
 
@@ -31,13 +32,16 @@ const maxWaitsPerPass = 8
 // the ones after it (see Dispatch).
 const maxRestartsPerPass = 4
 
-// Entry is one request in a QueueRouter: its deadline, and how to route it.
+// Entry is one request in a QueueRouter: its priority and deadline, and how
+// to route it.
 type Entry struct {
 	// Request is the request's routing context, for logs and the debug
-	// API; the queue reads its ID, its arrival and its prompt's length.
+	// API; the queue reads its ID, its arrival, its prompt's length and
+	// its Priority, which orders the queue before Deadline: higher first.
+	// The queue reads Priority once, when the request is submitted.
 	Request *types.RoutingContext
-	// Deadline orders the queue, earliest first: when the request's SLO
-	// expires (see DeadlineOf).
+	// Deadline orders the requests of equal priority, earliest first: when
+	// the request's SLO expires (see DeadlineOf).
 	Deadline time.Time
 	// Try routes the request now. It returns nil when it routed it (the
 	// request's attempt is open), an error wrapping
@@ -56,6 +60,8 @@ type Entry struct {
 	// queue, on Route's goroutine before it waits, with the latest time it
 	// leaves the queue: routed, refused or expired.
 	Waiting func(until time.Time)
+
+	priority int // Request.Priority as submitted
 
 	// guarded by the QueueRouter's mu
 	queued    bool
@@ -156,10 +162,11 @@ type QueueConfig struct {
 
 // QueueRouter routes the requests of one model that use an SLO-aware
 // algorithm: a request no pod can take within its SLO waits in the queue,
-// earliest deadline first, and is routed by a later pass as soon as a pod
-// can (Dispatch: on a first token, a completion, a scrape, an arrival), or
-// leaves it when it can no longer meet its SLO, after MaxWait, or when its
-// caller gives up. A request that does not wait (Route without hold:
+// highest priority first (types.RoutingContext's Priority), then earliest
+// deadline, and is routed by a later pass as soon as a pod can (Dispatch:
+// on a first token, a completion, a scrape, an arrival), or leaves it when
+// it can no longer meet its SLO, after MaxWait, or when its caller gives
+// up. A request that does not wait (Route without hold:
 // slo-least-load) is tried at once even while others wait, and may take
 // capacity freed for them before their pass (see the package doc). Its
 // methods are safe for concurrent use.
@@ -171,7 +178,7 @@ type QueueRouter struct {
 	// routeMu serializes the model's decisions; mu guards the entries.
 	routeMu sync.Mutex
 	mu      sync.Mutex
-	entries []*Entry // by deadline, then arrival
+	entries []*Entry // by priority (highest first), deadline, arrival
 	closed  string   // the reason, once closed
 	lastTry time.Time
 	// busy is when a request last waited, or was refused for want of
@@ -254,6 +261,7 @@ func (q *QueueRouter) Submit(e *Entry, hold bool) (queued bool, err error) {
 		return false, q.refuse(e, closed, 0, nil)
 	}
 	e.enqueued, e.latest = now, now.Add(q.cfg.MaxWait)
+	e.priority = e.Request.Priority
 	if waiting == 0 || !hold {
 		err := q.try(e, now)
 		switch {
@@ -294,8 +302,12 @@ func (q *QueueRouter) Submit(e *Entry, hold bool) (queued bool, err error) {
 	return true, nil
 }
 
-// compareEntries orders entries by deadline, then arrival.
+// compareEntries orders entries by priority, highest first, then
+// deadline, then arrival.
 func compareEntries(a, b *Entry) int {
+	if c := cmp.Compare(b.priority, a.priority); c != 0 {
+		return c
+	}
 	if c := a.Deadline.Compare(b.Deadline); c != 0 {
 		return c
 	}
@@ -338,8 +350,8 @@ func (q *QueueRouter) Trigger() {
 	}
 }
 
-// Run makes a pass (Dispatch) whenever Trigger wakes it and when the first
-// waiting request can no longer meet its SLO, until ctx ends; it then
+// Run makes a pass (Dispatch) whenever Trigger wakes it and when a waiting
+// request can no longer meet its SLO (NextExpiry), until ctx ends; it then
 // refuses the requests still waiting (ReasonStopped) and returns nil.
 func (q *QueueRouter) Run(ctx context.Context) error {
 	timer := time.NewTimer(time.Hour)
@@ -361,8 +373,8 @@ func (q *QueueRouter) Run(ctx context.Context) error {
 	}
 }
 
-// NextExpiry returns when the first waiting request will have to leave
-// the queue, false when none waits.
+// NextExpiry returns the earliest time a waiting request will have to
+// leave the queue, whatever its place in it, false when none waits.
 func (q *QueueRouter) NextExpiry() (time.Time, bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -375,19 +387,20 @@ func (q *QueueRouter) NextExpiry() (time.Time, bool) {
 	return at, !at.IsZero()
 }
 
-// Dispatch makes one pass over the waiting requests, earliest deadline
-// first: it lets go of those that can no longer meet their SLO or waited
-// the longest allowed, and routes those a pod can take now. After
-// maxWaitsPerPass requests in a row that no pod can take, it only checks
-// the rest for expiry. A request that no pod could take does not hold up
-// the later ones, which may need less; but when Trigger reports, during
-// the pass, that capacity may have freed, the pass starts again from the
-// first waiting request (up to maxRestartsPerPass times; after that it
-// stops, and Run makes the pass Trigger asked for), so that a later request
-// does not take what an earlier one could now have. With
-// QueueConfig.Capacity set, a request ending or producing its first token
-// cannot slip between the check and the decision; a scrape that changes
-// the predictions during the one decision in progress still can.
+// Dispatch makes one pass over the waiting requests in queue order,
+// highest priority first, then earliest deadline: it lets go of those that
+// can no longer meet their SLO or waited the longest allowed, and routes
+// those a pod can take now. After maxWaitsPerPass requests in a row that
+// no pod can take, it only checks the rest for expiry. A request that no
+// pod could take does not hold up the later ones, which may need less,
+// even of a lower priority; but when Trigger reports, during the pass,
+// that capacity may have freed, the pass starts again from the first
+// waiting request (up to maxRestartsPerPass times; after that it stops,
+// and Run makes the pass Trigger asked for), so that a later request does
+// not take what an earlier one could now have. With QueueConfig.Capacity
+// set, a request ending or producing its first token cannot slip between
+// the check and the decision; a scrape that changes the predictions during
+// the one decision in progress still can.
 func (q *QueueRouter) Dispatch() {
 	q.routeMu.Lock()
 	defer q.routeMu.Unlock()
@@ -631,6 +644,9 @@ type Status struct {
 // WaitingStatus describes one waiting request.
 type WaitingStatus struct {
 	RequestID string `json:"requestID"`
+	// Priority is the request's priority (types.RoutingContext's
+	// Priority), which orders the queue before its deadline.
+	Priority int `json:"priority"`
 	// ClientRequestID is the client's X-Request-Id as logs show it
 	// (types.RoutingContext.LoggedClientRequestID), left out when it sent
 	// none.
@@ -644,8 +660,8 @@ type WaitingStatus struct {
 	DrainEstimateS  float64 `json:"drainEstimateSeconds"`
 }
 
-// Status returns the queue's state, its waiting requests in deadline
-// order.
+// Status returns the queue's state, its waiting requests in the order
+// passes try them: highest priority first, then earliest deadline.
 func (q *QueueRouter) Status() Status {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -658,7 +674,7 @@ func (q *QueueRouter) Status() Status {
 	}
 	for _, e := range q.entries {
 		s.Waiting = append(s.Waiting, WaitingStatus{
-			RequestID: e.Request.RequestID, ClientRequestID: e.Request.LoggedClientRequestID(), PromptTokens: e.Request.InputTokens(),
+			RequestID: e.Request.RequestID, Priority: e.priority, ClientRequestID: e.Request.LoggedClientRequestID(), PromptTokens: e.Request.InputTokens(),
 			WaitedSeconds: now.Sub(e.enqueued).Seconds(), DeadlineIn: e.Deadline.Sub(now).Seconds(),
 			LeavesIn: e.latest.Sub(now).Seconds(), SLO: e.Request.SLO.String(), Tries: e.tries,
 			DrainEstimateS: e.drain.Seconds(),

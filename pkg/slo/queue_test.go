@@ -723,3 +723,102 @@ func TestQueueTellsEveryRequestOneOutcomeUnderConcurrentRoutesCancelsAndCompleti
 		t.Errorf("outcome counters sum to %v (%v), want %d", sum, o, n)
 	}
 }
+
+// withPriority sets the priority of e's request and returns e.
+func withPriority(e *Entry, priority int) *Entry {
+	e.Request.Priority = priority
+	return e
+}
+
+func TestQueueRoutesHigherPriorityRequestsFirstThenEarliestDeadline(t *testing.T) {
+	type arrival struct {
+		id       string
+		priority int
+		deadline time.Duration // from the first arrival
+	}
+	tests := []struct {
+		name     string
+		arrivals []arrival // in this order, 1 ms apart
+		want     string
+	}{
+		{"a later higher-priority request before an earlier lower-priority one",
+			[]arrival{{"low", 0, 10 * time.Second}, {"high", 5, 30 * time.Second}}, "[high low]"},
+		{"equal priorities keep earliest deadline first",
+			[]arrival{{"late", 3, 30 * time.Second}, {"soon", 3, 10 * time.Second}, {"middle", 3, 20 * time.Second}}, "[soon middle late]"},
+		{"equal priorities and deadlines keep arrival order",
+			[]arrival{{"first", 1, 10 * time.Second}, {"second", 1, 10 * time.Second}}, "[first second]"},
+		{"priority, then deadline",
+			[]arrival{{"a", 0, 5 * time.Second}, {"b", 2, 50 * time.Second}, {"c", 1, 20 * time.Second}, {"d", 2, 40 * time.Second},
+				{"e", 1, 10 * time.Second}}, "[d b e c a]"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := newClock()
+			start := c.Now()
+			f := &fleet{slack: time.Minute}
+			q, _ := newTestQueue(t, c, QueueConfig{})
+			priorities := map[string]int{}
+			for _, a := range tt.arrivals {
+				e := withPriority(entry(f, c, a.id, 0, nil), a.priority)
+				e.Deadline = start.Add(a.deadline)
+				priorities[a.id] = a.priority
+				if queued, err := q.Submit(e, true); !queued {
+					t.Fatalf("%s was not queued on a full fleet: %v", a.id, err)
+				}
+				c.Advance(time.Millisecond)
+			}
+			var shown []string
+			for _, w := range q.Status().Waiting {
+				shown = append(shown, w.RequestID)
+				if w.Priority != priorities[w.RequestID] {
+					t.Errorf("/debug/slo shows %s with priority %d, want %d", w.RequestID, w.Priority, priorities[w.RequestID])
+				}
+			}
+			if got := fmt.Sprint(shown); got != tt.want {
+				t.Errorf("Status lists %s waiting, want %s", got, tt.want)
+			}
+			for range tt.arrivals {
+				f.release(1)
+				q.Dispatch()
+			}
+			if got := fmt.Sprint(f.order()); got != tt.want || q.Len() != 0 {
+				t.Fatalf("routed %s with %d waiting, want %s", got, q.Len(), tt.want)
+			}
+		})
+	}
+}
+
+func TestQueueLetsGoOfAnExpiringRequestBehindHigherPriorityOnes(t *testing.T) {
+	// A low-priority request with little slack waits behind more
+	// higher-priority ones than a pass tries on a full fleet: the queue's
+	// loop still wakes for its expiry, and a pass lets it go then.
+	c := newClock()
+	f := &fleet{slack: time.Minute}
+	q, reg := newTestQueue(t, c, QueueConfig{})
+	var got error
+	low := entry(f, c, "low", time.Minute, func(err error) { got = err })
+	low.Try = func() error { return &routing.SLOError{Model: "m", Slack: 200 * time.Millisecond, Drain: time.Second} }
+	if queued, _ := q.Submit(low, true); !queued {
+		t.Fatal("the low-priority request was not queued")
+	}
+	for i := range maxWaitsPerPass + 2 {
+		if queued, _ := q.Submit(withPriority(entry(f, c, fmt.Sprint("high", i), time.Minute, nil), 1), true); !queued {
+			t.Fatalf("high%d was not queued", i)
+		}
+	}
+	if w := q.Status().Waiting; w[len(w)-1].RequestID != "low" {
+		t.Fatalf("the low-priority request is not last in the queue")
+	}
+	if at, ok := q.NextExpiry(); !ok || !at.Equal(c.Now().Add(200*time.Millisecond)) {
+		t.Fatalf("next expiry %v %v, want the low-priority request's, in 200 ms", at, ok)
+	}
+	c.Advance(200 * time.Millisecond)
+	q.Dispatch()
+	var qe *Error
+	if !errors.As(got, &qe) || qe.Reason != ReasonExpired || q.Len() != maxWaitsPerPass+2 {
+		t.Fatalf("the low-priority request left with %v, %d waiting; want it expired and the others waiting", got, q.Len())
+	}
+	if o := outcomeCounts(t, reg); o[outcomeExpired] != 1 {
+		t.Fatalf("outcomes %v, want 1 expired", o)
+	}
+}
