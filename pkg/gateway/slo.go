@@ -25,6 +25,7 @@ const (
 	codeSLOUnmeetable = "slo_unmeetable"
 	codeSLONoCapacity = "slo_no_capacity"
 	codeSLOExpired    = "slo_expired"
+	codeSLODisplaced  = "slo_displaced"
 	codeShuttingDown  = "gateway_shutting_down"
 	// HeaderRetryAfter says, in seconds, when a request refused with 429
 	// may be sent again.
@@ -94,14 +95,16 @@ func (g *Gateway) routeSLO(w http.ResponseWriter, r *http.Request, a *admitted, 
 var sloCodes = map[string]string{
 	slo.ReasonQueueFull: codeSLOQueueFull, slo.ReasonUnmeetable: codeSLOUnmeetable,
 	slo.ReasonNoCapacity: codeSLONoCapacity, slo.ReasonExpired: codeSLOExpired,
+	slo.ReasonDisplaced: codeSLODisplaced,
 }
 
 // queueSLO routes a request that names an SLO-aware algorithm through its
 // model's queue: at once when a pod is predicted to meet its objective,
 // else, with a pulling algorithm, once one is, for as long as ctx lasts.
 // It returns the attempt opened on the chosen pod, or the error to answer
-// the client with: 429 with a RetryAfter when the queue refused the request
-// or it could no longer meet its objective, 503 when its model left the
+// the client with: 429 with a RetryAfter when the queue refused the request,
+// it could no longer meet its objective or a request of a higher priority
+// took its place, 503 when its model left the
 // fleet, no pod is ready or the gateway stops. It returns neither when ctx
 // ended first: the client went away. waiting, when set, is told when the
 // request starts waiting (see slo.Entry.Waiting).

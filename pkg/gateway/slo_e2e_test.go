@@ -611,3 +611,14 @@ func TestThePickerHoldsSLORequestsInTheModelsQueue(t *testing.T) {
 		}
 	}
 }
+
+func TestEverySLOQueueRefusalAnswersItsOwnErrorCode(t *testing.T) {
+	for reason, want := range map[string]string{
+		slo.ReasonQueueFull: codeSLOQueueFull, slo.ReasonUnmeetable: codeSLOUnmeetable, slo.ReasonNoCapacity: codeSLONoCapacity,
+		slo.ReasonExpired: codeSLOExpired, slo.ReasonDisplaced: codeSLODisplaced,
+	} {
+		if got := sloCodes[reason]; got != want {
+			t.Errorf("a request the queue refused with %s is answered with code %q, want %q", reason, got, want)
+		}
+	}
+}

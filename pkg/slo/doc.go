@@ -18,14 +18,16 @@
 // A QueueRouter is one model's queue. A request arriving when none waits
 // is routed at once if a pod is predicted to meet its SLO; otherwise, with
 // a pulling algorithm, it waits, highest priority first, then earliest
-// deadline (see Priorities, DeadlineOf), and passes over the queue (Dispatch) route each waiting request as soon as a
-// pod is predicted to meet its SLO: on a first token, a completion, a
-// scrape of the pods' metrics, an arrival (see Routers.Trigger). A request
-// leaves the queue without a pod when it can no longer meet its SLO even on
-// the best pod once that pod's queue has drained, after Config.MaxWait, or
-// when its model leaves the fleet; one arriving at a full queue
-// (Config.MaxQueueLength), or that no pod could serve within its SLO even
-// idle, is refused at once. Front ends answer both with 429 and a
+// deadline (see Priorities, DeadlineOf), and passes over the queue
+// (Dispatch) route each waiting request as soon as a pod is predicted to
+// meet its SLO: on a first token, a completion, a scrape of the pods'
+// metrics, an arrival (see Routers.Trigger). A request leaves the queue
+// without a pod when it can no longer meet its SLO even on the best pod
+// once that pod's queue has drained, after Config.MaxWait, when its model
+// leaves the fleet, or when a request of a higher priority takes its place
+// in a full queue; one arriving at a full queue (Config.MaxQueueLength)
+// that outranks no waiting request, or that no pod could serve within its
+// SLO even idle, is refused at once. Front ends answer both with 429 and a
 // Retry-After (*Error: whole seconds, at most Config.MaxWait), except a
 // request whose model left, or that no pod is left to route to
 // (Entry.Try's own error), with 503. A front end waits on a request with
@@ -62,13 +64,20 @@
 // a lower priority that needs less may still be routed while one of a
 // higher priority waits.
 //
+// A full queue makes room for a request of a higher priority than one
+// waiting: the waiting request of the lowest priority, and among those
+// the latest deadline, leaves with ReasonDisplaced (429, with the
+// Retry-After of a full queue) and the arrival waits in its place. An
+// arrival that outranks no waiting request is refused (ReasonQueueFull):
+// the queue never holds more than Config.MaxQueueLength.
+//
 // # Metrics
 //
 // NewMetrics registers, per model:
 //
 //	kvgate_slo_queue_length{model}            requests waiting
 //	kvgate_slo_queue_wait_seconds{model}      time waited, by requests leaving the queue
-//	kvgate_slo_requests_total{model,outcome}  admitted, rejected, expired, cancelled, dropped
+//	kvgate_slo_requests_total{model,outcome}  admitted, rejected, expired, cancelled, dropped, displaced
 //	kvgate_slo_queued_total{model}            requests that had to wait
 //
 // A model's series are deleted when it leaves the fleet.

@@ -25,9 +25,12 @@ const (
 	// outcomeDropped: its model left the fleet (or no pod was left to
 	// route it to), or the gateway stopped, while it waited.
 	outcomeDropped = "dropped"
+	// outcomeDisplaced: it waited in a full queue until a request of a
+	// higher priority took its place.
+	outcomeDisplaced = "displaced"
 )
 
-var outcomes = []string{outcomeAdmitted, outcomeRejected, outcomeExpired, outcomeCancelled, outcomeDropped}
+var outcomes = []string{outcomeAdmitted, outcomeRejected, outcomeExpired, outcomeCancelled, outcomeDropped, outcomeDisplaced}
 
 // Metrics are the queues' Prometheus metrics, labelled by model; a model's
 // series are deleted when it leaves the fleet (Forget).
@@ -42,7 +45,7 @@ type Metrics struct {
 //
 //	kvgate_slo_queue_length{model}            requests waiting
 //	kvgate_slo_queue_wait_seconds{model}      time waited, by requests leaving the queue
-//	kvgate_slo_requests_total{model,outcome}  admitted, rejected, expired, cancelled, dropped
+//	kvgate_slo_requests_total{model,outcome}  admitted, rejected, expired, cancelled, dropped, displaced
 //	kvgate_slo_queued_total{model}            requests that had to wait
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	const ns, sub = "kvgate", "slo"
@@ -57,7 +60,8 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 				"rejected (refused on arrival: queue full, SLO unmeetable, or no capacity for slo-least-load), " +
 				"expired (left the queue when it could no longer meet its SLO or waited the longest allowed), " +
 				"cancelled (the client went away while it waited), dropped (the model left the fleet, or no pod was left " +
-				"to route it to, or the gateway stopped, while it waited)."},
+				"to route it to, or the gateway stopped, while it waited), displaced (waited in a full queue until a request " +
+				"of a higher priority took its place)."},
 			[]string{"model", "outcome"}),
 		queued: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "queued_total",
 			Help: "Requests that waited in their model's queue because no pod could serve them within their SLO on arrival."},

@@ -101,6 +101,9 @@ const (
 	// ReasonExpired: the request waited until it could no longer meet its
 	// SLO, or for the longest wait allowed.
 	ReasonExpired = "expired"
+	// ReasonDisplaced: the request waited in a full queue and a request
+	// of a higher priority took its place (see QueueRouter.Submit).
+	ReasonDisplaced = "displaced"
 	// ReasonModelGone: the model left the fleet while the request waited.
 	ReasonModelGone = "model_gone"
 	// ReasonStopped: the gateway is shutting down.
@@ -134,6 +137,8 @@ func (e *Error) Error() string {
 	case ReasonExpired:
 		msg += fmt.Sprintf("no pod could serve the request within its service-level objective after waiting %v",
 			e.Waited.Round(time.Millisecond))
+	case ReasonDisplaced:
+		msg += "a request of a higher priority took the request's place in the full queue"
 	case ReasonModelGone:
 		msg += "the model left the fleet while the request waited"
 	default:
@@ -245,7 +250,10 @@ func (q *QueueRouter) Route(ctx context.Context, e *Entry, hold bool) error {
 
 // Submit tries e at once when no request of the model waits (or without
 // hold); when e has to wait, it queues it and wakes the queue's loop for a
-// pass. It reports whether e was queued: its outcome is then told by
+// pass. A full queue (QueueConfig.MaxLength) refuses e (ReasonQueueFull)
+// unless e's priority is higher than that of a waiting request: the
+// waiting request of the lowest priority, and among those the latest
+// deadline, then leaves (ReasonDisplaced) for e to wait. It reports whether e was queued: its outcome is then told by
 // e.Done (and Route's wait). When it was not queued, the error is nil when
 // e was routed, an *Error when it was refused (with Close's reason when
 // the queue was closed, even while e was tried), and Try's own error when
@@ -285,16 +293,29 @@ func (q *QueueRouter) Submit(e *Entry, hold bool) (queued bool, err error) {
 		q.mu.Unlock()
 		return false, q.refuse(e, closed, 0, nil)
 	}
+	var displaced *Entry
+	var retry time.Duration
 	if len(q.entries) >= q.cfg.MaxLength {
-		retry := q.retryAfterLocked(now)
-		q.mu.Unlock()
-		return false, q.refuse(e, ReasonQueueFull, retry, nil)
+		retry = q.retryAfterLocked(now)
+		// The last entry is of the lowest priority and, among those, the
+		// latest deadline. No pass is trying it: q.routeMu is held.
+		last := q.entries[len(q.entries)-1]
+		if last.priority >= e.priority {
+			q.mu.Unlock()
+			return false, q.refuse(e, ReasonQueueFull, retry, nil)
+		}
+		q.removeLocked(last)
+		displaced = last
 	}
 	e.queued = true
 	i, _ := slices.BinarySearchFunc(q.entries, e, compareEntries)
 	q.entries = slices.Insert(q.entries, i, e)
-	q.metrics.queued(len(q.entries))
+	n := len(q.entries)
+	q.metrics.queued(n)
 	q.mu.Unlock()
+	if displaced != nil {
+		q.leave(displaced, ReasonDisplaced, retry, n, nil)
+	}
 	// A pass, even when e is the only request waiting: capacity freed
 	// since e was tried woke no loop (Routers.Trigger passes over empty
 	// queues), and the loop must arm its timer for e's expiry.
@@ -583,8 +604,11 @@ func (q *QueueRouter) refuse(e *Entry, reason string, retry time.Duration, cause
 func (q *QueueRouter) leave(e *Entry, reason string, retry time.Duration, left int, cause error) {
 	waited := q.cfg.Now().Sub(e.enqueued)
 	outcome := outcomeExpired
-	if reason == ReasonModelGone || reason == ReasonStopped {
+	switch reason {
+	case ReasonModelGone, ReasonStopped:
 		outcome = outcomeDropped
+	case ReasonDisplaced:
+		outcome = outcomeDisplaced
 	}
 	q.metrics.left(outcome, waited, left)
 	e.finish(&Error{Model: q.model, Reason: reason, RetryAfter: q.retryAfter(retry), Waited: waited, Err: cause})

@@ -719,7 +719,11 @@ func TestQueueTellsEveryRequestOneOutcomeUnderConcurrentRoutesCancelsAndCompleti
 		t.Errorf("kvgate_slo_queue_length %v, want 0", g)
 	}
 	o := outcomeCounts(t, reg)
-	if sum := o[outcomeAdmitted] + o[outcomeRejected] + o[outcomeExpired] + o[outcomeCancelled] + o[outcomeDropped]; sum != n {
+	var sum float64
+	for _, k := range o {
+		sum += k
+	}
+	if sum != n {
 		t.Errorf("outcome counters sum to %v (%v), want %d", sum, o, n)
 	}
 }
@@ -820,5 +824,78 @@ func TestQueueLetsGoOfAnExpiringRequestBehindHigherPriorityOnes(t *testing.T) {
 	}
 	if o := outcomeCounts(t, reg); o[outcomeExpired] != 1 {
 		t.Fatalf("outcomes %v, want 1 expired", o)
+	}
+}
+
+func TestQueueFullMakesRoomOnlyForAHigherPriorityArrival(t *testing.T) {
+	type waiting struct {
+		id       string
+		priority int
+		deadline time.Duration
+	}
+	full := []waiting{{"a", 0, 10 * time.Second}, {"b", 0, 30 * time.Second}, {"c", 1, 5 * time.Second}}
+	tests := []struct {
+		name          string
+		priority      int
+		wantDisplaced string // "" when the arrival is refused
+		wantWaiting   string
+	}{
+		{"a higher priority displaces the lowest priority's latest deadline", 1, "b", "[c x a]"},
+		{"the highest priority displaces the same", 9, "b", "[x c a]"},
+		{"the lowest priority waiting is refused", 0, "", "[c a b]"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := newClock()
+			f := &fleet{slack: time.Minute}
+			q, reg := newTestQueue(t, c, QueueConfig{MaxLength: len(full)})
+			ctx, cancel := context.WithCancel(context.Background())
+			t.Cleanup(cancel)
+			routes := map[string]chan error{}
+			for _, w := range full {
+				e := withPriority(entry(f, c, w.id, w.deadline, nil), w.priority)
+				route := make(chan error, 1)
+				routes[w.id] = route
+				go func() { route <- q.Route(ctx, e, true) }()
+				testsupport.Eventually(t, w.id+" to wait", func() bool { return len(q.Status().Waiting) == len(routes) })
+			}
+			queued, err := q.Submit(withPriority(entry(f, c, "x", 20*time.Second, nil), tt.priority), true)
+			var qe *Error
+			if tt.wantDisplaced == "" {
+				if queued || !errors.As(err, &qe) || qe.Reason != ReasonQueueFull {
+					t.Fatalf("Submit = %v, %v; want refused with %s", queued, err, ReasonQueueFull)
+				}
+			} else {
+				if !queued || err != nil {
+					t.Fatalf("Submit = %v, %v; want queued", queued, err)
+				}
+				select {
+				case err := <-routes[tt.wantDisplaced]:
+					if !errors.As(err, &qe) || qe.Reason != ReasonDisplaced || qe.RetryAfter != 2*time.Second {
+						t.Fatalf("the displaced request's Route = %v (%+v), want %s with the 2 s Retry-After of a full queue",
+							err, qe, ReasonDisplaced)
+					}
+				case <-time.After(10 * time.Second):
+					t.Fatalf("the Route of %s did not return", tt.wantDisplaced)
+				}
+			}
+			var shown []string
+			for _, w := range q.Status().Waiting {
+				shown = append(shown, w.RequestID)
+			}
+			if got := fmt.Sprint(shown); got != tt.wantWaiting {
+				t.Fatalf("waiting %s, want %s", got, tt.wantWaiting)
+			}
+			wantDisplaced, wantRejected := 1.0, 0.0
+			if tt.wantDisplaced == "" {
+				wantDisplaced, wantRejected = 0, 1
+			}
+			if o := outcomeCounts(t, reg); o[outcomeDisplaced] != wantDisplaced || o[outcomeRejected] != wantRejected {
+				t.Fatalf("outcomes %v, want %v displaced and %v rejected", o, wantDisplaced, wantRejected)
+			}
+			if g := testsupport.MetricValue(t, reg, "kvgate_slo_queue_length", map[string]string{"model": "m"}); g != float64(len(full)) {
+				t.Fatalf("kvgate_slo_queue_length %v, want %d", g, len(full))
+			}
+		})
 	}
 }
