@@ -51,12 +51,14 @@
 //     the queue, highest priority first (types.RoutingContext's
 //     Priority), then earliest deadline, until a pass finds one (passes
 //     run on every first token, completion and scrape); slo-least-load
-//     refuses it at once. A request refused (queue full, no pod could meet
-//     its objective even idle, no capacity for slo-least-load), that
-//     waited until it could no longer meet its objective, or whose place
-//     in a full queue a request of a higher priority took is answered 429
-//     with a Retry-After in seconds and the codes slo_queue_full,
-//     slo_unmeetable, slo_no_capacity, slo_expired or slo_displaced; a client that goes
+//     refuses it at once, and so does a pulling algorithm a sheddable
+//     request (a negative priority), or one arriving while others wait. A
+//     request refused (queue full, no pod could meet its objective even
+//     idle, no capacity for slo-least-load, sheddable), that waited until
+//     it could no longer meet its objective, or whose place in a full
+//     queue a request of a higher priority took is answered 429 with a
+//     Retry-After in seconds and the codes slo_queue_full, slo_unmeetable,
+//     slo_no_capacity, slo_sheddable, slo_expired or slo_displaced; a client that goes
 //     away leaves the queue at once; a request waiting when its model
 //     leaves the fleet, or when the gateway shuts down, is answered 503.
 //     The attempt counts

@@ -26,6 +26,7 @@ const (
 	codeSLONoCapacity = "slo_no_capacity"
 	codeSLOExpired    = "slo_expired"
 	codeSLODisplaced  = "slo_displaced"
+	codeSLOSheddable  = "slo_sheddable"
 	codeShuttingDown  = "gateway_shutting_down"
 	// HeaderRetryAfter says, in seconds, when a request refused with 429
 	// may be sent again.
@@ -95,7 +96,7 @@ func (g *Gateway) routeSLO(w http.ResponseWriter, r *http.Request, a *admitted, 
 var sloCodes = map[string]string{
 	slo.ReasonQueueFull: codeSLOQueueFull, slo.ReasonUnmeetable: codeSLOUnmeetable,
 	slo.ReasonNoCapacity: codeSLONoCapacity, slo.ReasonExpired: codeSLOExpired,
-	slo.ReasonDisplaced: codeSLODisplaced,
+	slo.ReasonDisplaced: codeSLODisplaced, slo.ReasonSheddable: codeSLOSheddable,
 }
 
 // queueSLO routes a request that names an SLO-aware algorithm through its

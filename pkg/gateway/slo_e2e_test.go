@@ -615,7 +615,7 @@ func TestThePickerHoldsSLORequestsInTheModelsQueue(t *testing.T) {
 func TestEverySLOQueueRefusalAnswersItsOwnErrorCode(t *testing.T) {
 	for reason, want := range map[string]string{
 		slo.ReasonQueueFull: codeSLOQueueFull, slo.ReasonUnmeetable: codeSLOUnmeetable, slo.ReasonNoCapacity: codeSLONoCapacity,
-		slo.ReasonExpired: codeSLOExpired, slo.ReasonDisplaced: codeSLODisplaced,
+		slo.ReasonExpired: codeSLOExpired, slo.ReasonDisplaced: codeSLODisplaced, slo.ReasonSheddable: codeSLOSheddable,
 	} {
 		if got := sloCodes[reason]; got != want {
 			t.Errorf("a request the queue refused with %s is answered with code %q, want %q", reason, got, want)

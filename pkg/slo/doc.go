@@ -71,13 +71,23 @@
 // arrival that outranks no waiting request is refused (ReasonQueueFull):
 // the queue never holds more than Config.MaxQueueLength.
 //
+// A sheddable request (a negative priority) never waits: where a pulling
+// algorithm would queue it, because no pod can take it within its SLO or
+// requests of its model already wait (it is then not even tried), it is
+// refused with ReasonSheddable (429, with a Retry-After of when a pod is
+// estimated to free up), as the Gateway API Inference Extension rejects
+// sheddable requests when its pool is saturated. One a pod can take at
+// once is routed like any other; slo-least-load, which never queues,
+// refuses it for want of capacity as it does any request
+// (ReasonNoCapacity).
+//
 // # Metrics
 //
 // NewMetrics registers, per model:
 //
 //	kvgate_slo_queue_length{model}            requests waiting
 //	kvgate_slo_queue_wait_seconds{model}      time waited, by requests leaving the queue
-//	kvgate_slo_requests_total{model,outcome}  admitted, rejected, expired, cancelled, dropped, displaced
+//	kvgate_slo_requests_total{model,outcome}  admitted, rejected, expired, cancelled, dropped, displaced, shed
 //	kvgate_slo_queued_total{model}            requests that had to wait
 //
 // A model's series are deleted when it leaves the fleet.

@@ -28,9 +28,13 @@ const (
 	// outcomeDisplaced: it waited in a full queue until a request of a
 	// higher priority took its place.
 	outcomeDisplaced = "displaced"
+	// outcomeShed: refused on arrival because it is sheddable and would
+	// have had to wait.
+	outcomeShed = "shed"
 )
 
-var outcomes = []string{outcomeAdmitted, outcomeRejected, outcomeExpired, outcomeCancelled, outcomeDropped, outcomeDisplaced}
+var outcomes = []string{outcomeAdmitted, outcomeRejected, outcomeExpired, outcomeCancelled, outcomeDropped, outcomeDisplaced,
+	outcomeShed}
 
 // Metrics are the queues' Prometheus metrics, labelled by model; a model's
 // series are deleted when it leaves the fleet (Forget).
@@ -45,7 +49,7 @@ type Metrics struct {
 //
 //	kvgate_slo_queue_length{model}            requests waiting
 //	kvgate_slo_queue_wait_seconds{model}      time waited, by requests leaving the queue
-//	kvgate_slo_requests_total{model,outcome}  admitted, rejected, expired, cancelled, dropped, displaced
+//	kvgate_slo_requests_total{model,outcome}  admitted, rejected, expired, cancelled, dropped, displaced, shed
 //	kvgate_slo_queued_total{model}            requests that had to wait
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	const ns, sub = "kvgate", "slo"
@@ -61,7 +65,8 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 				"expired (left the queue when it could no longer meet its SLO or waited the longest allowed), " +
 				"cancelled (the client went away while it waited), dropped (the model left the fleet, or no pod was left " +
 				"to route it to, or the gateway stopped, while it waited), displaced (waited in a full queue until a request " +
-				"of a higher priority took its place)."},
+				"of a higher priority took its place), shed (a sheddable request, of a negative priority, refused on arrival " +
+				"rather than queued)."},
 			[]string{"model", "outcome"}),
 		queued: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "queued_total",
 			Help: "Requests that waited in their model's queue because no pod could serve them within their SLO on arrival."},

@@ -98,6 +98,10 @@ const (
 	// ReasonNoCapacity: no pod can take the request within its SLO now,
 	// and its algorithm does not wait (slo-least-load).
 	ReasonNoCapacity = "no_capacity"
+	// ReasonSheddable: the request is sheddable (a negative priority) and
+	// would have had to wait: no pod could take it within its SLO, or
+	// requests of its model were waiting already.
+	ReasonSheddable = "sheddable"
 	// ReasonExpired: the request waited until it could no longer meet its
 	// SLO, or for the longest wait allowed.
 	ReasonExpired = "expired"
@@ -134,6 +138,8 @@ func (e *Error) Error() string {
 		msg += "no pod can serve the request within its service-level objective"
 	case ReasonNoCapacity:
 		msg += "no pod can serve the request within its service-level objective now"
+	case ReasonSheddable:
+		msg += "the request is sheddable and would have to wait for a pod to serve it within its service-level objective"
 	case ReasonExpired:
 		msg += fmt.Sprintf("no pod could serve the request within its service-level objective after waiting %v",
 			e.Waited.Round(time.Millisecond))
@@ -253,8 +259,11 @@ func (q *QueueRouter) Route(ctx context.Context, e *Entry, hold bool) error {
 // pass. A full queue (QueueConfig.MaxLength) refuses e (ReasonQueueFull)
 // unless e's priority is higher than that of a waiting request: the
 // waiting request of the lowest priority, and among those the latest
-// deadline, then leaves (ReasonDisplaced) for e to wait. It reports whether e was queued: its outcome is then told by
-// e.Done (and Route's wait). When it was not queued, the error is nil when
+// deadline, then leaves (ReasonDisplaced) for e to wait. With hold, a
+// sheddable e (a negative priority) never waits: it is refused
+// (ReasonSheddable) where it would have been queued, without a try while
+// other requests wait. Submit reports whether e was queued: its outcome
+// is then told by e.Done (and Route's wait). When it was not queued, the error is nil when
 // e was routed, an *Error when it was refused (with Close's reason when
 // the queue was closed, even while e was tried), and Try's own error when
 // that is neither (no pod to route to, an unknown algorithm).
@@ -270,6 +279,15 @@ func (q *QueueRouter) Submit(e *Entry, hold bool) (queued bool, err error) {
 	}
 	e.enqueued, e.latest = now, now.Add(q.cfg.MaxWait)
 	e.priority = e.Request.Priority
+	sheddable := hold && e.priority < 0
+	if sheddable && waiting > 0 {
+		// Tried now, it could take capacity the waiting requests, all of
+		// a higher priority than its own, are owed.
+		q.mu.Lock()
+		retry := q.retryAfterLocked(now)
+		q.mu.Unlock()
+		return false, q.refuse(e, ReasonSheddable, retry, nil)
+	}
 	if waiting == 0 || !hold {
 		err := q.try(e, now)
 		switch {
@@ -283,6 +301,8 @@ func (q *QueueRouter) Submit(e *Entry, hold bool) (queued bool, err error) {
 			return false, err
 		case !hold:
 			return false, q.refuse(e, ReasonNoCapacity, e.drain, err)
+		case sheddable:
+			return false, q.refuse(e, ReasonSheddable, e.drain, err)
 		}
 	}
 	q.mu.Lock()
@@ -589,8 +609,12 @@ func (q *QueueRouter) Close(reason string) {
 
 // refuse refuses e, which never waited, and returns the error it gets.
 func (q *QueueRouter) refuse(e *Entry, reason string, retry time.Duration, cause error) error {
-	q.metrics.outcome(outcomeRejected)
-	if reason == ReasonNoCapacity || reason == ReasonQueueFull {
+	if reason == ReasonSheddable {
+		q.metrics.outcome(outcomeShed)
+	} else {
+		q.metrics.outcome(outcomeRejected)
+	}
+	if reason == ReasonNoCapacity || reason == ReasonQueueFull || reason == ReasonSheddable {
 		q.mu.Lock()
 		q.busy = q.cfg.Now()
 		q.mu.Unlock()

@@ -899,3 +899,65 @@ func TestQueueFullMakesRoomOnlyForAHigherPriorityArrival(t *testing.T) {
 		})
 	}
 }
+
+func TestQueueRefusesASheddableRequestRatherThanHoldIt(t *testing.T) {
+	tests := []struct {
+		name       string
+		free       int  // pods' free slots as it arrives
+		waiting    bool // a request of priority 0 waits as it arrives
+		hold       bool
+		wantReason string // "" when routed
+		wantTried  bool
+	}{
+		{"no pod can take it", 0, false, true, ReasonSheddable, true},
+		{"others wait, though a pod is free", 1, true, true, ReasonSheddable, false},
+		{"a pod can take it at once", 1, false, true, "", true},
+		{"without hold, no pod can take it", 0, false, false, ReasonNoCapacity, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := newClock()
+			f := &fleet{slack: time.Minute}
+			q, reg := newTestQueue(t, c, QueueConfig{})
+			if tt.waiting {
+				if queued, err := q.Submit(entry(f, c, "waiting", time.Minute, nil), true); !queued {
+					t.Fatalf("the request of priority 0 was not queued: %v", err)
+				}
+			}
+			f.release(tt.free)
+			e := withPriority(entry(f, c, "sheddable", time.Minute, nil), -1)
+			tried := false
+			try := e.Try
+			e.Try = func() error { tried = true; return try() }
+			queued, err := q.Submit(e, tt.hold)
+			if queued {
+				t.Fatalf("the sheddable request waits, %d in the queue", q.Len())
+			}
+			var qe *Error
+			switch {
+			case tt.wantReason == "" && err != nil:
+				t.Fatalf("Submit = %v, want routed", err)
+			case tt.wantReason != "" && (!errors.As(err, &qe) || qe.Reason != tt.wantReason || qe.RetryAfter != 2*time.Second):
+				t.Fatalf("Submit = %v (%+v), want %s with a Retry-After of 2 s", err, qe, tt.wantReason)
+			}
+			if tried != tt.wantTried {
+				t.Errorf("tried %v, want %v", tried, tt.wantTried)
+			}
+			o := outcomeCounts(t, reg)
+			switch tt.wantReason {
+			case "":
+				if o[outcomeAdmitted] != 1 {
+					t.Errorf("outcomes %v, want 1 admitted", o)
+				}
+			case ReasonSheddable:
+				if o[outcomeShed] != 1 || o[outcomeRejected] != 0 {
+					t.Errorf("outcomes %v, want 1 shed", o)
+				}
+			default:
+				if o[outcomeRejected] != 1 {
+					t.Errorf("outcomes %v, want 1 rejected", o)
+				}
+			}
+		})
+	}
+}
