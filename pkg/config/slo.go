@@ -46,7 +46,9 @@ var (
 		Default: "1024",
 		Section: SectionSLO,
 		Doc: "Most requests one model's queue holds while no pod can serve them within their objective; a request " +
-			"arriving at a full queue is answered 429 with Retry-After.",
+			"arriving at a full queue is answered 429 with Retry-After, unless its priority (its InferenceObjective's) " +
+			"is higher than a waiting request's: the waiting request of the lowest priority then leaves, answered 429 " +
+			"slo_displaced, for it to wait.",
 	}
 	SLOQueueMaxWait = Var{
 		Name:    "KVGATE_SLO_QUEUE_MAX_WAIT",
