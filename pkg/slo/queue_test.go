@@ -604,18 +604,20 @@ func TestQueueRetryAfterIsWholeSecondsFromOneToMaxWait(t *testing.T) {
 }
 
 func TestQueueTellsEveryRequestOneOutcomeUnderConcurrentRoutesCancelsAndCompletions(t *testing.T) {
-	// Requests arrive, wait, give up (a third of them, after up to 2 ms),
-	// expire and are routed as completions free capacity, while passes,
-	// Trigger, Status and NextExpiry run from other goroutines: every Route
-	// returns, every request is counted once, none is routed that Route
-	// did not report routed, and the gauge ends at the queue's length.
+	// Requests of priorities from -1 (sheddable) to 2 arrive, wait, give
+	// up (a third of them, after up to 2 ms), expire, are displaced from
+	// the full queue and are routed as completions free capacity, while
+	// passes, Trigger, Status and NextExpiry run from other goroutines:
+	// every Route returns, every request is counted once, none is routed
+	// that Route did not report routed, and the gauge ends at the queue's
+	// length.
 	reg := prometheus.NewRegistry()
 	m, err := NewMetrics(reg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	capacity := &sync.RWMutex{}
-	q := NewQueueRouter("m", QueueConfig{MaxLength: 256, MaxWait: 300 * time.Millisecond, Capacity: capacity}, m)
+	q := NewQueueRouter("m", QueueConfig{MaxLength: 64, MaxWait: 300 * time.Millisecond, Capacity: capacity}, m)
 	ctx, stop := context.WithCancel(context.Background())
 	ran := make(chan error, 1)
 	go func() { ran <- q.Run(ctx) }()
@@ -660,6 +662,7 @@ func TestQueueTellsEveryRequestOneOutcomeUnderConcurrentRoutesCancelsAndCompleti
 			}
 			defer cancel()
 			rc := types.NewRoutingContext(id, "m")
+			rc.Priority = rand.IntN(4) - 1
 			e := &Entry{Request: rc, Deadline: rc.ReceivedAt.Add(time.Duration(rand.IntN(1000)) * time.Millisecond),
 				Try: f.try(id), Done: func(error) {
 					toldMu.Lock()
