@@ -13,15 +13,15 @@ import (
 // published; a failed scrape publishes a copy marked stale, or, before any
 // scrape succeeded, an empty one marked stale.
 type podMetrics struct {
-	at     time.Time
-	stale  bool
 	pod    map[string]MetricValue
 	models map[string]map[string]MetricValue // by model_name label, of the models the pod serves
+	// builtin holds the values of pod that routing reads, and when the
+	// scrape began (builtin.At).
+	builtin PodMetrics
+	stale   bool
 	// split is set when the page broke series down by more than one
 	// model_name: the pod's values then do not stand for each model.
 	split bool
-	// builtin holds the values of pod that routing reads.
-	builtin PodMetrics
 }
 
 // markStale republishes the pod's latest metrics marked stale.
@@ -84,7 +84,7 @@ func (s *Store) PodLastScraped(key endpoint.Key) time.Time {
 		return time.Time{}
 	}
 	if m := e.state.metrics.Load(); m != nil {
-		return m.at
+		return m.builtin.At
 	}
 	return time.Time{}
 }

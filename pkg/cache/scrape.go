@@ -78,10 +78,13 @@ func (l *scrapeLoop) scrapeOnce(ctx context.Context) {
 		return
 	}
 	l.failures.succeeded()
-	m, unserved := l.proj.project(start, families, sel.subscribed, l.served())
+	m, dropped := l.proj.project(start, families, sel.subscribed, l.served())
 	l.state.metrics.Store(m)
-	if unserved.n > 0 {
-		l.dropUnserved(unserved)
+	if dropped.unserved > 0 {
+		l.dropUnserved(dropped)
+	}
+	if dropped.notRank > 0 {
+		l.metrics.seriesDropped.WithLabelValues(l.podLabel, dropInvalidRank).Add(float64(dropped.notRank))
 	}
 	if l.reached != nil {
 		l.reached()
@@ -93,15 +96,15 @@ func (l *scrapeLoop) scrapeOnce(ctx context.Context) {
 
 // dropUnserved counts the series of a scrape labelled with models the pod
 // does not serve, and logs the first scrape that had some.
-func (l *scrapeLoop) dropUnserved(u unservedSeries) {
-	l.metrics.seriesDropped.WithLabelValues(l.podLabel, dropUnservedModel).Add(float64(u.n))
+func (l *scrapeLoop) dropUnserved(u droppedSeries) {
+	l.metrics.seriesDropped.WithLabelValues(l.podLabel, dropUnservedModel).Add(float64(u.unserved))
 	if l.unservedLogged {
 		return
 	}
 	l.unservedLogged = true
 	l.failures.log.Info("The pod's /metrics has series of models it does not serve: they count for the pod as a "+
 		"whole, not for a model (does the engine's --served-model-name differ from the pod's model?)",
-		"pod", l.failures.pod, "model", l.model, "modelName", clipForLog(u.example), "series", u.n)
+		"pod", l.failures.pod, "model", l.model, "modelName", clipForLog(u.example), "series", u.unserved)
 }
 
 // fetch GETs and parses the pod's /metrics within the scrape timeout.

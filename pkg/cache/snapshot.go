@@ -33,6 +33,25 @@ type PodMetrics struct {
 	// PrefillTokensPerSecond the pod's prefill speed.
 	Waiting, KVCacheUsage, AvgTTFTSeconds, AvgTPOTSeconds, PrefillTokensPerSecond float64
 	Measured                                                                      MetricBits
+	// Ranks are the loads of the data-parallel ranks of the pod's engine,
+	// indexed by rank, when the scrape's vllm:num_requests_running and
+	// vllm:num_requests_waiting series carried more than one engine label
+	// value that is a rank (vLLM serving several ranks behind one API
+	// server labels each engine core's series with its rank); nil
+	// otherwise. Only ranks below endpoint.MaxDPSize are kept: a series
+	// labelled with another engine value counts for the pod as a whole
+	// only (and in kvgate_cache_pod_metric_series_dropped_total, reason
+	// invalid_rank), so that Ranks never holds more than MaxDPSize
+	// entries. A rank below the highest kept that the page had no series
+	// of reads zero. The slice is shared: treat it as read-only.
+	Ranks []RankLoad
+}
+
+// RankLoad is the load of one data-parallel rank of a pod's engine, as
+// last scraped: the values of the rank's vllm:num_requests_running and
+// vllm:num_requests_waiting series, summed over its models.
+type RankLoad struct {
+	Running, Waiting float64
 }
 
 // podMetricsOf picks the built-in metrics routing reads out of a scrape's

@@ -2,6 +2,7 @@ package cache
 
 import (
 	"math"
+	"reflect"
 	"testing"
 	"time"
 
@@ -36,7 +37,7 @@ func TestSnapshotsGatherWhatRoutingReadsOfEachPod(t *testing.T) {
 		a.Load != s.PodLoad(pkey("ns", "a")) || a.Load.Running() != 1 || a.Ejected {
 		t.Fatalf("scraped pod: %+v", a)
 	}
-	if b.Scrape != ScrapeNone || b.Metrics != (PodMetrics{}) || b.Ejected {
+	if b.Scrape != ScrapeNone || !reflect.DeepEqual(b.Metrics, PodMetrics{}) || b.Ejected {
 		t.Fatalf("unscraped pod: %+v", b)
 	}
 	if !c.Ejected {

@@ -3,12 +3,16 @@ package cache
 import (
 	"fmt"
 
+	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/internal/promreg"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Reasons of kvgate_cache_pod_metric_series_dropped_total.
-const dropUnservedModel = "unserved_model"
+const (
+	dropUnservedModel = "unserved_model"
+	dropInvalidRank   = "invalid_rank"
+)
 
 // storeMetrics are the Prometheus metrics the Store exports about itself.
 type storeMetrics struct {
@@ -51,8 +55,10 @@ func newStoreMetrics(reg prometheus.Registerer, g storeGauges) (*storeMetrics, e
 			"Times a pod was taken out of routing for a backoff (by default 1 s doubling to 30 s) because a request could not "+
 				"connect to it, by reason: connection_refused, dial.", "pod", "reason"),
 		seriesDropped: counters("pod_metric_series_dropped_total",
-			"Series of a pod's /metrics not broken down by model, counted at every scrape, by reason: unserved_model "+
-				"(labelled with a model_name the pod does not serve; they count for the pod as a whole).", "pod", "reason"),
+			fmt.Sprintf("Series of a pod's /metrics not broken down by model or data-parallel rank, counted at every scrape, "+
+				"by reason: unserved_model (labelled with a model_name the pod does not serve; they count for the pod as a "+
+				"whole), invalid_rank (running or waiting requests labelled with an engine that is not a rank from 0 to %d; "+
+				"they count for the pod as a whole, not for a rank).", endpoint.MaxDPSize-1), "pod", "reason"),
 		adaptersDropped: counters("pod_adapters_dropped_total",
 			"LoRA adapters a pod's /v1/models listed beyond the most the gateway takes from one pod "+
 				"(KVGATE_MAX_ADAPTERS_PER_POD), counted at every listing: requests for them are not routed to the pod.", "pod"),

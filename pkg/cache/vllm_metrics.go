@@ -6,6 +6,8 @@ import (
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
+
+	"github.com/kvgate/kvgate/pkg/endpoint"
 )
 
 // Metric families of vLLM's /metrics that the Store reads.
@@ -27,6 +29,9 @@ const (
 
 	// modelNameLabel is the label vLLM puts the served model name in.
 	modelNameLabel = "model_name"
+	// engineLabel is the label vLLM puts the index of an engine core in:
+	// with data parallelism behind one API server, the core's rank.
+	engineLabel = "engine"
 )
 
 // usageTiers lists the KV-cache usage gauges in order of preference.
@@ -95,27 +100,33 @@ func newProjector(window, prefillWindow time.Duration) *projector {
 		groups: map[string]*groupState{}}
 }
 
-// unservedSeries counts the series of one scrape whose model_name the pod
-// does not serve.
-type unservedSeries struct {
-	n       int
-	example string // the first such model_name
+// droppedSeries counts the series of one scrape left out of a breakdown.
+type droppedSeries struct {
+	// unserved counts the series whose model_name the pod does not
+	// serve; example is the first such model_name.
+	unserved int
+	example  string
+	// notRank counts the series of running and waiting requests whose
+	// engine label is not a rank rankLoads keeps.
+	notRank int
 }
 
 // project derives the pod's metrics from one scrape taken at now. subscribed
 // names extra families to keep as they are. Series are broken down by their
 // model_name among served, the models the pod serves, only: the others count
 // for the pod as a whole, and project returns how many there were, so that
-// an engine cannot make the Store keep state for models it makes up.
+// an engine cannot make the Store keep state for models it makes up. The
+// running and waiting requests are also broken down by data-parallel rank
+// (see rankLoads), whose dropped series project counts as well.
 func (p *projector) project(now time.Time, families map[string]*dto.MetricFamily, subscribed map[string]struct{},
-	served []string) (*podMetrics, unservedSeries) {
+	served []string) (*podMetrics, droppedSeries) {
 	pod := &groupAcc{}
 	models := map[string]*groupAcc{}
 	keep := make(map[string]bool, len(served))
 	for _, name := range served {
 		keep[name] = true
 	}
-	var unserved unservedSeries
+	var dropped droppedSeries
 	var firstModel string
 	split := false
 	visit := func(family string, fn func(a *groupAcc, m *dto.Metric)) {
@@ -135,10 +146,10 @@ func (p *projector) project(now time.Time, families map[string]*dto.MetricFamily
 				split = true
 			}
 			if !keep[name] {
-				if unserved.n == 0 {
-					unserved.example = name
+				if dropped.unserved == 0 {
+					dropped.example = name
 				}
-				unserved.n++
+				dropped.unserved++
 				continue
 			}
 			a := models[name]
@@ -154,9 +165,10 @@ func (p *projector) project(now time.Time, families map[string]*dto.MetricFamily
 		visit(name, func(a *groupAcc, m *dto.Metric) { a.addRaw(name, m) })
 	}
 
-	out := &podMetrics{at: now, pod: p.finish("", pod, now), models: make(map[string]map[string]MetricValue, len(models)),
+	out := &podMetrics{pod: p.finish("", pod, now), models: make(map[string]map[string]MetricValue, len(models)),
 		split: split}
 	out.builtin = podMetricsOf(out.pod, now)
+	out.builtin.Ranks, dropped.notRank = rankLoads(families)
 	for name, a := range models {
 		mv := p.finish(name, a, now)
 		// vLLM labels its cache config by engine, not by model: it
@@ -175,7 +187,78 @@ func (p *projector) project(now time.Time, families map[string]*dto.MetricFamily
 			delete(p.groups, name)
 		}
 	}
-	return out, unserved
+	return out, dropped
+}
+
+// rankLoads returns the running and waiting requests of each data-parallel
+// rank the series of vllm:num_requests_running and vllm:num_requests_waiting
+// name in their engine label, indexed by rank, when they name more than one
+// (see PodMetrics.Ranks); nil otherwise, which costs no allocation. Only a
+// label of decimal digits below endpoint.MaxDPSize is a rank: rankLoads
+// also returns how many series had an engine label of another value.
+// Samples that are not finite numbers are left out.
+func rankLoads(families map[string]*dto.MetricFamily) ([]RankLoad, int) {
+	var seen [endpoint.MaxDPSize / 64]uint64
+	distinct, top, notRank := 0, -1, 0
+	for _, family := range [...]string{vllmRunning, vllmWaiting} {
+		for _, m := range families[family].GetMetric() {
+			r, labelled := engineRank(m)
+			switch {
+			case r >= 0:
+				if seen[r/64]&(1<<(r%64)) == 0 {
+					seen[r/64] |= 1 << (r % 64)
+					distinct++
+				}
+				top = max(top, r)
+			case labelled:
+				notRank++
+			}
+		}
+	}
+	if distinct < 2 {
+		return nil, notRank
+	}
+	out := make([]RankLoad, top+1)
+	for i, family := range [...]string{vllmRunning, vllmWaiting} {
+		for _, m := range families[family].GetMetric() {
+			r, _ := engineRank(m)
+			v := sampleValue(m)
+			if r < 0 || math.IsNaN(v) || math.IsInf(v, 0) {
+				continue
+			}
+			if i == 0 {
+				out[r].Running += v
+			} else {
+				out[r].Waiting += v
+			}
+		}
+	}
+	return out, notRank
+}
+
+// engineRank returns the data-parallel rank m's engine label names, -1 for
+// none, and whether m has an engine label at all.
+func engineRank(m *dto.Metric) (int, bool) {
+	for _, l := range m.Label {
+		if l.GetName() != engineLabel {
+			continue
+		}
+		v := l.GetValue()
+		if v == "" {
+			return -1, true
+		}
+		r := 0
+		for i := 0; i < len(v); i++ {
+			if v[i] < '0' || v[i] > '9' {
+				return -1, true
+			}
+			if r = r*10 + int(v[i]-'0'); r >= endpoint.MaxDPSize {
+				return -1, true
+			}
+		}
+		return r, true
+	}
+	return -1, false
 }
 
 // gather feeds every built-in family to visit.

@@ -181,7 +181,7 @@ func TestProjectBreaksDownOnlyTheModelsThePodServes(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		m, unserved := p.project(time.Unix(100+int64(i), 0), families, nil, served)
+		m, dropped := p.project(time.Unix(100+int64(i), 0), families, nil, served)
 		checkValues(t, "pod", m.pod, want{NumRequestsRunning: 8, NumRequestsWaiting: 3 + 1000})
 		checkValues(t, "qwen", m.models["qwen2.5-7b"], want{NumRequestsRunning: 7, NumRequestsWaiting: 3, KVCacheUsagePerc: 0.7})
 		if len(m.models) != 1 || !m.split {
@@ -190,12 +190,12 @@ func TestProjectBreaksDownOnlyTheModelsThePodServes(t *testing.T) {
 		if len(p.groups) != 2 {
 			t.Fatalf("scrape %d: the projector remembers %d groups, want the pod and qwen2.5-7b", i, len(p.groups))
 		}
-		if base.n == 0 || base.example != "llama-3-8b" {
-			t.Fatalf("unserved series of the two-model page: %d, %q first; want those of llama-3-8b", base.n, base.example)
+		if base.unserved == 0 || base.example != "llama-3-8b" {
+			t.Fatalf("unserved series of the two-model page: %d, %q first; want those of llama-3-8b", base.unserved, base.example)
 		}
-		if unserved.n != base.n+2*1000 {
-			t.Fatalf("scrape %d: %d unserved series, want %d: llama-3-8b's and two of each made-up model", i, unserved.n,
-				base.n+2*1000)
+		if dropped.unserved != base.unserved+2*1000 {
+			t.Fatalf("scrape %d: %d unserved series, want %d: llama-3-8b's and two of each made-up model", i, dropped.unserved,
+				base.unserved+2*1000)
 		}
 	}
 }
@@ -260,8 +260,15 @@ func TestRecentWindowSlidesOverTheWindow(t *testing.T) {
 
 // BenchmarkScrapeDecodeAndProject measures what a scrape costs once the
 // body has arrived: filtering, parsing and deriving the pod's metrics.
-func BenchmarkScrapeDecodeAndProject(b *testing.B) {
-	body := readExposition(b, "vllm_v1_dp2.txt")
+func BenchmarkScrapeDecodeAndProject(b *testing.B) { benchScrape(b, "vllm_v1_dp2.txt") }
+
+// BenchmarkScrapeDecodeAndProjectOneEngine is the same for a page of one
+// engine core, whose series carry one engine label value.
+func BenchmarkScrapeDecodeAndProjectOneEngine(b *testing.B) { benchScrape(b, "vllm_v1_t0.txt") }
+
+// benchScrape measures the scrape of the golden page file.
+func benchScrape(b *testing.B, file string) {
+	body := readExposition(b, file)
 	l := &scrapeLoop{proj: newProjector(DefaultRecentMetricsWindow, DefaultPrefillSpeedWindow), pages: newPageMemo()}
 	sel := newMetricSelection(nil)
 	b.SetBytes(int64(len(body)))
