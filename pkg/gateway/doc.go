@@ -80,8 +80,11 @@
 //     sent none; X-Data-Parallel-Rank, the client's when it sent one, else
 //     the rank of a pod serving several data-parallel ranks behind its port
 //     that the decision named (routing.Decision.DPRank), unless that rank
-//     already runs at least 2 requests pinned to it and at least twice the
-//     mean of the pod's other ranks (counted in
+//     already runs at least 2 requests this gateway pinned to it and at
+//     least twice the mean of the pod's other ranks, or the pod's latest
+//     scrape shows the rank with at least 2 requests waiting and a load
+//     (waiting×4 + running, plus this gateway's pins since the scrape) at
+//     least twice the mean of the pod's other ranks (counted in
 //     kvgate_gateway_dp_rank_requests_total; off with
 //     Config.DisableDPRankRouting); and X-Forwarded-For, the addresses the
 //     client's own field listed followed by the client's address, in one

@@ -3,7 +3,10 @@ package gateway
 import (
 	"net/http"
 	"sync"
+	"time"
 
+	"github.com/kvgate/kvgate/pkg/cache"
+	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/inflight"
 )
 
@@ -21,13 +24,34 @@ const (
 	dpRankBalanced = "balanced"
 )
 
-// The bound on the requests pinned to one rank of a pod: a rank takes
-// another while it runs fewer than minRankPins pinned requests, or fewer
-// than rankPinFactor times the mean of the pod's other ranks.
+// The bound on the requests pinned to one rank of a pod. A rank takes
+// another unless either rule refuses it:
+//
+//   - the pins this gateway holds: the rank runs at least minRankPins
+//     attempts this gateway pinned to it, and at least rankPinFactor times
+//     the mean of the pod's other ranks';
+//   - the rank's load as last scraped from the engine (cache.RankLoad),
+//     which counts every request the rank runs, those the engine's own
+//     balancer placed and those other gateway replicas pinned included:
+//     the rank has at least minRankPins requests waiting (a queue: one
+//     waiting request is often only one that arrived between two engine
+//     steps), and its score is at least rankPinFactor times the mean of
+//     the pod's other ranks' scores. A rank's score is vLLM's
+//     data-parallel balancer's, waiting×4 + running (see rankScore), plus
+//     the attempts this gateway pinned to it since that scrape began,
+//     which the scrape could not see.
+//
+// The first rule holds between scrapes and without them; the second needs
+// the pod's latest scrape to have succeeded and to have broken its load
+// down by rank.
 const (
 	minRankPins   = 2
 	rankPinFactor = 2
 )
+
+// rankScore is the load vLLM's data-parallel balancer weighs a rank by:
+// its waiting requests count four times its running ones.
+func rankScore(l cache.RankLoad) float64 { return 4*l.Waiting + l.Running }
 
 // rankPins counts, per pod and data-parallel rank, the attempts in flight
 // this gateway pinned to the rank, so that a hot prefix held on one rank
@@ -40,17 +64,28 @@ type rankPins struct {
 	pods map[string]*podPins
 }
 
-// podPins are one pod's pinned attempts in flight: total, and by rank.
+// podPins are one pod's pinned attempts in flight, total and by rank, and
+// by rank the attempts pinned since the scrape that began at scrapedAt,
+// ended or not.
 type podPins struct {
-	total int
-	ranks []int
+	total     int
+	ranks     []int
+	scrapedAt time.Time
+	since     []int
+}
+
+// scrapedRanks is what the latest scrape of a pod said of its ranks: when
+// it began, and the load of each rank (nil when it did not break the load
+// down by rank, or failed).
+type scrapedRanks struct {
+	at    time.Time
+	loads []cache.RankLoad
 }
 
 // take counts an attempt pinned to rank of pod, whose engine serves size
-// ranks, and reports true, unless the rank has minRankPins or more pinned
-// attempts in flight and at least rankPinFactor times the mean of the
-// pod's other ranks: it then counts nothing and reports false.
-func (p *rankPins) take(pod string, rank, size int) bool {
+// ranks and was last scraped as sc, and reports true, unless the bound
+// (see minRankPins) refuses it: it then counts nothing and reports false.
+func (p *rankPins) take(pod string, rank, size int, sc scrapedRanks) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	pp := p.pods[pod]
@@ -61,19 +96,54 @@ func (p *rankPins) take(pod string, rank, size int) bool {
 		pp = &podPins{}
 		p.pods[pod] = pp
 	}
-	if len(pp.ranks) < size {
-		pp.ranks = append(pp.ranks, make([]int, size-len(pp.ranks))...)
+	if len(pp.ranks) < size || len(pp.since) < size {
+		// One allocation holds both counts.
+		n := max(size, len(pp.ranks), len(pp.since))
+		buf := make([]int, 2*n)
+		copy(buf, pp.ranks)
+		copy(buf[n:], pp.since)
+		pp.ranks, pp.since = buf[:n:n], buf[n:]
+	}
+	if sc.at.After(pp.scrapedAt) {
+		pp.scrapedAt = sc.at
+		clear(pp.since)
 	}
 	n, others := pp.ranks[rank], pp.total-pp.ranks[rank]
-	if n >= minRankPins && n*(size-1) >= rankPinFactor*others {
+	if n >= minRankPins && n*(size-1) >= rankPinFactor*others || pp.queued(rank, size, sc.loads) {
 		if pp.total == 0 {
 			delete(p.pods, pod)
 		}
 		return false
 	}
 	pp.ranks[rank]++
+	pp.since[rank]++
 	pp.total++
 	return true
+}
+
+// queued reports whether the scraped loads refuse rank another pin: the
+// rank has at least minRankPins requests waiting and a score of at least
+// rankPinFactor times the mean of the other ranks of the size the pod
+// serves. A rank the loads leave out scores only its pins since the
+// scrape.
+func (pp *podPins) queued(rank, size int, loads []cache.RankLoad) bool {
+	if rank >= len(loads) || !(loads[rank].Waiting >= minRankPins) {
+		return false
+	}
+	score := func(r int) float64 {
+		s := float64(pp.since[r])
+		if r < len(loads) {
+			s += rankScore(loads[r])
+		}
+		return s
+	}
+	own, others := score(rank), 0.0
+	for r := range size {
+		if r != rank {
+			others += score(r)
+		}
+	}
+	return own*float64(size-1) >= rankPinFactor*others
 }
 
 // give ends an attempt take counted.
@@ -92,19 +162,34 @@ func (p *rankPins) give(pod string, rank int) {
 
 // pinRank pins the attempt of route to the rank the decision x.d names,
 // unless the client named one itself, DP-rank routing is off, or the rank
-// already runs too many pinned requests (see rankPins.take); it counts the
-// outcome in kvgate_gateway_dp_rank_requests_total.
+// is already too busy (see minRankPins), by the attempts this gateway
+// pinned to it or by its load in the pod's snapshot among x.snaps; it
+// counts the outcome in kvgate_gateway_dp_rank_requests_total.
 func (g *Gateway) pinRank(x *exchange, route *inflight.Route) {
 	rank := x.d.DPRank
 	if rank < 0 || x.ownRank || g.cfg.DisableDPRankRouting || route.Endpoint == nil {
 		return
 	}
-	if !g.pins.take(route.Endpoint.ID, rank, route.Endpoint.DPSize) {
+	if !g.pins.take(route.Endpoint.ID, rank, route.Endpoint.DPSize, scrapedRanksOf(x.snaps, route.Endpoint)) {
 		g.metrics.dpRanks.WithLabelValues(dpRankBalanced).Inc()
 		return
 	}
 	route.DPRank, route.DPPinned = rank, true
 	g.metrics.dpRanks.WithLabelValues(dpRankPinned).Inc()
+}
+
+// scrapedRanksOf returns what the snapshot of pod among snaps says of its
+// ranks: nothing unless its latest scrape succeeded.
+func scrapedRanksOf(snaps []cache.PodSnapshot, pod *endpoint.Endpoint) scrapedRanks {
+	for i := range snaps {
+		if s := &snaps[i]; s.Endpoint == pod {
+			if s.Scrape != cache.ScrapeFresh {
+				break
+			}
+			return scrapedRanks{at: s.Metrics.At, loads: s.Metrics.Ranks}
+		}
+	}
+	return scrapedRanks{}
 }
 
 // openAttempt opens the attempt of route as an attempt of req, pinned to

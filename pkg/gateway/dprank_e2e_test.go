@@ -1,9 +1,11 @@
 package gateway
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strconv"
@@ -14,6 +16,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/kvgate/kvgate/internal/testsupport"
+	"github.com/kvgate/kvgate/pkg/cache"
 	"github.com/kvgate/kvgate/pkg/inflight"
 	"github.com/kvgate/kvgate/pkg/kvevent/publisher"
 	"github.com/kvgate/kvgate/pkg/routing"
@@ -34,8 +37,9 @@ type dpEngine struct {
 	seen map[string][]string // X-Request-Id -> X-Data-Parallel-Rank values
 }
 
-// startDPEngine starts an engine of ranks data-parallel ranks.
-func startDPEngine(t *testing.T, ranks int) *dpEngine {
+// startDPEngine starts an engine of ranks data-parallel ranks; each of
+// configure may change the configuration of each rank's engine core.
+func startDPEngine(t *testing.T, ranks int, configure ...func(rank int, cfg *sim.EngineConfig)) *dpEngine {
 	ports := testsupport.ConsecutivePorts(t, 2*ranks)
 	e := &dpEngine{t: t, ranks: ranks, httpPort: testsupport.FreePorts(t, 1)[0], pubPort: ports[0], replayPort: ports[ranks],
 		seen: map[string][]string{}}
@@ -51,7 +55,11 @@ func startDPEngine(t *testing.T, ranks int) *dpEngine {
 			t.Fatalf("rank %d: %v", r, err)
 		}
 		t.Cleanup(func() { _ = pub.Close() })
-		rs = append(rs, simserver.Rank{Engine: sim.EngineConfig{BlockSize: testBlockSize, NumGPUBlocks: 4096}, Sink: pub})
+		cfg := sim.EngineConfig{BlockSize: testBlockSize, NumGPUBlocks: 4096}
+		for _, c := range configure {
+			c(r, &cfg)
+		}
+		rs = append(rs, simserver.Rank{Engine: cfg, Sink: pub})
 	}
 	srv, err := simserver.New(simserver.Config{Model: "llama", Ranks: rs})
 	if err != nil {
@@ -113,9 +121,10 @@ func (e *dpEngine) completeOn(rank int, prompt []uint32) {
 }
 
 // startDPFleet starts a gateway in front of one engine of ranks ranks,
-// named dp, and waits until it follows the engine's every rank.
-func startDPFleet(t *testing.T, ranks int) (*testFleet, *dpEngine) {
-	e := startDPEngine(t, ranks)
+// named dp, configured as startDPEngine does, and waits until it follows
+// the engine's every rank.
+func startDPFleet(t *testing.T, ranks int, configure ...func(rank int, cfg *sim.EngineConfig)) (*testFleet, *dpEngine) {
+	e := startDPEngine(t, ranks, configure...)
 	f := &testFleet{t: t}
 	f.file = writeEndpoints(t, "endpoints:\n"+e.endpointYAML("dp"))
 	f.serve(loadTestConfig(t, map[string]string{
@@ -232,7 +241,7 @@ func TestARankRunningTooManyPinnedRequestsIsLeftToTheEngine(t *testing.T) {
 	// Requests in flight pinned to rank 1, none to rank 0: the bound
 	// holds at minRankPins.
 	for range minRankPins {
-		if !f.gw.pins.take("static/dp", 1, 2) {
+		if !f.gw.pins.take("static/dp", 1, 2, scrapedRanks{}) {
 			t.Fatal("the bound refused a pin below minRankPins")
 		}
 	}
@@ -283,7 +292,7 @@ func TestARankTakesPinnedRequestsUpToTheBound(t *testing.T) {
 			}
 			p := rankPins{pods: map[string]*podPins{"ns/p": pp}}
 			got := 0
-			for p.take("ns/p", 0, tc.size) {
+			for p.take("ns/p", 0, tc.size, scrapedRanks{}) {
 				if got++; got > 100 {
 					t.Fatal("rank 0 takes pins without bound")
 				}
@@ -292,13 +301,13 @@ func TestARankTakesPinnedRequestsUpToTheBound(t *testing.T) {
 				t.Errorf("rank 0 took %d pinned requests, want %d", got, tc.want)
 			}
 			p.give("ns/p", 0)
-			if !p.take("ns/p", 0, tc.size) {
+			if !p.take("ns/p", 0, tc.size, scrapedRanks{}) {
 				t.Error("a pin ended and rank 0 took no other")
 			}
 		})
 	}
 	var p rankPins
-	if !p.take("ns/p", 1, 2) {
+	if !p.take("ns/p", 1, 2, scrapedRanks{}) {
 		t.Fatal("the first pin of a pod was refused")
 	}
 	p.give("ns/p", 1)
@@ -338,4 +347,145 @@ func (p *rankPins) pinned(pod string, rank int) int {
 		return pp.ranks[rank]
 	}
 	return 0
+}
+
+// TestARankTheEngineShowsQueueingTakesNoPin: a rank whose scraped load has
+// at least minRankPins requests waiting, and a score (waiting×4 + running)
+// of at least rankPinFactor times the mean of the pod's other ranks, takes
+// no pin though this gateway pinned nothing to it; a rank without a queue,
+// or no busier than the bound, takes one.
+func TestARankTheEngineShowsQueueingTakesNoPin(t *testing.T) {
+	at := time.Unix(100, 0)
+	for _, tc := range []struct {
+		name  string
+		loads []cache.RankLoad
+		want  bool
+	}{
+		{"no loads scraped", nil, true},
+		{"queueing, the other rank idle", []cache.RankLoad{{}, {Running: 1, Waiting: 3}}, false},
+		{"running many, queueing none", []cache.RankLoad{{}, {Running: 10}}, true},
+		{"one waiting, the other rank idle", []cache.RankLoad{{}, {Waiting: 1}}, true},
+		{"two waiting, the other rank running 4", []cache.RankLoad{{Running: 4}, {Waiting: 2}}, false},
+		{"two waiting, the other rank running 5", []cache.RankLoad{{Running: 5}, {Waiting: 2}}, true},
+		{"four ranks, the others' mean a quarter", []cache.RankLoad{{Running: 2}, {Waiting: 2}, {Running: 2}, {Running: 2}}, false},
+		{"four ranks, the others' mean over half", []cache.RankLoad{{Running: 5}, {Waiting: 2}, {Running: 5}, {Running: 5}}, true},
+		{"the scrape has no load of rank 1", []cache.RankLoad{{Running: 9}}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			size := max(2, len(tc.loads))
+			var p rankPins
+			if got := p.take("ns/p", 1, size, scrapedRanks{at: at, loads: tc.loads}); got != tc.want {
+				t.Errorf("rank 1 took a pin: %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestPinsSinceAScrapeCountOnTheRanksScrapedLoad: the attempts this gateway
+// pinned to a rank since its pod's latest scrape began add to the rank's
+// scraped load, which could not count them, until the next scrape.
+func TestPinsSinceAScrapeCountOnTheRanksScrapedLoad(t *testing.T) {
+	// Rank 0 runs 5 requests, 3 of them pinned by this gateway before the
+	// scrape; rank 1 has 2 waiting: a score of 8 against 5, below the
+	// bound of 10.
+	p := rankPins{pods: map[string]*podPins{"ns/p": {total: 3, ranks: []int{3, 0}}}}
+	loads := []cache.RankLoad{{Running: 5}, {Waiting: 2}}
+	for i, at := range []time.Time{time.Unix(100, 0), time.Unix(101, 0)} {
+		got := 0
+		for p.take("ns/p", 1, 2, scrapedRanks{at: at, loads: loads}) {
+			if got++; got > 100 {
+				t.Fatal("rank 1 takes pins without bound")
+			}
+		}
+		if got != 2 {
+			t.Errorf("scrape %d: rank 1 took %d pins, want 2 (its score of 8 rising to the bound of 10)", i, got)
+		}
+	}
+}
+
+// loadRank sends the engine n completions pinned to rank, each generating
+// up to maxTokens, which run until ctx ends; the returned function waits
+// until they all ended.
+func (e *dpEngine) loadRank(ctx context.Context, rank, n, maxTokens int) (wait func()) {
+	var wg sync.WaitGroup
+	for i := range n {
+		body, _ := json.Marshal(map[string]any{"model": "llama", "prompt": simTokens(900+i, 2), "max_tokens": maxTokens})
+		wg.Go(func() {
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, fmt.Sprintf("http://127.0.0.1:%d/v1/completions", e.httpPort),
+				bytes.NewReader(body))
+			if err != nil {
+				return
+			}
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set(simserver.HeaderDataParallelRank, strconv.Itoa(rank))
+			if resp, err := http.DefaultClient.Do(req); err == nil {
+				_, _ = io.Copy(io.Discard, resp.Body)
+				_ = resp.Body.Close()
+			}
+		})
+	}
+	return wg.Wait
+}
+
+// TestARankTheEngineReportsQueueingIsLeftToTheEngine loads rank 1 of an
+// engine of two ranks with requests sent to the engine directly, which the
+// gateway pinned none of: once the engine's metrics show rank 1 queueing,
+// a request for a prefix rank 1 holds goes without a rank and is counted
+// balanced; once the load drained, rank 1 is pinned again.
+func TestARankTheEngineReportsQueueingIsLeftToTheEngine(t *testing.T) {
+	f, e := startDPFleet(t, 2, func(rank int, cfg *sim.EngineConfig) {
+		if rank == 1 {
+			// One request at a time, each step 10 ms: a long one holds
+			// the rank and the others queue.
+			cfg.MaxNumSeqs, cfg.Latency.StepOverhead = 1, 10*time.Millisecond
+		}
+	})
+	pods, err := f.gw.ready().store.ListPodsByModel("llama")
+	if err != nil || len(pods) != 1 {
+		t.Fatalf("pods %v, %v", pods, err)
+	}
+	ranks := func() []cache.RankLoad {
+		s := f.gw.ready().store.Snapshots(pods, nil)[0]
+		if s.Scrape != cache.ScrapeFresh {
+			return nil
+		}
+		return s.Metrics.Ranks
+	}
+	warm := simTokens(31, 4)
+	e.completeOn(1, warm)
+	f.waitRank(warm, 1, 4)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	wait := e.loadRank(ctx, 1, 4, 4000)
+	t.Cleanup(func() { cancel(); wait() })
+	testsupport.EventuallyWhy(t, "the scraped load of rank 1 to show 3 requests waiting", func() (string, bool) {
+		r := ranks()
+		return fmt.Sprint(r), len(r) == 2 && r[1].Waiting >= 3 && r[1].Running == 1
+	})
+	f.completeThrough("queued", append(append([]uint32{}, warm...), simTokens(32, 1)...), nil)
+	if got := e.rankHeader("queued"); len(got) != 0 {
+		t.Errorf("a request for a rank the engine reports queueing went with X-Data-Parallel-Rank %q, want none", got)
+	}
+	if got := f.metric(`kvgate_gateway_dp_rank_requests_total{result="balanced"}`); got != 1 {
+		t.Errorf("balanced requests = %v, want 1", got)
+	}
+
+	cancel()
+	wait()
+	testsupport.EventuallyWhy(t, "the scraped load of rank 1 to drain", func() (string, bool) {
+		r := ranks()
+		return fmt.Sprint(r), len(r) == 2 && r[1] == cache.RankLoad{}
+	})
+	// The balanced request may have run on rank 0, which then holds the
+	// prompt as well: another prompt of rank 1's is pinned.
+	warm = simTokens(33, 4)
+	e.completeOn(1, warm)
+	f.waitRank(warm, 1, 4)
+	f.completeThrough("drained", append(append([]uint32{}, warm...), simTokens(34, 1)...), nil)
+	if got := e.rankHeader("drained"); len(got) != 1 || got[0] != "1" {
+		t.Errorf("once rank 1's load drained, the request went with X-Data-Parallel-Rank %q, want [1]", got)
+	}
+	if got := f.metric(`kvgate_gateway_dp_rank_requests_total{result="pinned"}`); got != 1 {
+		t.Errorf("pinned requests = %v, want 1", got)
+	}
 }

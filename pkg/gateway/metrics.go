@@ -147,7 +147,9 @@ func newMetrics(reg prometheus.Registerer, bodies *budget.Budget) (*metrics, err
 			Help: "Requests sent to a pod serving several data-parallel ranks behind one port whose routing decision named the " +
 				"rank holding more of the prompt's prefix than the others, by result: pinned (sent with X-Data-Parallel-Rank " +
 				"naming it) or balanced (sent without, the engine balancing by load, because the rank already ran at least " +
-				"2 pinned requests and at least twice the mean of the pod's other ranks). Off with KVGATE_DP_RANK_ROUTING=false.",
+				"2 requests this gateway pinned and at least twice the mean of the pod's other ranks, or because the pod's " +
+				"latest scrape showed the rank with at least 2 requests waiting and a load, waiting×4 + running plus the " +
+				"gateway's pins since, at least twice the mean of the other ranks'). Off with KVGATE_DP_RANK_ROUTING=false.",
 		}, []string{"result"}),
 		phaseVec: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "kvgate_gateway_request_phase_seconds",
