@@ -394,8 +394,10 @@ var (
 		Doc: "For a pod serving several data-parallel ranks behind one port from rank 0 (kvgate.io/dp-size above 1, " +
 			"kvgate.io/dp-start-rank 0), send a request routed by a prefix algorithm with X-Data-Parallel-Rank naming the " +
 			"rank that holds more of its prompt's prefix than the pod's other ranks, so that vLLM runs it there rather than " +
-			"where its load balancer would. A rank already running at least 2 requests the gateway pinned, and at least " +
-			"twice the mean of the pod's other ranks, gets none (kvgate_gateway_dp_rank_requests_total{result=\"balanced\"}). " +
+			"where its load balancer would. A rank gets none (kvgate_gateway_dp_rank_requests_total{result=\"balanced\"}) when it " +
+			"already runs at least 2 requests the gateway pinned and twice the mean of the pod's other ranks, or when the " +
+			"engine's latest scrape shows it with at least 2 requests waiting and a load (waiting x4 + running, plus the " +
+			"requests pinned since) of at least twice the mean of the other ranks'. " +
 			"A request carrying its own X-Data-Parallel-Rank keeps it. false leaves every rank to the engine's balancer.",
 	}
 	PrefixCacheImbalanceAbsCount = Var{
