@@ -37,7 +37,7 @@ var installs = []install{
 	// vLLM's image runs as root.
 	{dir: "samples/vllm", namespace: "vllm-models", podSecurity: "baseline"},
 	{dir: "samples/vllm-dp", namespace: "vllm-dp-models", podSecurity: "baseline"},
-	// The InferencePool CRD: cluster-scoped, no pods.
+	// The InferencePool and InferenceObjective CRDs: cluster-scoped, no pods.
 	{dir: "inference-extension"},
 	{dir: poolSample, namespace: "llm", podSecurity: "restricted"},
 }

@@ -127,3 +127,49 @@ func labelsMatch(selector, labels map[string]string) bool {
 	}
 	return len(selector) > 0
 }
+
+// TestInferenceObjectiveCRDTakesWhatDiscoveryReads applies InferenceObjectives
+// to the CRD config/inference-extension installs: one naming only its pool
+// gets the extension's defaults for the pool's group and kind and no
+// priority (0), one with a negative priority keeps it, and one without a
+// pool is refused.
+func TestInferenceObjectiveCRDTakesWhatDiscoveryReads(t *testing.T) {
+	var crds []string
+	for _, o := range only(render(t, "inference-extension"), "CustomResourceDefinition") {
+		crds = append(crds, o.GetName())
+	}
+	slices.Sort(crds)
+	if want := []string{"inferenceobjectives.inference.networking.x-k8s.io", "inferencepools.inference.networking.k8s.io"}; !slices.Equal(crds, want) {
+		t.Fatalf("config/inference-extension installs the CRDs %q; want %q", crds, want)
+	}
+	c, _ := newClient(t)
+	objective := func(name string, spec map[string]any) *unstructured.Unstructured {
+		return &unstructured.Unstructured{Object: map[string]any{
+			"apiVersion": "inference.networking.x-k8s.io/v1alpha2", "kind": "InferenceObjective",
+			"metadata": map[string]any{"name": name, "namespace": "default"}, "spec": spec,
+		}}
+	}
+	plain := objective("objective-plain", map[string]any{"poolRef": map[string]any{"name": "llama"}})
+	if err := c.Create(testContext(t), plain); err != nil {
+		t.Fatalf("create an objective naming its pool alone: %v", err)
+	}
+	t.Cleanup(func() { _ = c.Delete(testContext(t), plain) })
+	group, _, _ := unstructured.NestedString(plain.Object, "spec", "poolRef", "group")
+	kind, _, _ := unstructured.NestedString(plain.Object, "spec", "poolRef", "kind")
+	_, hasPriority, _ := unstructured.NestedFieldNoCopy(plain.Object, "spec", "priority")
+	if group != "inference.networking.k8s.io" || kind != "InferencePool" || hasPriority {
+		t.Errorf("stored poolRef group %q kind %q, priority set %v; want the InferencePool group and kind, no priority",
+			group, kind, hasPriority)
+	}
+	sheddable := objective("objective-sheddable", map[string]any{"priority": int64(-1), "poolRef": map[string]any{"name": "llama"}})
+	if err := c.Create(testContext(t), sheddable); err != nil {
+		t.Fatalf("create a sheddable objective: %v", err)
+	}
+	t.Cleanup(func() { _ = c.Delete(testContext(t), sheddable) })
+	if p, _, _ := unstructured.NestedInt64(sheddable.Object, "spec", "priority"); p != -1 {
+		t.Errorf("stored priority %d; want -1", p)
+	}
+	if err := c.Create(testContext(t), objective("objective-poolless", map[string]any{"priority": int64(1)})); err == nil {
+		t.Errorf("an objective naming no pool was accepted")
+	}
+}

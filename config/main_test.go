@@ -25,8 +25,8 @@ import (
 
 // TestMain starts one API server for the package, serving the CRDs the
 // installations use: the ServiceMonitor of testdata/crds, the InferencePool
-// kvgate ships, and the Gateway API's (Gateway, HTTPRoute), from the
-// module go.mod requires.
+// and InferenceObjective kvgate ships, and the Gateway API's (Gateway,
+// HTTPRoute), from the module go.mod requires.
 func TestMain(m *testing.M) {
 	gatewayAPI, err := moduleDir("sigs.k8s.io/gateway-api")
 	if err != nil {

@@ -81,6 +81,22 @@ func readPools(ns string) []access {
 		{"watch", poolGroup, "inferencepools", "", ns}}
 }
 
+// objectiveGroup is the API group of InferenceObjectives.
+const objectiveGroup = "inference.networking.x-k8s.io"
+
+// readObjectives are the requests of InferencePool discovery on the
+// InferenceObjectives of namespace ns.
+func readObjectives(ns string) []access {
+	return []access{{"get", objectiveGroup, "inferenceobjectives", "", ns},
+		{"list", objectiveGroup, "inferenceobjectives", "", ns}, {"watch", objectiveGroup, "inferenceobjectives", "", ns}}
+}
+
+// writeObjectives are requests on InferenceObjectives no gateway needs.
+func writeObjectives(ns string) []access {
+	return []access{{"create", objectiveGroup, "inferenceobjectives", "", ns},
+		{"update", objectiveGroup, "inferenceobjectives", "", ns}, {"delete", objectiveGroup, "inferenceobjectives", "", ns}}
+}
+
 // writePools are requests on InferencePools no gateway needs.
 func writePools(ns string) []access {
 	return []access{{"create", poolGroup, "inferencepools", "", ns}, {"update", poolGroup, "inferencepools", "", ns},
@@ -91,7 +107,8 @@ func writePools(ns string) []access {
 // overlay for real and asks the API server what the gateway's
 // ServiceAccount may do: get, list and watch pods (in every namespace for
 // config/default, in its own for config/namespaced), and the InferencePools
-// of its namespace too for the InferencePool sample's picker, and nothing
+// and InferenceObjectives of its namespace too for the InferencePool
+// sample's picker, and nothing
 // more. Besides the SubjectAccessReviews of a list of requests, it compares
 // the account's complete rules (SelfSubjectRulesReview) with those of an
 // account bound to nothing.
@@ -100,7 +117,8 @@ func TestGatewayMayOnlyReadPods(t *testing.T) {
 	tests := []struct {
 		in install
 		// clusterWide is true when the gateway reads the pods of every
-		// namespace; pools when it reads InferencePools.
+		// namespace; pools when it reads InferencePools and
+		// InferenceObjectives.
 		clusterWide, pools bool
 	}{
 		{installs[0], true, false},
@@ -124,16 +142,17 @@ func TestGatewayMayOnlyReadPods(t *testing.T) {
 			const elsewhere = "default"
 
 			allowed := readPods(ns)
-			denied := slices.Concat(forbidden(ns), forbidden(elsewhere), writePools(ns), readPools(elsewhere), readPools(""))
+			denied := slices.Concat(forbidden(ns), forbidden(elsewhere), writePools(ns), readPools(elsewhere), readPools(""),
+				writeObjectives(ns), readObjectives(elsewhere), readObjectives(""))
 			if tt.clusterWide {
 				allowed = slices.Concat(allowed, readPods(elsewhere), readPods(""))
 			} else {
 				denied = slices.Concat(denied, readPods(elsewhere), readPods(""))
 			}
 			if tt.pools {
-				allowed = slices.Concat(allowed, readPools(ns))
+				allowed = slices.Concat(allowed, readPools(ns), readObjectives(ns))
 			} else {
-				denied = slices.Concat(denied, readPools(ns))
+				denied = slices.Concat(denied, readPools(ns), readObjectives(ns))
 			}
 			// The apiserver authorizes from caches of the roles and bindings
 			// just applied: what they allow may take a moment to be allowed.
@@ -161,6 +180,7 @@ func TestGatewayMayOnlyReadPods(t *testing.T) {
 						want[rule{verb: verb, group: "", resource: "pods"}] = true
 						if tt.pools {
 							want[rule{verb: verb, group: poolGroup, resource: "inferencepools"}] = true
+							want[rule{verb: verb, group: objectiveGroup, resource: "inferenceobjectives"}] = true
 						}
 					}
 				}

@@ -1,6 +1,7 @@
 package discovery
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -87,6 +89,14 @@ var poolDefaults = []string{
 // The pods delivered follow the pools and pods: a pod that stops matching,
 // a pool deleted or whose selector or ports change, remove or replace the
 // pods delivered for them.
+//
+// With Objectives set, the source also watches the InferenceObjectives
+// (inference.networking.x-k8s.io/v1alpha2) of the namespaces it watches,
+// and keeps in Objectives the priorities of those naming the pools it
+// follows (see Objectives). A cluster without the InferenceObjective CRD,
+// or a gateway not allowed to list InferenceObjectives, runs without them,
+// logged once at start: every request then has priority 0. The CRD
+// installed later is read from the next start.
 type InferencePoolSource struct {
 	// Namespace limits the watch to one namespace; "" watches all.
 	Namespace string
@@ -99,8 +109,14 @@ type InferencePoolSource struct {
 	PubPort, ReplayPort int
 	// Resync is the informers' resync period; 0 disables resyncs.
 	Resync time.Duration
+	// Objectives, when set, receives the InferenceObjectives of the pools
+	// followed.
+	Objectives *Objectives
 	// Logger receives the source's logs (klog's global logger when zero).
 	Logger klog.Logger
+
+	// objectiveResource replaces InferenceObjectiveResource when set.
+	objectiveResource schema.GroupVersionResource
 }
 
 var _ cache.PodSource = (*InferencePoolSource)(nil)
@@ -144,17 +160,37 @@ func (s *InferencePoolSource) Run(ctx context.Context, config *rest.Config, sink
 	if err != nil {
 		return fmt.Errorf("inferencepool source: %w", err)
 	}
+	syncs := []toolscache.InformerSynced{podReg.HasSynced, poolReg.HasSynced}
+	if s.Objectives != nil {
+		r := cmp.Or(s.objectiveResource, InferenceObjectiveResource)
+		if _, err := dyn.Resource(r).Namespace(s.Namespace).List(ctx, metav1.ListOptions{Limit: 1}); err != nil {
+			log.Info("InferenceObjectives are not read: every request has priority 0; install the InferenceObjective CRD "+
+				"(config/inference-extension) and allow kvgate to list and watch them, then restart kvgate",
+				"resource", r.String(), "err", err.Error())
+		} else {
+			objReg, err := poolFactory.ForResource(r).Informer().AddEventHandler(t.objectiveHandler())
+			if err != nil {
+				return fmt.Errorf("inferencepool source: %w", err)
+			}
+			syncs = append(syncs, objReg.HasSynced)
+		}
+	}
 	informerCtx, cancel := context.WithCancel(ctx)
 	defer podFactory.Shutdown()
 	defer poolFactory.Shutdown()
 	defer cancel()
 	podFactory.Start(informerCtx.Done())
 	poolFactory.Start(informerCtx.Done())
-	if !toolscache.WaitForCacheSync(informerCtx.Done(), podReg.HasSynced, poolReg.HasSynced) {
+	if !toolscache.WaitForCacheSync(informerCtx.Done(), syncs...) {
 		return fmt.Errorf("inferencepool source: stopped before the informers synced: %w", context.Cause(ctx))
 	}
 	pools, pods := t.counts()
-	log.Info("InferencePool informers synced", "namespace", s.Namespace, "pools", pools, "members", pods)
+	objectives := 0
+	if s.Objectives != nil {
+		objectives = s.Objectives.Len()
+	}
+	log.Info("InferencePool informers synced", "namespace", s.Namespace, "pools", pools, "members", pods,
+		"objectives", objectives)
 	synced()
 	<-ctx.Done()
 	return nil
@@ -204,6 +240,45 @@ type poolTracker struct {
 	// conflicts remembers the pods logged as selected by several pools,
 	// with the pools, so that a conflict is logged once.
 	conflicts map[types.NamespacedName]string
+	// droppedLogged is set once a dropped InferenceObjective was logged.
+	droppedLogged atomic.Bool
+}
+
+// setServed tells the source's Objectives, if any, whether it follows the
+// pool of key.
+func (t *poolTracker) setServed(key types.NamespacedName, served bool) {
+	if o := t.src.Objectives; o != nil {
+		o.setServed(key, served)
+	}
+}
+
+// objectiveHandler keeps the objective informer's objects in the source's
+// Objectives.
+func (t *poolTracker) objectiveHandler() toolscache.ResourceEventHandlerFuncs {
+	o := t.src.Objectives
+	return toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { t.setObjective(obj) },
+		UpdateFunc: func(_, obj any) { t.setObjective(obj) },
+		DeleteFunc: func(obj any) {
+			if tomb, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+				obj = tomb.Obj
+			}
+			if u, ok := obj.(*unstructured.Unstructured); ok {
+				o.remove(u.GetNamespace(), u.GetName())
+			}
+		},
+	}
+}
+
+func (t *poolTracker) setObjective(obj any) {
+	u, ok := obj.(*unstructured.Unstructured)
+	if !ok {
+		return
+	}
+	if !t.src.Objectives.set(u) && t.droppedLogged.CompareAndSwap(false, true) {
+		t.log.Error(nil, "Ignoring InferenceObjectives beyond the most kept: requests naming them have priority 0",
+			"max", MaxInferenceObjectives, "objective", u.GetNamespace()+"/"+u.GetName())
+	}
 }
 
 func (t *poolTracker) counts() (pools, members int) {
@@ -259,7 +334,9 @@ func (t *poolTracker) poolHandler() toolscache.ResourceEventHandlerFuncs {
 			}
 			t.mu.Lock()
 			defer t.mu.Unlock()
-			delete(t.pools, types.NamespacedName{Namespace: u.GetNamespace(), Name: u.GetName()})
+			key := types.NamespacedName{Namespace: u.GetNamespace(), Name: u.GetName()}
+			delete(t.pools, key)
+			t.setServed(key, false)
 			t.reconcileNamespaceLocked(u.GetNamespace())
 		},
 	}
@@ -282,8 +359,10 @@ func (t *poolTracker) setPool(obj any) {
 		// selects no pod until it can.
 		t.log.Error(err, "Ignoring an InferencePool that cannot be read", "pool", key.String())
 		delete(t.pools, key)
+		t.setServed(key, false)
 	} else {
 		t.pools[key] = pool
+		t.setServed(key, true)
 	}
 	t.reconcileNamespaceLocked(key.Namespace)
 }

@@ -8,7 +8,8 @@
 //   - InferencePoolSource watches the Gateway API Inference Extension's
 //     InferencePools and delivers their member pods, one per target port,
 //     with the pool's defaults. It is the mode of a gateway that is a
-//     pool's endpoint picker.
+//     pool's endpoint picker. It may also keep the priorities of the
+//     pools' InferenceObjectives in an Objectives.
 //   - StaticSource reads a YAML file of endpoints and turns each into a
 //     synthesized, Running and Ready pod in namespace StaticNamespace,
 //     labelled and annotated as a real pod would be, so that routing,
