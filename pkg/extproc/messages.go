@@ -66,6 +66,8 @@ type requestHeaders struct {
 	// contentType tells how a body names its model (see
 	// gateway.PickRequest.ContentType).
 	contentType string
+	// objective is x-gateway-inference-objective, "" for none.
+	objective string
 }
 
 func readRequestHeaders(m *corev3.HeaderMap) requestHeaders {
@@ -86,6 +88,8 @@ func readRequestHeaders(m *corev3.HeaderMap) requestHeaders {
 			r.contentType = headerValue(h)
 		case headerDPRank:
 			r.namesRank = true
+		case headerObjective:
+			r.objective = headerValue(h)
 		}
 	}
 	return r
@@ -93,6 +97,10 @@ func readRequestHeaders(m *corev3.HeaderMap) requestHeaders {
 
 // headerDPRank is gateway.HeaderDataParallelRank as Envoy names headers.
 var headerDPRank = strings.ToLower(gateway.HeaderDataParallelRank)
+
+// headerObjective is gateway.HeaderInferenceObjective as Envoy names
+// headers.
+var headerObjective = strings.ToLower(gateway.HeaderInferenceObjective)
 
 // responseHeaders is what the Server reads of a response's headers.
 type responseHeaders struct {

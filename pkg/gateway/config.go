@@ -165,6 +165,11 @@ type Config struct {
 	// program with discovery of its own; RestConfig is then handed to it.
 	PodSource  cache.PodSource
 	RestConfig *rest.Config
+	// Objectives, when set, looks up the priority of the InferenceObjective
+	// a request names (HeaderInferenceObjective) in place of the
+	// InferenceObjectives the inferencepool discovery reads. Without it,
+	// in the other discovery modes, every request has priority 0.
+	Objectives ObjectivePriorities
 
 	// KVSync configures KV event sync and the prefix index.
 	KVSync config.KVSync

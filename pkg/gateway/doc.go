@@ -29,7 +29,11 @@
 //  2. resolves the routing algorithm from the routing-strategy header (400
 //     for an unknown name) and the model's pods from the Store (404 for a
 //     model no pod serves, 503 when none of its pods is ready), leaving out
-//     the pods ejected after failed connections (step 5) unless all are;
+//     the pods ejected after failed connections (step 5) unless all are,
+//     and the request's priority from the InferenceObjective its
+//     X-Gateway-Inference-Objective header names (Config.Objectives, or the
+//     inferencepool discovery's; 0 for none, an unknown one, a name that
+//     is no Kubernetes object name, or when the gateway reads none);
 //  3. tokenizes the prompt as the engines do (in process from the model's
 //     tokenizer files once verified against the engines, otherwise vLLM's
 //     /tokenize on a ready pod of the model, the pods taking turns among

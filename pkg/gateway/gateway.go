@@ -84,6 +84,9 @@ type Gateway struct {
 	redis      *redis.Client // nil without Redis
 	restConfig *rest.Config
 	source     cache.PodSource
+	// priorities looks up the requests' InferenceObjectives; nil when the
+	// gateway reads none.
+	priorities ObjectivePriorities
 	// pods holds the keep-alive connections to the pods.
 	pods    *podPool
 	handler http.Handler
@@ -175,7 +178,7 @@ func New(cfg Config) (*Gateway, error) {
 		}
 	}
 	g.pods = newPodPool(cfg.DialTimeout, cfg.MaxIdleConnsPerPod, DefaultPodConnIdleTTL, g.log)
-	if g.source, g.restConfig, err = newPodSource(cfg); err != nil {
+	if g.source, g.restConfig, g.priorities, err = newPodSource(cfg); err != nil {
 		g.release()
 		return nil, fmt.Errorf("gateway: %w", err)
 	}

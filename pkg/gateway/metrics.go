@@ -34,6 +34,9 @@ type metrics struct {
 	// dpRanks counts the attempts whose decision named a data-parallel
 	// rank, by whether they were pinned to it.
 	dpRanks *prometheus.CounterVec
+	// invalidObjectives counts the requests whose
+	// HeaderInferenceObjective is no object name.
+	invalidObjectives prometheus.Counter
 	// phases observe each phase of the gateway's time on a request, by
 	// phase; phaseVec holds them.
 	phases   [numPhases]prometheus.Observer
@@ -151,6 +154,12 @@ func newMetrics(reg prometheus.Registerer, bodies *budget.Budget) (*metrics, err
 				"latest scrape showed the rank with at least 2 requests waiting and a load, waiting×4 + running plus the " +
 				"gateway's pins since, at least twice the mean of the other ranks'). Off with KVGATE_DP_RANK_ROUTING=false.",
 		}, []string{"result"}),
+		invalidObjectives: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvgate_gateway_invalid_inference_objectives_total",
+			Help: "Requests whose x-gateway-inference-objective header is not a Kubernetes object name (longer than 253 " +
+				"bytes, or with other characters than lower-case letters, digits, '-' and '.'): the header is ignored and " +
+				"the request has priority 0.",
+		}),
 		phaseVec: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "kvgate_gateway_request_phase_seconds",
 			Help: "The gateway's time on an inference request by phase, from the first byte read to the last byte written: " +
@@ -183,7 +192,7 @@ func newMetrics(reg prometheus.Registerer, bodies *budget.Budget) (*metrics, err
 	}
 	for _, c := range []prometheus.Collector{m.requests, m.duration, m.overhead, m.ttft, m.inFlight,
 		m.retries, m.upstreamFails, m.tokenizeFails, m.usageMissing, m.oversizedEvents, m.bodyTimeouts, m.writeTimeouts,
-		m.connWaits, m.conns, m.heldRefusals, m.heldBytes, m.matchRefusals, m.dpRanks, m.phaseVec} {
+		m.connWaits, m.conns, m.heldRefusals, m.heldBytes, m.matchRefusals, m.dpRanks, m.invalidObjectives, m.phaseVec} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register gateway metrics: %w", err)
 		}

@@ -124,6 +124,10 @@ type PickRequest struct {
 	// (X-Request-Id), "" for none: logs and GET /debug/slo show it beside
 	// the gateway's own id, as the proxy's requests show theirs.
 	ClientRequestID string
+	// Objective is the request's HeaderInferenceObjective, "" for none:
+	// the InferenceObjective whose priority the request takes, as through
+	// the proxy.
+	Objective string
 	// NamesRank reports a request carrying its own X-Data-Parallel-Rank
 	// header: the gateway pins it to no rank (Pick.DPRank is -1), and the
 	// front end forwards the client's header.
@@ -209,6 +213,7 @@ func (p *Picker) Pick(ctx context.Context, in PickRequest) (*Pick, *Error) {
 		putExchange(k.x)
 		return nil, err
 	}
+	k.a.priority = g.priority(in.Objective)
 	k.rc, k.req = g.begin(ctx, &k.a, k.x, start, in.ClientRequestID)
 	k.x.ownRank = in.NamesRank
 	if queuesForSLO(kd, k.a.algorithm) && !k.a.pinned {

@@ -210,6 +210,9 @@ type admitted struct {
 	// neither tokenized nor held in an SLO queue, which predicts from the
 	// prompt.
 	pinned bool
+	// priority is the priority of the InferenceObjective the request
+	// names (see Gateway.priority).
+	priority int
 }
 
 // proxy serves one inference request: admit, record in the request
@@ -258,6 +261,7 @@ func (g *Gateway) admit(w http.ResponseWriter, r *http.Request, k kind, x *excha
 		c.fail(w, err.Status, err.Type, err.Code, err.Param, err.Message)
 		return a, false
 	}
+	a.priority = g.priority(r.Header.Get(HeaderInferenceObjective))
 	return a, true
 }
 
@@ -351,7 +355,7 @@ func resolveAlgorithm(r *routing.Router, strategy string) (string, *Error) {
 
 // begin records an admitted request in the request ledger and prepares what
 // routing reads of it: its routing context, with the client's request id
-// clientID ("" for none), the prompt's token ids when the request is a
+// clientID ("" for none), its priority, the prompt's token ids when the request is a
 // completion and the algorithm reads them, and its predicted output length.
 // The caller ends the returned request.
 func (g *Gateway) begin(ctx context.Context, a *admitted, x *exchange, start time.Time, clientID string) (*types.RoutingContext, *inflight.Request) {
@@ -359,6 +363,7 @@ func (g *Gateway) begin(ctx context.Context, a *admitted, x *exchange, start tim
 	rc.ClientRequestID = clientID
 	rc.ReceivedAt = start
 	rc.Algorithm = a.algorithm
+	rc.Priority = a.priority
 	rc.LoraAdapter = adapterOf(a.model, a.pods)
 	req := g.ledger.Admit(rc.RequestID, rc.Model)
 	if g.tokenizer != nil && x.in.kind.generates() && readsPrompt(a.algorithm) && !a.pinned {

@@ -18,31 +18,44 @@ import (
 	"github.com/kvgate/kvgate/pkg/leanhttp"
 )
 
-// newPodSource returns the pod source cfg describes, and the Kubernetes
-// client configuration it needs.
-func newPodSource(cfg Config) (cache.PodSource, *rest.Config, error) {
+// newPodSource returns the pod source cfg describes, the Kubernetes client
+// configuration it needs, and the InferenceObjectives it reads: those
+// cfg.Objectives names, else those the inferencepool discovery fills; nil
+// in the other modes.
+func newPodSource(cfg Config) (cache.PodSource, *rest.Config, ObjectivePriorities, error) {
+	src, rc, objectives, err := podSourceOf(cfg)
+	if cfg.Objectives != nil {
+		return src, rc, cfg.Objectives, err
+	}
+	return src, rc, objectives, err
+}
+
+// podSourceOf is newPodSource without cfg.Objectives.
+func podSourceOf(cfg Config) (cache.PodSource, *rest.Config, ObjectivePriorities, error) {
 	if cfg.PodSource != nil {
-		return cfg.PodSource, cfg.RestConfig, nil
+		return cfg.PodSource, cfg.RestConfig, nil, nil
 	}
 	switch cfg.Discovery.Mode {
 	case config.DiscoveryStatic:
-		return &discovery.StaticSource{Path: cfg.Discovery.StaticFile, Logger: cfg.Logger}, nil, nil
+		return &discovery.StaticSource{Path: cfg.Discovery.StaticFile, Logger: cfg.Logger}, nil, nil, nil
 	case config.DiscoveryKubernetes:
 		rc, err := kubernetesConfig(cfg.Kubeconfig)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 		return &discovery.KubernetesSource{Namespace: cfg.Discovery.Namespace, LabelSelector: cfg.Discovery.LabelSelector,
-			Logger: cfg.Logger}, rc, nil
+			Logger: cfg.Logger}, rc, nil, nil
 	case config.DiscoveryInferencePool:
 		rc, err := kubernetesConfig(cfg.Kubeconfig)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
-		return &discovery.InferencePoolSource{Namespace: cfg.Discovery.Namespace, Pools: cfg.Discovery.Pools,
-			PubPort: cfg.KVSync.PubPort, ReplayPort: cfg.KVSync.ReplayPort, Logger: cfg.Logger}, rc, nil
+		objectives := discovery.NewObjectives()
+		src := &discovery.InferencePoolSource{Namespace: cfg.Discovery.Namespace, Pools: cfg.Discovery.Pools,
+			PubPort: cfg.KVSync.PubPort, ReplayPort: cfg.KVSync.ReplayPort, Objectives: objectives, Logger: cfg.Logger}
+		return src, rc, objectives, nil
 	}
-	return nil, nil, fmt.Errorf("unknown discovery mode %q: want %s, %s or %s", cfg.Discovery.Mode,
+	return nil, nil, nil, fmt.Errorf("unknown discovery mode %q: want %s, %s or %s", cfg.Discovery.Mode,
 		config.DiscoveryKubernetes, config.DiscoveryInferencePool, config.DiscoveryStatic)
 }
 
