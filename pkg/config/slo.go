@@ -59,3 +59,33 @@ var (
 			"(their estimate of when a pod frees up, in whole seconds).",
 	}
 )
+
+// Saturation: when the requests of a negative priority are shed.
+var (
+	SaturationQueueDepth = Var{
+		Name:    "KVGATE_SATURATION_QUEUE_DEPTH",
+		Default: "5",
+		Section: SectionSLO,
+		Doc: "A pod has capacity for sheddable requests (an InferenceObjective's negative priority) while at most this " +
+			"many requests wait in its engine's queue (vllm:num_requests_waiting), its KV cache is at most " +
+			"KVGATE_SATURATION_KV_CACHE_UTILIZATION full and its metrics are fresh (KVGATE_SATURATION_METRICS_STALENESS_MS). " +
+			"When no candidate pod of a request's model has capacity, a request of a negative priority is refused with " +
+			"429 and Retry-After; requests of priority 0 or more are never refused for it. At least 0.",
+	}
+	SaturationKVCacheUtilization = Var{
+		Name:    "KVGATE_SATURATION_KV_CACHE_UTILIZATION",
+		Default: "0.8",
+		Section: SectionSLO,
+		Doc: "The most a pod's KV cache may be in use (vllm:kv_cache_usage_perc, 0 to 1) for the pod to have capacity " +
+			"for sheddable requests (see KVGATE_SATURATION_QUEUE_DEPTH).",
+	}
+	SaturationMetricsStaleness = Var{
+		Name:    "KVGATE_SATURATION_METRICS_STALENESS_MS",
+		Default: "200",
+		Section: SectionSLO,
+		Doc: "How old, in milliseconds, a pod's latest scrape may be for the pod to have capacity for sheddable " +
+			"requests (see KVGATE_SATURATION_QUEUE_DEPTH); a pod whose last scrape failed has none. It must exceed " +
+			"AIBRIX_POD_METRIC_REFRESH_INTERVAL_MS: the default, four scrapes at the default interval, leaves room for " +
+			"a late scrape.",
+	}
+)

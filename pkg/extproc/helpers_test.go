@@ -57,6 +57,13 @@ func startEngine(t testing.TB, name string) *simEngine { return startRanks(t, na
 // ranks until the test ends.
 func startRanks(t testing.TB, name string, ranks int) *simEngine {
 	t.Helper()
+	return startRanksWith(t, name, ranks, nil)
+}
+
+// startRanksWith is startRanks with each rank's engine configuration
+// adjusted by adjust, when not nil.
+func startRanksWith(t testing.TB, name string, ranks int, adjust func(*sim.EngineConfig)) *simEngine {
+	t.Helper()
 	ports := testsupport.ConsecutivePorts(t, 2*ranks)
 	var rs []simserver.Rank
 	for r := range ranks {
@@ -72,16 +79,17 @@ func startRanks(t testing.TB, name string, ranks int) *simEngine {
 		// Registered before the engine's cleanup, it runs after the engine
 		// stopped.
 		t.Cleanup(func() { _ = pub.Close() })
-		rs = append(rs, simserver.Rank{
-			// A prefill speed of 1,000 tokens per second: an uncached prompt of
-			// a few hundred tokens costs far more than the inter-token latency
-			// a loaded test machine measures, so that kv-aware's predictions
-			// tell the pod holding it from the others.
-			Engine: sim.EngineConfig{BlockSize: 16, NumGPUBlocks: 4096, DefaultOutputTokens: 8,
-				Latency: sim.LatencyModel{StepOverhead: time.Millisecond, PrefillPerToken: time.Millisecond,
-					DecodePerToken: 100 * time.Microsecond}},
-			Sink: pub,
-		})
+		// A prefill speed of 1,000 tokens per second: an uncached prompt of
+		// a few hundred tokens costs far more than the inter-token latency
+		// a loaded test machine measures, so that kv-aware's predictions
+		// tell the pod holding it from the others.
+		ec := sim.EngineConfig{BlockSize: 16, NumGPUBlocks: 4096, DefaultOutputTokens: 8,
+			Latency: sim.LatencyModel{StepOverhead: time.Millisecond, PrefillPerToken: time.Millisecond,
+				DecodePerToken: 100 * time.Microsecond}}
+		if adjust != nil {
+			adjust(&ec)
+		}
+		rs = append(rs, simserver.Rank{Engine: ec, Sink: pub})
 	}
 	srv := simtest.Serve(t, simserver.Config{Model: simModel, Ranks: rs})
 	return &simEngine{name: name, url: srv.URL, address: net.JoinHostPort("127.0.0.1", strconv.Itoa(srv.Port)), port: srv.Port,
@@ -121,6 +129,8 @@ type options struct {
 	// ranks is the number of data-parallel ranks of each engine (1 when
 	// 0).
 	ranks int
+	// engine, when set, adjusts each engine's configuration.
+	engine func(*sim.EngineConfig)
 }
 
 // start runs n engines and the gateway, and waits until the gateway is
@@ -131,7 +141,7 @@ func start(t testing.TB, n int, o options) *fixture {
 	var yaml strings.Builder
 	yaml.WriteString("endpoints:\n")
 	for i := range n {
-		e := startRanks(t, string(rune('a'+i)), max(o.ranks, 1))
+		e := startRanksWith(t, string(rune('a'+i)), max(o.ranks, 1), o.engine)
 		f.engines = append(f.engines, e)
 		yaml.WriteString(e.endpointYAML())
 	}

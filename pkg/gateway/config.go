@@ -193,6 +193,9 @@ type Config struct {
 	// SLO sets the models' objectives and bounds their queues, for the
 	// SLO-aware routing algorithms.
 	SLO slo.Config
+	// Saturation says when a model's pods are saturated, and its sheddable
+	// requests refused; DefaultSaturation when zero.
+	Saturation SaturationConfig
 	// RequestTTL is how long a request may stay in flight without an end
 	// before the request ledger reaps it (KVGATE_REQUEST_TTL_SECONDS,
 	// DefaultRequestTTL when 0). It must exceed LongestRequest, so that
@@ -282,6 +285,7 @@ func LoadConfig(e *config.Env) Config {
 		ExtProc:                   config.LoadExtProc(e),
 	}
 	cfg.Cache = loadCache(e)
+	cfg.Saturation = loadSaturation(e, cfg.Cache.PodMetricRefreshInterval)
 	cfg.Cache.EngineAPIKey = e.String(config.EngineAPIKey)
 	cfg.Tokenizer.APIKey = cfg.Cache.EngineAPIKey
 	if err := apikey.Check(cfg.Cache.EngineAPIKey); err != nil {

@@ -33,7 +33,11 @@
 //     and the request's priority from the InferenceObjective its
 //     X-Gateway-Inference-Objective header names (Config.Objectives, or the
 //     inferencepool discovery's; 0 for none, an unknown one, a name that
-//     is no Kubernetes object name, or when the gateway reads none);
+//     is no Kubernetes object name, or when the gateway reads none). A
+//     request of a negative priority (sheddable) is refused with 429, code
+//     pool_saturated and a Retry-After of 1, when no candidate pod has
+//     capacity (see SaturationConfig: fresh metrics, a short enough
+//     waiting queue, a KV cache not too full); the others never are;
 //  3. tokenizes the prompt as the engines do (in process from the model's
 //     tokenizer files once verified against the engines, otherwise vLLM's
 //     /tokenize on a ready pod of the model, the pods taking turns among

@@ -134,6 +134,9 @@ func New(cfg Config) (*Gateway, error) {
 	if err := cfg.SLO.Validate(); err != nil {
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
+	if err := cfg.Saturation.validate(); err != nil {
+		return nil, fmt.Errorf("gateway: %w", err)
+	}
 	if cfg.MaxHeldRequestBytes < cfg.MaxRequestBodyBytes {
 		return nil, fmt.Errorf("gateway: the request bytes held at once (%d) must be at least the largest request body (%d)",
 			cfg.MaxHeldRequestBytes, cfg.MaxRequestBodyBytes)
@@ -216,6 +219,7 @@ func (c Config) withDefaults() Config {
 	c.MaxIdleConnsPerPod = cmp.Or(c.MaxIdleConnsPerPod, DefaultMaxIdleConnsPerPod)
 	c.SLO.MaxWait = cmp.Or(c.SLO.MaxWait, slo.DefaultMaxWait)
 	c.RequestTTL = cmp.Or(c.RequestTTL, DefaultRequestTTL)
+	c.Saturation = cmp.Or(c.Saturation, DefaultSaturation)
 	if c.Logger.GetSink() == nil {
 		c.Logger = klog.Background()
 	}

@@ -37,6 +37,8 @@ type metrics struct {
 	// invalidObjectives counts the requests whose
 	// HeaderInferenceObjective is no object name.
 	invalidObjectives prometheus.Counter
+	// shed counts the sheddable requests refused, by model.
+	shed *prometheus.CounterVec
 	// phases observe each phase of the gateway's time on a request, by
 	// phase; phaseVec holds them.
 	phases   [numPhases]prometheus.Observer
@@ -160,6 +162,13 @@ func newMetrics(reg prometheus.Registerer, bodies *budget.Budget) (*metrics, err
 				"bytes, or with other characters than lower-case letters, digits, '-' and '.'): the header is ignored and " +
 				"the request has priority 0.",
 		}),
+		shed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvgate_gateway_shed_requests_total",
+			Help: "Requests of a negative priority (their InferenceObjective's) refused with 429 pool_saturated because no " +
+				"candidate pod of their model had capacity (see KVGATE_SATURATION_QUEUE_DEPTH, " +
+				"the KV cache's KVGATE_SATURATION_KV_CACHE_UTILIZATION and the metrics' age, " +
+				"at most KVGATE_SATURATION_METRICS_STALENESS_MS), by model.",
+		}, []string{"model"}),
 		phaseVec: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "kvgate_gateway_request_phase_seconds",
 			Help: "The gateway's time on an inference request by phase, from the first byte read to the last byte written: " +
@@ -192,7 +201,7 @@ func newMetrics(reg prometheus.Registerer, bodies *budget.Budget) (*metrics, err
 	}
 	for _, c := range []prometheus.Collector{m.requests, m.duration, m.overhead, m.ttft, m.inFlight,
 		m.retries, m.upstreamFails, m.tokenizeFails, m.usageMissing, m.oversizedEvents, m.bodyTimeouts, m.writeTimeouts,
-		m.connWaits, m.conns, m.heldRefusals, m.heldBytes, m.matchRefusals, m.dpRanks, m.invalidObjectives, m.phaseVec} {
+		m.connWaits, m.conns, m.heldRefusals, m.heldBytes, m.matchRefusals, m.dpRanks, m.invalidObjectives, m.shed, m.phaseVec} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register gateway metrics: %w", err)
 		}

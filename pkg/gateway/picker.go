@@ -167,7 +167,9 @@ type Pick struct {
 // gateway is not ready (503), the body cannot be read or names no model
 // (400), the routing-strategy header names no algorithm (400), no pod
 // serves the model (404) or none is ready (503), or the subset holds no
-// candidate (503). A completion or chat request naming an SLO-aware
+// candidate (503), or the request is sheddable and the candidates
+// saturated (429 and a RetryAfter, see SaturationConfig). A completion or
+// chat request naming an SLO-aware
 // algorithm waits in its model's queue as through the proxy, for as long as
 // ctx lasts: it fails with 429 and a RetryAfter when the queue refuses it or
 // it can no longer meet its objective, and with 499 when ctx ends first.
@@ -214,6 +216,10 @@ func (p *Picker) Pick(ctx context.Context, in PickRequest) (*Pick, *Error) {
 		return nil, err
 	}
 	k.a.priority = g.priority(in.Objective)
+	if err := g.shed(&k.a, k.x); err != nil {
+		putExchange(k.x)
+		return nil, err
+	}
 	k.rc, k.req = g.begin(ctx, &k.a, k.x, start, in.ClientRequestID)
 	k.x.ownRank = in.NamesRank
 	if queuesForSLO(kd, k.a.algorithm) && !k.a.pinned {

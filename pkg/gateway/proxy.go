@@ -262,6 +262,10 @@ func (g *Gateway) admit(w http.ResponseWriter, r *http.Request, k kind, x *excha
 		return a, false
 	}
 	a.priority = g.priority(r.Header.Get(HeaderInferenceObjective))
+	if err := g.shed(&a, x); err != nil {
+		c.failWith(w, err)
+		return a, false
+	}
 	return a, true
 }
 

@@ -72,6 +72,13 @@ func startSims(t *testing.T, n int, lat sim.LatencyModel) staticPods {
 // alone.
 func serveSims(t *testing.T, pods staticPods, env map[string]string) *testFleet {
 	t.Helper()
+	return serveSimsWith(t, pods, env, nil)
+}
+
+// serveSimsWith is serveSims with the loaded Config adjusted by configure
+// (when not nil).
+func serveSimsWith(t *testing.T, pods staticPods, env map[string]string, configure func(*Config)) *testFleet {
+	t.Helper()
 	f := &testFleet{t: t}
 	full := map[string]string{
 		"KVGATE_POD_DISCOVERY":                      "static",
@@ -85,6 +92,9 @@ func serveSims(t *testing.T, pods staticPods, env map[string]string) *testFleet 
 	}
 	cfg := loadTestConfig(t, full)
 	cfg.PodSource = pods
+	if configure != nil {
+		configure(&cfg)
+	}
 	f.serve(cfg)
 	f.waitReady()
 	return f
