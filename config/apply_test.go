@@ -37,7 +37,8 @@ var installs = []install{
 	// vLLM's image runs as root.
 	{dir: "samples/vllm", namespace: "vllm-models", podSecurity: "baseline"},
 	{dir: "samples/vllm-dp", namespace: "vllm-dp-models", podSecurity: "baseline"},
-	// The InferencePool and InferenceObjective CRDs: cluster-scoped, no pods.
+	// The InferencePool, InferenceObjective and InferenceModelRewrite CRDs:
+	// cluster-scoped, no pods.
 	{dir: "inference-extension"},
 	{dir: poolSample, namespace: "llm", podSecurity: "restricted"},
 }

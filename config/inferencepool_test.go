@@ -139,7 +139,8 @@ func TestInferenceObjectiveCRDTakesWhatDiscoveryReads(t *testing.T) {
 		crds = append(crds, o.GetName())
 	}
 	slices.Sort(crds)
-	if want := []string{"inferenceobjectives.inference.networking.x-k8s.io", "inferencepools.inference.networking.k8s.io"}; !slices.Equal(crds, want) {
+	if want := []string{"inferencemodelrewrites.inference.networking.x-k8s.io", "inferenceobjectives.inference.networking.x-k8s.io",
+		"inferencepools.inference.networking.k8s.io"}; !slices.Equal(crds, want) {
 		t.Fatalf("config/inference-extension installs the CRDs %q; want %q", crds, want)
 	}
 	c, _ := newClient(t)

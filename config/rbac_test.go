@@ -81,33 +81,44 @@ func readPools(ns string) []access {
 		{"watch", poolGroup, "inferencepools", "", ns}}
 }
 
-// objectiveGroup is the API group of InferenceObjectives.
-const objectiveGroup = "inference.networking.x-k8s.io"
+// alphaGroup is the API group of InferenceObjectives and
+// InferenceModelRewrites.
+const alphaGroup = "inference.networking.x-k8s.io"
 
 // readObjectives are the requests of InferencePool discovery on the
 // InferenceObjectives of namespace ns.
 func readObjectives(ns string) []access {
-	return []access{{"get", objectiveGroup, "inferenceobjectives", "", ns},
-		{"list", objectiveGroup, "inferenceobjectives", "", ns}, {"watch", objectiveGroup, "inferenceobjectives", "", ns}}
+	return []access{{"get", alphaGroup, "inferenceobjectives", "", ns},
+		{"list", alphaGroup, "inferenceobjectives", "", ns}, {"watch", alphaGroup, "inferenceobjectives", "", ns}}
 }
 
 // writeObjectives are requests on InferenceObjectives no gateway needs.
 func writeObjectives(ns string) []access {
-	return []access{{"create", objectiveGroup, "inferenceobjectives", "", ns},
-		{"update", objectiveGroup, "inferenceobjectives", "", ns}, {"delete", objectiveGroup, "inferenceobjectives", "", ns}}
+	return []access{{"create", alphaGroup, "inferenceobjectives", "", ns},
+		{"update", alphaGroup, "inferenceobjectives", "", ns}, {"delete", alphaGroup, "inferenceobjectives", "", ns}}
+}
+
+// readRewrites are the requests of InferenceModelRewrite discovery in
+// namespace ns, beside readPools.
+func readRewrites(ns string) []access {
+	return []access{{"get", alphaGroup, "inferencemodelrewrites", "", ns}, {"list", alphaGroup, "inferencemodelrewrites", "", ns},
+		{"watch", alphaGroup, "inferencemodelrewrites", "", ns}}
 }
 
 // writePools are requests on InferencePools no gateway needs.
 func writePools(ns string) []access {
 	return []access{{"create", poolGroup, "inferencepools", "", ns}, {"update", poolGroup, "inferencepools", "", ns},
-		{"delete", poolGroup, "inferencepools", "", ns}, {"update", poolGroup, "inferencepools", "status", ns}}
+		{"delete", poolGroup, "inferencepools", "", ns}, {"update", poolGroup, "inferencepools", "status", ns},
+		{"create", alphaGroup, "inferencemodelrewrites", "", ns}, {"update", alphaGroup, "inferencemodelrewrites", "", ns},
+		{"delete", alphaGroup, "inferencemodelrewrites", "", ns}}
 }
 
 // TestGatewayMayOnlyReadPods installs the ServiceAccount and RBAC of each
 // overlay for real and asks the API server what the gateway's
 // ServiceAccount may do: get, list and watch pods (in every namespace for
 // config/default, in its own for config/namespaced), and the InferencePools
-// and InferenceObjectives of its namespace too for the InferencePool
+// and the InferenceObjectives and InferenceModelRewrites of its namespace
+// too for the InferencePool
 // sample's picker, and nothing
 // more. Besides the SubjectAccessReviews of a list of requests, it compares
 // the account's complete rules (SelfSubjectRulesReview) with those of an
@@ -143,16 +154,16 @@ func TestGatewayMayOnlyReadPods(t *testing.T) {
 
 			allowed := readPods(ns)
 			denied := slices.Concat(forbidden(ns), forbidden(elsewhere), writePools(ns), readPools(elsewhere), readPools(""),
-				writeObjectives(ns), readObjectives(elsewhere), readObjectives(""))
+				writeObjectives(ns), readObjectives(elsewhere), readObjectives(""), readRewrites(elsewhere), readRewrites(""))
 			if tt.clusterWide {
 				allowed = slices.Concat(allowed, readPods(elsewhere), readPods(""))
 			} else {
 				denied = slices.Concat(denied, readPods(elsewhere), readPods(""))
 			}
 			if tt.pools {
-				allowed = slices.Concat(allowed, readPools(ns), readObjectives(ns))
+				allowed = slices.Concat(allowed, readPools(ns), readObjectives(ns), readRewrites(ns))
 			} else {
-				denied = slices.Concat(denied, readPools(ns), readObjectives(ns))
+				denied = slices.Concat(denied, readPools(ns), readObjectives(ns), readRewrites(ns))
 			}
 			// The apiserver authorizes from caches of the roles and bindings
 			// just applied: what they allow may take a moment to be allowed.
@@ -180,7 +191,8 @@ func TestGatewayMayOnlyReadPods(t *testing.T) {
 						want[rule{verb: verb, group: "", resource: "pods"}] = true
 						if tt.pools {
 							want[rule{verb: verb, group: poolGroup, resource: "inferencepools"}] = true
-							want[rule{verb: verb, group: objectiveGroup, resource: "inferenceobjectives"}] = true
+							want[rule{verb: verb, group: alphaGroup, resource: "inferenceobjectives"}] = true
+							want[rule{verb: verb, group: alphaGroup, resource: "inferencemodelrewrites"}] = true
 						}
 					}
 				}
