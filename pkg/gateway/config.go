@@ -170,6 +170,13 @@ type Config struct {
 	// InferenceObjectives the inferencepool discovery reads. Without it,
 	// in the other discovery modes, every request has priority 0.
 	Objectives ObjectivePriorities
+	// ModelRewrites, when set, rewrites the model of each request before
+	// it is routed (see HeaderModelRewrite, which wins over it). Unset,
+	// inferencepool discovery (without PodSource) reads the
+	// InferenceModelRewrites of the pools it follows
+	// (discovery.ModelRewriteSource); other discovery rewrites by the
+	// header alone.
+	ModelRewrites ModelRewriter
 
 	// KVSync configures KV event sync and the prefix index.
 	KVSync config.KVSync

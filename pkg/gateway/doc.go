@@ -26,7 +26,11 @@
 //     encoding/json would and reading each member as vLLM does (see Request
 //     members; 400 for a body that is not a JSON object, or a member vLLM
 //     would refuse too);
-//  2. resolves the routing algorithm from the routing-strategy header (400
+//  2. rewrites the model the body names (see HeaderModelRewrite and
+//     Config.ModelRewrites: the x-gateway-model-name-rewrite header, else
+//     the InferenceModelRewrites of the pools followed), the body
+//     forwarded then naming the model it goes to; resolves the routing
+//     algorithm from the routing-strategy header (400
 //     for an unknown name) and the model's pods from the Store (404 for a
 //     model no pod serves, 503 when none of its pods is ready), leaving out
 //     the pods ejected after failed connections (step 5) unless all are,

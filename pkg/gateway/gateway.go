@@ -87,6 +87,7 @@ type Gateway struct {
 	// priorities looks up the requests' InferenceObjectives; nil when the
 	// gateway reads none.
 	priorities ObjectivePriorities
+	rewrites   modelRewrites
 	// pods holds the keep-alive connections to the pods.
 	pods    *podPool
 	handler http.Handler
@@ -184,6 +185,10 @@ func New(cfg Config) (*Gateway, error) {
 	if g.source, g.restConfig, g.priorities, err = newPodSource(cfg); err != nil {
 		g.release()
 		return nil, fmt.Errorf("gateway: %w", err)
+	}
+	if err := g.newModelRewrites(); err != nil {
+		g.release()
+		return nil, err
 	}
 	if cfg.Redis.Address != "" {
 		// Every operation's context bounds it: a stored response's

@@ -23,15 +23,16 @@ import (
 	"github.com/kvgate/kvgate/pkg/endpoint"
 )
 
-// startAPIServer starts a kube-apiserver and etcd for t, skipping t when
-// KUBEBUILDER_ASSETS is unset (failing it in CI), and returns a kubeconfig file reaching it.
-func startAPIServer(t *testing.T) (string, *rest.Config) {
+// startAPIServer starts a kube-apiserver and etcd for t, serving the CRDs
+// of the directories crds, skipping t when KUBEBUILDER_ASSETS is unset
+// (failing it in CI), and returns a kubeconfig file reaching it.
+func startAPIServer(t *testing.T, crds ...string) (string, *rest.Config) {
 	t.Helper()
 	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
 		testsupport.SkipUnlessCI(t, "KUBEBUILDER_ASSETS is unset: run `make test` or KUBEBUILDER_ASSETS=$(hack/setup-envtest.sh) go test")
 	}
 	logf.SetLogger(klog.Background().V(4))
-	env := &envtest.Environment{}
+	env := &envtest.Environment{CRDDirectoryPaths: crds, ErrorIfCRDPathMissing: len(crds) > 0}
 	rc, err := env.Start()
 	if err != nil {
 		t.Fatalf("start envtest: %v", err)

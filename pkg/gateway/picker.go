@@ -120,6 +120,9 @@ type PickRequest struct {
 	ContentType string
 	// Strategy is the request's routing-strategy header, "" for none.
 	Strategy string
+	// ModelRewrite is the request's HeaderModelRewrite header, "" for
+	// none: the model the request goes to, whatever its body names.
+	ModelRewrite string
 	// ClientRequestID is the request id the client or its proxy sent
 	// (X-Request-Id), "" for none: logs and GET /debug/slo show it beside
 	// the gateway's own id, as the proxy's requests show theirs.
@@ -183,7 +186,7 @@ func (p *Picker) Pick(ctx context.Context, in PickRequest) (*Pick, *Error) {
 	if start.IsZero() {
 		start = time.Now()
 	}
-	k := &Pick{g: g, x: exchanges.Get().(*exchange), a: admitted{b: b}}
+	k := &Pick{g: g, x: exchanges.Get().(*exchange), a: admitted{b: b, override: in.ModelRewrite}}
 	path, _, _ := strings.Cut(in.Path, "?")
 	kd := kindModel
 	switch path {
@@ -259,6 +262,9 @@ func (g *Gateway) checkModel(a *admitted, body []byte, contentType, strategy str
 	case errors.Is(err, errNotForm):
 		var e *Error
 		if model, e = jsonModel(body); e != nil {
+			return e
+		}
+		if body, model, e = g.renamed(a, body, model); e != nil {
 			return e
 		}
 	case err != nil:
@@ -347,8 +353,10 @@ func (k *Pick) DPRank() int { return pinnedRank(k.h) }
 // Body returns the body to forward, and whether it differs from the
 // client's: a streamed request that did not ask for the usage chunk is
 // forwarded asking for it (see the package documentation), and the chunk
-// is withheld from the client by Response.Body.
-func (k *Pick) Body() (body []byte, changed bool) { return k.a.body, k.a.dropUsage }
+// is withheld from the client by Response.Body; a request whose model is
+// rewritten (PickRequest.ModelRewrite, the rewrite rules) names the model
+// it goes to.
+func (k *Pick) Body() (body []byte, changed bool) { return k.a.body, k.a.dropUsage || k.a.renamed }
 
 // Unreachable records that the proxy could not connect to the pod, so that
 // nothing reached it: the pod is ejected from routing for reason's backoff

@@ -205,6 +205,10 @@ type admitted struct {
 	// usage chunk when dropUsage is set.
 	body      []byte
 	dropUsage bool
+	// override is the request's HeaderModelRewrite value, "" for none;
+	// renamed reports a body whose model was rewritten (see rewriteModel).
+	override string
+	renamed  bool
 	// pinned reports a request whose one candidate is the engine that
 	// made the stored response it needs (see storedResponses): it is
 	// neither tokenized nor held in an SLO queue, which predicts from the
@@ -242,7 +246,7 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, k kind, x *excha
 // admit reads and checks a request, answering the client when it fails a
 // check (see check). It sets c's model and algorithm as they become known.
 func (g *Gateway) admit(w http.ResponseWriter, r *http.Request, k kind, x *exchange, c *call) (admitted, bool) {
-	a := admitted{b: g.ready()}
+	a := admitted{b: g.ready(), override: r.Header.Get(modelRewriteKey)}
 	if a.b == nil {
 		c.fail(w, http.StatusServiceUnavailable, typeServiceUnavailable, codeNotReady, "", errNotReady.Error())
 		return a, false
@@ -286,7 +290,14 @@ func (g *Gateway) check(a *admitted, k kind, body []byte, contentType, strategy 
 	if err := x.in.decode(k, body); err != nil {
 		return &Error{Status: http.StatusBadRequest, Type: typeInvalidRequest, Code: codeInvalidJSON, Message: jsonError(err)}
 	}
-	if err := g.candidates(a, x.in.model(), strategy, x); err != nil {
+	body, model, rerr := g.renamed(a, body, x.in.model())
+	if rerr != nil {
+		return rerr
+	}
+	if a.renamed {
+		x.in.setModel(model, body)
+	}
+	if err := g.candidates(a, model, strategy, x); err != nil {
 		return err
 	}
 	if id := x.in.conv.PreviousResponseID; k == kindResponses && id != "" {

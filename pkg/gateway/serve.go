@@ -187,6 +187,9 @@ func (g *Gateway) start(ctx context.Context, comps *components) error {
 			return fmt.Errorf("gateway: start: %w", err)
 		}
 	}
+	if err := g.startModelRewrites(ctx, comps); err != nil {
+		return fmt.Errorf("gateway: start: %w", err)
+	}
 	err := comps.start("pod source", func(run context.Context) (<-chan error, error) {
 		run, abort := context.WithCancel(run)
 		stopAbort := context.AfterFunc(ctx, abort)
