@@ -29,7 +29,10 @@
 //     is then forwarded as it came;
 //   - the body, when it changes: a streamed request that did not ask for
 //     the usage chunk is forwarded asking for it, and the chunk is withheld
-//     from the client, as the proxy does.
+//     from the client, as the proxy does; a request whose model is
+//     rewritten (the header x-gateway-model-name-rewrite, or an
+//     InferenceModelRewrite, see gateway.HeaderModelRewrite) names the
+//     model it goes to.
 //
 // Headers of the same names that the client sent are removed, so that a
 // client cannot choose the pod. A candidate subset given in the envoy.lb.subset_hint

@@ -68,6 +68,9 @@ type requestHeaders struct {
 	contentType string
 	// objective is x-gateway-inference-objective, "" for none.
 	objective string
+	// modelRewrite is x-gateway-model-name-rewrite (see
+	// gateway.PickRequest.ModelRewrite).
+	modelRewrite string
 }
 
 func readRequestHeaders(m *corev3.HeaderMap) requestHeaders {
@@ -90,6 +93,8 @@ func readRequestHeaders(m *corev3.HeaderMap) requestHeaders {
 			r.namesRank = true
 		case headerObjective:
 			r.objective = headerValue(h)
+		case gateway.HeaderModelRewrite:
+			r.modelRewrite = strings.TrimSpace(headerValue(h))
 		}
 	}
 	return r
