@@ -306,9 +306,10 @@ func (s *ModelRewriteSource) Table() *RewriteTable { return s.table.Load() }
 // Run watches the InferenceModelRewrites until ctx is cancelled, and calls
 // synced once those that existed at start are read, or once it found that
 // the cluster does not serve them or does not let kvgate list them (then
-// it logs why and rewrites nothing). It fails when config is nil or ctx
-// ends before the informer synced; otherwise it returns nil after ctx is
-// cancelled.
+// it logs why and rewrites nothing). It fails when config is nil, the API
+// server cannot tell whether it serves them or lets kvgate list them (it
+// cannot be reached), or ctx ends before the informer synced; otherwise it
+// returns nil after ctx is cancelled.
 func (s *ModelRewriteSource) Run(ctx context.Context, config *rest.Config, synced func()) error {
 	if config == nil {
 		return errors.New("model rewrite source needs a Kubernetes client configuration")
@@ -326,7 +327,11 @@ func (s *ModelRewriteSource) Run(ctx context.Context, config *rest.Config, synce
 	if err != nil {
 		return fmt.Errorf("model rewrite source: %w", err)
 	}
-	if why := s.unavailable(ctx, kube, dyn); why != "" {
+	why, err := s.unavailable(ctx, kube, dyn)
+	if err != nil {
+		return fmt.Errorf("model rewrite source: %w", err)
+	}
+	if why != "" {
 		s.log.Info("InferenceModelRewrites are not read: requests are not rewritten by rules", "reason", why)
 		synced()
 		<-ctx.Done()
@@ -361,25 +366,30 @@ func (s *ModelRewriteSource) Run(ctx context.Context, config *rest.Config, synce
 }
 
 // unavailable says why the rewrites cannot be read, "" when they can: the
-// API server does not serve them, or kvgate may not list them.
-func (s *ModelRewriteSource) unavailable(ctx context.Context, kube kubernetes.Interface, dyn dynamic.Interface) string {
+// API server does not serve them, or kvgate may not list them. It fails
+// when the API server cannot tell (it cannot be reached, say), which the
+// pool source fails on too.
+func (s *ModelRewriteSource) unavailable(ctx context.Context, kube kubernetes.Interface, dyn dynamic.Interface) (string, error) {
 	r := InferenceModelRewriteResource
+	missing := fmt.Sprintf("the API server does not serve %s %s (install config/inference-extension, "+
+		"or the Gateway API Inference Extension's CRDs)", r.GroupVersion(), r.Resource)
 	list, err := kube.Discovery().ServerResourcesForGroupVersion(r.GroupVersion().String())
-	found := false
-	if err == nil {
-		for _, res := range list.APIResources {
-			found = found || res.Name == r.Resource
-		}
-	}
-	if !found {
-		return fmt.Sprintf("the API server does not serve %s %s (install config/inference-extension, "+
-			"or the Gateway API Inference Extension's CRDs)", r.GroupVersion(), r.Resource)
+	switch {
+	case apierrors.IsNotFound(err):
+		return missing, nil
+	case err != nil:
+		return "", err
+	case !slices.ContainsFunc(list.APIResources, func(res metav1.APIResource) bool { return res.Name == r.Resource }):
+		return missing, nil
 	}
 	_, err = dyn.Resource(r).Namespace(s.Namespace).List(ctx, metav1.ListOptions{Limit: 1})
-	if apierrors.IsForbidden(err) {
-		return fmt.Sprintf("not allowed to list %s: grant get, list and watch on them (%v)", r.Resource, err)
+	switch {
+	case apierrors.IsForbidden(err):
+		return fmt.Sprintf("not allowed to list %s: grant get, list and watch on them (%v)", r.Resource, err), nil
+	case err != nil:
+		return "", err
 	}
-	return ""
+	return "", nil
 }
 
 // follows reports whether ref names a pool the source follows.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -373,5 +374,58 @@ func TestModelRewriteSourceWithoutPermissionRewritesNothing(t *testing.T) {
 	runRewriteSource(t, cfg, s)
 	if got, ok := s.RewriteModel("chat"); ok {
 		t.Fatalf("without permission, chat is rewritten to %q", got)
+	}
+}
+
+func TestModelRewriteSourceWithoutTheCRDRewritesNothing(t *testing.T) {
+	cfg := testapiserver.Config(t)
+	kube, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &ModelRewriteSource{}
+	if why, err := s.unavailable(context.Background(), kube, dyn); why != "" || err != nil {
+		t.Fatalf("with the CRD installed: %q, %v", why, err)
+	}
+	// A version the server does not serve stands for a cluster without
+	// the CRD.
+	saved := InferenceModelRewriteResource
+	t.Cleanup(func() { InferenceModelRewriteResource = saved })
+	InferenceModelRewriteResource.Version = "v9"
+	if why, err := s.unavailable(context.Background(), kube, dyn); err != nil || !strings.Contains(why, "does not serve") {
+		t.Fatalf("unavailable = %q, %v; want the CRD named missing", why, err)
+	}
+	runRewriteSource(t, cfg, s)
+	if got, ok := s.RewriteModel("m"); ok {
+		t.Fatalf("without the CRD, m is rewritten to %q", got)
+	}
+}
+
+func TestModelRewriteSourceFailsWhenTheAPIServerCannotTell(t *testing.T) {
+	// Nothing listens on the port of a listener just closed.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	_ = ln.Close()
+	s := &ModelRewriteSource{}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	synced, done := make(chan struct{}), make(chan error, 1)
+	go func() { done <- s.Run(ctx, &rest.Config{Host: "http://" + addr}, func() { close(synced) }) }()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("Run returned nil")
+		}
+	case <-synced:
+		t.Fatal("an unreachable API server passed for one without the CRD: rewrites would stay off for good")
+	case <-time.After(testsupport.WaitTimeout):
+		t.Fatalf("Run neither failed nor synced within %v", testsupport.WaitTimeout)
 	}
 }
