@@ -132,12 +132,18 @@ type openedOrder struct {
 
 func (o *openedOrder) observer() inflight.Observer {
 	return inflight.Observer{Opened: func(h *inflight.Handle) {
-		id := h.Request().ID()
-		n, _ := strconv.Atoi(id[strings.LastIndexByte(id, '-')+1:])
+		n := requestNumber(h.Request().ID())
 		o.mu.Lock()
 		o.ids = append(o.ids, n)
 		o.mu.Unlock()
 	}}
+}
+
+// requestNumber returns the number that ends the gateway's request id,
+// which grows with the order the gateway received its requests in.
+func requestNumber(id string) int {
+	n, _ := strconv.Atoi(id[strings.LastIndexByte(id, '-')+1:])
+	return n
 }
 
 func (o *openedOrder) len() int {
@@ -158,11 +164,18 @@ func (o *openedOrder) list() []int {
 // model's queue.
 func startQuarterPodFleet(t *testing.T) (*testFleet, *slo.QueueRouter) {
 	t.Helper()
+	return startQuarterPodFleetWith(t, nil)
+}
+
+// startQuarterPodFleetWith is startQuarterPodFleet with the gateway's
+// Config adjusted by configure (when not nil).
+func startQuarterPodFleetWith(t *testing.T, configure func(*Config)) (*testFleet, *slo.QueueRouter) {
+	t.Helper()
 	lat := sim.LatencyModel{StepOverhead: 20 * time.Millisecond, PrefillPerToken: 50 * time.Microsecond}
-	f := startSimFleet(t, 2, lat, map[string]string{
+	f := serveSimsWith(t, startSims(t, 2, lat), map[string]string{
 		"KVGATE_ROUTING_ALGORITHM": "slo-least-load-pulling",
 		"KVGATE_SLO_TTFT":          "60s",
-	})
+	}, configure)
 	f.gw.profiles.UpdateModelProfile(cache.ModelGPUProfileKey("llama", simDeployment), &cache.ModelGPUProfile{
 		Indexes: [][]float64{{1}, {1}}, Tputs: [][]float64{{4}}, E2E: [][]float64{{1}}}, true)
 	q, err := f.gw.queues.GetRouter(&types.RoutingContext{Model: "llama"})
@@ -183,33 +196,15 @@ func TestSLOQueueAdmitsABurstAsCapacityFreesInDeadlineOrderAndLetsDisconnectsGo(
 
 	const n = 24
 	const cancelled = 20 // this request's client goes away while it waits
-	type result struct {
-		status int
-		err    error
-	}
-	results := make([]chan result, n)
+	results := make([]chan sloAnswer, n)
 	var cancel context.CancelFunc
 	for i := range n {
-		results[i] = make(chan result, 1)
 		ctx := context.Background()
 		if i == cancelled {
 			ctx, cancel = context.WithCancel(ctx)
 		}
 		opened, waiting := order.len(), q.Len()
-		go func() {
-			body := completion(simPrompt(i, 20), `,"max_tokens":40`)
-			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, f.url+"/v1/completions", strings.NewReader(body))
-			req.Header.Set("Content-Type", "application/json")
-			req.Header.Set("X-Request-Id", fmt.Sprint("client-", i))
-			resp, err := http.DefaultClient.Do(req)
-			if err != nil {
-				results[i] <- result{err: err}
-				return
-			}
-			_, _ = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			results[i] <- result{status: resp.StatusCode}
-		}()
+		results[i] = sendObjective(ctx, f.url, i, fmt.Sprint("client-", i), "", `,"max_tokens":40`)
 		// The next request is sent once this one is sent on or waits: a
 		// pass sending a waiting request on leaves the sum as it was.
 		testsupport.Eventually(t, fmt.Sprintf("request %d to be routed or queued", i), func() bool {
@@ -222,8 +217,7 @@ func TestSLOQueueAdmitsABurstAsCapacityFreesInDeadlineOrderAndLetsDisconnectsGo(
 	// What waits now is sent as capacity frees, in this order.
 	var waiting []int
 	for _, w := range q.Status().Waiting {
-		n, _ := strconv.Atoi(w.RequestID[strings.LastIndexByte(w.RequestID, '-')+1:])
-		waiting = append(waiting, n)
+		waiting = append(waiting, requestNumber(w.RequestID))
 		// The client's own id is shown beside the gateway's.
 		if c, ok := strings.CutPrefix(w.ClientRequestID, "client-"); !ok || c == "" {
 			t.Errorf("waiting request %s shows client request id %q, want the client's client-<i>", w.RequestID, w.ClientRequestID)
@@ -550,39 +544,13 @@ func TestThePickerHoldsSLORequestsInTheModelsQueue(t *testing.T) {
 	// Requests picked by a front end such as ext_proc, eight at most at once.
 	f, q := startQuarterPodFleet(t)
 	p := f.gw.Picker()
-	type result struct {
-		k   *Pick
-		err *Error
-	}
-	pick := func(ctx context.Context, i int, strategy string) chan result {
-		ch := make(chan result, 1)
-		go func() {
-			k, err := p.Pick(ctx, PickRequest{Path: PathCompletions, Strategy: strategy,
-				Body: []byte(completion(simPrompt(i, 20), `,"max_tokens":40`))})
-			ch <- result{k, err}
-		}()
-		return ch
+	pick := func(ctx context.Context, i int, strategy string) chan pickResult {
+		return pickAsync(ctx, p, PickRequest{Path: PathCompletions, Strategy: strategy,
+			Body: []byte(completion(simPrompt(i, 20), `,"max_tokens":40`))})
 	}
 
 	// Fill the fleet until a request waits.
-	var held []*Pick
-	var waiting chan result
-	for i := 0; waiting == nil; i++ {
-		if i > 16 {
-			t.Fatalf("%d requests were picked at once: the fleet did not fill", len(held))
-		}
-		ch := pick(context.Background(), i, "")
-		testsupport.Eventually(t, fmt.Sprintf("request %d to be picked or queued", i), func() bool { return len(ch) == 1 || q.Len() == 1 })
-		if q.Len() == 1 {
-			waiting = ch
-			continue
-		}
-		r := <-ch
-		if r.err != nil {
-			t.Fatalf("request %d: %v", i, r.err)
-		}
-		held = append(held, r.k)
-	}
+	held, waiting := fillPicker(t, p, q, context.Background())
 	defer func() {
 		for _, k := range held {
 			k.End()
@@ -622,6 +590,46 @@ func TestThePickerHoldsSLORequestsInTheModelsQueue(t *testing.T) {
 	}
 }
 
+// pickResult is what Picker.Pick returned.
+type pickResult struct {
+	k   *Pick
+	err *Error
+}
+
+// pickAsync picks in with p, until ctx ends, in a goroutine of its own; the
+// result comes on the channel returned.
+func pickAsync(ctx context.Context, p *Picker, in PickRequest) chan pickResult {
+	ch := make(chan pickResult, 1)
+	go func() {
+		k, err := p.Pick(ctx, in)
+		ch <- pickResult{k, err}
+	}()
+	return ch
+}
+
+// fillPicker picks requests with p, one after the other until ctx ends,
+// until one waits in q (the fleet of startQuarterPodFleet is full), and
+// returns the picks made and the channel of the one waiting.
+func fillPicker(t *testing.T, p *Picker, q *slo.QueueRouter, ctx context.Context) (held []*Pick, waiting chan pickResult) {
+	t.Helper()
+	for i := 0; ; i++ {
+		if i > 16 {
+			t.Fatalf("%d requests were picked at once: the fleet did not fill", len(held))
+		}
+		ch := pickAsync(ctx, p, PickRequest{Path: PathCompletions, ClientRequestID: fmt.Sprint("hold-", i),
+			Body: []byte(completion(simPrompt(1000+i, 20), `,"max_tokens":40`))})
+		testsupport.Eventually(t, fmt.Sprintf("request %d to be picked or queued", i), func() bool { return len(ch) == 1 || q.Len() == 1 })
+		if q.Len() == 1 {
+			return held, ch
+		}
+		r := <-ch
+		if r.err != nil {
+			t.Fatalf("request %d: %v", i, r.err)
+		}
+		held = append(held, r.k)
+	}
+}
+
 func TestEverySLOQueueRefusalAnswersItsOwnErrorCode(t *testing.T) {
 	for reason, want := range map[string]string{
 		slo.ReasonQueueFull: codeSLOQueueFull, slo.ReasonUnmeetable: codeSLOUnmeetable, slo.ReasonNoCapacity: codeSLONoCapacity,
@@ -630,5 +638,341 @@ func TestEverySLOQueueRefusalAnswersItsOwnErrorCode(t *testing.T) {
 		if got := sloCodes[reason]; got != want {
 			t.Errorf("a request the queue refused with %s is answered with code %q, want %q", reason, got, want)
 		}
+	}
+}
+
+// testObjectives are InferenceObjectives as the Gateway API Inference
+// Extension gives them: interactive requests go first, batch ones are
+// sheddable.
+var testObjectives = objectiveMap{"interactive": 10, "batch": -1}
+
+// unsaturated never finds the simulated engines saturated, so that only
+// the SLO queue refuses sheddable requests, however late a loaded machine
+// scrapes the pods.
+var unsaturated = SaturationConfig{QueueDepth: 1 << 20, KVCacheUtilization: 1, MetricsStaleness: time.Hour}
+
+// sloAnswer is how a request sent through the proxy ended: its status, its
+// error's code and its Retry-After, or err when no response came whole.
+type sloAnswer struct {
+	status     int
+	code       string
+	retryAfter string
+	err        error
+}
+
+// sendObjective sends through the proxy at url a completion of prompt
+// simPrompt(n, 20) with extra body members, with X-Request-Id id and, when
+// objective is not "", HeaderInferenceObjective, until ctx ends. Its one
+// answer comes on the channel returned once its body was read whole.
+func sendObjective(ctx context.Context, url string, n int, id, objective, extra string) chan sloAnswer {
+	ch := make(chan sloAnswer, 1)
+	go func() {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/completions",
+			strings.NewReader(completion(simPrompt(n, 20), extra)))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("X-Request-Id", id)
+		if objective != "" {
+			req.Header.Set(HeaderInferenceObjective, objective)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			ch <- sloAnswer{err: err}
+			return
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		a := sloAnswer{status: resp.StatusCode, retryAfter: resp.Header.Get(HeaderRetryAfter), err: err}
+		var e apiError
+		if resp.StatusCode != http.StatusOK && json.Unmarshal(body, &e) == nil {
+			a.code = e.Error.Code
+		}
+		ch <- a
+	}()
+	return ch
+}
+
+// holdQuarterPodFleet fills the fleet of startQuarterPodFleet through its
+// proxy with streamed requests that generate for minutes, until one more
+// has to wait in q (that one's client then goes away), and returns how many
+// hold it and release, which ends them; release also runs when the test
+// ends.
+func holdQuarterPodFleet(t *testing.T, f *testFleet, q *slo.QueueRouter, order *openedOrder) (held int, release func()) {
+	t.Helper()
+	var cancels []context.CancelFunc
+	var answers []chan sloAnswer
+	release = func() {
+		for _, cancel := range cancels {
+			cancel()
+		}
+		for _, a := range answers {
+			<-a
+		}
+		cancels, answers = nil, nil
+	}
+	t.Cleanup(release)
+	for i := 0; ; i++ {
+		if i > 16 {
+			t.Fatalf("%d requests were sent at once: the fleet did not fill", i)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		opened := order.len()
+		a := sendObjective(ctx, f.url, 1000+i, fmt.Sprint("hold-", i), "", `,"max_tokens":8000,"stream":true`)
+		testsupport.Eventually(t, fmt.Sprintf("holding request %d to be routed or queued", i), func() bool {
+			return order.len() > opened || q.Len() == 1
+		})
+		if q.Len() == 0 {
+			cancels, answers = append(cancels, cancel), append(answers, a)
+			continue
+		}
+		cancel()
+		if r := <-a; !errors.Is(r.err, context.Canceled) {
+			t.Fatalf("the request that found the fleet full ended with %+v, want its client gone", r)
+		}
+		testsupport.Eventually(t, "the request whose client went away to leave the queue", func() bool { return q.Len() == 0 })
+		return len(cancels), release
+	}
+}
+
+// waitingClients returns the client request ids of the requests waiting in
+// q, by the number of their gateway request id (requestNumber).
+func waitingClients(q *slo.QueueRouter) map[int]string {
+	m := map[int]string{}
+	for _, w := range q.Status().Waiting {
+		m[requestNumber(w.RequestID)] = w.ClientRequestID
+	}
+	return m
+}
+
+// sentClients returns the client request ids of clients, by gateway
+// request number, in the order order saw their attempts open.
+func sentClients(order *openedOrder, clients map[int]string) []string {
+	var sent []string
+	for _, n := range order.list() {
+		if c, ok := clients[n]; ok {
+			sent = append(sent, c)
+		}
+	}
+	return sent
+}
+
+func TestSLOQueueSendsHigherPriorityObjectivesFirstAndShedsSheddableOnesThatWouldWait(t *testing.T) {
+	// The fleet is full. Requests without an objective (priority 0) wait,
+	// then requests of the interactive objective (10): once capacity frees,
+	// the interactive ones are sent first, though they came later; a batch
+	// request (sheddable) is refused at once rather than wait.
+	f, q := startQuarterPodFleetWith(t, func(c *Config) { c.Objectives, c.Saturation = testObjectives, unsaturated })
+	var order openedOrder
+	f.gw.ledger.Observe(order.observer())
+	_, release := holdQuarterPodFleet(t, f, q, &order)
+
+	answers := map[string]chan sloAnswer{}
+	queue := func(n int, id, objective string) {
+		waiting := q.Len()
+		answers[id] = sendObjective(context.Background(), f.url, n, id, objective, `,"max_tokens":4`)
+		testsupport.Eventually(t, id+" to wait", func() bool { return q.Len() == waiting+1 })
+	}
+	for i := range 3 {
+		queue(i, fmt.Sprint("plain-", i), "")
+	}
+	for i := range 3 {
+		queue(10+i, fmt.Sprint("interactive-", i), "interactive")
+	}
+	want := []string{"interactive-0", "interactive-1", "interactive-2", "plain-0", "plain-1", "plain-2"}
+
+	// GET /debug/slo lists the waiting requests in the order they will be
+	// sent, each with its priority.
+	var v struct {
+		Models []struct {
+			Queue *struct {
+				Waiting []struct {
+					ClientRequestID string `json:"clientRequestID"`
+					Priority        *int   `json:"priority"`
+				} `json:"waiting"`
+			} `json:"queue"`
+		} `json:"models"`
+	}
+	status, body := get(t, f.url+"/debug/slo")
+	if status != http.StatusOK || json.Unmarshal([]byte(body), &v) != nil || len(v.Models) != 1 || v.Models[0].Queue == nil {
+		t.Fatalf("GET /debug/slo: %d %s", status, body)
+	}
+	var shown []string
+	for _, w := range v.Models[0].Queue.Waiting {
+		wantPriority := map[bool]int{true: 10, false: 0}[strings.HasPrefix(w.ClientRequestID, "interactive-")]
+		if w.Priority == nil {
+			t.Errorf("GET /debug/slo shows waiting request %s without a priority: %s", w.ClientRequestID, body)
+		} else if *w.Priority != wantPriority {
+			t.Errorf("GET /debug/slo shows waiting request %s with priority %d, want %d", w.ClientRequestID, *w.Priority, wantPriority)
+		}
+		shown = append(shown, w.ClientRequestID)
+	}
+	if !slices.Equal(shown, want) {
+		t.Errorf("GET /debug/slo lists the waiting requests as %v, want %v", shown, want)
+	}
+
+	// A sheddable request would have to wait: it is refused at once.
+	shed := sendObjective(context.Background(), f.url, 20, "batch-0", "batch", `,"max_tokens":4`)
+	testsupport.Eventually(t, "the sheddable request to be answered or to wait", func() bool { return len(shed) == 1 || q.Len() > 6 })
+	if q.Len() > 6 {
+		t.Fatalf("the sheddable request waits, want it refused at once")
+	}
+	if r := <-shed; r.status != http.StatusTooManyRequests || r.code != codeSLOSheddable || r.retryAfter == "" {
+		t.Errorf("the sheddable request: %+v, want 429 %s with a Retry-After", r, codeSLOSheddable)
+	}
+
+	clients := waitingClients(q)
+	release()
+	for id, a := range answers {
+		if r := <-a; r.err != nil || r.status != http.StatusOK {
+			t.Errorf("%s: %+v, want 200", id, r)
+		}
+	}
+	if sent := sentClients(&order, clients); !slices.Equal(sent, want) {
+		t.Errorf("the waiting requests were sent in the order %v, want %v: the higher priority first, then by deadline", sent, want)
+	}
+	if n := testsupport.MetricValue(t, f.gw.registry, "kvgate_slo_requests_total", map[string]string{"outcome": "shed"}); n != 1 {
+		t.Errorf("kvgate_slo_requests_total{outcome=\"shed\"} = %v, want 1", n)
+	}
+}
+
+func TestAHigherPriorityObjectiveTakesTheLatestLowerPriorityPlaceInAFullSLOQueue(t *testing.T) {
+	// The queue holds three requests. It fills with requests without an
+	// objective; each interactive request arriving then takes the place of
+	// the one of the latest deadline, which is answered 429 slo_displaced,
+	// while one more request without an objective finds the queue full.
+	// Every request ends once, with one answer.
+	f, q := startQuarterPodFleetWith(t, func(c *Config) {
+		c.Objectives, c.Saturation, c.SLO.MaxQueueLength = testObjectives, unsaturated, 3
+	})
+	var order openedOrder
+	f.gw.ledger.Observe(order.observer())
+	held, release := holdQuarterPodFleet(t, f, q, &order)
+
+	answers := map[string]chan sloAnswer{}
+	send := func(n int, id, objective string) chan sloAnswer {
+		answers[id] = sendObjective(context.Background(), f.url, n, id, objective, `,"max_tokens":4`)
+		return answers[id]
+	}
+	for i := range 3 {
+		send(i, fmt.Sprint("plain-", i), "")
+		testsupport.Eventually(t, fmt.Sprintf("plain-%d to wait", i), func() bool { return q.Len() == i+1 })
+	}
+	// refusedFor sends a request to the full queue and returns the
+	// request refused for it: the one that left the queue, or itself.
+	refused := map[string]sloAnswer{}
+	refusedFor := func(n int, id, objective string) string {
+		send(n, id, objective)
+		var gone string
+		testsupport.Eventually(t, "a request to be refused for "+id, func() bool {
+			for other, a := range answers {
+				if len(a) == 1 {
+					gone = other
+					return true
+				}
+			}
+			return false
+		})
+		refused[gone] = <-answers[gone]
+		delete(answers, gone)
+		return gone
+	}
+	for _, r := range []struct {
+		n                      int
+		id, objective, refused string
+	}{
+		{10, "interactive-0", "interactive", "plain-2"},
+		{3, "plain-3", "", "plain-3"},
+		{11, "interactive-1", "interactive", "plain-1"},
+	} {
+		if gone := refusedFor(r.n, r.id, r.objective); gone != r.refused {
+			t.Fatalf("%s arriving at the full queue refused %s (%+v), want %s", r.id, gone, refused[gone], r.refused)
+		}
+	}
+	for id, code := range map[string]string{"plain-2": codeSLODisplaced, "plain-1": codeSLODisplaced, "plain-3": codeSLOQueueFull} {
+		if r := refused[id]; r.status != http.StatusTooManyRequests || r.code != code || r.retryAfter == "" {
+			t.Errorf("%s: %+v, want 429 %s with a Retry-After", id, r, code)
+		}
+	}
+	want := []string{"interactive-0", "interactive-1", "plain-0"}
+	clients := waitingClients(q)
+	if len(clients) != len(want) {
+		t.Fatalf("%d requests wait, want %v", len(clients), want)
+	}
+
+	release()
+	for id, a := range answers {
+		if r := <-a; r.err != nil || r.status != http.StatusOK {
+			t.Errorf("%s: %+v, want 200", id, r)
+		}
+	}
+	if sent := sentClients(&order, clients); !slices.Equal(sent, want) {
+		t.Errorf("the waiting requests were sent in the order %v, want %v", sent, want)
+	}
+	// The holding requests, the one let go when the fleet was full, and
+	// the six above: each counted once, by how it ended.
+	wantOutcomes := map[string]float64{"admitted": float64(held + 3), "cancelled": 1, "displaced": 2, "rejected": 1,
+		"shed": 0, "expired": 0, "dropped": 0}
+	for outcome, want := range wantOutcomes {
+		if n := testsupport.MetricValue(t, f.gw.registry, "kvgate_slo_requests_total", map[string]string{"outcome": outcome}); n != want {
+			t.Errorf("kvgate_slo_requests_total{outcome=%q} = %v, want %v", outcome, n, want)
+		}
+	}
+	if n := testsupport.MetricValue(t, f.gw.registry, "kvgate_slo_requests_total", nil); n != float64(held+7) {
+		t.Errorf("kvgate_slo_requests_total counts %v requests, want the %d sent", n, held+7)
+	}
+}
+
+func TestThePickerSendsHigherPriorityObjectivesFirst(t *testing.T) {
+	// As through the proxy: requests a front end such as ext_proc picks
+	// with the interactive objective are picked before the earlier ones
+	// without an objective once capacity frees.
+	f, q := startQuarterPodFleetWith(t, func(c *Config) { c.Objectives = testObjectives })
+	var order openedOrder
+	f.gw.ledger.Observe(order.observer())
+	p := f.gw.Picker()
+
+	// Fill the fleet until a request waits; that one is given up.
+	ctx, cancel := context.WithCancel(context.Background())
+	held, gone := fillPicker(t, p, q, ctx)
+	defer func() {
+		for _, k := range held {
+			k.End()
+		}
+	}()
+	cancel()
+	if r := <-gone; r.k != nil {
+		t.Fatalf("the request given up was picked: %+v", r)
+	}
+	testsupport.Eventually(t, "the request given up to leave the queue", func() bool { return q.Len() == 0 })
+
+	picks := map[string]chan pickResult{}
+	queue := func(n int, id, objective string) {
+		waiting := q.Len()
+		picks[id] = pickAsync(context.Background(), p, PickRequest{Path: PathCompletions, ClientRequestID: id,
+			Objective: objective, Body: []byte(completion(simPrompt(n, 20), `,"max_tokens":40`))})
+		testsupport.Eventually(t, id+" to wait", func() bool { return q.Len() == waiting+1 })
+	}
+	for i := range 3 {
+		queue(i, fmt.Sprint("plain-", i), "")
+	}
+	for i := range 3 {
+		queue(10+i, fmt.Sprint("interactive-", i), "interactive")
+	}
+	clients := waitingClients(q)
+
+	for _, k := range held {
+		k.End()
+	}
+	held = nil
+	for id, ch := range picks {
+		r := <-ch
+		if r.err != nil || r.k.Endpoint() == nil {
+			t.Errorf("%s ended with %+v, want a pod", id, r)
+			continue
+		}
+		held = append(held, r.k)
+	}
+	want := []string{"interactive-0", "interactive-1", "interactive-2", "plain-0", "plain-1", "plain-2"}
+	if sent := sentClients(&order, clients); !slices.Equal(sent, want) {
+		t.Errorf("the waiting requests were picked in the order %v, want %v: the higher priority first, then by deadline", sent, want)
 	}
 }
