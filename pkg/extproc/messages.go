@@ -71,6 +71,8 @@ type requestHeaders struct {
 	// modelRewrite is x-gateway-model-name-rewrite (see
 	// gateway.PickRequest.ModelRewrite).
 	modelRewrite string
+	// hasLength reports a content-length header.
+	hasLength bool
 }
 
 func readRequestHeaders(m *corev3.HeaderMap) requestHeaders {
@@ -95,6 +97,8 @@ func readRequestHeaders(m *corev3.HeaderMap) requestHeaders {
 			r.objective = headerValue(h)
 		case gateway.HeaderModelRewrite:
 			r.modelRewrite = strings.TrimSpace(headerValue(h))
+		case "content-length":
+			r.hasLength = true
 		}
 	}
 	return r

@@ -72,7 +72,7 @@ func TestARewrittenModelReachesTheEngineInEveryBodyMode(t *testing.T) {
 				if !strings.Contains(string(x.body), `"model":"`+simModel+`"`) || strings.Contains(string(x.body), `"model":"`+tt.model+`"`) {
 					t.Fatalf("forwarded body %s; want it to name %s", x.body, simModel)
 				}
-				if cl, ok := x.headers["content-length"]; ok && mode.req == buffered.req && cl != fmt.Sprint(len(x.body)) {
+				if cl, ok := x.headers["content-length"]; ok && cl != fmt.Sprint(len(x.body)) {
 					t.Errorf("content-length %s for a body of %d bytes", cl, len(x.body))
 				}
 				x.forward(64)

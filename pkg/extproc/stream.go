@@ -346,7 +346,14 @@ func (st *stream) answerDecision(at answerPoint) error {
 		resp.DynamicMetadata = md
 		return st.send(resp)
 	}
-	hr := requestHeadersResponse(st.headersAnswer(st.pick))
+	ha := st.headersAnswer(st.pick)
+	if changed && st.hdr.hasLength {
+		// Envoy drops the request's content-length when a streamed body
+		// may change, unless allow_content_length_header keeps it: it then
+		// needs the length of the body kvgate sends.
+		ha.HeaderMutation.SetHeaders = append(ha.HeaderMutation.SetHeaders, set("content-length", strconv.Itoa(len(body))))
+	}
+	hr := requestHeadersResponse(ha)
 	hr.DynamicMetadata = md
 	if err := st.send(hr); err != nil {
 		return err
