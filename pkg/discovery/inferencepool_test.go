@@ -10,7 +10,6 @@ import (
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/dynamic"
@@ -72,18 +71,7 @@ func (f *poolFleet) applyPool(t testing.TB, name, app string, ports []int, annot
 		},
 	}}
 	u.SetAnnotations(annotations)
-	ctx := context.Background()
-	old, err := f.pools.Get(ctx, name, metav1.GetOptions{})
-	switch {
-	case apierrors.IsNotFound(err):
-		_, err = f.pools.Create(ctx, u, metav1.CreateOptions{})
-	case err == nil:
-		u.SetResourceVersion(old.GetResourceVersion())
-		_, err = f.pools.Update(ctx, u, metav1.UpdateOptions{})
-	}
-	if err != nil {
-		t.Fatalf("apply InferencePool %s: %v", name, err)
-	}
+	testapiserver.Apply(t, f.pools, u)
 }
 
 func (f *poolFleet) deletePool(t testing.TB, name string) {

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/dynamic"
@@ -285,18 +284,7 @@ func applyRewrite(t *testing.T, rewrites dynamic.ResourceInterface, name, pool s
 		"metadata":   map[string]any{"name": name},
 		"spec":       map[string]any{"poolRef": map[string]any{"name": pool}, "rules": rules},
 	}}
-	ctx := context.Background()
-	old, err := rewrites.Get(ctx, name, metav1.GetOptions{})
-	switch {
-	case apierrors.IsNotFound(err):
-		_, err = rewrites.Create(ctx, u, metav1.CreateOptions{})
-	case err == nil:
-		u.SetResourceVersion(old.GetResourceVersion())
-		_, err = rewrites.Update(ctx, u, metav1.UpdateOptions{})
-	}
-	if err != nil {
-		t.Fatalf("apply InferenceModelRewrite %s: %v", name, err)
-	}
+	testapiserver.Apply(t, rewrites, u)
 }
 
 // alias is a rule rewriting model to target, as the API server takes it.

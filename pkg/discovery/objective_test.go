@@ -10,7 +10,6 @@ import (
 
 	"github.com/go-logr/logr/funcr"
 	v1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
@@ -196,18 +195,7 @@ func newObjectiveFleet(t *testing.T, src *InferencePoolSource) *objectiveFleet {
 func (f *objectiveFleet) applyObjective(t *testing.T, name string, priority *int64, pool string) {
 	t.Helper()
 	u := objectiveObject(f.ns, name, priority, "", "", pool)
-	ctx := context.Background()
-	old, err := f.objectives.Get(ctx, name, metav1.GetOptions{})
-	switch {
-	case apierrors.IsNotFound(err):
-		_, err = f.objectives.Create(ctx, u, metav1.CreateOptions{})
-	case err == nil:
-		u.SetResourceVersion(old.GetResourceVersion())
-		_, err = f.objectives.Update(ctx, u, metav1.UpdateOptions{})
-	}
-	if err != nil {
-		t.Fatalf("apply InferenceObjective %s: %v", name, err)
-	}
+	testapiserver.Apply(t, f.objectives, u)
 }
 
 // waitPriority waits until name looks up as want, found.

@@ -10,12 +10,12 @@ import (
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/kvgate/kvgate/internal/testapiserver"
 	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/discovery"
 	"github.com/kvgate/kvgate/pkg/endpoint"
@@ -105,18 +105,7 @@ func (c *rewriteCluster) apply(t *testing.T, name string, rules map[string][]str
 		"metadata": map[string]any{"name": name},
 		"spec":     map[string]any{"poolRef": map[string]any{"name": "pool"}, "rules": rs},
 	}}
-	ctx := context.Background()
-	old, err := c.rewrites.Get(ctx, name, metav1.GetOptions{})
-	switch {
-	case apierrors.IsNotFound(err):
-		_, err = c.rewrites.Create(ctx, u, metav1.CreateOptions{})
-	case err == nil:
-		u.SetResourceVersion(old.GetResourceVersion())
-		_, err = c.rewrites.Update(ctx, u, metav1.UpdateOptions{})
-	}
-	if err != nil {
-		t.Fatalf("apply InferenceModelRewrite %s: %v", name, err)
-	}
+	testapiserver.Apply(t, c.rewrites, u)
 }
 
 // servedModel posts a chat for model with headers, routed by prefix (so
