@@ -31,19 +31,36 @@ type fleet struct {
 // newFleet starts a Store on the API server watching a fresh namespace.
 func newFleet(t testing.TB, cfg *rest.Config) *fleet {
 	t.Helper()
+	return startFleet(t, cfg, "kv", func(ns string) cache.PodSource {
+		return &KubernetesSource{Namespace: ns, LabelSelector: endpoint.ModelNameLabel, Logger: klog.Background().V(4)}
+	})
+}
+
+// startFleet starts a Store on the API server fed by the source that
+// source returns for a fresh namespace named after prefix, with a KV event
+// manager listening to it.
+func startFleet(t testing.TB, cfg *rest.Config, prefix string, source func(ns string) cache.PodSource) *fleet {
+	t.Helper()
 	client, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &fleet{client: client, ns: fmt.Sprintf("kv-%d", rand.Uint32()), index: newTestIndex(t)}
-	ctx := context.Background()
-	if _, err := client.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: f.ns}}, metav1.CreateOptions{}); err != nil {
+	f := &fleet{client: client, ns: createNamespace(t, client, prefix), index: newTestIndex(t)}
+	f.manager = f.index.newManager(t)
+	f.store, _ = startStore(t, cfg, source(f.ns), f.manager)
+	return f
+}
+
+// createNamespace creates a namespace of its own for a test, named prefix-
+// and a random number, and returns its name.
+func createNamespace(t testing.TB, client kubernetes.Interface, prefix string) string {
+	t.Helper()
+	ns := fmt.Sprintf("%s-%d", prefix, rand.Uint32())
+	if _, err := client.CoreV1().Namespaces().Create(context.Background(),
+		&v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	f.manager = f.index.newManager(t)
-	f.store, _ = startStore(t, cfg, &KubernetesSource{Namespace: f.ns, LabelSelector: endpoint.ModelNameLabel,
-		Logger: klog.Background().V(4)}, f.manager)
-	return f
+	return ns
 }
 
 // createPod creates a pod labelled for KV events (unless unlabelled) whose

@@ -3,7 +3,6 @@ package discovery
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"slices"
 	"strconv"
 	"strings"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/kvgate/kvgate/internal/testapiserver"
 	"github.com/kvgate/kvgate/internal/testsupport"
+	"github.com/kvgate/kvgate/pkg/cache"
 	"github.com/kvgate/kvgate/pkg/endpoint"
 )
 
@@ -26,6 +26,7 @@ import (
 // with a KV event manager listening to it.
 type poolFleet struct {
 	*fleet
+	dyn   dynamic.Interface
 	pools dynamic.ResourceInterface
 }
 
@@ -33,23 +34,23 @@ type poolFleet struct {
 // PUB port of rank 0 of pods that name none (the replay port follows it).
 func newPoolFleet(t testing.TB, cfg *rest.Config, pubPort int, pools ...string) *poolFleet {
 	t.Helper()
-	client, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	return startPoolFleet(t, cfg, "pool", &InferencePoolSource{Pools: pools, PubPort: pubPort, ReplayPort: pubPort + 1,
+		Logger: klog.Background().V(4)})
+}
+
+// startPoolFleet starts the Store on the API server fed by src, whose
+// Namespace it sets to a fresh one named after prefix.
+func startPoolFleet(t testing.TB, cfg *rest.Config, prefix string, src *InferencePoolSource) *poolFleet {
+	t.Helper()
 	dyn, err := dynamic.NewForConfig(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &fleet{client: client, ns: fmt.Sprintf("pool-%d", rand.Uint32()), index: newTestIndex(t)}
-	if _, err := client.CoreV1().Namespaces().Create(context.Background(),
-		&v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: f.ns}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	f.manager = f.index.newManager(t)
-	f.store, _ = startStore(t, cfg, &InferencePoolSource{Namespace: f.ns, Pools: pools, PubPort: pubPort, ReplayPort: pubPort + 1,
-		Logger: klog.Background().V(4)}, f.manager)
-	return &poolFleet{fleet: f, pools: dyn.Resource(InferencePoolResource).Namespace(f.ns)}
+	f := startFleet(t, cfg, prefix, func(ns string) cache.PodSource {
+		src.Namespace = ns
+		return src
+	})
+	return &poolFleet{fleet: f, dyn: dyn, pools: dyn.Resource(InferencePoolResource).Namespace(f.ns)}
 }
 
 // applyPool creates or replaces pool name selecting the pods labelled

@@ -3,7 +3,6 @@ package discovery
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"slices"
 	"testing"
 	"time"
@@ -170,10 +169,7 @@ func TestKubernetesSourceReportsSyncedOnceEveryExistingPodIsDelivered(t *testing
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	ns := fmt.Sprintf("sync-%d", rand.Uint32())
-	if _, err := client.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	ns := createNamespace(t, client, "sync")
 	const pods = 20
 	for i := range pods {
 		pod := &v1.Pod{

@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/dynamic"
@@ -311,11 +310,7 @@ func newRewriteNamespace(t *testing.T, cfg *rest.Config) (string, dynamic.Resour
 	if err != nil {
 		t.Fatal(err)
 	}
-	ns := fmt.Sprintf("rewrite-%d", rand.Uint32())
-	if _, err := client.CoreV1().Namespaces().Create(context.Background(),
-		&v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	ns := createNamespace(t, client, "rewrite")
 	dyn, err := dynamic.NewForConfig(cfg)
 	if err != nil {
 		t.Fatal(err)

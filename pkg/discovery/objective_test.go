@@ -3,18 +3,15 @@ package discovery
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"strings"
 	"sync"
 	"testing"
 
 	"github.com/go-logr/logr/funcr"
-	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 
 	"github.com/kvgate/kvgate/internal/testapiserver"
@@ -162,33 +159,18 @@ type objectiveFleet struct {
 	lookup     *Objectives
 }
 
+// newObjectiveFleet starts an objectiveFleet on the test API server fed by
+// src, setting its Namespace, and its Objectives and Logger when unset.
 func newObjectiveFleet(t *testing.T, src *InferencePoolSource) *objectiveFleet {
 	t.Helper()
-	cfg := testapiserver.Config(t)
-	client, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dyn, err := dynamic.NewForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := &fleet{client: client, ns: fmt.Sprintf("objectives-%d", rand.Uint32()), index: newTestIndex(t)}
-	if _, err := client.CoreV1().Namespaces().Create(context.Background(),
-		&v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: f.ns}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	f.manager = f.index.newManager(t)
-	src.Namespace = f.ns
 	if src.Objectives == nil {
 		src.Objectives = NewObjectives()
 	}
 	if src.Logger.GetSink() == nil {
 		src.Logger = klog.Background().V(4)
 	}
-	f.store, _ = startStore(t, cfg, src, f.manager)
-	return &objectiveFleet{poolFleet: &poolFleet{fleet: f, pools: dyn.Resource(InferencePoolResource).Namespace(f.ns)},
-		objectives: dyn.Resource(InferenceObjectiveResource).Namespace(f.ns), lookup: src.Objectives}
+	f := startPoolFleet(t, testapiserver.Config(t), "objectives", src)
+	return &objectiveFleet{poolFleet: f, objectives: f.dyn.Resource(InferenceObjectiveResource).Namespace(f.ns), lookup: src.Objectives}
 }
 
 // applyObjective creates or replaces the objective name.
