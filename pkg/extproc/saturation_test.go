@@ -1,9 +1,6 @@
 package extproc
 
 import (
-	"bufio"
-	"context"
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
@@ -13,6 +10,7 @@ import (
 	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/gateway"
 	"github.com/kvgate/kvgate/pkg/sim"
+	"github.com/kvgate/kvgate/pkg/sim/simtest"
 )
 
 // objectives is a gateway.ObjectivePriorities of fixed objectives.
@@ -40,35 +38,7 @@ func holdEngine(t *testing.T, e *simEngine) (release func()) {
 	for i := 0; len(sim.Tokenizer{}.Encode(prompt.String(), true)) < 420; i++ {
 		fmt.Fprintf(&prompt, "held%s%d ", e.name, i)
 	}
-	body, _ := json.Marshal(map[string]any{"model": simModel, "prompt": prompt.String(), "max_tokens": 500, "stream": true,
-		"ignore_eos": true})
-	ctx, cancel := context.WithCancel(context.Background())
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, e.url+gateway.PathCompletions, strings.NewReader(string(body)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	line, err := bufio.NewReader(resp.Body).ReadString('\n')
-	if err != nil || !strings.HasPrefix(line, "data: {") {
-		cancel()
-		resp.Body.Close()
-		t.Fatalf("engine %s: first line %q: %v", e.name, line, err)
-	}
-	done := false
-	release = func() {
-		if !done {
-			done = true
-			cancel()
-			resp.Body.Close()
-		}
-	}
-	t.Cleanup(release)
-	return release
+	return simtest.Hold(t, e.url, simModel, prompt.String(), 500)
 }
 
 // objectiveRequest is a small completion naming objective.

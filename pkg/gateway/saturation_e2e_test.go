@@ -1,9 +1,7 @@
 package gateway
 
 import (
-	"bufio"
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -72,40 +70,12 @@ var saturationEnv = map[string]string{
 	config.SaturationMetricsStaleness.Name:   "3000",
 }
 
-// hold streams a long completion from the engine at url, directly, and
-// returns once its first token came: its prompt holds more than
-// saturationKV of the engine's KV cache until release hangs up.
+// hold streams a long completion from engine i, directly, and returns once
+// its first token came: its prompt holds more than saturationKV of the
+// engine's KV cache until release hangs up.
 func (s *saturationEngines) hold(t *testing.T, i int) (release func()) {
 	t.Helper()
-	body := mustJSON(map[string]any{"model": "llama", "prompt": simPrompt(1000+i, holdWords), "max_tokens": 500,
-		"stream": true, "ignore_eos": true})
-	ctx, cancel := context.WithCancel(context.Background())
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.urls[i]+"/v1/completions", strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	line, err := bufio.NewReader(resp.Body).ReadString('\n')
-	if err != nil || !strings.HasPrefix(line, "data: {") {
-		cancel()
-		resp.Body.Close()
-		t.Fatalf("engine %d: first line %q: %v", i, line, err)
-	}
-	var once bool
-	release = func() {
-		if !once {
-			once = true
-			cancel()
-			resp.Body.Close()
-		}
-	}
-	t.Cleanup(release)
-	return release
+	return simtest.Hold(t, s.urls[i], "llama", simPrompt(1000+i, holdWords), 500)
 }
 
 // waitKV waits until the gateway's Store reads every engine's KV cache,
