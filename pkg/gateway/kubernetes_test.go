@@ -54,6 +54,22 @@ func startAPIServer(t *testing.T, crds ...string) (string, *rest.Config) {
 	return path, rc
 }
 
+// createReadyPod creates pod in its namespace, then makes it Running and
+// Ready at 127.0.0.1, as the kubelet would for an engine on this machine.
+func createReadyPod(t *testing.T, client kubernetes.Interface, pod *v1.Pod) {
+	t.Helper()
+	ctx := context.Background()
+	created, err := client.CoreV1().Pods(pod.Namespace).Create(ctx, pod, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	created.Status = v1.PodStatus{Phase: v1.PodRunning, PodIP: "127.0.0.1", PodIPs: []v1.PodIP{{IP: "127.0.0.1"}},
+		Conditions: []v1.PodCondition{{Type: v1.PodReady, Status: v1.ConditionTrue}}}
+	if _, err := client.CoreV1().Pods(pod.Namespace).UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestKubernetesDiscoveryFromAKubeconfig(t *testing.T) {
 	kubeconfig, rc := startAPIServer(t)
 	client := kubernetes.NewForConfigOrDie(rc)
@@ -77,15 +93,7 @@ func TestKubernetesDiscoveryFromAKubeconfig(t *testing.T) {
 				endpoint.ReplayPortAnnotation: strconv.Itoa(e.replayPort)}},
 		Spec: v1.PodSpec{Containers: []v1.Container{{Name: "vllm", Image: "vllm/vllm-openai"}}},
 	}
-	created, err := client.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	created.Status = v1.PodStatus{Phase: v1.PodRunning, PodIP: "127.0.0.1", PodIPs: []v1.PodIP{{IP: "127.0.0.1"}},
-		Conditions: []v1.PodCondition{{Type: v1.PodReady, Status: v1.ConditionTrue}}}
-	if _, err := client.CoreV1().Pods("default").UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	createReadyPod(t, client, pod)
 
 	f.waitFollowed("default/vllm-0")
 	tokens := toyTokens(sharedPrompt)

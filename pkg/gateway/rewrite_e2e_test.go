@@ -63,15 +63,7 @@ func startRewriteCluster(t *testing.T) *rewriteCluster {
 	}
 	pod := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "llm", Name: "vllm-0", Labels: map[string]string{"app": "llm"}},
 		Spec: v1.PodSpec{Containers: []v1.Container{{Name: "vllm", Image: "vllm/vllm-openai"}}}}
-	created, err := client.CoreV1().Pods("llm").Create(ctx, pod, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	created.Status = v1.PodStatus{Phase: v1.PodRunning, PodIP: "127.0.0.1", PodIPs: []v1.PodIP{{IP: "127.0.0.1"}},
-		Conditions: []v1.PodCondition{{Type: v1.PodReady, Status: v1.ConditionTrue}}}
-	if _, err := client.CoreV1().Pods("llm").UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	createReadyPod(t, client, pod)
 	return &rewriteCluster{kubeconfig: kubeconfig, port: e.Port,
 		rewrites: dyn.Resource(discovery.InferenceModelRewriteResource).Namespace("llm")}
 }
