@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/informers"
@@ -95,8 +96,10 @@ var poolDefaults = []string{
 // and keeps in Objectives the priorities of those naming the pools it
 // follows (see Objectives). A cluster without the InferenceObjective CRD,
 // or a gateway not allowed to list InferenceObjectives, runs without them,
-// logged once at start: every request then has priority 0. The CRD
-// installed later is read from the next start.
+// logged once at start: every request then has priority 0. The source
+// checks again every 30 seconds, and reads the objectives, logged once, as
+// soon as they can be listed: a CRD installed or a permission granted
+// later takes effect without a restart.
 type InferencePoolSource struct {
 	// Namespace limits the watch to one namespace; "" watches all.
 	Namespace string
@@ -161,28 +164,56 @@ func (s *InferencePoolSource) Run(ctx context.Context, config *rest.Config, sink
 		return fmt.Errorf("inferencepool source: %w", err)
 	}
 	syncs := []toolscache.InformerSynced{podReg.HasSynced, poolReg.HasSynced}
+	objRes := cmp.Or(s.objectiveResource, InferenceObjectiveResource)
+	// readObjectives starts the objective informer, whose sync is then
+	// waited for by syncs at start; later, it syncs on its own.
+	readObjectives := func() (toolscache.InformerSynced, error) {
+		reg, err := poolFactory.ForResource(objRes).Informer().AddEventHandler(t.objectiveHandler())
+		if err != nil {
+			return nil, fmt.Errorf("inferencepool source: %w", err)
+		}
+		return reg.HasSynced, nil
+	}
+	objectivesLater := false
 	if s.Objectives != nil {
-		r := cmp.Or(s.objectiveResource, InferenceObjectiveResource)
-		if _, err := dyn.Resource(r).Namespace(s.Namespace).List(ctx, metav1.ListOptions{Limit: 1}); err != nil {
-			log.Info("InferenceObjectives are not read: every request has priority 0; install the InferenceObjective CRD "+
-				"(config/inference-extension) and allow kvgate to list and watch them, then restart kvgate",
-				"resource", r.String(), "err", err.Error())
+		if err := listable(ctx, dyn, objRes, s.Namespace); err != nil {
+			log.Info("InferenceObjectives are not read yet: every request has priority 0 until the InferenceObjective CRD "+
+				"(config/inference-extension) is installed and kvgate allowed to list and watch them; checked again every "+
+				recheckInterval.String(), "resource", objRes.String(), "err", err.Error())
+			objectivesLater = true
 		} else {
-			objReg, err := poolFactory.ForResource(r).Informer().AddEventHandler(t.objectiveHandler())
+			synced, err := readObjectives()
 			if err != nil {
-				return fmt.Errorf("inferencepool source: %w", err)
+				return err
 			}
-			syncs = append(syncs, objReg.HasSynced)
+			syncs = append(syncs, synced)
 		}
 	}
 	informerCtx, cancel := context.WithCancel(ctx)
+	var later sync.WaitGroup
 	defer podFactory.Shutdown()
 	defer poolFactory.Shutdown()
+	// The factories shut down once the objectives' recheck has stopped:
+	// it may start an informer of poolFactory.
+	defer later.Wait()
 	defer cancel()
 	podFactory.Start(informerCtx.Done())
 	poolFactory.Start(informerCtx.Done())
 	if !toolscache.WaitForCacheSync(informerCtx.Done(), syncs...) {
 		return fmt.Errorf("inferencepool source: stopped before the informers synced: %w", context.Cause(ctx))
+	}
+	if objectivesLater {
+		later.Go(func() {
+			if !awaitListable(informerCtx, dyn, objRes, s.Namespace) {
+				return
+			}
+			if _, err := readObjectives(); err != nil {
+				log.Error(err, "InferenceObjectives cannot be read")
+				return
+			}
+			poolFactory.Start(informerCtx.Done())
+			log.Info("InferenceObjectives are now read: requests take their priorities", "resource", objRes.String())
+		})
 	}
 	pools, pods := t.counts()
 	objectives := 0
@@ -194,6 +225,27 @@ func (s *InferencePoolSource) Run(ctx context.Context, config *rest.Config, sink
 	synced()
 	<-ctx.Done()
 	return nil
+}
+
+// recheckInterval is how often a source checks again whether a resource it
+// could not list at start (its CRD not installed, or kvgate not allowed)
+// can now be listed.
+var recheckInterval = 30 * time.Second
+
+// listable fails when the first object of r in namespace ns ("" for all)
+// cannot be listed.
+func listable(ctx context.Context, dyn dynamic.Interface, r schema.GroupVersionResource, ns string) error {
+	_, err := dyn.Resource(r).Namespace(ns).List(ctx, metav1.ListOptions{Limit: 1})
+	return err
+}
+
+// awaitListable checks every recheckInterval whether r can be listed in ns,
+// and reports true once it can, false when ctx ends first.
+func awaitListable(ctx context.Context, dyn dynamic.Interface, r schema.GroupVersionResource, ns string) bool {
+	err := wait.PollUntilContextCancel(ctx, recheckInterval, false, func(ctx context.Context) (bool, error) {
+		return listable(ctx, dyn, r, ns) == nil, nil
+	})
+	return err == nil
 }
 
 // serves fails, saying what to install, when the API server does not serve

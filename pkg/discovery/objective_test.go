@@ -244,3 +244,19 @@ func TestInferencePoolSourceWithoutTheObjectiveCRDServesThePools(t *testing.T) {
 		t.Errorf("logged %d times that InferenceObjectives are not read; want once. Logs: %q", said, lines)
 	}
 }
+
+func TestInferenceObjectivesOfACRDInstalledAfterStartAreRead(t *testing.T) {
+	shortRecheck(t)
+	cfg := testapiserver.Config(t)
+	late, install := lateCRD(t, cfg, "inferenceobjectives.yaml", "inferenceobjectives")
+	var logs logLines
+	f := newObjectiveFleet(t, &InferencePoolSource{Logger: logs.logger(), objectiveResource: late})
+	f.applyPool(t, "llama", "llama", []int{8000}, map[string]string{endpoint.ModelNameLabel: testModel})
+
+	install()
+	u := objectiveObject(f.ns, "batch", prio(-1), "", "", "llama")
+	u.SetAPIVersion(late.GroupVersion().String())
+	testapiserver.Apply(t, f.dyn.Resource(late).Namespace(f.ns), u)
+	f.waitPriority(t, "the objective of the CRD installed late", "batch", -1, true)
+	logs.wantLoggedOnce(t, "InferenceObjectives are not read", "InferenceObjectives are now read")
+}
