@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/kubernetes"
@@ -271,8 +272,9 @@ func (t *RewriteTable) Len() (exact int, generic bool) {
 // with the same precedence.
 //
 // A cluster that does not serve InferenceModelRewrites, or whose RBAC does
-// not let kvgate list them, rewrites nothing: Run logs it once and waits.
-// A CRD installed or a permission granted later is read after a restart.
+// not let kvgate list them, rewrites nothing: Run logs it once, and checks
+// again every 30 seconds. A CRD installed or a permission granted later is
+// read as soon as it is found, logged once, without a restart.
 type ModelRewriteSource struct {
 	// Namespace limits the watch to one namespace; "" watches all.
 	Namespace string
@@ -290,6 +292,9 @@ type ModelRewriteSource struct {
 	log      klog.Logger
 	// ignored is the number of rewrites past MaxModelRewrites last logged.
 	ignored int
+
+	// resource replaces InferenceModelRewriteResource when set.
+	resource schema.GroupVersionResource
 }
 
 // RewriteModel returns the model a request for model goes to by the
@@ -306,7 +311,8 @@ func (s *ModelRewriteSource) Table() *RewriteTable { return s.table.Load() }
 // Run watches the InferenceModelRewrites until ctx is cancelled, and calls
 // synced once those that existed at start are read, or once it found that
 // the cluster does not serve them or does not let kvgate list them (then
-// it logs why and rewrites nothing). It fails when config is nil, the API
+// it logs why, rewrites nothing, and reads them once it finds it can). It
+// fails when config is nil, the API
 // server cannot tell whether it serves them or lets kvgate list them (it
 // cannot be reached), or ctx ends before the informer synced; otherwise it
 // returns nil after ctx is cancelled.
@@ -331,38 +337,64 @@ func (s *ModelRewriteSource) Run(ctx context.Context, config *rest.Config, synce
 	if err != nil {
 		return fmt.Errorf("model rewrite source: %w", err)
 	}
-	if why != "" {
-		s.log.Info("InferenceModelRewrites are not read: requests are not rewritten by rules", "reason", why)
-		synced()
-		<-ctx.Done()
-		return nil
-	}
 	s.mu.Lock()
 	s.rewrites = map[types.NamespacedName]*InferenceModelRewrite{}
 	s.mu.Unlock()
+	if why == "" {
+		if !s.watch(ctx, dyn, func(n int) {
+			s.log.Info("InferenceModelRewrite informer synced", "namespace", s.Namespace, "rewrites", n)
+			synced()
+		}) {
+			return fmt.Errorf("model rewrite source: stopped before the informer synced: %w", context.Cause(ctx))
+		}
+		return nil
+	}
+	s.log.Info("InferenceModelRewrites are not read yet: requests are not rewritten by rules; checked again every "+
+		recheckInterval.String(), "reason", why)
+	synced()
+	err = wait.PollUntilContextCancel(ctx, recheckInterval, false, func(ctx context.Context) (bool, error) {
+		why, err := s.unavailable(ctx, kube, dyn)
+		return why == "" && err == nil, nil
+	})
+	if err != nil {
+		return nil // ctx ended
+	}
+	s.watch(ctx, dyn, func(n int) {
+		s.log.Info("InferenceModelRewrites are now read: requests are rewritten by their rules", "namespace", s.Namespace,
+			"rewrites", n)
+	})
+	return nil
+}
+
+// watch runs the informer of the rewrites until ctx is cancelled, calling
+// onSync with the number of rewrites read once those that existed at start
+// are. It reports false when ctx ended before the informer synced.
+func (s *ModelRewriteSource) watch(ctx context.Context, dyn dynamic.Interface, onSync func(n int)) bool {
 	factory := dynamicinformer.NewFilteredDynamicSharedInformerFactory(dyn, s.Resync, s.Namespace, nil)
-	reg, err := factory.ForResource(InferenceModelRewriteResource).Informer().AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+	// AddEventHandler fails only on an informer already stopped.
+	reg, _ := factory.ForResource(s.resourceOf()).Informer().AddEventHandler(toolscache.ResourceEventHandlerFuncs{
 		AddFunc:    s.set,
 		UpdateFunc: func(_, obj any) { s.set(obj) },
 		DeleteFunc: s.delete,
 	})
-	if err != nil {
-		return fmt.Errorf("model rewrite source: %w", err)
-	}
 	informerCtx, cancel := context.WithCancel(ctx)
 	defer factory.Shutdown()
 	defer cancel()
 	factory.Start(informerCtx.Done())
 	if !toolscache.WaitForCacheSync(informerCtx.Done(), reg.HasSynced) {
-		return fmt.Errorf("model rewrite source: stopped before the informer synced: %w", context.Cause(ctx))
+		return false
 	}
 	s.mu.Lock()
 	n := len(s.rewrites)
 	s.mu.Unlock()
-	s.log.Info("InferenceModelRewrite informer synced", "namespace", s.Namespace, "rewrites", n)
-	synced()
+	onSync(n)
 	<-ctx.Done()
-	return nil
+	return true
+}
+
+// resourceOf returns the resource of the rewrites the source reads.
+func (s *ModelRewriteSource) resourceOf() schema.GroupVersionResource {
+	return cmp.Or(s.resource, InferenceModelRewriteResource)
 }
 
 // unavailable says why the rewrites cannot be read, "" when they can: the
@@ -370,7 +402,7 @@ func (s *ModelRewriteSource) Run(ctx context.Context, config *rest.Config, synce
 // when the API server cannot tell (it cannot be reached, say), which the
 // pool source fails on too.
 func (s *ModelRewriteSource) unavailable(ctx context.Context, kube kubernetes.Interface, dyn dynamic.Interface) (string, error) {
-	r := InferenceModelRewriteResource
+	r := s.resourceOf()
 	missing := fmt.Sprintf("the API server does not serve %s %s (install config/inference-extension, "+
 		"or the Gateway API Inference Extension's CRDs)", r.GroupVersion(), r.Resource)
 	list, err := kube.Discovery().ServerResourcesForGroupVersion(r.GroupVersion().String())

@@ -10,8 +10,10 @@ import (
 	"testing"
 	"time"
 
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -277,8 +279,14 @@ func runRewriteSource(t *testing.T, cfg *rest.Config, s *ModelRewriteSource) {
 // in ns, with rules given as unstructured values.
 func applyRewrite(t *testing.T, rewrites dynamic.ResourceInterface, name, pool string, rules ...any) {
 	t.Helper()
+	applyRewriteOf(t, rewrites, InferenceModelRewriteResource.GroupVersion().String(), name, pool, rules...)
+}
+
+// applyRewriteOf is applyRewrite for rewrites of apiVersion.
+func applyRewriteOf(t *testing.T, rewrites dynamic.ResourceInterface, apiVersion, name, pool string, rules ...any) {
+	t.Helper()
 	u := &unstructured.Unstructured{Object: map[string]any{
-		"apiVersion": "inference.networking.x-k8s.io/v1alpha2",
+		"apiVersion": apiVersion,
 		"kind":       "InferenceModelRewrite",
 		"metadata":   map[string]any{"name": name},
 		"spec":       map[string]any{"poolRef": map[string]any{"name": pool}, "rules": rules},
@@ -376,9 +384,8 @@ func TestModelRewriteSourceWithoutTheCRDRewritesNothing(t *testing.T) {
 	}
 	// A version the server does not serve stands for a cluster without
 	// the CRD.
-	saved := InferenceModelRewriteResource
-	t.Cleanup(func() { InferenceModelRewriteResource = saved })
-	InferenceModelRewriteResource.Version = "v9"
+	s.resource = InferenceModelRewriteResource
+	s.resource.Version = "v9"
 	if why, err := s.unavailable(context.Background(), kube, dyn); err != nil || !strings.Contains(why, "does not serve") {
 		t.Fatalf("unavailable = %q, %v; want the CRD named missing", why, err)
 	}
@@ -410,5 +417,69 @@ func TestModelRewriteSourceFailsWhenTheAPIServerCannotTell(t *testing.T) {
 		t.Fatal("an unreachable API server passed for one without the CRD: rewrites would stay off for good")
 	case <-time.After(testsupport.WaitTimeout):
 		t.Fatalf("Run neither failed nor synced within %v", testsupport.WaitTimeout)
+	}
+}
+
+func TestModelRewritesOfACRDInstalledAfterStartApply(t *testing.T) {
+	shortRecheck(t)
+	cfg := testapiserver.Config(t)
+	ns, _ := newRewriteNamespace(t, cfg)
+	late, install := lateCRD(t, cfg, "inferencemodelrewrites.yaml", "inferencemodelrewrites")
+	var logs logLines
+	s := &ModelRewriteSource{Namespace: ns, Logger: logs.logger(), resource: late}
+	runRewriteSource(t, cfg, s)
+
+	install()
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	applyRewriteOf(t, dyn.Resource(late).Namespace(ns), late.GroupVersion().String(), "alias", "pool", alias("chat", "llama"))
+	waitRewrite(t, s, "the rewrite of the CRD installed late to apply", "chat", "llama")
+	logs.wantLoggedOnce(t, "InferenceModelRewrites are not read", "InferenceModelRewrites are now read")
+}
+
+func TestModelRewritesApplyOncePermissionIsGrantedAfterStart(t *testing.T) {
+	shortRecheck(t)
+	admin := testapiserver.Config(t)
+	ns, rewrites := newRewriteNamespace(t, admin)
+	applyRewrite(t, rewrites, "alias", "pool", alias("chat", "llama"))
+	user := "system:serviceaccount:" + ns + ":kvgate"
+	cfg := rest.CopyConfig(admin)
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: user}
+	var logs logLines
+	s := &ModelRewriteSource{Namespace: ns, Logger: logs.logger()}
+	runRewriteSource(t, cfg, s)
+	if got, ok := s.RewriteModel("chat"); ok {
+		t.Fatalf("without permission, chat is rewritten to %q", got)
+	}
+
+	grantRead(t, admin, ns, user, InferenceModelRewriteResource, InferencePoolResource)
+	waitRewrite(t, s, "the rewrite to apply once kvgate may read it", "chat", "llama")
+	logs.wantLoggedOnce(t, "InferenceModelRewrites are not read", "InferenceModelRewrites are now read")
+}
+
+// grantRead lets user get, list and watch resources in ns, as the Role of
+// config/samples/inferencepool does.
+func grantRead(t *testing.T, admin *rest.Config, ns, user string, resources ...schema.GroupVersionResource) {
+	t.Helper()
+	kube, err := kubernetes.NewForConfig(admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	role := &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "kvgate"}}
+	for _, r := range resources {
+		role.Rules = append(role.Rules, rbacv1.PolicyRule{APIGroups: []string{r.Group}, Resources: []string{r.Resource},
+			Verbs: []string{"get", "list", "watch"}})
+	}
+	ctx := context.Background()
+	if _, err := kube.RbacV1().Roles(ns).Create(ctx, role, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	binding := &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "kvgate"},
+		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "kvgate"},
+		Subjects: []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: user}}}
+	if _, err := kube.RbacV1().RoleBindings(ns).Create(ctx, binding, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
 	}
 }
