@@ -57,6 +57,12 @@ func startPoolFleet(t testing.TB, cfg *rest.Config, prefix string, src *Inferenc
 // app=app, on ports, with annotations.
 func (f *poolFleet) applyPool(t testing.TB, name, app string, ports []int, annotations map[string]string) {
 	t.Helper()
+	testapiserver.Apply(t, f.pools, poolObject(name, app, ports, annotations))
+}
+
+// poolObject is the InferencePool name selecting the pods labelled
+// app=app, on ports, with annotations.
+func poolObject(name, app string, ports []int, annotations map[string]string) *unstructured.Unstructured {
 	var targetPorts []any
 	for _, p := range ports {
 		targetPorts = append(targetPorts, map[string]any{"number": int64(p)})
@@ -72,7 +78,7 @@ func (f *poolFleet) applyPool(t testing.TB, name, app string, ports []int, annot
 		},
 	}}
 	u.SetAnnotations(annotations)
-	testapiserver.Apply(t, f.pools, u)
+	return u
 }
 
 func (f *poolFleet) deletePool(t testing.TB, name string) {

@@ -264,10 +264,12 @@ func (t *RewriteTable) Len() (exact int, generic bool) {
 
 // ModelRewriteSource watches the InferenceModelRewrites of the pools an
 // InferencePoolSource follows, and resolves requested models by their rules
-// (see NewRewriteTable for the precedence). A rewrite applies when its
+// (see NewRewriteTable for the precedence). A rewrite applies only while its
 // poolRef names an InferencePool (group inference.networking.k8s.io, kind
-// InferencePool, the defaults) that the source follows: one of Pools, or any
-// when Pools is empty, in the rewrite's namespace. A request's pool is not
+// InferencePool, the defaults) that the source follows: one that exists in
+// the rewrite's namespace, among Pools when those are named. The source
+// watches the InferencePools' names for that: a rewrite naming a pool that
+// does not exist (yet, or any longer) is ignored until it does. A request's pool is not
 // known before it is routed: the rules of every followed pool are merged,
 // with the same precedence.
 //
@@ -287,8 +289,11 @@ type ModelRewriteSource struct {
 
 	table atomic.Pointer[RewriteTable]
 
-	mu       sync.Mutex
+	mu sync.Mutex
+	// rewrites holds the rewrites naming a pool the source follows when it
+	// exists; pools, the InferencePools that exist.
 	rewrites map[types.NamespacedName]*InferenceModelRewrite
+	pools    map[types.NamespacedName]bool
 	log      klog.Logger
 	// ignored is the number of rewrites past MaxModelRewrites last logged.
 	ignored int
@@ -339,6 +344,7 @@ func (s *ModelRewriteSource) Run(ctx context.Context, config *rest.Config, synce
 	}
 	s.mu.Lock()
 	s.rewrites = map[types.NamespacedName]*InferenceModelRewrite{}
+	s.pools = map[types.NamespacedName]bool{}
 	s.mu.Unlock()
 	if why == "" {
 		if !s.watch(ctx, dyn, func(n int) {
@@ -377,11 +383,15 @@ func (s *ModelRewriteSource) watch(ctx context.Context, dyn dynamic.Interface, o
 		UpdateFunc: func(_, obj any) { s.set(obj) },
 		DeleteFunc: s.delete,
 	})
+	poolReg, _ := factory.ForResource(InferencePoolResource).Informer().AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { s.setPool(obj, true) },
+		DeleteFunc: func(obj any) { s.setPool(obj, false) },
+	})
 	informerCtx, cancel := context.WithCancel(ctx)
 	defer factory.Shutdown()
 	defer cancel()
 	factory.Start(informerCtx.Done())
-	if !toolscache.WaitForCacheSync(informerCtx.Done(), reg.HasSynced) {
+	if !toolscache.WaitForCacheSync(informerCtx.Done(), reg.HasSynced, poolReg.HasSynced) {
 		return false
 	}
 	s.mu.Lock()
@@ -398,7 +408,8 @@ func (s *ModelRewriteSource) resourceOf() schema.GroupVersionResource {
 }
 
 // unavailable says why the rewrites cannot be read, "" when they can: the
-// API server does not serve them, or kvgate may not list them. It fails
+// API server does not serve them, or kvgate may not list them or the
+// InferencePools they name. It fails
 // when the API server cannot tell (it cannot be reached, say), which the
 // pool source fails on too.
 func (s *ModelRewriteSource) unavailable(ctx context.Context, kube kubernetes.Interface, dyn dynamic.Interface) (string, error) {
@@ -414,17 +425,22 @@ func (s *ModelRewriteSource) unavailable(ctx context.Context, kube kubernetes.In
 	case !slices.ContainsFunc(list.APIResources, func(res metav1.APIResource) bool { return res.Name == r.Resource }):
 		return missing, nil
 	}
-	_, err = dyn.Resource(r).Namespace(s.Namespace).List(ctx, metav1.ListOptions{Limit: 1})
-	switch {
-	case apierrors.IsForbidden(err):
-		return fmt.Sprintf("not allowed to list %s: grant get, list and watch on them (%v)", r.Resource, err), nil
-	case err != nil:
-		return "", err
+	for _, r := range []schema.GroupVersionResource{r, InferencePoolResource} {
+		err = listable(ctx, dyn, r, s.Namespace)
+		switch {
+		case apierrors.IsForbidden(err):
+			return fmt.Sprintf("not allowed to list %s: grant get, list and watch on them (%v)", r.Resource, err), nil
+		case apierrors.IsNotFound(err) && r == InferencePoolResource:
+			return fmt.Sprintf("the API server does not serve %s", r.Resource), nil
+		case err != nil:
+			return "", err
+		}
 	}
 	return "", nil
 }
 
-// follows reports whether ref names a pool the source follows.
+// follows reports whether ref names a pool the source follows when it
+// exists: an InferencePool, among Pools when those are named.
 func (s *ModelRewriteSource) follows(ref PoolReference) bool {
 	return cmp.Or(ref.Group, InferencePoolResource.Group) == InferencePoolResource.Group &&
 		cmp.Or(ref.Kind, "InferencePool") == "InferencePool" &&
@@ -455,6 +471,30 @@ func (s *ModelRewriteSource) set(obj any) {
 	s.rebuildLocked()
 }
 
+// setPool records whether the InferencePool obj exists, and publishes the
+// table anew when that changes.
+func (s *ModelRewriteSource) setPool(obj any, exists bool) {
+	if tomb, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+		obj = tomb.Obj
+	}
+	u, ok := obj.(*unstructured.Unstructured)
+	if !ok {
+		return
+	}
+	key := types.NamespacedName{Namespace: u.GetNamespace(), Name: u.GetName()}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.pools[key] == exists {
+		return
+	}
+	if exists {
+		s.pools[key] = true
+	} else {
+		delete(s.pools, key)
+	}
+	s.rebuildLocked()
+}
+
 func (s *ModelRewriteSource) delete(obj any) {
 	if tomb, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
 		obj = tomb.Obj
@@ -469,11 +509,14 @@ func (s *ModelRewriteSource) delete(obj any) {
 	s.rebuildLocked()
 }
 
-// rebuildLocked publishes the table of the rewrites held.
+// rebuildLocked publishes the table of the rewrites held whose pools
+// exist.
 func (s *ModelRewriteSource) rebuildLocked() {
 	all := make([]*InferenceModelRewrite, 0, len(s.rewrites))
-	for _, rw := range s.rewrites {
-		all = append(all, rw)
+	for key, rw := range s.rewrites {
+		if s.pools[types.NamespacedName{Namespace: key.Namespace, Name: rw.Spec.PoolRef.Name}] {
+			all = append(all, rw)
+		}
 	}
 	t, d := NewRewriteTable(all)
 	if d.Rewrites != s.ignored {

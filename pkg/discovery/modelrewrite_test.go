@@ -311,6 +311,22 @@ func waitRewrite(t *testing.T, s *ModelRewriteSource, step, model, want string) 
 	})
 }
 
+// applyRewritePool creates or replaces the InferencePool name in ns.
+func applyRewritePool(t *testing.T, cfg *rest.Config, ns, name string) {
+	t.Helper()
+	testapiserver.Apply(t, rewritePools(t, cfg, ns), poolObject(name, name, []int{8000}, nil))
+}
+
+// rewritePools returns the InferencePools of ns.
+func rewritePools(t *testing.T, cfg *rest.Config, ns string) dynamic.ResourceInterface {
+	t.Helper()
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dyn.Resource(InferencePoolResource).Namespace(ns)
+}
+
 // newRewriteNamespace creates a namespace of its own for a test.
 func newRewriteNamespace(t *testing.T, cfg *rest.Config) (string, dynamic.ResourceInterface) {
 	t.Helper()
@@ -329,6 +345,8 @@ func newRewriteNamespace(t *testing.T, cfg *rest.Config) (string, dynamic.Resour
 func TestModelRewriteSourceFollowsTheRewritesOfItsPools(t *testing.T) {
 	cfg := testapiserver.Config(t)
 	ns, rewrites := newRewriteNamespace(t, cfg)
+	applyRewritePool(t, cfg, ns, "pool")
+	applyRewritePool(t, cfg, ns, "other-pool")
 	applyRewrite(t, rewrites, "before", "pool", alias("early", "base"))
 	s := &ModelRewriteSource{Namespace: ns, Pools: []string{"pool"}, Logger: klog.Background().V(4)}
 	runRewriteSource(t, cfg, s)
@@ -353,6 +371,30 @@ func TestModelRewriteSourceFollowsTheRewritesOfItsPools(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitRewrite(t, s, "a deleted rewrite to stop applying", "early", "")
+}
+
+func TestModelRewritesApplyOnlyWhileTheirPoolExists(t *testing.T) {
+	cfg := testapiserver.Config(t)
+	ns, rewrites := newRewriteNamespace(t, cfg)
+	applyRewritePool(t, cfg, ns, "pool")
+	applyRewrite(t, rewrites, "marker", "pool", alias("marker", "base"))
+	applyRewrite(t, rewrites, "alias", "later", alias("chat", "llama"))
+	s := &ModelRewriteSource{Namespace: ns, Logger: klog.Background().V(4)}
+	runRewriteSource(t, cfg, s)
+	waitRewrite(t, s, "the rewrite of an existing pool to apply", "marker", "base")
+	if got, ok := s.RewriteModel("chat"); ok {
+		t.Fatalf("a rewrite of a pool that does not exist rewrote chat to %q", got)
+	}
+
+	applyRewritePool(t, cfg, ns, "later")
+	waitRewrite(t, s, "the rewrite to apply once its pool is created", "chat", "llama")
+	if err := rewritePools(t, cfg, ns).Delete(context.Background(), "later", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitRewrite(t, s, "the rewrite to stop applying once its pool is deleted", "chat", "")
+	if got, ok := s.RewriteModel("marker"); !ok || got != "base" {
+		t.Fatalf("the rewrite of a pool still there rewrites marker to %q (%v); want base", got, ok)
+	}
 }
 
 func TestModelRewriteSourceWithoutPermissionRewritesNothing(t *testing.T) {
@@ -424,6 +466,7 @@ func TestModelRewritesOfACRDInstalledAfterStartApply(t *testing.T) {
 	shortRecheck(t)
 	cfg := testapiserver.Config(t)
 	ns, _ := newRewriteNamespace(t, cfg)
+	applyRewritePool(t, cfg, ns, "pool")
 	late, install := lateCRD(t, cfg, "inferencemodelrewrites.yaml", "inferencemodelrewrites")
 	var logs logLines
 	s := &ModelRewriteSource{Namespace: ns, Logger: logs.logger(), resource: late}
@@ -443,6 +486,7 @@ func TestModelRewritesApplyOncePermissionIsGrantedAfterStart(t *testing.T) {
 	shortRecheck(t)
 	admin := testapiserver.Config(t)
 	ns, rewrites := newRewriteNamespace(t, admin)
+	applyRewritePool(t, admin, ns, "pool")
 	applyRewrite(t, rewrites, "alias", "pool", alias("chat", "llama"))
 	user := "system:serviceaccount:" + ns + ":kvgate"
 	cfg := rest.CopyConfig(admin)
