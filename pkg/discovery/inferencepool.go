@@ -134,11 +134,7 @@ func (s *InferencePoolSource) Run(ctx context.Context, config *rest.Config, sink
 	if config == nil {
 		return errors.New("inferencepool source needs a Kubernetes client configuration")
 	}
-	kube, err := kubernetes.NewForConfig(config)
-	if err != nil {
-		return fmt.Errorf("inferencepool source: %w", err)
-	}
-	dyn, err := dynamic.NewForConfig(config)
+	kube, dyn, err := clients(config)
 	if err != nil {
 		return fmt.Errorf("inferencepool source: %w", err)
 	}
@@ -225,6 +221,19 @@ func (s *InferencePoolSource) Run(ctx context.Context, config *rest.Config, sink
 	synced()
 	<-ctx.Done()
 	return nil
+}
+
+// clients returns the typed and the dynamic clients of config.
+func clients(config *rest.Config) (kubernetes.Interface, dynamic.Interface, error) {
+	kube, err := kubernetes.NewForConfig(config)
+	if err != nil {
+		return nil, nil, err
+	}
+	dyn, err := dynamic.NewForConfig(config)
+	if err != nil {
+		return nil, nil, err
+	}
+	return kube, dyn, nil
 }
 
 // recheckInterval is how often a source checks again whether a resource it

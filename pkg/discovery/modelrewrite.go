@@ -330,11 +330,7 @@ func (s *ModelRewriteSource) Run(ctx context.Context, config *rest.Config, synce
 		s.log = klog.Background()
 	}
 	s.log = s.log.WithName("modelrewrite")
-	kube, err := kubernetes.NewForConfig(config)
-	if err != nil {
-		return fmt.Errorf("model rewrite source: %w", err)
-	}
-	dyn, err := dynamic.NewForConfig(config)
+	kube, dyn, err := clients(config)
 	if err != nil {
 		return fmt.Errorf("model rewrite source: %w", err)
 	}
