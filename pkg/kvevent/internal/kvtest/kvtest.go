@@ -180,36 +180,74 @@ func CheckSequence(t testing.TB, got []Delivered, tag, from, to int) {
 
 // AwaitBuffered waits until the publisher on ports has sent batch seq: its
 // replay buffer holds it. It asks with a raw DEALER, independent of any
-// client.
+// client. A request left without its whole reply for awaitReplyTimeout is
+// asked again on a new connection, as a client's follow-up replay would be:
+// on a loaded machine a reply can be late or lost, which must not fail a
+// test that only waits for the publisher.
 func AwaitBuffered(t testing.TB, ports Ports, seq uint64) {
 	t.Helper()
-	d := RawSocket(t, zmq.DEALER)
-	defer d.Close()
-	if err := d.Connect(fmt.Sprintf("tcp://127.0.0.1:%d", ports.Router)); err != nil {
-		t.Fatal(err)
-	}
+	var d *Socket
+	defer func() {
+		if d != nil {
+			d.Close()
+		}
+	}()
 	deadline := time.Now().Add(testsupport.WaitTimeout)
 	for time.Now().Before(deadline) {
-		if _, err := d.SendMessage("", zmqwire.SeqFrame(seq)); err != nil {
-			t.Fatal(err)
+		if d == nil {
+			d = replayDealer(t, ports)
 		}
-		found := false
-		for {
-			msg, err := d.RecvMessageBytes(0)
-			if err != nil {
-				t.Fatalf("replay reply: %v", err)
-			}
-			s, _ := zmqwire.ParseSeqFrame(msg[len(msg)-2])
-			if s == zmqwire.EndOfReplay {
-				break
-			}
-			found = found || s == seq
-		}
+		found, answered := askBuffered(t, d, seq)
 		if found {
 			return
 		}
+		if !answered {
+			t.Logf("replay request for seq %d unanswered for %v: asking again on a new connection", seq, awaitReplyTimeout)
+			d.Close()
+			d = nil
+		}
 	}
 	t.Fatalf("publisher never buffered seq %d", seq)
+}
+
+// awaitReplyTimeout bounds AwaitBuffered's wait for one reply.
+const awaitReplyTimeout = 3 * time.Second
+
+// replayDealer returns a DEALER connected to the replay socket on ports,
+// whose receives wait at most awaitReplyTimeout.
+func replayDealer(t testing.TB, ports Ports) *Socket {
+	t.Helper()
+	d := RawSocket(t, zmq.DEALER)
+	if err := d.SetRcvtimeo(awaitReplyTimeout); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Connect(fmt.Sprintf("tcp://127.0.0.1:%d", ports.Router)); err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// askBuffered asks for a replay from seq on d and reports whether the
+// reply held seq, and whether it came whole within awaitReplyTimeout.
+func askBuffered(t testing.TB, d *Socket, seq uint64) (found, answered bool) {
+	t.Helper()
+	if _, err := d.SendMessage("", zmqwire.SeqFrame(seq)); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		msg, err := d.RecvMessageBytes(0)
+		if zmqwire.IsAgain(err) {
+			return false, false
+		}
+		if err != nil {
+			t.Fatalf("replay reply: %v", err)
+		}
+		s, _ := zmqwire.ParseSeqFrame(msg[len(msg)-2])
+		if s == zmqwire.EndOfReplay {
+			return found, true
+		}
+		found = found || s == seq
+	}
 }
 
 // Socket is a raw ZeroMQ socket in a context of its own, so that closing
