@@ -223,6 +223,17 @@ func (s *InferencePoolSource) Run(ctx context.Context, config *rest.Config, sink
 	return nil
 }
 
+// unstructuredOf returns the object of a dynamic informer's notification,
+// the last known state of a deleted one whose final state is unknown (a
+// tombstone) included; false for anything else.
+func unstructuredOf(obj any) (*unstructured.Unstructured, bool) {
+	if tomb, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+		obj = tomb.Obj
+	}
+	u, ok := obj.(*unstructured.Unstructured)
+	return u, ok
+}
+
 // clients returns the typed and the dynamic clients of config.
 func clients(config *rest.Config) (kubernetes.Interface, dynamic.Interface, error) {
 	kube, err := kubernetes.NewForConfig(config)
@@ -321,10 +332,7 @@ func (t *poolTracker) objectiveHandler() toolscache.ResourceEventHandlerFuncs {
 		AddFunc:    func(obj any) { t.setObjective(obj) },
 		UpdateFunc: func(_, obj any) { t.setObjective(obj) },
 		DeleteFunc: func(obj any) {
-			if tomb, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
-				obj = tomb.Obj
-			}
-			if u, ok := obj.(*unstructured.Unstructured); ok {
+			if u, ok := unstructuredOf(obj); ok {
 				o.remove(u.GetNamespace(), u.GetName())
 			}
 		},
@@ -385,10 +393,7 @@ func (t *poolTracker) poolHandler() toolscache.ResourceEventHandlerFuncs {
 		AddFunc:    func(obj any) { t.setPool(obj) },
 		UpdateFunc: func(_, obj any) { t.setPool(obj) },
 		DeleteFunc: func(obj any) {
-			if tomb, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
-				obj = tomb.Obj
-			}
-			u, ok := obj.(*unstructured.Unstructured)
+			u, ok := unstructuredOf(obj)
 			if !ok {
 				t.log.Error(nil, "Ignoring the deletion of an object that is not an InferencePool", "type", fmt.Sprintf("%T", obj))
 				return

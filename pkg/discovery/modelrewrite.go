@@ -438,8 +438,8 @@ func (s *ModelRewriteSource) unavailable(ctx context.Context, kube kubernetes.In
 // follows reports whether ref names a pool the source follows when it
 // exists: an InferencePool, among Pools when those are named.
 func (s *ModelRewriteSource) follows(ref PoolReference) bool {
-	return cmp.Or(ref.Group, InferencePoolResource.Group) == InferencePoolResource.Group &&
-		cmp.Or(ref.Kind, "InferencePool") == "InferencePool" &&
+	return cmp.Or(ref.Group, defaultPoolRefGroup) == defaultPoolRefGroup &&
+		cmp.Or(ref.Kind, defaultPoolRefKind) == defaultPoolRefKind &&
 		(len(s.Pools) == 0 || slices.Contains(s.Pools, ref.Name))
 }
 
@@ -470,10 +470,7 @@ func (s *ModelRewriteSource) set(obj any) {
 // setPool records whether the InferencePool obj exists, and publishes the
 // table anew when that changes.
 func (s *ModelRewriteSource) setPool(obj any, exists bool) {
-	if tomb, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
-		obj = tomb.Obj
-	}
-	u, ok := obj.(*unstructured.Unstructured)
+	u, ok := unstructuredOf(obj)
 	if !ok {
 		return
 	}
@@ -492,10 +489,7 @@ func (s *ModelRewriteSource) setPool(obj any, exists bool) {
 }
 
 func (s *ModelRewriteSource) delete(obj any) {
-	if tomb, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
-		obj = tomb.Obj
-	}
-	u, ok := obj.(*unstructured.Unstructured)
+	u, ok := unstructuredOf(obj)
 	if !ok {
 		return
 	}

@@ -15,8 +15,8 @@ import (
 var InferenceObjectiveResource = schema.GroupVersionResource{Group: "inference.networking.x-k8s.io", Version: "v1alpha2",
 	Resource: "inferenceobjectives"}
 
-// The pool reference an InferenceObjective's poolRef makes when it names
-// no group or kind.
+// The group and kind of the pool an InferenceObjective's or
+// InferenceModelRewrite's poolRef names when it gives none.
 const (
 	defaultPoolRefGroup = "inference.networking.k8s.io"
 	defaultPoolRefKind  = "InferencePool"
