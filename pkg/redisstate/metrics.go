@@ -105,11 +105,13 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		Help: "Look-ups in Redis of the engine that made a stored response this gateway replica has no record of, by " +
 			"result: hit, miss (no record: never made through a replica, or expired), invalid (a value longer than 1 KiB, " +
 			"malformed or not a string, ignored), timeout (no answer within KVGATE_STORED_RESPONSE_LOOKUP_TIMEOUT_MS), " +
-			"error (Redis failed). But for a hit, the request is served as one for a response the gateway has no record of."}, []string{"result"})
+			"error (Redis failed), coalesced (not asked: answered by the look-up of the same id in flight), busy (not asked: " +
+			"the 64 look-ups this replica lets wait for Redis at once were waiting). But for a hit, or a coalesced look-up " +
+			"answered by one, the request is served as one for a response the gateway has no record of."}, []string{"result"})
 	for _, r := range []string{storedWritten, storedExists, storedDropped, storedRefused, storedError} {
 		m.storedWrites.WithLabelValues(r)
 	}
-	for _, r := range []string{lookupHit, lookupMiss, lookupInvalid, lookupTimeout, lookupError} {
+	for _, r := range []string{lookupHit, lookupMiss, lookupInvalid, lookupTimeout, lookupError, lookupCoalesced, lookupBusy} {
 		m.storedLookups.WithLabelValues(r)
 	}
 	for _, r := range []string{profileRejectDecode, profileRejectSize, profileRejectLimit} {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -26,6 +27,9 @@ const (
 	// DefaultStoredResponseQueue bounds the records waiting to be
 	// written: a record that finds it full is dropped.
 	DefaultStoredResponseQueue = 4096
+	// DefaultStoredResponseLookups bounds the look-ups waiting for Redis:
+	// one that finds the bound reached does not ask.
+	DefaultStoredResponseLookups = 64
 )
 
 // MaxStoredResponseBytes bounds the encoded record of a response, written
@@ -53,11 +57,13 @@ const (
 
 // Results of kvgate_cache_stored_response_lookups_total.
 const (
-	lookupHit     = "hit"
-	lookupMiss    = "miss"
-	lookupInvalid = "invalid"
-	lookupTimeout = "timeout"
-	lookupError   = "error"
+	lookupHit       = "hit"
+	lookupMiss      = "miss"
+	lookupInvalid   = "invalid"
+	lookupTimeout   = "timeout"
+	lookupError     = "error"
+	lookupCoalesced = "coalesced"
+	lookupBusy      = "busy"
 )
 
 // StoredResponse names the engine that made an OpenAI Responses API
@@ -112,6 +118,10 @@ type StoredResponsesConfig struct {
 	// Queue bounds the records waiting to be written (default
 	// DefaultStoredResponseQueue).
 	Queue int
+	// MaxLookups bounds the look-ups waiting for Redis at once (default
+	// DefaultStoredResponseLookups); look-ups of an id another one is
+	// asking for wait for its answer, and do not count.
+	MaxLookups int
 	// Logger receives the component's logs (default klog.Background()).
 	Logger klog.Logger
 }
@@ -122,14 +132,33 @@ type StoredResponsesConfig struct {
 // queues a record and never waits: Run writes the queue in pipelines (SET
 // with the TTL, NX: the first record of an id stands, as a replica's own
 // record does, since a client may choose a response's id), and a record
-// that finds the queue full is dropped and counted. Lookup reads one record, waiting at most the look-up timeout.
-// Its methods are safe for concurrent use.
+// that finds the queue full is dropped and counted. Lookup reads one
+// record, waiting at most the look-up timeout: look-ups of one id at once
+// share one read, and one that finds MaxLookups reads in flight does not
+// ask Redis. Its methods are safe for concurrent use.
 type StoredResponses struct {
 	client  *redis.Client
 	metrics *Metrics
 	cfg     StoredResponsesConfig
 	log     klog.Logger
 	queue   chan storedRecord
+
+	mu sync.Mutex
+	// lookups holds the reads in flight, by response id, at most
+	// cfg.MaxLookups.
+	lookups map[string]*storedLookup
+}
+
+// storedLookup is a read of a record in flight, which the look-ups of its
+// id made meanwhile wait for.
+type storedLookup struct {
+	// done is closed once r and ok hold the answer.
+	done chan struct{}
+	r    StoredResponse
+	ok   bool
+	// waiters counts the look-ups waiting for the answer, under
+	// StoredResponses.mu.
+	waiters int
 }
 
 // storedRecord is a record waiting to be written.
@@ -141,26 +170,29 @@ type storedRecord struct {
 // NewStoredResponses returns the component sharing the records of
 // responses through client, which must respect its contexts' deadlines
 // (redis.Options.ContextTimeoutEnabled) so that a look-up waits no longer
-// than its timeout. It fails when it does not, when the TTL is not a whole positive
-// number of seconds, or the timeout or queue is negative.
+// than its timeout. It fails when it does not, when the TTL is not a whole
+// positive number of seconds, or the timeout, queue or look-up bound is
+// negative.
 func NewStoredResponses(client *redis.Client, m *Metrics, cfg StoredResponsesConfig) (*StoredResponses, error) {
 	cfg.TTL = cmp.Or(cfg.TTL, DefaultStoredResponseTTL)
 	cfg.LookupTimeout = cmp.Or(cfg.LookupTimeout, DefaultStoredResponseLookupTimeout)
 	cfg.Queue = cmp.Or(cfg.Queue, DefaultStoredResponseQueue)
+	cfg.MaxLookups = cmp.Or(cfg.MaxLookups, DefaultStoredResponseLookups)
 	if client != nil && !client.Options().ContextTimeoutEnabled {
 		return nil, errors.New("stored responses: the Redis client must have ContextTimeoutEnabled, or look-ups wait its read timeout")
 	}
 	if cfg.TTL < time.Second || cfg.TTL%time.Second != 0 {
 		return nil, fmt.Errorf("stored responses: TTL %v is not a whole number of seconds", cfg.TTL)
 	}
-	if cfg.LookupTimeout < 0 || cfg.Queue < 0 {
-		return nil, fmt.Errorf("stored responses: look-up timeout %v or queue %d is negative", cfg.LookupTimeout, cfg.Queue)
+	if cfg.LookupTimeout < 0 || cfg.Queue < 0 || cfg.MaxLookups < 0 {
+		return nil, fmt.Errorf("stored responses: look-up timeout %v, queue %d or look-up bound %d is negative",
+			cfg.LookupTimeout, cfg.Queue, cfg.MaxLookups)
 	}
 	if cfg.Logger.GetSink() == nil {
 		cfg.Logger = klog.Background()
 	}
 	return &StoredResponses{client: client, metrics: m, cfg: cfg, log: cfg.Logger.WithName("stored-responses"),
-		queue: make(chan storedRecord, cfg.Queue)}, nil
+		queue: make(chan storedRecord, cfg.Queue), lookups: make(map[string]*storedLookup)}, nil
 }
 
 // Record queues the record that r made the response id, to be written by
@@ -275,10 +307,45 @@ func (s *StoredResponses) write(ctx context.Context, batch []storedRecord) error
 // look-up timeout; ok is false when Redis holds none, holds one longer
 // than MaxStoredResponseBytes or malformed (counted as invalid; it reads
 // no more than that bound and one byte), or does not answer in time
-// (counted as timeout, or error).
+// (counted as timeout, or error). A look-up of an id another one is
+// reading waits for that read's answer instead of asking (counted as
+// coalesced); one that finds MaxLookups reads in flight returns at once
+// without asking (counted as busy, ok false).
 func (s *StoredResponses) Lookup(id string) (r StoredResponse, ok bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.LookupTimeout)
 	defer cancel()
+	s.mu.Lock()
+	if l, found := s.lookups[id]; found {
+		l.waiters++
+		s.mu.Unlock()
+		select {
+		case <-l.done:
+			s.metrics.storedLookups.WithLabelValues(lookupCoalesced).Inc()
+			return l.r, l.ok
+		case <-ctx.Done():
+			s.metrics.storedLookups.WithLabelValues(lookupTimeout).Inc()
+			return r, false
+		}
+	}
+	if len(s.lookups) >= s.cfg.MaxLookups {
+		s.mu.Unlock()
+		s.metrics.storedLookups.WithLabelValues(lookupBusy).Inc()
+		return r, false
+	}
+	l := &storedLookup{done: make(chan struct{})}
+	s.lookups[id] = l
+	s.mu.Unlock()
+	l.r, l.ok = s.read(ctx, id)
+	s.mu.Lock()
+	delete(s.lookups, id)
+	s.mu.Unlock()
+	close(l.done)
+	return l.r, l.ok
+}
+
+// read reads the record of the response id in Redis, within ctx, and
+// counts the result.
+func (s *StoredResponses) read(ctx context.Context, id string) (r StoredResponse, ok bool) {
 	// GETRANGE reads the first bytes alone, however long the value is; a
 	// missing key reads as "", which no record is.
 	v, err := s.client.GetRange(ctx, StoredResponseKeyPrefix+id, 0, MaxStoredResponseBytes).Result()

@@ -2,8 +2,11 @@ package redisstate
 
 import (
 	"context"
+	"io"
 	"net"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -158,7 +161,8 @@ func TestStoredResponseValuesThatAreNotRecordsAreIgnoredAndCounted(t *testing.T)
 func TestAStoredResponseLookUpEndsWithinItsBoundWhenRedisDoesNotAnswer(t *testing.T) {
 	// A listener that accepts connections and never answers, and one
 	// closed: look-ups fail, counted, and return within their bound
-	// rather than the client's read timeout (3 s).
+	// rather than the client's read timeout (3 s), freeing their slot
+	// among the look-ups in flight.
 	mute, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -181,25 +185,33 @@ func TestAStoredResponseLookUpEndsWithinItsBoundWhenRedisDoesNotAnswer(t *testin
 		t.Run(tc.name, func(t *testing.T) {
 			c := redis.NewClient(&redis.Options{Addr: tc.addr, ContextTimeoutEnabled: true})
 			t.Cleanup(func() { _ = c.Close() })
-			s, reg := newStoredResponses(t, c, StoredResponsesConfig{LookupTimeout: 50 * time.Millisecond})
-			start := time.Now()
-			if r, ok := s.Lookup("resp_1"); ok {
-				t.Fatalf("found %+v", r)
-			}
-			// Far beyond the bound of 50 ms, to hold on a loaded machine,
-			// and below the client's read timeout.
-			if d := time.Since(start); d > 2*time.Second {
-				t.Errorf("the look-up took %v, bounded at 50 ms", d)
+			s, reg := newStoredResponses(t, c, StoredResponsesConfig{LookupTimeout: 50 * time.Millisecond, MaxLookups: 1})
+			// The second look-up finds the slot of the first free: it asks
+			// too, rather than being counted as busy.
+			const lookups = 2
+			for i := range lookups {
+				start := time.Now()
+				if r, ok := s.Lookup("resp_" + strconv.Itoa(i)); ok {
+					t.Fatalf("found %+v", r)
+				}
+				// Far beyond the bound of 50 ms, to hold on a loaded
+				// machine, and below the client's read timeout.
+				if d := time.Since(start); d > 2*time.Second {
+					t.Errorf("look-up %d took %v, bounded at 50 ms", i, d)
+				}
 			}
 			// A refused connection may fail at once, or be retried until
 			// the bound.
 			failed := storedCount(t, reg, "lookups", lookupTimeout) + storedCount(t, reg, "lookups", lookupError)
-			if n := storedCount(t, reg, "lookups", tc.result); n != 1 && (tc.result == lookupTimeout || failed != 1) {
-				t.Errorf("look-ups counted as %s: %v, want 1 (timeouts and errors: %v)", tc.result, n, failed)
+			if n := storedCount(t, reg, "lookups", tc.result); n != lookups && (tc.result == lookupTimeout || failed != lookups) {
+				t.Errorf("look-ups counted as %s: %v, want %d (timeouts and errors: %v)", tc.result, n, lookups, failed)
+			}
+			if n := storedCount(t, reg, "lookups", lookupBusy); n != 0 {
+				t.Errorf("look-ups counted as busy: %v, want 0", n)
 			}
 			if n := testsupport.MetricValue(t, reg, "kvgate_cache_redis_errors_total",
-				map[string]string{"operation": opStoredLookup}); n != 1 {
-				t.Errorf("Redis errors counted: %v, want 1", n)
+				map[string]string{"operation": opStoredLookup}); n != lookups {
+				t.Errorf("Redis errors counted: %v, want %d", n, lookups)
 			}
 		})
 	}
@@ -232,5 +244,220 @@ func TestNewStoredResponsesRefusesAClientThatIgnoresDeadlines(t *testing.T) {
 	t.Cleanup(func() { _ = c2.Close() })
 	if _, err := NewStoredResponses(c2, newTestMetrics(t, nil), StoredResponsesConfig{TTL: 1500 * time.Millisecond}); err == nil {
 		t.Error("a TTL of 1.5 s accepted: SET EX takes whole seconds")
+	}
+}
+
+// heldReplies is a proxy to a Redis server that passes the commands on at
+// once and holds the server's replies until release is called.
+type heldReplies struct {
+	addr    string
+	release func()
+}
+
+// holdReplies starts a heldReplies proxy to the server at addr, stopped
+// when the test ends.
+func holdReplies(t *testing.T, addr string) *heldReplies {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	released, ended := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	var wg sync.WaitGroup
+	t.Cleanup(func() {
+		close(ended)
+		_ = l.Close()
+		wg.Wait()
+	})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			client, err := l.Accept()
+			if err != nil {
+				return
+			}
+			server, err := net.Dial("tcp", addr)
+			if err != nil {
+				_ = client.Close()
+				continue
+			}
+			wg.Add(3)
+			go func() {
+				defer wg.Done()
+				_, _ = io.Copy(server, client)
+			}()
+			go func() {
+				defer wg.Done()
+				select {
+				case <-released:
+					_, _ = io.Copy(client, server)
+				case <-ended:
+				}
+			}()
+			go func() {
+				defer wg.Done()
+				<-ended
+				_ = client.Close()
+				_ = server.Close()
+			}()
+		}
+	}()
+	return &heldReplies{addr: l.Addr().String(), release: func() { once.Do(func() { close(released) }) }}
+}
+
+// newClient returns a client of the server through h, closed when the test
+// ends, whose commands and connections' handshakes wait for held replies
+// as long as their contexts allow, rather than its dial and read timeouts.
+func (h *heldReplies) newClient(t *testing.T) *redis.Client {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: h.addr, ContextTimeoutEnabled: true, DialTimeout: testsupport.WaitTimeout,
+		ReadTimeout: testsupport.WaitTimeout})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// getRangeCalls returns the GETRANGE commands the Redis server of c ran.
+func getRangeCalls(t *testing.T, c *redis.Client) int {
+	t.Helper()
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for line := range strings.SplitSeq(info, "\n") {
+		if rest, ok := strings.CutPrefix(line, "cmdstat_getrange:calls="); ok {
+			calls, _, _ := strings.Cut(rest, ",")
+			n, err := strconv.Atoi(calls)
+			if err != nil {
+				t.Fatalf("commandstats line %q: %v", line, err)
+			}
+			return n
+		}
+	}
+	return 0
+}
+
+// inFlight returns the reads of s in flight, and the look-ups waiting for
+// the read of id.
+func (s *StoredResponses) inFlight(id string) (reads, waiters int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if l, ok := s.lookups[id]; ok {
+		waiters = l.waiters
+	}
+	return len(s.lookups), waiters
+}
+
+// lookUp starts a look-up of id by s and returns where its answer arrives.
+func lookUp(s *StoredResponses, id string) <-chan StoredResponse {
+	answer := make(chan StoredResponse, 1)
+	go func() {
+		r, _ := s.Lookup(id)
+		answer <- r
+	}()
+	return answer
+}
+
+// receive returns the answer of a look-up started by lookUp.
+func receive(t *testing.T, answer <-chan StoredResponse) StoredResponse {
+	t.Helper()
+	select {
+	case r := <-answer:
+		return r
+	case <-time.After(testsupport.WaitTimeout):
+		t.Fatal("a look-up did not return")
+		return StoredResponse{}
+	}
+}
+
+func TestStoredResponseLookUpsOfOneIDAtOnceReadRedisOnce(t *testing.T) {
+	srv := testredis.Start(t)
+	direct := srv.NewClient(t)
+	v, _ := EncodeStoredResponse(testStoredResponse)
+	must(t, direct.Set(context.Background(), StoredResponseKeyPrefix+"resp_1", v, 0).Err())
+	held := holdReplies(t, srv.Addr)
+	c := held.newClient(t)
+	s, reg := newStoredResponses(t, c, StoredResponsesConfig{LookupTimeout: testsupport.WaitTimeout})
+
+	const lookups = 8
+	answers := []<-chan StoredResponse{lookUp(s, "resp_1")}
+	testsupport.Eventually(t, "the first look-up to read", func() bool { reads, _ := s.inFlight("resp_1"); return reads == 1 })
+	for range lookups - 1 {
+		answers = append(answers, lookUp(s, "resp_1"))
+	}
+	testsupport.Eventually(t, "the other look-ups to wait for the first's answer", func() bool {
+		_, waiters := s.inFlight("resp_1")
+		return waiters == lookups-1
+	})
+	held.release()
+	for _, a := range answers {
+		if r := receive(t, a); r != testStoredResponse {
+			t.Errorf("look-up answered %+v, want %+v", r, testStoredResponse)
+		}
+	}
+	if n := getRangeCalls(t, direct); n != 1 {
+		t.Errorf("Redis read %d records, want 1 for %d look-ups of one id at once", n, lookups)
+	}
+	for result, want := range map[string]float64{lookupHit: 1, lookupCoalesced: lookups - 1, lookupBusy: 0} {
+		if n := storedCount(t, reg, "lookups", result); n != want {
+			t.Errorf("look-ups counted as %s: %v, want %v", result, n, want)
+		}
+	}
+	// Once answered, a look-up of the id reads again.
+	if r, ok := s.Lookup("resp_1"); !ok || r != testStoredResponse {
+		t.Errorf("look-up after the others: %+v, %v", r, ok)
+	}
+	if n := getRangeCalls(t, direct); n != 2 {
+		t.Errorf("Redis read %d records, want 2", n)
+	}
+}
+
+func TestStoredResponseLookUpsBeyondTheBoundDoNotAskRedis(t *testing.T) {
+	srv := testredis.Start(t)
+	direct := srv.NewClient(t)
+	v, _ := EncodeStoredResponse(testStoredResponse)
+	must(t, direct.Set(context.Background(), StoredResponseKeyPrefix+"resp_1", v, 0).Err())
+	held := holdReplies(t, srv.Addr)
+	c := held.newClient(t)
+	s, reg := newStoredResponses(t, c, StoredResponsesConfig{LookupTimeout: testsupport.WaitTimeout, MaxLookups: 2})
+
+	first, second := lookUp(s, "resp_1"), lookUp(s, "resp_2")
+	testsupport.Eventually(t, "two look-ups to read", func() bool { reads, _ := s.inFlight("resp_1"); return reads == 2 })
+	// The bound reached, a look-up of a third id returns at once, while
+	// the two wait for Redis.
+	if r, ok := s.Lookup("resp_3"); ok {
+		t.Errorf("a look-up beyond the bound found %+v", r)
+	}
+	if n := storedCount(t, reg, "lookups", lookupBusy); n != 1 {
+		t.Errorf("look-ups counted as busy: %v, want 1", n)
+	}
+	// A look-up of an id in flight waits for its answer: it does not
+	// count against the bound.
+	coalesced := lookUp(s, "resp_1")
+	testsupport.Eventually(t, "a look-up to wait for the first's answer", func() bool {
+		_, waiters := s.inFlight("resp_1")
+		return waiters == 1
+	})
+	held.release()
+	for _, a := range []<-chan StoredResponse{first, coalesced} {
+		if r := receive(t, a); r != testStoredResponse {
+			t.Errorf("look-up of resp_1 answered %+v, want %+v", r, testStoredResponse)
+		}
+	}
+	if r := receive(t, second); r != (StoredResponse{}) {
+		t.Errorf("look-up of resp_2 answered %+v, want none", r)
+	}
+	// The reads done, their slots are free.
+	if r, ok := s.Lookup("resp_1"); !ok || r != testStoredResponse {
+		t.Errorf("look-up once the others returned: %+v, %v", r, ok)
+	}
+	for result, want := range map[string]float64{lookupHit: 2, lookupMiss: 1, lookupCoalesced: 1, lookupBusy: 1} {
+		if n := storedCount(t, reg, "lookups", result); n != want {
+			t.Errorf("look-ups counted as %s: %v, want %v", result, n, want)
+		}
+	}
+	if n := getRangeCalls(t, direct); n != 3 {
+		t.Errorf("Redis read %d records, want 3", n)
 	}
 }
