@@ -513,7 +513,10 @@ var (
 			"(see KVGATE_MAX_STORED_RESPONSES), so that a follow-up naming it as its previous_response_id, GET " +
 			"/v1/responses/{id} and POST /v1/responses/{id}/cancel reach that engine through any replica. A replica " +
 			"writes each record in the background, and asks Redis only for a response it has no record of, waiting at " +
-			"most KVGATE_STORED_RESPONSE_LOOKUP_TIMEOUT_MS. Off without Redis unless set explicitly.",
+			"most KVGATE_STORED_RESPONSE_LOOKUP_TIMEOUT_MS; requests naming one response at once share one look-up, and " +
+			"at most 64 look-ups per replica wait for Redis at once: a request beyond them does not wait, and is served " +
+			"as one for a response the gateway has no record of (kvgate_cache_stored_response_lookups_total" +
+			"{result=\"busy\"}). Off without Redis unless set explicitly.",
 	}
 	StoredResponseTTL = Var{
 		Name:    "KVGATE_STORED_RESPONSE_TTL_SECONDS",

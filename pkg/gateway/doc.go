@@ -332,9 +332,15 @@
 // of a response a request names asks Redis, waiting at most
 // KVGATE_STORED_RESPONSE_LOOKUP_TIMEOUT_MS (50 ms), and remembers what it
 // finds, so that it asks once per response. Only requests naming a response
-// ask: a follow-up, GET or cancel. A look-up that finds nothing, a record
-// longer than 1 KiB or malformed (ignored), or that times out or fails
-// (Redis unreachable) is counted in
+// ask: a follow-up, GET or cancel. Requests naming one response at once
+// share one look-up, the later ones waiting for its answer within the same
+// timeout ({result="coalesced"}), and at most 64 look-ups per replica wait
+// for Redis at once (redisstate.DefaultStoredResponseLookups): one that
+// finds 64 waiting does not ask, nor wait ({result="busy"}), so that
+// requests naming responses no replica recorded do not drive Redis's load
+// with their rate. A look-up that finds nothing, a record longer than 1 KiB
+// or malformed (ignored), that times out or fails (Redis unreachable), or
+// that finds the bound reached is counted in
 // kvgate_cache_stored_response_lookups_total{result}, and the request is
 // served as one for a response the gateway has no record of. A record is
 // written within moments of the response's id reaching the client, not

@@ -77,7 +77,12 @@
 //     kvgate_cache_stored_response_lookups_total{result="invalid"}. Records
 //     wait to be written in a queue of 4096 (DefaultStoredResponseQueue);
 //     one that finds it full is dropped, counted in
-//     kvgate_cache_stored_response_writes_total{result="dropped"}.
+//     kvgate_cache_stored_response_writes_total{result="dropped"}. Look-ups
+//     of one id at once share one read, the later ones counted in
+//     kvgate_cache_stored_response_lookups_total{result="coalesced"}; at
+//     most 64 reads are in flight (DefaultStoredResponseLookups), and a
+//     look-up that finds them all taken neither reads nor waits, counted in
+//     {result="busy"}.
 //
 // Nothing on the request path waits for Redis, but for the look-up of a
 // stored response this replica has no record of, which a request naming
