@@ -202,7 +202,8 @@ func (s *storedResponses) unknownWhy() string {
 			"last %d responses", s.max)
 	}
 	return fmt.Sprintf("made before the gateway started, through another gateway replica longer ago than the records "+
-		"shared in Redis live or while Redis could not be reached, or forgotten as older than the last %d responses", s.max)
+		"shared in Redis live, while Redis could not be reached or was asked too many look-ups at once, or forgotten as "+
+		"older than the last %d responses", s.max)
 }
 
 // is reports whether p is the engine o names.
