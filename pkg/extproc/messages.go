@@ -68,6 +68,8 @@ type requestHeaders struct {
 	contentType string
 	// objective is x-gateway-inference-objective, "" for none.
 	objective string
+	// fairnessID is x-gateway-inference-fairness-id, "" for none.
+	fairnessID string
 	// modelRewrite is x-gateway-model-name-rewrite (see
 	// gateway.PickRequest.ModelRewrite).
 	modelRewrite string
@@ -95,6 +97,8 @@ func readRequestHeaders(m *corev3.HeaderMap) requestHeaders {
 			r.namesRank = true
 		case headerObjective:
 			r.objective = headerValue(h)
+		case headerFairnessID:
+			r.fairnessID = headerValue(h)
 		case gateway.HeaderModelRewrite:
 			r.modelRewrite = strings.TrimSpace(headerValue(h))
 		case "content-length":
@@ -110,6 +114,9 @@ var headerDPRank = strings.ToLower(gateway.HeaderDataParallelRank)
 // headerObjective is gateway.HeaderInferenceObjective as Envoy names
 // headers.
 var headerObjective = strings.ToLower(gateway.HeaderInferenceObjective)
+
+// headerFairnessID is gateway.HeaderFairnessID as Envoy names headers.
+var headerFairnessID = strings.ToLower(gateway.HeaderFairnessID)
 
 // responseHeaders is what the Server reads of a response's headers.
 type responseHeaders struct {

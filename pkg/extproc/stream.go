@@ -276,7 +276,7 @@ func (st *stream) decideAndAnswer(at answerPoint) error {
 	st.decided = true
 	t0 := time.Now()
 	in := gateway.PickRequest{Path: st.hdr.path, Method: st.hdr.method, Body: st.body, ContentType: st.hdr.contentType, Strategy: st.hdr.strategy,
-		ClientRequestID: st.hdr.requestID, Objective: st.hdr.objective, NamesRank: st.hdr.namesRank,
+		ClientRequestID: st.hdr.requestID, Objective: st.hdr.objective, FairnessID: st.hdr.fairnessID, NamesRank: st.hdr.namesRank,
 		Subset: st.subset, Received: st.start}
 	in.ModelRewrite = st.hdr.modelRewrite
 	if st.s.cfg.MaxMessageTimeout > 0 {

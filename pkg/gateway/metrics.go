@@ -37,6 +37,9 @@ type metrics struct {
 	// invalidObjectives counts the requests whose
 	// HeaderInferenceObjective is no object name.
 	invalidObjectives prometheus.Counter
+	// invalidFairnessIDs counts the requests whose HeaderFairnessID is
+	// ignored.
+	invalidFairnessIDs prometheus.Counter
 	// shed counts the sheddable requests refused, by model.
 	shed *prometheus.CounterVec
 	// phases observe each phase of the gateway's time on a request, by
@@ -162,6 +165,11 @@ func newMetrics(reg prometheus.Registerer, bodies *budget.Budget) (*metrics, err
 				"bytes, or with other characters than lower-case letters, digits, '-' and '.'): the header is ignored and " +
 				"the request has priority 0.",
 		}),
+		invalidFairnessIDs: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvgate_gateway_invalid_fairness_ids_total",
+			Help: "Requests whose x-gateway-inference-fairness-id header is longer than 128 bytes or holds a byte that is " +
+				"not printable ASCII: the header is ignored and the request joins the default flow of its priority.",
+		}),
 		shed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvgate_gateway_shed_requests_total",
 			Help: "Requests of a negative priority (their InferenceObjective's) refused with 429 pool_saturated because no " +
@@ -201,7 +209,7 @@ func newMetrics(reg prometheus.Registerer, bodies *budget.Budget) (*metrics, err
 	}
 	for _, c := range []prometheus.Collector{m.requests, m.duration, m.overhead, m.ttft, m.inFlight,
 		m.retries, m.upstreamFails, m.tokenizeFails, m.usageMissing, m.oversizedEvents, m.bodyTimeouts, m.writeTimeouts,
-		m.connWaits, m.conns, m.heldRefusals, m.heldBytes, m.matchRefusals, m.dpRanks, m.invalidObjectives, m.shed, m.phaseVec} {
+		m.connWaits, m.conns, m.heldRefusals, m.heldBytes, m.matchRefusals, m.dpRanks, m.invalidObjectives, m.invalidFairnessIDs, m.shed, m.phaseVec} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register gateway metrics: %w", err)
 		}

@@ -131,6 +131,10 @@ type PickRequest struct {
 	// the InferenceObjective whose priority the request takes, as through
 	// the proxy.
 	Objective string
+	// FairnessID is the request's HeaderFairnessID, "" for none: the flow
+	// the request belongs to among those of its priority, as through the
+	// proxy.
+	FairnessID string
 	// NamesRank reports a request carrying its own X-Data-Parallel-Rank
 	// header: the gateway pins it to no rank (Pick.DPRank is -1), and the
 	// front end forwards the client's header.
@@ -219,6 +223,7 @@ func (p *Picker) Pick(ctx context.Context, in PickRequest) (*Pick, *Error) {
 		return nil, err
 	}
 	k.a.priority = g.priority(in.Objective)
+	k.a.fairness = g.fairnessID(in.FairnessID)
 	if err := g.shed(&k.a, k.x); err != nil {
 		putExchange(k.x)
 		return nil, err

@@ -1,5 +1,7 @@
 package gateway
 
+import "github.com/kvgate/kvgate/pkg/types"
+
 // HeaderInferenceObjective names the Gateway API Inference Extension's
 // InferenceObjective a request belongs to, whose priority ranks it among
 // the requests of its pool (types.RoutingContext.Priority).
@@ -12,6 +14,16 @@ const HeaderInferenceObjective = "X-Gateway-Inference-Objective"
 // priority 0, and it is counted in
 // kvgate_gateway_invalid_inference_objectives_total.
 const MaxObjectiveNameBytes = 253
+
+// HeaderFairnessID names the flow a request belongs to among the requests
+// of its priority, after the Gateway API Inference Extension's flow
+// control: e.g. a tenant (types.RoutingContext.FairnessID). A model's SLO
+// queue takes turns among the flows waiting at one priority when
+// KVGATE_SLO_QUEUE_FAIRNESS is round-robin. A request without it joins the
+// default flow, as does one whose value is longer than
+// types.MaxFairnessIDBytes or holds a byte that is not printable ASCII:
+// that one is counted in kvgate_gateway_invalid_fairness_ids_total.
+const HeaderFairnessID = "X-Gateway-Inference-Fairness-Id"
 
 // ObjectivePriorities looks up InferenceObjectives by name: the priority of
 // the objective of that name, and whether one counts. Its Priority is
@@ -54,4 +66,15 @@ func validObjectiveName(name string) bool {
 		}
 	}
 	return true
+}
+
+// fairnessID returns the flow of a request whose HeaderFairnessID is id
+// ("" for none): id, or "" (the default flow) when id is not a valid
+// types.RoutingContext.FairnessID (counted).
+func (g *Gateway) fairnessID(id string) string {
+	if !types.ValidFairnessID(id) {
+		g.metrics.invalidFairnessIDs.Inc()
+		return ""
+	}
+	return id
 }

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/kvgate/kvgate/pkg/internal/budget"
+	"github.com/kvgate/kvgate/pkg/types"
 )
 
 // objectiveMap is an ObjectivePriorities of fixed objectives.
@@ -63,5 +64,37 @@ func TestPriorityLookupAllocatesNothing(t *testing.T) {
 	g := &Gateway{metrics: m, priorities: objectiveMap{"batch": -1}}
 	if n := testing.AllocsPerRun(100, func() { g.priority("batch") }); n != 0 {
 		t.Errorf("priority allocates %v times per request", n)
+	}
+}
+
+func TestFairnessHeaderNamesTheRequestsFlowWithinItsBound(t *testing.T) {
+	tests := []struct {
+		name, header, want string
+		invalid            bool
+	}{
+		{"no header", "", "", false},
+		{"a tenant", "tenant-a", "tenant-a", false},
+		{"spaces and punctuation", "team A/prod:1", "team A/prod:1", false},
+		{"the longest id", strings.Repeat("x", types.MaxFairnessIDBytes), strings.Repeat("x", types.MaxFairnessIDBytes), false},
+		{"over-long", strings.Repeat("x", types.MaxFairnessIDBytes+1), "", true},
+		{"a control byte", "tenant\x00a", "", true},
+		{"a newline", "tenant\na", "", true},
+		{"a byte beyond ASCII", "ténant", "", true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m, err := newMetrics(nil, budget.New(1))
+			if err != nil {
+				t.Fatal(err)
+			}
+			g := &Gateway{metrics: m}
+			if got := g.fairnessID(tt.header); got != tt.want {
+				t.Errorf("fairnessID(%q) = %q; want %q", tt.header, got, tt.want)
+			}
+			counted := counted(t, m.invalidFairnessIDs)
+			if want := map[bool]float64{false: 0, true: 1}[tt.invalid]; counted != want {
+				t.Errorf("counted %v invalid fairness ids; want %v", counted, want)
+			}
+		})
 	}
 }

@@ -217,6 +217,8 @@ type admitted struct {
 	// priority is the priority of the InferenceObjective the request
 	// names (see Gateway.priority).
 	priority int
+	// fairness is the request's flow (see Gateway.fairnessID).
+	fairness string
 }
 
 // proxy serves one inference request: admit, record in the request
@@ -266,6 +268,7 @@ func (g *Gateway) admit(w http.ResponseWriter, r *http.Request, k kind, x *excha
 		return a, false
 	}
 	a.priority = g.priority(r.Header.Get(HeaderInferenceObjective))
+	a.fairness = g.fairnessID(r.Header.Get(HeaderFairnessID))
 	if err := g.shed(&a, x); err != nil {
 		c.failWith(w, err)
 		return a, false
@@ -370,7 +373,7 @@ func resolveAlgorithm(r *routing.Router, strategy string) (string, *Error) {
 
 // begin records an admitted request in the request ledger and prepares what
 // routing reads of it: its routing context, with the client's request id
-// clientID ("" for none), its priority, the prompt's token ids when the request is a
+// clientID ("" for none), its priority and flow, the prompt's token ids when the request is a
 // completion and the algorithm reads them, and its predicted output length.
 // The caller ends the returned request.
 func (g *Gateway) begin(ctx context.Context, a *admitted, x *exchange, start time.Time, clientID string) (*types.RoutingContext, *inflight.Request) {
@@ -379,6 +382,7 @@ func (g *Gateway) begin(ctx context.Context, a *admitted, x *exchange, start tim
 	rc.ReceivedAt = start
 	rc.Algorithm = a.algorithm
 	rc.Priority = a.priority
+	rc.FairnessID = a.fairness
 	rc.LoraAdapter = adapterOf(a.model, a.pods)
 	req := g.ledger.Admit(rc.RequestID, rc.Model)
 	if g.tokenizer != nil && x.in.kind.generates() && readsPrompt(a.algorithm) && !a.pinned {

@@ -66,6 +66,13 @@ type RoutingContext struct {
 	// served late. The Gateway API Inference Extension's InferenceObjective
 	// the request names (its x-gateway-inference-objective header) sets it.
 	Priority int
+	// FairnessID names the flow the request belongs to among those of its
+	// priority, "" for the default flow of the requests that name none:
+	// the Gateway API Inference Extension's x-gateway-inference-fairness-id
+	// header, e.g. a tenant. A model's SLO queue can take turns among the
+	// flows waiting at one priority (see package slo). It is printable
+	// ASCII of at most MaxFairnessIDBytes bytes.
+	FairnessID string
 
 	target atomic.Pointer[routingTarget]
 }
@@ -79,6 +86,25 @@ type routingTarget struct {
 // for model, received now.
 func NewRoutingContext(requestID, model string) *RoutingContext {
 	return &RoutingContext{RequestID: requestID, Model: model, ReceivedAt: time.Now()}
+}
+
+// MaxFairnessIDBytes bounds a FairnessID: the gateway ignores a longer
+// x-gateway-inference-fairness-id header (the request joins the default
+// flow).
+const MaxFairnessIDBytes = 128
+
+// ValidFairnessID reports whether id can be a FairnessID: at most
+// MaxFairnessIDBytes bytes, each printable ASCII.
+func ValidFairnessID(id string) bool {
+	if len(id) > MaxFairnessIDBytes {
+		return false
+	}
+	for i := range len(id) {
+		if !printableASCII(id[i]) {
+			return false
+		}
+	}
+	return true
 }
 
 // MaxLoggedClientRequestIDBytes bounds the client's request id logs and
