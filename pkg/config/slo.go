@@ -48,7 +48,8 @@ var (
 		Doc: "Most requests one model's queue holds while no pod can serve them within their objective; a request " +
 			"arriving at a full queue is answered 429 with Retry-After, unless its priority (its InferenceObjective's) " +
 			"is higher than a waiting request's: the waiting request of the lowest priority then leaves, answered 429 " +
-			"slo_displaced, for it to wait.",
+			"slo_displaced, for it to wait (with KVGATE_SLO_QUEUE_FAIRNESS=round-robin, one of the flow with the most " +
+			"requests of that priority waiting).",
 	}
 	SLOQueueMaxWait = Var{
 		Name:    "KVGATE_SLO_QUEUE_MAX_WAIT",
@@ -57,6 +58,19 @@ var (
 		Doc: "Longest a request waits in its model's queue, in seconds or with a unit; it leaves earlier, answered 429 " +
 			"with Retry-After, once it can no longer meet its objective. Also the longest Retry-After the queues answer " +
 			"(their estimate of when a pod frees up, in whole seconds).",
+	}
+	SLOQueueFairness = Var{
+		Name:    "KVGATE_SLO_QUEUE_FAIRNESS",
+		Default: "deadline",
+		Section: SectionSLO,
+		Doc: "How a model's queue orders the waiting requests of one priority that belong to different flows (their " +
+			"x-gateway-inference-fairness-id header, e.g. a tenant; requests without it share one default flow): deadline " +
+			"sends them earliest deadline first, whatever their flow; round-robin has the flows take turns, each flow's " +
+			"requests earliest deadline first, so that a flow flooding the queue cannot starve the others. With " +
+			"round-robin, a request arriving at a full queue takes the place of the latest deadline of the flow with " +
+			"the most requests waiting at the lowest priority (answered 429 slo_displaced) when its own priority is " +
+			"higher, or equal and its own flow has fewer requests of it waiting; otherwise it is refused (429 " +
+			"slo_queue_full). Either way, higher priorities are sent first.",
 	}
 )
 

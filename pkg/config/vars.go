@@ -633,6 +633,7 @@ var Vars = []Var{
 	SLOModels,
 	SLOQueueMaxLength,
 	SLOQueueMaxWait,
+	SLOQueueFairness,
 	SaturationQueueDepth,
 	SaturationKVCacheUtilization,
 	SaturationMetricsStaleness,

@@ -401,6 +401,10 @@ func loadSLO(e *config.Env) slo.Config {
 		},
 		MaxQueueLength: e.Int(config.SLOQueueMaxLength, 1),
 		MaxWait:        e.Duration(config.SLOQueueMaxWait, time.Second),
+		Fairness:       e.String(config.SLOQueueFairness),
+	}
+	if !slices.Contains(slo.FairnessPolicies, c.Fairness) {
+		e.Errorf("%s=%q: want one of %s", config.SLOQueueFairness.Name, c.Fairness, strings.Join(slo.FairnessPolicies, ", "))
 	}
 	models, err := slo.ParseModels(e.String(config.SLOModels))
 	if err != nil {

@@ -12,6 +12,7 @@ import (
 	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/kvevent/transport"
 	"github.com/kvgate/kvgate/pkg/routing"
+	"github.com/kvgate/kvgate/pkg/slo"
 	"github.com/kvgate/kvgate/pkg/tokenizer"
 	"github.com/kvgate/kvgate/pkg/types"
 )
@@ -431,5 +432,28 @@ func TestLoadConfigReadsHowEnginesPassReasoning(t *testing.T) {
 	LoadConfig(e)
 	if err := e.Err(); err == nil || !strings.Contains(err.Error(), `KVGATE_TOKENIZER_REASONING="think"`) {
 		t.Errorf("KVGATE_TOKENIZER_REASONING=think: %v, want an error naming it", err)
+	}
+}
+
+func TestLoadConfigReadsTheSLOQueuesFairness(t *testing.T) {
+	for value, want := range map[string]string{
+		"":            slo.FairnessDeadline,
+		"deadline":    slo.FairnessDeadline,
+		"round-robin": slo.FairnessRoundRobin,
+	} {
+		env := map[string]string{}
+		if value != "" {
+			env["KVGATE_SLO_QUEUE_FAIRNESS"] = value
+		}
+		e := envOf(env)
+		if cfg := LoadConfig(e); e.Err() != nil || cfg.SLO.Fairness != want {
+			t.Errorf("KVGATE_SLO_QUEUE_FAIRNESS=%q: %q, %v; want %q", value, cfg.SLO.Fairness, e.Err(), want)
+		}
+	}
+	e := envOf(map[string]string{"KVGATE_SLO_QUEUE_FAIRNESS": "fair"})
+	LoadConfig(e)
+	if err := e.Err(); err == nil || !strings.Contains(err.Error(), `KVGATE_SLO_QUEUE_FAIRNESS="fair"`) ||
+		!strings.Contains(err.Error(), "round-robin") {
+		t.Errorf("KVGATE_SLO_QUEUE_FAIRNESS=fair: %v, want an error naming it and the policies", err)
 	}
 }

@@ -665,14 +665,24 @@ type sloAnswer struct {
 // objective is not "", HeaderInferenceObjective, until ctx ends. Its one
 // answer comes on the channel returned once its body was read whole.
 func sendObjective(ctx context.Context, url string, n int, id, objective, extra string) chan sloAnswer {
+	var headers map[string]string
+	if objective != "" {
+		headers = map[string]string{HeaderInferenceObjective: objective}
+	}
+	return sendWithHeaders(ctx, url, n, id, headers, extra)
+}
+
+// sendWithHeaders is sendObjective with headers of its own in place of
+// the objective's.
+func sendWithHeaders(ctx context.Context, url string, n int, id string, headers map[string]string, extra string) chan sloAnswer {
 	ch := make(chan sloAnswer, 1)
 	go func() {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/completions",
 			strings.NewReader(completion(simPrompt(n, 20), extra)))
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("X-Request-Id", id)
-		if objective != "" {
-			req.Header.Set(HeaderInferenceObjective, objective)
+		for k, v := range headers {
+			req.Header.Set(k, v)
 		}
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -35,6 +36,10 @@ type Config struct {
 	// Retry-After the queue answers (KVGATE_SLO_QUEUE_MAX_WAIT, default
 	// 60 s).
 	MaxWait time.Duration
+	// Fairness orders the requests of one priority that belong to
+	// different flows (KVGATE_SLO_QUEUE_FAIRNESS): FairnessDeadline (the
+	// default, for "") or FairnessRoundRobin.
+	Fairness string
 	// Capacity, when set, is what frees capacity holds for writing until
 	// it has called Trigger (the gateway's request ledger, through
 	// inflight.Config.Frees); the queues hold it for reading while they
@@ -68,6 +73,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxWait < 0 {
 		errs = append(errs, fmt.Errorf("queue wait bound %v is negative", c.MaxWait))
+	}
+	if c.Fairness != "" && !slices.Contains(FairnessPolicies, c.Fairness) {
+		errs = append(errs, fmt.Errorf("queue fairness %q is none of %s", c.Fairness, strings.Join(FairnessPolicies, ", ")))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("invalid SLO config: %w", err)

@@ -69,7 +69,9 @@
 // the latest deadline, leaves with ReasonDisplaced (429, with the
 // Retry-After of a full queue) and the arrival waits in its place. An
 // arrival that outranks no waiting request is refused (ReasonQueueFull):
-// the queue never holds more than Config.MaxQueueLength.
+// the queue never holds more than Config.MaxQueueLength. (With
+// FairnessRoundRobin, the flows of the lowest priority count too: see
+// Fairness.)
 //
 // A sheddable request (a negative priority) never waits: where a pulling
 // algorithm would queue it, because no pod can take it within its SLO or
@@ -80,6 +82,37 @@
 // once is routed like any other; slo-least-load, which never queues,
 // refuses it for want of capacity as it does any request
 // (ReasonNoCapacity).
+//
+// # Fairness
+//
+// A request may belong to a flow (types.RoutingContext's FairnessID: the
+// Gateway API Inference Extension's x-gateway-inference-fairness-id
+// header, e.g. a tenant); requests that name none share one default flow.
+// How a queue orders the requests of one priority that belong to
+// different flows is its fairness policy (Config.Fairness). With
+// FairnessDeadline, the default, flows play no part: earliest deadline
+// first, as above, so a flow that floods the queue with requests of
+// earlier deadlines goes before every other. With FairnessRoundRobin, as
+// the Inference Extension's flow control has a priority band's flows take
+// turns, a pass tries one request of each flow waiting at that priority,
+// then a second of each, and so on, each flow's own requests earliest
+// deadline first; the turns go in the order of the flows' ids and start
+// with the flow after the one whose request the queue last routed at that
+// priority (before any was, with the flow of the earliest deadline), so
+// that over successive passes every flow with requests waiting is served
+// in turn. Priorities still come first, and a pass's bound and restarts
+// are those of the queue's order. A full queue then makes room from the
+// flow with the most requests waiting at the lowest priority: its request
+// of the latest deadline leaves (ReasonDisplaced) for an arrival of a
+// higher priority, or of that priority and a flow with fewer of its
+// requests waiting; an arrival of that priority whose own flow has as
+// many of them waiting as any other is refused (ReasonQueueFull), so that
+// a flooding flow gives up its own places rather than another's.
+//
+// A queue keeps a flow only while it has requests waiting, and, for each
+// priority with requests waiting, the flow last routed at it: nothing
+// grows with the flows that come and go. With a single flow waiting at
+// each priority, a pass costs what it costs with FairnessDeadline.
 //
 // # Metrics
 //

@@ -61,7 +61,11 @@ type Entry struct {
 	// leaves the queue: routed, refused or expired.
 	Waiting func(until time.Time)
 
-	priority int // Request.Priority as submitted
+	priority int    // Request.Priority as submitted
+	flow     string // Request.FairnessID as submitted
+	// counted is e's flow in its queue's band, with FairnessRoundRobin,
+	// while e waits; guarded by the QueueRouter's mu.
+	counted *flowCount
 
 	// guarded by the QueueRouter's mu
 	queued    bool
@@ -106,7 +110,8 @@ const (
 	// SLO, or for the longest wait allowed.
 	ReasonExpired = "expired"
 	// ReasonDisplaced: the request waited in a full queue and a request
-	// of a higher priority took its place (see QueueRouter.Submit).
+	// of a higher priority took its place, or, with FairnessRoundRobin,
+	// one of a flow with fewer requests waiting (see QueueRouter.Submit).
 	ReasonDisplaced = "displaced"
 	// ReasonModelGone: the model left the fleet while the request waited.
 	ReasonModelGone = "model_gone"
@@ -144,7 +149,7 @@ func (e *Error) Error() string {
 		msg += fmt.Sprintf("no pod could serve the request within its service-level objective after waiting %v",
 			e.Waited.Round(time.Millisecond))
 	case ReasonDisplaced:
-		msg += "a request of a higher priority took the request's place in the full queue"
+		msg += "a request of a higher priority, or of a flow with fewer requests waiting, took the request's place in the full queue"
 	case ReasonModelGone:
 		msg += "the model left the fleet while the request waited"
 	default:
@@ -169,12 +174,69 @@ type QueueConfig struct {
 	// Capacity, when set, is held for reading while a pass checks for a
 	// Trigger and tries a request (see Config.Capacity).
 	Capacity *sync.RWMutex
+	// Fairness orders the flows waiting at one priority (see
+	// Config.Fairness): FairnessDeadline when "".
+	Fairness string
+}
+
+// Fairness policies: how a queue orders the requests of one priority
+// that belong to different flows (types.RoutingContext.FairnessID).
+const (
+	// FairnessDeadline orders them earliest deadline first, whatever
+	// their flows, and a full queue makes room only for a higher
+	// priority.
+	FairnessDeadline = "deadline"
+	// FairnessRoundRobin has the flows take turns, each flow's own
+	// requests earliest deadline first, and makes a full queue's flow
+	// with the most requests waiting give up its own (see the package
+	// doc).
+	FairnessRoundRobin = "round-robin"
+)
+
+// FairnessPolicies lists the fairness policies, the default first.
+var FairnessPolicies = []string{FairnessDeadline, FairnessRoundRobin}
+
+// band is what a queue with FairnessRoundRobin keeps of one priority
+// while requests of it wait.
+type band struct {
+	// flows counts the requests waiting by flow; a flow is dropped with
+	// its last request.
+	flows map[string]*flowCount
+	// last is the flow of the request a pass last routed at this
+	// priority, set once served: the next pass starts with the flow after
+	// it, in the order of the flows' ids.
+	last   string
+	served bool
+}
+
+// flowCount is one flow of a band.
+type flowCount struct {
+	waiting int // its requests waiting
+	turn    int // its turn in the pass being ordered: 0 for the first
+}
+
+// namedFlow is a flow of a band and its id.
+type namedFlow struct {
+	id string
+	*flowCount
+}
+
+// interleaving holds what ordering a pass with FairnessRoundRobin reuses
+// from pass to pass.
+type interleaving struct {
+	flows   []namedFlow
+	starts  []int
+	ends    []int
+	next    []int
+	active  []int
+	grouped []*Entry
 }
 
 // QueueRouter routes the requests of one model that use an SLO-aware
 // algorithm: a request no pod can take within its SLO waits in the queue,
 // highest priority first (types.RoutingContext's Priority), then earliest
-// deadline, and is routed by a later pass as soon as a pod can (Dispatch:
+// deadline (with FairnessRoundRobin, each priority's flows taking turns:
+// see the package doc), and is routed by a later pass as soon as a pod can (Dispatch:
 // on a first token, a completion, a scrape, an arrival), or leaves it when
 // it can no longer meet its SLO, after MaxWait, or when its caller gives
 // up. A request that does not wait (Route without hold:
@@ -196,6 +258,14 @@ type QueueRouter struct {
 	// capacity.
 	busy time.Time
 
+	// With FairnessRoundRobin (roundRobin), bands holds each priority
+	// with requests waiting; flows counts their flows. Guarded by mu.
+	roundRobin bool
+	bands      map[int]*band
+	flows      int
+	// scratch is the passes' ordering; guarded by routeMu.
+	scratch interleaving
+
 	wake chan struct{}
 	// triggers counts Trigger's calls: a pass that sees it move knows
 	// capacity may have freed since it tried the requests before.
@@ -213,7 +283,14 @@ func NewQueueRouter(model string, cfg QueueConfig, metrics *Metrics) *QueueRoute
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	return &QueueRouter{model: model, cfg: cfg, metrics: metrics.forModel(model), wake: make(chan struct{}, 1)}
+	if cfg.Fairness == "" {
+		cfg.Fairness = FairnessDeadline
+	}
+	q := &QueueRouter{model: model, cfg: cfg, metrics: metrics.forModel(model), wake: make(chan struct{}, 1)}
+	if cfg.Fairness == FairnessRoundRobin {
+		q.roundRobin, q.bands = true, map[int]*band{}
+	}
+	return q
 }
 
 // Model returns the queue's model.
@@ -259,7 +336,11 @@ func (q *QueueRouter) Route(ctx context.Context, e *Entry, hold bool) error {
 // pass. A full queue (QueueConfig.MaxLength) refuses e (ReasonQueueFull)
 // unless e's priority is higher than that of a waiting request: the
 // waiting request of the lowest priority, and among those the latest
-// deadline, then leaves (ReasonDisplaced) for e to wait. With hold, a
+// deadline, then leaves (ReasonDisplaced) for e to wait. With
+// FairnessRoundRobin, the one leaving is the latest deadline of the flow
+// with the most requests waiting at the lowest priority, and e may also
+// take its place when e is of that priority and its own flow holds fewer
+// requests of it. With hold, a
 // sheddable e (a negative priority) never waits: it is refused
 // (ReasonSheddable) where it would have been queued, without a try while
 // other requests wait. Submit reports whether e was queued: its outcome
@@ -278,7 +359,7 @@ func (q *QueueRouter) Submit(e *Entry, hold bool) (queued bool, err error) {
 		return false, q.refuse(e, closed, 0, nil)
 	}
 	e.enqueued, e.latest = now, now.Add(q.cfg.MaxWait)
-	e.priority = e.Request.Priority
+	e.priority, e.flow = e.Request.Priority, e.Request.FairnessID
 	sheddable := hold && e.priority < 0
 	if sheddable && waiting > 0 {
 		// Tried now, it could take capacity the waiting requests, all of
@@ -317,19 +398,20 @@ func (q *QueueRouter) Submit(e *Entry, hold bool) (queued bool, err error) {
 	var retry time.Duration
 	if len(q.entries) >= q.cfg.MaxLength {
 		retry = q.retryAfterLocked(now)
-		// The last entry is of the lowest priority and, among those, the
-		// latest deadline. No pass is trying it: q.routeMu is held.
-		last := q.entries[len(q.entries)-1]
-		if last.priority >= e.priority {
+		// No pass is trying the victim: q.routeMu is held.
+		displaced = q.victimLocked(e)
+		if displaced == nil {
 			q.mu.Unlock()
 			return false, q.refuse(e, ReasonQueueFull, retry, nil)
 		}
-		q.removeLocked(last)
-		displaced = last
+		q.removeLocked(displaced)
 	}
 	e.queued = true
 	i, _ := slices.BinarySearchFunc(q.entries, e, compareEntries)
 	q.entries = slices.Insert(q.entries, i, e)
+	if q.roundRobin {
+		q.addFlowLocked(e)
+	}
 	n := len(q.entries)
 	q.metrics.queued(n)
 	q.mu.Unlock()
@@ -341,6 +423,72 @@ func (q *QueueRouter) Submit(e *Entry, hold bool) (queued bool, err error) {
 	// queues), and the loop must arm its timer for e's expiry.
 	q.Trigger()
 	return true, nil
+}
+
+// victimLocked returns the waiting request that leaves a full queue for
+// e to wait, nil when e is refused (see Submit); q.mu is held.
+func (q *QueueRouter) victimLocked(e *Entry) *Entry {
+	// The last entry is of the lowest priority and, among those, the
+	// latest deadline.
+	last := q.entries[len(q.entries)-1]
+	if !q.roundRobin {
+		if last.priority >= e.priority {
+			return nil
+		}
+		return last
+	}
+	if last.priority > e.priority {
+		return nil
+	}
+	b := q.bands[last.priority]
+	most := 0
+	for _, f := range b.flows {
+		most = max(most, f.waiting)
+	}
+	if last.priority == e.priority {
+		if f := b.flows[e.flow]; f != nil && f.waiting >= most {
+			return nil
+		}
+	}
+	for i := len(q.entries) - 1; i >= 0 && q.entries[i].priority == last.priority; i-- {
+		if v := q.entries[i]; v.counted.waiting == most {
+			return v
+		}
+	}
+	return nil
+}
+
+// addFlowLocked counts queued e in its priority's flows; q.mu is held.
+func (q *QueueRouter) addFlowLocked(e *Entry) {
+	b := q.bands[e.priority]
+	if b == nil {
+		b = &band{flows: map[string]*flowCount{}}
+		q.bands[e.priority] = b
+	}
+	f := b.flows[e.flow]
+	if f == nil {
+		f = &flowCount{}
+		b.flows[e.flow] = f
+		q.flows++
+	}
+	f.waiting++
+	e.counted = f
+}
+
+// dropFlowLocked undoes addFlowLocked for e, leaving the queue: a flow
+// goes with its last request, a priority's band with its last flow.
+func (q *QueueRouter) dropFlowLocked(e *Entry) {
+	f := e.counted
+	e.counted = nil
+	if f.waiting--; f.waiting > 0 {
+		return
+	}
+	b := q.bands[e.priority]
+	delete(b.flows, e.flow)
+	q.flows--
+	if len(b.flows) == 0 {
+		delete(q.bands, e.priority)
+	}
 }
 
 // compareEntries orders entries by priority, highest first, then
@@ -377,8 +525,97 @@ func (q *QueueRouter) Cancel(e *Entry) bool {
 func (q *QueueRouter) removeLocked(e *Entry) {
 	if i := slices.Index(q.entries, e); i >= 0 {
 		q.entries = slices.Delete(q.entries, i, i+1)
+		if q.roundRobin {
+			q.dropFlowLocked(e)
+		}
 	}
 	e.queued = false
+}
+
+// interleaveLocked reorders pass, the waiting requests in the entries'
+// order, into the order a pass tries them with FairnessRoundRobin: within
+// each priority that has requests of several flows waiting, the flows
+// take turns, starting with the one after the flow last routed at that
+// priority in the order of the flows' ids (before any was, with the flow
+// of the priority's earliest deadline), each flow's own requests in the
+// entries' order. s is reused across calls; q.mu is held.
+func (q *QueueRouter) interleaveLocked(pass []*Entry, s *interleaving) {
+	if q.flows == len(q.bands) {
+		return // one flow per priority: the entries' order
+	}
+	for i := 0; i < len(pass); {
+		j := i + 1
+		for j < len(pass) && pass[j].priority == pass[i].priority {
+			j++
+		}
+		if b := q.bands[pass[i].priority]; b != nil && len(b.flows) > 1 {
+			s.interleave(pass[i:j], b)
+		}
+		i = j
+	}
+}
+
+// interleave reorders run, the requests of b's priority in the entries'
+// order, for the flows to take turns (see interleaveLocked).
+func (s *interleaving) interleave(run []*Entry, b *band) {
+	flows := s.flows[:0]
+	for id, f := range b.flows {
+		flows = append(flows, namedFlow{id, f})
+	}
+	slices.SortFunc(flows, func(a, b namedFlow) int { return cmp.Compare(a.id, b.id) })
+	n := len(flows)
+	byID := func(f namedFlow, id string) int { return cmp.Compare(f.id, id) }
+	// Before any request of the priority was routed, the flow of its
+	// earliest deadline goes first.
+	first, _ := slices.BinarySearchFunc(flows, run[0].flow, byID)
+	if b.served {
+		i, found := slices.BinarySearchFunc(flows, b.last, byID)
+		if found {
+			i++
+		}
+		first = i % n
+	}
+	// Each flow's turn, and its requests' place once grouped by turn:
+	// from starts[turn] to ends[turn].
+	starts, ends := slices.Grow(s.starts[:0], n)[:n], slices.Grow(s.ends[:0], n)[:n]
+	for i, f := range flows {
+		f.turn = (i - first + n) % n
+		ends[f.turn] = f.waiting
+	}
+	total := 0
+	for t, k := range ends {
+		starts[t] = total
+		total += k
+		ends[t] = total
+	}
+	// Group the requests by turn, each flow's in the entries' order.
+	grouped := slices.Grow(s.grouped[:0], len(run))[:len(run)]
+	next := slices.Grow(s.next[:0], n)[:n]
+	copy(next, starts)
+	for _, e := range run {
+		grouped[next[e.counted.turn]] = e
+		next[e.counted.turn]++
+	}
+	// One request of each flow that has any left, turn after turn.
+	active := s.active[:0]
+	for t := range n {
+		active = append(active, t)
+	}
+	out := 0
+	for round := 0; len(active) > 0; round++ {
+		keep := active[:0]
+		for _, t := range active {
+			run[out] = grouped[starts[t]+round]
+			out++
+			if starts[t]+round+1 < ends[t] {
+				keep = append(keep, t)
+			}
+		}
+		active = keep
+	}
+	clear(grouped)
+	clear(flows)
+	s.flows, s.starts, s.ends, s.next, s.active, s.grouped = flows[:0], starts, ends, next, active, grouped[:0]
 }
 
 // Trigger wakes the queue's loop (Run) for a pass, unless one is pending.
@@ -458,6 +695,9 @@ func (q *QueueRouter) Dispatch() {
 func (q *QueueRouter) pass(restartable bool) (restart bool) {
 	q.mu.Lock()
 	pass := slices.Clone(q.entries)
+	if q.roundRobin {
+		q.interleaveLocked(pass, &q.scratch)
+	}
 	q.mu.Unlock()
 	triggers := q.triggers.Load()
 	now := q.cfg.Now()
@@ -503,6 +743,11 @@ func (q *QueueRouter) pass(restartable bool) (restart bool) {
 			waits++
 			waited = true
 			continue
+		}
+		if routed && q.roundRobin {
+			if b := q.bands[e.priority]; b != nil {
+				b.last, b.served = e.flow, true
+			}
 		}
 		q.removeLocked(e)
 		n := len(q.entries)
@@ -592,6 +837,10 @@ func (q *QueueRouter) Close(reason string) {
 	}
 	left := q.entries
 	q.entries = nil
+	if q.roundRobin {
+		clear(q.bands)
+		q.flows = 0
+	}
 	var gone []*Entry
 	for _, e := range left {
 		if e.trying {

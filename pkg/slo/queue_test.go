@@ -604,20 +604,26 @@ func TestQueueRetryAfterIsWholeSecondsFromOneToMaxWait(t *testing.T) {
 }
 
 func TestQueueTellsEveryRequestOneOutcomeUnderConcurrentRoutesCancelsAndCompletions(t *testing.T) {
-	// Requests of priorities from -1 (sheddable) to 2 arrive, wait, give
-	// up (a third of them, after up to 2 ms), expire, are displaced from
-	// the full queue and are routed as completions free capacity, while
-	// passes, Trigger, Status and NextExpiry run from other goroutines:
-	// every Route returns, every request is counted once, none is routed
-	// that Route did not report routed, and the gauge ends at the queue's
-	// length.
+	// Requests of priorities from -1 (sheddable) to 2, in five flows,
+	// arrive, wait, give up (a third of them, after up to 2 ms), expire,
+	// are displaced from the full queue and are routed as completions free
+	// capacity, while passes, Trigger, Status and NextExpiry run from
+	// other goroutines: every Route returns, every request is counted
+	// once, none is routed that Route did not report routed, the gauge
+	// ends at the queue's length, and nothing is kept of the flows.
+	for _, fairness := range FairnessPolicies {
+		t.Run(fairness, func(t *testing.T) { testQueueOutcomesUnderConcurrency(t, fairness) })
+	}
+}
+
+func testQueueOutcomesUnderConcurrency(t *testing.T, fairness string) {
 	reg := prometheus.NewRegistry()
 	m, err := NewMetrics(reg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	capacity := &sync.RWMutex{}
-	q := NewQueueRouter("m", QueueConfig{MaxLength: 64, MaxWait: 300 * time.Millisecond, Capacity: capacity}, m)
+	q := NewQueueRouter("m", QueueConfig{MaxLength: 64, MaxWait: 300 * time.Millisecond, Capacity: capacity, Fairness: fairness}, m)
 	ctx, stop := context.WithCancel(context.Background())
 	ran := make(chan error, 1)
 	go func() { ran <- q.Run(ctx) }()
@@ -663,6 +669,7 @@ func TestQueueTellsEveryRequestOneOutcomeUnderConcurrentRoutesCancelsAndCompleti
 			defer cancel()
 			rc := types.NewRoutingContext(id, "m")
 			rc.Priority = rand.IntN(4) - 1
+			rc.FairnessID = fmt.Sprint("flow-", rand.IntN(5))
 			e := &Entry{Request: rc, Deadline: rc.ReceivedAt.Add(time.Duration(rand.IntN(1000)) * time.Millisecond),
 				Try: f.try(id), Done: func(error) {
 					toldMu.Lock()
@@ -718,6 +725,7 @@ func TestQueueTellsEveryRequestOneOutcomeUnderConcurrentRoutesCancelsAndCompleti
 	if q.Len() != 0 {
 		t.Errorf("%d left in the queue", q.Len())
 	}
+	assertNoFlowsKept(t, q)
 	if g := testsupport.MetricValue(t, reg, "kvgate_slo_queue_length", map[string]string{"model": "m"}); g != 0 {
 		t.Errorf("kvgate_slo_queue_length %v, want 0", g)
 	}

@@ -51,7 +51,8 @@ func NewRouters(provider ModelRouterProvider, metrics *Metrics) *Routers {
 func NewProvider(cfg Config, metrics *Metrics) ModelRouterProvider {
 	cfg = cfg.withDefaults()
 	return func(model string) (*QueueRouter, error) {
-		return NewQueueRouter(model, QueueConfig{MaxLength: cfg.MaxQueueLength, MaxWait: cfg.MaxWait, Capacity: cfg.Capacity}, metrics), nil
+		return NewQueueRouter(model, QueueConfig{MaxLength: cfg.MaxQueueLength, MaxWait: cfg.MaxWait, Capacity: cfg.Capacity,
+			Fairness: cfg.Fairness}, metrics), nil
 	}
 }
 
