@@ -1,6 +1,7 @@
 package slo
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -86,6 +87,20 @@ func TestQueueRoundRobinTakesTurnsAmongTheFlowsOfOnePriority(t *testing.T) {
 			f := &fleet{slack: time.Minute}
 			q, _ := newTestQueue(t, c, QueueConfig{Fairness: fairness})
 			queueFlows(t, q, f, c, arrivals)
+			// The debug API lists them in the order the next pass tries
+			// them, each with its flow.
+			st := q.Status()
+			var shown []string
+			for _, w := range st.Waiting {
+				shown = append(shown, w.RequestID)
+				if w.FairnessID != w.RequestID[:1] {
+					t.Errorf("/debug/slo shows %s in flow %q, want %q", w.RequestID, w.FairnessID, w.RequestID[:1])
+				}
+			}
+			if got := fmt.Sprint(shown); got != want || st.Flows != 2 || st.Fairness != cmp.Or(fairness, FairnessDeadline) {
+				t.Errorf("Status lists %s waiting in %d flows under %q, want %s in 2 under %q", got, st.Flows, st.Fairness,
+					want, cmp.Or(fairness, FairnessDeadline))
+			}
 			if got := routeOneAtATime(t, q, f); got != want {
 				t.Fatalf("routed %s, want %s", got, want)
 			}

@@ -929,12 +929,17 @@ func (q *QueueRouter) retryAfter(d time.Duration) time.Duration {
 
 // Status describes a queue for the debug API.
 type Status struct {
-	Model   string          `json:"model"`
-	Closed  string          `json:"closed,omitempty"`
-	Length  int             `json:"length"`
-	MaxLen  int             `json:"maxLength"`
-	MaxWait float64         `json:"maxWaitSeconds"`
-	LastTry *time.Time      `json:"lastPass,omitempty"`
+	Model   string     `json:"model"`
+	Closed  string     `json:"closed,omitempty"`
+	Length  int        `json:"length"`
+	MaxLen  int        `json:"maxLength"`
+	MaxWait float64    `json:"maxWaitSeconds"`
+	LastTry *time.Time `json:"lastPass,omitempty"`
+	// Fairness is the queue's fairness policy (QueueConfig.Fairness).
+	Fairness string `json:"fairness"`
+	// Flows counts the flows waiting: the distinct pairs of priority and
+	// fairness id of the waiting requests.
+	Flows   int             `json:"flows"`
 	Waiting []WaitingStatus `json:"waiting"`
 }
 
@@ -947,31 +952,54 @@ type WaitingStatus struct {
 	// ClientRequestID is the client's X-Request-Id as logs show it
 	// (types.RoutingContext.LoggedClientRequestID), left out when it sent
 	// none.
-	ClientRequestID string  `json:"clientRequestID,omitempty"`
-	PromptTokens    int     `json:"promptTokens"`
-	WaitedSeconds   float64 `json:"waitedSeconds"`
-	DeadlineIn      float64 `json:"deadlineInSeconds"`
-	LeavesIn        float64 `json:"leavesInSeconds"`
-	SLO             string  `json:"slo"`
-	Tries           int     `json:"tries"`
-	DrainEstimateS  float64 `json:"drainEstimateSeconds"`
+	ClientRequestID string `json:"clientRequestID,omitempty"`
+	// FairnessID is the flow the request belongs to among those of its
+	// priority (types.RoutingContext's FairnessID), left out for the
+	// default flow.
+	FairnessID     string  `json:"fairnessID,omitempty"`
+	PromptTokens   int     `json:"promptTokens"`
+	WaitedSeconds  float64 `json:"waitedSeconds"`
+	DeadlineIn     float64 `json:"deadlineInSeconds"`
+	LeavesIn       float64 `json:"leavesInSeconds"`
+	SLO            string  `json:"slo"`
+	Tries          int     `json:"tries"`
+	DrainEstimateS float64 `json:"drainEstimateSeconds"`
 }
 
 // Status returns the queue's state, its waiting requests in the order
-// passes try them: highest priority first, then earliest deadline.
+// the next pass tries them: highest priority first, then earliest
+// deadline, or with FairnessRoundRobin each priority's flows taking
+// turns.
 func (q *QueueRouter) Status() Status {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	now := q.cfg.Now()
 	s := Status{Model: q.model, Closed: q.closed, Length: len(q.entries), MaxLen: q.cfg.MaxLength,
-		MaxWait: q.cfg.MaxWait.Seconds(), Waiting: []WaitingStatus{}}
+		MaxWait: q.cfg.MaxWait.Seconds(), Fairness: q.cfg.Fairness, Waiting: []WaitingStatus{}}
 	if !q.lastTry.IsZero() {
 		t := q.lastTry
 		s.LastTry = &t
 	}
-	for _, e := range q.entries {
+	waiting := q.entries
+	if q.roundRobin {
+		waiting = slices.Clone(waiting)
+		q.interleaveLocked(waiting, &interleaving{})
+		s.Flows = q.flows
+	} else {
+		type flow struct {
+			priority int
+			id       string
+		}
+		flows := map[flow]bool{}
+		for _, e := range waiting {
+			flows[flow{e.priority, e.flow}] = true
+		}
+		s.Flows = len(flows)
+	}
+	for _, e := range waiting {
 		s.Waiting = append(s.Waiting, WaitingStatus{
-			RequestID: e.Request.RequestID, Priority: e.priority, ClientRequestID: e.Request.LoggedClientRequestID(), PromptTokens: e.Request.InputTokens(),
+			RequestID: e.Request.RequestID, Priority: e.priority, ClientRequestID: e.Request.LoggedClientRequestID(),
+			FairnessID: e.flow, PromptTokens: e.Request.InputTokens(),
 			WaitedSeconds: now.Sub(e.enqueued).Seconds(), DeadlineIn: e.Deadline.Sub(now).Seconds(),
 			LeavesIn: e.latest.Sub(now).Seconds(), SLO: e.Request.SLO.String(), Tries: e.tries,
 			DrainEstimateS: e.drain.Seconds(),
