@@ -37,7 +37,12 @@
 //     and the request's priority from the InferenceObjective its
 //     X-Gateway-Inference-Objective header names (Config.Objectives, or the
 //     inferencepool discovery's; 0 for none, an unknown one, a name that
-//     is no Kubernetes object name, or when the gateway reads none). A
+//     is no Kubernetes object name, or when the gateway reads none), and
+//     its flow among the requests of its priority from its
+//     X-Gateway-Inference-Fairness-Id header (HeaderFairnessID: the
+//     default flow for none, or for a value over 128 bytes or holding a
+//     byte that is not printable ASCII, counted), which the SLO queues'
+//     round-robin fairness has take turns (see package slo). A
 //     request of a negative priority (sheddable) is refused with 429, code
 //     pool_saturated and a Retry-After of 1, when no candidate pod has
 //     capacity (see SaturationConfig: fresh metrics, a short enough
