@@ -236,10 +236,10 @@ type interleaving struct {
 // algorithm: a request no pod can take within its SLO waits in the queue,
 // highest priority first (types.RoutingContext's Priority), then earliest
 // deadline (with FairnessRoundRobin, each priority's flows taking turns:
-// see the package doc), and is routed by a later pass as soon as a pod can (Dispatch:
-// on a first token, a completion, a scrape, an arrival), or leaves it when
-// it can no longer meet its SLO, after MaxWait, or when its caller gives
-// up. A request that does not wait (Route without hold:
+// see the package doc), and is routed by a later pass as soon as a pod
+// can (Dispatch: on a first token, a completion, a scrape, an arrival),
+// or leaves it when it can no longer meet its SLO, after MaxWait, or when
+// its caller gives up. A request that does not wait (Route without hold:
 // slo-least-load) is tried at once even while others wait, and may take
 // capacity freed for them before their pass (see the package doc). Its
 // methods are safe for concurrent use.
