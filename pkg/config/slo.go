@@ -69,7 +69,7 @@ var (
 			"requests earliest deadline first, so that a flow flooding the queue cannot starve the others. With " +
 			"round-robin, a request arriving at a full queue takes the place of the latest deadline of the flow with " +
 			"the most requests waiting at the lowest priority (answered 429 slo_displaced) when its own priority is " +
-			"higher, or equal and its own flow has fewer requests of it waiting; otherwise it is refused (429 " +
+			"higher, or equal and its own flow has at least two fewer requests of it waiting; otherwise it is refused (429 " +
 			"slo_queue_full). Either way, higher priorities are sent first.",
 	}
 )

@@ -104,10 +104,11 @@
 // are those of the queue's order. A full queue then makes room from the
 // flow with the most requests waiting at the lowest priority: its request
 // of the latest deadline leaves (ReasonDisplaced) for an arrival of a
-// higher priority, or of that priority and a flow with fewer of its
-// requests waiting; an arrival of that priority whose own flow has as
-// many of them waiting as any other is refused (ReasonQueueFull), so that
-// a flooding flow gives up its own places rather than another's.
+// higher priority, or of that priority and a flow with at least two
+// fewer of its requests waiting; any other arrival of that priority is
+// refused (ReasonQueueFull), so that a flooding flow gives up its own
+// places rather than another's, and flows one request apart do not trade
+// places at the cost of a request that waited.
 //
 // A queue keeps a flow only while it has requests waiting, and, for each
 // priority with requests waiting, the flow last routed at it: nothing

@@ -193,25 +193,37 @@ func TestQueueRoundRobinMakesTheLargestFlowGiveUpItsOwnPlace(t *testing.T) {
 		{"a0", "a", 0, 10 * time.Second}, {"a1", "a", 0, 20 * time.Second}, {"a2", "a", 0, 30 * time.Second},
 		{"b0", "b", 0, 40 * time.Second},
 	}
+	// Flow a holds two, b and c one each: b is one short of a.
+	even := []flowArrival{
+		{"a0", "a", 0, 10 * time.Second}, {"a1", "a", 0, 20 * time.Second},
+		{"b0", "b", 0, 30 * time.Second}, {"c0", "c", 0, 40 * time.Second},
+	}
 	tests := []struct {
 		name, fairness string
+		full           []flowArrival // full when nil
 		arrival        flowArrival
 		wantDisplaced  string // "" when the arrival is refused
 		wantWaiting    string
 	}{
-		{"round-robin: another flow", FairnessRoundRobin, flowArrival{"c0", "c", 0, 50 * time.Second}, "a2", "[a0 b0 c0 a1]"},
-		{"round-robin: the default flow", FairnessRoundRobin, flowArrival{"d0", "", 0, 50 * time.Second}, "a2", "[a0 b0 d0 a1]"},
-		{"round-robin: a smaller flow", FairnessRoundRobin, flowArrival{"b1", "b", 0, 5 * time.Second}, "a2", "[b1 a0 b0 a1]"},
-		{"round-robin: the largest flow", FairnessRoundRobin, flowArrival{"a3", "a", 0, 1 * time.Second}, "", "[a0 b0 a1 a2]"},
-		{"round-robin: a higher priority", FairnessRoundRobin, flowArrival{"b1", "b", 1, 50 * time.Second}, "a2", "[b1 a0 b0 a1]"},
-		{"round-robin: the largest flow at a higher priority", FairnessRoundRobin, flowArrival{"a3", "a", 1, 50 * time.Second}, "a2", "[a3 a0 b0 a1]"},
-		{"deadline: another flow", FairnessDeadline, flowArrival{"c0", "c", 0, 50 * time.Second}, "", "[a0 a1 a2 b0]"},
-		{"deadline: a higher priority", FairnessDeadline, flowArrival{"a3", "a", 1, 50 * time.Second}, "b0", "[a3 a0 a1 a2]"},
+		{"round-robin: another flow", FairnessRoundRobin, nil, flowArrival{"c0", "c", 0, 50 * time.Second}, "a2", "[a0 b0 c0 a1]"},
+		{"round-robin: the default flow", FairnessRoundRobin, nil, flowArrival{"d0", "", 0, 50 * time.Second}, "a2", "[a0 b0 d0 a1]"},
+		{"round-robin: a smaller flow", FairnessRoundRobin, nil, flowArrival{"b1", "b", 0, 5 * time.Second}, "a2", "[b1 a0 b0 a1]"},
+		{"round-robin: the largest flow", FairnessRoundRobin, nil, flowArrival{"a3", "a", 0, 1 * time.Second}, "", "[a0 b0 a1 a2]"},
+		{"round-robin: a higher priority", FairnessRoundRobin, nil, flowArrival{"b1", "b", 1, 50 * time.Second}, "a2", "[b1 a0 b0 a1]"},
+		{"round-robin: the largest flow at a higher priority", FairnessRoundRobin, nil, flowArrival{"a3", "a", 1, 50 * time.Second}, "a2", "[a3 a0 b0 a1]"},
+		{"deadline: another flow", FairnessDeadline, nil, flowArrival{"c0", "c", 0, 50 * time.Second}, "", "[a0 a1 a2 b0]"},
+		{"deadline: a higher priority", FairnessDeadline, nil, flowArrival{"a3", "a", 1, 50 * time.Second}, "b0", "[a3 a0 a1 a2]"},
+		{"round-robin: a flow one short of the largest", FairnessRoundRobin, even, flowArrival{"b1", "b", 0, 5 * time.Second}, "", "[a0 b0 c0 a1]"},
+		{"round-robin: a new flow beside flows of one each", FairnessRoundRobin, even[1:], flowArrival{"d0", "d", 0, 5 * time.Second}, "", "[a1 b0 c0]"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			c := newClock()
 			f := &fleet{slack: time.Minute}
+			full := full
+			if tt.full != nil {
+				full = tt.full
+			}
 			q, reg := newTestQueue(t, c, QueueConfig{MaxLength: len(full), Fairness: tt.fairness})
 			ctx, cancel := context.WithCancel(context.Background())
 			t.Cleanup(cancel)

@@ -339,8 +339,8 @@ func (q *QueueRouter) Route(ctx context.Context, e *Entry, hold bool) error {
 // deadline, then leaves (ReasonDisplaced) for e to wait. With
 // FairnessRoundRobin, the one leaving is the latest deadline of the flow
 // with the most requests waiting at the lowest priority, and e may also
-// take its place when e is of that priority and its own flow holds fewer
-// requests of it. With hold, a
+// take its place when e is of that priority and its own flow holds at
+// least two fewer requests of it. With hold, a
 // sheddable e (a negative priority) never waits: it is refused
 // (ReasonSheddable) where it would have been queued, without a try while
 // other requests wait. Submit reports whether e was queued: its outcome
@@ -446,7 +446,14 @@ func (q *QueueRouter) victimLocked(e *Entry) *Entry {
 		most = max(most, f.waiting)
 	}
 	if last.priority == e.priority {
-		if f := b.flows[e.flow]; f != nil && f.waiting >= most {
+		// e's flow must stay smaller than the largest once e waits: a flow
+		// one request short of it would only trade places with it, at the
+		// cost of a request that waited.
+		own := 0
+		if f := b.flows[e.flow]; f != nil {
+			own = f.waiting
+		}
+		if own+1 >= most {
 			return nil
 		}
 	}
