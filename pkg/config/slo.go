@@ -74,7 +74,8 @@ var (
 	}
 )
 
-// Saturation: when the requests of a negative priority are shed.
+// Saturation: when the requests of a negative priority are shed, and, with
+// flow control, when requests wait in their model's queue.
 var (
 	SaturationQueueDepth = Var{
 		Name:    "KVGATE_SATURATION_QUEUE_DEPTH",
@@ -101,5 +102,17 @@ var (
 			"requests (see KVGATE_SATURATION_QUEUE_DEPTH); a pod whose last scrape failed has none. It must exceed " +
 			"AIBRIX_POD_METRIC_REFRESH_INTERVAL_MS: the default, four scrapes at the default interval, leaves room for " +
 			"a late scrape.",
+	}
+	FlowControl = Var{
+		Name:    "KVGATE_FLOW_CONTROL",
+		Default: "false",
+		Section: SectionSLO,
+		Doc: "Holds the completion, chat, Messages and Responses requests of every routing algorithm in their model's " +
+			"queue while no candidate pod has capacity (see KVGATE_SATURATION_QUEUE_DEPTH; the requests this gateway " +
+			"sent a pod since its latest scrape count as waiting there), highest priority first, and routes each by its " +
+			"algorithm among the pods with capacity once one has it, instead of sending it to an engine's queue. The " +
+			"queue is the SLO-aware algorithms' (KVGATE_SLO_QUEUE_MAX_LENGTH, KVGATE_SLO_QUEUE_MAX_WAIT); those " +
+			"algorithms queue as before. Sheddable requests are still refused with 429 pool_saturated rather than queued, " +
+			"and a request needing a stored response pinned to one pod is not queued.",
 	}
 )

@@ -637,6 +637,7 @@ var Vars = []Var{
 	SaturationQueueDepth,
 	SaturationKVCacheUtilization,
 	SaturationMetricsStaleness,
+	FlowControl,
 	PodMetricRefreshInterval,
 	RedisAddress,
 	RedisHost,

@@ -203,6 +203,10 @@ type Config struct {
 	// Saturation says when a model's pods are saturated, and its sheddable
 	// requests refused; DefaultSaturation when zero.
 	Saturation SaturationConfig
+	// FlowControl holds the generating requests of the algorithms that
+	// are not SLO-aware in their model's queue while its pods are
+	// saturated (KVGATE_FLOW_CONTROL; see flowControls).
+	FlowControl bool
 	// RequestTTL is how long a request may stay in flight without an end
 	// before the request ledger reaps it (KVGATE_REQUEST_TTL_SECONDS,
 	// DefaultRequestTTL when 0). It must exceed LongestRequest, so that
@@ -293,6 +297,7 @@ func LoadConfig(e *config.Env) Config {
 	}
 	cfg.Cache = loadCache(e)
 	cfg.Saturation = loadSaturation(e, cfg.Cache.PodMetricRefreshInterval)
+	cfg.FlowControl = e.Bool(config.FlowControl)
 	cfg.Cache.EngineAPIKey = e.String(config.EngineAPIKey)
 	cfg.Tokenizer.APIKey = cfg.Cache.EngineAPIKey
 	if err := apikey.Check(cfg.Cache.EngineAPIKey); err != nil {
