@@ -334,6 +334,42 @@ func TestQueueCountsTheScrapedWaitingRequestsThatEndedSince(t *testing.T) {
 	}
 }
 
+func TestPrefillsSinceCountsTheQueuedPrefillsOpenedSinceAScrape(t *testing.T) {
+	// Prefills open at 0, 10, 20 and 30 ms; the engine is scraped at 15 ms.
+	clock := newManualClock()
+	l, _ := newTestLedger(t, clock)
+	pod := NewPodLoad("ns/a")
+	t0 := clock.Now()
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	var hs []*Handle
+	for _, ms := range []int{0, 10, 20, 30} {
+		clock.Advance(at(ms).Sub(clock.Now()))
+		hs = append(hs, send(l, pod, 100, 0.001))
+	}
+	if n := pod.PrefillsSince(at(15)); n != 2 {
+		t.Fatalf("after the scrape: %d, want the 2 opened since", n)
+	}
+	if n := pod.PrefillsSince(at(20)); n != 2 {
+		t.Fatalf("since the instant one opened: %d, want it counted", n)
+	}
+	if n := pod.PrefillsSince(time.Time{}); n != 4 {
+		t.Fatalf("since ever: %d, want every queued prefill", n)
+	}
+	// The third's first token ends its prefill and the two before it;
+	// the fourth's is still queued.
+	hs[2].FirstToken()
+	if n := pod.PrefillsSince(at(15)); n != 1 {
+		t.Fatalf("after a first token: %d, want the one still queued", n)
+	}
+	hs[3].Close(Done, "")
+	if n := pod.PrefillsSince(at(15)); n != 0 {
+		t.Fatalf("once every prefill left the queue: %d, want 0", n)
+	}
+	if n := NewPodLoad("ns/b").PrefillsSince(at(15)); n != 0 {
+		t.Fatalf("another pod: %d, want 0", n)
+	}
+}
+
 func TestPrefilledLogKeepsTheLatestEnds(t *testing.T) {
 	var l prefilledLog
 	t0 := time.Unix(0, 0)

@@ -214,6 +214,22 @@ func (p *PodLoad) Queue(now, scrapedAt time.Time, waiting float64) Queue {
 	return q
 }
 
+// PrefillsSince returns how many of this gateway's attempts on the pod
+// opened at or after t still have their prefill queued (no first token
+// yet): a scrape of the engine that began at t could not count them among
+// its waiting requests. It counts from the newest queued prefill back, in
+// the order the attempts opened, so it costs no more than the prefills it
+// counts.
+func (p *PodLoad) PrefillsSince(t time.Time) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for e := p.tail; e != nil && !e.opened.Before(t); e = e.prev {
+		n++
+	}
+	return n
+}
+
 // open counts h on the pod and queues its prefill behind the others.
 func (p *PodLoad) open(l *Ledger, h *Handle, now time.Time) {
 	p.running.Add(1)
