@@ -177,9 +177,11 @@ type Pick struct {
 // candidate (503), or the request is sheddable and the candidates
 // saturated (429 and a RetryAfter, see SaturationConfig). A completion or
 // chat request naming an SLO-aware
-// algorithm waits in its model's queue as through the proxy, for as long as
-// ctx lasts: it fails with 429 and a RetryAfter when the queue refuses it or
-// it can no longer meet its objective, and with 499 when ctx ends first.
+// algorithm, or any algorithm under flow control (Config.FlowControl), waits
+// in its model's queue as through the proxy, for as long as ctx lasts: it
+// fails with 429 and a RetryAfter when the queue refuses it, it can no
+// longer meet its objective or the pods stay saturated past the longest
+// wait, and with 499 when ctx ends first.
 func (p *Picker) Pick(ctx context.Context, in PickRequest) (*Pick, *Error) {
 	g := p.g
 	b := g.ready()
@@ -230,7 +232,7 @@ func (p *Picker) Pick(ctx context.Context, in PickRequest) (*Pick, *Error) {
 	}
 	k.rc, k.req = g.begin(ctx, &k.a, k.x, start, in.ClientRequestID)
 	k.x.ownRank = in.NamesRank
-	if queuesForSLO(kd, k.a.algorithm) && !k.a.pinned {
+	if g.queued(kd, &k.a) {
 		h, err := g.queueSLO(ctx, &k.a, k.rc, k.req, k.x, in.Waiting)
 		if h == nil {
 			k.End()
@@ -317,7 +319,7 @@ func (k *Pick) restrict(subset []string) *Error {
 		return &Error{Status: http.StatusServiceUnavailable, Type: typeServiceUnavailable, Code: codeNoReadyPod,
 			Message: fmt.Sprintf("none of the %d endpoints the proxy allows serves the model `%s` and is ready", len(subset), k.a.model)}
 	}
-	k.a.pods = kept
+	k.a.pods, k.a.subset = kept, subset
 	return nil
 }
 

@@ -219,6 +219,9 @@ type admitted struct {
 	priority int
 	// fairness is the request's flow (see Gateway.fairnessID).
 	fairness string
+	// subset is the addresses a front end allows the request to go to,
+	// nil for any (see Pick.restrict).
+	subset []string
 }
 
 // proxy serves one inference request: admit, record in the request
@@ -235,7 +238,7 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, k kind, x *excha
 	defer req.End()
 	c.lap(phaseTokenize)
 	var first *inflight.Handle
-	if queuesForSLO(k, a.algorithm) && !a.pinned {
+	if g.queued(k, &a) {
 		// The time waiting in the model's queue counts as routing.
 		var ok bool
 		if first, ok = g.routeSLO(w, r, &a, rc, req, x, c); !ok {

@@ -75,8 +75,8 @@ func (m modelDepartures) OnPodDelete(*v1.Pod) {
 	g.predictors.Prune()
 }
 
-// routeSLO routes a request that names an SLO-aware algorithm through its
-// model's queue (see queueSLO). It returns the attempt opened on the chosen
+// routeSLO routes a request that waits in its model's queue (see queued)
+// through it (see queueSLO). It returns the attempt opened on the chosen
 // pod, or answers the client and returns false.
 func (g *Gateway) routeSLO(w http.ResponseWriter, r *http.Request, a *admitted, rc *types.RoutingContext,
 	req *inflight.Request, x *exchange, c *call) (*inflight.Handle, bool) {
@@ -99,9 +99,12 @@ var sloCodes = map[string]string{
 	slo.ReasonDisplaced: codeSLODisplaced, slo.ReasonSheddable: codeSLOSheddable,
 }
 
-// queueSLO routes a request that names an SLO-aware algorithm through its
-// model's queue: at once when a pod is predicted to meet its objective,
-// else, with a pulling algorithm, once one is, for as long as ctx lasts.
+// queueSLO routes a request through its model's queue: one that names an
+// SLO-aware algorithm at once when a pod is predicted to meet its
+// objective, else, with a pulling algorithm, once one is; one of another
+// algorithm, under flow control (see queued), at once when a pod has
+// capacity, else once one has (see flowTry, flowError); either for as long
+// as ctx lasts.
 // It returns the attempt opened on the chosen pod, or the error to answer
 // the client with: 429 with a RetryAfter when the queue refused the request,
 // it could no longer meet its objective or a request of a higher priority
@@ -118,24 +121,13 @@ func (g *Gateway) queueSLO(ctx context.Context, a *admitted, rc *types.RoutingCo
 	}
 	var h *inflight.Handle
 	e := &slo.Entry{Request: rc, Deadline: slo.DeadlineOf(rc, g.cfg.SLO.MaxWait), Waiting: waiting}
-	e.Try = func() error {
-		pods, err := a.b.store.ListPodsByModel(rc.Model)
-		if err != nil {
-			return err
-		}
-		x.snaps = a.b.store.Snapshots(pods, x.snaps[:0])
-		if a.pods = withoutEjected(pods, x.snaps); len(a.pods) < len(pods) {
-			x.snaps = a.b.store.Snapshots(a.pods, x.snaps[:0])
-		}
-		if err := a.b.router.Route(ctx, rc, x.snaps, &x.d); err != nil {
-			return err
-		}
-		route := x.d.Route()
-		route.PendingLoad = g.requestLoad(rc, x.d.Endpoint)
-		h = g.openAttempt(x, req, route)
-		return nil
+	flow, hold := !routing.IsSLOAware(a.algorithm), routing.HoldsRequests(a.algorithm)
+	if flow {
+		e.Try, hold = g.flowTry(ctx, a, rc, req, x, &h), true
+	} else {
+		e.Try = g.sloTry(ctx, a, rc, req, x, &h)
 	}
-	err = q.Route(ctx, e, routing.HoldsRequests(a.algorithm))
+	err = q.Route(ctx, e, hold)
 	switch {
 	case err == nil && ctx.Err() != nil:
 		h.Close(inflight.Cancelled, "client went away")
@@ -156,8 +148,40 @@ func (g *Gateway) queueSLO(ctx context.Context, a *admitted, rc *types.RoutingCo
 	case slo.ReasonStopped:
 		return nil, &Error{Status: http.StatusServiceUnavailable, Type: typeServiceUnavailable, Code: codeShuttingDown, Message: qe.Error()}
 	}
-	return nil, &Error{Status: http.StatusTooManyRequests, Type: typeRateLimit, Code: sloCodes[qe.Reason],
-		Message: qe.Error() + " (objective " + rc.SLO.String() + ")", RetryAfter: qe.RetryAfter}
+	msg := qe.Error() + " (objective " + rc.SLO.String() + ")"
+	if flow {
+		if fe := g.flowError(a, qe); fe != nil {
+			return nil, fe
+		}
+		msg = qe.Error()
+	}
+	return nil, &Error{Status: http.StatusTooManyRequests, Type: typeRateLimit, Code: sloCodes[qe.Reason], Message: msg,
+		RetryAfter: qe.RetryAfter}
+}
+
+// sloTry returns the Try of a request naming an SLO-aware algorithm: it
+// routes the request among its model's pods, not ejected unless all are,
+// by its algorithm, which fails while no pod is predicted to meet its
+// objective, setting *h to the attempt opened.
+func (g *Gateway) sloTry(ctx context.Context, a *admitted, rc *types.RoutingContext, req *inflight.Request, x *exchange,
+	h **inflight.Handle) func() error {
+	return func() error {
+		pods, err := a.b.store.ListPodsByModel(rc.Model)
+		if err != nil {
+			return err
+		}
+		x.snaps = a.b.store.Snapshots(pods, x.snaps[:0])
+		if a.pods = withoutEjected(pods, x.snaps); len(a.pods) < len(pods) {
+			x.snaps = a.b.store.Snapshots(a.pods, x.snaps[:0])
+		}
+		if err := a.b.router.Route(ctx, rc, x.snaps, &x.d); err != nil {
+			return err
+		}
+		route := x.d.Route()
+		route.PendingLoad = g.requestLoad(rc, x.d.Endpoint)
+		*h = g.openAttempt(x, req, route)
+		return nil
+	}
 }
 
 // deployments returns the deployments of pods, each once.

@@ -1,0 +1,187 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"net/http"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/internal/testsupport"
+	"github.com/kvgate/kvgate/pkg/config"
+	"github.com/kvgate/kvgate/pkg/routing"
+	"github.com/kvgate/kvgate/pkg/slo"
+	"github.com/kvgate/kvgate/pkg/types"
+)
+
+// flowEnv is the environment of a gateway with flow control on (flow) or
+// off in front of saturation engines, routing by kv-aware.
+func flowEnv(flow bool) map[string]string {
+	env := maps.Clone(saturationEnv)
+	env[config.FlowControl.Name] = fmt.Sprint(flow)
+	env[config.RoutingAlgorithm.Name] = routing.KVAware
+	return env
+}
+
+// flowWaiting returns the client request ids of the requests waiting in
+// the queue of llama, in queue order, as GET /debug/slo shows them, and
+// false when it shows no queue for llama.
+func flowWaiting(t *testing.T, f *testFleet) ([]string, bool) {
+	t.Helper()
+	var v sloView
+	status, body := get(t, f.url+"/debug/slo")
+	if status != http.StatusOK || json.Unmarshal([]byte(body), &v) != nil {
+		t.Fatalf("GET /debug/slo: %d %s", status, body)
+	}
+	for _, m := range v.Models {
+		if m.Model == "llama" && m.Queue != nil {
+			ids := []string{}
+			for _, w := range m.Queue.Waiting {
+				ids = append(ids, w.ClientRequestID)
+			}
+			return ids, true
+		}
+	}
+	return nil, false
+}
+
+// waitFlowWaiting waits until GET /debug/slo shows want waiting in the
+// queue of llama, in that order.
+func waitFlowWaiting(t *testing.T, f *testFleet, want ...string) {
+	t.Helper()
+	testsupport.EventuallyWhy(t, fmt.Sprintf("%v to wait in llama's queue", want), func() (string, bool) {
+		got, _ := flowWaiting(t, f)
+		return fmt.Sprint(got), slices.Equal(got, want)
+	})
+}
+
+func TestFlowControlHoldsRequestsWhileEveryEngineIsSaturated(t *testing.T) {
+	// Three gateways in front of the same two engines, both saturated:
+	// one with flow control off, one with it on, one with it on and a
+	// queue that holds a request one second at most.
+	engines := startSaturationEngines(t, 2)
+	off := serveSimsWith(t, engines.pods, flowEnv(false), func(c *Config) { c.Objectives = testObjectives })
+	on := serveSimsWith(t, engines.pods, flowEnv(true), func(c *Config) { c.Objectives = testObjectives })
+	brief := serveSimsWith(t, engines.pods, flowEnv(true), func(c *Config) { c.SLO.MaxWait = time.Second })
+	var order openedOrder
+	on.gw.ledger.Observe(order.observer())
+
+	// With capacity, flow control sends a request on at once.
+	for _, f := range []*testFleet{off, on, brief} {
+		waitKV(t, f, map[int]bool{0: false, 1: false})
+	}
+	if r := <-sendObjective(context.Background(), on.url, 0, "first", "", `,"max_tokens":2`); r.err != nil || r.status != http.StatusOK {
+		t.Fatalf("a request with capacity under flow control: %+v, want 200", r)
+	}
+	if got, _ := flowWaiting(t, on); len(got) != 0 {
+		t.Fatalf("%v wait with capacity", got)
+	}
+
+	releases := []func(){engines.hold(t, 0), engines.hold(t, 1)}
+	for _, f := range []*testFleet{off, on, brief} {
+		waitKV(t, f, map[int]bool{0: true, 1: true})
+	}
+
+	// Without flow control, the request goes on to an engine at once.
+	if r := <-sendObjective(context.Background(), off.url, 1, "off", "", `,"max_tokens":2`); r.err != nil || r.status != http.StatusOK {
+		t.Fatalf("a request while saturated without flow control: %+v, want 200", r)
+	}
+	if got, queued := flowWaiting(t, off); queued {
+		t.Errorf("without flow control, llama has a queue, with %v waiting", got)
+	}
+
+	// A request that waits longer than the queue holds one is answered
+	// 429 pool_saturated with a Retry-After, after a second's wait.
+	sent := time.Now()
+	r := <-sendObjective(context.Background(), brief.url, 2, "expires", "", `,"max_tokens":2`)
+	if r.status != http.StatusTooManyRequests || r.code != codePoolSaturated || r.retryAfter != "1" {
+		t.Errorf("a request waiting past the longest wait: %+v, want 429 %s with Retry-After 1", r, codePoolSaturated)
+	}
+	if waited := time.Since(sent); waited < time.Second {
+		t.Errorf("the request was refused after %v, before the longest wait (1s)", waited)
+	}
+	if n := brief.metric(`kvgate_slo_requests_total{model="llama",outcome="expired"}`); n != 1 {
+		t.Errorf(`kvgate_slo_requests_total{outcome="expired"} = %v, want 1`, n)
+	}
+
+	// With flow control, requests wait in the gateway: /debug/slo and the
+	// queue-length metric show them.
+	answers := map[string]chan sloAnswer{}
+	answers["plain-0"] = sendObjective(context.Background(), on.url, 3, "plain-0", "", `,"max_tokens":4`)
+	waitFlowWaiting(t, on, "plain-0")
+	if n := on.metric(`kvgate_slo_queue_length{model="llama"}`); n != 1 {
+		t.Errorf(`kvgate_slo_queue_length{model="llama"} = %v, want 1`, n)
+	}
+
+	// A waiting request whose client goes away leaves the queue.
+	ctx, cancel := context.WithCancel(context.Background())
+	gone := sendObjective(ctx, on.url, 4, "gone", "", `,"max_tokens":4`)
+	waitFlowWaiting(t, on, "plain-0", "gone")
+	cancel()
+	if r := <-gone; !errors.Is(r.err, context.Canceled) {
+		t.Fatalf("the request whose client went away ended with %+v", r)
+	}
+	waitFlowWaiting(t, on, "plain-0")
+
+	// A request of a higher priority waits ahead of the earlier one, and
+	// so does one picked by a front end such as ext_proc, behind it.
+	answers["interactive-0"] = sendObjective(context.Background(), on.url, 5, "interactive-0", "interactive", `,"max_tokens":4`)
+	waitFlowWaiting(t, on, "interactive-0", "plain-0")
+	picked := pickAsync(context.Background(), on.gw.Picker(), PickRequest{Path: PathCompletions, ClientRequestID: "picked-0",
+		Body: []byte(completion(simPrompt(6, 20), `,"max_tokens":4`))})
+	waitFlowWaiting(t, on, "interactive-0", "plain-0", "picked-0")
+	clients := waitingClients(mustQueue(t, on))
+
+	// A sheddable request is refused as without flow control.
+	if r := <-sendObjective(context.Background(), on.url, 7, "batch-0", "batch", `,"max_tokens":4`); r.status != http.StatusTooManyRequests ||
+		r.code != codePoolSaturated || r.retryAfter == "" {
+		t.Errorf("a sheddable request while saturated: %+v, want 429 %s with a Retry-After", r, codePoolSaturated)
+	}
+
+	// Once an engine frees, the waiting requests go to it, the higher
+	// priority first.
+	releases[0]()
+	for id, a := range answers {
+		if r := <-a; r.err != nil || r.status != http.StatusOK {
+			t.Errorf("%s: %+v, want 200", id, r)
+		}
+	}
+	p := <-picked
+	if p.err != nil || p.k.Endpoint() == nil {
+		t.Fatalf("the picked request ended with %+v, want a pod", p)
+	}
+	if name := p.k.Endpoint().Key.Name; name != "sat-0" {
+		t.Errorf("the picked request went to %s, want the engine that freed, sat-0", name)
+	}
+	p.k.End()
+	want := []string{"interactive-0", "plain-0", "picked-0"}
+	if sent := sentClients(&order, clients); !slices.Equal(sent, want) {
+		t.Errorf("the waiting requests were sent in the order %v, want %v", sent, want)
+	}
+	if got, _ := flowWaiting(t, on); len(got) != 0 {
+		t.Errorf("%v still wait", got)
+	}
+	for outcome, want := range map[string]float64{"admitted": 4, "cancelled": 1, "shed": 0, "expired": 0} {
+		if n := on.metric(fmt.Sprintf(`kvgate_slo_requests_total{model="llama",outcome=%q}`, outcome)); n != want {
+			t.Errorf("kvgate_slo_requests_total{outcome=%q} = %v, want %v", outcome, n, want)
+		}
+	}
+	if n := on.metric(`kvgate_gateway_shed_requests_total{model="llama"}`); n != 1 {
+		t.Errorf("kvgate_gateway_shed_requests_total = %v, want 1", n)
+	}
+	releases[1]()
+}
+
+// mustQueue returns the queue of llama.
+func mustQueue(t *testing.T, f *testFleet) *slo.QueueRouter {
+	t.Helper()
+	q, err := f.gw.queues.GetRouter(&types.RoutingContext{Model: "llama"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return q
+}
