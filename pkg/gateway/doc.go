@@ -78,7 +78,25 @@
 //     slo_no_capacity, slo_sheddable, slo_expired or slo_displaced; a client that goes
 //     away leaves the queue at once; a request waiting when its model
 //     leaves the fleet, or when the gateway shuts down, is answered 503.
-//     The attempt counts
+//     With flow control (Config.FlowControl, KVGATE_FLOW_CONTROL), a
+//     completion, chat, Messages or Responses request of any other
+//     algorithm goes through the same queue, as the Gateway API Inference
+//     Extension's flow control holds requests: at once to a pod while one
+//     has capacity, by SaturationConfig's rule with the attempts this
+//     gateway opened on the pod since its latest scrape, still awaiting
+//     their first token, counted among its engine's waiting requests (so
+//     that a burst between two scrapes does not overshoot); else it waits,
+//     by priority then arrival (its deadline: its arrival plus the queue's
+//     longest wait, unless its model has an objective), until a pass finds
+//     a pod with capacity, and is then routed by its own algorithm among
+//     the pods that have it. A request that waits the longest allowed
+//     (KVGATE_SLO_QUEUE_MAX_WAIT) is answered 429 pool_saturated with a
+//     Retry-After; a full queue, a place taken by a higher priority and a
+//     client going away are as above; a sheddable request is refused with
+//     429 pool_saturated rather than queued, and one that must go to the
+//     engine holding the stored response it needs is not queued. Its
+//     queue shows in the kvgate_slo_* metrics and GET /debug/slo as the
+//     SLO-aware algorithms' do. The attempt counts
 //     as running on the pod and its prefill as queued there, until the
 //     first generated token for the prefill, and until the attempt is
 //     closed (done, failed, or cancelled when the client goes away) for

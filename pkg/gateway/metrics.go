@@ -175,7 +175,8 @@ func newMetrics(reg prometheus.Registerer, bodies *budget.Budget) (*metrics, err
 			Help: "Requests of a negative priority (their InferenceObjective's) refused with 429 pool_saturated because no " +
 				"candidate pod of their model had capacity (see KVGATE_SATURATION_QUEUE_DEPTH, " +
 				"the KV cache's KVGATE_SATURATION_KV_CACHE_UTILIZATION and the metrics' age, " +
-				"at most KVGATE_SATURATION_METRICS_STALENESS_MS), by model.",
+				"at most KVGATE_SATURATION_METRICS_STALENESS_MS) or, under flow control (KVGATE_FLOW_CONTROL), because " +
+				"requests of their model waited for capacity, by model.",
 		}, []string{"model"}),
 		phaseVec: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "kvgate_gateway_request_phase_seconds",

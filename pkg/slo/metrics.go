@@ -55,12 +55,13 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	const ns, sub = "kvgate", "slo"
 	m := &Metrics{
 		length: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "queue_length",
-			Help: "Requests waiting in their model's queue for a pod that can serve them within their SLO."}, []string{"model"}),
+			Help: "Requests waiting in their model's queue for a pod that can serve them within their SLO, or, " +
+				"under flow control (KVGATE_FLOW_CONTROL), for a pod with capacity."}, []string{"model"}),
 		wait: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub, Name: "queue_wait_seconds",
 			Help:    "Time requests waited in their model's queue, observed as they leave it, whatever the outcome.",
 			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120}}, []string{"model"}),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "requests_total",
-			Help: "Requests routed with an SLO-aware algorithm, by outcome: admitted (sent to a pod, at once or after waiting), " +
+			Help: "Requests routed through their model's queue (an SLO-aware algorithm's, or any under flow control), by outcome: admitted (sent to a pod, at once or after waiting), " +
 				"rejected (refused on arrival: queue full, SLO unmeetable, or no capacity for slo-least-load), " +
 				"expired (left the queue when it could no longer meet its SLO or waited the longest allowed), " +
 				"cancelled (the client went away while it waited), dropped (the model left the fleet, or no pod was left " +
@@ -69,7 +70,8 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 				"rather than queued)."},
 			[]string{"model", "outcome"}),
 		queued: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "queued_total",
-			Help: "Requests that waited in their model's queue because no pod could serve them within their SLO on arrival."},
+			Help: "Requests that waited in their model's queue because no pod could serve them within their SLO, or, under " +
+				"flow control, had capacity, on arrival."},
 			[]string{"model"}),
 	}
 	if err := promreg.Register(reg, "SLO queues", m.length, m.wait, m.requests, m.queued); err != nil {
