@@ -12,8 +12,10 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/internal/testsupport"
+	"github.com/kvgate/kvgate/pkg/cache"
 	"github.com/kvgate/kvgate/pkg/config"
 	"github.com/kvgate/kvgate/pkg/routing"
+	"github.com/kvgate/kvgate/pkg/sim"
 	"github.com/kvgate/kvgate/pkg/slo"
 	"github.com/kvgate/kvgate/pkg/types"
 )
@@ -184,4 +186,53 @@ func mustQueue(t *testing.T, f *testFleet) *slo.QueueRouter {
 		t.Fatal(err)
 	}
 	return q
+}
+
+func TestFlowControlCountsTheRequestsSentSinceTheLatestScrape(t *testing.T) {
+	// One engine, scraped once at start and not again for the test's
+	// length, with nothing waiting: the scrape alone says it has capacity.
+	// With a queue depth of 0, the request this gateway sent it since then,
+	// still before its first token, takes that capacity: the next request
+	// waits until it ends, and a sheddable one, which would have to wait,
+	// is refused with 429 pool_saturated.
+	env := flowEnv(true)
+	env[config.SaturationQueueDepth.Name] = "0"
+	env[config.PodMetricRefreshInterval.Name] = "60000"
+	env[config.SaturationMetricsStaleness.Name] = "120000"
+	f := serveSimsWith(t, startSims(t, 1, sim.LatencyModel{StepOverhead: 20 * time.Millisecond}), env,
+		func(c *Config) { c.Objectives = testObjectives })
+	testsupport.Eventually(t, "the engine's first scrape", func() bool {
+		pods, err := f.gw.store.ListPodsByModel("llama")
+		return err == nil && len(pods) == 1 && f.gw.store.PodScrapeState(pods[0].Key) == cache.ScrapeFresh
+	})
+	var order openedOrder
+	f.gw.ledger.Observe(order.observer())
+
+	// A long request that is not streamed: its prefill counts as queued
+	// until it ends.
+	ctx, cancel := context.WithCancel(context.Background())
+	long := sendObjective(ctx, f.url, 0, "long", "", `,"max_tokens":4000`)
+	testsupport.Eventually(t, "the long request to be sent", func() bool { return order.len() == 1 })
+	if got, _ := flowWaiting(t, f); len(got) != 0 {
+		t.Fatalf("%v wait, want the long request sent at once", got)
+	}
+
+	next := sendObjective(context.Background(), f.url, 1, "next", "", `,"max_tokens":2`)
+	waitFlowWaiting(t, f, "next")
+	if r := <-sendObjective(context.Background(), f.url, 2, "batch-0", "batch", `,"max_tokens":2`); r.status != http.StatusTooManyRequests ||
+		r.code != codePoolSaturated || r.retryAfter == "" {
+		t.Errorf("a sheddable request while another waits: %+v, want 429 %s with a Retry-After", r, codePoolSaturated)
+	}
+	if n := f.metric(`kvgate_gateway_shed_requests_total{model="llama"}`); n != 1 {
+		t.Errorf("kvgate_gateway_shed_requests_total = %v, want 1", n)
+	}
+
+	// The long request ends (its client goes away): the next one goes.
+	cancel()
+	if r := <-long; !errors.Is(r.err, context.Canceled) {
+		t.Fatalf("the long request ended with %+v", r)
+	}
+	if r := <-next; r.err != nil || r.status != http.StatusOK {
+		t.Fatalf("the waiting request: %+v, want 200", r)
+	}
 }
