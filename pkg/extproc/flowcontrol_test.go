@@ -1,12 +1,10 @@
 package extproc
 
 import (
-	"fmt"
 	"net/http"
 	"testing"
 	"time"
 
-	"github.com/kvgate/kvgate/internal/testsupport"
 	"github.com/kvgate/kvgate/pkg/gateway"
 )
 
@@ -25,15 +23,7 @@ func TestFlowControlHoldsRequestsThroughEnvoyWhileEveryEngineIsSaturated(t *test
 	// A sheddable request is refused once the gateway reads the engine as
 	// saturated.
 	n := 0
-	testsupport.EventuallyWhy(t, "the engine to read as saturated", func() (string, bool) {
-		n++
-		x := f.envoy.start(t, buffered, objectiveRequest(n, "batch"))
-		if x.immediate == nil {
-			x.forward(256)
-			return fmt.Sprintf("served: %d", x.status), false
-		}
-		return fmt.Sprintf("%v", x.immediate), true
-	})
+	awaitShed(t, f, &n, "the engine to read as saturated")
 
 	length := func() float64 {
 		return f.metric(t, "kvgate_slo_queue_length", map[string]string{"model": simModel})

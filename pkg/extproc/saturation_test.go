@@ -60,6 +60,22 @@ func retryAfter(x *exchange) string {
 	return ""
 }
 
+// awaitShed sends sheddable requests (objective batch) through Envoy,
+// numbered from *n on, until the picker refuses one: until it reads the
+// engines as saturated. A request served meanwhile is relayed whole.
+func awaitShed(t *testing.T, f *fixture, n *int, what string) {
+	t.Helper()
+	testsupport.EventuallyWhy(t, what, func() (string, bool) {
+		*n++
+		x := f.envoy.start(t, buffered, objectiveRequest(*n, "batch"))
+		if x.immediate == nil {
+			x.forward(256)
+			return fmt.Sprintf("served: %d", x.status), false
+		}
+		return fmt.Sprintf("%v", x.immediate), true
+	})
+}
+
 func TestSheddableRequestsAreRefusedThroughEnvoyWhileEveryEngineIsSaturated(t *testing.T) {
 	f := start(t, 2, options{engine: smallKVEngines, env: map[string]string{
 		"KVGATE_SATURATION_KV_CACHE_UTILIZATION": "0.3",
@@ -80,15 +96,7 @@ func TestSheddableRequestsAreRefusedThroughEnvoyWhileEveryEngineIsSaturated(t *t
 
 	release := holdEngine(t, f.engines[0])
 	holdEngine(t, f.engines[1])
-	testsupport.EventuallyWhy(t, "a sheddable request to be refused while every engine is saturated", func() (string, bool) {
-		n++
-		x := f.envoy.start(t, buffered, objectiveRequest(n, "batch"))
-		if x.immediate == nil {
-			x.forward(256)
-			return fmt.Sprintf("served: %d", x.status), false
-		}
-		return fmt.Sprintf("%v", x.immediate), true
-	})
+	awaitShed(t, f, &n, "a sheddable request to be refused while every engine is saturated")
 	shed := f.metric(t, "kvgate_gateway_shed_requests_total", map[string]string{"model": simModel})
 	if shed < 1 {
 		t.Errorf("kvgate_gateway_shed_requests_total = %v; want at least 1", shed)

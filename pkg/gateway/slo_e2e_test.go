@@ -630,6 +630,22 @@ func fillPicker(t *testing.T, p *Picker, q *slo.QueueRouter, ctx context.Context
 	}
 }
 
+// fillPickerEmptyQueue fills the fleet through p until a request waits
+// in q, gives that one up, and waits until it left q: the fleet is full
+// and the queue empty. It returns the requests picked, for the caller to
+// end.
+func fillPickerEmptyQueue(t *testing.T, p *Picker, q *slo.QueueRouter) (held []*Pick) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	held, gone := fillPicker(t, p, q, ctx)
+	cancel()
+	if r := <-gone; r.k != nil {
+		t.Fatalf("the request given up was picked: %+v", r)
+	}
+	testsupport.Eventually(t, "the request given up to leave the queue", func() bool { return q.Len() == 0 })
+	return held
+}
+
 func TestEverySLOQueueRefusalAnswersItsOwnErrorCode(t *testing.T) {
 	for reason, want := range map[string]string{
 		slo.ReasonQueueFull: codeSLOQueueFull, slo.ReasonUnmeetable: codeSLOUnmeetable, slo.ReasonNoCapacity: codeSLONoCapacity,
@@ -940,19 +956,12 @@ func TestThePickerSendsHigherPriorityObjectivesFirst(t *testing.T) {
 	f.gw.ledger.Observe(order.observer())
 	p := f.gw.Picker()
 
-	// Fill the fleet until a request waits; that one is given up.
-	ctx, cancel := context.WithCancel(context.Background())
-	held, gone := fillPicker(t, p, q, ctx)
+	held := fillPickerEmptyQueue(t, p, q)
 	defer func() {
 		for _, k := range held {
 			k.End()
 		}
 	}()
-	cancel()
-	if r := <-gone; r.k != nil {
-		t.Fatalf("the request given up was picked: %+v", r)
-	}
-	testsupport.Eventually(t, "the request given up to leave the queue", func() bool { return q.Len() == 0 })
 
 	picks := map[string]chan pickResult{}
 	queue := func(n int, id, objective string) {
