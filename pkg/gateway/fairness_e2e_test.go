@@ -83,39 +83,13 @@ func TestRoundRobinFairnessTakesTurnsAmongTenantsInAFullSLOQueue(t *testing.T) {
 func TestThePickerTakesTurnsAmongTenantsWithRoundRobinFairness(t *testing.T) {
 	// As through the proxy: the fairness ids a front end such as ext_proc
 	// passes have the tenants take turns.
-	f, q := startQuarterPodFleetWith(t, func(c *Config) { c.SLO.Fairness = slo.FairnessRoundRobin })
-	var order openedOrder
-	f.gw.ledger.Observe(order.observer())
-	p := f.gw.Picker()
-
-	held := fillPickerEmptyQueue(t, p, q)
-	defer func() {
-		for _, k := range held {
-			k.End()
-		}
-	}()
-
-	picks := map[string]chan pickResult{}
+	var reqs []PickRequest
 	for i, id := range tenantsQueued {
-		waiting := q.Len()
-		picks[id] = pickAsync(context.Background(), p, PickRequest{Path: PathCompletions, ClientRequestID: id,
-			FairnessID: tenantOf(id), Body: []byte(completion(simPrompt(i, 20), `,"max_tokens":40`))})
-		testsupport.Eventually(t, id+" to wait", func() bool { return q.Len() == waiting+1 })
+		reqs = append(reqs, PickRequest{Path: PathCompletions, ClientRequestID: id, FairnessID: tenantOf(id),
+			Body: []byte(completion(simPrompt(i, 20), `,"max_tokens":40`))})
 	}
-	clients := waitingClients(q)
-	for _, k := range held {
-		k.End()
-	}
-	held = nil
-	for id, ch := range picks {
-		r := <-ch
-		if r.err != nil || r.k.Endpoint() == nil {
-			t.Errorf("%s ended with %+v, want a pod", id, r)
-			continue
-		}
-		held = append(held, r.k)
-	}
-	if sent := sentClients(&order, clients); !slices.Equal(sent, roundRobinOrder) {
+	sent := pickedInOrder(t, func(c *Config) { c.SLO.Fairness = slo.FairnessRoundRobin }, reqs)
+	if !slices.Equal(sent, roundRobinOrder) {
 		t.Errorf("the waiting requests were picked in the order %v, want %v", sent, roundRobinOrder)
 	}
 }

@@ -951,7 +951,29 @@ func TestThePickerSendsHigherPriorityObjectivesFirst(t *testing.T) {
 	// As through the proxy: requests a front end such as ext_proc picks
 	// with the interactive objective are picked before the earlier ones
 	// without an objective once capacity frees.
-	f, q := startQuarterPodFleetWith(t, func(c *Config) { c.Objectives = testObjectives })
+	var reqs []PickRequest
+	for i := range 3 {
+		reqs = append(reqs, PickRequest{Path: PathCompletions, ClientRequestID: fmt.Sprint("plain-", i),
+			Body: []byte(completion(simPrompt(i, 20), `,"max_tokens":40`))})
+	}
+	for i := range 3 {
+		reqs = append(reqs, PickRequest{Path: PathCompletions, ClientRequestID: fmt.Sprint("interactive-", i),
+			Objective: "interactive", Body: []byte(completion(simPrompt(10+i, 20), `,"max_tokens":40`))})
+	}
+	sent := pickedInOrder(t, func(c *Config) { c.Objectives = testObjectives }, reqs)
+	want := []string{"interactive-0", "interactive-1", "interactive-2", "plain-0", "plain-1", "plain-2"}
+	if !slices.Equal(sent, want) {
+		t.Errorf("the waiting requests were picked in the order %v, want %v: the higher priority first, then by deadline", sent, want)
+	}
+}
+
+// pickedInOrder fills, through its picker, a fleet of quarter pods
+// configured by configure, queues reqs in their order (each waiting
+// before the next is sent), frees the fleet, and returns the client
+// request ids of reqs in the order they were picked.
+func pickedInOrder(t *testing.T, configure func(*Config), reqs []PickRequest) []string {
+	t.Helper()
+	f, q := startQuarterPodFleetWith(t, configure)
 	var order openedOrder
 	f.gw.ledger.Observe(order.observer())
 	p := f.gw.Picker()
@@ -962,19 +984,11 @@ func TestThePickerSendsHigherPriorityObjectivesFirst(t *testing.T) {
 			k.End()
 		}
 	}()
-
 	picks := map[string]chan pickResult{}
-	queue := func(n int, id, objective string) {
+	for _, r := range reqs {
 		waiting := q.Len()
-		picks[id] = pickAsync(context.Background(), p, PickRequest{Path: PathCompletions, ClientRequestID: id,
-			Objective: objective, Body: []byte(completion(simPrompt(n, 20), `,"max_tokens":40`))})
-		testsupport.Eventually(t, id+" to wait", func() bool { return q.Len() == waiting+1 })
-	}
-	for i := range 3 {
-		queue(i, fmt.Sprint("plain-", i), "")
-	}
-	for i := range 3 {
-		queue(10+i, fmt.Sprint("interactive-", i), "interactive")
+		picks[r.ClientRequestID] = pickAsync(context.Background(), p, r)
+		testsupport.Eventually(t, r.ClientRequestID+" to wait", func() bool { return q.Len() == waiting+1 })
 	}
 	clients := waitingClients(q)
 
@@ -990,8 +1004,5 @@ func TestThePickerSendsHigherPriorityObjectivesFirst(t *testing.T) {
 		}
 		held = append(held, r.k)
 	}
-	want := []string{"interactive-0", "interactive-1", "interactive-2", "plain-0", "plain-1", "plain-2"}
-	if sent := sentClients(&order, clients); !slices.Equal(sent, want) {
-		t.Errorf("the waiting requests were picked in the order %v, want %v: the higher priority first, then by deadline", sent, want)
-	}
+	return sentClients(&order, clients)
 }
