@@ -85,7 +85,8 @@ var (
 			"many requests wait in its engine's queue (vllm:num_requests_waiting), its KV cache is at most " +
 			"KVGATE_SATURATION_KV_CACHE_UTILIZATION full and its metrics are fresh (KVGATE_SATURATION_METRICS_STALENESS_MS). " +
 			"When no candidate pod of a request's model has capacity, a request of a negative priority is refused with " +
-			"429 and Retry-After; requests of priority 0 or more are never refused for it. At least 0.",
+			"429 and Retry-After; requests of priority 0 or more are not refused for it, and with KVGATE_FLOW_CONTROL wait " +
+			"in the gateway while it lasts. At least 0.",
 	}
 	SaturationKVCacheUtilization = Var{
 		Name:    "KVGATE_SATURATION_KV_CACHE_UTILIZATION",
