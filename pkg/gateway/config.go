@@ -205,7 +205,7 @@ type Config struct {
 	Saturation SaturationConfig
 	// FlowControl holds the generating requests of the algorithms that
 	// are not SLO-aware in their model's queue while its pods are
-	// saturated (KVGATE_FLOW_CONTROL; see flowControls).
+	// saturated (KVGATE_FLOW_CONTROL; see Gateway.queued).
 	FlowControl bool
 	// RequestTTL is how long a request may stay in flight without an end
 	// before the request ledger reaps it (KVGATE_REQUEST_TTL_SECONDS,
