@@ -61,7 +61,8 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help:    "Time requests waited in their model's queue, observed as they leave it, whatever the outcome.",
 			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120}}, []string{"model"}),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "requests_total",
-			Help: "Requests routed through their model's queue (an SLO-aware algorithm's, or any under flow control), by outcome: admitted (sent to a pod, at once or after waiting), " +
+			Help: "Requests routed through their model's queue (an SLO-aware algorithm's, or any under flow control), by " +
+				"outcome: admitted (sent to a pod, at once or after waiting), " +
 				"rejected (refused on arrival: queue full, SLO unmeetable, or no capacity for slo-least-load), " +
 				"expired (left the queue when it could no longer meet its SLO or waited the longest allowed), " +
 				"cancelled (the client went away while it waited), dropped (the model left the fleet, or no pod was left " +
