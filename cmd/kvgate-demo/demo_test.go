@@ -249,6 +249,11 @@ func TestOverloadSetsTheObjectiveAndComparesWithAnSLOAwareAlgorithm(t *testing.T
 	if o, err = parseOptions(fs, nil); err != nil || o.gatewayEnv() != nil {
 		t.Errorf("without -overload the gateway's environment is %v (%v)", o.gatewayEnv(), err)
 	}
+	fs = flag.NewFlagSet("kvgate-demo", flag.ContinueOnError)
+	o, err = parseOptions(fs, []string{"-overload", "-flow-control"})
+	if want := []string{"KVGATE_SLO_TTFT=2s", "KVGATE_FLOW_CONTROL=true"}; err != nil || !slices.Equal(o.gatewayEnv(), want) {
+		t.Errorf("-overload -flow-control: the gateway's environment is %v (%v), want %v", o.gatewayEnv(), err, want)
+	}
 }
 
 func TestSummaryCountsRefusedRequestsAgainstTheSLO(t *testing.T) {

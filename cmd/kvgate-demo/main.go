@@ -164,8 +164,14 @@ func printSetup(w io.Writer, o options, f *localfleet.Fleet) {
 	}
 	if o.overload {
 		fmt.Fprintf(w, "Overload: %d users, more than the fleet serves within the objective of %v to the first token\n", o.users, o.sloTTFT)
-		fmt.Fprintf(w, "  (KVGATE_SLO_TTFT). kv-aware sends every request on; the SLO-aware algorithms hold in the gateway's\n")
-		fmt.Fprintf(w, "  queue what no engine can serve in time and refuse (429) what can no longer be (try %s/debug/slo).\n", f.GatewayURL())
+		if o.flowControl {
+			fmt.Fprintf(w, "  (KVGATE_SLO_TTFT). With flow control, kv-aware's requests wait in the gateway's queue while every engine\n")
+			fmt.Fprintf(w, "  is saturated; the SLO-aware algorithms hold there what no engine can serve in time; both refuse (429)\n")
+			fmt.Fprintf(w, "  what waited too long (try %s/debug/slo).\n", f.GatewayURL())
+		} else {
+			fmt.Fprintf(w, "  (KVGATE_SLO_TTFT). kv-aware sends every request on; the SLO-aware algorithms hold in the gateway's\n")
+			fmt.Fprintf(w, "  queue what no engine can serve in time and refuse (429) what can no longer be (try %s/debug/slo).\n", f.GatewayURL())
+		}
 	}
 	var procs []string
 	for _, e := range f.Engines() {

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvgate/kvgate/pkg/config"
 	"github.com/kvgate/kvgate/pkg/routing"
 	"github.com/kvgate/kvgate/pkg/routingbench"
 )
@@ -44,8 +45,11 @@ type options struct {
 	// reports queued and refused requests and SLO attainment.
 	overload bool
 	sloTTFT  time.Duration
-	engine   engineOptions
-	chats    routingbench.SharedPrefixConfig
+	// flowControl holds the requests of every algorithm in the gateway
+	// while every engine is saturated (KVGATE_FLOW_CONTROL).
+	flowControl bool
+	engine      engineOptions
+	chats       routingbench.SharedPrefixConfig
 }
 
 // engineOptions shape every simulated engine.
@@ -113,6 +117,10 @@ func parseOptions(fs *flag.FlagSet, args []string) (options, error) {
 			"objective set to -slo-ttft, and kv-aware compared with slo-least-load-pulling unless -algorithms says otherwise; "+
 			"the summaries add the requests waiting in the gateway's SLO queue, those refused (429) and SLO attainment")
 	fs.DurationVar(&o.sloTTFT, "slo-ttft", 2*time.Second, "with -overload: the time-to-first-token objective of every request")
+	fs.BoolVar(&o.flowControl, "flow-control", false,
+		"turn the gateway's flow control on ("+config.FlowControl.Name+"): the requests of every algorithm wait in the "+
+			"gateway's queue while every engine is saturated, as the Gateway API Inference Extension's flow control holds "+
+			"them; with -overload the summaries show kv-aware's waiting and refused requests too")
 	fs.IntVar(&o.engine.blocks, "engine-blocks", 3072, "KV-cache blocks per engine")
 	fs.IntVar(&o.engine.blockSize, "block-size", 16, "tokens per KV-cache block")
 	fs.DurationVar(&o.engine.prefill, "prefill-time-per-token", 60*time.Microsecond, "engines' compute time per uncached prompt token")
@@ -198,12 +206,17 @@ const (
 )
 
 // gatewayEnv is the gateway's environment beyond its flags: with
-// -overload, the objective of every request.
+// -overload, the objective of every request; with -flow-control, flow
+// control on.
 func (o *options) gatewayEnv() []string {
-	if !o.overload {
-		return nil
+	var env []string
+	if o.overload {
+		env = append(env, "KVGATE_SLO_TTFT="+o.sloTTFT.String())
 	}
-	return []string{"KVGATE_SLO_TTFT=" + o.sloTTFT.String()}
+	if o.flowControl {
+		env = append(env, config.FlowControl.Name+"=true")
+	}
+	return env
 }
 
 // chatTemplateTokens bounds the tokens the chat template adds per message.
