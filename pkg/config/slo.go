@@ -111,7 +111,7 @@ var (
 		Doc: "Holds the completion, chat, Messages and Responses requests of every routing algorithm in their model's " +
 			"queue while no candidate pod has capacity (see KVGATE_SATURATION_QUEUE_DEPTH; the requests this gateway " +
 			"sent a pod since its latest scrape count as waiting there), highest priority first, and routes each by its " +
-			"algorithm among the pods with capacity once one has it, instead of sending it to an engine's queue. The " +
+			"algorithm among all the model's pods once one has capacity, instead of sending it to an engine's queue. The " +
 			"queue is the SLO-aware algorithms' (KVGATE_SLO_QUEUE_MAX_LENGTH, KVGATE_SLO_QUEUE_MAX_WAIT); those " +
 			"algorithms queue as before. Sheddable requests are still refused with 429 pool_saturated rather than queued, " +
 			"and a request needing a stored response pinned to one pod is not queued.",

@@ -40,12 +40,27 @@ func (c SaturationConfig) admits(s *cache.PodSnapshot, now time.Time) bool {
 	return m.Waiting+float64(s.Load.PrefillsSince(m.At)) <= float64(c.QueueDepth)
 }
 
+// anyAdmits reports whether a pod of snaps admits one more request at now
+// (admits): whether the pool has capacity under flow control.
+func (c SaturationConfig) anyAdmits(snaps []cache.PodSnapshot, now time.Time) bool {
+	for i := range snaps {
+		if c.admits(&snaps[i], now) {
+			return true
+		}
+	}
+	return false
+}
+
 // flowTry returns the Try of a request waiting in its model's queue under
 // flow control: it fails with an error wrapping
 // cache.ErrLoadCapacityReached while no candidate pod can take the request
-// (admits), and otherwise routes it by its algorithm among those that can,
-// as a request that does not wait is routed (open), setting *h to the
-// attempt opened. The candidates are the model's pods as listed at each
+// (admits), and otherwise routes it by its algorithm among all the
+// candidates, as a request that does not wait is routed (open), setting *h
+// to the attempt opened: the gate is the pool's, as the Gateway API
+// Inference Extension's flow control hands a request it dispatches to its
+// scheduler, so that kv-aware still sends a request to the pod holding its
+// prefix where that pays (confined to the pods with capacity, its cache
+// hits scatter). The candidates are the model's pods as listed at each
 // try, so that a pod added while the request waits can take it, within the
 // subset a front end allowed, if any, and not ejected unless all are.
 func (g *Gateway) flowTry(ctx context.Context, a *admitted, rc *types.RoutingContext, req *inflight.Request, x *exchange,
@@ -65,17 +80,10 @@ func (g *Gateway) flowTry(ctx context.Context, a *admitted, rc *types.RoutingCon
 		}
 		x.snaps = a.b.store.Snapshots(pods, x.snaps[:0])
 		a.pods = withoutEjected(pods, x.snaps)
-		now := time.Now()
-		var open []*endpoint.Endpoint
-		for i := range x.snaps {
-			if g.cfg.Saturation.admits(&x.snaps[i], now) {
-				open = append(open, pods[i])
-			}
-		}
-		if len(open) == 0 {
+		if !g.cfg.Saturation.anyAdmits(x.snaps, time.Now()) {
 			return fmt.Errorf("%w: %s", cache.ErrLoadCapacityReached, g.saturatedMessage(rc.Model, len(pods)))
 		}
-		*h, err = g.open(ctx, a.b, rc, open, x, req)
+		*h, err = g.open(ctx, a.b, rc, a.pods, x, req)
 		return err
 	}
 }

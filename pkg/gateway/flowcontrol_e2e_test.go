@@ -144,9 +144,12 @@ func TestFlowControlHoldsRequestsWhileEveryEngineIsSaturated(t *testing.T) {
 		t.Errorf("a sheddable request while saturated: %+v, want 429 %s with a Retry-After", r, codePoolSaturated)
 	}
 
-	// Once an engine frees, the waiting requests go to it, the higher
-	// priority first.
+	// Once one engine frees, the pool has capacity: the waiting requests
+	// leave the queue, the higher priority first, each routed by kv-aware
+	// among both engines, the other still saturated.
 	releases[0]()
+	waitFlowWaiting(t, on)
+	releases[1]()
 	for id, a := range answers {
 		if r := <-a; r.err != nil || r.status != http.StatusOK {
 			t.Errorf("%s: %+v, want 200", id, r)
@@ -156,16 +159,10 @@ func TestFlowControlHoldsRequestsWhileEveryEngineIsSaturated(t *testing.T) {
 	if p.err != nil || p.k.Endpoint() == nil {
 		t.Fatalf("the picked request ended with %+v, want a pod", p)
 	}
-	if name := p.k.Endpoint().Key.Name; name != "sat-0" {
-		t.Errorf("the picked request went to %s, want the engine that freed, sat-0", name)
-	}
 	p.k.End()
 	want := []string{"interactive-0", "plain-0", "picked-0"}
 	if sent := sentClients(&order, clients); !slices.Equal(sent, want) {
 		t.Errorf("the waiting requests were sent in the order %v, want %v", sent, want)
-	}
-	if got, _ := flowWaiting(t, on); len(got) != 0 {
-		t.Errorf("%v still wait", got)
 	}
 	for outcome, want := range map[string]float64{"admitted": 4, "cancelled": 1, "shed": 0, "expired": 0} {
 		if n := on.metric(fmt.Sprintf(`kvgate_slo_requests_total{model="llama",outcome=%q}`, outcome)); n != want {
@@ -175,7 +172,38 @@ func TestFlowControlHoldsRequestsWhileEveryEngineIsSaturated(t *testing.T) {
 	if n := on.metric(`kvgate_gateway_shed_requests_total{model="llama"}`); n != 1 {
 		t.Errorf("kvgate_gateway_shed_requests_total = %v, want 1", n)
 	}
-	releases[1]()
+}
+
+func TestFlowControlRoutesAmongEveryPodOnceOneHasCapacity(t *testing.T) {
+	// Engine 0 is saturated, engine 1 has capacity: the pool does, and a
+	// request goes on at once, routed by its algorithm among both engines,
+	// as the Inference Extension's flow control hands a request to its
+	// scheduler (kv-aware must stay free to choose the pod holding a
+	// prefix). With random routing, 16 requests all going to engine 1
+	// would mean the candidates were confined to the pods with capacity
+	// (one chance in 65,536 otherwise).
+	engines := startSaturationEngines(t, 2)
+	env := flowEnv(true)
+	env[config.RoutingAlgorithm.Name] = routing.Random
+	f := serveSimsWith(t, engines.pods, env, nil)
+	waitKV(t, f, map[int]bool{0: false, 1: false})
+	release := engines.hold(t, 0)
+	defer release()
+	waitKV(t, f, map[int]bool{0: true, 1: false})
+	pods := map[string]int{}
+	for i := range 16 {
+		r := <-sendObjective(context.Background(), f.url, i, fmt.Sprint("r-", i), "", `,"max_tokens":2`)
+		if r.err != nil || r.status != http.StatusOK {
+			t.Fatalf("request %d: %+v, want 200", i, r)
+		}
+		pods[r.pod]++
+	}
+	if len(pods) != 2 {
+		t.Errorf("the requests went to %v, want both engines, the saturated one too", pods)
+	}
+	if got, _ := flowWaiting(t, f); len(got) != 0 {
+		t.Errorf("%v wait, want every request sent at once", got)
+	}
 }
 
 // mustQueue returns the queue of llama.

@@ -673,6 +673,7 @@ type sloAnswer struct {
 	status     int
 	code       string
 	retryAfter string
+	pod        string // HeaderTargetPodName
 	err        error
 }
 
@@ -707,7 +708,8 @@ func sendWithHeaders(ctx context.Context, url string, n int, id string, headers 
 		}
 		defer resp.Body.Close()
 		body, err := io.ReadAll(resp.Body)
-		a := sloAnswer{status: resp.StatusCode, retryAfter: resp.Header.Get(HeaderRetryAfter), err: err}
+		a := sloAnswer{status: resp.StatusCode, retryAfter: resp.Header.Get(HeaderRetryAfter),
+			pod: resp.Header.Get(HeaderTargetPodName), err: err}
 		var e apiError
 		if resp.StatusCode != http.StatusOK && json.Unmarshal(body, &e) == nil {
 			a.code = e.Error.Code
