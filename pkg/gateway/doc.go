@@ -81,13 +81,14 @@
 //     With flow control (Config.FlowControl, KVGATE_FLOW_CONTROL), a
 //     completion, chat, Messages or Responses request of any other
 //     algorithm goes through the same queue, as the Gateway API Inference
-//     Extension's flow control holds requests: at once to a pod while one
-//     has capacity, by SaturationConfig's rule with the attempts this
-//     gateway opened on the pod since its latest scrape, still awaiting
-//     their first token, counted among its engine's waiting requests (so
-//     that a burst between two scrapes does not overshoot); else it waits,
-//     by priority then arrival (its deadline: its arrival plus the queue's
-//     longest wait, unless its model has an objective), until a pass finds
+//     Extension's flow control holds requests: on at once while a pod has
+//     capacity, by SaturationConfig's rule with the attempts this gateway
+//     opened on the pod since its latest scrape, still awaiting their
+//     first token, counted among its engine's waiting requests (so that a
+//     pod taking a burst between two scrapes stops having capacity); else
+//     it waits, by priority then arrival (its deadline: its arrival plus
+//     the queue's longest wait, unless its model has an objective), until
+//     a pass finds
 //     a pod with capacity, and is then routed by its own algorithm among
 //     all the model's pods: the gate is the pool's, so that kv-aware
 //     still sends a request to the pod that holds its prefix. A request that waits the longest allowed
