@@ -88,10 +88,10 @@
 //     pod taking a burst between two scrapes stops having capacity); else
 //     it waits, by priority then arrival (its deadline: its arrival plus
 //     the queue's longest wait, unless its model has an objective), until
-//     a pass finds
-//     a pod with capacity, and is then routed by its own algorithm among
-//     all the model's pods: the gate is the pool's, so that kv-aware
-//     still sends a request to the pod that holds its prefix. A request that waits the longest allowed
+//     a pass finds a pod with capacity, and is then routed by its own
+//     algorithm among all the model's pods: the gate is the pool's, so
+//     that kv-aware still sends a request to the pod that holds its
+//     prefix. A request that waits the longest allowed
 //     (KVGATE_SLO_QUEUE_MAX_WAIT) is answered 429 pool_saturated with a
 //     Retry-After; a full queue, a place taken by a higher priority and a
 //     client going away are as above; a sheddable request is refused with
