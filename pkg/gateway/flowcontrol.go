@@ -4,11 +4,9 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"slices"
 	"time"
 
 	"github.com/kvgate/kvgate/pkg/cache"
-	"github.com/kvgate/kvgate/pkg/endpoint"
 	"github.com/kvgate/kvgate/pkg/inflight"
 	"github.com/kvgate/kvgate/pkg/slo"
 	"github.com/kvgate/kvgate/pkg/types"
@@ -71,9 +69,7 @@ func (g *Gateway) flowTry(ctx context.Context, a *admitted, rc *types.RoutingCon
 			return err
 		}
 		if a.subset != nil {
-			pods = slices.DeleteFunc(slices.Clone(pods), func(p *endpoint.Endpoint) bool {
-				return !slices.Contains(a.subset, p.Address)
-			})
+			pods = inSubset(pods, a.subset)
 		}
 		if len(pods) == 0 {
 			return fmt.Errorf("no pod serving the model `%s` is ready", rc.Model)

@@ -309,18 +309,25 @@ func jsonModel(body []byte) (string, *Error) {
 
 // restrict keeps the candidates whose address is in subset.
 func (k *Pick) restrict(subset []string) *Error {
-	var kept []*endpoint.Endpoint
-	for _, p := range k.a.pods {
-		if slices.Contains(subset, p.Address) {
-			kept = append(kept, p)
-		}
-	}
+	kept := inSubset(k.a.pods, subset)
 	if len(kept) == 0 {
 		return &Error{Status: http.StatusServiceUnavailable, Type: typeServiceUnavailable, Code: codeNoReadyPod,
 			Message: fmt.Sprintf("none of the %d endpoints the proxy allows serves the model `%s` and is ready", len(subset), k.a.model)}
 	}
 	k.a.pods, k.a.subset = kept, subset
 	return nil
+}
+
+// inSubset returns, in a new slice, the pods of pods whose address is
+// among subset: those a front end allows a request to go to.
+func inSubset(pods []*endpoint.Endpoint, subset []string) []*endpoint.Endpoint {
+	var kept []*endpoint.Endpoint
+	for _, p := range pods {
+		if slices.Contains(subset, p.Address) {
+			kept = append(kept, p)
+		}
+	}
+	return kept
 }
 
 func notReady() *Error {
