@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"context"
-	"encoding/json"
 	"net/http"
 	"slices"
 	"testing"
@@ -40,30 +39,19 @@ func TestRoundRobinFairnessTakesTurnsAmongTenantsInAFullSLOQueue(t *testing.T) {
 	}
 	// GET /debug/slo lists the waiting requests in the order they will be
 	// sent, each with its tenant, and counts the tenants waiting.
-	var v struct {
-		Models []struct {
-			Queue *struct {
-				Fairness string `json:"fairness"`
-				Flows    int    `json:"flows"`
-				Waiting  []struct {
-					ClientRequestID string `json:"clientRequestID"`
-					FairnessID      string `json:"fairnessID"`
-				} `json:"waiting"`
-			} `json:"queue"`
-		} `json:"models"`
+	v := debugSLO(t, f)
+	if len(v.Models) != 1 || v.Models[0].Queue == nil {
+		t.Fatalf("GET /debug/slo: %+v, want one model with its queue", v)
 	}
-	status, body := get(t, f.url+"/debug/slo")
-	if status != http.StatusOK || json.Unmarshal([]byte(body), &v) != nil || len(v.Models) != 1 || v.Models[0].Queue == nil {
-		t.Fatalf("GET /debug/slo: %d %s", status, body)
-	}
+	qv := v.Models[0].Queue
 	var shown []string
-	for _, w := range v.Models[0].Queue.Waiting {
+	for _, w := range qv.Waiting {
 		if w.FairnessID != tenantOf(w.ClientRequestID) {
 			t.Errorf("GET /debug/slo shows %s of fairness id %q, want %q", w.ClientRequestID, w.FairnessID, tenantOf(w.ClientRequestID))
 		}
 		shown = append(shown, w.ClientRequestID)
 	}
-	if qv := v.Models[0].Queue; !slices.Equal(shown, roundRobinOrder) || qv.Flows != 2 || qv.Fairness != slo.FairnessRoundRobin {
+	if !slices.Equal(shown, roundRobinOrder) || qv.Flows != 2 || qv.Fairness != slo.FairnessRoundRobin {
 		t.Errorf("GET /debug/slo lists %v waiting in %d flows under %q, want %v in 2 under %s", shown, qv.Flows, qv.Fairness,
 			roundRobinOrder, slo.FairnessRoundRobin)
 	}

@@ -29,17 +29,23 @@ func flowEnv(flow bool) map[string]string {
 	return env
 }
 
-// flowWaiting returns the client request ids of the requests waiting in
-// the queue of llama, in queue order, as GET /debug/slo shows them, and
-// false when it shows no queue for llama.
-func flowWaiting(t *testing.T, f *testFleet) ([]string, bool) {
+// debugSLO returns what GET /debug/slo shows.
+func debugSLO(t *testing.T, f *testFleet) sloView {
 	t.Helper()
 	var v sloView
 	status, body := get(t, f.url+"/debug/slo")
 	if status != http.StatusOK || json.Unmarshal([]byte(body), &v) != nil {
 		t.Fatalf("GET /debug/slo: %d %s", status, body)
 	}
-	for _, m := range v.Models {
+	return v
+}
+
+// flowWaiting returns the client request ids of the requests waiting in
+// the queue of llama, in queue order, as GET /debug/slo shows them, and
+// false when it shows no queue for llama.
+func flowWaiting(t *testing.T, f *testFleet) ([]string, bool) {
+	t.Helper()
+	for _, m := range debugSLO(t, f).Models {
 		if m.Model == "llama" && m.Queue != nil {
 			ids := []string{}
 			for _, w := range m.Queue.Waiting {
