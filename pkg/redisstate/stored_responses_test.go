@@ -371,14 +371,24 @@ func receive(t *testing.T, answer <-chan StoredResponse) StoredResponse {
 	}
 }
 
-func TestStoredResponseLookUpsOfOneIDAtOnceReadRedisOnce(t *testing.T) {
+// storedBehindHeldReplies starts a Redis server holding the record of
+// resp_1, and a StoredResponses of cfg reaching it through a heldReplies
+// proxy; it returns a client reaching the server directly, the proxy, the
+// StoredResponses and its metrics' registry.
+func storedBehindHeldReplies(t *testing.T, cfg StoredResponsesConfig) (*redis.Client, *heldReplies, *StoredResponses,
+	*prometheus.Registry) {
+	t.Helper()
 	srv := testredis.Start(t)
 	direct := srv.NewClient(t)
 	v, _ := EncodeStoredResponse(testStoredResponse)
 	must(t, direct.Set(context.Background(), StoredResponseKeyPrefix+"resp_1", v, 0).Err())
 	held := holdReplies(t, srv.Addr)
-	c := held.newClient(t)
-	s, reg := newStoredResponses(t, c, StoredResponsesConfig{LookupTimeout: testsupport.WaitTimeout})
+	s, reg := newStoredResponses(t, held.newClient(t), cfg)
+	return direct, held, s, reg
+}
+
+func TestStoredResponseLookUpsOfOneIDAtOnceReadRedisOnce(t *testing.T) {
+	direct, held, s, reg := storedBehindHeldReplies(t, StoredResponsesConfig{LookupTimeout: testsupport.WaitTimeout})
 
 	const lookups = 8
 	answers := []<-chan StoredResponse{lookUp(s, "resp_1")}
@@ -414,13 +424,8 @@ func TestStoredResponseLookUpsOfOneIDAtOnceReadRedisOnce(t *testing.T) {
 }
 
 func TestStoredResponseLookUpsBeyondTheBoundDoNotAskRedis(t *testing.T) {
-	srv := testredis.Start(t)
-	direct := srv.NewClient(t)
-	v, _ := EncodeStoredResponse(testStoredResponse)
-	must(t, direct.Set(context.Background(), StoredResponseKeyPrefix+"resp_1", v, 0).Err())
-	held := holdReplies(t, srv.Addr)
-	c := held.newClient(t)
-	s, reg := newStoredResponses(t, c, StoredResponsesConfig{LookupTimeout: testsupport.WaitTimeout, MaxLookups: 2})
+	direct, held, s, reg := storedBehindHeldReplies(t, StoredResponsesConfig{LookupTimeout: testsupport.WaitTimeout,
+		MaxLookups: 2})
 
 	first, second := lookUp(s, "resp_1"), lookUp(s, "resp_2")
 	testsupport.Eventually(t, "two look-ups to read", func() bool { reads, _ := s.inFlight("resp_1"); return reads == 2 })
